@@ -1,0 +1,47 @@
+# The two commands: `make run` and `make test`. Both install what they need first.
+BUILD ?= build
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 20
+MODEL ?= $(BUILD)/models/tiny-qwen3
+JOBS ?= $(shell nproc)
+
+.PHONY: all bootstrap build run test unit fuzz clean
+
+all: build
+
+bootstrap:
+	@scripts/bootstrap.sh
+
+$(BUILD)/build.ninja:
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release
+
+build: bootstrap $(BUILD)/build.ninja
+	ninja -C $(BUILD)
+
+# Until the HTTP server lands, `make run` generates from the default model on the command line.
+run: build
+	@[ -f $(MODEL)/config.json ] || $(BUILD)/inferd mkmodel --arch qwen3 --preset tiny-qwen3 --seed 1 --out $(MODEL)
+	$(BUILD)/inferd run $(MODEL) --tokens 1,2,3,4,5 -n 16
+
+test: build unit fuzz
+
+unit:
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+$(FUZZ_BUILD)/build.ninja:
+	CC=clang cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DINFERD_FUZZ=ON
+
+# A short libFuzzer run of every target from its committed seed corpus.
+fuzz: bootstrap $(FUZZ_BUILD)/build.ninja
+	ninja -C $(FUZZ_BUILD)
+	@for t in $(FUZZ_BUILD)/fuzz_*; do \
+	  name=$$(basename $$t); corpus=fuzz/corpus/$${name#fuzz_}; \
+	  work=$$(mktemp -d); cp -r $$corpus/. $$work/ 2>/dev/null || true; \
+	  echo "fuzz: $$name for $(FUZZ_SECONDS)s"; \
+	  $$t -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -print_final_stats=0 $$work >$$work.log 2>&1 \
+	    || { tail -40 $$work.log; exit 1; }; \
+	  rm -rf $$work $$work.log; \
+	done; echo "fuzz: all targets ran clean"
+
+clean:
+	rm -rf $(BUILD) $(FUZZ_BUILD)

@@ -1,0 +1,161 @@
+/* bench/matmul_bench.c — CPU matmul speed against the machine's own limits: GEMV vs read bandwidth, GEMM vs FMA peak.
+ *
+ * Usage: matmul_bench [THREADS [LEVEL]]   (THREADS 0 = one per core; LEVEL scalar|avx2|avx512|avx512bf16|amx)
+ * Shapes are Qwen3-0.6B's projections (K = in_features, N = out_features), bf16 weights. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/matmul.h"
+#include "base/bf16.h"
+#include "base/threadpool.h"
+#include "base/timer.h"
+
+#define BANDWIDTH_BYTES ((size_t)1 << 30)
+/* GEMV weights are cycled through copies adding up to at least this, so
+ * every call streams from DRAM as it does in a real decode step. */
+#define GEMV_STREAM_BYTES ((size_t)768 << 20)
+#define GEMV_PASSES 5
+#define GEMM_T 128
+#define GEMM_RUNS 3
+
+static const struct { long K, N; const char *what; } shapes[] = {
+    {1024, 2048, "q_proj"},      {1024, 1024, "k/v_proj"}, {1024, 3072, "gate/up_proj"},
+    {3072, 1024, "down_proj"},   {1024, 151936, "lm_head"},
+};
+#define N_SHAPES ((int)(sizeof shapes / sizeof shapes[0]))
+
+static uint32_t rng = 2463534242u;
+
+static float rnd(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 17;
+    rng ^= rng << 5;
+    return (float)(int32_t)rng / 2147483648.0f;
+}
+
+static uint16_t *random_bf16(size_t n)
+{
+    uint16_t *w = malloc(n * sizeof *w);
+    if (w)
+        for (size_t i = 0; i < n; i++)
+            w[i] = f32_to_bf16(rnd() * 0.05f);
+    return w;
+}
+
+static float *random_f32(size_t n)
+{
+    float *x = malloc(n * sizeof *x);
+    if (x)
+        for (size_t i = 0; i < n; i++)
+            x[i] = rnd();
+    return x;
+}
+
+/* Decode: T = 1, every call reading its weights from DRAM. Returns GB/s. */
+static double bench_gemv(struct cpu_matmul *mm, long K, long N)
+{
+    size_t bytes = (size_t)K * (size_t)N * 2;
+    int copies = (int)((GEMV_STREAM_BYTES + bytes - 1) / bytes);
+    struct weight_matrix *w = calloc((size_t)copies, sizeof *w);
+    float *x = random_f32((size_t)K), *y = malloc((size_t)N * sizeof *y);
+    double best = 0.0;
+    if (!w || !x || !y)
+        goto out;
+    for (int c = 0; c < copies; c++) {
+        w[c] = (struct weight_matrix){.dtype = DTYPE_BF16, .rows = N, .cols = K,
+                                      .data = random_bf16((size_t)K * (size_t)N)};
+        if (!w[c].data)
+            goto out;
+    }
+    for (int pass = 0; pass <= GEMV_PASSES; pass++) {
+        double t0 = now_s();
+        for (int c = 0; c < copies; c++)
+            cpu_matmul_run(mm, COMPUTE_EXACT, x, 1, &w[c], NULL, y);
+        double gbs = (double)bytes * copies / (now_s() - t0) * 1e-9;
+        if (pass > 0 && gbs > best) /* pass 0 warms up */
+            best = gbs;
+    }
+out:
+    for (int c = 0; w && c < copies; c++)
+        free((void *)w[c].data);
+    free(w);
+    free(x);
+    free(y);
+    return best;
+}
+
+/* Prefill: T = 128 tokens. Returns GFLOP/s. */
+static double bench_gemm(struct cpu_matmul *mm, enum compute_mode mode, long K, long N)
+{
+    uint16_t *wd = random_bf16((size_t)K * (size_t)N);
+    float *x = random_f32((size_t)GEMM_T * (size_t)K);
+    float *y = malloc((size_t)GEMM_T * (size_t)N * sizeof *y);
+    double best = 0.0;
+    if (wd && x && y) {
+        struct weight_matrix w = {.dtype = DTYPE_BF16, .rows = N, .cols = K, .data = wd};
+        cpu_matmul_run(mm, mode, x, GEMM_T, &w, NULL, y);
+        for (int run = 0; run < GEMM_RUNS; run++) {
+            double t0 = now_s();
+            cpu_matmul_run(mm, mode, x, GEMM_T, &w, NULL, y);
+            double g = 2.0 * GEMM_T * K * N / (now_s() - t0) * 1e-9;
+            best = g > best ? g : best;
+        }
+    }
+    free(wd);
+    free(x);
+    free(y);
+    return best;
+}
+
+int main(int argc, char **argv)
+{
+    int n_threads = argc > 1 ? atoi(argv[1]) : 0;
+    struct threadpool *pool = NULL;
+    struct cpu_matmul *mm = NULL;
+    struct err err = {0};
+    if (threadpool_create(n_threads, &pool, &err) < 0 || cpu_matmul_create(pool, &mm, &err) < 0) {
+        fprintf(stderr, "matmul_bench: %s\n", err.msg);
+        return 1;
+    }
+    if (argc > 2) {
+        int level = -1;
+        for (int l = 0; l < CPU_MATMUL_N_LEVELS; l++)
+            if (!strcmp(argv[2], cpu_matmul_level_name((enum cpu_matmul_level)l)))
+                level = l;
+        if (cpu_matmul_set_level(mm, (enum cpu_matmul_level)level, &err) < 0) {
+            fprintf(stderr, "matmul_bench: %s\n", err.msg);
+            return 1;
+        }
+    }
+    printf("level            %s, %d threads\n", cpu_matmul_level_name(cpu_matmul_get_level(mm)),
+           threadpool_size(pool));
+    double bw = cpu_measure_read_bandwidth(pool, BANDWIDTH_BYTES);
+    double peak = cpu_measure_fma_peak_gflops(pool);
+    printf("read bandwidth   %.1f GB/s (1 GiB buffer, best of 5)\n", bw);
+    printf("fma peak         %.1f GFLOP/s (256-bit f32 FMA)\n", peak);
+
+    printf("\nGEMV, T=1, bf16 weights streamed from DRAM\n");
+    printf("  %-13s %6s %7s %9s %9s\n", "shape", "K", "N", "GB/s", "of bw");
+    for (int s = 0; s < N_SHAPES; s++) {
+        double g = bench_gemv(mm, shapes[s].K, shapes[s].N);
+        printf("  %-13s %6ld %7ld %9.1f %8.0f%%\n", shapes[s].what, shapes[s].K, shapes[s].N, g,
+               100.0 * g / bw);
+    }
+
+    printf("\nGEMM, T=%d, bf16 weights\n", GEMM_T);
+    printf("  %-13s %6s %7s %12s %8s %12s %8s\n", "shape", "K", "N", "EXACT GF/s", "of peak",
+           "FAST GF/s", "of peak");
+    for (int s = 0; s < N_SHAPES; s++) {
+        double e = bench_gemm(mm, COMPUTE_EXACT, shapes[s].K, shapes[s].N);
+        double f = bench_gemm(mm, COMPUTE_FAST, shapes[s].K, shapes[s].N);
+        printf("  %-13s %6ld %7ld %12.1f %7.0f%% %12.1f %7.0f%%\n", shapes[s].what, shapes[s].K,
+               shapes[s].N, e, 100.0 * e / peak, f, 100.0 * f / peak);
+    }
+    printf("\ngemm rate        %.1f GFLOP/s (cpu_measure_gemm_gflops, FAST)\n",
+           cpu_measure_gemm_gflops(mm, COMPUTE_FAST));
+    cpu_matmul_free(mm);
+    threadpool_free(pool);
+    return 0;
+}

@@ -1,0 +1,114 @@
+/* backend/backend.h — the op set a compute backend implements; the model calls only these. */
+#ifndef INFERD_BACKEND_BACKEND_H
+#define INFERD_BACKEND_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/dtype.h"
+#include "base/err.h"
+
+/* Activation precision. EXACT: f32 activations everywhere (parity tests).
+ * FAST: matmul inputs rounded to bf16 so bf16 dot-product hardware (AMX,
+ * AVX512-BF16, tensor cores) can be used; accumulation stays f32. */
+enum compute_mode { COMPUTE_EXACT = 0, COMPUTE_FAST = 1 };
+
+/* A weight matrix as stored by Hugging Face: rows = out_features,
+ * cols = in_features, row-major. data is borrowed (mmap'd file or backend
+ * memory); dtype is F32 or BF16 (F16 checkpoints are widened at load). */
+struct weight_matrix {
+    enum dtype dtype;
+    int64_t rows, cols;
+    const void *data;
+};
+
+/* Paged KV storage of one model: n_blocks blocks of block_size token slots
+ * per layer. Element (layer, block, slot, kv_head, d) of K lives at
+ *   k + ((layer * n_blocks + block) * block_size + slot) * kv_dim + kv_head * head_dim + d
+ * with kv_dim = n_kv_heads * head_dim; V likewise. f32 for now. */
+struct kv_cache {
+    float *k, *v; /* backend memory; owned by whoever allocated the cache */
+    int n_layers, n_blocks, block_size, n_kv_heads, head_dim;
+};
+
+/* One sequence's share of a forward step: its n_tokens new tokens sit at
+ * rows [row0, row0 + n_tokens) of the step's activations and at positions
+ * [pos0, pos0 + n_tokens); block_ids maps position / block_size to a block
+ * of the kv_cache and covers at least pos0 + n_tokens positions. */
+struct attn_span {
+    int row0, n_tokens, pos0;
+    const uint32_t *block_ids;
+    int n_block_ids;
+};
+
+/* Precomputed rotary frequencies for one model (after rope_scaling). */
+struct rope_table {
+    int rot_dim;        /* rotated dims per head (= head_dim) */
+    const float *inv_freq; /* rot_dim / 2 floats, host memory owned by the model */
+    float attention_factor; /* multiplies cos and sin (1 unless a scaling kind says otherwise) */
+};
+
+struct backend;
+
+struct backend_ops {
+    const char *name;
+    void (*destroy)(struct backend *be);
+
+    /* Memory for activations and KV; zeroed. NULL when out of memory. */
+    void *(*alloc)(struct backend *be, size_t bytes);
+    void (*release)(struct backend *be, void *ptr);
+    /* Copies between host and backend memory (plain memcpy on the CPU). */
+    void (*to_device)(struct backend *be, void *dst, const void *src, size_t bytes);
+    void (*to_host)(struct backend *be, void *dst, const void *src, size_t bytes);
+
+    /* Token ids, positions and attn_span arrays passed to ops are host memory;
+     * a backend with its own memory copies them itself. */
+
+    /* out[t, :] = row tokens[t] of table (vocab x dim), widened to f32. */
+    void (*embed)(struct backend *be, const struct weight_matrix *table, const int32_t *tokens,
+                  int64_t n_tokens, float *out);
+    /* y[t, r] = sum_c x[t, c] * w[r, c] (+ bias[r] when bias != NULL), for
+     * t < n_tokens; x is n_tokens x w->cols, y is n_tokens x w->rows. */
+    void (*matmul)(struct backend *be, const float *x, int64_t n_tokens,
+                   const struct weight_matrix *w, const float *bias, float *y);
+    /* y[r, :] = x[r, :] / rms(x[r, :]) * weight, rows of dim floats; y may alias x. */
+    void (*rmsnorm)(struct backend *be, const float *x, const float *weight, int64_t n_rows,
+                    int64_t dim, float eps, float *y);
+    /* Rotates each head of x (n_tokens x n_heads x head_dim, in place) by its
+     * token's position, rotate-half (GPT-NeoX) layout as in HF Llama/Qwen. */
+    void (*rope)(struct backend *be, float *x, int64_t n_tokens, int n_heads, int head_dim,
+                 const int32_t *positions, const struct rope_table *rope);
+    /* out[i] = silu(gate[i]) * up[i]. */
+    void (*silu_mul)(struct backend *be, const float *gate, const float *up, float *out, int64_t n);
+    /* y[i] += x[i]. */
+    void (*add)(struct backend *be, float *y, const float *x, int64_t n);
+    /* Writes the step's new K and V rows (n_rows x kv_dim each) into their slots. */
+    void (*kv_store)(struct backend *be, struct kv_cache *kv, int layer, const float *k,
+                     const float *v, const struct attn_span *spans, int n_spans);
+    /* Causal attention of each span's queries over positions [0, pos] of its
+     * sequence, read through the block table; q and out are
+     * n_rows x (n_heads * head_dim); grouped-query heads share kv head
+     * h / (n_heads / n_kv_heads). */
+    void (*attention)(struct backend *be, const float *q, const struct kv_cache *kv, int layer,
+                      const struct attn_span *spans, int n_spans, int n_heads, float scale,
+                      float *out);
+};
+
+struct backend {
+    const struct backend_ops *ops;
+    enum compute_mode mode;
+    void *impl; /* owned by the backend */
+};
+
+/* Creates the CPU backend with n_threads workers (0: one per core). */
+int backend_cpu_create(int n_threads, enum compute_mode mode, struct backend **out,
+                       struct err *err);
+
+static inline void backend_destroy(struct backend *be)
+{
+    if (be)
+        be->ops->destroy(be);
+}
+
+#endif

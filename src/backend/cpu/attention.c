@@ -1,0 +1,115 @@
+/* backend/cpu/attention.c — paged KV writes and causal attention read through block tables. */
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_internal.h"
+#include "backend/cpu/vec_avx2.h"
+
+static inline size_t kv_slot_offset(const struct kv_cache *kv, int layer, uint32_t block, int slot)
+{
+    size_t kv_dim = (size_t)kv->n_kv_heads * kv->head_dim;
+    return (((size_t)layer * kv->n_blocks + block) * kv->block_size + slot) * kv_dim;
+}
+
+void cpu_kv_store(struct backend *be, struct kv_cache *kv, int layer, const float *k,
+                  const float *v, const struct attn_span *spans, int n_spans)
+{
+    (void)be;
+    size_t kv_dim = (size_t)kv->n_kv_heads * kv->head_dim;
+    for (int s = 0; s < n_spans; s++) {
+        const struct attn_span *sp = &spans[s];
+        for (int i = 0; i < sp->n_tokens; i++) {
+            int pos = sp->pos0 + i;
+            uint32_t block = sp->block_ids[pos / kv->block_size];
+            size_t off = kv_slot_offset(kv, layer, block, pos % kv->block_size);
+            size_t row = (size_t)(sp->row0 + i) * kv_dim;
+            memcpy(kv->k + off, k + row, kv_dim * sizeof(float));
+            memcpy(kv->v + off, v + row, kv_dim * sizeof(float));
+        }
+    }
+}
+
+struct attention_job {
+    const float *q;
+    const struct kv_cache *kv;
+    int layer;
+    const struct attn_span *spans;
+    int n_spans;
+    int n_heads;
+    float scale;
+    float *out;
+    int total_rows;
+};
+
+/* One query row of one head over positions [0, last_pos], one block at a
+ * time with a running (online) softmax, so no buffer grows with context. */
+static void attend_one(const struct attention_job *job, const struct attn_span *sp, int row,
+                       int head)
+{
+    const struct kv_cache *kv = job->kv;
+    int hd = kv->head_dim;
+    int group = job->n_heads / kv->n_kv_heads;
+    int kv_head = head / group;
+    const float *q = job->q + ((size_t)row * job->n_heads + head) * hd;
+    float *out = job->out + ((size_t)row * job->n_heads + head) * hd;
+    int last_pos = sp->pos0 + (row - sp->row0);
+
+    float acc[1024];
+    float scores[256];
+    memset(acc, 0, (size_t)hd * sizeof(float));
+    float running_max = -FLT_MAX, running_sum = 0.0f;
+
+    for (int start = 0; start <= last_pos; start += kv->block_size) {
+        uint32_t block = sp->block_ids[start / kv->block_size];
+        int n = kv->block_size;
+        if (start + n > last_pos + 1)
+            n = last_pos + 1 - start;
+        size_t base = kv_slot_offset(kv, job->layer, block, 0) + (size_t)kv_head * hd;
+        size_t stride = (size_t)kv->n_kv_heads * hd;
+        float block_max = -FLT_MAX;
+        for (int j = 0; j < n; j++) {
+            scores[j] = vec_dot(q, kv->k + base + j * stride, hd) * job->scale;
+            if (scores[j] > block_max)
+                block_max = scores[j];
+        }
+        float new_max = block_max > running_max ? block_max : running_max;
+        float correction = expf(running_max - new_max);
+        running_sum *= correction;
+        for (int j = 0; j < n; j++) {
+            float p = expf(scores[j] - new_max);
+            running_sum += p;
+            vec_scale_axpy(acc, j == 0 ? correction : 1.0f, p, kv->v + base + j * stride, hd);
+        }
+        running_max = new_max;
+    }
+    float inv = 1.0f / running_sum;
+    for (int d = 0; d < hd; d++)
+        out[d] = acc[d] * inv;
+}
+
+/* Work items are (row, head) pairs dealt round-robin, which balances the
+ * causal triangle: later rows attend over more positions. */
+static void attention_rows(void *ctx, int ith, int nth)
+{
+    struct attention_job *job = ctx;
+    long item = 0;
+    for (int s = 0; s < job->n_spans; s++) {
+        const struct attn_span *sp = &job->spans[s];
+        for (int r = 0; r < sp->n_tokens; r++) {
+            for (int h = 0; h < job->n_heads; h++, item++) {
+                if (item % nth == ith)
+                    attend_one(job, sp, sp->row0 + r, h);
+            }
+        }
+    }
+}
+
+void cpu_attention(struct backend *be, const float *q, const struct kv_cache *kv, int layer,
+                   const struct attn_span *spans, int n_spans, int n_heads, float scale,
+                   float *out)
+{
+    struct attention_job job = {q, kv, layer, spans, n_spans, n_heads, scale, out, 0};
+    struct cpu_impl *impl = be->impl;
+    threadpool_run(impl->pool, attention_rows, &job);
+}

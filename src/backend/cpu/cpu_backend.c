@@ -1,0 +1,289 @@
+/* backend/cpu/cpu_backend.c — the CPU backend's op table: memory, elementwise ops, norms, RoPE, embedding. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu.h"
+#include "backend/cpu/cpu_internal.h"
+#include "backend/cpu/vec_avx2.h"
+#include "base/bf16.h"
+#include "base/cpu.h"
+
+/* Elementwise jobs are split in chunks of this many floats (a multiple of
+ * the vector width) so threads never share a cache line. */
+#define ELEMENTWISE_ALIGN 64
+
+static struct cpu_impl *impl_of(struct backend *be) { return be->impl; }
+
+static void cpu_destroy(struct backend *be)
+{
+    struct cpu_impl *impl = impl_of(be);
+    cpu_matmul_free(impl->matmul);
+    threadpool_free(impl->pool);
+    free(impl);
+    free(be);
+}
+
+static void *cpu_alloc(struct backend *be, size_t bytes)
+{
+    (void)be;
+    size_t rounded = (bytes + 63) & ~(size_t)63;
+    void *p = aligned_alloc(64, rounded ? rounded : 64);
+    if (p)
+        memset(p, 0, rounded ? rounded : 64);
+    return p;
+}
+
+static void cpu_release(struct backend *be, void *ptr)
+{
+    (void)be;
+    free(ptr);
+}
+
+static void cpu_copy(struct backend *be, void *dst, const void *src, size_t bytes)
+{
+    (void)be;
+    memcpy(dst, src, bytes);
+}
+
+/* ---- embedding ---------------------------------------------------------- */
+
+struct embed_job {
+    const struct weight_matrix *table;
+    const int32_t *tokens;
+    int64_t n_tokens;
+    float *out;
+};
+
+static void embed_rows(void *ctx, int ith, int nth)
+{
+    struct embed_job *job = ctx;
+    int64_t dim = job->table->cols;
+    long begin, end;
+    threadpool_split(job->n_tokens, ith, nth, 1, &begin, &end);
+    for (long t = begin; t < end; t++) {
+        int64_t row = job->tokens[t];
+        float *dst = job->out + t * dim;
+        if (job->table->dtype == DTYPE_F32) {
+            memcpy(dst, (const float *)job->table->data + row * dim, (size_t)dim * sizeof(float));
+        } else {
+            const uint16_t *src = (const uint16_t *)job->table->data + row * dim;
+            for (int64_t i = 0; i < dim; i++)
+                dst[i] = bf16_to_f32(src[i]);
+        }
+    }
+}
+
+static void cpu_embed(struct backend *be, const struct weight_matrix *table, const int32_t *tokens,
+                      int64_t n_tokens, float *out)
+{
+    struct embed_job job = {table, tokens, n_tokens, out};
+    threadpool_run(impl_of(be)->pool, embed_rows, &job);
+}
+
+/* ---- matmul ------------------------------------------------------------- */
+
+static void cpu_matmul_op(struct backend *be, const float *x, int64_t n_tokens,
+                          const struct weight_matrix *w, const float *bias, float *y)
+{
+    cpu_matmul_run(impl_of(be)->matmul, be->mode, x, n_tokens, w, bias, y);
+}
+
+/* ---- RMSNorm ------------------------------------------------------------ */
+
+struct rmsnorm_job {
+    const float *x, *weight;
+    int64_t n_rows, dim;
+    float eps;
+    float *y;
+};
+
+static void rmsnorm_rows(void *ctx, int ith, int nth)
+{
+    struct rmsnorm_job *job = ctx;
+    long begin, end;
+    threadpool_split(job->n_rows, ith, nth, 1, &begin, &end);
+    for (long r = begin; r < end; r++) {
+        const float *x = job->x + r * job->dim;
+        float *y = job->y + r * job->dim;
+        double sum = 0;
+        for (int64_t i = 0; i < job->dim; i++)
+            sum += (double)x[i] * x[i];
+        /* torch: x * rsqrt(mean(x^2) + eps), then * weight, all in f32 */
+        float inv = 1.0f / sqrtf((float)(sum / (double)job->dim) + job->eps);
+        for (int64_t i = 0; i < job->dim; i++)
+            y[i] = job->weight[i] * (x[i] * inv);
+    }
+}
+
+static void cpu_rmsnorm(struct backend *be, const float *x, const float *weight, int64_t n_rows,
+                        int64_t dim, float eps, float *y)
+{
+    struct rmsnorm_job job = {x, weight, n_rows, dim, eps, y};
+    if (n_rows * dim < 16384) {
+        rmsnorm_rows(&job, 0, 1);
+        return;
+    }
+    threadpool_run(impl_of(be)->pool, rmsnorm_rows, &job);
+}
+
+/* ---- RoPE --------------------------------------------------------------- */
+
+struct rope_job {
+    float *x;
+    int64_t n_tokens;
+    int n_heads, head_dim;
+    const int32_t *positions;
+    const struct rope_table *rope;
+};
+
+static void rope_tokens(void *ctx, int ith, int nth)
+{
+    struct rope_job *job = ctx;
+    int half = job->rope->rot_dim / 2;
+    float cos_buf[512], sin_buf[512];
+    long begin, end;
+    threadpool_split(job->n_tokens, ith, nth, 1, &begin, &end);
+    for (long t = begin; t < end; t++) {
+        float pos = (float)job->positions[t];
+        for (int i = 0; i < half; i++) {
+            /* the angle is rounded to f32 first, as transformers computes it */
+            float angle = pos * job->rope->inv_freq[i];
+            cos_buf[i] = cosf(angle) * job->rope->attention_factor;
+            sin_buf[i] = sinf(angle) * job->rope->attention_factor;
+        }
+        for (int h = 0; h < job->n_heads; h++) {
+            float *v = job->x + (t * job->n_heads + h) * job->head_dim;
+            for (int i = 0; i < half; i++) {
+                float a = v[i], b = v[i + half];
+                v[i] = a * cos_buf[i] - b * sin_buf[i];
+                v[i + half] = b * cos_buf[i] + a * sin_buf[i];
+            }
+        }
+    }
+}
+
+static void cpu_rope(struct backend *be, float *x, int64_t n_tokens, int n_heads, int head_dim,
+                     const int32_t *positions, const struct rope_table *rope)
+{
+    struct rope_job job = {x, n_tokens, n_heads, head_dim, positions, rope};
+    if (n_tokens < 4) {
+        rope_tokens(&job, 0, 1);
+        return;
+    }
+    threadpool_run(impl_of(be)->pool, rope_tokens, &job);
+}
+
+/* ---- elementwise -------------------------------------------------------- */
+
+struct elementwise_job {
+    const float *a, *b;
+    float *out;
+    int64_t n;
+};
+
+static void silu_mul_range(void *ctx, int ith, int nth)
+{
+    struct elementwise_job *job = ctx;
+    long begin, end;
+    threadpool_split(job->n, ith, nth, ELEMENTWISE_ALIGN, &begin, &end);
+    long i = begin;
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (; i + 8 <= end; i += 8) {
+        __m256 g = _mm256_loadu_ps(job->a + i);
+        __m256 e = vec_exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+        __m256 s = _mm256_div_ps(g, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(job->out + i, _mm256_mul_ps(s, _mm256_loadu_ps(job->b + i)));
+    }
+    for (; i < end; i++) {
+        float g = job->a[i];
+        job->out[i] = g / (1.0f + expf(-g)) * job->b[i];
+    }
+}
+
+static void cpu_silu_mul(struct backend *be, const float *gate, const float *up, float *out,
+                         int64_t n)
+{
+    struct elementwise_job job = {gate, up, out, n};
+    if (n < 32768) {
+        silu_mul_range(&job, 0, 1);
+        return;
+    }
+    threadpool_run(impl_of(be)->pool, silu_mul_range, &job);
+}
+
+static void add_range(void *ctx, int ith, int nth)
+{
+    struct elementwise_job *job = ctx;
+    long begin, end;
+    threadpool_split(job->n, ith, nth, ELEMENTWISE_ALIGN, &begin, &end);
+    for (long i = begin; i < end; i++)
+        job->out[i] += job->a[i];
+}
+
+static void cpu_add(struct backend *be, float *y, const float *x, int64_t n)
+{
+    struct elementwise_job job = {x, NULL, y, n};
+    if (n < 65536) {
+        add_range(&job, 0, 1);
+        return;
+    }
+    threadpool_run(impl_of(be)->pool, add_range, &job);
+}
+
+static const struct backend_ops cpu_ops = {
+    .name = "cpu",
+    .destroy = cpu_destroy,
+    .alloc = cpu_alloc,
+    .release = cpu_release,
+    .to_device = cpu_copy,
+    .to_host = cpu_copy,
+    .embed = cpu_embed,
+    .matmul = cpu_matmul_op,
+    .rmsnorm = cpu_rmsnorm,
+    .rope = cpu_rope,
+    .silu_mul = cpu_silu_mul,
+    .add = cpu_add,
+    .kv_store = cpu_kv_store,
+    .attention = cpu_attention,
+};
+
+int backend_cpu_create(int n_threads, enum compute_mode mode, struct backend **out,
+                       struct err *err)
+{
+    if (!cpu_features()->avx2)
+        return err_set(err, INFERD_EUNSUPPORTED,
+                       "this CPU lacks AVX2/FMA, which the CPU backend requires");
+    struct backend *be = calloc(1, sizeof *be);
+    struct cpu_impl *impl = calloc(1, sizeof *impl);
+    if (!be || !impl) {
+        free(be);
+        free(impl);
+        return err_set(err, INFERD_ENOMEM, "out of memory creating the CPU backend");
+    }
+    int rc = threadpool_create(n_threads, &impl->pool, err);
+    if (rc == 0)
+        rc = cpu_matmul_create(impl->pool, &impl->matmul, err);
+    if (rc < 0) {
+        threadpool_free(impl->pool);
+        free(impl);
+        free(be);
+        return rc;
+    }
+    be->ops = &cpu_ops;
+    be->mode = mode;
+    be->impl = impl;
+    *out = be;
+    return 0;
+}
+
+struct threadpool *backend_cpu_threadpool(struct backend *be)
+{
+    return be && be->ops == &cpu_ops ? impl_of(be)->pool : NULL;
+}
+
+struct cpu_matmul *backend_cpu_matmul(struct backend *be)
+{
+    return be && be->ops == &cpu_ops ? impl_of(be)->matmul : NULL;
+}

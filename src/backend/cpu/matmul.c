@@ -1,0 +1,331 @@
+/* backend/cpu/matmul.c — matmul dispatch: picks GEMV or GEMM per ISA level, splits the work over threads; the scalar reference path. */
+#include "backend/cpu/matmul.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/matmul_kernels.h"
+#include "base/bf16.h"
+#include "base/cpu.h"
+#include "base/threadpool.h"
+
+/* AMX tiles are 16 tokens tall; below two of them the tile setup and the
+ * zero-padded rows cost more than vdpbf16ps saves. */
+#define AMX_MIN_TOKENS 32
+
+/* Threads split GEMV outputs in multiples of 16 floats so no two threads
+ * write the same 64-byte line of y. */
+#define GEMV_ROW_ALIGN 16
+
+struct mm_thread_scratch {
+    void *a; /* owned; packed x block, 64-byte aligned */
+    void *b; /* owned; packed W panel, 64-byte aligned */
+};
+
+struct cpu_matmul {
+    struct threadpool *pool; /* borrowed */
+    int n_threads;
+    enum cpu_matmul_level level;
+    struct mm_thread_scratch *scratch; /* owned; n_threads */
+    void *xbuf;                        /* owned; x prepared for a FAST-mode GEMV */
+    size_t xbuf_bytes;
+};
+
+/* One cpu_matmul_run call, as every thread sees it. */
+struct mm_job {
+    struct cpu_matmul *mm;
+    const struct mm_gemv *gemv; /* one of gemv / gemm is set; neither: scalar */
+    const struct mm_gemm *gemm;
+    const void *x;              /* f32, or what gemv->prepare_x made */
+    int64_t T, K, N;
+    const void *w;
+    enum dtype dtype;
+    const float *bias;
+    float *y;
+    bool round_bf16;            /* FAST mode: x still needs rounding (GEMM, scalar) */
+};
+
+static const struct mm_gemm *const all_gemms[] = {
+    &cpu_mm_gemm_avx2, &cpu_mm_gemm_avx512, &cpu_mm_gemm_avx512bf16, &cpu_mm_gemm_amx,
+};
+
+static size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+/* ---- levels ------------------------------------------------------------ */
+
+enum cpu_matmul_level cpu_matmul_detect_level(void)
+{
+    const struct cpu_features *f = cpu_features();
+    bool avx512 = f->avx512f && f->avx512bw && f->avx512vl;
+    if (avx512 && f->avx512_bf16 && f->amx_usable)
+        return CPU_MATMUL_AMX;
+    if (avx512 && f->avx512_bf16)
+        return CPU_MATMUL_AVX512BF16;
+    if (avx512)
+        return CPU_MATMUL_AVX512;
+    if (f->avx2 && f->fma && f->f16c)
+        return CPU_MATMUL_AVX2;
+    return CPU_MATMUL_SCALAR;
+}
+
+const char *cpu_matmul_level_name(enum cpu_matmul_level level)
+{
+    static const char *const names[CPU_MATMUL_N_LEVELS] = {"scalar", "avx2", "avx512",
+                                                            "avx512bf16", "amx"};
+    return (unsigned)level < CPU_MATMUL_N_LEVELS ? names[level] : "unknown";
+}
+
+int cpu_matmul_set_level(struct cpu_matmul *mm, enum cpu_matmul_level level, struct err *err)
+{
+    if ((unsigned)level >= CPU_MATMUL_N_LEVELS)
+        return err_set(err, INFERD_EINVAL, "matmul level %d does not exist", (int)level);
+    enum cpu_matmul_level best = cpu_matmul_detect_level();
+    if (level > best)
+        return err_set(err, INFERD_EUNSUPPORTED, "matmul level %s needs a CPU this one is not (best: %s)",
+                       cpu_matmul_level_name(level), cpu_matmul_level_name(best));
+    mm->level = level;
+    return 0;
+}
+
+enum cpu_matmul_level cpu_matmul_get_level(const struct cpu_matmul *mm) { return mm->level; }
+
+/* ---- context ----------------------------------------------------------- */
+
+void cpu_matmul_free(struct cpu_matmul *mm)
+{
+    if (!mm)
+        return;
+    if (mm->scratch) {
+        for (int i = 0; i < mm->n_threads; i++) {
+            free(mm->scratch[i].a);
+            free(mm->scratch[i].b);
+        }
+        free(mm->scratch);
+    }
+    free(mm->xbuf);
+    free(mm);
+}
+
+int cpu_matmul_create(struct threadpool *pool, struct cpu_matmul **out, struct err *err)
+{
+    struct cpu_matmul *mm = calloc(1, sizeof *mm);
+    if (!mm)
+        return err_set(err, INFERD_ENOMEM, "out of memory creating the matmul context");
+    mm->pool = pool;
+    mm->n_threads = threadpool_size(pool);
+    mm->level = cpu_matmul_detect_level();
+
+    /* Scratch fits every kernel set, so a context can switch levels freely. */
+    size_t a_bytes = 0, b_bytes = 0;
+    for (size_t i = 0; i < sizeof all_gemms / sizeof all_gemms[0]; i++) {
+        const struct mm_gemm *g = all_gemms[i];
+        size_t kpad = round_up((size_t)g->kc, (size_t)g->k_align);
+        size_t a = round_up((size_t)g->mc, (size_t)g->mr) * kpad * g->a_elem;
+        size_t b = (size_t)g->nr * kpad * g->b_elem;
+        a_bytes = a > a_bytes ? a : a_bytes;
+        b_bytes = b > b_bytes ? b : b_bytes;
+    }
+    mm->scratch = calloc((size_t)mm->n_threads, sizeof *mm->scratch);
+    if (!mm->scratch) {
+        cpu_matmul_free(mm);
+        return err_set(err, INFERD_ENOMEM, "out of memory creating the matmul context");
+    }
+    for (int i = 0; i < mm->n_threads; i++) {
+        mm->scratch[i].a = aligned_alloc(64, round_up(a_bytes, 64));
+        mm->scratch[i].b = aligned_alloc(64, round_up(b_bytes, 64));
+        if (!mm->scratch[i].a || !mm->scratch[i].b) {
+            cpu_matmul_free(mm);
+            return err_set(err, INFERD_ENOMEM, "out of memory for matmul packing scratch");
+        }
+    }
+    *out = mm;
+    return 0;
+}
+
+/* ---- scalar reference -------------------------------------------------- */
+
+static float weight_at(const void *w, enum dtype dtype, int64_t i)
+{
+    switch (dtype) {
+    case DTYPE_BF16:
+        return bf16_to_f32(((const uint16_t *)w)[i]);
+    case DTYPE_F16:
+        return f16_to_f32(((const uint16_t *)w)[i]);
+    default:
+        return ((const float *)w)[i];
+    }
+}
+
+/* Four tokens at a time: four independent sums keep the adder busy, each
+ * still summed strictly in column order. */
+static void scalar_rows(const struct mm_job *j, int64_t r0, int64_t r1)
+{
+    const float *x = j->x;
+    for (int64_t r = r0; r < r1; r++) {
+        for (int64_t t0 = 0; t0 < j->T; t0 += 4) {
+            int nt = j->T - t0 < 4 ? (int)(j->T - t0) : 4;
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (int64_t c = 0; c < j->K; c++) {
+                float wv = weight_at(j->w, j->dtype, r * j->K + c);
+                for (int i = 0; i < nt; i++) {
+                    float xv = x[(t0 + i) * j->K + c];
+                    if (j->round_bf16)
+                        xv = bf16_to_f32(f32_to_bf16(xv));
+                    acc[i] += xv * wv;
+                }
+            }
+            for (int i = 0; i < nt; i++)
+                j->y[(t0 + i) * j->N + r] = acc[i] + (j->bias ? j->bias[r] : 0.0f);
+        }
+    }
+}
+
+/* ---- threads ----------------------------------------------------------- */
+
+static void row_split_job(void *ctx, int ith, int nth)
+{
+    const struct mm_job *j = ctx;
+    long r0, r1;
+    threadpool_split((long)j->N, ith, nth, GEMV_ROW_ALIGN, &r0, &r1);
+    if (r0 >= r1)
+        return;
+    if (j->gemv)
+        j->gemv->run(j->x, j->T, j->K, j->w, j->dtype, j->bias, j->y, j->N, r0, r1);
+    else
+        scalar_rows(j, r0, r1);
+}
+
+/* A thread's rectangle of y: whole nr-wide output panels when there are
+ * enough of them to go round (each thread then streams its own part of W
+ * once), else whole mr-tall token panels (few outputs, a long prompt). */
+static void gemm_job(void *ctx, int ith, int nth)
+{
+    const struct mm_job *j = ctx;
+    const struct mm_gemm *g = j->gemm;
+    struct mm_thread_scratch *s = &j->mm->scratch[ith];
+    long n_panels = (long)((j->N + g->nr - 1) / g->nr);
+    long t_panels = (long)((j->T + g->mr - 1) / g->mr);
+    long nb = 0, ne = (long)j->N, tb = 0, te = (long)j->T;
+    if (n_panels >= nth || n_panels >= t_panels) {
+        threadpool_split(n_panels, ith, nth, 1, &nb, &ne);
+        nb *= g->nr;
+        ne = ne * g->nr < j->N ? ne * g->nr : (long)j->N;
+    } else {
+        threadpool_split(t_panels, ith, nth, 1, &tb, &te);
+        tb *= g->mr;
+        te = te * g->mr < j->T ? te * g->mr : (long)j->T;
+    }
+    if (nb >= ne || tb >= te)
+        return;
+
+    /* Token chunks of equal size (in whole panels), so a prompt just over
+     * mc does not leave a sliver of a chunk that repacks all of W. */
+    long m_total = te - tb;
+    long n_chunks = (m_total + g->mc - 1) / g->mc;
+    long chunk = (long)round_up((size_t)((m_total + n_chunks - 1) / n_chunks), (size_t)g->mr);
+    size_t esize = dtype_size(j->dtype);
+    const float *x = j->x;
+
+    if (g->thread_begin)
+        g->thread_begin();
+    for (long tc = tb; tc < te; tc += chunk) {
+        int m = (int)(te - tc < chunk ? te - tc : chunk);
+        for (long jc = nb; jc < ne; jc += g->nc) {
+            long jce = jc + g->nc < ne ? jc + g->nc : ne;
+            for (int64_t pc = 0; pc < j->K; pc += g->kc) {
+                int k = (int)(j->K - pc < g->kc ? j->K - pc : g->kc);
+                size_t panel_bytes = (size_t)g->mr * round_up((size_t)k, (size_t)g->k_align) * g->a_elem;
+                g->pack_x(x + tc * j->K + pc, j->K, m, k, j->round_bf16, s->a);
+                for (long n0 = jc; n0 < jce; n0 += g->nr) {
+                    int n = (int)(jce - n0 < g->nr ? jce - n0 : g->nr);
+                    g->pack_w((const char *)j->w + ((size_t)n0 * j->K + pc) * esize, j->dtype,
+                              j->K, n, k, s->b);
+                    for (int i = 0; i < m; i += g->mr)
+                        g->kernel(m - i < g->mr ? m - i : g->mr, n, k,
+                                  (const char *)s->a + (size_t)(i / g->mr) * panel_bytes, s->b,
+                                  j->y + (tc + i) * j->N + n0, j->N,
+                                  j->bias ? j->bias + n0 : NULL, pc == 0);
+                }
+            }
+        }
+    }
+    if (g->thread_end)
+        g->thread_end();
+}
+
+/* ---- dispatch ---------------------------------------------------------- */
+
+/* The kernels for this call; both NULL means the scalar path. Vector kernels
+ * take F32 and BF16 weights; bf16 dot-product hardware is only used where it
+ * computes exactly what FAST mode promises (bf16 weights, rounded x). */
+static void choose_kernels(enum cpu_matmul_level level, enum compute_mode mode, enum dtype dtype,
+                           int64_t T, const struct mm_gemv **gemv, const struct mm_gemm **gemm)
+{
+    *gemv = NULL;
+    *gemm = NULL;
+    if (level == CPU_MATMUL_SCALAR || (dtype != DTYPE_F32 && dtype != DTYPE_BF16))
+        return;
+    bool bf16_dot = mode == COMPUTE_FAST && dtype == DTYPE_BF16 && level >= CPU_MATMUL_AVX512BF16;
+    const struct mm_gemv *v;
+    const struct mm_gemm *m;
+    if (level == CPU_MATMUL_AVX2) {
+        v = &cpu_mm_gemv_avx2;
+        m = &cpu_mm_gemm_avx2;
+    } else if (bf16_dot) {
+        v = &cpu_mm_gemv_avx512bf16;
+        m = level == CPU_MATMUL_AMX && T >= AMX_MIN_TOKENS ? &cpu_mm_gemm_amx
+                                                           : &cpu_mm_gemm_avx512bf16;
+    } else {
+        v = &cpu_mm_gemv_avx512;
+        m = &cpu_mm_gemm_avx512;
+    }
+    if (T <= v->max_t)
+        *gemv = v;
+    else
+        *gemm = m;
+}
+
+/* Room for a GEMV's prepared x; false when memory is short (the caller then
+ * takes the scalar path, which rounds as it goes). */
+static bool reserve_xbuf(struct cpu_matmul *mm, size_t bytes)
+{
+    if (bytes <= mm->xbuf_bytes)
+        return true;
+    void *p = aligned_alloc(64, round_up(bytes, 64));
+    if (!p)
+        return false;
+    free(mm->xbuf);
+    mm->xbuf = p;
+    mm->xbuf_bytes = round_up(bytes, 64);
+    return true;
+}
+
+void cpu_matmul_run(struct cpu_matmul *mm, enum compute_mode mode, const float *x, int64_t T,
+                    const struct weight_matrix *w, const float *bias, float *y)
+{
+    int64_t K = w->cols, N = w->rows;
+    if (T <= 0 || N <= 0)
+        return;
+    if (K <= 0) {
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t r = 0; r < N; r++)
+                y[t * N + r] = bias ? bias[r] : 0.0f;
+        return;
+    }
+    struct mm_job job = {
+        .mm = mm, .x = x, .T = T, .K = K, .N = N, .w = w->data, .dtype = w->dtype,
+        .bias = bias, .y = y, .round_bf16 = mode == COMPUTE_FAST,
+    };
+    choose_kernels(mm->level, mode, w->dtype, T, &job.gemv, &job.gemm);
+    if (job.gemv && mode == COMPUTE_FAST) {
+        size_t n = (size_t)T * (size_t)K;
+        if (reserve_xbuf(mm, n * (job.gemv->x_bf16 ? 2 : 4))) {
+            job.gemv->prepare_x(x, (int64_t)n, mm->xbuf);
+            job.x = mm->xbuf;
+            job.round_bf16 = false;
+        } else {
+            job.gemv = NULL;
+        }
+    }
+    threadpool_run(mm->pool, job.gemm ? gemm_job : row_split_job, &job);
+}

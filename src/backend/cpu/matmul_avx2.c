@@ -1,0 +1,339 @@
+/* backend/cpu/matmul_avx2.c — AVX2/FMA matmul kernels: a bandwidth-bound decode GEMV and a 6x16 packed-panel GEMM. */
+#include <immintrin.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "backend/cpu/matmul_kernels.h"
+#include "base/bf16.h"
+
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+
+/* GEMM blocking for Zen 3 / Haswell-class cores (32 KiB L1d, 512 KiB+ L2).
+ * MR x NR = 6 x 16: 12 ymm accumulators hide the 4-cycle FMA latency on two
+ * FMA pipes, and each k step needs 2 vector loads + 6 broadcasts for 12 FMAs,
+ * well inside the load ports. KC = 256 keeps one packed W panel (16 x 256 f32
+ * = 16 KiB) in L1 while every token panel streams past it; MC = 192 tokens
+ * make the packed x block 192 KiB, resident in L2 for the whole N sweep. */
+#define MR 6
+#define NR 16
+#define KC 256
+#define MC 192
+
+/* GEMV runs while T is at most this: each weight row is widened once and
+ * reused from registers by up to two tokens at a time, so W streams from
+ * memory once; the x rows (T x K f32) stay in L1/L2. Above it, packing pays. */
+#define GEMV_MAX_T 4
+
+/* ---- helpers ----------------------------------------------------------- */
+
+/* bf16 -> f32 is the bf16 bits moved to the top half of a 32-bit word. */
+static ALWAYS_INLINE __m256 load8_w(const void *row, int64_t c, bool bf16)
+{
+    if (bf16) {
+        __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + c));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+    return _mm256_loadu_ps((const float *)row + c);
+}
+
+static ALWAYS_INLINE float load1_w(const void *row, int64_t c, bool bf16)
+{
+    return bf16 ? bf16_to_f32(((const uint16_t *)row)[c]) : ((const float *)row)[c];
+}
+
+/* Round to the nearest bf16, ties to even, NaN kept quiet: bit-identical to
+ * f32_to_bf16 in base/bf16.h, returned widened back to f32. */
+static ALWAYS_INLINE __m256 round_bf16(__m256 v)
+{
+    const __m256i hi_mask = _mm256_set1_epi32((int)0xffff0000u);
+    __m256i u = _mm256_castps_si256(v);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb));
+    r = _mm256_and_si256(r, hi_mask);
+    __m256i quiet = _mm256_or_si256(_mm256_and_si256(u, hi_mask), _mm256_set1_epi32(0x00400000));
+    __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+    return _mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(quiet), nan);
+}
+
+static ALWAYS_INLINE float hsum(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* r[i] = row i of an 8x8 block in, column i out. */
+static ALWAYS_INLINE void transpose8(__m256 r[8])
+{
+    __m256 t[8], s[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        s[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        s[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        s[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        s[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm256_permute2f128_ps(s[i], s[i + 4], 0x20);
+        r[i + 4] = _mm256_permute2f128_ps(s[i], s[i + 4], 0x31);
+    }
+}
+
+/* ---- GEMV -------------------------------------------------------------- */
+
+static void prepare_x_f32(const float *x, int64_t n, void *dst_)
+{
+    float *dst = dst_;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, round_bf16(_mm256_loadu_ps(x + i)));
+    for (; i < n; i++)
+        dst[i] = bf16_to_f32(f32_to_bf16(x[i]));
+}
+
+/* Rows [r, r + R) against tokens [t0, t0 + TG). With one token the columns
+ * are unrolled twice so 8 accumulators are in flight (4 rows x 2); with two
+ * tokens the rows already give 8. Four row streams at once keep enough
+ * cache-line misses outstanding for the hardware prefetchers to saturate
+ * DRAM. */
+static ALWAYS_INLINE void gemv_tile(const int R, const int TG, const bool bf16, const float *x,
+                                    int64_t K, const void *w, const float *bias, float *y,
+                                    int64_t N, int64_t r, int64_t t0)
+{
+    const int U = TG == 1 ? 2 : 1;
+    const size_t esize = bf16 ? 2 : 4;
+    const char *wr[4];
+    const float *xt[2];
+    __m256 acc[4][2][2];
+    for (int i = 0; i < R; i++)
+        wr[i] = (const char *)w + (size_t)(r + i) * (size_t)K * esize;
+    for (int t = 0; t < TG; t++)
+        xt[t] = x + (t0 + t) * K;
+    for (int i = 0; i < R; i++)
+        for (int t = 0; t < TG; t++)
+            for (int u = 0; u < U; u++)
+                acc[i][t][u] = _mm256_setzero_ps();
+
+    int64_t c = 0;
+    for (; c + 8 * U <= K; c += 8 * U) {
+        for (int u = 0; u < U; u++) {
+            __m256 wv[4];
+            for (int i = 0; i < R; i++)
+                wv[i] = load8_w(wr[i], c + 8 * u, bf16);
+            for (int t = 0; t < TG; t++) {
+                __m256 xv = _mm256_loadu_ps(xt[t] + c + 8 * u);
+                for (int i = 0; i < R; i++)
+                    acc[i][t][u] = _mm256_fmadd_ps(wv[i], xv, acc[i][t][u]);
+            }
+        }
+    }
+    if (U == 2 && c + 8 <= K) {
+        for (int i = 0; i < R; i++) {
+            __m256 wv = load8_w(wr[i], c, bf16);
+            for (int t = 0; t < TG; t++)
+                acc[i][t][0] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xt[t] + c), acc[i][t][0]);
+        }
+        c += 8;
+    }
+    for (int i = 0; i < R; i++) {
+        for (int t = 0; t < TG; t++) {
+            __m256 a = U == 2 ? _mm256_add_ps(acc[i][t][0], acc[i][t][1]) : acc[i][t][0];
+            float s = hsum(a);
+            for (int64_t cc = c; cc < K; cc++)
+                s += load1_w(wr[i], cc, bf16) * xt[t][cc];
+            y[(t0 + t) * N + r + i] = s + (bias ? bias[r + i] : 0.0f);
+        }
+    }
+}
+
+/* Rows outer, token pairs inner: a 4-row block (4 x K weights) is read
+ * from DRAM by the first pair and from L1/L2 by the rest. */
+static ALWAYS_INLINE void gemv_rows(const bool bf16, const float *x, int64_t T, int64_t K,
+                                    const void *w, const float *bias, float *y, int64_t N,
+                                    int64_t r0, int64_t r1)
+{
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4) {
+        int64_t t = 0;
+        for (; t + 2 <= T; t += 2)
+            gemv_tile(4, 2, bf16, x, K, w, bias, y, N, r, t);
+        if (t < T)
+            gemv_tile(4, 1, bf16, x, K, w, bias, y, N, r, t);
+    }
+    for (; r < r1; r++) {
+        int64_t t = 0;
+        for (; t + 2 <= T; t += 2)
+            gemv_tile(1, 2, bf16, x, K, w, bias, y, N, r, t);
+        if (t < T)
+            gemv_tile(1, 1, bf16, x, K, w, bias, y, N, r, t);
+    }
+}
+
+static void gemv_run(const void *x, int64_t T, int64_t K, const void *w, enum dtype dtype,
+                     const float *bias, float *y, int64_t N, int64_t r0, int64_t r1)
+{
+    if (dtype == DTYPE_BF16)
+        gemv_rows(true, x, T, K, w, bias, y, N, r0, r1);
+    else
+        gemv_rows(false, x, T, K, w, bias, y, N, r0, r1);
+}
+
+/* ---- GEMM packing ------------------------------------------------------ */
+
+/* Panels of 6 token rows, k-major: dst[k * 6 + i] = x[i, k]. Eight columns
+ * at a time go through an 8x8 transpose (rows 6 and 7 are zeros). */
+static void pack_x(const float *x, int64_t ldx, int m, int k, bool round, void *dst_)
+{
+    float *dst = dst_;
+    for (int p = 0; p < m; p += MR) {
+        int mp = m - p < MR ? m - p : MR;
+        const float *rows[MR];
+        for (int i = 0; i < MR; i++)
+            rows[i] = x + (int64_t)(p + (i < mp ? i : 0)) * ldx;
+        float *d = dst + (size_t)(p / MR) * MR * (size_t)k;
+        int c = 0;
+        for (; c + 8 <= k; c += 8) {
+            __m256 v[8];
+            for (int i = 0; i < 8; i++) {
+                v[i] = i < mp ? _mm256_loadu_ps(rows[i] + c) : _mm256_setzero_ps();
+                if (round)
+                    v[i] = round_bf16(v[i]);
+            }
+            transpose8(v);
+            for (int jj = 0; jj < 8; jj++) {
+                float *o = d + (size_t)(c + jj) * MR;
+                _mm_storeu_ps(o, _mm256_castps256_ps128(v[jj]));
+                _mm_storel_pi((__m64 *)(o + 4), _mm256_extractf128_ps(v[jj], 1));
+            }
+        }
+        for (; c < k; c++)
+            for (int i = 0; i < MR; i++) {
+                float v = i < mp ? rows[i][c] : 0.0f;
+                d[c * MR + i] = round ? bf16_to_f32(f32_to_bf16(v)) : v;
+            }
+    }
+}
+
+/* One panel of 16 weight rows, k-major f32: dst[k * 16 + j] = W[j, k],
+ * widened from bf16 on the way. Full panels go 8 rows x 8 columns through
+ * transposes; the panel at the end of N (and the K tail) goes element-wise. */
+static ALWAYS_INLINE void pack_w_impl(const bool bf16, const void *w, int64_t ldw, int n, int k,
+                                      float *dst)
+{
+    const size_t esize = bf16 ? 2 : 4;
+    int c = 0;
+    if (n == NR) {
+        for (; c + 8 <= k; c += 8) {
+            for (int g = 0; g < 2; g++) {
+                __m256 v[8];
+                for (int i = 0; i < 8; i++)
+                    v[i] = load8_w((const char *)w + (size_t)(g * 8 + i) * (size_t)ldw * esize, c,
+                                   bf16);
+                transpose8(v);
+                for (int jj = 0; jj < 8; jj++)
+                    _mm256_store_ps(dst + (size_t)(c + jj) * NR + g * 8, v[jj]);
+            }
+        }
+    }
+    for (; c < k; c++)
+        for (int j = 0; j < NR; j++)
+            dst[(size_t)c * NR + j] =
+                j < n ? load1_w((const char *)w + (size_t)j * (size_t)ldw * esize, c, bf16) : 0.0f;
+}
+
+static void pack_w(const void *w, enum dtype dtype, int64_t ldw, int n, int k, void *dst)
+{
+    if (dtype == DTYPE_BF16)
+        pack_w_impl(true, w, ldw, n, k, dst);
+    else
+        pack_w_impl(false, w, ldw, n, k, dst);
+}
+
+/* ---- GEMM microkernel -------------------------------------------------- */
+
+/* One accumulator row into c under the driver's first/bias/accumulate
+ * rule; a partial panel (n < 16) goes through a small buffer. */
+static ALWAYS_INLINE void store_row(float *ci, __m256 a0, __m256 a1, int n, const float *bias,
+                                    bool first)
+{
+    if (n == NR) {
+        __m256 c0 = first ? (bias ? _mm256_loadu_ps(bias) : _mm256_setzero_ps()) : _mm256_loadu_ps(ci);
+        __m256 c1 = first ? (bias ? _mm256_loadu_ps(bias + 8) : _mm256_setzero_ps())
+                          : _mm256_loadu_ps(ci + 8);
+        _mm256_storeu_ps(ci, _mm256_add_ps(c0, a0));
+        _mm256_storeu_ps(ci + 8, _mm256_add_ps(c1, a1));
+        return;
+    }
+    float row[NR];
+    _mm256_storeu_ps(row, a0);
+    _mm256_storeu_ps(row + 8, a1);
+    for (int j = 0; j < n; j++)
+        ci[j] = (first ? (bias ? bias[j] : 0.0f) : ci[j]) + row[j];
+}
+
+/* Named accumulators rather than an array: GCC keeps an array of 12 ymm in
+ * registers but also stores it to the stack on every k step, halving the
+ * FMA rate. Rows past M are dead code once M is a constant. */
+#define FMA_ROW(i, lo, hi)                                                                     \
+    if (M > i) {                                                                               \
+        __m256 ai = _mm256_broadcast_ss(a + i);                                                \
+        lo = _mm256_fmadd_ps(ai, b0, lo);                                                      \
+        hi = _mm256_fmadd_ps(ai, b1, hi);                                                      \
+    }
+#define STORE_ROW(i, lo, hi)                                                                   \
+    if (M > i)                                                                                 \
+        store_row(c + i * ldc, lo, hi, n, bias, first);
+
+static ALWAYS_INLINE void kernel_m(const int M, int n, int k, const float *a, const float *b,
+                                   float *c, int64_t ldc, const float *bias, bool first)
+{
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+    __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+    for (int p = 0; p < k; p++) {
+        __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8);
+        FMA_ROW(0, c00, c01)
+        FMA_ROW(1, c10, c11)
+        FMA_ROW(2, c20, c21)
+        FMA_ROW(3, c30, c31)
+        FMA_ROW(4, c40, c41)
+        FMA_ROW(5, c50, c51)
+        a += MR;
+        b += NR;
+    }
+    STORE_ROW(0, c00, c01)
+    STORE_ROW(1, c10, c11)
+    STORE_ROW(2, c20, c21)
+    STORE_ROW(3, c30, c31)
+    STORE_ROW(4, c40, c41)
+    STORE_ROW(5, c50, c51)
+}
+
+static void kernel(int m, int n, int k, const void *a, const void *b, float *c, int64_t ldc,
+                   const float *bias, bool first)
+{
+    switch (m) {
+    case 6: kernel_m(6, n, k, a, b, c, ldc, bias, first); break;
+    case 5: kernel_m(5, n, k, a, b, c, ldc, bias, first); break;
+    case 4: kernel_m(4, n, k, a, b, c, ldc, bias, first); break;
+    case 3: kernel_m(3, n, k, a, b, c, ldc, bias, first); break;
+    case 2: kernel_m(2, n, k, a, b, c, ldc, bias, first); break;
+    default: kernel_m(1, n, k, a, b, c, ldc, bias, first); break;
+    }
+}
+
+const struct mm_gemv cpu_mm_gemv_avx2 = {
+    .max_t = GEMV_MAX_T,
+    .x_bf16 = false,
+    .prepare_x = prepare_x_f32,
+    .run = gemv_run,
+};
+
+const struct mm_gemm cpu_mm_gemm_avx2 = {
+    .mr = MR, .nr = NR, .kc = KC, .mc = MC, .nc = 1 << 30, .k_align = 1,
+    .a_elem = 4, .b_elem = 4,
+    .pack_x = pack_x, .pack_w = pack_w, .kernel = kernel,
+};

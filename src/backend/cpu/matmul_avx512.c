@@ -1,0 +1,486 @@
+/* backend/cpu/matmul_avx512.c — AVX-512 matmul kernels: f32 GEMV/GEMM, and vdpbf16ps GEMV/GEMM for bf16 weights in FAST mode. */
+#include <immintrin.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "backend/cpu/matmul_kernels.h"
+
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+
+/* GEMM blocking for Sapphire Rapids-class cores (48 KiB L1d, 2 MiB L2).
+ * MR x NR = 12 x 32: 24 zmm accumulators (of 32 registers) cover the FMA
+ * latency on two FMA ports with 2 vector loads + 12 broadcasts per 24 FMAs.
+ * KC = 256 keeps the packed W panel (32 x 256 f32 = 32 KiB, or the same
+ * bytes as 256 bf16 pairs) in L1; MC = 240 tokens make the x block 240 KiB
+ * (f32) or 120 KiB (bf16), L2-resident for the whole sweep over N. */
+#define MR 12
+#define NR 32
+#define KC 256
+#define MC 240
+
+/* As in the AVX2 GEMV: up to this many tokens each weight row streams once. */
+#define GEMV_MAX_T 4
+
+/* ---- helpers ----------------------------------------------------------- */
+
+static ALWAYS_INLINE __mmask16 mask16(int64_t n)
+{
+    return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
+}
+
+static ALWAYS_INLINE __mmask32 mask32(int64_t n)
+{
+    return n >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << n) - 1);
+}
+
+/* Up to 16 weights from column c of a row (n valid, the rest zero), as f32. */
+static ALWAYS_INLINE __m512 load16_w(const void *row, int64_t c, int64_t n, bool bf16)
+{
+    if (bf16) {
+        __m256i h = _mm256_maskz_loadu_epi16(mask16(n), (const uint16_t *)row + c);
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    return _mm512_maskz_loadu_ps(mask16(n), (const float *)row + c);
+}
+
+/* The bf16 bits of round-to-nearest-even (NaN kept quiet) in the low half
+ * of each 32-bit lane: bit-identical to f32_to_bf16 in base/bf16.h. */
+static ALWAYS_INLINE __m512i bf16_bits(__m512 v)
+{
+    __m512i u = _mm512_castps_si512(v);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
+    __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    return _mm512_mask_blend_epi32(nan, r, quiet);
+}
+
+static ALWAYS_INLINE __m512 round_bf16(__m512 v)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(bf16_bits(v), 16));
+}
+
+/* 32 floats (n valid) rounded to 32 bf16, in order. */
+static ALWAYS_INLINE __m512i load32_x_bf16(const float *x, int64_t n)
+{
+    __m256i lo = _mm512_cvtepi32_epi16(bf16_bits(_mm512_maskz_loadu_ps(mask16(n), x)));
+    __m256i hi = _mm512_cvtepi32_epi16(
+        bf16_bits(_mm512_maskz_loadu_ps(mask16(n > 16 ? n - 16 : 0), x + 16)));
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+/* r[i] = row i of a 16x16 block of 32-bit words in, column i out. */
+static ALWAYS_INLINE void transpose16(__m512i r[16])
+{
+    __m512i t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    /* u[4g + q], lane l: rows 4g..4g+3 of column 4l + q. */
+    for (int g = 0; g < 16; g += 4) {
+        u[g] = _mm512_unpacklo_epi64(t[g], t[g + 2]);
+        u[g + 1] = _mm512_unpackhi_epi64(t[g], t[g + 2]);
+        u[g + 2] = _mm512_unpacklo_epi64(t[g + 1], t[g + 3]);
+        u[g + 3] = _mm512_unpackhi_epi64(t[g + 1], t[g + 3]);
+    }
+    /* A 4x4 transpose of 128-bit lanes per q. */
+    for (int q = 0; q < 4; q++) {
+        __m512i v0 = _mm512_shuffle_i32x4(u[q], u[4 + q], _MM_SHUFFLE(1, 0, 1, 0));
+        __m512i v1 = _mm512_shuffle_i32x4(u[q], u[4 + q], _MM_SHUFFLE(3, 2, 3, 2));
+        __m512i v2 = _mm512_shuffle_i32x4(u[8 + q], u[12 + q], _MM_SHUFFLE(1, 0, 1, 0));
+        __m512i v3 = _mm512_shuffle_i32x4(u[8 + q], u[12 + q], _MM_SHUFFLE(3, 2, 3, 2));
+        r[q] = _mm512_shuffle_i32x4(v0, v2, _MM_SHUFFLE(2, 0, 2, 0));
+        r[4 + q] = _mm512_shuffle_i32x4(v0, v2, _MM_SHUFFLE(3, 1, 3, 1));
+        r[8 + q] = _mm512_shuffle_i32x4(v1, v3, _MM_SHUFFLE(2, 0, 2, 0));
+        r[12 + q] = _mm512_shuffle_i32x4(v1, v3, _MM_SHUFFLE(3, 1, 3, 1));
+    }
+}
+
+/* Stores an mr x nr accumulator row pair into c with the driver's
+ * first/bias/accumulate rule; n (< 32) masks the columns. */
+static ALWAYS_INLINE void store_row(float *ci, __m512 a0, __m512 a1, int n, const float *bias,
+                                    bool first)
+{
+    __mmask16 k0 = mask16(n), k1 = mask16(n - 16 > 0 ? n - 16 : 0);
+    __m512 c0, c1;
+    if (first) {
+        c0 = bias ? _mm512_maskz_loadu_ps(k0, bias) : _mm512_setzero_ps();
+        c1 = bias ? _mm512_maskz_loadu_ps(k1, bias + 16) : _mm512_setzero_ps();
+    } else {
+        c0 = _mm512_maskz_loadu_ps(k0, ci);
+        c1 = _mm512_maskz_loadu_ps(k1, ci + 16);
+    }
+    _mm512_mask_storeu_ps(ci, k0, _mm512_add_ps(c0, a0));
+    _mm512_mask_storeu_ps(ci + 16, k1, _mm512_add_ps(c1, a1));
+}
+
+/* ---- f32 GEMV ---------------------------------------------------------- */
+
+static void prepare_x_f32(const float *x, int64_t n, void *dst_)
+{
+    float *dst = dst_;
+    for (int64_t i = 0; i < n; i += 16)
+        _mm512_mask_storeu_ps(dst + i, mask16(n - i),
+                              round_bf16(_mm512_maskz_loadu_ps(mask16(n - i), x + i)));
+}
+
+/* Same shape as the AVX2 GEMV (4 row streams, 8 accumulators), 16 wide,
+ * with the K tail done by masked loads. */
+static ALWAYS_INLINE void gemv_tile(const int R, const int TG, const bool bf16, const float *x,
+                                    int64_t K, const void *w, const float *bias, float *y,
+                                    int64_t N, int64_t r, int64_t t0)
+{
+    const int U = TG == 1 ? 2 : 1;
+    const size_t esize = bf16 ? 2 : 4;
+    const char *wr[4];
+    const float *xt[2];
+    __m512 acc[4][2][2];
+    for (int i = 0; i < R; i++)
+        wr[i] = (const char *)w + (size_t)(r + i) * (size_t)K * esize;
+    for (int t = 0; t < TG; t++)
+        xt[t] = x + (t0 + t) * K;
+    for (int i = 0; i < R; i++)
+        for (int t = 0; t < TG; t++)
+            for (int u = 0; u < U; u++)
+                acc[i][t][u] = _mm512_setzero_ps();
+
+    int64_t c = 0;
+    for (; c + 16 * U <= K; c += 16 * U) {
+        for (int u = 0; u < U; u++) {
+            __m512 wv[4];
+            for (int i = 0; i < R; i++)
+                wv[i] = load16_w(wr[i], c + 16 * u, 16, bf16);
+            for (int t = 0; t < TG; t++) {
+                __m512 xv = _mm512_loadu_ps(xt[t] + c + 16 * u);
+                for (int i = 0; i < R; i++)
+                    acc[i][t][u] = _mm512_fmadd_ps(wv[i], xv, acc[i][t][u]);
+            }
+        }
+    }
+    for (; c < K; c += 16) {
+        for (int i = 0; i < R; i++) {
+            __m512 wv = load16_w(wr[i], c, K - c, bf16);
+            for (int t = 0; t < TG; t++)
+                acc[i][t][0] = _mm512_fmadd_ps(
+                    wv, _mm512_maskz_loadu_ps(mask16(K - c), xt[t] + c), acc[i][t][0]);
+        }
+    }
+    for (int i = 0; i < R; i++)
+        for (int t = 0; t < TG; t++) {
+            __m512 a = U == 2 ? _mm512_add_ps(acc[i][t][0], acc[i][t][1]) : acc[i][t][0];
+            y[(t0 + t) * N + r + i] = _mm512_reduce_add_ps(a) + (bias ? bias[r + i] : 0.0f);
+        }
+}
+
+static ALWAYS_INLINE void gemv_rows(const bool bf16, const float *x, int64_t T, int64_t K,
+                                    const void *w, const float *bias, float *y, int64_t N,
+                                    int64_t r0, int64_t r1)
+{
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4) {
+        int64_t t = 0;
+        for (; t + 2 <= T; t += 2)
+            gemv_tile(4, 2, bf16, x, K, w, bias, y, N, r, t);
+        if (t < T)
+            gemv_tile(4, 1, bf16, x, K, w, bias, y, N, r, t);
+    }
+    for (; r < r1; r++) {
+        int64_t t = 0;
+        for (; t + 2 <= T; t += 2)
+            gemv_tile(1, 2, bf16, x, K, w, bias, y, N, r, t);
+        if (t < T)
+            gemv_tile(1, 1, bf16, x, K, w, bias, y, N, r, t);
+    }
+}
+
+static void gemv_f32_run(const void *x, int64_t T, int64_t K, const void *w, enum dtype dtype,
+                         const float *bias, float *y, int64_t N, int64_t r0, int64_t r1)
+{
+    if (dtype == DTYPE_BF16)
+        gemv_rows(true, x, T, K, w, bias, y, N, r0, r1);
+    else
+        gemv_rows(false, x, T, K, w, bias, y, N, r0, r1);
+}
+
+/* ---- bf16 GEMV (vdpbf16ps) --------------------------------------------- */
+
+static void prepare_x_bf16(const float *x, int64_t n, void *dst_)
+{
+    uint16_t *dst = dst_;
+    for (int64_t i = 0; i < n; i += 16) {
+        __m512i b = bf16_bits(_mm512_maskz_loadu_ps(mask16(n - i), x + i));
+        _mm256_mask_storeu_epi16(dst + i, mask16(n - i), _mm512_cvtepi32_epi16(b));
+    }
+}
+
+/* Weights need no widening here: 32 bf16 of a row pair up along K with 32
+ * bf16 of x, and vdpbf16ps adds both products of each pair into f32. */
+static ALWAYS_INLINE void gemv_bf16_tile(const int R, const int TG, const uint16_t *x, int64_t K,
+                                         const uint16_t *w, const float *bias, float *y,
+                                         int64_t N, int64_t r, int64_t t0)
+{
+    const int U = TG == 1 ? 2 : 1;
+    const uint16_t *wr[4];
+    const uint16_t *xt[2];
+    __m512 acc[4][2][2];
+    for (int i = 0; i < R; i++)
+        wr[i] = w + (size_t)(r + i) * (size_t)K;
+    for (int t = 0; t < TG; t++)
+        xt[t] = x + (t0 + t) * K;
+    for (int i = 0; i < R; i++)
+        for (int t = 0; t < TG; t++)
+            for (int u = 0; u < U; u++)
+                acc[i][t][u] = _mm512_setzero_ps();
+
+    int64_t c = 0;
+    for (; c + 32 * U <= K; c += 32 * U) {
+        for (int u = 0; u < U; u++) {
+            __m512i wv[4];
+            for (int i = 0; i < R; i++)
+                wv[i] = _mm512_loadu_si512(wr[i] + c + 32 * u);
+            for (int t = 0; t < TG; t++) {
+                __m512i xv = _mm512_loadu_si512(xt[t] + c + 32 * u);
+                for (int i = 0; i < R; i++)
+                    acc[i][t][u] = _mm512_dpbf16_ps(acc[i][t][u], (__m512bh)wv[i], (__m512bh)xv);
+            }
+        }
+    }
+    for (; c < K; c += 32) {
+        __mmask32 km = mask32(K - c);
+        for (int i = 0; i < R; i++) {
+            __m512i wv = _mm512_maskz_loadu_epi16(km, wr[i] + c);
+            for (int t = 0; t < TG; t++)
+                acc[i][t][0] = _mm512_dpbf16_ps(acc[i][t][0], (__m512bh)wv,
+                                                (__m512bh)_mm512_maskz_loadu_epi16(km, xt[t] + c));
+        }
+    }
+    for (int i = 0; i < R; i++)
+        for (int t = 0; t < TG; t++) {
+            __m512 a = U == 2 ? _mm512_add_ps(acc[i][t][0], acc[i][t][1]) : acc[i][t][0];
+            y[(t0 + t) * N + r + i] = _mm512_reduce_add_ps(a) + (bias ? bias[r + i] : 0.0f);
+        }
+}
+
+static void gemv_bf16_run(const void *x_, int64_t T, int64_t K, const void *w_, enum dtype dtype,
+                          const float *bias, float *y, int64_t N, int64_t r0, int64_t r1)
+{
+    const uint16_t *x = x_, *w = w_;
+    (void)dtype;
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4) {
+        int64_t t = 0;
+        for (; t + 2 <= T; t += 2)
+            gemv_bf16_tile(4, 2, x, K, w, bias, y, N, r, t);
+        if (t < T)
+            gemv_bf16_tile(4, 1, x, K, w, bias, y, N, r, t);
+    }
+    for (; r < r1; r++) {
+        int64_t t = 0;
+        for (; t + 2 <= T; t += 2)
+            gemv_bf16_tile(1, 2, x, K, w, bias, y, N, r, t);
+        if (t < T)
+            gemv_bf16_tile(1, 1, x, K, w, bias, y, N, r, t);
+    }
+}
+
+/* ---- f32 GEMM ---------------------------------------------------------- */
+
+/* Panels of 12 token rows, k-major f32: 16 columns at a time through a
+ * 16x16 transpose (rows 12..15 zero), stored 12 lanes wide. */
+static void pack_x_f32(const float *x, int64_t ldx, int m, int k, bool round, void *dst_)
+{
+    float *dst = dst_;
+    for (int p = 0; p < m; p += MR) {
+        int mp = m - p < MR ? m - p : MR;
+        float *d = dst + (size_t)(p / MR) * MR * (size_t)k;
+        for (int c = 0; c < k; c += 16) {
+            __m512i v[16];
+            for (int i = 0; i < 16; i++) {
+                __m512 xv = i < mp ? _mm512_maskz_loadu_ps(mask16(k - c), x + (p + i) * ldx + c)
+                                   : _mm512_setzero_ps();
+                v[i] = _mm512_castps_si512(round ? round_bf16(xv) : xv);
+            }
+            transpose16(v);
+            for (int jj = 0; jj < 16 && c + jj < k; jj++)
+                _mm512_mask_storeu_ps(d + (size_t)(c + jj) * MR, (__mmask16)0x0fff,
+                                      _mm512_castsi512_ps(v[jj]));
+        }
+    }
+}
+
+/* One panel of 32 weight rows, k-major f32 (widened from bf16), two groups
+ * of 16 rows through 16x16 transposes; rows past n and columns past k load
+ * as zeros. */
+static ALWAYS_INLINE void pack_w_f32_impl(const bool bf16, const void *w, int64_t ldw, int n,
+                                          int k, float *dst)
+{
+    const size_t esize = bf16 ? 2 : 4;
+    for (int c = 0; c < k; c += 16) {
+        for (int g = 0; g < 2; g++) {
+            __m512i v[16];
+            for (int i = 0; i < 16; i++) {
+                int row = g * 16 + i;
+                v[i] = row < n ? _mm512_castps_si512(load16_w(
+                                     (const char *)w + (size_t)row * (size_t)ldw * esize, c,
+                                     k - c, bf16))
+                               : _mm512_setzero_si512();
+            }
+            transpose16(v);
+            for (int jj = 0; jj < 16 && c + jj < k; jj++)
+                _mm512_store_si512(dst + (size_t)(c + jj) * NR + g * 16, v[jj]);
+        }
+    }
+}
+
+static void pack_w_f32(const void *w, enum dtype dtype, int64_t ldw, int n, int k, void *dst)
+{
+    if (dtype == DTYPE_BF16)
+        pack_w_f32_impl(true, w, ldw, n, k, dst);
+    else
+        pack_w_f32_impl(false, w, ldw, n, k, dst);
+}
+
+static ALWAYS_INLINE void kernel_f32_m(const int M, int n, int k, const float *a, const float *b,
+                                       float *c, int64_t ldc, const float *bias, bool first)
+{
+    __m512 acc[MR][2];
+    for (int i = 0; i < M; i++)
+        acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    for (int p = 0; p < k; p++) {
+        __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
+        for (int i = 0; i < M; i++) {
+            __m512 ai = _mm512_set1_ps(a[i]);
+            acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);
+            acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
+        }
+        a += MR;
+        b += NR;
+    }
+    for (int i = 0; i < M; i++)
+        store_row(c + i * ldc, acc[i][0], acc[i][1], n, bias, first);
+}
+
+#define KERNEL_SWITCH(fn, m, ...)                                                              \
+    switch (m) {                                                                               \
+    case 12: fn(12, __VA_ARGS__); break;                                                       \
+    case 11: fn(11, __VA_ARGS__); break;                                                       \
+    case 10: fn(10, __VA_ARGS__); break;                                                       \
+    case 9: fn(9, __VA_ARGS__); break;                                                         \
+    case 8: fn(8, __VA_ARGS__); break;                                                         \
+    case 7: fn(7, __VA_ARGS__); break;                                                         \
+    case 6: fn(6, __VA_ARGS__); break;                                                         \
+    case 5: fn(5, __VA_ARGS__); break;                                                         \
+    case 4: fn(4, __VA_ARGS__); break;                                                         \
+    case 3: fn(3, __VA_ARGS__); break;                                                         \
+    case 2: fn(2, __VA_ARGS__); break;                                                         \
+    default: fn(1, __VA_ARGS__); break;                                                        \
+    }
+
+static void kernel_f32(int m, int n, int k, const void *a, const void *b, float *c, int64_t ldc,
+                       const float *bias, bool first)
+{
+    KERNEL_SWITCH(kernel_f32_m, m, n, k, a, b, c, ldc, bias, first)
+}
+
+/* ---- bf16 GEMM (vdpbf16ps) --------------------------------------------- */
+
+/* Panels of 12 token rows as bf16 pairs along K: word [p * 12 + i] holds
+ * x[i, 2p] (low half) and x[i, 2p + 1]; 32 columns (16 pairs) at a time
+ * through a 16x16 transpose of 32-bit words. */
+static void pack_x_bf16(const float *x, int64_t ldx, int m, int k, bool round, void *dst_)
+{
+    uint32_t *dst = dst_;
+    int pairs = (k + 1) / 2;
+    (void)round; /* always rounded: these kernels exist for FAST mode */
+    for (int p = 0; p < m; p += MR) {
+        int mp = m - p < MR ? m - p : MR;
+        uint32_t *d = dst + (size_t)(p / MR) * MR * (size_t)pairs;
+        for (int c = 0; c < k; c += 32) {
+            __m512i v[16];
+            for (int i = 0; i < 16; i++)
+                v[i] = i < mp ? load32_x_bf16(x + (p + i) * ldx + c, k - c) : _mm512_setzero_si512();
+            transpose16(v);
+            for (int jj = 0; jj < 16 && c / 2 + jj < pairs; jj++)
+                _mm512_mask_storeu_epi32(d + (size_t)(c / 2 + jj) * MR, (__mmask16)0x0fff, v[jj]);
+        }
+    }
+}
+
+/* Weight rows are already bf16 pairs along K in memory, so packing is a
+ * 16x16 transpose of 32-bit words per group of 16 rows. */
+void cpu_mm_pack_w_bf16_pairs32(const void *w_, enum dtype dtype, int64_t ldw, int n, int k,
+                                void *dst_)
+{
+    const uint16_t *w = w_;
+    uint32_t *dst = dst_;
+    int pairs = (k + 1) / 2;
+    (void)dtype;
+    for (int c = 0; c < k; c += 32) {
+        for (int g = 0; g < 2; g++) {
+            __m512i v[16];
+            for (int i = 0; i < 16; i++) {
+                int row = g * 16 + i;
+                v[i] = row < n ? _mm512_maskz_loadu_epi16(mask32(k - c), w + (size_t)row * (size_t)ldw + c)
+                               : _mm512_setzero_si512();
+            }
+            transpose16(v);
+            for (int jj = 0; jj < 16 && c / 2 + jj < pairs; jj++)
+                _mm512_store_si512(dst + (size_t)(c / 2 + jj) * NR + g * 16, v[jj]);
+        }
+    }
+}
+
+static ALWAYS_INLINE void kernel_bf16_m(const int M, int n, int k, const uint32_t *a,
+                                        const uint32_t *b, float *c, int64_t ldc,
+                                        const float *bias, bool first)
+{
+    __m512 acc[MR][2];
+    int pairs = (k + 1) / 2;
+    for (int i = 0; i < M; i++)
+        acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    for (int p = 0; p < pairs; p++) {
+        __m512bh b0 = (__m512bh)_mm512_load_si512(b), b1 = (__m512bh)_mm512_load_si512(b + 16);
+        for (int i = 0; i < M; i++) {
+            __m512bh ai = (__m512bh)_mm512_set1_epi32((int)a[i]);
+            acc[i][0] = _mm512_dpbf16_ps(acc[i][0], ai, b0);
+            acc[i][1] = _mm512_dpbf16_ps(acc[i][1], ai, b1);
+        }
+        a += MR;
+        b += NR;
+    }
+    for (int i = 0; i < M; i++)
+        store_row(c + i * ldc, acc[i][0], acc[i][1], n, bias, first);
+}
+
+static void kernel_bf16(int m, int n, int k, const void *a, const void *b, float *c, int64_t ldc,
+                        const float *bias, bool first)
+{
+    KERNEL_SWITCH(kernel_bf16_m, m, n, k, a, b, c, ldc, bias, first)
+}
+
+const struct mm_gemv cpu_mm_gemv_avx512 = {
+    .max_t = GEMV_MAX_T,
+    .x_bf16 = false,
+    .prepare_x = prepare_x_f32,
+    .run = gemv_f32_run,
+};
+
+const struct mm_gemm cpu_mm_gemm_avx512 = {
+    .mr = MR, .nr = NR, .kc = KC, .mc = MC, .nc = 1 << 30, .k_align = 1,
+    .a_elem = 4, .b_elem = 4,
+    .pack_x = pack_x_f32, .pack_w = pack_w_f32, .kernel = kernel_f32,
+};
+
+const struct mm_gemv cpu_mm_gemv_avx512bf16 = {
+    .max_t = GEMV_MAX_T,
+    .x_bf16 = true,
+    .prepare_x = prepare_x_bf16,
+    .run = gemv_bf16_run,
+};
+
+const struct mm_gemm cpu_mm_gemm_avx512bf16 = {
+    .mr = MR, .nr = NR, .kc = KC, .mc = MC, .nc = 1 << 30, .k_align = 2,
+    .a_elem = 2, .b_elem = 2,
+    .pack_x = pack_x_bf16, .pack_w = cpu_mm_pack_w_bf16_pairs32, .kernel = kernel_bf16,
+};

@@ -1,0 +1,103 @@
+/* base/cpu.c — CPUID/XGETBV feature detection and the AMX permission request. */
+#include "base/cpu.h"
+
+#include <cpuid.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define ARCH_GET_XCOMP_PERM 0x1022
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+static struct cpu_features detected;
+static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
+
+static uint64_t read_xcr0(void)
+{
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((uint64_t)hi << 32) | lo;
+}
+
+/* Linux keeps AMX tile data disabled until the process asks for it. */
+static bool request_amx_permission(void)
+{
+    unsigned long bitmask = 0;
+    if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0)
+        return false;
+    if (syscall(SYS_arch_prctl, ARCH_GET_XCOMP_PERM, &bitmask) != 0)
+        return false;
+    return (bitmask & (1ul << XFEATURE_XTILEDATA)) != 0;
+}
+
+static void detect(void)
+{
+    struct cpu_features f;
+    memset(&f, 0, sizeof f);
+    unsigned a, b, c, d;
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    f.n_cores = n > 0 ? (int)n : 1;
+
+    if (!__get_cpuid(1, &a, &b, &c, &d)) {
+        detected = f;
+        return;
+    }
+    bool osxsave = (c >> 27) & 1;
+    f.fma = (c >> 12) & 1;
+    f.f16c = (c >> 29) & 1;
+    uint64_t xcr0 = osxsave ? read_xcr0() : 0;
+    bool os_avx = (xcr0 & 0x6) == 0x6;
+    bool os_avx512 = (xcr0 & 0xe6) == 0xe6;
+    bool os_amx = (xcr0 & (3ull << 17)) == (3ull << 17);
+
+    __cpuid_count(7, 0, a, b, c, d);
+    f.avx2 = os_avx && ((b >> 5) & 1) && f.fma;
+    f.avx512f = os_avx512 && ((b >> 16) & 1);
+    f.avx512bw = f.avx512f && ((b >> 30) & 1);
+    f.avx512vl = f.avx512f && ((b >> 31) & 1);
+    f.amx_bf16 = os_amx && ((d >> 22) & 1);
+    f.amx_tile = os_amx && ((d >> 24) & 1);
+    __cpuid_count(7, 1, a, b, c, d);
+    f.avx512_bf16 = f.avx512bw && ((a >> 5) & 1);
+
+    const char *cap = getenv("INFERD_CPU");
+    if (cap && *cap) {
+        int level = !strcmp(cap, "scalar") ? 0 : !strcmp(cap, "avx2") ? 1
+                  : !strcmp(cap, "avx512") ? 2 : !strcmp(cap, "avx512bf16") ? 3 : 4;
+        if (level < 4)
+            f.amx_tile = f.amx_bf16 = false;
+        if (level < 3)
+            f.avx512_bf16 = false;
+        if (level < 2)
+            f.avx512f = f.avx512bw = f.avx512vl = false;
+        if (level < 1)
+            f.avx2 = f.fma = false;
+    }
+    if (f.amx_tile && f.amx_bf16)
+        f.amx_usable = request_amx_permission();
+    detected = f;
+}
+
+const struct cpu_features *cpu_features(void)
+{
+    pthread_once(&detect_once, detect);
+    return &detected;
+}
+
+const char *cpu_level_name(void)
+{
+    const struct cpu_features *f = cpu_features();
+    if (f->amx_usable)
+        return "amx";
+    if (f->avx512_bf16)
+        return "avx512bf16";
+    if (f->avx512bw)
+        return "avx512";
+    if (f->avx2)
+        return "avx2";
+    return "scalar";
+}

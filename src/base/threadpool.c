@@ -1,0 +1,138 @@
+/* base/threadpool.c — spin-then-sleep worker pool for fork-join parallel loops. */
+#include "base/threadpool.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "base/cpu.h"
+
+#define SPIN_ITERATIONS 200000
+
+struct threadpool {
+    int n_threads;
+    pthread_t *workers; /* owned; n_threads - 1 */
+    pthread_mutex_t mutex;
+    pthread_cond_t wake;
+    _Atomic unsigned generation; /* bumped once per job */
+    _Atomic int pending;         /* workers still running the current job */
+    _Atomic int stopping;
+    threadpool_fn fn;
+    void *ctx;
+};
+
+struct worker_arg {
+    struct threadpool *pool;
+    int ith;
+};
+
+static inline void cpu_relax(void) { __builtin_ia32_pause(); }
+
+static void *worker_main(void *arg_)
+{
+    struct worker_arg arg = *(struct worker_arg *)arg_;
+    free(arg_);
+    struct threadpool *pool = arg.pool;
+    unsigned seen = 0;
+    for (;;) {
+        unsigned gen;
+        int spins = 0;
+        while ((gen = atomic_load_explicit(&pool->generation, memory_order_acquire)) == seen &&
+               !atomic_load(&pool->stopping)) {
+            if (++spins < SPIN_ITERATIONS) {
+                cpu_relax();
+                continue;
+            }
+            pthread_mutex_lock(&pool->mutex);
+            while (atomic_load(&pool->generation) == seen && !atomic_load(&pool->stopping))
+                pthread_cond_wait(&pool->wake, &pool->mutex);
+            pthread_mutex_unlock(&pool->mutex);
+        }
+        if (atomic_load(&pool->stopping))
+            return NULL;
+        seen = gen;
+        pool->fn(pool->ctx, arg.ith, pool->n_threads);
+        atomic_fetch_sub_explicit(&pool->pending, 1, memory_order_release);
+    }
+}
+
+int threadpool_create(int n_threads, struct threadpool **out, struct err *err)
+{
+    if (n_threads <= 0)
+        n_threads = cpu_features()->n_cores;
+    if (n_threads > 1024)
+        return err_set(err, INFERD_ERANGE, "thread count %d is too large", n_threads);
+    struct threadpool *pool = calloc(1, sizeof *pool);
+    if (!pool)
+        return err_set(err, INFERD_ENOMEM, "out of memory creating thread pool");
+    pool->n_threads = n_threads;
+    pthread_mutex_init(&pool->mutex, NULL);
+    pthread_cond_init(&pool->wake, NULL);
+    pool->workers = calloc((size_t)n_threads, sizeof *pool->workers);
+    if (!pool->workers) {
+        free(pool);
+        return err_set(err, INFERD_ENOMEM, "out of memory creating thread pool");
+    }
+    for (int i = 1; i < n_threads; i++) {
+        struct worker_arg *arg = malloc(sizeof *arg);
+        if (!arg || pthread_create(&pool->workers[i - 1], NULL, worker_main, arg) != 0) {
+            free(arg);
+            pool->n_threads = i;
+            threadpool_free(pool);
+            return err_set(err, INFERD_ENOMEM, "could not start worker thread %d", i);
+        }
+        arg->pool = pool;
+        arg->ith = i;
+    }
+    *out = pool;
+    return 0;
+}
+
+void threadpool_free(struct threadpool *pool)
+{
+    if (!pool)
+        return;
+    pthread_mutex_lock(&pool->mutex);
+    atomic_store(&pool->stopping, 1);
+    pthread_cond_broadcast(&pool->wake);
+    pthread_mutex_unlock(&pool->mutex);
+    for (int i = 1; i < pool->n_threads; i++)
+        pthread_join(pool->workers[i - 1], NULL);
+    pthread_cond_destroy(&pool->wake);
+    pthread_mutex_destroy(&pool->mutex);
+    free(pool->workers);
+    free(pool);
+}
+
+int threadpool_size(const struct threadpool *pool) { return pool ? pool->n_threads : 1; }
+
+void threadpool_run(struct threadpool *pool, threadpool_fn fn, void *ctx)
+{
+    if (!pool || pool->n_threads == 1) {
+        fn(ctx, 0, 1);
+        return;
+    }
+    pool->fn = fn;
+    pool->ctx = ctx;
+    atomic_store_explicit(&pool->pending, pool->n_threads - 1, memory_order_relaxed);
+    pthread_mutex_lock(&pool->mutex);
+    atomic_fetch_add_explicit(&pool->generation, 1, memory_order_release);
+    pthread_cond_broadcast(&pool->wake);
+    pthread_mutex_unlock(&pool->mutex);
+    fn(ctx, 0, pool->n_threads);
+    while (atomic_load_explicit(&pool->pending, memory_order_acquire) != 0)
+        cpu_relax();
+}
+
+void threadpool_split(long n, int ith, int nth, long align, long *begin, long *end)
+{
+    if (align < 1)
+        align = 1;
+    long units = (n + align - 1) / align;
+    long per = units / nth, extra = units % nth;
+    long ub = ith * per + (ith < extra ? ith : extra);
+    long ue = ub + per + (ith < extra ? 1 : 0);
+    *begin = ub * align < n ? ub * align : n;
+    *end = ue * align < n ? ue * align : n;
+}

@@ -1,0 +1,94 @@
+/* cli/cmd_mkmodel.c — `inferd mkmodel`: write a deterministic test model directory, or list the presets. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "model/mkmodel.h"
+
+static const char usage[] =
+    "usage: inferd mkmodel --preset NAME [--arch ARCH] [--seed S] --out DIR\n"
+    "       inferd mkmodel --list\n"
+    "Writes config.json, generation_config.json and model.safetensors with\n"
+    "deterministic weights (same preset and seed: same bytes on every machine).\n"
+    "--arch alone picks tiny-ARCH; with --preset it must match the preset's.\n"
+    "--seed defaults to 1. Files already in DIR are overwritten.\n";
+
+static void print_size(char *out, size_t cap, uint64_t bytes)
+{
+    if (bytes >= (1ull << 30))
+        snprintf(out, cap, "%.1f GiB", (double)bytes / (double)(1ull << 30));
+    else if (bytes >= (1ull << 20))
+        snprintf(out, cap, "%.1f MiB", (double)bytes / (double)(1ull << 20));
+    else
+        snprintf(out, cap, "%.0f KiB", (double)bytes / 1024.0);
+}
+
+static const char *rope_name(enum mkmodel_rope r)
+{
+    return r == MKMODEL_ROPE_LINEAR ? "linear" : r == MKMODEL_ROPE_LLAMA3 ? "llama3" : "none";
+}
+
+static void list_presets(void)
+{
+    int n;
+    const struct mkmodel_preset *p = mkmodel_presets(&n);
+    printf("%-18s %-8s %-5s %7s %6s %6s %6s %5s %3s %4s %-5s %-7s %8s %10s\n", "preset", "arch",
+           "dtype", "vocab", "hidden", "inter", "layers", "heads", "kv", "hdim", "tied", "rope",
+           "theta", "size");
+    for (int i = 0; i < n; i++) {
+        char size[32];
+        print_size(size, sizeof size, mkmodel_file_bytes(&p[i]));
+        printf("%-18s %-8s %-5s %7d %6d %6d %6d %5d %3d %4d %-5s %-7s %8s %10s\n", p[i].name,
+               p[i].arch, dtype_name(p[i].dtype), p[i].vocab_size, p[i].hidden_size,
+               p[i].intermediate_size, p[i].n_layers, p[i].n_heads, p[i].n_kv_heads,
+               p[i].head_dim, p[i].tie_word_embeddings ? "yes" : "no", rope_name(p[i].rope),
+               p[i].rope_theta, size);
+    }
+}
+
+int cmd_mkmodel(int argc, char **argv)
+{
+    struct mkmodel_opts o = {.seed = 1};
+    bool list = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs(usage, stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--list")) {
+            list = true;
+            continue;
+        }
+        if (strcmp(a, "--arch") && strcmp(a, "--preset") && strcmp(a, "--seed") &&
+            strcmp(a, "--out")) {
+            fprintf(stderr, "inferd mkmodel: unknown argument '%s'\n%s", a, usage);
+            return 2;
+        }
+        if (!(v = arg_value(argc, argv, &i)))
+            return 2;
+        if (!strcmp(a, "--arch"))
+            o.arch = v;
+        else if (!strcmp(a, "--preset"))
+            o.preset = v;
+        else if (!strcmp(a, "--out"))
+            o.out_dir = v;
+        else if (!arg_u64(a, v, &o.seed))
+            return 2;
+    }
+    if (list) {
+        list_presets();
+        return 0;
+    }
+    if (!o.out_dir) {
+        fprintf(stderr, "inferd mkmodel: --out DIR is required\n%s", usage);
+        return 2;
+    }
+    struct err err = {0};
+    if (mkmodel_write(&o, &err) != 0) {
+        fprintf(stderr, "inferd mkmodel: %s\n", err.msg);
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,9 @@
+/* cli/commands.h — the inferd subcommands; each returns the process exit status. */
+#ifndef INFERD_CLI_COMMANDS_H
+#define INFERD_CLI_COMMANDS_H
+
+int cmd_run(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+int cmd_mkmodel(int argc, char **argv);
+
+#endif

@@ -1,0 +1,49 @@
+/* cli/main.c — the inferd binary: dispatches to subcommands. */
+#include <stdio.h>
+#include <string.h>
+
+#include "base/cpu.h"
+#include "cli/commands.h"
+
+static void print_usage(FILE *out)
+{
+    fputs("usage: inferd COMMAND [ARGS]\n"
+          "\n"
+          "commands:\n"
+          "  run DIR --tokens IDS [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P]\n"
+          "          [--seed S] [--threads N] [--mode fast|exact] [--ctx N]\n"
+          "      generate from a Hugging Face model directory and print the token ids\n"
+          "  bench DIR [--prompt-len P] [--gen-len G] [--threads N] [--mode fast|exact]\n"
+          "      prefill and decode speed, with the memory-bandwidth floor\n"
+          "  mkmodel --preset NAME [--arch ARCH] [--seed S] --out DIR | --list\n"
+          "      write a deterministic test model in Hugging Face format\n"
+          "  help\n"
+          "      this text\n",
+          out);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        print_usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
+        print_usage(stdout);
+        return 0;
+    }
+    if (!cpu_features()->avx2) {
+        fprintf(stderr, "inferd: this CPU lacks AVX2/FMA, which inferd requires\n");
+        return 1;
+    }
+    if (!strcmp(cmd, "run"))
+        return cmd_run(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench"))
+        return cmd_bench(argc - 1, argv + 1);
+    if (!strcmp(cmd, "mkmodel"))
+        return cmd_mkmodel(argc - 1, argv + 1);
+    fprintf(stderr, "inferd: unknown command '%s'\n\n", cmd);
+    print_usage(stderr);
+    return 2;
+}

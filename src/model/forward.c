@@ -1,0 +1,237 @@
+/* model/forward.c — one forward step of a Llama-family decoder over a varlen batch, through backend ops.
+ *
+ * Reads top to bottom like the architecture: embed, then per layer
+ * norm -> attention (q/k/v, optional qk-norm, RoPE, paged KV) -> residual,
+ * norm -> SwiGLU MLP -> residual, then the final norm and the LM head for the
+ * rows whose logits were asked for. Llama, Mistral, Qwen2 and Qwen3 differ
+ * only in which optional weights exist (biases, q/k norms, tied head). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model.h"
+
+/* The LM head runs over this many rows at a time, bounding the logits buffer. */
+#define LOGITS_CHUNK_ROWS 16
+
+struct forward_state {
+    int max_tokens;
+    struct backend *be;            /* borrowed */
+    /* backend memory, max_tokens rows each: */
+    float *x;                      /* residual stream, hidden_size */
+    float *xn;                     /* normed input of a block, hidden_size */
+    float *q, *attn;               /* n_heads * head_dim */
+    float *k, *v;                  /* n_kv_heads * head_dim */
+    float *gate, *up;              /* intermediate_size */
+    float *proj;                   /* o_proj / down_proj output, hidden_size */
+    float *head_in;                /* final-normed rows awaiting the LM head, hidden_size */
+    float *logits;                 /* LOGITS_CHUNK_ROWS x vocab_size */
+    /* host memory: */
+    int32_t *tokens, *positions;   /* owned; max_tokens */
+    int32_t *out_rows;             /* owned; rows whose logits are wanted */
+    struct attn_span *spans;       /* owned; grown to the batch's n_seqs */
+    int spans_cap;
+};
+
+int batch_n_outputs(const struct batch *batch)
+{
+    int n = 0;
+    for (int s = 0; s < batch->n_seqs; s++)
+        n += batch->seqs[s].all_logits ? batch->seqs[s].n_tokens : 1;
+    return n;
+}
+
+void forward_state_free(struct forward_state *st)
+{
+    if (!st)
+        return;
+    float *bufs[] = {st->x, st->xn, st->q, st->attn, st->k, st->v,
+                     st->gate, st->up, st->proj, st->head_in, st->logits};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i])
+            st->be->ops->release(st->be, bufs[i]);
+    free(st->tokens);
+    free(st->positions);
+    free(st->out_rows);
+    free(st->spans);
+    free(st);
+}
+
+int forward_state_create(const struct model *m, int max_tokens, struct forward_state **out,
+                         struct err *err)
+{
+    if (max_tokens < 1 || max_tokens > (1 << 20))
+        return err_set(err, INFERD_ERANGE, "max tokens per step %d outside [1, 1048576]",
+                       max_tokens);
+    const struct model_config *c = &m->config;
+    struct backend *be = m->backend;
+    struct forward_state *st = calloc(1, sizeof *st);
+    if (!st)
+        return err_set(err, INFERD_ENOMEM, "out of memory for forward state");
+    st->be = be;
+    st->max_tokens = max_tokens;
+    size_t rows = (size_t)max_tokens;
+    size_t q_dim = (size_t)c->n_heads * c->head_dim, kv_dim = (size_t)c->n_kv_heads * c->head_dim;
+    st->x = be->ops->alloc(be, rows * c->hidden_size * sizeof(float));
+    st->xn = be->ops->alloc(be, rows * c->hidden_size * sizeof(float));
+    st->q = be->ops->alloc(be, rows * q_dim * sizeof(float));
+    st->attn = be->ops->alloc(be, rows * q_dim * sizeof(float));
+    st->k = be->ops->alloc(be, rows * kv_dim * sizeof(float));
+    st->v = be->ops->alloc(be, rows * kv_dim * sizeof(float));
+    st->gate = be->ops->alloc(be, rows * c->intermediate_size * sizeof(float));
+    st->up = be->ops->alloc(be, rows * c->intermediate_size * sizeof(float));
+    st->proj = be->ops->alloc(be, rows * c->hidden_size * sizeof(float));
+    st->head_in = be->ops->alloc(be, rows * c->hidden_size * sizeof(float));
+    st->logits = be->ops->alloc(be, (size_t)LOGITS_CHUNK_ROWS * c->vocab_size * sizeof(float));
+    st->tokens = malloc(rows * sizeof(int32_t));
+    st->positions = malloc(rows * sizeof(int32_t));
+    st->out_rows = malloc(rows * sizeof(int32_t));
+    if (!st->x || !st->xn || !st->q || !st->attn || !st->k || !st->v || !st->gate || !st->up ||
+        !st->proj || !st->head_in || !st->logits || !st->tokens || !st->positions ||
+        !st->out_rows) {
+        forward_state_free(st);
+        return err_set(err, INFERD_ENOMEM, "out of memory for activations of %d tokens",
+                       max_tokens);
+    }
+    *out = st;
+    return 0;
+}
+
+/* Checks the batch against the model and the KV cache, and lays its tokens
+ * out as consecutive rows. */
+static int batch_prepare(const struct model *m, struct forward_state *st,
+                         const struct kv_cache *kv, const struct batch *batch, struct err *err)
+{
+    if (batch->n_seqs < 1)
+        return err_set(err, INFERD_EINVAL, "empty batch");
+    if (batch->n_seqs > st->spans_cap) {
+        struct attn_span *grown = realloc(st->spans, (size_t)batch->n_seqs * sizeof *grown);
+        if (!grown)
+            return err_set(err, INFERD_ENOMEM, "out of memory for batch spans");
+        st->spans = grown;
+        st->spans_cap = batch->n_seqs;
+    }
+    int row = 0;
+    for (int s = 0; s < batch->n_seqs; s++) {
+        const struct batch_seq *seq = &batch->seqs[s];
+        if (seq->n_tokens < 1 || seq->pos0 < 0)
+            return err_set(err, INFERD_EINVAL, "sequence %d has %d tokens at position %d", s,
+                           seq->n_tokens, seq->pos0);
+        if (seq->n_tokens > st->max_tokens - row)
+            return err_set(err, INFERD_ERANGE, "batch has more than %d tokens", st->max_tokens);
+        long needed_blocks = ((long)seq->pos0 + seq->n_tokens + kv->block_size - 1) / kv->block_size;
+        if (seq->n_block_ids < needed_blocks)
+            return err_set(err, INFERD_EINVAL,
+                           "sequence %d: block table covers %d blocks, positions need %ld", s,
+                           seq->n_block_ids, needed_blocks);
+        for (long b = 0; b < needed_blocks; b++)
+            if (seq->block_ids[b] >= (uint32_t)kv->n_blocks)
+                return err_set(err, INFERD_EINVAL, "sequence %d: block id %u outside the pool", s,
+                               seq->block_ids[b]);
+        for (int i = 0; i < seq->n_tokens; i++) {
+            int32_t tok = seq->tokens[i];
+            if (tok < 0 || tok >= m->config.vocab_size)
+                return err_set(err, INFERD_EINVAL, "token id %d outside the vocabulary [0, %d)",
+                               tok, m->config.vocab_size);
+            st->tokens[row + i] = tok;
+            st->positions[row + i] = seq->pos0 + i;
+        }
+        st->spans[s] = (struct attn_span){
+            .row0 = row,
+            .n_tokens = seq->n_tokens,
+            .pos0 = seq->pos0,
+            .block_ids = seq->block_ids,
+            .n_block_ids = seq->n_block_ids,
+        };
+        row += seq->n_tokens;
+    }
+    return row;
+}
+
+static void attention_block(const struct model *m, struct forward_state *st,
+                            const struct layer_weights *lw, struct kv_cache *kv, int layer,
+                            int n_rows, int n_spans)
+{
+    const struct model_config *c = &m->config;
+    struct backend *be = m->backend;
+    const struct backend_ops *op = be->ops;
+
+    op->rmsnorm(be, st->x, lw->attn_norm, n_rows, c->hidden_size, c->rms_norm_eps, st->xn);
+    op->matmul(be, st->xn, n_rows, &lw->wq, lw->bq, st->q);
+    op->matmul(be, st->xn, n_rows, &lw->wk, lw->bk, st->k);
+    op->matmul(be, st->xn, n_rows, &lw->wv, lw->bv, st->v);
+    if (lw->q_norm) {
+        op->rmsnorm(be, st->q, lw->q_norm, (int64_t)n_rows * c->n_heads, c->head_dim,
+                    c->rms_norm_eps, st->q);
+        op->rmsnorm(be, st->k, lw->k_norm, (int64_t)n_rows * c->n_kv_heads, c->head_dim,
+                    c->rms_norm_eps, st->k);
+    }
+    op->rope(be, st->q, n_rows, c->n_heads, c->head_dim, st->positions, &m->rope);
+    op->rope(be, st->k, n_rows, c->n_kv_heads, c->head_dim, st->positions, &m->rope);
+    op->kv_store(be, kv, layer, st->k, st->v, st->spans, n_spans);
+    op->attention(be, st->q, kv, layer, st->spans, n_spans, c->n_heads,
+                  1.0f / sqrtf((float)c->head_dim), st->attn);
+    op->matmul(be, st->attn, n_rows, &lw->wo, lw->bo, st->proj);
+    op->add(be, st->x, st->proj, (int64_t)n_rows * c->hidden_size);
+}
+
+static void mlp_block(const struct model *m, struct forward_state *st,
+                      const struct layer_weights *lw, int n_rows)
+{
+    const struct model_config *c = &m->config;
+    struct backend *be = m->backend;
+    const struct backend_ops *op = be->ops;
+
+    op->rmsnorm(be, st->x, lw->mlp_norm, n_rows, c->hidden_size, c->rms_norm_eps, st->xn);
+    op->matmul(be, st->xn, n_rows, &lw->w_gate, NULL, st->gate);
+    op->matmul(be, st->xn, n_rows, &lw->w_up, NULL, st->up);
+    op->silu_mul(be, st->gate, st->up, st->gate, (int64_t)n_rows * c->intermediate_size);
+    op->matmul(be, st->gate, n_rows, &lw->w_down, NULL, st->proj);
+    op->add(be, st->x, st->proj, (int64_t)n_rows * c->hidden_size);
+}
+
+/* Final norm of the wanted rows only, then the LM head in chunks. */
+static void lm_head(const struct model *m, struct forward_state *st, const struct batch *batch,
+                    float *logits_out)
+{
+    const struct model_config *c = &m->config;
+    struct backend *be = m->backend;
+    const struct backend_ops *op = be->ops;
+    int n_out = 0;
+    for (int s = 0; s < batch->n_seqs; s++) {
+        const struct attn_span *sp = &st->spans[s];
+        int first = batch->seqs[s].all_logits ? sp->row0 : sp->row0 + sp->n_tokens - 1;
+        int count = sp->row0 + sp->n_tokens - first;
+        op->rmsnorm(be, st->x + (size_t)first * c->hidden_size, m->weights.final_norm, count,
+                    c->hidden_size, c->rms_norm_eps, st->head_in + (size_t)n_out * c->hidden_size);
+        n_out += count;
+    }
+    for (int r = 0; r < n_out; r += LOGITS_CHUNK_ROWS) {
+        int rows = n_out - r < LOGITS_CHUNK_ROWS ? n_out - r : LOGITS_CHUNK_ROWS;
+        op->matmul(be, st->head_in + (size_t)r * c->hidden_size, rows, &m->weights.lm_head, NULL,
+                   st->logits);
+        op->to_host(be, logits_out + (size_t)r * c->vocab_size, st->logits,
+                    (size_t)rows * c->vocab_size * sizeof(float));
+    }
+}
+
+int model_forward(const struct model *m, struct forward_state *st, struct kv_cache *kv,
+                  const struct batch *batch, float *logits, struct err *err)
+{
+    const struct model_config *c = &m->config;
+    if (kv->n_layers != c->n_layers || kv->n_kv_heads != c->n_kv_heads ||
+        kv->head_dim != c->head_dim)
+        return err_set(err, INFERD_EINVAL, "KV cache geometry does not match the model");
+    int n_rows = batch_prepare(m, st, kv, batch, err);
+    if (n_rows < 0)
+        return n_rows;
+
+    m->backend->ops->embed(m->backend, &m->weights.embed, st->tokens, n_rows, st->x);
+    for (int l = 0; l < c->n_layers; l++) {
+        const struct layer_weights *lw = &m->weights.layers[l];
+        attention_block(m, st, lw, kv, l, n_rows, batch->n_seqs);
+        mlp_block(m, st, lw, n_rows);
+    }
+    lm_head(m, st, batch, logits);
+    return 0;
+}

@@ -1,0 +1,311 @@
+/* model/load.c — model_load: config + safetensors checked against each other and placed on a backend. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/bf16.h"
+#include "model/model.h"
+
+#define NAME_CAP 160
+#define WIDEN_CHUNK 65536 /* elements converted per host staging pass */
+
+/* ---------------------------------------------------------------- backend buffers */
+
+static int own_buffer(struct model *m, void *p, struct err *err)
+{
+    if (m->n_owned_buffers == m->cap_owned_buffers) {
+        int cap = m->cap_owned_buffers ? m->cap_owned_buffers * 2 : 64;
+        void **b = realloc(m->owned_buffers, (size_t)cap * sizeof *b);
+        if (!b) {
+            m->backend->ops->release(m->backend, p);
+            return err_set(err, INFERD_ENOMEM, "out of memory tracking weight buffers");
+        }
+        m->owned_buffers = b;
+        m->cap_owned_buffers = cap;
+    }
+    m->owned_buffers[m->n_owned_buffers++] = p;
+    return 0;
+}
+
+/* Backend memory that model_free releases. */
+static int alloc_owned(struct model *m, size_t bytes, const char *name, void **out,
+                       struct err *err)
+{
+    *out = m->backend->ops->alloc(m->backend, bytes ? bytes : 1);
+    if (!*out)
+        return err_set(err, INFERD_ENOMEM, "out of backend memory for tensor '%s' (%zu bytes)",
+                       name, bytes);
+    return own_buffer(m, *out, err);
+}
+
+/* Element i of src (dtype dt, possibly unaligned) as f32. */
+static float element_f32(const uint8_t *src, enum dtype dt, size_t i)
+{
+    if (dt == DTYPE_F32) {
+        float f;
+        memcpy(&f, src + 4 * i, 4);
+        return f;
+    }
+    uint16_t h;
+    memcpy(&h, src + 2 * i, 2);
+    return dt == DTYPE_BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+}
+
+/* n elements of src converted to f32 in backend memory, staged through a
+ * bounded host buffer so huge tensors do not need a second full copy on the host. */
+static int upload_f32(struct model *m, const struct st_tensor *t, size_t n, float **out,
+                      struct err *err)
+{
+    void *buf;
+    int rc = alloc_owned(m, n * sizeof(float), t->name, &buf, err);
+    if (rc)
+        return rc;
+    float *dst = buf;
+    size_t chunk = n < WIDEN_CHUNK ? n : WIDEN_CHUNK;
+    float *stage = malloc((chunk ? chunk : 1) * sizeof *stage);
+    if (!stage)
+        return err_set(err, INFERD_ENOMEM, "out of memory converting tensor '%s'", t->name);
+    for (size_t i0 = 0; i0 < n; i0 += chunk) {
+        size_t k = n - i0 < chunk ? n - i0 : chunk;
+        for (size_t i = 0; i < k; i++)
+            stage[i] = element_f32(t->data, t->dtype, i0 + i);
+        m->backend->ops->to_device(m->backend, dst + i0, stage, k * sizeof *stage);
+    }
+    free(stage);
+    *out = dst;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- tensor lookup */
+
+static void format_shape(char *buf, size_t cap, const int64_t *shape, int n_dims)
+{
+    size_t used = (size_t)snprintf(buf, cap, "[");
+    for (int d = 0; d < n_dims && used < cap; d++)
+        used += (size_t)snprintf(buf + used, cap - used, "%s%lld", d ? ", " : "",
+                                 (long long)shape[d]);
+    if (used < cap)
+        snprintf(buf + used, cap - used, "]");
+}
+
+/* The tensor name with exactly the shape config.json implies, marked used. */
+static int find_tensor(struct model *m, const char *name, const int64_t *want, int want_dims,
+                       const struct st_tensor **out, struct err *err)
+{
+    char want_s[96], have_s[96];
+    format_shape(want_s, sizeof want_s, want, want_dims);
+    const struct st_tensor *t = st_set_find(&m->files, name);
+    if (!t)
+        return err_set(err, INFERD_EFORMAT, "missing tensor '%s' (config.json implies shape %s)",
+                       name, want_s);
+    bool same = t->n_dims == want_dims;
+    for (int d = 0; same && d < want_dims; d++)
+        same = t->shape[d] == want[d];
+    if (!same) {
+        format_shape(have_s, sizeof have_s, t->shape, t->n_dims);
+        return err_set(err, INFERD_EFORMAT, "tensor %s has shape %s, config.json implies %s", name,
+                       have_s, want_s);
+    }
+    *out = t;
+    return 0;
+}
+
+/* A weight matrix: BF16/F32 used in place from the mapping, F16 widened to F32
+ * in backend memory. Misaligned data (a header whose length is not a multiple
+ * of the element size) is copied so kernels may assume natural alignment. */
+static int load_matrix(struct model *m, const char *name, int64_t rows, int64_t cols,
+                       struct weight_matrix *w, struct err *err)
+{
+    int64_t want[2] = {rows, cols};
+    const struct st_tensor *t;
+    int rc = find_tensor(m, name, want, 2, &t, err);
+    if (rc)
+        return rc;
+    w->rows = rows;
+    w->cols = cols;
+    if (t->dtype == DTYPE_F16) {
+        float *wide;
+        if ((rc = upload_f32(m, t, (size_t)rows * (size_t)cols, &wide, err)))
+            return rc;
+        w->dtype = DTYPE_F32;
+        w->data = wide;
+        return 0;
+    }
+    w->dtype = t->dtype;
+    if ((uintptr_t)t->data % dtype_size(t->dtype) == 0) {
+        w->data = t->data;
+        return 0;
+    }
+    void *copy;
+    if ((rc = alloc_owned(m, t->nbytes, name, &copy, err)))
+        return rc;
+    m->backend->ops->to_device(m->backend, copy, t->data, t->nbytes);
+    w->data = copy;
+    return 0;
+}
+
+/* A vector (norm weight or bias) of any dtype, as f32 in backend memory. */
+static int load_vector(struct model *m, const char *name, int64_t n, float **out, struct err *err)
+{
+    const struct st_tensor *t;
+    int rc = find_tensor(m, name, &n, 1, &t, err);
+    return rc ? rc : upload_f32(m, t, (size_t)n, out, err);
+}
+
+/* ---------------------------------------------------------------- the model */
+
+static int load_layer(struct model *m, int i, struct layer_weights *L, struct err *err)
+{
+    const struct model_config *c = &m->config;
+    int64_t hidden = c->hidden_size, inter = c->intermediate_size;
+    int64_t q_dim = (int64_t)c->n_heads * c->head_dim, kv_dim = (int64_t)c->n_kv_heads * c->head_dim;
+    char n[NAME_CAP];
+    int rc;
+#define NAME(suffix) (snprintf(n, sizeof n, "model.layers.%d.%s", i, suffix), n)
+    if ((rc = load_vector(m, NAME("input_layernorm.weight"), hidden, &L->attn_norm, err)) ||
+        (rc = load_matrix(m, NAME("self_attn.q_proj.weight"), q_dim, hidden, &L->wq, err)) ||
+        (rc = load_matrix(m, NAME("self_attn.k_proj.weight"), kv_dim, hidden, &L->wk, err)) ||
+        (rc = load_matrix(m, NAME("self_attn.v_proj.weight"), kv_dim, hidden, &L->wv, err)) ||
+        (rc = load_matrix(m, NAME("self_attn.o_proj.weight"), hidden, q_dim, &L->wo, err)))
+        return rc;
+    if (c->attention_bias &&
+        ((rc = load_vector(m, NAME("self_attn.q_proj.bias"), q_dim, &L->bq, err)) ||
+         (rc = load_vector(m, NAME("self_attn.k_proj.bias"), kv_dim, &L->bk, err)) ||
+         (rc = load_vector(m, NAME("self_attn.v_proj.bias"), kv_dim, &L->bv, err))))
+        return rc;
+    if (c->qk_norm &&
+        ((rc = load_vector(m, NAME("self_attn.q_norm.weight"), c->head_dim, &L->q_norm, err)) ||
+         (rc = load_vector(m, NAME("self_attn.k_norm.weight"), c->head_dim, &L->k_norm, err))))
+        return rc;
+    if ((rc = load_vector(m, NAME("post_attention_layernorm.weight"), hidden, &L->mlp_norm, err)) ||
+        (rc = load_matrix(m, NAME("mlp.gate_proj.weight"), inter, hidden, &L->w_gate, err)) ||
+        (rc = load_matrix(m, NAME("mlp.up_proj.weight"), inter, hidden, &L->w_up, err)) ||
+        (rc = load_matrix(m, NAME("mlp.down_proj.weight"), hidden, inter, &L->w_down, err)))
+        return rc;
+#undef NAME
+    return 0;
+}
+
+static bool ends_with(const char *s, const char *suffix)
+{
+    size_t ls = strlen(s), lx = strlen(suffix);
+    return ls >= lx && strcmp(s + ls - lx, suffix) == 0;
+}
+
+static int check_no_extra_tensors(struct model *m, struct err *err)
+{
+    const struct st_set *set = &m->files;
+    for (int i = 0; i < set->n_tensors; i++) {
+        const char *name = set->tensors[i].name;
+        if (set->used[i] || ends_with(name, "rotary_emb.inv_freq"))
+            continue;
+        return err_set(err, INFERD_EFORMAT, "unexpected tensor %.200s in %s (not used by %s)",
+                       name, set->file_names[set->tensors[i].file_index],
+                       model_arch_name(m->config.arch));
+    }
+    return 0;
+}
+
+static int load_weights(struct model *m, struct err *err)
+{
+    const struct model_config *c = &m->config;
+    struct model_weights *W = &m->weights;
+    int rc = load_matrix(m, "model.embed_tokens.weight", c->vocab_size, c->hidden_size, &W->embed,
+                         err);
+    if (rc)
+        return rc;
+    W->layers = calloc((size_t)c->n_layers, sizeof *W->layers);
+    if (!W->layers)
+        return err_set(err, INFERD_ENOMEM, "out of memory for %d layers", c->n_layers);
+    for (int i = 0; i < c->n_layers; i++)
+        if ((rc = load_layer(m, i, &W->layers[i], err)))
+            return rc;
+    if ((rc = load_vector(m, "model.norm.weight", c->hidden_size, &W->final_norm, err)))
+        return rc;
+    /* Tied checkpoints sometimes still carry lm_head.weight; when present it is what runs. */
+    if (c->tie_word_embeddings && !st_set_find(&m->files, "lm_head.weight"))
+        W->lm_head = W->embed;
+    else if ((rc = load_matrix(m, "lm_head.weight", c->vocab_size, c->hidden_size, &W->lm_head,
+                               err)))
+        return rc;
+    return check_no_extra_tensors(m, err);
+}
+
+static int build_rope(struct model *m, struct err *err)
+{
+    int half = m->config.head_dim / 2;
+    m->rope_inv_freq = malloc((size_t)half * sizeof *m->rope_inv_freq);
+    if (!m->rope_inv_freq)
+        return err_set(err, INFERD_ENOMEM, "out of memory for the rope table");
+    model_rope_inv_freq(&m->config, m->rope_inv_freq);
+    m->rope.rot_dim = m->config.head_dim;
+    m->rope.inv_freq = m->rope_inv_freq;
+    m->rope.attention_factor = 1.0f;
+    return 0;
+}
+
+int model_load(const char *dir, struct backend *be, struct model **out, struct err *err)
+{
+    *out = NULL;
+    if (!be || !be->ops || !be->ops->alloc || !be->ops->release || !be->ops->to_device)
+        return err_set(err, INFERD_EINVAL, "model_load needs a backend with memory ops");
+    struct model *m = calloc(1, sizeof *m);
+    if (!m)
+        return err_set(err, INFERD_ENOMEM, "out of memory for the model");
+    m->backend = be;
+    int rc;
+    if ((rc = model_config_load(dir, &m->config, &m->generation, err)) ||
+        (rc = st_set_open(dir, &m->files, err)))
+        goto fail;
+    if ((rc = load_weights(m, err))) {
+        err_wrap(err, "loading %s", dir);
+        goto fail;
+    }
+    if ((rc = build_rope(m, err)))
+        goto fail;
+    *out = m;
+    return 0;
+fail:
+    model_free(m);
+    return rc;
+}
+
+void model_free(struct model *m)
+{
+    if (!m)
+        return;
+    for (int i = 0; i < m->n_owned_buffers; i++)
+        m->backend->ops->release(m->backend, m->owned_buffers[i]);
+    free(m->owned_buffers);
+    free(m->weights.layers);
+    free(m->rope_inv_freq);
+    st_set_close(&m->files);
+    free(m);
+}
+
+static uint64_t matrix_bytes(const struct weight_matrix *w)
+{
+    return (uint64_t)w->rows * (uint64_t)w->cols * dtype_size(w->dtype);
+}
+
+uint64_t model_weight_bytes_per_token(const struct model *m)
+{
+    const struct model_config *c = &m->config;
+    const uint64_t f = sizeof(float);
+    uint64_t q_dim = (uint64_t)c->n_heads * c->head_dim, kv_dim = (uint64_t)c->n_kv_heads * c->head_dim;
+    uint64_t total = (uint64_t)c->hidden_size * dtype_size(m->weights.embed.dtype); /* one row */
+    for (int i = 0; i < c->n_layers; i++) {
+        const struct layer_weights *L = &m->weights.layers[i];
+        total += matrix_bytes(&L->wq) + matrix_bytes(&L->wk) + matrix_bytes(&L->wv) +
+                 matrix_bytes(&L->wo) + matrix_bytes(&L->w_gate) + matrix_bytes(&L->w_up) +
+                 matrix_bytes(&L->w_down);
+        total += 2 * (uint64_t)c->hidden_size * f;
+        if (L->bq)
+            total += (q_dim + 2 * kv_dim) * f;
+        if (L->q_norm)
+            total += 2 * (uint64_t)c->head_dim * f;
+    }
+    total += (uint64_t)c->hidden_size * f + matrix_bytes(&m->weights.lm_head);
+    return total;
+}

@@ -1,0 +1,737 @@
+/* model/mkmodel.c — writes deterministic Hugging Face model directories (config, generation config, safetensors) from a preset table. */
+#define _GNU_SOURCE
+#include "model/mkmodel.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/bf16.h"
+
+/* ---- presets ------------------------------------------------------------ */
+
+#define TINY_GREEDY .bos_token_id = 1, .eos_token_ids = {2}, .n_eos = 1, \
+    .gen_eos_token_ids = {2}, .n_gen_eos = 1, .pad_token_id = -1
+
+#define QWEN3_TOKENS .bos_token_id = 151643, .eos_token_ids = {151645}, .n_eos = 1, \
+    .gen_eos_token_ids = {151645, 151643}, .n_gen_eos = 2, .temperature = "0.6", \
+    .top_p = "0.95", .top_k = 20, .pad_token_id = 151643
+
+#define LLAMA3_TOKENS .bos_token_id = 128000, .eos_token_ids = {128001, 128008, 128009}, \
+    .n_eos = 3, .gen_eos_token_ids = {128001, 128008, 128009}, .n_gen_eos = 3, \
+    .temperature = "0.6", .top_p = "0.9", .pad_token_id = -1
+
+/* Tiny presets use odd sizes (SIMD tails), GQA group sizes 1, 2, 3 and 4,
+ * head_dim 64 and 128, every rope kind and every file dtype. */
+static const struct mkmodel_preset presets[] = {
+    { .name = "tiny-llama", .arch = "llama", .vocab_size = 503, .hidden_size = 200,
+      .intermediate_size = 328, .n_layers = 3, .n_heads = 4, .n_kv_heads = 2, .head_dim = 64,
+      .max_position_embeddings = 2048, .tie_word_embeddings = false, .rope_theta = "10000.0",
+      .rms_norm_eps = "1e-05", .rope = MKMODEL_ROPE_NONE, .dtype = DTYPE_BF16, TINY_GREEDY },
+    { .name = "tiny-llama3", .arch = "llama", .vocab_size = 512, .hidden_size = 160,
+      .intermediate_size = 256, .n_layers = 2, .n_heads = 2, .n_kv_heads = 2, .head_dim = 128,
+      .max_position_embeddings = 4096, .tie_word_embeddings = true, .rope_theta = "500000.0",
+      .rms_norm_eps = "1e-05", .rope = MKMODEL_ROPE_LLAMA3, .rope_factor = "8.0",
+      .rope_low_freq_factor = "1.0", .rope_high_freq_factor = "4.0",
+      .rope_original_max_position = 64, .dtype = DTYPE_BF16, TINY_GREEDY },
+    { .name = "tiny-llama-linear", .arch = "llama", .vocab_size = 389, .hidden_size = 136,
+      .intermediate_size = 200, .n_layers = 2, .n_heads = 8, .n_kv_heads = 2, .head_dim = 64,
+      .max_position_embeddings = 2048, .tie_word_embeddings = false, .rope_theta = "10000.0",
+      .rms_norm_eps = "1e-05", .rope = MKMODEL_ROPE_LINEAR, .rope_factor = "4.0",
+      .dtype = DTYPE_F32, TINY_GREEDY },
+    { .name = "tiny-mistral", .arch = "mistral", .vocab_size = 457, .hidden_size = 256,
+      .intermediate_size = 344, .n_layers = 2, .n_heads = 4, .n_kv_heads = 1, .head_dim = 128,
+      .max_position_embeddings = 2048, .tie_word_embeddings = false, .rope_theta = "1000000.0",
+      .rms_norm_eps = "1e-05", .rope = MKMODEL_ROPE_NONE, .dtype = DTYPE_F16, TINY_GREEDY },
+    { .name = "tiny-qwen2", .arch = "qwen2", .vocab_size = 501, .hidden_size = 192,
+      .intermediate_size = 280, .n_layers = 3, .n_heads = 6, .n_kv_heads = 2, .head_dim = 64,
+      .max_position_embeddings = 2048, .tie_word_embeddings = true, .rope_theta = "1000000.0",
+      .rms_norm_eps = "1e-06", .rope = MKMODEL_ROPE_NONE, .dtype = DTYPE_BF16, TINY_GREEDY },
+    { .name = "tiny-qwen3", .arch = "qwen3", .vocab_size = 509, .hidden_size = 200,
+      .intermediate_size = 304, .n_layers = 4, .n_heads = 4, .n_kv_heads = 2, .head_dim = 128,
+      .max_position_embeddings = 2048, .tie_word_embeddings = true, .rope_theta = "1000000.0",
+      .rms_norm_eps = "1e-06", .rope = MKMODEL_ROPE_NONE, .dtype = DTYPE_BF16, TINY_GREEDY },
+    { .name = "tiny-qwen3-gqa1", .arch = "qwen3", .vocab_size = 300, .hidden_size = 96,
+      .intermediate_size = 176, .n_layers = 2, .n_heads = 3, .n_kv_heads = 3, .head_dim = 64,
+      .max_position_embeddings = 2048, .tie_word_embeddings = false, .rope_theta = "10000.0",
+      .rms_norm_eps = "1e-06", .rope = MKMODEL_ROPE_NONE, .dtype = DTYPE_BF16, TINY_GREEDY },
+    /* Released models' shapes, for benchmarks (random weights). */
+    { .name = "qwen3-0.6b", .arch = "qwen3", .vocab_size = 151936, .hidden_size = 1024,
+      .intermediate_size = 3072, .n_layers = 28, .n_heads = 16, .n_kv_heads = 8, .head_dim = 128,
+      .max_position_embeddings = 40960, .tie_word_embeddings = true, .rope_theta = "1000000",
+      .rms_norm_eps = "1e-06", .rope = MKMODEL_ROPE_NONE, .dtype = DTYPE_BF16, QWEN3_TOKENS,
+      .real = true },
+    { .name = "llama-3.2-1b", .arch = "llama", .vocab_size = 128256, .hidden_size = 2048,
+      .intermediate_size = 8192, .n_layers = 16, .n_heads = 32, .n_kv_heads = 8, .head_dim = 64,
+      .max_position_embeddings = 131072, .tie_word_embeddings = true, .rope_theta = "500000.0",
+      .rms_norm_eps = "1e-05", .rope = MKMODEL_ROPE_LLAMA3, .rope_factor = "32.0",
+      .rope_low_freq_factor = "1.0", .rope_high_freq_factor = "4.0",
+      .rope_original_max_position = 8192, .dtype = DTYPE_BF16, LLAMA3_TOKENS, .real = true },
+    { .name = "llama-3.1-8b", .arch = "llama", .vocab_size = 128256, .hidden_size = 4096,
+      .intermediate_size = 14336, .n_layers = 32, .n_heads = 32, .n_kv_heads = 8, .head_dim = 128,
+      .max_position_embeddings = 131072, .tie_word_embeddings = false, .rope_theta = "500000.0",
+      .rms_norm_eps = "1e-05", .rope = MKMODEL_ROPE_LLAMA3, .rope_factor = "8.0",
+      .rope_low_freq_factor = "1.0", .rope_high_freq_factor = "4.0",
+      .rope_original_max_position = 8192, .dtype = DTYPE_BF16, LLAMA3_TOKENS, .real = true },
+    { .name = "qwen3-8b", .arch = "qwen3", .vocab_size = 151936, .hidden_size = 4096,
+      .intermediate_size = 12288, .n_layers = 36, .n_heads = 32, .n_kv_heads = 8, .head_dim = 128,
+      .max_position_embeddings = 40960, .tie_word_embeddings = false, .rope_theta = "1000000",
+      .rms_norm_eps = "1e-06", .rope = MKMODEL_ROPE_NONE, .dtype = DTYPE_BF16, QWEN3_TOKENS,
+      .real = true },
+};
+
+#define N_PRESETS ((int)(sizeof presets / sizeof presets[0]))
+
+const struct mkmodel_preset *mkmodel_presets(int *n)
+{
+    *n = N_PRESETS;
+    return presets;
+}
+
+const struct mkmodel_preset *mkmodel_preset_find(const char *name)
+{
+    for (int i = 0; name && i < N_PRESETS; i++)
+        if (strcmp(presets[i].name, name) == 0)
+            return &presets[i];
+    return NULL;
+}
+
+const char *mkmodel_arch_class(const char *arch)
+{
+    static const char *const map[][2] = {
+        {"llama", "LlamaForCausalLM"},
+        {"mistral", "MistralForCausalLM"},
+        {"qwen2", "Qwen2ForCausalLM"},
+        {"qwen3", "Qwen3ForCausalLM"},
+    };
+    for (size_t i = 0; arch && i < sizeof map / sizeof map[0]; i++)
+        if (strcmp(map[i][0], arch) == 0)
+            return map[i][1];
+    return NULL;
+}
+
+/* ---- the tensor list ---------------------------------------------------- */
+
+/* How a tensor's values are drawn (see mkmodel.h). */
+enum init_kind { INIT_EMBED, INIT_LINEAR, INIT_LM_HEAD, INIT_NORM, INIT_BIAS };
+
+struct tensor_spec {
+    char name[80];
+    int n_dims;
+    int64_t shape[2];
+    enum init_kind init;
+    uint64_t offset; /* within the data section */
+};
+
+struct tensor_list {
+    struct tensor_spec *t; /* owned; n */
+    int n, cap;
+};
+
+static int list_add(struct tensor_list *l, enum init_kind init, int64_t rows, int64_t cols,
+                    const char *fmt, int layer)
+{
+    if (l->n == l->cap) {
+        int cap = l->cap ? l->cap * 2 : 64;
+        struct tensor_spec *t = realloc(l->t, (size_t)cap * sizeof *t);
+        if (!t)
+            return -1;
+        l->t = t;
+        l->cap = cap;
+    }
+    struct tensor_spec *s = &l->t[l->n++];
+    memset(s, 0, sizeof *s);
+    snprintf(s->name, sizeof s->name, fmt, layer);
+    s->init = init;
+    s->n_dims = cols ? 2 : 1;
+    s->shape[0] = rows;
+    s->shape[1] = cols;
+    return 0;
+}
+
+static int64_t spec_numel(const struct tensor_spec *s)
+{
+    return s->n_dims == 2 ? s->shape[0] * s->shape[1] : s->shape[0];
+}
+
+static int spec_cmp(const void *a, const void *b)
+{
+    return strcmp(((const struct tensor_spec *)a)->name, ((const struct tensor_spec *)b)->name);
+}
+
+/* Every tensor the preset's architecture has, sorted by name, with offsets. */
+static int build_tensor_list(const struct mkmodel_preset *p, struct tensor_list *l)
+{
+    int64_t h = p->hidden_size, inter = p->intermediate_size, hd = p->head_dim;
+    int64_t q_out = (int64_t)p->n_heads * hd, kv_out = (int64_t)p->n_kv_heads * hd;
+    bool qkv_bias = strcmp(p->arch, "qwen2") == 0;
+    bool qk_norm = strcmp(p->arch, "qwen3") == 0;
+    int rc = 0;
+
+    memset(l, 0, sizeof *l);
+    rc |= list_add(l, INIT_EMBED, p->vocab_size, h, "model.embed_tokens.weight", 0);
+    rc |= list_add(l, INIT_NORM, h, 0, "model.norm.weight", 0);
+    if (!p->tie_word_embeddings)
+        rc |= list_add(l, INIT_LM_HEAD, p->vocab_size, h, "lm_head.weight", 0);
+    for (int i = 0; i < p->n_layers && rc == 0; i++) {
+        rc |= list_add(l, INIT_NORM, h, 0, "model.layers.%d.input_layernorm.weight", i);
+        rc |= list_add(l, INIT_LINEAR, q_out, h, "model.layers.%d.self_attn.q_proj.weight", i);
+        rc |= list_add(l, INIT_LINEAR, kv_out, h, "model.layers.%d.self_attn.k_proj.weight", i);
+        rc |= list_add(l, INIT_LINEAR, kv_out, h, "model.layers.%d.self_attn.v_proj.weight", i);
+        rc |= list_add(l, INIT_LINEAR, h, q_out, "model.layers.%d.self_attn.o_proj.weight", i);
+        if (qkv_bias) {
+            rc |= list_add(l, INIT_BIAS, q_out, 0, "model.layers.%d.self_attn.q_proj.bias", i);
+            rc |= list_add(l, INIT_BIAS, kv_out, 0, "model.layers.%d.self_attn.k_proj.bias", i);
+            rc |= list_add(l, INIT_BIAS, kv_out, 0, "model.layers.%d.self_attn.v_proj.bias", i);
+        }
+        if (qk_norm) {
+            rc |= list_add(l, INIT_NORM, hd, 0, "model.layers.%d.self_attn.q_norm.weight", i);
+            rc |= list_add(l, INIT_NORM, hd, 0, "model.layers.%d.self_attn.k_norm.weight", i);
+        }
+        rc |= list_add(l, INIT_NORM, h, 0, "model.layers.%d.post_attention_layernorm.weight", i);
+        rc |= list_add(l, INIT_LINEAR, inter, h, "model.layers.%d.mlp.gate_proj.weight", i);
+        rc |= list_add(l, INIT_LINEAR, inter, h, "model.layers.%d.mlp.up_proj.weight", i);
+        rc |= list_add(l, INIT_LINEAR, h, inter, "model.layers.%d.mlp.down_proj.weight", i);
+    }
+    if (rc) {
+        free(l->t);
+        memset(l, 0, sizeof *l);
+        return -1;
+    }
+    qsort(l->t, (size_t)l->n, sizeof l->t[0], spec_cmp);
+    uint64_t off = 0;
+    for (int i = 0; i < l->n; i++) {
+        l->t[i].offset = off;
+        off += (uint64_t)spec_numel(&l->t[i]) * dtype_size(p->dtype);
+    }
+    return 0;
+}
+
+uint64_t mkmodel_param_count(const struct mkmodel_preset *p)
+{
+    struct tensor_list l;
+    if (build_tensor_list(p, &l))
+        return 0;
+    uint64_t n = 0;
+    for (int i = 0; i < l.n; i++)
+        n += (uint64_t)spec_numel(&l.t[i]);
+    free(l.t);
+    return n;
+}
+
+/* ---- deterministic values ----------------------------------------------- */
+
+#define FNV_OFFSET 0xcbf29ce484222325ull
+#define FNV_PRIME 0x100000001b3ull
+#define SPLITMIX_GAMMA 0x9e3779b97f4a7c15ull
+
+static uint64_t fnv1a64_update(uint64_t h, const void *data, size_t n)
+{
+    const unsigned char *p = data;
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= FNV_PRIME;
+    }
+    return h;
+}
+
+static uint64_t fnv1a64(const char *s) { return fnv1a64_update(FNV_OFFSET, s, strlen(s)); }
+
+static inline uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Round to nearest even; overflow goes to infinity, tiny values to
+ * subnormals or signed zero, NaN stays NaN. */
+static uint16_t f32_to_f16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u)
+        return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+    if (a >= 0x477ff000u) /* >= 65520 rounds past the largest f16, 65504 */
+        return (uint16_t)(sign | 0x7c00u);
+    uint32_t exp = a >> 23;
+    if (exp < 113) { /* below 2^-14: f16 subnormal, units of 2^-24 */
+        if (exp < 102)
+            return sign;
+        uint32_t m = (a & 0x7fffffu) | 0x800000u;
+        uint32_t shift = 126 - exp;
+        uint32_t h = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (h & 1u)))
+            h++;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = ((exp - 112) << 10) | ((a >> 13) & 0x3ffu);
+    uint32_t rem = a & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u)))
+        h++; /* a carry out of the mantissa correctly bumps the exponent */
+    return (uint16_t)(sign | h);
+}
+
+/* Half-width a of the uniform range for a tensor (std * sqrt(3)); norms use 0.1 around 1. */
+static float init_half_width(const struct tensor_spec *s, int hidden)
+{
+    float sqrt3 = sqrtf(3.0f);
+    switch (s->init) {
+    case INIT_EMBED: return sqrt3;
+    case INIT_LINEAR: return sqrt3 * (1.0f / sqrtf((float)s->shape[1]));
+    case INIT_LM_HEAD: return sqrt3 * (2.0f / sqrtf((float)hidden));
+    case INIT_BIAS: return sqrt3 * 0.1f;
+    case INIT_NORM: return 0.1f;
+    }
+    return 0.0f;
+}
+
+/* Element i's uniform draw in [-1, 1): the top 24 bits of splitmix64 output i + 1. */
+static inline float draw(uint64_t s0, uint64_t i)
+{
+    uint32_t r = (uint32_t)(mix64(s0 + (i + 1) * SPLITMIX_GAMMA) >> 40);
+    return (float)((int32_t)r - (1 << 23)) * 0x1p-23f;
+}
+
+/* Fills out with elements [first, first + n) of the tensor, in dtype. Each
+ * value is one product a * u (norms: then one sum): the volatile keeps the
+ * compiler from fusing 1 + a * u into an FMA, which would round once instead
+ * of twice and make the bytes depend on the build. */
+static void fill_chunk(uint64_t s0, uint64_t first, size_t n, float a, bool norm,
+                       enum dtype dt, void *out)
+{
+    float *o32 = out;
+    uint16_t *o16 = out;
+    if (norm) {
+        for (size_t i = 0; i < n; i++) {
+            volatile float t = a * draw(s0, first + i);
+            float v = 1.0f + t;
+            if (dt == DTYPE_F32)
+                o32[i] = v;
+            else
+                o16[i] = dt == DTYPE_BF16 ? f32_to_bf16(v) : f32_to_f16(v);
+        }
+    } else if (dt == DTYPE_F32) {
+        for (size_t i = 0; i < n; i++)
+            o32[i] = a * draw(s0, first + i);
+    } else if (dt == DTYPE_BF16) {
+        for (size_t i = 0; i < n; i++)
+            o16[i] = f32_to_bf16(a * draw(s0, first + i));
+    } else {
+        for (size_t i = 0; i < n; i++)
+            o16[i] = f32_to_f16(a * draw(s0, first + i));
+    }
+}
+
+/* ---- text building ------------------------------------------------------ */
+
+struct sbuf {
+    char *s; /* owned */
+    size_t len, cap;
+    bool oom;
+};
+
+static void sb_printf(struct sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void sb_printf(struct sbuf *b, const char *fmt, ...)
+{
+    if (b->oom)
+        return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->s ? b->s + b->len : NULL, b->s ? b->cap - b->len : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            b->oom = true;
+            return;
+        }
+        if (b->s && b->len + (size_t)n < b->cap) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t cap = (b->cap ? b->cap : 256);
+        while (cap <= b->len + (size_t)n)
+            cap *= 2;
+        char *s = realloc(b->s, cap);
+        if (!s) {
+            b->oom = true;
+            return;
+        }
+        b->s = s;
+        b->cap = cap;
+    }
+}
+
+/* A JSON object built as (key, value text) pairs and printed with keys
+ * sorted, as transformers' save_pretrained does. */
+struct kv_entry {
+    const char *key;
+    char value[256];
+};
+
+struct json_obj {
+    struct kv_entry e[40];
+    int n;
+};
+
+static void obj_set(struct json_obj *o, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void obj_set(struct json_obj *o, const char *key, const char *fmt, ...)
+{
+    struct kv_entry *e = &o->e[o->n++];
+    e->key = key;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->value, sizeof e->value, fmt, ap);
+    va_end(ap);
+}
+
+static int kv_cmp(const void *a, const void *b)
+{
+    return strcmp(((const struct kv_entry *)a)->key, ((const struct kv_entry *)b)->key);
+}
+
+static void obj_print(struct json_obj *o, struct sbuf *b)
+{
+    qsort(o->e, (size_t)o->n, sizeof o->e[0], kv_cmp);
+    sb_printf(b, "{\n");
+    for (int i = 0; i < o->n; i++)
+        sb_printf(b, "  \"%s\": %s%s\n", o->e[i].key, o->e[i].value, i + 1 < o->n ? "," : "");
+    sb_printf(b, "}\n");
+}
+
+/* An int, or a JSON list when there are several. */
+static void ids_text(const int *ids, int n, char *out, size_t cap)
+{
+    if (n == 1) {
+        snprintf(out, cap, "%d", ids[0]);
+        return;
+    }
+    size_t len = (size_t)snprintf(out, cap, "[");
+    for (int i = 0; i < n && len < cap; i++)
+        len += (size_t)snprintf(out + len, cap - len, "%s%d", i ? ", " : "", ids[i]);
+    if (len < cap)
+        snprintf(out + len, cap - len, "]");
+}
+
+static const char *torch_dtype_name(enum dtype t)
+{
+    return t == DTYPE_F32 ? "float32" : t == DTYPE_BF16 ? "bfloat16" : "float16";
+}
+
+static void config_json(const struct mkmodel_preset *p, struct sbuf *b)
+{
+    struct json_obj o = {.n = 0};
+    char ids[64];
+    bool llama = strcmp(p->arch, "llama") == 0;
+    bool qwen = strncmp(p->arch, "qwen", 4) == 0;
+
+    obj_set(&o, "architectures", "[\"%s\"]", mkmodel_arch_class(p->arch));
+    obj_set(&o, "model_type", "\"%s\"", p->arch);
+    obj_set(&o, "vocab_size", "%d", p->vocab_size);
+    obj_set(&o, "hidden_size", "%d", p->hidden_size);
+    obj_set(&o, "intermediate_size", "%d", p->intermediate_size);
+    obj_set(&o, "num_hidden_layers", "%d", p->n_layers);
+    obj_set(&o, "num_attention_heads", "%d", p->n_heads);
+    obj_set(&o, "num_key_value_heads", "%d", p->n_kv_heads);
+    obj_set(&o, "head_dim", "%d", p->head_dim);
+    obj_set(&o, "max_position_embeddings", "%d", p->max_position_embeddings);
+    obj_set(&o, "rms_norm_eps", "%s", p->rms_norm_eps);
+    obj_set(&o, "rope_theta", "%s", p->rope_theta);
+    if (p->rope == MKMODEL_ROPE_LINEAR)
+        obj_set(&o, "rope_scaling", "{\"factor\": %s, \"rope_type\": \"linear\"}", p->rope_factor);
+    else if (p->rope == MKMODEL_ROPE_LLAMA3)
+        obj_set(&o, "rope_scaling",
+                "{\"factor\": %s, \"high_freq_factor\": %s, \"low_freq_factor\": %s, "
+                "\"original_max_position_embeddings\": %d, \"rope_type\": \"llama3\"}",
+                p->rope_factor, p->rope_high_freq_factor, p->rope_low_freq_factor,
+                p->rope_original_max_position);
+    else
+        obj_set(&o, "rope_scaling", "null");
+    obj_set(&o, "tie_word_embeddings", "%s", p->tie_word_embeddings ? "true" : "false");
+    obj_set(&o, "torch_dtype", "\"%s\"", torch_dtype_name(p->dtype));
+    if (p->bos_token_id >= 0)
+        obj_set(&o, "bos_token_id", "%d", p->bos_token_id);
+    else
+        obj_set(&o, "bos_token_id", "null");
+    ids_text(p->eos_token_ids, p->n_eos, ids, sizeof ids);
+    obj_set(&o, "eos_token_id", "%s", ids);
+    obj_set(&o, "hidden_act", "\"silu\"");
+    obj_set(&o, "initializer_range", "0.02");
+    obj_set(&o, "attention_dropout", "0.0");
+    obj_set(&o, "use_cache", "true");
+    /* Qwen2 always has q/k/v biases and its configs carry no attention_bias. */
+    if (llama || strcmp(p->arch, "qwen3") == 0)
+        obj_set(&o, "attention_bias", "false");
+    if (llama)
+        obj_set(&o, "mlp_bias", "false");
+    if (strcmp(p->arch, "mistral") == 0)
+        obj_set(&o, "sliding_window", "null");
+    if (qwen) {
+        obj_set(&o, "use_sliding_window", "false");
+        obj_set(&o, "sliding_window", "null");
+        obj_set(&o, "max_window_layers", "%d", p->n_layers);
+    }
+    obj_print(&o, b);
+}
+
+static void generation_config_json(const struct mkmodel_preset *p, struct sbuf *b)
+{
+    struct json_obj o = {.n = 0};
+    char ids[64];
+    if (p->bos_token_id >= 0)
+        obj_set(&o, "bos_token_id", "%d", p->bos_token_id);
+    ids_text(p->gen_eos_token_ids, p->n_gen_eos, ids, sizeof ids);
+    obj_set(&o, "eos_token_id", "%s", ids);
+    obj_set(&o, "do_sample", "%s", p->temperature ? "true" : "false");
+    if (p->temperature) {
+        obj_set(&o, "temperature", "%s", p->temperature);
+        if (p->top_p)
+            obj_set(&o, "top_p", "%s", p->top_p);
+        if (p->top_k > 0)
+            obj_set(&o, "top_k", "%d", p->top_k);
+    }
+    if (p->pad_token_id >= 0)
+        obj_set(&o, "pad_token_id", "%d", p->pad_token_id);
+    obj_print(&o, b);
+}
+
+/* The safetensors JSON header, padded with spaces to a multiple of 8 bytes. */
+static void safetensors_header(const struct mkmodel_preset *p, const struct tensor_list *l,
+                               struct sbuf *b)
+{
+    size_t esz = dtype_size(p->dtype);
+    sb_printf(b, "{\"__metadata__\":{\"format\":\"pt\"}");
+    for (int i = 0; i < l->n; i++) {
+        const struct tensor_spec *s = &l->t[i];
+        sb_printf(b, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[%lld", s->name, dtype_name(p->dtype),
+                  (long long)s->shape[0]);
+        if (s->n_dims == 2)
+            sb_printf(b, ",%lld", (long long)s->shape[1]);
+        sb_printf(b, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)s->offset,
+                  (unsigned long long)(s->offset + (uint64_t)spec_numel(s) * esz));
+    }
+    sb_printf(b, "}");
+    while (!b->oom && b->len % 8)
+        sb_printf(b, " ");
+}
+
+uint64_t mkmodel_file_bytes(const struct mkmodel_preset *p)
+{
+    struct tensor_list l;
+    if (build_tensor_list(p, &l))
+        return 0;
+    struct sbuf hdr = {0};
+    safetensors_header(p, &l, &hdr);
+    uint64_t n = 8 + hdr.len;
+    for (int i = 0; i < l.n; i++)
+        n += (uint64_t)spec_numel(&l.t[i]) * dtype_size(p->dtype);
+    free(hdr.s);
+    free(l.t);
+    return n;
+}
+
+/* ---- files -------------------------------------------------------------- */
+
+static int mkdir_p(const char *dir, struct err *err)
+{
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path)
+        return err_set(err, INFERD_EINVAL, "output path too long: %s", dir);
+    for (char *c = path + 1;; c++) {
+        if (*c != '/' && *c != '\0')
+            continue;
+        char saved = *c;
+        *c = '\0';
+        if (mkdir(path, 0755) != 0 && errno != EEXIST)
+            return err_set(err, INFERD_EIO, "creating %s: %s", path, strerror(errno));
+        *c = saved;
+        if (saved == '\0')
+            break;
+    }
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        return err_set(err, INFERD_EIO, "%s exists and is not a directory", dir);
+    return 0;
+}
+
+/* An output file written under NAME.tmp and renamed on success. */
+struct out_file {
+    FILE *f;
+    char tmp[4200], final[4200];
+};
+
+static int out_open(struct out_file *of, const char *dir, const char *name, struct err *err)
+{
+    snprintf(of->final, sizeof of->final, "%s/%s", dir, name);
+    snprintf(of->tmp, sizeof of->tmp, "%s/%s.tmp", dir, name);
+    of->f = fopen(of->tmp, "wb");
+    if (!of->f)
+        return err_set(err, INFERD_EIO, "creating %s: %s", of->tmp, strerror(errno));
+    return 0;
+}
+
+static int out_write(struct out_file *of, const void *data, size_t n, struct err *err)
+{
+    if (fwrite(data, 1, n, of->f) != n)
+        return err_set(err, INFERD_EIO, "writing %s: %s", of->tmp, strerror(errno));
+    return 0;
+}
+
+/* Closes and renames into place when rc == 0; otherwise removes the temporary. */
+static int out_finish(struct out_file *of, int rc, struct err *err)
+{
+    if (!of->f)
+        return rc;
+    if (fclose(of->f) != 0 && rc == 0)
+        rc = err_set(err, INFERD_EIO, "writing %s: %s", of->tmp, strerror(errno));
+    of->f = NULL;
+    if (rc == 0 && rename(of->tmp, of->final) != 0)
+        rc = err_set(err, INFERD_EIO, "renaming %s: %s", of->tmp, strerror(errno));
+    if (rc != 0)
+        unlink(of->tmp);
+    return rc;
+}
+
+static int write_text(const char *dir, const char *name, const struct sbuf *b, struct err *err)
+{
+    if (b->oom)
+        return err_set(err, INFERD_ENOMEM, "building %s", name);
+    struct out_file of = {0};
+    int rc = out_open(&of, dir, name, err);
+    if (rc == 0)
+        rc = out_write(&of, b->s, b->len, err);
+    return out_finish(&of, rc, err);
+}
+
+#define CHUNK_ELEMS (1u << 20)
+
+static int write_safetensors(const struct mkmodel_preset *p, uint64_t seed, const char *dir,
+                             struct err *err)
+{
+    struct tensor_list l;
+    if (build_tensor_list(p, &l))
+        return err_set(err, INFERD_ENOMEM, "building the tensor list");
+    struct sbuf hdr = {0};
+    safetensors_header(p, &l, &hdr);
+    void *buf = malloc((size_t)CHUNK_ELEMS * 4); /* owned; one chunk in the file's dtype */
+    struct out_file of = {0};
+    int rc = 0;
+    if (hdr.oom || !buf)
+        rc = err_set(err, INFERD_ENOMEM, "allocating the write buffer");
+    if (rc == 0)
+        rc = out_open(&of, dir, "model.safetensors", err);
+    if (rc == 0) {
+        uint8_t prefix[8];
+        for (int i = 0; i < 8; i++)
+            prefix[i] = (uint8_t)((uint64_t)hdr.len >> (8 * i));
+        rc = out_write(&of, prefix, 8, err);
+    }
+    if (rc == 0)
+        rc = out_write(&of, hdr.s, hdr.len, err);
+    uint64_t seed_mix = mix64(seed);
+    for (int t = 0; t < l.n && rc == 0; t++) {
+        const struct tensor_spec *s = &l.t[t];
+        uint64_t s0 = fnv1a64(s->name) ^ seed_mix;
+        float a = init_half_width(s, p->hidden_size);
+        uint64_t numel = (uint64_t)spec_numel(s);
+        for (uint64_t first = 0; first < numel && rc == 0; first += CHUNK_ELEMS) {
+            size_t n = numel - first < CHUNK_ELEMS ? (size_t)(numel - first) : CHUNK_ELEMS;
+            fill_chunk(s0, first, n, a, s->init == INIT_NORM, p->dtype, buf);
+            rc = out_write(&of, buf, n * dtype_size(p->dtype), err);
+        }
+    }
+    rc = out_finish(&of, rc, err);
+    free(buf);
+    free(hdr.s);
+    free(l.t);
+    return rc;
+}
+
+/* Resolves opts to a preset, refusing unknown names and arch mismatches. */
+static int resolve_preset(const struct mkmodel_opts *o, const struct mkmodel_preset **out,
+                          struct err *err)
+{
+    const char *arch = o->arch && *o->arch ? o->arch : NULL;
+    if (arch && !mkmodel_arch_class(arch))
+        return err_set(err, INFERD_EINVAL,
+                       "unknown architecture '%s' (known: llama, mistral, qwen2, qwen3)", arch);
+    char tiny[64];
+    const char *name = o->preset && *o->preset ? o->preset : NULL;
+    if (!name && !arch)
+        return err_set(err, INFERD_EINVAL, "a preset (or an architecture) is required");
+    if (!name) {
+        snprintf(tiny, sizeof tiny, "tiny-%s", arch);
+        name = tiny;
+    }
+    const struct mkmodel_preset *p = mkmodel_preset_find(name);
+    if (!p)
+        return err_set(err, INFERD_EINVAL, "unknown preset '%s' (see mkmodel --list)", name);
+    if (arch && strcmp(arch, p->arch) != 0)
+        return err_set(err, INFERD_EINVAL,
+                       "preset '%s' is a %s model, not %s (omit the architecture or pass %s)",
+                       p->name, p->arch, arch, p->arch);
+    *out = p;
+    return 0;
+}
+
+int mkmodel_write(const struct mkmodel_opts *o, struct err *err)
+{
+    const struct mkmodel_preset *p = NULL;
+    int rc = resolve_preset(o, &p, err);
+    if (rc)
+        return rc;
+    if (!o->out_dir || !*o->out_dir)
+        return err_set(err, INFERD_EINVAL, "an output directory is required");
+    rc = mkdir_p(o->out_dir, err);
+    if (rc)
+        return rc;
+    struct sbuf cfg = {0}, gen = {0};
+    config_json(p, &cfg);
+    generation_config_json(p, &gen);
+    rc = write_text(o->out_dir, "config.json", &cfg, err);
+    if (rc == 0)
+        rc = write_text(o->out_dir, "generation_config.json", &gen, err);
+    free(cfg.s);
+    free(gen.s);
+    if (rc == 0)
+        rc = write_safetensors(p, o->seed, o->out_dir, err);
+    return rc;
+}
+
+int mkmodel_file_fnv1a64(const char *dir, const char *name, char *hex, size_t cap,
+                         struct err *err)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    if (cap < 17)
+        return err_set(err, INFERD_EINVAL, "checksum buffer too small");
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return err_set(err, INFERD_EIO, "opening %s: %s", path, strerror(errno));
+    static const size_t bufsize = 1u << 16;
+    unsigned char *buf = malloc(bufsize); /* owned */
+    if (!buf) {
+        fclose(f);
+        return err_set(err, INFERD_ENOMEM, "allocating a read buffer");
+    }
+    uint64_t h = FNV_OFFSET;
+    size_t n;
+    while ((n = fread(buf, 1, bufsize, f)) > 0)
+        h = fnv1a64_update(h, buf, n);
+    int rc = ferror(f) ? err_set(err, INFERD_EIO, "reading %s", path) : 0;
+    fclose(f);
+    free(buf);
+    if (rc == 0)
+        snprintf(hex, cap, "%016llx", (unsigned long long)h);
+    return rc;
+}

@@ -1,0 +1,82 @@
+/* model/model.h — a loaded model (config + weights on a backend) and the forward pass over a batch. */
+#ifndef INFERD_MODEL_MODEL_H
+#define INFERD_MODEL_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "model/config.h"
+#include "model/safetensors.h"
+
+struct layer_weights {
+    float *attn_norm;            /* backend memory, hidden_size floats */
+    struct weight_matrix wq, wk, wv, wo;
+    float *bq, *bk, *bv;         /* backend memory or NULL when the arch has no qkv bias */
+    float *bo;                   /* o_proj bias (attention_bias on Llama/Qwen3), else NULL */
+    float *q_norm, *k_norm;      /* head_dim floats, Qwen3 only, else NULL */
+    float *mlp_norm;
+    struct weight_matrix w_gate, w_up, w_down;
+};
+
+struct model_weights {
+    struct weight_matrix embed;  /* vocab x hidden */
+    struct layer_weights *layers;/* owned; n_layers */
+    float *final_norm;
+    struct weight_matrix lm_head;/* == embed when tied */
+};
+
+struct model {
+    struct model_config config;
+    struct generation_defaults generation;
+    struct model_weights weights;
+    struct backend *backend;     /* borrowed */
+    struct st_set files;         /* owned: the mappings weights point into */
+    void **owned_buffers;        /* owned: widened/converted tensors (backend memory) */
+    int n_owned_buffers, cap_owned_buffers;
+    float *rope_inv_freq;        /* owned host memory, head_dim / 2 floats */
+    struct rope_table rope;
+};
+
+/* Loads DIR (config.json, safetensors, generation_config.json) onto be.
+ * Checks every expected tensor exists with the shape config.json implies,
+ * and that no unexpected tensor is left over. */
+int model_load(const char *dir, struct backend *be, struct model **out, struct err *err);
+void model_free(struct model *m);
+
+/* Bytes of weights one decode step reads (for bandwidth floors). */
+uint64_t model_weight_bytes_per_token(const struct model *m);
+
+/* One sequence's part of a forward step. tokens[i] sits at position pos0 + i.
+ * block_ids must cover pos0 + n_tokens positions of kv. When all_logits,
+ * logits for every token are produced, else only for the last one. */
+struct batch_seq {
+    const int32_t *tokens;
+    int n_tokens;
+    int pos0;
+    const uint32_t *block_ids;
+    int n_block_ids;
+    bool all_logits;
+};
+
+struct batch {
+    const struct batch_seq *seqs;
+    int n_seqs;
+};
+
+/* Scratch activations sized for up to max_tokens tokens per step. */
+struct forward_state;
+int forward_state_create(const struct model *m, int max_tokens, struct forward_state **out,
+                         struct err *err);
+void forward_state_free(struct forward_state *st);
+
+/* Runs one step: writes the batch's K/V into kv and fills logits (host
+ * memory, caller-owned) with vocab_size floats per requested output row, in
+ * batch order (all tokens of a seq when all_logits, else its last token). */
+int model_forward(const struct model *m, struct forward_state *st, struct kv_cache *kv,
+                  const struct batch *batch, float *logits, struct err *err);
+
+/* Number of logits rows model_forward will write for batch. */
+int batch_n_outputs(const struct batch *batch);
+
+#endif

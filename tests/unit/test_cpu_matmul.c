@@ -1,0 +1,388 @@
+/* tests/unit/test_cpu_matmul.c — every matmul kernel level the CPU has agrees with a double-precision reference. */
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/matmul.h"
+#include "base/bf16.h"
+#include "base/threadpool.h"
+
+/* f32 accumulation over K <= ~1000 terms, in any order, stays far inside
+ * this fraction of sum |x| |w|; one bf16 rounding of x (2^-9) does not. */
+#define TOL 2e-5
+
+static const int64_t shape_T[] = {1, 2, 3, 5, 7, 16, 17, 64, 130};
+static const int64_t shape_K[] = {1, 7, 64, 200, 1024 + 3};
+static const int64_t shape_N[] = {1, 5, 16, 33, 503};
+#define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+/* Matmul contexts on pools of 1 and 2 threads, shared by a test's cases. */
+struct rig {
+    struct threadpool *pool[2];
+    struct cpu_matmul *mm[2];
+};
+
+static void rig_init(struct rig *rig)
+{
+    struct err err = {0};
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(threadpool_create(i + 1, &rig->pool[i], &err), 0, "%s", err.msg);
+        cr_assert_eq(cpu_matmul_create(rig->pool[i], &rig->mm[i], &err), 0, "%s", err.msg);
+    }
+}
+
+static void rig_free(struct rig *rig)
+{
+    for (int i = 0; i < 2; i++) {
+        cpu_matmul_free(rig->mm[i]);
+        threadpool_free(rig->pool[i]);
+    }
+}
+
+/* Levels this machine lacks are skipped, once per test, with a note; the
+ * same binary exercises them on a machine that has them. */
+static bool level_available(enum cpu_matmul_level level)
+{
+    if (level <= cpu_matmul_detect_level())
+        return true;
+    cr_log_info("matmul level %s is not available on this CPU; skipped",
+                cpu_matmul_level_name(level));
+    return false;
+}
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+/* Uniform in [-1, 1) with a full 24-bit mantissa, so bf16 rounding shows. */
+static float rnd(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (float)(int32_t)(rng_state >> 32) / 2147483648.0f;
+}
+
+/* One problem: inputs, and the exact answer without and with bias. */
+struct problem {
+    int64_t T, K, N;
+    enum dtype dtype;
+    float *x;       /* T x K */
+    void *w;        /* N x K of dtype */
+    float *wf;      /* the same weights as f32 */
+    float *bias;    /* N */
+    double *ref;    /* T x N, no bias */
+    double *scale;  /* T x N: sum |x| |w| */
+    float *y;       /* T x N */
+    float *y2;      /* T x N, a second result for comparisons */
+};
+
+static void problem_init(struct problem *p, int64_t T, int64_t K, int64_t N, enum dtype dtype)
+{
+    memset(p, 0, sizeof *p);
+    p->T = T;
+    p->K = K;
+    p->N = N;
+    p->dtype = dtype;
+    size_t tk = (size_t)(T * K > 0 ? T * K : 1), nk = (size_t)(N * K > 0 ? N * K : 1);
+    p->x = malloc(sizeof(float) * tk);
+    p->w = malloc(dtype_size(dtype) * nk);
+    p->wf = malloc(sizeof(float) * nk);
+    p->bias = malloc(sizeof(float) * (size_t)N);
+    p->ref = malloc(sizeof(double) * (size_t)(T * N));
+    p->scale = malloc(sizeof(double) * (size_t)(T * N));
+    p->y = malloc(sizeof(float) * (size_t)(T * N));
+    p->y2 = malloc(sizeof(float) * (size_t)(T * N));
+    cr_assert(p->x && p->w && p->wf && p->bias && p->ref && p->scale && p->y && p->y2);
+    for (int64_t i = 0; i < T * K; i++)
+        p->x[i] = rnd();
+    for (int64_t i = 0; i < N * K; i++) {
+        float v = rnd();
+        if (dtype == DTYPE_BF16) {
+            uint16_t h = f32_to_bf16(v);
+            ((uint16_t *)p->w)[i] = h;
+            p->wf[i] = bf16_to_f32(h);
+        } else if (dtype == DTYPE_F16) {
+            /* Exactly representable f16: a multiple of 2^-10 in [-1, 1). */
+            int q = (int)lrintf(v * 1024.0f);
+            float f = (float)q / 1024.0f;
+            uint16_t h = 0;
+            if (q != 0) {
+                int e = 0;
+                float m = frexpf(fabsf(f), &e); /* f = m * 2^e, m in [0.5, 1) */
+                uint16_t man = (uint16_t)lrintf((m * 2.0f - 1.0f) * 1024.0f);
+                h = (uint16_t)((f < 0 ? 0x8000 : 0) | (uint16_t)((e - 1 + 15) << 10) | man);
+            }
+            ((uint16_t *)p->w)[i] = h;
+            p->wf[i] = f16_to_f32(h);
+        } else {
+            ((float *)p->w)[i] = v;
+            p->wf[i] = v;
+        }
+    }
+    for (int64_t r = 0; r < N; r++)
+        p->bias[r] = rnd();
+}
+
+static void problem_free(struct problem *p)
+{
+    free(p->x);
+    free(p->w);
+    free(p->wf);
+    free(p->bias);
+    free(p->ref);
+    free(p->scale);
+    free(p->y);
+    free(p->y2);
+}
+
+/* The answer in double; FAST mode's answer multiplies x rounded to bf16. */
+static void problem_reference(struct problem *p, enum compute_mode mode)
+{
+    double *xd = malloc(sizeof(double) * (size_t)(p->T * p->K > 0 ? p->T * p->K : 1));
+    cr_assert(xd);
+    for (int64_t i = 0; i < p->T * p->K; i++)
+        xd[i] = mode == COMPUTE_FAST ? bf16_to_f32(f32_to_bf16(p->x[i])) : p->x[i];
+    for (int64_t t = 0; t < p->T; t++)
+        for (int64_t r = 0; r < p->N; r++) {
+            double acc = 0.0, mag = 0.0;
+            const double *xt = xd + t * p->K;
+            const float *wr = p->wf + r * p->K;
+            for (int64_t c = 0; c < p->K; c++) {
+                double prod = xt[c] * wr[c];
+                acc += prod;
+                mag += fabs(prod);
+            }
+            p->ref[t * p->N + r] = acc;
+            p->scale[t * p->N + r] = mag;
+        }
+    free(xd);
+}
+
+/* Runs the problem on mm (y poisoned with NaN first, so an output left
+ * unwritten fails) and checks every element. */
+static void run_and_check(struct problem *p, struct cpu_matmul *mm, enum compute_mode mode,
+                          bool with_bias, const char *what)
+{
+    struct weight_matrix w = {.dtype = p->dtype, .rows = p->N, .cols = p->K, .data = p->w};
+    for (int64_t i = 0; i < p->T * p->N; i++)
+        p->y[i] = NAN;
+    cpu_matmul_run(mm, mode, p->x, p->T, &w, with_bias ? p->bias : NULL, p->y);
+    for (int64_t t = 0; t < p->T; t++)
+        for (int64_t r = 0; r < p->N; r++) {
+            int64_t i = t * p->N + r;
+            double b = with_bias ? p->bias[r] : 0.0;
+            double want = p->ref[i] + b;
+            double tol = TOL * (p->scale[i] + fabs(b)) + 1e-30;
+            if (!(fabs((double)p->y[i] - want) <= tol))
+                cr_assert_fail("%s: level %s, %s weights, %s, T=%ld K=%ld N=%ld%s: y[%ld, %ld] = %.9g, "
+                         "want %.9g (tolerance %.3g)",
+                         what, cpu_matmul_level_name(cpu_matmul_get_level(mm)),
+                         dtype_name(p->dtype), mode == COMPUTE_FAST ? "FAST" : "EXACT",
+                         (long)p->T, (long)p->K, (long)p->N, with_bias ? " with bias" : "",
+                         (long)t, (long)r, (double)p->y[i], want, tol);
+        }
+}
+
+/* Every shape of the grid, both weight types, with and without bias, on 1
+ * and 2 threads, at every level this CPU has. */
+static void check_grid(enum compute_mode mode, const char *what)
+{
+    struct rig rig;
+    rig_init(&rig);
+    bool available[CPU_MATMUL_N_LEVELS];
+    for (int l = 0; l < CPU_MATMUL_N_LEVELS; l++)
+        available[l] = level_available((enum cpu_matmul_level)l);
+    for (int ti = 0; ti < COUNT(shape_T); ti++)
+        for (int ki = 0; ki < COUNT(shape_K); ki++)
+            for (int ni = 0; ni < COUNT(shape_N); ni++)
+                for (int d = 0; d < 2; d++) {
+                    struct problem p;
+                    problem_init(&p, shape_T[ti], shape_K[ki], shape_N[ni],
+                                 d ? DTYPE_BF16 : DTYPE_F32);
+                    problem_reference(&p, mode);
+                    for (int l = 0; l < CPU_MATMUL_N_LEVELS; l++) {
+                        if (!available[l])
+                            continue;
+                        for (int th = 0; th < 2; th++) {
+                            cr_assert_eq(cpu_matmul_set_level(rig.mm[th], (enum cpu_matmul_level)l, NULL), 0);
+                            run_and_check(&p, rig.mm[th], mode, false, what);
+                            run_and_check(&p, rig.mm[th], mode, true, what);
+                        }
+                    }
+                    problem_free(&p);
+                }
+    rig_free(&rig);
+}
+
+Test(cpu_matmul, exact_mode_matches_double_reference_for_odd_shapes)
+{
+    check_grid(COMPUTE_EXACT, "exact");
+}
+
+Test(cpu_matmul, fast_mode_matches_reference_with_activations_rounded_to_bf16)
+{
+    check_grid(COMPUTE_FAST, "fast");
+}
+
+/* Prompts longer than any kernel's token chunk (192 to 256 rows), with many
+ * outputs (threads split N) and with few (threads split the tokens). */
+Test(cpu_matmul, long_prompts_are_split_into_token_chunks)
+{
+    static const int64_t shapes[][3] = {{500, 300, 70}, {600, 65, 5}, {300, 1030, 40}};
+    struct rig rig;
+    rig_init(&rig);
+    for (int s = 0; s < COUNT(shapes); s++)
+        for (int mode = 0; mode < 2; mode++) {
+            struct problem p;
+            problem_init(&p, shapes[s][0], shapes[s][1], shapes[s][2], DTYPE_BF16);
+            problem_reference(&p, (enum compute_mode)mode);
+            for (int l = 0; l <= (int)cpu_matmul_detect_level(); l++)
+                for (int th = 0; th < 2; th++) {
+                    cr_assert_eq(cpu_matmul_set_level(rig.mm[th], (enum cpu_matmul_level)l, NULL), 0);
+                    run_and_check(&p, rig.mm[th], (enum compute_mode)mode, s == 1, "long prompt");
+                }
+            problem_free(&p);
+        }
+    rig_free(&rig);
+}
+
+/* Each output has one owner and a fixed summation order, so the thread
+ * count cannot change a single bit. */
+Test(cpu_matmul, results_do_not_depend_on_thread_count)
+{
+    static const int64_t shapes[][3] = {{1, 1027, 503}, {3, 200, 33}, {130, 1027, 503}, {64, 64, 5}};
+    struct rig rig;
+    rig_init(&rig);
+    for (int s = 0; s < COUNT(shapes); s++)
+        for (int mode = 0; mode < 2; mode++) {
+            struct problem p;
+            problem_init(&p, shapes[s][0], shapes[s][1], shapes[s][2], DTYPE_BF16);
+            struct weight_matrix w = {.dtype = p.dtype, .rows = p.N, .cols = p.K, .data = p.w};
+            for (int l = 0; l <= (int)cpu_matmul_detect_level(); l++) {
+                for (int th = 0; th < 2; th++)
+                    cr_assert_eq(cpu_matmul_set_level(rig.mm[th], (enum cpu_matmul_level)l, NULL), 0);
+                cpu_matmul_run(rig.mm[0], (enum compute_mode)mode, p.x, p.T, &w, p.bias, p.y);
+                cpu_matmul_run(rig.mm[1], (enum compute_mode)mode, p.x, p.T, &w, p.bias, p.y2);
+                cr_assert(memcmp(p.y, p.y2, sizeof(float) * (size_t)(p.T * p.N)) == 0,
+                          "level %s, T=%ld: 1 and 2 threads differ", cpu_matmul_level_name(l),
+                          (long)p.T);
+            }
+            problem_free(&p);
+        }
+    rig_free(&rig);
+}
+
+/* With K = 1 and unit weights y is x itself: exactly the bf16 of x in FAST
+ * mode (ties to even), exactly x in EXACT mode. Token counts cover GEMV,
+ * GEMM and the AMX path. */
+Test(cpu_matmul, fast_mode_rounds_ties_to_even_and_exact_mode_does_not_round)
+{
+    const float ulp = 1.0f / 128.0f; /* bf16 spacing in [1, 2) */
+    const float cases[] = {
+        1.0f + ulp / 2,               /* tie, 1.0 is even: down */
+        1.0f + 3 * ulp / 2,           /* tie, 1 + ulp is odd: up to 1 + 2 ulp */
+        1.0f + ulp / 2 + ulp / 4096,  /* just above the tie: up */
+        -(1.0f + ulp / 2),            /* ties are symmetric */
+        3.0e-3f,
+        -7.25e5f,
+    };
+    struct rig rig;
+    rig_init(&rig);
+    static const int64_t token_counts[] = {1, 3, 40};
+    for (int tc = 0; tc < COUNT(token_counts); tc++)
+        for (int d = 0; d < 2; d++) {
+            int64_t T = token_counts[tc], N = 19;
+            struct problem p;
+            problem_init(&p, T, 1, N, d ? DTYPE_BF16 : DTYPE_F32);
+            for (int64_t r = 0; r < N; r++) {
+                if (d)
+                    ((uint16_t *)p.w)[r] = f32_to_bf16(1.0f);
+                else
+                    ((float *)p.w)[r] = 1.0f;
+            }
+            for (int64_t t = 0; t < T; t++)
+                p.x[t] = cases[t % COUNT(cases)];
+            struct weight_matrix w = {.dtype = p.dtype, .rows = N, .cols = 1, .data = p.w};
+            for (int l = 0; l <= (int)cpu_matmul_detect_level(); l++)
+                for (int mode = 0; mode < 2; mode++) {
+                    cr_assert_eq(cpu_matmul_set_level(rig.mm[1], (enum cpu_matmul_level)l, NULL), 0);
+                    cpu_matmul_run(rig.mm[1], (enum compute_mode)mode, p.x, T, &w, NULL, p.y);
+                    for (int64_t t = 0; t < T; t++) {
+                        float want = mode == COMPUTE_FAST ? bf16_to_f32(f32_to_bf16(p.x[t])) : p.x[t];
+                        for (int64_t r = 0; r < N; r++)
+                            cr_assert_eq(p.y[t * N + r], want,
+                                         "level %s %s T=%ld: %.9g became %.9g, want %.9g",
+                                         cpu_matmul_level_name(l), mode ? "FAST" : "EXACT",
+                                         (long)T, (double)p.x[t], (double)p.y[t * N + r],
+                                         (double)want);
+                    }
+                }
+            problem_free(&p);
+        }
+    cr_assert_eq(bf16_to_f32(f32_to_bf16(cases[0])), 1.0f);
+    cr_assert_eq(bf16_to_f32(f32_to_bf16(cases[1])), 1.0f + 2 * ulp);
+    rig_free(&rig);
+}
+
+Test(cpu_matmul, f16_weights_match_reference)
+{
+    struct rig rig;
+    rig_init(&rig);
+    struct problem p;
+    problem_init(&p, 9, 70, 21, DTYPE_F16);
+    for (int mode = 0; mode < 2; mode++) {
+        problem_reference(&p, (enum compute_mode)mode);
+        for (int l = 0; l <= (int)cpu_matmul_detect_level(); l++) {
+            cr_assert_eq(cpu_matmul_set_level(rig.mm[1], (enum cpu_matmul_level)l, NULL), 0);
+            run_and_check(&p, rig.mm[1], (enum compute_mode)mode, true, "f16");
+        }
+    }
+    problem_free(&p);
+    rig_free(&rig);
+}
+
+Test(cpu_matmul, zero_inner_dimension_gives_the_bias)
+{
+    struct rig rig;
+    rig_init(&rig);
+    float bias[3] = {1.5f, -2.0f, 0.25f}, y[2 * 3], x[1] = {0};
+    struct weight_matrix w = {.dtype = DTYPE_BF16, .rows = 3, .cols = 0, .data = x};
+    for (int i = 0; i < 6; i++)
+        y[i] = NAN;
+    cpu_matmul_run(rig.mm[1], COMPUTE_EXACT, x, 2, &w, bias, y);
+    for (int i = 0; i < 6; i++)
+        cr_assert_eq(y[i], bias[i % 3]);
+    cpu_matmul_run(rig.mm[1], COMPUTE_FAST, x, 2, &w, NULL, y);
+    for (int i = 0; i < 6; i++)
+        cr_assert_eq(y[i], 0.0f);
+    rig_free(&rig);
+}
+
+Test(cpu_matmul, levels_beyond_this_cpu_or_unknown_are_refused)
+{
+    struct rig rig;
+    rig_init(&rig);
+    struct err err = {0};
+    enum cpu_matmul_level best = cpu_matmul_detect_level();
+    cr_assert_eq(cpu_matmul_get_level(rig.mm[0]), best);
+    cr_assert_eq(cpu_matmul_set_level(rig.mm[0], (enum cpu_matmul_level)CPU_MATMUL_N_LEVELS, &err),
+                 -INFERD_EINVAL);
+    if (best < CPU_MATMUL_AMX) {
+        cr_assert_eq(cpu_matmul_set_level(rig.mm[0], best + 1, &err), -INFERD_EUNSUPPORTED);
+        cr_assert(strstr(err.msg, cpu_matmul_level_name(best + 1)) != NULL, "%s", err.msg);
+    }
+    cr_assert_eq(cpu_matmul_get_level(rig.mm[0]), best);
+    rig_free(&rig);
+}
+
+Test(cpu_measure, bandwidth_peak_and_gemm_rate_are_positive)
+{
+    struct rig rig;
+    rig_init(&rig);
+    cr_assert_gt(cpu_measure_read_bandwidth(rig.pool[1], 64u << 20), 0.0);
+    cr_assert_gt(cpu_measure_fma_peak_gflops(rig.pool[1]), 0.0);
+    cr_assert_gt(cpu_measure_gemm_gflops(rig.mm[1], COMPUTE_FAST), 0.0);
+    rig_free(&rig);
+}

@@ -1,0 +1,310 @@
+/* tests/unit/test_golden_parity.c — logits equal the Hugging Face reference (tests/goldens) for every tiny model:
+ * one-shot prefill, prefill then token-by-token decode through the paged KV,
+ * and several sequences of different lengths in one batch; exact and fast modes. */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <json-c/json.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv/kv.h"
+#include "model/mkmodel.h"
+#include "model/model.h"
+#include "test_support.h"
+
+#define GOLDEN_DIR INFERD_SOURCE_DIR "/tests/goldens"
+#define BLOCK_SIZE 16
+
+struct golden_position {
+    int argmax;
+    double logsumexp, max_abs;
+    int n_top;
+    int top_ids[64];
+    double top_logits[64];
+};
+
+struct golden_case {
+    int32_t *tokens;
+    int n_tokens;
+    struct golden_position *pos; /* n_tokens */
+};
+
+struct golden {
+    char name[128];
+    char fnv[32];
+    struct golden_case *cases;
+    size_t n_cases;
+};
+
+/* Tolerances from the parity contract: exact mode must agree everywhere;
+ * fast mode (bf16 activations) within 2e-2 of max|logit|, argmax on >= 99%. */
+struct tolerance {
+    double rel_logit;
+    double min_argmax_agreement;
+};
+static const struct tolerance EXACT = {1e-3, 1.0};
+static const struct tolerance FAST = {2e-2, 0.99};
+
+struct agreement {
+    long positions, argmax_equal;
+    double worst_rel; /* max over positions of max|delta| / max|logit| */
+    char worst_where[160];
+};
+
+static int load_golden(const char *path, struct golden *g)
+{
+    json_object *root = json_object_from_file(path);
+    if (!root)
+        return -1;
+    memset(g, 0, sizeof *g);
+    snprintf(g->name, sizeof g->name, "%s", json_object_get_string(json_object_object_get(root, "model")));
+    snprintf(g->fnv, sizeof g->fnv, "%s",
+             json_object_get_string(json_object_object_get(root, "safetensors_fnv1a64")));
+    json_object *cases = json_object_object_get(root, "cases");
+    size_t n_cases = json_object_array_length(cases);
+    if (n_cases == 0 || n_cases > 64) {
+        json_object_put(root);
+        return -1;
+    }
+    g->n_cases = n_cases;
+    g->cases = calloc((size_t)g->n_cases, sizeof *g->cases);
+    for (int c = 0; c < g->n_cases; c++) {
+        json_object *jc = json_object_array_get_idx(cases, c);
+        json_object *toks = json_object_object_get(jc, "tokens");
+        json_object *poss = json_object_object_get(jc, "positions");
+        struct golden_case *gc = &g->cases[c];
+        gc->n_tokens = (int)json_object_array_length(toks);
+        gc->tokens = calloc((size_t)gc->n_tokens, sizeof *gc->tokens);
+        gc->pos = calloc((size_t)gc->n_tokens, sizeof *gc->pos);
+        for (int i = 0; i < gc->n_tokens; i++) {
+            gc->tokens[i] = json_object_get_int(json_object_array_get_idx(toks, i));
+            json_object *jp = json_object_array_get_idx(poss, i);
+            struct golden_position *p = &gc->pos[i];
+            p->argmax = json_object_get_int(json_object_object_get(jp, "argmax"));
+            p->logsumexp = json_object_get_double(json_object_object_get(jp, "logsumexp"));
+            p->max_abs = json_object_get_double(json_object_object_get(jp, "max_abs"));
+            json_object *ids = json_object_object_get(jp, "top_ids");
+            json_object *vals = json_object_object_get(jp, "top_logits");
+            p->n_top = (int)json_object_array_length(ids);
+            if (p->n_top > 64)
+                p->n_top = 64;
+            for (int k = 0; k < p->n_top; k++) {
+                p->top_ids[k] = json_object_get_int(json_object_array_get_idx(ids, k));
+                p->top_logits[k] = json_object_get_double(json_object_array_get_idx(vals, k));
+            }
+        }
+    }
+    json_object_put(root);
+    return 0;
+}
+
+static void free_golden(struct golden *g)
+{
+    for (int c = 0; c < g->n_cases; c++) {
+        free(g->cases[c].tokens);
+        free(g->cases[c].pos);
+    }
+    free(g->cases);
+}
+
+/* Every .json file in tests/goldens: one per tiny model. */
+static int list_goldens(char paths[][512], int max)
+{
+    DIR *d = opendir(GOLDEN_DIR);
+    if (!d)
+        return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < max) {
+        size_t len = strlen(e->d_name);
+        if (len > 5 && !strcmp(e->d_name + len - 5, ".json"))
+            snprintf(paths[n++], 512, "%s/%s", GOLDEN_DIR, e->d_name);
+    }
+    closedir(d);
+    return n;
+}
+
+static void compare_row(const float *logits, int vocab, const struct golden_position *p,
+                        const char *what, int case_idx, int pos, struct agreement *a)
+{
+    int argmax = 0;
+    double max = logits[0];
+    for (int v = 1; v < vocab; v++)
+        if (logits[v] > logits[argmax]) {
+            argmax = v;
+            max = logits[v];
+        }
+    double sum = 0;
+    for (int v = 0; v < vocab; v++)
+        sum += exp((double)logits[v] - max);
+    double lse = max + log(sum);
+    double worst = fabs(lse - p->logsumexp);
+    for (int k = 0; k < p->n_top; k++) {
+        double d = fabs((double)logits[p->top_ids[k]] - p->top_logits[k]);
+        if (d > worst)
+            worst = d;
+    }
+    double rel = worst / (p->max_abs > 0 ? p->max_abs : 1.0);
+    a->positions++;
+    a->argmax_equal += argmax == p->argmax;
+    if (rel > a->worst_rel) {
+        a->worst_rel = rel;
+        snprintf(a->worst_where, sizeof a->worst_where, "%s case %d position %d", what, case_idx, pos);
+    }
+}
+
+struct fixture {
+    struct backend *be;
+    struct model *model;
+    struct kv_pool *pool;
+    struct forward_state *state;
+    float *logits;
+};
+
+static void fixture_open(struct fixture *f, const char *model_dir, enum compute_mode mode, int max_tokens)
+{
+    struct err err = {0};
+    cr_assert_eq(backend_cpu_create(2, mode, &f->be, &err), 0, "%s", err.msg);
+    cr_assert_eq(model_load(model_dir, f->be, &f->model, &err), 0, "%s", err.msg);
+    cr_assert_eq(kv_pool_create(f->model, f->be, 256, BLOCK_SIZE, &f->pool, &err), 0, "%s", err.msg);
+    cr_assert_eq(forward_state_create(f->model, max_tokens, &f->state, &err), 0, "%s", err.msg);
+    f->logits = malloc((size_t)max_tokens * f->model->config.vocab_size * sizeof(float));
+}
+
+static void fixture_close(struct fixture *f)
+{
+    free(f->logits);
+    forward_state_free(f->state);
+    kv_pool_free(f->pool);
+    model_free(f->model);
+    backend_destroy(f->be);
+}
+
+static void run_prefill(struct fixture *f, const struct golden *g, struct agreement *a)
+{
+    struct err err = {0};
+    int vocab = f->model->config.vocab_size;
+    for (int c = 0; c < g->n_cases; c++) {
+        const struct golden_case *gc = &g->cases[c];
+        struct block_table bt;
+        block_table_init(&bt);
+        cr_assert_eq(block_table_reserve(f->pool, &bt, gc->n_tokens, &err), 0, "%s", err.msg);
+        struct batch_seq seq = {gc->tokens, gc->n_tokens, 0, bt.blocks, bt.n_blocks, true};
+        struct batch batch = {&seq, 1};
+        cr_assert_eq(model_forward(f->model, f->state, &f->pool->cache, &batch, f->logits, &err), 0,
+                     "%s", err.msg);
+        for (int i = 0; i < gc->n_tokens; i++)
+            compare_row(f->logits + (size_t)i * vocab, vocab, &gc->pos[i], "prefill", c, i, a);
+        block_table_clear(f->pool, &bt);
+    }
+}
+
+/* The first third as one prefill chunk, the rest one token per step. */
+static void run_incremental(struct fixture *f, const struct golden *g, struct agreement *a)
+{
+    struct err err = {0};
+    int vocab = f->model->config.vocab_size;
+    for (int c = 0; c < g->n_cases; c++) {
+        const struct golden_case *gc = &g->cases[c];
+        struct block_table bt;
+        block_table_init(&bt);
+        cr_assert_eq(block_table_reserve(f->pool, &bt, gc->n_tokens, &err), 0, "%s", err.msg);
+        int first = gc->n_tokens / 3 > 0 ? gc->n_tokens / 3 : 1;
+        struct batch_seq seq = {gc->tokens, first, 0, bt.blocks, bt.n_blocks, true};
+        struct batch batch = {&seq, 1};
+        cr_assert_eq(model_forward(f->model, f->state, &f->pool->cache, &batch, f->logits, &err), 0,
+                     "%s", err.msg);
+        for (int i = 0; i < first; i++)
+            compare_row(f->logits + (size_t)i * vocab, vocab, &gc->pos[i], "prefill+decode", c, i, a);
+        for (int i = first; i < gc->n_tokens; i++) {
+            struct batch_seq step = {gc->tokens + i, 1, i, bt.blocks, bt.n_blocks, false};
+            struct batch one = {&step, 1};
+            cr_assert_eq(model_forward(f->model, f->state, &f->pool->cache, &one, f->logits, &err),
+                         0, "%s", err.msg);
+            compare_row(f->logits, vocab, &gc->pos[i], "prefill+decode", c, i, a);
+        }
+        block_table_clear(f->pool, &bt);
+    }
+}
+
+/* All cases at once: a varlen batch whose sequences have different lengths. */
+static void run_batched(struct fixture *f, const struct golden *g, struct agreement *a)
+{
+    struct err err = {0};
+    int vocab = f->model->config.vocab_size;
+    struct block_table *bts = calloc((size_t)g->n_cases, sizeof *bts);
+    struct batch_seq *seqs = calloc((size_t)g->n_cases, sizeof *seqs);
+    for (int c = 0; c < g->n_cases; c++) {
+        const struct golden_case *gc = &g->cases[c];
+        block_table_init(&bts[c]);
+        cr_assert_eq(block_table_reserve(f->pool, &bts[c], gc->n_tokens, &err), 0, "%s", err.msg);
+        seqs[c] = (struct batch_seq){gc->tokens, gc->n_tokens, 0, bts[c].blocks, bts[c].n_blocks, true};
+    }
+    struct batch batch = {seqs, (int)g->n_cases};
+    cr_assert_eq(model_forward(f->model, f->state, &f->pool->cache, &batch, f->logits, &err), 0,
+                 "%s", err.msg);
+    int row = 0;
+    for (int c = 0; c < g->n_cases; c++)
+        for (int i = 0; i < g->cases[c].n_tokens; i++, row++)
+            compare_row(f->logits + (size_t)row * vocab, vocab, &g->cases[c].pos[i], "batched", c, i, a);
+    for (int c = 0; c < g->n_cases; c++)
+        block_table_clear(f->pool, &bts[c]);
+    free(bts);
+    free(seqs);
+}
+
+static void check_all_goldens(enum compute_mode mode, const struct tolerance *tol)
+{
+    static char paths[64][512];
+    int n = list_goldens(paths, 64);
+    cr_assert_gt(n, 0, "no goldens found in %s", GOLDEN_DIR);
+    char *tmp = test_mkdtemp();
+    cr_assert_not_null(tmp);
+    for (int i = 0; i < n; i++) {
+        struct golden g;
+        cr_assert_eq(load_golden(paths[i], &g), 0, "cannot read %s", paths[i]);
+        char dir[1024];
+        snprintf(dir, sizeof dir, "%s/%s", tmp, g.name);
+        struct err err = {0};
+        struct mkmodel_opts opts = {.preset = g.name, .seed = 1, .out_dir = dir};
+        cr_assert_eq(mkmodel_write(&opts, &err), 0, "%s: %s", g.name, err.msg);
+        char fnv[32];
+        cr_assert_eq(mkmodel_file_fnv1a64(dir, "model.safetensors", fnv, sizeof fnv, &err), 0, "%s", err.msg);
+        cr_assert_str_eq(fnv, g.fnv, "%s: model bytes differ from the ones the golden was made from", g.name);
+
+        int total = 0;
+        for (int c = 0; c < g.n_cases; c++)
+            total += g.cases[c].n_tokens;
+        struct fixture f = {0};
+        fixture_open(&f, dir, mode, total);
+        struct agreement a[3] = {{0}};
+        run_prefill(&f, &g, &a[0]);
+        run_incremental(&f, &g, &a[1]);
+        run_batched(&f, &g, &a[2]);
+        for (int k = 0; k < 3; k++) {
+            double agree = (double)a[k].argmax_equal / (double)a[k].positions;
+            cr_log_info("%s %s: %ld positions, argmax %.4f, worst |dlogit|/max|logit| %.2e at %s",
+                        g.name, mode == COMPUTE_EXACT ? "exact" : "fast", a[k].positions, agree,
+                        a[k].worst_rel, a[k].worst_where);
+            cr_expect_geq(agree, tol->min_argmax_agreement, "%s: argmax agreement %.4f", g.name, agree);
+            cr_expect_leq(a[k].worst_rel, tol->rel_logit, "%s: worst relative logit error %.3e at %s",
+                          g.name, a[k].worst_rel, a[k].worst_where);
+        }
+        fixture_close(&f);
+        free_golden(&g);
+    }
+    test_rmtree(tmp);
+    free(tmp);
+}
+
+Test(golden_parity, exact_mode_matches_transformers_for_prefill_decode_and_batches, .timeout = 600)
+{
+    check_all_goldens(COMPUTE_EXACT, &EXACT);
+}
+
+Test(golden_parity, fast_mode_stays_within_bf16_tolerance, .timeout = 600)
+{
+    check_all_goldens(COMPUTE_FAST, &FAST);
+}
