@@ -118,6 +118,7 @@ def golden_for(model_dir, seed):
         "model": name,
         "config_sha": sha256_file(os.path.join(model_dir, "config.json")),
         "safetensors_fnv1a64": fnv1a64_file(os.path.join(model_dir, "model.safetensors")),
+        "config_fnv1a64": fnv1a64_file(os.path.join(model_dir, "config.json")),
         "transformers_version": transformers.__version__,
         "torch_version": torch.__version__,
         "dtype": "float32",

@@ -87,12 +87,12 @@ struct backend_ops {
     void (*kv_store)(struct backend *be, struct kv_cache *kv, int layer, const float *k,
                      const float *v, const struct attn_span *spans, int n_spans);
     /* Causal attention of each span's queries over positions [0, pos] of its
-     * sequence, read through the block table; q and out are
-     * n_rows x (n_heads * head_dim); grouped-query heads share kv head
-     * h / (n_heads / n_kv_heads). */
+     * sequence (only the last sliding_window of them when that is > 0), read
+     * through the block table; q and out are n_rows x (n_heads * head_dim);
+     * grouped-query heads share kv head h / (n_heads / n_kv_heads). */
     void (*attention)(struct backend *be, const float *q, const struct kv_cache *kv, int layer,
                       const struct attn_span *spans, int n_spans, int n_heads, float scale,
-                      float *out);
+                      int sliding_window, float *out);
 };
 
 struct backend {

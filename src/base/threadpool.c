@@ -76,14 +76,16 @@ int threadpool_create(int n_threads, struct threadpool **out, struct err *err)
     }
     for (int i = 1; i < n_threads; i++) {
         struct worker_arg *arg = malloc(sizeof *arg);
+        if (arg) {
+            arg->pool = pool;
+            arg->ith = i;
+        }
         if (!arg || pthread_create(&pool->workers[i - 1], NULL, worker_main, arg) != 0) {
             free(arg);
             pool->n_threads = i;
             threadpool_free(pool);
             return err_set(err, INFERD_ENOMEM, "could not start worker thread %d", i);
         }
-        arg->pool = pool;
-        arg->ith = i;
     }
     *out = pool;
     return 0;

@@ -139,6 +139,7 @@ int cmd_run(int argc, char **argv)
             goto fail;
     }
     printf("\n");
+    fflush(stdout);
     double t_done = now_s();
     fprintf(stderr, "inferd run: load %.2f s, prefill %d tokens %.1f tok/s, decode %ld tokens %.1f tok/s\n",
             t_loaded - t0, o.n_prompt, o.n_prompt / (t_prefilled - t_loaded), produced,

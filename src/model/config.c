@@ -265,9 +265,10 @@ static int parse_sizes(struct json_object *root, struct model_config *c, struct 
                       err)))
         return rc;
     if (c->head_dim > 1024) /* the default, hidden_size / num_attention_heads, is unchecked above */
-        return err_set(err, INFERD_ERANGE,
-                       "head_dim = %d (hidden_size / num_attention_heads) is out of range (1..1024)",
-                       c->head_dim);
+        return err_set(
+            err, INFERD_ERANGE,
+            "head_dim = %d (hidden_size / num_attention_heads) is out of range (1..1024)",
+            c->head_dim);
     if (c->head_dim % 2 != 0)
         return err_set(err, INFERD_ERANGE, "head_dim = %d must be even (rotary embedding pairs)",
                        c->head_dim);
@@ -327,8 +328,8 @@ static int parse_rope(struct json_object *root, struct model_config *c, struct e
         if ((rc = get_number(rs, "factor", true, 1.0, &factor, err)))
             return err_wrap(err, "%s", rs_name);
         if (!(factor > 0) || factor > 1e6)
-            return err_set(err, INFERD_ERANGE, "%s: factor = %g is out of range (0 < factor <= 1e6)",
-                           rs_name, factor);
+            return err_set(err, INFERD_ERANGE,
+                           "%s: factor = %g is out of range (0 < factor <= 1e6)", rs_name, factor);
         c->rope_factor = (float)factor;
     }
     if (strcmp(type, "linear") == 0) {

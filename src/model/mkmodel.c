@@ -46,8 +46,9 @@ static const struct mkmodel_preset presets[] = {
       .dtype = DTYPE_F32, TINY_GREEDY },
     { .name = "tiny-mistral", .arch = "mistral", .vocab_size = 457, .hidden_size = 256,
       .intermediate_size = 344, .n_layers = 2, .n_heads = 4, .n_kv_heads = 1, .head_dim = 128,
-      .max_position_embeddings = 2048, .tie_word_embeddings = false, .rope_theta = "1000000.0",
-      .rms_norm_eps = "1e-05", .rope = MKMODEL_ROPE_NONE, .dtype = DTYPE_F16, TINY_GREEDY },
+      .max_position_embeddings = 2048, .sliding_window = 24, .tie_word_embeddings = false,
+      .rope_theta = "1000000.0", .rms_norm_eps = "1e-05", .rope = MKMODEL_ROPE_NONE,
+      .dtype = DTYPE_F16, TINY_GREEDY },
     { .name = "tiny-qwen2", .arch = "qwen2", .vocab_size = 501, .hidden_size = 192,
       .intermediate_size = 280, .n_layers = 3, .n_heads = 6, .n_kv_heads = 2, .head_dim = 64,
       .max_position_embeddings = 2048, .tie_word_embeddings = true, .rope_theta = "1000000.0",
@@ -279,12 +280,17 @@ static uint16_t f32_to_f16(float f)
     return (uint16_t)(sign | h);
 }
 
-/* Half-width a of the uniform range for a tensor (std * sqrt(3)); norms use 0.1 around 1. */
-static float init_half_width(const struct tensor_spec *s, int hidden)
+/* Half-width a of the uniform range for a tensor (std * sqrt(3)); norms use
+ * 0.1 around 1. A tied embedding is also the LM head: at std 1 the input
+ * token's own row would win every position by a wide margin (its score grows
+ * with hidden, the others' with sqrt(hidden)), so tied models use std 0.1 and
+ * their logits depend on what the layers compute. */
+static float init_half_width(const struct tensor_spec *s, const struct mkmodel_preset *p)
 {
     float sqrt3 = sqrtf(3.0f);
+    int hidden = p->hidden_size;
     switch (s->init) {
-    case INIT_EMBED: return sqrt3;
+    case INIT_EMBED: return p->tie_word_embeddings ? sqrt3 * 0.1f : sqrt3;
     case INIT_LINEAR: return sqrt3 * (1.0f / sqrtf((float)s->shape[1]));
     case INIT_LM_HEAD: return sqrt3 * (2.0f / sqrtf((float)hidden));
     case INIT_BIAS: return sqrt3 * 0.1f;
@@ -474,8 +480,12 @@ static void config_json(const struct mkmodel_preset *p, struct sbuf *b)
         obj_set(&o, "attention_bias", "false");
     if (llama)
         obj_set(&o, "mlp_bias", "false");
-    if (strcmp(p->arch, "mistral") == 0)
-        obj_set(&o, "sliding_window", "null");
+    if (strcmp(p->arch, "mistral") == 0) {
+        if (p->sliding_window > 0)
+            obj_set(&o, "sliding_window", "%d", p->sliding_window);
+        else
+            obj_set(&o, "sliding_window", "null");
+    }
     if (qwen) {
         obj_set(&o, "use_sliding_window", "false");
         obj_set(&o, "sliding_window", "null");
@@ -642,7 +652,7 @@ static int write_safetensors(const struct mkmodel_preset *p, uint64_t seed, cons
     for (int t = 0; t < l.n && rc == 0; t++) {
         const struct tensor_spec *s = &l.t[t];
         uint64_t s0 = fnv1a64(s->name) ^ seed_mix;
-        float a = init_half_width(s, p->hidden_size);
+        float a = init_half_width(s, p);
         uint64_t numel = (uint64_t)spec_numel(s);
         for (uint64_t first = 0; first < numel && rc == 0; first += CHUNK_ELEMS) {
             size_t n = numel - first < CHUNK_ELEMS ? (size_t)(numel - first) : CHUNK_ELEMS;

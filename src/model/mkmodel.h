@@ -19,6 +19,7 @@ struct mkmodel_preset {
     int vocab_size, hidden_size, intermediate_size;
     int n_layers, n_heads, n_kv_heads, head_dim;
     int max_position_embeddings;
+    int sliding_window;             /* mistral: 0 writes null (unlimited) */
     bool tie_word_embeddings;
     const char *rope_theta;         /* e.g. "1000000.0" */
     const char *rms_norm_eps;       /* e.g. "1e-06" */
@@ -71,7 +72,8 @@ struct mkmodel_opts {
  * bits r give u = (r - 2^23) * 2^-23 in [-1, 1), a float; the value is a * u
  * in float arithmetic with a = sqrtf(3) * std (norms: 1 + 0.1 * u), rounded
  * to nearest even into the file's dtype. std: linear weights
- * 1 / sqrt(in_features), embeddings 1, untied lm_head 2 / sqrt(hidden),
+ * 1 / sqrt(in_features), embeddings 1 (0.1 when tied to the LM head),
+ * untied lm_head 2 / sqrt(hidden),
  * biases 0.1. The bytes are the same on every IEEE-754 machine. */
 int mkmodel_write(const struct mkmodel_opts *o, struct err *err);
 

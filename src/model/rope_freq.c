@@ -42,7 +42,8 @@ static void rope_llama3(const struct model_config *c, float *inv_freq)
         float scaled = wavelen > low_freq_wavelen ? f32((double)f / factor) : f;
         float smooth = f32(f32(f32((double)old_ctx / wavelen) - (double)low) / (double)band);
         float kept = f32((double)f32(1.0 - (double)smooth) * scaled);
-        float smoothed = f32((double)f32((double)kept / factor) + (double)f32((double)smooth * scaled));
+        float smoothed =
+            f32((double)f32((double)kept / factor) + (double)f32((double)smooth * scaled));
         bool medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
         inv_freq[i] = medium ? smoothed : scaled;
     }

@@ -188,8 +188,9 @@ static int parse_tensor_entry(const char *name, struct json_object *entry, uint6
         if (rc)
             return rc;
         if (dim > INT64_MAX)
-            return err_set(err, INFERD_EFORMAT, "tensor '%.200s': shape dimension %llu is too large",
-                           name, (unsigned long long)dim);
+            return err_set(err, INFERD_EFORMAT,
+                           "tensor '%.200s': shape dimension %llu is too large", name,
+                           (unsigned long long)dim);
         t->shape[d] = (int64_t)dim;
         overflow |= __builtin_mul_overflow(numel, dim, &numel);
     }
@@ -236,7 +237,8 @@ static int cmp_by_offset(const void *a, const void *b)
 
 static int check_no_overlap(const struct st_header *h, struct err *err)
 {
-    const struct st_tensor **order = malloc((size_t)(h->n_tensors ? h->n_tensors : 1) * sizeof *order);
+    const struct st_tensor **order =
+        malloc((size_t)(h->n_tensors ? h->n_tensors : 1) * sizeof *order);
     if (!order)
         return err_set(err, INFERD_ENOMEM, "out of memory checking the safetensors header");
     int n = 0;
@@ -248,12 +250,12 @@ static int check_no_overlap(const struct st_header *h, struct err *err)
     for (int i = 1; i < n; i++) {
         const struct st_tensor *a = order[i - 1], *b = order[i];
         if (b->offset < a->offset + a->nbytes) {
+            unsigned long long a0 = a->offset, a1 = a->offset + a->nbytes;
+            unsigned long long b0 = b->offset, b1 = b->offset + b->nbytes;
             rc = err_set(err, INFERD_EFORMAT,
                          "tensors '%.150s' (bytes %llu..%llu) and '%.150s' (bytes %llu..%llu) "
                          "overlap",
-                         a->name, (unsigned long long)a->offset,
-                         (unsigned long long)(a->offset + a->nbytes), b->name,
-                         (unsigned long long)b->offset, (unsigned long long)(b->offset + b->nbytes));
+                         a->name, a0, a1, b->name, b0, b1);
             break;
         }
     }
@@ -406,7 +408,8 @@ static int set_add_file(struct st_set *set, const char *path, struct err *err)
     size_t *lens = maps ? realloc(set->map_lens, (size_t)(set->n_files + 1) * sizeof *lens) : NULL;
     if (lens)
         set->map_lens = lens;
-    char **names = lens ? realloc(set->file_names, (size_t)(set->n_files + 1) * sizeof *names) : NULL;
+    char **names =
+        lens ? realloc(set->file_names, (size_t)(set->n_files + 1) * sizeof *names) : NULL;
     if (names)
         set->file_names = names;
     char *name = names ? strdup(path) : NULL;
@@ -596,8 +599,9 @@ static int set_open_index(struct st_set *set, const char *dir, const char *index
         const struct st_tensor *t = set_lookup(set, name2);
         int want = shard_index_of(set, dir, shard);
         if (!t) {
-            rc = err_set(err, INFERD_EFORMAT, "%s maps tensor '%.200s' to %s, which does not hold it",
-                         index_path, name2, shard);
+            rc = err_set(err, INFERD_EFORMAT,
+                         "%s maps tensor '%.200s' to %s, which does not hold it", index_path, name2,
+                         shard);
             goto out;
         }
         if (t->file_index != want) {

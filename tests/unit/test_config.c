@@ -426,8 +426,9 @@ Test(config, rope_scaling_kinds_are_parsed)
     cr_assert_eq(parse_minimal_with("\"rope_scaling\":{\"rope_type\":\"default\"}", &c, &err), 0,
                  "%s", err.msg);
     cr_assert_eq(c.rope_scaling, ROPE_SCALING_NONE);
-    cr_assert_eq(parse_minimal_with("\"rope_scaling\":{\"type\":\"linear\",\"factor\":4}", &c, &err),
-                 0, "%s", err.msg);
+    cr_assert_eq(
+        parse_minimal_with("\"rope_scaling\":{\"type\":\"linear\",\"factor\":4}", &c, &err), 0,
+        "%s", err.msg);
     cr_assert_eq(c.rope_scaling, ROPE_SCALING_LINEAR);
     cr_assert_float_eq(c.rope_factor, 4.0f, 0);
     cr_assert_eq(parse_minimal_with("\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8.0,"
@@ -622,7 +623,8 @@ Test(config, broken_files_are_refused_naming_the_file)
     assert_refused(model_config_load(dir, &c, &g, &err), err, INFERD_ERANGE,
                    "generation_config.json");
     write_in(dir, "generation_config.json", "{\"eos_token_id\":[200000]}");
-    assert_refused(model_config_load(dir, &c, &g, &err), err, INFERD_ERANGE, "outside the vocabulary");
+    assert_refused(model_config_load(dir, &c, &g, &err), err, INFERD_ERANGE,
+                   "outside the vocabulary");
     write_in(dir, "generation_config.json", "{\"eos_token_id\":[1,2,3,4,5,6,7,8]}");
     assert_refused(model_config_load(dir, &c, &g, &err), err, INFERD_ERANGE, "distinct eos ids");
     test_rmtree(dir);

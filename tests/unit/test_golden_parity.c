@@ -33,7 +33,8 @@ struct golden_case {
 
 struct golden {
     char name[128];
-    char fnv[32];
+    char fnv[32];        /* of model.safetensors */
+    char config_fnv[32]; /* of config.json */
     struct golden_case *cases;
     size_t n_cases;
 };
@@ -62,6 +63,8 @@ static int load_golden(const char *path, struct golden *g)
     snprintf(g->name, sizeof g->name, "%s", json_object_get_string(json_object_object_get(root, "model")));
     snprintf(g->fnv, sizeof g->fnv, "%s",
              json_object_get_string(json_object_object_get(root, "safetensors_fnv1a64")));
+    snprintf(g->config_fnv, sizeof g->config_fnv, "%s",
+             json_object_get_string(json_object_object_get(root, "config_fnv1a64")));
     json_object *cases = json_object_object_get(root, "cases");
     size_t n_cases = json_object_array_length(cases);
     if (n_cases == 0 || n_cases > 64) {
@@ -273,6 +276,8 @@ static void check_all_goldens(enum compute_mode mode, const struct tolerance *to
         char fnv[32];
         cr_assert_eq(mkmodel_file_fnv1a64(dir, "model.safetensors", fnv, sizeof fnv, &err), 0, "%s", err.msg);
         cr_assert_str_eq(fnv, g.fnv, "%s: model bytes differ from the ones the golden was made from", g.name);
+        cr_assert_eq(mkmodel_file_fnv1a64(dir, "config.json", fnv, sizeof fnv, &err), 0, "%s", err.msg);
+        cr_assert_str_eq(fnv, g.config_fnv, "%s: config.json differs from the one the golden was made from", g.name);
 
         int total = 0;
         for (int c = 0; c < g.n_cases; c++)

@@ -235,7 +235,8 @@ static void fb_add(struct file_builder *fb, const char *name, const char *dt, in
     else
         snprintf(entry, sizeof entry,
                  "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[%lld],\"data_offsets\":[%zu,%zu]}",
-                 fb->hlen > 1 ? "," : "", name, dt, (long long)shape[0], fb->dlen, fb->dlen + bytes);
+                 fb->hlen > 1 ? "," : "", name, dt, (long long)shape[0], fb->dlen,
+                 fb->dlen + bytes);
     fb_append(fb, entry);
     fb->dlen += bytes;
 }

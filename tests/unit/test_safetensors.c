@@ -190,7 +190,8 @@ Test(safetensors, nul_bytes_after_the_json_are_refused)
 Test(safetensors, unsupported_dtype_is_refused_naming_dtype_and_tensor)
 {
     struct err err = {0};
-    int rc = parse_header("{\"w\":{\"dtype\":\"F64\",\"shape\":[1],\"data_offsets\":[0,8]}}", 8, &err);
+    int rc =
+        parse_header("{\"w\":{\"dtype\":\"F64\",\"shape\":[1],\"data_offsets\":[0,8]}}", 8, &err);
     assert_refused(rc, err, INFERD_EUNSUPPORTED, "F64");
     cr_assert_not_null(strstr(err.msg, "'w'"), "%s", err.msg);
     const char *others[] = {"I8", "U8", "BOOL", "F8_E4M3", "I64"};
@@ -245,7 +246,8 @@ Test(safetensors, malformed_data_offsets_are_refused)
                                 4, &err),
                    err, INFERD_EFORMAT, "negative");
     assert_refused(
-        parse_header("{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,\"4\"]}}", 4, &err),
+        parse_header("{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,\"4\"]}}", 4,
+                     &err),
         err, INFERD_EFORMAT, "data_offsets");
 }
 
@@ -276,13 +278,14 @@ Test(safetensors, bad_shapes_are_refused)
     assert_refused(parse_header("{\"w\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}",
                                 4, &err),
                    err, INFERD_EFORMAT, "negative");
-    assert_refused(parse_header("{\"w\":{\"dtype\":\"F32\",\"shape\":[1.5],\"data_offsets\":[0,4]}}",
-                                4, &err),
-                   err, INFERD_EFORMAT, "shape");
-    assert_refused(parse_header("{\"w\":{\"dtype\":\"F32\",\"shape\":\"1\",\"data_offsets\":[0,4]}}",
-                                4, &err),
-                   err, INFERD_EFORMAT, "shape");
-    assert_refused(parse_header("{\"w\":[1,2]}", 4, &err), err, INFERD_EFORMAT, "not a JSON object");
+    assert_refused(
+        parse_header("{\"w\":{\"dtype\":\"F32\",\"shape\":[1.5],\"data_offsets\":[0,4]}}", 4, &err),
+        err, INFERD_EFORMAT, "shape");
+    assert_refused(
+        parse_header("{\"w\":{\"dtype\":\"F32\",\"shape\":\"1\",\"data_offsets\":[0,4]}}", 4, &err),
+        err, INFERD_EFORMAT, "shape");
+    assert_refused(parse_header("{\"w\":[1,2]}", 4, &err), err, INFERD_EFORMAT,
+                   "not a JSON object");
 }
 
 Test(safetensors, overlapping_tensors_are_refused_naming_both)

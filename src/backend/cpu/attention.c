@@ -38,12 +38,12 @@ struct attention_job {
     int n_spans;
     int n_heads;
     float scale;
+    int sliding_window;
     float *out;
-    int total_rows;
 };
 
-/* One query row of one head over positions [0, last_pos], one block at a
- * time with a running (online) softmax, so no buffer grows with context. */
+/* One query row of one head over positions [first_pos, last_pos], one block
+ * at a time with a running (online) softmax, so no buffer grows with context. */
 static void attend_one(const struct attention_job *job, const struct attn_span *sp, int row,
                        int head)
 {
@@ -54,18 +54,23 @@ static void attend_one(const struct attention_job *job, const struct attn_span *
     const float *q = job->q + ((size_t)row * job->n_heads + head) * hd;
     float *out = job->out + ((size_t)row * job->n_heads + head) * hd;
     int last_pos = sp->pos0 + (row - sp->row0);
+    int first_pos = 0;
+    if (job->sliding_window > 0 && last_pos - job->sliding_window + 1 > 0)
+        first_pos = last_pos - job->sliding_window + 1;
 
     float acc[1024];
     float scores[256];
     memset(acc, 0, (size_t)hd * sizeof(float));
     float running_max = -FLT_MAX, running_sum = 0.0f;
 
-    for (int start = 0; start <= last_pos; start += kv->block_size) {
+    for (int start = first_pos; start <= last_pos;) {
         uint32_t block = sp->block_ids[start / kv->block_size];
-        int n = kv->block_size;
+        int slot0 = start % kv->block_size;
+        int n = kv->block_size - slot0;
         if (start + n > last_pos + 1)
             n = last_pos + 1 - start;
-        size_t base = kv_slot_offset(kv, job->layer, block, 0) + (size_t)kv_head * hd;
+        start += n;
+        size_t base = kv_slot_offset(kv, job->layer, block, slot0) + (size_t)kv_head * hd;
         size_t stride = (size_t)kv->n_kv_heads * hd;
         float block_max = -FLT_MAX;
         for (int j = 0; j < n; j++) {
@@ -107,9 +112,9 @@ static void attention_rows(void *ctx, int ith, int nth)
 
 void cpu_attention(struct backend *be, const float *q, const struct kv_cache *kv, int layer,
                    const struct attn_span *spans, int n_spans, int n_heads, float scale,
-                   float *out)
+                   int sliding_window, float *out)
 {
-    struct attention_job job = {q, kv, layer, spans, n_spans, n_heads, scale, out, 0};
+    struct attention_job job = {q, kv, layer, spans, n_spans, n_heads, scale, sliding_window, out};
     struct cpu_impl *impl = be->impl;
     threadpool_run(impl->pool, attention_rows, &job);
 }

@@ -15,6 +15,6 @@ void cpu_kv_store(struct backend *be, struct kv_cache *kv, int layer, const floa
                   const float *v, const struct attn_span *spans, int n_spans);
 void cpu_attention(struct backend *be, const float *q, const struct kv_cache *kv, int layer,
                    const struct attn_span *spans, int n_spans, int n_heads, float scale,
-                   float *out);
+                   int sliding_window, float *out);
 
 #endif

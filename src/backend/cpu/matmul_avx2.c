@@ -23,6 +23,17 @@
  * reused from registers by up to two tokens at a time, so W streams from
  * memory once; the x rows (T x K f32) stay in L1/L2. Above it, packing pays. */
 #define GEMV_MAX_T 4
+#ifndef PFD
+#define PFD 0
+#endif
+#ifndef PFH
+#define PFH _MM_HINT_T0
+#endif
+#ifndef GR
+#define GR 4
+#define GU1 2
+#define GU2 1
+#endif
 
 /* ---- helpers ----------------------------------------------------------- */
 
@@ -100,15 +111,14 @@ static void prepare_x_f32(const float *x, int64_t n, void *dst_)
  * tokens the rows already give 8. Four row streams at once keep enough
  * cache-line misses outstanding for the hardware prefetchers to saturate
  * DRAM. */
-static ALWAYS_INLINE void gemv_tile(const int R, const int TG, const bool bf16, const float *x,
-                                    int64_t K, const void *w, const float *bias, float *y,
-                                    int64_t N, int64_t r, int64_t t0)
+static ALWAYS_INLINE void gemv_tile(const int R, const int TG, const int U, const bool bf16,
+                                    const float *x, int64_t K, const void *w, const float *bias,
+                                    float *y, int64_t N, int64_t r, int64_t t0)
 {
-    const int U = TG == 1 ? 2 : 1;
     const size_t esize = bf16 ? 2 : 4;
     const char *wr[4];
     const float *xt[2];
-    __m256 acc[4][2][2];
+    __m256 acc[4][2][4];
     for (int i = 0; i < R; i++)
         wr[i] = (const char *)w + (size_t)(r + i) * (size_t)K * esize;
     for (int t = 0; t < TG; t++)
@@ -120,6 +130,11 @@ static ALWAYS_INLINE void gemv_tile(const int R, const int TG, const bool bf16, 
 
     int64_t c = 0;
     for (; c + 8 * U <= K; c += 8 * U) {
+#if PFD
+        for (int i = 0; i < R; i++)
+            for (int q = 0; q < 8 * U * (int)esize; q += 64)
+                _mm_prefetch(wr[i] + c * esize + PFD + q, PFH);
+#endif
         for (int u = 0; u < U; u++) {
             __m256 wv[4];
             for (int i = 0; i < R; i++)
@@ -131,17 +146,18 @@ static ALWAYS_INLINE void gemv_tile(const int R, const int TG, const bool bf16, 
             }
         }
     }
-    if (U == 2 && c + 8 <= K) {
+    for (; U > 1 && c + 8 <= K; c += 8) {
         for (int i = 0; i < R; i++) {
             __m256 wv = load8_w(wr[i], c, bf16);
             for (int t = 0; t < TG; t++)
                 acc[i][t][0] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xt[t] + c), acc[i][t][0]);
         }
-        c += 8;
     }
     for (int i = 0; i < R; i++) {
         for (int t = 0; t < TG; t++) {
-            __m256 a = U == 2 ? _mm256_add_ps(acc[i][t][0], acc[i][t][1]) : acc[i][t][0];
+            __m256 a = acc[i][t][0];
+            for (int u = 1; u < U; u++)
+                a = _mm256_add_ps(a, acc[i][t][u]);
             float s = hsum(a);
             for (int64_t cc = c; cc < K; cc++)
                 s += load1_w(wr[i], cc, bf16) * xt[t][cc];
@@ -157,19 +173,19 @@ static ALWAYS_INLINE void gemv_rows(const bool bf16, const float *x, int64_t T, 
                                     int64_t r0, int64_t r1)
 {
     int64_t r = r0;
-    for (; r + 4 <= r1; r += 4) {
+    for (; r + GR <= r1; r += GR) {
         int64_t t = 0;
         for (; t + 2 <= T; t += 2)
-            gemv_tile(4, 2, bf16, x, K, w, bias, y, N, r, t);
+            gemv_tile(GR, 2, GU2, bf16, x, K, w, bias, y, N, r, t);
         if (t < T)
-            gemv_tile(4, 1, bf16, x, K, w, bias, y, N, r, t);
+            gemv_tile(GR, 1, GU1, bf16, x, K, w, bias, y, N, r, t);
     }
     for (; r < r1; r++) {
         int64_t t = 0;
         for (; t + 2 <= T; t += 2)
-            gemv_tile(1, 2, bf16, x, K, w, bias, y, N, r, t);
+            gemv_tile(1, 2, GU2, bf16, x, K, w, bias, y, N, r, t);
         if (t < T)
-            gemv_tile(1, 1, bf16, x, K, w, bias, y, N, r, t);
+            gemv_tile(1, 1, GU1, bf16, x, K, w, bias, y, N, r, t);
     }
 }
 
