@@ -1,10 +1,12 @@
 /* bench/matmul_bench.c — CPU matmul speed against the machine's own limits: GEMV vs read bandwidth, GEMM vs FMA peak.
  *
- * Usage: matmul_bench [THREADS [LEVEL]]   (THREADS 0 = one per core; LEVEL scalar|avx2|avx512|avx512bf16|amx)
+ * Usage: matmul_bench [THREADS [LEVEL]]
+ *   THREADS 0 (default) = one per core; LEVEL scalar|avx2|avx512|avx512bf16|amx.
  * Shapes are Qwen3-0.6B's projections (K = in_features, N = out_features), bf16 weights. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "backend/cpu/matmul.h"
 #include "base/bf16.h"
@@ -15,9 +17,9 @@
 /* GEMV weights are cycled through copies adding up to at least this, so
  * every call streams from DRAM as it does in a real decode step. */
 #define GEMV_STREAM_BYTES ((size_t)768 << 20)
-#define GEMV_PASSES 5
+#define GEMV_PASSES 10
 #define GEMM_T 128
-#define GEMM_RUNS 3
+#define GEMM_RUNS 10
 
 static const struct { long K, N; const char *what; } shapes[] = {
     {1024, 2048, "q_proj"},      {1024, 1024, "k/v_proj"}, {1024, 3072, "gate/up_proj"},
@@ -35,9 +37,15 @@ static float rnd(void)
     return (float)(int32_t)rng / 2147483648.0f;
 }
 
+/* Weights in transparent huge pages where the kernel grants them, as the
+ * bandwidth probe's buffer is: 4 KiB pages cost about 10% of streaming
+ * bandwidth on Zen 3 (TLB misses, prefetchers stopping at page ends). */
 static uint16_t *random_bf16(size_t n)
 {
-    uint16_t *w = malloc(n * sizeof *w);
+    size_t huge = (size_t)2 << 20, bytes = (n * sizeof(uint16_t) + huge - 1) / huge * huge;
+    uint16_t *w = aligned_alloc(huge, bytes);
+    if (w && !getenv("BENCH_SMALL_PAGES"))
+        madvise(w, bytes, MADV_HUGEPAGE);
     if (w)
         for (size_t i = 0; i < n; i++)
             w[i] = f32_to_bf16(rnd() * 0.05f);
@@ -53,7 +61,9 @@ static float *random_f32(size_t n)
     return x;
 }
 
-/* Decode: T = 1, every call reading its weights from DRAM. Returns GB/s. */
+/* Decode: T = 1, every call reading its weights from DRAM. Returns GB/s
+ * over the best time of each call across passes: other work on the machine
+ * only ever slows a call down, so the minimum is the undisturbed time. */
 static double bench_gemv(struct cpu_matmul *mm, long K, long N)
 {
     size_t bytes = (size_t)K * (size_t)N * 2;
@@ -69,14 +79,25 @@ static double bench_gemv(struct cpu_matmul *mm, long K, long N)
         if (!w[c].data)
             goto out;
     }
+    double *best_s = malloc((size_t)copies * sizeof *best_s);
+    if (!best_s)
+        goto out;
+    for (int c = 0; c < copies; c++)
+        best_s[c] = 1e30;
     for (int pass = 0; pass <= GEMV_PASSES; pass++) {
-        double t0 = now_s();
-        for (int c = 0; c < copies; c++)
+        for (int c = 0; c < copies; c++) {
+            double t0 = now_s();
             cpu_matmul_run(mm, COMPUTE_EXACT, x, 1, &w[c], NULL, y);
-        double gbs = (double)bytes * copies / (now_s() - t0) * 1e-9;
-        if (pass > 0 && gbs > best) /* pass 0 warms up */
-            best = gbs;
+            double dt = now_s() - t0;
+            if (pass > 0 && dt < best_s[c]) /* pass 0 warms up */
+                best_s[c] = dt;
+        }
     }
+    double total = 0.0;
+    for (int c = 0; c < copies; c++)
+        total += best_s[c];
+    best = (double)bytes * copies / total * 1e-9;
+    free(best_s);
 out:
     for (int c = 0; w && c < copies; c++)
         free((void *)w[c].data);
@@ -131,10 +152,15 @@ int main(int argc, char **argv)
     }
     printf("level            %s, %d threads\n", cpu_matmul_level_name(cpu_matmul_get_level(mm)),
            threadpool_size(pool));
-    double bw = cpu_measure_read_bandwidth(pool, BANDWIDTH_BYTES);
-    double peak = cpu_measure_fma_peak_gflops(pool);
-    printf("read bandwidth   %.1f GB/s (1 GiB buffer, best of 5)\n", bw);
-    printf("fma peak         %.1f GFLOP/s (256-bit f32 FMA)\n", peak);
+    double bw = 0.0, peak = 0.0;
+    for (int i = 0; i < 3; i++) { /* best of three: the machine may be shared */
+        double b = cpu_measure_read_bandwidth(pool, BANDWIDTH_BYTES);
+        double p = cpu_measure_fma_peak_gflops(pool);
+        bw = b > bw ? b : bw;
+        peak = p > peak ? p : peak;
+    }
+    printf("read bandwidth   %.1f GB/s (1 GiB buffer, best of 15 passes)\n", bw);
+    printf("fma peak         %.1f GFLOP/s (f32 FMA on the widest vectors)\n", peak);
 
     printf("\nGEMV, T=1, bf16 weights streamed from DRAM\n");
     printf("  %-13s %6s %7s %9s %9s\n", "shape", "K", "N", "GB/s", "of bw");

@@ -53,6 +53,12 @@ static bool level_available(enum cpu_matmul_level level)
     return false;
 }
 
+static void use_level(struct cpu_matmul *mm, int level)
+{
+    struct err err = {0};
+    cr_assert_eq(cpu_matmul_set_level(mm, (enum cpu_matmul_level)level, &err), 0, "%s", err.msg);
+}
+
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
 /* Uniform in [-1, 1) with a full 24-bit mantissa, so bf16 rounding shows. */
@@ -176,12 +182,13 @@ static void run_and_check(struct problem *p, struct cpu_matmul *mm, enum compute
             double want = p->ref[i] + b;
             double tol = TOL * (p->scale[i] + fabs(b)) + 1e-30;
             if (!(fabs((double)p->y[i] - want) <= tol))
-                cr_assert_fail("%s: level %s, %s weights, %s, T=%ld K=%ld N=%ld%s: y[%ld, %ld] = %.9g, "
-                         "want %.9g (tolerance %.3g)",
-                         what, cpu_matmul_level_name(cpu_matmul_get_level(mm)),
-                         dtype_name(p->dtype), mode == COMPUTE_FAST ? "FAST" : "EXACT",
-                         (long)p->T, (long)p->K, (long)p->N, with_bias ? " with bias" : "",
-                         (long)t, (long)r, (double)p->y[i], want, tol);
+                cr_assert_fail("%s: level %s, %s weights, %s, T=%ld K=%ld N=%ld%s: "
+                               "y[%ld, %ld] = %.9g, want %.9g (tolerance %.3g)",
+                               what, cpu_matmul_level_name(cpu_matmul_get_level(mm)),
+                               dtype_name(p->dtype), mode == COMPUTE_FAST ? "FAST" : "EXACT",
+                               (long)p->T, (long)p->K, (long)p->N,
+                               with_bias ? " with bias" : "", (long)t, (long)r,
+                               (double)p->y[i], want, tol);
         }
 }
 
@@ -206,7 +213,7 @@ static void check_grid(enum compute_mode mode, const char *what)
                         if (!available[l])
                             continue;
                         for (int th = 0; th < 2; th++) {
-                            cr_assert_eq(cpu_matmul_set_level(rig.mm[th], (enum cpu_matmul_level)l, NULL), 0);
+                            use_level(rig.mm[th], l);
                             run_and_check(&p, rig.mm[th], mode, false, what);
                             run_and_check(&p, rig.mm[th], mode, true, what);
                         }
@@ -240,7 +247,7 @@ Test(cpu_matmul, long_prompts_are_split_into_token_chunks)
             problem_reference(&p, (enum compute_mode)mode);
             for (int l = 0; l <= (int)cpu_matmul_detect_level(); l++)
                 for (int th = 0; th < 2; th++) {
-                    cr_assert_eq(cpu_matmul_set_level(rig.mm[th], (enum cpu_matmul_level)l, NULL), 0);
+                    use_level(rig.mm[th], l);
                     run_and_check(&p, rig.mm[th], (enum compute_mode)mode, s == 1, "long prompt");
                 }
             problem_free(&p);
@@ -252,7 +259,9 @@ Test(cpu_matmul, long_prompts_are_split_into_token_chunks)
  * count cannot change a single bit. */
 Test(cpu_matmul, results_do_not_depend_on_thread_count)
 {
-    static const int64_t shapes[][3] = {{1, 1027, 503}, {3, 200, 33}, {130, 1027, 503}, {64, 64, 5}};
+    static const int64_t shapes[][3] = {
+        {1, 1027, 503}, {3, 200, 33}, {130, 1027, 503}, {64, 64, 5},
+    };
     struct rig rig;
     rig_init(&rig);
     for (int s = 0; s < COUNT(shapes); s++)
@@ -262,7 +271,7 @@ Test(cpu_matmul, results_do_not_depend_on_thread_count)
             struct weight_matrix w = {.dtype = p.dtype, .rows = p.N, .cols = p.K, .data = p.w};
             for (int l = 0; l <= (int)cpu_matmul_detect_level(); l++) {
                 for (int th = 0; th < 2; th++)
-                    cr_assert_eq(cpu_matmul_set_level(rig.mm[th], (enum cpu_matmul_level)l, NULL), 0);
+                    use_level(rig.mm[th], l);
                 cpu_matmul_run(rig.mm[0], (enum compute_mode)mode, p.x, p.T, &w, p.bias, p.y);
                 cpu_matmul_run(rig.mm[1], (enum compute_mode)mode, p.x, p.T, &w, p.bias, p.y2);
                 cr_assert(memcmp(p.y, p.y2, sizeof(float) * (size_t)(p.T * p.N)) == 0,
@@ -274,9 +283,10 @@ Test(cpu_matmul, results_do_not_depend_on_thread_count)
     rig_free(&rig);
 }
 
-/* With K = 1 and unit weights y is x itself: exactly the bf16 of x in FAST
- * mode (ties to even), exactly x in EXACT mode. Token counts cover GEMV,
- * GEMM and the AMX path. */
+/* With one-hot weight rows (W[r, c] = 1 for c = r mod K, else 0) y is x
+ * itself: exactly the bf16 of x in FAST mode (ties to even), exactly x in
+ * EXACT mode. K = 16 puts the values through the vector rounding code, and
+ * the token counts cover GEMV, GEMM and the AMX path. */
 Test(cpu_matmul, fast_mode_rounds_ties_to_even_and_exact_mode_does_not_round)
 {
     const float ulp = 1.0f / 128.0f; /* bf16 spacing in [1, 2) */
@@ -287,42 +297,49 @@ Test(cpu_matmul, fast_mode_rounds_ties_to_even_and_exact_mode_does_not_round)
         -(1.0f + ulp / 2),            /* ties are symmetric */
         3.0e-3f,
         -7.25e5f,
+        1.0f + ulp / 2 - ulp / 4096,  /* just below the tie: down */
     };
     struct rig rig;
     rig_init(&rig);
-    static const int64_t token_counts[] = {1, 3, 40};
+    static const int64_t token_counts[] = {1, 3, 12, 40};
+    const int64_t K = 16, N = 19;
     for (int tc = 0; tc < COUNT(token_counts); tc++)
         for (int d = 0; d < 2; d++) {
-            int64_t T = token_counts[tc], N = 19;
+            int64_t T = token_counts[tc];
             struct problem p;
-            problem_init(&p, T, 1, N, d ? DTYPE_BF16 : DTYPE_F32);
-            for (int64_t r = 0; r < N; r++) {
-                if (d)
-                    ((uint16_t *)p.w)[r] = f32_to_bf16(1.0f);
-                else
-                    ((float *)p.w)[r] = 1.0f;
-            }
-            for (int64_t t = 0; t < T; t++)
-                p.x[t] = cases[t % COUNT(cases)];
-            struct weight_matrix w = {.dtype = p.dtype, .rows = N, .cols = 1, .data = p.w};
+            problem_init(&p, T, K, N, d ? DTYPE_BF16 : DTYPE_F32);
+            for (int64_t r = 0; r < N; r++)
+                for (int64_t c = 0; c < K; c++) {
+                    float v = c == r % K ? 1.0f : 0.0f;
+                    if (d)
+                        ((uint16_t *)p.w)[r * K + c] = f32_to_bf16(v);
+                    else
+                        ((float *)p.w)[r * K + c] = v;
+                }
+            for (int64_t i = 0; i < T * K; i++)
+                p.x[i] = cases[i % COUNT(cases)];
+            struct weight_matrix w = {.dtype = p.dtype, .rows = N, .cols = K, .data = p.w};
             for (int l = 0; l <= (int)cpu_matmul_detect_level(); l++)
                 for (int mode = 0; mode < 2; mode++) {
-                    cr_assert_eq(cpu_matmul_set_level(rig.mm[1], (enum cpu_matmul_level)l, NULL), 0);
+                    use_level(rig.mm[1], l);
                     cpu_matmul_run(rig.mm[1], (enum compute_mode)mode, p.x, T, &w, NULL, p.y);
-                    for (int64_t t = 0; t < T; t++) {
-                        float want = mode == COMPUTE_FAST ? bf16_to_f32(f32_to_bf16(p.x[t])) : p.x[t];
-                        for (int64_t r = 0; r < N; r++)
+                    for (int64_t t = 0; t < T; t++)
+                        for (int64_t r = 0; r < N; r++) {
+                            float xv = p.x[t * K + r % K];
+                            float want = mode == COMPUTE_FAST ? bf16_to_f32(f32_to_bf16(xv)) : xv;
                             cr_assert_eq(p.y[t * N + r], want,
                                          "level %s %s T=%ld: %.9g became %.9g, want %.9g",
                                          cpu_matmul_level_name(l), mode ? "FAST" : "EXACT",
-                                         (long)T, (double)p.x[t], (double)p.y[t * N + r],
+                                         (long)T, (double)xv, (double)p.y[t * N + r],
                                          (double)want);
-                    }
+                        }
                 }
             problem_free(&p);
         }
     cr_assert_eq(bf16_to_f32(f32_to_bf16(cases[0])), 1.0f);
     cr_assert_eq(bf16_to_f32(f32_to_bf16(cases[1])), 1.0f + 2 * ulp);
+    cr_assert_eq(bf16_to_f32(f32_to_bf16(cases[2])), 1.0f + ulp);
+    cr_assert_eq(bf16_to_f32(f32_to_bf16(cases[6])), 1.0f);
     rig_free(&rig);
 }
 
@@ -335,7 +352,7 @@ Test(cpu_matmul, f16_weights_match_reference)
     for (int mode = 0; mode < 2; mode++) {
         problem_reference(&p, (enum compute_mode)mode);
         for (int l = 0; l <= (int)cpu_matmul_detect_level(); l++) {
-            cr_assert_eq(cpu_matmul_set_level(rig.mm[1], (enum cpu_matmul_level)l, NULL), 0);
+            use_level(rig.mm[1], l);
             run_and_check(&p, rig.mm[1], (enum compute_mode)mode, true, "f16");
         }
     }

@@ -53,8 +53,10 @@ void cpu_matmul_run(struct cpu_matmul *mm, enum compute_mode mode, const float *
  * (1e9 bytes), or 0 when the buffer cannot be allocated. */
 double cpu_measure_read_bandwidth(struct threadpool *pool, size_t bytes);
 
-/* f32 FMA throughput of every thread of pool on independent 256-bit FMA
- * chains, in GFLOP/s (an FMA counts 2): the ceiling the AVX2 GEMM is judged by. */
+/* f32 FMA throughput of every thread of pool on independent FMA chains of
+ * the widest vectors the CPU has (256-bit, or 512-bit with AVX-512), in
+ * GFLOP/s (an FMA counts 2): the ceiling the f32 GEMM is judged by. bf16
+ * dot products (vdpbf16ps, AMX) can exceed it. */
 double cpu_measure_fma_peak_gflops(struct threadpool *pool);
 
 /* GFLOP/s of a cache-friendly GEMM through cpu_matmul_run (T=256 tokens,

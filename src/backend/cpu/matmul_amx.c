@@ -30,17 +30,16 @@ struct tile_config {
     uint8_t rows[16];
 };
 
-static void amx_thread_begin(void)
-{
-    struct tile_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette_id = 1;
-    for (int i = 0; i < 8; i++) {
-        cfg.colsb[i] = 64;
-        cfg.rows[i] = 16;
-    }
-    _tile_loadconfig(&cfg);
-}
+/* A constant in memory on purpose: GCC's _tile_loadconfig tells the
+ * compiler it reads only 8 bytes, so the rows and colsb stores of a stack
+ * copy can be optimised away, leaving the tiles unconfigured (#UD). */
+static const struct tile_config amx_config = {
+    .palette_id = 1,
+    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
+};
+
+static void amx_thread_begin(void) { _tile_loadconfig(&amx_config); }
 
 static void amx_thread_end(void) { _tile_release(); }
 
@@ -55,7 +54,8 @@ static ALWAYS_INLINE __m512i bf16_bits(__m512 v)
 {
     __m512i u = _mm512_castps_si512(v);
     __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
+    __m512i bias = _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb);
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
     __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
     __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
     return _mm512_mask_blend_epi32(nan, r, quiet);
@@ -143,7 +143,7 @@ static void kernel(int m, int n, int k, const void *a_, const void *b_, float *c
 }
 
 const struct mm_gemm cpu_mm_gemm_amx = {
-    .mr = MR, .nr = NR, .kc = KC, .mc = MC, .nc = 1 << 30, .k_align = K_STEP,
+    .mr = MR, .nr = NR, .kc = KC, .mc = MC, .k_align = K_STEP,
     .a_elem = 2, .b_elem = 2,
     .thread_begin = amx_thread_begin, .thread_end = amx_thread_end,
     .pack_x = pack_x, .pack_w = pack_w, .kernel = kernel,

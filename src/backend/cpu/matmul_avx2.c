@@ -19,21 +19,18 @@
 #define KC 256
 #define MC 192
 
-/* GEMV runs while T is at most this: each weight row is widened once and
- * reused from registers by up to two tokens at a time, so W streams from
- * memory once; the x rows (T x K f32) stay in L1/L2. Above it, packing pays. */
-#define GEMV_MAX_T 4
-#ifndef PFD
-#define PFD 0
-#endif
-#ifndef PFH
-#define PFH _MM_HINT_T0
-#endif
-#ifndef GR
-#define GR 4
-#define GU1 2
-#define GU2 1
-#endif
+/* GEMV runs while T is at most this. It streams W from memory once and
+ * re-reads each row from L1 per pair of tokens; GEMM's packing handles only
+ * ~8 GB/s of weights on two Zen 3 cores, so GEMM wins from about 12 tokens
+ * (measured at K=1024, N=3072: 820 vs 1050 us at T=8, even at T=12). */
+#define GEMV_MAX_T 10
+
+/* GEMV reads W as one sequential stream per thread (row after row), which
+ * the hardware prefetchers follow best; interleaving several rows measured
+ * 20-30% slower on Zen 3. The loop's demand loads alone keep too few lines
+ * in flight, so it also prefetches this far ahead (into the next rows). */
+#define GEMV_PREFETCH_BYTES 1024
+#define GEMV_STEP 32 /* columns per iteration: 4 vectors, 4 accumulators per token */
 
 /* ---- helpers ----------------------------------------------------------- */
 
@@ -106,86 +103,58 @@ static void prepare_x_f32(const float *x, int64_t n, void *dst_)
         dst[i] = bf16_to_f32(f32_to_bf16(x[i]));
 }
 
-/* Rows [r, r + R) against tokens [t0, t0 + TG). With one token the columns
- * are unrolled twice so 8 accumulators are in flight (4 rows x 2); with two
- * tokens the rows already give 8. Four row streams at once keep enough
- * cache-line misses outstanding for the hardware prefetchers to saturate
- * DRAM. */
-static ALWAYS_INLINE void gemv_tile(const int R, const int TG, const int U, const bool bf16,
-                                    const float *x, int64_t K, const void *w, const float *bias,
-                                    float *y, int64_t N, int64_t r, int64_t t0)
+/* Row r against tokens [t0, t0 + TG): 4 accumulators per token cover the
+ * FMA latency. */
+static ALWAYS_INLINE void gemv_row(const int TG, const bool bf16, const float *x, int64_t K,
+                                   const void *w, const float *bias, float *y, int64_t N,
+                                   int64_t r, int64_t t0)
 {
     const size_t esize = bf16 ? 2 : 4;
-    const char *wr[4];
+    const char *wr = (const char *)w + (size_t)r * (size_t)K * esize;
     const float *xt[2];
-    __m256 acc[4][2][4];
-    for (int i = 0; i < R; i++)
-        wr[i] = (const char *)w + (size_t)(r + i) * (size_t)K * esize;
-    for (int t = 0; t < TG; t++)
+    __m256 acc[2][4];
+    for (int t = 0; t < TG; t++) {
         xt[t] = x + (t0 + t) * K;
-    for (int i = 0; i < R; i++)
-        for (int t = 0; t < TG; t++)
-            for (int u = 0; u < U; u++)
-                acc[i][t][u] = _mm256_setzero_ps();
-
+        for (int u = 0; u < 4; u++)
+            acc[t][u] = _mm256_setzero_ps();
+    }
     int64_t c = 0;
-    for (; c + 8 * U <= K; c += 8 * U) {
-#if PFD
-        for (int i = 0; i < R; i++)
-            for (int q = 0; q < 8 * U * (int)esize; q += 64)
-                _mm_prefetch(wr[i] + c * esize + PFD + q, PFH);
-#endif
-        for (int u = 0; u < U; u++) {
-            __m256 wv[4];
-            for (int i = 0; i < R; i++)
-                wv[i] = load8_w(wr[i], c + 8 * u, bf16);
-            for (int t = 0; t < TG; t++) {
-                __m256 xv = _mm256_loadu_ps(xt[t] + c + 8 * u);
-                for (int i = 0; i < R; i++)
-                    acc[i][t][u] = _mm256_fmadd_ps(wv[i], xv, acc[i][t][u]);
-            }
-        }
-    }
-    for (; U > 1 && c + 8 <= K; c += 8) {
-        for (int i = 0; i < R; i++) {
-            __m256 wv = load8_w(wr[i], c, bf16);
+    for (; c + GEMV_STEP <= K; c += GEMV_STEP) {
+        for (size_t q = 0; q < GEMV_STEP * esize; q += 64)
+            _mm_prefetch(wr + (size_t)c * esize + GEMV_PREFETCH_BYTES + q, _MM_HINT_T0);
+        for (int u = 0; u < 4; u++) {
+            __m256 wv = load8_w(wr, c + 8 * u, bf16);
             for (int t = 0; t < TG; t++)
-                acc[i][t][0] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xt[t] + c), acc[i][t][0]);
+                acc[t][u] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xt[t] + c + 8 * u), acc[t][u]);
         }
     }
-    for (int i = 0; i < R; i++) {
-        for (int t = 0; t < TG; t++) {
-            __m256 a = acc[i][t][0];
-            for (int u = 1; u < U; u++)
-                a = _mm256_add_ps(a, acc[i][t][u]);
-            float s = hsum(a);
-            for (int64_t cc = c; cc < K; cc++)
-                s += load1_w(wr[i], cc, bf16) * xt[t][cc];
-            y[(t0 + t) * N + r + i] = s + (bias ? bias[r + i] : 0.0f);
-        }
+    for (; c + 8 <= K; c += 8) {
+        __m256 wv = load8_w(wr, c, bf16);
+        for (int t = 0; t < TG; t++)
+            acc[t][0] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xt[t] + c), acc[t][0]);
+    }
+    for (int t = 0; t < TG; t++) {
+        float s = hsum(_mm256_add_ps(_mm256_add_ps(acc[t][0], acc[t][1]),
+                                     _mm256_add_ps(acc[t][2], acc[t][3])));
+        for (int64_t cc = c; cc < K; cc++)
+            s += load1_w(wr, cc, bf16) * xt[t][cc];
+        y[(t0 + t) * N + r] = s + (bias ? bias[r] : 0.0f);
     }
 }
 
-/* Rows outer, token pairs inner: a 4-row block (4 x K weights) is read
- * from DRAM by the first pair and from L1/L2 by the rest. */
+/* Tokens go in pairs; a row read from DRAM for the first pair is in L1 for
+ * the rest. (Blocking several rows per pair, to read x less often, measured
+ * slower: DRAM then idles while the later pairs compute.) */
 static ALWAYS_INLINE void gemv_rows(const bool bf16, const float *x, int64_t T, int64_t K,
                                     const void *w, const float *bias, float *y, int64_t N,
                                     int64_t r0, int64_t r1)
 {
-    int64_t r = r0;
-    for (; r + GR <= r1; r += GR) {
+    for (int64_t r = r0; r < r1; r++) {
         int64_t t = 0;
         for (; t + 2 <= T; t += 2)
-            gemv_tile(GR, 2, GU2, bf16, x, K, w, bias, y, N, r, t);
+            gemv_row(2, bf16, x, K, w, bias, y, N, r, t);
         if (t < T)
-            gemv_tile(GR, 1, GU1, bf16, x, K, w, bias, y, N, r, t);
-    }
-    for (; r < r1; r++) {
-        int64_t t = 0;
-        for (; t + 2 <= T; t += 2)
-            gemv_tile(1, 2, GU2, bf16, x, K, w, bias, y, N, r, t);
-        if (t < T)
-            gemv_tile(1, 1, GU1, bf16, x, K, w, bias, y, N, r, t);
+            gemv_row(1, bf16, x, K, w, bias, y, N, r, t);
     }
 }
 
@@ -277,9 +246,14 @@ static ALWAYS_INLINE void store_row(float *ci, __m256 a0, __m256 a1, int n, cons
                                     bool first)
 {
     if (n == NR) {
-        __m256 c0 = first ? (bias ? _mm256_loadu_ps(bias) : _mm256_setzero_ps()) : _mm256_loadu_ps(ci);
-        __m256 c1 = first ? (bias ? _mm256_loadu_ps(bias + 8) : _mm256_setzero_ps())
-                          : _mm256_loadu_ps(ci + 8);
+        __m256 c0, c1;
+        if (first) {
+            c0 = bias ? _mm256_loadu_ps(bias) : _mm256_setzero_ps();
+            c1 = bias ? _mm256_loadu_ps(bias + 8) : _mm256_setzero_ps();
+        } else {
+            c0 = _mm256_loadu_ps(ci);
+            c1 = _mm256_loadu_ps(ci + 8);
+        }
         _mm256_storeu_ps(ci, _mm256_add_ps(c0, a0));
         _mm256_storeu_ps(ci + 8, _mm256_add_ps(c1, a1));
         return;
@@ -349,7 +323,7 @@ const struct mm_gemv cpu_mm_gemv_avx2 = {
 };
 
 const struct mm_gemm cpu_mm_gemm_avx2 = {
-    .mr = MR, .nr = NR, .kc = KC, .mc = MC, .nc = 1 << 30, .k_align = 1,
+    .mr = MR, .nr = NR, .kc = KC, .mc = MC, .k_align = 1,
     .a_elem = 4, .b_elem = 4,
     .pack_x = pack_x, .pack_w = pack_w, .kernel = kernel,
 };

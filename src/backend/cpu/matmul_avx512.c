@@ -10,16 +10,20 @@
 /* GEMM blocking for Sapphire Rapids-class cores (48 KiB L1d, 2 MiB L2).
  * MR x NR = 12 x 32: 24 zmm accumulators (of 32 registers) cover the FMA
  * latency on two FMA ports with 2 vector loads + 12 broadcasts per 24 FMAs.
- * KC = 256 keeps the packed W panel (32 x 256 f32 = 32 KiB, or the same
- * bytes as 256 bf16 pairs) in L1; MC = 240 tokens make the x block 240 KiB
- * (f32) or 120 KiB (bf16), L2-resident for the whole sweep over N. */
+ * KC = 256 keeps the packed W panel (32 x 256 f32 = 32 KiB; 16 KiB as bf16
+ * pairs) in L1; MC = 240 tokens make the x block 240 KiB (f32) or 120 KiB
+ * (bf16), L2-resident for the whole sweep over N. */
 #define MR 12
 #define NR 32
 #define KC 256
 #define MC 240
 
-/* As in the AVX2 GEMV: up to this many tokens each weight row streams once. */
-#define GEMV_MAX_T 4
+/* As in the AVX2 GEMV: up to this many tokens each weight row streams once,
+ * as one sequential stream per thread, prefetched this far ahead. On
+ * Sapphire Rapids (16 threads, K=1024 N=3072) GEMM took 157 us at T=5,
+ * twice GEMV's 80 us at T=4, and still 171 us at T=8. */
+#define GEMV_MAX_T 8
+#define GEMV_PREFETCH_BYTES 1024
 
 /* ---- helpers ----------------------------------------------------------- */
 
@@ -49,7 +53,8 @@ static ALWAYS_INLINE __m512i bf16_bits(__m512 v)
 {
     __m512i u = _mm512_castps_si512(v);
     __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
+    __m512i bias = _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb);
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
     __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
     __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
     return _mm512_mask_blend_epi32(nan, r, quiet);
@@ -125,72 +130,54 @@ static void prepare_x_f32(const float *x, int64_t n, void *dst_)
                               round_bf16(_mm512_maskz_loadu_ps(mask16(n - i), x + i)));
 }
 
-/* Same shape as the AVX2 GEMV (4 row streams, 8 accumulators), 16 wide,
- * with the K tail done by masked loads. */
-static ALWAYS_INLINE void gemv_tile(const int R, const int TG, const bool bf16, const float *x,
-                                    int64_t K, const void *w, const float *bias, float *y,
-                                    int64_t N, int64_t r, int64_t t0)
+/* As in the AVX2 GEMV: one sequential weight stream per thread, prefetched
+ * ahead, 4 accumulators per token, 16 wide; the K tail is masked. */
+static ALWAYS_INLINE void gemv_row(const int TG, const bool bf16, const float *x, int64_t K,
+                                   const void *w, const float *bias, float *y, int64_t N,
+                                   int64_t r, int64_t t0)
 {
-    const int U = TG == 1 ? 2 : 1;
     const size_t esize = bf16 ? 2 : 4;
-    const char *wr[4];
+    const char *wr = (const char *)w + (size_t)r * (size_t)K * esize;
     const float *xt[2];
-    __m512 acc[4][2][2];
-    for (int i = 0; i < R; i++)
-        wr[i] = (const char *)w + (size_t)(r + i) * (size_t)K * esize;
-    for (int t = 0; t < TG; t++)
+    __m512 acc[2][4];
+    for (int t = 0; t < TG; t++) {
         xt[t] = x + (t0 + t) * K;
-    for (int i = 0; i < R; i++)
-        for (int t = 0; t < TG; t++)
-            for (int u = 0; u < U; u++)
-                acc[i][t][u] = _mm512_setzero_ps();
-
+        for (int u = 0; u < 4; u++)
+            acc[t][u] = _mm512_setzero_ps();
+    }
     int64_t c = 0;
-    for (; c + 16 * U <= K; c += 16 * U) {
-        for (int u = 0; u < U; u++) {
-            __m512 wv[4];
-            for (int i = 0; i < R; i++)
-                wv[i] = load16_w(wr[i], c + 16 * u, 16, bf16);
-            for (int t = 0; t < TG; t++) {
-                __m512 xv = _mm512_loadu_ps(xt[t] + c + 16 * u);
-                for (int i = 0; i < R; i++)
-                    acc[i][t][u] = _mm512_fmadd_ps(wv[i], xv, acc[i][t][u]);
-            }
+    for (; c + 64 <= K; c += 64) {
+        for (size_t q = 0; q < 64 * esize; q += 64)
+            _mm_prefetch(wr + (size_t)c * esize + GEMV_PREFETCH_BYTES + q, _MM_HINT_T0);
+        for (int u = 0; u < 4; u++) {
+            __m512 wv = load16_w(wr, c + 16 * u, 16, bf16);
+            for (int t = 0; t < TG; t++)
+                acc[t][u] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(xt[t] + c + 16 * u), acc[t][u]);
         }
     }
     for (; c < K; c += 16) {
-        for (int i = 0; i < R; i++) {
-            __m512 wv = load16_w(wr[i], c, K - c, bf16);
-            for (int t = 0; t < TG; t++)
-                acc[i][t][0] = _mm512_fmadd_ps(
-                    wv, _mm512_maskz_loadu_ps(mask16(K - c), xt[t] + c), acc[i][t][0]);
-        }
+        __m512 wv = load16_w(wr, c, K - c, bf16);
+        for (int t = 0; t < TG; t++)
+            acc[t][0] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(mask16(K - c), xt[t] + c),
+                                        acc[t][0]);
     }
-    for (int i = 0; i < R; i++)
-        for (int t = 0; t < TG; t++) {
-            __m512 a = U == 2 ? _mm512_add_ps(acc[i][t][0], acc[i][t][1]) : acc[i][t][0];
-            y[(t0 + t) * N + r + i] = _mm512_reduce_add_ps(a) + (bias ? bias[r + i] : 0.0f);
-        }
+    for (int t = 0; t < TG; t++) {
+        __m512 a = _mm512_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]),
+                                 _mm512_add_ps(acc[t][2], acc[t][3]));
+        y[(t0 + t) * N + r] = _mm512_reduce_add_ps(a) + (bias ? bias[r] : 0.0f);
+    }
 }
 
 static ALWAYS_INLINE void gemv_rows(const bool bf16, const float *x, int64_t T, int64_t K,
                                     const void *w, const float *bias, float *y, int64_t N,
                                     int64_t r0, int64_t r1)
 {
-    int64_t r = r0;
-    for (; r + 4 <= r1; r += 4) {
+    for (int64_t r = r0; r < r1; r++) {
         int64_t t = 0;
         for (; t + 2 <= T; t += 2)
-            gemv_tile(4, 2, bf16, x, K, w, bias, y, N, r, t);
+            gemv_row(2, bf16, x, K, w, bias, y, N, r, t);
         if (t < T)
-            gemv_tile(4, 1, bf16, x, K, w, bias, y, N, r, t);
-    }
-    for (; r < r1; r++) {
-        int64_t t = 0;
-        for (; t + 2 <= T; t += 2)
-            gemv_tile(1, 2, bf16, x, K, w, bias, y, N, r, t);
-        if (t < T)
-            gemv_tile(1, 1, bf16, x, K, w, bias, y, N, r, t);
+            gemv_row(1, bf16, x, K, w, bias, y, N, r, t);
     }
 }
 
@@ -216,71 +203,53 @@ static void prepare_x_bf16(const float *x, int64_t n, void *dst_)
 
 /* Weights need no widening here: 32 bf16 of a row pair up along K with 32
  * bf16 of x, and vdpbf16ps adds both products of each pair into f32. */
-static ALWAYS_INLINE void gemv_bf16_tile(const int R, const int TG, const uint16_t *x, int64_t K,
-                                         const uint16_t *w, const float *bias, float *y,
-                                         int64_t N, int64_t r, int64_t t0)
+static ALWAYS_INLINE void gemv_bf16_row(const int TG, const uint16_t *x, int64_t K,
+                                        const uint16_t *w, const float *bias, float *y,
+                                        int64_t N, int64_t r, int64_t t0)
 {
-    const int U = TG == 1 ? 2 : 1;
-    const uint16_t *wr[4];
+    const uint16_t *wr = w + (size_t)r * (size_t)K;
     const uint16_t *xt[2];
-    __m512 acc[4][2][2];
-    for (int i = 0; i < R; i++)
-        wr[i] = w + (size_t)(r + i) * (size_t)K;
-    for (int t = 0; t < TG; t++)
+    __m512 acc[2][4];
+    for (int t = 0; t < TG; t++) {
         xt[t] = x + (t0 + t) * K;
-    for (int i = 0; i < R; i++)
-        for (int t = 0; t < TG; t++)
-            for (int u = 0; u < U; u++)
-                acc[i][t][u] = _mm512_setzero_ps();
-
+        for (int u = 0; u < 4; u++)
+            acc[t][u] = _mm512_setzero_ps();
+    }
     int64_t c = 0;
-    for (; c + 32 * U <= K; c += 32 * U) {
-        for (int u = 0; u < U; u++) {
-            __m512i wv[4];
-            for (int i = 0; i < R; i++)
-                wv[i] = _mm512_loadu_si512(wr[i] + c + 32 * u);
-            for (int t = 0; t < TG; t++) {
-                __m512i xv = _mm512_loadu_si512(xt[t] + c + 32 * u);
-                for (int i = 0; i < R; i++)
-                    acc[i][t][u] = _mm512_dpbf16_ps(acc[i][t][u], (__m512bh)wv[i], (__m512bh)xv);
-            }
+    for (; c + 128 <= K; c += 128) {
+        for (int q = 0; q < 256; q += 64)
+            _mm_prefetch((const char *)(wr + c) + GEMV_PREFETCH_BYTES + q, _MM_HINT_T0);
+        for (int u = 0; u < 4; u++) {
+            __m512bh wv = (__m512bh)_mm512_loadu_si512(wr + c + 32 * u);
+            for (int t = 0; t < TG; t++)
+                acc[t][u] = _mm512_dpbf16_ps(acc[t][u], wv,
+                                             (__m512bh)_mm512_loadu_si512(xt[t] + c + 32 * u));
         }
     }
     for (; c < K; c += 32) {
         __mmask32 km = mask32(K - c);
-        for (int i = 0; i < R; i++) {
-            __m512i wv = _mm512_maskz_loadu_epi16(km, wr[i] + c);
-            for (int t = 0; t < TG; t++)
-                acc[i][t][0] = _mm512_dpbf16_ps(acc[i][t][0], (__m512bh)wv,
-                                                (__m512bh)_mm512_maskz_loadu_epi16(km, xt[t] + c));
-        }
+        __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(km, wr + c);
+        for (int t = 0; t < TG; t++)
+            acc[t][0] = _mm512_dpbf16_ps(acc[t][0], wv,
+                                         (__m512bh)_mm512_maskz_loadu_epi16(km, xt[t] + c));
     }
-    for (int i = 0; i < R; i++)
-        for (int t = 0; t < TG; t++) {
-            __m512 a = U == 2 ? _mm512_add_ps(acc[i][t][0], acc[i][t][1]) : acc[i][t][0];
-            y[(t0 + t) * N + r + i] = _mm512_reduce_add_ps(a) + (bias ? bias[r + i] : 0.0f);
-        }
+    for (int t = 0; t < TG; t++) {
+        __m512 a = _mm512_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]),
+                                 _mm512_add_ps(acc[t][2], acc[t][3]));
+        y[(t0 + t) * N + r] = _mm512_reduce_add_ps(a) + (bias ? bias[r] : 0.0f);
+    }
 }
 
-static void gemv_bf16_run(const void *x_, int64_t T, int64_t K, const void *w_, enum dtype dtype,
+static void gemv_bf16_run(const void *x, int64_t T, int64_t K, const void *w, enum dtype dtype,
                           const float *bias, float *y, int64_t N, int64_t r0, int64_t r1)
 {
-    const uint16_t *x = x_, *w = w_;
     (void)dtype;
-    int64_t r = r0;
-    for (; r + 4 <= r1; r += 4) {
+    for (int64_t r = r0; r < r1; r++) {
         int64_t t = 0;
         for (; t + 2 <= T; t += 2)
-            gemv_bf16_tile(4, 2, x, K, w, bias, y, N, r, t);
+            gemv_bf16_row(2, x, K, w, bias, y, N, r, t);
         if (t < T)
-            gemv_bf16_tile(4, 1, x, K, w, bias, y, N, r, t);
-    }
-    for (; r < r1; r++) {
-        int64_t t = 0;
-        for (; t + 2 <= T; t += 2)
-            gemv_bf16_tile(1, 2, x, K, w, bias, y, N, r, t);
-        if (t < T)
-            gemv_bf16_tile(1, 1, x, K, w, bias, y, N, r, t);
+            gemv_bf16_row(1, x, K, w, bias, y, N, r, t);
     }
 }
 
@@ -385,6 +354,10 @@ static void kernel_f32(int m, int n, int k, const void *a, const void *b, float 
 
 /* ---- bf16 GEMM (vdpbf16ps) --------------------------------------------- */
 
+/* For CPUs with AVX512-BF16 but no AMX (Cooper Lake, Zen 4). On Sapphire
+ * Rapids, where AMX takes over, it measured no faster than the f32 kernel
+ * (T=128, 16 threads: 0.6-0.8 TFLOP/s against 0.85-1.0). */
+
 /* Panels of 12 token rows as bf16 pairs along K: word [p * 12 + i] holds
  * x[i, 2p] (low half) and x[i, 2p + 1]; 32 columns (16 pairs) at a time
  * through a 16x16 transpose of 32-bit words. */
@@ -399,7 +372,8 @@ static void pack_x_bf16(const float *x, int64_t ldx, int m, int k, bool round, v
         for (int c = 0; c < k; c += 32) {
             __m512i v[16];
             for (int i = 0; i < 16; i++)
-                v[i] = i < mp ? load32_x_bf16(x + (p + i) * ldx + c, k - c) : _mm512_setzero_si512();
+                v[i] = i < mp ? load32_x_bf16(x + (p + i) * ldx + c, k - c)
+                              : _mm512_setzero_si512();
             transpose16(v);
             for (int jj = 0; jj < 16 && c / 2 + jj < pairs; jj++)
                 _mm512_mask_storeu_epi32(d + (size_t)(c / 2 + jj) * MR, (__mmask16)0x0fff, v[jj]);
@@ -421,7 +395,8 @@ void cpu_mm_pack_w_bf16_pairs32(const void *w_, enum dtype dtype, int64_t ldw, i
             __m512i v[16];
             for (int i = 0; i < 16; i++) {
                 int row = g * 16 + i;
-                v[i] = row < n ? _mm512_maskz_loadu_epi16(mask32(k - c), w + (size_t)row * (size_t)ldw + c)
+                const uint16_t *src = w + (size_t)row * (size_t)ldw + c;
+                v[i] = row < n ? _mm512_maskz_loadu_epi16(mask32(k - c), src)
                                : _mm512_setzero_si512();
             }
             transpose16(v);
@@ -459,6 +434,21 @@ static void kernel_bf16(int m, int n, int k, const void *a, const void *b, float
     KERNEL_SWITCH(kernel_bf16_m, m, n, k, a, b, c, ldc, bias, first)
 }
 
+float cpu_mm_fma_chains_avx512(long iters)
+{
+    const __m512 m = _mm512_set1_ps(0.999999f), a = _mm512_set1_ps(1e-6f);
+    __m512 acc[12];
+    for (int i = 0; i < 12; i++)
+        acc[i] = _mm512_set1_ps((float)i);
+    for (long it = 0; it < iters; it++)
+        for (int i = 0; i < 12; i++)
+            acc[i] = _mm512_fmadd_ps(acc[i], m, a);
+    __m512 s = acc[0];
+    for (int i = 1; i < 12; i++)
+        s = _mm512_add_ps(s, acc[i]);
+    return _mm512_reduce_add_ps(s);
+}
+
 const struct mm_gemv cpu_mm_gemv_avx512 = {
     .max_t = GEMV_MAX_T,
     .x_bf16 = false,
@@ -467,7 +457,7 @@ const struct mm_gemv cpu_mm_gemv_avx512 = {
 };
 
 const struct mm_gemm cpu_mm_gemm_avx512 = {
-    .mr = MR, .nr = NR, .kc = KC, .mc = MC, .nc = 1 << 30, .k_align = 1,
+    .mr = MR, .nr = NR, .kc = KC, .mc = MC, .k_align = 1,
     .a_elem = 4, .b_elem = 4,
     .pack_x = pack_x_f32, .pack_w = pack_w_f32, .kernel = kernel_f32,
 };
@@ -480,7 +470,7 @@ const struct mm_gemv cpu_mm_gemv_avx512bf16 = {
 };
 
 const struct mm_gemm cpu_mm_gemm_avx512bf16 = {
-    .mr = MR, .nr = NR, .kc = KC, .mc = MC, .nc = 1 << 30, .k_align = 2,
+    .mr = MR, .nr = NR, .kc = KC, .mc = MC, .k_align = 2,
     .a_elem = 2, .b_elem = 2,
     .pack_x = pack_x_bf16, .pack_w = cpu_mm_pack_w_bf16_pairs32, .kernel = kernel_bf16,
 };

@@ -21,15 +21,15 @@ struct mm_gemv {
                 const float *bias, float *y, int64_t N, int64_t r0, int64_t r1);
 };
 
-/* Prefill: BLIS-style blocking. The driver walks a thread's tile of y in
- * token chunks of mc, output blocks of nc and K blocks of kc; pack_x lays a
- * chunk's x block out as mr-row panels, pack_w one nr-row block of W as a
- * panel, and kernel multiplies one panel pair into an mr x nr tile of y. */
+/* Prefill: BLIS-style blocking. The driver walks a thread's share of y in
+ * token chunks of mc and K blocks of kc; per block pack_x lays the chunk's
+ * x out as mr-row panels (L2-resident), then for each nr-row slice of W
+ * pack_w makes one panel (L1-resident) and kernel multiplies it with every
+ * x panel into mr x nr tiles of y. */
 struct mm_gemm {
     int mr, nr;     /* register tile: tokens x outputs */
     int kc;         /* K block (a multiple of k_align) */
     int mc;         /* token chunk (a multiple of mr) */
-    int nc;         /* output block (a multiple of nr) */
     int k_align;    /* packed K is padded with zeros to a multiple of this */
     size_t a_elem, b_elem; /* bytes per packed x / W element */
     /* Optional per-thread setup and teardown around a job (AMX tile config). */
@@ -60,5 +60,9 @@ extern const struct mm_gemm cpu_mm_gemm_amx;          /* bf16 weights, FAST mode
  * along K, [ceil(k / 2)][32] 32-bit words, zero past n and k. */
 void cpu_mm_pack_w_bf16_pairs32(const void *w, enum dtype dtype, int64_t ldw, int n, int k,
                                 void *dst);
+
+/* Runs iters rounds of 12 independent 512-bit FMA chains and returns a
+ * value that depends on them: membw.c's f32 peak probe on AVX-512 CPUs. */
+float cpu_mm_fma_chains_avx512(long iters);
 
 #endif

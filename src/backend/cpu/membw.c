@@ -2,11 +2,13 @@
 #include "backend/cpu/matmul.h"
 
 #include <immintrin.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 
+#include "backend/cpu/matmul_kernels.h"
 #include "base/bf16.h"
 #include "base/threadpool.h"
 #include "base/timer.h"
@@ -90,6 +92,7 @@ double cpu_measure_read_bandwidth(struct threadpool *pool, size_t bytes)
 /* ---- FMA peak ---------------------------------------------------------- */
 
 struct fma_job {
+    bool zmm; /* 512-bit chains (AVX-512 CPUs) rather than 256-bit */
     float sink[MAX_THREADS];
 };
 
@@ -99,6 +102,10 @@ static void fma_job_fn(void *ctx, int ith, int nth)
 {
     (void)nth;
     struct fma_job *j = ctx;
+    if (j->zmm) {
+        j->sink[ith] = cpu_mm_fma_chains_avx512(FMA_ITERS);
+        return;
+    }
     const __m256 m = _mm256_set1_ps(0.999999f), a = _mm256_set1_ps(1e-6f);
     __m256 acc[12];
     for (int i = 0; i < 12; i++)
@@ -117,7 +124,8 @@ double cpu_measure_fma_peak_gflops(struct threadpool *pool)
     struct fma_job *j = calloc(1, sizeof *j);
     if (!j)
         return 0.0;
-    double flops = (double)threadpool_size(pool) * FMA_ITERS * 12 * 8 * 2;
+    j->zmm = cpu_matmul_detect_level() >= CPU_MATMUL_AVX512;
+    double flops = (double)threadpool_size(pool) * FMA_ITERS * 12 * (j->zmm ? 16 : 8) * 2;
     double best = 0.0;
     for (int run = 0; run < FMA_RUNS; run++) {
         double t0 = now_s();
