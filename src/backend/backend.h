@@ -72,6 +72,11 @@ struct backend_ops {
      * t < n_tokens; x is n_tokens x w->cols, y is n_tokens x w->rows. */
     void (*matmul)(struct backend *be, const float *x, int64_t n_tokens,
                    const struct weight_matrix *w, const float *bias, float *y);
+    /* The same x through n (<= 4) matrices with equal cols and dtype:
+     * y[i] = x * w[i]^T (+ bias[i]); lets a backend fuse q/k/v or gate/up. */
+    void (*matmul_group)(struct backend *be, const float *x, int64_t n_tokens, int n,
+                         const struct weight_matrix *const *w, const float *const *bias,
+                         float *const *y);
     /* y[r, :] = x[r, :] / rms(x[r, :]) * weight, rows of dim floats; y may alias x. */
     void (*rmsnorm)(struct backend *be, const float *x, const float *weight, int64_t n_rows,
                     int64_t dim, float eps, float *y);

@@ -157,9 +157,10 @@ static void attention_block(const struct model *m, struct forward_state *st,
     const struct backend_ops *op = be->ops;
 
     op->rmsnorm(be, st->x, lw->attn_norm, n_rows, c->hidden_size, c->rms_norm_eps, st->xn);
-    op->matmul(be, st->xn, n_rows, &lw->wq, lw->bq, st->q);
-    op->matmul(be, st->xn, n_rows, &lw->wk, lw->bk, st->k);
-    op->matmul(be, st->xn, n_rows, &lw->wv, lw->bv, st->v);
+    const struct weight_matrix *qkv[3] = {&lw->wq, &lw->wk, &lw->wv};
+    const float *qkv_bias[3] = {lw->bq, lw->bk, lw->bv};
+    float *qkv_out[3] = {st->q, st->k, st->v};
+    op->matmul_group(be, st->xn, n_rows, 3, qkv, qkv_bias, qkv_out);
     if (lw->q_norm) {
         op->rmsnorm(be, st->q, lw->q_norm, (int64_t)n_rows * c->n_heads, c->head_dim,
                     c->rms_norm_eps, st->q);
@@ -183,8 +184,10 @@ static void mlp_block(const struct model *m, struct forward_state *st,
     const struct backend_ops *op = be->ops;
 
     op->rmsnorm(be, st->x, lw->mlp_norm, n_rows, c->hidden_size, c->rms_norm_eps, st->xn);
-    op->matmul(be, st->xn, n_rows, &lw->w_gate, NULL, st->gate);
-    op->matmul(be, st->xn, n_rows, &lw->w_up, NULL, st->up);
+    const struct weight_matrix *gate_up[2] = {&lw->w_gate, &lw->w_up};
+    const float *no_bias[2] = {NULL, NULL};
+    float *gate_up_out[2] = {st->gate, st->up};
+    op->matmul_group(be, st->xn, n_rows, 2, gate_up, no_bias, gate_up_out);
     op->silu_mul(be, st->gate, st->up, st->gate, (int64_t)n_rows * c->intermediate_size);
     op->matmul(be, st->gate, n_rows, &lw->w_down, NULL, st->proj);
     op->add(be, st->x, st->proj, (int64_t)n_rows * c->hidden_size);

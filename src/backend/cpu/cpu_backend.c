@@ -2,6 +2,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu.h"
@@ -25,20 +26,32 @@ static void cpu_destroy(struct backend *be)
     free(be);
 }
 
+/* Backend memory is an anonymous mapping: zeroed lazily by the kernel (a
+ * large KV pool costs nothing until used), page aligned, and eligible for
+ * transparent huge pages, which cut TLB misses when kernels stream it. The
+ * mapping's length sits in the first cache line, before the pointer returned. */
+#define ALLOC_HEADER 64
+
 static void *cpu_alloc(struct backend *be, size_t bytes)
 {
     (void)be;
-    size_t rounded = (bytes + 63) & ~(size_t)63;
-    void *p = aligned_alloc(64, rounded ? rounded : 64);
-    if (p)
-        memset(p, 0, rounded ? rounded : 64);
-    return p;
+    size_t len = ALLOC_HEADER + (bytes ? bytes : 1);
+    void *base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED)
+        return NULL;
+    if (len >= ((size_t)2 << 20))
+        madvise(base, len, MADV_HUGEPAGE);
+    *(size_t *)base = len;
+    return (char *)base + ALLOC_HEADER;
 }
 
 static void cpu_release(struct backend *be, void *ptr)
 {
     (void)be;
-    free(ptr);
+    if (!ptr)
+        return;
+    char *base = (char *)ptr - ALLOC_HEADER;
+    munmap(base, *(size_t *)base);
 }
 
 static void cpu_copy(struct backend *be, void *dst, const void *src, size_t bytes)
@@ -88,6 +101,13 @@ static void cpu_matmul_op(struct backend *be, const float *x, int64_t n_tokens,
                           const struct weight_matrix *w, const float *bias, float *y)
 {
     cpu_matmul_run(impl_of(be)->matmul, be->mode, x, n_tokens, w, bias, y);
+}
+
+static void cpu_matmul_group_op(struct backend *be, const float *x, int64_t n_tokens, int n,
+                                const struct weight_matrix *const *w, const float *const *bias,
+                                float *const *y)
+{
+    cpu_matmul_run_group(impl_of(be)->matmul, be->mode, x, n_tokens, n, w, bias, y);
 }
 
 /* ---- RMSNorm ------------------------------------------------------------ */
@@ -241,6 +261,7 @@ static const struct backend_ops cpu_ops = {
     .to_host = cpu_copy,
     .embed = cpu_embed,
     .matmul = cpu_matmul_op,
+    .matmul_group = cpu_matmul_group_op,
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,
     .silu_mul = cpu_silu_mul,

@@ -179,6 +179,33 @@ static void scalar_rows(const struct mm_job *j, int64_t r0, int64_t r1)
 
 /* ---- threads ----------------------------------------------------------- */
 
+/* Several GEMVs of one input (cpu_matmul_run_group): members[i] shares x,
+ * T, K, dtype and kernel with the first and holds its own w, bias, y, N. */
+struct mm_group_job {
+    struct mm_job members[CPU_MATMUL_MAX_GROUP];
+    int n;
+    int64_t total_rows;
+};
+
+/* A thread's share of the concatenated rows, cut back into each member's range. */
+static void group_split_job(void *ctx, int ith, int nth)
+{
+    const struct mm_group_job *g = ctx;
+    long b, e;
+    threadpool_split((long)g->total_rows, ith, nth, GEMV_ROW_ALIGN, &b, &e);
+    int64_t base = 0;
+    for (int i = 0; i < g->n && b < e; i++) {
+        const struct mm_job *j = &g->members[i];
+        int64_t r0 = b - base, r1 = e - base;
+        if (r0 < j->N && r1 > 0) {
+            r0 = r0 < 0 ? 0 : r0;
+            r1 = r1 > j->N ? j->N : r1;
+            j->gemv->run(j->x, j->T, j->K, j->w, j->dtype, j->bias, j->y, j->N, r0, r1);
+        }
+        base += j->N;
+    }
+}
+
 static void row_split_job(void *ctx, int ith, int nth)
 {
     const struct mm_job *j = ctx;
@@ -382,4 +409,42 @@ void cpu_matmul_run(struct cpu_matmul *mm, enum compute_mode mode, const float *
         }
     }
     threadpool_run(mm->pool, job.gemm ? gemm_job : row_split_job, &job);
+}
+
+void cpu_matmul_run_group(struct cpu_matmul *mm, enum compute_mode mode, const float *x, int64_t T,
+                          int n, const struct weight_matrix *const *w, const float *const *bias,
+                          float *const *y)
+{
+    const struct mm_gemv *gemv = NULL;
+    const struct mm_gemm *gemm = NULL;
+    bool groupable = n >= 1 && n <= CPU_MATMUL_MAX_GROUP && T > 0 && w[0]->cols > 0;
+    for (int i = 1; groupable && i < n; i++)
+        groupable = w[i]->cols == w[0]->cols && w[i]->dtype == w[0]->dtype;
+    if (groupable)
+        choose_kernels(mm->level, mode, w[0]->dtype, T, &gemv, &gemm);
+    if (!gemv) {
+        for (int i = 0; i < n; i++)
+            cpu_matmul_run(mm, mode, x, T, w[i], bias[i], y[i]);
+        return;
+    }
+    const void *xv = x;
+    if (mode == COMPUTE_FAST) {
+        size_t elems = (size_t)T * (size_t)w[0]->cols;
+        if (!reserve_xbuf(mm, elems * (gemv->x_bf16 ? 2 : 4))) {
+            for (int i = 0; i < n; i++)
+                cpu_matmul_run(mm, mode, x, T, w[i], bias[i], y[i]);
+            return;
+        }
+        gemv->prepare_x(x, (int64_t)elems, mm->xbuf);
+        xv = mm->xbuf;
+    }
+    struct mm_group_job job = {.n = n};
+    for (int i = 0; i < n; i++) {
+        job.members[i] = (struct mm_job){
+            .mm = mm, .gemv = gemv, .x = xv, .T = T, .K = w[i]->cols, .N = w[i]->rows,
+            .w = w[i]->data, .dtype = w[i]->dtype, .bias = bias[i], .y = y[i],
+        };
+        job.total_rows += w[i]->rows;
+    }
+    threadpool_run(mm->pool, group_split_job, &job);
 }

@@ -46,6 +46,15 @@ const char *cpu_matmul_level_name(enum cpu_matmul_level level);
 void cpu_matmul_run(struct cpu_matmul *mm, enum compute_mode mode, const float *x, int64_t T,
                     const struct weight_matrix *w, const float *bias, float *y);
 
+/* The same input through n matrices of equal cols and dtype (q/k/v, or
+ * gate/up): y[i] = x * w[i]^T (+ bias[i]). A decode-sized T runs as one
+ * parallel job over the matrices' rows together, so small matrices do not
+ * each pay a fork-join and a prefetch ramp; larger T runs them in turn. */
+#define CPU_MATMUL_MAX_GROUP 4
+void cpu_matmul_run_group(struct cpu_matmul *mm, enum compute_mode mode, const float *x, int64_t T,
+                          int n, const struct weight_matrix *const *w, const float *const *bias,
+                          float *const *y);
+
 /* ---- measuring the machine (membw.c) ----------------------------------- */
 
 /* Reads a bytes-sized buffer (make it many times the last-level cache, e.g.
