@@ -14,7 +14,13 @@
 #include "model/model.h"
 #include "test_support.h"
 
-#define GOLDEN_DIR INFERD_SOURCE_DIR "/tests/goldens"
+/* The source tree's goldens; INFERD_GOLDEN_DIR overrides it for a test
+ * binary carried to another machine. */
+static const char *golden_dir(void)
+{
+    const char *env = getenv("INFERD_GOLDEN_DIR");
+    return env && *env ? env : INFERD_SOURCE_DIR "/tests/goldens";
+}
 #define BLOCK_SIZE 16
 
 struct golden_position {
@@ -115,7 +121,7 @@ static void free_golden(struct golden *g)
 /* Every .json file in tests/goldens: one per tiny model. */
 static int list_goldens(char paths[][512], int max)
 {
-    DIR *d = opendir(GOLDEN_DIR);
+    DIR *d = opendir(golden_dir());
     if (!d)
         return 0;
     int n = 0;
@@ -123,7 +129,7 @@ static int list_goldens(char paths[][512], int max)
     while ((e = readdir(d)) && n < max) {
         size_t len = strlen(e->d_name);
         if (len > 5 && !strcmp(e->d_name + len - 5, ".json"))
-            snprintf(paths[n++], 512, "%s/%s", GOLDEN_DIR, e->d_name);
+            snprintf(paths[n++], 512, "%s/%s", golden_dir(), e->d_name);
     }
     closedir(d);
     return n;
@@ -262,7 +268,7 @@ static void check_all_goldens(enum compute_mode mode, const struct tolerance *to
 {
     static char paths[64][512];
     int n = list_goldens(paths, 64);
-    cr_assert_gt(n, 0, "no goldens found in %s", GOLDEN_DIR);
+    cr_assert_gt(n, 0, "no goldens found in %s", golden_dir());
     char *tmp = test_mkdtemp();
     cr_assert_not_null(tmp);
     for (int i = 0; i < n; i++) {

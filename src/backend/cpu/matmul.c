@@ -1,6 +1,7 @@
 /* backend/cpu/matmul.c — matmul dispatch: picks GEMV or GEMM per ISA level, splits the work over threads; the scalar reference path. */
 #include "backend/cpu/matmul.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -180,19 +181,24 @@ static void scalar_rows(const struct mm_job *j, int64_t r0, int64_t r1)
 /* ---- threads ----------------------------------------------------------- */
 
 /* Several GEMVs of one input (cpu_matmul_run_group): members[i] shares x,
- * T, K, dtype and kernel with the first and holds its own w, bias, y, N. */
+ * T, K, dtype and kernel with the first and holds its own w, bias, y, N.
+ * Threads take chunks of the members' concatenated rows from a shared
+ * counter rather than fixed halves: on a shared machine a thread that loses
+ * its core for a moment then delays the step by one chunk, not by half of
+ * it. A chunk is still long enough (tens of KB of W) for the prefetchers. */
 struct mm_group_job {
     struct mm_job members[CPU_MATMUL_MAX_GROUP];
     int n;
     int64_t total_rows;
+    int64_t chunk_rows;      /* a multiple of GEMV_ROW_ALIGN */
+    _Atomic int64_t next_row;
 };
 
-/* A thread's share of the concatenated rows, cut back into each member's range. */
-static void group_split_job(void *ctx, int ith, int nth)
+#define GEMV_CHUNKS_PER_THREAD 8
+#define GEMV_MIN_CHUNK_ROWS 32
+
+static void group_rows(const struct mm_group_job *g, int64_t b, int64_t e)
 {
-    const struct mm_group_job *g = ctx;
-    long b, e;
-    threadpool_split((long)g->total_rows, ith, nth, GEMV_ROW_ALIGN, &b, &e);
     int64_t base = 0;
     for (int i = 0; i < g->n && b < e; i++) {
         const struct mm_job *j = &g->members[i];
@@ -206,16 +212,26 @@ static void group_split_job(void *ctx, int ith, int nth)
     }
 }
 
-static void row_split_job(void *ctx, int ith, int nth)
+static void group_split_job(void *ctx, int ith, int nth)
+{
+    struct mm_group_job *g = ctx;
+    (void)ith;
+    (void)nth;
+    for (;;) {
+        int64_t b = atomic_fetch_add_explicit(&g->next_row, g->chunk_rows, memory_order_relaxed);
+        if (b >= g->total_rows)
+            return;
+        int64_t e = b + g->chunk_rows < g->total_rows ? b + g->chunk_rows : g->total_rows;
+        group_rows(g, b, e);
+    }
+}
+
+static void scalar_job(void *ctx, int ith, int nth)
 {
     const struct mm_job *j = ctx;
     long r0, r1;
     threadpool_split((long)j->N, ith, nth, GEMV_ROW_ALIGN, &r0, &r1);
-    if (r0 >= r1)
-        return;
-    if (j->gemv)
-        j->gemv->run(j->x, j->T, j->K, j->w, j->dtype, j->bias, j->y, j->N, r0, r1);
-    else
+    if (r0 < r1)
         scalar_rows(j, r0, r1);
 }
 
@@ -381,6 +397,36 @@ static bool reserve_xbuf(struct cpu_matmul *mm, size_t bytes)
     return true;
 }
 
+/* The GEMV path of one or more matrices sharing x; false (nothing done)
+ * when FAST mode's prepared x does not fit in memory. */
+static bool run_gemv_group(struct cpu_matmul *mm, enum compute_mode mode, const struct mm_gemv *gemv,
+                           const float *x, int64_t T, int n, const struct weight_matrix *const *w,
+                           const float *const *bias, float *const *y)
+{
+    const void *xv = x;
+    if (mode == COMPUTE_FAST) {
+        size_t elems = (size_t)T * (size_t)w[0]->cols;
+        if (!reserve_xbuf(mm, elems * (gemv->x_bf16 ? 2 : 4)))
+            return false;
+        gemv->prepare_x(x, (int64_t)elems, mm->xbuf);
+        xv = mm->xbuf;
+    }
+    struct mm_group_job job = {.n = n};
+    atomic_init(&job.next_row, 0);
+    for (int i = 0; i < n; i++) {
+        job.members[i] = (struct mm_job){
+            .mm = mm, .gemv = gemv, .x = xv, .T = T, .K = w[i]->cols, .N = w[i]->rows,
+            .w = w[i]->data, .dtype = w[i]->dtype, .bias = bias[i], .y = y[i],
+        };
+        job.total_rows += w[i]->rows;
+    }
+    int64_t chunk = job.total_rows / ((int64_t)mm->n_threads * GEMV_CHUNKS_PER_THREAD);
+    chunk = chunk < GEMV_MIN_CHUNK_ROWS ? GEMV_MIN_CHUNK_ROWS : chunk;
+    job.chunk_rows = (int64_t)round_up((size_t)chunk, GEMV_ROW_ALIGN);
+    threadpool_run(mm->pool, group_split_job, &job);
+    return true;
+}
+
 void cpu_matmul_run(struct cpu_matmul *mm, enum compute_mode mode, const float *x, int64_t T,
                     const struct weight_matrix *w, const float *bias, float *y)
 {
@@ -398,17 +444,10 @@ void cpu_matmul_run(struct cpu_matmul *mm, enum compute_mode mode, const float *
         .bias = bias, .y = y, .round_bf16 = mode == COMPUTE_FAST,
     };
     choose_kernels(mm->level, mode, w->dtype, T, &job.gemv, &job.gemm);
-    if (job.gemv && mode == COMPUTE_FAST) {
-        size_t n = (size_t)T * (size_t)K;
-        if (reserve_xbuf(mm, n * (job.gemv->x_bf16 ? 2 : 4))) {
-            job.gemv->prepare_x(x, (int64_t)n, mm->xbuf);
-            job.x = mm->xbuf;
-            job.round_bf16 = false;
-        } else {
-            job.gemv = NULL;
-        }
-    }
-    threadpool_run(mm->pool, job.gemm ? gemm_job : row_split_job, &job);
+    if (job.gemv && run_gemv_group(mm, mode, job.gemv, x, T, 1, &w, &bias, &y))
+        return;
+    job.gemv = NULL; /* out of memory for FAST mode's x: the scalar path rounds as it goes */
+    threadpool_run(mm->pool, job.gemm ? gemm_job : scalar_job, &job);
 }
 
 void cpu_matmul_run_group(struct cpu_matmul *mm, enum compute_mode mode, const float *x, int64_t T,
@@ -422,29 +461,8 @@ void cpu_matmul_run_group(struct cpu_matmul *mm, enum compute_mode mode, const f
         groupable = w[i]->cols == w[0]->cols && w[i]->dtype == w[0]->dtype;
     if (groupable)
         choose_kernels(mm->level, mode, w[0]->dtype, T, &gemv, &gemm);
-    if (!gemv) {
-        for (int i = 0; i < n; i++)
-            cpu_matmul_run(mm, mode, x, T, w[i], bias[i], y[i]);
+    if (gemv && run_gemv_group(mm, mode, gemv, x, T, n, w, bias, y))
         return;
-    }
-    const void *xv = x;
-    if (mode == COMPUTE_FAST) {
-        size_t elems = (size_t)T * (size_t)w[0]->cols;
-        if (!reserve_xbuf(mm, elems * (gemv->x_bf16 ? 2 : 4))) {
-            for (int i = 0; i < n; i++)
-                cpu_matmul_run(mm, mode, x, T, w[i], bias[i], y[i]);
-            return;
-        }
-        gemv->prepare_x(x, (int64_t)elems, mm->xbuf);
-        xv = mm->xbuf;
-    }
-    struct mm_group_job job = {.n = n};
-    for (int i = 0; i < n; i++) {
-        job.members[i] = (struct mm_job){
-            .mm = mm, .gemv = gemv, .x = xv, .T = T, .K = w[i]->cols, .N = w[i]->rows,
-            .w = w[i]->data, .dtype = w[i]->dtype, .bias = bias[i], .y = y[i],
-        };
-        job.total_rows += w[i]->rows;
-    }
-    threadpool_run(mm->pool, group_split_job, &job);
+    for (int i = 0; i < n; i++)
+        cpu_matmul_run(mm, mode, x, T, w[i], bias[i], y[i]);
 }
