@@ -42,6 +42,17 @@ struct attention_job {
     float *out;
 };
 
+/* scores[j] = exp(scores[j] - shift), eight at a time. */
+static void exp_shifted(float *scores, int n, float shift)
+{
+    __m256 vshift = _mm256_set1_ps(shift);
+    int j = 0;
+    for (; j + 8 <= n; j += 8)
+        _mm256_storeu_ps(scores + j, vec_exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + j), vshift)));
+    for (; j < n; j++)
+        scores[j] = expf(scores[j] - shift);
+}
+
 /* One query row of one head over positions [first_pos, last_pos], one block
  * at a time with a running (online) softmax, so no buffer grows with context. */
 static void attend_one(const struct attention_job *job, const struct attn_span *sp, int row,
@@ -81,10 +92,10 @@ static void attend_one(const struct attention_job *job, const struct attn_span *
         float new_max = block_max > running_max ? block_max : running_max;
         float correction = expf(running_max - new_max);
         running_sum *= correction;
+        exp_shifted(scores, n, new_max);
         for (int j = 0; j < n; j++) {
-            float p = expf(scores[j] - new_max);
-            running_sum += p;
-            vec_scale_axpy(acc, j == 0 ? correction : 1.0f, p, kv->v + base + j * stride, hd);
+            running_sum += scores[j];
+            vec_scale_axpy(acc, j == 0 ? correction : 1.0f, scores[j], kv->v + base + j * stride, hd);
         }
         running_max = new_max;
     }
