@@ -17,7 +17,7 @@ enum cpu_matmul_level {
     CPU_MATMUL_SCALAR = 0, /* plain C: the reference the vector paths are tested against */
     CPU_MATMUL_AVX2,       /* AVX2 + FMA (x86-64-v3): the baseline build */
     CPU_MATMUL_AVX512,     /* AVX-512 F/BW/VL/DQ */
-    CPU_MATMUL_AVX512BF16, /* + vdpbf16ps for bf16 weights in FAST mode */
+    CPU_MATMUL_AVX512BF16, /* + vdpbf16ps for the FAST-mode decode GEMV of bf16 weights */
     CPU_MATMUL_AMX,        /* + AMX-BF16 tiles for FAST-mode prefill */
 };
 #define CPU_MATMUL_N_LEVELS 5

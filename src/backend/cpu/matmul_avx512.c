@@ -65,15 +65,6 @@ static ALWAYS_INLINE __m512 round_bf16(__m512 v)
     return _mm512_castsi512_ps(_mm512_slli_epi32(bf16_bits(v), 16));
 }
 
-/* 32 floats (n valid) rounded to 32 bf16, in order. */
-static ALWAYS_INLINE __m512i load32_x_bf16(const float *x, int64_t n)
-{
-    __m256i lo = _mm512_cvtepi32_epi16(bf16_bits(_mm512_maskz_loadu_ps(mask16(n), x)));
-    __m256i hi = _mm512_cvtepi32_epi16(
-        bf16_bits(_mm512_maskz_loadu_ps(mask16(n > 16 ? n - 16 : 0), x + 16)));
-    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-}
-
 /* r[i] = row i of a 16x16 block of 32-bit words in, column i out. */
 static ALWAYS_INLINE void transpose16(__m512i r[16])
 {
@@ -352,34 +343,7 @@ static void kernel_f32(int m, int n, int k, const void *a, const void *b, float 
     KERNEL_SWITCH(kernel_f32_m, m, n, k, a, b, c, ldc, bias, first)
 }
 
-/* ---- bf16 GEMM (vdpbf16ps) --------------------------------------------- */
-
-/* For CPUs with AVX512-BF16 but no AMX (Cooper Lake, Zen 4). On Sapphire
- * Rapids, where AMX takes over, it measured no faster than the f32 kernel
- * (T=128, 16 threads: 0.6-0.8 TFLOP/s against 0.85-1.0). */
-
-/* Panels of 12 token rows as bf16 pairs along K: word [p * 12 + i] holds
- * x[i, 2p] (low half) and x[i, 2p + 1]; 32 columns (16 pairs) at a time
- * through a 16x16 transpose of 32-bit words. */
-static void pack_x_bf16(const float *x, int64_t ldx, int m, int k, bool round, void *dst_)
-{
-    uint32_t *dst = dst_;
-    int pairs = (k + 1) / 2;
-    (void)round; /* always rounded: these kernels exist for FAST mode */
-    for (int p = 0; p < m; p += MR) {
-        int mp = m - p < MR ? m - p : MR;
-        uint32_t *d = dst + (size_t)(p / MR) * MR * (size_t)pairs;
-        for (int c = 0; c < k; c += 32) {
-            __m512i v[16];
-            for (int i = 0; i < 16; i++)
-                v[i] = i < mp ? load32_x_bf16(x + (p + i) * ldx + c, k - c)
-                              : _mm512_setzero_si512();
-            transpose16(v);
-            for (int jj = 0; jj < 16 && c / 2 + jj < pairs; jj++)
-                _mm512_mask_storeu_epi32(d + (size_t)(c / 2 + jj) * MR, (__mmask16)0x0fff, v[jj]);
-        }
-    }
-}
+/* ---- bf16 pair packing (shared with AMX) -------------------------------- */
 
 /* Weight rows are already bf16 pairs along K in memory, so packing is a
  * 16x16 transpose of 32-bit words per group of 16 rows. */
@@ -404,34 +368,6 @@ void cpu_mm_pack_w_bf16_pairs32(const void *w_, enum dtype dtype, int64_t ldw, i
                 _mm512_store_si512(dst + (size_t)(c / 2 + jj) * NR + g * 16, v[jj]);
         }
     }
-}
-
-static ALWAYS_INLINE void kernel_bf16_m(const int M, int n, int k, const uint32_t *a,
-                                        const uint32_t *b, float *c, int64_t ldc,
-                                        const float *bias, bool first)
-{
-    __m512 acc[MR][2];
-    int pairs = (k + 1) / 2;
-    for (int i = 0; i < M; i++)
-        acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-    for (int p = 0; p < pairs; p++) {
-        __m512bh b0 = (__m512bh)_mm512_load_si512(b), b1 = (__m512bh)_mm512_load_si512(b + 16);
-        for (int i = 0; i < M; i++) {
-            __m512bh ai = (__m512bh)_mm512_set1_epi32((int)a[i]);
-            acc[i][0] = _mm512_dpbf16_ps(acc[i][0], ai, b0);
-            acc[i][1] = _mm512_dpbf16_ps(acc[i][1], ai, b1);
-        }
-        a += MR;
-        b += NR;
-    }
-    for (int i = 0; i < M; i++)
-        store_row(c + i * ldc, acc[i][0], acc[i][1], n, bias, first);
-}
-
-static void kernel_bf16(int m, int n, int k, const void *a, const void *b, float *c, int64_t ldc,
-                        const float *bias, bool first)
-{
-    KERNEL_SWITCH(kernel_bf16_m, m, n, k, a, b, c, ldc, bias, first)
 }
 
 float cpu_mm_fma_chains_avx512(long iters)
@@ -467,10 +403,4 @@ const struct mm_gemv cpu_mm_gemv_avx512bf16 = {
     .x_bf16 = true,
     .prepare_x = prepare_x_bf16,
     .run = gemv_bf16_run,
-};
-
-const struct mm_gemm cpu_mm_gemm_avx512bf16 = {
-    .mr = MR, .nr = NR, .kc = KC, .mc = MC, .k_align = 2,
-    .a_elem = 2, .b_elem = 2,
-    .pack_x = pack_x_bf16, .pack_w = cpu_mm_pack_w_bf16_pairs32, .kernel = kernel_bf16,
 };

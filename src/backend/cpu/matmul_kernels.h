@@ -53,10 +53,9 @@ extern const struct mm_gemm cpu_mm_gemm_avx2;
 extern const struct mm_gemv cpu_mm_gemv_avx512;
 extern const struct mm_gemm cpu_mm_gemm_avx512;
 extern const struct mm_gemv cpu_mm_gemv_avx512bf16;   /* bf16 weights, FAST mode */
-extern const struct mm_gemm cpu_mm_gemm_avx512bf16;   /* bf16 weights, FAST mode */
 extern const struct mm_gemm cpu_mm_gemm_amx;          /* bf16 weights, FAST mode */
 
-/* The vdpbf16ps weight packing AMX reuses: n (<= 32) bf16 rows into pairs
+/* The AMX weight packing (vdpbf16ps pair layout): n (<= 32) bf16 rows into pairs
  * along K, [ceil(k / 2)][32] 32-bit words, zero past n and k. */
 void cpu_mm_pack_w_bf16_pairs32(const void *w, enum dtype dtype, int64_t ldw, int n, int k,
                                 void *dst);
