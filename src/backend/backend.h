@@ -103,6 +103,10 @@ struct backend_ops {
 struct backend {
     const struct backend_ops *ops;
     enum compute_mode mode;
+    /* The loader copies weight matrices into backend memory (alloc +
+     * to_device) instead of pointing at the mapped file: for backends that
+     * cannot read host memory in place. */
+    bool copy_weights;
     void *impl; /* owned by the backend */
 };
 

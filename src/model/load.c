@@ -129,9 +129,10 @@ static int find_tensor(struct model *m, const char *name, const int64_t *want, i
     return 0;
 }
 
-/* A weight matrix: BF16/F32 used in place from the mapping, F16 widened to F32
- * in backend memory. Misaligned data (a header whose length is not a multiple
- * of the element size) is copied so kernels may assume natural alignment. */
+/* A weight matrix: BF16/F32 used in place from the mapping unless the backend
+ * asks for copies (be->copy_weights), F16 widened to F32 in backend memory.
+ * Misaligned data (a header whose length is not a multiple of the element
+ * size) is copied so kernels may assume natural alignment. */
 static int load_matrix(struct model *m, const char *name, int64_t rows, int64_t cols,
                        struct weight_matrix *w, struct err *err)
 {
@@ -151,7 +152,7 @@ static int load_matrix(struct model *m, const char *name, int64_t rows, int64_t 
         return 0;
     }
     w->dtype = t->dtype;
-    if ((uintptr_t)t->data % dtype_size(t->dtype) == 0) {
+    if (!m->backend->copy_weights && (uintptr_t)t->data % dtype_size(t->dtype) == 0) {
         w->data = t->data;
         return 0;
     }
@@ -187,6 +188,10 @@ static int load_layer(struct model *m, int i, struct layer_weights *L, struct er
         (rc = load_matrix(m, NAME("self_attn.k_proj.weight"), kv_dim, hidden, &L->wk, err)) ||
         (rc = load_matrix(m, NAME("self_attn.v_proj.weight"), kv_dim, hidden, &L->wv, err)) ||
         (rc = load_matrix(m, NAME("self_attn.o_proj.weight"), hidden, q_dim, &L->wo, err)))
+        return rc;
+    /* Llama's and Qwen3's attention_bias covers o_proj too; Qwen2 biases q/k/v only. */
+    if (c->attention_bias && c->arch != ARCH_QWEN2 &&
+        (rc = load_vector(m, NAME("self_attn.o_proj.bias"), hidden, &L->bo, err)))
         return rc;
     if (c->attention_bias &&
         ((rc = load_vector(m, NAME("self_attn.q_proj.bias"), q_dim, &L->bq, err)) ||
