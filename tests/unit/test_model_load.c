@@ -83,6 +83,7 @@ struct tiny {
     const char *reshape;       /* write this tensor with shape [8, 8] */
     int shards;                /* 2: two shards and an index; else model.safetensors */
     bool unaligned;            /* do not pad the header to 8 bytes */
+    bool attention_bias;       /* Llama with attention_bias: q/k/v/o biases (pass it in config_extra too) */
     const char *config_extra;  /* appended members of config.json */
 };
 
@@ -100,7 +101,7 @@ static int head_dim_of(const struct tiny *t)
 
 static bool has_bias(const struct tiny *t)
 {
-    return t->arch && strcmp(t->arch, "Qwen2ForCausalLM") == 0;
+    return t->attention_bias || (t->arch && strcmp(t->arch, "Qwen2ForCausalLM") == 0);
 }
 
 static bool has_qk_norm(const struct tiny *t)
@@ -136,6 +137,8 @@ static int tiny_specs(const struct tiny *t, struct spec *s)
             n = add_spec(s, n, L("self_attn.k_proj.bias"), kv, 0);
             n = add_spec(s, n, L("self_attn.v_proj.bias"), kv, 0);
         }
+        if (t->attention_bias)
+            n = add_spec(s, n, L("self_attn.o_proj.bias"), HIDDEN, 0);
         if (has_qk_norm(t)) {
             n = add_spec(s, n, L("self_attn.q_norm.weight"), hd, 0);
             n = add_spec(s, n, L("self_attn.k_norm.weight"), hd, 0);
@@ -532,6 +535,20 @@ Test(model_load, qwen2_loads_qkv_biases)
     assert_vector_holds(L->bq, "model.layers.0.self_attn.q_proj.bias", 8);
     assert_vector_holds(L->bk, "model.layers.0.self_attn.k_proj.bias", 4);
     assert_vector_holds(L->bv, "model.layers.0.self_attn.v_proj.bias", 4);
+    model_free(m);
+    cr_assert_eq(mem.live, 0);
+}
+
+Test(model_load, llama_attention_bias_loads_qkv_and_output_biases)
+{
+    struct tiny t = {.attention_bias = true, .config_extra = "\"attention_bias\":true"};
+    struct model *m;
+    struct err err = {0};
+    cr_assert_eq(load_tiny(&t, &m, &err), 0, "%s", err.msg);
+    const struct layer_weights *L = &m->weights.layers[1];
+    assert_vector_holds(L->bq, "model.layers.1.self_attn.q_proj.bias", 8);
+    assert_vector_holds(L->bo, "model.layers.1.self_attn.o_proj.bias", HIDDEN);
+    cr_assert_null(m->weights.layers[0].q_norm);
     model_free(m);
     cr_assert_eq(mem.live, 0);
 }
