@@ -1,6 +1,8 @@
 /* model/config.c — config.json and generation_config.json: parsing, defaults and range checks. */
 #include "model/config.h"
 
+#include "base/file.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <json-c/json.h>
@@ -510,53 +512,6 @@ out:
 
 /* ---------------------------------------------------------------- loading from a directory */
 
-/* Reads path whole (at most CONFIG_MAX_FILE_BYTES). *missing is set, with no
- * error recorded, when the file does not exist and missing is non-NULL. */
-static int read_config_file(const char *path, char **out, size_t *len_out, bool *missing,
-                            struct err *err)
-{
-    *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        if (missing && errno == ENOENT) {
-            *missing = true;
-            return 0;
-        }
-        return err_set(err, INFERD_EIO, "cannot open %s: %s", path, strerror(errno));
-    }
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return err_set(err, INFERD_EIO, "%s is not a readable regular file", path);
-    }
-    if ((uint64_t)st.st_size > CONFIG_MAX_FILE_BYTES) {
-        close(fd);
-        return err_set(err, INFERD_EFORMAT, "%s is %lld bytes (limit %u)", path,
-                       (long long)st.st_size, CONFIG_MAX_FILE_BYTES);
-    }
-    size_t len = (size_t)st.st_size, got = 0;
-    char *buf = malloc(len + 1);
-    if (!buf) {
-        close(fd);
-        return err_set(err, INFERD_ENOMEM, "out of memory reading %s", path);
-    }
-    while (got < len) {
-        ssize_t r = read(fd, buf + got, len - got);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0) {
-            close(fd);
-            free(buf);
-            return err_set(err, INFERD_EIO, "short read on %s", path);
-        }
-        got += (size_t)r;
-    }
-    close(fd);
-    *out = buf;
-    *len_out = len;
-    return 0;
-}
-
 static int merge_eos(struct model_config *cfg, const struct generation_defaults *g,
                      struct err *err)
 {
@@ -594,7 +549,7 @@ int model_config_load(const char *dir, struct model_config *cfg, struct generati
 
     char *text;
     size_t len;
-    int rc = read_config_file(path, &text, &len, NULL, err);
+    int rc = file_read_all(path, CONFIG_MAX_FILE_BYTES, &text, &len, NULL, err);
     if (rc)
         return rc;
     rc = model_config_parse(text, len, cfg, err);
@@ -606,7 +561,7 @@ int model_config_load(const char *dir, struct model_config *cfg, struct generati
     if (n < 0 || (size_t)n >= sizeof path)
         return err_set(err, INFERD_EINVAL, "model directory path is too long");
     bool missing = false;
-    if ((rc = read_config_file(path, &text, &len, &missing, err)))
+    if ((rc = file_read_all(path, CONFIG_MAX_FILE_BYTES, &text, &len, &missing, err)))
         return rc;
     if (missing)
         return 0;

@@ -1,6 +1,8 @@
 /* model/safetensors.c — safetensors header validation and the mmap'd tensor set of a model directory. */
 #include "model/safetensors.h"
 
+#include "base/file.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <json-c/json.h>
@@ -481,48 +483,6 @@ static struct st_tensor *set_lookup(const struct st_set *set, const char *name)
                    cmp_tensor_name);
 }
 
-static int read_whole_file(const char *path, size_t cap, char **out, size_t *len_out,
-                           struct err *err)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return err_set(err, INFERD_EIO, "cannot open %s: %s", path, strerror(errno));
-    struct stat stbuf;
-    if (fstat(fd, &stbuf) != 0 || !S_ISREG(stbuf.st_mode)) {
-        close(fd);
-        return err_set(err, INFERD_EIO, "%s is not a readable regular file", path);
-    }
-    if ((uint64_t)stbuf.st_size > cap) {
-        close(fd);
-        return err_set(err, INFERD_EFORMAT, "%s is %lld bytes (limit %zu)", path,
-                       (long long)stbuf.st_size, cap);
-    }
-    size_t len = (size_t)stbuf.st_size, got = 0;
-    char *buf = malloc(len + 1);
-    if (!buf) {
-        close(fd);
-        return err_set(err, INFERD_ENOMEM, "out of memory reading %s", path);
-    }
-    while (got < len) {
-        ssize_t r = read(fd, buf + got, len - got);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0) {
-            int e = r < 0 ? errno : 0;
-            close(fd);
-            free(buf);
-            return err_set(err, INFERD_EIO, "short read on %s%s%s", path, e ? ": " : "",
-                           e ? strerror(e) : "");
-        }
-        got += (size_t)r;
-    }
-    close(fd);
-    buf[len] = '\0';
-    *out = buf;
-    *len_out = len;
-    return 0;
-}
-
 static bool shard_name_is_safe(const char *s)
 {
     return s[0] != '\0' && strchr(s, '/') == NULL && strchr(s, '\\') == NULL &&
@@ -547,7 +507,7 @@ static int set_open_index(struct st_set *set, const char *dir, const char *index
 {
     char *text = NULL;
     size_t len = 0;
-    int rc = read_whole_file(index_path, ST_MAX_INDEX_BYTES, &text, &len, err);
+    int rc = file_read_all(index_path, ST_MAX_INDEX_BYTES, &text, &len, NULL, err);
     if (rc)
         return rc;
     struct json_tokener *tok = json_tokener_new();
