@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "backend/cpu/matmul_kernels.h"
+#include "backend/cpu/vec_avx512.h"
 
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 
@@ -42,24 +43,6 @@ static const struct tile_config amx_config = {
 static void amx_thread_begin(void) { _tile_loadconfig(&amx_config); }
 
 static void amx_thread_end(void) { _tile_release(); }
-
-static ALWAYS_INLINE __mmask16 mask16(int64_t n)
-{
-    return n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
-}
-
-/* Round-to-nearest-even bf16 bits (NaN kept quiet) in the low half of each
- * lane; bit-identical to f32_to_bf16 in base/bf16.h. */
-static ALWAYS_INLINE __m512i bf16_bits(__m512 v)
-{
-    __m512i u = _mm512_castps_si512(v);
-    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i bias = _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb);
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
-    __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-    return _mm512_mask_blend_epi32(nan, r, quiet);
-}
 
 /* Panels of 32 token rows, each row k bf16 zero-padded to kpad (a multiple
  * of 32): plain row-major, so a 16-row slice at column kb is one tile load

@@ -4,6 +4,7 @@
 #include <stdint.h>
 
 #include "backend/cpu/matmul_kernels.h"
+#include "backend/cpu/vec_avx512.h"
 
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 
@@ -27,11 +28,6 @@
 
 /* ---- helpers ----------------------------------------------------------- */
 
-static ALWAYS_INLINE __mmask16 mask16(int64_t n)
-{
-    return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
-}
-
 static ALWAYS_INLINE __mmask32 mask32(int64_t n)
 {
     return n >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << n) - 1);
@@ -45,19 +41,6 @@ static ALWAYS_INLINE __m512 load16_w(const void *row, int64_t c, int64_t n, bool
         return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
     }
     return _mm512_maskz_loadu_ps(mask16(n), (const float *)row + c);
-}
-
-/* The bf16 bits of round-to-nearest-even (NaN kept quiet) in the low half
- * of each 32-bit lane: bit-identical to f32_to_bf16 in base/bf16.h. */
-static ALWAYS_INLINE __m512i bf16_bits(__m512 v)
-{
-    __m512i u = _mm512_castps_si512(v);
-    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i bias = _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb);
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
-    __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-    return _mm512_mask_blend_epi32(nan, r, quiet);
 }
 
 static ALWAYS_INLINE __m512 round_bf16(__m512 v)
