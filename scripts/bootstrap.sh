@@ -6,7 +6,7 @@ set -euo pipefail
 debian_packages=(
   build-essential cmake ninja-build pkg-config git
   clang libclang-rt-14-dev llvm
-  libjson-c-dev libcriterion-dev
+  libjson-c-dev libcriterion-dev libpcre2-dev libutf8proc-dev
   python3
 )
 
@@ -14,6 +14,12 @@ missing=()
 for p in "${debian_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+
+# Node.js and npm run the reference tokenizer and template engines in tests;
+# a machine may already have them from another source, which is fine.
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  missing+=(nodejs npm)
+fi
 
 if [ ${#missing[@]} -gt 0 ]; then
   echo "bootstrap: installing ${missing[*]}"
