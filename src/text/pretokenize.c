@@ -1,0 +1,616 @@
+/* text/pretokenize.c — tokenizer.json pre-tokenizers (Split, ByteLevel, Metaspace, Digits, Punctuation, Whitespace, ...) and the literal/regex patterns they split on. */
+#define _GNU_SOURCE /* memmem */
+#include <stdlib.h>
+#include <string.h>
+
+#include "text/tok_internal.h"
+
+/* ---------------------------------------------------------------- patterns */
+
+/* PCRE2's \s in UCP mode also matches U+180E, which left White_Space in Unicode 6.3;
+ * Oniguruma (HF's engine) follows the property, so \s and \S are rewritten to it. */
+static int translate_regex(const char *re, size_t len, struct tbuf *out, struct err *err)
+{
+    int rc = tbuf_put(out, "", 0, err);
+    for (size_t i = 0; rc == 0 && i < len; i++) {
+        if (re[i] == '\\' && i + 1 < len && (re[i + 1] == 's' || re[i + 1] == 'S')) {
+            rc = tbuf_put(out, re[i + 1] == 's' ? "\\p{White_Space}" : "\\P{White_Space}", 15, err);
+            i++;
+        } else if (re[i] == '\\' && i + 1 < len) {
+            rc = tbuf_put(out, re + i, 2, err);
+            i++;
+        } else {
+            rc = tbuf_put(out, re + i, 1, err);
+        }
+    }
+    return rc;
+}
+
+int tok_pattern_compile_regex(const char *re, size_t len, struct tok_pattern *p, struct err *err)
+{
+    int ec;
+    PCRE2_SIZE eo;
+    struct tbuf tr = {0};
+    int rc = translate_regex(re, len, &tr, err);
+    if (rc)
+        return rc;
+    p->re = pcre2_compile((PCRE2_SPTR)tr.p, tr.len, PCRE2_UTF | PCRE2_UCP, &ec, &eo, NULL);
+    tbuf_free(&tr);
+    if (!p->re) {
+        PCRE2_UCHAR msg[160];
+        pcre2_get_error_message(ec, msg, sizeof msg);
+        return err_set(err, INFERD_EFORMAT, "tokenizer: regex '%.80s' at offset %zu: %s", re,
+                       (size_t)eo, (const char *)msg);
+    }
+    /* JIT is an optimisation: a pattern the JIT refuses still matches through the interpreter. */
+    pcre2_jit_compile(p->re, PCRE2_JIT_COMPLETE);
+    return 0;
+}
+
+int tok_pattern_parse(json_object *j, struct tok_pattern *p, struct err *err)
+{
+    memset(p, 0, sizeof *p);
+    json_object *v;
+    if (!json_object_is_type(j, json_type_object))
+        return err_set(err, INFERD_EFORMAT, "tokenizer: pattern must be an object");
+    if (json_object_object_get_ex(j, "Regex", &v)) {
+        if (!json_object_is_type(v, json_type_string))
+            return err_set(err, INFERD_EFORMAT, "tokenizer: pattern Regex must be a string");
+        return tok_pattern_compile_regex(json_object_get_string(v),
+                                         (size_t)json_object_get_string_len(v), p, err);
+    }
+    if (json_object_object_get_ex(j, "String", &v)) {
+        if (!json_object_is_type(v, json_type_string))
+            return err_set(err, INFERD_EFORMAT, "tokenizer: pattern String must be a string");
+        p->len = (size_t)json_object_get_string_len(v);
+        p->str = malloc(p->len + 1);
+        if (!p->str)
+            return err_set(err, INFERD_ENOMEM, "tokenizer: out of memory");
+        memcpy(p->str, json_object_get_string(v), p->len + 1);
+        return 0;
+    }
+    return err_set(err, INFERD_EFORMAT, "tokenizer: pattern needs a String or Regex member");
+}
+
+void tok_pattern_free(struct tok_pattern *p)
+{
+    free(p->str);
+    if (p->re)
+        pcre2_code_free(p->re);
+    memset(p, 0, sizeof *p);
+}
+
+static int span_push(struct spanlist *l, size_t s, size_t e, bool m, struct err *err)
+{
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 32;
+        struct span *v = realloc(l->v, cap * sizeof *v);
+        if (!v)
+            return err_set(err, INFERD_ENOMEM, "tokenizer: out of memory");
+        l->v = v;
+        l->cap = cap;
+    }
+    l->v[l->n++] = (struct span){s, e, m};
+    return 0;
+}
+
+static size_t utf8_len_at(const char *s, size_t i)
+{
+    uint8_t b = (uint8_t)s[i];
+    return b < 0xC0 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
+}
+
+int tok_pattern_find(const struct tok_pattern *p, const char *s, size_t len, struct spanlist *out,
+                     struct err *err)
+{
+    out->n = 0;
+    size_t prev = 0;
+    int rc = 0;
+    if (!p->re) {
+        if (p->len == 0) {
+            return len ? span_push(out, 0, len, false, err) : 0;
+        }
+        size_t pos = 0;
+        while (rc == 0 && pos + p->len <= len) {
+            const char *hit = memmem(s + pos, len - pos, p->str, p->len);
+            if (!hit)
+                break;
+            size_t ms = (size_t)(hit - s);
+            if (ms > prev)
+                rc = span_push(out, prev, ms, false, err);
+            if (rc == 0)
+                rc = span_push(out, ms, ms + p->len, true, err);
+            prev = pos = ms + p->len;
+        }
+    } else {
+        pcre2_match_data *md = pcre2_match_data_create_from_pattern(p->re, NULL);
+        if (!md)
+            return err_set(err, INFERD_ENOMEM, "tokenizer: out of memory");
+        size_t pos = 0;
+        while (rc == 0 && pos <= len) {
+            int m = pcre2_match(p->re, (PCRE2_SPTR)s, len, pos, PCRE2_NO_UTF_CHECK, md, NULL);
+            if (m == PCRE2_ERROR_NOMATCH)
+                break;
+            if (m < 0) {
+                PCRE2_UCHAR msg[160];
+                pcre2_get_error_message(m, msg, sizeof msg);
+                rc = err_set(err, INFERD_EINVAL, "tokenizer: regex match failed: %s",
+                             (const char *)msg);
+                break;
+            }
+            PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
+            size_t ms = ov[0], me = ov[1];
+            if (me <= ms) {
+                if (ms >= len)
+                    break;
+                pos = ms + utf8_len_at(s, ms);
+                continue;
+            }
+            if (ms > prev)
+                rc = span_push(out, prev, ms, false, err);
+            if (rc == 0)
+                rc = span_push(out, ms, me, true, err);
+            prev = pos = me;
+        }
+        pcre2_match_data_free(md);
+    }
+    if (rc == 0 && prev < len)
+        rc = span_push(out, prev, len, false, err);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- byte map */
+
+/* GPT-2's map, in closed form: printable bytes map to themselves; the 68 others
+ * (0x00-0x20, 0x7F-0xA0, 0xAD), in order, to U+0100 onwards. */
+static bool byte_is_direct(uint32_t b)
+{
+    return (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+}
+
+uint32_t tok_byte_to_cp(uint8_t b)
+{
+    if (byte_is_direct(b))
+        return b;
+    if (b <= 0x20)
+        return 256u + b;
+    if (b <= 0xA0)
+        return 256u + 33u + (b - 0x7Fu);
+    return 256u + 33u + 34u; /* 0xAD */
+}
+
+int tok_cp_to_byte(uint32_t cp)
+{
+    if (cp < 256)
+        return byte_is_direct(cp) ? (int)cp : -1;
+    if (cp < 256 + 33)
+        return (int)(cp - 256);
+    if (cp < 256 + 33 + 34)
+        return (int)(0x7F + cp - (256 + 33));
+    return cp == 256 + 33 + 34 ? 0xAD : -1;
+}
+
+/* ---------------------------------------------------------------- pre-tokenizers */
+
+enum split_behavior { SB_REMOVED, SB_ISOLATED, SB_MERGED_PREV, SB_MERGED_NEXT, SB_CONTIGUOUS };
+
+enum pretok_kind {
+    PT_SPLIT,
+    PT_BYTELEVEL,
+    PT_METASPACE,
+    PT_DIGITS,
+    PT_PUNCTUATION,
+    PT_WHITESPACE,
+    PT_WHITESPACE_SPLIT,
+    PT_CHAR_DELIMITER,
+    PT_BERT,
+    PT_SEQUENCE,
+};
+
+enum prepend_scheme { PREPEND_FIRST, PREPEND_ALWAYS, PREPEND_NEVER };
+
+struct pretok {
+    enum pretok_kind kind;
+    struct tok_pattern pat; /* Split's pattern; ByteLevel's GPT-2 regex; Whitespace's regex */
+    enum split_behavior behavior;
+    bool invert;
+    bool add_prefix_space, use_regex;     /* ByteLevel */
+    uint32_t replacement;                 /* Metaspace */
+    enum prepend_scheme prepend;          /* Metaspace */
+    bool split;                           /* Metaspace */
+    bool individual_digits;               /* Digits */
+    uint32_t delimiter;                   /* CharDelimiterSplit */
+    struct pretok **subs;                 /* owned; Sequence members */
+    size_t n_subs;
+};
+
+static const char gpt2_regex[] =
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+
+static int parse_behavior(json_object *j, enum split_behavior dflt, enum split_behavior *out,
+                          struct err *err)
+{
+    const char *b;
+    size_t n;
+    int rc = tok_json_str(j, "behavior", &b, &n, false, "pre_tokenizer", err);
+    if (rc)
+        return rc;
+    if (!b) {
+        *out = dflt;
+        return 0;
+    }
+    static const char *names[] = {"Removed", "Isolated", "MergedWithPrevious", "MergedWithNext",
+                                  "Contiguous"};
+    for (int i = 0; i < 5; i++)
+        if (!strcmp(b, names[i])) {
+            *out = (enum split_behavior)i;
+            return 0;
+        }
+    return err_set(err, INFERD_EUNSUPPORTED, "tokenizer: unknown split behavior '%.60s'", b);
+}
+
+void pretok_free(struct pretok *p)
+{
+    if (!p)
+        return;
+    tok_pattern_free(&p->pat);
+    for (size_t i = 0; i < p->n_subs; i++)
+        pretok_free(p->subs[i]);
+    free(p->subs);
+    free(p);
+}
+
+static int single_char(json_object *j, const char *key, const char *dflt, uint32_t *out,
+                       struct err *err)
+{
+    const char *s;
+    size_t n;
+    int rc = tok_json_str(j, key, &s, &n, false, "pre_tokenizer", err);
+    if (rc)
+        return rc;
+    if (!s)
+        s = dflt, n = strlen(dflt);
+    size_t i = 0;
+    struct tbuf b = {0};
+    if ((rc = tok_utf8_lossy(s, n, &b, err)))
+        return rc;
+    *out = b.len ? tok_utf8_next(b.p, b.len, &i) : 0;
+    bool one = b.len && i == b.len;
+    tbuf_free(&b);
+    if (!one)
+        return err_set(err, INFERD_EFORMAT, "tokenizer: %s must be a single character", key);
+    return 0;
+}
+
+int pretok_parse(json_object *j, struct pretok **out, struct err *err)
+{
+    *out = NULL;
+    const char *type;
+    int rc = tok_json_type(j, "pre_tokenizer", &type, err);
+    if (rc)
+        return rc;
+    struct pretok *p = calloc(1, sizeof *p);
+    if (!p)
+        return err_set(err, INFERD_ENOMEM, "tokenizer: out of memory");
+    json_object *v;
+    if (!strcmp(type, "Split")) {
+        p->kind = PT_SPLIT;
+        if (!json_object_object_get_ex(j, "pattern", &v))
+            rc = err_set(err, INFERD_EFORMAT, "tokenizer: Split pre_tokenizer needs a pattern");
+        else
+            rc = tok_pattern_parse(v, &p->pat, err);
+        if (!rc)
+            rc = parse_behavior(j, SB_REMOVED, &p->behavior, err);
+        if (!rc)
+            rc = tok_json_bool(j, "invert", false, &p->invert, "Split", err);
+    } else if (!strcmp(type, "ByteLevel")) {
+        p->kind = PT_BYTELEVEL;
+        rc = tok_json_bool(j, "add_prefix_space", true, &p->add_prefix_space, "ByteLevel", err);
+        if (!rc)
+            rc = tok_json_bool(j, "use_regex", true, &p->use_regex, "ByteLevel", err);
+        if (!rc && p->use_regex)
+            rc = tok_pattern_compile_regex(gpt2_regex, sizeof gpt2_regex - 1, &p->pat, err);
+    } else if (!strcmp(type, "Metaspace")) {
+        p->kind = PT_METASPACE;
+        rc = single_char(j, "replacement", "\xE2\x96\x81", &p->replacement, err);
+        const char *ps;
+        size_t n;
+        if (!rc)
+            rc = tok_json_str(j, "prepend_scheme", &ps, &n, false, "Metaspace", err);
+        if (!rc) {
+            if (!ps) {
+                bool aps;
+                rc = tok_json_bool(j, "add_prefix_space", true, &aps, "Metaspace", err);
+                p->prepend = aps ? PREPEND_ALWAYS : PREPEND_NEVER;
+            } else if (!strcmp(ps, "first"))
+                p->prepend = PREPEND_FIRST;
+            else if (!strcmp(ps, "always"))
+                p->prepend = PREPEND_ALWAYS;
+            else if (!strcmp(ps, "never"))
+                p->prepend = PREPEND_NEVER;
+            else
+                rc = err_set(err, INFERD_EUNSUPPORTED,
+                             "tokenizer: unknown Metaspace prepend_scheme '%.40s'", ps);
+        }
+        if (!rc)
+            rc = tok_json_bool(j, "split", true, &p->split, "Metaspace", err);
+    } else if (!strcmp(type, "Digits")) {
+        p->kind = PT_DIGITS;
+        rc = tok_json_bool(j, "individual_digits", false, &p->individual_digits, "Digits", err);
+    } else if (!strcmp(type, "Punctuation")) {
+        p->kind = PT_PUNCTUATION;
+        rc = parse_behavior(j, SB_ISOLATED, &p->behavior, err);
+    } else if (!strcmp(type, "Whitespace")) {
+        p->kind = PT_WHITESPACE;
+        static const char ws_re[] = "\\w+|[^\\w\\s]+";
+        rc = tok_pattern_compile_regex(ws_re, sizeof ws_re - 1, &p->pat, err);
+    } else if (!strcmp(type, "WhitespaceSplit")) {
+        p->kind = PT_WHITESPACE_SPLIT;
+    } else if (!strcmp(type, "CharDelimiterSplit")) {
+        p->kind = PT_CHAR_DELIMITER;
+        rc = single_char(j, "delimiter", "", &p->delimiter, err);
+    } else if (!strcmp(type, "BertPreTokenizer")) {
+        p->kind = PT_BERT;
+    } else if (!strcmp(type, "Sequence")) {
+        p->kind = PT_SEQUENCE;
+        json_object *arr;
+        if (!json_object_object_get_ex(j, "pretokenizers", &arr) ||
+            !json_object_is_type(arr, json_type_array))
+            rc = err_set(err, INFERD_EFORMAT,
+                         "tokenizer: Sequence pre_tokenizer needs a pretokenizers array");
+        size_t n = rc ? 0 : json_object_array_length(arr);
+        if (n && !(p->subs = calloc(n, sizeof *p->subs)))
+            rc = err_set(err, INFERD_ENOMEM, "tokenizer: out of memory");
+        for (size_t i = 0; !rc && i < n; i++) {
+            rc = pretok_parse(json_object_array_get_idx(arr, i), &p->subs[i], err);
+            if (!rc)
+                p->n_subs++;
+        }
+    } else {
+        rc = err_set(err, INFERD_EUNSUPPORTED, "tokenizer: unsupported pre_tokenizer type '%.60s'",
+                     type);
+    }
+    if (rc) {
+        pretok_free(p);
+        return rc;
+    }
+    *out = p;
+    return 0;
+}
+
+/* Applies a split behaviour to spans covering pc and appends the kept parts to out. */
+static int split_piece(const struct piece *pc, struct spanlist *sp, enum split_behavior b,
+                       bool invert, struct plist *out, struct err *err)
+{
+    if (invert)
+        for (size_t i = 0; i < sp->n; i++)
+            sp->v[i].is_match = !sp->v[i].is_match;
+    /* Rewrite in place: r spans, is_match now meaning "remove". */
+    size_t r = 0;
+    bool prev = false;
+    if (b == SB_MERGED_NEXT) {
+        size_t n = sp->n;
+        for (size_t k = n; k-- > 0;) {
+            struct span s = sp->v[k];
+            if (s.is_match && !prev && r)
+                sp->v[n - r].start = s.start;
+            else
+                sp->v[n - ++r] = (struct span){s.start, s.end, false};
+            prev = s.is_match;
+        }
+        if (r)
+            memmove(sp->v, sp->v + (n - r), r * sizeof *sp->v);
+    } else {
+        for (size_t k = 0; k < sp->n; k++) {
+            struct span s = sp->v[k];
+            switch (b) {
+            case SB_ISOLATED:
+                sp->v[r++] = (struct span){s.start, s.end, false};
+                break;
+            case SB_REMOVED:
+                sp->v[r++] = s;
+                break;
+            case SB_CONTIGUOUS:
+                if (r && s.is_match == prev)
+                    sp->v[r - 1].end = s.end;
+                else
+                    sp->v[r++] = (struct span){s.start, s.end, false};
+                break;
+            case SB_MERGED_PREV:
+                if (s.is_match && !prev && r)
+                    sp->v[r - 1].end = s.end;
+                else
+                    sp->v[r++] = (struct span){s.start, s.end, false};
+                break;
+            default:
+                break;
+            }
+            prev = s.is_match;
+        }
+    }
+    for (size_t k = 0; k < r; k++) {
+        struct span s = sp->v[k];
+        if (s.is_match || s.end <= s.start)
+            continue;
+        int rc = plist_push(out, pc->s + s.start, s.end - s.start, pc->first && s.start == 0, err);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+enum char_class { CC_DIGIT, CC_PUNCT, CC_WHITESPACE, CC_EQUAL };
+
+/* Each character of the class is its own match (HF's char-predicate patterns). */
+static int char_spans(const char *s, size_t len, enum char_class cc, uint32_t arg,
+                      struct spanlist *out, struct err *err)
+{
+    out->n = 0;
+    size_t i = 0, prev = 0;
+    int rc = 0;
+    while (rc == 0 && i < len) {
+        size_t at = i;
+        uint32_t cp = tok_utf8_next(s, len, &i);
+        bool m = cc == CC_DIGIT        ? (cp >= '0' && cp <= '9')
+                 : cc == CC_PUNCT      ? tok_is_punct(cp)
+                 : cc == CC_WHITESPACE ? tok_is_whitespace(cp)
+                                       : cp == arg;
+        if (!m)
+            continue;
+        if (at > prev)
+            rc = span_push(out, prev, at, false, err);
+        if (rc == 0)
+            rc = span_push(out, at, i, true, err);
+        prev = i;
+    }
+    if (rc == 0 && prev < len)
+        rc = span_push(out, prev, len, false, err);
+    return rc;
+}
+
+static int bytelevel_map(const struct piece *pc, struct plist *out, struct err *err)
+{
+    /* Every byte maps to a code point below U+0144: at most 2 bytes of UTF-8. */
+    char stack[512];
+    char *buf = pc->len * 2 <= sizeof stack ? stack : malloc(pc->len * 2);
+    if (!buf)
+        return err_set(err, INFERD_ENOMEM, "tokenizer: out of memory");
+    size_t o = 0;
+    for (size_t i = 0; i < pc->len; i++)
+        o += tok_utf8_put(tok_byte_to_cp((uint8_t)pc->s[i]), buf + o);
+    int rc = plist_push(out, buf, o, pc->first, err);
+    if (buf != stack)
+        free(buf);
+    return rc;
+}
+
+static int apply_one(const struct pretok *p, const struct piece *pc, struct plist *out,
+                     struct spanlist *sp, struct err *err)
+{
+    int rc = 0;
+    switch (p->kind) {
+    case PT_SPLIT:
+        if ((rc = tok_pattern_find(&p->pat, pc->s, pc->len, sp, err)))
+            return rc;
+        return split_piece(pc, sp, p->behavior, p->invert, out, err);
+    case PT_BYTELEVEL: {
+        bool prefix = p->add_prefix_space && (pc->len == 0 || pc->s[0] != ' ');
+        if (!prefix && !p->use_regex)
+            return bytelevel_map(pc, out, err);
+        struct tbuf b = {0};
+        if (prefix)
+            rc = tbuf_put(&b, " ", 1, err);
+        if (!rc)
+            rc = tbuf_put(&b, pc->s, pc->len, err);
+        struct piece whole = {b.p, b.len, pc->first};
+        struct plist parts = {0};
+        if (!rc && p->use_regex) {
+            rc = tok_pattern_find(&p->pat, whole.s, whole.len, sp, err);
+            if (!rc)
+                rc = split_piece(&whole, sp, SB_ISOLATED, false, &parts, err);
+        } else if (!rc) {
+            rc = plist_push(&parts, whole.s, whole.len, whole.first, err);
+        }
+        for (size_t i = 0; !rc && i < parts.n; i++)
+            rc = bytelevel_map(&parts.v[i], out, err);
+        plist_free(&parts);
+        tbuf_free(&b);
+        return rc;
+    }
+    case PT_METASPACE: {
+        char rep[4];
+        size_t rn = tok_utf8_put(p->replacement, rep);
+        struct tbuf b = {0};
+        rc = tbuf_put(&b, "", 0, err);
+        bool starts_with_rep = false;
+        for (size_t i = 0; !rc && i < pc->len; i++) {
+            if (pc->s[i] == ' ')
+                rc = tbuf_put(&b, rep, rn, err);
+            else
+                rc = tbuf_put(&b, pc->s + i, 1, err);
+        }
+        if (!rc)
+            starts_with_rep = b.len >= rn && !memcmp(b.p, rep, rn);
+        bool prepend = !starts_with_rep && (p->prepend == PREPEND_ALWAYS ||
+                                            (p->prepend == PREPEND_FIRST && pc->first));
+        struct tbuf c = {0};
+        if (!rc && prepend)
+            rc = tbuf_put(&c, rep, rn, err);
+        if (!rc)
+            rc = tbuf_put(&c, b.p, b.len, err);
+        tbuf_free(&b);
+        struct piece whole = {c.p, c.len, pc->first};
+        if (!rc && p->split) {
+            rc = char_spans(whole.s, whole.len, CC_EQUAL, p->replacement, sp, err);
+            if (!rc)
+                rc = split_piece(&whole, sp, SB_MERGED_NEXT, false, out, err);
+        } else if (!rc && whole.len) {
+            rc = plist_push(out, whole.s, whole.len, whole.first, err);
+        }
+        tbuf_free(&c);
+        return rc;
+    }
+    case PT_DIGITS:
+        if ((rc = char_spans(pc->s, pc->len, CC_DIGIT, 0, sp, err)))
+            return rc;
+        return split_piece(pc, sp, p->individual_digits ? SB_ISOLATED : SB_CONTIGUOUS, false, out,
+                           err);
+    case PT_PUNCTUATION:
+        if ((rc = char_spans(pc->s, pc->len, CC_PUNCT, 0, sp, err)))
+            return rc;
+        return split_piece(pc, sp, p->behavior, false, out, err);
+    case PT_WHITESPACE:
+        if ((rc = tok_pattern_find(&p->pat, pc->s, pc->len, sp, err)))
+            return rc;
+        return split_piece(pc, sp, SB_REMOVED, true, out, err);
+    case PT_WHITESPACE_SPLIT:
+        if ((rc = char_spans(pc->s, pc->len, CC_WHITESPACE, 0, sp, err)))
+            return rc;
+        return split_piece(pc, sp, SB_REMOVED, false, out, err);
+    case PT_CHAR_DELIMITER:
+        if ((rc = char_spans(pc->s, pc->len, CC_EQUAL, p->delimiter, sp, err)))
+            return rc;
+        return split_piece(pc, sp, SB_REMOVED, false, out, err);
+    case PT_BERT: {
+        struct plist mid = {0};
+        rc = char_spans(pc->s, pc->len, CC_WHITESPACE, 0, sp, err);
+        if (!rc)
+            rc = split_piece(pc, sp, SB_REMOVED, false, &mid, err);
+        for (size_t i = 0; !rc && i < mid.n; i++) {
+            rc = char_spans(mid.v[i].s, mid.v[i].len, CC_PUNCT, 0, sp, err);
+            if (!rc)
+                rc = split_piece(&mid.v[i], sp, SB_ISOLATED, false, out, err);
+        }
+        plist_free(&mid);
+        return rc;
+    }
+    case PT_SEQUENCE:
+        break;
+    }
+    return rc;
+}
+
+int pretok_apply(const struct pretok *p, struct plist *l, struct err *err)
+{
+    if (p->kind == PT_SEQUENCE) {
+        for (size_t i = 0; i < p->n_subs; i++) {
+            int rc = pretok_apply(p->subs[i], l, err);
+            if (rc)
+                return rc;
+        }
+        return 0;
+    }
+    struct plist out = {0};
+    struct spanlist sp = {0};
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < l->n; i++)
+        rc = apply_one(p, &l->v[i], &out, &sp, err);
+    free(sp.v);
+    if (rc) {
+        plist_free(&out);
+        return rc;
+    }
+    plist_free(l);
+    *l = out;
+    return 0;
+}

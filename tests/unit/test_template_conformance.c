@@ -1,0 +1,221 @@
+/* tests/unit/test_template_conformance.c — jinja_render equals the reference renders (tests/text/template-refs-*.jsonl) of every conversation.
+ *
+ * The chat templates come from the real tokenizer_config.json files fetched by
+ * scripts/fetch-tokenizers.sh into INFERD_TOKENIZER_DATA (each test skips with a message when
+ * they are absent). The context is built exactly as tools/text-conformance/make_template_refs.js
+ * builds it. Where @huggingface/jinja and transformers' Python jinja2 disagree, the refs carry
+ * "transformers_output"/"transformers_error" and that is what is expected (tests/text/README.md). */
+#include <criterion/criterion.h>
+#include <json-c/json.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "text/jinja/jinja.h"
+#include "test_support.h"
+
+#define SHOW_FIRST 5
+
+static const char *refs_dir(void)
+{
+    const char *env = getenv("INFERD_TEXT_REFS_DIR");
+    return env && *env ? env : INFERD_SOURCE_DIR "/tests/text";
+}
+
+/* Each line of a .jsonl file parsed; the array owns them. */
+static struct json_object *load_jsonl(const char *path)
+{
+    size_t size;
+    char *text = test_read_file(path, &size);
+    cr_assert_not_null(text, "cannot read %s", path);
+    struct json_object *arr = json_object_new_array();
+    char *save = NULL;
+    int line_no = 0;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        line_no++;
+        struct json_object *o = json_tokener_parse(line);
+        cr_assert_not_null(o, "%s: bad JSON on line %d", path, line_no);
+        json_object_array_add(arr, o);
+    }
+    free(text);
+    return arr;
+}
+
+/* tokenizer_config's bos_token/eos_token: a string, a {"content": ...} object, or absent (null). */
+static struct json_object *token_text(struct json_object *cfg, const char *key)
+{
+    struct json_object *v, *content;
+    if (!json_object_object_get_ex(cfg, key, &v) || !v)
+        return NULL;
+    if (json_object_is_type(v, json_type_object))
+        return json_object_object_get_ex(v, "content", &content) && content
+                   ? json_object_new_string_len(json_object_get_string(content), json_object_get_string_len(content))
+                   : NULL;
+    return json_object_get(v);
+}
+
+/* The chat_template string: a plain string, or the entry named "default" of a list. */
+static const char *chat_template(struct json_object *cfg, size_t *len)
+{
+    struct json_object *t;
+    if (!json_object_object_get_ex(cfg, "chat_template", &t) || !t)
+        return NULL;
+    if (json_object_is_type(t, json_type_array)) {
+        for (size_t i = 0; i < json_object_array_length(t); i++) {
+            struct json_object *e = json_object_array_get_idx(t, i), *name, *tmpl;
+            if (json_object_object_get_ex(e, "name", &name) && strcmp(json_object_get_string(name), "default") == 0 &&
+                json_object_object_get_ex(e, "template", &tmpl)) {
+                *len = (size_t)json_object_get_string_len(tmpl);
+                return json_object_get_string(tmpl);
+            }
+        }
+        return NULL;
+    }
+    *len = (size_t)json_object_get_string_len(t);
+    return json_object_get_string(t);
+}
+
+static void snippet(const char *s, size_t len, char *out, size_t cap)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < len && o + 8 < cap; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '\n')
+            o += (size_t)snprintf(out + o, cap - o, "\\n");
+        else if (c == '\t')
+            o += (size_t)snprintf(out + o, cap - o, "\\t");
+        else if (c == '\r')
+            o += (size_t)snprintf(out + o, cap - o, "\\r");
+        else if (c < 0x20 || c == 0x7f)
+            o += (size_t)snprintf(out + o, cap - o, "\\x%02x", c);
+        else
+            out[o++] = (char)c;
+    }
+    out[o < cap ? o : cap - 1] = '\0';
+}
+
+static void check_template(const char *name)
+{
+    const char *data = getenv("INFERD_TOKENIZER_DATA");
+    if (!data || !*data)
+        cr_skip_test("INFERD_TOKENIZER_DATA is not set: run scripts/fetch-tokenizers.sh DIR and set it to DIR "
+                     "(make test does both)");
+    char cfg_path[1100];
+    snprintf(cfg_path, sizeof cfg_path, "%s/%s/tokenizer_config.json", data, name);
+    struct stat st;
+    if (stat(cfg_path, &st) != 0)
+        cr_skip_test("%s is missing: run scripts/fetch-tokenizers.sh %s", cfg_path, data);
+
+    struct json_object *cfg = json_object_from_file(cfg_path);
+    cr_assert_not_null(cfg, "cannot parse %s", cfg_path);
+    size_t src_len = 0;
+    const char *src = chat_template(cfg, &src_len);
+    cr_assert_not_null(src, "%s has no chat_template", cfg_path);
+
+    struct err err = {0};
+    struct jinja_template *tmpl = NULL;
+    cr_assert_eq(jinja_parse(src, src_len, &tmpl, &err), 0, "%s: jinja_parse: %s", name, err.msg);
+    struct jinja_limits limits;
+    jinja_limits_default(&limits);
+
+    char path[1024];
+    snprintf(path, sizeof path, "%s/conversations.jsonl", refs_dir());
+    struct json_object *convs = load_jsonl(path);
+    snprintf(path, sizeof path, "%s/template-refs-%s.jsonl", refs_dir(), name);
+    struct json_object *refs = load_jsonl(path);
+
+    size_t n_refs = json_object_array_length(refs), checked = 0;
+    int mismatches = 0;
+    for (size_t i = 0; i < n_refs; i++) {
+        struct json_object *ref = json_object_array_get_idx(refs, i), *idv, *v;
+        cr_assert(json_object_object_get_ex(ref, "id", &idv), "%s: ref %zu has no id", path, i);
+        int64_t id = json_object_get_int64(idv);
+        cr_assert(id >= 0 && (size_t)id < json_object_array_length(convs), "%s: id %lld is not a conversation", path,
+                  (long long)id);
+        struct json_object *conv = json_object_array_get_idx(convs, (size_t)id);
+        cr_assert(json_object_object_get_ex(conv, "id", &v) && json_object_get_int64(v) == id,
+                  "conversations.jsonl line %lld is not conversation %lld: regenerate (tests/text/README.md)",
+                  (long long)id + 1, (long long)id);
+
+        /* The context, as make_template_refs.js builds it. */
+        struct json_object *ctx = json_object_new_object();
+        cr_assert(json_object_object_get_ex(conv, "messages", &v));
+        json_object_object_add(ctx, "messages", json_object_get(v));
+        cr_assert(json_object_object_get_ex(conv, "add_generation_prompt", &v));
+        json_object_object_add(ctx, "add_generation_prompt", json_object_new_boolean(json_object_get_boolean(v)));
+        json_object_object_add(ctx, "bos_token", token_text(cfg, "bos_token"));
+        json_object_object_add(ctx, "eos_token", token_text(cfg, "eos_token"));
+        if (json_object_object_get_ex(conv, "tools", &v))
+            json_object_object_add(ctx, "tools", json_object_get(v));
+        if (json_object_object_get_ex(conv, "enable_thinking", &v))
+            json_object_object_add(ctx, "enable_thinking", json_object_new_boolean(json_object_get_boolean(v)));
+
+        /* transformers' Python jinja2 wins where the two oracles disagree. */
+        struct json_object *want_out = NULL, *want_err = NULL;
+        if (!json_object_object_get_ex(ref, "transformers_output", &want_out) &&
+            !json_object_object_get_ex(ref, "transformers_error", &want_err) &&
+            !json_object_object_get_ex(ref, "output", &want_out))
+            cr_assert(json_object_object_get_ex(ref, "error", &want_err), "%s: id %lld has no expectation", path,
+                      (long long)id);
+
+        char *out = NULL;
+        size_t len = 0;
+        err_clear(&err);
+        int rc = jinja_render(tmpl, ctx, &limits, &out, &len, &err);
+        checked++;
+        char what[512] = "";
+        if (want_out) {
+            const char *w = json_object_get_string(want_out);
+            size_t wlen = (size_t)json_object_get_string_len(want_out);
+            if (rc != 0) {
+                snprintf(what, sizeof what, "expected output, got error %s: %.300s", err_code_name(err.code), err.msg);
+            } else if (len != wlen || memcmp(out, w, len) != 0) {
+                size_t at = 0;
+                while (at < len && at < wlen && out[at] == w[at])
+                    at++;
+                size_t from = at > 40 ? at - 40 : 0;
+                char ws[200], gs[200];
+                snippet(w + from, (wlen - from) < 60 ? wlen - from : 60, ws, sizeof ws);
+                snippet(out + from, (len - from) < 60 ? len - from : 60, gs, sizeof gs);
+                snprintf(what, sizeof what, "differs at byte %zu (expected %zu bytes, got %zu); from byte %zu:\n"
+                         "    expected \"%s\"\n    got      \"%s\"", at, wlen, len, from, ws, gs);
+            }
+        } else {
+            const char *w = json_object_get_string(want_err);
+            if (rc == 0)
+                snprintf(what, sizeof what, "expected raise_exception(\"%.200s\"), but it rendered %zu bytes", w, len);
+            else if (!strstr(err.msg, w))
+                snprintf(what, sizeof what, "expected an error containing \"%.200s\", got \"%.250s\"", w, err.msg);
+        }
+        if (what[0] && mismatches++ < SHOW_FIRST)
+            cr_log_error("%s: conversation %lld %s", name, (long long)id, what);
+        free(out);
+        json_object_put(ctx);
+    }
+
+    cr_log_info("%s: %zu conversations rendered, %d mismatches", name, checked, mismatches);
+    jinja_free(tmpl);
+    json_object_put(refs);
+    json_object_put(convs);
+    json_object_put(cfg);
+    cr_assert(checked >= 100, "%s: only %zu conversations in the refs", name, checked);
+    cr_assert_eq(mismatches, 0, "%s: %d of %zu conversations render differently from the reference "
+                 "(first %d logged above)", name, mismatches, checked, SHOW_FIRST);
+}
+
+Test(template_conformance, qwen3_chat_template_renders_like_the_reference, .timeout = 300)
+{
+    check_template("qwen3");
+}
+
+Test(template_conformance, llama3_chat_template_renders_like_the_reference, .timeout = 300)
+{
+    check_template("llama3");
+}
+
+Test(template_conformance, gemma3_chat_template_renders_like_the_reference, .timeout = 300)
+{
+    check_template("gemma3");
+}
