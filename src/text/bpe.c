@@ -569,12 +569,6 @@ static int encode_word_uncached(const struct bpe *m, const char *s, size_t len,
     struct symbols sy = {0};
     struct heap h = {0};
     int rc = initial_symbols(m, s, len, &sy, err);
-    /* Long words (SentencePiece text is one word) are bound by cache misses in the merge
-     * table: touch every first-round slot before the lookups so the misses overlap. */
-    for (size_t i = 0; !rc && i + 1 < sy.n; i++) {
-        uint64_t key = ((uint64_t)(uint32_t)sy.v[i].id << 32) | (uint32_t)sy.v[i + 1].id;
-        __builtin_prefetch(&m->merges[hash_u64(key) & m->merge_mask]);
-    }
     for (size_t i = 0; !rc && i + 1 < sy.n; i++)
         rc = push_pair(m, &sy, &h, (int32_t)i, err);
     while (!rc && h.n) {
