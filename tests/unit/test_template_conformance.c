@@ -1,4 +1,4 @@
-/* tests/unit/test_template_conformance.c — jinja_render equals the reference renders (tests/text/template-refs-*.jsonl) of every conversation.
+/* tests/unit/test_template_conformance.c — chat_template_render equals the reference renders (tests/text/template-refs-*.jsonl) of every conversation.
  *
  * The chat templates come from the real tokenizer_config.json files fetched by
  * scripts/fetch-tokenizers.sh into INFERD_TOKENIZER_DATA (each test skips with a message when
@@ -13,7 +13,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "text/jinja/jinja.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
 #include "test_support.h"
 
 #define SHOW_FIRST 5
@@ -43,39 +44,6 @@ static struct json_object *load_jsonl(const char *path)
     return arr;
 }
 
-/* tokenizer_config's bos_token/eos_token: a string, a {"content": ...} object, or absent (null). */
-static struct json_object *token_text(struct json_object *cfg, const char *key)
-{
-    struct json_object *v, *content;
-    if (!json_object_object_get_ex(cfg, key, &v) || !v)
-        return NULL;
-    if (json_object_is_type(v, json_type_object))
-        return json_object_object_get_ex(v, "content", &content) && content
-                   ? json_object_new_string_len(json_object_get_string(content), json_object_get_string_len(content))
-                   : NULL;
-    return json_object_get(v);
-}
-
-/* The chat_template string: a plain string, or the entry named "default" of a list. */
-static const char *chat_template(struct json_object *cfg, size_t *len)
-{
-    struct json_object *t;
-    if (!json_object_object_get_ex(cfg, "chat_template", &t) || !t)
-        return NULL;
-    if (json_object_is_type(t, json_type_array)) {
-        for (size_t i = 0; i < json_object_array_length(t); i++) {
-            struct json_object *e = json_object_array_get_idx(t, i), *name, *tmpl;
-            if (json_object_object_get_ex(e, "name", &name) && strcmp(json_object_get_string(name), "default") == 0 &&
-                json_object_object_get_ex(e, "template", &tmpl)) {
-                *len = (size_t)json_object_get_string_len(tmpl);
-                return json_object_get_string(tmpl);
-            }
-        }
-        return NULL;
-    }
-    *len = (size_t)json_object_get_string_len(t);
-    return json_object_get_string(t);
-}
 
 static void snippet(const char *s, size_t len, char *out, size_t cap)
 {
@@ -108,17 +76,15 @@ static void check_template(const char *name)
     if (stat(cfg_path, &st) != 0)
         cr_skip_test("%s is missing: run scripts/fetch-tokenizers.sh %s", cfg_path, data);
 
-    struct json_object *cfg = json_object_from_file(cfg_path);
-    cr_assert_not_null(cfg, "cannot parse %s", cfg_path);
-    size_t src_len = 0;
-    const char *src = chat_template(cfg, &src_len);
-    cr_assert_not_null(src, "%s has no chat_template", cfg_path);
-
+    /* The path the server takes: the tokenizer directory's chat_template,
+     * bos_token and eos_token, through chat_template_render. */
+    char dir[1100];
+    snprintf(dir, sizeof dir, "%s/%s", data, name);
     struct err err = {0};
-    struct jinja_template *tmpl = NULL;
-    cr_assert_eq(jinja_parse(src, src_len, &tmpl, &err), 0, "%s: jinja_parse: %s", name, err.msg);
-    struct jinja_limits limits;
-    jinja_limits_default(&limits);
+    struct tokenizer *tok = NULL;
+    cr_assert_eq(tok_load(dir, &tok, &err), 0, "%s: tok_load: %s", name, err.msg);
+    struct chat_template ct;
+    cr_assert_eq(chat_template_load(tok, &ct, &err), 0, "%s: chat_template_load: %s", name, err.msg);
 
     char path[1024];
     snprintf(path, sizeof path, "%s/conversations.jsonl", refs_dir());
@@ -139,18 +105,14 @@ static void check_template(const char *name)
                   "conversations.jsonl line %lld is not conversation %lld: regenerate (tests/text/README.md)",
                   (long long)id + 1, (long long)id);
 
-        /* The context, as make_template_refs.js builds it. */
-        struct json_object *ctx = json_object_new_object();
-        cr_assert(json_object_object_get_ex(conv, "messages", &v));
-        json_object_object_add(ctx, "messages", json_object_get(v));
+        /* The inputs make_template_refs.js passes. */
+        struct json_object *messages, *tools = NULL, *kwargs = json_object_new_object();
+        cr_assert(json_object_object_get_ex(conv, "messages", &messages));
         cr_assert(json_object_object_get_ex(conv, "add_generation_prompt", &v));
-        json_object_object_add(ctx, "add_generation_prompt", json_object_new_boolean(json_object_get_boolean(v)));
-        json_object_object_add(ctx, "bos_token", token_text(cfg, "bos_token"));
-        json_object_object_add(ctx, "eos_token", token_text(cfg, "eos_token"));
-        if (json_object_object_get_ex(conv, "tools", &v))
-            json_object_object_add(ctx, "tools", json_object_get(v));
+        bool add_generation_prompt = json_object_get_boolean(v);
+        json_object_object_get_ex(conv, "tools", &tools);
         if (json_object_object_get_ex(conv, "enable_thinking", &v))
-            json_object_object_add(ctx, "enable_thinking", json_object_new_boolean(json_object_get_boolean(v)));
+            json_object_object_add(kwargs, "enable_thinking", json_object_new_boolean(json_object_get_boolean(v)));
 
         /* transformers' Python jinja2 wins where the two oracles disagree. */
         struct json_object *want_out = NULL, *want_err = NULL;
@@ -163,7 +125,7 @@ static void check_template(const char *name)
         char *out = NULL;
         size_t len = 0;
         err_clear(&err);
-        int rc = jinja_render(tmpl, ctx, &limits, &out, &len, &err);
+        int rc = chat_template_render(&ct, messages, tools, add_generation_prompt, kwargs, &out, &len, &err);
         checked++;
         char what[512] = "";
         if (want_out) {
@@ -192,14 +154,14 @@ static void check_template(const char *name)
         if (what[0] && mismatches++ < SHOW_FIRST)
             cr_log_error("%s: conversation %lld %s", name, (long long)id, what);
         free(out);
-        json_object_put(ctx);
+        json_object_put(kwargs);
     }
 
     cr_log_info("%s: %zu conversations rendered, %d mismatches", name, checked, mismatches);
-    jinja_free(tmpl);
+    chat_template_free(&ct);
+    tok_free(tok);
     json_object_put(refs);
     json_object_put(convs);
-    json_object_put(cfg);
     cr_assert(checked >= 100, "%s: only %zu conversations in the refs", name, checked);
     cr_assert_eq(mismatches, 0, "%s: %d of %zu conversations render differently from the reference "
                  "(first %d logged above)", name, mismatches, checked, SHOW_FIRST);
