@@ -2,17 +2,24 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+#include <json-c/json.h>
 
 #include "base/timer.h"
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "engine/generate.h"
 #include "engine/sampler.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
 
 struct run_options {
     const char *dir;
-    int32_t *prompt; /* owned */
+    int32_t *prompt; /* owned; from --tokens */
     int n_prompt;
+    const char *text; /* -p: encoded with the model's tokenizer */
+    bool chat;        /* --chat: the text is a user message through the chat template */
     long n_generate, n_threads, n_ctx;
     enum compute_mode mode;
     struct sampler_params sampling;
@@ -33,6 +40,10 @@ static bool parse_run_options(int argc, char **argv, struct run_options *o)
             o->dir = a;
             continue;
         }
+        if (!strcmp(a, "--chat")) {
+            o->chat = true;
+            continue;
+        }
         if (!(v = arg_value(argc, argv, &i)))
             return false;
         if (!strcmp(a, "--tokens")) {
@@ -40,9 +51,7 @@ static bool parse_run_options(int argc, char **argv, struct run_options *o)
             if (!arg_token_list(a, v, &o->prompt, &o->n_prompt))
                 return false;
         } else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
-            fprintf(stderr, "inferd run: text prompts need the model's tokenizer, which this "
-                            "build does not load yet; pass token ids with --tokens\n");
-            return false;
+            o->text = v;
         } else if (!strcmp(a, "-n")) {
             if (!arg_int(a, v, 0, 1 << 24, &o->n_generate))
                 return false;
@@ -80,8 +89,12 @@ static bool parse_run_options(int argc, char **argv, struct run_options *o)
             return false;
         }
     }
-    if (!o->dir || !o->prompt) {
-        fprintf(stderr, "usage: inferd run DIR --tokens IDS [-n N] [--temp T] [--seed S]\n");
+    if (!o->dir || (!o->prompt) == (!o->text)) {
+        fprintf(stderr, "usage: inferd run DIR (-p TEXT [--chat] | --tokens IDS) [-n N] [--temp T] [--seed S]\n");
+        return false;
+    }
+    if (o->chat && !o->text) {
+        fprintf(stderr, "inferd run: --chat applies to a text prompt (-p)\n");
         return false;
     }
     return true;
@@ -95,6 +108,51 @@ static bool is_eos(const struct model *m, int32_t tok)
     return false;
 }
 
+/* The prompt's token ids from -p: the text as given, or as one user message
+ * rendered through the chat template (--chat); the template adds BOS itself,
+ * so only a raw prompt gets the tokenizer's special tokens. */
+static int encode_text_prompt(const struct tokenizer *tok, const struct run_options *o,
+                              int32_t **ids, int *n, struct err *err)
+{
+    if (!o->chat)
+        return tok_encode(tok, o->text, strlen(o->text), true, ids, n, err);
+    struct chat_template ct;
+    int rc = chat_template_load(tok, &ct, err);
+    if (rc < 0)
+        return rc;
+    struct json_object *messages = json_object_new_array();
+    struct json_object *message = json_object_new_object();
+    json_object_object_add(message, "role", json_object_new_string("user"));
+    json_object_object_add(message, "content", json_object_new_string(o->text));
+    json_object_array_add(messages, message);
+    char *rendered = NULL;
+    size_t len = 0;
+    rc = chat_template_render(&ct, messages, NULL, true, NULL, &rendered, &len, err);
+    if (rc == 0)
+        rc = tok_encode(tok, rendered, len, false, ids, n, err);
+    free(rendered);
+    json_object_put(messages);
+    chat_template_free(&ct);
+    return rc;
+}
+
+/* Prints a generated token: as text when the model has a tokenizer, else as its id. */
+static int print_token(struct detok *detok, int32_t tok, long index, struct err *err)
+{
+    if (!detok) {
+        printf("%s%d", index ? "," : "", tok);
+    } else {
+        const char *text;
+        size_t len;
+        int rc = detok_push(detok, tok, &text, &len, err);
+        if (rc < 0)
+            return rc;
+        fwrite(text, 1, len, stdout);
+    }
+    fflush(stdout);
+    return 0;
+}
+
 int cmd_run(int argc, char **argv)
 {
     struct run_options o;
@@ -105,6 +163,8 @@ int cmd_run(int argc, char **argv)
     struct err err = {0};
     struct backend *be = NULL;
     struct model *m = NULL;
+    struct tokenizer *tok = NULL;
+    struct detok *detok = NULL;
     struct generator *g = NULL;
     struct sampler sampler = {0};
     int status = 1;
@@ -113,6 +173,18 @@ int cmd_run(int argc, char **argv)
     if (backend_cpu_create((int)o.n_threads, o.mode, &be, &err) < 0 ||
         model_load(o.dir, be, &m, &err) < 0)
         goto fail;
+    char tok_path[4096];
+    snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", o.dir);
+    if (o.text || access(tok_path, F_OK) == 0) {
+        if (tok_load(o.dir, &tok, &err) < 0 || detok_create(tok, true, &detok, &err) < 0)
+            goto fail;
+    }
+    if (o.text && encode_text_prompt(tok, &o, &o.prompt, &o.n_prompt, &err) < 0)
+        goto fail;
+    if (o.n_prompt == 0) {
+        err_set(&err, INFERD_EINVAL, "the prompt encodes to no tokens");
+        goto fail;
+    }
     double t_loaded = now_s();
     long n_ctx = o.n_ctx < m->config.max_position_embeddings ? o.n_ctx
                                                              : m->config.max_position_embeddings;
@@ -128,15 +200,22 @@ int cmd_run(int argc, char **argv)
     double t_prefilled = now_s();
     long produced = 0;
     for (; produced < o.n_generate; produced++) {
-        int32_t tok = sampler_pick(&sampler, g->logits);
-        printf("%s%d", produced ? "," : "", tok);
-        fflush(stdout);
-        if (is_eos(m, tok)) {
+        int32_t next = sampler_pick(&sampler, g->logits);
+        if (is_eos(m, next)) {
             produced++;
             break;
         }
-        if (produced + 1 < o.n_generate && generator_feed(g, &tok, 1, &err) < 0)
+        if (print_token(detok, next, produced, &err) < 0)
             goto fail;
+        if (produced + 1 < o.n_generate && generator_feed(g, &next, 1, &err) < 0)
+            goto fail;
+    }
+    if (detok) {
+        const char *text;
+        size_t len;
+        if (detok_flush(detok, &text, &len, &err) < 0)
+            goto fail;
+        fwrite(text, 1, len, stdout);
     }
     printf("\n");
     fflush(stdout);
@@ -151,6 +230,8 @@ fail:
 done:
     sampler_free(&sampler);
     generator_free(g);
+    detok_free(detok);
+    tok_free(tok);
     model_free(m);
     backend_destroy(be);
     free(o.prompt);
