@@ -159,20 +159,6 @@ int added_matcher_build(const struct added_token *toks, size_t n, bool want_norm
     return 0;
 }
 
-static int span_add(struct spanlist *l, size_t s, size_t e, bool m, struct err *err)
-{
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? l->cap * 2 : 16;
-        struct span *v = realloc(l->v, cap * sizeof *v);
-        if (!v)
-            return err_set(err, INFERD_ENOMEM, "tokenizer: out of memory");
-        l->v = v;
-        l->cap = cap;
-    }
-    l->v[l->n++] = (struct span){s, e, m};
-    return 0;
-}
-
 static bool is_word_char(uint32_t cp) { return cp == '_' || tok_is_alnum(cp); }
 
 /* The code point that ends just before s[end]. */
@@ -255,13 +241,13 @@ int added_matcher_split(const struct added_matcher *m, const struct added_token 
             stop = q;
             pos = stop;
         }
-        if (done < start && (rc = span_add(out, done, start, false, err)))
+        if (done < start && (rc = spanlist_push(out, done, start, false, err)))
             break;
-        if ((rc = span_add(out, start, stop, true, err)) || (rc = idlist_push(tok_idx, best, err)))
+        if ((rc = spanlist_push(out, start, stop, true, err)) || (rc = idlist_push(tok_idx, best, err)))
             break;
         done = stop;
     }
     if (rc == 0 && done < len)
-        rc = span_add(out, done, len, false, err);
+        rc = spanlist_push(out, done, len, false, err);
     return rc;
 }

@@ -80,20 +80,6 @@ void tok_pattern_free(struct tok_pattern *p)
     memset(p, 0, sizeof *p);
 }
 
-static int span_push(struct spanlist *l, size_t s, size_t e, bool m, struct err *err)
-{
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? l->cap * 2 : 32;
-        struct span *v = realloc(l->v, cap * sizeof *v);
-        if (!v)
-            return err_set(err, INFERD_ENOMEM, "tokenizer: out of memory");
-        l->v = v;
-        l->cap = cap;
-    }
-    l->v[l->n++] = (struct span){s, e, m};
-    return 0;
-}
-
 static size_t utf8_len_at(const char *s, size_t i)
 {
     uint8_t b = (uint8_t)s[i];
@@ -108,7 +94,7 @@ int tok_pattern_find(const struct tok_pattern *p, const char *s, size_t len, str
     int rc = 0;
     if (!p->re) {
         if (p->len == 0) {
-            return len ? span_push(out, 0, len, false, err) : 0;
+            return len ? spanlist_push(out, 0, len, false, err) : 0;
         }
         size_t pos = 0;
         while (rc == 0 && pos + p->len <= len) {
@@ -117,9 +103,9 @@ int tok_pattern_find(const struct tok_pattern *p, const char *s, size_t len, str
                 break;
             size_t ms = (size_t)(hit - s);
             if (ms > prev)
-                rc = span_push(out, prev, ms, false, err);
+                rc = spanlist_push(out, prev, ms, false, err);
             if (rc == 0)
-                rc = span_push(out, ms, ms + p->len, true, err);
+                rc = spanlist_push(out, ms, ms + p->len, true, err);
             prev = pos = ms + p->len;
         }
     } else {
@@ -147,15 +133,15 @@ int tok_pattern_find(const struct tok_pattern *p, const char *s, size_t len, str
                 continue;
             }
             if (ms > prev)
-                rc = span_push(out, prev, ms, false, err);
+                rc = spanlist_push(out, prev, ms, false, err);
             if (rc == 0)
-                rc = span_push(out, ms, me, true, err);
+                rc = spanlist_push(out, ms, me, true, err);
             prev = pos = me;
         }
         pcre2_match_data_free(md);
     }
     if (rc == 0 && prev < len)
-        rc = span_push(out, prev, len, false, err);
+        rc = spanlist_push(out, prev, len, false, err);
     return rc;
 }
 
@@ -458,13 +444,13 @@ static int char_spans(const char *s, size_t len, enum char_class cc, uint32_t ar
         if (!m)
             continue;
         if (at > prev)
-            rc = span_push(out, prev, at, false, err);
+            rc = spanlist_push(out, prev, at, false, err);
         if (rc == 0)
-            rc = span_push(out, at, i, true, err);
+            rc = spanlist_push(out, at, i, true, err);
         prev = i;
     }
     if (rc == 0 && prev < len)
-        rc = span_push(out, prev, len, false, err);
+        rc = spanlist_push(out, prev, len, false, err);
     return rc;
 }
 

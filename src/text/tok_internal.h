@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "base/err.h"
 
@@ -49,6 +50,21 @@ struct spanlist {
     struct span *v; /* owned */
     size_t n, cap;
 };
+
+/* Appends the span [s, e) (m: whether it was a match) to l. */
+static inline int spanlist_push(struct spanlist *l, size_t s, size_t e, bool m, struct err *err)
+{
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 16;
+        struct span *v = realloc(l->v, cap * sizeof *v);
+        if (!v)
+            return err_set(err, INFERD_ENOMEM, "tokenizer: out of memory");
+        l->v = v;
+        l->cap = cap;
+    }
+    l->v[l->n++] = (struct span){s, e, m};
+    return 0;
+}
 /* Parses {"String": s} or {"Regex": r}. */
 int tok_pattern_parse(json_object *j, struct tok_pattern *p, struct err *err);
 int tok_pattern_compile_regex(const char *re, size_t len, struct tok_pattern *p, struct err *err);
