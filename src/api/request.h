@@ -1,0 +1,135 @@
+/* api/request.h — OpenAI chat/completions request bodies parsed into struct gen_request. */
+#ifndef INFERD_API_REQUEST_H
+#define INFERD_API_REQUEST_H
+
+#include <json-c/json.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define GEN_REQUEST_MAX_STOP 4
+#define GEN_REQUEST_MAX_DEPTH 64
+
+enum gen_request_kind {
+    GEN_REQUEST_CHAT,       /* POST /v1/chat/completions */
+    GEN_REQUEST_COMPLETION, /* POST /v1/completions */
+};
+
+enum gen_prompt_kind {
+    GEN_PROMPT_NONE,   /* chat requests */
+    GEN_PROMPT_TEXT,   /* "prompt": "..." or ["..."] */
+    GEN_PROMPT_TOKENS, /* "prompt": [1, 2, 3] */
+};
+
+enum gen_tool_choice {
+    GEN_TOOL_CHOICE_AUTO,
+    GEN_TOOL_CHOICE_NONE,
+    GEN_TOOL_CHOICE_REQUIRED,
+    GEN_TOOL_CHOICE_FUNCTION, /* tool_choice_name names the function */
+};
+
+enum gen_reasoning_effort {
+    GEN_REASONING_NONE,
+    GEN_REASONING_MINIMAL,
+    GEN_REASONING_LOW,
+    GEN_REASONING_MEDIUM,
+    GEN_REASONING_HIGH,
+};
+
+struct gen_logit_bias {
+    int32_t token;
+    float bias; /* [-100, 100] */
+};
+
+/* Every optional field has a has_x flag so defaults (generation_config.json,
+ * then CLI flags) can be filled in later only where the client said nothing.
+ * JSON null counts as absent. */
+struct gen_request {
+    enum gen_request_kind kind;
+
+    /* chat: owned reference; validated array of message objects */
+    json_object *messages;
+
+    /* completions */
+    enum gen_prompt_kind prompt_kind;
+    char *prompt_text;      /* owned; NUL-terminated, valid UTF-8 */
+    size_t prompt_text_len; /* bytes, without the NUL */
+    int32_t *prompt_tokens; /* owned; n_prompt_tokens ids, each >= 0 */
+    size_t n_prompt_tokens;
+
+    char *model; /* owned; NULL when absent */
+
+    /* max_completion_tokens wins over max_tokens when both are sent */
+    bool has_max_tokens;
+    int64_t max_tokens; /* >= 1 */
+
+    bool has_temperature;
+    double temperature; /* [0, 2] */
+    bool has_top_p;
+    double top_p; /* (0, 1] */
+    bool has_top_k;
+    int64_t top_k; /* >= 0, or -1 for off */
+    bool has_min_p;
+    double min_p; /* [0, 1] */
+    bool has_repetition_penalty;
+    double repetition_penalty; /* (0, 10] */
+    bool has_presence_penalty;
+    double presence_penalty; /* [-2, 2] */
+    bool has_frequency_penalty;
+    double frequency_penalty; /* [-2, 2] */
+    bool has_seed;
+    int64_t seed;
+
+    size_t n_stop;
+    char *stop[GEN_REQUEST_MAX_STOP]; /* owned; n_stop non-empty strings */
+
+    struct gen_logit_bias *logit_bias; /* owned; n_logit_bias entries */
+    size_t n_logit_bias;
+
+    bool has_logprobs;
+    bool logprobs;
+    bool has_top_logprobs;
+    int top_logprobs; /* [0, 20]; requires logprobs true */
+
+    bool has_stream;
+    bool stream;
+    bool has_include_usage;
+    bool include_usage; /* stream_options.include_usage */
+
+    json_object *tools; /* owned reference; validated array of function tools, NULL when absent */
+    bool has_tool_choice;
+    enum gen_tool_choice tool_choice;
+    char *tool_choice_name; /* owned; set for GEN_TOOL_CHOICE_FUNCTION */
+
+    json_object *chat_template_kwargs; /* owned reference; object, NULL when absent */
+
+    bool has_reasoning_effort;
+    enum gen_reasoning_effort reasoning_effort;
+
+    json_object *response_format; /* owned reference; kept raw, not validated here */
+};
+
+/* An error in the shape of OpenAI's error object; empty param/code mean null. */
+struct api_error {
+    int status;        /* HTTP status: 400 for bad input, 500 when memory ran out */
+    char type[32];     /* "invalid_request_error" or "server_error" */
+    char param[64];    /* the offending field, e.g. "messages[2].role" */
+    char code[64];     /* machine-readable code, often empty */
+    char message[512]; /* says what was wrong and what is allowed */
+};
+
+/* Parses len bytes of body (need not be NUL-terminated) as a request of the
+ * given kind. Returns 0 and fills out (release with gen_request_free), or
+ * -INFERD_EINVAL (status 400) / -INFERD_ENOMEM (status 500) with err filled
+ * and out left empty. */
+int gen_request_parse(const char *body, size_t len, enum gen_request_kind kind,
+                      struct gen_request *out, struct api_error *err);
+
+/* Releases everything r owns and zeroes it; safe on a zeroed struct. */
+void gen_request_free(struct gen_request *r);
+
+/* Renders {"error":{"message","type","param","code"}} into *out (malloc'd,
+ * caller frees). Returns 0 or -INFERD_ENOMEM. */
+int api_error_to_json(const struct api_error *e, char **out);
+
+#endif
