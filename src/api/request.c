@@ -1,6 +1,8 @@
 /* api/request.c — OpenAI chat/completions request bodies parsed and validated (400 on bad input). */
 #include "api/request.h"
 
+#include "base/utf8.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -40,41 +42,6 @@ static int fail_nomem(struct api_error *err)
 }
 
 /* ---- string checks ------------------------------------------------------- */
-
-/* Strict UTF-8: no overlongs, no surrogates, nothing above U+10FFFF. */
-static bool utf8_valid(const unsigned char *s, size_t n)
-{
-    size_t i = 0;
-    while (i < n) {
-        unsigned c = s[i];
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        size_t need;
-        unsigned cp, min;
-        if (c >= 0xC2 && c <= 0xDF) {
-            need = 1, cp = c & 0x1F, min = 0x80;
-        } else if (c >= 0xE0 && c <= 0xEF) {
-            need = 2, cp = c & 0x0F, min = 0x800;
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            need = 3, cp = c & 0x07, min = 0x10000;
-        } else {
-            return false;
-        }
-        if (n - i <= need)
-            return false;
-        for (size_t k = 1; k <= need; k++) {
-            if ((s[i + k] & 0xC0) != 0x80)
-                return false;
-            cp = (cp << 6) | (s[i + k] & 0x3F);
-        }
-        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-            return false;
-        i += need + 1;
-    }
-    return true;
-}
 
 /* A string we keep must be valid UTF-8 without NUL bytes. */
 static int check_text(const char *s, size_t n, const char *param, struct api_error *err)

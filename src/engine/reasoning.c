@@ -1,6 +1,8 @@
 /* engine/reasoning.c — separates <think> reasoning from content in streamed text, holding back partial tags. */
 #include "engine/reasoning.h"
 
+#include "base/utf8.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -65,24 +67,6 @@ static size_t partial_tag_suffix(const char *s, size_t n, const char *tag, size_
         if (memcmp(s + n - k, tag, k) == 0)
             return k;
     return 0;
-}
-
-/* Moves cut back so that s[0, cut) ends on a code point and no incomplete
- * trailing sequence is released. */
-static size_t utf8_safe_cut(const unsigned char *s, size_t n, size_t cut)
-{
-    for (size_t back = 1; back <= 4 && back <= n; back++) {
-        unsigned char c = s[n - back];
-        if ((c & 0xC0) == 0x80)
-            continue;
-        size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
-        if (need > back && n - back < cut)
-            cut = n - back;
-        break;
-    }
-    for (int steps = 0; steps < 3 && cut > 0 && cut < n && (s[cut] & 0xC0) == 0x80; steps++)
-        cut--;
-    return cut;
 }
 
 static int set_tag(char *dst, size_t *dst_len, const char *tag, const char *dflt, const char *what,

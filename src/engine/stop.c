@@ -1,6 +1,8 @@
 /* engine/stop.c — stop-string matching with one KMP automaton per stop; only the held-back tail is kept. */
 #include "engine/stop.h"
 
+#include "base/utf8.h"
+
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,59 +23,6 @@ struct stop_matcher {
     char *out;    /* owned; out_cap bytes: what the last call emitted */
     size_t out_cap;
 };
-
-static bool utf8_valid(const unsigned char *s, size_t n)
-{
-    size_t i = 0;
-    while (i < n) {
-        unsigned char c = s[i];
-        size_t k;
-        uint32_t cp;
-        if (c < 0x80) {
-            i++;
-            continue;
-        } else if ((c & 0xE0) == 0xC0) {
-            k = 1, cp = c & 0x1F;
-        } else if ((c & 0xF0) == 0xE0) {
-            k = 2, cp = c & 0x0F;
-        } else if ((c & 0xF8) == 0xF0) {
-            k = 3, cp = c & 0x07;
-        } else {
-            return false;
-        }
-        if (i + k >= n)
-            return false;
-        for (size_t j = 1; j <= k; j++) {
-            if ((s[i + j] & 0xC0) != 0x80)
-                return false;
-            cp = cp << 6 | (s[i + j] & 0x3F);
-        }
-        if ((k == 1 && cp < 0x80) || (k == 2 && cp < 0x800) || (k == 3 && cp < 0x10000) ||
-            cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-            return false;
-        i += k + 1;
-    }
-    return true;
-}
-
-/* Start of the suffix to hold back so that [0, cut) ends on a code-point
- * boundary and no incomplete trailing sequence is emitted. */
-static size_t utf8_boundary_before(const unsigned char *s, size_t n, size_t cut)
-{
-    /* An incomplete sequence at the very end is held back whole. */
-    for (size_t back = 1; back <= 4 && back <= n; back++) {
-        unsigned char c = s[n - back];
-        if ((c & 0xC0) == 0x80)
-            continue;
-        size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
-        if (need > back && n - back < cut)
-            cut = n - back;
-        break;
-    }
-    for (int steps = 0; steps < 3 && cut > 0 && cut < n && (s[cut] & 0xC0) == 0x80; steps++)
-        cut--;
-    return cut;
-}
 
 void stop_matcher_free(struct stop_matcher *m)
 {
@@ -210,7 +159,7 @@ int stop_matcher_push(struct stop_matcher *m, const char *text, size_t len, cons
     for (int i = 0; i < m->n; i++)
         if (m->stops[i].state > keep)
             keep = m->stops[i].state;
-    size_t cut = utf8_boundary_before((const unsigned char *)w, work_len, work_len - (size_t)keep);
+    size_t cut = utf8_safe_cut((const unsigned char *)w, work_len, work_len - (size_t)keep);
     m->hold_len = work_len - cut;
     memcpy(m->hold, w + cut, m->hold_len);
     *emit = w;
