@@ -6,7 +6,7 @@ set -euo pipefail
 debian_packages=(
   build-essential cmake ninja-build pkg-config git
   clang libclang-rt-14-dev llvm
-  libjson-c-dev libcriterion-dev libpcre2-dev libutf8proc-dev
+  libjson-c-dev libcriterion-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev
   python3
 )
 

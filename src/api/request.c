@@ -682,12 +682,22 @@ static int parse_output(json_object *root, struct gen_request *r, struct api_err
 {
     json_object *v;
     int rc;
-    if ((v = field(root, "logprobs"))) {
+    if ((v = field(root, "logprobs")) && r->kind == GEN_REQUEST_COMPLETION) {
+        /* The legacy completions API: logprobs is how many alternatives, 0..5. */
+        int64_t n;
+        if ((rc = read_int(v, "logprobs", &n, err)))
+            return rc;
+        if (n < 0 || n > 5)
+            return fail(err, "logprobs", "logprobs must be in [0, 5], got %lld", (long long)n);
+        r->has_logprobs = r->logprobs = true;
+        r->has_top_logprobs = true;
+        r->top_logprobs = (int)n;
+    } else if (v) {
         if ((rc = read_bool(v, "logprobs", &r->logprobs, err)))
             return rc;
         r->has_logprobs = true;
     }
-    if ((v = field(root, "top_logprobs"))) {
+    if (r->kind == GEN_REQUEST_CHAT && (v = field(root, "top_logprobs"))) {
         int64_t n;
         if ((rc = read_int(v, "top_logprobs", &n, err)))
             return rc;

@@ -98,6 +98,11 @@ struct backend_ops {
     void (*attention)(struct backend *be, const float *q, const struct kv_cache *kv, int layer,
                       const struct attn_span *spans, int n_spans, int n_heads, float scale,
                       int sliding_window, float *out);
+
+    /* Backends that run ops asynchronously (CUDA) report here the first error
+     * an op met since the last call, e.g. out of device memory: 0 when all
+     * went well. NULL for backends whose ops cannot fail. */
+    int (*status)(struct backend *be, struct err *err);
 };
 
 struct backend {

@@ -56,6 +56,7 @@ const char *err_code_name(int code)
     case INFERD_EFORMAT: return "format";
     case INFERD_EUNSUPPORTED: return "unsupported";
     case INFERD_ERANGE: return "range";
+    case INFERD_EBUSY: return "busy";
     default: return "unknown";
     }
 }

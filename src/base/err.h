@@ -13,6 +13,7 @@ enum inferd_errcode {
     INFERD_EFORMAT = 4,      /* malformed file contents (JSON, safetensors, ...) */
     INFERD_EUNSUPPORTED = 5, /* well-formed but not something inferd runs */
     INFERD_ERANGE = 6,       /* value outside the allowed range */
+    INFERD_EBUSY = 7,        /* a queue or budget is full; try again later */
 };
 
 struct err {

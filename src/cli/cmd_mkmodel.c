@@ -7,12 +7,16 @@
 #include "model/mkmodel.h"
 
 static const char usage[] =
-    "usage: inferd mkmodel --preset NAME [--arch ARCH] [--seed S] --out DIR\n"
+    "usage: inferd mkmodel --preset NAME [--arch ARCH] [--seed S] [--tokenizer TDIR] --out DIR\n"
     "       inferd mkmodel --list\n"
     "Writes config.json, generation_config.json and model.safetensors with\n"
     "deterministic weights (same preset and seed: same bytes on every machine).\n"
     "--arch alone picks tiny-ARCH; with --preset it must match the preset's.\n"
-    "--seed defaults to 1. Files already in DIR are overwritten.\n";
+    "--seed defaults to 1. Files already in DIR are overwritten.\n"
+    "--tokenizer copies TDIR's tokenizer.json, tokenizer_config.json (and\n"
+    "special_tokens_map.json) into DIR and fits the model to them: vocab_size\n"
+    "covers every token, bos/eos ids are the tokenizer's (eos also the chat\n"
+    "template's end-of-turn token, e.g. <|im_end|>).\n";
 
 static void print_size(char *out, size_t cap, uint64_t bytes)
 {
@@ -62,7 +66,7 @@ int cmd_mkmodel(int argc, char **argv)
             continue;
         }
         if (strcmp(a, "--arch") && strcmp(a, "--preset") && strcmp(a, "--seed") &&
-            strcmp(a, "--out")) {
+            strcmp(a, "--out") && strcmp(a, "--tokenizer")) {
             fprintf(stderr, "inferd mkmodel: unknown argument '%s'\n%s", a, usage);
             return 2;
         }
@@ -74,6 +78,8 @@ int cmd_mkmodel(int argc, char **argv)
             o.preset = v;
         else if (!strcmp(a, "--out"))
             o.out_dir = v;
+        else if (!strcmp(a, "--tokenizer"))
+            o.tokenizer_dir = v;
         else if (!arg_u64(a, v, &o.seed))
             return 2;
     }

@@ -5,5 +5,6 @@
 int cmd_run(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_mkmodel(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 
 #endif

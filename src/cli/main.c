@@ -15,6 +15,8 @@ static void print_usage(FILE *out)
           "      generate from a Hugging Face model directory; prints text when the\n"
           "      directory has a tokenizer.json, else token ids. --chat sends TEXT as a\n"
           "      user message through the model's chat template\n"
+          "  serve DIR [--host H] [--port P] [--api-key KEY] [--max-tokens N] [--ctx N] ...\n"
+          "      serve the OpenAI API over HTTP (`inferd serve --help` lists every flag)\n"
           "  bench DIR [--prompt-len P] [--gen-len G] [--threads N] [--mode fast|exact]\n"
           "      prefill and decode speed, with the memory-bandwidth floor\n"
           "  mkmodel --preset NAME [--arch ARCH] [--seed S] --out DIR | --list\n"
@@ -41,6 +43,8 @@ int main(int argc, char **argv)
     }
     if (!strcmp(cmd, "run"))
         return cmd_run(argc - 1, argv + 1);
+    if (!strcmp(cmd, "serve"))
+        return cmd_serve(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench"))
         return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "mkmodel"))

@@ -37,7 +37,7 @@ int batch_n_outputs(const struct batch *batch)
 {
     int n = 0;
     for (int s = 0; s < batch->n_seqs; s++)
-        n += batch->seqs[s].all_logits ? batch->seqs[s].n_tokens : 1;
+        n += batch->seqs[s].no_logits ? 0 : batch->seqs[s].all_logits ? batch->seqs[s].n_tokens : 1;
     return n;
 }
 
@@ -202,6 +202,8 @@ static void lm_head(const struct model *m, struct forward_state *st, const struc
     const struct backend_ops *op = be->ops;
     int n_out = 0;
     for (int s = 0; s < batch->n_seqs; s++) {
+        if (batch->seqs[s].no_logits)
+            continue;
         const struct attn_span *sp = &st->spans[s];
         int first = batch->seqs[s].all_logits ? sp->row0 : sp->row0 + sp->n_tokens - 1;
         int count = sp->row0 + sp->n_tokens - first;
@@ -236,5 +238,7 @@ int model_forward(const struct model *m, struct forward_state *st, struct kv_cac
         mlp_block(m, st, lw, n_rows);
     }
     lm_head(m, st, batch, logits);
+    if (m->backend->ops->status)
+        return m->backend->ops->status(m->backend, err);
     return 0;
 }

@@ -3,6 +3,7 @@
 #include "model/mkmodel.h"
 
 #include <errno.h>
+#include <json-c/json.h>
 #include <stdarg.h>
 #include <math.h>
 #include <stdio.h>
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include "base/bf16.h"
+#include "base/file.h"
 
 /* ---- presets ------------------------------------------------------------ */
 
@@ -612,15 +614,21 @@ static int out_finish(struct out_file *of, int rc, struct err *err)
     return rc;
 }
 
+static int write_bytes(const char *dir, const char *name, const void *data, size_t len,
+                       struct err *err)
+{
+    struct out_file of = {0};
+    int rc = out_open(&of, dir, name, err);
+    if (rc == 0)
+        rc = out_write(&of, data, len, err);
+    return out_finish(&of, rc, err);
+}
+
 static int write_text(const char *dir, const char *name, const struct sbuf *b, struct err *err)
 {
     if (b->oom)
         return err_set(err, INFERD_ENOMEM, "building %s", name);
-    struct out_file of = {0};
-    int rc = out_open(&of, dir, name, err);
-    if (rc == 0)
-        rc = out_write(&of, b->s, b->len, err);
-    return out_finish(&of, rc, err);
+    return write_bytes(dir, name, b->s, b->len, err);
 }
 
 #define CHUNK_ELEMS (1u << 20)
@@ -667,6 +675,228 @@ static int write_safetensors(const struct mkmodel_preset *p, uint64_t seed, cons
     return rc;
 }
 
+/* ---- a real tokenizer --------------------------------------------------- */
+
+/* The files --tokenizer copies, read whole before anything is written. */
+struct tok_files {
+    char *json, *config, *special; /* owned; special is NULL when the file is absent */
+    size_t json_len, config_len, special_len;
+};
+
+static void tok_files_free(struct tok_files *f)
+{
+    free(f->json);
+    free(f->config);
+    free(f->special);
+    memset(f, 0, sizeof *f);
+}
+
+static int tok_files_read(const char *dir, struct tok_files *f, struct err *err)
+{
+    char path[4200];
+    bool missing = false;
+    memset(f, 0, sizeof *f);
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    int rc = file_read_all(path, (size_t)1 << 30, &f->json, &f->json_len, NULL, err);
+    if (rc == 0) {
+        snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+        rc = file_read_all(path, (size_t)256 << 20, &f->config, &f->config_len, NULL, err);
+    }
+    if (rc == 0) {
+        snprintf(path, sizeof path, "%s/special_tokens_map.json", dir);
+        rc = file_read_all(path, (size_t)64 << 20, &f->special, &f->special_len, &missing, err);
+    }
+    if (rc)
+        tok_files_free(f);
+    return rc;
+}
+
+static json_object *parse_json_file(const char *text, size_t len, const char *name,
+                                    struct err *err)
+{
+    json_tokener *tok = json_tokener_new_ex(JSON_TOKENER_DEFAULT_DEPTH);
+    if (!tok) {
+        err_set(err, INFERD_ENOMEM, "parsing %s", name);
+        return NULL;
+    }
+    json_object *root = json_tokener_parse_ex(tok, text, (int)len);
+    enum json_tokener_error e = json_tokener_get_error(tok);
+    json_tokener_free(tok);
+    if (!root || e != json_tokener_success || !json_object_is_type(root, json_type_object)) {
+        json_object_put(root);
+        err_set(err, INFERD_EFORMAT, "%s is not a JSON object", name);
+        return NULL;
+    }
+    return root;
+}
+
+/* A special token's text in a tokenizer config: a string or {"content": ...}; NULL when unset. */
+static const char *special_token_text(json_object *cfg, const char *key)
+{
+    json_object *v;
+    if (!cfg || !json_object_object_get_ex(cfg, key, &v) || !v)
+        return NULL;
+    if (json_object_is_type(v, json_type_object) && !json_object_object_get_ex(v, "content", &v))
+        return NULL;
+    return v && json_object_is_type(v, json_type_string) ? json_object_get_string(v) : NULL;
+}
+
+/* The id of token text in tokenizer.json (added tokens first, then the model's vocab), or -1. */
+static int token_id(json_object *tok_root, const char *text)
+{
+    json_object *added, *model, *vocab, *v;
+    if (json_object_object_get_ex(tok_root, "added_tokens", &added) &&
+        json_object_is_type(added, json_type_array)) {
+        for (size_t i = 0; i < json_object_array_length(added); i++) {
+            json_object *e = json_object_array_get_idx(added, i), *c, *id;
+            if (json_object_object_get_ex(e, "content", &c) &&
+                json_object_is_type(c, json_type_string) &&
+                !strcmp(json_object_get_string(c), text) &&
+                json_object_object_get_ex(e, "id", &id) && json_object_is_type(id, json_type_int))
+                return json_object_get_int(id);
+        }
+    }
+    if (json_object_object_get_ex(tok_root, "model", &model) &&
+        json_object_object_get_ex(model, "vocab", &vocab) &&
+        json_object_is_type(vocab, json_type_object) &&
+        json_object_object_get_ex(vocab, text, &v) && json_object_is_type(v, json_type_int))
+        return json_object_get_int(v);
+    return -1;
+}
+
+/* The tokenizer's size: its highest token id (vocab or added tokens) plus one. */
+static int64_t tokenizer_size(json_object *tok_root)
+{
+    int64_t top = -1;
+    json_object *added, *model, *vocab;
+    if (json_object_object_get_ex(tok_root, "added_tokens", &added) &&
+        json_object_is_type(added, json_type_array)) {
+        for (size_t i = 0; i < json_object_array_length(added); i++) {
+            json_object *id;
+            if (json_object_object_get_ex(json_object_array_get_idx(added, i), "id", &id) &&
+                json_object_get_int64(id) > top)
+                top = json_object_get_int64(id);
+        }
+    }
+    if (json_object_object_get_ex(tok_root, "model", &model) &&
+        json_object_object_get_ex(model, "vocab", &vocab)) {
+        if (json_object_is_type(vocab, json_type_object)) {
+            json_object_object_foreach(vocab, text, id) {
+                (void)text;
+                if (json_object_get_int64(id) > top)
+                    top = json_object_get_int64(id);
+            }
+        } else if (json_object_is_type(vocab, json_type_array)) {
+            /* Unigram: a list of [piece, score], ids by position. */
+            top = (int64_t)json_object_array_length(vocab) - 1 > top
+                      ? (int64_t)json_object_array_length(vocab) - 1
+                      : top;
+        }
+    }
+    return top + 1;
+}
+
+/* True when the config's chat template (a string, or any template in a list) contains s. */
+static bool chat_template_mentions(json_object *cfg, const char *s)
+{
+    json_object *ct;
+    if (!json_object_object_get_ex(cfg, "chat_template", &ct) || !ct)
+        return false;
+    if (json_object_is_type(ct, json_type_string))
+        return strstr(json_object_get_string(ct), s) != NULL;
+    if (!json_object_is_type(ct, json_type_array))
+        return false;
+    for (size_t i = 0; i < json_object_array_length(ct); i++) {
+        json_object *t;
+        if (json_object_object_get_ex(json_object_array_get_idx(ct, i), "template", &t) &&
+            json_object_is_type(t, json_type_string) && strstr(json_object_get_string(t), s))
+            return true;
+    }
+    return false;
+}
+
+static void add_eos(struct mkmodel_preset *p, int id)
+{
+    for (int i = 0; i < p->n_eos; i++)
+        if (p->eos_token_ids[i] == id)
+            return;
+    if (p->n_eos < (int)(sizeof p->eos_token_ids / sizeof p->eos_token_ids[0]))
+        p->eos_token_ids[p->n_eos++] = id;
+}
+
+/* Fits preset p (a copy) to the tokenizer: vocab size, bos and eos ids (see mkmodel.h). */
+static int fit_to_tokenizer(struct mkmodel_preset *p, const struct tok_files *f, struct err *err)
+{
+    static const char *const turn_end[] = {"<|im_end|>", "<|eot_id|>", "<end_of_turn>"};
+    json_object *root = parse_json_file(f->json, f->json_len, "tokenizer.json", err);
+    json_object *cfg = root ? parse_json_file(f->config, f->config_len, "tokenizer_config.json",
+                                              err)
+                            : NULL;
+    json_object *sm = cfg && f->special ? parse_json_file(f->special, f->special_len,
+                                                          "special_tokens_map.json", err)
+                                        : NULL;
+    int rc = 0;
+    if (!root || !cfg || (f->special && !sm)) {
+        rc = -err->code;
+        goto out;
+    }
+    int64_t size = tokenizer_size(root);
+    if (size <= 0 || size > (4 << 20)) {
+        rc = err_set(err, INFERD_EFORMAT, "tokenizer.json has %lld tokens (want 1 to %d)",
+                     (long long)size, 4 << 20);
+        goto out;
+    }
+    if (size > p->vocab_size)
+        p->vocab_size = (int)size;
+
+    const char *bos = special_token_text(cfg, "bos_token");
+    if (!bos)
+        bos = special_token_text(sm, "bos_token");
+    const char *eos = special_token_text(cfg, "eos_token");
+    if (!eos)
+        eos = special_token_text(sm, "eos_token");
+    p->bos_token_id = -1;
+    if (bos && (p->bos_token_id = token_id(root, bos)) < 0) {
+        rc = err_set(err, INFERD_EFORMAT, "bos_token '%s' is not in tokenizer.json", bos);
+        goto out;
+    }
+    if (!eos) {
+        rc = err_set(err, INFERD_EFORMAT,
+                     "the tokenizer names no eos_token (tokenizer_config.json or "
+                     "special_tokens_map.json)");
+        goto out;
+    }
+    int eos_id = token_id(root, eos);
+    if (eos_id < 0) {
+        rc = err_set(err, INFERD_EFORMAT, "eos_token '%s' is not in tokenizer.json", eos);
+        goto out;
+    }
+    p->n_eos = 0;
+    add_eos(p, eos_id);
+    for (size_t i = 0; i < sizeof turn_end / sizeof turn_end[0]; i++) {
+        int id = token_id(root, turn_end[i]);
+        if (id >= 0 && chat_template_mentions(cfg, turn_end[i]))
+            add_eos(p, id);
+    }
+    memcpy(p->gen_eos_token_ids, p->eos_token_ids, sizeof p->gen_eos_token_ids);
+    p->n_gen_eos = p->n_eos;
+out:
+    json_object_put(sm);
+    json_object_put(cfg);
+    json_object_put(root);
+    return rc;
+}
+
+static int copy_tokenizer(const struct tok_files *f, const char *dir, struct err *err)
+{
+    int rc = write_bytes(dir, "tokenizer.json", f->json, f->json_len, err);
+    if (rc == 0)
+        rc = write_bytes(dir, "tokenizer_config.json", f->config, f->config_len, err);
+    if (rc == 0 && f->special)
+        rc = write_bytes(dir, "special_tokens_map.json", f->special, f->special_len, err);
+    return rc;
+}
+
 /* Resolves opts to a preset, refusing unknown names and arch mismatches. */
 static int resolve_preset(const struct mkmodel_opts *o, const struct mkmodel_preset **out,
                           struct err *err)
@@ -696,23 +926,43 @@ static int resolve_preset(const struct mkmodel_opts *o, const struct mkmodel_pre
 
 int mkmodel_write(const struct mkmodel_opts *o, struct err *err)
 {
-    const struct mkmodel_preset *p = NULL;
-    int rc = resolve_preset(o, &p, err);
+    struct err local = {0};
+    if (!err)
+        err = &local;
+    const struct mkmodel_preset *preset = NULL;
+    int rc = resolve_preset(o, &preset, err);
     if (rc)
         return rc;
     if (!o->out_dir || !*o->out_dir)
         return err_set(err, INFERD_EINVAL, "an output directory is required");
+    struct mkmodel_preset fitted = *preset;
+    struct tok_files tf = {0};
+    bool with_tokenizer = o->tokenizer_dir && *o->tokenizer_dir;
+    if (with_tokenizer) {
+        rc = tok_files_read(o->tokenizer_dir, &tf, err);
+        if (rc == 0)
+            rc = fit_to_tokenizer(&fitted, &tf, err);
+        if (rc) {
+            err_wrap(err, "tokenizer in %s", o->tokenizer_dir);
+            tok_files_free(&tf);
+            return rc;
+        }
+    }
+    const struct mkmodel_preset *p = &fitted;
     rc = mkdir_p(o->out_dir, err);
-    if (rc)
-        return rc;
     struct sbuf cfg = {0}, gen = {0};
-    config_json(p, &cfg);
-    generation_config_json(p, &gen);
-    rc = write_text(o->out_dir, "config.json", &cfg, err);
+    if (rc == 0) {
+        config_json(p, &cfg);
+        generation_config_json(p, &gen);
+        rc = write_text(o->out_dir, "config.json", &cfg, err);
+    }
     if (rc == 0)
         rc = write_text(o->out_dir, "generation_config.json", &gen, err);
     free(cfg.s);
     free(gen.s);
+    if (rc == 0 && with_tokenizer)
+        rc = copy_tokenizer(&tf, o->out_dir, err);
+    tok_files_free(&tf);
     if (rc == 0)
         rc = write_safetensors(p, o->seed, o->out_dir, err);
     return rc;

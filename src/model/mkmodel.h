@@ -58,9 +58,20 @@ struct mkmodel_opts {
     const char *preset;  /* NULL only when arch is given */
     uint64_t seed;
     const char *out_dir; /* created if missing; files in it are overwritten */
+    const char *tokenizer_dir; /* NULL, or a directory holding tokenizer.json and
+                                  tokenizer_config.json (special_tokens_map.json optional) */
 };
 
 /* Writes out_dir/config.json, generation_config.json and model.safetensors.
+ * With a tokenizer_dir, its tokenizer files are copied into out_dir and the
+ * model is fitted to them: vocab_size becomes the tokenizer's size (the
+ * highest id in its vocab or added tokens, plus one) when that exceeds the
+ * preset's; bos_token_id is the tokenizer's bos_token (null when it has
+ * none); eos_token_id, in both configs, is its eos_token followed by the
+ * end-of-turn markers its chat template uses (<|im_end|>, <|eot_id|>,
+ * <end_of_turn>). special_tokens_map.json fills in a token that
+ * tokenizer_config.json does not name, as the tokenizer loader does.
+ * Without a tokenizer_dir the files are exactly the preset's.
  * Weights stream through a fixed-size buffer, so real shapes need little
  * memory. Each file is written under a temporary name and renamed into
  * place, so an interrupted run never leaves a truncated file behind.

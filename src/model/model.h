@@ -49,7 +49,7 @@ uint64_t model_weight_bytes_per_token(const struct model *m);
 
 /* One sequence's part of a forward step. tokens[i] sits at position pos0 + i.
  * block_ids must cover pos0 + n_tokens positions of kv. When all_logits,
- * logits for every token are produced, else only for the last one. */
+ * logits for every token are produced, else only for the last one (none when no_logits). */
 struct batch_seq {
     const int32_t *tokens;
     int n_tokens;
@@ -57,6 +57,7 @@ struct batch_seq {
     const uint32_t *block_ids;
     int n_block_ids;
     bool all_logits;
+    bool no_logits; /* no row at all: a prefill chunk whose prediction nobody reads */
 };
 
 struct batch {

@@ -203,7 +203,7 @@ static void run_prefill(struct fixture *f, const struct golden *g, struct agreem
         struct block_table bt;
         block_table_init(&bt);
         cr_assert_eq(block_table_reserve(f->pool, &bt, gc->n_tokens, &err), 0, "%s", err.msg);
-        struct batch_seq seq = {gc->tokens, gc->n_tokens, 0, bt.blocks, bt.n_blocks, true};
+        struct batch_seq seq = {gc->tokens, gc->n_tokens, 0, bt.blocks, bt.n_blocks, true, false};
         struct batch batch = {&seq, 1};
         cr_assert_eq(model_forward(f->model, f->state, &f->pool->cache, &batch, f->logits, &err), 0,
                      "%s", err.msg);
@@ -224,14 +224,14 @@ static void run_incremental(struct fixture *f, const struct golden *g, struct ag
         block_table_init(&bt);
         cr_assert_eq(block_table_reserve(f->pool, &bt, gc->n_tokens, &err), 0, "%s", err.msg);
         int first = gc->n_tokens / 3 > 0 ? gc->n_tokens / 3 : 1;
-        struct batch_seq seq = {gc->tokens, first, 0, bt.blocks, bt.n_blocks, true};
+        struct batch_seq seq = {gc->tokens, first, 0, bt.blocks, bt.n_blocks, true, false};
         struct batch batch = {&seq, 1};
         cr_assert_eq(model_forward(f->model, f->state, &f->pool->cache, &batch, f->logits, &err), 0,
                      "%s", err.msg);
         for (int i = 0; i < first; i++)
             compare_row(f->logits + (size_t)i * vocab, vocab, &gc->pos[i], "prefill+decode", c, i, a);
         for (int i = first; i < gc->n_tokens; i++) {
-            struct batch_seq step = {gc->tokens + i, 1, i, bt.blocks, bt.n_blocks, false};
+            struct batch_seq step = {gc->tokens + i, 1, i, bt.blocks, bt.n_blocks, false, false};
             struct batch one = {&step, 1};
             cr_assert_eq(model_forward(f->model, f->state, &f->pool->cache, &one, f->logits, &err),
                          0, "%s", err.msg);
@@ -252,7 +252,7 @@ static void run_batched(struct fixture *f, const struct golden *g, struct agreem
         const struct golden_case *gc = &g->cases[c];
         block_table_init(&bts[c]);
         cr_assert_eq(block_table_reserve(f->pool, &bts[c], gc->n_tokens, &err), 0, "%s", err.msg);
-        seqs[c] = (struct batch_seq){gc->tokens, gc->n_tokens, 0, bts[c].blocks, bts[c].n_blocks, true};
+        seqs[c] = (struct batch_seq){gc->tokens, gc->n_tokens, 0, bts[c].blocks, bts[c].n_blocks, true, false};
     }
     struct batch batch = {seqs, (int)g->n_cases};
     cr_assert_eq(model_forward(f->model, f->state, &f->pool->cache, &batch, f->logits, &err), 0,

@@ -544,3 +544,214 @@ Test(mkmodel, cli_lists_presets_writes_models_and_explains_errors)
     cr_expect_eq(run_cli("--preset tiny-qwen3", out, sizeof out), 2);
     cr_expect(strstr(out, "--out") != NULL, "%s", out);
 }
+
+/* ---- --tokenizer: fitting a preset to a real tokenizer ------------------- */
+
+/* A small byte-less BPE tokenizer: vocab ids 0..5, added tokens up to id 700
+ * (past tiny-qwen3's 509), a chat template that ends turns with <|im_end|>. */
+static const char small_tokenizer_json[] =
+    "{\"version\":\"1.0\",\"added_tokens\":["
+    "{\"id\":600,\"content\":\"<|endoftext|>\",\"special\":true},"
+    "{\"id\":650,\"content\":\"<|im_start|>\",\"special\":true},"
+    "{\"id\":700,\"content\":\"<|im_end|>\",\"special\":true}],"
+    "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"c\":2,\"ab\":3,\"<s>\":4,\"</s>\":5},"
+    "\"merges\":[\"a b\"]}}";
+
+static const char small_tokenizer_config[] =
+    "{\"bos_token\":{\"content\":\"<s>\",\"special\":true},\"eos_token\":\"<|endoftext|>\","
+    "\"chat_template\":\"{% for m in messages %}<|im_start|>{{ m.content }}<|im_end|>{% endfor %}\"}";
+
+/* Writes tokenizer.json and tokenizer_config.json (config may be NULL: not written) into tmp/sub. */
+static const char *write_tokenizer(const char *sub, const char *json, const char *config,
+                                   char *dir, size_t cap)
+{
+    char path[1200];
+    snprintf(dir, cap, "%s/%s", tmp, sub);
+    cr_assert_eq(mkdir(dir, 0755), 0);
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    cr_assert_eq(test_write_file(path, json, strlen(json)), 0);
+    if (config) {
+        snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+        cr_assert_eq(test_write_file(path, config, strlen(config)), 0);
+    }
+    return dir;
+}
+
+static json_object *read_json(const char *dir, const char *name)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    json_object *o = json_object_from_file(path);
+    cr_assert_not_null(o, "%s is not JSON", path);
+    return o;
+}
+
+/* eos_token_id as text ("5" or "[5, 7]") for compact comparisons. */
+static const char *eos_text(json_object *cfg)
+{
+    return json_object_to_json_string_ext(json_object_object_get(cfg, "eos_token_id"),
+                                          JSON_C_TO_STRING_PLAIN);
+}
+
+Test(mkmodel, tokenizer_flag_copies_the_files_and_fits_vocab_bos_and_eos)
+{
+    char tdir[1024], out[1024], path[1200];
+    write_tokenizer("tok", small_tokenizer_json, small_tokenizer_config, tdir, sizeof tdir);
+    snprintf(out, sizeof out, "%s/model", tmp);
+    struct err err = {0};
+    struct mkmodel_opts o = {.preset = "tiny-qwen3", .seed = 1, .out_dir = out,
+                             .tokenizer_dir = tdir};
+    cr_assert_eq(mkmodel_write(&o, &err), 0, "%s", err.msg);
+
+    cr_expect(same_file(tdir, out, "tokenizer.json"));
+    cr_expect(same_file(tdir, out, "tokenizer_config.json"));
+    struct stat st;
+    snprintf(path, sizeof path, "%s/special_tokens_map.json", out);
+    cr_expect_neq(stat(path, &st), 0, "special_tokens_map.json appeared from nowhere");
+
+    json_object *c = read_json(out, "config.json"), *g = read_json(out, "generation_config.json");
+    cr_expect_eq(json_object_get_int(json_object_object_get(c, "vocab_size")), 701);
+    cr_expect_eq(json_object_get_int(json_object_object_get(c, "bos_token_id")), 4);
+    cr_expect_eq(json_object_get_int(json_object_object_get(g, "bos_token_id")), 4);
+    cr_expect_str_eq(eos_text(c), "[600,700]", "eos: the tokenizer's, then the turn end");
+    cr_expect_str_eq(eos_text(g), "[600,700]");
+    json_object_put(c);
+    json_object_put(g);
+
+    /* The weights have the fitted shape: a 701-row embedding. */
+    struct read_model m;
+    read_model(out, &m);
+    json_object *shape = json_object_object_get(
+        json_object_object_get(m.header, "model.embed_tokens.weight"), "shape");
+    cr_expect_eq(json_object_get_int(json_object_array_get_idx(shape, 0)), 701);
+    free_model(&m);
+}
+
+Test(mkmodel, tokenizer_smaller_than_the_preset_keeps_the_presets_vocab)
+{
+    static const char json[] =
+        "{\"added_tokens\":[{\"id\":3,\"content\":\"<eos>\",\"special\":true}],"
+        "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"c\":2},\"merges\":[]}}";
+    char tdir[1024], out[1024];
+    write_tokenizer("tok", json, "{\"eos_token\":\"<eos>\",\"bos_token\":null}", tdir, sizeof tdir);
+    snprintf(out, sizeof out, "%s/model", tmp);
+    struct err err = {0};
+    struct mkmodel_opts o = {.preset = "tiny-qwen3", .seed = 1, .out_dir = out,
+                             .tokenizer_dir = tdir};
+    cr_assert_eq(mkmodel_write(&o, &err), 0, "%s", err.msg);
+    json_object *c = read_json(out, "config.json"), *g = read_json(out, "generation_config.json");
+    cr_expect_eq(json_object_get_int(json_object_object_get(c, "vocab_size")),
+                 mkmodel_preset_find("tiny-qwen3")->vocab_size);
+    json_object *bos = NULL;
+    cr_expect(json_object_object_get_ex(c, "bos_token_id", &bos) && bos == NULL,
+              "no bos_token: config.json's bos_token_id is null");
+    cr_expect_not(json_object_object_get_ex(g, "bos_token_id", NULL));
+    cr_expect_str_eq(eos_text(c), "3");
+    cr_expect_str_eq(eos_text(g), "3");
+    json_object_put(c);
+    json_object_put(g);
+}
+
+Test(mkmodel, special_tokens_map_fills_in_what_tokenizer_config_leaves_out_and_is_copied)
+{
+    char tdir[1024], out[1024], path[1200];
+    write_tokenizer("tok", small_tokenizer_json, "{\"bos_token\":\"<s>\"}", tdir, sizeof tdir);
+    static const char map[] = "{\"bos_token\":\"</s>\",\"eos_token\":{\"content\":\"</s>\"}}";
+    snprintf(path, sizeof path, "%s/special_tokens_map.json", tdir);
+    cr_assert_eq(test_write_file(path, map, strlen(map)), 0);
+    snprintf(out, sizeof out, "%s/model", tmp);
+    struct err err = {0};
+    struct mkmodel_opts o = {.preset = "tiny-llama", .seed = 1, .out_dir = out,
+                             .tokenizer_dir = tdir};
+    cr_assert_eq(mkmodel_write(&o, &err), 0, "%s", err.msg);
+    cr_expect(same_file(tdir, out, "special_tokens_map.json"));
+    json_object *c = read_json(out, "config.json");
+    cr_expect_eq(json_object_get_int(json_object_object_get(c, "bos_token_id")), 4,
+                 "tokenizer_config.json's bos wins");
+    cr_expect_str_eq(eos_text(c), "5", "no chat template: the eos alone");
+    json_object_put(c);
+}
+
+Test(mkmodel, a_tokenizer_without_usable_files_or_eos_is_refused_before_writing)
+{
+    char tdir[1024], out[1024];
+    struct err err = {0};
+    struct stat st;
+    snprintf(out, sizeof out, "%s/model", tmp);
+    struct mkmodel_opts o = {.preset = "tiny-qwen3", .seed = 1, .out_dir = out};
+
+    snprintf(tdir, sizeof tdir, "%s/nowhere", tmp);
+    o.tokenizer_dir = tdir;
+    cr_expect_eq(mkmodel_write(&o, &err), -INFERD_EIO);
+    cr_expect(strstr(err.msg, "tokenizer.json") != NULL, "%s", err.msg);
+
+    write_tokenizer("no-config", small_tokenizer_json, NULL, tdir, sizeof tdir);
+    cr_expect_eq(mkmodel_write(&o, &err), -INFERD_EIO);
+    cr_expect(strstr(err.msg, "tokenizer_config.json") != NULL, "%s", err.msg);
+
+    write_tokenizer("no-eos", small_tokenizer_json, "{\"bos_token\":\"<s>\"}", tdir, sizeof tdir);
+    cr_expect_eq(mkmodel_write(&o, &err), -INFERD_EFORMAT);
+    cr_expect(strstr(err.msg, "eos_token") != NULL, "%s", err.msg);
+
+    write_tokenizer("bad-eos", small_tokenizer_json, "{\"eos_token\":\"<nope>\"}", tdir,
+                    sizeof tdir);
+    cr_expect_eq(mkmodel_write(&o, &err), -INFERD_EFORMAT);
+    cr_expect(strstr(err.msg, "<nope>") != NULL, "%s", err.msg);
+
+    write_tokenizer("bad-json", "{\"model\":", "{\"eos_token\":\"a\"}", tdir, sizeof tdir);
+    cr_expect_eq(mkmodel_write(&o, &err), -INFERD_EFORMAT);
+    cr_expect(strstr(err.msg, "tokenizer.json") != NULL, "%s", err.msg);
+
+    cr_expect_neq(stat(out, &st), 0, "a refused call created %s", out);
+}
+
+Test(mkmodel, tokenizer_flag_on_the_cli_and_without_it_the_preset_bytes_are_unchanged)
+{
+    static char msg[16384];
+    char tdir[1024], args[3400], with[1024], without[1024], lib[1024];
+    write_tokenizer("tok", small_tokenizer_json, small_tokenizer_config, tdir, sizeof tdir);
+    snprintf(with, sizeof with, "%s/with", tmp);
+    snprintf(without, sizeof without, "%s/without", tmp);
+    snprintf(args, sizeof args, "--preset tiny-qwen3 --tokenizer '%s' --out '%s'", tdir, with);
+    cr_expect_eq(run_cli(args, msg, sizeof msg), 0, "%s", msg);
+    cr_expect(same_file(tdir, with, "tokenizer_config.json"));
+    snprintf(args, sizeof args, "--preset tiny-qwen3 --out '%s'", without);
+    cr_expect_eq(run_cli(args, msg, sizeof msg), 0, "%s", msg);
+    make("tiny-qwen3", 1, "lib", lib, sizeof lib);
+    cr_expect(same_file(lib, without, "config.json"));
+    cr_expect(same_file(lib, without, "generation_config.json"));
+    cr_expect(same_file(lib, without, "model.safetensors"));
+    cr_expect_not(same_file(lib, with, "config.json"));
+
+    snprintf(args, sizeof args, "--preset tiny-qwen3 --tokenizer '%s/none' --out '%s/x'", tmp, tmp);
+    cr_expect_eq(run_cli(args, msg, sizeof msg), 1);
+    cr_expect(strstr(msg, "tokenizer") != NULL, "%s", msg);
+    cr_expect_eq(run_cli("--preset tiny-qwen3 --out x --tokenizer", msg, sizeof msg), 2);
+}
+
+/* The e2e suites' model: tiny-qwen3 on the real Qwen3 tokenizer (make text-data). */
+Test(mkmodel, tiny_qwen3_on_the_real_qwen3_tokenizer_loads_with_chat_ids)
+{
+    const char *data = getenv("INFERD_TOKENIZER_DATA");
+    if (!data || !*data)
+        cr_skip_test("INFERD_TOKENIZER_DATA is not set; run scripts/fetch-tokenizers.sh DIR and export it");
+    char tdir[1024], out[1024];
+    snprintf(tdir, sizeof tdir, "%s/qwen3", data);
+    struct stat st;
+    if (stat(tdir, &st) != 0)
+        cr_skip_test("%s is missing; run scripts/fetch-tokenizers.sh %s", tdir, data);
+    snprintf(out, sizeof out, "%s/qwen3", tmp);
+    struct err err = {0};
+    struct mkmodel_opts o = {.preset = "tiny-qwen3", .seed = 1, .out_dir = out,
+                             .tokenizer_dir = tdir};
+    cr_assert_eq(mkmodel_write(&o, &err), 0, "%s", err.msg);
+    json_object *c = read_json(out, "config.json"), *g = read_json(out, "generation_config.json");
+    /* 151643 byte-level BPE tokens plus 26 added ones (<|endoftext|> ... </think>). */
+    cr_expect_eq(json_object_get_int(json_object_object_get(c, "vocab_size")), 151669);
+    json_object *bos = NULL;
+    cr_expect(json_object_object_get_ex(c, "bos_token_id", &bos) && bos == NULL);
+    cr_expect_str_eq(eos_text(c), "151645", "<|im_end|>");
+    cr_expect_str_eq(eos_text(g), "151645");
+    json_object_put(c);
+    json_object_put(g);
+}

@@ -1,5 +1,10 @@
-/* tests/unit/test_sampler.c — greedy picks the argmax; seeded sampling is reproducible and respects top-k/top-p/min-p. */
+/* tests/unit/test_sampler.c — greedy picks the argmax; seeded sampling is reproducible and respects top-k/top-p/min-p;
+ * logit bias and repetition/presence/frequency penalties follow their formulas; logprobs are OpenAI's; NaN/inf are safe. */
+#define _GNU_SOURCE
 #include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "engine/sampler.h"
 
@@ -77,4 +82,574 @@ Test(sampler, out_of_range_parameters_are_refused)
     cr_assert_lt(sampler_init(&s, &bad_top_p, 8, &err), 0);
     cr_assert_lt(sampler_init(&s, &bad_min_p, 8, &err), 0);
     cr_assert_eq(err.code, INFERD_ERANGE);
+}
+
+/* ---- helpers for the logits-processing tests ---- */
+
+static const float small[4] = {2.0f, -1.0f, 0.5f, 3.0f};
+
+/* Asserts that the logprobs of the last pick are the log-softmax of want,
+ * the hand-computed processed logits. */
+static void assert_logprobs_match(const struct sampler *s, const float *want, int n)
+{
+    double max = want[0], sum = 0;
+    for (int i = 1; i < n; i++)
+        max = want[i] > max ? want[i] : max;
+    for (int i = 0; i < n; i++)
+        sum += exp(want[i] - max);
+    for (int i = 0; i < n; i++) {
+        float lp;
+        cr_assert_eq(sampler_logprobs(s, i, 0, &lp, NULL), 0);
+        double expect = want[i] - max - log(sum);
+        cr_assert(fabs(lp - expect) < 1e-5, "token %d: logprob %g, want %g", i, lp, expect);
+    }
+}
+
+static uint64_t lcg_state;
+static float lcg_uniform(float lo, float hi)
+{
+    lcg_state = lcg_state * 6364136223846793005ull + 1442695040888963407ull;
+    return lo + (hi - lo) * (float)((lcg_state >> 40) * 0x1.0p-24);
+}
+
+/* ---- penalties and bias ---- */
+
+Test(sampler_penalties, repetition_divides_positive_and_multiplies_negative_logits_of_prompt_tokens)
+{
+    struct sampler s;
+    struct sampler_params p = {.top_p = 1, .repetition_penalty = 2};
+    cr_assert_eq(sampler_init(&s, &p, 4, NULL), 0);
+    sampler_observe_prompt(&s, (const int32_t[]){0, 1, 0}, 3);
+    cr_assert_eq(sampler_pick(&s, small), 3);
+    assert_logprobs_match(&s, (const float[]){1.0f, -2.0f, 0.5f, 3.0f}, 4);
+    sampler_free(&s);
+}
+
+Test(sampler_penalties, repetition_applies_once_per_token_however_often_it_was_generated)
+{
+    struct sampler s;
+    struct sampler_params p = {.top_p = 1, .repetition_penalty = 1.5f};
+    cr_assert_eq(sampler_init(&s, &p, 4, NULL), 0);
+    for (int i = 0; i < 3; i++)
+        sampler_accept(&s, 3);
+    sampler_accept(&s, 1);
+    cr_assert_eq(sampler_pick(&s, small), 0); /* 3 / 1.5 ties 2; the lower id wins */
+    assert_logprobs_match(&s, (const float[]){2.0f, -1.5f, 0.5f, 2.0f}, 4);
+    sampler_free(&s);
+}
+
+Test(sampler_penalties, presence_and_frequency_follow_openai_over_generated_tokens_only)
+{
+    struct sampler s;
+    struct sampler_params p = {.top_p = 1, .presence_penalty = 0.5f, .frequency_penalty = 0.25f};
+    cr_assert_eq(sampler_init(&s, &p, 4, NULL), 0);
+    sampler_observe_prompt(&s, (const int32_t[]){0, 1, 2}, 3); /* not seen by these penalties */
+    sampler_accept(&s, 1);
+    for (int i = 0; i < 3; i++)
+        sampler_accept(&s, 3);
+    cr_assert_eq(sampler_pick(&s, small), 0); /* 3 - 3*0.25 - 0.5 = 1.75 < 2 */
+    assert_logprobs_match(&s, (const float[]){2.0f, -1.75f, 0.5f, 1.75f}, 4);
+    sampler_free(&s);
+}
+
+Test(sampler_penalties, negative_presence_and_frequency_raise_generated_tokens)
+{
+    struct sampler s;
+    struct sampler_params p = {.top_p = 1, .presence_penalty = -1, .frequency_penalty = -0.5f};
+    cr_assert_eq(sampler_init(&s, &p, 4, NULL), 0);
+    sampler_accept(&s, 2);
+    sampler_accept(&s, 2);
+    cr_assert_eq(sampler_pick(&s, small), 3);
+    assert_logprobs_match(&s, (const float[]){2.0f, -1.0f, 2.5f, 3.0f}, 4);
+    sampler_free(&s);
+}
+
+Test(sampler_penalties, repetition_sees_the_prompt_but_presence_and_frequency_do_not)
+{
+    struct sampler s;
+    struct sampler_params p = {.top_p = 1, .repetition_penalty = 2, .presence_penalty = 1,
+                               .frequency_penalty = 1};
+    cr_assert_eq(sampler_init(&s, &p, 4, NULL), 0);
+    sampler_observe_prompt(&s, (const int32_t[]){0}, 1);
+    sampler_pick(&s, small);
+    assert_logprobs_match(&s, (const float[]){1.0f, -1.0f, 0.5f, 3.0f}, 4); /* 2 / 2 only */
+    sampler_accept(&s, 0);
+    sampler_pick(&s, small);
+    assert_logprobs_match(&s, (const float[]){-1.0f, -1.0f, 0.5f, 3.0f}, 4); /* 2 / 2 - 1 - 1 */
+    sampler_free(&s);
+}
+
+Test(sampler_penalties, order_is_bias_then_repetition_then_presence_and_frequency)
+{
+    struct sampler s;
+    struct sampler_logit_bias bias[] = {{2, 1.5f}, {1, -1.0f}};
+    struct sampler_params p = {.top_p = 1, .repetition_penalty = 2, .presence_penalty = 0.5f,
+                               .frequency_penalty = 0.25f, .logit_bias = bias, .n_logit_bias = 2};
+    cr_assert_eq(sampler_init(&s, &p, 4, NULL), 0);
+    sampler_accept(&s, 2);
+    sampler_accept(&s, 2);
+    sampler_accept(&s, 1);
+    sampler_pick(&s, small);
+    /* 2: (0.5 + 1.5) / 2 - 2*0.25 - 0.5 = 0; 1: (-1 - 1) * 2 - 0.25 - 0.5 = -4.75 */
+    assert_logprobs_match(&s, (const float[]){2.0f, -4.75f, 0.0f, 3.0f}, 4);
+    sampler_free(&s);
+}
+
+Test(sampler_penalties, neutral_values_sample_the_same_tokens_as_no_processing)
+{
+    struct sampler_logit_bias zero_bias = {3, 0};
+    struct sampler_params plain = {.temperature = 1, .top_p = 0.95f, .seed = 11};
+    struct sampler_params neutral = plain;
+    neutral.repetition_penalty = 1;
+    neutral.logit_bias = &zero_bias;
+    neutral.n_logit_bias = 1;
+    int32_t a[200], b[200];
+    struct sampler s;
+    for (int run = 0; run < 2; run++) {
+        cr_assert_eq(sampler_init(&s, run ? &neutral : &plain, 8, NULL), 0);
+        sampler_observe_prompt(&s, (const int32_t[]){1, 2, 5}, 3);
+        for (int i = 0; i < 200; i++) {
+            (run ? b : a)[i] = sampler_pick(&s, logits);
+            sampler_accept(&s, (run ? b : a)[i]);
+        }
+        sampler_free(&s);
+    }
+    cr_assert_arr_eq(a, b, sizeof a);
+}
+
+Test(sampler_penalties, same_seed_with_penalties_and_bias_gives_same_tokens)
+{
+    struct sampler_logit_bias bias = {4, 2.0f};
+    struct sampler_params p = {.temperature = 0.8f, .top_k = 5, .top_p = 0.9f, .seed = 99,
+                               .repetition_penalty = 1.3f, .presence_penalty = 0.4f,
+                               .frequency_penalty = 0.2f, .logit_bias = &bias, .n_logit_bias = 1};
+    int32_t a[300], b[300];
+    struct sampler s;
+    for (int run = 0; run < 2; run++) {
+        cr_assert_eq(sampler_init(&s, &p, 8, NULL), 0);
+        sampler_observe_prompt(&s, (const int32_t[]){1, 1, 7}, 3);
+        for (int i = 0; i < 300; i++) {
+            (run ? b : a)[i] = sampler_pick(&s, logits);
+            sampler_accept(&s, (run ? b : a)[i]);
+        }
+        sampler_free(&s);
+    }
+    cr_assert_arr_eq(a, b, sizeof a);
+}
+
+Test(sampler_penalties, out_of_vocabulary_ids_given_to_accept_and_observe_are_ignored)
+{
+    struct sampler s;
+    struct sampler_params p = {.top_p = 1, .repetition_penalty = 2, .frequency_penalty = 1};
+    cr_assert_eq(sampler_init(&s, &p, 4, NULL), 0);
+    sampler_observe_prompt(&s, (const int32_t[]){-1, 4, 1 << 30}, 3);
+    sampler_accept(&s, -5);
+    sampler_accept(&s, 4);
+    sampler_pick(&s, small);
+    assert_logprobs_match(&s, small, 4);
+    sampler_free(&s);
+}
+
+Test(sampler_bias, minus_100_bans_the_argmax_under_greedy_and_sampling)
+{
+    struct sampler_logit_bias ban = {1, -100};
+    struct sampler_params greedy = {.top_p = 1, .logit_bias = &ban, .n_logit_bias = 1};
+    struct sampler_params sampled = {.temperature = 1, .top_p = 1, .seed = 4, .logit_bias = &ban,
+                                     .n_logit_bias = 1};
+    struct sampler s;
+    cr_assert_eq(sampler_init(&s, &greedy, 8, NULL), 0);
+    cr_assert_eq(sampler_pick(&s, logits), 5);
+    sampler_free(&s);
+    cr_assert_eq(sampler_init(&s, &sampled, 8, NULL), 0);
+    for (int i = 0; i < 1000; i++)
+        cr_assert_neq(sampler_pick(&s, logits), 1);
+    sampler_free(&s);
+}
+
+Test(sampler_bias, plus_100_forces_a_token_under_greedy)
+{
+    struct sampler_logit_bias force = {6, 100};
+    struct sampler_params p = {.top_p = 1, .logit_bias = &force, .n_logit_bias = 1};
+    struct sampler s;
+    cr_assert_eq(sampler_init(&s, &p, 8, NULL), 0);
+    cr_assert_eq(sampler_pick(&s, logits), 6);
+    sampler_free(&s);
+}
+
+Test(sampler_bias, minus_100_on_all_but_one_token_always_samples_that_token)
+{
+    struct sampler_logit_bias ban[7];
+    for (int i = 0, k = 0; i < 8; i++)
+        if (i != 6)
+            ban[k++] = (struct sampler_logit_bias){i, -100};
+    struct sampler_params p = {.temperature = 1.5f, .top_p = 1, .seed = 2, .logit_bias = ban,
+                               .n_logit_bias = 7};
+    struct sampler s;
+    cr_assert_eq(sampler_init(&s, &p, 8, NULL), 0);
+    for (int i = 0; i < 1000; i++)
+        cr_assert_eq(sampler_pick(&s, logits), 6);
+    float lp;
+    cr_assert_eq(sampler_logprobs(&s, 6, 0, &lp, NULL), 0);
+    cr_assert(fabsf(lp) < 1e-5f, "logprob %g", lp);
+    sampler_free(&s);
+}
+
+Test(sampler_bias, is_copied_at_init_so_the_caller_may_free_its_array)
+{
+    struct sampler_logit_bias force = {6, 100};
+    struct sampler_params p = {.top_p = 1, .logit_bias = &force, .n_logit_bias = 1};
+    struct sampler s;
+    cr_assert_eq(sampler_init(&s, &p, 8, NULL), 0);
+    force = (struct sampler_logit_bias){0, -100};
+    cr_assert_eq(sampler_pick(&s, logits), 6);
+    sampler_free(&s);
+}
+
+/* ---- logprobs ---- */
+
+Test(sampler_logprobs, of_every_token_sum_to_one)
+{
+    enum { N = 5000 };
+    static float row[N];
+    lcg_state = 1;
+    for (int i = 0; i < N; i++)
+        row[i] = lcg_uniform(-12, 12);
+    struct sampler_logit_bias bias = {17, 9};
+    struct sampler_params p = {.temperature = 0.7f, .top_p = 0.9f, .seed = 5, .repetition_penalty = 1.2f,
+                               .frequency_penalty = 0.5f, .logit_bias = &bias, .n_logit_bias = 1};
+    struct sampler s;
+    cr_assert_eq(sampler_init(&s, &p, N, NULL), 0);
+    sampler_observe_prompt(&s, (const int32_t[]){3, 4, 5}, 3);
+    sampler_accept(&s, 17);
+    sampler_pick(&s, row);
+    double sum = 0;
+    for (int i = 0; i < N; i++) {
+        float lp;
+        cr_assert_eq(sampler_logprobs(&s, i, 0, &lp, NULL), 0);
+        sum += exp(lp);
+    }
+    cr_assert(fabs(log(sum)) < 1e-5, "logsumexp %g", log(sum));
+    sampler_free(&s);
+}
+
+Test(sampler_logprobs, top_is_sorted_descending_with_ties_lower_id_first)
+{
+    static const float tied[8] = {1, 3, 2, 3, 0, 2, 3, -1};
+    struct sampler_params p = {.top_p = 1};
+    struct sampler s;
+    cr_assert_eq(sampler_init(&s, &p, 8, NULL), 0);
+    cr_assert_eq(sampler_pick(&s, tied), 1);
+    struct token_logprob top[SAMPLER_MAX_TOP_LOGPROBS];
+    float lp;
+    cr_assert_eq(sampler_logprobs(&s, 1, 5, &lp, top), 5);
+    const int32_t want[5] = {1, 3, 6, 2, 5};
+    for (int k = 0; k < 5; k++) {
+        cr_assert_eq(top[k].token, want[k], "rank %d: token %d", k, top[k].token);
+        float own;
+        sampler_logprobs(&s, top[k].token, 0, &own, NULL);
+        cr_assert_float_eq(top[k].logprob, own, 1e-7);
+    }
+    cr_assert_float_eq(top[0].logprob, lp, 1e-7);
+    cr_assert_gt(top[2].logprob, top[3].logprob);
+    cr_assert_eq(sampler_logprobs(&s, 1, 2, &lp, top), 2);
+    cr_assert(top[0].token == 1 && top[1].token == 3);
+    sampler_free(&s);
+}
+
+Test(sampler_logprobs, top_stops_at_the_vocabulary_and_at_twenty)
+{
+    static float row[30];
+    for (int i = 0; i < 30; i++)
+        row[i] = (float)(i % 7);
+    struct sampler_params p = {.top_p = 1};
+    struct token_logprob top[SAMPLER_MAX_TOP_LOGPROBS];
+    float lp;
+    struct sampler s;
+    cr_assert_eq(sampler_init(&s, &p, 8, NULL), 0);
+    sampler_pick(&s, row);
+    cr_assert_eq(sampler_logprobs(&s, 0, 20, &lp, top), 8);
+    sampler_free(&s);
+    cr_assert_eq(sampler_init(&s, &p, 30, NULL), 0);
+    sampler_pick(&s, row);
+    cr_assert_eq(sampler_logprobs(&s, 0, 25, &lp, top), 20);
+    for (int k = 1; k < 20; k++)
+        cr_assert(top[k - 1].logprob > top[k].logprob ||
+                  (top[k - 1].logprob == top[k].logprob && top[k - 1].token < top[k].token));
+    cr_assert_eq(sampler_logprobs(&s, 0, 0, &lp, top), 0);
+    sampler_free(&s);
+}
+
+Test(sampler_logprobs, ignore_temperature_and_truncation)
+{
+    struct sampler_params hot = {.temperature = 0.3f, .top_k = 2, .top_p = 0.5f, .min_p = 0.2f, .seed = 1};
+    struct sampler s;
+    cr_assert_eq(sampler_init(&s, &hot, 8, NULL), 0);
+    sampler_pick(&s, logits);
+    assert_logprobs_match(&s, logits, 8);
+    struct token_logprob top[8];
+    float lp;
+    cr_assert_eq(sampler_logprobs(&s, 1, 8, &lp, top), 8); /* truncated tokens are still listed */
+    sampler_free(&s);
+}
+
+Test(sampler_logprobs, before_any_pick_or_outside_the_vocabulary_are_einval)
+{
+    struct sampler_params p = {.top_p = 1};
+    struct sampler s;
+    float lp;
+    cr_assert_eq(sampler_init(&s, &p, 8, NULL), 0);
+    cr_assert_eq(sampler_logprobs(&s, 0, 0, &lp, NULL), -INFERD_EINVAL);
+    sampler_pick(&s, logits);
+    cr_assert_eq(sampler_logprobs(&s, 8, 0, &lp, NULL), -INFERD_EINVAL);
+    cr_assert_eq(sampler_logprobs(&s, -1, 0, &lp, NULL), -INFERD_EINVAL);
+    sampler_free(&s);
+}
+
+/* ---- NaN and infinities ---- */
+
+Test(sampler_nonfinite, nan_logits_count_as_minus_inf_when_greedy_sampled_and_in_logprobs)
+{
+    const float row[6] = {NAN, 1.0f, NAN, 2.0f, -INFINITY, NAN};
+    struct sampler_params greedy = {.top_p = 1};
+    struct sampler_params sampled = {.temperature = 2, .top_p = 1, .seed = 9};
+    struct sampler_params truncated = {.temperature = 2, .top_k = 4, .top_p = 0.99f, .min_p = 0.01f, .seed = 9};
+    struct sampler s;
+    cr_assert_eq(sampler_init(&s, &greedy, 6, NULL), 0);
+    cr_assert_eq(sampler_pick(&s, row), 3);
+    float lp;
+    struct token_logprob top[6];
+    cr_assert_eq(sampler_logprobs(&s, 0, 6, &lp, top), 2); /* only tokens 3 and 1 */
+    cr_assert(isinf(lp) && lp < 0);
+    cr_assert(top[0].token == 3 && top[1].token == 1);
+    cr_assert(fabs(log(exp(top[0].logprob) + exp(top[1].logprob))) < 1e-6);
+    sampler_free(&s);
+    for (int run = 0; run < 2; run++) {
+        cr_assert_eq(sampler_init(&s, run ? &truncated : &sampled, 6, NULL), 0);
+        for (int i = 0; i < 500; i++) {
+            int32_t t = sampler_pick(&s, row);
+            cr_assert(t == 1 || t == 3, "picked %d", t);
+        }
+        sampler_free(&s);
+    }
+}
+
+Test(sampler_nonfinite, a_row_with_nothing_above_minus_inf_still_gives_an_in_range_token)
+{
+    const float nan_row[4] = {NAN, NAN, NAN, NAN};
+    const float ninf_row[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    struct sampler_params greedy = {.top_p = 1};
+    struct sampler_params sampled = {.temperature = 1, .top_k = 2, .top_p = 0.5f, .seed = 1};
+    struct sampler s;
+    for (int run = 0; run < 2; run++) {
+        cr_assert_eq(sampler_init(&s, run ? &sampled : &greedy, 4, NULL), 0);
+        int32_t a = sampler_pick(&s, nan_row), b = sampler_pick(&s, ninf_row);
+        cr_assert(a >= 0 && a < 4 && b >= 0 && b < 4);
+        float lp;
+        struct token_logprob top[4];
+        cr_assert_eq(sampler_logprobs(&s, b, 4, &lp, top), 0);
+        cr_assert(isinf(lp) && lp < 0);
+        sampler_free(&s);
+    }
+}
+
+Test(sampler_nonfinite, plus_inf_logits_share_all_the_probability)
+{
+    const float row[5] = {1.0f, INFINITY, NAN, INFINITY, 50.0f};
+    struct sampler_params sampled = {.temperature = 1, .top_p = 0.9f, .seed = 3};
+    struct sampler s;
+    cr_assert_eq(sampler_init(&s, &sampled, 5, NULL), 0);
+    int seen[5] = {0};
+    for (int i = 0; i < 400; i++)
+        seen[sampler_pick(&s, row)]++;
+    cr_assert(seen[1] > 0 && seen[3] > 0 && seen[1] + seen[3] == 400);
+    float lp;
+    struct token_logprob top[5];
+    cr_assert_eq(sampler_logprobs(&s, 3, 5, &lp, top), 2);
+    cr_assert_float_eq(lp, -logf(2), 1e-6);
+    cr_assert(top[0].token == 1 && top[1].token == 3);
+    cr_assert_eq(sampler_logprobs(&s, 4, 0, &lp, NULL), 0);
+    cr_assert(isinf(lp) && lp < 0);
+    sampler_free(&s);
+}
+
+/* ---- validation and lifetime ---- */
+
+static void assert_refused(struct sampler_params p, int n_vocab, int code, const char *needle)
+{
+    struct sampler s = {0};
+    struct err err = {0};
+    cr_assert_eq(sampler_init(&s, &p, n_vocab, &err), -code, "accepted; wanted '%s'", needle);
+    cr_assert_eq(err.code, code);
+    cr_assert(strstr(err.msg, needle), "message '%s' lacks '%s'", err.msg, needle);
+    cr_assert_null(s.probs);
+    sampler_free(&s);
+}
+
+Test(sampler_validation, penalties_outside_their_ranges_are_refused_with_a_message)
+{
+    struct sampler_params base = {.temperature = 1, .top_p = 1};
+    struct sampler_params p = base;
+    p.repetition_penalty = -1;
+    assert_refused(p, 8, INFERD_ERANGE, "repetition_penalty");
+    p.repetition_penalty = 10.5f;
+    assert_refused(p, 8, INFERD_ERANGE, "repetition_penalty");
+    p.repetition_penalty = NAN;
+    assert_refused(p, 8, INFERD_ERANGE, "repetition_penalty");
+    p = base;
+    p.presence_penalty = 2.5f;
+    assert_refused(p, 8, INFERD_ERANGE, "presence_penalty");
+    p = base;
+    p.frequency_penalty = -3;
+    assert_refused(p, 8, INFERD_ERANGE, "frequency_penalty");
+    p = base;
+    p.frequency_penalty = NAN;
+    assert_refused(p, 8, INFERD_ERANGE, "frequency_penalty");
+
+    struct sampler s;
+    struct sampler_params edges = {.top_p = 1, .repetition_penalty = 10, .presence_penalty = -2,
+                                   .frequency_penalty = 2};
+    cr_assert_eq(sampler_init(&s, &edges, 8, NULL), 0);
+    sampler_free(&s);
+}
+
+Test(sampler_validation, logit_bias_outside_the_vocabulary_or_range_is_refused_with_a_message)
+{
+    struct sampler_logit_bias b;
+    struct sampler_params p = {.top_p = 1, .logit_bias = &b, .n_logit_bias = 1};
+    b = (struct sampler_logit_bias){8, 1};
+    assert_refused(p, 8, INFERD_ERANGE, "outside the vocabulary");
+    b = (struct sampler_logit_bias){-1, 1};
+    assert_refused(p, 8, INFERD_ERANGE, "outside the vocabulary");
+    b = (struct sampler_logit_bias){2, 100.5f};
+    assert_refused(p, 8, INFERD_ERANGE, "[-100, 100]");
+    b = (struct sampler_logit_bias){2, NAN};
+    assert_refused(p, 8, INFERD_ERANGE, "[-100, 100]");
+    p.logit_bias = NULL;
+    assert_refused(p, 8, INFERD_EINVAL, "no array");
+    p.n_logit_bias = -1;
+    assert_refused(p, 8, INFERD_EINVAL, "negative");
+}
+
+Test(sampler_validation, an_empty_vocabulary_is_refused)
+{
+    assert_refused((struct sampler_params){.top_p = 1}, 0, INFERD_EINVAL, "vocabulary size");
+}
+
+Test(sampler_lifetime, free_is_safe_twice_and_on_a_zeroed_sampler)
+{
+    struct sampler s = {0};
+    sampler_free(&s);
+    struct sampler_logit_bias b = {1, 1};
+    struct sampler_params p = {.top_p = 1, .repetition_penalty = 1.1f, .logit_bias = &b, .n_logit_bias = 1};
+    cr_assert_eq(sampler_init(&s, &p, 8, NULL), 0);
+    sampler_free(&s);
+    sampler_free(&s);
+    cr_assert_null(s.processed);
+    cr_assert_null(s.seen);
+}
+
+/* ---- truncation against sorting the whole vocabulary ---- */
+
+static uint64_t ref_splitmix64(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static int ref_by_prob_desc(const void *a, const void *b, void *probs_)
+{
+    const float *probs = probs_;
+    float pa = probs[*(const int32_t *)a], pb = probs[*(const int32_t *)b];
+    if (pa != pb)
+        return pa < pb ? 1 : -1;
+    return *(const int32_t *)a - *(const int32_t *)b;
+}
+
+/* The straightforward sampler: sort everything, then walk top-k, min-p, top-p. */
+static int32_t ref_pick(const struct sampler_params *p, uint64_t *rng, const float *x, int n, float *probs,
+                        int32_t *order)
+{
+    float max = x[0];
+    for (int i = 1; i < n; i++)
+        max = x[i] > max ? x[i] : max;
+    double sum = 0;
+    for (int i = 0; i < n; i++) {
+        probs[i] = expf((x[i] - max) / p->temperature);
+        sum += probs[i];
+    }
+    for (int i = 0; i < n; i++) {
+        probs[i] = (float)(probs[i] / sum);
+        order[i] = i;
+    }
+    qsort_r(order, (size_t)n, sizeof *order, ref_by_prob_desc, probs);
+    int keep = p->top_k > 0 && p->top_k < n ? p->top_k : n;
+    if (p->min_p > 0) {
+        float floor = p->min_p * probs[order[0]];
+        int k = 1;
+        while (k < keep && probs[order[k]] >= floor)
+            k++;
+        keep = k;
+    }
+    if (p->top_p < 1) {
+        double cum = 0;
+        int k = 0;
+        while (k < keep) {
+            cum += probs[order[k++]];
+            if (cum >= p->top_p)
+                break;
+        }
+        keep = k;
+    }
+    double total = 0;
+    for (int k = 0; k < keep; k++)
+        total += probs[order[k]];
+    double r = (double)(ref_splitmix64(rng) >> 11) * 0x1.0p-53 * total;
+    for (int k = 0; k < keep; k++) {
+        r -= probs[order[k]];
+        if (r < 0)
+            return order[k];
+    }
+    return order[keep - 1];
+}
+
+Test(sampler_truncation, keeps_the_same_tokens_as_sorting_the_whole_vocabulary)
+{
+    enum { N = 3000 };
+    static float row[N], probs[N];
+    static int32_t order[N];
+    const struct sampler_params cases[] = {
+        {.temperature = 1, .top_k = 40, .top_p = 1},
+        {.temperature = 1, .top_p = 0.9f},
+        {.temperature = 3, .top_p = 0.5f},
+        {.temperature = 1, .top_p = 0.999f},
+        {.temperature = 1, .top_p = 1, .min_p = 0.05f},
+        {.temperature = 0.7f, .top_k = 50, .top_p = 0.95f, .min_p = 0.02f},
+        {.temperature = 5, .top_k = 2500, .top_p = 0.99f},
+        {.temperature = 2, .top_k = 10, .top_p = 0.999f},
+        {.temperature = 1, .top_p = 0.3f, .min_p = 0.001f},
+    };
+    for (int c = 0; c < (int)(sizeof cases / sizeof *cases); c++) {
+        for (int tied = 0; tied < 2; tied++) {
+            struct sampler_params p = cases[c];
+            p.seed = 100 + c;
+            struct sampler s;
+            cr_assert_eq(sampler_init(&s, &p, N, NULL), 0);
+            uint64_t rng = p.seed;
+            lcg_state = 7 + c;
+            for (int step = 0; step < 40; step++) {
+                float spread = step % 2 ? 4 : 15;
+                for (int i = 0; i < N; i++) {
+                    row[i] = lcg_uniform(-spread, spread);
+                    if (tied) /* few distinct values: many equal probabilities */
+                        row[i] = roundf(row[i]);
+                }
+                int32_t want = ref_pick(&p, &rng, row, N, probs, order);
+                int32_t got = sampler_pick(&s, row);
+                cr_assert_eq(got, want, "case %d tied %d step %d: %d, want %d", c, tied, step, got, want);
+            }
+            sampler_free(&s);
+        }
+    }
 }

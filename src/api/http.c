@@ -1,0 +1,587 @@
+/* api/http.c — the HTTP/1.1 front end on libmicrohttpd: one thread per connection, request
+ * deadlines against slow clients, body limits, authentication, routing and responses. */
+#define _GNU_SOURCE /* POLLRDHUP */
+#include "api/http.h"
+
+#include <microhttpd.h>
+#include <netdb.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "base/log.h"
+#include "base/timer.h"
+
+/* A connection the watchdog keeps an eye on: a request (headers and body)
+ * must arrive before its deadline, so a client sending one byte a second
+ * cannot hold a connection for ever. */
+struct conn_watch {
+    int fd;
+    uint64_t deadline_ns; /* 0: a request is being answered, no deadline */
+    struct conn_watch *prev, *next;
+};
+
+struct http_daemon {
+    struct MHD_Daemon *mhd;
+    struct server *srv;          /* borrowed */
+    pthread_mutex_t watch_mu;
+    struct conn_watch *watched;  /* list of live connections, under watch_mu */
+    pthread_t watchdog;
+    bool watchdog_running;
+    pthread_mutex_t stop_mu;
+    pthread_cond_t stop_cv;
+    bool stopping;               /* under stop_mu */
+    int port;
+};
+
+/* Per-request state kept between libmicrohttpd's calls of the access handler. */
+struct request_state {
+    struct strbuf body;
+    bool too_large;
+    bool handled;
+};
+
+static uint64_t deadline_after(int seconds)
+{
+    return now_ns() + (uint64_t)seconds * 1000000000ull;
+}
+
+bool http_client_gone(int fd)
+{
+    if (fd < 0)
+        return false;
+    struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
+    if (poll(&p, 1, 0) <= 0)
+        return false;
+    if (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL))
+        return true;
+    if (p.revents & POLLIN) {
+        char c;
+        ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+        return n == 0;
+    }
+    return false;
+}
+
+/* ---- responses ---- */
+
+static void count(struct http_exchange *x, int status)
+{
+    api_metrics_count(&x->srv->metrics, x->route, status);
+}
+
+static void queue(struct http_exchange *x, int status, struct MHD_Response *r)
+{
+    if (!r) {
+        log_error("http: out of memory for a response");
+        x->responded = true;
+        return;
+    }
+    MHD_add_response_header(r, "Server", "inferd");
+    MHD_queue_response(x->conn, (unsigned)status, r);
+    MHD_destroy_response(r);
+    count(x, status);
+    x->responded = true;
+}
+
+void http_send_text(struct http_exchange *x, int status, const char *content_type,
+                    const char *text, size_t len)
+{
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(len, (void *)text, MHD_RESPMEM_MUST_COPY);
+    if (r)
+        MHD_add_response_header(r, "Content-Type", content_type);
+    queue(x, status, r);
+}
+
+void http_send_json(struct http_exchange *x, int status, const char *json, size_t len)
+{
+    http_send_text(x, status, "application/json", json, len);
+}
+
+void http_send_error(struct http_exchange *x, const struct api_error *e)
+{
+    char *json = NULL;
+    if (api_error_to_json(e, &json) < 0 || !json) {
+        static const char fallback[] =
+            "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,"
+            "\"code\":null}}";
+        http_send_json(x, 500, fallback, sizeof fallback - 1);
+        return;
+    }
+    http_send_json(x, e->status, json, strlen(json));
+    free(json);
+}
+
+void http_send_errorf(struct http_exchange *x, int status, const char *type, const char *param,
+                      const char *code, const char *fmt, ...)
+{
+    struct api_error e = {.status = status};
+    snprintf(e.type, sizeof e.type, "%s", type);
+    snprintf(e.param, sizeof e.param, "%s", param ? param : "");
+    snprintf(e.code, sizeof e.code, "%s", code ? code : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e.message, sizeof e.message, fmt, ap);
+    va_end(ap);
+    http_send_error(x, &e);
+}
+
+struct stream_state {
+    struct http_stream s;
+    struct strbuf pending;
+    bool done;
+};
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    struct stream_state *st = cls;
+    while (st->pending.len == 0) {
+        if (st->done)
+            return MHD_CONTENT_READER_END_OF_STREAM;
+        if (!st->s.produce(st->s.ctx, &st->pending, &st->done) || st->pending.failed)
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+    size_t n = st->pending.len < max ? st->pending.len : max;
+    memcpy(buf, st->pending.data, n);
+    strbuf_consume(&st->pending, n);
+    return (ssize_t)n;
+}
+
+static void stream_free(void *cls)
+{
+    struct stream_state *st = cls;
+    st->s.release(st->s.ctx);
+    strbuf_free(&st->pending);
+    free(st);
+}
+
+void http_send_stream(struct http_exchange *x, int status, const char *content_type,
+                      struct http_stream stream)
+{
+    struct stream_state *st = calloc(1, sizeof *st);
+    if (!st) {
+        stream.release(stream.ctx);
+        http_send_errorf(x, 500, "server_error", NULL, NULL, "out of memory for a stream");
+        return;
+    }
+    st->s = stream;
+    struct MHD_Response *r =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_read, st,
+                                          stream_free);
+    if (!r) {
+        stream_free(st);
+        http_send_errorf(x, 500, "server_error", NULL, NULL, "out of memory for a stream");
+        return;
+    }
+    MHD_add_response_header(r, "Content-Type", content_type);
+    MHD_add_response_header(r, "Cache-Control", "no-cache");
+    MHD_add_response_header(r, "X-Accel-Buffering", "no");
+    queue(x, status, r);
+}
+
+/* ---- routing ---- */
+
+struct route {
+    const char *path;
+    bool prefix; /* path + "/" + id */
+    const char *method;
+    enum api_route id;
+};
+
+static const struct route routes[] = {
+    {"/v1/chat/completions", false, "POST", ROUTE_CHAT_COMPLETIONS},
+    {"/v1/completions", false, "POST", ROUTE_COMPLETIONS},
+    {"/v1/models", false, "GET", ROUTE_MODELS},
+    {"/v1/models", true, "GET", ROUTE_MODELS},
+    {"/health", false, "GET", ROUTE_HEALTH},
+    {"/stats", false, "GET", ROUTE_STATS},
+    {"/metrics", false, "GET", ROUTE_METRICS},
+};
+
+static const struct route *find_route(const char *path, bool *path_known)
+{
+    *path_known = false;
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
+        const struct route *r = &routes[i];
+        size_t n = strlen(r->path);
+        bool match = r->prefix ? (!strncmp(path, r->path, n) && path[n] == '/' && path[n + 1])
+                               : !strcmp(path, r->path);
+        if (match) {
+            *path_known = true;
+            return r;
+        }
+    }
+    return NULL;
+}
+
+static bool method_is(const char *method, const char *want)
+{
+    return !strcmp(method, want) || (!strcmp(want, "GET") && !strcmp(method, "HEAD"));
+}
+
+static bool constant_time_equal(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    unsigned char diff = la != lb;
+    for (size_t i = 0; i < la; i++)
+        diff |= (unsigned char)a[i] ^ (unsigned char)b[i % (lb ? lb : 1)];
+    return diff == 0;
+}
+
+static bool authorized(struct http_exchange *x)
+{
+    const char *key = x->srv->cfg.api_key;
+    if (!key || x->route == ROUTE_HEALTH)
+        return true;
+    const char *auth = MHD_lookup_connection_value(x->conn, MHD_HEADER_KIND, "Authorization");
+    if (auth && !strncasecmp(auth, "Bearer ", 7)) {
+        const char *given = auth + 7;
+        while (*given == ' ')
+            given++;
+        return constant_time_equal(given, key);
+    }
+    const char *xkey = MHD_lookup_connection_value(x->conn, MHD_HEADER_KIND, "x-api-key");
+    return xkey && constant_time_equal(xkey, key);
+}
+
+static bool content_type_is_json(const char *ct)
+{
+    if (!ct)
+        return true; /* no header: read the body as JSON */
+    while (*ct == ' ')
+        ct++;
+    static const char want[] = "application/json";
+    if (strncasecmp(ct, want, sizeof want - 1))
+        return false;
+    char next = ct[sizeof want - 1];
+    return next == '\0' || next == ';' || next == ' ';
+}
+
+/* Checks that can be made before the body arrives; sends the error and
+ * returns false when the request is refused. */
+static bool admit_request(struct http_exchange *x, const struct route *r, bool path_known)
+{
+    struct server *srv = x->srv;
+    if (!path_known) {
+        http_send_errorf(x, 404, "invalid_request_error", NULL, "not_found",
+                         "no route for %s %s", x->method, x->path);
+        return false;
+    }
+    if (!method_is(x->method, r->method)) {
+        struct api_error e = {.status = 405};
+        snprintf(e.type, sizeof e.type, "invalid_request_error");
+        snprintf(e.code, sizeof e.code, "method_not_allowed");
+        snprintf(e.message, sizeof e.message, "%s does not accept %s; use %s", x->path,
+                 x->method, r->method);
+        char *json = NULL;
+        if (api_error_to_json(&e, &json) == 0 && json) {
+            struct MHD_Response *resp =
+                MHD_create_response_from_buffer(strlen(json), json, MHD_RESPMEM_MUST_COPY);
+            free(json);
+            if (resp) {
+                MHD_add_response_header(resp, "Content-Type", "application/json");
+                MHD_add_response_header(resp, "Allow", r->method);
+            }
+            queue(x, 405, resp);
+        } else {
+            http_send_error(x, &e);
+        }
+        return false;
+    }
+    if (!authorized(x)) {
+        http_send_errorf(x, 401, "invalid_request_error", NULL, "invalid_api_key",
+                         "a valid API key is required: send it as 'Authorization: Bearer KEY'");
+        return false;
+    }
+    if (!strcmp(r->method, "POST")) {
+        const char *ct = MHD_lookup_connection_value(x->conn, MHD_HEADER_KIND, "Content-Type");
+        if (!content_type_is_json(ct)) {
+            http_send_errorf(x, 415, "invalid_request_error", NULL, "unsupported_media_type",
+                             "Content-Type must be application/json, got '%.100s'", ct);
+            return false;
+        }
+        const char *cl = MHD_lookup_connection_value(x->conn, MHD_HEADER_KIND, "Content-Length");
+        if (cl) {
+            char *end;
+            unsigned long long n = strtoull(cl, &end, 10);
+            if (end != cl && n > srv->cfg.max_body_bytes) {
+                http_send_errorf(x, 413, "invalid_request_error", NULL, "request_too_large",
+                                 "the body is %llu bytes; the limit is %zu", n,
+                                 srv->cfg.max_body_bytes);
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
+static void dispatch(struct http_exchange *x, const char *model_id)
+{
+    switch (x->route) {
+    case ROUTE_CHAT_COMPLETIONS: openai_chat_completions(x); break;
+    case ROUTE_COMPLETIONS: openai_completions(x); break;
+    case ROUTE_MODELS: openai_models(x, model_id); break;
+    case ROUTE_HEALTH: admin_health(x); break;
+    case ROUTE_STATS: admin_stats(x); break;
+    case ROUTE_METRICS: admin_metrics(x); break;
+    default: break;
+    }
+    if (!x->responded)
+        http_send_errorf(x, 500, "server_error", NULL, NULL, "the handler sent no response");
+}
+
+static struct conn_watch *watch_of(struct MHD_Connection *conn)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+static void watch_set_deadline(struct http_daemon *d, struct MHD_Connection *conn,
+                               uint64_t deadline)
+{
+    struct conn_watch *w = watch_of(conn);
+    if (!w)
+        return;
+    pthread_mutex_lock(&d->watch_mu);
+    w->deadline_ns = deadline;
+    pthread_mutex_unlock(&d->watch_mu);
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                  const char *method, const char *version,
+                                  const char *upload_data, size_t *upload_data_size,
+                                  void **con_cls)
+{
+    struct http_daemon *d = cls;
+    struct server *srv = d->srv;
+    struct request_state *rs = *con_cls;
+    bool path_known;
+    const struct route *r = find_route(url, &path_known);
+    const union MHD_ConnectionInfo *fdi =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    struct http_exchange x = {
+        .srv = srv,
+        .conn = conn,
+        .method = method,
+        .path = url,
+        .route = r ? r->id : ROUTE_OTHER,
+        .client_fd = fdi ? fdi->connect_fd : -1,
+    };
+
+    if (!rs) {
+        rs = calloc(1, sizeof *rs);
+        if (!rs)
+            return MHD_NO;
+        *con_cls = rs;
+        if (!admit_request(&x, r, path_known)) {
+            rs->handled = true;
+            return MHD_YES;
+        }
+        return MHD_YES;
+    }
+    if (rs->handled) {
+        *upload_data_size = 0; /* the answer is sent; the rest of the body is dropped */
+        return MHD_YES;
+    }
+    if (*upload_data_size > 0) {
+        if (!rs->too_large) {
+            if (rs->body.len + *upload_data_size > srv->cfg.max_body_bytes) {
+                rs->too_large = true;
+                strbuf_free(&rs->body);
+            } else if (!strbuf_append(&rs->body, upload_data, *upload_data_size)) {
+                rs->too_large = true;
+                strbuf_free(&rs->body);
+            }
+        }
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
+    /* The whole request is here: no deadline while it is answered. */
+    watch_set_deadline(d, conn, 0);
+    rs->handled = true;
+    if (rs->too_large) {
+        http_send_errorf(&x, 413, "invalid_request_error", NULL, "request_too_large",
+                         "the body is over the limit of %zu bytes", srv->cfg.max_body_bytes);
+        return MHD_YES;
+    }
+    x.body = rs->body.data ? rs->body.data : "";
+    x.body_len = rs->body.len;
+    const char *model_id = NULL;
+    if (r && r->prefix)
+        model_id = url + strlen(r->path) + 1;
+    dispatch(&x, model_id);
+    return MHD_YES;
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    struct http_daemon *d = cls;
+    struct request_state *rs = *con_cls;
+    if (rs) {
+        strbuf_free(&rs->body);
+        free(rs);
+        *con_cls = NULL;
+    }
+    /* The next request on this connection must arrive in time too. */
+    watch_set_deadline(d, conn,
+                       deadline_after(d->srv->cfg.idle_timeout_s + d->srv->cfg.request_timeout_s));
+}
+
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    struct http_daemon *d = cls;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        struct conn_watch *w = calloc(1, sizeof *w);
+        if (!w)
+            return;
+        const union MHD_ConnectionInfo *fdi =
+            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        w->fd = fdi ? fdi->connect_fd : -1;
+        w->deadline_ns = deadline_after(d->srv->cfg.request_timeout_s);
+        pthread_mutex_lock(&d->watch_mu);
+        w->next = d->watched;
+        if (d->watched)
+            d->watched->prev = w;
+        d->watched = w;
+        pthread_mutex_unlock(&d->watch_mu);
+        *socket_context = w;
+    } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
+        struct conn_watch *w = *socket_context;
+        if (!w)
+            return;
+        pthread_mutex_lock(&d->watch_mu);
+        if (w->prev)
+            w->prev->next = w->next;
+        else
+            d->watched = w->next;
+        if (w->next)
+            w->next->prev = w->prev;
+        pthread_mutex_unlock(&d->watch_mu);
+        free(w);
+        *socket_context = NULL;
+    }
+}
+
+/* Once a second: shut down connections whose request is overdue. shutdown()
+ * leaves the descriptor to libmicrohttpd, which sees end-of-file and closes. */
+static void *watchdog_main(void *arg)
+{
+    struct http_daemon *d = arg;
+    for (;;) {
+        pthread_mutex_lock(&d->stop_mu);
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += 1;
+        if (!d->stopping)
+            pthread_cond_timedwait(&d->stop_cv, &d->stop_mu, &until);
+        bool stop = d->stopping;
+        pthread_mutex_unlock(&d->stop_mu);
+        if (stop)
+            break;
+        uint64_t now = now_ns();
+        pthread_mutex_lock(&d->watch_mu);
+        for (struct conn_watch *w = d->watched; w; w = w->next) {
+            if (w->deadline_ns && now > w->deadline_ns && w->fd >= 0) {
+                shutdown(w->fd, SHUT_RDWR);
+                w->deadline_ns = 0;
+            }
+        }
+        pthread_mutex_unlock(&d->watch_mu);
+    }
+    return NULL;
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    size_t n = strlen(msg);
+    while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r'))
+        msg[--n] = '\0';
+    log_debug("http: %s", msg);
+}
+
+int http_start(struct server *srv, struct http_daemon **out, struct err *err)
+{
+    struct http_daemon *d = calloc(1, sizeof *d);
+    if (!d)
+        return err_set(err, INFERD_ENOMEM, "out of memory for the HTTP server");
+    d->srv = srv;
+    pthread_mutex_init(&d->watch_mu, NULL);
+    pthread_mutex_init(&d->stop_mu, NULL);
+    pthread_cond_init(&d->stop_cv, NULL);
+
+    char port[16];
+    snprintf(port, sizeof port, "%d", srv->cfg.port);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+    struct addrinfo *ai = NULL;
+    int gai = getaddrinfo(srv->cfg.host, port, &hints, &ai);
+    if (gai != 0) {
+        free(d);
+        return err_set(err, INFERD_EINVAL, "cannot use host '%s': %s", srv->cfg.host,
+                       gai_strerror(gai));
+    }
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
+                     MHD_USE_ITC | MHD_USE_ERROR_LOG;
+    if (ai->ai_family == AF_INET6)
+        flags |= MHD_USE_IPv6;
+    d->mhd = MHD_start_daemon(
+        flags, (uint16_t)srv->cfg.port, NULL, NULL, on_request, d, MHD_OPTION_SOCK_ADDR,
+        ai->ai_addr, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)srv->cfg.idle_timeout_s,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)srv->cfg.max_connections,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 * 1024, MHD_OPTION_NOTIFY_COMPLETED,
+        on_completed, d, MHD_OPTION_NOTIFY_CONNECTION, on_connection, d,
+        MHD_OPTION_EXTERNAL_LOGGER, mhd_log, d, MHD_OPTION_END);
+    freeaddrinfo(ai);
+    if (!d->mhd) {
+        free(d);
+        return err_set(err, INFERD_EIO, "cannot listen on %s:%d (in use, or not allowed)",
+                       srv->cfg.host, srv->cfg.port);
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(d->mhd, MHD_DAEMON_INFO_BIND_PORT);
+    d->port = di ? di->port : srv->cfg.port;
+    if (pthread_create(&d->watchdog, NULL, watchdog_main, d) == 0)
+        d->watchdog_running = true;
+    *out = d;
+    return 0;
+}
+
+int http_bound_port(const struct http_daemon *d)
+{
+    return d->port;
+}
+
+void http_quiesce(struct http_daemon *d)
+{
+    MHD_socket fd = MHD_quiesce_daemon(d->mhd);
+    if (fd != MHD_INVALID_SOCKET)
+        close(fd);
+}
+
+void http_stop(struct http_daemon *d)
+{
+    if (!d)
+        return;
+    pthread_mutex_lock(&d->stop_mu);
+    d->stopping = true;
+    pthread_cond_signal(&d->stop_cv);
+    pthread_mutex_unlock(&d->stop_mu);
+    if (d->watchdog_running)
+        pthread_join(d->watchdog, NULL);
+    MHD_stop_daemon(d->mhd);
+    pthread_mutex_destroy(&d->watch_mu);
+    pthread_mutex_destroy(&d->stop_mu);
+    pthread_cond_destroy(&d->stop_cv);
+    free(d);
+}

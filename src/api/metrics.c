@@ -1,0 +1,172 @@
+/* api/metrics.c — request counters, and the /metrics (Prometheus) and /stats (JSON) views of
+ * them together with the engine's own counters and latency histograms. */
+#include "api/metrics.h"
+
+#include <json-c/json.h>
+#include <string.h>
+
+#include "api/server.h"
+#include "base/timer.h"
+
+static const int counted_statuses[] = METRICS_STATUSES;
+
+static const char *const route_paths[ROUTE_COUNT] = {
+    [ROUTE_CHAT_COMPLETIONS] = "/v1/chat/completions",
+    [ROUTE_COMPLETIONS] = "/v1/completions",
+    [ROUTE_MODELS] = "/v1/models",
+    [ROUTE_HEALTH] = "/health",
+    [ROUTE_STATS] = "/stats",
+    [ROUTE_METRICS] = "/metrics",
+    [ROUTE_OTHER] = "other",
+};
+
+const char *api_route_path(enum api_route r)
+{
+    return r >= 0 && r < ROUTE_COUNT ? route_paths[r] : "other";
+}
+
+void api_metrics_init(struct api_metrics *m)
+{
+    for (int r = 0; r < ROUTE_COUNT; r++)
+        for (int s = 0; s < METRICS_N_STATUSES; s++)
+            atomic_init(&m->requests[r][s], 0);
+}
+
+void api_metrics_count(struct api_metrics *m, enum api_route route, int status)
+{
+    if (route < 0 || route >= ROUTE_COUNT)
+        route = ROUTE_OTHER;
+    int slot = METRICS_N_STATUSES - 1;
+    for (int s = 0; s < METRICS_N_STATUSES - 1; s++)
+        if (counted_statuses[s] == status)
+            slot = s;
+    atomic_fetch_add_explicit(&m->requests[route][slot], 1, memory_order_relaxed);
+}
+
+uint64_t api_metrics_total(const struct api_metrics *m)
+{
+    uint64_t n = 0;
+    for (int r = 0; r < ROUTE_COUNT; r++)
+        for (int s = 0; s < METRICS_N_STATUSES; s++)
+            n += atomic_load_explicit(&m->requests[r][s], memory_order_relaxed);
+    return n;
+}
+
+static void histogram_text(struct strbuf *out, const char *name, const char *help,
+                           const struct histogram *h)
+{
+    strbuf_printf(out, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    uint64_t cumulative = 0;
+    for (int b = 0; b <= h->n_bounds; b++) {
+        cumulative += atomic_load_explicit(&h->counts[b], memory_order_relaxed);
+        if (b < h->n_bounds)
+            strbuf_printf(out, "%s_bucket{le=\"%g\"} %llu\n", name, h->bounds[b],
+                          (unsigned long long)cumulative);
+        else
+            strbuf_printf(out, "%s_bucket{le=\"+Inf\"} %llu\n", name,
+                          (unsigned long long)cumulative);
+    }
+    strbuf_printf(out, "%s_sum %.9f\n%s_count %llu\n", name,
+                  (double)atomic_load_explicit(&h->sum_ns, memory_order_relaxed) * 1e-9, name,
+                  (unsigned long long)cumulative);
+}
+
+void api_metrics_prometheus(const struct server *srv, struct strbuf *out)
+{
+    strbuf_puts(out, "# HELP inferd_requests_total HTTP requests answered, by route and status.\n"
+                     "# TYPE inferd_requests_total counter\n");
+    for (int r = 0; r < ROUTE_COUNT; r++)
+        for (int s = 0; s < METRICS_N_STATUSES; s++) {
+            uint64_t n = atomic_load_explicit(&srv->metrics.requests[r][s], memory_order_relaxed);
+            if (n == 0)
+                continue;
+            if (s < METRICS_N_STATUSES - 1)
+                strbuf_printf(out, "inferd_requests_total{route=\"%s\",status=\"%d\"} %llu\n",
+                              route_paths[r], counted_statuses[s], (unsigned long long)n);
+            else
+                strbuf_printf(out, "inferd_requests_total{route=\"%s\",status=\"other\"} %llu\n",
+                              route_paths[r], (unsigned long long)n);
+        }
+    if (!srv->engine)
+        return;
+    struct engine_stats st;
+    engine_get_stats(srv->engine, &st);
+    strbuf_printf(out,
+                  "# HELP inferd_prompt_tokens_total Prompt tokens of admitted requests.\n"
+                  "# TYPE inferd_prompt_tokens_total counter\n"
+                  "inferd_prompt_tokens_total %llu\n"
+                  "# HELP inferd_generated_tokens_total Tokens generated.\n"
+                  "# TYPE inferd_generated_tokens_total counter\n"
+                  "inferd_generated_tokens_total %llu\n"
+                  "# HELP inferd_requests_cancelled_total Generations cancelled (client gone or "
+                  "shutdown).\n"
+                  "# TYPE inferd_requests_cancelled_total counter\n"
+                  "inferd_requests_cancelled_total %llu\n"
+                  "# HELP inferd_requests_refused_total Requests refused because the queue was "
+                  "full.\n"
+                  "# TYPE inferd_requests_refused_total counter\n"
+                  "inferd_requests_refused_total %llu\n"
+                  "# HELP inferd_queue_depth Requests waiting for admission.\n"
+                  "# TYPE inferd_queue_depth gauge\n"
+                  "inferd_queue_depth %d\n"
+                  "# HELP inferd_running_sequences Sequences being generated.\n"
+                  "# TYPE inferd_running_sequences gauge\n"
+                  "inferd_running_sequences %d\n"
+                  "# HELP inferd_kv_blocks_free KV cache blocks free.\n"
+                  "# TYPE inferd_kv_blocks_free gauge\n"
+                  "inferd_kv_blocks_free %d\n",
+                  (unsigned long long)st.prompt_tokens, (unsigned long long)st.generated_tokens,
+                  (unsigned long long)st.requests_cancelled,
+                  (unsigned long long)st.requests_refused, st.queued, st.running,
+                  st.kv_blocks_free);
+    const struct engine_metrics *em = engine_metrics(srv->engine);
+    histogram_text(out, "inferd_time_to_first_token_seconds",
+                   "Seconds from a request's arrival to its first generated token.", &em->ttft);
+    histogram_text(out, "inferd_inter_token_latency_seconds",
+                   "Seconds between consecutive tokens of one sequence.", &em->inter_token);
+}
+
+void api_metrics_stats_json(const struct server *srv, struct strbuf *out)
+{
+    json_object *root = json_object_new_object();
+    json_object_object_add(root, "model", json_object_new_string(srv->model_id));
+    json_object_object_add(root, "uptime_s",
+                           json_object_new_double((double)(now_ns() - srv->started_ns) * 1e-9));
+    json_object_object_add(root, "ready", json_object_new_boolean(atomic_load(&srv->ready)));
+    json_object *http = json_object_new_object();
+    json_object_object_add(http, "requests",
+                           json_object_new_int64((int64_t)api_metrics_total(&srv->metrics)));
+    json_object_object_add(root, "http", http);
+    if (srv->engine) {
+        struct engine_stats st;
+        engine_get_stats(srv->engine, &st);
+        const struct engine_config *cfg = engine_config(srv->engine);
+        json_object *e = json_object_new_object();
+        json_object_object_add(e, "state", json_object_new_string(st.state));
+        json_object_object_add(e, "queue_depth", json_object_new_int(st.queued));
+        json_object_object_add(e, "running", json_object_new_int(st.running));
+        json_object_object_add(e, "requests_admitted",
+                               json_object_new_int64((int64_t)st.requests_admitted));
+        json_object_object_add(e, "requests_finished",
+                               json_object_new_int64((int64_t)st.requests_finished));
+        json_object_object_add(e, "requests_cancelled",
+                               json_object_new_int64((int64_t)st.requests_cancelled));
+        json_object_object_add(e, "requests_refused",
+                               json_object_new_int64((int64_t)st.requests_refused));
+        json_object_object_add(e, "prompt_tokens", json_object_new_int64((int64_t)st.prompt_tokens));
+        json_object_object_add(e, "generated_tokens",
+                               json_object_new_int64((int64_t)st.generated_tokens));
+        json_object_object_add(e, "steps", json_object_new_int64((int64_t)st.steps));
+        json_object_object_add(e, "context", json_object_new_int(cfg->n_ctx));
+        json_object_object_add(e, "max_sequences", json_object_new_int(cfg->max_seqs));
+        json_object_object_add(e, "max_queue", json_object_new_int(cfg->max_queue));
+        json_object_object_add(e, "kv_blocks_total", json_object_new_int(st.kv_blocks_total));
+        json_object_object_add(e, "kv_blocks_free", json_object_new_int(st.kv_blocks_free));
+        json_object_object_add(root, "engine", e);
+    }
+    size_t len;
+    const char *s = json_object_to_json_string_length(
+        root, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE, &len);
+    strbuf_append(out, s ? s : "{}", s ? len : 2);
+    json_object_put(root);
+}

@@ -1,0 +1,54 @@
+/* api/server.h — what every route handler sees: the loaded model, its text pipeline, the
+ * engine, the server's settings and counters. */
+#ifndef INFERD_API_SERVER_H
+#define INFERD_API_SERVER_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "api/metrics.h"
+#include "engine/engine.h"
+#include "model/model.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
+
+#define SERVER_MAX_EOS 8
+
+/* Sampling defaults below the request: generation_config.json, then CLI flags. */
+struct server_defaults {
+    float temperature, top_p, min_p, repetition_penalty;
+    int top_k;
+    int max_tokens; /* 0: whatever the context leaves */
+};
+
+struct server_config {
+    const char *host;        /* borrowed */
+    int port;                /* 0: any free port */
+    const char *api_key;     /* borrowed; NULL: no authentication */
+    size_t max_body_bytes;
+    int request_timeout_s;   /* a request's headers and body must arrive within this */
+    int idle_timeout_s;      /* keep-alive connections idle longer are closed */
+    int shutdown_grace_ms;   /* in-flight requests get this long to finish on SIGTERM */
+    int max_connections;
+};
+
+struct server {
+    struct server_config cfg;
+    struct server_defaults defaults;
+    const struct model *model;        /* borrowed */
+    const struct tokenizer *tok;      /* borrowed */
+    const struct chat_template *tmpl; /* borrowed; NULL when the tokenizer has none */
+    struct engine *engine;            /* borrowed */
+    char model_id[256];
+    time_t created;                   /* server start, for /v1/models */
+    uint64_t started_ns;
+    int32_t eos_ids[SERVER_MAX_EOS];
+    int n_eos;
+    atomic_bool ready;                /* false while loading: /health answers 503 */
+    struct api_metrics metrics;
+};
+
+#endif

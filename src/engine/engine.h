@@ -1,0 +1,121 @@
+/* engine/engine.h — the serving engine: one thread owns the model and the KV pool and
+ * decodes every admitted request together (continuous batching, chunked prefill). */
+#ifndef INFERD_ENGINE_ENGINE_H
+#define INFERD_ENGINE_ENGINE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/err.h"
+#include "base/histogram.h"
+#include "engine/sampler.h"
+#include "model/model.h"
+
+struct tokenizer;
+
+#define GEN_MAX_TOP_LOGPROBS 20
+#define GEN_MAX_STOP 16
+
+struct engine_config {
+    int n_ctx;           /* positions per sequence: prompt + generated */
+    int max_seqs;        /* sequences in one forward step */
+    int max_step_tokens; /* tokens in one forward step (prefill chunks + decodes) */
+    int max_queue;       /* requests waiting for admission; one more is refused */
+    int kv_blocks;       /* KV pool size in blocks; 0: max_seqs full contexts */
+};
+
+/* What one request asks the engine for. Everything is copied at submit. */
+struct gen_params {
+    const int32_t *prompt;
+    int n_prompt;
+    int max_tokens;                /* >= 1; never more than the context leaves */
+    struct sampler_params sampling;
+    const char *const *stop;       /* n_stop stop strings matched on decoded text */
+    int n_stop;
+    int logprobs;                  /* -1: none; 0..20: the sampled token's and that many alternatives */
+    const int32_t *eos_ids;        /* tokens that end the generation (not emitted as text) */
+    int n_eos;
+};
+
+enum gen_finish {
+    GEN_RUNNING = 0,
+    GEN_FINISH_STOP,      /* an end-of-sequence token or a stop string */
+    GEN_FINISH_LENGTH,    /* max_tokens or the context filled */
+    GEN_FINISH_CANCELLED, /* the client went away or the server is stopping */
+    GEN_FINISH_ERROR,     /* an internal fault; message in error */
+};
+
+struct gen_token {
+    int32_t id;
+    float logprob;
+    int n_top;
+    struct token_logprob top[GEN_MAX_TOP_LOGPROBS];
+    size_t text_end; /* bytes of emitted text once this token was decoded */
+};
+
+/* The hand-off from the engine thread to the request's HTTP thread. The engine
+ * appends under mu and signals cv; the reader copies out under mu. Owned jointly
+ * (refs): whoever drops the last reference frees it. */
+struct gen_output {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    char *text;                /* owned; emitted text (stop strings never appear) */
+    size_t text_len, text_cap;
+    struct gen_token *tokens;  /* owned; one per generated token when logprobs >= 0 */
+    size_t n_tokens, tokens_cap;
+    int n_prompt;              /* prompt tokens */
+    int n_cached;              /* prompt tokens whose KV was reused */
+    int n_generated;           /* tokens sampled so far */
+    enum gen_finish finish;    /* GEN_RUNNING until the engine is done with it */
+    char error[256];           /* set with GEN_FINISH_ERROR */
+    atomic_bool cancel;        /* set by the reader; honoured at the next step */
+    int refs;
+};
+
+/* Blocks until the output has more than text_len bytes / n_tokens tokens,
+ * or is finished, or timeout_ms passes. Call with mu held. */
+void gen_output_wait(struct gen_output *o, size_t text_len, size_t n_tokens, int timeout_ms);
+/* Drops the caller's reference (the reader's, after it asked to cancel if unfinished). */
+void gen_output_release(struct gen_output *o);
+
+struct engine_stats {
+    uint64_t requests_admitted, requests_finished, requests_cancelled, requests_refused;
+    uint64_t prompt_tokens, generated_tokens, steps;
+    int queued, running, kv_blocks_total, kv_blocks_free;
+    const char *state; /* "idle", "running", "stopping" */
+};
+
+struct engine_metrics {
+    struct histogram ttft;          /* seconds from submit to the first generated token */
+    struct histogram inter_token;   /* seconds between a sequence's consecutive tokens */
+};
+
+struct engine;
+
+/* Starts the engine thread over m (borrowed; tok borrowed, used to decode
+ * text for stop strings). */
+int engine_create(const struct model *m, const struct tokenizer *tok,
+                  const struct engine_config *cfg, struct engine **out, struct err *err);
+
+/* Queues a request. -INFERD_EBUSY when the admission queue is full;
+ * -INFERD_ERANGE when the prompt does not fit the context (message says both
+ * numbers); -INFERD_EINVAL for bad params. On success *out holds one
+ * reference for the caller. */
+int engine_submit(struct engine *e, const struct gen_params *p, struct gen_output **out,
+                  struct err *err);
+
+/* Stops admitting (submits get -INFERD_EBUSY), lets running requests finish
+ * for up to grace_ms, cancels the rest, and joins the engine thread. The
+ * engine stays valid for submits (refused) and stats until engine_free. */
+void engine_shutdown(struct engine *e, int grace_ms);
+/* Shuts down (without grace) if still running, then frees. */
+void engine_free(struct engine *e);
+
+void engine_get_stats(struct engine *e, struct engine_stats *out);
+const struct engine_metrics *engine_metrics(const struct engine *e);
+const struct engine_config *engine_config(const struct engine *e);
+
+#endif

@@ -1,0 +1,162 @@
+/* engine/sequence.c — a request's life inside the engine: sample, decode, match stop strings,
+ * publish text to the reader. */
+#include "engine/sequence.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/timer.h"
+
+int seq_create(const struct gen_params *p, const struct tokenizer *tok, int n_vocab,
+               struct seq **out, struct gen_output **output, struct err *err)
+{
+    if (p->n_prompt < 1)
+        return err_set(err, INFERD_EINVAL, "the prompt is empty");
+    if (p->max_tokens < 1)
+        return err_set(err, INFERD_EINVAL, "max_tokens must be at least 1");
+    if (p->logprobs > GEN_MAX_TOP_LOGPROBS)
+        return err_set(err, INFERD_ERANGE, "top_logprobs %d is over %d", p->logprobs,
+                       GEN_MAX_TOP_LOGPROBS);
+    for (int i = 0; i < p->n_prompt; i++)
+        if (p->prompt[i] < 0 || p->prompt[i] >= n_vocab)
+            return err_set(err, INFERD_EINVAL,
+                           "prompt token %d is %d, outside the vocabulary [0, %d)", i,
+                           p->prompt[i], n_vocab);
+    struct seq *s = calloc(1, sizeof *s);
+    if (!s)
+        return err_set(err, INFERD_ENOMEM, "out of memory for a sequence");
+    block_table_init(&s->blocks);
+    int rc = 0;
+    s->tokens = malloc(((size_t)p->n_prompt + (size_t)p->max_tokens) * sizeof(int32_t));
+    s->eos_ids = malloc(((size_t)p->n_eos + 1) * sizeof(int32_t));
+    if (!s->tokens || !s->eos_ids) {
+        rc = err_set(err, INFERD_ENOMEM, "out of memory for a sequence");
+        goto fail;
+    }
+    memcpy(s->tokens, p->prompt, (size_t)p->n_prompt * sizeof(int32_t));
+    if (p->n_eos > 0)
+        memcpy(s->eos_ids, p->eos_ids, (size_t)p->n_eos * sizeof(int32_t));
+    s->n_eos = p->n_eos;
+    s->n_prompt = s->n_tokens = p->n_prompt;
+    s->max_tokens = p->max_tokens;
+    s->logprobs = p->logprobs;
+    rc = sampler_init(&s->sampler, &p->sampling, n_vocab, err);
+    if (rc < 0)
+        goto fail;
+    s->sampler_ready = true;
+    sampler_observe_prompt(&s->sampler, p->prompt, p->n_prompt);
+    if ((rc = detok_create(tok, true, &s->detok, err)) < 0)
+        goto fail;
+    if ((rc = stop_matcher_create(p->stop, p->n_stop, &s->stop, err)) < 0)
+        goto fail;
+    s->out = gen_output_create(p->n_prompt);
+    if (!s->out) {
+        rc = err_set(err, INFERD_ENOMEM, "out of memory for a request's output");
+        goto fail;
+    }
+    s->t_submit_ns = now_ns();
+    *out = s;
+    *output = s->out;
+    return 0;
+fail:
+    seq_free(s, NULL);
+    return rc;
+}
+
+void seq_free(struct seq *s, struct kv_pool *pool)
+{
+    if (!s)
+        return;
+    if (pool)
+        block_table_clear(pool, &s->blocks);
+    free(s->blocks.blocks);
+    if (s->sampler_ready)
+        sampler_free(&s->sampler);
+    detok_free(s->detok);
+    stop_matcher_free(s->stop);
+    if (s->out)
+        gen_output_release(s->out);
+    free(s->tokens);
+    free(s->eos_ids);
+    free(s);
+}
+
+static bool is_eos(const struct seq *s, int32_t id)
+{
+    for (int i = 0; i < s->n_eos; i++)
+        if (s->eos_ids[i] == id)
+            return true;
+    return false;
+}
+
+/* Text through the stop matcher to the reader; true when a stop string fired. */
+static bool publish_text(struct seq *s, const char *text, size_t len, bool new_token,
+                         const struct gen_token *token)
+{
+    struct err err = {0};
+    const char *emit = "";
+    size_t emit_len = 0;
+    bool stopped = false;
+    if (len > 0 && stop_matcher_push(s->stop, text, len, &emit, &emit_len, &stopped, &err) < 0) {
+        emit_len = 0;
+    }
+    if (!gen_output_publish(s->out, emit, emit_len, new_token, token))
+        atomic_store(&s->out->cancel, true);
+    return stopped;
+}
+
+enum gen_finish seq_take_token(struct seq *s, const float *logits, int n_ctx, struct engine_metrics *metrics)
+{
+    int32_t id = sampler_pick(&s->sampler, logits);
+    sampler_accept(&s->sampler, id);
+    s->tokens[s->n_tokens++] = id;
+
+    uint64_t t = now_ns();
+    int n_generated = s->n_tokens - s->n_prompt;
+    if (metrics) {
+        if (n_generated == 1)
+            histogram_observe(&metrics->ttft, (double)(t - s->t_submit_ns) * 1e-9);
+        else
+            histogram_observe(&metrics->inter_token, (double)(t - s->t_last_token_ns) * 1e-9);
+    }
+    s->t_last_token_ns = t;
+
+    struct gen_token tk, *token = NULL;
+    if (s->logprobs >= 0) {
+        memset(&tk, 0, sizeof tk);
+        tk.id = id;
+        tk.n_top = sampler_logprobs(&s->sampler, id, s->logprobs, &tk.logprob, tk.top);
+        token = &tk;
+    }
+
+    if (is_eos(s, id)) {
+        publish_text(s, NULL, 0, true, token);
+        return GEN_FINISH_STOP;
+    }
+    struct err err = {0};
+    const char *text = "";
+    size_t len = 0;
+    if (detok_push(s->detok, id, &text, &len, &err) < 0)
+        len = 0;
+    if (publish_text(s, text, len, true, token))
+        return GEN_FINISH_STOP;
+    if (n_generated >= s->max_tokens || s->n_tokens >= n_ctx)
+        return GEN_FINISH_LENGTH;
+    return GEN_RUNNING;
+}
+
+void seq_finish(struct seq *s, enum gen_finish why, const char *error)
+{
+    struct err err = {0};
+    const char *text = "";
+    size_t len = 0;
+    bool stopped = stop_matcher_which(s->stop) >= 0;
+    if (!stopped && why != GEN_FINISH_ERROR) {
+        /* The detokenizer's held-back bytes, then whatever the stop matcher still holds. */
+        if (detok_flush(s->detok, &text, &len, &err) == 0 && len > 0)
+            stopped = publish_text(s, text, len, false, NULL);
+        if (!stopped && stop_matcher_flush(s->stop, &text, &len, &err) == 0 && len > 0)
+            gen_output_publish(s->out, text, len, false, NULL);
+    }
+    gen_output_finish(s->out, why, error);
+}

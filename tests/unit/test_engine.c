@@ -1,0 +1,308 @@
+/* tests/unit/test_engine.c — the serving engine: batched generation matches solo generation,
+ * preemption under a small KV pool loses nothing, and queue, context, cancel and stop rules. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/engine.h"
+#include "test_support.h"
+#include "text/tokenizer.h"
+
+static char *model_dir;
+static struct backend *be;
+static struct model *model;
+static struct tokenizer *tok;
+
+/* tiny-qwen3 fitted to the real Qwen3 tokenizer (fetched by `make text-data`). */
+static void setup(void)
+{
+    const char *data = getenv("INFERD_TOKENIZER_DATA");
+    if (!data)
+        cr_skip_test("INFERD_TOKENIZER_DATA is not set; run scripts/fetch-tokenizers.sh DIR and "
+                     "export it");
+    model_dir = test_mkdtemp();
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "%s mkmodel --preset tiny-qwen3 --seed 3 --tokenizer %s/qwen3 --out %s >/dev/null",
+             INFERD_BINARY, data, model_dir);
+    cr_assert_eq(system(cmd), 0, "mkmodel failed: %s", cmd);
+    struct err err = {0};
+    cr_assert_eq(backend_cpu_create(2, COMPUTE_EXACT, &be, &err), 0, "%s", err.msg);
+    cr_assert_eq(model_load(model_dir, be, &model, &err), 0, "%s", err.msg);
+    cr_assert_eq(tok_load(model_dir, &tok, &err), 0, "%s", err.msg);
+}
+
+static void teardown(void)
+{
+    tok_free(tok);
+    model_free(model);
+    backend_destroy(be);
+    if (model_dir)
+        test_rmtree(model_dir);
+    tok = NULL;
+    model = NULL;
+    be = NULL;
+    model_dir = NULL;
+}
+
+TestSuite(engine, .init = setup, .fini = teardown, .timeout = 120);
+
+static struct engine *start(int max_seqs, int max_queue, int kv_blocks, int n_ctx)
+{
+    struct engine_config cfg = {.n_ctx = n_ctx, .max_seqs = max_seqs, .max_step_tokens = 64,
+                                .max_queue = max_queue, .kv_blocks = kv_blocks};
+    struct engine *e;
+    struct err err = {0};
+    cr_assert_eq(engine_create(model, tok, &cfg, &e, &err), 0, "%s", err.msg);
+    return e;
+}
+
+static struct gen_params greedy(const int32_t *prompt, int n, int max_tokens)
+{
+    return (struct gen_params){.prompt = prompt, .n_prompt = n, .max_tokens = max_tokens,
+                               .sampling = {.temperature = 0, .top_p = 1}, .logprobs = 0};
+}
+
+static void wait_done(struct gen_output *o)
+{
+    pthread_mutex_lock(&o->mu);
+    while (o->finish == GEN_RUNNING)
+        gen_output_wait(o, o->text_len, o->n_tokens, 1000);
+    pthread_mutex_unlock(&o->mu);
+}
+
+/* The generated token ids of a finished output (logprobs requested). */
+static int ids_of(const struct gen_output *o, int32_t *ids, int cap)
+{
+    int n = (int)o->n_tokens < cap ? (int)o->n_tokens : cap;
+    for (int i = 0; i < n; i++)
+        ids[i] = o->tokens[i].id;
+    return n;
+}
+
+#define N_PROMPTS 5
+static const int32_t prompts[N_PROMPTS][12] = {
+    {9707, 11, 1879, 0},
+    {785, 6722, 315, 9625, 374, 0},
+    {16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 0},
+    {40, 1079, 0},
+    {3838, 374, 279, 7290, 315, 2272, 30, 0},
+};
+
+static int prompt_len(int i)
+{
+    int n = 0;
+    while (prompts[i][n])
+        n++;
+    return n;
+}
+
+static void generate_all(struct engine *e, int max_tokens, bool together, int32_t out[][64],
+                         int *n_out)
+{
+    struct gen_output *o[N_PROMPTS];
+    struct err err = {0};
+    for (int i = 0; i < N_PROMPTS; i++) {
+        struct gen_params p = greedy(prompts[i], prompt_len(i), max_tokens);
+        cr_assert_eq(engine_submit(e, &p, &o[i], &err), 0, "%s", err.msg);
+        if (!together)
+            wait_done(o[i]);
+    }
+    for (int i = 0; i < N_PROMPTS; i++) {
+        wait_done(o[i]);
+        cr_assert_eq(o[i]->finish, GEN_FINISH_LENGTH, "prompt %d finished with %d", i,
+                     o[i]->finish);
+        n_out[i] = ids_of(o[i], out[i], 64);
+        cr_assert_eq(n_out[i], max_tokens);
+        cr_assert_eq(o[i]->n_generated, max_tokens);
+        gen_output_release(o[i]);
+    }
+}
+
+Test(engine, batched_generation_matches_one_at_a_time)
+{
+    struct engine *e = start(8, 16, 0, 256);
+    int32_t solo[N_PROMPTS][64], batched[N_PROMPTS][64];
+    int n_solo[N_PROMPTS], n_batched[N_PROMPTS];
+    generate_all(e, 24, false, solo, n_solo);
+    generate_all(e, 24, true, batched, n_batched);
+    for (int i = 0; i < N_PROMPTS; i++)
+        cr_assert_arr_eq(solo[i], batched[i], sizeof(int32_t) * 24, "prompt %d differs", i);
+    engine_free(e);
+}
+
+Test(engine, preemption_under_a_small_kv_pool_loses_nothing)
+{
+    /* Room for one full 64-token context (4 blocks of 16) plus a little:
+     * five sequences of ~50 positions must take turns and be recomputed. */
+    struct engine *big = start(8, 16, 0, 64);
+    int32_t want[N_PROMPTS][64], got[N_PROMPTS][64];
+    int n_want[N_PROMPTS], n_got[N_PROMPTS];
+    generate_all(big, 40, false, want, n_want);
+    engine_free(big);
+
+    struct engine *small = start(8, 16, 6, 64);
+    generate_all(small, 40, true, got, n_got);
+    for (int i = 0; i < N_PROMPTS; i++)
+        cr_assert_arr_eq(want[i], got[i], sizeof(int32_t) * 40, "prompt %d differs", i);
+    struct engine_stats st;
+    engine_get_stats(small, &st);
+    cr_assert_eq(st.requests_finished, N_PROMPTS);
+    engine_free(small);
+}
+
+Test(engine, prompt_that_fills_the_context_is_refused_with_both_numbers)
+{
+    struct engine *e = start(2, 4, 0, 32);
+    int32_t prompt[32];
+    for (int i = 0; i < 32; i++)
+        prompt[i] = 100 + i;
+    struct gen_params p = greedy(prompt, 32, 4);
+    struct gen_output *o = NULL;
+    struct err err = {0};
+    cr_assert_eq(engine_submit(e, &p, &o, &err), -INFERD_ERANGE);
+    cr_assert(strstr(err.msg, "32 tokens") && strstr(err.msg, "holds 32"), "%s", err.msg);
+    /* One token shorter fits, and max_tokens is clamped to the one position left. */
+    p.n_prompt = 31;
+    p.max_tokens = 100;
+    cr_assert_eq(engine_submit(e, &p, &o, &err), 0, "%s", err.msg);
+    wait_done(o);
+    cr_assert_eq(o->finish, GEN_FINISH_LENGTH);
+    cr_assert_eq(o->n_generated, 1);
+    gen_output_release(o);
+    engine_free(e);
+}
+
+Test(engine, full_queue_refuses_with_busy)
+{
+    struct engine *e = start(1, 2, 0, 512);
+    struct gen_output *o[8];
+    int accepted = 0, refused = 0;
+    struct err err = {0};
+    int32_t prompt[] = {9707, 11, 1879};
+    for (int i = 0; i < 8; i++) {
+        struct gen_params p = greedy(prompt, 3, 400);
+        int rc = engine_submit(e, &p, &o[accepted], &err);
+        if (rc == 0)
+            accepted++;
+        else {
+            cr_assert_eq(rc, -INFERD_EBUSY, "%s", err.msg);
+            refused++;
+        }
+    }
+    cr_assert_geq(refused, 1);
+    cr_assert_geq(accepted, 2);
+    for (int i = 0; i < accepted; i++) {
+        atomic_store(&o[i]->cancel, true);
+        wait_done(o[i]);
+        gen_output_release(o[i]);
+    }
+    struct engine_stats st;
+    engine_get_stats(e, &st);
+    cr_assert_eq(st.requests_refused, (uint64_t)refused);
+    engine_free(e);
+}
+
+Test(engine, cancel_finishes_the_generation_early)
+{
+    struct engine *e = start(2, 4, 0, 4096);
+    int32_t prompt[] = {9707, 11, 1879};
+    struct gen_params p = greedy(prompt, 3, 4000);
+    p.logprobs = -1;
+    struct gen_output *o;
+    struct err err = {0};
+    cr_assert_eq(engine_submit(e, &p, &o, &err), 0, "%s", err.msg);
+    pthread_mutex_lock(&o->mu);
+    while (o->n_generated < 3 && o->finish == GEN_RUNNING)
+        gen_output_wait(o, o->text_len, o->n_tokens, 100);
+    pthread_mutex_unlock(&o->mu);
+    atomic_store(&o->cancel, true);
+    wait_done(o);
+    cr_assert_eq(o->finish, GEN_FINISH_CANCELLED);
+    cr_assert_lt(o->n_generated, 4000);
+    gen_output_release(o);
+    engine_free(e);
+}
+
+Test(engine, stop_string_ends_the_text_before_it)
+{
+    struct engine *e = start(2, 4, 0, 512);
+    int32_t prompt[] = {785, 6722, 315};
+    struct gen_params p = greedy(prompt, 3, 30);
+    struct gen_output *o;
+    struct err err = {0};
+    cr_assert_eq(engine_submit(e, &p, &o, &err), 0, "%s", err.msg);
+    wait_done(o);
+    cr_assert_gt(o->text_len, 4);
+    /* Stop on a piece of the middle of what greedy decoding produced. */
+    size_t mid = o->text_len / 2;
+    while (mid > 0 && ((unsigned char)o->text[mid] & 0xC0) == 0x80)
+        mid--;
+    size_t end = mid + 1;
+    while (end < o->text_len && ((unsigned char)o->text[end] & 0xC0) == 0x80)
+        end++;
+    char stop[64];
+    snprintf(stop, sizeof stop, "%.*s", (int)(end - mid), o->text + mid);
+    char *full = strdup(o->text);
+    gen_output_release(o);
+
+    const char *stops[] = {stop};
+    p.stop = stops;
+    p.n_stop = 1;
+    cr_assert_eq(engine_submit(e, &p, &o, &err), 0, "%s", err.msg);
+    wait_done(o);
+    cr_assert_eq(o->finish, GEN_FINISH_STOP);
+    const char *first = strstr(full, stop);
+    cr_assert_eq(o->text_len, (size_t)(first - full), "text '%s' vs full '%s' stop '%s'",
+                 o->text ? o->text : "", full, stop);
+    cr_assert_eq(memcmp(o->text ? o->text : "", full, o->text_len), 0);
+    free(full);
+    gen_output_release(o);
+    engine_free(e);
+}
+
+Test(engine, end_of_sequence_token_stops_and_is_not_text)
+{
+    struct engine *e = start(2, 4, 0, 512);
+    int32_t prompt[] = {785, 6722, 315};
+    struct gen_params p = greedy(prompt, 3, 10);
+    struct gen_output *o;
+    struct err err = {0};
+    cr_assert_eq(engine_submit(e, &p, &o, &err), 0, "%s", err.msg);
+    wait_done(o);
+    int32_t first = o->tokens[0].id;
+    gen_output_release(o);
+    /* Declaring greedy's first token an end-of-sequence token ends at once. */
+    p.eos_ids = &first;
+    p.n_eos = 1;
+    cr_assert_eq(engine_submit(e, &p, &o, &err), 0, "%s", err.msg);
+    wait_done(o);
+    cr_assert_eq(o->finish, GEN_FINISH_STOP);
+    cr_assert_eq(o->n_generated, 1);
+    cr_assert_eq(o->text_len, 0);
+    gen_output_release(o);
+    engine_free(e);
+}
+
+Test(engine, same_seed_same_tokens_under_sampling)
+{
+    struct engine *e = start(4, 8, 0, 512);
+    int32_t prompt[] = {9707, 11, 1879};
+    int32_t runs[3][16];
+    uint64_t seeds[3] = {7, 7, 8};
+    for (int r = 0; r < 3; r++) {
+        struct gen_params p = greedy(prompt, 3, 16);
+        p.sampling = (struct sampler_params){.temperature = 1.0f, .top_p = 1, .seed = seeds[r]};
+        struct gen_output *o;
+        struct err err = {0};
+        cr_assert_eq(engine_submit(e, &p, &o, &err), 0, "%s", err.msg);
+        wait_done(o);
+        cr_assert_eq(ids_of(o, runs[r], 16), 16);
+        gen_output_release(o);
+    }
+    cr_assert_arr_eq(runs[0], runs[1], sizeof runs[0]);
+    cr_assert_arr_neq(runs[0], runs[2], sizeof runs[0]);
+    engine_free(e);
+}
