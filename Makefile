@@ -2,7 +2,8 @@
 BUILD ?= build
 FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 20
-MODEL ?= $(BUILD)/models/tiny-qwen3
+MODEL ?= models/house
+PORT ?= 8080
 JOBS ?= $(shell nproc)
 TEXT_DATA ?= $(BUILD)/text-data
 
@@ -19,10 +20,10 @@ $(BUILD)/build.ninja:
 build: bootstrap $(BUILD)/build.ninja
 	ninja -C $(BUILD)
 
-# Until the HTTP server lands, `make run` generates from the default model on the command line.
+# Serves MODEL (the house model by default) on PORT until Ctrl-C.
 run: build
-	@[ -f $(MODEL)/config.json ] || $(BUILD)/inferd mkmodel --arch qwen3 --preset tiny-qwen3 --seed 1 --out $(MODEL)
-	$(BUILD)/inferd run $(MODEL) --tokens 1,2,3,4,5 -n 16
+	@[ -f $(MODEL)/config.json ] || { echo "make run: $(MODEL) has no config.json; MODEL=DIR picks a model directory" >&2; exit 1; }
+	exec $(BUILD)/inferd serve $(MODEL) --port $(PORT)
 
 test: build unit fuzz
 

@@ -2,6 +2,7 @@
 #include "base/threadpool.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -9,6 +10,10 @@
 #include "base/cpu.h"
 
 #define SPIN_ITERATIONS 200000
+/* While spinning, give the core away this often: when the machine has more
+ * runnable threads than cores (HTTP threads, other processes), a spinning
+ * thread would otherwise hold a core the thread it waits for needs. */
+#define SPINS_PER_YIELD 256
 
 struct threadpool {
     int n_threads;
@@ -41,7 +46,10 @@ static void *worker_main(void *arg_)
         while ((gen = atomic_load_explicit(&pool->generation, memory_order_acquire)) == seen &&
                !atomic_load(&pool->stopping)) {
             if (++spins < SPIN_ITERATIONS) {
-                cpu_relax();
+                if (spins % SPINS_PER_YIELD == 0)
+                    sched_yield();
+                else
+                    cpu_relax();
                 continue;
             }
             pthread_mutex_lock(&pool->mutex);
@@ -123,8 +131,13 @@ void threadpool_run(struct threadpool *pool, threadpool_fn fn, void *ctx)
     pthread_cond_broadcast(&pool->wake);
     pthread_mutex_unlock(&pool->mutex);
     fn(ctx, 0, pool->n_threads);
-    while (atomic_load_explicit(&pool->pending, memory_order_acquire) != 0)
-        cpu_relax();
+    for (unsigned spins = 1; atomic_load_explicit(&pool->pending, memory_order_acquire) != 0;
+         spins++) {
+        if (spins % SPINS_PER_YIELD == 0)
+            sched_yield();
+        else
+            cpu_relax();
+    }
 }
 
 void threadpool_split(long n, int ith, int nth, long align, long *begin, long *end)

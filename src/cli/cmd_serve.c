@@ -251,7 +251,12 @@ int cmd_serve(int argc, char **argv)
     srv.engine = engine;
     atomic_store(&srv.ready, true);
 
-    printf("inferd: serving %s at http://%s:%d\n", srv.model_id, o.host, http_bound_port(http));
+    int port = http_bound_port(http);
+    printf("inferd: serving %s at http://%s:%d\n", srv.model_id, o.host, port);
+    printf("try:    curl http://%s:%d/v1/chat/completions -H 'Content-Type: application/json'%s \\\n"
+           "          -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}], "
+           "\"max_tokens\": 64}'\n",
+           o.host, port, o.api_key ? " -H 'Authorization: Bearer $KEY'" : "");
     fflush(stdout);
     log_info("serve: ready in %.2f s; context %d, up to %d sequences, KV pool %d blocks",
              (double)(now_ns() - t0) * 1e-9, ec.n_ctx, ec.max_seqs, ec.kv_blocks);
