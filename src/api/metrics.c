@@ -157,6 +157,7 @@ void api_metrics_stats_json(const struct server *srv, struct strbuf *out)
         json_object_object_add(e, "generated_tokens",
                                json_object_new_int64((int64_t)st.generated_tokens));
         json_object_object_add(e, "steps", json_object_new_int64((int64_t)st.steps));
+        json_object_object_add(e, "preemptions", json_object_new_int64((int64_t)st.preemptions));
         json_object_object_add(e, "context", json_object_new_int(cfg->n_ctx));
         json_object_object_add(e, "max_sequences", json_object_new_int(cfg->max_seqs));
         json_object_object_add(e, "max_queue", json_object_new_int(cfg->max_queue));

@@ -84,6 +84,7 @@ void gen_output_release(struct gen_output *o);
 struct engine_stats {
     uint64_t requests_admitted, requests_finished, requests_cancelled, requests_refused;
     uint64_t prompt_tokens, generated_tokens, steps;
+    uint64_t preemptions; /* sequences that gave their KV blocks back to be recomputed */
     int queued, running, kv_blocks_total, kv_blocks_free;
     const char *state; /* "idle", "running", "stopping" */
 };

@@ -45,7 +45,7 @@ struct engine {
     atomic_int n_free_blocks_pub;
     atomic_int state;              /* 0 idle, 1 running, 2 stopping */
     atomic_uint_fast64_t requests_admitted, requests_finished, requests_cancelled,
-        requests_refused, prompt_tokens, generated_tokens, steps;
+        requests_refused, prompt_tokens, generated_tokens, steps, preemptions;
     struct engine_metrics metrics;
 };
 
@@ -76,12 +76,13 @@ static bool waiting_push(struct engine *e, struct seq *s, bool front)
 
 static void retire(struct engine *e, struct seq *s, enum gen_finish why, const char *error)
 {
-    seq_finish(s, why, error);
+    /* Counted before the reader is told, so stats read after a finish include it. */
     if (why == GEN_FINISH_CANCELLED)
         atomic_fetch_add(&e->requests_cancelled, 1);
     else
         atomic_fetch_add(&e->requests_finished, 1);
     atomic_fetch_add(&e->generated_tokens, (uint64_t)(s->n_tokens - s->n_prompt));
+    seq_finish(s, why, error);
     seq_free(s, e->pool);
 }
 
@@ -97,6 +98,7 @@ static void preempt_youngest(struct engine *e)
 {
     struct seq *s = e->running[e->n_running - 1];
     e->n_running--;
+    atomic_fetch_add(&e->preemptions, 1);
     block_table_clear(e->pool, &s->blocks);
     s->n_computed = 0;
     if (!waiting_push(e, s, true))
@@ -387,6 +389,7 @@ void engine_get_stats(struct engine *e, struct engine_stats *out)
     out->prompt_tokens = atomic_load(&e->prompt_tokens);
     out->generated_tokens = atomic_load(&e->generated_tokens);
     out->steps = atomic_load(&e->steps);
+    out->preemptions = atomic_load(&e->preemptions);
     out->queued = atomic_load(&e->n_queued);
     out->running = atomic_load(&e->n_running_pub);
     out->kv_blocks_total = e->cfg.kv_blocks;

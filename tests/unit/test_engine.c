@@ -62,7 +62,7 @@ static struct engine *start(int max_seqs, int max_queue, int kv_blocks, int n_ct
 static struct gen_params greedy(const int32_t *prompt, int n, int max_tokens)
 {
     return (struct gen_params){.prompt = prompt, .n_prompt = n, .max_tokens = max_tokens,
-                               .sampling = {.temperature = 0, .top_p = 1}, .logprobs = 0};
+                               .sampling = {.temperature = 0, .top_p = 1}, .logprobs = 1};
 }
 
 static void wait_done(struct gen_output *o)
@@ -80,6 +80,31 @@ static int ids_of(const struct gen_output *o, int32_t *ids, int cap)
     for (int i = 0; i < n; i++)
         ids[i] = o->tokens[i].id;
     return n;
+}
+
+/* Logprob margin between greedy's choice and the runner-up at each step. */
+static void margins_of(const struct gen_output *o, float *margin, int n)
+{
+    for (int i = 0; i < n; i++)
+        margin[i] = o->tokens[i].n_top >= 2 ? o->tokens[i].top[0].logprob - o->tokens[i].top[1].logprob
+                                            : 1e9f;
+}
+
+/* Two greedy runs of one prompt computed in different batch shapes agree
+ * token for token, except that float rounding may break a near tie (the
+ * reference's two best tokens within 1e-3); after such a step the runs
+ * legitimately part. */
+static void assert_same_greedy(const int32_t *want, const float *want_margin, const int32_t *got,
+                               int n, int prompt)
+{
+    for (int j = 0; j < n; j++) {
+        if (want[j] == got[j])
+            continue;
+        cr_assert_lt(want_margin[j], 1e-3f,
+                     "prompt %d step %d: %d vs %d with a margin of %g, not a near tie", prompt, j,
+                     want[j], got[j], want_margin[j]);
+        return;
+    }
 }
 
 #define N_PROMPTS 5
@@ -100,7 +125,7 @@ static int prompt_len(int i)
 }
 
 static void generate_all(struct engine *e, int max_tokens, bool together, int32_t out[][64],
-                         int *n_out)
+                         float margin[][64], int *n_out)
 {
     struct gen_output *o[N_PROMPTS];
     struct err err = {0};
@@ -115,6 +140,7 @@ static void generate_all(struct engine *e, int max_tokens, bool together, int32_
         cr_assert_eq(o[i]->finish, GEN_FINISH_LENGTH, "prompt %d finished with %d", i,
                      o[i]->finish);
         n_out[i] = ids_of(o[i], out[i], 64);
+        margins_of(o[i], margin[i], n_out[i]);
         cr_assert_eq(n_out[i], max_tokens);
         cr_assert_eq(o[i]->n_generated, max_tokens);
         gen_output_release(o[i]);
@@ -125,11 +151,12 @@ Test(engine, batched_generation_matches_one_at_a_time)
 {
     struct engine *e = start(8, 16, 0, 256);
     int32_t solo[N_PROMPTS][64], batched[N_PROMPTS][64];
+    float solo_margin[N_PROMPTS][64], batched_margin[N_PROMPTS][64];
     int n_solo[N_PROMPTS], n_batched[N_PROMPTS];
-    generate_all(e, 24, false, solo, n_solo);
-    generate_all(e, 24, true, batched, n_batched);
+    generate_all(e, 24, false, solo, solo_margin, n_solo);
+    generate_all(e, 24, true, batched, batched_margin, n_batched);
     for (int i = 0; i < N_PROMPTS; i++)
-        cr_assert_arr_eq(solo[i], batched[i], sizeof(int32_t) * 24, "prompt %d differs", i);
+        assert_same_greedy(solo[i], solo_margin[i], batched[i], 24, i);
     engine_free(e);
 }
 
@@ -139,17 +166,19 @@ Test(engine, preemption_under_a_small_kv_pool_loses_nothing)
      * five sequences of ~50 positions must take turns and be recomputed. */
     struct engine *big = start(8, 16, 0, 64);
     int32_t want[N_PROMPTS][64], got[N_PROMPTS][64];
+    float want_margin[N_PROMPTS][64], got_margin[N_PROMPTS][64];
     int n_want[N_PROMPTS], n_got[N_PROMPTS];
-    generate_all(big, 40, false, want, n_want);
+    generate_all(big, 40, false, want, want_margin, n_want);
     engine_free(big);
 
     struct engine *small = start(8, 16, 6, 64);
-    generate_all(small, 40, true, got, n_got);
+    generate_all(small, 40, true, got, got_margin, n_got);
     for (int i = 0; i < N_PROMPTS; i++)
-        cr_assert_arr_eq(want[i], got[i], sizeof(int32_t) * 40, "prompt %d differs", i);
+        assert_same_greedy(want[i], want_margin[i], got[i], 40, i);
     struct engine_stats st;
     engine_get_stats(small, &st);
     cr_assert_eq(st.requests_finished, N_PROMPTS);
+    cr_assert_gt(st.preemptions, 0, "the pool was meant to run short");
     engine_free(small);
 }
 
