@@ -5,7 +5,10 @@
 
 void admin_health(struct http_exchange *x)
 {
-    if (atomic_load(&x->srv->ready)) {
+    if (atomic_load(&x->srv->stopping)) {
+        static const char stopping[] = "{\"status\": \"shutting down\"}";
+        http_send_json(x, 503, stopping, sizeof stopping - 1);
+    } else if (atomic_load(&x->srv->ready)) {
         static const char ok[] = "{\"status\": \"ok\"}";
         http_send_json(x, 200, ok, sizeof ok - 1);
     } else {

@@ -264,6 +264,25 @@ static bool content_type_is_json(const char *ct)
     return next == '\0' || next == ';' || next == ' ';
 }
 
+struct length_headers {
+    int count;
+    char first[32];
+    bool differ;
+};
+
+static enum MHD_Result count_length_header(void *cls, enum MHD_ValueKind kind, const char *key,
+                                           const char *value)
+{
+    struct length_headers *h = cls;
+    if (strcasecmp(key, "Content-Length"))
+        return MHD_YES;
+    if (h->count++ == 0)
+        snprintf(h->first, sizeof h->first, "%s", value ? value : "");
+    else if (strcmp(h->first, value ? value : ""))
+        h->differ = true;
+    return MHD_YES;
+}
+
 /* Checks that can be made before the body arrives; sends the error and
  * returns false when the request is refused. */
 static bool admit_request(struct http_exchange *x, const struct route *r, bool path_known)
@@ -298,6 +317,14 @@ static bool admit_request(struct http_exchange *x, const struct route *r, bool p
     if (!authorized(x)) {
         http_send_errorf(x, 401, "invalid_request_error", NULL, "invalid_api_key",
                          "a valid API key is required: send it as 'Authorization: Bearer KEY'");
+        return false;
+    }
+    struct length_headers lengths = {0};
+    MHD_get_connection_values(x->conn, MHD_HEADER_KIND, count_length_header, &lengths);
+    if (lengths.differ) {
+        /* Which body length is meant cannot be known (RFC 9112 §6.3). */
+        http_send_errorf(x, 400, "invalid_request_error", NULL, "bad_request",
+                         "conflicting Content-Length headers");
         return false;
     }
     if (!strcmp(r->method, "POST")) {
@@ -542,7 +569,8 @@ int http_start(struct server *srv, struct http_daemon **out, struct err *err)
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)srv->cfg.max_connections,
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 * 1024, MHD_OPTION_NOTIFY_COMPLETED,
         on_completed, d, MHD_OPTION_NOTIFY_CONNECTION, on_connection, d,
-        MHD_OPTION_EXTERNAL_LOGGER, mhd_log, d, MHD_OPTION_END);
+        MHD_OPTION_EXTERNAL_LOGGER, mhd_log, d, MHD_OPTION_STRICT_FOR_CLIENT, (int)1,
+        MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!d->mhd) {
         free(d);

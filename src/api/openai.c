@@ -231,6 +231,40 @@ static void fail_request(struct http_exchange *x, int status, const char *param,
                      code, "%s", msg);
 }
 
+/* A copy of messages as chat templates expect them: text-part arrays joined
+ * into one string and a null content (an assistant turn that only calls
+ * tools) as "", the way OpenAI-compatible servers hand them to templates. */
+static json_object *messages_for_template(json_object *messages)
+{
+    json_object *copy = NULL;
+    if (json_object_deep_copy(messages, &copy, NULL) != 0)
+        return NULL;
+    size_t n = json_object_array_length(copy);
+    for (size_t i = 0; i < n; i++) {
+        json_object *m = json_object_array_get_idx(copy, i), *content = NULL;
+        bool present = json_object_object_get_ex(m, "content", &content);
+        if (present && content == NULL) {
+            json_object_object_add(m, "content", json_object_new_string(""));
+        } else if (json_object_is_type(content, json_type_array)) {
+            struct strbuf text = {0};
+            bool only_text = true;
+            size_t n_parts = json_object_array_length(content);
+            for (size_t k = 0; k < n_parts; k++) {
+                json_object *part = json_object_array_get_idx(content, k), *t = NULL;
+                if (json_object_object_get_ex(part, "text", &t) && json_object_is_type(t, json_type_string))
+                    strbuf_append(&text, json_object_get_string(t), (size_t)json_object_get_string_len(t));
+                else
+                    only_text = false;
+            }
+            if (only_text && !text.failed)
+                json_object_object_add(m, "content",
+                                       json_object_new_string_len(text.data ? text.data : "", (int)text.len));
+            strbuf_free(&text);
+        }
+    }
+    return copy;
+}
+
 /* Renders and encodes the request's prompt. Sends the error and returns
  * false when that fails. */
 static bool build_prompt(struct http_exchange *x, const struct gen_request *req, int32_t **ids,
@@ -280,7 +314,14 @@ static bool build_prompt(struct http_exchange *x, const struct gen_request *req,
         req->has_tool_choice && req->tool_choice == GEN_TOOL_CHOICE_NONE ? NULL : req->tools;
     char *text = NULL;
     size_t len = 0;
-    int rc = chat_template_render(srv->tmpl, req->messages, tools, true, kwargs, &text, &len, &err);
+    json_object *messages = messages_for_template(req->messages);
+    if (!messages) {
+        json_object_put(kwargs);
+        fail_request(x, 500, NULL, NULL, "out of memory");
+        return false;
+    }
+    int rc = chat_template_render(srv->tmpl, messages, tools, true, kwargs, &text, &len, &err);
+    json_object_put(messages);
     json_object_put(kwargs);
     if (rc < 0) {
         fail_request(x, rc == -INFERD_ENOMEM ? 500 : 400, "messages", "template_error",
@@ -332,6 +373,10 @@ static struct generation *start_generation(struct http_exchange *x, enum gen_req
                                            struct gen_request *req)
 {
     struct server *srv = x->srv;
+    if (atomic_load(&srv->stopping)) {
+        fail_request(x, 503, NULL, "shutting_down", "the server is shutting down");
+        return NULL;
+    }
     if (!atomic_load(&srv->ready)) {
         fail_request(x, 503, NULL, "model_loading", "the model is still loading; try again");
         return NULL;

@@ -48,6 +48,7 @@ struct server {
     int32_t eos_ids[SERVER_MAX_EOS];
     int n_eos;
     atomic_bool ready;                /* false while loading: /health answers 503 */
+    atomic_bool stopping;             /* set on SIGTERM/SIGINT: /health and new requests answer 503 */
     struct api_metrics metrics;
 };
 

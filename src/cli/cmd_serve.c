@@ -189,6 +189,7 @@ int cmd_serve(int argc, char **argv)
     srv.created = time(NULL);
     srv.started_ns = now_ns();
     atomic_init(&srv.ready, false);
+    atomic_init(&srv.stopping, false);
     api_metrics_init(&srv.metrics);
 
     struct err err = {0};
@@ -269,6 +270,7 @@ int cmd_serve(int argc, char **argv)
     status = 0;
 
 out:
+    atomic_store(&srv.stopping, true);
     http_quiesce(http);
     engine_shutdown(engine, srv.cfg.shutdown_grace_ms);
     http_stop(http);
