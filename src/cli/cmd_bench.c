@@ -7,11 +7,13 @@
 
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/matmul.h"
+#include "backend/cuda/cuda.h"
 #include "base/cpu.h"
 #include "base/threadpool.h"
 #include "base/timer.h"
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/device.h"
 #include "engine/generate.h"
 #include "engine/sampler.h"
 
@@ -42,13 +44,18 @@ static double median_of(const struct rep_result *reps, long n, size_t field)
 
 struct bench_options {
     const char *dir;
-    long prompt_len, gen_len, n_threads, reps;
+    const char *device; /* --device: cpu, cuda[:N] or auto */
+    long prompt_len, gen_len, n_threads, reps, chunk;
     enum compute_mode mode;
 };
 
+/* GPU memory bandwidth the floors are stated against (H200 HBM3e). */
+#define GPU_NOMINAL_GBS 4600.0
+
 static bool parse_bench_options(int argc, char **argv, struct bench_options *o)
 {
-    *o = (struct bench_options){.prompt_len = 128, .gen_len = 32, .reps = 3, .mode = COMPUTE_FAST};
+    *o = (struct bench_options){.prompt_len = 128, .gen_len = 32, .reps = 3, .chunk = 512,
+                                .mode = COMPUTE_FAST};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (a[0] != '-') {
@@ -62,13 +69,15 @@ static bool parse_bench_options(int argc, char **argv, struct bench_options *o)
                 : !strcmp(a, "--threads")    ? arg_int(a, v, 0, 1024, &o->n_threads)
                 : !strcmp(a, "--reps")       ? arg_int(a, v, 1, BENCH_MAX_REPS, &o->reps)
                 : !strcmp(a, "--mode")       ? arg_mode(v, &o->mode)
+                : !strcmp(a, "--chunk")      ? arg_int(a, v, 1, 1 << 16, &o->chunk)
+                : !strcmp(a, "--device")     ? (o->device = v, cli_device_parse(v, &(struct device_spec){0}))
                                              : (fprintf(stderr, "inferd bench: unknown option '%s'\n", a), false);
         if (!ok)
             return false;
     }
     if (!o->dir) {
         fprintf(stderr, "usage: inferd bench DIR [--prompt-len P] [--gen-len G] [--threads N] "
-                        "[--mode fast|exact] [--reps R]\n");
+                        "[--mode fast|exact] [--reps R] [--chunk C] [--device cpu|cuda[:N]|auto]\n");
         return false;
     }
     return true;
@@ -104,7 +113,7 @@ int cmd_bench(int argc, char **argv)
     int32_t *prompt = NULL;
     int status = 1;
 
-    if (backend_cpu_create((int)o.n_threads, o.mode, &be, &err) < 0)
+    if (cli_backend_create(o.device, (int)o.n_threads, o.mode, &be, &err) < 0)
         goto fail;
     double t0 = now_s();
     if (model_load(o.dir, be, &m, &err) < 0)
@@ -112,11 +121,12 @@ int cmd_bench(int argc, char **argv)
     double load_s = now_s() - t0;
     double file_gb = dir_safetensors_bytes(m) / 1e9;
 
-    struct threadpool *pool = backend_cpu_threadpool(be);
-    double fma_peak = cpu_measure_fma_peak_gflops(pool);
-    double gemm_peak = cpu_measure_gemm_gflops(backend_cpu_matmul(be), o.mode);
+    struct threadpool *pool = backend_cpu_threadpool(be); /* NULL on a GPU */
+    double fma_peak = pool ? cpu_measure_fma_peak_gflops(pool) : 0.0;
+    double gemm_peak = pool ? cpu_measure_gemm_gflops(backend_cpu_matmul(be), o.mode) : 0.0;
+    double gpu_bandwidth = pool ? 0.0 : backend_cuda_read_bandwidth(be, (size_t)2 << 30);
 
-    if (generator_create(m, (int)(o.prompt_len + o.gen_len + 1), 512, &g, &err) < 0)
+    if (generator_create(m, (int)(o.prompt_len + o.gen_len + 1), (int)o.chunk, &g, &err) < 0)
         goto fail;
     prompt = malloc((size_t)o.prompt_len * sizeof *prompt);
     if (!prompt) {
@@ -136,7 +146,7 @@ int cmd_bench(int argc, char **argv)
     struct rep_result reps[BENCH_MAX_REPS];
     for (long r = 0; r < o.reps; r++) {
         struct rep_result *rr = &reps[r];
-        rr->bandwidth = cpu_measure_read_bandwidth(pool, (size_t)512 << 20);
+        rr->bandwidth = pool ? cpu_measure_read_bandwidth(pool, (size_t)512 << 20) : gpu_bandwidth;
         generator_reset(g);
         double t = now_s();
         if (generator_feed(g, prompt, (int)o.prompt_len, &err) < 0)
@@ -161,19 +171,36 @@ int cmd_bench(int argc, char **argv)
 
     printf("model            %s (%s, %d layers, hidden %d, vocab %d)\n", o.dir,
            m->config.arch_name, m->config.n_layers, m->config.hidden_size, m->config.vocab_size);
-    printf("cpu              %s, %d threads, mode %s, %ld repetitions (medians below)\n",
-           cpu_level_name(), threadpool_size(pool), o.mode == COMPUTE_FAST ? "fast" : "exact", o.reps);
+    if (pool) {
+        printf("cpu              %s, %d threads, mode %s, %ld repetitions (medians below)\n",
+               cpu_level_name(), threadpool_size(pool), o.mode == COMPUTE_FAST ? "fast" : "exact",
+               o.reps);
+    } else {
+        char gpu[256];
+        cli_backend_describe(be, gpu, sizeof gpu);
+        printf("device           %s, mode %s, %ld repetitions (medians below)\n", gpu,
+               o.mode == COMPUTE_FAST ? "fast" : "exact", o.reps);
+    }
     printf("load             %.3f s for %.2f GB (%.2f s/GB)\n", load_s, file_gb,
            file_gb > 0 ? load_s / file_gb : 0.0);
     printf("read bandwidth   %.1f GB/s (measured before each decode)\n", bandwidth);
-    printf("fma peak         %.1f GFLOP/s; gemm kernel on a cache-resident shape %.1f GFLOP/s\n",
-           fma_peak, gemm_peak);
-    printf("prefill          %ld tokens: %.1f tok/s, %.1f GFLOP/s = %.0f%% of the gemm kernel's rate, %.0f%% of fma peak\n",
-           o.prompt_len, prefill_tps, prefill_gflops, 100.0 * prefill_gflops / gemm_peak,
-           100.0 * prefill_gflops / fma_peak);
+    if (pool) {
+        printf("fma peak         %.1f GFLOP/s; gemm kernel on a cache-resident shape %.1f GFLOP/s\n",
+               fma_peak, gemm_peak);
+        printf("prefill          %ld tokens: %.1f tok/s, %.1f GFLOP/s = %.0f%% of the gemm kernel's rate, %.0f%% of fma peak\n",
+               o.prompt_len, prefill_tps, prefill_gflops, 100.0 * prefill_gflops / gemm_peak,
+               100.0 * prefill_gflops / fma_peak);
+    } else {
+        printf("prefill          %ld tokens in chunks of %ld: %.1f tok/s, %.1f TFLOP/s\n", o.prompt_len,
+               o.chunk, prefill_tps, prefill_gflops / 1e3);
+    }
     printf("decode           %ld tokens: %.2f tok/s; floor %.2f tok/s (%.1f MB/token); %.0f%% of floor\n",
            o.gen_len, decode_tps, bandwidth * 1e9 / bytes_per_token, bytes_per_token / 1e6,
            100.0 * decode_of_floor);
+    if (!pool)
+        printf("decode nominal   floor at %.0f GB/s: %.2f tok/s; %.0f%% of it\n", GPU_NOMINAL_GBS,
+               GPU_NOMINAL_GBS * 1e9 / bytes_per_token,
+               100.0 * decode_tps / (GPU_NOMINAL_GBS * 1e9 / bytes_per_token));
     status = 0;
     goto done;
 fail:

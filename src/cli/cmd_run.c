@@ -9,6 +9,7 @@
 #include "base/timer.h"
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/device.h"
 #include "engine/generate.h"
 #include "engine/sampler.h"
 #include "text/chat_template.h"
@@ -19,6 +20,7 @@ struct run_options {
     int32_t *prompt; /* owned; from --tokens */
     int n_prompt;
     const char *text; /* -p: encoded with the model's tokenizer */
+    const char *device; /* --device: cpu, cuda[:N] or auto */
     bool chat;        /* --chat: the text is a user message through the chat template */
     long n_generate, n_threads, n_ctx;
     enum compute_mode mode;
@@ -64,6 +66,11 @@ static bool parse_run_options(int argc, char **argv, struct run_options *o)
         } else if (!strcmp(a, "--mode")) {
             if (!arg_mode(v, &o->mode))
                 return false;
+        } else if (!strcmp(a, "--device")) {
+            struct device_spec spec;
+            if (!cli_device_parse(v, &spec))
+                return false;
+            o->device = v;
         } else if (!strcmp(a, "--temp")) {
             if (!arg_float(a, v, 0, 100, &f))
                 return false;
@@ -90,7 +97,7 @@ static bool parse_run_options(int argc, char **argv, struct run_options *o)
         }
     }
     if (!o->dir || (!o->prompt) == (!o->text)) {
-        fprintf(stderr, "usage: inferd run DIR (-p TEXT [--chat] | --tokens IDS) [-n N] [--temp T] [--seed S]\n");
+        fprintf(stderr, "usage: inferd run DIR (-p TEXT [--chat] | --tokens IDS) [-n N] [--temp T] [--seed S] [--device cpu|cuda[:N]|auto]\n");
         return false;
     }
     if (o->chat && !o->text) {
@@ -170,7 +177,7 @@ int cmd_run(int argc, char **argv)
     int status = 1;
 
     double t0 = now_s();
-    if (backend_cpu_create((int)o.n_threads, o.mode, &be, &err) < 0 ||
+    if (cli_backend_create(o.device, (int)o.n_threads, o.mode, &be, &err) < 0 ||
         model_load(o.dir, be, &m, &err) < 0)
         goto fail;
     char tok_path[4096];

@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# bench/gpu.sh — the CUDA backend on a GPU machine in one run: parity tests, real-shape models, the speed table.
+#
+#   usage: bench/gpu.sh [parity] [bench] [8k] [profile] [MODEL...]
+#     parity   the CUDA parity tests (goldens, CPU-vs-CUDA greedy tokens, graphs)
+#     bench    prefill pp512 / decode tg128 per model (and pp4096 for llama-3.1-8b),
+#              prefill again with f32 attention, the 8B's load time
+#     8k       decode after an 8k-token prompt
+#     profile  GPU time per kind of kernel (INFERD_CUDA_PROFILE=ops), with and
+#              without the RMSNorm folded into the GEMVs
+#     MODEL    mkmodel presets (default: qwen3-0.6b llama-3.2-1b llama-3.1-8b)
+#   With no stage named, parity, bench and 8k run.
+#
+# Binaries come from .bundle/bin (scripts/bundle-libs.sh .bundle build/inferd
+# build/test_cuda_parity, libraries in .bundle/lib, or the same packed as
+# .bundle/bundle.tar.xz) when present, else from
+# build/ (configure with nvcc on the PATH). cuBLASLt is taken from the
+# machine's CUDA toolkit. Models are written to $INFERD_MODELS (default
+# /tmp/inferd-models) once and reused.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+
+stages=() models=()
+for a in "$@"; do
+  case "$a" in
+    parity|bench|8k|profile) stages+=("$a") ;;
+    *) models+=("$a") ;;
+  esac
+done
+[ ${#stages[@]} -gt 0 ] || stages=(parity bench 8k)
+[ ${#models[@]} -gt 0 ] || models=(qwen3-0.6b llama-3.2-1b llama-3.1-8b)
+has_stage() { local s; for s in "${stages[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
+
+# A bundle may travel compressed: tar -C BUNDLE -cJf .bundle/bundle.tar.xz bin lib
+if [ -f .bundle/bundle.tar.xz ] && [ ! -x .bundle/bin/inferd ]; then
+  tar -C .bundle -xJf .bundle/bundle.tar.xz
+fi
+if [ -x .bundle/bin/inferd ]; then
+  bin=.bundle/bin
+  libdirs=$root/.bundle/lib
+else
+  bin=build
+  libdirs=
+fi
+lt=$(find /usr/local/cuda*/ /usr/lib /opt $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null) \
+       -name 'libcublasLt.so.13*' 2>/dev/null | head -1)
+[ -n "$lt" ] && libdirs=$libdirs:$(dirname "$lt")
+export LD_LIBRARY_PATH=${libdirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export INFERD_GOLDEN_DIR=$root/tests/goldens
+models_dir=${INFERD_MODELS:-/tmp/inferd-models}
+mkdir -p "$models_dir"
+
+echo "== machine"
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem,driver_version --format=csv,noheader || true
+echo "binaries: $bin; cuBLASLt: ${lt:-not found}"
+echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+
+if has_stage parity; then
+  echo "== parity (tests/unit/test_cuda_parity.c)"
+  start=$(date +%s.%N)
+  timeout 300 "$bin"/test_cuda_parity --verbose=1 --jobs=1 2>&1 | grep -E "cuda |PASS|FAIL|SKIP|Synthesis|expected|assert|signal|Crash|error" 
+  echo "-- fast mode again with f32 prefill attention (INFERD_CUDA_PREFILL_TC=0)"
+  INFERD_CUDA_PREFILL_TC=0 timeout 300 "$bin"/test_cuda_parity --verbose=1 --jobs=1 \
+    --filter='cuda_parity/fast_mode*' 2>&1 | grep -E "all goldens|PASS|FAIL|Synthesis"
+  echo "parity: $(awk "BEGIN { printf \"%.1f\", $(date +%s.%N) - $start }") s"
+fi
+
+make_model() {
+  local preset=$1 dir=$models_dir/$1
+  if [ ! -f "$dir/config.json" ] || [ ! -f "$dir/.complete" ]; then
+    rm -rf "$dir"
+    local t0=$(date +%s.%N)
+    "$bin"/inferd mkmodel --preset "$preset" --seed 1 --out "$dir" >/dev/null || return 1
+    touch "$dir/.complete"
+    echo "mkmodel $preset: $(awk "BEGIN { printf \"%.1f\", $(date +%s.%N) - $t0 }") s, $(du -sh "$dir" | cut -f1)" >&2
+  fi
+  echo "$dir"
+}
+
+summary=()
+# bench_one LABEL DIR ARGS...: runs inferd bench and keeps its prefill/decode lines
+# (INFERD_CUDA_* settings in the caller's environment apply).
+bench_one() {
+  local label=$1 dir=$2
+  shift 2
+  echo "-- $label: inferd bench $dir --device cuda $*"
+  local out
+  out=$(timeout 300 "$bin"/inferd bench "$dir" --device cuda "$@" 2>&1)
+  echo "$out"
+  local pre dec floor
+  pre=$(echo "$out" | sed -n 's/^prefill .*: \([0-9.]*\) tok\/s.*/\1/p')
+  dec=$(echo "$out" | sed -n 's/^decode  .*tokens: \([0-9.]*\) tok\/s.*/\1/p')
+  floor=$(echo "$out" | sed -n 's/^decode nominal .*: \([0-9.]*\) tok\/s.*/\1/p')
+  summary+=("$(printf '%-34s prefill %9s tok/s   decode %8s tok/s   floor %8s tok/s' "$label" "${pre:-?}" "${dec:-?}" "${floor:-?}")")
+}
+
+for preset in "${models[@]}"; do
+  if has_stage bench || has_stage 8k || has_stage profile; then
+    dir=$(make_model "$preset") || { echo "mkmodel $preset failed"; continue; }
+  fi
+  if has_stage bench; then
+    bench_one "$preset pp512+tg128" "$dir" --prompt-len 512 --gen-len 128 --reps 3
+    INFERD_CUDA_PREFILL_TC=0 bench_one "$preset pp512, f32 attention" "$dir" --prompt-len 512 --gen-len 4 --reps 2
+    if [ "$preset" = llama-3.1-8b ]; then
+      bench_one "$preset pp4096" "$dir" --prompt-len 4096 --chunk 4096 --gen-len 4 --reps 2
+      INFERD_CUDA_PREFILL_TC=0 bench_one "$preset pp4096, f32 attention" "$dir" --prompt-len 4096 --chunk 4096 --gen-len 4 --reps 2
+      echo "-- $preset: load from page cache (inferd run --device cuda --tokens 1 -n 1)"
+      "$bin"/inferd run "$dir" --device cuda --tokens 1 -n 1 2>&1 | grep -E "load|error" | tail -2
+    fi
+  fi
+  if has_stage profile; then
+    dir=$(make_model "$preset") || continue
+    for fusion in off on; do
+      if [ $fusion = on ]; then export INFERD_CUDA_NORM_FUSION=1; else unset INFERD_CUDA_NORM_FUSION; fi
+      echo "-- $preset: rmsnorm fusion $fusion: 512-token prompt, 128 decode steps from graphs"
+      INFERD_CUDA_PROFILE=graphs timeout 300 "$bin"/inferd bench "$dir" --device cuda --prompt-len 512 --gen-len 128 --reps 1 2>&1 | grep -E "profile|decode  |prefill  "
+      echo "-- $preset: rmsnorm fusion $fusion: eager with a timer per launch (prompt 512, 32 decode steps)"
+      INFERD_CUDA_PROFILE=ops timeout 300 "$bin"/inferd bench "$dir" --device cuda --prompt-len 512 --gen-len 32 --reps 1 2>&1 | grep -E "profile: [a-z]|decode  "
+    done
+    unset INFERD_CUDA_NORM_FUSION
+  fi
+  if has_stage 8k; then
+    bench_one "$preset 8k ctx (tg128)" "$dir" --prompt-len 8192 --chunk 2048 --gen-len 128 --reps 1
+  fi
+done
+
+echo "== summary (floor = weight bytes per token / 4.6 TB/s)"
+for line in "${summary[@]}"; do echo "$line"; done

@@ -1,0 +1,37 @@
+/* backend/cuda/cuda.h — the CUDA backend (NVIDIA GPUs): creation and device queries; without CUDA they say so. */
+#ifndef INFERD_BACKEND_CUDA_CUDA_H
+#define INFERD_BACKEND_CUDA_CUDA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "backend/backend.h"
+
+/* Creates the CUDA backend on GPU number device. -INFERD_EUNSUPPORTED when
+ * inferd was built without CUDA or no such GPU exists. */
+int backend_cuda_create(int device, enum compute_mode mode, struct backend **out,
+                        struct err *err);
+
+/* Number of usable CUDA GPUs; 0 when built without CUDA, with no driver or no GPU. */
+int backend_cuda_device_count(void);
+
+/* True when inferd was built with the CUDA backend. */
+bool backend_cuda_compiled(void);
+
+/* One line naming be's GPU and its memory ("NVIDIA H200, 139.8 GiB, sm_90");
+ * an empty string for other backends. */
+void backend_cuda_describe(struct backend *be, char *buf, size_t cap);
+
+/* Device-memory read bandwidth of be's GPU in GB/s, measured by streaming
+ * `bytes` once per repetition (best of a few); 0 for other backends. */
+double backend_cuda_read_bandwidth(struct backend *be, size_t bytes);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,290 @@
+/* backend/cuda/gemv.cu — matrix-vector products for decode: bf16 weights streamed with 16-byte loads, split-K across warps, fused epilogues. */
+#include "backend/cuda/cuda_internal.h"
+
+#define GEMV_THREADS 256
+#define GEMV_WARPS (GEMV_THREADS / 32)
+/* 16-byte loads per lane issued together, per row (8 measured slower than 4
+ * on an H200: fewer resident warps). */
+#define GEMV_UNROLL(np) 4
+
+static __device__ __forceinline__ float round_bf16(float x)
+{
+    uint32_t u = __float_as_uint(x);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    return __uint_as_float(u);
+}
+
+static __device__ __forceinline__ float warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Weight rows stream past once: load them without keeping them in L1. */
+static __device__ __forceinline__ uint4 load_stream(const uint4 *p)
+{
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
+/* Eight x values (one 16-byte weight chunk's worth) of token row xr; with
+ * nw, RMSNorm applied as the CPU does: nw * (x * inv). */
+static __device__ __forceinline__ void load_x8(const float *xr, const float *nw, float inv,
+                                               bool round, float out[8])
+{
+    float4 a = __ldg((const float4 *)xr), b = __ldg((const float4 *)xr + 1);
+    out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
+    out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+    if (nw) {
+        float4 wa = __ldg((const float4 *)nw), wb = __ldg((const float4 *)nw + 1);
+        float w[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
+        for (int i = 0; i < 8; i++)
+            out[i] = w[i] * (out[i] * inv);
+    }
+    if (round)
+        for (int i = 0; i < 8; i++)
+            out[i] = round_bf16(out[i]);
+}
+
+static __device__ __forceinline__ float dot_bf16x8(uint4 w, const float x[8])
+{
+    float s = 0;
+    uint32_t v[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        s = fmaf(__uint_as_float(v[i] << 16), x[2 * i], s);
+        s = fmaf(__uint_as_float(v[i] & 0xffff0000u), x[2 * i + 1], s);
+    }
+    return s;
+}
+
+/* Which matrix of the group row r falls in, and its row there. */
+static __device__ __forceinline__ int find_mat(const struct cu_gemv_args *a, int64_t r,
+                                               int64_t *local)
+{
+    int m = 0;
+    while (m + 1 < a->n_mat && r >= a->m[m].rows) {
+        r -= a->m[m].rows;
+        m++;
+    }
+    *local = r;
+    return m;
+}
+
+/* NP rows (1, or 2 for the SwiGLU pair) times TT token rows. VEC: bf16 rows
+ * whose length is a multiple of 8 (16-byte chunks); otherwise scalar loads of
+ * either dtype. wpr warps share each unit of rows (split-K), reducing through
+ * shared memory, so short and narrow matrices still fill the GPU. */
+template <int TT, int NP, bool VEC>
+static __global__ void __launch_bounds__(GEMV_THREADS)
+gemv_kernel(struct cu_gemv_args a, int64_t n_units, int wpr)
+{
+    __shared__ float red[GEMV_WARPS][NP][TT];
+    __shared__ float inv_sm[TT];
+    constexpr int U = GEMV_UNROLL(NP);
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    int units_per_block = GEMV_WARPS / wpr;
+    int64_t unit = (int64_t)blockIdx.x * units_per_block + warp / wpr;
+    int part = warp % wpr;
+    int t0 = blockIdx.y * TT;
+    int nt = a.n_rows - t0 < TT ? a.n_rows - t0 : TT;
+    bool active = unit < n_units;
+    const int64_t cols = a.cols;
+    const float *x0 = a.x + (int64_t)t0 * cols;
+
+    /* fused RMSNorm: every block finds the rms of its token rows itself */
+    const float *nw = a.norm_w;
+    if (nw) {
+        for (int t = 0; t < nt; t++) {
+            float ss = 0;
+            for (int64_t c = threadIdx.x; c < cols; c += GEMV_THREADS) {
+                float v = x0[t * cols + c];
+                ss += v * v;
+            }
+            ss = warp_sum(ss);
+            if (lane == 0)
+                red[warp][0][0] = ss;
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                float tot = 0;
+                for (int w = 0; w < GEMV_WARPS; w++)
+                    tot += red[w][0][0];
+                inv_sm[t] = 1.0f / sqrtf(tot / (float)cols + a.norm_eps);
+            }
+            __syncthreads();
+        }
+        if (blockIdx.x == 0 && a.norm_out)
+            for (int t = 0; t < nt; t++)
+                for (int64_t c = threadIdx.x; c < cols; c += GEMV_THREADS)
+                    a.norm_out[(int64_t)(t0 + t) * cols + c] = nw[c] * (x0[t * cols + c] * inv_sm[t]);
+    }
+    float inv[TT];
+#pragma unroll
+    for (int t = 0; t < TT; t++)
+        inv[t] = nw && t < nt ? inv_sm[t] : 1.0f;
+
+    float acc[NP][TT];
+#pragma unroll
+    for (int p = 0; p < NP; p++)
+#pragma unroll
+        for (int t = 0; t < TT; t++)
+            acc[p][t] = 0.0f;
+
+    int m = 0;
+    int64_t lr = unit;
+    if (active && NP == 1)
+        m = find_mat(&a, unit, &lr);
+    if (active) {
+        const void *wrow[NP];
+#pragma unroll
+        for (int p = 0; p < NP; p++)
+            wrow[p] = (const uint8_t *)a.m[NP == 1 ? m : p].w +
+                      lr * cols * (a.dtype == DTYPE_F32 ? 4 : 2);
+        if (VEC) {
+            const int64_t nchunk = cols / 8;
+            const int64_t stride = 32 * wpr;
+            for (int64_t c0 = part * 32 + lane; c0 < nchunk; c0 += stride * U) {
+                uint4 wv[U][NP];
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    int64_t c = c0 + u * stride;
+#pragma unroll
+                    for (int p = 0; p < NP; p++)
+                        wv[u][p] = c < nchunk ? load_stream((const uint4 *)wrow[p] + c)
+                                              : make_uint4(0, 0, 0, 0);
+                }
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    int64_t c = c0 + u * stride;
+                    if (c < nchunk) {
+#pragma unroll
+                        for (int t = 0; t < TT; t++) {
+                            if (t < nt) {
+                                float xv[8];
+                                load_x8(x0 + t * cols + c * 8, nw ? nw + c * 8 : NULL, inv[t],
+                                        a.round_bf16, xv);
+#pragma unroll
+                                for (int p = 0; p < NP; p++)
+                                    acc[p][t] += dot_bf16x8(wv[u][p], xv);
+                            }
+                        }
+                    }
+                }
+            }
+        } else {
+            for (int64_t c = part * 32 + lane; c < cols; c += 32 * wpr) {
+                float wf[NP];
+#pragma unroll
+                for (int p = 0; p < NP; p++)
+                    wf[p] = a.dtype == DTYPE_F32
+                                ? ((const float *)wrow[p])[c]
+                                : __uint_as_float((uint32_t)((const uint16_t *)wrow[p])[c] << 16);
+#pragma unroll
+                for (int t = 0; t < TT; t++) {
+                    if (t < nt) {
+                        float xv = x0[t * cols + c];
+                        if (nw)
+                            xv = nw[c] * (xv * inv[t]);
+                        if (a.round_bf16)
+                            xv = round_bf16(xv);
+#pragma unroll
+                        for (int p = 0; p < NP; p++)
+                            acc[p][t] = fmaf(wf[p], xv, acc[p][t]);
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int p = 0; p < NP; p++)
+#pragma unroll
+        for (int t = 0; t < TT; t++)
+            acc[p][t] = warp_sum(acc[p][t]);
+    if (wpr > 1) {
+        if (lane == 0)
+#pragma unroll
+            for (int p = 0; p < NP; p++)
+#pragma unroll
+                for (int t = 0; t < TT; t++)
+                    red[warp][p][t] = acc[p][t];
+        __syncthreads();
+        if (part == 0 && lane == 0)
+            for (int w = 1; w < wpr; w++)
+#pragma unroll
+                for (int p = 0; p < NP; p++)
+#pragma unroll
+                    for (int t = 0; t < TT; t++)
+                        acc[p][t] += red[warp + w][p][t];
+    }
+    if (!active || part != 0 || lane != 0)
+        return;
+    if (NP == 2) {
+        int64_t rows = a.m[0].rows;
+        for (int t = 0; t < nt; t++) {
+            float g = acc[0][t], u = acc[NP - 1][t];
+            int64_t idx = (int64_t)(t0 + t) * rows + lr;
+            a.m[0].y[idx] = g / (1.0f + expf(-g)) * u;
+            a.m[NP - 1].y[idx] = u;
+        }
+        return;
+    }
+    int64_t rows = a.m[m].rows;
+    float bias = a.m[m].bias ? a.m[m].bias[lr] : 0.0f;
+    for (int t = 0; t < nt; t++) {
+        float v = acc[0][t] + bias;
+        int64_t idx = (int64_t)(t0 + t) * rows + lr;
+        a.m[m].y[idx] = v;
+        if (a.res)
+            a.res[idx] += v;
+    }
+}
+
+template <int TT, int NP>
+static cudaError_t launch_tt(cudaStream_t s, const struct cu_gemv_args *a, int64_t n_units,
+                             int wpr, bool vec)
+{
+    dim3 grid((unsigned)((n_units + GEMV_WARPS / wpr - 1) / (GEMV_WARPS / wpr)),
+              (unsigned)((a->n_rows + TT - 1) / TT));
+    if (vec)
+        gemv_kernel<TT, NP, true><<<grid, GEMV_THREADS, 0, s>>>(*a, n_units, wpr);
+    else
+        gemv_kernel<TT, NP, false><<<grid, GEMV_THREADS, 0, s>>>(*a, n_units, wpr);
+    return cudaGetLastError();
+}
+
+template <int NP>
+static cudaError_t launch_np(cudaStream_t s, const struct cu_gemv_args *a, int64_t n_units,
+                             int wpr, bool vec)
+{
+    if (a->n_rows == 1)
+        return launch_tt<1, NP>(s, a, n_units, wpr, vec);
+    if (a->n_rows == 2)
+        return launch_tt<2, NP>(s, a, n_units, wpr, vec);
+    if (a->n_rows <= 4)
+        return launch_tt<4, NP>(s, a, n_units, wpr, vec);
+    return launch_tt<8, NP>(s, a, n_units, wpr, vec);
+}
+
+cudaError_t cu_launch_gemv(cudaStream_t s, const struct cu_gemv_args *a, int n_sm)
+{
+    int64_t total = 0;
+    for (int i = 0; i < a->n_mat; i++)
+        total += a->m[i].rows;
+    int64_t n_units = a->pair ? a->m[0].rows : total;
+    if (n_units == 0 || a->n_rows == 0)
+        return cudaSuccess;
+    bool vec = a->dtype == DTYPE_BF16 && a->cols % 8 == 0;
+    for (int i = 0; i < a->n_mat && vec; i++)
+        vec = ((uintptr_t)a->m[i].w % 16) == 0;
+    vec = vec && ((uintptr_t)a->x % 16) == 0 && ((uintptr_t)a->norm_w % 16) == 0;
+    int64_t per_lane = vec ? a->cols / 8 : a->cols;
+    /* enough warps in flight to cover HBM latency: about 48 per SM */
+    int wpr = 1;
+    while (wpr < GEMV_WARPS && n_units * wpr < (int64_t)n_sm * 48 && per_lane >= 64 * wpr * 2)
+        wpr *= 2;
+    return a->pair ? launch_np<2>(s, a, n_units, wpr, vec) : launch_np<1>(s, a, n_units, wpr, vec);
+}

@@ -1,0 +1,310 @@
+/* backend/cuda/kernels.cu — elementwise CUDA kernels: embedding, RMSNorm, fused q/k norm + RoPE + KV write, SwiGLU, adds. */
+#include <cuda_bf16.h>
+
+#include "backend/cuda/cuda_internal.h"
+
+static __device__ __forceinline__ float bf16_bits_to_f32(uint16_t h)
+{
+    return __uint_as_float((uint32_t)h << 16);
+}
+
+static __device__ __forceinline__ float warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* ---- embedding ---------------------------------------------------------- */
+
+static __global__ void embed_kernel(const void *table, int64_t dim, int dtype,
+                                    const int32_t *tokens, float *out)
+{
+    int64_t row = tokens[blockIdx.x];
+    float *dst = out + (int64_t)blockIdx.x * dim;
+    if (dtype == DTYPE_F32) {
+        const float *src = (const float *)table + row * dim;
+        for (int64_t i = threadIdx.x; i < dim; i += blockDim.x)
+            dst[i] = src[i];
+    } else {
+        const uint16_t *src = (const uint16_t *)table + row * dim;
+        for (int64_t i = threadIdx.x; i < dim; i += blockDim.x)
+            dst[i] = bf16_bits_to_f32(src[i]);
+    }
+}
+
+cudaError_t cu_launch_embed(cudaStream_t s, const struct cu_op *op, const uint8_t *params)
+{
+    embed_kernel<<<op->n_rows, 256, 0, s>>>(op->u.embed.table, op->u.embed.cols, op->u.embed.dtype,
+                                            (const int32_t *)(params + op->u.embed.tok_off),
+                                            op->u.embed.out);
+    return cudaGetLastError();
+}
+
+/* ---- RMSNorm ------------------------------------------------------------ */
+
+/* torch: x * rsqrt(mean(x^2) + eps), then * weight, all in f32. One warp per
+ * row for short rows (per-head norms), one block per row otherwise. */
+static __global__ void rmsnorm_warp_kernel(const float *x, const float *w, int64_t n_rows,
+                                           int64_t dim, float eps, float *y)
+{
+    int64_t row = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x & 31;
+    if (row >= n_rows)
+        return;
+    const float *xr = x + row * dim;
+    float *yr = y + row * dim;
+    float sum = 0;
+    for (int64_t i = lane; i < dim; i += 32)
+        sum += xr[i] * xr[i];
+    sum = warp_sum(sum);
+    float inv = 1.0f / sqrtf(sum / (float)dim + eps);
+    for (int64_t i = lane; i < dim; i += 32)
+        yr[i] = w[i] * (xr[i] * inv);
+}
+
+static __global__ void rmsnorm_block_kernel(const float *x, const float *w, int64_t dim, float eps,
+                                            float *y)
+{
+    __shared__ float partial[32];
+    const float *xr = x + (int64_t)blockIdx.x * dim;
+    float *yr = y + (int64_t)blockIdx.x * dim;
+    float sum = 0;
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x)
+        sum += xr[i] * xr[i];
+    sum = warp_sum(sum);
+    if ((threadIdx.x & 31) == 0)
+        partial[threadIdx.x / 32] = sum;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0.0f;
+        v = warp_sum(v);
+        if (threadIdx.x == 0)
+            partial[0] = v;
+    }
+    __syncthreads();
+    float inv = 1.0f / sqrtf(partial[0] / (float)dim + eps);
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x)
+        yr[i] = w[i] * (xr[i] * inv);
+}
+
+cudaError_t cu_launch_rmsnorm(cudaStream_t s, const struct cu_op *op)
+{
+    int64_t rows = op->u.norm.n_rows, dim = op->u.norm.dim;
+    if (rows == 0)
+        return cudaSuccess;
+    if (dim <= 512) {
+        unsigned blocks = (unsigned)((rows + 7) / 8);
+        rmsnorm_warp_kernel<<<blocks, 256, 0, s>>>(op->u.norm.x, op->u.norm.w, rows, dim,
+                                                   op->u.norm.eps, op->u.norm.y);
+    } else {
+        rmsnorm_block_kernel<<<(unsigned)rows, dim >= 4096 ? 1024 : 512, 0, s>>>(
+            op->u.norm.x, op->u.norm.w, dim, op->u.norm.eps, op->u.norm.y);
+    }
+    return cudaGetLastError();
+}
+
+/* ---- elementwise -------------------------------------------------------- */
+
+static __global__ void add_kernel(float *y, const float *x, int64_t n)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        y[i] += x[i];
+}
+
+static __global__ void silu_mul_kernel(const float *gate, const float *up, float *out, int64_t n)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+static unsigned elementwise_blocks(int64_t n)
+{
+    int64_t b = (n + 255) / 256;
+    return (unsigned)(b < 4096 ? (b > 0 ? b : 1) : 4096);
+}
+
+cudaError_t cu_launch_add(cudaStream_t s, const struct cu_op *op)
+{
+    add_kernel<<<elementwise_blocks(op->u.ew.n), 256, 0, s>>>(op->u.ew.out, op->u.ew.a,
+                                                              op->u.ew.n);
+    return cudaGetLastError();
+}
+
+cudaError_t cu_launch_silu_mul(cudaStream_t s, const struct cu_op *op)
+{
+    silu_mul_kernel<<<elementwise_blocks(op->u.ew.n), 256, 0, s>>>(op->u.ew.a, op->u.ew.b,
+                                                                   op->u.ew.out, op->u.ew.n);
+    return cudaGetLastError();
+}
+
+/* Round to nearest even, as the CPU backend's f32_to_bf16. */
+static __global__ void to_bf16_kernel(const float *x, int64_t n, uint16_t *out)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        uint32_t u = __float_as_uint(x[i]);
+        if ((u & 0x7fffffffu) > 0x7f800000u)
+            out[i] = (uint16_t)((u >> 16) | 0x40);
+        else
+            out[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    }
+}
+
+cudaError_t cu_launch_to_bf16(cudaStream_t s, const float *x, int64_t n, uint16_t *out)
+{
+    to_bf16_kernel<<<elementwise_blocks(n), 256, 0, s>>>(x, n, out);
+    return cudaGetLastError();
+}
+
+static __global__ void bias_add_kernel(float *y, const float *bias, int64_t rows, int64_t n)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        y[i] += bias[i % rows];
+}
+
+cudaError_t cu_launch_bias_add(cudaStream_t s, float *y, const float *bias, int64_t rows,
+                               int n_rows)
+{
+    int64_t n = rows * n_rows;
+    bias_add_kernel<<<elementwise_blocks(n), 256, 0, s>>>(y, bias, rows, n);
+    return cudaGetLastError();
+}
+
+/* ---- paged KV addressing ------------------------------------------------ */
+
+/* The span that activation row `row` belongs to, and its position. */
+static __device__ __forceinline__ const struct cu_span *row_span(const uint8_t *params,
+                                                                 uint32_t spans_off, int n_spans,
+                                                                 int row, int *pos)
+{
+    const struct cu_span *spans = (const struct cu_span *)(params + spans_off);
+    const int *rowmap = (const int *)(spans + n_spans);
+    if (rowmap[row] < 0)
+        return NULL;
+    const struct cu_span *sp = &spans[rowmap[row]];
+    *pos = sp->pos0 + (row - sp->row0);
+    return sp;
+}
+
+static __device__ __forceinline__ size_t kv_slot(const struct cu_kv *kv, int layer,
+                                                 const uint8_t *params, const struct cu_span *sp,
+                                                 int pos)
+{
+    const uint32_t *bt = (const uint32_t *)(params + sp->bt_off);
+    uint32_t block = bt[pos / kv->block_size];
+    size_t kv_dim = (size_t)kv->n_kv_heads * kv->head_dim;
+    return (((size_t)layer * kv->n_blocks + block) * kv->block_size + pos % kv->block_size) * kv_dim;
+}
+
+static __global__ void kv_store_kernel(struct cu_kv kv, int layer, const float *k, const float *v,
+                                       uint32_t spans_off, int n_spans, const uint8_t *params)
+{
+    int row = blockIdx.x, pos;
+    const struct cu_span *sp = row_span(params, spans_off, n_spans, row, &pos);
+    if (!sp)
+        return;
+    size_t off = kv_slot(&kv, layer, params, sp, pos);
+    int kv_dim = kv.n_kv_heads * kv.head_dim;
+    for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) {
+        kv.k[off + i] = k[(size_t)row * kv_dim + i];
+        kv.v[off + i] = v[(size_t)row * kv_dim + i];
+    }
+}
+
+cudaError_t cu_launch_kv_store(cudaStream_t s, const struct cu_op *op, const uint8_t *params)
+{
+    if (op->n_rows == 0)
+        return cudaSuccess;
+    kv_store_kernel<<<op->n_rows, 256, 0, s>>>(op->u.store.kv, op->u.store.layer, op->u.store.k,
+                                               op->u.store.v, op->u.store.spans_off,
+                                               op->u.store.n_spans, params);
+    return cudaGetLastError();
+}
+
+/* ---- q/k: norm, RoPE, KV write ------------------------------------------ */
+
+#define QK_WARPS 4
+
+/* One warp per (row, head) of q then k. The head goes through shared memory
+ * so RoPE's rotate-half pairs (i, i + half) can live in different lanes. */
+static __global__ void qk_prep_kernel(struct cu_qk_args a, const uint8_t *params)
+{
+    __shared__ float vec[QK_WARPS][CU_MAX_HEAD_DIM];
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    int row = blockIdx.x;
+    int h = blockIdx.y * QK_WARPS + warp;
+    if (h >= a.n_q_heads + a.n_k_heads)
+        return;
+    bool is_k = h >= a.n_q_heads;
+    int head = is_k ? h - a.n_q_heads : h;
+    int n_heads = is_k ? a.n_k_heads : a.n_q_heads;
+    int hd = a.head_dim;
+    float *x = (is_k ? a.k : a.q) + ((size_t)row * n_heads + head) * hd;
+    const float *norm = is_k ? a.k_norm : a.q_norm;
+    float *v = vec[warp];
+    float sum = 0;
+    for (int i = lane; i < hd; i += 32) {
+        float t = x[i];
+        v[i] = t;
+        sum += t * t;
+    }
+    if (norm) {
+        sum = warp_sum(sum);
+        float inv = 1.0f / sqrtf(sum / (float)hd + a.eps);
+        for (int i = lane; i < hd; i += 32)
+            v[i] = norm[i] * (v[i] * inv);
+    }
+    __syncwarp();
+    float pos = (float)((const int32_t *)(params + a.pos_off))[row];
+    const float *inv_freq = (const float *)(params + a.freq_off);
+    int half = a.rot_dim / 2;
+    float *kdst = NULL, *vdst = NULL;
+    const float *vsrc = NULL;
+    if (is_k && a.store) {
+        int p;
+        const struct cu_span *sp = row_span(params, a.spans_off, a.n_spans, row, &p);
+        if (sp) {
+            size_t off = kv_slot(&a.kv, a.layer, params, sp, p) + (size_t)head * hd;
+            kdst = a.kv.k + off;
+            vdst = a.kv.v + off;
+            vsrc = a.v + ((size_t)row * n_heads + head) * hd;
+        }
+    }
+    for (int i = lane; i < half; i += 32) {
+        /* the angle is rounded to f32 first, as transformers computes it */
+        float angle = pos * inv_freq[i];
+        float c = cosf(angle) * a.factor, s = sinf(angle) * a.factor;
+        float lo = v[i], hi = v[i + half];
+        float r0 = lo * c - hi * s, r1 = hi * c + lo * s;
+        x[i] = r0;
+        x[i + half] = r1;
+        if (kdst) {
+            kdst[i] = r0;
+            kdst[i + half] = r1;
+        }
+    }
+    for (int i = 2 * half + lane; i < hd; i += 32) {
+        x[i] = v[i];
+        if (kdst)
+            kdst[i] = v[i];
+    }
+    if (vdst)
+        for (int i = lane; i < hd; i += 32)
+            vdst[i] = vsrc[i];
+}
+
+cudaError_t cu_launch_qk_prep(cudaStream_t s, const struct cu_qk_args *a, const uint8_t *params)
+{
+    int heads = a->n_q_heads + a->n_k_heads;
+    if (a->n_rows == 0 || heads == 0)
+        return cudaSuccess;
+    dim3 grid((unsigned)a->n_rows, (unsigned)((heads + QK_WARPS - 1) / QK_WARPS));
+    qk_prep_kernel<<<grid, QK_WARPS * 32, 0, s>>>(*a, params);
+    return cudaGetLastError();
+}
