@@ -14,6 +14,7 @@
 #include "base/timer.h"
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/device.h"
 
 #define DEFAULT_CTX_CAP 8192
 #define DEFAULT_KV_MB 4096
@@ -26,6 +27,7 @@ struct serve_options {
     double temperature, top_p, min_p;
     bool has_temperature, has_top_p, has_top_k, has_min_p;
     const char *api_key;
+    const char *device; /* --device: cpu, cuda[:N] or auto */
     enum compute_mode mode;
 };
 
@@ -34,6 +36,7 @@ static const char usage[] =
     "       [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--min-p P]\n"
     "       [--threads N] [--ctx N] [--max-batch N] [--max-queue N] [--kv-mb MB]\n"
     "       [--max-body-mb 32] [--request-timeout S] [--shutdown-timeout S] [--mode fast|exact]\n"
+    "       [--device cpu|cuda[:N]|auto]\n"
     "Serves the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models) and\n"
     "/health, /stats, /metrics. --port 0 picks a free port. Sampling flags set the\n"
     "defaults below each request's own fields (generation_config.json is below them).\n";
@@ -95,6 +98,11 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
             ok = arg_int(a, v, 0, 3600, &o->shutdown_timeout_s);
         else if (!strcmp(a, "--mode"))
             ok = arg_mode(v, &o->mode);
+        else if (!strcmp(a, "--device")) {
+            struct device_spec spec;
+            ok = cli_device_parse(v, &spec);
+            o->device = v;
+        }
         else {
             fprintf(stderr, "inferd serve: unknown flag '%s'\n%s", a, usage);
             return false;
@@ -207,7 +215,7 @@ int cmd_serve(int argc, char **argv)
     bool have_tmpl = false;
     struct engine *engine = NULL;
     uint64_t t0 = now_ns();
-    if (backend_cpu_create((int)o.threads, o.mode, &be, &err) < 0 ||
+    if (cli_backend_create(o.device, (int)o.threads, o.mode, &be, &err) < 0 ||
         model_load(o.dir, be, &m, &err) < 0) {
         fprintf(stderr, "inferd serve: %s\n", err.msg);
         goto out;
@@ -259,8 +267,10 @@ int cmd_serve(int argc, char **argv)
            "\"max_tokens\": 64}'\n",
            o.host, port, o.api_key ? " -H 'Authorization: Bearer $KEY'" : "");
     fflush(stdout);
-    log_info("serve: ready in %.2f s; context %d, up to %d sequences, KV pool %d blocks",
-             (double)(now_ns() - t0) * 1e-9, ec.n_ctx, ec.max_seqs, ec.kv_blocks);
+    char where[256];
+    cli_backend_describe(be, where, sizeof where);
+    log_info("serve: ready in %.2f s on %s; context %d, up to %d sequences, KV pool %d blocks",
+             (double)(now_ns() - t0) * 1e-9, where, ec.n_ctx, ec.max_seqs, ec.kv_blocks);
 
     int sig = 0;
     while (sigwait(&sigs, &sig) != 0)
