@@ -8,6 +8,8 @@
 #     8k       decode after an 8k-token prompt
 #     profile  GPU time per kind of kernel (INFERD_CUDA_PROFILE=ops), with and
 #              without the RMSNorm folded into the GEMVs
+#     serve    `inferd serve --device cuda`: the house model answers a chat, the
+#              server tax (bench/serve_tax.py) per model, start-to-ready of each
 #     MODEL    mkmodel presets (default: qwen3-0.6b llama-3.2-1b llama-3.1-8b)
 #   With no stage named, parity, bench and 8k run.
 #
@@ -24,7 +26,7 @@ cd "$root"
 stages=() models=()
 for a in "$@"; do
   case "$a" in
-    parity|bench|8k|profile) stages+=("$a") ;;
+    parity|bench|8k|profile|serve) stages+=("$a") ;;
     *) models+=("$a") ;;
   esac
 done
@@ -95,7 +97,59 @@ bench_one() {
   summary+=("$(printf '%-34s prefill %9s tok/s   decode %8s tok/s   floor %8s tok/s' "$label" "${pre:-?}" "${dec:-?}" "${floor:-?}")")
 }
 
+# start_to_ready DIR: seconds from `inferd serve --device cuda` to its URL line.
+start_to_ready() {
+  local log t0 t
+  log=$(mktemp)
+  t0=$(date +%s.%N)
+  "$bin"/inferd serve "$1" --device cuda --port 0 >"$log" 2>&1 &
+  local pid=$!
+  for _ in $(seq 1 1200); do
+    grep -q "serving .* at http" "$log" && break
+    kill -0 $pid 2>/dev/null || break
+    sleep 0.05
+  done
+  t=$(awk "BEGIN { printf \"%.2f\", $(date +%s.%N) - $t0 }")
+  grep -q "serving .* at http" "$log" && echo "$t" || { echo "failed"; cat "$log" >&2; }
+  kill -TERM $pid 2>/dev/null
+  wait $pid 2>/dev/null
+  rm -f "$log"
+}
+
+if has_stage serve; then
+  echo "== serve: the house model on the GPU answers a chat"
+  log=$(mktemp)
+  "$bin"/inferd serve models/house --device cuda --port 0 >"$log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 600); do grep -q "serving .* at http" "$log" && break; sleep 0.05; done
+  url=$(sed -n 's/.* at \(http:[^ ]*\)$/\1/p' "$log" | head -1)
+  python3 - "$url" <<'PY'
+import json, sys, urllib.request
+body = json.dumps({"messages": [{"role": "user", "content": "In the beginning"}],
+                   "max_tokens": 40, "temperature": 0}).encode()
+req = urllib.request.Request(sys.argv[1] + "/v1/chat/completions", body,
+                             {"Content-Type": "application/json"})
+print(urllib.request.urlopen(req).read().decode())
+PY
+  kill -TERM $pid; wait $pid; echo "serve exit status $?"; rm -f "$log"
+  echo "-- server tax, house model"
+  python3 bench/serve_tax.py "$bin"/inferd models/house --device cuda --prompt-len 128 --gen-len 128 --reps 5
+fi
+
 for preset in "${models[@]}"; do
+  if has_stage serve; then
+    dir=$(make_model "$preset") || { echo "mkmodel $preset failed"; continue; }
+    # serve needs a tokenizer that covers the model's vocabulary: the real one
+    # of the family when $INFERD_TOKENIZER_DATA has it (scripts/fetch-tokenizers.sh),
+    # else the house one (ids past its 8,192 then decode to no text)
+    case "$preset" in qwen*) family=qwen3 ;; llama*) family=llama3 ;; *) family= ;; esac
+    tdir=${INFERD_TOKENIZER_DATA:-build/text-data}/$family
+    [ -n "$family" ] && [ -f "$tdir/tokenizer.json" ] || tdir=models/house
+    cp "$tdir"/tokenizer.json "$tdir"/tokenizer_config.json "$dir"/
+    echo "-- $preset: serve start to ready (page cache): $(start_to_ready "$dir") s"
+    echo "-- $preset: server tax"
+    python3 bench/serve_tax.py "$bin"/inferd "$dir" --device cuda --prompt-len 512 --gen-len 128 --reps 3
+  fi
   if has_stage bench || has_stage 8k || has_stage profile; then
     dir=$(make_model "$preset") || { echo "mkmodel $preset failed"; continue; }
   fi

@@ -4,7 +4,7 @@
 in the same run (alternating, so both see the same machine).
 
 usage: bench/serve_tax.py INFERD MODEL_DIR [--prompt-len 128] [--gen-len 64]
-                          [--reps 3] [--threads N]
+                          [--reps 3] [--threads N] [--device cpu|cuda[:N]]
 """
 import argparse
 import json
@@ -23,6 +23,8 @@ def engine_bench(args):
            "--gen-len", str(args.gen_len), "--reps", "1"]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
+    if args.device:
+        cmd += ["--device", args.device]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     prefill = float(re.search(r"^prefill\s+\d+ tokens.*?: ([\d.]+) tok/s", out, re.M).group(1))
     decode = float(re.search(r"^decode\s+\d+ tokens: ([\d.]+) tok/s", out, re.M).group(1))
@@ -33,6 +35,8 @@ def start_server(args):
     cmd = [args.inferd, "serve", args.model, "--port", "0", "--max-batch", "1"]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
+    if args.device:
+        cmd += ["--device", args.device]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     line = proc.stdout.readline()
     m = re.search(r"http://([^:]+):(\d+)", line)
@@ -54,6 +58,18 @@ def eos_ids(model):
             ids.add(v)
         elif isinstance(v, list):
             ids.update(x for x in v if isinstance(x, int))
+    # the tokenizer's own end-of-sequence token, which the server also stops on
+    try:
+        with open(f"{model}/tokenizer_config.json") as f:
+            eos = json.load(f).get("eos_token")
+        if isinstance(eos, dict):
+            eos = eos.get("content")
+        with open(f"{model}/tokenizer.json") as f:
+            for t in json.load(f).get("added_tokens", []):
+                if t.get("content") == eos:
+                    ids.add(t["id"])
+    except (OSError, ValueError):
+        pass
     return ids
 
 
@@ -116,6 +132,7 @@ def main():
     p.add_argument("--gen-len", type=int, default=64)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--device", default="")
     args = p.parse_args()
 
     with open(f"{args.model}/config.json") as f:
