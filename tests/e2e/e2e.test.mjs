@@ -1,0 +1,663 @@
+// tests/e2e/e2e.test.mjs — inferd serve through the official openai SDK (v6): chat, completions, stop strings, seeds, logprobs, usage, typed errors.
+//
+// The test model has random weights, so its text is arbitrary; what is checked is the protocol
+// and the properties that hold for any model (greedy determinism, stop-string cuts, usage sums).
+import { after, before, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import OpenAI from 'openai';
+import {
+  client, hello, mainServer, metrics, metricSum, modelId, sleep, slow, smallChat, sseRequest, startServer,
+} from './lib/harness.mjs';
+
+let server;
+let openai;
+
+before(async () => {
+  server = await mainServer();
+  openai = client(server.url);
+});
+
+after(async () => {
+  if (server?.own) {
+    const r = await server.stop();
+    assert.equal(r.code, 0, `server exit: ${JSON.stringify(r)}`);
+  }
+});
+
+const greedy = { model: modelId, temperature: 0 };
+
+/* A greedy chat request's content and the bytes of each generated token (from logprobs). */
+async function greedyTokens(messages, maxTokens) {
+  const r = await openai.chat.completions.create({ ...greedy, messages, max_tokens: maxTokens, logprobs: true });
+  const c = r.choices[0];
+  const tokens = c.logprobs.content.map((e) => Buffer.from(e.bytes));
+  return { content: c.message.content ?? '', tokens, response: r };
+}
+
+/* A stop string of a few bytes that straddles the boundary between two generated tokens and
+ * whose first occurrence in the text is at that boundary; null when the text has none. */
+function straddlingStop(text, tokens) {
+  const all = Buffer.from(text, 'utf8');
+  if (!Buffer.concat(tokens).equals(all)) return null;
+  const validUtf8 = (b) => Buffer.from(b.toString('utf8'), 'utf8').equals(b) && !b.toString('utf8').includes('\uFFFD');
+  let boundary = 0;
+  for (let i = 0; i + 1 < tokens.length; i++) {
+    boundary += tokens[i].length;
+    for (const [a, b] of [[2, 2], [1, 2], [2, 1], [1, 1], [3, 3], [4, 4]]) {
+      if (a > tokens[i].length || b > tokens[i + 1].length) continue;
+      const s = all.subarray(boundary - a, boundary + b);
+      if (!validUtf8(s) || s.toString('utf8').trim() === '') continue;
+      if (all.indexOf(s) !== boundary - a) continue;
+      return { stop: s.toString('utf8'), expected: all.subarray(0, boundary - a).toString('utf8'), tokenIndex: i };
+    }
+  }
+  return null;
+}
+
+describe('chat completions', () => {
+  test('non-streaming chat returns a chat.completion with an assistant message and usage', async () => {
+    const r = await openai.chat.completions.create({ ...greedy, messages: hello, max_tokens: 8 });
+    assert.match(r.id, /^chatcmpl-/);
+    assert.equal(r.object, 'chat.completion');
+    assert.equal(typeof r.created, 'number');
+    assert.ok(Math.abs(r.created - Date.now() / 1000) < 600, `created ${r.created} is not a current unix time in seconds`);
+    assert.equal(typeof r.model, 'string');
+    assert.equal(r.choices.length, 1);
+    const c = r.choices[0];
+    assert.equal(c.index, 0);
+    assert.equal(c.message.role, 'assistant');
+    assert.equal(typeof c.message.content, 'string');
+    assert.ok(['stop', 'length'].includes(c.finish_reason), `finish_reason ${c.finish_reason}`);
+    assert.equal(c.logprobs ?? null, null);
+    assert.ok(r.usage.prompt_tokens > 0);
+    assert.ok(r.usage.completion_tokens > 0 && r.usage.completion_tokens <= 8);
+    assert.equal(r.usage.total_tokens, r.usage.prompt_tokens + r.usage.completion_tokens);
+    assert.equal(typeof r.usage.prompt_tokens_details?.cached_tokens, 'number');
+  });
+
+  test('streaming chat: role first, content deltas, finish_reason, and the SDK ends on [DONE]', async () => {
+    const stream = await openai.chat.completions.create({ ...greedy, messages: hello, max_tokens: 12, stream: true });
+    const chunks = [];
+    for await (const chunk of stream) chunks.push(chunk);
+    assert.ok(chunks.length >= 2, `${chunks.length} chunks`);
+    const id = chunks[0].id;
+    for (const ch of chunks) {
+      assert.equal(ch.object, 'chat.completion.chunk');
+      assert.equal(ch.id, id, 'every chunk carries the same id');
+      assert.match(ch.id, /^chatcmpl-/);
+      assert.equal(typeof ch.created, 'number');
+      assert.equal(ch.choices.length, 1, 'no usage chunk without include_usage');
+      assert.equal(ch.choices[0].index, 0);
+    }
+    assert.equal(chunks[0].choices[0].delta.role, 'assistant');
+    const finals = chunks.filter((ch) => ch.choices[0].finish_reason);
+    assert.equal(finals.length, 1, 'exactly one chunk has a finish_reason');
+    assert.equal(finals[0], chunks.at(-1), 'the finish_reason chunk is the last');
+    assert.ok(['stop', 'length'].includes(finals[0].choices[0].finish_reason));
+    const streamed = chunks.map((ch) => ch.choices[0].delta.content ?? '').join('');
+    const whole = await openai.chat.completions.create({ ...greedy, messages: hello, max_tokens: 12 });
+    assert.equal(streamed, whole.choices[0].message.content ?? '', 'greedy stream and non-stream agree');
+    assert.equal(finals[0].choices[0].finish_reason, whole.choices[0].finish_reason);
+  });
+
+  test('the raw SSE stream is data: lines ending in data: [DONE], with usage when include_usage', async () => {
+    const r = await sseRequest(server.url, '/v1/chat/completions', { ...greedy, messages: hello, max_tokens: 6, stream: true, stream_options: { include_usage: true } });
+    assert.equal(r.status, 200, r.raw);
+    assert.match(r.headers.get('content-type') || '', /^text\/event-stream/);
+    assert.ok(r.done, `stream does not end with data: [DONE]: ${JSON.stringify(r.raw.slice(-200))}`);
+    assert.ok(r.raw.endsWith('data: [DONE]\n\n'), `stream tail ${JSON.stringify(r.raw.slice(-40))}`);
+    assert.deepEqual(r.chunks[0].choices[0].delta, { role: 'assistant', content: '' });
+    const usageChunk = r.chunks.at(-1);
+    assert.deepEqual(usageChunk.choices, []);
+    const u = usageChunk.usage;
+    assert.ok(u && u.completion_tokens > 0 && u.completion_tokens <= 6, JSON.stringify(u));
+    assert.equal(u.total_tokens, u.prompt_tokens + u.completion_tokens);
+    for (const ch of r.chunks.slice(0, -1)) assert.ok(ch.usage === undefined || ch.usage === null, 'usage only on the last chunk');
+  });
+
+  test('stream usage through the SDK matches the non-streaming usage', async () => {
+    const stream = await openai.chat.completions.create({ ...greedy, messages: hello, max_tokens: 5, stream: true, stream_options: { include_usage: true } });
+    let usage = null;
+    let n = 0;
+    for await (const ch of stream) {
+      n++;
+      if (ch.usage) usage = ch.usage;
+    }
+    const whole = await openai.chat.completions.create({ ...greedy, messages: hello, max_tokens: 5 });
+    assert.ok(n > 1);
+    assert.deepEqual(
+      { p: usage.prompt_tokens, c: usage.completion_tokens, t: usage.total_tokens },
+      { p: whole.usage.prompt_tokens, c: whole.usage.completion_tokens, t: whole.usage.total_tokens },
+    );
+  });
+
+  test('max_tokens and max_completion_tokens end with finish_reason length at exactly that many tokens', async () => {
+    for (const field of ['max_tokens', 'max_completion_tokens']) {
+      const r = await openai.chat.completions.create({ ...greedy, messages: hello, [field]: 7 });
+      assert.equal(r.choices[0].finish_reason, 'length', `${field}: ${JSON.stringify(r.choices[0])}`);
+      assert.equal(r.usage.completion_tokens, 7, field);
+    }
+    const stream = await openai.chat.completions.create({ ...greedy, messages: hello, max_tokens: 7, stream: true, stream_options: { include_usage: true } });
+    let finish = null;
+    let usage = null;
+    for await (const ch of stream) {
+      if (ch.choices[0]?.finish_reason) finish = ch.choices[0].finish_reason;
+      if (ch.usage) usage = ch.usage;
+    }
+    assert.equal(finish, 'length');
+    assert.equal(usage.completion_tokens, 7);
+  });
+
+  const toolConversation = (assistantContent) => ({
+    ...greedy,
+    max_tokens: 4,
+    messages: [
+      { role: 'system', content: 'You are terse.' },
+      { role: 'developer', content: 'Answer in one word.' },
+      { role: 'user', content: 'Weather in Paris?' },
+      { role: 'assistant', content: assistantContent, tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'get_weather', arguments: '{"city":"Paris"}' } }] },
+      { role: 'tool', tool_call_id: 'call_1', content: '{"temp_c": 12}' },
+      { role: 'user', content: 'And now?' },
+    ],
+    tools: [{ type: 'function', function: { name: 'get_weather', description: 'Weather by city', parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } }],
+    tool_choice: 'auto',
+    chat_template_kwargs: { enable_thinking: false },
+    reasoning_effort: 'low',
+    user: 'e2e',
+  });
+
+  test('system, developer, assistant (with tool_calls) and tool messages, tools and chat_template_kwargs are accepted', async () => {
+    const r = await openai.chat.completions.create(toolConversation(''));
+    assert.equal(r.choices[0].message.role, 'assistant');
+    assert.ok(r.usage.completion_tokens > 0);
+  });
+
+  test('an assistant tool-call message with content null (as the API returns it) is accepted like content ""', async () => {
+    const r = await openai.chat.completions.create(toolConversation(null));
+    const e = await openai.chat.completions.create(toolConversation(''));
+    assert.equal(r.usage.prompt_tokens, e.usage.prompt_tokens);
+  });
+
+  test('content as an array of text parts is accepted and equals the same text as a string', async () => {
+    // One part per message: how several parts are joined ("" or "\n") differs between servers.
+    const parts = await openai.chat.completions.create({ ...greedy, max_tokens: 6, messages: [{ role: 'system', content: [{ type: 'text', text: 'Be brief.' }] }, { role: 'user', content: [{ type: 'text', text: 'Say hello.' }] }] });
+    const plain = await openai.chat.completions.create({ ...greedy, max_tokens: 6, messages: [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'Say hello.' }] });
+    assert.equal(parts.usage.prompt_tokens, plain.usage.prompt_tokens);
+    assert.equal(parts.choices[0].message.content, plain.choices[0].message.content);
+  });
+
+  test('tools are rendered into the prompt (more prompt tokens with them than without)', async () => {
+    const base = { ...greedy, max_tokens: 1, messages: hello };
+    const plain = await openai.chat.completions.create(base);
+    const withTools = await openai.chat.completions.create({ ...base, tools: [{ type: 'function', function: { name: 'lookup', description: 'Looks a word up', parameters: { type: 'object', properties: { word: { type: 'string' } } } } }] });
+    assert.ok(withTools.usage.prompt_tokens > plain.usage.prompt_tokens + 10, `${withTools.usage.prompt_tokens} vs ${plain.usage.prompt_tokens}`);
+  });
+
+  test('chat_template_kwargs reach the template (Qwen3: enable_thinking false adds an empty think block)', async () => {
+    const base = { ...greedy, max_tokens: 1, messages: hello };
+    const plain = await openai.chat.completions.create(base);
+    const noThinking = await openai.chat.completions.create({ ...base, chat_template_kwargs: { enable_thinking: false } });
+    assert.ok(noThinking.usage.prompt_tokens > plain.usage.prompt_tokens, `${noThinking.usage.prompt_tokens} vs ${plain.usage.prompt_tokens} prompt tokens`);
+  });
+
+  test('the model field is accepted with any value', async () => {
+    const r = await openai.chat.completions.create({ model: 'gpt-4o', temperature: 0, messages: hello, max_tokens: 2 });
+    assert.equal(r.object, 'chat.completion');
+  });
+});
+
+describe('completions', () => {
+  test('string prompt, non-streaming: a text_completion with text and usage', async () => {
+    const r = await openai.completions.create({ ...greedy, prompt: 'The capital of France is', max_tokens: 6 });
+    assert.match(r.id, /^cmpl-/);
+    assert.equal(r.object, 'text_completion');
+    assert.equal(r.choices.length, 1);
+    assert.equal(r.choices[0].index, 0);
+    assert.equal(typeof r.choices[0].text, 'string');
+    assert.ok(['stop', 'length'].includes(r.choices[0].finish_reason));
+    assert.equal(r.choices[0].logprobs ?? null, null);
+    assert.ok(r.usage.prompt_tokens >= 4 && r.usage.prompt_tokens <= 8, `prompt_tokens ${r.usage.prompt_tokens} for a 5-word prompt`);
+    assert.equal(r.usage.total_tokens, r.usage.prompt_tokens + r.usage.completion_tokens);
+  });
+
+  test('token-id prompt: prompt_tokens is the number of ids', async () => {
+    const ids = [785, 6722, 315, 9625, 374];
+    const r = await openai.completions.create({ ...greedy, prompt: ids, max_tokens: 5 });
+    assert.equal(r.usage.prompt_tokens, ids.length);
+    assert.equal(r.choices[0].finish_reason, 'length');
+    assert.equal(r.usage.completion_tokens, 5);
+  });
+
+  test('a token-id prompt equal to the string prompt\'s tokens generates the same text', async () => {
+    // "The capital of France is" in Qwen3's tokenizer.
+    const a = await openai.completions.create({ ...greedy, prompt: 'The capital of France is', max_tokens: 8 });
+    const b = await openai.completions.create({ ...greedy, prompt: [785, 6722, 315, 9625, 374], max_tokens: 8 });
+    assert.equal(a.usage.prompt_tokens, 5);
+    assert.equal(b.choices[0].text, a.choices[0].text);
+  });
+
+  test('streaming completions: text deltas concatenate to the non-streaming text, then [DONE]', async () => {
+    for (const prompt of ['Once upon a time', [12522, 5193, 264, 882]]) {
+      const stream = await openai.completions.create({ ...greedy, prompt, max_tokens: 10, stream: true, stream_options: { include_usage: true } });
+      let text = '';
+      let finish = null;
+      let usage = null;
+      for await (const ch of stream) {
+        assert.equal(ch.object, 'text_completion');
+        if (ch.choices.length) {
+          text += ch.choices[0].text;
+          if (ch.choices[0].finish_reason) finish = ch.choices[0].finish_reason;
+        }
+        if (ch.usage) usage = ch.usage;
+      }
+      const whole = await openai.completions.create({ ...greedy, prompt, max_tokens: 10 });
+      assert.equal(text, whole.choices[0].text, `prompt ${JSON.stringify(prompt)}`);
+      assert.equal(finish, whole.choices[0].finish_reason);
+      assert.equal(usage?.completion_tokens, whole.usage.completion_tokens);
+      assert.equal(usage?.prompt_tokens, whole.usage.prompt_tokens);
+    }
+    const raw = await sseRequest(server.url, '/v1/completions', { ...greedy, prompt: 'Hi', max_tokens: 3, stream: true });
+    assert.equal(raw.status, 200);
+    assert.ok(raw.done, `no [DONE]: ${JSON.stringify(raw.raw.slice(-200))}`);
+  });
+
+  test('completions logprobs: tokens, token_logprobs, top_logprobs and text_offset line up', async () => {
+    const prompt = 'The capital of France is';
+    const r = await openai.completions.create({ ...greedy, prompt, max_tokens: 6, logprobs: 3 });
+    const lp = r.choices[0].logprobs;
+    assert.ok(lp, 'logprobs missing');
+    assert.equal(lp.tokens.length, r.usage.completion_tokens);
+    assert.equal(lp.token_logprobs.length, lp.tokens.length);
+    assert.equal(lp.top_logprobs.length, lp.tokens.length);
+    assert.equal(lp.text_offset.length, lp.tokens.length);
+    // A token that ends inside a multi-byte character has no exact text of its own.
+    const whole = lp.tokens.every((t) => !t.includes('\uFFFD') && !t.startsWith('bytes:'));
+    if (whole) assert.equal(lp.tokens.join(''), r.choices[0].text, 'tokens concatenate to the text');
+    const chars = (str) => [...str].length; // text_offset counts characters (code points)
+    for (let i = 0; i < lp.tokens.length; i++) {
+      assert.ok(lp.token_logprobs[i] <= 0);
+      const top = Object.entries(lp.top_logprobs[i]);
+      assert.ok(top.length >= 1 && top.length <= 3, `top_logprobs[${i}] has ${top.length}`);
+      const best = Math.max(...top.map(([, v]) => v));
+      assert.ok(Math.abs(best - lp.token_logprobs[i]) < 1e-4, 'greedy picks the top token');
+      if (i > 0 && whole) assert.equal(lp.text_offset[i], lp.text_offset[i - 1] + chars(lp.tokens[i - 1]), `text_offset[${i}]`);
+      if (i > 0) assert.ok(lp.text_offset[i] >= lp.text_offset[i - 1], 'text_offset never decreases');
+    }
+  });
+});
+
+describe('stop strings', () => {
+  test('a stop string straddling two tokens ends the output right before it (finish_reason stop)', async (t) => {
+    const messages = [{ role: 'user', content: 'Write a long story about a lighthouse.' }];
+    const g = await greedyTokens(messages, 24);
+    const pick = straddlingStop(g.content, g.tokens);
+    assert.ok(pick, `no stop string straddling a token boundary in ${JSON.stringify(g.content)} (tokens ${JSON.stringify(g.tokens.map((b) => b.toString('utf8')))}); logprob bytes must concatenate to the content`);
+    t.diagnostic(`greedy text ${JSON.stringify(g.content)}; stop ${JSON.stringify(pick.stop)} across tokens ${pick.tokenIndex}/${pick.tokenIndex + 1}`);
+    const r = await openai.chat.completions.create({ ...greedy, messages, max_tokens: 24, stop: pick.stop });
+    assert.equal(r.choices[0].message.content, pick.expected);
+    assert.equal(r.choices[0].finish_reason, 'stop');
+    assert.ok(!r.choices[0].message.content.includes(pick.stop));
+
+    const list = await openai.chat.completions.create({ ...greedy, messages, max_tokens: 24, stop: ['@@never@@', pick.stop, 'zzzzqqq', '\u0007\u0001'] });
+    assert.equal(list.choices[0].message.content, pick.expected, 'a list of stop strings');
+    assert.equal(list.choices[0].finish_reason, 'stop');
+
+    const stream = await openai.chat.completions.create({ ...greedy, messages, max_tokens: 24, stop: pick.stop, stream: true });
+    let text = '';
+    let finish = null;
+    for await (const ch of stream) {
+      text += ch.choices[0]?.delta?.content ?? '';
+      assert.ok(!text.includes(pick.stop), `streamed past the stop string: ${JSON.stringify(text)}`);
+      if (ch.choices[0]?.finish_reason) finish = ch.choices[0].finish_reason;
+    }
+    assert.equal(text, pick.expected);
+    assert.equal(finish, 'stop');
+  });
+
+  test('completions honour stop strings too, streaming and not', async () => {
+    const prompt = 'Tell me about rivers.';
+    const r0 = await openai.completions.create({ ...greedy, prompt, max_tokens: 24, logprobs: 0 });
+    const text0 = r0.choices[0].text;
+    const tokens = r0.choices[0].logprobs.tokens.map((s) => Buffer.from(s, 'utf8'));
+    // Straddling is proven on chat above; here any short string from the middle will do when
+    // the token texts do not add up (a token ending inside a multi-byte character).
+    let pick = straddlingStop(text0, tokens);
+    if (!pick) {
+      const cps = [...text0];
+      for (let i = Math.floor(cps.length / 2); i + 3 <= cps.length && !pick; i++) {
+        const stop = cps.slice(i, i + 3).join('');
+        if (stop.trim() !== '' && !stop.includes('\uFFFD')) pick = { stop, expected: text0.slice(0, text0.indexOf(stop)) };
+      }
+    }
+    assert.ok(pick, `no usable stop string in ${JSON.stringify(text0)}`);
+    const r = await openai.completions.create({ ...greedy, prompt, max_tokens: 24, stop: [pick.stop] });
+    assert.equal(r.choices[0].text, pick.expected);
+    assert.equal(r.choices[0].finish_reason, 'stop');
+    const stream = await openai.completions.create({ ...greedy, prompt, max_tokens: 24, stop: pick.stop, stream: true });
+    let text = '';
+    for await (const ch of stream) {
+      text += ch.choices[0]?.text ?? '';
+      assert.ok(!text.includes(pick.stop));
+    }
+    assert.equal(text, pick.expected);
+  });
+
+  test('a stop string that never appears leaves finish_reason length', async () => {
+    const r = await openai.chat.completions.create({ ...greedy, messages: hello, max_tokens: 6, stop: ['\u0007never\u0007'] });
+    assert.equal(r.choices[0].finish_reason, 'length');
+    assert.equal(r.usage.completion_tokens, 6);
+  });
+});
+
+describe('sampling', () => {
+  const req = { model: modelId, messages: [{ role: 'user', content: 'Pick random words.' }], temperature: 1, max_tokens: 16 };
+
+  test('the same seed twice gives the same output; other seeds give different ones', async () => {
+    const a = await openai.chat.completions.create({ ...req, seed: 42 });
+    const b = await openai.chat.completions.create({ ...req, seed: 42 });
+    assert.equal(a.choices[0].message.content, b.choices[0].message.content);
+    const others = [];
+    for (const seed of [43, 44, 45]) others.push((await openai.chat.completions.create({ ...req, seed })).choices[0].message.content);
+    assert.ok(others.some((o) => o !== a.choices[0].message.content), `seeds 42..45 all gave ${JSON.stringify(a.choices[0].message.content)}`);
+    const s1 = await openai.chat.completions.create({ ...req, seed: 42, stream: true });
+    let streamed = '';
+    for await (const ch of s1) streamed += ch.choices[0]?.delta?.content ?? '';
+    assert.equal(streamed, a.choices[0].message.content, 'streaming with the same seed gives the same text');
+  });
+
+  test('sampling parameters in range are accepted', async () => {
+    const r = await openai.chat.completions.create({
+      ...req, seed: 7, n: 1, top_p: 0.9, top_k: 20, min_p: 0.05, repetition_penalty: 1.1, presence_penalty: 0.5, frequency_penalty: 0.5, logit_bias: { 100: 5, 200: -100 }, max_tokens: 4,
+    });
+    assert.ok(r.usage.completion_tokens > 0);
+  });
+
+  test('logit_bias +100 on one token makes the greedy output that token', async () => {
+    const target = 9707; // "Hello"
+    const r = await openai.completions.create({ ...greedy, prompt: 'x', max_tokens: 3, logit_bias: { [target]: 100 }, logprobs: 0 });
+    assert.deepEqual(r.choices[0].logprobs.tokens, ['Hello', 'Hello', 'Hello']);
+  });
+});
+
+describe('logprobs', () => {
+  test('chat logprobs: one entry per token with token, logprob, bytes and top_logprobs sorted best first', async () => {
+    const r = await openai.chat.completions.create({ ...greedy, messages: hello, max_tokens: 8, logprobs: true, top_logprobs: 5 });
+    const content = r.choices[0].logprobs?.content;
+    assert.ok(Array.isArray(content), JSON.stringify(r.choices[0].logprobs));
+    assert.equal(content.length, r.usage.completion_tokens);
+    assert.equal(Buffer.concat(content.map((e) => Buffer.from(e.bytes))).toString('utf8'), r.choices[0].message.content, 'bytes concatenate to the content');
+    for (const e of content) {
+      assert.equal(typeof e.token, 'string');
+      assert.ok(e.logprob <= 0 && Number.isFinite(e.logprob));
+      assert.ok(e.bytes.every((b) => Number.isInteger(b) && b >= 0 && b <= 255));
+      assert.equal(e.top_logprobs.length, 5);
+      for (let i = 1; i < 5; i++) assert.ok(e.top_logprobs[i - 1].logprob >= e.top_logprobs[i].logprob, 'top_logprobs sorted descending');
+      for (const t of e.top_logprobs) {
+        assert.equal(typeof t.token, 'string');
+        assert.ok(Array.isArray(t.bytes));
+        assert.ok(t.logprob <= 0);
+      }
+      assert.equal(e.top_logprobs[0].token, e.token, 'greedy: the chosen token is the most likely');
+      assert.ok(Math.abs(e.top_logprobs[0].logprob - e.logprob) < 1e-4);
+      assert.equal(new Set(e.top_logprobs.map((t) => t.token + '\u0000' + t.bytes.join(','))).size, 5, 'distinct alternatives');
+    }
+  });
+
+  test('top_logprobs 0 gives empty lists; logprobs absent gives null', async () => {
+    const r = await openai.chat.completions.create({ ...greedy, messages: hello, max_tokens: 3, logprobs: true, top_logprobs: 0 });
+    for (const e of r.choices[0].logprobs.content) assert.deepEqual(e.top_logprobs, []);
+    const n = await openai.chat.completions.create({ ...greedy, messages: hello, max_tokens: 3 });
+    assert.equal(n.choices[0].logprobs ?? null, null);
+  });
+
+  test('streamed chunks carry the logprobs of their tokens', async () => {
+    const stream = await openai.chat.completions.create({ ...greedy, messages: hello, max_tokens: 6, logprobs: true, top_logprobs: 2, stream: true, stream_options: { include_usage: true } });
+    let n = 0;
+    let usage = null;
+    for await (const ch of stream) {
+      for (const e of ch.choices[0]?.logprobs?.content ?? []) {
+        assert.equal(e.top_logprobs.length, 2);
+        n++;
+      }
+      if (ch.usage) usage = ch.usage;
+    }
+    assert.equal(n, usage.completion_tokens);
+  });
+
+  test('top_logprobs 21 and top_logprobs without logprobs are 400s', async () => {
+    await assert.rejects(openai.chat.completions.create({ ...greedy, messages: hello, max_tokens: 2, logprobs: true, top_logprobs: 21 }), OpenAI.BadRequestError);
+    await assert.rejects(openai.chat.completions.create({ ...greedy, messages: hello, max_tokens: 2, top_logprobs: 3 }), OpenAI.BadRequestError);
+  });
+});
+
+describe('models, health, stats and metrics', () => {
+  test('client.models.list() lists the served model and retrieve() finds it', async () => {
+    const page = await openai.models.list();
+    const ids = [];
+    for await (const m of page) {
+      assert.equal(m.object, 'model');
+      assert.equal(typeof m.created, 'number');
+      assert.equal(typeof m.owned_by, 'string');
+      ids.push(m.id);
+    }
+    assert.deepEqual(ids, [modelId]);
+    const m = await openai.models.retrieve(modelId);
+    assert.equal(m.id, modelId);
+    assert.equal(m.object, 'model');
+  });
+
+  test('retrieving an unknown model is a NotFoundError', async () => {
+    await assert.rejects(openai.models.retrieve('no-such-model'), (e) => e instanceof OpenAI.NotFoundError && e.status === 404);
+  });
+
+  test('GET /health is {"status":"ok"}', async () => {
+    const r = await fetch(`${server.url}/health`);
+    assert.equal(r.status, 200);
+    assert.deepEqual(await r.json(), { status: 'ok' });
+  });
+
+  test('GET /stats is JSON naming the model, uptime, requests and tokens', async () => {
+    const r = await fetch(`${server.url}/stats`);
+    assert.equal(r.status, 200);
+    assert.match(r.headers.get('content-type') || '', /application\/json/);
+    const s = await r.json();
+    const text = JSON.stringify(s);
+    assert.ok(text.includes(modelId), `model id missing from ${text}`);
+    assert.equal(typeof s.uptime_s, 'number', text);
+    for (const key of ['requests', 'tokens', 'queue']) assert.ok(text.includes(key), `no "${key}" in ${text}`);
+  });
+
+  test('GET /metrics exposes the request counter, token counters, latency histograms and queue depth', async () => {
+    await smallChat(server.url);
+    const r = await fetch(`${server.url}/metrics`);
+    assert.equal(r.status, 200);
+    assert.match(r.headers.get('content-type') || '', /^text\/plain/);
+    const text = await r.text();
+    for (const name of ['inferd_requests_total', 'inferd_prompt_tokens_total', 'inferd_generated_tokens_total', 'inferd_queue_depth']) {
+      assert.match(text, new RegExp(`^# TYPE ${name} (counter|gauge)$`, 'm'), `${name} TYPE line`);
+    }
+    for (const h of ['inferd_time_to_first_token_seconds', 'inferd_inter_token_latency_seconds']) {
+      assert.match(text, new RegExp(`^# TYPE ${h} histogram$`, 'm'));
+      assert.match(text, new RegExp(`^${h}_bucket\\{le="\\+Inf"\\} \\d+`, 'm'));
+      assert.match(text, new RegExp(`^${h}_sum `, 'm'));
+      assert.match(text, new RegExp(`^${h}_count `, 'm'));
+    }
+    assert.match(text, /^inferd_requests_total\{[^}]*route="\/v1\/chat\/completions"[^}]*status="200"[^}]*\} \d+/m);
+    const m = await metrics(server.url);
+    assert.ok(metricSum(m, 'inferd_generated_tokens_total') > 0);
+    assert.ok(metricSum(m, 'inferd_prompt_tokens_total') > 0);
+  });
+
+  test('histograms are cumulative: bucket counts never decrease and le="+Inf" equals _count', async () => {
+    await smallChat(server.url);
+    const text = await (await fetch(`${server.url}/metrics`)).text();
+    for (const h of ['inferd_time_to_first_token_seconds', 'inferd_inter_token_latency_seconds']) {
+      const buckets = [...text.matchAll(new RegExp(`^${h}_bucket\\{le="([^"]+)"\\} (\\S+)$`, 'gm'))].map((m) => [m[1] === '+Inf' ? Infinity : Number(m[1]), Number(m[2])]);
+      assert.ok(buckets.length >= 2, `${h}: ${buckets.length} buckets`);
+      for (let i = 1; i < buckets.length; i++) {
+        assert.ok(buckets[i][0] > buckets[i - 1][0], `${h}: le bounds increase`);
+        assert.ok(buckets[i][1] >= buckets[i - 1][1], `${h}: bucket counts are cumulative`);
+      }
+      assert.equal(buckets.at(-1)[0], Infinity);
+      const count = Number(new RegExp(`^${h}_count (\\S+)$`, 'm').exec(text)[1]);
+      assert.equal(buckets.at(-1)[1], count, `${h}: le="+Inf" equals _count`);
+      assert.ok(count > 0);
+    }
+  });
+
+  test('refused requests are counted under their route and status', async () => {
+    const key = 'inferd_requests_total{route="/v1/chat/completions",status="400"}';
+    const before = (await metrics(server.url)).get(key) || 0;
+    await assert.rejects(openai.chat.completions.create({ model: modelId, messages: [], max_tokens: 2 }), OpenAI.BadRequestError);
+    const afterM = await metrics(server.url);
+    assert.equal((afterM.get(key) || 0) - before, 1, key);
+  });
+
+  test('a completed request moves the token counters by its usage', async () => {
+    const before = await metrics(server.url);
+    const r = await openai.chat.completions.create({ ...greedy, messages: hello, max_tokens: 9 });
+    await sleep(50);
+    const afterM = await metrics(server.url);
+    assert.equal(metricSum(afterM, 'inferd_generated_tokens_total') - metricSum(before, 'inferd_generated_tokens_total'), r.usage.completion_tokens);
+    assert.equal(metricSum(afterM, 'inferd_prompt_tokens_total') - metricSum(before, 'inferd_prompt_tokens_total'), r.usage.prompt_tokens);
+  });
+});
+
+describe('errors as the SDK\'s typed errors', () => {
+  const bad = async (body, param) => {
+    await assert.rejects(openai.chat.completions.create({ model: modelId, messages: hello, max_tokens: 2, ...body }), (e) => {
+      assert.ok(e instanceof OpenAI.BadRequestError, `${e?.constructor?.name} ${e?.status} ${e?.message}`);
+      assert.equal(e.status, 400);
+      assert.equal(typeof e.error?.message, 'string');
+      assert.equal(typeof e.type, 'string');
+      if (param) assert.equal(e.param, param, `param for ${JSON.stringify(body)}`);
+      return true;
+    });
+  };
+
+  test('temperature 3 is a BadRequestError naming temperature', () => bad({ temperature: 3 }, 'temperature'));
+  test('empty messages is a BadRequestError', () => bad({ messages: [] }, 'messages'));
+  test('n = 2 is a BadRequestError', () => bad({ n: 2 }, 'n'));
+  test('negative max_tokens is a BadRequestError', () => bad({ max_tokens: -1 }, 'max_tokens'));
+  test('top_p 1.5 is a BadRequestError', () => bad({ top_p: 1.5 }, 'top_p'));
+  test('an unknown role is a BadRequestError', () => bad({ messages: [{ role: 'wizard', content: 'hi' }] }));
+  test('a wrongly typed field is a BadRequestError', () => bad({ temperature: 'hot' }, 'temperature'));
+  test('more than 4 stop strings is a BadRequestError', () => bad({ stop: ['a', 'b', 'c', 'd', 'e'] }, 'stop'));
+
+  test('an unknown route is a 404 with an OpenAI error object (raw fetch and SDK)', async () => {
+    const r = await fetch(`${server.url}/v1/no-such-route`);
+    assert.equal(r.status, 404);
+    const body = await r.json();
+    assert.equal(typeof body.error?.message, 'string');
+    await assert.rejects(openai.get('/no-such-route'), OpenAI.NotFoundError);
+    await assert.rejects(openai.post('/chat/completions/extra', { body: {} }), OpenAI.NotFoundError);
+  });
+
+  test('a prompt longer than the context is a 400 naming both numbers', async () => {
+    const ctx = 64;
+    const s = await startServer(['--ctx', String(ctx)], { name: 'ctx64' });
+    try {
+      const c = client(s.url);
+      const ids = Array.from({ length: 100 }, (_, i) => 1000 + i);
+      await assert.rejects(c.completions.create({ model: modelId, prompt: ids, max_tokens: 4 }), (e) => {
+        assert.ok(e instanceof OpenAI.BadRequestError, `${e?.constructor?.name} ${e?.status} ${e?.message}`);
+        assert.match(e.error.message, /\b100\b/, `message names the prompt's 100 tokens: ${e.error.message}`);
+        assert.match(e.error.message, /\b64\b/, `message names the context of 64: ${e.error.message}`);
+        return true;
+      });
+      await assert.rejects(c.chat.completions.create({ model: modelId, messages: [{ role: 'user', content: 'word '.repeat(200) }], max_tokens: 4 }), (e) => {
+        assert.ok(e instanceof OpenAI.BadRequestError, `${e?.constructor?.name} ${e?.status}`);
+        assert.match(e.error.message, /\b64\b/, e.error.message);
+        const nums = (e.error.message.match(/\d+/g) || []).map(Number);
+        assert.ok(nums.some((n) => n > 200), `message names the prompt length: ${e.error.message}`);
+        return true;
+      });
+      const ok = await c.completions.create({ model: modelId, prompt: ids.slice(0, 10), max_tokens: 4 });
+      assert.equal(ok.usage.prompt_tokens, 10, 'a prompt that fits still works');
+    } finally {
+      const r = await s.stop();
+      assert.equal(r.code, 0, `--ctx server exit ${JSON.stringify(r)}`);
+    }
+  });
+
+  test('with --api-key: a wrong or missing key is an AuthenticationError (401), the right key works', async () => {
+    const s = await startServer(['--api-key', 'sk-e2e-secret'], { name: 'apikey' });
+    try {
+      await assert.rejects(client(s.url, { apiKey: 'sk-wrong' }).chat.completions.create({ model: modelId, messages: hello, max_tokens: 2 }), (e) => {
+        assert.ok(e instanceof OpenAI.AuthenticationError, `${e?.constructor?.name} ${e?.status}`);
+        assert.equal(e.status, 401);
+        assert.equal(typeof e.error?.message, 'string');
+        return true;
+      });
+      await assert.rejects(client(s.url, { apiKey: 'sk-wrong' }).models.list(), OpenAI.AuthenticationError);
+      const none = await fetch(`${s.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: modelId, messages: hello, max_tokens: 2 }) });
+      assert.equal(none.status, 401, 'no Authorization header');
+      assert.equal(typeof (await none.json()).error?.message, 'string');
+      const basic = await fetch(`${s.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', authorization: 'Basic c2stZTJlLXNlY3JldA==' }, body: JSON.stringify({ model: modelId, messages: hello, max_tokens: 2 }) });
+      assert.equal(basic.status, 401, 'Basic instead of Bearer');
+      const r = await client(s.url, { apiKey: 'sk-e2e-secret' }).chat.completions.create({ model: modelId, messages: hello, max_tokens: 2 });
+      assert.equal(r.object, 'chat.completion');
+    } finally {
+      const r = await s.stop();
+      assert.equal(r.code, 0, `--api-key server exit ${JSON.stringify(r)}`);
+    }
+  });
+
+  test('with --max-queue 1: a burst of concurrent requests gets RateLimitErrors (429), the rest succeed', async (t) => {
+    const s = await startServer(['--max-queue', '1', '--max-batch', '1'], { name: 'queue1' });
+    try {
+      const c = client(s.url);
+      const results = await Promise.allSettled(Array.from({ length: 12 }, () => c.chat.completions.create({ model: modelId, messages: hello, max_tokens: 16, temperature: 0 })));
+      const limited = results.filter((r) => r.status === 'rejected' && r.reason instanceof OpenAI.RateLimitError);
+      const ok = results.filter((r) => r.status === 'fulfilled');
+      const other = results.filter((r) => r.status === 'rejected' && !(r.reason instanceof OpenAI.RateLimitError));
+      assert.deepEqual(other.map((r) => `${r.reason?.constructor?.name} ${r.reason?.status} ${r.reason?.message}`), [], 'only 429s may fail');
+      t.diagnostic(`12 concurrent requests: ${ok.length} served, ${limited.length} refused with 429`);
+      assert.ok(limited.length >= 1, `no 429 among 12 concurrent requests (${ok.length} succeeded)`);
+      assert.ok(ok.length >= 1, 'at least one request is served');
+      assert.equal(limited[0].reason.status, 429);
+      assert.equal(typeof limited[0].reason.error?.message, 'string');
+      await smallChat(s.url);
+    } finally {
+      const r = await s.stop();
+      assert.equal(r.code, 0, `--max-queue server exit ${JSON.stringify(r)}`);
+    }
+  });
+});
+
+describe('server lifecycle', () => {
+  test('SIGTERM during a streaming request (--shutdown-timeout 2): new connections are refused, the stream ends, exit 0 within 10 s', { timeout: 60000 * slow }, async (t) => {
+    const s = await startServer(['--shutdown-timeout', '2'], { name: 'sigterm' });
+    const c = client(s.url);
+    const stream = await c.chat.completions.create({ model: modelId, messages: hello, max_tokens: 1500, temperature: 0, stream: true });
+    const reading = (async () => {
+      let n = 0;
+      try {
+        for await (const ch of stream) n += ch.choices.length;
+      } catch {
+        /* the stream may be cut */
+      }
+      return n;
+    })();
+    await sleep(300);
+    const stopping = s.stop();
+    await sleep(200);
+    const late = await fetch(`${s.url}/health`).then((r) => r.status, (e) => String(e.cause?.code || e));
+    const r = await stopping;
+    const chunks = await reading;
+    t.diagnostic(`exit ${JSON.stringify(r)}; /health 0.2 s after SIGTERM: ${late}; ${chunks} chunks streamed`);
+    assert.equal(r.hung, undefined, `did not exit within 10 s of SIGTERM`);
+    assert.equal(r.code, 0, `exit ${JSON.stringify(r)}`);
+    assert.ok(late !== 200, `GET /health still answered 200 while shutting down (want 503 or a refused connection)`);
+  });
+
+  test('SIGINT on an idle server: exit 0 within 10 s', async () => {
+    const s = await startServer([], { name: 'sigint' });
+    await smallChat(s.url);
+    const t0 = Date.now();
+    s.proc.kill('SIGINT');
+    const r = await s.stop();
+    assert.equal(r.code, 0, `exit ${JSON.stringify(r)}`);
+    assert.ok(Date.now() - t0 < 10000);
+  });
+});
