@@ -482,7 +482,11 @@ static void respond_json(struct http_exchange *x, struct generation *g)
         return;
     }
     if (finish == GEN_FINISH_ERROR) {
-        fail_request(x, 500, NULL, NULL, o->error);
+        /* Memory (e.g. on the GPU) running out is the server's state, not a fault. */
+        if (o->error_code == INFERD_ENOMEM)
+            fail_request(x, 503, NULL, "out_of_memory", o->error);
+        else
+            fail_request(x, 500, NULL, NULL, o->error);
         return;
     }
     /* Finished: the engine no longer writes to o. */

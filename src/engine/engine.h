@@ -71,6 +71,7 @@ struct gen_output {
     int n_generated;           /* tokens sampled so far */
     enum gen_finish finish;    /* GEN_RUNNING until the engine is done with it */
     char error[256];           /* set with GEN_FINISH_ERROR */
+    int error_code;            /* with GEN_FINISH_ERROR: the INFERD_E* code, e.g. INFERD_ENOMEM */
     atomic_bool cancel;        /* set by the reader; honoured at the next step */
     int refs;
 };

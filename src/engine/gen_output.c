@@ -73,11 +73,13 @@ bool gen_output_publish(struct gen_output *o, const char *text, size_t len, bool
     return ok;
 }
 
-void gen_output_finish(struct gen_output *o, enum gen_finish why, const char *error)
+void gen_output_finish(struct gen_output *o, enum gen_finish why, int error_code,
+                       const char *error)
 {
     pthread_mutex_lock(&o->mu);
     if (o->finish == GEN_RUNNING) {
         o->finish = why;
+        o->error_code = error_code;
         if (error)
             snprintf(o->error, sizeof o->error, "%s", error);
     }

@@ -74,7 +74,8 @@ static bool waiting_push(struct engine *e, struct seq *s, bool front)
     return true;
 }
 
-static void retire(struct engine *e, struct seq *s, enum gen_finish why, const char *error)
+static void retire(struct engine *e, struct seq *s, enum gen_finish why, int error_code,
+                   const char *error)
 {
     /* Counted before the reader is told, so stats read after a finish include it. */
     if (why == GEN_FINISH_CANCELLED)
@@ -82,7 +83,7 @@ static void retire(struct engine *e, struct seq *s, enum gen_finish why, const c
     else
         atomic_fetch_add(&e->requests_finished, 1);
     atomic_fetch_add(&e->generated_tokens, (uint64_t)(s->n_tokens - s->n_prompt));
-    seq_finish(s, why, error);
+    seq_finish(s, why, error_code, error);
     seq_free(s, e->pool);
 }
 
@@ -102,7 +103,8 @@ static void preempt_youngest(struct engine *e)
     block_table_clear(e->pool, &s->blocks);
     s->n_computed = 0;
     if (!waiting_push(e, s, true))
-        retire(e, s, GEN_FINISH_ERROR, "out of memory while requeueing a preempted request");
+        retire(e, s, GEN_FINISH_ERROR, INFERD_ENOMEM,
+               "out of memory while requeueing a preempted request");
 }
 
 static void drop_cancelled(struct engine *e, bool cancel_all)
@@ -111,7 +113,7 @@ static void drop_cancelled(struct engine *e, bool cancel_all)
         struct seq *s = e->running[i];
         if (cancel_all || atomic_load(&s->out->cancel)) {
             running_remove(e, i);
-            retire(e, s, GEN_FINISH_CANCELLED, NULL);
+            retire(e, s, GEN_FINISH_CANCELLED, 0, NULL);
         } else {
             i++;
         }
@@ -124,7 +126,7 @@ static void drop_cancelled(struct engine *e, bool cancel_all)
             e->n_waiting--;
             if (s->admit_order == 0)
                 atomic_fetch_sub(&e->n_queued, 1);
-            retire(e, s, GEN_FINISH_CANCELLED, NULL);
+            retire(e, s, GEN_FINISH_CANCELLED, 0, NULL);
         } else {
             i++;
         }
@@ -217,7 +219,7 @@ static void run_step(struct engine *e)
                     running_remove(e, i);
                     break;
                 }
-            retire(e, s, why, rc < 0 ? err.msg : NULL);
+            retire(e, s, why, rc < 0 ? err.code : 0, rc < 0 ? err.msg : NULL);
         }
     }
     if (rc < 0)
@@ -236,7 +238,8 @@ static void *engine_main(void *arg)
         for (int i = 0; i < e->n_incoming; i++)
             if (!waiting_push(e, e->incoming[i], false)) {
                 atomic_fetch_sub(&e->n_queued, 1);
-                retire(e, e->incoming[i], GEN_FINISH_ERROR, "out of memory while queueing");
+                retire(e, e->incoming[i], GEN_FINISH_ERROR, INFERD_ENOMEM,
+                       "out of memory while queueing");
             }
         e->n_incoming = 0;
         bool stopping = e->stopping;

@@ -145,7 +145,7 @@ enum gen_finish seq_take_token(struct seq *s, const float *logits, int n_ctx, st
     return GEN_RUNNING;
 }
 
-void seq_finish(struct seq *s, enum gen_finish why, const char *error)
+void seq_finish(struct seq *s, enum gen_finish why, int error_code, const char *error)
 {
     struct err err = {0};
     const char *text = "";
@@ -158,5 +158,5 @@ void seq_finish(struct seq *s, enum gen_finish why, const char *error)
         if (!stopped && stop_matcher_flush(s->stop, &text, &len, &err) == 0 && len > 0)
             gen_output_publish(s->out, text, len, false, NULL);
     }
-    gen_output_finish(s->out, why, error);
+    gen_output_finish(s->out, why, error_code, error);
 }

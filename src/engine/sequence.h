@@ -37,7 +37,8 @@ struct gen_output *gen_output_create(int n_prompt);
  * generated token when new_token, and wakes the reader; false when memory ran out. */
 bool gen_output_publish(struct gen_output *o, const char *text, size_t len, bool new_token,
                         const struct gen_token *token);
-void gen_output_finish(struct gen_output *o, enum gen_finish why, const char *error);
+void gen_output_finish(struct gen_output *o, enum gen_finish why, int error_code,
+                       const char *error);
 
 /* A sequence for p (copied), with a fresh gen_output holding two references
  * (the sequence's and the caller's). */
@@ -54,6 +55,6 @@ void seq_free(struct seq *s, struct kv_pool *pool);
 enum gen_finish seq_take_token(struct seq *s, const float *logits, int n_ctx, struct engine_metrics *metrics);
 
 /* Publishes the held-back text (unless a stop string fired) and the finish reason. */
-void seq_finish(struct seq *s, enum gen_finish why, const char *error);
+void seq_finish(struct seq *s, enum gen_finish why, int error_code, const char *error);
 
 #endif
