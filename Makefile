@@ -51,7 +51,8 @@ e2e: build text-data $(ASAN_BUILD)/build.ninja
 	tests/smoke/make-run.sh
 
 $(FUZZ_BUILD)/build.ninja:
-	CC=clang cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DINFERD_FUZZ=ON
+	CC=clang cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DINFERD_FUZZ=ON \
+	  -DINFERD_CUDA=OFF
 
 # A short libFuzzer run of every target from its committed seed corpus.
 fuzz: bootstrap $(FUZZ_BUILD)/build.ninja

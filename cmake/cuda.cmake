@@ -5,6 +5,11 @@ set(INFERD_CUDA "AUTO" CACHE STRING "Build the CUDA backend: AUTO (when nvcc is 
 # sm_90 (Hopper) machine code, plus compute_80 PTX that the driver compiles for any newer GPU.
 set(INFERD_CUDA_ARCHITECTURES "90-real;80-virtual" CACHE STRING "CUDA_ARCHITECTURES of the CUDA backend")
 
+if(INFERD_FUZZ)
+  # libFuzzer builds instrument host code only; nvcc would get clang's flags.
+  set(INFERD_CUDA "OFF")
+endif()
+
 if(NOT INFERD_CUDA STREQUAL "OFF")
   include(CheckLanguage)
   check_language(CUDA)
