@@ -8,9 +8,19 @@
 #define DEC_WARPS 4
 #define DEC_GROUP_MAX 8
 #define DEC_KEYS 4
-/* From this context bucket on, the tiled decode kernel (measured faster at 8k, slower at 1k). */
-#define DEC_TILED_MIN_CTX 4096
-#define DEC_MIN_CHUNK 64
+/* Positions per split at least: at short contexts twice the blocks of 64,
+ * each still one round trip to memory. */
+#define DEC_MIN_CHUNK 32
+/* The scratch starts with this many merge counters (zero between launches),
+ * then the split partials; the counters never share memory with partials,
+ * whatever the shape of the step that wrote them. */
+#define DEC_COUNTERS 4096
+/* Floats per split partial of one query head: m, l, two unused, acc[hd]
+ * (16-byte aligned). */
+#define PART_STRIDE(hd) ((hd) + 4)
+#define FD_WARPS 8
+#define FD_THREADS (FD_WARPS * 32)
+#define FD_RED_FLOATS 4096
 #define PF_BQ 32
 #define PF_BK 32
 #define PF_THREADS 128
@@ -46,8 +56,8 @@ static __device__ __forceinline__ size_t slot_offset(const struct cu_kv *kv, int
 
 /* ---- decode: one row, one kv head's query group, one split of positions -- */
 
-/* Warps of a block take interleaved positions of the split; lanes hold
- * head dims lane + 32 j. Each warp keeps an online softmax per query head,
+/* For head dims other than 64, 128 and 256. Warps of a block take
+ * interleaved positions of the split; lanes hold head dims lane + 32 j. Each warp keeps an online softmax per query head,
  * then the warps merge through shared memory. With one split the result is
  * final; otherwise (m, l, acc) go to part for attn_combine_kernel. */
 template <int DPL>
@@ -169,7 +179,7 @@ attn_decode_kernel(struct cu_op op, const uint8_t *params, float *part)
             op.u.attn.out[(size_t)row * q_dim + (size_t)head * hd + d] = A / L;
         } else {
             float *pp = part + (((size_t)row * op.u.attn.n_heads + head) * n_splits + split) *
-                                   (size_t)(hd + 2);
+                                   (size_t)PART_STRIDE(hd);
             if (d == 0) {
                 pp[0] = M;
                 pp[1] = L;
@@ -179,210 +189,395 @@ attn_decode_kernel(struct cu_op op, const uint8_t *params, float *part)
     }
 }
 
-/* The same work with lanes over positions for the scores: each lane takes
- * one position of a 32-position tile and dots its whole K row (16-byte
- * loads, many in flight) with every query head of the group held in shared
- * memory; then lanes over head dims accumulate P V. Split results are merged
- * by the block that finishes last (a counter per row and kv head, left at
- * zero again), so there is no second launch. */
-template <int DPL>
-static __global__ void __launch_bounds__(DEC_WARPS * 32)
-attn_decode_tiled_kernel(struct cu_op op, const uint8_t *params, float *part, unsigned *counters)
-{
-    constexpr int HD = DPL * 32;
-    __shared__ __align__(16) float q_sm[DEC_GROUP_MAX][HD];
-    __shared__ float p_sm[DEC_WARPS][DEC_GROUP_MAX][32];
-    __shared__ float sm_m[DEC_WARPS][DEC_GROUP_MAX], sm_l[DEC_WARPS][DEC_GROUP_MAX];
-    __shared__ float sm_acc[DEC_WARPS][DEC_GROUP_MAX][HD];
-    __shared__ bool is_last;
-    const struct cu_kv kv = op.u.attn.kv;
-    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-    int group = op.u.attn.n_heads / kv.n_kv_heads;
-    int chunks_per_kv = (group + DEC_GROUP_MAX - 1) / DEC_GROUP_MAX;
-    int kvh = blockIdx.x / chunks_per_kv;
-    int h0 = kvh * group + (blockIdx.x % chunks_per_kv) * DEC_GROUP_MAX;
-    int ng = group - (blockIdx.x % chunks_per_kv) * DEC_GROUP_MAX;
-    if (ng > DEC_GROUP_MAX)
-        ng = DEC_GROUP_MAX;
-    int split = blockIdx.y, n_splits = gridDim.y;
-    int row = blockIdx.z;
+/* Flash-decoding for head_dim 64, 128 and 256: a block of FD_WARPS warps
+ * takes one row, one kv head's query heads (up to GP of them, so K and V are
+ * read once for the whole group) and one split of positions, walked in tiles
+ * of T positions (T * HD = 8192 floats). For a tile every thread first issues
+ * all of its K and V loads (16-byte, 16 per thread, so a tile is one round
+ * trip to memory): for the scores LPP lanes share a position, each with 16
+ * of its dims, and reduce the dot products with shuffles; for P V a warp's
+ * lanes cover whole V rows. Scores go through shared memory, one warp per
+ * query head rescales the tile (online softmax across tiles), every thread
+ * accumulates its dims over its positions, and the warps are summed at the
+ * end. A split with no positions (past the row's last position, or before
+ * its sliding window) exits at once; a row whose positions fall in one split
+ * is written directly. Otherwise each split leaves (m, l, acc) in part and
+ * the last block of the row and head group to finish merges them, in split
+ * order, so the result does not depend on which block that is. */
+template <int HD>
+struct fd_shape {
+    static constexpr int T = 8192 / HD;                    /* positions per tile */
+    static constexpr int LPP = HD / 16;                    /* lanes per position (scores) */
+    static constexpr int PPW = 32 / LPP;                   /* positions per warp (scores) */
+    static constexpr int KR = T / (FD_WARPS * PPW);        /* K rows per thread per tile */
+    static constexpr int VL = HD / 4;                      /* float4 per row */
+    static constexpr int VF = VL > 32 ? VL / 32 : 1;       /* float4 per lane per V row */
+    static constexpr int VPI = VL < 32 ? 32 / VL : 1;      /* V rows per warp at a time */
+    static constexpr int VR = T / (FD_WARPS * VPI);        /* V rows per thread per tile */
+    static constexpr int PS = PART_STRIDE(HD);             /* floats per partial */
+};
 
+/* The positions row attends to, [*first, *last], and its block table;
+ * false for a row no span covers. */
+static __device__ __forceinline__ bool decode_row(const struct cu_op &op, const uint8_t *params,
+                                                  int row, int *first, int *last,
+                                                  const uint32_t **bt)
+{
     struct span_view sv = spans_at(params, op.u.attn.spans_off, op.u.attn.n_spans);
     if (sv.rowmap[row] < 0)
-        return;
+        return false;
     const struct cu_span *sp = &sv.spans[sv.rowmap[row]];
-    const uint32_t *bt = (const uint32_t *)(params + sp->bt_off);
-    int last = sp->pos0 + (row - sp->row0);
-    int first = 0;
-    if (op.u.attn.window > 0 && last - op.u.attn.window + 1 > 0)
-        first = last - op.u.attn.window + 1;
-    int chunk = (op.u.attn.ctx_bucket + n_splits - 1) / n_splits;
-    int begin = split * chunk, end = begin + chunk - 1;
-    if (begin < first)
-        begin = first;
-    if (end > last)
-        end = last;
+    *bt = (const uint32_t *)(params + sp->bt_off);
+    *last = sp->pos0 + (row - sp->row0);
+    *first = 0;
+    if (op.u.attn.window > 0 && *last - op.u.attn.window + 1 > 0)
+        *first = *last - op.u.attn.window + 1;
+    return true;
+}
 
-    int q_dim = op.u.attn.n_heads * HD;
-    for (int i = threadIdx.x; i < DEC_GROUP_MAX * HD; i += blockDim.x) {
-        int g = i / HD, d = i % HD;
-        q_sm[g][d] = g < ng ? op.u.attn.q[(size_t)row * q_dim + (size_t)(h0 + g) * HD + d] *
-                                  op.u.attn.scale
-                            : 0.0f;
+/* out = the splits' partials s_first .. s_first + n_active - 1 merged, for
+ * query heads h0 .. h0 + ng - 1 of row. Called by all threads of a block. */
+template <int HD, int GP>
+static __device__ void fd_merge(const struct cu_op &op, const float *part, int n_splits, int row,
+                                int h0, int ng, int s_first, int n_active, float (*mw)[GP],
+                                float (*lw)[GP])
+{
+    constexpr int PS = fd_shape<HD>::PS;
+    const float *base = part + ((size_t)row * op.u.attn.n_heads + h0) * n_splits * PS;
+    for (int i = threadIdx.x; i < GP * CU_ATTN_MAX_SPLITS; i += blockDim.x) {
+        int g = i / CU_ATTN_MAX_SPLITS, s = i % CU_ATTN_MAX_SPLITS;
+        bool ok = g < ng && s < n_active;
+        const float *pp = base + ((size_t)g * n_splits + s_first + s) * PS;
+        mw[s][g] = ok ? __ldcg(pp) : -FLT_MAX;
+        lw[s][g] = ok ? __ldcg(pp + 1) : 0.0f;
     }
     __syncthreads();
-
-    float m[DEC_GROUP_MAX], l[DEC_GROUP_MAX], acc[DEC_GROUP_MAX][DPL];
-#pragma unroll
-    for (int g = 0; g < DEC_GROUP_MAX; g++) {
-        m[g] = -FLT_MAX;
-        l[g] = 0.0f;
-#pragma unroll
-        for (int j = 0; j < DPL; j++)
-            acc[g][j] = 0.0f;
-    }
-    for (int t0 = begin + warp * 32; t0 <= end; t0 += DEC_WARPS * 32) {
-        int p = t0 + lane;
-        bool valid = p <= end;
-        size_t off = valid ? slot_offset(&kv, op.u.attn.layer, bt, p) + (size_t)kvh * HD : 0;
-        float s[DEC_GROUP_MAX];
-#pragma unroll
-        for (int g = 0; g < DEC_GROUP_MAX; g++)
-            s[g] = 0.0f;
-        if (valid) {
-            const float4 *kr = (const float4 *)(kv.k + off);
-#pragma unroll
-            for (int d4 = 0; d4 < HD / 4; d4++) {
-                float4 kk = kr[d4];
-#pragma unroll
-                for (int g = 0; g < DEC_GROUP_MAX; g++) {
-                    if (g < ng) {
-                        float4 qq = ((const float4 *)q_sm[g])[d4];
-                        s[g] = fmaf(qq.x, kk.x, fmaf(qq.y, kk.y, fmaf(qq.z, kk.z, fmaf(qq.w, kk.w, s[g]))));
-                    }
-                }
-            }
-        }
-#pragma unroll
-        for (int g = 0; g < DEC_GROUP_MAX; g++) {
-            if (g < ng) {
-                float sv_ = valid ? s[g] : -FLT_MAX;
-                float tmax = sv_;
-                for (int o = 16; o > 0; o >>= 1)
-                    tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, o));
-                float m_new = fmaxf(m[g], tmax);
-                float corr = expf(m[g] - m_new);
-                float pr = valid ? expf(sv_ - m_new) : 0.0f;
-                l[g] = l[g] * corr + warp_sum(pr);
-                m[g] = m_new;
-#pragma unroll
-                for (int j = 0; j < DPL; j++)
-                    acc[g][j] *= corr;
-                p_sm[warp][g][lane] = pr;
-            }
-        }
-        __syncwarp();
-        int nk = end - t0 + 1 < 32 ? end - t0 + 1 : 32;
-#pragma unroll 4
-        for (int k = 0; k < nk; k++) {
-            size_t vo = __shfl_sync(0xffffffffu, off, k);
-            float vv[DPL];
-#pragma unroll
-            for (int j = 0; j < DPL; j++)
-                vv[j] = kv.v[vo + lane + 32 * j];
-#pragma unroll
-            for (int g = 0; g < DEC_GROUP_MAX; g++) {
-                if (g < ng) {
-                    float pk = p_sm[warp][g][k];
-#pragma unroll
-                    for (int j = 0; j < DPL; j++)
-                        acc[g][j] = fmaf(pk, vv[j], acc[g][j]);
-                }
-            }
-        }
-        __syncwarp();
-    }
-#pragma unroll
-    for (int g = 0; g < DEC_GROUP_MAX; g++) {
-        if (g < ng) {
-            if (lane == 0) {
-                sm_m[warp][g] = m[g];
-                sm_l[warp][g] = l[g];
-            }
-#pragma unroll
-            for (int j = 0; j < DPL; j++)
-                sm_acc[warp][g][lane + 32 * j] = acc[g][j];
-        }
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < ng * HD; i += blockDim.x) {
-        int g = i / HD, d = i % HD;
+    if ((int)threadIdx.x < ng) {
+        int g = threadIdx.x;
         float M = -FLT_MAX;
-        for (int w = 0; w < DEC_WARPS; w++)
-            M = fmaxf(M, sm_m[w][g]);
-        float L = 0, A = 0;
-        for (int w = 0; w < DEC_WARPS; w++) {
-            float e = expf(sm_m[w][g] - M);
-            L += sm_l[w][g] * e;
-            A += sm_acc[w][g][d] * e;
+        for (int s = 0; s < n_active; s++)
+            M = fmaxf(M, mw[s][g]);
+        float L = 0.0f;
+        for (int s = 0; s < n_active; s++) {
+            float e = expf(mw[s][g] - M);
+            L = fmaf(lw[s][g], e, L);
+            mw[s][g] = e;
         }
-        int head = h0 + g;
-        if (n_splits == 1) {
-            op.u.attn.out[(size_t)row * q_dim + (size_t)head * HD + d] = A / L;
-        } else {
-            float *pp = part + (((size_t)row * op.u.attn.n_heads + head) * n_splits + split) *
-                                   (size_t)(HD + 2);
-            if (d == 0) {
-                pp[0] = M;
-                pp[1] = L;
+        float inv = 1.0f / L;
+        for (int s = 0; s < n_active; s++)
+            mw[s][g] *= inv;
+    }
+    __syncthreads();
+    const int q_dim = op.u.attn.n_heads * HD;
+    for (int i = threadIdx.x; i < ng * (HD / 4); i += blockDim.x) {
+        int g = i / (HD / 4), f = i % (HD / 4);
+        const float *pp = base + ((size_t)g * n_splits + s_first) * PS + 4 + 4 * f;
+        float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 8
+        for (int s = 0; s < n_active; s++) {
+            float4 v = __ldcg((const float4 *)(pp + (size_t)s * PS));
+            float w = mw[s][g];
+            a.x = fmaf(w, v.x, a.x);
+            a.y = fmaf(w, v.y, a.y);
+            a.z = fmaf(w, v.z, a.z);
+            a.w = fmaf(w, v.w, a.w);
+        }
+        float *o = op.u.attn.out + (size_t)row * q_dim + (size_t)(h0 + g) * HD + 4 * f;
+        o[0] = a.x;
+        o[1] = a.y;
+        o[2] = a.z;
+        o[3] = a.w;
+    }
+}
+
+template <int HD, int GP>
+static __global__ void __launch_bounds__(FD_THREADS, HD * GP <= 512 ? 2 : 1)
+attn_decode_fd_kernel(struct cu_op op, const uint8_t *params, float *part, unsigned *counters)
+{
+    using S = fd_shape<HD>;
+    constexpr int T = S::T, LPP = S::LPP, PPW = S::PPW, KR = S::KR;
+    constexpr int VL = S::VL, VF = S::VF, VPI = S::VPI, VR = S::VR, PS = S::PS;
+    constexpr int GB = GP < FD_RED_FLOATS / (FD_WARPS * HD) ? GP : FD_RED_FLOATS / (FD_WARPS * HD);
+    static_assert(KR >= 1 && VR >= 1 && GB >= 1 && T % 32 == 0, "decode tile shape");
+    static_assert(GP <= FD_WARPS, "one warp per query head rescales a tile");
+    __shared__ __align__(16) float q_sm[GP][HD];
+    __shared__ float s_sm[GP][T];
+    __shared__ float m_sm[GP], l_sm[GP], c_sm[GP];
+    __shared__ __align__(16) float red[FD_WARPS][GB][HD];
+    __shared__ float mw[CU_ATTN_MAX_SPLITS][GP], lw[CU_ATTN_MAX_SPLITS][GP];
+    __shared__ bool is_last;
+
+    const struct cu_kv kv = op.u.attn.kv;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const int group = op.u.attn.n_heads / kv.n_kv_heads;
+    const int chunks_per_kv = (group + GP - 1) / GP;
+    const int kvh = blockIdx.x / chunks_per_kv, hc = blockIdx.x % chunks_per_kv;
+    const int h0 = kvh * group + hc * GP;
+    const int ng = group - hc * GP < GP ? group - hc * GP : GP;
+    const int split = blockIdx.y, n_splits = gridDim.y, row = blockIdx.z;
+
+    int first, last;
+    const uint32_t *bt;
+    if (!decode_row(op, params, row, &first, &last, &bt))
+        return;
+    const int chunk = (op.u.attn.ctx_bucket + n_splits - 1) / n_splits;
+    const int s_first = first / chunk, n_active = last / chunk - s_first + 1;
+    if (split < s_first || split >= s_first + n_active)
+        return;
+    const int begin = split * chunk > first ? split * chunk : first;
+    const int end = split * chunk + chunk - 1 < last ? split * chunk + chunk - 1 : last;
+
+    const int q_dim = op.u.attn.n_heads * HD;
+    const float *qrow = op.u.attn.q + (size_t)row * q_dim + (size_t)h0 * HD;
+    for (int i = threadIdx.x; i < GP * HD; i += FD_THREADS) {
+        int g = i / HD;
+        q_sm[g][i % HD] = g < ng ? qrow[i] * op.u.attn.scale : 0.0f;
+    }
+    if (threadIdx.x < GP) {
+        m_sm[threadIdx.x] = -FLT_MAX;
+        l_sm[threadIdx.x] = 0.0f;
+        c_sm[threadIdx.x] = 1.0f;
+    }
+    __syncthreads();
+
+    const int kg = lane / LPP, kl = lane % LPP;
+    const int vg = VPI > 1 ? lane / VL : 0, vl = VPI > 1 ? lane % VL : lane;
+    const size_t head_off = (size_t)kvh * HD;
+    const int layer = op.u.attn.layer;
+    float4 acc[GP][VF];
+#pragma unroll
+    for (int g = 0; g < GP; g++)
+#pragma unroll
+        for (int j = 0; j < VF; j++)
+            acc[g][j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+
+    for (int t0 = begin; t0 <= end; t0 += T) {
+        /* every load of the tile goes out before any is used */
+        float4 kr[KR][4], vr[VR][VF];
+#pragma unroll
+        for (int r = 0; r < KR; r++) {
+            int p = t0 + r * (FD_WARPS * PPW) + warp * PPW + kg;
+            if (p <= end) {
+                const float4 *src = (const float4 *)(kv.k + slot_offset(&kv, layer, bt, p) + head_off);
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    kr[r][i] = __ldg(src + kl + i * LPP);
+            } else {
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    kr[r][i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             }
-            pp[2 + d] = A;
+        }
+#pragma unroll
+        for (int r = 0; r < VR; r++) {
+            int p = t0 + r * (FD_WARPS * VPI) + warp * VPI + vg;
+            if (p <= end) {
+                const float4 *src = (const float4 *)(kv.v + slot_offset(&kv, layer, bt, p) + head_off);
+#pragma unroll
+                for (int j = 0; j < VF; j++)
+                    vr[r][j] = __ldg(src + vl + 32 * j);
+            } else {
+#pragma unroll
+                for (int j = 0; j < VF; j++)
+                    vr[r][j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+        }
+        /* scores */
+#pragma unroll
+        for (int r = 0; r < KR; r++) {
+            int c = r * (FD_WARPS * PPW) + warp * PPW + kg;
+#pragma unroll
+            for (int g = 0; g < GP; g++) {
+                const float4 *qg = (const float4 *)q_sm[g];
+                float s = 0.0f;
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    float4 qq = qg[kl + i * LPP], kk = kr[r][i];
+                    s = fmaf(qq.x, kk.x, s);
+                    s = fmaf(qq.y, kk.y, s);
+                    s = fmaf(qq.z, kk.z, s);
+                    s = fmaf(qq.w, kk.w, s);
+                }
+#pragma unroll
+                for (int o = LPP / 2; o > 0; o >>= 1)
+                    s += __shfl_xor_sync(0xffffffffu, s, o);
+                if (kl == 0)
+                    s_sm[g][c] = s;
+            }
+        }
+        __syncthreads();
+        /* online softmax: warp g rescales query head g over the tile */
+        if (warp < ng) {
+            const int g = warp;
+            float sv[T / 32];
+            float mx = -FLT_MAX;
+#pragma unroll
+            for (int j = 0; j < T / 32; j++) {
+                int c = lane + 32 * j;
+                sv[j] = t0 + c <= end ? s_sm[g][c] : -FLT_MAX;
+                mx = fmaxf(mx, sv[j]);
+            }
+            for (int o = 16; o > 0; o >>= 1)
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            float m_old = m_sm[g];
+            float m_new = fmaxf(m_old, mx);
+            float sum = 0.0f;
+#pragma unroll
+            for (int j = 0; j < T / 32; j++) {
+                int c = lane + 32 * j;
+                float pr = t0 + c <= end ? expf(sv[j] - m_new) : 0.0f;
+                s_sm[g][c] = pr;
+                sum += pr;
+            }
+            sum = warp_sum(sum);
+            __syncwarp();
+            if (lane == 0) {
+                float corr = expf(m_old - m_new);
+                c_sm[g] = corr;
+                l_sm[g] = fmaf(l_sm[g], corr, sum);
+                m_sm[g] = m_new;
+            }
+        }
+        __syncthreads();
+        /* P V */
+#pragma unroll
+        for (int g = 0; g < GP; g++) {
+            float corr = c_sm[g];
+#pragma unroll
+            for (int j = 0; j < VF; j++) {
+                acc[g][j].x *= corr;
+                acc[g][j].y *= corr;
+                acc[g][j].z *= corr;
+                acc[g][j].w *= corr;
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < VR; r++) {
+            int c = r * (FD_WARPS * VPI) + warp * VPI + vg;
+#pragma unroll
+            for (int g = 0; g < GP; g++) {
+                float pw = s_sm[g][c];
+#pragma unroll
+                for (int j = 0; j < VF; j++) {
+                    acc[g][j].x = fmaf(pw, vr[r][j].x, acc[g][j].x);
+                    acc[g][j].y = fmaf(pw, vr[r][j].y, acc[g][j].y);
+                    acc[g][j].z = fmaf(pw, vr[r][j].z, acc[g][j].z);
+                    acc[g][j].w = fmaf(pw, vr[r][j].w, acc[g][j].w);
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+    /* lanes of a warp that held different positions, then the warps */
+#pragma unroll
+    for (int o = VL; o < 32; o <<= 1)
+#pragma unroll
+        for (int g = 0; g < GP; g++)
+#pragma unroll
+            for (int j = 0; j < VF; j++) {
+                acc[g][j].x += __shfl_xor_sync(0xffffffffu, acc[g][j].x, o);
+                acc[g][j].y += __shfl_xor_sync(0xffffffffu, acc[g][j].y, o);
+                acc[g][j].z += __shfl_xor_sync(0xffffffffu, acc[g][j].z, o);
+                acc[g][j].w += __shfl_xor_sync(0xffffffffu, acc[g][j].w, o);
+            }
+#pragma unroll
+    for (int g0 = 0; g0 < GP; g0 += GB) {
+        if (g0 < ng) { /* uniform over the block */
+            if (vg == 0) {
+#pragma unroll
+                for (int gg = 0; gg < GB; gg++)
+#pragma unroll
+                    for (int j = 0; j < VF; j++)
+                        *(float4 *)&red[warp][gg][4 * (vl + 32 * j)] = acc[g0 + gg][j];
+            }
+            __syncthreads();
+            for (int i = threadIdx.x; i < GB * (HD / 4); i += FD_THREADS) {
+                int gg = i / (HD / 4), f = i % (HD / 4), g = g0 + gg;
+                if (g >= ng)
+                    continue;
+                float4 a = *(const float4 *)&red[0][gg][4 * f];
+#pragma unroll
+                for (int w = 1; w < FD_WARPS; w++) {
+                    float4 b = *(const float4 *)&red[w][gg][4 * f];
+                    a.x += b.x;
+                    a.y += b.y;
+                    a.z += b.z;
+                    a.w += b.w;
+                }
+                int head = h0 + g;
+                if (n_active == 1) {
+                    float inv = 1.0f / l_sm[g];
+                    float *o = op.u.attn.out + (size_t)row * q_dim + (size_t)head * HD + 4 * f;
+                    o[0] = a.x * inv;
+                    o[1] = a.y * inv;
+                    o[2] = a.z * inv;
+                    o[3] = a.w * inv;
+                } else {
+                    float *pp = part + (((size_t)row * op.u.attn.n_heads + head) * n_splits + split) * PS;
+                    if (f == 0) {
+                        pp[0] = m_sm[g];
+                        pp[1] = l_sm[g];
+                    }
+                    *(float4 *)(pp + 4 + 4 * f) = a;
+                }
+            }
+            __syncthreads();
         }
     }
-    if (n_splits == 1)
+    if (n_active == 1 || !counters)
         return;
-    /* the last block of this (row, head group) to finish merges the splits */
+    /* the last block of this row and head group to finish merges the splits */
     __threadfence();
     __syncthreads();
     unsigned *counter = &counters[(size_t)row * gridDim.x + blockIdx.x];
     if (threadIdx.x == 0)
-        is_last = atomicAdd(counter, 1u) == (unsigned)n_splits - 1;
+        is_last = atomicAdd(counter, 1u) == (unsigned)n_active - 1;
     __syncthreads();
     if (!is_last)
         return;
     __threadfence();
-    for (int i = threadIdx.x; i < ng * HD; i += blockDim.x) {
-        int g = i / HD, d = i % HD;
-        int head = h0 + g;
-        const float *pp = part + ((size_t)row * op.u.attn.n_heads + head) * n_splits * (size_t)(HD + 2);
-        float M = -FLT_MAX;
-        for (int s2 = 0; s2 < n_splits; s2++)
-            M = fmaxf(M, __ldcg(pp + s2 * (HD + 2)));
-        float L = 0, A = 0;
-        for (int s2 = 0; s2 < n_splits; s2++) {
-            const float *ps = pp + s2 * (HD + 2);
-            float e = expf(__ldcg(ps) - M);
-            L += __ldcg(ps + 1) * e;
-            A += __ldcg(ps + 2 + d) * e;
-        }
-        op.u.attn.out[(size_t)row * q_dim + (size_t)head * HD + d] = A / L;
-    }
+    fd_merge<HD, GP>(op, part, n_splits, row, h0, ng, s_first, n_active, mw, lw);
     if (threadIdx.x == 0)
         *counter = 0;
+}
+
+/* The merge as a launch of its own, for steps with more (row, head group)
+ * pairs than there are counters. */
+template <int HD, int GP>
+static __global__ void __launch_bounds__(FD_THREADS)
+attn_decode_fd_merge_kernel(struct cu_op op, const uint8_t *params, const float *part, int n_splits)
+{
+    __shared__ float mw[CU_ATTN_MAX_SPLITS][GP], lw[CU_ATTN_MAX_SPLITS][GP];
+    const int group = op.u.attn.n_heads / op.u.attn.kv.n_kv_heads;
+    const int chunks_per_kv = (group + GP - 1) / GP;
+    const int kvh = blockIdx.x / chunks_per_kv, hc = blockIdx.x % chunks_per_kv;
+    const int h0 = kvh * group + hc * GP;
+    const int ng = group - hc * GP < GP ? group - hc * GP : GP;
+    const int row = blockIdx.z;
+    int first, last;
+    const uint32_t *bt;
+    if (!decode_row(op, params, row, &first, &last, &bt))
+        return;
+    const int chunk = (op.u.attn.ctx_bucket + n_splits - 1) / n_splits;
+    const int s_first = first / chunk, n_active = last / chunk - s_first + 1;
+    if (n_active == 1)
+        return; /* written by the decode kernel */
+    fd_merge<HD, GP>(op, part, n_splits, row, h0, ng, s_first, n_active, mw, lw);
 }
 
 static __global__ void attn_combine_kernel(struct cu_op op, const float *part, int n_splits)
 {
     int head = blockIdx.x, row = blockIdx.y;
     int hd = op.u.attn.kv.head_dim;
-    const float *pp = part + ((size_t)row * op.u.attn.n_heads + head) * n_splits * (size_t)(hd + 2);
+    const float *pp = part + ((size_t)row * op.u.attn.n_heads + head) * n_splits * (size_t)PART_STRIDE(hd);
     float M = -FLT_MAX;
     for (int s = 0; s < n_splits; s++)
-        M = fmaxf(M, pp[s * (hd + 2)]);
+        M = fmaxf(M, pp[s * PART_STRIDE(hd)]);
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float L = 0, A = 0;
         for (int s = 0; s < n_splits; s++) {
-            const float *ps = pp + s * (hd + 2);
+            const float *ps = pp + s * PART_STRIDE(hd);
             float e = expf(ps[0] - M);
             L += ps[1] * e;
             A += ps[2 + d] * e;
@@ -709,23 +904,21 @@ int cu_attention_splits(int n_kv_heads, int n_rows, int ctx_bucket, int n_sm)
     return splits;
 }
 
-/* Partials, then (tiled decode) one counter per row and block column. */
+/* Merge counters, then the partials. */
 static size_t part_float_count(const struct cu_op *op)
 {
-    return ((size_t)op->n_rows * op->u.attn.n_heads * op->u.attn.n_splits *
-                (op->u.attn.kv.head_dim + 2) + 63) & ~(size_t)63;
+    return (size_t)op->n_rows * op->u.attn.n_heads * op->u.attn.n_splits *
+           PART_STRIDE(op->u.attn.kv.head_dim);
 }
 
 size_t cu_attention_part_floats(const struct cu_op *op)
 {
     if (cu_attention_uses_prefill(op) || op->u.attn.n_splits <= 1)
         return 0;
-    int group = op->u.attn.n_heads / op->u.attn.kv.n_kv_heads;
-    size_t counters = (size_t)op->n_rows * op->u.attn.kv.n_kv_heads *
-                      ((group + DEC_GROUP_MAX - 1) / DEC_GROUP_MAX);
-    return part_float_count(op) + counters;
+    return DEC_COUNTERS + part_float_count(op);
 }
 
+/* Head dims without a flash-decoding kernel. */
 template <int DPL>
 static cudaError_t launch_decode(cudaStream_t s, const struct cu_op *op, const uint8_t *params,
                                  float *part)
@@ -734,18 +927,55 @@ static cudaError_t launch_decode(cudaStream_t s, const struct cu_op *op, const u
     int chunks = (group + DEC_GROUP_MAX - 1) / DEC_GROUP_MAX;
     dim3 grid((unsigned)(op->u.attn.kv.n_kv_heads * chunks), (unsigned)op->u.attn.n_splits,
               (unsigned)op->n_rows);
-    if (op->u.attn.kv.head_dim == DPL * 32 && op->u.attn.ctx_bucket >= DEC_TILED_MIN_CTX) {
-        unsigned *counters = (unsigned *)(part + part_float_count(op));
-        attn_decode_tiled_kernel<DPL><<<grid, DEC_WARPS * 32, 0, s>>>(*op, params, part, counters);
-        return cudaGetLastError();
-    }
-    attn_decode_kernel<DPL><<<grid, DEC_WARPS * 32, 0, s>>>(*op, params, part);
+    float *partials = op->u.attn.n_splits > 1 ? part + DEC_COUNTERS : NULL;
+    attn_decode_kernel<DPL><<<grid, DEC_WARPS * 32, 0, s>>>(*op, params, partials);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess || op->u.attn.n_splits == 1)
         return e;
     dim3 cgrid((unsigned)op->u.attn.n_heads, (unsigned)op->n_rows);
-    attn_combine_kernel<<<cgrid, 128, 0, s>>>(*op, part, op->u.attn.n_splits);
+    attn_combine_kernel<<<cgrid, 128, 0, s>>>(*op, partials, op->u.attn.n_splits);
     return cudaGetLastError();
+}
+
+template <int HD, int GP>
+static cudaError_t launch_decode_fd(cudaStream_t s, const struct cu_op *op, const uint8_t *params,
+                                    float *part)
+{
+    int group = op->u.attn.n_heads / op->u.attn.kv.n_kv_heads;
+    int n_splits = op->u.attn.n_splits;
+    dim3 grid((unsigned)(op->u.attn.kv.n_kv_heads * ((group + GP - 1) / GP)), (unsigned)n_splits,
+              (unsigned)op->n_rows);
+    unsigned *counters = NULL;
+    float *partials = NULL;
+    bool merge_inside = true;
+    if (n_splits > 1) {
+        partials = part + DEC_COUNTERS;
+        merge_inside = (size_t)op->n_rows * grid.x <= DEC_COUNTERS;
+        if (merge_inside)
+            counters = (unsigned *)part;
+    }
+    attn_decode_fd_kernel<HD, GP><<<grid, FD_THREADS, 0, s>>>(*op, params, partials, counters);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess || merge_inside)
+        return e;
+    dim3 mgrid(grid.x, 1, grid.z);
+    attn_decode_fd_merge_kernel<HD, GP><<<mgrid, FD_THREADS, 0, s>>>(*op, params, partials, n_splits);
+    return cudaGetLastError();
+}
+
+/* The query heads per block: the group rounded up to a power of two, at most 8. */
+template <int HD>
+static cudaError_t launch_decode_hd(cudaStream_t s, const struct cu_op *op, const uint8_t *params,
+                                    float *part)
+{
+    int group = op->u.attn.n_heads / op->u.attn.kv.n_kv_heads;
+    if (group == 1)
+        return launch_decode_fd<HD, 1>(s, op, params, part);
+    if (group == 2)
+        return launch_decode_fd<HD, 2>(s, op, params, part);
+    if (group <= 4)
+        return launch_decode_fd<HD, 4>(s, op, params, part);
+    return launch_decode_fd<HD, 8>(s, op, params, part);
 }
 
 template <int HPT>
@@ -785,6 +1015,12 @@ cudaError_t cu_launch_attention(cudaStream_t s, const struct cu_op *op, const ui
             return launch_prefill<32>(s, op, params, smem_optin);
         return launch_prefill<64>(s, op, params, smem_optin);
     }
+    if (hd == 64)
+        return launch_decode_hd<64>(s, op, params, part);
+    if (hd == 128)
+        return launch_decode_hd<128>(s, op, params, part);
+    if (hd == 256)
+        return launch_decode_hd<256>(s, op, params, part);
     if (hd <= 64)
         return launch_decode<2>(s, op, params, part);
     if (hd <= 128)
