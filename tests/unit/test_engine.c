@@ -73,6 +73,16 @@ static void wait_done(struct gen_output *o)
     pthread_mutex_unlock(&o->mu);
 }
 
+/* Submits p and waits for it to finish; the caller releases the output. */
+static struct gen_output *run_to_end(struct engine *e, const struct gen_params *p)
+{
+    struct gen_output *o = NULL;
+    struct err err = {0};
+    cr_assert_eq(engine_submit(e, p, &o, &err), 0, "%s", err.msg);
+    wait_done(o);
+    return o;
+}
+
 /* The generated token ids of a finished output (logprobs requested). */
 static int ids_of(const struct gen_output *o, int32_t *ids, int cap)
 {
@@ -260,10 +270,7 @@ Test(engine, stop_string_ends_the_text_before_it)
     struct engine *e = start(2, 4, 0, 512);
     int32_t prompt[] = {785, 6722, 315};
     struct gen_params p = greedy(prompt, 3, 30);
-    struct gen_output *o;
-    struct err err = {0};
-    cr_assert_eq(engine_submit(e, &p, &o, &err), 0, "%s", err.msg);
-    wait_done(o);
+    struct gen_output *o = run_to_end(e, &p);
     cr_assert_gt(o->text_len, 4);
     /* Stop on a piece of the middle of what greedy decoding produced. */
     size_t mid = o->text_len / 2;
@@ -280,8 +287,7 @@ Test(engine, stop_string_ends_the_text_before_it)
     const char *stops[] = {stop};
     p.stop = stops;
     p.n_stop = 1;
-    cr_assert_eq(engine_submit(e, &p, &o, &err), 0, "%s", err.msg);
-    wait_done(o);
+    o = run_to_end(e, &p);
     cr_assert_eq(o->finish, GEN_FINISH_STOP);
     const char *first = strstr(full, stop);
     cr_assert_eq(o->text_len, (size_t)(first - full), "text '%s' vs full '%s' stop '%s'",
@@ -297,17 +303,13 @@ Test(engine, end_of_sequence_token_stops_and_is_not_text)
     struct engine *e = start(2, 4, 0, 512);
     int32_t prompt[] = {785, 6722, 315};
     struct gen_params p = greedy(prompt, 3, 10);
-    struct gen_output *o;
-    struct err err = {0};
-    cr_assert_eq(engine_submit(e, &p, &o, &err), 0, "%s", err.msg);
-    wait_done(o);
+    struct gen_output *o = run_to_end(e, &p);
     int32_t first = o->tokens[0].id;
     gen_output_release(o);
     /* Declaring greedy's first token an end-of-sequence token ends at once. */
     p.eos_ids = &first;
     p.n_eos = 1;
-    cr_assert_eq(engine_submit(e, &p, &o, &err), 0, "%s", err.msg);
-    wait_done(o);
+    o = run_to_end(e, &p);
     cr_assert_eq(o->finish, GEN_FINISH_STOP);
     cr_assert_eq(o->n_generated, 1);
     cr_assert_eq(o->text_len, 0);
@@ -324,10 +326,7 @@ Test(engine, same_seed_same_tokens_under_sampling)
     for (int r = 0; r < 3; r++) {
         struct gen_params p = greedy(prompt, 3, 16);
         p.sampling = (struct sampler_params){.temperature = 1.0f, .top_p = 1, .seed = seeds[r]};
-        struct gen_output *o;
-        struct err err = {0};
-        cr_assert_eq(engine_submit(e, &p, &o, &err), 0, "%s", err.msg);
-        wait_done(o);
+        struct gen_output *o = run_to_end(e, &p);
         cr_assert_eq(ids_of(o, runs[r], 16), 16);
         gen_output_release(o);
     }
