@@ -8,8 +8,9 @@
 #     8k       decode after an 8k-token prompt
 #     profile  GPU time per kind of kernel (INFERD_CUDA_PROFILE=ops), with and
 #              without the RMSNorm folded into the GEMVs
-#     serve    `inferd serve --device cuda`: the house model answers a chat, the
-#              server tax (bench/serve_tax.py) per model, start-to-ready of each
+#     serve    `inferd serve --device cuda`: the house model answers a chat and
+#              serves 1-64 concurrent streams (bench/serve_concurrency.py); the
+#              server tax (bench/serve_tax.py) and start-to-ready per model
 #     MODEL    mkmodel presets (default: qwen3-0.6b llama-3.2-1b llama-3.1-8b)
 #   With no stage named, parity, bench and 8k run.
 #
@@ -132,6 +133,8 @@ req = urllib.request.Request(sys.argv[1] + "/v1/chat/completions", body,
 print(urllib.request.urlopen(req).read().decode())
 PY
   kill -TERM $pid; wait $pid; echo "serve exit status $?"; rm -f "$log"
+  echo "-- continuous batching, house model"
+  python3 bench/serve_concurrency.py "$bin"/inferd models/house --device cuda --streams 1,4,16,64
   echo "-- server tax, house model"
   python3 bench/serve_tax.py "$bin"/inferd models/house --device cuda --prompt-len 128 --gen-len 128 --reps 5
 fi
