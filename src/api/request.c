@@ -837,6 +837,40 @@ static int parse_tools(json_object *root, struct gen_request *r, struct api_erro
     return 0;
 }
 
+/* Legacy completions fields that would change the reply's meaning and that
+ * inferd does not implement: refused, so a client never gets silently
+ * different output. Their neutral values pass. */
+static int refuse_unsupported_completion_fields(json_object *root, struct api_error *err)
+{
+    json_object *v;
+    int rc;
+    if ((v = field(root, "echo"))) {
+        bool echo = false;
+        if ((rc = read_bool(v, "echo", &echo, err)))
+            return rc;
+        if (echo)
+            return fail(err, "echo", "echo is not supported: the reply holds only the generated "
+                                     "text (send the prompt yourself, or echo false)");
+    }
+    if ((v = field(root, "best_of"))) {
+        int64_t n;
+        if ((rc = read_int(v, "best_of", &n, err)))
+            return rc;
+        if (n != 1)
+            return fail(err, "best_of", "best_of must be 1 (one candidate per request), got %lld",
+                        (long long)n);
+    }
+    if ((v = field(root, "suffix"))) {
+        const char *s;
+        size_t n;
+        if ((rc = read_string(v, "suffix", &s, &n, err)))
+            return rc;
+        if (n > 0)
+            return fail(err, "suffix", "suffix (fill-in-the-middle) is not supported");
+    }
+    return 0;
+}
+
 static int parse_misc(json_object *root, struct gen_request *r, struct api_error *err)
 {
     json_object *v;
@@ -874,6 +908,8 @@ static int parse_misc(json_object *root, struct gen_request *r, struct api_error
             return rc;
         r->response_format = json_object_get(v);
     }
+    if (r->kind == GEN_REQUEST_COMPLETION && (rc = refuse_unsupported_completion_fields(root, err)))
+        return rc;
     return 0;
 }
 

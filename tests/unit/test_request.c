@@ -741,3 +741,31 @@ Test(request, error_json_has_null_param_and_code_when_empty)
     cr_assert_not_null(strstr(json, "\"code\":\"queue_full\""));
     free(json);
 }
+
+/* ---- legacy completions fields ---------------------------------------------- */
+
+Test(request, completion_logprobs_is_the_number_of_alternatives)
+{
+    assert_ok(parse_completion("{\"prompt\":\"hi\",\"logprobs\":3}"));
+    cr_assert(req.has_logprobs && req.logprobs);
+    cr_assert(req.has_top_logprobs);
+    cr_assert_eq(req.top_logprobs, 3);
+    gen_request_free(&req);
+    assert_ok(parse_completion("{\"prompt\":\"hi\",\"logprobs\":0}"));
+    cr_assert(req.logprobs);
+    cr_assert_eq(req.top_logprobs, 0);
+    gen_request_free(&req);
+    assert_400(parse_completion("{\"prompt\":\"hi\",\"logprobs\":6}"), "logprobs", "[0, 5]");
+    assert_400(parse_completion("{\"prompt\":\"hi\",\"logprobs\":true}"), "logprobs", "integer");
+}
+
+Test(request, completion_fields_that_would_change_the_reply_are_refused)
+{
+    assert_400(parse_completion("{\"prompt\":\"hi\",\"echo\":true}"), "echo", "not supported");
+    assert_400(parse_completion("{\"prompt\":\"hi\",\"best_of\":3}"), "best_of", "must be 1");
+    assert_400(parse_completion("{\"prompt\":\"hi\",\"suffix\":\"end\"}"), "suffix",
+               "not supported");
+    /* their neutral values are fine */
+    assert_ok(parse_completion("{\"prompt\":\"hi\",\"echo\":false,\"best_of\":1,\"suffix\":\"\"}"));
+    gen_request_free(&req);
+}
