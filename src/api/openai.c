@@ -8,6 +8,7 @@
 #include <sys/random.h>
 
 #include "api/http.h"
+#include "api/prompt.h"
 #include "base/timer.h"
 #include "engine/reasoning.h"
 
@@ -44,14 +45,6 @@ static void random_id(char *out, size_t cap, const char *prefix)
     size_t n = (size_t)snprintf(out, cap, "%s", prefix);
     for (size_t i = 0; i < sizeof b && n + 2 < cap; i++)
         n += (size_t)snprintf(out + n, cap - n, "%02x", b[i]);
-}
-
-static uint64_t random_seed(void)
-{
-    uint64_t s;
-    if (getrandom(&s, sizeof s, 0) != (ssize_t)sizeof s)
-        s = now_ns();
-    return s;
 }
 
 static void generation_free(struct generation *g)
@@ -208,164 +201,11 @@ static void append_sse(struct strbuf *out, json_object *o)
     json_object_put(o);
 }
 
-/* ---- the prompt ---- */
-
-static bool has_think_tags(const struct tokenizer *tok)
-{
-    return tok_piece_to_id(tok, "<think>") >= 0 && tok_piece_to_id(tok, "</think>") >= 0;
-}
-
-/* True when the rendered prompt leaves the model inside an open <think>. */
-static bool prompt_ends_inside_think(const char *text, size_t len)
-{
-    while (len > 0 && (text[len - 1] == '\n' || text[len - 1] == ' '))
-        len--;
-    static const char tag[] = "<think>";
-    return len >= sizeof tag - 1 && !memcmp(text + len - (sizeof tag - 1), tag, sizeof tag - 1);
-}
-
 static void fail_request(struct http_exchange *x, int status, const char *param,
                          const char *code, const char *msg)
 {
     http_send_errorf(x, status, status >= 500 ? "server_error" : "invalid_request_error", param,
                      code, "%s", msg);
-}
-
-/* A copy of messages as chat templates expect them: text-part arrays joined
- * into one string and a null content (an assistant turn that only calls
- * tools) as "", the way OpenAI-compatible servers hand them to templates. */
-static json_object *messages_for_template(json_object *messages)
-{
-    json_object *copy = NULL;
-    if (json_object_deep_copy(messages, &copy, NULL) != 0)
-        return NULL;
-    size_t n = json_object_array_length(copy);
-    for (size_t i = 0; i < n; i++) {
-        json_object *m = json_object_array_get_idx(copy, i), *content = NULL;
-        bool present = json_object_object_get_ex(m, "content", &content);
-        if (present && content == NULL) {
-            json_object_object_add(m, "content", json_object_new_string(""));
-        } else if (json_object_is_type(content, json_type_array)) {
-            struct strbuf text = {0};
-            bool only_text = true;
-            size_t n_parts = json_object_array_length(content);
-            for (size_t k = 0; k < n_parts; k++) {
-                json_object *part = json_object_array_get_idx(content, k), *t = NULL;
-                if (json_object_object_get_ex(part, "text", &t) && json_object_is_type(t, json_type_string))
-                    strbuf_append(&text, json_object_get_string(t), (size_t)json_object_get_string_len(t));
-                else
-                    only_text = false;
-            }
-            if (only_text && !text.failed)
-                json_object_object_add(m, "content",
-                                       json_object_new_string_len(text.data ? text.data : "", (int)text.len));
-            strbuf_free(&text);
-        }
-    }
-    return copy;
-}
-
-/* Renders and encodes the request's prompt. Sends the error and returns
- * false when that fails. */
-static bool build_prompt(struct http_exchange *x, const struct gen_request *req, int32_t **ids,
-                         int *n_ids, bool *starts_inside)
-{
-    struct server *srv = x->srv;
-    struct err err = {0};
-    *starts_inside = false;
-    if (req->kind == GEN_REQUEST_COMPLETION) {
-        if (req->prompt_kind == GEN_PROMPT_TOKENS) {
-            *ids = malloc((req->n_prompt_tokens ? req->n_prompt_tokens : 1) * sizeof(int32_t));
-            if (!*ids) {
-                fail_request(x, 500, NULL, NULL, "out of memory for the prompt");
-                return false;
-            }
-            memcpy(*ids, req->prompt_tokens, req->n_prompt_tokens * sizeof(int32_t));
-            *n_ids = (int)req->n_prompt_tokens;
-            return true;
-        }
-        if (tok_encode(srv->tok, req->prompt_text, req->prompt_text_len, true, ids, n_ids,
-                       &err) < 0) {
-            fail_request(x, 400, "prompt", NULL, err.msg);
-            return false;
-        }
-        return true;
-    }
-    if (!srv->tmpl) {
-        fail_request(x, 400, "messages", "no_chat_template",
-                     "this model's tokenizer_config.json has no chat_template; use "
-                     "/v1/completions with a raw prompt");
-        return false;
-    }
-    json_object *kwargs = json_object_new_object();
-    if (!kwargs) {
-        fail_request(x, 500, NULL, NULL, "out of memory");
-        return false;
-    }
-    if (req->chat_template_kwargs) {
-        json_object_object_foreach(req->chat_template_kwargs, k, v)
-            json_object_object_add(kwargs, k, json_object_get(v));
-    }
-    if (req->has_reasoning_effort && !json_object_object_get_ex(kwargs, "enable_thinking", NULL))
-        json_object_object_add(
-            kwargs, "enable_thinking",
-            json_object_new_boolean(req->reasoning_effort != GEN_REASONING_NONE));
-    json_object *tools =
-        req->has_tool_choice && req->tool_choice == GEN_TOOL_CHOICE_NONE ? NULL : req->tools;
-    char *text = NULL;
-    size_t len = 0;
-    json_object *messages = messages_for_template(req->messages);
-    if (!messages) {
-        json_object_put(kwargs);
-        fail_request(x, 500, NULL, NULL, "out of memory");
-        return false;
-    }
-    int rc = chat_template_render(srv->tmpl, messages, tools, true, kwargs, &text, &len, &err);
-    json_object_put(messages);
-    json_object_put(kwargs);
-    if (rc < 0) {
-        fail_request(x, rc == -INFERD_ENOMEM ? 500 : 400, "messages", "template_error",
-                     err.msg);
-        return false;
-    }
-    *starts_inside = prompt_ends_inside_think(text, len);
-    rc = tok_encode(srv->tok, text, len, false, ids, n_ids, &err);
-    free(text);
-    if (rc < 0) {
-        fail_request(x, 400, "messages", NULL, err.msg);
-        return false;
-    }
-    return true;
-}
-
-/* Request fields over CLI flags over generation_config.json. */
-static void fill_params(const struct server *srv, const struct gen_request *req,
-                        struct gen_params *p, struct sampler_logit_bias *bias)
-{
-    const struct server_defaults *d = &srv->defaults;
-    struct sampler_params *s = &p->sampling;
-    s->temperature = req->has_temperature ? (float)req->temperature : d->temperature;
-    s->top_p = req->has_top_p ? (float)req->top_p : d->top_p;
-    s->top_k = req->has_top_k ? (req->top_k < 0 ? 0 : (int)req->top_k) : d->top_k;
-    s->min_p = req->has_min_p ? (float)req->min_p : d->min_p;
-    s->repetition_penalty =
-        req->has_repetition_penalty ? (float)req->repetition_penalty : d->repetition_penalty;
-    s->presence_penalty = req->has_presence_penalty ? (float)req->presence_penalty : 0;
-    s->frequency_penalty = req->has_frequency_penalty ? (float)req->frequency_penalty : 0;
-    s->seed = req->has_seed ? (uint64_t)req->seed : random_seed();
-    for (size_t i = 0; i < req->n_logit_bias; i++)
-        bias[i] = (struct sampler_logit_bias){req->logit_bias[i].token, req->logit_bias[i].bias};
-    s->logit_bias = bias;
-    s->n_logit_bias = (int)req->n_logit_bias;
-    int64_t max = req->has_max_tokens ? req->max_tokens : d->max_tokens;
-    p->max_tokens = max > 0 && max < INT32_MAX ? (int)max : INT32_MAX;
-    p->stop = (const char *const *)req->stop;
-    p->n_stop = (int)req->n_stop;
-    p->logprobs = req->has_logprobs && req->logprobs
-                      ? (req->has_top_logprobs ? req->top_logprobs : 0)
-                      : -1;
-    p->eos_ids = srv->eos_ids;
-    p->n_eos = srv->n_eos;
 }
 
 /* Parses, prepares and submits; on failure the error is sent and NULL returned. */
@@ -386,31 +226,27 @@ static struct generation *start_generation(struct http_exchange *x, enum gen_req
         http_send_error(x, &aerr);
         return NULL;
     }
-    int32_t *ids = NULL;
-    int n_ids = 0;
-    bool starts_inside = false;
-    if (!build_prompt(x, req, &ids, &n_ids, &starts_inside))
-        return NULL;
-    if (n_ids == 0) {
-        free(ids);
-        fail_request(x, 400, kind == GEN_REQUEST_CHAT ? "messages" : "prompt", NULL,
-                     "the prompt is empty after tokenization");
+    struct prompt pr;
+    if (!prompt_build(srv, req, &pr, &aerr)) {
+        http_send_error(x, &aerr);
         return NULL;
     }
     struct sampler_logit_bias *bias = calloc(req->n_logit_bias + 1, sizeof *bias);
     struct generation *g = calloc(1, sizeof *g);
     if (!bias || !g) {
-        free(ids);
+        prompt_free(&pr);
         free(bias);
         free(g);
         fail_request(x, 500, NULL, NULL, "out of memory");
         return NULL;
     }
-    struct gen_params p = {.prompt = ids, .n_prompt = n_ids};
-    fill_params(srv, req, &p, bias);
+    struct gen_params p;
+    memset(&p, 0, sizeof p);
+    prompt_fill_params(srv, req, &pr, &p, bias);
     struct err err = {0};
     int rc = engine_submit(srv->engine, &p, &g->out, &err);
-    free(ids);
+    bool starts_inside = pr.starts_inside_think;
+    prompt_free(&pr);
     free(bias);
     if (rc < 0) {
         free(g);
@@ -431,7 +267,7 @@ static struct generation *start_generation(struct http_exchange *x, enum gen_req
     random_id(g->id, sizeof g->id, kind == GEN_REQUEST_CHAT ? "chatcmpl-" : "cmpl-");
     g->created = time(NULL);
     g->client_fd = x->client_fd;
-    g->split_reasoning = kind == GEN_REQUEST_CHAT && (starts_inside || has_think_tags(srv->tok));
+    g->split_reasoning = kind == GEN_REQUEST_CHAT && (starts_inside || prompt_model_thinks(srv->tok));
     g->starts_inside = starts_inside;
     g->logprobs = p.logprobs;
     g->include_usage = req->has_include_usage && req->include_usage;

@@ -1,0 +1,204 @@
+/* api/prompt.c — requests made into prompt tokens and generation parameters. */
+#include "api/prompt.h"
+
+#include <json-c/json.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "base/strbuf.h"
+#include "base/timer.h"
+
+static bool fail(struct api_error *e, int status, const char *param, const char *code,
+                 const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+static bool fail(struct api_error *e, int status, const char *param, const char *code,
+                 const char *fmt, ...)
+{
+    memset(e, 0, sizeof *e);
+    e->status = status;
+    snprintf(e->type, sizeof e->type, "%s",
+             status >= 500 ? "server_error" : "invalid_request_error");
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    snprintf(e->code, sizeof e->code, "%s", code ? code : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return false;
+}
+
+static uint64_t random_seed(void)
+{
+    uint64_t s;
+    if (getrandom(&s, sizeof s, 0) != (ssize_t)sizeof s)
+        s = now_ns();
+    return s;
+}
+
+bool prompt_model_thinks(const struct tokenizer *tok)
+{
+    return tok_piece_to_id(tok, "<think>") >= 0 && tok_piece_to_id(tok, "</think>") >= 0;
+}
+
+/* True when the rendered prompt leaves the model inside an open <think>. */
+static bool ends_inside_think(const char *text, size_t len)
+{
+    while (len > 0 && (text[len - 1] == '\n' || text[len - 1] == ' '))
+        len--;
+    static const char tag[] = "<think>";
+    return len >= sizeof tag - 1 && !memcmp(text + len - (sizeof tag - 1), tag, sizeof tag - 1);
+}
+
+/* A copy of messages as chat templates expect them: text-part arrays joined
+ * into one string and a null content (an assistant turn that only calls
+ * tools) as "", the way OpenAI-compatible servers hand them to templates. */
+static json_object *messages_for_template(json_object *messages)
+{
+    json_object *copy = NULL;
+    if (json_object_deep_copy(messages, &copy, NULL) != 0)
+        return NULL;
+    size_t n = json_object_array_length(copy);
+    for (size_t i = 0; i < n; i++) {
+        json_object *m = json_object_array_get_idx(copy, i), *content = NULL;
+        bool present = json_object_object_get_ex(m, "content", &content);
+        if (present && content == NULL) {
+            json_object_object_add(m, "content", json_object_new_string(""));
+        } else if (json_object_is_type(content, json_type_array)) {
+            struct strbuf text = {0};
+            bool only_text = true;
+            size_t n_parts = json_object_array_length(content);
+            for (size_t k = 0; k < n_parts; k++) {
+                json_object *part = json_object_array_get_idx(content, k), *t = NULL;
+                if (json_object_object_get_ex(part, "text", &t) && json_object_is_type(t, json_type_string))
+                    strbuf_append(&text, json_object_get_string(t), (size_t)json_object_get_string_len(t));
+                else
+                    only_text = false;
+            }
+            if (only_text && !text.failed)
+                json_object_object_add(m, "content",
+                                       json_object_new_string_len(text.data ? text.data : "", (int)text.len));
+            strbuf_free(&text);
+        }
+    }
+    return copy;
+}
+
+static json_object *template_kwargs(const struct gen_request *req)
+{
+    json_object *kwargs = json_object_new_object();
+    if (!kwargs)
+        return NULL;
+    if (req->chat_template_kwargs) {
+        json_object_object_foreach(req->chat_template_kwargs, k, v)
+            json_object_object_add(kwargs, k, json_object_get(v));
+    }
+    if (req->has_reasoning_effort && !json_object_object_get_ex(kwargs, "enable_thinking", NULL))
+        json_object_object_add(
+            kwargs, "enable_thinking",
+            json_object_new_boolean(req->reasoning_effort != GEN_REASONING_NONE));
+    return kwargs;
+}
+
+static bool build_chat(const struct server *srv, const struct gen_request *req,
+                       struct prompt *out, struct api_error *e)
+{
+    struct err err = {0};
+    if (!srv->tmpl)
+        return fail(e, 400, "messages", "no_chat_template",
+                    "this model's tokenizer_config.json has no chat_template; use "
+                    "/v1/completions with a raw prompt");
+    json_object *kwargs = template_kwargs(req);
+    json_object *messages = messages_for_template(req->messages);
+    if (!kwargs || !messages) {
+        json_object_put(kwargs);
+        json_object_put(messages);
+        return fail(e, 500, NULL, NULL, "out of memory");
+    }
+    json_object *tools =
+        req->has_tool_choice && req->tool_choice == GEN_TOOL_CHOICE_NONE ? NULL : req->tools;
+    char *text = NULL;
+    size_t len = 0;
+    int rc = chat_template_render(srv->tmpl, messages, tools, true, kwargs, &text, &len, &err);
+    json_object_put(messages);
+    json_object_put(kwargs);
+    if (rc < 0)
+        return fail(e, rc == -INFERD_ENOMEM ? 500 : 400, "messages", "template_error", "%s",
+                    err.msg);
+    out->starts_inside_think = ends_inside_think(text, len);
+    rc = tok_encode(srv->tok, text, len, false, &out->ids, &out->n_ids, &err);
+    free(text);
+    if (rc < 0)
+        return fail(e, 400, "messages", NULL, "%s", err.msg);
+    return true;
+}
+
+bool prompt_build(const struct server *srv, const struct gen_request *req, struct prompt *out,
+                  struct api_error *e)
+{
+    struct err err = {0};
+    memset(out, 0, sizeof *out);
+    bool ok;
+    if (req->kind == GEN_REQUEST_CHAT) {
+        ok = build_chat(srv, req, out, e);
+    } else if (req->prompt_kind == GEN_PROMPT_TOKENS) {
+        out->ids = malloc((req->n_prompt_tokens ? req->n_prompt_tokens : 1) * sizeof(int32_t));
+        if (!out->ids)
+            return fail(e, 500, NULL, NULL, "out of memory for the prompt");
+        memcpy(out->ids, req->prompt_tokens, req->n_prompt_tokens * sizeof(int32_t));
+        out->n_ids = (int)req->n_prompt_tokens;
+        ok = true;
+    } else {
+        ok = tok_encode(srv->tok, req->prompt_text, req->prompt_text_len, true, &out->ids,
+                        &out->n_ids, &err) == 0 ||
+             fail(e, 400, "prompt", NULL, "%s", err.msg);
+    }
+    if (ok && out->n_ids == 0)
+        ok = fail(e, 400, req->kind == GEN_REQUEST_CHAT ? "messages" : "prompt", NULL,
+                  "the prompt is empty after tokenization");
+    if (!ok)
+        prompt_free(out);
+    return ok;
+}
+
+void prompt_free(struct prompt *p)
+{
+    free(p->ids);
+    memset(p, 0, sizeof *p);
+}
+
+/* Request fields over CLI flags over generation_config.json. */
+void prompt_fill_params(const struct server *srv, const struct gen_request *req,
+                        const struct prompt *pr, struct gen_params *p,
+                        struct sampler_logit_bias *bias)
+{
+    p->prompt = pr->ids;
+    p->n_prompt = pr->n_ids;
+    const struct server_defaults *d = &srv->defaults;
+    struct sampler_params *s = &p->sampling;
+    s->temperature = req->has_temperature ? (float)req->temperature : d->temperature;
+    s->top_p = req->has_top_p ? (float)req->top_p : d->top_p;
+    s->top_k = req->has_top_k ? (req->top_k < 0 ? 0 : (int)req->top_k) : d->top_k;
+    s->min_p = req->has_min_p ? (float)req->min_p : d->min_p;
+    s->repetition_penalty =
+        req->has_repetition_penalty ? (float)req->repetition_penalty : d->repetition_penalty;
+    s->presence_penalty = req->has_presence_penalty ? (float)req->presence_penalty : 0;
+    s->frequency_penalty = req->has_frequency_penalty ? (float)req->frequency_penalty : 0;
+    s->seed = req->has_seed ? (uint64_t)req->seed : random_seed();
+    for (size_t i = 0; i < req->n_logit_bias; i++)
+        bias[i] = (struct sampler_logit_bias){req->logit_bias[i].token, req->logit_bias[i].bias};
+    s->logit_bias = bias;
+    s->n_logit_bias = (int)req->n_logit_bias;
+    int64_t max = req->has_max_tokens ? req->max_tokens : d->max_tokens;
+    p->max_tokens = max > 0 && max < INT32_MAX ? (int)max : INT32_MAX;
+    p->stop = (const char *const *)req->stop;
+    p->n_stop = (int)req->n_stop;
+    p->logprobs = req->has_logprobs && req->logprobs
+                      ? (req->has_top_logprobs ? req->top_logprobs : 0)
+                      : -1;
+    p->eos_ids = srv->eos_ids;
+    p->n_eos = srv->n_eos;
+}
+

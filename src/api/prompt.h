@@ -1,0 +1,36 @@
+/* api/prompt.h — a parsed request made into what the engine takes: the prompt's tokens (the
+ * chat template and the tokenizer, or a raw prompt) and the generation parameters (request
+ * fields over CLI flags over generation_config.json). */
+#ifndef INFERD_API_PROMPT_H
+#define INFERD_API_PROMPT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "api/request.h"
+#include "api/server.h"
+#include "engine/engine.h"
+
+struct prompt {
+    int32_t *ids;             /* owned; n_ids token ids */
+    int n_ids;
+    bool starts_inside_think; /* the rendered prompt ends inside an open <think> */
+};
+
+/* Renders (chat) or takes (completions) the prompt and encodes it. Returns
+ * false with e filled (400, or 500 when memory ran out). */
+bool prompt_build(const struct server *srv, const struct gen_request *req, struct prompt *out,
+                  struct api_error *e);
+void prompt_free(struct prompt *p);
+
+/* The engine's parameters for req over pr. bias must hold req->n_logit_bias
+ * entries; p keeps pointers into req, pr, bias and srv. */
+void prompt_fill_params(const struct server *srv, const struct gen_request *req,
+                        const struct prompt *pr, struct gen_params *p,
+                        struct sampler_logit_bias *bias);
+
+/* True when the model's tokenizer has <think> and </think>: its replies are
+ * split into reasoning and content. */
+bool prompt_model_thinks(const struct tokenizer *tok);
+
+#endif
