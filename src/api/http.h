@@ -22,6 +22,7 @@ struct http_exchange {
     size_t body_len;
     enum api_route route;
     int client_fd;    /* for noticing a client that went away */
+    const char *warning; /* static text for a Warning header on the response, or NULL */
     bool responded;
 };
 

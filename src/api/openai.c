@@ -508,11 +508,26 @@ static void stream_release(void *ctx)
     generation_free(ctx);
 }
 
+/* Structured output is not implemented yet: a request for it is answered
+ * with unconstrained text and a Warning header that says so, the way
+ * servers degrade when a grammar cannot be applied. */
+static const char *response_format_warning(const struct gen_request *req)
+{
+    json_object *type = NULL;
+    if (!req->response_format ||
+        !json_object_object_get_ex(req->response_format, "type", &type) ||
+        !json_object_is_type(type, json_type_string) ||
+        !strcmp(json_object_get_string(type), "text"))
+        return NULL;
+    return "299 inferd \"response_format is not enforced: the reply is unconstrained text\"";
+}
+
 static void handle_generation(struct http_exchange *x, enum gen_request_kind kind)
 {
     struct gen_request req;
     memset(&req, 0, sizeof req);
     struct generation *g = start_generation(x, kind, &req);
+    x->warning = response_format_warning(&req);
     bool stream = req.has_stream && req.stream;
     gen_request_free(&req);
     if (!g)

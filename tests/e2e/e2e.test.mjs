@@ -450,6 +450,24 @@ describe('models, health, stats and metrics', () => {
     await assert.rejects(openai.models.retrieve('no-such-model'), (e) => e instanceof OpenAI.NotFoundError && e.status === 404);
   });
 
+  test('response_format json_object/json_schema is answered with a Warning that it is not enforced; text has none', async () => {
+    const ask = (format) => fetch(`${server.url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify({ ...greedy, max_tokens: 2, messages: [{ role: 'user', content: 'Hi' }], response_format: format }),
+    });
+    for (const format of [{ type: 'json_object' }, { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object' } } }]) {
+      const r = await ask(format);
+      assert.equal(r.status, 200);
+      assert.match(r.headers.get('warning') ?? '', /response_format is not enforced/);
+      await r.json();
+    }
+    const plain = await ask({ type: 'text' });
+    assert.equal(plain.status, 200);
+    assert.equal(plain.headers.get('warning'), null);
+    await plain.json();
+  });
+
   test('GET /health is {"status":"ok"}', async () => {
     const r = await fetch(`${server.url}/health`);
     assert.equal(r.status, 200);
