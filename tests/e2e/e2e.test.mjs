@@ -2,26 +2,18 @@
 //
 // The test model has random weights, so its text is arbitrary; what is checked is the protocol
 // and the properties that hold for any model (greedy determinism, stop-string cuts, usage sums).
-import { after, before, describe, test } from 'node:test';
+import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
 import {
-  client, hello, mainServer, metrics, metricSum, modelId, sleep, slow, smallChat, sseRequest, startServer,
-} from './lib/harness.mjs';
+  client, hello, metrics, metricSum, modelId, sleep, slow, smallChat, sseRequest, startServer, useMainServer } from './lib/harness.mjs';
 
 let server;
 let openai;
 
-before(async () => {
-  server = await mainServer();
-  openai = client(server.url);
-});
-
-after(async () => {
-  if (server?.own) {
-    const r = await server.stop();
-    assert.equal(r.code, 0, `server exit: ${JSON.stringify(r)}`);
-  }
+useMainServer((s, c) => {
+  server = s;
+  openai = c;
 });
 
 const greedy = { model: modelId, temperature: 0 };

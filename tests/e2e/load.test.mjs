@@ -4,9 +4,9 @@
 // and the second round may not grow it by more than a small allowance (caches are warm by then).
 // INFERD_E2E_LOAD_CLIENTS and INFERD_E2E_LOAD_SECONDS (per round) size it; the sanitizer run
 // uses a short version, where LeakSanitizer stands in for the RSS check.
-import { after, before, test } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { client, mainServer, metrics, metricSum, modelId, rssKiB, sanitize, sleep, sseRequest } from './lib/harness.mjs';
+import { metrics, metricSum, modelId, rssKiB, sanitize, sleep, sseRequest, useMainServer } from './lib/harness.mjs';
 
 const CLIENTS = Number(process.env.INFERD_E2E_LOAD_CLIENTS || 64);
 const ROUND_S = Number(process.env.INFERD_E2E_LOAD_SECONDS || (sanitize ? 3 : 10));
@@ -18,16 +18,9 @@ const GROWTH_KIB = (rss) => Math.max(16 * 1024, rss / 10);
 let server;
 let openai;
 
-before(async () => {
-  server = await mainServer();
-  openai = client(server.url);
-});
-
-after(async () => {
-  if (server?.own) {
-    const r = await server.stop();
-    assert.equal(r.code, 0, `server exit: ${JSON.stringify(r)}`);
-  }
+useMainServer((s, c) => {
+  server = s;
+  openai = c;
 });
 
 const prompts = ['Tell me a story.', 'List some colours.', 'What is 2+2?', 'Describe the sea.', 'Write a haiku about rain.', 'Name three rivers.'];

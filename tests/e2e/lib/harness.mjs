@@ -10,6 +10,8 @@ import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import OpenAI from 'openai';
+import { after, before } from 'node:test';
+import assert from 'node:assert/strict';
 
 const repoRoot = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..', '..');
 
@@ -118,6 +120,23 @@ export async function mainServer() {
   }
   const s = await startServer([], { name: `suite-${path.basename(process.argv[1] || 'x')}-${process.pid}` });
   return { ...s, own: true };
+}
+
+/* Hooks for a suite run against the main server: before it, start (or reuse) the server and
+ * hand it and an SDK client to use(server, client); after it, stop the server when this suite
+ * started it and require exit status 0. */
+export function useMainServer(use) {
+  let server;
+  before(async () => {
+    server = await mainServer();
+    use(server, client(server.url));
+  });
+  after(async () => {
+    if (server?.own) {
+      const r = await server.stop();
+      assert.equal(r.code, 0, `server exit: ${JSON.stringify(r)}`);
+    }
+  });
 }
 
 export function client(url, opts = {}) {
