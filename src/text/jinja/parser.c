@@ -507,48 +507,59 @@ static struct node *parse_unary(struct parser *p, bool with_filter)
     return n;
 }
 
-static struct node *parse_pow(struct parser *p)
+/* One level of left-associative binary operators: operands come from next,
+ * operators are any of ops, as symbol tokens or (word) as keywords. */
+struct binary_level {
+    enum node_kind kind;
+    bool word;
+    const char *ops[5]; /* NULL-terminated */
+};
+
+static struct node *parse_left_assoc(struct parser *p, const struct binary_level *lv,
+                                     struct node *(*next)(struct parser *))
 {
-    struct node *l = parse_unary(p, true);
-    while (l && is_op(cur(p), "**")) {
+    struct node *l = next(p);
+    while (l) {
         const struct token *t = cur(p);
+        const char *op = NULL;
+        for (int i = 0; lv->ops[i] && !op; i++)
+            if (lv->word ? is_name(t, lv->ops[i]) : is_op(t, lv->ops[i]))
+                op = lv->ops[i];
+        if (!op)
+            break;
         p->i++;
-        l = binary(p, N_BINARY, "**", l, parse_unary(p, true), t);
+        l = binary(p, lv->kind, op, l, next(p), t);
     }
     return l;
+}
+
+static struct node *parse_filtered_unary(struct parser *p)
+{
+    return parse_unary(p, true);
+}
+
+static struct node *parse_pow(struct parser *p)
+{
+    static const struct binary_level level = {N_BINARY, false, {"**", NULL}};
+    return parse_left_assoc(p, &level, parse_filtered_unary);
 }
 
 static struct node *parse_math2(struct parser *p)
 {
-    struct node *l = parse_pow(p);
-    while (l && (is_op(cur(p), "*") || is_op(cur(p), "/") || is_op(cur(p), "//") || is_op(cur(p), "%"))) {
-        const struct token *t = cur(p);
-        p->i++;
-        l = binary(p, N_BINARY, t->s, l, parse_pow(p), t);
-    }
-    return l;
+    static const struct binary_level level = {N_BINARY, false, {"*", "/", "//", "%", NULL}};
+    return parse_left_assoc(p, &level, parse_pow);
 }
 
 static struct node *parse_concat(struct parser *p)
 {
-    struct node *l = parse_math2(p);
-    while (l && is_op(cur(p), "~")) {
-        const struct token *t = cur(p);
-        p->i++;
-        l = binary(p, N_BINARY, "~", l, parse_math2(p), t);
-    }
-    return l;
+    static const struct binary_level level = {N_BINARY, false, {"~", NULL}};
+    return parse_left_assoc(p, &level, parse_math2);
 }
 
 static struct node *parse_math1(struct parser *p)
 {
-    struct node *l = parse_concat(p);
-    while (l && (is_op(cur(p), "+") || is_op(cur(p), "-"))) {
-        const struct token *t = cur(p);
-        p->i++;
-        l = binary(p, N_BINARY, t->s, l, parse_concat(p), t);
-    }
-    return l;
+    static const struct binary_level level = {N_BINARY, false, {"+", "-", NULL}};
+    return parse_left_assoc(p, &level, parse_concat);
 }
 
 static struct node *parse_compare(struct parser *p)
@@ -606,24 +617,14 @@ static struct node *parse_not(struct parser *p)
 
 static struct node *parse_and(struct parser *p)
 {
-    struct node *l = parse_not(p);
-    while (l && is_name(cur(p), "and")) {
-        const struct token *t = cur(p);
-        p->i++;
-        l = binary(p, N_AND, "and", l, parse_not(p), t);
-    }
-    return l;
+    static const struct binary_level level = {N_AND, true, {"and", NULL}};
+    return parse_left_assoc(p, &level, parse_not);
 }
 
 static struct node *parse_or(struct parser *p)
 {
-    struct node *l = parse_and(p);
-    while (l && is_name(cur(p), "or")) {
-        const struct token *t = cur(p);
-        p->i++;
-        l = binary(p, N_OR, "or", l, parse_and(p), t);
-    }
-    return l;
+    static const struct binary_level level = {N_OR, true, {"or", NULL}};
+    return parse_left_assoc(p, &level, parse_and);
 }
 
 static struct node *parse_expr(struct parser *p)
