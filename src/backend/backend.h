@@ -26,9 +26,11 @@ struct weight_matrix {
 /* Paged KV storage of one model: n_blocks blocks of block_size token slots
  * per layer. Element (layer, block, slot, kv_head, d) of K lives at
  *   k + ((layer * n_blocks + block) * block_size + slot) * kv_dim + kv_head * head_dim + d
- * with kv_dim = n_kv_heads * head_dim; V likewise. f32 for now. */
+ * with kv_dim = n_kv_heads * head_dim; V likewise. Elements are of dtype:
+ * the backend's kv_dtype (F32, or F16 where the backend stores it so). */
 struct kv_cache {
-    float *k, *v; /* backend memory; owned by whoever allocated the cache */
+    void *k, *v; /* backend memory; owned by whoever allocated the cache */
+    enum dtype dtype;
     int n_layers, n_blocks, block_size, n_kv_heads, head_dim;
 };
 
@@ -112,6 +114,8 @@ struct backend {
      * to_device) instead of pointing at the mapped file: for backends that
      * cannot read host memory in place. */
     bool copy_weights;
+    /* Element type of the KV caches this backend's attention reads and writes. */
+    enum dtype kv_dtype;
     void *impl; /* owned by the backend */
 };
 

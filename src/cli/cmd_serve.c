@@ -150,7 +150,8 @@ static void engine_sizes(const struct serve_options *o, const struct model *m,
         ctx = DEFAULT_CTX_CAP;
     if (ctx < 2)
         ctx = 2;
-    size_t bytes_per_token = (size_t)c->n_layers * c->n_kv_heads * c->head_dim * 2 * sizeof(float);
+    size_t bytes_per_token =
+        (size_t)c->n_layers * c->n_kv_heads * c->head_dim * 2 * dtype_size(m->backend->kv_dtype);
     size_t budget = (size_t)(o->kv_mb ? o->kv_mb : DEFAULT_KV_MB) << 20;
     long tokens = (long)(budget / bytes_per_token);
     if (tokens > ctx * o->max_batch)

@@ -16,7 +16,7 @@ int kv_pool_create(const struct model *m, struct backend *be, int n_blocks, int 
         return err_set(err, INFERD_ERANGE, "KV pool needs at least one block, got %d", n_blocks);
     const struct model_config *c = &m->config;
     size_t kv_dim = (size_t)c->n_kv_heads * c->head_dim;
-    size_t floats = (size_t)c->n_layers * n_blocks * block_size * kv_dim;
+    size_t bytes = (size_t)c->n_layers * n_blocks * block_size * kv_dim * dtype_size(be->kv_dtype);
     struct kv_pool *pool = calloc(1, sizeof *pool);
     if (!pool)
         return err_set(err, INFERD_ENOMEM, "out of memory creating the KV pool");
@@ -24,18 +24,19 @@ int kv_pool_create(const struct model *m, struct backend *be, int n_blocks, int 
     pool->cache = (struct kv_cache){
         .n_layers = c->n_layers,
         .n_blocks = n_blocks,
+        .dtype = be->kv_dtype,
         .block_size = block_size,
         .n_kv_heads = c->n_kv_heads,
         .head_dim = c->head_dim,
     };
-    pool->cache.k = be->ops->alloc(be, floats * sizeof(float));
-    pool->cache.v = be->ops->alloc(be, floats * sizeof(float));
+    pool->cache.k = be->ops->alloc(be, bytes);
+    pool->cache.v = be->ops->alloc(be, bytes);
     pool->refcount = calloc((size_t)n_blocks, sizeof *pool->refcount);
     pool->free_list = malloc((size_t)n_blocks * sizeof *pool->free_list);
     if (!pool->cache.k || !pool->cache.v || !pool->refcount || !pool->free_list) {
         kv_pool_free(pool);
         return err_set(err, INFERD_ENOMEM, "out of memory for a KV pool of %d blocks (%.1f MB)",
-                       n_blocks, 2.0 * floats * sizeof(float) / 1e6);
+                       n_blocks, 2.0 * bytes / 1e6);
     }
     /* lowest ids on top of the stack, so allocation order is predictable */
     for (int i = 0; i < n_blocks; i++)

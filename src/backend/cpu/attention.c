@@ -17,6 +17,7 @@ void cpu_kv_store(struct backend *be, struct kv_cache *kv, int layer, const floa
 {
     (void)be;
     size_t kv_dim = (size_t)kv->n_kv_heads * kv->head_dim;
+    float *kc = kv->k, *vc = kv->v; /* this backend's caches are f32 */
     for (int s = 0; s < n_spans; s++) {
         const struct attn_span *sp = &spans[s];
         for (int i = 0; i < sp->n_tokens; i++) {
@@ -24,8 +25,8 @@ void cpu_kv_store(struct backend *be, struct kv_cache *kv, int layer, const floa
             uint32_t block = sp->block_ids[pos / kv->block_size];
             size_t off = kv_slot_offset(kv, layer, block, pos % kv->block_size);
             size_t row = (size_t)(sp->row0 + i) * kv_dim;
-            memcpy(kv->k + off, k + row, kv_dim * sizeof(float));
-            memcpy(kv->v + off, v + row, kv_dim * sizeof(float));
+            memcpy(kc + off, k + row, kv_dim * sizeof(float));
+            memcpy(vc + off, v + row, kv_dim * sizeof(float));
         }
     }
 }
@@ -59,6 +60,7 @@ static void attend_one(const struct attention_job *job, const struct attn_span *
                        int head)
 {
     const struct kv_cache *kv = job->kv;
+    const float *kc = kv->k, *vc = kv->v; /* this backend's caches are f32 */
     int hd = kv->head_dim;
     int group = job->n_heads / kv->n_kv_heads;
     int kv_head = head / group;
@@ -85,7 +87,7 @@ static void attend_one(const struct attention_job *job, const struct attn_span *
         size_t stride = (size_t)kv->n_kv_heads * hd;
         float block_max = -FLT_MAX;
         for (int j = 0; j < n; j++) {
-            scores[j] = vec_dot(q, kv->k + base + j * stride, hd) * job->scale;
+            scores[j] = vec_dot(q, kc + base + j * stride, hd) * job->scale;
             if (scores[j] > block_max)
                 block_max = scores[j];
         }
@@ -95,7 +97,7 @@ static void attend_one(const struct attention_job *job, const struct attn_span *
         exp_shifted(scores, n, new_max);
         for (int j = 0; j < n; j++) {
             running_sum += scores[j];
-            vec_scale_axpy(acc, j == 0 ? correction : 1.0f, scores[j], kv->v + base + j * stride, hd);
+            vec_scale_axpy(acc, j == 0 ? correction : 1.0f, scores[j], vc + base + j * stride, hd);
         }
         running_max = new_max;
     }

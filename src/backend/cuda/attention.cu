@@ -122,8 +122,8 @@ attn_decode_kernel(struct cu_op op, const uint8_t *params, float *part)
             for (int j = 0; j < DPL; j++) {
                 int d = lane + 32 * j;
                 bool ok = p <= end && d < hd;
-                kd[u][j] = ok ? kv.k[off + d] : 0.0f;
-                vd[u][j] = ok ? kv.v[off + d] : 0.0f;
+                kd[u][j] = ok ? kv_get(kv.k, off + d, kv.f16) : 0.0f;
+                vd[u][j] = ok ? kv_get(kv.v, off + d, kv.f16) : 0.0f;
             }
         }
 #pragma unroll
@@ -290,7 +290,26 @@ static __device__ void fd_merge(const struct cu_op &op, const float *part, int n
     }
 }
 
-template <int HD, int GP>
+/* Four consecutive cache elements from element 4 * i4 of row, widened to f32:
+ * one 16-byte load from an f32 cache, one 8-byte load from an fp16 one. */
+template <typename KT>
+static __device__ __forceinline__ float4 kv_load4(const KT *row, int i4);
+
+template <>
+__device__ __forceinline__ float4 kv_load4<float>(const float *row, int i4)
+{
+    return __ldg((const float4 *)row + i4);
+}
+
+template <>
+__device__ __forceinline__ float4 kv_load4<__half>(const __half *row, int i4)
+{
+    uint2 u = __ldg((const uint2 *)row + i4);
+    float2 a = __half22float2(*(const __half2 *)&u.x), b = __half22float2(*(const __half2 *)&u.y);
+    return make_float4(a.x, a.y, b.x, b.y);
+}
+
+template <int HD, int GP, typename KT>
 static __global__ void __launch_bounds__(FD_THREADS, HD * GP <= 512 ? 2 : 1)
 attn_decode_fd_kernel(struct cu_op op, const uint8_t *params, float *part, unsigned *counters)
 {
@@ -358,10 +377,10 @@ attn_decode_fd_kernel(struct cu_op op, const uint8_t *params, float *part, unsig
         for (int r = 0; r < KR; r++) {
             int p = t0 + r * (FD_WARPS * PPW) + warp * PPW + kg;
             if (p <= end) {
-                const float4 *src = (const float4 *)(kv.k + slot_offset(&kv, layer, bt, p) + head_off);
+                const KT *src = (const KT *)kv.k + slot_offset(&kv, layer, bt, p) + head_off;
 #pragma unroll
                 for (int i = 0; i < 4; i++)
-                    kr[r][i] = __ldg(src + kl + i * LPP);
+                    kr[r][i] = kv_load4(src, kl + i * LPP);
             } else {
 #pragma unroll
                 for (int i = 0; i < 4; i++)
@@ -372,10 +391,10 @@ attn_decode_fd_kernel(struct cu_op op, const uint8_t *params, float *part, unsig
         for (int r = 0; r < VR; r++) {
             int p = t0 + r * (FD_WARPS * VPI) + warp * VPI + vg;
             if (p <= end) {
-                const float4 *src = (const float4 *)(kv.v + slot_offset(&kv, layer, bt, p) + head_off);
+                const KT *src = (const KT *)kv.v + slot_offset(&kv, layer, bt, p) + head_off;
 #pragma unroll
                 for (int j = 0; j < VF; j++)
-                    vr[r][j] = __ldg(src + vl + 32 * j);
+                    vr[r][j] = kv_load4(src, vl + 32 * j);
             } else {
 #pragma unroll
                 for (int j = 0; j < VF; j++)
@@ -645,8 +664,8 @@ attn_prefill_kernel(struct cu_op op, const uint8_t *params)
             float kval = 0, vval = 0;
             if (p <= last_pos) {
                 size_t off = slot_offset(&kv, op.u.attn.layer, bt, p) + (size_t)kvh * hd + d;
-                kval = kv.k[off];
-                vval = kv.v[off];
+                kval = kv_get(kv.k, off, kv.f16);
+                vval = kv_get(kv.v, off, kv.f16);
             }
             sk[c * ldk + d] = kval;
             sv[c * hd + d] = vval;
@@ -776,8 +795,8 @@ attn_prefill_tc_kernel(struct cu_op op, const uint8_t *params)
             float kval = 0, vval = 0;
             if (p <= last_pos) {
                 size_t off = slot_offset(&kv, op.u.attn.layer, bt, p) + (size_t)kvh * HD + d;
-                kval = kv.k[off];
-                vval = kv.v[off];
+                kval = kv_get(kv.k, off, kv.f16);
+                vval = kv_get(kv.v, off, kv.f16);
             }
             ks[i] = __float2half_rn(kval);
             vs[i] = __float2half_rn(vval);
@@ -954,7 +973,10 @@ static cudaError_t launch_decode_fd(cudaStream_t s, const struct cu_op *op, cons
         if (merge_inside)
             counters = (unsigned *)part;
     }
-    attn_decode_fd_kernel<HD, GP><<<grid, FD_THREADS, 0, s>>>(*op, params, partials, counters);
+    if (op->u.attn.kv.f16)
+        attn_decode_fd_kernel<HD, GP, __half><<<grid, FD_THREADS, 0, s>>>(*op, params, partials, counters);
+    else
+        attn_decode_fd_kernel<HD, GP, float><<<grid, FD_THREADS, 0, s>>>(*op, params, partials, counters);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess || merge_inside)
         return e;

@@ -458,6 +458,7 @@ static struct cu_kv kv_of(const struct kv_cache *kv)
     c.block_size = kv->block_size;
     c.n_kv_heads = kv->n_kv_heads;
     c.head_dim = kv->head_dim;
+    c.f16 = kv->dtype == DTYPE_F16;
     return c;
 }
 
@@ -681,18 +682,16 @@ static int exec_gemv(struct backend *be, struct cu_impl *im, const struct cu_op 
     return CU_TRY(im, cu_launch_gemv(im->stream, &a, im->n_sm)) ? used : -1;
 }
 
-/* An RMSNorm whose only reader is the GEMV-path matmul right after it. */
+/* An RMSNorm of the rows the decode-path GEMV right after it reads: the GEMV's
+ * blocks (one wave of them) normalise x themselves while staging it. */
 static bool norm_feeds_gemv(const struct cu_impl *im, const struct backend *be,
                             const struct cu_op *norm, const struct cu_op *mm)
 {
-    /* not for the LM head: tens of thousands of blocks would each redo the norm */
-    int64_t rows = 0;
-    for (int i = 0; i < mm->u.mm.n; i++)
-        rows += mm->u.mm.m[i].rows;
-    return mm->kind == CU_MATMUL && rows <= 32768 && use_gemv(im, be, mm) &&
-           mm->u.mm.x == norm->u.norm.y &&
+    return im->fuse_norm && mm->kind == CU_MATMUL && use_gemv(im, be, mm) &&
+           mm->n_rows <= CU_GEMV_MAX_ROWS && mm->u.mm.dtype == DTYPE_BF16 &&
+           mm->u.mm.cols % 8 == 0 && mm->u.mm.x == norm->u.norm.y &&
            norm->u.norm.y != norm->u.norm.x && mm->n_rows == norm->u.norm.n_rows &&
-           mm->u.mm.cols == norm->u.norm.dim && im->fuse_norm;
+           mm->u.mm.cols == norm->u.norm.dim;
 }
 
 /* Launches ops[i] (and the ops fused with it); returns how many it covered, or -1. */
@@ -819,6 +818,9 @@ static void profile_report(struct cu_impl *im)
         return;
     log_info("cuda profile: %ld steps replayed from graphs, %ld graphs captured, %ld steps launched eagerly",
              im->graph_hits, im->graph_captures, im->steps_eager);
+    if (im->replays_timed)
+        log_info("cuda profile: replayed steps took %.1f us of GPU time each (%ld timed)",
+                 1e3 * im->replay_ms / im->replays_timed, im->replays_timed);
     for (int k = 0; k < PL_N; k++)
         if (im->prof_calls[k])
             log_info("cuda profile: %-28s %8ld launches %10.3f ms %9.2f us each", prof_names[k],
@@ -902,7 +904,21 @@ static bool run_graph(struct backend *be, struct cu_impl *im)
         im->graph_hits++;
     }
     hit->last_used = ++im->graph_clock;
-    return CU_TRY(im, cudaGraphLaunch(hit->exec, im->stream));
+    if (im->profile != 1)
+        return CU_TRY(im, cudaGraphLaunch(hit->exec, im->stream));
+    /* timed replay: the step's GPU time without the host's share of it */
+    if (!im->replay_ev[0] && (!CU_TRY(im, cudaEventCreate(&im->replay_ev[0])) ||
+                              !CU_TRY(im, cudaEventCreate(&im->replay_ev[1]))))
+        return false;
+    float ms = 0;
+    bool ok = CU_TRY(im, cudaEventRecord(im->replay_ev[0], im->stream)) &&
+              CU_TRY(im, cudaGraphLaunch(hit->exec, im->stream)) &&
+              CU_TRY(im, cudaEventRecord(im->replay_ev[1], im->stream)) &&
+              CU_TRY(im, cudaEventSynchronize(im->replay_ev[1])) &&
+              CU_TRY(im, cudaEventElapsedTime(&ms, im->replay_ev[0], im->replay_ev[1]));
+    im->replay_ms += ms;
+    im->replays_timed++;
+    return ok;
 }
 
 static struct backend *owner_of(struct cu_impl *im);
@@ -1120,6 +1136,9 @@ static void cu_destroy(struct backend *be)
     im->n_ops = 0;
     cudaStreamSynchronize(im->stream);
     profile_report(im);
+    for (int i = 0; i < 2; i++)
+        if (im->replay_ev[i])
+            cudaEventDestroy(im->replay_ev[i]);
     for (int i = 0; i < im->prof_ev_cap; i++)
         cudaEventDestroy(im->prof_ev[i]);
     free(im->prof_ev);
@@ -1263,12 +1282,16 @@ extern "C" int backend_cuda_create(int device, enum compute_mode mode, struct ba
     be->ops = &cuda_ops;
     be->mode = mode;
     be->copy_weights = true;
+    /* fast mode keeps K and V in fp16 (half the bytes attention reads);
+     * INFERD_CUDA_KV=f32 keeps them in f32 as exact mode does */
+    const char *kv_env = getenv("INFERD_CUDA_KV");
+    be->kv_dtype = mode == COMPUTE_FAST && !(kv_env && !strcmp(kv_env, "f32")) ? DTYPE_F16 : DTYPE_F32;
     be->impl = im;
     im->device = device;
     const char *graphs = getenv("INFERD_CUDA_GRAPHS"), *profile = getenv("INFERD_CUDA_PROFILE");
     im->graphs_enabled = !graphs || strcmp(graphs, "0");
     const char *fuse = getenv("INFERD_CUDA_NORM_FUSION"), *tc = getenv("INFERD_CUDA_PREFILL_TC");
-    im->fuse_norm = fuse && !strcmp(fuse, "1");
+    im->fuse_norm = !fuse || strcmp(fuse, "0");
     im->prefill_tc = !tc || strcmp(tc, "0");
     im->profile = !profile ? 0 : !strcmp(profile, "ops") ? 2 : !strcmp(profile, "graphs") ? 1 : 0;
     cudaDeviceProp prop;

@@ -43,11 +43,31 @@ struct cu_span {
     int pad[3];
 };
 
-/* The geometry of a kv_cache, by value. */
+/* The geometry of a kv_cache, by value. Elements are __half when f16, else
+ * float (exact mode); every kernel that reads or writes the cache takes both. */
 struct cu_kv {
-    float *k, *v;
+    void *k, *v;
     int n_blocks, block_size, n_kv_heads, head_dim;
+    int f16;
 };
+
+#ifdef __CUDACC__
+#include <cuda_fp16.h>
+/* Element off of a KV cache (K or V), widened to f32. */
+static __device__ __forceinline__ float kv_get(const void *base, size_t off, int f16)
+{
+    return f16 ? __half2float(((const __half *)base)[off]) : ((const float *)base)[off];
+}
+
+/* Stores x as element off of a KV cache, rounded to fp16 when the cache is. */
+static __device__ __forceinline__ void kv_put(void *base, size_t off, float x, int f16)
+{
+    if (f16)
+        ((__half *)base)[off] = __float2half_rn(x);
+    else
+        ((float *)base)[off] = x;
+}
+#endif
 
 /* One backend op as called, with every host array it was given already
  * copied into the parameter arena (offsets). Two steps whose op lists are
@@ -158,8 +178,7 @@ struct cu_impl {
     struct cu_graph_entry graphs[CU_GRAPH_CACHE];
     uint64_t graph_clock;
     bool graphs_enabled;
-    /* RMSNorm folded into the GEMV after it (INFERD_CUDA_NORM_FUSION=1):
-     * measured neutral on an H200, so off by default */
+    /* RMSNorm folded into the decode GEMV after it (INFERD_CUDA_NORM_FUSION=0: off) */
     bool fuse_norm;
     bool prefill_tc; /* fast-mode prefill attention on tensor cores (INFERD_CUDA_PREFILL_TC=0: off) */
 
@@ -180,6 +199,10 @@ struct cu_impl {
     double prof_ms[24];
     long prof_calls[24];
     long graph_hits, graph_captures, steps_eager;
+    /* =graphs: the GPU time of each replayed step, between events around it */
+    cudaEvent_t replay_ev[2];
+    double replay_ms;
+    long replays_timed;
 
     /* The first error an op met; ops become no-ops until status() reports it. */
     struct err error;

@@ -304,7 +304,10 @@ static cudaError_t launch_np(cudaStream_t s, const struct cu_gemv_args *a, int64
 #define GEMV_STREAM_PDL 1
 #endif
 
-template <int TT, int NP>
+/* NORM: x is RMSNorm'ed on the way into shared memory. Every block finds the
+ * rms of the token rows itself (a few KB read from L2), block 0 also writes
+ * the normed rows to norm_out, as the RMSNorm launch it replaces would. */
+template <int TT, int NP, bool NORM>
 static __global__ void __launch_bounds__(GEMV_STREAM_THREADS, GEMV_STREAM_MIN_BLOCKS)
 gemv_stream_kernel(struct cu_gemv_args a, int n_units)
 {
@@ -357,16 +360,63 @@ gemv_stream_kernel(struct cu_gemv_args a, int n_units)
 #endif
 
     const float *x = a.x;
+    float ss[TT];
+#pragma unroll
+    for (int t = 0; t < TT; t++)
+        ss[t] = 0.0f;
     for (int i = threadIdx.x; i < nt * 2 * nchunk; i += GEMV_STREAM_THREADS) {
         int t = i / (2 * nchunk), r = i - t * 2 * nchunk;
         float4 v = __ldg((const float4 *)(x + (int64_t)t * a.cols) + r);
-        if (a.round_bf16) {
+        if (NORM) {
+#pragma unroll
+            for (int u = 0; u < TT; u++)
+                if (u == t)
+                    ss[u] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        } else if (a.round_bf16) {
             v.x = round_bf16(v.x);
             v.y = round_bf16(v.y);
             v.z = round_bf16(v.z);
             v.w = round_bf16(v.w);
         }
         xs[t * 2 * nchunk + (r & 1) * nchunk + (r >> 1)] = v;
+    }
+    if (NORM) {
+        __shared__ float red[GEMV_STREAM_THREADS / 32][TT];
+        __shared__ float inv_sm[TT];
+#pragma unroll
+        for (int t = 0; t < TT; t++) {
+            float v = warp_sum(ss[t]);
+            if (lane == 0)
+                red[warp][t] = v;
+        }
+        __syncthreads();
+        if (threadIdx.x < TT) {
+            float tot = 0.0f;
+            for (int w = 0; w < GEMV_STREAM_THREADS / 32; w++)
+                tot += red[w][threadIdx.x];
+            inv_sm[threadIdx.x] = 1.0f / sqrtf(tot / (float)a.cols + a.norm_eps);
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < nt * 2 * nchunk; i += GEMV_STREAM_THREADS) {
+            int t = i / (2 * nchunk), r = i - t * 2 * nchunk;
+            float inv = inv_sm[t];
+            float4 w = __ldg((const float4 *)a.norm_w + r);
+            float4 *slot = &xs[t * 2 * nchunk + (r & 1) * nchunk + (r >> 1)];
+            float4 v = *slot;
+            v.x = w.x * (v.x * inv);
+            v.y = w.y * (v.y * inv);
+            v.z = w.z * (v.z * inv);
+            v.w = w.w * (v.w * inv);
+            if (blockIdx.x == 0 && a.norm_out)
+                *((float4 *)(a.norm_out + (int64_t)t * a.cols) + r) = v;
+            if (a.round_bf16) {
+                v.x = round_bf16(v.x);
+                v.y = round_bf16(v.y);
+                v.z = round_bf16(v.z);
+                v.w = round_bf16(v.w);
+            }
+            *slot = v;
+        }
     }
     __syncthreads();
     if (unit >= n_units)
@@ -448,14 +498,14 @@ template <int TT, int NP>
 static cudaError_t launch_stream(cudaStream_t s, const struct cu_gemv_args *a, int n_units,
                                  int n_sm, size_t smem, bool pdl)
 {
-    auto kern = gemv_stream_kernel<TT, NP>;
-    static size_t smem_set = 48 * 1024;
-    if (smem > smem_set) {
+    auto kern = a->norm_w ? gemv_stream_kernel<TT, NP, true> : gemv_stream_kernel<TT, NP, false>;
+    static size_t smem_set[2] = {48 * 1024, 48 * 1024};
+    if (smem > smem_set[a->norm_w != NULL]) {
         cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              (int)smem);
         if (e != cudaSuccess)
             return e;
-        smem_set = smem;
+        smem_set[a->norm_w != NULL] = smem;
     }
     int per_sm = 0;
     cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern,
@@ -520,7 +570,7 @@ cudaError_t cu_launch_gemv(cudaStream_t s, const struct cu_gemv_args *a, int n_s
         smem_optin = optin;
     }
     size_t smem = (size_t)a->n_rows * (size_t)a->cols * sizeof(float);
-    if (vec && !a->norm_w && a->n_rows <= 8 && smem <= (size_t)smem_optin &&
+    if (vec && a->n_rows <= 8 && smem <= (size_t)smem_optin &&
         n_units < INT32_MAX && (int64_t)a->n_rows * a->cols < INT32_MAX)
         return a->pair ? launch_stream_np<2>(s, a, (int)n_units, n_sm, smem, pdl)
                        : launch_stream_np<1>(s, a, (int)n_units, n_sm, smem, pdl);

@@ -212,8 +212,8 @@ static __global__ void kv_store_kernel(struct cu_kv kv, int layer, const float *
     size_t off = kv_slot(&kv, layer, params, sp, pos);
     int kv_dim = kv.n_kv_heads * kv.head_dim;
     for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) {
-        kv.k[off + i] = k[(size_t)row * kv_dim + i];
-        kv.v[off + i] = v[(size_t)row * kv_dim + i];
+        kv_put(kv.k, off + i, k[(size_t)row * kv_dim + i], kv.f16);
+        kv_put(kv.v, off + i, v[(size_t)row * kv_dim + i], kv.f16);
     }
 }
 
@@ -264,16 +264,17 @@ static __global__ void qk_prep_kernel(struct cu_qk_args a, const uint8_t *params
     float pos = (float)((const int32_t *)(params + a.pos_off))[row];
     const float *inv_freq = (const float *)(params + a.freq_off);
     int half = a.rot_dim / 2;
-    float *kdst = NULL, *vdst = NULL;
+    bool store = false;
+    size_t off = 0;
     const float *vsrc = NULL;
+    const int f16 = a.kv.f16;
     if (is_k && a.store) {
         int p;
         const struct cu_span *sp = row_span(params, a.spans_off, a.n_spans, row, &p);
         if (sp) {
-            size_t off = kv_slot(&a.kv, a.layer, params, sp, p) + (size_t)head * hd;
-            kdst = a.kv.k + off;
-            vdst = a.kv.v + off;
+            off = kv_slot(&a.kv, a.layer, params, sp, p) + (size_t)head * hd;
             vsrc = a.v + ((size_t)row * n_heads + head) * hd;
+            store = true;
         }
     }
     for (int i = lane; i < half; i += 32) {
@@ -284,19 +285,19 @@ static __global__ void qk_prep_kernel(struct cu_qk_args a, const uint8_t *params
         float r0 = lo * c - hi * s, r1 = hi * c + lo * s;
         x[i] = r0;
         x[i + half] = r1;
-        if (kdst) {
-            kdst[i] = r0;
-            kdst[i + half] = r1;
+        if (store) {
+            kv_put(a.kv.k, off + i, r0, f16);
+            kv_put(a.kv.k, off + i + half, r1, f16);
         }
     }
     for (int i = 2 * half + lane; i < hd; i += 32) {
         x[i] = v[i];
-        if (kdst)
-            kdst[i] = v[i];
+        if (store)
+            kv_put(a.kv.k, off + i, v[i], f16);
     }
-    if (vdst)
+    if (store)
         for (int i = lane; i < hd; i += 32)
-            vdst[i] = vsrc[i];
+            kv_put(a.kv.v, off + i, vsrc[i], f16);
 }
 
 cudaError_t cu_launch_qk_prep(cudaStream_t s, const struct cu_qk_args *a, const uint8_t *params)
