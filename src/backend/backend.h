@@ -51,6 +51,80 @@ struct rope_table {
     float attention_factor; /* multiplies cos and sin (1 unless a scaling kind says otherwise) */
 };
 
+/* ---- sampling on the backend ----------------------------------------------
+ * A backend that can choose tokens where the logits are (sample, below) takes
+ * one sample_spec per logits row and answers one sample_result, so only a few
+ * hundred bytes per row cross to the host. The semantics are the host
+ * sampler's (engine/sampler.h), step by step, on the row x of vocab logits:
+ *
+ * 1. Adjustments, for each entry of the row's sparse list (distinct tokens):
+ *    x[t] += bias; then when repeat, x[t] = x[t] > 0 ? x[t] / repetition_penalty
+ *    : x[t] * repetition_penalty; then when count > 0,
+ *    x[t] = fmaf(-frequency_penalty, count, x[t]) - presence_penalty.
+ *    Every operation is one IEEE float operation, rounded to nearest.
+ * 2. NaN counts as -inf from here on. M = the largest logit, argmax = the
+ *    lowest id holding it (token 0 when nothing is above -inf).
+ * 3. Greedy (temperature 0 or top_k 1): the token is argmax.
+ * 4. Sampling over finite M: e[i] = expf((x[i] - M) / temperature), S = the
+ *    double sum of e, p[i] = (float)(e[i] / S). Candidates are ranked by p
+ *    descending, ties lower id first; top_k keeps the first top_k (0: all);
+ *    min_p keeps the first and those with p >= min_p * p[argmax]; top_p keeps
+ *    the shortest ranked prefix whose double running sum reaches top_p. Then
+ *    r = u * (double sum of the kept p) and the token is the first kept
+ *    candidate at which r minus the running sum drops below 0 (the last kept
+ *    one if rounding never lets it). Without any truncation the candidates are
+ *    walked in id order instead of ranked order. Nothing above -inf: argmax,
+ *    and u is not used (used_random false).
+ * 5. Logprobs (n_top >= 0), whatever the temperature: max_logit = M and log_z = M + log of
+ *    the sum of expf(x[i] - M) over the row (log of the count of +inf logits
+ *    when M is +inf); top holds the n_top best (id, logit) by logit
+ *    descending, ties lower id first.
+ * A row the backend cannot finish exactly (sampling with a +inf logit, or a
+ * truncation its candidate list cannot settle) comes back with need_host:
+ * its logits after step 1 are in the caller's host_rows and the host finishes
+ * the pick itself; max_logit, log_z and top are then not filled. */
+
+/* The most candidates a sample_result reports (OpenAI's top_logprobs limit). */
+#define SAMPLE_MAX_TOP 20
+
+/* One token's adjustment before sampling. */
+struct sample_adjust {
+    int32_t token;  /* [0, vocab) */
+    float bias;     /* added first; the sum of the request's logit_bias entries for token */
+    int32_t count;  /* times generated: frequency and presence penalties apply when > 0 */
+    int32_t repeat; /* 1: the repetition penalty applies (token in prompt or output) */
+};
+
+struct sample_spec {
+    float temperature; /* 0: greedy */
+    int top_k;         /* 0: off */
+    float top_p;       /* 1: off */
+    float min_p;       /* 0: off */
+    double u;          /* uniform in [0, 1), drawn by the host for this pick; unused when greedy */
+    float repetition_penalty, presence_penalty, frequency_penalty;
+    const struct sample_adjust *adjust; /* host memory; n_adjust entries, distinct tokens */
+    int n_adjust;
+    int n_top;         /* candidates to report, [0, SAMPLE_MAX_TOP]; -1: no logprobs (log_z
+                          is then not computed) */
+};
+
+struct sample_candidate {
+    int32_t token;
+    float logit;       /* after step 1 */
+};
+
+struct sample_result {
+    int32_t token;     /* the pick */
+    float logit;       /* its logit after step 1 (NaN reads as -inf) */
+    float max_logit;   /* M */
+    float log_z;       /* see step 5 */
+    int32_t n_top;     /* entries of top filled: min(n_top asked, vocab) */
+    int32_t used_random; /* 1 when u decided the pick */
+    int32_t need_host; /* 1: only the processed row in host_rows is valid */
+    int32_t pad;
+    struct sample_candidate top[SAMPLE_MAX_TOP];
+};
+
 struct backend;
 
 struct backend_ops {
@@ -105,6 +179,16 @@ struct backend_ops {
      * an op met since the last call, e.g. out of device memory: 0 when all
      * went well. NULL for backends whose ops cannot fail. */
     int (*status)(struct backend *be, struct err *err);
+
+    /* Optional (NULL: the caller copies logits to the host and samples there).
+     * Picks one token per row of logits (backend memory, n_rows x vocab, which
+     * the op may overwrite) as the block comment on sample_spec describes,
+     * filling out[r] for specs[r]; a row r that needs the host gets its
+     * processed logits at host_rows + r * vocab (host memory). Returns 0, or
+     * a negative error code with err filled (the op's and earlier ops'). */
+    int (*sample)(struct backend *be, const float *logits, int n_rows, int vocab,
+                  const struct sample_spec *specs, struct sample_result *out, float *host_rows,
+                  struct err *err);
 };
 
 struct backend {

@@ -110,6 +110,7 @@ int cmd_bench(int argc, char **argv)
     struct backend *be = NULL;
     struct model *m = NULL;
     struct generator *g = NULL;
+    struct sampler greedy = {0};
     int32_t *prompt = NULL;
     int status = 1;
 
@@ -126,7 +127,10 @@ int cmd_bench(int argc, char **argv)
     double gemm_peak = pool ? cpu_measure_gemm_gflops(backend_cpu_matmul(be), o.mode) : 0.0;
     double gpu_bandwidth = pool ? 0.0 : backend_cuda_read_bandwidth(be, (size_t)2 << 30);
 
-    if (generator_create(m, (int)(o.prompt_len + o.gen_len + 1), (int)o.chunk, &g, &err) < 0)
+    /* Greedy decoding, picked on the GPU where the backend samples: only token ids come back. */
+    if (generator_create(m, (int)(o.prompt_len + o.gen_len + 1), (int)o.chunk, &g, &err) < 0 ||
+        sampler_init(&greedy, &(struct sampler_params){.temperature = 0, .top_p = 1},
+                     m->config.vocab_size, &err) < 0)
         goto fail;
     prompt = malloc((size_t)o.prompt_len * sizeof *prompt);
     if (!prompt) {
@@ -149,15 +153,14 @@ int cmd_bench(int argc, char **argv)
         rr->bandwidth = pool ? cpu_measure_read_bandwidth(pool, (size_t)512 << 20) : gpu_bandwidth;
         generator_reset(g);
         double t = now_s();
-        if (generator_feed(g, prompt, (int)o.prompt_len, &err) < 0)
+        int32_t tok;
+        if (generator_feed_pick(g, prompt, (int)o.prompt_len, &greedy, &tok, &err) < 0)
             goto fail;
         rr->prefill_tps = o.prompt_len / (now_s() - t);
         t = now_s();
-        for (long i = 0; i < o.gen_len; i++) {
-            int32_t tok = logits_argmax(g->logits, m->config.vocab_size);
-            if (generator_feed(g, &tok, 1, &err) < 0)
+        for (long i = 0; i < o.gen_len; i++)
+            if (generator_feed_pick(g, &tok, 1, &greedy, &tok, &err) < 0)
                 goto fail;
-        }
         rr->decode_tps = o.gen_len / (now_s() - t);
         rr->floor_tps = rr->bandwidth * 1e9 / bytes_per_token;
         rr->decode_of_floor = rr->decode_tps / rr->floor_tps;
@@ -207,6 +210,7 @@ fail:
     fprintf(stderr, "inferd bench: %s\n", err.msg);
 done:
     free(prompt);
+    sampler_free(&greedy);
     generator_free(g);
     model_free(m);
     backend_destroy(be);

@@ -200,21 +200,21 @@ int cmd_run(int argc, char **argv)
                 o.n_prompt, o.n_generate, n_ctx);
         goto fail;
     }
+    int32_t next;
     if (generator_create(m, (int)n_ctx, 512, &g, &err) < 0 ||
         sampler_init(&sampler, &o.sampling, m->config.vocab_size, &err) < 0 ||
-        generator_feed(g, o.prompt, o.n_prompt, &err) < 0)
+        generator_feed_pick(g, o.prompt, o.n_prompt, &sampler, &next, &err) < 0)
         goto fail;
     double t_prefilled = now_s();
     long produced = 0;
     for (; produced < o.n_generate; produced++) {
-        int32_t next = sampler_pick(&sampler, g->logits);
         if (is_eos(m, next)) {
             produced++;
             break;
         }
         if (print_token(detok, next, produced, &err) < 0)
             goto fail;
-        if (produced + 1 < o.n_generate && generator_feed(g, &next, 1, &err) < 0)
+        if (produced + 1 < o.n_generate && generator_feed_pick(g, &next, 1, &sampler, &next, &err) < 0)
             goto fail;
     }
     if (detok) {

@@ -8,6 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+_Static_assert(SAMPLE_MAX_TOP == SAMPLER_MAX_TOP_LOGPROBS,
+               "a backend reports as many candidates as logprobs may ask for");
+
 static uint64_t splitmix64(uint64_t *state)
 {
     uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
@@ -67,6 +70,39 @@ static int check_params(const struct sampler_params *p, int n_vocab, struct err 
     return 0;
 }
 
+static int by_token_then_index(const void *a_, const void *b_)
+{
+    const int32_t *a = a_, *b = b_; /* pairs (token, index in the request) */
+    if (a[0] != b[0])
+        return a[0] < b[0] ? -1 : 1;
+    return a[1] < b[1] ? -1 : a[1] > b[1];
+}
+
+/* One entry per token, ascending ids, biases summed in the request's order:
+ * the sum is added to the logit once, on the host and on a backend alike.
+ * Returns the number of entries, or -1 when out of memory. */
+static int merge_bias(const struct sampler_logit_bias *in, int n, struct sampler_logit_bias *out)
+{
+    int32_t *pairs = malloc((size_t)n * 2 * sizeof *pairs);
+    if (!pairs)
+        return -1;
+    for (int i = 0; i < n; i++) {
+        pairs[2 * i] = in[i].token;
+        pairs[2 * i + 1] = i;
+    }
+    qsort(pairs, (size_t)n, 2 * sizeof *pairs, by_token_then_index);
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        const struct sampler_logit_bias *b = &in[pairs[2 * i + 1]];
+        if (m > 0 && out[m - 1].token == b->token)
+            out[m - 1].bias += b->bias;
+        else
+            out[m++] = *b;
+    }
+    free(pairs);
+    return m;
+}
+
 int sampler_init(struct sampler *s, const struct sampler_params *p, int n_vocab, struct err *err)
 {
     int rc = check_params(p, n_vocab, err);
@@ -77,13 +113,17 @@ int sampler_init(struct sampler *s, const struct sampler_params *p, int n_vocab,
     bool ok = (s->probs = malloc(n * sizeof *s->probs)) && (s->order = malloc(n * sizeof *s->order));
     if (ok && p->n_logit_bias > 0) {
         ok = (s->bias = malloc((size_t)p->n_logit_bias * sizeof *s->bias));
-        if (ok)
-            memcpy(s->bias, p->logit_bias, (size_t)p->n_logit_bias * sizeof *s->bias);
+        int merged = ok ? merge_bias(p->logit_bias, p->n_logit_bias, s->bias) : -1;
+        ok = merged >= 0;
+        s->params.n_logit_bias = ok ? merged : 0;
     }
     s->params.logit_bias = s->bias;
-    if (ok && penalties_on(p))
+    if (ok && penalties_on(p)) {
         ok = (s->counts = calloc(n, sizeof *s->counts)) && (s->listed = calloc(n, sizeof *s->listed)) &&
              (s->seen = malloc(n * sizeof *s->seen));
+        for (int i = 0; ok && i < s->params.n_logit_bias; i++)
+            s->listed[s->bias[i].token] |= SAMPLER_LISTED_BIASED;
+    }
     if (ok && (p->n_logit_bias > 0 || penalties_on(p)))
         ok = (s->processed = malloc(n * sizeof *s->processed));
     if (!ok) {
@@ -102,6 +142,10 @@ void sampler_free(struct sampler *s)
     free(s->counts);
     free(s->listed);
     free(s->seen);
+    free(s->adjust);
+    s->adjust = NULL;
+    s->adjust_cap = 0;
+    s->last_on_backend = false;
     s->probs = s->processed = NULL;
     s->order = s->counts = s->seen = NULL;
     s->bias = NULL;
@@ -114,8 +158,8 @@ void sampler_free(struct sampler *s)
 
 static void list_token(struct sampler *s, int32_t token)
 {
-    if (!s->listed[token]) {
-        s->listed[token] = 1;
+    if (!(s->listed[token] & SAMPLER_LISTED_SEEN)) {
+        s->listed[token] |= SAMPLER_LISTED_SEEN;
         s->seen[s->n_seen++] = token;
     }
 }
@@ -151,6 +195,17 @@ int32_t logits_argmax(const float *logits, int n)
     return best;
 }
 
+/* A generated or seen token's penalties (fmaf: one rounding, as on a backend). */
+static float penalized(float v, bool repetition, float r, int32_t count, float presence,
+                       float frequency)
+{
+    if (repetition)
+        v = v > 0 ? v / r : v * r;
+    if (count > 0)
+        v = fmaf(-frequency, (float)count, v) - presence;
+    return v;
+}
+
 /* The logits to choose from: the caller's row when no bias or penalty
  * applies yet, otherwise a copy with them applied (O(vocab) copy plus
  * O(bias entries + distinct seen tokens)). */
@@ -167,13 +222,7 @@ static const float *processed_logits(struct sampler *s, const float *logits)
     float r = p->repetition_penalty, presence = p->presence_penalty, frequency = p->frequency_penalty;
     for (int i = 0; i < s->n_seen; i++) {
         int32_t t = s->seen[i];
-        float v = x[t];
-        if (repetition)
-            v = v > 0 ? v / r : v * r;
-        int32_t c = s->counts[t];
-        if (c > 0)
-            v = v - frequency * (float)c - presence;
-        x[t] = v;
+        x[t] = penalized(x[t], repetition, r, s->counts[t], presence, frequency);
     }
     return x;
 }
@@ -277,14 +326,22 @@ static int truncate_candidates(struct sampler *s, float max_prob)
 
 /* ---- picking ----------------------------------------------------------- */
 
-int32_t sampler_pick(struct sampler *s, const float *logits)
+bool sampler_is_greedy(const struct sampler *s)
+{
+    return s->params.temperature == 0.0f || s->params.top_k == 1;
+}
+
+/* The pick from processed logits x. u: the uniform number for a sampling
+ * pick (NULL: draw it from the stream); *used: whether one decided the pick. */
+static int32_t pick_processed(struct sampler *s, const float *x, const double *u, bool *used)
 {
     const struct sampler_params *p = &s->params;
     int n = s->n_vocab;
-    const float *x = processed_logits(s, logits);
     s->last = x;
+    s->last_on_backend = false;
+    *used = false;
     int32_t best = logits_argmax(x, n);
-    if (p->temperature == 0.0f || p->top_k == 1)
+    if (sampler_is_greedy(s))
         return best;
 
     float max = x[best];
@@ -316,13 +373,87 @@ int32_t sampler_pick(struct sampler *s, const float *logits)
     double total = 0;
     for (int k = 0; k < keep; k++)
         total += s->probs[s->order[k]];
-    double r = uniform01(&s->rng_state) * total;
+    *used = true;
+    double r = (u ? *u : uniform01(&s->rng_state)) * total;
     for (int k = 0; k < keep; k++) {
         r -= s->probs[s->order[k]];
         if (r < 0)
             return s->order[k];
     }
     return s->order[keep - 1];
+}
+
+int32_t sampler_pick(struct sampler *s, const float *logits)
+{
+    bool used;
+    return pick_processed(s, processed_logits(s, logits), NULL, &used);
+}
+
+/* ---- picks made by a backend --------------------------------------------- */
+
+int sampler_fill_spec(struct sampler *s, int n_top, struct sample_spec *spec)
+{
+    const struct sampler_params *p = &s->params;
+    int need = p->n_logit_bias + s->n_seen;
+    if (need > s->adjust_cap) {
+        struct sample_adjust *grown = realloc(s->adjust, (size_t)need * sizeof *grown);
+        if (!grown)
+            return -INFERD_ENOMEM;
+        s->adjust = grown;
+        s->adjust_cap = need;
+    }
+    bool repetition = repetition_on(p);
+    int n = 0;
+    for (int i = 0; i < p->n_logit_bias; i++) {
+        int32_t t = s->bias[i].token;
+        bool seen = s->listed && (s->listed[t] & SAMPLER_LISTED_SEEN);
+        s->adjust[n++] = (struct sample_adjust){
+            .token = t,
+            .bias = s->bias[i].bias,
+            .count = seen ? s->counts[t] : 0,
+            .repeat = seen && repetition,
+        };
+    }
+    for (int i = 0; i < s->n_seen; i++) {
+        int32_t t = s->seen[i];
+        if (s->listed[t] & SAMPLER_LISTED_BIASED) /* already there, with its bias */
+            continue;
+        s->adjust[n++] = (struct sample_adjust){.token = t, .count = s->counts[t], .repeat = repetition};
+    }
+    uint64_t peek = s->rng_state;
+    *spec = (struct sample_spec){
+        .temperature = p->temperature,
+        .top_k = p->top_k,
+        .top_p = p->top_p,
+        .min_p = p->min_p,
+        .u = sampler_is_greedy(s) ? 0.0 : uniform01(&peek),
+        .repetition_penalty = repetition ? p->repetition_penalty : 1.0f,
+        .presence_penalty = p->presence_penalty,
+        .frequency_penalty = p->frequency_penalty,
+        .adjust = s->adjust,
+        .n_adjust = n,
+        .n_top = n_top < 0 ? -1 : n_top > SAMPLE_MAX_TOP ? SAMPLE_MAX_TOP : n_top,
+    };
+    return 0;
+}
+
+int32_t sampler_take_result(struct sampler *s, const struct sample_spec *spec,
+                            const struct sample_result *res, const float *host_row)
+{
+    bool used;
+    int32_t token;
+    if (res->need_host) {
+        token = pick_processed(s, host_row, &spec->u, &used);
+    } else {
+        used = res->used_random != 0;
+        token = res->token;
+        s->result = *res;
+        s->last = NULL;
+        s->last_on_backend = true;
+    }
+    if (used) /* the number the spec peeked at is now spent */
+        uniform01(&s->rng_state);
+    return token;
 }
 
 /* ---- logprobs ---------------------------------------------------------- */
@@ -335,17 +466,52 @@ static float logprob_of(float v, float max, double log_z)
     return v == v ? (float)((double)v - log_z) : -INFINITY;
 }
 
+/* sampler_logprobs for a pick a backend made, from its result's numbers. */
+static int logprobs_of_result(const struct sample_result *r, int32_t token, int top_n,
+                              float *token_logprob, struct token_logprob *top)
+{
+    float max = r->max_logit;
+    if (!(max > -INFINITY)) {
+        *token_logprob = -INFINITY;
+        return 0;
+    }
+    float v = NAN;
+    bool found = token == r->token;
+    if (found)
+        v = r->logit;
+    for (int k = 0; k < r->n_top && !found; k++)
+        if (r->top[k].token == token) {
+            v = r->top[k].logit;
+            found = true;
+        }
+    if (!found)
+        return -INFERD_EINVAL;
+    double log_z = r->log_z;
+    *token_logprob = logprob_of(v, max, log_z);
+    int m = 0;
+    for (int k = 0; k < r->n_top && m < top_n; k++) {
+        float c = r->top[k].logit;
+        if (!(c > -INFINITY) || (max == INFINITY && c != INFINITY))
+            continue;
+        top[m++] = (struct token_logprob){.token = r->top[k].token,
+                                          .logprob = logprob_of(c, max, log_z)};
+    }
+    return m;
+}
+
 int sampler_logprobs(const struct sampler *s, int32_t token, int top_n, float *token_logprob,
                      struct token_logprob *top)
 {
     const float *x = s->last;
     int n = s->n_vocab;
-    if (!x || token < 0 || token >= n)
+    if ((!x && !s->last_on_backend) || token < 0 || token >= n)
         return -INFERD_EINVAL;
     if (top_n < 0)
         top_n = 0;
     if (top_n > SAMPLER_MAX_TOP_LOGPROBS)
         top_n = SAMPLER_MAX_TOP_LOGPROBS;
+    if (s->last_on_backend)
+        return logprobs_of_result(&s->result, token, top_n, token_logprob, top);
 
     float max = x[logits_argmax(x, n)];
     if (!(max > -INFINITY)) { /* every token has probability zero: nothing to report */

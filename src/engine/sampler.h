@@ -1,10 +1,14 @@
 /* engine/sampler.h — picks the next token from logits: logit bias, repetition/presence/frequency
- * penalties, then greedy or temperature with top-k, top-p, min-p; reports OpenAI logprobs. */
+ * penalties, then greedy or temperature with top-k, top-p, min-p; reports OpenAI logprobs.
+ * The same picks can be made by a backend that samples where the logits are
+ * (sampler_fill_spec, then sampler_take_result). */
 #ifndef INFERD_ENGINE_SAMPLER_H
 #define INFERD_ENGINE_SAMPLER_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
+#include "backend/backend.h"
 #include "base/err.h"
 
 /* The most alternatives sampler_logprobs reports, as OpenAI's top_logprobs. */
@@ -12,7 +16,8 @@
 
 struct sampler_logit_bias {
     int32_t token; /* [0, n_vocab) */
-    float bias;    /* [-100, 100]; added to the token's logit; entries for one token add up */
+    float bias;    /* [-100, 100]; added to the token's logit; entries for one token add up
+                      (summed first, in order, then added once) */
 };
 
 /* Zero in every new field means off, so `{.temperature = 0, .top_p = 1}` still
@@ -40,15 +45,25 @@ struct sampler {
     int n_vocab;
     float *probs;                    /* owned; n_vocab */
     int32_t *order;                  /* owned; n_vocab */
-    struct sampler_logit_bias *bias; /* owned; params.n_logit_bias entries */
+    /* owned; params.n_logit_bias entries: the request's entries merged, one
+     * per token (ascending ids), biases summed in the request's order */
+    struct sampler_logit_bias *bias;
     float *processed; /* owned; n_vocab logits after bias and penalties; NULL when both are off */
     /* Penalty state, NULL when every penalty is off: */
     int32_t *counts;   /* owned; n_vocab; times each token was generated */
-    uint8_t *listed;   /* owned; n_vocab; 1 for the tokens in seen */
+    uint8_t *listed;   /* owned; n_vocab; SAMPLER_LISTED_* bits */
     int32_t *seen;     /* owned; n_vocab; distinct tokens the penalties touch, first seen first */
     int n_seen;
     const float *last; /* the logits the last pick chose from: processed or the caller's row */
+    /* Backend picks (sampler_fill_spec / sampler_take_result): */
+    struct sample_adjust *adjust; /* owned; adjust_cap entries, the last spec's list */
+    int adjust_cap;
+    struct sample_result result;  /* the last pick, when a backend made it (last is NULL then) */
+    bool last_on_backend;
 };
+
+#define SAMPLER_LISTED_SEEN 1u   /* in seen */
+#define SAMPLER_LISTED_BIASED 2u /* has a logit_bias entry */
 
 /* Validates p (ranges above; logit bias ids in [0, n_vocab)) and allocates.
  * Returns 0, or -INFERD_ERANGE / -INFERD_EINVAL / -INFERD_ENOMEM with err
@@ -73,6 +88,28 @@ void sampler_accept(struct sampler *s, int32_t token);
  * sequence of tokens. */
 int32_t sampler_pick(struct sampler *s, const float *logits);
 
+/* True when picks are greedy (temperature 0 or top_k 1): no random number is used. */
+bool sampler_is_greedy(const struct sampler *s);
+
+/* Describes the next pick for a backend's sample op: parameters, the sparse
+ * per-token adjustments (logit bias and penalty state; spec->adjust points
+ * into s, valid until the next call), n_top candidates for logprobs (clamped
+ * to SAMPLER_MAX_TOP_LOGPROBS; -1: no logprobs at all), and, for sampling picks
+ * only, the uniform number the host pick would draw next. The stream does
+ * not move until sampler_take_result says the number was used, so greedy
+ * picks and picks over rows with nothing above -inf leave it where it was,
+ * as sampler_pick does. Returns 0, or -INFERD_ENOMEM (then pick on the host). */
+int sampler_fill_spec(struct sampler *s, int n_top, struct sample_spec *spec);
+
+/* The token of a backend pick made from spec (filled by sampler_fill_spec
+ * for this pick) with result res. When res->need_host, host_row holds the
+ * row's processed logits (which must stay unchanged until sampler_logprobs
+ * is done) and the host finishes the pick with sampler_pick's exact code and
+ * spec->u. Advances the random stream when the pick used it. The caller
+ * still calls sampler_accept with the token. */
+int32_t sampler_take_result(struct sampler *s, const struct sample_spec *spec,
+                            const struct sample_result *res, const float *host_row);
+
 struct token_logprob {
     int32_t token;
     float logprob;
@@ -85,7 +122,10 @@ struct token_logprob {
  * SAMPLER_MAX_TOP_LOGPROBS]) most likely tokens to top, by logprob descending,
  * ties lower id first; tokens of probability zero (-inf or NaN logits) are
  * left out. Returns the number written to top, or -INFERD_EINVAL before any
- * pick or for a token outside the vocabulary. *token_logprob is -inf for a
+ * pick or for a token outside the vocabulary. After a backend pick, the
+ * numbers come from its result: token must be the pick or one of the
+ * reported candidates (else -INFERD_EINVAL), and top holds at most the
+ * result's candidates. *token_logprob is -inf for a
  * token of probability zero; JSON writers must map that to a finite value. */
 int sampler_logprobs(const struct sampler *s, int32_t token, int top_n, float *token_logprob,
                      struct token_logprob *top);

@@ -1,6 +1,7 @@
 /* engine/scheduler.c — the engine thread: admits queued requests into the running set,
  * builds one batch per step (a token for every decoding sequence, prefill chunks in the
- * remaining budget), runs the forward pass and hands each sequence its logits. When KV
+ * remaining budget), runs the forward pass and hands each sequence its logits (or, where
+ * the backend samples, its token: then only token ids cross to the host). When KV
  * blocks run out, the latest-admitted sequence gives its blocks back and is recomputed later. */
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,8 @@ struct engine {
     struct kv_pool *pool;          /* owned */
     struct forward_state *fwd;     /* owned */
     float *logits;                 /* owned; max_seqs rows of vocab_size */
+    struct sample_spec *specs;     /* owned; max_seqs: the step's picks, for a sampling backend */
+    struct sample_result *results; /* owned; max_seqs */
     struct batch_seq *batch_seqs;  /* owned; max_seqs */
     struct seq **batch_owner;      /* owned; max_seqs: which sequence each batch entry is */
     int *batch_chunk;              /* owned; max_seqs */
@@ -192,6 +195,20 @@ static int build_batch(struct engine *e)
     return n;
 }
 
+/* Fills a sample spec for every batch entry that gets a row; false when one
+ * cannot be filled (out of memory), and the step then samples on the host. */
+static bool fill_specs(struct engine *e, int n)
+{
+    int row = 0;
+    for (int b = 0; b < n; b++) {
+        struct seq *s = e->batch_owner[b];
+        if (!e->batch_seqs[b].no_logits &&
+            sampler_fill_spec(&s->sampler, s->logprobs, &e->specs[row++]) < 0)
+            return false;
+    }
+    return true;
+}
+
 static void run_step(struct engine *e)
 {
     int n = build_batch(e);
@@ -199,9 +216,14 @@ static void run_step(struct engine *e)
         return;
     struct batch batch = {e->batch_seqs, n};
     struct err err = {0};
-    int rc = model_forward(e->model, e->fwd, &e->pool->cache, &batch, e->logits, &err);
+    bool on_backend = model_samples_on_backend(e->model) && fill_specs(e, n);
+    int rc = on_backend ? model_forward_sampled(e->model, e->fwd, &e->pool->cache, &batch,
+                                                e->specs, e->results, e->logits, &err)
+                        : model_forward(e->model, e->fwd, &e->pool->cache, &batch, e->logits,
+                                        &err);
+    size_t vocab = (size_t)e->model->config.vocab_size;
     atomic_fetch_add(&e->steps, 1);
-    int row = 0;
+    size_t row = 0;
     for (int b = 0; b < n; b++) {
         struct seq *s = e->batch_owner[b];
         enum gen_finish why = GEN_RUNNING;
@@ -209,9 +231,12 @@ static void run_step(struct engine *e)
             why = GEN_FINISH_ERROR;
         } else {
             s->n_computed += e->batch_chunk[b];
-            if (!e->batch_seqs[b].no_logits)
-                why = seq_take_token(s, e->logits + (size_t)row++ * e->model->config.vocab_size,
-                                     e->cfg.n_ctx, &e->metrics);
+            if (!e->batch_seqs[b].no_logits && on_backend)
+                why = seq_take_result(s, &e->specs[row], &e->results[row],
+                                      e->logits + row * vocab, e->cfg.n_ctx, &e->metrics);
+            else if (!e->batch_seqs[b].no_logits)
+                why = seq_take_token(s, e->logits + row * vocab, e->cfg.n_ctx, &e->metrics);
+            row += !e->batch_seqs[b].no_logits;
         }
         if (why != GEN_RUNNING) {
             for (int i = 0; i < e->n_running; i++)
@@ -270,6 +295,8 @@ void engine_free(struct engine *e)
     free(e->batch_owner);
     free(e->batch_chunk);
     free(e->logits);
+    free(e->specs);
+    free(e->results);
     forward_state_free(e->fwd);
     kv_pool_free(e->pool);
     pthread_mutex_destroy(&e->mu);
@@ -312,8 +339,10 @@ int engine_create(const struct model *m, const struct tokenizer *tok,
         e->batch_seqs = calloc((size_t)cfg->max_seqs, sizeof *e->batch_seqs);
         e->batch_owner = calloc((size_t)cfg->max_seqs, sizeof *e->batch_owner);
         e->batch_chunk = calloc((size_t)cfg->max_seqs, sizeof *e->batch_chunk);
+        e->specs = calloc((size_t)cfg->max_seqs, sizeof *e->specs);
+        e->results = calloc((size_t)cfg->max_seqs, sizeof *e->results);
         if (!e->logits || !e->incoming || !e->running || !e->batch_seqs || !e->batch_owner ||
-            !e->batch_chunk)
+            !e->batch_chunk || !e->specs || !e->results)
             rc = err_set(err, INFERD_ENOMEM, "out of memory for the engine's buffers");
     }
     if (rc == 0 && pthread_create(&e->thread, NULL, engine_main, e) != 0)

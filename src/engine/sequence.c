@@ -105,9 +105,11 @@ static bool publish_text(struct seq *s, const char *text, size_t len, bool new_t
     return stopped;
 }
 
-enum gen_finish seq_take_token(struct seq *s, const float *logits, int n_ctx, struct engine_metrics *metrics)
+/* Appends the picked token, reports it (with logprobs when asked) and checks
+ * the ways the sequence can end. */
+static enum gen_finish emit_token(struct seq *s, int32_t id, int n_ctx,
+                                  struct engine_metrics *metrics)
 {
-    int32_t id = sampler_pick(&s->sampler, logits);
     sampler_accept(&s->sampler, id);
     s->tokens[s->n_tokens++] = id;
 
@@ -143,6 +145,18 @@ enum gen_finish seq_take_token(struct seq *s, const float *logits, int n_ctx, st
     if (n_generated >= s->max_tokens || s->n_tokens >= n_ctx)
         return GEN_FINISH_LENGTH;
     return GEN_RUNNING;
+}
+
+enum gen_finish seq_take_token(struct seq *s, const float *logits, int n_ctx, struct engine_metrics *metrics)
+{
+    return emit_token(s, sampler_pick(&s->sampler, logits), n_ctx, metrics);
+}
+
+enum gen_finish seq_take_result(struct seq *s, const struct sample_spec *spec,
+                                const struct sample_result *res, const float *host_row, int n_ctx,
+                                struct engine_metrics *metrics)
+{
+    return emit_token(s, sampler_take_result(&s->sampler, spec, res, host_row), n_ctx, metrics);
 }
 
 void seq_finish(struct seq *s, enum gen_finish why, int error_code, const char *error)

@@ -54,6 +54,13 @@ void seq_free(struct seq *s, struct kv_pool *pool);
  * string) or GEN_FINISH_LENGTH (max_tokens reached or the context full). */
 enum gen_finish seq_take_token(struct seq *s, const float *logits, int n_ctx, struct engine_metrics *metrics);
 
+/* seq_take_token for a token the backend sampled: spec is what
+ * sampler_fill_spec gave for this step, res the backend's result and
+ * host_row the row's processed logits when res->need_host. */
+enum gen_finish seq_take_result(struct seq *s, const struct sample_spec *spec,
+                                const struct sample_result *res, const float *host_row, int n_ctx,
+                                struct engine_metrics *metrics);
+
 /* Publishes the held-back text (unless a stop string fired) and the finish reason. */
 void seq_finish(struct seq *s, enum gen_finish why, int error_code, const char *error);
 

@@ -193,9 +193,18 @@ static void mlp_block(const struct model *m, struct forward_state *st,
     op->add(be, st->x, st->proj, (int64_t)n_rows * c->hidden_size);
 }
 
+/* Where the LM head's rows go: copied to the host (logits), or sampled by
+ * the backend (specs/results, host_rows for rows it hands back). */
+struct head_output {
+    float *logits;
+    const struct sample_spec *specs;
+    struct sample_result *results;
+    float *host_rows;
+};
+
 /* Final norm of the wanted rows only, then the LM head in chunks. */
-static void lm_head(const struct model *m, struct forward_state *st, const struct batch *batch,
-                    float *logits_out)
+static int lm_head(const struct model *m, struct forward_state *st, const struct batch *batch,
+                   const struct head_output *out, struct err *err)
 {
     const struct model_config *c = &m->config;
     struct backend *be = m->backend;
@@ -215,13 +224,22 @@ static void lm_head(const struct model *m, struct forward_state *st, const struc
         int rows = n_out - r < LOGITS_CHUNK_ROWS ? n_out - r : LOGITS_CHUNK_ROWS;
         op->matmul(be, st->head_in + (size_t)r * c->hidden_size, rows, &m->weights.lm_head, NULL,
                    st->logits);
-        op->to_host(be, logits_out + (size_t)r * c->vocab_size, st->logits,
-                    (size_t)rows * c->vocab_size * sizeof(float));
+        size_t row0 = (size_t)r * c->vocab_size;
+        if (!out->specs) {
+            op->to_host(be, out->logits + row0, st->logits,
+                        (size_t)rows * c->vocab_size * sizeof(float));
+            continue;
+        }
+        int rc = op->sample(be, st->logits, rows, c->vocab_size, out->specs + r, out->results + r,
+                            out->host_rows + row0, err);
+        if (rc < 0)
+            return rc;
     }
+    return 0;
 }
 
-int model_forward(const struct model *m, struct forward_state *st, struct kv_cache *kv,
-                  const struct batch *batch, float *logits, struct err *err)
+static int forward_step(const struct model *m, struct forward_state *st, struct kv_cache *kv,
+                        const struct batch *batch, const struct head_output *out, struct err *err)
 {
     const struct model_config *c = &m->config;
     if (kv->n_layers != c->n_layers || kv->n_kv_heads != c->n_kv_heads ||
@@ -237,8 +255,33 @@ int model_forward(const struct model *m, struct forward_state *st, struct kv_cac
         attention_block(m, st, lw, kv, l, n_rows, batch->n_seqs);
         mlp_block(m, st, lw, n_rows);
     }
-    lm_head(m, st, batch, logits);
+    int rc = lm_head(m, st, batch, out, err);
+    if (rc < 0)
+        return rc;
     if (m->backend->ops->status)
         return m->backend->ops->status(m->backend, err);
     return 0;
+}
+
+int model_forward(const struct model *m, struct forward_state *st, struct kv_cache *kv,
+                  const struct batch *batch, float *logits, struct err *err)
+{
+    struct head_output out = {.logits = logits};
+    return forward_step(m, st, kv, batch, &out, err);
+}
+
+bool model_samples_on_backend(const struct model *m)
+{
+    return m->backend->ops->sample != NULL;
+}
+
+int model_forward_sampled(const struct model *m, struct forward_state *st, struct kv_cache *kv,
+                          const struct batch *batch, const struct sample_spec *specs,
+                          struct sample_result *results, float *host_rows, struct err *err)
+{
+    if (!model_samples_on_backend(m))
+        return err_set(err, INFERD_EUNSUPPORTED, "the %s backend does not sample",
+                       m->backend->ops->name);
+    struct head_output out = {.specs = specs, .results = results, .host_rows = host_rows};
+    return forward_step(m, st, kv, batch, &out, err);
 }

@@ -77,6 +77,18 @@ void forward_state_free(struct forward_state *st);
 int model_forward(const struct model *m, struct forward_state *st, struct kv_cache *kv,
                   const struct batch *batch, float *logits, struct err *err);
 
+/* True when the model's backend picks tokens itself (backend_ops.sample). */
+bool model_samples_on_backend(const struct model *m);
+
+/* model_forward, but each output row is sampled where the logits are, by
+ * specs[row] into results[row]: only results cross to the host, plus the
+ * processed logits of a row the backend hands back (need_host), which land
+ * at host_rows + row * vocab_size (host memory, as large as model_forward's
+ * logits). -INFERD_EUNSUPPORTED when the backend cannot sample. */
+int model_forward_sampled(const struct model *m, struct forward_state *st, struct kv_cache *kv,
+                          const struct batch *batch, const struct sample_spec *specs,
+                          struct sample_result *results, float *host_rows, struct err *err);
+
 /* Number of logits rows model_forward will write for batch. */
 int batch_n_outputs(const struct batch *batch);
 

@@ -653,3 +653,221 @@ Test(sampler_truncation, keeps_the_same_tokens_as_sorting_the_whole_vocabulary)
         }
     }
 }
+
+/* ---- picks made by a backend (sampler_fill_spec / sampler_take_result) ---- */
+
+/* The adjustments applied as backend.h states them. */
+static void apply_spec(const struct sample_spec *spec, float *x)
+{
+    for (int i = 0; i < spec->n_adjust; i++) {
+        const struct sample_adjust *a = &spec->adjust[i];
+        float v = x[a->token] + a->bias;
+        if (a->repeat)
+            v = v > 0 ? v / spec->repetition_penalty : v * spec->repetition_penalty;
+        if (a->count > 0)
+            v = fmaf(-spec->frequency_penalty, (float)a->count, v) - spec->presence_penalty;
+        x[a->token] = v;
+    }
+}
+
+static void random_row(float *x, int n, float amp)
+{
+    for (int i = 0; i < n; i++)
+        x[i] = lcg_uniform(-amp, amp);
+}
+
+static const struct sampler_logit_bias spec_bias[] = {{2, 1.0f}, {5, -3.0f}, {2, 0.5f}, {60, 4.0f}};
+
+static struct sampler_params spec_params(float temperature)
+{
+    return (struct sampler_params){.temperature = temperature, .top_k = 0, .top_p = 0.9f,
+                                   .seed = 5, .repetition_penalty = 1.3f,
+                                   .presence_penalty = 0.4f, .frequency_penalty = 0.25f,
+                                   .logit_bias = spec_bias, .n_logit_bias = 4};
+}
+
+Test(sampler_backend, spec_adjustments_reproduce_the_hosts_processed_logits)
+{
+    enum { N = 64 };
+    struct sampler s;
+    struct sampler_params p = spec_params(0.8f);
+    cr_assert_eq(sampler_init(&s, &p, N, NULL), 0);
+    int32_t prompt[] = {1, 2, 7, 7};
+    sampler_observe_prompt(&s, prompt, 4);
+    int32_t generated[] = {3, 3, 1, 60, 9};
+    for (int i = 0; i < 5; i++)
+        sampler_accept(&s, generated[i]);
+    float row[N], mine[N];
+    lcg_state = 99;
+    random_row(row, N, 4);
+    struct sample_spec spec;
+    cr_assert_eq(sampler_fill_spec(&s, 3, &spec), 0);
+    /* one entry per token: 2, 5, 60 (bias, merged) then 1, 7, 3, 9 (seen) */
+    cr_assert_eq(spec.n_adjust, 7);
+    for (int i = 0; i < spec.n_adjust; i++)
+        for (int j = 0; j < i; j++)
+            cr_assert_neq(spec.adjust[i].token, spec.adjust[j].token, "token %d listed twice",
+                          spec.adjust[i].token);
+    cr_assert_eq(spec.n_top, 3);
+    memcpy(mine, row, sizeof row);
+    apply_spec(&spec, mine);
+    sampler_pick(&s, row);
+    cr_assert_arr_eq(mine, s.last, sizeof mine, "adjusting as backend.h says differs from the host");
+    sampler_free(&s);
+}
+
+Test(sampler_backend, greedy_specs_draw_nothing_and_sampling_specs_peek_at_the_next_number)
+{
+    struct sampler g, r, ref;
+    struct sampler_params greedy = {.temperature = 0, .top_p = 1, .seed = 9};
+    struct sampler_params sampling = {.temperature = 1, .top_p = 1, .seed = 9};
+    cr_assert_eq(sampler_init(&g, &greedy, 8, NULL), 0);
+    cr_assert_eq(sampler_init(&r, &sampling, 8, NULL), 0);
+    cr_assert_eq(sampler_init(&ref, &sampling, 8, NULL), 0);
+    struct sample_spec spec;
+    uint64_t before = g.rng_state;
+    cr_assert_eq(sampler_fill_spec(&g, -1, &spec), 0);
+    cr_assert_eq(spec.u, 0.0);
+    cr_assert_eq(spec.n_top, -1, "-1 asks for no logprobs");
+    cr_assert_eq(g.rng_state, before);
+    cr_assert_eq(spec.n_adjust, 0);
+
+    /* the host picks with ref; r hands every pick to the "backend" as a
+     * need_host result, so the host code finishes it with spec.u */
+    float row[8];
+    for (int i = 0; i < 50; i++) {
+        lcg_state = 1000 + (uint64_t)i;
+        random_row(row, 8, 3);
+        before = r.rng_state;
+        cr_assert_eq(sampler_fill_spec(&r, 25, &spec), 0);
+        cr_assert_eq(spec.n_top, SAMPLER_MAX_TOP_LOGPROBS, "n_top is clamped to 20");
+        cr_assert_eq(r.rng_state, before, "filling a spec does not move the stream");
+        cr_assert(spec.u >= 0 && spec.u < 1);
+        struct sample_result res = {.need_host = 1};
+        int32_t got = sampler_take_result(&r, &spec, &res, row);
+        cr_assert_eq(got, sampler_pick(&ref, row), "pick %d", i);
+        cr_assert_eq(r.rng_state, ref.rng_state, "pick %d moved the streams differently", i);
+    }
+    sampler_free(&g);
+    sampler_free(&r);
+    sampler_free(&ref);
+}
+
+Test(sampler_backend, a_result_that_used_no_random_number_leaves_the_stream)
+{
+    struct sampler s;
+    struct sampler_params p = {.temperature = 1, .top_k = 3, .top_p = 1, .seed = 4};
+    cr_assert_eq(sampler_init(&s, &p, 8, NULL), 0);
+    struct sample_spec a, b;
+    cr_assert_eq(sampler_fill_spec(&s, 0, &a), 0);
+    struct sample_result none = {.token = 0, .max_logit = -INFINITY, .used_random = 0};
+    cr_assert_eq(sampler_take_result(&s, &a, &none, NULL), 0);
+    cr_assert_eq(sampler_fill_spec(&s, 0, &b), 0);
+    cr_assert_eq(a.u, b.u, "an unused number is offered again");
+    struct sample_result used = {.token = 6, .logit = 1, .max_logit = 1, .log_z = 2,
+                                 .used_random = 1};
+    cr_assert_eq(sampler_take_result(&s, &b, &used, NULL), 6);
+    cr_assert_eq(sampler_fill_spec(&s, 0, &a), 0);
+    cr_assert_neq(a.u, b.u, "a used number is spent");
+    sampler_free(&s);
+}
+
+/* A backend's result for a processed row, built the way backend.h describes. */
+static struct sample_result result_of_row(const float *x, int n, int32_t token, int n_top)
+{
+    struct sample_result r = {.token = token, .logit = x[token] == x[token] ? x[token] : -INFINITY};
+    float max = -INFINITY;
+    int n_inf = 0;
+    for (int i = 0; i < n; i++) {
+        max = x[i] > max ? x[i] : max;
+        n_inf += x[i] == INFINITY;
+    }
+    double sum = 0;
+    for (int i = 0; i < n; i++)
+        if (x[i] == x[i])
+            sum += expf(x[i] - max);
+    r.max_logit = max;
+    r.log_z = max == INFINITY ? logf((float)n_inf) : (float)(max + log(sum));
+    /* top by logit descending, ties lower id first, NaN as -inf */
+    int m = 0;
+    for (int k = 0; k < n_top && k < n; k++) {
+        int best = -1;
+        for (int i = 0; i < n; i++) {
+            bool taken = false;
+            for (int j = 0; j < m; j++)
+                taken |= r.top[j].token == i;
+            float v = x[i] == x[i] ? x[i] : -INFINITY;
+            if (!taken && (best < 0 || v > (x[best] == x[best] ? x[best] : -INFINITY)))
+                best = i;
+        }
+        r.top[m].token = best;
+        r.top[m++].logit = x[best] == x[best] ? x[best] : -INFINITY;
+    }
+    r.n_top = m;
+    return r;
+}
+
+static void assert_result_logprobs_match(const float *x, int n, float amp_check)
+{
+    struct sampler host, dev;
+    struct sampler_params p = {.temperature = 0.7f, .top_p = 1, .seed = 2};
+    cr_assert_eq(sampler_init(&host, &p, n, NULL), 0);
+    cr_assert_eq(sampler_init(&dev, &p, n, NULL), 0);
+    int32_t token = sampler_pick(&host, x);
+    struct sample_spec spec;
+    cr_assert_eq(sampler_fill_spec(&dev, SAMPLER_MAX_TOP_LOGPROBS, &spec), 0);
+    struct sample_result res = result_of_row(x, n, token, spec.n_top);
+    res.used_random = 1;
+    cr_assert_eq(sampler_take_result(&dev, &spec, &res, NULL), token);
+    for (int top_n = 0; top_n <= SAMPLER_MAX_TOP_LOGPROBS; top_n += 5) {
+        struct token_logprob th[SAMPLER_MAX_TOP_LOGPROBS], td[SAMPLER_MAX_TOP_LOGPROBS];
+        float lh, ld;
+        int nh = sampler_logprobs(&host, token, top_n, &lh, th);
+        int nd = sampler_logprobs(&dev, token, top_n, &ld, td);
+        cr_assert_eq(nd, nh);
+        cr_assert(lh == ld || fabsf(lh - ld) <= amp_check, "token logprob %g vs %g", ld, lh);
+        for (int k = 0; k < nh; k++) {
+            cr_assert_eq(td[k].token, th[k].token);
+            cr_assert(fabsf(td[k].logprob - th[k].logprob) <= amp_check, "top %d: %g vs %g", k,
+                      td[k].logprob, th[k].logprob);
+        }
+    }
+    /* another candidate's logprob comes from the list; a token outside it is unknown */
+    float l;
+    cr_assert_eq(sampler_logprobs(&dev, res.top[1].token, 0, &l, NULL), 0);
+    int32_t outside = -1;
+    for (int i = 0; i < n && outside < 0; i++) {
+        bool listed = i == token;
+        for (int k = 0; k < res.n_top; k++)
+            listed |= res.top[k].token == i;
+        if (!listed)
+            outside = i;
+    }
+    if (outside >= 0 && res.max_logit > -INFINITY)
+        cr_assert_eq(sampler_logprobs(&dev, outside, 0, &l, NULL), -INFERD_EINVAL);
+    sampler_free(&host);
+    sampler_free(&dev);
+}
+
+Test(sampler_backend, logprobs_from_a_result_equal_the_hosts)
+{
+    enum { N = 300 };
+    float x[N];
+    lcg_state = 5;
+    random_row(x, N, 10);
+    x[7] = x[8] = x[9] = 11.0f; /* ties at the top */
+    x[40] = NAN;
+    x[41] = -INFINITY;
+    assert_result_logprobs_match(x, N, 1e-5f);
+}
+
+Test(sampler_backend, logprobs_from_a_result_follow_the_plus_inf_rule)
+{
+    enum { N = 50 };
+    float x[N];
+    lcg_state = 6;
+    random_row(x, N, 3);
+    x[12] = INFINITY;
+    x[30] = INFINITY;
+    assert_result_logprobs_match(x, N, 1e-6f);
+}

@@ -17,6 +17,7 @@
 
 #include "backend/cuda/cuda.h"
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/sample.h"
 
 extern "C" {
 #include "base/log.h"
@@ -958,6 +959,7 @@ static void flush(struct cu_impl *im)
 struct cu_backend {
     struct backend be;
     struct cu_impl im;
+    struct cu_sampler *sampler; /* owned; made by the first sample call */
 };
 
 static struct backend *owner_of(struct cu_impl *im)
@@ -1109,6 +1111,30 @@ static void cu_to_host(struct backend *be, void *dst, const void *src, size_t by
     }
 }
 
+static int cu_status(struct backend *be, struct err *err);
+
+/* Token sampling (sample.cu) runs after the step: the recorded ops are
+ * launched (replayed from a graph for decode steps), then the sampling
+ * kernels eagerly on the same stream, then one small copy of the results. */
+static int cu_sample(struct backend *be, const float *logits, int n_rows, int vocab,
+                     const struct sample_spec *specs, struct sample_result *out, float *host_rows,
+                     struct err *err)
+{
+    struct cu_impl *im = impl_of(be);
+    struct cu_backend *cb = (struct cu_backend *)be;
+    flush(im);
+    if (!im->failed && n_rows > 0) {
+        cudaSetDevice(im->device);
+        if (cb->sampler || CU_TRY(im, cu_sampler_create(&cb->sampler))) {
+            const char *what = "sampling";
+            cu_ok(im, cu_sampler_run(cb->sampler, im->stream, (float *)logits, n_rows, vocab,
+                                     specs, out, host_rows, &what),
+                  what);
+        }
+    }
+    return cu_status(be, err);
+}
+
 static int cu_status(struct backend *be, struct err *err)
 {
     struct cu_impl *im = impl_of(be);
@@ -1143,6 +1169,7 @@ static void cu_destroy(struct backend *be)
         cudaEventDestroy(im->prof_ev[i]);
     free(im->prof_ev);
     graphs_clear(im);
+    cu_sampler_destroy(((struct cu_backend *)be)->sampler);
     pthread_mutex_lock(&lt_lock);
     for (int i = 0; i < CU_LT_CACHE; i++)
         lt_plan_clear(&lt_plans[i]);
@@ -1187,7 +1214,21 @@ static const struct backend_ops cuda_ops = {
     /* .kv_store = */ cu_kv_store,
     /* .attention = */ cu_attention,
     /* .status = */ cu_status,
+    /* .sample = */ cu_sample,
 };
+
+/* INFERD_CUDA_SAMPLE=0: logits go to the host and are sampled there. */
+static struct backend_ops without_sampling(struct backend_ops ops)
+{
+    ops.sample = NULL;
+    return ops;
+}
+static const struct backend_ops cuda_ops_host_sampling = without_sampling(cuda_ops);
+
+static bool is_cuda(const struct backend *be)
+{
+    return be && (be->ops == &cuda_ops || be->ops == &cuda_ops_host_sampling);
+}
 
 /* ---- creation ----------------------------------------------------------- */
 
@@ -1208,7 +1249,7 @@ extern "C" void backend_cuda_describe(struct backend *be, char *buf, size_t cap)
     if (!cap)
         return;
     buf[0] = '\0';
-    if (be && be->ops == &cuda_ops)
+    if (is_cuda(be))
         snprintf(buf, cap, "%s", impl_of(be)->describe);
 }
 
@@ -1226,7 +1267,7 @@ static __global__ void read_kernel(const uint4 *p, size_t n, unsigned *sink)
 
 extern "C" double backend_cuda_read_bandwidth(struct backend *be, size_t bytes)
 {
-    if (!be || be->ops != &cuda_ops)
+    if (!is_cuda(be))
         return 0.0;
     struct cu_impl *im = impl_of(be);
     flush(im);
@@ -1279,7 +1320,8 @@ extern "C" int backend_cuda_create(int device, enum compute_mode mode, struct ba
         return err_set(err, INFERD_ENOMEM, "out of memory creating the CUDA backend");
     struct backend *be = &cb->be;
     struct cu_impl *im = &cb->im;
-    be->ops = &cuda_ops;
+    const char *sample = getenv("INFERD_CUDA_SAMPLE");
+    be->ops = sample && !strcmp(sample, "0") ? &cuda_ops_host_sampling : &cuda_ops;
     be->mode = mode;
     be->copy_weights = true;
     /* fast mode keeps K and V in fp16 (half the bytes attention reads);
