@@ -1,9 +1,12 @@
 /* tests/unit/test_cuda_parity.c — the CUDA backend against the Hugging Face goldens and against the CPU backend:
  * logits within tolerance for prefill, prefill + token-by-token decode and
  * varlen batches (exact and fast modes); greedy generations equal to the
- * CPU's for 32 tokens; CUDA-graph replay equal to eager launches; out of
- * device memory as a clear error. Skipped, saying why, without a GPU. */
+ * CPU's for 32 tokens; CUDA-graph replay equal to eager launches; fast-mode
+ * prefill attention against an f64 reference on varlen, chunked, GQA and
+ * sliding-window shapes; out of device memory as a clear error. Skipped,
+ * saying why, without a GPU. */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -154,6 +157,174 @@ Test(cuda_graphs, replayed_decode_steps_equal_eager_launches, .timeout = 300)
     golden_free(&g);
     test_rmtree(tmp);
     free(tmp);
+}
+
+/* One prefill attention call: up to 3 spans over a one-layer paged cache. */
+struct attn_shape {
+    int head_dim, n_heads, n_kv_heads, block_size, window, n_spans;
+    int n_tokens[3], pos0[3];
+    float q_amp;
+};
+
+/* Multiples of 2^-10 in [-amp, amp): exact in f16, so the cache holds what
+ * the reference reads whatever its element type. */
+static float exact_rand(uint64_t *state, float amp)
+{
+    *state = *state * 6364136223846793005ull + 1442695040888963407ull;
+    int k = (int)((*state >> 33) % 2048) - 1024;
+    return amp * (float)k / 1024.0f;
+}
+
+/* The largest |out - reference| of one shape; the reference is computed in
+ * double from the same q, K and V. */
+static double prefill_attention_error(struct backend *be, const struct attn_shape *sh)
+{
+    int hd = sh->head_dim, kv_dim = sh->n_kv_heads * hd, q_dim = sh->n_heads * hd;
+    int n_rows = 0, n_ctx = 0, n_blocks = 0;
+    for (int s = 0; s < sh->n_spans; s++) {
+        n_rows += sh->n_tokens[s];
+        n_ctx += sh->pos0[s] + sh->n_tokens[s];
+        n_blocks += (sh->pos0[s] + sh->n_tokens[s] + sh->block_size - 1) / sh->block_size;
+    }
+    /* the spans' blocks, shuffled over the cache */
+    uint32_t *ids = malloc((size_t)n_blocks * sizeof *ids);
+    uint64_t rng = 12345;
+    for (int i = 0; i < n_blocks; i++)
+        ids[i] = (uint32_t)i;
+    for (int i = n_blocks - 1; i > 0; i--) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        int j = (int)((rng >> 33) % (uint64_t)(i + 1));
+        uint32_t t = ids[i];
+        ids[i] = ids[j];
+        ids[j] = t;
+    }
+    float *k = malloc((size_t)n_ctx * kv_dim * sizeof(float));
+    float *v = malloc((size_t)n_ctx * kv_dim * sizeof(float));
+    float *q = malloc((size_t)n_rows * q_dim * sizeof(float));
+    float *out = malloc((size_t)n_rows * q_dim * sizeof(float));
+    for (size_t i = 0; i < (size_t)n_ctx * kv_dim; i++) {
+        k[i] = exact_rand(&rng, 1.0f);
+        v[i] = exact_rand(&rng, 1.0f);
+    }
+    for (size_t i = 0; i < (size_t)n_rows * q_dim; i++)
+        q[i] = exact_rand(&rng, sh->q_amp);
+
+    struct kv_cache kv = {.dtype = be->kv_dtype, .n_layers = 1, .n_blocks = n_blocks,
+                          .block_size = sh->block_size, .n_kv_heads = sh->n_kv_heads,
+                          .head_dim = hd};
+    size_t cache_bytes = (size_t)n_blocks * sh->block_size * kv_dim * dtype_size(be->kv_dtype);
+    kv.k = be->ops->alloc(be, cache_bytes);
+    kv.v = be->ops->alloc(be, cache_bytes);
+    float *dk = be->ops->alloc(be, (size_t)n_ctx * kv_dim * sizeof(float));
+    float *dv = be->ops->alloc(be, (size_t)n_ctx * kv_dim * sizeof(float));
+    float *dq = be->ops->alloc(be, (size_t)n_rows * q_dim * sizeof(float));
+    float *dout = be->ops->alloc(be, (size_t)n_rows * q_dim * sizeof(float));
+    cr_assert(kv.k && kv.v && dk && dv && dq && dout);
+    be->ops->to_device(be, dk, k, (size_t)n_ctx * kv_dim * sizeof(float));
+    be->ops->to_device(be, dv, v, (size_t)n_ctx * kv_dim * sizeof(float));
+    be->ops->to_device(be, dq, q, (size_t)n_rows * q_dim * sizeof(float));
+
+    /* every span's whole context into the cache, then its new rows' queries */
+    struct attn_span store[3], spans[3];
+    int row = 0, ctx_row = 0, block = 0;
+    for (int s = 0; s < sh->n_spans; s++) {
+        int ctx = sh->pos0[s] + sh->n_tokens[s];
+        int nb = (ctx + sh->block_size - 1) / sh->block_size;
+        store[s] = (struct attn_span){ctx_row, ctx, 0, ids + block, nb};
+        spans[s] = (struct attn_span){row, sh->n_tokens[s], sh->pos0[s], ids + block, nb};
+        row += sh->n_tokens[s];
+        ctx_row += ctx;
+        block += nb;
+    }
+    float scale = 1.0f / sqrtf((float)hd);
+    be->ops->kv_store(be, &kv, 0, dk, dv, store, sh->n_spans);
+    be->ops->attention(be, dq, &kv, 0, spans, sh->n_spans, sh->n_heads, scale, sh->window, dout);
+    be->ops->to_host(be, out, dout, (size_t)n_rows * q_dim * sizeof(float));
+    struct err err = {0};
+    cr_assert_eq(be->ops->status(be, &err), 0, "%s", err.msg);
+
+    double worst = 0;
+    double *w = malloc((size_t)n_ctx * sizeof *w), *acc = malloc((size_t)hd * sizeof *acc);
+    for (int s = 0; s < sh->n_spans; s++) {
+        const float *ks = k + (size_t)store[s].row0 * kv_dim, *vs = v + (size_t)store[s].row0 * kv_dim;
+        for (int i = 0; i < sh->n_tokens[s]; i++) {
+            int pos = sh->pos0[s] + i;
+            int first = sh->window > 0 && pos - sh->window + 1 > 0 ? pos - sh->window + 1 : 0;
+            for (int h = 0; h < sh->n_heads; h++) {
+                const float *qh = q + (size_t)(spans[s].row0 + i) * q_dim + (size_t)h * hd;
+                size_t kvh = (size_t)(h / (sh->n_heads / sh->n_kv_heads)) * hd;
+                double m = -INFINITY, l = 0;
+                for (int p = first; p <= pos; p++) {
+                    double dot = 0;
+                    for (int d = 0; d < hd; d++)
+                        dot += (double)qh[d] * ks[(size_t)p * kv_dim + kvh + d];
+                    w[p] = dot * scale;
+                    m = fmax(m, w[p]);
+                }
+                for (int d = 0; d < hd; d++)
+                    acc[d] = 0;
+                for (int p = first; p <= pos; p++) {
+                    double e = exp(w[p] - m);
+                    l += e;
+                    for (int d = 0; d < hd; d++)
+                        acc[d] += e * vs[(size_t)p * kv_dim + kvh + d];
+                }
+                const float *o = out + (size_t)(spans[s].row0 + i) * q_dim + (size_t)h * hd;
+                for (int d = 0; d < hd; d++) {
+                    double err_d = fabs(acc[d] / l - o[d]);
+                    if (!(err_d <= worst)) /* NaN counts as the worst */
+                        worst = isnan(err_d) ? INFINITY : err_d;
+                }
+            }
+        }
+    }
+    free(w);
+    free(acc);
+    be->ops->release(be, kv.k);
+    be->ops->release(be, kv.v);
+    be->ops->release(be, dk);
+    be->ops->release(be, dv);
+    be->ops->release(be, dq);
+    be->ops->release(be, dout);
+    free(ids);
+    free(k);
+    free(v);
+    free(q);
+    free(out);
+    return worst;
+}
+
+/* Spans not multiples of a 64-position tile, chunked (pos0 > 0), several in
+ * one call (one of a single token), GQA groups 1 / 4 / 8, block sizes 1 to
+ * 256, sliding windows: every output within fp16 rounding of the exact
+ * result (the fast-mode kernel rounds q, K, V and the softmax weights to
+ * fp16; the outputs are means of values in [-1, 1]). */
+Test(cuda_attention, fast_prefill_matches_f64_reference_on_varlen_gqa_and_window_shapes,
+     .timeout = 300)
+{
+    skip_without_gpu();
+    static const struct attn_shape shapes[] = {
+        {128, 8, 8, 16, 0, 1, {600}, {0}, 2.0f},
+        {64, 16, 4, 16, 0, 2, {77, 200}, {300, 45}, 3.0f},
+        {128, 16, 2, 7, 0, 3, {130, 1, 63}, {513, 40, 0}, 3.0f},
+        {64, 8, 1, 16, 100, 1, {333}, {250}, 3.0f},
+        {128, 8, 2, 256, 37, 2, {250, 129}, {0, 90}, 4.0f},
+        {128, 4, 4, 1, 0, 1, {65}, {700}, 4.0f},
+        {64, 32, 8, 16, 0, 1, {511}, {1024}, 2.0f},
+    };
+    struct err err = {0};
+    struct backend *be = NULL;
+    cr_assert_eq(backend_cuda_create(0, COMPUTE_FAST, &be, &err), 0, "%s", err.msg);
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        const struct attn_shape *sh = &shapes[i];
+        double worst = prefill_attention_error(be, sh);
+        cr_log_info("cuda prefill attention, head_dim %d, %d/%d heads, block %d, window %d, "
+                    "%d span(s) (%d at %d, ...): max |error| %.2e",
+                    sh->head_dim, sh->n_heads, sh->n_kv_heads, sh->block_size, sh->window,
+                    sh->n_spans, sh->n_tokens[0], sh->pos0[0], worst);
+        cr_expect_leq(worst, 5e-3, "shape %zu: max |error| %.3e", i, worst);
+    }
+    backend_destroy(be);
 }
 
 /* A KV pool larger than any GPU's memory is refused with a message, not a crash. */

@@ -53,6 +53,47 @@ struct cu_kv {
 
 #ifdef __CUDACC__
 #include <cuda_fp16.h>
+
+/* Programmatic dependent launch (sm_90): a kernel launched with
+ * cu_launch_dependent may start while the launch before it drains; it must
+ * call pdl_wait() before it reads anything that launch wrote (or writes
+ * anything it reads), and calls pdl_release() to let the launch after it
+ * start early in turn. Both are no-ops otherwise. */
+static __device__ __forceinline__ void pdl_wait(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+static __device__ __forceinline__ void pdl_release(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/* Whether this device takes programmatic dependent launches (asked once). */
+bool cu_pdl_supported(void);
+
+/* kernel<<<grid, block, smem, s>>>(args...) as a programmatic dependent of
+ * the launch before it, where the device supports that. */
+template <typename... KArgs, typename... Args>
+static cudaError_t cu_launch_dependent(void (*kernel)(KArgs...), dim3 grid, dim3 block,
+                                       size_t smem, cudaStream_t s, Args... args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = cu_pdl_supported() ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
 /* Element off of a KV cache (K or V), widened to f32. */
 static __device__ __forceinline__ float kv_get(const void *base, size_t off, int f16)
 {
@@ -265,5 +306,10 @@ cudaError_t cu_launch_attention(cudaStream_t s, const struct cu_op *op, const ui
 int cu_attention_splits(int n_kv_heads, int n_rows, int ctx_bucket, int n_sm);
 size_t cu_attention_part_floats(const struct cu_op *op);
 bool cu_attention_uses_prefill(const struct cu_op *op);
+/* Prefill attention over an f16 cache (attention_prefill.cu): FlashAttention-2
+ * on mma.sync tensor cores; cudaErrorNotSupported for an f32 cache or a
+ * head dim other than 64 and 128. */
+cudaError_t cu_launch_attention_prefill_f16(cudaStream_t s, const struct cu_op *op,
+                                            const uint8_t *params, int smem_optin);
 
 #endif

@@ -300,9 +300,6 @@ static cudaError_t launch_np(cudaStream_t s, const struct cu_gemv_args *a, int64
 #ifndef GEMV_STREAM_LOADS
 #define GEMV_STREAM_LOADS 8
 #endif
-#ifndef GEMV_STREAM_PDL
-#define GEMV_STREAM_PDL 1
-#endif
 
 /* NORM: x is RMSNorm'ed on the way into shared memory. Every block finds the
  * rms of the token rows itself (a few KB read from L2), block 0 also writes
@@ -353,11 +350,9 @@ gemv_stream_kernel(struct cu_gemv_args a, int n_units)
         begin_unit();
         issue();
     }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     /* the next GEMV may start its own weight loads as our blocks leave */
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
+    pdl_release();
+    pdl_wait();
 
     const float *x = a.x;
     float ss[TT];
@@ -496,7 +491,7 @@ gemv_stream_kernel(struct cu_gemv_args a, int n_units)
 
 template <int TT, int NP>
 static cudaError_t launch_stream(cudaStream_t s, const struct cu_gemv_args *a, int n_units,
-                                 int n_sm, size_t smem, bool pdl)
+                                 int n_sm, size_t smem)
 {
     auto kern = a->norm_w ? gemv_stream_kernel<TT, NP, true> : gemv_stream_kernel<TT, NP, false>;
     static size_t smem_set[2] = {48 * 1024, 48 * 1024};
@@ -514,33 +509,24 @@ static cudaError_t launch_stream(cudaStream_t s, const struct cu_gemv_args *a, i
         return e;
     if (per_sm < 1)
         per_sm = 1;
-    int64_t want = ((int64_t)n_units + GEMV_STREAM_THREADS / 32 - 1) / (GEMV_STREAM_THREADS / 32);
+    const int64_t W = GEMV_STREAM_THREADS / 32;
+    int64_t want = ((int64_t)n_units + W - 1) / W;
     int64_t slots = (int64_t)n_sm * per_sm;
     unsigned grid = (unsigned)(want < slots ? want : slots);
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(GEMV_STREAM_THREADS);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = pdl ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, kern, *a, n_units);
+    return cu_launch_dependent(kern, dim3(grid), dim3(GEMV_STREAM_THREADS), smem, s, *a, n_units);
 }
 
 template <int NP>
 static cudaError_t launch_stream_np(cudaStream_t s, const struct cu_gemv_args *a, int n_units,
-                                    int n_sm, size_t smem, bool pdl)
+                                    int n_sm, size_t smem)
 {
     if (a->n_rows == 1)
-        return launch_stream<1, NP>(s, a, n_units, n_sm, smem, pdl);
+        return launch_stream<1, NP>(s, a, n_units, n_sm, smem);
     if (a->n_rows == 2)
-        return launch_stream<2, NP>(s, a, n_units, n_sm, smem, pdl);
+        return launch_stream<2, NP>(s, a, n_units, n_sm, smem);
     if (a->n_rows <= 4)
-        return launch_stream<4, NP>(s, a, n_units, n_sm, smem, pdl);
-    return launch_stream<8, NP>(s, a, n_units, n_sm, smem, pdl);
+        return launch_stream<4, NP>(s, a, n_units, n_sm, smem);
+    return launch_stream<8, NP>(s, a, n_units, n_sm, smem);
 }
 
 cudaError_t cu_launch_gemv(cudaStream_t s, const struct cu_gemv_args *a, int n_sm)
@@ -556,24 +542,21 @@ cudaError_t cu_launch_gemv(cudaStream_t s, const struct cu_gemv_args *a, int n_s
         vec = ((uintptr_t)a->m[i].w % 16) == 0;
     vec = vec && ((uintptr_t)a->x % 16) == 0 && ((uintptr_t)a->norm_w % 16) == 0;
     /* what the decode path needs of the device, asked once */
-    static int smem_optin = -1, pdl = 0;
+    static int smem_optin = -1;
     if (smem_optin < 0) {
-        int dev = 0, major = 0, optin = 0;
+        int dev = 0, optin = 0;
         cudaError_t e = cudaGetDevice(&dev);
         if (e == cudaSuccess)
             e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-        if (e == cudaSuccess)
-            e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
         if (e != cudaSuccess)
             return e;
-        pdl = GEMV_STREAM_PDL && major >= 9;
         smem_optin = optin;
     }
     size_t smem = (size_t)a->n_rows * (size_t)a->cols * sizeof(float);
     if (vec && a->n_rows <= 8 && smem <= (size_t)smem_optin &&
         n_units < INT32_MAX && (int64_t)a->n_rows * a->cols < INT32_MAX)
-        return a->pair ? launch_stream_np<2>(s, a, (int)n_units, n_sm, smem, pdl)
-                       : launch_stream_np<1>(s, a, (int)n_units, n_sm, smem, pdl);
+        return a->pair ? launch_stream_np<2>(s, a, (int)n_units, n_sm, smem)
+                       : launch_stream_np<1>(s, a, (int)n_units, n_sm, smem);
     int64_t per_lane = vec ? a->cols / 8 : a->cols;
     /* enough warps in flight to cover HBM latency: about 48 per SM */
     int wpr = 1;

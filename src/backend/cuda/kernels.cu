@@ -1,5 +1,7 @@
 /* backend/cuda/kernels.cu — elementwise CUDA kernels: embedding, RMSNorm, fused q/k norm + RoPE + KV write, SwiGLU, adds. */
 #include <cuda_bf16.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "backend/cuda/cuda_internal.h"
 
@@ -13,6 +15,20 @@ static __device__ __forceinline__ float warp_sum(float v)
     for (int o = 16; o > 0; o >>= 1)
         v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
+}
+
+bool cu_pdl_supported(void)
+{
+    static int supported = -1;
+    if (supported < 0) {
+        const char *env = getenv("INFERD_CUDA_PDL"); /* 0: every launch waits for the one before */
+        int dev = 0, major = 0;
+        supported = !(env && !strcmp(env, "0")) && cudaGetDevice(&dev) == cudaSuccess &&
+                    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ==
+                        cudaSuccess &&
+                    major >= 9;
+    }
+    return supported;
 }
 
 /* ---- embedding ---------------------------------------------------------- */
@@ -236,6 +252,8 @@ cudaError_t cu_launch_kv_store(cudaStream_t s, const struct cu_op *op, const uin
 static __global__ void qk_prep_kernel(struct cu_qk_args a, const uint8_t *params)
 {
     __shared__ float vec[QK_WARPS][CU_MAX_HEAD_DIM];
+    pdl_release();
+    pdl_wait();
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     int row = blockIdx.x;
     int h = blockIdx.y * QK_WARPS + warp;
@@ -306,6 +324,5 @@ cudaError_t cu_launch_qk_prep(cudaStream_t s, const struct cu_qk_args *a, const 
     if (a->n_rows == 0 || heads == 0)
         return cudaSuccess;
     dim3 grid((unsigned)a->n_rows, (unsigned)((heads + QK_WARPS - 1) / QK_WARPS));
-    qk_prep_kernel<<<grid, QK_WARPS * 32, 0, s>>>(*a, params);
-    return cudaGetLastError();
+    return cu_launch_dependent(qk_prep_kernel, grid, dim3(QK_WARPS * 32), 0, s, *a, params);
 }
