@@ -15,7 +15,7 @@
 #   With no stage named, parity, bench and 8k run.
 #
 # Binaries come from .bundle/bin (scripts/bundle-libs.sh .bundle build/inferd
-# build/test_cuda_parity, libraries in .bundle/lib, or the same packed as
+# build/test_cuda_parity build/test_cuda_sampling, libraries in .bundle/lib, or the same packed as
 # .bundle/bundle.tar.xz) when present, else from
 # build/ (configure with nvcc on the PATH). cuBLASLt is taken from the
 # machine's CUDA toolkit. Models are written to $INFERD_MODELS (default
@@ -63,6 +63,8 @@ if has_stage parity; then
   echo "== parity (tests/unit/test_cuda_parity.c)"
   start=$(date +%s.%N)
   timeout 300 "$bin"/test_cuda_parity --verbose=1 --jobs=1 2>&1 | grep -E "cuda |PASS|FAIL|SKIP|Synthesis|expected|assert|signal|Crash|error" 
+  echo "-- sampling on the GPU against the host sampler (tests/unit/test_cuda_sampling.c)"
+  timeout 300 "$bin"/test_cuda_sampling --verbose=1 --jobs=1 2>&1 | grep -E "cuda |PASS|FAIL|SKIP|Synthesis|expected|assert|signal|Crash|error"
   echo "-- fast mode again with f32 prefill attention (INFERD_CUDA_PREFILL_TC=0)"
   INFERD_CUDA_PREFILL_TC=0 timeout 300 "$bin"/test_cuda_parity --verbose=1 --jobs=1 \
     --filter='cuda_parity/fast_mode*' 2>&1 | grep -E "all goldens|PASS|FAIL|Synthesis"
@@ -160,7 +162,7 @@ for preset in "${models[@]}"; do
     bench_one "$preset pp512+tg128" "$dir" --prompt-len 512 --gen-len 128 --reps 3
     INFERD_CUDA_PREFILL_TC=0 bench_one "$preset pp512, f32 attention" "$dir" --prompt-len 512 --gen-len 4 --reps 2
     if [ "$preset" = llama-3.1-8b ]; then
-      bench_one "$preset pp4096" "$dir" --prompt-len 4096 --chunk 4096 --gen-len 4 --reps 2
+      bench_one "$preset pp4096" "$dir" --prompt-len 4096 --chunk 4096 --gen-len 4 --reps 3
       INFERD_CUDA_PREFILL_TC=0 bench_one "$preset pp4096, f32 attention" "$dir" --prompt-len 4096 --chunk 4096 --gen-len 4 --reps 2
       echo "-- $preset: load from page cache (inferd run --device cuda --tokens 1 -n 1)"
       "$bin"/inferd run "$dir" --device cuda --tokens 1 -n 1 2>&1 | grep -E "load|error" | tail -2

@@ -20,7 +20,7 @@ import urllib.request
 
 def engine_bench(args):
     cmd = [args.inferd, "bench", args.model, "--prompt-len", str(args.prompt_len),
-           "--gen-len", str(args.gen_len), "--reps", "1"]
+           "--gen-len", str(args.gen_len), "--reps", "3"]  # the median leaves out first-use costs
     if args.threads:
         cmd += ["--threads", str(args.threads)]
     if args.device:
@@ -111,6 +111,8 @@ def stream_once(host, port, prompt, gen_len, bans):
     # Text chunks: one per token except where a token ends inside a UTF-8
     # character (its text comes with the next), so the count comes from usage.
     n = usage["completion_tokens"] if usage else len(token_times)
+    if len(token_times) < 2:  # e.g. a random model whose picks are special tokens with no text
+        return None, None, n
     ttft = token_times[0] - t0
     decode = (n - 1) / (token_times[-1] - token_times[0])
     return ttft, decode, n
@@ -148,6 +150,9 @@ def main():
             s0, c0 = engine_ttft(host, port)
             ttft, dec, n = stream_once(host, port, prompt, args.gen_len, bans)
             s1, c1 = engine_ttft(host, port)
+            if ttft is None:
+                sys.exit(f"serve_tax: {n} tokens generated but fewer than 2 streamed text; "
+                         "no timing can be taken from this model and prompt")
             inner_ttft = (s1 - s0) / (c1 - c0)
             proc.send_signal(19)  # SIGSTOP: the engine bench gets the cores to itself
             try:

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda.h"
+#include "base/bf16.h"
 #include "engine/generate.h"
 #include "engine/sampler.h"
 #include "golden_support.h"
@@ -325,6 +326,78 @@ Test(cuda_attention, fast_prefill_matches_f64_reference_on_varlen_gqa_and_window
         cr_expect_leq(worst, 5e-3, "shape %zu: max |error| %.3e", i, worst);
     }
     backend_destroy(be);
+}
+
+/* RMSNorm then a bf16 matmul of 1..8 rows (the decode path: the norm is
+ * folded into the GEMV, x staged in shared memory) at hidden sizes whose x
+ * is at, under and over the default 48 KB of shared memory, against the CPU
+ * backend in exact mode. */
+Test(cuda_gemv, folded_rmsnorm_gemv_matches_cpu_for_1_to_8_rows_at_real_hidden_sizes,
+     .timeout = 300)
+{
+    skip_without_gpu();
+    static const int hidden[] = {1024, 3072, 4096, 14336};
+    const int out_rows = 96;
+    struct err err = {0};
+    struct backend *cpu = NULL, *gpu = NULL;
+    cr_assert_eq(backend_cpu_create(2, COMPUTE_EXACT, &cpu, &err), 0, "%s", err.msg);
+    cr_assert_eq(backend_cuda_create(0, COMPUTE_EXACT, &gpu, &err), 0, "%s", err.msg);
+    uint64_t state = 7;
+    for (size_t h = 0; h < sizeof hidden / sizeof hidden[0]; h++) {
+        int cols = hidden[h];
+        uint16_t *w = malloc((size_t)out_rows * cols * sizeof *w);
+        float *x = malloc((size_t)8 * cols * sizeof *x), *nw = malloc((size_t)cols * sizeof *nw);
+        float *want = malloc((size_t)8 * out_rows * sizeof *want);
+        float *got = malloc((size_t)8 * out_rows * sizeof *got);
+        cr_assert(w && x && nw && want && got);
+        for (size_t i = 0; i < (size_t)out_rows * cols; i++)
+            w[i] = f32_to_bf16(exact_rand(&state, 0.5f));
+        for (int i = 0; i < 8 * cols; i++)
+            x[i] = exact_rand(&state, 2.0f);
+        for (int i = 0; i < cols; i++)
+            nw[i] = 1.0f + exact_rand(&state, 0.25f);
+        for (int rows = 1; rows <= 8; rows++) {
+            struct backend *bes[2] = {cpu, gpu};
+            float *outs[2] = {want, got};
+            for (int b = 0; b < 2; b++) {
+                struct backend *be = bes[b];
+                size_t xb = (size_t)rows * cols * sizeof(float), yb = (size_t)rows * out_rows * sizeof(float);
+                void *dw = be->ops->alloc(be, (size_t)out_rows * cols * 2);
+                float *dx = be->ops->alloc(be, xb), *dn = be->ops->alloc(be, xb);
+                float *dnw = be->ops->alloc(be, (size_t)cols * sizeof(float));
+                float *dy = be->ops->alloc(be, yb);
+                cr_assert(dw && dx && dn && dnw && dy);
+                be->ops->to_device(be, dw, w, (size_t)out_rows * cols * 2);
+                be->ops->to_device(be, dx, x, xb);
+                be->ops->to_device(be, dnw, nw, (size_t)cols * sizeof(float));
+                struct weight_matrix wm = {DTYPE_BF16, out_rows, cols, dw};
+                be->ops->rmsnorm(be, dx, dnw, rows, cols, 1e-6f, dn);
+                be->ops->matmul(be, dn, rows, &wm, NULL, dy);
+                be->ops->to_host(be, outs[b], dy, yb);
+                cr_assert_eq(be->ops->status ? be->ops->status(be, &err) : 0, 0,
+                             "hidden %d, %d rows: %s", cols, rows, err.msg);
+                be->ops->release(be, dw);
+                be->ops->release(be, dx);
+                be->ops->release(be, dn);
+                be->ops->release(be, dnw);
+                be->ops->release(be, dy);
+            }
+            double worst = 0, scale = 0;
+            for (int i = 0; i < rows * out_rows; i++) {
+                worst = fmax(worst, fabs((double)want[i] - got[i]));
+                scale = fmax(scale, fabs((double)want[i]));
+            }
+            cr_expect_leq(worst, 1e-4 * scale, "hidden %d, %d rows: max |error| %.3e of %.3e",
+                          cols, rows, worst, scale);
+        }
+        free(w);
+        free(x);
+        free(nw);
+        free(want);
+        free(got);
+    }
+    backend_destroy(gpu);
+    backend_destroy(cpu);
 }
 
 /* A KV pool larger than any GPU's memory is refused with a message, not a crash. */

@@ -494,7 +494,8 @@ static cudaError_t launch_stream(cudaStream_t s, const struct cu_gemv_args *a, i
                                  int n_sm, size_t smem)
 {
     auto kern = a->norm_w ? gemv_stream_kernel<TT, NP, true> : gemv_stream_kernel<TT, NP, false>;
-    static size_t smem_set[2] = {48 * 1024, 48 * 1024};
+    static size_t smem_set[2]; /* set for every variant before its first launch: static
+                                * shared memory counts against the default 48 KB too */
     if (smem > smem_set[a->norm_w != NULL]) {
         cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              (int)smem);
