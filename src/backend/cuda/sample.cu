@@ -434,6 +434,17 @@ row_pick_kernel(const float *logits, int vocab, int n_chunks, const struct dev_s
     __syncthreads();
     float m = m_sh;
     int k_real = min(SAMPLE_K, vocab); /* real candidates; the rest are padding */
+    auto swap_c = [&](int i, int j) {
+        float tx = cx[i];
+        cx[i] = cx[j];
+        cx[j] = tx;
+        int ti = cid[i];
+        cid[i] = cid[j];
+        cid[j] = ti;
+        float tp = cp[i];
+        cp[i] = cp[j];
+        cp[j] = tp;
+    };
 
     if (sp->need_cands) {
         /* the SAMPLE_K best by logit over the chunks' lists (which are in id order) */
@@ -455,17 +466,6 @@ row_pick_kernel(const float *logits, int vocab, int n_chunks, const struct dev_s
                 cid[slot] = all[i].id;
             });
         }
-        auto swap_c = [&](int i, int j) {
-            float tx = cx[i];
-            cx[i] = cx[j];
-            cx[j] = tx;
-            int ti = cid[i];
-            cid[i] = cid[j];
-            cid[j] = ti;
-            float tp = cp[i];
-            cp[i] = cp[j];
-            cp[j] = tp;
-        };
         /* by logit descending, ties lower id first (padding last) */
         bitonic_sort(SAMPLE_K, [&](int a, int b) {
             return cx[a] > cx[b] || (cx[a] == cx[b] && cid[a] < cid[b]);
@@ -501,17 +501,7 @@ row_pick_kernel(const float *logits, int vocab, int n_chunks, const struct dev_s
     __syncthreads();
     bitonic_sort(SAMPLE_K, [&](int a, int b) {
         return cp[a] > cp[b] || (cp[a] == cp[b] && cid[a] < cid[b]);
-    }, [&](int i, int j) {
-        float tx = cx[i];
-        cx[i] = cx[j];
-        cx[j] = tx;
-        int ti = cid[i];
-        cid[i] = cid[j];
-        cid[j] = ti;
-        float tp = cp[i];
-        cp[i] = cp[j];
-        cp[j] = tp;
-    });
+    }, swap_c);
     if (threadIdx.x != 0)
         return;
     /* Past the candidates' smallest probability, the host may rank other
