@@ -128,11 +128,19 @@ if has_stage serve; then
   url=$(sed -n 's/.* at \(http:[^ ]*\)$/\1/p' "$log" | head -1)
   python3 - "$url" <<'PY'
 import json, sys, urllib.request
-body = json.dumps({"messages": [{"role": "user", "content": "In the beginning"}],
-                   "max_tokens": 40, "temperature": 0}).encode()
-req = urllib.request.Request(sys.argv[1] + "/v1/chat/completions", body,
-                             {"Content-Type": "application/json"})
-print(urllib.request.urlopen(req).read().decode())
+def post(body):
+    req = urllib.request.Request(sys.argv[1] + "/v1/chat/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    return json.loads(urllib.request.urlopen(req).read().decode())
+msgs = [{"role": "user", "content": "In the beginning"}]
+print(json.dumps(post({"messages": msgs, "max_tokens": 40, "temperature": 0})))
+# sampled on the GPU with penalties, a logit bias and logprobs: every token reported
+r = post({"messages": msgs, "max_tokens": 24, "temperature": 0.8, "top_p": 0.9, "top_k": 40,
+          "seed": 7, "frequency_penalty": 0.5, "logit_bias": {"11": -100},
+          "logprobs": True, "top_logprobs": 5})
+lp = r["choices"][0]["logprobs"]["content"]
+ok = len(lp) == r["usage"]["completion_tokens"] and all(len(t["top_logprobs"]) == 5 for t in lp)
+print("sampled with logprobs:", r["usage"]["completion_tokens"], "tokens,", "ok" if ok else "MISMATCH")
 PY
   kill -TERM $pid; wait $pid; echo "serve exit status $?"; rm -f "$log"
   echo "-- continuous batching, house model"
