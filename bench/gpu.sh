@@ -51,6 +51,10 @@ lt=$(find /usr/local/cuda*/ /usr/lib /opt $(python3 -c 'import site; print(" ".j
 [ -n "$lt" ] && libdirs=$libdirs:$(dirname "$lt")
 export LD_LIBRARY_PATH=${libdirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export INFERD_GOLDEN_DIR=$root/tests/goldens
+# real tokenizers (scripts/fetch-tokenizers.sh, or carried along) for the
+# tests that run the engine and for serve
+[ -z "${INFERD_TOKENIZER_DATA:-}" ] && [ -d "$root/build/text-data" ] &&
+  export INFERD_TOKENIZER_DATA=$root/build/text-data
 models_dir=${INFERD_MODELS:-/tmp/inferd-models}
 mkdir -p "$models_dir"
 

@@ -117,47 +117,79 @@ Test(cuda_parity, greedy_generation_equals_cpu_for_32_tokens_fast_mode_f32_kv, .
 }
 
 /* Decoding the same tokens with graphs and with eager launches gives the same bits. */
-Test(cuda_graphs, replayed_decode_steps_equal_eager_launches, .timeout = 300)
+/* The logits of golden case gc fed one token per step (decode steps), with
+ * the environment variable env set to value while the backend is created. */
+static float *decode_logits(const char *dir, enum compute_mode mode, const struct golden_case *gc,
+                            const char *env, const char *value, int *vocab)
 {
-    skip_without_gpu();
+    setenv(env, value, 1);
+    struct golden_fixture f = {0};
+    golden_fixture_open(&f, cuda_backend, dir, mode, gc->n_tokens);
+    *vocab = f.model->config.vocab_size;
+    float *logits = malloc((size_t)gc->n_tokens * (size_t)*vocab * sizeof(float));
+    cr_assert_not_null(logits);
+    struct err err = {0};
+    struct block_table bt;
+    block_table_init(&bt);
+    cr_assert_eq(block_table_reserve(f.pool, &bt, gc->n_tokens, &err), 0, "%s", err.msg);
+    for (int i = 0; i < gc->n_tokens; i++) {
+        struct batch_seq step = {.tokens = gc->tokens + i, .n_tokens = 1, .pos0 = i,
+                                 .block_ids = bt.blocks, .n_block_ids = bt.n_blocks};
+        struct batch one = {&step, 1};
+        golden_forward(&f, &one);
+        memcpy(logits + (size_t)i * *vocab, f.logits, (size_t)*vocab * sizeof(float));
+    }
+    block_table_clear(f.pool, &bt);
+    golden_fixture_close(&f);
+    unsetenv(env);
+    return logits;
+}
+
+/* Decode steps of every golden model (its longest case, a token at a time),
+ * bit for bit, with a switch of the CUDA backend on and off. */
+static void decode_equal_with_switch(const char *env, enum compute_mode mode, const char *what)
+{
     static char paths[GOLDEN_MAX_FILES][512];
     int n = golden_list(paths, GOLDEN_MAX_FILES);
     cr_assert_gt(n, 0);
-    char *tmp = test_mkdtemp();
-    struct golden g;
-    cr_assert_eq(golden_load(paths[0], &g), 0);
-    char dir[1024];
-    golden_make_model(&g, tmp, dir, sizeof dir);
-    const struct golden_case *gc = &g.cases[0];
-    float *logits[2];
-    for (int run = 0; run < 2; run++) {
-        setenv("INFERD_CUDA_GRAPHS", run ? "0" : "1", 1);
-        struct golden_fixture f = {0};
-        golden_fixture_open(&f, cuda_backend, dir, COMPUTE_FAST, gc->n_tokens);
-        int vocab = f.model->config.vocab_size;
-        logits[run] = malloc((size_t)gc->n_tokens * (size_t)vocab * sizeof(float));
-        struct err err = {0};
-        struct block_table bt;
-        block_table_init(&bt);
-        cr_assert_eq(block_table_reserve(f.pool, &bt, gc->n_tokens, &err), 0, "%s", err.msg);
-        for (int i = 0; i < gc->n_tokens; i++) {
-            struct batch_seq step = {.tokens = gc->tokens + i, .n_tokens = 1, .pos0 = i,
-                                     .block_ids = bt.blocks, .n_block_ids = bt.n_blocks};
-            struct batch one = {&step, 1};
-            golden_forward(&f, &one);
-            memcpy(logits[run] + (size_t)i * vocab, f.logits, (size_t)vocab * sizeof(float));
-        }
-        block_table_clear(f.pool, &bt);
-        cr_assert_eq(memcmp(logits[0], logits[run], (size_t)gc->n_tokens * vocab * sizeof(float)), 0,
-                     "%s: logits with graphs differ from eager launches", g.name);
-        golden_fixture_close(&f);
+    for (int k = 0; k < n; k++) {
+        char *tmp = test_mkdtemp();
+        struct golden g;
+        cr_assert_eq(golden_load(paths[k], &g), 0);
+        char dir[1024];
+        golden_make_model(&g, tmp, dir, sizeof dir);
+        const struct golden_case *gc = &g.cases[0];
+        for (int c = 1; c < g.n_cases; c++)
+            if (g.cases[c].n_tokens > gc->n_tokens)
+                gc = &g.cases[c];
+        int vocab = 0;
+        float *on = decode_logits(dir, mode, gc, env, "1", &vocab);
+        float *off = decode_logits(dir, mode, gc, env, "0", &vocab);
+        cr_assert_eq(memcmp(on, off, (size_t)gc->n_tokens * vocab * sizeof(float)), 0,
+                     "%s: logits %s differ", g.name, what);
+        cr_log_info("cuda %s: %d decode steps bit-identical %s", g.name, gc->n_tokens, what);
+        free(on);
+        free(off);
+        golden_free(&g);
+        test_rmtree(tmp);
+        free(tmp);
     }
-    unsetenv("INFERD_CUDA_GRAPHS");
-    free(logits[0]);
-    free(logits[1]);
-    golden_free(&g);
-    test_rmtree(tmp);
-    free(tmp);
+}
+
+Test(cuda_graphs, replayed_decode_steps_equal_eager_launches, .timeout = 300)
+{
+    skip_without_gpu();
+    decode_equal_with_switch("INFERD_CUDA_GRAPHS", COMPUTE_FAST,
+                             "from CUDA graphs and from eager launches");
+}
+
+Test(cuda_fusion, qk_prep_folded_into_decode_attention_equals_separate_launches, .timeout = 300)
+{
+    skip_without_gpu();
+    decode_equal_with_switch("INFERD_CUDA_QK_ATTN", COMPUTE_FAST,
+                             "with q/k prep folded into attention and launched apart (fast mode)");
+    decode_equal_with_switch("INFERD_CUDA_QK_ATTN", COMPUTE_EXACT,
+                             "with q/k prep folded into attention and launched apart (exact mode)");
 }
 
 /* One prefill attention call: up to 3 spans over a one-layer paged cache. */

@@ -21,6 +21,7 @@
 
 extern "C" {
 #include "base/log.h"
+#include "base/timer.h"
 }
 
 #define CU_LT_WORKSPACE ((size_t)32 << 20)
@@ -810,6 +811,12 @@ static int exec_one(struct backend *be, struct cu_impl *im, const struct cu_op *
     cudaStream_t s = im->stream;
     struct cu_qk_args qk;
     int used = match_qk(ops, i, n, &qk);
+    if (used > 0 && im->fuse_qk_attn && i + used < n &&
+        cu_attention_takes_qk(&ops[i + used], &qk))
+        return CU_TRY(im, cu_launch_attention_qk(s, &ops[i + used], &qk, im->arena_dev,
+                                                 im->attn_part))
+                   ? used + 1
+                   : -1;
     if (used > 0)
         return CU_TRY(im, cu_launch_qk_prep(s, &qk, im->arena_dev)) ? used : -1;
     if (op->kind == CU_RMSNORM && i + 1 < n && norm_feeds_gemv(im, be, op, &ops[i + 1])) {
@@ -857,17 +864,21 @@ static int exec_one(struct backend *be, struct cu_impl *im, const struct cu_op *
 
 enum prof_label {
     PL_EMBED, PL_GEMV, PL_GEMV_GROUP, PL_GEMV_RES, PL_GEMV_SWIGLU, PL_GEMM, PL_RMSNORM, PL_QK,
-    PL_ROPE, PL_SILU, PL_ADD, PL_KV_STORE, PL_ATTN_DECODE, PL_ATTN_PREFILL, PL_NORM_GEMV, PL_N
+    PL_ROPE, PL_SILU, PL_ADD, PL_KV_STORE, PL_ATTN_DECODE, PL_ATTN_PREFILL, PL_NORM_GEMV,
+    PL_QK_ATTN, PL_N
 };
 static const char *const prof_names[PL_N] = {
     "embed", "gemv", "gemv group", "gemv + residual add", "gemv gate/up + swiglu",
     "cublasLt gemm", "rmsnorm", "q/k norm + rope + kv write", "rope", "silu_mul", "add",
-    "kv_store", "attention decode", "attention prefill", "rmsnorm + gemv (+ epilogue)"};
+    "kv_store", "attention decode", "attention prefill", "rmsnorm + gemv (+ epilogue)",
+    "q/k prep + attention decode"};
 
 static int prof_label_of(const struct backend *be, const struct cu_impl *im,
                          const struct cu_op *ops, int i, int used)
 {
     const struct cu_op *op = &ops[i];
+    if (used > 1 && op->kind != CU_MATMUL && ops[i + used - 1].kind == CU_ATTENTION)
+        return PL_QK_ATTN;
     switch (op->kind) {
     case CU_EMBED: return PL_EMBED;
     case CU_RMSNORM:
@@ -930,6 +941,11 @@ static void profile_report(struct cu_impl *im)
     if (im->replays_timed)
         log_info("cuda profile: replayed steps took %.1f us of GPU time each (%ld timed)",
                  1e3 * im->replay_ms / im->replays_timed, im->replays_timed);
+    if (im->host_steps)
+        log_info("cuda profile: per sampled step (%ld): %.1f us from the last tokens to the flush, "
+                 "%.1f us flush (replays timed: includes their GPU time), %.1f us sampling",
+                 im->host_steps, im->host_engine_us / im->host_steps,
+                 im->host_flush_us / im->host_steps, im->host_sample_us / im->host_steps);
     for (int k = 0; k < PL_N; k++)
         if (im->prof_calls[k])
             log_info("cuda profile: %-28s %8ld launches %10.3f ms %9.2f us each", prof_names[k],
@@ -1230,7 +1246,9 @@ static int cu_sample(struct backend *be, const float *logits, int n_rows, int vo
 {
     struct cu_impl *im = impl_of(be);
     struct cu_backend *cb = (struct cu_backend *)be;
+    uint64_t t0 = im->profile == 1 ? now_ns() : 0;
     flush(im);
+    uint64_t t1 = im->profile == 1 ? now_ns() : 0;
     if (!im->failed && n_rows > 0) {
         cudaSetDevice(im->device);
         if (cb->sampler || CU_TRY(im, cu_sampler_create(&cb->sampler))) {
@@ -1239,6 +1257,16 @@ static int cu_sample(struct backend *be, const float *logits, int n_rows, int vo
                                      specs, out, host_rows, &what),
                   what);
         }
+    }
+    if (im->profile == 1) {
+        uint64_t t2 = now_ns();
+        if (im->sampled_at_ns) {
+            im->host_engine_us += 1e-3 * (double)(t0 - im->sampled_at_ns);
+            im->host_flush_us += 1e-3 * (double)(t1 - t0);
+            im->host_sample_us += 1e-3 * (double)(t2 - t1);
+            im->host_steps++;
+        }
+        im->sampled_at_ns = t2;
     }
     return cu_status(be, err);
 }
@@ -1443,6 +1471,8 @@ extern "C" int backend_cuda_create(int device, enum compute_mode mode, struct ba
     const char *fuse = getenv("INFERD_CUDA_NORM_FUSION"), *tc = getenv("INFERD_CUDA_PREFILL_TC");
     im->fuse_norm = !fuse || strcmp(fuse, "0");
     im->prefill_tc = !tc || strcmp(tc, "0");
+    const char *qk_attn = getenv("INFERD_CUDA_QK_ATTN");
+    im->fuse_qk_attn = !qk_attn || strcmp(qk_attn, "0");
     im->profile = !profile ? 0 : !strcmp(profile, "ops") ? 2 : !strcmp(profile, "graphs") ? 1 : 0;
     cudaDeviceProp prop;
     bool ok = CU_TRY(im, cudaSetDevice(device)) && CU_TRY(im, cudaGetDeviceProperties(&prop, device));

@@ -16,7 +16,10 @@ extern "C" {
 #define CU_GROUP_MAX 4
 #define CU_GRAPH_CACHE 4
 #define CU_MAX_HEAD_DIM 256
-#define CU_ATTN_MAX_SPLITS 32
+/* decode attention splits per (row, head group) at most: 64 measured ahead of
+ * 32 on an H200 (Llama-3.1-8B shape after an 8k prompt, 177.7 -> 187.8 tok/s);
+ * more than two waves of blocks (cu_attention_splits) measured slower */
+#define CU_ATTN_MAX_SPLITS 64
 
 enum cu_op_kind {
     CU_EMBED = 1,
@@ -98,6 +101,41 @@ static cudaError_t cu_launch_dependent(void (*kernel)(KArgs...), dim3 grid, dim3
 static __device__ __forceinline__ float kv_get(const void *base, size_t off, int f16)
 {
     return f16 ? __half2float(((const __half *)base)[off]) : ((const float *)base)[off];
+}
+
+/* One warp prepares a q or k head: x (hd floats) into v (shared memory, hd
+ * floats), RMSNorm'ed with norm when given, then rotated by RoPE at pos over
+ * its first rot_dim dims. Every launch that prepares heads goes through here,
+ * so fused and unfused steps compute the same bits. */
+static __device__ __forceinline__ void qk_head_prep(const float *x, const float *norm, float eps,
+                                                    int hd, int rot_dim, float pos,
+                                                    const float *inv_freq, float factor, float *v)
+{
+    const int lane = threadIdx.x & 31;
+    float sum = 0;
+    for (int i = lane; i < hd; i += 32) {
+        float t = x[i];
+        v[i] = t;
+        sum += t * t;
+    }
+    if (norm) {
+        for (int o = 16; o > 0; o >>= 1)
+            sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        float inv = 1.0f / sqrtf(sum / (float)hd + eps);
+        for (int i = lane; i < hd; i += 32)
+            v[i] = norm[i] * (v[i] * inv);
+    }
+    __syncwarp();
+    const int half = rot_dim / 2;
+    for (int i = lane; i < half; i += 32) {
+        /* the angle is rounded to f32 first, as transformers computes it */
+        float angle = pos * inv_freq[i];
+        float c = cosf(angle) * factor, s = sinf(angle) * factor;
+        float lo = v[i], hi = v[i + half];
+        v[i] = lo * c - hi * s;
+        v[i + half] = hi * c + lo * s;
+    }
+    __syncwarp();
 }
 
 /* Stores x as element off of a KV cache, rounded to fp16 when the cache is. */
@@ -222,6 +260,8 @@ struct cu_impl {
     /* RMSNorm folded into the decode GEMV after it (INFERD_CUDA_NORM_FUSION=0: off) */
     bool fuse_norm;
     bool prefill_tc; /* fast-mode prefill attention on tensor cores (INFERD_CUDA_PREFILL_TC=0: off) */
+    /* the q/k launch folded into decode attention (INFERD_CUDA_QK_ATTN=0: off) */
+    bool fuse_qk_attn;
 
     /* Pinned staging for uploads and downloads. */
     uint8_t *upload_slot[CU_UPLOAD_SLOTS];
@@ -244,6 +284,11 @@ struct cu_impl {
     cudaEvent_t replay_ev[2];
     double replay_ms;
     long replays_timed;
+    /* =graphs: host time per sampled step - from the previous step's tokens
+     * to this step's flush (the engine, recording), the flush, the sampling */
+    uint64_t sampled_at_ns;
+    double host_engine_us, host_flush_us, host_sample_us;
+    long host_steps;
 
     /* The first error an op met; ops become no-ops until status() reports it. */
     struct err error;
@@ -306,6 +351,13 @@ cudaError_t cu_launch_attention(cudaStream_t s, const struct cu_op *op, const ui
 int cu_attention_splits(int n_kv_heads, int n_rows, int ctx_bucket, int n_sm);
 size_t cu_attention_part_floats(const struct cu_op *op);
 bool cu_attention_uses_prefill(const struct cu_op *op);
+/* Decode attention with the q/k launch before it folded in (q/k norms,
+ * RoPE, the new K/V written to the cache): for steps of one token per
+ * sequence whose q the attention reads; cu_attention_takes_qk says whether
+ * the pair qualifies. */
+bool cu_attention_takes_qk(const struct cu_op *op, const struct cu_qk_args *qk);
+cudaError_t cu_launch_attention_qk(cudaStream_t s, const struct cu_op *op,
+                                   const struct cu_qk_args *qk, const uint8_t *params, float *part);
 /* Prefill attention over an f16 cache (attention_prefill.cu): FlashAttention-2
  * on mma.sync tensor cores; cudaErrorNotSupported for an f32 cache or a
  * head dim other than 64 and 128. */

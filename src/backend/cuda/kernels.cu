@@ -264,24 +264,10 @@ static __global__ void qk_prep_kernel(struct cu_qk_args a, const uint8_t *params
     int n_heads = is_k ? a.n_k_heads : a.n_q_heads;
     int hd = a.head_dim;
     float *x = (is_k ? a.k : a.q) + ((size_t)row * n_heads + head) * hd;
-    const float *norm = is_k ? a.k_norm : a.q_norm;
     float *v = vec[warp];
-    float sum = 0;
-    for (int i = lane; i < hd; i += 32) {
-        float t = x[i];
-        v[i] = t;
-        sum += t * t;
-    }
-    if (norm) {
-        sum = warp_sum(sum);
-        float inv = 1.0f / sqrtf(sum / (float)hd + a.eps);
-        for (int i = lane; i < hd; i += 32)
-            v[i] = norm[i] * (v[i] * inv);
-    }
-    __syncwarp();
     float pos = (float)((const int32_t *)(params + a.pos_off))[row];
-    const float *inv_freq = (const float *)(params + a.freq_off);
-    int half = a.rot_dim / 2;
+    qk_head_prep(x, is_k ? a.k_norm : a.q_norm, a.eps, hd, a.rot_dim, pos,
+                 (const float *)(params + a.freq_off), a.factor, v);
     bool store = false;
     size_t off = 0;
     const float *vsrc = NULL;
@@ -295,27 +281,13 @@ static __global__ void qk_prep_kernel(struct cu_qk_args a, const uint8_t *params
             store = true;
         }
     }
-    for (int i = lane; i < half; i += 32) {
-        /* the angle is rounded to f32 first, as transformers computes it */
-        float angle = pos * inv_freq[i];
-        float c = cosf(angle) * a.factor, s = sinf(angle) * a.factor;
-        float lo = v[i], hi = v[i + half];
-        float r0 = lo * c - hi * s, r1 = hi * c + lo * s;
-        x[i] = r0;
-        x[i + half] = r1;
+    for (int i = lane; i < hd; i += 32) {
+        x[i] = v[i];
         if (store) {
-            kv_put(a.kv.k, off + i, r0, f16);
-            kv_put(a.kv.k, off + i + half, r1, f16);
+            kv_put(a.kv.k, off + i, v[i], f16);
+            kv_put(a.kv.v, off + i, vsrc[i], f16);
         }
     }
-    for (int i = 2 * half + lane; i < hd; i += 32) {
-        x[i] = v[i];
-        if (store)
-            kv_put(a.kv.k, off + i, v[i], f16);
-    }
-    if (store)
-        for (int i = lane; i < hd; i += 32)
-            kv_put(a.kv.v, off + i, vsrc[i], f16);
 }
 
 cudaError_t cu_launch_qk_prep(cudaStream_t s, const struct cu_qk_args *a, const uint8_t *params)
