@@ -548,7 +548,7 @@ int sampler_logprobs(const struct sampler *s, int32_t token, int top_n, float *t
             top[j] = top[j - 1];
             j--;
         }
-        top[j] = (struct token_logprob){.token = i, .logprob = v}; /* raw logit for now */
+        top[j] = (struct token_logprob){.token = i, .logprob = v}; /* the raw logit until the pass below */
         worst = top[m - 1].logprob;
     }
     for (int k = 0; k < m; k++)
