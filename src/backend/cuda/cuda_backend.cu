@@ -4,11 +4,13 @@
  * it was given copied into a pinned parameter arena) until something needs
  * its results on the host — to_host, to_device, release or status — and the
  * whole step is launched at once: the arena goes to the device in one copy,
- * neighbouring ops are fused (q/k norm + RoPE + KV write; matmul + residual
- * add; gate/up matmul + SwiGLU), and a step of few rows is replayed from a
- * CUDA graph captured the first time the same op list was seen. Decode steps
- * differ only in the arena's contents (token, position, block table), so one
- * graph serves every step until the context crosses a power of two. */
+ * neighbouring ops are fused (RMSNorm into the decode GEMV after it; q/k norm
+ * + RoPE + KV write, into the decode attention after them when every
+ * sequence has one token; matmul + residual add; gate/up matmul + SwiGLU),
+ * and a step of few rows is replayed from a CUDA graph captured the first
+ * time the same op list was seen. Decode steps differ only in the arena's
+ * contents (token, position, block table), so one graph serves every step
+ * until the context crosses a power of two. */
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
