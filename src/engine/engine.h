@@ -79,6 +79,35 @@ struct gen_output {
 /* Blocks until the output has more than text_len bytes / n_tokens tokens,
  * or is finished, or timeout_ms passes. Call with mu held. */
 void gen_output_wait(struct gen_output *o, size_t text_len, size_t n_tokens, int timeout_ms);
+
+/* How far a reader has read an output. */
+struct gen_cursor {
+    size_t text;   /* bytes of text taken */
+    size_t tokens; /* entries of tokens taken */
+};
+
+/* What one drain took: everything past the cursor at that moment. */
+struct gen_news {
+    char *text;               /* owned (malloc'd, NUL-terminated); text_len bytes, or NULL */
+    size_t text_len;
+    size_t text_from;         /* offset of text within the whole output */
+    struct gen_token *tokens; /* owned; n_tokens entries, or NULL */
+    size_t n_tokens;
+    enum gen_finish finish;   /* GEN_RUNNING while more may come */
+    int n_prompt, n_cached, n_generated; /* counts as of this drain */
+    int error_code;           /* with GEN_FINISH_ERROR */
+    char error[256];          /* with GEN_FINISH_ERROR */
+};
+
+/* The reader's one call: waits up to timeout_ms for text or tokens past cur
+ * (or the finish), then copies out whatever is new and advances cur, so the
+ * engine may keep writing while the caller formats. news->finish says whether
+ * the output is done; an empty news with GEN_RUNNING means the wait timed out.
+ * Returns 0, or -INFERD_ENOMEM (cur unchanged, news empty). Release news with
+ * gen_news_free. */
+int gen_output_drain(struct gen_output *o, struct gen_cursor *cur, int timeout_ms,
+                     struct gen_news *news);
+void gen_news_free(struct gen_news *news);
 /* Drops the caller's reference (the reader's, after it asked to cancel if unfinished). */
 void gen_output_release(struct gen_output *o);
 

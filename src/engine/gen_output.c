@@ -103,6 +103,55 @@ void gen_output_wait(struct gen_output *o, size_t text_len, size_t n_tokens, int
     }
 }
 
+int gen_output_drain(struct gen_output *o, struct gen_cursor *cur, int timeout_ms,
+                     struct gen_news *news)
+{
+    memset(news, 0, sizeof *news);
+    pthread_mutex_lock(&o->mu);
+    if (timeout_ms > 0)
+        gen_output_wait(o, cur->text, cur->tokens, timeout_ms);
+    size_t text_len = o->text_len > cur->text ? o->text_len - cur->text : 0;
+    size_t n_tokens = o->n_tokens > cur->tokens ? o->n_tokens - cur->tokens : 0;
+    /* Copied under the lock: the engine may grow (move) the buffers. */
+    char *text = text_len ? malloc(text_len + 1) : NULL;
+    struct gen_token *tokens = n_tokens ? malloc(n_tokens * sizeof *tokens) : NULL;
+    if ((text_len && !text) || (n_tokens && !tokens)) {
+        pthread_mutex_unlock(&o->mu);
+        free(text);
+        free(tokens);
+        return -INFERD_ENOMEM;
+    }
+    if (text) {
+        memcpy(text, o->text + cur->text, text_len);
+        text[text_len] = '\0';
+    }
+    if (tokens)
+        memcpy(tokens, o->tokens + cur->tokens, n_tokens * sizeof *tokens);
+    news->text = text;
+    news->text_len = text_len;
+    news->text_from = cur->text;
+    news->tokens = tokens;
+    news->n_tokens = n_tokens;
+    news->finish = o->finish;
+    news->n_prompt = o->n_prompt;
+    news->n_cached = o->n_cached;
+    news->n_generated = o->n_generated;
+    news->error_code = o->error_code;
+    memcpy(news->error, o->error, sizeof news->error);
+    pthread_mutex_unlock(&o->mu);
+    cur->text += text_len;
+    cur->tokens += n_tokens;
+    return 0;
+}
+
+void gen_news_free(struct gen_news *news)
+{
+    free(news->text);
+    free(news->tokens);
+    news->text = NULL;
+    news->tokens = NULL;
+}
+
 void gen_output_release(struct gen_output *o)
 {
     if (!o)

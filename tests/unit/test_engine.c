@@ -334,3 +334,44 @@ Test(engine, same_seed_same_tokens_under_sampling)
     cr_assert_arr_neq(runs[0], runs[2], sizeof runs[0]);
     engine_free(e);
 }
+
+Test(engine, drain_hands_over_every_byte_and_token_once)
+{
+    int32_t prompt[] = {1, 5, 9, 13};
+    struct engine *e = start(2, 4, 0, 512);
+    struct gen_params p = greedy(prompt, 4, 12);
+    struct gen_output *o = NULL;
+    struct err err = {0};
+    cr_assert_eq(engine_submit(e, &p, &o, &err), 0, "%s", err.msg);
+    struct gen_cursor cur = {0};
+    char text[4096];
+    size_t text_len = 0, n_tokens = 0;
+    int32_t ids[64];
+    enum gen_finish finish = GEN_RUNNING;
+    while (finish == GEN_RUNNING) {
+        struct gen_news n;
+        cr_assert_eq(gen_output_drain(o, &cur, 1000, &n), 0);
+        cr_assert_eq(n.text_from, text_len, "news starts where the last one ended");
+        cr_assert_leq(text_len + n.text_len, sizeof text);
+        if (n.text_len)
+            memcpy(text + text_len, n.text, n.text_len);
+        text_len += n.text_len;
+        for (size_t i = 0; i < n.n_tokens; i++)
+            ids[n_tokens++] = n.tokens[i].id;
+        finish = n.finish;
+        gen_news_free(&n);
+    }
+    cr_assert_eq(finish, GEN_FINISH_LENGTH);
+    cr_assert_eq(text_len, o->text_len);
+    cr_assert(text_len == 0 || !memcmp(text, o->text, text_len));
+    cr_assert_eq(n_tokens, o->n_tokens);
+    for (size_t i = 0; i < n_tokens; i++)
+        cr_assert_eq(ids[i], o->tokens[i].id);
+    struct gen_news after;
+    cr_assert_eq(gen_output_drain(o, &cur, 0, &after), 0);
+    cr_assert_eq(after.text_len, 0);
+    cr_assert_eq(after.n_tokens, 0);
+    cr_assert_eq(after.finish, GEN_FINISH_LENGTH);
+    gen_output_release(o);
+    engine_free(e);
+}
