@@ -12,12 +12,13 @@
 #include "text/tokenizer.h"
 
 static const char usage[] =
-    "usage: inferd template DIR\n"
+    "usage: inferd template DIR [--no-join]\n"
     "Renders DIR's chat template (tokenizer_config.json) as transformers'\n"
     "apply_chat_template does, for each JSON object line of stdin:\n"
     "  messages               the conversation (required); a content given as an\n"
     "                         array of text parts is joined into one string, as\n"
-    "                         `inferd serve` does\n"
+    "                         `inferd serve` does (--no-join hands the array to\n"
+    "                         the template as it is, as transformers does)\n"
     "  tools                  tool definitions (optional)\n"
     "  add_generation_prompt  true or false (default false)\n"
     "  any other key          a template variable, as chat_template_kwargs\n"
@@ -29,7 +30,8 @@ static const char usage[] =
 
 /* Renders in (a JSON object whose messages is an array) into *text (*len bytes). */
 static int render(const struct chat_template *ct, struct json_object *in,
-                  struct json_object *messages, char **text, size_t *len, struct err *err)
+                  struct json_object *messages, bool join, char **text, size_t *len,
+                  struct err *err)
 {
     struct json_object *tools = NULL, *kwargs = json_object_new_object(), *joined = NULL;
     bool add_generation_prompt = false;
@@ -43,10 +45,10 @@ static int render(const struct chat_template *ct, struct json_object *in,
         else if (strcmp(key, "messages"))
             json_object_object_add(kwargs, key, json_object_get(v));
     }
-    int rc = chat_template_join_content(messages, &joined, err);
+    int rc = join ? chat_template_join_content(messages, &joined, err) : 0;
     if (rc == 0)
-        rc = chat_template_render(ct, joined, tools, add_generation_prompt, kwargs, text, len,
-                                  err);
+        rc = chat_template_render(ct, join ? joined : messages, tools, add_generation_prompt,
+                                  kwargs, text, len, err);
     json_object_put(joined);
     json_object_put(kwargs);
     return rc;
@@ -55,10 +57,15 @@ static int render(const struct chat_template *ct, struct json_object *in,
 int cmd_template(int argc, char **argv)
 {
     const char *dir = NULL;
+    bool join = true;
     for (int i = 1; i < argc; i++) {
         if (arg_is_help(argv[i])) {
             fputs(usage, stdout);
             return 0;
+        }
+        if (!strcmp(argv[i], "--no-join")) {
+            join = false;
+            continue;
         }
         if (argv[i][0] == '-' || dir) {
             fprintf(stderr, "inferd template: unexpected argument '%s'\n%s", argv[i], usage);
@@ -93,7 +100,7 @@ int cmd_template(int argc, char **argv)
         if (json_object_is_type(in, json_type_object) &&
             json_object_object_get_ex(in, "messages", &messages) &&
             json_object_is_type(messages, json_type_array)) {
-            rc = render(&ct, in, messages, &text, &text_len, &err);
+            rc = render(&ct, in, messages, join, &text, &text_len, &err);
         } else {
             rc = err_set(&err, INFERD_EINVAL,
                          "stdin line %ld is not a JSON object with a messages array", line_no);

@@ -32,7 +32,7 @@ static void print_usage(FILE *out)
           "      write a deterministic test model in Hugging Face format\n"
           "  tokenize DIR [--no-special] TEXT | tokenize DIR --jsonl [--no-special]\n"
           "      token ids (and pieces) of TEXT, or of each JSON string line of stdin\n"
-          "  template DIR\n"
+          "  template DIR [--no-join]\n"
           "      render the chat template for each JSON line of stdin (messages, tools,\n"
           "      add_generation_prompt, template variables)\n"
           "  version, --version\n"
