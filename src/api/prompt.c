@@ -8,7 +8,6 @@
 #include <string.h>
 #include <sys/random.h>
 
-#include "base/strbuf.h"
 #include "base/timer.h"
 
 static bool fail(struct api_error *e, int status, const char *param, const char *code,
@@ -52,40 +51,6 @@ static bool ends_inside_think(const char *text, size_t len)
     return len >= sizeof tag - 1 && !memcmp(text + len - (sizeof tag - 1), tag, sizeof tag - 1);
 }
 
-/* A copy of messages as chat templates expect them: text-part arrays joined
- * into one string and a null content (an assistant turn that only calls
- * tools) as "", the way OpenAI-compatible servers hand them to templates. */
-static json_object *messages_for_template(json_object *messages)
-{
-    json_object *copy = NULL;
-    if (json_object_deep_copy(messages, &copy, NULL) != 0)
-        return NULL;
-    size_t n = json_object_array_length(copy);
-    for (size_t i = 0; i < n; i++) {
-        json_object *m = json_object_array_get_idx(copy, i), *content = NULL;
-        bool present = json_object_object_get_ex(m, "content", &content);
-        if (present && content == NULL) {
-            json_object_object_add(m, "content", json_object_new_string(""));
-        } else if (json_object_is_type(content, json_type_array)) {
-            struct strbuf text = {0};
-            bool only_text = true;
-            size_t n_parts = json_object_array_length(content);
-            for (size_t k = 0; k < n_parts; k++) {
-                json_object *part = json_object_array_get_idx(content, k), *t = NULL;
-                if (json_object_object_get_ex(part, "text", &t) && json_object_is_type(t, json_type_string))
-                    strbuf_append(&text, json_object_get_string(t), (size_t)json_object_get_string_len(t));
-                else
-                    only_text = false;
-            }
-            if (only_text && !text.failed)
-                json_object_object_add(m, "content",
-                                       json_object_new_string_len(text.data ? text.data : "", (int)text.len));
-            strbuf_free(&text);
-        }
-    }
-    return copy;
-}
-
 static json_object *template_kwargs(const struct gen_request *req)
 {
     json_object *kwargs = json_object_new_object();
@@ -111,8 +76,8 @@ static bool build_chat(const struct server *srv, const struct gen_request *req,
                     "this model's tokenizer_config.json has no chat_template; use "
                     "/v1/completions with a raw prompt");
     json_object *kwargs = template_kwargs(req);
-    json_object *messages = messages_for_template(req->messages);
-    if (!kwargs || !messages) {
+    json_object *messages = NULL;
+    if (!kwargs || chat_template_join_content(req->messages, &messages, &err) < 0) {
         json_object_put(kwargs);
         json_object_put(messages);
         return fail(e, 500, NULL, NULL, "out of memory");

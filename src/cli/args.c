@@ -93,6 +93,11 @@ bool arg_token_list(const char *flag, const char *text, int32_t **ids, int *n)
     return true;
 }
 
+bool arg_is_help(const char *arg)
+{
+    return !strcmp(arg, "-h") || !strcmp(arg, "--help");
+}
+
 const char *arg_value(int argc, char **argv, int *i)
 {
     if (*i + 1 >= argc) {

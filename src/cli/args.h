@@ -19,6 +19,9 @@ bool arg_mode(const char *text, enum compute_mode *out);
 /* Comma-separated token ids, e.g. "1,2,3"; *ids is malloc'd. */
 bool arg_token_list(const char *flag, const char *text, int32_t **ids, int *n);
 
+/* "-h" or "--help": every command answers it with its usage on stdout. */
+bool arg_is_help(const char *arg);
+
 /* The value following argv[*i], or NULL (with a message) when it is missing. */
 const char *arg_value(int argc, char **argv, int *i);
 

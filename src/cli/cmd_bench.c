@@ -52,12 +52,24 @@ struct bench_options {
 /* GPU memory bandwidth the floors are stated against (H200 HBM3e). */
 #define GPU_NOMINAL_GBS 4600.0
 
+static const char usage[] =
+    "usage: inferd bench DIR [--prompt-len P] [--gen-len G] [--threads N] [--mode fast|exact]\n"
+    "       [--reps R] [--chunk C] [--device cpu|cuda[:N]|auto]\n"
+    "Loads DIR and measures prefill of a P-token prompt (default 128, in chunks of\n"
+    "C = 512) and greedy decode of G tokens (default 32), R times (default 3),\n"
+    "against the memory-bandwidth floor measured before each decode; prints the\n"
+    "medians.\n";
+
 static bool parse_bench_options(int argc, char **argv, struct bench_options *o)
 {
     *o = (struct bench_options){.prompt_len = 128, .gen_len = 32, .reps = 3, .chunk = 512,
                                 .mode = COMPUTE_FAST};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
+        if (arg_is_help(a)) {
+            fputs(usage, stdout);
+            exit(0);
+        }
         if (a[0] != '-') {
             o->dir = a;
             continue;

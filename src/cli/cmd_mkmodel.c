@@ -4,7 +4,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
-#include "model/mkmodel.h"
+#include "tools/mkmodel.h"
 
 static const char usage[] =
     "usage: inferd mkmodel --preset NAME [--arch ARCH] [--seed S] [--tokenizer TDIR] --out DIR\n"

@@ -27,6 +27,16 @@ struct run_options {
     struct sampler_params sampling;
 };
 
+static const char usage[] =
+    "usage: inferd run DIR (-p TEXT [--chat] | --tokens IDS) [-n N] [--temp T] [--top-k K]\n"
+    "       [--top-p P] [--min-p P] [--seed S] [--threads N] [--mode fast|exact] [--ctx N]\n"
+    "       [--device cpu|cuda[:N]|auto]\n"
+    "Generates from a Hugging Face model directory: -p TEXT is encoded with its\n"
+    "tokenizer (--chat sends it as a user message through the chat template),\n"
+    "--tokens takes comma-separated ids. Prints text when the directory has a\n"
+    "tokenizer.json, else token ids. -n tokens (default 32); --temp 0 (the\n"
+    "default) is greedy; --ctx 4096 by default.\n";
+
 static bool parse_run_options(int argc, char **argv, struct run_options *o)
 {
     *o = (struct run_options){.n_generate = 32, .n_ctx = 4096, .mode = COMPUTE_FAST,
@@ -34,6 +44,10 @@ static bool parse_run_options(int argc, char **argv, struct run_options *o)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         double f;
+        if (arg_is_help(a)) {
+            fputs(usage, stdout);
+            exit(0);
+        }
         if (a[0] != '-') {
             if (o->dir) {
                 fprintf(stderr, "inferd run: unexpected argument '%s'\n", a);

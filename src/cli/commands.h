@@ -6,5 +6,7 @@ int cmd_run(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_mkmodel(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
+int cmd_template(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
 
 #endif

@@ -5,9 +5,15 @@
 #include "base/cpu.h"
 #include "cli/commands.h"
 
+#ifndef INFERD_VERSION
+#error "INFERD_VERSION comes from CMakeLists.txt's project() version"
+#endif
+
 static void print_usage(FILE *out)
 {
-    fputs("usage: inferd COMMAND [ARGS]\n"
+    fputs("inferd " INFERD_VERSION ", a local LLM inference server\n"
+          "\n"
+          "usage: inferd COMMAND [ARGS]     (inferd COMMAND --help for its usage)\n"
           "\n"
           "commands:\n"
           "  run DIR (-p TEXT [--chat] | --tokens IDS) [-n N] [--temp T] [--top-k K]\n"
@@ -24,6 +30,13 @@ static void print_usage(FILE *out)
           "      prefill and decode speed, with the memory-bandwidth floor\n"
           "  mkmodel --preset NAME [--arch ARCH] [--seed S] [--tokenizer TDIR] --out DIR | --list\n"
           "      write a deterministic test model in Hugging Face format\n"
+          "  tokenize DIR [--no-special] TEXT | tokenize DIR --jsonl [--no-special]\n"
+          "      token ids (and pieces) of TEXT, or of each JSON string line of stdin\n"
+          "  template DIR [--no-join]\n"
+          "      render the chat template for each JSON line of stdin (messages, tools,\n"
+          "      add_generation_prompt, template variables)\n"
+          "  version, --version\n"
+          "      print the version\n"
           "  help\n"
           "      this text\n",
           out);
@@ -40,6 +53,10 @@ int main(int argc, char **argv)
         print_usage(stdout);
         return 0;
     }
+    if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
+        puts("inferd " INFERD_VERSION);
+        return 0;
+    }
     if (!cpu_features()->avx2) {
         fprintf(stderr, "inferd: this CPU lacks AVX2/FMA, which inferd requires\n");
         return 1;
@@ -52,6 +69,10 @@ int main(int argc, char **argv)
         return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "mkmodel"))
         return cmd_mkmodel(argc - 1, argv + 1);
+    if (!strcmp(cmd, "tokenize"))
+        return cmd_tokenize(argc - 1, argv + 1);
+    if (!strcmp(cmd, "template"))
+        return cmd_template(argc - 1, argv + 1);
     fprintf(stderr, "inferd: unknown command '%s'\n\n", cmd);
     print_usage(stderr);
     return 2;

@@ -1,37 +1,17 @@
-/* model/forward.c — one forward step of a Llama-family decoder over a varlen batch, through backend ops.
+/* model/forward.c — one forward step of a decoder over a varlen batch, through backend ops: the driver every family shares.
  *
- * Reads top to bottom like the architecture: embed, then per layer
- * norm -> attention (q/k/v, optional qk-norm, RoPE, paged KV) -> residual,
- * norm -> SwiGLU MLP -> residual, then the final norm and the LM head for the
- * rows whose logits were asked for. Llama, Mistral, Qwen2 and Qwen3 differ
- * only in which optional weights exist (biases, q/k norms, tied head). */
-#include <math.h>
+ * Reads top to bottom like the architecture: lay the batch out as rows,
+ * embed, then each layer through the model's family (model/arch.h; the
+ * Llama family's norm -> attention -> residual, norm -> MLP -> residual is
+ * model/arch/llama.c), then the final norm and the LM head for the rows whose
+ * logits were asked for, copied out or sampled where they are. */
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/model.h"
+#include "model/arch.h"
 
 /* The LM head runs over this many rows at a time, bounding the logits buffer. */
 #define LOGITS_CHUNK_ROWS 16
-
-struct forward_state {
-    int max_tokens;
-    struct backend *be;            /* borrowed */
-    /* backend memory, max_tokens rows each: */
-    float *x;                      /* residual stream, hidden_size */
-    float *xn;                     /* normed input of a block, hidden_size */
-    float *q, *attn;               /* n_heads * head_dim */
-    float *k, *v;                  /* n_kv_heads * head_dim */
-    float *gate, *up;              /* intermediate_size */
-    float *proj;                   /* o_proj / down_proj output, hidden_size */
-    float *head_in;                /* final-normed rows awaiting the LM head, hidden_size */
-    float *logits;                 /* LOGITS_CHUNK_ROWS x vocab_size */
-    /* host memory: */
-    int32_t *tokens, *positions;   /* owned; max_tokens */
-    int32_t *out_rows;             /* owned; rows whose logits are wanted */
-    struct attn_span *spans;       /* owned; grown to the batch's n_seqs */
-    int spans_cap;
-};
 
 int batch_n_outputs(const struct batch *batch)
 {
@@ -148,51 +128,6 @@ static int batch_prepare(const struct model *m, struct forward_state *st,
     return row;
 }
 
-static void attention_block(const struct model *m, struct forward_state *st,
-                            const struct layer_weights *lw, struct kv_cache *kv, int layer,
-                            int n_rows, int n_spans)
-{
-    const struct model_config *c = &m->config;
-    struct backend *be = m->backend;
-    const struct backend_ops *op = be->ops;
-
-    op->rmsnorm(be, st->x, lw->attn_norm, n_rows, c->hidden_size, c->rms_norm_eps, st->xn);
-    const struct weight_matrix *qkv[3] = {&lw->wq, &lw->wk, &lw->wv};
-    const float *qkv_bias[3] = {lw->bq, lw->bk, lw->bv};
-    float *qkv_out[3] = {st->q, st->k, st->v};
-    op->matmul_group(be, st->xn, n_rows, 3, qkv, qkv_bias, qkv_out);
-    if (lw->q_norm) {
-        op->rmsnorm(be, st->q, lw->q_norm, (int64_t)n_rows * c->n_heads, c->head_dim,
-                    c->rms_norm_eps, st->q);
-        op->rmsnorm(be, st->k, lw->k_norm, (int64_t)n_rows * c->n_kv_heads, c->head_dim,
-                    c->rms_norm_eps, st->k);
-    }
-    op->rope(be, st->q, n_rows, c->n_heads, c->head_dim, st->positions, &m->rope);
-    op->rope(be, st->k, n_rows, c->n_kv_heads, c->head_dim, st->positions, &m->rope);
-    op->kv_store(be, kv, layer, st->k, st->v, st->spans, n_spans);
-    op->attention(be, st->q, kv, layer, st->spans, n_spans, c->n_heads,
-                  1.0f / sqrtf((float)c->head_dim), c->sliding_window, st->attn);
-    op->matmul(be, st->attn, n_rows, &lw->wo, lw->bo, st->proj);
-    op->add(be, st->x, st->proj, (int64_t)n_rows * c->hidden_size);
-}
-
-static void mlp_block(const struct model *m, struct forward_state *st,
-                      const struct layer_weights *lw, int n_rows)
-{
-    const struct model_config *c = &m->config;
-    struct backend *be = m->backend;
-    const struct backend_ops *op = be->ops;
-
-    op->rmsnorm(be, st->x, lw->mlp_norm, n_rows, c->hidden_size, c->rms_norm_eps, st->xn);
-    const struct weight_matrix *gate_up[2] = {&lw->w_gate, &lw->w_up};
-    const float *no_bias[2] = {NULL, NULL};
-    float *gate_up_out[2] = {st->gate, st->up};
-    op->matmul_group(be, st->xn, n_rows, 2, gate_up, no_bias, gate_up_out);
-    op->silu_mul(be, st->gate, st->up, st->gate, (int64_t)n_rows * c->intermediate_size);
-    op->matmul(be, st->gate, n_rows, &lw->w_down, NULL, st->proj);
-    op->add(be, st->x, st->proj, (int64_t)n_rows * c->hidden_size);
-}
-
 /* Where the LM head's rows go: copied to the host (logits), or sampled by
  * the backend (specs/results, host_rows for rows it hands back). */
 struct head_output {
@@ -250,11 +185,8 @@ static int forward_step(const struct model *m, struct forward_state *st, struct 
         return n_rows;
 
     m->backend->ops->embed(m->backend, &m->weights.embed, st->tokens, n_rows, st->x);
-    for (int l = 0; l < c->n_layers; l++) {
-        const struct layer_weights *lw = &m->weights.layers[l];
-        attention_block(m, st, lw, kv, l, n_rows, batch->n_seqs);
-        mlp_block(m, st, lw, n_rows);
-    }
+    for (int l = 0; l < c->n_layers; l++)
+        m->arch->layer(m, st, kv, l, n_rows, batch->n_seqs);
     int rc = lm_head(m, st, batch, out, err);
     if (rc < 0)
         return rc;

@@ -8,9 +8,8 @@
 #include <string.h>
 
 #include "base/bf16.h"
-#include "model/model.h"
+#include "model/arch.h"
 
-#define NAME_CAP 160
 #define WIDEN_CHUNK 65536 /* elements converted per host staging pass */
 
 /* ---------------------------------------------------------------- backend buffers */
@@ -133,8 +132,8 @@ static int find_tensor(struct model *m, const char *name, const int64_t *want, i
  * asks for copies (be->copy_weights), F16 widened to F32 in backend memory.
  * Misaligned data (a header whose length is not a multiple of the element
  * size) is copied so kernels may assume natural alignment. */
-static int load_matrix(struct model *m, const char *name, int64_t rows, int64_t cols,
-                       struct weight_matrix *w, struct err *err)
+int model_load_matrix(struct model *m, const char *name, int64_t rows, int64_t cols,
+                      struct weight_matrix *w, struct err *err)
 {
     int64_t want[2] = {rows, cols};
     const struct st_tensor *t;
@@ -165,7 +164,7 @@ static int load_matrix(struct model *m, const char *name, int64_t rows, int64_t 
 }
 
 /* A vector (norm weight or bias) of any dtype, as f32 in backend memory. */
-static int load_vector(struct model *m, const char *name, int64_t n, float **out, struct err *err)
+int model_load_vector(struct model *m, const char *name, int64_t n, float **out, struct err *err)
 {
     const struct st_tensor *t;
     int rc = find_tensor(m, name, &n, 1, &t, err);
@@ -173,43 +172,6 @@ static int load_vector(struct model *m, const char *name, int64_t n, float **out
 }
 
 /* ---------------------------------------------------------------- the model */
-
-static int load_layer(struct model *m, int i, struct layer_weights *L, struct err *err)
-{
-    const struct model_config *c = &m->config;
-    int64_t hidden = c->hidden_size, inter = c->intermediate_size;
-    int64_t q_dim = (int64_t)c->n_heads * c->head_dim,
-            kv_dim = (int64_t)c->n_kv_heads * c->head_dim;
-    char n[NAME_CAP];
-    int rc;
-#define NAME(suffix) (snprintf(n, sizeof n, "model.layers.%d.%s", i, suffix), n)
-    if ((rc = load_vector(m, NAME("input_layernorm.weight"), hidden, &L->attn_norm, err)) ||
-        (rc = load_matrix(m, NAME("self_attn.q_proj.weight"), q_dim, hidden, &L->wq, err)) ||
-        (rc = load_matrix(m, NAME("self_attn.k_proj.weight"), kv_dim, hidden, &L->wk, err)) ||
-        (rc = load_matrix(m, NAME("self_attn.v_proj.weight"), kv_dim, hidden, &L->wv, err)) ||
-        (rc = load_matrix(m, NAME("self_attn.o_proj.weight"), hidden, q_dim, &L->wo, err)))
-        return rc;
-    /* Llama's and Qwen3's attention_bias covers o_proj too; Qwen2 biases q/k/v only. */
-    if (c->attention_bias && c->arch != ARCH_QWEN2 &&
-        (rc = load_vector(m, NAME("self_attn.o_proj.bias"), hidden, &L->bo, err)))
-        return rc;
-    if (c->attention_bias &&
-        ((rc = load_vector(m, NAME("self_attn.q_proj.bias"), q_dim, &L->bq, err)) ||
-         (rc = load_vector(m, NAME("self_attn.k_proj.bias"), kv_dim, &L->bk, err)) ||
-         (rc = load_vector(m, NAME("self_attn.v_proj.bias"), kv_dim, &L->bv, err))))
-        return rc;
-    if (c->qk_norm &&
-        ((rc = load_vector(m, NAME("self_attn.q_norm.weight"), c->head_dim, &L->q_norm, err)) ||
-         (rc = load_vector(m, NAME("self_attn.k_norm.weight"), c->head_dim, &L->k_norm, err))))
-        return rc;
-    if ((rc = load_vector(m, NAME("post_attention_layernorm.weight"), hidden, &L->mlp_norm, err)) ||
-        (rc = load_matrix(m, NAME("mlp.gate_proj.weight"), inter, hidden, &L->w_gate, err)) ||
-        (rc = load_matrix(m, NAME("mlp.up_proj.weight"), inter, hidden, &L->w_up, err)) ||
-        (rc = load_matrix(m, NAME("mlp.down_proj.weight"), hidden, inter, &L->w_down, err)))
-        return rc;
-#undef NAME
-    return 0;
-}
 
 static bool ends_with(const char *s, const char *suffix)
 {
@@ -235,23 +197,23 @@ static int load_weights(struct model *m, struct err *err)
 {
     const struct model_config *c = &m->config;
     struct model_weights *W = &m->weights;
-    int rc = load_matrix(m, "model.embed_tokens.weight", c->vocab_size, c->hidden_size, &W->embed,
-                         err);
+    int rc = model_load_matrix(m, "model.embed_tokens.weight", c->vocab_size, c->hidden_size,
+                               &W->embed, err);
     if (rc)
         return rc;
     W->layers = calloc((size_t)c->n_layers, sizeof *W->layers);
     if (!W->layers)
         return err_set(err, INFERD_ENOMEM, "out of memory for %d layers", c->n_layers);
     for (int i = 0; i < c->n_layers; i++)
-        if ((rc = load_layer(m, i, &W->layers[i], err)))
+        if ((rc = m->arch->load_layer(m, i, &W->layers[i], err)))
             return rc;
-    if ((rc = load_vector(m, "model.norm.weight", c->hidden_size, &W->final_norm, err)))
+    if ((rc = model_load_vector(m, "model.norm.weight", c->hidden_size, &W->final_norm, err)))
         return rc;
     /* Tied checkpoints sometimes still carry lm_head.weight; when present it is what runs. */
     if (c->tie_word_embeddings && !st_set_find(&m->files, "lm_head.weight"))
         W->lm_head = W->embed;
-    else if ((rc = load_matrix(m, "lm_head.weight", c->vocab_size, c->hidden_size, &W->lm_head,
-                               err)))
+    else if ((rc = model_load_matrix(m, "lm_head.weight", c->vocab_size, c->hidden_size,
+                                     &W->lm_head, err)))
         return rc;
     return check_no_extra_tensors(m, err);
 }
@@ -279,8 +241,17 @@ int model_load(const char *dir, struct backend *be, struct model **out, struct e
         return err_set(err, INFERD_ENOMEM, "out of memory for the model");
     m->backend = be;
     int rc;
-    if ((rc = model_config_load(dir, &m->config, &m->generation, err)) ||
-        (rc = st_set_open(dir, &m->files, err)))
+    if ((rc = model_config_load(dir, &m->config, &m->generation, err)))
+        goto fail;
+    /* config.json's architectures picks the family; config parsing already
+     * refused the ones inferd does not know, so a miss here is a family
+     * table that forgot an architecture. */
+    if (!(m->arch = arch_find(m->config.arch))) {
+        rc = err_set(err, INFERD_EUNSUPPORTED, "no model family runs %s",
+                     model_arch_name(m->config.arch));
+        goto fail;
+    }
+    if ((rc = st_set_open(dir, &m->files, err)))
         goto fail;
     if ((rc = load_weights(m, err))) {
         err_wrap(err, "loading %s", dir);

@@ -9,6 +9,8 @@
 #include "model/config.h"
 #include "model/safetensors.h"
 
+/* One decoder layer's weights; the family's load_layer (model/arch.h) fills
+ * the ones it has. */
 struct layer_weights {
     float *attn_norm;            /* backend memory, hidden_size floats */
     struct weight_matrix wq, wk, wv, wo;
@@ -26,8 +28,11 @@ struct model_weights {
     struct weight_matrix lm_head;/* == embed when tied */
 };
 
+struct arch;
+
 struct model {
     struct model_config config;
+    const struct arch *arch;     /* borrowed (static): the family that runs config.arch */
     struct generation_defaults generation;
     struct model_weights weights;
     struct backend *backend;     /* borrowed */

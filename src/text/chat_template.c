@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/strbuf.h"
 #include "text/jinja/jinja.h"
 #include "text/tokenizer.h"
 
@@ -65,4 +66,40 @@ int chat_template_render(const struct chat_template *ct, struct json_object *mes
     int rc = jinja_render(ct->tmpl, ctx, &limits, out, len, err);
     json_object_put(ctx);
     return rc;
+}
+
+int chat_template_join_content(struct json_object *messages, struct json_object **out,
+                               struct err *err)
+{
+    *out = NULL;
+    if (!json_object_is_type(messages, json_type_array))
+        return err_set(err, INFERD_EINVAL, "messages is not an array");
+    json_object *copy = NULL;
+    if (json_object_deep_copy(messages, &copy, NULL) != 0)
+        return err_set(err, INFERD_ENOMEM, "out of memory copying the messages");
+    size_t n = json_object_array_length(copy);
+    for (size_t i = 0; i < n; i++) {
+        json_object *m = json_object_array_get_idx(copy, i), *content = NULL;
+        bool present = json_object_object_get_ex(m, "content", &content);
+        if (present && content == NULL) {
+            json_object_object_add(m, "content", json_object_new_string(""));
+        } else if (json_object_is_type(content, json_type_array)) {
+            struct strbuf text = {0};
+            bool only_text = true;
+            size_t n_parts = json_object_array_length(content);
+            for (size_t k = 0; k < n_parts; k++) {
+                json_object *part = json_object_array_get_idx(content, k), *t = NULL;
+                if (json_object_object_get_ex(part, "text", &t) && json_object_is_type(t, json_type_string))
+                    strbuf_append(&text, json_object_get_string(t), (size_t)json_object_get_string_len(t));
+                else
+                    only_text = false;
+            }
+            if (only_text && !text.failed)
+                json_object_object_add(m, "content",
+                                       json_object_new_string_len(text.data ? text.data : "", (int)text.len));
+            strbuf_free(&text);
+        }
+    }
+    *out = copy;
+    return 0;
 }

@@ -30,4 +30,14 @@ int chat_template_render(const struct chat_template *ct, struct json_object *mes
                          struct json_object *tools, bool add_generation_prompt,
                          struct json_object *kwargs, char **out, size_t *len, struct err *err);
 
+/* A copy of messages (a JSON array; borrowed) as chat templates expect them,
+ * the way OpenAI-compatible servers hand them over: a content given as an
+ * array of text parts is joined into one string (an array with any other
+ * part stays as it is), and a null content (an assistant turn that only
+ * calls tools) becomes "". *out is the caller's (json_object_put).
+ * -INFERD_EINVAL when messages is not an array, -INFERD_ENOMEM when the
+ * copy cannot be made. */
+int chat_template_join_content(struct json_object *messages, struct json_object **out,
+                               struct err *err);
+
 #endif

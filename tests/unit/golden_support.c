@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/mkmodel.h"
+#include "tools/mkmodel.h"
 #include "test_support.h"
 
 const struct tolerance GOLDEN_EXACT = {1e-3, 1.0};

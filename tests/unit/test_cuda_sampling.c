@@ -15,7 +15,7 @@
 #include "engine/generate.h"
 #include "engine/sampler.h"
 #include "golden_support.h"
-#include "model/mkmodel.h"
+#include "tools/mkmodel.h"
 #include "test_support.h"
 #include "text/tokenizer.h"
 

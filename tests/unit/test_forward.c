@@ -5,7 +5,7 @@
 
 #include "engine/generate.h"
 #include "kv/kv.h"
-#include "model/mkmodel.h"
+#include "tools/mkmodel.h"
 #include "model/model.h"
 #include "test_support.h"
 

@@ -9,7 +9,7 @@
 #include <sys/wait.h>
 
 #include "base/bf16.h"
-#include "model/mkmodel.h"
+#include "tools/mkmodel.h"
 #include "test_support.h"
 
 #define CHECKSUMS INFERD_SOURCE_DIR "/tests/goldens/mkmodel_checksums.txt"

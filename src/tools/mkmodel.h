@@ -1,6 +1,6 @@
-/* model/mkmodel.h — deterministic synthetic Hugging Face model directories for tests and benchmarks. */
-#ifndef INFERD_MODEL_MKMODEL_H
-#define INFERD_MODEL_MKMODEL_H
+/* tools/mkmodel.h — deterministic synthetic Hugging Face model directories for tests and benchmarks (not part of libinferd: linked into the inferd binary and the tests). */
+#ifndef INFERD_TOOLS_MKMODEL_H
+#define INFERD_TOOLS_MKMODEL_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -1,6 +1,6 @@
-/* model/mkmodel.c — writes deterministic Hugging Face model directories (config, generation config, safetensors) from a preset table. */
+/* tools/mkmodel.c — writes deterministic Hugging Face model directories (config, generation config, safetensors) from a preset table. */
 #define _GNU_SOURCE
-#include "model/mkmodel.h"
+#include "tools/mkmodel.h"
 
 #include <errno.h>
 #include <json-c/json.h>

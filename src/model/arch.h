@@ -1,0 +1,67 @@
+/* model/arch.h — what differs between model families: one table per family, chosen at load time (internal to model/).
+ *
+ * forward.c is the driver every family shares: it lays out the batch,
+ * embeds the tokens, calls the family's layer once per layer and runs the
+ * final norm and the LM head. A family (arch/NAME.c) says which config.json
+ * architectures it serves, which tensors a layer has (load_layer) and what a
+ * layer computes over the shared buffers of struct forward_state (layer).
+ * A new family is a new file and one line in arch.c. */
+#ifndef INFERD_MODEL_ARCH_H
+#define INFERD_MODEL_ARCH_H
+
+#include "model/model.h"
+
+/* The activations of one step, max_tokens rows each; forward.c owns them
+ * (forward_state_create / forward_state_free), a family's layer reads and
+ * writes them. */
+struct forward_state {
+    int max_tokens;
+    struct backend *be;            /* borrowed */
+    /* backend memory, max_tokens rows each: */
+    float *x;                      /* residual stream, hidden_size */
+    float *xn;                     /* normed input of a block, hidden_size */
+    float *q, *attn;               /* n_heads * head_dim */
+    float *k, *v;                  /* n_kv_heads * head_dim */
+    float *gate, *up;              /* intermediate_size */
+    float *proj;                   /* o_proj / down_proj output, hidden_size */
+    float *head_in;                /* final-normed rows awaiting the LM head, hidden_size */
+    float *logits;                 /* LOGITS_CHUNK_ROWS x vocab_size */
+    /* host memory: */
+    int32_t *tokens, *positions;   /* owned; max_tokens */
+    int32_t *out_rows;             /* owned; rows whose logits are wanted */
+    struct attn_span *spans;       /* owned; grown to the batch's n_seqs */
+    int spans_cap;
+};
+
+struct arch {
+    const char *name;                    /* the family, e.g. "llama" */
+    const enum model_arch *serves;       /* the config architectures it runs */
+    int n_serves;
+    /* Loads layer i's tensors into *lw (through model_load_matrix /
+     * model_load_vector), checking each against the shape config implies. */
+    int (*load_layer)(struct model *m, int i, struct layer_weights *lw, struct err *err);
+    /* One decoder layer over the n_rows rows of st->x (in place): the K/V of
+     * the rows go into kv's layer, spans are st->spans[0 .. n_spans). The
+     * backend fuses by the order of ops, so a family's op order is part of
+     * its contract. */
+    void (*layer)(const struct model *m, struct forward_state *st, struct kv_cache *kv,
+                  int layer, int n_rows, int n_spans);
+};
+
+/* The family that runs a, or NULL when none does. */
+const struct arch *arch_find(enum model_arch a);
+
+/* The families (arch/NAME.c), each a table. */
+extern const struct arch arch_llama;
+
+/* Weight loading for load_layer (load.c): the tensor name with exactly the
+ * shape given, marked used. A matrix stays in the mapping where it can (BF16,
+ * F32); F16 is widened to F32. A vector is converted to F32 in backend
+ * memory. Both are -INFERD_EFORMAT naming the tensor when it is missing or
+ * has another shape. */
+int model_load_matrix(struct model *m, const char *name, int64_t rows, int64_t cols,
+                      struct weight_matrix *w, struct err *err);
+int model_load_vector(struct model *m, const char *name, int64_t n, float **out,
+                      struct err *err);
+
+#endif
