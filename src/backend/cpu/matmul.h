@@ -29,7 +29,11 @@ struct cpu_matmul;
 int cpu_matmul_create(struct threadpool *pool, struct cpu_matmul **out, struct err *err);
 void cpu_matmul_free(struct cpu_matmul *mm);
 
-/* The best level this processor (and INFERD_CPU, see base/cpu.h) allows. */
+struct cpu_features;
+
+/* The best level features f allow. */
+enum cpu_matmul_level cpu_matmul_level_of(const struct cpu_features *f);
+/* The best level this processor allows: cpu_matmul_level_of(cpu_features()). */
 enum cpu_matmul_level cpu_matmul_detect_level(void);
 /* Makes mm use level (contexts start at cpu_matmul_detect_level()); a level
  * above the detected one is -INFERD_EUNSUPPORTED. Tests and benchmarks use
