@@ -133,7 +133,9 @@ int cmd_bench(int argc, char **argv)
     double file_gb = dir_safetensors_bytes(m) / 1e9;
 
     struct threadpool *pool = backend_cpu_threadpool(be); /* NULL on a GPU */
-    double fma_peak = pool ? cpu_measure_fma_peak_gflops(pool) : 0.0;
+    double fma_peak = pool ? cpu_measure_fma_peak_gflops(
+                                 pool, cpu_matmul_get_level(backend_cpu_matmul(be)))
+                           : 0.0;
     double gemm_peak = pool ? cpu_measure_gemm_gflops(backend_cpu_matmul(be), o.mode) : 0.0;
     double gpu_bandwidth = pool ? 0.0 : backend_cuda_read_bandwidth(be, (size_t)2 << 30);
 

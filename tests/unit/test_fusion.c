@@ -1,10 +1,11 @@
-/* tests/unit/test_fusion.c — the CUDA backend's launches for every tiny model, without a GPU: forward steps recorded as the CUDA backend records them (record.h), planned by its fusion planner (fuse.h), launch by launch.
+/* tests/unit/test_fusion.c — the CUDA backend's launches for every tiny model's steps, checked without a GPU.
  *
- * Each step is pinned as text, one word per launch: "rmsnorm+gemvx3" is an
- * RMSNorm folded into the GEMV of a group of three matrices, "gemv+add" a
- * GEMV with the residual add folded in, "rope_qk+kv_store+attention" the q/k
- * RoPE and KV write folded into decode attention, "gemmx2" the cuBLASLt path
- * of a pair. A change in the order or the buffers of model/forward.c's ops
+ * Forward steps are recorded as the CUDA backend records them (record.h)
+ * and planned by its fusion planner (fuse.h). Each step is pinned as text,
+ * one word per launch: "rmsnorm+gemvx3" is an RMSNorm folded into the GEMV
+ * of a group of three matrices, "gemv+add" a GEMV with the residual add
+ * folded in, "rope_qk+kv_store+attention" the q/k RoPE and KV write folded
+ * into decode attention, "gemmx2" the cuBLASLt path of a pair. A change in the order or the buffers of model/forward.c's ops
  * that costs (or wins) a fusion changes the text and fails here. */
 #include <criterion/criterion.h>
 #include <stdio.h>

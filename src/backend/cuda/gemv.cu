@@ -523,7 +523,8 @@ static cudaError_t launch_stream(struct cu_device *dev, cudaStream_t s,
     int64_t want = ((int64_t)n_units + W - 1) / W;
     int64_t slots = (int64_t)dev->n_sm * per_sm;
     unsigned grid = (unsigned)(want < slots ? want : slots);
-    return cu_launch_dependent(dev->pdl, kern, dim3(grid), dim3(GEMV_STREAM_THREADS), smem, s, *a, n_units);
+    return cu_launch_dependent(dev->pdl, kern, dim3(grid), dim3(GEMV_STREAM_THREADS), smem, s, *a,
+                               n_units);
 }
 
 template <int NP>
@@ -559,7 +560,8 @@ cudaError_t cu_launch_gemv(struct cu_device *dev, cudaStream_t s, const struct c
     int64_t per_lane = vec ? a->cols / 8 : a->cols;
     /* enough warps in flight to cover HBM latency: about 48 per SM */
     int wpr = 1;
-    while (wpr < GEMV_WARPS && n_units * wpr < (int64_t)dev->n_sm * 48 && per_lane >= 64 * wpr * 2)
+    while (wpr < GEMV_WARPS && n_units * wpr < (int64_t)dev->n_sm * 48 &&
+           per_lane >= 64 * wpr * 2)
         wpr *= 2;
     return a->pair ? launch_np<2>(s, a, n_units, wpr, vec) : launch_np<1>(s, a, n_units, wpr, vec);
 }

@@ -1,4 +1,4 @@
-/* backend/cuda/record.h — the CUDA backend's step as recorded: one cu_op per backend op, host arrays staged in a parameter arena; plain C, so the fusion planner and its tests run without a GPU.
+/* backend/cuda/record.h — the CUDA backend's step as recorded: one cu_op per backend op; plain C, runs without a GPU.
  *
  * The CUDA backend launches nothing when an op is called: the op is recorded
  * here, with every host array it was given (token ids, positions, block
@@ -150,7 +150,7 @@ struct cu_rec {
     int n_sm;              /* the device's multiprocessors: attention split counts */
     struct cu_op *ops;     /* owned; n_ops recorded, not yet launched */
     int n_ops, cap_ops;
-    uint8_t *arena;        /* borrowed from the launcher (pinned memory on a GPU); arena_cap bytes */
+    uint8_t *arena;        /* the launcher's (pinned memory on a GPU); arena_cap bytes */
     size_t arena_cap, arena_used;
     struct cu_dedup dedup[CU_DEDUP_MAX]; /* host arrays put in the arena this step */
     int n_dedup;
