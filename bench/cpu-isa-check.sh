@@ -19,8 +19,8 @@ done
 model=$(mktemp -d)/qwen3-0.6b
 "$bin/inferd" mkmodel --preset qwen3-0.6b --seed 1 --out "$model" >/dev/null
 for level in avx2 avx512 avx512bf16 amx; do
-  echo "== bench qwen3-0.6b, 2 threads, INFERD_CPU=$level"
-  INFERD_CPU=$level "$bin/inferd" bench "$model" --threads 2 --prompt-len 128 --gen-len 32 --reps 3
+  echo "== bench qwen3-0.6b, 2 threads, --cpu-isa $level"
+  "$bin/inferd" bench "$model" --threads 2 --prompt-len 128 --gen-len 32 --reps 3 --cpu-isa $level
 done
 echo "== bench qwen3-0.6b, all cores, amx"
 "$bin/inferd" bench "$model" --prompt-len 512 --gen-len 64 --reps 3

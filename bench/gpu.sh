@@ -6,7 +6,7 @@
 #     bench    prefill pp512 / decode tg128 per model (and pp4096 for llama-3.1-8b),
 #              prefill again with f32 attention, the 8B's load time
 #     8k       decode after an 8k-token prompt
-#     profile  GPU time per kind of kernel (INFERD_CUDA_PROFILE=ops), with and
+#     profile  GPU time per kind of kernel (--cuda-profile ops), with and
 #              without the RMSNorm folded into the GEMVs
 #     serve    `inferd serve --device cuda`: the house model answers a chat and
 #              serves 1-64 concurrent streams (bench/serve_concurrency.py); the
@@ -69,9 +69,6 @@ if has_stage parity; then
   timeout 300 "$bin"/test_cuda_parity --verbose=1 --jobs=1 2>&1 | grep -E "cuda |PASS|FAIL|SKIP|Synthesis|expected|assert|signal|Crash|error" 
   echo "-- sampling on the GPU against the host sampler (tests/unit/test_cuda_sampling.c)"
   timeout 300 "$bin"/test_cuda_sampling --verbose=1 --jobs=1 2>&1 | grep -E "cuda |PASS|FAIL|SKIP|Synthesis|expected|assert|signal|Crash|error"
-  echo "-- fast mode again with f32 prefill attention (INFERD_CUDA_PREFILL_TC=0)"
-  INFERD_CUDA_PREFILL_TC=0 timeout 300 "$bin"/test_cuda_parity --verbose=1 --jobs=1 \
-    --filter='cuda_parity/fast_mode*' 2>&1 | grep -E "all goldens|PASS|FAIL|Synthesis"
   echo "parity: $(awk "BEGIN { printf \"%.1f\", $(date +%s.%N) - $start }") s"
 fi
 
@@ -89,7 +86,7 @@ make_model() {
 
 summary=()
 # bench_one LABEL DIR ARGS...: runs inferd bench and keeps its prefill/decode lines
-# (INFERD_CUDA_* settings in the caller's environment apply).
+# (backend flags among ARGS, and INFERD_CUDA_* settings in the caller's environment, apply).
 bench_one() {
   local label=$1 dir=$2
   shift 2
@@ -172,10 +169,10 @@ for preset in "${models[@]}"; do
   fi
   if has_stage bench; then
     bench_one "$preset pp512+tg128" "$dir" --prompt-len 512 --gen-len 128 --reps 3
-    INFERD_CUDA_PREFILL_TC=0 bench_one "$preset pp512, f32 attention" "$dir" --prompt-len 512 --gen-len 4 --reps 2
+    bench_one "$preset pp512, f32 attention" "$dir" --prompt-len 512 --gen-len 4 --reps 2 --cuda-prefill-tc off
     if [ "$preset" = llama-3.1-8b ]; then
       bench_one "$preset pp4096" "$dir" --prompt-len 4096 --chunk 4096 --gen-len 4 --reps 3
-      INFERD_CUDA_PREFILL_TC=0 bench_one "$preset pp4096, f32 attention" "$dir" --prompt-len 4096 --chunk 4096 --gen-len 4 --reps 2
+      bench_one "$preset pp4096, f32 attention" "$dir" --prompt-len 4096 --chunk 4096 --gen-len 4 --reps 2 --cuda-prefill-tc off
       echo "-- $preset: load from page cache (inferd run --device cuda --tokens 1 -n 1)"
       "$bin"/inferd run "$dir" --device cuda --tokens 1 -n 1 2>&1 | grep -E "load|error" | tail -2
     fi
@@ -183,13 +180,13 @@ for preset in "${models[@]}"; do
   if has_stage profile; then
     dir=$(make_model "$preset") || continue
     for fusion in off on; do
-      if [ $fusion = on ]; then export INFERD_CUDA_NORM_FUSION=1; else unset INFERD_CUDA_NORM_FUSION; fi
       echo "-- $preset: rmsnorm fusion $fusion: 512-token prompt, 128 decode steps from graphs"
-      INFERD_CUDA_PROFILE=graphs timeout 300 "$bin"/inferd bench "$dir" --device cuda --prompt-len 512 --gen-len 128 --reps 1 2>&1 | grep -E "profile|decode  |prefill  "
+      timeout 300 "$bin"/inferd bench "$dir" --device cuda --prompt-len 512 --gen-len 128 --reps 1 \
+        --cuda-norm-fusion $fusion --cuda-profile graphs 2>&1 | grep -E "profile|decode  |prefill  "
       echo "-- $preset: rmsnorm fusion $fusion: eager with a timer per launch (prompt 512, 32 decode steps)"
-      INFERD_CUDA_PROFILE=ops timeout 300 "$bin"/inferd bench "$dir" --device cuda --prompt-len 512 --gen-len 32 --reps 1 2>&1 | grep -E "profile: [a-z]|decode  "
+      timeout 300 "$bin"/inferd bench "$dir" --device cuda --prompt-len 512 --gen-len 32 --reps 1 \
+        --cuda-norm-fusion $fusion --cuda-profile ops 2>&1 | grep -E "profile: [a-z]|decode  "
     done
-    unset INFERD_CUDA_NORM_FUSION
   fi
   if has_stage 8k; then
     bench_one "$preset 8k ctx (tg128)" "$dir" --prompt-len 8192 --chunk 2048 --gen-len 128 --reps 1

@@ -187,7 +187,7 @@ int main(int argc, char **argv)
     double bw = 0.0, peak = 0.0;
     for (int i = 0; i < 3; i++) { /* best of three: the machine may be shared */
         double b = cpu_measure_read_bandwidth(pool, BANDWIDTH_BYTES);
-        double p = cpu_measure_fma_peak_gflops(pool);
+        double p = cpu_measure_fma_peak_gflops(pool, cpu_matmul_detect_level());
         bw = b > bw ? b : bw;
         peak = p > peak ? p : peak;
     }

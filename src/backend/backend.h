@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/cpu.h"
 #include "base/dtype.h"
 #include "base/err.h"
 
@@ -203,8 +204,62 @@ struct backend {
     void *impl; /* owned by the backend */
 };
 
-/* Creates the CPU backend with n_threads workers (0: one per core). */
-int backend_cpu_create(int n_threads, enum compute_mode mode, struct backend **out,
+/* A switch whose zero value leaves the backend's default. */
+enum backend_switch { BACKEND_DEFAULT = 0, BACKEND_ON, BACKEND_OFF };
+
+/* Element type of the KV cache (backend.kv_dtype). */
+enum backend_kv_type {
+    BACKEND_KV_AUTO = 0, /* the backend's choice: f16 on CUDA in FAST mode, else f32 */
+    BACKEND_KV_F32,
+    BACKEND_KV_F16,      /* CUDA only: the CPU backend refuses it */
+};
+
+/* What the CUDA backend measures and logs when it is destroyed. */
+enum backend_profile {
+    BACKEND_PROFILE_OFF = 0,
+    BACKEND_PROFILE_OPS,    /* steps launched eagerly, each launch timed between events;
+                               GPU time per kind of launch */
+    BACKEND_PROFILE_GRAPHS, /* graph captures and replays, the GPU time of each replayed
+                               step, and the host's time per sampled step */
+};
+
+/* How a backend is made. Zero-initialised, every field is its default, so a
+ * caller names only what it changes: (struct backend_options){.threads = 2}.
+ * A backend ignores the fields that are not about it. The defaults are the
+ * fastest settings; the switches exist to measure each piece and to check
+ * that turning it off changes no result. */
+struct backend_options {
+    enum compute_mode mode;  /* EXACT (the zero value) or FAST */
+    int threads;             /* CPU: worker threads; 0: one per core */
+    enum cpu_isa cpu_isa;    /* CPU: the highest instruction set its kernels use;
+                                CPU_ISA_BEST: whatever the processor has */
+    enum backend_kv_type kv_type;
+    /* CUDA: a step of at most 8 tokens is captured into a CUDA graph the
+     * first time its op list is seen and replayed after (default on; off:
+     * every step launched eagerly) */
+    enum backend_switch cuda_graphs;
+    /* CUDA: kernels start while the launch before them drains (programmatic
+     * dependent launch, sm_90 and newer; default on; off: each launch waits) */
+    enum backend_switch cuda_pdl;
+    /* CUDA: an RMSNorm is folded into the decode GEMV that reads its output
+     * (default on; off: the norm is its own launch) */
+    enum backend_switch cuda_norm_fusion;
+    /* CUDA: q/k norms + RoPE + KV write are folded into the decode attention
+     * after them (default on; off: they are one launch before it) */
+    enum backend_switch cuda_qk_fusion;
+    /* CUDA: FAST-mode prefill attention over an f16 cache on tensor cores
+     * (default on; off: the f32 kernel) */
+    enum backend_switch cuda_prefill_tc;
+    /* CUDA: backend_ops.sample picks tokens on the GPU (default on; off: the
+     * op is NULL, so logits are copied to the host and sampled there) */
+    enum backend_switch gpu_sampling;
+    enum backend_profile profile; /* CUDA */
+};
+
+/* Creates the CPU backend from opt's mode, threads, cpu_isa and kv_type.
+ * -INFERD_EUNSUPPORTED when the processor (or the cpu_isa cap) lacks AVX2/FMA,
+ * or for an f16 KV cache. */
+int backend_cpu_create(const struct backend_options *opt, struct backend **out,
                        struct err *err);
 
 static inline void backend_destroy(struct backend *be)

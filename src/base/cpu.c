@@ -1,10 +1,9 @@
-/* base/cpu.c — CPUID/XGETBV feature detection and the AMX permission request. */
+/* base/cpu.c — CPUID/XGETBV feature detection, instruction-set caps and the AMX permission request. */
 #include "base/cpu.h"
 
 #include <cpuid.h>
 #include <pthread.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -13,6 +12,7 @@
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
 
+/* The uncapped features: facts of the machine, detected once. */
 static struct cpu_features detected;
 static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
 
@@ -34,7 +34,7 @@ static bool request_amx_permission(void)
     return (bitmask & (1ul << XFEATURE_XTILEDATA)) != 0;
 }
 
-static void detect(void)
+void cpu_features_detect(enum cpu_isa cap, struct cpu_features *out)
 {
     struct cpu_features f;
     memset(&f, 0, sizeof f);
@@ -43,7 +43,7 @@ static void detect(void)
     f.n_cores = n > 0 ? (int)n : 1;
 
     if (!__get_cpuid(1, &a, &b, &c, &d)) {
-        detected = f;
+        *out = f;
         return;
     }
     bool osxsave = (c >> 27) & 1;
@@ -64,33 +64,31 @@ static void detect(void)
     __cpuid_count(7, 1, a, b, c, d);
     f.avx512_bf16 = f.avx512bw && ((a >> 5) & 1);
 
-    const char *cap = getenv("INFERD_CPU");
-    if (cap && *cap) {
-        int level = !strcmp(cap, "scalar") ? 0 : !strcmp(cap, "avx2") ? 1
-                  : !strcmp(cap, "avx512") ? 2 : !strcmp(cap, "avx512bf16") ? 3 : 4;
-        if (level < 4)
+    if (cap != CPU_ISA_BEST) {
+        if (cap < CPU_ISA_AMX)
             f.amx_tile = f.amx_bf16 = false;
-        if (level < 3)
+        if (cap < CPU_ISA_AVX512BF16)
             f.avx512_bf16 = false;
-        if (level < 2)
+        if (cap < CPU_ISA_AVX512)
             f.avx512f = f.avx512bw = f.avx512vl = false;
-        if (level < 1)
+        if (cap < CPU_ISA_AVX2)
             f.avx2 = f.fma = false;
     }
     if (f.amx_tile && f.amx_bf16)
         f.amx_usable = request_amx_permission();
-    detected = f;
+    *out = f;
 }
+
+static void detect_best(void) { cpu_features_detect(CPU_ISA_BEST, &detected); }
 
 const struct cpu_features *cpu_features(void)
 {
-    pthread_once(&detect_once, detect);
+    pthread_once(&detect_once, detect_best);
     return &detected;
 }
 
-const char *cpu_level_name(void)
+const char *cpu_level_name(const struct cpu_features *f)
 {
-    const struct cpu_features *f = cpu_features();
     if (f->amx_usable)
         return "amx";
     if (f->avx512_bf16)
@@ -100,4 +98,15 @@ const char *cpu_level_name(void)
     if (f->avx2)
         return "avx2";
     return "scalar";
+}
+
+bool cpu_isa_parse(const char *text, enum cpu_isa *out)
+{
+    static const char *const names[] = {"scalar", "avx2", "avx512", "avx512bf16", "amx"};
+    for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++)
+        if (!strcmp(text, names[i])) {
+            *out = (enum cpu_isa)(CPU_ISA_SCALAR + i);
+            return true;
+        }
+    return false;
 }

@@ -59,6 +59,19 @@ bool arg_mode(const char *text, enum compute_mode *out)
     return true;
 }
 
+bool arg_on_off(const char *flag, const char *text, bool *out)
+{
+    if (!strcmp(text, "on"))
+        *out = true;
+    else if (!strcmp(text, "off"))
+        *out = false;
+    else {
+        fprintf(stderr, "inferd: %s: '%s' is neither 'on' nor 'off'\n", flag, text);
+        return false;
+    }
+    return true;
+}
+
 bool arg_token_list(const char *flag, const char *text, int32_t **ids, int *n)
 {
     int cap = 16, count = 0;

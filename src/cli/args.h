@@ -16,6 +16,9 @@ bool arg_u64(const char *flag, const char *text, uint64_t *out);
 /* "exact" or "fast". */
 bool arg_mode(const char *text, enum compute_mode *out);
 
+/* "on" or "off" for flag; false after printing "inferd: FLAG: ..." otherwise. */
+bool arg_on_off(const char *flag, const char *text, bool *out);
+
 /* Comma-separated token ids, e.g. "1,2,3"; *ids is malloc'd. */
 bool arg_token_list(const char *flag, const char *text, int32_t **ids, int *n);
 

@@ -47,6 +47,7 @@ struct bench_options {
     const char *device; /* --device: cpu, cuda[:N] or auto */
     long prompt_len, gen_len, n_threads, reps, chunk;
     enum compute_mode mode;
+    struct backend_options backend; /* the environment's, then the backend flags' */
 };
 
 /* GPU memory bandwidth the floors are stated against (H200 HBM3e). */
@@ -64,6 +65,7 @@ static bool parse_bench_options(int argc, char **argv, struct bench_options *o)
 {
     *o = (struct bench_options){.prompt_len = 128, .gen_len = 32, .reps = 3, .chunk = 512,
                                 .mode = COMPUTE_FAST};
+    cli_backend_options_from_env(&o->backend);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (arg_is_help(a)) {
@@ -76,6 +78,11 @@ static bool parse_bench_options(int argc, char **argv, struct bench_options *o)
         }
         if (!(v = arg_value(argc, argv, &i)))
             return false;
+        int backend_flag = cli_backend_flag(a, v, &o->backend);
+        if (backend_flag < 0)
+            return false;
+        if (backend_flag > 0)
+            continue;
         bool ok = !strcmp(a, "--prompt-len") ? arg_int(a, v, 1, 1 << 20, &o->prompt_len)
                 : !strcmp(a, "--gen-len")    ? arg_int(a, v, 1, 1 << 20, &o->gen_len)
                 : !strcmp(a, "--threads")    ? arg_int(a, v, 0, 1024, &o->n_threads)
@@ -89,7 +96,8 @@ static bool parse_bench_options(int argc, char **argv, struct bench_options *o)
     }
     if (!o->dir) {
         fprintf(stderr, "usage: inferd bench DIR [--prompt-len P] [--gen-len G] [--threads N] "
-                        "[--mode fast|exact] [--reps R] [--chunk C] [--device cpu|cuda[:N]|auto]\n");
+                        "[--mode fast|exact] [--reps R] [--chunk C] [--device cpu|cuda[:N]|auto]\n"
+                        "       [backend flags]\n" CLI_BACKEND_USAGE);
         return false;
     }
     return true;
@@ -126,7 +134,9 @@ int cmd_bench(int argc, char **argv)
     int32_t *prompt = NULL;
     int status = 1;
 
-    if (cli_backend_create(o.device, (int)o.n_threads, o.mode, &be, &err) < 0)
+    o.backend.mode = o.mode;
+    o.backend.threads = (int)o.n_threads;
+    if (cli_backend_create(o.device, &o.backend, &be, &err) < 0)
         goto fail;
     double t0 = now_s();
     if (model_load(o.dir, be, &m, &err) < 0)
@@ -135,7 +145,9 @@ int cmd_bench(int argc, char **argv)
     double file_gb = dir_safetensors_bytes(m) / 1e9;
 
     struct threadpool *pool = backend_cpu_threadpool(be); /* NULL on a GPU */
-    double fma_peak = pool ? cpu_measure_fma_peak_gflops(pool) : 0.0;
+    double fma_peak = pool ? cpu_measure_fma_peak_gflops(
+                                 pool, cpu_matmul_get_level(backend_cpu_matmul(be)))
+                           : 0.0;
     double gemm_peak = pool ? cpu_measure_gemm_gflops(backend_cpu_matmul(be), o.mode) : 0.0;
     double gpu_bandwidth = pool ? 0.0 : backend_cuda_read_bandwidth(be, (size_t)2 << 30);
 
@@ -188,7 +200,8 @@ int cmd_bench(int argc, char **argv)
            m->config.arch_name, m->config.n_layers, m->config.hidden_size, m->config.vocab_size);
     if (pool) {
         printf("cpu              %s, %d threads, mode %s, %ld repetitions (medians below)\n",
-               cpu_level_name(), threadpool_size(pool), o.mode == COMPUTE_FAST ? "fast" : "exact",
+               cpu_matmul_level_name(cpu_matmul_get_level(backend_cpu_matmul(be))),
+               threadpool_size(pool), o.mode == COMPUTE_FAST ? "fast" : "exact",
                o.reps);
     } else {
         char gpu[256];

@@ -25,6 +25,7 @@ struct run_options {
     long n_generate, n_threads, n_ctx;
     enum compute_mode mode;
     struct sampler_params sampling;
+    struct backend_options backend; /* the environment's, then the backend flags' */
 };
 
 static const char usage[] =
@@ -41,6 +42,7 @@ static bool parse_run_options(int argc, char **argv, struct run_options *o)
 {
     *o = (struct run_options){.n_generate = 32, .n_ctx = 4096, .mode = COMPUTE_FAST,
                               .sampling = {.temperature = 0, .top_p = 1}};
+    cli_backend_options_from_env(&o->backend);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         double f;
@@ -62,6 +64,11 @@ static bool parse_run_options(int argc, char **argv, struct run_options *o)
         }
         if (!(v = arg_value(argc, argv, &i)))
             return false;
+        int backend_flag = cli_backend_flag(a, v, &o->backend);
+        if (backend_flag < 0)
+            return false;
+        if (backend_flag > 0)
+            continue;
         if (!strcmp(a, "--tokens")) {
             free(o->prompt);
             if (!arg_token_list(a, v, &o->prompt, &o->n_prompt))
@@ -111,7 +118,8 @@ static bool parse_run_options(int argc, char **argv, struct run_options *o)
         }
     }
     if (!o->dir || (!o->prompt) == (!o->text)) {
-        fprintf(stderr, "usage: inferd run DIR (-p TEXT [--chat] | --tokens IDS) [-n N] [--temp T] [--seed S] [--device cpu|cuda[:N]|auto]\n");
+        fprintf(stderr, "usage: inferd run DIR (-p TEXT [--chat] | --tokens IDS) [-n N] [--temp T] [--seed S] [--device cpu|cuda[:N]|auto]\n"
+                        "       [backend flags]\n" CLI_BACKEND_USAGE);
         return false;
     }
     if (o->chat && !o->text) {
@@ -191,7 +199,9 @@ int cmd_run(int argc, char **argv)
     int status = 1;
 
     double t0 = now_s();
-    if (cli_backend_create(o.device, (int)o.n_threads, o.mode, &be, &err) < 0 ||
+    o.backend.mode = o.mode;
+    o.backend.threads = (int)o.n_threads;
+    if (cli_backend_create(o.device, &o.backend, &be, &err) < 0 ||
         model_load(o.dir, be, &m, &err) < 0)
         goto fail;
     char tok_path[4096];

@@ -29,6 +29,7 @@ struct serve_options {
     const char *api_key;
     const char *device; /* --device: cpu, cuda[:N] or auto */
     enum compute_mode mode;
+    struct backend_options backend; /* the environment's, then the backend flags' */
 };
 
 static const char usage[] =
@@ -36,10 +37,11 @@ static const char usage[] =
     "       [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--min-p P]\n"
     "       [--threads N] [--ctx N] [--max-batch N] [--max-queue N] [--kv-mb MB]\n"
     "       [--max-body-mb 32] [--request-timeout S] [--shutdown-timeout S] [--mode fast|exact]\n"
-    "       [--device cpu|cuda[:N]|auto]\n"
+    "       [--device cpu|cuda[:N]|auto] [backend flags]\n"
     "Serves the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models) and\n"
     "/health, /stats, /metrics. --port 0 picks a free port. Sampling flags set the\n"
-    "defaults below each request's own fields (generation_config.json is below them).\n";
+    "defaults below each request's own fields (generation_config.json is below them).\n"
+    CLI_BACKEND_USAGE;
 
 static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
 {
@@ -47,6 +49,7 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
                                 .max_batch = 8, .kv_mb = 0, .max_body_mb = 32,
                                 .request_timeout_s = 30, .shutdown_timeout_s = 10,
                                 .mode = COMPUTE_FAST};
+    cli_backend_options_from_env(&o->backend);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -63,6 +66,11 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
         }
         if (!(v = arg_value(argc, argv, &i)))
             return false;
+        int backend_flag = cli_backend_flag(a, v, &o->backend);
+        if (backend_flag < 0)
+            return false;
+        if (backend_flag > 0)
+            continue;
         bool ok = true;
         if (!strcmp(a, "--host"))
             o->host = v;
@@ -216,7 +224,9 @@ int cmd_serve(int argc, char **argv)
     bool have_tmpl = false;
     struct engine *engine = NULL;
     uint64_t t0 = now_ns();
-    if (cli_backend_create(o.device, (int)o.threads, o.mode, &be, &err) < 0 ||
+    o.backend.mode = o.mode;
+    o.backend.threads = (int)o.threads;
+    if (cli_backend_create(o.device, &o.backend, &be, &err) < 0 ||
         model_load(o.dir, be, &m, &err) < 0) {
         fprintf(stderr, "inferd serve: %s\n", err.msg);
         goto out;

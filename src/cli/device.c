@@ -1,14 +1,17 @@
-/* cli/device.c — the `--device cpu|cuda[:N]|auto` flag: parsing it and creating the backend it names. */
+/* cli/device.c — the `--device cpu|cuda[:N]|auto` flag and the backend flags: parsing them and creating the backend they name. */
 #include "cli/device.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/cpu.h"
 #include "backend/cuda/cuda.h"
+#include "base/cpu.h"
 #include "base/threadpool.h"
+#include "cli/args.h"
 
 bool cli_device_parse(const char *text, struct device_spec *out)
 {
@@ -35,7 +38,96 @@ bool cli_device_parse(const char *text, struct device_spec *out)
     return false;
 }
 
-int cli_backend_create(const char *device, int n_threads, enum compute_mode mode,
+/* A switch variable: "0" turns its feature off, anything else leaves the default. */
+static enum backend_switch env_off(const char *name)
+{
+    const char *v = getenv(name);
+    return v && !strcmp(v, "0") ? BACKEND_OFF : BACKEND_DEFAULT;
+}
+
+void cli_backend_options_from_env(struct backend_options *out)
+{
+    *out = (struct backend_options){0};
+    /* an unknown level caps nothing, as before flags existed */
+    const char *isa = getenv("INFERD_CPU");
+    if (isa && *isa && !cpu_isa_parse(isa, &out->cpu_isa))
+        out->cpu_isa = CPU_ISA_BEST;
+    const char *kv = getenv("INFERD_CUDA_KV");
+    if (kv && !strcmp(kv, "f32"))
+        out->kv_type = BACKEND_KV_F32;
+    out->gpu_sampling = env_off("INFERD_CUDA_SAMPLE");
+    out->cuda_graphs = env_off("INFERD_CUDA_GRAPHS");
+    out->cuda_pdl = env_off("INFERD_CUDA_PDL");
+    out->cuda_norm_fusion = env_off("INFERD_CUDA_NORM_FUSION");
+    out->cuda_qk_fusion = env_off("INFERD_CUDA_QK_ATTN");
+    out->cuda_prefill_tc = env_off("INFERD_CUDA_PREFILL_TC");
+    const char *profile = getenv("INFERD_CUDA_PROFILE");
+    if (profile && !strcmp(profile, "ops"))
+        out->profile = BACKEND_PROFILE_OPS;
+    else if (profile && !strcmp(profile, "graphs"))
+        out->profile = BACKEND_PROFILE_GRAPHS;
+}
+
+int cli_backend_flag(const char *flag, const char *value, struct backend_options *o)
+{
+    static const struct {
+        const char *flag;
+        size_t field;
+    } switches[] = {
+        {"--gpu-sampling", offsetof(struct backend_options, gpu_sampling)},
+        {"--cuda-graphs", offsetof(struct backend_options, cuda_graphs)},
+        {"--cuda-pdl", offsetof(struct backend_options, cuda_pdl)},
+        {"--cuda-norm-fusion", offsetof(struct backend_options, cuda_norm_fusion)},
+        {"--cuda-qk-fusion", offsetof(struct backend_options, cuda_qk_fusion)},
+        {"--cuda-prefill-tc", offsetof(struct backend_options, cuda_prefill_tc)},
+    };
+    for (size_t i = 0; i < sizeof switches / sizeof switches[0]; i++) {
+        if (strcmp(flag, switches[i].flag))
+            continue;
+        bool on;
+        if (!arg_on_off(flag, value, &on))
+            return -1;
+        *(enum backend_switch *)((char *)o + switches[i].field) = on ? BACKEND_ON : BACKEND_OFF;
+        return 1;
+    }
+    if (!strcmp(flag, "--cpu-isa")) {
+        if (!cpu_isa_parse(value, &o->cpu_isa) || o->cpu_isa == CPU_ISA_SCALAR) {
+            fprintf(stderr, "inferd: --cpu-isa: '%s' is not avx2, avx512, avx512bf16 or amx\n",
+                    value);
+            return -1;
+        }
+        return 1;
+    }
+    if (!strcmp(flag, "--kv-dtype")) {
+        if (!strcmp(value, "auto"))
+            o->kv_type = BACKEND_KV_AUTO;
+        else if (!strcmp(value, "f32"))
+            o->kv_type = BACKEND_KV_F32;
+        else if (!strcmp(value, "f16"))
+            o->kv_type = BACKEND_KV_F16;
+        else {
+            fprintf(stderr, "inferd: --kv-dtype: '%s' is not auto, f32 or f16\n", value);
+            return -1;
+        }
+        return 1;
+    }
+    if (!strcmp(flag, "--cuda-profile")) {
+        if (!strcmp(value, "off"))
+            o->profile = BACKEND_PROFILE_OFF;
+        else if (!strcmp(value, "ops"))
+            o->profile = BACKEND_PROFILE_OPS;
+        else if (!strcmp(value, "graphs"))
+            o->profile = BACKEND_PROFILE_GRAPHS;
+        else {
+            fprintf(stderr, "inferd: --cuda-profile: '%s' is not off, ops or graphs\n", value);
+            return -1;
+        }
+        return 1;
+    }
+    return 0;
+}
+
+int cli_backend_create(const char *device, const struct backend_options *opt,
                        struct backend **out, struct err *err)
 {
     struct device_spec spec = {DEVICE_CPU, 0};
@@ -45,8 +137,8 @@ int cli_backend_create(const char *device, int n_threads, enum compute_mode mode
     if (spec.kind == DEVICE_AUTO)
         spec.kind = backend_cuda_device_count() > 0 ? DEVICE_CUDA : DEVICE_CPU;
     if (spec.kind == DEVICE_CUDA)
-        return backend_cuda_create(spec.index, mode, out, err);
-    return backend_cpu_create(n_threads, mode, out, err);
+        return backend_cuda_create(spec.index, opt, out, err);
+    return backend_cpu_create(opt, out, err);
 }
 
 void cli_backend_describe(struct backend *be, char *buf, size_t cap)

@@ -1,4 +1,4 @@
-/* cli/device.h — the `--device cpu|cuda[:N]|auto` flag: parsing it and creating the backend it names. */
+/* cli/device.h — the `--device cpu|cuda[:N]|auto` flag and the backend flags: parsing them and creating the backend they name. */
 #ifndef INFERD_CLI_DEVICE_H
 #define INFERD_CLI_DEVICE_H
 
@@ -18,10 +18,38 @@ struct device_spec {
  * flag) for anything else. */
 bool cli_device_parse(const char *text, struct device_spec *out);
 
+/* The backend flags every command that loads a model takes, for its usage text. */
+#define CLI_BACKEND_USAGE                                                                        \
+    "Backend flags (each overrides its environment variable, which still works):\n"              \
+    "  --cpu-isa avx2|avx512|avx512bf16|amx  highest CPU instruction set used (INFERD_CPU)\n"     \
+    "  --kv-dtype auto|f32|f16     KV cache elements; auto: f16 on CUDA in fast mode, else f32\n" \
+    "                              (INFERD_CUDA_KV=f32)\n"                                       \
+    "  --gpu-sampling on|off       pick tokens on the GPU; off: logits to the host\n"            \
+    "                              (INFERD_CUDA_SAMPLE=0)\n"                                     \
+    "  --cuda-graphs on|off        replay decode steps from CUDA graphs (INFERD_CUDA_GRAPHS=0)\n" \
+    "  --cuda-pdl on|off           programmatic dependent launches (INFERD_CUDA_PDL=0)\n"        \
+    "  --cuda-norm-fusion on|off   RMSNorm folded into the decode GEMV\n"                        \
+    "                              (INFERD_CUDA_NORM_FUSION=0)\n"                                \
+    "  --cuda-qk-fusion on|off     q/k norm + RoPE + KV write folded into decode attention\n"    \
+    "                              (INFERD_CUDA_QK_ATTN=0)\n"                                    \
+    "  --cuda-prefill-tc on|off    fast-mode prefill attention on tensor cores\n"                \
+    "                              (INFERD_CUDA_PREFILL_TC=0)\n"                                 \
+    "  --cuda-profile off|ops|graphs  log GPU time per launch kind, or graph replays, at exit\n" \
+    "                              (INFERD_CUDA_PROFILE)\n"
+
+/* The backend options the environment asks for (INFERD_CPU, INFERD_CUDA_*),
+ * read here and nowhere else, each as inferd has always read it; zero
+ * (every default) for what is unset. */
+void cli_backend_options_from_env(struct backend_options *out);
+
+/* One backend flag of CLI_BACKEND_USAGE with its value into *o: 1 when flag
+ * is one, 0 when it is not, -1 (after a message naming the flag) when value
+ * is not one of its choices. */
+int cli_backend_flag(const char *flag, const char *value, struct backend_options *o);
+
 /* Creates the backend device names (NULL: "cpu"). "auto" is the first GPU
- * when inferd has CUDA and a GPU is present, else the CPU. n_threads applies
- * to the CPU backend only. */
-int cli_backend_create(const char *device, int n_threads, enum compute_mode mode,
+ * when inferd has CUDA and a GPU is present, else the CPU. */
+int cli_backend_create(const char *device, const struct backend_options *opt,
                        struct backend **out, struct err *err);
 
 /* One line saying what be runs on, for logs and benchmark headers. */

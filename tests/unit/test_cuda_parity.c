@@ -26,9 +26,15 @@ static void skip_without_gpu(void)
         cr_skip_test("no CUDA GPU on this machine: CUDA parity not checked");
 }
 
+/* What cuda_backend creates GPU 0 with, besides the mode: the defaults, or
+ * the switch a test is comparing. */
+static struct backend_options cuda_options;
+
 static int cuda_backend(enum compute_mode mode, struct backend **out, struct err *err)
 {
-    return backend_cuda_create(0, mode, out, err);
+    struct backend_options opt = cuda_options;
+    opt.mode = mode;
+    return backend_cuda_create(0, &opt, out, err);
 }
 
 Test(cuda_parity, exact_mode_matches_transformers_for_prefill_decode_and_batches, .timeout = 600)
@@ -41,6 +47,16 @@ Test(cuda_parity, fast_mode_stays_within_bf16_tolerance, .timeout = 600)
 {
     skip_without_gpu();
     golden_check_all("cuda", cuda_backend, COMPUTE_FAST, &GOLDEN_FAST);
+}
+
+/* The same with prefill attention on the f32 kernels, not the tensor cores. */
+Test(cuda_parity, fast_mode_with_f32_prefill_attention_stays_within_bf16_tolerance,
+     .timeout = 600)
+{
+    skip_without_gpu();
+    cuda_options.cuda_prefill_tc = BACKEND_OFF;
+    golden_check_all("cuda", cuda_backend, COMPUTE_FAST, &GOLDEN_FAST);
+    cuda_options.cuda_prefill_tc = BACKEND_DEFAULT;
 }
 
 /* GEN_TOKENS greedy tokens after the golden's first prompt. */
@@ -76,8 +92,10 @@ static void check_generations(enum compute_mode mode)
         golden_make_model(&g, tmp, dir, sizeof dir);
         struct err err = {0};
         struct backend *cpu = NULL, *gpu = NULL;
-        cr_assert_eq(backend_cpu_create(2, mode, &cpu, &err), 0, "%s", err.msg);
-        cr_assert_eq(backend_cuda_create(0, mode, &gpu, &err), 0, "%s", err.msg);
+        cr_assert_eq(backend_cpu_create(&(struct backend_options){.mode = mode, .threads = 2},
+                                        &cpu, &err),
+                     0, "%s", err.msg);
+        cr_assert_eq(cuda_backend(mode, &gpu, &err), 0, "%s", err.msg);
         int32_t want[GEN_TOKENS], got[GEN_TOKENS];
         greedy_tokens(cpu, dir, &g.cases[0], want);
         greedy_tokens(gpu, dir, &g.cases[0], got);
@@ -111,18 +129,18 @@ Test(cuda_parity, greedy_generation_equals_cpu_for_32_tokens_exact_mode, .timeou
 Test(cuda_parity, greedy_generation_equals_cpu_for_32_tokens_fast_mode_f32_kv, .timeout = 600)
 {
     skip_without_gpu();
-    setenv("INFERD_CUDA_KV", "f32", 1);
+    cuda_options.kv_type = BACKEND_KV_F32;
     check_generations(COMPUTE_FAST);
-    unsetenv("INFERD_CUDA_KV");
+    cuda_options.kv_type = BACKEND_KV_AUTO;
 }
 
 /* Decoding the same tokens with graphs and with eager launches gives the same bits. */
 /* The logits of golden case gc fed one token per step (decode steps), with
- * the environment variable env set to value while the backend is created. */
+ * the switch sw of cuda_options set to value while the backend is created. */
 static float *decode_logits(const char *dir, enum compute_mode mode, const struct golden_case *gc,
-                            const char *env, const char *value, int *vocab)
+                            enum backend_switch *sw, enum backend_switch value, int *vocab)
 {
-    setenv(env, value, 1);
+    *sw = value;
     struct golden_fixture f = {0};
     golden_fixture_open(&f, cuda_backend, dir, mode, gc->n_tokens);
     *vocab = f.model->config.vocab_size;
@@ -141,13 +159,14 @@ static float *decode_logits(const char *dir, enum compute_mode mode, const struc
     }
     block_table_clear(f.pool, &bt);
     golden_fixture_close(&f);
-    unsetenv(env);
+    *sw = BACKEND_DEFAULT;
     return logits;
 }
 
 /* Decode steps of every golden model (its longest case, a token at a time),
  * bit for bit, with a switch of the CUDA backend on and off. */
-static void decode_equal_with_switch(const char *env, enum compute_mode mode, const char *what)
+static void decode_equal_with_switch(enum backend_switch *sw, enum compute_mode mode,
+                                     const char *what)
 {
     static char paths[GOLDEN_MAX_FILES][512];
     int n = golden_list(paths, GOLDEN_MAX_FILES);
@@ -163,8 +182,8 @@ static void decode_equal_with_switch(const char *env, enum compute_mode mode, co
             if (g.cases[c].n_tokens > gc->n_tokens)
                 gc = &g.cases[c];
         int vocab = 0;
-        float *on = decode_logits(dir, mode, gc, env, "1", &vocab);
-        float *off = decode_logits(dir, mode, gc, env, "0", &vocab);
+        float *on = decode_logits(dir, mode, gc, sw, BACKEND_ON, &vocab);
+        float *off = decode_logits(dir, mode, gc, sw, BACKEND_OFF, &vocab);
         cr_assert_eq(memcmp(on, off, (size_t)gc->n_tokens * vocab * sizeof(float)), 0,
                      "%s: logits %s differ", g.name, what);
         cr_log_info("cuda %s: %d decode steps bit-identical %s", g.name, gc->n_tokens, what);
@@ -179,16 +198,16 @@ static void decode_equal_with_switch(const char *env, enum compute_mode mode, co
 Test(cuda_graphs, replayed_decode_steps_equal_eager_launches, .timeout = 300)
 {
     skip_without_gpu();
-    decode_equal_with_switch("INFERD_CUDA_GRAPHS", COMPUTE_FAST,
+    decode_equal_with_switch(&cuda_options.cuda_graphs, COMPUTE_FAST,
                              "from CUDA graphs and from eager launches");
 }
 
 Test(cuda_fusion, qk_prep_folded_into_decode_attention_equals_separate_launches, .timeout = 300)
 {
     skip_without_gpu();
-    decode_equal_with_switch("INFERD_CUDA_QK_ATTN", COMPUTE_FAST,
+    decode_equal_with_switch(&cuda_options.cuda_qk_fusion, COMPUTE_FAST,
                              "with q/k prep folded into attention and launched apart (fast mode)");
-    decode_equal_with_switch("INFERD_CUDA_QK_ATTN", COMPUTE_EXACT,
+    decode_equal_with_switch(&cuda_options.cuda_qk_fusion, COMPUTE_EXACT,
                              "with q/k prep folded into attention and launched apart (exact mode)");
 }
 
@@ -347,7 +366,7 @@ Test(cuda_attention, fast_prefill_matches_f64_reference_on_varlen_gqa_and_window
     };
     struct err err = {0};
     struct backend *be = NULL;
-    cr_assert_eq(backend_cuda_create(0, COMPUTE_FAST, &be, &err), 0, "%s", err.msg);
+    cr_assert_eq(cuda_backend(COMPUTE_FAST, &be, &err), 0, "%s", err.msg);
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         const struct attn_shape *sh = &shapes[i];
         double worst = prefill_attention_error(be, sh);
@@ -372,8 +391,9 @@ Test(cuda_gemv, folded_rmsnorm_gemv_matches_cpu_for_1_to_8_rows_at_real_hidden_s
     const int out_rows = 96;
     struct err err = {0};
     struct backend *cpu = NULL, *gpu = NULL;
-    cr_assert_eq(backend_cpu_create(2, COMPUTE_EXACT, &cpu, &err), 0, "%s", err.msg);
-    cr_assert_eq(backend_cuda_create(0, COMPUTE_EXACT, &gpu, &err), 0, "%s", err.msg);
+    cr_assert_eq(backend_cpu_create(&(struct backend_options){.threads = 2}, &cpu, &err), 0, "%s",
+                 err.msg);
+    cr_assert_eq(cuda_backend(COMPUTE_EXACT, &gpu, &err), 0, "%s", err.msg);
     uint64_t state = 7;
     for (size_t h = 0; h < sizeof hidden / sizeof hidden[0]; h++) {
         int cols = hidden[h];
@@ -447,7 +467,7 @@ Test(cuda_memory, oversized_kv_pool_is_a_clear_out_of_memory_error, .timeout = 1
     struct backend *be = NULL;
     struct model *m = NULL;
     struct kv_pool *pool = NULL;
-    cr_assert_eq(backend_cuda_create(0, COMPUTE_FAST, &be, &err), 0, "%s", err.msg);
+    cr_assert_eq(cuda_backend(COMPUTE_FAST, &be, &err), 0, "%s", err.msg);
     cr_assert_eq(model_load(dir, be, &m, &err), 0, "%s", err.msg);
     int rc = kv_pool_create(m, be, 1 << 30, 256, &pool, &err);
     cr_expect_eq(rc, -INFERD_ENOMEM, "an impossible KV pool gave %d", rc);
@@ -466,7 +486,7 @@ Test(cuda_device, missing_gpu_number_is_refused_clearly)
 {
     struct err err = {0};
     struct backend *be = NULL;
-    int rc = backend_cuda_create(1000, COMPUTE_FAST, &be, &err);
+    int rc = backend_cuda_create(1000, &(struct backend_options){.mode = COMPUTE_FAST}, &be, &err);
     cr_expect_eq(rc, -INFERD_EUNSUPPORTED);
     cr_expect_null(be);
     cr_expect_neq(err.msg[0], '\0');

@@ -22,6 +22,10 @@
 #define SAMPLE_BATCH 16
 #define REAL_VOCAB 151936 /* Qwen3's */
 
+static const struct backend_options cuda_fast = {.mode = COMPUTE_FAST};
+static const struct backend_options cuda_exact = {.mode = COMPUTE_EXACT};
+static const struct backend_options cpu_exact = {.mode = COMPUTE_EXACT, .threads = 2};
+
 static void skip_without_gpu(void)
 {
     if (!backend_cuda_compiled())
@@ -244,7 +248,7 @@ Test(cuda_sampling, random_rows_pick_the_host_samplers_tokens, .timeout = 600)
     skip_without_gpu();
     struct backend *be = NULL;
     struct err err = {0};
-    cr_assert_eq(backend_cuda_create(0, COMPUTE_FAST, &be, &err), 0, "%s", err.msg);
+    cr_assert_eq(backend_cuda_create(0, &cuda_fast, &be, &err), 0, "%s", err.msg);
     cr_assert_not_null(be->ops->sample,
                        "the CUDA backend does not sample (INFERD_CUDA_SAMPLE=0 in the environment?)");
     check_sets(be, "random rows", NULL, REAL_VOCAB, 512);
@@ -270,7 +274,7 @@ Test(cuda_sampling, tiny_model_logits_pick_the_host_samplers_tokens, .timeout = 
         struct backend *be = NULL;
         struct model *m = NULL;
         struct generator *gen = NULL;
-        cr_assert_eq(backend_cuda_create(0, COMPUTE_FAST, &be, &err), 0, "%s", err.msg);
+        cr_assert_eq(backend_cuda_create(0, &cuda_fast, &be, &err), 0, "%s", err.msg);
         cr_assert_eq(model_load(dir, be, &m, &err), 0, "%s", err.msg);
         int vocab = m->config.vocab_size, steps = 64;
         const struct golden_case *gc = &g.cases[0];
@@ -328,7 +332,7 @@ Test(cuda_sampling, nonfinite_rows_follow_the_host_rules, .timeout = 120)
     skip_without_gpu();
     struct backend *be = NULL;
     struct err err = {0};
-    cr_assert_eq(backend_cuda_create(0, COMPUTE_FAST, &be, &err), 0, "%s", err.msg);
+    cr_assert_eq(backend_cuda_create(0, &cuda_fast, &be, &err), 0, "%s", err.msg);
     int vocab = 5000;
     float *row = malloc((size_t)vocab * sizeof(float));
     uint64_t st = 11;
@@ -420,8 +424,8 @@ Test(cuda_sampling, engine_greedy_tokens_equal_the_cpu_engines, .timeout = 300)
     int32_t want[4][32], got[4][32];
     float margin[4][32], unused[4][32];
     struct backend *cpu = NULL, *gpu = NULL;
-    cr_assert_eq(backend_cpu_create(2, COMPUTE_EXACT, &cpu, &err), 0, "%s", err.msg);
-    cr_assert_eq(backend_cuda_create(0, COMPUTE_EXACT, &gpu, &err), 0, "%s", err.msg);
+    cr_assert_eq(backend_cpu_create(&cpu_exact, &cpu, &err), 0, "%s", err.msg);
+    cr_assert_eq(backend_cuda_create(0, &cuda_exact, &gpu, &err), 0, "%s", err.msg);
     cr_assert_not_null(gpu->ops->sample);
     engine_greedy(cpu, dir, tok, prompts, 4, 24, want, margin);
     engine_greedy(gpu, dir, tok, prompts, 4, 24, got, unused);

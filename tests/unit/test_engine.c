@@ -29,7 +29,7 @@ static void setup(void)
              INFERD_BINARY, data, model_dir);
     cr_assert_eq(system(cmd), 0, "mkmodel failed: %s", cmd);
     struct err err = {0};
-    cr_assert_eq(backend_cpu_create(2, COMPUTE_EXACT, &be, &err), 0, "%s", err.msg);
+    cr_assert_eq(backend_cpu_create(&(struct backend_options){.threads = 2}, &be, &err), 0, "%s", err.msg);
     cr_assert_eq(model_load(model_dir, be, &model, &err), 0, "%s", err.msg);
     cr_assert_eq(tok_load(model_dir, &tok, &err), 0, "%s", err.msg);
 }

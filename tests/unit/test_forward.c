@@ -23,7 +23,7 @@ static void setup(void)
     cr_assert_not_null(tmp);
     struct mkmodel_opts opts = {.preset = "tiny-qwen3", .seed = 3, .out_dir = tmp};
     cr_assert_eq(mkmodel_write(&opts, &err), 0, "%s", err.msg);
-    cr_assert_eq(backend_cpu_create(2, COMPUTE_EXACT, &be, &err), 0, "%s", err.msg);
+    cr_assert_eq(backend_cpu_create(&(struct backend_options){.threads = 2}, &be, &err), 0, "%s", err.msg);
     cr_assert_eq(model_load(tmp, be, &model, &err), 0, "%s", err.msg);
     cr_assert_eq(kv_pool_create(model, be, 16, 16, &pool, &err), 0, "%s", err.msg);
     cr_assert_eq(forward_state_create(model, 64, &state, &err), 0, "%s", err.msg);

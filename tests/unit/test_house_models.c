@@ -100,7 +100,7 @@ static void runner_open(struct runner *r, const char *name, int window)
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/models/%s", INFERD_SOURCE_DIR, name);
     struct err err = {0};
-    cr_assert_eq(backend_cpu_create(2, COMPUTE_EXACT, &r->be, &err), 0, "%s", err.msg);
+    cr_assert_eq(backend_cpu_create(&(struct backend_options){.threads = 2}, &r->be, &err), 0, "%s", err.msg);
     cr_assert_eq(model_load(dir, r->be, &r->model, &err), 0, "%s: %s", dir, err.msg);
     int blocks = (window + BLOCK_SIZE - 1) / BLOCK_SIZE;
     cr_assert_eq(kv_pool_create(r->model, r->be, blocks, BLOCK_SIZE, &r->pool, &err), 0, "%s", err.msg);

@@ -9,7 +9,7 @@ static struct model model;
 static void setup(void)
 {
     struct err err = {0};
-    cr_assert_eq(backend_cpu_create(1, COMPUTE_EXACT, &be, &err), 0, "%s", err.msg);
+    cr_assert_eq(backend_cpu_create(&(struct backend_options){.threads = 1}, &be, &err), 0, "%s", err.msg);
     model.config.n_layers = 2;
     model.config.n_kv_heads = 2;
     model.config.head_dim = 8;

@@ -270,12 +270,18 @@ static const struct backend_ops cpu_ops = {
     .attention = cpu_attention,
 };
 
-int backend_cpu_create(int n_threads, enum compute_mode mode, struct backend **out,
+int backend_cpu_create(const struct backend_options *opt, struct backend **out,
                        struct err *err)
 {
-    if (!cpu_features()->avx2)
+    struct cpu_features features;
+    cpu_features_detect(opt->cpu_isa, &features);
+    if (!features.avx2)
         return err_set(err, INFERD_EUNSUPPORTED,
-                       "this CPU lacks AVX2/FMA, which the CPU backend requires");
+                       opt->cpu_isa == CPU_ISA_SCALAR
+                           ? "the CPU backend requires AVX2/FMA, which the scalar cap rules out"
+                           : "this CPU lacks AVX2/FMA, which the CPU backend requires");
+    if (opt->kv_type == BACKEND_KV_F16)
+        return err_set(err, INFERD_EUNSUPPORTED, "the CPU backend keeps its KV cache in f32");
     struct backend *be = calloc(1, sizeof *be);
     struct cpu_impl *impl = calloc(1, sizeof *impl);
     if (!be || !impl) {
@@ -283,17 +289,21 @@ int backend_cpu_create(int n_threads, enum compute_mode mode, struct backend **o
         free(impl);
         return err_set(err, INFERD_ENOMEM, "out of memory creating the CPU backend");
     }
-    int rc = threadpool_create(n_threads, &impl->pool, err);
+    int rc = threadpool_create(opt->threads, &impl->pool, err);
     if (rc == 0)
         rc = cpu_matmul_create(impl->pool, &impl->matmul, err);
+    if (rc == 0)
+        rc = cpu_matmul_set_level(impl->matmul, cpu_matmul_level_of(&features), err);
     if (rc < 0) {
+        cpu_matmul_free(impl->matmul);
         threadpool_free(impl->pool);
         free(impl);
         free(be);
         return rc;
     }
     be->ops = &cpu_ops;
-    be->mode = mode;
+    be->mode = opt->mode;
+    be->kv_dtype = DTYPE_F32;
     be->copy_weights = false; /* a copy to huge pages measured within noise of the file mapping, at 1.5 s/GB of load */
     be->impl = impl;
     *out = be;

@@ -50,9 +50,8 @@ static size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
 /* ---- levels ------------------------------------------------------------ */
 
-enum cpu_matmul_level cpu_matmul_detect_level(void)
+enum cpu_matmul_level cpu_matmul_level_of(const struct cpu_features *f)
 {
-    const struct cpu_features *f = cpu_features();
     bool avx512 = f->avx512f && f->avx512bw && f->avx512vl;
     if (avx512 && f->avx512_bf16 && f->amx_usable)
         return CPU_MATMUL_AMX;
@@ -64,6 +63,8 @@ enum cpu_matmul_level cpu_matmul_detect_level(void)
         return CPU_MATMUL_AVX2;
     return CPU_MATMUL_SCALAR;
 }
+
+enum cpu_matmul_level cpu_matmul_detect_level(void) { return cpu_matmul_level_of(cpu_features()); }
 
 const char *cpu_matmul_level_name(enum cpu_matmul_level level)
 {

@@ -29,7 +29,11 @@ struct cpu_matmul;
 int cpu_matmul_create(struct threadpool *pool, struct cpu_matmul **out, struct err *err);
 void cpu_matmul_free(struct cpu_matmul *mm);
 
-/* The best level this processor (and INFERD_CPU, see base/cpu.h) allows. */
+struct cpu_features;
+
+/* The best level features f allow. */
+enum cpu_matmul_level cpu_matmul_level_of(const struct cpu_features *f);
+/* The best level this processor allows: cpu_matmul_level_of(cpu_features()). */
 enum cpu_matmul_level cpu_matmul_detect_level(void);
 /* Makes mm use level (contexts start at cpu_matmul_detect_level()); a level
  * above the detected one is -INFERD_EUNSUPPORTED. Tests and benchmarks use
@@ -63,10 +67,10 @@ void cpu_matmul_run_group(struct cpu_matmul *mm, enum compute_mode mode, const f
 double cpu_measure_read_bandwidth(struct threadpool *pool, size_t bytes);
 
 /* f32 FMA throughput of every thread of pool on independent FMA chains of
- * the widest vectors the CPU has (256-bit, or 512-bit with AVX-512), in
+ * the widest vectors level uses (256-bit, or 512-bit from AVX-512 up), in
  * GFLOP/s (an FMA counts 2): the ceiling the f32 GEMM is judged by. bf16
  * dot products (vdpbf16ps, AMX) can exceed it. */
-double cpu_measure_fma_peak_gflops(struct threadpool *pool);
+double cpu_measure_fma_peak_gflops(struct threadpool *pool, enum cpu_matmul_level level);
 
 /* GFLOP/s of a cache-friendly GEMM through cpu_matmul_run (T=256 tokens,
  * K=N=1024, bf16 weights), best of several runs; 0 when out of memory. */

@@ -119,12 +119,12 @@ static void fma_job_fn(void *ctx, int ith, int nth)
     j->sink[ith] = _mm256_cvtss_f32(s);
 }
 
-double cpu_measure_fma_peak_gflops(struct threadpool *pool)
+double cpu_measure_fma_peak_gflops(struct threadpool *pool, enum cpu_matmul_level level)
 {
     struct fma_job *j = calloc(1, sizeof *j);
     if (!j)
         return 0.0;
-    j->zmm = cpu_matmul_detect_level() >= CPU_MATMUL_AVX512;
+    j->zmm = level >= CPU_MATMUL_AVX512 && cpu_matmul_detect_level() >= CPU_MATMUL_AVX512;
     double flops = (double)threadpool_size(pool) * FMA_ITERS * 12 * (j->zmm ? 16 : 8) * 2;
     double best = 0.0;
     for (int run = 0; run < FMA_RUNS; run++) {

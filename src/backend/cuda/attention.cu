@@ -7,9 +7,6 @@
 #define DEC_WARPS 4
 #define DEC_GROUP_MAX 8
 #define DEC_KEYS 4
-/* Positions per split at least: fewer, longer splits at short contexts
- * (64 measured ahead of 32 and 128 on an H200 after a 512-token prompt). */
-#define DEC_MIN_CHUNK 64
 /* The scratch starts with this many merge counters (zero between launches),
  * then the split partials; the counters never share memory with partials,
  * whatever the shape of the step that wrote them. */
@@ -832,29 +829,6 @@ attn_prefill_kernel(struct cu_op op, const uint8_t *params)
 
 /* ---- dispatch ----------------------------------------------------------- */
 
-bool cu_attention_uses_prefill(const struct cu_op *op)
-{
-    int hd = op->u.attn.kv.head_dim;
-    return op->u.attn.max_span_tokens > CU_GEMV_MAX_ROWS && hd % 4 == 0 && hd <= CU_MAX_HEAD_DIM;
-}
-
-int cu_attention_splits(int n_kv_heads, int n_rows, int ctx_bucket, int n_sm)
-{
-    /* positions per split at least: DEC_MIN_CHUNK, growing with the square
-     * root of the context past 1k (2 sqrt(bucket): 128 at 4k, 256 at 16k).
-     * On an H200, three shapes with 8 kv heads: after a 2k prompt splits of
-     * 64 positions were 4-17% slower than 128; after 8k, splits of 512 were
-     * 7-13% slower and of 128 2-5% slower than 256. */
-    int min_chunk = DEC_MIN_CHUNK;
-    while ((long)min_chunk * min_chunk < 4L * ctx_bucket)
-        min_chunk *= 2;
-    int splits = 1;
-    while (splits < CU_ATTN_MAX_SPLITS && ctx_bucket / (splits * 2) >= min_chunk &&
-           (long)n_kv_heads * n_rows * splits < 2L * n_sm)
-        splits *= 2;
-    return splits;
-}
-
 /* Merge counters, then the partials. */
 static size_t part_float_count(const struct cu_op *op)
 {
@@ -989,19 +963,6 @@ cudaError_t cu_launch_attention(cudaStream_t s, const struct cu_op *op, const ui
     if (hd <= 128)
         return launch_decode<4>(s, op, params, part);
     return launch_decode<8>(s, op, params, part);
-}
-
-bool cu_attention_takes_qk(const struct cu_op *op, const struct cu_qk_args *qk)
-{
-    const struct cu_kv *kv = &op->u.attn.kv;
-    int hd = kv->head_dim;
-    return op->kind == CU_ATTENTION && !cu_attention_uses_prefill(op) &&
-           op->u.attn.max_span_tokens == 1 && (hd == 64 || hd == 128 || hd == 256) &&
-           qk->store && qk->q == op->u.attn.q && qk->head_dim == hd && qk->rot_dim <= hd &&
-           qk->n_rows == op->n_rows && qk->n_q_heads == op->u.attn.n_heads &&
-           qk->n_k_heads == kv->n_kv_heads && qk->layer == op->u.attn.layer &&
-           qk->kv.k == kv->k && qk->kv.v == kv->v && qk->kv.f16 == kv->f16 &&
-           qk->kv.block_size == kv->block_size && qk->kv.n_blocks == kv->n_blocks;
 }
 
 cudaError_t cu_launch_attention_qk(cudaStream_t s, const struct cu_op *op,

@@ -11,9 +11,10 @@ extern "C" {
 
 #include "backend/backend.h"
 
-/* Creates the CUDA backend on GPU number device. -INFERD_EUNSUPPORTED when
- * inferd was built without CUDA or no such GPU exists. */
-int backend_cuda_create(int device, enum compute_mode mode, struct backend **out,
+/* Creates the CUDA backend on GPU number device, from opt's mode, kv_type,
+ * CUDA switches and profile (backend.h). -INFERD_EUNSUPPORTED when inferd was
+ * built without CUDA or no such GPU exists. */
+int backend_cuda_create(int device, const struct backend_options *opt, struct backend **out,
                         struct err *err);
 
 /* Number of usable CUDA GPUs; 0 when built without CUDA, with no driver or no GPU. */

@@ -1,14 +1,15 @@
-/* backend/cuda/cuda_backend.cu — the CUDA backend's op table: memory, uploads, op recording, fused execution and CUDA-graph replay.
+/* backend/cuda/cuda_backend.cu — the CUDA backend's op table: memory, uploads, the recorded step's launch, cuBLASLt and CUDA-graph replay.
  *
- * Ops are not launched when called: each is recorded (with the host arrays
- * it was given copied into a pinned parameter arena) until something needs
- * its results on the host — to_host, to_device, release or status — and the
- * whole step is launched at once: the arena goes to the device in one copy,
- * neighbouring ops are fused (RMSNorm into the decode GEMV after it; q/k norm
- * + RoPE + KV write, into the decode attention after them when every
- * sequence has one token; matmul + residual add; gate/up matmul + SwiGLU),
- * and a step of few rows is replayed from a CUDA graph captured the first
- * time the same op list was seen. Decode steps differ only in the arena's
+ * Ops are not launched when called: each is recorded (record.h, with the
+ * host arrays it was given copied into a pinned parameter arena) until
+ * something needs its results on the host — to_host, to_device, release or
+ * status — and the whole step is launched at once: the arena goes to the
+ * device in one copy, neighbouring ops are fused as fuse.h plans them
+ * (RMSNorm into the decode GEMV after it; q/k norm + RoPE + KV write, into
+ * the decode attention after them when every sequence has one token; matmul
+ * + residual add; gate/up matmul + SwiGLU), and a step of few rows is
+ * replayed from a CUDA graph captured the first time the same op list was
+ * seen. Decode steps differ only in the arena's
  * contents (token, position, block table), so one graph serves every step
  * until the context crosses a power of two. */
 #include <pthread.h>
@@ -28,7 +29,6 @@ extern "C" {
 
 #define CU_LT_WORKSPACE ((size_t)32 << 20)
 #define CU_ARENA_INITIAL ((size_t)1 << 20)
-#define CU_LT_CACHE 32
 #define CU_UPLOAD_DIRECT ((size_t)1 << 20)
 #define CU_UPLOAD_THREADS 4
 #define CU_DOWNLOAD_MAX ((size_t)64 << 20)
@@ -37,7 +37,7 @@ static struct cu_impl *impl_of(struct backend *be) { return (struct cu_impl *)be
 
 /* ---- errors ------------------------------------------------------------- */
 
-static void cu_fail(struct cu_impl *im, int code, const char *fmt, ...)
+void cu_fail(struct cu_impl *im, int code, const char *fmt, ...)
 {
     if (im->failed)
         return;
@@ -51,8 +51,7 @@ static void cu_fail(struct cu_impl *im, int code, const char *fmt, ...)
     log_error("cuda: %s", msg);
 }
 
-/* Records a failed CUDA call; false when it failed. */
-static bool cu_ok(struct cu_impl *im, cudaError_t e, const char *what)
+bool cu_ok(struct cu_impl *im, cudaError_t e, const char *what)
 {
     if (e == cudaSuccess)
         return true;
@@ -63,23 +62,9 @@ static bool cu_ok(struct cu_impl *im, cudaError_t e, const char *what)
     return false;
 }
 
-#define CU_TRY(im, call) cu_ok((im), (call), #call)
-
 /* ---- cuBLASLt ------------------------------------------------------------ */
 
-struct lt_plan {
-    int64_t n, k, t;
-    cublasLtMatmulDesc_t desc;
-    cublasLtMatrixLayout_t a, b, c;
-    cublasLtMatmulAlgo_t algo;
-    bool used;
-};
-
-static struct lt_plan lt_plans[CU_LT_CACHE];
-static pthread_mutex_t lt_lock = PTHREAD_MUTEX_INITIALIZER;
-static int lt_next;
-
-static void lt_plan_clear(struct lt_plan *p)
+static void lt_plan_clear(struct cu_lt_plan *p)
 {
     if (!p->used)
         return;
@@ -99,17 +84,6 @@ static void lt_plan_clear(struct lt_plan *p)
  * for their shape. */
 #define LT_TUNE_ROWS 256
 #define LT_CANDIDATES 8
-#define LT_TUNED_MAX 64
-
-struct lt_tuned {
-    int64_t n, k;
-    int bucket;
-    cublasLtMatmulAlgo_t algo;
-    bool used;
-};
-
-static struct lt_tuned lt_tuned[LT_TUNED_MAX]; /* under lt_lock */
-static int lt_tuned_next;
 
 static int rows_bucket(int64_t t)
 {
@@ -122,7 +96,7 @@ static int rows_bucket(int64_t t)
 /* The fastest of the found candidates for plan p, timed on its real operands
  * (y is overwritten); the first when there is one, when the stream is being
  * captured, or when timing fails. */
-static cublasLtMatmulAlgo_t lt_fastest(struct cu_impl *im, const struct lt_plan *p,
+static cublasLtMatmulAlgo_t lt_fastest(struct cu_impl *im, const struct cu_lt_plan *p,
                                        const cublasLtMatmulHeuristicResult_t *res, int found,
                                        const void *w, const uint16_t *xb, float *y)
 {
@@ -166,14 +140,14 @@ static cublasLtMatmulAlgo_t lt_fastest(struct cu_impl *im, const struct lt_plan 
 /* The algorithm for new plan p: the winner tuned for its bucket when cuBLASLt
  * takes it for this shape, else the heuristic's pick, timed among its
  * runners-up when p is large enough and its bucket has no winner yet. */
-static cublasStatus_t lt_choose(struct cu_impl *im, struct lt_plan *p,
+static cublasStatus_t lt_choose(struct cu_impl *im, struct cu_lt_plan *p,
                                 cublasLtMatmulPreference_t pref, const void *w,
                                 const uint16_t *xb, float *y)
 {
     bool tune = p->t >= LT_TUNE_ROWS;
     int bucket = rows_bucket(p->t);
-    for (int i = 0; tune && i < LT_TUNED_MAX; i++) {
-        struct lt_tuned *tu = &lt_tuned[i];
+    for (int i = 0; tune && i < CU_LT_TUNED_MAX; i++) {
+        struct cu_lt_tuned *tu = &im->lt_tuned[i];
         if (!tu->used || tu->n != p->n || tu->k != p->k || tu->bucket != bucket)
             continue;
         cublasLtMatmulHeuristicResult_t check;
@@ -198,9 +172,9 @@ static cublasStatus_t lt_choose(struct cu_impl *im, struct lt_plan *p,
         return CUBLAS_STATUS_SUCCESS;
     }
     p->algo = lt_fastest(im, p, res, found, w, xb, y);
-    struct lt_tuned *tu = &lt_tuned[lt_tuned_next];
-    lt_tuned_next = (lt_tuned_next + 1) % LT_TUNED_MAX;
-    *tu = (struct lt_tuned){.n = p->n, .k = p->k, .bucket = bucket, .algo = p->algo, .used = true};
+    struct cu_lt_tuned *tu = &im->lt_tuned[im->lt_tuned_next];
+    im->lt_tuned_next = (im->lt_tuned_next + 1) % CU_LT_TUNED_MAX;
+    *tu = (struct cu_lt_tuned){.n = p->n, .k = p->k, .bucket = bucket, .algo = p->algo, .used = true};
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -209,15 +183,16 @@ static cublasStatus_t lt_choose(struct cu_impl *im, struct lt_plan *p,
 static bool lt_matmul(struct cu_impl *im, const uint16_t *xb, int64_t t, int64_t k, const void *w,
                       int64_t n, float *y)
 {
-    pthread_mutex_lock(&lt_lock);
-    struct lt_plan *p = NULL;
+    pthread_mutex_lock(&im->lt_lock);
+    struct cu_lt_plan *p = NULL;
     for (int i = 0; i < CU_LT_CACHE; i++)
-        if (lt_plans[i].used && lt_plans[i].n == n && lt_plans[i].k == k && lt_plans[i].t == t)
-            p = &lt_plans[i];
+        if (im->lt_plans[i].used && im->lt_plans[i].n == n && im->lt_plans[i].k == k &&
+            im->lt_plans[i].t == t)
+            p = &im->lt_plans[i];
     cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
     if (!p) {
-        p = &lt_plans[lt_next];
-        lt_next = (lt_next + 1) % CU_LT_CACHE;
+        p = &im->lt_plans[im->lt_next];
+        im->lt_next = (im->lt_next + 1) % CU_LT_CACHE;
         lt_plan_clear(p);
         p->n = n;
         p->k = k;
@@ -241,7 +216,7 @@ static bool lt_matmul(struct cu_impl *im, const uint16_t *xb, int64_t t, int64_t
         p->used = true;
         if (st != CUBLAS_STATUS_SUCCESS) {
             lt_plan_clear(p);
-            pthread_mutex_unlock(&lt_lock);
+            pthread_mutex_unlock(&im->lt_lock);
             cu_fail(im, INFERD_EIO, "cuBLASLt has no bf16 GEMM for %lld x %lld x %lld (status %d)",
                     (long long)t, (long long)n, (long long)k, (int)st);
             return false;
@@ -250,7 +225,7 @@ static bool lt_matmul(struct cu_impl *im, const uint16_t *xb, int64_t t, int64_t
     float alpha = 1.0f, beta = 0.0f;
     st = cublasLtMatmul(im->lt, p->desc, &alpha, w, p->a, xb, p->b, &beta, y, p->c, y, p->c,
                         &p->algo, im->lt_workspace, im->lt_workspace_bytes, im->stream);
-    pthread_mutex_unlock(&lt_lock);
+    pthread_mutex_unlock(&im->lt_lock);
     if (st != CUBLAS_STATUS_SUCCESS) {
         cu_fail(im, INFERD_EIO, "cuBLASLt matmul failed (status %d)", (int)st);
         return false;
@@ -282,13 +257,13 @@ static void flush(struct cu_impl *im);
  * when they do not fit (its ops refer to the current arena). */
 static bool arena_ensure(struct cu_impl *im, size_t bytes)
 {
-    if (im->arena_used == 0 && im->arena_pending) {
+    if (im->rec.arena_used == 0 && im->arena_pending) {
         /* the pinned arena may still be on its way to the device */
         if (!CU_TRY(im, cudaEventSynchronize(im->arena_free)))
             return false;
         im->arena_pending = false;
     }
-    if (im->arena_used + bytes <= im->arena_cap)
+    if (im->rec.arena_used + bytes <= im->rec.arena_cap)
         return true;
     flush(im);
     if (im->failed)
@@ -298,49 +273,23 @@ static bool arena_ensure(struct cu_impl *im, size_t bytes)
             return false;
         im->arena_pending = false;
     }
-    if (bytes <= im->arena_cap)
+    if (bytes <= im->rec.arena_cap)
         return true;
-    size_t cap = im->arena_cap;
+    size_t cap = im->rec.arena_cap;
     while (cap < bytes)
         cap *= 2;
     cudaStreamSynchronize(im->stream);
     graphs_clear(im); /* they read the old device arena */
-    cudaFreeHost(im->arena_host);
+    cudaFreeHost(im->rec.arena);
     cudaFree(im->arena_dev);
-    im->arena_host = NULL;
+    im->rec.arena = NULL;
     im->arena_dev = NULL;
-    im->arena_cap = 0;
-    if (!CU_TRY(im, cudaMallocHost((void **)&im->arena_host, cap)) ||
+    im->rec.arena_cap = 0;
+    if (!CU_TRY(im, cudaMallocHost((void **)&im->rec.arena, cap)) ||
         !CU_TRY(im, cudaMalloc((void **)&im->arena_dev, cap)))
         return false;
-    im->arena_cap = cap;
+    im->rec.arena_cap = cap;
     return true;
-}
-
-/* Copies bytes of src into the arena (reserving padded bytes, zero-filled
- * past bytes) and returns its offset; the same key and contents already put
- * during this step are reused. Callers have run arena_ensure. */
-static uint32_t arena_put(struct cu_impl *im, const void *key, const void *src, size_t bytes,
-                          size_t padded)
-{
-    for (int i = 0; i < im->n_dedup; i++) {
-        struct cu_dedup *d = &im->dedup[i];
-        if (d->key == key && d->bytes == bytes && !memcmp(im->arena_host + d->off, src, bytes))
-            return d->off;
-    }
-    if (padded < bytes)
-        padded = bytes;
-    size_t off = (im->arena_used + 15) & ~(size_t)15;
-    memcpy(im->arena_host + off, src, bytes);
-    memset(im->arena_host + off + bytes, 0, padded - bytes);
-    im->arena_used = off + padded;
-    if (key) {
-        struct cu_dedup *d = &im->dedup[im->n_dedup < CU_DEDUP_MAX ? im->n_dedup++ : CU_DEDUP_MAX - 1];
-        d->key = key;
-        d->bytes = bytes;
-        d->off = (uint32_t)off;
-    }
-    return (uint32_t)off;
 }
 
 static size_t pow2_at_least(size_t n, size_t min)
@@ -349,248 +298,6 @@ static size_t pow2_at_least(size_t n, size_t min)
     while (p < n)
         p *= 2;
     return p;
-}
-
-/* Arena bytes the spans and their block tables may take. */
-static size_t spans_bytes(const struct attn_span *spans, int n_spans, int n_rows)
-{
-    size_t total = (size_t)n_spans * sizeof(struct cu_span) + (size_t)n_rows * sizeof(int) + 32;
-    for (int s = 0; s < n_spans; s++)
-        total += pow2_at_least((size_t)spans[s].n_block_ids, 16) * sizeof(uint32_t) + 16;
-    return total;
-}
-
-/* Puts the spans (with their block tables, padded to powers of two so a
- * growing context keeps the arena's layout) and the row -> span map. */
-static uint32_t put_spans(struct cu_impl *im, const struct attn_span *spans, int n_spans,
-                          int n_rows)
-{
-    size_t blob = (size_t)n_spans * sizeof(struct cu_span) + (size_t)n_rows * sizeof(int);
-    if (blob > im->blob_cap) {
-        uint8_t *grown = (uint8_t *)realloc(im->blob, blob);
-        if (!grown) {
-            cu_fail(im, INFERD_ENOMEM, "out of host memory for %d attention spans", n_spans);
-            return 0;
-        }
-        im->blob = grown;
-        im->blob_cap = blob;
-    }
-    struct cu_span *cs = (struct cu_span *)im->blob;
-    int *rowmap = (int *)(cs + n_spans);
-    memset(cs, 0, (size_t)n_spans * sizeof *cs);
-    for (int r = 0; r < n_rows; r++)
-        rowmap[r] = -1;
-    for (int s = 0; s < n_spans; s++) {
-        const struct attn_span *sp = &spans[s];
-        cs[s].row0 = sp->row0;
-        cs[s].n_tokens = sp->n_tokens;
-        cs[s].pos0 = sp->pos0;
-        cs[s].n_blocks = sp->n_block_ids;
-        cs[s].bt_off = arena_put(im, sp->block_ids, sp->block_ids,
-                                 (size_t)sp->n_block_ids * sizeof(uint32_t),
-                                 pow2_at_least((size_t)sp->n_block_ids, 16) * sizeof(uint32_t));
-        for (int i = 0; i < sp->n_tokens; i++)
-            if (sp->row0 + i < n_rows)
-                rowmap[sp->row0 + i] = s;
-    }
-    return arena_put(im, spans, im->blob, blob, blob);
-}
-
-static int spans_rows(const struct attn_span *spans, int n_spans)
-{
-    int rows = 0;
-    for (int s = 0; s < n_spans; s++)
-        if (spans[s].row0 + spans[s].n_tokens > rows)
-            rows = spans[s].row0 + spans[s].n_tokens;
-    return rows;
-}
-
-/* ---- recording ---------------------------------------------------------- */
-
-static struct cu_op *op_new(struct cu_impl *im, int kind, int n_rows)
-{
-    if (im->n_ops == im->cap_ops) {
-        int cap = im->cap_ops ? im->cap_ops * 2 : 1024;
-        struct cu_op *grown = (struct cu_op *)realloc(im->ops, (size_t)cap * sizeof *grown);
-        if (!grown) {
-            cu_fail(im, INFERD_ENOMEM, "out of host memory recording GPU work");
-            return NULL;
-        }
-        im->ops = grown;
-        im->cap_ops = cap;
-    }
-    struct cu_op *op = &im->ops[im->n_ops++];
-    memset(op, 0, sizeof *op);
-    op->kind = kind;
-    op->n_rows = n_rows;
-    return op;
-}
-
-static void cu_embed(struct backend *be, const struct weight_matrix *table, const int32_t *tokens,
-                     int64_t n_tokens, float *out)
-{
-    struct cu_impl *im = impl_of(be);
-    if (im->failed || n_tokens <= 0 || !arena_ensure(im, (size_t)n_tokens * 4 + 32))
-        return;
-    uint32_t off = arena_put(im, tokens, tokens, (size_t)n_tokens * sizeof(int32_t), 0);
-    struct cu_op *op = op_new(im, CU_EMBED, (int)n_tokens);
-    if (!op)
-        return;
-    op->u.embed.table = table->data;
-    op->u.embed.cols = table->cols;
-    op->u.embed.dtype = table->dtype;
-    op->u.embed.tok_off = off;
-    op->u.embed.out = out;
-}
-
-static void record_matmul(struct backend *be, const float *x, int64_t n_tokens, int n,
-                          const struct weight_matrix *const *w, const float *const *bias,
-                          float *const *y)
-{
-    struct cu_impl *im = impl_of(be);
-    if (im->failed || n_tokens <= 0)
-        return;
-    struct cu_op *op = op_new(im, CU_MATMUL, (int)n_tokens);
-    if (!op)
-        return;
-    op->u.mm.x = x;
-    op->u.mm.cols = w[0]->cols;
-    op->u.mm.dtype = w[0]->dtype;
-    op->u.mm.n = n;
-    for (int i = 0; i < n; i++) {
-        op->u.mm.m[i].w = w[i]->data;
-        op->u.mm.m[i].rows = w[i]->rows;
-        op->u.mm.m[i].bias = bias ? bias[i] : NULL;
-        op->u.mm.m[i].y = y[i];
-    }
-}
-
-static void cu_matmul(struct backend *be, const float *x, int64_t n_tokens,
-                      const struct weight_matrix *w, const float *bias, float *y)
-{
-    record_matmul(be, x, n_tokens, 1, &w, &bias, &y);
-}
-
-static void cu_matmul_group(struct backend *be, const float *x, int64_t n_tokens, int n,
-                            const struct weight_matrix *const *w, const float *const *bias,
-                            float *const *y)
-{
-    struct cu_impl *im = impl_of(be);
-    if (n < 1 || n > CU_GROUP_MAX) {
-        cu_fail(im, INFERD_EINVAL, "matmul group of %d matrices (at most %d)", n, CU_GROUP_MAX);
-        return;
-    }
-    for (int i = 1; i < n; i++)
-        if (w[i]->cols != w[0]->cols || w[i]->dtype != w[0]->dtype) {
-            for (int j = 0; j < n; j++)
-                record_matmul(be, x, n_tokens, 1, &w[j], bias ? &bias[j] : NULL, &y[j]);
-            return;
-        }
-    record_matmul(be, x, n_tokens, n, w, bias, y);
-}
-
-static void cu_rmsnorm(struct backend *be, const float *x, const float *weight, int64_t n_rows,
-                       int64_t dim, float eps, float *y)
-{
-    struct cu_impl *im = impl_of(be);
-    if (im->failed)
-        return;
-    struct cu_op *op = op_new(im, CU_RMSNORM, (int)(n_rows < INT32_MAX ? n_rows : INT32_MAX));
-    if (!op)
-        return;
-    op->u.norm.x = x;
-    op->u.norm.w = weight;
-    op->u.norm.n_rows = n_rows;
-    op->u.norm.dim = dim;
-    op->u.norm.eps = eps;
-    op->u.norm.y = y;
-}
-
-static void cu_rope(struct backend *be, float *x, int64_t n_tokens, int n_heads, int head_dim,
-                    const int32_t *positions, const struct rope_table *rope)
-{
-    struct cu_impl *im = impl_of(be);
-    if (im->failed || n_tokens <= 0)
-        return;
-    if (head_dim > CU_MAX_HEAD_DIM || rope->rot_dim > head_dim) {
-        cu_fail(im, INFERD_EUNSUPPORTED, "head_dim %d exceeds the CUDA backend's %d", head_dim,
-                CU_MAX_HEAD_DIM);
-        return;
-    }
-    size_t half = (size_t)rope->rot_dim / 2;
-    if (!arena_ensure(im, (size_t)n_tokens * 4 + half * 4 + 64))
-        return;
-    uint32_t pos_off = arena_put(im, positions, positions, (size_t)n_tokens * sizeof(int32_t), 0);
-    uint32_t freq_off = arena_put(im, rope->inv_freq, rope->inv_freq, half * sizeof(float), 0);
-    struct cu_op *op = op_new(im, CU_ROPE, (int)n_tokens);
-    if (!op)
-        return;
-    op->u.rope.x = x;
-    op->u.rope.n_heads = n_heads;
-    op->u.rope.head_dim = head_dim;
-    op->u.rope.rot_dim = rope->rot_dim;
-    op->u.rope.pos_off = pos_off;
-    op->u.rope.freq_off = freq_off;
-    op->u.rope.factor = rope->attention_factor;
-}
-
-static void record_ew(struct backend *be, int kind, const float *a, const float *b, float *out,
-                      int64_t n)
-{
-    struct cu_impl *im = impl_of(be);
-    if (im->failed || n <= 0)
-        return;
-    struct cu_op *op = op_new(im, kind, 0);
-    if (!op)
-        return;
-    op->u.ew.a = a;
-    op->u.ew.b = b;
-    op->u.ew.out = out;
-    op->u.ew.n = n;
-}
-
-static void cu_silu_mul(struct backend *be, const float *gate, const float *up, float *out,
-                        int64_t n)
-{
-    record_ew(be, CU_SILU_MUL, gate, up, out, n);
-}
-
-static void cu_add(struct backend *be, float *y, const float *x, int64_t n)
-{
-    record_ew(be, CU_ADD, x, NULL, y, n);
-}
-
-static struct cu_kv kv_of(const struct kv_cache *kv)
-{
-    struct cu_kv c;
-    memset(&c, 0, sizeof c);
-    c.k = kv->k;
-    c.v = kv->v;
-    c.n_blocks = kv->n_blocks;
-    c.block_size = kv->block_size;
-    c.n_kv_heads = kv->n_kv_heads;
-    c.head_dim = kv->head_dim;
-    c.f16 = kv->dtype == DTYPE_F16;
-    return c;
-}
-
-static void cu_kv_store(struct backend *be, struct kv_cache *kv, int layer, const float *k,
-                        const float *v, const struct attn_span *spans, int n_spans)
-{
-    struct cu_impl *im = impl_of(be);
-    int rows = spans_rows(spans, n_spans);
-    if (im->failed || n_spans <= 0 || !arena_ensure(im, spans_bytes(spans, n_spans, rows)))
-        return;
-    uint32_t off = put_spans(im, spans, n_spans, rows);
-    struct cu_op *op = op_new(im, CU_KV_STORE, rows);
-    if (!op)
-        return;
-    op->u.store.kv = kv_of(kv);
-    op->u.store.layer = layer;
-    op->u.store.n_spans = n_spans;
-    op->u.store.k = k;
-    op->u.store.v = v;
-    op->u.store.spans_off = off;
 }
 
 /* Grows a device scratch buffer; graphs captured with the old one are
@@ -617,76 +324,95 @@ static bool scratch_grow(struct cu_impl *im, void **buf, size_t *have, size_t ne
     return true;
 }
 
+/* ---- recording (record.h) ---------------------------------------------------- */
+
+static struct cu_impl *impl_of_rec(struct cu_rec *rec)
+{
+    return (struct cu_impl *)((char *)rec - offsetof(struct cu_impl, rec));
+}
+
+static bool rec_ok(struct cu_rec *rec) { return !impl_of_rec(rec)->failed; }
+
+static void rec_fail(struct cu_rec *rec, int code, const char *msg)
+{
+    cu_fail(impl_of_rec(rec), code, "%s", msg);
+}
+
+static bool rec_arena_room(struct cu_rec *rec, size_t bytes)
+{
+    return arena_ensure(impl_of_rec(rec), bytes);
+}
+
+static bool rec_attn_scratch(struct cu_rec *rec, const struct cu_op *probe)
+{
+    struct cu_impl *im = impl_of_rec(rec);
+    return scratch_grow(im, (void **)&im->attn_part, &im->attn_part_bytes,
+                        cu_attention_part_floats(probe) * sizeof(float), false);
+}
+
+static const struct cu_rec_hooks rec_hooks = {rec_ok, rec_fail, rec_arena_room, rec_attn_scratch};
+
+static struct cu_rec *rec_of(struct backend *be) { return &impl_of(be)->rec; }
+
+static void cu_embed(struct backend *be, const struct weight_matrix *table, const int32_t *tokens,
+                     int64_t n_tokens, float *out)
+{
+    cu_rec_embed(rec_of(be), table, tokens, n_tokens, out);
+}
+
+static void cu_matmul(struct backend *be, const float *x, int64_t n_tokens,
+                      const struct weight_matrix *w, const float *bias, float *y)
+{
+    cu_rec_matmul_group(rec_of(be), x, n_tokens, 1, &w, &bias, &y);
+}
+
+static void cu_matmul_group(struct backend *be, const float *x, int64_t n_tokens, int n,
+                            const struct weight_matrix *const *w, const float *const *bias,
+                            float *const *y)
+{
+    cu_rec_matmul_group(rec_of(be), x, n_tokens, n, w, bias, y);
+}
+
+static void cu_rmsnorm(struct backend *be, const float *x, const float *weight, int64_t n_rows,
+                       int64_t dim, float eps, float *y)
+{
+    cu_rec_rmsnorm(rec_of(be), x, weight, n_rows, dim, eps, y);
+}
+
+static void cu_rope(struct backend *be, float *x, int64_t n_tokens, int n_heads, int head_dim,
+                    const int32_t *positions, const struct rope_table *rope)
+{
+    cu_rec_rope(rec_of(be), x, n_tokens, n_heads, head_dim, positions, rope);
+}
+
+static void cu_silu_mul(struct backend *be, const float *gate, const float *up, float *out,
+                        int64_t n)
+{
+    cu_rec_silu_mul(rec_of(be), gate, up, out, n);
+}
+
+static void cu_add(struct backend *be, float *y, const float *x, int64_t n)
+{
+    cu_rec_add(rec_of(be), y, x, n);
+}
+
+static void cu_kv_store(struct backend *be, struct kv_cache *kv, int layer, const float *k,
+                        const float *v, const struct attn_span *spans, int n_spans)
+{
+    cu_rec_kv_store(rec_of(be), kv, layer, k, v, spans, n_spans);
+}
+
 static void cu_attention(struct backend *be, const float *q, const struct kv_cache *kv, int layer,
                          const struct attn_span *spans, int n_spans, int n_heads, float scale,
                          int sliding_window, float *out)
 {
-    struct cu_impl *im = impl_of(be);
-    if (im->failed || n_spans <= 0)
-        return;
-    if (kv->head_dim > CU_MAX_HEAD_DIM || n_heads % kv->n_kv_heads) {
-        cu_fail(im, INFERD_EUNSUPPORTED, "attention with head_dim %d, %d heads over %d kv heads",
-                kv->head_dim, n_heads, kv->n_kv_heads);
-        return;
-    }
-    int rows = spans_rows(spans, n_spans);
-    int max_tokens = 0, max_ctx = 0;
-    for (int s = 0; s < n_spans; s++) {
-        if (spans[s].n_tokens > max_tokens)
-            max_tokens = spans[s].n_tokens;
-        if (spans[s].pos0 + spans[s].n_tokens > max_ctx)
-            max_ctx = spans[s].pos0 + spans[s].n_tokens;
-    }
-    struct cu_op probe;
-    memset(&probe, 0, sizeof probe);
-    probe.kind = CU_ATTENTION;
-    probe.n_rows = rows;
-    probe.u.attn.kv = kv_of(kv);
-    probe.u.attn.layer = layer;
-    probe.u.attn.n_spans = n_spans;
-    probe.u.attn.n_heads = n_heads;
-    probe.u.attn.window = sliding_window;
-    probe.u.attn.max_span_tokens = max_tokens;
-    probe.u.attn.ctx_bucket = (int)pow2_at_least((size_t)max_ctx, 64);
-    probe.u.attn.n_splits = cu_attention_splits(kv->n_kv_heads, rows, probe.u.attn.ctx_bucket,
-                                                im->n_sm);
-    probe.u.attn.scale = scale;
-    probe.u.attn.q = q;
-    probe.u.attn.out = out;
-    if (!scratch_grow(im, (void **)&im->attn_part, &im->attn_part_bytes,
-                      cu_attention_part_floats(&probe) * sizeof(float), false))
-        return;
-    if (!arena_ensure(im, spans_bytes(spans, n_spans, rows)))
-        return;
-    probe.u.attn.spans_off = put_spans(im, spans, n_spans, rows);
-    struct cu_op *op = op_new(im, CU_ATTENTION, rows);
-    if (op)
-        *op = probe;
+    cu_rec_attention(rec_of(be), q, kv, layer, spans, n_spans, n_heads, scale, sliding_window,
+                     out);
 }
 
 /* ---- execution ------------------------------------------------------------ */
 
-static bool use_gemv(const struct cu_impl *im, const struct backend *be, const struct cu_op *op)
-{
-    return be->mode == COMPUTE_EXACT || op->n_rows <= CU_GEMV_MAX_ROWS ||
-           op->u.mm.dtype != DTYPE_BF16 || op->u.mm.cols % 8 != 0;
-}
-
-static void gemv_args_of(const struct backend *be, const struct cu_op *op,
-                         struct cu_gemv_args *a)
-{
-    memset(a, 0, sizeof *a);
-    a->x = op->u.mm.x;
-    a->cols = op->u.mm.cols;
-    a->dtype = op->u.mm.dtype;
-    a->n_mat = op->u.mm.n;
-    a->n_rows = op->n_rows;
-    for (int i = 0; i < op->u.mm.n; i++)
-        a->m[i] = op->u.mm.m[i];
-    a->round_bf16 = be->mode == COMPUTE_FAST;
-}
-
-static bool exec_gemm(struct cu_impl *im, const struct cu_op *op)
+bool cu_exec_gemm(struct cu_impl *im, const struct cu_op *op)
 {
     int64_t n_x = (int64_t)op->n_rows * op->u.mm.cols;
     if (!scratch_grow(im, (void **)&im->xb, &im->xb_bytes, (size_t)n_x * 2, true))
@@ -704,166 +430,6 @@ static bool exec_gemm(struct cu_impl *im, const struct cu_op *op)
     return true;
 }
 
-/* [rmsnorm q heads, rmsnorm k heads,] rope q, rope k [, kv_store] as one
- * kernel; returns how many ops it covers, 0 when the pattern is not there. */
-static int match_qk(const struct cu_op *ops, int i, int n, struct cu_qk_args *a)
-{
-    memset(a, 0, sizeof *a);
-    int j = i;
-    const struct cu_op *nq = NULL, *nk = NULL;
-    if (j + 1 < n && ops[j].kind == CU_RMSNORM && ops[j + 1].kind == CU_RMSNORM) {
-        nq = &ops[j];
-        nk = &ops[j + 1];
-        j += 2;
-    }
-    if (j + 1 >= n || ops[j].kind != CU_ROPE || ops[j + 1].kind != CU_ROPE)
-        return 0;
-    const struct cu_op *rq = &ops[j], *rk = &ops[j + 1];
-    if (rq->n_rows != rk->n_rows || rq->u.rope.head_dim != rk->u.rope.head_dim ||
-        rq->u.rope.rot_dim != rk->u.rope.rot_dim || rq->u.rope.pos_off != rk->u.rope.pos_off ||
-        rq->u.rope.freq_off != rk->u.rope.freq_off || rq->u.rope.factor != rk->u.rope.factor ||
-        rq->u.rope.x == rk->u.rope.x)
-        return 0;
-    int hd = rq->u.rope.head_dim;
-    if (nq) {
-        if (nq->u.norm.x != rq->u.rope.x || nq->u.norm.y != rq->u.rope.x ||
-            nk->u.norm.x != rk->u.rope.x || nk->u.norm.y != rk->u.rope.x ||
-            nq->u.norm.dim != hd || nk->u.norm.dim != hd ||
-            nq->u.norm.n_rows != (int64_t)rq->n_rows * rq->u.rope.n_heads ||
-            nk->u.norm.n_rows != (int64_t)rk->n_rows * rk->u.rope.n_heads ||
-            nq->u.norm.eps != nk->u.norm.eps)
-            return 0;
-        a->q_norm = nq->u.norm.w;
-        a->k_norm = nk->u.norm.w;
-        a->eps = nq->u.norm.eps;
-    }
-    a->q = rq->u.rope.x;
-    a->k = rk->u.rope.x;
-    a->n_q_heads = rq->u.rope.n_heads;
-    a->n_k_heads = rk->u.rope.n_heads;
-    a->head_dim = hd;
-    a->rot_dim = rq->u.rope.rot_dim;
-    a->n_rows = rq->n_rows;
-    a->pos_off = rq->u.rope.pos_off;
-    a->freq_off = rq->u.rope.freq_off;
-    a->factor = rq->u.rope.factor;
-    j += 2;
-    if (j < n && ops[j].kind == CU_KV_STORE && ops[j].u.store.k == rk->u.rope.x &&
-        ops[j].n_rows == rk->n_rows && ops[j].u.store.kv.head_dim == hd &&
-        ops[j].u.store.kv.n_kv_heads == rk->u.rope.n_heads) {
-        a->store = true;
-        a->v = ops[j].u.store.v;
-        a->kv = ops[j].u.store.kv;
-        a->layer = ops[j].u.store.layer;
-        a->spans_off = ops[j].u.store.spans_off;
-        a->n_spans = ops[j].u.store.n_spans;
-        j++;
-    }
-    return j - i;
-}
-
-/* A GEMV-path matmul at ops[i], with the residual add or SwiGLU after it
- * fused in, and (norm) the RMSNorm before it; returns the ops covered from i. */
-static int exec_gemv(struct backend *be, struct cu_impl *im, const struct cu_op *ops, int i,
-                     int n, const struct cu_op *norm)
-{
-    const struct cu_op *op = &ops[i];
-    struct cu_gemv_args a;
-    gemv_args_of(be, op, &a);
-    if (norm) {
-        a.x = norm->u.norm.x;
-        a.norm_w = norm->u.norm.w;
-        a.norm_out = norm->u.norm.y;
-        a.norm_eps = norm->u.norm.eps;
-    }
-    int used = 1;
-    const struct cu_op *next = i + 1 < n ? &ops[i + 1] : NULL;
-    int64_t out_n = (int64_t)op->n_rows * op->u.mm.m[0].rows;
-    if (next && op->u.mm.n == 1 && next->kind == CU_ADD && next->u.ew.a == op->u.mm.m[0].y &&
-        next->u.ew.n == out_n && next->u.ew.out != op->u.mm.m[0].y) {
-        a.res = next->u.ew.out;
-        used = 2;
-    } else if (next && op->u.mm.n == 2 && next->kind == CU_SILU_MUL &&
-               op->u.mm.m[0].rows == op->u.mm.m[1].rows && !op->u.mm.m[0].bias &&
-               !op->u.mm.m[1].bias && next->u.ew.a == op->u.mm.m[0].y &&
-               next->u.ew.b == op->u.mm.m[1].y && next->u.ew.out == op->u.mm.m[0].y &&
-               next->u.ew.n == out_n) {
-        a.pair = true;
-        used = 2;
-    }
-    return CU_TRY(im, cu_launch_gemv(im->stream, &a, im->n_sm)) ? used : -1;
-}
-
-/* An RMSNorm of the rows the decode-path GEMV right after it reads: the GEMV's
- * blocks (one wave of them) normalise x themselves while staging it. */
-static bool norm_feeds_gemv(const struct cu_impl *im, const struct backend *be,
-                            const struct cu_op *norm, const struct cu_op *mm)
-{
-    return im->fuse_norm && mm->kind == CU_MATMUL && use_gemv(im, be, mm) &&
-           mm->n_rows <= CU_GEMV_MAX_ROWS && mm->u.mm.dtype == DTYPE_BF16 &&
-           mm->u.mm.cols % 8 == 0 && mm->u.mm.x == norm->u.norm.y &&
-           norm->u.norm.y != norm->u.norm.x && mm->n_rows == norm->u.norm.n_rows &&
-           mm->u.mm.cols == norm->u.norm.dim;
-}
-
-/* Launches ops[i] (and the ops fused with it); returns how many it covered, or -1. */
-static int exec_one(struct backend *be, struct cu_impl *im, const struct cu_op *ops, int i, int n)
-{
-    const struct cu_op *op = &ops[i];
-    cudaStream_t s = im->stream;
-    struct cu_qk_args qk;
-    int used = match_qk(ops, i, n, &qk);
-    if (used > 0 && im->fuse_qk_attn && i + used < n &&
-        cu_attention_takes_qk(&ops[i + used], &qk))
-        return CU_TRY(im, cu_launch_attention_qk(s, &ops[i + used], &qk, im->arena_dev,
-                                                 im->attn_part))
-                   ? used + 1
-                   : -1;
-    if (used > 0)
-        return CU_TRY(im, cu_launch_qk_prep(s, &qk, im->arena_dev)) ? used : -1;
-    if (op->kind == CU_RMSNORM && i + 1 < n && norm_feeds_gemv(im, be, op, &ops[i + 1])) {
-        used = exec_gemv(be, im, ops, i + 1, n, op);
-        return used < 0 ? -1 : used + 1;
-    }
-    switch (op->kind) {
-    case CU_EMBED:
-        return CU_TRY(im, cu_launch_embed(s, op, im->arena_dev)) ? 1 : -1;
-    case CU_RMSNORM:
-        return CU_TRY(im, cu_launch_rmsnorm(s, op)) ? 1 : -1;
-    case CU_ROPE: {
-        memset(&qk, 0, sizeof qk);
-        qk.q = op->u.rope.x;
-        qk.n_q_heads = op->u.rope.n_heads;
-        qk.head_dim = op->u.rope.head_dim;
-        qk.rot_dim = op->u.rope.rot_dim;
-        qk.n_rows = op->n_rows;
-        qk.pos_off = op->u.rope.pos_off;
-        qk.freq_off = op->u.rope.freq_off;
-        qk.factor = op->u.rope.factor;
-        return CU_TRY(im, cu_launch_qk_prep(s, &qk, im->arena_dev)) ? 1 : -1;
-    }
-    case CU_SILU_MUL:
-        return CU_TRY(im, cu_launch_silu_mul(s, op)) ? 1 : -1;
-    case CU_ADD:
-        return CU_TRY(im, cu_launch_add(s, op)) ? 1 : -1;
-    case CU_KV_STORE:
-        return CU_TRY(im, cu_launch_kv_store(s, op, im->arena_dev)) ? 1 : -1;
-    case CU_ATTENTION:
-        return CU_TRY(im, cu_launch_attention(s, op, im->arena_dev, im->attn_part,
-                                              im->smem_optin,
-                                              be->mode == COMPUTE_FAST && im->prefill_tc))
-                   ? 1
-                   : -1;
-    case CU_MATMUL: {
-        if (!use_gemv(im, be, op))
-            return exec_gemm(im, op) ? 1 : -1;
-        return exec_gemv(be, im, ops, i, n, NULL);
-    }
-    }
-    cu_fail(im, INFERD_EINVAL, "unknown recorded op %d", op->kind);
-    return -1;
-}
-
 enum prof_label {
     PL_EMBED, PL_GEMV, PL_GEMV_GROUP, PL_GEMV_RES, PL_GEMV_SWIGLU, PL_GEMM, PL_RMSNORM, PL_QK,
     PL_ROPE, PL_SILU, PL_ADD, PL_KV_STORE, PL_ATTN_DECODE, PL_ATTN_PREFILL, PL_NORM_GEMV,
@@ -875,33 +441,46 @@ static const char *const prof_names[PL_N] = {
     "kv_store", "attention decode", "attention prefill", "rmsnorm + gemv (+ epilogue)",
     "q/k prep + attention decode"};
 
-static int prof_label_of(const struct backend *be, const struct cu_impl *im,
-                         const struct cu_op *ops, int i, int used)
+static int prof_label_of(const struct cu_op *ops, const struct cu_launch *l)
 {
-    const struct cu_op *op = &ops[i];
-    if (used > 1 && op->kind != CU_MATMUL && ops[i + used - 1].kind == CU_ATTENTION)
-        return PL_QK_ATTN;
-    switch (op->kind) {
-    case CU_EMBED: return PL_EMBED;
-    case CU_RMSNORM:
-        return used == 1 ? PL_RMSNORM : ops[i + 1].kind == CU_MATMUL ? PL_NORM_GEMV : PL_QK;
-    case CU_ROPE: return used > 1 ? PL_QK : PL_ROPE;
-    case CU_SILU_MUL: return PL_SILU;
-    case CU_ADD: return PL_ADD;
-    case CU_KV_STORE: return PL_KV_STORE;
-    case CU_ATTENTION: return cu_attention_uses_prefill(op) ? PL_ATTN_PREFILL : PL_ATTN_DECODE;
-    default:
-        if (!use_gemv(im, be, op))
-            return PL_GEMM;
-        if (used > 1)
-            return ops[i + 1].kind == CU_ADD ? PL_GEMV_RES : PL_GEMV_SWIGLU;
+    const struct cu_op *op = &ops[l->op];
+    switch (l->kind) {
+    case CU_LAUNCH_EMBED: return PL_EMBED;
+    case CU_LAUNCH_RMSNORM: return PL_RMSNORM;
+    case CU_LAUNCH_ROPE: return PL_ROPE;
+    case CU_LAUNCH_QK: return PL_QK;
+    case CU_LAUNCH_QK_ATTENTION: return PL_QK_ATTN;
+    case CU_LAUNCH_SILU_MUL: return PL_SILU;
+    case CU_LAUNCH_ADD: return PL_ADD;
+    case CU_LAUNCH_KV_STORE: return PL_KV_STORE;
+    case CU_LAUNCH_ATTENTION:
+        return cu_attention_uses_prefill(op) ? PL_ATTN_PREFILL : PL_ATTN_DECODE;
+    case CU_LAUNCH_GEMM: return PL_GEMM;
+    case CU_LAUNCH_GEMV:
+        if (l->norm)
+            return PL_NORM_GEMV;
+        if (l->residual)
+            return PL_GEMV_RES;
+        if (l->swiglu)
+            return PL_GEMV_SWIGLU;
         return op->u.mm.n > 1 ? PL_GEMV_GROUP : PL_GEMV;
     }
+    return PL_EMBED;
+}
+
+/* The next launch of the step at ops[i] into l; false (recorded) for an op
+ * of no known kind. */
+static bool plan_next(struct cu_impl *im, const struct cu_op *ops, int i, int n,
+                      struct cu_launch *l)
+{
+    if (cu_fuse_next(&im->fuse, ops, i, n, l) > 0)
+        return true;
+    cu_fail(im, INFERD_EINVAL, "unknown recorded op %d", ops[i].kind);
+    return false;
 }
 
 /* Eager launches with an event pair around each, timed per kind of launch. */
-static bool exec_ops_profiled(struct backend *be, struct cu_impl *im, const struct cu_op *ops,
-                              int n)
+static bool exec_ops_profiled(struct cu_impl *im, const struct cu_op *ops, int n)
 {
     if (im->prof_ev_cap < 2 * n + 2) {
         int cap = 2 * n + 2;
@@ -915,14 +494,14 @@ static bool exec_ops_profiled(struct backend *be, struct cu_impl *im, const stru
     }
     int labels[4096], n_launch = 0;
     for (int i = 0; i < n;) {
+        struct cu_launch l;
         cudaEventRecord(im->prof_ev[2 * n_launch], im->stream);
-        int used = exec_one(be, im, ops, i, n);
-        if (used < 0)
+        if (!plan_next(im, ops, i, n, &l) || !cu_exec_launch(im, ops, &l))
             return false;
         cudaEventRecord(im->prof_ev[2 * n_launch + 1], im->stream);
         if (n_launch < 4096)
-            labels[n_launch++] = prof_label_of(be, im, ops, i, used);
-        i += used;
+            labels[n_launch++] = prof_label_of(ops, &l);
+        i += l.n_ops;
     }
     cudaStreamSynchronize(im->stream);
     for (int k = 0; k < n_launch; k++) {
@@ -954,13 +533,13 @@ static void profile_report(struct cu_impl *im)
                      im->prof_calls[k], im->prof_ms[k], 1e3 * im->prof_ms[k] / im->prof_calls[k]);
 }
 
-static bool exec_ops(struct backend *be, struct cu_impl *im, const struct cu_op *ops, int n)
+static bool exec_ops(struct cu_impl *im, const struct cu_op *ops, int n)
 {
     for (int i = 0; i < n;) {
-        int used = exec_one(be, im, ops, i, n);
-        if (used < 0)
+        struct cu_launch l;
+        if (!plan_next(im, ops, i, n, &l) || !cu_exec_launch(im, ops, &l))
             return false;
-        i += used;
+        i += l.n_ops;
     }
     return true;
 }
@@ -969,8 +548,8 @@ static bool step_graphable(const struct cu_impl *im)
 {
     if (!im->graphs_enabled)
         return false;
-    for (int i = 0; i < im->n_ops; i++) {
-        const struct cu_op *op = &im->ops[i];
+    for (int i = 0; i < im->rec.n_ops; i++) {
+        const struct cu_op *op = &im->rec.ops[i];
         /* norms and elementwise ops count heads or elements, not tokens */
         bool per_token = op->kind == CU_EMBED || op->kind == CU_MATMUL || op->kind == CU_ROPE ||
                          op->kind == CU_KV_STORE || op->kind == CU_ATTENTION;
@@ -983,14 +562,15 @@ static bool step_graphable(const struct cu_impl *im)
 }
 
 /* Replays the graph captured from an identical op list, capturing it first. */
-static bool run_graph(struct backend *be, struct cu_impl *im)
+static bool run_graph(struct cu_impl *im)
 {
-    size_t ops_bytes = (size_t)im->n_ops * sizeof(struct cu_op);
+    const struct cu_rec *rec = &im->rec;
+    size_t ops_bytes = (size_t)rec->n_ops * sizeof(struct cu_op);
     struct cu_graph_entry *hit = NULL, *victim = &im->graphs[0];
     for (int i = 0; i < CU_GRAPH_CACHE; i++) {
         struct cu_graph_entry *g = &im->graphs[i];
-        if (g->exec && g->n_ops == im->n_ops && g->arena_used == im->arena_used &&
-            !memcmp(g->ops, im->ops, ops_bytes)) {
+        if (g->exec && g->n_ops == rec->n_ops && g->arena_used == rec->arena_used &&
+            !memcmp(g->ops, rec->ops, ops_bytes)) {
             hit = g;
             break;
         }
@@ -1004,13 +584,13 @@ static bool run_graph(struct backend *be, struct cu_impl *im)
             cu_fail(im, INFERD_ENOMEM, "out of host memory for a CUDA graph");
             return false;
         }
-        memcpy(victim->ops, im->ops, ops_bytes);
-        victim->n_ops = im->n_ops;
-        victim->arena_used = im->arena_used;
+        memcpy(victim->ops, rec->ops, ops_bytes);
+        victim->n_ops = rec->n_ops;
+        victim->arena_used = rec->arena_used;
         cudaGraph_t graph = NULL;
         if (!CU_TRY(im, cudaStreamBeginCapture(im->stream, cudaStreamCaptureModeThreadLocal)))
             return false;
-        bool ok = exec_ops(be, im, im->ops, im->n_ops);
+        bool ok = exec_ops(im, rec->ops, rec->n_ops);
         cudaError_t e = cudaStreamEndCapture(im->stream, &graph);
         if (!ok || !CU_TRY(im, e)) {
             if (graph)
@@ -1031,7 +611,7 @@ static bool run_graph(struct backend *be, struct cu_impl *im)
         im->graph_hits++;
     }
     hit->last_used = ++im->graph_clock;
-    if (im->profile != 1)
+    if (im->profile != BACKEND_PROFILE_GRAPHS)
         return CU_TRY(im, cudaGraphLaunch(hit->exec, im->stream));
     /* timed replay: the step's GPU time without the host's share of it */
     if (!im->replay_ev[0] && (!CU_TRY(im, cudaEventCreate(&im->replay_ev[0])) ||
@@ -1048,36 +628,32 @@ static bool run_graph(struct backend *be, struct cu_impl *im)
     return ok;
 }
 
-static struct backend *owner_of(struct cu_impl *im);
-
 /* Launches the recorded step. */
 static void flush(struct cu_impl *im)
 {
-    if (im->n_ops == 0)
+    struct cu_rec *rec = &im->rec;
+    if (rec->n_ops == 0)
         return;
-    struct backend *be = owner_of(im);
     if (!im->failed) {
-        cudaSetDevice(im->device);
-        if (im->arena_used &&
-            CU_TRY(im, cudaMemcpyAsync(im->arena_dev, im->arena_host, im->arena_used,
+        cudaSetDevice(im->dev.index);
+        if (rec->arena_used &&
+            CU_TRY(im, cudaMemcpyAsync(im->arena_dev, rec->arena, rec->arena_used,
                                        cudaMemcpyHostToDevice, im->stream)) &&
             CU_TRY(im, cudaEventRecord(im->arena_free, im->stream)))
             im->arena_pending = true;
         if (!im->failed) {
-            if (im->profile == 2) {
-                exec_ops_profiled(be, im, im->ops, im->n_ops);
+            if (im->profile == BACKEND_PROFILE_OPS) {
+                exec_ops_profiled(im, rec->ops, rec->n_ops);
                 im->steps_eager++;
             } else if (step_graphable(im)) {
-                run_graph(be, im);
+                run_graph(im);
             } else {
-                exec_ops(be, im, im->ops, im->n_ops);
+                exec_ops(im, rec->ops, rec->n_ops);
                 im->steps_eager++;
             }
         }
     }
-    im->n_ops = 0;
-    im->arena_used = 0;
-    im->n_dedup = 0;
+    cu_rec_clear(rec);
 }
 
 /* ---- memory ----------------------------------------------------------------- */
@@ -1088,15 +664,10 @@ struct cu_backend {
     struct cu_sampler *sampler; /* owned; made by the first sample call */
 };
 
-static struct backend *owner_of(struct cu_impl *im)
-{
-    return (struct backend *)((char *)im - offsetof(struct cu_backend, im));
-}
-
 static void *cu_alloc(struct backend *be, size_t bytes)
 {
     struct cu_impl *im = impl_of(be);
-    cudaSetDevice(im->device);
+    cudaSetDevice(im->dev.index);
     void *p = NULL;
     if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
         cudaGetLastError(); /* out of memory is not sticky: the caller reports it */
@@ -1115,7 +686,7 @@ static void cu_release(struct backend *be, void *ptr)
     if (!ptr)
         return;
     flush(im);
-    cudaSetDevice(im->device);
+    cudaSetDevice(im->dev.index);
     cudaStreamSynchronize(im->stream);
     cudaFree(ptr);
 }
@@ -1183,7 +754,7 @@ static void cu_to_device(struct backend *be, void *dst, const void *src, size_t 
     flush(im);
     if (im->failed || bytes == 0)
         return;
-    cudaSetDevice(im->device);
+    cudaSetDevice(im->dev.index);
     if (bytes <= CU_UPLOAD_DIRECT) {
         CU_TRY(im, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, im->stream));
         CU_TRY(im, cudaStreamSynchronize(im->stream));
@@ -1216,7 +787,7 @@ static void cu_to_host(struct backend *be, void *dst, const void *src, size_t by
     flush(im);
     if (im->failed || bytes == 0)
         return;
-    cudaSetDevice(im->device);
+    cudaSetDevice(im->dev.index);
     size_t want = bytes < CU_DOWNLOAD_MAX ? bytes : CU_DOWNLOAD_MAX;
     if (want > im->download_cap) {
         cudaFreeHost(im->download);
@@ -1248,11 +819,11 @@ static int cu_sample(struct backend *be, const float *logits, int n_rows, int vo
 {
     struct cu_impl *im = impl_of(be);
     struct cu_backend *cb = (struct cu_backend *)be;
-    uint64_t t0 = im->profile == 1 ? now_ns() : 0;
+    uint64_t t0 = im->profile == BACKEND_PROFILE_GRAPHS ? now_ns() : 0;
     flush(im);
-    uint64_t t1 = im->profile == 1 ? now_ns() : 0;
+    uint64_t t1 = im->profile == BACKEND_PROFILE_GRAPHS ? now_ns() : 0;
     if (!im->failed && n_rows > 0) {
-        cudaSetDevice(im->device);
+        cudaSetDevice(im->dev.index);
         if (cb->sampler || CU_TRY(im, cu_sampler_create(&cb->sampler))) {
             const char *what = "sampling";
             cu_ok(im, cu_sampler_run(cb->sampler, im->stream, (float *)logits, n_rows, vocab,
@@ -1260,7 +831,7 @@ static int cu_sample(struct backend *be, const float *logits, int n_rows, int vo
                   what);
         }
     }
-    if (im->profile == 1) {
+    if (im->profile == BACKEND_PROFILE_GRAPHS) {
         uint64_t t2 = now_ns();
         if (im->sampled_at_ns) {
             im->host_engine_us += 1e-3 * (double)(t0 - im->sampled_at_ns);
@@ -1296,8 +867,8 @@ static int cu_status(struct backend *be, struct err *err)
 static void cu_destroy(struct backend *be)
 {
     struct cu_impl *im = impl_of(be);
-    cudaSetDevice(im->device);
-    im->n_ops = 0;
+    cudaSetDevice(im->dev.index);
+    cu_rec_clear(&im->rec);
     cudaStreamSynchronize(im->stream);
     profile_report(im);
     for (int i = 0; i < 2; i++)
@@ -1308,10 +879,9 @@ static void cu_destroy(struct backend *be)
     free(im->prof_ev);
     graphs_clear(im);
     cu_sampler_destroy(((struct cu_backend *)be)->sampler);
-    pthread_mutex_lock(&lt_lock);
     for (int i = 0; i < CU_LT_CACHE; i++)
-        lt_plan_clear(&lt_plans[i]);
-    pthread_mutex_unlock(&lt_lock);
+        lt_plan_clear(&im->lt_plans[i]);
+    pthread_mutex_destroy(&im->lt_lock);
     for (int i = 0; i < CU_UPLOAD_SLOTS; i++) {
         if (im->upload_slot[i])
             cudaFreeHost(im->upload_slot[i]);
@@ -1319,7 +889,7 @@ static void cu_destroy(struct backend *be)
             cudaEventDestroy(im->upload_done[i]);
     }
     cudaFreeHost(im->download);
-    cudaFreeHost(im->arena_host);
+    cudaFreeHost(im->rec.arena);
     cudaFree(im->arena_dev);
     cudaFree(im->xb);
     cudaFree(im->attn_part);
@@ -1330,8 +900,7 @@ static void cu_destroy(struct backend *be)
         cublasLtDestroy(im->lt);
     if (im->stream)
         cudaStreamDestroy(im->stream);
-    free(im->ops);
-    free(im->blob);
+    cu_rec_free(&im->rec);
     free(be);
 }
 
@@ -1355,7 +924,7 @@ static const struct backend_ops cuda_ops = {
     /* .sample = */ cu_sample,
 };
 
-/* INFERD_CUDA_SAMPLE=0: logits go to the host and are sampled there. */
+/* backend_options.gpu_sampling off: logits go to the host and are sampled there. */
 static struct backend_ops without_sampling(struct backend_ops ops)
 {
     ops.sample = NULL;
@@ -1409,7 +978,7 @@ extern "C" double backend_cuda_read_bandwidth(struct backend *be, size_t bytes)
         return 0.0;
     struct cu_impl *im = impl_of(be);
     flush(im);
-    cudaSetDevice(im->device);
+    cudaSetDevice(im->dev.index);
     void *buf = NULL;
     cudaEvent_t t0 = NULL, t1 = NULL;
     double best = 0.0;
@@ -1423,7 +992,7 @@ extern "C" double backend_cuda_read_bandwidth(struct backend *be, size_t bytes)
     size_t n = bytes / 16;
     for (int rep = 0; rep < 5; rep++) {
         cudaEventRecord(t0, im->stream);
-        read_kernel<<<im->n_sm * 8, 512, 0, im->stream>>>((const uint4 *)buf, n,
+        read_kernel<<<im->dev.n_sm * 8, 512, 0, im->stream>>>((const uint4 *)buf, n,
                                                           (unsigned *)((char *)buf + bytes));
         cudaEventRecord(t1, im->stream);
         if (cudaEventSynchronize(t1) != cudaSuccess)
@@ -1441,8 +1010,8 @@ extern "C" double backend_cuda_read_bandwidth(struct backend *be, size_t bytes)
     return best;
 }
 
-extern "C" int backend_cuda_create(int device, enum compute_mode mode, struct backend **out,
-                                   struct err *err)
+extern "C" int backend_cuda_create(int device, const struct backend_options *opt,
+                                   struct backend **out, struct err *err)
 {
     *out = NULL;
     int n = 0;
@@ -1458,38 +1027,40 @@ extern "C" int backend_cuda_create(int device, enum compute_mode mode, struct ba
         return err_set(err, INFERD_ENOMEM, "out of memory creating the CUDA backend");
     struct backend *be = &cb->be;
     struct cu_impl *im = &cb->im;
-    const char *sample = getenv("INFERD_CUDA_SAMPLE");
-    be->ops = sample && !strcmp(sample, "0") ? &cuda_ops_host_sampling : &cuda_ops;
-    be->mode = mode;
+    pthread_mutex_init(&im->lt_lock, NULL);
+    be->ops = opt->gpu_sampling == BACKEND_OFF ? &cuda_ops_host_sampling : &cuda_ops;
+    be->mode = opt->mode;
     be->copy_weights = true;
-    /* fast mode keeps K and V in fp16 (half the bytes attention reads);
-     * INFERD_CUDA_KV=f32 keeps them in f32 as exact mode does */
-    const char *kv_env = getenv("INFERD_CUDA_KV");
-    be->kv_dtype = mode == COMPUTE_FAST && !(kv_env && !strcmp(kv_env, "f32")) ? DTYPE_F16 : DTYPE_F32;
+    /* fast mode keeps K and V in fp16 (half the bytes attention reads) */
+    be->kv_dtype = opt->kv_type == BACKEND_KV_F16 ? DTYPE_F16
+                 : opt->kv_type == BACKEND_KV_F32 ? DTYPE_F32
+                 : opt->mode == COMPUTE_FAST      ? DTYPE_F16
+                                                  : DTYPE_F32;
     be->impl = im;
-    im->device = device;
-    const char *graphs = getenv("INFERD_CUDA_GRAPHS"), *profile = getenv("INFERD_CUDA_PROFILE");
-    im->graphs_enabled = !graphs || strcmp(graphs, "0");
-    const char *fuse = getenv("INFERD_CUDA_NORM_FUSION"), *tc = getenv("INFERD_CUDA_PREFILL_TC");
-    im->fuse_norm = !fuse || strcmp(fuse, "0");
-    im->prefill_tc = !tc || strcmp(tc, "0");
-    const char *qk_attn = getenv("INFERD_CUDA_QK_ATTN");
-    im->fuse_qk_attn = !qk_attn || strcmp(qk_attn, "0");
-    im->profile = !profile ? 0 : !strcmp(profile, "ops") ? 2 : !strcmp(profile, "graphs") ? 1 : 0;
+    im->dev.index = device;
+    im->rec.hooks = &rec_hooks;
+    im->graphs_enabled = opt->cuda_graphs != BACKEND_OFF;
+    im->fuse.fast = opt->mode == COMPUTE_FAST;
+    im->fuse.norm_gemv = opt->cuda_norm_fusion != BACKEND_OFF;
+    im->fuse.qk_attention = opt->cuda_qk_fusion != BACKEND_OFF;
+    im->prefill_tc = opt->cuda_prefill_tc != BACKEND_OFF;
+    im->profile = opt->profile;
     cudaDeviceProp prop;
     bool ok = CU_TRY(im, cudaSetDevice(device)) && CU_TRY(im, cudaGetDeviceProperties(&prop, device));
     if (ok) {
-        im->n_sm = prop.multiProcessorCount;
-        im->smem_optin = (int)prop.sharedMemPerBlockOptin;
+        im->dev.n_sm = prop.multiProcessorCount;
+        im->dev.smem_optin = (int)prop.sharedMemPerBlockOptin;
+        im->dev.pdl = opt->cuda_pdl != BACKEND_OFF && prop.major >= 9;
+        im->rec.n_sm = im->dev.n_sm;
         snprintf(im->describe, sizeof im->describe, "%.100s, %.1f GiB, sm_%d%d", prop.name,
                  prop.totalGlobalMem / (double)(1 << 30), prop.major, prop.minor);
         ok = CU_TRY(im, cudaStreamCreateWithFlags(&im->stream, cudaStreamNonBlocking)) &&
              CU_TRY(im, cudaEventCreateWithFlags(&im->arena_free, cudaEventDisableTiming)) &&
              CU_TRY(im, cudaMalloc(&im->lt_workspace, CU_LT_WORKSPACE)) &&
-             CU_TRY(im, cudaMallocHost((void **)&im->arena_host, CU_ARENA_INITIAL)) &&
+             CU_TRY(im, cudaMallocHost((void **)&im->rec.arena, CU_ARENA_INITIAL)) &&
              CU_TRY(im, cudaMalloc((void **)&im->arena_dev, CU_ARENA_INITIAL));
         im->lt_workspace_bytes = CU_LT_WORKSPACE;
-        im->arena_cap = CU_ARENA_INITIAL;
+        im->rec.arena_cap = CU_ARENA_INITIAL;
     }
     if (ok && cublasLtCreate(&im->lt) != CUBLAS_STATUS_SUCCESS) {
         cu_fail(im, INFERD_EIO, "cuBLASLt could not be initialised");

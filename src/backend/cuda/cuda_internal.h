@@ -1,57 +1,36 @@
-/* backend/cuda/cuda_internal.h — the CUDA backend's private state: recorded ops, the parameter arena, kernel launchers. */
+/* backend/cuda/cuda_internal.h — the CUDA backend's private state: the device, the recorded step, caches, kernel launchers. */
 #ifndef INFERD_BACKEND_CUDA_INTERNAL_H
 #define INFERD_BACKEND_CUDA_INTERNAL_H
 
 #include <cublasLt.h>
 #include <cuda_runtime.h>
+#include <pthread.h>
 #include <stdint.h>
+
+#include "backend/cuda/fuse.h"
+#include "backend/cuda/record.h"
 
 extern "C" {
 #include "backend/backend.h"
 }
 
-/* Rows (tokens) up to which matmuls run through our GEMV kernels and a step
- * may be replayed from a CUDA graph; above it, cuBLASLt and eager launches. */
-#define CU_GEMV_MAX_ROWS 8
-#define CU_GROUP_MAX 4
 #define CU_GRAPH_CACHE 4
-#define CU_MAX_HEAD_DIM 256
-/* decode attention splits per (row, head group) at most (cu_attention_splits
- * picks them): 64 measured ahead of 32 on an H200 after an 8k prompt
- * (Llama-3.1-8B shape 177 -> 190 tok/s, Llama-3.2-1B 663 -> 762) */
-#define CU_ATTN_MAX_SPLITS 64
 
-enum cu_op_kind {
-    CU_EMBED = 1,
-    CU_MATMUL,
-    CU_RMSNORM,
-    CU_ROPE,
-    CU_SILU_MUL,
-    CU_ADD,
-    CU_KV_STORE,
-    CU_ATTENTION,
-};
+/* Streaming GEMV kernels (gemv.cu): 4 row counts x 2 matrix counts x with
+ * or without the folded RMSNorm. */
+#define CU_GEMV_STREAM_KERNELS 16
 
-struct cu_mat {
-    const void *w;
-    int64_t rows;
-    const float *bias;
-    float *y;
-};
-
-/* A span as the kernels read it from the parameter arena. */
-struct cu_span {
-    int row0, n_tokens, pos0, n_blocks;
-    uint32_t bt_off; /* byte offset of its block ids in the arena */
-    int pad[3];
-};
-
-/* The geometry of a kv_cache, by value. Elements are __half when f16, else
- * float (exact mode); every kernel that reads or writes the cache takes both. */
-struct cu_kv {
-    void *k, *v;
-    int n_blocks, block_size, n_kv_heads, head_dim;
-    int f16;
+/* One GPU: what was asked of it when the backend was created, and what has
+ * been set up on it since. CUDA keeps kernel attributes per device, so they
+ * are tracked here, with the device, not in statics. */
+struct cu_device {
+    int index;
+    int n_sm;          /* streaming multiprocessors */
+    int smem_optin;    /* shared memory one block may opt in to, bytes */
+    bool pdl;          /* launches may be programmatic dependents: sm_90+ and the option on */
+    /* dynamic shared memory each streaming GEMV kernel has been allowed
+     * (cudaFuncAttributeMaxDynamicSharedMemorySize), bytes; 0: not yet */
+    size_t gemv_smem[CU_GEMV_STREAM_KERNELS];
 };
 
 #ifdef __CUDACC__
@@ -76,13 +55,10 @@ static __device__ __forceinline__ void pdl_release(void)
 #endif
 }
 
-/* Whether this device takes programmatic dependent launches (asked once). */
-bool cu_pdl_supported(void);
-
-/* kernel<<<grid, block, smem, s>>>(args...) as a programmatic dependent of
- * the launch before it, where the device supports that. */
+/* kernel<<<grid, block, smem, s>>>(args...), as a programmatic dependent of
+ * the launch before it when pdl (the device's cu_device.pdl). */
 template <typename... KArgs, typename... Args>
-static cudaError_t cu_launch_dependent(void (*kernel)(KArgs...), dim3 grid, dim3 block,
+static cudaError_t cu_launch_dependent(bool pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block,
                                        size_t smem, cudaStream_t s, Args... args)
 {
     cudaLaunchConfig_t cfg = {};
@@ -94,7 +70,7 @@ static cudaError_t cu_launch_dependent(void (*kernel)(KArgs...), dim3 grid, dim3
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = cu_pdl_supported() ? 1 : 0;
+    cfg.numAttrs = pdl ? 1 : 0;
     return cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 /* Element off of a KV cache (K or V), widened to f32. */
@@ -148,63 +124,6 @@ static __device__ __forceinline__ void kv_put(void *base, size_t off, float x, i
 }
 #endif
 
-/* One backend op as called, with every host array it was given already
- * copied into the parameter arena (offsets). Two steps whose op lists are
- * byte-for-byte equal launch the same kernels with the same arguments, which
- * is what lets a step be replayed from a captured CUDA graph. Zero-filled
- * before use so padding compares equal. */
-struct cu_op {
-    int kind;
-    int n_rows;
-    union {
-        struct {
-            const void *table;
-            int64_t cols;
-            int dtype;
-            uint32_t tok_off;
-            float *out;
-        } embed;
-        struct {
-            const float *x;
-            int64_t cols;
-            int dtype, n;
-            struct cu_mat m[CU_GROUP_MAX];
-        } mm;
-        struct {
-            const float *x, *w;
-            int64_t n_rows, dim;
-            float eps;
-            float *y;
-        } norm;
-        struct {
-            float *x;
-            int n_heads, head_dim, rot_dim;
-            uint32_t pos_off, freq_off;
-            float factor;
-        } rope;
-        struct {
-            const float *a, *b;
-            float *out;
-            int64_t n;
-        } ew;
-        struct {
-            struct cu_kv kv;
-            int layer, n_spans;
-            const float *k, *v;
-            uint32_t spans_off; /* n_spans cu_span, then n_rows ints: row -> span */
-        } store;
-        struct {
-            struct cu_kv kv;
-            int layer, n_spans, n_heads, window;
-            int max_span_tokens, ctx_bucket, n_splits;
-            float scale;
-            const float *q;
-            float *out;
-            uint32_t spans_off;
-        } attn;
-    } u;
-};
-
 struct cu_graph_entry {
     struct cu_op *ops; /* owned; the op list the graph was captured from */
     int n_ops;
@@ -213,40 +132,50 @@ struct cu_graph_entry {
     uint64_t last_used;
 };
 
-struct cu_dedup {
-    const void *key;
-    size_t bytes;
-    uint32_t off;
+#define CU_LT_CACHE 32
+#define CU_LT_TUNED_MAX 64
+
+/* A cuBLASLt GEMM shape with its descriptors and chosen algorithm. */
+struct cu_lt_plan {
+    int64_t n, k, t;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t a, b, c;
+    cublasLtMatmulAlgo_t algo;
+    bool used;
 };
 
-#define CU_DEDUP_MAX 16
+/* The timed winner for a GEMM shape and a power-of-two bucket of rows. */
+struct cu_lt_tuned {
+    int64_t n, k;
+    int bucket;
+    cublasLtMatmulAlgo_t algo;
+    bool used;
+};
+
 #define CU_UPLOAD_SLOTS 4
 #define CU_UPLOAD_SLOT_BYTES ((size_t)32 << 20)
 
 struct cu_impl {
-    int device;
-    int n_sm;
+    struct cu_device dev;
     char describe[160];
     cudaStream_t stream;
     cublasLtHandle_t lt;
     void *lt_workspace; /* device; CU_LT_WORKSPACE bytes */
     size_t lt_workspace_bytes;
+    /* cuBLASLt plans and tuned algorithms of this device (lt_lock guards both) */
+    pthread_mutex_t lt_lock;
+    struct cu_lt_plan lt_plans[CU_LT_CACHE];
+    int lt_next;
+    struct cu_lt_tuned lt_tuned[CU_LT_TUNED_MAX];
+    int lt_tuned_next;
 
-    /* The step being recorded: ops not yet launched. */
-    struct cu_op *ops; /* owned */
-    int n_ops, cap_ops;
-
-    /* Host arrays the recorded ops use, staged in pinned memory and copied
-     * to the device in one transfer when the step is launched. */
-    uint8_t *arena_host;  /* pinned, owned */
-    uint8_t *arena_dev;   /* device, owned */
-    size_t arena_cap, arena_used;
+    /* The step being recorded: ops not yet launched, and the host arrays they
+     * use, staged in pinned memory (rec.arena, owned) and copied to the
+     * device in one transfer when the step is launched. */
+    struct cu_rec rec;
+    uint8_t *arena_dev;   /* device, owned; rec.arena_cap bytes */
     cudaEvent_t arena_free; /* the last arena upload has been read */
     bool arena_pending;
-    struct cu_dedup dedup[CU_DEDUP_MAX];
-    int n_dedup;
-    uint8_t *blob;        /* host scratch for building span blobs; owned */
-    size_t blob_cap;
 
     /* Scratch. */
     uint16_t *xb;         /* device, bf16 activations for cuBLASLt; owned */
@@ -256,12 +185,9 @@ struct cu_impl {
 
     struct cu_graph_entry graphs[CU_GRAPH_CACHE];
     uint64_t graph_clock;
-    bool graphs_enabled;
-    /* RMSNorm folded into the decode GEMV after it (INFERD_CUDA_NORM_FUSION=0: off) */
-    bool fuse_norm;
-    bool prefill_tc; /* fast-mode prefill attention on tensor cores (INFERD_CUDA_PREFILL_TC=0: off) */
-    /* the q/k launch folded into decode attention (INFERD_CUDA_QK_ATTN=0: off) */
-    bool fuse_qk_attn;
+    bool graphs_enabled;   /* backend_options.cuda_graphs */
+    struct cu_fuse_config fuse; /* the mode and backend_options' fusion switches */
+    bool prefill_tc;       /* backend_options.cuda_prefill_tc */
 
     /* Pinned staging for uploads and downloads. */
     uint8_t *upload_slot[CU_UPLOAD_SLOTS];
@@ -271,20 +197,20 @@ struct cu_impl {
     uint8_t *download;    /* pinned; download_cap bytes */
     size_t download_cap;
 
-    /* INFERD_CUDA_PROFILE=ops: steps run eagerly with an event around each
+    /* BACKEND_PROFILE_OPS: steps run eagerly with an event around each
      * launch, and the time per kind of launch is logged at destroy;
-     * =graphs: only how often graphs were captured and replayed. */
-    int profile; /* 0 off, 1 graphs, 2 ops */
+     * BACKEND_PROFILE_GRAPHS: how often graphs were captured and replayed. */
+    enum backend_profile profile;
     cudaEvent_t *prof_ev; /* owned; prof_ev_cap events */
     int prof_ev_cap;
     double prof_ms[24];
     long prof_calls[24];
     long graph_hits, graph_captures, steps_eager;
-    /* =graphs: the GPU time of each replayed step, between events around it */
+    /* graphs: the GPU time of each replayed step, between events around it */
     cudaEvent_t replay_ev[2];
     double replay_ms;
     long replays_timed;
-    /* =graphs: host time per sampled step - from the previous step's tokens
+    /* graphs: host time per sampled step - from the previous step's tokens
      * to this step's flush (the engine, recording), the flush, the sampling */
     uint64_t sampled_at_ns;
     double host_engine_us, host_flush_us, host_sample_us;
@@ -293,8 +219,20 @@ struct cu_impl {
     /* The first error an op met; ops become no-ops until status() reports it. */
     struct err error;
     bool failed;
-    int smem_optin;
 };
+
+/* Error bookkeeping (cuda_backend.cu): cu_fail records the first failure;
+ * cu_ok records e when it is one and says whether the call succeeded. */
+void cu_fail(struct cu_impl *im, int code, const char *fmt, ...);
+bool cu_ok(struct cu_impl *im, cudaError_t e, const char *what);
+#define CU_TRY(im, call) cu_ok((im), (call), #call)
+
+/* x (n_rows x cols, f32) to bf16 and one cuBLASLt GEMM (+ bias) per matrix
+ * of matmul op (cuda_backend.cu); false when it failed (recorded). */
+bool cu_exec_gemm(struct cu_impl *im, const struct cu_op *op);
+
+/* Launches one planned launch of ops (fuse.cu); false when it failed (recorded). */
+bool cu_exec_launch(struct cu_impl *im, const struct cu_op *ops, const struct cu_launch *l);
 
 /* Kernel launchers (kernels.cu, gemv.cu, attention.cu). Each enqueues on
  * stream and returns the launch's cudaError_t. */
@@ -306,24 +244,9 @@ cudaError_t cu_launch_to_bf16(cudaStream_t s, const float *x, int64_t n, uint16_
 cudaError_t cu_launch_bias_add(cudaStream_t s, float *y, const float *bias, int64_t rows,
                                int n_rows);
 
-/* q/k head post-processing, fused: optional per-head RMSNorm of q and k,
- * RoPE of both, and (when store) the K/V write into the paged cache. Any of
- * q / k may be absent (n_heads 0). */
-struct cu_qk_args {
-    float *q, *k;
-    const float *v;
-    int n_q_heads, n_k_heads, head_dim, rot_dim, n_rows;
-    const float *q_norm, *k_norm;
-    float eps;
-    uint32_t pos_off, freq_off;
-    float factor;
-    bool store;
-    struct cu_kv kv;
-    int layer;
-    uint32_t spans_off;
-    int n_spans;
-};
-cudaError_t cu_launch_qk_prep(cudaStream_t s, const struct cu_qk_args *a, const uint8_t *params);
+/* The q/k launch (struct cu_qk_args, fuse.h). */
+cudaError_t cu_launch_qk_prep(const struct cu_device *dev, cudaStream_t s,
+                              const struct cu_qk_args *a, const uint8_t *params);
 cudaError_t cu_launch_kv_store(cudaStream_t s, const struct cu_op *op, const uint8_t *params);
 
 /* GEMV for up to any rows; fused epilogues: residual add (res += y) and the
@@ -342,20 +265,17 @@ struct cu_gemv_args {
     float *norm_out;
     float norm_eps;
 };
-cudaError_t cu_launch_gemv(cudaStream_t s, const struct cu_gemv_args *a, int n_sm);
+cudaError_t cu_launch_gemv(struct cu_device *dev, cudaStream_t s, const struct cu_gemv_args *a);
 
 /* tensor_cores: prefill in fp16 on tensor cores (fast mode), else f32. */
 cudaError_t cu_launch_attention(cudaStream_t s, const struct cu_op *op, const uint8_t *params,
                                 float *part, int smem_optin, bool tensor_cores);
-/* Splits and scratch floats for an attention op with these dimensions. */
-int cu_attention_splits(int n_kv_heads, int n_rows, int ctx_bucket, int n_sm);
+/* Scratch floats for an attention op (its split partials and counters). */
 size_t cu_attention_part_floats(const struct cu_op *op);
-bool cu_attention_uses_prefill(const struct cu_op *op);
 /* Decode attention with the q/k launch before it folded in (q/k norms,
  * RoPE, the new K/V written to the cache): for steps of one token per
- * sequence whose q the attention reads; cu_attention_takes_qk says whether
- * the pair qualifies. */
-bool cu_attention_takes_qk(const struct cu_op *op, const struct cu_qk_args *qk);
+ * sequence whose q the attention reads; cu_attention_takes_qk (fuse.h) says
+ * whether the pair qualifies. */
 cudaError_t cu_launch_attention_qk(cudaStream_t s, const struct cu_op *op,
                                    const struct cu_qk_args *qk, const uint8_t *params, float *part);
 /* Prefill attention over an f16 cache (attention_prefill.cu): FlashAttention-2

@@ -3,11 +3,11 @@
 
 #include "backend/cuda/cuda.h"
 
-int backend_cuda_create(int device, enum compute_mode mode, struct backend **out,
+int backend_cuda_create(int device, const struct backend_options *opt, struct backend **out,
                         struct err *err)
 {
     (void)device;
-    (void)mode;
+    (void)opt;
     *out = NULL;
     return err_set(err, INFERD_EUNSUPPORTED,
                    "this inferd was built without CUDA (configure with nvcc and -DINFERD_CUDA=ON)");

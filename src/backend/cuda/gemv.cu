@@ -489,19 +489,28 @@ gemv_stream_kernel(struct cu_gemv_args a, int n_units)
     }
 }
 
+/* Index of gemv_stream_kernel<TT, NP, norm> in cu_device.gemv_smem. */
 template <int TT, int NP>
-static cudaError_t launch_stream(cudaStream_t s, const struct cu_gemv_args *a, int n_units,
-                                 int n_sm, size_t smem)
+static int stream_kernel_index(bool norm)
+{
+    int tt = TT == 1 ? 0 : TT == 2 ? 1 : TT == 4 ? 2 : 3;
+    return (tt * 2 + (NP - 1)) * 2 + (norm ? 1 : 0);
+}
+
+template <int TT, int NP>
+static cudaError_t launch_stream(struct cu_device *dev, cudaStream_t s,
+                                 const struct cu_gemv_args *a, int n_units, size_t smem)
 {
     auto kern = a->norm_w ? gemv_stream_kernel<TT, NP, true> : gemv_stream_kernel<TT, NP, false>;
-    static size_t smem_set[2]; /* set for every variant before its first launch: static
-                                * shared memory counts against the default 48 KB too */
-    if (smem > smem_set[a->norm_w != NULL]) {
+    /* set for every kernel before its first launch on the device: static
+     * shared memory counts against the default 48 KB too */
+    size_t *smem_set = &dev->gemv_smem[stream_kernel_index<TT, NP>(a->norm_w != NULL)];
+    if (smem > *smem_set) {
         cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              (int)smem);
         if (e != cudaSuccess)
             return e;
-        smem_set[a->norm_w != NULL] = smem;
+        *smem_set = smem;
     }
     int per_sm = 0;
     cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern,
@@ -512,25 +521,26 @@ static cudaError_t launch_stream(cudaStream_t s, const struct cu_gemv_args *a, i
         per_sm = 1;
     const int64_t W = GEMV_STREAM_THREADS / 32;
     int64_t want = ((int64_t)n_units + W - 1) / W;
-    int64_t slots = (int64_t)n_sm * per_sm;
+    int64_t slots = (int64_t)dev->n_sm * per_sm;
     unsigned grid = (unsigned)(want < slots ? want : slots);
-    return cu_launch_dependent(kern, dim3(grid), dim3(GEMV_STREAM_THREADS), smem, s, *a, n_units);
+    return cu_launch_dependent(dev->pdl, kern, dim3(grid), dim3(GEMV_STREAM_THREADS), smem, s, *a,
+                               n_units);
 }
 
 template <int NP>
-static cudaError_t launch_stream_np(cudaStream_t s, const struct cu_gemv_args *a, int n_units,
-                                    int n_sm, size_t smem)
+static cudaError_t launch_stream_np(struct cu_device *dev, cudaStream_t s,
+                                    const struct cu_gemv_args *a, int n_units, size_t smem)
 {
     if (a->n_rows == 1)
-        return launch_stream<1, NP>(s, a, n_units, n_sm, smem);
+        return launch_stream<1, NP>(dev, s, a, n_units, smem);
     if (a->n_rows == 2)
-        return launch_stream<2, NP>(s, a, n_units, n_sm, smem);
+        return launch_stream<2, NP>(dev, s, a, n_units, smem);
     if (a->n_rows <= 4)
-        return launch_stream<4, NP>(s, a, n_units, n_sm, smem);
-    return launch_stream<8, NP>(s, a, n_units, n_sm, smem);
+        return launch_stream<4, NP>(dev, s, a, n_units, smem);
+    return launch_stream<8, NP>(dev, s, a, n_units, smem);
 }
 
-cudaError_t cu_launch_gemv(cudaStream_t s, const struct cu_gemv_args *a, int n_sm)
+cudaError_t cu_launch_gemv(struct cu_device *dev, cudaStream_t s, const struct cu_gemv_args *a)
 {
     int64_t total = 0;
     for (int i = 0; i < a->n_mat; i++)
@@ -542,26 +552,16 @@ cudaError_t cu_launch_gemv(cudaStream_t s, const struct cu_gemv_args *a, int n_s
     for (int i = 0; i < a->n_mat && vec; i++)
         vec = ((uintptr_t)a->m[i].w % 16) == 0;
     vec = vec && ((uintptr_t)a->x % 16) == 0 && ((uintptr_t)a->norm_w % 16) == 0;
-    /* what the decode path needs of the device, asked once */
-    static int smem_optin = -1;
-    if (smem_optin < 0) {
-        int dev = 0, optin = 0;
-        cudaError_t e = cudaGetDevice(&dev);
-        if (e == cudaSuccess)
-            e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-        if (e != cudaSuccess)
-            return e;
-        smem_optin = optin;
-    }
     size_t smem = (size_t)a->n_rows * (size_t)a->cols * sizeof(float);
-    if (vec && a->n_rows <= 8 && smem <= (size_t)smem_optin &&
+    if (vec && a->n_rows <= 8 && smem <= (size_t)dev->smem_optin &&
         n_units < INT32_MAX && (int64_t)a->n_rows * a->cols < INT32_MAX)
-        return a->pair ? launch_stream_np<2>(s, a, (int)n_units, n_sm, smem)
-                       : launch_stream_np<1>(s, a, (int)n_units, n_sm, smem);
+        return a->pair ? launch_stream_np<2>(dev, s, a, (int)n_units, smem)
+                       : launch_stream_np<1>(dev, s, a, (int)n_units, smem);
     int64_t per_lane = vec ? a->cols / 8 : a->cols;
     /* enough warps in flight to cover HBM latency: about 48 per SM */
     int wpr = 1;
-    while (wpr < GEMV_WARPS && n_units * wpr < (int64_t)n_sm * 48 && per_lane >= 64 * wpr * 2)
+    while (wpr < GEMV_WARPS && n_units * wpr < (int64_t)dev->n_sm * 48 &&
+           per_lane >= 64 * wpr * 2)
         wpr *= 2;
     return a->pair ? launch_np<2>(s, a, n_units, wpr, vec) : launch_np<1>(s, a, n_units, wpr, vec);
 }

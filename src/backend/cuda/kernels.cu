@@ -1,7 +1,5 @@
 /* backend/cuda/kernels.cu — elementwise CUDA kernels: embedding, RMSNorm, fused q/k norm + RoPE + KV write, SwiGLU, adds. */
 #include <cuda_bf16.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "backend/cuda/cuda_internal.h"
 
@@ -15,20 +13,6 @@ static __device__ __forceinline__ float warp_sum(float v)
     for (int o = 16; o > 0; o >>= 1)
         v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
-}
-
-bool cu_pdl_supported(void)
-{
-    static int supported = -1;
-    if (supported < 0) {
-        const char *env = getenv("INFERD_CUDA_PDL"); /* 0: every launch waits for the one before */
-        int dev = 0, major = 0;
-        supported = !(env && !strcmp(env, "0")) && cudaGetDevice(&dev) == cudaSuccess &&
-                    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ==
-                        cudaSuccess &&
-                    major >= 9;
-    }
-    return supported;
 }
 
 /* ---- embedding ---------------------------------------------------------- */
@@ -290,11 +274,12 @@ static __global__ void qk_prep_kernel(struct cu_qk_args a, const uint8_t *params
     }
 }
 
-cudaError_t cu_launch_qk_prep(cudaStream_t s, const struct cu_qk_args *a, const uint8_t *params)
+cudaError_t cu_launch_qk_prep(const struct cu_device *dev, cudaStream_t s,
+                              const struct cu_qk_args *a, const uint8_t *params)
 {
     int heads = a->n_q_heads + a->n_k_heads;
     if (a->n_rows == 0 || heads == 0)
         return cudaSuccess;
     dim3 grid((unsigned)a->n_rows, (unsigned)((heads + QK_WARPS - 1) / QK_WARPS));
-    return cu_launch_dependent(qk_prep_kernel, grid, dim3(QK_WARPS * 32), 0, s, *a, params);
+    return cu_launch_dependent(dev->pdl, qk_prep_kernel, grid, dim3(QK_WARPS * 32), 0, s, *a, params);
 }

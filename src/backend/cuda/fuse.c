@@ -1,0 +1,186 @@
+/* backend/cuda/fuse.c — the fusion planner: which recorded ops the CUDA backend launches together (rules in fuse.h). */
+#include "backend/cuda/fuse.h"
+
+#include <string.h>
+
+/* Rule 1: [rmsnorm q heads, rmsnorm k heads,] rope q, rope k [, kv_store] as
+ * one kernel; returns how many ops it covers, 0 when the pattern is not there. */
+static int match_qk(const struct cu_op *ops, int i, int n, struct cu_qk_args *a)
+{
+    memset(a, 0, sizeof *a);
+    int j = i;
+    const struct cu_op *nq = NULL, *nk = NULL;
+    if (j + 1 < n && ops[j].kind == CU_RMSNORM && ops[j + 1].kind == CU_RMSNORM) {
+        nq = &ops[j];
+        nk = &ops[j + 1];
+        j += 2;
+    }
+    if (j + 1 >= n || ops[j].kind != CU_ROPE || ops[j + 1].kind != CU_ROPE)
+        return 0;
+    const struct cu_op *rq = &ops[j], *rk = &ops[j + 1];
+    if (rq->n_rows != rk->n_rows || rq->u.rope.head_dim != rk->u.rope.head_dim ||
+        rq->u.rope.rot_dim != rk->u.rope.rot_dim || rq->u.rope.pos_off != rk->u.rope.pos_off ||
+        rq->u.rope.freq_off != rk->u.rope.freq_off || rq->u.rope.factor != rk->u.rope.factor ||
+        rq->u.rope.x == rk->u.rope.x)
+        return 0;
+    int hd = rq->u.rope.head_dim;
+    if (nq) {
+        if (nq->u.norm.x != rq->u.rope.x || nq->u.norm.y != rq->u.rope.x ||
+            nk->u.norm.x != rk->u.rope.x || nk->u.norm.y != rk->u.rope.x ||
+            nq->u.norm.dim != hd || nk->u.norm.dim != hd ||
+            nq->u.norm.n_rows != (int64_t)rq->n_rows * rq->u.rope.n_heads ||
+            nk->u.norm.n_rows != (int64_t)rk->n_rows * rk->u.rope.n_heads ||
+            nq->u.norm.eps != nk->u.norm.eps)
+            return 0;
+        a->q_norm = nq->u.norm.w;
+        a->k_norm = nk->u.norm.w;
+        a->eps = nq->u.norm.eps;
+    }
+    a->q = rq->u.rope.x;
+    a->k = rk->u.rope.x;
+    a->n_q_heads = rq->u.rope.n_heads;
+    a->n_k_heads = rk->u.rope.n_heads;
+    a->head_dim = hd;
+    a->rot_dim = rq->u.rope.rot_dim;
+    a->n_rows = rq->n_rows;
+    a->pos_off = rq->u.rope.pos_off;
+    a->freq_off = rq->u.rope.freq_off;
+    a->factor = rq->u.rope.factor;
+    j += 2;
+    if (j < n && ops[j].kind == CU_KV_STORE && ops[j].u.store.k == rk->u.rope.x &&
+        ops[j].n_rows == rk->n_rows && ops[j].u.store.kv.head_dim == hd &&
+        ops[j].u.store.kv.n_kv_heads == rk->u.rope.n_heads) {
+        a->store = true;
+        a->v = ops[j].u.store.v;
+        a->kv = ops[j].u.store.kv;
+        a->layer = ops[j].u.store.layer;
+        a->spans_off = ops[j].u.store.spans_off;
+        a->n_spans = ops[j].u.store.n_spans;
+        j++;
+    }
+    return j - i;
+}
+
+bool cu_attention_takes_qk(const struct cu_op *op, const struct cu_qk_args *qk)
+{
+    const struct cu_kv *kv = &op->u.attn.kv;
+    int hd = kv->head_dim;
+    return op->kind == CU_ATTENTION && !cu_attention_uses_prefill(op) &&
+           op->u.attn.max_span_tokens == 1 && (hd == 64 || hd == 128 || hd == 256) &&
+           qk->store && qk->q == op->u.attn.q && qk->head_dim == hd && qk->rot_dim <= hd &&
+           qk->n_rows == op->n_rows && qk->n_q_heads == op->u.attn.n_heads &&
+           qk->n_k_heads == kv->n_kv_heads && qk->layer == op->u.attn.layer &&
+           qk->kv.k == kv->k && qk->kv.v == kv->v && qk->kv.f16 == kv->f16 &&
+           qk->kv.block_size == kv->block_size && qk->kv.n_blocks == kv->n_blocks;
+}
+
+/* Rule 3's split: the GEMV kernels, or cuBLASLt. */
+static bool uses_gemv(const struct cu_fuse_config *cfg, const struct cu_op *op)
+{
+    return !cfg->fast || op->n_rows <= CU_GEMV_MAX_ROWS || op->u.mm.dtype != DTYPE_BF16 ||
+           op->u.mm.cols % 8 != 0;
+}
+
+/* Rule 2: an RMSNorm of the rows the decode-path GEMV right after it reads;
+ * the GEMV's blocks (one wave of them) normalise x themselves while staging it. */
+static bool norm_feeds_gemv(const struct cu_fuse_config *cfg, const struct cu_op *norm,
+                            const struct cu_op *mm)
+{
+    return cfg->norm_gemv && mm->kind == CU_MATMUL && uses_gemv(cfg, mm) &&
+           mm->n_rows <= CU_GEMV_MAX_ROWS && mm->u.mm.dtype == DTYPE_BF16 &&
+           mm->u.mm.cols % 8 == 0 && mm->u.mm.x == norm->u.norm.y &&
+           norm->u.norm.y != norm->u.norm.x && mm->n_rows == norm->u.norm.n_rows &&
+           mm->u.mm.cols == norm->u.norm.dim;
+}
+
+/* The GEMV launch of the matmul at ops[m] with rule 3's epilogue; returns
+ * the ops covered from m. */
+static int plan_gemv(const struct cu_op *ops, int m, int n, struct cu_launch *l)
+{
+    const struct cu_op *op = &ops[m];
+    const struct cu_op *next = m + 1 < n ? &ops[m + 1] : NULL;
+    int64_t out_n = (int64_t)op->n_rows * op->u.mm.m[0].rows;
+    l->kind = CU_LAUNCH_GEMV;
+    if (next && op->u.mm.n == 1 && next->kind == CU_ADD && next->u.ew.a == op->u.mm.m[0].y &&
+        next->u.ew.n == out_n && next->u.ew.out != op->u.mm.m[0].y) {
+        l->residual = true;
+        return 2;
+    }
+    if (next && op->u.mm.n == 2 && next->kind == CU_SILU_MUL &&
+        op->u.mm.m[0].rows == op->u.mm.m[1].rows && !op->u.mm.m[0].bias &&
+        !op->u.mm.m[1].bias && next->u.ew.a == op->u.mm.m[0].y &&
+        next->u.ew.b == op->u.mm.m[1].y && next->u.ew.out == op->u.mm.m[0].y &&
+        next->u.ew.n == out_n) {
+        l->swiglu = true;
+        return 2;
+    }
+    return 1;
+}
+
+int cu_fuse_next(const struct cu_fuse_config *cfg, const struct cu_op *ops, int i, int n,
+                 struct cu_launch *out)
+{
+    struct cu_launch *l = out;
+    memset(l, 0, sizeof *l);
+    l->op = i;
+    const struct cu_op *op = &ops[i];
+    int used = match_qk(ops, i, n, &l->qk);
+    if (used > 0 && cfg->qk_attention && i + used < n &&
+        cu_attention_takes_qk(&ops[i + used], &l->qk)) {
+        l->kind = CU_LAUNCH_QK_ATTENTION;
+        return l->n_ops = used + 1;
+    }
+    if (used > 0) {
+        l->kind = CU_LAUNCH_QK;
+        return l->n_ops = used;
+    }
+    if (op->kind == CU_RMSNORM && i + 1 < n && norm_feeds_gemv(cfg, op, &ops[i + 1])) {
+        l->norm = true;
+        return l->n_ops = 1 + plan_gemv(ops, i + 1, n, l);
+    }
+    switch (op->kind) {
+    case CU_EMBED: l->kind = CU_LAUNCH_EMBED; break;
+    case CU_RMSNORM: l->kind = CU_LAUNCH_RMSNORM; break;
+    case CU_ROPE:
+        l->kind = CU_LAUNCH_ROPE;
+        memset(&l->qk, 0, sizeof l->qk);
+        l->qk.q = op->u.rope.x;
+        l->qk.n_q_heads = op->u.rope.n_heads;
+        l->qk.head_dim = op->u.rope.head_dim;
+        l->qk.rot_dim = op->u.rope.rot_dim;
+        l->qk.n_rows = op->n_rows;
+        l->qk.pos_off = op->u.rope.pos_off;
+        l->qk.freq_off = op->u.rope.freq_off;
+        l->qk.factor = op->u.rope.factor;
+        break;
+    case CU_SILU_MUL: l->kind = CU_LAUNCH_SILU_MUL; break;
+    case CU_ADD: l->kind = CU_LAUNCH_ADD; break;
+    case CU_KV_STORE: l->kind = CU_LAUNCH_KV_STORE; break;
+    case CU_ATTENTION: l->kind = CU_LAUNCH_ATTENTION; break;
+    case CU_MATMUL:
+        if (!uses_gemv(cfg, op)) {
+            l->kind = CU_LAUNCH_GEMM;
+            break;
+        }
+        return l->n_ops = plan_gemv(ops, i, n, l);
+    default:
+        return 0;
+    }
+    return l->n_ops = 1;
+}
+
+int cu_fuse_plan(const struct cu_fuse_config *cfg, const struct cu_op *ops, int n,
+                 struct cu_launch *out, int cap)
+{
+    int count = 0;
+    for (int i = 0; i < n; count++) {
+        struct cu_launch l;
+        int used = cu_fuse_next(cfg, ops, i, n, &l);
+        if (used <= 0)
+            return -1;
+        if (count < cap)
+            out[count] = l;
+        i += used;
+    }
+    return count;
+}

@@ -1,0 +1,65 @@
+/* backend/cuda/fuse.cu — the executors of the fusion plan (fuse.h): one planned launch onto the stream. */
+#include <string.h>
+
+#include "backend/cuda/cuda_internal.h"
+
+/* The GEMV of matmul op, with the norm (when given) and epilogue l planned. */
+static bool exec_gemv(struct cu_impl *im, const struct cu_op *ops, const struct cu_launch *l)
+{
+    const struct cu_op *op = &ops[l->op + (l->norm ? 1 : 0)];
+    struct cu_gemv_args a;
+    memset(&a, 0, sizeof a);
+    a.x = op->u.mm.x;
+    a.cols = op->u.mm.cols;
+    a.dtype = op->u.mm.dtype;
+    a.n_mat = op->u.mm.n;
+    a.n_rows = op->n_rows;
+    for (int i = 0; i < op->u.mm.n; i++)
+        a.m[i] = op->u.mm.m[i];
+    a.round_bf16 = im->fuse.fast;
+    if (l->norm) {
+        const struct cu_op *norm = &ops[l->op];
+        a.x = norm->u.norm.x;
+        a.norm_w = norm->u.norm.w;
+        a.norm_out = norm->u.norm.y;
+        a.norm_eps = norm->u.norm.eps;
+    }
+    if (l->residual)
+        a.res = op[1].u.ew.out;
+    a.pair = l->swiglu;
+    return CU_TRY(im, cu_launch_gemv(&im->dev, im->stream, &a));
+}
+
+bool cu_exec_launch(struct cu_impl *im, const struct cu_op *ops, const struct cu_launch *l)
+{
+    const struct cu_op *op = &ops[l->op];
+    cudaStream_t s = im->stream;
+    switch (l->kind) {
+    case CU_LAUNCH_QK_ATTENTION:
+        return CU_TRY(im, cu_launch_attention_qk(s, &ops[l->op + l->n_ops - 1], &l->qk,
+                                                 im->arena_dev, im->attn_part));
+    case CU_LAUNCH_QK:
+    case CU_LAUNCH_ROPE:
+        return CU_TRY(im, cu_launch_qk_prep(&im->dev, s, &l->qk, im->arena_dev));
+    case CU_LAUNCH_GEMV:
+        return exec_gemv(im, ops, l);
+    case CU_LAUNCH_GEMM:
+        return cu_exec_gemm(im, op);
+    case CU_LAUNCH_EMBED:
+        return CU_TRY(im, cu_launch_embed(s, op, im->arena_dev));
+    case CU_LAUNCH_RMSNORM:
+        return CU_TRY(im, cu_launch_rmsnorm(s, op));
+    case CU_LAUNCH_SILU_MUL:
+        return CU_TRY(im, cu_launch_silu_mul(s, op));
+    case CU_LAUNCH_ADD:
+        return CU_TRY(im, cu_launch_add(s, op));
+    case CU_LAUNCH_KV_STORE:
+        return CU_TRY(im, cu_launch_kv_store(s, op, im->arena_dev));
+    case CU_LAUNCH_ATTENTION:
+        return CU_TRY(im, cu_launch_attention(s, op, im->arena_dev, im->attn_part,
+                                              im->dev.smem_optin,
+                                              im->fuse.fast && im->prefill_tc));
+    }
+    cu_fail(im, INFERD_EINVAL, "unknown planned launch %d", (int)l->kind);
+    return false;
+}

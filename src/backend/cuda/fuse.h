@@ -1,0 +1,105 @@
+/* backend/cuda/fuse.h — which recorded ops the CUDA backend launches together: the fusion planner, plain host code that runs without a GPU.
+ *
+ * A recorded step (record.h) is cut greedily, from its first op, into
+ * launches. At each op the first rule that matches decides:
+ *
+ *   1. [rmsnorm q heads, rmsnorm k heads,] rope q, rope k [, kv_store]: one
+ *      q/k launch (norms in place over the tensors the ropes rotate, both
+ *      ropes at the same positions, the store writing the roped k). When the
+ *      decode attention right after reads that q and that cache layer, and
+ *      every sequence has one token, the q/k work is folded into the
+ *      attention launch (qk_attention).
+ *   2. rmsnorm, then a GEMV-path bf16 matmul of at most CU_GEMV_MAX_ROWS rows
+ *      reading the norm's output (not in place): the GEMV normalises x itself
+ *      while staging it (norm_gemv), and takes rule 3's epilogue too.
+ *   3. matmul: FAST-mode bf16 matmuls of more than CU_GEMV_MAX_ROWS rows go to
+ *      cuBLASLt alone; the others run on the GEMV kernels, with the op after
+ *      folded in when it is the residual add of its single output (res +=
+ *      y, into another buffer) or the SwiGLU of its gate/up pair (in place
+ *      into gate, no biases).
+ *   4. anything else: one launch per op.
+ *
+ * The rules match on kinds, pointers and row counts only, so a model whose
+ * ops come in another order loses the fusions it no longer lines up for;
+ * tests/unit/test_fusion.c pins the launches each tiny model's step gets. */
+#ifndef INFERD_BACKEND_CUDA_FUSE_H
+#define INFERD_BACKEND_CUDA_FUSE_H
+
+#include <stdbool.h>
+
+#include "backend/cuda/record.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The q/k launch: optional per-head RMSNorm of q and k, RoPE of both, and
+ * (when store) the K/V write into the paged cache. Either of q / k may be
+ * absent (n_heads 0). */
+struct cu_qk_args {
+    float *q, *k;
+    const float *v;
+    int n_q_heads, n_k_heads, head_dim, rot_dim, n_rows;
+    const float *q_norm, *k_norm;
+    float eps;
+    uint32_t pos_off, freq_off;
+    float factor;
+    bool store;
+    struct cu_kv kv;
+    int layer;
+    uint32_t spans_off;
+    int n_spans;
+};
+
+/* Which fusions the planner may make. */
+struct cu_fuse_config {
+    bool fast;         /* COMPUTE_FAST: large bf16 matmuls go to cuBLASLt */
+    bool norm_gemv;    /* rule 2 */
+    bool qk_attention; /* rule 1's fold into the decode attention */
+};
+
+enum cu_launch_kind {
+    CU_LAUNCH_EMBED = 1,
+    CU_LAUNCH_RMSNORM,
+    CU_LAUNCH_ROPE,         /* a rope that rule 1 did not pair: the q/k kernel on one tensor */
+    CU_LAUNCH_QK,           /* rule 1 */
+    CU_LAUNCH_QK_ATTENTION, /* rule 1, folded into the decode attention */
+    CU_LAUNCH_SILU_MUL,
+    CU_LAUNCH_ADD,
+    CU_LAUNCH_KV_STORE,
+    CU_LAUNCH_ATTENTION,
+    CU_LAUNCH_GEMV,         /* rules 2 and 3 on the GEMV kernels */
+    CU_LAUNCH_GEMM,         /* cuBLASLt: x to bf16, then a GEMM (+ bias) per matrix */
+};
+
+/* One launch of the plan: the ops [op, op + n_ops) it covers. */
+struct cu_launch {
+    enum cu_launch_kind kind;
+    int op, n_ops;
+    /* GEMV: the matmul is ops[op + norm] */
+    bool norm;     /* the RMSNorm at ops[op] folded in */
+    bool residual; /* the add after the matmul folded in */
+    bool swiglu;   /* the silu_mul after the gate/up pair folded in */
+    /* QK, QK_ATTENTION (the attention is the last op covered), ROPE */
+    struct cu_qk_args qk;
+};
+
+/* The launch starting at ops[i] (i < n) into *out; returns the ops it covers
+ * (at least 1), or 0 when ops[i] is of no known kind. */
+int cu_fuse_next(const struct cu_fuse_config *cfg, const struct cu_op *ops, int i, int n,
+                 struct cu_launch *out);
+
+/* The whole plan of ops[0, n): up to cap launches into out; returns how many
+ * launches the step takes (more than cap: only cap were written), or -1 when
+ * an op is of no known kind. */
+int cu_fuse_plan(const struct cu_fuse_config *cfg, const struct cu_op *ops, int n,
+                 struct cu_launch *out, int cap);
+
+/* Whether the decode attention op can take the q/k launch qk (rule 1's fold). */
+bool cu_attention_takes_qk(const struct cu_op *op, const struct cu_qk_args *qk);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

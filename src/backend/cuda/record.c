@@ -1,0 +1,381 @@
+/* backend/cuda/record.c — recording the CUDA backend's ops: the op list, the parameter arena's contents, attention split counts. */
+#include "backend/cuda/record.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/err.h"
+
+/* Positions per decode-attention split at least: fewer, longer splits at
+ * short contexts (64 measured ahead of 32 and 128 on an H200 after a
+ * 512-token prompt). */
+#define ATTN_MIN_CHUNK 64
+
+static void rec_fail(struct cu_rec *rec, int code, const char *fmt, ...)
+{
+    char msg[sizeof ((struct err *)0)->msg];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    rec->hooks->fail(rec, code, msg);
+}
+
+void cu_rec_free(struct cu_rec *rec)
+{
+    free(rec->ops);
+    free(rec->blob);
+    rec->ops = NULL;
+    rec->blob = NULL;
+    rec->n_ops = rec->cap_ops = 0;
+    rec->blob_cap = 0;
+}
+
+void cu_rec_clear(struct cu_rec *rec)
+{
+    rec->n_ops = 0;
+    rec->arena_used = 0;
+    rec->n_dedup = 0;
+}
+
+/* ---- the parameter arena ------------------------------------------------ */
+
+/* Copies bytes of src into the arena (reserving padded bytes, zero-filled
+ * past bytes) and returns its offset; the same key and contents already put
+ * during this step are reused. Callers have made room (arena_room). */
+static uint32_t arena_put(struct cu_rec *rec, const void *key, const void *src, size_t bytes,
+                          size_t padded)
+{
+    for (int i = 0; i < rec->n_dedup; i++) {
+        struct cu_dedup *d = &rec->dedup[i];
+        if (d->key == key && d->bytes == bytes && !memcmp(rec->arena + d->off, src, bytes))
+            return d->off;
+    }
+    if (padded < bytes)
+        padded = bytes;
+    size_t off = (rec->arena_used + 15) & ~(size_t)15;
+    memcpy(rec->arena + off, src, bytes);
+    memset(rec->arena + off + bytes, 0, padded - bytes);
+    rec->arena_used = off + padded;
+    if (key) {
+        struct cu_dedup *d =
+            &rec->dedup[rec->n_dedup < CU_DEDUP_MAX ? rec->n_dedup++ : CU_DEDUP_MAX - 1];
+        d->key = key;
+        d->bytes = bytes;
+        d->off = (uint32_t)off;
+    }
+    return (uint32_t)off;
+}
+
+static size_t pow2_at_least(size_t n, size_t min)
+{
+    size_t p = min;
+    while (p < n)
+        p *= 2;
+    return p;
+}
+
+/* Arena bytes the spans and their block tables may take. */
+static size_t spans_bytes(const struct attn_span *spans, int n_spans, int n_rows)
+{
+    size_t total = (size_t)n_spans * sizeof(struct cu_span) + (size_t)n_rows * sizeof(int) + 32;
+    for (int s = 0; s < n_spans; s++)
+        total += pow2_at_least((size_t)spans[s].n_block_ids, 16) * sizeof(uint32_t) + 16;
+    return total;
+}
+
+/* Puts the spans (with their block tables, padded to powers of two so a
+ * growing context keeps the arena's layout) and the row -> span map. */
+static uint32_t put_spans(struct cu_rec *rec, const struct attn_span *spans, int n_spans,
+                          int n_rows)
+{
+    size_t blob = (size_t)n_spans * sizeof(struct cu_span) + (size_t)n_rows * sizeof(int);
+    if (blob > rec->blob_cap) {
+        uint8_t *grown = realloc(rec->blob, blob);
+        if (!grown) {
+            rec_fail(rec, INFERD_ENOMEM, "out of host memory for %d attention spans", n_spans);
+            return 0;
+        }
+        rec->blob = grown;
+        rec->blob_cap = blob;
+    }
+    struct cu_span *cs = (struct cu_span *)rec->blob;
+    int *rowmap = (int *)(cs + n_spans);
+    memset(cs, 0, (size_t)n_spans * sizeof *cs);
+    for (int r = 0; r < n_rows; r++)
+        rowmap[r] = -1;
+    for (int s = 0; s < n_spans; s++) {
+        const struct attn_span *sp = &spans[s];
+        cs[s].row0 = sp->row0;
+        cs[s].n_tokens = sp->n_tokens;
+        cs[s].pos0 = sp->pos0;
+        cs[s].n_blocks = sp->n_block_ids;
+        cs[s].bt_off = arena_put(rec, sp->block_ids, sp->block_ids,
+                                 (size_t)sp->n_block_ids * sizeof(uint32_t),
+                                 pow2_at_least((size_t)sp->n_block_ids, 16) * sizeof(uint32_t));
+        for (int i = 0; i < sp->n_tokens; i++)
+            if (sp->row0 + i < n_rows)
+                rowmap[sp->row0 + i] = s;
+    }
+    return arena_put(rec, spans, rec->blob, blob, blob);
+}
+
+static int spans_rows(const struct attn_span *spans, int n_spans)
+{
+    int rows = 0;
+    for (int s = 0; s < n_spans; s++)
+        if (spans[s].row0 + spans[s].n_tokens > rows)
+            rows = spans[s].row0 + spans[s].n_tokens;
+    return rows;
+}
+
+/* ---- recording ---------------------------------------------------------- */
+
+static struct cu_op *op_new(struct cu_rec *rec, int kind, int n_rows)
+{
+    if (rec->n_ops == rec->cap_ops) {
+        int cap = rec->cap_ops ? rec->cap_ops * 2 : 1024;
+        struct cu_op *grown = realloc(rec->ops, (size_t)cap * sizeof *grown);
+        if (!grown) {
+            rec_fail(rec, INFERD_ENOMEM, "out of host memory recording GPU work");
+            return NULL;
+        }
+        rec->ops = grown;
+        rec->cap_ops = cap;
+    }
+    struct cu_op *op = &rec->ops[rec->n_ops++];
+    memset(op, 0, sizeof *op);
+    op->kind = kind;
+    op->n_rows = n_rows;
+    return op;
+}
+
+void cu_rec_embed(struct cu_rec *rec, const struct weight_matrix *table, const int32_t *tokens,
+                  int64_t n_tokens, float *out)
+{
+    if (!rec->hooks->ok(rec) || n_tokens <= 0 ||
+        !rec->hooks->arena_room(rec, (size_t)n_tokens * 4 + 32))
+        return;
+    uint32_t off = arena_put(rec, tokens, tokens, (size_t)n_tokens * sizeof(int32_t), 0);
+    struct cu_op *op = op_new(rec, CU_EMBED, (int)n_tokens);
+    if (!op)
+        return;
+    op->u.embed.table = table->data;
+    op->u.embed.cols = table->cols;
+    op->u.embed.dtype = table->dtype;
+    op->u.embed.tok_off = off;
+    op->u.embed.out = out;
+}
+
+static void record_matmul(struct cu_rec *rec, const float *x, int64_t n_tokens, int n,
+                          const struct weight_matrix *const *w, const float *const *bias,
+                          float *const *y)
+{
+    if (!rec->hooks->ok(rec) || n_tokens <= 0)
+        return;
+    struct cu_op *op = op_new(rec, CU_MATMUL, (int)n_tokens);
+    if (!op)
+        return;
+    op->u.mm.x = x;
+    op->u.mm.cols = w[0]->cols;
+    op->u.mm.dtype = w[0]->dtype;
+    op->u.mm.n = n;
+    for (int i = 0; i < n; i++) {
+        op->u.mm.m[i].w = w[i]->data;
+        op->u.mm.m[i].rows = w[i]->rows;
+        op->u.mm.m[i].bias = bias ? bias[i] : NULL;
+        op->u.mm.m[i].y = y[i];
+    }
+}
+
+/* Matrices of one group share x, so they are one op when their cols and
+ * dtype agree (one launch reads x once); otherwise one op each. */
+void cu_rec_matmul_group(struct cu_rec *rec, const float *x, int64_t n_tokens, int n,
+                         const struct weight_matrix *const *w, const float *const *bias,
+                         float *const *y)
+{
+    if (n < 1 || n > CU_GROUP_MAX) {
+        rec_fail(rec, INFERD_EINVAL, "matmul group of %d matrices (at most %d)", n, CU_GROUP_MAX);
+        return;
+    }
+    for (int i = 1; i < n; i++)
+        if (w[i]->cols != w[0]->cols || w[i]->dtype != w[0]->dtype) {
+            for (int j = 0; j < n; j++)
+                record_matmul(rec, x, n_tokens, 1, &w[j], bias ? &bias[j] : NULL, &y[j]);
+            return;
+        }
+    record_matmul(rec, x, n_tokens, n, w, bias, y);
+}
+
+void cu_rec_rmsnorm(struct cu_rec *rec, const float *x, const float *weight, int64_t n_rows,
+                    int64_t dim, float eps, float *y)
+{
+    if (!rec->hooks->ok(rec))
+        return;
+    struct cu_op *op = op_new(rec, CU_RMSNORM, (int)(n_rows < INT32_MAX ? n_rows : INT32_MAX));
+    if (!op)
+        return;
+    op->u.norm.x = x;
+    op->u.norm.w = weight;
+    op->u.norm.n_rows = n_rows;
+    op->u.norm.dim = dim;
+    op->u.norm.eps = eps;
+    op->u.norm.y = y;
+}
+
+void cu_rec_rope(struct cu_rec *rec, float *x, int64_t n_tokens, int n_heads, int head_dim,
+                 const int32_t *positions, const struct rope_table *rope)
+{
+    if (!rec->hooks->ok(rec) || n_tokens <= 0)
+        return;
+    if (head_dim > CU_MAX_HEAD_DIM || rope->rot_dim > head_dim) {
+        rec_fail(rec, INFERD_EUNSUPPORTED, "head_dim %d exceeds the CUDA backend's %d", head_dim,
+                 CU_MAX_HEAD_DIM);
+        return;
+    }
+    size_t half = (size_t)rope->rot_dim / 2;
+    if (!rec->hooks->arena_room(rec, (size_t)n_tokens * 4 + half * 4 + 64))
+        return;
+    uint32_t pos_off = arena_put(rec, positions, positions, (size_t)n_tokens * sizeof(int32_t), 0);
+    uint32_t freq_off = arena_put(rec, rope->inv_freq, rope->inv_freq, half * sizeof(float), 0);
+    struct cu_op *op = op_new(rec, CU_ROPE, (int)n_tokens);
+    if (!op)
+        return;
+    op->u.rope.x = x;
+    op->u.rope.n_heads = n_heads;
+    op->u.rope.head_dim = head_dim;
+    op->u.rope.rot_dim = rope->rot_dim;
+    op->u.rope.pos_off = pos_off;
+    op->u.rope.freq_off = freq_off;
+    op->u.rope.factor = rope->attention_factor;
+}
+
+static void record_ew(struct cu_rec *rec, int kind, const float *a, const float *b, float *out,
+                      int64_t n)
+{
+    if (!rec->hooks->ok(rec) || n <= 0)
+        return;
+    struct cu_op *op = op_new(rec, kind, 0);
+    if (!op)
+        return;
+    op->u.ew.a = a;
+    op->u.ew.b = b;
+    op->u.ew.out = out;
+    op->u.ew.n = n;
+}
+
+void cu_rec_silu_mul(struct cu_rec *rec, const float *gate, const float *up, float *out,
+                     int64_t n)
+{
+    record_ew(rec, CU_SILU_MUL, gate, up, out, n);
+}
+
+void cu_rec_add(struct cu_rec *rec, float *y, const float *x, int64_t n)
+{
+    record_ew(rec, CU_ADD, x, NULL, y, n);
+}
+
+static struct cu_kv kv_of(const struct kv_cache *kv)
+{
+    struct cu_kv c;
+    memset(&c, 0, sizeof c);
+    c.k = kv->k;
+    c.v = kv->v;
+    c.n_blocks = kv->n_blocks;
+    c.block_size = kv->block_size;
+    c.n_kv_heads = kv->n_kv_heads;
+    c.head_dim = kv->head_dim;
+    c.f16 = kv->dtype == DTYPE_F16;
+    return c;
+}
+
+void cu_rec_kv_store(struct cu_rec *rec, struct kv_cache *kv, int layer, const float *k,
+                     const float *v, const struct attn_span *spans, int n_spans)
+{
+    int rows = spans_rows(spans, n_spans);
+    if (!rec->hooks->ok(rec) || n_spans <= 0 ||
+        !rec->hooks->arena_room(rec, spans_bytes(spans, n_spans, rows)))
+        return;
+    uint32_t off = put_spans(rec, spans, n_spans, rows);
+    struct cu_op *op = op_new(rec, CU_KV_STORE, rows);
+    if (!op)
+        return;
+    op->u.store.kv = kv_of(kv);
+    op->u.store.layer = layer;
+    op->u.store.n_spans = n_spans;
+    op->u.store.k = k;
+    op->u.store.v = v;
+    op->u.store.spans_off = off;
+}
+
+void cu_rec_attention(struct cu_rec *rec, const float *q, const struct kv_cache *kv, int layer,
+                      const struct attn_span *spans, int n_spans, int n_heads, float scale,
+                      int sliding_window, float *out)
+{
+    if (!rec->hooks->ok(rec) || n_spans <= 0)
+        return;
+    if (kv->head_dim > CU_MAX_HEAD_DIM || n_heads % kv->n_kv_heads) {
+        rec_fail(rec, INFERD_EUNSUPPORTED, "attention with head_dim %d, %d heads over %d kv heads",
+                 kv->head_dim, n_heads, kv->n_kv_heads);
+        return;
+    }
+    int rows = spans_rows(spans, n_spans);
+    int max_tokens = 0, max_ctx = 0;
+    for (int s = 0; s < n_spans; s++) {
+        if (spans[s].n_tokens > max_tokens)
+            max_tokens = spans[s].n_tokens;
+        if (spans[s].pos0 + spans[s].n_tokens > max_ctx)
+            max_ctx = spans[s].pos0 + spans[s].n_tokens;
+    }
+    struct cu_op probe;
+    memset(&probe, 0, sizeof probe);
+    probe.kind = CU_ATTENTION;
+    probe.n_rows = rows;
+    probe.u.attn.kv = kv_of(kv);
+    probe.u.attn.layer = layer;
+    probe.u.attn.n_spans = n_spans;
+    probe.u.attn.n_heads = n_heads;
+    probe.u.attn.window = sliding_window;
+    probe.u.attn.max_span_tokens = max_tokens;
+    probe.u.attn.ctx_bucket = (int)pow2_at_least((size_t)max_ctx, 64);
+    probe.u.attn.n_splits = cu_attention_splits(kv->n_kv_heads, rows, probe.u.attn.ctx_bucket,
+                                                rec->n_sm);
+    probe.u.attn.scale = scale;
+    probe.u.attn.q = q;
+    probe.u.attn.out = out;
+    if (!rec->hooks->attn_scratch(rec, &probe))
+        return;
+    if (!rec->hooks->arena_room(rec, spans_bytes(spans, n_spans, rows)))
+        return;
+    probe.u.attn.spans_off = put_spans(rec, spans, n_spans, rows);
+    struct cu_op *op = op_new(rec, CU_ATTENTION, rows);
+    if (op)
+        *op = probe;
+}
+
+/* ---- attention shape rules ---------------------------------------------- */
+
+bool cu_attention_uses_prefill(const struct cu_op *op)
+{
+    int hd = op->u.attn.kv.head_dim;
+    return op->u.attn.max_span_tokens > CU_GEMV_MAX_ROWS && hd % 4 == 0 && hd <= CU_MAX_HEAD_DIM;
+}
+
+int cu_attention_splits(int n_kv_heads, int n_rows, int ctx_bucket, int n_sm)
+{
+    /* positions per split at least: ATTN_MIN_CHUNK, growing with the square
+     * root of the context past 1k (2 sqrt(bucket): 128 at 4k, 256 at 16k).
+     * On an H200, three shapes with 8 kv heads: after a 2k prompt splits of
+     * 64 positions were 4-17% slower than 128; after 8k, splits of 512 were
+     * 7-13% slower and of 128 2-5% slower than 256. */
+    int min_chunk = ATTN_MIN_CHUNK;
+    while ((long)min_chunk * min_chunk < 4L * ctx_bucket)
+        min_chunk *= 2;
+    int splits = 1;
+    while (splits < CU_ATTN_MAX_SPLITS && ctx_bucket / (splits * 2) >= min_chunk &&
+           (long)n_kv_heads * n_rows * splits < 2L * n_sm)
+        splits *= 2;
+    return splits;
+}

@@ -1,0 +1,196 @@
+/* backend/cuda/record.h — the CUDA backend's step as recorded: one cu_op per backend op; plain C, runs without a GPU.
+ *
+ * The CUDA backend launches nothing when an op is called: the op is recorded
+ * here, with every host array it was given (token ids, positions, block
+ * tables, rotary frequencies) copied into the arena, and the whole step is
+ * launched when something needs its results. The recorder owns the op list
+ * and the arena's bookkeeping; whoever launches the step (the CUDA backend,
+ * or a test) supplies the arena memory and the few decisions that need a
+ * device through cu_rec_hooks. */
+#ifndef INFERD_BACKEND_CUDA_RECORD_H
+#define INFERD_BACKEND_CUDA_RECORD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "backend/backend.h"
+
+/* Rows (tokens) up to which matmuls run through our GEMV kernels and a step
+ * may be replayed from a CUDA graph; above it, cuBLASLt and eager launches. */
+#define CU_GEMV_MAX_ROWS 8
+#define CU_GROUP_MAX 4
+#define CU_MAX_HEAD_DIM 256
+/* decode attention splits per (row, head group) at most (cu_attention_splits
+ * picks them): 64 measured ahead of 32 on an H200 after an 8k prompt
+ * (Llama-3.1-8B shape 177 -> 190 tok/s, Llama-3.2-1B 663 -> 762) */
+#define CU_ATTN_MAX_SPLITS 64
+#define CU_DEDUP_MAX 16
+
+enum cu_op_kind {
+    CU_EMBED = 1,
+    CU_MATMUL,
+    CU_RMSNORM,
+    CU_ROPE,
+    CU_SILU_MUL,
+    CU_ADD,
+    CU_KV_STORE,
+    CU_ATTENTION,
+};
+
+struct cu_mat {
+    const void *w;
+    int64_t rows;
+    const float *bias;
+    float *y;
+};
+
+/* A span as the kernels read it from the parameter arena. */
+struct cu_span {
+    int row0, n_tokens, pos0, n_blocks;
+    uint32_t bt_off; /* byte offset of its block ids in the arena */
+    int pad[3];
+};
+
+/* The geometry of a kv_cache, by value. Elements are __half when f16, else
+ * float (exact mode); every kernel that reads or writes the cache takes both. */
+struct cu_kv {
+    void *k, *v;
+    int n_blocks, block_size, n_kv_heads, head_dim;
+    int f16;
+};
+
+/* One backend op as called, with every host array it was given already
+ * copied into the parameter arena (offsets). Two steps whose op lists are
+ * byte-for-byte equal launch the same kernels with the same arguments, which
+ * is what lets a step be replayed from a captured CUDA graph. Zero-filled
+ * before use so padding compares equal. */
+struct cu_op {
+    int kind;
+    int n_rows;
+    union {
+        struct {
+            const void *table;
+            int64_t cols;
+            int dtype;
+            uint32_t tok_off;
+            float *out;
+        } embed;
+        struct {
+            const float *x;
+            int64_t cols;
+            int dtype, n;
+            struct cu_mat m[CU_GROUP_MAX];
+        } mm;
+        struct {
+            const float *x, *w;
+            int64_t n_rows, dim;
+            float eps;
+            float *y;
+        } norm;
+        struct {
+            float *x;
+            int n_heads, head_dim, rot_dim;
+            uint32_t pos_off, freq_off;
+            float factor;
+        } rope;
+        struct {
+            const float *a, *b;
+            float *out;
+            int64_t n;
+        } ew;
+        struct {
+            struct cu_kv kv;
+            int layer, n_spans;
+            const float *k, *v;
+            uint32_t spans_off; /* n_spans cu_span, then n_rows ints: row -> span */
+        } store;
+        struct {
+            struct cu_kv kv;
+            int layer, n_spans, n_heads, window;
+            int max_span_tokens, ctx_bucket, n_splits;
+            float scale;
+            const float *q;
+            float *out;
+            uint32_t spans_off;
+        } attn;
+    } u;
+};
+
+struct cu_dedup {
+    const void *key;
+    size_t bytes;
+    uint32_t off;
+};
+
+struct cu_rec;
+
+/* What recording asks of whoever launches the step. */
+struct cu_rec_hooks {
+    /* False once an op has failed: recording stops until the failure is reported. */
+    bool (*ok)(struct cu_rec *rec);
+    /* Records the first failure (-INFERD_E* code, message). */
+    void (*fail)(struct cu_rec *rec, int code, const char *msg);
+    /* Makes room for bytes more arena bytes (rec->arena_used + bytes <=
+     * rec->arena_cap); may launch the ops recorded so far first, which empties
+     * the list and the arena, and may move the arena. False when it failed. */
+    bool (*arena_room)(struct cu_rec *rec, size_t bytes);
+    /* Makes the split-attention scratch large enough for attention op probe
+     * (not yet recorded); may launch the ops recorded so far first. */
+    bool (*attn_scratch)(struct cu_rec *rec, const struct cu_op *probe);
+};
+
+/* The step being recorded. */
+struct cu_rec {
+    const struct cu_rec_hooks *hooks;
+    int n_sm;              /* the device's multiprocessors: attention split counts */
+    struct cu_op *ops;     /* owned; n_ops recorded, not yet launched */
+    int n_ops, cap_ops;
+    uint8_t *arena;        /* the launcher's (pinned memory on a GPU); arena_cap bytes */
+    size_t arena_cap, arena_used;
+    struct cu_dedup dedup[CU_DEDUP_MAX]; /* host arrays put in the arena this step */
+    int n_dedup;
+    uint8_t *blob;         /* owned; scratch for building span blobs */
+    size_t blob_cap;
+};
+
+/* Frees what rec owns (not the arena). */
+void cu_rec_free(struct cu_rec *rec);
+
+/* Forgets the recorded ops and the arena's contents, once they are launched. */
+void cu_rec_clear(struct cu_rec *rec);
+
+/* The backend ops, recorded. Same arguments and meaning as backend_ops. */
+void cu_rec_embed(struct cu_rec *rec, const struct weight_matrix *table, const int32_t *tokens,
+                  int64_t n_tokens, float *out);
+void cu_rec_matmul_group(struct cu_rec *rec, const float *x, int64_t n_tokens, int n,
+                         const struct weight_matrix *const *w, const float *const *bias,
+                         float *const *y);
+void cu_rec_rmsnorm(struct cu_rec *rec, const float *x, const float *weight, int64_t n_rows,
+                    int64_t dim, float eps, float *y);
+void cu_rec_rope(struct cu_rec *rec, float *x, int64_t n_tokens, int n_heads, int head_dim,
+                 const int32_t *positions, const struct rope_table *rope);
+void cu_rec_silu_mul(struct cu_rec *rec, const float *gate, const float *up, float *out,
+                     int64_t n);
+void cu_rec_add(struct cu_rec *rec, float *y, const float *x, int64_t n);
+void cu_rec_kv_store(struct cu_rec *rec, struct kv_cache *kv, int layer, const float *k,
+                     const float *v, const struct attn_span *spans, int n_spans);
+void cu_rec_attention(struct cu_rec *rec, const float *q, const struct kv_cache *kv, int layer,
+                      const struct attn_span *spans, int n_spans, int n_heads, float scale,
+                      int sliding_window, float *out);
+
+/* Splits of the decode attention for these dimensions (the op's n_splits). */
+int cu_attention_splits(int n_kv_heads, int n_rows, int ctx_bucket, int n_sm);
+/* True when attention op runs on the prefill kernels (a span of more than
+ * CU_GEMV_MAX_ROWS tokens), false for the decode ones. */
+bool cu_attention_uses_prefill(const struct cu_op *op);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

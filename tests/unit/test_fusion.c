@@ -1,0 +1,581 @@
+/* tests/unit/test_fusion.c — the CUDA backend's launches for every tiny model's steps, checked without a GPU.
+ *
+ * Forward steps are recorded as the CUDA backend records them (record.h)
+ * and planned by its fusion planner (fuse.h). Each step is pinned as text,
+ * one word per launch: "rmsnorm+gemvx3" is an RMSNorm folded into the GEMV
+ * of a group of three matrices, "gemv+add" a GEMV with the residual add
+ * folded in, "rope_qk+kv_store+attention" the q/k RoPE and KV write folded
+ * into decode attention, "gemmx2" the cuBLASLt path of a pair. A change in the order or the buffers of model/forward.c's ops
+ * that costs (or wins) a fusion changes the text and fails here. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/fuse.h"
+#include "backend/cuda/record.h"
+#include "model/mkmodel.h"
+#include "model/model.h"
+#include "test_support.h"
+
+/* ---- a backend that records as the CUDA backend does ---------------------
+ * Its ops go through the CUDA backend's recorder; where the CUDA backend
+ * would launch the recorded step (a copy to or from the device, a release,
+ * status), the step's op list is kept instead. Memory is host memory. The
+ * split-attention scratch counts as grown already: the CUDA backend launches
+ * what it has recorded before an attention op whose scratch must grow, once
+ * per larger size, and never for these contexts (one split). */
+
+#define ARENA_BYTES ((size_t)1 << 20) /* the CUDA backend's first arena */
+#define H200_SMS 132
+
+struct rec_backend {
+    struct backend be;
+    struct cu_rec rec;
+    bool failed;
+    struct err error;
+    struct cu_op *step; /* owned; the last step launched */
+    int n_step;
+    int launches;       /* steps launched so far */
+};
+
+static struct rec_backend *rb_of(struct backend *be) { return (struct rec_backend *)be; }
+
+static struct rec_backend *rb_of_rec(struct cu_rec *rec)
+{
+    return (struct rec_backend *)((char *)rec - offsetof(struct rec_backend, rec));
+}
+
+/* Where the CUDA backend launches the recorded step: the step is kept. */
+static void rb_flush(struct rec_backend *rb)
+{
+    if (rb->rec.n_ops == 0)
+        return;
+    free(rb->step);
+    rb->n_step = rb->rec.n_ops;
+    rb->step = malloc((size_t)rb->n_step * sizeof *rb->step);
+    cr_assert_not_null(rb->step);
+    memcpy(rb->step, rb->rec.ops, (size_t)rb->n_step * sizeof *rb->step);
+    rb->launches++;
+    cu_rec_clear(&rb->rec);
+}
+
+static bool rb_ok(struct cu_rec *rec) { return !rb_of_rec(rec)->failed; }
+
+static void rb_fail(struct cu_rec *rec, int code, const char *msg)
+{
+    struct rec_backend *rb = rb_of_rec(rec);
+    if (!rb->failed)
+        err_set(&rb->error, code, "%s", msg);
+    rb->failed = true;
+}
+
+/* As the CUDA backend: a step that does not fit is launched, then the arena grows. */
+static bool rb_arena_room(struct cu_rec *rec, size_t bytes)
+{
+    if (rec->arena_used + bytes <= rec->arena_cap)
+        return true;
+    rb_flush(rb_of_rec(rec));
+    if (bytes <= rec->arena_cap)
+        return true;
+    size_t cap = rec->arena_cap;
+    while (cap < bytes)
+        cap *= 2;
+    uint8_t *grown = realloc(rec->arena, cap);
+    cr_assert_not_null(grown);
+    rec->arena = grown;
+    rec->arena_cap = cap;
+    return true;
+}
+
+static bool rb_attn_scratch(struct cu_rec *rec, const struct cu_op *probe)
+{
+    (void)rec;
+    (void)probe;
+    return true;
+}
+
+static const struct cu_rec_hooks rb_hooks = {rb_ok, rb_fail, rb_arena_room, rb_attn_scratch};
+
+static void rb_destroy(struct backend *be)
+{
+    struct rec_backend *rb = rb_of(be);
+    cu_rec_free(&rb->rec);
+    free(rb->rec.arena);
+    free(rb->step);
+    free(rb);
+}
+
+static void *rb_alloc(struct backend *be, size_t bytes)
+{
+    (void)be;
+    return calloc(1, bytes ? bytes : 1);
+}
+
+static void rb_release(struct backend *be, void *ptr)
+{
+    rb_flush(rb_of(be));
+    free(ptr);
+}
+
+static void rb_copy(struct backend *be, void *dst, const void *src, size_t bytes)
+{
+    rb_flush(rb_of(be));
+    memcpy(dst, src, bytes);
+}
+
+static void rb_embed(struct backend *be, const struct weight_matrix *table, const int32_t *tokens,
+                     int64_t n_tokens, float *out)
+{
+    cu_rec_embed(&rb_of(be)->rec, table, tokens, n_tokens, out);
+}
+
+static void rb_matmul(struct backend *be, const float *x, int64_t n_tokens,
+                      const struct weight_matrix *w, const float *bias, float *y)
+{
+    cu_rec_matmul_group(&rb_of(be)->rec, x, n_tokens, 1, &w, &bias, &y);
+}
+
+static void rb_matmul_group(struct backend *be, const float *x, int64_t n_tokens, int n,
+                            const struct weight_matrix *const *w, const float *const *bias,
+                            float *const *y)
+{
+    cu_rec_matmul_group(&rb_of(be)->rec, x, n_tokens, n, w, bias, y);
+}
+
+static void rb_rmsnorm(struct backend *be, const float *x, const float *weight, int64_t n_rows,
+                       int64_t dim, float eps, float *y)
+{
+    cu_rec_rmsnorm(&rb_of(be)->rec, x, weight, n_rows, dim, eps, y);
+}
+
+static void rb_rope(struct backend *be, float *x, int64_t n_tokens, int n_heads, int head_dim,
+                    const int32_t *positions, const struct rope_table *rope)
+{
+    cu_rec_rope(&rb_of(be)->rec, x, n_tokens, n_heads, head_dim, positions, rope);
+}
+
+static void rb_silu_mul(struct backend *be, const float *gate, const float *up, float *out,
+                        int64_t n)
+{
+    cu_rec_silu_mul(&rb_of(be)->rec, gate, up, out, n);
+}
+
+static void rb_add(struct backend *be, float *y, const float *x, int64_t n)
+{
+    cu_rec_add(&rb_of(be)->rec, y, x, n);
+}
+
+static void rb_kv_store(struct backend *be, struct kv_cache *kv, int layer, const float *k,
+                        const float *v, const struct attn_span *spans, int n_spans)
+{
+    cu_rec_kv_store(&rb_of(be)->rec, kv, layer, k, v, spans, n_spans);
+}
+
+static void rb_attention(struct backend *be, const float *q, const struct kv_cache *kv, int layer,
+                         const struct attn_span *spans, int n_spans, int n_heads, float scale,
+                         int sliding_window, float *out)
+{
+    cu_rec_attention(&rb_of(be)->rec, q, kv, layer, spans, n_spans, n_heads, scale,
+                     sliding_window, out);
+}
+
+static int rb_status(struct backend *be, struct err *err)
+{
+    struct rec_backend *rb = rb_of(be);
+    rb_flush(rb);
+    return rb->failed ? err_set(err, rb->error.code, "%s", rb->error.msg) : 0;
+}
+
+static const struct backend_ops rb_ops = {
+    .name = "cuda-recorder",
+    .destroy = rb_destroy,
+    .alloc = rb_alloc,
+    .release = rb_release,
+    .to_device = rb_copy,
+    .to_host = rb_copy,
+    .embed = rb_embed,
+    .matmul = rb_matmul,
+    .matmul_group = rb_matmul_group,
+    .rmsnorm = rb_rmsnorm,
+    .rope = rb_rope,
+    .silu_mul = rb_silu_mul,
+    .add = rb_add,
+    .kv_store = rb_kv_store,
+    .attention = rb_attention,
+    .status = rb_status,
+};
+
+/* As backend_cuda_create sets it up for mode. */
+static struct backend *recorder_create(enum compute_mode mode)
+{
+    struct rec_backend *rb = calloc(1, sizeof *rb);
+    cr_assert_not_null(rb);
+    rb->be.ops = &rb_ops;
+    rb->be.mode = mode;
+    rb->be.copy_weights = true;
+    rb->be.kv_dtype = mode == COMPUTE_FAST ? DTYPE_F16 : DTYPE_F32;
+    rb->be.impl = rb;
+    rb->rec.hooks = &rb_hooks;
+    rb->rec.n_sm = H200_SMS;
+    rb->rec.arena = malloc(ARENA_BYTES);
+    cr_assert_not_null(rb->rec.arena);
+    rb->rec.arena_cap = ARENA_BYTES;
+    return &rb->be;
+}
+
+/* ---- a model on the recorder, and its steps ------------------------------ */
+
+#define BLOCK_SIZE 16
+#define BLOCKS_PER_SEQ 4 /* 64 positions */
+#define MAX_SEQS 3
+#define PREFILL_TOKENS 20
+
+struct rig {
+    char *dir;
+    struct backend *be;
+    struct model *model;
+    struct forward_state *state;
+    struct kv_cache kv;
+    uint32_t blocks[MAX_SEQS][BLOCKS_PER_SEQ];
+    float *logits;
+};
+
+static void rig_open(struct rig *r, const char *preset, enum compute_mode mode)
+{
+    struct err err = {0};
+    memset(r, 0, sizeof *r);
+    r->dir = test_mkdtemp();
+    cr_assert_not_null(r->dir);
+    struct mkmodel_opts opts = {.preset = preset, .seed = 1, .out_dir = r->dir};
+    cr_assert_eq(mkmodel_write(&opts, &err), 0, "%s: %s", preset, err.msg);
+    r->be = recorder_create(mode);
+    cr_assert_eq(model_load(r->dir, r->be, &r->model, &err), 0, "%s: %s", preset, err.msg);
+    cr_assert_eq(forward_state_create(r->model, PREFILL_TOKENS, &r->state, &err), 0, "%s",
+                 err.msg);
+    const struct model_config *c = &r->model->config;
+    int n_blocks = MAX_SEQS * BLOCKS_PER_SEQ;
+    size_t bytes = (size_t)c->n_layers * n_blocks * BLOCK_SIZE * c->n_kv_heads * c->head_dim *
+                   dtype_size(r->be->kv_dtype);
+    r->kv = (struct kv_cache){.k = r->be->ops->alloc(r->be, bytes),
+                              .v = r->be->ops->alloc(r->be, bytes),
+                              .dtype = r->be->kv_dtype,
+                              .n_layers = c->n_layers,
+                              .n_blocks = n_blocks,
+                              .block_size = BLOCK_SIZE,
+                              .n_kv_heads = c->n_kv_heads,
+                              .head_dim = c->head_dim};
+    for (int s = 0; s < MAX_SEQS; s++)
+        for (int b = 0; b < BLOCKS_PER_SEQ; b++)
+            r->blocks[s][b] = (uint32_t)(s * BLOCKS_PER_SEQ + b);
+    r->logits = malloc((size_t)MAX_SEQS * c->vocab_size * sizeof(float));
+    cr_assert_not_null(r->logits);
+}
+
+static void rig_close(struct rig *r)
+{
+    free(r->logits);
+    r->be->ops->release(r->be, r->kv.k);
+    r->be->ops->release(r->be, r->kv.v);
+    forward_state_free(r->state);
+    model_free(r->model);
+    backend_destroy(r->be);
+    test_rmtree(r->dir);
+    free(r->dir);
+}
+
+/* One forward step of n_seqs sequences of n_tokens tokens each (a decode
+ * step when n_tokens is 1); returns the step as the CUDA backend launches it. */
+static const struct cu_op *rig_step(struct rig *r, int n_seqs, int n_tokens, int *n_ops)
+{
+    static const int pos0[MAX_SEQS] = {20, 7, 33};
+    int32_t tokens[MAX_SEQS][PREFILL_TOKENS];
+    struct batch_seq seqs[MAX_SEQS];
+    for (int s = 0; s < n_seqs; s++) {
+        for (int i = 0; i < n_tokens; i++)
+            tokens[s][i] = (int32_t)((s * 31 + i * 7 + 1) % r->model->config.vocab_size);
+        seqs[s] = (struct batch_seq){.tokens = tokens[s],
+                                     .n_tokens = n_tokens,
+                                     .pos0 = n_tokens == 1 ? pos0[s] : 0,
+                                     .block_ids = r->blocks[s],
+                                     .n_block_ids = BLOCKS_PER_SEQ};
+    }
+    struct batch batch = {seqs, n_seqs};
+    struct rec_backend *rb = rb_of(r->be);
+    int before = rb->launches;
+    struct err err = {0};
+    cr_assert_eq(model_forward(r->model, r->state, &r->kv, &batch, r->logits, &err), 0, "%s",
+                 err.msg);
+    cr_assert_eq(rb->launches, before + 1, "the step was launched in %d parts",
+                 rb->launches - before);
+    *n_ops = rb->n_step;
+    return rb->step;
+}
+
+/* ---- the plan, as text ---------------------------------------------------- */
+
+static void append(char *buf, size_t cap, const char *word)
+{
+    size_t len = strlen(buf);
+    snprintf(buf + len, cap - len, "%s%s", len ? " " : "", word);
+}
+
+static void launch_word(const struct cu_op *ops, const struct cu_launch *l, char *w, size_t cap)
+{
+    const struct cu_op *op = &ops[l->op];
+    const char *qk_norm = l->qk.q_norm ? "qk_norm+" : "";
+    switch (l->kind) {
+    case CU_LAUNCH_EMBED: snprintf(w, cap, "embed"); break;
+    case CU_LAUNCH_RMSNORM: snprintf(w, cap, "rmsnorm"); break;
+    case CU_LAUNCH_ROPE: snprintf(w, cap, "rope"); break;
+    case CU_LAUNCH_QK:
+        snprintf(w, cap, "%srope_qk%s", qk_norm, l->qk.store ? "+kv_store" : "");
+        break;
+    case CU_LAUNCH_QK_ATTENTION: snprintf(w, cap, "%srope_qk+kv_store+attention", qk_norm); break;
+    case CU_LAUNCH_SILU_MUL: snprintf(w, cap, "silu_mul"); break;
+    case CU_LAUNCH_ADD: snprintf(w, cap, "add"); break;
+    case CU_LAUNCH_KV_STORE: snprintf(w, cap, "kv_store"); break;
+    case CU_LAUNCH_ATTENTION: snprintf(w, cap, "attention"); break;
+    case CU_LAUNCH_GEMM: {
+        int n = op->u.mm.n;
+        snprintf(w, cap, n > 1 ? "gemmx%d" : "gemm", n);
+        break;
+    }
+    case CU_LAUNCH_GEMV: {
+        int n = ops[l->op + (l->norm ? 1 : 0)].u.mm.n;
+        char group[16] = "";
+        if (n > 1)
+            snprintf(group, sizeof group, "x%d", n);
+        snprintf(w, cap, "%sgemv%s%s%s", l->norm ? "rmsnorm+" : "", group,
+                 l->residual ? "+add" : "", l->swiglu ? "+swiglu" : "");
+        break;
+    }
+    default: snprintf(w, cap, "?%d", (int)l->kind);
+    }
+}
+
+#define MAX_LAUNCHES 512
+
+/* The plan of ops as text; *n_launches gets its length. Also checks that the
+ * launches cover every op once, in order. */
+static void plan_text(const struct cu_fuse_config *cfg, const struct cu_op *ops, int n_ops,
+                      char *buf, size_t cap, int *n_launches)
+{
+    static struct cu_launch plan[MAX_LAUNCHES];
+    int n = cu_fuse_plan(cfg, ops, n_ops, plan, MAX_LAUNCHES);
+    cr_assert_gt(n, 0, "the planner refused the step");
+    cr_assert_leq(n, MAX_LAUNCHES);
+    buf[0] = '\0';
+    int next = 0;
+    for (int i = 0; i < n; i++) {
+        cr_assert_eq(plan[i].op, next, "launch %d starts at op %d, not %d", i, plan[i].op, next);
+        cr_assert_geq(plan[i].n_ops, 1);
+        next += plan[i].n_ops;
+        char w[64];
+        launch_word(ops, &plan[i], w, sizeof w);
+        append(buf, cap, w);
+    }
+    cr_assert_eq(next, n_ops, "the plan covers %d of %d ops", next, n_ops);
+    *n_launches = n;
+}
+
+/* "embed", n_layers times layer, then head: the text a whole step must plan to. */
+static void step_text(const char *layer, int n_layers, const char *head, char *buf, size_t cap)
+{
+    buf[0] = '\0';
+    append(buf, cap, "embed");
+    for (int l = 0; l < n_layers; l++)
+        append(buf, cap, layer);
+    append(buf, cap, head);
+}
+
+static int words(const char *text)
+{
+    int n = 0;
+    for (const char *p = text; *p; p++)
+        n += (p == text || p[-1] == ' ') && *p != ' ';
+    return n;
+}
+
+/* ---- what each tiny model's steps must plan to --------------------------- */
+
+/* Decode, bf16 weights: five launches a layer. */
+#define DECODE_BF16 \
+    "rmsnorm+gemvx3 rope_qk+kv_store+attention gemv+add rmsnorm+gemvx2+swiglu gemv+add"
+#define DECODE_BF16_QK_NORM \
+    "rmsnorm+gemvx3 qk_norm+rope_qk+kv_store+attention gemv+add rmsnorm+gemvx2+swiglu gemv+add"
+/* Decode, f32 weights (F32, or F16 widened at load): the norms stay apart. */
+#define DECODE_F32 \
+    "rmsnorm gemvx3 rope_qk+kv_store+attention gemv+add rmsnorm gemvx2+swiglu gemv+add"
+/* Prefill in fast mode, bf16 weights: cuBLASLt, nothing folded into it. */
+#define PREFILL_GEMM \
+    "rmsnorm gemmx3 rope_qk+kv_store attention gemm add rmsnorm gemmx2 silu_mul gemm add"
+#define PREFILL_GEMM_QK_NORM \
+    "rmsnorm gemmx3 qk_norm+rope_qk+kv_store attention gemm add rmsnorm gemmx2 silu_mul gemm add"
+/* Prefill on the GEMV kernels (exact mode, or f32 weights): epilogues only. */
+#define PREFILL_GEMV \
+    "rmsnorm gemvx3 rope_qk+kv_store attention gemv+add rmsnorm gemvx2+swiglu gemv+add"
+#define PREFILL_GEMV_QK_NORM \
+    "rmsnorm gemvx3 qk_norm+rope_qk+kv_store attention gemv+add rmsnorm gemvx2+swiglu gemv+add"
+
+struct expectation {
+    const char *preset;
+    const char *decode;        /* a layer of a decode step (fast and exact mode alike) */
+    int decode_launches;       /* launches of that layer */
+    const char *prefill_fast;  /* a layer of a prefill step, fast mode */
+    int prefill_fast_launches;
+    const char *prefill_exact; /* a layer of a prefill step, exact mode */
+    int prefill_exact_launches;
+    bool bf16;                 /* the final RMSNorm folds into the LM head's GEMV */
+};
+
+static const struct expectation expectations[] = {
+    {"tiny-llama", DECODE_BF16, 5, PREFILL_GEMM, 11, PREFILL_GEMV, 8, true},
+    {"tiny-llama3", DECODE_BF16, 5, PREFILL_GEMM, 11, PREFILL_GEMV, 8, true},
+    {"tiny-llama-linear", DECODE_F32, 7, PREFILL_GEMV, 8, PREFILL_GEMV, 8, false},
+    {"tiny-mistral", DECODE_F32, 7, PREFILL_GEMV, 8, PREFILL_GEMV, 8, false},
+    {"tiny-qwen2", DECODE_BF16, 5, PREFILL_GEMM, 11, PREFILL_GEMV, 8, true},
+    {"tiny-qwen3", DECODE_BF16_QK_NORM, 5, PREFILL_GEMM_QK_NORM, 11, PREFILL_GEMV_QK_NORM, 8,
+     true},
+    {"tiny-qwen3-gqa1", DECODE_BF16_QK_NORM, 5, PREFILL_GEMM_QK_NORM, 11, PREFILL_GEMV_QK_NORM,
+     8, true},
+};
+
+static const struct expectation *expectation_of(const char *preset)
+{
+    for (size_t i = 0; i < sizeof expectations / sizeof expectations[0]; i++)
+        if (!strcmp(expectations[i].preset, preset))
+            return &expectations[i];
+    return NULL;
+}
+
+#define TEXT_CAP 8192
+
+/* Plans one step of the rig's model and checks it against layer and head. */
+static void check_step(struct rig *r, const char *what, const struct cu_fuse_config *cfg,
+                       int n_seqs, int n_tokens, const char *layer, int layer_launches,
+                       const char *head)
+{
+    static char got[TEXT_CAP], want[TEXT_CAP];
+    int n_layers = r->model->config.n_layers;
+    cr_assert_eq(words(layer), layer_launches, "%s: the layer text has %d launches, not %d",
+                 what, words(layer), layer_launches);
+    int n_ops = 0, n_launches = 0;
+    const struct cu_op *ops = rig_step(r, n_seqs, n_tokens, &n_ops);
+    plan_text(cfg, ops, n_ops, got, sizeof got, &n_launches);
+    step_text(layer, n_layers, head, want, sizeof want);
+    cr_expect_str_eq(got, want, "%s:\n  planned  %s\n  expected %s", what, got, want);
+    cr_expect_eq(n_launches, 1 + n_layers * layer_launches + words(head),
+                 "%s: %d launches for %d layers", what, n_launches, n_layers);
+}
+
+/* Every tiny preset `inferd mkmodel --list` offers. */
+static int tiny_presets(const struct mkmodel_preset **out)
+{
+    int n, count = 0;
+    const struct mkmodel_preset *p = mkmodel_presets(&n);
+    for (int i = 0; i < n; i++)
+        if (!p[i].real)
+            out[count++] = &p[i];
+    return count;
+}
+
+static const struct cu_fuse_config fast_all = {.fast = true, .norm_gemv = true,
+                                               .qk_attention = true};
+static const struct cu_fuse_config exact_all = {.fast = false, .norm_gemv = true,
+                                                .qk_attention = true};
+
+Test(fusion, every_tiny_model_decodes_one_sequence_in_the_pinned_launches)
+{
+    const struct mkmodel_preset *presets[64];
+    int n = tiny_presets(presets);
+    cr_assert_geq(n, 4);
+    for (int i = 0; i < n; i++) {
+        const struct expectation *x = expectation_of(presets[i]->name);
+        cr_assert_not_null(x, "%s: no expected launches; add the preset to expectations[]",
+                           presets[i]->name);
+        for (int mode = 0; mode < 2; mode++) {
+            struct rig r;
+            rig_open(&r, x->preset, mode ? COMPUTE_FAST : COMPUTE_EXACT);
+            char what[128];
+            snprintf(what, sizeof what, "%s, %s decode, one sequence", x->preset,
+                     mode ? "fast" : "exact");
+            check_step(&r, what, mode ? &fast_all : &exact_all, 1, 1, x->decode,
+                       x->decode_launches, x->bf16 ? "rmsnorm+gemv" : "rmsnorm gemv");
+            rig_close(&r);
+        }
+    }
+}
+
+/* Several sequences: one final RMSNorm per sequence, into rows of one LM-head GEMV. */
+Test(fusion, every_tiny_model_decodes_three_sequences_in_the_pinned_launches)
+{
+    const struct mkmodel_preset *presets[64];
+    int n = tiny_presets(presets);
+    for (int i = 0; i < n; i++) {
+        const struct expectation *x = expectation_of(presets[i]->name);
+        cr_assert_not_null(x, "%s: no expected launches", presets[i]->name);
+        struct rig r;
+        rig_open(&r, x->preset, COMPUTE_FAST);
+        char what[128];
+        snprintf(what, sizeof what, "%s, fast decode, three sequences", x->preset);
+        check_step(&r, what, &fast_all, 3, 1, x->decode, x->decode_launches,
+                   "rmsnorm rmsnorm rmsnorm gemv");
+        rig_close(&r);
+    }
+}
+
+Test(fusion, every_tiny_model_prefills_in_the_pinned_launches)
+{
+    const struct mkmodel_preset *presets[64];
+    int n = tiny_presets(presets);
+    for (int i = 0; i < n; i++) {
+        const struct expectation *x = expectation_of(presets[i]->name);
+        cr_assert_not_null(x, "%s: no expected launches", presets[i]->name);
+        const char *head = x->bf16 ? "rmsnorm+gemv" : "rmsnorm gemv"; /* the last row only */
+        struct rig r;
+        char what[128];
+        rig_open(&r, x->preset, COMPUTE_FAST);
+        snprintf(what, sizeof what, "%s, fast prefill of %d tokens", x->preset, PREFILL_TOKENS);
+        check_step(&r, what, &fast_all, 1, PREFILL_TOKENS, x->prefill_fast,
+                   x->prefill_fast_launches, head);
+        rig_close(&r);
+        rig_open(&r, x->preset, COMPUTE_EXACT);
+        snprintf(what, sizeof what, "%s, exact prefill of %d tokens", x->preset, PREFILL_TOKENS);
+        check_step(&r, what, &exact_all, 1, PREFILL_TOKENS, x->prefill_exact,
+                   x->prefill_exact_launches, head);
+        rig_close(&r);
+    }
+}
+
+/* backend_options' fusion switches turn exactly their fusion off. */
+Test(fusion, switched_off_fusions_leave_their_ops_as_separate_launches)
+{
+    struct rig r;
+    rig_open(&r, "tiny-qwen3", COMPUTE_FAST);
+    struct cu_fuse_config no_norm = fast_all, no_qk = fast_all;
+    no_norm.norm_gemv = false;
+    no_qk.qk_attention = false;
+    check_step(&r, "tiny-qwen3 decode, norm fusion off", &no_norm, 1, 1,
+               "rmsnorm gemvx3 qk_norm+rope_qk+kv_store+attention gemv+add rmsnorm gemvx2+swiglu "
+               "gemv+add",
+               7, "rmsnorm gemv");
+    check_step(&r, "tiny-qwen3 decode, q/k fusion off", &no_qk, 1, 1,
+               "rmsnorm+gemvx3 qk_norm+rope_qk+kv_store attention gemv+add rmsnorm+gemvx2+swiglu "
+               "gemv+add",
+               6, "rmsnorm+gemv");
+    rig_close(&r);
+}
+
+/* The planner only reads the op list: an op list that is not a known kind is refused. */
+Test(fusion, an_unknown_op_kind_is_refused)
+{
+    struct cu_op ops[2];
+    memset(ops, 0, sizeof ops);
+    ops[0].kind = CU_ADD;
+    ops[0].u.ew.n = 4;
+    ops[1].kind = 99;
+    struct cu_launch plan[4];
+    cr_expect_eq(cu_fuse_plan(&fast_all, ops, 1, plan, 4), 1);
+    cr_expect_eq(cu_fuse_plan(&fast_all, ops, 2, plan, 4), -1);
+}
