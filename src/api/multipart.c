@@ -143,7 +143,7 @@ static int parse_disposition(const char *v, const char *end, struct multipart_pa
         return err_set(err, INFERD_EINVAL,
                        "multipart part %zu: its name is malformed or longer than %d bytes", idx,
                        MULTIPART_MAX_NAME - 1);
-    if (rc == 0)
+    if (rc == 0 || part->name[0] == '\0')
         return err_set(err, INFERD_EINVAL, "multipart part %zu: Content-Disposition has no name",
                        idx);
     if (find_param(v, end, "filename", part->filename, sizeof part->filename) < 0)

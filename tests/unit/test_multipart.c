@@ -156,6 +156,9 @@ Test(multipart, parts_without_a_form_data_name_are_malformed)
     assert_malformed(PARSE("--b\r\nContent-Disposition: form-data; filename=x\r\n\r\na\r\n--b--",
                            "b"),
                      "has no name");
+    assert_malformed(PARSE("--b\r\nContent-Disposition: form-data; name=\"\"\r\n\r\na\r\n--b--",
+                           "b"),
+                     "has no name");
     assert_malformed(PARSE("--b\r\nContent-Disposition: form-data; name=\"x\r\n\r\na\r\n--b--",
                            "b"),
                      "name is malformed");
