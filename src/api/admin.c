@@ -1,7 +1,7 @@
 /* api/admin.c — GET /health, /stats and /metrics. */
 #include <string.h>
 
-#include "api/http.h"
+#include "api/admin.h"
 
 void admin_health(struct http_exchange *x)
 {
@@ -22,7 +22,7 @@ void admin_stats(struct http_exchange *x)
     struct strbuf b = {0};
     api_metrics_stats_json(x->srv, &b);
     if (b.failed)
-        http_send_errorf(x, 500, "server_error", NULL, NULL, "out of memory for /stats");
+        http_send_errorf(x, 500, API_ERROR_SERVER, NULL, NULL, "out of memory for /stats");
     else
         http_send_json(x, 200, b.data, b.len);
     strbuf_free(&b);
@@ -33,7 +33,7 @@ void admin_metrics(struct http_exchange *x)
     struct strbuf b = {0};
     api_metrics_prometheus(x->srv, &b);
     if (b.failed)
-        http_send_errorf(x, 500, "server_error", NULL, NULL, "out of memory for /metrics");
+        http_send_errorf(x, 500, API_ERROR_SERVER, NULL, NULL, "out of memory for /metrics");
     else
         http_send_text(x, 200, "text/plain; version=0.0.4; charset=utf-8", b.data ? b.data : "",
                        b.len);

@@ -1,5 +1,6 @@
-/* api/http.c — the HTTP/1.1 front end on libmicrohttpd: one thread per connection, request
- * deadlines against slow clients, body limits, authentication, routing and responses. */
+/* api/http.c — the HTTP/1.1 transport on libmicrohttpd: one thread per connection, request
+ * deadlines against slow clients, body limits, authentication, routing through the caller's
+ * table, and responses. */
 #define _GNU_SOURCE /* POLLRDHUP */
 #include "api/http.h"
 
@@ -30,6 +31,7 @@ struct conn_watch {
 struct http_daemon {
     struct MHD_Daemon *mhd;
     struct server *srv;          /* borrowed */
+    const struct http_routes *routes; /* borrowed */
     pthread_mutex_t watch_mu;
     struct conn_watch *watched;  /* list of live connections, under watch_mu */
     pthread_t watchdog;
@@ -45,6 +47,7 @@ struct request_state {
     struct strbuf body;
     bool too_large;
     bool handled;
+    struct multipart_form form;  /* owned; multipart routes, once the body is here */
 };
 
 static uint64_t deadline_after(int seconds)
@@ -73,7 +76,7 @@ bool http_client_gone(int fd)
 
 static void count(struct http_exchange *x, int status)
 {
-    api_metrics_count(&x->srv->metrics, x->route, status);
+    api_metrics_count(&x->srv->metrics, x->counter, status);
 }
 
 static void queue(struct http_exchange *x, int status, struct MHD_Response *r)
@@ -109,28 +112,23 @@ void http_send_json(struct http_exchange *x, int status, const char *json, size_
 
 void http_send_error(struct http_exchange *x, const struct api_error *e)
 {
-    char *json = NULL;
-    if (api_error_to_json(e, &json) < 0 || !json) {
-        static const char fallback[] =
-            "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,"
-            "\"code\":null}}";
-        http_send_json(x, 500, fallback, sizeof fallback - 1);
-        return;
+    const struct api_error_format *f = x->errors;
+    struct strbuf b = {0};
+    if (f->render(e, &b) < 0 || b.failed) {
+        http_send_text(x, 500, f->content_type, f->out_of_memory, strlen(f->out_of_memory));
+    } else {
+        http_send_text(x, e->status, f->content_type, b.data ? b.data : "", b.len);
     }
-    http_send_json(x, e->status, json, strlen(json));
-    free(json);
+    strbuf_free(&b);
 }
 
-void http_send_errorf(struct http_exchange *x, int status, const char *type, const char *param,
-                      const char *code, const char *fmt, ...)
+void http_send_errorf(struct http_exchange *x, int status, enum api_error_kind kind,
+                      const char *param, const char *code, const char *fmt, ...)
 {
-    struct api_error e = {.status = status};
-    snprintf(e.type, sizeof e.type, "%s", type);
-    snprintf(e.param, sizeof e.param, "%s", param ? param : "");
-    snprintf(e.code, sizeof e.code, "%s", code ? code : "");
+    struct api_error e;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(e.message, sizeof e.message, fmt, ap);
+    api_error_setv(&e, status, kind, param, code, fmt, ap);
     va_end(ap);
     http_send_error(x, &e);
 }
@@ -170,7 +168,7 @@ void http_send_stream(struct http_exchange *x, int status, const char *content_t
     struct stream_state *st = calloc(1, sizeof *st);
     if (!st) {
         stream.release(stream.ctx);
-        http_send_errorf(x, 500, "server_error", NULL, NULL, "out of memory for a stream");
+        http_send_errorf(x, 500, API_ERROR_SERVER, NULL, NULL, "out of memory for a stream");
         return;
     }
     st->s = stream;
@@ -179,7 +177,7 @@ void http_send_stream(struct http_exchange *x, int status, const char *content_t
                                           stream_free);
     if (!r) {
         stream_free(st);
-        http_send_errorf(x, 500, "server_error", NULL, NULL, "out of memory for a stream");
+        http_send_errorf(x, 500, API_ERROR_SERVER, NULL, NULL, "out of memory for a stream");
         return;
     }
     MHD_add_response_header(r, "Content-Type", content_type);
@@ -190,42 +188,36 @@ void http_send_stream(struct http_exchange *x, int status, const char *content_t
 
 /* ---- routing ---- */
 
-struct route {
-    const char *path;
-    bool prefix; /* path + "/" + id */
-    const char *method;
-    enum api_route id;
-};
-
-static const struct route routes[] = {
-    {"/v1/chat/completions", false, "POST", ROUTE_CHAT_COMPLETIONS},
-    {"/v1/completions", false, "POST", ROUTE_COMPLETIONS},
-    {"/v1/models", false, "GET", ROUTE_MODELS},
-    {"/v1/models", true, "GET", ROUTE_MODELS},
-    {"/health", false, "GET", ROUTE_HEALTH},
-    {"/stats", false, "GET", ROUTE_STATS},
-    {"/metrics", false, "GET", ROUTE_METRICS},
-};
-
-static const struct route *find_route(const char *path, bool *path_known)
+static bool path_matches(const struct http_route *r, const char *path)
 {
-    *path_known = false;
-    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
-        const struct route *r = &routes[i];
-        size_t n = strlen(r->path);
-        bool match = r->prefix ? (!strncmp(path, r->path, n) && path[n] == '/' && path[n + 1])
-                               : !strcmp(path, r->path);
-        if (match) {
-            *path_known = true;
-            return r;
-        }
-    }
-    return NULL;
+    size_t n = strlen(r->path);
+    if (!r->id_tail)
+        return !strcmp(path, r->path);
+    return !strncmp(path, r->path, n) && path[n] == '/' && path[n + 1];
 }
 
 static bool method_is(const char *method, const char *want)
 {
     return !strcmp(method, want) || (!strcmp(want, "GET") && !strcmp(method, "HEAD"));
+}
+
+/* The route for method and path, or NULL. *first_on_path is the index of the
+ * first route whose path matches, whose counters take the request (a 405
+ * too); -1 when no route has the path. */
+static const struct http_route *find_route(const struct http_routes *t, const char *method,
+                                           const char *path, int *first_on_path)
+{
+    *first_on_path = -1;
+    for (size_t i = 0; i < t->n; i++) {
+        const struct http_route *r = &t->routes[i];
+        if (!path_matches(r, path))
+            continue;
+        if (*first_on_path < 0)
+            *first_on_path = (int)i;
+        if (method_is(method, r->method))
+            return r;
+    }
+    return NULL;
 }
 
 static bool constant_time_equal(const char *a, const char *b)
@@ -240,7 +232,7 @@ static bool constant_time_equal(const char *a, const char *b)
 static bool authorized(struct http_exchange *x)
 {
     const char *key = x->srv->cfg.api_key;
-    if (!key || x->route == ROUTE_HEALTH)
+    if (!key || x->route->open)
         return true;
     const char *auth = MHD_lookup_connection_value(x->conn, MHD_HEADER_KIND, "Authorization");
     if (auth && !strncasecmp(auth, "Bearer ", 7)) {
@@ -253,6 +245,7 @@ static bool authorized(struct http_exchange *x)
     return xkey && constant_time_equal(xkey, key);
 }
 
+/* The 415 check of a route's body kind. */
 static bool content_type_is_json(const char *ct)
 {
     if (!ct)
@@ -285,39 +278,74 @@ static enum MHD_Result count_length_header(void *cls, enum MHD_ValueKind kind, c
     return MHD_YES;
 }
 
-/* Checks that can be made before the body arrives; sends the error and
- * returns false when the request is refused. */
-static bool admit_request(struct http_exchange *x, const struct route *r, bool path_known)
+/* The methods the routes on x's path take, for Allow ("GET, POST"). */
+static void allowed_methods(const struct http_routes *t, const char *path, char *out, size_t cap)
 {
-    struct server *srv = x->srv;
-    if (!path_known) {
-        http_send_errorf(x, 404, "invalid_request_error", NULL, "not_found",
-                         "no route for %s %s", x->method, x->path);
+    size_t n = 0;
+    out[0] = '\0';
+    for (size_t i = 0; i < t->n; i++) {
+        const struct http_route *r = &t->routes[i];
+        if (!path_matches(r, path) || strstr(out, r->method))
+            continue;
+        n += (size_t)snprintf(out + n, n < cap ? cap - n : 0, "%s%s", n ? ", " : "", r->method);
+    }
+}
+
+/* The Content-Type check of a route's body kind. */
+static bool content_type_fits(struct http_exchange *x)
+{
+    if (x->route->body == HTTP_BODY_NONE)
+        return true;
+    const char *ct = MHD_lookup_connection_value(x->conn, MHD_HEADER_KIND, "Content-Type");
+    if (x->route->body == HTTP_BODY_JSON) {
+        if (content_type_is_json(ct))
+            return true;
+        http_send_errorf(x, 415, API_ERROR_INVALID_REQUEST, NULL, "unsupported_media_type",
+                         "Content-Type must be application/json, got '%.100s'", ct);
         return false;
     }
-    if (!method_is(x->method, r->method)) {
-        struct api_error e = {.status = 405};
-        snprintf(e.type, sizeof e.type, "invalid_request_error");
-        snprintf(e.code, sizeof e.code, "method_not_allowed");
-        snprintf(e.message, sizeof e.message, "%s does not accept %s; use %s", x->path,
-                 x->method, r->method);
-        char *json = NULL;
-        if (api_error_to_json(&e, &json) == 0 && json) {
+    char boundary[MULTIPART_MAX_BOUNDARY + 1];
+    struct err err = {0};
+    if (multipart_boundary(ct, boundary, &err) == 0)
+        return true;
+    http_send_errorf(x, 415, API_ERROR_INVALID_REQUEST, NULL, "unsupported_media_type", "%s",
+                     err.msg);
+    return false;
+}
+
+/* Checks that can be made before the body arrives; sends the error and
+ * returns false when the request is refused. */
+static bool admit_request(struct http_exchange *x, const struct http_routes *t)
+{
+    struct server *srv = x->srv;
+    if (x->counter < 0) { /* no route has this path */
+        http_send_errorf(x, 404, API_ERROR_NOT_FOUND, NULL, "not_found", "no route for %s %s",
+                         x->method, x->path);
+        return false;
+    }
+    if (!x->route) {
+        char allow[64];
+        allowed_methods(t, x->path, allow, sizeof allow);
+        struct api_error e;
+        api_error_set(&e, 405, API_ERROR_INVALID_REQUEST, NULL, "method_not_allowed",
+                      "%s does not accept %s; use %s", x->path, x->method, allow);
+        struct strbuf b = {0};
+        if (x->errors->render(&e, &b) == 0 && !b.failed) {
             struct MHD_Response *resp =
-                MHD_create_response_from_buffer(strlen(json), json, MHD_RESPMEM_MUST_COPY);
-            free(json);
+                MHD_create_response_from_buffer(b.len, b.data, MHD_RESPMEM_MUST_COPY);
             if (resp) {
-                MHD_add_response_header(resp, "Content-Type", "application/json");
-                MHD_add_response_header(resp, "Allow", r->method);
+                MHD_add_response_header(resp, "Content-Type", x->errors->content_type);
+                MHD_add_response_header(resp, "Allow", allow);
             }
             queue(x, 405, resp);
         } else {
             http_send_error(x, &e);
         }
+        strbuf_free(&b);
         return false;
     }
     if (!authorized(x)) {
-        http_send_errorf(x, 401, "invalid_request_error", NULL, "invalid_api_key",
+        http_send_errorf(x, 401, API_ERROR_AUTHENTICATION, NULL, "invalid_api_key",
                          "a valid API key is required: send it as 'Authorization: Bearer KEY'");
         return false;
     }
@@ -325,23 +353,19 @@ static bool admit_request(struct http_exchange *x, const struct route *r, bool p
     MHD_get_connection_values(x->conn, MHD_HEADER_KIND, count_length_header, &lengths);
     if (lengths.differ) {
         /* Which body length is meant cannot be known (RFC 9112 §6.3). */
-        http_send_errorf(x, 400, "invalid_request_error", NULL, "bad_request",
+        http_send_errorf(x, 400, API_ERROR_INVALID_REQUEST, NULL, "bad_request",
                          "conflicting Content-Length headers");
         return false;
     }
-    if (!strcmp(r->method, "POST")) {
-        const char *ct = MHD_lookup_connection_value(x->conn, MHD_HEADER_KIND, "Content-Type");
-        if (!content_type_is_json(ct)) {
-            http_send_errorf(x, 415, "invalid_request_error", NULL, "unsupported_media_type",
-                             "Content-Type must be application/json, got '%.100s'", ct);
-            return false;
-        }
+    if (!content_type_fits(x))
+        return false;
+    if (!strcmp(x->route->method, "POST")) {
         const char *cl = MHD_lookup_connection_value(x->conn, MHD_HEADER_KIND, "Content-Length");
         if (cl) {
             char *end;
             unsigned long long n = strtoull(cl, &end, 10);
             if (end != cl && n > srv->cfg.max_body_bytes) {
-                http_send_errorf(x, 413, "invalid_request_error", NULL, "request_too_large",
+                http_send_errorf(x, 413, API_ERROR_INVALID_REQUEST, NULL, "request_too_large",
                                  "the body is %llu bytes; the limit is %zu", n,
                                  srv->cfg.max_body_bytes);
                 return false;
@@ -351,19 +375,29 @@ static bool admit_request(struct http_exchange *x, const struct route *r, bool p
     return true;
 }
 
-static void dispatch(struct http_exchange *x, const char *model_id)
+/* Hands the complete request to its route's handler. */
+static void dispatch(struct http_exchange *x, struct request_state *rs)
 {
-    switch (x->route) {
-    case ROUTE_CHAT_COMPLETIONS: openai_chat_completions(x); break;
-    case ROUTE_COMPLETIONS: openai_completions(x); break;
-    case ROUTE_MODELS: openai_models(x, model_id); break;
-    case ROUTE_HEALTH: admin_health(x); break;
-    case ROUTE_STATS: admin_stats(x); break;
-    case ROUTE_METRICS: admin_metrics(x); break;
-    default: break;
+    if (x->route->body == HTTP_BODY_MULTIPART) {
+        const char *ct = MHD_lookup_connection_value(x->conn, MHD_HEADER_KIND, "Content-Type");
+        char boundary[MULTIPART_MAX_BOUNDARY + 1];
+        struct err err = {0};
+        int rc = multipart_boundary(ct, boundary, &err);
+        if (rc == 0)
+            rc = multipart_parse(x->body, x->body_len, boundary, &rs->form, &err);
+        if (rc < 0) {
+            if (rc == -INFERD_ENOMEM)
+                http_send_errorf(x, 500, API_ERROR_SERVER, NULL, NULL, "%s", err.msg);
+            else
+                http_send_errorf(x, 400, API_ERROR_INVALID_REQUEST, NULL, "bad_request", "%s",
+                                 err.msg);
+            return;
+        }
+        x->form = &rs->form;
     }
+    x->route->handle(x);
     if (!x->responded)
-        http_send_errorf(x, 500, "server_error", NULL, NULL, "the handler sent no response");
+        http_send_errorf(x, 500, API_ERROR_SERVER, NULL, NULL, "the handler sent no response");
 }
 
 static struct conn_watch *watch_of(struct MHD_Connection *conn)
@@ -392,16 +426,20 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     struct http_daemon *d = cls;
     struct server *srv = d->srv;
     struct request_state *rs = *con_cls;
-    bool path_known;
-    const struct route *r = find_route(url, &path_known);
+    int first_on_path;
+    const struct http_route *r = find_route(d->routes, method, url, &first_on_path);
     const union MHD_ConnectionInfo *fdi =
         MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    const struct http_route *counted =
+        first_on_path >= 0 ? &d->routes->routes[first_on_path] : NULL;
     struct http_exchange x = {
         .srv = srv,
         .conn = conn,
         .method = method,
         .path = url,
-        .route = r ? r->id : ROUTE_OTHER,
+        .route = r,
+        .errors = counted && counted->errors ? counted->errors : d->routes->errors,
+        .counter = first_on_path,
         .client_fd = fdi ? fdi->connect_fd : -1,
     };
 
@@ -410,10 +448,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         if (!rs)
             return MHD_NO;
         *con_cls = rs;
-        if (!admit_request(&x, r, path_known)) {
+        if (!admit_request(&x, d->routes))
             rs->handled = true;
-            return MHD_YES;
-        }
         return MHD_YES;
     }
     if (rs->handled) {
@@ -437,16 +473,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     watch_set_deadline(d, conn, 0);
     rs->handled = true;
     if (rs->too_large) {
-        http_send_errorf(&x, 413, "invalid_request_error", NULL, "request_too_large",
+        http_send_errorf(&x, 413, API_ERROR_INVALID_REQUEST, NULL, "request_too_large",
                          "the body is over the limit of %zu bytes", srv->cfg.max_body_bytes);
         return MHD_YES;
     }
     x.body = rs->body.data ? rs->body.data : "";
     x.body_len = rs->body.len;
-    const char *model_id = NULL;
-    if (r && r->prefix)
-        model_id = url + strlen(r->path) + 1;
-    dispatch(&x, model_id);
+    if (r->id_tail)
+        x.id = url + strlen(r->path) + 1;
+    dispatch(&x, rs);
     return MHD_YES;
 }
 
@@ -457,6 +492,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     struct request_state *rs = *con_cls;
     if (rs) {
         strbuf_free(&rs->body);
+        multipart_free(&rs->form);
         free(rs);
         *con_cls = NULL;
     }
@@ -540,12 +576,19 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
     log_debug("http: %s", msg);
 }
 
-int http_start(struct server *srv, struct http_daemon **out, struct err *err)
+int http_start(struct server *srv, const struct http_routes *routes, struct http_daemon **out,
+               struct err *err)
 {
+    const char *labels[API_METRICS_MAX_ROUTES];
+    for (size_t i = 0; i < routes->n && i < API_METRICS_MAX_ROUTES; i++)
+        labels[i] = routes->routes[i].path;
+    if (api_metrics_init(&srv->metrics, labels, routes->n, err) < 0)
+        return -INFERD_EINVAL;
     struct http_daemon *d = calloc(1, sizeof *d);
     if (!d)
         return err_set(err, INFERD_ENOMEM, "out of memory for the HTTP server");
     d->srv = srv;
+    d->routes = routes;
     pthread_mutex_init(&d->watch_mu, NULL);
     pthread_mutex_init(&d->stop_mu, NULL);
     pthread_cond_init(&d->stop_cv, NULL);

@@ -10,45 +10,51 @@
 
 static const int counted_statuses[] = METRICS_STATUSES;
 
-static const char *const route_paths[ROUTE_COUNT] = {
-    [ROUTE_CHAT_COMPLETIONS] = "/v1/chat/completions",
-    [ROUTE_COMPLETIONS] = "/v1/completions",
-    [ROUTE_MODELS] = "/v1/models",
-    [ROUTE_HEALTH] = "/health",
-    [ROUTE_STATS] = "/stats",
-    [ROUTE_METRICS] = "/metrics",
-    [ROUTE_OTHER] = "other",
-};
-
-const char *api_route_path(enum api_route r)
+int api_metrics_init(struct api_metrics *m, const char *const *labels, size_t n, struct err *err)
 {
-    return r >= 0 && r < ROUTE_COUNT ? route_paths[r] : "other";
-}
-
-void api_metrics_init(struct api_metrics *m)
-{
-    for (int r = 0; r < ROUTE_COUNT; r++)
+    if (n > API_METRICS_MAX_ROUTES)
+        return err_set(err, INFERD_EINVAL, "%zu routes; the request counters hold at most %d", n,
+                       API_METRICS_MAX_ROUTES);
+    m->n_routes = n;
+    for (size_t r = 0; r <= n; r++) {
+        m->labels[r] = r < n ? labels[r] : "other";
         for (int s = 0; s < METRICS_N_STATUSES; s++)
             atomic_init(&m->requests[r][s], 0);
+    }
+    return 0;
 }
 
-void api_metrics_count(struct api_metrics *m, enum api_route route, int status)
+void api_metrics_count(struct api_metrics *m, int slot, int status)
 {
-    if (route < 0 || route >= ROUTE_COUNT)
-        route = ROUTE_OTHER;
-    int slot = METRICS_N_STATUSES - 1;
+    if (slot < 0 || (size_t)slot > m->n_routes)
+        slot = (int)m->n_routes;
+    int s_slot = METRICS_N_STATUSES - 1;
     for (int s = 0; s < METRICS_N_STATUSES - 1; s++)
         if (counted_statuses[s] == status)
-            slot = s;
-    atomic_fetch_add_explicit(&m->requests[route][slot], 1, memory_order_relaxed);
+            s_slot = s;
+    atomic_fetch_add_explicit(&m->requests[slot][s_slot], 1, memory_order_relaxed);
 }
 
 uint64_t api_metrics_total(const struct api_metrics *m)
 {
     uint64_t n = 0;
-    for (int r = 0; r < ROUTE_COUNT; r++)
+    for (size_t r = 0; r <= m->n_routes; r++)
         for (int s = 0; s < METRICS_N_STATUSES; s++)
             n += atomic_load_explicit(&m->requests[r][s], memory_order_relaxed);
+    return n;
+}
+
+/* A label's count of status slot s over every route that carries it; 0 for
+ * every route but the first with that label, which reports them all. */
+static uint64_t label_count(const struct api_metrics *m, size_t r, int s)
+{
+    for (size_t q = 0; q < r; q++)
+        if (!strcmp(m->labels[q], m->labels[r]))
+            return 0;
+    uint64_t n = 0;
+    for (size_t q = r; q <= m->n_routes; q++)
+        if (!strcmp(m->labels[q], m->labels[r]))
+            n += atomic_load_explicit(&m->requests[q][s], memory_order_relaxed);
     return n;
 }
 
@@ -75,17 +81,18 @@ void api_metrics_prometheus(const struct server *srv, struct strbuf *out)
 {
     strbuf_puts(out, "# HELP inferd_requests_total HTTP requests answered, by route and status.\n"
                      "# TYPE inferd_requests_total counter\n");
-    for (int r = 0; r < ROUTE_COUNT; r++)
+    const struct api_metrics *m = &srv->metrics;
+    for (size_t r = 0; r <= m->n_routes; r++)
         for (int s = 0; s < METRICS_N_STATUSES; s++) {
-            uint64_t n = atomic_load_explicit(&srv->metrics.requests[r][s], memory_order_relaxed);
+            uint64_t n = label_count(m, r, s);
             if (n == 0)
                 continue;
             if (s < METRICS_N_STATUSES - 1)
                 strbuf_printf(out, "inferd_requests_total{route=\"%s\",status=\"%d\"} %llu\n",
-                              route_paths[r], counted_statuses[s], (unsigned long long)n);
+                              m->labels[r], counted_statuses[s], (unsigned long long)n);
             else
                 strbuf_printf(out, "inferd_requests_total{route=\"%s\",status=\"other\"} %llu\n",
-                              route_paths[r], (unsigned long long)n);
+                              m->labels[r], (unsigned long long)n);
         }
     if (!srv->engine)
         return;

@@ -1,5 +1,6 @@
-/* api/openai.c — POST /v1/chat/completions, POST /v1/completions and GET /v1/models in the
- * OpenAI wire format: request → prompt tokens → engine → JSON or Server-Sent Events. */
+/* api/openai.c — the OpenAI wire format: POST /v1/chat/completions and /v1/completions as JSON
+ * objects or Server-Sent Events chunks (logprobs, usage), and GET /v1/models. The generation
+ * itself runs through api/generation.h. */
 #include <json-c/json.h>
 #include <math.h>
 #include <stdio.h>
@@ -7,31 +8,24 @@
 #include <string.h>
 #include <sys/random.h>
 
-#include "api/http.h"
-#include "api/prompt.h"
+#include "api/generation.h"
+#include "api/openai.h"
 #include "base/timer.h"
 #include "engine/reasoning.h"
 
-#define WAIT_SLICE_MS 50
 /* What OpenAI reports for a token that cannot be sampled (-inf). */
 #define LOGPROB_FLOOR -9999.0
 
-/* A request on its way through the engine, shared by the JSON and SSE paths. */
-struct generation {
+/* One OpenAI reply to a generation request, shared by the JSON and SSE paths. */
+struct reply {
     struct server *srv;
     enum gen_request_kind kind;
-    struct gen_output *out;      /* one reference */
+    struct generation *gen;      /* owned */
     char id[48];
     time_t created;
-    int client_fd;
-    bool split_reasoning;        /* the model thinks in <think>…</think> */
-    bool starts_inside;          /* the prompt ends inside an open <think> */
     int logprobs;                /* -1: none; else alternatives per token */
     bool include_usage;
-    /* streaming progress */
-    struct reasoning_splitter *splitter; /* owned; NULL when not splitting */
-    size_t text_sent, tokens_sent;
-    bool sent_role, finished;
+    bool sent_role;              /* streaming: the first chunk (the assistant role) is out */
 };
 
 static void random_id(char *out, size_t cap, const char *prefix)
@@ -47,17 +41,12 @@ static void random_id(char *out, size_t cap, const char *prefix)
         n += (size_t)snprintf(out + n, cap - n, "%02x", b[i]);
 }
 
-static void generation_free(struct generation *g)
+static void reply_free(struct reply *r)
 {
-    if (!g)
+    if (!r)
         return;
-    if (g->out) {
-        if (g->out->finish == GEN_RUNNING)
-            atomic_store(&g->out->cancel, true);
-        gen_output_release(g->out);
-    }
-    reasoning_splitter_free(g->splitter);
-    free(g);
+    generation_free(r->gen);
+    free(r);
 }
 
 /* ---- JSON helpers ---- */
@@ -95,7 +84,7 @@ static char *token_text(const struct tokenizer *tok, int32_t id, size_t *len)
     return text;
 }
 
-static json_object *usage_json(const struct gen_output *o)
+static json_object *usage_json(const struct gen_news *o)
 {
     json_object *u = json_object_new_object();
     json_object_object_add(u, "prompt_tokens", json_object_new_int(o->n_prompt));
@@ -185,7 +174,7 @@ static void send_json_object(struct http_exchange *x, int status, json_object *o
     if (s)
         http_send_json(x, status, s, len);
     else
-        http_send_errorf(x, 500, "server_error", NULL, NULL, "out of memory for the response");
+        http_send_errorf(x, 500, API_ERROR_SERVER, NULL, NULL, "out of memory for the response");
     json_object_put(o);
 }
 
@@ -201,181 +190,72 @@ static void append_sse(struct strbuf *out, json_object *o)
     json_object_put(o);
 }
 
-static void fail_request(struct http_exchange *x, int status, const char *param,
-                         const char *code, const char *msg)
-{
-    http_send_errorf(x, status, status >= 500 ? "server_error" : "invalid_request_error", param,
-                     code, "%s", msg);
-}
-
-/* Parses, prepares and submits; on failure the error is sent and NULL returned. */
-static struct generation *start_generation(struct http_exchange *x, enum gen_request_kind kind,
-                                           struct gen_request *req)
-{
-    struct server *srv = x->srv;
-    if (atomic_load(&srv->stopping)) {
-        fail_request(x, 503, NULL, "shutting_down", "the server is shutting down");
-        return NULL;
-    }
-    if (!atomic_load(&srv->ready)) {
-        fail_request(x, 503, NULL, "model_loading", "the model is still loading; try again");
-        return NULL;
-    }
-    struct api_error aerr;
-    if (gen_request_parse(x->body, x->body_len, kind, req, &aerr) < 0) {
-        http_send_error(x, &aerr);
-        return NULL;
-    }
-    struct prompt pr;
-    if (!prompt_build(srv, req, &pr, &aerr)) {
-        http_send_error(x, &aerr);
-        return NULL;
-    }
-    struct sampler_logit_bias *bias = calloc(req->n_logit_bias + 1, sizeof *bias);
-    struct generation *g = calloc(1, sizeof *g);
-    if (!bias || !g) {
-        prompt_free(&pr);
-        free(bias);
-        free(g);
-        fail_request(x, 500, NULL, NULL, "out of memory");
-        return NULL;
-    }
-    struct gen_params p;
-    memset(&p, 0, sizeof p);
-    prompt_fill_params(srv, req, &pr, &p, bias);
-    struct err err = {0};
-    int rc = engine_submit(srv->engine, &p, &g->out, &err);
-    bool starts_inside = pr.starts_inside_think;
-    prompt_free(&pr);
-    free(bias);
-    if (rc < 0) {
-        free(g);
-        if (rc == -INFERD_EBUSY)
-            http_send_errorf(x, 429, "rate_limit_error", NULL, "rate_limit_exceeded", "%s",
-                             err.msg);
-        else if (rc == -INFERD_ERANGE)
-            fail_request(x, 400, kind == GEN_REQUEST_CHAT ? "messages" : "prompt",
-                         "context_length_exceeded", err.msg);
-        else if (rc == -INFERD_ENOMEM)
-            fail_request(x, 503, NULL, "out_of_memory", err.msg);
-        else
-            fail_request(x, 400, NULL, NULL, err.msg);
-        return NULL;
-    }
-    g->srv = srv;
-    g->kind = kind;
-    random_id(g->id, sizeof g->id, kind == GEN_REQUEST_CHAT ? "chatcmpl-" : "cmpl-");
-    g->created = time(NULL);
-    g->client_fd = x->client_fd;
-    g->split_reasoning = kind == GEN_REQUEST_CHAT && (starts_inside || prompt_model_thinks(srv->tok));
-    g->starts_inside = starts_inside;
-    g->logprobs = p.logprobs;
-    g->include_usage = req->has_include_usage && req->include_usage;
-    return g;
-}
-
-/* Waits (under out->mu) for news past what was sent. False when the client left. */
-static bool wait_for_news(struct generation *g)
-{
-    struct gen_output *o = g->out;
-    while (o->finish == GEN_RUNNING && o->text_len <= g->text_sent &&
-           o->n_tokens <= g->tokens_sent) {
-        gen_output_wait(o, g->text_sent, g->tokens_sent, WAIT_SLICE_MS);
-        if (o->finish == GEN_RUNNING && http_client_gone(g->client_fd)) {
-            atomic_store(&o->cancel, true);
-            return false;
-        }
-    }
-    return true;
-}
-
-static json_object *base_object(const struct generation *g, const char *object)
+static json_object *base_object(const struct reply *r, const char *object)
 {
     json_object *o = json_object_new_object();
-    json_object_object_add(o, "id", json_object_new_string(g->id));
+    json_object_object_add(o, "id", json_object_new_string(r->id));
     json_object_object_add(o, "object", json_object_new_string(object));
-    json_object_object_add(o, "created", json_object_new_int64(g->created));
-    json_object_object_add(o, "model", json_object_new_string(g->srv->model_id));
+    json_object_object_add(o, "created", json_object_new_int64(r->created));
+    json_object_object_add(o, "model", json_object_new_string(r->srv->model_id));
     return o;
 }
 
 /* ---- JSON responses ---- */
 
-static void respond_json(struct http_exchange *x, struct generation *g)
+static void respond_json(struct http_exchange *x, struct reply *r)
 {
-    struct gen_output *o = g->out;
-    pthread_mutex_lock(&o->mu);
-    while (o->finish == GEN_RUNNING) {
-        if (!wait_for_news(g))
-            break;
-        g->text_sent = o->text_len;
-        g->tokens_sent = o->n_tokens;
-    }
-    enum gen_finish finish = o->finish;
-    pthread_mutex_unlock(&o->mu);
-    if (finish == GEN_RUNNING || finish == GEN_FINISH_CANCELLED) {
-        fail_request(x, 503, NULL, "cancelled", "the request was cancelled");
+    struct generation_news all;
+    struct api_error e;
+    if (generation_collect(r->gen, &all, &e) < 0) {
+        http_send_error(x, &e);
         return;
     }
-    if (finish == GEN_FINISH_ERROR) {
-        /* Memory (e.g. on the GPU) running out is the server's state, not a fault. */
-        if (o->error_code == INFERD_ENOMEM)
-            fail_request(x, 503, NULL, "out_of_memory", o->error);
-        else
-            fail_request(x, 500, NULL, NULL, o->error);
-        return;
-    }
-    /* Finished: the engine no longer writes to o. */
-    json_object *root = base_object(g, g->kind == GEN_REQUEST_CHAT ? "chat.completion"
+    const struct gen_news *o = &all.out;
+    json_object *root = base_object(r, r->kind == GEN_REQUEST_CHAT ? "chat.completion"
                                                                    : "text_completion");
     json_object *choice = json_object_new_object();
     json_object_object_add(choice, "index", json_object_new_int(0));
     const char *text = o->text ? o->text : "";
-    if (g->kind == GEN_REQUEST_CHAT) {
+    if (r->kind == GEN_REQUEST_CHAT) {
         json_object *msg = json_object_new_object();
         json_object_object_add(msg, "role", json_object_new_string("assistant"));
-        char *reasoning = NULL, *content = NULL;
-        size_t rlen = 0, clen = 0;
-        struct err err = {0};
-        if (g->split_reasoning &&
-            reasoning_split_all(text, o->text_len, g->starts_inside, &reasoning, &rlen, &content,
-                                &clen, &err) == 0) {
-            json_object_object_add(msg, "content", jstr(content, clen));
-            if (rlen > 0)
-                json_object_object_add(msg, "reasoning_content", jstr(reasoning, rlen));
+        if (all.split) {
+            json_object_object_add(msg, "content", jstr(all.text.content, all.text.content_len));
+            if (all.text.reasoning_len > 0)
+                json_object_object_add(msg, "reasoning_content",
+                                       jstr(all.text.reasoning, all.text.reasoning_len));
         } else {
             json_object_object_add(msg, "content", jstr(text, o->text_len));
         }
-        free(reasoning);
-        free(content);
         json_object_object_add(msg, "refusal", NULL);
         json_object_object_add(choice, "message", msg);
         json_object_object_add(choice, "logprobs",
-                               g->logprobs >= 0
-                                   ? chat_logprobs_json(g->srv->tok, o->tokens, o->n_tokens)
+                               r->logprobs >= 0
+                                   ? chat_logprobs_json(r->srv->tok, o->tokens, o->n_tokens)
                                    : NULL);
     } else {
         json_object_object_add(choice, "text", jstr(text, o->text_len));
         json_object_object_add(
             choice, "logprobs",
-            g->logprobs >= 0 ? completion_logprobs_json(g->srv->tok, o->tokens, o->n_tokens, 0, 0)
+            r->logprobs >= 0 ? completion_logprobs_json(r->srv->tok, o->tokens, o->n_tokens, 0, 0)
                              : NULL);
     }
-    json_object_object_add(choice, "finish_reason", json_object_new_string(finish_name(finish)));
+    json_object_object_add(choice, "finish_reason", json_object_new_string(finish_name(o->finish)));
     json_object *choices = json_object_new_array();
     json_object_array_add(choices, choice);
     json_object_object_add(root, "choices", choices);
     json_object_object_add(root, "usage", usage_json(o));
+    generation_news_free(&all);
     send_json_object(x, 200, root);
 }
 
 /* ---- Server-Sent Events ---- */
 
-static json_object *chunk_object(const struct generation *g, json_object *payload,
+static json_object *chunk_object(const struct reply *r, json_object *payload,
                                  json_object *logprobs, const char *finish)
 {
-    bool chat = g->kind == GEN_REQUEST_CHAT;
-    json_object *root = base_object(g, chat ? "chat.completion.chunk" : "text_completion");
+    bool chat = r->kind == GEN_REQUEST_CHAT;
+    json_object *root = base_object(r, chat ? "chat.completion.chunk" : "text_completion");
     json_object *choice = json_object_new_object();
     json_object_object_add(choice, "index", json_object_new_int(0));
     json_object_object_add(choice, chat ? "delta" : "text", payload);
@@ -388,11 +268,11 @@ static json_object *chunk_object(const struct generation *g, json_object *payloa
     return root;
 }
 
-static void emit_delta(struct generation *g, struct strbuf *out, const char *reasoning,
-                       size_t rlen, const char *content, size_t clen, json_object *logprobs)
+static void emit_delta(struct reply *r, struct strbuf *out, const char *reasoning, size_t rlen,
+                       const char *content, size_t clen, json_object *logprobs)
 {
-    if (g->kind == GEN_REQUEST_COMPLETION) {
-        append_sse(out, chunk_object(g, jstr(content, clen), logprobs, NULL));
+    if (r->kind == GEN_REQUEST_COMPLETION) {
+        append_sse(out, chunk_object(r, jstr(content, clen), logprobs, NULL));
         return;
     }
     json_object *delta = json_object_new_object();
@@ -400,112 +280,90 @@ static void emit_delta(struct generation *g, struct strbuf *out, const char *rea
         json_object_object_add(delta, "reasoning_content", jstr(reasoning, rlen));
     if (clen > 0 || rlen == 0)
         json_object_object_add(delta, "content", jstr(content, clen));
-    append_sse(out, chunk_object(g, delta, logprobs, NULL));
+    append_sse(out, chunk_object(r, delta, logprobs, NULL));
+}
+
+/* The chunks for one piece of news: its text (with its tokens' logprobs), then
+ * at the finish the split's held-back text, the finish chunk and usage, or
+ * an error object; then [DONE]. */
+static void emit_news(struct reply *r, struct strbuf *out, const struct generation_news *n,
+                      bool *done)
+{
+    const struct gen_news *o = &n->out;
+    json_object *lp = NULL;
+    if (r->logprobs >= 0 && o->n_tokens > 0)
+        lp = r->kind == GEN_REQUEST_CHAT
+                 ? chat_logprobs_json(r->srv->tok, o->tokens, o->n_tokens)
+                 : completion_logprobs_json(r->srv->tok, o->tokens, o->n_tokens, 0, o->text_from);
+    if (n->split) {
+        const struct generation_text *t = &n->text;
+        if (t->reasoning_len || t->content_len || lp) {
+            emit_delta(r, out, t->reasoning, t->reasoning_len, t->content, t->content_len, lp);
+            lp = NULL;
+        }
+    } else if (o->text_len > 0 || lp) {
+        emit_delta(r, out, NULL, 0, o->text ? o->text : "", o->text_len, lp);
+        lp = NULL;
+    }
+    if (lp)
+        json_object_put(lp);
+    if (o->finish == GEN_RUNNING)
+        return;
+
+    const struct generation_text *tail = &n->tail;
+    if (tail->reasoning_len || tail->content_len)
+        emit_delta(r, out, tail->reasoning, tail->reasoning_len, tail->content, tail->content_len,
+                   NULL);
+    if (o->finish == GEN_FINISH_ERROR || o->finish == GEN_FINISH_CANCELLED) {
+        /* The status line is long gone: the error travels as an event. */
+        struct api_error e;
+        api_error_set(&e, 500, API_ERROR_SERVER, NULL, NULL, "%s",
+                      o->finish == GEN_FINISH_ERROR ? o->error : "the request was cancelled");
+        strbuf_puts(out, "data: ");
+        api_error_render_openai(&e, out);
+        strbuf_puts(out, "\n\n");
+    } else {
+        json_object *payload = r->kind == GEN_REQUEST_CHAT ? json_object_new_object()
+                                                           : json_object_new_string("");
+        append_sse(out, chunk_object(r, payload, NULL, finish_name(o->finish)));
+        if (r->include_usage) {
+            json_object *u = base_object(r, r->kind == GEN_REQUEST_CHAT ? "chat.completion.chunk"
+                                                                        : "text_completion");
+            json_object_object_add(u, "choices", json_object_new_array());
+            json_object_object_add(u, "usage", usage_json(o));
+            append_sse(out, u);
+        }
+    }
+    strbuf_puts(out, "data: [DONE]\n\n");
+    *done = true;
 }
 
 static bool stream_produce(void *ctx, struct strbuf *out, bool *done)
 {
-    struct generation *g = ctx;
-    struct gen_output *o = g->out;
-    if (!g->sent_role) {
-        g->sent_role = true;
-        if (g->kind == GEN_REQUEST_CHAT) {
+    struct reply *r = ctx;
+    if (!r->sent_role) {
+        r->sent_role = true;
+        if (r->kind == GEN_REQUEST_CHAT) {
             json_object *delta = json_object_new_object();
             json_object_object_add(delta, "role", json_object_new_string("assistant"));
             json_object_object_add(delta, "content", json_object_new_string(""));
-            append_sse(out, chunk_object(g, delta, NULL, NULL));
+            append_sse(out, chunk_object(r, delta, NULL, NULL));
             return true;
         }
     }
     while (out->len == 0 && !*done) {
-        pthread_mutex_lock(&o->mu);
-        if (!wait_for_news(g)) {
-            pthread_mutex_unlock(&o->mu);
+        struct generation_news n;
+        if (generation_next(r->gen, -1, &n) < 0)
             return false;
-        }
-        size_t from = g->text_sent, to = o->text_len;
-        size_t t_from = g->tokens_sent, t_to = o->n_tokens;
-        enum gen_finish finish = o->finish;
-        /* Copy out under the lock: the engine may grow (move) the buffers. */
-        char *text = to > from ? malloc(to - from) : NULL;
-        struct gen_token *toks = t_to > t_from ? malloc((t_to - t_from) * sizeof *toks) : NULL;
-        if (text)
-            memcpy(text, o->text + from, to - from);
-        if (toks)
-            memcpy(toks, o->tokens + t_from, (t_to - t_from) * sizeof *toks);
-        pthread_mutex_unlock(&o->mu);
-        if ((to > from && !text) || (t_to > t_from && !toks)) {
-            free(text);
-            free(toks);
-            return false;
-        }
-        g->text_sent = to;
-        g->tokens_sent = t_to;
-
-        json_object *lp = NULL;
-        if (g->logprobs >= 0 && toks)
-            lp = g->kind == GEN_REQUEST_CHAT
-                     ? chat_logprobs_json(g->srv->tok, toks, t_to - t_from)
-                     : completion_logprobs_json(g->srv->tok, toks, t_to - t_from, 0, from);
-        struct err err = {0};
-        if (g->splitter && to > from) {
-            struct reasoning_delta d = {0};
-            if (reasoning_splitter_push(g->splitter, text, to - from, &d, &err) == 0 &&
-                (d.reasoning_len || d.content_len || lp)) {
-                emit_delta(g, out, d.reasoning, d.reasoning_len, d.content, d.content_len, lp);
-                lp = NULL;
-            }
-        } else if (to > from || lp) {
-            emit_delta(g, out, NULL, 0, text ? text : "", to - from, lp);
-            lp = NULL;
-        }
-        if (lp)
-            json_object_put(lp);
-        free(text);
-        free(toks);
-
-        if (finish != GEN_RUNNING) {
-            if (g->splitter) {
-                struct reasoning_delta d = {0};
-                if (reasoning_splitter_flush(g->splitter, &d, &err) == 0 &&
-                    (d.reasoning_len || d.content_len))
-                    emit_delta(g, out, d.reasoning, d.reasoning_len, d.content, d.content_len,
-                               NULL);
-            }
-            if (finish == GEN_FINISH_ERROR || finish == GEN_FINISH_CANCELLED) {
-                json_object *e = json_object_new_object(), *body = json_object_new_object();
-                json_object_object_add(body, "message",
-                                       json_object_new_string(finish == GEN_FINISH_ERROR
-                                                                  ? o->error
-                                                                  : "the request was cancelled"));
-                json_object_object_add(body, "type", json_object_new_string("server_error"));
-                json_object_object_add(body, "param", NULL);
-                json_object_object_add(body, "code", NULL);
-                json_object_object_add(e, "error", body);
-                append_sse(out, e);
-            } else {
-                json_object *payload = g->kind == GEN_REQUEST_CHAT ? json_object_new_object()
-                                                                   : json_object_new_string("");
-                append_sse(out, chunk_object(g, payload, NULL, finish_name(finish)));
-                if (g->include_usage) {
-                    json_object *u = base_object(g, g->kind == GEN_REQUEST_CHAT
-                                                        ? "chat.completion.chunk"
-                                                        : "text_completion");
-                    json_object_object_add(u, "choices", json_object_new_array());
-                    json_object_object_add(u, "usage", usage_json(o));
-                    append_sse(out, u);
-                }
-            }
-            strbuf_puts(out, "data: [DONE]\n\n");
-            *done = true;
-        }
+        emit_news(r, out, &n, done);
+        generation_news_free(&n);
     }
     return true;
 }
 
 static void stream_release(void *ctx)
 {
-    generation_free(ctx);
+    reply_free(ctx);
 }
 
 /* Structured output is not implemented yet: a request for it is answered
@@ -522,32 +380,53 @@ static const char *response_format_warning(const struct gen_request *req)
     return "299 inferd \"response_format is not enforced: the reply is unconstrained text\"";
 }
 
+/* Admits, parses and submits; on failure the error is sent and NULL returned. */
+static struct reply *start_reply(struct http_exchange *x, enum gen_request_kind kind,
+                                 struct gen_request *req)
+{
+    struct api_error e;
+    memset(&e, 0, sizeof e);
+    if (generation_admit(x->srv, &e) < 0 ||
+        gen_request_parse(x->body, x->body_len, kind, req, &e) < 0) {
+        http_send_error(x, &e);
+        return NULL;
+    }
+    struct reply *r = calloc(1, sizeof *r);
+    if (!r) {
+        http_send_errorf(x, 500, API_ERROR_SERVER, NULL, NULL, "out of memory");
+        return NULL;
+    }
+    if (generation_start(x, req, &r->gen, &e) < 0) {
+        free(r);
+        http_send_error(x, &e);
+        return NULL;
+    }
+    r->srv = x->srv;
+    r->kind = kind;
+    random_id(r->id, sizeof r->id, kind == GEN_REQUEST_CHAT ? "chatcmpl-" : "cmpl-");
+    r->created = time(NULL);
+    r->logprobs = generation_logprobs(r->gen);
+    r->include_usage = req->has_include_usage && req->include_usage;
+    return r;
+}
+
 static void handle_generation(struct http_exchange *x, enum gen_request_kind kind)
 {
     struct gen_request req;
     memset(&req, 0, sizeof req);
-    struct generation *g = start_generation(x, kind, &req);
+    struct reply *r = start_reply(x, kind, &req);
     x->warning = response_format_warning(&req);
     bool stream = req.has_stream && req.stream;
     gen_request_free(&req);
-    if (!g)
+    if (!r)
         return;
     if (!stream) {
-        respond_json(x, g);
-        generation_free(g);
+        respond_json(x, r);
+        reply_free(r);
         return;
     }
-    if (g->split_reasoning) {
-        struct reasoning_opts opts = {.starts_inside = g->starts_inside};
-        struct err err = {0};
-        if (reasoning_splitter_create(&opts, &g->splitter, &err) < 0) {
-            generation_free(g);
-            fail_request(x, 500, NULL, NULL, err.msg);
-            return;
-        }
-    }
     http_send_stream(x, 200, "text/event-stream",
-                     (struct http_stream){stream_produce, stream_release, g});
+                     (struct http_stream){stream_produce, stream_release, r});
 }
 
 void openai_chat_completions(struct http_exchange *x)
@@ -573,12 +452,13 @@ static json_object *model_object(const struct server *srv)
     return m;
 }
 
-void openai_models(struct http_exchange *x, const char *id)
+void openai_models(struct http_exchange *x)
 {
     struct server *srv = x->srv;
+    const char *id = x->id;
     if (id) {
         if (strcmp(id, srv->model_id)) {
-            http_send_errorf(x, 404, "invalid_request_error", "model", "model_not_found",
+            http_send_errorf(x, 404, API_ERROR_NOT_FOUND, "model", "model_not_found",
                              "the model '%.200s' does not exist; this server serves '%s'", id,
                              srv->model_id);
             return;

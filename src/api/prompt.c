@@ -16,15 +16,10 @@ static bool fail(struct api_error *e, int status, const char *param, const char 
 static bool fail(struct api_error *e, int status, const char *param, const char *code,
                  const char *fmt, ...)
 {
-    memset(e, 0, sizeof *e);
-    e->status = status;
-    snprintf(e->type, sizeof e->type, "%s",
-             status >= 500 ? "server_error" : "invalid_request_error");
-    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
-    snprintf(e->code, sizeof e->code, "%s", code ? code : "");
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    api_error_setv(e, status, status >= 500 ? API_ERROR_SERVER : API_ERROR_INVALID_REQUEST,
+                   param, code, fmt, ap);
     va_end(ap);
     return false;
 }

@@ -977,30 +977,3 @@ void gen_request_free(struct gen_request *r)
     json_object_put(r->response_format);
     memset(r, 0, sizeof *r);
 }
-
-static json_object *string_or_null(const char *s)
-{
-    return s[0] ? json_object_new_string(s) : NULL;
-}
-
-int api_error_to_json(const struct api_error *e, char **out)
-{
-    *out = NULL;
-    json_object *inner = json_object_new_object();
-    json_object *root = json_object_new_object();
-    if (!inner || !root) {
-        json_object_put(inner);
-        json_object_put(root);
-        return -INFERD_ENOMEM;
-    }
-    json_object_object_add(root, "error", inner);
-    json_object_object_add(inner, "message", json_object_new_string(e->message));
-    json_object_object_add(inner, "type", json_object_new_string(e->type));
-    json_object_object_add(inner, "param", string_or_null(e->param));
-    json_object_object_add(inner, "code", string_or_null(e->code));
-    const char *s = json_object_to_json_string_ext(root, JSON_C_TO_STRING_PLAIN |
-                                                             JSON_C_TO_STRING_NOSLASHESCAPE);
-    *out = s ? strdup(s) : NULL;
-    json_object_put(root);
-    return *out ? 0 : -INFERD_ENOMEM;
-}

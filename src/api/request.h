@@ -7,6 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "api/errors.h"
+
 #define GEN_REQUEST_MAX_STOP 4
 #define GEN_REQUEST_MAX_DEPTH 64
 
@@ -109,15 +111,6 @@ struct gen_request {
     json_object *response_format; /* owned reference; kept raw, not validated here */
 };
 
-/* An error in the shape of OpenAI's error object; empty param/code mean null. */
-struct api_error {
-    int status;        /* HTTP status: 400 for bad input, 500 when memory ran out */
-    char type[32];     /* "invalid_request_error" or "server_error" */
-    char param[64];    /* the offending field, e.g. "messages[2].role" */
-    char code[64];     /* machine-readable code, often empty */
-    char message[512]; /* says what was wrong and what is allowed */
-};
-
 /* Parses len bytes of body (need not be NUL-terminated) as a request of the
  * given kind. Returns 0 and fills out (release with gen_request_free), or
  * -INFERD_EINVAL (status 400) / -INFERD_ENOMEM (status 500) with err filled
@@ -127,9 +120,5 @@ int gen_request_parse(const char *body, size_t len, enum gen_request_kind kind,
 
 /* Releases everything r owns and zeroes it; safe on a zeroed struct. */
 void gen_request_free(struct gen_request *r);
-
-/* Renders {"error":{"message","type","param","code"}} into *out (malloc'd,
- * caller frees). Returns 0 or -INFERD_ENOMEM. */
-int api_error_to_json(const struct api_error *e, char **out);
 
 #endif

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "api/http.h"
+#include "api/routes.h"
 #include "base/log.h"
 #include "base/timer.h"
 #include "cli/args.h"
@@ -207,11 +207,10 @@ int cmd_serve(int argc, char **argv)
     srv.started_ns = now_ns();
     atomic_init(&srv.ready, false);
     atomic_init(&srv.stopping, false);
-    api_metrics_init(&srv.metrics);
 
     struct err err = {0};
     struct http_daemon *http = NULL;
-    if (http_start(&srv, &http, &err) < 0) {
+    if (http_start(&srv, api_routes(), &http, &err) < 0) {
         fprintf(stderr, "inferd serve: %s\n", err.msg);
         return 1;
     }

@@ -1,0 +1,268 @@
+/* api/generation.c — the API-neutral path of a generation request: admission, prompt and
+ * parameters, submit, taking the engine's output (gen_output_drain) while watching the client,
+ * and the reasoning split. */
+#include "api/generation.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/prompt.h"
+#include "base/timer.h"
+#include "engine/reasoning.h"
+
+/* How often a waiting reader looks whether its client is still there. */
+#define WAIT_SLICE_MS 50
+
+struct generation {
+    struct server *srv;
+    struct gen_output *out;               /* one reference */
+    struct gen_cursor cur;                /* how far the output was taken */
+    int client_fd;
+    int logprobs;
+    bool split_reasoning;                 /* the model thinks in <think>…</think> */
+    bool starts_inside;                   /* the prompt ends inside an open <think> */
+    struct reasoning_splitter *splitter;  /* owned; NULL when not splitting */
+    bool finished;                        /* the finish was taken */
+};
+
+int generation_admit(const struct server *srv, struct api_error *e)
+{
+    if (atomic_load(&srv->stopping)) {
+        api_error_set(e, 503, API_ERROR_UNAVAILABLE, NULL, "shutting_down",
+                      "the server is shutting down");
+        return -INFERD_EBUSY;
+    }
+    if (!atomic_load(&srv->ready)) {
+        api_error_set(e, 503, API_ERROR_UNAVAILABLE, NULL, "model_loading",
+                      "the model is still loading; try again");
+        return -INFERD_EBUSY;
+    }
+    return 0;
+}
+
+/* The engine's refusal of a submit, as the client should see it. */
+static int submit_error(int rc, const struct gen_request *req, const struct err *err,
+                        struct api_error *e)
+{
+    if (rc == -INFERD_EBUSY)
+        api_error_set(e, 429, API_ERROR_RATE_LIMIT, NULL, "rate_limit_exceeded", "%s", err->msg);
+    else if (rc == -INFERD_ERANGE)
+        api_error_set(e, 400, API_ERROR_INVALID_REQUEST,
+                      req->kind == GEN_REQUEST_CHAT ? "messages" : "prompt",
+                      "context_length_exceeded", "%s", err->msg);
+    else if (rc == -INFERD_ENOMEM)
+        api_error_set(e, 503, API_ERROR_UNAVAILABLE, NULL, "out_of_memory", "%s", err->msg);
+    else
+        api_error_set(e, 400, API_ERROR_INVALID_REQUEST, NULL, NULL, "%s", err->msg);
+    return rc;
+}
+
+int generation_start(const struct http_exchange *x, const struct gen_request *req,
+                     struct generation **out, struct api_error *e)
+{
+    struct server *srv = x->srv;
+    *out = NULL;
+    struct prompt pr;
+    if (!prompt_build(srv, req, &pr, e))
+        return -INFERD_EINVAL;
+    struct sampler_logit_bias *bias = calloc(req->n_logit_bias + 1, sizeof *bias);
+    struct generation *g = calloc(1, sizeof *g);
+    if (!bias || !g) {
+        prompt_free(&pr);
+        free(bias);
+        free(g);
+        api_error_set(e, 500, API_ERROR_SERVER, NULL, NULL, "out of memory");
+        return -INFERD_ENOMEM;
+    }
+    struct gen_params p;
+    memset(&p, 0, sizeof p);
+    prompt_fill_params(srv, req, &pr, &p, bias);
+    struct err err = {0};
+    int rc = engine_submit(srv->engine, &p, &g->out, &err);
+    bool starts_inside = pr.starts_inside_think;
+    prompt_free(&pr);
+    free(bias);
+    if (rc < 0) {
+        free(g);
+        return submit_error(rc, req, &err, e);
+    }
+    g->srv = srv;
+    g->client_fd = x->client_fd;
+    g->logprobs = p.logprobs;
+    g->split_reasoning =
+        req->kind == GEN_REQUEST_CHAT && (starts_inside || prompt_model_thinks(srv->tok));
+    g->starts_inside = starts_inside;
+    if (g->split_reasoning) {
+        struct reasoning_opts opts = {.starts_inside = starts_inside};
+        if ((rc = reasoning_splitter_create(&opts, &g->splitter, &err)) < 0) {
+            generation_free(g);
+            api_error_set(e, 500, API_ERROR_SERVER, NULL, NULL, "%s", err.msg);
+            return rc;
+        }
+    }
+    *out = g;
+    return 0;
+}
+
+int generation_logprobs(const struct generation *g)
+{
+    return g->logprobs;
+}
+
+static char *copy_text(const char *s, size_t len)
+{
+    char *c = malloc(len + 1);
+    if (c) {
+        if (len)
+            memcpy(c, s, len);
+        c[len] = '\0';
+    }
+    return c;
+}
+
+/* Copies a splitter's delta (valid only until its next call) into t. */
+static int take_delta(const struct reasoning_delta *d, struct generation_text *t)
+{
+    t->reasoning = copy_text(d->reasoning, d->reasoning_len);
+    t->content = copy_text(d->content, d->content_len);
+    if (!t->reasoning || !t->content)
+        return -INFERD_ENOMEM;
+    t->reasoning_len = d->reasoning_len;
+    t->content_len = d->content_len;
+    return 0;
+}
+
+static void cancel(struct generation *g)
+{
+    atomic_store(&g->out->cancel, true);
+}
+
+int generation_next(struct generation *g, int timeout_ms, struct generation_news *news)
+{
+    memset(news, 0, sizeof *news);
+    uint64_t until = timeout_ms >= 0 ? now_ns() + (uint64_t)timeout_ms * 1000000ull : 0;
+    for (;;) {
+        int slice = WAIT_SLICE_MS;
+        if (timeout_ms >= 0) {
+            uint64_t now = now_ns();
+            uint64_t left_ms = now < until ? (until - now + 999999) / 1000000 : 0;
+            if (left_ms < (uint64_t)slice)
+                slice = (int)left_ms;
+        }
+        int rc = gen_output_drain(g->out, &g->cur, slice, &news->out);
+        if (rc < 0)
+            return rc;
+        if (news->out.finish != GEN_RUNNING) {
+            g->finished = true;
+            break;
+        }
+        if (http_client_gone(g->client_fd)) {
+            cancel(g);
+            generation_news_free(news);
+            return -INFERD_EIO;
+        }
+        if (news->out.text_len > 0 || news->out.n_tokens > 0)
+            break;
+        if (timeout_ms >= 0 && now_ns() >= until)
+            return 0;
+    }
+    if (!g->splitter)
+        return 0;
+    struct err err = {0};
+    struct reasoning_delta d = {0};
+    if (news->out.text_len > 0) {
+        /* The splitter fails only when memory runs out. */
+        news->split = true;
+        if (reasoning_splitter_push(g->splitter, news->out.text, news->out.text_len, &d, &err) <
+                0 ||
+            take_delta(&d, &news->text) < 0)
+            goto nomem;
+    }
+    memset(&d, 0, sizeof d);
+    if (news->out.finish != GEN_RUNNING && reasoning_splitter_flush(g->splitter, &d, &err) == 0 &&
+        take_delta(&d, &news->tail) < 0)
+        goto nomem;
+    return 0;
+nomem:
+    generation_news_free(news);
+    return -INFERD_ENOMEM;
+}
+
+/* The error for a generation that did not finish normally. */
+static int finish_error(const struct gen_news *n, struct api_error *e)
+{
+    if (n->finish == GEN_FINISH_ERROR) {
+        /* Memory (e.g. on the GPU) running out is the server's state, not a fault. */
+        if (n->error_code == INFERD_ENOMEM)
+            api_error_set(e, 503, API_ERROR_UNAVAILABLE, NULL, "out_of_memory", "%s", n->error);
+        else
+            api_error_set(e, 500, API_ERROR_SERVER, NULL, NULL, "%s", n->error);
+    } else {
+        api_error_set(e, 503, API_ERROR_UNAVAILABLE, NULL, "cancelled",
+                      "the request was cancelled");
+    }
+    return -INFERD_EIO;
+}
+
+int generation_collect(struct generation *g, struct generation_news *all, struct api_error *e)
+{
+    memset(all, 0, sizeof *all);
+    struct gen_news n;
+    for (;;) {
+        if (gen_output_drain(g->out, &g->cur, WAIT_SLICE_MS, &n) < 0)
+            goto nomem;
+        enum gen_finish finish = n.finish;
+        gen_news_free(&n);
+        if (finish != GEN_RUNNING) {
+            g->finished = true;
+            break;
+        }
+        if (http_client_gone(g->client_fd)) {
+            cancel(g);
+            return finish_error(&n, e);
+        }
+    }
+    /* Finished: the engine no longer writes, so one drain from the start takes it all. */
+    struct gen_cursor whole = {0};
+    if (gen_output_drain(g->out, &whole, 0, &all->out) < 0)
+        goto nomem;
+    if (all->out.finish != GEN_FINISH_STOP && all->out.finish != GEN_FINISH_LENGTH) {
+        int rc = finish_error(&all->out, e);
+        generation_news_free(all);
+        return rc;
+    }
+    struct err err = {0};
+    struct generation_text *t = &all->text;
+    if (g->split_reasoning &&
+        reasoning_split_all(all->out.text ? all->out.text : "", all->out.text_len,
+                            g->starts_inside, &t->reasoning, &t->reasoning_len, &t->content,
+                            &t->content_len, &err) == 0)
+        all->split = true;
+    return 0;
+nomem:
+    api_error_set(e, 500, API_ERROR_SERVER, NULL, NULL, "out of memory for the reply");
+    return -INFERD_ENOMEM;
+}
+
+void generation_news_free(struct generation_news *news)
+{
+    gen_news_free(&news->out);
+    free(news->text.reasoning);
+    free(news->text.content);
+    free(news->tail.reasoning);
+    free(news->tail.content);
+    memset(news, 0, sizeof *news);
+}
+
+void generation_free(struct generation *g)
+{
+    if (!g)
+        return;
+    if (g->out) {
+        if (!g->finished)
+            cancel(g);
+        gen_output_release(g->out);
+    }
+    reasoning_splitter_free(g->splitter);
+    free(g);
+}

@@ -1,0 +1,72 @@
+/* api/generation.h — what every API does to answer a generation request: the readiness checks,
+ * the prompt and the engine's parameters, submitting (the engine's refusals mapped to HTTP
+ * statuses), taking the output as it comes while watching the client, and splitting the text
+ * into reasoning and content. An API file adds only its wire format. */
+#ifndef INFERD_API_GENERATION_H
+#define INFERD_API_GENERATION_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "api/errors.h"
+#include "api/http.h"
+#include "api/request.h"
+#include "engine/engine.h"
+
+/* A request on its way through the engine. */
+struct generation;
+
+/* 0 when the server takes generations now; else e is a 503 (shutting_down,
+ * model_loading) and -INFERD_EBUSY is returned. Call before reading the body,
+ * so a loading server says so whatever the request. */
+int generation_admit(const struct server *srv, struct api_error *e);
+
+/* Builds req's prompt and parameters and submits them. Returns 0 with *out
+ * (release with generation_free), or a negative code with e filled: the
+ * prompt's own errors, 429 rate_limit_exceeded (queue full), 400
+ * context_length_exceeded naming "messages" or "prompt", 503 out_of_memory,
+ * else 400. The reply is split into reasoning and content when req is a chat
+ * and the model thinks in <think>…</think>. */
+int generation_start(const struct http_exchange *x, const struct gen_request *req,
+                     struct generation **out, struct api_error *e);
+
+/* The logprobs the engine reports per token: -1 none, else the alternatives. */
+int generation_logprobs(const struct generation *g);
+
+/* Text split into reasoning and content; both owned, NUL-terminated, never
+ * NULL once filled. */
+struct generation_text {
+    char *reasoning;
+    size_t reasoning_len;
+    char *content;
+    size_t content_len;
+};
+
+struct generation_news {
+    struct gen_news out;         /* what the engine produced: text, tokens, finish, counts */
+    bool split;                  /* out.text went through the reasoning split, into text */
+    struct generation_text text;
+    struct generation_text tail; /* at the finish of a split generation: the text the split
+                                    held back, to send after text */
+};
+
+/* Waits up to timeout_ms (-1: as long as it takes) for text or tokens past
+ * what was taken, or the finish, and takes them. Returns 0 (news empty and
+ * still running when the time ran out), -INFERD_EIO when the client went away
+ * (the generation is cancelled), or -INFERD_ENOMEM. Release news with
+ * generation_news_free. */
+int generation_next(struct generation *g, int timeout_ms, struct generation_news *news);
+
+/* Waits for the finish and takes the whole output at once (out.text_from 0),
+ * split when the generation splits (whole-text rules). Returns 0 when it
+ * finished normally (stop or length); else e says why: 503 cancelled (client
+ * gone, or the server stopping), 503 out_of_memory, 500 with the engine's
+ * message. */
+int generation_collect(struct generation *g, struct generation_news *all, struct api_error *e);
+
+void generation_news_free(struct generation_news *news);
+
+/* Cancels the generation if it has not finished, and frees it. */
+void generation_free(struct generation *g);
+
+#endif
