@@ -14,7 +14,7 @@
 
 #include "backend/cuda/fuse.h"
 #include "backend/cuda/record.h"
-#include "model/mkmodel.h"
+#include "tools/mkmodel.h"
 #include "model/model.h"
 #include "test_support.h"
 
