@@ -660,24 +660,14 @@ int gen_request_parse(const char *body, size_t len, enum gen_request_kind kind,
     struct json_doc doc = {.err = &e, .name = "the request body",
                            .flags = JSON_TEXT | JSON_INTEGRAL_DOUBLES};
     struct json_reader root = json_reader_root(&doc, obj);
-    rc = kind == GEN_REQUEST_CHAT ? parse_messages(&root, out) : parse_prompt(&root, out);
-    if (!rc)
-        rc = parse_max_tokens(&root, out);
-    if (!rc)
-        rc = parse_sampling(&root, out);
-    if (!rc)
-        rc = parse_stop(&root, out);
-    if (!rc)
-        rc = parse_logit_bias(&root, out);
-    if (!rc)
-        rc = parse_output(&root, out);
-    if (!rc)
-        rc = parse_tools(&root, out);
-    if (!rc)
-        rc = parse_misc(&root, out);
+    if ((rc = kind == GEN_REQUEST_CHAT ? parse_messages(&root, out) : parse_prompt(&root, out)) ||
+        (rc = parse_max_tokens(&root, out)) || (rc = parse_sampling(&root, out)) ||
+        (rc = parse_stop(&root, out)) || (rc = parse_logit_bias(&root, out)) ||
+        (rc = parse_output(&root, out)) || (rc = parse_tools(&root, out)) ||
+        (rc = parse_misc(&root, out)))
+        rc = fail_from_reader(rc, &doc, err);
     json_object_put(obj);
     if (rc) {
-        rc = fail_from_reader(rc, &doc, err);
         gen_request_free(out);
         out->kind = kind;
     }

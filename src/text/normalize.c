@@ -24,7 +24,7 @@ struct normalizer {
     char *content;            /* owned; Replace's content or Prepend's prefix */
     size_t content_len;
     bool left, right;         /* Strip */
-    struct normalizer **subs; /* owned; Sequence members */
+    void **subs; /* owned; Sequence members, each a struct normalizer * */
     size_t n_subs;
 };
 
@@ -40,31 +40,25 @@ void normalizer_free(struct normalizer *n)
     free(n);
 }
 
-static int copy_str(json_object *j, const char *key, const char *ctx, char **out, size_t *len,
-                    struct err *err)
+/* A Sequence member, for tok_json_components. */
+static int parse_member(const struct json_reader *e, void **out, struct err *err)
 {
-    const char *s;
-    int rc = tok_json_str(j, key, &s, len, true, ctx, err);
-    if (rc)
-        return rc;
-    *out = malloc(*len + 1);
-    if (!*out)
-        return err_set(err, INFERD_ENOMEM, "tokenizer: out of memory");
-    memcpy(*out, s, *len + 1);
-    return 0;
+    struct normalizer *sub = NULL;
+    int rc = normalizer_parse(e, &sub, err);
+    *out = sub;
+    return rc;
 }
 
-int normalizer_parse(json_object *j, struct normalizer **out, struct err *err)
+int normalizer_parse(const struct json_reader *j, struct normalizer **out, struct err *err)
 {
     *out = NULL;
     const char *type;
-    int rc = tok_json_type(j, "normalizer", &type, err);
+    int rc = tok_json_type(j, &type);
     if (rc)
         return rc;
     struct normalizer *n = calloc(1, sizeof *n);
     if (!n)
         return err_set(err, INFERD_ENOMEM, "tokenizer: out of memory");
-    json_object *v;
     if (!strcmp(type, "NFC"))
         n->kind = NORM_NFC;
     else if (!strcmp(type, "NFD"))
@@ -79,35 +73,20 @@ int normalizer_parse(json_object *j, struct normalizer **out, struct err *err)
         n->kind = NORM_STRIP_ACCENTS;
     else if (!strcmp(type, "Replace")) {
         n->kind = NORM_REPLACE;
-        if (!json_object_object_get_ex(j, "pattern", &v))
-            rc = err_set(err, INFERD_EFORMAT, "tokenizer: Replace normalizer needs a pattern");
-        else
-            rc = tok_pattern_parse(v, &n->pat, err);
-        if (!rc)
-            rc = copy_str(j, "content", "Replace normalizer", &n->content, &n->content_len, err);
+        struct json_reader pat = json_reader_member(j, "pattern");
+        if (!(rc = tok_pattern_parse(&pat, &n->pat, err)))
+            rc = json_read_strdup(j, "content", JSON_REQUIRED, &n->content, &n->content_len);
     } else if (!strcmp(type, "Prepend")) {
         n->kind = NORM_PREPEND;
-        rc = copy_str(j, "prepend", "Prepend normalizer", &n->content, &n->content_len, err);
+        rc = json_read_strdup(j, "prepend", JSON_REQUIRED, &n->content, &n->content_len);
     } else if (!strcmp(type, "Strip")) {
         n->kind = NORM_STRIP;
-        rc = tok_json_bool(j, "strip_left", true, &n->left, "Strip normalizer", err);
-        if (!rc)
-            rc = tok_json_bool(j, "strip_right", true, &n->right, "Strip normalizer", err);
+        n->left = n->right = true;
+        if (!(rc = json_read_bool(j, "strip_left", JSON_OPTIONAL, &n->left)))
+            rc = json_read_bool(j, "strip_right", JSON_OPTIONAL, &n->right);
     } else if (!strcmp(type, "Sequence")) {
         n->kind = NORM_SEQUENCE;
-        json_object *arr;
-        if (!json_object_object_get_ex(j, "normalizers", &arr) ||
-            !json_object_is_type(arr, json_type_array))
-            rc = err_set(err, INFERD_EFORMAT,
-                         "tokenizer: Sequence normalizer needs a normalizers array");
-        size_t cnt = rc ? 0 : json_object_array_length(arr);
-        if (cnt && !(n->subs = calloc(cnt, sizeof *n->subs)))
-            rc = err_set(err, INFERD_ENOMEM, "tokenizer: out of memory");
-        for (size_t i = 0; !rc && i < cnt; i++) {
-            rc = normalizer_parse(json_object_array_get_idx(arr, i), &n->subs[i], err);
-            if (!rc)
-                n->n_subs++;
-        }
+        rc = tok_json_components(j, "normalizers", parse_member, &n->subs, &n->n_subs, err);
     } else {
         rc = err_set(err, INFERD_EUNSUPPORTED, "tokenizer: unsupported normalizer type '%.60s'",
                      type);
