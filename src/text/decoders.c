@@ -111,16 +111,16 @@ static int hexval(char c)
 }
 
 /* A valid UTF-8 byte run stays; an invalid one becomes one U+FFFD per byte. */
-static int flush_bytes(struct tbuf *bytes, struct plist *out, struct err *err)
+static int flush_bytes(struct strbuf *bytes, struct plist *out, struct err *err)
 {
     if (!bytes->len)
         return 0;
-    struct tbuf chk = {0};
-    int rc = tok_utf8_lossy(bytes->p, bytes->len, &chk, err);
-    bool valid = !rc && chk.len == bytes->len && !memcmp(chk.p, bytes->p, bytes->len);
-    tbuf_free(&chk);
+    struct strbuf chk = {0};
+    int rc = tok_utf8_lossy(bytes->data, bytes->len, &chk, err);
+    bool valid = !rc && chk.len == bytes->len && !memcmp(chk.data, bytes->data, bytes->len);
+    strbuf_free(&chk);
     if (!rc && valid)
-        rc = plist_push(out, bytes->p, bytes->len, false, err);
+        rc = plist_push(out, bytes->data, bytes->len, false, err);
     for (size_t i = 0; !rc && !valid && i < bytes->len; i++)
         rc = plist_push(out, "\xEF\xBF\xBD", 3, false, err);
     bytes->len = 0;
@@ -133,12 +133,12 @@ static int decode_one(const struct decoder *d, struct plist *l, struct plist *ou
     switch (d->kind) {
     case DEC_BYTELEVEL:
     case DEC_FUSE: {
-        struct tbuf all = {0};
-        rc = tbuf_put(&all, "", 0, err);
+        struct strbuf all = {0};
+        rc = tok_put(&all, "", 0, err);
         for (size_t i = 0; !rc && i < l->n; i++) {
             const struct piece *p = &l->v[i];
             if (d->kind == DEC_FUSE) {
-                rc = tbuf_put(&all, p->s, p->len, err);
+                rc = tok_put(&all, p->s, p->len, err);
                 continue;
             }
             /* A token whose characters are not all in the byte map passes through as is. */
@@ -151,53 +151,53 @@ static int decode_one(const struct decoder *d, struct plist *l, struct plist *ou
                     break;
                 }
                 char c = (char)b;
-                rc = tbuf_put(&all, &c, 1, err);
+                rc = tok_put(&all, &c, 1, err);
             }
             if (!rc && !mapped) {
                 all.len = mark;
-                rc = tbuf_put(&all, p->s, p->len, err);
+                rc = tok_put(&all, p->s, p->len, err);
             }
         }
         if (!rc && d->kind == DEC_BYTELEVEL) {
-            struct tbuf lossy = {0};
-            rc = tok_utf8_lossy(all.p, all.len, &lossy, err);
+            struct strbuf lossy = {0};
+            rc = tok_utf8_lossy(all.data, all.len, &lossy, err);
             if (!rc)
-                rc = plist_push(out, lossy.p, lossy.len, false, err);
-            tbuf_free(&lossy);
+                rc = plist_push(out, lossy.data, lossy.len, false, err);
+            strbuf_free(&lossy);
         } else if (!rc) {
-            rc = plist_push(out, all.p, all.len, false, err);
+            rc = plist_push(out, all.data, all.len, false, err);
         }
-        tbuf_free(&all);
+        strbuf_free(&all);
         return rc;
     }
     case DEC_METASPACE:
         for (size_t i = 0; !rc && i < l->n; i++) {
             const struct piece *p = &l->v[i];
-            struct tbuf b = {0};
-            rc = tbuf_put(&b, "", 0, err);
+            struct strbuf b = {0};
+            rc = tok_put(&b, "", 0, err);
             for (size_t k = 0; !rc && k < p->len;) {
                 size_t at = k;
                 uint32_t cp = tok_utf8_next(p->s, p->len, &k);
                 if (cp == d->ch) {
                     if (!(i == 0 && d->strip_first))
-                        rc = tbuf_put(&b, " ", 1, err);
+                        rc = tok_put(&b, " ", 1, err);
                 } else {
-                    rc = tbuf_put(&b, p->s + at, k - at, err);
+                    rc = tok_put(&b, p->s + at, k - at, err);
                 }
             }
             if (!rc)
-                rc = plist_push(out, b.p, b.len, false, err);
-            tbuf_free(&b);
+                rc = plist_push(out, b.data, b.len, false, err);
+            strbuf_free(&b);
         }
         return rc;
     case DEC_BYTEFALLBACK: {
-        struct tbuf bytes = {0};
+        struct strbuf bytes = {0};
         for (size_t i = 0; !rc && i < l->n; i++) {
             const struct piece *p = &l->v[i];
             if (p->len == 6 && !memcmp(p->s, "<0x", 3) && p->s[5] == '>' && hexval(p->s[3]) >= 0 &&
                 hexval(p->s[4]) >= 0) {
                 char c = (char)(hexval(p->s[3]) * 16 + hexval(p->s[4]));
-                rc = tbuf_put(&bytes, &c, 1, err);
+                rc = tok_put(&bytes, &c, 1, err);
                 continue;
             }
             rc = flush_bytes(&bytes, out, err);
@@ -206,7 +206,7 @@ static int decode_one(const struct decoder *d, struct plist *l, struct plist *ou
         }
         if (!rc)
             rc = flush_bytes(&bytes, out, err);
-        tbuf_free(&bytes);
+        strbuf_free(&bytes);
         return rc;
     }
     case DEC_STRIP:
@@ -239,17 +239,17 @@ static int decode_one(const struct decoder *d, struct plist *l, struct plist *ou
         struct spanlist sp = {0};
         for (size_t i = 0; !rc && i < l->n; i++) {
             const struct piece *p = &l->v[i];
-            struct tbuf b = {0};
+            struct strbuf b = {0};
             rc = tok_pattern_find(&d->pat, p->s, p->len, &sp, err);
             if (!rc)
-                rc = tbuf_put(&b, "", 0, err);
+                rc = tok_put(&b, "", 0, err);
             for (size_t k = 0; !rc && k < sp.n; k++)
                 rc = sp.v[k].is_match
-                         ? tbuf_put(&b, d->content, d->content_len, err)
-                         : tbuf_put(&b, p->s + sp.v[k].start, sp.v[k].end - sp.v[k].start, err);
+                         ? tok_put(&b, d->content, d->content_len, err)
+                         : tok_put(&b, p->s + sp.v[k].start, sp.v[k].end - sp.v[k].start, err);
             if (!rc)
-                rc = plist_push(out, b.p, b.len, false, err);
-            tbuf_free(&b);
+                rc = plist_push(out, b.data, b.len, false, err);
+            strbuf_free(&b);
         }
         free(sp.v);
         return rc;

@@ -99,41 +99,41 @@ int normalizer_parse(const struct json_reader *j, struct normalizer **out, struc
     return 0;
 }
 
-static int replace_buf(struct tbuf *s, struct tbuf *nb, struct err *err)
+static int replace_buf(struct strbuf *s, struct strbuf *nb, struct err *err)
 {
-    tbuf_free(s);
+    strbuf_free(s);
     *s = *nb;
-    if (!s->p)
-        return tbuf_put(s, "", 0, err);
+    if (!s->data)
+        return tok_put(s, "", 0, err);
     return 0;
 }
 
-static int unicode_map(struct tbuf *s, utf8proc_option_t opts, struct err *err)
+static int unicode_map(struct strbuf *s, utf8proc_option_t opts, struct err *err)
 {
     /* ASCII is its own NFC/NFD/NFKC/NFKD. */
     size_t i = 0;
-    while (i < s->len && (uint8_t)s->p[i] < 0x80)
+    while (i < s->len && (uint8_t)s->data[i] < 0x80)
         i++;
     if (i == s->len)
         return 0;
     utf8proc_uint8_t *dst = NULL;
-    utf8proc_ssize_t n = utf8proc_map((const utf8proc_uint8_t *)s->p, (utf8proc_ssize_t)s->len,
+    utf8proc_ssize_t n = utf8proc_map((const utf8proc_uint8_t *)s->data, (utf8proc_ssize_t)s->len,
                                       &dst, opts);
     if (n < 0)
         return err_set(err, INFERD_EINVAL, "tokenizer: normalization failed: %s",
                        utf8proc_errmsg(n));
-    struct tbuf nb = {0};
-    int rc = tbuf_put(&nb, dst, (size_t)n, err);
+    struct strbuf nb = {0};
+    int rc = tok_put(&nb, dst, (size_t)n, err);
     free(dst);
     if (rc)
         return rc;
     return replace_buf(s, &nb, err);
 }
 
-int normalizer_apply(const struct normalizer *n, struct tbuf *s, struct err *err)
+int normalizer_apply(const struct normalizer *n, struct strbuf *s, struct err *err)
 {
     int rc = 0;
-    struct tbuf nb = {0};
+    struct strbuf nb = {0};
     char tmp[4];
     switch (n->kind) {
     case NORM_NFC:
@@ -146,13 +146,13 @@ int normalizer_apply(const struct normalizer *n, struct tbuf *s, struct err *err
         return unicode_map(s, UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT, err);
     case NORM_LOWERCASE:
     case NORM_STRIP_ACCENTS:
-        rc = tbuf_put(&nb, "", 0, err);
+        rc = tok_put(&nb, "", 0, err);
         for (size_t i = 0; !rc && i < s->len;) {
-            uint32_t cp = tok_utf8_next(s->p, s->len, &i);
+            uint32_t cp = tok_utf8_next(s->data, s->len, &i);
             if (n->kind == NORM_LOWERCASE) {
                 /* Rust lowercases U+0130 to "i\u0307"; utf8proc's simple mapping gives "i". */
                 if (cp == 0x130) {
-                    rc = tbuf_put(&nb, "i\xCC\x87", 3, err);
+                    rc = tok_put(&nb, "i\xCC\x87", 3, err);
                     continue;
                 }
                 cp = (uint32_t)utf8proc_tolower((utf8proc_int32_t)cp);
@@ -163,19 +163,19 @@ int normalizer_apply(const struct normalizer *n, struct tbuf *s, struct err *err
                     c == UTF8PROC_CATEGORY_ME)
                     continue;
             }
-            rc = tbuf_put(&nb, tmp, tok_utf8_put(cp, tmp), err);
+            rc = tok_put(&nb, tmp, tok_utf8_put(cp, tmp), err);
         }
         break;
     case NORM_REPLACE: {
         struct spanlist sp = {0};
-        rc = tok_pattern_find(&n->pat, s->p, s->len, &sp, err);
+        rc = tok_pattern_find(&n->pat, s->data, s->len, &sp, err);
         if (!rc)
-            rc = tbuf_put(&nb, "", 0, err);
+            rc = tok_put(&nb, "", 0, err);
         for (size_t i = 0; !rc && i < sp.n; i++) {
             if (sp.v[i].is_match)
-                rc = tbuf_put(&nb, n->content, n->content_len, err);
+                rc = tok_put(&nb, n->content, n->content_len, err);
             else
-                rc = tbuf_put(&nb, s->p + sp.v[i].start, sp.v[i].end - sp.v[i].start, err);
+                rc = tok_put(&nb, s->data + sp.v[i].start, sp.v[i].end - sp.v[i].start, err);
         }
         free(sp.v);
         break;
@@ -183,16 +183,16 @@ int normalizer_apply(const struct normalizer *n, struct tbuf *s, struct err *err
     case NORM_PREPEND:
         if (s->len == 0)
             return 0;
-        rc = tbuf_put(&nb, n->content, n->content_len, err);
+        rc = tok_put(&nb, n->content, n->content_len, err);
         if (!rc)
-            rc = tbuf_put(&nb, s->p, s->len, err);
+            rc = tok_put(&nb, s->data, s->len, err);
         break;
     case NORM_STRIP: {
         size_t a = 0, b = s->len, i = 0;
         if (n->left) {
             while (i < s->len) {
                 size_t at = i;
-                if (!tok_is_whitespace(tok_utf8_next(s->p, s->len, &i))) {
+                if (!tok_is_whitespace(tok_utf8_next(s->data, s->len, &i))) {
                     i = at;
                     break;
                 }
@@ -205,14 +205,14 @@ int normalizer_apply(const struct normalizer *n, struct tbuf *s, struct err *err
             bool in_ws = false;
             while (j < s->len) {
                 size_t at = j;
-                bool w = tok_is_whitespace(tok_utf8_next(s->p, s->len, &j));
+                bool w = tok_is_whitespace(tok_utf8_next(s->data, s->len, &j));
                 if (w && !in_ws)
                     ws_start = at;
                 in_ws = w;
             }
             b = in_ws ? ws_start : s->len;
         }
-        rc = tbuf_put(&nb, s->p + a, b > a ? b - a : 0, err);
+        rc = tok_put(&nb, s->data + a, b > a ? b - a : 0, err);
         break;
     }
     case NORM_SEQUENCE:
@@ -222,7 +222,7 @@ int normalizer_apply(const struct normalizer *n, struct tbuf *s, struct err *err
         return 0;
     }
     if (rc) {
-        tbuf_free(&nb);
+        strbuf_free(&nb);
         return rc;
     }
     return replace_buf(s, &nb, err);

@@ -9,18 +9,18 @@
 
 /* PCRE2's \s in UCP mode also matches U+180E, which left White_Space in Unicode 6.3;
  * Oniguruma (HF's engine) follows the property, so \s and \S are rewritten to it. */
-static int translate_regex(const char *re, size_t len, struct tbuf *out, struct err *err)
+static int translate_regex(const char *re, size_t len, struct strbuf *out, struct err *err)
 {
-    int rc = tbuf_put(out, "", 0, err);
+    int rc = tok_put(out, "", 0, err);
     for (size_t i = 0; rc == 0 && i < len; i++) {
         if (re[i] == '\\' && i + 1 < len && (re[i + 1] == 's' || re[i + 1] == 'S')) {
-            rc = tbuf_put(out, re[i + 1] == 's' ? "\\p{White_Space}" : "\\P{White_Space}", 15, err);
+            rc = tok_put(out, re[i + 1] == 's' ? "\\p{White_Space}" : "\\P{White_Space}", 15, err);
             i++;
         } else if (re[i] == '\\' && i + 1 < len) {
-            rc = tbuf_put(out, re + i, 2, err);
+            rc = tok_put(out, re + i, 2, err);
             i++;
         } else {
-            rc = tbuf_put(out, re + i, 1, err);
+            rc = tok_put(out, re + i, 1, err);
         }
     }
     return rc;
@@ -30,12 +30,12 @@ int tok_pattern_compile_regex(const char *re, size_t len, struct tok_pattern *p,
 {
     int ec;
     PCRE2_SIZE eo;
-    struct tbuf tr = {0};
+    struct strbuf tr = {0};
     int rc = translate_regex(re, len, &tr, err);
     if (rc)
         return rc;
-    p->re = pcre2_compile((PCRE2_SPTR)tr.p, tr.len, PCRE2_UTF | PCRE2_UCP, &ec, &eo, NULL);
-    tbuf_free(&tr);
+    p->re = pcre2_compile((PCRE2_SPTR)tr.data, tr.len, PCRE2_UTF | PCRE2_UCP, &ec, &eo, NULL);
+    strbuf_free(&tr);
     if (!p->re) {
         PCRE2_UCHAR msg[160];
         pcre2_get_error_message(ec, msg, sizeof msg);
@@ -429,12 +429,12 @@ static int apply_one(const struct pretok *p, const struct piece *pc, struct plis
         bool prefix = p->add_prefix_space && (pc->len == 0 || pc->s[0] != ' ');
         if (!prefix && !p->use_regex)
             return bytelevel_map(pc, out, err);
-        struct tbuf b = {0};
+        struct strbuf b = {0};
         if (prefix)
-            rc = tbuf_put(&b, " ", 1, err);
+            rc = tok_put(&b, " ", 1, err);
         if (!rc)
-            rc = tbuf_put(&b, pc->s, pc->len, err);
-        struct piece whole = {b.p, b.len, pc->first};
+            rc = tok_put(&b, pc->s, pc->len, err);
+        struct piece whole = {b.data, b.len, pc->first};
         struct plist parts = {0};
         if (!rc && p->use_regex) {
             rc = tok_pattern_find(&p->pat, whole.s, whole.len, sp, err);
@@ -446,32 +446,32 @@ static int apply_one(const struct pretok *p, const struct piece *pc, struct plis
         for (size_t i = 0; !rc && i < parts.n; i++)
             rc = bytelevel_map(&parts.v[i], out, err);
         plist_free(&parts);
-        tbuf_free(&b);
+        strbuf_free(&b);
         return rc;
     }
     case PT_METASPACE: {
         char rep[4];
         size_t rn = tok_utf8_put(p->replacement, rep);
-        struct tbuf b = {0};
-        rc = tbuf_put(&b, "", 0, err);
+        struct strbuf b = {0};
+        rc = tok_put(&b, "", 0, err);
         bool starts_with_rep = false;
         for (size_t i = 0; !rc && i < pc->len; i++) {
             if (pc->s[i] == ' ')
-                rc = tbuf_put(&b, rep, rn, err);
+                rc = tok_put(&b, rep, rn, err);
             else
-                rc = tbuf_put(&b, pc->s + i, 1, err);
+                rc = tok_put(&b, pc->s + i, 1, err);
         }
         if (!rc)
-            starts_with_rep = b.len >= rn && !memcmp(b.p, rep, rn);
+            starts_with_rep = b.len >= rn && !memcmp(b.data, rep, rn);
         bool prepend = !starts_with_rep && (p->prepend == PREPEND_ALWAYS ||
                                             (p->prepend == PREPEND_FIRST && pc->first));
-        struct tbuf c = {0};
+        struct strbuf c = {0};
         if (!rc && prepend)
-            rc = tbuf_put(&c, rep, rn, err);
+            rc = tok_put(&c, rep, rn, err);
         if (!rc)
-            rc = tbuf_put(&c, b.p, b.len, err);
-        tbuf_free(&b);
-        struct piece whole = {c.p, c.len, pc->first};
+            rc = tok_put(&c, b.data, b.len, err);
+        strbuf_free(&b);
+        struct piece whole = {c.data, c.len, pc->first};
         if (!rc && p->split) {
             rc = char_spans(whole.s, whole.len, CC_EQUAL, p->replacement, sp, err);
             if (!rc)
@@ -479,7 +479,7 @@ static int apply_one(const struct pretok *p, const struct piece *pc, struct plis
         } else if (!rc && whole.len) {
             rc = plist_push(out, whole.s, whole.len, whole.first, err);
         }
-        tbuf_free(&c);
+        strbuf_free(&c);
         return rc;
     }
     case PT_DIGITS:

@@ -12,14 +12,15 @@
 
 #include "base/err.h"
 #include "base/json.h"
+#include "base/strbuf.h"
 
-/* ---- growable byte buffer and id list (tok_utf8.c) ---- */
-struct tbuf {
-    char *p; /* owned; len bytes, NUL-terminated when non-NULL */
-    size_t len, cap;
-};
-int tbuf_put(struct tbuf *b, const void *s, size_t n, struct err *err);
-void tbuf_free(struct tbuf *b);
+/* ---- byte buffers and id lists (tok_utf8.c) ---- */
+/* Appends n bytes of s to b; the tokenizer's out-of-memory error when that fails. */
+static inline int tok_put(struct strbuf *b, const void *s, size_t n, struct err *err)
+{
+    return strbuf_append(b, (const char *)s, n) ? 0
+                                                : err_set(err, INFERD_ENOMEM, "tokenizer: out of memory");
+}
 
 struct idlist {
     int32_t *v; /* owned; n ids */
@@ -28,7 +29,7 @@ struct idlist {
 int idlist_push(struct idlist *l, int32_t id, struct err *err);
 
 /* Rust String::from_utf8_lossy: each maximal invalid subpart becomes U+FFFD. */
-int tok_utf8_lossy(const char *s, size_t len, struct tbuf *out, struct err *err);
+int tok_utf8_lossy(const char *s, size_t len, struct strbuf *out, struct err *err);
 /* Decodes the code point at s[*i] (valid UTF-8 assumed) and advances *i. */
 uint32_t tok_utf8_next(const char *s, size_t len, size_t *i);
 /* Encodes cp into out (4 bytes room); returns the byte count. */
@@ -95,7 +96,7 @@ void plist_free(struct plist *l);
 struct normalizer;
 int normalizer_parse(const struct json_reader *j, struct normalizer **out, struct err *err);
 /* Replaces *s with its normalized form. */
-int normalizer_apply(const struct normalizer *n, struct tbuf *s, struct err *err);
+int normalizer_apply(const struct normalizer *n, struct strbuf *s, struct err *err);
 void normalizer_free(struct normalizer *n);
 
 /* ---- pre-tokenizers (pretokenize.c) ---- */

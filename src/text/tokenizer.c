@@ -81,12 +81,12 @@ int tok_json_char(const struct json_reader *j, const char *key, const char *dflt
     if (rc)
         return rc;
     size_t i = 0;
-    struct tbuf b = {0};
+    struct strbuf b = {0};
     if ((rc = tok_utf8_lossy(s, n, &b, err)))
         return rc;
-    *out = b.len ? tok_utf8_next(b.p, b.len, &i) : 0;
+    *out = b.len ? tok_utf8_next(b.data, b.len, &i) : 0;
     bool one = b.len && i == b.len;
-    tbuf_free(&b);
+    strbuf_free(&b);
     if (!one) {
         struct json_reader at = json_reader_member(j, key);
         return json_reader_fail(&at, INFERD_EFORMAT, "must be a single character");
@@ -381,31 +381,31 @@ static int encode_text_segment(const struct tokenizer *tok, const char *s, size_
 static int encode_run(const struct tokenizer *tok, const char *s, size_t len, bool first,
                       struct idlist *ids, struct err *err)
 {
-    struct tbuf t = {0};
-    int rc = tbuf_put(&t, s, len, err);
+    struct strbuf t = {0};
+    int rc = tok_put(&t, s, len, err);
     if (!rc && tok->norm)
         rc = normalizer_apply(tok->norm, &t, err);
     if (rc || t.len == 0) {
-        tbuf_free(&t);
+        strbuf_free(&t);
         return rc;
     }
     if (added_matcher_empty(tok->norm_matcher)) {
-        rc = encode_text_segment(tok, t.p, t.len, first, ids, err);
+        rc = encode_text_segment(tok, t.data, t.len, first, ids, err);
     } else {
         struct spanlist sp = {0};
         struct idlist which = {0};
-        rc = added_matcher_split(tok->norm_matcher, tok->added, t.p, t.len, &sp, &which, err);
+        rc = added_matcher_split(tok->norm_matcher, tok->added, t.data, t.len, &sp, &which, err);
         for (size_t i = 0, k = 0; !rc && i < sp.n; i++) {
             if (sp.v[i].is_match)
                 rc = idlist_push(ids, tok->added[which.v[k++]].id, err);
             else
-                rc = encode_text_segment(tok, t.p + sp.v[i].start, sp.v[i].end - sp.v[i].start,
+                rc = encode_text_segment(tok, t.data + sp.v[i].start, sp.v[i].end - sp.v[i].start,
                                          first && sp.v[i].start == 0, ids, err);
         }
         free(sp.v);
         free(which.v);
     }
-    tbuf_free(&t);
+    strbuf_free(&t);
     return rc;
 }
 
@@ -416,18 +416,18 @@ int tok_encode(const struct tokenizer *tok, const char *text, size_t len, bool a
     *n_ids = 0;
     if (!text && len)
         return err_set(err, INFERD_EINVAL, "tokenizer: NULL text");
-    struct tbuf t = {0};
+    struct strbuf t = {0};
     struct idlist ids = {0}, post = {0};
     struct spanlist sp = {0};
     struct idlist which = {0};
     int rc = tok_utf8_lossy(text ? text : "", len, &t, err);
     if (!rc)
-        rc = added_matcher_split(tok->raw_matcher, tok->added, t.p, t.len, &sp, &which, err);
+        rc = added_matcher_split(tok->raw_matcher, tok->added, t.data, t.len, &sp, &which, err);
     for (size_t i = 0, k = 0; !rc && i < sp.n; i++) {
         if (sp.v[i].is_match)
             rc = idlist_push(&ids, tok->added[which.v[k++]].id, err);
         else
-            rc = encode_run(tok, t.p + sp.v[i].start, sp.v[i].end - sp.v[i].start,
+            rc = encode_run(tok, t.data + sp.v[i].start, sp.v[i].end - sp.v[i].start,
                             sp.v[i].start == 0, &ids, err);
     }
     if (!rc && add_special && tok->post) {
@@ -442,7 +442,7 @@ int tok_encode(const struct tokenizer *tok, const char *text, size_t len, bool a
         rc = err_set(err, INFERD_ERANGE, "tokenizer: too many tokens");
     if (!rc && !ids.v && !(ids.v = malloc(sizeof *ids.v)))
         rc = err_set(err, INFERD_ENOMEM, "tokenizer: out of memory");
-    tbuf_free(&t);
+    strbuf_free(&t);
     free(sp.v);
     free(which.v);
     free(post.v);
@@ -473,8 +473,8 @@ int tok_decode(const struct tokenizer *tok, const int32_t *ids, int n_ids, bool 
     if (n_ids < 0 || (!ids && n_ids))
         return err_set(err, INFERD_EINVAL, "tokenizer: bad id list");
     struct plist pl = {0};
-    struct tbuf out = {0};
-    int rc = tbuf_put(&out, "", 0, err);
+    struct strbuf out = {0};
+    int rc = tok_put(&out, "", 0, err);
     for (int i = 0; !rc && i < n_ids; i++) {
         const struct added_token *a = added_for(tok, ids[i]);
         if (a) {
@@ -490,16 +490,16 @@ int tok_decode(const struct tokenizer *tok, const int32_t *ids, int n_ids, bool 
         rc = decoder_apply(tok->dec, &pl, err);
     for (size_t i = 0; !rc && i < pl.n; i++) {
         if (!tok->dec && i)
-            rc = tbuf_put(&out, " ", 1, err);
+            rc = tok_put(&out, " ", 1, err);
         if (!rc)
-            rc = tbuf_put(&out, pl.v[i].s, pl.v[i].len, err);
+            rc = tok_put(&out, pl.v[i].s, pl.v[i].len, err);
     }
     plist_free(&pl);
     if (rc) {
-        tbuf_free(&out);
+        strbuf_free(&out);
         return rc;
     }
-    *text = out.p;
+    *text = out.data;
     if (len)
         *len = out.len;
     return 0;
