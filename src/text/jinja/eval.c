@@ -84,17 +84,17 @@ static int exec_body(struct render *r, struct scope *s, const struct node_list *
 static int render_body_to_string(struct render *r, struct scope *s, const struct node_list *body, struct value *out,
                                  const struct node *at)
 {
-    struct sbuf buf = {.limit = r->lim.max_output_bytes};
-    struct sbuf *saved = r->out;
+    struct strbuf buf = {.limit = r->lim.max_output_bytes};
+    struct strbuf *saved = r->out;
     r->out = &buf;
     int rc = exec_body(r, s, body);
     r->out = saved;
     if (rc < 0) {
-        sb_free(&buf);
+        strbuf_free(&buf);
         return rc;
     }
-    *out = v_str(&r->arena, buf.p ? buf.p : "", buf.n);
-    sb_free(&buf);
+    *out = v_str(&r->arena, buf.data ? buf.data : "", buf.len);
+    strbuf_free(&buf);
     if (out->kind != V_STR)
         return oom(r, at);
     return 0;
@@ -106,13 +106,14 @@ int v_stringify(struct render *r, const struct value *v, struct value *out, cons
         *out = *v;
         return 0;
     }
-    struct sbuf b = {.limit = r->lim.max_output_bytes};
+    struct strbuf b = {.limit = r->lim.max_output_bytes};
     if (v_to_str(&b, v, false, 0)) {
-        sb_free(&b);
-        return b.over ? oom(r, at) : rt_error(r, at, "value nested too deeply to print");
+        bool over = b.failed; /* the limit, or memory */
+        strbuf_free(&b);
+        return over ? oom(r, at) : rt_error(r, at, "value nested too deeply to print");
     }
-    *out = v_str(&r->arena, b.p ? b.p : "", b.n);
-    sb_free(&b);
+    *out = v_str(&r->arena, b.data ? b.data : "", b.len);
+    strbuf_free(&b);
     return out->kind == V_STR ? 0 : oom(r, at);
 }
 
@@ -584,19 +585,19 @@ static int slice(struct render *r, struct value *obj, struct value *lo, struct v
         offs[c] = obj->u.s.n;
     }
     struct value res = obj->kind == V_LIST ? v_list(&r->arena) : (struct value){.kind = V_STR};
-    struct sbuf sb = {0};
+    struct strbuf sb = {0};
     for (int64_t i = start; stepv > 0 ? i < stop : i > stop; i += stepv) {
         if (obj->kind == V_LIST) {
             if (res.kind != V_LIST || vlist_push(&r->arena, res.u.l, obj->u.l->v[i]))
                 return oom(r, at);
-        } else if (sb_put(&sb, obj->u.s.p + offs[i], offs[i + 1] - offs[i])) {
-            sb_free(&sb);
+        } else if (jinja_put(&sb, obj->u.s.p + offs[i], offs[i + 1] - offs[i])) {
+            strbuf_free(&sb);
             return oom(r, at);
         }
     }
     if (obj->kind == V_STR) {
-        res = v_str(&r->arena, sb.p ? sb.p : "", sb.n);
-        sb_free(&sb);
+        res = v_str(&r->arena, sb.data ? sb.data : "", sb.len);
+        strbuf_free(&sb);
         if (res.kind != V_STR)
             return oom(r, at);
     } else {
@@ -989,7 +990,7 @@ static int exec_set(struct render *r, struct scope *s, const struct node *n)
 
 static int emit(struct render *r, const char *p, size_t len, const struct node *at)
 {
-    if (sb_put(r->out, p, len))
+    if (jinja_put(r->out, p, len))
         return oom(r, at);
     return 0;
 }
@@ -1130,7 +1131,7 @@ int jinja_render(const struct jinja_template *t, struct json_object *ctx, const 
     r.err = err;
     size_t cap = r.lim.max_output_bytes * 16 + (64u << 20);
     r.arena.cap = cap < r.lim.max_output_bytes ? 0 : cap;
-    struct sbuf buf = {.limit = r.lim.max_output_bytes};
+    struct strbuf buf = {.limit = r.lim.max_output_bytes};
     r.out = &buf;
     int rc = 0;
     r.globals = scope_new(&r, NULL);
@@ -1167,15 +1168,10 @@ int jinja_render(const struct jinja_template *t, struct json_object *ctx, const 
 done:
     ar_free(&r.arena);
     if (rc < 0) {
-        sb_free(&buf);
+        strbuf_free(&buf);
         return -err->code;
     }
-    if (!buf.p && sb_put(&buf, "", 0)) {
-        sb_free(&buf);
+    if (!(*out = strbuf_take(&buf, len)))
         return err_set(err, INFERD_ENOMEM, "template: out of memory");
-    }
-    *out = buf.p;
-    if (len)
-        *len = buf.n;
     return 0;
 }

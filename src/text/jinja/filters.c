@@ -42,10 +42,10 @@ static int need_str(struct render *r, const struct value *v, const char *what, c
 
 static struct value mkstr(struct render *r, const char *p, size_t n) { return v_str(&r->arena, p, n); }
 
-static int set_str(struct render *r, struct value *out, struct sbuf *b, const struct node *at)
+static int set_str(struct render *r, struct value *out, struct strbuf *b, const struct node *at)
 {
-    *out = mkstr(r, b->p ? b->p : "", b->n);
-    sb_free(b);
+    *out = mkstr(r, b->data ? b->data : "", b->len);
+    strbuf_free(b);
     return out->kind == V_STR ? 0 : oom_err(r, at);
 }
 
@@ -56,7 +56,7 @@ enum case_op { C_UPPER, C_LOWER, C_CAPITALIZE, C_TITLE_PY, C_TITLE_JINJA };
 static int map_case(struct render *r, const struct value *s, enum case_op op, struct value *out,
                     const struct node *at)
 {
-    struct sbuf b = {0};
+    struct strbuf b = {0};
     const utf8proc_uint8_t *p = (const utf8proc_uint8_t *)s->u.s.p;
     utf8proc_ssize_t n = (utf8proc_ssize_t)s->u.s.n, i = 0;
     bool word_start = true, first = true;
@@ -64,7 +64,7 @@ static int map_case(struct render *r, const struct value *s, enum case_op op, st
         utf8proc_int32_t cp;
         utf8proc_ssize_t k = utf8proc_iterate(p + i, n - i, &cp);
         if (k <= 0) { /* invalid byte: copy through */
-            if (sb_put(&b, (const char *)p + i, 1))
+            if (jinja_put(&b, (const char *)p + i, 1))
                 goto fail;
             i++;
             continue;
@@ -91,7 +91,7 @@ static int map_case(struct render *r, const struct value *s, enum case_op op, st
         if (cp == 0xDF && o != cp) {
             bool whole = op == C_UPPER;
             first = false;
-            if (sb_put(&b, whole ? "SS" : "Ss", 2))
+            if (jinja_put(&b, whole ? "SS" : "Ss", 2))
                 goto fail;
             i += k;
             continue;
@@ -99,13 +99,13 @@ static int map_case(struct render *r, const struct value *s, enum case_op op, st
         first = false;
         utf8proc_uint8_t enc[4];
         utf8proc_ssize_t el = utf8proc_encode_char(o, enc);
-        if (sb_put(&b, (const char *)enc, (size_t)el))
+        if (jinja_put(&b, (const char *)enc, (size_t)el))
             goto fail;
         i += k;
     }
     return set_str(r, out, &b, at);
 fail:
-    sb_free(&b);
+    strbuf_free(&b);
     return oom_err(r, at);
 }
 
@@ -286,14 +286,14 @@ static int do_replace(struct render *r, const struct value *s, const struct valu
     if (!is_str(old) || !is_str(nw))
         return rt_error(r, at, "replace expects string arguments");
     int64_t cnt = count && is_intish(count) ? as_int(count) : -1;
-    struct sbuf b = {.limit = r->lim.max_output_bytes};
+    struct strbuf b = {.limit = r->lim.max_output_bytes};
     const char *p = ss.u.s.p;
     size_t n = ss.u.s.n, i = 0;
     int64_t done = 0;
     if (old->u.s.n == 0) { /* Python inserts the replacement between every character */
         for (size_t k = 0; k <= n; k++) {
             if ((cnt < 0 || done < cnt)) {
-                if (sb_put(&b, nw->u.s.p, nw->u.s.n))
+                if (jinja_put(&b, nw->u.s.p, nw->u.s.n))
                     goto fail;
                 done++;
             }
@@ -301,7 +301,7 @@ static int do_replace(struct render *r, const struct value *s, const struct valu
                 size_t e = k + 1;
                 while (e < n && ((unsigned char)p[e] & 0xC0) == 0x80)
                     e++;
-                if (sb_put(&b, p + k, e - k))
+                if (jinja_put(&b, p + k, e - k))
                     goto fail;
                 k = e - 1;
             }
@@ -311,18 +311,18 @@ static int do_replace(struct render *r, const struct value *s, const struct valu
     while (i < n) {
         const char *f = (cnt < 0 || done < cnt) ? find_sub(p + i, n - i, old->u.s.p, old->u.s.n) : NULL;
         if (!f) {
-            if (sb_put(&b, p + i, n - i))
+            if (jinja_put(&b, p + i, n - i))
                 goto fail;
             break;
         }
-        if (sb_put(&b, p + i, (size_t)(f - (p + i))) || sb_put(&b, nw->u.s.p, nw->u.s.n))
+        if (jinja_put(&b, p + i, (size_t)(f - (p + i))) || jinja_put(&b, nw->u.s.p, nw->u.s.n))
             goto fail;
         i = (size_t)(f - p) + old->u.s.n;
         done++;
     }
     return set_str(r, out, &b, at);
 fail:
-    sb_free(&b);
+    strbuf_free(&b);
     return rt_error(r, at, "replace: result larger than the output limit");
 }
 
@@ -363,24 +363,24 @@ static int do_startsends(struct render *r, const struct value *s, const struct v
 static int do_format(struct render *r, const struct value *s, struct value *args, size_t nargs, const char **kwn,
                      struct value *kwv, size_t nkw, struct value *out, const struct node *at)
 {
-    struct sbuf b = {.limit = r->lim.max_output_bytes};
+    struct strbuf b = {.limit = r->lim.max_output_bytes};
     const char *p = s->u.s.p;
     size_t n = s->u.s.n, auto_i = 0;
     for (size_t i = 0; i < n; i++) {
         if (p[i] == '{' && i + 1 < n && p[i + 1] == '{') {
-            if (sb_put(&b, "{", 1))
+            if (jinja_put(&b, "{", 1))
                 goto full;
             i++;
             continue;
         }
         if (p[i] == '}' && i + 1 < n && p[i + 1] == '}') {
-            if (sb_put(&b, "}", 1))
+            if (jinja_put(&b, "}", 1))
                 goto full;
             i++;
             continue;
         }
         if (p[i] != '{') {
-            if (sb_put(&b, p + i, 1))
+            if (jinja_put(&b, p + i, 1))
                 goto full;
             continue;
         }
@@ -388,13 +388,13 @@ static int do_format(struct render *r, const struct value *s, struct value *args
         while (e < n && p[e] != '}')
             e++;
         if (e >= n) {
-            sb_free(&b);
+            strbuf_free(&b);
             return rt_error(r, at, "format: single '{' encountered in format string");
         }
         const char *f = p + i + 1;
         size_t fl = e - i - 1;
         if (memchr(f, ':', fl) || memchr(f, '!', fl)) {
-            sb_free(&b);
+            strbuf_free(&b);
             return rt_error(r, at, "format: format specs and conversions are not supported");
         }
         struct value *v = NULL;
@@ -410,7 +410,7 @@ static int do_format(struct render *r, const struct value *s, struct value *args
                     v = &kwv[k];
         }
         if (!v) {
-            sb_free(&b);
+            strbuf_free(&b);
             return rt_error(r, at, "format: missing argument for '{%.*s}'", (int)(fl < 40 ? fl : 40), f);
         }
         if (v_to_str(&b, v, false, 0))
@@ -419,7 +419,7 @@ static int do_format(struct render *r, const struct value *s, struct value *args
     }
     return set_str(r, out, &b, at);
 full:
-    sb_free(&b);
+    strbuf_free(&b);
     return rt_error(r, at, "format: result larger than the output limit");
 }
 
@@ -548,15 +548,15 @@ static int str_method(struct render *r, const char *name, struct value *s, struc
         struct value *l = ARG(0, "iterable");
         if (!l || l->kind != V_LIST)
             return rt_error(r, at, "join expects a list");
-        struct sbuf b = {.limit = r->lim.max_output_bytes};
+        struct strbuf b = {.limit = r->lim.max_output_bytes};
         for (size_t i = 0; i < l->u.l->n; i++) {
             if (l->u.l->v[i].kind != V_STR) {
-                sb_free(&b);
+                strbuf_free(&b);
                 return rt_error(r, at, "sequence item %zu: expected str instance, %s found", i,
                                 v_type_name(&l->u.l->v[i]));
             }
-            if ((i && sb_put(&b, s->u.s.p, s->u.s.n)) || sb_put(&b, l->u.l->v[i].u.s.p, l->u.l->v[i].u.s.n)) {
-                sb_free(&b);
+            if ((i && jinja_put(&b, s->u.s.p, s->u.s.n)) || jinja_put(&b, l->u.l->v[i].u.s.p, l->u.l->v[i].u.s.n)) {
+                strbuf_free(&b);
                 return rt_error(r, at, "join: result larger than the output limit");
             }
         }
@@ -1012,22 +1012,22 @@ static int do_indent(struct render *r, struct value *in, struct value *width, bo
     struct value s;
     if (v_stringify(r, in, &s, at))
         return -1;
-    struct sbuf ind = {0};
+    struct strbuf ind = {0};
     if (width && width->kind == V_STR) {
-        if (sb_put(&ind, width->u.s.p, width->u.s.n))
+        if (jinja_put(&ind, width->u.s.p, width->u.s.n))
             goto fail;
     } else {
         int64_t w = width && is_intish(width) ? as_int(width) : 4;
         if (w > 1024)
             w = 1024;
         for (int64_t i = 0; i < w; i++)
-            if (sb_put(&ind, " ", 1))
+            if (jinja_put(&ind, " ", 1))
                 goto fail;
     }
-    struct sbuf b = {.limit = r->lim.max_output_bytes};
+    struct strbuf b = {.limit = r->lim.max_output_bytes};
     const char *p = s.u.s.p;
     size_t n = s.u.s.n, i = 0, line = 0;
-    if (first && sb_put(&b, ind.p ? ind.p : "", ind.n))
+    if (first && jinja_put(&b, ind.data ? ind.data : "", ind.len))
         goto fail2;
     /* s.split('\n'): every line after the first gets the indent, blank ones only when asked */
     while (i <= n) {
@@ -1035,22 +1035,22 @@ static int do_indent(struct render *r, struct value *in, struct value *width, bo
         while (e < n && p[e] != '\n')
             e++;
         if (line > 0) {
-            if (sb_put(&b, "\n", 1))
+            if (jinja_put(&b, "\n", 1))
                 goto fail2;
-            if ((blank || e > i) && sb_put(&b, ind.p ? ind.p : "", ind.n))
+            if ((blank || e > i) && jinja_put(&b, ind.data ? ind.data : "", ind.len))
                 goto fail2;
         }
-        if (sb_put(&b, p + i, e - i))
+        if (jinja_put(&b, p + i, e - i))
             goto fail2;
         line++;
         i = e + 1;
     }
-    sb_free(&ind);
+    strbuf_free(&ind);
     return set_str(r, out, &b, at);
 fail2:
-    sb_free(&b);
+    strbuf_free(&b);
 fail:
-    sb_free(&ind);
+    strbuf_free(&ind);
     return rt_error(r, at, "indent: result larger than the output limit");
 }
 
@@ -1060,15 +1060,15 @@ static int do_join(struct render *r, struct value *in, struct value *sep, struct
     struct value l;
     if (to_list(r, in, &l, at))
         return -1;
-    struct sbuf b = {.limit = r->lim.max_output_bytes};
+    struct strbuf b = {.limit = r->lim.max_output_bytes};
     for (size_t i = 0; i < l.u.l->n; i++) {
         struct value item = l.u.l->v[i];
         if (attr && get_path(r, &l.u.l->v[i], attr, &item, at)) {
-            sb_free(&b);
+            strbuf_free(&b);
             return -1;
         }
-        if ((i && sep && sep->kind == V_STR && sb_put(&b, sep->u.s.p, sep->u.s.n)) || v_to_str(&b, &item, false, 0)) {
-            sb_free(&b);
+        if ((i && sep && sep->kind == V_STR && jinja_put(&b, sep->u.s.p, sep->u.s.n)) || v_to_str(&b, &item, false, 0)) {
+            strbuf_free(&b);
             return rt_error(r, at, "join: result larger than the output limit");
         }
     }
@@ -1215,7 +1215,7 @@ static int esc_html(struct render *r, struct value *in, struct value *out, const
     struct value s;
     if (v_stringify(r, in, &s, at))
         return -1;
-    struct sbuf b = {.limit = r->lim.max_output_bytes};
+    struct strbuf b = {.limit = r->lim.max_output_bytes};
     for (size_t i = 0; i < s.u.s.n; i++) {
         const char *rep = NULL;
         switch (s.u.s.p[i]) {
@@ -1225,8 +1225,8 @@ static int esc_html(struct render *r, struct value *in, struct value *out, const
         case '"': rep = "&#34;"; break;
         case '\'': rep = "&#39;"; break;
         }
-        if (rep ? sb_puts(&b, rep) : sb_put(&b, s.u.s.p + i, 1)) {
-            sb_free(&b);
+        if (rep ? jinja_puts(&b, rep) : jinja_put(&b, s.u.s.p + i, 1)) {
+            strbuf_free(&b);
             return rt_error(r, at, "escape: result larger than the output limit");
         }
     }
@@ -1264,10 +1264,10 @@ int jinja_apply_filter(struct render *r, const char *name, struct value *in, str
         }
         f.sort_keys = sk && v_truthy(sk);
         f.ensure_ascii = ea && v_truthy(ea);
-        struct sbuf b = {.limit = r->lim.max_output_bytes};
+        struct strbuf b = {.limit = r->lim.max_output_bytes};
         struct err jerr = {0};
         if (v_to_json(&b, in, &f, &jerr)) {
-            sb_free(&b);
+            strbuf_free(&b);
             return rt_error(r, at, "%s", jerr.msg);
         }
         return set_str(r, out, &b, at);
@@ -1448,10 +1448,10 @@ int jinja_apply_filter(struct render *r, const char *name, struct value *in, str
             struct value l;
             if (to_list(r, in, &l, at))
                 return -1;
-            struct sbuf b = {0};
+            struct strbuf b = {0};
             for (size_t i = l.u.l->n; i-- > 0;)
-                if (sb_put(&b, l.u.l->v[i].u.s.p, l.u.l->v[i].u.s.n)) {
-                    sb_free(&b);
+                if (jinja_put(&b, l.u.l->v[i].u.s.p, l.u.l->v[i].u.s.n)) {
+                    strbuf_free(&b);
                     return oom_err(r, at);
                 }
             return set_str(r, out, &b, at);

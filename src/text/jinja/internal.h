@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "base/err.h"
+#include "base/strbuf.h"
 #include "text/jinja/jinja.h"
 
 /* ---- arena: every AST node and every render-time value lives in one ---- */
@@ -171,21 +172,20 @@ size_t utf8_cplen(const char *s, size_t n);
 /* Byte offset of code point index cp (clamped to n). */
 size_t utf8_offset(const char *s, size_t n, size_t cp);
 
-/* Growable output buffer with a byte cap. */
-struct sbuf {
-    char *p; /* malloc'd */
-    size_t n, cap;
-    size_t limit; /* 0 = none */
-    bool over;
-};
-int sb_put(struct sbuf *b, const char *s, size_t n);
-int sb_puts(struct sbuf *b, const char *s);
-int sb_printf(struct sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void sb_free(struct sbuf *b);
+/* Output goes to base/strbuf (its limit is the output cap); these keep the
+ * renderer's 0 / -1 convention for appends. */
+static inline int jinja_put(struct strbuf *b, const char *s, size_t n)
+{
+    return strbuf_append(b, s, n) ? 0 : -1;
+}
+static inline int jinja_puts(struct strbuf *b, const char *s)
+{
+    return strbuf_puts(b, s) ? 0 : -1;
+}
 
 void fmt_float_repr(double d, char *buf, size_t size);
 /* str(v) as Python prints it (None, True, 1.0, ['a']); repr when as_repr. Returns -1 on depth/size overflow. */
-int v_to_str(struct sbuf *b, const struct value *v, bool as_repr, int depth);
+int v_to_str(struct strbuf *b, const struct value *v, bool as_repr, int depth);
 /* json.dumps options, as transformers' tojson filter passes them. */
 struct json_fmt {
     int indent;           /* < 0: one line */
@@ -194,7 +194,7 @@ struct json_fmt {
     bool sort_keys;
     bool ensure_ascii;
 };
-int v_to_json(struct sbuf *b, const struct value *v, const struct json_fmt *f, struct err *err);
+int v_to_json(struct strbuf *b, const struct value *v, const struct json_fmt *f, struct err *err);
 struct value v_from_json(struct arena *a, struct json_object *j);
 /* Value as a string (str()), arena-allocated. */
 int v_stringify(struct render *r, const struct value *v, struct value *out, const struct node *at);
@@ -208,7 +208,7 @@ struct scope {
 
 struct render {
     struct arena arena;       /* owns every value */
-    struct sbuf *out;         /* current output target */
+    struct strbuf *out;         /* current output target */
     struct jinja_limits lim;
     long steps;
     int depth;                /* macro/call nesting, against lim.max_depth */

@@ -330,56 +330,6 @@ size_t utf8_offset(const char *s, size_t n, size_t cp)
     return n;
 }
 
-/* ---- output buffer ---- */
-
-int sb_put(struct sbuf *b, const char *s, size_t n)
-{
-    if (b->over)
-        return -1;
-    if (b->limit && b->n + n > b->limit) {
-        b->over = true;
-        return -1;
-    }
-    if (b->n + n + 1 > b->cap) {
-        size_t nc = b->cap ? b->cap : 256;
-        while (nc < b->n + n + 1)
-            nc *= 2;
-        char *np = realloc(b->p, nc);
-        if (!np) {
-            b->over = true;
-            return -1;
-        }
-        b->p = np;
-        b->cap = nc;
-    }
-    if (n)
-        memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-    return 0;
-}
-
-int sb_puts(struct sbuf *b, const char *s) { return sb_put(b, s, strlen(s)); }
-
-int sb_printf(struct sbuf *b, const char *fmt, ...)
-{
-    char tmp[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n < 0)
-        return -1;
-    return sb_put(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
-}
-
-void sb_free(struct sbuf *b)
-{
-    free(b->p);
-    b->p = NULL;
-    b->n = b->cap = 0;
-}
-
 /* ---- printing ---- */
 
 /* Python's float repr: shortest round-trip digits, scientific below 1e-4 or from 1e16. */
@@ -454,11 +404,11 @@ void fmt_float_repr(double d, char *buf, size_t size)
     snprintf(buf, size, "%s", out);
 }
 
-static int put_py_str_repr(struct sbuf *b, const char *s, size_t n)
+static int put_py_str_repr(struct strbuf *b, const char *s, size_t n)
 {
     bool has_sq = memchr(s, '\'', n) != NULL, has_dq = memchr(s, '"', n) != NULL;
     char q = has_sq && !has_dq ? '"' : '\'';
-    if (sb_put(b, &q, 1))
+    if (jinja_put(b, &q, 1))
         return -1;
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
@@ -466,79 +416,79 @@ static int put_py_str_repr(struct sbuf *b, const char *s, size_t n)
         if (c == (unsigned char)q || c == '\\') {
             tmp[0] = '\\';
             tmp[1] = (char)c;
-            if (sb_put(b, tmp, 2))
+            if (jinja_put(b, tmp, 2))
                 return -1;
         } else if (c == '\n') {
-            if (sb_puts(b, "\\n"))
+            if (jinja_puts(b, "\\n"))
                 return -1;
         } else if (c == '\t') {
-            if (sb_puts(b, "\\t"))
+            if (jinja_puts(b, "\\t"))
                 return -1;
         } else if (c == '\r') {
-            if (sb_puts(b, "\\r"))
+            if (jinja_puts(b, "\\r"))
                 return -1;
         } else if (c < 0x20 || c == 0x7f) {
             snprintf(tmp, sizeof tmp, "\\x%02x", c);
-            if (sb_puts(b, tmp))
+            if (jinja_puts(b, tmp))
                 return -1;
-        } else if (sb_put(b, (const char *)&s[i], 1)) {
+        } else if (jinja_put(b, (const char *)&s[i], 1)) {
             return -1;
         }
     }
-    return sb_put(b, &q, 1);
+    return jinja_put(b, &q, 1);
 }
 
 #define MAX_PRINT_DEPTH 128
 
-int v_to_str(struct sbuf *b, const struct value *v, bool as_repr, int depth)
+int v_to_str(struct strbuf *b, const struct value *v, bool as_repr, int depth)
 {
     if (depth > MAX_PRINT_DEPTH)
         return -1;
     char tmp[64];
     switch (v->kind) {
     case V_UNDEF: return 0;
-    case V_NONE: return sb_puts(b, "None");
-    case V_BOOL: return sb_puts(b, v->u.b ? "True" : "False");
+    case V_NONE: return jinja_puts(b, "None");
+    case V_BOOL: return jinja_puts(b, v->u.b ? "True" : "False");
     case V_INT:
         snprintf(tmp, sizeof tmp, "%lld", (long long)v->u.i);
-        return sb_puts(b, tmp);
+        return jinja_puts(b, tmp);
     case V_FLOAT:
         fmt_float_repr(v->u.f, tmp, sizeof tmp);
-        return sb_puts(b, tmp);
+        return jinja_puts(b, tmp);
     case V_STR:
-        return as_repr ? put_py_str_repr(b, v->u.s.p, v->u.s.n) : sb_put(b, v->u.s.p, v->u.s.n);
+        return as_repr ? put_py_str_repr(b, v->u.s.p, v->u.s.n) : jinja_put(b, v->u.s.p, v->u.s.n);
     case V_LIST:
-        if (sb_puts(b, v->is_tuple ? "(" : "["))
+        if (jinja_puts(b, v->is_tuple ? "(" : "["))
             return -1;
         for (size_t i = 0; i < v->u.l->n; i++) {
-            if (i && sb_puts(b, ", "))
+            if (i && jinja_puts(b, ", "))
                 return -1;
             if (v_to_str(b, &v->u.l->v[i], true, depth + 1))
                 return -1;
         }
-        if (v->is_tuple && v->u.l->n == 1 && sb_puts(b, ","))
+        if (v->is_tuple && v->u.l->n == 1 && jinja_puts(b, ","))
             return -1;
-        return sb_puts(b, v->is_tuple ? ")" : "]");
+        return jinja_puts(b, v->is_tuple ? ")" : "]");
     case V_DICT: case V_NS:
-        if (sb_puts(b, v->kind == V_NS ? "<Namespace {" : "{"))
+        if (jinja_puts(b, v->kind == V_NS ? "<Namespace {" : "{"))
             return -1;
         for (size_t i = 0; i < v->u.d->n; i++) {
-            if (i && sb_puts(b, ", "))
+            if (i && jinja_puts(b, ", "))
                 return -1;
-            if (v_to_str(b, &v->u.d->keys[i], true, depth + 1) || sb_puts(b, ": ") ||
+            if (v_to_str(b, &v->u.d->keys[i], true, depth + 1) || jinja_puts(b, ": ") ||
                 v_to_str(b, &v->u.d->vals[i], true, depth + 1))
                 return -1;
         }
-        return sb_puts(b, v->kind == V_NS ? "}>" : "}");
-    case V_MACRO: return sb_puts(b, "<Macro>");
-    case V_BUILTIN: return sb_puts(b, "<built-in function>");
+        return jinja_puts(b, v->kind == V_NS ? "}>" : "}");
+    case V_MACRO: return jinja_puts(b, "<Macro>");
+    case V_BUILTIN: return jinja_puts(b, "<built-in function>");
     }
     return 0;
 }
 
-static int put_json_str(struct sbuf *b, const char *s, size_t n, bool ensure_ascii)
+static int put_json_str(struct strbuf *b, const char *s, size_t n, bool ensure_ascii)
 {
-    if (sb_put(b, "\"", 1))
+    if (jinja_put(b, "\"", 1))
         return -1;
     size_t run = 0;
     for (size_t i = 0; i < n; i++) {
@@ -582,37 +532,37 @@ static int put_json_str(struct sbuf *b, const char *s, size_t n, bool ensure_asc
             } else {
                 snprintf(u, sizeof u, "\\u%04x", cp);
             }
-            if (sb_put(b, s + run, i - run) || sb_puts(b, u))
+            if (jinja_put(b, s + run, i - run) || jinja_puts(b, u))
                 return -1;
             i += k - 1;
             run = i + 1;
             continue;
         }
         if (esc) {
-            if (sb_put(b, s + run, i - run) || sb_puts(b, esc))
+            if (jinja_put(b, s + run, i - run) || jinja_puts(b, esc))
                 return -1;
             run = i + 1;
         }
     }
-    if (sb_put(b, s + run, n - run))
+    if (jinja_put(b, s + run, n - run))
         return -1;
-    return sb_put(b, "\"", 1);
+    return jinja_put(b, "\"", 1);
 }
 
-static int json_nl(struct sbuf *b, int indent, int level)
+static int json_nl(struct strbuf *b, int indent, int level)
 {
-    if (sb_put(b, "\n", 1))
+    if (jinja_put(b, "\n", 1))
         return -1;
     for (int i = 0; i < indent * level; i++)
-        if (sb_put(b, " ", 1))
+        if (jinja_put(b, " ", 1))
             return -1;
     return 0;
 }
 
-static int to_json_dict(struct sbuf *b, const struct value *v, const struct json_fmt *f, int depth,
+static int to_json_dict(struct strbuf *b, const struct value *v, const struct json_fmt *f, int depth,
                         struct err *err, const size_t *order);
 
-static int to_json(struct sbuf *b, const struct value *v, const struct json_fmt *f, int depth, struct err *err)
+static int to_json(struct strbuf *b, const struct value *v, const struct json_fmt *f, int depth, struct err *err)
 {
     int indent = f->indent;
     if (depth > MAX_PRINT_DEPTH)
@@ -622,32 +572,32 @@ static int to_json(struct sbuf *b, const struct value *v, const struct json_fmt 
     switch (v->kind) {
     case V_UNDEF:
         return err_set(err, INFERD_EINVAL, "tojson: cannot serialize an undefined value");
-    case V_NONE: rc = sb_puts(b, "null"); break;
-    case V_BOOL: rc = sb_puts(b, v->u.b ? "true" : "false"); break;
+    case V_NONE: rc = jinja_puts(b, "null"); break;
+    case V_BOOL: rc = jinja_puts(b, v->u.b ? "true" : "false"); break;
     case V_INT:
         snprintf(tmp, sizeof tmp, "%lld", (long long)v->u.i);
-        rc = sb_puts(b, tmp);
+        rc = jinja_puts(b, tmp);
         break;
     case V_FLOAT:
         if (isnan(v->u.f))
-            rc = sb_puts(b, "NaN");
+            rc = jinja_puts(b, "NaN");
         else if (isinf(v->u.f))
-            rc = sb_puts(b, v->u.f < 0 ? "-Infinity" : "Infinity");
+            rc = jinja_puts(b, v->u.f < 0 ? "-Infinity" : "Infinity");
         else {
             fmt_float_repr(v->u.f, tmp, sizeof tmp);
-            rc = sb_puts(b, tmp);
+            rc = jinja_puts(b, tmp);
         }
         break;
     case V_STR: rc = put_json_str(b, v->u.s.p, v->u.s.n, f->ensure_ascii); break;
     case V_LIST:
         if (v->u.l->n == 0) {
-            rc = sb_puts(b, "[]");
+            rc = jinja_puts(b, "[]");
             break;
         }
-        if (sb_puts(b, "["))
+        if (jinja_puts(b, "["))
             goto full;
         for (size_t i = 0; i < v->u.l->n; i++) {
-            if (i && sb_puts(b, f->item_sep))
+            if (i && jinja_puts(b, f->item_sep))
                 goto full;
             if (indent >= 0 && json_nl(b, indent, depth + 1))
                 goto full;
@@ -657,11 +607,11 @@ static int to_json(struct sbuf *b, const struct value *v, const struct json_fmt 
         }
         if (indent >= 0 && json_nl(b, indent, depth))
             goto full;
-        rc = sb_puts(b, "]");
+        rc = jinja_puts(b, "]");
         break;
     case V_DICT: case V_NS:
         if (v->u.d->n == 0) {
-            rc = sb_puts(b, "{}");
+            rc = jinja_puts(b, "{}");
             break;
         }
         size_t *order = malloc(v->u.d->n * sizeof(size_t));
@@ -701,15 +651,15 @@ full:
     return err_set(err, INFERD_ERANGE, "tojson: output too large");
 }
 
-static int to_json_dict(struct sbuf *b, const struct value *v, const struct json_fmt *f, int depth,
+static int to_json_dict(struct strbuf *b, const struct value *v, const struct json_fmt *f, int depth,
                         struct err *err, const size_t *order)
 {
     int indent = f->indent;
-    if (sb_puts(b, "{"))
+    if (jinja_puts(b, "{"))
         goto full;
     for (size_t oi = 0; oi < v->u.d->n; oi++) {
         size_t i = order[oi];
-        if (oi && sb_puts(b, f->item_sep))
+        if (oi && jinja_puts(b, f->item_sep))
             goto full;
         if (indent >= 0 && json_nl(b, indent, depth + 1))
             goto full;
@@ -719,20 +669,20 @@ static int to_json_dict(struct sbuf *b, const struct value *v, const struct json
                 goto full;
         } else {
             /* json.dumps turns int/float/bool/None keys into strings */
-            struct sbuf kb = {0};
-            int r = k->kind == V_BOOL ? sb_puts(&kb, k->u.b ? "true" : "false")
-                    : k->kind == V_NONE ? sb_puts(&kb, "null")
+            struct strbuf kb = {0};
+            int r = k->kind == V_BOOL ? jinja_puts(&kb, k->u.b ? "true" : "false")
+                    : k->kind == V_NONE ? jinja_puts(&kb, "null")
                                         : v_to_str(&kb, k, false, depth + 1);
             if (r || (k->kind != V_INT && k->kind != V_FLOAT && k->kind != V_BOOL && k->kind != V_NONE)) {
-                sb_free(&kb);
+                strbuf_free(&kb);
                 return err_set(err, INFERD_EINVAL, "tojson: keys must be str, int, float, bool or None");
             }
-            r = put_json_str(b, kb.p ? kb.p : "", kb.n, f->ensure_ascii);
-            sb_free(&kb);
+            r = put_json_str(b, kb.data ? kb.data : "", kb.len, f->ensure_ascii);
+            strbuf_free(&kb);
             if (r)
                 goto full;
         }
-        if (sb_puts(b, f->key_sep))
+        if (jinja_puts(b, f->key_sep))
             goto full;
         int r = to_json(b, &v->u.d->vals[i], f, depth + 1, err);
         if (r)
@@ -740,13 +690,13 @@ static int to_json_dict(struct sbuf *b, const struct value *v, const struct json
     }
     if (indent >= 0 && json_nl(b, indent, depth))
         goto full;
-    if (sb_puts(b, "}") == 0)
+    if (jinja_puts(b, "}") == 0)
         return 0;
 full:
     return err_set(err, INFERD_ERANGE, "tojson: output too large");
 }
 
-int v_to_json(struct sbuf *b, const struct value *v, const struct json_fmt *f, struct err *err)
+int v_to_json(struct strbuf *b, const struct value *v, const struct json_fmt *f, struct err *err)
 {
     return to_json(b, v, f, 0, err);
 }
