@@ -10,7 +10,7 @@
 #include "api/http.h"
 #include "api/prompt.h"
 #include "base/timer.h"
-#include "engine/reasoning.h"
+#include "text/reasoning.h"
 
 #define WAIT_SLICE_MS 50
 /* What OpenAI reports for a token that cannot be sampled (-inf). */
