@@ -18,7 +18,7 @@ struct arena_chunk {
     max_align_t data[];
 };
 
-void *ar_alloc(struct arena *a, size_t n)
+void *jinja_arena_alloc(struct arena *a, size_t n)
 {
     if (a->over)
         return NULL;
@@ -49,9 +49,9 @@ void *ar_alloc(struct arena *a, size_t n)
     return p;
 }
 
-char *ar_strndup(struct arena *a, const char *s, size_t n)
+char *jinja_arena_strndup(struct arena *a, const char *s, size_t n)
 {
-    char *p = ar_alloc(a, n + 1);
+    char *p = jinja_arena_alloc(a, n + 1);
     if (!p)
         return NULL;
     if (n)
@@ -60,7 +60,7 @@ char *ar_strndup(struct arena *a, const char *s, size_t n)
     return p;
 }
 
-void ar_free(struct arena *a)
+void jinja_arena_free(struct arena *a)
 {
     struct arena_chunk *c = a->head;
     while (c) {
@@ -72,56 +72,11 @@ void ar_free(struct arena *a)
     a->used_total = 0;
 }
 
-/* ---- constructors ---- */
-
-struct value v_undef(void) { return (struct value){.kind = V_UNDEF}; }
-struct value v_none(void) { return (struct value){.kind = V_NONE}; }
-struct value v_bool(bool b) { return (struct value){.kind = V_BOOL, .u.b = b}; }
-struct value v_int(int64_t i) { return (struct value){.kind = V_INT, .u.i = i}; }
-struct value v_float(double f) { return (struct value){.kind = V_FLOAT, .u.f = f}; }
-
-struct value v_str(struct arena *a, const char *s, size_t n)
-{
-    struct value v = {.kind = V_STR};
-    char *p = ar_strndup(a, s, n);
-    if (!p)
-        return v_undef();
-    v.u.s.p = p;
-    v.u.s.n = n;
-    return v;
-}
-
-struct value v_cstr(const char *s)
-{
-    struct value v = {.kind = V_STR};
-    v.u.s.p = s;
-    v.u.s.n = strlen(s);
-    return v;
-}
-
-struct value v_list(struct arena *a)
-{
-    struct value v = {.kind = V_LIST};
-    v.u.l = ar_alloc(a, sizeof(struct vlist));
-    if (!v.u.l)
-        return v_undef();
-    return v;
-}
-
-struct value v_dict(struct arena *a)
-{
-    struct value v = {.kind = V_DICT};
-    v.u.d = ar_alloc(a, sizeof(struct vdict));
-    if (!v.u.d)
-        return v_undef();
-    return v;
-}
-
-int vlist_push(struct arena *a, struct vlist *l, struct value v)
+int jinja_list_push(struct arena *a, struct vlist *l, struct value v)
 {
     if (l->n == l->cap) {
         size_t nc = l->cap ? l->cap * 2 : 4;
-        struct value *nv = ar_alloc(a, nc * sizeof(*nv));
+        struct value *nv = jinja_arena_alloc(a, nc * sizeof(*nv));
         if (!nv)
             return -1;
         if (l->n)
@@ -133,15 +88,15 @@ int vlist_push(struct arena *a, struct vlist *l, struct value v)
     return 0;
 }
 
-struct value *vdict_get(const struct vdict *d, struct value k)
+struct value *jinja_dict_get(const struct vdict *d, struct value k)
 {
     for (size_t i = 0; i < d->n; i++)
-        if (v_equal(&d->keys[i], &k))
+        if (jinja_value_equal(&d->keys[i], &k))
             return &d->vals[i];
     return NULL;
 }
 
-struct value *vdict_get_str(const struct vdict *d, const char *k)
+struct value *jinja_dict_get_str(const struct vdict *d, const char *k)
 {
     size_t n = strlen(k);
     for (size_t i = 0; i < d->n; i++)
@@ -150,17 +105,17 @@ struct value *vdict_get_str(const struct vdict *d, const char *k)
     return NULL;
 }
 
-int vdict_set(struct arena *a, struct vdict *d, struct value k, struct value v)
+int jinja_dict_set(struct arena *a, struct vdict *d, struct value k, struct value v)
 {
-    struct value *old = vdict_get(d, k);
+    struct value *old = jinja_dict_get(d, k);
     if (old) {
         *old = v;
         return 0;
     }
     if (d->n == d->cap) {
         size_t nc = d->cap ? d->cap * 2 : 8;
-        struct value *nk = ar_alloc(a, nc * sizeof(*nk));
-        struct value *nv = ar_alloc(a, nc * sizeof(*nv));
+        struct value *nk = jinja_arena_alloc(a, nc * sizeof(*nk));
+        struct value *nv = jinja_arena_alloc(a, nc * sizeof(*nv));
         if (!nk || !nv)
             return -1;
         if (d->n) {
@@ -179,7 +134,7 @@ int vdict_set(struct arena *a, struct vdict *d, struct value k, struct value v)
 
 /* ---- semantics ---- */
 
-bool v_truthy(const struct value *v)
+bool jinja_value_truthy(const struct value *v)
 {
     switch (v->kind) {
     case V_UNDEF: case V_NONE: return false;
@@ -205,7 +160,7 @@ static int64_t num_i(const struct value *v) { return v->kind == V_INT ? v->u.i :
 
 static bool equal_at(const struct value *a, const struct value *b, int depth);
 
-bool v_equal(const struct value *a, const struct value *b) { return equal_at(a, b, 0); }
+bool jinja_value_equal(const struct value *a, const struct value *b) { return equal_at(a, b, 0); }
 
 static bool equal_at(const struct value *a, const struct value *b, int depth)
 {
@@ -240,7 +195,7 @@ static bool equal_at(const struct value *a, const struct value *b, int depth)
         if (a->u.d->n != b->u.d->n)
             return false;
         for (size_t i = 0; i < a->u.d->n; i++) {
-            struct value *o = vdict_get(b->u.d, a->u.d->keys[i]);
+            struct value *o = jinja_dict_get(b->u.d, a->u.d->keys[i]);
             if (!o || !equal_at(&a->u.d->vals[i], o, depth + 1))
                 return false;
         }
@@ -253,7 +208,7 @@ static bool equal_at(const struct value *a, const struct value *b, int depth)
 
 static int compare_at(const struct value *a, const struct value *b, int *cmp, int depth);
 
-int v_compare(const struct value *a, const struct value *b, int *cmp) { return compare_at(a, b, cmp, 0); }
+int jinja_value_compare(const struct value *a, const struct value *b, int *cmp) { return compare_at(a, b, cmp, 0); }
 
 static int compare_at(const struct value *a, const struct value *b, int *cmp, int depth)
 {
@@ -290,7 +245,7 @@ static int compare_at(const struct value *a, const struct value *b, int *cmp, in
     return -1;
 }
 
-const char *v_type_name(const struct value *v)
+const char *jinja_value_type_name(const struct value *v)
 {
     switch (v->kind) {
     case V_UNDEF: return "undefined";
@@ -308,7 +263,7 @@ const char *v_type_name(const struct value *v)
     return "object";
 }
 
-size_t utf8_cplen(const char *s, size_t n)
+size_t jinja_utf8_len(const char *s, size_t n)
 {
     size_t c = 0;
     for (size_t i = 0; i < n; i++)
@@ -317,7 +272,7 @@ size_t utf8_cplen(const char *s, size_t n)
     return c;
 }
 
-size_t utf8_offset(const char *s, size_t n, size_t cp)
+size_t jinja_utf8_offset(const char *s, size_t n, size_t cp)
 {
     size_t c = 0;
     for (size_t i = 0; i < n; i++) {
@@ -333,7 +288,7 @@ size_t utf8_offset(const char *s, size_t n, size_t cp)
 /* ---- printing ---- */
 
 /* Python's float repr: shortest round-trip digits, scientific below 1e-4 or from 1e16. */
-void fmt_float_repr(double d, char *buf, size_t size)
+static void fmt_float_repr(double d, char *buf, size_t size)
 {
     if (isnan(d)) {
         snprintf(buf, size, "nan");
@@ -440,7 +395,7 @@ static int put_py_str_repr(struct strbuf *b, const char *s, size_t n)
 
 #define MAX_PRINT_DEPTH 128
 
-int v_to_str(struct strbuf *b, const struct value *v, bool as_repr, int depth)
+int jinja_value_to_str(struct strbuf *b, const struct value *v, bool as_repr, int depth)
 {
     if (depth > MAX_PRINT_DEPTH)
         return -1;
@@ -463,7 +418,7 @@ int v_to_str(struct strbuf *b, const struct value *v, bool as_repr, int depth)
         for (size_t i = 0; i < v->u.l->n; i++) {
             if (i && jinja_puts(b, ", "))
                 return -1;
-            if (v_to_str(b, &v->u.l->v[i], true, depth + 1))
+            if (jinja_value_to_str(b, &v->u.l->v[i], true, depth + 1))
                 return -1;
         }
         if (v->is_tuple && v->u.l->n == 1 && jinja_puts(b, ","))
@@ -475,8 +430,8 @@ int v_to_str(struct strbuf *b, const struct value *v, bool as_repr, int depth)
         for (size_t i = 0; i < v->u.d->n; i++) {
             if (i && jinja_puts(b, ", "))
                 return -1;
-            if (v_to_str(b, &v->u.d->keys[i], true, depth + 1) || jinja_puts(b, ": ") ||
-                v_to_str(b, &v->u.d->vals[i], true, depth + 1))
+            if (jinja_value_to_str(b, &v->u.d->keys[i], true, depth + 1) || jinja_puts(b, ": ") ||
+                jinja_value_to_str(b, &v->u.d->vals[i], true, depth + 1))
                 return -1;
         }
         return jinja_puts(b, v->kind == V_NS ? "}>" : "}");
@@ -624,7 +579,7 @@ static int to_json(struct strbuf *b, const struct value *v, const struct json_fm
                 size_t x = order[i], j = i;
                 int c = 0;
                 while (j > 0) {
-                    if (v_compare(&v->u.d->keys[order[j - 1]], &v->u.d->keys[x], &c)) {
+                    if (jinja_value_compare(&v->u.d->keys[order[j - 1]], &v->u.d->keys[x], &c)) {
                         free(order);
                         return err_set(err, INFERD_EINVAL, "tojson: sort_keys needs comparable keys");
                     }
@@ -643,7 +598,7 @@ static int to_json(struct strbuf *b, const struct value *v, const struct json_fm
         rc = 0;
         break;
     default:
-        return err_set(err, INFERD_EINVAL, "tojson: cannot serialize a %s", v_type_name(v));
+        return err_set(err, INFERD_EINVAL, "tojson: cannot serialize a %s", jinja_value_type_name(v));
     }
     if (rc == 0)
         return 0;
@@ -672,7 +627,7 @@ static int to_json_dict(struct strbuf *b, const struct value *v, const struct js
             struct strbuf kb = {0};
             int r = k->kind == V_BOOL ? jinja_puts(&kb, k->u.b ? "true" : "false")
                     : k->kind == V_NONE ? jinja_puts(&kb, "null")
-                                        : v_to_str(&kb, k, false, depth + 1);
+                                        : jinja_value_to_str(&kb, k, false, depth + 1);
             if (r || (k->kind != V_INT && k->kind != V_FLOAT && k->kind != V_BOOL && k->kind != V_NONE)) {
                 strbuf_free(&kb);
                 return err_set(err, INFERD_EINVAL, "tojson: keys must be str, int, float, bool or None");
@@ -696,12 +651,12 @@ full:
     return err_set(err, INFERD_ERANGE, "tojson: output too large");
 }
 
-int v_to_json(struct strbuf *b, const struct value *v, const struct json_fmt *f, struct err *err)
+int jinja_value_to_json(struct strbuf *b, const struct value *v, const struct json_fmt *f, struct err *err)
 {
     return to_json(b, v, f, 0, err);
 }
 
-struct value v_from_json(struct arena *a, struct json_object *j)
+struct value jinja_value_from_json(struct arena *a, struct json_object *j)
 {
     switch (json_object_get_type(j)) {
     case json_type_null: return v_none();
@@ -715,7 +670,7 @@ struct value v_from_json(struct arena *a, struct json_object *j)
             return l;
         size_t n = json_object_array_length(j);
         for (size_t i = 0; i < n; i++)
-            if (vlist_push(a, l.u.l, v_from_json(a, json_object_array_get_idx(j, i))))
+            if (jinja_list_push(a, l.u.l, jinja_value_from_json(a, json_object_array_get_idx(j, i))))
                 return v_undef();
         return l;
     }
@@ -727,8 +682,8 @@ struct value v_from_json(struct arena *a, struct json_object *j)
         while (!json_object_iter_equal(&it, &end)) {
             const char *k = json_object_iter_peek_name(&it);
             struct value key = v_str(a, k, strlen(k));
-            struct value val = v_from_json(a, json_object_iter_peek_value(&it));
-            if (key.kind != V_STR || vdict_set(a, d.u.d, key, val))
+            struct value val = jinja_value_from_json(a, json_object_iter_peek_value(&it));
+            if (key.kind != V_STR || jinja_dict_set(a, d.u.d, key, val))
                 return v_undef();
             json_object_iter_next(&it);
         }
