@@ -123,7 +123,7 @@ static int flush_bytes(struct strbuf *bytes, struct plist *out, struct err *err)
         rc = plist_push(out, bytes->data, bytes->len, false, err);
     for (size_t i = 0; !rc && !valid && i < bytes->len; i++)
         rc = plist_push(out, "\xEF\xBF\xBD", 3, false, err);
-    bytes->len = 0;
+    strbuf_reset(bytes);
     return rc;
 }
 

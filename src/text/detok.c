@@ -16,8 +16,8 @@ struct detok {
     struct idlist window; /* owned */
     size_t n_context;     /* leading ids of window that are context only */
     bool byte_runs;       /* the decoder joins <0xNN> runs */
-    struct strbuf sent;     /* owned; decode(window) text already emitted */
-    struct strbuf out;      /* owned; returned to the caller */
+    struct strbuf sent;   /* owned; decode(window) text already emitted */
+    struct strbuf out;    /* owned; returned to the caller */
 };
 
 int detok_create(const struct tokenizer *tok, bool skip_special, struct detok **out,
@@ -60,8 +60,7 @@ static int step(struct detok *d, bool final, const char **text, size_t *len, str
 {
     char *full = NULL;
     size_t flen = 0;
-    d->out.len = 0;
-    d->out.data[0] = 0;
+    strbuf_reset(&d->out);
     *text = d->out.data;
     *len = 0;
     /* A trailing run of byte tokens may still turn valid text into U+FFFDs
@@ -76,7 +75,7 @@ static int step(struct detok *d, bool final, const char **text, size_t *len, str
     size_t end = final ? flen : stable_len(full, flen);
     if (flen >= d->sent.len && !memcmp(full, d->sent.data, d->sent.len) && end > d->sent.len) {
         rc = tok_put(&d->out, full + d->sent.len, end - d->sent.len, err);
-        d->sent.len = 0;
+        strbuf_reset(&d->sent);
         if (!rc)
             rc = tok_put(&d->sent, full, end, err);
     }
@@ -92,7 +91,7 @@ static int step(struct detok *d, bool final, const char **text, size_t *len, str
         free(full);
         full = NULL;
         rc = tok_decode(d->tok, d->window.v, (int)keep, d->skip_special, &full, &flen, err);
-        d->sent.len = 0;
+        strbuf_reset(&d->sent);
         if (!rc)
             rc = tok_put(&d->sent, full, flen, err);
     }
@@ -117,7 +116,6 @@ int detok_flush(struct detok *d, const char **text, size_t *len, struct err *err
         return rc;
     d->window.n = 0;
     d->n_context = 0;
-    d->sent.len = 0;
-    d->sent.data[0] = 0;
+    strbuf_reset(&d->sent);
     return 0;
 }
