@@ -11,7 +11,7 @@
 #include "api/generation.h"
 #include "api/openai.h"
 #include "base/timer.h"
-#include "engine/reasoning.h"
+#include "text/reasoning.h"
 
 /* What OpenAI reports for a token that cannot be sampled (-inf). */
 #define LOGPROB_FLOOR -9999.0

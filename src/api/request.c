@@ -1,16 +1,14 @@
 /* api/request.c — OpenAI chat/completions request bodies parsed and validated (400 on bad input). */
 #include "api/request.h"
 
-#include "base/utf8.h"
-
 #include <errno.h>
-#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/err.h"
+#include "base/json.h"
 
 /* ---- errors ------------------------------------------------------------ */
 
@@ -41,184 +39,18 @@ static int fail_nomem(struct api_error *err)
     return -INFERD_ENOMEM;
 }
 
-/* ---- string checks ------------------------------------------------------- */
-
-/* A string we keep must be valid UTF-8 without NUL bytes. */
-static int check_text(const char *s, size_t n, const char *param, struct api_error *err)
+/* The body's fields are read through base/json: its message becomes the
+ * error's and the path of the value it names becomes param. */
+static int fail_from_reader(int rc, const struct json_doc *doc, struct api_error *err)
 {
-    if (memchr(s, '\0', n))
-        return fail(err, param, "%s contains a NUL character (\\u0000), which is not allowed",
-                    param);
-    if (!utf8_valid((const unsigned char *)s, n))
-        return fail(err, param, "%s is not valid UTF-8", param);
-    return 0;
-}
-
-/* Walks a kept JSON value: every key and string must pass check_text and
- * every number must be finite. */
-static int check_tree(json_object *v, const char *param, struct api_error *err)
-{
-    switch (json_object_get_type(v)) {
-    case json_type_string:
-        return check_text(json_object_get_string(v), (size_t)json_object_get_string_len(v), param,
-                          err);
-    case json_type_double:
-        if (!isfinite(json_object_get_double(v)))
-            return fail(err, param, "%s contains a number that is not finite", param);
-        return 0;
-    case json_type_array: {
-        size_t n = json_object_array_length(v);
-        for (size_t i = 0; i < n; i++) {
-            int rc = check_tree(json_object_array_get_idx(v, i), param, err);
-            if (rc)
-                return rc;
-        }
-        return 0;
-    }
-    case json_type_object: {
-        json_object_object_foreach(v, key, val)
-        {
-            int rc = check_text(key, strlen(key), param, err);
-            if (rc)
-                return rc;
-            rc = check_tree(val, param, err);
-            if (rc)
-                return rc;
-        }
-        return 0;
-    }
-    default: return 0;
-    }
-}
-
-/* dst = a followed by b, cut to 64 bytes (struct api_error's param size). */
-static void param_join(char dst[64], const char *a, const char *b)
-{
-    size_t na = strnlen(a, 63), nb = strnlen(b, 63 - na);
-    memmove(dst, a, na);
-    memcpy(dst + na, b, nb);
-    dst[na + nb] = '\0';
-}
-
-/* dst = base followed by "[i]", cut to 64 bytes. */
-static void param_index(char dst[64], const char *base, size_t i)
-{
-    char idx[24];
-    snprintf(idx, sizeof idx, "[%zu]", i);
-    param_join(dst, base, idx);
-}
-
-/* ---- typed field readers ------------------------------------------------- */
-
-static const char *type_name(json_object *v)
-{
-    switch (json_object_get_type(v)) {
-    case json_type_null: return "null";
-    case json_type_boolean: return "a boolean";
-    case json_type_double:
-    case json_type_int: return "a number";
-    case json_type_object: return "an object";
-    case json_type_array: return "an array";
-    case json_type_string: return "a string";
-    }
-    return "unknown";
-}
-
-/* Present and not null. */
-static json_object *field(json_object *obj, const char *key)
-{
-    json_object *v = NULL;
-    if (!json_object_object_get_ex(obj, key, &v) || json_object_is_type(v, json_type_null))
-        return NULL;
-    return v;
-}
-
-static int read_number(json_object *v, const char *param, double *out, struct api_error *err)
-{
-    if (!json_object_is_type(v, json_type_double) && !json_object_is_type(v, json_type_int))
-        return fail(err, param, "%s must be a number, got %s", param, type_name(v));
-    double d = json_object_get_double(v);
-    if (!isfinite(d))
-        return fail(err, param, "%s must be a finite number", param);
-    *out = d;
-    return 0;
-}
-
-/* Integers beyond int64 are refused before this runs (scan_numbers), so a
- * json_type_int value is exact here. Integral doubles (3.0) are accepted. */
-static int read_int(json_object *v, const char *param, int64_t *out, struct api_error *err)
-{
-    if (json_object_is_type(v, json_type_int)) {
-        *out = json_object_get_int64(v);
-        return 0;
-    }
-    if (json_object_is_type(v, json_type_double)) {
-        double d = json_object_get_double(v);
-        if (isfinite(d) && d == floor(d) && d >= -9223372036854775808.0 &&
-            d < 9223372036854775808.0) {
-            *out = (int64_t)d;
-            return 0;
-        }
-        return fail(err, param, "%s must be an integer, got %g", param, d);
-    }
-    return fail(err, param, "%s must be an integer, got %s", param, type_name(v));
-}
-
-static int read_bool(json_object *v, const char *param, bool *out, struct api_error *err)
-{
-    if (!json_object_is_type(v, json_type_boolean))
-        return fail(err, param, "%s must be a boolean, got %s", param, type_name(v));
-    *out = json_object_get_boolean(v);
-    return 0;
-}
-
-/* A string value, checked for UTF-8 and NUL; *s borrows from v. */
-static int read_string(json_object *v, const char *param, const char **s, size_t *n,
-                       struct api_error *err)
-{
-    if (!json_object_is_type(v, json_type_string))
-        return fail(err, param, "%s must be a string, got %s", param, type_name(v));
-    *s = json_object_get_string(v);
-    size_t len = (size_t)json_object_get_string_len(v);
-    if (n)
-        *n = len;
-    return check_text(*s, len, param, err);
-}
-
-static int dup_string(json_object *v, const char *param, char **out, size_t *n,
-                      struct api_error *err)
-{
-    const char *s = NULL;
-    size_t len = 0;
-    int rc = read_string(v, param, &s, &len, err);
-    if (rc)
-        return rc;
-    *out = malloc(len + 1);
-    if (!*out)
+    if (rc == -INFERD_ENOMEM)
         return fail_nomem(err);
-    memcpy(*out, s, len + 1);
-    if (n)
-        *n = len;
-    return 0;
+    return fail(err, doc->err_path, "%s", doc->err->msg);
 }
 
-/* An optional number in [lo, hi] (bounds open where lo_open/hi_open). */
-static int read_ranged(json_object *obj, const char *key, double lo, bool lo_open, double hi,
-                       bool hi_open, bool *has, double *out, struct api_error *err)
+static int nomem(const struct json_reader *r)
 {
-    json_object *v = field(obj, key);
-    if (!v)
-        return 0;
-    double d = 0;
-    int rc = read_number(v, key, &d, err);
-    if (rc)
-        return rc;
-    if ((lo_open ? d <= lo : d < lo) || (hi_open ? d >= hi : d > hi))
-        return fail(err, key, "%s must be in %c%g, %g%c, got %g", key, lo_open ? '(' : '[', lo, hi,
-                    hi_open ? ')' : ']', d);
-    *has = true;
-    *out = d;
-    return 0;
+    return json_reader_fail_plain(r, INFERD_ENOMEM, "out of memory");
 }
 
 /* ---- raw body checks ----------------------------------------------------- */
@@ -269,275 +101,214 @@ static int scan_numbers(const char *body, size_t len, struct api_error *err)
     return 0;
 }
 
-/* Sets *is_null for a body that is exactly the JSON value null (json-c
- * represents it as a NULL object). */
-static json_object *parse_json(const char *body, size_t len, bool *is_null, struct api_error *err)
-{
-    *is_null = false;
-    if (memchr(body, '\0', len)) {
-        fail(err, NULL, "could not parse the JSON body: it contains a raw NUL byte");
-        return NULL;
-    }
-    /* The terminating NUL tells json-c the input is over, so a bare number
-     * or literal at the very end completes instead of waiting for more. */
-    char *text = malloc(len + 1);
-    json_tokener *tok = json_tokener_new_ex(GEN_REQUEST_MAX_DEPTH);
-    if (!text || !tok) {
-        free(text);
-        if (tok)
-            json_tokener_free(tok);
-        fail_nomem(err);
-        return NULL;
-    }
-    memcpy(text, body, len);
-    text[len] = '\0';
-    /* Strict mode also refuses anything but whitespace after the value. */
-    json_tokener_set_flags(tok, JSON_TOKENER_STRICT);
-    json_object *root = json_tokener_parse_ex(tok, text, (int)(len + 1));
-    enum json_tokener_error jerr = json_tokener_get_error(tok);
-    size_t end = json_tokener_get_parse_end(tok);
-    json_tokener_free(tok);
-    free(text);
-    if (jerr == json_tokener_error_depth) {
-        fail(err, NULL, "could not parse the JSON body: nesting deeper than %d levels",
-             GEN_REQUEST_MAX_DEPTH);
-        return NULL;
-    }
-    if (jerr != json_tokener_success) {
-        fail(err, NULL, "could not parse the JSON body: %s at byte %zu",
-             json_tokener_error_desc(jerr), end);
-        return NULL;
-    }
-    *is_null = root == NULL;
-    return root;
-}
-
 /* ---- messages ------------------------------------------------------------ */
 
-static int check_content_parts(json_object *parts, const char *param, struct api_error *err)
+static int check_content_parts(const struct json_reader *parts, size_t n)
 {
-    char p[64];
-    size_t n = json_object_array_length(parts);
     for (size_t i = 0; i < n; i++) {
-        json_object *part = json_object_array_get_idx(parts, i);
-        param_index(p, param, i);
-        if (!json_object_is_type(part, json_type_object))
-            return fail(err, p, "%s must be a content part object, got %s", p, type_name(part));
-        char pt[64];
-        param_join(pt, p, ".type");
-        json_object *type = field(part, "type");
-        if (!type)
-            return fail(err, pt, "%s is required; only \"text\" parts are supported", pt);
-        const char *t;
-        int rc = read_string(type, pt, &t, NULL, err);
+        struct json_reader part = json_reader_element(parts, i), obj;
+        const char *t, *s;
+        int rc = json_read_object(&part, NULL, JSON_REQUIRED, &obj);
         if (rc)
+            return rc;
+        struct json_reader type = json_reader_member(&part, "type");
+        if (!type.v)
+            return json_reader_fail(&type, INFERD_EINVAL,
+                                    "is required; only \"text\" parts are supported");
+        if ((rc = json_read_str(&type, NULL, JSON_REQUIRED, &t, NULL)))
             return rc;
         if (!strcmp(t, "image_url") || !strcmp(t, "image") || !strcmp(t, "input_image"))
-            return fail(err, pt,
-                        "image content parts are not supported: this server serves text-only "
-                        "models; send \"text\" parts only");
+            return json_reader_fail_plain(&type, INFERD_EINVAL,
+                                          "image content parts are not supported: this server "
+                                          "serves text-only models; send \"text\" parts only");
         if (strcmp(t, "text") != 0)
-            return fail(err, pt,
-                        "content part type \"%.64s\" is not supported; only \"text\" parts are", t);
-        param_join(pt, p, ".text");
-        json_object *text = field(part, "text");
-        if (!text)
-            return fail(err, pt, "%s is required in a text content part", pt);
-        const char *s;
-        rc = read_string(text, pt, &s, NULL, err);
-        if (rc)
+            return json_reader_fail_plain(
+                &type, INFERD_EINVAL,
+                "content part type \"%.64s\" is not supported; only \"text\" parts are", t);
+        struct json_reader text = json_reader_member(&part, "text");
+        if (!text.v)
+            return json_reader_fail(&text, INFERD_EINVAL, "is required in a text content part");
+        if ((rc = json_read_str(&text, NULL, JSON_REQUIRED, &s, NULL)))
             return rc;
     }
     return 0;
 }
 
-static int check_tool_calls(json_object *calls, const char *param, struct api_error *err)
+/* The "function" member of a tool or tool call: an object with a non-empty name. */
+static int check_function_name(const struct json_reader *fn)
 {
-    char p[64];
-    if (!json_object_is_type(calls, json_type_array))
-        return fail(err, param, "%s must be an array, got %s", param, type_name(calls));
-    size_t n = json_object_array_length(calls);
+    const char *s;
+    size_t len = 0;
+    int rc = json_read_str(fn, "name", JSON_REQUIRED, &s, &len);
+    if (!rc && len == 0) {
+        struct json_reader name = json_reader_member(fn, "name");
+        return json_reader_fail(&name, INFERD_EINVAL, "must not be empty");
+    }
+    return rc;
+}
+
+/* A "type" member that must be "function"; why says what else the message adds. */
+static int check_function_type(const struct json_reader *obj, const char *why)
+{
+    const char *s;
+    struct json_reader type = json_reader_member(obj, "type");
+    if (!type.v)
+        return json_reader_fail(&type, INFERD_EINVAL, "is required and must be \"function\"");
+    int rc = json_read_str(&type, NULL, JSON_REQUIRED, &s, NULL);
+    if (!rc && strcmp(s, "function") != 0)
+        return json_reader_fail(&type, INFERD_EINVAL, "must be \"function\"%s, got \"%.64s\"", why,
+                                s);
+    return rc;
+}
+
+static int check_tool_calls(const struct json_reader *calls, size_t n)
+{
     for (size_t i = 0; i < n; i++) {
-        json_object *call = json_object_array_get_idx(calls, i);
+        struct json_reader call = json_reader_element(calls, i), obj, fn;
         const char *s;
         int rc;
-        param_index(p, param, i);
-        if (!json_object_is_type(call, json_type_object))
-            return fail(err, p, "%s must be an object, got %s", p, type_name(call));
-        char q[64];
-        param_join(q, p, ".id");
-        json_object *id = field(call, "id");
-        if (!id)
-            return fail(err, q, "%s is required", q);
-        if ((rc = read_string(id, q, &s, NULL, err)))
+        if ((rc = json_read_object(&call, NULL, JSON_REQUIRED, &obj)) ||
+            (rc = json_read_str(&call, "id", JSON_REQUIRED, &s, NULL)) ||
+            (rc = check_function_type(&call, "")))
             return rc;
-        param_join(q, p, ".type");
-        json_object *type = field(call, "type");
-        if (!type)
-            return fail(err, q, "%s is required and must be \"function\"", q);
-        if ((rc = read_string(type, q, &s, NULL, err)))
+        fn = json_reader_member(&call, "function");
+        if (!fn.v || !json_object_is_type(fn.v, json_type_object))
+            return json_reader_fail(&fn, INFERD_EINVAL, "must be an object with name and arguments");
+        if ((rc = check_function_name(&fn)))
             return rc;
-        if (strcmp(s, "function") != 0)
-            return fail(err, q, "%s must be \"function\"", q);
-        param_join(q, p, ".function");
-        json_object *fn = field(call, "function");
-        if (!fn || !json_object_is_type(fn, json_type_object))
-            return fail(err, q, "%s must be an object with name and arguments", q);
-        param_join(q, p, ".function.name");
-        json_object *name = field(fn, "name");
-        if (!name)
-            return fail(err, q, "%s is required", q);
-        size_t len = 0;
-        if ((rc = read_string(name, q, &s, &len, err)))
-            return rc;
-        if (len == 0)
-            return fail(err, q, "%s must not be empty", q);
-        param_join(q, p, ".function.arguments");
-        json_object *args = field(fn, "arguments");
-        if (!args)
-            return fail(err, q, "%s is required (a JSON-encoded string)", q);
-        if (!json_object_is_type(args, json_type_string))
-            return fail(err, q, "%s must be a string holding JSON, got %s", q, type_name(args));
-        if ((rc = read_string(args, q, &s, NULL, err)))
+        struct json_reader args = json_reader_member(&fn, "arguments");
+        if (!args.v)
+            return json_reader_fail(&args, INFERD_EINVAL, "is required (a JSON-encoded string)");
+        if (!json_object_is_type(args.v, json_type_string))
+            return json_reader_fail(&args, INFERD_EINVAL, "must be a string holding JSON, got %s",
+                                    json_type_phrase(args.v));
+        if ((rc = json_read_str(&args, NULL, JSON_REQUIRED, &s, NULL)))
             return rc;
     }
     return 0;
 }
 
-static int check_message(json_object *m, size_t idx, struct api_error *err)
+static int check_message(const struct json_reader *m)
 {
-    char p[64], q[64];
-    const char *role;
-    int rc;
-    snprintf(p, sizeof p, "messages[%zu]", idx);
-    if (!json_object_is_type(m, json_type_object))
-        return fail(err, p, "%s must be an object, got %s", p, type_name(m));
-    param_join(q, p, ".role");
-    json_object *r = field(m, "role");
-    if (!r)
-        return fail(err, q, "%s is required", q);
-    if ((rc = read_string(r, q, &role, NULL, err)))
-        return rc;
-    bool is_assistant = !strcmp(role, "assistant"), is_tool = !strcmp(role, "tool");
-    if (!is_assistant && !is_tool && strcmp(role, "system") && strcmp(role, "developer") &&
-        strcmp(role, "user"))
-        return fail(err, q,
-                    "%s must be one of \"system\", \"developer\", \"user\", \"assistant\", "
-                    "\"tool\"; got \"%.64s\"",
-                    q, role);
-
-    param_join(q, p, ".name");
-    json_object *name = field(m, "name");
+    enum { SYSTEM, DEVELOPER, USER, ASSISTANT, TOOL };
+    static const char *const roles[] = {"system", "developer", "user", "assistant", "tool", NULL};
+    struct json_reader obj, calls, parts;
     const char *s;
-    if (name && (rc = read_string(name, q, &s, NULL, err)))
+    size_t n;
+    int role = USER;
+    int rc;
+    if ((rc = json_read_object(m, NULL, JSON_REQUIRED, &obj)) ||
+        (rc = json_read_enum(m, "role", JSON_REQUIRED, roles, &role)) ||
+        (rc = json_read_str(m, "name", JSON_OPTIONAL, &s, NULL)))
+        return rc;
+    if (role == ASSISTANT && (rc = json_read_array(m, "tool_calls", JSON_OPTIONAL, &calls, &n)) == 0)
+        rc = check_tool_calls(&calls, n);
+    if (rc)
         return rc;
 
-    json_object *calls = NULL;
-    if (is_assistant && (calls = field(m, "tool_calls"))) {
-        param_join(q, p, ".tool_calls");
-        if ((rc = check_tool_calls(calls, q, err)))
+    struct json_reader content = json_reader_member(m, "content");
+    if (!content.v) {
+        if (role != ASSISTANT)
+            return json_reader_fail(&content, INFERD_EINVAL, "is required for role \"%s\"",
+                                    roles[role]);
+    } else if (json_object_is_type(content.v, json_type_string)) {
+        if ((rc = json_read_str(&content, NULL, JSON_REQUIRED, &s, NULL)))
             return rc;
-    }
-
-    param_join(q, p, ".content");
-    json_object *content = field(m, "content");
-    if (!content) {
-        if (!is_assistant)
-            return fail(err, q, "%s is required for role \"%s\"", q, role);
-    } else if (json_object_is_type(content, json_type_string)) {
-        if ((rc = read_string(content, q, &s, NULL, err)))
-            return rc;
-    } else if (json_object_is_type(content, json_type_array)) {
-        if ((rc = check_content_parts(content, q, err)))
+    } else if (json_object_is_type(content.v, json_type_array)) {
+        if ((rc = json_read_array(&content, NULL, JSON_REQUIRED, &parts, &n)) ||
+            (rc = check_content_parts(&parts, n)))
             return rc;
     } else {
-        return fail(err, q, "%s must be a string or an array of content parts, got %s", q,
-                    type_name(content));
+        return json_reader_fail(&content, INFERD_EINVAL,
+                                "must be a string or an array of content parts, got %s",
+                                json_type_phrase(content.v));
     }
 
-    if (is_tool) {
-        param_join(q, p, ".tool_call_id");
-        json_object *id = field(m, "tool_call_id");
-        if (!id)
-            return fail(err, q, "%s is required for role \"tool\"", q);
-        if ((rc = read_string(id, q, &s, NULL, err)))
+    if (role == TOOL) {
+        struct json_reader id = json_reader_member(m, "tool_call_id");
+        if (!id.v)
+            return json_reader_fail(&id, INFERD_EINVAL, "is required for role \"tool\"");
+        if ((rc = json_read_str(&id, NULL, JSON_REQUIRED, &s, NULL)))
             return rc;
     }
     /* Other keys stay in the kept object and reach the template. */
-    return check_tree(m, p, err);
+    return json_reader_check_tree(m);
 }
 
-static int parse_messages(json_object *root, struct gen_request *r, struct api_error *err)
+static int parse_messages(const struct json_reader *root, struct gen_request *r)
 {
-    json_object *v = field(root, "messages");
-    if (!v)
-        return fail(err, "messages", "messages is required: an array of message objects");
-    if (!json_object_is_type(v, json_type_array))
-        return fail(err, "messages", "messages must be an array, got %s", type_name(v));
-    size_t n = json_object_array_length(v);
+    struct json_reader msgs = json_reader_member(root, "messages");
+    size_t n = 0;
+    if (!msgs.v)
+        return json_reader_fail(&msgs, INFERD_EINVAL,
+                                "is required: an array of message objects");
+    int rc = json_read_array(&msgs, NULL, JSON_REQUIRED, &msgs, &n);
+    if (rc)
+        return rc;
     if (n == 0)
-        return fail(err, "messages", "messages must contain at least one message");
+        return json_reader_fail(&msgs, INFERD_EINVAL, "must contain at least one message");
     for (size_t i = 0; i < n; i++) {
-        int rc = check_message(json_object_array_get_idx(v, i), i, err);
-        if (rc)
+        struct json_reader m = json_reader_element(&msgs, i);
+        if ((rc = check_message(&m)))
             return rc;
     }
-    r->messages = json_object_get(v);
+    r->messages = json_object_get(msgs.v);
     return 0;
 }
 
 /* ---- prompt (completions) ------------------------------------------------ */
 
-static int parse_prompt(json_object *root, struct gen_request *r, struct api_error *err)
+static int parse_prompt(const struct json_reader *root, struct gen_request *r)
 {
-    json_object *v = field(root, "prompt");
-    if (!v)
-        return fail(err, "prompt",
-                    "prompt is required: a string, a one-element array of strings, or an array of "
-                    "token ids");
-    if (json_object_is_type(v, json_type_string)) {
+    struct json_reader p = json_reader_member(root, "prompt");
+    if (!p.v)
+        return json_reader_fail(&p, INFERD_EINVAL,
+                                "is required: a string, a one-element array of strings, or an "
+                                "array of token ids");
+    if (json_object_is_type(p.v, json_type_string)) {
         r->prompt_kind = GEN_PROMPT_TEXT;
-        return dup_string(v, "prompt", &r->prompt_text, &r->prompt_text_len, err);
+        return json_read_strdup(&p, NULL, JSON_REQUIRED, &r->prompt_text, &r->prompt_text_len);
     }
-    if (!json_object_is_type(v, json_type_array))
-        return fail(err, "prompt", "prompt must be a string or an array, got %s", type_name(v));
-    size_t n = json_object_array_length(v);
+    if (!json_object_is_type(p.v, json_type_array))
+        return json_reader_fail(&p, INFERD_EINVAL, "must be a string or an array, got %s",
+                                json_type_phrase(p.v));
+    size_t n = json_object_array_length(p.v);
     if (n == 0)
-        return fail(err, "prompt", "prompt must not be an empty array");
-    json_object *first = json_object_array_get_idx(v, 0);
-    if (json_object_is_type(first, json_type_string) ||
-        json_object_is_type(first, json_type_array)) {
+        return json_reader_fail(&p, INFERD_EINVAL, "must not be an empty array");
+    struct json_reader first = json_reader_element(&p, 0);
+    if (json_object_is_type(first.v, json_type_string) ||
+        json_object_is_type(first.v, json_type_array)) {
         if (n > 1)
-            return fail(err, "prompt",
-                        "only one prompt per request is supported; got an array of %zu prompts", n);
-        if (json_object_is_type(first, json_type_array))
-            return fail(err, "prompt[0]",
-                        "prompt[0]: batched token-id prompts are not supported; send one array of "
-                        "token ids");
+            return json_reader_fail_plain(
+                &p, INFERD_EINVAL,
+                "only one prompt per request is supported; got an array of %zu prompts", n);
+        if (json_object_is_type(first.v, json_type_array))
+            return json_reader_fail_plain(&first, INFERD_EINVAL,
+                                          "prompt[0]: batched token-id prompts are not supported; "
+                                          "send one array of token ids");
         r->prompt_kind = GEN_PROMPT_TEXT;
-        return dup_string(first, "prompt[0]", &r->prompt_text, &r->prompt_text_len, err);
+        return json_read_strdup(&first, NULL, JSON_REQUIRED, &r->prompt_text,
+                                &r->prompt_text_len);
     }
     r->prompt_tokens = malloc(n * sizeof *r->prompt_tokens);
     if (!r->prompt_tokens)
-        return fail_nomem(err);
+        return nomem(&p);
     r->prompt_kind = GEN_PROMPT_TOKENS;
     r->n_prompt_tokens = n;
     for (size_t i = 0; i < n; i++) {
-        char p[64];
-        int64_t id;
-        snprintf(p, sizeof p, "prompt[%zu]", i);
-        json_object *t = json_object_array_get_idx(v, i);
-        if (!json_object_is_type(t, json_type_int) && !json_object_is_type(t, json_type_double))
-            return fail(err, p,
-                        "%s must be a token id (an integer); a prompt array holds either one "
-                        "string or token ids, got %s",
-                        p, type_name(t));
-        int rc = read_int(t, p, &id, err);
+        struct json_reader t = json_reader_element(&p, i);
+        int64_t id = 0;
+        if (!json_object_is_type(t.v, json_type_int) && !json_object_is_type(t.v, json_type_double))
+            return json_reader_fail(&t, INFERD_EINVAL,
+                                    "must be a token id (an integer); a prompt array holds either "
+                                    "one string or token ids, got %s",
+                                    json_type_phrase(t.v));
+        int rc = json_read_int64(&t, NULL, JSON_REQUIRED, INT64_MIN, INT64_MAX, &id);
         if (rc)
             return rc;
         if (id < 0 || id > INT32_MAX)
-            return fail(err, p, "%s must be a token id in [0, %d], got %lld", p, INT32_MAX,
-                        (long long)id);
+            return json_reader_fail(&t, INFERD_EINVAL, "must be a token id in [0, %d], got %lld",
+                                    INT32_MAX, (long long)id);
         r->prompt_tokens[i] = (int32_t)id;
     }
     return 0;
@@ -545,132 +316,123 @@ static int parse_prompt(json_object *root, struct gen_request *r, struct api_err
 
 /* ---- sampling and output fields ------------------------------------------ */
 
-static int parse_max_tokens(json_object *root, struct gen_request *r, struct api_error *err)
+static int parse_max_tokens(const struct json_reader *root, struct gen_request *r)
 {
-    static const char *const keys[] = {"max_tokens", "max_completion_tokens"};
-    for (size_t k = 0; k < 2; k++) { /* the later key wins */
-        json_object *v = field(root, keys[k]);
-        if (!v)
-            continue;
-        int64_t n;
-        int rc = read_int(v, keys[k], &n, err);
-        if (rc)
-            return rc;
-        if (n < 1)
-            return fail(err, keys[k], "%s must be at least 1, got %lld", keys[k], (long long)n);
-        r->has_max_tokens = true;
-        r->max_tokens = n;
-    }
+    bool has_max = false, has_completion_max = false;
+    int rc;
+    /* max_completion_tokens, read last, wins */
+    if ((rc = json_read_int64(root, "max_tokens", &has_max, 1, INT64_MAX, &r->max_tokens)) ||
+        (rc = json_read_int64(root, "max_completion_tokens", &has_completion_max, 1, INT64_MAX,
+                              &r->max_tokens)))
+        return rc;
+    r->has_max_tokens = has_max || has_completion_max;
     return 0;
 }
 
-static int parse_sampling(json_object *root, struct gen_request *r, struct api_error *err)
+static int parse_sampling(const struct json_reader *root, struct gen_request *r)
 {
     int rc;
-    if ((rc = read_ranged(root, "temperature", 0, false, 2, false, &r->has_temperature,
-                          &r->temperature, err)) ||
-        (rc = read_ranged(root, "top_p", 0, true, 1, false, &r->has_top_p, &r->top_p, err)) ||
-        (rc = read_ranged(root, "min_p", 0, false, 1, false, &r->has_min_p, &r->min_p, err)) ||
-        (rc = read_ranged(root, "repetition_penalty", 0, true, 10, false,
-                          &r->has_repetition_penalty, &r->repetition_penalty, err)) ||
-        (rc = read_ranged(root, "presence_penalty", -2, false, 2, false, &r->has_presence_penalty,
-                          &r->presence_penalty, err)) ||
-        (rc = read_ranged(root, "frequency_penalty", -2, false, 2, false, &r->has_frequency_penalty,
-                          &r->frequency_penalty, err)))
+    if ((rc = json_read_double(root, "temperature", &r->has_temperature,
+                               (struct json_range){.lo = 0, .hi = 2}, &r->temperature)) ||
+        (rc = json_read_double(root, "top_p", &r->has_top_p,
+                               (struct json_range){.lo = 0, .hi = 1, .lo_open = true}, &r->top_p)) ||
+        (rc = json_read_double(root, "min_p", &r->has_min_p, (struct json_range){.lo = 0, .hi = 1},
+                               &r->min_p)) ||
+        (rc = json_read_double(root, "repetition_penalty", &r->has_repetition_penalty,
+                               (struct json_range){.lo = 0, .hi = 10, .lo_open = true},
+                               &r->repetition_penalty)) ||
+        (rc = json_read_double(root, "presence_penalty", &r->has_presence_penalty,
+                               (struct json_range){.lo = -2, .hi = 2}, &r->presence_penalty)) ||
+        (rc = json_read_double(root, "frequency_penalty", &r->has_frequency_penalty,
+                               (struct json_range){.lo = -2, .hi = 2}, &r->frequency_penalty)) ||
+        (rc = json_read_int64(root, "top_k", &r->has_top_k, INT64_MIN, INT64_MAX, &r->top_k)) ||
+        (rc = json_read_int64(root, "seed", &r->has_seed, INT64_MIN, INT64_MAX, &r->seed)))
         return rc;
-
-    json_object *v;
-    if ((v = field(root, "top_k"))) {
-        if ((rc = read_int(v, "top_k", &r->top_k, err)))
-            return rc;
-        if (r->top_k < -1)
-            return fail(err, "top_k", "top_k must be >= 0 (or -1 for off), got %lld",
-                        (long long)r->top_k);
-        r->has_top_k = true;
+    if (r->has_top_k && r->top_k < -1) {
+        struct json_reader k = json_reader_member(root, "top_k");
+        return json_reader_fail(&k, INFERD_EINVAL, "must be >= 0 (or -1 for off), got %lld",
+                                (long long)r->top_k);
     }
-    if ((v = field(root, "seed"))) {
-        if ((rc = read_int(v, "seed", &r->seed, err)))
-            return rc;
-        r->has_seed = true;
-    }
-    if ((v = field(root, "n"))) {
-        int64_t n;
-        if ((rc = read_int(v, "n", &n, err)))
-            return rc;
-        if (n != 1)
-            return fail(
-                err, "n",
-                "n > 1 is not supported yet: only n = 1 (one choice per request) is, got %lld",
-                (long long)n);
+    int64_t n = 1;
+    if ((rc = json_read_int64(root, "n", JSON_OPTIONAL, INT64_MIN, INT64_MAX, &n)))
+        return rc;
+    if (n != 1) {
+        struct json_reader at = json_reader_member(root, "n");
+        return json_reader_fail_plain(
+            &at, INFERD_EINVAL,
+            "n > 1 is not supported yet: only n = 1 (one choice per request) is, got %lld",
+            (long long)n);
     }
     return 0;
 }
 
-static int parse_stop(json_object *root, struct gen_request *r, struct api_error *err)
+static int parse_stop(const struct json_reader *root, struct gen_request *r)
 {
-    json_object *v = field(root, "stop");
-    if (!v)
+    struct json_reader v = json_reader_member(root, "stop");
+    size_t n = 1;
+    bool is_list = v.v && json_object_is_type(v.v, json_type_array);
+    if (!v.v)
         return 0;
-    if (json_object_is_type(v, json_type_string)) {
-        if (json_object_get_string_len(v) == 0)
-            return fail(err, "stop", "stop must not be an empty string");
-        r->n_stop = 1;
-        return dup_string(v, "stop", &r->stop[0], NULL, err);
+    if (is_list) {
+        n = json_object_array_length(v.v);
+        if (n > GEN_REQUEST_MAX_STOP)
+            return json_reader_fail(&v, INFERD_EINVAL, "may hold at most %d strings, got %zu",
+                                    GEN_REQUEST_MAX_STOP, n);
+    } else if (!json_object_is_type(v.v, json_type_string)) {
+        return json_reader_fail(&v, INFERD_EINVAL,
+                                "must be a string or an array of up to %d strings, got %s",
+                                GEN_REQUEST_MAX_STOP, json_type_phrase(v.v));
     }
-    if (!json_object_is_type(v, json_type_array))
-        return fail(err, "stop", "stop must be a string or an array of up to %d strings, got %s",
-                    GEN_REQUEST_MAX_STOP, type_name(v));
-    size_t n = json_object_array_length(v);
-    if (n > GEN_REQUEST_MAX_STOP)
-        return fail(err, "stop", "stop may hold at most %d strings, got %zu", GEN_REQUEST_MAX_STOP,
-                    n);
     for (size_t i = 0; i < n; i++) {
-        char p[32];
-        snprintf(p, sizeof p, "stop[%zu]", i);
-        json_object *s = json_object_array_get_idx(v, i);
-        if (json_object_is_type(s, json_type_string) && json_object_get_string_len(s) == 0)
-            return fail(err, p, "%s must not be an empty string", p);
-        int rc = dup_string(s, p, &r->stop[r->n_stop], NULL, err);
+        struct json_reader s = is_list ? json_reader_element(&v, i) : v;
+        size_t len = 0;
+        int rc = json_read_strdup(&s, NULL, JSON_REQUIRED, &r->stop[r->n_stop], &len);
         if (rc)
             return rc;
         r->n_stop++;
+        if (len == 0)
+            return json_reader_fail(&s, INFERD_EINVAL, "must not be an empty string");
     }
     return 0;
 }
 
-static int parse_logit_bias(json_object *root, struct gen_request *r, struct api_error *err)
+static int parse_logit_bias(const struct json_reader *root, struct gen_request *r)
 {
-    json_object *v = field(root, "logit_bias");
-    if (!v)
+    struct json_reader v = json_reader_member(root, "logit_bias");
+    if (!v.v)
         return 0;
-    if (!json_object_is_type(v, json_type_object))
-        return fail(
-            err, "logit_bias",
-            "logit_bias must be an object mapping token ids to numbers in [-100, 100], got %s",
-            type_name(v));
-    size_t n = (size_t)json_object_object_length(v);
+    if (!json_object_is_type(v.v, json_type_object))
+        return json_reader_fail(
+            &v, INFERD_EINVAL,
+            "must be an object mapping token ids to numbers in [-100, 100], got %s",
+            json_type_phrase(v.v));
+    size_t n = (size_t)json_object_object_length(v.v);
     if (n == 0)
         return 0;
     r->logit_bias = malloc(n * sizeof *r->logit_bias);
     if (!r->logit_bias)
-        return fail_nomem(err);
-    json_object_object_foreach(v, key, val)
+        return nomem(&v);
+    json_object_object_foreach(v.v, key, val)
     {
         char *end;
         errno = 0;
         long long id = (key[0] >= '0' && key[0] <= '9') ? strtoll(key, &end, 10) : -1;
         if (id < 0 || errno || *end || id > INT32_MAX)
-            return fail(err, "logit_bias",
-                        "logit_bias keys must be token ids (non-negative integers as strings), got "
-                        "\"%.64s\"",
-                        key);
+            return json_reader_fail_plain(&v, INFERD_EINVAL,
+                                          "logit_bias keys must be token ids (non-negative "
+                                          "integers as strings), got \"%.64s\"",
+                                          key);
+        /* a reader at logit_bias holding the value: errors name the field, as param */
+        struct json_reader value = v;
+        value.v = val;
         double b = 0;
-        int rc = read_number(val, "logit_bias", &b, err);
+        int rc = json_read_double(&value, NULL, JSON_REQUIRED, JSON_ANY_NUMBER, &b);
         if (rc)
             return rc;
         if (b < -100 || b > 100)
-            return fail(err, "logit_bias",
-                        "logit_bias values must be in [-100, 100], got %g for token %lld", b, id);
+            return json_reader_fail_plain(
+                &v, INFERD_EINVAL, "logit_bias values must be in [-100, 100], got %g for token %lld",
+                b, id);
         r->logit_bias[r->n_logit_bias].token = (int32_t)id;
         r->logit_bias[r->n_logit_bias].bias = (float)b;
         r->n_logit_bias++;
@@ -678,238 +440,192 @@ static int parse_logit_bias(json_object *root, struct gen_request *r, struct api
     return 0;
 }
 
-static int parse_output(json_object *root, struct gen_request *r, struct api_error *err)
+static int parse_output(const struct json_reader *root, struct gen_request *r)
 {
-    json_object *v;
     int rc;
-    if ((v = field(root, "logprobs")) && r->kind == GEN_REQUEST_COMPLETION) {
+    if (r->kind == GEN_REQUEST_COMPLETION) {
         /* The legacy completions API: logprobs is how many alternatives, 0..5. */
-        int64_t n;
-        if ((rc = read_int(v, "logprobs", &n, err)))
+        int n = 0;
+        if ((rc = json_read_int(root, "logprobs", &r->has_logprobs, 0, 5, &n)))
             return rc;
-        if (n < 0 || n > 5)
-            return fail(err, "logprobs", "logprobs must be in [0, 5], got %lld", (long long)n);
-        r->has_logprobs = r->logprobs = true;
-        r->has_top_logprobs = true;
-        r->top_logprobs = (int)n;
-    } else if (v) {
-        if ((rc = read_bool(v, "logprobs", &r->logprobs, err)))
+        r->logprobs = r->has_top_logprobs = r->has_logprobs;
+        r->top_logprobs = n;
+    } else {
+        int n = 0;
+        if ((rc = json_read_bool(root, "logprobs", &r->has_logprobs, &r->logprobs)) ||
+            (rc = json_read_int(root, "top_logprobs", &r->has_top_logprobs, 0, 20, &n)))
             return rc;
-        r->has_logprobs = true;
-    }
-    if (r->kind == GEN_REQUEST_CHAT && (v = field(root, "top_logprobs"))) {
-        int64_t n;
-        if ((rc = read_int(v, "top_logprobs", &n, err)))
-            return rc;
-        if (n < 0 || n > 20)
-            return fail(err, "top_logprobs", "top_logprobs must be in [0, 20], got %lld",
-                        (long long)n);
-        if (!r->logprobs)
-            return fail(err, "top_logprobs", "top_logprobs requires logprobs to be true");
-        r->has_top_logprobs = true;
-        r->top_logprobs = (int)n;
-    }
-    if ((v = field(root, "stream"))) {
-        if ((rc = read_bool(v, "stream", &r->stream, err)))
-            return rc;
-        r->has_stream = true;
-    }
-    if ((v = field(root, "stream_options"))) {
-        if (!json_object_is_type(v, json_type_object))
-            return fail(err, "stream_options", "stream_options must be an object, got %s",
-                        type_name(v));
-        json_object *u = field(v, "include_usage");
-        if (u) {
-            if ((rc = read_bool(u, "stream_options.include_usage", &r->include_usage, err)))
-                return rc;
-            r->has_include_usage = true;
+        if (r->has_top_logprobs && !r->logprobs) {
+            struct json_reader at = json_reader_member(root, "top_logprobs");
+            return json_reader_fail(&at, INFERD_EINVAL, "requires logprobs to be true");
         }
+        r->top_logprobs = n;
     }
+    struct json_reader opts;
+    if ((rc = json_read_bool(root, "stream", &r->has_stream, &r->stream)) ||
+        (rc = json_read_object(root, "stream_options", JSON_OPTIONAL, &opts)) ||
+        (rc = json_read_bool(&opts, "include_usage", &r->has_include_usage, &r->include_usage)))
+        return rc;
     return 0;
 }
 
 /* ---- tools and the rest ---------------------------------------------------- */
 
-static int parse_tools(json_object *root, struct gen_request *r, struct api_error *err)
+static int check_tool(const struct json_reader *t)
 {
-    json_object *v = field(root, "tools");
+    struct json_reader obj, fn, params;
+    const char *s;
     int rc;
-    if (v) {
-        if (!json_object_is_type(v, json_type_array))
-            return fail(err, "tools", "tools must be an array of function tools, got %s",
-                        type_name(v));
-        size_t n = json_object_array_length(v);
-        for (size_t i = 0; i < n; i++) {
-            char p[64], q[64];
-            const char *s;
-            size_t len = 0;
-            json_object *t = json_object_array_get_idx(v, i);
-            snprintf(p, sizeof p, "tools[%zu]", i);
-            if (!json_object_is_type(t, json_type_object))
-                return fail(err, p, "%s must be an object, got %s", p, type_name(t));
-            param_join(q, p, ".type");
-            json_object *type = field(t, "type");
-            if (!type)
-                return fail(err, q, "%s is required and must be \"function\"", q);
-            if ((rc = read_string(type, q, &s, NULL, err)))
-                return rc;
-            if (strcmp(s, "function") != 0)
-                return fail(err, q,
-                            "%s must be \"function\" (the only tool type supported), got \"%.64s\"",
-                            q, s);
-            param_join(q, p, ".function");
-            json_object *fn = field(t, "function");
-            if (!fn || !json_object_is_type(fn, json_type_object))
-                return fail(err, q, "%s must be an object with a name", q);
-            param_join(q, p, ".function.name");
-            json_object *name = field(fn, "name");
-            if (!name)
-                return fail(err, q, "%s is required", q);
-            if ((rc = read_string(name, q, &s, &len, err)))
-                return rc;
-            if (len == 0)
-                return fail(err, q, "%s must not be empty", q);
-            param_join(q, p, ".function.description");
-            json_object *desc = field(fn, "description");
-            if (desc && (rc = read_string(desc, q, &s, NULL, err)))
-                return rc;
-            param_join(q, p, ".function.parameters");
-            json_object *params = field(fn, "parameters");
-            if (params && !json_object_is_type(params, json_type_object))
-                return fail(err, q, "%s must be a JSON Schema object, got %s", q,
-                            type_name(params));
-            if ((rc = check_tree(t, p, err)))
-                return rc;
-        }
-        r->tools = json_object_get(v);
-    }
+    if ((rc = json_read_object(t, NULL, JSON_REQUIRED, &obj)) ||
+        (rc = check_function_type(t, " (the only tool type supported)")))
+        return rc;
+    fn = json_reader_member(t, "function");
+    if (!fn.v || !json_object_is_type(fn.v, json_type_object))
+        return json_reader_fail(&fn, INFERD_EINVAL, "must be an object with a name");
+    if ((rc = check_function_name(&fn)) ||
+        (rc = json_read_str(&fn, "description", JSON_OPTIONAL, &s, NULL)))
+        return rc;
+    params = json_reader_member(&fn, "parameters");
+    if (params.v && !json_object_is_type(params.v, json_type_object))
+        return json_reader_fail(&params, INFERD_EINVAL, "must be a JSON Schema object, got %s",
+                                json_type_phrase(params.v));
+    return json_reader_check_tree(t);
+}
 
-    json_object *c = field(root, "tool_choice");
-    if (!c)
-        return 0;
+/* Whether tools (an array of checked tools, or NULL) has a function named name. */
+static bool tools_have(json_object *tools, const char *name)
+{
+    size_t n = tools ? json_object_array_length(tools) : 0;
+    for (size_t i = 0; i < n; i++) {
+        json_object *fn = NULL, *fname = NULL;
+        json_object_object_get_ex(json_object_array_get_idx(tools, i), "function", &fn);
+        json_object_object_get_ex(fn, "name", &fname);
+        if (!strcmp(json_object_get_string(fname), name))
+            return true;
+    }
+    return false;
+}
+
+static int parse_tool_choice(const struct json_reader *root, struct gen_request *r)
+{
+    static const char *const modes[] = {"auto", "none", "required", NULL};
+    static const enum gen_tool_choice mode_of[] = {GEN_TOOL_CHOICE_AUTO, GEN_TOOL_CHOICE_NONE,
+                                                   GEN_TOOL_CHOICE_REQUIRED};
+    struct json_reader c = json_reader_member(root, "tool_choice");
     bool have_tools = r->tools && json_object_array_length(r->tools) > 0;
-    if (json_object_is_type(c, json_type_string)) {
-        const char *s = json_object_get_string(c);
-        if (!strcmp(s, "none"))
-            r->tool_choice = GEN_TOOL_CHOICE_NONE;
-        else if (!strcmp(s, "auto"))
-            r->tool_choice = GEN_TOOL_CHOICE_AUTO;
-        else if (!strcmp(s, "required"))
-            r->tool_choice = GEN_TOOL_CHOICE_REQUIRED;
-        else
-            return fail(err, "tool_choice",
-                        "tool_choice must be \"none\", \"auto\", \"required\" or "
-                        "{\"type\":\"function\",\"function\":{\"name\":...}}");
+    int rc;
+    if (!c.v)
+        return 0;
+    if (json_object_is_type(c.v, json_type_string)) {
+        int mode = 0;
+        if (json_read_enum(&c, NULL, JSON_REQUIRED, modes, &mode))
+            return json_reader_fail(&c, INFERD_EINVAL,
+                                    "must be \"none\", \"auto\", \"required\" or "
+                                    "{\"type\":\"function\",\"function\":{\"name\":...}}");
+        r->tool_choice = mode_of[mode];
         if (r->tool_choice == GEN_TOOL_CHOICE_REQUIRED && !have_tools)
-            return fail(err, "tool_choice",
-                        "tool_choice \"required\" needs a non-empty tools array");
+            return json_reader_fail_plain(&c, INFERD_EINVAL,
+                                          "tool_choice \"required\" needs a non-empty tools array");
         r->has_tool_choice = true;
         return 0;
     }
-    if (!json_object_is_type(c, json_type_object))
-        return fail(err, "tool_choice", "tool_choice must be a string or an object, got %s",
-                    type_name(c));
-    json_object *type = field(c, "type");
-    if (!type || !json_object_is_type(type, json_type_string) ||
-        strcmp(json_object_get_string(type), "function") != 0)
-        return fail(err, "tool_choice.type", "tool_choice.type must be \"function\"");
-    json_object *fn = field(c, "function");
-    json_object *name = fn && json_object_is_type(fn, json_type_object) ? field(fn, "name") : NULL;
-    if (!name)
-        return fail(err, "tool_choice.function.name", "tool_choice.function.name is required");
+    if (!json_object_is_type(c.v, json_type_object))
+        return json_reader_fail(&c, INFERD_EINVAL, "must be a string or an object, got %s",
+                                json_type_phrase(c.v));
+    struct json_reader type = json_reader_member(&c, "type");
+    if (!type.v || !json_object_is_type(type.v, json_type_string) ||
+        strcmp(json_object_get_string(type.v), "function") != 0)
+        return json_reader_fail(&type, INFERD_EINVAL, "must be \"function\"");
+    struct json_reader fn = json_reader_member(&c, "function");
+    struct json_reader name = json_reader_member(&fn, "name");
     const char *s;
-    if ((rc = read_string(name, "tool_choice.function.name", &s, NULL, err)))
+    if (!name.v)
+        return json_reader_fail(&name, INFERD_EINVAL, "is required");
+    if ((rc = json_read_str(&name, NULL, JSON_REQUIRED, &s, NULL)))
         return rc;
-    bool found = false;
-    size_t n = have_tools ? json_object_array_length(r->tools) : 0;
-    for (size_t i = 0; i < n && !found; i++) {
-        json_object *f = field(json_object_array_get_idx(r->tools, i), "function");
-        found = !strcmp(json_object_get_string(field(f, "name")), s);
-    }
-    if (!found)
-        return fail(err, "tool_choice.function.name",
-                    "tool_choice names function \"%.64s\", which is not in tools", s);
-    r->tool_choice_name = strdup(s);
-    if (!r->tool_choice_name)
-        return fail_nomem(err);
+    if (!have_tools || !tools_have(r->tools, s))
+        return json_reader_fail_plain(&name, INFERD_EINVAL,
+                                      "tool_choice names function \"%.64s\", which is not in tools",
+                                      s);
+    if ((rc = json_read_strdup(&name, NULL, JSON_REQUIRED, &r->tool_choice_name, NULL)))
+        return rc;
     r->tool_choice = GEN_TOOL_CHOICE_FUNCTION;
     r->has_tool_choice = true;
     return 0;
 }
 
+static int parse_tools(const struct json_reader *root, struct gen_request *r)
+{
+    struct json_reader tools = json_reader_member(root, "tools");
+    size_t n = 0;
+    int rc;
+    if (tools.v && !json_object_is_type(tools.v, json_type_array))
+        return json_reader_fail(&tools, INFERD_EINVAL, "must be an array of function tools, got %s",
+                                json_type_phrase(tools.v));
+    if (tools.v) {
+        n = json_object_array_length(tools.v);
+        for (size_t i = 0; i < n; i++) {
+            struct json_reader t = json_reader_element(&tools, i);
+            if ((rc = check_tool(&t)))
+                return rc;
+        }
+        r->tools = json_object_get(tools.v);
+    }
+    return parse_tool_choice(root, r);
+}
+
 /* Legacy completions fields that would change the reply's meaning and that
  * inferd does not implement: refused, so a client never gets silently
  * different output. Their neutral values pass. */
-static int refuse_unsupported_completion_fields(json_object *root, struct api_error *err)
+static int refuse_unsupported_completion_fields(const struct json_reader *root)
 {
-    json_object *v;
+    bool echo = false;
+    int64_t best_of = 1;
+    const char *suffix = "";
+    size_t suffix_len = 0;
     int rc;
-    if ((v = field(root, "echo"))) {
-        bool echo = false;
-        if ((rc = read_bool(v, "echo", &echo, err)))
-            return rc;
-        if (echo)
-            return fail(err, "echo", "echo is not supported: the reply holds only the generated "
-                                     "text (send the prompt yourself, or echo false)");
-    }
-    if ((v = field(root, "best_of"))) {
-        int64_t n;
-        if ((rc = read_int(v, "best_of", &n, err)))
-            return rc;
-        if (n != 1)
-            return fail(err, "best_of", "best_of must be 1 (one candidate per request), got %lld",
-                        (long long)n);
-    }
-    if ((v = field(root, "suffix"))) {
-        const char *s;
-        size_t n;
-        if ((rc = read_string(v, "suffix", &s, &n, err)))
-            return rc;
-        if (n > 0)
-            return fail(err, "suffix", "suffix (fill-in-the-middle) is not supported");
-    }
+    if ((rc = json_read_bool(root, "echo", JSON_OPTIONAL, &echo)))
+        return rc;
+    struct json_reader at = json_reader_member(root, "echo");
+    if (echo)
+        return json_reader_fail_plain(&at, INFERD_EINVAL,
+                                      "echo is not supported: the reply holds only the generated "
+                                      "text (send the prompt yourself, or echo false)");
+    if ((rc = json_read_int64(root, "best_of", JSON_OPTIONAL, INT64_MIN, INT64_MAX, &best_of)))
+        return rc;
+    at = json_reader_member(root, "best_of");
+    if (best_of != 1)
+        return json_reader_fail(&at, INFERD_EINVAL,
+                                "must be 1 (one candidate per request), got %lld",
+                                (long long)best_of);
+    if ((rc = json_read_str(root, "suffix", JSON_OPTIONAL, &suffix, &suffix_len)))
+        return rc;
+    at = json_reader_member(root, "suffix");
+    if (suffix_len > 0)
+        return json_reader_fail(&at, INFERD_EINVAL, "(fill-in-the-middle) is not supported");
     return 0;
 }
 
-static int parse_misc(json_object *root, struct gen_request *r, struct api_error *err)
+static int parse_misc(const struct json_reader *root, struct gen_request *r)
 {
-    json_object *v;
-    int rc;
+    static const char *const efforts[] = {"none", "minimal", "low", "medium", "high", NULL};
+    struct json_reader kwargs, format = json_reader_member(root, "response_format");
     const char *s;
-    if ((v = field(root, "model")) && (rc = dup_string(v, "model", &r->model, NULL, err)))
+    int effort = 0;
+    int rc;
+    if ((rc = json_read_strdup(root, "model", JSON_OPTIONAL, &r->model, NULL)) ||
+        (rc = json_read_str(root, "user", JSON_OPTIONAL, &s, NULL)) ||
+        (rc = json_read_object(root, "chat_template_kwargs", JSON_OPTIONAL, &kwargs)) ||
+        (rc = json_reader_check_tree(&kwargs)) ||
+        (rc = json_read_enum(root, "reasoning_effort", &r->has_reasoning_effort, efforts,
+                             &effort)) ||
+        (rc = json_reader_check_tree(&format)))
         return rc;
-    if ((v = field(root, "user")) && (rc = read_string(v, "user", &s, NULL, err)))
-        return rc;
-    if ((v = field(root, "chat_template_kwargs"))) {
-        if (!json_object_is_type(v, json_type_object))
-            return fail(err, "chat_template_kwargs",
-                        "chat_template_kwargs must be an object, got %s", type_name(v));
-        if ((rc = check_tree(v, "chat_template_kwargs", err)))
-            return rc;
-        r->chat_template_kwargs = json_object_get(v);
-    }
-    if ((v = field(root, "reasoning_effort"))) {
-        static const char *const names[] = {"none", "minimal", "low", "medium", "high"};
-        if ((rc = read_string(v, "reasoning_effort", &s, NULL, err)))
-            return rc;
-        size_t i = 0;
-        while (i < 5 && strcmp(s, names[i]) != 0)
-            i++;
-        if (i == 5)
-            return fail(err, "reasoning_effort",
-                        "reasoning_effort must be one of \"none\", \"minimal\", \"low\", "
-                        "\"medium\", \"high\"; got \"%.64s\"",
-                        s);
-        r->reasoning_effort = (enum gen_reasoning_effort)i;
-        r->has_reasoning_effort = true;
-    }
-    if ((v = field(root, "response_format"))) {
-        if ((rc = check_tree(v, "response_format", err)))
-            return rc;
-        r->response_format = json_object_get(v);
-    }
-    if (r->kind == GEN_REQUEST_COMPLETION && (rc = refuse_unsupported_completion_fields(root, err)))
-        return rc;
+    r->chat_template_kwargs = json_object_get(kwargs.v);
+    r->reasoning_effort = (enum gen_reasoning_effort)effort;
+    r->response_format = json_object_get(format.v);
+    if (r->kind == GEN_REQUEST_COMPLETION)
+        return refuse_unsupported_completion_fields(root);
     return 0;
 }
 
@@ -928,31 +644,29 @@ int gen_request_parse(const char *body, size_t len, enum gen_request_kind kind,
     int rc = scan_numbers(body, len, err);
     if (rc)
         return rc;
-    bool is_null;
-    json_object *root = parse_json(body, len, &is_null, err);
-    if (!root && !is_null)
-        return err->status == 500 ? -INFERD_ENOMEM : -INFERD_EINVAL;
-    if (!json_object_is_type(root, json_type_object)) {
-        rc = fail(err, NULL, "the request body must be a JSON object, got %s", type_name(root));
-        json_object_put(root);
+    struct err e = {0};
+    json_object *obj = NULL;
+    if ((rc = json_text_parse(body, len, GEN_REQUEST_MAX_DEPTH, true, &obj, &e)))
+        return rc == -INFERD_ENOMEM ? fail_nomem(err)
+                                    : fail(err, NULL, "could not parse the JSON body: %s", e.msg);
+    if (!json_object_is_type(obj, json_type_object)) {
+        rc = fail(err, NULL, "the request body must be a JSON object, got %s",
+                  json_type_phrase(obj));
+        json_object_put(obj);
         return rc;
     }
-    rc = kind == GEN_REQUEST_CHAT ? parse_messages(root, out, err) : parse_prompt(root, out, err);
-    if (!rc)
-        rc = parse_max_tokens(root, out, err);
-    if (!rc)
-        rc = parse_sampling(root, out, err);
-    if (!rc)
-        rc = parse_stop(root, out, err);
-    if (!rc)
-        rc = parse_logit_bias(root, out, err);
-    if (!rc)
-        rc = parse_output(root, out, err);
-    if (!rc)
-        rc = parse_tools(root, out, err);
-    if (!rc)
-        rc = parse_misc(root, out, err);
-    json_object_put(root);
+    /* Every string the request keeps is valid UTF-8 without NUL; clients that
+     * only have doubles may send 3.0 for an integer. */
+    struct json_doc doc = {.err = &e, .name = "the request body",
+                           .flags = JSON_TEXT | JSON_INTEGRAL_DOUBLES};
+    struct json_reader root = json_reader_root(&doc, obj);
+    if ((rc = kind == GEN_REQUEST_CHAT ? parse_messages(&root, out) : parse_prompt(&root, out)) ||
+        (rc = parse_max_tokens(&root, out)) || (rc = parse_sampling(&root, out)) ||
+        (rc = parse_stop(&root, out)) || (rc = parse_logit_bias(&root, out)) ||
+        (rc = parse_output(&root, out)) || (rc = parse_tools(&root, out)) ||
+        (rc = parse_misc(&root, out)))
+        rc = fail_from_reader(rc, &doc, err);
+    json_object_put(obj);
     if (rc) {
         gen_request_free(out);
         out->kind = kind;

@@ -1,6 +1,7 @@
 /* engine/stop.c — stop-string matching with one KMP automaton per stop; only the held-back tail is kept. */
 #include "engine/stop.h"
 
+#include "base/strbuf.h"
 #include "base/utf8.h"
 
 #include <stdint.h>
@@ -18,10 +19,8 @@ struct stop_matcher {
     struct stop_string stops[STOP_MAX_STRINGS];
     int n;
     int which;    /* matched stop, -1 while generating */
-    char *hold;   /* owned; hold_cap bytes: text not emitted yet */
-    size_t hold_len, hold_cap;
-    char *out;    /* owned; out_cap bytes: what the last call emitted */
-    size_t out_cap;
+    struct strbuf hold; /* owned; text not emitted yet: at most a stop prefix and a partial code point */
+    struct strbuf out;  /* owned; the held text plus the new, of which the last call emitted a prefix */
 };
 
 void stop_matcher_free(struct stop_matcher *m)
@@ -32,8 +31,8 @@ void stop_matcher_free(struct stop_matcher *m)
         free(m->stops[i].bytes);
         free(m->stops[i].fail);
     }
-    free(m->hold);
-    free(m->out);
+    strbuf_free(&m->hold);
+    strbuf_free(&m->out);
     free(m);
 }
 
@@ -62,9 +61,7 @@ int stop_matcher_create(const char *const *stops, int n, struct stop_matcher **o
         return err_set(err, INFERD_ENOMEM, "stop matcher: out of memory");
     m->which = -1;
     /* The longest held tail: a stop prefix plus up to 3 bytes to reach a code-point start. */
-    m->hold_cap = STOP_MAX_LEN + 8;
-    m->hold = malloc(m->hold_cap);
-    if (!m->hold) {
+    if (!strbuf_reserve(&m->hold, STOP_MAX_LEN + 8)) {
         free(m);
         return err_set(err, INFERD_ENOMEM, "stop matcher: out of memory");
     }
@@ -92,21 +89,6 @@ int stop_matcher_create(const char *const *stops, int n, struct stop_matcher **o
     return 0;
 }
 
-static int out_reserve(struct stop_matcher *m, size_t need, struct err *err)
-{
-    if (need <= m->out_cap)
-        return 0;
-    size_t cap = m->out_cap ? m->out_cap : 256;
-    while (cap < need)
-        cap *= 2;
-    char *p = realloc(m->out, cap);
-    if (!p)
-        return err_set(err, INFERD_ENOMEM, "stop matcher: out of memory");
-    m->out = p;
-    m->out_cap = cap;
-    return 0;
-}
-
 /* Advances stop i's automaton by one byte; true when the stop completes. */
 static bool stop_step(struct stop_string *s, char c)
 {
@@ -131,15 +113,13 @@ int stop_matcher_push(struct stop_matcher *m, const char *text, size_t len, cons
     *stopped = m->which >= 0;
     if (*stopped)
         return 0;
-    size_t work_len = m->hold_len + len;
-    if (out_reserve(m, work_len + 1, err) < 0)
-        return -INFERD_ENOMEM;
-    char *w = m->out;
-    memcpy(w, m->hold, m->hold_len);
-    if (len)
-        memcpy(w + m->hold_len, text, len);
+    strbuf_reset(&m->out);
+    if (!strbuf_append(&m->out, m->hold.data, m->hold.len) || !strbuf_append(&m->out, text, len))
+        return err_set(err, INFERD_ENOMEM, "stop matcher: out of memory");
+    char *w = m->out.data;
+    size_t work_len = m->out.len;
 
-    for (size_t pos = m->hold_len; pos < work_len; pos++) {
+    for (size_t pos = m->hold.len; pos < work_len; pos++) {
         int best = -1;
         for (int i = 0; i < m->n; i++)
             if (stop_step(&m->stops[i], w[pos]) &&
@@ -147,7 +127,7 @@ int stop_matcher_push(struct stop_matcher *m, const char *text, size_t len, cons
                 best = i;
         if (best >= 0) {
             m->which = best;
-            m->hold_len = 0;
+            strbuf_reset(&m->hold);
             *emit = w;
             *emit_len = pos + 1 - (size_t)m->stops[best].len;
             *stopped = true;
@@ -160,8 +140,8 @@ int stop_matcher_push(struct stop_matcher *m, const char *text, size_t len, cons
         if (m->stops[i].state > keep)
             keep = m->stops[i].state;
     size_t cut = utf8_safe_cut((const unsigned char *)w, work_len, work_len - (size_t)keep);
-    m->hold_len = work_len - cut;
-    memcpy(m->hold, w + cut, m->hold_len);
+    strbuf_reset(&m->hold);
+    strbuf_append(&m->hold, w + cut, work_len - cut); /* fits: reserved at creation */
     *emit = w;
     *emit_len = cut;
     return 0;
@@ -174,14 +154,14 @@ int stop_matcher_flush(struct stop_matcher *m, const char **emit, size_t *emit_l
         return err_set(err, INFERD_EINVAL, "stop_matcher_flush: NULL argument");
     *emit = "";
     *emit_len = 0;
-    if (m->which >= 0 || m->hold_len == 0)
+    if (m->which >= 0 || m->hold.len == 0)
         return 0;
-    if (out_reserve(m, m->hold_len, err) < 0)
-        return -INFERD_ENOMEM;
-    memcpy(m->out, m->hold, m->hold_len);
-    *emit = m->out;
-    *emit_len = m->hold_len;
-    m->hold_len = 0;
+    strbuf_reset(&m->out);
+    if (!strbuf_append(&m->out, m->hold.data, m->hold.len))
+        return err_set(err, INFERD_ENOMEM, "stop matcher: out of memory");
+    *emit = m->out.data;
+    *emit_len = m->out.len;
+    strbuf_reset(&m->hold);
     for (int i = 0; i < m->n; i++)
         m->stops[i].state = 0;
     return 0;

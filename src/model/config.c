@@ -2,9 +2,8 @@
 #include "model/config.h"
 
 #include "base/file.h"
+#include "base/json.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <json-c/json.h>
 #include <limits.h>
 #include <math.h>
@@ -12,119 +11,45 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #define CONFIG_MAX_FILE_BYTES (16u << 20)
 
-/* ---------------------------------------------------------------- JSON fields */
-
-static const char *json_type_word(struct json_object *v)
+/* Parses text as one JSON object; what names the file in messages. */
+static int parse_object(const char *text, size_t len, const char *what, struct json_object **out,
+                        struct err *err)
 {
-    switch (json_object_get_type(v)) {
-    case json_type_null: return "null";
-    case json_type_boolean: return "a boolean";
-    case json_type_double: return "a floating-point number";
-    case json_type_int: return "an integer";
-    case json_type_object: return "an object";
-    case json_type_array: return "an array";
-    case json_type_string: return "a string";
+    int rc = json_text_parse(text, len, 0, false, out, err);
+    if (rc)
+        return err_wrap(err, "%s is not valid JSON", what);
+    if (!json_object_is_type(*out, json_type_object)) {
+        json_object_put(*out);
+        *out = NULL;
+        return err_set(err, INFERD_EFORMAT, "%s is not a JSON object", what);
     }
-    return "an unknown value";
-}
-
-/* The member key of obj, or NULL when absent or null (null means "use the default"). */
-static struct json_object *field(struct json_object *obj, const char *key)
-{
-    struct json_object *v = NULL;
-    if (!json_object_object_get_ex(obj, key, &v) || json_object_is_type(v, json_type_null))
-        return NULL;
-    return v;
-}
-
-static int int_value(struct json_object *v, const char *name, int64_t lo, int64_t hi, int *out,
-                     struct err *err)
-{
-    if (!json_object_is_type(v, json_type_int))
-        return err_set(err, INFERD_EFORMAT, "%s must be an integer, got %s", name,
-                       json_type_word(v));
-    int64_t x = json_object_get_int64(v);
-    if (x < lo || x > hi)
-        return err_set(err, INFERD_ERANGE, "%s = %lld is out of range (%lld..%lld)", name,
-                       (long long)x, (long long)lo, (long long)hi);
-    *out = (int)x;
     return 0;
 }
 
-/* Integer member key of obj in [lo, hi]; absent or null gives dflt, or an error when required. */
-static int get_int(struct json_object *obj, const char *key, bool required, int dflt, int64_t lo,
-                   int64_t hi, int *out, struct err *err)
+/* eos_token_id: one integer or a list of them in [0, max_id]; duplicates are dropped. */
+static int read_token_ids(const struct json_reader *r, const char *key, int max_id, int *ids,
+                          int *n_out)
 {
-    struct json_object *v = field(obj, key);
-    if (!v) {
-        if (required)
-            return err_set(err, INFERD_EFORMAT, "missing required field '%s'", key);
-        *out = dflt;
-        return 0;
-    }
-    return int_value(v, key, lo, hi, out, err);
-}
-
-/* Number member (integer or floating point), finite; absent or null gives dflt. */
-static int get_number(struct json_object *obj, const char *key, bool required, double dflt,
-                      double *out, struct err *err)
-{
-    struct json_object *v = field(obj, key);
-    if (!v) {
-        if (required)
-            return err_set(err, INFERD_EFORMAT, "missing required field '%s'", key);
-        *out = dflt;
-        return 0;
-    }
-    if (!json_object_is_type(v, json_type_int) && !json_object_is_type(v, json_type_double))
-        return err_set(err, INFERD_EFORMAT, "%s must be a number, got %s", key, json_type_word(v));
-    double x = json_object_get_double(v);
-    if (!isfinite(x))
-        return err_set(err, INFERD_ERANGE, "%s must be a finite number", key);
-    *out = x;
-    return 0;
-}
-
-static int get_bool(struct json_object *obj, const char *key, bool dflt, bool *out,
-                    struct err *err)
-{
-    struct json_object *v = field(obj, key);
-    if (!v) {
-        *out = dflt;
-        return 0;
-    }
-    if (!json_object_is_type(v, json_type_boolean))
-        return err_set(err, INFERD_EFORMAT, "%s must be true or false, got %s", key,
-                       json_type_word(v));
-    *out = json_object_get_boolean(v);
-    return 0;
-}
-
-/* eos_token_id: one integer or a list of them; duplicates are dropped. */
-static int get_token_ids(struct json_object *obj, const char *key, int max_id, int *ids, int *n_out,
-                         struct err *err)
-{
-    struct json_object *v = field(obj, key);
+    struct json_reader v = json_reader_member(r, key);
     *n_out = 0;
-    if (!v)
+    if (!v.v)
         return 0;
-    bool is_list = json_object_is_type(v, json_type_array);
-    size_t n = is_list ? json_object_array_length(v) : 1;
-    if (!is_list && !json_object_is_type(v, json_type_int))
-        return err_set(err, INFERD_EFORMAT, "%s must be an integer or a list of integers, got %s",
-                       key, json_type_word(v));
+    bool is_list = json_object_is_type(v.v, json_type_array);
+    if (!is_list && !json_object_is_type(v.v, json_type_int))
+        return json_reader_fail(&v, INFERD_EFORMAT,
+                                "must be an integer or a list of integers, got %s",
+                                json_type_phrase(v.v));
+    size_t n = is_list ? json_object_array_length(v.v) : 1;
     if (n > CONFIG_MAX_EOS)
-        return err_set(err, INFERD_ERANGE, "%s lists %zu ids (at most %d are supported)", key, n,
-                       CONFIG_MAX_EOS);
+        return json_reader_fail(&v, INFERD_ERANGE, "lists %zu ids (at most %d are supported)", n,
+                                CONFIG_MAX_EOS);
     for (size_t i = 0; i < n; i++) {
-        struct json_object *e = is_list ? json_object_array_get_idx(v, i) : v;
+        struct json_reader e = is_list ? json_reader_element(&v, i) : v;
         int id = 0;
-        int rc = int_value(e, key, 0, max_id, &id, err);
+        int rc = json_read_int(&e, NULL, JSON_REQUIRED, 0, max_id, &id);
         if (rc)
             return rc;
         bool seen = false;
@@ -136,54 +61,15 @@ static int get_token_ids(struct json_object *obj, const char *key, int max_id, i
     return 0;
 }
 
-static int get_string(struct json_object *obj, const char *key, const char **out, struct err *err)
+/* An optional float field; absent leaves *inout as it is. */
+static int read_float(const struct json_reader *r, const char *key, struct json_range range,
+                      float *inout)
 {
-    struct json_object *v = field(obj, key);
-    *out = NULL;
-    if (!v)
-        return 0;
-    if (!json_object_is_type(v, json_type_string))
-        return err_set(err, INFERD_EFORMAT, "%s must be a string, got %s", key, json_type_word(v));
-    *out = json_object_get_string(v);
-    return 0;
-}
-
-/* Parses text as one JSON object (trailing whitespace allowed). */
-static int parse_object(const char *text, size_t len, const char *what, struct json_object **out,
-                        struct err *err)
-{
-    *out = NULL;
-    if (len > INT_MAX)
-        return err_set(err, INFERD_EFORMAT, "%s is too large (%zu bytes)", what, len);
-    struct json_tokener *tok = json_tokener_new();
-    if (!tok)
-        return err_set(err, INFERD_ENOMEM, "out of memory parsing %s", what);
-    struct json_object *root = json_tokener_parse_ex(tok, text, (int)len);
-    enum json_tokener_error jerr = json_tokener_get_error(tok);
-    size_t end = json_tokener_get_parse_end(tok);
-    json_tokener_free(tok);
-    if (!root || jerr != json_tokener_success) {
-        json_object_put(root);
-        if (jerr == json_tokener_continue || jerr == json_tokener_success)
-            return err_set(err, INFERD_EFORMAT, "%s: JSON ends before it is complete", what);
-        return err_set(err, INFERD_EFORMAT, "%s is not valid JSON: %s at byte %zu", what,
-                       json_tokener_error_desc(jerr), end);
-    }
-    for (size_t i = end; i < len; i++) {
-        char c = text[i];
-        if (c != ' ' && c != '\t' && c != '\n' && c != '\r') {
-            json_object_put(root);
-            return err_set(err, INFERD_EFORMAT, "%s has unexpected bytes after its JSON object "
-                                                "(byte %zu)",
-                           what, i);
-        }
-    }
-    if (!json_object_is_type(root, json_type_object)) {
-        json_object_put(root);
-        return err_set(err, INFERD_EFORMAT, "%s is not a JSON object", what);
-    }
-    *out = root;
-    return 0;
+    double x = *inout;
+    int rc = json_read_double(r, key, JSON_OPTIONAL, range, &x);
+    if (!rc)
+        *inout = (float)x;
+    return rc;
 }
 
 /* ---------------------------------------------------------------- config.json */
@@ -207,25 +93,28 @@ const char *model_arch_name(enum model_arch arch)
     return "unknown";
 }
 
-static int parse_arch(struct json_object *root, struct model_config *c, struct err *err)
+static int parse_arch(const struct json_reader *root, struct model_config *c)
 {
     const char *name = NULL;
-    bool from_class = false;
-    struct json_object *archs = field(root, "architectures");
-    if (archs) {
-        if (!json_object_is_type(archs, json_type_array) || json_object_array_length(archs) == 0 ||
-            !json_object_is_type(json_object_array_get_idx(archs, 0), json_type_string))
-            return err_set(err, INFERD_EFORMAT,
-                           "architectures must be a non-empty list of class names");
-        name = json_object_get_string(json_object_array_get_idx(archs, 0));
-        from_class = true;
+    struct json_reader archs;
+    size_t n;
+    int rc = json_read_array(root, "architectures", JSON_OPTIONAL, &archs, &n);
+    if (rc)
+        return rc;
+    bool from_class = archs.v != NULL;
+    if (from_class) {
+        if (n == 0)
+            return json_reader_fail(&archs, INFERD_EFORMAT,
+                                    "must be a non-empty list of class names");
+        struct json_reader first = json_reader_element(&archs, 0);
+        if ((rc = json_read_str(&first, NULL, JSON_REQUIRED, &name, NULL)))
+            return rc;
     } else {
-        int rc = get_string(root, "model_type", &name, err);
-        if (rc)
+        if ((rc = json_read_str(root, "model_type", JSON_OPTIONAL, &name, NULL)))
             return rc;
         if (!name)
-            return err_set(err, INFERD_EFORMAT,
-                           "config has neither 'architectures' nor 'model_type'");
+            return json_reader_fail_plain(root, INFERD_EFORMAT,
+                                          "config has neither 'architectures' nor 'model_type'");
     }
     for (int i = 0; i < N_ARCHS; i++) {
         if (strcmp(name, from_class ? arch_table[i].class_name : arch_table[i].model_type) == 0) {
@@ -234,214 +123,184 @@ static int parse_arch(struct json_object *root, struct model_config *c, struct e
             return 0;
         }
     }
-    return err_set(err, INFERD_EUNSUPPORTED,
-                   "unsupported architecture '%.100s' (supported: LlamaForCausalLM, "
-                   "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)",
-                   name);
+    return json_reader_fail_plain(root, INFERD_EUNSUPPORTED,
+                                  "unsupported architecture '%.100s' (supported: LlamaForCausalLM, "
+                                  "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)",
+                                  name);
 }
 
-static int parse_sizes(struct json_object *root, struct model_config *c, struct err *err)
+static int parse_sizes(const struct json_reader *root, struct model_config *c)
 {
     int rc;
-    if ((rc = get_int(root, "vocab_size", true, 0, 1, 4 << 20, &c->vocab_size, err)) ||
-        (rc = get_int(root, "hidden_size", true, 0, 1, 65536, &c->hidden_size, err)) ||
-        (rc = get_int(root, "intermediate_size", true, 0, 1, 1 << 20, &c->intermediate_size,
-                      err)) ||
-        (rc = get_int(root, "num_hidden_layers", true, 0, 1, 1024, &c->n_layers, err)) ||
-        (rc = get_int(root, "num_attention_heads", true, 0, 1, 1024, &c->n_heads, err)) ||
-        (rc = get_int(root, "num_key_value_heads", false, c->n_heads, 1, 1024, &c->n_kv_heads,
-                      err)) ||
-        (rc = get_int(root, "max_position_embeddings", false, 4096, 1, 16 << 20,
-                      &c->max_position_embeddings, err)))
+    if ((rc = json_read_int(root, "vocab_size", JSON_REQUIRED, 1, 4 << 20, &c->vocab_size)) ||
+        (rc = json_read_int(root, "hidden_size", JSON_REQUIRED, 1, 65536, &c->hidden_size)) ||
+        (rc = json_read_int(root, "intermediate_size", JSON_REQUIRED, 1, 1 << 20,
+                            &c->intermediate_size)) ||
+        (rc = json_read_int(root, "num_hidden_layers", JSON_REQUIRED, 1, 1024, &c->n_layers)) ||
+        (rc = json_read_int(root, "num_attention_heads", JSON_REQUIRED, 1, 1024, &c->n_heads)))
+        return rc;
+    c->n_kv_heads = c->n_heads;
+    c->max_position_embeddings = 4096;
+    if ((rc = json_read_int(root, "num_key_value_heads", JSON_OPTIONAL, 1, 1024,
+                            &c->n_kv_heads)) ||
+        (rc = json_read_int(root, "max_position_embeddings", JSON_OPTIONAL, 1, 16 << 20,
+                            &c->max_position_embeddings)))
         return rc;
     if (c->n_heads % c->n_kv_heads != 0)
-        return err_set(err, INFERD_ERANGE,
-                       "num_attention_heads (%d) is not a multiple of num_key_value_heads (%d)",
-                       c->n_heads, c->n_kv_heads);
-    if (!field(root, "head_dim") && c->hidden_size % c->n_heads != 0)
-        return err_set(err, INFERD_ERANGE,
-                       "hidden_size (%d) is not a multiple of num_attention_heads (%d) and "
-                       "head_dim is not given",
-                       c->hidden_size, c->n_heads);
-    if ((rc = get_int(root, "head_dim", false, c->hidden_size / c->n_heads, 1, 1024, &c->head_dim,
-                      err)))
+        return json_reader_fail_plain(
+            root, INFERD_ERANGE,
+            "num_attention_heads (%d) is not a multiple of num_key_value_heads (%d)", c->n_heads,
+            c->n_kv_heads);
+    if (!json_reader_has(root, "head_dim") && c->hidden_size % c->n_heads != 0)
+        return json_reader_fail_plain(root, INFERD_ERANGE,
+                                      "hidden_size (%d) is not a multiple of num_attention_heads "
+                                      "(%d) and head_dim is not given",
+                                      c->hidden_size, c->n_heads);
+    c->head_dim = c->hidden_size / c->n_heads;
+    if ((rc = json_read_int(root, "head_dim", JSON_OPTIONAL, 1, 1024, &c->head_dim)))
         return rc;
     if (c->head_dim > 1024) /* the default, hidden_size / num_attention_heads, is unchecked above */
-        return err_set(
-            err, INFERD_ERANGE,
+        return json_reader_fail_plain(
+            root, INFERD_ERANGE,
             "head_dim = %d (hidden_size / num_attention_heads) is out of range (1..1024)",
             c->head_dim);
     if (c->head_dim % 2 != 0)
-        return err_set(err, INFERD_ERANGE, "head_dim = %d must be even (rotary embedding pairs)",
-                       c->head_dim);
-
-    double eps;
-    if ((rc = get_number(root, "rms_norm_eps", false, 1e-6, &eps, err)))
-        return rc;
-    if (!(eps > 0 && eps < 1))
-        return err_set(err, INFERD_ERANGE, "rms_norm_eps = %g is out of range (0 < eps < 1)", eps);
-    c->rms_norm_eps = (float)eps;
-    return 0;
+        return json_reader_fail_plain(root, INFERD_ERANGE,
+                                      "head_dim = %d must be even (rotary embedding pairs)",
+                                      c->head_dim);
+    c->rms_norm_eps = 1e-6f;
+    return read_float(root, "rms_norm_eps",
+                      (struct json_range){.lo = 0, .hi = 1, .lo_open = true, .hi_open = true},
+                      &c->rms_norm_eps);
 }
 
 /* rope_scaling, or the newer rope_parameters that also carries rope_theta. */
-static int parse_rope(struct json_object *root, struct model_config *c, struct err *err)
+static int parse_rope(const struct json_reader *root, struct model_config *c)
 {
-    struct json_object *rs = field(root, "rope_scaling");
-    const char *rs_name = "rope_scaling";
-    struct json_object *params = field(root, "rope_parameters");
-    if (params && !json_object_is_type(params, json_type_object))
-        return err_set(err, INFERD_EFORMAT, "rope_parameters must be an object, got %s",
-                       json_type_word(params));
-    if (!rs && params) {
-        rs = params;
-        rs_name = "rope_parameters";
-    }
-
-    double theta;
-    struct json_object *theta_src = field(root, "rope_theta") || !params ? root : params;
-    int rc = get_number(theta_src, "rope_theta", false, 10000.0, &theta, err);
+    static const char *const types[] = {"default", "linear", "llama3", NULL};
+    enum { TYPE_DEFAULT, TYPE_LINEAR, TYPE_LLAMA3 };
+    struct json_reader params, rs;
+    int rc = json_read_object(root, "rope_parameters", JSON_OPTIONAL, &params);
     if (rc)
         return rc;
-    if (!(theta > 0) || theta > 3.0e38)
-        return err_set(err, INFERD_ERANGE, "rope_theta = %g is out of range (must be positive)",
-                       theta);
-    c->rope_theta = (float)theta;
+    const struct json_reader *theta_src =
+        json_reader_has(root, "rope_theta") || !params.v ? root : &params;
+    c->rope_theta = 10000.0f;
+    if ((rc = read_float(theta_src, "rope_theta",
+                         (struct json_range){.lo = 0, .hi = 3.0e38, .lo_open = true},
+                         &c->rope_theta)))
+        return rc;
     c->rope_scaling = ROPE_SCALING_NONE;
     c->rope_factor = 1.0f;
-    if (!rs)
-        return 0;
-    if (!json_object_is_type(rs, json_type_object))
-        return err_set(err, INFERD_EFORMAT, "%s must be an object or null, got %s", rs_name,
-                       json_type_word(rs));
-
-    const char *type = NULL;
-    if ((rc = get_string(rs, "rope_type", &type, err)))
-        return err_wrap(err, "%s", rs_name);
-    if (!type && (rc = get_string(rs, "type", &type, err)))
-        return err_wrap(err, "%s", rs_name);
-    if (!type)
-        return err_set(err, INFERD_EFORMAT, "%s has no 'rope_type'", rs_name);
-    if (strcmp(type, "default") == 0)
+    if ((rc = json_read_object(root, "rope_scaling", JSON_OPTIONAL, &rs)))
+        return rc;
+    if (!rs.v)
+        rs = params;
+    if (!rs.v)
         return 0;
 
-    double factor;
-    if (strcmp(type, "linear") == 0 || strcmp(type, "llama3") == 0) {
-        if ((rc = get_number(rs, "factor", true, 1.0, &factor, err)))
-            return err_wrap(err, "%s", rs_name);
-        if (!(factor > 0) || factor > 1e6)
-            return err_set(err, INFERD_ERANGE,
-                           "%s: factor = %g is out of range (0 < factor <= 1e6)", rs_name, factor);
-        c->rope_factor = (float)factor;
-    }
-    if (strcmp(type, "linear") == 0) {
+    /* older configs spell rope_type "type" */
+    const char *type_key =
+        json_reader_has(&rs, "rope_type") || !json_reader_has(&rs, "type") ? "rope_type" : "type";
+    int type = TYPE_DEFAULT;
+    if ((rc = json_read_enum(&rs, type_key, JSON_REQUIRED, types, &type)) || type == TYPE_DEFAULT)
+        return rc;
+    double factor = 1;
+    if ((rc = json_read_double(&rs, "factor", JSON_REQUIRED,
+                               (struct json_range){.lo = 0, .hi = 1e6, .lo_open = true}, &factor)))
+        return rc;
+    c->rope_factor = (float)factor;
+    if (type == TYPE_LINEAR) {
         c->rope_scaling = ROPE_SCALING_LINEAR;
         return 0;
     }
-    if (strcmp(type, "llama3") == 0) {
-        double low, high;
-        if ((rc = get_number(rs, "low_freq_factor", true, 0, &low, err)) ||
-            (rc = get_number(rs, "high_freq_factor", true, 0, &high, err)) ||
-            (rc = get_int(rs, "original_max_position_embeddings", true, 0, 1, 16 << 20,
-                          &c->rope_original_max_position, err)))
-            return err_wrap(err, "%s", rs_name);
-        if (!(low > 0) || !(high > low) || high > 1e6)
-            return err_set(err, INFERD_ERANGE,
-                           "%s: need 0 < low_freq_factor < high_freq_factor, got %g and %g",
-                           rs_name, low, high);
-        c->rope_low_freq_factor = (float)low;
-        c->rope_high_freq_factor = (float)high;
-        c->rope_scaling = ROPE_SCALING_LLAMA3;
-        return 0;
-    }
-    return err_set(err, INFERD_EUNSUPPORTED,
-                   "unsupported %s type '%.60s' (supported: default, linear, llama3)", rs_name,
-                   type);
+    double low = 0, high = 0;
+    if ((rc = json_read_double(&rs, "low_freq_factor", JSON_REQUIRED, JSON_ANY_NUMBER, &low)) ||
+        (rc = json_read_double(&rs, "high_freq_factor", JSON_REQUIRED, JSON_ANY_NUMBER, &high)) ||
+        (rc = json_read_int(&rs, "original_max_position_embeddings", JSON_REQUIRED, 1, 16 << 20,
+                            &c->rope_original_max_position)))
+        return rc;
+    if (!(low > 0) || !(high > low) || high > 1e6)
+        return json_reader_fail(&rs, INFERD_ERANGE,
+                                "needs 0 < low_freq_factor < high_freq_factor <= 1e6, got %g and %g",
+                                low, high);
+    c->rope_low_freq_factor = (float)low;
+    c->rope_high_freq_factor = (float)high;
+    c->rope_scaling = ROPE_SCALING_LLAMA3;
+    return 0;
 }
 
-static int parse_sliding_window(struct json_object *root, struct model_config *c, struct err *err)
+static int parse_sliding_window(const struct json_reader *root, struct model_config *c)
 {
     c->sliding_window = 0;
     if (c->arch == ARCH_MISTRAL) {
         /* transformers' MistralConfig defaults to 4096; null turns it off. */
-        struct json_object *v = NULL;
-        bool present = json_object_object_get_ex(root, "sliding_window", &v);
-        if (!present)
+        if (!json_reader_has_key(root, "sliding_window"))
             c->sliding_window = 4096;
-        else if (!json_object_is_type(v, json_type_null))
-            return int_value(v, "sliding_window", 1, INT_MAX, &c->sliding_window, err);
-        return 0;
+        return json_read_int(root, "sliding_window", JSON_OPTIONAL, 1, INT_MAX,
+                             &c->sliding_window);
     }
     if (c->arch == ARCH_QWEN2 || c->arch == ARCH_QWEN3) {
-        bool on;
-        int rc = get_bool(root, "use_sliding_window", false, &on, err);
+        bool on = false;
+        int rc = json_read_bool(root, "use_sliding_window", JSON_OPTIONAL, &on);
         if (rc)
             return rc;
         if (on)
-            return err_set(err, INFERD_EUNSUPPORTED,
-                           "use_sliding_window = true (per-layer sliding-window attention) is not "
-                           "supported");
+            return json_reader_fail_plain(root, INFERD_EUNSUPPORTED,
+                                          "use_sliding_window = true (per-layer sliding-window "
+                                          "attention) is not supported");
     }
     return 0;
 }
 
 /* Variants the forward pass does not implement are refused rather than run wrongly. */
-static int parse_unsupported_features(struct json_object *root, struct err *err)
+static int parse_unsupported_features(const struct json_reader *root)
 {
-    const char *act;
-    bool mlp_bias;
+    const char *act = NULL;
+    bool mlp_bias = false;
     int rc;
-    if ((rc = get_string(root, "hidden_act", &act, err)))
+    if ((rc = json_read_str(root, "hidden_act", JSON_OPTIONAL, &act, NULL)))
         return rc;
     if (act && strcmp(act, "silu") != 0)
-        return err_set(err, INFERD_EUNSUPPORTED, "hidden_act '%.40s' is not supported (only silu)",
-                       act);
-    if ((rc = get_bool(root, "mlp_bias", false, &mlp_bias, err)))
+        return json_reader_fail_plain(root, INFERD_EUNSUPPORTED,
+                                      "hidden_act '%.40s' is not supported (only silu)", act);
+    if ((rc = json_read_bool(root, "mlp_bias", JSON_OPTIONAL, &mlp_bias)))
         return rc;
     if (mlp_bias)
-        return err_set(err, INFERD_EUNSUPPORTED, "mlp_bias = true is not supported");
+        return json_reader_fail_plain(root, INFERD_EUNSUPPORTED, "mlp_bias = true is not supported");
     return 0;
 }
 
-static int parse_dtype_name(struct json_object *root, struct model_config *c, struct err *err)
+static int parse_dtype_name(const struct json_reader *root, struct model_config *c)
 {
-    const char *key = field(root, "dtype") ? "dtype" : "torch_dtype";
-    const char *s;
-    int rc = get_string(root, key, &s, err);
-    if (rc)
-        return rc;
-    c->torch_dtype = DTYPE_BF16;
-    if (!s || strcmp(s, "bfloat16") == 0)
-        return 0;
-    if (strcmp(s, "float16") == 0)
-        c->torch_dtype = DTYPE_F16;
-    else if (strcmp(s, "float32") == 0)
-        c->torch_dtype = DTYPE_F32;
-    else
-        return err_set(err, INFERD_EUNSUPPORTED,
-                       "%s '%.40s' is not supported (supported: bfloat16, float16, float32)", key,
-                       s);
-    return 0;
+    static const char *const names[] = {"bfloat16", "float16", "float32", NULL};
+    static const enum dtype types[] = {DTYPE_BF16, DTYPE_F16, DTYPE_F32};
+    int i = 0;
+    int rc = json_read_enum(root, json_reader_has(root, "dtype") ? "dtype" : "torch_dtype",
+                            JSON_OPTIONAL, names, &i);
+    c->torch_dtype = types[i];
+    return rc;
 }
 
 int model_config_parse(const char *json, size_t len, struct model_config *out, struct err *err)
 {
     memset(out, 0, sizeof *out);
-    struct json_object *root;
-    int rc = parse_object(json, len, "config.json", &root, err);
+    struct json_object *obj;
+    int rc = parse_object(json, len, "config.json", &obj, err);
     if (rc)
         return rc;
-    struct model_config c = {0};
-    if ((rc = parse_arch(root, &c, err)) || (rc = parse_sizes(root, &c, err)) ||
-        (rc = parse_rope(root, &c, err)) || (rc = parse_sliding_window(root, &c, err)) ||
-        (rc = parse_unsupported_features(root, err)) ||
-        (rc = parse_dtype_name(root, &c, err)) ||
-        (rc = get_bool(root, "tie_word_embeddings", false, &c.tie_word_embeddings, err)) ||
-        (rc = get_bool(root, "attention_bias", false, &c.attention_bias, err)) ||
-        (rc = get_int(root, "bos_token_id", false, -1, 0, c.vocab_size - 1, &c.bos_token_id,
-                      err)) ||
-        (rc = get_token_ids(root, "eos_token_id", c.vocab_size - 1, c.eos_token_ids, &c.n_eos,
-                            err)))
+    struct json_doc doc = {.err = err, .name = "config.json"};
+    struct json_reader root = json_reader_root(&doc, obj);
+    struct model_config c = {.bos_token_id = -1};
+    if ((rc = parse_arch(&root, &c)) || (rc = parse_sizes(&root, &c)) ||
+        (rc = parse_rope(&root, &c)) || (rc = parse_sliding_window(&root, &c)) ||
+        (rc = parse_unsupported_features(&root)) || (rc = parse_dtype_name(&root, &c)) ||
+        (rc = json_read_bool(&root, "tie_word_embeddings", JSON_OPTIONAL,
+                             &c.tie_word_embeddings)) ||
+        (rc = json_read_bool(&root, "attention_bias", JSON_OPTIONAL, &c.attention_bias)) ||
+        (rc = json_read_int(&root, "bos_token_id", JSON_OPTIONAL, 0, c.vocab_size - 1,
+                            &c.bos_token_id)) ||
+        (rc = read_token_ids(&root, "eos_token_id", c.vocab_size - 1, c.eos_token_ids, &c.n_eos)))
         goto out;
     if (c.arch == ARCH_QWEN2)
         c.attention_bias = true; /* Qwen2 always has q/k/v biases; its config does not say so */
@@ -449,7 +308,7 @@ int model_config_parse(const char *json, size_t len, struct model_config *out, s
         c.qk_norm = true;
     *out = c;
 out:
-    json_object_put(root);
+    json_object_put(obj);
     return rc;
 }
 
@@ -467,46 +326,35 @@ void generation_defaults_init(struct generation_defaults *g)
     g->bos_token_id = -1;
 }
 
-static int get_float_in(struct json_object *root, const char *key, double lo, double hi,
-                        bool lo_open, float *inout, struct err *err)
-{
-    double x;
-    int rc = get_number(root, key, false, (double)*inout, &x, err);
-    if (rc)
-        return rc;
-    if (x < lo || x > hi || (lo_open && x == lo))
-        return err_set(err, INFERD_ERANGE, "%s = %g is out of range (%s%g..%g)", key, x,
-                       lo_open ? ">" : "", lo, hi);
-    *inout = (float)x;
-    return 0;
-}
-
 int generation_config_parse(const char *json, size_t len, struct generation_defaults *g,
                             struct err *err)
 {
-    struct json_object *root;
-    int rc = parse_object(json, len, "generation_config.json", &root, err);
+    struct json_object *obj;
+    int rc = parse_object(json, len, "generation_config.json", &obj, err);
     if (rc)
         return rc;
+    struct json_doc doc = {.err = err, .name = "generation_config.json"};
+    struct json_reader root = json_reader_root(&doc, obj);
     struct generation_defaults n = *g; /* committed only when everything parses */
     int ids[CONFIG_MAX_EOS], n_ids = 0;
-    if ((rc = get_float_in(root, "temperature", 0, 1e6, false, &n.temperature, err)) ||
-        (rc = get_float_in(root, "top_p", 0, 1, false, &n.top_p, err)) ||
-        (rc = get_int(root, "top_k", false, n.top_k, 0, INT_MAX, &n.top_k, err)) ||
-        (rc = get_float_in(root, "repetition_penalty", 0, 1e6, true, &n.repetition_penalty,
-                           err)) ||
-        (rc = get_bool(root, "do_sample", n.do_sample, &n.do_sample, err)) ||
-        (rc = get_int(root, "bos_token_id", false, n.bos_token_id, 0, INT_MAX, &n.bos_token_id,
-                      err)) ||
-        (rc = get_token_ids(root, "eos_token_id", INT_MAX, ids, &n_ids, err)))
+    if ((rc = read_float(&root, "temperature", (struct json_range){.lo = 0, .hi = 1e6},
+                         &n.temperature)) ||
+        (rc = read_float(&root, "top_p", (struct json_range){.lo = 0, .hi = 1}, &n.top_p)) ||
+        (rc = json_read_int(&root, "top_k", JSON_OPTIONAL, 0, INT_MAX, &n.top_k)) ||
+        (rc = read_float(&root, "repetition_penalty",
+                         (struct json_range){.lo = 0, .hi = 1e6, .lo_open = true},
+                         &n.repetition_penalty)) ||
+        (rc = json_read_bool(&root, "do_sample", JSON_OPTIONAL, &n.do_sample)) ||
+        (rc = json_read_int(&root, "bos_token_id", JSON_OPTIONAL, 0, INT_MAX, &n.bos_token_id)) ||
+        (rc = read_token_ids(&root, "eos_token_id", INT_MAX, ids, &n_ids)))
         goto out;
-    if (field(root, "eos_token_id")) {
+    if (json_reader_has(&root, "eos_token_id")) {
         memcpy(n.eos_token_ids, ids, sizeof ids);
         n.n_eos = n_ids;
     }
     *g = n;
 out:
-    json_object_put(root);
+    json_object_put(obj);
     return rc;
 }
 

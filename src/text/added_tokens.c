@@ -11,8 +11,7 @@ struct edge {
 
 struct added_matcher {
     int32_t root_child[256]; /* child of the root per first byte, -1 when none */
-    int32_t *terminal; /* owned; per node: index of the token ending here, or -1 */
-    size_t n_nodes, cap_nodes;
+    struct idlist terminal; /* owned; per node: index of the token ending here, or -1 */
     struct edge *edges; /* owned; open addressing, edge_mask + 1 slots */
     size_t edge_mask, n_edges;
     char **contents; /* owned; per token index: the (normalized) text matched, or NULL */
@@ -63,17 +62,8 @@ static int grow_edges(struct added_matcher *m, struct err *err)
 
 static int new_node(struct added_matcher *m, int32_t *out, struct err *err)
 {
-    if (m->n_nodes == m->cap_nodes) {
-        size_t cap = m->cap_nodes ? m->cap_nodes * 2 : 64;
-        int32_t *t = realloc(m->terminal, cap * sizeof *t);
-        if (!t)
-            return err_set(err, INFERD_ENOMEM, "tokenizer: out of memory for added tokens");
-        m->terminal = t;
-        m->cap_nodes = cap;
-    }
-    m->terminal[m->n_nodes] = -1;
-    *out = (int32_t)m->n_nodes++;
-    return 0;
+    *out = (int32_t)m->terminal.n;
+    return idlist_push(&m->terminal, -1, err);
 }
 
 static int insert(struct added_matcher *m, const char *s, size_t len, int32_t tok,
@@ -98,8 +88,8 @@ static int insert(struct added_matcher *m, const char *s, size_t len, int32_t to
         node = c;
     }
     /* The first token with a given content wins, as in HF's map. */
-    if (m->terminal[node] < 0)
-        m->terminal[node] = tok;
+    if (m->terminal.v[node] < 0)
+        m->terminal.v[node] = tok;
     return 0;
 }
 
@@ -111,7 +101,7 @@ void added_matcher_free(struct added_matcher *m)
         free(m->contents[i]);
     free(m->contents);
     free(m->lens);
-    free(m->terminal);
+    free(m->terminal.v);
     free(m->edges);
     free(m);
 }
@@ -140,13 +130,13 @@ int added_matcher_build(const struct added_token *toks, size_t n, bool want_norm
     for (size_t i = 0; !rc && i < n; i++) {
         if (toks[i].normalized != want_normalized || toks[i].len == 0)
             continue;
-        struct tbuf b = {0};
-        rc = tbuf_put(&b, toks[i].content, toks[i].len, err);
+        struct strbuf b = {0};
+        rc = tok_put(&b, toks[i].content, toks[i].len, err);
         if (!rc && want_normalized && norm)
             rc = normalizer_apply(norm, &b, err);
         if (!rc && b.len)
-            rc = insert(m, b.p, b.len, (int32_t)i, err);
-        m->contents[i] = b.p;
+            rc = insert(m, b.data, b.len, (int32_t)i, err);
+        m->contents[i] = b.data;
         m->lens[i] = b.len;
     }
     for (int b = 0; !rc && b < 256; b++)
@@ -190,8 +180,8 @@ int added_matcher_split(const struct added_matcher *m, const struct added_token 
             int32_t node = m->root_child[(uint8_t)s[i]];
             if (node < 0)
                 continue;
-            if (m->terminal[node] >= 0) {
-                best = m->terminal[node];
+            if (m->terminal.v[node] >= 0) {
+                best = m->terminal.v[node];
                 mstart = i;
                 mend = i + 1;
             }
@@ -199,8 +189,8 @@ int added_matcher_split(const struct added_matcher *m, const struct added_token 
                 node = child_of(m, node, (uint8_t)s[j]);
                 if (node < 0)
                     break;
-                if (m->terminal[node] >= 0) {
-                    best = m->terminal[node];
+                if (m->terminal.v[node] >= 0) {
+                    best = m->terminal.v[node];
                     mstart = i;
                     mend = j + 1;
                 }

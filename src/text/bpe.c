@@ -148,24 +148,22 @@ static size_t pow2_at_least(size_t n)
     return c;
 }
 
-static int parse_vocab(struct bpe *m, json_object *vocab, struct err *err)
+static int parse_vocab(struct bpe *m, const struct json_reader *vocab, struct err *err)
 {
-    size_t n = (size_t)json_object_object_length(vocab);
+    size_t n = (size_t)json_object_object_length(vocab->v);
     m->entries = calloc(n ? n : 1, sizeof *m->entries);
     m->slot_mask = pow2_at_least(n * 2 + 1) - 1;
     m->slots = calloc(m->slot_mask + 1, sizeof *m->slots);
     if (!m->entries || !m->slots)
         return err_set(err, INFERD_ENOMEM, "tokenizer: out of memory for the vocab");
     m->max_id = -1;
-    json_object_object_foreach(vocab, key, val)
+    json_object_object_foreach(vocab->v, key, val)
     {
-        if (!json_object_is_type(val, json_type_int))
-            return err_set(err, INFERD_EFORMAT, "tokenizer: vocab entry '%.40s' is not an integer",
-                           key);
-        int64_t id = json_object_get_int64(val);
-        if (id < 0 || id >= (1 << 26))
-            return err_set(err, INFERD_EFORMAT, "tokenizer: vocab id %lld out of range",
-                           (long long)id);
+        struct json_reader entry = json_reader_entry(vocab, key, val);
+        int64_t id = 0;
+        int rc = tok_json_index(&entry, NULL, JSON_REQUIRED, (1 << 26) - 1, &id);
+        if (rc)
+            return rc;
         size_t len = strlen(key);
         if (bpe_piece_to_id(m, key, len) >= 0)
             continue;
@@ -223,16 +221,16 @@ static int add_merge(struct bpe *m, size_t rank, const char *a, size_t alen, con
     return 0;
 }
 
-static int parse_merges(struct bpe *m, json_object *merges, struct err *err)
+static int parse_merges(struct bpe *m, const struct json_reader *merges, size_t n,
+                        struct err *err)
 {
-    size_t n = merges ? json_object_array_length(merges) : 0;
     m->merge_mask = pow2_at_least(n * 2 + 1) - 1;
     m->merges = malloc((m->merge_mask + 1) * sizeof *m->merges);
     if (!m->merges)
         return err_set(err, INFERD_ENOMEM, "tokenizer: out of memory for merges");
     memset(m->merges, 0xff, (m->merge_mask + 1) * sizeof *m->merges);
     for (size_t r = 0; r < n; r++) {
-        json_object *e = json_object_array_get_idx(merges, r);
+        json_object *e = json_object_array_get_idx(merges->v, r);
         int rc;
         if (json_object_is_type(e, json_type_string)) {
             const char *s = json_object_get_string(e);
@@ -259,51 +257,28 @@ static int parse_merges(struct bpe *m, json_object *merges, struct err *err)
     return 0;
 }
 
-static int dup_opt_str(json_object *j, const char *key, char **out, size_t *len, struct err *err)
-{
-    const char *s;
-    int rc = tok_json_str(j, key, &s, len, false, "BPE model", err);
-    if (rc || !s || !*len)
-        return rc;
-    if (!(*out = malloc(*len + 1)))
-        return err_set(err, INFERD_ENOMEM, "tokenizer: out of memory");
-    memcpy(*out, s, *len + 1);
-    return 0;
-}
-
-int bpe_parse(json_object *model, struct bpe **out, struct err *err)
+int bpe_parse(const struct json_reader *model, struct bpe **out, struct err *err)
 {
     *out = NULL;
     struct bpe *m = calloc(1, sizeof *m);
     if (!m)
         return err_set(err, INFERD_ENOMEM, "tokenizer: out of memory");
-    json_object *vocab, *merges = NULL;
-    int rc = 0;
-    if (!json_object_object_get_ex(model, "vocab", &vocab) ||
-        !json_object_is_type(vocab, json_type_object))
-        rc = err_set(err, INFERD_EFORMAT, "tokenizer: BPE model needs a vocab object");
-    if (!rc && json_object_object_get_ex(model, "merges", &merges) && merges &&
-        !json_object_is_type(merges, json_type_array))
-        rc = err_set(err, INFERD_EFORMAT, "tokenizer: BPE merges must be an array");
-    if (!rc)
-        rc = dup_opt_str(model, "continuing_subword_prefix", &m->prefix, &m->prefix_len, err);
-    if (!rc)
-        rc = dup_opt_str(model, "end_of_word_suffix", &m->suffix, &m->suffix_len, err);
-    if (!rc)
-        rc = tok_json_bool(model, "fuse_unk", false, &m->fuse_unk, "BPE model", err);
-    if (!rc)
-        rc = tok_json_bool(model, "byte_fallback", false, &m->byte_fallback, "BPE model", err);
-    if (!rc)
-        rc = tok_json_bool(model, "ignore_merges", false, &m->ignore_merges, "BPE model", err);
-    if (!rc)
-        rc = parse_vocab(m, vocab, err);
-    if (!rc)
-        rc = parse_merges(m, merges, err);
+    struct json_reader vocab, merges;
+    size_t n_merges = 0;
     const char *unk = NULL;
     size_t unk_len = 0;
-    if (!rc)
-        rc = tok_json_str(model, "unk_token", &unk, &unk_len, false, "BPE model", err);
-    if (rc) {
+    int rc;
+    if ((rc = json_read_object(model, "vocab", JSON_REQUIRED, &vocab)) ||
+        (rc = json_read_array(model, "merges", JSON_OPTIONAL, &merges, &n_merges)) ||
+        (rc = json_read_strdup(model, "continuing_subword_prefix", JSON_OPTIONAL, &m->prefix,
+                               &m->prefix_len)) ||
+        (rc = json_read_strdup(model, "end_of_word_suffix", JSON_OPTIONAL, &m->suffix,
+                               &m->suffix_len)) ||
+        (rc = json_read_bool(model, "fuse_unk", JSON_OPTIONAL, &m->fuse_unk)) ||
+        (rc = json_read_bool(model, "byte_fallback", JSON_OPTIONAL, &m->byte_fallback)) ||
+        (rc = json_read_bool(model, "ignore_merges", JSON_OPTIONAL, &m->ignore_merges)) ||
+        (rc = parse_vocab(m, &vocab, err)) || (rc = parse_merges(m, &merges, n_merges, err)) ||
+        (rc = json_read_str(model, "unk_token", JSON_OPTIONAL, &unk, &unk_len))) {
         bpe_free(m);
         return rc;
     }

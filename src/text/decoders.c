@@ -22,7 +22,7 @@ struct decoder {
     struct tok_pattern pat; /* Replace */
     char *content;          /* owned; Replace */
     size_t content_len;
-    struct decoder **subs;  /* owned; Sequence members */
+    void **subs;            /* owned; Sequence members, each a struct decoder * */
     size_t n_subs;
 };
 
@@ -38,43 +38,20 @@ void decoder_free(struct decoder *d)
     free(d);
 }
 
-static int one_char(json_object *j, const char *key, const char *dflt, uint32_t *out,
-                    struct err *err)
+/* A Sequence member, for tok_json_components. */
+static int parse_member(const struct json_reader *e, void **out, struct err *err)
 {
-    const char *s;
-    size_t n;
-    int rc = tok_json_str(j, key, &s, &n, false, "decoder", err);
-    if (rc)
-        return rc;
-    if (!s)
-        s = dflt, n = strlen(dflt);
-    struct tbuf b = {0};
-    if ((rc = tok_utf8_lossy(s, n, &b, err)))
-        return rc;
-    size_t i = 0;
-    *out = b.len ? tok_utf8_next(b.p, b.len, &i) : 0;
-    bool ok = b.len && i == b.len;
-    tbuf_free(&b);
-    return ok ? 0 : err_set(err, INFERD_EFORMAT, "tokenizer: decoder %s must be one character", key);
+    struct decoder *sub = NULL;
+    int rc = decoder_parse(e, &sub, err);
+    *out = sub;
+    return rc;
 }
 
-static int json_count(json_object *j, const char *key, size_t *out, struct err *err)
-{
-    json_object *v;
-    *out = 0;
-    if (!json_object_object_get_ex(j, key, &v) || !v)
-        return 0;
-    if (!json_object_is_type(v, json_type_int) || json_object_get_int64(v) < 0)
-        return err_set(err, INFERD_EFORMAT, "tokenizer: Strip decoder %s must be a count", key);
-    *out = (size_t)json_object_get_int64(v);
-    return 0;
-}
-
-int decoder_parse(json_object *j, struct decoder **out, struct err *err)
+int decoder_parse(const struct json_reader *j, struct decoder **out, struct err *err)
 {
     *out = NULL;
     const char *type;
-    int rc = tok_json_type(j, "decoder", &type, err);
+    int rc = tok_json_type(j, &type);
     if (rc)
         return rc;
     struct decoder *d = calloc(1, sizeof *d);
@@ -84,55 +61,35 @@ int decoder_parse(json_object *j, struct decoder **out, struct err *err)
         d->kind = DEC_BYTELEVEL;
     } else if (!strcmp(type, "Metaspace")) {
         d->kind = DEC_METASPACE;
-        rc = one_char(j, "replacement", "\xE2\x96\x81", &d->ch, err);
-        const char *ps;
-        size_t n;
-        if (!rc)
-            rc = tok_json_str(j, "prepend_scheme", &ps, &n, false, "Metaspace decoder", err);
-        if (!rc && ps)
-            d->strip_first = strcmp(ps, "never") != 0;
-        else if (!rc)
-            rc = tok_json_bool(j, "add_prefix_space", true, &d->strip_first, "Metaspace decoder",
-                               err);
+        const char *ps = NULL;
+        d->strip_first = true;
+        if (!(rc = tok_json_char(j, "replacement", "\xE2\x96\x81", &d->ch, err)) &&
+            !(rc = json_read_str(j, "prepend_scheme", JSON_OPTIONAL, &ps, NULL))) {
+            if (ps)
+                d->strip_first = strcmp(ps, "never") != 0;
+            else
+                rc = json_read_bool(j, "add_prefix_space", JSON_OPTIONAL, &d->strip_first);
+        }
     } else if (!strcmp(type, "ByteFallback")) {
         d->kind = DEC_BYTEFALLBACK;
     } else if (!strcmp(type, "Fuse")) {
         d->kind = DEC_FUSE;
     } else if (!strcmp(type, "Strip")) {
         d->kind = DEC_STRIP;
-        rc = one_char(j, "content", " ", &d->ch, err);
-        if (!rc)
-            rc = json_count(j, "start", &d->start, err);
-        if (!rc)
-            rc = json_count(j, "stop", &d->stop, err);
+        int64_t start = 0, stop = 0;
+        if (!(rc = tok_json_char(j, "content", " ", &d->ch, err)) &&
+            !(rc = tok_json_index(j, "start", JSON_OPTIONAL, INT64_MAX, &start)))
+            rc = tok_json_index(j, "stop", JSON_OPTIONAL, INT64_MAX, &stop);
+        d->start = (size_t)start;
+        d->stop = (size_t)stop;
     } else if (!strcmp(type, "Replace")) {
         d->kind = DEC_REPLACE;
-        json_object *v;
-        const char *c;
-        if (!json_object_object_get_ex(j, "pattern", &v))
-            rc = err_set(err, INFERD_EFORMAT, "tokenizer: Replace decoder needs a pattern");
-        else
-            rc = tok_pattern_parse(v, &d->pat, err);
-        if (!rc)
-            rc = tok_json_str(j, "content", &c, &d->content_len, true, "Replace decoder", err);
-        if (!rc && !(d->content = malloc(d->content_len + 1)))
-            rc = err_set(err, INFERD_ENOMEM, "tokenizer: out of memory");
-        if (!rc)
-            memcpy(d->content, c, d->content_len + 1);
+        struct json_reader pat = json_reader_member(j, "pattern");
+        if (!(rc = tok_pattern_parse(&pat, &d->pat, err)))
+            rc = json_read_strdup(j, "content", JSON_REQUIRED, &d->content, &d->content_len);
     } else if (!strcmp(type, "Sequence")) {
         d->kind = DEC_SEQUENCE;
-        json_object *arr;
-        if (!json_object_object_get_ex(j, "decoders", &arr) ||
-            !json_object_is_type(arr, json_type_array))
-            rc = err_set(err, INFERD_EFORMAT, "tokenizer: Sequence decoder needs a decoders array");
-        size_t n = rc ? 0 : json_object_array_length(arr);
-        if (n && !(d->subs = calloc(n, sizeof *d->subs)))
-            rc = err_set(err, INFERD_ENOMEM, "tokenizer: out of memory");
-        for (size_t i = 0; !rc && i < n; i++) {
-            rc = decoder_parse(json_object_array_get_idx(arr, i), &d->subs[i], err);
-            if (!rc)
-                d->n_subs++;
-        }
+        rc = tok_json_components(j, "decoders", parse_member, &d->subs, &d->n_subs, err);
     } else {
         rc = err_set(err, INFERD_EUNSUPPORTED, "tokenizer: unsupported decoder type '%.60s'", type);
     }
@@ -154,19 +111,19 @@ static int hexval(char c)
 }
 
 /* A valid UTF-8 byte run stays; an invalid one becomes one U+FFFD per byte. */
-static int flush_bytes(struct tbuf *bytes, struct plist *out, struct err *err)
+static int flush_bytes(struct strbuf *bytes, struct plist *out, struct err *err)
 {
     if (!bytes->len)
         return 0;
-    struct tbuf chk = {0};
-    int rc = tok_utf8_lossy(bytes->p, bytes->len, &chk, err);
-    bool valid = !rc && chk.len == bytes->len && !memcmp(chk.p, bytes->p, bytes->len);
-    tbuf_free(&chk);
+    struct strbuf chk = {0};
+    int rc = tok_utf8_lossy(bytes->data, bytes->len, &chk, err);
+    bool valid = !rc && chk.len == bytes->len && !memcmp(chk.data, bytes->data, bytes->len);
+    strbuf_free(&chk);
     if (!rc && valid)
-        rc = plist_push(out, bytes->p, bytes->len, false, err);
+        rc = plist_push(out, bytes->data, bytes->len, false, err);
     for (size_t i = 0; !rc && !valid && i < bytes->len; i++)
         rc = plist_push(out, "\xEF\xBF\xBD", 3, false, err);
-    bytes->len = 0;
+    strbuf_reset(bytes);
     return rc;
 }
 
@@ -176,12 +133,12 @@ static int decode_one(const struct decoder *d, struct plist *l, struct plist *ou
     switch (d->kind) {
     case DEC_BYTELEVEL:
     case DEC_FUSE: {
-        struct tbuf all = {0};
-        rc = tbuf_put(&all, "", 0, err);
+        struct strbuf all = {0};
+        rc = tok_put(&all, "", 0, err);
         for (size_t i = 0; !rc && i < l->n; i++) {
             const struct piece *p = &l->v[i];
             if (d->kind == DEC_FUSE) {
-                rc = tbuf_put(&all, p->s, p->len, err);
+                rc = tok_put(&all, p->s, p->len, err);
                 continue;
             }
             /* A token whose characters are not all in the byte map passes through as is. */
@@ -194,53 +151,53 @@ static int decode_one(const struct decoder *d, struct plist *l, struct plist *ou
                     break;
                 }
                 char c = (char)b;
-                rc = tbuf_put(&all, &c, 1, err);
+                rc = tok_put(&all, &c, 1, err);
             }
             if (!rc && !mapped) {
                 all.len = mark;
-                rc = tbuf_put(&all, p->s, p->len, err);
+                rc = tok_put(&all, p->s, p->len, err);
             }
         }
         if (!rc && d->kind == DEC_BYTELEVEL) {
-            struct tbuf lossy = {0};
-            rc = tok_utf8_lossy(all.p, all.len, &lossy, err);
+            struct strbuf lossy = {0};
+            rc = tok_utf8_lossy(all.data, all.len, &lossy, err);
             if (!rc)
-                rc = plist_push(out, lossy.p, lossy.len, false, err);
-            tbuf_free(&lossy);
+                rc = plist_push(out, lossy.data, lossy.len, false, err);
+            strbuf_free(&lossy);
         } else if (!rc) {
-            rc = plist_push(out, all.p, all.len, false, err);
+            rc = plist_push(out, all.data, all.len, false, err);
         }
-        tbuf_free(&all);
+        strbuf_free(&all);
         return rc;
     }
     case DEC_METASPACE:
         for (size_t i = 0; !rc && i < l->n; i++) {
             const struct piece *p = &l->v[i];
-            struct tbuf b = {0};
-            rc = tbuf_put(&b, "", 0, err);
+            struct strbuf b = {0};
+            rc = tok_put(&b, "", 0, err);
             for (size_t k = 0; !rc && k < p->len;) {
                 size_t at = k;
                 uint32_t cp = tok_utf8_next(p->s, p->len, &k);
                 if (cp == d->ch) {
                     if (!(i == 0 && d->strip_first))
-                        rc = tbuf_put(&b, " ", 1, err);
+                        rc = tok_put(&b, " ", 1, err);
                 } else {
-                    rc = tbuf_put(&b, p->s + at, k - at, err);
+                    rc = tok_put(&b, p->s + at, k - at, err);
                 }
             }
             if (!rc)
-                rc = plist_push(out, b.p, b.len, false, err);
-            tbuf_free(&b);
+                rc = plist_push(out, b.data, b.len, false, err);
+            strbuf_free(&b);
         }
         return rc;
     case DEC_BYTEFALLBACK: {
-        struct tbuf bytes = {0};
+        struct strbuf bytes = {0};
         for (size_t i = 0; !rc && i < l->n; i++) {
             const struct piece *p = &l->v[i];
             if (p->len == 6 && !memcmp(p->s, "<0x", 3) && p->s[5] == '>' && hexval(p->s[3]) >= 0 &&
                 hexval(p->s[4]) >= 0) {
                 char c = (char)(hexval(p->s[3]) * 16 + hexval(p->s[4]));
-                rc = tbuf_put(&bytes, &c, 1, err);
+                rc = tok_put(&bytes, &c, 1, err);
                 continue;
             }
             rc = flush_bytes(&bytes, out, err);
@@ -249,7 +206,7 @@ static int decode_one(const struct decoder *d, struct plist *l, struct plist *ou
         }
         if (!rc)
             rc = flush_bytes(&bytes, out, err);
-        tbuf_free(&bytes);
+        strbuf_free(&bytes);
         return rc;
     }
     case DEC_STRIP:
@@ -282,17 +239,17 @@ static int decode_one(const struct decoder *d, struct plist *l, struct plist *ou
         struct spanlist sp = {0};
         for (size_t i = 0; !rc && i < l->n; i++) {
             const struct piece *p = &l->v[i];
-            struct tbuf b = {0};
+            struct strbuf b = {0};
             rc = tok_pattern_find(&d->pat, p->s, p->len, &sp, err);
             if (!rc)
-                rc = tbuf_put(&b, "", 0, err);
+                rc = tok_put(&b, "", 0, err);
             for (size_t k = 0; !rc && k < sp.n; k++)
                 rc = sp.v[k].is_match
-                         ? tbuf_put(&b, d->content, d->content_len, err)
-                         : tbuf_put(&b, p->s + sp.v[k].start, sp.v[k].end - sp.v[k].start, err);
+                         ? tok_put(&b, d->content, d->content_len, err)
+                         : tok_put(&b, p->s + sp.v[k].start, sp.v[k].end - sp.v[k].start, err);
             if (!rc)
-                rc = plist_push(out, b.p, b.len, false, err);
-            tbuf_free(&b);
+                rc = plist_push(out, b.data, b.len, false, err);
+            strbuf_free(&b);
         }
         free(sp.v);
         return rc;

@@ -16,8 +16,8 @@ struct detok {
     struct idlist window; /* owned */
     size_t n_context;     /* leading ids of window that are context only */
     bool byte_runs;       /* the decoder joins <0xNN> runs */
-    struct tbuf sent;     /* owned; decode(window) text already emitted */
-    struct tbuf out;      /* owned; returned to the caller */
+    struct strbuf sent;   /* owned; decode(window) text already emitted */
+    struct strbuf out;    /* owned; returned to the caller */
 };
 
 int detok_create(const struct tokenizer *tok, bool skip_special, struct detok **out,
@@ -30,7 +30,7 @@ int detok_create(const struct tokenizer *tok, bool skip_special, struct detok **
     d->tok = tok;
     d->skip_special = skip_special;
     d->byte_runs = tok_decoder_joins_byte_runs(tok);
-    if (tbuf_put(&d->sent, "", 0, err) || tbuf_put(&d->out, "", 0, err)) {
+    if (tok_put(&d->sent, "", 0, err) || tok_put(&d->out, "", 0, err)) {
         detok_free(d);
         return -INFERD_ENOMEM;
     }
@@ -43,8 +43,8 @@ void detok_free(struct detok *d)
     if (!d)
         return;
     free(d->window.v);
-    tbuf_free(&d->sent);
-    tbuf_free(&d->out);
+    strbuf_free(&d->sent);
+    strbuf_free(&d->out);
     free(d);
 }
 
@@ -60,9 +60,8 @@ static int step(struct detok *d, bool final, const char **text, size_t *len, str
 {
     char *full = NULL;
     size_t flen = 0;
-    d->out.len = 0;
-    d->out.p[0] = 0;
-    *text = d->out.p;
+    strbuf_reset(&d->out);
+    *text = d->out.data;
     *len = 0;
     /* A trailing run of byte tokens may still turn valid text into U+FFFDs
      * (ByteFallback judges a run as a whole), so it waits for the run to end. */
@@ -74,11 +73,11 @@ static int step(struct detok *d, bool final, const char **text, size_t *len, str
     if (rc)
         return rc;
     size_t end = final ? flen : stable_len(full, flen);
-    if (flen >= d->sent.len && !memcmp(full, d->sent.p, d->sent.len) && end > d->sent.len) {
-        rc = tbuf_put(&d->out, full + d->sent.len, end - d->sent.len, err);
-        d->sent.len = 0;
+    if (flen >= d->sent.len && !memcmp(full, d->sent.data, d->sent.len) && end > d->sent.len) {
+        rc = tok_put(&d->out, full + d->sent.len, end - d->sent.len, err);
+        strbuf_reset(&d->sent);
         if (!rc)
-            rc = tbuf_put(&d->sent, full, end, err);
+            rc = tok_put(&d->sent, full, end, err);
     }
     if (!rc && k == d->window.n && end == flen && d->window.n > d->n_context &&
         d->sent.len == flen) {
@@ -92,12 +91,12 @@ static int step(struct detok *d, bool final, const char **text, size_t *len, str
         free(full);
         full = NULL;
         rc = tok_decode(d->tok, d->window.v, (int)keep, d->skip_special, &full, &flen, err);
-        d->sent.len = 0;
+        strbuf_reset(&d->sent);
         if (!rc)
-            rc = tbuf_put(&d->sent, full, flen, err);
+            rc = tok_put(&d->sent, full, flen, err);
     }
     free(full);
-    *text = d->out.p;
+    *text = d->out.data;
     *len = d->out.len;
     return rc;
 }
@@ -117,7 +116,6 @@ int detok_flush(struct detok *d, const char **text, size_t *len, struct err *err
         return rc;
     d->window.n = 0;
     d->n_context = 0;
-    d->sent.len = 0;
-    d->sent.p[0] = 0;
+    strbuf_reset(&d->sent);
     return 0;
 }

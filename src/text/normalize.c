@@ -24,7 +24,7 @@ struct normalizer {
     char *content;            /* owned; Replace's content or Prepend's prefix */
     size_t content_len;
     bool left, right;         /* Strip */
-    struct normalizer **subs; /* owned; Sequence members */
+    void **subs; /* owned; Sequence members, each a struct normalizer * */
     size_t n_subs;
 };
 
@@ -40,31 +40,25 @@ void normalizer_free(struct normalizer *n)
     free(n);
 }
 
-static int copy_str(json_object *j, const char *key, const char *ctx, char **out, size_t *len,
-                    struct err *err)
+/* A Sequence member, for tok_json_components. */
+static int parse_member(const struct json_reader *e, void **out, struct err *err)
 {
-    const char *s;
-    int rc = tok_json_str(j, key, &s, len, true, ctx, err);
-    if (rc)
-        return rc;
-    *out = malloc(*len + 1);
-    if (!*out)
-        return err_set(err, INFERD_ENOMEM, "tokenizer: out of memory");
-    memcpy(*out, s, *len + 1);
-    return 0;
+    struct normalizer *sub = NULL;
+    int rc = normalizer_parse(e, &sub, err);
+    *out = sub;
+    return rc;
 }
 
-int normalizer_parse(json_object *j, struct normalizer **out, struct err *err)
+int normalizer_parse(const struct json_reader *j, struct normalizer **out, struct err *err)
 {
     *out = NULL;
     const char *type;
-    int rc = tok_json_type(j, "normalizer", &type, err);
+    int rc = tok_json_type(j, &type);
     if (rc)
         return rc;
     struct normalizer *n = calloc(1, sizeof *n);
     if (!n)
         return err_set(err, INFERD_ENOMEM, "tokenizer: out of memory");
-    json_object *v;
     if (!strcmp(type, "NFC"))
         n->kind = NORM_NFC;
     else if (!strcmp(type, "NFD"))
@@ -79,35 +73,20 @@ int normalizer_parse(json_object *j, struct normalizer **out, struct err *err)
         n->kind = NORM_STRIP_ACCENTS;
     else if (!strcmp(type, "Replace")) {
         n->kind = NORM_REPLACE;
-        if (!json_object_object_get_ex(j, "pattern", &v))
-            rc = err_set(err, INFERD_EFORMAT, "tokenizer: Replace normalizer needs a pattern");
-        else
-            rc = tok_pattern_parse(v, &n->pat, err);
-        if (!rc)
-            rc = copy_str(j, "content", "Replace normalizer", &n->content, &n->content_len, err);
+        struct json_reader pat = json_reader_member(j, "pattern");
+        if (!(rc = tok_pattern_parse(&pat, &n->pat, err)))
+            rc = json_read_strdup(j, "content", JSON_REQUIRED, &n->content, &n->content_len);
     } else if (!strcmp(type, "Prepend")) {
         n->kind = NORM_PREPEND;
-        rc = copy_str(j, "prepend", "Prepend normalizer", &n->content, &n->content_len, err);
+        rc = json_read_strdup(j, "prepend", JSON_REQUIRED, &n->content, &n->content_len);
     } else if (!strcmp(type, "Strip")) {
         n->kind = NORM_STRIP;
-        rc = tok_json_bool(j, "strip_left", true, &n->left, "Strip normalizer", err);
-        if (!rc)
-            rc = tok_json_bool(j, "strip_right", true, &n->right, "Strip normalizer", err);
+        n->left = n->right = true;
+        if (!(rc = json_read_bool(j, "strip_left", JSON_OPTIONAL, &n->left)))
+            rc = json_read_bool(j, "strip_right", JSON_OPTIONAL, &n->right);
     } else if (!strcmp(type, "Sequence")) {
         n->kind = NORM_SEQUENCE;
-        json_object *arr;
-        if (!json_object_object_get_ex(j, "normalizers", &arr) ||
-            !json_object_is_type(arr, json_type_array))
-            rc = err_set(err, INFERD_EFORMAT,
-                         "tokenizer: Sequence normalizer needs a normalizers array");
-        size_t cnt = rc ? 0 : json_object_array_length(arr);
-        if (cnt && !(n->subs = calloc(cnt, sizeof *n->subs)))
-            rc = err_set(err, INFERD_ENOMEM, "tokenizer: out of memory");
-        for (size_t i = 0; !rc && i < cnt; i++) {
-            rc = normalizer_parse(json_object_array_get_idx(arr, i), &n->subs[i], err);
-            if (!rc)
-                n->n_subs++;
-        }
+        rc = tok_json_components(j, "normalizers", parse_member, &n->subs, &n->n_subs, err);
     } else {
         rc = err_set(err, INFERD_EUNSUPPORTED, "tokenizer: unsupported normalizer type '%.60s'",
                      type);
@@ -120,41 +99,41 @@ int normalizer_parse(json_object *j, struct normalizer **out, struct err *err)
     return 0;
 }
 
-static int replace_buf(struct tbuf *s, struct tbuf *nb, struct err *err)
+static int replace_buf(struct strbuf *s, struct strbuf *nb, struct err *err)
 {
-    tbuf_free(s);
+    strbuf_free(s);
     *s = *nb;
-    if (!s->p)
-        return tbuf_put(s, "", 0, err);
+    if (!s->data)
+        return tok_put(s, "", 0, err);
     return 0;
 }
 
-static int unicode_map(struct tbuf *s, utf8proc_option_t opts, struct err *err)
+static int unicode_map(struct strbuf *s, utf8proc_option_t opts, struct err *err)
 {
     /* ASCII is its own NFC/NFD/NFKC/NFKD. */
     size_t i = 0;
-    while (i < s->len && (uint8_t)s->p[i] < 0x80)
+    while (i < s->len && (uint8_t)s->data[i] < 0x80)
         i++;
     if (i == s->len)
         return 0;
     utf8proc_uint8_t *dst = NULL;
-    utf8proc_ssize_t n = utf8proc_map((const utf8proc_uint8_t *)s->p, (utf8proc_ssize_t)s->len,
+    utf8proc_ssize_t n = utf8proc_map((const utf8proc_uint8_t *)s->data, (utf8proc_ssize_t)s->len,
                                       &dst, opts);
     if (n < 0)
         return err_set(err, INFERD_EINVAL, "tokenizer: normalization failed: %s",
                        utf8proc_errmsg(n));
-    struct tbuf nb = {0};
-    int rc = tbuf_put(&nb, dst, (size_t)n, err);
+    struct strbuf nb = {0};
+    int rc = tok_put(&nb, dst, (size_t)n, err);
     free(dst);
     if (rc)
         return rc;
     return replace_buf(s, &nb, err);
 }
 
-int normalizer_apply(const struct normalizer *n, struct tbuf *s, struct err *err)
+int normalizer_apply(const struct normalizer *n, struct strbuf *s, struct err *err)
 {
     int rc = 0;
-    struct tbuf nb = {0};
+    struct strbuf nb = {0};
     char tmp[4];
     switch (n->kind) {
     case NORM_NFC:
@@ -167,13 +146,13 @@ int normalizer_apply(const struct normalizer *n, struct tbuf *s, struct err *err
         return unicode_map(s, UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT, err);
     case NORM_LOWERCASE:
     case NORM_STRIP_ACCENTS:
-        rc = tbuf_put(&nb, "", 0, err);
+        rc = tok_put(&nb, "", 0, err);
         for (size_t i = 0; !rc && i < s->len;) {
-            uint32_t cp = tok_utf8_next(s->p, s->len, &i);
+            uint32_t cp = tok_utf8_next(s->data, s->len, &i);
             if (n->kind == NORM_LOWERCASE) {
                 /* Rust lowercases U+0130 to "i\u0307"; utf8proc's simple mapping gives "i". */
                 if (cp == 0x130) {
-                    rc = tbuf_put(&nb, "i\xCC\x87", 3, err);
+                    rc = tok_put(&nb, "i\xCC\x87", 3, err);
                     continue;
                 }
                 cp = (uint32_t)utf8proc_tolower((utf8proc_int32_t)cp);
@@ -184,19 +163,19 @@ int normalizer_apply(const struct normalizer *n, struct tbuf *s, struct err *err
                     c == UTF8PROC_CATEGORY_ME)
                     continue;
             }
-            rc = tbuf_put(&nb, tmp, tok_utf8_put(cp, tmp), err);
+            rc = tok_put(&nb, tmp, tok_utf8_put(cp, tmp), err);
         }
         break;
     case NORM_REPLACE: {
         struct spanlist sp = {0};
-        rc = tok_pattern_find(&n->pat, s->p, s->len, &sp, err);
+        rc = tok_pattern_find(&n->pat, s->data, s->len, &sp, err);
         if (!rc)
-            rc = tbuf_put(&nb, "", 0, err);
+            rc = tok_put(&nb, "", 0, err);
         for (size_t i = 0; !rc && i < sp.n; i++) {
             if (sp.v[i].is_match)
-                rc = tbuf_put(&nb, n->content, n->content_len, err);
+                rc = tok_put(&nb, n->content, n->content_len, err);
             else
-                rc = tbuf_put(&nb, s->p + sp.v[i].start, sp.v[i].end - sp.v[i].start, err);
+                rc = tok_put(&nb, s->data + sp.v[i].start, sp.v[i].end - sp.v[i].start, err);
         }
         free(sp.v);
         break;
@@ -204,16 +183,16 @@ int normalizer_apply(const struct normalizer *n, struct tbuf *s, struct err *err
     case NORM_PREPEND:
         if (s->len == 0)
             return 0;
-        rc = tbuf_put(&nb, n->content, n->content_len, err);
+        rc = tok_put(&nb, n->content, n->content_len, err);
         if (!rc)
-            rc = tbuf_put(&nb, s->p, s->len, err);
+            rc = tok_put(&nb, s->data, s->len, err);
         break;
     case NORM_STRIP: {
         size_t a = 0, b = s->len, i = 0;
         if (n->left) {
             while (i < s->len) {
                 size_t at = i;
-                if (!tok_is_whitespace(tok_utf8_next(s->p, s->len, &i))) {
+                if (!tok_is_whitespace(tok_utf8_next(s->data, s->len, &i))) {
                     i = at;
                     break;
                 }
@@ -226,14 +205,14 @@ int normalizer_apply(const struct normalizer *n, struct tbuf *s, struct err *err
             bool in_ws = false;
             while (j < s->len) {
                 size_t at = j;
-                bool w = tok_is_whitespace(tok_utf8_next(s->p, s->len, &j));
+                bool w = tok_is_whitespace(tok_utf8_next(s->data, s->len, &j));
                 if (w && !in_ws)
                     ws_start = at;
                 in_ws = w;
             }
             b = in_ws ? ws_start : s->len;
         }
-        rc = tbuf_put(&nb, s->p + a, b > a ? b - a : 0, err);
+        rc = tok_put(&nb, s->data + a, b > a ? b - a : 0, err);
         break;
     }
     case NORM_SEQUENCE:
@@ -243,7 +222,7 @@ int normalizer_apply(const struct normalizer *n, struct tbuf *s, struct err *err
         return 0;
     }
     if (rc) {
-        tbuf_free(&nb);
+        strbuf_free(&nb);
         return rc;
     }
     return replace_buf(s, &nb, err);

@@ -16,7 +16,7 @@ struct postproc {
     enum pp_kind kind;
     struct pp_item *items; /* owned; the single-sequence template */
     size_t n_items;
-    struct postproc **subs; /* owned; Sequence members */
+    void **subs; /* owned; Sequence members, each a struct postproc * */
     size_t n_subs;
 };
 
@@ -33,60 +33,76 @@ void postproc_free(struct postproc *p)
     free(p);
 }
 
-static int template_item(json_object *item, json_object *specials, struct pp_item *out,
-                         struct err *err)
+static int template_item(const struct json_reader *item, const struct json_reader *specials,
+                         struct pp_item *out, struct err *err)
 {
-    json_object *v, *id;
-    if (json_object_object_get_ex(item, "Sequence", &v)) {
+    if (json_reader_has_key(item, "Sequence")) {
         out->is_sequence = true;
         return 0;
     }
-    if (!json_object_object_get_ex(item, "SpecialToken", &v) ||
-        !json_object_object_get_ex(v, "id", &id) || !json_object_is_type(id, json_type_string))
-        return err_set(err, INFERD_EFORMAT,
-                       "tokenizer: TemplateProcessing item must be a Sequence or a SpecialToken");
-    json_object *sp, *ids;
-    if (!specials || !json_object_object_get_ex(specials, json_object_get_string(id), &sp) ||
-        !json_object_object_get_ex(sp, "ids", &ids) || !json_object_is_type(ids, json_type_array))
-        return err_set(err, INFERD_EFORMAT,
-                       "tokenizer: TemplateProcessing special token '%.60s' has no ids",
-                       json_object_get_string(id));
-    size_t n = json_object_array_length(ids);
+    struct json_reader tok = json_reader_member(item, "SpecialToken"), sp, ids;
+    const char *id;
+    size_t n;
+    if (!tok.v)
+        return json_reader_fail(item, INFERD_EFORMAT, "must be a Sequence or a SpecialToken");
+    int rc = json_read_str(&tok, "id", JSON_REQUIRED, &id, NULL);
+    if (rc)
+        return rc;
+    sp = json_reader_member(specials, id);
+    if (!json_reader_has(&sp, "ids"))
+        return json_reader_fail_plain(item, INFERD_EFORMAT,
+                                      "TemplateProcessing special token '%.60s' has no ids", id);
+    if ((rc = json_read_array(&sp, "ids", JSON_REQUIRED, &ids, &n)))
+        return rc;
     out->ids = calloc(n ? n : 1, sizeof *out->ids);
     if (!out->ids)
         return err_set(err, INFERD_ENOMEM, "tokenizer: out of memory");
     for (size_t i = 0; i < n; i++) {
-        json_object *e = json_object_array_get_idx(ids, i);
-        if (!json_object_is_type(e, json_type_int) || json_object_get_int64(e) < 0 ||
-            json_object_get_int64(e) > INT32_MAX)
-            return err_set(err, INFERD_EFORMAT, "tokenizer: TemplateProcessing id is not valid");
-        out->ids[out->n_ids++] = (int32_t)json_object_get_int64(e);
+        struct json_reader e = json_reader_element(&ids, i);
+        int64_t x = 0;
+        if ((rc = tok_json_index(&e, NULL, JSON_REQUIRED, INT32_MAX, &x)))
+            return rc;
+        out->ids[out->n_ids++] = (int32_t)x;
     }
     return 0;
 }
 
 /* BertProcessing/RobertaProcessing "cls"/"sep": ["[CLS]", 101]. */
-static int pair_id(json_object *j, const char *key, struct pp_item *out, struct err *err)
+static int pair_id(const struct json_reader *j, const char *key, struct pp_item *out,
+                   struct err *err)
 {
-    json_object *v, *id;
-    if (!json_object_object_get_ex(j, key, &v) || !json_object_is_type(v, json_type_array) ||
-        json_object_array_length(v) != 2 ||
-        !json_object_is_type(id = json_object_array_get_idx(v, 1), json_type_int) ||
-        json_object_get_int64(id) < 0 || json_object_get_int64(id) > INT32_MAX)
-        return err_set(err, INFERD_EFORMAT, "tokenizer: post_processor %s must be [token, id]",
-                       key);
+    struct json_reader pair;
+    size_t n;
+    int64_t id = 0;
+    int rc = json_read_array(j, key, JSON_REQUIRED, &pair, &n);
+    if (rc)
+        return rc;
+    if (n != 2)
+        return json_reader_fail(&pair, INFERD_EFORMAT, "must be [token, id]");
+    struct json_reader e = json_reader_element(&pair, 1);
+    if ((rc = tok_json_index(&e, NULL, JSON_REQUIRED, INT32_MAX, &id)))
+        return rc;
     if (!(out->ids = malloc(sizeof *out->ids)))
         return err_set(err, INFERD_ENOMEM, "tokenizer: out of memory");
-    out->ids[0] = (int32_t)json_object_get_int64(id);
+    out->ids[0] = (int32_t)id;
     out->n_ids = 1;
     return 0;
 }
 
-int postproc_parse(json_object *j, struct postproc **out, struct err *err)
+/* A Sequence member, for tok_json_components. */
+static int parse_member(const struct json_reader *e, void **out, struct err *err)
+{
+    struct postproc *sub = NULL;
+    int rc = postproc_parse(e, &sub, err);
+    *out = sub;
+    return rc;
+}
+
+int postproc_parse(const struct json_reader *j, struct postproc **out, struct err *err)
 {
     *out = NULL;
     const char *type;
-    int rc = tok_json_type(j, "post_processor", &type, err);
+    int rc = tok_json_type(j, &type);
     if (rc)
         return rc;
     struct postproc *p = calloc(1, sizeof *p);
@@ -94,16 +110,14 @@ int postproc_parse(json_object *j, struct postproc **out, struct err *err)
         return err_set(err, INFERD_ENOMEM, "tokenizer: out of memory");
     if (!strcmp(type, "TemplateProcessing")) {
         p->kind = PP_TEMPLATE;
-        json_object *single, *specials = NULL;
-        json_object_object_get_ex(j, "special_tokens", &specials);
-        if (!json_object_object_get_ex(j, "single", &single) ||
-            !json_object_is_type(single, json_type_array))
-            rc = err_set(err, INFERD_EFORMAT, "tokenizer: TemplateProcessing needs a single array");
-        size_t n = rc ? 0 : json_object_array_length(single);
-        if (n && !(p->items = calloc(n, sizeof *p->items)))
+        struct json_reader single, specials = json_reader_member(j, "special_tokens");
+        size_t n = 0;
+        rc = json_read_array(j, "single", JSON_REQUIRED, &single, &n);
+        if (!rc && n && !(p->items = calloc(n, sizeof *p->items)))
             rc = err_set(err, INFERD_ENOMEM, "tokenizer: out of memory");
         for (size_t i = 0; !rc && i < n; i++) {
-            rc = template_item(json_object_array_get_idx(single, i), specials, &p->items[i], err);
+            struct json_reader e = json_reader_element(&single, i);
+            rc = template_item(&e, &specials, &p->items[i], err);
             p->n_items++;
         }
     } else if (!strcmp(type, "BertProcessing") || !strcmp(type, "RobertaProcessing")) {
@@ -121,19 +135,7 @@ int postproc_parse(json_object *j, struct postproc **out, struct err *err)
         p->kind = PP_NOTHING;
     } else if (!strcmp(type, "Sequence")) {
         p->kind = PP_SEQUENCE;
-        json_object *arr;
-        if (!json_object_object_get_ex(j, "processors", &arr) ||
-            !json_object_is_type(arr, json_type_array))
-            rc = err_set(err, INFERD_EFORMAT,
-                         "tokenizer: Sequence post_processor needs a processors array");
-        size_t n = rc ? 0 : json_object_array_length(arr);
-        if (n && !(p->subs = calloc(n, sizeof *p->subs)))
-            rc = err_set(err, INFERD_ENOMEM, "tokenizer: out of memory");
-        for (size_t i = 0; !rc && i < n; i++) {
-            rc = postproc_parse(json_object_array_get_idx(arr, i), &p->subs[i], err);
-            if (!rc)
-                p->n_subs++;
-        }
+        rc = tok_json_components(j, "processors", parse_member, &p->subs, &p->n_subs, err);
     } else {
         rc = err_set(err, INFERD_EUNSUPPORTED,
                      "tokenizer: unsupported post_processor type '%.60s'", type);

@@ -9,18 +9,18 @@
 
 /* PCRE2's \s in UCP mode also matches U+180E, which left White_Space in Unicode 6.3;
  * Oniguruma (HF's engine) follows the property, so \s and \S are rewritten to it. */
-static int translate_regex(const char *re, size_t len, struct tbuf *out, struct err *err)
+static int translate_regex(const char *re, size_t len, struct strbuf *out, struct err *err)
 {
-    int rc = tbuf_put(out, "", 0, err);
+    int rc = tok_put(out, "", 0, err);
     for (size_t i = 0; rc == 0 && i < len; i++) {
         if (re[i] == '\\' && i + 1 < len && (re[i + 1] == 's' || re[i + 1] == 'S')) {
-            rc = tbuf_put(out, re[i + 1] == 's' ? "\\p{White_Space}" : "\\P{White_Space}", 15, err);
+            rc = tok_put(out, re[i + 1] == 's' ? "\\p{White_Space}" : "\\P{White_Space}", 15, err);
             i++;
         } else if (re[i] == '\\' && i + 1 < len) {
-            rc = tbuf_put(out, re + i, 2, err);
+            rc = tok_put(out, re + i, 2, err);
             i++;
         } else {
-            rc = tbuf_put(out, re + i, 1, err);
+            rc = tok_put(out, re + i, 1, err);
         }
     }
     return rc;
@@ -30,12 +30,12 @@ int tok_pattern_compile_regex(const char *re, size_t len, struct tok_pattern *p,
 {
     int ec;
     PCRE2_SIZE eo;
-    struct tbuf tr = {0};
+    struct strbuf tr = {0};
     int rc = translate_regex(re, len, &tr, err);
     if (rc)
         return rc;
-    p->re = pcre2_compile((PCRE2_SPTR)tr.p, tr.len, PCRE2_UTF | PCRE2_UCP, &ec, &eo, NULL);
-    tbuf_free(&tr);
+    p->re = pcre2_compile((PCRE2_SPTR)tr.data, tr.len, PCRE2_UTF | PCRE2_UCP, &ec, &eo, NULL);
+    strbuf_free(&tr);
     if (!p->re) {
         PCRE2_UCHAR msg[160];
         pcre2_get_error_message(ec, msg, sizeof msg);
@@ -47,29 +47,24 @@ int tok_pattern_compile_regex(const char *re, size_t len, struct tok_pattern *p,
     return 0;
 }
 
-int tok_pattern_parse(json_object *j, struct tok_pattern *p, struct err *err)
+int tok_pattern_parse(const struct json_reader *j, struct tok_pattern *p, struct err *err)
 {
     memset(p, 0, sizeof *p);
-    json_object *v;
-    if (!json_object_is_type(j, json_type_object))
-        return err_set(err, INFERD_EFORMAT, "tokenizer: pattern must be an object");
-    if (json_object_object_get_ex(j, "Regex", &v)) {
-        if (!json_object_is_type(v, json_type_string))
-            return err_set(err, INFERD_EFORMAT, "tokenizer: pattern Regex must be a string");
-        return tok_pattern_compile_regex(json_object_get_string(v),
-                                         (size_t)json_object_get_string_len(v), p, err);
-    }
-    if (json_object_object_get_ex(j, "String", &v)) {
-        if (!json_object_is_type(v, json_type_string))
-            return err_set(err, INFERD_EFORMAT, "tokenizer: pattern String must be a string");
-        p->len = (size_t)json_object_get_string_len(v);
-        p->str = malloc(p->len + 1);
-        if (!p->str)
-            return err_set(err, INFERD_ENOMEM, "tokenizer: out of memory");
-        memcpy(p->str, json_object_get_string(v), p->len + 1);
-        return 0;
-    }
-    return err_set(err, INFERD_EFORMAT, "tokenizer: pattern needs a String or Regex member");
+    struct json_reader obj;
+    const char *re = NULL;
+    size_t len = 0;
+    bool is_regex = false, is_string = false;
+    int rc;
+    if ((rc = json_read_object(j, NULL, JSON_REQUIRED, &obj)) ||
+        (rc = json_read_str(j, "Regex", &is_regex, &re, &len)))
+        return rc;
+    if (is_regex)
+        return tok_pattern_compile_regex(re, len, p, err);
+    if ((rc = json_read_strdup(j, "String", &is_string, &p->str, &p->len)))
+        return rc;
+    if (!is_string)
+        return json_reader_fail(j, INFERD_EFORMAT, "needs a String or Regex member");
+    return 0;
 }
 
 void tok_pattern_free(struct tok_pattern *p)
@@ -206,33 +201,22 @@ struct pretok {
     bool split;                           /* Metaspace */
     bool individual_digits;               /* Digits */
     uint32_t delimiter;                   /* CharDelimiterSplit */
-    struct pretok **subs;                 /* owned; Sequence members */
+    void **subs;                          /* owned; Sequence members, each a struct pretok * */
     size_t n_subs;
 };
 
 static const char gpt2_regex[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
-static int parse_behavior(json_object *j, enum split_behavior dflt, enum split_behavior *out,
-                          struct err *err)
+static int parse_behavior(const struct json_reader *j, enum split_behavior dflt,
+                          enum split_behavior *out)
 {
-    const char *b;
-    size_t n;
-    int rc = tok_json_str(j, "behavior", &b, &n, false, "pre_tokenizer", err);
-    if (rc)
-        return rc;
-    if (!b) {
-        *out = dflt;
-        return 0;
-    }
-    static const char *names[] = {"Removed", "Isolated", "MergedWithPrevious", "MergedWithNext",
-                                  "Contiguous"};
-    for (int i = 0; i < 5; i++)
-        if (!strcmp(b, names[i])) {
-            *out = (enum split_behavior)i;
-            return 0;
-        }
-    return err_set(err, INFERD_EUNSUPPORTED, "tokenizer: unknown split behavior '%.60s'", b);
+    static const char *const names[] = {"Removed", "Isolated", "MergedWithPrevious",
+                                        "MergedWithNext", "Contiguous", NULL};
+    int b = (int)dflt;
+    int rc = json_read_enum(j, "behavior", JSON_OPTIONAL, names, &b);
+    *out = (enum split_behavior)b;
+    return rc;
 }
 
 void pretok_free(struct pretok *p)
@@ -246,86 +230,60 @@ void pretok_free(struct pretok *p)
     free(p);
 }
 
-static int single_char(json_object *j, const char *key, const char *dflt, uint32_t *out,
-                       struct err *err)
+/* A Sequence member, for tok_json_components. */
+static int parse_member(const struct json_reader *e, void **out, struct err *err)
 {
-    const char *s;
-    size_t n;
-    int rc = tok_json_str(j, key, &s, &n, false, "pre_tokenizer", err);
-    if (rc)
-        return rc;
-    if (!s)
-        s = dflt, n = strlen(dflt);
-    size_t i = 0;
-    struct tbuf b = {0};
-    if ((rc = tok_utf8_lossy(s, n, &b, err)))
-        return rc;
-    *out = b.len ? tok_utf8_next(b.p, b.len, &i) : 0;
-    bool one = b.len && i == b.len;
-    tbuf_free(&b);
-    if (!one)
-        return err_set(err, INFERD_EFORMAT, "tokenizer: %s must be a single character", key);
-    return 0;
+    struct pretok *sub = NULL;
+    int rc = pretok_parse(e, &sub, err);
+    *out = sub;
+    return rc;
 }
 
-int pretok_parse(json_object *j, struct pretok **out, struct err *err)
+int pretok_parse(const struct json_reader *j, struct pretok **out, struct err *err)
 {
+    static const char *const schemes[] = {"first", "always", "never", NULL};
+    static const enum prepend_scheme scheme_of[] = {PREPEND_FIRST, PREPEND_ALWAYS, PREPEND_NEVER};
     *out = NULL;
     const char *type;
-    int rc = tok_json_type(j, "pre_tokenizer", &type, err);
+    int rc = tok_json_type(j, &type);
     if (rc)
         return rc;
     struct pretok *p = calloc(1, sizeof *p);
     if (!p)
         return err_set(err, INFERD_ENOMEM, "tokenizer: out of memory");
-    json_object *v;
     if (!strcmp(type, "Split")) {
         p->kind = PT_SPLIT;
-        if (!json_object_object_get_ex(j, "pattern", &v))
-            rc = err_set(err, INFERD_EFORMAT, "tokenizer: Split pre_tokenizer needs a pattern");
-        else
-            rc = tok_pattern_parse(v, &p->pat, err);
-        if (!rc)
-            rc = parse_behavior(j, SB_REMOVED, &p->behavior, err);
-        if (!rc)
-            rc = tok_json_bool(j, "invert", false, &p->invert, "Split", err);
+        struct json_reader pat = json_reader_member(j, "pattern");
+        if (!(rc = tok_pattern_parse(&pat, &p->pat, err)) &&
+            !(rc = parse_behavior(j, SB_REMOVED, &p->behavior)))
+            rc = json_read_bool(j, "invert", JSON_OPTIONAL, &p->invert);
     } else if (!strcmp(type, "ByteLevel")) {
         p->kind = PT_BYTELEVEL;
-        rc = tok_json_bool(j, "add_prefix_space", true, &p->add_prefix_space, "ByteLevel", err);
-        if (!rc)
-            rc = tok_json_bool(j, "use_regex", true, &p->use_regex, "ByteLevel", err);
+        p->add_prefix_space = p->use_regex = true;
+        if (!(rc = json_read_bool(j, "add_prefix_space", JSON_OPTIONAL, &p->add_prefix_space)))
+            rc = json_read_bool(j, "use_regex", JSON_OPTIONAL, &p->use_regex);
         if (!rc && p->use_regex)
             rc = tok_pattern_compile_regex(gpt2_regex, sizeof gpt2_regex - 1, &p->pat, err);
     } else if (!strcmp(type, "Metaspace")) {
         p->kind = PT_METASPACE;
-        rc = single_char(j, "replacement", "\xE2\x96\x81", &p->replacement, err);
-        const char *ps;
-        size_t n;
+        bool has_scheme = false, add_prefix_space = true;
+        int scheme = 0;
+        p->split = true;
+        /* older files say add_prefix_space instead of prepend_scheme */
+        if (!(rc = tok_json_char(j, "replacement", "\xE2\x96\x81", &p->replacement, err)) &&
+            !(rc = json_read_enum(j, "prepend_scheme", &has_scheme, schemes, &scheme)) &&
+            !has_scheme)
+            rc = json_read_bool(j, "add_prefix_space", JSON_OPTIONAL, &add_prefix_space);
         if (!rc)
-            rc = tok_json_str(j, "prepend_scheme", &ps, &n, false, "Metaspace", err);
-        if (!rc) {
-            if (!ps) {
-                bool aps;
-                rc = tok_json_bool(j, "add_prefix_space", true, &aps, "Metaspace", err);
-                p->prepend = aps ? PREPEND_ALWAYS : PREPEND_NEVER;
-            } else if (!strcmp(ps, "first"))
-                p->prepend = PREPEND_FIRST;
-            else if (!strcmp(ps, "always"))
-                p->prepend = PREPEND_ALWAYS;
-            else if (!strcmp(ps, "never"))
-                p->prepend = PREPEND_NEVER;
-            else
-                rc = err_set(err, INFERD_EUNSUPPORTED,
-                             "tokenizer: unknown Metaspace prepend_scheme '%.40s'", ps);
-        }
-        if (!rc)
-            rc = tok_json_bool(j, "split", true, &p->split, "Metaspace", err);
+            rc = json_read_bool(j, "split", JSON_OPTIONAL, &p->split);
+        p->prepend = has_scheme ? scheme_of[scheme]
+                                : add_prefix_space ? PREPEND_ALWAYS : PREPEND_NEVER;
     } else if (!strcmp(type, "Digits")) {
         p->kind = PT_DIGITS;
-        rc = tok_json_bool(j, "individual_digits", false, &p->individual_digits, "Digits", err);
+        rc = json_read_bool(j, "individual_digits", JSON_OPTIONAL, &p->individual_digits);
     } else if (!strcmp(type, "Punctuation")) {
         p->kind = PT_PUNCTUATION;
-        rc = parse_behavior(j, SB_ISOLATED, &p->behavior, err);
+        rc = parse_behavior(j, SB_ISOLATED, &p->behavior);
     } else if (!strcmp(type, "Whitespace")) {
         p->kind = PT_WHITESPACE;
         static const char ws_re[] = "\\w+|[^\\w\\s]+";
@@ -334,24 +292,12 @@ int pretok_parse(json_object *j, struct pretok **out, struct err *err)
         p->kind = PT_WHITESPACE_SPLIT;
     } else if (!strcmp(type, "CharDelimiterSplit")) {
         p->kind = PT_CHAR_DELIMITER;
-        rc = single_char(j, "delimiter", "", &p->delimiter, err);
+        rc = tok_json_char(j, "delimiter", "", &p->delimiter, err);
     } else if (!strcmp(type, "BertPreTokenizer")) {
         p->kind = PT_BERT;
     } else if (!strcmp(type, "Sequence")) {
         p->kind = PT_SEQUENCE;
-        json_object *arr;
-        if (!json_object_object_get_ex(j, "pretokenizers", &arr) ||
-            !json_object_is_type(arr, json_type_array))
-            rc = err_set(err, INFERD_EFORMAT,
-                         "tokenizer: Sequence pre_tokenizer needs a pretokenizers array");
-        size_t n = rc ? 0 : json_object_array_length(arr);
-        if (n && !(p->subs = calloc(n, sizeof *p->subs)))
-            rc = err_set(err, INFERD_ENOMEM, "tokenizer: out of memory");
-        for (size_t i = 0; !rc && i < n; i++) {
-            rc = pretok_parse(json_object_array_get_idx(arr, i), &p->subs[i], err);
-            if (!rc)
-                p->n_subs++;
-        }
+        rc = tok_json_components(j, "pretokenizers", parse_member, &p->subs, &p->n_subs, err);
     } else {
         rc = err_set(err, INFERD_EUNSUPPORTED, "tokenizer: unsupported pre_tokenizer type '%.60s'",
                      type);
@@ -483,12 +429,12 @@ static int apply_one(const struct pretok *p, const struct piece *pc, struct plis
         bool prefix = p->add_prefix_space && (pc->len == 0 || pc->s[0] != ' ');
         if (!prefix && !p->use_regex)
             return bytelevel_map(pc, out, err);
-        struct tbuf b = {0};
+        struct strbuf b = {0};
         if (prefix)
-            rc = tbuf_put(&b, " ", 1, err);
+            rc = tok_put(&b, " ", 1, err);
         if (!rc)
-            rc = tbuf_put(&b, pc->s, pc->len, err);
-        struct piece whole = {b.p, b.len, pc->first};
+            rc = tok_put(&b, pc->s, pc->len, err);
+        struct piece whole = {b.data, b.len, pc->first};
         struct plist parts = {0};
         if (!rc && p->use_regex) {
             rc = tok_pattern_find(&p->pat, whole.s, whole.len, sp, err);
@@ -500,32 +446,32 @@ static int apply_one(const struct pretok *p, const struct piece *pc, struct plis
         for (size_t i = 0; !rc && i < parts.n; i++)
             rc = bytelevel_map(&parts.v[i], out, err);
         plist_free(&parts);
-        tbuf_free(&b);
+        strbuf_free(&b);
         return rc;
     }
     case PT_METASPACE: {
         char rep[4];
         size_t rn = tok_utf8_put(p->replacement, rep);
-        struct tbuf b = {0};
-        rc = tbuf_put(&b, "", 0, err);
+        struct strbuf b = {0};
+        rc = tok_put(&b, "", 0, err);
         bool starts_with_rep = false;
         for (size_t i = 0; !rc && i < pc->len; i++) {
             if (pc->s[i] == ' ')
-                rc = tbuf_put(&b, rep, rn, err);
+                rc = tok_put(&b, rep, rn, err);
             else
-                rc = tbuf_put(&b, pc->s + i, 1, err);
+                rc = tok_put(&b, pc->s + i, 1, err);
         }
         if (!rc)
-            starts_with_rep = b.len >= rn && !memcmp(b.p, rep, rn);
+            starts_with_rep = b.len >= rn && !memcmp(b.data, rep, rn);
         bool prepend = !starts_with_rep && (p->prepend == PREPEND_ALWAYS ||
                                             (p->prepend == PREPEND_FIRST && pc->first));
-        struct tbuf c = {0};
+        struct strbuf c = {0};
         if (!rc && prepend)
-            rc = tbuf_put(&c, rep, rn, err);
+            rc = tok_put(&c, rep, rn, err);
         if (!rc)
-            rc = tbuf_put(&c, b.p, b.len, err);
-        tbuf_free(&b);
-        struct piece whole = {c.p, c.len, pc->first};
+            rc = tok_put(&c, b.data, b.len, err);
+        strbuf_free(&b);
+        struct piece whole = {c.data, c.len, pc->first};
         if (!rc && p->split) {
             rc = char_spans(whole.s, whole.len, CC_EQUAL, p->replacement, sp, err);
             if (!rc)
@@ -533,7 +479,7 @@ static int apply_one(const struct pretok *p, const struct piece *pc, struct plis
         } else if (!rc && whole.len) {
             rc = plist_push(out, whole.s, whole.len, whole.first, err);
         }
-        tbuf_free(&c);
+        strbuf_free(&c);
         return rc;
     }
     case PT_DIGITS:

@@ -11,14 +11,16 @@
 #include <stdlib.h>
 
 #include "base/err.h"
+#include "base/json.h"
+#include "base/strbuf.h"
 
-/* ---- growable byte buffer and id list (tok_utf8.c) ---- */
-struct tbuf {
-    char *p; /* owned; len bytes, NUL-terminated when non-NULL */
-    size_t len, cap;
-};
-int tbuf_put(struct tbuf *b, const void *s, size_t n, struct err *err);
-void tbuf_free(struct tbuf *b);
+/* ---- byte buffers and id lists (tok_utf8.c) ---- */
+/* Appends n bytes of s to b; the tokenizer's out-of-memory error when that fails. */
+static inline int tok_put(struct strbuf *b, const void *s, size_t n, struct err *err)
+{
+    return strbuf_append(b, (const char *)s, n) ? 0
+                                                : err_set(err, INFERD_ENOMEM, "tokenizer: out of memory");
+}
 
 struct idlist {
     int32_t *v; /* owned; n ids */
@@ -27,7 +29,7 @@ struct idlist {
 int idlist_push(struct idlist *l, int32_t id, struct err *err);
 
 /* Rust String::from_utf8_lossy: each maximal invalid subpart becomes U+FFFD. */
-int tok_utf8_lossy(const char *s, size_t len, struct tbuf *out, struct err *err);
+int tok_utf8_lossy(const char *s, size_t len, struct strbuf *out, struct err *err);
 /* Decodes the code point at s[*i] (valid UTF-8 assumed) and advances *i. */
 uint32_t tok_utf8_next(const char *s, size_t len, size_t *i);
 /* Encodes cp into out (4 bytes room); returns the byte count. */
@@ -65,8 +67,8 @@ static inline int spanlist_push(struct spanlist *l, size_t s, size_t e, bool m, 
     l->v[l->n++] = (struct span){s, e, m};
     return 0;
 }
-/* Parses {"String": s} or {"Regex": r}. */
-int tok_pattern_parse(json_object *j, struct tok_pattern *p, struct err *err);
+/* Parses {"String": s} or {"Regex": r}; j is required. */
+int tok_pattern_parse(const struct json_reader *j, struct tok_pattern *p, struct err *err);
 int tok_pattern_compile_regex(const char *re, size_t len, struct tok_pattern *p, struct err *err);
 void tok_pattern_free(struct tok_pattern *p);
 /* Non-overlapping matches of p in s, as spans covering s, each marked match or not. */
@@ -92,14 +94,14 @@ void plist_free(struct plist *l);
 
 /* ---- normalizers (normalize.c) ---- */
 struct normalizer;
-int normalizer_parse(json_object *j, struct normalizer **out, struct err *err);
+int normalizer_parse(const struct json_reader *j, struct normalizer **out, struct err *err);
 /* Replaces *s with its normalized form. */
-int normalizer_apply(const struct normalizer *n, struct tbuf *s, struct err *err);
+int normalizer_apply(const struct normalizer *n, struct strbuf *s, struct err *err);
 void normalizer_free(struct normalizer *n);
 
 /* ---- pre-tokenizers (pretokenize.c) ---- */
 struct pretok;
-int pretok_parse(json_object *j, struct pretok **out, struct err *err);
+int pretok_parse(const struct json_reader *j, struct pretok **out, struct err *err);
 int pretok_apply(const struct pretok *p, struct plist *l, struct err *err);
 void pretok_free(struct pretok *p);
 /* GPT-2's byte<->unicode map. */
@@ -108,7 +110,7 @@ int tok_cp_to_byte(uint32_t cp); /* -1 when cp is not in the map */
 
 /* ---- BPE model (bpe.c) ---- */
 struct bpe;
-int bpe_parse(json_object *model, struct bpe **out, struct err *err);
+int bpe_parse(const struct json_reader *model, struct bpe **out, struct err *err);
 int bpe_encode_word(const struct bpe *m, const char *s, size_t len, struct idlist *out,
                     struct err *err);
 void bpe_free(struct bpe *m);
@@ -138,13 +140,13 @@ int added_matcher_split(const struct added_matcher *m, const struct added_token 
 
 /* ---- post-processors and decoders (postprocess.c, decoders.c) ---- */
 struct postproc;
-int postproc_parse(json_object *j, struct postproc **out, struct err *err);
+int postproc_parse(const struct json_reader *j, struct postproc **out, struct err *err);
 int postproc_apply(const struct postproc *p, const struct idlist *in, struct idlist *out,
                    struct err *err);
 void postproc_free(struct postproc *p);
 
 struct decoder;
-int decoder_parse(json_object *j, struct decoder **out, struct err *err);
+int decoder_parse(const struct json_reader *j, struct decoder **out, struct err *err);
 /* Runs the decoder chain over pieces (replaced in place by its output). */
 int decoder_apply(const struct decoder *d, struct plist *l, struct err *err);
 void decoder_free(struct decoder *d);
@@ -157,13 +159,21 @@ struct tokenizer;
 bool tok_decoder_joins_byte_runs(const struct tokenizer *tok);
 bool tok_id_is_byte_token(const struct tokenizer *tok, int32_t id);
 
-/* ---- json helpers (tokenizer.c) ---- */
-/* Member key of j as a string; NULL when missing or null; error when of another type. */
-int tok_json_str(json_object *j, const char *key, const char **out, size_t *len, bool required,
-                 const char *ctx, struct err *err);
-int tok_json_bool(json_object *j, const char *key, bool dflt, bool *out, const char *ctx,
+/* ---- reading tokenizer.json (tokenizer.c) ---- */
+/* The "type" member of a component, which must be an object. */
+int tok_json_type(const struct json_reader *j, const char **out);
+/* An integer in [0, max] that indexes tables (ids, counts): anything else is a
+ * malformed file, -INFERD_EFORMAT. present as for json_read_int64. */
+int tok_json_index(const struct json_reader *j, const char *key, bool *present, int64_t max,
+                   int64_t *out);
+/* Sequence members: array key of j (required), each element parsed by parse
+ * into (*subs)[i]; *subs is calloc'd and owned by the caller, and *n counts
+ * the members parsed, so after an error the caller frees exactly those. */
+int tok_json_components(const struct json_reader *j, const char *key,
+                        int (*parse)(const struct json_reader *e, void **out, struct err *err),
+                        void ***subs, size_t *n, struct err *err);
+/* A string of exactly one character (after lossy UTF-8 decoding); dflt when absent. */
+int tok_json_char(const struct json_reader *j, const char *key, const char *dflt, uint32_t *out,
                   struct err *err);
-/* The "type" member of a component, required. */
-int tok_json_type(json_object *j, const char *ctx, const char **out, struct err *err);
 
 #endif

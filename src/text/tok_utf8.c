@@ -1,35 +1,9 @@
-/* text/tok_utf8.c — byte buffers, id lists, lossy UTF-8 decoding and the character classes the tokenizer needs. */
+/* text/tok_utf8.c — id lists, piece lists, lossy UTF-8 decoding and the character classes the tokenizer needs. */
 #include <stdlib.h>
 #include <string.h>
 #include <utf8proc.h>
 
 #include "text/tok_internal.h"
-
-int tbuf_put(struct tbuf *b, const void *s, size_t n, struct err *err)
-{
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 64;
-        while (cap < b->len + n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p)
-            return err_set(err, INFERD_ENOMEM, "tokenizer: out of memory");
-        b->p = p;
-        b->cap = cap;
-    }
-    if (n)
-        memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-    return 0;
-}
-
-void tbuf_free(struct tbuf *b)
-{
-    free(b->p);
-    b->p = NULL;
-    b->len = b->cap = 0;
-}
 
 int idlist_push(struct idlist *l, int32_t id, struct err *err)
 {
@@ -112,11 +86,11 @@ static const char replacement_char[3] = {(char)0xEF, (char)0xBF, (char)0xBD};
 /* WHATWG / Rust maximal-subpart decoding: a truncated but otherwise valid
  * prefix of a sequence is replaced by one U+FFFD; the byte that broke it is
  * examined again as the start of the next sequence. */
-int tok_utf8_lossy(const char *s, size_t len, struct tbuf *out, struct err *err)
+int tok_utf8_lossy(const char *s, size_t len, struct strbuf *out, struct err *err)
 {
     const uint8_t *u = (const uint8_t *)s;
     size_t i = 0, run = 0;
-    int rc = tbuf_put(out, "", 0, err);
+    int rc = tok_put(out, "", 0, err);
     while (rc == 0 && i < len) {
         uint8_t b = u[i];
         if (b < 0x80) {
@@ -156,14 +130,14 @@ int tok_utf8_lossy(const char *s, size_t len, struct tbuf *out, struct err *err)
             }
         } else
             k = 1;
-        rc = tbuf_put(out, s + run, i - run, err);
+        rc = tok_put(out, s + run, i - run, err);
         if (rc == 0)
-            rc = tbuf_put(out, replacement_char, 3, err);
+            rc = tok_put(out, replacement_char, 3, err);
         i += k;
         run = i;
     }
     if (rc == 0)
-        rc = tbuf_put(out, s + run, len - run, err);
+        rc = tok_put(out, s + run, len - run, err);
     return rc;
 }
 

@@ -26,65 +26,86 @@ struct tokenizer {
 
 /* ------------------------------------------------------------ json helpers */
 
-int tok_json_str(json_object *j, const char *key, const char **out, size_t *len, bool required,
-                 const char *ctx, struct err *err)
+int tok_json_type(const struct json_reader *j, const char **out)
 {
-    json_object *v = NULL;
-    *out = NULL;
-    *len = 0;
-    if (!json_object_object_get_ex(j, key, &v) || !v) {
-        if (required)
-            return err_set(err, INFERD_EFORMAT, "tokenizer: %s needs a string '%s'", ctx, key);
-        return 0;
+    struct json_reader obj;
+    int rc = json_read_object(j, NULL, JSON_REQUIRED, &obj);
+    return rc ? rc : json_read_str(j, "type", JSON_REQUIRED, out, NULL);
+}
+
+int tok_json_index(const struct json_reader *j, const char *key, bool *present, int64_t max,
+                   int64_t *out)
+{
+    int64_t x = *out;
+    int rc = json_read_int64(j, key, present, INT64_MIN, INT64_MAX, &x);
+    if (rc)
+        return rc;
+    if (x < 0 || x > max) {
+        struct json_reader at = key ? json_reader_member(j, key) : *j;
+        if (max == INT64_MAX)
+            return json_reader_fail(&at, INFERD_EFORMAT, "= %lld is out of range (negative)",
+                                    (long long)x);
+        return json_reader_fail(&at, INFERD_EFORMAT, "= %lld is out of range (0..%lld)",
+                                (long long)x, (long long)max);
     }
-    if (!json_object_is_type(v, json_type_string))
-        return err_set(err, INFERD_EFORMAT, "tokenizer: %s '%s' must be a string", ctx, key);
-    *out = json_object_get_string(v);
-    *len = (size_t)json_object_get_string_len(v);
+    *out = x;
     return 0;
 }
 
-int tok_json_bool(json_object *j, const char *key, bool dflt, bool *out, const char *ctx,
+int tok_json_components(const struct json_reader *j, const char *key,
+                        int (*parse)(const struct json_reader *e, void **out, struct err *err),
+                        void ***subs, size_t *n, struct err *err)
+{
+    struct json_reader arr;
+    size_t len = 0;
+    int rc = json_read_array(j, key, JSON_REQUIRED, &arr, &len);
+    if (rc || !len)
+        return rc;
+    if (!(*subs = calloc(len, sizeof **subs)))
+        return err_set(err, INFERD_ENOMEM, "tokenizer: out of memory");
+    for (size_t i = 0; i < len; i++) {
+        struct json_reader e = json_reader_element(&arr, i);
+        if ((rc = parse(&e, &(*subs)[i], err)))
+            return rc;
+        (*n)++;
+    }
+    return 0;
+}
+
+int tok_json_char(const struct json_reader *j, const char *key, const char *dflt, uint32_t *out,
                   struct err *err)
 {
-    json_object *v = NULL;
-    *out = dflt;
-    if (!json_object_object_get_ex(j, key, &v) || !v)
-        return 0;
-    if (!json_object_is_type(v, json_type_boolean))
-        return err_set(err, INFERD_EFORMAT, "tokenizer: %s '%s' must be a boolean", ctx, key);
-    *out = json_object_get_boolean(v);
+    const char *s = dflt;
+    size_t n = strlen(dflt);
+    int rc = json_read_str(j, key, JSON_OPTIONAL, &s, &n);
+    if (rc)
+        return rc;
+    size_t i = 0;
+    struct strbuf b = {0};
+    if ((rc = tok_utf8_lossy(s, n, &b, err)))
+        return rc;
+    *out = b.len ? tok_utf8_next(b.data, b.len, &i) : 0;
+    bool one = b.len && i == b.len;
+    strbuf_free(&b);
+    if (!one) {
+        struct json_reader at = json_reader_member(j, key);
+        return json_reader_fail(&at, INFERD_EFORMAT, "must be a single character");
+    }
     return 0;
 }
 
-int tok_json_type(json_object *j, const char *ctx, const char **out, struct err *err)
-{
-    size_t n;
-    if (!json_object_is_type(j, json_type_object))
-        return err_set(err, INFERD_EFORMAT, "tokenizer: %s must be an object", ctx);
-    return tok_json_str(j, "type", out, &n, true, ctx, err);
-}
-
+/* Parses one of the tokenizer's files; what names it in messages. */
 static json_object *parse_json(const char *text, size_t len, const char *what, struct err *err)
 {
-    if (len > INT_MAX) {
-        err_set(err, INFERD_EFORMAT, "tokenizer: %s is too large", what);
+    json_object *root = NULL;
+    int rc = json_text_parse(text, len, 64, false, &root, err);
+    if (rc) {
+        if (rc != -INFERD_ENOMEM)
+            err_wrap(err, "tokenizer: %s is not valid JSON", what);
         return NULL;
     }
-    json_tokener *jt = json_tokener_new_ex(64);
-    if (!jt) {
-        err_set(err, INFERD_ENOMEM, "tokenizer: out of memory");
-        return NULL;
-    }
-    json_object *root = json_tokener_parse_ex(jt, text, (int)len);
-    enum json_tokener_error je = json_tokener_get_error(jt);
-    if (!root || je != json_tokener_success) {
-        err_set(err, INFERD_EFORMAT, "tokenizer: %s is not valid JSON: %s", what,
-                je == json_tokener_continue ? "truncated" : json_tokener_error_desc(je));
-        json_object_put(root);
-        root = NULL;
-    }
-    json_tokener_free(jt);
+    if (!root)
+        err_set(err, INFERD_EFORMAT, "tokenizer: %s must be an object, got null", what);
     return root;
 }
 
@@ -112,134 +133,125 @@ void tok_free(struct tokenizer *tok)
     free(tok);
 }
 
-static int parse_added(struct tokenizer *tok, json_object *arr, struct err *err)
+static int parse_added(struct tokenizer *tok, const struct json_reader *root, struct err *err)
 {
-    if (!arr)
-        return 0;
-    if (!json_object_is_type(arr, json_type_array))
-        return err_set(err, INFERD_EFORMAT, "tokenizer: added_tokens must be an array");
-    size_t n = json_object_array_length(arr);
-    if (!n)
-        return 0;
+    struct json_reader arr;
+    size_t n;
+    int rc = json_read_array(root, "added_tokens", JSON_OPTIONAL, &arr, &n);
+    if (rc || !n)
+        return rc;
     if (!(tok->added = calloc(n, sizeof *tok->added)))
         return err_set(err, INFERD_ENOMEM, "tokenizer: out of memory");
     for (size_t i = 0; i < n; i++) {
-        json_object *e = json_object_array_get_idx(arr, i), *idv;
-        struct added_token *t = &tok->added[i];
-        const char *c;
-        int rc;
-        if (!json_object_is_type(e, json_type_object) || !json_object_object_get_ex(e, "id", &idv) ||
-            !json_object_is_type(idv, json_type_int) || json_object_get_int64(idv) < 0 ||
-            json_object_get_int64(idv) >= (1 << 26))
-            return err_set(err, INFERD_EFORMAT, "tokenizer: added token %zu needs a valid id", i);
-        t->id = (int32_t)json_object_get_int64(idv);
-        if ((rc = tok_json_str(e, "content", &c, &t->len, true, "added token", err)) ||
-            (rc = tok_json_bool(e, "special", false, &t->special, "added token", err)) ||
-            (rc = tok_json_bool(e, "lstrip", false, &t->lstrip, "added token", err)) ||
-            (rc = tok_json_bool(e, "rstrip", false, &t->rstrip, "added token", err)) ||
-            (rc = tok_json_bool(e, "single_word", false, &t->single_word, "added token", err)) ||
-            (rc = tok_json_bool(e, "normalized", !t->special, &t->normalized, "added token", err)))
+        struct json_reader e = json_reader_element(&arr, i), obj;
+        struct added_token *t = &tok->added[tok->n_added++];
+        int64_t id = 0;
+        if ((rc = json_read_object(&e, NULL, JSON_REQUIRED, &obj)) ||
+            (rc = tok_json_index(&e, "id", JSON_REQUIRED, (1 << 26) - 1, &id)) ||
+            (rc = json_read_strdup(&e, "content", JSON_REQUIRED, &t->content, &t->len)) ||
+            (rc = json_read_bool(&e, "special", JSON_OPTIONAL, &t->special)) ||
+            (rc = json_read_bool(&e, "lstrip", JSON_OPTIONAL, &t->lstrip)) ||
+            (rc = json_read_bool(&e, "rstrip", JSON_OPTIONAL, &t->rstrip)) ||
+            (rc = json_read_bool(&e, "single_word", JSON_OPTIONAL, &t->single_word)))
             return rc;
-        if (!(t->content = malloc(t->len + 1)))
-            return err_set(err, INFERD_ENOMEM, "tokenizer: out of memory");
-        memcpy(t->content, c, t->len + 1);
-        tok->n_added++;
+        t->id = (int32_t)id;
+        t->normalized = !t->special;
+        if ((rc = json_read_bool(&e, "normalized", JSON_OPTIONAL, &t->normalized)))
+            return rc;
     }
     return 0;
 }
 
-static int parse_model(struct tokenizer *tok, json_object *root, struct err *err)
+static int parse_model(struct tokenizer *tok, const struct json_reader *root, struct err *err)
 {
-    json_object *model;
-    if (!json_object_object_get_ex(root, "model", &model) || !model)
-        return err_set(err, INFERD_EFORMAT, "tokenizer: tokenizer.json has no model");
-    if (!json_object_is_type(model, json_type_object))
-        return err_set(err, INFERD_EFORMAT, "tokenizer: model must be an object");
-    const char *type;
-    size_t n;
-    int rc = tok_json_str(model, "type", &type, &n, false, "model", err);
+    struct json_reader model;
+    const char *type = NULL;
+    if (!json_reader_has(root, "model"))
+        return json_reader_fail_plain(root, INFERD_EFORMAT, "tokenizer.json has no model");
+    int rc = json_read_object(root, "model", JSON_REQUIRED, &model);
+    if (!rc)
+        rc = json_read_str(&model, "type", JSON_OPTIONAL, &type, NULL);
     if (rc)
         return rc;
     if (type && strcmp(type, "BPE"))
         return err_set(err, INFERD_EUNSUPPORTED,
                        "tokenizer: model type '%.60s' is not supported (only BPE)", type);
-    if (!type && !json_object_object_get_ex(model, "merges", NULL))
+    if (!type && !json_reader_has_key(&model, "merges"))
         return err_set(err, INFERD_EUNSUPPORTED,
                        "tokenizer: model has no type and is not BPE (only BPE is supported)");
-    return bpe_parse(model, &tok->model, err);
+    return bpe_parse(&model, &tok->model, err);
 }
 
-static int optional_component(json_object *root, const char *key, json_object **out)
+/* bos_token etc. may be a string or an AddedToken object {"content": ...};
+ * other values are ignored, as transformers does. */
+static int config_token(const struct json_reader *cfg, const char *key, char **out)
 {
-    *out = NULL;
-    json_object_object_get_ex(root, key, out);
-    return 0;
+    struct json_reader v = json_reader_member(cfg, key);
+    if (*out || !v.v)
+        return 0;
+    if (json_object_is_type(v.v, json_type_object))
+        v = json_reader_member(&v, "content");
+    if (!v.v || !json_object_is_type(v.v, json_type_string))
+        return 0;
+    return json_read_strdup(&v, NULL, JSON_REQUIRED, out, NULL);
 }
 
-/* bos_token etc. may be a string or an AddedToken object {"content": ...}. */
-static int config_token(json_object *cfg, const char *key, char **out, struct err *err)
-{
-    json_object *v;
-    if (*out || !cfg || !json_object_object_get_ex(cfg, key, &v) || !v)
-        return 0;
-    if (json_object_is_type(v, json_type_object))
-        json_object_object_get_ex(v, "content", &v);
-    if (!v || !json_object_is_type(v, json_type_string))
-        return 0;
-    if (!(*out = strdup(json_object_get_string(v))))
-        return err_set(err, INFERD_ENOMEM, "tokenizer: out of memory");
-    return 0;
-}
-
-static int parse_config(struct tokenizer *tok, json_object *cfg, struct err *err)
+static int config_tokens(struct tokenizer *tok, const struct json_reader *cfg)
 {
     int rc;
-    if ((rc = config_token(cfg, "bos_token", &tok->bos, err)) ||
-        (rc = config_token(cfg, "eos_token", &tok->eos, err)) ||
-        (rc = config_token(cfg, "pad_token", &tok->pad, err)))
+    if ((rc = config_token(cfg, "bos_token", &tok->bos)) ||
+        (rc = config_token(cfg, "eos_token", &tok->eos)) ||
+        (rc = config_token(cfg, "pad_token", &tok->pad)))
         return rc;
-    json_object *ct;
-    if (!json_object_object_get_ex(cfg, "chat_template", &ct) || !ct)
-        return 0;
-    const char *tmpl = NULL;
-    if (json_object_is_type(ct, json_type_string)) {
-        tmpl = json_object_get_string(ct);
-    } else if (json_object_is_type(ct, json_type_array)) {
-        for (size_t i = 0; i < json_object_array_length(ct); i++) {
-            json_object *e = json_object_array_get_idx(ct, i), *name, *t;
-            if (json_object_object_get_ex(e, "name", &name) &&
-                json_object_is_type(name, json_type_string) &&
-                !strcmp(json_object_get_string(name), "default") &&
-                json_object_object_get_ex(e, "template", &t) &&
-                json_object_is_type(t, json_type_string))
-                tmpl = json_object_get_string(t);
-        }
-    } else {
-        return err_set(err, INFERD_EFORMAT,
-                       "tokenizer: chat_template must be a string or a list of templates");
-    }
-    if (tmpl && !(tok->chat_template = strdup(tmpl)))
-        return err_set(err, INFERD_ENOMEM, "tokenizer: out of memory");
     return 0;
 }
 
-static int build(struct tokenizer *tok, json_object *root, struct err *err)
+/* chat_template: a string, or a list of {name, template} of which "default" is used. */
+static int parse_config(struct tokenizer *tok, const struct json_reader *cfg)
 {
-    if (!json_object_is_type(root, json_type_object))
-        return err_set(err, INFERD_EFORMAT, "tokenizer: tokenizer.json must be an object");
-    json_object *added = NULL, *c;
-    json_object_object_get_ex(root, "added_tokens", &added);
-    int rc = parse_model(tok, root, err);
+    int rc = config_tokens(tok, cfg);
+    if (rc)
+        return rc;
+    struct json_reader ct = json_reader_member(cfg, "chat_template");
+    const char *tmpl = NULL;
+    if (!ct.v)
+        return 0;
+    if (json_object_is_type(ct.v, json_type_string)) {
+        tmpl = json_object_get_string(ct.v);
+    } else if (json_object_is_type(ct.v, json_type_array)) {
+        for (size_t i = 0; i < json_object_array_length(ct.v); i++) {
+            struct json_reader e = json_reader_element(&ct, i);
+            struct json_reader name = json_reader_member(&e, "name");
+            struct json_reader t = json_reader_member(&e, "template");
+            if (json_object_is_type(name.v, json_type_string) &&
+                !strcmp(json_object_get_string(name.v), "default") &&
+                json_object_is_type(t.v, json_type_string))
+                tmpl = json_object_get_string(t.v);
+        }
+    } else {
+        return json_reader_fail(&ct, INFERD_EFORMAT, "must be a string or a list of templates");
+    }
+    if (tmpl && !(tok->chat_template = strdup(tmpl)))
+        return json_reader_fail_plain(&ct, INFERD_ENOMEM, "out of memory");
+    return 0;
+}
+
+static int build(struct tokenizer *tok, const struct json_reader *root, struct err *err)
+{
+    struct json_reader obj, c;
+    int rc = json_read_object(root, NULL, JSON_REQUIRED, &obj);
     if (!rc)
-        rc = parse_added(tok, added, err);
-    if (!rc && !optional_component(root, "normalizer", &c) && c)
-        rc = normalizer_parse(c, &tok->norm, err);
-    if (!rc && !optional_component(root, "pre_tokenizer", &c) && c)
-        rc = pretok_parse(c, &tok->pre, err);
-    if (!rc && !optional_component(root, "post_processor", &c) && c)
-        rc = postproc_parse(c, &tok->post, err);
-    if (!rc && !optional_component(root, "decoder", &c) && c)
-        rc = decoder_parse(c, &tok->dec, err);
+        rc = parse_model(tok, root, err);
+    if (!rc)
+        rc = parse_added(tok, root, err);
+    if (!rc && (c = json_reader_member(root, "normalizer")).v)
+        rc = normalizer_parse(&c, &tok->norm, err);
+    if (!rc && (c = json_reader_member(root, "pre_tokenizer")).v)
+        rc = pretok_parse(&c, &tok->pre, err);
+    if (!rc && (c = json_reader_member(root, "post_processor")).v)
+        rc = postproc_parse(&c, &tok->post, err);
+    if (!rc && (c = json_reader_member(root, "decoder")).v)
+        rc = decoder_parse(&c, &tok->dec, err);
     if (!rc)
         rc = added_matcher_build(tok->added, tok->n_added, false, NULL, &tok->raw_matcher, err);
     if (!rc)
@@ -276,33 +288,33 @@ static int load_all(const char *json, size_t len, const char *config, size_t con
     if (!tok)
         return err_set(err, INFERD_ENOMEM, "tokenizer: out of memory");
     int rc = 0;
+    struct json_doc doc = {.err = err, .prefix = "tokenizer", .name = "tokenizer.json"};
     json_object *root = parse_json(json, len, "tokenizer.json", err);
     if (!root)
         rc = -err->code;
-    if (!rc)
-        rc = build(tok, root, err);
+    if (!rc) {
+        struct json_reader r = json_reader_root(&doc, root);
+        rc = build(tok, &r, err);
+    }
     json_object_put(root);
     if (!rc && config) {
-        json_object *cfg = parse_json(config, config_len, "tokenizer_config.json", err);
+        doc.name = "tokenizer_config.json";
+        json_object *cfg = parse_json(config, config_len, doc.name, err);
+        struct json_reader r = json_reader_root(&doc, cfg), obj;
         if (!cfg)
             rc = -err->code;
-        else if (!json_object_is_type(cfg, json_type_object))
-            rc = err_set(err, INFERD_EFORMAT, "tokenizer: tokenizer_config.json must be an object");
-        else
-            rc = parse_config(tok, cfg, err);
+        else if (!(rc = json_read_object(&r, NULL, JSON_REQUIRED, &obj)))
+            rc = parse_config(tok, &r);
         json_object_put(cfg);
     }
     if (!rc && special_map) {
-        json_object *sm = parse_json(special_map, special_len, "special_tokens_map.json", err);
+        doc.name = "special_tokens_map.json";
+        json_object *sm = parse_json(special_map, special_len, doc.name, err);
+        struct json_reader r = json_reader_root(&doc, sm);
         if (!sm)
             rc = -err->code;
-        else if (json_object_is_type(sm, json_type_object)) {
-            rc = config_token(sm, "bos_token", &tok->bos, err);
-            if (!rc)
-                rc = config_token(sm, "eos_token", &tok->eos, err);
-            if (!rc)
-                rc = config_token(sm, "pad_token", &tok->pad, err);
-        }
+        else
+            rc = config_tokens(tok, &r);
         json_object_put(sm);
     }
     if (rc) {
@@ -369,31 +381,31 @@ static int encode_text_segment(const struct tokenizer *tok, const char *s, size_
 static int encode_run(const struct tokenizer *tok, const char *s, size_t len, bool first,
                       struct idlist *ids, struct err *err)
 {
-    struct tbuf t = {0};
-    int rc = tbuf_put(&t, s, len, err);
+    struct strbuf t = {0};
+    int rc = tok_put(&t, s, len, err);
     if (!rc && tok->norm)
         rc = normalizer_apply(tok->norm, &t, err);
     if (rc || t.len == 0) {
-        tbuf_free(&t);
+        strbuf_free(&t);
         return rc;
     }
     if (added_matcher_empty(tok->norm_matcher)) {
-        rc = encode_text_segment(tok, t.p, t.len, first, ids, err);
+        rc = encode_text_segment(tok, t.data, t.len, first, ids, err);
     } else {
         struct spanlist sp = {0};
         struct idlist which = {0};
-        rc = added_matcher_split(tok->norm_matcher, tok->added, t.p, t.len, &sp, &which, err);
+        rc = added_matcher_split(tok->norm_matcher, tok->added, t.data, t.len, &sp, &which, err);
         for (size_t i = 0, k = 0; !rc && i < sp.n; i++) {
             if (sp.v[i].is_match)
                 rc = idlist_push(ids, tok->added[which.v[k++]].id, err);
             else
-                rc = encode_text_segment(tok, t.p + sp.v[i].start, sp.v[i].end - sp.v[i].start,
+                rc = encode_text_segment(tok, t.data + sp.v[i].start, sp.v[i].end - sp.v[i].start,
                                          first && sp.v[i].start == 0, ids, err);
         }
         free(sp.v);
         free(which.v);
     }
-    tbuf_free(&t);
+    strbuf_free(&t);
     return rc;
 }
 
@@ -404,18 +416,18 @@ int tok_encode(const struct tokenizer *tok, const char *text, size_t len, bool a
     *n_ids = 0;
     if (!text && len)
         return err_set(err, INFERD_EINVAL, "tokenizer: NULL text");
-    struct tbuf t = {0};
+    struct strbuf t = {0};
     struct idlist ids = {0}, post = {0};
     struct spanlist sp = {0};
     struct idlist which = {0};
     int rc = tok_utf8_lossy(text ? text : "", len, &t, err);
     if (!rc)
-        rc = added_matcher_split(tok->raw_matcher, tok->added, t.p, t.len, &sp, &which, err);
+        rc = added_matcher_split(tok->raw_matcher, tok->added, t.data, t.len, &sp, &which, err);
     for (size_t i = 0, k = 0; !rc && i < sp.n; i++) {
         if (sp.v[i].is_match)
             rc = idlist_push(&ids, tok->added[which.v[k++]].id, err);
         else
-            rc = encode_run(tok, t.p + sp.v[i].start, sp.v[i].end - sp.v[i].start,
+            rc = encode_run(tok, t.data + sp.v[i].start, sp.v[i].end - sp.v[i].start,
                             sp.v[i].start == 0, &ids, err);
     }
     if (!rc && add_special && tok->post) {
@@ -430,7 +442,7 @@ int tok_encode(const struct tokenizer *tok, const char *text, size_t len, bool a
         rc = err_set(err, INFERD_ERANGE, "tokenizer: too many tokens");
     if (!rc && !ids.v && !(ids.v = malloc(sizeof *ids.v)))
         rc = err_set(err, INFERD_ENOMEM, "tokenizer: out of memory");
-    tbuf_free(&t);
+    strbuf_free(&t);
     free(sp.v);
     free(which.v);
     free(post.v);
@@ -461,8 +473,8 @@ int tok_decode(const struct tokenizer *tok, const int32_t *ids, int n_ids, bool 
     if (n_ids < 0 || (!ids && n_ids))
         return err_set(err, INFERD_EINVAL, "tokenizer: bad id list");
     struct plist pl = {0};
-    struct tbuf out = {0};
-    int rc = tbuf_put(&out, "", 0, err);
+    struct strbuf out = {0};
+    int rc = tok_put(&out, "", 0, err);
     for (int i = 0; !rc && i < n_ids; i++) {
         const struct added_token *a = added_for(tok, ids[i]);
         if (a) {
@@ -478,16 +490,16 @@ int tok_decode(const struct tokenizer *tok, const int32_t *ids, int n_ids, bool 
         rc = decoder_apply(tok->dec, &pl, err);
     for (size_t i = 0; !rc && i < pl.n; i++) {
         if (!tok->dec && i)
-            rc = tbuf_put(&out, " ", 1, err);
+            rc = tok_put(&out, " ", 1, err);
         if (!rc)
-            rc = tbuf_put(&out, pl.v[i].s, pl.v[i].len, err);
+            rc = tok_put(&out, pl.v[i].s, pl.v[i].len, err);
     }
     plist_free(&pl);
     if (rc) {
-        tbuf_free(&out);
+        strbuf_free(&out);
         return rc;
     }
-    *text = out.p;
+    *text = out.data;
     if (len)
         *len = out.len;
     return 0;

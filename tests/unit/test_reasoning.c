@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/reasoning.h"
+#include "text/reasoning.h"
 
 struct split {
     char reasoning[2048];

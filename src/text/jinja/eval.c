@@ -10,7 +10,7 @@
 
 enum { ST_OK = 0, ST_BREAK = 1, ST_CONTINUE = 2 };
 
-int rt_error(struct render *r, const struct node *at, const char *fmt, ...)
+int jinja_error(struct render *r, const struct node *at, const char *fmt, ...)
 {
     if (r->err && r->err->code)
         return -r->err->code; /* keep the first, innermost message */
@@ -49,10 +49,10 @@ static int step(struct render *r, const struct node *at)
 
 static struct scope *scope_new(struct render *r, struct scope *parent)
 {
-    struct scope *s = ar_alloc(&r->arena, sizeof(*s));
+    struct scope *s = jinja_arena_alloc(&r->arena, sizeof(*s));
     if (!s)
         return NULL;
-    s->vars = ar_alloc(&r->arena, sizeof(struct vdict));
+    s->vars = jinja_arena_alloc(&r->arena, sizeof(struct vdict));
     if (!s->vars)
         return NULL;
     s->parent = parent;
@@ -62,7 +62,7 @@ static struct scope *scope_new(struct render *r, struct scope *parent)
 static struct value *scope_lookup(struct scope *s, const char *name)
 {
     for (; s; s = s->parent) {
-        struct value *v = vdict_get_str(s->vars, name);
+        struct value *v = jinja_dict_get_str(s->vars, name);
         if (v)
             return v;
     }
@@ -71,7 +71,7 @@ static struct value *scope_lookup(struct scope *s, const char *name)
 
 static int scope_set(struct render *r, struct scope *s, const char *name, struct value v, const struct node *at)
 {
-    if (vdict_set(&r->arena, s->vars, v_cstr(name), v))
+    if (jinja_dict_set(&r->arena, s->vars, v_cstr(name), v))
         return oom(r, at);
     return 0;
 }
@@ -84,35 +84,36 @@ static int exec_body(struct render *r, struct scope *s, const struct node_list *
 static int render_body_to_string(struct render *r, struct scope *s, const struct node_list *body, struct value *out,
                                  const struct node *at)
 {
-    struct sbuf buf = {.limit = r->lim.max_output_bytes};
-    struct sbuf *saved = r->out;
+    struct strbuf buf = {.limit = r->lim.max_output_bytes};
+    struct strbuf *saved = r->out;
     r->out = &buf;
     int rc = exec_body(r, s, body);
     r->out = saved;
     if (rc < 0) {
-        sb_free(&buf);
+        strbuf_free(&buf);
         return rc;
     }
-    *out = v_str(&r->arena, buf.p ? buf.p : "", buf.n);
-    sb_free(&buf);
+    *out = v_str(&r->arena, buf.data ? buf.data : "", buf.len);
+    strbuf_free(&buf);
     if (out->kind != V_STR)
         return oom(r, at);
     return 0;
 }
 
-int v_stringify(struct render *r, const struct value *v, struct value *out, const struct node *at)
+int jinja_value_stringify(struct render *r, const struct value *v, struct value *out, const struct node *at)
 {
     if (v->kind == V_STR) {
         *out = *v;
         return 0;
     }
-    struct sbuf b = {.limit = r->lim.max_output_bytes};
-    if (v_to_str(&b, v, false, 0)) {
-        sb_free(&b);
-        return b.over ? oom(r, at) : rt_error(r, at, "value nested too deeply to print");
+    struct strbuf b = {.limit = r->lim.max_output_bytes};
+    if (jinja_value_to_str(&b, v, false, 0)) {
+        bool over = b.failed; /* the limit, or memory */
+        strbuf_free(&b);
+        return over ? oom(r, at) : jinja_error(r, at, "value nested too deeply to print");
     }
-    *out = v_str(&r->arena, b.p ? b.p : "", b.n);
-    sb_free(&b);
+    *out = v_str(&r->arena, b.data ? b.data : "", b.len);
+    strbuf_free(&b);
     return out->kind == V_STR ? 0 : oom(r, at);
 }
 
@@ -121,7 +122,7 @@ static int call_macro(struct render *r, struct macro *m, struct value *args, siz
                       const struct node *at)
 {
     if (r->depth >= r->lim.max_depth)
-        return rt_error(r, at, "macro recursion deeper than %d", r->lim.max_depth);
+        return jinja_error(r, at, "macro recursion deeper than %d", r->lim.max_depth);
     const struct node *def = m->def;
     struct scope *s = scope_new(r, (struct scope *)m->closure);
     if (!s)
@@ -134,7 +135,7 @@ static int call_macro(struct render *r, struct macro *m, struct value *args, siz
         if (i < def->n_names) {
             if (scope_set(r, s, def->names[i], args[i], at))
                 return -1;
-        } else if (vlist_push(&r->arena, varargs.u.l, args[i])) {
+        } else if (jinja_list_push(&r->arena, varargs.u.l, args[i])) {
             return oom(r, at);
         }
     }
@@ -143,17 +144,17 @@ static int call_macro(struct render *r, struct macro *m, struct value *args, siz
         for (size_t i = 0; i < def->n_names; i++)
             if (strcmp(def->names[i], kwnames[k]) == 0) {
                 if (i < nargs)
-                    return rt_error(r, at, "macro '%s' got multiple values for argument '%s'",
+                    return jinja_error(r, at, "macro '%s' got multiple values for argument '%s'",
                                     def->name ? def->name : "caller", kwnames[k]);
                 found = true;
                 if (scope_set(r, s, def->names[i], kwvals[k], at))
                     return -1;
             }
-        if (!found && vdict_set(&r->arena, kwargs.u.d, v_cstr(kwnames[k]), kwvals[k]))
+        if (!found && jinja_dict_set(&r->arena, kwargs.u.d, v_cstr(kwnames[k]), kwvals[k]))
             return oom(r, at);
     }
     for (size_t i = nargs; i < def->n_names; i++) {
-        if (vdict_get_str(s->vars, def->names[i]))
+        if (jinja_dict_get_str(s->vars, def->names[i]))
             continue;
         struct value dv = v_undef();
         if (i < def->items2.n && def->items2.v[i]) {
@@ -178,14 +179,14 @@ static int call_macro(struct render *r, struct macro *m, struct value *args, siz
     return rc;
 }
 
-int rt_call_value(struct render *r, struct value *fn, struct value *args, size_t nargs, const char **kwnames,
-                  struct value *kwvals, size_t nkw, struct value *out, const struct node *at)
+static int call_value(struct render *r, struct value *fn, struct value *args, size_t nargs, const char **kwnames,
+                      struct value *kwvals, size_t nkw, struct value *out, const struct node *at)
 {
     if (fn->kind == V_MACRO)
         return call_macro(r, fn->u.m, args, nargs, kwnames, kwvals, nkw, NULL, out, at);
     if (fn->kind == V_BUILTIN) {
         if (r->depth >= r->lim.max_depth)
-            return rt_error(r, at, "call recursion deeper than %d", r->lim.max_depth);
+            return jinja_error(r, at, "call recursion deeper than %d", r->lim.max_depth);
         r->depth++;
         int rc = fn->u.fn->fn(r, fn->u.fn, args, nargs, kwnames, kwvals, nkw, out, at);
         r->depth--;
@@ -193,21 +194,21 @@ int rt_call_value(struct render *r, struct value *fn, struct value *args, size_t
     }
     if (fn->kind == V_UNDEF) {
         if (at && at->kind == N_CALL && at->a->kind == N_NAME)
-            return rt_error(r, at, "'%s' is undefined", at->a->name);
+            return jinja_error(r, at, "'%s' is undefined", at->a->name);
         if (at && at->kind == N_CALL && at->a->kind == N_GETATTR)
-            return rt_error(r, at, "'%s' is undefined", at->a->name);
-        return rt_error(r, at, "called an undefined value");
+            return jinja_error(r, at, "'%s' is undefined", at->a->name);
+        return jinja_error(r, at, "called an undefined value");
     }
-    return rt_error(r, at, "'%s' object is not callable", v_type_name(fn));
+    return jinja_error(r, at, "'%s' object is not callable", jinja_value_type_name(fn));
 }
 
 /* Evaluates call arguments into arena arrays. */
 static int eval_args(struct render *r, struct scope *s, const struct node *n, struct value **args,
                      const char ***kwnames, struct value **kwvals)
 {
-    *args = ar_alloc(&r->arena, (n->items.n + 1) * sizeof(struct value));
-    *kwnames = ar_alloc(&r->arena, (n->n_kw + 1) * sizeof(char *));
-    *kwvals = ar_alloc(&r->arena, (n->n_kw + 1) * sizeof(struct value));
+    *args = jinja_arena_alloc(&r->arena, (n->items.n + 1) * sizeof(struct value));
+    *kwnames = jinja_arena_alloc(&r->arena, (n->n_kw + 1) * sizeof(char *));
+    *kwvals = jinja_arena_alloc(&r->arena, (n->n_kw + 1) * sizeof(struct value));
     if (!*args || !*kwnames || !*kwvals)
         return oom(r, n);
     for (size_t i = 0; i < n->items.n; i++) {
@@ -267,9 +268,9 @@ static int repeat(struct render *r, const struct value *seq, int64_t times, stru
         times = 0;
     if (seq->kind == V_STR) {
         if (seq->u.s.n && (uint64_t)times > r->lim.max_output_bytes / seq->u.s.n)
-            return rt_error(r, at, "string repetition larger than the output limit");
+            return jinja_error(r, at, "string repetition larger than the output limit");
         size_t total = seq->u.s.n * (size_t)times;
-        char *p = ar_alloc(&r->arena, total + 1);
+        char *p = jinja_arena_alloc(&r->arena, total + 1);
         if (!p)
             return oom(r, at);
         for (int64_t i = 0; i < times; i++)
@@ -282,7 +283,7 @@ static int repeat(struct render *r, const struct value *seq, int64_t times, stru
     }
     size_t n = seq->u.l->n;
     if (n && (uint64_t)times > (uint64_t)r->lim.max_steps / n)
-        return rt_error(r, at, "list repetition too large");
+        return jinja_error(r, at, "list repetition too large");
     r->steps += (long)(n * (size_t)times);
     int rc = step(r, at);
     if (rc)
@@ -293,7 +294,7 @@ static int repeat(struct render *r, const struct value *seq, int64_t times, stru
     out->is_tuple = seq->is_tuple;
     for (int64_t i = 0; i < times; i++)
         for (size_t j = 0; j < n; j++)
-            if (vlist_push(&r->arena, out->u.l, seq->u.l->v[j]))
+            if (jinja_list_push(&r->arena, out->u.l, seq->u.l->v[j]))
                 return oom(r, at);
     return 0;
 }
@@ -302,8 +303,8 @@ static int concat_str(struct render *r, const struct value *a, const struct valu
                       const struct node *at)
 {
     if (a->u.s.n + b->u.s.n > r->lim.max_output_bytes)
-        return rt_error(r, at, "string longer than the output limit");
-    char *p = ar_alloc(&r->arena, a->u.s.n + b->u.s.n + 1);
+        return jinja_error(r, at, "string longer than the output limit");
+    char *p = jinja_arena_alloc(&r->arena, a->u.s.n + b->u.s.n + 1);
     if (!p)
         return oom(r, at);
     memcpy(p, a->u.s.p, a->u.s.n);
@@ -320,7 +321,7 @@ static int binop(struct render *r, const char *op, struct value *a, struct value
 {
     if (op[0] == '~') {
         struct value sa, sb;
-        if (v_stringify(r, a, &sa, at) || v_stringify(r, b, &sb, at))
+        if (jinja_value_stringify(r, a, &sa, at) || jinja_value_stringify(r, b, &sb, at))
             return -1;
         return concat_str(r, &sa, &sb, out, at);
     }
@@ -330,7 +331,7 @@ static int binop(struct render *r, const char *op, struct value *a, struct value
         if (ints) {
             int64_t res;
             if (__builtin_add_overflow(ival(a), ival(b), &res))
-                return rt_error(r, at, "integer overflow in '+'");
+                return jinja_error(r, at, "integer overflow in '+'");
             *out = v_int(res);
             return 0;
         }
@@ -345,10 +346,10 @@ static int binop(struct render *r, const char *op, struct value *a, struct value
             if (out->kind != V_LIST)
                 return oom(r, at);
             for (size_t i = 0; i < a->u.l->n; i++)
-                if (vlist_push(&r->arena, out->u.l, a->u.l->v[i]))
+                if (jinja_list_push(&r->arena, out->u.l, a->u.l->v[i]))
                     return oom(r, at);
             for (size_t i = 0; i < b->u.l->n; i++)
-                if (vlist_push(&r->arena, out->u.l, b->u.l->v[i]))
+                if (jinja_list_push(&r->arena, out->u.l, b->u.l->v[i]))
                     return oom(r, at);
             return 0;
         }
@@ -356,7 +357,7 @@ static int binop(struct render *r, const char *op, struct value *a, struct value
         if (ints) {
             int64_t res;
             if (__builtin_sub_overflow(ival(a), ival(b), &res))
-                return rt_error(r, at, "integer overflow in '-'");
+                return jinja_error(r, at, "integer overflow in '-'");
             *out = v_int(res);
             return 0;
         }
@@ -368,7 +369,7 @@ static int binop(struct render *r, const char *op, struct value *a, struct value
         if (ints) {
             int64_t res;
             if (__builtin_mul_overflow(ival(a), ival(b), &res))
-                return rt_error(r, at, "integer overflow in '*'");
+                return jinja_error(r, at, "integer overflow in '*'");
             *out = v_int(res);
             return 0;
         }
@@ -383,17 +384,17 @@ static int binop(struct render *r, const char *op, struct value *a, struct value
     } else if (strcmp(op, "/") == 0) {
         if (nums) {
             if (fval(b) == 0)
-                return rt_error(r, at, "division by zero");
+                return jinja_error(r, at, "division by zero");
             *out = v_float(fval(a) / fval(b));
             return 0;
         }
     } else if (strcmp(op, "//") == 0) {
         if (nums) {
             if (fval(b) == 0)
-                return rt_error(r, at, "integer division by zero");
+                return jinja_error(r, at, "integer division by zero");
             if (ints) {
                 if (ival(a) == INT64_MIN && ival(b) == -1)
-                    return rt_error(r, at, "integer overflow in '//'");
+                    return jinja_error(r, at, "integer overflow in '//'");
                 *out = v_int(py_floordiv(ival(a), ival(b)));
             } else {
                 *out = v_float(py_float_floordiv(fval(a), fval(b)));
@@ -403,7 +404,7 @@ static int binop(struct render *r, const char *op, struct value *a, struct value
     } else if (strcmp(op, "%") == 0) {
         if (nums) {
             if (fval(b) == 0)
-                return rt_error(r, at, "modulo by zero");
+                return jinja_error(r, at, "modulo by zero");
             if (ints) {
                 if (ival(b) == -1) {
                     *out = v_int(0);
@@ -421,28 +422,28 @@ static int binop(struct render *r, const char *op, struct value *a, struct value
             return 0;
         }
         if (a->kind == V_STR)
-            return rt_error(r, at, "%%-formatting of strings is not supported");
+            return jinja_error(r, at, "%%-formatting of strings is not supported");
     } else if (strcmp(op, "**") == 0) {
         if (ints && ival(b) >= 0) {
             int64_t base = ival(a), e = ival(b), res = 1;
             while (e > 0) {
                 if ((e & 1) && __builtin_mul_overflow(res, base, &res))
-                    return rt_error(r, at, "integer overflow in '**'");
+                    return jinja_error(r, at, "integer overflow in '**'");
                 e >>= 1;
                 if (e && __builtin_mul_overflow(base, base, &base))
-                    return rt_error(r, at, "integer overflow in '**'");
+                    return jinja_error(r, at, "integer overflow in '**'");
             }
             *out = v_int(res);
             return 0;
         }
         if (nums) {
             if (fval(a) == 0 && fval(b) < 0)
-                return rt_error(r, at, "zero to a negative power");
+                return jinja_error(r, at, "zero to a negative power");
             *out = v_float(pow(fval(a), fval(b)));
             return 0;
         }
     }
-    return rt_error(r, at, "unsupported operand types for %s: '%s' and '%s'", op, v_type_name(a), v_type_name(b));
+    return jinja_error(r, at, "unsupported operand types for %s: '%s' and '%s'", op, jinja_value_type_name(a), jinja_value_type_name(b));
 }
 
 static bool contains(const struct value *item, const struct value *c, bool *ok)
@@ -464,10 +465,10 @@ static bool contains(const struct value *item, const struct value *c, bool *ok)
         return false;
     case V_LIST:
         for (size_t i = 0; i < c->u.l->n; i++)
-            if (v_equal(item, &c->u.l->v[i]))
+            if (jinja_value_equal(item, &c->u.l->v[i]))
                 return true;
         return false;
-    case V_DICT: case V_NS: return vdict_get(c->u.d, *item) != NULL;
+    case V_DICT: case V_NS: return jinja_dict_get(c->u.d, *item) != NULL;
     case V_UNDEF: return false;
     default: *ok = false; return false;
     }
@@ -477,25 +478,25 @@ static int compare(struct render *r, const char *op, struct value *a, struct val
                    const struct node *at)
 {
     if (strcmp(op, "==") == 0) {
-        *out = v_bool(v_equal(a, b));
+        *out = v_bool(jinja_value_equal(a, b));
         return 0;
     }
     if (strcmp(op, "!=") == 0) {
-        *out = v_bool(!v_equal(a, b));
+        *out = v_bool(!jinja_value_equal(a, b));
         return 0;
     }
     if (strcmp(op, "in") == 0 || strcmp(op, "not in") == 0) {
         bool ok;
         bool in = contains(a, b, &ok);
         if (!ok)
-            return rt_error(r, at, "'in <%s>' requires a container, got '%s' in it", v_type_name(b),
-                            v_type_name(a));
+            return jinja_error(r, at, "'in <%s>' requires a container, got '%s' in it", jinja_value_type_name(b),
+                            jinja_value_type_name(a));
         *out = v_bool(op[0] == 'i' ? in : !in);
         return 0;
     }
     int c;
-    if (v_compare(a, b, &c))
-        return rt_error(r, at, "'%s' not supported between '%s' and '%s'", op, v_type_name(a), v_type_name(b));
+    if (jinja_value_compare(a, b, &c))
+        return jinja_error(r, at, "'%s' not supported between '%s' and '%s'", op, jinja_value_type_name(a), jinja_value_type_name(b));
     bool res = strcmp(op, "<") == 0 ? c < 0 : strcmp(op, "<=") == 0 ? c <= 0 : strcmp(op, ">") == 0 ? c > 0 : c >= 0;
     *out = v_bool(res);
     return 0;
@@ -508,10 +509,10 @@ static int getitem(struct render *r, struct value *obj, struct value *key, struc
         if (key->kind != V_INT && key->kind != V_BOOL) {
             if (key->kind == V_STR)
                 return jinja_getattr(r, obj, key->u.s.p, out, at);
-            return rt_error(r, at, "%s indices must be integers, not %s", v_type_name(obj), v_type_name(key));
+            return jinja_error(r, at, "%s indices must be integers, not %s", jinja_value_type_name(obj), jinja_value_type_name(key));
         }
         int64_t i = ival(key);
-        size_t len = obj->kind == V_LIST ? obj->u.l->n : utf8_cplen(obj->u.s.p, obj->u.s.n);
+        size_t len = obj->kind == V_LIST ? obj->u.l->n : jinja_utf8_len(obj->u.s.p, obj->u.s.n);
         if (i < 0)
             i += (int64_t)len;
         if (i < 0 || (uint64_t)i >= len)
@@ -519,7 +520,7 @@ static int getitem(struct render *r, struct value *obj, struct value *key, struc
         if (obj->kind == V_LIST) {
             *out = obj->u.l->v[i];
         } else {
-            size_t o = utf8_offset(obj->u.s.p, obj->u.s.n, (size_t)i);
+            size_t o = jinja_utf8_offset(obj->u.s.p, obj->u.s.n, (size_t)i);
             size_t e = o + 1;
             while (e < obj->u.s.n && ((unsigned char)obj->u.s.p[e] & 0xC0) == 0x80)
                 e++;
@@ -530,7 +531,7 @@ static int getitem(struct render *r, struct value *obj, struct value *key, struc
         return 0;
     }
     if (obj->kind == V_DICT || obj->kind == V_NS) {
-        struct value *v = vdict_get(obj->u.d, *key);
+        struct value *v = jinja_dict_get(obj->u.d, *key);
         if (v) {
             *out = *v;
             return 0;
@@ -550,14 +551,14 @@ static int slice(struct render *r, struct value *obj, struct value *lo, struct v
         return 0;
     }
     if (obj->kind != V_LIST && obj->kind != V_STR)
-        return rt_error(r, at, "cannot slice a '%s'", v_type_name(obj));
+        return jinja_error(r, at, "cannot slice a '%s'", jinja_value_type_name(obj));
     for (struct value *x = lo; x; x = x == lo ? hi : x == hi ? st : NULL)
         if (x->kind != V_NONE && x->kind != V_UNDEF && x->kind != V_INT && x->kind != V_BOOL)
-            return rt_error(r, at, "slice indices must be integers or None");
-    int64_t len = obj->kind == V_LIST ? (int64_t)obj->u.l->n : (int64_t)utf8_cplen(obj->u.s.p, obj->u.s.n);
+            return jinja_error(r, at, "slice indices must be integers or None");
+    int64_t len = obj->kind == V_LIST ? (int64_t)obj->u.l->n : (int64_t)jinja_utf8_len(obj->u.s.p, obj->u.s.n);
     int64_t stepv = (st->kind == V_INT || st->kind == V_BOOL) ? ival(st) : 1;
     if (stepv == 0)
-        return rt_error(r, at, "slice step cannot be zero");
+        return jinja_error(r, at, "slice step cannot be zero");
     bool has_lo = lo->kind == V_INT || lo->kind == V_BOOL, has_hi = hi->kind == V_INT || hi->kind == V_BOOL;
     int64_t start, stop;
     /* CPython's PySlice_AdjustIndices */
@@ -574,7 +575,7 @@ static int slice(struct render *r, struct value *obj, struct value *lo, struct v
     }
     size_t *offs = NULL;
     if (obj->kind == V_STR) {
-        offs = ar_alloc(&r->arena, ((size_t)len + 1) * sizeof(size_t));
+        offs = jinja_arena_alloc(&r->arena, ((size_t)len + 1) * sizeof(size_t));
         if (!offs)
             return oom(r, at);
         size_t c = 0;
@@ -584,19 +585,19 @@ static int slice(struct render *r, struct value *obj, struct value *lo, struct v
         offs[c] = obj->u.s.n;
     }
     struct value res = obj->kind == V_LIST ? v_list(&r->arena) : (struct value){.kind = V_STR};
-    struct sbuf sb = {0};
+    struct strbuf sb = {0};
     for (int64_t i = start; stepv > 0 ? i < stop : i > stop; i += stepv) {
         if (obj->kind == V_LIST) {
-            if (res.kind != V_LIST || vlist_push(&r->arena, res.u.l, obj->u.l->v[i]))
+            if (res.kind != V_LIST || jinja_list_push(&r->arena, res.u.l, obj->u.l->v[i]))
                 return oom(r, at);
-        } else if (sb_put(&sb, obj->u.s.p + offs[i], offs[i + 1] - offs[i])) {
-            sb_free(&sb);
+        } else if (jinja_put(&sb, obj->u.s.p + offs[i], offs[i + 1] - offs[i])) {
+            strbuf_free(&sb);
             return oom(r, at);
         }
     }
     if (obj->kind == V_STR) {
-        res = v_str(&r->arena, sb.p ? sb.p : "", sb.n);
-        sb_free(&sb);
+        res = v_str(&r->arena, sb.data ? sb.data : "", sb.len);
+        strbuf_free(&sb);
         if (res.kind != V_STR)
             return oom(r, at);
     } else {
@@ -656,7 +657,7 @@ static int eval_node(struct render *r, struct scope *s, const struct node *n, st
 static int eval(struct render *r, struct scope *s, const struct node *n, struct value *out)
 {
     if (r->native >= MAX_NATIVE_DEPTH)
-        return rt_error(r, n, "template nested too deeply at run time");
+        return jinja_error(r, n, "template nested too deeply at run time");
     r->native++;
     int rc = eval_node(r, s, n, out);
     r->native--;
@@ -691,7 +692,7 @@ static int eval_node(struct render *r, struct scope *s, const struct node *n, st
             struct value x;
             if ((rc = eval(r, s, n->items.v[i], &x)))
                 return rc;
-            if (vlist_push(&r->arena, l.u.l, x))
+            if (jinja_list_push(&r->arena, l.u.l, x))
                 return oom(r, n);
         }
         *out = l;
@@ -706,8 +707,8 @@ static int eval_node(struct render *r, struct scope *s, const struct node *n, st
             if ((rc = eval(r, s, n->items.v[i], &k)) || (rc = eval(r, s, n->items2.v[i], &v)))
                 return rc;
             if (k.kind == V_LIST || k.kind == V_DICT || k.kind == V_NS)
-                return rt_error(r, n, "unhashable type: '%s'", v_type_name(&k));
-            if (vdict_set(&r->arena, d.u.d, k, v))
+                return jinja_error(r, n, "unhashable type: '%s'", jinja_value_type_name(&k));
+            if (jinja_dict_set(&r->arena, d.u.d, k, v))
                 return oom(r, n);
         }
         *out = d;
@@ -746,7 +747,7 @@ static int eval_node(struct render *r, struct scope *s, const struct node *n, st
         struct value *kwv;
         if ((rc = eval_args(r, s, n, &args, &kwn, &kwv)))
             return rc;
-        return rt_call_value(r, &fn, args, n->items.n, kwn, kwv, n->n_kw, out, n);
+        return call_value(r, &fn, args, n->items.n, kwn, kwv, n->n_kw, out, n);
     }
     case N_FILTER:
         return eval_filter_chain(r, s, n, NULL, out);
@@ -771,12 +772,12 @@ static int eval_node(struct render *r, struct scope *s, const struct node *n, st
             return rc;
         if (x.kind == V_INT || x.kind == V_BOOL) {
             if (n->op[0] == '-' && ival(&x) == INT64_MIN)
-                return rt_error(r, n, "integer overflow in unary '-'");
+                return jinja_error(r, n, "integer overflow in unary '-'");
             *out = v_int(n->op[0] == '-' ? -ival(&x) : ival(&x));
         } else if (x.kind == V_FLOAT) {
             *out = v_float(n->op[0] == '-' ? -x.u.f : x.u.f);
         } else {
-            return rt_error(r, n, "bad operand type for unary %s: '%s'", n->op, v_type_name(&x));
+            return jinja_error(r, n, "bad operand type for unary %s: '%s'", n->op, jinja_value_type_name(&x));
         }
         return 0;
     }
@@ -796,7 +797,7 @@ static int eval_node(struct render *r, struct scope *s, const struct node *n, st
         struct value a;
         if ((rc = eval(r, s, n->a, &a)))
             return rc;
-        bool t = v_truthy(&a);
+        bool t = jinja_value_truthy(&a);
         if ((n->kind == N_AND && !t) || (n->kind == N_OR && t)) {
             *out = a;
             return 0;
@@ -807,14 +808,14 @@ static int eval_node(struct render *r, struct scope *s, const struct node *n, st
         struct value a;
         if ((rc = eval(r, s, n->a, &a)))
             return rc;
-        *out = v_bool(!v_truthy(&a));
+        *out = v_bool(!jinja_value_truthy(&a));
         return 0;
     }
     case N_COND: {
         struct value c;
         if ((rc = eval(r, s, n->a, &c)))
             return rc;
-        if (v_truthy(&c))
+        if (jinja_value_truthy(&c))
             return eval(r, s, n->b, out);
         if (n->c)
             return eval(r, s, n->c, out);
@@ -822,7 +823,7 @@ static int eval_node(struct render *r, struct scope *s, const struct node *n, st
         return 0;
     }
     default:
-        return rt_error(r, n, "statement used as an expression");
+        return jinja_error(r, n, "statement used as an expression");
     }
 }
 
@@ -842,7 +843,7 @@ static int iter_items(struct render *r, struct value *v, struct value *out, cons
     case V_UNDEF: return 0;
     case V_DICT: case V_NS:
         for (size_t i = 0; i < v->u.d->n; i++)
-            if (vlist_push(&r->arena, out->u.l, v->u.d->keys[i]))
+            if (jinja_list_push(&r->arena, out->u.l, v->u.d->keys[i]))
                 return oom(r, at);
         return 0;
     case V_STR:
@@ -851,13 +852,13 @@ static int iter_items(struct render *r, struct value *v, struct value *out, cons
             while (e < v->u.s.n && ((unsigned char)v->u.s.p[e] & 0xC0) == 0x80)
                 e++;
             struct value c = v_str(&r->arena, v->u.s.p + i, e - i);
-            if (c.kind != V_STR || vlist_push(&r->arena, out->u.l, c))
+            if (c.kind != V_STR || jinja_list_push(&r->arena, out->u.l, c))
                 return oom(r, at);
             i = e;
         }
         return 0;
     default:
-        return rt_error(r, at, "'%s' object is not iterable", v_type_name(v));
+        return jinja_error(r, at, "'%s' object is not iterable", jinja_value_type_name(v));
     }
 }
 
@@ -870,7 +871,7 @@ static int bind_targets(struct render *r, struct scope *s, const struct node *n,
     if (rc)
         return rc;
     if (items.u.l->n != n->n_names)
-        return rt_error(r, n, "cannot unpack %zu values into %zu names", items.u.l->n, n->n_names);
+        return jinja_error(r, n, "cannot unpack %zu values into %zu names", items.u.l->n, n->n_names);
     for (size_t i = 0; i < n->n_names; i++)
         if ((rc = scope_set(r, s, n->names[i], items.u.l->v[i], n)))
             return rc;
@@ -881,8 +882,8 @@ static int loop_cycle(struct render *r, struct builtin *b, struct value *args, s
                       struct value *kwv, size_t nkw, struct value *out, const struct node *at)
 {
     if (nargs == 0)
-        return rt_error(r, at, "loop.cycle() needs at least one argument");
-    struct value *idx = vdict_get_str(b->self->u.d, "index0");
+        return jinja_error(r, at, "loop.cycle() needs at least one argument");
+    struct value *idx = jinja_dict_get_str(b->self->u.d, "index0");
     int64_t i = idx && idx->kind == V_INT ? idx->u.i : 0;
     *out = args[i % (int64_t)nargs];
     return 0;
@@ -907,19 +908,19 @@ static int exec_for(struct render *r, struct scope *s, const struct node *n)
             struct value c;
             if ((rc = bind_targets(r, fs, n, &items.u.l->v[i])) || (rc = eval(r, fs, n->b, &c)))
                 return rc;
-            if (v_truthy(&c) && vlist_push(&r->arena, kept.u.l, items.u.l->v[i]))
+            if (jinja_value_truthy(&c) && jinja_list_push(&r->arena, kept.u.l, items.u.l->v[i]))
                 return oom(r, n);
         }
         items = kept;
     }
     size_t len = items.u.l->n;
     /* iterate over a snapshot so appends inside the loop do not extend it */
-    struct value *snap = ar_alloc(&r->arena, (len + 1) * sizeof(struct value));
+    struct value *snap = jinja_arena_alloc(&r->arena, (len + 1) * sizeof(struct value));
     if (!snap)
         return oom(r, n);
     if (len)
         memcpy(snap, items.u.l->v, len * sizeof(struct value));
-    struct builtin *cyc = ar_alloc(&r->arena, sizeof(*cyc));
+    struct builtin *cyc = jinja_arena_alloc(&r->arena, sizeof(*cyc));
     if (!cyc)
         return oom(r, n);
     cyc->name = "cycle";
@@ -931,8 +932,8 @@ static int exec_for(struct render *r, struct scope *s, const struct node *n)
         struct value loop = v_dict(&r->arena);
         if (!ls || loop.kind != V_DICT)
             return oom(r, n);
-        struct builtin *bc = ar_alloc(&r->arena, sizeof(*bc));
-        struct value *self = ar_alloc(&r->arena, sizeof(*self));
+        struct builtin *bc = jinja_arena_alloc(&r->arena, sizeof(*bc));
+        struct value *self = jinja_arena_alloc(&r->arena, sizeof(*self));
         if (!bc || !self)
             return oom(r, n);
         *bc = *cyc;
@@ -942,17 +943,17 @@ static int exec_for(struct render *r, struct scope *s, const struct node *n)
         cv.u.fn = bc;
         struct arena *a = &r->arena;
         struct vdict *d = loop.u.d;
-        if (vdict_set(a, d, v_cstr("index"), v_int((int64_t)i + 1)) ||
-            vdict_set(a, d, v_cstr("index0"), v_int((int64_t)i)) ||
-            vdict_set(a, d, v_cstr("revindex"), v_int((int64_t)(len - i))) ||
-            vdict_set(a, d, v_cstr("revindex0"), v_int((int64_t)(len - i - 1))) ||
-            vdict_set(a, d, v_cstr("first"), v_bool(i == 0)) ||
-            vdict_set(a, d, v_cstr("last"), v_bool(i + 1 == len)) ||
-            vdict_set(a, d, v_cstr("length"), v_int((int64_t)len)) ||
-            vdict_set(a, d, v_cstr("previtem"), i > 0 ? snap[i - 1] : v_undef()) ||
-            vdict_set(a, d, v_cstr("nextitem"), i + 1 < len ? snap[i + 1] : v_undef()) ||
-            vdict_set(a, d, v_cstr("depth"), v_int(1)) || vdict_set(a, d, v_cstr("depth0"), v_int(0)) ||
-            vdict_set(a, d, v_cstr("cycle"), cv))
+        if (jinja_dict_set(a, d, v_cstr("index"), v_int((int64_t)i + 1)) ||
+            jinja_dict_set(a, d, v_cstr("index0"), v_int((int64_t)i)) ||
+            jinja_dict_set(a, d, v_cstr("revindex"), v_int((int64_t)(len - i))) ||
+            jinja_dict_set(a, d, v_cstr("revindex0"), v_int((int64_t)(len - i - 1))) ||
+            jinja_dict_set(a, d, v_cstr("first"), v_bool(i == 0)) ||
+            jinja_dict_set(a, d, v_cstr("last"), v_bool(i + 1 == len)) ||
+            jinja_dict_set(a, d, v_cstr("length"), v_int((int64_t)len)) ||
+            jinja_dict_set(a, d, v_cstr("previtem"), i > 0 ? snap[i - 1] : v_undef()) ||
+            jinja_dict_set(a, d, v_cstr("nextitem"), i + 1 < len ? snap[i + 1] : v_undef()) ||
+            jinja_dict_set(a, d, v_cstr("depth"), v_int(1)) || jinja_dict_set(a, d, v_cstr("depth0"), v_int(0)) ||
+            jinja_dict_set(a, d, v_cstr("cycle"), cv))
             return oom(r, n);
         if ((rc = scope_set(r, ls, "loop", loop, n)) || (rc = bind_targets(r, ls, n, &snap[i])))
             return rc;
@@ -979,8 +980,8 @@ static int exec_set(struct render *r, struct scope *s, const struct node *n)
     if (n->attr) {
         struct value *ns = scope_lookup(s, n->name);
         if (!ns || ns->kind != V_NS)
-            return rt_error(r, n, "cannot assign attribute '%s' on '%s': not a namespace", n->attr, n->name);
-        if (vdict_set(&r->arena, ns->u.d, v_cstr(n->attr), v))
+            return jinja_error(r, n, "cannot assign attribute '%s' on '%s': not a namespace", n->attr, n->name);
+        if (jinja_dict_set(&r->arena, ns->u.d, v_cstr(n->attr), v))
             return oom(r, n);
         return 0;
     }
@@ -989,7 +990,7 @@ static int exec_set(struct render *r, struct scope *s, const struct node *n)
 
 static int emit(struct render *r, const char *p, size_t len, const struct node *at)
 {
-    if (sb_put(r->out, p, len))
+    if (jinja_put(r->out, p, len))
         return oom(r, at);
     return 0;
 }
@@ -999,7 +1000,7 @@ static int exec_one(struct render *r, struct scope *s, const struct node *n);
 static int exec_node(struct render *r, struct scope *s, const struct node *n)
 {
     if (r->native >= MAX_NATIVE_DEPTH)
-        return rt_error(r, n, "template nested too deeply at run time");
+        return jinja_error(r, n, "template nested too deeply at run time");
     r->native++;
     int rc = exec_one(r, s, n);
     r->native--;
@@ -1016,7 +1017,7 @@ static int exec_one(struct render *r, struct scope *s, const struct node *n)
         return emit(r, n->text, n->text_len, n);
     case N_OUTPUT: {
         struct value v, sv;
-        if ((rc = eval(r, s, n->a, &v)) || (rc = v_stringify(r, &v, &sv, n)))
+        if ((rc = eval(r, s, n->a, &v)) || (rc = jinja_value_stringify(r, &v, &sv, n)))
             return rc;
         return emit(r, sv.u.s.p, sv.u.s.n, n);
     }
@@ -1024,7 +1025,7 @@ static int exec_one(struct render *r, struct scope *s, const struct node *n)
         struct value c;
         if ((rc = eval(r, s, n->a, &c)))
             return rc;
-        return exec_body(r, s, v_truthy(&c) ? &n->items : &n->items2);
+        return exec_body(r, s, jinja_value_truthy(&c) ? &n->items : &n->items2);
     }
     case N_FOR:
         return exec_for(r, s, n);
@@ -1042,7 +1043,7 @@ static int exec_one(struct render *r, struct scope *s, const struct node *n)
         return scope_set(r, s, n->names[0], v, n);
     }
     case N_MACRO: {
-        struct macro *m = ar_alloc(&r->arena, sizeof(*m));
+        struct macro *m = jinja_arena_alloc(&r->arena, sizeof(*m));
         if (!m)
             return oom(r, n);
         m->def = n;
@@ -1052,7 +1053,7 @@ static int exec_one(struct render *r, struct scope *s, const struct node *n)
         return scope_set(r, s, n->name, v, n);
     }
     case N_CALL_BLOCK: {
-        struct macro *caller = ar_alloc(&r->arena, sizeof(*caller));
+        struct macro *caller = jinja_arena_alloc(&r->arena, sizeof(*caller));
         if (!caller)
             return oom(r, n);
         caller->def = n;
@@ -1064,7 +1065,7 @@ static int exec_one(struct render *r, struct scope *s, const struct node *n)
         if ((rc = eval(r, s, call->a, &fn)) || (rc = eval_args(r, s, call, &args, &kwn, &kwv)))
             return rc;
         if (fn.kind != V_MACRO)
-            return rt_error(r, n, "call block needs a macro, got '%s'", v_type_name(&fn));
+            return jinja_error(r, n, "call block needs a macro, got '%s'", jinja_value_type_name(&fn));
         if ((rc = call_macro(r, fn.u.m, args, call->items.n, kwn, kwv, call->n_kw, caller, &res, n)))
             return rc;
         return emit(r, res.u.s.p, res.u.s.n, n);
@@ -1072,7 +1073,7 @@ static int exec_one(struct render *r, struct scope *s, const struct node *n)
     case N_FILTER_BLOCK: {
         struct value v, f, sv;
         if ((rc = render_body_to_string(r, s, &n->items, &v, n)) ||
-            (rc = eval_filter_block_chain(r, s, n->a, &v, &f)) || (rc = v_stringify(r, &f, &sv, n)))
+            (rc = eval_filter_block_chain(r, s, n->a, &v, &f)) || (rc = jinja_value_stringify(r, &f, &sv, n)))
             return rc;
         return emit(r, sv.u.s.p, sv.u.s.n, n);
     }
@@ -1087,7 +1088,7 @@ static int exec_one(struct render *r, struct scope *s, const struct node *n)
     case N_BODY:
         return exec_body(r, s, &n->items);
     default:
-        return rt_error(r, n, "expression used as a statement");
+        return jinja_error(r, n, "expression used as a statement");
     }
 }
 
@@ -1130,7 +1131,7 @@ int jinja_render(const struct jinja_template *t, struct json_object *ctx, const 
     r.err = err;
     size_t cap = r.lim.max_output_bytes * 16 + (64u << 20);
     r.arena.cap = cap < r.lim.max_output_bytes ? 0 : cap;
-    struct sbuf buf = {.limit = r.lim.max_output_bytes};
+    struct strbuf buf = {.limit = r.lim.max_output_bytes};
     r.out = &buf;
     int rc = 0;
     r.globals = scope_new(&r, NULL);
@@ -1139,14 +1140,14 @@ int jinja_render(const struct jinja_template *t, struct json_object *ctx, const 
         goto done;
     }
     if (ctx) {
-        struct value c = v_from_json(&r.arena, ctx);
+        struct value c = jinja_value_from_json(&r.arena, ctx);
         if (c.kind != V_DICT) {
             rc = r.arena.over ? err_set(err, INFERD_ENOMEM, "template: context too large")
                               : err_set(err, INFERD_EINVAL, "template: context must be a JSON object");
             goto done;
         }
         for (size_t i = 0; i < c.u.d->n; i++)
-            if (vdict_set(&r.arena, r.globals->vars, c.u.d->keys[i], c.u.d->vals[i])) {
+            if (jinja_dict_set(&r.arena, r.globals->vars, c.u.d->keys[i], c.u.d->vals[i])) {
                 rc = err_set(err, INFERD_ENOMEM, "template: out of memory");
                 goto done;
             }
@@ -1165,17 +1166,12 @@ int jinja_render(const struct jinja_template *t, struct json_object *ctx, const 
             err_set(err, INFERD_EINVAL, "template: render failed");
     }
 done:
-    ar_free(&r.arena);
+    jinja_arena_free(&r.arena);
     if (rc < 0) {
-        sb_free(&buf);
+        strbuf_free(&buf);
         return -err->code;
     }
-    if (!buf.p && sb_put(&buf, "", 0)) {
-        sb_free(&buf);
+    if (!(*out = strbuf_take(&buf, len)))
         return err_set(err, INFERD_ENOMEM, "template: out of memory");
-    }
-    *out = buf.p;
-    if (len)
-        *len = buf.n;
     return 0;
 }

@@ -14,7 +14,7 @@
     struct render *r, struct builtin *b, struct value *args, size_t nargs, const char **kwn,          \
         struct value *kwv, size_t nkw, struct value *out, const struct node *at
 
-static int oom_err(struct render *r, const struct node *at) { return rt_error(r, at, "out of memory"); }
+static int oom_err(struct render *r, const struct node *at) { return jinja_error(r, at, "out of memory"); }
 
 /* Positional argument i, or keyword argument name; NULL when absent. */
 static struct value *arg(struct value *args, size_t nargs, const char **kwn, struct value *kwv, size_t nkw,
@@ -37,15 +37,15 @@ static int need_str(struct render *r, const struct value *v, const char *what, c
 {
     if (v->kind == V_STR)
         return 0;
-    return rt_error(r, at, "%s expects a string, got '%s'", what, v_type_name(v));
+    return jinja_error(r, at, "%s expects a string, got '%s'", what, jinja_value_type_name(v));
 }
 
 static struct value mkstr(struct render *r, const char *p, size_t n) { return v_str(&r->arena, p, n); }
 
-static int set_str(struct render *r, struct value *out, struct sbuf *b, const struct node *at)
+static int set_str(struct render *r, struct value *out, struct strbuf *b, const struct node *at)
 {
-    *out = mkstr(r, b->p ? b->p : "", b->n);
-    sb_free(b);
+    *out = mkstr(r, b->data ? b->data : "", b->len);
+    strbuf_free(b);
     return out->kind == V_STR ? 0 : oom_err(r, at);
 }
 
@@ -56,7 +56,7 @@ enum case_op { C_UPPER, C_LOWER, C_CAPITALIZE, C_TITLE_PY, C_TITLE_JINJA };
 static int map_case(struct render *r, const struct value *s, enum case_op op, struct value *out,
                     const struct node *at)
 {
-    struct sbuf b = {0};
+    struct strbuf b = {0};
     const utf8proc_uint8_t *p = (const utf8proc_uint8_t *)s->u.s.p;
     utf8proc_ssize_t n = (utf8proc_ssize_t)s->u.s.n, i = 0;
     bool word_start = true, first = true;
@@ -64,7 +64,7 @@ static int map_case(struct render *r, const struct value *s, enum case_op op, st
         utf8proc_int32_t cp;
         utf8proc_ssize_t k = utf8proc_iterate(p + i, n - i, &cp);
         if (k <= 0) { /* invalid byte: copy through */
-            if (sb_put(&b, (const char *)p + i, 1))
+            if (jinja_put(&b, (const char *)p + i, 1))
                 goto fail;
             i++;
             continue;
@@ -91,7 +91,7 @@ static int map_case(struct render *r, const struct value *s, enum case_op op, st
         if (cp == 0xDF && o != cp) {
             bool whole = op == C_UPPER;
             first = false;
-            if (sb_put(&b, whole ? "SS" : "Ss", 2))
+            if (jinja_put(&b, whole ? "SS" : "Ss", 2))
                 goto fail;
             i += k;
             continue;
@@ -99,13 +99,13 @@ static int map_case(struct render *r, const struct value *s, enum case_op op, st
         first = false;
         utf8proc_uint8_t enc[4];
         utf8proc_ssize_t el = utf8proc_encode_char(o, enc);
-        if (sb_put(&b, (const char *)enc, (size_t)el))
+        if (jinja_put(&b, (const char *)enc, (size_t)el))
             goto fail;
         i += k;
     }
     return set_str(r, out, &b, at);
 fail:
-    sb_free(&b);
+    strbuf_free(&b);
     return oom_err(r, at);
 }
 
@@ -172,7 +172,7 @@ static int do_strip(struct render *r, const struct value *s, const struct value 
     size_t b = 0, e = s->u.s.n;
     if (chars && chars->kind != V_STR) {
         if (chars->kind != V_NONE && chars->kind != V_UNDEF)
-            return rt_error(r, at, "strip arg must be None or str");
+            return jinja_error(r, at, "strip arg must be None or str");
         chars = NULL;
     }
     int32_t cp;
@@ -242,7 +242,7 @@ static int do_split(struct render *r, const struct value *s, const struct value 
                     e = b;
                 }
                 struct value w = mkstr(r, p + st, e - st);
-                if (w.kind != V_STR || vlist_push(&r->arena, out->u.l, w))
+                if (w.kind != V_STR || jinja_list_push(&r->arena, out->u.l, w))
                     return oom_err(r, at);
                 break;
             }
@@ -251,23 +251,23 @@ static int do_split(struct render *r, const struct value *s, const struct value 
                 i += cp_at(p, n, i, &cp);
             }
             struct value w = mkstr(r, p + st, i - st);
-            if (w.kind != V_STR || vlist_push(&r->arena, out->u.l, w))
+            if (w.kind != V_STR || jinja_list_push(&r->arena, out->u.l, w))
                 return oom_err(r, at);
             splits++;
         }
         return 0;
     }
     if (sep->kind != V_STR)
-        return rt_error(r, at, "split separator must be a string");
+        return jinja_error(r, at, "split separator must be a string");
     if (sep->u.s.n == 0)
-        return rt_error(r, at, "empty separator");
+        return jinja_error(r, at, "empty separator");
     size_t i = 0;
     int64_t splits = 0;
     for (;;) {
         const char *f = (maxs < 0 || splits < maxs) ? find_sub(p + i, n - i, sep->u.s.p, sep->u.s.n) : NULL;
         size_t e = f ? (size_t)(f - p) : n;
         struct value w = mkstr(r, p + i, e - i);
-        if (w.kind != V_STR || vlist_push(&r->arena, out->u.l, w))
+        if (w.kind != V_STR || jinja_list_push(&r->arena, out->u.l, w))
             return oom_err(r, at);
         if (!f)
             break;
@@ -281,19 +281,19 @@ static int do_replace(struct render *r, const struct value *s, const struct valu
                       const struct value *count, struct value *out, const struct node *at)
 {
     struct value ss;
-    if (v_stringify(r, s, &ss, at))
+    if (jinja_value_stringify(r, s, &ss, at))
         return -1;
     if (!is_str(old) || !is_str(nw))
-        return rt_error(r, at, "replace expects string arguments");
+        return jinja_error(r, at, "replace expects string arguments");
     int64_t cnt = count && is_intish(count) ? as_int(count) : -1;
-    struct sbuf b = {.limit = r->lim.max_output_bytes};
+    struct strbuf b = {.limit = r->lim.max_output_bytes};
     const char *p = ss.u.s.p;
     size_t n = ss.u.s.n, i = 0;
     int64_t done = 0;
     if (old->u.s.n == 0) { /* Python inserts the replacement between every character */
         for (size_t k = 0; k <= n; k++) {
             if ((cnt < 0 || done < cnt)) {
-                if (sb_put(&b, nw->u.s.p, nw->u.s.n))
+                if (jinja_put(&b, nw->u.s.p, nw->u.s.n))
                     goto fail;
                 done++;
             }
@@ -301,7 +301,7 @@ static int do_replace(struct render *r, const struct value *s, const struct valu
                 size_t e = k + 1;
                 while (e < n && ((unsigned char)p[e] & 0xC0) == 0x80)
                     e++;
-                if (sb_put(&b, p + k, e - k))
+                if (jinja_put(&b, p + k, e - k))
                     goto fail;
                 k = e - 1;
             }
@@ -311,19 +311,19 @@ static int do_replace(struct render *r, const struct value *s, const struct valu
     while (i < n) {
         const char *f = (cnt < 0 || done < cnt) ? find_sub(p + i, n - i, old->u.s.p, old->u.s.n) : NULL;
         if (!f) {
-            if (sb_put(&b, p + i, n - i))
+            if (jinja_put(&b, p + i, n - i))
                 goto fail;
             break;
         }
-        if (sb_put(&b, p + i, (size_t)(f - (p + i))) || sb_put(&b, nw->u.s.p, nw->u.s.n))
+        if (jinja_put(&b, p + i, (size_t)(f - (p + i))) || jinja_put(&b, nw->u.s.p, nw->u.s.n))
             goto fail;
         i = (size_t)(f - p) + old->u.s.n;
         done++;
     }
     return set_str(r, out, &b, at);
 fail:
-    sb_free(&b);
-    return rt_error(r, at, "replace: result larger than the output limit");
+    strbuf_free(&b);
+    return jinja_error(r, at, "replace: result larger than the output limit");
 }
 
 static bool has_prefix(const struct value *s, const struct value *x, bool suffix)
@@ -340,7 +340,7 @@ static int do_startsends(struct render *r, const struct value *s, const struct v
     if (need_str(r, s, suffix ? "endswith" : "startswith", at))
         return -1;
     if (!x)
-        return rt_error(r, at, "%s needs an argument", suffix ? "endswith" : "startswith");
+        return jinja_error(r, at, "%s needs an argument", suffix ? "endswith" : "startswith");
     if (x->kind == V_STR) {
         *out = v_bool(has_prefix(s, x, suffix));
         return 0;
@@ -349,38 +349,38 @@ static int do_startsends(struct render *r, const struct value *s, const struct v
         bool any = false;
         for (size_t i = 0; i < x->u.l->n; i++) {
             if (x->u.l->v[i].kind != V_STR)
-                return rt_error(r, at, "tuple for %s must contain only strings",
+                return jinja_error(r, at, "tuple for %s must contain only strings",
                                 suffix ? "endswith" : "startswith");
             any = any || has_prefix(s, &x->u.l->v[i], suffix);
         }
         *out = v_bool(any);
         return 0;
     }
-    return rt_error(r, at, "%s first arg must be str or a tuple of str", suffix ? "endswith" : "startswith");
+    return jinja_error(r, at, "%s first arg must be str or a tuple of str", suffix ? "endswith" : "startswith");
 }
 
 /* Python str.format with {}, {0} and {name}; no format specs. */
 static int do_format(struct render *r, const struct value *s, struct value *args, size_t nargs, const char **kwn,
                      struct value *kwv, size_t nkw, struct value *out, const struct node *at)
 {
-    struct sbuf b = {.limit = r->lim.max_output_bytes};
+    struct strbuf b = {.limit = r->lim.max_output_bytes};
     const char *p = s->u.s.p;
     size_t n = s->u.s.n, auto_i = 0;
     for (size_t i = 0; i < n; i++) {
         if (p[i] == '{' && i + 1 < n && p[i + 1] == '{') {
-            if (sb_put(&b, "{", 1))
+            if (jinja_put(&b, "{", 1))
                 goto full;
             i++;
             continue;
         }
         if (p[i] == '}' && i + 1 < n && p[i + 1] == '}') {
-            if (sb_put(&b, "}", 1))
+            if (jinja_put(&b, "}", 1))
                 goto full;
             i++;
             continue;
         }
         if (p[i] != '{') {
-            if (sb_put(&b, p + i, 1))
+            if (jinja_put(&b, p + i, 1))
                 goto full;
             continue;
         }
@@ -388,14 +388,14 @@ static int do_format(struct render *r, const struct value *s, struct value *args
         while (e < n && p[e] != '}')
             e++;
         if (e >= n) {
-            sb_free(&b);
-            return rt_error(r, at, "format: single '{' encountered in format string");
+            strbuf_free(&b);
+            return jinja_error(r, at, "format: single '{' encountered in format string");
         }
         const char *f = p + i + 1;
         size_t fl = e - i - 1;
         if (memchr(f, ':', fl) || memchr(f, '!', fl)) {
-            sb_free(&b);
-            return rt_error(r, at, "format: format specs and conversions are not supported");
+            strbuf_free(&b);
+            return jinja_error(r, at, "format: format specs and conversions are not supported");
         }
         struct value *v = NULL;
         if (fl == 0) {
@@ -410,17 +410,17 @@ static int do_format(struct render *r, const struct value *s, struct value *args
                     v = &kwv[k];
         }
         if (!v) {
-            sb_free(&b);
-            return rt_error(r, at, "format: missing argument for '{%.*s}'", (int)(fl < 40 ? fl : 40), f);
+            strbuf_free(&b);
+            return jinja_error(r, at, "format: missing argument for '{%.*s}'", (int)(fl < 40 ? fl : 40), f);
         }
-        if (v_to_str(&b, v, false, 0))
+        if (jinja_value_to_str(&b, v, false, 0))
             goto full;
         i = e;
     }
     return set_str(r, out, &b, at);
 full:
-    sb_free(&b);
-    return rt_error(r, at, "format: result larger than the output limit");
+    strbuf_free(&b);
+    return jinja_error(r, at, "format: result larger than the output limit");
 }
 
 /* ---- methods ---- */
@@ -430,8 +430,8 @@ static int m_method(FN_ARGS);
 static int bind_method(struct render *r, struct value *obj, const char *name, builtin_fn fn, struct value *out,
                        const struct node *at)
 {
-    struct builtin *b = ar_alloc(&r->arena, sizeof(*b));
-    struct value *self = ar_alloc(&r->arena, sizeof(*self));
+    struct builtin *b = jinja_arena_alloc(&r->arena, sizeof(*b));
+    struct value *self = jinja_arena_alloc(&r->arena, sizeof(*self));
     if (!b || !self)
         return oom_err(r, at);
     *self = *obj;
@@ -473,7 +473,7 @@ int jinja_getattr(struct render *r, struct value *obj, const char *name, struct 
             return bind_method(r, obj, m, m_method, out, at);
         /* fallthrough */
     case V_NS: {
-        struct value *v = vdict_get_str(obj->u.d, name);
+        struct value *v = jinja_dict_get_str(obj->u.d, name);
         if (v)
             *out = *v;
         return 0;
@@ -489,7 +489,7 @@ int jinja_getattr(struct render *r, struct value *obj, const char *name, struct 
 
 static int64_t cp_index(const struct value *s, const char *bytepos)
 {
-    return (int64_t)utf8_cplen(s->u.s.p, (size_t)(bytepos - s->u.s.p));
+    return (int64_t)jinja_utf8_len(s->u.s.p, (size_t)(bytepos - s->u.s.p));
 }
 
 static int str_method(struct render *r, const char *name, struct value *s, struct value *args, size_t nargs,
@@ -522,14 +522,14 @@ static int str_method(struct render *r, const char *name, struct value *s, struc
     if (!strcmp(name, "find") || !strcmp(name, "count")) {
         struct value *x = ARG(0, "sub");
         if (!is_str(x))
-            return rt_error(r, at, "%s expects a string argument", name);
+            return jinja_error(r, at, "%s expects a string argument", name);
         if (!strcmp(name, "find")) {
             const char *f = find_sub(s->u.s.p, s->u.s.n, x->u.s.p, x->u.s.n);
             *out = v_int(f ? cp_index(s, f) : -1);
             return 0;
         }
         if (x->u.s.n == 0) {
-            *out = v_int((int64_t)utf8_cplen(s->u.s.p, s->u.s.n) + 1);
+            *out = v_int((int64_t)jinja_utf8_len(s->u.s.p, s->u.s.n) + 1);
             return 0;
         }
         int64_t c = 0;
@@ -547,17 +547,17 @@ static int str_method(struct render *r, const char *name, struct value *s, struc
     if (!strcmp(name, "join")) {
         struct value *l = ARG(0, "iterable");
         if (!l || l->kind != V_LIST)
-            return rt_error(r, at, "join expects a list");
-        struct sbuf b = {.limit = r->lim.max_output_bytes};
+            return jinja_error(r, at, "join expects a list");
+        struct strbuf b = {.limit = r->lim.max_output_bytes};
         for (size_t i = 0; i < l->u.l->n; i++) {
             if (l->u.l->v[i].kind != V_STR) {
-                sb_free(&b);
-                return rt_error(r, at, "sequence item %zu: expected str instance, %s found", i,
-                                v_type_name(&l->u.l->v[i]));
+                strbuf_free(&b);
+                return jinja_error(r, at, "sequence item %zu: expected str instance, %s found", i,
+                                jinja_value_type_name(&l->u.l->v[i]));
             }
-            if ((i && sb_put(&b, s->u.s.p, s->u.s.n)) || sb_put(&b, l->u.l->v[i].u.s.p, l->u.l->v[i].u.s.n)) {
-                sb_free(&b);
-                return rt_error(r, at, "join: result larger than the output limit");
+            if ((i && jinja_put(&b, s->u.s.p, s->u.s.n)) || jinja_put(&b, l->u.l->v[i].u.s.p, l->u.l->v[i].u.s.n)) {
+                strbuf_free(&b);
+                return jinja_error(r, at, "join: result larger than the output limit");
             }
         }
         return set_str(r, out, &b, at);
@@ -573,7 +573,7 @@ static int str_method(struct render *r, const char *name, struct value *s, struc
             while (e < n && p[e] != '\n' && p[e] != '\r')
                 e++;
             struct value w = mkstr(r, p + i, e - i);
-            if (w.kind != V_STR || vlist_push(&r->arena, out->u.l, w))
+            if (w.kind != V_STR || jinja_list_push(&r->arena, out->u.l, w))
                 return oom_err(r, at);
             if (e < n && p[e] == '\r' && e + 1 < n && p[e + 1] == '\n')
                 e++;
@@ -614,11 +614,11 @@ static int dict_items(struct render *r, struct value *d, struct value *out, cons
         return oom_err(r, at);
     for (size_t i = 0; i < d->u.d->n; i++) {
         struct value t = v_list(&r->arena);
-        if (t.kind != V_LIST || vlist_push(&r->arena, t.u.l, d->u.d->keys[i]) ||
-            vlist_push(&r->arena, t.u.l, d->u.d->vals[i]))
+        if (t.kind != V_LIST || jinja_list_push(&r->arena, t.u.l, d->u.d->keys[i]) ||
+            jinja_list_push(&r->arena, t.u.l, d->u.d->vals[i]))
             return oom_err(r, at);
         t.is_tuple = true;
-        if (vlist_push(&r->arena, out->u.l, t))
+        if (jinja_list_push(&r->arena, out->u.l, t))
             return oom_err(r, at);
     }
     return 0;
@@ -630,8 +630,8 @@ static int dict_method(struct render *r, const char *name, struct value *d, stru
     if (!strcmp(name, "get")) {
         struct value *k = ARG(0, "key"), *def = ARG(1, "default");
         if (!k)
-            return rt_error(r, at, "get expects at least 1 argument");
-        struct value *v = vdict_get(d->u.d, *k);
+            return jinja_error(r, at, "get expects at least 1 argument");
+        struct value *v = jinja_dict_get(d->u.d, *k);
         *out = v ? *v : def ? *def : v_none();
         return 0;
     }
@@ -642,7 +642,7 @@ static int dict_method(struct render *r, const char *name, struct value *d, stru
         return oom_err(r, at);
     bool keys = !strcmp(name, "keys");
     for (size_t i = 0; i < d->u.d->n; i++)
-        if (vlist_push(&r->arena, out->u.l, keys ? d->u.d->keys[i] : d->u.d->vals[i]))
+        if (jinja_list_push(&r->arena, out->u.l, keys ? d->u.d->keys[i] : d->u.d->vals[i]))
             return oom_err(r, at);
     return 0;
 }
@@ -654,27 +654,27 @@ static int list_method(struct render *r, const char *name, struct value *l, stru
     *out = v_none();
     if (!strcmp(name, "append") || !strcmp(name, "extend") || !strcmp(name, "insert") || !strcmp(name, "pop")) {
         if (l->is_tuple)
-            return rt_error(r, at, "'tuple' object has no attribute '%s'", name);
+            return jinja_error(r, at, "'tuple' object has no attribute '%s'", name);
     }
     if (!strcmp(name, "append")) {
         if (nargs != 1)
-            return rt_error(r, at, "append takes exactly one argument");
-        if (vlist_push(&r->arena, L, args[0]))
+            return jinja_error(r, at, "append takes exactly one argument");
+        if (jinja_list_push(&r->arena, L, args[0]))
             return oom_err(r, at);
         return 0;
     }
     if (!strcmp(name, "extend")) {
         if (nargs != 1 || args[0].kind != V_LIST)
-            return rt_error(r, at, "extend takes one list");
+            return jinja_error(r, at, "extend takes one list");
         size_t n = args[0].u.l->n;
         for (size_t i = 0; i < n; i++)
-            if (vlist_push(&r->arena, L, args[0].u.l->v[i]))
+            if (jinja_list_push(&r->arena, L, args[0].u.l->v[i]))
                 return oom_err(r, at);
         return 0;
     }
     if (!strcmp(name, "insert")) {
         if (nargs != 2 || !is_intish(&args[0]))
-            return rt_error(r, at, "insert takes an index and a value");
+            return jinja_error(r, at, "insert takes an index and a value");
         int64_t i = as_int(&args[0]);
         if (i < 0)
             i += (int64_t)L->n;
@@ -682,7 +682,7 @@ static int list_method(struct render *r, const char *name, struct value *l, stru
             i = 0;
         if ((size_t)i > L->n)
             i = (int64_t)L->n;
-        if (vlist_push(&r->arena, L, v_none()))
+        if (jinja_list_push(&r->arena, L, v_none()))
             return oom_err(r, at);
         memmove(&L->v[i + 1], &L->v[i], (L->n - 1 - (size_t)i) * sizeof(struct value));
         L->v[i] = args[1];
@@ -693,17 +693,17 @@ static int list_method(struct render *r, const char *name, struct value *l, stru
         if (i < 0)
             i += (int64_t)L->n;
         if (i < 0 || (size_t)i >= L->n)
-            return rt_error(r, at, "pop index out of range");
+            return jinja_error(r, at, "pop index out of range");
         *out = L->v[i];
         memmove(&L->v[i], &L->v[i + 1], (L->n - 1 - (size_t)i) * sizeof(struct value));
         L->n--;
         return 0;
     }
     if (nargs < 1)
-        return rt_error(r, at, "%s takes one argument", name);
+        return jinja_error(r, at, "%s takes one argument", name);
     int64_t c = 0;
     for (size_t i = 0; i < L->n; i++) {
-        if (v_equal(&L->v[i], &args[0])) {
+        if (jinja_value_equal(&L->v[i], &args[0])) {
             if (!strcmp(name, "index")) {
                 *out = v_int((int64_t)i);
                 return 0;
@@ -712,7 +712,7 @@ static int list_method(struct render *r, const char *name, struct value *l, stru
         }
     }
     if (!strcmp(name, "index"))
-        return rt_error(r, at, "value is not in list");
+        return jinja_error(r, at, "value is not in list");
     *out = v_int(c);
     return 0;
 }
@@ -765,7 +765,7 @@ int jinja_apply_test(struct render *r, const char *name, struct value *in, struc
         struct value o;
         if (map_case(r, in, name[0] == 'l' ? C_LOWER : C_UPPER, &o, at))
             return -1;
-        *res = v_equal(&o, in);
+        *res = jinja_value_equal(&o, in);
         return 0;
     }
     if (!strcmp(name, "odd") || !strcmp(name, "even")) {
@@ -777,28 +777,28 @@ int jinja_apply_test(struct render *r, const char *name, struct value *in, struc
             return 0;
         }
         if (k != V_INT && k != V_BOOL)
-            return rt_error(r, at, "test '%s' needs a number, got '%s'", name, v_type_name(in));
+            return jinja_error(r, at, "test '%s' needs a number, got '%s'", name, jinja_value_type_name(in));
         int64_t v = as_int(in);
         *res = name[0] == 'o' ? (v % 2 != 0) : (v % 2 == 0);
         return 0;
     }
     if (nargs < 1)
-        return find_name(TESTS, name) ? rt_error(r, at, "test '%s' needs an argument", name)
-                                      : rt_error(r, at, "no test named '%s'", name);
+        return find_name(TESTS, name) ? jinja_error(r, at, "test '%s' needs an argument", name)
+                                      : jinja_error(r, at, "no test named '%s'", name);
     struct value *a = &args[0];
     if (!strcmp(name, "divisibleby")) {
         bool fin = in->kind == V_FLOAT, fa = a->kind == V_FLOAT;
         if ((!is_intish(in) && !fin) || (!is_intish(a) && !fa))
-            return rt_error(r, at, "divisibleby needs numbers");
+            return jinja_error(r, at, "divisibleby needs numbers");
         if (fin || fa) {
             double x = fin ? in->u.f : (double)as_int(in), y = fa ? a->u.f : (double)as_int(a);
             if (y == 0)
-                return rt_error(r, at, "divisibleby zero");
+                return jinja_error(r, at, "divisibleby zero");
             *res = fmod(x, y) == 0;
             return 0;
         }
         if (as_int(a) == 0)
-            return rt_error(r, at, "divisibleby zero");
+            return jinja_error(r, at, "divisibleby zero");
         *res = as_int(a) == -1 || as_int(in) % as_int(a) == 0;
         return 0;
     }
@@ -810,29 +810,29 @@ int jinja_apply_test(struct render *r, const char *name, struct value *in, struc
         case V_LIST:
             *res = false;
             for (size_t i = 0; i < a->u.l->n; i++)
-                if (v_equal(in, &a->u.l->v[i]))
+                if (jinja_value_equal(in, &a->u.l->v[i]))
                     *res = true;
             return 0;
-        case V_DICT: case V_NS: *res = vdict_get(a->u.d, *in) != NULL; return 0;
-        default: return rt_error(r, at, "test 'in' needs a container");
+        case V_DICT: case V_NS: *res = jinja_dict_get(a->u.d, *in) != NULL; return 0;
+        default: return jinja_error(r, at, "test 'in' needs a container");
         }
     }
     if (!strcmp(name, "sameas")) {
-        *res = in->kind == a->kind && (k == V_NONE || k == V_UNDEF || v_equal(in, a)) &&
+        *res = in->kind == a->kind && (k == V_NONE || k == V_UNDEF || jinja_value_equal(in, a)) &&
                (k != V_LIST || in->u.l == a->u.l) && (k != V_DICT || in->u.d == a->u.d);
         return 0;
     }
-    if (!strcmp(name, "eq") || !strcmp(name, "equalto") || !strcmp(name, "==")) { *res = v_equal(in, a); return 0; }
-    if (!strcmp(name, "ne") || !strcmp(name, "!=")) { *res = !v_equal(in, a); return 0; }
+    if (!strcmp(name, "eq") || !strcmp(name, "equalto") || !strcmp(name, "==")) { *res = jinja_value_equal(in, a); return 0; }
+    if (!strcmp(name, "ne") || !strcmp(name, "!=")) { *res = !jinja_value_equal(in, a); return 0; }
     int c;
     bool lt = !strcmp(name, "lt") || !strcmp(name, "lessthan") || !strcmp(name, "<");
     bool le = !strcmp(name, "le") || !strcmp(name, "<=");
     bool gt = !strcmp(name, "gt") || !strcmp(name, "greaterthan") || !strcmp(name, ">");
     bool ge = !strcmp(name, "ge") || !strcmp(name, ">=");
     if (!(lt || le || gt || ge))
-        return rt_error(r, at, "no test named '%s'", name);
-    if (v_compare(in, a, &c))
-        return rt_error(r, at, "test '%s' cannot compare '%s' and '%s'", name, v_type_name(in), v_type_name(a));
+        return jinja_error(r, at, "no test named '%s'", name);
+    if (jinja_value_compare(in, a, &c))
+        return jinja_error(r, at, "test '%s' cannot compare '%s' and '%s'", name, jinja_value_type_name(in), jinja_value_type_name(a));
     *res = lt ? c < 0 : le ? c <= 0 : gt ? c > 0 : c >= 0;
     return 0;
 }
@@ -852,7 +852,7 @@ static int to_list(struct render *r, struct value *v, struct value *out, const s
         return 0;
     if (v->kind == V_DICT || v->kind == V_NS) {
         for (size_t i = 0; i < v->u.d->n; i++)
-            if (vlist_push(&r->arena, out->u.l, v->u.d->keys[i]))
+            if (jinja_list_push(&r->arena, out->u.l, v->u.d->keys[i]))
                 return oom_err(r, at);
         return 0;
     }
@@ -862,13 +862,13 @@ static int to_list(struct render *r, struct value *v, struct value *out, const s
             while (e < v->u.s.n && ((unsigned char)v->u.s.p[e] & 0xC0) == 0x80)
                 e++;
             struct value c = mkstr(r, v->u.s.p + i, e - i);
-            if (c.kind != V_STR || vlist_push(&r->arena, out->u.l, c))
+            if (c.kind != V_STR || jinja_list_push(&r->arena, out->u.l, c))
                 return oom_err(r, at);
             i = e;
         }
         return 0;
     }
-    return rt_error(r, at, "'%s' object is not iterable", v_type_name(v));
+    return jinja_error(r, at, "'%s' object is not iterable", jinja_value_type_name(v));
 }
 
 /* Dotted attribute path ("a.b", "0") as jinja's make_attrgetter. */
@@ -888,7 +888,7 @@ static int get_path(struct render *r, struct value *obj, const struct value *pat
         return 0;
     }
     if (path->kind != V_STR)
-        return rt_error(r, at, "attribute must be a string");
+        return jinja_error(r, at, "attribute must be a string");
     struct value cur = *obj;
     const char *p = path->u.s.p, *end = p + path->u.s.n;
     while (p <= end) {
@@ -931,7 +931,7 @@ static int cmp_for_sort(const struct value *a, const struct value *b, bool case_
         *c = a->u.s.n < b->u.s.n ? -1 : a->u.s.n > b->u.s.n;
         return 0;
     }
-    return v_compare(a, b, c);
+    return jinja_value_compare(a, b, c);
 }
 
 /* Stable merge sort of items by keys; fails when two keys cannot be ordered. */
@@ -976,7 +976,7 @@ static int sorted(struct render *r, struct value *in, bool rev, bool cs, const s
     struct value l;
     if (dict_pairs) {
         if (in->kind != V_DICT && in->kind != V_NS)
-            return rt_error(r, at, "dictsort expects a dict");
+            return jinja_error(r, at, "dictsort expects a dict");
         if (dict_items(r, in, &l, at))
             return -1;
     } else if (to_list(r, in, &l, at)) {
@@ -984,13 +984,13 @@ static int sorted(struct render *r, struct value *in, bool rev, bool cs, const s
     }
     size_t n = l.u.l->n;
     struct value res = v_list(&r->arena);
-    struct value *keys = ar_alloc(&r->arena, (n + 1) * sizeof(*keys));
-    struct value *ti = ar_alloc(&r->arena, (n + 1) * sizeof(*ti));
-    struct value *tk = ar_alloc(&r->arena, (n + 1) * sizeof(*tk));
+    struct value *keys = jinja_arena_alloc(&r->arena, (n + 1) * sizeof(*keys));
+    struct value *ti = jinja_arena_alloc(&r->arena, (n + 1) * sizeof(*ti));
+    struct value *tk = jinja_arena_alloc(&r->arena, (n + 1) * sizeof(*tk));
     if (res.kind != V_LIST || !keys || !ti || !tk)
         return oom_err(r, at);
     for (size_t i = 0; i < n; i++) {
-        if (vlist_push(&r->arena, res.u.l, l.u.l->v[i]))
+        if (jinja_list_push(&r->arena, res.u.l, l.u.l->v[i]))
             return oom_err(r, at);
         if (dict_pairs)
             keys[i] = l.u.l->v[i].u.l->v[by_value ? 1 : 0];
@@ -1001,7 +1001,7 @@ static int sorted(struct render *r, struct value *in, bool rev, bool cs, const s
             keys[i] = l.u.l->v[i];
     }
     if (merge_sort(res.u.l->v, keys, n, ti, tk, cs, rev))
-        return rt_error(r, at, "sort: values cannot be compared");
+        return jinja_error(r, at, "sort: values cannot be compared");
     *out = res;
     return 0;
 }
@@ -1010,24 +1010,24 @@ static int do_indent(struct render *r, struct value *in, struct value *width, bo
                      struct value *out, const struct node *at)
 {
     struct value s;
-    if (v_stringify(r, in, &s, at))
+    if (jinja_value_stringify(r, in, &s, at))
         return -1;
-    struct sbuf ind = {0};
+    struct strbuf ind = {0};
     if (width && width->kind == V_STR) {
-        if (sb_put(&ind, width->u.s.p, width->u.s.n))
+        if (jinja_put(&ind, width->u.s.p, width->u.s.n))
             goto fail;
     } else {
         int64_t w = width && is_intish(width) ? as_int(width) : 4;
         if (w > 1024)
             w = 1024;
         for (int64_t i = 0; i < w; i++)
-            if (sb_put(&ind, " ", 1))
+            if (jinja_put(&ind, " ", 1))
                 goto fail;
     }
-    struct sbuf b = {.limit = r->lim.max_output_bytes};
+    struct strbuf b = {.limit = r->lim.max_output_bytes};
     const char *p = s.u.s.p;
     size_t n = s.u.s.n, i = 0, line = 0;
-    if (first && sb_put(&b, ind.p ? ind.p : "", ind.n))
+    if (first && jinja_put(&b, ind.data ? ind.data : "", ind.len))
         goto fail2;
     /* s.split('\n'): every line after the first gets the indent, blank ones only when asked */
     while (i <= n) {
@@ -1035,23 +1035,23 @@ static int do_indent(struct render *r, struct value *in, struct value *width, bo
         while (e < n && p[e] != '\n')
             e++;
         if (line > 0) {
-            if (sb_put(&b, "\n", 1))
+            if (jinja_put(&b, "\n", 1))
                 goto fail2;
-            if ((blank || e > i) && sb_put(&b, ind.p ? ind.p : "", ind.n))
+            if ((blank || e > i) && jinja_put(&b, ind.data ? ind.data : "", ind.len))
                 goto fail2;
         }
-        if (sb_put(&b, p + i, e - i))
+        if (jinja_put(&b, p + i, e - i))
             goto fail2;
         line++;
         i = e + 1;
     }
-    sb_free(&ind);
+    strbuf_free(&ind);
     return set_str(r, out, &b, at);
 fail2:
-    sb_free(&b);
+    strbuf_free(&b);
 fail:
-    sb_free(&ind);
-    return rt_error(r, at, "indent: result larger than the output limit");
+    strbuf_free(&ind);
+    return jinja_error(r, at, "indent: result larger than the output limit");
 }
 
 static int do_join(struct render *r, struct value *in, struct value *sep, struct value *attr, struct value *out,
@@ -1060,16 +1060,16 @@ static int do_join(struct render *r, struct value *in, struct value *sep, struct
     struct value l;
     if (to_list(r, in, &l, at))
         return -1;
-    struct sbuf b = {.limit = r->lim.max_output_bytes};
+    struct strbuf b = {.limit = r->lim.max_output_bytes};
     for (size_t i = 0; i < l.u.l->n; i++) {
         struct value item = l.u.l->v[i];
         if (attr && get_path(r, &l.u.l->v[i], attr, &item, at)) {
-            sb_free(&b);
+            strbuf_free(&b);
             return -1;
         }
-        if ((i && sep && sep->kind == V_STR && sb_put(&b, sep->u.s.p, sep->u.s.n)) || v_to_str(&b, &item, false, 0)) {
-            sb_free(&b);
-            return rt_error(r, at, "join: result larger than the output limit");
+        if ((i && sep && sep->kind == V_STR && jinja_put(&b, sep->u.s.p, sep->u.s.n)) || jinja_value_to_str(&b, &item, false, 0)) {
+            strbuf_free(&b);
+            return jinja_error(r, at, "join: result larger than the output limit");
         }
     }
     return set_str(r, out, &b, at);
@@ -1142,7 +1142,7 @@ static int do_map_select(struct render *r, const char *name, struct value *in, s
     if (empty.kind != V_LIST)
         return oom_err(r, at);
     /* jinja2 skips a falsy input ("if value: for item in value") */
-    if (!v_truthy(in))
+    if (!jinja_value_truthy(in))
         l = empty;
     else if (to_list(r, in, &l, at))
         return -1;
@@ -1159,19 +1159,19 @@ static int do_map_select(struct render *r, const char *name, struct value *in, s
         def = ARG(SIZE_MAX, "default");
     } else if (by_attr) {
         if (nargs < 1)
-            return rt_error(r, at, "%s needs an attribute name", name);
+            return jinja_error(r, at, "%s needs an attribute name", name);
         attr = &args[0];
         first = 1;
     }
     const char *fname = NULL;
     if (first < nargs) {
         if (args[first].kind != V_STR)
-            return rt_error(r, at, "%s: filter or test name must be a string", name);
+            return jinja_error(r, at, "%s: filter or test name must be a string", name);
         fname = args[first].u.s.p;
         first++;
     }
     if (is_map && !attr && !fname)
-        return rt_error(r, at, "map needs a filter name or attribute=");
+        return jinja_error(r, at, "map needs a filter name or attribute=");
     struct value *rest = nargs > first ? &args[first] : NULL;
     size_t nrest = nargs > first ? nargs - first : 0;
     for (size_t i = 0; i < l.u.l->n; i++) {
@@ -1185,7 +1185,7 @@ static int do_map_select(struct render *r, const char *name, struct value *in, s
             } else if (jinja_apply_filter(r, fname, &item, rest, nrest, NULL, NULL, 0, &x, at)) {
                 return -1;
             }
-            if (vlist_push(&r->arena, out->u.l, x))
+            if (jinja_list_push(&r->arena, out->u.l, x))
                 return oom_err(r, at);
             continue;
         }
@@ -1194,9 +1194,9 @@ static int do_map_select(struct render *r, const char *name, struct value *in, s
             if (jinja_apply_test(r, fname, &x, rest, nrest, &keep, at))
                 return -1;
         } else {
-            keep = v_truthy(&x);
+            keep = jinja_value_truthy(&x);
         }
-        if (keep != reject && vlist_push(&r->arena, out->u.l, item))
+        if (keep != reject && jinja_list_push(&r->arena, out->u.l, item))
             return oom_err(r, at);
     }
     return 0;
@@ -1213,9 +1213,9 @@ bool jinja_has_filter(const char *name) { return find_name(FILTERS, name) != NUL
 static int esc_html(struct render *r, struct value *in, struct value *out, const struct node *at)
 {
     struct value s;
-    if (v_stringify(r, in, &s, at))
+    if (jinja_value_stringify(r, in, &s, at))
         return -1;
-    struct sbuf b = {.limit = r->lim.max_output_bytes};
+    struct strbuf b = {.limit = r->lim.max_output_bytes};
     for (size_t i = 0; i < s.u.s.n; i++) {
         const char *rep = NULL;
         switch (s.u.s.p[i]) {
@@ -1225,9 +1225,9 @@ static int esc_html(struct render *r, struct value *in, struct value *out, const
         case '"': rep = "&#34;"; break;
         case '\'': rep = "&#39;"; break;
         }
-        if (rep ? sb_puts(&b, rep) : sb_put(&b, s.u.s.p + i, 1)) {
-            sb_free(&b);
-            return rt_error(r, at, "escape: result larger than the output limit");
+        if (rep ? jinja_puts(&b, rep) : jinja_put(&b, s.u.s.p + i, 1)) {
+            strbuf_free(&b);
+            return jinja_error(r, at, "escape: result larger than the output limit");
         }
     }
     return set_str(r, out, &b, at);
@@ -1239,7 +1239,7 @@ int jinja_apply_filter(struct render *r, const char *name, struct value *in, str
     *out = v_undef();
     if (!strcmp(name, "default") || !strcmp(name, "d")) {
         struct value *dv = ARG(0, "default_value"), *boolean = ARG(1, "boolean");
-        bool use = in->kind == V_UNDEF || (boolean && v_truthy(boolean) && !v_truthy(in));
+        bool use = in->kind == V_UNDEF || (boolean && jinja_value_truthy(boolean) && !jinja_value_truthy(in));
         *out = use ? (dv ? *dv : mkstr(r, "", 0)) : *in;
         return 0;
     }
@@ -1258,17 +1258,17 @@ int jinja_apply_filter(struct render *r, const char *name, struct value *in, str
             f.item_sep = ",";
         if (seps && seps->kind == V_LIST) {
             if (seps->u.l->n != 2 || seps->u.l->v[0].kind != V_STR || seps->u.l->v[1].kind != V_STR)
-                return rt_error(r, at, "tojson separators must be two strings");
+                return jinja_error(r, at, "tojson separators must be two strings");
             f.item_sep = seps->u.l->v[0].u.s.p;
             f.key_sep = seps->u.l->v[1].u.s.p;
         }
-        f.sort_keys = sk && v_truthy(sk);
-        f.ensure_ascii = ea && v_truthy(ea);
-        struct sbuf b = {.limit = r->lim.max_output_bytes};
+        f.sort_keys = sk && jinja_value_truthy(sk);
+        f.ensure_ascii = ea && jinja_value_truthy(ea);
+        struct strbuf b = {.limit = r->lim.max_output_bytes};
         struct err jerr = {0};
-        if (v_to_json(&b, in, &f, &jerr)) {
-            sb_free(&b);
-            return rt_error(r, at, "%s", jerr.msg);
+        if (jinja_value_to_json(&b, in, &f, &jerr)) {
+            strbuf_free(&b);
+            return jinja_error(r, at, "%s", jerr.msg);
         }
         return set_str(r, out, &b, at);
     }
@@ -1277,7 +1277,7 @@ int jinja_apply_filter(struct render *r, const char *name, struct value *in, str
             *out = mkstr(r, "", 0);
             return 0;
         }
-        return v_stringify(r, in, out, at);
+        return jinja_value_stringify(r, in, out, at);
     }
     if (!strcmp(name, "escape") || !strcmp(name, "e"))
         return esc_html(r, in, out, at);
@@ -1286,7 +1286,7 @@ int jinja_apply_filter(struct render *r, const char *name, struct value *in, str
         struct value s;
         if (in->kind == V_UNDEF)
             s = mkstr(r, "", 0);
-        else if (v_stringify(r, in, &s, at))
+        else if (jinja_value_stringify(r, in, &s, at))
             return -1;
         if (name[0] == 't' && name[1] == 'r')
             return do_strip(r, &s, ARG(0, "chars"), true, true, out, at);
@@ -1314,11 +1314,11 @@ int jinja_apply_filter(struct render *r, const char *name, struct value *in, str
     }
     if (!strcmp(name, "length") || !strcmp(name, "count")) {
         switch (in->kind) {
-        case V_STR: *out = v_int((int64_t)utf8_cplen(in->u.s.p, in->u.s.n)); return 0;
+        case V_STR: *out = v_int((int64_t)jinja_utf8_len(in->u.s.p, in->u.s.n)); return 0;
         case V_LIST: *out = v_int((int64_t)in->u.l->n); return 0;
         case V_DICT: case V_NS: *out = v_int((int64_t)in->u.d->n); return 0;
         case V_UNDEF: *out = v_int(0); return 0;
-        default: return rt_error(r, at, "object of type '%s' has no len()", v_type_name(in));
+        default: return jinja_error(r, at, "object of type '%s' has no len()", jinja_value_type_name(in));
         }
     }
     if (!strcmp(name, "first") || !strcmp(name, "last")) {
@@ -1339,7 +1339,7 @@ int jinja_apply_filter(struct render *r, const char *name, struct value *in, str
             return out->kind == V_LIST ? 0 : oom_err(r, at);
         }
         if (in->kind != V_DICT && in->kind != V_NS)
-            return rt_error(r, at, "items expects a mapping, got '%s'", v_type_name(in));
+            return jinja_error(r, at, "items expects a mapping, got '%s'", jinja_value_type_name(in));
         return dict_items(r, in, out, at);
     }
     if (!strcmp(name, "list")) {
@@ -1350,7 +1350,7 @@ int jinja_apply_filter(struct render *r, const char *name, struct value *in, str
         if (out->kind != V_LIST)
             return oom_err(r, at);
         for (size_t i = 0; i < l.u.l->n; i++)
-            if (vlist_push(&r->arena, out->u.l, l.u.l->v[i]))
+            if (jinja_list_push(&r->arena, out->u.l, l.u.l->v[i]))
                 return oom_err(r, at);
         return 0;
     }
@@ -1364,7 +1364,7 @@ int jinja_apply_filter(struct render *r, const char *name, struct value *in, str
         *out = v_list(&r->arena);
         if (out->kind != V_LIST)
             return oom_err(r, at);
-        bool case_s = cs && v_truthy(cs);
+        bool case_s = cs && jinja_value_truthy(cs);
         for (size_t i = 0; i < l.u.l->n; i++) {
             struct value ki = l.u.l->v[i];
             if (attr && get_path(r, &l.u.l->v[i], attr, &ki, at))
@@ -1376,9 +1376,9 @@ int jinja_apply_filter(struct render *r, const char *name, struct value *in, str
                     return -1;
                 int c;
                 dup = (!case_s && ki.kind == V_STR && kj.kind == V_STR) ? (cmp_for_sort(&ki, &kj, false, &c) == 0 && c == 0)
-                                                                        : v_equal(&ki, &kj);
+                                                                        : jinja_value_equal(&ki, &kj);
             }
-            if (!dup && vlist_push(&r->arena, out->u.l, l.u.l->v[i]))
+            if (!dup && jinja_list_push(&r->arena, out->u.l, l.u.l->v[i]))
                 return oom_err(r, at);
         }
         return 0;
@@ -1391,12 +1391,12 @@ int jinja_apply_filter(struct render *r, const char *name, struct value *in, str
         if (in->kind == V_INT || in->kind == V_BOOL) {
             int64_t v = as_int(in);
             if (v == INT64_MIN)
-                return rt_error(r, at, "integer overflow in abs");
+                return jinja_error(r, at, "integer overflow in abs");
             *out = v_int(v < 0 ? -v : v);
         } else if (in->kind == V_FLOAT) {
             *out = v_float(fabs(in->u.f));
         } else {
-            return rt_error(r, at, "bad operand type for abs(): '%s'", v_type_name(in));
+            return jinja_error(r, at, "bad operand type for abs(): '%s'", jinja_value_type_name(in));
         }
         return 0;
     }
@@ -1406,7 +1406,7 @@ int jinja_apply_filter(struct render *r, const char *name, struct value *in, str
         if (p > 300) p = 300;
         if (p < -300) p = -300;
         if (in->kind != V_INT && in->kind != V_FLOAT && in->kind != V_BOOL)
-            return rt_error(r, at, "round expects a number, got '%s'", v_type_name(in));
+            return jinja_error(r, at, "round expects a number, got '%s'", jinja_value_type_name(in));
         double x = in->kind == V_FLOAT ? in->u.f : (double)as_int(in);
         double m = pow(10.0, (double)p);
         const char *meth = method && method->kind == V_STR ? method->u.s.p : "common";
@@ -1423,7 +1423,7 @@ int jinja_apply_filter(struct render *r, const char *name, struct value *in, str
         } else if (!strcmp(meth, "common"))
             y = nearbyint(x * m) / m;
         else
-            return rt_error(r, at, "round method must be 'common', 'ceil' or 'floor'");
+            return jinja_error(r, at, "round method must be 'common', 'ceil' or 'floor'");
         if (in->kind != V_FLOAT && !strcmp(meth, "common"))
             *out = v_int((int64_t)y); /* Python: round(int, n) stays an int */
         else
@@ -1432,26 +1432,26 @@ int jinja_apply_filter(struct render *r, const char *name, struct value *in, str
     }
     if (!strcmp(name, "indent")) {
         struct value *first = ARG(1, "first"), *blank = ARG(2, "blank");
-        return do_indent(r, in, ARG(0, "width"), first && v_truthy(first), blank && v_truthy(blank), out, at);
+        return do_indent(r, in, ARG(0, "width"), first && jinja_value_truthy(first), blank && jinja_value_truthy(blank), out, at);
     }
     if (!strcmp(name, "sort")) {
         struct value *rev = ARG(0, "reverse"), *cs = ARG(1, "case_sensitive"), *attr = ARG(2, "attribute");
-        return sorted(r, in, rev && v_truthy(rev), cs && v_truthy(cs), attr, false, false, out, at);
+        return sorted(r, in, rev && jinja_value_truthy(rev), cs && jinja_value_truthy(cs), attr, false, false, out, at);
     }
     if (!strcmp(name, "dictsort")) {
         struct value *cs = ARG(0, "case_sensitive"), *by = ARG(1, "by"), *rev = ARG(2, "reverse");
         bool by_value = by && by->kind == V_STR && !strcmp(by->u.s.p, "value");
-        return sorted(r, in, rev && v_truthy(rev), cs && v_truthy(cs), NULL, by_value, true, out, at);
+        return sorted(r, in, rev && jinja_value_truthy(rev), cs && jinja_value_truthy(cs), NULL, by_value, true, out, at);
     }
     if (!strcmp(name, "reverse")) {
         if (in->kind == V_STR) {
             struct value l;
             if (to_list(r, in, &l, at))
                 return -1;
-            struct sbuf b = {0};
+            struct strbuf b = {0};
             for (size_t i = l.u.l->n; i-- > 0;)
-                if (sb_put(&b, l.u.l->v[i].u.s.p, l.u.l->v[i].u.s.n)) {
-                    sb_free(&b);
+                if (jinja_put(&b, l.u.l->v[i].u.s.p, l.u.l->v[i].u.s.n)) {
+                    strbuf_free(&b);
                     return oom_err(r, at);
                 }
             return set_str(r, out, &b, at);
@@ -1463,7 +1463,7 @@ int jinja_apply_filter(struct render *r, const char *name, struct value *in, str
         if (out->kind != V_LIST)
             return oom_err(r, at);
         for (size_t i = l.u.l->n; i-- > 0;)
-            if (vlist_push(&r->arena, out->u.l, l.u.l->v[i]))
+            if (jinja_list_push(&r->arena, out->u.l, l.u.l->v[i]))
                 return oom_err(r, at);
         return 0;
     }
@@ -1479,10 +1479,10 @@ int jinja_apply_filter(struct render *r, const char *name, struct value *in, str
                 if (attr && get_path(r, &l.u.l->v[i], attr, &x, at))
                     return -1;
                 if ((acc.kind != V_INT && acc.kind != V_FLOAT) || (x.kind != V_INT && x.kind != V_FLOAT && x.kind != V_BOOL))
-                    return rt_error(r, at, "sum: unsupported operand '%s'", v_type_name(&x));
+                    return jinja_error(r, at, "sum: unsupported operand '%s'", jinja_value_type_name(&x));
                 if (acc.kind == V_INT && x.kind != V_FLOAT) {
                     if (__builtin_add_overflow(acc.u.i, as_int(&x), &acc.u.i))
-                        return rt_error(r, at, "integer overflow in sum");
+                        return jinja_error(r, at, "integer overflow in sum");
                 } else {
                     double a = acc.kind == V_FLOAT ? acc.u.f : (double)acc.u.i;
                     acc = v_float(a + (x.kind == V_FLOAT ? x.u.f : (double)as_int(&x)));
@@ -1501,13 +1501,13 @@ int jinja_apply_filter(struct render *r, const char *name, struct value *in, str
     if (!strcmp(name, "attr")) {
         struct value *a = ARG(0, "name");
         if (!is_str(a))
-            return rt_error(r, at, "attr expects a name");
+            return jinja_error(r, at, "attr expects a name");
         return jinja_getattr(r, in, a->u.s.p, out, at);
     }
     if (!strcmp(name, "batch")) {
         struct value *cnt = ARG(0, "linecount"), *fill = ARG(1, "fill_with");
         if (!is_intish(cnt) || as_int(cnt) <= 0)
-            return rt_error(r, at, "batch expects a positive count");
+            return jinja_error(r, at, "batch expects a positive count");
         struct value l;
         if (to_list(r, in, &l, at))
             return -1;
@@ -1520,18 +1520,18 @@ int jinja_apply_filter(struct render *r, const char *name, struct value *in, str
             if (row.kind != V_LIST)
                 return oom_err(r, at);
             for (size_t j = i; j < i + c; j++) {
-                if (j < l.u.l->n ? vlist_push(&r->arena, row.u.l, l.u.l->v[j])
-                                 : (fill && vlist_push(&r->arena, row.u.l, *fill)))
+                if (j < l.u.l->n ? jinja_list_push(&r->arena, row.u.l, l.u.l->v[j])
+                                 : (fill && jinja_list_push(&r->arena, row.u.l, *fill)))
                     return oom_err(r, at);
                 if (j >= l.u.l->n && !fill)
                     break;
             }
-            if (vlist_push(&r->arena, out->u.l, row))
+            if (jinja_list_push(&r->arena, out->u.l, row))
                 return oom_err(r, at);
         }
         return 0;
     }
-    return rt_error(r, at, "no filter named '%s'", name);
+    return jinja_error(r, at, "no filter named '%s'", name);
 }
 
 /* ---- globals ---- */
@@ -1541,7 +1541,7 @@ static int g_range(FN_ARGS)
     int64_t start = 0, stop, stp = 1;
     for (size_t i = 0; i < nargs; i++)
         if (!is_intish(&args[i]))
-            return rt_error(r, at, "range() arguments must be integers");
+            return jinja_error(r, at, "range() arguments must be integers");
     if (nargs == 1) {
         stop = as_int(&args[0]);
     } else if (nargs == 2 || nargs == 3) {
@@ -1550,10 +1550,10 @@ static int g_range(FN_ARGS)
         if (nargs == 3)
             stp = as_int(&args[2]);
     } else {
-        return rt_error(r, at, "range() takes 1 to 3 arguments");
+        return jinja_error(r, at, "range() takes 1 to 3 arguments");
     }
     if (stp == 0)
-        return rt_error(r, at, "range() step must not be zero");
+        return jinja_error(r, at, "range() step must not be zero");
     double cnt = stp > 0 ? ceil(((double)stop - (double)start) / (double)stp)
                          : ceil(((double)start - (double)stop) / (double)-stp);
     if (cnt < 0)
@@ -1567,7 +1567,7 @@ static int g_range(FN_ARGS)
     if (out->kind != V_LIST)
         return oom_err(r, at);
     for (int64_t i = 0; i < (int64_t)cnt; i++)
-        if (vlist_push(&r->arena, out->u.l, v_int(start + i * stp)))
+        if (jinja_list_push(&r->arena, out->u.l, v_int(start + i * stp)))
             return oom_err(r, at);
     return 0;
 }
@@ -1581,13 +1581,13 @@ static int g_namespace_or_dict(FN_ARGS, bool ns)
         d.kind = V_NS;
     for (size_t i = 0; i < nargs; i++) {
         if (args[i].kind != V_DICT && args[i].kind != V_NS)
-            return rt_error(r, at, "%s() positional arguments must be mappings", ns ? "namespace" : "dict");
+            return jinja_error(r, at, "%s() positional arguments must be mappings", ns ? "namespace" : "dict");
         for (size_t k = 0; k < args[i].u.d->n; k++)
-            if (vdict_set(&r->arena, d.u.d, args[i].u.d->keys[k], args[i].u.d->vals[k]))
+            if (jinja_dict_set(&r->arena, d.u.d, args[i].u.d->keys[k], args[i].u.d->vals[k]))
                 return oom_err(r, at);
     }
     for (size_t k = 0; k < nkw; k++)
-        if (vdict_set(&r->arena, d.u.d, v_cstr(kwn[k]), kwv[k]))
+        if (jinja_dict_set(&r->arena, d.u.d, v_cstr(kwn[k]), kwv[k]))
             return oom_err(r, at);
     *out = d;
     return 0;
@@ -1600,7 +1600,7 @@ static int g_raise_exception(FN_ARGS)
 {
     struct value *m = ARG(0, "message");
     struct value s = mkstr(r, "", 0);
-    if (m && v_stringify(r, m, &s, at))
+    if (m && jinja_value_stringify(r, m, &s, at))
         return -1;
     if (r->err && r->err->code)
         return -r->err->code;
@@ -1611,7 +1611,7 @@ static int g_strftime_now(FN_ARGS)
 {
     struct value *f = ARG(0, "format");
     if (!is_str(f))
-        return rt_error(r, at, "strftime_now expects a format string");
+        return jinja_error(r, at, "strftime_now expects a format string");
     time_t now = time(NULL);
     struct tm tm;
     localtime_r(&now, &tm);

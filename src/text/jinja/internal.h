@@ -5,8 +5,10 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "base/err.h"
+#include "base/strbuf.h"
 #include "text/jinja/jinja.h"
 
 /* ---- arena: every AST node and every render-time value lives in one ---- */
@@ -19,9 +21,9 @@ struct arena {
     bool over;                /* set once cap was hit; allocations then fail */
 };
 
-void *ar_alloc(struct arena *a, size_t n); /* zeroed; NULL when over cap or OOM */
-char *ar_strndup(struct arena *a, const char *s, size_t n);
-void ar_free(struct arena *a);
+void *jinja_arena_alloc(struct arena *a, size_t n); /* zeroed; NULL when over cap or OOM */
+char *jinja_arena_strndup(struct arena *a, const char *s, size_t n);
+void jinja_arena_free(struct arena *a);
 
 /* ---- lexer ---- */
 
@@ -147,45 +149,76 @@ struct vdict {
     size_t n, cap;
 };
 
-struct value v_undef(void);
-struct value v_none(void);
-struct value v_bool(bool b);
-struct value v_int(int64_t i);
-struct value v_float(double f);
-struct value v_str(struct arena *a, const char *s, size_t n); /* copies */
-struct value v_cstr(const char *s);                          /* static, no copy */
-struct value v_list(struct arena *a);
-struct value v_dict(struct arena *a);
+/* Constructors, inline so they stay private to the interpreter. A string or
+ * container whose arena is over its cap comes back V_UNDEF. */
+static inline struct value v_undef(void) { return (struct value){.kind = V_UNDEF}; }
+static inline struct value v_none(void) { return (struct value){.kind = V_NONE}; }
+static inline struct value v_bool(bool b) { return (struct value){.kind = V_BOOL, .u.b = b}; }
+static inline struct value v_int(int64_t i) { return (struct value){.kind = V_INT, .u.i = i}; }
+static inline struct value v_float(double f) { return (struct value){.kind = V_FLOAT, .u.f = f}; }
 
-int vlist_push(struct arena *a, struct vlist *l, struct value v);
-int vdict_set(struct arena *a, struct vdict *d, struct value k, struct value v);
-struct value *vdict_get(const struct vdict *d, struct value k);
-struct value *vdict_get_str(const struct vdict *d, const char *k);
+/* Copies s into the arena. */
+static inline struct value v_str(struct arena *a, const char *s, size_t n)
+{
+    struct value v = {.kind = V_STR};
+    char *p = jinja_arena_strndup(a, s, n);
+    if (!p)
+        return v_undef();
+    v.u.s.p = p;
+    v.u.s.n = n;
+    return v;
+}
 
-bool v_truthy(const struct value *v);
-bool v_equal(const struct value *a, const struct value *b);
+/* Points at s (static), no copy. */
+static inline struct value v_cstr(const char *s)
+{
+    struct value v = {.kind = V_STR};
+    v.u.s.p = s;
+    v.u.s.n = strlen(s);
+    return v;
+}
+
+static inline struct value v_list(struct arena *a)
+{
+    struct value v = {.kind = V_LIST};
+    v.u.l = jinja_arena_alloc(a, sizeof(struct vlist));
+    return v.u.l ? v : v_undef();
+}
+
+static inline struct value v_dict(struct arena *a)
+{
+    struct value v = {.kind = V_DICT};
+    v.u.d = jinja_arena_alloc(a, sizeof(struct vdict));
+    return v.u.d ? v : v_undef();
+}
+
+int jinja_list_push(struct arena *a, struct vlist *l, struct value v);
+int jinja_dict_set(struct arena *a, struct vdict *d, struct value k, struct value v);
+struct value *jinja_dict_get(const struct vdict *d, struct value k);
+struct value *jinja_dict_get_str(const struct vdict *d, const char *k);
+
+bool jinja_value_truthy(const struct value *v);
+bool jinja_value_equal(const struct value *a, const struct value *b);
 /* Python ordering; returns 0 and sets *cmp, or -1 when the types cannot be ordered. */
-int v_compare(const struct value *a, const struct value *b, int *cmp);
-const char *v_type_name(const struct value *v);
-size_t utf8_cplen(const char *s, size_t n);
+int jinja_value_compare(const struct value *a, const struct value *b, int *cmp);
+const char *jinja_value_type_name(const struct value *v);
+size_t jinja_utf8_len(const char *s, size_t n);
 /* Byte offset of code point index cp (clamped to n). */
-size_t utf8_offset(const char *s, size_t n, size_t cp);
+size_t jinja_utf8_offset(const char *s, size_t n, size_t cp);
 
-/* Growable output buffer with a byte cap. */
-struct sbuf {
-    char *p; /* malloc'd */
-    size_t n, cap;
-    size_t limit; /* 0 = none */
-    bool over;
-};
-int sb_put(struct sbuf *b, const char *s, size_t n);
-int sb_puts(struct sbuf *b, const char *s);
-int sb_printf(struct sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void sb_free(struct sbuf *b);
+/* Output goes to base/strbuf (its limit is the output cap); these keep the
+ * renderer's 0 / -1 convention for appends. */
+static inline int jinja_put(struct strbuf *b, const char *s, size_t n)
+{
+    return strbuf_append(b, s, n) ? 0 : -1;
+}
+static inline int jinja_puts(struct strbuf *b, const char *s)
+{
+    return strbuf_puts(b, s) ? 0 : -1;
+}
 
-void fmt_float_repr(double d, char *buf, size_t size);
 /* str(v) as Python prints it (None, True, 1.0, ['a']); repr when as_repr. Returns -1 on depth/size overflow. */
-int v_to_str(struct sbuf *b, const struct value *v, bool as_repr, int depth);
+int jinja_value_to_str(struct strbuf *b, const struct value *v, bool as_repr, int depth);
 /* json.dumps options, as transformers' tojson filter passes them. */
 struct json_fmt {
     int indent;           /* < 0: one line */
@@ -194,10 +227,10 @@ struct json_fmt {
     bool sort_keys;
     bool ensure_ascii;
 };
-int v_to_json(struct sbuf *b, const struct value *v, const struct json_fmt *f, struct err *err);
-struct value v_from_json(struct arena *a, struct json_object *j);
+int jinja_value_to_json(struct strbuf *b, const struct value *v, const struct json_fmt *f, struct err *err);
+struct value jinja_value_from_json(struct arena *a, struct json_object *j);
 /* Value as a string (str()), arena-allocated. */
-int v_stringify(struct render *r, const struct value *v, struct value *out, const struct node *at);
+int jinja_value_stringify(struct render *r, const struct value *v, struct value *out, const struct node *at);
 
 /* ---- renderer ---- */
 
@@ -208,7 +241,7 @@ struct scope {
 
 struct render {
     struct arena arena;       /* owns every value */
-    struct sbuf *out;         /* current output target */
+    struct strbuf *out;         /* current output target */
     struct jinja_limits lim;
     long steps;
     int depth;                /* macro/call nesting, against lim.max_depth */
@@ -217,11 +250,8 @@ struct render {
     struct err *err;
 };
 
-int rt_error(struct render *r, const struct node *at, const char *fmt, ...)
+int jinja_error(struct render *r, const struct node *at, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-int rt_call_value(struct render *r, struct value *fn, struct value *args, size_t nargs,
-                  const char **kwnames, struct value *kwvals, size_t nkw, struct value *out,
-                  const struct node *at);
 
 /* filters.c */
 int jinja_apply_filter(struct render *r, const char *name, struct value *in, struct value *args, size_t nargs,

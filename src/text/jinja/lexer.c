@@ -123,7 +123,7 @@ static int lex_string(struct lexer *lx, size_t *i)
     }
     if (j >= lx->len)
         return lex_error(lx, start, "unterminated string");
-    char *o = ar_alloc(lx->a, (j - start) * 2 + 8);
+    char *o = jinja_arena_alloc(lx->a, (j - start) * 2 + 8);
     if (!o)
         return err_set(lx->err, INFERD_ENOMEM, "template: out of memory");
     size_t k = 0;
@@ -448,7 +448,7 @@ int jinja_lex(struct arena *a, const char *src, size_t len, struct token_list *o
         rc = err_set(err, INFERD_ENOMEM, "template: out of memory");
         goto fail;
     }
-    out->v = ar_alloc(a, lx.n * sizeof(struct token));
+    out->v = jinja_arena_alloc(a, lx.n * sizeof(struct token));
     if (!out->v) {
         rc = err_set(err, INFERD_ENOMEM, "template: out of memory");
         goto fail;

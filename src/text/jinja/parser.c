@@ -92,7 +92,7 @@ static int expect_kind(struct parser *p, enum tok_kind k, const char *what)
 
 static struct node *mk(struct parser *p, enum node_kind k, const struct token *at)
 {
-    struct node *n = ar_alloc(p->a, sizeof(*n));
+    struct node *n = jinja_arena_alloc(p->a, sizeof(*n));
     if (!n) {
         err_set(p->err, INFERD_ENOMEM, "template: out of memory");
         return NULL;
@@ -111,7 +111,7 @@ static int nl_push(struct parser *p, struct node_list *l, struct node *x)
         cap *= 2;
     if (l->n == 0 || l->n == cap) {
         size_t nc = l->n ? cap * 2 : 4;
-        struct node **nv = ar_alloc(p->a, nc * sizeof(*nv));
+        struct node **nv = jinja_arena_alloc(p->a, nc * sizeof(*nv));
         if (!nv)
             return err_set(p->err, INFERD_ENOMEM, "template: out of memory");
         if (l->n)
@@ -122,7 +122,7 @@ static int nl_push(struct parser *p, struct node_list *l, struct node *x)
     return 0;
 }
 
-static const char *tok_name(struct parser *p, const struct token *t) { return ar_strndup(p->a, t->s, t->n); }
+static const char *tok_name(struct parser *p, const struct token *t) { return jinja_arena_strndup(p->a, t->s, t->n); }
 
 static struct node *parse_expr(struct parser *p);
 static struct node *parse_or(struct parser *p);
@@ -144,7 +144,7 @@ static struct node *const_node(struct parser *p, const struct token *at, struct 
     struct node *n = mk(p, N_CONST, at);
     if (!n)
         return NULL;
-    n->cval = ar_alloc(p->a, sizeof(struct value));
+    n->cval = jinja_arena_alloc(p->a, sizeof(struct value));
     if (!n->cval)
         return NULL;
     *n->cval = v;
@@ -168,7 +168,7 @@ static int parse_args(struct parser *p, struct node *call)
                 return -1;
             if (call->n_kw == kwcap) {
                 size_t nc = kwcap ? kwcap * 2 : 4;
-                struct kwarg *nk = ar_alloc(p->a, nc * sizeof(*nk));
+                struct kwarg *nk = jinja_arena_alloc(p->a, nc * sizeof(*nk));
                 if (!nk)
                     return err_set(p->err, INFERD_ENOMEM, "template: out of memory");
                 if (call->n_kw)
@@ -425,7 +425,7 @@ static struct node *parse_primary(struct parser *p)
         size_t total = 0, j = p->i;
         while (p->t[j].kind == T_STRING)
             total += p->t[j++].n;
-        char *s = ar_alloc(p->a, total + 1);
+        char *s = jinja_arena_alloc(p->a, total + 1);
         if (!s)
             return NULL;
         size_t k = 0;
@@ -691,7 +691,7 @@ static int parse_name_list(struct parser *p, struct node *n)
             return perr(p, cur(p), "%s", "expected a variable name");
         if (n->n_names == cap) {
             size_t nc = cap ? cap * 2 : 4;
-            const char **nv = ar_alloc(p->a, nc * sizeof(*nv));
+            const char **nv = jinja_arena_alloc(p->a, nc * sizeof(*nv));
             if (!nv)
                 return err_set(p->err, INFERD_ENOMEM, "template: out of memory");
             if (n->n_names)
@@ -790,7 +790,7 @@ static struct node *parse_set(struct parser *p, const struct token *opener)
         }
         n->attr = tok_name(p, cur(p));
         p->i++;
-        n->names = ar_alloc(p->a, sizeof(char *));
+        n->names = jinja_arena_alloc(p->a, sizeof(char *));
         if (!n->names)
             return NULL;
         n->names[0] = n->name;
@@ -839,7 +839,7 @@ static int parse_params(struct parser *p, struct node *n)
             return perr(p, cur(p), "%s", "expected a parameter name");
         if (n->n_names == cap) {
             size_t nc = cap ? cap * 2 : 4;
-            const char **nv = ar_alloc(p->a, nc * sizeof(*nv));
+            const char **nv = jinja_arena_alloc(p->a, nc * sizeof(*nv));
             if (!nv)
                 return err_set(p->err, INFERD_ENOMEM, "template: out of memory");
             if (n->n_names)
@@ -1051,7 +1051,7 @@ static int parse_body(struct parser *p, const char *const *ends, const char **wh
 int jinja_parse_tokens(struct arena *a, const struct token_list *toks, struct node **root, struct err *err)
 {
     struct parser p = {.a = a, .t = toks->v, .n = toks->n, .err = err};
-    struct node *r = ar_alloc(a, sizeof(*r));
+    struct node *r = jinja_arena_alloc(a, sizeof(*r));
     if (!r)
         return err_set(err, INFERD_ENOMEM, "template: out of memory");
     r->kind = N_BODY;
@@ -1071,7 +1071,7 @@ int jinja_parse(const char *src, size_t len, struct jinja_template **out, struct
     t->arena.cap = 64u << 20;
     /* The AST points into this copy, not the caller's buffer. Like Jinja, turn \r\n and \r into \n
      * first, then drop one newline at the end of the source (keep_trailing_newline=False). */
-    char *copy = ar_alloc(&t->arena, len + 1);
+    char *copy = jinja_arena_alloc(&t->arena, len + 1);
     if (!copy) {
         jinja_free(t);
         return err_set(err, INFERD_ENOMEM, "template: too large to parse");
@@ -1107,6 +1107,6 @@ void jinja_free(struct jinja_template *t)
 {
     if (!t)
         return;
-    ar_free(&t->arena);
+    jinja_arena_free(&t->arena);
     free(t);
 }

@@ -18,7 +18,7 @@ struct arena_chunk {
     max_align_t data[];
 };
 
-void *ar_alloc(struct arena *a, size_t n)
+void *jinja_arena_alloc(struct arena *a, size_t n)
 {
     if (a->over)
         return NULL;
@@ -49,9 +49,9 @@ void *ar_alloc(struct arena *a, size_t n)
     return p;
 }
 
-char *ar_strndup(struct arena *a, const char *s, size_t n)
+char *jinja_arena_strndup(struct arena *a, const char *s, size_t n)
 {
-    char *p = ar_alloc(a, n + 1);
+    char *p = jinja_arena_alloc(a, n + 1);
     if (!p)
         return NULL;
     if (n)
@@ -60,7 +60,7 @@ char *ar_strndup(struct arena *a, const char *s, size_t n)
     return p;
 }
 
-void ar_free(struct arena *a)
+void jinja_arena_free(struct arena *a)
 {
     struct arena_chunk *c = a->head;
     while (c) {
@@ -72,56 +72,11 @@ void ar_free(struct arena *a)
     a->used_total = 0;
 }
 
-/* ---- constructors ---- */
-
-struct value v_undef(void) { return (struct value){.kind = V_UNDEF}; }
-struct value v_none(void) { return (struct value){.kind = V_NONE}; }
-struct value v_bool(bool b) { return (struct value){.kind = V_BOOL, .u.b = b}; }
-struct value v_int(int64_t i) { return (struct value){.kind = V_INT, .u.i = i}; }
-struct value v_float(double f) { return (struct value){.kind = V_FLOAT, .u.f = f}; }
-
-struct value v_str(struct arena *a, const char *s, size_t n)
-{
-    struct value v = {.kind = V_STR};
-    char *p = ar_strndup(a, s, n);
-    if (!p)
-        return v_undef();
-    v.u.s.p = p;
-    v.u.s.n = n;
-    return v;
-}
-
-struct value v_cstr(const char *s)
-{
-    struct value v = {.kind = V_STR};
-    v.u.s.p = s;
-    v.u.s.n = strlen(s);
-    return v;
-}
-
-struct value v_list(struct arena *a)
-{
-    struct value v = {.kind = V_LIST};
-    v.u.l = ar_alloc(a, sizeof(struct vlist));
-    if (!v.u.l)
-        return v_undef();
-    return v;
-}
-
-struct value v_dict(struct arena *a)
-{
-    struct value v = {.kind = V_DICT};
-    v.u.d = ar_alloc(a, sizeof(struct vdict));
-    if (!v.u.d)
-        return v_undef();
-    return v;
-}
-
-int vlist_push(struct arena *a, struct vlist *l, struct value v)
+int jinja_list_push(struct arena *a, struct vlist *l, struct value v)
 {
     if (l->n == l->cap) {
         size_t nc = l->cap ? l->cap * 2 : 4;
-        struct value *nv = ar_alloc(a, nc * sizeof(*nv));
+        struct value *nv = jinja_arena_alloc(a, nc * sizeof(*nv));
         if (!nv)
             return -1;
         if (l->n)
@@ -133,15 +88,15 @@ int vlist_push(struct arena *a, struct vlist *l, struct value v)
     return 0;
 }
 
-struct value *vdict_get(const struct vdict *d, struct value k)
+struct value *jinja_dict_get(const struct vdict *d, struct value k)
 {
     for (size_t i = 0; i < d->n; i++)
-        if (v_equal(&d->keys[i], &k))
+        if (jinja_value_equal(&d->keys[i], &k))
             return &d->vals[i];
     return NULL;
 }
 
-struct value *vdict_get_str(const struct vdict *d, const char *k)
+struct value *jinja_dict_get_str(const struct vdict *d, const char *k)
 {
     size_t n = strlen(k);
     for (size_t i = 0; i < d->n; i++)
@@ -150,17 +105,17 @@ struct value *vdict_get_str(const struct vdict *d, const char *k)
     return NULL;
 }
 
-int vdict_set(struct arena *a, struct vdict *d, struct value k, struct value v)
+int jinja_dict_set(struct arena *a, struct vdict *d, struct value k, struct value v)
 {
-    struct value *old = vdict_get(d, k);
+    struct value *old = jinja_dict_get(d, k);
     if (old) {
         *old = v;
         return 0;
     }
     if (d->n == d->cap) {
         size_t nc = d->cap ? d->cap * 2 : 8;
-        struct value *nk = ar_alloc(a, nc * sizeof(*nk));
-        struct value *nv = ar_alloc(a, nc * sizeof(*nv));
+        struct value *nk = jinja_arena_alloc(a, nc * sizeof(*nk));
+        struct value *nv = jinja_arena_alloc(a, nc * sizeof(*nv));
         if (!nk || !nv)
             return -1;
         if (d->n) {
@@ -179,7 +134,7 @@ int vdict_set(struct arena *a, struct vdict *d, struct value k, struct value v)
 
 /* ---- semantics ---- */
 
-bool v_truthy(const struct value *v)
+bool jinja_value_truthy(const struct value *v)
 {
     switch (v->kind) {
     case V_UNDEF: case V_NONE: return false;
@@ -205,7 +160,7 @@ static int64_t num_i(const struct value *v) { return v->kind == V_INT ? v->u.i :
 
 static bool equal_at(const struct value *a, const struct value *b, int depth);
 
-bool v_equal(const struct value *a, const struct value *b) { return equal_at(a, b, 0); }
+bool jinja_value_equal(const struct value *a, const struct value *b) { return equal_at(a, b, 0); }
 
 static bool equal_at(const struct value *a, const struct value *b, int depth)
 {
@@ -240,7 +195,7 @@ static bool equal_at(const struct value *a, const struct value *b, int depth)
         if (a->u.d->n != b->u.d->n)
             return false;
         for (size_t i = 0; i < a->u.d->n; i++) {
-            struct value *o = vdict_get(b->u.d, a->u.d->keys[i]);
+            struct value *o = jinja_dict_get(b->u.d, a->u.d->keys[i]);
             if (!o || !equal_at(&a->u.d->vals[i], o, depth + 1))
                 return false;
         }
@@ -253,7 +208,7 @@ static bool equal_at(const struct value *a, const struct value *b, int depth)
 
 static int compare_at(const struct value *a, const struct value *b, int *cmp, int depth);
 
-int v_compare(const struct value *a, const struct value *b, int *cmp) { return compare_at(a, b, cmp, 0); }
+int jinja_value_compare(const struct value *a, const struct value *b, int *cmp) { return compare_at(a, b, cmp, 0); }
 
 static int compare_at(const struct value *a, const struct value *b, int *cmp, int depth)
 {
@@ -290,7 +245,7 @@ static int compare_at(const struct value *a, const struct value *b, int *cmp, in
     return -1;
 }
 
-const char *v_type_name(const struct value *v)
+const char *jinja_value_type_name(const struct value *v)
 {
     switch (v->kind) {
     case V_UNDEF: return "undefined";
@@ -308,7 +263,7 @@ const char *v_type_name(const struct value *v)
     return "object";
 }
 
-size_t utf8_cplen(const char *s, size_t n)
+size_t jinja_utf8_len(const char *s, size_t n)
 {
     size_t c = 0;
     for (size_t i = 0; i < n; i++)
@@ -317,7 +272,7 @@ size_t utf8_cplen(const char *s, size_t n)
     return c;
 }
 
-size_t utf8_offset(const char *s, size_t n, size_t cp)
+size_t jinja_utf8_offset(const char *s, size_t n, size_t cp)
 {
     size_t c = 0;
     for (size_t i = 0; i < n; i++) {
@@ -330,60 +285,10 @@ size_t utf8_offset(const char *s, size_t n, size_t cp)
     return n;
 }
 
-/* ---- output buffer ---- */
-
-int sb_put(struct sbuf *b, const char *s, size_t n)
-{
-    if (b->over)
-        return -1;
-    if (b->limit && b->n + n > b->limit) {
-        b->over = true;
-        return -1;
-    }
-    if (b->n + n + 1 > b->cap) {
-        size_t nc = b->cap ? b->cap : 256;
-        while (nc < b->n + n + 1)
-            nc *= 2;
-        char *np = realloc(b->p, nc);
-        if (!np) {
-            b->over = true;
-            return -1;
-        }
-        b->p = np;
-        b->cap = nc;
-    }
-    if (n)
-        memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-    return 0;
-}
-
-int sb_puts(struct sbuf *b, const char *s) { return sb_put(b, s, strlen(s)); }
-
-int sb_printf(struct sbuf *b, const char *fmt, ...)
-{
-    char tmp[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n < 0)
-        return -1;
-    return sb_put(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
-}
-
-void sb_free(struct sbuf *b)
-{
-    free(b->p);
-    b->p = NULL;
-    b->n = b->cap = 0;
-}
-
 /* ---- printing ---- */
 
 /* Python's float repr: shortest round-trip digits, scientific below 1e-4 or from 1e16. */
-void fmt_float_repr(double d, char *buf, size_t size)
+static void fmt_float_repr(double d, char *buf, size_t size)
 {
     if (isnan(d)) {
         snprintf(buf, size, "nan");
@@ -454,11 +359,11 @@ void fmt_float_repr(double d, char *buf, size_t size)
     snprintf(buf, size, "%s", out);
 }
 
-static int put_py_str_repr(struct sbuf *b, const char *s, size_t n)
+static int put_py_str_repr(struct strbuf *b, const char *s, size_t n)
 {
     bool has_sq = memchr(s, '\'', n) != NULL, has_dq = memchr(s, '"', n) != NULL;
     char q = has_sq && !has_dq ? '"' : '\'';
-    if (sb_put(b, &q, 1))
+    if (jinja_put(b, &q, 1))
         return -1;
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
@@ -466,79 +371,79 @@ static int put_py_str_repr(struct sbuf *b, const char *s, size_t n)
         if (c == (unsigned char)q || c == '\\') {
             tmp[0] = '\\';
             tmp[1] = (char)c;
-            if (sb_put(b, tmp, 2))
+            if (jinja_put(b, tmp, 2))
                 return -1;
         } else if (c == '\n') {
-            if (sb_puts(b, "\\n"))
+            if (jinja_puts(b, "\\n"))
                 return -1;
         } else if (c == '\t') {
-            if (sb_puts(b, "\\t"))
+            if (jinja_puts(b, "\\t"))
                 return -1;
         } else if (c == '\r') {
-            if (sb_puts(b, "\\r"))
+            if (jinja_puts(b, "\\r"))
                 return -1;
         } else if (c < 0x20 || c == 0x7f) {
             snprintf(tmp, sizeof tmp, "\\x%02x", c);
-            if (sb_puts(b, tmp))
+            if (jinja_puts(b, tmp))
                 return -1;
-        } else if (sb_put(b, (const char *)&s[i], 1)) {
+        } else if (jinja_put(b, (const char *)&s[i], 1)) {
             return -1;
         }
     }
-    return sb_put(b, &q, 1);
+    return jinja_put(b, &q, 1);
 }
 
 #define MAX_PRINT_DEPTH 128
 
-int v_to_str(struct sbuf *b, const struct value *v, bool as_repr, int depth)
+int jinja_value_to_str(struct strbuf *b, const struct value *v, bool as_repr, int depth)
 {
     if (depth > MAX_PRINT_DEPTH)
         return -1;
     char tmp[64];
     switch (v->kind) {
     case V_UNDEF: return 0;
-    case V_NONE: return sb_puts(b, "None");
-    case V_BOOL: return sb_puts(b, v->u.b ? "True" : "False");
+    case V_NONE: return jinja_puts(b, "None");
+    case V_BOOL: return jinja_puts(b, v->u.b ? "True" : "False");
     case V_INT:
         snprintf(tmp, sizeof tmp, "%lld", (long long)v->u.i);
-        return sb_puts(b, tmp);
+        return jinja_puts(b, tmp);
     case V_FLOAT:
         fmt_float_repr(v->u.f, tmp, sizeof tmp);
-        return sb_puts(b, tmp);
+        return jinja_puts(b, tmp);
     case V_STR:
-        return as_repr ? put_py_str_repr(b, v->u.s.p, v->u.s.n) : sb_put(b, v->u.s.p, v->u.s.n);
+        return as_repr ? put_py_str_repr(b, v->u.s.p, v->u.s.n) : jinja_put(b, v->u.s.p, v->u.s.n);
     case V_LIST:
-        if (sb_puts(b, v->is_tuple ? "(" : "["))
+        if (jinja_puts(b, v->is_tuple ? "(" : "["))
             return -1;
         for (size_t i = 0; i < v->u.l->n; i++) {
-            if (i && sb_puts(b, ", "))
+            if (i && jinja_puts(b, ", "))
                 return -1;
-            if (v_to_str(b, &v->u.l->v[i], true, depth + 1))
+            if (jinja_value_to_str(b, &v->u.l->v[i], true, depth + 1))
                 return -1;
         }
-        if (v->is_tuple && v->u.l->n == 1 && sb_puts(b, ","))
+        if (v->is_tuple && v->u.l->n == 1 && jinja_puts(b, ","))
             return -1;
-        return sb_puts(b, v->is_tuple ? ")" : "]");
+        return jinja_puts(b, v->is_tuple ? ")" : "]");
     case V_DICT: case V_NS:
-        if (sb_puts(b, v->kind == V_NS ? "<Namespace {" : "{"))
+        if (jinja_puts(b, v->kind == V_NS ? "<Namespace {" : "{"))
             return -1;
         for (size_t i = 0; i < v->u.d->n; i++) {
-            if (i && sb_puts(b, ", "))
+            if (i && jinja_puts(b, ", "))
                 return -1;
-            if (v_to_str(b, &v->u.d->keys[i], true, depth + 1) || sb_puts(b, ": ") ||
-                v_to_str(b, &v->u.d->vals[i], true, depth + 1))
+            if (jinja_value_to_str(b, &v->u.d->keys[i], true, depth + 1) || jinja_puts(b, ": ") ||
+                jinja_value_to_str(b, &v->u.d->vals[i], true, depth + 1))
                 return -1;
         }
-        return sb_puts(b, v->kind == V_NS ? "}>" : "}");
-    case V_MACRO: return sb_puts(b, "<Macro>");
-    case V_BUILTIN: return sb_puts(b, "<built-in function>");
+        return jinja_puts(b, v->kind == V_NS ? "}>" : "}");
+    case V_MACRO: return jinja_puts(b, "<Macro>");
+    case V_BUILTIN: return jinja_puts(b, "<built-in function>");
     }
     return 0;
 }
 
-static int put_json_str(struct sbuf *b, const char *s, size_t n, bool ensure_ascii)
+static int put_json_str(struct strbuf *b, const char *s, size_t n, bool ensure_ascii)
 {
-    if (sb_put(b, "\"", 1))
+    if (jinja_put(b, "\"", 1))
         return -1;
     size_t run = 0;
     for (size_t i = 0; i < n; i++) {
@@ -582,37 +487,37 @@ static int put_json_str(struct sbuf *b, const char *s, size_t n, bool ensure_asc
             } else {
                 snprintf(u, sizeof u, "\\u%04x", cp);
             }
-            if (sb_put(b, s + run, i - run) || sb_puts(b, u))
+            if (jinja_put(b, s + run, i - run) || jinja_puts(b, u))
                 return -1;
             i += k - 1;
             run = i + 1;
             continue;
         }
         if (esc) {
-            if (sb_put(b, s + run, i - run) || sb_puts(b, esc))
+            if (jinja_put(b, s + run, i - run) || jinja_puts(b, esc))
                 return -1;
             run = i + 1;
         }
     }
-    if (sb_put(b, s + run, n - run))
+    if (jinja_put(b, s + run, n - run))
         return -1;
-    return sb_put(b, "\"", 1);
+    return jinja_put(b, "\"", 1);
 }
 
-static int json_nl(struct sbuf *b, int indent, int level)
+static int json_nl(struct strbuf *b, int indent, int level)
 {
-    if (sb_put(b, "\n", 1))
+    if (jinja_put(b, "\n", 1))
         return -1;
     for (int i = 0; i < indent * level; i++)
-        if (sb_put(b, " ", 1))
+        if (jinja_put(b, " ", 1))
             return -1;
     return 0;
 }
 
-static int to_json_dict(struct sbuf *b, const struct value *v, const struct json_fmt *f, int depth,
+static int to_json_dict(struct strbuf *b, const struct value *v, const struct json_fmt *f, int depth,
                         struct err *err, const size_t *order);
 
-static int to_json(struct sbuf *b, const struct value *v, const struct json_fmt *f, int depth, struct err *err)
+static int to_json(struct strbuf *b, const struct value *v, const struct json_fmt *f, int depth, struct err *err)
 {
     int indent = f->indent;
     if (depth > MAX_PRINT_DEPTH)
@@ -622,32 +527,32 @@ static int to_json(struct sbuf *b, const struct value *v, const struct json_fmt 
     switch (v->kind) {
     case V_UNDEF:
         return err_set(err, INFERD_EINVAL, "tojson: cannot serialize an undefined value");
-    case V_NONE: rc = sb_puts(b, "null"); break;
-    case V_BOOL: rc = sb_puts(b, v->u.b ? "true" : "false"); break;
+    case V_NONE: rc = jinja_puts(b, "null"); break;
+    case V_BOOL: rc = jinja_puts(b, v->u.b ? "true" : "false"); break;
     case V_INT:
         snprintf(tmp, sizeof tmp, "%lld", (long long)v->u.i);
-        rc = sb_puts(b, tmp);
+        rc = jinja_puts(b, tmp);
         break;
     case V_FLOAT:
         if (isnan(v->u.f))
-            rc = sb_puts(b, "NaN");
+            rc = jinja_puts(b, "NaN");
         else if (isinf(v->u.f))
-            rc = sb_puts(b, v->u.f < 0 ? "-Infinity" : "Infinity");
+            rc = jinja_puts(b, v->u.f < 0 ? "-Infinity" : "Infinity");
         else {
             fmt_float_repr(v->u.f, tmp, sizeof tmp);
-            rc = sb_puts(b, tmp);
+            rc = jinja_puts(b, tmp);
         }
         break;
     case V_STR: rc = put_json_str(b, v->u.s.p, v->u.s.n, f->ensure_ascii); break;
     case V_LIST:
         if (v->u.l->n == 0) {
-            rc = sb_puts(b, "[]");
+            rc = jinja_puts(b, "[]");
             break;
         }
-        if (sb_puts(b, "["))
+        if (jinja_puts(b, "["))
             goto full;
         for (size_t i = 0; i < v->u.l->n; i++) {
-            if (i && sb_puts(b, f->item_sep))
+            if (i && jinja_puts(b, f->item_sep))
                 goto full;
             if (indent >= 0 && json_nl(b, indent, depth + 1))
                 goto full;
@@ -657,11 +562,11 @@ static int to_json(struct sbuf *b, const struct value *v, const struct json_fmt 
         }
         if (indent >= 0 && json_nl(b, indent, depth))
             goto full;
-        rc = sb_puts(b, "]");
+        rc = jinja_puts(b, "]");
         break;
     case V_DICT: case V_NS:
         if (v->u.d->n == 0) {
-            rc = sb_puts(b, "{}");
+            rc = jinja_puts(b, "{}");
             break;
         }
         size_t *order = malloc(v->u.d->n * sizeof(size_t));
@@ -674,7 +579,7 @@ static int to_json(struct sbuf *b, const struct value *v, const struct json_fmt 
                 size_t x = order[i], j = i;
                 int c = 0;
                 while (j > 0) {
-                    if (v_compare(&v->u.d->keys[order[j - 1]], &v->u.d->keys[x], &c)) {
+                    if (jinja_value_compare(&v->u.d->keys[order[j - 1]], &v->u.d->keys[x], &c)) {
                         free(order);
                         return err_set(err, INFERD_EINVAL, "tojson: sort_keys needs comparable keys");
                     }
@@ -693,7 +598,7 @@ static int to_json(struct sbuf *b, const struct value *v, const struct json_fmt 
         rc = 0;
         break;
     default:
-        return err_set(err, INFERD_EINVAL, "tojson: cannot serialize a %s", v_type_name(v));
+        return err_set(err, INFERD_EINVAL, "tojson: cannot serialize a %s", jinja_value_type_name(v));
     }
     if (rc == 0)
         return 0;
@@ -701,15 +606,15 @@ full:
     return err_set(err, INFERD_ERANGE, "tojson: output too large");
 }
 
-static int to_json_dict(struct sbuf *b, const struct value *v, const struct json_fmt *f, int depth,
+static int to_json_dict(struct strbuf *b, const struct value *v, const struct json_fmt *f, int depth,
                         struct err *err, const size_t *order)
 {
     int indent = f->indent;
-    if (sb_puts(b, "{"))
+    if (jinja_puts(b, "{"))
         goto full;
     for (size_t oi = 0; oi < v->u.d->n; oi++) {
         size_t i = order[oi];
-        if (oi && sb_puts(b, f->item_sep))
+        if (oi && jinja_puts(b, f->item_sep))
             goto full;
         if (indent >= 0 && json_nl(b, indent, depth + 1))
             goto full;
@@ -719,20 +624,20 @@ static int to_json_dict(struct sbuf *b, const struct value *v, const struct json
                 goto full;
         } else {
             /* json.dumps turns int/float/bool/None keys into strings */
-            struct sbuf kb = {0};
-            int r = k->kind == V_BOOL ? sb_puts(&kb, k->u.b ? "true" : "false")
-                    : k->kind == V_NONE ? sb_puts(&kb, "null")
-                                        : v_to_str(&kb, k, false, depth + 1);
+            struct strbuf kb = {0};
+            int r = k->kind == V_BOOL ? jinja_puts(&kb, k->u.b ? "true" : "false")
+                    : k->kind == V_NONE ? jinja_puts(&kb, "null")
+                                        : jinja_value_to_str(&kb, k, false, depth + 1);
             if (r || (k->kind != V_INT && k->kind != V_FLOAT && k->kind != V_BOOL && k->kind != V_NONE)) {
-                sb_free(&kb);
+                strbuf_free(&kb);
                 return err_set(err, INFERD_EINVAL, "tojson: keys must be str, int, float, bool or None");
             }
-            r = put_json_str(b, kb.p ? kb.p : "", kb.n, f->ensure_ascii);
-            sb_free(&kb);
+            r = put_json_str(b, kb.data ? kb.data : "", kb.len, f->ensure_ascii);
+            strbuf_free(&kb);
             if (r)
                 goto full;
         }
-        if (sb_puts(b, f->key_sep))
+        if (jinja_puts(b, f->key_sep))
             goto full;
         int r = to_json(b, &v->u.d->vals[i], f, depth + 1, err);
         if (r)
@@ -740,18 +645,18 @@ static int to_json_dict(struct sbuf *b, const struct value *v, const struct json
     }
     if (indent >= 0 && json_nl(b, indent, depth))
         goto full;
-    if (sb_puts(b, "}") == 0)
+    if (jinja_puts(b, "}") == 0)
         return 0;
 full:
     return err_set(err, INFERD_ERANGE, "tojson: output too large");
 }
 
-int v_to_json(struct sbuf *b, const struct value *v, const struct json_fmt *f, struct err *err)
+int jinja_value_to_json(struct strbuf *b, const struct value *v, const struct json_fmt *f, struct err *err)
 {
     return to_json(b, v, f, 0, err);
 }
 
-struct value v_from_json(struct arena *a, struct json_object *j)
+struct value jinja_value_from_json(struct arena *a, struct json_object *j)
 {
     switch (json_object_get_type(j)) {
     case json_type_null: return v_none();
@@ -765,7 +670,7 @@ struct value v_from_json(struct arena *a, struct json_object *j)
             return l;
         size_t n = json_object_array_length(j);
         for (size_t i = 0; i < n; i++)
-            if (vlist_push(a, l.u.l, v_from_json(a, json_object_array_get_idx(j, i))))
+            if (jinja_list_push(a, l.u.l, jinja_value_from_json(a, json_object_array_get_idx(j, i))))
                 return v_undef();
         return l;
     }
@@ -777,8 +682,8 @@ struct value v_from_json(struct arena *a, struct json_object *j)
         while (!json_object_iter_equal(&it, &end)) {
             const char *k = json_object_iter_peek_name(&it);
             struct value key = v_str(a, k, strlen(k));
-            struct value val = v_from_json(a, json_object_iter_peek_value(&it));
-            if (key.kind != V_STR || vdict_set(a, d.u.d, key, val))
+            struct value val = jinja_value_from_json(a, json_object_iter_peek_value(&it));
+            if (key.kind != V_STR || jinja_dict_set(a, d.u.d, key, val))
                 return v_undef();
             json_object_iter_next(&it);
         }

@@ -1,15 +1,11 @@
-/* engine/reasoning.c — separates <think> reasoning from content in streamed text, holding back partial tags. */
-#include "engine/reasoning.h"
+/* text/reasoning.c — separates <think> reasoning from content in streamed text, holding back partial tags. */
+#include "text/reasoning.h"
 
+#include "base/strbuf.h"
 #include "base/utf8.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-struct buf {
-    char *p;      /* owned; cap bytes */
-    size_t len, cap;
-};
 
 struct reasoning_splitter {
     char start_tag[REASONING_TAG_MAX + 1];
@@ -18,34 +14,12 @@ struct reasoning_splitter {
     bool inside;
     char hold[REASONING_TAG_MAX + 8]; /* possible partial tag, plus a partial code point */
     size_t hold_len;
-    struct buf work, reasoning, content;
+    struct strbuf work, reasoning, content; /* owned */
 };
 
-static int buf_reserve(struct buf *b, size_t need, struct err *err)
+static int nomem(struct err *err)
 {
-    if (need <= b->cap)
-        return 0;
-    size_t cap = b->cap ? b->cap : 256;
-    while (cap < need)
-        cap *= 2;
-    char *p = realloc(b->p, cap);
-    if (!p)
-        return err_set(err, INFERD_ENOMEM, "reasoning splitter: out of memory");
-    b->p = p;
-    b->cap = cap;
-    return 0;
-}
-
-static int buf_append(struct buf *b, const char *s, size_t n, struct err *err)
-{
-    if (n == 0)
-        return 0;
-    if (buf_reserve(b, b->len + n + 1, err) < 0)
-        return -INFERD_ENOMEM;
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-    return 0;
+    return err_set(err, INFERD_ENOMEM, "reasoning splitter: out of memory");
 }
 
 /* First occurrence of needle in hay, or -1. Tags are short, so a plain scan is enough. */
@@ -109,17 +83,17 @@ void reasoning_splitter_free(struct reasoning_splitter *r)
 {
     if (!r)
         return;
-    free(r->work.p);
-    free(r->reasoning.p);
-    free(r->content.p);
+    strbuf_free(&r->work);
+    strbuf_free(&r->reasoning);
+    strbuf_free(&r->content);
     free(r);
 }
 
 static void delta_fill(struct reasoning_splitter *r, struct reasoning_delta *out)
 {
-    out->reasoning = r->reasoning.len ? r->reasoning.p : "";
+    out->reasoning = r->reasoning.len ? r->reasoning.data : "";
     out->reasoning_len = r->reasoning.len;
-    out->content = r->content.len ? r->content.p : "";
+    out->content = r->content.len ? r->content.data : "";
     out->content_len = r->content.len;
 }
 
@@ -128,32 +102,31 @@ int reasoning_splitter_push(struct reasoning_splitter *r, const char *text, size
 {
     if (!r || !out || (len > 0 && !text))
         return err_set(err, INFERD_EINVAL, "reasoning_splitter_push: NULL argument");
-    r->reasoning.len = r->content.len = 0;
-    r->work.len = 0;
-    if (buf_reserve(&r->work, 1, err) < 0 ||
-        buf_append(&r->work, r->hold, r->hold_len, err) < 0 ||
-        buf_append(&r->work, text, len, err) < 0)
-        return -INFERD_ENOMEM;
+    strbuf_reset(&r->reasoning);
+    strbuf_reset(&r->content);
+    strbuf_reset(&r->work);
+    if (!strbuf_append(&r->work, r->hold, r->hold_len) || !strbuf_append(&r->work, text, len))
+        return nomem(err);
     r->hold_len = 0;
 
-    const char *w = r->work.p;
+    const char *w = r->work.data;
     size_t n = r->work.len, pos = 0;
     for (;;) {
         const char *tag = r->inside ? r->end_tag : r->start_tag;
         size_t tag_len = r->inside ? r->end_len : r->start_len;
-        struct buf *dst = r->inside ? &r->reasoning : &r->content;
+        struct strbuf *dst = r->inside ? &r->reasoning : &r->content;
         long at = find(w + pos, n - pos, tag, tag_len);
         if (at >= 0) {
-            if (buf_append(dst, w + pos, (size_t)at, err) < 0)
-                return -INFERD_ENOMEM;
+            if (!strbuf_append(dst, w + pos, (size_t)at))
+                return nomem(err);
             pos += (size_t)at + tag_len;
             r->inside = !r->inside;
             continue;
         }
         size_t keep = partial_tag_suffix(w + pos, n - pos, tag, tag_len);
         size_t cut = pos + utf8_safe_cut((const unsigned char *)w + pos, n - pos, n - pos - keep);
-        if (buf_append(dst, w + pos, cut - pos, err) < 0)
-            return -INFERD_ENOMEM;
+        if (!strbuf_append(dst, w + pos, cut - pos))
+            return nomem(err);
         r->hold_len = n - cut;
         memcpy(r->hold, w + cut, r->hold_len);
         break;
@@ -167,9 +140,10 @@ int reasoning_splitter_flush(struct reasoning_splitter *r, struct reasoning_delt
 {
     if (!r || !out)
         return err_set(err, INFERD_EINVAL, "reasoning_splitter_flush: NULL argument");
-    r->reasoning.len = r->content.len = 0;
-    if (buf_append(r->inside ? &r->reasoning : &r->content, r->hold, r->hold_len, err) < 0)
-        return -INFERD_ENOMEM;
+    strbuf_reset(&r->reasoning);
+    strbuf_reset(&r->content);
+    if (!strbuf_append(r->inside ? &r->reasoning : &r->content, r->hold, r->hold_len))
+        return nomem(err);
     r->hold_len = 0;
     delta_fill(r, out);
     return 0;
@@ -187,10 +161,7 @@ int reasoning_split_all(const char *text, size_t len, bool starts_inside, char *
     if ((len > 0 && !text) || !reasoning || !content)
         return err_set(err, INFERD_EINVAL, "reasoning_split_all: NULL argument");
     *reasoning = *content = NULL;
-    struct buf rb = {0}, cb = {0};
-    if (buf_reserve(&rb, 1, err) < 0 || buf_reserve(&cb, 1, err) < 0)
-        goto fail;
-    rb.p[0] = cb.p[0] = '\0';
+    struct strbuf rb = {0}, cb = {0};
     static const char start[] = "<think>", end[] = "</think>";
     bool inside = starts_inside;
     size_t pos = 0;
@@ -199,22 +170,19 @@ int reasoning_split_all(const char *text, size_t len, bool starts_inside, char *
         size_t tag_len = inside ? sizeof end - 1 : sizeof start - 1;
         long at = find(text + pos, len - pos, tag, tag_len);
         size_t take = at >= 0 ? (size_t)at : len - pos;
-        if (buf_append(inside ? &rb : &cb, text + pos, take, err) < 0)
-            goto fail;
+        strbuf_append(inside ? &rb : &cb, text + pos, take);
         if (at < 0)
             break;
         pos += take + tag_len;
         inside = !inside;
     }
-    *reasoning = rb.p;
-    *content = cb.p;
-    if (reasoning_len)
-        *reasoning_len = rb.len;
-    if (content_len)
-        *content_len = cb.len;
-    return 0;
-fail:
-    free(rb.p);
-    free(cb.p);
-    return -INFERD_ENOMEM;
+    /* a failed append is remembered by the buffer, so one check covers the loop */
+    *reasoning = strbuf_take(&rb, reasoning_len);
+    *content = strbuf_take(&cb, content_len);
+    if (*reasoning && *content)
+        return 0;
+    free(*reasoning);
+    free(*content);
+    *reasoning = *content = NULL;
+    return nomem(err);
 }

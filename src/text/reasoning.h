@@ -1,6 +1,6 @@
-/* engine/reasoning.h — splits generated text into reasoning (inside <think>…</think>) and content, streaming. */
-#ifndef INFERD_ENGINE_REASONING_H
-#define INFERD_ENGINE_REASONING_H
+/* text/reasoning.h — splits generated text into reasoning (inside <think>…</think>) and content, streaming. */
+#ifndef INFERD_TEXT_REASONING_H
+#define INFERD_TEXT_REASONING_H
 
 #include <stdbool.h>
 #include <stddef.h>
