@@ -8,7 +8,7 @@
 
 #include "api/prompt.h"
 #include "base/timer.h"
-#include "engine/reasoning.h"
+#include "text/reasoning.h"
 
 /* How often a waiting reader looks whether its client is still there. */
 #define WAIT_SLICE_MS 50

@@ -11,7 +11,6 @@
 #include "api/generation.h"
 #include "api/openai.h"
 #include "base/timer.h"
-#include "text/reasoning.h"
 
 /* What OpenAI reports for a token that cannot be sampled (-inf). */
 #define LOGPROB_FLOOR -9999.0

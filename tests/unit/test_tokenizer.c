@@ -1,4 +1,4 @@
-/* tests/unit/test_tokenizer.c — tokenizer.json semantics: each component on small hand-written files, bad input, and the real Qwen3/Llama 3/Gemma 3 tokenizers against the golden vectors of shared/spec/tokenizers.md §1.4 (those skip without INFERD_TOKENIZER_DATA). */
+/* tests/unit/test_tokenizer.c — tokenizer.json semantics: each component on small hand-written files, bad input, and the real Qwen3/Llama 3/Gemma 3 tokenizers against golden vectors recorded from the Hugging Face reference tokenizers (those skip without INFERD_TOKENIZER_DATA). */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
