@@ -278,7 +278,7 @@ static struct generation *start_generation(struct http_exchange *x, enum gen_req
 static bool wait_for_news(struct generation *g)
 {
     struct gen_output *o = g->out;
-    while (o->finish == GEN_RUNNING && o->text_len <= g->text_sent &&
+    while (o->finish == GEN_RUNNING && o->text.len <= g->text_sent &&
            o->n_tokens <= g->tokens_sent) {
         gen_output_wait(o, g->text_sent, g->tokens_sent, WAIT_SLICE_MS);
         if (o->finish == GEN_RUNNING && http_client_gone(g->client_fd)) {
@@ -308,7 +308,7 @@ static void respond_json(struct http_exchange *x, struct generation *g)
     while (o->finish == GEN_RUNNING) {
         if (!wait_for_news(g))
             break;
-        g->text_sent = o->text_len;
+        g->text_sent = o->text.len;
         g->tokens_sent = o->n_tokens;
     }
     enum gen_finish finish = o->finish;
@@ -330,7 +330,7 @@ static void respond_json(struct http_exchange *x, struct generation *g)
                                                                    : "text_completion");
     json_object *choice = json_object_new_object();
     json_object_object_add(choice, "index", json_object_new_int(0));
-    const char *text = o->text ? o->text : "";
+    const char *text = o->text.data ? o->text.data : "";
     if (g->kind == GEN_REQUEST_CHAT) {
         json_object *msg = json_object_new_object();
         json_object_object_add(msg, "role", json_object_new_string("assistant"));
@@ -338,13 +338,13 @@ static void respond_json(struct http_exchange *x, struct generation *g)
         size_t rlen = 0, clen = 0;
         struct err err = {0};
         if (g->split_reasoning &&
-            reasoning_split_all(text, o->text_len, g->starts_inside, &reasoning, &rlen, &content,
+            reasoning_split_all(text, o->text.len, g->starts_inside, &reasoning, &rlen, &content,
                                 &clen, &err) == 0) {
             json_object_object_add(msg, "content", jstr(content, clen));
             if (rlen > 0)
                 json_object_object_add(msg, "reasoning_content", jstr(reasoning, rlen));
         } else {
-            json_object_object_add(msg, "content", jstr(text, o->text_len));
+            json_object_object_add(msg, "content", jstr(text, o->text.len));
         }
         free(reasoning);
         free(content);
@@ -352,13 +352,13 @@ static void respond_json(struct http_exchange *x, struct generation *g)
         json_object_object_add(choice, "message", msg);
         json_object_object_add(choice, "logprobs",
                                g->logprobs >= 0
-                                   ? chat_logprobs_json(g->srv->tok, o->tokens, o->n_tokens)
+                                   ? chat_logprobs_json(g->srv->tok, gen_output_tokens(o), o->n_tokens)
                                    : NULL);
     } else {
-        json_object_object_add(choice, "text", jstr(text, o->text_len));
+        json_object_object_add(choice, "text", jstr(text, o->text.len));
         json_object_object_add(
             choice, "logprobs",
-            g->logprobs >= 0 ? completion_logprobs_json(g->srv->tok, o->tokens, o->n_tokens, 0, 0)
+            g->logprobs >= 0 ? completion_logprobs_json(g->srv->tok, gen_output_tokens(o), o->n_tokens, 0, 0)
                              : NULL);
     }
     json_object_object_add(choice, "finish_reason", json_object_new_string(finish_name(finish)));
@@ -423,16 +423,16 @@ static bool stream_produce(void *ctx, struct strbuf *out, bool *done)
             pthread_mutex_unlock(&o->mu);
             return false;
         }
-        size_t from = g->text_sent, to = o->text_len;
+        size_t from = g->text_sent, to = o->text.len;
         size_t t_from = g->tokens_sent, t_to = o->n_tokens;
         enum gen_finish finish = o->finish;
         /* Copy out under the lock: the engine may grow (move) the buffers. */
         char *text = to > from ? malloc(to - from) : NULL;
         struct gen_token *toks = t_to > t_from ? malloc((t_to - t_from) * sizeof *toks) : NULL;
         if (text)
-            memcpy(text, o->text + from, to - from);
+            memcpy(text, o->text.data + from, to - from);
         if (toks)
-            memcpy(toks, o->tokens + t_from, (t_to - t_from) * sizeof *toks);
+            memcpy(toks, gen_output_tokens(o) + t_from, (t_to - t_from) * sizeof *toks);
         pthread_mutex_unlock(&o->mu);
         if ((to > from && !text) || (t_to > t_from && !toks)) {
             free(text);

@@ -102,11 +102,18 @@ static void running_remove_at(struct sched *sc, int i)
     sc->n_running--;
 }
 
-void sched_remove_running(struct sched *sc, struct seq *s)
+void sched_remove(struct sched *sc, struct seq *s)
 {
     for (int i = 0; i < sc->n_running; i++)
         if (sc->running[i] == s) {
             running_remove_at(sc, i);
+            return;
+        }
+    for (int i = 0; i < sc->n_waiting; i++)
+        if (sc->waiting[i] == s) {
+            memmove(sc->waiting + i, sc->waiting + i + 1,
+                    (size_t)(sc->n_waiting - i - 1) * sizeof *sc->waiting);
+            sc->n_waiting--;
             return;
         }
 }
