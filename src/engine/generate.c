@@ -21,13 +21,13 @@ int generator_create(const struct model *m, int n_ctx, int max_chunk, struct gen
     }
     g->model = m;
     g->n_ctx = n_ctx;
-    /* One sequence; the pool holds its whole context plus the position the
+    /* One sequence; the pool holds its whole context and the position the
      * admission rule keeps free for the token after it. */
     struct sched_config cfg = {
         .n_ctx = n_ctx,
         .max_seqs = 1,
         .max_step_tokens = max_chunk < n_ctx ? max_chunk : n_ctx,
-        .kv_blocks = (n_ctx + KV_BLOCK_SIZE_DEFAULT) / KV_BLOCK_SIZE_DEFAULT,
+        .kv_blocks = kv_blocks_for(n_ctx + 1, KV_BLOCK_SIZE_DEFAULT),
     };
     int rc = sched_init(g->sched, m, &cfg, NULL, err);
     if (rc < 0) {

@@ -14,7 +14,7 @@ int sched_init(struct sched *sc, const struct model *m, const struct sched_confi
     sc->cfg = *cfg;
     sc->metrics = metrics;
     int block_size = KV_BLOCK_SIZE_DEFAULT;
-    int min_blocks = (cfg->n_ctx + block_size - 1) / block_size;
+    int min_blocks = kv_blocks_for(cfg->n_ctx, block_size);
     if (sc->cfg.kv_blocks == 0)
         sc->cfg.kv_blocks = min_blocks * cfg->max_seqs;
     if (sc->cfg.kv_blocks < min_blocks)

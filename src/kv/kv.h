@@ -32,6 +32,12 @@
  * Everything else reads the size from the pool or manager it holds. */
 #define KV_BLOCK_SIZE_DEFAULT 16
 
+/* Blocks of block_size positions that cover n_positions positions. */
+static inline int kv_blocks_for(int n_positions, int block_size)
+{
+    return (n_positions + block_size - 1) / block_size;
+}
+
 enum kv_scale_layout {
     KV_SCALES_NONE = 0, /* values are stored as they are (f32, f16, bf16) */
 };

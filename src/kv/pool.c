@@ -82,7 +82,7 @@ void kv_pool_release(struct kv_pool *pool, uint32_t block)
 
 int kv_pool_blocks_for(const struct kv_pool *pool, int n_positions)
 {
-    return (n_positions + pool->cache.block_size - 1) / pool->cache.block_size;
+    return kv_blocks_for(n_positions, pool->cache.block_size);
 }
 
 void block_table_init(struct block_table *bt) { memset(bt, 0, sizeof *bt); }
