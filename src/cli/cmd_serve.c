@@ -15,6 +15,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/device.h"
+#include "kv/kv.h"
 
 #define DEFAULT_CTX_CAP 8192
 #define DEFAULT_KV_MB 4096
@@ -158,10 +159,9 @@ static void engine_sizes(const struct serve_options *o, const struct model *m,
         ctx = DEFAULT_CTX_CAP;
     if (ctx < 2)
         ctx = 2;
-    size_t bytes_per_token =
-        (size_t)c->n_layers * c->n_kv_heads * c->head_dim * 2 * dtype_size(m->backend->kv_dtype);
+    struct kv_format format = kv_format_of_dtype(m->backend->kv_dtype);
     size_t budget = (size_t)(o->kv_mb ? o->kv_mb : DEFAULT_KV_MB) << 20;
-    long tokens = (long)(budget / bytes_per_token);
+    long tokens = (long)(budget / kv_format_bytes_per_token(c, &format));
     if (tokens > ctx * o->max_batch)
         tokens = ctx * o->max_batch;
     if (tokens < ctx)
@@ -171,7 +171,7 @@ static void engine_sizes(const struct serve_options *o, const struct model *m,
         .max_seqs = (int)o->max_batch,
         .max_step_tokens = (int)(o->max_batch > 512 ? o->max_batch : 512),
         .max_queue = (int)o->max_queue,
-        .kv_blocks = (int)((tokens + 15) / 16),
+        .kv_blocks = (int)((tokens + KV_BLOCK_SIZE_DEFAULT - 1) / KV_BLOCK_SIZE_DEFAULT),
     };
 }
 

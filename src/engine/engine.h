@@ -11,6 +11,7 @@
 
 #include "base/err.h"
 #include "base/histogram.h"
+#include "base/strbuf.h"
 #include "engine/sampler.h"
 #include "model/model.h"
 
@@ -57,15 +58,16 @@ struct gen_token {
 };
 
 /* The hand-off from the engine thread to the request's HTTP thread. The engine
- * appends under mu and signals cv; the reader copies out under mu. Owned jointly
- * (refs): whoever drops the last reference frees it. */
+ * appends a step's news under mu and signals cv once per step; the reader
+ * copies out under mu (gen_output_drain). Owned jointly (refs): whoever drops
+ * the last reference frees it. */
 struct gen_output {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    char *text;                /* owned; emitted text (stop strings never appear) */
-    size_t text_len, text_cap;
-    struct gen_token *tokens;  /* owned; one per generated token when logprobs >= 0 */
-    size_t n_tokens, tokens_cap;
+    struct strbuf text;        /* emitted text (stop strings never appear) */
+    struct strbuf tokens;      /* n_tokens struct gen_token entries, one per generated token
+                                  when logprobs >= 0 (gen_output_tokens) */
+    size_t n_tokens;
     int n_prompt;              /* prompt tokens */
     int n_cached;              /* prompt tokens whose KV was reused */
     int n_generated;           /* tokens sampled so far */
@@ -75,6 +77,12 @@ struct gen_output {
     atomic_bool cancel;        /* set by the reader; honoured at the next step */
     int refs;
 };
+
+/* The token records of o, n_tokens of them; read under mu. */
+static inline const struct gen_token *gen_output_tokens(const struct gen_output *o)
+{
+    return (const struct gen_token *)(const void *)o->tokens.data;
+}
 
 /* Blocks until the output has more than text_len bytes / n_tokens tokens,
  * or is finished, or timeout_ms passes. Call with mu held. */

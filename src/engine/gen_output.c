@@ -1,11 +1,12 @@
 /* engine/gen_output.c — the shared record through which the engine thread hands a request's
- * text and tokens to the thread that answers it. */
+ * text and tokens to the thread that answers it: one lock and one wake-up per step. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "base/strbuf.h"
 #include "engine/sequence.h"
 
 struct gen_output *gen_output_create(int n_prompt)
@@ -28,63 +29,43 @@ struct gen_output *gen_output_create(int n_prompt)
     return o;
 }
 
-static bool grow(void **buf, size_t *cap, size_t need, size_t elem)
+void gen_pending_free(struct gen_pending *p)
 {
-    if (need <= *cap)
+    strbuf_free(&p->text);
+    strbuf_free(&p->tokens);
+    p->n_generated = 0;
+}
+
+bool gen_output_publish(struct gen_output *o, struct gen_pending *p)
+{
+    if (p->text.len == 0 && p->tokens.len == 0 && p->n_generated == 0 &&
+        p->finish == GEN_RUNNING && !p->text.failed && !p->tokens.failed)
         return true;
-    size_t n = *cap ? *cap : 64;
-    while (n < need)
-        n *= 2;
-    void *p = realloc(*buf, n * elem);
-    if (!p)
-        return false;
-    *buf = p;
-    *cap = n;
-    return true;
-}
-
-bool gen_output_publish(struct gen_output *o, const char *text, size_t len, bool new_token,
-                        const struct gen_token *token)
-{
-    bool ok = true;
+    bool ok = !p->text.failed && !p->tokens.failed;
+    struct gen_token *tokens = (struct gen_token *)p->tokens.data;
+    size_t n_tokens = p->tokens.len / sizeof *tokens;
     pthread_mutex_lock(&o->mu);
-    if (len > 0) {
-        if (grow((void **)&o->text, &o->text_cap, o->text_len + len + 1, 1)) {
-            memcpy(o->text + o->text_len, text, len);
-            o->text_len += len;
-            o->text[o->text_len] = '\0';
-        } else {
+    size_t base = o->text.len;
+    if (p->text.len > 0)
+        ok = strbuf_append(&o->text, p->text.data, p->text.len) && ok;
+    for (size_t i = 0; i < n_tokens; i++)
+        tokens[i].text_end += base;
+    if (n_tokens > 0) {
+        if (strbuf_append(&o->tokens, p->tokens.data, p->tokens.len))
+            o->n_tokens += n_tokens;
+        else
             ok = false;
-        }
     }
-    if (new_token)
-        o->n_generated++;
-    if (token) {
-        if (grow((void **)&o->tokens, &o->tokens_cap, o->n_tokens + 1, sizeof *o->tokens)) {
-            o->tokens[o->n_tokens] = *token;
-            o->tokens[o->n_tokens].text_end = o->text_len;
-            o->n_tokens++;
-        } else {
-            ok = false;
-        }
+    o->n_generated += p->n_generated;
+    if (p->finish != GEN_RUNNING && o->finish == GEN_RUNNING) {
+        o->finish = p->finish;
+        o->error_code = p->error_code;
+        memcpy(o->error, p->error, sizeof o->error);
     }
     pthread_cond_broadcast(&o->cv);
     pthread_mutex_unlock(&o->mu);
+    gen_pending_free(p);
     return ok;
-}
-
-void gen_output_finish(struct gen_output *o, enum gen_finish why, int error_code,
-                       const char *error)
-{
-    pthread_mutex_lock(&o->mu);
-    if (o->finish == GEN_RUNNING) {
-        o->finish = why;
-        o->error_code = error_code;
-        if (error)
-            snprintf(o->error, sizeof o->error, "%s", error);
-    }
-    pthread_cond_broadcast(&o->cv);
-    pthread_mutex_unlock(&o->mu);
 }
 
 void gen_output_wait(struct gen_output *o, size_t text_len, size_t n_tokens, int timeout_ms)
@@ -97,7 +78,7 @@ void gen_output_wait(struct gen_output *o, size_t text_len, size_t n_tokens, int
         until.tv_sec++;
         until.tv_nsec -= 1000000000L;
     }
-    while (o->finish == GEN_RUNNING && o->text_len <= text_len && o->n_tokens <= n_tokens) {
+    while (o->finish == GEN_RUNNING && o->text.len <= text_len && o->n_tokens <= n_tokens) {
         if (pthread_cond_timedwait(&o->cv, &o->mu, &until) == ETIMEDOUT)
             break;
     }
@@ -110,7 +91,7 @@ int gen_output_drain(struct gen_output *o, struct gen_cursor *cur, int timeout_m
     pthread_mutex_lock(&o->mu);
     if (timeout_ms > 0)
         gen_output_wait(o, cur->text, cur->tokens, timeout_ms);
-    size_t text_len = o->text_len > cur->text ? o->text_len - cur->text : 0;
+    size_t text_len = o->text.len > cur->text ? o->text.len - cur->text : 0;
     size_t n_tokens = o->n_tokens > cur->tokens ? o->n_tokens - cur->tokens : 0;
     /* Copied under the lock: the engine may grow (move) the buffers. */
     char *text = text_len ? malloc(text_len + 1) : NULL;
@@ -122,11 +103,11 @@ int gen_output_drain(struct gen_output *o, struct gen_cursor *cur, int timeout_m
         return -INFERD_ENOMEM;
     }
     if (text) {
-        memcpy(text, o->text + cur->text, text_len);
+        memcpy(text, o->text.data + cur->text, text_len);
         text[text_len] = '\0';
     }
     if (tokens)
-        memcpy(tokens, o->tokens + cur->tokens, n_tokens * sizeof *tokens);
+        memcpy(tokens, gen_output_tokens(o) + cur->tokens, n_tokens * sizeof *tokens);
     news->text = text;
     news->text_len = text_len;
     news->text_from = cur->text;
@@ -163,7 +144,7 @@ void gen_output_release(struct gen_output *o)
         return;
     pthread_mutex_destroy(&o->mu);
     pthread_cond_destroy(&o->cv);
-    free(o->text);
-    free(o->tokens);
+    strbuf_free(&o->text);
+    strbuf_free(&o->tokens);
     free(o);
 }

@@ -1,9 +1,12 @@
-/* engine/generate.c — single-sequence generation over the paged KV pool (CLI run, bench). */
+/* engine/generate.c — single-sequence generation for `inferd run` and `inferd bench`: the
+ * serving loop (engine/scheduler.h) driven step by step on the caller's thread, no engine
+ * thread in between. */
 #include "engine/generate.h"
 
 #include <stdlib.h>
+#include <string.h>
 
-#define GENERATOR_BLOCK_SIZE 16
+#include "engine/scheduler.h"
 
 int generator_create(const struct model *m, int n_ctx, int max_chunk, struct generator **out,
                      struct err *err)
@@ -12,19 +15,28 @@ int generator_create(const struct model *m, int n_ctx, int max_chunk, struct gen
         return err_set(err, INFERD_ERANGE, "context %d and chunk %d must be positive", n_ctx,
                        max_chunk);
     struct generator *g = calloc(1, sizeof *g);
-    if (!g)
+    if (!g || !(g->sched = calloc(1, sizeof *g->sched))) {
+        free(g);
         return err_set(err, INFERD_ENOMEM, "out of memory for a generator");
+    }
     g->model = m;
     g->n_ctx = n_ctx;
-    g->max_chunk = max_chunk < n_ctx ? max_chunk : n_ctx;
-    block_table_init(&g->blocks);
-    int n_blocks = (n_ctx + GENERATOR_BLOCK_SIZE - 1) / GENERATOR_BLOCK_SIZE;
-    int rc = kv_pool_create(m, m->backend, n_blocks, GENERATOR_BLOCK_SIZE, &g->pool, err);
-    if (rc == 0)
-        rc = forward_state_create(m, g->max_chunk, &g->state, err);
-    if (rc == 0 && !(g->logits = malloc((size_t)m->config.vocab_size * sizeof(float))))
-        rc = err_set(err, INFERD_ENOMEM, "out of memory for logits");
+    /* One sequence; the pool holds its whole context and the position the
+     * admission rule keeps free for the token after it. */
+    struct sched_config cfg = {
+        .n_ctx = n_ctx,
+        .max_seqs = 1,
+        .max_step_tokens = max_chunk < n_ctx ? max_chunk : n_ctx,
+        .kv_blocks = kv_blocks_for(n_ctx + 1, KV_BLOCK_SIZE_DEFAULT),
+    };
+    int rc = sched_init(g->sched, m, &cfg, NULL, err);
     if (rc < 0) {
+        free(g->sched);
+        free(g);
+        return rc;
+    }
+    g->logits = g->sched->logits;
+    if ((rc = seq_create_detached(n_ctx, &g->seq, err)) < 0) {
         generator_free(g);
         return rc;
     }
@@ -36,69 +48,55 @@ void generator_free(struct generator *g)
 {
     if (!g)
         return;
-    if (g->pool)
-        block_table_clear(g->pool, &g->blocks);
-    forward_state_free(g->state);
-    kv_pool_free(g->pool);
-    free(g->logits);
+    if (g->seq) {
+        sched_remove(g->sched, g->seq);
+        seq_free(g->seq, g->sched->kv);
+    }
+    sched_free(g->sched);
+    free(g->sched);
     free(g);
 }
 
-/* The last chunk's step when its prediction is picked on the backend:
- * sampled there, with only the result (and a row it hands back) copied. */
-static int forward_picked(struct generator *g, struct batch *batch, struct sampler *s,
-                          int32_t *token, bool *picked, struct err *err)
+void generator_reset(struct generator *g)
 {
-    struct sample_spec spec;
-    struct sample_result res;
-    if (sampler_fill_spec(s, -1, &spec) < 0) /* out of memory: the host picks instead */
-        return model_forward(g->model, g->state, &g->pool->cache, batch, g->logits, err);
-    int rc = model_forward_sampled(g->model, g->state, &g->pool->cache, batch, &spec, &res,
-                                   g->logits, err);
-    if (rc == 0) {
-        *token = sampler_take_result(s, &spec, &res, g->logits);
-        *picked = true;
-    }
-    return rc;
+    sched_remove(g->sched, g->seq);
+    kv_manager_free(g->sched->kv, &g->seq->kv);
+    g->seq->n_tokens = g->seq->n_computed = 0;
 }
 
-/* Feeds tokens in chunks; when s is given, picks the token after them into *token. */
+/* Appends tokens and steps until their K/V are in the cache; the last step
+ * picks with s (NULL: leaves the logits). */
 static int feed(struct generator *g, const int32_t *tokens, int n, struct sampler *s,
                 int32_t *token, struct err *err)
 {
+    struct seq *q = g->seq;
     if (n < 1)
         return err_set(err, INFERD_EINVAL, "nothing to feed");
-    if (n > g->n_ctx - g->n_past)
+    if (n > g->n_ctx - q->n_tokens)
         return err_set(err, INFERD_ERANGE,
                        "%d more tokens do not fit: %d of %d context positions are used", n,
-                       g->n_past, g->n_ctx);
-    int rc = block_table_reserve(g->pool, &g->blocks, g->n_past + n, err);
-    if (rc < 0)
-        return rc;
-    bool picked = false;
-    for (int done = 0; done < n;) {
-        int chunk = n - done < g->max_chunk ? n - done : g->max_chunk;
-        bool last = done + chunk == n;
-        struct batch_seq seq = {
-            .tokens = tokens + done,
-            .n_tokens = chunk,
-            .pos0 = g->n_past,
-            .block_ids = g->blocks.blocks,
-            .n_block_ids = g->blocks.n_blocks,
-            .no_logits = !last, /* only the last chunk's prediction is read */
-        };
-        struct batch batch = {&seq, 1};
-        if (last && s && model_samples_on_backend(g->model))
-            rc = forward_picked(g, &batch, s, token, &picked, err);
-        else
-            rc = model_forward(g->model, g->state, &g->pool->cache, &batch, g->logits, err);
-        if (rc < 0)
-            return rc;
-        g->n_past += chunk;
-        done += chunk;
+                       q->n_tokens, g->n_ctx);
+    memcpy(q->tokens + q->n_tokens, tokens, (size_t)n * sizeof *tokens);
+    q->n_tokens += n;
+    q->sampler = s;
+    if (g->sched->n_running == 0) {
+        if (!sched_enqueue(g->sched, q, false)) {
+            generator_reset(g);
+            return err_set(err, INFERD_ENOMEM, "out of memory for a generator's queue");
+        }
+        sched_admit(g->sched);
     }
-    if (s && !picked)
-        *token = sampler_pick(s, g->logits);
+    while (q->n_computed < q->n_tokens) {
+        int rc = sched_step(g->sched, err);
+        if (rc == 0) /* not scheduled: never expected, as the pool fits the whole context */
+            rc = err_set(err, INFERD_ENOMEM, "the KV pool cannot hold %d positions", q->n_tokens);
+        if (rc < 0) {
+            generator_reset(g);
+            return rc;
+        }
+    }
+    if (s)
+        *token = q->last_pick;
     return 0;
 }
 
@@ -111,10 +109,4 @@ int generator_feed_pick(struct generator *g, const int32_t *tokens, int n, struc
                         int32_t *token, struct err *err)
 {
     return feed(g, tokens, n, s, token, err);
-}
-
-void generator_reset(struct generator *g)
-{
-    block_table_clear(g->pool, &g->blocks);
-    g->n_past = 0;
 }

@@ -1,21 +1,21 @@
-/* engine/generate.h — one sequence generated start to finish: chunked prefill, then token-by-token decode. */
+/* engine/generate.h — one sequence generated start to finish on the caller's thread, through
+ * the serving loop itself (same batches, forward calls, picks and KV bookkeeping as serve). */
 #ifndef INFERD_ENGINE_GENERATE_H
 #define INFERD_ENGINE_GENERATE_H
 
 #include "engine/sampler.h"
-#include "kv/kv.h"
 #include "model/model.h"
 
+struct sched;
+struct seq;
+
 struct generator {
-    const struct model *model;   /* borrowed */
-    struct kv_pool *pool;        /* owned */
-    struct forward_state *state; /* owned */
-    struct block_table blocks;
-    int max_chunk;               /* prefill tokens per forward step */
-    int n_ctx;                   /* positions the pool can hold */
-    int n_past;                  /* positions already in the KV cache */
-    float *logits;               /* owned; vocab_size floats, the last step's last row (not
-                                    updated by a pick the backend made) */
+    const struct model *model; /* borrowed */
+    struct sched *sched;       /* owned; the serving loop, one sequence at most */
+    struct seq *seq;           /* owned; the sequence fed so far */
+    int n_ctx;                 /* positions the sequence can hold */
+    const float *logits;       /* vocab_size floats: the last step's row for the sequence (not
+                                  updated by a pick the backend made); borrowed from sched */
 };
 
 /* A generator for contexts up to n_ctx tokens, prefilling max_chunk tokens per step. */
@@ -32,7 +32,8 @@ int generator_feed(struct generator *g, const int32_t *tokens, int n, struct err
 int generator_feed_pick(struct generator *g, const int32_t *tokens, int n, struct sampler *s,
                         int32_t *token, struct err *err);
 
-/* Forgets the sequence (blocks go back to the pool). */
+/* Forgets the sequence (blocks go back to the pool). After a failed feed the
+ * sequence is forgotten too. */
 void generator_reset(struct generator *g);
 
 #endif

@@ -1,7 +1,8 @@
 /* engine/sequence.c — a request's life inside the engine: sample, decode, match stop strings,
- * publish text to the reader. */
+ * stage text for the reader and publish it once per step. */
 #include "engine/sequence.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,7 +26,7 @@ int seq_create(const struct gen_params *p, const struct tokenizer *tok, int n_vo
     struct seq *s = calloc(1, sizeof *s);
     if (!s)
         return err_set(err, INFERD_ENOMEM, "out of memory for a sequence");
-    block_table_init(&s->blocks);
+    kv_seq_init(&s->kv);
     int rc = 0;
     s->tokens = malloc(((size_t)p->n_prompt + (size_t)p->max_tokens) * sizeof(int32_t));
     s->eos_ids = malloc(((size_t)p->n_eos + 1) * sizeof(int32_t));
@@ -40,11 +41,12 @@ int seq_create(const struct gen_params *p, const struct tokenizer *tok, int n_vo
     s->n_prompt = s->n_tokens = p->n_prompt;
     s->max_tokens = p->max_tokens;
     s->logprobs = p->logprobs;
-    rc = sampler_init(&s->sampler, &p->sampling, n_vocab, err);
+    rc = sampler_init(&s->own_sampler, &p->sampling, n_vocab, err);
     if (rc < 0)
         goto fail;
     s->sampler_ready = true;
-    sampler_observe_prompt(&s->sampler, p->prompt, p->n_prompt);
+    s->sampler = &s->own_sampler;
+    sampler_observe_prompt(s->sampler, p->prompt, p->n_prompt);
     if ((rc = detok_create(tok, true, &s->detok, err)) < 0)
         goto fail;
     if ((rc = stop_matcher_create(p->stop, p->n_stop, &s->stop, err)) < 0)
@@ -63,15 +65,30 @@ fail:
     return rc;
 }
 
-void seq_free(struct seq *s, struct kv_pool *pool)
+int seq_create_detached(int n_ctx, struct seq **out, struct err *err)
+{
+    struct seq *s = calloc(1, sizeof *s);
+    if (!s || !(s->tokens = malloc((size_t)n_ctx * sizeof(int32_t)))) {
+        free(s);
+        return err_set(err, INFERD_ENOMEM, "out of memory for a sequence of %d tokens", n_ctx);
+    }
+    kv_seq_init(&s->kv);
+    s->max_tokens = n_ctx;
+    s->logprobs = -1;
+    *out = s;
+    return 0;
+}
+
+void seq_free(struct seq *s, struct kv_manager *kv)
 {
     if (!s)
         return;
-    if (pool)
-        block_table_clear(pool, &s->blocks);
-    free(s->blocks.blocks);
+    if (kv)
+        kv_manager_free(kv, &s->kv);
+    free(s->kv.table.blocks);
     if (s->sampler_ready)
-        sampler_free(&s->sampler);
+        sampler_free(&s->own_sampler);
+    gen_pending_free(&s->pending);
     detok_free(s->detok);
     stop_matcher_free(s->stop);
     if (s->out)
@@ -89,9 +106,27 @@ static bool is_eos(const struct seq *s, int32_t id)
     return false;
 }
 
+/* Adds text (and a token record) to what the reader gets at the end of the
+ * step; a failed allocation cancels the request, as the news is lost. */
+static void stage(struct seq *s, const char *text, size_t len, bool new_token,
+                  const struct gen_token *token)
+{
+    struct gen_pending *p = &s->pending;
+    bool ok = len == 0 || strbuf_append(&p->text, text, len);
+    if (new_token)
+        p->n_generated++;
+    if (token) {
+        struct gen_token t = *token;
+        t.text_end = p->text.len;
+        ok = strbuf_append(&p->tokens, (const char *)&t, sizeof t) && ok;
+    }
+    if (!ok)
+        atomic_store(&s->out->cancel, true);
+}
+
 /* Text through the stop matcher to the reader; true when a stop string fired. */
-static bool publish_text(struct seq *s, const char *text, size_t len, bool new_token,
-                         const struct gen_token *token)
+static bool stage_text(struct seq *s, const char *text, size_t len, bool new_token,
+                       const struct gen_token *token)
 {
     struct err err = {0};
     const char *emit = "";
@@ -100,8 +135,7 @@ static bool publish_text(struct seq *s, const char *text, size_t len, bool new_t
     if (len > 0 && stop_matcher_push(s->stop, text, len, &emit, &emit_len, &stopped, &err) < 0) {
         emit_len = 0;
     }
-    if (!gen_output_publish(s->out, emit, emit_len, new_token, token))
-        atomic_store(&s->out->cancel, true);
+    stage(s, emit, emit_len, new_token, token);
     return stopped;
 }
 
@@ -110,7 +144,10 @@ static bool publish_text(struct seq *s, const char *text, size_t len, bool new_t
 static enum gen_finish emit_token(struct seq *s, int32_t id, int n_ctx,
                                   struct engine_metrics *metrics)
 {
-    sampler_accept(&s->sampler, id);
+    s->last_pick = id;
+    if (!s->out) /* detached: its driver accepts the pick and feeds it back */
+        return GEN_RUNNING;
+    sampler_accept(s->sampler, id);
     s->tokens[s->n_tokens++] = id;
 
     uint64_t t = now_ns();
@@ -127,12 +164,12 @@ static enum gen_finish emit_token(struct seq *s, int32_t id, int n_ctx,
     if (s->logprobs >= 0) {
         memset(&tk, 0, sizeof tk);
         tk.id = id;
-        tk.n_top = sampler_logprobs(&s->sampler, id, s->logprobs, &tk.logprob, tk.top);
+        tk.n_top = sampler_logprobs(s->sampler, id, s->logprobs, &tk.logprob, tk.top);
         token = &tk;
     }
 
     if (is_eos(s, id)) {
-        publish_text(s, NULL, 0, true, token);
+        stage_text(s, NULL, 0, true, token);
         return GEN_FINISH_STOP;
     }
     struct err err = {0};
@@ -140,7 +177,7 @@ static enum gen_finish emit_token(struct seq *s, int32_t id, int n_ctx,
     size_t len = 0;
     if (detok_push(s->detok, id, &text, &len, &err) < 0)
         len = 0;
-    if (publish_text(s, text, len, true, token))
+    if (stage_text(s, text, len, true, token))
         return GEN_FINISH_STOP;
     if (n_generated >= s->max_tokens || s->n_tokens >= n_ctx)
         return GEN_FINISH_LENGTH;
@@ -149,18 +186,20 @@ static enum gen_finish emit_token(struct seq *s, int32_t id, int n_ctx,
 
 enum gen_finish seq_take_token(struct seq *s, const float *logits, int n_ctx, struct engine_metrics *metrics)
 {
-    return emit_token(s, sampler_pick(&s->sampler, logits), n_ctx, metrics);
+    return emit_token(s, sampler_pick(s->sampler, logits), n_ctx, metrics);
 }
 
 enum gen_finish seq_take_result(struct seq *s, const struct sample_spec *spec,
                                 const struct sample_result *res, const float *host_row, int n_ctx,
                                 struct engine_metrics *metrics)
 {
-    return emit_token(s, sampler_take_result(&s->sampler, spec, res, host_row), n_ctx, metrics);
+    return emit_token(s, sampler_take_result(s->sampler, spec, res, host_row), n_ctx, metrics);
 }
 
 void seq_finish(struct seq *s, enum gen_finish why, int error_code, const char *error)
 {
+    if (!s->out)
+        return;
     struct err err = {0};
     const char *text = "";
     size_t len = 0;
@@ -168,9 +207,19 @@ void seq_finish(struct seq *s, enum gen_finish why, int error_code, const char *
     if (!stopped && why != GEN_FINISH_ERROR) {
         /* The detokenizer's held-back bytes, then whatever the stop matcher still holds. */
         if (detok_flush(s->detok, &text, &len, &err) == 0 && len > 0)
-            stopped = publish_text(s, text, len, false, NULL);
+            stopped = stage_text(s, text, len, false, NULL);
         if (!stopped && stop_matcher_flush(s->stop, &text, &len, &err) == 0 && len > 0)
-            gen_output_publish(s->out, text, len, false, NULL);
+            stage(s, text, len, false, NULL);
     }
-    gen_output_finish(s->out, why, error_code, error);
+    struct gen_pending *p = &s->pending;
+    p->finish = why;
+    p->error_code = error_code;
+    if (error)
+        snprintf(p->error, sizeof p->error, "%s", error);
+}
+
+void seq_publish(struct seq *s)
+{
+    if (s->out && !gen_output_publish(s->out, &s->pending))
+        atomic_store(&s->out->cancel, true);
 }

@@ -1,19 +1,33 @@
-/* engine/sequence.h — one request inside the engine: its tokens, KV blocks, sampler,
- * detokenizer and stop strings. Used only by the engine thread. */
+/* engine/sequence.h — one request inside the engine: its tokens, KV slots, sampler,
+ * detokenizer and stop strings, and what it has produced since it last told its reader.
+ * Used only by the thread that drives the serving loop. */
 #ifndef INFERD_ENGINE_SEQUENCE_H
 #define INFERD_ENGINE_SEQUENCE_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "base/strbuf.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
 #include "engine/stop.h"
 #include "kv/kv.h"
 #include "text/tokenizer.h"
 
+/* What a sequence produced since it last published: filled token by token
+ * without a lock, handed to the reader in one go (gen_output_publish). */
+struct gen_pending {
+    struct strbuf text;        /* emitted text */
+    struct strbuf tokens;      /* struct gen_token entries; text_end counts from text's start */
+    int n_generated;           /* tokens sampled */
+    enum gen_finish finish;    /* GEN_RUNNING, or how the sequence ended */
+    int error_code;            /* with GEN_FINISH_ERROR */
+    char error[256];           /* with GEN_FINISH_ERROR */
+};
+
 struct seq {
-    struct gen_output *out;     /* one reference, dropped by seq_free */
+    struct gen_output *out;     /* one reference, dropped by seq_free; NULL for a sequence a
+                                   generator drives (seq_create_detached) */
     int32_t *tokens;            /* owned; prompt then generated, room for n_prompt + max_tokens */
     int n_prompt;
     int n_tokens;               /* prompt + generated so far */
@@ -22,36 +36,46 @@ struct seq {
     int logprobs;               /* -1: none */
     int32_t *eos_ids;           /* owned; n_eos */
     int n_eos;
-    struct block_table blocks;
-    struct sampler sampler;
-    bool sampler_ready;
+    struct kv_seq kv;           /* slots in the KV cache */
+    /* Picks this sequence's tokens: &own_sampler for a request; for a detached
+     * sequence its driver's (borrowed), or NULL when the driver reads the logits. */
+    struct sampler *sampler;
+    struct sampler own_sampler;
+    bool sampler_ready;         /* own_sampler needs sampler_free */
+    int32_t last_pick;          /* the latest token picked (a detached sequence's result) */
     struct detok *detok;        /* owned */
     struct stop_matcher *stop;  /* owned */
+    struct gen_pending pending; /* not yet published to out */
     uint64_t t_submit_ns, t_last_token_ns;
     uint64_t admit_order;       /* later admissions are preempted first */
 };
 
 /* The engine's side of struct gen_output (engine/gen_output.c). */
 struct gen_output *gen_output_create(int n_prompt);
-/* Appends text (and, for logprobs requests, token) under the lock, counts a
- * generated token when new_token, and wakes the reader; false when memory ran out. */
-bool gen_output_publish(struct gen_output *o, const char *text, size_t len, bool new_token,
-                        const struct gen_token *token);
-void gen_output_finish(struct gen_output *o, enum gen_finish why, int error_code,
-                       const char *error);
+/* Moves p's text, tokens, count and finish into o under one lock with one
+ * wake-up for the reader, and empties p; nothing (no lock) when p holds no
+ * news. False when memory ran out (the news is lost). */
+bool gen_output_publish(struct gen_output *o, struct gen_pending *p);
+void gen_pending_free(struct gen_pending *p);
 
 /* A sequence for p (copied), with a fresh gen_output holding two references
  * (the sequence's and the caller's). */
 int seq_create(const struct gen_params *p, const struct tokenizer *tok, int n_vocab,
                struct seq **out, struct gen_output **output, struct err *err);
 
-/* Returns the blocks to pool (when non-NULL) and drops the output reference. */
-void seq_free(struct seq *s, struct kv_pool *pool);
+/* An empty sequence with room for n_ctx tokens and no reader, for a caller
+ * that drives the serving loop itself: it appends tokens, sets sampler, and
+ * takes last_pick or the logits row after each step. */
+int seq_create_detached(int n_ctx, struct seq **out, struct err *err);
+
+/* Gives the KV slots back to kv (when non-NULL) and drops the output reference. */
+void seq_free(struct seq *s, struct kv_manager *kv);
 
 /* Consumes the logits that predict the token after tokens[n_tokens - 1]:
- * samples it and publishes its text. Returns GEN_RUNNING, or why the
+ * samples it and stages its text. Returns GEN_RUNNING, or why the
  * sequence is finished: GEN_FINISH_STOP (end-of-sequence token or stop
- * string) or GEN_FINISH_LENGTH (max_tokens reached or the context full). */
+ * string) or GEN_FINISH_LENGTH (max_tokens reached or the context full).
+ * A detached sequence only records the pick in last_pick. */
 enum gen_finish seq_take_token(struct seq *s, const float *logits, int n_ctx, struct engine_metrics *metrics);
 
 /* seq_take_token for a token the backend sampled: spec is what
@@ -61,7 +85,11 @@ enum gen_finish seq_take_result(struct seq *s, const struct sample_spec *spec,
                                 const struct sample_result *res, const float *host_row, int n_ctx,
                                 struct engine_metrics *metrics);
 
-/* Publishes the held-back text (unless a stop string fired) and the finish reason. */
+/* Stages the held-back text (unless a stop string fired) and the finish reason. */
 void seq_finish(struct seq *s, enum gen_finish why, int error_code, const char *error);
+
+/* Hands what the sequence staged since the last call to its reader (one
+ * lock, one wake-up; nothing when there is no news). */
+void seq_publish(struct seq *s);
 
 #endif

@@ -15,16 +15,18 @@ int kv_pool_create(const struct model *m, struct backend *be, int n_blocks, int 
     if (n_blocks < 1)
         return err_set(err, INFERD_ERANGE, "KV pool needs at least one block, got %d", n_blocks);
     const struct model_config *c = &m->config;
-    size_t kv_dim = (size_t)c->n_kv_heads * c->head_dim;
-    size_t bytes = (size_t)c->n_layers * n_blocks * block_size * kv_dim * dtype_size(be->kv_dtype);
+    struct kv_format format = kv_format_of_dtype(be->kv_dtype);
+    /* each of K and V: half of a block's bytes */
+    size_t bytes = kv_format_bytes_per_block(c, &format, block_size) / 2 * (size_t)n_blocks;
     struct kv_pool *pool = calloc(1, sizeof *pool);
     if (!pool)
         return err_set(err, INFERD_ENOMEM, "out of memory creating the KV pool");
     pool->backend = be;
+    pool->format = format;
     pool->cache = (struct kv_cache){
         .n_layers = c->n_layers,
         .n_blocks = n_blocks,
-        .dtype = be->kv_dtype,
+        .dtype = format.dtype,
         .block_size = block_size,
         .n_kv_heads = c->n_kv_heads,
         .head_dim = c->head_dim,
@@ -78,12 +80,17 @@ void kv_pool_release(struct kv_pool *pool, uint32_t block)
         pool->free_list[pool->n_free++] = block;
 }
 
+int kv_pool_blocks_for(const struct kv_pool *pool, int n_positions)
+{
+    return kv_blocks_for(n_positions, pool->cache.block_size);
+}
+
 void block_table_init(struct block_table *bt) { memset(bt, 0, sizeof *bt); }
 
 int block_table_reserve(struct kv_pool *pool, struct block_table *bt, int n_positions,
                         struct err *err)
 {
-    int needed = (n_positions + pool->cache.block_size - 1) / pool->cache.block_size;
+    int needed = kv_pool_blocks_for(pool, n_positions);
     if (needed > bt->cap) {
         int cap = bt->cap ? bt->cap : 8;
         while (cap < needed)

@@ -387,15 +387,16 @@ static void engine_greedy(struct backend *be, const char *dir, const struct toke
     for (int i = 0; i < n_prompts; i++) {
         pthread_mutex_lock(&o[i]->mu);
         while (o[i]->finish == GEN_RUNNING)
-            gen_output_wait(o[i], o[i]->text_len, o[i]->n_tokens, 1000);
+            gen_output_wait(o[i], o[i]->text.len, o[i]->n_tokens, 1000);
         pthread_mutex_unlock(&o[i]->mu);
         cr_assert_eq((int)o[i]->n_tokens, max_tokens, "prompt %d: %d tokens", i,
                      (int)o[i]->n_tokens);
+        const struct gen_token *tokens = gen_output_tokens(o[i]);
         for (int k = 0; k < max_tokens; k++) {
-            out[i][k] = o[i]->tokens[k].id;
-            cr_assert_eq(o[i]->tokens[k].n_top, 2);
-            margin[i][k] = o[i]->tokens[k].top[0].logprob - o[i]->tokens[k].top[1].logprob;
-            cr_assert_eq(o[i]->tokens[k].top[0].token, out[i][k],
+            out[i][k] = tokens[k].id;
+            cr_assert_eq(tokens[k].n_top, 2);
+            margin[i][k] = tokens[k].top[0].logprob - tokens[k].top[1].logprob;
+            cr_assert_eq(tokens[k].top[0].token, out[i][k],
                          "greedy's token is its own top logprob");
         }
         gen_output_release(o[i]);

@@ -69,7 +69,7 @@ static void wait_done(struct gen_output *o)
 {
     pthread_mutex_lock(&o->mu);
     while (o->finish == GEN_RUNNING)
-        gen_output_wait(o, o->text_len, o->n_tokens, 1000);
+        gen_output_wait(o, o->text.len, o->n_tokens, 1000);
     pthread_mutex_unlock(&o->mu);
 }
 
@@ -88,16 +88,17 @@ static int ids_of(const struct gen_output *o, int32_t *ids, int cap)
 {
     int n = (int)o->n_tokens < cap ? (int)o->n_tokens : cap;
     for (int i = 0; i < n; i++)
-        ids[i] = o->tokens[i].id;
+        ids[i] = gen_output_tokens(o)[i].id;
     return n;
 }
 
 /* Logprob margin between greedy's choice and the runner-up at each step. */
 static void margins_of(const struct gen_output *o, float *margin, int n)
 {
-    for (int i = 0; i < n; i++)
-        margin[i] = o->tokens[i].n_top >= 2 ? o->tokens[i].top[0].logprob - o->tokens[i].top[1].logprob
-                                            : 1e9f;
+    for (int i = 0; i < n; i++) {
+        const struct gen_token *t = &gen_output_tokens(o)[i];
+        margin[i] = t->n_top >= 2 ? t->top[0].logprob - t->top[1].logprob : 1e9f;
+    }
 }
 
 /* Two greedy runs of one prompt computed in different batch shapes agree
@@ -255,7 +256,7 @@ Test(engine, cancel_finishes_the_generation_early)
     cr_assert_eq(engine_submit(e, &p, &o, &err), 0, "%s", err.msg);
     pthread_mutex_lock(&o->mu);
     while (o->n_generated < 3 && o->finish == GEN_RUNNING)
-        gen_output_wait(o, o->text_len, o->n_tokens, 100);
+        gen_output_wait(o, o->text.len, o->n_tokens, 100);
     pthread_mutex_unlock(&o->mu);
     atomic_store(&o->cancel, true);
     wait_done(o);
@@ -271,17 +272,17 @@ Test(engine, stop_string_ends_the_text_before_it)
     int32_t prompt[] = {785, 6722, 315};
     struct gen_params p = greedy(prompt, 3, 30);
     struct gen_output *o = run_to_end(e, &p);
-    cr_assert_gt(o->text_len, 4);
+    cr_assert_gt(o->text.len, 4);
     /* Stop on a piece of the middle of what greedy decoding produced. */
-    size_t mid = o->text_len / 2;
-    while (mid > 0 && ((unsigned char)o->text[mid] & 0xC0) == 0x80)
+    size_t mid = o->text.len / 2;
+    while (mid > 0 && ((unsigned char)o->text.data[mid] & 0xC0) == 0x80)
         mid--;
     size_t end = mid + 1;
-    while (end < o->text_len && ((unsigned char)o->text[end] & 0xC0) == 0x80)
+    while (end < o->text.len && ((unsigned char)o->text.data[end] & 0xC0) == 0x80)
         end++;
     char stop[64];
-    snprintf(stop, sizeof stop, "%.*s", (int)(end - mid), o->text + mid);
-    char *full = strdup(o->text);
+    snprintf(stop, sizeof stop, "%.*s", (int)(end - mid), o->text.data + mid);
+    char *full = strdup(o->text.data);
     gen_output_release(o);
 
     const char *stops[] = {stop};
@@ -290,9 +291,9 @@ Test(engine, stop_string_ends_the_text_before_it)
     o = run_to_end(e, &p);
     cr_assert_eq(o->finish, GEN_FINISH_STOP);
     const char *first = strstr(full, stop);
-    cr_assert_eq(o->text_len, (size_t)(first - full), "text '%s' vs full '%s' stop '%s'",
-                 o->text ? o->text : "", full, stop);
-    cr_assert_eq(memcmp(o->text ? o->text : "", full, o->text_len), 0);
+    cr_assert_eq(o->text.len, (size_t)(first - full), "text '%s' vs full '%s' stop '%s'",
+                 o->text.data ? o->text.data : "", full, stop);
+    cr_assert_eq(memcmp(o->text.data ? o->text.data : "", full, o->text.len), 0);
     free(full);
     gen_output_release(o);
     engine_free(e);
@@ -304,7 +305,7 @@ Test(engine, end_of_sequence_token_stops_and_is_not_text)
     int32_t prompt[] = {785, 6722, 315};
     struct gen_params p = greedy(prompt, 3, 10);
     struct gen_output *o = run_to_end(e, &p);
-    int32_t first = o->tokens[0].id;
+    int32_t first = gen_output_tokens(o)[0].id;
     gen_output_release(o);
     /* Declaring greedy's first token an end-of-sequence token ends at once. */
     p.eos_ids = &first;
@@ -312,7 +313,7 @@ Test(engine, end_of_sequence_token_stops_and_is_not_text)
     o = run_to_end(e, &p);
     cr_assert_eq(o->finish, GEN_FINISH_STOP);
     cr_assert_eq(o->n_generated, 1);
-    cr_assert_eq(o->text_len, 0);
+    cr_assert_eq(o->text.len, 0);
     gen_output_release(o);
     engine_free(e);
 }
@@ -362,11 +363,11 @@ Test(engine, drain_hands_over_every_byte_and_token_once)
         gen_news_free(&n);
     }
     cr_assert_eq(finish, GEN_FINISH_LENGTH);
-    cr_assert_eq(text_len, o->text_len);
-    cr_assert(text_len == 0 || !memcmp(text, o->text, text_len));
+    cr_assert_eq(text_len, o->text.len);
+    cr_assert(text_len == 0 || !memcmp(text, o->text.data, text_len));
     cr_assert_eq(n_tokens, o->n_tokens);
     for (size_t i = 0; i < n_tokens; i++)
-        cr_assert_eq(ids[i], o->tokens[i].id);
+        cr_assert_eq(ids[i], gen_output_tokens(o)[i].id);
     struct gen_news after;
     cr_assert_eq(gen_output_drain(o, &cur, 0, &after), 0);
     cr_assert_eq(after.text_len, 0);

@@ -1,0 +1,82 @@
+/* engine/scheduler.h — the serving loop without a thread: the waiting and running sequences,
+ * the KV manager they draw on, and one forward step at a time. The engine thread drives it
+ * for the server (engine.c); generate.c drives it on the caller's thread for run and bench. */
+#ifndef INFERD_ENGINE_SCHEDULER_H
+#define INFERD_ENGINE_SCHEDULER_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/engine.h"
+#include "engine/sequence.h"
+#include "kv/kv.h"
+
+struct sched_config {
+    int n_ctx;           /* positions per sequence */
+    int max_seqs;        /* sequences in one step */
+    int max_step_tokens; /* tokens in one step */
+    int kv_blocks;       /* KV pool size in blocks of KV_BLOCK_SIZE_DEFAULT; 0: max_seqs full
+                            contexts; never fewer than one full context */
+};
+
+/* Counters any thread may read while the driving thread writes them. */
+struct sched_counters {
+    atomic_int n_queued; /* submitted, never yet admitted (the submitter adds) */
+    atomic_uint_fast64_t requests_admitted, requests_finished, requests_cancelled, prompt_tokens,
+        generated_tokens, steps, preemptions;
+};
+
+struct sched {
+    const struct model *model;     /* borrowed */
+    struct sched_config cfg;       /* kv_blocks as created */
+    struct engine_metrics *metrics;/* borrowed; token timings go here (NULL: nowhere) */
+    struct kv_manager *kv;         /* owned */
+    struct forward_state *fwd;     /* owned */
+    float *logits;                 /* owned; max_seqs rows of vocab_size */
+    struct sample_spec *specs;     /* owned; max_seqs: the step's picks, for a sampling backend */
+    struct sample_result *results; /* owned; max_seqs */
+    struct batch_seq *batch_seqs;  /* owned; max_seqs */
+    struct seq **batch_owner;      /* owned; max_seqs: which sequence each batch entry is */
+    int *batch_chunk;              /* owned; max_seqs */
+    struct seq **waiting;          /* owned array; FIFO, preempted sequences go first */
+    int n_waiting, cap_waiting;
+    struct seq **running;          /* owned array; max_seqs, in admission order */
+    int n_running;
+    uint64_t admissions;
+    struct sched_counters counters;
+};
+
+int sched_init(struct sched *sc, const struct model *m, const struct sched_config *cfg,
+               struct engine_metrics *metrics, struct err *err);
+/* Frees the buffers; the sets must be empty (every sequence retired). */
+void sched_free(struct sched *sc);
+
+/* ---- policy (scheduler.c) ---- */
+
+/* Queues s behind the waiting ones (in front when it was preempted); false
+ * when out of memory. */
+bool sched_enqueue(struct sched *sc, struct seq *s, bool front);
+/* Moves waiting sequences into the running set while the rule allows. */
+void sched_admit(struct sched *sc);
+/* Fills the batch for this step; returns how many sequences take part. May
+ * preempt the youngest running sequences when KV blocks run out. */
+int sched_build_batch(struct sched *sc);
+/* Retires every sequence whose reader asked to cancel (all when cancel_all). */
+void sched_drop_cancelled(struct sched *sc, bool cancel_all);
+/* Takes s out of the running set or the waiting queue, wherever it is. */
+void sched_remove(struct sched *sc, struct seq *s);
+/* Counts s out, stages its finish, publishes it and frees it. A detached
+ * sequence stays with its driver; only its KV slots go back. */
+void sched_retire(struct sched *sc, struct seq *s, enum gen_finish why, int error_code,
+                  const char *error);
+
+/* ---- execution (step.c) ---- */
+
+/* One step: the batch through the model, each sequence's row to it, finished
+ * ones retired, every sequence's news published once. Returns how many
+ * sequences took part (0: nothing could run), or the forward pass's negative
+ * error (the batch's sequences are retired with it; err filled). */
+int sched_step(struct sched *sc, struct err *err);
+
+#endif
