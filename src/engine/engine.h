@@ -39,6 +39,10 @@ struct gen_params {
     int logprobs;                  /* -1: none; 0..20: the sampled token's and that many alternatives */
     const int32_t *eos_ids;        /* tokens that end the generation (not emitted as text) */
     int n_eos;
+    /* Prefix-cache identity of the requester: KV computed under one namespace
+     * is never reused under another (tenants, cache_salt). 0: the default. */
+    uint64_t cache_ns;
+    const char *session_id;        /* session affinity (NULL: none); copied at submit */
 };
 
 enum gen_finish {
