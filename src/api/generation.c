@@ -57,11 +57,38 @@ static int submit_error(int rc, const struct gen_request *req, const struct err 
     return rc;
 }
 
+/* The session a request names: the body's session_id or prompt_cache_key,
+ * else the header x-session-affinity, else session_id. NULL when none; false
+ * with e filled (400 naming the header) for an empty or oversize header. */
+static bool request_session(const struct http_exchange *x, const struct gen_request *req,
+                            const char **out, struct api_error *e)
+{
+    static const char *const headers[] = {"x-session-affinity", "session_id"};
+    *out = req->session_id;
+    for (size_t i = 0; i < sizeof headers / sizeof headers[0] && !*out; i++) {
+        const char *v = http_header(x, headers[i]);
+        if (!v)
+            continue;
+        size_t len = strlen(v);
+        if (len == 0 || len > GEN_REQUEST_MAX_KEY_BYTES) {
+            api_error_set(e, 400, API_ERROR_INVALID_REQUEST, headers[i], NULL,
+                          "the %s header must be 1 to %d bytes, got %zu", headers[i],
+                          GEN_REQUEST_MAX_KEY_BYTES, len);
+            return false;
+        }
+        *out = v;
+    }
+    return true;
+}
+
 int generation_start(const struct http_exchange *x, const struct gen_request *req,
                      struct generation **out, struct api_error *e)
 {
     struct server *srv = x->srv;
     *out = NULL;
+    const char *session = NULL;
+    if (!request_session(x, req, &session, e))
+        return -INFERD_EINVAL;
     struct prompt pr;
     if (!prompt_build(srv, req, &pr, e))
         return -INFERD_EINVAL;
@@ -77,6 +104,9 @@ int generation_start(const struct http_exchange *x, const struct gen_request *re
     struct gen_params p;
     memset(&p, 0, sizeof p);
     prompt_fill_params(srv, req, &pr, &p, bias);
+    p.cache_ns = api_cache_namespace(x->tenant_ns, req->cache_salt,
+                                     req->cache_salt ? strlen(req->cache_salt) : 0);
+    p.session_id = session;
     struct err err = {0};
     int rc = engine_submit(srv->engine, &p, &g->out, &err);
     bool starts_inside = pr.starts_inside_think;

@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "api/keys.h"
 #include "api/metrics.h"
 #include "engine/engine.h"
 #include "model/model.h"
@@ -27,7 +28,9 @@ struct server_defaults {
 struct server_config {
     const char *host;        /* borrowed */
     int port;                /* 0: any free port */
-    const char *api_key;     /* borrowed; NULL: no authentication */
+    const char *api_key;     /* borrowed; one accepted key, or NULL */
+    const struct api_keys *api_keys; /* borrowed; more accepted keys (api/keys.h), or NULL;
+                                        with neither, no authentication */
     size_t max_body_bytes;
     int request_timeout_s;   /* a request's headers and body must arrive within this */
     int idle_timeout_s;      /* keep-alive connections idle longer are closed */

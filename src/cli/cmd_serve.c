@@ -27,14 +27,15 @@ struct serve_options {
     long request_timeout_s, shutdown_timeout_s;
     double temperature, top_p, min_p;
     bool has_temperature, has_top_p, has_top_k, has_min_p;
-    const char *api_key;
+    struct api_keys keys;  /* owned: every --api-key and the keys of every --api-keys file */
+    struct err keys_err;   /* the first bad --api-key / --api-keys, reported once parsed */
     const char *device; /* --device: cpu, cuda[:N] or auto */
     enum compute_mode mode;
     struct backend_options backend; /* the environment's, then the backend flags' */
 };
 
 static const char usage[] =
-    "usage: inferd serve DIR [--host 127.0.0.1] [--port 8080] [--api-key KEY]\n"
+    "usage: inferd serve DIR [--host 127.0.0.1] [--port 8080] [--api-key KEY]... [--api-keys FILE]\n"
     "       [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--min-p P]\n"
     "       [--threads N] [--ctx N] [--max-batch N] [--max-queue N] [--kv-mb MB]\n"
     "       [--max-body-mb 32] [--request-timeout S] [--shutdown-timeout S] [--mode fast|exact]\n"
@@ -42,6 +43,9 @@ static const char usage[] =
     "Serves the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models) and\n"
     "/health, /stats, /metrics. --port 0 picks a free port. Sampling flags set the\n"
     "defaults below each request's own fields (generation_config.json is below them).\n"
+    "--api-key KEY (repeatable) and --api-keys FILE (one key a line; blank lines and # comments\n"
+    "skipped) set the keys that are accepted (Authorization: Bearer KEY or x-api-key: KEY); each\n"
+    "key is a tenant whose prompt cache is never shared with another's.\n"
     CLI_BACKEND_USAGE;
 
 static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
@@ -78,7 +82,9 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
         else if (!strcmp(a, "--port"))
             ok = arg_int(a, v, 0, 65535, &o->port);
         else if (!strcmp(a, "--api-key"))
-            o->api_key = v;
+            ok = api_keys_add(&o->keys, v, &o->keys_err) == 0;
+        else if (!strcmp(a, "--api-keys"))
+            ok = api_keys_load_file(&o->keys, v, &o->keys_err) == 0;
         else if (!strcmp(a, "--max-tokens"))
             ok = arg_int(a, v, 1, INT_MAX, &o->max_tokens);
         else if (!strcmp(a, "--temperature") || !strcmp(a, "--temp"))
@@ -116,8 +122,11 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
             fprintf(stderr, "inferd serve: unknown flag '%s'\n%s", a, usage);
             return false;
         }
-        if (!ok)
+        if (!ok) {
+            if (o->keys_err.code)
+                fprintf(stderr, "inferd serve: %s: %s\n", a, o->keys_err.msg);
             return false;
+        }
     }
     if (!o->dir) {
         fputs(usage, stderr);
@@ -178,8 +187,10 @@ static void engine_sizes(const struct serve_options *o, const struct model *m,
 int cmd_serve(int argc, char **argv)
 {
     struct serve_options o;
-    if (!parse_serve_options(argc, argv, &o))
+    if (!parse_serve_options(argc, argv, &o)) {
+        api_keys_free(&o.keys);
         return 2;
+    }
 
     /* Signals are taken by this thread alone (sigwait below); every thread
      * started from here inherits the mask. */
@@ -196,7 +207,7 @@ int cmd_serve(int argc, char **argv)
     srv.cfg = (struct server_config){
         .host = o.host,
         .port = (int)o.port,
-        .api_key = o.api_key,
+        .api_keys = &o.keys,
         .max_body_bytes = (size_t)o.max_body_mb << 20,
         .request_timeout_s = (int)o.request_timeout_s,
         .idle_timeout_s = 60,
@@ -212,6 +223,7 @@ int cmd_serve(int argc, char **argv)
     struct http_daemon *http = NULL;
     if (http_start(&srv, api_routes(), &http, &err) < 0) {
         fprintf(stderr, "inferd serve: %s\n", err.msg);
+        api_keys_free(&o.keys);
         return 1;
     }
 
@@ -275,7 +287,7 @@ int cmd_serve(int argc, char **argv)
     printf("try:    curl http://%s:%d/v1/chat/completions -H 'Content-Type: application/json'%s \\\n"
            "          -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}], "
            "\"max_tokens\": 64}'\n",
-           o.host, port, o.api_key ? " -H 'Authorization: Bearer $KEY'" : "");
+           o.host, port, o.keys.n ? " -H 'Authorization: Bearer $KEY'" : "");
     fflush(stdout);
     char where[256];
     cli_backend_describe(be, where, sizeof where);
@@ -300,5 +312,6 @@ out:
     tok_free(tok);
     model_free(m);
     backend_destroy(be);
+    api_keys_free(&o.keys);
     return status;
 }
