@@ -40,20 +40,32 @@ int generation_admit(const struct server *srv, struct api_error *e)
     return 0;
 }
 
-/* The engine's refusal of a submit, as the client should see it. */
-static int submit_error(int rc, const struct gen_request *req, const struct err *err,
-                        struct api_error *e)
+/* The engine's refusal of a submit, as the client should see it. Every
+ * "does not fit" is -INFERD_ERANGE; which limit it was follows from the
+ * engine's configuration, in the order engine_submit checks them. */
+static int submit_error(struct server *srv, int rc, const struct gen_request *req,
+                        const struct gen_params *p, const struct err *err, struct api_error *e)
 {
-    if (rc == -INFERD_EBUSY)
+    const char *prompt_param = req->kind == GEN_REQUEST_CHAT ? "messages" : "prompt";
+    const struct engine_config *c = engine_config(srv->engine);
+    if (rc == -INFERD_EBUSY) {
         api_error_set(e, 429, API_ERROR_RATE_LIMIT, NULL, "rate_limit_exceeded", "%s", err->msg);
-    else if (rc == -INFERD_ERANGE)
-        api_error_set(e, 400, API_ERROR_INVALID_REQUEST,
-                      req->kind == GEN_REQUEST_CHAT ? "messages" : "prompt",
+    } else if (rc == -INFERD_ERANGE && c->budget_ctx > 0 && p->n_prompt >= c->budget_ctx) {
+        atomic_fetch_add(&srv->admission_rejected, 1);
+        api_error_set(e, 400, API_ERROR_INVALID_REQUEST, prompt_param, "context_over_budget",
+                      "%s", err->msg);
+    } else if (rc == -INFERD_ERANGE && p->n_prompt >= c->n_ctx) {
+        api_error_set(e, 400, API_ERROR_INVALID_REQUEST, prompt_param,
                       "context_length_exceeded", "%s", err->msg);
-    else if (rc == -INFERD_ENOMEM)
+    } else if (rc == -INFERD_ERANGE) {
+        atomic_fetch_add(&srv->admission_rejected, 1);
+        api_error_set(e, 400, API_ERROR_INVALID_REQUEST, "max_tokens", "kv_budget_exceeded",
+                      "%s", err->msg);
+    } else if (rc == -INFERD_ENOMEM) {
         api_error_set(e, 503, API_ERROR_UNAVAILABLE, NULL, "out_of_memory", "%s", err->msg);
-    else
+    } else {
         api_error_set(e, 400, API_ERROR_INVALID_REQUEST, NULL, NULL, "%s", err->msg);
+    }
     return rc;
 }
 
@@ -114,7 +126,7 @@ int generation_start(const struct http_exchange *x, const struct gen_request *re
     free(bias);
     if (rc < 0) {
         free(g);
-        return submit_error(rc, req, &err, e);
+        return submit_error(srv, rc, req, &p, &err, e);
     }
     g->srv = srv;
     g->client_fd = x->client_fd;
