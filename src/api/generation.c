@@ -40,21 +40,57 @@ int generation_admit(const struct server *srv, struct api_error *e)
     return 0;
 }
 
-/* The engine's refusal of a submit, as the client should see it. */
-static int submit_error(int rc, const struct gen_request *req, const struct err *err,
-                        struct api_error *e)
+/* The engine's refusal of a submit, as the client should see it. Every
+ * "does not fit" is -INFERD_ERANGE; which limit it was follows from the
+ * engine's configuration, in the order engine_submit checks them. */
+static int submit_error(struct server *srv, int rc, const struct gen_request *req,
+                        const struct gen_params *p, const struct err *err, struct api_error *e)
 {
-    if (rc == -INFERD_EBUSY)
+    const char *prompt_param = req->kind == GEN_REQUEST_CHAT ? "messages" : "prompt";
+    const struct engine_config *c = engine_config(srv->engine);
+    if (rc == -INFERD_EBUSY) {
         api_error_set(e, 429, API_ERROR_RATE_LIMIT, NULL, "rate_limit_exceeded", "%s", err->msg);
-    else if (rc == -INFERD_ERANGE)
-        api_error_set(e, 400, API_ERROR_INVALID_REQUEST,
-                      req->kind == GEN_REQUEST_CHAT ? "messages" : "prompt",
+    } else if (rc == -INFERD_ERANGE && c->budget_ctx > 0 && p->n_prompt >= c->budget_ctx) {
+        atomic_fetch_add(&srv->admission_rejected, 1);
+        api_error_set(e, 400, API_ERROR_INVALID_REQUEST, prompt_param, "context_over_budget",
+                      "%s", err->msg);
+    } else if (rc == -INFERD_ERANGE && p->n_prompt >= c->n_ctx) {
+        api_error_set(e, 400, API_ERROR_INVALID_REQUEST, prompt_param,
                       "context_length_exceeded", "%s", err->msg);
-    else if (rc == -INFERD_ENOMEM)
+    } else if (rc == -INFERD_ERANGE) {
+        atomic_fetch_add(&srv->admission_rejected, 1);
+        api_error_set(e, 400, API_ERROR_INVALID_REQUEST, "max_tokens", "kv_budget_exceeded",
+                      "%s", err->msg);
+    } else if (rc == -INFERD_ENOMEM) {
         api_error_set(e, 503, API_ERROR_UNAVAILABLE, NULL, "out_of_memory", "%s", err->msg);
-    else
+    } else {
         api_error_set(e, 400, API_ERROR_INVALID_REQUEST, NULL, NULL, "%s", err->msg);
+    }
     return rc;
+}
+
+/* The session a request names: the body's session_id or prompt_cache_key,
+ * else the header x-session-affinity, else session_id. NULL when none; false
+ * with e filled (400 naming the header) for an empty or oversize header. */
+static bool request_session(const struct http_exchange *x, const struct gen_request *req,
+                            const char **out, struct api_error *e)
+{
+    static const char *const headers[] = {"x-session-affinity", "session_id"};
+    *out = req->session_id;
+    for (size_t i = 0; i < sizeof headers / sizeof headers[0] && !*out; i++) {
+        const char *v = http_header(x, headers[i]);
+        if (!v)
+            continue;
+        size_t len = strlen(v);
+        if (len == 0 || len > GEN_REQUEST_MAX_KEY_BYTES) {
+            api_error_set(e, 400, API_ERROR_INVALID_REQUEST, headers[i], NULL,
+                          "the %s header must be 1 to %d bytes, got %zu", headers[i],
+                          GEN_REQUEST_MAX_KEY_BYTES, len);
+            return false;
+        }
+        *out = v;
+    }
+    return true;
 }
 
 int generation_start(const struct http_exchange *x, const struct gen_request *req,
@@ -62,6 +98,9 @@ int generation_start(const struct http_exchange *x, const struct gen_request *re
 {
     struct server *srv = x->srv;
     *out = NULL;
+    const char *session = NULL;
+    if (!request_session(x, req, &session, e))
+        return -INFERD_EINVAL;
     struct prompt pr;
     if (!prompt_build(srv, req, &pr, e))
         return -INFERD_EINVAL;
@@ -77,6 +116,9 @@ int generation_start(const struct http_exchange *x, const struct gen_request *re
     struct gen_params p;
     memset(&p, 0, sizeof p);
     prompt_fill_params(srv, req, &pr, &p, bias);
+    p.cache_ns = api_cache_namespace(x->tenant_ns, req->cache_salt,
+                                     req->cache_salt ? strlen(req->cache_salt) : 0);
+    p.session_id = session;
     struct err err = {0};
     int rc = engine_submit(srv->engine, &p, &g->out, &err);
     bool starts_inside = pr.starts_inside_think;
@@ -84,7 +126,7 @@ int generation_start(const struct http_exchange *x, const struct gen_request *re
     free(bias);
     if (rc < 0) {
         free(g);
-        return submit_error(rc, req, &err, e);
+        return submit_error(srv, rc, req, &p, &err, e);
     }
     g->srv = srv;
     g->client_fd = x->client_fd;

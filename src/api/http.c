@@ -47,6 +47,7 @@ struct request_state {
     struct strbuf body;
     bool too_large;
     bool handled;
+    uint64_t tenant_ns;          /* from the key the request presented, at admission */
     struct multipart_form form;  /* owned; multipart routes, once the body is here */
 };
 
@@ -220,29 +221,49 @@ static const struct http_route *find_route(const struct http_routes *t, const ch
     return NULL;
 }
 
-static bool constant_time_equal(const char *a, const char *b)
+/* The key the request presents: "Authorization: Bearer KEY", else "x-api-key: KEY". */
+static const char *presented_key(struct http_exchange *x)
 {
-    size_t la = strlen(a), lb = strlen(b);
-    unsigned char diff = la != lb;
-    for (size_t i = 0; i < la; i++)
-        diff |= (unsigned char)a[i] ^ (unsigned char)b[i % (lb ? lb : 1)];
-    return diff == 0;
-}
-
-static bool authorized(struct http_exchange *x)
-{
-    const char *key = x->srv->cfg.api_key;
-    if (!key || x->route->open)
-        return true;
     const char *auth = MHD_lookup_connection_value(x->conn, MHD_HEADER_KIND, "Authorization");
     if (auth && !strncasecmp(auth, "Bearer ", 7)) {
         const char *given = auth + 7;
         while (*given == ' ')
             given++;
-        return constant_time_equal(given, key);
+        return given;
     }
-    const char *xkey = MHD_lookup_connection_value(x->conn, MHD_HEADER_KIND, "x-api-key");
-    return xkey && constant_time_equal(xkey, key);
+    return MHD_lookup_connection_value(x->conn, MHD_HEADER_KIND, "x-api-key");
+}
+
+/* True when the route is open, no key is configured, or the request presents
+ * one of the keys; then x->tenant_ns is that key's namespace (0 without keys). */
+static bool authorized(struct http_exchange *x)
+{
+    const struct server_config *cfg = &x->srv->cfg;
+    bool have_list = cfg->api_keys && cfg->api_keys->n > 0;
+    x->tenant_ns = 0;
+    if ((!cfg->api_key && !have_list) || x->route->open)
+        return true;
+    const char *given = presented_key(x);
+    if (!given)
+        return false;
+    size_t len = strlen(given);
+    if (cfg->api_key) {
+        const struct api_keys one = {.keys = (char **)&cfg->api_key, .n = 1};
+        if (api_keys_match(&one, given, len) == 0) {
+            x->tenant_ns = api_keys_namespace(cfg->api_key, strlen(cfg->api_key));
+            return true;
+        }
+    }
+    int i = have_list ? api_keys_match(cfg->api_keys, given, len) : -1;
+    if (i < 0)
+        return false;
+    x->tenant_ns = cfg->api_keys->ns[i];
+    return true;
+}
+
+const char *http_header(const struct http_exchange *x, const char *name)
+{
+    return MHD_lookup_connection_value(x->conn, MHD_HEADER_KIND, name);
 }
 
 /* The 415 check of a route's body kind. */
@@ -450,6 +471,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         *con_cls = rs;
         if (!admit_request(&x, d->routes))
             rs->handled = true;
+        rs->tenant_ns = x.tenant_ns;
         return MHD_YES;
     }
     if (rs->handled) {
@@ -477,6 +499,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                          "the body is over the limit of %zu bytes", srv->cfg.max_body_bytes);
         return MHD_YES;
     }
+    x.tenant_ns = rs->tenant_ns;
     x.body = rs->body.data ? rs->body.data : "";
     x.body_len = rs->body.len;
     if (r->id_tail)

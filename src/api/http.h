@@ -6,9 +6,11 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 #include "api/errors.h"
+#include "api/keys.h"
 #include "api/multipart.h"
 #include "api/server.h"
 #include "base/strbuf.h"
@@ -56,8 +58,13 @@ struct http_exchange {
     int counter;            /* the request counters' slot (api_metrics_count) */
     int client_fd;          /* for noticing a client that went away */
     const char *warning;    /* static text for a Warning header on the response, or NULL */
+    uint64_t tenant_ns;     /* the namespace of the API key presented (api/keys.h); 0 when the
+                               server has no keys or the route is open */
     bool responded;
 };
+
+/* The value of request header name (case-insensitive), or NULL. */
+const char *http_header(const struct http_exchange *x, const char *name);
 
 /* Sends a complete response. */
 void http_send_json(struct http_exchange *x, int status, const char *json, size_t len);

@@ -629,6 +629,44 @@ static int parse_misc(const struct json_reader *root, struct gen_request *r)
     return 0;
 }
 
+/* ---- prefix-cache identity ---------------------------------------------------- */
+
+/* An optional string field of 1..GEN_REQUEST_MAX_KEY_BYTES bytes, copied into *out. */
+static int read_key_field(const struct json_reader *root, const char *key, char **out)
+{
+    struct json_reader v = json_reader_member(root, key);
+    size_t len = 0;
+    bool present = false;
+    int rc = json_read_strdup(root, key, &present, out, &len);
+    if (rc || !present)
+        return rc;
+    if (len == 0)
+        return json_reader_fail(&v, INFERD_EINVAL, "must not be an empty string");
+    if (len > GEN_REQUEST_MAX_KEY_BYTES)
+        return json_reader_fail(&v, INFERD_EINVAL, "must be at most %d bytes, got %zu",
+                                GEN_REQUEST_MAX_KEY_BYTES, len);
+    return 0;
+}
+
+/* cache_salt, and the session: session_id wins over prompt_cache_key, both
+ * checked so a malformed one is refused either way. */
+static int parse_cache_identity(const struct json_reader *root, struct gen_request *r)
+{
+    char *cache_key = NULL;
+    int rc;
+    if ((rc = read_key_field(root, "cache_salt", &r->cache_salt)) ||
+        (rc = read_key_field(root, "session_id", &r->session_id)) ||
+        (rc = read_key_field(root, "prompt_cache_key", &cache_key))) {
+        free(cache_key);
+        return rc;
+    }
+    if (r->session_id)
+        free(cache_key);
+    else
+        r->session_id = cache_key;
+    return 0;
+}
+
 /* ---- entry points ---------------------------------------------------------- */
 
 int gen_request_parse(const char *body, size_t len, enum gen_request_kind kind,
@@ -664,7 +702,7 @@ int gen_request_parse(const char *body, size_t len, enum gen_request_kind kind,
         (rc = parse_max_tokens(&root, out)) || (rc = parse_sampling(&root, out)) ||
         (rc = parse_stop(&root, out)) || (rc = parse_logit_bias(&root, out)) ||
         (rc = parse_output(&root, out)) || (rc = parse_tools(&root, out)) ||
-        (rc = parse_misc(&root, out)))
+        (rc = parse_misc(&root, out)) || (rc = parse_cache_identity(&root, out)))
         rc = fail_from_reader(rc, &doc, err);
     json_object_put(obj);
     if (rc) {
@@ -689,5 +727,7 @@ void gen_request_free(struct gen_request *r)
     free(r->tool_choice_name);
     json_object_put(r->chat_template_kwargs);
     json_object_put(r->response_format);
+    free(r->cache_salt);
+    free(r->session_id);
     memset(r, 0, sizeof *r);
 }

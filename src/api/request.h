@@ -11,6 +11,8 @@
 
 #define GEN_REQUEST_MAX_STOP 4
 #define GEN_REQUEST_MAX_DEPTH 64
+/* The longest session_id, prompt_cache_key or cache_salt taken, in bytes. */
+#define GEN_REQUEST_MAX_KEY_BYTES 256
 
 enum gen_request_kind {
     GEN_REQUEST_CHAT,       /* POST /v1/chat/completions */
@@ -109,6 +111,10 @@ struct gen_request {
     enum gen_reasoning_effort reasoning_effort;
 
     json_object *response_format; /* owned reference; kept raw, not validated here */
+
+    /* Prefix-cache identity: 1..GEN_REQUEST_MAX_KEY_BYTES bytes each, NULL when absent. */
+    char *cache_salt; /* owned; narrows the requester's cache namespace (vLLM's name) */
+    char *session_id; /* owned; session_id, else prompt_cache_key (OpenAI's name) */
 };
 
 /* Parses len bytes of body (need not be NUL-terminated) as a request of the

@@ -1,8 +1,10 @@
-/* api/routes.c — the server's route table: the OpenAI routes, then /health, /stats and /metrics.
+/* api/routes.c — the server's route table: the OpenAI routes, then /health, /stats, /metrics
+ * and /fit.
  * A new API is one more file of handlers and a few more lines here. */
 #include "api/routes.h"
 
 #include "api/admin.h"
+#include "api/fit.h"
 #include "api/openai.h"
 
 /* The order is the order of the request counters in /metrics. */
@@ -14,6 +16,7 @@ static const struct http_route routes[] = {
     {"GET", "/health", false, HTTP_BODY_NONE, admin_health, NULL, true},
     {"GET", "/stats", false, HTTP_BODY_NONE, admin_stats, NULL, false},
     {"GET", "/metrics", false, HTTP_BODY_NONE, admin_metrics, NULL, false},
+    {"GET", "/fit", false, HTTP_BODY_NONE, fit_report, NULL, false},
 };
 
 static const struct http_routes table = {

@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "api/keys.h"
 #include "api/metrics.h"
 #include "engine/engine.h"
 #include "model/model.h"
@@ -24,10 +25,27 @@ struct server_defaults {
     int max_tokens; /* 0: whatever the context leaves */
 };
 
+/* What the model needs and the machine has (GET /fit), worked out at start-up. */
+struct server_fit {
+    uint64_t weights_bytes;       /* every weight */
+    uint64_t kv_bytes_per_token;  /* K and V of one position, every layer */
+    uint64_t transient_bytes;     /* activations of one prefill chunk and the logits rows */
+    uint64_t memory_budget_bytes; /* --memory-budget; 0: none */
+    uint64_t memory_bytes;        /* the backend's memory: RAM on the CPU, free GPU memory */
+    int64_t max_safe_context;     /* positions of KV that fit beside weights and transients in
+                                     the budget (or memory_bytes without one) */
+    double bandwidth_gbs;         /* memory read bandwidth, probed at start-up; 0: unknown */
+    double weight_bytes_per_token;/* what one decode step reads */
+    char backend_name[16];
+    char backend_device[192];
+};
+
 struct server_config {
     const char *host;        /* borrowed */
     int port;                /* 0: any free port */
-    const char *api_key;     /* borrowed; NULL: no authentication */
+    const char *api_key;     /* borrowed; one accepted key, or NULL */
+    const struct api_keys *api_keys; /* borrowed; more accepted keys (api/keys.h), or NULL;
+                                        with neither, no authentication */
     size_t max_body_bytes;
     int request_timeout_s;   /* a request's headers and body must arrive within this */
     int idle_timeout_s;      /* keep-alive connections idle longer are closed */
@@ -50,6 +68,10 @@ struct server {
     atomic_bool ready;                /* false while loading: /health answers 503 */
     atomic_bool stopping;             /* set on SIGTERM/SIGINT: /health and new requests answer 503 */
     struct api_metrics metrics;
+    struct server_fit fit;
+    /* Requests refused because they alone exceed the KV or the memory budget
+     * (/stats admission.rejected); the enforced context is engine_config's n_ctx. */
+    atomic_uint_fast64_t admission_rejected;
 };
 
 #endif

@@ -254,6 +254,10 @@ struct backend_options {
      * op is NULL, so logits are copied to the host and sampled there) */
     enum backend_switch gpu_sampling;
     enum backend_profile profile; /* CUDA */
+    /* CUDA: alloc hands out at most this many bytes of device memory at once
+     * (weights, KV, activations); past it alloc returns NULL, which its
+     * callers report as -INFERD_ENOMEM. 0: no cap. */
+    size_t memory_cap_bytes;
 };
 
 /* Creates the CPU backend from opt's mode, threads, cpu_isa and kv_type.

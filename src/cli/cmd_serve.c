@@ -9,7 +9,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "api/fit.h"
 #include "api/routes.h"
+#include "backend/cpu/cpu.h"
+#include "backend/cpu/matmul.h"
+#include "backend/cuda/cuda.h"
 #include "base/log.h"
 #include "base/timer.h"
 #include "cli/args.h"
@@ -19,35 +23,57 @@
 
 #define DEFAULT_CTX_CAP 8192
 #define DEFAULT_KV_MB 4096
+#define DEFAULT_PREFILL_CHUNK 2048
+/* The start-up read probe behind /fit's predicted decode speed: short, as the
+ * server starts on it. */
+#define FIT_PROBE_CPU_BYTES ((size_t)128 << 20)
+#define FIT_PROBE_GPU_BYTES ((size_t)1 << 30)
 
 struct serve_options {
     const char *dir;
     const char *host;
     long port, max_tokens, top_k, threads, ctx, max_queue, max_batch, kv_mb, max_body_mb;
+    long prefill_chunk, kv_block_size;
+    double kv_budget_gb, memory_budget_gb; /* decimal GB; 0: no budget */
     long request_timeout_s, shutdown_timeout_s;
     double temperature, top_p, min_p;
     bool has_temperature, has_top_p, has_top_k, has_min_p;
-    const char *api_key;
+    struct api_keys keys;  /* owned: every --api-key and the keys of every --api-keys file */
+    struct err keys_err;   /* the first bad --api-key / --api-keys, reported once parsed */
     const char *device; /* --device: cpu, cuda[:N] or auto */
     enum compute_mode mode;
     struct backend_options backend; /* the environment's, then the backend flags' */
 };
 
 static const char usage[] =
-    "usage: inferd serve DIR [--host 127.0.0.1] [--port 8080] [--api-key KEY]\n"
+    "usage: inferd serve DIR [--host 127.0.0.1] [--port 8080] [--api-key KEY]... [--api-keys FILE]\n"
     "       [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--min-p P]\n"
     "       [--threads N] [--ctx N] [--max-batch N] [--max-queue N] [--kv-mb MB]\n"
     "       [--max-body-mb 32] [--request-timeout S] [--shutdown-timeout S] [--mode fast|exact]\n"
-    "       [--device cpu|cuda[:N]|auto] [backend flags]\n"
+    "       [--device cpu|cuda[:N]|auto] [--batch N] [--prefill-chunk 2048]\n"
+    "       [--kv-block-size 16] [--kv-budget GB] [--memory-budget GB] [backend flags]\n"
     "Serves the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models) and\n"
     "/health, /stats, /metrics. --port 0 picks a free port. Sampling flags set the\n"
     "defaults below each request's own fields (generation_config.json is below them).\n"
+    "--api-key KEY (repeatable) and --api-keys FILE (one key a line; blank lines and # comments\n"
+    "skipped) set the keys that are accepted (Authorization: Bearer KEY or x-api-key: KEY); each\n"
+    "key is a tenant whose prompt cache is never shared with another's.\n"
+    "Admission: --batch N (alias of --max-batch) sequences run together; --batch 1 runs one\n"
+    "request at a time, so a request's numerics never depend on what else arrives.\n"
+    "--prefill-chunk N prompt tokens per step; --kv-block-size N positions per KV block.\n"
+    "--kv-budget GB (decimal): requests run while their projected KV (prompt + max_tokens) fits,\n"
+    "others wait; one that alone does not fit is a 400. --memory-budget GB (decimal): the\n"
+    "context is what fits beside the weights and buffers (max_tokens is clamped to it, a prompt\n"
+    "over it is a 400 context_over_budget); on CUDA, device allocations stop at the budget.\n"
+    "GET /fit reports the sizes, the budget, the largest safe context and the predicted\n"
+    "decode speed.\n"
     CLI_BACKEND_USAGE;
 
 static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
 {
     *o = (struct serve_options){.host = "127.0.0.1", .port = 8080, .max_queue = 64,
                                 .max_batch = 8, .kv_mb = 0, .max_body_mb = 32,
+                                .prefill_chunk = DEFAULT_PREFILL_CHUNK,
                                 .request_timeout_s = 30, .shutdown_timeout_s = 10,
                                 .mode = COMPUTE_FAST};
     cli_backend_options_from_env(&o->backend);
@@ -78,7 +104,9 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
         else if (!strcmp(a, "--port"))
             ok = arg_int(a, v, 0, 65535, &o->port);
         else if (!strcmp(a, "--api-key"))
-            o->api_key = v;
+            ok = api_keys_add(&o->keys, v, &o->keys_err) == 0;
+        else if (!strcmp(a, "--api-keys"))
+            ok = api_keys_load_file(&o->keys, v, &o->keys_err) == 0;
         else if (!strcmp(a, "--max-tokens"))
             ok = arg_int(a, v, 1, INT_MAX, &o->max_tokens);
         else if (!strcmp(a, "--temperature") || !strcmp(a, "--temp"))
@@ -93,8 +121,16 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
             ok = arg_int(a, v, 0, 1024, &o->threads);
         else if (!strcmp(a, "--ctx"))
             ok = arg_int(a, v, 2, 1 << 24, &o->ctx);
-        else if (!strcmp(a, "--max-batch"))
+        else if (!strcmp(a, "--max-batch") || !strcmp(a, "--batch"))
             ok = arg_int(a, v, 1, 1024, &o->max_batch);
+        else if (!strcmp(a, "--prefill-chunk"))
+            ok = arg_int(a, v, 1, 1 << 20, &o->prefill_chunk);
+        else if (!strcmp(a, "--kv-block-size")) /* kv/ checks its own limits */
+            ok = arg_int(a, v, 1, 1 << 16, &o->kv_block_size);
+        else if (!strcmp(a, "--kv-budget"))
+            ok = arg_float(a, v, 1e-9, 1e9, &o->kv_budget_gb);
+        else if (!strcmp(a, "--memory-budget"))
+            ok = arg_float(a, v, 1e-9, 1e9, &o->memory_budget_gb);
         else if (!strcmp(a, "--max-queue"))
             ok = arg_int(a, v, 1, 1 << 20, &o->max_queue);
         else if (!strcmp(a, "--kv-mb"))
@@ -116,8 +152,11 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
             fprintf(stderr, "inferd serve: unknown flag '%s'\n%s", a, usage);
             return false;
         }
-        if (!ok)
+        if (!ok) {
+            if (o->keys_err.code)
+                fprintf(stderr, "inferd serve: %s: %s\n", a, o->keys_err.msg);
             return false;
+        }
     }
     if (!o->dir) {
         fputs(usage, stderr);
@@ -149,9 +188,11 @@ static void add_eos(struct server *srv, int32_t id)
 }
 
 /* Engine sizes from the flags and the model: the KV pool holds max_batch
- * full contexts when that fits the budget, and at least one. */
+ * full contexts when that fits the budget (--kv-mb, and what --memory-budget
+ * leaves beside the weights and buffers), and at least one context, which the
+ * memory budget may shorten. */
 static void engine_sizes(const struct serve_options *o, const struct model *m,
-                         struct engine_config *ec)
+                         const struct server_fit *fit, struct engine_config *ec)
 {
     const struct model_config *c = &m->config;
     long ctx = o->ctx ? o->ctx : c->max_position_embeddings;
@@ -159,27 +200,82 @@ static void engine_sizes(const struct serve_options *o, const struct model *m,
         ctx = DEFAULT_CTX_CAP;
     if (ctx < 2)
         ctx = 2;
-    struct kv_format format = kv_format_of_dtype(m->backend->kv_dtype);
+    long block = o->kv_block_size ? o->kv_block_size : KV_BLOCK_SIZE_DEFAULT;
     size_t budget = (size_t)(o->kv_mb ? o->kv_mb : DEFAULT_KV_MB) << 20;
-    long tokens = (long)(budget / kv_format_bytes_per_token(c, &format));
-    if (tokens > ctx * o->max_batch)
-        tokens = ctx * o->max_batch;
-    if (tokens < ctx)
-        tokens = ctx;
+    int budget_ctx = 0;
+    long kept = ctx; /* the context the engine keeps (engine_config.budget_ctx) */
+    if (fit->memory_budget_bytes) {
+        size_t room = (size_t)fit->max_safe_context * fit->kv_bytes_per_token;
+        if (room < budget)
+            budget = room;
+        if (fit->max_safe_context < ctx)
+            kept = budget_ctx = (int)fit->max_safe_context;
+    }
+    long tokens = (long)(budget / fit->kv_bytes_per_token);
+    if (tokens > kept * o->max_batch)
+        tokens = kept * o->max_batch;
+    if (tokens < kept)
+        tokens = kept;
     *ec = (struct engine_config){
         .n_ctx = (int)ctx,
         .max_seqs = (int)o->max_batch,
-        .max_step_tokens = (int)(o->max_batch > 512 ? o->max_batch : 512),
+        .max_step_tokens = (int)(o->max_batch > o->prefill_chunk ? o->max_batch : o->prefill_chunk),
         .max_queue = (int)o->max_queue,
-        .kv_blocks = (int)((tokens + KV_BLOCK_SIZE_DEFAULT - 1) / KV_BLOCK_SIZE_DEFAULT),
+        .kv_blocks = (int)((tokens + block - 1) / block),
+        .kv_block_size = (int)o->kv_block_size,
+        .kv_budget_bytes = (uint64_t)(o->kv_budget_gb * 1e9),
+        .budget_ctx = budget_ctx,
     };
+}
+
+/* The sizes behind GET /fit and --memory-budget. The transient buffers are
+ * one prefill chunk's activations (model/forward.c) and the step's logits rows. */
+static int fit_measure(const struct serve_options *o, const struct model *m,
+                       struct server_fit *fit, struct err *err)
+{
+    const struct model_config *c = &m->config;
+    struct backend *be = m->backend;
+    long chunk = o->max_batch > o->prefill_chunk ? o->max_batch : o->prefill_chunk;
+    struct kv_format format = kv_format_of_dtype(be->kv_dtype);
+    fit->weights_bytes = model_weight_bytes(m);
+    fit->weight_bytes_per_token = (double)model_weight_bytes_per_token(m);
+    fit->kv_bytes_per_token = kv_format_bytes_per_token(c, &format);
+    fit->transient_bytes = forward_state_bytes(c, (int)chunk) +
+                           (uint64_t)o->max_batch * (uint64_t)c->vocab_size * sizeof(float);
+    fit->memory_budget_bytes = (uint64_t)(o->memory_budget_gb * 1e9);
+    struct threadpool *pool = backend_cpu_threadpool(be); /* NULL on a GPU */
+    if (pool) {
+        long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+        fit->memory_bytes = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
+    } else {
+        fit->memory_bytes = backend_cuda_free_memory(be);
+    }
+    uint64_t memory = fit->memory_budget_bytes ? fit->memory_budget_bytes : fit->memory_bytes;
+    fit->max_safe_context =
+        fit_max_context(memory, fit->weights_bytes, fit->transient_bytes, fit->kv_bytes_per_token);
+    if (fit->memory_budget_bytes && fit->max_safe_context < 2)
+        return err_set(err, INFERD_ERANGE,
+                       "--memory-budget %.3g GB (%llu bytes) does not hold the weights (%llu "
+                       "bytes), the buffers of a %ld-token prefill chunk (%llu bytes) and two "
+                       "positions of KV (%llu bytes each)",
+                       o->memory_budget_gb, (unsigned long long)fit->memory_budget_bytes,
+                       (unsigned long long)fit->weights_bytes, chunk,
+                       (unsigned long long)fit->transient_bytes,
+                       (unsigned long long)fit->kv_bytes_per_token);
+    snprintf(fit->backend_name, sizeof fit->backend_name, "%s", be->ops->name);
+    cli_backend_describe(be, fit->backend_device, sizeof fit->backend_device);
+    fit->bandwidth_gbs = pool ? cpu_measure_read_bandwidth(pool, FIT_PROBE_CPU_BYTES)
+                              : backend_cuda_read_bandwidth(be, FIT_PROBE_GPU_BYTES);
+    return 0;
 }
 
 int cmd_serve(int argc, char **argv)
 {
     struct serve_options o;
-    if (!parse_serve_options(argc, argv, &o))
+    if (!parse_serve_options(argc, argv, &o)) {
+        api_keys_free(&o.keys);
         return 2;
+    }
 
     /* Signals are taken by this thread alone (sigwait below); every thread
      * started from here inherits the mask. */
@@ -196,7 +292,7 @@ int cmd_serve(int argc, char **argv)
     srv.cfg = (struct server_config){
         .host = o.host,
         .port = (int)o.port,
-        .api_key = o.api_key,
+        .api_keys = &o.keys,
         .max_body_bytes = (size_t)o.max_body_mb << 20,
         .request_timeout_s = (int)o.request_timeout_s,
         .idle_timeout_s = 60,
@@ -212,6 +308,7 @@ int cmd_serve(int argc, char **argv)
     struct http_daemon *http = NULL;
     if (http_start(&srv, api_routes(), &http, &err) < 0) {
         fprintf(stderr, "inferd serve: %s\n", err.msg);
+        api_keys_free(&o.keys);
         return 1;
     }
 
@@ -225,6 +322,7 @@ int cmd_serve(int argc, char **argv)
     uint64_t t0 = now_ns();
     o.backend.mode = o.mode;
     o.backend.threads = (int)o.threads;
+    o.backend.memory_cap_bytes = (size_t)(o.memory_budget_gb * 1e9);
     if (cli_backend_create(o.device, &o.backend, &be, &err) < 0 ||
         model_load(o.dir, be, &m, &err) < 0) {
         fprintf(stderr, "inferd serve: %s\n", err.msg);
@@ -244,8 +342,12 @@ int cmd_serve(int argc, char **argv)
     else
         log_warn("serve: no chat template (%s); /v1/chat/completions will answer 400", err.msg);
 
+    if (fit_measure(&o, m, &srv.fit, &err) < 0) {
+        fprintf(stderr, "inferd serve: %s\n", err.msg);
+        goto out;
+    }
     struct engine_config ec;
-    engine_sizes(&o, m, &ec);
+    engine_sizes(&o, m, &srv.fit, &ec);
     if (engine_create(m, tok, &ec, &engine, &err) < 0) {
         fprintf(stderr, "inferd serve: %s\n", err.msg);
         goto out;
@@ -275,12 +377,16 @@ int cmd_serve(int argc, char **argv)
     printf("try:    curl http://%s:%d/v1/chat/completions -H 'Content-Type: application/json'%s \\\n"
            "          -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}], "
            "\"max_tokens\": 64}'\n",
-           o.host, port, o.api_key ? " -H 'Authorization: Bearer $KEY'" : "");
+           o.host, port, o.keys.n ? " -H 'Authorization: Bearer $KEY'" : "");
     fflush(stdout);
     char where[256];
     cli_backend_describe(be, where, sizeof where);
-    log_info("serve: ready in %.2f s on %s; context %d, up to %d sequences, KV pool %d blocks",
-             (double)(now_ns() - t0) * 1e-9, where, ec.n_ctx, ec.max_seqs, ec.kv_blocks);
+    const struct engine_config *run = engine_config(engine);
+    log_info("serve: ready in %.2f s on %s; context %d%s, up to %d sequences, KV pool %d blocks "
+             "of %d",
+             (double)(now_ns() - t0) * 1e-9, where, run->n_ctx,
+             run->budget_ctx ? " (the memory budget's)" : "", run->max_seqs, run->kv_blocks,
+             run->kv_block_size);
 
     int sig = 0;
     while (sigwait(&sigs, &sig) != 0)
@@ -300,5 +406,6 @@ out:
     tok_free(tok);
     model_free(m);
     backend_destroy(be);
+    api_keys_free(&o.keys);
     return status;
 }

@@ -97,17 +97,24 @@ int engine_create(const struct model *m, const struct tokenizer *tok,
     e->model = m;
     e->tok = tok;
     e->cfg = *cfg;
+    /* A memory budget that binds is the context kept; one that does not is dropped. */
+    if (cfg->budget_ctx > 0 && cfg->budget_ctx < cfg->n_ctx)
+        e->cfg.n_ctx = cfg->budget_ctx;
+    else
+        e->cfg.budget_ctx = 0;
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     histogram_init_latency(&e->metrics.ttft);
     histogram_init_latency(&e->metrics.inter_token);
-    struct sched_config sc = {.n_ctx = cfg->n_ctx, .max_seqs = cfg->max_seqs,
+    struct sched_config sc = {.n_ctx = e->cfg.n_ctx, .max_seqs = cfg->max_seqs,
                               .max_step_tokens = cfg->max_step_tokens,
-                              .kv_blocks = cfg->kv_blocks};
+                              .kv_blocks = cfg->kv_blocks, .block_size = cfg->kv_block_size,
+                              .kv_budget_bytes = cfg->kv_budget_bytes};
     int rc = sched_init(&e->sched, m, &sc, &e->metrics, err);
     if (rc == 0) {
         e->sched_ready = true;
         e->cfg.kv_blocks = e->sched.cfg.kv_blocks;
+        e->cfg.kv_block_size = e->sched.cfg.block_size;
         if (!(e->incoming = calloc((size_t)cfg->max_queue, sizeof *e->incoming)))
             rc = err_set(err, INFERD_ENOMEM, "out of memory for the engine's buffers");
     }
@@ -123,17 +130,41 @@ int engine_create(const struct model *m, const struct tokenizer *tok,
     return 0;
 }
 
-int engine_submit(struct engine *e, const struct gen_params *p, struct gen_output **out,
-                  struct err *err)
+/* The refusals of a request that could never run, whatever else is running:
+ * its prompt over the context (or the memory budget's), or its projected KV
+ * alone over the KV budget. All -INFERD_ERANGE; the message names the numbers. */
+static int check_fits(const struct engine *e, const struct gen_params *p, struct err *err)
 {
-    if (p->n_prompt >= e->cfg.n_ctx)
+    const struct engine_config *c = &e->cfg;
+    if (c->budget_ctx > 0 && p->n_prompt >= c->budget_ctx)
+        return err_set(err, INFERD_ERANGE,
+                       "the prompt is %d tokens but the memory budget leaves room for %d "
+                       "positions, which must include at least one generated token",
+                       p->n_prompt, c->budget_ctx);
+    if (p->n_prompt >= c->n_ctx)
         return err_set(err, INFERD_ERANGE,
                        "the prompt is %d tokens but the context holds %d, which must leave "
                        "room for at least one generated token",
-                       p->n_prompt, e->cfg.n_ctx);
+                       p->n_prompt, c->n_ctx);
+    uint64_t need = sched_kv_bytes(&e->sched, p->n_prompt + p->max_tokens, 0);
+    if (c->kv_budget_bytes > 0 && need > c->kv_budget_bytes)
+        return err_set(err, INFERD_ERANGE,
+                       "the request needs %llu bytes of KV cache (%d prompt + %d max_tokens "
+                       "positions) but the KV budget is %llu bytes",
+                       (unsigned long long)need, p->n_prompt, p->max_tokens,
+                       (unsigned long long)c->kv_budget_bytes);
+    return 0;
+}
+
+int engine_submit(struct engine *e, const struct gen_params *p, struct gen_output **out,
+                  struct err *err)
+{
     struct gen_params clamped = *p;
-    if (clamped.max_tokens > e->cfg.n_ctx - p->n_prompt)
+    if (p->n_prompt < e->cfg.n_ctx && clamped.max_tokens > e->cfg.n_ctx - p->n_prompt)
         clamped.max_tokens = e->cfg.n_ctx - p->n_prompt;
+    int fit = check_fits(e, &clamped, err);
+    if (fit < 0)
+        return fit;
     struct seq *s;
     struct gen_output *o;
     int rc = seq_create(&clamped, e->tok, e->model->config.vocab_size, &s, &o, err);

@@ -22,10 +22,20 @@ struct tokenizer;
 
 struct engine_config {
     int n_ctx;           /* positions per sequence: prompt + generated */
-    int max_seqs;        /* sequences in one forward step */
-    int max_step_tokens; /* tokens in one forward step (prefill chunks + decodes) */
+    int max_seqs;        /* sequences in one forward step; 1: strictly one request at a time */
+    int max_step_tokens; /* tokens in one forward step (prefill chunks + decodes): the
+                            prefill chunk */
     int max_queue;       /* requests waiting for admission; one more is refused */
     int kv_blocks;       /* KV pool size in blocks; 0: max_seqs full contexts */
+    int kv_block_size;   /* positions per KV block; 0: KV_BLOCK_SIZE_DEFAULT (kv/ checks it) */
+    /* Running sequences are admitted while their projected KV bytes (prompt +
+     * max_tokens positions, less blocks shared from the cache) fit; a request
+     * that alone does not is refused at submit. 0: no budget. */
+    uint64_t kv_budget_bytes;
+    /* Positions a sequence may hold under the memory budget (max_tokens is
+     * clamped to what the prompt leaves; a prompt that does not fit is
+     * refused); 0: no budget. The engine keeps min(n_ctx, budget_ctx). */
+    int budget_ctx;
 };
 
 /* What one request asks the engine for. Everything is copied at submit. */

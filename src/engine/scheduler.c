@@ -13,7 +13,8 @@ int sched_init(struct sched *sc, const struct model *m, const struct sched_confi
     sc->model = m;
     sc->cfg = *cfg;
     sc->metrics = metrics;
-    int block_size = KV_BLOCK_SIZE_DEFAULT;
+    int block_size = cfg->block_size ? cfg->block_size : KV_BLOCK_SIZE_DEFAULT;
+    sc->cfg.block_size = block_size;
     int min_blocks = kv_blocks_for(cfg->n_ctx, block_size);
     if (sc->cfg.kv_blocks == 0)
         sc->cfg.kv_blocks = min_blocks * cfg->max_seqs;
@@ -157,10 +158,36 @@ void sched_drop_cancelled(struct sched *sc, bool cancel_all)
     }
 }
 
+uint64_t sched_kv_bytes(const struct sched *sc, int n_positions, int n_shared)
+{
+    const struct kv_pool *pool = kv_manager_pool(sc->kv);
+    uint64_t per_token = kv_format_bytes_per_token(&sc->model->config, &pool->format);
+    return (uint64_t)(n_positions - n_shared) * per_token;
+}
+
+/* The KV budget's rule: s joins only when the projected KV of every running
+ * sequence and its own (whole prompt + max_tokens, whatever is computed yet)
+ * fits. Projections, not blocks held, so admitted sequences never run the
+ * budget out as they grow. */
+static bool kv_budget_admits(const struct sched *sc, const struct seq *s)
+{
+    if (sc->cfg.kv_budget_bytes == 0)
+        return true;
+    uint64_t total = sched_kv_bytes(sc, s->n_prompt + s->max_tokens, s->kv.n_cached);
+    for (int i = 0; i < sc->n_running; i++) {
+        const struct seq *r = sc->running[i];
+        total += sched_kv_bytes(sc, r->n_prompt + r->max_tokens, r->kv.n_cached);
+    }
+    return total <= sc->cfg.kv_budget_bytes;
+}
+
 void sched_admit(struct sched *sc)
 {
     while (sc->n_waiting > 0 && sc->n_running < sc->cfg.max_seqs) {
         struct seq *s = sc->waiting[0];
+        /* FIFO: the head waits for budget rather than being overtaken. */
+        if (!kv_budget_admits(sc, s))
+            break;
         /* The whole prompt (and the first generated token) must fit now, so a
          * new sequence does not immediately push out the running ones. */
         if (kv_manager_free_blocks(sc->kv) < kv_manager_blocks_for(sc->kv, s->n_tokens + 1))

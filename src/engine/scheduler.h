@@ -16,8 +16,10 @@ struct sched_config {
     int n_ctx;           /* positions per sequence */
     int max_seqs;        /* sequences in one step */
     int max_step_tokens; /* tokens in one step */
-    int kv_blocks;       /* KV pool size in blocks of KV_BLOCK_SIZE_DEFAULT; 0: max_seqs full
+    int kv_blocks;       /* KV pool size in blocks of block_size; 0: max_seqs full
                             contexts; never fewer than one full context */
+    int block_size;      /* positions per KV block; 0: KV_BLOCK_SIZE_DEFAULT */
+    uint64_t kv_budget_bytes; /* projected KV of the running sequences; 0: no budget */
 };
 
 /* Counters any thread may read while the driving thread writes them. */
@@ -57,6 +59,9 @@ void sched_free(struct sched *sc);
 /* Queues s behind the waiting ones (in front when it was preempted); false
  * when out of memory. */
 bool sched_enqueue(struct sched *sc, struct seq *s, bool front);
+/* KV bytes n_positions positions take, of which n_shared sit in blocks shared
+ * from the prefix cache (counted once, by the cache, not per sequence). */
+uint64_t sched_kv_bytes(const struct sched *sc, int n_positions, int n_shared);
 /* Moves waiting sequences into the running set while the rule allows. */
 void sched_admit(struct sched *sc);
 /* Fills the batch for this step; returns how many sequences take part. May

@@ -37,6 +37,16 @@ void forward_state_free(struct forward_state *st)
     free(st);
 }
 
+uint64_t forward_state_bytes(const struct model_config *c, int max_tokens)
+{
+    /* The buffers of forward_state_create, in its order. */
+    uint64_t rows = (uint64_t)max_tokens, f = sizeof(float);
+    uint64_t q_dim = (uint64_t)c->n_heads * c->head_dim, kv_dim = (uint64_t)c->n_kv_heads * c->head_dim;
+    uint64_t per_row = 2 * (uint64_t)c->hidden_size + 2 * q_dim + 2 * kv_dim +
+                       2 * (uint64_t)c->intermediate_size + 2 * (uint64_t)c->hidden_size;
+    return rows * per_row * f + (uint64_t)LOGITS_CHUNK_ROWS * c->vocab_size * f;
+}
+
 int forward_state_create(const struct model *m, int max_tokens, struct forward_state **out,
                          struct err *err)
 {

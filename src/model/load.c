@@ -305,3 +305,13 @@ uint64_t model_weight_bytes_per_token(const struct model *m)
     total += (uint64_t)c->hidden_size * f + matrix_bytes(&m->weights.lm_head);
     return total;
 }
+
+uint64_t model_weight_bytes(const struct model *m)
+{
+    const struct weight_matrix *e = &m->weights.embed;
+    uint64_t one_row = (uint64_t)m->config.hidden_size * dtype_size(e->dtype);
+    uint64_t total = model_weight_bytes_per_token(m) - one_row;
+    if (m->weights.lm_head.data != e->data)
+        total += matrix_bytes(e); /* untied: the table is not the head the step read */
+    return total;
+}

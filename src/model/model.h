@@ -51,6 +51,9 @@ void model_free(struct model *m);
 
 /* Bytes of weights one decode step reads (for bandwidth floors). */
 uint64_t model_weight_bytes_per_token(const struct model *m);
+/* Bytes of all weights: what one step reads plus the embedding rows it does
+ * not (the whole table once when the LM head is tied to it). */
+uint64_t model_weight_bytes(const struct model *m);
 
 /* One sequence's part of a forward step. tokens[i] sits at position pos0 + i.
  * block_ids must cover pos0 + n_tokens positions of kv. When all_logits,
@@ -75,6 +78,8 @@ struct forward_state;
 int forward_state_create(const struct model *m, int max_tokens, struct forward_state **out,
                          struct err *err);
 void forward_state_free(struct forward_state *st);
+/* Backend bytes forward_state_create allocates for max_tokens tokens. */
+uint64_t forward_state_bytes(const struct model_config *c, int max_tokens);
 
 /* Runs one step: writes the batch's K/V into kv and fills logits (host
  * memory, caller-owned) with vocab_size floats per requested output row, in

@@ -425,3 +425,36 @@ describe('slow clients', () => {
     assert.ok(worst < SLOWLORIS_LIMIT_S);
   });
 });
+
+describe('prefix-cache identity fields', () => {
+  const long = 'x'.repeat(300);
+  for (const field of ['session_id', 'prompt_cache_key', 'cache_salt']) {
+    for (const [what, value] of [['a number', 42], ['an object', { id: 'a' }], ['an empty string', ''], ['300 bytes', long]]) {
+      test(`${field} as ${what} is a 400 naming the field, on both routes`, async () => {
+        for (const [route, base] of [['/v1/chat/completions', { messages: [{ role: 'user', content: 'hi' }] }], ['/v1/completions', { prompt: 'hi' }]]) {
+          const body = JSON.stringify({ model: modelId, ...base, max_tokens: 2, [field]: value });
+          const res = await send(request('POST', route, { headers: json, body }));
+          const err = expectOpenAIError(res, 400, `${route} ${field} ${what}`);
+          assert.equal(err.error.param, field, JSON.stringify(err));
+        }
+      });
+    }
+  }
+
+  test('a session header of 300 bytes or an empty one is a 400 naming the header', async () => {
+    for (const header of ['x-session-affinity', 'session_id']) {
+      for (const value of [long, '']) {
+        const res = await send(request('POST', '/v1/chat/completions', { headers: { ...json, [header]: value }, body: chatBody }));
+        const err = expectOpenAIError(res, 400, `${header}: ${value.length} bytes`);
+        assert.equal(err.error.param, header, JSON.stringify(err));
+      }
+    }
+  });
+
+  test('valid identity fields of 256 bytes are served', async () => {
+    const v = 'k'.repeat(256);
+    const body = JSON.stringify({ model: modelId, messages: [{ role: 'user', content: 'hi' }], max_tokens: 2, session_id: v, prompt_cache_key: v, cache_salt: v });
+    const res = await send(request('POST', '/v1/chat/completions', { headers: json, body }));
+    expectStatus(res, 200, 'identity fields of 256 bytes');
+  });
+});

@@ -4,6 +4,9 @@
 // and the properties that hold for any model (greedy determinism, stop-string cuts, usage sums).
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
 import OpenAI from 'openai';
 import {
   client, hello, metrics, metricSum, modelId, sleep, slow, smallChat, sseRequest, startServer, useMainServer } from './lib/harness.mjs';
@@ -669,5 +672,162 @@ describe('server lifecycle', () => {
     const r = await s.stop();
     assert.equal(r.code, 0, `exit ${JSON.stringify(r)}`);
     assert.ok(Date.now() - t0 < 10000);
+  });
+});
+
+/* A system prompt of several KV blocks, so a prefix cache has whole blocks to reuse. */
+const longSystem = Array.from({ length: 12 }, (_, i) => `Rule ${i + 1}: answer briefly and politely, in plain words.`).join(' ');
+const tenantChat = [{ role: 'system', content: longSystem }, { role: 'user', content: 'Say hello.' }];
+
+describe('tenants, budgets and /fit', () => {
+  test('with --api-key and --api-keys FILE: every listed key works, another is 401; tenants never share cached prompts', async (t) => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'inferd-keys-'));
+    const file = path.join(dir, 'keys.txt');
+    fs.writeFileSync(file, '# tenants\n\nsk-tenant-b\n  sk-tenant-c  \n');
+    const s = await startServer(['--api-key', 'sk-tenant-a', '--api-keys', file], { name: 'apikeys' });
+    try {
+      for (const key of ['sk-tenant-a', 'sk-tenant-b', 'sk-tenant-c']) {
+        const r = await client(s.url, { apiKey: key }).chat.completions.create({ model: modelId, messages: hello, max_tokens: 2 });
+        assert.equal(r.object, 'chat.completion', `key ${key}`);
+      }
+      await assert.rejects(client(s.url, { apiKey: 'sk-tenant-d' }).chat.completions.create({ model: modelId, messages: hello, max_tokens: 2 }), (e) => {
+        assert.ok(e instanceof OpenAI.AuthenticationError, `${e?.constructor?.name} ${e?.status}`);
+        assert.equal(e.status, 401);
+        return true;
+      });
+      const xkey = await fetch(`${s.url}/v1/models`, { headers: { 'x-api-key': 'sk-tenant-c' } });
+      assert.equal(xkey.status, 200, 'x-api-key carries a listed key too');
+
+      const a = client(s.url, { apiKey: 'sk-tenant-a' });
+      const b = client(s.url, { apiKey: 'sk-tenant-b' });
+      const ask = (c) => c.chat.completions.create({ ...greedy, messages: tenantChat, max_tokens: 4 });
+      const first = await ask(a);
+      const repeat = await ask(a);
+      const other = await ask(b);
+      const cached = (r) => r.usage.prompt_tokens_details?.cached_tokens;
+      t.diagnostic(`cached_tokens: tenant a ${cached(first)} then ${cached(repeat)} of ${repeat.usage.prompt_tokens}; tenant b ${cached(other)}`);
+      assert.equal(cached(other), 0, "the second tenant reuses none of the first tenant's prompt");
+      const stats = await (await fetch(`${s.url}/stats`, { headers: { authorization: 'Bearer sk-tenant-a' } })).json();
+      if (stats.prompt_cache) assert.ok(cached(repeat) > 0, 'the first tenant hits its own cached prompt on a repeat');
+      else t.diagnostic('no prefix cache in this build: only the isolation half is checked');
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+      const r = await s.stop();
+      assert.equal(r.code, 0, `--api-keys server exit ${JSON.stringify(r)}`);
+    }
+  });
+
+  test('--api-keys with a missing or keyless file is a startup error', async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'inferd-keys-'));
+    try {
+      await assert.rejects(startServer(['--api-keys', path.join(dir, 'missing.txt')], { name: 'apikeys-missing' }), /exited \(code [1-9]/);
+      const empty = path.join(dir, 'empty.txt');
+      fs.writeFileSync(empty, '# nothing\n\n');
+      await assert.rejects(startServer(['--api-keys', empty], { name: 'apikeys-empty' }), /holds no key/);
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  test('cache_salt, session_id and prompt_cache_key are accepted on both routes, and the session headers too', async () => {
+    const r = await openai.chat.completions.create({ ...greedy, messages: hello, max_tokens: 2, cache_salt: 'team-a', session_id: 'conv-1' });
+    assert.equal(r.object, 'chat.completion');
+    const c = await openai.completions.create({ ...greedy, prompt: 'Hello', max_tokens: 2, cache_salt: 'team-a', prompt_cache_key: 'conv-2' });
+    assert.equal(c.object, 'text_completion');
+    for (const header of ['x-session-affinity', 'session_id']) {
+      const body = await smallChat(server.url, { [header]: 'conv-3' });
+      assert.equal(body.object, 'chat.completion', header);
+    }
+  });
+
+  test('GET /fit reports the sizes, the largest safe context, the predicted decode speed and the backend', async () => {
+    const r = await fetch(`${server.url}/fit`);
+    assert.equal(r.status, 200);
+    const f = await r.json();
+    for (const k of ['weights_bytes', 'kv_bytes_per_token', 'transient_bytes', 'max_safe_context', 'predicted_decode_tps', 'bandwidth_gbs'])
+      assert.equal(typeof f[k], 'number', `${k}: ${JSON.stringify(f)}`);
+    assert.ok(f.weights_bytes > 0 && f.kv_bytes_per_token > 0 && f.transient_bytes > 0, JSON.stringify(f));
+    assert.ok('memory_budget_bytes' in f, 'memory_budget_bytes is reported (null without a budget)');
+    assert.ok(f.max_safe_context > 0, 'the machine holds some context');
+    assert.ok(f.bandwidth_gbs > 0 && f.predicted_decode_tps > 0, JSON.stringify(f));
+    assert.equal(typeof f.backend?.name, 'string');
+    assert.equal(typeof f.backend?.device, 'string');
+    assert.ok(f.backend.memory_bytes > 0, JSON.stringify(f.backend));
+  });
+
+  test('with --memory-budget: the safe context is what fits, max_tokens is clamped to it, a prompt over it is a 400 context_over_budget', async () => {
+    const main = await (await fetch(`${server.url}/fit`)).json();
+    /* Room for 100.5 positions of KV beside the weights and buffers. */
+    const bytes = main.weights_bytes + main.transient_bytes + 100.5 * main.kv_bytes_per_token;
+    const s = await startServer(['--memory-budget', String(bytes / 1e9)], { name: 'memory-budget' });
+    try {
+      const f = await (await fetch(`${s.url}/fit`)).json();
+      assert.equal(f.max_safe_context, 100, JSON.stringify(f));
+      assert.equal(f.enforced_context_tokens, 100, JSON.stringify(f));
+      assert.ok(Math.abs(f.memory_budget_bytes - bytes) <= 1, JSON.stringify(f));
+      const c = client(s.url);
+      const r = await c.completions.create({ model: modelId, prompt: Array(20).fill(100), max_tokens: 500, temperature: 0 });
+      assert.equal(r.usage.prompt_tokens, 20);
+      assert.ok(r.usage.completion_tokens <= 80, `max_tokens clamped to what the budget leaves: ${JSON.stringify(r.usage)}`);
+      await assert.rejects(c.completions.create({ model: modelId, prompt: Array(150).fill(100), max_tokens: 5 }), (e) => {
+        assert.ok(e instanceof OpenAI.BadRequestError, `${e?.constructor?.name} ${e?.status}`);
+        assert.equal(e.code, 'context_over_budget', JSON.stringify(e.error));
+        assert.match(e.error.message, /\b150\b/);
+        assert.match(e.error.message, /\b100\b/);
+        return true;
+      });
+      await smallChat(s.url);
+    } finally {
+      const r = await s.stop();
+      assert.equal(r.code, 0, `--memory-budget server exit ${JSON.stringify(r)}`);
+    }
+  });
+
+  test('with --kv-budget: a request that alone exceeds it is a 400 naming both numbers; others wait their turn', async (t) => {
+    const main = await (await fetch(`${server.url}/fit`)).json();
+    /* Room for 150 positions: one 10 + 130 request at a time. */
+    const budget = 150 * main.kv_bytes_per_token;
+    const s = await startServer(['--kv-budget', String(budget / 1e9), '--batch', '4', '--kv-block-size', '32', '--prefill-chunk', '64'], { name: 'kv-budget' });
+    try {
+      const c = client(s.url);
+      await assert.rejects(c.completions.create({ model: modelId, prompt: Array(10).fill(100), max_tokens: 400 }), (e) => {
+        assert.ok(e instanceof OpenAI.BadRequestError, `${e?.constructor?.name} ${e?.status}`);
+        assert.match(e.error.message, new RegExp(`\\b${410 * main.kv_bytes_per_token}\\b`), e.error.message);
+        assert.match(e.error.message, new RegExp(`\\b${budget}\\b`), e.error.message);
+        return true;
+      });
+      const run = async (name) => {
+        const r = await sseRequest(s.url, '/v1/completions', { model: modelId, prompt: Array(10).fill(100 + name.length), max_tokens: 130, temperature: 0, stream: true });
+        assert.equal(r.status, 200, r.raw);
+        assert.ok(r.done, `${name} ended with [DONE]`);
+        return r;
+      };
+      /* Two requests that fit only one at a time, with room for four in a step:
+       * while they are in flight, /stats never shows both running. */
+      let inFlight = true;
+      const seen = [];
+      const watching = (async () => {
+        while (inFlight) {
+          const e = (await (await fetch(`${s.url}/stats`)).json()).engine;
+          seen.push(`${e.running}/${e.queue_depth}`);
+          await sleep(2);
+        }
+      })();
+      const both = await Promise.all(['a', 'bb'].map(run));
+      inFlight = false;
+      await watching;
+      t.diagnostic(`/stats running/queued while both were in flight: ${[...new Set(seen)].join(' ')}`);
+      assert.ok(seen.every((x) => Number(x.split('/')[0]) <= 1), `two ran at once under the KV budget: ${seen.join(' ')}`);
+      assert.ok(both.every((r) => r.chunks.length > 0));
+      await run('c');
+      await smallChat(s.url);
+    } finally {
+      const r = await s.stop();
+      assert.equal(r.code, 0, `--kv-budget server exit ${JSON.stringify(r)}`);
+    }
+  });
+
+  test('--kv-block-size outside what the KV cache takes is a startup error', async () => {
+    await assert.rejects(startServer(['--kv-block-size', '1000'], { name: 'kv-block-size' }), /block size 1000/);
   });
 });

@@ -769,3 +769,78 @@ Test(request, completion_fields_that_would_change_the_reply_are_refused)
     assert_ok(parse_completion("{\"prompt\":\"hi\",\"echo\":false,\"best_of\":1,\"suffix\":\"\"}"));
     gen_request_free(&req);
 }
+
+/* ---- prefix-cache identity: cache_salt, session_id, prompt_cache_key -------- */
+
+Test(request, cache_salt_and_session_id_are_taken_on_both_routes)
+{
+    assert_ok(parse_chat(CHAT("\"cache_salt\":\"team-a\",\"session_id\":\"conv-1\"")));
+    cr_assert_str_eq(req.cache_salt, "team-a");
+    cr_assert_str_eq(req.session_id, "conv-1");
+    gen_request_free(&req);
+    assert_ok(parse_completion("{\"prompt\":\"hi\",\"cache_salt\":\"s\",\"session_id\":\"c\"}"));
+    cr_assert_str_eq(req.cache_salt, "s");
+    cr_assert_str_eq(req.session_id, "c");
+}
+
+Test(request, absent_or_null_identity_fields_leave_them_null)
+{
+    assert_ok(parse_chat(CHAT("\"cache_salt\":null,\"prompt_cache_key\":null")));
+    cr_assert_null(req.cache_salt);
+    cr_assert_null(req.session_id);
+}
+
+Test(request, prompt_cache_key_is_the_session_when_session_id_is_absent)
+{
+    assert_ok(parse_chat(CHAT("\"prompt_cache_key\":\"pck\"")));
+    cr_assert_str_eq(req.session_id, "pck");
+}
+
+Test(request, session_id_wins_over_prompt_cache_key)
+{
+    assert_ok(parse_chat(CHAT("\"prompt_cache_key\":\"pck\",\"session_id\":\"sid\"")));
+    cr_assert_str_eq(req.session_id, "sid");
+}
+
+Test(request, identity_fields_of_256_bytes_are_taken)
+{
+    char body[1024], v[257];
+    memset(v, 'k', 256);
+    v[256] = '\0';
+    snprintf(body, sizeof body, CHAT("\"cache_salt\":\"%s\",\"session_id\":\"%s\""), v, v);
+    assert_ok(parse_chat(body));
+    cr_assert_eq(strlen(req.cache_salt), 256);
+    cr_assert_eq(strlen(req.session_id), 256);
+}
+
+/* Every identity field refuses a non-string, an empty string and 300 bytes,
+ * naming itself. */
+Test(request, malformed_identity_fields_are_400_naming_the_field)
+{
+    static const char *const fields[] = {"session_id", "prompt_cache_key", "cache_salt"};
+    char big[301];
+    memset(big, 'x', 300);
+    big[300] = '\0';
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        char body[1024];
+        snprintf(body, sizeof body, CHAT("\"%s\":42"), fields[i]);
+        assert_400(parse_chat(body), fields[i], "must be a string");
+        gen_request_free(&req);
+        snprintf(body, sizeof body, CHAT("\"%s\":[\"a\"]"), fields[i]);
+        assert_400(parse_chat(body), fields[i], "must be a string");
+        gen_request_free(&req);
+        snprintf(body, sizeof body, CHAT("\"%s\":\"\""), fields[i]);
+        assert_400(parse_chat(body), fields[i], "must not be an empty string");
+        gen_request_free(&req);
+        snprintf(body, sizeof body, "{\"prompt\":\"p\",\"%s\":\"%s\"}", fields[i], big);
+        assert_400(parse_completion(body), fields[i], "at most 256 bytes, got 300");
+        gen_request_free(&req);
+    }
+}
+
+Test(request, a_bad_prompt_cache_key_is_refused_even_beside_a_good_session_id)
+{
+    assert_400(parse_chat(CHAT("\"session_id\":\"ok\",\"prompt_cache_key\":\"\"")),
+               "prompt_cache_key", "must not be an empty string");
+    cr_assert_null(req.session_id);
+}

@@ -27,6 +27,9 @@ bool backend_cuda_compiled(void);
  * an empty string for other backends. */
 void backend_cuda_describe(struct backend *be, char *buf, size_t cap);
 
+/* Bytes of be's GPU memory free now (cudaMemGetInfo); 0 for other backends. */
+size_t backend_cuda_free_memory(struct backend *be);
+
 /* Device-memory read bandwidth of be's GPU in GB/s, measured by streaming
  * `bytes` once per repetition (best of a few); 0 for other backends. */
 double backend_cuda_read_bandwidth(struct backend *be, size_t bytes);

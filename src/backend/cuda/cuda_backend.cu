@@ -658,22 +658,68 @@ static void flush(struct cu_impl *im)
 
 /* ---- memory ----------------------------------------------------------------- */
 
+/* One live allocation of alloc, while a memory cap is set. */
+struct cu_alloc_rec {
+    void *ptr;
+    size_t bytes;
+};
+
 struct cu_backend {
     struct backend be;
     struct cu_impl im;
     struct cu_sampler *sampler; /* owned; made by the first sample call */
+    /* backend_options.memory_cap_bytes: alloc's live bytes stay within it (0: no cap) */
+    size_t mem_cap, mem_used;
+    struct cu_alloc_rec *allocs; /* owned; n_allocs live allocations (only with a cap) */
+    size_t n_allocs, cap_allocs;
 };
+
+/* Counts an allocation against the cap; false (nothing counted) when it
+ * would pass the cap or the record cannot grow. */
+static bool cap_take(struct cu_backend *cb, void *p, size_t bytes)
+{
+    if (!cb->mem_cap)
+        return true;
+    if (bytes > cb->mem_cap - cb->mem_used)
+        return false;
+    if (cb->n_allocs == cb->cap_allocs) {
+        size_t cap = cb->cap_allocs ? cb->cap_allocs * 2 : 256;
+        struct cu_alloc_rec *grown =
+            (struct cu_alloc_rec *)realloc(cb->allocs, cap * sizeof *grown);
+        if (!grown)
+            return false;
+        cb->allocs = grown;
+        cb->cap_allocs = cap;
+    }
+    cb->allocs[cb->n_allocs++] = (struct cu_alloc_rec){p, bytes};
+    cb->mem_used += bytes;
+    return true;
+}
+
+static void cap_give_back(struct cu_backend *cb, void *p)
+{
+    for (size_t i = 0; i < cb->n_allocs; i++)
+        if (cb->allocs[i].ptr == p) {
+            cb->mem_used -= cb->allocs[i].bytes;
+            cb->allocs[i] = cb->allocs[--cb->n_allocs];
+            return;
+        }
+}
 
 static void *cu_alloc(struct backend *be, size_t bytes)
 {
     struct cu_impl *im = impl_of(be);
+    struct cu_backend *cb = (struct cu_backend *)be;
+    if (cb->mem_cap && bytes > cb->mem_cap - cb->mem_used)
+        return NULL; /* past the memory budget: the caller reports -INFERD_ENOMEM */
     cudaSetDevice(im->dev.index);
     void *p = NULL;
     if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
         cudaGetLastError(); /* out of memory is not sticky: the caller reports it */
         return NULL;
     }
-    if (!CU_TRY(im, cudaMemsetAsync(p, 0, bytes ? bytes : 1, im->stream))) {
+    if (!CU_TRY(im, cudaMemsetAsync(p, 0, bytes ? bytes : 1, im->stream)) ||
+        !cap_take(cb, p, bytes)) {
         cudaFree(p);
         return NULL;
     }
@@ -685,6 +731,7 @@ static void cu_release(struct backend *be, void *ptr)
     struct cu_impl *im = impl_of(be);
     if (!ptr)
         return;
+    cap_give_back((struct cu_backend *)be, ptr);
     flush(im);
     cudaSetDevice(im->dev.index);
     cudaStreamSynchronize(im->stream);
@@ -894,6 +941,7 @@ static void cu_destroy(struct backend *be)
     cudaFree(im->xb);
     cudaFree(im->attn_part);
     cudaFree(im->lt_workspace);
+    free(((struct cu_backend *)be)->allocs);
     if (im->arena_free)
         cudaEventDestroy(im->arena_free);
     if (im->lt)
@@ -972,6 +1020,20 @@ static __global__ void read_kernel(const uint4 *p, size_t n, unsigned *sink)
         *sink = acc;
 }
 
+extern "C" size_t backend_cuda_free_memory(struct backend *be)
+{
+    if (!is_cuda(be))
+        return 0;
+    struct cu_impl *im = impl_of(be);
+    cudaSetDevice(im->dev.index);
+    size_t free_bytes = 0, total = 0;
+    if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return free_bytes;
+}
+
 extern "C" double backend_cuda_read_bandwidth(struct backend *be, size_t bytes)
 {
     if (!is_cuda(be))
@@ -1031,6 +1093,7 @@ extern "C" int backend_cuda_create(int device, const struct backend_options *opt
     be->ops = opt->gpu_sampling == BACKEND_OFF ? &cuda_ops_host_sampling : &cuda_ops;
     be->mode = opt->mode;
     be->copy_weights = true;
+    cb->mem_cap = opt->memory_cap_bytes;
     /* fast mode keeps K and V in fp16 (half the bytes attention reads) */
     be->kv_dtype = opt->kv_type == BACKEND_KV_F16 ? DTYPE_F16
                  : opt->kv_type == BACKEND_KV_F32 ? DTYPE_F32

@@ -24,6 +24,12 @@ void backend_cuda_describe(struct backend *be, char *buf, size_t cap)
         buf[0] = '\0';
 }
 
+size_t backend_cuda_free_memory(struct backend *be)
+{
+    (void)be;
+    return 0;
+}
+
 double backend_cuda_read_bandwidth(struct backend *be, size_t bytes)
 {
     (void)be;
