@@ -1,4 +1,5 @@
-/* api/routes.c — the server's route table: the OpenAI routes, then /health, /stats and /metrics.
+/* api/routes.c — the server's route table: the OpenAI routes, then /health, /stats, /metrics and
+ * the admin routes (which need the API key when one is set).
  * A new API is one more file of handlers and a few more lines here. */
 #include "api/routes.h"
 
@@ -14,6 +15,8 @@ static const struct http_route routes[] = {
     {"GET", "/health", false, HTTP_BODY_NONE, admin_health, NULL, true},
     {"GET", "/stats", false, HTTP_BODY_NONE, admin_stats, NULL, false},
     {"GET", "/metrics", false, HTTP_BODY_NONE, admin_metrics, NULL, false},
+    {"POST", "/admin/cache/session/close", false, HTTP_BODY_JSON, admin_session_close, NULL,
+     false},
 };
 
 static const struct http_routes table = {

@@ -31,6 +31,9 @@ struct serve_options {
     const char *device; /* --device: cpu, cuda[:N] or auto */
     enum compute_mode mode;
     struct backend_options backend; /* the environment's, then the backend flags' */
+    double prompt_cache_gib;        /* --prompt-cache: cap on unreferenced cached KV; 0: off */
+    enum kv_retention cache_retention;
+    long session_idle_s;
 };
 
 static const char usage[] =
@@ -38,10 +41,14 @@ static const char usage[] =
     "       [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--min-p P]\n"
     "       [--threads N] [--ctx N] [--max-batch N] [--max-queue N] [--kv-mb MB]\n"
     "       [--max-body-mb 32] [--request-timeout S] [--shutdown-timeout S] [--mode fast|exact]\n"
-    "       [--device cpu|cuda[:N]|auto] [backend flags]\n"
+    "       [--device cpu|cuda[:N]|auto] [--prompt-cache GIB] [--cache-retention lru|cost-size]\n"
+    "       [--session-idle-s 600] [backend flags]\n"
     "Serves the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models) and\n"
     "/health, /stats, /metrics. --port 0 picks a free port. Sampling flags set the\n"
     "defaults below each request's own fields (generation_config.json is below them).\n"
+    "--prompt-cache GIB (binary GiB, default 8; 0 turns the prefix cache off) caps the\n"
+    "KV that finished requests leave for the next ones with the same prefix; without\n"
+    "--kv-mb the KV pool grows by it (up to a quarter of physical memory).\n"
     CLI_BACKEND_USAGE;
 
 static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
@@ -49,7 +56,8 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
     *o = (struct serve_options){.host = "127.0.0.1", .port = 8080, .max_queue = 64,
                                 .max_batch = 8, .kv_mb = 0, .max_body_mb = 32,
                                 .request_timeout_s = 30, .shutdown_timeout_s = 10,
-                                .mode = COMPUTE_FAST};
+                                .mode = COMPUTE_FAST, .prompt_cache_gib = 8,
+                                .cache_retention = KV_RETAIN_LRU, .session_idle_s = 600};
     cli_backend_options_from_env(&o->backend);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -105,6 +113,21 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
             ok = arg_int(a, v, 1, 3600, &o->request_timeout_s);
         else if (!strcmp(a, "--shutdown-timeout"))
             ok = arg_int(a, v, 0, 3600, &o->shutdown_timeout_s);
+        else if (!strcmp(a, "--prompt-cache"))
+            ok = arg_float(a, v, 0, 1 << 20, &o->prompt_cache_gib);
+        else if (!strcmp(a, "--cache-retention")) {
+            if (!strcmp(v, "lru"))
+                o->cache_retention = KV_RETAIN_LRU;
+            else if (!strcmp(v, "cost-size"))
+                o->cache_retention = KV_RETAIN_COST_SIZE;
+            else {
+                fprintf(stderr, "inferd serve: --cache-retention is lru or cost-size, not '%s'\n",
+                        v);
+                ok = false;
+            }
+        }
+        else if (!strcmp(a, "--session-idle-s"))
+            ok = arg_int(a, v, 0, 1L << 30, &o->session_idle_s);
         else if (!strcmp(a, "--mode"))
             ok = arg_mode(v, &o->mode);
         else if (!strcmp(a, "--device")) {
@@ -148,8 +171,15 @@ static void add_eos(struct server *srv, int32_t id)
     srv->eos_ids[srv->n_eos++] = id;
 }
 
-/* Engine sizes from the flags and the model: the KV pool holds max_batch
- * full contexts when that fits the budget, and at least one. */
+/* The prompt cache's share of physical memory at most, when it grows the pool. */
+#define PROMPT_CACHE_MEMORY_SHARE 4
+
+/* Engine sizes from the flags and the model. The KV pool holds max_batch
+ * full contexts when that fits the budget (--kv-mb, else DEFAULT_KV_MB), and
+ * at least one. The prefix cache lives in the same pool: with --kv-mb the pool
+ * is all of that (cached blocks take what running requests leave);
+ * without it, the pool grows by the --prompt-cache cap, as far as a quarter of
+ * physical memory allows. */
 static void engine_sizes(const struct serve_options *o, const struct model *m,
                          struct engine_config *ec)
 {
@@ -162,16 +192,28 @@ static void engine_sizes(const struct serve_options *o, const struct model *m,
     struct kv_format format = kv_format_of_dtype(m->backend->kv_dtype);
     size_t budget = (size_t)(o->kv_mb ? o->kv_mb : DEFAULT_KV_MB) << 20;
     long tokens = (long)(budget / kv_format_bytes_per_token(c, &format));
-    if (tokens > ctx * o->max_batch)
+    size_t cache_bytes = (size_t)(o->prompt_cache_gib * (double)(1ull << 30));
+    if (tokens > ctx * o->max_batch && !(o->kv_mb && cache_bytes > 0))
         tokens = ctx * o->max_batch;
     if (tokens < ctx)
         tokens = ctx;
+    if (!o->kv_mb && cache_bytes > 0) {
+        long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+        size_t room = pages > 0 && page > 0
+                          ? (size_t)pages * (size_t)page / PROMPT_CACHE_MEMORY_SHARE
+                          : cache_bytes;
+        size_t grow = cache_bytes < room ? cache_bytes : room;
+        tokens += (long)(grow / kv_format_bytes_per_token(c, &format));
+    }
     *ec = (struct engine_config){
         .n_ctx = (int)ctx,
         .max_seqs = (int)o->max_batch,
         .max_step_tokens = (int)(o->max_batch > 512 ? o->max_batch : 512),
         .max_queue = (int)o->max_queue,
         .kv_blocks = (int)((tokens + KV_BLOCK_SIZE_DEFAULT - 1) / KV_BLOCK_SIZE_DEFAULT),
+        .prompt_cache_bytes = cache_bytes,
+        .cache_retention = o->cache_retention,
+        .session_idle_s = (int)o->session_idle_s,
     };
 }
 
@@ -279,8 +321,10 @@ int cmd_serve(int argc, char **argv)
     fflush(stdout);
     char where[256];
     cli_backend_describe(be, where, sizeof where);
-    log_info("serve: ready in %.2f s on %s; context %d, up to %d sequences, KV pool %d blocks",
-             (double)(now_ns() - t0) * 1e-9, where, ec.n_ctx, ec.max_seqs, ec.kv_blocks);
+    log_info("serve: ready in %.2f s on %s; context %d, up to %d sequences, KV pool %d blocks, "
+             "prompt cache %.3g GiB",
+             (double)(now_ns() - t0) * 1e-9, where, ec.n_ctx, ec.max_seqs, ec.kv_blocks,
+             (double)ec.prompt_cache_bytes / (double)(1ull << 30));
 
     int sig = 0;
     while (sigwait(&sigs, &sig) != 0)
