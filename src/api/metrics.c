@@ -126,6 +126,50 @@ void api_metrics_prometheus(const struct server *srv, struct strbuf *out)
                   (unsigned long long)st.requests_cancelled,
                   (unsigned long long)st.requests_refused, st.queued, st.running,
                   st.kv_blocks_free);
+    const struct engine_config *cfg = engine_config(srv->engine);
+    const struct kv_prefix_stats *pc = &st.prompt_cache;
+    strbuf_printf(out,
+                  "# HELP inferd_server_started_at_seconds When the server started (Unix time).\n"
+                  "# TYPE inferd_server_started_at_seconds gauge\n"
+                  "inferd_server_started_at_seconds %lld\n",
+                  (long long)srv->created);
+    struct {
+        const char *name, *type, *help;
+        unsigned long long value;
+    } rows[] = {
+        {"inferd_prompt_cache_blocks", "gauge", "KV blocks in the prefix cache.", pc->blocks},
+        {"inferd_prompt_cache_bytes", "gauge", "KV bytes in the prefix cache.", pc->bytes},
+        {"inferd_prompt_cache_max_bytes", "gauge",
+         "Cap on the prefix cache's unreferenced KV bytes (--prompt-cache).", pc->max_bytes},
+        {"inferd_prompt_cache_hits_total", "counter", "Prompts that reused cached KV.", pc->hits},
+        {"inferd_prompt_cache_misses_total", "counter", "Prompts that reused no cached KV.",
+         pc->misses},
+        {"inferd_prompt_cache_hit_tokens_total", "counter", "Prompt tokens whose KV was reused.",
+         pc->hit_tokens},
+        {"inferd_prompt_cache_evictions_total", "counter", "Cached KV blocks evicted.",
+         pc->evictions},
+        {"inferd_prompt_cache_session_hits_total", "counter",
+         "Prompts of a session that reused cached KV.", pc->session_hits},
+        {"inferd_prompt_cache_session_misses_total", "counter",
+         "Prompts of a session that reused no cached KV.", pc->session_misses},
+        {"inferd_prompt_cache_sessions", "gauge", "Open sessions.", pc->sessions},
+        {"inferd_batch_configured", "gauge", "Sequences one step may hold (--max-batch).",
+         (unsigned long long)cfg->max_seqs},
+        {"inferd_batch_running", "gauge", "Sequences being generated.",
+         (unsigned long long)st.running},
+        {"inferd_batch_waiting", "gauge", "Sequences waiting for admission.",
+         (unsigned long long)st.waiting},
+        {"inferd_kv_bytes", "gauge", "KV bytes held by running sequences.", st.kv_bytes},
+        {"inferd_kv_budget_bytes", "gauge", "Admission budget on KV bytes (0: none).",
+         st.kv_budget_bytes},
+        {"inferd_admission_enforced_context_tokens", "gauge",
+         "Positions a request may use (prompt + generated).", (unsigned long long)cfg->n_ctx},
+        {"inferd_admission_rejected_total", "counter", "Requests refused at admission.",
+         st.requests_rejected},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+        strbuf_printf(out, "# HELP %s %s\n# TYPE %s %s\n%s %llu\n", rows[i].name, rows[i].help,
+                      rows[i].name, rows[i].type, rows[i].name, rows[i].value);
     const struct engine_metrics *em = engine_metrics(srv->engine);
     histogram_text(out, "inferd_time_to_first_token_seconds",
                    "Seconds from a request's arrival to its first generated token.", &em->ttft);
@@ -171,7 +215,41 @@ void api_metrics_stats_json(const struct server *srv, struct strbuf *out)
         json_object_object_add(e, "kv_blocks_total", json_object_new_int(st.kv_blocks_total));
         json_object_object_add(e, "kv_blocks_free", json_object_new_int(st.kv_blocks_free));
         json_object_object_add(root, "engine", e);
+
+        const struct kv_prefix_stats *pc = &st.prompt_cache;
+        json_object *cache = json_object_new_object();
+        json_object_object_add(cache, "blocks", json_object_new_int64((int64_t)pc->blocks));
+        json_object_object_add(cache, "bytes", json_object_new_int64((int64_t)pc->bytes));
+        json_object_object_add(cache, "max_bytes", json_object_new_int64((int64_t)pc->max_bytes));
+        json_object_object_add(cache, "hits", json_object_new_int64((int64_t)pc->hits));
+        json_object_object_add(cache, "misses", json_object_new_int64((int64_t)pc->misses));
+        json_object_object_add(cache, "hit_tokens", json_object_new_int64((int64_t)pc->hit_tokens));
+        json_object_object_add(cache, "evictions", json_object_new_int64((int64_t)pc->evictions));
+        json_object_object_add(cache, "session_hits",
+                               json_object_new_int64((int64_t)pc->session_hits));
+        json_object_object_add(cache, "session_misses",
+                               json_object_new_int64((int64_t)pc->session_misses));
+        json_object_object_add(cache, "sessions", json_object_new_int64((int64_t)pc->sessions));
+        json_object_object_add(root, "prompt_cache", cache);
+
+        json_object *batch = json_object_new_object();
+        json_object_object_add(batch, "configured", json_object_new_int(cfg->max_seqs));
+        json_object_object_add(batch, "running", json_object_new_int(st.running));
+        json_object_object_add(batch, "waiting", json_object_new_int(st.waiting));
+        json_object_object_add(batch, "kv_bytes", json_object_new_int64((int64_t)st.kv_bytes));
+        json_object_object_add(batch, "kv_budget_bytes",
+                               json_object_new_int64((int64_t)st.kv_budget_bytes));
+        json_object_object_add(root, "batch", batch);
+
+        json_object *adm = json_object_new_object();
+        json_object_object_add(adm, "enforced_context_tokens", json_object_new_int(cfg->n_ctx));
+        json_object_object_add(adm, "rejected",
+                               json_object_new_int64((int64_t)st.requests_rejected));
+        json_object_object_add(root, "admission", adm);
     }
+    json_object *server = json_object_new_object();
+    json_object_object_add(server, "started_at", json_object_new_int64((int64_t)srv->created));
+    json_object_object_add(root, "server", server);
     size_t len;
     const char *s = json_object_to_json_string_length(
         root, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE, &len);

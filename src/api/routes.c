@@ -1,5 +1,5 @@
-/* api/routes.c — the server's route table: the OpenAI routes, then /health, /stats, /metrics
- * and /fit.
+/* api/routes.c — the server's route table: the OpenAI routes, then /health, /stats, /metrics,
+ * /fit and the admin routes (which need the API key when one is set).
  * A new API is one more file of handlers and a few more lines here. */
 #include "api/routes.h"
 
@@ -17,6 +17,8 @@ static const struct http_route routes[] = {
     {"GET", "/stats", false, HTTP_BODY_NONE, admin_stats, NULL, false},
     {"GET", "/metrics", false, HTTP_BODY_NONE, admin_metrics, NULL, false},
     {"GET", "/fit", false, HTTP_BODY_NONE, fit_report, NULL, false},
+    {"POST", "/admin/cache/session/close", false, HTTP_BODY_JSON, admin_session_close, NULL,
+     false},
 };
 
 static const struct http_routes table = {

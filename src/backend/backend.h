@@ -190,6 +190,16 @@ struct backend_ops {
     int (*sample)(struct backend *be, const float *logits, int n_rows, int vocab,
                   const struct sample_spec *specs, struct sample_result *out, float *host_rows,
                   struct err *err);
+
+    /* Copies slots [0, n) of block src to block dst in every layer, K and V:
+     *   K[layer, dst, slot, e] = K[layer, src, slot, e]   (V likewise)
+     * for layer < n_layers, slot < n, e < kv_dim, elements as kv->dtype stores
+     * them (bit for bit). src != dst, 0 < n <= block_size; the other slots of
+     * dst are left as they are. Runs in order with the ops called before and
+     * after it (a backend that records ops records this one too). Optional
+     * (NULL: the KV manager never reuses part of a block). */
+    void (*kv_copy_slots)(struct backend *be, struct kv_cache *kv, uint32_t src, uint32_t dst,
+                          int n);
 };
 
 struct backend {

@@ -43,6 +43,9 @@ struct serve_options {
     const char *device; /* --device: cpu, cuda[:N] or auto */
     enum compute_mode mode;
     struct backend_options backend; /* the environment's, then the backend flags' */
+    double prompt_cache_gib;        /* --prompt-cache: cap on unreferenced cached KV; 0: off */
+    enum kv_retention cache_retention;
+    long session_idle_s;
 };
 
 static const char usage[] =
@@ -51,7 +54,8 @@ static const char usage[] =
     "       [--threads N] [--ctx N] [--max-batch N] [--max-queue N] [--kv-mb MB]\n"
     "       [--max-body-mb 32] [--request-timeout S] [--shutdown-timeout S] [--mode fast|exact]\n"
     "       [--device cpu|cuda[:N]|auto] [--batch N] [--prefill-chunk 2048]\n"
-    "       [--kv-block-size 16] [--kv-budget GB] [--memory-budget GB] [backend flags]\n"
+    "       [--kv-block-size 16] [--kv-budget GB] [--memory-budget GB] [--prompt-cache GIB]\n"
+    "       [--cache-retention lru|cost-size] [--session-idle-s 600] [backend flags]\n"
     "Serves the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models) and\n"
     "/health, /stats, /metrics. --port 0 picks a free port. Sampling flags set the\n"
     "defaults below each request's own fields (generation_config.json is below them).\n"
@@ -67,6 +71,12 @@ static const char usage[] =
     "over it is a 400 context_over_budget); on CUDA, device allocations stop at the budget.\n"
     "GET /fit reports the sizes, the budget, the largest safe context and the predicted\n"
     "decode speed.\n"
+    "--prompt-cache GIB (binary GiB, default 8; 0 turns the prefix cache off) caps the\n"
+    "KV that finished requests leave for the next ones with the same prefix; without\n"
+    "--kv-mb or --memory-budget the KV pool grows by it (up to a quarter of physical memory).\n"
+    "--cache-retention picks what is evicted first (lru, or cost-size: GreedyDual-Size);\n"
+    "a session's blocks (session_id) are kept ahead of others until it is closed\n"
+    "(POST /admin/cache/session/close) or idle for --session-idle-s seconds.\n"
     CLI_BACKEND_USAGE;
 
 static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
@@ -75,7 +85,8 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
                                 .max_batch = 8, .kv_mb = 0, .max_body_mb = 32,
                                 .prefill_chunk = DEFAULT_PREFILL_CHUNK,
                                 .request_timeout_s = 30, .shutdown_timeout_s = 10,
-                                .mode = COMPUTE_FAST};
+                                .mode = COMPUTE_FAST, .prompt_cache_gib = 8,
+                                .cache_retention = KV_RETAIN_LRU, .session_idle_s = 600};
     cli_backend_options_from_env(&o->backend);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -141,6 +152,21 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
             ok = arg_int(a, v, 1, 3600, &o->request_timeout_s);
         else if (!strcmp(a, "--shutdown-timeout"))
             ok = arg_int(a, v, 0, 3600, &o->shutdown_timeout_s);
+        else if (!strcmp(a, "--prompt-cache"))
+            ok = arg_float(a, v, 0, 1 << 20, &o->prompt_cache_gib);
+        else if (!strcmp(a, "--cache-retention")) {
+            if (!strcmp(v, "lru"))
+                o->cache_retention = KV_RETAIN_LRU;
+            else if (!strcmp(v, "cost-size"))
+                o->cache_retention = KV_RETAIN_COST_SIZE;
+            else {
+                fprintf(stderr, "inferd serve: --cache-retention is lru or cost-size, not '%s'\n",
+                        v);
+                ok = false;
+            }
+        }
+        else if (!strcmp(a, "--session-idle-s"))
+            ok = arg_int(a, v, 0, 1L << 30, &o->session_idle_s);
         else if (!strcmp(a, "--mode"))
             ok = arg_mode(v, &o->mode);
         else if (!strcmp(a, "--device")) {
@@ -187,10 +213,16 @@ static void add_eos(struct server *srv, int32_t id)
     srv->eos_ids[srv->n_eos++] = id;
 }
 
-/* Engine sizes from the flags and the model: the KV pool holds max_batch
+/* The prompt cache's share of physical memory at most, when it grows the pool. */
+#define PROMPT_CACHE_MEMORY_SHARE 4
+
+/* Engine sizes from the flags and the model. The KV pool holds max_batch
  * full contexts when that fits the budget (--kv-mb, and what --memory-budget
  * leaves beside the weights and buffers), and at least one context, which the
- * memory budget may shorten. */
+ * memory budget may shorten. The prefix cache lives in the same pool: with
+ * --kv-mb or --memory-budget the pool is all there is (cached blocks take what
+ * running requests leave); without them, the pool grows by the --prompt-cache
+ * cap, as far as a quarter of physical memory allows. */
 static void engine_sizes(const struct serve_options *o, const struct model *m,
                          const struct server_fit *fit, struct engine_config *ec)
 {
@@ -204,6 +236,8 @@ static void engine_sizes(const struct serve_options *o, const struct model *m,
     size_t budget = (size_t)(o->kv_mb ? o->kv_mb : DEFAULT_KV_MB) << 20;
     int budget_ctx = 0;
     long kept = ctx; /* the context the engine keeps (engine_config.budget_ctx) */
+    size_t cache_bytes = (size_t)(o->prompt_cache_gib * (double)(1ull << 30));
+    bool bounded = o->kv_mb || fit->memory_budget_bytes;
     if (fit->memory_budget_bytes) {
         size_t room = (size_t)fit->max_safe_context * fit->kv_bytes_per_token;
         if (room < budget)
@@ -212,10 +246,18 @@ static void engine_sizes(const struct serve_options *o, const struct model *m,
             kept = budget_ctx = (int)fit->max_safe_context;
     }
     long tokens = (long)(budget / fit->kv_bytes_per_token);
-    if (tokens > kept * o->max_batch)
+    if (tokens > kept * o->max_batch && !(bounded && cache_bytes > 0))
         tokens = kept * o->max_batch;
     if (tokens < kept)
         tokens = kept;
+    if (!bounded && cache_bytes > 0) {
+        long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+        size_t room = pages > 0 && page > 0
+                          ? (size_t)pages * (size_t)page / PROMPT_CACHE_MEMORY_SHARE
+                          : cache_bytes;
+        size_t grow = cache_bytes < room ? cache_bytes : room;
+        tokens += (long)(grow / fit->kv_bytes_per_token);
+    }
     *ec = (struct engine_config){
         .n_ctx = (int)ctx,
         .max_seqs = (int)o->max_batch,
@@ -225,6 +267,9 @@ static void engine_sizes(const struct serve_options *o, const struct model *m,
         .kv_block_size = (int)o->kv_block_size,
         .kv_budget_bytes = (uint64_t)(o->kv_budget_gb * 1e9),
         .budget_ctx = budget_ctx,
+        .prompt_cache_bytes = cache_bytes,
+        .cache_retention = o->cache_retention,
+        .session_idle_s = (int)o->session_idle_s,
     };
 }
 
@@ -383,10 +428,10 @@ int cmd_serve(int argc, char **argv)
     cli_backend_describe(be, where, sizeof where);
     const struct engine_config *run = engine_config(engine);
     log_info("serve: ready in %.2f s on %s; context %d%s, up to %d sequences, KV pool %d blocks "
-             "of %d",
+             "of %d, prompt cache %.3g GiB",
              (double)(now_ns() - t0) * 1e-9, where, run->n_ctx,
              run->budget_ctx ? " (the memory budget's)" : "", run->max_seqs, run->kv_blocks,
-             run->kv_block_size);
+             run->kv_block_size, (double)run->prompt_cache_bytes / (double)(1ull << 30));
 
     int sig = 0;
     while (sigwait(&sigs, &sig) != 0)

@@ -9,6 +9,15 @@
 #include "engine/engine.h"
 #include "engine/scheduler.h"
 #include "engine/sequence.h"
+#include "text/tokenizer.h"
+
+/* A call into the engine thread (engine_close_session), answered between two steps. */
+struct engine_call {
+    const char *session_id;    /* borrowed from the caller, who waits */
+    int result;                /* blocks released, or -1 */
+    bool done;
+    struct engine_call *next;
+};
 
 struct engine {
     const struct model *model;     /* borrowed */
@@ -26,24 +35,121 @@ struct engine {
     int n_incoming;
     bool stopping;
     uint64_t stop_deadline_ns;
+    struct engine_call *calls;     /* waiting for the engine thread */
+    pthread_cond_t call_cv;        /* signalled when calls are answered */
+    pthread_mutex_t stats_mu;      /* guards the snapshot below */
+    struct kv_prefix_stats cache_pub;
+    uint64_t kv_bytes_pub;
+    size_t block_bytes;
 
     atomic_int n_running_pub;
     atomic_int n_free_blocks_pub;
     atomic_int state;              /* 0 idle, 1 running, 2 stopping */
     atomic_uint_fast64_t requests_refused;
+    atomic_uint_fast64_t requests_rejected;
+    atomic_int n_waiting_pub;
     struct engine_metrics metrics;
 };
+
+/* What other threads may read of the engine thread's state: the prefix
+ * cache's counters and the KV the running sequences hold. */
+static void publish_stats(struct engine *e)
+{
+    struct sched *sc = &e->sched;
+    struct kv_prefix_stats st;
+    kv_manager_prefix_stats(sc->kv, &st);
+    int held = kv_manager_total_blocks(sc->kv) - kv_manager_free_blocks(sc->kv) -
+               (int)st.unreferenced_blocks;
+    pthread_mutex_lock(&e->stats_mu);
+    e->cache_pub = st;
+    e->kv_bytes_pub = (uint64_t)held * e->block_bytes;
+    pthread_mutex_unlock(&e->stats_mu);
+    atomic_store(&e->n_running_pub, sc->n_running);
+    atomic_store(&e->n_waiting_pub, sc->n_waiting);
+    atomic_store(&e->n_free_blocks_pub, kv_manager_free_blocks(sc->kv));
+}
+
+/* Answers the calls taken off the queue; only this thread touches the cache. */
+static void answer_calls(struct engine *e, struct engine_call *calls)
+{
+    for (struct engine_call *c = calls; c; c = c->next)
+        c->result = kv_manager_close_session(e->sched.kv, c->session_id);
+    pthread_mutex_lock(&e->mu);
+    for (struct engine_call *c = calls; c; c = c->next)
+        c->done = true;
+    pthread_cond_broadcast(&e->call_cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* The identity the prefix cache's namespace starts from: what decides the
+ * K/V a token gets, so that other weights (or another tokenizer's ids) never
+ * find these blocks. config.json's fields, every tensor's name, type, shape
+ * and place (the safetensors headers), the files' sizes, the tokenizer's size. */
+static uint64_t model_digest(const struct model *m, const struct tokenizer *tok)
+{
+    uint64_t h = 1469598103934665603ull;
+#define MIX(v) (h = (h ^ (uint64_t)(v)) * 1099511628211ull)
+    const struct model_config *c = &m->config;
+    for (const char *p = c->arch_name; *p; p++)
+        MIX((unsigned char)*p);
+    int ints[] = {c->arch, c->vocab_size, c->hidden_size, c->intermediate_size, c->n_layers,
+                  c->n_heads, c->n_kv_heads, c->head_dim, c->max_position_embeddings,
+                  c->sliding_window, c->rope_scaling, c->rope_original_max_position,
+                  c->tie_word_embeddings, c->attention_bias, c->qk_norm, c->torch_dtype};
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+        MIX((uint32_t)ints[i]);
+    float floats[] = {c->rms_norm_eps, c->rope_theta, c->rope_factor, c->rope_low_freq_factor,
+                      c->rope_high_freq_factor};
+    for (size_t i = 0; i < sizeof floats / sizeof floats[0]; i++) {
+        uint32_t bits;
+        memcpy(&bits, &floats[i], sizeof bits);
+        MIX(bits);
+    }
+    for (int i = 0; i < m->files.n_tensors; i++) {
+        const struct st_tensor *t = &m->files.tensors[i];
+        for (const char *p = t->name; p && *p; p++)
+            MIX((unsigned char)*p);
+        MIX(t->dtype);
+        for (int d = 0; d < t->n_dims; d++)
+            MIX(t->shape[d]);
+        MIX(t->offset);
+        MIX(t->nbytes);
+        MIX(t->file_index);
+    }
+    for (int i = 0; i < m->files.n_files; i++)
+        MIX(m->files.map_lens ? m->files.map_lens[i] : 0);
+    MIX(m->backend->mode);
+    MIX(tok ? tok_vocab_size(tok) : 0);
+#undef MIX
+    return h;
+}
 
 static void *engine_main(void *arg)
 {
     struct engine *e = arg;
     struct sched *sc = &e->sched;
+    bool cache_on = kv_manager_prefix_enabled(sc->kv);
     for (;;) {
         pthread_mutex_lock(&e->mu);
-        while (!e->stopping && e->n_incoming == 0 && sc->n_waiting == 0 && sc->n_running == 0) {
+        while (!e->stopping && e->n_incoming == 0 && !e->calls && sc->n_waiting == 0 &&
+               sc->n_running == 0) {
             atomic_store(&e->state, 0);
-            pthread_cond_wait(&e->cv, &e->mu);
+            if (!cache_on) {
+                pthread_cond_wait(&e->cv, &e->mu);
+                continue;
+            }
+            /* idle sessions expire even while no request comes */
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_sec += 1;
+            pthread_cond_timedwait(&e->cv, &e->mu, &until);
+            pthread_mutex_unlock(&e->mu);
+            kv_manager_tick(sc->kv, now_ns());
+            publish_stats(e);
+            pthread_mutex_lock(&e->mu);
         }
+        struct engine_call *calls = e->calls;
+        e->calls = NULL;
         for (int i = 0; i < e->n_incoming; i++)
             if (!sched_enqueue(sc, e->incoming[i], false)) {
                 atomic_fetch_sub(&sc->counters.n_queued, 1);
@@ -56,6 +162,9 @@ static void *engine_main(void *arg)
         pthread_mutex_unlock(&e->mu);
 
         atomic_store(&e->state, stopping ? 2 : 1);
+        if (calls)
+            answer_calls(e, calls);
+        kv_manager_tick(sc->kv, now_ns());
         sched_drop_cancelled(sc, past_deadline);
         if (stopping && sc->n_running == 0 && sc->n_waiting == 0)
             break;
@@ -63,9 +172,9 @@ static void *engine_main(void *arg)
         struct err err = {0};
         if (sched_step(sc, &err) < 0)
             log_error("engine: forward step failed: %s", err.msg);
-        atomic_store(&e->n_running_pub, sc->n_running);
-        atomic_store(&e->n_free_blocks_pub, kv_manager_free_blocks(sc->kv));
+        publish_stats(e);
     }
+    publish_stats(e);
     return NULL;
 }
 
@@ -79,6 +188,8 @@ void engine_free(struct engine *e)
         sched_free(&e->sched);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
+    pthread_cond_destroy(&e->call_cv);
+    pthread_mutex_destroy(&e->stats_mu);
     free(e);
 }
 
@@ -104,12 +215,21 @@ int engine_create(const struct model *m, const struct tokenizer *tok,
         e->cfg.budget_ctx = 0;
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
+    pthread_cond_init(&e->call_cv, NULL);
+    pthread_mutex_init(&e->stats_mu, NULL);
     histogram_init_latency(&e->metrics.ttft);
     histogram_init_latency(&e->metrics.inter_token);
-    struct sched_config sc = {.n_ctx = e->cfg.n_ctx, .max_seqs = cfg->max_seqs,
-                              .max_step_tokens = cfg->max_step_tokens,
-                              .kv_blocks = cfg->kv_blocks, .block_size = cfg->kv_block_size,
-                              .kv_budget_bytes = cfg->kv_budget_bytes};
+    struct kv_format format = kv_format_of_dtype(m->backend->kv_dtype);
+    int block_size = cfg->kv_block_size > 0 ? cfg->kv_block_size : KV_BLOCK_SIZE_DEFAULT;
+    e->block_bytes = kv_format_bytes_per_block(&m->config, &format, block_size);
+    struct sched_config sc = {
+        .n_ctx = e->cfg.n_ctx, .max_seqs = cfg->max_seqs, .max_step_tokens = cfg->max_step_tokens,
+        .kv_blocks = cfg->kv_blocks, .block_size = cfg->kv_block_size,
+        .kv_budget_bytes = cfg->kv_budget_bytes,
+        .prefix = {.max_bytes = cfg->prompt_cache_bytes, .retention = cfg->cache_retention,
+                   .model_digest = model_digest(m, tok),
+                   .session_idle_ns = (uint64_t)(cfg->session_idle_s > 0 ? cfg->session_idle_s
+                                                                          : 0) * 1000000000ull}};
     int rc = sched_init(&e->sched, m, &sc, &e->metrics, err);
     if (rc == 0) {
         e->sched_ready = true;
@@ -163,8 +283,10 @@ int engine_submit(struct engine *e, const struct gen_params *p, struct gen_outpu
     if (p->n_prompt < e->cfg.n_ctx && clamped.max_tokens > e->cfg.n_ctx - p->n_prompt)
         clamped.max_tokens = e->cfg.n_ctx - p->n_prompt;
     int fit = check_fits(e, &clamped, err);
-    if (fit < 0)
+    if (fit < 0) {
+        atomic_fetch_add(&e->requests_rejected, 1);
         return fit;
+    }
     struct seq *s;
     struct gen_output *o;
     int rc = seq_create(&clamped, e->tok, e->model->config.vocab_size, &s, &o, err);
@@ -184,12 +306,32 @@ int engine_submit(struct engine *e, const struct gen_params *p, struct gen_outpu
     }
     pthread_mutex_unlock(&e->mu);
     if (rc < 0) {
+        atomic_fetch_add(&e->requests_rejected, 1);
         atomic_fetch_add(&e->requests_refused, 1);
         seq_free(s, NULL); /* drops the sequence's reference; the caller's remains */
         gen_output_release(o);
         return rc;
     }
     *out = o;
+    return 0;
+}
+
+int engine_close_session(struct engine *e, const char *session_id, int *blocks_released,
+                         struct err *err)
+{
+    struct engine_call call = {.session_id = session_id, .result = -1};
+    pthread_mutex_lock(&e->mu);
+    if (e->stopping || !e->thread_started) {
+        pthread_mutex_unlock(&e->mu);
+        return err_set(err, INFERD_EBUSY, "the server is shutting down");
+    }
+    call.next = e->calls;
+    e->calls = &call;
+    pthread_cond_signal(&e->cv);
+    while (!call.done)
+        pthread_cond_wait(&e->call_cv, &e->mu);
+    pthread_mutex_unlock(&e->mu);
+    *blocks_released = call.result;
     return 0;
 }
 
@@ -225,6 +367,13 @@ void engine_get_stats(struct engine *e, struct engine_stats *out)
     out->running = atomic_load(&e->n_running_pub);
     out->kv_blocks_total = e->cfg.kv_blocks;
     out->kv_blocks_free = atomic_load(&e->n_free_blocks_pub);
+    out->requests_rejected = atomic_load(&e->requests_rejected);
+    out->waiting = atomic_load(&e->n_waiting_pub);
+    pthread_mutex_lock(&e->stats_mu);
+    out->prompt_cache = e->cache_pub;
+    out->kv_bytes = e->kv_bytes_pub;
+    pthread_mutex_unlock(&e->stats_mu);
+    out->kv_budget_bytes = 0;
     int st = atomic_load(&e->state);
     out->state = states[st >= 0 && st <= 2 ? st : 0];
 }

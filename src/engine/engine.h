@@ -13,6 +13,7 @@
 #include "base/histogram.h"
 #include "base/strbuf.h"
 #include "engine/sampler.h"
+#include "kv/kv.h"
 #include "model/model.h"
 
 struct tokenizer;
@@ -26,7 +27,8 @@ struct engine_config {
     int max_step_tokens; /* tokens in one forward step (prefill chunks + decodes): the
                             prefill chunk */
     int max_queue;       /* requests waiting for admission; one more is refused */
-    int kv_blocks;       /* KV pool size in blocks; 0: max_seqs full contexts */
+    int kv_blocks;       /* KV pool size in blocks; 0: max_seqs full contexts, plus the
+                            prompt cache's cap in blocks */
     int kv_block_size;   /* positions per KV block; 0: KV_BLOCK_SIZE_DEFAULT (kv/ checks it) */
     /* Running sequences are admitted while their projected KV bytes (prompt +
      * max_tokens positions, less blocks shared from the cache) fit; a request
@@ -36,6 +38,12 @@ struct engine_config {
      * clamped to what the prompt leaves; a prompt that does not fit is
      * refused); 0: no budget. The engine keeps min(n_ctx, budget_ctx). */
     int budget_ctx;
+    /* The prefix cache (kv/kv.h): cached blocks only the cache holds take at
+     * most prompt_cache_bytes of the pool; 0 turns the cache off. */
+    size_t prompt_cache_bytes;
+    enum kv_retention cache_retention;
+    int session_idle_s;  /* a session's blocks lose their priority after this long unused;
+                            0: only an explicit close ends it */
 };
 
 /* What one request asks the engine for. Everything is copied at submit. */
@@ -137,7 +145,12 @@ struct engine_stats {
     uint64_t requests_admitted, requests_finished, requests_cancelled, requests_refused;
     uint64_t prompt_tokens, generated_tokens, steps;
     uint64_t preemptions; /* sequences that gave their KV blocks back to be recomputed */
+    uint64_t requests_rejected; /* refused at submit for any reason (queue full, too long) */
     int queued, running, kv_blocks_total, kv_blocks_free;
+    int waiting;                /* sequences waiting for admission, preempted ones included */
+    uint64_t kv_bytes;          /* KV bytes of the blocks running sequences hold */
+    uint64_t kv_budget_bytes;   /* the admission budget on KV bytes; 0: none */
+    struct kv_prefix_stats prompt_cache; /* as of the engine's last step */
     const char *state; /* "idle", "running", "stopping" */
 };
 
@@ -166,6 +179,14 @@ int engine_submit(struct engine *e, const struct gen_params *p, struct gen_outpu
 void engine_shutdown(struct engine *e, int grace_ms);
 /* Shuts down (without grace) if still running, then frees. */
 void engine_free(struct engine *e);
+
+/* Ends session affinity for session_id in the prefix cache (its blocks become
+ * plain LRU blocks). The engine thread does it between two steps (the cache
+ * is its alone); the caller waits. *blocks_released gets how many blocks the
+ * session held, or -1 when no such session is open (or the cache is off).
+ * Returns 0, or -INFERD_EBUSY when the engine is stopping. */
+int engine_close_session(struct engine *e, const char *session_id, int *blocks_released,
+                         struct err *err);
 
 void engine_get_stats(struct engine *e, struct engine_stats *out);
 const struct engine_metrics *engine_metrics(const struct engine *e);

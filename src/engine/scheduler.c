@@ -16,13 +16,22 @@ int sched_init(struct sched *sc, const struct model *m, const struct sched_confi
     int block_size = cfg->block_size ? cfg->block_size : KV_BLOCK_SIZE_DEFAULT;
     sc->cfg.block_size = block_size;
     int min_blocks = kv_blocks_for(cfg->n_ctx, block_size);
-    if (sc->cfg.kv_blocks == 0)
-        sc->cfg.kv_blocks = min_blocks * cfg->max_seqs;
+    if (sc->cfg.kv_blocks == 0) {
+        /* room for max_seqs full contexts, and beside them for what the
+         * prefix cache may keep unreferenced */
+        struct kv_format f = kv_format_of_dtype(m->backend->kv_dtype);
+        size_t cache_blocks =
+            cfg->prefix.max_bytes / kv_format_bytes_per_block(&m->config, &f, block_size);
+        long blocks = (long)min_blocks * cfg->max_seqs + (long)cache_blocks;
+        sc->cfg.kv_blocks = blocks > (1L << 30) ? 1 << 30 : (int)blocks;
+    }
     if (sc->cfg.kv_blocks < min_blocks)
         sc->cfg.kv_blocks = min_blocks;
     size_t vocab = (size_t)m->config.vocab_size;
     size_t n = (size_t)cfg->max_seqs;
     int rc = kv_manager_create(m, m->backend, sc->cfg.kv_blocks, block_size, &sc->kv, err);
+    if (rc == 0)
+        rc = kv_manager_prefix_enable(sc->kv, &cfg->prefix, err);
     if (rc == 0)
         rc = forward_state_create(m, cfg->max_step_tokens, &sc->fwd, err);
     if (rc == 0) {
@@ -77,9 +86,31 @@ bool sched_enqueue(struct sched *sc, struct seq *s, bool front)
     return true;
 }
 
+/* Hands s's computed full blocks to the prefix cache (a no-op with it off). */
+static void publish_blocks(struct sched *sc, struct seq *s)
+{
+    if (s->out)
+        kv_manager_publish(sc->kv, &s->kv, s->tokens, s->n_computed);
+}
+
+/* Gives s's blocks back (the cache keeps what was published) so that it
+ * re-enters, when admitted again, through the prefix cache. */
+static void release_blocks(struct sched *sc, struct seq *s)
+{
+    kv_manager_free(sc->kv, &s->kv);
+    s->n_computed = 0;
+    s->looked_up = false;
+}
+
+void sched_publish(struct sched *sc, struct seq *s) { publish_blocks(sc, s); }
+
 void sched_retire(struct sched *sc, struct seq *s, enum gen_finish why, int error_code,
                   const char *error)
 {
+    /* A finished or cancelled sequence leaves what it computed to the next
+     * request with the same prefix; after an error the K/V are not trusted. */
+    if (why != GEN_FINISH_ERROR)
+        publish_blocks(sc, s);
     if (!s->out) {
         kv_manager_free(sc->kv, &s->kv);
         s->n_computed = 0;
@@ -125,8 +156,8 @@ static void preempt_youngest(struct sched *sc)
     struct seq *s = sc->running[sc->n_running - 1];
     sc->n_running--;
     atomic_fetch_add(&sc->counters.preemptions, 1);
-    kv_manager_free(sc->kv, &s->kv);
-    s->n_computed = 0;
+    publish_blocks(sc, s);
+    release_blocks(sc, s);
     if (!sched_enqueue(sc, s, true))
         sched_retire(sc, s, GEN_FINISH_ERROR, INFERD_ENOMEM,
                      "out of memory while requeueing a preempted request");
@@ -185,12 +216,20 @@ void sched_admit(struct sched *sc)
 {
     while (sc->n_waiting > 0 && sc->n_running < sc->cfg.max_seqs) {
         struct seq *s = sc->waiting[0];
+        /* What the prefix cache already holds is attached first (and kept
+         * while s waits at the head, so it cannot be evicted meanwhile). */
+        if (!s->looked_up && s->kv.table.n_blocks == 0) {
+            s->n_computed = kv_manager_computed_blocks(sc->kv, &s->kv, s->tokens, s->n_tokens);
+            s->looked_up = true;
+        }
         /* FIFO: the head waits for budget rather than being overtaken. */
         if (!kv_budget_admits(sc, s))
             break;
-        /* The whole prompt (and the first generated token) must fit now, so a
-         * new sequence does not immediately push out the running ones. */
-        if (kv_manager_free_blocks(sc->kv) < kv_manager_blocks_for(sc->kv, s->n_tokens + 1))
+        /* The rest of the prompt (and the first generated token) must fit
+         * now, in free blocks or cached ones allocation may evict, so a new
+         * sequence does not immediately push out the running ones. */
+        int need = kv_manager_blocks_for(sc->kv, s->n_tokens + 1) - s->kv.table.n_blocks;
+        if (kv_manager_available_blocks(sc->kv) < need)
             break;
         memmove(sc->waiting, sc->waiting + 1, (size_t)(sc->n_waiting - 1) * sizeof *sc->waiting);
         sc->n_waiting--;
@@ -199,8 +238,14 @@ void sched_admit(struct sched *sc)
             atomic_fetch_add(&sc->counters.requests_admitted, 1);
             atomic_fetch_add(&sc->counters.prompt_tokens, (uint64_t)s->n_prompt);
         }
+        if (s->admit_order == 0 && s->out) {
+            /* the request's reused prompt tokens (usage.cached_tokens) */
+            pthread_mutex_lock(&s->out->mu);
+            s->out->n_cached = s->n_computed;
+            pthread_mutex_unlock(&s->out->mu);
+        }
         s->admit_order = ++sc->admissions;
-        s->n_computed = kv_manager_computed_blocks(sc->kv, &s->kv, s->tokens, s->n_tokens);
+        s->n_computed = s->kv.n_tokens;
         sc->running[sc->n_running++] = s;
     }
 }

@@ -16,10 +16,11 @@ struct sched_config {
     int n_ctx;           /* positions per sequence */
     int max_seqs;        /* sequences in one step */
     int max_step_tokens; /* tokens in one step */
-    int kv_blocks;       /* KV pool size in blocks of block_size; 0: max_seqs full
-                            contexts; never fewer than one full context */
+    int kv_blocks;       /* KV pool size in blocks of block_size; 0: max_seqs full contexts
+                            plus prefix.max_bytes of blocks; never fewer than one full context */
     int block_size;      /* positions per KV block; 0: KV_BLOCK_SIZE_DEFAULT */
     uint64_t kv_budget_bytes; /* projected KV of the running sequences; 0: no budget */
+    struct kv_prefix_config prefix; /* max_bytes 0: no prefix cache */
 };
 
 /* Counters any thread may read while the driving thread writes them. */
@@ -71,7 +72,11 @@ int sched_build_batch(struct sched *sc);
 void sched_drop_cancelled(struct sched *sc, bool cancel_all);
 /* Takes s out of the running set or the waiting queue, wherever it is. */
 void sched_remove(struct sched *sc, struct seq *s);
-/* Counts s out, stages its finish, publishes it and frees it. A detached
+/* Hands s's computed full blocks to the prefix cache, so concurrent requests
+ * with the same prefix share them. */
+void sched_publish(struct sched *sc, struct seq *s);
+/* Counts s out, stages its finish, publishes it (and its computed blocks to
+ * the prefix cache, unless it failed) and frees it. A detached
  * sequence stays with its driver; only its KV slots go back. */
 void sched_retire(struct sched *sc, struct seq *s, enum gen_finish why, int error_code,
                   const char *error);

@@ -38,6 +38,14 @@ int seq_create(const struct gen_params *p, const struct tokenizer *tok, int n_vo
     if (p->n_eos > 0)
         memcpy(s->eos_ids, p->eos_ids, (size_t)p->n_eos * sizeof(int32_t));
     s->n_eos = p->n_eos;
+    s->kv.ns = p->cache_ns;
+    if (p->session_id) {
+        if (!(s->session_id = strdup(p->session_id))) {
+            rc = err_set(err, INFERD_ENOMEM, "out of memory for a sequence");
+            goto fail;
+        }
+        s->kv.session = s->session_id;
+    }
     s->n_prompt = s->n_tokens = p->n_prompt;
     s->max_tokens = p->max_tokens;
     s->logprobs = p->logprobs;
@@ -95,6 +103,7 @@ void seq_free(struct seq *s, struct kv_manager *kv)
         gen_output_release(s->out);
     free(s->tokens);
     free(s->eos_ids);
+    free(s->session_id);
     free(s);
 }
 

@@ -48,6 +48,8 @@ struct seq {
     struct gen_pending pending; /* not yet published to out */
     uint64_t t_submit_ns, t_last_token_ns;
     uint64_t admit_order;       /* later admissions are preempted first */
+    char *session_id;           /* owned; session affinity (kv.session points here), or NULL */
+    bool looked_up;             /* the prefix cache was asked since the blocks were last freed */
 };
 
 /* The engine's side of struct gen_output (engine/gen_output.c). */

@@ -52,6 +52,7 @@ int sched_step(struct sched *sc, struct err *err)
             why = GEN_FINISH_ERROR;
         } else {
             s->n_computed += sc->batch_chunk[b];
+            sched_publish(sc, s);
             if (!sc->batch_seqs[b].no_logits)
                 why = take_row(sc, s, row++, on_backend);
         }

@@ -3,6 +3,7 @@
 #ifndef INFERD_KV_KV_H
 #define INFERD_KV_KV_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -110,6 +111,14 @@ struct kv_seq {
     struct block_table table;
     int n_tokens; /* positions with a slot: computed, or being computed this step */
     int n_cached; /* leading positions whose K/V came from a cache; <= n_tokens */
+    /* Set by the owner before the first lookup: */
+    uint64_t ns;          /* the requester's namespace (gen_params.cache_ns); 0: the default */
+    const char *session;  /* borrowed; session affinity of what this sequence publishes, or NULL */
+    /* The prefix cache's bookkeeping (kv_manager_publish): */
+    int n_published;      /* leading full blocks whose content is in the cache */
+    int64_t chain_block;  /* the cache entry holding block n_published - 1 (-1: none) */
+    uint64_t chain_gen;   /* that entry's generation, to notice it was evicted meanwhile */
+    uint64_t chain_hash;  /* the hash chain up to it */
 };
 
 struct kv_manager;
@@ -121,10 +130,15 @@ void kv_manager_destroy(struct kv_manager *mgr);
 
 void kv_seq_init(struct kv_seq *seq);
 
-/* How many leading tokens of tokens[0, n) already have K/V for seq: called as
- * a sequence is admitted, this is where a prefix cache attaches the blocks it
- * finds (kv_manager_attach). No cache is looked up yet, so the answer is what
- * seq already holds: 0 for an empty seq. */
+/* How many leading tokens of tokens[0, n) already have K/V for seq, called as
+ * a sequence is admitted. For an empty seq with the prefix cache on, this is
+ * the cache lookup (kv_prefix_lookup under seq->ns): the longest verified
+ * chain of cached full blocks is attached (one reference each), then the
+ * longest prefix of a cached child block that matches the next tokens is
+ * copied into a fresh block of seq's own (backend kv_copy_slots); at most
+ * n - 1 tokens are reused, so the last one is always computed. seq->n_tokens
+ * and n_cached become the answer. For a seq that already holds blocks (or
+ * with the cache off) nothing is looked up: the answer is seq->n_cached. */
 int kv_manager_computed_blocks(struct kv_manager *mgr, struct kv_seq *seq, const int32_t *tokens,
                                int n);
 
@@ -148,15 +162,131 @@ void kv_manager_free(struct kv_manager *mgr, struct kv_seq *seq);
 int kv_manager_attach(struct kv_manager *mgr, struct kv_seq *seq, const uint32_t *blocks,
                       int n_blocks, struct err *err);
 
-/* Blocks nobody holds: what admission may count on. */
+/* Blocks nobody holds. */
 int kv_manager_free_blocks(const struct kv_manager *mgr);
+/* What admission may count on: free blocks plus cached blocks that only the
+ * cache holds (allocation evicts them before it fails). An upper bound: a
+ * cached block whose cached child is still held cannot go before its child. */
+int kv_manager_available_blocks(const struct kv_manager *mgr);
 int kv_manager_total_blocks(const struct kv_manager *mgr);
 int kv_manager_block_size(const struct kv_manager *mgr);
 /* Blocks that cover n_tokens positions. */
 int kv_manager_blocks_for(const struct kv_manager *mgr, int n_tokens);
 /* The storage the forward pass reads and writes. */
 struct kv_cache *kv_manager_cache(struct kv_manager *mgr);
-/* The pool underneath, for reference counts in tests and a future cache. */
+/* The pool underneath, for reference counts in tests. */
 struct kv_pool *kv_manager_pool(struct kv_manager *mgr);
+
+/* ---- prefix cache ------------------------------------------------------------
+ * Full blocks of computed K/V, content-addressed, kept after their sequence is
+ * gone so that a later prompt with the same prefix skips computing it. The
+ * manager owns the cache (kv_manager_prefix_enable); the engine thread is its
+ * only user, so nothing here locks.
+ *
+ *   h(block i) = H(h(block i - 1), tokens of block i, ns)      h(block -1) = ns
+ *   ns         = H(model digest, KV format, block size, the request's cache_ns)
+ *
+ * A hash only finds candidates: every cached block keeps its token ids, its
+ * parent entry and its namespace, and a hit is verified token by token against
+ * the prompt and by parent identity, so a collision can never hand out K/V
+ * computed for other tokens. The cache holds one pool reference per cached
+ * block, running sequences one each; a block only the cache holds is
+ * "unreferenced". A partially filled block is never cached or shared.
+ *
+ *     prompt   [a b c d][e f g h][i j k]        block_size 4
+ *     cache    X=[a b c d] ── Y=[e f g h] ── Z=[i j x y]
+ *     lookup   attaches X, Y (shared), copies slots 0..1 of Z ([i j]) into a
+ *              fresh block of the sequence's own; n_cached = 10; k is computed.
+ *
+ * Eviction (when allocation finds no free block, or when unreferenced cached
+ * bytes pass max_bytes) takes unreferenced leaves only (never a block whose
+ * child is still cached), blocks of open sessions after all others, and among
+ * equals the least recently used (lru) or the lowest GreedyDual-Size priority
+ * (cost-size: priority = clock + reused tokens / block bytes at the block's
+ * last use; the clock becomes each victim's priority). */
+
+enum kv_retention { KV_RETAIN_LRU = 0, KV_RETAIN_COST_SIZE };
+
+struct kv_prefix_config {
+    size_t max_bytes;             /* cap on unreferenced cached bytes; 0: the cache is off */
+    enum kv_retention retention;
+    uint64_t model_digest;        /* identity of the weights, tokenizer and architecture */
+    uint64_t session_idle_ns;     /* a session unused this long closes; 0: never */
+};
+
+struct kv_prefix_stats {
+    uint64_t blocks;              /* cached blocks (held by sequences or not) */
+    uint64_t bytes;               /* their K/V bytes */
+    uint64_t unreferenced_blocks; /* cached blocks only the cache holds */
+    uint64_t max_bytes;           /* the cap on unreferenced bytes */
+    uint64_t hits, misses;        /* lookups that reused at least one token / none */
+    uint64_t hit_tokens;          /* tokens reused */
+    uint64_t evictions;           /* blocks evicted */
+    uint64_t session_hits, session_misses; /* lookups of sequences with a session */
+    uint64_t sessions;            /* open sessions */
+};
+
+/* Turns the prefix cache on (max_bytes > 0) over mgr's pool, which must hold
+ * no blocks yet. */
+int kv_manager_prefix_enable(struct kv_manager *mgr, const struct kv_prefix_config *cfg,
+                             struct err *err);
+bool kv_manager_prefix_enabled(const struct kv_manager *mgr);
+
+/* Publishes seq's full blocks among tokens[0, n_computed) (positions whose
+ * K/V are computed) that are not yet in the cache, continuing seq's chain;
+ * a block whose content is already cached (a concurrent sequence published
+ * it first) is skipped and the chain continues through the cached one. Blocks
+ * are marked with seq->session when it is set. No-op with the cache off. */
+void kv_manager_publish(struct kv_manager *mgr, struct kv_seq *seq, const int32_t *tokens,
+                        int n_computed);
+
+/* Ends session affinity for session_id: its blocks become plain LRU blocks.
+ * Returns how many blocks it marked (>= 0), or -1 when no such session is open. */
+int kv_manager_close_session(struct kv_manager *mgr, const char *session_id);
+
+/* Advances the manager's clock to now_ns (monotonic) and closes the sessions
+ * idle for longer than session_idle_ns. */
+void kv_manager_tick(struct kv_manager *mgr, uint64_t now_ns);
+
+/* Evicts every cached block only the cache holds and forgets the rest (their
+ * sequences keep them); the statistics stay. */
+void kv_manager_prefix_clear(struct kv_manager *mgr);
+
+void kv_manager_prefix_stats(const struct kv_manager *mgr, struct kv_prefix_stats *out);
+
+/* The cache itself (kv/prefix.c), driven by the manager, which routes every
+ * reference count change of a block through kv_prefix_after_refcount. */
+struct kv_prefix;
+int kv_prefix_create(struct kv_pool *pool, size_t block_bytes, const struct kv_prefix_config *cfg,
+                     struct kv_prefix **out, struct err *err);
+void kv_prefix_free(struct kv_prefix *p);
+/* The longest verified chain of cached full blocks for tokens[0, limit) under
+ * cache_ns into chain (room for limit / block_size); returns its length.
+ * *partial_src is the cached child of the chain's end sharing the longest
+ * prefix (*partial_n >= 1 tokens, within limit) with the tokens after it, or
+ * -1. Nothing is retained: the caller attaches. */
+int kv_prefix_lookup(struct kv_prefix *p, uint64_t cache_ns, const int32_t *tokens, int limit,
+                     uint32_t *chain, int *partial_src, int *partial_n);
+/* Counts one lookup that reused n_reused tokens (session: the sequence's, or NULL). */
+void kv_prefix_note_lookup(struct kv_prefix *p, const char *session, int n_reused);
+void kv_prefix_publish(struct kv_prefix *p, struct kv_seq *seq, const int32_t *tokens,
+                       int n_computed);
+/* After block's pool reference count changed: keeps the eviction order. */
+void kv_prefix_after_refcount(struct kv_prefix *p, uint32_t block);
+/* Evicts the first victim; false when no cached block is evictable. */
+bool kv_prefix_evict_one(struct kv_prefix *p);
+/* Evicts until the unreferenced cached bytes are within max_bytes. */
+void kv_prefix_enforce_cap(struct kv_prefix *p);
+int kv_prefix_unreferenced_blocks(const struct kv_prefix *p);
+int kv_prefix_close_session(struct kv_prefix *p, const char *session_id);
+void kv_prefix_tick(struct kv_prefix *p, uint64_t now_ns);
+void kv_prefix_clear(struct kv_prefix *p);
+void kv_prefix_get_stats(const struct kv_prefix *p, struct kv_prefix_stats *out);
+
+/* The namespace a request's blocks are addressed under (the ns above). */
+uint64_t kv_prefix_namespace(uint64_t model_digest, const struct kv_format *format,
+                             int block_size, uint64_t cache_ns);
+/* One link of the hash chain: H(parent, tokens[0, n), ns). */
+uint64_t kv_prefix_hash(uint64_t parent, const int32_t *tokens, int n, uint64_t ns);
 
 #endif

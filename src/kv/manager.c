@@ -1,12 +1,15 @@
-/* kv/manager.c — the engine's view of the KV cache: computed prefixes, slots for new tokens
- * (all or nothing), truncation and release, over the reference-counted pool. */
+/* kv/manager.c — the engine's view of the KV cache: computed prefixes (through the prefix
+ * cache), slots for new tokens (all or nothing, evicting cached blocks first), truncation
+ * and release, over the reference-counted pool. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "kv/kv.h"
 
 struct kv_manager {
-    struct kv_pool *pool; /* owned */
+    struct kv_pool *pool;     /* owned */
+    struct kv_prefix *prefix; /* owned; NULL while the prefix cache is off */
+    size_t block_bytes;
 };
 
 int kv_manager_create(const struct model *m, struct backend *be, int n_blocks, int block_size,
@@ -20,6 +23,7 @@ int kv_manager_create(const struct model *m, struct backend *be, int n_blocks, i
         free(mgr);
         return rc;
     }
+    mgr->block_bytes = kv_format_bytes_per_block(&m->config, &mgr->pool->format, block_size);
     *out = mgr;
     return 0;
 }
@@ -28,23 +32,56 @@ void kv_manager_destroy(struct kv_manager *mgr)
 {
     if (!mgr)
         return;
+    if (mgr->prefix)
+        kv_prefix_clear(mgr->prefix);
+    kv_prefix_free(mgr->prefix);
     kv_pool_free(mgr->pool);
     free(mgr);
 }
+
+int kv_manager_prefix_enable(struct kv_manager *mgr, const struct kv_prefix_config *cfg,
+                             struct err *err)
+{
+    if (mgr->pool->n_free != mgr->pool->cache.n_blocks)
+        return err_set(err, INFERD_EINVAL, "the prefix cache is turned on before any block is used");
+    if (mgr->prefix || cfg->max_bytes == 0)
+        return 0;
+    return kv_prefix_create(mgr->pool, mgr->block_bytes, cfg, &mgr->prefix, err);
+}
+
+bool kv_manager_prefix_enabled(const struct kv_manager *mgr) { return mgr->prefix != NULL; }
 
 void kv_seq_init(struct kv_seq *seq)
 {
     memset(seq, 0, sizeof *seq);
     block_table_init(&seq->table);
+    seq->chain_block = -1;
 }
 
-int kv_manager_computed_blocks(struct kv_manager *mgr, struct kv_seq *seq, const int32_t *tokens,
-                               int n)
+/* Every reference a sequence takes or drops goes through these two, so the
+ * cache always knows which of its blocks only it still holds. */
+static void block_retain(struct kv_manager *mgr, uint32_t block)
 {
-    (void)mgr;
-    (void)tokens;
-    (void)n;
-    return seq->n_cached;
+    kv_pool_retain(mgr->pool, block);
+    if (mgr->prefix)
+        kv_prefix_after_refcount(mgr->prefix, block);
+}
+
+static void block_release(struct kv_manager *mgr, uint32_t block)
+{
+    kv_pool_release(mgr->pool, block);
+    if (mgr->prefix)
+        kv_prefix_after_refcount(mgr->prefix, block);
+}
+
+/* Evicts unreferenced cached blocks until n blocks are free; false when the
+ * cache has nothing more to give. */
+static bool make_free(struct kv_manager *mgr, int n)
+{
+    while (mgr->pool->n_free < n)
+        if (!mgr->prefix || !kv_prefix_evict_one(mgr->prefix))
+            return false;
+    return true;
 }
 
 /* Room in seq's table for n_blocks entries, without touching the pool. */
@@ -63,13 +100,66 @@ static int table_grow(struct block_table *bt, int n_blocks, struct err *err)
     return 0;
 }
 
+/* Copies the first n slots of cached block src into a fresh block appended to
+ * seq (copy on write: a shared block is never written). False when no block
+ * or no copy op is to be had; seq is then unchanged. */
+static bool attach_partial(struct kv_manager *mgr, struct kv_seq *seq, uint32_t src, int n)
+{
+    struct backend *be = mgr->pool->backend;
+    struct err err = {0};
+    if (!be->ops->kv_copy_slots || table_grow(&seq->table, seq->table.n_blocks + 1, &err) < 0)
+        return false;
+    block_retain(mgr, src); /* so that making room cannot evict it */
+    uint32_t dst;
+    bool ok = make_free(mgr, 1) && kv_pool_alloc(mgr->pool, &dst, &err) == 0;
+    if (ok) {
+        be->ops->kv_copy_slots(be, &mgr->pool->cache, src, dst, n);
+        seq->table.blocks[seq->table.n_blocks++] = dst;
+    }
+    block_release(mgr, src);
+    return ok;
+}
+
+int kv_manager_computed_blocks(struct kv_manager *mgr, struct kv_seq *seq, const int32_t *tokens,
+                               int n)
+{
+    if (!mgr->prefix || seq->table.n_blocks != 0 || n < 2)
+        return seq->n_cached;
+    int bs = mgr->pool->cache.block_size;
+    struct err err = {0};
+    int limit = n - 1; /* the last token is always computed, so its logits exist */
+    if (table_grow(&seq->table, limit / bs + 1, &err) < 0)
+        return seq->n_cached;
+    int src = -1, m = 0;
+    int n_full = kv_prefix_lookup(mgr->prefix, seq->ns, tokens, limit, seq->table.blocks, &src, &m);
+    for (int i = 0; i < n_full; i++)
+        block_retain(mgr, seq->table.blocks[i]);
+    seq->table.n_blocks = n_full;
+    int reused = n_full * bs;
+    if (src >= 0 && attach_partial(mgr, seq, (uint32_t)src, m))
+        reused += m;
+    seq->n_tokens = seq->n_cached = reused;
+    /* the attached full blocks are already in the cache under this chain */
+    seq->n_published = 0;
+    seq->chain_block = -1;
+    kv_prefix_note_lookup(mgr->prefix, seq->session, reused);
+    return reused;
+}
+
+void kv_manager_publish(struct kv_manager *mgr, struct kv_seq *seq, const int32_t *tokens,
+                        int n_computed)
+{
+    if (mgr->prefix)
+        kv_prefix_publish(mgr->prefix, seq, tokens, n_computed);
+}
+
 int kv_manager_allocate_slots(struct kv_manager *mgr, struct kv_seq *seq, int n_new_tokens,
                               struct err *err)
 {
     struct kv_pool *pool = mgr->pool;
     int needed = kv_pool_blocks_for(pool, seq->n_tokens + n_new_tokens);
     int more = needed - seq->table.n_blocks;
-    if (more > pool->n_free)
+    if (more > 0 && !make_free(mgr, more))
         return err_set(err, INFERD_ENOMEM,
                        "KV pool exhausted: %d more blocks wanted, %d of %d free", more,
                        pool->n_free, pool->cache.n_blocks);
@@ -89,19 +179,48 @@ void kv_manager_truncate(struct kv_manager *mgr, struct kv_seq *seq, int n_token
         n_tokens = 0;
     if (n_tokens >= seq->n_tokens)
         return;
+    int bs = mgr->pool->cache.block_size;
     int keep = kv_pool_blocks_for(mgr->pool, n_tokens);
     while (seq->table.n_blocks > keep)
-        kv_pool_release(mgr->pool, seq->table.blocks[--seq->table.n_blocks]);
+        block_release(mgr, seq->table.blocks[--seq->table.n_blocks]);
+    /* The kept last block will be written from slot n_tokens % bs on: when
+     * another holder shares it (the cache included), write a copy instead. */
+    int tail = n_tokens % bs;
+    if (tail > 0) {
+        uint32_t last = seq->table.blocks[keep - 1];
+        if (mgr->pool->refcount[last] > 1) {
+            seq->table.n_blocks--;
+            if (attach_partial(mgr, seq, last, tail)) {
+                block_release(mgr, last);
+            } else { /* no block for the copy: drop the shared one's slots instead */
+                block_release(mgr, last);
+                n_tokens -= tail;
+            }
+        }
+    }
     seq->n_tokens = n_tokens;
     if (seq->n_cached > n_tokens)
         seq->n_cached = n_tokens;
+    if (seq->n_published > n_tokens / bs) {
+        seq->n_published = 0;
+        seq->chain_block = -1;
+    }
+    if (mgr->prefix)
+        kv_prefix_enforce_cap(mgr->prefix);
 }
 
 void kv_manager_free(struct kv_manager *mgr, struct kv_seq *seq)
 {
-    block_table_clear(mgr->pool, &seq->table);
+    for (int i = 0; i < seq->table.n_blocks; i++)
+        block_release(mgr, seq->table.blocks[i]);
+    free(seq->table.blocks);
+    block_table_init(&seq->table);
     seq->n_tokens = 0;
     seq->n_cached = 0;
+    seq->n_published = 0;
+    seq->chain_block = -1;
+    if (mgr->prefix)
+        kv_prefix_enforce_cap(mgr->prefix);
 }
 
 int kv_manager_attach(struct kv_manager *mgr, struct kv_seq *seq, const uint32_t *blocks,
@@ -113,7 +232,7 @@ int kv_manager_attach(struct kv_manager *mgr, struct kv_seq *seq, const uint32_t
     if (rc < 0)
         return rc;
     for (int i = 0; i < n_blocks; i++) {
-        kv_pool_retain(mgr->pool, blocks[i]);
+        block_retain(mgr, blocks[i]);
         seq->table.blocks[i] = blocks[i];
     }
     seq->table.n_blocks = n_blocks;
@@ -121,7 +240,37 @@ int kv_manager_attach(struct kv_manager *mgr, struct kv_seq *seq, const uint32_t
     return 0;
 }
 
+int kv_manager_close_session(struct kv_manager *mgr, const char *session_id)
+{
+    return mgr->prefix ? kv_prefix_close_session(mgr->prefix, session_id) : -1;
+}
+
+void kv_manager_tick(struct kv_manager *mgr, uint64_t now_ns)
+{
+    if (mgr->prefix)
+        kv_prefix_tick(mgr->prefix, now_ns);
+}
+
+void kv_manager_prefix_clear(struct kv_manager *mgr)
+{
+    if (mgr->prefix)
+        kv_prefix_clear(mgr->prefix);
+}
+
+void kv_manager_prefix_stats(const struct kv_manager *mgr, struct kv_prefix_stats *out)
+{
+    if (mgr->prefix)
+        kv_prefix_get_stats(mgr->prefix, out);
+    else
+        memset(out, 0, sizeof *out);
+}
+
 int kv_manager_free_blocks(const struct kv_manager *mgr) { return mgr->pool->n_free; }
+
+int kv_manager_available_blocks(const struct kv_manager *mgr)
+{
+    return mgr->pool->n_free + (mgr->prefix ? kv_prefix_unreferenced_blocks(mgr->prefix) : 0);
+}
 
 int kv_manager_total_blocks(const struct kv_manager *mgr) { return mgr->pool->cache.n_blocks; }
 

@@ -831,3 +831,125 @@ describe('tenants, budgets and /fit', () => {
     await assert.rejects(startServer(['--kv-block-size', '1000'], { name: 'kv-block-size' }), /block size 1000/);
   });
 });
+
+describe('prefix cache', () => {
+  const system = {
+    role: 'system',
+    content: 'You are a careful assistant for a weather service. Answer in short sentences, name the ' +
+      'city and the day, give temperatures in Celsius and say when you are unsure about a forecast.',
+  };
+  const question = (q) => [system, { role: 'user', content: q }];
+  const questions = ['Will it rain in Oslo tomorrow?', 'How warm is Lisbon in May?', 'Is it windy in Wellington today?',
+    'What should I wear in Montreal in January?', 'Does it snow in Kyoto?', 'Is Cairo hot at night?'];
+
+  test('/stats has server, prompt_cache, batch and admission; /metrics exports them', async () => {
+    const stats = await (await fetch(`${server.url}/stats`)).json();
+    assert.equal(typeof stats.server?.started_at, 'number');
+    assert.ok(Math.abs(stats.server.started_at - Date.now() / 1000) < 86400, `started_at ${stats.server.started_at}`);
+    for (const k of ['blocks', 'bytes', 'max_bytes', 'hits', 'misses', 'hit_tokens', 'evictions', 'session_hits', 'session_misses', 'sessions'])
+      assert.equal(typeof stats.prompt_cache?.[k], 'number', `prompt_cache.${k}`);
+    assert.equal(stats.prompt_cache.max_bytes, 8 * 2 ** 30, 'the default cap is 8 GiB');
+    for (const k of ['configured', 'running', 'waiting', 'kv_bytes', 'kv_budget_bytes'])
+      assert.equal(typeof stats.batch?.[k], 'number', `batch.${k}`);
+    assert.equal(stats.batch.configured, stats.engine.max_sequences);
+    for (const k of ['enforced_context_tokens', 'rejected']) assert.equal(typeof stats.admission?.[k], 'number', `admission.${k}`);
+    assert.equal(stats.admission.enforced_context_tokens, stats.engine.context);
+    assert.equal(typeof stats.engine?.kv_blocks_free, 'number', 'the earlier fields stay');
+    const m = await metrics(server.url);
+    for (const name of ['inferd_prompt_cache_blocks', 'inferd_prompt_cache_bytes', 'inferd_prompt_cache_max_bytes', 'inferd_prompt_cache_hits_total',
+      'inferd_prompt_cache_misses_total', 'inferd_prompt_cache_hit_tokens_total', 'inferd_prompt_cache_evictions_total',
+      'inferd_prompt_cache_session_hits_total', 'inferd_prompt_cache_session_misses_total', 'inferd_prompt_cache_sessions',
+      'inferd_batch_configured', 'inferd_batch_running', 'inferd_batch_waiting', 'inferd_kv_bytes', 'inferd_kv_budget_bytes',
+      'inferd_admission_enforced_context_tokens', 'inferd_admission_rejected_total', 'inferd_server_started_at_seconds'])
+      assert.ok(Number.isFinite(metricSum(m, name)), `${name} missing from /metrics`);
+  });
+
+  test('a resent prompt reuses its prefix: cached_tokens counts it and /stats counts the hit', async () => {
+    const before = await (await fetch(`${server.url}/stats`)).json();
+    const a = await openai.chat.completions.create({ ...greedy, messages: question('Is it sunny in Rome?'), max_tokens: 4 });
+    const b = await openai.chat.completions.create({ ...greedy, messages: question('Is it sunny in Rome?'), max_tokens: 4 });
+    assert.ok(b.usage.prompt_tokens_details.cached_tokens >= 16, `cached_tokens ${b.usage.prompt_tokens_details.cached_tokens} of ${b.usage.prompt_tokens}`);
+    assert.ok(b.usage.prompt_tokens_details.cached_tokens < b.usage.prompt_tokens, 'the last prompt token is always computed');
+    assert.equal(a.usage.prompt_tokens, b.usage.prompt_tokens);
+    const after = await (await fetch(`${server.url}/stats`)).json();
+    assert.ok(after.prompt_cache.hits > before.prompt_cache.hits);
+    assert.ok(after.prompt_cache.hit_tokens >= before.prompt_cache.hit_tokens + b.usage.prompt_tokens_details.cached_tokens);
+  });
+
+  test('exact mode under a tiny --prompt-cache 0.001 (evicting all the time) answers as a server without the cache', { timeout: 180000 * slow }, async () => {
+    const cold = await startServer(['--mode', 'exact', '--prompt-cache', '0'], { name: 'cache-off' });
+    const tiny = await startServer(['--mode', 'exact', '--prompt-cache', '0.001', '--kv-mb', '4'], { name: 'cache-tiny' });
+    try {
+      const ask = async (url, q, extra = {}) => {
+        const r = await client(url).chat.completions.create({ ...greedy, messages: question(q), max_tokens: 12, ...extra });
+        return { text: r.choices[0].message.content, cached: r.usage.prompt_tokens_details.cached_tokens };
+      };
+      const want = [];
+      for (const q of questions) want.push(await ask(cold.url, q));
+      for (const w of want) assert.equal(w.cached, 0, 'nothing is reused with --prompt-cache 0');
+      for (let round = 0; round < 2; round++) {
+        const got = await Promise.all(questions.map((q) => ask(tiny.url, q)));
+        got.forEach((g, i) => assert.equal(g.text, want[i].text, `round ${round}, question ${i}`));
+      }
+      const seeded = await ask(cold.url, questions[0], { temperature: 1, seed: 11 });
+      const seededHit = await ask(tiny.url, questions[0], { temperature: 1, seed: 11 });
+      assert.equal(seededHit.text, seeded.text, 'seeded sampling through the cache');
+      const stats = await (await fetch(`${tiny.url}/stats`)).json();
+      assert.ok(stats.prompt_cache.hits > 0, `no hit: ${JSON.stringify(stats.prompt_cache)}`);
+      assert.ok(stats.prompt_cache.evictions > 0, `no eviction: ${JSON.stringify(stats.prompt_cache)}`);
+      assert.ok(stats.prompt_cache.bytes <= stats.prompt_cache.max_bytes + stats.batch.kv_bytes);
+      const off = await (await fetch(`${cold.url}/stats`)).json();
+      assert.equal(off.prompt_cache.max_bytes, 0);
+      assert.equal(off.prompt_cache.hits, 0);
+    } finally {
+      assert.equal((await cold.stop()).code, 0);
+      assert.equal((await tiny.stop()).code, 0);
+    }
+  });
+
+  test('POST /admin/cache/session/close: unknown session is {"closed": false}, a bad body 400, no key 401', async () => {
+    const close = (url, body, headers = {}) =>
+      fetch(`${url}/admin/cache/session/close`, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body });
+    let r = await close(server.url, JSON.stringify({ session_id: 'never-opened' }));
+    assert.equal(r.status, 200);
+    assert.deepEqual(await r.json(), { closed: false });
+    for (const bad of ['{"session_id": 5}', '{"session', '[]', '{}', JSON.stringify({ session_id: 'x'.repeat(300) })]) {
+      r = await close(server.url, bad);
+      assert.equal(r.status, 400, `body ${bad.slice(0, 40)}`);
+      assert.equal(typeof (await r.json()).error?.message, 'string');
+    }
+    const s = await startServer(['--api-key', 'sk-admin'], { name: 'admin-key' });
+    try {
+      r = await close(s.url, JSON.stringify({ session_id: 'x' }));
+      assert.equal(r.status, 401);
+      r = await close(s.url, JSON.stringify({ session_id: 'x' }), { authorization: 'Bearer sk-admin' });
+      assert.equal(r.status, 200);
+    } finally {
+      assert.equal((await s.stop()).code, 0);
+    }
+  });
+
+  test('a session keeps its blocks until it is closed: closing releases them once', async () => {
+    const sid = `e2e-session-${process.pid}`;
+    await openai.chat.completions.create({ ...greedy, messages: question('Is it foggy in London?'), max_tokens: 4, session_id: sid });
+    const stats = await (await fetch(`${server.url}/stats`)).json();
+    assert.ok(stats.prompt_cache.sessions >= 1, `no open session: ${JSON.stringify(stats.prompt_cache)}`);
+    const close = () => fetch(`${server.url}/admin/cache/session/close`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ session_id: sid }) }).then((r) => r.json());
+    const first = await close();
+    assert.equal(first.closed, true);
+    assert.ok(first.blocks_released >= 1, JSON.stringify(first));
+    assert.deepEqual(await close(), { closed: false });
+  });
+
+  // todo until exact re-encoding reuses the generated token ids and a finished sequence's last
+  // token and partial block are kept (today: full blocks of computed positions only)
+  test('multi-turn chat: turn 2 reuses all of turn 1, prompt and answer', { todo: 'needs exact re-encoding' }, async () => {
+    const turn1 = [system, { role: 'user', content: 'Tell me about the weather in Bergen.' }];
+    const a = await openai.chat.completions.create({ ...greedy, messages: turn1, max_tokens: 24 });
+    const turn2 = [...turn1, { role: 'assistant', content: a.choices[0].message.content }, { role: 'user', content: 'And tomorrow?' }];
+    const b = await openai.chat.completions.create({ ...greedy, messages: turn2, max_tokens: 4 });
+    const want = a.usage.prompt_tokens + a.usage.completion_tokens;
+    assert.ok(b.usage.prompt_tokens_details.cached_tokens >= want,
+      `turn 2 reused ${b.usage.prompt_tokens_details.cached_tokens} tokens; turn 1 was ${a.usage.prompt_tokens} + ${a.usage.completion_tokens}`);
+  });
+});

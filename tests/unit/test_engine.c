@@ -376,3 +376,225 @@ Test(engine, drain_hands_over_every_byte_and_token_once)
     gen_output_release(o);
     engine_free(e);
 }
+
+/* ---- the prefix cache: a hit gives exactly the tokens of a cold run ---------
+ * Every tiny architecture (its own vocabulary, the Qwen3 tokenizer only for
+ * detokenizing ids below 300), exact mode. Each case runs a request cold on an
+ * engine without the cache, then on an engine with it after a first request
+ * that leaves the prefix behind, and wants the same tokens and the reuse it
+ * expects. */
+
+static const char *const tiny_presets[] = {"tiny-llama",   "tiny-llama3", "tiny-llama-linear",
+                                           "tiny-mistral", "tiny-qwen2",  "tiny-qwen3",
+                                           "tiny-qwen3-gqa1"};
+
+static void cache_setup(void)
+{
+    const char *data = getenv("INFERD_TOKENIZER_DATA");
+    if (!data)
+        cr_skip_test("INFERD_TOKENIZER_DATA is not set");
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/qwen3", data);
+    struct err err = {0};
+    cr_assert_eq(tok_load(dir, &tok, &err), 0, "%s", err.msg);
+    cr_assert_eq(backend_cpu_create(&(struct backend_options){.threads = 2, .mode = COMPUTE_EXACT},
+                                    &be, &err),
+                 0, "%s", err.msg);
+}
+
+TestSuite(engine_cache, .init = cache_setup, .fini = teardown, .timeout = 600);
+
+static void load_preset(const char *preset)
+{
+    if (model)
+        model_free(model);
+    if (model_dir)
+        test_rmtree(model_dir);
+    model_dir = test_mkdtemp();
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s mkmodel --preset %s --seed 5 --out %s >/dev/null", INFERD_BINARY,
+             preset, model_dir);
+    cr_assert_eq(system(cmd), 0, "mkmodel failed: %s", cmd);
+    struct err err = {0};
+    cr_assert_eq(model_load(model_dir, be, &model, &err), 0, "%s", err.msg);
+}
+
+static struct engine *start_cached(size_t cache_bytes, int max_seqs, int kv_blocks)
+{
+    struct engine_config cfg = {.n_ctx = 256, .max_seqs = max_seqs, .max_step_tokens = 64,
+                                .max_queue = 32, .kv_blocks = kv_blocks,
+                                .prompt_cache_bytes = cache_bytes};
+    struct engine *e;
+    struct err err = {0};
+    cr_assert_eq(engine_create(model, tok, &cfg, &e, &err), 0, "%s", err.msg);
+    return e;
+}
+
+#define CACHE_GEN 8
+
+/* A deterministic prompt of n ids in [1, 300) starting from seed. */
+static void make_prompt(int32_t *out, int n, uint32_t seed)
+{
+    for (int i = 0; i < n; i++) {
+        seed = seed * 1103515245u + 12345u;
+        out[i] = 1 + (int32_t)((seed >> 8) % 299);
+    }
+}
+
+static struct gen_params cache_params(const int32_t *prompt, int n, bool sampled)
+{
+    struct gen_params p = greedy(prompt, n, CACHE_GEN);
+    if (sampled)
+        p.sampling = (struct sampler_params){.temperature = 1.0f, .top_p = 1, .seed = 7};
+    return p;
+}
+
+/* Runs p to its end on e: its tokens into ids, its reused prompt tokens returned. */
+static int run_ids(struct engine *e, const struct gen_params *p, int32_t *ids)
+{
+    struct gen_output *o = run_to_end(e, p);
+    cr_assert_eq(o->finish, GEN_FINISH_LENGTH, "finished with %d: %s", o->finish, o->error);
+    cr_assert_eq(ids_of(o, ids, CACHE_GEN), CACHE_GEN);
+    int cached = o->n_cached;
+    gen_output_release(o);
+    return cached;
+}
+
+struct hit_case {
+    const char *name;
+    int first_len;  /* the request that leaves its blocks behind: base[0, first_len) */
+    int shared;     /* the second shares base[0, shared) ... */
+    int len;        /* ... and is len tokens long (the rest differs) */
+    int want_cached;
+};
+
+/* 16-token blocks; the first request leaves the full blocks among the
+ * positions it computed: its prompt and 7 of its 8 generated tokens (the last
+ * one's K/V is never computed). */
+static const struct hit_case hit_cases[] = {
+    {"one block", 24, 16, 30, 16},
+    {"many blocks", 48, 48, 56, 48},
+    {"a partial block", 48, 37, 45, 37},
+    {"the whole prompt", 48, 48, 48, 47},
+};
+
+static void check_hits(const char *preset, bool sampled)
+{
+    load_preset(preset);
+    struct engine *cold = start_cached(0, 4, 0);
+    struct engine *warm = start_cached(16u << 20, 4, 0);
+    for (size_t c = 0; c < sizeof hit_cases / sizeof hit_cases[0]; c++) {
+        const struct hit_case *hc = &hit_cases[c];
+        int32_t base[64], second[64], want[CACHE_GEN], got[CACHE_GEN], first_ids[CACHE_GEN];
+        make_prompt(base, 64, 100 + (uint32_t)c);
+        make_prompt(second, 64, 900 + (uint32_t)c);
+        memcpy(second, base, (size_t)hc->shared * sizeof *base);
+        struct gen_params first = cache_params(base, hc->first_len, sampled);
+        struct gen_params p = cache_params(second, hc->len, sampled);
+        cr_assert_eq(run_ids(cold, &p, want), 0, "the cold engine reuses nothing");
+        run_ids(warm, &first, first_ids);
+        int cached = run_ids(warm, &p, got);
+        cr_assert_eq(cached, hc->want_cached, "%s, %s: %d tokens reused, %d expected", preset,
+                     hc->name, cached, hc->want_cached);
+        cr_assert_arr_eq(got, want, sizeof want, "%s, %s (%s): a hit changed the tokens", preset,
+                         hc->name, sampled ? "sampled" : "greedy");
+    }
+    struct engine_stats st;
+    engine_get_stats(warm, &st);
+    cr_assert_geq(st.prompt_cache.hits, 4);
+    engine_free(cold);
+    engine_free(warm);
+}
+
+Test(engine_cache, a_hit_gives_the_tokens_of_a_cold_run_greedy_every_architecture)
+{
+    for (size_t i = 0; i < sizeof tiny_presets / sizeof tiny_presets[0]; i++)
+        check_hits(tiny_presets[i], false);
+}
+
+Test(engine_cache, a_hit_gives_the_tokens_of_a_cold_run_sampled_every_architecture)
+{
+    for (size_t i = 0; i < sizeof tiny_presets / sizeof tiny_presets[0]; i++)
+        check_hits(tiny_presets[i], true);
+}
+
+/* Requests sharing a 32-token system prompt, submitted together (and again
+ * once the first are done), under a roomy cache and under a tiny one. */
+static void check_shared_prefix(size_t cache_bytes, int kv_blocks)
+{
+    load_preset("tiny-qwen3");
+    enum { N = 6 };
+    int32_t prompts[N][48], want[N][CACHE_GEN], got[N][CACHE_GEN];
+    for (int i = 0; i < N; i++) {
+        make_prompt(prompts[i], 48, 300 + (uint32_t)i);
+        make_prompt(prompts[i], 32, 77); /* the shared system prompt */
+    }
+    struct engine *cold = start_cached(0, 4, 0);
+    for (int i = 0; i < N; i++) {
+        struct gen_params p = cache_params(prompts[i], 40 + i, i % 2);
+        run_ids(cold, &p, want[i]);
+    }
+    engine_free(cold);
+    struct engine *warm = start_cached(cache_bytes, 4, kv_blocks);
+    for (int round = 0; round < 2; round++) {
+        struct gen_output *o[N];
+        struct err err = {0};
+        for (int i = 0; i < N; i++) {
+            struct gen_params p = cache_params(prompts[i], 40 + i, i % 2);
+            cr_assert_eq(engine_submit(warm, &p, &o[i], &err), 0, "%s", err.msg);
+        }
+        for (int i = 0; i < N; i++) {
+            wait_done(o[i]);
+            cr_assert_eq(o[i]->finish, GEN_FINISH_LENGTH);
+            cr_assert_eq(ids_of(o[i], got[i], CACHE_GEN), CACHE_GEN);
+            gen_output_release(o[i]);
+            cr_assert_arr_eq(got[i], want[i], sizeof want[i], "round %d request %d", round, i);
+        }
+    }
+    struct engine_stats st;
+    engine_get_stats(warm, &st);
+    cr_assert_gt(st.prompt_cache.hits, 0, "the shared prefix was reused");
+    if (kv_blocks)
+        cr_assert_gt(st.prompt_cache.evictions, 0, "the pool was meant to run short");
+    engine_free(warm);
+}
+
+Test(engine_cache, concurrent_requests_share_a_prefix_and_keep_their_tokens)
+{
+    check_shared_prefix(16u << 20, 0);
+}
+
+Test(engine_cache, eviction_pressure_keeps_the_tokens)
+{
+    /* 12 blocks in all: four requests of up to 4 blocks each must take turns
+     * (preempting and evicting), and the cache keeps at most one block. */
+    size_t block = 4 * 2 * 128 * 4 * 2 * 16; /* tiny-qwen3: layers, kv heads, dims, f32, K+V, slots */
+    check_shared_prefix(block, 12);
+}
+
+Test(engine_cache, session_close_releases_its_blocks_once)
+{
+    load_preset("tiny-qwen3");
+    struct engine *e = start_cached(16u << 20, 2, 0);
+    int32_t prompt[40];
+    make_prompt(prompt, 40, 5);
+    struct gen_params p = cache_params(prompt, 40, false);
+    p.session_id = "chat-1";
+    int32_t ids[CACHE_GEN];
+    run_ids(e, &p, ids);
+    struct engine_stats st;
+    engine_get_stats(e, &st);
+    cr_assert_eq(st.prompt_cache.sessions, 1);
+    cr_assert_eq(st.prompt_cache.session_misses, 1);
+    struct err err = {0};
+    int released = -2;
+    cr_assert_eq(engine_close_session(e, "chat-1", &released, &err), 0, "%s", err.msg);
+    cr_assert_eq(released, 2, "40 + 8 tokens: 2 full blocks computed (the last token's K/V is not)");
+    cr_assert_eq(engine_close_session(e, "chat-1", &released, &err), 0, "%s", err.msg);
+    cr_assert_eq(released, -1);
+    engine_get_stats(e, &st);
+    cr_assert_eq(st.prompt_cache.sessions, 0);
+    engine_shutdown(e, 0);
+    cr_assert_eq(engine_close_session(e, "chat-1", &released, &err), -INFERD_EBUSY);
+    engine_free(e);
+}

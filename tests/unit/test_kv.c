@@ -40,7 +40,7 @@ Test(kv, slots_grow_a_block_at_each_boundary)
     kv_seq_init(&s);
     cr_assert_eq(kv_manager_block_size(mgr), 4);
     cr_assert_eq(kv_manager_computed_blocks(mgr, &s, (const int32_t[]){1, 2, 3}, 3), 0,
-                 "no cache is looked up yet");
+                 "no prefix cache on this manager: nothing is looked up");
     cr_assert_eq(kv_manager_allocate_slots(mgr, &s, 3, &err), 0, "%s", err.msg);
     cr_assert_eq(s.n_tokens, 3);
     cr_assert_eq(s.table.n_blocks, 1);

@@ -31,6 +31,20 @@ void cpu_kv_store(struct backend *be, struct kv_cache *kv, int layer, const floa
     }
 }
 
+void cpu_kv_copy_slots(struct backend *be, struct kv_cache *kv, uint32_t src, uint32_t dst, int n)
+{
+    (void)be;
+    /* the slots [0, n) of one block in one layer are contiguous */
+    size_t bytes = (size_t)n * kv->n_kv_heads * kv->head_dim * dtype_size(kv->dtype);
+    size_t esize = dtype_size(kv->dtype);
+    for (int layer = 0; layer < kv->n_layers; layer++) {
+        size_t from = kv_slot_offset(kv, layer, src, 0) * esize;
+        size_t to = kv_slot_offset(kv, layer, dst, 0) * esize;
+        memcpy((char *)kv->k + to, (const char *)kv->k + from, bytes);
+        memcpy((char *)kv->v + to, (const char *)kv->v + from, bytes);
+    }
+}
+
 struct attention_job {
     const float *q;
     const struct kv_cache *kv;

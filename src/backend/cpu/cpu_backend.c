@@ -268,6 +268,7 @@ static const struct backend_ops cpu_ops = {
     .add = cpu_add,
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,
+    .kv_copy_slots = cpu_kv_copy_slots,
 };
 
 int backend_cpu_create(const struct backend_options *opt, struct backend **out,

@@ -11,6 +11,8 @@ struct cpu_impl {
     struct cpu_matmul *matmul; /* owned; packing scratch per thread */
 };
 
+/* backend_ops.kv_copy_slots: slots [0, n) of block src to dst, every layer, K and V. */
+void cpu_kv_copy_slots(struct backend *be, struct kv_cache *kv, uint32_t src, uint32_t dst, int n);
 void cpu_kv_store(struct backend *be, struct kv_cache *kv, int layer, const float *k,
                   const float *v, const struct attn_span *spans, int n_spans);
 void cpu_attention(struct backend *be, const float *q, const struct kv_cache *kv, int layer,

@@ -410,6 +410,12 @@ static void cu_attention(struct backend *be, const float *q, const struct kv_cac
                      out);
 }
 
+static void cu_kv_copy_slots(struct backend *be, struct kv_cache *kv, uint32_t src, uint32_t dst,
+                             int n)
+{
+    cu_rec_kv_copy_slots(rec_of(be), kv, src, dst, n);
+}
+
 /* ---- execution ------------------------------------------------------------ */
 
 bool cu_exec_gemm(struct cu_impl *im, const struct cu_op *op)
@@ -433,13 +439,13 @@ bool cu_exec_gemm(struct cu_impl *im, const struct cu_op *op)
 enum prof_label {
     PL_EMBED, PL_GEMV, PL_GEMV_GROUP, PL_GEMV_RES, PL_GEMV_SWIGLU, PL_GEMM, PL_RMSNORM, PL_QK,
     PL_ROPE, PL_SILU, PL_ADD, PL_KV_STORE, PL_ATTN_DECODE, PL_ATTN_PREFILL, PL_NORM_GEMV,
-    PL_QK_ATTN, PL_N
+    PL_QK_ATTN, PL_KV_COPY, PL_N
 };
 static const char *const prof_names[PL_N] = {
     "embed", "gemv", "gemv group", "gemv + residual add", "gemv gate/up + swiglu",
     "cublasLt gemm", "rmsnorm", "q/k norm + rope + kv write", "rope", "silu_mul", "add",
     "kv_store", "attention decode", "attention prefill", "rmsnorm + gemv (+ epilogue)",
-    "q/k prep + attention decode"};
+    "q/k prep + attention decode", "kv copy slots"};
 
 static int prof_label_of(const struct cu_op *ops, const struct cu_launch *l)
 {
@@ -453,6 +459,7 @@ static int prof_label_of(const struct cu_op *ops, const struct cu_launch *l)
     case CU_LAUNCH_SILU_MUL: return PL_SILU;
     case CU_LAUNCH_ADD: return PL_ADD;
     case CU_LAUNCH_KV_STORE: return PL_KV_STORE;
+    case CU_LAUNCH_KV_COPY: return PL_KV_COPY;
     case CU_LAUNCH_ATTENTION:
         return cu_attention_uses_prefill(op) ? PL_ATTN_PREFILL : PL_ATTN_DECODE;
     case CU_LAUNCH_GEMM: return PL_GEMM;
@@ -556,6 +563,9 @@ static bool step_graphable(const struct cu_impl *im)
         if (per_token && op->n_rows > CU_GEMV_MAX_ROWS)
             return false;
         if (op->kind == CU_ATTENTION && cu_attention_uses_prefill(op))
+            return false;
+        /* a prefix-cache copy comes once per admission: not worth a graph */
+        if (op->kind == CU_KV_COPY)
             return false;
     }
     return true;
@@ -970,6 +980,7 @@ static const struct backend_ops cuda_ops = {
     /* .attention = */ cu_attention,
     /* .status = */ cu_status,
     /* .sample = */ cu_sample,
+    /* .kv_copy_slots = */ cu_kv_copy_slots,
 };
 
 /* backend_options.gpu_sampling off: logits go to the host and are sampled there. */

@@ -248,6 +248,8 @@ cudaError_t cu_launch_bias_add(cudaStream_t s, float *y, const float *bias, int6
 cudaError_t cu_launch_qk_prep(const struct cu_device *dev, cudaStream_t s,
                               const struct cu_qk_args *a, const uint8_t *params);
 cudaError_t cu_launch_kv_store(cudaStream_t s, const struct cu_op *op, const uint8_t *params);
+/* CU_KV_COPY: slots [0, n) of block src to dst in every layer, K and V, bit for bit. */
+cudaError_t cu_launch_kv_copy(cudaStream_t s, const struct cu_op *op);
 
 /* GEMV for up to any rows; fused epilogues: residual add (res += y) and the
  * SwiGLU pair (matrices 0 and 1: y0 = silu(y0) * y1). */

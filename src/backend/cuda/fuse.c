@@ -157,6 +157,7 @@ int cu_fuse_next(const struct cu_fuse_config *cfg, const struct cu_op *ops, int 
     case CU_ADD: l->kind = CU_LAUNCH_ADD; break;
     case CU_KV_STORE: l->kind = CU_LAUNCH_KV_STORE; break;
     case CU_ATTENTION: l->kind = CU_LAUNCH_ATTENTION; break;
+    case CU_KV_COPY: l->kind = CU_LAUNCH_KV_COPY; break;
     case CU_MATMUL:
         if (!uses_gemv(cfg, op)) {
             l->kind = CU_LAUNCH_GEMM;

@@ -55,6 +55,8 @@ bool cu_exec_launch(struct cu_impl *im, const struct cu_op *ops, const struct cu
         return CU_TRY(im, cu_launch_add(s, op));
     case CU_LAUNCH_KV_STORE:
         return CU_TRY(im, cu_launch_kv_store(s, op, im->arena_dev));
+    case CU_LAUNCH_KV_COPY:
+        return CU_TRY(im, cu_launch_kv_copy(s, op));
     case CU_LAUNCH_ATTENTION:
         return CU_TRY(im, cu_launch_attention(s, op, im->arena_dev, im->attn_part,
                                               im->dev.smem_optin,

@@ -70,6 +70,7 @@ enum cu_launch_kind {
     CU_LAUNCH_ATTENTION,
     CU_LAUNCH_GEMV,         /* rules 2 and 3 on the GEMV kernels */
     CU_LAUNCH_GEMM,         /* cuBLASLt: x to bf16, then a GEMM (+ bias) per matrix */
+    CU_LAUNCH_KV_COPY,      /* backend_ops.kv_copy_slots */
 };
 
 /* One launch of the plan: the ops [op, op + n_ops) it covers. */

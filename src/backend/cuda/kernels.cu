@@ -227,6 +227,38 @@ cudaError_t cu_launch_kv_store(cudaStream_t s, const struct cu_op *op, const uin
     return cudaGetLastError();
 }
 
+/* One thread block per (layer, K or V): slots [0, n) of a block are
+ * contiguous, so the copy is of 32-bit words (n * kv_dim elements of 2 or 4
+ * bytes; kv_dim is even wherever head_dim is). */
+static __global__ void kv_copy_kernel(struct cu_kv kv, uint32_t src, uint32_t dst, int n)
+{
+    int layer = blockIdx.x;
+    void *base = blockIdx.y ? kv.v : kv.k;
+    size_t kv_dim = (size_t)kv.n_kv_heads * kv.head_dim;
+    size_t elem = kv.f16 ? 2 : 4;
+    size_t per_block = (size_t)kv.block_size * kv_dim * elem;
+    size_t bytes = (size_t)n * kv_dim * elem;
+    const uint8_t *from = (const uint8_t *)base + ((size_t)layer * kv.n_blocks + src) * per_block;
+    uint8_t *to = (uint8_t *)base + ((size_t)layer * kv.n_blocks + dst) * per_block;
+    if (bytes % 4 == 0) {
+        for (size_t i = threadIdx.x; i < bytes / 4; i += blockDim.x)
+            ((uint32_t *)to)[i] = ((const uint32_t *)from)[i];
+    } else {
+        for (size_t i = threadIdx.x; i < bytes; i += blockDim.x)
+            to[i] = from[i];
+    }
+}
+
+cudaError_t cu_launch_kv_copy(cudaStream_t s, const struct cu_op *op)
+{
+    if (op->u.copy.n <= 0)
+        return cudaSuccess;
+    dim3 grid((unsigned)op->u.copy.n_layers, 2);
+    kv_copy_kernel<<<grid, 256, 0, s>>>(op->u.copy.kv, op->u.copy.src, op->u.copy.dst,
+                                        op->u.copy.n);
+    return cudaGetLastError();
+}
+
 /* ---- q/k: norm, RoPE, KV write ------------------------------------------ */
 
 #define QK_WARPS 4

@@ -355,6 +355,21 @@ void cu_rec_attention(struct cu_rec *rec, const float *q, const struct kv_cache 
         *op = probe;
 }
 
+void cu_rec_kv_copy_slots(struct cu_rec *rec, const struct kv_cache *kv, uint32_t src,
+                          uint32_t dst, int n)
+{
+    if (!rec->hooks->ok(rec) || n <= 0)
+        return;
+    struct cu_op *op = op_new(rec, CU_KV_COPY, 0);
+    if (!op)
+        return;
+    op->u.copy.kv = kv_of(kv);
+    op->u.copy.n_layers = kv->n_layers;
+    op->u.copy.n = n;
+    op->u.copy.src = src;
+    op->u.copy.dst = dst;
+}
+
 /* ---- attention shape rules ---------------------------------------------- */
 
 bool cu_attention_uses_prefill(const struct cu_op *op)

@@ -40,6 +40,7 @@ enum cu_op_kind {
     CU_ADD,
     CU_KV_STORE,
     CU_ATTENTION,
+    CU_KV_COPY,
 };
 
 struct cu_mat {
@@ -118,6 +119,11 @@ struct cu_op {
             float *out;
             uint32_t spans_off;
         } attn;
+        struct {
+            struct cu_kv kv;
+            int n_layers, n; /* slots [0, n) */
+            uint32_t src, dst;
+        } copy;
     } u;
 };
 
@@ -182,6 +188,9 @@ void cu_rec_kv_store(struct cu_rec *rec, struct kv_cache *kv, int layer, const f
 void cu_rec_attention(struct cu_rec *rec, const float *q, const struct kv_cache *kv, int layer,
                       const struct attn_span *spans, int n_spans, int n_heads, float scale,
                       int sliding_window, float *out);
+
+void cu_rec_kv_copy_slots(struct cu_rec *rec, const struct kv_cache *kv, uint32_t src,
+                          uint32_t dst, int n);
 
 /* Splits of the decode attention for these dimensions (the op's n_splits). */
 int cu_attention_splits(int n_kv_heads, int n_rows, int ctx_bucket, int n_sm);
