@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "api/reencode.h"
 #include "api/routes.h"
 #include "base/log.h"
 #include "base/timer.h"
@@ -222,6 +223,7 @@ int cmd_serve(int argc, char **argv)
     struct chat_template tmpl = {0};
     bool have_tmpl = false;
     struct engine *engine = NULL;
+    struct reencode *reencode = NULL;
     uint64_t t0 = now_ns();
     o.backend.mode = o.mode;
     o.backend.threads = (int)o.threads;
@@ -243,6 +245,11 @@ int cmd_serve(int argc, char **argv)
         have_tmpl = true;
     else
         log_warn("serve: no chat template (%s); /v1/chat/completions will answer 400", err.msg);
+
+    if (reencode_create(tok, REENCODE_MAX_BYTES, &reencode, &err) < 0) {
+        fprintf(stderr, "inferd serve: %s\n", err.msg);
+        goto out;
+    }
 
     struct engine_config ec;
     engine_sizes(&o, m, &ec);
@@ -268,6 +275,7 @@ int cmd_serve(int argc, char **argv)
     srv.tok = tok;
     srv.tmpl = have_tmpl ? &tmpl : NULL;
     srv.engine = engine;
+    srv.reencode = reencode;
     atomic_store(&srv.ready, true);
 
     int port = http_bound_port(http);
@@ -295,6 +303,7 @@ out:
     engine_shutdown(engine, srv.cfg.shutdown_grace_ms);
     http_stop(http);
     engine_free(engine);
+    reencode_free(reencode);
     if (have_tmpl)
         chat_template_free(&tmpl);
     tok_free(tok);
