@@ -1,7 +1,7 @@
 /* tests/unit/test_reencode.c — exact re-encoding with the real Qwen3 tokenizer: a resent reply gets
  * the model's own ids back where BPE would split it differently, and only where that is exact
- * (divergence, stop strings, held-back bytes), per namespace, under a byte cap (skips without
- * INFERD_TOKENIZER_DATA). */
+ * (divergence, stop strings, held-back bytes), per namespace, under a byte cap; and the engine
+ * keeps every generated id but the end-of-sequence one (skips without INFERD_TOKENIZER_DATA). */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +9,8 @@
 #include <sys/stat.h>
 
 #include "api/reencode.h"
+#include "engine/engine.h"
+#include "test_support.h"
 
 /* Qwen3's ids for the pieces of "Hello world" as a model may sample them: "Hel" + "lo" + " world",
  * where the tokenizer encodes the text as "Hello" + " world". */
@@ -383,4 +385,110 @@ Test(reencode, the_byte_cap_evicts_the_least_recently_used_entry)
     free(g2.v);
     free(z.v);
     free(zg.v);
+}
+
+/* ---------------------------------------------------------------- the engine's generated ids */
+
+static char *model_dir;
+static struct backend *be;
+static struct model *model;
+
+static void engine_setup(void)
+{
+    const char *data = getenv("INFERD_TOKENIZER_DATA");
+    if (!data || !*data)
+        cr_skip_test("INFERD_TOKENIZER_DATA is not set");
+    model_dir = test_mkdtemp();
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "%s mkmodel --preset tiny-qwen3 --seed 3 --tokenizer %s/qwen3 --out %s >/dev/null",
+             INFERD_BINARY, data, model_dir);
+    cr_assert_eq(system(cmd), 0, "mkmodel failed: %s", cmd);
+    struct err err = {0};
+    cr_assert_eq(backend_cpu_create(&(struct backend_options){.threads = 2}, &be, &err), 0, "%s",
+                 err.msg);
+    cr_assert_eq(model_load(model_dir, be, &model, &err), 0, "%s", err.msg);
+    cr_assert_eq(tok_load(model_dir, &tok, &err), 0, "%s", err.msg);
+}
+
+static void engine_teardown(void)
+{
+    tok_free(tok);
+    model_free(model);
+    backend_destroy(be);
+    if (model_dir)
+        test_rmtree(model_dir);
+    tok = NULL;
+    model = NULL;
+    be = NULL;
+    model_dir = NULL;
+}
+
+TestSuite(generated_ids, .init = engine_setup, .fini = engine_teardown, .timeout = 120);
+
+/* A finished greedy generation, drained whole. */
+static void generate(const struct gen_params *p, struct gen_news *all)
+{
+    struct engine_config cfg = {.n_ctx = 256, .max_seqs = 2, .max_step_tokens = 64,
+                                .max_queue = 4};
+    struct engine *e = NULL;
+    struct gen_output *o = NULL;
+    struct err err = {0};
+    cr_assert_eq(engine_create(model, tok, &cfg, &e, &err), 0, "%s", err.msg);
+    cr_assert_eq(engine_submit(e, p, &o, &err), 0, "%s", err.msg);
+    struct gen_cursor cur = {0};
+    for (;;) {
+        struct gen_news n;
+        cr_assert_eq(gen_output_drain(o, &cur, 1000, &n), 0);
+        enum gen_finish f = n.finish;
+        gen_news_free(&n);
+        if (f != GEN_RUNNING)
+            break;
+    }
+    struct gen_cursor whole = {0};
+    cr_assert_eq(gen_output_drain(o, &whole, 0, all), 0);
+    gen_output_release(o);
+    engine_free(e);
+}
+
+Test(generated_ids, every_generated_id_is_kept_without_logprobs_and_decodes_to_the_text)
+{
+    const int32_t prompt[] = {1, 5, 9, 13};
+    struct gen_params p = {.prompt = prompt, .n_prompt = 4, .max_tokens = 12,
+                           .sampling = {.temperature = 0, .top_p = 1}, .logprobs = -1};
+    struct gen_news all;
+    generate(&p, &all);
+    cr_assert_eq(all.finish, GEN_FINISH_LENGTH);
+    cr_assert_eq(all.n_tokens, 0, "no logprob records were asked for");
+    cr_assert_eq(all.n_ids, 12);
+    cr_assert_eq((int)all.n_ids, all.n_generated);
+    char *text = NULL;
+    size_t len = 0;
+    struct err err = {0};
+    cr_assert_eq(tok_decode(tok, all.ids, (int)all.n_ids, true, &text, &len, &err), 0);
+    cr_assert_eq(len, all.text_len);
+    cr_assert(len == 0 || !memcmp(text, all.text, len), "the ids decode to the emitted text");
+    free(text);
+
+    /* The same request ended by one of its own tokens as end-of-sequence: that token is not kept. */
+    int k = 1;
+    for (; k < (int)all.n_ids; k++) {
+        bool seen = false;
+        for (int j = 0; j < k; j++)
+            seen = seen || all.ids[j] == all.ids[k];
+        if (!seen)
+            break;
+    }
+    cr_assert_lt(k, (int)all.n_ids, "a token that is new at its position");
+    int32_t eos = all.ids[k];
+    p.eos_ids = &eos;
+    p.n_eos = 1;
+    struct gen_news stopped;
+    generate(&p, &stopped);
+    cr_assert_eq(stopped.finish, GEN_FINISH_STOP);
+    cr_assert_eq(stopped.n_generated, k + 1, "the end-of-sequence token is counted as generated");
+    cr_assert_eq((int)stopped.n_ids, k, "but not kept among the ids");
+    cr_assert_arr_eq(stopped.ids, all.ids, (size_t)k * sizeof *all.ids);
+    gen_news_free(&stopped);
+    gen_news_free(&all);
 }
