@@ -418,6 +418,7 @@ static void engine_teardown(void)
     backend_destroy(be);
     if (model_dir)
         test_rmtree(model_dir);
+    free(model_dir);
     tok = NULL;
     model = NULL;
     be = NULL;
