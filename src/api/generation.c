@@ -219,6 +219,8 @@ int generation_next(struct generation *g, int timeout_ms, struct generation_news
         }
         if (news->out.text_len > 0 || news->out.n_tokens > 0)
             break;
+        /* Only ids (their text held back): nothing to send; the finish reads them all again. */
+        gen_news_free(&news->out);
         if (timeout_ms >= 0 && now_ns() >= until)
             return 0;
     }
