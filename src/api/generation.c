@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "api/prompt.h"
+#include "api/reencode.h"
 #include "base/timer.h"
 #include "text/reasoning.h"
 
@@ -23,6 +24,13 @@ struct generation {
     bool starts_inside;                   /* the prompt ends inside an open <think> */
     struct reasoning_splitter *splitter;  /* owned; NULL when not splitting */
     bool finished;                        /* the finish was taken */
+    /* What the prompt was, for the re-encoding map once the reply is finished. */
+    char *prompt_text;                    /* owned; NULL: nothing to remember */
+    size_t prompt_len;
+    int32_t *prompt_ids;                  /* owned; n_prompt */
+    int n_prompt;
+    bool add_special;
+    uint64_t cache_ns;
 };
 
 int generation_admit(const struct server *srv, struct api_error *e)
@@ -101,33 +109,50 @@ int generation_start(const struct http_exchange *x, const struct gen_request *re
     const char *session = NULL;
     if (!request_session(x, req, &session, e))
         return -INFERD_EINVAL;
-    struct prompt pr;
-    if (!prompt_build(srv, req, &pr, e))
-        return -INFERD_EINVAL;
     struct sampler_logit_bias *bias = calloc(req->n_logit_bias + 1, sizeof *bias);
     struct generation *g = calloc(1, sizeof *g);
     if (!bias || !g) {
-        prompt_free(&pr);
         free(bias);
         free(g);
         api_error_set(e, 500, API_ERROR_SERVER, NULL, NULL, "out of memory");
         return -INFERD_ENOMEM;
     }
+    /* The parameters first: the prompt is encoded under their cache namespace. */
     struct gen_params p;
     memset(&p, 0, sizeof p);
-    prompt_fill_params(srv, req, &pr, &p, bias);
+    prompt_fill_params(srv, req, &p, bias);
     p.cache_ns = api_cache_namespace(x->tenant_ns, req->cache_salt,
                                      req->cache_salt ? strlen(req->cache_salt) : 0);
     p.session_id = session;
+    struct prompt pr;
+    if (!prompt_build(srv, req, p.cache_ns, &pr, e)) {
+        free(bias);
+        free(g);
+        return -INFERD_EINVAL;
+    }
+    p.prompt = pr.ids;
+    p.n_prompt = pr.n_ids;
     struct err err = {0};
     int rc = engine_submit(srv->engine, &p, &g->out, &err);
     bool starts_inside = pr.starts_inside_think;
-    prompt_free(&pr);
     free(bias);
     if (rc < 0) {
+        prompt_free(&pr);
         free(g);
         return submit_error(srv, rc, req, &p, &err, e);
     }
+    if (srv->reencode && pr.text) {
+        /* Kept until the reply is finished, when the whole sequence is remembered. */
+        g->prompt_text = pr.text;
+        g->prompt_len = pr.text_len;
+        g->prompt_ids = pr.ids;
+        g->n_prompt = pr.n_ids;
+        g->add_special = pr.add_special;
+        g->cache_ns = p.cache_ns;
+        pr.text = NULL;
+        pr.ids = NULL;
+    }
+    prompt_free(&pr);
     g->srv = srv;
     g->client_fd = x->client_fd;
     g->logprobs = p.logprobs;
@@ -179,6 +204,36 @@ static void cancel(struct generation *g)
     atomic_store(&g->out->cancel, true);
 }
 
+/* Hands a reply that finished normally (whole: text and ids from the start) to the re-encoding
+ * map, once, so the next prompt that resends it gets its ids back. Best effort: a failure only
+ * costs that re-encoding. */
+static void remember_reply(struct generation *g, const struct gen_news *whole)
+{
+    if (!g->prompt_text || (whole->finish != GEN_FINISH_STOP && whole->finish != GEN_FINISH_LENGTH))
+        return;
+    struct err err = {0};
+    reencode_remember(g->srv->reencode, g->cache_ns, g->add_special, g->prompt_text,
+                      g->prompt_len, g->prompt_ids, g->n_prompt, whole->text ? whole->text : "",
+                      whole->text_len, whole->ids, (int)whole->n_ids, &err);
+    free(g->prompt_text);
+    free(g->prompt_ids);
+    g->prompt_text = NULL;
+    g->prompt_ids = NULL;
+}
+
+/* remember_reply for a reader that took the output in pieces. */
+static void remember_streamed(struct generation *g)
+{
+    if (!g->prompt_text)
+        return;
+    struct gen_cursor from_start = {0};
+    struct gen_news whole;
+    if (gen_output_drain(g->out, &from_start, 0, &whole) == 0) {
+        remember_reply(g, &whole);
+        gen_news_free(&whole);
+    }
+}
+
 int generation_next(struct generation *g, int timeout_ms, struct generation_news *news)
 {
     memset(news, 0, sizeof *news);
@@ -196,6 +251,7 @@ int generation_next(struct generation *g, int timeout_ms, struct generation_news
             return rc;
         if (news->out.finish != GEN_RUNNING) {
             g->finished = true;
+            remember_streamed(g);
             break;
         }
         if (http_client_gone(g->client_fd)) {
@@ -205,6 +261,8 @@ int generation_next(struct generation *g, int timeout_ms, struct generation_news
         }
         if (news->out.text_len > 0 || news->out.n_tokens > 0)
             break;
+        /* Only ids (their text held back): nothing to send; the finish reads them all again. */
+        gen_news_free(&news->out);
         if (timeout_ms >= 0 && now_ns() >= until)
             return 0;
     }
@@ -273,6 +331,7 @@ int generation_collect(struct generation *g, struct generation_news *all, struct
         generation_news_free(all);
         return rc;
     }
+    remember_reply(g, &all->out);
     struct err err = {0};
     struct generation_text *t = &all->text;
     if (g->split_reasoning &&
@@ -306,5 +365,7 @@ void generation_free(struct generation *g)
         gen_output_release(g->out);
     }
     reasoning_splitter_free(g->splitter);
+    free(g->prompt_text);
+    free(g->prompt_ids);
     free(g);
 }

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "api/reencode.h"
 #include "base/timer.h"
 
 static bool fail(struct api_error *e, int status, const char *param, const char *code,
@@ -88,21 +89,32 @@ static bool build_chat(const struct server *srv, const struct gen_request *req,
         return fail(e, rc == -INFERD_ENOMEM ? 500 : 400, "messages", "template_error", "%s",
                     err.msg);
     out->starts_inside_think = ends_inside_think(text, len);
-    rc = tok_encode(srv->tok, text, len, false, &out->ids, &out->n_ids, &err);
-    free(text);
-    if (rc < 0)
-        return fail(e, 400, "messages", NULL, "%s", err.msg);
+    out->text = text;
+    out->text_len = len;
     return true;
 }
 
-bool prompt_build(const struct server *srv, const struct gen_request *req, struct prompt *out,
-                  struct api_error *e)
+/* out->text as ids: through the re-encoding map when the server has one. */
+static int encode_text(const struct server *srv, uint64_t cache_ns, struct prompt *out,
+                       struct err *err)
+{
+    if (srv->reencode)
+        return reencode_encode(srv->reencode, cache_ns, out->add_special, out->text,
+                               out->text_len, &out->ids, &out->n_ids, &out->n_reused, err);
+    return tok_encode(srv->tok, out->text, out->text_len, out->add_special, &out->ids,
+                      &out->n_ids, err);
+}
+
+bool prompt_build(const struct server *srv, const struct gen_request *req, uint64_t cache_ns,
+                  struct prompt *out, struct api_error *e)
 {
     struct err err = {0};
     memset(out, 0, sizeof *out);
     bool ok;
     if (req->kind == GEN_REQUEST_CHAT) {
         ok = build_chat(srv, req, out, e);
+        if (ok && encode_text(srv, cache_ns, out, &err) < 0)
+            ok = fail(e, err.code == INFERD_ENOMEM ? 500 : 400, "messages", NULL, "%s", err.msg);
     } else if (req->prompt_kind == GEN_PROMPT_TOKENS) {
         out->ids = malloc((req->n_prompt_tokens ? req->n_prompt_tokens : 1) * sizeof(int32_t));
         if (!out->ids)
@@ -111,9 +123,15 @@ bool prompt_build(const struct server *srv, const struct gen_request *req, struc
         out->n_ids = (int)req->n_prompt_tokens;
         ok = true;
     } else {
-        ok = tok_encode(srv->tok, req->prompt_text, req->prompt_text_len, true, &out->ids,
-                        &out->n_ids, &err) == 0 ||
-             fail(e, 400, "prompt", NULL, "%s", err.msg);
+        out->text = malloc(req->prompt_text_len + 1);
+        if (!out->text)
+            return fail(e, 500, NULL, NULL, "out of memory for the prompt");
+        memcpy(out->text, req->prompt_text, req->prompt_text_len);
+        out->text[req->prompt_text_len] = '\0';
+        out->text_len = req->prompt_text_len;
+        out->add_special = true;
+        ok = encode_text(srv, cache_ns, out, &err) == 0 ||
+             fail(e, err.code == INFERD_ENOMEM ? 500 : 400, "prompt", NULL, "%s", err.msg);
     }
     if (ok && out->n_ids == 0)
         ok = fail(e, 400, req->kind == GEN_REQUEST_CHAT ? "messages" : "prompt", NULL,
@@ -126,16 +144,14 @@ bool prompt_build(const struct server *srv, const struct gen_request *req, struc
 void prompt_free(struct prompt *p)
 {
     free(p->ids);
+    free(p->text);
     memset(p, 0, sizeof *p);
 }
 
 /* Request fields over CLI flags over generation_config.json. */
 void prompt_fill_params(const struct server *srv, const struct gen_request *req,
-                        const struct prompt *pr, struct gen_params *p,
-                        struct sampler_logit_bias *bias)
+                        struct gen_params *p, struct sampler_logit_bias *bias)
 {
-    p->prompt = pr->ids;
-    p->n_prompt = pr->n_ids;
     const struct server_defaults *d = &srv->defaults;
     struct sampler_params *s = &p->sampling;
     s->temperature = req->has_temperature ? (float)req->temperature : d->temperature;

@@ -14,20 +14,27 @@
 struct prompt {
     int32_t *ids;             /* owned; n_ids token ids */
     int n_ids;
+    int n_reused;             /* leading ids the model generated earlier (api/reencode.h) */
+    char *text;               /* owned; the rendered or given text the ids encode, text_len
+                                 bytes; NULL for a prompt given as token ids */
+    size_t text_len;
+    bool add_special;         /* text was encoded with the tokenizer's added special tokens */
     bool starts_inside_think; /* the rendered prompt ends inside an open <think> */
 };
 
-/* Renders (chat) or takes (completions) the prompt and encodes it. Returns
- * false with e filled (400, or 500 when memory ran out). */
-bool prompt_build(const struct server *srv, const struct gen_request *req, struct prompt *out,
-                  struct api_error *e);
+/* Renders (chat) or takes (completions) the prompt and encodes it; where srv
+ * has a re-encoding map, text the model generated earlier under cache_ns gets
+ * its own ids back. Returns false with e filled (400, or 500 when memory ran
+ * out). */
+bool prompt_build(const struct server *srv, const struct gen_request *req, uint64_t cache_ns,
+                  struct prompt *out, struct api_error *e);
 void prompt_free(struct prompt *p);
 
-/* The engine's parameters for req over pr. bias must hold req->n_logit_bias
- * entries; p keeps pointers into req, pr, bias and srv. */
+/* The engine's parameters for req, all but the prompt (prompt, n_prompt),
+ * which is encoded after them, under their cache_ns. bias must hold
+ * req->n_logit_bias entries; p keeps pointers into req, bias and srv. */
 void prompt_fill_params(const struct server *srv, const struct gen_request *req,
-                        const struct prompt *pr, struct gen_params *p,
-                        struct sampler_logit_bias *bias);
+                        struct gen_params *p, struct sampler_logit_bias *bias);
 
 /* True when the model's tokenizer has <think> and </think>: its replies are
  * split into reasoning and content. */

@@ -18,6 +18,8 @@
 
 #define SERVER_MAX_EOS 8
 
+struct reencode;
+
 /* Sampling defaults below the request: generation_config.json, then CLI flags. */
 struct server_defaults {
     float temperature, top_p, min_p, repetition_penalty;
@@ -60,6 +62,8 @@ struct server {
     const struct tokenizer *tok;      /* borrowed */
     const struct chat_template *tmpl; /* borrowed; NULL when the tokenizer has none */
     struct engine *engine;            /* borrowed */
+    struct reencode *reencode;        /* borrowed; replies resent in prompts keep their own ids
+                                         (api/reencode.h); NULL: prompts are encoded plainly */
     char model_id[256];
     time_t created;                   /* server start, for /v1/models */
     uint64_t started_ns;

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "api/fit.h"
+#include "api/reencode.h"
 #include "api/routes.h"
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/matmul.h"
@@ -364,6 +365,7 @@ int cmd_serve(int argc, char **argv)
     struct chat_template tmpl = {0};
     bool have_tmpl = false;
     struct engine *engine = NULL;
+    struct reencode *reencode = NULL;
     uint64_t t0 = now_ns();
     o.backend.mode = o.mode;
     o.backend.threads = (int)o.threads;
@@ -391,6 +393,11 @@ int cmd_serve(int argc, char **argv)
         fprintf(stderr, "inferd serve: %s\n", err.msg);
         goto out;
     }
+    if (reencode_create(tok, REENCODE_MAX_BYTES, &reencode, &err) < 0) {
+        fprintf(stderr, "inferd serve: %s\n", err.msg);
+        goto out;
+    }
+
     struct engine_config ec;
     engine_sizes(&o, m, &srv.fit, &ec);
     if (engine_create(m, tok, &ec, &engine, &err) < 0) {
@@ -415,6 +422,7 @@ int cmd_serve(int argc, char **argv)
     srv.tok = tok;
     srv.tmpl = have_tmpl ? &tmpl : NULL;
     srv.engine = engine;
+    srv.reencode = reencode;
     atomic_store(&srv.ready, true);
 
     int port = http_bound_port(http);
@@ -446,6 +454,7 @@ out:
     engine_shutdown(engine, srv.cfg.shutdown_grace_ms);
     http_stop(http);
     engine_free(engine);
+    reencode_free(reencode);
     if (have_tmpl)
         chat_template_free(&tmpl);
     tok_free(tok);

@@ -90,6 +90,10 @@ struct gen_output {
     struct strbuf tokens;      /* n_tokens struct gen_token entries, one per generated token
                                   when logprobs >= 0 (gen_output_tokens) */
     size_t n_tokens;
+    struct strbuf ids;         /* n_ids int32_t: every generated token id in order, kept
+                                  whatever logprobs says, including tokens whose text is held
+                                  back or hidden, but not the end-of-sequence token that ended it */
+    size_t n_ids;
     int n_prompt;              /* prompt tokens */
     int n_cached;              /* prompt tokens whose KV was reused */
     int n_generated;           /* tokens sampled so far */
@@ -114,6 +118,7 @@ void gen_output_wait(struct gen_output *o, size_t text_len, size_t n_tokens, int
 struct gen_cursor {
     size_t text;   /* bytes of text taken */
     size_t tokens; /* entries of tokens taken */
+    size_t ids;    /* generated ids taken */
 };
 
 /* What one drain took: everything past the cursor at that moment. */
@@ -123,6 +128,8 @@ struct gen_news {
     size_t text_from;         /* offset of text within the whole output */
     struct gen_token *tokens; /* owned; n_tokens entries, or NULL */
     size_t n_tokens;
+    int32_t *ids;             /* owned; n_ids generated token ids (see gen_output.ids), or NULL */
+    size_t n_ids;
     enum gen_finish finish;   /* GEN_RUNNING while more may come */
     int n_prompt, n_cached, n_generated; /* counts as of this drain */
     int error_code;           /* with GEN_FINISH_ERROR */
@@ -130,7 +137,7 @@ struct gen_news {
 };
 
 /* The reader's one call: waits up to timeout_ms for text or tokens past cur
- * (or the finish), then copies out whatever is new and advances cur, so the
+ * (or the finish), then copies out whatever is new (text, tokens, ids) and advances cur, so the
  * engine may keep writing while the caller formats. news->finish says whether
  * the output is done; an empty news with GEN_RUNNING means the wait timed out.
  * Returns 0, or -INFERD_ENOMEM (cur unchanged, news empty). Release news with

@@ -33,15 +33,16 @@ void gen_pending_free(struct gen_pending *p)
 {
     strbuf_free(&p->text);
     strbuf_free(&p->tokens);
+    strbuf_free(&p->ids);
     p->n_generated = 0;
 }
 
 bool gen_output_publish(struct gen_output *o, struct gen_pending *p)
 {
-    if (p->text.len == 0 && p->tokens.len == 0 && p->n_generated == 0 &&
-        p->finish == GEN_RUNNING && !p->text.failed && !p->tokens.failed)
+    if (p->text.len == 0 && p->tokens.len == 0 && p->ids.len == 0 && p->n_generated == 0 &&
+        p->finish == GEN_RUNNING && !p->text.failed && !p->tokens.failed && !p->ids.failed)
         return true;
-    bool ok = !p->text.failed && !p->tokens.failed;
+    bool ok = !p->text.failed && !p->tokens.failed && !p->ids.failed;
     struct gen_token *tokens = (struct gen_token *)p->tokens.data;
     size_t n_tokens = p->tokens.len / sizeof *tokens;
     pthread_mutex_lock(&o->mu);
@@ -53,6 +54,12 @@ bool gen_output_publish(struct gen_output *o, struct gen_pending *p)
     if (n_tokens > 0) {
         if (strbuf_append(&o->tokens, p->tokens.data, p->tokens.len))
             o->n_tokens += n_tokens;
+        else
+            ok = false;
+    }
+    if (p->ids.len > 0) {
+        if (strbuf_append(&o->ids, p->ids.data, p->ids.len))
+            o->n_ids += p->ids.len / sizeof(int32_t);
         else
             ok = false;
     }
@@ -93,13 +100,16 @@ int gen_output_drain(struct gen_output *o, struct gen_cursor *cur, int timeout_m
         gen_output_wait(o, cur->text, cur->tokens, timeout_ms);
     size_t text_len = o->text.len > cur->text ? o->text.len - cur->text : 0;
     size_t n_tokens = o->n_tokens > cur->tokens ? o->n_tokens - cur->tokens : 0;
+    size_t n_ids = o->n_ids > cur->ids ? o->n_ids - cur->ids : 0;
     /* Copied under the lock: the engine may grow (move) the buffers. */
     char *text = text_len ? malloc(text_len + 1) : NULL;
     struct gen_token *tokens = n_tokens ? malloc(n_tokens * sizeof *tokens) : NULL;
-    if ((text_len && !text) || (n_tokens && !tokens)) {
+    int32_t *ids = n_ids ? malloc(n_ids * sizeof *ids) : NULL;
+    if ((text_len && !text) || (n_tokens && !tokens) || (n_ids && !ids)) {
         pthread_mutex_unlock(&o->mu);
         free(text);
         free(tokens);
+        free(ids);
         return -INFERD_ENOMEM;
     }
     if (text) {
@@ -108,11 +118,15 @@ int gen_output_drain(struct gen_output *o, struct gen_cursor *cur, int timeout_m
     }
     if (tokens)
         memcpy(tokens, gen_output_tokens(o) + cur->tokens, n_tokens * sizeof *tokens);
+    if (ids)
+        memcpy(ids, o->ids.data + cur->ids * sizeof *ids, n_ids * sizeof *ids);
     news->text = text;
     news->text_len = text_len;
     news->text_from = cur->text;
     news->tokens = tokens;
     news->n_tokens = n_tokens;
+    news->ids = ids;
+    news->n_ids = n_ids;
     news->finish = o->finish;
     news->n_prompt = o->n_prompt;
     news->n_cached = o->n_cached;
@@ -122,6 +136,7 @@ int gen_output_drain(struct gen_output *o, struct gen_cursor *cur, int timeout_m
     pthread_mutex_unlock(&o->mu);
     cur->text += text_len;
     cur->tokens += n_tokens;
+    cur->ids += n_ids;
     return 0;
 }
 
@@ -129,8 +144,10 @@ void gen_news_free(struct gen_news *news)
 {
     free(news->text);
     free(news->tokens);
+    free(news->ids);
     news->text = NULL;
     news->tokens = NULL;
+    news->ids = NULL;
 }
 
 void gen_output_release(struct gen_output *o)
@@ -146,5 +163,6 @@ void gen_output_release(struct gen_output *o)
     pthread_cond_destroy(&o->cv);
     strbuf_free(&o->text);
     strbuf_free(&o->tokens);
+    strbuf_free(&o->ids);
     free(o);
 }

@@ -181,6 +181,9 @@ static enum gen_finish emit_token(struct seq *s, int32_t id, int n_ctx,
         stage_text(s, NULL, 0, true, token);
         return GEN_FINISH_STOP;
     }
+    /* Every id the text came from, so a later prompt can resend them exactly. */
+    if (!strbuf_append(&s->pending.ids, (const char *)&id, sizeof id))
+        atomic_store(&s->out->cancel, true);
     struct err err = {0};
     const char *text = "";
     size_t len = 0;

@@ -19,6 +19,7 @@
 struct gen_pending {
     struct strbuf text;        /* emitted text */
     struct strbuf tokens;      /* struct gen_token entries; text_end counts from text's start */
+    struct strbuf ids;         /* int32_t generated ids (end-of-sequence excluded) */
     int n_generated;           /* tokens sampled */
     enum gen_finish finish;    /* GEN_RUNNING, or how the sequence ended */
     int error_code;            /* with GEN_FINISH_ERROR */

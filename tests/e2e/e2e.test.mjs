@@ -2,6 +2,7 @@
 //
 // The test model has random weights, so its text is arbitrary; what is checked is the protocol
 // and the properties that hold for any model (greedy determinism, stop-string cuts, usage sums).
+import { execFileSync } from 'node:child_process';
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
@@ -9,7 +10,7 @@ import os from 'node:os';
 import path from 'node:path';
 import OpenAI from 'openai';
 import {
-  client, hello, metrics, metricSum, modelId, sleep, slow, smallChat, sseRequest, startServer, useMainServer } from './lib/harness.mjs';
+  binary, client, hello, metrics, metricSum, modelDir, modelId, sleep, slow, smallChat, sseRequest, startServer, useMainServer } from './lib/harness.mjs';
 
 let server;
 let openai;
@@ -951,5 +952,67 @@ describe('prefix cache', () => {
     const want = a.usage.prompt_tokens + a.usage.completion_tokens;
     assert.ok(b.usage.prompt_tokens_details.cached_tokens >= want,
       `turn 2 reused ${b.usage.prompt_tokens_details.cached_tokens} tokens; turn 1 was ${a.usage.prompt_tokens} + ${a.usage.completion_tokens}`);
+  });
+});
+
+/* The chat template's rendering of messages (with the generation prompt), as the server renders it. */
+function renderChat(messages) {
+  const out = execFileSync(binary, ['template', modelDir], { input: JSON.stringify({ messages, add_generation_prompt: true }) + '\n' });
+  const r = JSON.parse(out.toString());
+  assert.equal(r.error, undefined, r.error);
+  return r.text;
+}
+
+/* How many ids the tokenizer gives text on its own (no added special tokens, as chat prompts are encoded). */
+function tokenCount(text) {
+  const out = execFileSync(binary, ['tokenize', modelDir, '--jsonl', '--no-special'], { input: JSON.stringify(text) + '\n' });
+  return JSON.parse(out.toString()).length;
+}
+
+describe('exact re-encoding', () => {
+  test('turn 2 resends turn 1\'s answer as the ids the model generated, where re-tokenizing the text gives others', async (t) => {
+    /* A greedy answer whose text the tokenizer would split differently from how it was sampled
+     * (the test model's answers are arbitrary tokens, so nearly any answer is one). */
+    let probe = null;
+    for (let i = 0; i < 8 && !probe; i++) {
+      const question = [{ role: 'user', content: `Re-encoding probe ${i}: say anything.` }];
+      const r1 = await openai.chat.completions.create({ ...greedy, messages: question, max_tokens: 16 });
+      const c = r1.choices[0];
+      if (c.finish_reason !== 'length' || c.message.reasoning_content) continue;
+      const answer = c.message.content ?? '';
+      const messages = [...question, { role: 'assistant', content: answer }, { role: 'user', content: 'And then?' }];
+      const before = renderChat(question);
+      const text = renderChat(messages);
+      assert.ok(text.startsWith(before + answer), 'the template resends the answer right after the first prompt');
+      const tail = text.slice(before.length + answer.length);
+      const exact = r1.usage.prompt_tokens + r1.usage.completion_tokens + tokenCount(tail);
+      const plain = tokenCount(text);
+      if (plain !== exact) probe = { r1, messages, exact, plain };
+    }
+    assert.ok(probe, 'none of 8 greedy answers re-tokenizes differently from how it was sampled');
+    const r2 = await openai.chat.completions.create({ ...greedy, messages: probe.messages, max_tokens: 2 });
+    t.diagnostic(`turn 1: ${probe.r1.usage.prompt_tokens} prompt + ${probe.r1.usage.completion_tokens} generated; turn 2: ${r2.usage.prompt_tokens} prompt tokens (re-tokenized: ${probe.plain})`);
+    assert.equal(r2.usage.prompt_tokens, probe.exact,
+      `turn 2's prompt is turn 1's prompt ids + its generated ids + the template's tail (a re-tokenization has ${probe.plain})`);
+
+    /* Streamed replies are remembered too. */
+    const question = [{ role: 'user', content: 'Re-encoding probe: streamed.' }];
+    const stream = await openai.chat.completions.create({ ...greedy, messages: question, max_tokens: 16, stream: true, stream_options: { include_usage: true } });
+    let answer = '';
+    let usage = null;
+    let finish = null;
+    for await (const ch of stream) {
+      if (ch.usage) usage = ch.usage;
+      const c = ch.choices[0];
+      if (c?.delta?.content) answer += c.delta.content;
+      if (c?.finish_reason) finish = c.finish_reason;
+    }
+    if (finish === 'length') {
+      const messages = [...question, { role: 'assistant', content: answer }, { role: 'user', content: 'And then?' }];
+      const before = renderChat(question);
+      const tail = renderChat(messages).slice(before.length + answer.length);
+      const r = await openai.chat.completions.create({ ...greedy, messages, max_tokens: 2 });
+      assert.equal(r.usage.prompt_tokens, usage.prompt_tokens + usage.completion_tokens + tokenCount(tail));
+    }
   });
 });

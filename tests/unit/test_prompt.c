@@ -48,7 +48,7 @@ static struct prompt build(const char *body, enum gen_request_kind kind)
 {
     parse(body, kind);
     struct prompt p;
-    cr_assert(prompt_build(&srv, &req, &p, &aerr), "%s", aerr.message);
+    cr_assert(prompt_build(&srv, &req, 0, &p, &aerr), "%s", aerr.message);
     gen_request_free(&req);
     return p;
 }
@@ -121,7 +121,7 @@ Test(prompt, an_empty_prompt_is_a_400)
 {
     parse("{\"prompt\":\"\"}", GEN_REQUEST_COMPLETION);
     struct prompt p;
-    cr_assert_not(prompt_build(&srv, &req, &p, &aerr));
+    cr_assert_not(prompt_build(&srv, &req, 0, &p, &aerr));
     cr_assert_eq(aerr.status, 400);
     cr_assert_str_eq(aerr.param, "prompt");
     cr_assert(strstr(aerr.message, "empty"), "%s", aerr.message);
@@ -133,7 +133,7 @@ Test(prompt, chat_without_a_template_is_a_400_that_points_to_completions)
     srv.tmpl = NULL;
     parse("{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]}", GEN_REQUEST_CHAT);
     struct prompt p;
-    cr_assert_not(prompt_build(&srv, &req, &p, &aerr));
+    cr_assert_not(prompt_build(&srv, &req, 0, &p, &aerr));
     cr_assert_eq(aerr.status, 400);
     cr_assert_str_eq(aerr.code, "no_chat_template");
     cr_assert(strstr(aerr.message, "/v1/completions"), "%s", aerr.message);
@@ -145,11 +145,10 @@ Test(prompt, request_fields_win_over_server_defaults)
     parse("{\"prompt\":\"x\",\"temperature\":0.2,\"top_k\":-1,\"max_tokens\":9,\"seed\":5,"
           "\"logprobs\":2,\"logit_bias\":{\"7\":-100},\"stop\":[\"a\",\"b\"]}",
           GEN_REQUEST_COMPLETION);
-    struct prompt pr = {0};
     struct gen_params p;
     memset(&p, 0, sizeof p);
     struct sampler_logit_bias bias[1];
-    prompt_fill_params(&srv, &req, &pr, &p, bias);
+    prompt_fill_params(&srv, &req, &p, bias);
     cr_assert_float_eq(p.sampling.temperature, 0.2f, 1e-6);
     cr_assert_float_eq(p.sampling.top_p, 0.9f, 1e-6, "top_p comes from the defaults");
     cr_assert_eq(p.sampling.top_k, 0, "top_k -1 means off");
@@ -168,11 +167,10 @@ Test(prompt, request_fields_win_over_server_defaults)
 Test(prompt, without_fields_the_defaults_apply_and_length_is_the_context)
 {
     parse("{\"prompt\":\"x\"}", GEN_REQUEST_COMPLETION);
-    struct prompt pr = {0};
     struct gen_params p;
     memset(&p, 0, sizeof p);
     struct sampler_logit_bias bias[1];
-    prompt_fill_params(&srv, &req, &pr, &p, bias);
+    prompt_fill_params(&srv, &req, &p, bias);
     cr_assert_float_eq(p.sampling.temperature, 0.7f, 1e-6);
     cr_assert_eq(p.sampling.top_k, 40);
     cr_assert_eq(p.max_tokens, INT32_MAX, "the engine clamps it to what the context leaves");
