@@ -1,10 +1,11 @@
-/* tests/unit/test_invariance.c — EXACT mode is batch invariant on the CPU: a token's logits are the same bits however its prompt is chunked and whatever shares its step, so a prefix-cache hit equals a cold run. */
+/* tests/unit/test_invariance.c — EXACT mode is batch invariant: a token's logits are the same bits however its prompt is chunked and whatever shares its step, so a prefix-cache hit equals a cold run (CPU at every ISA level and thread count; the CUDA backend where there is a GPU). */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cuda/cuda.h"
 #include "engine/engine.h"
 #include "kv/kv.h"
 #include "model/model.h"
@@ -46,6 +47,28 @@ static int rng_range(uint64_t *s, int lo, int hi) /* [lo, hi] */
     return lo + (int)(rng_next(s) % (uint64_t)(hi - lo + 1));
 }
 
+/* A backend made from options: the CPU's, or GPU 0's. */
+typedef int (*backend_maker)(const struct backend_options *opt, struct backend **out,
+                             struct err *err);
+
+static int make_cpu(const struct backend_options *opt, struct backend **out, struct err *err)
+{
+    return backend_cpu_create(opt, out, err);
+}
+
+static int make_cuda(const struct backend_options *opt, struct backend **out, struct err *err)
+{
+    return backend_cuda_create(0, opt, out, err);
+}
+
+static void skip_without_gpu(void)
+{
+    if (!backend_cuda_compiled())
+        cr_skip_test("inferd was built without CUDA: CUDA batch invariance not checked");
+    if (backend_cuda_device_count() == 0)
+        cr_skip_test("no CUDA GPU on this machine: CUDA batch invariance not checked");
+}
+
 /* ---- logits of a prompt, step by step ----------------------------------- */
 
 /* One model on one CPU backend configuration, with a KV pool that gives the
@@ -66,15 +89,14 @@ struct rig {
     float *got;    /* owned; PROMPT rows */
 };
 
-static void rig_open(struct rig *r, const char *dir, const char *preset, int threads,
-                     enum cpu_isa isa, const char *config)
+static void rig_open(struct rig *r, const char *dir, const char *preset, backend_maker make,
+                     const struct backend_options *opt, const char *config)
 {
     struct err err = {0};
     memset(r, 0, sizeof *r);
     r->preset = preset;
     r->config = config;
-    struct backend_options opt = {.mode = COMPUTE_EXACT, .threads = threads, .cpu_isa = isa};
-    cr_assert_eq(backend_cpu_create(&opt, &r->be, &err), 0, "%s", err.msg);
+    cr_assert_eq(make(opt, &r->be, &err), 0, "%s", err.msg);
     cr_assert_eq(model_load(dir, r->be, &r->model, &err), 0, "%s: %s", preset, err.msg);
     cr_assert_eq(kv_pool_create(r->model, r->be, POOL_BLOCKS, BLOCK, &r->pool, &err), 0, "%s",
                  err.msg);
@@ -200,11 +222,11 @@ static void run_mixed(struct rig *r, uint64_t *s)
     }
 }
 
-static void check_preset(const char *dir, const char *preset, int threads, enum cpu_isa isa,
-                         const char *config)
+static void check_preset(const char *dir, const char *preset, backend_maker make,
+                         const struct backend_options *opt, const char *config)
 {
     struct rig r;
-    rig_open(&r, dir, preset, threads, isa, config);
+    rig_open(&r, dir, preset, make, opt, config);
     step(&r, 0, PROMPT, NULL, 0, 0);
     memcpy(r.want, r.got, (size_t)PROMPT * r.vocab * sizeof(float));
 
@@ -224,12 +246,14 @@ static void check_preset(const char *dir, const char *preset, int threads, enum 
     rig_close(&r);
 }
 
-static void check_all_presets(enum cpu_isa isa, const char *isa_name)
+/* Every tiny preset on backends made by make: at 1 and 2 threads under the
+ * cpu_isa cap isa on the CPU, once on a GPU. */
+static void check_all_presets(backend_maker make, enum cpu_isa isa, const char *isa_name)
 {
     const struct mkmodel_preset *presets[32];
     int n = tiny_presets(presets, 32);
     cr_assert_geq(n, 4);
-    if (isa != CPU_ISA_BEST) {
+    if (make == make_cpu && isa != CPU_ISA_BEST) {
         struct cpu_features f;
         cpu_features_detect(isa, &f);
         if (!f.avx2)
@@ -241,11 +265,16 @@ static void check_all_presets(enum cpu_isa isa, const char *isa_name)
         cr_assert_not_null(dir);
         struct mkmodel_opts opts = {.preset = presets[i]->name, .seed = 5, .out_dir = dir};
         cr_assert_eq(mkmodel_write(&opts, &err), 0, "%s: %s", presets[i]->name, err.msg);
-        for (int threads = 1; threads <= 2; threads++) {
+        for (int threads = 1; threads <= (make == make_cpu ? 2 : 1); threads++) {
+            struct backend_options opt = {.mode = COMPUTE_EXACT, .threads = threads,
+                                          .cpu_isa = isa};
             char config[64];
-            snprintf(config, sizeof config, "%d thread%s, %s", threads, threads > 1 ? "s" : "",
-                     isa_name);
-            check_preset(dir, presets[i]->name, threads, isa, config);
+            if (make == make_cpu)
+                snprintf(config, sizeof config, "%d thread%s, %s", threads,
+                         threads > 1 ? "s" : "", isa_name);
+            else
+                snprintf(config, sizeof config, "GPU 0");
+            check_preset(dir, presets[i]->name, make, &opt, config);
         }
         test_rmtree(dir);
         free(dir);
@@ -253,15 +282,26 @@ static void check_all_presets(enum cpu_isa isa, const char *isa_name)
 }
 
 TestSuite(batch_invariance, .timeout = 600);
+TestSuite(cuda_batch_invariance, .timeout = 600);
 
 Test(batch_invariance, exact_logits_do_not_depend_on_chunking_or_step_mates)
 {
-    check_all_presets(CPU_ISA_BEST, "the best ISA");
+    check_all_presets(make_cpu, CPU_ISA_BEST, "the best ISA");
 }
 
 Test(batch_invariance, exact_logits_do_not_depend_on_chunking_or_step_mates_on_avx2_kernels)
 {
-    check_all_presets(CPU_ISA_AVX2, "AVX2");
+    check_all_presets(make_cpu, CPU_ISA_AVX2, "AVX2");
+}
+
+/* The CUDA backend's promise: GEMV for every row count with one warp per
+ * output, RMSNorm never folded, attention on the decode kernels with one
+ * split; decode steps replayed from graphs and q/k work folded into the
+ * attention included. */
+Test(cuda_batch_invariance, exact_logits_do_not_depend_on_chunking_or_step_mates)
+{
+    skip_without_gpu();
+    check_all_presets(make_cuda, CPU_ISA_BEST, "");
 }
 
 /* One and two threads give the same bits too (each output has one owner
@@ -277,8 +317,10 @@ Test(batch_invariance, exact_logits_do_not_depend_on_thread_count)
         struct mkmodel_opts opts = {.preset = presets[i]->name, .seed = 5, .out_dir = dir};
         cr_assert_eq(mkmodel_write(&opts, &err), 0, "%s: %s", presets[i]->name, err.msg);
         struct rig one, two;
-        rig_open(&one, dir, presets[i]->name, 1, CPU_ISA_BEST, "1 thread");
-        rig_open(&two, dir, presets[i]->name, 2, CPU_ISA_BEST, "2 threads");
+        rig_open(&one, dir, presets[i]->name, make_cpu,
+                 &(struct backend_options){.mode = COMPUTE_EXACT, .threads = 1}, "1 thread");
+        rig_open(&two, dir, presets[i]->name, make_cpu,
+                 &(struct backend_options){.mode = COMPUTE_EXACT, .threads = 2}, "2 threads");
         step(&one, 0, PROMPT, NULL, 0, 0);
         step(&two, 0, PROMPT, NULL, 0, 0);
         memcpy(two.want, one.got, (size_t)PROMPT * one.vocab * sizeof(float));
@@ -359,7 +401,7 @@ static void expect_same(const struct result *want, const struct result *got, con
               want->ids[2], got->ids[0], got->ids[1], got->ids[2]);
 }
 
-static void check_engine(const char *preset, const char *tokenizer_dir)
+static void check_engine(backend_maker make, const char *preset, const char *tokenizer_dir)
 {
     struct err err = {0};
     char *dir = test_mkdtemp();
@@ -370,8 +412,7 @@ static void check_engine(const char *preset, const char *tokenizer_dir)
     struct backend *be;
     struct model *model;
     struct tokenizer *tok;
-    cr_assert_eq(backend_cpu_create(&(struct backend_options){.mode = COMPUTE_EXACT, .threads = 2},
-                                    &be, &err),
+    cr_assert_eq(make(&(struct backend_options){.mode = COMPUTE_EXACT, .threads = 2}, &be, &err),
                  0, "%s", err.msg);
     cr_assert_eq(model_load(dir, be, &model, &err), 0, "%s", err.msg);
     cr_assert_eq(tok_load(dir, &tok, &err), 0, "%s", err.msg);
@@ -435,7 +476,7 @@ static void check_engine(const char *preset, const char *tokenizer_dir)
     free(dir);
 }
 
-Test(batch_invariance, generations_alone_and_mixed_with_other_arrivals_give_the_same_tokens)
+static void check_engines(backend_maker make)
 {
     const char *data = getenv("INFERD_TOKENIZER_DATA");
     if (!data)
@@ -446,5 +487,17 @@ Test(batch_invariance, generations_alone_and_mixed_with_other_arrivals_give_the_
     const struct mkmodel_preset *presets[32];
     int n = tiny_presets(presets, 32);
     for (int i = 0; i < n; i++)
-        check_engine(presets[i]->name, tokenizer_dir);
+        check_engine(make, presets[i]->name, tokenizer_dir);
+}
+
+Test(batch_invariance, generations_alone_and_mixed_with_other_arrivals_give_the_same_tokens)
+{
+    check_engines(make_cpu);
+}
+
+/* On the GPU the picks are made there too (backend sampling). */
+Test(cuda_batch_invariance, generations_alone_and_mixed_with_other_arrivals_give_the_same_tokens)
+{
+    skip_without_gpu();
+    check_engines(make_cuda);
 }
