@@ -252,7 +252,8 @@ struct backend_options {
      * dependent launch, sm_90 and newer; default on; off: each launch waits) */
     enum backend_switch cuda_pdl;
     /* CUDA: an RMSNorm is folded into the decode GEMV that reads its output
-     * (default on; off: the norm is its own launch) */
+     * (default on in FAST mode; off: the norm is its own launch, the default in
+     * EXACT mode, whose batch invariance the folded norm's sum would break) */
     enum backend_switch cuda_norm_fusion;
     /* CUDA: q/k norms + RoPE + KV write are folded into the decode attention
      * after them (default on; off: they are one launch before it) */

@@ -283,6 +283,49 @@ Test(cpu_matmul, results_do_not_depend_on_thread_count)
     rig_free(&rig);
 }
 
+/* EXACT mode's promise to a prefix cache: a token's outputs are the same bits
+ * whether it is computed alone or among T tokens, at every level, for both
+ * weight types and shapes with K and N tails, so the GEMV (few tokens) and
+ * the GEMM (many) must sum each output in one order. */
+Test(cpu_matmul, exact_mode_row_bits_do_not_depend_on_the_rows_in_the_call)
+{
+    static const int64_t shapes[][2] = {{1027, 503}, {200, 33}, {64, 5}, {256, 40}, {7, 17}};
+    static const int64_t counts[] = {2, 3, 4, 5, 7, 8, 9, 11, 16, 17, 40};
+    struct rig rig;
+    rig_init(&rig);
+    for (int s = 0; s < COUNT(shapes); s++)
+        for (int d = 0; d < 2; d++)
+            for (int with_bias = 0; with_bias < 2; with_bias++) {
+                struct problem p;
+                problem_init(&p, 40, shapes[s][0], shapes[s][1], d ? DTYPE_BF16 : DTYPE_F32);
+                struct weight_matrix w = {.dtype = p.dtype, .rows = p.N, .cols = p.K, .data = p.w};
+                const float *bias = with_bias ? p.bias : NULL;
+                for (int l = 0; l <= (int)cpu_matmul_detect_level(); l++) {
+                    use_level(rig.mm[1], l);
+                    /* each row alone */
+                    for (int64_t t = 0; t < p.T; t++)
+                        cpu_matmul_run(rig.mm[1], COMPUTE_EXACT, p.x + t * p.K, 1, &w, bias,
+                                       p.y + t * p.N);
+                    for (int c = 0; c < COUNT(counts); c++) {
+                        /* rows [t0, t0 + n) in one call, from several offsets */
+                        for (int64_t t0 = 0; t0 + counts[c] <= p.T; t0 += counts[c] + 5) {
+                            int64_t n = counts[c];
+                            cpu_matmul_run(rig.mm[1], COMPUTE_EXACT, p.x + t0 * p.K, n, &w, bias,
+                                           p.y2);
+                            cr_assert(memcmp(p.y + t0 * p.N, p.y2,
+                                             sizeof(float) * (size_t)(n * p.N)) == 0,
+                                      "level %s, %s weights, K=%ld N=%ld: rows %ld..%ld computed "
+                                      "%ld at a time differ from the same rows alone",
+                                      cpu_matmul_level_name(l), dtype_name(p.dtype), (long)p.K,
+                                      (long)p.N, (long)t0, (long)(t0 + n - 1), (long)n);
+                        }
+                    }
+                }
+                problem_free(&p);
+            }
+    rig_free(&rig);
+}
+
 /* With one-hot weight rows (W[r, c] = 1 for c = r mod K, else 0) y is x
  * itself: exactly the bf16 of x in FAST mode (ties to even), exactly x in
  * EXACT mode. K = 16 puts the values through the vector rounding code, and

@@ -382,7 +382,7 @@ Test(cuda_attention, fast_prefill_matches_f64_reference_on_varlen_gqa_and_window
 /* RMSNorm then a bf16 matmul of 1..8 rows (the decode path: the norm is
  * folded into the GEMV, x staged in shared memory) at hidden sizes whose x
  * is at, under and over the default 48 KB of shared memory, against the CPU
- * backend in exact mode. */
+ * backend in exact mode (where the fold is off unless asked for, as here). */
 Test(cuda_gemv, folded_rmsnorm_gemv_matches_cpu_for_1_to_8_rows_at_real_hidden_sizes,
      .timeout = 300)
 {
@@ -393,7 +393,9 @@ Test(cuda_gemv, folded_rmsnorm_gemv_matches_cpu_for_1_to_8_rows_at_real_hidden_s
     struct backend *cpu = NULL, *gpu = NULL;
     cr_assert_eq(backend_cpu_create(&(struct backend_options){.threads = 2}, &cpu, &err), 0, "%s",
                  err.msg);
+    cuda_options.cuda_norm_fusion = BACKEND_ON;
     cr_assert_eq(cuda_backend(COMPUTE_EXACT, &gpu, &err), 0, "%s", err.msg);
+    cuda_options.cuda_norm_fusion = BACKEND_DEFAULT;
     uint64_t state = 7;
     for (size_t h = 0; h < sizeof hidden / sizeof hidden[0]; h++) {
         int cols = hidden[h];

@@ -218,6 +218,7 @@ static struct backend *recorder_create(enum compute_mode mode)
     rb->be.impl = rb;
     rb->rec.hooks = &rb_hooks;
     rb->rec.n_sm = H200_SMS;
+    rb->rec.row_invariant = mode == COMPUTE_EXACT;
     rb->rec.arena = malloc(ARENA_BYTES);
     cr_assert_not_null(rb->rec.arena);
     rb->rec.arena_cap = ARENA_BYTES;
@@ -404,9 +405,13 @@ static int words(const char *text)
     "rmsnorm+gemvx3 rope_qk+kv_store+attention gemv+add rmsnorm+gemvx2+swiglu gemv+add"
 #define DECODE_BF16_QK_NORM \
     "rmsnorm+gemvx3 qk_norm+rope_qk+kv_store+attention gemv+add rmsnorm+gemvx2+swiglu gemv+add"
-/* Decode, f32 weights (F32, or F16 widened at load): the norms stay apart. */
+/* Decode, f32 weights (F32, or F16 widened at load), and decode in exact
+ * mode, whose batch invariance keeps the norms apart (the folded norm sums in
+ * another order than the RMSNorm kernel that prefill steps use). */
 #define DECODE_F32 \
     "rmsnorm gemvx3 rope_qk+kv_store+attention gemv+add rmsnorm gemvx2+swiglu gemv+add"
+#define DECODE_EXACT_QK_NORM \
+    "rmsnorm gemvx3 qk_norm+rope_qk+kv_store+attention gemv+add rmsnorm gemvx2+swiglu gemv+add"
 /* Prefill in fast mode, bf16 weights: cuBLASLt, nothing folded into it. */
 #define PREFILL_GEMM \
     "rmsnorm gemmx3 rope_qk+kv_store attention gemm add rmsnorm gemmx2 silu_mul gemm add"
@@ -420,25 +425,27 @@ static int words(const char *text)
 
 struct expectation {
     const char *preset;
-    const char *decode;        /* a layer of a decode step (fast and exact mode alike) */
+    const char *decode;        /* a layer of a decode step, fast mode */
     int decode_launches;       /* launches of that layer */
+    const char *decode_exact;  /* a layer of a decode step, exact mode */
+    int decode_exact_launches;
     const char *prefill_fast;  /* a layer of a prefill step, fast mode */
     int prefill_fast_launches;
     const char *prefill_exact; /* a layer of a prefill step, exact mode */
     int prefill_exact_launches;
-    bool bf16;                 /* the final RMSNorm folds into the LM head's GEMV */
+    bool bf16;                 /* the final RMSNorm folds into the LM head's GEMV (fast mode) */
 };
 
 static const struct expectation expectations[] = {
-    {"tiny-llama", DECODE_BF16, 5, PREFILL_GEMM, 11, PREFILL_GEMV, 8, true},
-    {"tiny-llama3", DECODE_BF16, 5, PREFILL_GEMM, 11, PREFILL_GEMV, 8, true},
-    {"tiny-llama-linear", DECODE_F32, 7, PREFILL_GEMV, 8, PREFILL_GEMV, 8, false},
-    {"tiny-mistral", DECODE_F32, 7, PREFILL_GEMV, 8, PREFILL_GEMV, 8, false},
-    {"tiny-qwen2", DECODE_BF16, 5, PREFILL_GEMM, 11, PREFILL_GEMV, 8, true},
-    {"tiny-qwen3", DECODE_BF16_QK_NORM, 5, PREFILL_GEMM_QK_NORM, 11, PREFILL_GEMV_QK_NORM, 8,
-     true},
-    {"tiny-qwen3-gqa1", DECODE_BF16_QK_NORM, 5, PREFILL_GEMM_QK_NORM, 11, PREFILL_GEMV_QK_NORM,
-     8, true},
+    {"tiny-llama", DECODE_BF16, 5, DECODE_F32, 7, PREFILL_GEMM, 11, PREFILL_GEMV, 8, true},
+    {"tiny-llama3", DECODE_BF16, 5, DECODE_F32, 7, PREFILL_GEMM, 11, PREFILL_GEMV, 8, true},
+    {"tiny-llama-linear", DECODE_F32, 7, DECODE_F32, 7, PREFILL_GEMV, 8, PREFILL_GEMV, 8, false},
+    {"tiny-mistral", DECODE_F32, 7, DECODE_F32, 7, PREFILL_GEMV, 8, PREFILL_GEMV, 8, false},
+    {"tiny-qwen2", DECODE_BF16, 5, DECODE_F32, 7, PREFILL_GEMM, 11, PREFILL_GEMV, 8, true},
+    {"tiny-qwen3", DECODE_BF16_QK_NORM, 5, DECODE_EXACT_QK_NORM, 7, PREFILL_GEMM_QK_NORM, 11,
+     PREFILL_GEMV_QK_NORM, 8, true},
+    {"tiny-qwen3-gqa1", DECODE_BF16_QK_NORM, 5, DECODE_EXACT_QK_NORM, 7, PREFILL_GEMM_QK_NORM,
+     11, PREFILL_GEMV_QK_NORM, 8, true},
 };
 
 static const struct expectation *expectation_of(const char *preset)
@@ -482,7 +489,8 @@ static int tiny_presets(const struct mkmodel_preset **out)
 
 static const struct cu_fuse_config fast_all = {.fast = true, .norm_gemv = true,
                                                .qk_attention = true};
-static const struct cu_fuse_config exact_all = {.fast = false, .norm_gemv = true,
+/* As backend_cuda_create configures exact mode: the norm fold stays off. */
+static const struct cu_fuse_config exact_all = {.fast = false, .norm_gemv = false,
                                                 .qk_attention = true};
 
 Test(fusion, every_tiny_model_decodes_one_sequence_in_the_pinned_launches)
@@ -500,8 +508,12 @@ Test(fusion, every_tiny_model_decodes_one_sequence_in_the_pinned_launches)
             char what[128];
             snprintf(what, sizeof what, "%s, %s decode, one sequence", x->preset,
                      mode ? "fast" : "exact");
-            check_step(&r, what, mode ? &fast_all : &exact_all, 1, 1, x->decode,
-                       x->decode_launches, x->bf16 ? "rmsnorm+gemv" : "rmsnorm gemv");
+            if (mode)
+                check_step(&r, what, &fast_all, 1, 1, x->decode, x->decode_launches,
+                           x->bf16 ? "rmsnorm+gemv" : "rmsnorm gemv");
+            else
+                check_step(&r, what, &exact_all, 1, 1, x->decode_exact, x->decode_exact_launches,
+                           "rmsnorm gemv");
             rig_close(&r);
         }
     }
@@ -543,8 +555,45 @@ Test(fusion, every_tiny_model_prefills_in_the_pinned_launches)
         rig_open(&r, x->preset, COMPUTE_EXACT);
         snprintf(what, sizeof what, "%s, exact prefill of %d tokens", x->preset, PREFILL_TOKENS);
         check_step(&r, what, &exact_all, 1, PREFILL_TOKENS, x->prefill_exact,
-                   x->prefill_exact_launches, head);
+                   x->prefill_exact_launches, "rmsnorm gemv");
         rig_close(&r);
+    }
+}
+
+/* Exact mode's attention reduces each query row in an order fixed by its own
+ * position: one split and the decode kernels, whatever the step's rows and
+ * contexts; fast mode keeps its split decode and its prefill kernels. */
+Test(fusion, exact_mode_attention_never_splits_nor_takes_the_prefill_kernels)
+{
+    const struct mkmodel_preset *presets[64];
+    int n = tiny_presets(presets);
+    for (int i = 0; i < n; i++) {
+        for (int mode = 0; mode < 2; mode++) {
+            struct rig r;
+            rig_open(&r, presets[i]->name, mode ? COMPUTE_FAST : COMPUTE_EXACT);
+            const int shapes[][2] = {{1, PREFILL_TOKENS}, {3, 1}, {2, 5}};
+            for (int sh = 0; sh < 3; sh++) {
+                int n_ops = 0;
+                const struct cu_op *ops = rig_step(&r, shapes[sh][0], shapes[sh][1], &n_ops);
+                for (int k = 0; k < n_ops; k++) {
+                    if (ops[k].kind != CU_ATTENTION)
+                        continue;
+                    bool prefill = cu_attention_uses_prefill(&ops[k]);
+                    if (mode) {
+                        cr_expect_eq(prefill, shapes[sh][1] > CU_GEMV_MAX_ROWS,
+                                     "%s fast: %d tokens a sequence", presets[i]->name,
+                                     shapes[sh][1]);
+                    } else {
+                        cr_expect(!prefill && ops[k].u.attn.n_splits == 1,
+                                  "%s exact, %d x %d tokens: attention on the %s kernels with "
+                                  "%d splits",
+                                  presets[i]->name, shapes[sh][0], shapes[sh][1],
+                                  prefill ? "prefill" : "decode", ops[k].u.attn.n_splits);
+                    }
+                }
+            }
+            rig_close(&r);
+        }
     }
 }
 

@@ -216,9 +216,17 @@ static void silu_mul_range(void *ctx, int ith, int nth)
         __m256 s = _mm256_div_ps(g, _mm256_add_ps(one, e));
         _mm256_storeu_ps(job->out + i, _mm256_mul_ps(s, _mm256_loadu_ps(job->b + i)));
     }
-    for (; i < end; i++) {
-        float g = job->a[i];
-        job->out[i] = g / (1.0f + expf(-g)) * job->b[i];
+    if (i < end) {
+        /* the tail through the same vector code, so an element's bits do not
+         * depend on whether it ends the call (EXACT mode's batch invariance) */
+        float g8[8] = {0}, u8[8] = {0}, o8[8];
+        memcpy(g8, job->a + i, (size_t)(end - i) * sizeof(float));
+        memcpy(u8, job->b + i, (size_t)(end - i) * sizeof(float));
+        __m256 g = _mm256_loadu_ps(g8);
+        __m256 e = vec_exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+        __m256 sg = _mm256_div_ps(g, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(o8, _mm256_mul_ps(sg, _mm256_loadu_ps(u8)));
+        memcpy(job->out + i, o8, (size_t)(end - i) * sizeof(float));
     }
 }
 

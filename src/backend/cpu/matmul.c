@@ -352,7 +352,8 @@ static void gemm_job(void *ctx, int ith, int nth)
 
 /* The kernels for this call; both NULL means the scalar path. Vector kernels
  * take F32 and BF16 weights; bf16 dot-product hardware is only used where it
- * computes exactly what FAST mode promises (bf16 weights, rounded x). */
+ * computes exactly what FAST mode promises (bf16 weights, rounded x). EXACT
+ * mode's GEMV sums in its GEMM's order, so a row's bits do not depend on T. */
 static void choose_kernels(enum cpu_matmul_level level, enum compute_mode mode, enum dtype dtype,
                            int64_t T, const struct mm_gemv **gemv, const struct mm_gemm **gemm)
 {
@@ -364,8 +365,11 @@ static void choose_kernels(enum cpu_matmul_level level, enum compute_mode mode, 
     const struct mm_gemv *v;
     const struct mm_gemm *m;
     if (level == CPU_MATMUL_AVX2) {
-        v = &cpu_mm_gemv_avx2;
+        v = mode == COMPUTE_EXACT ? &cpu_mm_gemv_exact_avx2 : &cpu_mm_gemv_avx2;
         m = &cpu_mm_gemm_avx2;
+    } else if (mode == COMPUTE_EXACT) {
+        v = &cpu_mm_gemv_exact_avx512;
+        m = &cpu_mm_gemm_avx512;
     } else if (bf16_dot) {
         v = &cpu_mm_gemv_avx512bf16;
         /* AMX works on 32 tokens at a time, but even mostly zero padding it

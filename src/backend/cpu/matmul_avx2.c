@@ -2,6 +2,7 @@
 #include <immintrin.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "backend/cpu/matmul_kernels.h"
 #include "base/bf16.h"
@@ -167,6 +168,168 @@ static void gemv_run(const void *x, int64_t T, int64_t K, const void *w, enum dt
         gemv_rows(false, x, T, K, w, bias, y, N, r0, r1);
 }
 
+/* ---- EXACT-mode GEMV in the GEMM's order --------------------------------
+ *
+ * As in the AVX-512 file: EXACT mode's decode-sized calls sum each output
+ * exactly as the GEMM below does (K blocks of KC, each one FMA chain from
+ * zero in column order, added to the bias or the sum so far), so a token's
+ * bits do not depend on how many tokens share the call. Eight weight rows sit
+ * in the lanes of a vector through an 8x8 transpose of 32-byte row pieces
+ * (bf16 pairs as 32-bit words, widened after). */
+
+#define EXACT_MAX_T 8
+#define EXACT_TT 4 /* tokens per pass: 16 ymm registers hold G * TT chains + a tile */
+
+/* 8 rows x kn columns (at most 32 bytes of each) from column c of row r;
+ * fewer rows or columns load as zeros. */
+static ALWAYS_INLINE void exact_load(const bool bf16, const void *w, int64_t K, int64_t r,
+                                     int n_rows, int64_t c, const int kn, __m256 v[8])
+{
+    const size_t esize = bf16 ? 2 : 4;
+    const int step = bf16 ? 16 : 8;
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) {
+        const char *src = (const char *)w + ((size_t)(r + i) * (size_t)K + (size_t)c) * esize;
+        if (i >= n_rows) {
+            v[i] = _mm256_setzero_ps();
+        } else if (kn == step) {
+            v[i] = _mm256_loadu_ps((const float *)src);
+        } else {
+            float tmp[8] = {0};
+            memcpy(tmp, src, (size_t)kn * esize);
+            v[i] = _mm256_loadu_ps(tmp);
+        }
+    }
+}
+
+/* kn (<= one tile) columns of a transposed tile into TT chains: lane i of
+ * v[jj] is word jj of row i (a bf16 pair: even column low, odd high). With
+ * kn a constant the checks fold away and v stays in registers. */
+static ALWAYS_INLINE void exact_tile(const int TT, const bool bf16, const float *xc, int64_t K,
+                                     const __m256 v[8], const int kn, __m256 acc[])
+{
+    const __m256i hi_half = _mm256_set1_epi32((int)0xffff0000u);
+#pragma GCC unroll 8
+    for (int jj = 0; jj < 8; jj++) {
+        if (bf16) {
+            __m256i pair = _mm256_castps_si256(v[jj]);
+            if (2 * jj < kn) {
+                __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(pair, 16));
+#pragma GCC unroll 4
+                for (int t = 0; t < TT; t++)
+                    acc[t] = _mm256_fmadd_ps(_mm256_broadcast_ss(xc + t * K + 2 * jj), we, acc[t]);
+            }
+            if (2 * jj + 1 < kn) {
+                __m256 wo = _mm256_castsi256_ps(_mm256_and_si256(pair, hi_half));
+#pragma GCC unroll 4
+                for (int t = 0; t < TT; t++)
+                    acc[t] =
+                        _mm256_fmadd_ps(_mm256_broadcast_ss(xc + t * K + 2 * jj + 1), wo, acc[t]);
+            }
+        } else if (jj < kn) {
+#pragma GCC unroll 4
+            for (int t = 0; t < TT; t++)
+                acc[t] = _mm256_fmadd_ps(_mm256_broadcast_ss(xc + t * K + jj), v[jj], acc[t]);
+        }
+    }
+}
+
+/* Units of G groups of 8 rows against TT tokens: G * TT chains in flight. */
+static ALWAYS_INLINE void exact_unit(const int G, const int TT, const bool bf16, const float *x,
+                                     int64_t K, const void *w, const float *bias, float *y,
+                                     int64_t N, int64_t r, int n_rows, int next_rows)
+{
+    const int step = bf16 ? 16 : 8;
+    /* Many row streams, each starting cold: the next unit's rows
+     * (contiguous) are prefetched while this one computes, a few lines per tile. */
+    const size_t esize = bf16 ? 2 : 4;
+    const char *pf = (const char *)w + (size_t)(r + n_rows) * (size_t)K * esize;
+    const char *pf_end = pf + (size_t)next_rows * (size_t)K * esize;
+    const int64_t tiles = (int64_t)G * ((K + step - 1) / step);
+    const int64_t pf_per_tile = ((int64_t)(pf_end - pf) / 64 + tiles - 1) / tiles;
+    for (int64_t pc = 0; pc < K; pc += KC) {
+        const int64_t kend = pc + KC < K ? pc + KC : K;
+        __m256 acc[2][EXACT_TT];
+#pragma GCC unroll 2
+        for (int g = 0; g < G; g++)
+#pragma GCC unroll 4
+            for (int t = 0; t < TT; t++)
+                acc[g][t] = _mm256_setzero_ps();
+        int64_t c = pc;
+        for (; c + step <= kend; c += step) {
+#pragma GCC unroll 2
+            for (int g = 0; g < G; g++) {
+                for (int64_t q = 0; q < pf_per_tile && pf < pf_end; q++, pf += 64)
+                    _mm_prefetch(pf, _MM_HINT_T1);
+                __m256 v[8];
+                exact_load(bf16, w, K, r + g * 8, n_rows - g * 8, c, step, v);
+                transpose8(v);
+                exact_tile(TT, bf16, x + c, K, v, step, acc[g]);
+            }
+        }
+        if (c < kend) {
+            const int kn = (int)(kend - c);
+            for (int g = 0; g < G; g++) {
+                __m256 v[8];
+                exact_load(bf16, w, K, r + g * 8, n_rows - g * 8, c, kn, v);
+                transpose8(v);
+                exact_tile(TT, bf16, x + c, K, v, kn, acc[g]);
+            }
+        }
+        /* store_row's rule: (first ? bias or 0 : the sum so far) + this block */
+        for (int g = 0; g < G; g++) {
+            int n = n_rows - g * 8;
+            if (n <= 0)
+                break;
+            int64_t r0 = r + g * 8;
+            for (int t = 0; t < TT; t++) {
+                float *yt = y + t * N + r0;
+                float a[8];
+                _mm256_storeu_ps(a, acc[g][t]);
+                for (int j = 0; j < n && j < 8; j++)
+                    yt[j] = (pc > 0 ? yt[j] : bias ? bias[r0 + j] : 0.0f) + a[j];
+            }
+        }
+    }
+}
+
+static ALWAYS_INLINE void exact_rows(const int G, const int TT, const bool bf16, const float *x,
+                                     int64_t K, const void *w, const float *bias, float *y,
+                                     int64_t N, int64_t r0, int64_t r1)
+{
+    for (int64_t r = r0; r < r1; r += 8 * G) {
+        int n = r1 - r < 8 * G ? (int)(r1 - r) : 8 * G;
+        int64_t after = r1 - r - n;
+        exact_unit(G, TT, bf16, x, K, w, bias, y, N, r, n, after < 8 * G ? (int)after : 8 * G);
+    }
+}
+
+#define EXACT_CASE(tt, g)                                                                      \
+    case tt:                                                                                   \
+        if (bf16)                                                                              \
+            exact_rows(g, tt, true, x, K, w, bias, y, N, r0, r1);                              \
+        else                                                                                   \
+            exact_rows(g, tt, false, x, K, w, bias, y, N, r0, r1);                             \
+        break;
+
+static void gemv_exact_run(const void *x_, int64_t T, int64_t K, const void *w, enum dtype dtype,
+                           const float *bias_, float *y_, int64_t N, int64_t r0, int64_t r1)
+{
+    bool bf16 = dtype == DTYPE_BF16;
+    for (int64_t t0 = 0; t0 < T; t0 += EXACT_TT) {
+        const float *x = (const float *)x_ + t0 * K;
+        const float *bias = bias_;
+        float *y = y_ + t0 * N;
+        switch (T - t0 < EXACT_TT ? T - t0 : EXACT_TT) {
+            EXACT_CASE(1, 2)
+            EXACT_CASE(2, 2)
+            EXACT_CASE(3, 1)
+        default:
+            EXACT_CASE(4, 1)
+        }
+    }
+}
+
 /* ---- GEMM packing ------------------------------------------------------ */
 
 /* Panels of 6 token rows, k-major: dst[k * 6 + i] = x[i, k]. Eight columns
@@ -326,4 +489,11 @@ const struct mm_gemm cpu_mm_gemm_avx2 = {
     .mr = MR, .nr = NR, .kc = KC, .mc = MC, .k_align = 1,
     .a_elem = 4, .b_elem = 4,
     .pack_x = pack_x, .pack_w = pack_w, .kernel = kernel,
+};
+
+const struct mm_gemv cpu_mm_gemv_exact_avx2 = {
+    .max_t = EXACT_MAX_T,
+    .x_bf16 = false,
+    .prepare_x = NULL, /* EXACT mode only: x is used as it is */
+    .run = gemv_exact_run,
 };

@@ -326,6 +326,177 @@ static void kernel_f32(int m, int n, int k, const void *a, const void *b, float 
     KERNEL_SWITCH(kernel_f32_m, m, n, k, a, b, c, ldc, bias, first)
 }
 
+/* ---- EXACT-mode GEMV in the GEMM's order --------------------------------
+ *
+ * The GEMV above sums each output in four 16-lane accumulators and a
+ * horizontal sum; the GEMM sums it in K blocks of KC, each one FMA chain
+ * from zero in column order, added to the bias (first block) or to the sum
+ * so far. A token's bits would then depend on whether it shared its call with
+ * more than GEMV_MAX_T others. In EXACT mode decode-sized calls come here
+ * instead: the same chains and adds as the GEMM, with 16 weight rows in the
+ * lanes of a vector (a 16x16 transpose of the rows as they stream in, bf16
+ * pairs transposed as 32-bit words and widened after) rather than packed. */
+
+#define EXACT_MAX_T 8
+
+/* kn (<= one tile) columns of a transposed tile into TT chains: lane i of
+ * v[jj] is word jj of row i (a bf16 pair: even column low, odd high). With
+ * kn a constant the checks fold away and v stays in registers. */
+static ALWAYS_INLINE void exact_tile(const int TT, const bool bf16, const float *xc, int64_t K,
+                                     const __m512i v[16], const int kn, __m512 acc[])
+{
+    const __m512i hi_half = _mm512_set1_epi32((int)0xffff0000u);
+#pragma GCC unroll 16
+    for (int jj = 0; jj < 16; jj++) {
+        if (bf16) {
+            if (2 * jj < kn) {
+                __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(v[jj], 16));
+#pragma GCC unroll 8
+                for (int t = 0; t < TT; t++)
+                    acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(xc[t * K + 2 * jj]), we, acc[t]);
+            }
+            if (2 * jj + 1 < kn) {
+                __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(v[jj], hi_half));
+#pragma GCC unroll 8
+                for (int t = 0; t < TT; t++)
+                    acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(xc[t * K + 2 * jj + 1]), wo, acc[t]);
+            }
+        } else if (jj < kn) {
+            __m512 wv = _mm512_castsi512_ps(v[jj]);
+#pragma GCC unroll 8
+            for (int t = 0; t < TT; t++)
+                acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(xc[t * K + jj]), wv, acc[t]);
+        }
+    }
+}
+
+/* 16 rows from row r (n valid; the rest zero) x kn columns from column c. */
+static ALWAYS_INLINE void exact_load(const bool bf16, const void *w, int64_t K, int64_t r, int n,
+                                     int64_t c, const int kn, __m512i v[16])
+{
+    const size_t esize = bf16 ? 2 : 4;
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++) {
+        const char *src = (const char *)w + ((size_t)(r + i) * (size_t)K + (size_t)c) * esize;
+        if (i >= n)
+            v[i] = _mm512_setzero_si512();
+        else if (bf16)
+            v[i] = _mm512_maskz_loadu_epi16(mask32(kn), src);
+        else
+            v[i] = _mm512_castps_si512(_mm512_maskz_loadu_ps(mask16(kn), src));
+    }
+}
+
+/* Units of G groups of 16 rows against TT tokens: G * TT chains in flight. */
+static ALWAYS_INLINE void exact_unit(const int G, const int TT, const bool bf16, const float *x,
+                                     int64_t K, const void *w, const float *bias, float *y,
+                                     int64_t N, int64_t r, int n_rows, int next_rows)
+{
+    const int step = bf16 ? 32 : 16; /* columns per transposed tile */
+    /* The unit's 16 G rows are as many streams as the hardware prefetchers
+     * follow at most, and each starts cold; so while this unit computes, the
+     * next unit's rows (contiguous) are prefetched, a few lines per tile. */
+    const size_t esize = bf16 ? 2 : 4;
+    const char *pf = (const char *)w + (size_t)(r + n_rows) * (size_t)K * esize;
+    const char *pf_end = pf + (size_t)next_rows * (size_t)K * esize;
+    const int64_t tiles = (int64_t)G * ((K + step - 1) / step);
+    const int64_t pf_per_tile = ((int64_t)(pf_end - pf) / 64 + tiles - 1) / tiles;
+    for (int64_t pc = 0; pc < K; pc += KC) {
+        const int64_t kend = pc + KC < K ? pc + KC : K;
+        __m512 acc[2][EXACT_MAX_T];
+#pragma GCC unroll 2
+        for (int g = 0; g < G; g++)
+#pragma GCC unroll 8
+            for (int t = 0; t < TT; t++)
+                acc[g][t] = _mm512_setzero_ps();
+        int64_t c = pc;
+        for (; c + step <= kend; c += step) {
+#pragma GCC unroll 2
+            for (int g = 0; g < G; g++) {
+                for (int64_t q = 0; q < pf_per_tile && pf < pf_end; q++, pf += 64)
+                    _mm_prefetch(pf, _MM_HINT_T1);
+                __m512i v[16];
+                exact_load(bf16, w, K, r + 16 * g, n_rows - 16 * g, c, step, v);
+                transpose16(v);
+                exact_tile(TT, bf16, x + c, K, v, step, acc[g]);
+            }
+        }
+        if (c < kend) {
+            const int kn = (int)(kend - c);
+            for (int g = 0; g < G; g++) {
+                __m512i v[16];
+                exact_load(bf16, w, K, r + 16 * g, n_rows - 16 * g, c, kn, v);
+                transpose16(v);
+                exact_tile(TT, bf16, x + c, K, v, kn, acc[g]);
+            }
+        }
+        /* store_row's rule: (first ? bias or 0 : the sum so far) + this block */
+#pragma GCC unroll 2
+        for (int g = 0; g < G; g++) {
+            int n = n_rows - g * 16;
+            if (n <= 0)
+                break;
+            __mmask16 m = mask16(n);
+            int64_t r0 = r + g * 16;
+#pragma GCC unroll 8
+            for (int t = 0; t < TT; t++) {
+                float *yt = y + t * N + r0;
+                __m512 c0 = pc > 0 ? _mm512_maskz_loadu_ps(m, yt)
+                            : bias ? _mm512_maskz_loadu_ps(m, bias + r0)
+                                   : _mm512_setzero_ps();
+                _mm512_mask_storeu_ps(yt, m, _mm512_add_ps(c0, acc[g][t]));
+            }
+        }
+    }
+}
+
+static ALWAYS_INLINE void exact_rows(const int G, const int TT, const bool bf16, const float *x,
+                                     int64_t K, const void *w, const float *bias, float *y,
+                                     int64_t N, int64_t r0, int64_t r1)
+{
+    for (int64_t r = r0; r < r1; r += 16 * G) {
+        int n = r1 - r < 16 * G ? (int)(r1 - r) : 16 * G;
+        int64_t after = r1 - r - n;
+        exact_unit(G, TT, bf16, x, K, w, bias, y, N, r, n, after < 16 * G ? (int)after : 16 * G);
+    }
+}
+
+#define EXACT_CASE(tt, g)                                                                      \
+    case tt:                                                                                   \
+        if (bf16)                                                                              \
+            exact_rows(g, tt, true, x, K, w, bias, y, N, r0, r1);                              \
+        else                                                                                   \
+            exact_rows(g, tt, false, x, K, w, bias, y, N, r0, r1);                             \
+        break;
+
+/* Few tokens take two row groups (two chains per token to cover the FMA
+ * latency); more tokens have chains enough with one. */
+static void gemv_exact_tokens(const float *x, int64_t T, int64_t K, const void *w, bool bf16,
+                              const float *bias, float *y, int64_t N, int64_t r0, int64_t r1)
+{
+    switch (T) {
+        EXACT_CASE(1, 2)
+        EXACT_CASE(2, 2)
+        EXACT_CASE(3, 2)
+        EXACT_CASE(4, 2)
+        EXACT_CASE(5, 1)
+        EXACT_CASE(6, 1)
+        EXACT_CASE(7, 1)
+        default:
+        EXACT_CASE(8, 1)
+    }
+}
+
+static void gemv_exact_run(const void *x_, int64_t T, int64_t K, const void *w, enum dtype dtype,
+                           const float *bias, float *y, int64_t N, int64_t r0, int64_t r1)
+{
+    const float *x = x_;
+    for (int64_t t = 0; t < T; t += EXACT_MAX_T) {
+        int64_t tt = T - t < EXACT_MAX_T ? T - t : EXACT_MAX_T;
+        gemv_exact_tokens(x + t * K, tt, K, w, dtype == DTYPE_BF16, bias, y + t * N, N, r0, r1);
+    }
+}
+
 /* ---- bf16 pair packing (shared with AMX) -------------------------------- */
 
 /* Weight rows are already bf16 pairs along K in memory, so packing is a
@@ -379,6 +550,13 @@ const struct mm_gemm cpu_mm_gemm_avx512 = {
     .mr = MR, .nr = NR, .kc = KC, .mc = MC, .k_align = 1,
     .a_elem = 4, .b_elem = 4,
     .pack_x = pack_x_f32, .pack_w = pack_w_f32, .kernel = kernel_f32,
+};
+
+const struct mm_gemv cpu_mm_gemv_exact_avx512 = {
+    .max_t = EXACT_MAX_T,
+    .x_bf16 = false,
+    .prepare_x = NULL, /* EXACT mode only: x is used as it is */
+    .run = gemv_exact_run,
 };
 
 const struct mm_gemv cpu_mm_gemv_avx512bf16 = {

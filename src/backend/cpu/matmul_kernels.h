@@ -15,7 +15,8 @@
 struct mm_gemv {
     int max_t;  /* the driver switches to GEMM above this many tokens */
     bool x_bf16; /* x must be bf16 (uint16) rather than f32: FAST mode only */
-    /* FAST mode: n floats of x rounded to bf16, written as f32 or as bf16 per x_bf16. */
+    /* FAST mode: n floats of x rounded to bf16, written as f32 or as bf16 per
+     * x_bf16 (NULL for the EXACT-mode kernels). */
     void (*prepare_x)(const float *x, int64_t n, void *dst);
     void (*run)(const void *x, int64_t T, int64_t K, const void *w, enum dtype dtype,
                 const float *bias, float *y, int64_t N, int64_t r0, int64_t r1);
@@ -48,6 +49,12 @@ struct mm_gemm {
                    const float *bias, bool first);
 };
 
+/* EXACT mode's GEMV: every output summed in the order of the same ISA's GEMM
+ * (K blocks of kc, each one FMA chain from zero in column order, added to the
+ * bias or to the sum so far), so a token's bits do not depend on how many
+ * tokens share the call, nor on which of the two kernels the driver picks. */
+extern const struct mm_gemv cpu_mm_gemv_exact_avx2;
+extern const struct mm_gemv cpu_mm_gemv_exact_avx512;
 extern const struct mm_gemv cpu_mm_gemv_avx2;
 extern const struct mm_gemm cpu_mm_gemm_avx2;
 extern const struct mm_gemv cpu_mm_gemv_avx512;

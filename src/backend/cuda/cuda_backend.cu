@@ -1113,9 +1113,13 @@ extern "C" int backend_cuda_create(int device, const struct backend_options *opt
     be->impl = im;
     im->dev.index = device;
     im->rec.hooks = &rec_hooks;
+    im->rec.row_invariant = opt->mode == COMPUTE_EXACT;
     im->graphs_enabled = opt->cuda_graphs != BACKEND_OFF;
     im->fuse.fast = opt->mode == COMPUTE_FAST;
-    im->fuse.norm_gemv = opt->cuda_norm_fusion != BACKEND_OFF;
+    /* The folded norm sums x^2 in an order of its own, which depends on the
+     * rows of the step: EXACT mode keeps the RMSNorm kernel unless asked. */
+    im->fuse.norm_gemv = opt->cuda_norm_fusion == BACKEND_ON ||
+                         (opt->cuda_norm_fusion == BACKEND_DEFAULT && opt->mode == COMPUTE_FAST);
     im->fuse.qk_attention = opt->cuda_qk_fusion != BACKEND_OFF;
     im->prefill_tc = opt->cuda_prefill_tc != BACKEND_OFF;
     im->profile = opt->profile;

@@ -261,6 +261,10 @@ struct cu_gemv_args {
     float *res;
     bool pair;
     bool round_bf16;
+    /* EXACT mode: each output reduced by one warp, chunks in column order
+     * (no split-K), so the general kernel sums as the streaming one does and
+     * a row's bits do not depend on how many rows the launch has */
+    bool row_invariant;
     /* fused RMSNorm of x (n_rows rows of cols) before the product; its result
      * is also written to norm_out, as the unfused op would */
     const float *norm_w;

@@ -17,6 +17,7 @@ static bool exec_gemv(struct cu_impl *im, const struct cu_op *ops, const struct 
     for (int i = 0; i < op->u.mm.n; i++)
         a.m[i] = op->u.mm.m[i];
     a.round_bf16 = im->fuse.fast;
+    a.row_invariant = !im->fuse.fast;
     if (l->norm) {
         const struct cu_op *norm = &ops[l->op];
         a.x = norm->u.norm.x;

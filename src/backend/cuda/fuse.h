@@ -11,12 +11,16 @@
  *      attention launch (qk_attention).
  *   2. rmsnorm, then a GEMV-path bf16 matmul of at most CU_GEMV_MAX_ROWS rows
  *      reading the norm's output (not in place): the GEMV normalises x itself
- *      while staging it (norm_gemv), and takes rule 3's epilogue too.
+ *      while staging it (norm_gemv), and takes rule 3's epilogue too. Off by
+ *      default in EXACT mode: the folded sum of squares is reduced in another
+ *      order than the RMSNorm kernel's, so a token's bits would depend on
+ *      whether its step had more than CU_GEMV_MAX_ROWS rows.
  *   3. matmul: FAST-mode bf16 matmuls of more than CU_GEMV_MAX_ROWS rows go to
- *      cuBLASLt alone; the others run on the GEMV kernels, with the op after
- *      folded in when it is the residual add of its single output (res +=
- *      y, into another buffer) or the SwiGLU of its gate/up pair (in place
- *      into gate, no biases).
+ *      cuBLASLt alone; the others (EXACT mode's at every row count, each
+ *      output then reduced by one warp in column order) run on the GEMV
+ *      kernels, with the op after folded in when it is the residual add of
+ *      its single output (res += y, into another buffer) or the SwiGLU of
+ *      its gate/up pair (in place into gate, no biases).
  *   4. anything else: one launch per op.
  *
  * The rules match on kinds, pointers and row counts only, so a model whose
@@ -54,7 +58,7 @@ struct cu_qk_args {
 /* Which fusions the planner may make. */
 struct cu_fuse_config {
     bool fast;         /* COMPUTE_FAST: large bf16 matmuls go to cuBLASLt */
-    bool norm_gemv;    /* rule 2 */
+    bool norm_gemv;    /* rule 2 (the backend leaves it off in EXACT mode unless asked) */
     bool qk_attention; /* rule 1's fold into the decode attention */
 };
 

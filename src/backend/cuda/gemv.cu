@@ -560,7 +560,7 @@ cudaError_t cu_launch_gemv(struct cu_device *dev, cudaStream_t s, const struct c
     int64_t per_lane = vec ? a->cols / 8 : a->cols;
     /* enough warps in flight to cover HBM latency: about 48 per SM */
     int wpr = 1;
-    while (wpr < GEMV_WARPS && n_units * wpr < (int64_t)dev->n_sm * 48 &&
+    while (!a->row_invariant && wpr < GEMV_WARPS && n_units * wpr < (int64_t)dev->n_sm * 48 &&
            per_lane >= 64 * wpr * 2)
         wpr *= 2;
     return a->pair ? launch_np<2>(s, a, n_units, wpr, vec) : launch_np<1>(s, a, n_units, wpr, vec);

@@ -340,8 +340,13 @@ void cu_rec_attention(struct cu_rec *rec, const float *q, const struct kv_cache 
     probe.u.attn.window = sliding_window;
     probe.u.attn.max_span_tokens = max_tokens;
     probe.u.attn.ctx_bucket = (int)pow2_at_least((size_t)max_ctx, 64);
-    probe.u.attn.n_splits = cu_attention_splits(kv->n_kv_heads, rows, probe.u.attn.ctx_bucket,
-                                                rec->n_sm);
+    /* the split count follows the step's rows and its longest context; with
+     * one split a row's sum no longer depends on either */
+    probe.u.attn.n_splits = rec->row_invariant ? 1
+                                               : cu_attention_splits(kv->n_kv_heads, rows,
+                                                                     probe.u.attn.ctx_bucket,
+                                                                     rec->n_sm);
+    probe.u.attn.row_invariant = rec->row_invariant;
     probe.u.attn.scale = scale;
     probe.u.attn.q = q;
     probe.u.attn.out = out;
@@ -375,7 +380,8 @@ void cu_rec_kv_copy_slots(struct cu_rec *rec, const struct kv_cache *kv, uint32_
 bool cu_attention_uses_prefill(const struct cu_op *op)
 {
     int hd = op->u.attn.kv.head_dim;
-    return op->u.attn.max_span_tokens > CU_GEMV_MAX_ROWS && hd % 4 == 0 && hd <= CU_MAX_HEAD_DIM;
+    return !op->u.attn.row_invariant && op->u.attn.max_span_tokens > CU_GEMV_MAX_ROWS &&
+           hd % 4 == 0 && hd <= CU_MAX_HEAD_DIM;
 }
 
 int cu_attention_splits(int n_kv_heads, int n_rows, int ctx_bucket, int n_sm)

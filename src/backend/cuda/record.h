@@ -114,6 +114,7 @@ struct cu_op {
             struct cu_kv kv;
             int layer, n_spans, n_heads, window;
             int max_span_tokens, ctx_bucket, n_splits;
+            int row_invariant; /* recorded with cu_rec.row_invariant: never the prefill kernels */
             float scale;
             const float *q;
             float *out;
@@ -154,6 +155,10 @@ struct cu_rec_hooks {
 struct cu_rec {
     const struct cu_rec_hooks *hooks;
     int n_sm;              /* the device's multiprocessors: attention split counts */
+    /* EXACT mode: every attention op runs on the decode kernels with one
+     * split, whatever the rows and context of the step, so each query row is
+     * reduced in an order fixed by its own position (batch invariance) */
+    bool row_invariant;
     struct cu_op *ops;     /* owned; n_ops recorded, not yet launched */
     int n_ops, cap_ops;
     uint8_t *arena;        /* the launcher's (pinned memory on a GPU); arena_cap bytes */
@@ -195,7 +200,7 @@ void cu_rec_kv_copy_slots(struct cu_rec *rec, const struct kv_cache *kv, uint32_
 /* Splits of the decode attention for these dimensions (the op's n_splits). */
 int cu_attention_splits(int n_kv_heads, int n_rows, int ctx_bucket, int n_sm);
 /* True when attention op runs on the prefill kernels (a span of more than
- * CU_GEMV_MAX_ROWS tokens), false for the decode ones. */
+ * CU_GEMV_MAX_ROWS tokens, outside EXACT mode), false for the decode ones. */
 bool cu_attention_uses_prefill(const struct cu_op *op);
 
 #ifdef __cplusplus
