@@ -11,6 +11,9 @@
 #     serve    `inferd serve --device cuda`: the house model answers a chat and
 #              serves 1-64 concurrent streams (bench/serve_concurrency.py); the
 #              server tax (bench/serve_tax.py) and start-to-ready per model
+#     cache    prefix-cache hits against cold runs through `inferd serve --device
+#              cuda` (bench/cache_check.py): identical in exact mode on every
+#              tiny architecture and the real shapes; agreement in fast mode
 #     MODEL    mkmodel presets (default: qwen3-0.6b llama-3.2-1b llama-3.1-8b)
 #   With no stage named, parity, bench and 8k run.
 #
@@ -27,7 +30,7 @@ cd "$root"
 stages=() models=()
 for a in "$@"; do
   case "$a" in
-    parity|bench|8k|profile|serve) stages+=("$a") ;;
+    parity|bench|8k|profile|serve|cache) stages+=("$a") ;;
     *) models+=("$a") ;;
   esac
 done
@@ -148,6 +151,19 @@ PY
   python3 bench/serve_concurrency.py "$bin"/inferd models/house --device cuda --streams 1,4,16,64
   echo "-- server tax, house model"
   python3 bench/serve_tax.py "$bin"/inferd models/house --device cuda --prompt-len 128 --gen-len 128 --reps 5
+fi
+
+if has_stage cache; then
+  echo "== cache: prefix-cache hits against cold runs (bench/cache_check.py)"
+  for preset in tiny-llama tiny-mistral tiny-qwen2 tiny-qwen3 tiny-qwen3-gqa1 tiny-llama3 tiny-llama-linear "${models[@]}"; do
+    dir=$(make_model "$preset") || { echo "mkmodel $preset failed"; continue; }
+    # serve needs a tokenizer; prompts are token ids, so any covers the check
+    [ -f "$dir/tokenizer.json" ] || cp models/house/tokenizer.json models/house/tokenizer_config.json "$dir"/
+    for mode in exact fast; do
+      echo "-- $preset, $mode"
+      timeout 300 python3 bench/cache_check.py "$bin"/inferd "$dir" --device cuda --mode $mode --prompts 24 --gen-len 12
+    done
+  done
 fi
 
 for preset in "${models[@]}"; do
