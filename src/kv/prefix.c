@@ -30,6 +30,7 @@ struct kv_prefix {
     int32_t *parent;            /* owned; n_blocks: parent entry, -1 for a first block */
     int32_t *first_child, *next_sib, *prev_sib; /* owned; n_blocks: cached children lists */
     int32_t *n_children;        /* owned; n_blocks */
+    int32_t *n_partial_children;/* owned; n_blocks: of which partial entries */
     int32_t *bucket_next;       /* owned; n_blocks: hash bucket chains */
     int32_t *session;           /* owned; n_blocks: session slot, -1: none */
     uint64_t *tick;             /* owned; n_blocks: the clock tick of the last use */
@@ -41,6 +42,7 @@ struct kv_prefix {
     int32_t *buckets;           /* owned; bucket_mask + 1 chain heads */
     uint32_t bucket_mask;
     int32_t root_first;         /* first blocks (no parent), as a children list */
+    int32_t root_partial;       /* of which partial entries */
     uint64_t clock, next_gen, now_ns;
     double gds_clock;           /* GreedyDual-Size's L */
     struct prefix_session *sessions; /* owned; n_session_slots, ids owned */
@@ -246,6 +248,11 @@ static int32_t *children_head(struct kv_prefix *p, int32_t parent)
     return parent < 0 ? &p->root_first : &p->first_child[parent];
 }
 
+static int32_t *partial_children(struct kv_prefix *p, int32_t parent)
+{
+    return parent < 0 ? &p->root_partial : &p->n_partial_children[parent];
+}
+
 /* The cached block under parent with exactly these tokens, hash and
  * namespace, or -1. The hash only narrows the search: tokens, parent and
  * namespace are compared. */
@@ -274,7 +281,7 @@ static void insert(struct kv_prefix *p, int32_t b, int32_t parent, uint64_t h, u
     p->ns[b] = ns;
     p->gen[b] = ++p->next_gen;
     p->parent[b] = parent;
-    p->n_children[b] = 0;
+    p->n_children[b] = p->n_partial_children[b] = 0;
     p->first_child[b] = -1;
     p->reused[b] = 0;
     p->session[b] = session;
@@ -287,6 +294,7 @@ static void insert(struct kv_prefix *p, int32_t b, int32_t parent, uint64_t h, u
     } else {
         p->bucket_next[b] = -1;
         p->n_partial++;
+        (*partial_children(p, parent))++;
     }
     int32_t *kids = children_head(p, parent);
     p->prev_sib[b] = -1;
@@ -313,6 +321,7 @@ static void uncache(struct kv_prefix *p, int32_t b)
         *link = p->bucket_next[b];
     } else {
         p->n_partial--;
+        (*partial_children(p, p->parent[b]))--;
     }
     if (p->prev_sib[b] >= 0)
         p->next_sib[p->prev_sib[b]] = p->next_sib[b];
@@ -366,7 +375,7 @@ void kv_prefix_clear(struct kv_prefix *p)
         if (!p->cached[b])
             continue;
         p->cached[b] = 0;
-        p->n_children[b] = 0;
+        p->n_children[b] = p->n_partial_children[b] = 0;
         p->first_child[b] = p->next_sib[b] = p->prev_sib[b] = p->bucket_next[b] = -1;
         refresh(p, b);
         kv_pool_release(p->pool, (uint32_t)b);
@@ -374,6 +383,7 @@ void kv_prefix_clear(struct kv_prefix *p)
     for (uint32_t i = 0; i <= p->bucket_mask; i++)
         p->buckets[i] = -1;
     p->root_first = -1;
+    p->root_partial = 0;
     p->n_cached = 0;
     p->n_partial = 0;
 }
@@ -473,6 +483,8 @@ static bool same_tokens(const struct kv_prefix *p, int32_t b, const int32_t *tok
 static void drop_superseded(struct kv_prefix *p, int32_t parent, uint64_t ns,
                             const int32_t *tokens, int n, int32_t keep)
 {
+    if (*partial_children(p, parent) == 0) /* the common case: no scan */
+        return;
     for (int32_t c = *children_head(p, parent), next; c >= 0; c = next) {
         next = p->next_sib[c];
         if (c != keep && p->ns[c] == ns && p->len[c] < p->block_size && p->len[c] <= n &&
@@ -603,6 +615,7 @@ void kv_prefix_free(struct kv_prefix *p)
     free(p->next_sib);
     free(p->prev_sib);
     free(p->n_children);
+    free(p->n_partial_children);
     free(p->bucket_next);
     free(p->session);
     free(p->tick);
@@ -644,6 +657,7 @@ int kv_prefix_create(struct kv_pool *pool, size_t block_bytes, const struct kv_p
     p->next_sib = malloc(nb * sizeof *p->next_sib);
     p->prev_sib = malloc(nb * sizeof *p->prev_sib);
     p->n_children = calloc(nb, sizeof *p->n_children);
+    p->n_partial_children = calloc(nb, sizeof *p->n_partial_children);
     p->bucket_next = malloc(nb * sizeof *p->bucket_next);
     p->session = malloc(nb * sizeof *p->session);
     p->tick = calloc(nb, sizeof *p->tick);
@@ -655,6 +669,7 @@ int kv_prefix_create(struct kv_pool *pool, size_t block_bytes, const struct kv_p
     if (!p->cached || !p->unref || !p->hash || !p->ns || !p->gen || !p->tokens || !p->len ||
         !p->parent ||
         !p->first_child || !p->next_sib || !p->prev_sib || !p->n_children || !p->bucket_next ||
+        !p->n_partial_children ||
         !p->session || !p->tick || !p->reused || !p->priority || !p->heap_pos || !p->heap ||
         !p->buckets) {
         kv_prefix_free(p);
