@@ -131,8 +131,7 @@ static void *engine_main(void *arg)
     bool cache_on = kv_manager_prefix_enabled(sc->kv);
     for (;;) {
         pthread_mutex_lock(&e->mu);
-        while (!e->stopping && e->n_incoming == 0 && !e->calls && sc->n_waiting == 0 &&
-               sc->n_running == 0) {
+        while (!e->stopping && e->n_incoming == 0 && !e->calls && sched_idle(sc)) {
             atomic_store(&e->state, 0);
             if (!cache_on) {
                 pthread_cond_wait(&e->cv, &e->mu);
@@ -162,16 +161,21 @@ static void *engine_main(void *arg)
         pthread_mutex_unlock(&e->mu);
 
         atomic_store(&e->state, stopping ? 2 : 1);
-        if (calls)
-            answer_calls(e, calls);
         kv_manager_tick(sc->kv, now_ns());
         sched_drop_cancelled(sc, past_deadline);
-        if (stopping && sc->n_running == 0 && sc->n_waiting == 0)
+        if (stopping && sched_idle(sc)) {
+            if (calls)
+                answer_calls(e, calls);
             break;
+        }
         sched_admit(sc);
         struct err err = {0};
         if (sched_step(sc, &err) < 0)
             log_error("engine: forward step failed: %s", err.msg);
+        /* After the step, so that a request its caller saw finish has
+         * published all it will (its last token is computed in this step). */
+        if (calls)
+            answer_calls(e, calls);
         publish_stats(e);
     }
     publish_stats(e);

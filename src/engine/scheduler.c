@@ -1,6 +1,7 @@
 /* engine/scheduler.c — the scheduling policy: which waiting sequences are admitted, what each
- * step computes (a token for every decoding sequence, prefill chunks in the remaining budget),
- * and who gives KV blocks back when they run out (the latest admitted, to be recomputed). */
+ * step computes (a token for every decoding sequence, prefill chunks in the remaining budget,
+ * the last token of each finishing one), and who gives KV blocks back when they run out (the
+ * latest admitted, to be recomputed). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,6 +30,7 @@ int sched_init(struct sched *sc, const struct model *m, const struct sched_confi
         sc->cfg.kv_blocks = min_blocks;
     size_t vocab = (size_t)m->config.vocab_size;
     size_t n = (size_t)cfg->max_seqs;
+    size_t n_entries = 2 * n; /* running and finishing */
     int rc = kv_manager_create(m, m->backend, sc->cfg.kv_blocks, block_size, &sc->kv, err);
     if (rc == 0)
         rc = kv_manager_prefix_enable(sc->kv, &cfg->prefix, err);
@@ -37,13 +39,14 @@ int sched_init(struct sched *sc, const struct model *m, const struct sched_confi
     if (rc == 0) {
         sc->logits = malloc(n * vocab * sizeof(float));
         sc->running = calloc(n, sizeof *sc->running);
-        sc->batch_seqs = calloc(n, sizeof *sc->batch_seqs);
-        sc->batch_owner = calloc(n, sizeof *sc->batch_owner);
-        sc->batch_chunk = calloc(n, sizeof *sc->batch_chunk);
+        sc->finishing = calloc(n, sizeof *sc->finishing);
+        sc->batch_seqs = calloc(n_entries, sizeof *sc->batch_seqs);
+        sc->batch_owner = calloc(n_entries, sizeof *sc->batch_owner);
+        sc->batch_chunk = calloc(n_entries, sizeof *sc->batch_chunk);
         sc->specs = calloc(n, sizeof *sc->specs);
         sc->results = calloc(n, sizeof *sc->results);
-        if (!sc->logits || !sc->running || !sc->batch_seqs || !sc->batch_owner ||
-            !sc->batch_chunk || !sc->specs || !sc->results)
+        if (!sc->logits || !sc->running || !sc->finishing || !sc->batch_seqs ||
+            !sc->batch_owner || !sc->batch_chunk || !sc->specs || !sc->results)
             rc = err_set(err, INFERD_ENOMEM, "out of memory for the engine's buffers");
     }
     if (rc < 0)
@@ -55,6 +58,7 @@ void sched_free(struct sched *sc)
 {
     free(sc->waiting);
     free(sc->running);
+    free(sc->finishing);
     free(sc->batch_seqs);
     free(sc->batch_owner);
     free(sc->batch_chunk);
@@ -93,29 +97,25 @@ static void publish_blocks(struct sched *sc, struct seq *s)
         kv_manager_publish(sc->kv, &s->kv, s->tokens, s->n_computed);
 }
 
-/* Gives s's blocks back (the cache keeps what was published) so that it
- * re-enters, when admitted again, through the prefix cache. */
+/* Gives s's blocks back, what it computed left to the prefix cache (its
+ * partial last block too), so that it re-enters, when admitted again,
+ * through the cache. */
 static void release_blocks(struct sched *sc, struct seq *s)
 {
-    kv_manager_free(sc->kv, &s->kv);
+    if (s->out)
+        kv_manager_retire(sc->kv, &s->kv, s->tokens, s->n_computed);
+    else
+        kv_manager_free(sc->kv, &s->kv);
     s->n_computed = 0;
     s->looked_up = false;
 }
 
 void sched_publish(struct sched *sc, struct seq *s) { publish_blocks(sc, s); }
 
-void sched_retire(struct sched *sc, struct seq *s, enum gen_finish why, int error_code,
-                  const char *error)
+/* Counts s out and hands its finish to its reader. */
+static void tell_reader(struct sched *sc, struct seq *s, enum gen_finish why, int error_code,
+                        const char *error)
 {
-    /* A finished or cancelled sequence leaves what it computed to the next
-     * request with the same prefix; after an error the K/V are not trusted. */
-    if (why != GEN_FINISH_ERROR)
-        publish_blocks(sc, s);
-    if (!s->out) {
-        kv_manager_free(sc->kv, &s->kv);
-        s->n_computed = 0;
-        return;
-    }
     /* Counted before the reader is told, so stats read after a finish include it. */
     if (why == GEN_FINISH_CANCELLED)
         atomic_fetch_add(&sc->counters.requests_cancelled, 1);
@@ -124,7 +124,57 @@ void sched_retire(struct sched *sc, struct seq *s, enum gen_finish why, int erro
     atomic_fetch_add(&sc->counters.generated_tokens, (uint64_t)(s->n_tokens - s->n_prompt));
     seq_finish(s, why, error_code, error);
     seq_publish(s);
+}
+
+/* Frees a told s: a finished or cancelled sequence leaves what it computed
+ * to the next request with the same prefix (keep); after an error the K/V
+ * are not trusted. */
+static void let_go(struct sched *sc, struct seq *s, bool keep)
+{
+    if (keep)
+        release_blocks(sc, s);
     seq_free(s, sc->kv);
+}
+
+void sched_retire(struct sched *sc, struct seq *s, enum gen_finish why, int error_code,
+                  const char *error)
+{
+    if (!s->out) {
+        kv_manager_free(sc->kv, &s->kv);
+        s->n_computed = 0;
+        return;
+    }
+    tell_reader(sc, s, why, error_code, error);
+    let_go(sc, s, why != GEN_FINISH_ERROR);
+}
+
+void sched_finish(struct sched *sc, struct seq *s, enum gen_finish why)
+{
+    /* Only the last sampled token lacks K/V; the next turn of a conversation
+     * usually starts with all of it (the end-of-sequence token included). */
+    if (!s->out || !kv_manager_prefix_enabled(sc->kv) || s->n_computed != s->n_tokens - 1 ||
+        sc->n_finishing == sc->cfg.max_seqs) {
+        sched_retire(sc, s, why, 0, NULL);
+        return;
+    }
+    tell_reader(sc, s, why, 0, NULL);
+    s->finishing = true;
+    sc->finishing[sc->n_finishing++] = s;
+}
+
+void sched_retire_finishing(struct sched *sc, struct seq *s, bool ok) { let_go(sc, s, ok); }
+
+/* Lets every finishing sequence go with what it computed, last token or not. */
+static void drop_finishing(struct sched *sc)
+{
+    for (int i = 0; i < sc->n_finishing; i++)
+        let_go(sc, sc->finishing[i], true);
+    sc->n_finishing = 0;
+}
+
+bool sched_idle(const struct sched *sc)
+{
+    return sc->n_waiting == 0 && sc->n_running == 0 && sc->n_finishing == 0;
 }
 
 static void running_remove_at(struct sched *sc, int i)
@@ -156,7 +206,6 @@ static void preempt_youngest(struct sched *sc)
     struct seq *s = sc->running[sc->n_running - 1];
     sc->n_running--;
     atomic_fetch_add(&sc->counters.preemptions, 1);
-    publish_blocks(sc, s);
     release_blocks(sc, s);
     if (!sched_enqueue(sc, s, true))
         sched_retire(sc, s, GEN_FINISH_ERROR, INFERD_ENOMEM,
@@ -214,6 +263,16 @@ static bool kv_budget_admits(const struct sched *sc, const struct seq *s)
 
 void sched_admit(struct sched *sc)
 {
+    /* A finishing sequence publishes its last blocks at the end of this
+     * step; the head looked up now would miss them, and it is most often the
+     * next turn of that very conversation. It waits one step, never two in a
+     * row. */
+    if (sc->n_finishing > 0 && sc->n_waiting > 0 && !sc->waiting[0]->looked_up &&
+        !sc->admit_held) {
+        sc->admit_held = true;
+        return;
+    }
+    sc->admit_held = false;
     while (sc->n_waiting > 0 && sc->n_running < sc->cfg.max_seqs) {
         struct seq *s = sc->waiting[0];
         /* What the prefix cache already holds is attached first (and kept
@@ -252,7 +311,11 @@ void sched_admit(struct sched *sc)
 
 int sched_build_batch(struct sched *sc)
 {
-    int budget = sc->cfg.max_step_tokens;
+    /* One token of the step's budget is set aside for each finishing
+     * sequence, so they never wait a second step. */
+    int reserve = sc->n_finishing < sc->cfg.max_step_tokens ? sc->n_finishing
+                                                            : sc->cfg.max_step_tokens;
+    int budget = sc->cfg.max_step_tokens - reserve;
     int n = 0;
     struct err err = {0};
     /* Oldest first, so that when blocks run short the youngest (not yet in
@@ -263,6 +326,10 @@ int sched_build_batch(struct sched *sc)
         int chunk = todo < budget ? todo : budget;
         /* s->kv holds slots for exactly its n_computed positions here. */
         while (kv_manager_allocate_slots(sc->kv, &s->kv, chunk, &err) < 0) {
+            if (sc->n_finishing > 0) { /* their blocks go to the cache, evictable, first */
+                drop_finishing(sc);
+                continue;
+            }
             bool last = sc->n_running - 1 == i; /* nothing younger to push back: this one waits */
             preempt_youngest(sc);
             if (last) {
@@ -285,5 +352,29 @@ int sched_build_batch(struct sched *sc)
         n++;
         budget -= chunk;
     }
+    budget += reserve;
+    /* The finishing take their last token's slot from what the running left
+     * (evicting cached blocks at most, never preempting); without one they
+     * go with what they computed. */
+    for (int i = 0; i < sc->n_finishing; i++) {
+        struct seq *s = sc->finishing[i];
+        if (budget == 0 || kv_manager_allocate_slots(sc->kv, &s->kv, 1, &err) < 0) {
+            let_go(sc, s, true);
+            continue;
+        }
+        sc->batch_owner[n] = s;
+        sc->batch_chunk[n] = 1;
+        sc->batch_seqs[n] = (struct batch_seq){
+            .tokens = s->tokens + s->n_computed,
+            .n_tokens = 1,
+            .pos0 = s->n_computed,
+            .block_ids = s->kv.table.blocks,
+            .n_block_ids = s->kv.table.n_blocks,
+            .no_logits = true,
+        };
+        n++;
+        budget--;
+    }
+    sc->n_finishing = 0;
     return n;
 }

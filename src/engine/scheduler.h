@@ -39,13 +39,20 @@ struct sched {
     float *logits;                 /* owned; max_seqs rows of vocab_size */
     struct sample_spec *specs;     /* owned; max_seqs: the step's picks, for a sampling backend */
     struct sample_result *results; /* owned; max_seqs */
-    struct batch_seq *batch_seqs;  /* owned; max_seqs */
-    struct seq **batch_owner;      /* owned; max_seqs: which sequence each batch entry is */
-    int *batch_chunk;              /* owned; max_seqs */
+    /* A step holds the running sequences and the finishing ones: */
+    struct batch_seq *batch_seqs;  /* owned; 2 * max_seqs */
+    struct seq **batch_owner;      /* owned; 2 * max_seqs: which sequence each batch entry is */
+    int *batch_chunk;              /* owned; 2 * max_seqs */
     struct seq **waiting;          /* owned array; FIFO, preempted sequences go first */
     int n_waiting, cap_waiting;
     struct seq **running;          /* owned array; max_seqs, in admission order */
     int n_running;
+    /* Finished sequences whose readers were told, kept for the next step only,
+     * which computes their last token's K/V before they publish and go (with
+     * the prefix cache on). Not running: neither counted nor budgeted. */
+    struct seq **finishing;        /* owned array; max_seqs */
+    int n_finishing;
+    bool admit_held;               /* the last sched_admit held admission back for them */
     uint64_t admissions;
     struct sched_counters counters;
 };
@@ -65,6 +72,8 @@ bool sched_enqueue(struct sched *sc, struct seq *s, bool front);
 uint64_t sched_kv_bytes(const struct sched *sc, int n_positions, int n_shared);
 /* Moves waiting sequences into the running set while the rule allows. */
 void sched_admit(struct sched *sc);
+/* True when nothing waits, runs or finishes: the driver may sleep. */
+bool sched_idle(const struct sched *sc);
 /* Fills the batch for this step; returns how many sequences take part. May
  * preempt the youngest running sequences when KV blocks run out. */
 int sched_build_batch(struct sched *sc);
@@ -76,10 +85,19 @@ void sched_remove(struct sched *sc, struct seq *s);
  * with the same prefix share them. */
 void sched_publish(struct sched *sc, struct seq *s);
 /* Counts s out, stages its finish, publishes it (and its computed blocks to
- * the prefix cache, unless it failed) and frees it. A detached
- * sequence stays with its driver; only its KV slots go back. */
+ * the prefix cache, the partial last one included, unless it failed) and
+ * frees it. A detached sequence stays with its driver; only its KV slots go
+ * back. */
 void sched_retire(struct sched *sc, struct seq *s, enum gen_finish why, int error_code,
                   const char *error);
+/* s, taken out of the running set, ended normally this step (why: STOP or
+ * LENGTH). Its reader is told now; with the prefix cache on, s stays one more
+ * step among the finishing so that its last sampled token's K/V are computed
+ * and published with the rest, else it retires at once. */
+void sched_finish(struct sched *sc, struct seq *s, enum gen_finish why);
+/* After the step that computed a finishing s's last token: publishes it
+ * (unless the step failed: ok false) and frees it. */
+void sched_retire_finishing(struct sched *sc, struct seq *s, bool ok);
 
 /* ---- execution (step.c) ---- */
 

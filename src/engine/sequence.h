@@ -51,6 +51,8 @@ struct seq {
     uint64_t admit_order;       /* later admissions are preempted first */
     char *session_id;           /* owned; session affinity (kv.session points here), or NULL */
     bool looked_up;             /* the prefix cache was asked since the blocks were last freed */
+    bool finishing;             /* its reader was told it is done; one more step computes the
+                                   last token's K/V for the prefix cache (sched_finish) */
 };
 
 /* The engine's side of struct gen_output (engine/gen_output.c). */

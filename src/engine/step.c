@@ -1,6 +1,7 @@
 /* engine/step.c — one step of the serving loop: the scheduler's batch through the model (or
  * through the backend's sampler, where it samples: then only token ids cross to the host),
- * each sequence's row handed to it, finished ones retired, and each reader woken once. */
+ * each sequence's row handed to it, finished ones told and retired (or kept a step more to
+ * compute their last token), and each reader woken once. */
 #include "engine/scheduler.h"
 
 /* Fills a sample spec for every batch entry that gets a row; false when one
@@ -47,6 +48,12 @@ int sched_step(struct sched *sc, struct err *err)
     size_t row = 0;
     for (int b = 0; b < n; b++) {
         struct seq *s = sc->batch_owner[b];
+        if (s->finishing) { /* its last token's K/V: now the whole sequence is published */
+            if (rc >= 0)
+                s->n_computed += sc->batch_chunk[b];
+            sched_retire_finishing(sc, s, rc >= 0);
+            continue;
+        }
         enum gen_finish why = GEN_RUNNING;
         if (rc < 0) {
             why = GEN_FINISH_ERROR;
@@ -56,7 +63,10 @@ int sched_step(struct sched *sc, struct err *err)
             if (!sc->batch_seqs[b].no_logits)
                 why = take_row(sc, s, row++, on_backend);
         }
-        if (why != GEN_RUNNING) {
+        if (why == GEN_FINISH_STOP || why == GEN_FINISH_LENGTH) {
+            sched_remove(sc, s);
+            sched_finish(sc, s, why);
+        } else if (why != GEN_RUNNING) {
             sched_remove(sc, s);
             sched_retire(sc, s, why, rc < 0 ? err->code : 0, rc < 0 ? err->msg : NULL);
         } else {

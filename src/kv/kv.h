@@ -191,12 +191,25 @@ struct kv_pool *kv_manager_pool(struct kv_manager *mgr);
  * the prompt and by parent identity, so a collision can never hand out K/V
  * computed for other tokens. The cache holds one pool reference per cached
  * block, running sequences one each; a block only the cache holds is
- * "unreferenced". A partially filled block is never cached or shared.
+ * "unreferenced".
+ *
+ * The partially filled last block of a sequence that is let go of (finished,
+ * cancelled, preempted: kv_manager_retire) is cached too, as a partial entry:
+ * its valid length n < block_size is kept, it is a leaf (never a parent), it
+ * is never written again (its sequence is gone and nothing else holds it) and
+ * never attached by reference: lookups copy its matching slots, as for any
+ * block the prompt only partly matches. It costs a whole block against
+ * max_bytes. One entry per prefix relation: under one parent (and namespace),
+ * a partial entry whose tokens start another entry's (a full block, or a
+ * longer partial one) is dropped when that entry is cached, and a partial
+ * block whose tokens start an entry already cached is not cached at all.
  *
  *     prompt   [a b c d][e f g h][i j k]        block_size 4
  *     cache    X=[a b c d] ── Y=[e f g h] ── Z=[i j x y]
- *     lookup   attaches X, Y (shared), copies slots 0..1 of Z ([i j]) into a
- *              fresh block of the sequence's own; n_cached = 10; k is computed.
+ *                                        └── P=[i j k .] (partial, n = 3)
+ *     lookup   attaches X, Y (shared), copies the longest match among Y's
+ *              children, slots 0..1 of Z or P ([i j]; n - 1 = 10 caps it) into
+ *              a fresh block of the sequence's own; n_cached = 10; k is computed.
  *
  * Eviction (when allocation finds no free block, or when unreferenced cached
  * bytes pass max_bytes) takes unreferenced leaves only (never a block whose
@@ -216,6 +229,7 @@ struct kv_prefix_config {
 
 struct kv_prefix_stats {
     uint64_t blocks;              /* cached blocks (held by sequences or not) */
+    uint64_t partial_blocks;      /* of which partial entries */
     uint64_t bytes;               /* their K/V bytes */
     uint64_t unreferenced_blocks; /* cached blocks only the cache holds */
     uint64_t max_bytes;           /* the cap on unreferenced bytes */
@@ -239,6 +253,14 @@ bool kv_manager_prefix_enabled(const struct kv_manager *mgr);
  * are marked with seq->session when it is set. No-op with the cache off. */
 void kv_manager_publish(struct kv_manager *mgr, struct kv_seq *seq, const int32_t *tokens,
                         int n_computed);
+
+/* Lets go of a sequence that is done (finished, cancelled, or preempted to be
+ * recomputed): publishes its full blocks among tokens[0, n_computed) as
+ * kv_manager_publish does, then its partially filled last block as a partial
+ * entry (when seq alone holds that block), then frees seq as
+ * kv_manager_free. With the cache off it only frees. */
+void kv_manager_retire(struct kv_manager *mgr, struct kv_seq *seq, const int32_t *tokens,
+                       int n_computed);
 
 /* Ends session affinity for session_id: its blocks become plain LRU blocks.
  * Returns how many blocks it marked (>= 0), or -1 when no such session is open. */
@@ -271,6 +293,11 @@ int kv_prefix_lookup(struct kv_prefix *p, uint64_t cache_ns, const int32_t *toke
 void kv_prefix_note_lookup(struct kv_prefix *p, const char *session, int n_reused);
 void kv_prefix_publish(struct kv_prefix *p, struct kv_seq *seq, const int32_t *tokens,
                        int n_computed);
+/* Caches seq's block holding positions [n_computed / bs * bs, n_computed) as a
+ * partial entry under seq's (re-walked if evicted) chain; nothing when that
+ * block is full, shared, or its prefix is already covered. */
+void kv_prefix_publish_partial(struct kv_prefix *p, struct kv_seq *seq, const int32_t *tokens,
+                               int n_computed);
 /* After block's pool reference count changed: keeps the eviction order. */
 void kv_prefix_after_refcount(struct kv_prefix *p, uint32_t block);
 /* Evicts the first victim; false when no cached block is evictable. */

@@ -153,6 +153,16 @@ void kv_manager_publish(struct kv_manager *mgr, struct kv_seq *seq, const int32_
         kv_prefix_publish(mgr->prefix, seq, tokens, n_computed);
 }
 
+void kv_manager_retire(struct kv_manager *mgr, struct kv_seq *seq, const int32_t *tokens,
+                       int n_computed)
+{
+    if (mgr->prefix) {
+        kv_prefix_publish(mgr->prefix, seq, tokens, n_computed);
+        kv_prefix_publish_partial(mgr->prefix, seq, tokens, n_computed);
+    }
+    kv_manager_free(mgr, seq);
+}
+
 int kv_manager_allocate_slots(struct kv_manager *mgr, struct kv_seq *seq, int n_new_tokens,
                               struct err *err)
 {

@@ -1,5 +1,6 @@
 /* kv/prefix.c — the prefix cache: full KV blocks addressed by a verified hash chain, shared by
- * reference count, evicted leaves first (LRU or GreedyDual-Size), with session affinity. */
+ * reference count, and the partial last blocks of retired sequences as leaves reused by copy;
+ * evicted leaves first (LRU or GreedyDual-Size), with session affinity. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,9 +26,11 @@ struct kv_prefix {
     uint8_t *unref;             /* owned; n_blocks: cached and held by nobody else */
     uint64_t *hash, *ns, *gen;  /* owned; n_blocks */
     int32_t *tokens;            /* owned; n_blocks * block_size: each block's token ids */
+    int32_t *len;               /* owned; n_blocks: valid tokens, block_size unless partial */
     int32_t *parent;            /* owned; n_blocks: parent entry, -1 for a first block */
     int32_t *first_child, *next_sib, *prev_sib; /* owned; n_blocks: cached children lists */
     int32_t *n_children;        /* owned; n_blocks */
+    int32_t *n_partial_children;/* owned; n_blocks: of which partial entries */
     int32_t *bucket_next;       /* owned; n_blocks: hash bucket chains */
     int32_t *session;           /* owned; n_blocks: session slot, -1: none */
     uint64_t *tick;             /* owned; n_blocks: the clock tick of the last use */
@@ -39,11 +42,12 @@ struct kv_prefix {
     int32_t *buckets;           /* owned; bucket_mask + 1 chain heads */
     uint32_t bucket_mask;
     int32_t root_first;         /* first blocks (no parent), as a children list */
+    int32_t root_partial;       /* of which partial entries */
     uint64_t clock, next_gen, now_ns;
     double gds_clock;           /* GreedyDual-Size's L */
     struct prefix_session *sessions; /* owned; n_session_slots, ids owned */
     int n_session_slots;
-    uint64_t n_cached, n_unref;
+    uint64_t n_cached, n_unref, n_partial;
     struct kv_prefix_stats stats;
 };
 
@@ -244,6 +248,11 @@ static int32_t *children_head(struct kv_prefix *p, int32_t parent)
     return parent < 0 ? &p->root_first : &p->first_child[parent];
 }
 
+static int32_t *partial_children(struct kv_prefix *p, int32_t parent)
+{
+    return parent < 0 ? &p->root_partial : &p->n_partial_children[parent];
+}
+
 /* The cached block under parent with exactly these tokens, hash and
  * namespace, or -1. The hash only narrows the search: tokens, parent and
  * namespace are compared. */
@@ -258,25 +267,35 @@ static int32_t find(const struct kv_prefix *p, uint64_t h, int32_t parent, uint6
     return -1;
 }
 
-/* Caches block b (held by its sequence) under parent; the cache takes a reference. */
+/* Caches block b (held by its sequence) under parent with its first n tokens
+ * valid; the cache takes a reference. Only full blocks go in the hash buckets:
+ * a partial entry is found through its parent's children, by lookup's
+ * token-exact match, and never becomes anyone's parent. */
 static void insert(struct kv_prefix *p, int32_t b, int32_t parent, uint64_t h, uint64_t ns,
-                   const int32_t *tokens, int session)
+                   const int32_t *tokens, int n, int session)
 {
-    memcpy(p->tokens + (size_t)b * p->block_size, tokens, (size_t)p->block_size * sizeof *tokens);
+    memcpy(p->tokens + (size_t)b * p->block_size, tokens, (size_t)n * sizeof *tokens);
+    p->len[b] = n;
     p->cached[b] = 1;
     p->hash[b] = h;
     p->ns[b] = ns;
     p->gen[b] = ++p->next_gen;
     p->parent[b] = parent;
-    p->n_children[b] = 0;
+    p->n_children[b] = p->n_partial_children[b] = 0;
     p->first_child[b] = -1;
     p->reused[b] = 0;
     p->session[b] = session;
     if (session >= 0)
         p->sessions[session].n_blocks++;
-    int32_t *head = &p->buckets[h & p->bucket_mask];
-    p->bucket_next[b] = *head;
-    *head = b;
+    if (n == p->block_size) {
+        int32_t *head = &p->buckets[h & p->bucket_mask];
+        p->bucket_next[b] = *head;
+        *head = b;
+    } else {
+        p->bucket_next[b] = -1;
+        p->n_partial++;
+        (*partial_children(p, parent))++;
+    }
     int32_t *kids = children_head(p, parent);
     p->prev_sib[b] = -1;
     p->next_sib[b] = *kids;
@@ -295,10 +314,15 @@ static void insert(struct kv_prefix *p, int32_t b, int32_t parent, uint64_t h, u
 /* Takes b out of the cache's structures and drops the cache's reference. */
 static void uncache(struct kv_prefix *p, int32_t b)
 {
-    int32_t *link = &p->buckets[p->hash[b] & p->bucket_mask];
-    while (*link != b)
-        link = &p->bucket_next[*link];
-    *link = p->bucket_next[b];
+    if (p->len[b] == p->block_size) {
+        int32_t *link = &p->buckets[p->hash[b] & p->bucket_mask];
+        while (*link != b)
+            link = &p->bucket_next[*link];
+        *link = p->bucket_next[b];
+    } else {
+        p->n_partial--;
+        (*partial_children(p, p->parent[b]))--;
+    }
     if (p->prev_sib[b] >= 0)
         p->next_sib[p->prev_sib[b]] = p->next_sib[b];
     else
@@ -351,7 +375,7 @@ void kv_prefix_clear(struct kv_prefix *p)
         if (!p->cached[b])
             continue;
         p->cached[b] = 0;
-        p->n_children[b] = 0;
+        p->n_children[b] = p->n_partial_children[b] = 0;
         p->first_child[b] = p->next_sib[b] = p->prev_sib[b] = p->bucket_next[b] = -1;
         refresh(p, b);
         kv_pool_release(p->pool, (uint32_t)b);
@@ -359,7 +383,9 @@ void kv_prefix_clear(struct kv_prefix *p)
     for (uint32_t i = 0; i <= p->bucket_mask; i++)
         p->buckets[i] = -1;
     p->root_first = -1;
+    p->root_partial = 0;
     p->n_cached = 0;
+    p->n_partial = 0;
 }
 
 void kv_prefix_after_refcount(struct kv_prefix *p, uint32_t block)
@@ -400,8 +426,8 @@ int kv_prefix_lookup(struct kv_prefix *p, uint64_t cache_ns, const int32_t *toke
         if (p->ns[c] != ns)
             continue;
         const int32_t *t = p->tokens + (size_t)c * bs;
-        int m = 0;
-        while (m < rem && t[m] == next[m])
+        int m = 0, valid = rem < p->len[c] ? rem : p->len[c];
+        while (m < valid && t[m] == next[m])
             m++;
         if (m > best_n) {
             best = c;
@@ -436,6 +462,49 @@ void kv_prefix_note_lookup(struct kv_prefix *p, const char *session, int n_reuse
         p->stats.session_misses++;
 }
 
+/* Marks cached block b with session (>= 0) unless it has one already. */
+static void mark_session(struct kv_prefix *p, int32_t b, int session)
+{
+    if (session >= 0 && p->session[b] < 0) {
+        p->session[b] = session;
+        p->sessions[session].n_blocks++;
+    }
+}
+
+static bool same_tokens(const struct kv_prefix *p, int32_t b, const int32_t *tokens, int n)
+{
+    return !memcmp(p->tokens + (size_t)b * p->block_size, tokens, (size_t)n * sizeof *tokens);
+}
+
+/* One entry per prefix relation: under one parent and namespace, a partial
+ * entry whose tokens start the tokens of another entry (full, or a longer
+ * partial) serves nothing the other does not, so it goes. keep is the entry
+ * just cached with tokens[0, n). */
+static void drop_superseded(struct kv_prefix *p, int32_t parent, uint64_t ns,
+                            const int32_t *tokens, int n, int32_t keep)
+{
+    if (*partial_children(p, parent) == 0) /* the common case: no scan */
+        return;
+    for (int32_t c = *children_head(p, parent), next; c >= 0; c = next) {
+        next = p->next_sib[c];
+        if (c != keep && p->ns[c] == ns && p->len[c] < p->block_size && p->len[c] <= n &&
+            same_tokens(p, c, tokens, p->len[c]))
+            uncache(p, c);
+    }
+}
+
+/* The cached child of parent (full or partial) whose tokens start with
+ * tokens[0, n), or -1. */
+static int32_t find_covering(const struct kv_prefix *p, int32_t parent, uint64_t ns,
+                             const int32_t *tokens, int n)
+{
+    int32_t c = parent < 0 ? p->root_first : p->first_child[parent];
+    for (; c >= 0; c = p->next_sib[c])
+        if (p->ns[c] == ns && p->len[c] >= n && same_tokens(p, c, tokens, n))
+            return c;
+    return -1;
+}
+
 void kv_prefix_publish(struct kv_prefix *p, struct kv_seq *seq, const int32_t *tokens,
                        int n_computed)
 {
@@ -466,12 +535,10 @@ void kv_prefix_publish(struct kv_prefix *p, struct kv_seq *seq, const int32_t *t
             b = (int32_t)seq->table.blocks[i];
             if (p->cached[b]) /* cached under another chain: never expected; stop here */
                 break;
-            insert(p, b, parent, hn, ns, t, session);
+            insert(p, b, parent, hn, ns, t, bs, session);
+            drop_superseded(p, parent, ns, t, bs, b);
         } else {
-            if (session >= 0 && p->session[b] < 0) {
-                p->session[b] = session;
-                p->sessions[session].n_blocks++;
-            }
+            mark_session(p, b, session);
             touch(p, b, 0);
         }
         parent = b;
@@ -480,6 +547,48 @@ void kv_prefix_publish(struct kv_prefix *p, struct kv_seq *seq, const int32_t *t
         seq->chain_block = b;
         seq->chain_gen = p->gen[b];
         seq->chain_hash = h;
+    }
+    if (session >= 0)
+        p->sessions[session].last_ns = p->now_ns;
+}
+
+/* True when seq's chain still ends at a cached entry (not evicted since). */
+static bool chain_intact(const struct kv_prefix *p, const struct kv_seq *seq)
+{
+    return seq->chain_block >= 0 && p->cached[seq->chain_block] &&
+           p->gen[seq->chain_block] == seq->chain_gen;
+}
+
+void kv_prefix_publish_partial(struct kv_prefix *p, struct kv_seq *seq, const int32_t *tokens,
+                               int n_computed)
+{
+    int bs = p->block_size;
+    int n_full = n_computed / bs, n = n_computed % bs;
+    if (n == 0 || n_full >= seq->table.n_blocks)
+        return;
+    if (n_full > 0 && !chain_intact(p, seq)) {
+        seq->n_published = 0; /* walk the chain again, so the partial entry has its parent */
+        kv_prefix_publish(p, seq, tokens, n_full * bs);
+    }
+    if (seq->n_published != n_full || (n_full > 0 && !chain_intact(p, seq)))
+        return;
+    int32_t b = (int32_t)seq->table.blocks[n_full];
+    /* Cached only while nobody else could write the slots past n: the
+     * caller lets go of seq next, and lookups copy partial entries. */
+    if (p->cached[b] || p->pool->refcount[b] != 1)
+        return;
+    uint64_t ns = kv_prefix_namespace(p->cfg.model_digest, &p->pool->format, bs, seq->ns);
+    int32_t parent = n_full > 0 ? (int32_t)seq->chain_block : -1;
+    uint64_t h = n_full > 0 ? seq->chain_hash : ns;
+    const int32_t *t = tokens + (size_t)n_full * bs;
+    int session = seq->session ? session_open(p, seq->session) : -1;
+    int32_t c = find_covering(p, parent, ns, t, n);
+    if (c >= 0) {
+        mark_session(p, c, session);
+        touch(p, c, 0);
+    } else {
+        insert(p, b, parent, kv_prefix_hash(h, t, n, ns), ns, t, n, session);
+        drop_superseded(p, parent, ns, t, n, b);
     }
     if (session >= 0)
         p->sessions[session].last_ns = p->now_ns;
@@ -500,11 +609,13 @@ void kv_prefix_free(struct kv_prefix *p)
     free(p->ns);
     free(p->gen);
     free(p->tokens);
+    free(p->len);
     free(p->parent);
     free(p->first_child);
     free(p->next_sib);
     free(p->prev_sib);
     free(p->n_children);
+    free(p->n_partial_children);
     free(p->bucket_next);
     free(p->session);
     free(p->tick);
@@ -540,11 +651,13 @@ int kv_prefix_create(struct kv_pool *pool, size_t block_bytes, const struct kv_p
     p->ns = calloc(nb, sizeof *p->ns);
     p->gen = calloc(nb, sizeof *p->gen);
     p->tokens = calloc(nb * (size_t)bs, sizeof *p->tokens);
+    p->len = calloc(nb, sizeof *p->len);
     p->parent = malloc(nb * sizeof *p->parent);
     p->first_child = malloc(nb * sizeof *p->first_child);
     p->next_sib = malloc(nb * sizeof *p->next_sib);
     p->prev_sib = malloc(nb * sizeof *p->prev_sib);
     p->n_children = calloc(nb, sizeof *p->n_children);
+    p->n_partial_children = calloc(nb, sizeof *p->n_partial_children);
     p->bucket_next = malloc(nb * sizeof *p->bucket_next);
     p->session = malloc(nb * sizeof *p->session);
     p->tick = calloc(nb, sizeof *p->tick);
@@ -553,8 +666,10 @@ int kv_prefix_create(struct kv_pool *pool, size_t block_bytes, const struct kv_p
     p->heap_pos = malloc(nb * sizeof *p->heap_pos);
     p->heap = malloc(nb * sizeof *p->heap);
     p->buckets = malloc((size_t)n_buckets * sizeof *p->buckets);
-    if (!p->cached || !p->unref || !p->hash || !p->ns || !p->gen || !p->tokens || !p->parent ||
+    if (!p->cached || !p->unref || !p->hash || !p->ns || !p->gen || !p->tokens || !p->len ||
+        !p->parent ||
         !p->first_child || !p->next_sib || !p->prev_sib || !p->n_children || !p->bucket_next ||
+        !p->n_partial_children ||
         !p->session || !p->tick || !p->reused || !p->priority || !p->heap_pos || !p->heap ||
         !p->buckets) {
         kv_prefix_free(p);
@@ -577,4 +692,5 @@ void kv_prefix_get_stats(const struct kv_prefix *p, struct kv_prefix_stats *out)
     out->blocks = p->n_cached;
     out->bytes = p->n_cached * p->block_bytes;
     out->unreferenced_blocks = p->n_unref;
+    out->partial_blocks = p->n_partial;
 }

@@ -468,9 +468,9 @@ struct hit_case {
     int want_cached;
 };
 
-/* 16-token blocks; the first request leaves the full blocks among the
- * positions it computed: its prompt and 7 of its 8 generated tokens (the last
- * one's K/V is never computed). */
+/* 16-token blocks; the first request leaves all it computed: its prompt and
+ * its 8 generated tokens (the last one's K/V computed after it finished), the
+ * last, partly filled block as a partial entry. */
 static const struct hit_case hit_cases[] = {
     {"one block", 24, 16, 30, 16},
     {"many blocks", 48, 48, 56, 48},
@@ -480,29 +480,39 @@ static const struct hit_case hit_cases[] = {
 
 static void check_hits(const char *preset, bool sampled)
 {
+    enum { N_CASES = sizeof hit_cases / sizeof hit_cases[0] };
     load_preset(preset);
+    int32_t base[N_CASES][64], second[N_CASES][64], want[N_CASES][CACHE_GEN];
+    for (int c = 0; c < N_CASES; c++) {
+        make_prompt(base[c], 64, 100 + (uint32_t)c);
+        make_prompt(second[c], 64, 900 + (uint32_t)c);
+        memcpy(second[c], base[c], (size_t)hit_cases[c].shared * sizeof *base[c]);
+    }
+    /* The cold runs first, and that engine gone before the warm one starts:
+     * the two share one backend, and an engine may still be computing a
+     * finished request's last token after its reader saw the finish. */
     struct engine *cold = start_cached(0, 4, 0);
+    for (int c = 0; c < N_CASES; c++) {
+        struct gen_params p = cache_params(second[c], hit_cases[c].len, sampled);
+        cr_assert_eq(run_ids(cold, &p, want[c]), 0, "the cold engine reuses nothing");
+    }
+    engine_free(cold);
     struct engine *warm = start_cached(16u << 20, 4, 0);
-    for (size_t c = 0; c < sizeof hit_cases / sizeof hit_cases[0]; c++) {
+    for (int c = 0; c < N_CASES; c++) {
         const struct hit_case *hc = &hit_cases[c];
-        int32_t base[64], second[64], want[CACHE_GEN], got[CACHE_GEN], first_ids[CACHE_GEN];
-        make_prompt(base, 64, 100 + (uint32_t)c);
-        make_prompt(second, 64, 900 + (uint32_t)c);
-        memcpy(second, base, (size_t)hc->shared * sizeof *base);
-        struct gen_params first = cache_params(base, hc->first_len, sampled);
-        struct gen_params p = cache_params(second, hc->len, sampled);
-        cr_assert_eq(run_ids(cold, &p, want), 0, "the cold engine reuses nothing");
+        int32_t got[CACHE_GEN], first_ids[CACHE_GEN];
+        struct gen_params first = cache_params(base[c], hc->first_len, sampled);
+        struct gen_params p = cache_params(second[c], hc->len, sampled);
         run_ids(warm, &first, first_ids);
         int cached = run_ids(warm, &p, got);
         cr_assert_eq(cached, hc->want_cached, "%s, %s: %d tokens reused, %d expected", preset,
                      hc->name, cached, hc->want_cached);
-        cr_assert_arr_eq(got, want, sizeof want, "%s, %s (%s): a hit changed the tokens", preset,
-                         hc->name, sampled ? "sampled" : "greedy");
+        cr_assert_arr_eq(got, want[c], sizeof want[c], "%s, %s (%s): a hit changed the tokens",
+                         preset, hc->name, sampled ? "sampled" : "greedy");
     }
     struct engine_stats st;
     engine_get_stats(warm, &st);
     cr_assert_geq(st.prompt_cache.hits, 4);
-    engine_free(cold);
     engine_free(warm);
 }
 
@@ -589,7 +599,7 @@ Test(engine_cache, session_close_releases_its_blocks_once)
     struct err err = {0};
     int released = -2;
     cr_assert_eq(engine_close_session(e, "chat-1", &released, &err), 0, "%s", err.msg);
-    cr_assert_eq(released, 2, "40 + 8 tokens: 2 full blocks computed (the last token's K/V is not)");
+    cr_assert_eq(released, 3, "40 + 8 tokens: 3 full blocks, the last token's K/V computed too");
     cr_assert_eq(engine_close_session(e, "chat-1", &released, &err), 0, "%s", err.msg);
     cr_assert_eq(released, -1);
     engine_get_stats(e, &st);
@@ -597,4 +607,135 @@ Test(engine_cache, session_close_releases_its_blocks_once)
     engine_shutdown(e, 0);
     cr_assert_eq(engine_close_session(e, "chat-1", &released, &err), -INFERD_EBUSY);
     engine_free(e);
+}
+
+/* ---- the next turn reuses the whole previous sequence ------------------------
+ * A finished request's last sampled token has its K/V computed in one more
+ * step after its reader is told, and its partly filled last block is cached
+ * as a partial entry: a request whose prompt is the first's prompt, all its
+ * generated tokens and more reuses all of them. */
+
+/* Runs p to its end on e: its generated ids into ids (*n of them, at most
+ * cap), its reused prompt tokens into *cached; returns how it finished. */
+static enum gen_finish run_turn(struct engine *e, const struct gen_params *p, int32_t *ids,
+                                int cap, int *n, int *cached)
+{
+    struct gen_output *o = run_to_end(e, p);
+    enum gen_finish finish = o->finish;
+    *n = ids_of(o, ids, cap);
+    cr_assert_eq(*n, o->n_generated);
+    *cached = o->n_cached;
+    gen_output_release(o);
+    return finish;
+}
+
+struct turn_case {
+    const char *name;
+    int n_prompt;  /* of the first turn, which generates up to CACHE_GEN tokens */
+    bool eos;      /* its 4th greedy token declared end-of-sequence */
+};
+
+static const struct turn_case turn_cases[] = {
+    {"ending inside a block", 21, false},    /* 21 + 8 = 29: a partial entry of 13 */
+    {"ending on a block boundary", 24, false}, /* 24 + 8 = 32: two full blocks */
+    {"ending at an end-of-sequence token", 30, true},
+};
+
+static void check_next_turn(const char *preset)
+{
+    enum { N = sizeof turn_cases / sizeof turn_cases[0], EXTRA = 5 };
+    load_preset(preset);
+    int32_t prompt[N][32], first_ids[N][CACHE_GEN], next[N][64], want[N][CACHE_GEN], eos[N];
+    int n_first[N], n_next[N];
+    struct gen_params first[N];
+    /* Cold: the first turn's tokens, then the next turn's answer without the cache. */
+    struct engine *cold = start_cached(0, 4, 0);
+    for (int c = 0; c < N; c++) {
+        const struct turn_case *tc = &turn_cases[c];
+        int cached;
+        make_prompt(prompt[c], tc->n_prompt, 40 + (uint32_t)c);
+        first[c] = cache_params(prompt[c], tc->n_prompt, false);
+        enum gen_finish want_finish = GEN_FINISH_LENGTH;
+        if (tc->eos) {
+            run_turn(cold, &first[c], first_ids[c], CACHE_GEN, &n_first[c], &cached);
+            eos[c] = first_ids[c][3];
+            first[c].eos_ids = &eos[c];
+            first[c].n_eos = 1;
+            want_finish = GEN_FINISH_STOP;
+        }
+        cr_assert_eq(run_turn(cold, &first[c], first_ids[c], CACHE_GEN, &n_first[c], &cached),
+                     want_finish, "%s: %s", preset, tc->name);
+        n_next[c] = tc->n_prompt + n_first[c] + EXTRA;
+        memcpy(next[c], prompt[c], (size_t)tc->n_prompt * sizeof *next[c]);
+        memcpy(next[c] + tc->n_prompt, first_ids[c], (size_t)n_first[c] * sizeof *next[c]);
+        make_prompt(next[c] + tc->n_prompt + n_first[c], EXTRA, 70 + (uint32_t)c);
+        struct gen_params p = cache_params(next[c], n_next[c], false);
+        run_ids(cold, &p, want[c]);
+    }
+    engine_free(cold); /* the engines share one backend: one at a time */
+    struct engine *warm = start_cached(16u << 20, 4, 0);
+    for (int c = 0; c < N; c++) {
+        const struct turn_case *tc = &turn_cases[c];
+        int32_t ids[CACHE_GEN], got[CACHE_GEN];
+        int n, cached;
+        run_turn(warm, &first[c], ids, CACHE_GEN, &n, &cached);
+        cr_assert_eq(n, n_first[c]);
+        cr_assert_arr_eq(ids, first_ids[c], (size_t)n * sizeof *ids);
+        struct gen_params p = cache_params(next[c], n_next[c], false);
+        cached = run_ids(warm, &p, got);
+        cr_assert_eq(cached, tc->n_prompt + n_first[c],
+                     "%s, %s: %d tokens reused of %d prompt + %d generated", preset, tc->name,
+                     cached, tc->n_prompt, n_first[c]);
+        cr_assert_arr_eq(got, want[c], sizeof want[c], "%s, %s: the next turn's tokens changed",
+                         preset, tc->name);
+    }
+    struct engine_stats st;
+    engine_get_stats(warm, &st);
+    cr_assert_eq(st.requests_finished, 2 * N);
+    engine_free(warm);
+}
+
+Test(engine_cache, the_next_turn_reuses_the_whole_previous_sequence_every_architecture)
+{
+    for (size_t i = 0; i < sizeof tiny_presets / sizeof tiny_presets[0]; i++)
+        check_next_turn(tiny_presets[i]);
+}
+
+Test(engine_cache, a_cancelled_request_leaves_what_it_computed_its_partial_block_too)
+{
+    load_preset("tiny-qwen3");
+    int32_t prompt[20], next[256];
+    make_prompt(prompt, 20, 11);
+    struct engine *e = start_cached(16u << 20, 2, 0);
+    struct gen_params p = cache_params(prompt, 20, false);
+    p.max_tokens = 200;
+    struct gen_output *o;
+    struct err err = {0};
+    cr_assert_eq(engine_submit(e, &p, &o, &err), 0, "%s", err.msg);
+    pthread_mutex_lock(&o->mu);
+    while (o->n_generated < 5 && o->finish == GEN_RUNNING)
+        gen_output_wait(o, o->text.len, o->n_tokens, 100);
+    pthread_mutex_unlock(&o->mu);
+    atomic_store(&o->cancel, true);
+    wait_done(o);
+    cr_assert_eq(o->finish, GEN_FINISH_CANCELLED);
+    int n_gen = ids_of(o, next + 20, 200);
+    gen_output_release(o);
+    memcpy(next, prompt, sizeof prompt);
+    make_prompt(next + 20 + n_gen, 4, 12);
+    int n_next = 20 + n_gen + 4;
+    /* Cancelled, it skips the extra step: all but its last sampled token,
+     * the positions past the last full block (when any) from its partial one. */
+    int computed = 20 + n_gen - 1;
+    int32_t got[CACHE_GEN], want[CACHE_GEN];
+    struct gen_params q = cache_params(next, n_next, false);
+    cr_assert_eq(run_ids(e, &q, got), computed);
+    struct engine_stats st;
+    engine_get_stats(e, &st);
+    cr_assert_eq(st.prompt_cache.hit_tokens, (uint64_t)computed);
+    engine_free(e);
+    struct engine *cold = start_cached(0, 2, 0);
+    run_ids(cold, &q, want);
+    cr_assert_arr_eq(got, want, sizeof want, "a hit through a partial block changed the tokens");
+    engine_free(cold);
 }

@@ -1,6 +1,7 @@
 /* tests/unit/test_prefix.c — the prefix cache (kv/prefix.c through the KV manager): verified hash
- * chains, longest and token-exact partial matches, copy on write, eviction order (leaves first,
- * LRU, cost-size, sessions), the cap on unreferenced bytes, namespaces, and no leaked block. */
+ * chains, longest and token-exact partial matches, copy on write, partial entries (a retired
+ * sequence's last block), eviction order (leaves first, LRU, cost-size, sessions), the cap on
+ * unreferenced bytes, namespaces, and no leaked block. */
 #include <criterion/criterion.h>
 #include <string.h>
 
@@ -60,6 +61,20 @@ static float *slot_k(struct kv_manager *mgr, uint32_t block, int layer, int slot
     return base + (((size_t)layer * kv->n_blocks + block) * kv->block_size + slot) * kv_dim;
 }
 
+/* Writes the K/V of tokens[from, to) into s's slots, as computing them would. */
+static void compute(struct kv_manager *mgr, const struct kv_seq *s, const int32_t *tokens,
+                    int from, int to)
+{
+    int kv_dim = model.config.n_kv_heads * model.config.head_dim;
+    for (int pos = from; pos < to; pos++)
+        for (int layer = 0; layer < model.config.n_layers; layer++)
+            for (int e = 0; e < kv_dim; e++) {
+                uint32_t b = s->table.blocks[pos / BS];
+                slot_k(mgr, b, layer, pos % BS, false)[e] = kv_value(tokens[pos], pos, layer, e, false);
+                slot_k(mgr, b, layer, pos % BS, true)[e] = kv_value(tokens[pos], pos, layer, e, true);
+            }
+}
+
 /* Admits tokens[0, n) as a sequence would: lookup, slots for the rest, the
  * rest "computed" (written), then its full blocks published. Returns n_cached. */
 static int run_seq(struct kv_manager *mgr, struct kv_seq *s, const int32_t *tokens, int n,
@@ -72,15 +87,18 @@ static int run_seq(struct kv_manager *mgr, struct kv_seq *s, const int32_t *toke
     int cached = kv_manager_computed_blocks(mgr, s, tokens, n);
     cr_assert_eq(s->n_tokens, cached);
     cr_assert_eq(kv_manager_allocate_slots(mgr, s, n - cached, &err), 0, "%s", err.msg);
-    int kv_dim = model.config.n_kv_heads * model.config.head_dim;
-    for (int pos = cached; pos < n; pos++)
-        for (int layer = 0; layer < model.config.n_layers; layer++)
-            for (int e = 0; e < kv_dim; e++) {
-                uint32_t b = s->table.blocks[pos / BS];
-                slot_k(mgr, b, layer, pos % BS, false)[e] = kv_value(tokens[pos], pos, layer, e, false);
-                slot_k(mgr, b, layer, pos % BS, true)[e] = kv_value(tokens[pos], pos, layer, e, true);
-            }
+    compute(mgr, s, tokens, cached, n);
     kv_manager_publish(mgr, s, tokens, n);
+    return cached;
+}
+
+/* run_seq, then the sequence is done: retired with its partial last block. */
+static int run_retired(struct kv_manager *mgr, const int32_t *tokens, int n, const char *session)
+{
+    struct kv_seq s;
+    int cached = run_seq(mgr, &s, tokens, n, 0, session);
+    kv_manager_retire(mgr, &s, tokens, n);
+    cr_assert_eq(s.table.n_blocks, 0, "retiring frees the sequence");
     return cached;
 }
 
@@ -97,6 +115,17 @@ static void assert_kv_of(struct kv_manager *mgr, const struct kv_seq *s, const i
                 cr_assert_eq(slot_k(mgr, b, layer, pos % BS, true)[e],
                              kv_value(tokens[pos], pos, layer, e, true), "V at %d", pos);
             }
+}
+
+/* How many leading tokens of tokens[0, n) a new sequence reuses; nothing kept. */
+static int probe(struct kv_manager *mgr, const int32_t *tokens, int n)
+{
+    struct kv_seq s;
+    kv_seq_init(&s);
+    int cached = kv_manager_computed_blocks(mgr, &s, tokens, n);
+    assert_kv_of(mgr, &s, tokens);
+    kv_manager_free(mgr, &s);
+    return cached;
 }
 
 /* Clears the cache and checks that every block went back: no reference leaked. */
@@ -451,4 +480,153 @@ Test(prefix_cache, truncating_into_a_shared_block_writes_a_copy)
     assert_kv_of(mgr, &a, A);
     kv_manager_free(mgr, &a);
     finish(mgr);
+}
+
+/* ---- partial entries: the last, partly filled block of a retired sequence ---- */
+
+static struct kv_prefix_stats stats_of(struct kv_manager *mgr)
+{
+    struct kv_prefix_stats st;
+    kv_manager_prefix_stats(mgr, &st);
+    return st;
+}
+
+Test(prefix_cache, a_retired_sequences_partial_block_is_cached_and_reused_by_copy)
+{
+    struct kv_manager *mgr = cache(16, 1 << 20, KV_RETAIN_LRU);
+    struct kv_pool *pool = kv_manager_pool(mgr);
+    run_retired(mgr, A, 10, "s1"); /* [10 11 12 13][20 21 22 23][30 31 . .] */
+    struct kv_prefix_stats st = stats_of(mgr);
+    cr_assert_eq(st.blocks, 3);
+    cr_assert_eq(st.partial_blocks, 1);
+    cr_assert_eq(st.unreferenced_blocks, 3, "the sequence let go of all three");
+    cr_assert_eq(kv_manager_free_blocks(mgr), 13);
+    /* The next turn: all 10 tokens reused, the partial ones by copy. */
+    struct kv_seq b;
+    kv_seq_init(&b);
+    cr_assert_eq(kv_manager_computed_blocks(mgr, &b, A, 12), 10);
+    cr_assert_eq(b.table.n_blocks, 3);
+    cr_assert_eq(pool->refcount[b.table.blocks[2]], 1, "the copy is b's own");
+    assert_kv_of(mgr, &b, A);
+    st = stats_of(mgr);
+    cr_assert_eq(st.blocks, 3, "nothing new is cached by a lookup");
+    cr_assert_eq(st.unreferenced_blocks, 1, "the partial entry stays the cache's alone");
+    kv_manager_free(mgr, &b);
+    /* Only the matching tokens of a partial entry are reused, never past its length. */
+    int32_t other[11] = {10, 11, 12, 13, 20, 21, 22, 23, 30, 99, 98};
+    cr_assert_eq(probe(mgr, other, 11), 9);
+    int32_t longer[14] = {10, 11, 12, 13, 20, 21, 22, 23, 30, 31, 32, 33, 1, 2};
+    cr_assert_eq(probe(mgr, longer, 14), 10, "the entry holds 2 valid tokens, not 4");
+    /* A prompt shorter than a block: a partial entry with no parent. */
+    int32_t short_prompt[3] = {60, 61, 62}, again[5] = {60, 61, 62, 63, 64};
+    run_retired(mgr, short_prompt, 3, NULL);
+    cr_assert_eq(stats_of(mgr).partial_blocks, 2);
+    cr_assert_eq(probe(mgr, again, 5), 3);
+    /* The session's blocks count the partial one. */
+    cr_assert_eq(kv_manager_close_session(mgr, "s1"), 3);
+    finish(mgr);
+}
+
+Test(prefix_cache, a_full_block_supersedes_the_partial_entry_it_extends)
+{
+    struct kv_manager *mgr = cache(16, 1 << 20, KV_RETAIN_LRU);
+    run_retired(mgr, A, 9, NULL); /* partial [30] */
+    cr_assert_eq(stats_of(mgr).partial_blocks, 1);
+    cr_assert_eq(run_retired(mgr, A, 11, NULL), 9, "[30] reused by copy");
+    struct kv_prefix_stats st = stats_of(mgr);
+    cr_assert_eq(st.partial_blocks, 1, "[30 31 32] superseded [30]");
+    cr_assert_eq(st.blocks, 3);
+    cr_assert_eq(st.evictions, 0, "superseding is not evicting");
+    cr_assert_eq(kv_manager_free_blocks(mgr), 13, "the superseded block went back to the pool");
+    /* A partial block whose tokens differ stands beside it. */
+    int32_t fork[10] = {10, 11, 12, 13, 20, 21, 22, 23, 30, 77};
+    run_retired(mgr, fork, 10, NULL);
+    cr_assert_eq(stats_of(mgr).partial_blocks, 2);
+    /* One that an entry already covers is not cached again. */
+    run_retired(mgr, A, 10, NULL);
+    st = stats_of(mgr);
+    cr_assert_eq(st.partial_blocks, 2, "[30 31] starts [30 31 32]");
+    cr_assert_eq(st.blocks, 4);
+    /* The full block supersedes every partial entry it extends, not the fork. */
+    run_retired(mgr, A, 12, NULL);
+    st = stats_of(mgr);
+    cr_assert_eq(st.partial_blocks, 1, "only the fork is left");
+    cr_assert_eq(st.blocks, 4);
+    cr_assert_eq(kv_manager_free_blocks(mgr), 12);
+    cr_assert_eq(probe(mgr, A, 12), 11);
+    cr_assert_eq(probe(mgr, fork, 10), 9);
+    int32_t fork_more[11] = {10, 11, 12, 13, 20, 21, 22, 23, 30, 77, 5};
+    cr_assert_eq(probe(mgr, fork_more, 11), 10);
+    finish(mgr);
+}
+
+Test(prefix_cache, partial_entries_are_evicted_as_leaves_and_cost_a_whole_block)
+{
+    /* 4 blocks: A's two full blocks and its partial one cached, one free. */
+    struct kv_manager *mgr = cache(4, 1 << 20, KV_RETAIN_LRU);
+    run_retired(mgr, A, 10, NULL);
+    cr_assert_eq(kv_manager_free_blocks(mgr), 1);
+    cr_assert_eq(kv_manager_available_blocks(mgr), 4);
+    struct err err = {0};
+    struct kv_seq c;
+    kv_seq_init(&c);
+    cr_assert_eq(kv_manager_allocate_slots(mgr, &c, 8, &err), 0, "%s", err.msg);
+    struct kv_prefix_stats st = stats_of(mgr);
+    cr_assert_eq(st.evictions, 1);
+    cr_assert_eq(st.partial_blocks, 0, "the partial entry was the only leaf");
+    cr_assert_eq(probe(mgr, A, 12), 8);
+    kv_manager_free(mgr, &c);
+    finish(mgr);
+
+    /* Under a cap of two blocks, the partial entry counts as a whole one. */
+    mgr = cache(16, 2 * block_bytes(), KV_RETAIN_LRU);
+    run_retired(mgr, A, 10, NULL);
+    st = stats_of(mgr);
+    cr_assert_eq(st.evictions, 1);
+    cr_assert_eq(st.blocks, 2);
+    cr_assert_eq(st.bytes, 2 * block_bytes());
+    cr_assert_eq(st.partial_blocks, 0);
+    finish(mgr);
+}
+
+Test(prefix_cache, a_partial_entry_hangs_under_its_chain_walked_again_after_eviction)
+{
+    struct kv_manager *mgr = cache(8, 1 << 20, KV_RETAIN_LRU);
+    struct kv_seq a, b, c;
+    struct err err = {0};
+    kv_seq_init(&a);
+    kv_seq_init(&b);
+    cr_assert_eq(kv_manager_computed_blocks(mgr, &a, A, 12), 0);
+    cr_assert_eq(kv_manager_computed_blocks(mgr, &b, A, 12), 0);
+    cr_assert_eq(kv_manager_allocate_slots(mgr, &a, 8, &err), 0);
+    cr_assert_eq(kv_manager_allocate_slots(mgr, &b, 10, &err), 0);
+    compute(mgr, &a, A, 0, 8);
+    compute(mgr, &b, A, 0, 10);
+    kv_manager_publish(mgr, &a, A, 8);
+    kv_manager_publish(mgr, &b, A, 8); /* b's chain goes through a's blocks */
+    kv_manager_free(mgr, &a);
+    /* a's blocks are evicted, b's chain end with them */
+    kv_seq_init(&c);
+    cr_assert_eq(kv_manager_allocate_slots(mgr, &c, 20, &err), 0, "%s", err.msg);
+    cr_assert_eq(stats_of(mgr).evictions, 2);
+    kv_manager_retire(mgr, &b, A, 10);
+    struct kv_prefix_stats st = stats_of(mgr);
+    cr_assert_eq(st.blocks, 3, "b's own two full blocks, then its partial one");
+    cr_assert_eq(st.partial_blocks, 1);
+    kv_manager_free(mgr, &c);
+    cr_assert_eq(probe(mgr, A, 12), 10);
+    finish(mgr);
+}
+
+Test(prefix_cache, retiring_with_the_cache_off_only_frees)
+{
+    struct kv_manager *mgr = NULL;
+    struct err err = {0};
+    cr_assert_eq(kv_manager_create(&model, be, 8, BS, &mgr, &err), 0, "%s", err.msg);
+    struct kv_seq a;
+    kv_seq_init(&a);
+    cr_assert_eq(kv_manager_allocate_slots(mgr, &a, 10, &err), 0);
+    kv_manager_retire(mgr, &a, A, 10);
+    cr_assert_eq(kv_manager_free_blocks(mgr), 8);
+    kv_manager_destroy(mgr);
 }
