@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "base/file.h"
+#include "base/hash.h"
 
 /* A key file bigger than this is not a list of keys. */
 #define API_KEYS_FILE_MAX_BYTES ((size_t)16 << 20)
@@ -134,25 +135,11 @@ int api_keys_match(const struct api_keys *k, const char *given, size_t given_len
     return found;
 }
 
-/* splitmix64's finalizer: every input bit reaches every output bit. */
-static uint64_t mix64(uint64_t x)
-{
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
 /* FNV-1a over bytes from seed, then mixed. */
 static uint64_t hash_bytes(uint64_t seed, const char *s, size_t len)
 {
-    uint64_t h = 0xcbf29ce484222325ull ^ mix64(seed);
-    for (size_t i = 0; i < len; i++) {
-        h ^= (unsigned char)s[i];
-        h *= 0x100000001b3ull;
-    }
-    return mix64(h ^ len);
+    uint64_t h = hash_fnv1a(HASH_FNV_OFFSET ^ hash_mix64(seed), s, len);
+    return hash_mix64(h ^ len);
 }
 
 /* Distinct seeds keep a key and a salt with the same bytes apart. */

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/hash.h"
 #include "base/log.h"
 #include "base/timer.h"
 #include "engine/engine.h"
@@ -87,8 +88,8 @@ static void answer_calls(struct engine *e, struct engine_call *calls)
  * and place (the safetensors headers), the files' sizes, the tokenizer's size. */
 static uint64_t model_digest(const struct model *m, const struct tokenizer *tok)
 {
-    uint64_t h = 1469598103934665603ull;
-#define MIX(v) (h = (h ^ (uint64_t)(v)) * 1099511628211ull)
+    uint64_t h = HASH_FNV_OFFSET;
+#define MIX(v) (h = hash_fnv1a_word(h, (uint64_t)(v)))
     const struct model_config *c = &m->config;
     for (const char *p = c->arch_name; *p; p++)
         MIX((unsigned char)*p);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "kv/kv.h"
+#include "base/hash.h"
 
 #define SESSION_ID_MAX 256
 
@@ -53,33 +54,24 @@ struct kv_prefix {
 
 /* ---- hashing ---------------------------------------------------------------- */
 
-static inline uint64_t mix64(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    x ^= x >> 33;
-    return x;
-}
 
 uint64_t kv_prefix_hash(uint64_t parent, const int32_t *tokens, int n, uint64_t ns)
 {
-    uint64_t h = mix64(parent ^ 0x9e3779b97f4a7c15ull) ^ mix64(ns + 0x632be59bd9b4e019ull);
+    uint64_t h = hash_mix64(parent ^ 0x9e3779b97f4a7c15ull) ^ hash_mix64(ns + 0x632be59bd9b4e019ull);
     for (int i = 0; i < n; i++)
-        h = mix64(h ^ (uint32_t)tokens[i]) + 0x9e3779b97f4a7c15ull;
-    return mix64(h ^ (uint64_t)n);
+        h = hash_mix64(h ^ (uint32_t)tokens[i]) + 0x9e3779b97f4a7c15ull;
+    return hash_mix64(h ^ (uint64_t)n);
 }
 
 uint64_t kv_prefix_namespace(uint64_t model_digest, const struct kv_format *format,
                              int block_size, uint64_t cache_ns)
 {
-    uint64_t h = mix64(model_digest ^ 0x5851f42d4c957f2dull);
-    h = mix64(h ^ (uint64_t)format->dtype);
-    h = mix64(h ^ ((uint64_t)format->group_size << 8) ^ ((uint64_t)format->scales << 40) ^
+    uint64_t h = hash_mix64(model_digest ^ 0x5851f42d4c957f2dull);
+    h = hash_mix64(h ^ (uint64_t)format->dtype);
+    h = hash_mix64(h ^ ((uint64_t)format->group_size << 8) ^ ((uint64_t)format->scales << 40) ^
               ((uint64_t)format->scale_bytes << 48));
-    h = mix64(h ^ (uint64_t)block_size);
-    return mix64(h ^ cache_ns);
+    h = hash_mix64(h ^ (uint64_t)block_size);
+    return hash_mix64(h ^ cache_ns);
 }
 
 /* ---- the eviction heap ------------------------------------------------------ */

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "text/tok_internal.h"
+#include "base/hash.h"
 
 struct edge {
     uint64_t key; /* (node << 8) | byte, UINT64_MAX when empty */
@@ -19,17 +20,11 @@ struct added_matcher {
     size_t n_tokens;
 };
 
-static uint64_t mix(uint64_t x)
-{
-    x ^= x >> 31;
-    x *= 0x9e3779b97f4a7c15ull;
-    return x ^ (x >> 29);
-}
 
 static int32_t child_of(const struct added_matcher *m, int32_t node, uint8_t b)
 {
     uint64_t key = ((uint64_t)node << 8) | b;
-    size_t i = mix(key) & m->edge_mask;
+    size_t i = hash_mix64(key) & m->edge_mask;
     for (;;) {
         if (m->edges[i].key == key)
             return m->edges[i].child;
@@ -49,7 +44,7 @@ static int grow_edges(struct added_matcher *m, struct err *err)
     for (size_t i = 0; i <= m->edge_mask; i++) {
         if (m->edges[i].key == UINT64_MAX)
             continue;
-        size_t k = mix(m->edges[i].key) & (cap - 1);
+        size_t k = hash_mix64(m->edges[i].key) & (cap - 1);
         while (e[k].key != UINT64_MAX)
             k = (k + 1) & (cap - 1);
         e[k] = m->edges[i];
@@ -79,7 +74,7 @@ static int insert(struct added_matcher *m, const char *s, size_t len, int32_t to
             if ((rc = new_node(m, &c, err)))
                 return rc;
             uint64_t key = ((uint64_t)node << 8) | (uint8_t)s[i];
-            size_t k = mix(key) & m->edge_mask;
+            size_t k = hash_mix64(key) & m->edge_mask;
             while (m->edges[k].key != UINT64_MAX)
                 k = (k + 1) & m->edge_mask;
             m->edges[k] = (struct edge){key, c};

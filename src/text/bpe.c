@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "text/tok_internal.h"
+#include "base/hash.h"
 
 struct vocab_entry {
     char *s; /* owned */
@@ -55,19 +56,8 @@ struct bpe {
 
 static uint64_t hash_bytes(const char *s, size_t n)
 {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ (uint8_t)s[i]) * 0x100000001b3ull;
+    uint64_t h = hash_fnv1a(HASH_FNV_OFFSET, s, n);
     return h ^ (h >> 29);
-}
-
-static uint64_t hash_u64(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    return x ^ (x >> 33);
 }
 
 int32_t bpe_piece_to_id(const struct bpe *m, const char *s, size_t len)
@@ -96,7 +86,7 @@ int32_t bpe_max_id(const struct bpe *m) { return m->max_id; }
 static const struct merge_slot *merge_find(const struct bpe *m, int32_t a, int32_t b)
 {
     uint64_t key = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
-    size_t i = hash_u64(key) & m->merge_mask;
+    size_t i = hash_mix64(key) & m->merge_mask;
     for (;;) {
         const struct merge_slot *s = &m->merges[i];
         if (s->key == key)
@@ -214,7 +204,7 @@ static int add_merge(struct bpe *m, size_t rank, const char *a, size_t alen, con
         return err_set(err, INFERD_EFORMAT,
                        "tokenizer: merge %zu makes a token that is not in the vocab", rank + 1);
     uint64_t key = ((uint64_t)(uint32_t)ia << 32) | (uint32_t)ib;
-    size_t i = hash_u64(key) & m->merge_mask;
+    size_t i = hash_mix64(key) & m->merge_mask;
     while (m->merges[i].key != UINT64_MAX && m->merges[i].key != key)
         i = (i + 1) & m->merge_mask;
     m->merges[i] = (struct merge_slot){key, (int32_t)rank, nid};
