@@ -189,9 +189,12 @@ def get_json(host, port, path):
     return json.loads(urllib.request.urlopen(f"http://{host}:{port}{path}").read().decode())
 
 
-def server_ttft_sum(host, port):
+def server_ttft(host, port):
+    """(sum, count) of the server's own time-to-first-token histogram."""
     text = urllib.request.urlopen(f"http://{host}:{port}/metrics").read().decode()
-    return float(re.search(r"^inferd_time_to_first_token_seconds_sum (\S+)", text, re.M).group(1))
+    total = float(re.search(r"^inferd_time_to_first_token_seconds_sum (\S+)", text, re.M).group(1))
+    count = int(re.search(r"^inferd_time_to_first_token_seconds_count (\S+)", text, re.M).group(1))
+    return total, count
 
 
 def stream_chat(host, port, body):
@@ -252,9 +255,9 @@ def run_workload(args, plan, cache_on):
                         "logit_bias": plan["bans"], "session_id": f"agent-{args.seed}-{s}"}
                 if args.concurrency == 1:
                     with lock:
-                        s0 = server_ttft_sum(host, port)
+                        s0 = server_ttft(host, port)[0]
                         r = stream_chat(host, port, body)
-                        r["server_ttft"] = server_ttft_sum(host, port) - s0
+                        r["server_ttft"] = server_ttft(host, port)[0] - s0
                 else:
                     r = stream_chat(host, port, body)
                 results[(s, t)] = r
@@ -263,15 +266,18 @@ def run_workload(args, plan, cache_on):
                     return
                 msgs.append({"role": "assistant", "content": r["text"]})
 
+        m0 = server_ttft(host, port)
         t0 = time.perf_counter()
         with ThreadPoolExecutor(max_workers=args.concurrency) as pool:
             list(pool.map(session, range(plan["sessions"])))
         wall = time.perf_counter() - t0
+        m1 = server_ttft(host, port)
         stats = get_json(host, port, "/stats")
     finally:
         proc.terminate()
         proc.wait(timeout=60)
-    return results, stats.get("prompt_cache"), wall
+    engine = (m1[0] - m0[0]) / max(1, m1[1] - m0[1])
+    return results, stats.get("prompt_cache"), wall, engine
 
 
 def p95(xs):
@@ -297,12 +303,12 @@ def report(args, plan, runs):
     turns = plan["turns"]
     have_server = args.concurrency == 1
     print()
-    hdr = (f"{'turn':>4} {'prompt':>7} {'cached/prompt':>13} | {'cached TTFT ms':>17} | "
+    hdr = (f"{'turn':>4} {'prompt':>7} {'cached/prompt':>13} {'computed':>8} | {'cached TTFT ms':>17} | "
            f"{'cold TTFT ms':>17} | {'ratio':>6}")
     if have_server:
         hdr += f" | {'server TTFT ms cached/cold':>26}"
     print(hdr)
-    print(f"{'':>4} {'tokens':>7} {'(cache on)':>13} | {'mean':>8} {'p95':>8} | "
+    print(f"{'':>4} {'tokens':>7} {'(cache on)':>13} {'tokens':>8} | {'mean':>8} {'p95':>8} | "
           f"{'mean':>8} {'p95':>8} |")
     ratios = {}
     late = {"cached": [], "cold": []}
@@ -323,6 +329,8 @@ def report(args, plan, runs):
         prompt = statistics.mean(r["prompt"] for r in any_rs)
         frac = (statistics.mean(r["cached"] / r["prompt"] for r in row["cached"])
                 if "cached" in row else float("nan"))
+        computed = (statistics.mean(r["prompt"] - r["cached"] for r in row["cached"])
+                    if "cached" in row else float("nan"))
         cells = []
         for label in ("cached", "cold"):
             if label in row:
@@ -335,7 +343,7 @@ def report(args, plan, runs):
             ratios[t + 1] = (statistics.mean(r["ttft"] for r in row["cached"])
                              / statistics.mean(r["ttft"] for r in row["cold"]))
             ratio = f"{ratios[t + 1]:6.3f}"
-        line = f"{t + 1:>4} {prompt:7.0f} {frac:13.3f} | {cells[0]} | {cells[1]} | {ratio:>6}"
+        line = f"{t + 1:>4} {prompt:7.0f} {frac:13.3f} {computed:8.1f} | {cells[0]} | {cells[1]} | {ratio:>6}"
         if have_server:
             sv = []
             for label in ("cached", "cold"):
@@ -354,11 +362,13 @@ def report(args, plan, runs):
               f"{'met' if met else 'MISSED'}")
     for label in ("cached", "cold"):
         if label in runs:
-            res, pc, wall = runs[label]
+            res, pc, wall, engine = runs[label]
             bad = sum(1 for (s, t), r in res.items()
                       if "error" in r or r["completion"] != plan["gen"][s][t])
+            client = statistics.mean(r["ttft"] for r in res.values() if "error" not in r)
             print(f"{label}: {len(res)} requests in {wall:.1f} s, {bad} failed or of another "
-                  f"length than asked")
+                  f"length than asked; TTFT over all turns {client * 1e3:.1f} ms at the client, "
+                  f"{engine * 1e3:.1f} ms in the engine (/metrics: arrival to first token)")
             print(f"/stats prompt_cache ({label}, at the end): {json.dumps(pc)}")
 
 
@@ -409,7 +419,8 @@ def main():
     print(f"model {args.model}, context {ctx}{', device ' + args.device if args.device else ''}")
     for line in machine_lines(args):
         print(line)
-    print(f"date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    print(f"date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average "
+          f"{os.getloadavg()[0]:.1f}")
     if note:
         print(f"fit: {note}; scaled to user {u0}-{u1}, answer {g0}-{g1}, {turns} turns")
     print(f"workload: {args.sessions} sessions x {turns} turns, {args.concurrency} at a time, "
