@@ -8,7 +8,7 @@ baseline in the same invocation.
 usage: bench/agent_workload.py INFERD MODEL_DIR [--sessions 16] [--turns 8]
            [--system-tokens N] [--user-tokens 60-100] [--gen-tokens 32-64]
            [--device D] [--threads N] [--concurrency 4] [--seed 1]
-           [--server-arg ARG]... [--only cached|cold]
+           [--server-arg ARG]... [--only cached|cold] [--json FILE]
 
 --system-tokens defaults to 600 where the server's context is 1,024 tokens
 or less, else 2,000. When system + turns x (user + answer + the template's
@@ -389,6 +389,8 @@ def main():
                    help="more `inferd serve` flags, e.g. '--mode exact' (repeatable)")
     p.add_argument("--only", choices=("cached", "cold"), default=None,
                    help="run one of the two servers only")
+    p.add_argument("--json", default="",
+                   help="write every request's numbers (session, turn, asked length) here")
     args = p.parse_args()
     if args.sessions < 1 or args.turns < 1 or args.concurrency < 1:
         sys.exit("agent_workload: --sessions, --turns and --concurrency must be positive")
@@ -434,6 +436,12 @@ def main():
         if args.only in (None, label):
             runs[label] = run_workload(args, plan, label == "cached")
     report(args, plan, runs)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({label: [dict(r, session=s, turn=t + 1, max_tokens=plan["gen"][s][t],
+                                    text=None)
+                               for (s, t), r in sorted(res[0].items())]
+                       for label, res in runs.items()}, f, indent=1)
 
 
 if __name__ == "__main__":
