@@ -167,7 +167,9 @@ def fit_plan(args, ctx, base, per_turn):
 # --- HTTP ---------------------------------------------------------------
 
 def start_server(args, cache_on):
-    cmd = [args.inferd, "serve", args.model, "--port", "0",
+    # a cold prompt of thousands of tokens on a small CPU takes longer than the
+    # default 30 s request timeout
+    cmd = [args.inferd, "serve", args.model, "--port", "0", "--request-timeout", "3600",
            "--max-batch", str(max(args.concurrency, 1))]
     if not cache_on:
         cmd += ["--prompt-cache", "0"]
