@@ -230,7 +230,10 @@ def stream_chat(host, port, body):
     total = time.perf_counter() - t0
     conn.close()
     if usage is None:
-        return {"error": "no usage in the stream"}
+        # the HTTP layer closes a connection that sends nothing for its idle
+        # timeout (60 s), which a long enough prefill on a slow CPU reaches
+        return {"error": f"the stream ended after {total:.1f} s without usage"
+                         f"{'' if ttft is None else f' (first text at {ttft:.1f} s)'}"}
     return {"ttft": ttft if ttft is not None else total, "text": "".join(text),
             "prompt": usage["prompt_tokens"], "completion": usage["completion_tokens"],
             "cached": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)}
