@@ -8,7 +8,7 @@ baseline in the same invocation.
 usage: bench/agent_workload.py INFERD MODEL_DIR [--sessions 16] [--turns 8]
            [--system-tokens N] [--user-tokens 60-100] [--gen-tokens 32-64]
            [--device D] [--threads N] [--concurrency 4] [--seed 1]
-           [--server-arg ARG]... [--only cached|cold] [--json FILE]
+           [--server-arg ARG]... [--only cached|cold] [--interleave] [--json FILE]
 
 --system-tokens defaults to 600 where the server's context is 1,024 tokens
 or less, else 2,000. When system + turns x (user + answer + the template's
@@ -241,48 +241,69 @@ def stream_chat(host, port, body):
 
 # --- the workload ---------------------------------------------------------
 
-def run_workload(args, plan, cache_on):
-    proc, host, port, cmd = start_server(args, cache_on)
-    label = "cached" if cache_on else "cold"
-    print(f"[{label}] {' '.join(cmd)}", flush=True)
-    results = {}
-    lock = threading.Lock()  # the /metrics reads around a request need it alone
+def run_workload(args, plan, labels):
+    """Runs every session against one server per label ("cached", "cold");
+    with more than one label each turn goes to each server in turn, so both
+    see the same moments of a shared machine. Returns {label: (results,
+    /stats prompt_cache, wall seconds, the engine's mean TTFT)}."""
+    servers = {}
     try:
-        stream_chat(host, port, {"messages": [{"role": "user", "content": "warm up"}],
-                                 "max_tokens": 4, "temperature": 0})
+        for label in labels:
+            proc, host, port, cmd = start_server(args, label == "cached")
+            servers[label] = (proc, host, port)
+            print(f"[{label}] {' '.join(cmd)}", flush=True)
+            stream_chat(host, port, {"messages": [{"role": "user", "content": "warm up"}],
+                                     "max_tokens": 4, "temperature": 0})
+        results = {label: {} for label in labels}
+        lock = threading.Lock()  # the /metrics reads around a request need it alone
+
+        def one(label, s, t, msgs):
+            _, host, port = servers[label]
+            body = {"messages": msgs, "max_tokens": plan["gen"][s][t], "temperature": 0,
+                    "stream": True, "stream_options": {"include_usage": True},
+                    "logit_bias": plan["bans"], "session_id": f"agent-{args.seed}-{s}"}
+            if args.concurrency == 1:
+                with lock:
+                    s0 = server_ttft(host, port)[0]
+                    r = stream_chat(host, port, body)
+                    r["server_ttft"] = server_ttft(host, port)[0] - s0
+            else:
+                r = stream_chat(host, port, body)
+            results[label][(s, t)] = r
+            if "error" in r:
+                print(f"[{label}] session {s} turn {t + 1}: {r['error']}", flush=True)
+            return r
 
         def session(s):
-            msgs = [{"role": "system", "content": plan["system"]}]
+            # each server keeps its own history: its own answers are resent
+            msgs = {label: [{"role": "system", "content": plan["system"]}] for label in labels}
+            live = list(labels)
             for t in range(plan["turns"]):
-                msgs.append({"role": "user", "content": plan["user"][s][t]})
-                body = {"messages": msgs, "max_tokens": plan["gen"][s][t], "temperature": 0,
-                        "stream": True, "stream_options": {"include_usage": True},
-                        "logit_bias": plan["bans"], "session_id": f"agent-{args.seed}-{s}"}
-                if args.concurrency == 1:
-                    with lock:
-                        s0 = server_ttft(host, port)[0]
-                        r = stream_chat(host, port, body)
-                        r["server_ttft"] = server_ttft(host, port)[0] - s0
-                else:
-                    r = stream_chat(host, port, body)
-                results[(s, t)] = r
-                if "error" in r:
-                    print(f"[{label}] session {s} turn {t + 1}: {r['error']}", flush=True)
-                    return
-                msgs.append({"role": "assistant", "content": r["text"]})
+                for label in list(live):
+                    msgs[label].append({"role": "user", "content": plan["user"][s][t]})
+                    r = one(label, s, t, msgs[label])
+                    if "error" in r:
+                        live.remove(label)
+                    else:
+                        msgs[label].append({"role": "assistant", "content": r["text"]})
 
-        m0 = server_ttft(host, port)
+        m0 = {label: server_ttft(*servers[label][1:]) for label in labels}
         t0 = time.perf_counter()
         with ThreadPoolExecutor(max_workers=args.concurrency) as pool:
             list(pool.map(session, range(plan["sessions"])))
         wall = time.perf_counter() - t0
-        m1 = server_ttft(host, port)
-        stats = get_json(host, port, "/stats")
+        out = {}
+        for label in labels:
+            host, port = servers[label][1:]
+            m1 = server_ttft(host, port)
+            engine = (m1[0] - m0[label][0]) / max(1, m1[1] - m0[label][1])
+            out[label] = (results[label], get_json(host, port, "/stats").get("prompt_cache"),
+                          wall, engine)
+        return out
     finally:
-        proc.terminate()
-        proc.wait(timeout=60)
-    engine = (m1[0] - m0[0]) / max(1, m1[1] - m0[1])
-    return results, stats.get("prompt_cache"), wall, engine
+        for proc, _, _ in servers.values():
+            proc.terminate()
+            proc.wait(timeout=60)
 
 
 def p95(xs):
@@ -394,6 +415,9 @@ def main():
                    help="more `inferd serve` flags, e.g. '--mode exact' (repeatable)")
     p.add_argument("--only", choices=("cached", "cold"), default=None,
                    help="run one of the two servers only")
+    p.add_argument("--interleave", action="store_true",
+                   help="both servers at once, each turn sent to one then the other (for a "
+                        "noisy machine; best with --concurrency 1)")
     p.add_argument("--json", default="",
                    help="write every request's numbers (session, turn, asked length) here")
     args = p.parse_args()
@@ -436,10 +460,14 @@ def main():
           f"{g0}-{g1} tokens (greedy, end-of-sequence banned); template adds {base} + "
           f"{per_turn} a turn", flush=True)
 
-    runs = {}
-    for label in ("cached", "cold"):
-        if args.only in (None, label):
-            runs[label] = run_workload(args, plan, label == "cached")
+    labels = [l for l in ("cached", "cold") if args.only in (None, l)]
+    if args.interleave:
+        print("interleaved: both servers up, each turn sent to the cached one, then the cold one")
+        runs = run_workload(args, plan, labels)
+    else:
+        runs = {}
+        for label in labels:
+            runs.update(run_workload(args, plan, [label]))
     report(args, plan, runs)
     if args.json:
         with open(args.json, "w") as f:
