@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/gpu.sh — the CUDA backend on a GPU machine in one run: parity tests, real-shape models, the speed table.
 #
-#   usage: bench/gpu.sh [parity] [bench] [8k] [profile] [MODEL...]
+#   usage: bench/gpu.sh [parity] [bench] [8k] [profile] [serve] [agent] [MODEL...]
 #     parity   the CUDA parity tests (goldens, CPU-vs-CUDA greedy tokens, graphs)
 #     bench    prefill pp512 / decode tg128 per model (and pp4096 for llama-3.1-8b),
 #              prefill again with f32 attention, the 8B's load time
@@ -14,6 +14,11 @@
 #     cache    prefix-cache hits against cold runs through `inferd serve --device
 #              cuda` (bench/cache_check.py): identical in exact mode on every
 #              tiny architecture and the real shapes; agreement in fast mode
+#     agent    the prefix cache: the agent workload (bench/agent_workload.py,
+#              16 sessions x 8 turns on a 2,000-token system prompt, cache on
+#              against --prompt-cache 0) and 1/8/16/32/64 concurrent streams of
+#              512-token prompts and 128 tokens (bench/serve_concurrency.py);
+#              on llama-3.1-8b unless models are named
 #     MODEL    mkmodel presets (default: qwen3-0.6b llama-3.2-1b llama-3.1-8b)
 #   With no stage named, parity, bench and 8k run.
 #
@@ -30,11 +35,13 @@ cd "$root"
 stages=() models=()
 for a in "$@"; do
   case "$a" in
-    parity|bench|8k|profile|serve|cache) stages+=("$a") ;;
+    parity|bench|8k|profile|serve|cache|agent) stages+=("$a") ;;
     *) models+=("$a") ;;
   esac
 done
 [ ${#stages[@]} -gt 0 ] || stages=(parity bench 8k)
+agent_models=("${models[@]}")
+[ ${#agent_models[@]} -gt 0 ] || agent_models=(llama-3.1-8b)
 [ ${#models[@]} -gt 0 ] || models=(qwen3-0.6b llama-3.2-1b llama-3.1-8b)
 has_stage() { local s; for s in "${stages[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 
@@ -85,6 +92,18 @@ make_model() {
     echo "mkmodel $preset: $(awk "BEGIN { printf \"%.1f\", $(date +%s.%N) - $t0 }") s, $(du -sh "$dir" | cut -f1)" >&2
   fi
   echo "$dir"
+}
+
+# add_tokenizer PRESET DIR: serve needs a tokenizer that covers the model's
+# vocabulary: the real one of the family when $INFERD_TOKENIZER_DATA has it
+# (scripts/fetch-tokenizers.sh), else the house one (ids past its 8,192 then
+# decode to no text).
+add_tokenizer() {
+  local family tdir
+  case "$1" in qwen*) family=qwen3 ;; llama*) family=llama3 ;; *) family= ;; esac
+  tdir=${INFERD_TOKENIZER_DATA:-build/text-data}/$family
+  [ -n "$family" ] && [ -f "$tdir/tokenizer.json" ] || tdir=models/house
+  cp "$tdir"/tokenizer.json "$tdir"/tokenizer_config.json "$2"/
 }
 
 summary=()
@@ -157,8 +176,7 @@ if has_stage cache; then
   echo "== cache: prefix-cache hits against cold runs (bench/cache_check.py)"
   for preset in tiny-llama tiny-mistral tiny-qwen2 tiny-qwen3 tiny-qwen3-gqa1 tiny-llama3 tiny-llama-linear "${models[@]}"; do
     dir=$(make_model "$preset") || { echo "mkmodel $preset failed"; continue; }
-    # serve needs a tokenizer; prompts are token ids, so any covers the check
-    [ -f "$dir/tokenizer.json" ] || cp models/house/tokenizer.json models/house/tokenizer_config.json "$dir"/
+    add_tokenizer "$preset" "$dir" # prompts are token ids: any tokenizer serves the check
     for mode in exact fast; do
       echo "-- $preset, $mode"
       timeout 300 python3 bench/cache_check.py "$bin"/inferd "$dir" --device cuda --mode $mode --prompts 24 --gen-len 12
@@ -169,13 +187,7 @@ fi
 for preset in "${models[@]}"; do
   if has_stage serve; then
     dir=$(make_model "$preset") || { echo "mkmodel $preset failed"; continue; }
-    # serve needs a tokenizer that covers the model's vocabulary: the real one
-    # of the family when $INFERD_TOKENIZER_DATA has it (scripts/fetch-tokenizers.sh),
-    # else the house one (ids past its 8,192 then decode to no text)
-    case "$preset" in qwen*) family=qwen3 ;; llama*) family=llama3 ;; *) family= ;; esac
-    tdir=${INFERD_TOKENIZER_DATA:-build/text-data}/$family
-    [ -n "$family" ] && [ -f "$tdir/tokenizer.json" ] || tdir=models/house
-    cp "$tdir"/tokenizer.json "$tdir"/tokenizer_config.json "$dir"/
+    add_tokenizer "$preset" "$dir"
     echo "-- $preset: serve start to ready (page cache): $(start_to_ready "$dir") s"
     echo "-- $preset: server tax"
     python3 bench/serve_tax.py "$bin"/inferd "$dir" --device cuda --prompt-len 512 --gen-len 128 --reps 3
@@ -208,6 +220,21 @@ for preset in "${models[@]}"; do
     bench_one "$preset 8k ctx (tg128)" "$dir" --prompt-len 8192 --chunk 2048 --gen-len 128 --reps 1
   fi
 done
+
+if has_stage agent; then
+  for preset in "${agent_models[@]}"; do
+    dir=$(make_model "$preset") || { echo "mkmodel $preset failed"; continue; }
+    add_tokenizer "$preset" "$dir"
+    for conc in 4 16; do
+      echo "== agent: $preset, 16 sessions x 8 turns, system prompt 2,000 tokens, $conc sessions at a time"
+      timeout 1200 python3 bench/agent_workload.py "$bin"/inferd "$dir" --device cuda \
+        --sessions 16 --turns 8 --system-tokens 2000 --concurrency $conc
+    done
+    echo "== agent: $preset, throughput: 512-token prompts, 128 tokens, 1-64 streams"
+    timeout 900 python3 bench/serve_concurrency.py "$bin"/inferd "$dir" --device cuda \
+      --streams 1,8,16,32,64 --prompt-len 512 --gen-len 128
+  done
+fi
 
 echo "== summary (floor = weight bytes per token / 4.6 TB/s)"
 for line in "${summary[@]}"; do echo "$line"; done

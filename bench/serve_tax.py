@@ -73,8 +73,9 @@ def eos_ids(model):
     return ids
 
 
-def stream_once(host, port, prompt, gen_len, bans):
-    """One streamed completion; returns (ttft_s, decode_tok_s, tokens)."""
+def stream_once(host, port, prompt, gen_len, bans, times=None):
+    """One streamed completion; returns (ttft_s, decode_tok_s, tokens). The
+    arrival time of each text chunk is appended to `times` when given."""
     body = json.dumps({
         "prompt": prompt, "max_tokens": gen_len, "temperature": 0, "stream": True,
         "stream_options": {"include_usage": True},
@@ -108,6 +109,8 @@ def stream_once(host, port, prompt, gen_len, bans):
                     if c.get("text"):
                         token_times.append(now)
     s.close()
+    if times is not None:
+        times.extend(token_times)
     # Text chunks: one per token except where a token ends inside a UTF-8
     # character (its text comes with the next), so the count comes from usage.
     n = usage["completion_tokens"] if usage else len(token_times)
