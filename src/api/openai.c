@@ -13,6 +13,8 @@
 #include "base/timer.h"
 
 /* What OpenAI reports for a token that cannot be sampled (-inf). */
+/* Longest silence on a stream before a keep-alive comment goes out. */
+#define SSE_KEEPALIVE_MS 15000
 #define LOGPROB_FLOOR -9999.0
 
 /* One OpenAI reply to a generation request, shared by the JSON and SSE paths. */
@@ -352,10 +354,16 @@ static bool stream_produce(void *ctx, struct strbuf *out, bool *done)
     }
     while (out->len == 0 && !*done) {
         struct generation_news n;
-        if (generation_next(r->gen, -1, &n) < 0)
+        if (generation_next(r->gen, SSE_KEEPALIVE_MS, &n) < 0)
             return false;
+        bool quiet = n.out.finish == GEN_RUNNING && n.out.text_len == 0 && n.out.n_tokens == 0;
         emit_news(r, out, &n, done);
         generation_news_free(&n);
+        /* A long prefill sends nothing for a while: a comment line keeps the
+         * connection from reading as idle (to the server's own idle timeout and
+         * to proxies); SSE clients skip it. */
+        if (quiet && out->len == 0)
+            strbuf_puts(out, ": keep-alive\n\n");
     }
     return true;
 }
