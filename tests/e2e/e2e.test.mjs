@@ -710,9 +710,7 @@ describe('tenants, budgets and /fit', () => {
       const xkey = await fetch(`${s.url}/v1/models`, { headers: { 'x-api-key': 'sk-tenant-c' } });
       assert.equal(xkey.status, 200, 'x-api-key carries a listed key too');
 
-      const stats = await (await fetch(`${s.url}/stats`, { headers: { authorization: 'Bearer sk-tenant-a' } })).json();
-      if (stats.prompt_cache) assert.ok(cached(repeat) > 0, 'the first tenant hits its own cached prompt on a repeat');
-      else t.diagnostic('no prefix cache in this build: only the isolation half is checked');
+      assert.ok(cached(repeat) > 0, 'the first tenant hits its own cached prompt on a repeat');
     } finally {
       fs.rmSync(dir, { recursive: true, force: true });
       const r = await s.stop();
