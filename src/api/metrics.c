@@ -5,6 +5,7 @@
 #include <json-c/json.h>
 #include <string.h>
 
+#include "api/reencode.h"
 #include "api/server.h"
 #include "base/timer.h"
 
@@ -170,6 +171,28 @@ void api_metrics_prometheus(const struct server *srv, struct strbuf *out)
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
         strbuf_printf(out, "# HELP %s %s\n# TYPE %s %s\n%s %llu\n", rows[i].name, rows[i].help,
                       rows[i].name, rows[i].type, rows[i].name, rows[i].value);
+    if (srv->reencode) {
+        struct reencode_stats rs;
+        reencode_get_stats(srv->reencode, &rs);
+        strbuf_printf(out,
+                      "# HELP inferd_reencode_entries Conversations whose generated ids are kept.\n"
+                      "# TYPE inferd_reencode_entries gauge\n"
+                      "inferd_reencode_entries %zu\n"
+                      "# HELP inferd_reencode_bytes Bytes of text and ids kept for re-encoding.\n"
+                      "# TYPE inferd_reencode_bytes gauge\n"
+                      "inferd_reencode_bytes %zu\n"
+                      "# HELP inferd_reencode_hits_total Prompts that reused generated ids.\n"
+                      "# TYPE inferd_reencode_hits_total counter\n"
+                      "inferd_reencode_hits_total %llu\n"
+                      "# HELP inferd_reencode_misses_total Prompts encoded without reused ids.\n"
+                      "# TYPE inferd_reencode_misses_total counter\n"
+                      "inferd_reencode_misses_total %llu\n"
+                      "# HELP inferd_reencode_evictions_total Entries dropped for space.\n"
+                      "# TYPE inferd_reencode_evictions_total counter\n"
+                      "inferd_reencode_evictions_total %llu\n",
+                      rs.entries, rs.bytes, (unsigned long long)rs.hits,
+                      (unsigned long long)rs.misses, (unsigned long long)rs.evictions);
+    }
     const struct engine_metrics *em = engine_metrics(srv->engine);
     histogram_text(out, "inferd_time_to_first_token_seconds",
                    "Seconds from a request's arrival to its first generated token.", &em->ttft);
@@ -250,6 +273,18 @@ void api_metrics_stats_json(const struct server *srv, struct strbuf *out)
     json_object *server = json_object_new_object();
     json_object_object_add(server, "started_at", json_object_new_int64((int64_t)srv->created));
     json_object_object_add(root, "server", server);
+    if (srv->reencode) {
+        struct reencode_stats rs;
+        reencode_get_stats(srv->reencode, &rs);
+        json_object *re = json_object_new_object();
+        json_object_object_add(re, "entries", json_object_new_int64((int64_t)rs.entries));
+        json_object_object_add(re, "bytes", json_object_new_int64((int64_t)rs.bytes));
+        json_object_object_add(re, "max_bytes", json_object_new_int64((int64_t)rs.max_bytes));
+        json_object_object_add(re, "hits", json_object_new_int64((int64_t)rs.hits));
+        json_object_object_add(re, "misses", json_object_new_int64((int64_t)rs.misses));
+        json_object_object_add(re, "evictions", json_object_new_int64((int64_t)rs.evictions));
+        json_object_object_add(root, "reencode", re);
+    }
     size_t len;
     const char *s = json_object_to_json_string_length(
         root, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE, &len);

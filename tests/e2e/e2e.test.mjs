@@ -992,6 +992,11 @@ describe('exact re-encoding', () => {
     t.diagnostic(`turn 1: ${probe.r1.usage.prompt_tokens} prompt + ${probe.r1.usage.completion_tokens} generated; turn 2: ${r2.usage.prompt_tokens} prompt tokens (re-tokenized: ${probe.plain})`);
     assert.equal(r2.usage.prompt_tokens, probe.exact,
       `turn 2's prompt is turn 1's prompt ids + its generated ids + the template's tail (a re-tokenization has ${probe.plain})`);
+    const stats = await (await fetch(`${server.url}/stats`)).json();
+    assert.ok(stats.reencode.entries >= 1 && stats.reencode.hits >= 1, `/stats reencode: ${JSON.stringify(stats.reencode)}`);
+    const metrics = await (await fetch(`${server.url}/metrics`)).text();
+    const hits = Number(/^inferd_reencode_hits_total (\d+)$/m.exec(metrics)?.[1]);
+    assert.ok(hits >= stats.reencode.hits, `/metrics inferd_reencode_hits_total ${hits}`);
 
     /* Streamed replies are remembered too. */
     const question = [{ role: 'user', content: 'Re-encoding probe: streamed.' }];
