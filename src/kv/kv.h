@@ -92,6 +92,8 @@ struct block_table {
 };
 
 void block_table_init(struct block_table *bt);
+/* Room in bt for n_blocks entries (no blocks allocated); -INFERD_ENOMEM leaves bt as it was. */
+int block_table_grow(struct block_table *bt, int n_blocks, struct err *err);
 /* Grows bt with fresh blocks until it covers n_positions token positions. */
 int block_table_reserve(struct kv_pool *pool, struct block_table *bt, int n_positions,
                         struct err *err);

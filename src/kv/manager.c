@@ -85,20 +85,6 @@ static bool make_free(struct kv_manager *mgr, int n)
 }
 
 /* Room in seq's table for n_blocks entries, without touching the pool. */
-static int table_grow(struct block_table *bt, int n_blocks, struct err *err)
-{
-    if (n_blocks <= bt->cap)
-        return 0;
-    int cap = bt->cap ? bt->cap : 8;
-    while (cap < n_blocks)
-        cap *= 2;
-    uint32_t *grown = realloc(bt->blocks, (size_t)cap * sizeof *grown);
-    if (!grown)
-        return err_set(err, INFERD_ENOMEM, "out of memory growing a block table");
-    bt->blocks = grown;
-    bt->cap = cap;
-    return 0;
-}
 
 /* Copies the first n slots of cached block src into a fresh block appended to
  * seq (copy on write: a shared block is never written). False when no block
@@ -107,7 +93,7 @@ static bool attach_partial(struct kv_manager *mgr, struct kv_seq *seq, uint32_t 
 {
     struct backend *be = mgr->pool->backend;
     struct err err = {0};
-    if (!be->ops->kv_copy_slots || table_grow(&seq->table, seq->table.n_blocks + 1, &err) < 0)
+    if (!be->ops->kv_copy_slots || block_table_grow(&seq->table, seq->table.n_blocks + 1, &err) < 0)
         return false;
     block_retain(mgr, src); /* so that making room cannot evict it */
     uint32_t dst;
@@ -128,7 +114,7 @@ int kv_manager_computed_blocks(struct kv_manager *mgr, struct kv_seq *seq, const
     int bs = mgr->pool->cache.block_size;
     struct err err = {0};
     int limit = n - 1; /* the last token is always computed, so its logits exist */
-    if (table_grow(&seq->table, limit / bs + 1, &err) < 0)
+    if (block_table_grow(&seq->table, limit / bs + 1, &err) < 0)
         return seq->n_cached;
     int src = -1, m = 0;
     int n_full = kv_prefix_lookup(mgr->prefix, seq->ns, tokens, limit, seq->table.blocks, &src, &m);
@@ -173,7 +159,7 @@ int kv_manager_allocate_slots(struct kv_manager *mgr, struct kv_seq *seq, int n_
         return err_set(err, INFERD_ENOMEM,
                        "KV pool exhausted: %d more blocks wanted, %d of %d free", more,
                        pool->n_free, pool->cache.n_blocks);
-    int rc = table_grow(&seq->table, needed, err);
+    int rc = block_table_grow(&seq->table, needed, err);
     if (rc < 0)
         return rc;
     /* Cannot fail: the free count was checked above. */
@@ -238,7 +224,7 @@ int kv_manager_attach(struct kv_manager *mgr, struct kv_seq *seq, const uint32_t
 {
     if (seq->table.n_blocks != 0)
         return err_set(err, INFERD_EINVAL, "cached blocks attach only to an empty sequence");
-    int rc = table_grow(&seq->table, n_blocks, err);
+    int rc = block_table_grow(&seq->table, n_blocks, err);
     if (rc < 0)
         return rc;
     for (int i = 0; i < n_blocks; i++) {

@@ -87,20 +87,28 @@ int kv_pool_blocks_for(const struct kv_pool *pool, int n_positions)
 
 void block_table_init(struct block_table *bt) { memset(bt, 0, sizeof *bt); }
 
+int block_table_grow(struct block_table *bt, int n_blocks, struct err *err)
+{
+    if (n_blocks <= bt->cap)
+        return 0;
+    int cap = bt->cap ? bt->cap : 8;
+    while (cap < n_blocks)
+        cap *= 2;
+    uint32_t *grown = realloc(bt->blocks, (size_t)cap * sizeof *grown);
+    if (!grown)
+        return err_set(err, INFERD_ENOMEM, "out of memory growing a block table");
+    bt->blocks = grown;
+    bt->cap = cap;
+    return 0;
+}
+
 int block_table_reserve(struct kv_pool *pool, struct block_table *bt, int n_positions,
                         struct err *err)
 {
     int needed = kv_pool_blocks_for(pool, n_positions);
-    if (needed > bt->cap) {
-        int cap = bt->cap ? bt->cap : 8;
-        while (cap < needed)
-            cap *= 2;
-        uint32_t *grown = realloc(bt->blocks, (size_t)cap * sizeof *grown);
-        if (!grown)
-            return err_set(err, INFERD_ENOMEM, "out of memory growing a block table");
-        bt->blocks = grown;
-        bt->cap = cap;
-    }
+    int rc = block_table_grow(bt, needed, err);
+    if (rc < 0)
+        return rc;
     while (bt->n_blocks < needed) {
         int rc = kv_pool_alloc(pool, &bt->blocks[bt->n_blocks], err);
         if (rc < 0)
