@@ -261,6 +261,9 @@ struct backend_options {
     /* CUDA: FAST-mode prefill attention over an f16 cache on tensor cores
      * (default on; off: the f32 kernel) */
     enum backend_switch cuda_prefill_tc;
+    /* CUDA: FAST-mode bf16 matmuls of at most this many token rows run on the
+     * GEMV kernels, more rows on cuBLASLt (1..8; 0: the default, 8) */
+    int cuda_gemv_rows;
     /* CUDA: backend_ops.sample picks tokens on the GPU (default on; off: the
      * op is NULL, so logits are copied to the host and sampled there) */
     enum backend_switch gpu_sampling;

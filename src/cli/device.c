@@ -111,6 +111,16 @@ int cli_backend_flag(const char *flag, const char *value, struct backend_options
         }
         return 1;
     }
+    if (!strcmp(flag, "--cuda-gemv-rows")) {
+        char *end;
+        long v = strtol(value, &end, 10);
+        if (*value == '\0' || *end != '\0' || v < 1 || v > 8) {
+            fprintf(stderr, "inferd: --cuda-gemv-rows: '%s' is not a number from 1 to 8\n", value);
+            return -1;
+        }
+        o->cuda_gemv_rows = (int)v;
+        return 1;
+    }
     if (!strcmp(flag, "--cuda-profile")) {
         if (!strcmp(value, "off"))
             o->profile = BACKEND_PROFILE_OFF;

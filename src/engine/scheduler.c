@@ -90,11 +90,37 @@ bool sched_enqueue(struct sched *sc, struct seq *s, bool front)
     return true;
 }
 
+/* s's positions whose K/V are written: all it counts as computed but, while
+ * it continues a finishing sequence, the one that sequence's final step
+ * computes. */
+static int settled_positions(const struct seq *s)
+{
+    return s->continues ? s->n_computed - 1 : s->n_computed;
+}
+
+/* Ends a handoff (sched_admit) from either side. Unless the finishing
+ * sequence's last token was computed (computed), the one that took it over
+ * computes that position itself. */
+static void handoff_end(struct sched *sc, struct seq *s, bool computed)
+{
+    struct seq *from = s->continues ? s->continues : s;
+    struct seq *to = s->continues ? s : s->continued_by;
+    if (!to)
+        return;
+    int last = from->n_tokens - 1;
+    if (!computed && to != s && to->n_computed > last) {
+        kv_manager_truncate(sc->kv, &to->kv, last);
+        to->n_computed = to->kv.n_tokens;
+    }
+    from->continued_by = NULL;
+    to->continues = NULL;
+}
+
 /* Hands s's computed full blocks to the prefix cache (a no-op with it off). */
 static void publish_blocks(struct sched *sc, struct seq *s)
 {
     if (s->out)
-        kv_manager_publish(sc->kv, &s->kv, s->tokens, s->n_computed);
+        kv_manager_publish(sc->kv, &s->kv, s->tokens, settled_positions(s));
 }
 
 /* Gives s's blocks back, what it computed left to the prefix cache (its
@@ -103,9 +129,10 @@ static void publish_blocks(struct sched *sc, struct seq *s)
 static void release_blocks(struct sched *sc, struct seq *s)
 {
     if (s->out)
-        kv_manager_retire(sc->kv, &s->kv, s->tokens, s->n_computed);
+        kv_manager_retire(sc->kv, &s->kv, s->tokens, settled_positions(s));
     else
         kv_manager_free(sc->kv, &s->kv);
+    handoff_end(sc, s, false);
     s->n_computed = 0;
     s->looked_up = false;
 }
@@ -133,6 +160,7 @@ static void let_go(struct sched *sc, struct seq *s, bool keep)
 {
     if (keep)
         release_blocks(sc, s);
+    handoff_end(sc, s, false);
     seq_free(s, sc->kv);
 }
 
@@ -162,14 +190,55 @@ void sched_finish(struct sched *sc, struct seq *s, enum gen_finish why)
     sc->finishing[sc->n_finishing++] = s;
 }
 
-void sched_retire_finishing(struct sched *sc, struct seq *s, bool ok) { let_go(sc, s, ok); }
-
-/* Lets every finishing sequence go with what it computed, last token or not. */
-static void drop_finishing(struct sched *sc)
+void sched_retire_finishing(struct sched *sc, struct seq *s, bool ok)
 {
-    for (int i = 0; i < sc->n_finishing; i++)
-        let_go(sc, sc->finishing[i], true);
-    sc->n_finishing = 0;
+    handoff_end(sc, s, ok);
+    let_go(sc, s, ok);
+}
+
+/* Lets the finishing sequences go with what they computed, last token or
+ * not, but those taken over: freeing them would free nothing (their blocks
+ * are shared) and their last token is owed. True when one went. */
+static bool drop_finishing(struct sched *sc)
+{
+    int kept = 0, before = sc->n_finishing;
+    for (int i = 0; i < sc->n_finishing; i++) {
+        struct seq *s = sc->finishing[i];
+        if (s->continued_by)
+            sc->finishing[kept++] = s;
+        else
+            let_go(sc, s, true);
+    }
+    sc->n_finishing = kept;
+    return kept < before;
+}
+
+/* When the waiting s's tokens continue a finishing sequence's whole
+ * sequence (the next turn of its conversation, most often sent the moment
+ * its reader was told), s takes that sequence's blocks over, the last token
+ * included, which the finishing step computes in the step s first runs in or
+ * earlier: no lookup misses the still unpublished tail, and nothing waits for
+ * it to be published. False when none qualifies. */
+static bool continue_finishing(struct sched *sc, struct seq *s)
+{
+    for (int i = 0; i < sc->n_finishing; i++) {
+        struct seq *f = sc->finishing[i];
+        struct err err = {0};
+        if (f->continued_by || f->kv.ns != s->kv.ns || f->n_tokens >= s->n_tokens ||
+            memcmp(f->tokens, s->tokens, (size_t)f->n_tokens * sizeof *s->tokens) != 0)
+            continue;
+        /* the last token's slot, now, so that s's table holds it */
+        if (f->kv.n_tokens < f->n_tokens &&
+            kv_manager_allocate_slots(sc->kv, &f->kv, f->n_tokens - f->kv.n_tokens, &err) < 0)
+            return false;
+        if (kv_manager_continue(sc->kv, &s->kv, &f->kv, &err) < 0)
+            return false;
+        s->n_computed = f->n_tokens;
+        s->continues = f;
+        f->continued_by = s;
+        return true;
+    }
+    return false;
 }
 
 bool sched_idle(const struct sched *sc)
@@ -263,22 +332,13 @@ static bool kv_budget_admits(const struct sched *sc, const struct seq *s)
 
 void sched_admit(struct sched *sc)
 {
-    /* A finishing sequence publishes its last blocks at the end of this
-     * step; the head looked up now would miss them, and it is most often the
-     * next turn of that very conversation. It waits one step, never two in a
-     * row. */
-    if (sc->n_finishing > 0 && sc->n_waiting > 0 && !sc->waiting[0]->looked_up &&
-        !sc->admit_held) {
-        sc->admit_held = true;
-        return;
-    }
-    sc->admit_held = false;
     while (sc->n_waiting > 0 && sc->n_running < sc->cfg.max_seqs) {
         struct seq *s = sc->waiting[0];
         /* What the prefix cache already holds is attached first (and kept
          * while s waits at the head, so it cannot be evicted meanwhile). */
         if (!s->looked_up && s->kv.table.n_blocks == 0) {
-            s->n_computed = kv_manager_computed_blocks(sc->kv, &s->kv, s->tokens, s->n_tokens);
+            if (!continue_finishing(sc, s))
+                s->n_computed = kv_manager_computed_blocks(sc->kv, &s->kv, s->tokens, s->n_tokens);
             s->looked_up = true;
         }
         /* FIFO: the head waits for budget rather than being overtaken. */
@@ -326,10 +386,8 @@ int sched_build_batch(struct sched *sc)
         int chunk = todo < budget ? todo : budget;
         /* s->kv holds slots for exactly its n_computed positions here. */
         while (kv_manager_allocate_slots(sc->kv, &s->kv, chunk, &err) < 0) {
-            if (sc->n_finishing > 0) { /* their blocks go to the cache, evictable, first */
-                drop_finishing(sc);
+            if (drop_finishing(sc)) /* their blocks go to the cache, evictable, first */
                 continue;
-            }
             bool last = sc->n_running - 1 == i; /* nothing younger to push back: this one waits */
             preempt_youngest(sc);
             if (last) {
@@ -354,11 +412,12 @@ int sched_build_batch(struct sched *sc)
     }
     budget += reserve;
     /* The finishing take their last token's slot from what the running left
-     * (evicting cached blocks at most, never preempting); without one they
-     * go with what they computed. */
+     * (evicting cached blocks at most, never preempting; one taken over has
+     * it already); without one they go with what they computed. */
     for (int i = 0; i < sc->n_finishing; i++) {
         struct seq *s = sc->finishing[i];
-        if (budget == 0 || kv_manager_allocate_slots(sc->kv, &s->kv, 1, &err) < 0) {
+        bool slotted = s->kv.n_tokens == s->n_tokens;
+        if (budget == 0 || (!slotted && kv_manager_allocate_slots(sc->kv, &s->kv, 1, &err) < 0)) {
             let_go(sc, s, true);
             continue;
         }

@@ -52,7 +52,6 @@ struct sched {
      * the prefix cache on). Not running: neither counted nor budgeted. */
     struct seq **finishing;        /* owned array; max_seqs */
     int n_finishing;
-    bool admit_held;               /* the last sched_admit held admission back for them */
     uint64_t admissions;
     struct sched_counters counters;
 };

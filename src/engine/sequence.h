@@ -53,6 +53,12 @@ struct seq {
     bool looked_up;             /* the prefix cache was asked since the blocks were last freed */
     bool finishing;             /* its reader was told it is done; one more step computes the
                                    last token's K/V for the prefix cache (sched_finish) */
+    /* A handoff (sched_admit): a new sequence whose prompt continues a
+     * finishing one takes its blocks, the last token included, while the
+     * finishing one's final step computes that token. Both point at each
+     * other until that step is done. */
+    struct seq *continues;      /* the finishing sequence this one took over, or NULL */
+    struct seq *continued_by;   /* the sequence that took this finishing one over, or NULL */
 };
 
 /* The engine's side of struct gen_output (engine/gen_output.c). */

@@ -164,6 +164,18 @@ void kv_manager_free(struct kv_manager *mgr, struct kv_seq *seq);
 int kv_manager_attach(struct kv_manager *mgr, struct kv_seq *seq, const uint32_t *blocks,
                       int n_blocks, struct err *err);
 
+/* Makes the empty dst continue src, a sequence in its final step: dst takes
+ * a reference to each of src's blocks and counts src's n_tokens positions as
+ * cached, chain state included, so it publishes on from where src left off.
+ * The one exception to copy on write: src's last block may be partial and is
+ * then shared while src writes its last slot (in its final step, which runs
+ * no later than dst's first) and dst the slots after it; src never writes
+ * again and, sharing the block, never caches it as a partial entry. Counts as
+ * a lookup that reused src->n_tokens tokens. Returns 0, -INFERD_EINVAL when
+ * dst is not empty, or -INFERD_ENOMEM (dst unchanged). */
+int kv_manager_continue(struct kv_manager *mgr, struct kv_seq *dst, const struct kv_seq *src,
+                        struct err *err);
+
 /* Blocks nobody holds. */
 int kv_manager_free_blocks(const struct kv_manager *mgr);
 /* What admission may count on: free blocks plus cached blocks that only the

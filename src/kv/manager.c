@@ -236,6 +236,22 @@ int kv_manager_attach(struct kv_manager *mgr, struct kv_seq *seq, const uint32_t
     return 0;
 }
 
+int kv_manager_continue(struct kv_manager *mgr, struct kv_seq *dst, const struct kv_seq *src,
+                        struct err *err)
+{
+    int rc = kv_manager_attach(mgr, dst, src->table.blocks, src->table.n_blocks, err);
+    if (rc < 0)
+        return rc;
+    dst->n_tokens = dst->n_cached = src->n_tokens;
+    dst->n_published = src->n_published;
+    dst->chain_block = src->chain_block;
+    dst->chain_gen = src->chain_gen;
+    dst->chain_hash = src->chain_hash;
+    if (mgr->prefix)
+        kv_prefix_note_lookup(mgr->prefix, dst->session, src->n_tokens);
+    return 0;
+}
+
 int kv_manager_close_session(struct kv_manager *mgr, const char *session_id)
 {
     return mgr->prefix ? kv_prefix_close_session(mgr->prefix, session_id) : -1;

@@ -488,10 +488,12 @@ static int tiny_presets(const struct mkmodel_preset **out)
 }
 
 static const struct cu_fuse_config fast_all = {.fast = true, .norm_gemv = true,
-                                               .qk_attention = true};
+                                               .qk_attention = true,
+                                               .gemv_max_rows = CU_GEMV_MAX_ROWS};
 /* As backend_cuda_create configures exact mode: the norm fold stays off. */
 static const struct cu_fuse_config exact_all = {.fast = false, .norm_gemv = false,
-                                                .qk_attention = true};
+                                                .qk_attention = true,
+                                                .gemv_max_rows = CU_GEMV_MAX_ROWS};
 
 Test(fusion, every_tiny_model_decodes_one_sequence_in_the_pinned_launches)
 {
@@ -613,6 +615,34 @@ Test(fusion, switched_off_fusions_leave_their_ops_as_separate_launches)
                "rmsnorm+gemvx3 qk_norm+rope_qk+kv_store attention gemv+add rmsnorm+gemvx2+swiglu "
                "gemv+add",
                6, "rmsnorm+gemv");
+    rig_close(&r);
+}
+
+/* --cuda-gemv-rows: fast-mode matmuls of more rows than the cap go to
+ * cuBLASLt (and their norms stay separate launches); exact mode's GEMV, whose
+ * reduction order is its batch invariance, ignores the cap. */
+Test(fusion, matmuls_of_more_rows_than_the_gemv_cap_go_to_cublaslt_in_fast_mode_only)
+{
+    struct rig r;
+    rig_open(&r, "tiny-qwen3", COMPUTE_FAST);
+    struct cu_fuse_config capped = fast_all;
+    capped.gemv_max_rows = 2;
+    check_step(&r, "tiny-qwen3, 2 sequences decoding, cap 2", &capped, 2, 1,
+               "rmsnorm+gemvx3 qk_norm+rope_qk+kv_store+attention gemv+add rmsnorm+gemvx2+swiglu "
+               "gemv+add",
+               5, "rmsnorm rmsnorm gemv");
+    check_step(&r, "tiny-qwen3, 3 sequences decoding, cap 2", &capped, 3, 1,
+               "rmsnorm gemmx3 qk_norm+rope_qk+kv_store+attention gemm add rmsnorm gemmx2 "
+               "silu_mul gemm add",
+               10, "rmsnorm rmsnorm rmsnorm gemm");
+    rig_close(&r);
+    rig_open(&r, "tiny-qwen3", COMPUTE_EXACT);
+    struct cu_fuse_config exact_capped = exact_all;
+    exact_capped.gemv_max_rows = 2;
+    check_step(&r, "tiny-qwen3 exact, 3 sequences decoding, cap 2", &exact_capped, 3, 1,
+               "rmsnorm gemvx3 qk_norm+rope_qk+kv_store+attention gemv+add rmsnorm gemvx2+swiglu "
+               "gemv+add",
+               7, "rmsnorm rmsnorm rmsnorm gemv");
     rig_close(&r);
 }
 

@@ -562,6 +562,9 @@ static bool step_graphable(const struct cu_impl *im)
                          op->kind == CU_KV_STORE || op->kind == CU_ATTENTION;
         if (per_token && op->n_rows > CU_GEMV_MAX_ROWS)
             return false;
+        /* cuBLASLt's launches stay out of graphs */
+        if (op->kind == CU_MATMUL && im->fuse.fast && op->n_rows > im->fuse.gemv_max_rows)
+            return false;
         if (op->kind == CU_ATTENTION && cu_attention_uses_prefill(op))
             return false;
         /* a prefix-cache copy comes once per admission: not worth a graph */
@@ -1121,6 +1124,9 @@ extern "C" int backend_cuda_create(int device, const struct backend_options *opt
     im->fuse.norm_gemv = opt->cuda_norm_fusion == BACKEND_ON ||
                          (opt->cuda_norm_fusion == BACKEND_DEFAULT && opt->mode == COMPUTE_FAST);
     im->fuse.qk_attention = opt->cuda_qk_fusion != BACKEND_OFF;
+    im->fuse.gemv_max_rows = opt->cuda_gemv_rows >= 1 && opt->cuda_gemv_rows <= CU_GEMV_MAX_ROWS
+                                 ? opt->cuda_gemv_rows
+                                 : CU_GEMV_MAX_ROWS;
     im->prefill_tc = opt->cuda_prefill_tc != BACKEND_OFF;
     im->profile = opt->profile;
     cudaDeviceProp prop;

@@ -77,7 +77,7 @@ bool cu_attention_takes_qk(const struct cu_op *op, const struct cu_qk_args *qk)
 /* Rule 3's split: the GEMV kernels, or cuBLASLt. */
 static bool uses_gemv(const struct cu_fuse_config *cfg, const struct cu_op *op)
 {
-    return !cfg->fast || op->n_rows <= CU_GEMV_MAX_ROWS || op->u.mm.dtype != DTYPE_BF16 ||
+    return !cfg->fast || op->n_rows <= cfg->gemv_max_rows || op->u.mm.dtype != DTYPE_BF16 ||
            op->u.mm.cols % 8 != 0;
 }
 

@@ -60,6 +60,8 @@ struct cu_fuse_config {
     bool fast;         /* COMPUTE_FAST: large bf16 matmuls go to cuBLASLt */
     bool norm_gemv;    /* rule 2 (the backend leaves it off in EXACT mode unless asked) */
     bool qk_attention; /* rule 1's fold into the decode attention */
+    int gemv_max_rows; /* rule 3: FAST-mode bf16 matmuls of more rows go to cuBLASLt
+                          (1..CU_GEMV_MAX_ROWS) */
 };
 
 enum cu_launch_kind {
