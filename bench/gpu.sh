@@ -18,7 +18,11 @@
 #              16 sessions x 8 turns on a 2,000-token system prompt, cache on
 #              against --prompt-cache 0) and 1/8/16/32/64 concurrent streams of
 #              512-token prompts and 128 tokens (bench/serve_concurrency.py);
-#              on llama-3.1-8b unless models are named
+#              on llama-3.1-8b unless models are named (AGENT_CONCURRENCY: the
+#              sessions at a time, default "4 16"; AGENT_SERVER_ARG: more serve flags)
+#     rows     decode through `inferd serve --device cuda` at 1-16 streams with
+#              --cuda-gemv-rows 8, 4, 2 and 1 (which row counts the GEMV kernels
+#              or cuBLASLt serve faster); on llama-3.1-8b unless models are named
 #     MODEL    mkmodel presets (default: qwen3-0.6b llama-3.2-1b llama-3.1-8b)
 #   With no stage named, parity, bench and 8k run.
 #
@@ -35,7 +39,7 @@ cd "$root"
 stages=() models=()
 for a in "$@"; do
   case "$a" in
-    parity|bench|8k|profile|serve|cache|agent) stages+=("$a") ;;
+    parity|bench|8k|profile|serve|cache|agent|rows) stages+=("$a") ;;
     *) models+=("$a") ;;
   esac
 done
@@ -225,14 +229,27 @@ if has_stage agent; then
   for preset in "${agent_models[@]}"; do
     dir=$(make_model "$preset") || { echo "mkmodel $preset failed"; continue; }
     add_tokenizer "$preset" "$dir"
-    for conc in 4 16; do
-      echo "== agent: $preset, 16 sessions x 8 turns, system prompt 2,000 tokens, $conc sessions at a time"
+    for conc in ${AGENT_CONCURRENCY:-4 16}; do
+      echo "== agent: $preset, 16 sessions x 8 turns, system prompt 2,000 tokens, $conc sessions at a time${AGENT_SERVER_ARG:+, serve $AGENT_SERVER_ARG}"
       timeout 1200 python3 bench/agent_workload.py "$bin"/inferd "$dir" --device cuda \
-        --sessions 16 --turns 8 --system-tokens 2000 --concurrency $conc
+        --sessions 16 --turns 8 --system-tokens 2000 --concurrency $conc \
+        ${AGENT_SERVER_ARG:+--server-arg "$AGENT_SERVER_ARG"}
     done
     echo "== agent: $preset, throughput: 512-token prompts, 128 tokens, 1-64 streams"
     timeout 900 python3 bench/serve_concurrency.py "$bin"/inferd "$dir" --device cuda \
       --streams 1,8,16,32,64 --prompt-len 512 --gen-len 128
+  done
+fi
+
+if has_stage rows; then
+  for preset in "${agent_models[@]}"; do
+    dir=$(make_model "$preset") || { echo "mkmodel $preset failed"; continue; }
+    add_tokenizer "$preset" "$dir"
+    for rows in 8 4 2 1; do
+      echo "== rows: $preset, --cuda-gemv-rows $rows, 512-token prompts, 128 tokens"
+      timeout 600 python3 bench/serve_concurrency.py "$bin"/inferd "$dir" --device cuda \
+        --streams 1,2,4,8,16 --prompt-len 512 --gen-len 128 --server-arg "--cuda-gemv-rows $rows"
+    done
   done
 fi
 

@@ -35,6 +35,8 @@ def main():
     p.add_argument("--gen-len", type=int, default=64)
     p.add_argument("--device", default="")
     p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--server-arg", action="append", default=[],
+                   help="more `inferd serve` flags, e.g. '--cuda-gemv-rows 4' (repeatable)")
     args = p.parse_args()
     counts = [int(n) for n in args.streams.split(",")]
 
@@ -43,6 +45,8 @@ def main():
         cmd += ["--device", args.device]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
+    for a in args.server_arg:
+        cmd += a.split()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     m = re.search(r"http://([^:]+):(\d+)", proc.stdout.readline())
     if not m:
@@ -52,7 +56,8 @@ def main():
     bans = serve_tax.eos_ids(args.model)
     rng = random.Random(1)
     print(f"model {args.model}, prompt {args.prompt_len}, generate {args.gen_len}"
-          f"{', device ' + args.device if args.device else ''}")
+          f"{', device ' + args.device if args.device else ''}"
+          f"{', serve ' + ' '.join(args.server_arg) if args.server_arg else ''}")
     one_stream = None
     aggregate = {}
     try:

@@ -384,6 +384,12 @@ int sched_build_batch(struct sched *sc)
         struct seq *s = sc->running[i];
         int todo = s->n_tokens - s->n_computed;
         int chunk = todo < budget ? todo : budget;
+        /* A one-token row may have its K/V write folded into the attention
+         * that reads them (a backend's decode fusion), so it would not see
+         * the finishing sequence's write of the position it took over in the
+         * same step: it runs a step later. */
+        if (s->continues && chunk < 2)
+            continue;
         /* s->kv holds slots for exactly its n_computed positions here. */
         while (kv_manager_allocate_slots(sc->kv, &s->kv, chunk, &err) < 0) {
             if (drop_finishing(sc)) /* their blocks go to the cache, evictable, first */

@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include "engine/engine.h"
-#include "engine/scheduler.h"
 #include "test_support.h"
 #include "text/tokenizer.h"
 
@@ -700,92 +699,6 @@ Test(engine_cache, the_next_turn_reuses_the_whole_previous_sequence_every_archit
 {
     for (size_t i = 0; i < sizeof tiny_presets / sizeof tiny_presets[0]; i++)
         check_next_turn(tiny_presets[i]);
-}
-
-/* ---- a next turn that arrives while the previous one finishes ----------------
- * Driven step by step (no engine thread), so the next turn is admitted
- * exactly in the step that computes the previous one's last token: it takes
- * the finishing sequence's blocks over (its partial last block included)
- * instead of waiting for them to be published, counts the whole previous
- * sequence as reused, and gives the tokens of a cold run. */
-
-/* Steps sc until s has been told its finish. */
-static void step_until_told(struct sched *sc, struct gen_output *o)
-{
-    struct err err = {0};
-    for (int guard = 0; o->finish == GEN_RUNNING; guard++) {
-        cr_assert_lt(guard, 1000);
-        sched_admit(sc);
-        cr_assert_geq(sched_step(sc, &err), 0, "%s", err.msg);
-    }
-}
-
-static void check_handoff(const char *preset, int n_prompt)
-{
-    enum { EXTRA = 5 };
-    load_preset(preset);
-    struct sched_config cfg = {.n_ctx = 256, .max_seqs = 4, .max_step_tokens = 64,
-                               .prefix = {.max_bytes = 16u << 20, .model_digest = 1}};
-    struct sched sc;
-    struct err err = {0};
-    cr_assert_eq(sched_init(&sc, model, &cfg, NULL, &err), 0, "%s", err.msg);
-    int32_t prompt[64], next[96];
-    make_prompt(prompt, n_prompt, 500 + (uint32_t)n_prompt);
-    struct gen_params first = cache_params(prompt, n_prompt, false);
-    struct seq *f;
-    struct gen_output *fo;
-    cr_assert_eq(seq_create(&first, tok, model->config.vocab_size, &f, &fo, &err), 0, "%s",
-                 err.msg);
-    cr_assert(sched_enqueue(&sc, f, false));
-    step_until_told(&sc, fo);
-    cr_assert_eq(sc.n_finishing, 1, "%s: the first turn takes one more step", preset);
-    int n_first = ids_of(fo, next + n_prompt, CACHE_GEN);
-    memcpy(next, prompt, (size_t)n_prompt * sizeof *next);
-    int n_next = n_prompt + n_first + EXTRA;
-    make_prompt(next + n_prompt + n_first, EXTRA, 77);
-
-    struct gen_params p = cache_params(next, n_next, false);
-    struct seq *s;
-    struct gen_output *so;
-    cr_assert_eq(seq_create(&p, tok, model->config.vocab_size, &s, &so, &err), 0, "%s", err.msg);
-    cr_assert(sched_enqueue(&sc, s, false));
-    sched_admit(&sc);
-    cr_assert_eq(s->continues, f, "%s: the next turn continues the finishing one", preset);
-    cr_assert_eq(so->n_cached, n_prompt + n_first, "%s: %d reused of %d + %d", preset,
-                 so->n_cached, n_prompt, n_first);
-    cr_assert_eq(sched_step(&sc, &err), 2, "%s: one step runs both: %s", preset, err.msg);
-    cr_assert_eq(s->continues, NULL);
-    step_until_told(&sc, so);
-    struct gen_token got[CACHE_GEN];
-    cr_assert_eq(so->n_tokens, CACHE_GEN);
-    memcpy(got, gen_output_tokens(so), sizeof got);
-    while (!sched_idle(&sc))
-        cr_assert_geq(sched_step(&sc, &err), 0, "%s", err.msg);
-    gen_output_release(fo);
-    gen_output_release(so);
-    sched_free(&sc);
-
-    /* exact mode: the same tokens with the same logprobs, bit for bit */
-    struct engine *cold = start_cached(0, 4, 0);
-    struct gen_output *o = run_to_end(cold, &p);
-    cr_assert_eq(o->n_tokens, CACHE_GEN);
-    for (int i = 0; i < CACHE_GEN; i++) {
-        const struct gen_token *w = &gen_output_tokens(o)[i];
-        cr_assert(got[i].id == w->id && got[i].logprob == w->logprob,
-                  "%s (prompt %d), token %d: %d (%.9g) against a cold run's %d (%.9g)", preset,
-                  n_prompt, i, got[i].id, got[i].logprob, w->id, w->logprob);
-    }
-    gen_output_release(o);
-    engine_free(cold);
-}
-
-Test(engine_cache, a_next_turn_takes_over_a_finishing_sequence_every_architecture)
-{
-    for (size_t i = 0; i < sizeof tiny_presets / sizeof tiny_presets[0]; i++) {
-        check_handoff(tiny_presets[i], 21); /* 21 + 8: the last token inside a block */
-        check_handoff(tiny_presets[i], 24); /* 24 + 8: the last token fills a block */
-        check_handoff(tiny_presets[i], 25); /* 25 + 8: the last token opens a block */
-    }
 }
 
 Test(engine_cache, a_cancelled_request_leaves_what_it_computed_its_partial_block_too)

@@ -7,6 +7,7 @@
 
 #include "backend/cuda/cuda.h"
 #include "engine/engine.h"
+#include "engine/scheduler.h"
 #include "kv/kv.h"
 #include "model/model.h"
 #include "test_support.h"
@@ -500,4 +501,149 @@ Test(cuda_batch_invariance, generations_alone_and_mixed_with_other_arrivals_give
 {
     skip_without_gpu();
     check_engines(make_cuda);
+}
+
+/* ---- a next turn that arrives while the previous one finishes ----------------
+ * Driven step by step (no engine thread), so the next turn is admitted in the
+ * very step that computes the previous one's last token: it takes the
+ * finishing sequence's blocks over (the partial last block included) instead
+ * of waiting for them to be published, counts the whole previous sequence as
+ * reused, and gives a cold run's tokens and logprobs, bit for bit. */
+
+#define TURN_GEN 8
+
+struct turn_rig {
+    struct backend *be;
+    struct model *model;
+    struct tokenizer *tok;
+};
+
+/* Steps sc until o has been told its finish. */
+static void step_until_told(struct sched *sc, struct gen_output *o)
+{
+    struct err err = {0};
+    for (int guard = 0; o->finish == GEN_RUNNING; guard++) {
+        cr_assert_lt(guard, 1000);
+        sched_admit(sc);
+        cr_assert_geq(sched_step(sc, &err), 0, "%s", err.msg);
+    }
+}
+
+static struct gen_params turn_params(const int32_t *prompt, int n)
+{
+    return (struct gen_params){.prompt = prompt, .n_prompt = n, .max_tokens = TURN_GEN,
+                               .sampling = {.temperature = 0, .top_p = 1}, .logprobs = 1};
+}
+
+/* The first turn of n_prompt tokens runs to its finish; the next one, its
+ * whole sequence and extra tokens more, arrives before its finishing step. */
+static void check_turn(struct turn_rig *r, const char *preset, int n_prompt, int extra)
+{
+    struct sched_config cfg = {.n_ctx = 256, .max_seqs = 4, .max_step_tokens = 64,
+                               .prefix = {.max_bytes = 16u << 20, .model_digest = 1}};
+    struct sched sc;
+    struct err err = {0};
+    cr_assert_eq(sched_init(&sc, r->model, &cfg, NULL, &err), 0, "%s", err.msg);
+    int32_t prompt[64], next[96];
+    uint64_t seed = 0x5eed0000u + (uint64_t)n_prompt;
+    for (int i = 0; i < n_prompt; i++)
+        prompt[i] = (int32_t)rng_range(&seed, 100, 5000);
+    struct gen_params first = turn_params(prompt, n_prompt);
+    int vocab = r->model->config.vocab_size;
+    struct seq *f, *s;
+    struct gen_output *fo, *so;
+    cr_assert_eq(seq_create(&first, r->tok, vocab, &f, &fo, &err), 0, "%s", err.msg);
+    cr_assert(sched_enqueue(&sc, f, false));
+    step_until_told(&sc, fo);
+    cr_assert_eq(sc.n_finishing, 1, "%s: the first turn takes one more step", preset);
+    int n_first = (int)fo->n_tokens;
+    memcpy(next, prompt, (size_t)n_prompt * sizeof *next);
+    for (int i = 0; i < n_first; i++)
+        next[n_prompt + i] = gen_output_tokens(fo)[i].id;
+    for (int i = 0; i < extra; i++)
+        next[n_prompt + n_first + i] = (int32_t)rng_range(&seed, 100, 5000);
+    struct gen_params p = turn_params(next, n_prompt + n_first + extra);
+    cr_assert_eq(seq_create(&p, r->tok, vocab, &s, &so, &err), 0, "%s", err.msg);
+    cr_assert(sched_enqueue(&sc, s, false));
+    sched_admit(&sc);
+    cr_assert_eq(s->continues, f, "%s: the next turn continues the finishing one", preset);
+    cr_assert_eq(so->n_cached, n_prompt + n_first, "%s: %d reused of %d + %d", preset,
+                 so->n_cached, n_prompt, n_first);
+    /* a one-token row runs a step later: a backend may fold its K/V write
+     * into its attention, which would then miss the finishing row's write */
+    cr_assert_eq(sched_step(&sc, &err), extra >= 2 ? 2 : 1, "%s: %s", preset, err.msg);
+    cr_assert_null(s->continues);
+    step_until_told(&sc, so);
+    struct gen_token got[TURN_GEN];
+    cr_assert_eq(so->n_tokens, TURN_GEN);
+    memcpy(got, gen_output_tokens(so), sizeof got);
+    while (!sched_idle(&sc))
+        cr_assert_geq(sched_step(&sc, &err), 0, "%s", err.msg);
+    gen_output_release(fo);
+    gen_output_release(so);
+    sched_free(&sc);
+
+    struct engine_config ecfg = {.n_ctx = 256, .max_seqs = 4, .max_step_tokens = 64,
+                                 .max_queue = 4};
+    struct engine *cold;
+    cr_assert_eq(engine_create(r->model, r->tok, &ecfg, &cold, &err), 0, "%s", err.msg);
+    struct gen_output *o;
+    cr_assert_eq(engine_submit(cold, &p, &o, &err), 0, "%s", err.msg);
+    pthread_mutex_lock(&o->mu);
+    while (o->finish == GEN_RUNNING)
+        gen_output_wait(o, o->text.len, o->n_tokens, 1000);
+    pthread_mutex_unlock(&o->mu);
+    cr_assert_eq(o->n_tokens, TURN_GEN);
+    for (int i = 0; i < TURN_GEN; i++) {
+        const struct gen_token *w = &gen_output_tokens(o)[i];
+        cr_assert(got[i].id == w->id && got[i].logprob == w->logprob,
+                  "%s (prompt %d + %d), token %d: %d (%.9g) against a cold run's %d (%.9g)",
+                  preset, n_prompt, extra, i, got[i].id, got[i].logprob, w->id, w->logprob);
+    }
+    gen_output_release(o);
+    engine_free(cold);
+}
+
+static void check_turns(backend_maker make)
+{
+    const char *data = getenv("INFERD_TOKENIZER_DATA");
+    if (!data)
+        cr_skip_test("INFERD_TOKENIZER_DATA is not set");
+    char tokenizer_dir[4096];
+    snprintf(tokenizer_dir, sizeof tokenizer_dir, "%s/qwen3", data);
+    const struct mkmodel_preset *presets[32];
+    int n = tiny_presets(presets, 32);
+    for (int i = 0; i < n; i++) {
+        struct err err = {0};
+        char *dir = test_mkdtemp();
+        struct mkmodel_opts opts = {.preset = presets[i]->name, .seed = 5, .out_dir = dir,
+                                    .tokenizer_dir = tokenizer_dir};
+        cr_assert_eq(mkmodel_write(&opts, &err), 0, "%s: %s", presets[i]->name, err.msg);
+        struct turn_rig r;
+        cr_assert_eq(make(&(struct backend_options){.mode = COMPUTE_EXACT, .threads = 2}, &r.be,
+                          &err),
+                     0, "%s", err.msg);
+        cr_assert_eq(model_load(dir, r.be, &r.model, &err), 0, "%s", err.msg);
+        cr_assert_eq(tok_load(dir, &r.tok, &err), 0, "%s", err.msg);
+        check_turn(&r, presets[i]->name, 21, 5);  /* 21 + 8: the last token inside a block */
+        check_turn(&r, presets[i]->name, 24, 5);  /* 24 + 8: the last token fills a block */
+        check_turn(&r, presets[i]->name, 25, 12); /* 25 + 8: it opens one; 12 more: a prefill */
+        check_turn(&r, presets[i]->name, 21, 1);  /* one token more: it waits a step */
+        tok_free(r.tok);
+        model_free(r.model);
+        backend_destroy(r.be);
+        test_rmtree(dir);
+        free(dir);
+    }
+}
+
+Test(batch_invariance, a_next_turn_takes_over_a_finishing_sequence_and_keeps_its_tokens)
+{
+    check_turns(make_cpu);
+}
+
+Test(cuda_batch_invariance, a_next_turn_takes_over_a_finishing_sequence_and_keeps_its_tokens)
+{
+    skip_without_gpu();
+    check_turns(make_cuda);
 }
