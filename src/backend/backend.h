@@ -262,7 +262,7 @@ struct backend_options {
      * (default on; off: the f32 kernel) */
     enum backend_switch cuda_prefill_tc;
     /* CUDA: FAST-mode bf16 matmuls of at most this many token rows run on the
-     * GEMV kernels, more rows on cuBLASLt (1..8; 0: the default, 8) */
+     * GEMV kernels, more rows on cuBLASLt (1..8; 0: the default, 2) */
     int cuda_gemv_rows;
     /* CUDA: backend_ops.sample picks tokens on the GPU (default on; off: the
      * op is NULL, so logits are copied to the host and sampled there) */

@@ -1126,7 +1126,7 @@ extern "C" int backend_cuda_create(int device, const struct backend_options *opt
     im->fuse.qk_attention = opt->cuda_qk_fusion != BACKEND_OFF;
     im->fuse.gemv_max_rows = opt->cuda_gemv_rows >= 1 && opt->cuda_gemv_rows <= CU_GEMV_MAX_ROWS
                                  ? opt->cuda_gemv_rows
-                                 : CU_GEMV_MAX_ROWS;
+                                 : CU_GEMV_DEFAULT_ROWS;
     im->prefill_tc = opt->cuda_prefill_tc != BACKEND_OFF;
     im->profile = opt->profile;
     cudaDeviceProp prop;

@@ -23,6 +23,13 @@ extern "C" {
 /* Rows (tokens) up to which matmuls run through our GEMV kernels and a step
  * may be replayed from a CUDA graph; above it, cuBLASLt and eager launches. */
 #define CU_GEMV_MAX_ROWS 8
+/* Rows up to which FAST-mode bf16 matmuls take the GEMV kernels unless
+ * --cuda-gemv-rows says otherwise: past 2 rows cuBLASLt is faster on an H200
+ * (Llama-3.1-8B decode through the server, 4 streams: 589 against 443 tok/s;
+ * 8 streams: 1,166 against 373): the GEMVs stage x in shared memory, which
+ * leaves one block per SM at 8 rows of 4,096 and does not fit the 14,336-wide
+ * down projection at all. */
+#define CU_GEMV_DEFAULT_ROWS 2
 #define CU_GROUP_MAX 4
 #define CU_MAX_HEAD_DIM 256
 /* decode attention splits per (row, head group) at most (cu_attention_splits
