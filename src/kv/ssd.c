@@ -1076,12 +1076,12 @@ static void run_write_batch(struct ssd_store *s, struct job *batch)
         if (ftruncate(s->active_fd, (off_t)keep) == 0)
             sg->size = keep;
     }
+    bool ok = !err_no && !disabled;
     pthread_mutex_lock(&s->mu);
     if (err_no)
         disable_locked(s, what, err_no);
     for (j = batch; j; j = j->next) {
         struct entry *e = map_find(s, j->hash, j->ns);
-        bool ok = !err_no && !disabled;
         if (ok && e) {
             e->state = ENTRY_DURABLE;
             e->seg = j->seg;
@@ -1097,6 +1097,13 @@ static void run_write_batch(struct ssd_store *s, struct job *batch)
                 map_remove(s, j->hash, j->ns);
             s->st.failed++;
         }
+    }
+    pthread_mutex_unlock(&s->mu);
+    /* under the cap before the cookies come back, so a caller that flushed sees the cap hold */
+    if (ok)
+        enforce_cap(s);
+    pthread_mutex_lock(&s->mu);
+    for (j = batch; j; j = j->next) {
         s->st.pending--;
         s->st.pending_bytes -= j->data_len;
         s->write_seq_done = j->seq + 1;
@@ -1105,12 +1112,6 @@ static void run_write_batch(struct ssd_store *s, struct job *batch)
     s->st.bytes = disk_bytes_of(s);
     pthread_cond_broadcast(&s->done_cv);
     pthread_mutex_unlock(&s->mu);
-    if (!err_no && !disabled) {
-        enforce_cap(s);
-        pthread_mutex_lock(&s->mu);
-        s->st.bytes = disk_bytes_of(s);
-        pthread_mutex_unlock(&s->mu);
-    }
 }
 
 /* ---- the I/O thread: reads ------------------------------------------------------------------------ */
@@ -1337,7 +1338,7 @@ static int open_index(struct ssd_store *s, struct err *err)
             rc = recover_segments(s);
         if (rc == SQLITE_OK)
             return 0;
-        const char *msg = s->db ? sqlite3_errmsg(s->db) : sqlite3_errstr(rc);
+        const char *msg = sqlite3_errstr(rc);
         if (attempt == 1)
             return err_set(err, INFERD_EIO, "ssd cache %s: cannot create the index: %s", s->dir, msg);
         log_warn("ssd cache %s: the index is damaged (%s); rebuilding it from the segments", s->dir,
