@@ -739,6 +739,7 @@ static int recover_segments(struct ssd_store *s)
         if (good_end < sg->size) {
             log_warn("ssd cache %s: segment %08x: %" PRIu64 " bytes after its last good record cut off",
                      s->dir, sg->id, sg->size - good_end);
+            s->st.torn_tails++;
             if (ftruncate(fd, (off_t)good_end) == 0) {
                 fdatasync(fd);
                 sg->size = good_end;
@@ -1349,6 +1350,7 @@ static int open_index(struct ssd_store *s, struct err *err)
         s->cap = s->count = 0;
         s->st.blocks = 0;
         s->st.recovered_blocks = 0;
+        s->st.torn_tails = 0;
         s->st.index_rebuilt = true;
     }
     return 0;

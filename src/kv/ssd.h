@@ -92,6 +92,7 @@ struct ssd_stats {
     uint64_t evicted_blocks;        /* blocks dropped to stay under the cap */
     uint64_t recovered_blocks;      /* at open: records past the index's end, verified and indexed */
     uint64_t dropped_at_start;      /* at open: index rows dropped (data missing or short, bad rows) */
+    uint64_t torn_tails;            /* at open: segments whose bytes after the last good record were cut */
     bool index_rebuilt;             /* at open: the index was damaged and rebuilt from the segments */
     bool disabled;                  /* the tier turned itself off (disk full or unwritable) */
     char disable_reason[128];

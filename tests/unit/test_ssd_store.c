@@ -468,6 +468,7 @@ Test(ssd_store, a_truncated_segment_loses_only_its_cut_block_and_a_torn_tail_is_
     struct ssd_stats st;
     ssd_store_stats(s, &st);
     cr_assert_eq(st.dropped_at_start, 1);
+    cr_assert_eq(st.torn_tails, 1, "the cut record's first part is cut off too");
     cr_assert_not(ssd_store_contains(s, b[11].key.hash, NS, NULL));
     cr_assert_eq(check_offered(s, b, 12), 11);
     ssd_store_close(s);
@@ -482,6 +483,9 @@ Test(ssd_store, a_truncated_segment_loses_only_its_cut_block_and_a_torn_tail_is_
     cr_assert_eq(write(fd, junk, sizeof junk), (ssize_t)sizeof junk);
     close(fd);
     s = open_store(&c);
+    ssd_store_stats(s, &st);
+    cr_assert_eq(st.torn_tails, 1);
+    cr_assert_eq(st.recovered_blocks, 0);
     cr_assert_eq(check_offered(s, b, 12), 11);
     ssd_store_close(s);
     cr_assert_eq(file_size(seg), clean);
