@@ -57,6 +57,9 @@ const char *err_code_name(int code)
     case INFERD_EUNSUPPORTED: return "unsupported";
     case INFERD_ERANGE: return "range";
     case INFERD_EBUSY: return "busy";
+    case INFERD_EEXIST: return "exists";
+    case INFERD_ENOENT: return "not found";
+    case INFERD_ECORRUPT: return "corrupt";
     default: return "unknown";
     }
 }

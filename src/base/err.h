@@ -14,6 +14,9 @@ enum inferd_errcode {
     INFERD_EUNSUPPORTED = 5, /* well-formed but not something inferd runs */
     INFERD_ERANGE = 6,       /* value outside the allowed range */
     INFERD_EBUSY = 7,        /* a queue or budget is full; try again later */
+    INFERD_EEXIST = 8,       /* already there (a stored or queued block) */
+    INFERD_ENOENT = 9,       /* not there (any more): nothing to read */
+    INFERD_ECORRUPT = 10,    /* stored data failed its verification (checksum, identity) */
 };
 
 struct err {
