@@ -1,6 +1,7 @@
 /* engine/engine.c — the engine thread: takes submitted requests off a queue, drives the
  * serving loop (engine/scheduler.h) step after step, shuts down with a grace period, and
  * publishes stats and metrics for any thread to read. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,10 +13,14 @@
 #include "engine/sequence.h"
 #include "text/tokenizer.h"
 
-/* A call into the engine thread (engine_close_session), answered between two steps. */
+/* A call into the engine thread (engine_close_session, engine_flush_cache),
+ * answered between two steps. */
 struct engine_call {
-    const char *session_id;    /* borrowed from the caller, who waits */
-    int result;                /* blocks released, or -1 */
+    const char *session_id;    /* borrowed from the caller, who waits; NULL: a flush */
+    int timeout_ms;            /* a flush's */
+    int result;                /* blocks released, or -1; a flush's return code */
+    struct err err;            /* a flush's */
+    struct kv_tier_stats tier; /* a flush's counters as it answered */
     bool done;
     struct engine_call *next;
 };
@@ -40,6 +45,8 @@ struct engine {
     pthread_cond_t call_cv;        /* signalled when calls are answered */
     pthread_mutex_t stats_mu;      /* guards the snapshot below */
     struct kv_prefix_stats cache_pub;
+    struct kv_tier_stats tier_pub;
+    struct kv_tier_config tier_cfg; /* the caller's, fingerprint completed */
     uint64_t kv_bytes_pub;
     size_t block_bytes;
 
@@ -59,10 +66,13 @@ static void publish_stats(struct engine *e)
     struct sched *sc = &e->sched;
     struct kv_prefix_stats st;
     kv_manager_prefix_stats(sc->kv, &st);
+    struct kv_tier_stats tier;
+    kv_manager_tier_stats(sc->kv, &tier);
     int held = kv_manager_total_blocks(sc->kv) - kv_manager_free_blocks(sc->kv) -
                (int)st.unreferenced_blocks;
     pthread_mutex_lock(&e->stats_mu);
     e->cache_pub = st;
+    e->tier_pub = tier;
     e->kv_bytes_pub = (uint64_t)held * e->block_bytes;
     pthread_mutex_unlock(&e->stats_mu);
     atomic_store(&e->n_running_pub, sc->n_running);
@@ -73,8 +83,14 @@ static void publish_stats(struct engine *e)
 /* Answers the calls taken off the queue; only this thread touches the cache. */
 static void answer_calls(struct engine *e, struct engine_call *calls)
 {
-    for (struct engine_call *c = calls; c; c = c->next)
-        c->result = kv_manager_close_session(e->sched.kv, c->session_id);
+    for (struct engine_call *c = calls; c; c = c->next) {
+        if (c->session_id) {
+            c->result = kv_manager_close_session(e->sched.kv, c->session_id);
+            continue;
+        }
+        c->result = kv_manager_tier_flush(e->sched.kv, c->timeout_ms, &c->err);
+        kv_manager_tier_stats(e->sched.kv, &c->tier);
+    }
     pthread_mutex_lock(&e->mu);
     for (struct engine_call *c = calls; c; c = c->next)
         c->done = true;
@@ -145,6 +161,7 @@ static void *engine_main(void *arg)
             pthread_cond_timedwait(&e->cv, &e->mu, &until);
             pthread_mutex_unlock(&e->mu);
             kv_manager_tick(sc->kv, now_ns());
+            kv_manager_tier_poll(sc->kv);
             publish_stats(e);
             pthread_mutex_lock(&e->mu);
         }
@@ -163,6 +180,7 @@ static void *engine_main(void *arg)
 
         atomic_store(&e->state, stopping ? 2 : 1);
         kv_manager_tick(sc->kv, now_ns());
+        kv_manager_tier_poll(sc->kv);
         sched_drop_cancelled(sc, past_deadline);
         if (stopping && sched_idle(sc)) {
             if (calls)
@@ -171,13 +189,25 @@ static void *engine_main(void *arg)
         }
         sched_admit(sc);
         struct err err = {0};
-        if (sched_step(sc, &err) < 0)
+        int ran = sched_step(sc, &err);
+        if (ran < 0)
             log_error("engine: forward step failed: %s", err.msg);
+        /* nothing could run: what runs waits for blocks read from disk */
+        if (ran == 0 && kv_manager_tier_busy(sc->kv))
+            kv_manager_tier_wait(sc->kv, 5);
         /* After the step, so that a request its caller saw finish has
          * published all it will (its last token is computed in this step). */
         if (calls)
             answer_calls(e, calls);
         publish_stats(e);
+    }
+    if (kv_manager_tier_enabled(sc->kv)) {
+        /* what the cache holds goes to disk within the grace left (at least a second) */
+        uint64_t now = now_ns();
+        int left = e->stop_deadline_ns > now ? (int)((e->stop_deadline_ns - now) / 1000000ull) : 0;
+        struct err err = {0};
+        if (kv_manager_tier_flush(sc->kv, left > 1000 ? left : 1000, &err) < 0)
+            log_warn("engine: the SSD tier's last flush: %s", err.msg);
     }
     publish_stats(e);
     return NULL;
@@ -235,6 +265,19 @@ int engine_create(const struct model *m, const struct tokenizer *tok,
                    .model_digest = model_digest(m, tok),
                    .session_idle_ns = (uint64_t)(cfg->session_idle_s > 0 ? cfg->session_idle_s
                                                                           : 0) * 1000000000ull}};
+    if (cfg->tier) {
+        e->tier_cfg = *cfg->tier;
+        e->tier_cfg.store.fp.model_digest =
+            hash_mix64(cfg->tier->store.fp.model_digest ^ sc.prefix.model_digest);
+        e->tier_cfg.store.fp.block_size = block_size;
+        struct ssd_fingerprint *fp = &e->tier_cfg.store.fp;
+        if (!fp->kv_format[0])
+            snprintf(fp->kv_format, sizeof fp->kv_format, "%s", dtype_name(format.dtype));
+        if (!fp->backend_identity[0])
+            snprintf(fp->backend_identity, sizeof fp->backend_identity, "%s-%s",
+                     m->backend->ops->name, m->backend->mode == COMPUTE_EXACT ? "exact" : "fast");
+        sc.tier = &e->tier_cfg;
+    }
     int rc = sched_init(&e->sched, m, &sc, &e->metrics, err);
     if (rc == 0) {
         e->sched_ready = true;
@@ -340,6 +383,28 @@ int engine_close_session(struct engine *e, const char *session_id, int *blocks_r
     return 0;
 }
 
+int engine_flush_cache(struct engine *e, int timeout_ms, struct kv_tier_stats *after,
+                       struct err *err)
+{
+    struct engine_call call = {.timeout_ms = timeout_ms, .result = -1};
+    pthread_mutex_lock(&e->mu);
+    if (e->stopping || !e->thread_started) {
+        pthread_mutex_unlock(&e->mu);
+        return err_set(err, INFERD_EBUSY, "the server is shutting down");
+    }
+    call.next = e->calls;
+    e->calls = &call;
+    pthread_cond_signal(&e->cv);
+    while (!call.done)
+        pthread_cond_wait(&e->call_cv, &e->mu);
+    pthread_mutex_unlock(&e->mu);
+    if (after)
+        *after = call.tier;
+    if (call.result < 0)
+        err_set(err, -call.result, "%s", call.err.msg);
+    return call.result;
+}
+
 void engine_shutdown(struct engine *e, int grace_ms)
 {
     if (!e)
@@ -376,6 +441,7 @@ void engine_get_stats(struct engine *e, struct engine_stats *out)
     out->waiting = atomic_load(&e->n_waiting_pub);
     pthread_mutex_lock(&e->stats_mu);
     out->prompt_cache = e->cache_pub;
+    out->ssd_cache = e->tier_pub;
     out->kv_bytes = e->kv_bytes_pub;
     pthread_mutex_unlock(&e->stats_mu);
     out->kv_budget_bytes = 0;

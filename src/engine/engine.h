@@ -44,6 +44,10 @@ struct engine_config {
     enum kv_retention cache_retention;
     int session_idle_s;  /* a session's blocks lose their priority after this long unused;
                             0: only an explicit close ends it */
+    /* The SSD tier below the prefix cache (kv/kv.h); NULL: none. Its
+     * fingerprint's model_digest is the weights' content digest: the engine
+     * mixes the architecture and tokenizer identity of the prefix cache in. */
+    const struct kv_tier_config *tier;
 };
 
 /* What one request asks the engine for. Everything is copied at submit. */
@@ -158,6 +162,7 @@ struct engine_stats {
     uint64_t kv_bytes;          /* KV bytes of the blocks running sequences hold */
     uint64_t kv_budget_bytes;   /* the admission budget on KV bytes; 0: none */
     struct kv_prefix_stats prompt_cache; /* as of the engine's last step */
+    struct kv_tier_stats ssd_cache;      /* as of the engine's last step; enabled false: no tier */
     const char *state; /* "idle", "running", "stopping" */
 };
 
@@ -194,6 +199,14 @@ void engine_free(struct engine *e);
  * Returns 0, or -INFERD_EBUSY when the engine is stopping. */
 int engine_close_session(struct engine *e, const char *session_id, int *blocks_released,
                          struct err *err);
+
+/* Makes everything the prefix cache holds durable in the SSD tier: 0 once it
+ * is, -INFERD_EBUSY when timeout_ms passed first (the writes go on),
+ * -INFERD_EIO when the tier turned itself off, -INFERD_EINVAL without a tier.
+ * The engine thread does it between two steps; the caller waits. *after (may
+ * be NULL) gets the tier's counters as it answered. */
+int engine_flush_cache(struct engine *e, int timeout_ms, struct kv_tier_stats *after,
+                       struct err *err);
 
 void engine_get_stats(struct engine *e, struct engine_stats *out);
 const struct engine_metrics *engine_metrics(const struct engine *e);

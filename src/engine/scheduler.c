@@ -34,6 +34,8 @@ int sched_init(struct sched *sc, const struct model *m, const struct sched_confi
     int rc = kv_manager_create(m, m->backend, sc->cfg.kv_blocks, block_size, &sc->kv, err);
     if (rc == 0)
         rc = kv_manager_prefix_enable(sc->kv, &cfg->prefix, err);
+    if (rc == 0 && cfg->tier)
+        rc = kv_manager_tier_enable(sc->kv, cfg->tier, err);
     if (rc == 0)
         rc = forward_state_create(m, cfg->max_step_tokens, &sc->fwd, err);
     if (rc == 0) {
@@ -135,6 +137,7 @@ static void release_blocks(struct sched *sc, struct seq *s)
     handoff_end(sc, s, false);
     s->n_computed = 0;
     s->looked_up = false;
+    s->loading = false;
 }
 
 void sched_publish(struct sched *sc, struct seq *s) { publish_blocks(sc, s); }
@@ -330,6 +333,32 @@ static bool kv_budget_admits(const struct sched *sc, const struct seq *s)
     return total <= sc->cfg.kv_budget_bytes;
 }
 
+/* The request's reused prompt tokens (usage.cached_tokens). */
+static void tell_cached(struct seq *s)
+{
+    if (!s->out || s->cached_told)
+        return;
+    s->cached_told = true;
+    pthread_mutex_lock(&s->out->mu);
+    s->out->n_cached = s->n_computed;
+    pthread_mutex_unlock(&s->out->mu);
+}
+
+/* s was admitted with blocks loading from disk: false while they are; once
+ * in, what loaded counts (a block that failed its read, and those after it,
+ * were dropped: s computes them). */
+static bool loaded(struct sched *sc, struct seq *s)
+{
+    if (!s->loading)
+        return true;
+    if (kv_manager_loading(sc->kv, &s->kv))
+        return false;
+    s->loading = false;
+    s->n_computed = s->kv.n_tokens;
+    tell_cached(s);
+    return true;
+}
+
 void sched_admit(struct sched *sc)
 {
     while (sc->n_waiting > 0 && sc->n_running < sc->cfg.max_seqs) {
@@ -357,12 +386,9 @@ void sched_admit(struct sched *sc)
             atomic_fetch_add(&sc->counters.requests_admitted, 1);
             atomic_fetch_add(&sc->counters.prompt_tokens, (uint64_t)s->n_prompt);
         }
-        if (s->admit_order == 0 && s->out) {
-            /* the request's reused prompt tokens (usage.cached_tokens) */
-            pthread_mutex_lock(&s->out->mu);
-            s->out->n_cached = s->n_computed;
-            pthread_mutex_unlock(&s->out->mu);
-        }
+        s->loading = kv_manager_loading(sc->kv, &s->kv);
+        if (!s->loading)
+            tell_cached(s);
         s->admit_order = ++sc->admissions;
         s->n_computed = s->kv.n_tokens;
         sc->running[sc->n_running++] = s;
@@ -382,6 +408,8 @@ int sched_build_batch(struct sched *sc)
      * the batch) are the ones pushed back. */
     for (int i = 0; i < sc->n_running && budget > 0; i++) {
         struct seq *s = sc->running[i];
+        if (!loaded(sc, s))
+            continue;
         int todo = s->n_tokens - s->n_computed;
         int chunk = todo < budget ? todo : budget;
         /* A one-token row may have its K/V write folded into the attention

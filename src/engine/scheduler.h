@@ -21,6 +21,7 @@ struct sched_config {
     int block_size;      /* positions per KV block; 0: KV_BLOCK_SIZE_DEFAULT */
     uint64_t kv_budget_bytes; /* projected KV of the running sequences; 0: no budget */
     struct kv_prefix_config prefix; /* max_bytes 0: no prefix cache */
+    const struct kv_tier_config *tier; /* the SSD tier below the prefix cache; NULL: none */
 };
 
 /* Counters any thread may read while the driving thread writes them. */

@@ -57,6 +57,9 @@ struct seq {
      * finishing one takes its blocks, the last token included, while the
      * finishing one's final step computes that token. Both point at each
      * other until that step is done. */
+    bool cached_told;           /* its reader has the reused prompt tokens (gen_output.n_cached) */
+    bool loading;               /* admitted while some of its cached blocks are read from disk:
+                                   it joins a batch once they are in (kv_manager_loading) */
     struct seq *continues;      /* the finishing sequence this one took over, or NULL */
     struct seq *continued_by;   /* the sequence that took this finishing one over, or NULL */
 };

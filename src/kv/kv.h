@@ -9,6 +9,7 @@
 
 #include "backend/backend.h"
 #include "base/err.h"
+#include "kv/ssd.h"
 #include "model/model.h"
 
 /* ---- layout ----------------------------------------------------------------
@@ -121,6 +122,9 @@ struct kv_seq {
     int64_t chain_block;  /* the cache entry holding block n_published - 1 (-1: none) */
     uint64_t chain_gen;   /* that entry's generation, to notice it was evicted meanwhile */
     uint64_t chain_hash;  /* the hash chain up to it */
+    /* The SSD tier's reads into this sequence's blocks (kv_manager_loading): */
+    int n_loading;        /* blocks still being read */
+    int loading_from;     /* the first block read from disk (valid while n_loading > 0) */
 };
 
 struct kv_manager;
@@ -290,6 +294,84 @@ void kv_manager_prefix_clear(struct kv_manager *mgr);
 
 void kv_manager_prefix_stats(const struct kv_manager *mgr, struct kv_prefix_stats *out);
 
+/* ---- the SSD tier ------------------------------------------------------------
+ * Below the prefix cache, through kv/ssd.h's block store (kv/tier.c). Every
+ * full block the cache takes in is copied to host memory and queued for
+ * writing (write-behind, on the store's I/O thread); when the queue is full
+ * the block is remembered and queued later, and one that must leave memory
+ * before that waits for room. A lookup whose verified chain ends in memory
+ * goes on on disk (ssd_store_contains, the same hashes): when the cost model
+ * predicts that reading those blocks is faster than computing them (their
+ * bytes at the store's measured read rate against their tokens at
+ * prefill_tokens_per_s), they are read into fresh blocks of the sequence
+ * while other sequences keep stepping; the sequence waits until they are in
+ * (kv_manager_loading). A block that fails its verification is dropped with
+ * every block after it, and the sequence computes them. Durable blocks unused
+ * for demote_idle_ns may leave memory. */
+
+struct kv_tier_config {
+    struct ssd_config store;       /* dir, cap, verification, fingerprint */
+    uint64_t demote_idle_ns;       /* durable cached blocks unused this long leave memory; 0: never */
+    double prefill_tokens_per_s;   /* the recompute rate of the cost model; 0: always read */
+};
+
+struct kv_tier_stats {
+    bool enabled;
+    struct ssd_stats store;
+    double read_bytes_per_s;       /* the store's measured read rate */
+    double prefill_tokens_per_s;   /* the cost model's recompute rate */
+    double predicted_restore_ms, predicted_recompute_ms; /* of the last decision */
+    uint64_t decisions_restore, decisions_recompute;
+    uint64_t recomputes;           /* blocks found on disk but computed after a failed read */
+    uint64_t loading;              /* blocks being read now */
+    uint64_t unsaved;              /* cached blocks waiting for room in the write queue */
+    uint64_t demoted;              /* durable blocks that left memory after demote_idle_ns */
+};
+
+/* Opens the store and hangs the tier under the prefix cache (which must be
+ * on). Only a DIR that cannot be created or written is an error. */
+int kv_manager_tier_enable(struct kv_manager *mgr, const struct kv_tier_config *cfg,
+                           struct err *err);
+bool kv_manager_tier_enabled(const struct kv_manager *mgr);
+/* Takes the store's finished operations: written blocks' host copies freed,
+ * read blocks copied into their pool blocks (or, failed, dropped with the
+ * rest of their sequence's disk blocks); queues remembered blocks while the
+ * write queue has room; demotes idle durable blocks now and then. */
+void kv_manager_tier_poll(struct kv_manager *mgr);
+/* True while reads are in flight (the engine then waits on the store). */
+bool kv_manager_tier_busy(const struct kv_manager *mgr);
+/* Blocks up to timeout_ms until the store has something finished. */
+void kv_manager_tier_wait(struct kv_manager *mgr, int timeout_ms);
+/* True while some of seq's blocks are still being read. */
+bool kv_manager_loading(const struct kv_manager *mgr, const struct kv_seq *seq);
+/* Queues every cached block not yet written and waits until all is durable:
+ * 0; -INFERD_EBUSY when timeout_ms (< 0: no limit) passed first;
+ * -INFERD_EIO when the tier is off; -INFERD_EINVAL when there is no tier. */
+int kv_manager_tier_flush(struct kv_manager *mgr, int timeout_ms, struct err *err);
+void kv_manager_tier_stats(const struct kv_manager *mgr, struct kv_tier_stats *out);
+
+/* The tier itself, driven by the manager. */
+struct kv_tier;
+struct kv_prefix;
+int kv_tier_create(struct kv_pool *pool, struct kv_prefix *prefix, size_t block_bytes,
+                   const struct kv_tier_config *cfg, struct kv_tier **out, struct err *err);
+void kv_tier_free(struct kv_tier *t);
+/* Continues seq's verified chain (ending at chain_hash, n_blocks blocks in,
+ * under ns) on disk for tokens[0, limit): returns how many blocks it queued
+ * reads for, appended to seq's table (0 when none, or when computing them is
+ * predicted to be faster). make_free gives a free pool block. */
+int kv_tier_continue(struct kv_tier *t, struct kv_seq *seq, const int32_t *tokens, int limit,
+                     uint64_t chain_hash, uint64_t ns, bool (*make_free)(void *ctx), void *ctx);
+/* seq is let go of: its reads in flight write nowhere. */
+void kv_tier_forget(struct kv_tier *t, const struct kv_seq *seq);
+/* The manager whose sequences the tier's failed reads truncate. */
+void kv_tier_set_manager(struct kv_tier *t, struct kv_manager *mgr);
+void kv_tier_poll(struct kv_tier *t);
+bool kv_tier_busy(const struct kv_tier *t);
+void kv_tier_wait(struct kv_tier *t, int timeout_ms);
+int kv_tier_flush(struct kv_tier *t, int timeout_ms, struct err *err);
+void kv_tier_stats(const struct kv_tier *t, struct kv_tier_stats *out);
+
 /* The cache itself (kv/prefix.c), driven by the manager, which routes every
  * reference count change of a block through kv_prefix_after_refcount. */
 struct kv_prefix;
@@ -312,6 +394,31 @@ void kv_prefix_publish(struct kv_prefix *p, struct kv_seq *seq, const int32_t *t
  * block is full, shared, or its prefix is already covered. */
 void kv_prefix_publish_partial(struct kv_prefix *p, struct kv_seq *seq, const int32_t *tokens,
                                int n_computed);
+/* What the tier below the cache (kv/tier.c) is told: a full block was just
+ * cached (inserted), or is about to leave the cache (leaving; its K/V are
+ * still in the pool then). Both run on the cache's thread, inside the
+ * publish or eviction that caused them. */
+struct kv_prefix_hooks {
+    void (*inserted)(void *ctx, uint32_t block);
+    void (*leaving)(void *ctx, uint32_t block);
+    void *ctx;
+};
+void kv_prefix_set_hooks(struct kv_prefix *p, const struct kv_prefix_hooks *hooks);
+
+/* A cached block as the tier below addresses it. */
+struct kv_prefix_entry {
+    uint64_t hash, parent_hash, ns; /* parent_hash: the namespace for a first block */
+    const int32_t *tokens;          /* borrowed; n_tokens, valid while the block is cached */
+    int n_tokens;                   /* block_size, or fewer for a partial entry */
+    uint64_t gen;                   /* changes whenever the block is cached anew */
+    uint64_t used_ns;               /* the manager's clock at its last use */
+};
+/* False when block is not cached. */
+bool kv_prefix_entry(const struct kv_prefix *p, uint32_t block, struct kv_prefix_entry *out);
+/* Evicts the full, unreferenced leaves last used before idle_since_ns that
+ * may_go allows; returns how many went. */
+int kv_prefix_evict_idle(struct kv_prefix *p, uint64_t idle_since_ns,
+                         bool (*may_go)(void *ctx, uint32_t block), void *ctx);
 /* After block's pool reference count changed: keeps the eviction order. */
 void kv_prefix_after_refcount(struct kv_prefix *p, uint32_t block);
 /* Evicts the first victim; false when no cached block is evictable. */
@@ -327,6 +434,10 @@ void kv_prefix_get_stats(const struct kv_prefix *p, struct kv_prefix_stats *out)
 /* The namespace a request's blocks are addressed under (the ns above). */
 uint64_t kv_prefix_namespace(uint64_t model_digest, const struct kv_format *format,
                              int block_size, uint64_t cache_ns);
+/* The namespace of a request's cache_ns in p (kv_prefix_namespace with p's model and format). */
+uint64_t kv_prefix_namespace_of(const struct kv_prefix *p, uint64_t cache_ns);
+/* The chain hash of cached block (up to and including it). */
+uint64_t kv_prefix_block_hash(const struct kv_prefix *p, uint32_t block);
 /* One link of the hash chain: H(parent, tokens[0, n), ns). */
 uint64_t kv_prefix_hash(uint64_t parent, const int32_t *tokens, int n, uint64_t ns);
 

@@ -9,6 +9,7 @@
 struct kv_manager {
     struct kv_pool *pool;     /* owned */
     struct kv_prefix *prefix; /* owned; NULL while the prefix cache is off */
+    struct kv_tier *tier;     /* owned; NULL without the SSD tier */
     size_t block_bytes;
 };
 
@@ -34,6 +35,7 @@ void kv_manager_destroy(struct kv_manager *mgr)
         return;
     if (mgr->prefix)
         kv_prefix_clear(mgr->prefix);
+    kv_tier_free(mgr->tier);
     kv_prefix_free(mgr->prefix);
     kv_pool_free(mgr->pool);
     free(mgr);
@@ -50,6 +52,59 @@ int kv_manager_prefix_enable(struct kv_manager *mgr, const struct kv_prefix_conf
 }
 
 bool kv_manager_prefix_enabled(const struct kv_manager *mgr) { return mgr->prefix != NULL; }
+
+int kv_manager_tier_enable(struct kv_manager *mgr, const struct kv_tier_config *cfg,
+                           struct err *err)
+{
+    if (!mgr->prefix)
+        return err_set(err, INFERD_EINVAL, "the SSD tier needs the prefix cache (--prompt-cache > 0)");
+    if (mgr->tier)
+        return 0;
+    int rc = kv_tier_create(mgr->pool, mgr->prefix, mgr->block_bytes, cfg, &mgr->tier, err);
+    if (rc == 0)
+        kv_tier_set_manager(mgr->tier, mgr);
+    return rc;
+}
+
+bool kv_manager_tier_enabled(const struct kv_manager *mgr) { return mgr->tier != NULL; }
+
+void kv_manager_tier_poll(struct kv_manager *mgr)
+{
+    if (mgr->tier)
+        kv_tier_poll(mgr->tier);
+}
+
+bool kv_manager_tier_busy(const struct kv_manager *mgr)
+{
+    return mgr->tier && kv_tier_busy(mgr->tier);
+}
+
+void kv_manager_tier_wait(struct kv_manager *mgr, int timeout_ms)
+{
+    if (mgr->tier)
+        kv_tier_wait(mgr->tier, timeout_ms);
+}
+
+bool kv_manager_loading(const struct kv_manager *mgr, const struct kv_seq *seq)
+{
+    (void)mgr;
+    return seq->n_loading > 0;
+}
+
+int kv_manager_tier_flush(struct kv_manager *mgr, int timeout_ms, struct err *err)
+{
+    if (!mgr->tier)
+        return err_set(err, INFERD_EINVAL, "no SSD tier (--ssd-cache DIR)");
+    return kv_tier_flush(mgr->tier, timeout_ms, err);
+}
+
+void kv_manager_tier_stats(const struct kv_manager *mgr, struct kv_tier_stats *out)
+{
+    if (mgr->tier)
+        kv_tier_stats(mgr->tier, out);
+    else
+        memset(out, 0, sizeof *out);
+}
 
 void kv_seq_init(struct kv_seq *seq)
 {
@@ -84,7 +139,7 @@ static bool make_free(struct kv_manager *mgr, int n)
     return true;
 }
 
-/* Room in seq's table for n_blocks entries, without touching the pool. */
+static bool make_one_free(void *ctx) { return make_free(ctx, 1); }
 
 /* Copies the first n slots of cached block src into a fresh block appended to
  * seq (copy on write: a shared block is never written). False when no block
@@ -122,7 +177,16 @@ int kv_manager_computed_blocks(struct kv_manager *mgr, struct kv_seq *seq, const
         block_retain(mgr, seq->table.blocks[i]);
     seq->table.n_blocks = n_full;
     int reused = n_full * bs;
-    if (src >= 0 && attach_partial(mgr, seq, (uint32_t)src, m))
+    /* where the chain ends in memory it may go on on disk */
+    int n_disk = 0;
+    if (mgr->tier) {
+        uint64_t ns = kv_prefix_namespace_of(mgr->prefix, seq->ns);
+        uint64_t h = n_full > 0 ? kv_prefix_block_hash(mgr->prefix, seq->table.blocks[n_full - 1])
+                                : ns;
+        n_disk = kv_tier_continue(mgr->tier, seq, tokens, limit, h, ns, make_one_free, mgr);
+        reused += n_disk * bs;
+    }
+    if (n_disk == 0 && src >= 0 && attach_partial(mgr, seq, (uint32_t)src, m))
         reused += m;
     seq->n_tokens = seq->n_cached = reused;
     /* the attached full blocks are already in the cache under this chain */
@@ -132,16 +196,26 @@ int kv_manager_computed_blocks(struct kv_manager *mgr, struct kv_seq *seq, const
     return reused;
 }
 
+/* Positions of seq whose K/V are really there: not those still being read. */
+static int settled(const struct kv_manager *mgr, const struct kv_seq *seq, int n_computed)
+{
+    int bs = mgr->pool->cache.block_size;
+    if (seq->n_loading > 0 && n_computed > seq->loading_from * bs)
+        return seq->loading_from * bs;
+    return n_computed;
+}
+
 void kv_manager_publish(struct kv_manager *mgr, struct kv_seq *seq, const int32_t *tokens,
                         int n_computed)
 {
     if (mgr->prefix)
-        kv_prefix_publish(mgr->prefix, seq, tokens, n_computed);
+        kv_prefix_publish(mgr->prefix, seq, tokens, settled(mgr, seq, n_computed));
 }
 
 void kv_manager_retire(struct kv_manager *mgr, struct kv_seq *seq, const int32_t *tokens,
                        int n_computed)
 {
+    n_computed = settled(mgr, seq, n_computed);
     if (mgr->prefix) {
         kv_prefix_publish(mgr->prefix, seq, tokens, n_computed);
         kv_prefix_publish_partial(mgr->prefix, seq, tokens, n_computed);
@@ -207,6 +281,9 @@ void kv_manager_truncate(struct kv_manager *mgr, struct kv_seq *seq, int n_token
 
 void kv_manager_free(struct kv_manager *mgr, struct kv_seq *seq)
 {
+    if (mgr->tier)
+        kv_tier_forget(mgr->tier, seq);
+    seq->n_loading = 0;
     for (int i = 0; i < seq->table.n_blocks; i++)
         block_release(mgr, seq->table.blocks[i]);
     free(seq->table.blocks);

@@ -35,6 +35,7 @@ struct kv_prefix {
     int32_t *bucket_next;       /* owned; n_blocks: hash bucket chains */
     int32_t *session;           /* owned; n_blocks: session slot, -1: none */
     uint64_t *tick;             /* owned; n_blocks: the clock tick of the last use */
+    uint64_t *used_ns;          /* owned; n_blocks: the manager's clock at the last use */
     uint64_t *reused;           /* owned; n_blocks: tokens served from the block */
     double *priority;           /* owned; n_blocks: eviction order within a tier */
     int32_t *heap_pos;          /* owned; n_blocks: index in heap, -1 when not evictable */
@@ -50,6 +51,7 @@ struct kv_prefix {
     int n_session_slots;
     uint64_t n_cached, n_unref, n_partial;
     struct kv_prefix_stats stats;
+    struct kv_prefix_hooks hooks; /* the tier below, told of full blocks coming and going */
 };
 
 /* ---- hashing ---------------------------------------------------------------- */
@@ -228,6 +230,7 @@ void kv_prefix_tick(struct kv_prefix *p, uint64_t now_ns)
 static void touch(struct kv_prefix *p, int32_t b, int reused_tokens)
 {
     p->tick[b] = ++p->clock;
+    p->used_ns[b] = p->now_ns;
     p->reused[b] += (uint64_t)reused_tokens;
     p->priority[b] = p->cfg.retention == KV_RETAIN_COST_SIZE
                          ? p->gds_clock + (double)p->reused[b] / (double)p->block_bytes
@@ -301,11 +304,15 @@ static void insert(struct kv_prefix *p, int32_t b, int32_t parent, uint64_t h, u
     kv_pool_retain(p->pool, (uint32_t)b);
     p->n_cached++;
     touch(p, b, 0);
+    if (n == p->block_size && p->hooks.inserted)
+        p->hooks.inserted(p->hooks.ctx, (uint32_t)b);
 }
 
 /* Takes b out of the cache's structures and drops the cache's reference. */
 static void uncache(struct kv_prefix *p, int32_t b)
 {
+    if (p->len[b] == p->block_size && p->hooks.leaving)
+        p->hooks.leaving(p->hooks.ctx, (uint32_t)b);
     if (p->len[b] == p->block_size) {
         int32_t *link = &p->buckets[p->hash[b] & p->bucket_mask];
         while (*link != b)
@@ -378,6 +385,63 @@ void kv_prefix_clear(struct kv_prefix *p)
     p->root_partial = 0;
     p->n_cached = 0;
     p->n_partial = 0;
+}
+
+uint64_t kv_prefix_namespace_of(const struct kv_prefix *p, uint64_t cache_ns)
+{
+    return kv_prefix_namespace(p->cfg.model_digest, &p->pool->format, p->block_size, cache_ns);
+}
+
+uint64_t kv_prefix_block_hash(const struct kv_prefix *p, uint32_t block) { return p->hash[block]; }
+
+void kv_prefix_set_hooks(struct kv_prefix *p, const struct kv_prefix_hooks *hooks)
+{
+    p->hooks = *hooks;
+}
+
+bool kv_prefix_entry(const struct kv_prefix *p, uint32_t block, struct kv_prefix_entry *out)
+{
+    int32_t b = (int32_t)block;
+    if (b < 0 || b >= p->n_blocks || !p->cached[b])
+        return false;
+    int32_t parent = p->parent[b];
+    *out = (struct kv_prefix_entry){
+        .hash = p->hash[b],
+        .parent_hash = parent >= 0 ? p->hash[parent] : p->ns[b],
+        .ns = p->ns[b],
+        .tokens = p->tokens + (size_t)b * p->block_size,
+        .n_tokens = p->len[b],
+        .gen = p->gen[b],
+        .used_ns = p->used_ns[b],
+    };
+    return true;
+}
+
+int kv_prefix_evict_idle(struct kv_prefix *p, uint64_t idle_since_ns,
+                         bool (*may_go)(void *ctx, uint32_t block), void *ctx)
+{
+    if (p->heap_n == 0)
+        return 0;
+    /* the victims first, then out: uncaching reorders the heap */
+    int32_t *victims = malloc((size_t)p->heap_n * sizeof *victims);
+    if (!victims)
+        return 0;
+    int n = 0;
+    for (int i = 0; i < p->heap_n; i++) {
+        int32_t b = p->heap[i];
+        if (p->used_ns[b] < idle_since_ns && p->len[b] == p->block_size &&
+            may_go(ctx, (uint32_t)b))
+            victims[n++] = b;
+    }
+    int gone = 0;
+    for (int i = 0; i < n; i++)
+        if (p->heap_pos[victims[i]] >= 0) { /* still an unreferenced leaf */
+            uncache(p, victims[i]);
+            p->stats.evictions++;
+            gone++;
+        }
+    free(victims);
+    return gone;
 }
 
 void kv_prefix_after_refcount(struct kv_prefix *p, uint32_t block)
@@ -611,6 +675,7 @@ void kv_prefix_free(struct kv_prefix *p)
     free(p->bucket_next);
     free(p->session);
     free(p->tick);
+    free(p->used_ns);
     free(p->reused);
     free(p->priority);
     free(p->heap_pos);
@@ -653,6 +718,7 @@ int kv_prefix_create(struct kv_pool *pool, size_t block_bytes, const struct kv_p
     p->bucket_next = malloc(nb * sizeof *p->bucket_next);
     p->session = malloc(nb * sizeof *p->session);
     p->tick = calloc(nb, sizeof *p->tick);
+    p->used_ns = calloc(nb, sizeof *p->used_ns);
     p->reused = calloc(nb, sizeof *p->reused);
     p->priority = calloc(nb, sizeof *p->priority);
     p->heap_pos = malloc(nb * sizeof *p->heap_pos);
@@ -662,7 +728,7 @@ int kv_prefix_create(struct kv_pool *pool, size_t block_bytes, const struct kv_p
         !p->parent ||
         !p->first_child || !p->next_sib || !p->prev_sib || !p->n_children || !p->bucket_next ||
         !p->n_partial_children ||
-        !p->session || !p->tick || !p->reused || !p->priority || !p->heap_pos || !p->heap ||
+        !p->session || !p->tick || !p->used_ns || !p->reused || !p->priority || !p->heap_pos || !p->heap ||
         !p->buckets) {
         kv_prefix_free(p);
         return err_set(err, INFERD_ENOMEM, "out of memory for a prefix cache of %d blocks", n);

@@ -1,0 +1,475 @@
+/* kv/tier.c — the SSD tier under the prefix cache: full blocks written behind through kv/ssd.h's
+ * store, chains continued on disk and read back into a sequence's blocks while the engine
+ * steps (when reading beats computing), idle durable blocks demoted out of memory. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "base/timer.h"
+#include "kv/kv.h"
+
+/* A block that leaves memory before its write could be queued waits this
+ * long for room in the queue before it is given up (counted as dropped). */
+#define TIER_FORCE_WAIT_MS 2000
+/* Idle durable blocks are looked for at most this often. */
+#define TIER_DEMOTE_EVERY_NS 1000000000ull
+#define TIER_POLL_BATCH 64
+
+/* A read in flight into one block of a sequence. */
+struct tier_read {
+    struct kv_seq *seq; /* NULL: free slot, or forgotten (the sequence went away) */
+    bool used;
+    int index;          /* the block's place in seq's table */
+    uint32_t block;
+    void *host;         /* owned; the block's bytes as the store hands them back */
+};
+
+/* A cached block whose write found the queue full. */
+struct tier_unsaved {
+    uint32_t block;
+    uint64_t gen; /* the cache entry it was: a block cached anew is another */
+};
+
+struct kv_tier {
+    struct kv_manager *mgr;    /* borrowed; truncates a sequence whose read failed */
+    struct kv_pool *pool;      /* borrowed */
+    struct kv_prefix *prefix;  /* borrowed */
+    struct ssd_store *store;   /* owned */
+    struct kv_tier_config cfg;
+    size_t block_bytes;        /* one block in every layer, K and V */
+    size_t chunk_bytes;        /* one layer's K (or V) of one block */
+    size_t elem_bytes;
+    struct tier_read *reads;   /* owned; cap_reads slots */
+    int cap_reads, n_reads;
+    struct tier_unsaved *unsaved; /* owned; n_unsaved of cap_unsaved */
+    int n_unsaved, cap_unsaved;
+    uint8_t *is_unsaved;       /* owned; one flag per pool block */
+    struct ssd_done deferred[TIER_POLL_BATCH]; /* reads polled inside a hook, for kv_tier_poll */
+    int n_deferred;
+    uint64_t last_demote_ns;
+    struct kv_tier_stats stats; /* the tier's own counters (store and rates filled on demand) */
+};
+
+/* ---- a block's bytes in the pool ---------------------------------------------
+ * On the host a block is laid out layer by layer, K before V: 2 * n_layers
+ * chunks of block_size * kv_dim elements, each contiguous in the pool too. */
+
+static char *chunk_in_pool(const struct kv_tier *t, uint32_t block, int layer, bool v)
+{
+    const struct kv_cache *c = &t->pool->cache;
+    size_t at = ((size_t)layer * (size_t)c->n_blocks + block) * t->chunk_bytes;
+    return (char *)(v ? c->v : c->k) + at;
+}
+
+static void copy_out(struct kv_tier *t, uint32_t block, char *host)
+{
+    struct backend *be = t->pool->backend;
+    for (int l = 0; l < t->pool->cache.n_layers; l++)
+        for (int v = 0; v < 2; v++)
+            be->ops->to_host(be, host + (size_t)(2 * l + v) * t->chunk_bytes,
+                             chunk_in_pool(t, block, l, v), t->chunk_bytes);
+}
+
+static void copy_in(struct kv_tier *t, uint32_t block, const char *host)
+{
+    struct backend *be = t->pool->backend;
+    for (int l = 0; l < t->pool->cache.n_layers; l++)
+        for (int v = 0; v < 2; v++)
+            be->ops->to_device(be, chunk_in_pool(t, block, l, v),
+                               host + (size_t)(2 * l + v) * t->chunk_bytes, t->chunk_bytes);
+}
+
+/* ---- writing ------------------------------------------------------------------ */
+
+/* Queues cached block b for writing unless the store has it: 0 (queued, or
+ * nothing to do), -INFERD_EBUSY (queue full), -INFERD_EIO (the tier is off). */
+static int write_block(struct kv_tier *t, uint32_t b)
+{
+    struct kv_prefix_entry e;
+    if (!kv_prefix_entry(t->prefix, b, &e) || e.n_tokens != t->pool->cache.block_size)
+        return 0;
+    if (ssd_store_contains(t->store, e.hash, e.ns, NULL))
+        return 0;
+    char *host = malloc(t->block_bytes);
+    if (!host)
+        return -INFERD_EBUSY;
+    copy_out(t, b, host);
+    struct ssd_block_key key = {.hash = e.hash, .parent_hash = e.parent_hash, .ns = e.ns,
+                                .n_tokens = e.n_tokens, .tokens = e.tokens};
+    struct iovec iov = {host, t->block_bytes};
+    struct err err = {0};
+    int rc = ssd_store_write(t->store, &key, &iov, 1, (uint64_t)(uintptr_t)host, &err);
+    if (rc == 0)
+        return 0;
+    free(host);
+    if (rc == -INFERD_EEXIST)
+        return 0;
+    if (rc == -INFERD_EBUSY)
+        return rc;
+    return -INFERD_EIO; /* off, or a block the store will never take: nothing to retry */
+}
+
+static void remember_unsaved(struct kv_tier *t, uint32_t b)
+{
+    struct kv_prefix_entry e;
+    if (t->is_unsaved[b] || !kv_prefix_entry(t->prefix, b, &e))
+        return;
+    if (t->n_unsaved == t->cap_unsaved) {
+        int cap = t->cap_unsaved ? 2 * t->cap_unsaved : 64;
+        struct tier_unsaved *grown = realloc(t->unsaved, (size_t)cap * sizeof *grown);
+        if (!grown) {
+            ssd_store_note_dropped(t->store, 1);
+            return;
+        }
+        t->unsaved = grown;
+        t->cap_unsaved = cap;
+    }
+    t->unsaved[t->n_unsaved++] = (struct tier_unsaved){b, e.gen};
+    t->is_unsaved[b] = 1;
+}
+
+static void handle_done(struct kv_tier *t, const struct ssd_done *d);
+
+/* Takes finished operations off the store; reads are kept for kv_tier_poll
+ * when defer_reads (inside a cache hook, where no sequence may change). */
+static void drain(struct kv_tier *t, bool defer_reads)
+{
+    struct ssd_done done[TIER_POLL_BATCH];
+    int room = defer_reads ? TIER_POLL_BATCH - t->n_deferred : TIER_POLL_BATCH;
+    int n;
+    while (room > 0 && (n = ssd_store_poll(t->store, done, room)) > 0) {
+        for (int i = 0; i < n; i++) {
+            if (done[i].kind == SSD_DONE_READ && defer_reads)
+                t->deferred[t->n_deferred++] = done[i];
+            else
+                handle_done(t, &done[i]);
+        }
+        if (defer_reads)
+            room = TIER_POLL_BATCH - t->n_deferred;
+    }
+}
+
+static void hook_inserted(void *ctx, uint32_t b)
+{
+    struct kv_tier *t = ctx;
+    t->is_unsaved[b] = 0; /* a flag left by the entry this block was before */
+    if (write_block(t, b) == -INFERD_EBUSY)
+        remember_unsaved(t, b);
+}
+
+/* A block leaving memory whose write never found room waits for room now. */
+static void hook_leaving(void *ctx, uint32_t b)
+{
+    struct kv_tier *t = ctx;
+    if (!t->is_unsaved[b])
+        return;
+    t->is_unsaved[b] = 0;
+    uint64_t deadline = now_ns() + (uint64_t)TIER_FORCE_WAIT_MS * 1000000ull;
+    int rc;
+    while ((rc = write_block(t, b)) == -INFERD_EBUSY && now_ns() < deadline) {
+        ssd_store_wait(t->store, 50);
+        drain(t, true);
+    }
+    if (rc == -INFERD_EBUSY)
+        ssd_store_note_dropped(t->store, 1);
+}
+
+/* Queues remembered blocks while the queue has room. */
+static void retry_unsaved(struct kv_tier *t)
+{
+    int kept = 0;
+    bool full = false;
+    for (int i = 0; i < t->n_unsaved; i++) {
+        struct tier_unsaved u = t->unsaved[i];
+        struct kv_prefix_entry e;
+        if (!t->is_unsaved[u.block] || !kv_prefix_entry(t->prefix, u.block, &e) ||
+            e.gen != u.gen)
+            continue; /* written, or no longer that entry */
+        if (!full && write_block(t, u.block) == -INFERD_EBUSY)
+            full = true;
+        if (full) {
+            t->unsaved[kept++] = u;
+            continue;
+        }
+        t->is_unsaved[u.block] = 0;
+    }
+    t->n_unsaved = kept;
+}
+
+/* ---- reading ------------------------------------------------------------------ */
+
+static int read_slot(struct kv_tier *t)
+{
+    for (int i = 0; i < t->cap_reads; i++)
+        if (!t->reads[i].used)
+            return i;
+    int cap = t->cap_reads ? 2 * t->cap_reads : 64;
+    struct tier_read *grown = realloc(t->reads, (size_t)cap * sizeof *grown);
+    if (!grown)
+        return -1;
+    memset(grown + t->cap_reads, 0, (size_t)(cap - t->cap_reads) * sizeof *grown);
+    t->reads = grown;
+    int slot = t->cap_reads;
+    t->cap_reads = cap;
+    return slot;
+}
+
+static void release_read(struct kv_tier *t, struct tier_read *r)
+{
+    free(r->host);
+    *r = (struct tier_read){0};
+    t->n_reads--;
+}
+
+int kv_tier_continue(struct kv_tier *t, struct kv_seq *seq, const int32_t *tokens, int limit,
+                     uint64_t chain_hash, uint64_t ns, bool (*make_free)(void *ctx), void *ctx)
+{
+    int bs = t->pool->cache.block_size;
+    int first = seq->table.n_blocks;
+    /* how far the chain goes on on disk */
+    int k = 0;
+    uint64_t h = chain_hash;
+    while ((first + k + 1) * bs <= limit) {
+        uint64_t hn = kv_prefix_hash(h, tokens + (size_t)(first + k) * bs, bs, ns);
+        if (!ssd_store_contains(t->store, hn, ns, NULL))
+            break;
+        h = hn;
+        k++;
+    }
+    if (k == 0)
+        return 0;
+    /* the cost model: read them, or compute them? */
+    double read_rate = ssd_store_read_bandwidth(t->store);
+    double restore_s = read_rate > 0 ? (double)k * (double)t->block_bytes / read_rate : 0;
+    double recompute_s = t->cfg.prefill_tokens_per_s > 0
+                             ? (double)k * bs / t->cfg.prefill_tokens_per_s
+                             : 1e300;
+    t->stats.predicted_restore_ms = restore_s * 1e3;
+    t->stats.predicted_recompute_ms = recompute_s < 1e299 ? recompute_s * 1e3 : 0;
+    if (restore_s >= recompute_s) {
+        t->stats.decisions_recompute++;
+        return 0;
+    }
+    t->stats.decisions_restore++;
+    struct err err = {0};
+    if (block_table_grow(&seq->table, first + k, &err) < 0)
+        return 0;
+    int queued = 0;
+    h = chain_hash;
+    for (int i = 0; i < k; i++) {
+        const int32_t *tb = tokens + (size_t)(first + i) * bs;
+        uint64_t hn = kv_prefix_hash(h, tb, bs, ns);
+        int slot = read_slot(t);
+        char *host = slot >= 0 ? malloc(t->block_bytes) : NULL;
+        uint32_t block;
+        if (!host || !make_free(ctx) || kv_pool_alloc(t->pool, &block, &err) < 0) {
+            free(host);
+            break;
+        }
+        struct ssd_block_key expect = {.hash = hn, .parent_hash = h, .ns = ns, .n_tokens = bs,
+                                       .tokens = tb};
+        struct iovec iov = {host, t->block_bytes};
+        if (ssd_store_read(t->store, &expect, &iov, 1, (uint64_t)slot, &err) < 0) {
+            kv_pool_release(t->pool, block);
+            free(host);
+            break;
+        }
+        t->reads[slot] = (struct tier_read){.seq = seq, .used = true, .index = first + i,
+                                            .block = block, .host = host};
+        t->n_reads++;
+        seq->table.blocks[seq->table.n_blocks++] = block;
+        queued++;
+        h = hn;
+    }
+    if (queued > 0) {
+        if (seq->n_loading == 0)
+            seq->loading_from = first;
+        seq->n_loading += queued;
+    }
+    return queued;
+}
+
+void kv_tier_forget(struct kv_tier *t, const struct kv_seq *seq)
+{
+    if (seq->n_loading == 0)
+        return;
+    for (int i = 0; i < t->cap_reads; i++)
+        if (t->reads[i].used && t->reads[i].seq == seq)
+            t->reads[i].seq = NULL;
+}
+
+/* seq's block at index failed to load: it and every block after it go, and
+ * their reads in flight write nowhere. */
+static void drop_from(struct kv_tier *t, struct kv_seq *seq, int index)
+{
+    for (int i = 0; i < t->cap_reads; i++) {
+        struct tier_read *r = &t->reads[i];
+        if (r->used && r->seq == seq && r->index > index) {
+            r->seq = NULL;
+            seq->n_loading--;
+        }
+    }
+    int dropped = seq->table.n_blocks - index;
+    t->stats.recomputes += (uint64_t)(dropped > 0 ? dropped : 0);
+    kv_manager_truncate(t->mgr, seq, index * t->pool->cache.block_size);
+}
+
+static void handle_done(struct kv_tier *t, const struct ssd_done *d)
+{
+    if (d->kind == SSD_DONE_WRITE) {
+        free((void *)(uintptr_t)d->cookie);
+        return;
+    }
+    if (d->cookie >= (uint64_t)t->cap_reads || !t->reads[d->cookie].used)
+        return;
+    struct tier_read *r = &t->reads[d->cookie];
+    struct kv_seq *seq = r->seq;
+    if (seq) {
+        seq->n_loading--;
+        bool in_place = r->index < seq->table.n_blocks && seq->table.blocks[r->index] == r->block;
+        if (d->status == 0 && in_place)
+            copy_in(t, r->block, r->host);
+        else if (in_place)
+            drop_from(t, seq, r->index);
+    }
+    release_read(t, r);
+}
+
+/* ---- demotion ----------------------------------------------------------------- */
+
+static bool durable(void *ctx, uint32_t b)
+{
+    struct kv_tier *t = ctx;
+    struct kv_prefix_entry e;
+    return !t->is_unsaved[b] && kv_prefix_entry(t->prefix, b, &e) &&
+           ssd_store_contains(t->store, e.hash, e.ns, NULL);
+}
+
+static void demote_idle(struct kv_tier *t)
+{
+    uint64_t now = now_ns();
+    if (t->cfg.demote_idle_ns == 0 || now - t->last_demote_ns < TIER_DEMOTE_EVERY_NS ||
+        now < t->cfg.demote_idle_ns)
+        return;
+    t->last_demote_ns = now;
+    t->stats.demoted +=
+        (uint64_t)kv_prefix_evict_idle(t->prefix, now - t->cfg.demote_idle_ns, durable, t);
+}
+
+/* ---- the manager's calls ------------------------------------------------------ */
+
+void kv_tier_set_manager(struct kv_tier *t, struct kv_manager *mgr) { t->mgr = mgr; }
+
+void kv_tier_poll(struct kv_tier *t)
+{
+    for (int i = 0; i < t->n_deferred; i++)
+        handle_done(t, &t->deferred[i]);
+    t->n_deferred = 0;
+    drain(t, false);
+    retry_unsaved(t);
+    demote_idle(t);
+}
+
+bool kv_tier_busy(const struct kv_tier *t) { return t->n_reads > 0 || t->n_deferred > 0; }
+
+void kv_tier_wait(struct kv_tier *t, int timeout_ms)
+{
+    if (t->n_deferred == 0)
+        ssd_store_wait(t->store, timeout_ms);
+}
+
+int kv_tier_flush(struct kv_tier *t, int timeout_ms, struct err *err)
+{
+    uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    for (;;) {
+        drain(t, true);
+        retry_unsaved(t);
+        if (t->n_unsaved == 0)
+            break;
+        if (now_ns() >= deadline)
+            return err_set(err, INFERD_EBUSY, "%d cached blocks still wait for room to be written",
+                           t->n_unsaved);
+        ssd_store_wait(t->store, 50);
+    }
+    int left = timeout_ms;
+    if (timeout_ms >= 0) {
+        uint64_t now = now_ns();
+        left = now >= deadline ? 0 : (int)((deadline - now) / 1000000ull);
+    }
+    int rc = ssd_store_flush(t->store, left);
+    drain(t, true);
+    if (rc == -INFERD_EBUSY)
+        return err_set(err, rc, "the SSD tier's writes are not all durable yet");
+    if (rc < 0)
+        return err_set(err, INFERD_EIO, "the SSD tier is off: its writes failed");
+    return 0;
+}
+
+void kv_tier_stats(const struct kv_tier *t, struct kv_tier_stats *out)
+{
+    *out = t->stats;
+    out->enabled = true;
+    ssd_store_stats(t->store, &out->store);
+    out->read_bytes_per_s = ssd_store_read_bandwidth(t->store);
+    out->prefill_tokens_per_s = t->cfg.prefill_tokens_per_s;
+    out->loading = (uint64_t)t->n_reads;
+    out->unsaved = (uint64_t)t->n_unsaved;
+}
+
+int kv_tier_create(struct kv_pool *pool, struct kv_prefix *prefix, size_t block_bytes,
+                   const struct kv_tier_config *cfg, struct kv_tier **out, struct err *err)
+{
+    struct kv_tier *t = calloc(1, sizeof *t);
+    if (!t)
+        return err_set(err, INFERD_ENOMEM, "out of memory for the SSD tier");
+    const struct kv_cache *c = &pool->cache;
+    t->pool = pool;
+    t->prefix = prefix;
+    t->cfg = *cfg;
+    t->elem_bytes = dtype_size(c->dtype);
+    t->chunk_bytes = (size_t)c->block_size * (size_t)c->n_kv_heads * (size_t)c->head_dim *
+                     t->elem_bytes;
+    t->block_bytes = 2 * (size_t)c->n_layers * t->chunk_bytes;
+    (void)block_bytes;
+    t->is_unsaved = calloc((size_t)c->n_blocks, 1);
+    if (!t->is_unsaved) {
+        free(t);
+        return err_set(err, INFERD_ENOMEM, "out of memory for the SSD tier");
+    }
+    int rc = ssd_store_open(&cfg->store, &t->store, err);
+    if (rc < 0) {
+        free(t->is_unsaved);
+        free(t);
+        return rc;
+    }
+    t->last_demote_ns = now_ns();
+    kv_prefix_set_hooks(prefix, &(struct kv_prefix_hooks){hook_inserted, hook_leaving, t});
+    *out = t;
+    return 0;
+}
+
+void kv_tier_free(struct kv_tier *t)
+{
+    if (!t)
+        return;
+    /* What is queued goes to disk first; every write's host copy comes back
+     * through a completion (the store discards the ones left unpolled). */
+    uint64_t deadline = now_ns() + 60ull * 1000000000ull;
+    for (;;) {
+        drain(t, true);
+        t->n_deferred = 0; /* reads of sequences already gone: their slots are freed below */
+        struct ssd_stats st;
+        ssd_store_stats(t->store, &st);
+        if ((st.pending == 0 && st.pending_reads == 0) || now_ns() >= deadline)
+            break;
+        ssd_store_wait(t->store, 100);
+    }
+    ssd_store_close(t->store);
+    for (int i = 0; i < t->cap_reads; i++)
+        if (t->reads[i].used)
+            free(t->reads[i].host);
+    free(t->reads);
+    free(t->unsaved);
+    free(t->is_unsaved);
+    free(t);
+}

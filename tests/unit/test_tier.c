@@ -1,0 +1,255 @@
+/* tests/unit/test_tier.c — the SSD tier under the prefix cache, through the engine (CPU, exact
+ * mode): a prompt computed by one engine is read back from disk by the next one and gives the
+ * cold run's tokens and logprobs bit for bit; damaged block files, another fingerprint and a
+ * cost model that prefers computing all fall back to computing, never to wrong tokens. */
+#define _GNU_SOURCE
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engine/engine.h"
+#include "test_support.h"
+#include "text/tokenizer.h"
+
+#define PROMPT 100 /* 6 full blocks of 16 before the last token */
+#define GEN 8
+
+static char *model_dir, *cache_dir;
+static struct backend *be;
+static struct model *model;
+static struct tokenizer *tok;
+
+static void setup(void)
+{
+    const char *data = getenv("INFERD_TOKENIZER_DATA");
+    if (!data)
+        cr_skip_test("INFERD_TOKENIZER_DATA is not set");
+    model_dir = test_mkdtemp();
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "%s mkmodel --preset tiny-qwen3 --seed 9 --tokenizer %s/qwen3 --out %s >/dev/null",
+             INFERD_BINARY, data, model_dir);
+    cr_assert_eq(system(cmd), 0, "mkmodel failed: %s", cmd);
+    struct err err = {0};
+    cr_assert_eq(backend_cpu_create(&(struct backend_options){.threads = 2, .mode = COMPUTE_EXACT},
+                                    &be, &err),
+                 0, "%s", err.msg);
+    cr_assert_eq(model_load(model_dir, be, &model, &err), 0, "%s", err.msg);
+    cr_assert_eq(tok_load(model_dir, &tok, &err), 0, "%s", err.msg);
+    char *d = test_mkdtemp();
+    cache_dir = strdup(d);
+}
+
+static void teardown(void)
+{
+    tok_free(tok);
+    model_free(model);
+    backend_destroy(be);
+    if (model_dir)
+        test_rmtree(model_dir);
+    if (cache_dir)
+        test_rmtree(cache_dir);
+    free(cache_dir);
+    tok = NULL;
+    model = NULL;
+    be = NULL;
+    model_dir = cache_dir = NULL;
+}
+
+TestSuite(tier, .init = setup, .fini = teardown, .timeout = 300);
+
+/* An engine with the prefix cache, and the SSD tier at cache_dir unless tier is NULL. */
+static struct engine *start(const struct kv_tier_config *tier)
+{
+    struct engine_config cfg = {.n_ctx = 256, .max_seqs = 4, .max_step_tokens = 64,
+                                .max_queue = 8, .prompt_cache_bytes = 16u << 20, .tier = tier};
+    struct engine *e;
+    struct err err = {0};
+    cr_assert_eq(engine_create(model, tok, &cfg, &e, &err), 0, "%s", err.msg);
+    return e;
+}
+
+static struct kv_tier_config tier_config(uint64_t weights_digest, double prefill_rate)
+{
+    struct kv_tier_config t = {.prefill_tokens_per_s = prefill_rate};
+    t.store.dir = cache_dir;
+    t.store.fp.model_digest = weights_digest;
+    t.store.fp.tokenizer_digest = 1;
+    return t;
+}
+
+struct run {
+    struct gen_token tokens[GEN];
+    int n_cached;
+};
+
+static void make_prompt(int32_t *out, int n)
+{
+    uint32_t s = 12345;
+    for (int i = 0; i < n; i++) {
+        s = s * 1103515245u + 12345u;
+        out[i] = 1 + (int32_t)((s >> 8) % 299);
+    }
+}
+
+static struct run run_prompt(struct engine *e)
+{
+    int32_t prompt[PROMPT];
+    make_prompt(prompt, PROMPT);
+    struct gen_params p = {.prompt = prompt, .n_prompt = PROMPT, .max_tokens = GEN,
+                           .sampling = {.temperature = 0, .top_p = 1}, .logprobs = 1};
+    struct gen_output *o;
+    struct err err = {0};
+    cr_assert_eq(engine_submit(e, &p, &o, &err), 0, "%s", err.msg);
+    pthread_mutex_lock(&o->mu);
+    while (o->finish == GEN_RUNNING)
+        gen_output_wait(o, o->text.len, o->n_tokens, 1000);
+    pthread_mutex_unlock(&o->mu);
+    cr_assert_eq(o->finish, GEN_FINISH_LENGTH, "%s", o->error);
+    struct run r = {.n_cached = o->n_cached};
+    cr_assert_eq(o->n_tokens, GEN);
+    memcpy(r.tokens, gen_output_tokens(o), sizeof r.tokens);
+    gen_output_release(o);
+    return r;
+}
+
+static void expect_same(const struct run *got, const struct run *want, const char *how)
+{
+    for (int i = 0; i < GEN; i++)
+        cr_assert(got->tokens[i].id == want->tokens[i].id &&
+                      got->tokens[i].logprob == want->tokens[i].logprob,
+                  "%s, token %d: %d (%.9g) against a cold run's %d (%.9g)", how, i,
+                  got->tokens[i].id, got->tokens[i].logprob, want->tokens[i].id,
+                  want->tokens[i].logprob);
+}
+
+/* The cold run, on an engine without any cache. */
+static struct run cold_run(void)
+{
+    struct engine_config cfg = {.n_ctx = 256, .max_seqs = 4, .max_step_tokens = 64,
+                                .max_queue = 8};
+    struct engine *e;
+    struct err err = {0};
+    cr_assert_eq(engine_create(model, tok, &cfg, &e, &err), 0, "%s", err.msg);
+    struct run r = run_prompt(e);
+    engine_free(e);
+    return r;
+}
+
+/* One engine computes the prompt and flushes; returns its stats after. */
+static void compute_and_flush(const struct kv_tier_config *t)
+{
+    struct engine *e = start(t);
+    run_prompt(e);
+    struct kv_tier_stats after;
+    struct err err = {0};
+    cr_assert_eq(engine_flush_cache(e, 10000, &after, &err), 0, "%s", err.msg);
+    cr_assert_geq(after.store.blocks, PROMPT / 16, "%lu blocks durable",
+                  (unsigned long)after.store.blocks);
+    cr_assert_eq(after.store.pending, 0);
+    engine_free(e);
+}
+
+Test(tier, a_restarted_engine_reads_the_prefix_back_and_gives_the_cold_tokens)
+{
+    struct run want = cold_run();
+    struct kv_tier_config t = tier_config(42, 0);
+    compute_and_flush(&t);
+    struct engine *e = start(&t);
+    struct run got = run_prompt(e);
+    cr_assert_eq(got.n_cached, (PROMPT - 1) / 16 * 16, "%d tokens reused", got.n_cached);
+    expect_same(&got, &want, "read back from disk");
+    struct engine_stats st;
+    engine_get_stats(e, &st);
+    cr_assert(st.ssd_cache.enabled);
+    cr_assert_eq(st.ssd_cache.decisions_restore, 1);
+    cr_assert_geq(st.ssd_cache.store.restores, (PROMPT - 1) / 16);
+    cr_assert_eq(st.ssd_cache.store.verify_failures, 0);
+    engine_free(e);
+}
+
+Test(tier, another_fingerprint_reuses_nothing)
+{
+    struct kv_tier_config t = tier_config(42, 0);
+    compute_and_flush(&t);
+    struct kv_tier_config other = tier_config(43, 0); /* other weights */
+    struct engine *e = start(&other);
+    struct run got = run_prompt(e);
+    cr_assert_eq(got.n_cached, 0);
+    engine_free(e);
+}
+
+Test(tier, reading_is_skipped_when_computing_is_predicted_faster)
+{
+    struct run want = cold_run();
+    struct kv_tier_config t = tier_config(42, 0);
+    compute_and_flush(&t);
+    struct kv_tier_config fast_prefill = tier_config(42, 1e15);
+    struct engine *e = start(&fast_prefill);
+    struct run got = run_prompt(e);
+    cr_assert_eq(got.n_cached, 0);
+    expect_same(&got, &want, "computed instead");
+    struct engine_stats st;
+    engine_get_stats(e, &st);
+    cr_assert_eq(st.ssd_cache.decisions_recompute, 1);
+    cr_assert_eq(st.ssd_cache.decisions_restore, 0);
+    engine_free(e);
+}
+
+/* Flips bytes in the middle of every file under dir (segments and index alike). */
+static int damage_files(const char *dir)
+{
+    DIR *d = opendir(dir);
+    cr_assert_not_null(d, "%s", dir);
+    int n = 0;
+    struct dirent *ent;
+    while ((ent = readdir(d))) {
+        if (ent->d_name[0] == '.')
+            continue;
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, ent->d_name);
+        struct stat stt;
+        if (stat(path, &stt) < 0)
+            continue;
+        if (S_ISDIR(stt.st_mode)) {
+            n += damage_files(path);
+            continue;
+        }
+        if (stt.st_size < 2 || !strcmp(ent->d_name, "lock"))
+            continue;
+        int fd = open(path, O_RDWR);
+        cr_assert_geq(fd, 0, "%s", path);
+        for (off_t at = stt.st_size / 2; at < stt.st_size && at < stt.st_size / 2 + 64; at++) {
+            unsigned char c;
+            cr_assert_eq(pread(fd, &c, 1, at), 1);
+            c ^= 0x5a;
+            cr_assert_eq(pwrite(fd, &c, 1, at), 1);
+        }
+        close(fd);
+        n++;
+    }
+    closedir(d);
+    return n;
+}
+
+Test(tier, damaged_files_give_the_cold_tokens_and_are_counted)
+{
+    struct run want = cold_run();
+    struct kv_tier_config t = tier_config(42, 0);
+    compute_and_flush(&t);
+    cr_assert_gt(damage_files(cache_dir), 0);
+    struct engine *e = start(&t);
+    struct run got = run_prompt(e);
+    expect_same(&got, &want, "after damage");
+    struct engine_stats st;
+    engine_get_stats(e, &st);
+    cr_assert(st.ssd_cache.enabled);
+    /* whatever was read and failed was computed instead, and counted */
+    cr_assert_eq(st.ssd_cache.store.verify_failures > 0, st.ssd_cache.recomputes > 0);
+    engine_free(e);
+}
