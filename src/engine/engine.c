@@ -8,6 +8,7 @@
 #include "base/hash.h"
 #include "base/log.h"
 #include "base/timer.h"
+#include "engine/checkpoint.h"
 #include "engine/engine.h"
 #include "engine/scheduler.h"
 #include "engine/sequence.h"
@@ -47,6 +48,7 @@ struct engine {
     struct kv_prefix_stats cache_pub;
     struct kv_tier_stats tier_pub;
     struct kv_tier_config tier_cfg; /* the caller's, fingerprint completed */
+    struct ckpt_store *ckpt;        /* owned; generation checkpoints, or NULL */
     uint64_t kv_bytes_pub;
     size_t block_bytes;
 
@@ -221,6 +223,7 @@ void engine_free(struct engine *e)
     free(e->incoming);
     if (e->sched_ready)
         sched_free(&e->sched);
+    ckpt_store_close(e->ckpt);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
     pthread_cond_destroy(&e->call_cv);
@@ -279,6 +282,24 @@ int engine_create(const struct model *m, const struct tokenizer *tok,
         sc.tier = &e->tier_cfg;
     }
     int rc = sched_init(&e->sched, m, &sc, &e->metrics, err);
+    if (rc == 0 && cfg->checkpoint_every > 0) {
+        struct kv_tier_stats tier;
+        kv_manager_tier_stats(e->sched.kv, &tier);
+        char dir[4096];
+        if (!tier.enabled || !tier.store.dir)
+            rc = err_set(err, INFERD_EINVAL, "generation checkpoints need the SSD tier");
+        else if (snprintf(dir, sizeof dir, "%s/checkpoints", tier.store.dir) >= (int)sizeof dir)
+            rc = err_set(err, INFERD_EINVAL, "the SSD tier's directory path is too long");
+        else if ((rc = ckpt_store_open(dir, &e->ckpt, err)) == 0) {
+            e->sched.ckpt = e->ckpt;
+            e->sched.ckpt_every = cfg->checkpoint_every;
+        }
+        if (rc < 0) {
+            sched_free(&e->sched);
+            engine_free(e);
+            return rc;
+        }
+    }
     if (rc == 0) {
         e->sched_ready = true;
         e->cfg.kv_blocks = e->sched.cfg.kv_blocks;
@@ -324,6 +345,35 @@ static int check_fits(const struct engine *e, const struct gen_params *p, struct
     return 0;
 }
 
+/* With checkpoints on, s (just created for p, not yet queued) is checkpointed,
+ * and when p's checkpoint exists it goes on from there: its tokens are
+ * replayed to the reader first. True when the replay itself ended the
+ * generation (s was finished and freed here). */
+static bool resume(struct engine *e, const struct gen_params *p, struct seq *s)
+{
+    s->ckpt = true;
+    s->ckpt_key = ckpt_key_of(p);
+    struct ckpt c;
+    if (ckpt_store_load(e->ckpt, s->ckpt_key, p->n_prompt, &c) < 0)
+        return false;
+    int n = c.n_generated < p->max_tokens ? c.n_generated : p->max_tokens - 1;
+    enum gen_finish why = n > 0 ? seq_replay(s, c.tokens, n, c.rng_state, e->cfg.n_ctx)
+                                : GEN_RUNNING;
+    ckpt_free(&c);
+    ckpt_store_note_resumed(e->ckpt);
+    log_info("engine: a generation resumes from its checkpoint after %d tokens", n);
+    s->ckpt_saved = n;
+    if (why == GEN_RUNNING)
+        return false;
+    /* never expected (a checkpoint is of a generation that went on) */
+    ckpt_store_remove(e->ckpt, s->ckpt_key);
+    seq_finish(s, why == GEN_FINISH_ERROR ? GEN_FINISH_ERROR : why, INFERD_EFORMAT,
+               why == GEN_FINISH_ERROR ? "a checkpoint held a token outside the vocabulary" : NULL);
+    seq_publish(s);
+    seq_free(s, NULL);
+    return true;
+}
+
 int engine_submit(struct engine *e, const struct gen_params *p, struct gen_output **out,
                   struct err *err)
 {
@@ -340,6 +390,10 @@ int engine_submit(struct engine *e, const struct gen_params *p, struct gen_outpu
     int rc = seq_create(&clamped, e->tok, e->model->config.vocab_size, &s, &o, err);
     if (rc < 0)
         return rc;
+    if (e->ckpt && resume(e, &clamped, s)) {
+        *out = o;
+        return 0;
+    }
     atomic_int *n_queued = &e->sched.counters.n_queued;
     pthread_mutex_lock(&e->mu);
     if (e->stopping)
@@ -442,6 +496,15 @@ void engine_get_stats(struct engine *e, struct engine_stats *out)
     pthread_mutex_lock(&e->stats_mu);
     out->prompt_cache = e->cache_pub;
     out->ssd_cache = e->tier_pub;
+    if (e->ckpt) {
+        struct ckpt_stats cs;
+        ckpt_store_stats(e->ckpt, &cs);
+        out->checkpoints = true;
+        out->checkpoints_saved = cs.saved;
+        out->checkpoints_resumed = cs.resumed;
+        out->checkpoints_removed = cs.removed;
+        out->checkpoints_failed = cs.failed;
+    }
     out->kv_bytes = e->kv_bytes_pub;
     pthread_mutex_unlock(&e->stats_mu);
     out->kv_budget_bytes = 0;

@@ -48,6 +48,9 @@ struct engine_config {
      * fingerprint's model_digest is the weights' content digest: the engine
      * mixes the architecture and tokenizer identity of the prefix cache in. */
     const struct kv_tier_config *tier;
+    /* Generation checkpoints every this many generated tokens (needs tier; 0: none):
+     * an identical request after a restart resumes from the newest one. */
+    int checkpoint_every;
 };
 
 /* What one request asks the engine for. Everything is copied at submit. */
@@ -163,6 +166,8 @@ struct engine_stats {
     uint64_t kv_budget_bytes;   /* the admission budget on KV bytes; 0: none */
     struct kv_prefix_stats prompt_cache; /* as of the engine's last step */
     struct kv_tier_stats ssd_cache;      /* as of the engine's last step; enabled false: no tier */
+    bool checkpoints;                    /* generation checkpoints are on */
+    uint64_t checkpoints_saved, checkpoints_resumed, checkpoints_removed, checkpoints_failed;
     const char *state; /* "idle", "running", "stopping" */
 };
 

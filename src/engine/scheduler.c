@@ -142,10 +142,30 @@ static void release_blocks(struct sched *sc, struct seq *s)
 
 void sched_publish(struct sched *sc, struct seq *s) { publish_blocks(sc, s); }
 
+void sched_checkpoint(struct sched *sc, struct seq *s, bool force)
+{
+    if (!sc->ckpt || !s->ckpt)
+        return;
+    int n = s->n_tokens - s->n_prompt;
+    if (n <= s->ckpt_saved || (!force && n - s->ckpt_saved < sc->ckpt_every))
+        return;
+    if ((size_t)n * sizeof(struct gen_token) != s->records.len)
+        return;
+    if (ckpt_store_save(sc->ckpt, s->ckpt_key, s->sampler->rng_state, s->n_prompt,
+                        (const struct gen_token *)(const void *)s->records.data, n) == 0)
+        s->ckpt_saved = n;
+}
+
 /* Counts s out and hands its finish to its reader. */
 static void tell_reader(struct sched *sc, struct seq *s, enum gen_finish why, int error_code,
                         const char *error)
 {
+    /* A completed generation needs no checkpoint; a cancelled one keeps all
+     * it got to, for an identical request to resume from. */
+    if (sc->ckpt && s->ckpt && (why == GEN_FINISH_STOP || why == GEN_FINISH_LENGTH))
+        ckpt_store_remove(sc->ckpt, s->ckpt_key);
+    else if (why == GEN_FINISH_CANCELLED)
+        sched_checkpoint(sc, s, true);
     /* Counted before the reader is told, so stats read after a finish include it. */
     if (why == GEN_FINISH_CANCELLED)
         atomic_fetch_add(&sc->counters.requests_cancelled, 1);

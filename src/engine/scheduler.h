@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "engine/checkpoint.h"
 #include "engine/engine.h"
 #include "engine/sequence.h"
 #include "kv/kv.h"
@@ -55,6 +56,8 @@ struct sched {
     int n_finishing;
     uint64_t admissions;
     struct sched_counters counters;
+    struct ckpt_store *ckpt;       /* borrowed; generation checkpoints, or NULL */
+    int ckpt_every;                /* generated tokens between two checkpoints */
 };
 
 int sched_init(struct sched *sc, const struct model *m, const struct sched_config *cfg,
@@ -81,6 +84,9 @@ int sched_build_batch(struct sched *sc);
 void sched_drop_cancelled(struct sched *sc, bool cancel_all);
 /* Takes s out of the running set or the waiting queue, wherever it is. */
 void sched_remove(struct sched *sc, struct seq *s);
+/* Saves s's checkpoint when ckpt_every tokens were generated since the last
+ * one (or any, with force); nothing for a sequence without checkpoints. */
+void sched_checkpoint(struct sched *sc, struct seq *s, bool force);
 /* Hands s's computed full blocks to the prefix cache, so concurrent requests
  * with the same prefix share them. */
 void sched_publish(struct sched *sc, struct seq *s);

@@ -97,6 +97,7 @@ void seq_free(struct seq *s, struct kv_manager *kv)
     if (s->sampler_ready)
         sampler_free(&s->own_sampler);
     gen_pending_free(&s->pending);
+    strbuf_free(&s->records);
     detok_free(s->detok);
     stop_matcher_free(s->stop);
     if (s->out)
@@ -148,10 +149,20 @@ static bool stage_text(struct seq *s, const char *text, size_t len, bool new_tok
     return stopped;
 }
 
-/* Appends the picked token, reports it (with logprobs when asked) and checks
- * the ways the sequence can end. */
-static enum gen_finish emit_token(struct seq *s, int32_t id, int n_ctx,
-                                  struct engine_metrics *metrics)
+/* Keeps the token's record for the generation's checkpoints. */
+static void keep_record(struct seq *s, const struct gen_token *token, int32_t id)
+{
+    struct gen_token rec = {.id = id};
+    if (!token)
+        token = &rec;
+    if (!strbuf_append(&s->records, (const char *)token, sizeof *token))
+        s->ckpt = false; /* out of memory: this generation goes without checkpoints */
+}
+
+/* Appends the picked token, reports it (with logprobs when asked, or as
+ * replayed records them) and checks the ways the sequence can end. */
+static enum gen_finish emit_token(struct seq *s, int32_t id, const struct gen_token *replayed,
+                                  int n_ctx, struct engine_metrics *metrics)
 {
     s->last_pick = id;
     if (!s->out) /* detached: its driver accepts the pick and feeds it back */
@@ -170,12 +181,17 @@ static enum gen_finish emit_token(struct seq *s, int32_t id, int n_ctx,
     s->t_last_token_ns = t;
 
     struct gen_token tk, *token = NULL;
-    if (s->logprobs >= 0) {
+    if (s->logprobs >= 0 && replayed) {
+        tk = *replayed;
+        token = &tk;
+    } else if (s->logprobs >= 0) {
         memset(&tk, 0, sizeof tk);
         tk.id = id;
         tk.n_top = sampler_logprobs(s->sampler, id, s->logprobs, &tk.logprob, tk.top);
         token = &tk;
     }
+    if (s->ckpt)
+        keep_record(s, token, id);
 
     if (is_eos(s, id)) {
         stage_text(s, NULL, 0, true, token);
@@ -198,14 +214,28 @@ static enum gen_finish emit_token(struct seq *s, int32_t id, int n_ctx,
 
 enum gen_finish seq_take_token(struct seq *s, const float *logits, int n_ctx, struct engine_metrics *metrics)
 {
-    return emit_token(s, sampler_pick(s->sampler, logits), n_ctx, metrics);
+    return emit_token(s, sampler_pick(s->sampler, logits), NULL, n_ctx, metrics);
 }
 
 enum gen_finish seq_take_result(struct seq *s, const struct sample_spec *spec,
                                 const struct sample_result *res, const float *host_row, int n_ctx,
                                 struct engine_metrics *metrics)
 {
-    return emit_token(s, sampler_take_result(s->sampler, spec, res, host_row), n_ctx, metrics);
+    return emit_token(s, sampler_take_result(s->sampler, spec, res, host_row), NULL, n_ctx,
+                      metrics);
+}
+
+enum gen_finish seq_replay(struct seq *s, const struct gen_token *tokens, int n,
+                           uint64_t rng_state, int n_ctx)
+{
+    enum gen_finish why = GEN_RUNNING;
+    for (int i = 0; i < n && why == GEN_RUNNING; i++) {
+        if (tokens[i].id < 0 || tokens[i].id >= s->sampler->n_vocab)
+            return GEN_FINISH_ERROR;
+        why = emit_token(s, tokens[i].id, &tokens[i], n_ctx, NULL);
+    }
+    s->sampler->rng_state = rng_state;
+    return why;
 }
 
 void seq_finish(struct seq *s, enum gen_finish why, int error_code, const char *error)

@@ -57,6 +57,11 @@ struct seq {
      * finishing one takes its blocks, the last token included, while the
      * finishing one's final step computes that token. Both point at each
      * other until that step is done. */
+    /* Generation checkpoints (engine/checkpoint.h): */
+    bool ckpt;                  /* this generation is checkpointed under ckpt_key */
+    uint64_t ckpt_key;
+    int ckpt_saved;             /* generated tokens the last checkpoint held */
+    struct strbuf records;      /* struct gen_token per generated token, while ckpt */
     bool cached_told;           /* its reader has the reused prompt tokens (gen_output.n_cached) */
     bool loading;               /* admitted while some of its cached blocks are read from disk:
                                    it joins a batch once they are in (kv_manager_loading) */
@@ -98,6 +103,14 @@ enum gen_finish seq_take_token(struct seq *s, const float *logits, int n_ctx, st
 enum gen_finish seq_take_result(struct seq *s, const struct sample_spec *spec,
                                 const struct sample_result *res, const float *host_row, int n_ctx,
                                 struct engine_metrics *metrics);
+
+/* Replays n generated tokens of a checkpoint (their records as the reader
+ * got them) as if they had just been picked, then restores the sampler's
+ * random stream: the generation goes on as it would have. Returns
+ * GEN_RUNNING, or how the replay ended it (GEN_FINISH_ERROR: a record
+ * outside the vocabulary). */
+enum gen_finish seq_replay(struct seq *s, const struct gen_token *tokens, int n,
+                           uint64_t rng_state, int n_ctx);
 
 /* Stages the held-back text (unless a stop string fired) and the finish reason. */
 void seq_finish(struct seq *s, enum gen_finish why, int error_code, const char *error);

@@ -70,6 +70,7 @@ int sched_step(struct sched *sc, struct err *err)
             sched_remove(sc, s);
             sched_retire(sc, s, why, rc < 0 ? err->code : 0, rc < 0 ? err->msg : NULL);
         } else {
+            sched_checkpoint(sc, s, false);
             seq_publish(s);
         }
     }

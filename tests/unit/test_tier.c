@@ -253,3 +253,100 @@ Test(tier, damaged_files_give_the_cold_tokens_and_are_counted)
     cr_assert_eq(st.ssd_cache.store.verify_failures > 0, st.ssd_cache.recomputes > 0);
     engine_free(e);
 }
+
+/* ---- generation checkpoints ------------------------------------------------------ */
+
+#define LONG_GEN 24
+
+static struct gen_params sampled_params(const int32_t *prompt)
+{
+    return (struct gen_params){.prompt = prompt, .n_prompt = PROMPT, .max_tokens = LONG_GEN,
+                               .sampling = {.temperature = 1.0f, .top_p = 1, .seed = 99},
+                               .logprobs = 2};
+}
+
+/* Runs the sampled request to its end on e; its token records into out. */
+static void run_sampled(struct engine *e, struct gen_token *out)
+{
+    int32_t prompt[PROMPT];
+    make_prompt(prompt, PROMPT);
+    struct gen_params p = sampled_params(prompt);
+    struct gen_output *o;
+    struct err err = {0};
+    cr_assert_eq(engine_submit(e, &p, &o, &err), 0, "%s", err.msg);
+    pthread_mutex_lock(&o->mu);
+    while (o->finish == GEN_RUNNING)
+        gen_output_wait(o, o->text.len, o->n_tokens, 1000);
+    pthread_mutex_unlock(&o->mu);
+    cr_assert_eq(o->finish, GEN_FINISH_LENGTH, "%s", o->error);
+    cr_assert_eq(o->n_tokens, LONG_GEN);
+    memcpy(out, gen_output_tokens(o), LONG_GEN * sizeof *out);
+    gen_output_release(o);
+}
+
+static struct engine *start_checkpointed(const struct kv_tier_config *tier)
+{
+    struct engine_config cfg = {.n_ctx = 256, .max_seqs = 4, .max_step_tokens = 64,
+                                .max_queue = 8, .prompt_cache_bytes = 16u << 20, .tier = tier,
+                                .checkpoint_every = 4};
+    struct engine *e;
+    struct err err = {0};
+    cr_assert_eq(engine_create(model, tok, &cfg, &e, &err), 0, "%s", err.msg);
+    return e;
+}
+
+Test(tier, an_interrupted_generation_resumes_from_its_checkpoint_with_the_same_tokens)
+{
+    /* uninterrupted, without any cache */
+    struct gen_token want[LONG_GEN], got[LONG_GEN];
+    struct engine_config cold_cfg = {.n_ctx = 256, .max_seqs = 4, .max_step_tokens = 64,
+                                     .max_queue = 8};
+    struct engine *cold;
+    struct err err = {0};
+    cr_assert_eq(engine_create(model, tok, &cold_cfg, &cold, &err), 0, "%s", err.msg);
+    run_sampled(cold, want);
+    engine_free(cold);
+
+    /* interrupted by its client after some tokens: the checkpoint stays */
+    struct kv_tier_config t = tier_config(42, 0);
+    struct engine *e = start_checkpointed(&t);
+    int32_t prompt[PROMPT];
+    make_prompt(prompt, PROMPT);
+    struct gen_params p = sampled_params(prompt);
+    struct gen_output *o;
+    cr_assert_eq(engine_submit(e, &p, &o, &err), 0, "%s", err.msg);
+    pthread_mutex_lock(&o->mu);
+    while (o->n_generated < 10 && o->finish == GEN_RUNNING)
+        gen_output_wait(o, o->text.len, o->n_tokens, 1000);
+    pthread_mutex_unlock(&o->mu);
+    atomic_store(&o->cancel, true);
+    pthread_mutex_lock(&o->mu);
+    while (o->finish == GEN_RUNNING)
+        gen_output_wait(o, o->text.len, o->n_tokens, 1000);
+    int n_before = (int)o->n_tokens;
+    pthread_mutex_unlock(&o->mu);
+    cr_assert_eq(o->finish, GEN_FINISH_CANCELLED);
+    cr_assert_lt(n_before, LONG_GEN);
+    gen_output_release(o);
+    engine_free(e); /* a restart: what is queued goes to disk first */
+
+    /* the same request resumes: the same tokens and logprobs as uninterrupted */
+    e = start_checkpointed(&t);
+    run_sampled(e, got);
+    for (int i = 0; i < LONG_GEN; i++)
+        cr_assert(got[i].id == want[i].id && got[i].logprob == want[i].logprob,
+                  "token %d: %d (%.9g) against an uninterrupted run's %d (%.9g)", i, got[i].id,
+                  got[i].logprob, want[i].id, want[i].logprob);
+    struct engine_stats st;
+    engine_get_stats(e, &st);
+    cr_assert(st.checkpoints);
+    cr_assert_eq(st.checkpoints_resumed, 1);
+    engine_free(e);
+
+    /* completed: its checkpoint is gone, a third run starts from nothing */
+    e = start_checkpointed(&t);
+    run_sampled(e, got);
+    engine_get_stats(e, &st);
+    cr_assert_eq(st.checkpoints_resumed, 0);
+    engine_free(e);
+}
