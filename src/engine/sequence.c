@@ -82,7 +82,8 @@ int seq_create(const struct gen_params *p, const struct tokenizer *tok, int n_vo
         memcpy(s->eos_ids, p->eos_ids, (size_t)p->n_eos * sizeof(int32_t));
     s->n_eos = p->n_eos;
     s->kv.ns = p->cache_ns;
-    s->kv.n_retain = p->retain_tokens > 0 ? p->retain_tokens : 0;
+    /* a hint about the prompt: never the generated tokens after it */
+    s->kv.n_retain = p->retain_tokens < 0 ? 0 : p->retain_tokens < p->n_prompt ? p->retain_tokens : p->n_prompt;
     think_init(&s->think, p, tok);
     if (p->session_id) {
         if (!(s->session_id = strdup(p->session_id))) {
