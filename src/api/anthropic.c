@@ -184,10 +184,10 @@ static int block_type(const struct json_reader *b, const char **type)
 static int refuse_media(const struct json_reader *b, const char *type)
 {
     struct json_reader t = json_reader_member(b, "type");
-    return json_reader_fail_plain(&t, INFERD_EINVAL,
-                                  "%s content blocks are not supported by this model, which "
-                                  "reads text only; send text blocks",
-                                  type);
+    return json_reader_fail(&t, INFERD_EINVAL,
+                            "is \"%s\": %s content blocks are not supported by this model, "
+                            "which reads text only; send text blocks",
+                            type, type);
 }
 
 static int refuse_unknown(const struct json_reader *b, const char *type, const char *allowed)
