@@ -88,6 +88,57 @@ const struct api_error_format api_error_openai = {
                      "\"param\":null,\"code\":null}}",
 };
 
+/* Anthropic names its error types after the status, with a few of its own (403, 413, 529). */
+static const char *anthropic_type(const struct api_error *e)
+{
+    switch (e->status) {
+    case 401: return "authentication_error";
+    case 403: return "permission_error";
+    case 404: return "not_found_error";
+    case 413: return "request_too_large";
+    case 429: return "rate_limit_error";
+    case 503:
+    case 529: return "overloaded_error";
+    default: break;
+    }
+    switch (api_error_kind_of(e)) {
+    case API_ERROR_AUTHENTICATION: return "authentication_error";
+    case API_ERROR_NOT_FOUND: return "not_found_error";
+    case API_ERROR_RATE_LIMIT: return "rate_limit_error";
+    case API_ERROR_UNAVAILABLE: return "overloaded_error";
+    case API_ERROR_SERVER: return "api_error";
+    default: return e->status >= 500 ? "api_error" : "invalid_request_error";
+    }
+}
+
+int api_error_render_anthropic(const struct api_error *e, struct strbuf *out)
+{
+    json_object *inner = json_object_new_object();
+    json_object *root = json_object_new_object();
+    if (!inner || !root) {
+        json_object_put(inner);
+        json_object_put(root);
+        return -INFERD_ENOMEM;
+    }
+    json_object_object_add(root, "type", json_object_new_string("error"));
+    json_object_object_add(root, "error", inner);
+    json_object_object_add(inner, "type", json_object_new_string(anthropic_type(e)));
+    json_object_object_add(inner, "message", json_object_new_string(e->message));
+    size_t len = 0;
+    const char *s = json_object_to_json_string_length(
+        root, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE, &len);
+    bool ok = s && strbuf_append(out, s, len);
+    json_object_put(root);
+    return ok ? 0 : -INFERD_ENOMEM;
+}
+
+const struct api_error_format api_error_anthropic = {
+    .render = api_error_render_anthropic,
+    .content_type = "application/json",
+    .out_of_memory = "{\"type\":\"error\",\"error\":{\"type\":\"api_error\","
+                     "\"message\":\"out of memory\"}}",
+};
+
 int api_error_to_json(const struct api_error *e, char **out)
 {
     struct strbuf b = {0};

@@ -1,5 +1,5 @@
 /* api/errors.h — one error record for every API, and one formatter per API that renders it as
- * that API's error body (OpenAI's today). */
+ * that API's error body (OpenAI's, Anthropic's). */
 #ifndef INFERD_API_ERRORS_H
 #define INFERD_API_ERRORS_H
 
@@ -52,6 +52,13 @@ struct api_error_format {
 /* OpenAI: {"error":{"message":…,"type":…,"param":…|null,"code":…|null}}. */
 int api_error_render_openai(const struct api_error *e, struct strbuf *out);
 extern const struct api_error_format api_error_openai;
+
+/* Anthropic: {"type":"error","error":{"type":…,"message":…}}, the type following the status:
+ * 400 invalid_request_error, 401 authentication_error, 403 permission_error, 404
+ * not_found_error, 413 request_too_large, 429 rate_limit_error, 500 api_error, 503 and 529
+ * overloaded_error (other 4xx: invalid_request_error, other 5xx: api_error). */
+int api_error_render_anthropic(const struct api_error *e, struct strbuf *out);
+extern const struct api_error_format api_error_anthropic;
 
 /* The OpenAI body in *out (malloc'd, caller frees). Returns 0 or -INFERD_ENOMEM. */
 int api_error_to_json(const struct api_error *e, char **out);

@@ -176,5 +176,8 @@ void prompt_fill_params(const struct server *srv, const struct gen_request *req,
                       : -1;
     p->eos_ids = srv->eos_ids;
     p->n_eos = srv->n_eos;
+    p->retain_tokens = req->retain_tokens;
+    p->think_open = req->think_open;
+    p->think_budget = req->think_budget;
 }
 

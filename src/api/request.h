@@ -115,6 +115,11 @@ struct gen_request {
     /* Prefix-cache identity: 1..GEN_REQUEST_MAX_KEY_BYTES bytes each, NULL when absent. */
     char *cache_salt; /* owned; narrows the requester's cache namespace (vLLM's name) */
     char *session_id; /* owned; session_id, else prompt_cache_key (OpenAI's name) */
+
+    /* Set by APIs that offer them (Anthropic Messages); gen_params has their meaning. */
+    int retain_tokens; /* > 0: a prefix-cache retention hint over the prompt's first tokens */
+    bool think_open;   /* the reply must think: it starts inside <think> */
+    int think_budget;  /* > 0: tokens allowed inside <think> before </think> is forced */
 };
 
 /* Parses len bytes of body (need not be NUL-terminated) as a request of the

@@ -1,9 +1,10 @@
-/* api/routes.c — the server's route table: the OpenAI routes, then /health, /stats, /metrics,
- * /fit and the admin routes (which need the API key when one is set).
+/* api/routes.c — the server's route table: the OpenAI routes, Anthropic's Messages, then
+ * /health, /stats, /metrics, /fit and the admin routes (which need the API key when one is set).
  * A new API is one more file of handlers and a few more lines here. */
 #include "api/routes.h"
 
 #include "api/admin.h"
+#include "api/anthropic.h"
 #include "api/fit.h"
 #include "api/openai.h"
 
@@ -13,6 +14,10 @@ static const struct http_route routes[] = {
     {"POST", "/v1/completions", false, HTTP_BODY_JSON, openai_completions, NULL, false},
     {"GET", "/v1/models", false, HTTP_BODY_NONE, openai_models, NULL, false},
     {"GET", "/v1/models", true, HTTP_BODY_NONE, openai_models, NULL, false},
+    {"POST", "/v1/messages", false, HTTP_BODY_JSON, anthropic_messages, &api_error_anthropic,
+     false},
+    {"POST", "/v1/messages/count_tokens", false, HTTP_BODY_JSON, anthropic_count_tokens,
+     &api_error_anthropic, false},
     {"GET", "/health", false, HTTP_BODY_NONE, admin_health, NULL, true},
     {"GET", "/stats", false, HTTP_BODY_NONE, admin_stats, NULL, false},
     {"GET", "/metrics", false, HTTP_BODY_NONE, admin_metrics, NULL, false},

@@ -68,6 +68,17 @@ struct gen_params {
      * is never reused under another (tenants, cache_salt). 0: the default. */
     uint64_t cache_ns;
     const char *session_id;        /* session affinity (NULL: none); copied at submit */
+    /* A retention hint: the full KV blocks among the prompt's first retain_tokens
+     * positions are kept ahead of plain LRU, as a session's are (without a session,
+     * under one derived from cache_ns, so the next request with the prefix finds
+     * them). 0: none. */
+    int retain_tokens;
+    /* Thinking, for a tokenizer with <think> and </think> (else ignored): the
+     * reply starts with <think> (forced when the prompt does not already leave
+     * the model inside one) when think_open; once think_budget tokens were
+     * generated inside <think>, </think> is forced next (0: no budget). */
+    bool think_open;
+    int think_budget;
 };
 
 enum gen_finish {
@@ -107,6 +118,8 @@ struct gen_output {
     enum gen_finish finish;    /* GEN_RUNNING until the engine is done with it */
     char error[256];           /* set with GEN_FINISH_ERROR */
     int error_code;            /* with GEN_FINISH_ERROR: the INFERD_E* code, e.g. INFERD_ENOMEM */
+    int stop_string;           /* with GEN_FINISH_STOP: 1 + the index of the stop string that
+                                  fired (gen_params.stop); 0: an end-of-sequence token */
     atomic_bool cancel;        /* set by the reader; honoured at the next step */
     int refs;
 };
@@ -141,6 +154,7 @@ struct gen_news {
     int n_prompt, n_cached, n_generated; /* counts as of this drain */
     int error_code;           /* with GEN_FINISH_ERROR */
     char error[256];          /* with GEN_FINISH_ERROR */
+    int stop_string;          /* with GEN_FINISH_STOP: 1 + the stop string's index; 0: none */
 };
 
 /* The reader's one call: waits up to timeout_ms for text or tokens past cur

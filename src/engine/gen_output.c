@@ -67,6 +67,7 @@ bool gen_output_publish(struct gen_output *o, struct gen_pending *p)
     if (p->finish != GEN_RUNNING && o->finish == GEN_RUNNING) {
         o->finish = p->finish;
         o->error_code = p->error_code;
+        o->stop_string = p->stop_string;
         memcpy(o->error, p->error, sizeof o->error);
     }
     pthread_cond_broadcast(&o->cv);
@@ -132,6 +133,7 @@ int gen_output_drain(struct gen_output *o, struct gen_cursor *cur, int timeout_m
     news->n_cached = o->n_cached;
     news->n_generated = o->n_generated;
     news->error_code = o->error_code;
+    news->stop_string = o->stop_string;
     memcpy(news->error, o->error, sizeof news->error);
     pthread_mutex_unlock(&o->mu);
     cur->text += text_len;

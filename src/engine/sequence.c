@@ -8,6 +8,49 @@
 
 #include "base/timer.h"
 
+/* Thinking steering for p, when asked for and the tokenizer has both tags: whether the prompt
+ * already leaves the model inside <think> is read from its last tag. */
+static void think_init(struct seq_think *t, const struct gen_params *p, const struct tokenizer *tok)
+{
+    memset(t, 0, sizeof *t);
+    if ((!p->think_open && p->think_budget <= 0) || !tok)
+        return;
+    t->start_id = tok_piece_to_id(tok, "<think>");
+    t->end_id = tok_piece_to_id(tok, "</think>");
+    if (t->start_id < 0 || t->end_id < 0)
+        return;
+    t->on = true;
+    t->budget = p->think_budget > 0 ? p->think_budget : 0;
+    for (int i = p->n_prompt - 1; i >= 0; i--) {
+        if (p->prompt[i] == t->start_id || p->prompt[i] == t->end_id) {
+            t->inside = p->prompt[i] == t->start_id;
+            break;
+        }
+    }
+    t->open_first = p->think_open && !t->inside;
+}
+
+/* The token that goes out in place of the pick: <think> first when the reply must think,
+ * </think> once the thinking budget is spent, else the pick. Tracks the tags either way. */
+static int32_t think_steer(struct seq_think *t, int32_t id, bool first)
+{
+    if (!t->on)
+        return id;
+    if (first && t->open_first)
+        id = t->start_id;
+    else if (t->inside && t->budget > 0 && t->count >= t->budget)
+        id = t->end_id;
+    if (id == t->start_id) {
+        t->inside = true;
+        t->count = 0;
+    } else if (id == t->end_id) {
+        t->inside = false;
+    } else if (t->inside) {
+        t->count++;
+    }
+    return id;
+}
+
 int seq_create(const struct gen_params *p, const struct tokenizer *tok, int n_vocab,
                struct seq **out, struct gen_output **output, struct err *err)
 {
@@ -39,6 +82,9 @@ int seq_create(const struct gen_params *p, const struct tokenizer *tok, int n_vo
         memcpy(s->eos_ids, p->eos_ids, (size_t)p->n_eos * sizeof(int32_t));
     s->n_eos = p->n_eos;
     s->kv.ns = p->cache_ns;
+    /* a hint about the prompt: never the generated tokens after it */
+    s->kv.n_retain = p->retain_tokens < 0 ? 0 : p->retain_tokens < p->n_prompt ? p->retain_tokens : p->n_prompt;
+    think_init(&s->think, p, tok);
     if (p->session_id) {
         if (!(s->session_id = strdup(p->session_id))) {
             rc = err_set(err, INFERD_ENOMEM, "out of memory for a sequence");
@@ -167,6 +213,8 @@ static enum gen_finish emit_token(struct seq *s, int32_t id, const struct gen_to
     s->last_pick = id;
     if (!s->out) /* detached: its driver accepts the pick and feeds it back */
         return GEN_RUNNING;
+    id = think_steer(&s->think, id, s->n_tokens == s->n_prompt);
+    s->last_pick = id;
     sampler_accept(s->sampler, id);
     s->tokens[s->n_tokens++] = id;
 
@@ -255,6 +303,7 @@ void seq_finish(struct seq *s, enum gen_finish why, int error_code, const char *
     }
     struct gen_pending *p = &s->pending;
     p->finish = why;
+    p->stop_string = why == GEN_FINISH_STOP ? stop_matcher_which(s->stop) + 1 : 0;
     p->error_code = error_code;
     if (error)
         snprintf(p->error, sizeof p->error, "%s", error);

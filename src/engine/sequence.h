@@ -24,6 +24,17 @@ struct gen_pending {
     enum gen_finish finish;    /* GEN_RUNNING, or how the sequence ended */
     int error_code;            /* with GEN_FINISH_ERROR */
     char error[256];           /* with GEN_FINISH_ERROR */
+    int stop_string;           /* with GEN_FINISH_STOP: 1 + the stop string's index; 0: none */
+};
+
+/* Where a thinking sequence stands (gen_params.think_open, think_budget). */
+struct seq_think {
+    bool on;                   /* steering applies: asked for, and the tokenizer has both tags */
+    int32_t start_id, end_id;  /* <think>, </think> */
+    bool open_first;           /* the first generated token is forced to <think> */
+    bool inside;               /* the last tag seen (prompt, then generated) was <think> */
+    int budget;                /* tokens allowed inside <think>; 0: no limit */
+    int count;                 /* tokens generated inside the current <think> */
 };
 
 struct seq {
@@ -47,6 +58,7 @@ struct seq {
     struct detok *detok;        /* owned */
     struct stop_matcher *stop;  /* owned */
     struct gen_pending pending; /* not yet published to out */
+    struct seq_think think;
     uint64_t t_submit_ns, t_last_token_ns;
     uint64_t admit_order;       /* later admissions are preempted first */
     char *session_id;           /* owned; session affinity (kv.session points here), or NULL */

@@ -117,6 +117,9 @@ struct kv_seq {
     /* Set by the owner before the first lookup: */
     uint64_t ns;          /* the requester's namespace (gen_params.cache_ns); 0: the default */
     const char *session;  /* borrowed; session affinity of what this sequence publishes, or NULL */
+    int n_retain;         /* a retention hint: full blocks within the first n_retain positions
+                             are published as a session's (under one named after ns when
+                             session is NULL), so they are evicted after plain blocks; 0: none */
     /* The prefix cache's bookkeeping (kv_manager_publish): */
     int n_published;      /* leading full blocks whose content is in the cache */
     int64_t chain_block;  /* the cache entry holding block n_published - 1 (-1: none) */
@@ -268,7 +271,9 @@ bool kv_manager_prefix_enabled(const struct kv_manager *mgr);
  * K/V are computed) that are not yet in the cache, continuing seq's chain;
  * a block whose content is already cached (a concurrent sequence published
  * it first) is skipped and the chain continues through the cached one. Blocks
- * are marked with seq->session when it is set. No-op with the cache off. */
+ * are marked with seq->session when it is set, and those within seq->n_retain
+ * positions with the retention session of seq->ns when it is not. No-op with
+ * the cache off. */
 void kv_manager_publish(struct kv_manager *mgr, struct kv_seq *seq, const int32_t *tokens,
                         int n_computed);
 

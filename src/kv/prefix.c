@@ -1,6 +1,7 @@
 /* kv/prefix.c — the prefix cache: full KV blocks addressed by a verified hash chain, shared by
  * reference count, and the partial last blocks of retired sequences as leaves reused by copy;
  * evicted leaves first (LRU or GreedyDual-Size), with session affinity. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -206,6 +207,15 @@ static int session_close(struct kv_prefix *p, int s)
     p->sessions[s] = (struct prefix_session){0};
     p->stats.sessions--;
     return n;
+}
+
+/* The session a retention hint marks blocks with when the sequence has none: one per
+ * namespace, so the next request with the same prefix (same tenant and salt) keeps them too;
+ * it closes when idle like any session. Written into buf (40 bytes). */
+static const char *retention_key(uint64_t ns, char *buf)
+{
+    snprintf(buf, 40, "retain:%016llx", (unsigned long long)ns);
+    return buf;
 }
 
 int kv_prefix_close_session(struct kv_prefix *p, const char *id)
@@ -583,18 +593,25 @@ void kv_prefix_publish(struct kv_prefix *p, struct kv_seq *seq, const int32_t *t
         seq->n_published = 0;
     }
     int session = seq->session ? session_open(p, seq->session) : -1;
+    int retain = -1; /* the retention session, opened at its first block */
     for (int i = seq->n_published; i < n_full; i++) {
         const int32_t *t = tokens + (size_t)i * bs;
         uint64_t hn = kv_prefix_hash(h, t, bs, ns);
         int32_t b = find(p, hn, parent, ns, t);
+        int mark = session;
+        if (mark < 0 && (int64_t)(i + 1) * bs <= seq->n_retain) {
+            if (retain < 0)
+                retain = session_open(p, retention_key(seq->ns, (char[40]){0}));
+            mark = retain;
+        }
         if (b < 0) {
             b = (int32_t)seq->table.blocks[i];
             if (p->cached[b]) /* cached under another chain: never expected; stop here */
                 break;
-            insert(p, b, parent, hn, ns, t, bs, session);
+            insert(p, b, parent, hn, ns, t, bs, mark);
             drop_superseded(p, parent, ns, t, bs, b);
         } else {
-            mark_session(p, b, session);
+            mark_session(p, b, mark);
             touch(p, b, 0);
         }
         parent = b;
@@ -606,6 +623,8 @@ void kv_prefix_publish(struct kv_prefix *p, struct kv_seq *seq, const int32_t *t
     }
     if (session >= 0)
         p->sessions[session].last_ns = p->now_ns;
+    if (retain >= 0)
+        p->sessions[retain].last_ns = p->now_ns;
 }
 
 /* True when seq's chain still ends at a cached entry (not evicted since). */

@@ -458,3 +458,64 @@ describe('prefix-cache identity fields', () => {
     expectStatus(res, 200, 'identity fields of 256 bytes');
   });
 });
+
+describe('Anthropic Messages (/v1/messages)', () => {
+  /* {"type":"error","error":{"type":...,"message":...}} with the given status and type. */
+  const expectAnthropicError = (res, status, type, what) => {
+    expectStatus(res, status, what);
+    const body = jsonBody(res.responses[0]);
+    assert.ok(body && body.type === 'error' && typeof body.error === 'object' && body.error.type === type &&
+      typeof body.error.message === 'string' && body.error.message.length > 0,
+      `${what}: not an Anthropic ${type} error: ${res.responses[0].body.toString('utf8').slice(0, 300)}`);
+    return body;
+  };
+  const messages = [{ role: 'user', content: 'hi' }];
+  const post = (body, route = '/v1/messages') =>
+    send(request('POST', route, { headers: json, body: typeof body === 'string' ? body : JSON.stringify(body) }));
+
+  test('malformed JSON (truncated, trailing garbage, not an object, empty) is a 400 invalid_request_error', async () => {
+    for (const body of ['{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"hel', `{"max_tokens":2,"messages":[]} x`, '[1]', '"text"', 'null', '']) {
+      expectAnthropicError(await post(body), 400, 'invalid_request_error', JSON.stringify(body.slice(0, 40)));
+    }
+  });
+
+  test('wrong types and a missing max_tokens are 400s whose message names the field', async () => {
+    const cases = [
+      [{ model: modelId, messages }, 'max_tokens'],
+      [{ model: modelId, max_tokens: '2', messages }, 'max_tokens'],
+      [{ model: modelId, max_tokens: 2, messages: 'hi' }, 'messages'],
+      [{ model: modelId, max_tokens: 2, messages: [{ role: 'user', content: 5 }] }, 'messages[0].content'],
+      [{ model: modelId, max_tokens: 2, messages: [{ role: 'robot', content: 'x' }] }, 'messages[0].role'],
+      [{ model: modelId, max_tokens: 2, system: 7, messages }, 'system'],
+      [{ model: modelId, max_tokens: 2, temperature: 'hot', messages }, 'temperature'],
+      [{ model: modelId, max_tokens: 2, stop_sequences: 'END', messages }, 'stop_sequences'],
+      [{ model: modelId, max_tokens: 2, tools: [{ name: 'f' }], messages }, 'tools[0].input_schema'],
+      [{ model: modelId, max_tokens: 2, tool_choice: { type: 'any' }, messages }, 'tool_choice.type'],
+      [{ model: modelId, max_tokens: 2, thinking: { type: 'enabled', budget_tokens: 2 }, messages }, 'thinking.budget_tokens'],
+      [{ model: modelId, max_tokens: 2, messages: [{ role: 'user', content: 'x' }, { role: 'assistant', content: [{ type: 'tool_use', id: 't1', name: 'f', input: {} }] }] }, 'messages[1].content[0].id'],
+      [{ model: modelId, max_tokens: 2, messages: [{ role: 'user', content: [{ type: 'tool_result', tool_use_id: 'nope', content: 'r' }] }] }, 'messages[0].content[0].tool_use_id'],
+    ];
+    for (const [body, field] of cases) {
+      const err = expectAnthropicError(await post(body), 400, 'invalid_request_error', field);
+      assert.ok(err.error.message.includes(field), `${field}: message ${JSON.stringify(err.error.message)}`);
+    }
+  });
+
+  test('an image block is a 400 saying this model does not support it; an unknown block type is a 400', async () => {
+    const image = { type: 'image', source: { type: 'base64', media_type: 'image/png', data: 'iVBORw0KGgo=' } };
+    let err = expectAnthropicError(await post({ model: modelId, max_tokens: 2, messages: [{ role: 'user', content: [image] }] }), 400, 'invalid_request_error', 'image');
+    assert.match(err.error.message, /messages\[0\]\.content\[0\]\.type.*image.*not supported by this model/);
+    err = expectAnthropicError(await post({ model: modelId, max_tokens: 2, messages: [{ role: 'user', content: [{ type: 'hologram', text: 'x' }] }] }), 400, 'invalid_request_error', 'unknown block');
+    assert.match(err.error.message, /messages\[0\]\.content\[0\]\.type/);
+  });
+
+  test('count_tokens refuses the same bad input in the same shape; a wrong method is a 405 in that shape', async () => {
+    expectAnthropicError(await post('{"messages":', '/v1/messages/count_tokens'), 400, 'invalid_request_error', 'count_tokens truncated');
+    expectAnthropicError(await post({ model: modelId, messages: [{ role: 'user', content: [{ type: 'image' }] }] }, '/v1/messages/count_tokens'), 400, 'invalid_request_error', 'count_tokens image');
+    expectAnthropicError(await send(request('GET', '/v1/messages')), 405, 'invalid_request_error', 'GET /v1/messages');
+  });
+
+  test('an unknown /v1 route keeps the OpenAI error shape', async () => {
+    expectOpenAIError(await send(request('POST', '/v1/messages/batches', { headers: json, body: '{}' })), 404, 'unknown route');
+  });
+});

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tests/e2e/run.sh — runs the e2e (openai SDK), bad-input (raw sockets) and load suites against a real `inferd serve`.
+# tests/e2e/run.sh — runs the e2e (openai SDK), anthropic (Anthropic SDK), bad-input (raw sockets) and load suites against a real `inferd serve`.
 #
 # Usage: tests/e2e/run.sh [--sanitize] [INFERD [MODEL_DIR]]
 #   INFERD     the inferd binary (default $INFERD or build/inferd); built by the caller, never here
@@ -8,13 +8,13 @@
 #              --tokenizer $E2E_TOKENIZER` (default build/text-data/qwen3, from `make text-data`)
 #   --sanitize for an AddressSanitizer/UBSan build: the same suites with a short load run; fails
 #              when any server's stderr holds a sanitizer report
-# Environment: E2E_SUITES (default "e2e bad_input load"), E2E_SERVE_ARGS (extra `serve` flags),
+# Environment: E2E_SUITES (default "e2e anthropic bad_input load"), E2E_SERVE_ARGS (extra `serve` flags),
 # E2E_LOG_DIR (kept; default a fresh temporary directory, removed when everything passed),
 # INFERD_E2E_LOAD_CLIENTS / INFERD_E2E_LOAD_SECONDS (the load suite's size).
 #
-# Steps: `npm ci` into tests/e2e/node_modules when the pinned openai is not installed; start
-# `inferd serve MODEL --port 0`, read its URL from stdout, wait for GET /health == 200; run each
-# suite with `node --test`; send SIGTERM and require exit status 0 within 10 s.
+# Steps: `npm ci` into tests/e2e/node_modules when the pinned openai or @anthropic-ai/sdk is not
+# installed; start `inferd serve MODEL --port 0`, read its URL from stdout, wait for GET /health
+# == 200; run each suite with `node --test`; send SIGTERM and require exit status 0 within 10 s.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -33,17 +33,22 @@ fi
 if [ -n "${1:-}" ]; then INFERD=$(absolute "$1" "$PWD"); else INFERD=$(absolute "${INFERD:-build/inferd}" "$root"); fi
 if [ -n "${2:-}" ]; then MODEL=$(absolute "$2" "$PWD"); else MODEL=$(absolute "${E2E_MODEL:-build/models/e2e-qwen3}" "$root"); fi
 TOKENIZER=$(absolute "${E2E_TOKENIZER:-build/text-data/qwen3}" "$root")
-SUITES=${E2E_SUITES:-e2e bad_input load}
+SUITES=${E2E_SUITES:-e2e anthropic bad_input load}
 cd "$root"
 
 [ -x "$INFERD" ] || die "no inferd binary at $INFERD (build it first)"
 { command -v node && command -v npm; } >/dev/null || die "node and npm are required (scripts/bootstrap.sh)"
 
-# The pinned SDK, exactly as package-lock.json says.
-want=$(node -p "require('$here/package-lock.json').packages['node_modules/openai'].version")
-have=$(node -p "try { require('$here/node_modules/openai/package.json').version } catch { '' }")
-if [ "$want" != "$have" ]; then
-    say "npm ci (openai $want)"
+# The pinned SDKs, exactly as package-lock.json says.
+pinned() {
+    local want have
+    want=$(node -p "require('$here/package-lock.json').packages['node_modules/$1'].version")
+    have=$(node -p "try { require('$here/node_modules/$1/package.json').version } catch { '' }")
+    [ "$want" = "$have" ] || echo "$1 $want "
+}
+missing="$(pinned openai)$(pinned @anthropic-ai/sdk)"
+if [ -n "$missing" ]; then
+    say "npm ci ($missing)"
     (cd "$here" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
 fi
 

@@ -630,3 +630,83 @@ Test(prefix_cache, retiring_with_the_cache_off_only_frees)
     cr_assert_eq(kv_manager_free_blocks(mgr), 8);
     kv_manager_destroy(mgr);
 }
+
+/* run_seq for a sequence with a retention hint over its first n_retain positions. */
+static void run_retained(struct kv_manager *mgr, struct kv_seq *s, const int32_t *tokens, int n,
+                         uint64_t ns, int n_retain)
+{
+    struct err err = {0};
+    kv_seq_init(s);
+    s->ns = ns;
+    s->n_retain = n_retain;
+    int cached = kv_manager_computed_blocks(mgr, s, tokens, n);
+    cr_assert_eq(kv_manager_allocate_slots(mgr, s, n - cached, &err), 0, "%s", err.msg);
+    compute(mgr, s, tokens, cached, n);
+    kv_manager_publish(mgr, s, tokens, n);
+}
+
+static int probe_ns(struct kv_manager *mgr, const int32_t *tokens, int n, uint64_t ns)
+{
+    struct kv_seq s;
+    kv_seq_init(&s);
+    s.ns = ns;
+    int cached = kv_manager_computed_blocks(mgr, &s, tokens, n);
+    kv_manager_free(mgr, &s);
+    return cached;
+}
+
+Test(prefix_cache, a_retention_hint_keeps_the_blocks_up_to_it_ahead_of_plain_ones)
+{
+    struct kv_manager *mgr = cache(6, 1 << 20, KV_RETAIN_LRU);
+    kv_manager_tick(mgr, 100);
+    struct kv_seq a, b, c;
+    int32_t bt[8] = {40, 41, 42, 43, 50, 51, 52, 53};
+    run_retained(mgr, &a, A, 12, 7, 6); /* older; its first block (positions 0..3) retained */
+    run_seq(mgr, &b, bt, 8, 7, NULL);
+    kv_manager_free(mgr, &a);
+    kv_manager_free(mgr, &b);
+    struct kv_prefix_stats st;
+    kv_manager_prefix_stats(mgr, &st);
+    cr_assert_eq(st.sessions, 1, "the hint opens the namespace's retention session");
+    /* 1 free block and 3 evictions: a's two plain blocks (older), then b's leaf */
+    struct err err = {0};
+    kv_seq_init(&c);
+    cr_assert_eq(kv_manager_allocate_slots(mgr, &c, 16, &err), 0, "%s", err.msg);
+    cr_assert_eq(probe_ns(mgr, A, 12, 7), 4, "a's retained block stays");
+    /* one more: b's first block goes although a's retained one is older */
+    cr_assert_eq(kv_manager_allocate_slots(mgr, &c, 4, &err), 0, "%s", err.msg);
+    cr_assert_eq(probe_ns(mgr, bt, 8, 7), 0, "b's plain blocks went first");
+    cr_assert_eq(probe_ns(mgr, A, 12, 7), 4, "the retained block outlives them");
+    kv_manager_free(mgr, &c);
+    /* The hint lapses like a session: idle past session_idle_ns, the blocks turn plain. */
+    kv_manager_tick(mgr, 2000);
+    kv_manager_prefix_stats(mgr, &st);
+    cr_assert_eq(st.sessions, 0);
+    finish(mgr);
+}
+
+Test(prefix_cache, a_later_request_with_the_hint_marks_the_cached_prefix_it_finds)
+{
+    struct kv_manager *mgr = cache(6, 1 << 20, KV_RETAIN_LRU);
+    struct kv_seq a, a2, b, c;
+    int32_t bt[8] = {40, 41, 42, 43, 50, 51, 52, 53};
+    run_seq(mgr, &a, A, 8, 7, NULL);      /* no hint: plain */
+    kv_manager_free(mgr, &a);
+    run_retained(mgr, &a2, A, 8, 7, 8);   /* same prefix, with a hint over both blocks */
+    kv_manager_free(mgr, &a2);
+    run_seq(mgr, &b, bt, 8, 7, NULL);
+    kv_manager_free(mgr, &b);
+    struct err err = {0};
+    kv_seq_init(&c);
+    cr_assert_eq(kv_manager_allocate_slots(mgr, &c, 16, &err), 0, "%s", err.msg); /* 2 evicted */
+    kv_manager_free(mgr, &c); /* room for the probes' copies of partly matching blocks */
+    cr_assert_eq(probe_ns(mgr, bt, 8, 7), 0, "the plain blocks went");
+    cr_assert_eq(probe_ns(mgr, A, 8, 7), 7, "the hinted prefix stayed");
+    /* Another namespace gets its own retention session. */
+    run_retained(mgr, &a, A, 8, 8, 8);
+    kv_manager_free(mgr, &a);
+    struct kv_prefix_stats st;
+    kv_manager_prefix_stats(mgr, &st);
+    cr_assert_eq(st.sessions, 2);
+    finish(mgr);
+}
