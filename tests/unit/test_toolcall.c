@@ -4,6 +4,7 @@
  * syntax chosen from chat templates; and calls coming out of token ids through the generation
  * path. */
 #include <criterion/criterion.h>
+#include <ctype.h>
 #include <json-c/json.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -432,4 +433,188 @@ Test(toolcall_syntax, chosen_by_what_the_template_writes)
     cr_assert(strstr(why, "default"));
     cr_assert_eq(toolcall_syntax_for_template(NULL, NULL), TOOLCALL_HERMES);
     cr_assert_str_eq(toolcall_syntax_name(TOOLCALL_QWEN3_CODER), "qwen3_coder");
+}
+
+/* ---- token ids through the generation path -------------------------------------------------- */
+
+/* What a reader of the generation saw, news by news or at once. */
+struct reply {
+    char reasoning[2048], content[2048];
+    int n_calls;
+    char id[MAX_CALLS][64], name[MAX_CALLS][128], args[MAX_CALLS][1024];
+    bool tool_calls;
+};
+
+static void reply_take(struct reply *r, const struct generation_news *n)
+{
+    if (n->split) {
+        strncat(r->reasoning, n->text.reasoning, n->text.reasoning_len);
+        strncat(r->content, n->text.content, n->text.content_len);
+        if (n->tail.reasoning)
+            strncat(r->reasoning, n->tail.reasoning, n->tail.reasoning_len);
+        if (n->tail.content)
+            strncat(r->content, n->tail.content, n->tail.content_len);
+    } else if (n->out.text) {
+        strncat(r->content, n->out.text, n->out.text_len);
+    }
+    for (size_t i = 0; i < n->n_tools; i++) {
+        const struct generation_tool_delta *d = &n->tools[i];
+        cr_assert(d->arguments);
+        if (d->id) {
+            cr_assert_eq(d->index, r->n_calls, "a call's first piece opens the next index");
+            cr_assert_not_null(d->name);
+            snprintf(r->id[r->n_calls], sizeof r->id[0], "%s", d->id);
+            snprintf(r->name[r->n_calls], sizeof r->name[0], "%s", d->name);
+            r->n_calls++;
+        } else {
+            cr_assert_eq(d->index, r->n_calls - 1, "later pieces add to the open call");
+            cr_assert_null(d->name);
+        }
+        strcat(r->args[d->index], d->arguments);
+    }
+    r->tool_calls |= n->tool_calls;
+}
+
+static void publish(struct gen_output *o, const char *text, size_t len, const int32_t *id,
+                    enum gen_finish finish)
+{
+    struct gen_pending p = {0};
+    strbuf_append(&p.text, text, len);
+    if (id) {
+        strbuf_append(&p.ids, (const char *)id, sizeof *id);
+        p.n_generated = 1;
+    }
+    p.finish = finish;
+    cr_assert(gen_output_publish(o, &p));
+}
+
+static const char *TOOLS_BODY =
+    "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather and time in Paris?\"}],"
+    "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":"
+    "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}}}},"
+    "{\"type\":\"function\",\"function\":{\"name\":\"get_time\"}}]%s}";
+
+/* The model's reply as token ids through the detokenizer into an output, read
+ * by a generation (streamed: one news per token; else collected at the end). */
+static void run_reply(struct server *srv, const char *extra, const char *reply, bool streamed,
+                      struct reply *r)
+{
+    char body[2048];
+    snprintf(body, sizeof body, TOOLS_BODY, extra);
+    struct gen_request req;
+    struct api_error e;
+    cr_assert_eq(gen_request_parse(body, strlen(body), GEN_REQUEST_CHAT, &req, &e), 0, "%s",
+                 e.message);
+    struct err err = {0};
+    int32_t *ids = NULL;
+    int n_ids = 0;
+    cr_assert_eq(tok_encode(srv->tok, reply, strlen(reply), false, &ids, &n_ids, &err), 0, "%s",
+                 err.msg);
+    struct detok *d;
+    cr_assert_eq(detok_create(srv->tok, true, &d, &err), 0, "%s", err.msg);
+    struct gen_output *o = gen_output_create(8);
+    cr_assert_not_null(o);
+    struct generation *g;
+    cr_assert_eq(generation_open_output(srv, &req, o, false, &g, &e), 0, "%s", e.message);
+    memset(r, 0, sizeof *r);
+    struct generation_news n;
+    for (int i = 0; i < n_ids; i++) {
+        const char *text;
+        size_t len;
+        cr_assert_eq(detok_push(d, ids[i], &text, &len, &err), 0);
+        publish(o, text, len, &ids[i], GEN_RUNNING);
+        if (streamed) {
+            cr_assert_eq(generation_next(g, 0, &n), 0);
+            cr_assert_eq(n.out.finish, GEN_RUNNING);
+            cr_assert(!n.tool_calls, "tool_calls is said at the finish");
+            reply_take(r, &n);
+            generation_news_free(&n);
+        }
+    }
+    publish(o, "", 0, NULL, GEN_FINISH_STOP);
+    if (streamed) {
+        do {
+            cr_assert_eq(generation_next(g, 1000, &n), 0);
+            reply_take(r, &n);
+            enum gen_finish f = n.out.finish;
+            generation_news_free(&n);
+            if (f != GEN_RUNNING)
+                break;
+        } while (1);
+    } else {
+        cr_assert_eq(generation_collect(g, &n, &e), 0, "%s", e.message);
+        for (size_t i = 0; i < n.n_tools; i++)
+            cr_assert_not_null(n.tools[i].id, "collected: every call is one whole piece");
+        reply_take(r, &n);
+        generation_news_free(&n);
+    }
+    generation_free(g);
+    gen_output_release(o); /* the engine's reference */
+    detok_free(d);
+    free(ids);
+    gen_request_free(&req);
+}
+
+static struct tokenizer *load_qwen3(void)
+{
+    const char *data = getenv("INFERD_TOKENIZER_DATA");
+    if (!data)
+        cr_skip_test("INFERD_TOKENIZER_DATA is not set; run scripts/fetch-tokenizers.sh DIR and "
+                     "export it");
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/qwen3", data);
+    struct tokenizer *tok = NULL;
+    struct err err = {0};
+    cr_assert_eq(tok_load(dir, &tok, &err), 0, "%s", err.msg);
+    return tok;
+}
+
+Test(toolcall_pipeline, token_ids_become_tool_calls_streamed_and_collected_alike)
+{
+    struct server srv = {0};
+    srv.tok = load_qwen3();
+    const char *reply =
+        "<think>\nTwo tools.\n</think>\n\nLet me look.\n<tool_call>\n{\"name\": \"get_weather\", "
+        "\"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", "
+        "\"arguments\": {'tz': 'CET',}}\n</tool_call>";
+    struct reply streamed, collected;
+    run_reply(&srv, "", reply, true, &streamed);
+    run_reply(&srv, "", reply, false, &collected);
+    const struct reply *rs[] = {&streamed, &collected};
+    for (int k = 0; k < 2; k++) {
+        const struct reply *r = rs[k];
+        cr_assert_str_eq(r->reasoning, "\nTwo tools.\n");
+        cr_assert_str_eq(r->content, "\n\nLet me look.");
+        cr_assert(r->tool_calls);
+        cr_assert_eq(r->n_calls, 2);
+        cr_assert_str_eq(r->name[0], "get_weather");
+        cr_assert_str_eq(r->args[0], "{\"city\":\"Paris\"}");
+        cr_assert_str_eq(r->name[1], "get_time");
+        cr_assert_str_eq(r->args[1], "{\"tz\":\"CET\"}");
+        for (int i = 0; i < 2; i++) {
+            cr_assert_eq(strlen(r->id[i]), 5 + 24, "%s", r->id[i]);
+            cr_assert(!strncmp(r->id[i], "call_", 5));
+            for (int c = 5; c < 29; c++)
+                cr_assert(isalnum((unsigned char)r->id[i][c]), "%s", r->id[i]);
+        }
+        cr_assert_str_neq(r->id[0], r->id[1]);
+    }
+    tok_free((struct tokenizer *)srv.tok);
+}
+
+Test(toolcall_pipeline, tool_choice_none_leaves_the_text_alone)
+{
+    struct server srv = {0};
+    srv.tok = load_qwen3();
+    const char *reply = "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>";
+    struct reply r;
+    run_reply(&srv, ",\"tool_choice\":\"none\"", reply, false, &r);
+    cr_assert_eq(r.n_calls, 0);
+    cr_assert(!r.tool_calls);
+    cr_assert_str_eq(r.content, reply);
+    run_reply(&srv, ",\"tool_choice\":\"auto\"", "No call needed.", true, &r);
+    cr_assert_eq(r.n_calls, 0);
+    cr_assert(!r.tool_calls);
+    cr_assert_str_eq(r.content, "No call needed.");
+    tok_free((struct tokenizer *)srv.tok);
 }
