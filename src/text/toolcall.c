@@ -445,6 +445,15 @@ static void calls_free(struct call *c, int n)
     }
 }
 
+/* A function name: non-empty UTF-8 without control characters (NUL included). */
+static bool valid_name(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
+            return false;
+    return n > 0 && utf8_valid((const unsigned char *)s, n);
+}
+
 static int serialise(json_object *args, char **out)
 {
     const char *s = args ? json_object_to_json_string_ext(
@@ -465,7 +474,7 @@ static int call_from_object(json_object *o, struct call *c)
         json_object_object_get_ex(o, "function", &fn) && json_object_is_type(fn, json_type_object))
         o = fn;
     if (!json_object_object_get_ex(o, "name", &name) || !json_object_is_type(name, json_type_string) ||
-        json_object_get_string_len(name) == 0)
+        !valid_name(json_object_get_string(name), (size_t)json_object_get_string_len(name)))
         return -INFERD_EFORMAT;
     if (!json_object_object_get_ex(o, "arguments", &args))
         json_object_object_get_ex(o, "parameters", &args);
@@ -626,13 +635,11 @@ static int call_from_xml(const char *s, size_t n, json_object *tools, struct cal
         name++;
     while (ne > name && is_ws(ne[-1]))
         ne--;
-    if (ne == name || memchr(name, '<', (size_t)(ne - name)) || memchr(name, '\n', (size_t)(ne - name)))
+    if (memchr(name, '<', (size_t)(ne - name)) || !valid_name(name, (size_t)(ne - name)))
         return -INFERD_EFORMAT;
     c->name = strndup(name, (size_t)(ne - name));
     json_object *args = json_object_new_object();
     int rc = c->name && args ? 0 : -INFERD_ENOMEM;
-    if (rc == 0 && !utf8_valid((const unsigned char *)c->name, strlen(c->name)))
-        rc = -INFERD_EFORMAT;
     const char *at = gt + 1;
     while (rc == 0) {
         const char *p = find(at, (size_t)(end - at), "<parameter=");

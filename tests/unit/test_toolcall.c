@@ -171,6 +171,8 @@ Test(toolcall_hermes, malformed_call_is_text)
     check(TOOLCALL_HERMES, NULL, no_name, NO_CALLS(no_name));
     const char *bad_args = "<tool_call>{\"name\": \"f\", \"arguments\": [1]}</tool_call>";
     check(TOOLCALL_HERMES, NULL, bad_args, NO_CALLS(bad_args));
+    const char *nul_name = "<tool_call>{\"name\": \"a\\u0000b\", \"arguments\": {}}</tool_call>";
+    check(TOOLCALL_HERMES, NULL, nul_name, NO_CALLS(nul_name));
 }
 
 Test(toolcall_hermes, near_json_is_repaired)
@@ -273,6 +275,8 @@ Test(toolcall_qwen3_coder, malformed_and_unterminated_calls_are_text)
     check(TOOLCALL_QWEN3_CODER, NULL, t1, NO_CALLS(t1));
     const char *t2 = "<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n";
     check(TOOLCALL_QWEN3_CODER, NULL, t2, NO_CALLS(t2));
+    const char *t3 = "<function=\x01f>\n</function>";
+    check(TOOLCALL_QWEN3_CODER, NULL, t3, NO_CALLS(t3));
 }
 
 Test(toolcall_qwen3_coder, unicode_values)
