@@ -1,15 +1,18 @@
 /* api/generation.c — the API-neutral path of a generation request: admission, prompt and
  * parameters, submit, taking the engine's output (gen_output_drain) while watching the client,
- * and the reasoning split. */
+ * the reasoning split, and tool calls parsed out of the content. */
 #include "api/generation.h"
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include "api/prompt.h"
 #include "api/reencode.h"
+#include "base/strbuf.h"
 #include "base/timer.h"
 #include "text/reasoning.h"
+#include "text/toolcall.h"
 
 /* How often a waiting reader looks whether its client is still there. */
 #define WAIT_SLICE_MS 50
@@ -23,6 +26,7 @@ struct generation {
     bool split_reasoning;                 /* the model thinks in <think>…</think> */
     bool starts_inside;                   /* the prompt ends inside an open <think> */
     struct reasoning_splitter *splitter;  /* owned; NULL when not splitting */
+    struct toolcall_parser *tools;        /* owned; NULL when the request's tools are off */
     bool finished;                        /* the finish was taken */
     /* What the prompt was, for the re-encoding map once the reply is finished. */
     char *prompt_text;                    /* owned; NULL: nothing to remember */
@@ -101,6 +105,38 @@ static bool request_session(const struct http_exchange *x, const struct gen_requ
     return true;
 }
 
+/* Whether req has tool calls parsed out of its reply. */
+static bool tools_on(const struct gen_request *req)
+{
+    return req->kind == GEN_REQUEST_CHAT && req->tools &&
+           json_object_array_length(req->tools) > 0 &&
+           !(req->has_tool_choice && req->tool_choice == GEN_TOOL_CHOICE_NONE);
+}
+
+/* How the reply of a submitted request is read: the reasoning split and the
+ * tool-call parser it needs. */
+static int open_reading(struct generation *g, struct server *srv, const struct gen_request *req,
+                        bool starts_inside, struct api_error *e)
+{
+    struct err err = {0};
+    int rc = 0;
+    g->srv = srv;
+    g->split_reasoning =
+        req->kind == GEN_REQUEST_CHAT && (starts_inside || prompt_model_thinks(srv->tok));
+    g->starts_inside = starts_inside;
+    if (g->split_reasoning) {
+        struct reasoning_opts opts = {.starts_inside = starts_inside};
+        rc = reasoning_splitter_create(&opts, &g->splitter, &err);
+    }
+    if (rc == 0 && tools_on(req)) {
+        enum toolcall_syntax syntax = toolcall_syntax_for_template(tok_chat_template(srv->tok), NULL);
+        rc = toolcall_parser_create(syntax, req->tools, &g->tools, &err);
+    }
+    if (rc < 0)
+        api_error_set(e, 500, API_ERROR_SERVER, NULL, NULL, "%s", err.msg);
+    return rc;
+}
+
 int generation_start(const struct http_exchange *x, const struct gen_request *req,
                      struct generation **out, struct api_error *e)
 {
@@ -153,21 +189,36 @@ int generation_start(const struct http_exchange *x, const struct gen_request *re
         pr.ids = NULL;
     }
     prompt_free(&pr);
-    g->srv = srv;
     g->client_fd = x->client_fd;
     g->logprobs = p.logprobs;
-    g->split_reasoning =
-        req->kind == GEN_REQUEST_CHAT && (starts_inside || prompt_model_thinks(srv->tok));
-    g->starts_inside = starts_inside;
-    if (g->split_reasoning) {
-        struct reasoning_opts opts = {.starts_inside = starts_inside};
-        if ((rc = reasoning_splitter_create(&opts, &g->splitter, &err)) < 0) {
-            generation_free(g);
-            api_error_set(e, 500, API_ERROR_SERVER, NULL, NULL, "%s", err.msg);
-            return rc;
-        }
+    if ((rc = open_reading(g, srv, req, starts_inside, e)) < 0) {
+        generation_free(g);
+        return rc;
     }
     *out = g;
+    return 0;
+}
+
+int generation_open_output(struct server *srv, const struct gen_request *req,
+                           struct gen_output *out, bool starts_inside, struct generation **gout,
+                           struct api_error *e)
+{
+    *gout = NULL;
+    struct generation *g = calloc(1, sizeof *g);
+    if (!g) {
+        gen_output_release(out);
+        api_error_set(e, 500, API_ERROR_SERVER, NULL, NULL, "out of memory");
+        return -INFERD_ENOMEM;
+    }
+    g->out = out;
+    g->client_fd = -1;
+    g->logprobs = -1;
+    int rc = open_reading(g, srv, req, starts_inside, e);
+    if (rc < 0) {
+        generation_free(g);
+        return rc;
+    }
+    *gout = g;
     return 0;
 }
 
@@ -197,6 +248,108 @@ static int take_delta(const struct reasoning_delta *d, struct generation_text *t
     t->reasoning_len = d->reasoning_len;
     t->content_len = d->content_len;
     return 0;
+}
+
+/* A fresh call id: "call_" and 24 random alphanumerics. */
+static char *call_id(void)
+{
+    static const char alnum[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    unsigned char r[24];
+    if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r) {
+        uint64_t t = now_ns();
+        for (size_t i = 0; i < sizeof r; i++)
+            r[i] = (unsigned char)((t >> (i % 8 * 8)) ^ (i * 37));
+    }
+    char *id = malloc(5 + sizeof r + 1);
+    if (!id)
+        return NULL;
+    memcpy(id, "call_", 5);
+    for (size_t i = 0; i < sizeof r; i++)
+        id[5 + i] = alnum[r[i] % (sizeof alnum - 1)];
+    id[5 + sizeof r] = '\0';
+    return id;
+}
+
+static struct generation_tool_delta *add_tool_delta(struct generation_news *news, int index,
+                                                    size_t content_offset)
+{
+    struct generation_tool_delta *grown =
+        realloc(news->tools, (news->n_tools + 1) * sizeof *grown);
+    if (!grown)
+        return NULL;
+    news->tools = grown;
+    struct generation_tool_delta *d = &grown[news->n_tools++];
+    memset(d, 0, sizeof *d);
+    d->index = index;
+    d->content_offset = content_offset;
+    return d;
+}
+
+/* The parser's events: text into content, calls into news->tools (one delta
+ * per call start with its id and name, argument bytes joined onto the delta
+ * of their call). base: content bytes of this news before these. */
+static int take_tool_events(const struct toolcall_events *ev, struct strbuf *content, size_t base,
+                            struct generation_news *news)
+{
+    for (size_t i = 0; i < ev->n; i++) {
+        const struct toolcall_event *e = &ev->events[i];
+        struct generation_tool_delta *d = news->n_tools ? &news->tools[news->n_tools - 1] : NULL;
+        if (e->kind == TOOLCALL_TEXT) {
+            strbuf_append(content, e->text, e->len);
+        } else if (e->kind == TOOLCALL_CALL_START) {
+            if (!(d = add_tool_delta(news, e->index, base + content->len)) ||
+                !(d->id = call_id()) || !(d->name = strdup(e->text)) ||
+                !(d->arguments = strdup("")))
+                return -INFERD_ENOMEM;
+        } else if (e->kind == TOOLCALL_ARGUMENTS) {
+            if (!d || d->index != e->index) {
+                if (!(d = add_tool_delta(news, e->index, base + content->len)) ||
+                    !(d->arguments = strdup("")))
+                    return -INFERD_ENOMEM;
+            }
+            size_t have = strlen(d->arguments);
+            char *grown = realloc(d->arguments, have + e->len + 1);
+            if (!grown)
+                return -INFERD_ENOMEM;
+            memcpy(grown + have, e->text, e->len);
+            grown[have + e->len] = '\0';
+            d->arguments = grown;
+        }
+    }
+    return content->failed ? -INFERD_ENOMEM : 0;
+}
+
+/* Runs *content through the tool-call parser (then finishes it when last):
+ * *content becomes the text outside calls, the calls go to news->tools. */
+static int parse_tools(struct generation *g, char **content, size_t *len, size_t base, bool last,
+                       struct generation_news *news)
+{
+    struct strbuf text = {0};
+    struct toolcall_events ev;
+    struct err err = {0};
+    int rc = 0;
+    if (*len > 0 && (rc = toolcall_parser_push(g->tools, *content, *len, &ev, &err)) == 0)
+        rc = take_tool_events(&ev, &text, base, news);
+    if (rc == 0 && last && (rc = toolcall_parser_finish(g->tools, &ev, &err)) == 0)
+        rc = take_tool_events(&ev, &text, base, news);
+    if (rc == 0 && !strbuf_putc(&text, '\0'))
+        rc = -INFERD_ENOMEM;
+    if (rc < 0) {
+        strbuf_free(&text);
+        return -INFERD_ENOMEM;
+    }
+    free(*content);
+    *len = text.len - 1;
+    *content = strbuf_take(&text, NULL);
+    return *content ? 0 : -INFERD_ENOMEM;
+}
+
+/* A reply that is not split for reasoning still goes through text when tools
+ * are on: reasoning "" and content out.text. */
+static int take_unsplit(const char *s, size_t len, struct generation_text *t)
+{
+    struct reasoning_delta d = {.reasoning = "", .content = s ? s : "", .content_len = len};
+    return take_delta(&d, t);
 }
 
 static void cancel(struct generation *g)
@@ -266,22 +419,41 @@ int generation_next(struct generation *g, int timeout_ms, struct generation_news
         if (timeout_ms >= 0 && now_ns() >= until)
             return 0;
     }
-    if (!g->splitter)
+    if (!g->splitter && !g->tools)
         return 0;
     struct err err = {0};
     struct reasoning_delta d = {0};
-    if (news->out.text_len > 0) {
-        /* The splitter fails only when memory runs out. */
+    bool finished = news->out.finish != GEN_RUNNING;
+    if (!g->splitter) {
         news->split = true;
-        if (reasoning_splitter_push(g->splitter, news->out.text, news->out.text_len, &d, &err) <
-                0 ||
-            take_delta(&d, &news->text) < 0)
+        if (take_unsplit(news->out.text, news->out.text_len, &news->text) < 0 ||
+            take_unsplit("", 0, &news->tail) < 0)
+            goto nomem;
+    } else {
+        if (news->out.text_len > 0) {
+            /* The splitter fails only when memory runs out. */
+            news->split = true;
+            if (reasoning_splitter_push(g->splitter, news->out.text, news->out.text_len, &d,
+                                        &err) < 0 ||
+                take_delta(&d, &news->text) < 0)
+                goto nomem;
+        }
+        memset(&d, 0, sizeof d);
+        if (finished && reasoning_splitter_flush(g->splitter, &d, &err) == 0 &&
+            take_delta(&d, &news->tail) < 0)
             goto nomem;
     }
-    memset(&d, 0, sizeof d);
-    if (news->out.finish != GEN_RUNNING && reasoning_splitter_flush(g->splitter, &d, &err) == 0 &&
-        take_delta(&d, &news->tail) < 0)
-        goto nomem;
+    if (g->tools) {
+        news->split = true;
+        if ((!news->text.content && take_unsplit("", 0, &news->text) < 0) ||
+            (finished && !news->tail.content && take_unsplit("", 0, &news->tail) < 0))
+            goto nomem;
+        if (parse_tools(g, &news->text.content, &news->text.content_len, 0, false, news) < 0 ||
+            (finished && parse_tools(g, &news->tail.content, &news->tail.content_len,
+                                     news->text.content_len, true, news) < 0))
+            goto nomem;
+        news->tool_calls = finished && toolcall_parser_calls(g->tools) > 0;
+    }
     return 0;
 nomem:
     generation_news_free(news);
@@ -339,7 +511,17 @@ int generation_collect(struct generation *g, struct generation_news *all, struct
                             g->starts_inside, &t->reasoning, &t->reasoning_len, &t->content,
                             &t->content_len, &err) == 0)
         all->split = true;
+    if (g->tools) {
+        if (!all->split && take_unsplit(all->out.text, all->out.text_len, t) < 0)
+            goto nomem_all;
+        all->split = true;
+        if (parse_tools(g, &t->content, &t->content_len, 0, true, all) < 0)
+            goto nomem_all;
+        all->tool_calls = all->n_tools > 0;
+    }
     return 0;
+nomem_all:
+    generation_news_free(all);
 nomem:
     api_error_set(e, 500, API_ERROR_SERVER, NULL, NULL, "out of memory for the reply");
     return -INFERD_ENOMEM;
@@ -352,6 +534,12 @@ void generation_news_free(struct generation_news *news)
     free(news->text.content);
     free(news->tail.reasoning);
     free(news->tail.content);
+    for (size_t i = 0; i < news->n_tools; i++) {
+        free(news->tools[i].id);
+        free(news->tools[i].name);
+        free(news->tools[i].arguments);
+    }
+    free(news->tools);
     memset(news, 0, sizeof *news);
 }
 
@@ -365,6 +553,7 @@ void generation_free(struct generation *g)
         gen_output_release(g->out);
     }
     reasoning_splitter_free(g->splitter);
+    toolcall_parser_free(g->tools);
     free(g->prompt_text);
     free(g->prompt_ids);
     free(g);

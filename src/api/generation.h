@@ -1,7 +1,8 @@
 /* api/generation.h — what every API does to answer a generation request: the readiness checks,
  * the prompt and the engine's parameters, submitting (the engine's refusals mapped to HTTP
- * statuses), taking the output as it comes while watching the client, and splitting the text
- * into reasoning and content. An API file adds only its wire format. */
+ * statuses), taking the output as it comes while watching the client, splitting the text into
+ * reasoning and content, and parsing tool calls out of the content. An API file adds only its
+ * wire format. */
 #ifndef INFERD_API_GENERATION_H
 #define INFERD_API_GENERATION_H
 
@@ -26,9 +27,20 @@ int generation_admit(const struct server *srv, struct api_error *e);
  * prompt's own errors, 429 rate_limit_exceeded (queue full), 400
  * context_length_exceeded naming "messages" or "prompt", 503 out_of_memory,
  * else 400. The reply is split into reasoning and content when req is a chat
- * and the model thinks in <think>…</think>. */
+ * and the model thinks in <think>…</think>; tool calls are parsed out of the
+ * content when req is a chat whose tools array is non-empty and whose
+ * tool_choice is not "none" (the syntax chosen from the chat template,
+ * text/toolcall.h). */
 int generation_start(const struct http_exchange *x, const struct gen_request *req,
                      struct generation **out, struct api_error *e);
+
+/* A generation over an output the caller feeds itself, as generation_start
+ * builds one less the prompt and the engine: the same reading, reasoning split
+ * and tool-call parsing, with no client to watch. Takes over one reference of
+ * out. Tests drive the output path with token ids of their own through it. */
+int generation_open_output(struct server *srv, const struct gen_request *req,
+                           struct gen_output *out, bool starts_inside, struct generation **g,
+                           struct api_error *e);
 
 /* The logprobs the engine reports per token: -1 none, else the alternatives. */
 int generation_logprobs(const struct generation *g);
@@ -42,21 +54,27 @@ struct generation_text {
     size_t content_len;
 };
 
+/* One piece of a tool call the model made, in the order they were made. */
 struct generation_tool_delta {
     int index;        /* the call's position among this answer's calls, from 0 */
-    char *id;         /* owned; on a call's first piece only, else NULL */
+    char *id;         /* owned; on a call's first piece only ("call_" + 24 random alphanumerics), else NULL */
     char *name;       /* owned; on a call's first piece only, else NULL */
     char *arguments;  /* owned, NUL-terminated; the next bytes of the call's arguments JSON text (may be "") */
+    size_t content_offset; /* bytes of this news' content (text.content, then tail.content) that
+                              the model wrote before this piece: where the call stands among the text */
 };
 
 struct generation_news {
     struct gen_news out;         /* what the engine produced: text, tokens, finish, counts */
-    bool split;                  /* out.text went through the reasoning split, into text */
+    bool split;                  /* the reply is in text (and tail), not out.text: reasoning apart
+                                    (<think>) and/or tool calls out of the content */
     struct generation_text text;
     struct generation_text tail; /* at the finish of a split generation: the text the split
                                     held back, to send after text */
-    struct generation_tool_delta *tools; size_t n_tools;   /* pieces found in this news; text.content holds only text outside calls */
-    bool tool_calls;  /* at the finish: the answer made at least one call */
+    struct generation_tool_delta *tools;  /* owned; n_tools pieces found in this news (text.content
+                                             then holds only the text outside calls) */
+    size_t n_tools;
+    bool tool_calls;  /* at the finish: the answer made at least one call (finish reason "tool_calls") */
 };
 
 /* Waits up to timeout_ms (-1: as long as it takes) for text or tokens past
@@ -67,7 +85,8 @@ struct generation_news {
 int generation_next(struct generation *g, int timeout_ms, struct generation_news *news);
 
 /* Waits for the finish and takes the whole output at once (out.text_from 0),
- * split when the generation splits (whole-text rules). Returns 0 when it
+ * split when the generation splits (whole-text rules); each tool call is one
+ * delta with id, name and the whole arguments. Returns 0 when it
  * finished normally (stop or length); else e says why: 503 cancelled (client
  * gone, or the server stopping), 503 out_of_memory, 500 with the engine's
  * message. */

@@ -1,6 +1,6 @@
 /* api/openai.c — the OpenAI wire format: POST /v1/chat/completions and /v1/completions as JSON
- * objects or Server-Sent Events chunks (logprobs, usage), and GET /v1/models. The generation
- * itself runs through api/generation.h. */
+ * objects or Server-Sent Events chunks (logprobs, tool calls, usage), and GET /v1/models. The
+ * generation itself runs through api/generation.h. */
 #include <json-c/json.h>
 #include <math.h>
 #include <stdio.h>
@@ -167,6 +167,36 @@ static const char *finish_name(enum gen_finish f)
     return f == GEN_FINISH_LENGTH ? "length" : "stop";
 }
 
+/* A reply that made a tool call finishes with "tool_calls", whatever stopped it. */
+static const char *reply_finish_name(const struct generation_news *n)
+{
+    return n->tool_calls ? "tool_calls" : finish_name(n->out.finish);
+}
+
+/* Chat tool calls as OpenAI writes them: [{id, type, function:{name, arguments}}] in a message,
+ * and in a stream {index, id?, type?, function:{name?, arguments}} (id, type and name on a
+ * call's first piece only). */
+static json_object *tool_calls_json(const struct generation_news *n, bool stream)
+{
+    json_object *calls = json_object_new_array();
+    for (size_t i = 0; i < n->n_tools; i++) {
+        const struct generation_tool_delta *d = &n->tools[i];
+        json_object *call = json_object_new_object(), *fn = json_object_new_object();
+        if (stream)
+            json_object_object_add(call, "index", json_object_new_int(d->index));
+        if (d->id) {
+            json_object_object_add(call, "id", json_object_new_string(d->id));
+            json_object_object_add(call, "type", json_object_new_string("function"));
+        }
+        if (d->name)
+            json_object_object_add(fn, "name", json_object_new_string(d->name));
+        json_object_object_add(fn, "arguments", json_object_new_string(d->arguments));
+        json_object_object_add(call, "function", fn);
+        json_object_array_add(calls, call);
+    }
+    return calls;
+}
+
 static void send_json_object(struct http_exchange *x, int status, json_object *o)
 {
     size_t len;
@@ -221,7 +251,11 @@ static void respond_json(struct http_exchange *x, struct reply *r)
         json_object *msg = json_object_new_object();
         json_object_object_add(msg, "role", json_object_new_string("assistant"));
         if (all.split) {
-            json_object_object_add(msg, "content", jstr(all.text.content, all.text.content_len));
+            /* A reply that is only tool calls has content null, as OpenAI sends it. */
+            json_object_object_add(msg, "content",
+                                   all.n_tools > 0 && all.text.content_len == 0
+                                       ? NULL
+                                       : jstr(all.text.content, all.text.content_len));
             if (all.text.reasoning_len > 0)
                 json_object_object_add(msg, "reasoning_content",
                                        jstr(all.text.reasoning, all.text.reasoning_len));
@@ -229,6 +263,8 @@ static void respond_json(struct http_exchange *x, struct reply *r)
             json_object_object_add(msg, "content", jstr(text, o->text_len));
         }
         json_object_object_add(msg, "refusal", NULL);
+        if (all.n_tools > 0)
+            json_object_object_add(msg, "tool_calls", tool_calls_json(&all, false));
         json_object_object_add(choice, "message", msg);
         json_object_object_add(choice, "logprobs",
                                r->logprobs >= 0
@@ -241,7 +277,7 @@ static void respond_json(struct http_exchange *x, struct reply *r)
             r->logprobs >= 0 ? completion_logprobs_json(r->srv->tok, o->tokens, o->n_tokens, 0, 0)
                              : NULL);
     }
-    json_object_object_add(choice, "finish_reason", json_object_new_string(finish_name(o->finish)));
+    json_object_object_add(choice, "finish_reason", json_object_new_string(reply_finish_name(&all)));
     json_object *choices = json_object_new_array();
     json_object_array_add(choices, choice);
     json_object_object_add(root, "choices", choices);
@@ -308,6 +344,11 @@ static void emit_news(struct reply *r, struct strbuf *out, const struct generati
     }
     if (lp)
         json_object_put(lp);
+    if (n->n_tools > 0 && r->kind == GEN_REQUEST_CHAT) {
+        json_object *delta = json_object_new_object();
+        json_object_object_add(delta, "tool_calls", tool_calls_json(n, true));
+        append_sse(out, chunk_object(r, delta, NULL, NULL));
+    }
     if (o->finish == GEN_RUNNING)
         return;
 
@@ -326,7 +367,7 @@ static void emit_news(struct reply *r, struct strbuf *out, const struct generati
     } else {
         json_object *payload = r->kind == GEN_REQUEST_CHAT ? json_object_new_object()
                                                            : json_object_new_string("");
-        append_sse(out, chunk_object(r, payload, NULL, finish_name(o->finish)));
+        append_sse(out, chunk_object(r, payload, NULL, reply_finish_name(n)));
         if (r->include_usage) {
             json_object *u = base_object(r, r->kind == GEN_REQUEST_CHAT ? "chat.completion.chunk"
                                                                         : "text_completion");

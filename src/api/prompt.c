@@ -9,6 +9,7 @@
 #include <sys/random.h>
 
 #include "api/reencode.h"
+#include "base/json.h"
 #include "base/timer.h"
 
 static bool fail(struct api_error *e, int status, const char *param, const char *code,
@@ -63,6 +64,40 @@ static json_object *template_kwargs(const struct gen_request *req)
     return kwargs;
 }
 
+/* The arguments string of each assistant tool call parsed into its object, as
+ * the template expects it (transformers' templates write tool_call.arguments
+ * with tojson); a string that is not a JSON object stays a string. messages is
+ * the caller's copy. */
+static void parse_call_arguments(json_object *messages)
+{
+    size_t n = json_object_array_length(messages);
+    for (size_t i = 0; i < n; i++) {
+        json_object *calls = NULL;
+        if (!json_object_object_get_ex(json_object_array_get_idx(messages, i), "tool_calls",
+                                       &calls) ||
+            !json_object_is_type(calls, json_type_array))
+            continue;
+        size_t n_calls = json_object_array_length(calls);
+        for (size_t k = 0; k < n_calls; k++) {
+            json_object *call = json_object_array_get_idx(calls, k), *fn = NULL, *args = NULL;
+            if (!json_object_object_get_ex(call, "function", &fn))
+                fn = call;
+            if (!json_object_object_get_ex(fn, "arguments", &args) ||
+                !json_object_is_type(args, json_type_string))
+                continue;
+            json_object *parsed = NULL;
+            struct err err = {0};
+            if (json_text_parse(json_object_get_string(args),
+                                (size_t)json_object_get_string_len(args), GEN_REQUEST_MAX_DEPTH,
+                                true, &parsed, &err) == 0 &&
+                json_object_is_type(parsed, json_type_object))
+                json_object_object_add(fn, "arguments", parsed);
+            else
+                json_object_put(parsed);
+        }
+    }
+}
+
 static bool build_chat(const struct server *srv, const struct gen_request *req,
                        struct prompt *out, struct api_error *e)
 {
@@ -78,6 +113,7 @@ static bool build_chat(const struct server *srv, const struct gen_request *req,
         json_object_put(messages);
         return fail(e, 500, NULL, NULL, "out of memory");
     }
+    parse_call_arguments(messages);
     json_object *tools =
         req->has_tool_choice && req->tool_choice == GEN_TOOL_CHOICE_NONE ? NULL : req->tools;
     char *text = NULL;

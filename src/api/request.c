@@ -235,6 +235,33 @@ static int check_message(const struct json_reader *m)
     return json_reader_check_tree(m);
 }
 
+/* A tool message answers a call: its tool_call_id must be the id of a tool
+ * call in an earlier assistant message (calls holds those ids as keys). */
+static int check_tool_answers_a_call(const struct json_reader *m, json_object *calls)
+{
+    json_object *role = NULL, *list = NULL;
+    json_object_object_get_ex(m->v, "role", &role);
+    const char *r = json_object_get_string(role);
+    if (!strcmp(r, "assistant") && json_object_object_get_ex(m->v, "tool_calls", &list)) {
+        size_t n = list ? json_object_array_length(list) : 0;
+        for (size_t i = 0; i < n; i++) {
+            json_object *id = NULL;
+            json_object_object_get_ex(json_object_array_get_idx(list, i), "id", &id);
+            if (json_object_object_add(calls, json_object_get_string(id), NULL) != 0)
+                return nomem(m);
+        }
+    } else if (!strcmp(r, "tool")) {
+        struct json_reader id = json_reader_member(m, "tool_call_id");
+        const char *s = json_object_get_string(id.v);
+        if (!json_object_object_get_ex(calls, s, NULL))
+            return json_reader_fail(&id, INFERD_EINVAL,
+                                    "\"%.64s\" is not the id of a tool call in an earlier "
+                                    "assistant message",
+                                    s);
+    }
+    return 0;
+}
+
 static int parse_messages(const struct json_reader *root, struct gen_request *r)
 {
     struct json_reader msgs = json_reader_member(root, "messages");
@@ -247,11 +274,17 @@ static int parse_messages(const struct json_reader *root, struct gen_request *r)
         return rc;
     if (n == 0)
         return json_reader_fail(&msgs, INFERD_EINVAL, "must contain at least one message");
-    for (size_t i = 0; i < n; i++) {
+    json_object *calls = json_object_new_object(); /* the tool call ids so far, as keys */
+    if (!calls)
+        return nomem(&msgs);
+    for (size_t i = 0; i < n && rc == 0; i++) {
         struct json_reader m = json_reader_element(&msgs, i);
-        if ((rc = check_message(&m)))
-            return rc;
+        if ((rc = check_message(&m)) == 0)
+            rc = check_tool_answers_a_call(&m, calls);
     }
+    json_object_put(calls);
+    if (rc)
+        return rc;
     r->messages = json_object_get(msgs.v);
     return 0;
 }

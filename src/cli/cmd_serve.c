@@ -21,6 +21,7 @@
 #include "cli/commands.h"
 #include "cli/device.h"
 #include "kv/kv.h"
+#include "text/toolcall.h"
 
 #define DEFAULT_CTX_CAP 8192
 #define DEFAULT_KV_MB 4096
@@ -388,6 +389,9 @@ int cmd_serve(int argc, char **argv)
         have_tmpl = true;
     else
         log_warn("serve: no chat template (%s); /v1/chat/completions will answer 400", err.msg);
+    const char *why = NULL;
+    enum toolcall_syntax calls = toolcall_syntax_for_template(tok_chat_template(tok), &why);
+    log_info("serve: tool calls parsed as %s (%s)", toolcall_syntax_name(calls), why);
 
     if (fit_measure(&o, m, &srv.fit, &err) < 0) {
         fprintf(stderr, "inferd serve: %s\n", err.msg);

@@ -1019,3 +1019,79 @@ describe('exact re-encoding', () => {
     }
   });
 });
+
+describe('tool calls', () => {
+  const weatherTool = { type: 'function', function: { name: 'get_weather', description: 'Weather by city', parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } };
+  const ask = [{ role: 'user', content: 'What is the weather in Paris? Use the tool.' }];
+
+  /* Whatever the random model writes, the reply is well formed: a finish reason chat clients
+   * know, and every call has an id, a name and arguments that are a JSON object. */
+  const assertWellFormed = (choice) => {
+    assert.ok(['stop', 'length', 'tool_calls'].includes(choice.finish_reason), choice.finish_reason);
+    const calls = choice.message.tool_calls ?? [];
+    assert.equal(choice.finish_reason === 'tool_calls', calls.length > 0);
+    for (const c of calls) {
+      assert.match(c.id, /^call_[A-Za-z0-9]{24}$/);
+      assert.equal(c.type, 'function');
+      assert.equal(typeof c.function.name, 'string');
+      const args = JSON.parse(c.function.arguments);
+      assert.equal(typeof args, 'object');
+      assert.ok(args !== null && !Array.isArray(args));
+    }
+    if (calls.length === 0) assert.equal(typeof choice.message.content, 'string');
+  };
+
+  test('a request with tools gets a well-formed reply (stop, length or tool_calls)', async () => {
+    const r = await openai.chat.completions.create({ ...greedy, messages: ask, tools: [weatherTool], max_tokens: 24 });
+    assertWellFormed(r.choices[0]);
+  });
+
+  test('streamed with tools, the SDK assembles the reply (finalChatCompletion)', async () => {
+    const stream = openai.chat.completions.stream({ ...greedy, messages: ask, tools: [weatherTool], tool_choice: 'auto', max_tokens: 24 });
+    const final = await stream.finalChatCompletion();
+    assertWellFormed(final.choices[0]);
+  });
+
+  test('the SDK\'s runTools helper runs to a final answer', async () => {
+    const seen = [];
+    /* The helper refuses a reply cut by max_tokens; the random model's text would be, so the
+     * end-of-turn token (<|im_end|>) is made certain and the reply ends with "stop". */
+    const runner = openai.chat.completions.runTools({
+      ...greedy, messages: ask, max_tokens: 16, logit_bias: { 151645: 100 },
+      tools: [{ type: 'function', function: { ...weatherTool.function, parse: JSON.parse, function: (args) => { seen.push(args); return { temp_c: 12 }; } } }],
+    });
+    const final = await runner.finalChatCompletion();
+    assertWellFormed(final.choices[0]);
+    for (const args of seen) assert.equal(typeof args, 'object');
+  });
+
+  test('a conversation with an assistant tool call (arguments as a string) and its result renders and answers, streamed too', async () => {
+    const messages = [
+      ...ask,
+      { role: 'assistant', content: null, tool_calls: [{ id: 'call_x', type: 'function', function: { name: 'get_weather', arguments: '{"city":"Paris"}' } }] },
+      { role: 'tool', tool_call_id: 'call_x', content: '{"temp_c": 12}' },
+    ];
+    const r = await openai.chat.completions.create({ ...greedy, messages, tools: [weatherTool], max_tokens: 8 });
+    assertWellFormed(r.choices[0]);
+    const stream = openai.chat.completions.stream({ ...greedy, messages, tools: [weatherTool], max_tokens: 8 });
+    assertWellFormed((await stream.finalChatCompletion()).choices[0]);
+  });
+
+  test('tool_choice "none" sends no tool calls', async () => {
+    const r = await openai.chat.completions.create({ ...greedy, messages: ask, tools: [weatherTool], tool_choice: 'none', max_tokens: 12 });
+    assert.equal(r.choices[0].message.tool_calls, undefined);
+    assert.notEqual(r.choices[0].finish_reason, 'tool_calls');
+  });
+
+  test('a tool message that answers no earlier call is a 400 naming its tool_call_id', async () => {
+    await assert.rejects(openai.chat.completions.create({
+      ...greedy, max_tokens: 2, tools: [weatherTool],
+      messages: [...ask, { role: 'tool', tool_call_id: 'call_nowhere', content: '12' }],
+    }), (e) => {
+      assert.ok(e instanceof OpenAI.BadRequestError, `${e?.constructor?.name} ${e?.status} ${e?.message}`);
+      assert.equal(e.param, 'messages[1].tool_call_id');
+      assert.match(e.message, /call_nowhere/);
+      return true;
+    });
+  });
+});

@@ -243,8 +243,9 @@ Test(request, every_role_is_accepted)
     assert_ok(parse_chat("{\"messages\":[{\"role\":\"system\",\"content\":\"s\"},"
                          "{\"role\":\"developer\",\"content\":\"d\"},{\"role\":\"user\","
                          "\"content\":\"u\",\"name\":\"bob\"},"
-                         "{\"role\":\"assistant\",\"content\":\"a\"},{\"role\":\"tool\","
-                         "\"content\":\"t\",\"tool_call_id\":\"c\"}]}"));
+                         "{\"role\":\"assistant\",\"content\":\"a\",\"tool_calls\":[{\"id\":\"c\","
+                         "\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]},"
+                         "{\"role\":\"tool\",\"content\":\"t\",\"tool_call_id\":\"c\"}]}"));
 }
 
 Test(request, message_that_is_not_an_object_is_400)
@@ -301,6 +302,23 @@ Test(request, user_message_without_content_is_400)
 Test(request, assistant_may_have_null_content)
 {
     assert_ok(parse_chat("{\"messages\":[{\"role\":\"assistant\",\"content\":null}]}"));
+}
+
+Test(request, tool_message_must_answer_an_earlier_call)
+{
+    assert_400(parse_chat("{\"messages\":[{\"role\":\"user\",\"content\":\"u\"},"
+                          "{\"role\":\"tool\",\"tool_call_id\":\"call_9\",\"content\":\"x\"}]}"),
+               "messages[1].tool_call_id", "\"call_9\" is not the id of a tool call");
+    /* A call made later does not count; one made earlier, among several, does. */
+    assert_400(parse_chat("{\"messages\":[{\"role\":\"tool\",\"tool_call_id\":\"c2\",\"content\":\"x\"},"
+                          "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c2\","
+                          "\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]}]}"),
+               "messages[0].tool_call_id", "not the id of a tool call");
+    assert_ok(parse_chat("{\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":["
+                         "{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}},"
+                         "{\"id\":\"c2\",\"type\":\"function\",\"function\":{\"name\":\"g\",\"arguments\":\"{}\"}}]},"
+                         "{\"role\":\"tool\",\"tool_call_id\":\"c2\",\"content\":\"x\"},"
+                         "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"y\"}]}"));
 }
 
 Test(request, tool_message_needs_tool_call_id)

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "api/prompt.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 #include "test_support.h"
@@ -180,4 +181,60 @@ Test(template_conformance, llama3_chat_template_renders_like_the_reference, .tim
 Test(template_conformance, gemma3_chat_template_renders_like_the_reference, .timeout = 300)
 {
     check_template("gemma3");
+}
+
+/* Chat requests as clients send them (tool-call arguments as JSON strings, tool results) through
+ * the server's own prompt path: the arguments are parsed into objects before the template sees
+ * them, so the prompt equals the reference render of tests/text/tool-refs-qwen3.jsonl. */
+Test(template_conformance, qwen3_tool_calls_and_results_render_through_the_prompt_like_the_reference,
+     .timeout = 60)
+{
+    const char *data = getenv("INFERD_TOKENIZER_DATA");
+    if (!data || !*data)
+        cr_skip_test("INFERD_TOKENIZER_DATA is not set: run scripts/fetch-tokenizers.sh DIR and set it to DIR "
+                     "(make test does both)");
+    char dir[1100], path[1100];
+    snprintf(dir, sizeof dir, "%s/qwen3", data);
+    struct err err = {0};
+    struct tokenizer *tok = NULL;
+    cr_assert_eq(tok_load(dir, &tok, &err), 0, "tok_load: %s", err.msg);
+    struct chat_template ct;
+    cr_assert_eq(chat_template_load(tok, &ct, &err), 0, "chat_template_load: %s", err.msg);
+    struct server srv;
+    memset(&srv, 0, sizeof srv);
+    srv.tok = tok;
+    srv.tmpl = &ct;
+
+    snprintf(path, sizeof path, "%s/tool-refs-qwen3.jsonl", refs_dir());
+    struct json_object *refs = load_jsonl(path);
+    size_t n = json_object_array_length(refs);
+    for (size_t i = 0; i < n; i++) {
+        struct json_object *ref = json_object_array_get_idx(refs, i), *request, *output;
+        cr_assert(json_object_object_get_ex(ref, "request", &request));
+        cr_assert(json_object_object_get_ex(ref, "output", &output));
+        const char *body = json_object_to_json_string_ext(request, JSON_C_TO_STRING_PLAIN);
+        struct gen_request req;
+        struct api_error e;
+        cr_assert_eq(gen_request_parse(body, strlen(body), GEN_REQUEST_CHAT, &req, &e), 0,
+                     "request %zu: %s", i, e.message);
+        struct prompt p;
+        cr_assert(prompt_build(&srv, &req, 0, &p, &e), "request %zu: %s", i, e.message);
+        const char *want = json_object_get_string(output);
+        size_t wlen = (size_t)json_object_get_string_len(output), at = 0;
+        while (at < p.text_len && at < wlen && p.text[at] == want[at])
+            at++;
+        char ws[200], gs[200];
+        size_t from = at > 40 ? at - 40 : 0;
+        snippet(want + from, (wlen - from) < 80 ? wlen - from : 80, ws, sizeof ws);
+        snippet(p.text + from, (p.text_len - from) < 80 ? p.text_len - from : 80, gs, sizeof gs);
+        cr_assert(p.text_len == wlen && at == wlen,
+                  "request %zu differs at byte %zu:\n    expected \"%s\"\n    got      \"%s\"", i, at,
+                  ws, gs);
+        prompt_free(&p);
+        gen_request_free(&req);
+    }
+    cr_assert_geq(n, 3);
+    json_object_put(refs);
+    chat_template_free(&ct);
+    tok_free(tok);
 }
