@@ -203,7 +203,9 @@ static void *engine_main(void *arg)
             answer_calls(e, calls);
         publish_stats(e);
     }
-    if (kv_manager_tier_enabled(sc->kv)) {
+    struct kv_tier_stats tier;
+    kv_manager_tier_stats(sc->kv, &tier);
+    if (tier.enabled) {
         /* what the cache holds goes to disk within the grace left (at least a second) */
         uint64_t now = now_ns();
         int left = e->stop_deadline_ns > now ? (int)((e->stop_deadline_ns - now) / 1000000ull) : 0;
@@ -268,8 +270,16 @@ int engine_create(const struct model *m, const struct tokenizer *tok,
                    .model_digest = model_digest(m, tok),
                    .session_idle_ns = (uint64_t)(cfg->session_idle_s > 0 ? cfg->session_idle_s
                                                                           : 0) * 1000000000ull}};
+    /* Under a device pool, blocks leaving it stay in host memory (the
+     * host-RAM tier), bounded like the pool's cache, before any disk. */
+    size_t host_bytes = m->backend->copy_weights ? cfg->prompt_cache_bytes : 0;
+    if (!cfg->tier && host_bytes > 0) {
+        e->tier_cfg = (struct kv_tier_config){.host_bytes = host_bytes};
+        sc.tier = &e->tier_cfg;
+    }
     if (cfg->tier) {
         e->tier_cfg = *cfg->tier;
+        e->tier_cfg.host_bytes = host_bytes;
         e->tier_cfg.store.fp.model_digest =
             hash_mix64(cfg->tier->store.fp.model_digest ^ sc.prefix.model_digest);
         e->tier_cfg.store.fp.block_size = block_size;

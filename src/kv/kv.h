@@ -315,7 +315,9 @@ void kv_manager_prefix_stats(const struct kv_manager *mgr, struct kv_prefix_stat
  * for demote_idle_ns may leave memory. */
 
 struct kv_tier_config {
-    struct ssd_config store;       /* dir, cap, verification, fingerprint */
+    struct ssd_config store;       /* dir, cap, verification, fingerprint; dir NULL: no SSD tier */
+    size_t host_bytes;             /* the host-RAM tier under a device pool: blocks leaving it
+                                      are kept in host memory up to this many bytes (0: none) */
     uint64_t demote_idle_ns;       /* durable cached blocks unused this long leave memory; 0: never */
     double prefill_tokens_per_s;   /* the recompute rate of the cost model; 0: always read */
 };
@@ -331,6 +333,9 @@ struct kv_tier_stats {
     uint64_t loading;              /* blocks being read now */
     uint64_t unsaved;              /* cached blocks waiting for room in the write queue */
     uint64_t demoted;              /* durable blocks that left memory after demote_idle_ns */
+    uint64_t host_blocks, host_bytes, host_max_bytes; /* the host-RAM tier now */
+    uint64_t host_hits;            /* blocks copied back from it into the pool */
+    uint64_t host_stores, host_evictions;
 };
 
 /* Opens the store and hangs the tier under the prefix cache (which must be

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/hash.h"
 #include "base/log.h"
 #include "base/timer.h"
 #include "kv/kv.h"
@@ -24,6 +25,26 @@ struct tier_read {
     void *host;         /* owned; the block's bytes as the store hands them back */
 };
 
+/* A block kept in host memory after it left a device pool (the host-RAM
+ * tier), found again by its chain hash and namespace. */
+struct host_block {
+    uint64_t hash, ns;
+    char *data;       /* owned; block_bytes, laid out as copy_out writes it (allocated when
+                         first filled: a tier never filled costs no memory) */
+    int32_t bucket_next, newer, older; /* hash chain (free chain when unused); LRU list */
+    bool used;
+};
+
+/* The host-RAM tier: a fixed number of block-sized buffers, least recently
+ * used out first. */
+struct host_tier {
+    struct host_block *blocks; /* owned; cap */
+    int cap, n_used;
+    int32_t *buckets;          /* owned; mask + 1 chain heads */
+    uint32_t mask;
+    int32_t newest, oldest, free_head;
+};
+
 /* A cached block whose write found the queue full. */
 struct tier_unsaved {
     uint32_t block;
@@ -34,7 +55,8 @@ struct kv_tier {
     struct kv_manager *mgr;    /* borrowed; truncates a sequence whose read failed */
     struct kv_pool *pool;      /* borrowed */
     struct kv_prefix *prefix;  /* borrowed */
-    struct ssd_store *store;   /* owned */
+    struct ssd_store *store;   /* owned; NULL without the SSD tier (a host-RAM tier alone) */
+    struct host_tier host;     /* cap 0: none */
     struct kv_tier_config cfg;
     size_t block_bytes;        /* one block in every layer, K and V */
     size_t chunk_bytes;        /* one layer's K (or V) of one block */
@@ -79,12 +101,140 @@ static void copy_in(struct kv_tier *t, uint32_t block, const char *host)
                                host + (size_t)(2 * l + v) * t->chunk_bytes, t->chunk_bytes);
 }
 
+/* ---- the host-RAM tier ----------------------------------------------------------- */
+
+static uint32_t host_bucket(const struct host_tier *h, uint64_t hash, uint64_t ns)
+{
+    return (uint32_t)hash_mix64(hash ^ (ns * 0x9e3779b97f4a7c15ull)) & h->mask;
+}
+
+static int32_t host_find(const struct host_tier *h, uint64_t hash, uint64_t ns)
+{
+    if (h->cap == 0)
+        return -1;
+    for (int32_t i = h->buckets[host_bucket(h, hash, ns)]; i >= 0; i = h->blocks[i].bucket_next)
+        if (h->blocks[i].hash == hash && h->blocks[i].ns == ns)
+            return i;
+    return -1;
+}
+
+static void lru_unlink(struct host_tier *h, int32_t i)
+{
+    struct host_block *b = &h->blocks[i];
+    if (b->newer >= 0)
+        h->blocks[b->newer].older = b->older;
+    else
+        h->newest = b->older;
+    if (b->older >= 0)
+        h->blocks[b->older].newer = b->newer;
+    else
+        h->oldest = b->newer;
+    b->newer = b->older = -1;
+}
+
+static void lru_push_newest(struct host_tier *h, int32_t i)
+{
+    struct host_block *b = &h->blocks[i];
+    b->older = h->newest;
+    b->newer = -1;
+    if (h->newest >= 0)
+        h->blocks[h->newest].newer = i;
+    h->newest = i;
+    if (h->oldest < 0)
+        h->oldest = i;
+}
+
+/* Takes slot i out of its bucket and the LRU list, onto the free chain (its
+ * buffer kept for the next block). */
+static void host_drop(struct host_tier *h, int32_t i)
+{
+    struct host_block *b = &h->blocks[i];
+    int32_t *link = &h->buckets[host_bucket(h, b->hash, b->ns)];
+    while (*link != i)
+        link = &h->blocks[*link].bucket_next;
+    *link = b->bucket_next;
+    lru_unlink(h, i);
+    b->used = false;
+    b->bucket_next = h->free_head;
+    h->free_head = i;
+    h->n_used--;
+}
+
+/* Keeps pool block b, about to leave a device pool, in host memory under its
+ * entry e; the least recently used host block makes room. */
+static void host_keep(struct kv_tier *t, uint32_t b, const struct kv_prefix_entry *e)
+{
+    struct host_tier *h = &t->host;
+    int32_t i = host_find(h, e->hash, e->ns);
+    if (i >= 0) { /* the same content is there already */
+        lru_unlink(h, i);
+        lru_push_newest(h, i);
+        return;
+    }
+    if (h->free_head < 0) {
+        host_drop(h, h->oldest);
+        t->stats.host_evictions++;
+    }
+    i = h->free_head;
+    struct host_block *hb = &h->blocks[i];
+    if (!hb->data && !(hb->data = malloc(t->block_bytes)))
+        return;
+    h->free_head = hb->bucket_next;
+    copy_out(t, b, hb->data);
+    hb->hash = e->hash;
+    hb->ns = e->ns;
+    hb->used = true;
+    uint32_t k = host_bucket(h, e->hash, e->ns);
+    hb->bucket_next = h->buckets[k];
+    h->buckets[k] = i;
+    lru_push_newest(h, i);
+    h->n_used++;
+    t->stats.host_stores++;
+}
+
+static void host_free(struct host_tier *h)
+{
+    for (int i = 0; i < h->cap; i++)
+        free(h->blocks[i].data);
+    free(h->blocks);
+    free(h->buckets);
+    memset(h, 0, sizeof *h);
+}
+
+static int host_create(struct host_tier *h, int cap, struct err *err)
+{
+    memset(h, 0, sizeof *h);
+    h->newest = h->oldest = h->free_head = -1;
+    if (cap <= 0)
+        return 0;
+    uint32_t n_buckets = 16;
+    while (n_buckets < (uint32_t)cap)
+        n_buckets *= 2;
+    h->blocks = calloc((size_t)cap, sizeof *h->blocks);
+    h->buckets = malloc((size_t)n_buckets * sizeof *h->buckets);
+    if (!h->blocks || !h->buckets) {
+        host_free(h);
+        return err_set(err, INFERD_ENOMEM, "out of memory for a host-RAM tier of %d blocks", cap);
+    }
+    h->cap = cap;
+    h->mask = n_buckets - 1;
+    for (uint32_t i = 0; i < n_buckets; i++)
+        h->buckets[i] = -1;
+    for (int i = cap - 1; i >= 0; i--) {
+        h->blocks[i] = (struct host_block){.bucket_next = h->free_head, .newer = -1, .older = -1};
+        h->free_head = i;
+    }
+    return 0;
+}
+
 /* ---- writing ------------------------------------------------------------------ */
 
 /* Queues cached block b for writing unless the store has it: 0 (queued, or
  * nothing to do), -INFERD_EBUSY (queue full), -INFERD_EIO (the tier is off). */
 static int write_block(struct kv_tier *t, uint32_t b)
 {
+    if (!t->store)
+        return 0;
     struct kv_prefix_entry e;
     if (!kv_prefix_entry(t->prefix, b, &e) || e.n_tokens != t->pool->cache.block_size)
         return 0;
@@ -137,6 +287,8 @@ static void drain(struct kv_tier *t, bool defer_reads)
     struct ssd_done done[TIER_POLL_BATCH];
     int room = defer_reads ? TIER_POLL_BATCH - t->n_deferred : TIER_POLL_BATCH;
     int n;
+    if (!t->store)
+        return;
     while (room > 0 && (n = ssd_store_poll(t->store, done, room)) > 0) {
         for (int i = 0; i < n; i++) {
             if (done[i].kind == SSD_DONE_READ && defer_reads)
@@ -161,6 +313,9 @@ static void hook_inserted(void *ctx, uint32_t b)
 static void hook_leaving(void *ctx, uint32_t b)
 {
     struct kv_tier *t = ctx;
+    struct kv_prefix_entry e;
+    if (t->host.cap > 0 && kv_prefix_entry(t->prefix, b, &e) && e.n_tokens == t->pool->cache.block_size)
+        host_keep(t, b, &e);
     if (!t->is_unsaved[b])
         return;
     t->is_unsaved[b] = 0;
@@ -225,6 +380,26 @@ int kv_tier_continue(struct kv_tier *t, struct kv_seq *seq, const int32_t *token
                      uint64_t chain_hash, uint64_t ns, bool (*make_free)(void *ctx), void *ctx)
 {
     int bs = t->pool->cache.block_size;
+    struct err err = {0};
+    /* first in host memory, each block copied back into the pool at once */
+    int from_host = 0;
+    while ((seq->table.n_blocks + 1) * bs <= limit) {
+        uint64_t hn = kv_prefix_hash(chain_hash, tokens + (size_t)seq->table.n_blocks * bs, bs, ns);
+        int32_t i = host_find(&t->host, hn, ns);
+        uint32_t block;
+        if (i < 0 || block_table_grow(&seq->table, seq->table.n_blocks + 1, &err) < 0 ||
+            !make_free(ctx) || kv_pool_alloc(t->pool, &block, &err) < 0)
+            break;
+        copy_in(t, block, t->host.blocks[i].data);
+        lru_unlink(&t->host, i);
+        lru_push_newest(&t->host, i);
+        seq->table.blocks[seq->table.n_blocks++] = block;
+        chain_hash = hn;
+        from_host++;
+        t->stats.host_hits++;
+    }
+    if (!t->store)
+        return from_host;
     int first = seq->table.n_blocks;
     /* how far the chain goes on on disk */
     int k = 0;
@@ -237,7 +412,7 @@ int kv_tier_continue(struct kv_tier *t, struct kv_seq *seq, const int32_t *token
         k++;
     }
     if (k == 0)
-        return 0;
+        return from_host;
     /* the cost model: read them, or compute them? */
     double read_rate = ssd_store_read_bandwidth(t->store);
     double restore_s = read_rate > 0 ? (double)k * (double)t->block_bytes / read_rate : 0;
@@ -248,12 +423,11 @@ int kv_tier_continue(struct kv_tier *t, struct kv_seq *seq, const int32_t *token
     t->stats.predicted_recompute_ms = recompute_s < 1e299 ? recompute_s * 1e3 : 0;
     if (restore_s >= recompute_s) {
         t->stats.decisions_recompute++;
-        return 0;
+        return from_host;
     }
     t->stats.decisions_restore++;
-    struct err err = {0};
     if (block_table_grow(&seq->table, first + k, &err) < 0)
-        return 0;
+        return from_host;
     int queued = 0;
     h = chain_hash;
     for (int i = 0; i < k; i++) {
@@ -286,7 +460,7 @@ int kv_tier_continue(struct kv_tier *t, struct kv_seq *seq, const int32_t *token
             seq->loading_from = first;
         seq->n_loading += queued;
     }
-    return queued;
+    return from_host + queued;
 }
 
 void kv_tier_forget(struct kv_tier *t, const struct kv_seq *seq)
@@ -348,7 +522,7 @@ static bool durable(void *ctx, uint32_t b)
 static void demote_idle(struct kv_tier *t)
 {
     uint64_t now = now_ns();
-    if (t->cfg.demote_idle_ns == 0 || now - t->last_demote_ns < TIER_DEMOTE_EVERY_NS ||
+    if (!t->store || t->cfg.demote_idle_ns == 0 || now - t->last_demote_ns < TIER_DEMOTE_EVERY_NS ||
         now < t->cfg.demote_idle_ns)
         return;
     t->last_demote_ns = now;
@@ -374,12 +548,14 @@ bool kv_tier_busy(const struct kv_tier *t) { return t->n_reads > 0 || t->n_defer
 
 void kv_tier_wait(struct kv_tier *t, int timeout_ms)
 {
-    if (t->n_deferred == 0)
+    if (t->n_deferred == 0 && t->store)
         ssd_store_wait(t->store, timeout_ms);
 }
 
 int kv_tier_flush(struct kv_tier *t, int timeout_ms, struct err *err)
 {
+    if (!t->store)
+        return err_set(err, INFERD_EINVAL, "no SSD tier (--ssd-cache DIR)");
     uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : now_ns() + (uint64_t)timeout_ms * 1000000ull;
     for (;;) {
         drain(t, true);
@@ -408,9 +584,14 @@ int kv_tier_flush(struct kv_tier *t, int timeout_ms, struct err *err)
 void kv_tier_stats(const struct kv_tier *t, struct kv_tier_stats *out)
 {
     *out = t->stats;
-    out->enabled = true;
-    ssd_store_stats(t->store, &out->store);
-    out->read_bytes_per_s = ssd_store_read_bandwidth(t->store);
+    out->enabled = t->store != NULL;
+    if (t->store) {
+        ssd_store_stats(t->store, &out->store);
+        out->read_bytes_per_s = ssd_store_read_bandwidth(t->store);
+    }
+    out->host_blocks = (uint64_t)t->host.n_used;
+    out->host_bytes = (uint64_t)t->host.n_used * t->block_bytes;
+    out->host_max_bytes = (uint64_t)t->host.cap * t->block_bytes;
     out->prefill_tokens_per_s = t->cfg.prefill_tokens_per_s;
     out->loading = (uint64_t)t->n_reads;
     out->unsaved = (uint64_t)t->n_unsaved;
@@ -436,8 +617,11 @@ int kv_tier_create(struct kv_pool *pool, struct kv_prefix *prefix, size_t block_
         free(t);
         return err_set(err, INFERD_ENOMEM, "out of memory for the SSD tier");
     }
-    int rc = ssd_store_open(&cfg->store, &t->store, err);
+    int rc = host_create(&t->host, (int)(cfg->host_bytes / t->block_bytes), err);
+    if (rc == 0 && cfg->store.dir)
+        rc = ssd_store_open(&cfg->store, &t->store, err);
     if (rc < 0) {
+        host_free(&t->host);
         free(t->is_unsaved);
         free(t);
         return rc;
@@ -455,7 +639,7 @@ void kv_tier_free(struct kv_tier *t)
     /* What is queued goes to disk first; every write's host copy comes back
      * through a completion (the store discards the ones left unpolled). */
     uint64_t deadline = now_ns() + 60ull * 1000000000ull;
-    for (;;) {
+    for (; t->store;) {
         drain(t, true);
         t->n_deferred = 0; /* reads of sequences already gone: their slots are freed below */
         struct ssd_stats st;
@@ -464,7 +648,9 @@ void kv_tier_free(struct kv_tier *t)
             break;
         ssd_store_wait(t->store, 100);
     }
-    ssd_store_close(t->store);
+    if (t->store)
+        ssd_store_close(t->store);
+    host_free(&t->host);
     for (int i = 0; i < t->cap_reads; i++)
         if (t->reads[i].used)
             free(t->reads[i].host);

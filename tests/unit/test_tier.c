@@ -350,3 +350,79 @@ Test(tier, an_interrupted_generation_resumes_from_its_checkpoint_with_the_same_t
     cr_assert_eq(st.checkpoints_resumed, 0);
     engine_free(e);
 }
+
+/* ---- the host-RAM tier ----------------------------------------------------------------
+ * Under a device pool, blocks leaving the cache stay in host memory and come back on a hit;
+ * driven here through the manager on the CPU pool, whose bytes the test can read. */
+
+/* The bytes of block b in every layer, K then V, as the pool holds them. */
+static void block_bytes_of(struct kv_manager *mgr, uint32_t b, unsigned char *out, size_t *len)
+{
+    const struct kv_cache *c = kv_manager_cache(mgr);
+    size_t chunk = (size_t)c->block_size * c->n_kv_heads * c->head_dim * dtype_size(c->dtype);
+    size_t at = 0;
+    for (int l = 0; l < c->n_layers; l++)
+        for (int v = 0; v < 2; v++) {
+            const char *base = v ? c->v : c->k;
+            memcpy(out + at, base + ((size_t)l * c->n_blocks + b) * chunk, chunk);
+            at += chunk;
+        }
+    *len = at;
+}
+
+Test(tier, blocks_leaving_the_cache_come_back_from_host_memory_with_their_bytes)
+{
+    struct kv_manager *mgr;
+    struct err err = {0};
+    cr_assert_eq(kv_manager_create(model, be, 16, 16, &mgr, &err), 0, "%s", err.msg);
+    struct kv_prefix_config pc = {.max_bytes = 64u << 20, .model_digest = 1};
+    cr_assert_eq(kv_manager_prefix_enable(mgr, &pc, &err), 0, "%s", err.msg);
+    size_t block = kv_format_bytes_per_block(&model->config, &kv_manager_pool(mgr)->format, 16);
+    struct kv_tier_config tc = {.host_bytes = 4 * block};
+    cr_assert_eq(kv_manager_tier_enable(mgr, &tc, &err), 0, "%s", err.msg);
+
+    int32_t tokens[49];
+    make_prompt(tokens, 49);
+    struct kv_seq a;
+    kv_seq_init(&a);
+    cr_assert_eq(kv_manager_allocate_slots(mgr, &a, 48, &err), 0, "%s", err.msg);
+    /* recognisable K/V in the three blocks */
+    struct kv_cache *c = kv_manager_cache(mgr);
+    size_t all = (size_t)c->n_layers * c->n_blocks * c->block_size * c->n_kv_heads * c->head_dim *
+                 dtype_size(c->dtype);
+    for (size_t i = 0; i < all; i++) {
+        ((unsigned char *)c->k)[i] = (unsigned char)(i * 7 + 1);
+        ((unsigned char *)c->v)[i] = (unsigned char)(i * 13 + 5);
+    }
+    unsigned char *want[3], *got = malloc(block);
+    size_t len;
+    for (int i = 0; i < 3; i++) {
+        want[i] = malloc(block);
+        block_bytes_of(mgr, a.table.blocks[i], want[i], &len);
+        cr_assert_eq(len, block);
+    }
+    kv_manager_publish(mgr, &a, tokens, 48);
+    kv_manager_free(mgr, &a);
+    kv_manager_prefix_clear(mgr); /* out of the pool: into host memory */
+    memset(c->k, 0, all);
+    memset(c->v, 0, all);
+
+    struct kv_seq b;
+    kv_seq_init(&b);
+    cr_assert_eq(kv_manager_computed_blocks(mgr, &b, tokens, 49), 48);
+    cr_assert_eq(b.n_loading, 0, "host memory is copied back at once");
+    for (int i = 0; i < 3; i++) {
+        block_bytes_of(mgr, b.table.blocks[i], got, &len);
+        cr_assert(!memcmp(got, want[i], block), "block %d came back with other bytes", i);
+    }
+    struct kv_tier_stats st;
+    kv_manager_tier_stats(mgr, &st);
+    cr_assert_eq(st.host_hits, 3);
+    cr_assert_eq(st.host_blocks, 3);
+    cr_assert(!st.enabled, "no SSD tier here");
+    kv_manager_free(mgr, &b);
+    for (int i = 0; i < 3; i++)
+        free(want[i]);
+    free(got);
+    kv_manager_destroy(mgr);
+}
