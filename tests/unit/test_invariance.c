@@ -647,3 +647,89 @@ Test(cuda_batch_invariance, a_next_turn_takes_over_a_finishing_sequence_and_keep
     skip_without_gpu();
     check_turns(make_cuda);
 }
+
+/* ---- the host-RAM tier under a device pool ----------------------------------------
+ * A prompt whose blocks were pushed out of the GPU's cache by another one comes back
+ * from host memory: reused, and with the cold run's tokens and logprobs. */
+
+static void check_host_tier(const char *preset, const char *tokenizer_dir)
+{
+    struct err err = {0};
+    char *dir = test_mkdtemp();
+    struct mkmodel_opts opts = {.preset = preset, .seed = 5, .out_dir = dir,
+                                .tokenizer_dir = tokenizer_dir};
+    cr_assert_eq(mkmodel_write(&opts, &err), 0, "%s: %s", preset, err.msg);
+    struct turn_rig r;
+    cr_assert_eq(make_cuda(&(struct backend_options){.mode = COMPUTE_EXACT}, &r.be, &err), 0,
+                 "%s", err.msg);
+    cr_assert_eq(model_load(dir, r.be, &r.model, &err), 0, "%s", err.msg);
+    cr_assert_eq(tok_load(dir, &r.tok, &err), 0, "%s", err.msg);
+    struct kv_format f = kv_format_of_dtype(r.be->kv_dtype);
+    size_t block = kv_format_bytes_per_block(&r.model->config, &f, BLOCK);
+    int32_t a[PROMPT], b[PROMPT];
+    uint64_t seed = 0xa11ce;
+    for (int i = 0; i < PROMPT; i++) {
+        a[i] = (int32_t)rng_range(&seed, 100, 5000);
+        b[i] = (int32_t)rng_range(&seed, 100, 5000);
+    }
+    struct gen_params pa = turn_params(a, PROMPT), pb = turn_params(b, PROMPT);
+    struct gen_token want[TURN_GEN];
+    /* cold */
+    struct engine_config cold_cfg = {.n_ctx = 256, .max_seqs = 4, .max_step_tokens = 64,
+                                     .max_queue = 4};
+    struct engine *e;
+    cr_assert_eq(engine_create(r.model, r.tok, &cold_cfg, &e, &err), 0, "%s", err.msg);
+    struct gen_output *o;
+    cr_assert_eq(engine_submit(e, &pa, &o, &err), 0, "%s", err.msg);
+    wait_generated(o, TURN_GEN);
+    memcpy(want, gen_output_tokens(o), sizeof want);
+    gen_output_release(o);
+    engine_free(e);
+    /* a GPU cache of 8 blocks: b's 7 push most of a's out, into host memory */
+    struct engine_config cfg = cold_cfg;
+    cfg.prompt_cache_bytes = 8 * block;
+    cr_assert_eq(engine_create(r.model, r.tok, &cfg, &e, &err), 0, "%s", err.msg);
+    for (int k = 0; k < 3; k++) {
+        struct gen_params *p = k == 1 ? &pb : &pa;
+        cr_assert_eq(engine_submit(e, p, &o, &err), 0, "%s", err.msg);
+        wait_generated(o, TURN_GEN);
+        pthread_mutex_lock(&o->mu);
+        while (o->finish == GEN_RUNNING)
+            gen_output_wait(o, o->text.len, o->n_tokens, 1000);
+        pthread_mutex_unlock(&o->mu);
+        if (k == 2) {
+            cr_assert_geq(o->n_cached, (PROMPT - 1) / BLOCK * BLOCK, "%s: %d reused", preset,
+                          o->n_cached);
+            for (int i = 0; i < TURN_GEN; i++) {
+                const struct gen_token *g = &gen_output_tokens(o)[i];
+                cr_assert(g->id == want[i].id && g->logprob == want[i].logprob,
+                          "%s, token %d: %d (%.9g) against a cold run's %d (%.9g)", preset, i,
+                          g->id, g->logprob, want[i].id, want[i].logprob);
+            }
+        }
+        gen_output_release(o);
+    }
+    struct engine_stats st;
+    engine_get_stats(e, &st);
+    cr_assert_gt(st.ssd_cache.host_hits, 0, "%s: nothing came back from host memory", preset);
+    engine_free(e);
+    tok_free(r.tok);
+    model_free(r.model);
+    backend_destroy(r.be);
+    test_rmtree(dir);
+    free(dir);
+}
+
+Test(cuda_batch_invariance, blocks_pushed_out_of_the_gpu_come_back_from_host_memory)
+{
+    skip_without_gpu();
+    const char *data = getenv("INFERD_TOKENIZER_DATA");
+    if (!data)
+        cr_skip_test("INFERD_TOKENIZER_DATA is not set");
+    char tokenizer_dir[4096];
+    snprintf(tokenizer_dir, sizeof tokenizer_dir, "%s/qwen3", data);
+    const struct mkmodel_preset *presets[32];
+    int n = tiny_presets(presets, 32);
+    for (int i = 0; i < n; i++)
+        check_host_tier(presets[i]->name, tokenizer_dir);
+}
