@@ -133,7 +133,8 @@ bool ssd_store_contains(struct ssd_store *s, uint64_t hash, uint64_t ns, uint32_
  * full (nothing queued; keep the block and retry later, or count a drop with
  * ssd_store_note_dropped), -INFERD_EEXIST when the block is already stored or queued (nothing
  * queued, no cookie will come), -INFERD_EIO when the tier is off, -INFERD_ERANGE when the block
- * alone is larger than the cap, -INFERD_EINVAL for a bad key or iovec count. */
+ * alone is larger than the cap, -INFERD_EINVAL for a bad key (n_tokens outside [1, block_size])
+ * or more than SSD_MAX_IOV pieces. */
 int ssd_store_write(struct ssd_store *s, const struct ssd_block_key *key, const struct iovec *data,
                     int n_iov, uint64_t cookie, struct err *err);
 

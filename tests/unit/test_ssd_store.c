@@ -196,6 +196,10 @@ Test(ssd_store, many_blocks_round_trip_through_scatter_gather_lists)
     cr_assert_not(ssd_store_contains(s, b[0].key.hash, NS + 1, NULL), "namespaces are separate");
     struct err err = {0};
     cr_assert_eq(ssd_store_write(s, &b[3].key, b[3].iov, N_CHUNKS, 1, &err), -INFERD_EEXIST);
+    struct ssd_block_key too_long = b[3].key;
+    too_long.n_tokens = BS + 1;
+    too_long.hash ^= 1;
+    cr_assert_eq(ssd_store_write(s, &too_long, b[3].iov, N_CHUNKS, 1, &err), -INFERD_EINVAL);
     struct ssd_stats st;
     ssd_store_stats(s, &st);
     cr_assert_eq(st.blocks, 120);
