@@ -714,6 +714,32 @@ Test(ssd_store, the_cap_evicts_the_least_recently_used_segments)
     free(dir);
 }
 
+Test(ssd_store, last_use_survives_a_restart_and_orders_eviction_there)
+{
+    char *dir = test_mkdtemp();
+    struct ssd_config c = config(dir, "bf16");
+    uint64_t rec = ssd_record_len(BS, BLOCK_BYTES);
+    c.segment_bytes = 5 * rec;
+    struct ssd_store *s = open_store(&c);
+    struct blk *b = blks_make(15, 0);
+    for (int seg = 0; seg < 3; seg++) {
+        cr_assert_eq(write_all(s, b + 5 * seg, 5), 5);
+        usleep(3000);
+    }
+    ssd_store_touch(s, b[0].key.hash, NS); /* the oldest segment is now the most recently used */
+    ssd_store_close(s);
+
+    c.max_bytes = 2 * c.segment_bytes; /* room for two of the three */
+    s = open_store(&c);
+    cr_assert(ssd_store_contains(s, b[0].key.hash, NS, NULL));
+    cr_assert_not(ssd_store_contains(s, b[5].key.hash, NS, NULL), "the least recently used went");
+    cr_assert(ssd_store_contains(s, b[10].key.hash, NS, NULL));
+    ssd_store_close(s);
+    free(b);
+    test_rmtree(dir);
+    free(dir);
+}
+
 Test(ssd_store, a_record_with_any_flipped_byte_fails_to_parse)
 {
     struct blk b;
