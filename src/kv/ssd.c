@@ -6,8 +6,11 @@
  * "SSD store"): a file per block pays a create, an fsync of its own and a rename + directory
  * fsync for every ~2 MiB block, and a read pays an open; a segment takes a whole batch of queued
  * blocks with one fdatasync (group commit), and recovery after a crash only has to look past the
- * last indexed record of each segment. Measured on the development disk, segments wrote faster
- * and read as fast; see the results file for the numbers.
+ * last indexed record of each segment. Measured on the development machine's disk with 1.75 MiB
+ * blocks (medians of five runs): a burst of 256 blocks made durable at 335 MB/s as segments
+ * against 154 as files, cold checksummed reads at 869 against 346 MB/s (readahead carries across
+ * a segment's records), and one block made durable at a time within that disk's noise of each
+ * other (216 against 270 MB/s, ranges overlapping).
  *
  * Capacity: when the segment files pass the cap, whole segments go, the one whose most recently
  * used block is the oldest first (LRU at segment granularity, never the segment being written).
@@ -16,7 +19,7 @@
  *
  * Threads: the owner (engine) thread calls the public functions; they only touch the queue, the
  * in-memory index and the counters under s->mu. The I/O thread alone touches SQLite and the
- * segments, without holding s->mu during I/O. */
+ * segments (open does, before it starts the thread), without holding s->mu during I/O. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
