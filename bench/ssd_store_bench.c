@@ -451,6 +451,11 @@ static int crash_check(const char *dir)
            offered, good, failed, wrong, st.recovered_blocks, st.dropped_at_start,
            st.verify_failures, st.index_rebuilt, st.torn_tails, st.bytes);
     ssd_store_close(s);
+    free(h);
+    free(out);
+    free(dst);
+    free(want.data);
+    free(want.iov);
     return wrong ? 1 : 0;
 }
 
@@ -479,5 +484,10 @@ int main(int argc, char **argv)
     bench_segments(root, b, n, block_bytes, false);
     bench_files(root, b, n, block_bytes, false);
     rm_rf(root);
+    for (int i = 0; i < n; i++) {
+        free(b[i].data);
+        free(b[i].iov);
+    }
+    free(b);
     return 0;
 }

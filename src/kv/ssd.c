@@ -6,8 +6,11 @@
  * "SSD store"): a file per block pays a create, an fsync of its own and a rename + directory
  * fsync for every ~2 MiB block, and a read pays an open; a segment takes a whole batch of queued
  * blocks with one fdatasync (group commit), and recovery after a crash only has to look past the
- * last indexed record of each segment. Measured on the development disk, segments wrote faster
- * and read as fast; see the results file for the numbers.
+ * last indexed record of each segment. Measured on the development machine's disk with 1.75 MiB
+ * blocks (medians of five runs): a burst of 256 blocks made durable at 335 MB/s as segments
+ * against 154 as files, cold checksummed reads at 869 against 346 MB/s (readahead carries across
+ * a segment's records), and one block made durable at a time within that disk's noise of each
+ * other (216 against 270 MB/s, ranges overlapping).
  *
  * Capacity: when the segment files pass the cap, whole segments go, the one whose most recently
  * used block is the oldest first (LRU at segment granularity, never the segment being written).
@@ -16,7 +19,7 @@
  *
  * Threads: the owner (engine) thread calls the public functions; they only touch the queue, the
  * in-memory index and the counters under s->mu. The I/O thread alone touches SQLite and the
- * segments, without holding s->mu during I/O. */
+ * segments (open does, before it starts the thread), without holding s->mu during I/O. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -1340,8 +1343,14 @@ static int open_index(struct ssd_store *s, struct err *err)
         if (rc == SQLITE_OK)
             return 0;
         const char *msg = sqlite3_errstr(rc);
-        if (attempt == 1)
-            return err_set(err, INFERD_EIO, "ssd cache %s: cannot create the index: %s", s->dir, msg);
+        /* a full, read-only or failing disk is not a damaged index: keep it for a better day */
+        int primary = rc & 0xff;
+        bool environment = primary == SQLITE_FULL || primary == SQLITE_READONLY ||
+                           primary == SQLITE_IOERR || primary == SQLITE_CANTOPEN ||
+                           primary == SQLITE_BUSY || primary == SQLITE_LOCKED ||
+                           primary == SQLITE_NOMEM || primary == SQLITE_PERM;
+        if (attempt == 1 || environment)
+            return err_set(err, INFERD_EIO, "ssd cache %s: cannot open the index: %s", s->dir, msg);
         log_warn("ssd cache %s: the index is damaged (%s); rebuilding it from the segments", s->dir,
                  msg);
         db_discard(s);
@@ -1510,12 +1519,12 @@ static struct job *job_new(enum ssd_done_kind kind, const struct ssd_block_key *
     return j;
 }
 
-static int check_args(const struct ssd_block_key *key, const struct iovec *iov, int n_iov,
-                      struct err *err)
+static int check_args(const struct ssd_store *s, const struct ssd_block_key *key,
+                      const struct iovec *iov, int n_iov, struct err *err)
 {
-    if (key->n_tokens < 0 || key->n_tokens > SSD_RECORD_MAX_TOKENS ||
-        (key->n_tokens > 0 && !key->tokens))
-        return err_set(err, INFERD_EINVAL, "ssd cache: block of %d tokens", key->n_tokens);
+    if (key->n_tokens <= 0 || key->n_tokens > s->cfg.fp.block_size || !key->tokens)
+        return err_set(err, INFERD_EINVAL, "ssd cache: a block of %d tokens (block size %d)",
+                       key->n_tokens, s->cfg.fp.block_size);
     if (n_iov < 0 || n_iov > SSD_MAX_IOV || (n_iov > 0 && !iov))
         return err_set(err, INFERD_EINVAL, "ssd cache: %d pieces (at most %d)", n_iov, SSD_MAX_IOV);
     uint64_t total = 0;
@@ -1529,7 +1538,7 @@ static int check_args(const struct ssd_block_key *key, const struct iovec *iov, 
 int ssd_store_write(struct ssd_store *s, const struct ssd_block_key *key, const struct iovec *data,
                     int n_iov, uint64_t cookie, struct err *err)
 {
-    int rc = check_args(key, data, n_iov, err);
+    int rc = check_args(s, key, data, n_iov, err);
     if (rc)
         return rc;
     struct job *j = job_new(SSD_DONE_WRITE, key, data, n_iov, cookie);
@@ -1577,7 +1586,7 @@ int ssd_store_write(struct ssd_store *s, const struct ssd_block_key *key, const 
 int ssd_store_read(struct ssd_store *s, const struct ssd_block_key *expect, const struct iovec *dst,
                    int n_iov, uint64_t cookie, struct err *err)
 {
-    int rc = check_args(expect, dst, n_iov, err);
+    int rc = check_args(s, expect, dst, n_iov, err);
     if (rc)
         return rc;
     struct job *j = job_new(SSD_DONE_READ, expect, dst, n_iov, cookie);

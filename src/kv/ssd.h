@@ -65,7 +65,7 @@ struct ssd_config {
     size_t queue_max_bytes;         /* bound on bytes waiting to be written; 0: 1 GiB */
     struct ssd_fingerprint fp;
     /* Added; 0 picks the default: */
-    uint64_t segment_bytes;         /* a segment is closed once this full (64 MiB; at most max_bytes / 8) */
+    uint64_t segment_bytes;         /* a segment is closed once this full (64 MiB; cap / 8 when smaller, >= 1 MiB) */
     size_t probe_bytes;             /* size of the read-bandwidth probe at open (32 MiB) */
 };
 
@@ -80,7 +80,8 @@ struct ssd_stats {
     uint64_t blocks;                /* blocks in the index (durable, readable) */
     uint64_t bytes;                 /* bytes of the segment files on disk */
     uint64_t max_bytes;             /* the configured cap (0: none) */
-    uint64_t cap_bytes;             /* the cap in force: max_bytes, or what the disk had free at open */
+    uint64_t cap_bytes;             /* the cap in force: max_bytes or, if smaller, what the disk could
+                                       take at open (what is there + free space - a small reserve) */
     uint64_t writes, write_bytes;   /* blocks made durable since open, and their data bytes */
     uint64_t restores, restore_bytes; /* verified reads since open, and their data bytes */
     double restore_ms_last;         /* the last batch of reads: first queued to last done */
@@ -111,7 +112,7 @@ struct ssd_store;
 /* Opens (creating what is missing) DIR/<fingerprint digest>/, reaps temporary files, checks the
  * index against the data: rows whose segment is missing or too short are dropped; records past
  * the last indexed one in each segment are verified and indexed (recovered) and a torn tail is
- * cut off; a damaged index (SQLite errors, a failed quick_check, a wrong schema) is moved aside
+ * cut off; a damaged index (SQLite errors, a failed quick_check, a wrong schema) is discarded
  * and rebuilt from the records. Logs what it found, measures the read bandwidth, starts the I/O
  * thread. Only a DIR that cannot be created or written is an error (-INFERD_EIO; -INFERD_EBUSY
  * when another process has the same fingerprint directory open); a damaged index or damaged
@@ -133,7 +134,8 @@ bool ssd_store_contains(struct ssd_store *s, uint64_t hash, uint64_t ns, uint32_
  * full (nothing queued; keep the block and retry later, or count a drop with
  * ssd_store_note_dropped), -INFERD_EEXIST when the block is already stored or queued (nothing
  * queued, no cookie will come), -INFERD_EIO when the tier is off, -INFERD_ERANGE when the block
- * alone is larger than the cap, -INFERD_EINVAL for a bad key or iovec count. */
+ * alone is larger than the cap, -INFERD_EINVAL for a bad key (n_tokens outside [1, block_size])
+ * or more than SSD_MAX_IOV pieces. */
 int ssd_store_write(struct ssd_store *s, const struct ssd_block_key *key, const struct iovec *data,
                     int n_iov, uint64_t cookie, struct err *err);
 

@@ -196,6 +196,10 @@ Test(ssd_store, many_blocks_round_trip_through_scatter_gather_lists)
     cr_assert_not(ssd_store_contains(s, b[0].key.hash, NS + 1, NULL), "namespaces are separate");
     struct err err = {0};
     cr_assert_eq(ssd_store_write(s, &b[3].key, b[3].iov, N_CHUNKS, 1, &err), -INFERD_EEXIST);
+    struct ssd_block_key too_long = b[3].key;
+    too_long.n_tokens = BS + 1;
+    too_long.hash ^= 1;
+    cr_assert_eq(ssd_store_write(s, &too_long, b[3].iov, N_CHUNKS, 1, &err), -INFERD_EINVAL);
     struct ssd_stats st;
     ssd_store_stats(s, &st);
     cr_assert_eq(st.blocks, 120);
@@ -704,6 +708,32 @@ Test(ssd_store, the_cap_evicts_the_least_recently_used_segments)
     cr_assert_leq(st.bytes, c.max_bytes);
     cr_assert(ssd_store_contains(s, b[0].key.hash, NS, NULL));
     cr_assert_not(ssd_store_contains(s, b[5].key.hash, NS, NULL), "evicted blocks stay gone");
+    ssd_store_close(s);
+    free(b);
+    test_rmtree(dir);
+    free(dir);
+}
+
+Test(ssd_store, last_use_survives_a_restart_and_orders_eviction_there)
+{
+    char *dir = test_mkdtemp();
+    struct ssd_config c = config(dir, "bf16");
+    uint64_t rec = ssd_record_len(BS, BLOCK_BYTES);
+    c.segment_bytes = 5 * rec;
+    struct ssd_store *s = open_store(&c);
+    struct blk *b = blks_make(15, 0);
+    for (int seg = 0; seg < 3; seg++) {
+        cr_assert_eq(write_all(s, b + 5 * seg, 5), 5);
+        usleep(3000);
+    }
+    ssd_store_touch(s, b[0].key.hash, NS); /* the oldest segment is now the most recently used */
+    ssd_store_close(s);
+
+    c.max_bytes = 2 * c.segment_bytes; /* room for two of the three */
+    s = open_store(&c);
+    cr_assert(ssd_store_contains(s, b[0].key.hash, NS, NULL));
+    cr_assert_not(ssd_store_contains(s, b[5].key.hash, NS, NULL), "the least recently used went");
+    cr_assert(ssd_store_contains(s, b[10].key.hash, NS, NULL));
     ssd_store_close(s);
     free(b);
     test_rmtree(dir);
