@@ -200,6 +200,14 @@ struct backend_ops {
      * (NULL: the KV manager never reuses part of a block). */
     void (*kv_copy_slots)(struct backend *be, struct kv_cache *kv, uint32_t src, uint32_t dst,
                           int n);
+    /* height rows of width bytes, row i between host + i * host_pitch and
+     * dev + i * dev_pitch, in one transfer each way, after every op called
+     * before it (as to_host and to_device). Optional (NULL: the caller copies
+     * row by row): for a block of every layer's KV, whose rows are strided. */
+    void (*to_host_2d)(struct backend *be, void *host, size_t host_pitch, const void *dev,
+                       size_t dev_pitch, size_t width, size_t height);
+    void (*to_device_2d)(struct backend *be, void *dev, size_t dev_pitch, const void *host,
+                         size_t host_pitch, size_t width, size_t height);
 };
 
 struct backend {

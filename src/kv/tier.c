@@ -86,7 +86,16 @@ static char *chunk_in_pool(const struct kv_tier *t, uint32_t block, int layer, b
 static void copy_out(struct kv_tier *t, uint32_t block, char *host)
 {
     struct backend *be = t->pool->backend;
-    for (int l = 0; l < t->pool->cache.n_layers; l++)
+    int n_layers = t->pool->cache.n_layers;
+    size_t layer_pitch = (size_t)t->pool->cache.n_blocks * t->chunk_bytes;
+    if (be->ops->to_host_2d) { /* every layer's K, then V, each in one transfer */
+        for (int v = 0; v < 2; v++)
+            be->ops->to_host_2d(be, host + (size_t)v * t->chunk_bytes, 2 * t->chunk_bytes,
+                                chunk_in_pool(t, block, 0, v), layer_pitch, t->chunk_bytes,
+                                (size_t)n_layers);
+        return;
+    }
+    for (int l = 0; l < n_layers; l++)
         for (int v = 0; v < 2; v++)
             be->ops->to_host(be, host + (size_t)(2 * l + v) * t->chunk_bytes,
                              chunk_in_pool(t, block, l, v), t->chunk_bytes);
@@ -95,7 +104,16 @@ static void copy_out(struct kv_tier *t, uint32_t block, char *host)
 static void copy_in(struct kv_tier *t, uint32_t block, const char *host)
 {
     struct backend *be = t->pool->backend;
-    for (int l = 0; l < t->pool->cache.n_layers; l++)
+    int n_layers = t->pool->cache.n_layers;
+    size_t layer_pitch = (size_t)t->pool->cache.n_blocks * t->chunk_bytes;
+    if (be->ops->to_device_2d) {
+        for (int v = 0; v < 2; v++)
+            be->ops->to_device_2d(be, chunk_in_pool(t, block, 0, v), layer_pitch,
+                                  host + (size_t)v * t->chunk_bytes, 2 * t->chunk_bytes,
+                                  t->chunk_bytes, (size_t)n_layers);
+        return;
+    }
+    for (int l = 0; l < n_layers; l++)
         for (int v = 0; v < 2; v++)
             be->ops->to_device(be, chunk_in_pool(t, block, l, v),
                                host + (size_t)(2 * l + v) * t->chunk_bytes, t->chunk_bytes);

@@ -841,6 +841,33 @@ static void cu_to_device(struct backend *be, void *dst, const void *src, size_t 
     }
 }
 
+static void cu_to_host_2d(struct backend *be, void *host, size_t host_pitch, const void *dev,
+                          size_t dev_pitch, size_t width, size_t height)
+{
+    struct cu_impl *im = impl_of(be);
+    flush(im);
+    if (im->failed || width == 0 || height == 0)
+        return;
+    cudaSetDevice(im->dev.index);
+    if (CU_TRY(im, cudaMemcpy2DAsync(host, host_pitch, dev, dev_pitch, width, height,
+                                     cudaMemcpyDeviceToHost, im->stream)))
+        CU_TRY(im, cudaStreamSynchronize(im->stream));
+}
+
+static void cu_to_device_2d(struct backend *be, void *dev, size_t dev_pitch, const void *host,
+                            size_t host_pitch, size_t width, size_t height)
+{
+    struct cu_impl *im = impl_of(be);
+    flush(im);
+    if (im->failed || width == 0 || height == 0)
+        return;
+    cudaSetDevice(im->dev.index);
+    /* synchronous: host may be reused as soon as this returns */
+    if (CU_TRY(im, cudaMemcpy2DAsync(dev, dev_pitch, host, host_pitch, width, height,
+                                     cudaMemcpyHostToDevice, im->stream)))
+        CU_TRY(im, cudaStreamSynchronize(im->stream));
+}
+
 static void cu_to_host(struct backend *be, void *dst, const void *src, size_t bytes)
 {
     struct cu_impl *im = impl_of(be);
@@ -984,6 +1011,8 @@ static const struct backend_ops cuda_ops = {
     /* .status = */ cu_status,
     /* .sample = */ cu_sample,
     /* .kv_copy_slots = */ cu_kv_copy_slots,
+    /* .to_host_2d = */ cu_to_host_2d,
+    /* .to_device_2d = */ cu_to_device_2d,
 };
 
 /* backend_options.gpu_sampling off: logits go to the host and are sampled there. */
