@@ -428,21 +428,31 @@ int engine_submit(struct engine *e, const struct gen_params *p, struct gen_outpu
     return 0;
 }
 
-int engine_close_session(struct engine *e, const char *session_id, int *blocks_released,
-                         struct err *err)
+/* Queues call for the engine thread and waits for its answer; -INFERD_EBUSY
+ * when the engine is stopping. */
+static int call_engine(struct engine *e, struct engine_call *call, struct err *err)
 {
-    struct engine_call call = {.session_id = session_id, .result = -1};
     pthread_mutex_lock(&e->mu);
     if (e->stopping || !e->thread_started) {
         pthread_mutex_unlock(&e->mu);
         return err_set(err, INFERD_EBUSY, "the server is shutting down");
     }
-    call.next = e->calls;
-    e->calls = &call;
+    call->next = e->calls;
+    e->calls = call;
     pthread_cond_signal(&e->cv);
-    while (!call.done)
+    while (!call->done)
         pthread_cond_wait(&e->call_cv, &e->mu);
     pthread_mutex_unlock(&e->mu);
+    return 0;
+}
+
+int engine_close_session(struct engine *e, const char *session_id, int *blocks_released,
+                         struct err *err)
+{
+    struct engine_call call = {.session_id = session_id, .result = -1};
+    int rc = call_engine(e, &call, err);
+    if (rc < 0)
+        return rc;
     *blocks_released = call.result;
     return 0;
 }
@@ -451,17 +461,9 @@ int engine_flush_cache(struct engine *e, int timeout_ms, struct kv_tier_stats *a
                        struct err *err)
 {
     struct engine_call call = {.timeout_ms = timeout_ms, .result = -1};
-    pthread_mutex_lock(&e->mu);
-    if (e->stopping || !e->thread_started) {
-        pthread_mutex_unlock(&e->mu);
-        return err_set(err, INFERD_EBUSY, "the server is shutting down");
-    }
-    call.next = e->calls;
-    e->calls = &call;
-    pthread_cond_signal(&e->cv);
-    while (!call.done)
-        pthread_cond_wait(&e->call_cv, &e->mu);
-    pthread_mutex_unlock(&e->mu);
+    int rc = call_engine(e, &call, err);
+    if (rc < 0)
+        return rc;
     if (after)
         *after = call.tier;
     if (call.result < 0)
