@@ -42,12 +42,21 @@ struct generation_text {
     size_t content_len;
 };
 
+struct generation_tool_delta {
+    int index;        /* the call's position among this answer's calls, from 0 */
+    char *id;         /* owned; on a call's first piece only, else NULL */
+    char *name;       /* owned; on a call's first piece only, else NULL */
+    char *arguments;  /* owned, NUL-terminated; the next bytes of the call's arguments JSON text (may be "") */
+};
+
 struct generation_news {
     struct gen_news out;         /* what the engine produced: text, tokens, finish, counts */
     bool split;                  /* out.text went through the reasoning split, into text */
     struct generation_text text;
     struct generation_text tail; /* at the finish of a split generation: the text the split
                                     held back, to send after text */
+    struct generation_tool_delta *tools; size_t n_tools;   /* pieces found in this news; text.content holds only text outside calls */
+    bool tool_calls;  /* at the finish: the answer made at least one call */
 };
 
 /* Waits up to timeout_ms (-1: as long as it takes) for text or tokens past
