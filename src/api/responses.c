@@ -705,8 +705,13 @@ static int read_fields(const struct json_reader *root, struct responses_request 
     put(e, "store", json_object_new_boolean(r->store));
     put(e, "top_logprobs", json_object_new_int(0));
     put(e, "truncation", json_object_new_string(truncations[truncation]));
-    if ((rc = echo_str(root, e, "user", NULL)) ||
-        (rc = echo_str(root, e, "safety_identifier", NULL)) ||
+    put(e, "conversation", NULL);
+    put(e, "prompt", NULL);
+    /* user is a string or absent in the Response, never null. */
+    if (json_reader_has(root, "user") && (rc = echo_str(root, e, "user", NULL)))
+        return rc;
+    if ((rc = echo_str(root, e, "safety_identifier", NULL)) ||
+        (rc = echo_str(root, e, "prompt_cache_retention", NULL)) ||
         (rc = echo_str(root, e, "service_tier", "default")) ||
         (rc = echo_str(root, e, "prompt_cache_key", NULL)))
         return rc;

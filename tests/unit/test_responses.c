@@ -70,6 +70,7 @@ Test(responses, a_string_input_is_one_user_message)
     cr_assert_str_eq(req.gen.model, "m");
     cr_assert(req.store, "store defaults to true");
     cr_assert(!req.stream);
+    cr_assert(!json_object_object_get_ex(req.echo, "user", NULL), "user is absent, never null");
     join(NULL);
     cr_assert_eq(json_object_array_length(req.gen.messages), 1);
 }
@@ -551,6 +552,10 @@ Test(responses, a_whole_answer_becomes_reasoning_message_and_function_call_items
     cr_assert(json_object_object_get_ex(r, "instructions", NULL));
     cr_assert(json_object_object_get_ex(r, "max_output_tokens", NULL));
     cr_assert(json_object_object_get_ex(r, "reasoning", NULL));
+    cr_assert(json_object_object_get_ex(r, "conversation", NULL));
+    cr_assert_str_eq(gets(r, "service_tier"), "default");
+    cr_assert_str_eq(gets(r, "truncation"), "disabled");
+    cr_assert(!json_object_get_boolean(get(r, "background")));
     json_object_put(r);
     responses_writer_free(w);
 }
