@@ -26,7 +26,7 @@ enum http_body {
 };
 
 struct http_route {
-    const char *method; /* "GET" (which answers HEAD too) or "POST" */
+    const char *method; /* "GET" (which answers HEAD too), "POST" or "DELETE" */
     const char *path;   /* matched exactly, or with id_tail as path + "/" + a non-empty id */
     bool id_tail;
     enum http_body body;

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "api/reencode.h"
+#include "api/response_store.h"
 #include "api/server.h"
 #include "base/timer.h"
 
@@ -193,6 +194,36 @@ void api_metrics_prometheus(const struct server *srv, struct strbuf *out)
                       rs.entries, rs.bytes, (unsigned long long)rs.hits,
                       (unsigned long long)rs.misses, (unsigned long long)rs.evictions);
     }
+    if (srv->responses) {
+        struct response_store_stats rs;
+        response_store_get_stats(srv->responses, &rs);
+        strbuf_printf(out,
+                      "# HELP inferd_response_store_entries Responses kept for "
+                      "previous_response_id and GET /v1/responses/{id}.\n"
+                      "# TYPE inferd_response_store_entries gauge\n"
+                      "inferd_response_store_entries %zu\n"
+                      "# HELP inferd_response_store_bytes Bytes of the stored responses.\n"
+                      "# TYPE inferd_response_store_bytes gauge\n"
+                      "inferd_response_store_bytes %zu\n"
+                      "# HELP inferd_response_store_max_bytes The store's cap "
+                      "(--response-store-mb).\n"
+                      "# TYPE inferd_response_store_max_bytes gauge\n"
+                      "inferd_response_store_max_bytes %zu\n"
+                      "# HELP inferd_response_store_ttl_seconds How long a stored response is "
+                      "kept (--response-store-ttl-s).\n"
+                      "# TYPE inferd_response_store_ttl_seconds gauge\n"
+                      "inferd_response_store_ttl_seconds %llu\n"
+                      "# HELP inferd_response_store_evictions_total Stored responses dropped for "
+                      "space.\n"
+                      "# TYPE inferd_response_store_evictions_total counter\n"
+                      "inferd_response_store_evictions_total %llu\n"
+                      "# HELP inferd_response_store_expirations_total Stored responses dropped "
+                      "for age.\n"
+                      "# TYPE inferd_response_store_expirations_total counter\n"
+                      "inferd_response_store_expirations_total %llu\n",
+                      rs.entries, rs.bytes, rs.max_bytes, (unsigned long long)rs.ttl_s,
+                      (unsigned long long)rs.evictions, (unsigned long long)rs.expirations);
+    }
     const struct engine_metrics *em = engine_metrics(srv->engine);
     histogram_text(out, "inferd_time_to_first_token_seconds",
                    "Seconds from a request's arrival to its first generated token.", &em->ttft);
@@ -284,6 +315,19 @@ void api_metrics_stats_json(const struct server *srv, struct strbuf *out)
         json_object_object_add(re, "misses", json_object_new_int64((int64_t)rs.misses));
         json_object_object_add(re, "evictions", json_object_new_int64((int64_t)rs.evictions));
         json_object_object_add(root, "reencode", re);
+    }
+    if (srv->responses) {
+        struct response_store_stats rs;
+        response_store_get_stats(srv->responses, &rs);
+        json_object *st = json_object_new_object();
+        json_object_object_add(st, "entries", json_object_new_int64((int64_t)rs.entries));
+        json_object_object_add(st, "bytes", json_object_new_int64((int64_t)rs.bytes));
+        json_object_object_add(st, "max_bytes", json_object_new_int64((int64_t)rs.max_bytes));
+        json_object_object_add(st, "ttl_s", json_object_new_int64((int64_t)rs.ttl_s));
+        json_object_object_add(st, "evictions", json_object_new_int64((int64_t)rs.evictions));
+        json_object_object_add(st, "expirations",
+                               json_object_new_int64((int64_t)rs.expirations));
+        json_object_object_add(root, "response_store", st);
     }
     size_t len;
     const char *s = json_object_to_json_string_length(

@@ -10,6 +10,7 @@
 
 #include "api/generation.h"
 #include "api/openai.h"
+#include "api/prompt.h"
 #include "base/timer.h"
 
 /* What OpenAI reports for a token that cannot be sampled (-inf). */
@@ -256,9 +257,14 @@ static void respond_json(struct http_exchange *x, struct reply *r)
                                    all.n_tools > 0 && all.text.content_len == 0
                                        ? NULL
                                        : jstr(all.text.content, all.text.content_len));
-            if (all.text.reasoning_len > 0)
+            if (all.text.reasoning_len > 0) {
+                /* reasoning_content (vLLM's name) and reasoning (other servers'): clients read
+                 * one or the other. */
                 json_object_object_add(msg, "reasoning_content",
                                        jstr(all.text.reasoning, all.text.reasoning_len));
+                json_object_object_add(msg, "reasoning",
+                                       jstr(all.text.reasoning, all.text.reasoning_len));
+            }
         } else {
             json_object_object_add(msg, "content", jstr(text, o->text_len));
         }
@@ -313,8 +319,10 @@ static void emit_delta(struct reply *r, struct strbuf *out, const char *reasonin
         return;
     }
     json_object *delta = json_object_new_object();
-    if (rlen > 0)
+    if (rlen > 0) {
         json_object_object_add(delta, "reasoning_content", jstr(reasoning, rlen));
+        json_object_object_add(delta, "reasoning", jstr(reasoning, rlen));
+    }
     if (clen > 0 || rlen == 0)
         json_object_object_add(delta, "content", jstr(content, clen));
     append_sse(out, chunk_object(r, delta, logprobs, NULL));
@@ -487,6 +495,14 @@ void openai_completions(struct http_exchange *x)
     handle_generation(x, GEN_REQUEST_COMPLETION);
 }
 
+/* A float setting as it was written (0.7, not 0.699999988). */
+static json_object *jsetting(double v)
+{
+    char buf[32];
+    snprintf(buf, sizeof buf, "%.6g", v);
+    return json_object_new_double_s(v, buf);
+}
+
 static json_object *model_object(const struct server *srv)
 {
     json_object *m = json_object_new_object();
@@ -497,6 +513,29 @@ static json_object *model_object(const struct server *srv)
     if (srv->engine)
         json_object_object_add(m, "context_window",
                                json_object_new_int(engine_config(srv->engine)->n_ctx));
+    /* What a client may ask of this model: tool calls and thinking where its chat template has
+     * them; structured output not yet. */
+    const char *tmpl = srv->tok && srv->tmpl ? tok_chat_template(srv->tok) : NULL;
+    bool thinks = (srv->tok && prompt_model_thinks(srv->tok)) ||
+                  (tmpl && (strstr(tmpl, "enable_thinking") || strstr(tmpl, "<think>")));
+    json_object_object_add(m, "tools", json_object_new_boolean(tmpl && strstr(tmpl, "tools")));
+    json_object_object_add(m, "structured_output", json_object_new_boolean(false));
+    json_object_object_add(m, "reasoning", json_object_new_boolean(thinks));
+    json_object_object_add(m, "thinking_switch",
+                           json_object_new_boolean(tmpl && strstr(tmpl, "enable_thinking")));
+    json_object_object_add(m, "vision", json_object_new_boolean(false));
+    json_object_object_add(m, "chat_template", json_object_new_boolean(srv->tmpl != NULL));
+    const struct server_defaults *d = &srv->defaults;
+    json_object *gen = json_object_new_object();
+    json_object_object_add(gen, "temperature", jsetting(d->temperature));
+    json_object_object_add(gen, "top_p", jsetting(d->top_p));
+    json_object_object_add(gen, "top_k", json_object_new_int(d->top_k));
+    json_object_object_add(gen, "min_p", jsetting(d->min_p));
+    json_object_object_add(gen, "repetition_penalty",
+                           jsetting(d->repetition_penalty));
+    json_object_object_add(gen, "max_tokens", d->max_tokens ? json_object_new_int(d->max_tokens)
+                                                            : NULL);
+    json_object_object_add(m, "gen_defaults", gen);
     return m;
 }
 

@@ -48,7 +48,8 @@ static bool ends_inside_think(const char *text, size_t len)
     return len >= sizeof tag - 1 && !memcmp(text + len - (sizeof tag - 1), tag, sizeof tag - 1);
 }
 
-static json_object *template_kwargs(const struct gen_request *req)
+/* enable_thinking: the request's own, else its reasoning effort, else --thinking. */
+static json_object *template_kwargs(const struct server *srv, const struct gen_request *req)
 {
     json_object *kwargs = json_object_new_object();
     if (!kwargs)
@@ -61,6 +62,10 @@ static json_object *template_kwargs(const struct gen_request *req)
         json_object_object_add(
             kwargs, "enable_thinking",
             json_object_new_boolean(req->reasoning_effort != GEN_REASONING_NONE));
+    if (srv->thinking != SERVER_THINKING_TEMPLATE &&
+        !json_object_object_get_ex(kwargs, "enable_thinking", NULL))
+        json_object_object_add(kwargs, "enable_thinking",
+                               json_object_new_boolean(srv->thinking == SERVER_THINKING_ON));
     return kwargs;
 }
 
@@ -106,7 +111,7 @@ static bool build_chat(const struct server *srv, const struct gen_request *req,
         return fail(e, 400, "messages", "no_chat_template",
                     "this model's tokenizer_config.json has no chat_template; use "
                     "/v1/completions with a raw prompt");
-    json_object *kwargs = template_kwargs(req);
+    json_object *kwargs = template_kwargs(srv, req);
     json_object *messages = NULL;
     if (!kwargs || chat_template_join_content(req->messages, &messages, &err) < 0) {
         json_object_put(kwargs);

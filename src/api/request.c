@@ -285,6 +285,13 @@ static int parse_messages(const struct json_reader *root, struct gen_request *r)
     json_object_put(calls);
     if (rc)
         return rc;
+    /* OpenAI's developer role is the system role of every chat template. */
+    for (size_t i = 0; i < n; i++) {
+        json_object *m = json_object_array_get_idx(msgs.v, i), *role = NULL;
+        if (json_object_object_get_ex(m, "role", &role) &&
+            !strcmp(json_object_get_string(role), "developer"))
+            json_object_object_add(m, "role", json_object_new_string("system"));
+    }
     r->messages = json_object_get(msgs.v);
     return 0;
 }
@@ -641,7 +648,8 @@ static int refuse_unsupported_completion_fields(const struct json_reader *root)
 
 static int parse_misc(const struct json_reader *root, struct gen_request *r)
 {
-    static const char *const efforts[] = {"none", "minimal", "low", "medium", "high", NULL};
+    static const char *const efforts[] = {"none", "minimal", "low", "medium", "high", "xhigh",
+                                          NULL};
     struct json_reader kwargs, format = json_reader_member(root, "response_format");
     const char *s;
     int effort = 0;
@@ -702,12 +710,10 @@ static int parse_cache_identity(const struct json_reader *root, struct gen_reque
 
 /* ---- entry points ---------------------------------------------------------- */
 
-int gen_request_parse(const char *body, size_t len, enum gen_request_kind kind,
-                      struct gen_request *out, struct api_error *err)
+int gen_request_parse_object(const char *body, size_t len, json_object **out,
+                             struct api_error *err)
 {
-    memset(out, 0, sizeof *out);
-    memset(err, 0, sizeof *err);
-    out->kind = kind;
+    *out = NULL;
     if (!body || len == 0)
         return fail(err, NULL, "could not parse the JSON body: the body is empty");
     if (len > INT32_MAX)
@@ -726,10 +732,43 @@ int gen_request_parse(const char *body, size_t len, enum gen_request_kind kind,
         json_object_put(obj);
         return rc;
     }
+    *out = obj;
+    return 0;
+}
+
+int gen_request_read_sampling(const struct json_reader *root, struct gen_request *r)
+{
+    int rc;
+    if ((rc = parse_sampling(root, r)) || (rc = parse_stop(root, r)) ||
+        (rc = parse_logit_bias(root, r)))
+        return rc;
+    return 0;
+}
+
+int gen_request_read_cache_identity(const struct json_reader *root, struct gen_request *r)
+{
+    return parse_cache_identity(root, r);
+}
+
+int gen_request_reader_error(int rc, const struct json_doc *doc, struct api_error *err)
+{
+    return fail_from_reader(rc, doc, err);
+}
+
+int gen_request_parse(const char *body, size_t len, enum gen_request_kind kind,
+                      struct gen_request *out, struct api_error *err)
+{
+    memset(out, 0, sizeof *out);
+    memset(err, 0, sizeof *err);
+    out->kind = kind;
+    json_object *obj = NULL;
+    int rc = gen_request_parse_object(body, len, &obj, err);
+    if (rc)
+        return rc;
     /* Every string the request keeps is valid UTF-8 without NUL; clients that
      * only have doubles may send 3.0 for an integer. */
-    struct json_doc doc = {.err = &e, .name = "the request body",
-                           .flags = JSON_TEXT | JSON_INTEGRAL_DOUBLES};
+    struct err e = {0};
+    struct json_doc doc = {.err = &e, .name = "the request body", .flags = GEN_REQUEST_DOC_FLAGS};
     struct json_reader root = json_reader_root(&doc, obj);
     if ((rc = kind == GEN_REQUEST_CHAT ? parse_messages(&root, out) : parse_prompt(&root, out)) ||
         (rc = parse_max_tokens(&root, out)) || (rc = parse_sampling(&root, out)) ||

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "api/errors.h"
+#include "base/json.h"
 
 #define GEN_REQUEST_MAX_STOP 4
 #define GEN_REQUEST_MAX_DEPTH 64
@@ -38,6 +39,7 @@ enum gen_reasoning_effort {
     GEN_REASONING_LOW,
     GEN_REASONING_MEDIUM,
     GEN_REASONING_HIGH,
+    GEN_REASONING_XHIGH,
 };
 
 struct gen_logit_bias {
@@ -131,5 +133,27 @@ int gen_request_parse(const char *body, size_t len, enum gen_request_kind kind,
 
 /* Releases everything r owns and zeroes it; safe on a zeroed struct. */
 void gen_request_free(struct gen_request *r);
+
+/* ---- for the parsers of other APIs' bodies (api/responses.c) ---- */
+
+/* The body as a JSON object, refused as chat bodies are: empty, not JSON, nested deeper than
+ * GEN_REQUEST_MAX_DEPTH, an integer beyond 64 bits, not an object. Returns 0 with *out the
+ * caller's (json_object_put), or -INFERD_EINVAL / -INFERD_ENOMEM with err filled. */
+int gen_request_parse_object(const char *body, size_t len, json_object **out,
+                             struct api_error *err);
+
+/* The document settings chat bodies are read with (valid UTF-8 text, 3.0 as an integer). */
+#define GEN_REQUEST_DOC_FLAGS (JSON_TEXT | JSON_INTEGRAL_DOUBLES)
+
+/* The sampling fields every generation API shares, read from root as chat reads them:
+ * temperature, top_p, top_k, min_p, repetition_penalty, presence_penalty, frequency_penalty,
+ * seed, n (1 only), stop, logit_bias. Returns 0 or a base/json reader error (the path in
+ * root's doc). */
+int gen_request_read_sampling(const struct json_reader *root, struct gen_request *r);
+/* cache_salt, and session_id else prompt_cache_key, as chat reads them. */
+int gen_request_read_cache_identity(const struct json_reader *root, struct gen_request *r);
+/* A reader error rc (from a document read with doc) as a 400 naming the path it was about
+ * (-INFERD_EINVAL), or a 500 when memory ran out (-INFERD_ENOMEM). */
+int gen_request_reader_error(int rc, const struct json_doc *doc, struct api_error *err);
 
 #endif

@@ -1,12 +1,19 @@
-/* api/routes.c — the server's route table: the OpenAI routes, Anthropic's Messages, then
- * /health, /stats, /metrics, /fit and the admin routes (which need the API key when one is set).
- * A new API is one more file of handlers and a few more lines here. */
+/* api/routes.c — the server's route table: the OpenAI routes (chat, completions, models,
+ * responses), GET /v1 listing them, Anthropic's Messages, then /health, /stats, /metrics, /fit
+ * and the admin routes (which need the API key when one is set). A new API is one more file of
+ * handlers and a few more lines here. */
 #include "api/routes.h"
+
+#include <json-c/json.h>
+#include <stdio.h>
 
 #include "api/admin.h"
 #include "api/anthropic.h"
 #include "api/fit.h"
 #include "api/openai.h"
+#include "api/responses.h"
+
+static void api_index(struct http_exchange *x);
 
 /* The order is the order of the request counters in /metrics. */
 static const struct http_route routes[] = {
@@ -18,6 +25,10 @@ static const struct http_route routes[] = {
      false},
     {"POST", "/v1/messages/count_tokens", false, HTTP_BODY_JSON, anthropic_count_tokens,
      &api_error_anthropic, false},
+    {"POST", "/v1/responses", false, HTTP_BODY_JSON, responses_create, NULL, false},
+    {"GET", "/v1/responses", true, HTTP_BODY_NONE, responses_get, NULL, false},
+    {"DELETE", "/v1/responses", true, HTTP_BODY_NONE, responses_delete, NULL, false},
+    {"GET", "/v1", false, HTTP_BODY_NONE, api_index, NULL, false},
     {"GET", "/health", false, HTTP_BODY_NONE, admin_health, NULL, true},
     {"GET", "/stats", false, HTTP_BODY_NONE, admin_stats, NULL, false},
     {"GET", "/metrics", false, HTTP_BODY_NONE, admin_metrics, NULL, false},
@@ -35,4 +46,32 @@ static const struct http_routes table = {
 const struct http_routes *api_routes(void)
 {
     return &table;
+}
+
+/* GET /v1: the server, its model and every route of the table ({id} where a route takes one). */
+static void api_index(struct http_exchange *x)
+{
+    json_object *root = json_object_new_object(), *endpoints = json_object_new_array();
+    json_object_object_add(root, "name", json_object_new_string("inferd"));
+    json_object_object_add(root, "version",
+                           x->srv->version ? json_object_new_string(x->srv->version) : NULL);
+    json_object_object_add(root, "model", json_object_new_string(x->srv->model_id));
+    for (size_t i = 0; i < table.n; i++) {
+        const struct http_route *r = &table.routes[i];
+        char path[256];
+        snprintf(path, sizeof path, "%s%s", r->path, r->id_tail ? "/{id}" : "");
+        json_object *e = json_object_new_object();
+        json_object_object_add(e, "method", json_object_new_string(r->method));
+        json_object_object_add(e, "path", json_object_new_string(path));
+        json_object_array_add(endpoints, e);
+    }
+    json_object_object_add(root, "endpoints", endpoints);
+    size_t len = 0;
+    const char *s = json_object_to_json_string_length(
+        root, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE, &len);
+    if (s)
+        http_send_json(x, 200, s, len);
+    else
+        http_send_errorf(x, 500, API_ERROR_SERVER, NULL, NULL, "out of memory for /v1");
+    json_object_put(root);
 }

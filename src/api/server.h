@@ -19,6 +19,15 @@
 #define SERVER_MAX_EOS 8
 
 struct reencode;
+struct response_store;
+
+/* --thinking: the enable_thinking a chat template gets when a request says nothing (neither
+ * chat_template_kwargs.enable_thinking nor a reasoning effort). */
+enum server_thinking {
+    SERVER_THINKING_TEMPLATE = 0, /* the template's own default */
+    SERVER_THINKING_OFF,
+    SERVER_THINKING_ON,
+};
 
 /* Sampling defaults below the request: generation_config.json, then CLI flags. */
 struct server_defaults {
@@ -64,6 +73,10 @@ struct server {
     struct engine *engine;            /* borrowed */
     struct reencode *reencode;        /* borrowed; replies resent in prompts keep their own ids
                                          (api/reencode.h); NULL: prompts are encoded plainly */
+    struct response_store *responses; /* borrowed; the Responses API's stored responses
+                                         (api/response_store.h); NULL: none are kept */
+    enum server_thinking thinking;
+    const char *version;              /* borrowed; the server's version for GET /v1, or NULL */
     char model_id[256];
     time_t created;                   /* server start, for /v1/models */
     uint64_t started_ns;

@@ -11,6 +11,7 @@
 
 #include "api/fit.h"
 #include "api/reencode.h"
+#include "api/response_store.h"
 #include "api/routes.h"
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/matmul.h"
@@ -48,6 +49,8 @@ struct serve_options {
     double prompt_cache_gib;        /* --prompt-cache: cap on unreferenced cached KV; 0: off */
     enum kv_retention cache_retention;
     long session_idle_s;
+    long response_store_mb, response_store_ttl_s; /* the Responses API's stored responses */
+    enum server_thinking thinking;                /* --thinking on|off */
 };
 
 static const char usage[] =
@@ -57,10 +60,16 @@ static const char usage[] =
     "       [--max-body-mb 32] [--request-timeout S] [--shutdown-timeout S] [--mode fast|exact]\n"
     "       [--device cpu|cuda[:N]|auto] [--batch N] [--prefill-chunk 2048]\n"
     "       [--kv-block-size 16] [--kv-budget GB] [--memory-budget GB] [--prompt-cache GIB]\n"
-    "       [--cache-retention lru|cost-size] [--session-idle-s 600] [backend flags]\n"
-    "Serves the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models) and\n"
-    "/health, /stats, /metrics. --port 0 picks a free port. Sampling flags set the\n"
-    "defaults below each request's own fields (generation_config.json is below them).\n"
+    "       [--cache-retention lru|cost-size] [--session-idle-s 600] [--thinking on|off]\n"
+    "       [--response-store-mb 64] [--response-store-ttl-s 3600] [backend flags]\n"
+    "Serves the OpenAI API (/v1/chat/completions, /v1/completions, /v1/responses, /v1/models;\n"
+    "GET /v1 lists the routes) and /health, /stats, /metrics. --port 0 picks a free port.\n"
+    "Sampling flags set the defaults below each request's own fields (generation_config.json\n"
+    "is below them). --thinking on|off is enable_thinking for chat templates that have it when\n"
+    "a request says nothing (default: the template's own).\n"
+    "--response-store-mb N (MiB, default 64; 0 keeps nothing) and --response-store-ttl-s S\n"
+    "(default 3600) bound the responses /v1/responses keeps for previous_response_id and\n"
+    "GET /v1/responses/{id}: past the size the least recently used go, past the age any go.\n"
     "--api-key KEY (repeatable) and --api-keys FILE (one key a line; blank lines and # comments\n"
     "skipped) set the keys that are accepted (Authorization: Bearer KEY or x-api-key: KEY); each\n"
     "key is a tenant whose prompt cache is never shared with another's.\n"
@@ -88,7 +97,9 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
                                 .prefill_chunk = DEFAULT_PREFILL_CHUNK,
                                 .request_timeout_s = 30, .shutdown_timeout_s = 10,
                                 .mode = COMPUTE_FAST, .prompt_cache_gib = 8,
-                                .cache_retention = KV_RETAIN_LRU, .session_idle_s = 600};
+                                .cache_retention = KV_RETAIN_LRU, .session_idle_s = 600,
+                                .response_store_mb = RESPONSE_STORE_DEFAULT_MB,
+                                .response_store_ttl_s = RESPONSE_STORE_DEFAULT_TTL_S};
     cli_backend_options_from_env(&o->backend);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -169,6 +180,20 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
         }
         else if (!strcmp(a, "--session-idle-s"))
             ok = arg_int(a, v, 0, 1L << 30, &o->session_idle_s);
+        else if (!strcmp(a, "--response-store-mb"))
+            ok = arg_int(a, v, 0, 1 << 20, &o->response_store_mb);
+        else if (!strcmp(a, "--response-store-ttl-s"))
+            ok = arg_int(a, v, 1, 1L << 30, &o->response_store_ttl_s);
+        else if (!strcmp(a, "--thinking")) {
+            if (!strcmp(v, "on") || !strcmp(v, "true"))
+                o->thinking = SERVER_THINKING_ON;
+            else if (!strcmp(v, "off") || !strcmp(v, "false"))
+                o->thinking = SERVER_THINKING_OFF;
+            else {
+                fprintf(stderr, "inferd serve: --thinking is on or off, not '%s'\n", v);
+                ok = false;
+            }
+        }
         else if (!strcmp(a, "--mode"))
             ok = arg_mode(v, &o->mode);
         else if (!strcmp(a, "--device")) {
@@ -351,10 +376,26 @@ int cmd_serve(int argc, char **argv)
     atomic_init(&srv.ready, false);
     atomic_init(&srv.stopping, false);
 
+    srv.version = INFERD_VERSION;
+    srv.thinking = o.thinking;
+
     struct err err = {0};
+    /* Before the routes answer: GET /v1/responses/{id} does not wait for the model. */
+    struct response_store *responses = NULL;
+    struct response_store_config rsc = {
+        .max_bytes = (size_t)o.response_store_mb << 20,
+        .ttl_ms = (uint64_t)o.response_store_ttl_s * 1000,
+    };
+    if (response_store_create(&rsc, &responses, &err) < 0) {
+        fprintf(stderr, "inferd serve: %s\n", err.msg);
+        api_keys_free(&o.keys);
+        return 1;
+    }
+    srv.responses = responses;
     struct http_daemon *http = NULL;
     if (http_start(&srv, api_routes(), &http, &err) < 0) {
         fprintf(stderr, "inferd serve: %s\n", err.msg);
+        response_store_free(responses);
         api_keys_free(&o.keys);
         return 1;
     }
@@ -459,6 +500,7 @@ out:
     http_stop(http);
     engine_free(engine);
     reencode_free(reencode);
+    response_store_free(responses);
     if (have_tmpl)
         chat_template_free(&tmpl);
     tok_free(tok);

@@ -517,5 +517,65 @@ describe('Anthropic Messages (/v1/messages)', () => {
 
   test('an unknown /v1 route keeps the OpenAI error shape', async () => {
     expectOpenAIError(await send(request('POST', '/v1/messages/batches', { headers: json, body: '{}' })), 404, 'unknown route');
+
+describe('/v1/responses', () => {
+  const post = (body) => send(request('POST', '/v1/responses', { headers: json, body }));
+
+  test('malformed JSON (truncated, trailing garbage, not an object, empty) is a 400 error object', async () => {
+    for (const body of ['{"model":"m","input":"hel', '{"input":"hi"} x', '"hi"', '[{"input":"hi"}]', 'null', '']) {
+      expectOpenAIError(await post(body), 400, JSON.stringify(body.slice(0, 40)));
+    }
+  });
+
+  test('wrong types are 400s naming the field', async () => {
+    const cases = [
+      [{ input: 5 }, 'input'],
+      [{ input: [{ role: 'user', content: 7 }] }, 'input[0].content'],
+      [{ input: [{ role: 'robot', content: 'hi' }] }, 'input[0].role'],
+      [{ input: 'hi', max_output_tokens: '8' }, 'max_output_tokens'],
+      [{ input: 'hi', max_output_tokens: 0 }, 'max_output_tokens'],
+      [{ input: 'hi', temperature: 'hot' }, 'temperature'],
+      [{ input: 'hi', store: 'yes' }, 'store'],
+      [{ input: 'hi', instructions: ['a'] }, 'instructions'],
+      [{ input: 'hi', metadata: { k: 1 } }, 'metadata.k'],
+      [{ input: 'hi', tools: [{ type: 'function' }] }, 'tools[0].name'],
+      [{ input: 'hi', tool_choice: 'always' }, 'tool_choice'],
+      [{ input: 'hi', reasoning: { effort: 'max' } }, 'reasoning.effort'],
+      [{ input: 'hi', previous_response_id: 42 }, 'previous_response_id'],
+      [{ input: [{ type: 'function_call', call_id: 'c', name: 'f', arguments: { a: 1 } }] }, 'input[0].arguments'],
+    ];
+    for (const [fields, param] of cases) {
+      const err = expectOpenAIError(await post(JSON.stringify({ model: modelId, ...fields })), 400, JSON.stringify(fields));
+      assert.equal(err.error.param, param, JSON.stringify(err));
+    }
+  });
+
+  test('an unknown item type, an output for no call and an input_image are 4xx naming them', async () => {
+    const cases = [
+      [[{ type: 'computer_call', id: 'x' }], 'input[0].type', 400],
+      [[{ role: 'user', content: [{ type: 'input_image', image_url: 'https://example.com/a.png' }] }], 'input[0].content[0].type', 400],
+      [[{ role: 'user', content: 'hi' }, { type: 'function_call_output', call_id: 'call_nowhere', output: 'x' }], 'input[1].call_id', 400],
+    ];
+    for (const [input, param, status] of cases) {
+      const err = expectOpenAIError(await post(JSON.stringify({ model: modelId, input, max_output_tokens: 2 })), status, param);
+      assert.equal(err.error.param, param, JSON.stringify(err));
+    }
+  });
+
+  test('an unknown previous_response_id is a 404; ids with odd bytes or lengths are answered, not a crash', async () => {
+    const err = expectOpenAIError(await post(JSON.stringify({ input: 'hi', previous_response_id: 'resp_nope' })), 404, 'unknown id');
+    assert.equal(err.error.param, 'previous_response_id');
+    expectOpenAIError(await post(JSON.stringify({ input: 'hi', previous_response_id: 'r'.repeat(5000) })), 400, 'a 5000-byte id');
+    for (const id of ['resp_%00', 'r'.repeat(5000), 'a/b', '%2e%2e']) {
+      const res = await send(request('GET', `/v1/responses/${id}`));
+      expectStatus(res, [404, 400], `GET ${id.slice(0, 20)}`);
+      const del = await send(request('DELETE', `/v1/responses/${id}`));
+      expectStatus(del, [404, 400], `DELETE ${id.slice(0, 20)}`);
+    }
+  });
+
+  test('a wrong method on the responses routes is a 405', async () => {
+    expectStatus(await send(request('GET', '/v1/responses')), 405, 'GET /v1/responses');
+    expectStatus(await send(request('POST', '/v1/responses/resp_x', { headers: json, body: '{}' })), 405, 'POST /v1/responses/{id}');
   });
 });

@@ -1093,5 +1093,12 @@ describe('tool calls', () => {
       assert.match(e.message, /call_nowhere/);
       return true;
     });
+
+describe('developer messages', () => {
+  test('a developer message renders as the system message it maps to', async () => {
+    const ask = (role) => openai.chat.completions.create({ ...greedy, max_tokens: 2, messages: [{ role, content: 'Answer in one word.' }, { role: 'user', content: 'Weather?' }] });
+    const [developer, system] = await Promise.all([ask('developer'), ask('system')]);
+    assert.equal(developer.usage.prompt_tokens, system.usage.prompt_tokens);
+    assert.equal(developer.choices[0].message.content, system.choices[0].message.content);
   });
 });

@@ -248,6 +248,15 @@ Test(request, every_role_is_accepted)
                          "{\"role\":\"tool\",\"content\":\"t\",\"tool_call_id\":\"c\"}]}"));
 }
 
+Test(request, developer_messages_become_system_messages)
+{
+    assert_ok(parse_chat("{\"messages\":[{\"role\":\"developer\",\"content\":\"d\"},"
+                         "{\"role\":\"user\",\"content\":\"u\"}]}"));
+    json_object *role = NULL;
+    json_object_object_get_ex(json_object_array_get_idx(req.messages, 0), "role", &role);
+    cr_assert_str_eq(json_object_get_string(role), "system");
+}
+
 Test(request, message_that_is_not_an_object_is_400)
 {
     assert_400(parse_chat("{\"messages\":[\"hi\"]}"), "messages[0]", "must be an object");
@@ -681,9 +690,9 @@ Test(request, chat_template_kwargs_kept_as_object)
 
 Test(request, reasoning_effort_values)
 {
-    static const char *const ok[] = {"none", "minimal", "low", "medium", "high"};
+    static const char *const ok[] = {"none", "minimal", "low", "medium", "high", "xhigh"};
     char body[160];
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 6; i++) {
         snprintf(body, sizeof body, CHAT("\"reasoning_effort\":\"%s\""), ok[i]);
         assert_ok(parse_chat(body));
         cr_assert(req.has_reasoning_effort);
