@@ -517,6 +517,8 @@ describe('Anthropic Messages (/v1/messages)', () => {
 
   test('an unknown /v1 route keeps the OpenAI error shape', async () => {
     expectOpenAIError(await send(request('POST', '/v1/messages/batches', { headers: json, body: '{}' })), 404, 'unknown route');
+  });
+});
 
 describe('/v1/responses', () => {
   const post = (body) => send(request('POST', '/v1/responses', { headers: json, body }));

@@ -1093,6 +1093,8 @@ describe('tool calls', () => {
       assert.match(e.message, /call_nowhere/);
       return true;
     });
+  });
+});
 
 describe('developer messages', () => {
   test('a developer message renders as the system message it maps to', async () => {
