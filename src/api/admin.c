@@ -172,7 +172,7 @@ void admin_cache_flush(struct http_exchange *x)
                          "there is no SSD tier to flush: the server runs without --ssd-cache DIR");
         return;
     }
-    struct kv_tier_stats after;
+    struct kv_tier_stats after = {0};
     uint64_t t0 = now_ns();
     int rc = engine_flush_cache(x->srv->engine, timeout_ms, &after, &err);
     double ms = (double)(now_ns() - t0) * 1e-6;

@@ -559,7 +559,9 @@ out:
         const struct ssd_stats *ss = &st.ssd_cache.store;
         log_info("serve: SSD tier at exit: %s; %llu blocks (%.1f MiB) on disk, %llu written "
                  "(%.1f MiB) since start, %llu not durable, %llu dropped, %llu failed",
-                 ss->disabled ? "off" : ss->pending ? "flush incomplete" : "flushed",
+                 ss->disabled                              ? "off"
+                 : ss->pending + st.ssd_cache.unsaved > 0 ? "flush incomplete"
+                                                          : "flushed",
                  (unsigned long long)ss->blocks, (double)ss->bytes / (1 << 20),
                  (unsigned long long)ss->writes, (double)ss->write_bytes / (1 << 20),
                  (unsigned long long)(ss->pending + st.ssd_cache.unsaved),
