@@ -1,13 +1,18 @@
-/* api/admin.c — GET /health, /stats and /metrics, POST /admin/cache/session/close. */
+/* api/admin.c — GET /health, /stats and /metrics, POST /admin/cache/session/close and
+ * /admin/cache/flush. */
 #include <json-c/json.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "api/admin.h"
 #include "base/json.h"
+#include "base/timer.h"
 
 /* The longest session id a request may name (as the request parser allows). */
 #define ADMIN_SESSION_ID_MAX 256
+/* How long a flush waits for the writes by default, and at most. */
+#define ADMIN_FLUSH_TIMEOUT_MS 30000
+#define ADMIN_FLUSH_TIMEOUT_MAX_MS 3600000
 
 void admin_health(struct http_exchange *x)
 {
@@ -83,4 +88,102 @@ void admin_session_close(struct http_exchange *x)
         http_send_json(x, 200, body, (size_t)n);
     }
     json_object_put(root);
+}
+
+/* The flush's answer: durable, the tier's counters as the flush answered, and why not. */
+static void send_flush_result(struct http_exchange *x, bool durable, const struct kv_tier_stats *t,
+                              double elapsed_ms, const char *reason)
+{
+    const struct ssd_stats *ss = &t->store;
+    json_object *o = json_object_new_object();
+    json_object_object_add(o, "durable", json_object_new_boolean(durable));
+    struct {
+        const char *name;
+        uint64_t value;
+    } counters[] = {
+        {"pending", ss->pending},  {"pending_bytes", ss->pending_bytes},
+        {"unqueued", t->unsaved},  {"blocks", ss->blocks},
+        {"bytes", ss->bytes},      {"writes", ss->writes},
+        {"write_bytes", ss->write_bytes}, {"failed", ss->failed},
+        {"dropped", ss->dropped},
+    };
+    for (size_t i = 0; i < sizeof counters / sizeof counters[0]; i++)
+        json_object_object_add(o, counters[i].name,
+                               json_object_new_int64((int64_t)counters[i].value));
+    json_object_object_add(o, "disabled", json_object_new_boolean(ss->disabled));
+    json_object_object_add(o, "elapsed_ms", json_object_new_double(elapsed_ms));
+    if (reason)
+        json_object_object_add(o, "reason", json_object_new_string(reason));
+    size_t len;
+    const char *s = json_object_to_json_string_length(
+        o, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE, &len);
+    if (s)
+        http_send_json(x, durable ? 200 : 503, s, len);
+    else
+        http_send_errorf(x, 500, API_ERROR_SERVER, NULL, NULL, "out of memory for the answer");
+    json_object_put(o);
+}
+
+/* An optional {"timeout_ms": N} (no body, or an empty one, is {}). */
+static int flush_timeout(const struct http_exchange *x, int *timeout_ms, struct err *err)
+{
+    *timeout_ms = ADMIN_FLUSH_TIMEOUT_MS;
+    size_t n = x->body_len;
+    while (n > 0 && strchr(" \t\r\n", x->body[n - 1]))
+        n--;
+    if (n == 0)
+        return 0;
+    struct json_object *root = NULL;
+    int rc = json_text_parse(x->body, x->body_len, 0, true, &root, err);
+    if (rc < 0) {
+        json_object_put(root);
+        return err_wrap(err, "the body is not valid JSON");
+    }
+    if (!root || !json_object_is_type(root, json_type_object)) {
+        json_object_put(root);
+        return err_set(err, INFERD_EFORMAT, "the body must be an object, e.g. {\"timeout_ms\": %d}",
+                       ADMIN_FLUSH_TIMEOUT_MS);
+    }
+    struct json_doc doc = {.err = err, .name = "body", .flags = JSON_TEXT};
+    struct json_reader r = json_reader_root(&doc, root);
+    static const char *const keys[] = {"timeout_ms", NULL};
+    rc = json_reader_check_keys(&r, keys);
+    if (rc == 0)
+        rc = json_read_int(&r, "timeout_ms", JSON_OPTIONAL, 0, ADMIN_FLUSH_TIMEOUT_MAX_MS,
+                           timeout_ms);
+    json_object_put(root);
+    return rc;
+}
+
+void admin_cache_flush(struct http_exchange *x)
+{
+    struct err err = {0};
+    int timeout_ms;
+    if (flush_timeout(x, &timeout_ms, &err) < 0) {
+        http_send_errorf(x, 400, API_ERROR_INVALID_REQUEST, "timeout_ms", NULL, "%s", err.msg);
+        return;
+    }
+    if (!x->srv->engine || !atomic_load(&x->srv->ready)) {
+        http_send_errorf(x, 503, API_ERROR_UNAVAILABLE, NULL, NULL, "the model is still loading");
+        return;
+    }
+    if (!engine_config(x->srv->engine)->tier) {
+        http_send_errorf(x, 400, API_ERROR_INVALID_REQUEST, NULL, NULL,
+                         "there is no SSD tier to flush: the server runs without --ssd-cache DIR");
+        return;
+    }
+    struct kv_tier_stats after = {0};
+    uint64_t t0 = now_ns();
+    int rc = engine_flush_cache(x->srv->engine, timeout_ms, &after, &err);
+    double ms = (double)(now_ns() - t0) * 1e-6;
+    if (rc == -INFERD_EINVAL) {
+        http_send_errorf(x, 400, API_ERROR_INVALID_REQUEST, NULL, NULL, "%s", err.msg);
+        return;
+    }
+    if (rc < 0 && !after.enabled) { /* refused before the engine thread saw it (stopping) */
+        struct engine_stats st;
+        engine_get_stats(x->srv->engine, &st);
+        after = st.ssd_cache;
+    }
+    send_flush_result(x, rc == 0, &after, ms, rc == 0 ? NULL : err.msg);
 }

@@ -1,5 +1,5 @@
-/* api/admin.h — the server's own routes: GET /health, /stats and /metrics, and the prefix
- * cache's POST /admin/cache/session/close. */
+/* api/admin.h — the server's own routes: GET /health, /stats and /metrics, the prefix
+ * cache's POST /admin/cache/session/close and the SSD tier's POST /admin/cache/flush. */
 #ifndef INFERD_API_ADMIN_H
 #define INFERD_API_ADMIN_H
 
@@ -12,5 +12,13 @@ void admin_metrics(struct http_exchange *x);
  * "blocks_released": N}, or 200 {"closed": false} for a session not open; 400
  * for a body that is not that. The API key is needed when one is set. */
 void admin_session_close(struct http_exchange *x);
+/* POST /admin/cache/flush [{"timeout_ms": N}] (default 30000): makes everything the prefix
+ * cache holds durable in the SSD tier. 200 {"durable": true, counters} once it is; 503
+ * {"durable": false, counters, "reason"} when the timeout passed first (the writes go on) or
+ * the tier turned itself off; 400 without --ssd-cache, or for a body that is not that. The
+ * counters: pending, pending_bytes, unqueued (cached blocks not yet queued), blocks, bytes,
+ * writes, write_bytes, failed, dropped, disabled, elapsed_ms. The API key is needed when one
+ * is set. */
+void admin_cache_flush(struct http_exchange *x);
 
 #endif

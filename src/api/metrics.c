@@ -79,6 +79,150 @@ static void histogram_text(struct strbuf *out, const char *name, const char *hel
                   (unsigned long long)cumulative);
 }
 
+/* The SSD tier's numbers, as /stats.ssd_cache has them: counters (since start) end in _total,
+ * the rest are gauges (the store's contents, the queue, the cost model's rates and last
+ * predictions, what the store found at start-up). */
+static void ssd_cache_prometheus(const struct kv_tier_stats *t, struct strbuf *out)
+{
+    const struct ssd_stats *s = &t->store;
+    struct {
+        const char *name, *type, *help;
+        double value;
+    } rows[] = {
+        {"blocks", "gauge", "KV blocks durable on disk.", (double)s->blocks},
+        {"bytes", "gauge", "Bytes of the segment files on disk.", (double)s->bytes},
+        {"max_bytes", "gauge", "The cap on disk (--ssd-cache-max; 0: none).", (double)s->max_bytes},
+        {"writes_total", "counter", "Blocks made durable.", (double)s->writes},
+        {"write_bytes_total", "counter", "KV bytes made durable.", (double)s->write_bytes},
+        {"restores_total", "counter", "Blocks read back and verified.", (double)s->restores},
+        {"restore_bytes_total", "counter", "KV bytes read back and verified.",
+         (double)s->restore_bytes},
+        {"restore_ms_last", "gauge", "Milliseconds the last batch of reads took.",
+         s->restore_ms_last},
+        {"pending", "gauge", "Blocks queued for writing, not yet durable.", (double)s->pending},
+        {"pending_bytes", "gauge", "KV bytes queued for writing.", (double)s->pending_bytes},
+        {"dropped_total", "counter", "Blocks given up without being written.", (double)s->dropped},
+        {"failed_total", "counter", "Reads or writes that failed on I/O.", (double)s->failed},
+        {"verify_failures_total", "counter",
+         "Blocks read back that failed their chain or checksum check (dropped, recomputed).",
+         (double)s->verify_failures},
+        {"recomputes_total", "counter", "Blocks found on disk but computed after a failed read.",
+         (double)t->recomputes},
+        {"decisions_restore_total", "counter", "Cold prefixes the cost model read back.",
+         (double)t->decisions_restore},
+        {"decisions_recompute_total", "counter", "Cold prefixes the cost model computed instead.",
+         (double)t->decisions_recompute},
+        {"predicted_restore_ms", "gauge", "The last decision's predicted read time.",
+         t->predicted_restore_ms},
+        {"predicted_recompute_ms", "gauge", "The last decision's predicted prefill time.",
+         t->predicted_recompute_ms},
+        {"read_bytes_per_s", "gauge", "The store's read rate, measured at start-up.",
+         t->read_bytes_per_s},
+        {"prefill_tokens_per_s", "gauge", "The prefill rate, measured at start-up.",
+         t->prefill_tokens_per_s},
+        {"disabled", "gauge", "1 when the tier turned itself off (disk full or unwritable).",
+         s->disabled ? 1.0 : 0.0},
+        {"recovered_blocks", "gauge", "Blocks past the index's end verified and indexed at start-up.",
+         (double)s->recovered_blocks},
+        {"dropped_at_start", "gauge", "Index rows dropped at start-up (data missing or damaged).",
+         (double)s->dropped_at_start},
+        {"demoted_total", "counter", "Durable blocks that left memory after --ssd-demote-idle.",
+         (double)t->demoted},
+        {"evicted_blocks_total", "counter", "Blocks removed from disk to stay under the cap.",
+         (double)s->evicted_blocks},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+        strbuf_printf(out, "# HELP inferd_ssd_cache_%s %s\n# TYPE inferd_ssd_cache_%s %s\n"
+                           "inferd_ssd_cache_%s %.17g\n",
+                      rows[i].name, rows[i].help, rows[i].name, rows[i].type, rows[i].name,
+                      rows[i].value);
+}
+
+/* /stats.host_tier: the host-RAM tier under a device pool, or null without one. */
+static json_object *host_tier_json(const struct kv_tier_stats *t)
+{
+    if (t->host_max_bytes == 0)
+        return NULL;
+    json_object *o = json_object_new_object();
+    json_object_object_add(o, "blocks", json_object_new_int64((int64_t)t->host_blocks));
+    json_object_object_add(o, "bytes", json_object_new_int64((int64_t)t->host_bytes));
+    json_object_object_add(o, "max_bytes", json_object_new_int64((int64_t)t->host_max_bytes));
+    json_object_object_add(o, "hits", json_object_new_int64((int64_t)t->host_hits));
+    json_object_object_add(o, "stores", json_object_new_int64((int64_t)t->host_stores));
+    json_object_object_add(o, "evictions", json_object_new_int64((int64_t)t->host_evictions));
+    return o;
+}
+
+/* /stats.checkpoints: generation checkpoints, or null when they are off. */
+static json_object *checkpoints_json(const struct engine_stats *st)
+{
+    if (!st->checkpoints)
+        return NULL;
+    json_object *o = json_object_new_object();
+    json_object_object_add(o, "saved", json_object_new_int64((int64_t)st->checkpoints_saved));
+    json_object_object_add(o, "resumed", json_object_new_int64((int64_t)st->checkpoints_resumed));
+    json_object_object_add(o, "removed", json_object_new_int64((int64_t)st->checkpoints_removed));
+    json_object_object_add(o, "failed", json_object_new_int64((int64_t)st->checkpoints_failed));
+    return o;
+}
+
+/* /stats.ssd_cache: the tier's numbers, or null without a tier. */
+static json_object *ssd_cache_json(const struct kv_tier_stats *t)
+{
+    if (!t->enabled)
+        return NULL;
+    const struct ssd_stats *s = &t->store;
+    json_object *o = json_object_new_object();
+    json_object_object_add(o, "dir", s->dir ? json_object_new_string(s->dir) : NULL);
+    struct {
+        const char *name;
+        uint64_t value;
+    } counts[] = {
+        {"blocks", s->blocks},
+        {"bytes", s->bytes},
+        {"max_bytes", s->max_bytes},
+        {"cap_bytes", s->cap_bytes},
+        {"writes", s->writes},
+        {"write_bytes", s->write_bytes},
+        {"restores", s->restores},
+        {"restore_bytes", s->restore_bytes},
+        {"pending", s->pending},
+        {"pending_bytes", s->pending_bytes},
+        {"unqueued", t->unsaved},
+        {"loading", t->loading},
+        {"dropped", s->dropped},
+        {"failed", s->failed},
+        {"verify_failures", s->verify_failures},
+        {"recomputes", t->recomputes},
+        {"decisions_restore", t->decisions_restore},
+        {"decisions_recompute", t->decisions_recompute},
+        {"recovered_blocks", s->recovered_blocks},
+        {"dropped_at_start", s->dropped_at_start},
+        {"torn_tails", s->torn_tails},
+        {"evicted_blocks", s->evicted_blocks},
+        {"demoted", t->demoted},
+    };
+    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++)
+        json_object_object_add(o, counts[i].name, json_object_new_int64((int64_t)counts[i].value));
+    struct {
+        const char *name;
+        double value;
+    } rates[] = {
+        {"restore_ms_last", s->restore_ms_last},
+        {"predicted_restore_ms", t->predicted_restore_ms},
+        {"predicted_recompute_ms", t->predicted_recompute_ms},
+        {"read_bytes_per_s", t->read_bytes_per_s},
+        {"prefill_tokens_per_s", t->prefill_tokens_per_s},
+    };
+    for (size_t i = 0; i < sizeof rates / sizeof rates[0]; i++)
+        json_object_object_add(o, rates[i].name, json_object_new_double(rates[i].value));
+    json_object_object_add(o, "index_rebuilt", json_object_new_boolean(s->index_rebuilt));
+    json_object_object_add(o, "disabled", json_object_new_boolean(s->disabled));
+    json_object_object_add(o, "disable_reason",
+                           s->disabled ? json_object_new_string(s->disable_reason) : NULL);
+    return o;
+}
+
 void api_metrics_prometheus(const struct server *srv, struct strbuf *out)
 {
     strbuf_puts(out, "# HELP inferd_requests_total HTTP requests answered, by route and status.\n"
@@ -172,6 +316,33 @@ void api_metrics_prometheus(const struct server *srv, struct strbuf *out)
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
         strbuf_printf(out, "# HELP %s %s\n# TYPE %s %s\n%s %llu\n", rows[i].name, rows[i].help,
                       rows[i].name, rows[i].type, rows[i].name, rows[i].value);
+    if (st.ssd_cache.enabled)
+        ssd_cache_prometheus(&st.ssd_cache, out);
+    if (st.ssd_cache.host_max_bytes > 0) {
+        const struct kv_tier_stats *t = &st.ssd_cache;
+        strbuf_printf(out,
+                      "# HELP inferd_host_tier_blocks KV blocks in the host-RAM tier.\n"
+                      "# TYPE inferd_host_tier_blocks gauge\ninferd_host_tier_blocks %llu\n"
+                      "# HELP inferd_host_tier_bytes KV bytes in the host-RAM tier.\n"
+                      "# TYPE inferd_host_tier_bytes gauge\ninferd_host_tier_bytes %llu\n"
+                      "# HELP inferd_host_tier_hits_total Blocks copied back from host memory.\n"
+                      "# TYPE inferd_host_tier_hits_total counter\ninferd_host_tier_hits_total %llu\n"
+                      "# HELP inferd_host_tier_evictions_total Blocks dropped from host memory.\n"
+                      "# TYPE inferd_host_tier_evictions_total counter\n"
+                      "inferd_host_tier_evictions_total %llu\n",
+                      (unsigned long long)t->host_blocks, (unsigned long long)t->host_bytes,
+                      (unsigned long long)t->host_hits, (unsigned long long)t->host_evictions);
+    }
+    if (st.checkpoints)
+        strbuf_printf(out,
+                      "# HELP inferd_checkpoints_saved_total Generation checkpoints written.\n"
+                      "# TYPE inferd_checkpoints_saved_total counter\n"
+                      "inferd_checkpoints_saved_total %llu\n"
+                      "# HELP inferd_checkpoints_resumed_total Generations resumed from one.\n"
+                      "# TYPE inferd_checkpoints_resumed_total counter\n"
+                      "inferd_checkpoints_resumed_total %llu\n",
+                      (unsigned long long)st.checkpoints_saved,
+                      (unsigned long long)st.checkpoints_resumed);
     if (srv->reencode) {
         struct reencode_stats rs;
         reencode_get_stats(srv->reencode, &rs);
@@ -300,6 +471,9 @@ void api_metrics_stats_json(const struct server *srv, struct strbuf *out)
         json_object_object_add(adm, "rejected",
                                json_object_new_int64((int64_t)st.requests_rejected));
         json_object_object_add(root, "admission", adm);
+        json_object_object_add(root, "ssd_cache", ssd_cache_json(&st.ssd_cache));
+        json_object_object_add(root, "host_tier", host_tier_json(&st.ssd_cache));
+        json_object_object_add(root, "checkpoints", checkpoints_json(&st));
     }
     json_object *server = json_object_new_object();
     json_object_object_add(server, "started_at", json_object_new_int64((int64_t)srv->created));

@@ -35,6 +35,7 @@ static const struct http_route routes[] = {
     {"GET", "/fit", false, HTTP_BODY_NONE, fit_report, NULL, false},
     {"POST", "/admin/cache/session/close", false, HTTP_BODY_JSON, admin_session_close, NULL,
      false},
+    {"POST", "/admin/cache/flush", false, HTTP_BODY_JSON, admin_cache_flush, NULL, false},
 };
 
 static const struct http_routes table = {

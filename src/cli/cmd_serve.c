@@ -21,6 +21,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/device.h"
+#include "cli/tier.h"
 #include "kv/kv.h"
 #include "text/toolcall.h"
 
@@ -31,6 +32,11 @@
  * server starts on it. */
 #define FIT_PROBE_CPU_BYTES ((size_t)128 << 20)
 #define FIT_PROBE_GPU_BYTES ((size_t)1 << 30)
+/* The SSD tier's cost model weighs restores against the prefill rate of a prompt this long,
+ * timed at start-up: long enough to fill a GPU's step, short enough to cost little. */
+#define TIER_PROBE_TOKENS_CPU 64
+#define TIER_PROBE_TOKENS_GPU 512
+#define DEFAULT_SSD_DEMOTE_IDLE_S 300
 
 struct serve_options {
     const char *dir;
@@ -51,6 +57,12 @@ struct serve_options {
     long session_idle_s;
     long response_store_mb, response_store_ttl_s; /* the Responses API's stored responses */
     enum server_thinking thinking;                /* --thinking on|off */
+    const char *ssd_dir;            /* --ssd-cache DIR; NULL: no SSD tier */
+    double ssd_max_gib;             /* --ssd-cache-max (binary GiB); 0: the disk's free space */
+    bool ssd_verify;                /* --ssd-cache-verify */
+    long ssd_demote_idle_s;         /* --ssd-demote-idle; 0: never */
+    bool ssd_flag_seen;             /* some --ssd-cache-* flag was given */
+    long generation_checkpoint;     /* --generation-checkpoint N; 0: none */
 };
 
 static const char usage[] =
@@ -61,9 +73,12 @@ static const char usage[] =
     "       [--device cpu|cuda[:N]|auto] [--batch N] [--prefill-chunk 2048]\n"
     "       [--kv-block-size 16] [--kv-budget GB] [--memory-budget GB] [--prompt-cache GIB]\n"
     "       [--cache-retention lru|cost-size] [--session-idle-s 600] [--thinking on|off]\n"
-    "       [--response-store-mb 64] [--response-store-ttl-s 3600] [backend flags]\n"
+    "       [--response-store-mb 64] [--response-store-ttl-s 3600]\n"
+    "       [--ssd-cache DIR [--ssd-cache-max GIB] [--ssd-cache-verify] [--ssd-demote-idle 300]\n"
+    "        [--generation-checkpoint N]] [backend flags]\n"
     "Serves the OpenAI API (/v1/chat/completions, /v1/completions, /v1/responses, /v1/models;\n"
-    "GET /v1 lists the routes) and /health, /stats, /metrics. --port 0 picks a free port.\n"
+    "GET /v1 lists the routes), Anthropic's /v1/messages, and /health, /stats, /metrics.\n"
+    "--port 0 picks a free port.\n"
     "Sampling flags set the defaults below each request's own fields (generation_config.json\n"
     "is below them). --thinking on|off is enable_thinking for chat templates that have it when\n"
     "a request says nothing (default: the template's own).\n"
@@ -88,6 +103,18 @@ static const char usage[] =
     "--cache-retention picks what is evicted first (lru, or cost-size: GreedyDual-Size);\n"
     "a session's blocks (session_id) are kept ahead of others until it is closed\n"
     "(POST /admin/cache/session/close) or idle for --session-idle-s seconds.\n"
+    "--ssd-cache DIR keeps the prompt cache's blocks on disk as well (written behind, on an I/O\n"
+    "thread), so they survive a restart: a prompt whose prefix is on disk reads it back when\n"
+    "that is predicted to be faster than computing it. Needs the prompt cache (--prompt-cache\n"
+    "above 0). --ssd-cache-max GIB (binary GiB; 0 or absent: what the disk has free) caps the\n"
+    "files; --ssd-cache-verify checks every block's checksum on every read (the first read of a\n"
+    "block after start-up is always checked); --ssd-demote-idle S (default 300; 0: never) lets\n"
+    "blocks that are on disk and unused for S seconds leave memory. POST /admin/cache/flush\n"
+    "makes everything cached durable; so does a clean shutdown (SIGINT, SIGTERM).\n"
+    "--generation-checkpoint N (with --ssd-cache) saves every N generated tokens of each\n"
+    "generation (its tokens and sampler state, its K/V through the SSD tier): the same request\n"
+    "(prompt, parameters, seed) sent again after a restart or a client's cancel resumes there\n"
+    "and gives the tokens an uninterrupted run would have; a completed one's is removed.\n"
     CLI_BACKEND_USAGE;
 
 static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
@@ -99,7 +126,8 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
                                 .mode = COMPUTE_FAST, .prompt_cache_gib = 8,
                                 .cache_retention = KV_RETAIN_LRU, .session_idle_s = 600,
                                 .response_store_mb = RESPONSE_STORE_DEFAULT_MB,
-                                .response_store_ttl_s = RESPONSE_STORE_DEFAULT_TTL_S};
+                                .response_store_ttl_s = RESPONSE_STORE_DEFAULT_TTL_S,
+                                .ssd_demote_idle_s = DEFAULT_SSD_DEMOTE_IDLE_S};
     cli_backend_options_from_env(&o->backend);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -113,6 +141,10 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
                 return false;
             }
             o->dir = a;
+            continue;
+        }
+        if (!strcmp(a, "--ssd-cache-verify")) { /* the one flag without a value */
+            o->ssd_verify = o->ssd_flag_seen = true;
             continue;
         }
         if (!(v = arg_value(argc, argv, &i)))
@@ -194,6 +226,19 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
                 ok = false;
             }
         }
+        else if (!strcmp(a, "--ssd-cache")) {
+            o->ssd_dir = v;
+            if (!v[0]) {
+                fprintf(stderr, "inferd serve: --ssd-cache needs a directory, not ''\n");
+                ok = false;
+            }
+        }
+        else if (!strcmp(a, "--ssd-cache-max"))
+            ok = o->ssd_flag_seen = arg_float(a, v, 0, 1 << 30, &o->ssd_max_gib);
+        else if (!strcmp(a, "--ssd-demote-idle"))
+            ok = o->ssd_flag_seen = arg_int(a, v, 0, 1L << 30, &o->ssd_demote_idle_s);
+        else if (!strcmp(a, "--generation-checkpoint"))
+            ok = o->ssd_flag_seen = arg_int(a, v, 1, 1L << 20, &o->generation_checkpoint);
         else if (!strcmp(a, "--mode"))
             ok = arg_mode(v, &o->mode);
         else if (!strcmp(a, "--device")) {
@@ -213,6 +258,16 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
     }
     if (!o->dir) {
         fputs(usage, stderr);
+        return false;
+    }
+    if (o->ssd_flag_seen && !o->ssd_dir) {
+        fprintf(stderr, "inferd serve: --ssd-cache-max, --ssd-cache-verify, --ssd-demote-idle and "
+                        "--generation-checkpoint need --ssd-cache DIR\n");
+        return false;
+    }
+    if (o->ssd_dir && !(o->prompt_cache_gib > 0)) {
+        fprintf(stderr, "inferd serve: --ssd-cache needs the prompt cache, which --prompt-cache 0 "
+                        "turns off\n");
         return false;
     }
     return true;
@@ -297,6 +352,7 @@ static void engine_sizes(const struct serve_options *o, const struct model *m,
         .prompt_cache_bytes = cache_bytes,
         .cache_retention = o->cache_retention,
         .session_idle_s = (int)o->session_idle_s,
+        .checkpoint_every = (int)o->generation_checkpoint,
     };
 }
 
@@ -338,6 +394,42 @@ static int fit_measure(const struct serve_options *o, const struct model *m,
     cli_backend_describe(be, fit->backend_device, sizeof fit->backend_device);
     fit->bandwidth_gbs = pool ? cpu_measure_read_bandwidth(pool, FIT_PROBE_CPU_BYTES)
                               : backend_cuda_read_bandwidth(be, FIT_PROBE_GPU_BYTES);
+    return 0;
+}
+
+/* The SSD tier's configuration: the store's place and limits, the fingerprint of the K/V it
+ * keeps (the weights' and the tokenizer's content, the backend's numeric identity; the engine
+ * adds the architecture, KV format, block size and mode), and the prefill rate its cost model
+ * weighs a restore against, timed here on a short prompt of n_ctx at most. */
+static int tier_configure(const struct serve_options *o, const struct model *m, struct backend *be,
+                          int n_ctx, struct kv_tier_config *out, struct err *err)
+{
+    *out = (struct kv_tier_config){
+        .store = {.dir = o->ssd_dir,
+                  .max_bytes = (uint64_t)(o->ssd_max_gib * (double)(1ull << 30)),
+                  .verify_on_read = o->ssd_verify},
+        .demote_idle_ns = (uint64_t)o->ssd_demote_idle_s * 1000000000ull,
+    };
+    struct ssd_fingerprint *fp = &out->store.fp;
+    uint64_t t0 = now_ns();
+    fp->model_digest = cli_tier_weights_digest(m);
+    uint64_t bytes = 0;
+    for (int i = 0; i < m->files.n_files; i++)
+        bytes += m->files.map_lens[i];
+    log_info("serve: the weights' digest (XXH3-64 of %.2f GB of safetensors) took %.2f s",
+             (double)bytes / 1e9, (double)(now_ns() - t0) * 1e-9);
+    int rc = cli_tier_tokenizer_digest(o->dir, &fp->tokenizer_digest, err);
+    if (rc < 0)
+        return rc;
+    cli_tier_backend_identity(be, fp->backend_identity, sizeof fp->backend_identity);
+
+    int n = backend_cpu_threadpool(be) ? TIER_PROBE_TOKENS_CPU : TIER_PROBE_TOKENS_GPU;
+    if (n > n_ctx - 1)
+        n = n_ctx - 1 > 0 ? n_ctx - 1 : 1;
+    long chunk = o->max_batch > o->prefill_chunk ? o->max_batch : o->prefill_chunk;
+    rc = cli_tier_measure_prefill(m, n, (int)chunk, &out->prefill_tokens_per_s, err);
+    if (rc < 0)
+        return err_wrap(err, "the SSD tier's prefill probe (%d tokens)", n);
     return 0;
 }
 
@@ -445,9 +537,27 @@ int cmd_serve(int argc, char **argv)
 
     struct engine_config ec;
     engine_sizes(&o, m, &srv.fit, &ec);
+    struct kv_tier_config tier;
+    if (o.ssd_dir) {
+        if (tier_configure(&o, m, be, ec.n_ctx, &tier, &err) < 0) {
+            fprintf(stderr, "inferd serve: --ssd-cache %s: %s\n", o.ssd_dir, err.msg);
+            goto out;
+        }
+        ec.tier = &tier;
+    }
     if (engine_create(m, tok, &ec, &engine, &err) < 0) {
         fprintf(stderr, "inferd serve: %s\n", err.msg);
         goto out;
+    }
+    if (o.ssd_dir) {
+        struct engine_stats st;
+        engine_get_stats(engine, &st);
+        const struct kv_tier_stats *ts = &st.ssd_cache;
+        log_info("serve: SSD tier in %s (%s): %llu blocks, %.1f MiB on disk; reads at %.0f MB/s, "
+                 "prefill at %.0f tok/s: a cold prefix is read back when that is faster",
+                 ts->store.dir ? ts->store.dir : o.ssd_dir, tier.store.fp.backend_identity,
+                 (unsigned long long)ts->store.blocks, (double)ts->store.bytes / (1 << 20),
+                 ts->read_bytes_per_s / 1e6, tier.prefill_tokens_per_s);
     }
 
     const struct generation_defaults *g = &m->generation;
@@ -497,6 +607,20 @@ out:
     atomic_store(&srv.stopping, true);
     http_quiesce(http);
     engine_shutdown(engine, srv.cfg.shutdown_grace_ms);
+    if (engine && o.ssd_dir) {
+        struct engine_stats st;
+        engine_get_stats(engine, &st); /* as the engine thread left it, after its last flush */
+        const struct ssd_stats *ss = &st.ssd_cache.store;
+        log_info("serve: SSD tier at exit: %s; %llu blocks (%.1f MiB) on disk, %llu written "
+                 "(%.1f MiB) since start, %llu not durable, %llu dropped, %llu failed",
+                 ss->disabled                              ? "off"
+                 : ss->pending + st.ssd_cache.unsaved > 0 ? "flush incomplete"
+                                                          : "flushed",
+                 (unsigned long long)ss->blocks, (double)ss->bytes / (1 << 20),
+                 (unsigned long long)ss->writes, (double)ss->write_bytes / (1 << 20),
+                 (unsigned long long)(ss->pending + st.ssd_cache.unsaved),
+                 (unsigned long long)ss->dropped, (unsigned long long)ss->failed);
+    }
     http_stop(http);
     engine_free(engine);
     reencode_free(reencode);

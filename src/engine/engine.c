@@ -314,6 +314,7 @@ int engine_create(const struct model *m, const struct tokenizer *tok,
         e->sched_ready = true;
         e->cfg.kv_blocks = e->sched.cfg.kv_blocks;
         e->cfg.kv_block_size = e->sched.cfg.block_size;
+        publish_stats(e); /* /stats shows the caches (the SSD tier's store) from the start */
         if (!(e->incoming = calloc((size_t)cfg->max_queue, sizeof *e->incoming)))
             rc = err_set(err, INFERD_ENOMEM, "out of memory for the engine's buffers");
     }

@@ -32,13 +32,14 @@ const limit = (ms = FETCH_MS) => AbortSignal.timeout(ms);
 
 let serverSeq = 0;
 
-/* Starts `inferd serve MODEL --host 127.0.0.1 --port 0 ...extra`, waits for its
- * "inferd: serving ID at URL" line and for GET /health == 200. */
-export async function startServer(extra = [], { name } = {}) {
+/* Starts `inferd serve MODEL --host 127.0.0.1 --port 0 ...extra` (MODEL: the run's test model
+ * unless model names another directory), waits for its "inferd: serving ID at URL" line and for
+ * GET /health == 200. */
+export async function startServer(extra = [], { name, model = modelDir } = {}) {
   const tag = name || `server-${process.pid}-${++serverSeq}`;
   const errPath = path.join(logDir, `${tag}.err`);
   const errFile = fs.openSync(errPath, 'w');
-  const args = ['serve', modelDir, '--host', '127.0.0.1', '--port', '0', ...extra];
+  const args = ['serve', model, '--host', '127.0.0.1', '--port', '0', ...extra];
   const proc = spawn(binary, args, { stdio: ['ignore', 'pipe', errFile] });
   fs.closeSync(errFile);
   const exited = new Promise((resolve) => proc.on('exit', (code, signal) => resolve({ code, signal })));

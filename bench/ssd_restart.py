@@ -1,0 +1,237 @@
+#!/usr/bin/env python3
+"""The SSD tier through the server, two measurements.
+
+restart: time to first token of a long prefix (random token ids, /v1/completions,
+max_tokens 1, greedy) on a server with --ssd-cache over a fresh directory (a
+cold prefill), then POST /admin/cache/flush, SIGTERM, a new server on the same
+directory, the page cache dropped (echo 3 > /proc/sys/vm/drop_caches; the
+script says whether that worked), the same prompt again (restored from disk
+when the cost model says so); then once more after another restart without
+dropping the page cache (warm). Each row gives the client's TTFT, the engine's
+(inferd_time_to_first_token_seconds), cached_tokens and the cost model's
+decision and predictions from /stats. With --cold-off, a server with
+--prompt-cache 0 also prefills the prompt (cold without the tier).
+
+decode: streamed decode tok/s while write-behind runs at full rate against the
+tier off, both servers up, rounds interleaved (on, off, on, off, ...): each
+round sends a fresh prompt of --prompt-len random ids (its blocks are queued
+for writing as its prefill publishes them, so the I/O thread writes while the
+stream decodes) and measures one stream's decode from its first to its last
+token (bench/serve_tax.py's stream_once).
+
+usage: bench/ssd_restart.py restart INFERD MODEL_DIR [--prompt-len 8000] [--dir DIR]
+                                    [--cold-off] [--server-arg '--threads 2']...
+       bench/ssd_restart.py decode INFERD MODEL_DIR [--prompt-len 512] [--gen-len 64]
+                                    [--rounds 3] [--server-arg ...]...
+"""
+import argparse
+import importlib.util
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+here = os.path.dirname(os.path.abspath(__file__))
+spec = importlib.util.spec_from_file_location("serve_tax", os.path.join(here, "serve_tax.py"))
+serve_tax = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(serve_tax)
+
+
+class Server:
+    def __init__(self, inferd, model, flags, log):
+        self.log = log
+        cmd = [inferd, "serve", model, "--port", "0"] + flags
+        self.err = open(log, "w")
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.err, text=True)
+        line = self.proc.stdout.readline()
+        m = re.search(r"http://([^:]+):(\d+)", line)
+        if not m:
+            self.proc.kill()
+            raise SystemExit(f"ssd_restart: the server did not start: {open(log).read()[-2000:]}")
+        self.host, self.port = m.group(1), int(m.group(2))
+        self.url = f"http://{self.host}:{self.port}"
+        for _ in range(600):
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except (urllib.error.URLError, OSError):
+                time.sleep(0.1)
+
+    def get(self, path):
+        with urllib.request.urlopen(self.url + path, timeout=60) as r:
+            return r.read().decode()
+
+    def post(self, path, body, timeout=3600):
+        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
+                                     headers={"content-type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    def engine_ttft(self):
+        """Sum and count of the engine's TTFT histogram."""
+        text = self.get("/metrics")
+        s = float(re.search(r"^inferd_time_to_first_token_seconds_sum (\S+)", text, re.M).group(1))
+        n = int(re.search(r"^inferd_time_to_first_token_seconds_count (\S+)", text, re.M).group(1))
+        return s, n
+
+    def stop(self):
+        self.proc.terminate()
+        code = self.proc.wait(timeout=600)
+        self.err.close()
+        return code
+
+
+def first_token(server, prompt):
+    """Client TTFT (a non-streamed request for one token), engine TTFT, cached tokens."""
+    s0, n0 = server.engine_ttft()
+    t0 = time.perf_counter()
+    status, body = server.post("/v1/completions", {"prompt": prompt, "max_tokens": 1, "temperature": 0})
+    client = time.perf_counter() - t0
+    if status != 200:
+        raise SystemExit(f"ssd_restart: HTTP {status}: {body}")
+    s1, n1 = server.engine_ttft()
+    engine = (s1 - s0) / (n1 - n0) if n1 > n0 else float("nan")
+    cached = (body.get("usage", {}).get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    return client, engine, cached
+
+
+def drop_page_cache():
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return "dropped (echo 3 > /proc/sys/vm/drop_caches)"
+    except OSError as e:
+        return f"NOT dropped ({e.strerror}): the restore below may read from memory"
+
+
+def tier_line(server):
+    st = json.loads(server.get("/stats"))["ssd_cache"] or {}
+    return (f"decisions restore/recompute {st.get('decisions_restore')}/{st.get('decisions_recompute')}, "
+            f"predicted restore {st.get('predicted_restore_ms', 0):.0f} ms vs recompute "
+            f"{st.get('predicted_recompute_ms', 0):.0f} ms (read {st.get('read_bytes_per_s', 0) / 1e6:.0f} MB/s, "
+            f"prefill {st.get('prefill_tokens_per_s', 0):.0f} tok/s), restores {st.get('restores')} blocks "
+            f"({st.get('restore_bytes', 0) / 2**20:.0f} MiB) in {st.get('restore_ms_last', 0):.0f} ms, "
+            f"verify failures {st.get('verify_failures')}")
+
+
+def load():
+    return "%.1f %.1f %.1f" % os.getloadavg()
+
+
+def restart(args):
+    rng = random.Random(7)
+    prompt = [rng.randrange(100, 8000) for _ in range(args.prompt_len)]
+    own = args.dir is None
+    cache = args.dir or tempfile.mkdtemp(prefix="inferd-ssd-restart-")
+    logs = tempfile.mkdtemp(prefix="inferd-ssd-restart-logs-")
+    flags = ["--ctx", str(args.prompt_len + 64)] + [f for a in args.server_arg for f in a.split()]
+    tier = flags + ["--ssd-cache", cache]
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; model {args.model}; "
+          f"prompt {args.prompt_len} random token ids; cache {cache}; serve {' '.join(flags)}")
+    rows = []
+    try:
+        s = Server(args.inferd, args.model, tier, f"{logs}/a.err")
+        client, engine, cached = first_token(s, prompt)
+        rows.append(("cold (fresh directory)", client, engine, cached, load(), ""))
+        t0 = time.perf_counter()
+        status, body = s.post("/admin/cache/flush", {"timeout_ms": 600000})
+        print(f"flush: HTTP {status} in {time.perf_counter() - t0:.2f} s: {json.dumps(body)}")
+        print(f"exit status {s.stop()} after SIGTERM; "
+              f"{[l for l in open(s.log) if 'at exit' in l][-1].strip()}")
+        for label, drop in (("restart, page cache dropped", True), ("restart, page cache warm", False)):
+            how = drop_page_cache() if drop else "kept"
+            s = Server(args.inferd, args.model, tier, f"{logs}/{'b' if drop else 'c'}.err")
+            client, engine, cached = first_token(s, prompt)
+            rows.append((label, client, engine, cached, load(), f"page cache {how}; {tier_line(s)}"))
+            s.stop()
+        if args.cold_off:
+            s = Server(args.inferd, args.model, flags + ["--prompt-cache", "0"], f"{logs}/d.err")
+            client, engine, cached = first_token(s, prompt)
+            rows.append(("cold (--prompt-cache 0)", client, engine, cached, load(), ""))
+            s.stop()
+    finally:
+        if own:
+            shutil.rmtree(cache, ignore_errors=True)
+    cold = rows[0][1]
+    print()
+    print("| run | TTFT client | TTFT engine | cached_tokens | of cold | load average |")
+    print("|---|---|---|---|---|---|")
+    for label, client, engine, cached, la, _ in rows:
+        print(f"| {label} | {client:.3f} s | {engine:.3f} s | {cached} | {100 * client / cold:.1f}% | {la} |")
+    print()
+    for label, *_, note in rows:
+        if note:
+            print(f"{label}: {note}")
+    print(f"server logs in {logs}")
+
+
+def decode(args):
+    flags = [f for a in args.server_arg for f in a.split()]
+    cache = tempfile.mkdtemp(prefix="inferd-ssd-decode-")
+    bans = serve_tax.eos_ids(args.model)
+    rng = random.Random(3)
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; model {args.model}; prompt "
+          f"{args.prompt_len} fresh random ids per round, {args.gen_len} tokens decoded, "
+          f"{args.rounds} rounds each, interleaved; serve {' '.join(flags)}")
+    on = Server(args.inferd, args.model, flags + ["--ssd-cache", cache], "/dev/null")
+    off = Server(args.inferd, args.model, flags, "/dev/null")
+    rates = {"on": [], "off": []}
+    try:
+        for srv in (on, off):  # warm-up
+            serve_tax.stream_once(srv.host, srv.port, [1, 2, 3], 4, bans)
+        for r in range(args.rounds):
+            for name, srv in (("on", on), ("off", off)) if r % 2 == 0 else (("off", off), ("on", on)):
+                prompt = [rng.randrange(100, 8000) for _ in range(args.prompt_len)]
+                _, rate, n = serve_tax.stream_once(srv.host, srv.port, prompt, args.gen_len, bans)
+                if rate is None:
+                    raise SystemExit("ssd_restart: a stream sent fewer than 2 text chunks")
+                rates[name].append(rate)
+                print(f"round {r + 1}, tier {name:3s}: {rate:7.2f} tok/s decode ({n} tokens; "
+                      f"load average {load()})", flush=True)
+        st = json.loads(on.get("/stats"))["ssd_cache"]
+        print(f"tier on: {st['writes']} blocks ({st['write_bytes'] / 2**20:.0f} MiB) written, "
+              f"{st['pending']} pending, {st['dropped']} dropped, {st['failed']} failed")
+    finally:
+        on.stop()
+        off.stop()
+        shutil.rmtree(cache, ignore_errors=True)
+    mon = sum(rates["on"]) / len(rates["on"])
+    moff = sum(rates["off"]) / len(rates["off"])
+    print(f"mean decode: tier on {mon:.2f} tok/s, tier off {moff:.2f} tok/s: "
+          f"{100 * (mon / moff - 1):+.1f}% (target: no more than 2% below)")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("what", choices=["restart", "decode"])
+    p.add_argument("inferd")
+    p.add_argument("model")
+    p.add_argument("--prompt-len", type=int)
+    p.add_argument("--gen-len", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--dir")
+    p.add_argument("--cold-off", action="store_true")
+    p.add_argument("--server-arg", action="append", default=[],
+                   help="more `inferd serve` flags, e.g. '--threads 2' (repeatable)")
+    args = p.parse_args()
+    if args.what == "restart":
+        args.prompt_len = args.prompt_len or 8000
+        restart(args)
+    else:
+        args.prompt_len = args.prompt_len or 512
+        decode(args)
+
+
+if __name__ == "__main__":
+    main()
