@@ -63,6 +63,7 @@ struct serve_options {
     long ssd_demote_idle_s;         /* --ssd-demote-idle; 0: never */
     bool ssd_flag_seen;             /* some --ssd-cache-* flag was given */
     long generation_checkpoint;     /* --generation-checkpoint N; 0: none */
+    enum kv_tier_restore ssd_restore; /* --ssd-restore auto|always|never */
 };
 
 static const char usage[] =
@@ -75,7 +76,7 @@ static const char usage[] =
     "       [--cache-retention lru|cost-size] [--session-idle-s 600] [--thinking on|off]\n"
     "       [--response-store-mb 64] [--response-store-ttl-s 3600]\n"
     "       [--ssd-cache DIR [--ssd-cache-max GIB] [--ssd-cache-verify] [--ssd-demote-idle 300]\n"
-    "        [--generation-checkpoint N]] [backend flags]\n"
+    "        [--ssd-restore auto|always|never] [--generation-checkpoint N]] [backend flags]\n"
     "Serves the OpenAI API (/v1/chat/completions, /v1/completions, /v1/responses, /v1/models;\n"
     "GET /v1 lists the routes), Anthropic's /v1/messages, and /health, /stats, /metrics.\n"
     "--port 0 picks a free port.\n"
@@ -111,6 +112,9 @@ static const char usage[] =
     "block after start-up is always checked); --ssd-demote-idle S (default 300; 0: never) lets\n"
     "blocks that are on disk and unused for S seconds leave memory. POST /admin/cache/flush\n"
     "makes everything cached durable; so does a clean shutdown (SIGINT, SIGTERM).\n"
+    "--ssd-restore auto|always|never: whether a prefix found on disk is read back as the cost\n"
+    "model says (auto: reading predicted faster than computing, from the disk's measured read\n"
+    "rate and a timed prefill at start-up), always, or never (it is computed).\n"
     "--generation-checkpoint N (with --ssd-cache) saves every N generated tokens of each\n"
     "generation (its tokens and sampler state, its K/V through the SSD tier): the same request\n"
     "(prompt, parameters, seed) sent again after a restart or a client's cancel resumes there\n"
@@ -237,6 +241,19 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
             ok = o->ssd_flag_seen = arg_float(a, v, 0, 1 << 30, &o->ssd_max_gib);
         else if (!strcmp(a, "--ssd-demote-idle"))
             ok = o->ssd_flag_seen = arg_int(a, v, 0, 1L << 30, &o->ssd_demote_idle_s);
+        else if (!strcmp(a, "--ssd-restore")) {
+            o->ssd_flag_seen = true;
+            if (!strcmp(v, "auto"))
+                o->ssd_restore = KV_RESTORE_AUTO;
+            else if (!strcmp(v, "always"))
+                o->ssd_restore = KV_RESTORE_ALWAYS;
+            else if (!strcmp(v, "never"))
+                o->ssd_restore = KV_RESTORE_NEVER;
+            else {
+                fprintf(stderr, "inferd serve: --ssd-restore is auto, always or never, not '%s'\n", v);
+                ok = false;
+            }
+        }
         else if (!strcmp(a, "--generation-checkpoint"))
             ok = o->ssd_flag_seen = arg_int(a, v, 1, 1L << 20, &o->generation_checkpoint);
         else if (!strcmp(a, "--mode"))
@@ -261,8 +278,8 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
         return false;
     }
     if (o->ssd_flag_seen && !o->ssd_dir) {
-        fprintf(stderr, "inferd serve: --ssd-cache-max, --ssd-cache-verify, --ssd-demote-idle and "
-                        "--generation-checkpoint need --ssd-cache DIR\n");
+        fprintf(stderr, "inferd serve: --ssd-cache-max, --ssd-cache-verify, --ssd-demote-idle, "
+                        "--ssd-restore and --generation-checkpoint need --ssd-cache DIR\n");
         return false;
     }
     if (o->ssd_dir && !(o->prompt_cache_gib > 0)) {
@@ -409,6 +426,7 @@ static int tier_configure(const struct serve_options *o, const struct model *m, 
                   .max_bytes = (uint64_t)(o->ssd_max_gib * (double)(1ull << 30)),
                   .verify_on_read = o->ssd_verify},
         .demote_idle_ns = (uint64_t)o->ssd_demote_idle_s * 1000000000ull,
+        .restore = o->ssd_restore,
     };
     struct ssd_fingerprint *fp = &out->store.fp;
     uint64_t t0 = now_ns();

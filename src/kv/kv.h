@@ -314,12 +314,16 @@ void kv_manager_prefix_stats(const struct kv_manager *mgr, struct kv_prefix_stat
  * every block after it, and the sequence computes them. Durable blocks unused
  * for demote_idle_ns may leave memory. */
 
+/* Which disk blocks a lookup reads: as the cost model says, every one found, or none. */
+enum kv_tier_restore { KV_RESTORE_AUTO = 0, KV_RESTORE_ALWAYS, KV_RESTORE_NEVER };
+
 struct kv_tier_config {
     struct ssd_config store;       /* dir, cap, verification, fingerprint; dir NULL: no SSD tier */
     size_t host_bytes;             /* the host-RAM tier under a device pool: blocks leaving it
                                       are kept in host memory up to this many bytes (0: none) */
     uint64_t demote_idle_ns;       /* durable cached blocks unused this long leave memory; 0: never */
     double prefill_tokens_per_s;   /* the recompute rate of the cost model; 0: always read */
+    enum kv_tier_restore restore;  /* AUTO: the cost model decides */
 };
 
 struct kv_tier_stats {

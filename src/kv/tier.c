@@ -439,7 +439,9 @@ int kv_tier_continue(struct kv_tier *t, struct kv_seq *seq, const int32_t *token
                              : 1e300;
     t->stats.predicted_restore_ms = restore_s * 1e3;
     t->stats.predicted_recompute_ms = recompute_s < 1e299 ? recompute_s * 1e3 : 0;
-    if (restore_s >= recompute_s) {
+    bool compute = t->cfg.restore == KV_RESTORE_NEVER ||
+                   (t->cfg.restore == KV_RESTORE_AUTO && restore_s >= recompute_s);
+    if (compute) {
         t->stats.decisions_recompute++;
         return from_host;
     }
