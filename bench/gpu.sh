@@ -23,6 +23,11 @@
 #     rows     decode through `inferd serve --device cuda` at 1-16 streams with
 #              --cuda-gemv-rows 8, 4, 2 and 1 (which row counts the GEMV kernels
 #              or cuBLASLt serve faster); on llama-3.1-8b unless models are named
+#     ssd      the SSD tier: time to first token of a 16k-token prefix after a restart
+#              (bench/ssd_restart.py restart, page cache dropped and warm) with the
+#              cost model's choice, then with --ssd-restore always and never, against a
+#              cold prefill; decode beside write-behind against the tier off; on
+#              llama-3.1-8b unless models are named (SSD_PROMPT_LEN: the prefix, default 16000)
 #     MODEL    mkmodel presets (default: qwen3-0.6b llama-3.2-1b llama-3.1-8b)
 #   With no stage named, parity, bench and 8k run.
 #
@@ -39,7 +44,7 @@ cd "$root"
 stages=() models=()
 for a in "$@"; do
   case "$a" in
-    parity|bench|8k|profile|serve|cache|agent|rows) stages+=("$a") ;;
+    parity|bench|8k|profile|serve|cache|agent|rows|ssd) stages+=("$a") ;;
     *) models+=("$a") ;;
   esac
 done
@@ -250,6 +255,24 @@ if has_stage rows; then
       timeout 600 python3 bench/serve_concurrency.py "$bin"/inferd "$dir" --device cuda \
         --streams 1,2,4,8,16 --prompt-len 512 --gen-len 128 --server-arg "--cuda-gemv-rows $rows"
     done
+  done
+fi
+
+if has_stage ssd; then
+  plen=${SSD_PROMPT_LEN:-16000}
+  for preset in "${agent_models[@]}"; do
+    dir=$(make_model "$preset") || { echo "mkmodel $preset failed"; continue; }
+    add_tokenizer "$preset" "$dir"
+    for how in auto always never; do
+      echo "== ssd: $preset, restart with a ${plen}-token prefix, --ssd-restore $how"
+      extra=(--cold-off)
+      [ "$how" = auto ] || extra=(--server-arg "--ssd-restore $how")
+      timeout 900 python3 bench/ssd_restart.py restart "$bin"/inferd "$dir" --prompt-len "$plen" \
+        "${extra[@]}" --server-arg "--device cuda" --server-arg "--max-batch 4"
+    done
+    echo "== ssd: $preset, decode beside write-behind against the tier off"
+    timeout 900 python3 bench/ssd_restart.py decode "$bin"/inferd "$dir" --prompt-len 2048 \
+      --gen-len 128 --rounds 3 --server-arg "--device cuda" --server-arg "--max-batch 4"
   done
 fi
 
