@@ -27,7 +27,8 @@
 #              (bench/ssd_restart.py restart, page cache dropped and warm) with the
 #              cost model's choice, then with --ssd-restore always and never, against a
 #              cold prefill; decode beside write-behind against the tier off; on
-#              llama-3.1-8b unless models are named (SSD_PROMPT_LEN: the prefix, default 16000)
+#              llama-3.1-8b unless models are named (SSD_PROMPT_LEN: the prefix, default 16000;
+#              SSD_RESTORE_MODES: default "auto always never"; SSD_DECODE=0 skips decode)
 #     MODEL    mkmodel presets (default: qwen3-0.6b llama-3.2-1b llama-3.1-8b)
 #   With no stage named, parity, bench and 8k run.
 #
@@ -263,13 +264,14 @@ if has_stage ssd; then
   for preset in "${agent_models[@]}"; do
     dir=$(make_model "$preset") || { echo "mkmodel $preset failed"; continue; }
     add_tokenizer "$preset" "$dir"
-    for how in auto always never; do
+    for how in ${SSD_RESTORE_MODES:-auto always never}; do
       echo "== ssd: $preset, restart with a ${plen}-token prefix, --ssd-restore $how"
       extra=(--cold-off)
       [ "$how" = auto ] || extra=(--server-arg "--ssd-restore $how")
       timeout 900 python3 bench/ssd_restart.py restart "$bin"/inferd "$dir" --prompt-len "$plen" \
         "${extra[@]}" --server-arg "--device cuda" --server-arg "--max-batch 4"
     done
+    [ "${SSD_DECODE:-1}" = 1 ] || continue
     echo "== ssd: $preset, decode beside write-behind against the tier off"
     timeout 900 python3 bench/ssd_restart.py decode "$bin"/inferd "$dir" --prompt-len 2048 \
       --gen-len 128 --rounds 3 --server-arg "--device cuda" --server-arg "--max-batch 4"
