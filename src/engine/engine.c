@@ -156,6 +156,16 @@ static void *engine_main(void *arg)
                 pthread_cond_wait(&e->cv, &e->mu);
                 continue;
             }
+            /* idle: cached blocks go to the SSD tier's queue, a slice at a time
+             * while nothing else comes */
+            pthread_mutex_unlock(&e->mu);
+            kv_manager_tier_poll(sc->kv, true);
+            bool more = kv_manager_tier_unsaved(sc->kv) > 0;
+            pthread_mutex_lock(&e->mu);
+            if (e->stopping || e->n_incoming > 0 || e->calls)
+                break;
+            if (more)
+                continue;
             /* idle sessions expire even while no request comes */
             struct timespec until;
             clock_gettime(CLOCK_REALTIME, &until);
@@ -163,7 +173,7 @@ static void *engine_main(void *arg)
             pthread_cond_timedwait(&e->cv, &e->mu, &until);
             pthread_mutex_unlock(&e->mu);
             kv_manager_tick(sc->kv, now_ns());
-            kv_manager_tier_poll(sc->kv);
+            kv_manager_tier_poll(sc->kv, true);
             publish_stats(e);
             pthread_mutex_lock(&e->mu);
         }
@@ -182,7 +192,7 @@ static void *engine_main(void *arg)
 
         atomic_store(&e->state, stopping ? 2 : 1);
         kv_manager_tick(sc->kv, now_ns());
-        kv_manager_tier_poll(sc->kv);
+        kv_manager_tier_poll(sc->kv, sched_idle(sc));
         sched_drop_cancelled(sc, past_deadline);
         if (stopping && sched_idle(sc)) {
             if (calls)

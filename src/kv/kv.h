@@ -351,7 +351,9 @@ bool kv_manager_tier_enabled(const struct kv_manager *mgr);
  * read blocks copied into their pool blocks (or, failed, dropped with the
  * rest of their sequence's disk blocks); queues remembered blocks while the
  * write queue has room; demotes idle durable blocks now and then. */
-void kv_manager_tier_poll(struct kv_manager *mgr);
+void kv_manager_tier_poll(struct kv_manager *mgr, bool idle);
+/* Cached blocks not yet queued for writing (0 without a tier). */
+int kv_manager_tier_unsaved(const struct kv_manager *mgr);
 /* True while reads are in flight (the engine then waits on the store). */
 bool kv_manager_tier_busy(const struct kv_manager *mgr);
 /* Blocks up to timeout_ms until the store has something finished. */
@@ -380,8 +382,13 @@ int kv_tier_continue(struct kv_tier *t, struct kv_seq *seq, const int32_t *token
 void kv_tier_forget(struct kv_tier *t, const struct kv_seq *seq);
 /* The manager whose sequences the tier's failed reads truncate. */
 void kv_tier_set_manager(struct kv_tier *t, struct kv_manager *mgr);
-void kv_tier_poll(struct kv_tier *t);
+/* idle: the engine has nothing to run, so remembered blocks are copied and
+ * queued for a slice of time; else for a small share of the time since the
+ * last poll. */
+void kv_tier_poll(struct kv_tier *t, bool idle);
 bool kv_tier_busy(const struct kv_tier *t);
+/* Cached blocks not yet copied and queued for writing. */
+int kv_tier_unsaved(const struct kv_tier *t);
 void kv_tier_wait(struct kv_tier *t, int timeout_ms);
 int kv_tier_flush(struct kv_tier *t, int timeout_ms, struct err *err);
 void kv_tier_stats(const struct kv_tier *t, struct kv_tier_stats *out);

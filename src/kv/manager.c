@@ -68,10 +68,15 @@ int kv_manager_tier_enable(struct kv_manager *mgr, const struct kv_tier_config *
 
 bool kv_manager_tier_enabled(const struct kv_manager *mgr) { return mgr->tier != NULL; }
 
-void kv_manager_tier_poll(struct kv_manager *mgr)
+void kv_manager_tier_poll(struct kv_manager *mgr, bool idle)
 {
     if (mgr->tier)
-        kv_tier_poll(mgr->tier);
+        kv_tier_poll(mgr->tier, idle);
+}
+
+int kv_manager_tier_unsaved(const struct kv_manager *mgr)
+{
+    return mgr->tier ? kv_tier_unsaved(mgr->tier) : 0;
 }
 
 bool kv_manager_tier_busy(const struct kv_manager *mgr)

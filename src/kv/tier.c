@@ -15,6 +15,12 @@
 /* Idle durable blocks are looked for at most this often. */
 #define TIER_DEMOTE_EVERY_NS 1000000000ull
 #define TIER_POLL_BATCH 64
+/* The share of the engine's time spent copying cached blocks to host memory
+ * for writing while it has work (the decode-speed target with write-behind
+ * running is within 2% of the tier off). */
+#define TIER_COPY_SHARE 0.015
+/* Idle, copies go on in slices this long, so a request that comes waits at most one. */
+#define TIER_IDLE_SLICE_NS 20000000ull
 
 /* A read in flight into one block of a sequence. */
 struct tier_read {
@@ -69,6 +75,7 @@ struct kv_tier {
     struct ssd_done deferred[TIER_POLL_BATCH]; /* reads polled inside a hook, for kv_tier_poll */
     int n_deferred;
     uint64_t last_demote_ns;
+    uint64_t last_poll_ns;
     struct kv_tier_stats stats; /* the tier's own counters (store and rates filled on demand) */
 };
 
@@ -319,11 +326,14 @@ static void drain(struct kv_tier *t, bool defer_reads)
     }
 }
 
+/* A block just cached is only remembered: its copy to host memory and its
+ * write are queued later, in kv_tier_poll's time budget, so that neither
+ * the step that computed it nor its request's first token waits for them. */
 static void hook_inserted(void *ctx, uint32_t b)
 {
     struct kv_tier *t = ctx;
     t->is_unsaved[b] = 0; /* a flag left by the entry this block was before */
-    if (write_block(t, b) == -INFERD_EBUSY)
+    if (t->store)
         remember_unsaved(t, b);
 }
 
@@ -347,12 +357,15 @@ static void hook_leaving(void *ctx, uint32_t b)
         ssd_store_note_dropped(t->store, 1);
 }
 
-/* Queues remembered blocks while the queue has room. */
-static void retry_unsaved(struct kv_tier *t)
+/* Queues remembered blocks while the queue has room, until deadline_ns
+ * (each block's copy to host memory is the engine thread's time). */
+static void retry_unsaved(struct kv_tier *t, uint64_t deadline_ns)
 {
     int kept = 0;
     bool full = false;
     for (int i = 0; i < t->n_unsaved; i++) {
+        if (!full && now_ns() >= deadline_ns)
+            full = true; /* out of time: the rest stay remembered */
         struct tier_unsaved u = t->unsaved[i];
         struct kv_prefix_entry e;
         if (!t->is_unsaved[u.block] || !kv_prefix_entry(t->prefix, u.block, &e) ||
@@ -554,17 +567,26 @@ static void demote_idle(struct kv_tier *t)
 
 void kv_tier_set_manager(struct kv_tier *t, struct kv_manager *mgr) { t->mgr = mgr; }
 
-void kv_tier_poll(struct kv_tier *t)
+void kv_tier_poll(struct kv_tier *t, bool idle)
 {
+    /* Busy, the remembered blocks' copies take at most TIER_COPY_SHARE of the
+     * time since the last poll (about one step); idle, a slice. */
+    uint64_t now = now_ns();
+    uint64_t since = now - t->last_poll_ns;
+    t->last_poll_ns = now;
+    uint64_t deadline = now + (idle ? TIER_IDLE_SLICE_NS
+                                    : (uint64_t)((double)since * TIER_COPY_SHARE));
     for (int i = 0; i < t->n_deferred; i++)
         handle_done(t, &t->deferred[i]);
     t->n_deferred = 0;
     drain(t, false);
-    retry_unsaved(t);
+    retry_unsaved(t, deadline);
     demote_idle(t);
 }
 
 bool kv_tier_busy(const struct kv_tier *t) { return t->n_reads > 0 || t->n_deferred > 0; }
+
+int kv_tier_unsaved(const struct kv_tier *t) { return t->n_unsaved; }
 
 void kv_tier_wait(struct kv_tier *t, int timeout_ms)
 {
@@ -579,7 +601,7 @@ int kv_tier_flush(struct kv_tier *t, int timeout_ms, struct err *err)
     uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : now_ns() + (uint64_t)timeout_ms * 1000000ull;
     for (;;) {
         drain(t, true);
-        retry_unsaved(t);
+        retry_unsaved(t, UINT64_MAX);
         if (t->n_unsaved == 0)
             break;
         if (now_ns() >= deadline)
