@@ -76,6 +76,8 @@ struct kv_tier {
     int n_deferred;
     uint64_t last_demote_ns;
     uint64_t last_poll_ns;
+    double copy_ns;            /* a block's copy and queueing, as they took lately */
+    double credit_ns;          /* the engine thread's time the copies may still take */
     struct kv_tier_stats stats; /* the tier's own counters (store and rates filled on demand) */
 };
 
@@ -357,22 +359,30 @@ static void hook_leaving(void *ctx, uint32_t b)
         ssd_store_note_dropped(t->store, 1);
 }
 
-/* Queues remembered blocks while the queue has room, until deadline_ns
- * (each block's copy to host memory is the engine thread's time). */
-static void retry_unsaved(struct kv_tier *t, uint64_t deadline_ns)
+/* Queues remembered blocks while the queue has room and, with a credit (the
+ * engine thread's time it may spend; NULL: no limit), while the credit covers
+ * a block's copy to host memory as long as the copies so far took. */
+static void retry_unsaved(struct kv_tier *t, double *credit_ns)
 {
     int kept = 0;
     bool full = false;
     for (int i = 0; i < t->n_unsaved; i++) {
-        if (!full && now_ns() >= deadline_ns)
+        if (!full && credit_ns && *credit_ns < t->copy_ns)
             full = true; /* out of time: the rest stay remembered */
         struct tier_unsaved u = t->unsaved[i];
         struct kv_prefix_entry e;
         if (!t->is_unsaved[u.block] || !kv_prefix_entry(t->prefix, u.block, &e) ||
             e.gen != u.gen)
             continue; /* written, or no longer that entry */
+        uint64_t t0 = now_ns();
         if (!full && write_block(t, u.block) == -INFERD_EBUSY)
             full = true;
+        if (!full) {
+            double took = (double)(now_ns() - t0);
+            t->copy_ns = t->copy_ns > 0 ? 0.9 * t->copy_ns + 0.1 * took : took;
+            if (credit_ns)
+                *credit_ns -= took;
+        }
         if (full) {
             t->unsaved[kept++] = u;
             continue;
@@ -569,18 +579,23 @@ void kv_tier_set_manager(struct kv_tier *t, struct kv_manager *mgr) { t->mgr = m
 
 void kv_tier_poll(struct kv_tier *t, bool idle)
 {
-    /* Busy, the remembered blocks' copies take at most TIER_COPY_SHARE of the
-     * time since the last poll (about one step); idle, a slice. */
+    /* Busy, the remembered blocks' copies earn TIER_COPY_SHARE of the time
+     * since the last poll (about one step) and wait until it covers one;
+     * idle, a slice. */
     uint64_t now = now_ns();
     uint64_t since = now - t->last_poll_ns;
     t->last_poll_ns = now;
-    uint64_t deadline = now + (idle ? TIER_IDLE_SLICE_NS
-                                    : (uint64_t)((double)since * TIER_COPY_SHARE));
+    if (idle)
+        t->credit_ns = (double)TIER_IDLE_SLICE_NS;
+    else if ((t->credit_ns += (double)since * TIER_COPY_SHARE) > (double)TIER_IDLE_SLICE_NS)
+        t->credit_ns = (double)TIER_IDLE_SLICE_NS; /* what a long pause earned is not spent at once */
     for (int i = 0; i < t->n_deferred; i++)
         handle_done(t, &t->deferred[i]);
     t->n_deferred = 0;
     drain(t, false);
-    retry_unsaved(t, deadline);
+    retry_unsaved(t, &t->credit_ns);
+    if (t->credit_ns < 0)
+        t->credit_ns = 0;
     demote_idle(t);
 }
 
@@ -601,7 +616,7 @@ int kv_tier_flush(struct kv_tier *t, int timeout_ms, struct err *err)
     uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : now_ns() + (uint64_t)timeout_ms * 1000000ull;
     for (;;) {
         drain(t, true);
-        retry_unsaved(t, UINT64_MAX);
+        retry_unsaved(t, NULL);
         if (t->n_unsaved == 0)
             break;
         if (now_ns() >= deadline)
