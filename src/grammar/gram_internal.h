@@ -217,6 +217,8 @@ void gwalk_free(struct gwalk *k);
 /* The cache of one grammar for one vocabulary; NULL when memory runs out. */
 struct mask_cache *mask_cache_create(const struct grammar *g, const struct grammar_vocab *v);
 void mask_cache_free(struct mask_cache *c);
+/* Computes every state's entry now (so no mask waits for one). */
+int mask_cache_fill(const struct grammar *g, struct mask_cache *c);
 /* Whether c was made for v. */
 bool mask_cache_for(const struct mask_cache *c, const struct grammar_vocab *v);
 /* ORs into bits the tokens allowed from the pair e (whose state reads bytes): the state's

@@ -117,6 +117,9 @@ struct grammar_matcher;
 int grammar_matcher_create(const struct grammar *g, const struct grammar_vocab *v,
                            struct grammar_matcher **out, struct err *err);
 void grammar_matcher_free(struct grammar_matcher *m);
+/* Computes the mask cache for every state of the grammar now (shared by every matcher of this
+ * grammar and vocabulary), so no later mask pays for a first visit; -INFERD_ENOMEM. */
+int grammar_matcher_prepare(struct grammar_matcher *m);
 /* Bits of the tokens allowed next (n_vocab bits, bit t of word t/32: bits[t >> 5] >> (t & 31));
  * eos_allowed when the grammar accepts here. -INFERD_ENOMEM only. */
 int grammar_matcher_fill_mask(struct grammar_matcher *m, uint32_t *bits, bool *eos_allowed);

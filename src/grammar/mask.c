@@ -278,3 +278,11 @@ int mask_add_elem(const struct grammar *g, const struct grammar_vocab *v, struct
         free(acc);
     return rc;
 }
+
+int mask_cache_fill(const struct grammar *g, struct mask_cache *c)
+{
+    for (int32_t s = 0; s < g->n_states; s++)
+        if ((g->flags[s] & GS_BYTES) && !get(g, c, s))
+            return -INFERD_ENOMEM;
+    return 0;
+}

@@ -459,6 +459,11 @@ size_t grammar_matcher_forced_bytes(const struct grammar_matcher *mc, char *buf,
     return n;
 }
 
+int grammar_matcher_prepare(struct grammar_matcher *m)
+{
+    return mask_cache_fill(m->g, m->cache);
+}
+
 int grammar_matcher_fill_mask(struct grammar_matcher *m, uint32_t *bits, bool *eos_allowed)
 {
     size_t words = ((size_t)m->v->n_vocab + 31) / 32;

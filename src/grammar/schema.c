@@ -410,8 +410,8 @@ static const char *format_regex(const char *f)
     if (!strcmp(f, "uuid"))
         return "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$";
     if (!strcmp(f, "email"))
-        return "^[A-Za-z0-9_+-]{1,32}(\\.[A-Za-z0-9_+-]{1,32}){0,3}@[A-Za-z0-9]{1,32}(-[A-Za-z0-9]{1,16}){0,2}"
-               "(\\.[A-Za-z0-9]{1,32}(-[A-Za-z0-9]{1,16}){0,2}){0,3}\\.[A-Za-z]{2,12}$";
+        return "^[A-Za-z0-9_+-]+(\\.[A-Za-z0-9_+-]+)*@[A-Za-z0-9]+(-[A-Za-z0-9]+)*\\.([A-Za-z0-9]+(-[A-Za-z0-9]+)*\\.)*"
+               "[A-Za-z]{2,12}$";
     if (!strcmp(f, "ipv4"))
         return "^(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)(\\.(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)){3}$";
     return NULL;
