@@ -336,7 +336,8 @@ static int subset_id(struct comp *c, struct subsets *S, const int *s, int n, boo
         return -1;
     }
     S->len = len;
-    memcpy(S->pool + S->npool, s, (size_t)n * sizeof *s);
+    if (n)
+        memcpy(S->pool + S->npool, s, (size_t)n * sizeof *s);
     S->off[S->n] = S->npool;
     S->len[S->n] = n;
     S->npool += n;
@@ -372,7 +373,8 @@ static int eps_closure(const struct nfa *a, const int *seeds, int n, int *out, i
             }
         }
     }
-    qsort(out, (size_t)no, sizeof *out, cmp_int);
+    if (no > 1)
+        qsort(out, (size_t)no, sizeof *out, cmp_int);
     return no;
 }
 
@@ -461,7 +463,8 @@ static int determinize(struct comp *c, int r)
             }
         }
         /* calls first (negative lo), grouped by rule */
-        qsort(pe, (size_t)npe, sizeof *pe, cmp_call);
+        if (npe)
+            qsort(pe, (size_t)npe, sizeof *pe, cmp_call);
         d->c_off = c->nc;
         int i = 0;
         while (i < ncalls) {
@@ -483,7 +486,7 @@ static int determinize(struct comp *c, int r)
         d->c_n = c->nc - d->c_off;
         /* byte edges: cut 0..255 at every edge boundary, one target set per piece */
         int nb = npe - ncalls;
-        struct pend *be = pe + ncalls;
+        struct pend *be = npe ? pe + ncalls : pe;
         if (!grow((void **)&pts, &cap_pts, 2 * nb + 2, sizeof *pts)) {
             c->oom = true;
             goto out;
@@ -493,7 +496,8 @@ static int determinize(struct comp *c, int r)
             pts[np++] = (uint32_t)be[k].lo;
             pts[np++] = (uint32_t)be[k].hi + 1;
         }
-        qsort(pts, (size_t)np, sizeof *pts, cmp_int);
+        if (np)
+            qsort(pts, (size_t)np, sizeof *pts, cmp_int);
         d->r_off = c->nr;
         for (int k = 0; k + 1 < np; k++) {
             if (pts[k] == pts[k + 1])

@@ -61,14 +61,19 @@ struct grammar_options {
  * supported"); -INFERD_EINVAL a grammar that matches nothing or is left-recursive;
  * -INFERD_ERANGE over max_states (or the expression size the limit implies); -INFERD_ENOMEM. */
 
-/* JSON Schema (draft 2020-12 subset, see the module's README section in docs/ARCHITECTURE.md):
- * type (incl. lists), properties (in the given order), required, additionalProperties
- * (absent or false: none; true or a schema: further keys, never a declared one), items,
- * prefixItems, minItems/maxItems, enum, const, anyOf, oneOf (as anyOf), allOf of objects
- * (merged), $ref/$defs/definitions (incl. recursion), nullable, string minLength/maxLength/
- * pattern/format (date, time, date-time, uuid, email, ipv4), integer minimum/maximum/exclusive*
- * (exact digit automata), number bounds (exact for integral values; a fraction only where
- * the whole interval [I, I+1) fits, at most 15 fraction digits and no exponent once bounded). */
+/* JSON Schema, the draft 2020-12 subset structured output needs: type (incl. lists), properties
+ * (in the given order), required, additionalProperties (absent or false: no other keys, as
+ * OpenAI's strict mode; true or a schema: further keys after the declared ones, never a
+ * declared one), items, prefixItems, minItems/maxItems, enum, const, anyOf, oneOf (as anyOf),
+ * allOf of objects (merged), $ref/$defs/definitions (incl. recursion), nullable, keywords
+ * beside anyOf (merged into each branch), string minLength/maxLength/pattern/format (date,
+ * time, date-time, uuid, email, ipv4), integer minimum/maximum/exclusive* (exact digit
+ * automata), number bounds (exact for integral values; a fraction only where the whole
+ * interval [I, I+1) fits, at most 15 fraction digits when bounded on both sides; no exponent
+ * once bounded). Unknown keywords and annotations are ignored, as the specification says; the
+ * validation keywords it cannot enforce are refused: patternProperties, if/then/else,
+ * dependent*, unevaluated*, not, propertyNames, min/maxProperties, contains, multipleOf,
+ * uniqueItems true, external $refs, other formats, pattern or format with min/maxLength. */
 int grammar_compile_json_schema(const char *schema, size_t len, const struct grammar_options *o,
                                 struct grammar **out, struct err *err);
 /* Any JSON object. */
@@ -123,7 +128,8 @@ int grammar_matcher_prepare(struct grammar_matcher *m);
 /* Bits of the tokens allowed next (n_vocab bits, bit t of word t/32: bits[t >> 5] >> (t & 31));
  * eos_allowed when the grammar accepts here. -INFERD_ENOMEM only. */
 int grammar_matcher_fill_mask(struct grammar_matcher *m, uint32_t *bits, bool *eos_allowed);
-/* -INFERD_EINVAL when not allowed (state unchanged). */
+/* -INFERD_EINVAL when not allowed (state unchanged); -INFERD_ERANGE when the position would
+ * hold more than 4096 stack tops (a wildly ambiguous grammar; state unchanged). */
 int grammar_matcher_accept_token(struct grammar_matcher *m, int32_t token);
 /* Advances by raw bytes (one rollback step); -INFERD_EINVAL when not accepted (state unchanged). */
 int grammar_matcher_accept_bytes(struct grammar_matcher *m, const char *bytes, size_t len);

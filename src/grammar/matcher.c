@@ -135,7 +135,8 @@ int gset_copy(struct gset *dst, const struct gset *src)
 {
     if (gset_reserve(dst, src->n))
         return -INFERD_ENOMEM;
-    memcpy(dst->e, src->e, (size_t)src->n * sizeof *src->e);
+    if (src->n)
+        memcpy(dst->e, src->e, (size_t)src->n * sizeof *src->e);
     dst->n = src->n;
     dst->accepting = src->accepting;
     dst->ended = src->ended;
@@ -372,7 +373,8 @@ static int advance(struct grammar_matcher *m, const uint8_t *p, size_t len)
         gss_truncate(&m->gss, gss_n);
         return rc;
     }
-    memcpy(m->saved + m->n_saved, m->cur.e, (size_t)m->cur.n * sizeof *m->cur.e);
+    if (m->cur.n)
+        memcpy(m->saved + m->n_saved, m->cur.e, (size_t)m->cur.n * sizeof *m->cur.e);
     m->hist[m->n_hist++] = (struct hist){m->n_saved, m->cur.n, m->cur.accepting, gss_n};
     m->n_saved += m->cur.n;
     struct gset t = m->cur;
@@ -416,7 +418,8 @@ int grammar_matcher_rollback(struct grammar_matcher *m, int n_tokens)
     struct hist h = m->hist[m->n_hist - n_tokens];
     if (gset_reserve(&m->cur, h.n))
         return -INFERD_ENOMEM;
-    memcpy(m->cur.e, m->saved + h.elem_off, (size_t)h.n * sizeof *m->cur.e);
+    if (h.n)
+        memcpy(m->cur.e, m->saved + h.elem_off, (size_t)h.n * sizeof *m->cur.e);
     m->cur.n = h.n;
     m->cur.accepting = h.accepting;
     m->cur.ended = false;
