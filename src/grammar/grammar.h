@@ -25,8 +25,9 @@
  * end of s's rule before they end. Per DFA state the engine keeps, computed on first use, the
  * tokens accepted whatever the stack (a bitset) and the few that reach the rule's end with
  * bytes left ("uncertain", walked with the real stack at run time); every other token is
- * rejected. The vocabulary is sorted by bytes (a trie in preorder), so walks share prefixes
- * and prune whole subtrees. The first matcher over a grammar binds that cache to its
+ * rejected (computed on first use, or for every state at once by grammar_matcher_prepare). The
+ * vocabulary is sorted by bytes (a trie in preorder), so walks share prefixes and prune whole
+ * subtrees. The first matcher over a grammar binds that cache to its
  * vocabulary; it is shared by every later matcher with the same vocabulary (thread-safe).
  *
  * Bounded schemas end: a string with maxLength, an array with maxItems and a number with both

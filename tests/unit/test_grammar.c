@@ -1125,3 +1125,22 @@ Test(grammar_vocab, sentencepiece_pieces_decode_spaces_and_byte_tokens)
     grammar_vocab_free(v);
     tok_free(tok);
 }
+
+Test(grammar_matcher, a_prepared_cache_gives_the_same_masks)
+{
+    struct grammar_vocab *v = small_vocab();
+    const char *s = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"maxLength\":3},\"b\":{\"anyOf\":["
+                    "{\"type\":\"integer\"},{\"type\":\"null\"}]}},\"required\":[\"a\",\"b\"],\"additionalProperties\":false}";
+    struct grammar *g = compile_schema(s);
+    struct grammar_matcher *m = matcher(g, v);
+    cr_assert_eq(grammar_matcher_prepare(m), 0);
+    grammar_matcher_free(m);
+    char out[1024];
+    for (int w = 0; w < 5; w++) {
+        rng_state = 900 + (uint64_t)w;
+        if (random_walk(g, v, 60, 1, 0, out, sizeof out))
+            expect_valid(s, out);
+    }
+    grammar_free(g);
+    grammar_vocab_free(v);
+}
