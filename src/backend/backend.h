@@ -208,6 +208,19 @@ struct backend_ops {
                        size_t dev_pitch, size_t width, size_t height);
     void (*to_device_2d)(struct backend *be, void *dev, size_t dev_pitch, const void *host,
                          size_t host_pitch, size_t width, size_t height);
+    /* Page-locked host memory the device copies to and from directly (NULL
+     * when out of memory), and its release. Optional, with the two below. */
+    void *(*host_alloc)(struct backend *be, size_t bytes);
+    void (*host_free)(struct backend *be, void *ptr);
+    /* to_host_2d / to_device_2d into or out of host_alloc memory, queued
+     * behind every op called before and ahead of every op called after, and
+     * returning at once: the host bytes are what the device will have read
+     * or written by the time later ops run, never to be read by the CPU
+     * without a synchronous copy after them. */
+    void (*to_host_2d_async)(struct backend *be, void *host, size_t host_pitch, const void *dev,
+                             size_t dev_pitch, size_t width, size_t height);
+    void (*to_device_2d_async)(struct backend *be, void *dev, size_t dev_pitch, const void *host,
+                               size_t host_pitch, size_t width, size_t height);
 };
 
 struct backend {

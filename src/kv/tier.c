@@ -110,6 +110,40 @@ static void copy_out(struct kv_tier *t, uint32_t block, char *host)
                              chunk_in_pool(t, block, l, v), t->chunk_bytes);
 }
 
+/* The host-RAM tier's copies: queued on the device's stream into or out of
+ * page-locked buffers where the backend has them (nothing waits: later ops,
+ * the step that reuses the block included, run after), else as copy_out and
+ * copy_in. */
+static void host_copy_out(struct kv_tier *t, uint32_t block, char *host)
+{
+    struct backend *be = t->pool->backend;
+    if (!be->ops->to_host_2d_async || !be->ops->host_alloc) {
+        copy_out(t, block, host);
+        return;
+    }
+    size_t layer_pitch = (size_t)t->pool->cache.n_blocks * t->chunk_bytes;
+    for (int v = 0; v < 2; v++)
+        be->ops->to_host_2d_async(be, host + (size_t)v * t->chunk_bytes, 2 * t->chunk_bytes,
+                                  chunk_in_pool(t, block, 0, v), layer_pitch, t->chunk_bytes,
+                                  (size_t)t->pool->cache.n_layers);
+}
+
+static void copy_in(struct kv_tier *t, uint32_t block, const char *host);
+
+static void host_copy_in(struct kv_tier *t, uint32_t block, const char *host)
+{
+    struct backend *be = t->pool->backend;
+    if (!be->ops->to_device_2d_async || !be->ops->host_alloc) {
+        copy_in(t, block, host);
+        return;
+    }
+    size_t layer_pitch = (size_t)t->pool->cache.n_blocks * t->chunk_bytes;
+    for (int v = 0; v < 2; v++)
+        be->ops->to_device_2d_async(be, chunk_in_pool(t, block, 0, v), layer_pitch,
+                                    host + (size_t)v * t->chunk_bytes, 2 * t->chunk_bytes,
+                                    t->chunk_bytes, (size_t)t->pool->cache.n_layers);
+}
+
 static void copy_in(struct kv_tier *t, uint32_t block, const char *host)
 {
     struct backend *be = t->pool->backend;
@@ -204,10 +238,14 @@ static void host_keep(struct kv_tier *t, uint32_t b, const struct kv_prefix_entr
     }
     i = h->free_head;
     struct host_block *hb = &h->blocks[i];
-    if (!hb->data && !(hb->data = malloc(t->block_bytes)))
+    struct backend *be = t->pool->backend;
+    if (!hb->data)
+        hb->data = be->ops->host_alloc ? be->ops->host_alloc(be, t->block_bytes)
+                                       : malloc(t->block_bytes);
+    if (!hb->data)
         return;
     h->free_head = hb->bucket_next;
-    copy_out(t, b, hb->data);
+    host_copy_out(t, b, hb->data);
     hb->hash = e->hash;
     hb->ns = e->ns;
     hb->used = true;
@@ -219,10 +257,14 @@ static void host_keep(struct kv_tier *t, uint32_t b, const struct kv_prefix_entr
     t->stats.host_stores++;
 }
 
-static void host_free(struct host_tier *h)
+static void host_free(struct host_tier *h, struct backend *be)
 {
-    for (int i = 0; i < h->cap; i++)
-        free(h->blocks[i].data);
+    for (int i = 0; i < h->cap; i++) {
+        if (be->ops->host_free)
+            be->ops->host_free(be, h->blocks[i].data);
+        else
+            free(h->blocks[i].data);
+    }
     free(h->blocks);
     free(h->buckets);
     memset(h, 0, sizeof *h);
@@ -240,7 +282,9 @@ static int host_create(struct host_tier *h, int cap, struct err *err)
     h->blocks = calloc((size_t)cap, sizeof *h->blocks);
     h->buckets = malloc((size_t)n_buckets * sizeof *h->buckets);
     if (!h->blocks || !h->buckets) {
-        host_free(h);
+        free(h->blocks);
+        free(h->buckets);
+        memset(h, 0, sizeof *h);
         return err_set(err, INFERD_ENOMEM, "out of memory for a host-RAM tier of %d blocks", cap);
     }
     h->cap = cap;
@@ -431,7 +475,7 @@ int kv_tier_continue(struct kv_tier *t, struct kv_seq *seq, const int32_t *token
         if (i < 0 || block_table_grow(&seq->table, seq->table.n_blocks + 1, &err) < 0 ||
             !make_free(ctx) || kv_pool_alloc(t->pool, &block, &err) < 0)
             break;
-        copy_in(t, block, t->host.blocks[i].data);
+        host_copy_in(t, block, t->host.blocks[i].data);
         lru_unlink(&t->host, i);
         lru_push_newest(&t->host, i);
         seq->table.blocks[seq->table.n_blocks++] = block;
@@ -678,7 +722,7 @@ int kv_tier_create(struct kv_pool *pool, struct kv_prefix *prefix, size_t block_
     if (rc == 0 && cfg->store.dir)
         rc = ssd_store_open(&cfg->store, &t->store, err);
     if (rc < 0) {
-        host_free(&t->host);
+        host_free(&t->host, pool->backend);
         free(t->is_unsaved);
         free(t);
         return rc;
@@ -707,7 +751,7 @@ void kv_tier_free(struct kv_tier *t)
     }
     if (t->store)
         ssd_store_close(t->store);
-    host_free(&t->host);
+    host_free(&t->host, t->pool->backend);
     for (int i = 0; i < t->cap_reads; i++)
         if (t->reads[i].used)
             free(t->reads[i].host);

@@ -868,6 +868,46 @@ static void cu_to_device_2d(struct backend *be, void *dev, size_t dev_pitch, con
         CU_TRY(im, cudaStreamSynchronize(im->stream));
 }
 
+static void *cu_host_alloc(struct backend *be, size_t bytes)
+{
+    struct cu_impl *im = impl_of(be);
+    void *p = NULL;
+    cudaSetDevice(im->dev.index);
+    return cudaMallocHost(&p, bytes) == cudaSuccess ? p : NULL;
+}
+
+static void cu_host_free(struct backend *be, void *ptr)
+{
+    (void)be;
+    if (ptr)
+        cudaFreeHost(ptr);
+}
+
+static void cu_to_host_2d_async(struct backend *be, void *host, size_t host_pitch,
+                                const void *dev, size_t dev_pitch, size_t width, size_t height)
+{
+    struct cu_impl *im = impl_of(be);
+    flush(im); /* the ops before it run first, in stream order */
+    if (im->failed || width == 0 || height == 0)
+        return;
+    cudaSetDevice(im->dev.index);
+    CU_TRY(im, cudaMemcpy2DAsync(host, host_pitch, dev, dev_pitch, width, height,
+                                 cudaMemcpyDeviceToHost, im->stream));
+}
+
+static void cu_to_device_2d_async(struct backend *be, void *dev, size_t dev_pitch,
+                                  const void *host, size_t host_pitch, size_t width,
+                                  size_t height)
+{
+    struct cu_impl *im = impl_of(be);
+    flush(im);
+    if (im->failed || width == 0 || height == 0)
+        return;
+    cudaSetDevice(im->dev.index);
+    CU_TRY(im, cudaMemcpy2DAsync(dev, dev_pitch, host, host_pitch, width, height,
+                                 cudaMemcpyHostToDevice, im->stream));
+}
+
 static void cu_to_host(struct backend *be, void *dst, const void *src, size_t bytes)
 {
     struct cu_impl *im = impl_of(be);
@@ -1013,6 +1053,10 @@ static const struct backend_ops cuda_ops = {
     /* .kv_copy_slots = */ cu_kv_copy_slots,
     /* .to_host_2d = */ cu_to_host_2d,
     /* .to_device_2d = */ cu_to_device_2d,
+    /* .host_alloc = */ cu_host_alloc,
+    /* .host_free = */ cu_host_free,
+    /* .to_host_2d_async = */ cu_to_host_2d_async,
+    /* .to_device_2d_async = */ cu_to_device_2d_async,
 };
 
 /* backend_options.gpu_sampling off: logits go to the host and are sampled there. */
