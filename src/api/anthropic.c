@@ -781,6 +781,7 @@ static int parse_scalars(struct parse *p, struct gen_request *r)
         (rc = json_read_double(root, "top_p", &r->has_top_p,
                                (struct json_range){.lo = 0, .hi = 1, .lo_open = true}, &r->top_p)) ||
         (rc = json_read_int64(root, "top_k", &r->has_top_k, 0, INT32_MAX, &r->top_k)) ||
+        (rc = gen_request_read_sampler_extras(root, r)) ||
         (rc = json_read_object(root, "metadata", JSON_OPTIONAL, &meta)) ||
         (rc = json_read_str(&meta, "user_id", JSON_OPTIONAL, &s, NULL)) ||
         (rc = json_reader_check_tree(&meta)))

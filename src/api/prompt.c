@@ -48,6 +48,52 @@ static bool ends_inside_think(const char *text, size_t len)
     return len >= sizeof tag - 1 && !memcmp(text + len - (sizeof tag - 1), tag, sizeof tag - 1);
 }
 
+/* The thinking switch a chat request renders with, as template_kwargs sets it: 1 on, 0 off,
+ * -1 when the template's own default decides (or the request's value is not a boolean). */
+static int thinking_switch(const struct server *srv, const struct gen_request *req)
+{
+    json_object *v = NULL;
+    if (req->chat_template_kwargs &&
+        json_object_object_get_ex(req->chat_template_kwargs, "enable_thinking", &v))
+        return json_object_is_type(v, json_type_boolean) ? json_object_get_boolean(v) : -1;
+    if (req->has_reasoning_effort)
+        return req->reasoning_effort != GEN_REASONING_NONE;
+    if (srv->thinking != SERVER_THINKING_TEMPLATE)
+        return srv->thinking == SERVER_THINKING_ON;
+    return -1;
+}
+
+/* A reply without thinking is sampled cooler: with no temperature from the
+ * request or --temperature, a chat turn whose thinking is switched off runs at
+ * most PROMPT_NO_THINK_TEMPERATURE (generation_config.json's temperature is
+ * the thinking one, published by authors who recommend a cooler direct reply). */
+#define PROMPT_NO_THINK_TEMPERATURE 0.7f
+
+static float default_temperature(const struct server *srv, const struct gen_request *req)
+{
+    float t = srv->defaults.temperature;
+    if (!srv->defaults.temperature_set && req->kind == GEN_REQUEST_CHAT &&
+        thinking_switch(srv, req) == 0 && t > PROMPT_NO_THINK_TEMPERATURE)
+        t = PROMPT_NO_THINK_TEMPERATURE;
+    return t;
+}
+
+/* Tokens XTC never removes: the end-of-sequence ids and the newline's, so it
+ * cannot keep a reply from ending or a line from breaking. */
+static void fill_xtc_keep(const struct server *srv, struct sampler_params *s)
+{
+    s->n_xtc_keep = 0;
+    for (int i = 0; i < srv->n_eos && s->n_xtc_keep < SAMPLER_MAX_XTC_KEEP; i++)
+        s->xtc_keep[s->n_xtc_keep++] = srv->eos_ids[i];
+    int32_t *ids = NULL;
+    int n = 0;
+    struct err err = {0};
+    if (srv->tok && tok_encode(srv->tok, "\n", 1, false, &ids, &n, &err) == 0)
+        for (int i = 0; i < n && s->n_xtc_keep < SAMPLER_MAX_XTC_KEEP; i++)
+            s->xtc_keep[s->n_xtc_keep++] = ids[i];
+    free(ids);
+}
+
 /* enable_thinking: the request's own, else its reasoning effort, else --thinking. */
 static json_object *template_kwargs(const struct server *srv, const struct gen_request *req)
 {
@@ -189,13 +235,16 @@ void prompt_free(struct prompt *p)
     memset(p, 0, sizeof *p);
 }
 
+/* Tokens each penalty looks back over when the request does not say (mlx-lm's default). */
+#define PROMPT_PENALTY_CONTEXT_SIZE 20
+
 /* Request fields over CLI flags over generation_config.json. */
 void prompt_fill_params(const struct server *srv, const struct gen_request *req,
                         struct gen_params *p, struct sampler_logit_bias *bias)
 {
     const struct server_defaults *d = &srv->defaults;
     struct sampler_params *s = &p->sampling;
-    s->temperature = req->has_temperature ? (float)req->temperature : d->temperature;
+    s->temperature = req->has_temperature ? (float)req->temperature : default_temperature(srv, req);
     s->top_p = req->has_top_p ? (float)req->top_p : d->top_p;
     s->top_k = req->has_top_k ? (req->top_k < 0 ? 0 : (int)req->top_k) : d->top_k;
     s->min_p = req->has_min_p ? (float)req->min_p : d->min_p;
@@ -203,6 +252,18 @@ void prompt_fill_params(const struct server *srv, const struct gen_request *req,
         req->has_repetition_penalty ? (float)req->repetition_penalty : d->repetition_penalty;
     s->presence_penalty = req->has_presence_penalty ? (float)req->presence_penalty : 0;
     s->frequency_penalty = req->has_frequency_penalty ? (float)req->frequency_penalty : 0;
+    s->repetition_context_size = req->has_repetition_context_size
+                                     ? (int)req->repetition_context_size
+                                     : PROMPT_PENALTY_CONTEXT_SIZE;
+    s->presence_context_size = req->has_presence_context_size ? (int)req->presence_context_size
+                                                              : PROMPT_PENALTY_CONTEXT_SIZE;
+    s->frequency_context_size = req->has_frequency_context_size
+                                    ? (int)req->frequency_context_size
+                                    : PROMPT_PENALTY_CONTEXT_SIZE;
+    s->xtc_probability = req->has_xtc_probability ? (float)req->xtc_probability : 0;
+    s->xtc_threshold = req->has_xtc_threshold ? (float)req->xtc_threshold : 0;
+    if (s->xtc_probability > 0)
+        fill_xtc_keep(srv, s);
     s->seed = req->has_seed ? (uint64_t)req->seed : random_seed();
     for (size_t i = 0; i < req->n_logit_bias; i++)
         bias[i] = (struct sampler_logit_bias){req->logit_bias[i].token, req->logit_bias[i].bias};

@@ -369,6 +369,23 @@ static int parse_max_tokens(const struct json_reader *root, struct gen_request *
     return 0;
 }
 
+int gen_request_read_sampler_extras(const struct json_reader *root, struct gen_request *r)
+{
+    int rc;
+    if ((rc = json_read_int64(root, "repetition_context_size", &r->has_repetition_context_size, 0,
+                              INT32_MAX, &r->repetition_context_size)) ||
+        (rc = json_read_int64(root, "presence_context_size", &r->has_presence_context_size, 0,
+                              INT32_MAX, &r->presence_context_size)) ||
+        (rc = json_read_int64(root, "frequency_context_size", &r->has_frequency_context_size, 0,
+                              INT32_MAX, &r->frequency_context_size)) ||
+        (rc = json_read_double(root, "xtc_probability", &r->has_xtc_probability,
+                               (struct json_range){.lo = 0, .hi = 1}, &r->xtc_probability)) ||
+        (rc = json_read_double(root, "xtc_threshold", &r->has_xtc_threshold,
+                               (struct json_range){.lo = 0, .hi = 0.5}, &r->xtc_threshold)))
+        return rc;
+    return 0;
+}
+
 static int parse_sampling(const struct json_reader *root, struct gen_request *r)
 {
     int rc;
@@ -386,7 +403,8 @@ static int parse_sampling(const struct json_reader *root, struct gen_request *r)
         (rc = json_read_double(root, "frequency_penalty", &r->has_frequency_penalty,
                                (struct json_range){.lo = -2, .hi = 2}, &r->frequency_penalty)) ||
         (rc = json_read_int64(root, "top_k", &r->has_top_k, INT64_MIN, INT64_MAX, &r->top_k)) ||
-        (rc = json_read_int64(root, "seed", &r->has_seed, INT64_MIN, INT64_MAX, &r->seed)))
+        (rc = json_read_int64(root, "seed", &r->has_seed, INT64_MIN, INT64_MAX, &r->seed)) ||
+        (rc = gen_request_read_sampler_extras(root, r)))
         return rc;
     if (r->has_top_k && r->top_k < -1) {
         struct json_reader k = json_reader_member(root, "top_k");

@@ -83,6 +83,17 @@ struct gen_request {
     double presence_penalty; /* [-2, 2] */
     bool has_frequency_penalty;
     double frequency_penalty; /* [-2, 2] */
+    /* Penalty windows in tokens (mlx-lm's names), [0, INT32_MAX]; 0: the whole history. */
+    bool has_repetition_context_size;
+    int64_t repetition_context_size;
+    bool has_presence_context_size;
+    int64_t presence_context_size;
+    bool has_frequency_context_size;
+    int64_t frequency_context_size;
+    bool has_xtc_probability;
+    double xtc_probability; /* [0, 1] */
+    bool has_xtc_threshold;
+    double xtc_threshold; /* [0, 0.5] */
     bool has_seed;
     int64_t seed;
 
@@ -147,9 +158,12 @@ int gen_request_parse_object(const char *body, size_t len, json_object **out,
 
 /* The sampling fields every generation API shares, read from root as chat reads them:
  * temperature, top_p, top_k, min_p, repetition_penalty, presence_penalty, frequency_penalty,
- * seed, n (1 only), stop, logit_bias. Returns 0 or a base/json reader error (the path in
+ * the sampler extras (gen_request_read_sampler_extras), seed, n (1 only), stop, logit_bias. Returns 0 or a base/json reader error (the path in
  * root's doc). */
 int gen_request_read_sampling(const struct json_reader *root, struct gen_request *r);
+/* mlx-lm's sampler extras: xtc_probability, xtc_threshold, repetition_context_size,
+ * presence_context_size, frequency_context_size. Returns 0 or a base/json reader error. */
+int gen_request_read_sampler_extras(const struct json_reader *root, struct gen_request *r);
 /* cache_salt, and session_id else prompt_cache_key, as chat reads them. */
 int gen_request_read_cache_identity(const struct json_reader *root, struct gen_request *r);
 /* A reader error rc (from a document read with doc) as a 400 naming the path it was about

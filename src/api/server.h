@@ -34,6 +34,7 @@ struct server_defaults {
     float temperature, top_p, min_p, repetition_penalty;
     int top_k;
     int max_tokens; /* 0: whatever the context leaves */
+    bool temperature_set; /* temperature came from --temperature, not generation_config.json */
 };
 
 /* What the model needs and the machine has (GET /fit), worked out at start-up. */

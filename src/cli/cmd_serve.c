@@ -586,6 +586,7 @@ int cmd_serve(int argc, char **argv)
         .min_p = o.has_min_p ? (float)o.min_p : 0,
         .repetition_penalty = g->repetition_penalty,
         .max_tokens = (int)o.max_tokens,
+        .temperature_set = o.has_temperature,
     };
     for (int i = 0; i < g->n_eos; i++)
         add_eos(&srv, g->eos_token_ids[i]);

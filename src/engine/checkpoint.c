@@ -51,6 +51,12 @@ uint64_t ckpt_key_of(const struct gen_params *p)
                  s->frequency_penalty};
     h = hash_fnv1a(h, f, sizeof f);
     h = hash_fnv1a_word(h, (uint64_t)(int64_t)s->top_k);
+    int32_t windows[] = {s->repetition_context_size, s->presence_context_size,
+                         s->frequency_context_size};
+    h = hash_fnv1a(h, windows, sizeof windows);
+    float xtc[] = {s->xtc_probability, s->xtc_threshold};
+    h = hash_fnv1a(h, xtc, sizeof xtc);
+    h = hash_fnv1a(h, s->xtc_keep, (size_t)s->n_xtc_keep * sizeof *s->xtc_keep);
     /* greedy picks never draw from the random stream: its seed changes nothing */
     h = hash_fnv1a_word(h, s->temperature > 0 ? s->seed : 0);
     h = hash_fnv1a_word(h, (uint64_t)s->n_logit_bias);

@@ -1,5 +1,5 @@
 /* engine/sampler.c — token selection from logits with a seeded, reproducible random stream:
- * bias and penalties, temperature and truncation, and the logprobs OpenAI reports. */
+ * bias and windowed penalties, temperature, truncation and XTC, and the logprobs OpenAI reports. */
 #define _GNU_SOURCE
 #include "engine/sampler.h"
 
@@ -32,6 +32,53 @@ static bool repetition_on(const struct sampler_params *p)
 static bool penalties_on(const struct sampler_params *p)
 {
     return repetition_on(p) || p->presence_penalty != 0 || p->frequency_penalty != 0;
+}
+
+/* Presence and frequency keep separate counts only when both apply over different windows. */
+static bool presence_split(const struct sampler_params *p)
+{
+    return p->presence_penalty != 0 && p->frequency_penalty != 0 &&
+           p->presence_context_size != p->frequency_context_size;
+}
+
+/* The window of the shared generated-token count (counts): frequency's, else presence's. */
+static int count_window(const struct sampler_params *p)
+{
+    if (p->frequency_penalty != 0)
+        return p->frequency_context_size;
+    return p->presence_penalty != 0 ? p->presence_context_size : 0;
+}
+
+/* How many recent tokens the windows need kept (0: no active penalty has a window). */
+static int ring_size(const struct sampler_params *p)
+{
+    int n = repetition_on(p) ? p->repetition_context_size : 0;
+    int c = count_window(p);
+    n = c > n ? c : n;
+    if (presence_split(p) && p->presence_context_size > n)
+        n = p->presence_context_size;
+    return n;
+}
+
+static int check_windows_and_xtc(const struct sampler_params *p, struct err *err)
+{
+    if (p->repetition_context_size < 0 || p->presence_context_size < 0 ||
+        p->frequency_context_size < 0)
+        return err_set(err, INFERD_ERANGE,
+                       "penalty context sizes %d, %d, %d (repetition, presence, frequency) "
+                       "must be >= 0 (0: the whole history)",
+                       p->repetition_context_size, p->presence_context_size,
+                       p->frequency_context_size);
+    if (!(p->xtc_probability >= 0 && p->xtc_probability <= 1))
+        return err_set(err, INFERD_ERANGE, "xtc_probability %g must be in [0, 1]",
+                       p->xtc_probability);
+    if (!(p->xtc_threshold >= 0 && p->xtc_threshold <= 0.5f))
+        return err_set(err, INFERD_ERANGE, "xtc_threshold %g must be in [0, 0.5]",
+                       p->xtc_threshold);
+    if (p->n_xtc_keep < 0 || p->n_xtc_keep > SAMPLER_MAX_XTC_KEEP)
+        return err_set(err, INFERD_ERANGE, "%d XTC-exempt tokens: at most %d", p->n_xtc_keep,
+                       SAMPLER_MAX_XTC_KEEP);
+    return 0;
 }
 
 static int check_params(const struct sampler_params *p, int n_vocab, struct err *err)
@@ -67,7 +114,7 @@ static int check_params(const struct sampler_params *p, int n_vocab, struct err 
             return err_set(err, INFERD_ERANGE, "logit_bias %g for token %d must be in [-100, 100]",
                            b->bias, (int)b->token);
     }
-    return 0;
+    return check_windows_and_xtc(p, err);
 }
 
 static int by_token_then_index(const void *a_, const void *b_)
@@ -120,7 +167,12 @@ int sampler_init(struct sampler *s, const struct sampler_params *p, int n_vocab,
     s->params.logit_bias = s->bias;
     if (ok && penalties_on(p)) {
         ok = (s->counts = calloc(n, sizeof *s->counts)) && (s->listed = calloc(n, sizeof *s->listed)) &&
-             (s->seen = malloc(n * sizeof *s->seen));
+             (s->seen = malloc(n * sizeof *s->seen)) &&
+             (!repetition_on(p) || (s->in_rep = calloc(n, sizeof *s->in_rep))) &&
+             (!presence_split(p) || (s->in_presence = calloc(n, sizeof *s->in_presence))) &&
+             (ring_size(p) == 0 ||
+              (s->ring = malloc((size_t)ring_size(p) * sizeof *s->ring)));
+        s->ring_cap = ok ? ring_size(p) : 0;
         for (int i = 0; ok && i < s->params.n_logit_bias; i++)
             s->listed[s->bias[i].token] |= SAMPLER_LISTED_BIASED;
     }
@@ -142,6 +194,12 @@ void sampler_free(struct sampler *s)
     free(s->counts);
     free(s->listed);
     free(s->seen);
+    free(s->in_rep);
+    free(s->in_presence);
+    free(s->ring);
+    s->in_rep = s->in_presence = s->ring = NULL;
+    s->ring_cap = 0;
+    s->n_pushed = s->n_prompt_pushed = 0;
     free(s->adjust);
     s->adjust = NULL;
     s->adjust_cap = 0;
@@ -164,20 +222,56 @@ static void list_token(struct sampler *s, int32_t token)
     }
 }
 
+/* The token at position n - window leaves a window of that many tokens when
+ * position n arrives, if it is one the window counts (position >= first). */
+static void slide_out(struct sampler *s, int32_t *count, int window, int64_t first)
+{
+    int64_t leaving = s->n_pushed - window;
+    if (window > 0 && leaving >= first)
+        count[s->ring[leaving % s->ring_cap]]--;
+}
+
+static void push_token(struct sampler *s, int32_t token)
+{
+    if (s->ring)
+        s->ring[s->n_pushed % s->ring_cap] = token;
+    s->n_pushed++;
+}
+
 void sampler_observe_prompt(struct sampler *s, const int32_t *tokens, int n)
 {
     if (!s->seen || !repetition_on(&s->params)) /* only the repetition penalty sees the prompt */
         return;
-    for (int i = 0; i < n; i++)
-        if (tokens[i] >= 0 && tokens[i] < s->n_vocab)
+    int window = s->params.repetition_context_size;
+    for (int i = window > 0 && n > window ? n - window : 0; i < n; i++)
+        if (tokens[i] >= 0 && tokens[i] < s->n_vocab) {
             list_token(s, tokens[i]);
+            s->in_rep[tokens[i]]++;
+            if (window > 0) { /* with no window, nothing slides out: no position needed */
+                push_token(s, tokens[i]);
+                s->n_prompt_pushed++;
+            }
+        }
 }
 
 void sampler_accept(struct sampler *s, int32_t token)
 {
     if (!s->seen || token < 0 || token >= s->n_vocab)
         return;
+    const struct sampler_params *p = &s->params;
     list_token(s, token);
+    if (s->ring) { /* before token takes its position (and perhaps the leaving one's slot) */
+        if (s->in_rep)
+            slide_out(s, s->in_rep, p->repetition_context_size, 0);
+        slide_out(s, s->counts, count_window(p), s->n_prompt_pushed);
+        if (s->in_presence)
+            slide_out(s, s->in_presence, p->presence_context_size, s->n_prompt_pushed);
+    }
+    push_token(s, token);
+    if (s->in_rep)
+        s->in_rep[token]++;
+    if (s->in_presence)
+        s->in_presence[token]++;
     s->counts[token]++;
 }
 
@@ -206,6 +300,19 @@ static float penalized(float v, bool repetition, float r, int32_t count, float p
     return v;
 }
 
+/* One listed token's logit after its penalties, as its windows stand now. */
+static float penalize_token(const struct sampler *s, int32_t t, float v)
+{
+    const struct sampler_params *p = &s->params;
+    bool repeat = s->in_rep && s->in_rep[t] > 0;
+    if (!s->in_presence)
+        return penalized(v, repeat, p->repetition_penalty, s->counts[t], p->presence_penalty,
+                         p->frequency_penalty);
+    /* separate windows: the same operations, each only where its own count is */
+    v = penalized(v, repeat, p->repetition_penalty, s->counts[t], 0, p->frequency_penalty);
+    return s->in_presence[t] > 0 ? v - p->presence_penalty : v;
+}
+
 /* The logits to choose from: the caller's row when no bias or penalty
  * applies yet, otherwise a copy with them applied (O(vocab) copy plus
  * O(bias entries + distinct seen tokens)). */
@@ -218,11 +325,9 @@ static const float *processed_logits(struct sampler *s, const float *logits)
     memcpy(x, logits, (size_t)s->n_vocab * sizeof *x);
     for (int i = 0; i < p->n_logit_bias; i++)
         x[s->bias[i].token] += s->bias[i].bias;
-    bool repetition = repetition_on(p);
-    float r = p->repetition_penalty, presence = p->presence_penalty, frequency = p->frequency_penalty;
     for (int i = 0; i < s->n_seen; i++) {
         int32_t t = s->seen[i];
-        x[t] = penalized(x[t], repetition, r, s->counts[t], presence, frequency);
+        x[t] = penalize_token(s, t, x[t]);
     }
     return x;
 }
@@ -324,6 +429,64 @@ static int truncate_candidates(struct sampler *s, float max_prob)
     }
 }
 
+/* ---- XTC ------------------------------------------------------------------ */
+
+/* A candidate's weight at temperature 1, relative to the largest logit max. */
+static float weight_t1(float v, float max)
+{
+    if (max == INFINITY)
+        return v == INFINITY ? 1.0f : 0.0f;
+    float e = expf(v - max);
+    return e == e ? e : 0.0f; /* NaN logits: weight zero */
+}
+
+static bool xtc_exempt(const struct sampler_params *p, int32_t token)
+{
+    for (int i = 0; i < p->n_xtc_keep; i++)
+        if (p->xtc_keep[i] == token)
+            return true;
+    return false;
+}
+
+/* XTC over the kept candidates order[0..keep) of processed logits x: when
+ * the draw (the stream's next number) is below xtc_probability, drops every
+ * candidate whose renormalized temperature-1 probability is above the
+ * threshold except the least likely of those (ties with it stay) and the
+ * exempt tokens, keeping the rest in their order. Returns the new keep (>= 1). */
+static int xtc_exclude(struct sampler *s, const float *x, int keep)
+{
+    const struct sampler_params *p = &s->params;
+    if (!(p->xtc_probability > 0) || !(uniform01(&s->rng_state) < p->xtc_probability))
+        return keep;
+    float max = -INFINITY;
+    for (int k = 0; k < keep; k++)
+        if (x[s->order[k]] > max)
+            max = x[s->order[k]];
+    double sum = 0;
+    for (int k = 0; k < keep; k++)
+        sum += weight_t1(x[s->order[k]], max);
+    /* the least likely candidate above the threshold, and how many are above it */
+    float least = INFINITY;
+    int above = 0;
+    for (int k = 0; k < keep; k++) {
+        float q = (float)(weight_t1(x[s->order[k]], max) / sum);
+        if (q > p->xtc_threshold) {
+            above++;
+            least = q < least ? q : least;
+        }
+    }
+    if (above < 2)
+        return keep;
+    int m = 0;
+    for (int k = 0; k < keep; k++) {
+        int32_t t = s->order[k];
+        float q = (float)(weight_t1(x[t], max) / sum);
+        if (!(q > least) || xtc_exempt(p, t))
+            s->order[m++] = t;
+    }
+    return m;
+}
+
 /* ---- picking ----------------------------------------------------------- */
 
 bool sampler_is_greedy(const struct sampler *s)
@@ -369,6 +532,8 @@ static int32_t pick_processed(struct sampler *s, const float *x, const double *u
         for (int i = 0; i < n; i++)
             s->order[i] = i;
     }
+    if (!u) /* a backend's pick (u given) was described only when XTC did not fire */
+        keep = xtc_exclude(s, x, keep);
 
     double total = 0;
     for (int k = 0; k < keep; k++)
@@ -394,6 +559,12 @@ int32_t sampler_pick(struct sampler *s, const float *logits)
 int sampler_fill_spec(struct sampler *s, int n_top, struct sample_spec *spec)
 {
     const struct sampler_params *p = &s->params;
+    if (s->in_presence && s->n_seen > 0) /* one count per token cannot carry two windows */
+        return -INFERD_EUNSUPPORTED;
+    uint64_t peek = s->rng_state;
+    bool sampling = !sampler_is_greedy(s);
+    if (sampling && p->xtc_probability > 0 && uniform01(&peek) < p->xtc_probability)
+        return -INFERD_EUNSUPPORTED; /* XTC fires: the host picks (and draws the same number) */
     int need = p->n_logit_bias + s->n_seen;
     if (need > s->adjust_cap) {
         struct sample_adjust *grown = realloc(s->adjust, (size_t)need * sizeof *grown);
@@ -406,27 +577,28 @@ int sampler_fill_spec(struct sampler *s, int n_top, struct sample_spec *spec)
     int n = 0;
     for (int i = 0; i < p->n_logit_bias; i++) {
         int32_t t = s->bias[i].token;
-        bool seen = s->listed && (s->listed[t] & SAMPLER_LISTED_SEEN);
         s->adjust[n++] = (struct sample_adjust){
             .token = t,
             .bias = s->bias[i].bias,
-            .count = seen ? s->counts[t] : 0,
-            .repeat = seen && repetition,
+            .count = s->counts ? s->counts[t] : 0,
+            .repeat = s->in_rep && s->in_rep[t] > 0,
         };
     }
     for (int i = 0; i < s->n_seen; i++) {
         int32_t t = s->seen[i];
         if (s->listed[t] & SAMPLER_LISTED_BIASED) /* already there, with its bias */
             continue;
-        s->adjust[n++] = (struct sample_adjust){.token = t, .count = s->counts[t], .repeat = repetition};
+        bool repeat = s->in_rep && s->in_rep[t] > 0;
+        if (s->counts[t] == 0 && !repeat) /* slid out of every window: nothing to apply */
+            continue;
+        s->adjust[n++] = (struct sample_adjust){.token = t, .count = s->counts[t], .repeat = repeat};
     }
-    uint64_t peek = s->rng_state;
     *spec = (struct sample_spec){
         .temperature = p->temperature,
         .top_k = p->top_k,
         .top_p = p->top_p,
         .min_p = p->min_p,
-        .u = sampler_is_greedy(s) ? 0.0 : uniform01(&peek),
+        .u = sampling ? uniform01(&peek) : 0.0,
         .repetition_penalty = repetition ? p->repetition_penalty : 1.0f,
         .presence_penalty = p->presence_penalty,
         .frequency_penalty = p->frequency_penalty,
@@ -451,6 +623,8 @@ int32_t sampler_take_result(struct sampler *s, const struct sample_spec *spec,
         s->last = NULL;
         s->last_on_backend = true;
     }
+    if (used && s->params.xtc_probability > 0) /* the XTC draw that did not fire, first */
+        uniform01(&s->rng_state);
     if (used) /* the number the spec peeked at is now spent */
         uniform01(&s->rng_state);
     return token;

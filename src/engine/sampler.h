@@ -1,5 +1,6 @@
 /* engine/sampler.h — picks the next token from logits: logit bias, repetition/presence/frequency
- * penalties, then greedy or temperature with top-k, top-p, min-p; reports OpenAI logprobs.
+ * penalties over sliding windows, then greedy or temperature with top-k, top-p, min-p and XTC;
+ * reports OpenAI logprobs.
  * The same picks can be made by a backend that samples where the logits are
  * (sampler_fill_spec, then sampler_take_result). */
 #ifndef INFERD_ENGINE_SAMPLER_H
@@ -13,6 +14,9 @@
 
 /* The most alternatives sampler_logprobs reports, as OpenAI's top_logprobs. */
 #define SAMPLER_MAX_TOP_LOGPROBS 20
+
+/* The most tokens XTC may be told never to remove (end-of-sequence ids, newline). */
+#define SAMPLER_MAX_XTC_KEEP 16
 
 struct sampler_logit_bias {
     int32_t token; /* [0, n_vocab) */
@@ -37,6 +41,25 @@ struct sampler_params {
     float frequency_penalty;
     const struct sampler_logit_bias *logit_bias; /* copied by sampler_init */
     int n_logit_bias;
+    /* Penalty windows, >= 0; 0: the penalty's whole history. Each penalty sees
+     * only the last N tokens of its history: the repetition penalty the last N
+     * of prompt then generated tokens (so the prompt's tail while fewer than N
+     * were generated), presence and frequency the last N generated tokens. */
+    int repetition_context_size;
+    int presence_context_size;
+    int frequency_context_size;
+    /* XTC, "exclude top choices" (sampling picks only; greedy ignores it): with
+     * probability xtc_probability per pick, decided by a number drawn from the
+     * random stream before the pick's own, every candidate left after top-k,
+     * min-p and top-p whose probability at temperature 1 (renormalized over
+     * those candidates) is above xtc_threshold is removed, except the least
+     * likely of them (and any that tie with it) and the xtc_keep tokens.
+     * xtc_probability [0, 1], 0: off; xtc_threshold [0, 0.5]. */
+    float xtc_probability;
+    float xtc_threshold;
+    int32_t xtc_keep[SAMPLER_MAX_XTC_KEEP]; /* ids never removed by XTC; outside the vocabulary:
+                                               ignored */
+    int n_xtc_keep;                         /* [0, SAMPLER_MAX_XTC_KEEP] */
 };
 
 struct sampler {
@@ -50,7 +73,17 @@ struct sampler {
     struct sampler_logit_bias *bias;
     float *processed; /* owned; n_vocab logits after bias and penalties; NULL when both are off */
     /* Penalty state, NULL when every penalty is off: */
-    int32_t *counts;   /* owned; n_vocab; times each token was generated */
+    int32_t *counts;   /* owned; n_vocab; times each token was generated within the frequency
+                          window (the presence window when frequency is off) */
+    int32_t *in_rep;   /* owned; n_vocab; occurrences within the repetition window; NULL when
+                          the repetition penalty is off */
+    int32_t *in_presence; /* owned; n_vocab; generated occurrences within the presence window
+                             when it differs from frequency's (both on), else NULL */
+    int32_t *ring;     /* owned; ring_cap: the last tokens the windows slide over (prompt tail,
+                          then generated); NULL when no active penalty has a window */
+    int ring_cap;
+    int64_t n_pushed;  /* tokens pushed to ring: a token's position */
+    int64_t n_prompt_pushed; /* of which prompt tokens (positions before the generated ones) */
     uint8_t *listed;   /* owned; n_vocab; SAMPLER_LISTED_* bits */
     int32_t *seen;     /* owned; n_vocab; distinct tokens the penalties touch, first seen first */
     int n_seen;
@@ -73,7 +106,8 @@ int sampler_init(struct sampler *s, const struct sampler_params *p, int n_vocab,
 /* Releases everything s owns; safe twice and on a zeroed struct. */
 void sampler_free(struct sampler *s);
 
-/* Records the prompt's tokens, which the repetition penalty (only) sees.
+/* Records the prompt's tokens, which the repetition penalty (only) sees
+ * (only the last repetition_context_size of them when that is > 0).
  * Call once after sampler_init. Ids outside the vocabulary are ignored. */
 void sampler_observe_prompt(struct sampler *s, const int32_t *tokens, int n);
 
@@ -83,7 +117,7 @@ void sampler_accept(struct sampler *s, int32_t token);
 
 /* The next token for one row of logits (not modified). Processing order:
  * logit bias, repetition penalty, presence/frequency penalties, then
- * temperature, top-k, min-p, top-p. NaN logits count as -inf; the result is
+ * temperature, top-k, min-p, top-p, XTC. NaN logits count as -inf; the result is
  * always in [0, n_vocab). Same seed, parameters and logits give the same
  * sequence of tokens. */
 int32_t sampler_pick(struct sampler *s, const float *logits);
@@ -98,7 +132,11 @@ bool sampler_is_greedy(const struct sampler *s);
  * only, the uniform number the host pick would draw next. The stream does
  * not move until sampler_take_result says the number was used, so greedy
  * picks and picks over rows with nothing above -inf leave it where it was,
- * as sampler_pick does. Returns 0, or -INFERD_ENOMEM (then pick on the host). */
+ * as sampler_pick does (with XTC on, a sampling pick spends two numbers: the
+ * XTC draw, then the pick's). Returns 0, or -INFERD_ENOMEM or
+ * -INFERD_EUNSUPPORTED (then pick on the host with sampler_pick): the latter
+ * when the pick is one a spec cannot describe — XTC fires on this pick, or
+ * presence and frequency penalties both apply over different windows. */
 int sampler_fill_spec(struct sampler *s, int n_top, struct sample_spec *spec);
 
 /* The token of a backend pick made from spec (filled by sampler_fill_spec

@@ -1104,3 +1104,28 @@ describe('developer messages', () => {
     assert.equal(developer.choices[0].message.content, system.choices[0].message.content);
   });
 });
+
+describe('mlx-lm sampler extras', () => {
+  const extras = { xtc_probability: 1, xtc_threshold: 0.1, repetition_penalty: 1.3, repetition_context_size: 4, presence_penalty: 0.5, presence_context_size: 8, frequency_penalty: 0.5, frequency_context_size: 8 };
+
+  test('XTC and the penalty windows are accepted through the SDK, and a seed reproduces the reply', async () => {
+    const ask = () => openai.chat.completions.create({ model: modelId, messages: hello, max_tokens: 8, temperature: 1, seed: 17, ...extras });
+    const [a, b] = await Promise.all([ask(), ask()]);
+    assert.equal(a.choices[0].message.content, b.choices[0].message.content);
+    assert.equal(a.usage.completion_tokens, b.usage.completion_tokens);
+    const t = await openai.completions.create({ model: modelId, prompt: 'Once upon', max_tokens: 4, temperature: 1, seed: 3, ...extras });
+    assert.equal(typeof t.choices[0].text, 'string');
+  });
+
+  const bad = async (body, param) => {
+    await assert.rejects(openai.chat.completions.create({ model: modelId, messages: hello, max_tokens: 2, ...body }), (e) => {
+      assert.ok(e instanceof OpenAI.BadRequestError, `${e?.constructor?.name} ${e?.status} ${e?.message}`);
+      assert.equal(e.param, param);
+      assert.match(e.message, new RegExp(param));
+      return true;
+    });
+  };
+  test('xtc_threshold 0.6 is a BadRequestError naming it', () => bad({ xtc_threshold: 0.6 }, 'xtc_threshold'));
+  test('xtc_probability -1 is a BadRequestError naming it', () => bad({ xtc_probability: -1 }, 'xtc_probability'));
+  test('a negative repetition_context_size is a BadRequestError naming it', () => bad({ repetition_context_size: -1 }, 'repetition_context_size'));
+});

@@ -177,3 +177,74 @@ Test(prompt, without_fields_the_defaults_apply_and_length_is_the_context)
     cr_assert_eq(p.logprobs, -1);
     gen_request_free(&req);
 }
+
+/* ---- mlx-lm's sampler extras and the temperature without thinking ---- */
+
+static struct gen_params filled(const char *body, enum gen_request_kind kind)
+{
+    parse(body, kind);
+    struct gen_params p;
+    memset(&p, 0, sizeof p);
+    struct sampler_logit_bias bias[1];
+    prompt_fill_params(&srv, &req, &p, bias);
+    gen_request_free(&req);
+    return p;
+}
+
+#define USER "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]"
+
+Test(prompt, penalty_windows_default_to_20_tokens_and_xtc_to_off)
+{
+    struct gen_params p = filled("{\"prompt\":\"x\"}", GEN_REQUEST_COMPLETION);
+    cr_assert_eq(p.sampling.repetition_context_size, 20);
+    cr_assert_eq(p.sampling.presence_context_size, 20);
+    cr_assert_eq(p.sampling.frequency_context_size, 20);
+    cr_assert_eq(p.sampling.xtc_probability, 0);
+    cr_assert_eq(p.sampling.xtc_threshold, 0);
+    p = filled("{\"prompt\":\"x\",\"repetition_context_size\":0,\"presence_context_size\":5,"
+               "\"frequency_context_size\":7,\"xtc_probability\":0.5,\"xtc_threshold\":0.1}",
+               GEN_REQUEST_COMPLETION);
+    cr_assert_eq(p.sampling.repetition_context_size, 0);
+    cr_assert_eq(p.sampling.presence_context_size, 5);
+    cr_assert_eq(p.sampling.frequency_context_size, 7);
+    cr_assert_float_eq(p.sampling.xtc_probability, 0.5f, 1e-6);
+    cr_assert_float_eq(p.sampling.xtc_threshold, 0.1f, 1e-6);
+    /* XTC never removes the end of the reply or a newline */
+    cr_assert_geq(p.sampling.n_xtc_keep, 2);
+    cr_assert_eq(p.sampling.xtc_keep[0], 2, "the eos id first");
+    int32_t *nl = NULL;
+    int n_nl = 0;
+    struct err err = {0};
+    cr_assert_eq(tok_encode(tok, "\n", 1, false, &nl, &n_nl, &err), 0);
+    for (int i = 0; i < n_nl; i++)
+        cr_assert_eq(p.sampling.xtc_keep[1 + i], nl[i]);
+    free(nl);
+}
+
+Test(prompt, a_chat_turn_with_thinking_off_runs_at_most_0_7_unless_a_temperature_is_given)
+{
+    srv.defaults.temperature = 1.0f; /* generation_config.json's */
+    struct gen_params p = filled(
+        "{" USER ",\"chat_template_kwargs\":{\"enable_thinking\":false}}", GEN_REQUEST_CHAT);
+    cr_assert_float_eq(p.sampling.temperature, 0.7f, 1e-6);
+    p = filled("{" USER ",\"reasoning_effort\":\"none\"}", GEN_REQUEST_CHAT);
+    cr_assert_float_eq(p.sampling.temperature, 0.7f, 1e-6);
+    srv.thinking = SERVER_THINKING_OFF;
+    p = filled("{" USER "}", GEN_REQUEST_CHAT);
+    cr_assert_float_eq(p.sampling.temperature, 0.7f, 1e-6, "--thinking off");
+    p = filled("{" USER ",\"temperature\":1.3}", GEN_REQUEST_CHAT);
+    cr_assert_float_eq(p.sampling.temperature, 1.3f, 1e-6, "the request's wins");
+    srv.defaults.temperature_set = true;
+    p = filled("{" USER "}", GEN_REQUEST_CHAT);
+    cr_assert_float_eq(p.sampling.temperature, 1.0f, 1e-6, "--temperature wins");
+    srv.defaults.temperature_set = false;
+    srv.thinking = SERVER_THINKING_TEMPLATE;
+
+    p = filled("{" USER "}", GEN_REQUEST_CHAT);
+    cr_assert_float_eq(p.sampling.temperature, 1.0f, 1e-6, "the template decides: unchanged");
+    p = filled("{" USER ",\"chat_template_kwargs\":{\"enable_thinking\":true}}", GEN_REQUEST_CHAT);
+    cr_assert_float_eq(p.sampling.temperature, 1.0f, 1e-6, "thinking on: unchanged");
+    srv.defaults.temperature = 0.5f;
+    p = filled("{" USER ",\"reasoning_effort\":\"none\"}", GEN_REQUEST_CHAT);
+    cr_assert_float_eq(p.sampling.temperature, 0.5f, 1e-6, "a cooler default stays");
+}

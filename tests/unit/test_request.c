@@ -871,3 +871,56 @@ Test(request, a_bad_prompt_cache_key_is_refused_even_beside_a_good_session_id)
                "prompt_cache_key", "must not be an empty string");
     cr_assert_null(req.session_id);
 }
+
+/* ---- mlx-lm's sampler extras ---------------------------------------------- */
+
+static const struct range_case extra_ranges[] = {
+    {"xtc_probability", {"0", "1", "0.5"}, {"-0.1", "1.01", "\"0.5\""}},
+    {"xtc_threshold", {"0", "0.5", "0.1"}, {"-0.01", "0.51", "true"}},
+    {"repetition_context_size", {"0", "20", "2147483647"}, {"-1", "2147483648", "2.5"}},
+    {"presence_context_size", {"0", "1", "64"}, {"-5", "1e12", "\"20\""}},
+    {"frequency_context_size", {"0", "1", "64"}, {"-1", "0.5", "[]"}},
+};
+
+Test(request, sampler_extras_accept_their_ranges_and_reject_others_naming_the_field)
+{
+    char body[256];
+    for (size_t i = 0; i < sizeof extra_ranges / sizeof extra_ranges[0]; i++) {
+        for (int k = 0; k < 3; k++) {
+            snprintf(body, sizeof body, CHAT("\"%s\":%s"), extra_ranges[i].key,
+                     extra_ranges[i].ok[k]);
+            assert_ok(parse_chat(body));
+            gen_request_free(&req);
+            snprintf(body, sizeof body, "{\"prompt\":\"x\",\"%s\":%s}", extra_ranges[i].key,
+                     extra_ranges[i].ok[k]);
+            assert_ok(parse_completion(body));
+            gen_request_free(&req);
+            snprintf(body, sizeof body, CHAT("\"%s\":%s"), extra_ranges[i].key,
+                     extra_ranges[i].bad[k]);
+            assert_400(parse_chat(body), extra_ranges[i].key, extra_ranges[i].key);
+            snprintf(body, sizeof body, "{\"prompt\":\"x\",\"%s\":%s}", extra_ranges[i].key,
+                     extra_ranges[i].bad[k]);
+            assert_400(parse_completion(body), extra_ranges[i].key, extra_ranges[i].key);
+        }
+    }
+}
+
+Test(request, sampler_extras_are_stored_with_set_flags)
+{
+    assert_ok(parse_chat(CHAT("\"xtc_probability\":0.25,\"xtc_threshold\":0.1,"
+                              "\"repetition_context_size\":64,\"presence_context_size\":0,"
+                              "\"frequency_context_size\":8")));
+    cr_assert(req.has_xtc_probability && req.has_xtc_threshold);
+    cr_assert(req.has_repetition_context_size && req.has_presence_context_size &&
+              req.has_frequency_context_size);
+    cr_assert_float_eq(req.xtc_probability, 0.25, 1e-12);
+    cr_assert_float_eq(req.xtc_threshold, 0.1, 1e-12);
+    cr_assert_eq(req.repetition_context_size, 64);
+    cr_assert_eq(req.presence_context_size, 0);
+    cr_assert_eq(req.frequency_context_size, 8);
+    gen_request_free(&req);
+    assert_ok(parse_chat(CHAT("\"top_p\":0.5")));
+    cr_assert_not(req.has_xtc_probability || req.has_xtc_threshold ||
+                  req.has_repetition_context_size || req.has_presence_context_size ||
+                  req.has_frequency_context_size);
+}

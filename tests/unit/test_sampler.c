@@ -871,3 +871,266 @@ Test(sampler_backend, logprobs_from_a_result_follow_the_plus_inf_rule)
     x[30] = INFINITY;
     assert_result_logprobs_match(x, N, 1e-6f);
 }
+
+/* ---- XTC ("exclude top choices") ---- */
+
+/* Logits whose temperature-1 probabilities are 0.4, 0.3, 0.2, 0.1. */
+static void xtc_row(float *x)
+{
+    const double p[4] = {0.4, 0.3, 0.2, 0.1};
+    for (int i = 0; i < 4; i++)
+        x[i] = (float)log(p[i]);
+}
+
+/* Which of 4 tokens 400 picks with p give (counts[token]). */
+static void xtc_counts(struct sampler_params p, int counts[4])
+{
+    struct sampler s;
+    float x[4];
+    xtc_row(x);
+    cr_assert_eq(sampler_init(&s, &p, 4, NULL), 0);
+    memset(counts, 0, 4 * sizeof *counts);
+    for (int i = 0; i < 400; i++)
+        counts[sampler_pick(&s, x)]++;
+    sampler_free(&s);
+}
+
+Test(sampler_xtc, removes_every_token_above_the_threshold_but_the_least_likely_of_them)
+{
+    int c[4];
+    /* 0.4, 0.3 and 0.2 are above 0.15: 0.2 is the least likely, so 0 and 1 go */
+    xtc_counts((struct sampler_params){.temperature = 1, .top_p = 1, .seed = 3,
+                                       .xtc_probability = 1, .xtc_threshold = 0.15f},
+               c);
+    cr_assert_eq(c[0] + c[1], 0, "tokens 0 and 1 were removed on every pick (p = 1)");
+    cr_assert(c[2] > 0 && c[3] > 0, "the rest are sampled: %d %d", c[2], c[3]);
+    cr_assert(c[2] > c[3], "in proportion to their probabilities: %d %d", c[2], c[3]);
+}
+
+Test(sampler_xtc, one_token_above_the_threshold_is_never_removed)
+{
+    int c[4];
+    xtc_counts((struct sampler_params){.temperature = 1, .top_p = 1, .seed = 3,
+                                       .xtc_probability = 1, .xtc_threshold = 0.35f},
+               c);
+    cr_assert(c[0] > 0 && c[1] > 0 && c[2] > 0 && c[3] > 0, "nothing removed");
+}
+
+Test(sampler_xtc, exempt_tokens_are_never_removed)
+{
+    int c[4];
+    xtc_counts((struct sampler_params){.temperature = 1, .top_p = 1, .seed = 3,
+                                       .xtc_probability = 1, .xtc_threshold = 0.15f,
+                                       .xtc_keep = {0}, .n_xtc_keep = 1},
+               c);
+    cr_assert(c[0] > 0, "token 0 is exempt");
+    cr_assert_eq(c[1], 0, "token 1 still goes");
+}
+
+Test(sampler_xtc, applies_after_truncation_over_the_renormalized_candidates)
+{
+    int c[4];
+    /* top_k 2 keeps 0.4 and 0.3, renormalized 4/7 and 3/7: both above 0.15, 0 goes */
+    xtc_counts((struct sampler_params){.temperature = 1, .top_k = 2, .top_p = 1, .seed = 3,
+                                       .xtc_probability = 1, .xtc_threshold = 0.15f},
+               c);
+    cr_assert_eq(c[1], 400, "only token 1 is left: %d %d %d %d", c[0], c[1], c[2], c[3]);
+}
+
+Test(sampler_xtc, probability_zero_changes_nothing)
+{
+    struct sampler a, b;
+    struct sampler_params plain = {.temperature = 0.9f, .top_p = 1, .seed = 11};
+    struct sampler_params off = plain;
+    off.xtc_threshold = 0.1f; /* a threshold alone does not turn it on */
+    cr_assert_eq(sampler_init(&a, &plain, 8, NULL), 0);
+    cr_assert_eq(sampler_init(&b, &off, 8, NULL), 0);
+    for (int i = 0; i < 100; i++)
+        cr_assert_eq(sampler_pick(&a, logits), sampler_pick(&b, logits), "pick %d", i);
+    cr_assert_eq(a.rng_state, b.rng_state, "no number is drawn for it");
+    sampler_free(&a);
+    sampler_free(&b);
+}
+
+Test(sampler_xtc, greedy_picks_ignore_it)
+{
+    struct sampler s;
+    float x[4];
+    xtc_row(x);
+    struct sampler_params p = {.temperature = 0, .top_p = 1, .xtc_probability = 1,
+                               .xtc_threshold = 0};
+    cr_assert_eq(sampler_init(&s, &p, 4, NULL), 0);
+    uint64_t before = s.rng_state;
+    cr_assert_eq(sampler_pick(&s, x), 0);
+    cr_assert_eq(s.rng_state, before);
+    sampler_free(&s);
+}
+
+Test(sampler_xtc, same_seed_gives_the_same_tokens_and_it_fires_at_its_rate)
+{
+    struct sampler a, b;
+    float x[4];
+    xtc_row(x);
+    struct sampler_params p = {.temperature = 1, .top_p = 1, .seed = 21, .xtc_probability = 0.5f,
+                               .xtc_threshold = 0.15f};
+    cr_assert_eq(sampler_init(&a, &p, 4, NULL), 0);
+    cr_assert_eq(sampler_init(&b, &p, 4, NULL), 0);
+    int top = 0;
+    for (int i = 0; i < 1000; i++) {
+        int32_t t = sampler_pick(&a, x);
+        cr_assert_eq(t, sampler_pick(&b, x), "pick %d", i);
+        top += t <= 1;
+    }
+    /* without XTC tokens 0 and 1 take 70%; firing half the time leaves 35% */
+    cr_assert(top > 280 && top < 420, "tokens 0 or 1 in %d of 1000 picks", top);
+    sampler_free(&a);
+    sampler_free(&b);
+}
+
+Test(sampler_xtc, out_of_range_parameters_are_refused)
+{
+    struct sampler s;
+    struct err err = {0};
+    struct sampler_params p = {.temperature = 1, .top_p = 1, .xtc_probability = 1.5f};
+    cr_assert_eq(sampler_init(&s, &p, 4, &err), -INFERD_ERANGE);
+    cr_assert(strstr(err.msg, "xtc_probability"), "%s", err.msg);
+    p = (struct sampler_params){.temperature = 1, .top_p = 1, .xtc_threshold = 0.6f};
+    cr_assert_eq(sampler_init(&s, &p, 4, &err), -INFERD_ERANGE);
+    cr_assert(strstr(err.msg, "xtc_threshold"), "%s", err.msg);
+    p = (struct sampler_params){.temperature = 1, .top_p = 1, .n_xtc_keep = SAMPLER_MAX_XTC_KEEP + 1};
+    cr_assert_eq(sampler_init(&s, &p, 4, &err), -INFERD_ERANGE);
+}
+
+Test(sampler_xtc, a_backend_is_asked_only_for_picks_where_it_does_not_fire)
+{
+    struct sampler dev, host;
+    struct sampler_params p = {.temperature = 1, .top_p = 1, .seed = 8, .xtc_probability = 0.5f,
+                               .xtc_threshold = 0.1f};
+    cr_assert_eq(sampler_init(&dev, &p, 8, NULL), 0);
+    cr_assert_eq(sampler_init(&host, &p, 8, NULL), 0);
+    float row[8];
+    int on_host = 0;
+    for (int i = 0; i < 60; i++) {
+        lcg_state = 500 + (uint64_t)i;
+        random_row(row, 8, 2);
+        struct sample_spec spec;
+        int rc = sampler_fill_spec(&dev, 0, &spec);
+        int32_t got;
+        if (rc == -INFERD_EUNSUPPORTED) {
+            on_host++;
+            got = sampler_pick(&dev, row);
+        } else {
+            cr_assert_eq(rc, 0);
+            struct sample_result res = {.need_host = 1};
+            got = sampler_take_result(&dev, &spec, &res, row);
+        }
+        cr_assert_eq(got, sampler_pick(&host, row), "pick %d", i);
+        cr_assert_eq(dev.rng_state, host.rng_state, "pick %d moved the streams differently", i);
+    }
+    cr_assert(on_host > 10 && on_host < 50, "XTC fired on %d of 60 picks", on_host);
+    sampler_free(&dev);
+    sampler_free(&host);
+}
+
+/* ---- penalty windows ---- */
+
+Test(sampler_windows, repetition_sees_only_the_last_n_tokens_of_prompt_and_output)
+{
+    struct sampler s;
+    struct sampler_params p = {.top_p = 1, .repetition_penalty = 2, .repetition_context_size = 2};
+    cr_assert_eq(sampler_init(&s, &p, 4, NULL), 0);
+    sampler_observe_prompt(&s, (const int32_t[]){0, 1, 2}, 3); /* 0 is outside the window */
+    sampler_pick(&s, small);
+    assert_logprobs_match(&s, (const float[]){2.0f, -2.0f, 0.25f, 3.0f}, 4);
+    sampler_accept(&s, 3); /* the window is now 2, 3 */
+    sampler_pick(&s, small);
+    assert_logprobs_match(&s, (const float[]){2.0f, -1.0f, 0.25f, 1.5f}, 4);
+    sampler_free(&s);
+}
+
+Test(sampler_windows, a_token_is_penalized_inside_its_window_and_not_after)
+{
+    struct sampler s;
+    struct sampler_params p = {.top_p = 1, .presence_penalty = 1, .frequency_penalty = 0.5f,
+                               .presence_context_size = 20, .frequency_context_size = 20};
+    cr_assert_eq(sampler_init(&s, &p, 4, NULL), 0);
+    sampler_accept(&s, 3);
+    for (int i = 0; i < 19; i++)
+        sampler_accept(&s, 1);
+    sampler_pick(&s, small); /* 3 is the oldest of the last 20 */
+    assert_logprobs_match(&s, (const float[]){2.0f, -1.0f - 19 * 0.5f - 1, 0.5f, 1.5f}, 4);
+    sampler_accept(&s, 1); /* 3 slides out */
+    sampler_pick(&s, small);
+    assert_logprobs_match(&s, (const float[]){2.0f, -1.0f - 20 * 0.5f - 1, 0.5f, 3.0f}, 4);
+    sampler_free(&s);
+}
+
+Test(sampler_windows, zero_is_the_whole_history)
+{
+    struct sampler s;
+    struct sampler_params p = {.top_p = 1, .repetition_penalty = 2, .frequency_penalty = 0.5f};
+    cr_assert_eq(sampler_init(&s, &p, 4, NULL), 0);
+    sampler_observe_prompt(&s, (const int32_t[]){0}, 1);
+    sampler_accept(&s, 3);
+    for (int i = 0; i < 100; i++)
+        sampler_accept(&s, 1);
+    sampler_pick(&s, small);
+    assert_logprobs_match(&s, (const float[]){1.0f, -2.0f - 50, 0.5f, 1.0f}, 4);
+    sampler_free(&s);
+}
+
+Test(sampler_windows, presence_and_frequency_windows_may_differ)
+{
+    struct sampler s;
+    struct sampler_params p = {.top_p = 1, .presence_penalty = 1, .frequency_penalty = 0.5f,
+                               .presence_context_size = 1, .frequency_context_size = 3};
+    cr_assert_eq(sampler_init(&s, &p, 4, NULL), 0);
+    sampler_accept(&s, 0);
+    sampler_accept(&s, 2);
+    sampler_accept(&s, 2);
+    sampler_accept(&s, 3);
+    /* presence window {3}; frequency window {2, 2, 3} */
+    sampler_pick(&s, small);
+    assert_logprobs_match(&s, (const float[]){2.0f, -1.0f, -0.5f, 1.5f}, 4);
+    struct sample_spec spec;
+    cr_assert_eq(sampler_fill_spec(&s, -1, &spec), -INFERD_EUNSUPPORTED,
+                 "one count per token cannot carry two windows: the host picks");
+    sampler_free(&s);
+}
+
+Test(sampler_windows, spec_adjustments_reproduce_the_hosts_windowed_logits)
+{
+    enum { N = 64 };
+    struct sampler s;
+    struct sampler_params p = spec_params(0.8f);
+    p.repetition_context_size = 3;
+    p.presence_context_size = p.frequency_context_size = 4;
+    cr_assert_eq(sampler_init(&s, &p, N, NULL), 0);
+    sampler_observe_prompt(&s, (const int32_t[]){11, 12, 13, 1, 2}, 5);
+    int32_t generated[] = {3, 3, 1, 60, 9, 9, 4};
+    float row[N], mine[N];
+    lcg_state = 77;
+    random_row(row, N, 4);
+    for (int g = 0; g < 7; g++) {
+        sampler_accept(&s, generated[g]);
+        struct sample_spec spec;
+        cr_assert_eq(sampler_fill_spec(&s, 3, &spec), 0);
+        memcpy(mine, row, sizeof row);
+        apply_spec(&spec, mine);
+        sampler_pick(&s, row);
+        cr_assert_arr_eq(mine, s.last, sizeof mine, "after %d generated tokens", g + 1);
+        for (int i = 0; i < spec.n_adjust; i++)
+            cr_assert_neq(spec.adjust[i].token, 11, "11 left every window with the prompt's head");
+    }
+    sampler_free(&s);
+}
+
+Test(sampler_windows, negative_sizes_are_refused)
+{
+    struct sampler s;
+    struct err err = {0};
+    struct sampler_params p = {.top_p = 1, .repetition_penalty = 1.2f,
+                               .repetition_context_size = -1};
+    cr_assert_eq(sampler_init(&s, &p, 4, &err), -INFERD_ERANGE);
+    cr_assert(strstr(err.msg, "context sizes"), "%s", err.msg);
+}
