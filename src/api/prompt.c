@@ -48,7 +48,27 @@ static bool ends_inside_think(const char *text, size_t len)
     return len >= sizeof tag - 1 && !memcmp(text + len - (sizeof tag - 1), tag, sizeof tag - 1);
 }
 
-/* enable_thinking: the request's own, else its reasoning effort, else --thinking. */
+bool prompt_structured(const struct gen_request *req)
+{
+    bool forced_call = req->kind == GEN_REQUEST_CHAT && req->tools &&
+                       json_object_array_length(req->tools) > 0 && req->has_tool_choice &&
+                       (req->tool_choice == GEN_TOOL_CHOICE_REQUIRED ||
+                        req->tool_choice == GEN_TOOL_CHOICE_FUNCTION);
+    return forced_call || req->structured.kind != STRUCTURED_NONE;
+}
+
+bool prompt_thinking_asked(const struct gen_request *req)
+{
+    json_object *v = NULL;
+    if (req->chat_template_kwargs &&
+        json_object_object_get_ex(req->chat_template_kwargs, "enable_thinking", &v))
+        return json_object_get_boolean(v);
+    return req->think_open ||
+           (req->has_reasoning_effort && req->reasoning_effort != GEN_REASONING_NONE);
+}
+
+/* enable_thinking: the request's own, else its reasoning effort, else off for structured
+ * output (its grammar applies from the first token), else --thinking. */
 static json_object *template_kwargs(const struct server *srv, const struct gen_request *req)
 {
     json_object *kwargs = json_object_new_object();
@@ -62,6 +82,8 @@ static json_object *template_kwargs(const struct server *srv, const struct gen_r
         json_object_object_add(
             kwargs, "enable_thinking",
             json_object_new_boolean(req->reasoning_effort != GEN_REASONING_NONE));
+    if (prompt_structured(req) && !json_object_object_get_ex(kwargs, "enable_thinking", NULL))
+        json_object_object_add(kwargs, "enable_thinking", json_object_new_boolean(false));
     if (srv->thinking != SERVER_THINKING_TEMPLATE &&
         !json_object_object_get_ex(kwargs, "enable_thinking", NULL))
         json_object_object_add(kwargs, "enable_thinking",
