@@ -384,8 +384,8 @@ Test(request, kept_objects_refuse_bad_utf8_and_non_finite_numbers_anywhere)
                "UTF-8");
     assert_400(parse_chat(CHAT("\"chat_template_kwargs\":{\"a\":{\"b\":1e400}}")),
                "chat_template_kwargs", "not finite");
-    assert_400(parse_chat(CHAT("\"response_format\":{\"type\":\"a\\u0000\"}")), "response_format",
-               "NUL");
+    assert_400(parse_chat(CHAT("\"response_format\":{\"type\":\"a\\u0000\"}")),
+               "response_format.type", "NUL");
 }
 
 Test(request, invalid_utf8_in_unchecked_message_key_is_400)
