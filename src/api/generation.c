@@ -105,6 +105,57 @@ static bool request_session(const struct http_exchange *x, const struct gen_requ
     return true;
 }
 
+/* The thinking budget of a structured reply that thinks first, unless the request sets one. */
+#define STRUCTURED_THINK_BUDGET 1024
+
+/* req's constraint on its reply, compiled or found in the server's cache; *out NULL when it
+ * asks for none. A construct the compiler refuses is a 400 naming it (its JSON path in the
+ * message, the request field as param). */
+static int request_grammar(struct server *srv, const struct gen_request *req,
+                           struct gen_grammar **out, struct api_error *e)
+{
+    *out = NULL;
+    if (!prompt_structured(req))
+        return 0;
+    struct structured_spec tool;
+    memset(&tool, 0, sizeof tool);
+    const struct structured_spec *spec = &req->structured;
+    struct err err = {0};
+    int rc = 0;
+    bool forced_call = req->structured.kind == STRUCTURED_NONE ||
+                       (req->kind == GEN_REQUEST_CHAT && req->tools && req->has_tool_choice &&
+                        (req->tool_choice == GEN_TOOL_CHOICE_REQUIRED ||
+                         req->tool_choice == GEN_TOOL_CHOICE_FUNCTION));
+    const char *param = forced_call ? "tool_choice" : spec->param;
+    if (!srv->grammars) {
+        api_error_set(e, 400, API_ERROR_INVALID_REQUEST, param, "structured_output_unavailable",
+                      "%s asks for structured output, which this server runs without", param);
+        return -INFERD_EUNSUPPORTED;
+    }
+    if (forced_call) {
+        enum toolcall_syntax syntax =
+            toolcall_syntax_for_template(srv->tok ? tok_chat_template(srv->tok) : NULL, NULL);
+        rc = structured_tool_call_spec(toolcall_syntax_name(syntax), req->tools,
+                                       req->tool_choice == GEN_TOOL_CHOICE_FUNCTION
+                                           ? req->tool_choice_name
+                                           : NULL,
+                                       &tool, &err);
+        spec = &tool;
+    }
+    if (rc == 0)
+        rc = grammar_cache_get(srv->grammars, spec, out, &err);
+    structured_spec_free(&tool);
+    if (rc == -INFERD_ENOMEM)
+        api_error_set(e, 500, API_ERROR_SERVER, NULL, NULL, "%s", err.msg);
+    else if (rc < 0)
+        api_error_set(e, 400, API_ERROR_INVALID_REQUEST, param,
+                      rc == -INFERD_EUNSUPPORTED ? "unsupported_schema"
+                      : rc == -INFERD_ERANGE     ? "grammar_too_large"
+                                                 : "invalid_grammar",
+                      "%s: %s", param, err.msg);
+    return rc;
+}
+
 /* Whether req has tool calls parsed out of its reply. */
 static bool tools_on(const struct gen_request *req)
 {
@@ -160,16 +211,38 @@ int generation_start(const struct http_exchange *x, const struct gen_request *re
     p.cache_ns = api_cache_namespace(x->tenant_ns, req->cache_salt,
                                      req->cache_salt ? strlen(req->cache_salt) : 0);
     p.session_id = session;
+    struct gen_grammar *grammar = NULL;
+    int rc = request_grammar(srv, req, &grammar, e);
+    if (rc < 0) {
+        free(bias);
+        free(g);
+        return rc;
+    }
     struct prompt pr;
     if (!prompt_build(srv, req, p.cache_ns, &pr, e)) {
+        gen_grammar_release(grammar);
         free(bias);
         free(g);
         return -INFERD_EINVAL;
     }
+    if (grammar) {
+        p.grammar = grammar;
+        p.jump_forward = true;
+        /* Thinking asked for: the reply thinks first (within a budget), then the grammar. */
+        if (req->kind == GEN_REQUEST_CHAT && prompt_thinking_asked(req) &&
+            prompt_model_thinks(srv->tok)) {
+            p.grammar_after_think = true;
+            p.think_open = true;
+            if (p.think_budget <= 0)
+                p.think_budget = req->has_max_reasoning_tokens ? req->max_reasoning_tokens
+                                                               : STRUCTURED_THINK_BUDGET;
+        }
+    }
     p.prompt = pr.ids;
     p.n_prompt = pr.n_ids;
     struct err err = {0};
-    int rc = engine_submit(srv->engine, &p, &g->out, &err);
+    rc = engine_submit(srv->engine, &p, &g->out, &err);
+    gen_grammar_release(grammar); /* the sequence holds its own reference */
     bool starts_inside = pr.starts_inside_think;
     free(bias);
     if (rc < 0) {

@@ -88,8 +88,6 @@ static void queue(struct http_exchange *x, int status, struct MHD_Response *r)
         return;
     }
     MHD_add_response_header(r, "Server", "inferd");
-    if (x->warning)
-        MHD_add_response_header(r, "Warning", x->warning);
     MHD_queue_response(x->conn, (unsigned)status, r);
     MHD_destroy_response(r);
     count(x, status);

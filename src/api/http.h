@@ -57,7 +57,6 @@ struct http_exchange {
     const struct api_error_format *errors; /* how this route writes its errors */
     int counter;            /* the request counters' slot (api_metrics_count) */
     int client_fd;          /* for noticing a client that went away */
-    const char *warning;    /* static text for a Warning header on the response, or NULL */
     uint64_t tenant_ns;     /* the namespace of the API key presented (api/keys.h); 0 when the
                                server has no keys or the route is open */
     bool responded;

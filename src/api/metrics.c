@@ -1,6 +1,7 @@
 /* api/metrics.c — request counters, and the /metrics (Prometheus) and /stats (JSON) views of
  * them together with the engine's own counters and latency histograms. */
 #include "api/metrics.h"
+#include "api/structured.h"
 
 #include <json-c/json.h>
 #include <string.h>
@@ -440,6 +441,23 @@ void api_metrics_stats_json(const struct server *srv, struct strbuf *out)
         json_object_object_add(e, "kv_blocks_total", json_object_new_int(st.kv_blocks_total));
         json_object_object_add(e, "kv_blocks_free", json_object_new_int(st.kv_blocks_free));
         json_object_object_add(root, "engine", e);
+
+        /* Structured output: masks, jump-forward and the compiled-grammar cache. */
+        json_object *so = json_object_new_object();
+        json_object_object_add(so, "masks", json_object_new_int64((int64_t)st.grammar_masks));
+        json_object_object_add(so, "mask_us_p50", json_object_new_double(st.grammar_mask_us_p50));
+        json_object_object_add(so, "mask_us_p99", json_object_new_double(st.grammar_mask_us_p99));
+        json_object_object_add(so, "forced_tokens",
+                               json_object_new_int64((int64_t)st.grammar_forced_tokens));
+        if (srv->grammars) {
+            struct grammar_cache_stats gs;
+            grammar_cache_stats(srv->grammars, &gs);
+            json_object_object_add(so, "cache_entries", json_object_new_int(gs.entries));
+            json_object_object_add(so, "cache_capacity", json_object_new_int(gs.capacity));
+            json_object_object_add(so, "cache_hits", json_object_new_int64((int64_t)gs.hits));
+            json_object_object_add(so, "cache_misses", json_object_new_int64((int64_t)gs.misses));
+        }
+        json_object_object_add(root, "structured_output", so);
 
         const struct kv_prefix_stats *pc = &st.prompt_cache;
         json_object *cache = json_object_new_object();

@@ -422,20 +422,6 @@ static void stream_release(void *ctx)
     reply_free(ctx);
 }
 
-/* Structured output is not implemented yet: a request for it is answered
- * with unconstrained text and a Warning header that says so, the way
- * servers degrade when a grammar cannot be applied. */
-static const char *response_format_warning(const struct gen_request *req)
-{
-    json_object *type = NULL;
-    if (!req->response_format ||
-        !json_object_object_get_ex(req->response_format, "type", &type) ||
-        !json_object_is_type(type, json_type_string) ||
-        !strcmp(json_object_get_string(type), "text"))
-        return NULL;
-    return "299 inferd \"response_format is not enforced: the reply is unconstrained text\"";
-}
-
 /* Admits, parses and submits; on failure the error is sent and NULL returned. */
 static struct reply *start_reply(struct http_exchange *x, enum gen_request_kind kind,
                                  struct gen_request *req)
@@ -471,7 +457,6 @@ static void handle_generation(struct http_exchange *x, enum gen_request_kind kin
     struct gen_request req;
     memset(&req, 0, sizeof req);
     struct reply *r = start_reply(x, kind, &req);
-    x->warning = response_format_warning(&req);
     bool stream = req.has_stream && req.stream;
     gen_request_free(&req);
     if (!r)
@@ -514,12 +499,12 @@ static json_object *model_object(const struct server *srv)
         json_object_object_add(m, "context_window",
                                json_object_new_int(engine_config(srv->engine)->n_ctx));
     /* What a client may ask of this model: tool calls and thinking where its chat template has
-     * them; structured output not yet. */
+     * them; structured output where the server has a grammar cache. */
     const char *tmpl = srv->tok && srv->tmpl ? tok_chat_template(srv->tok) : NULL;
     bool thinks = (srv->tok && prompt_model_thinks(srv->tok)) ||
                   (tmpl && (strstr(tmpl, "enable_thinking") || strstr(tmpl, "<think>")));
     json_object_object_add(m, "tools", json_object_new_boolean(tmpl && strstr(tmpl, "tools")));
-    json_object_object_add(m, "structured_output", json_object_new_boolean(false));
+    json_object_object_add(m, "structured_output", json_object_new_boolean(srv->grammars != NULL));
     json_object_object_add(m, "reasoning", json_object_new_boolean(thinks));
     json_object_object_add(m, "thinking_switch",
                            json_object_new_boolean(tmpl && strstr(tmpl, "enable_thinking")));

@@ -48,6 +48,26 @@ static bool ends_inside_think(const char *text, size_t len)
     return len >= sizeof tag - 1 && !memcmp(text + len - (sizeof tag - 1), tag, sizeof tag - 1);
 }
 
+bool prompt_structured(const struct gen_request *req)
+{
+    bool forced_call = req->kind == GEN_REQUEST_CHAT && req->tools &&
+                       json_object_array_length(req->tools) > 0 && req->has_tool_choice &&
+                       (req->tool_choice == GEN_TOOL_CHOICE_REQUIRED ||
+                        req->tool_choice == GEN_TOOL_CHOICE_FUNCTION);
+    return forced_call || req->structured.kind != STRUCTURED_NONE;
+}
+
+bool prompt_thinking_asked(const struct gen_request *req)
+{
+    json_object *v = NULL;
+    if (req->chat_template_kwargs &&
+        json_object_object_get_ex(req->chat_template_kwargs, "enable_thinking", &v))
+        return json_object_get_boolean(v);
+    return req->think_open ||
+           (req->has_reasoning_effort && req->reasoning_effort != GEN_REASONING_NONE);
+}
+
+
 /* The thinking switch a chat request renders with, as template_kwargs sets it: 1 on, 0 off,
  * -1 when the template's own default decides (or the request's value is not a boolean). */
 static int thinking_switch(const struct server *srv, const struct gen_request *req)
@@ -58,6 +78,8 @@ static int thinking_switch(const struct server *srv, const struct gen_request *r
         return json_object_is_type(v, json_type_boolean) ? json_object_get_boolean(v) : -1;
     if (req->has_reasoning_effort)
         return req->reasoning_effort != GEN_REASONING_NONE;
+    if (prompt_structured(req)) /* its grammar applies from the first token */
+        return 0;
     if (srv->thinking != SERVER_THINKING_TEMPLATE)
         return srv->thinking == SERVER_THINKING_ON;
     return -1;
@@ -94,7 +116,8 @@ static void fill_xtc_keep(const struct server *srv, struct sampler_params *s)
     free(ids);
 }
 
-/* enable_thinking: the request's own, else its reasoning effort, else --thinking. */
+/* enable_thinking: the request's own, else its reasoning effort, else off for structured
+ * output (its grammar applies from the first token), else --thinking. */
 static json_object *template_kwargs(const struct server *srv, const struct gen_request *req)
 {
     json_object *kwargs = json_object_new_object();
@@ -108,6 +131,8 @@ static json_object *template_kwargs(const struct server *srv, const struct gen_r
         json_object_object_add(
             kwargs, "enable_thinking",
             json_object_new_boolean(req->reasoning_effort != GEN_REASONING_NONE));
+    if (prompt_structured(req) && !json_object_object_get_ex(kwargs, "enable_thinking", NULL))
+        json_object_object_add(kwargs, "enable_thinking", json_object_new_boolean(false));
     if (srv->thinking != SERVER_THINKING_TEMPLATE &&
         !json_object_object_get_ex(kwargs, "enable_thinking", NULL))
         json_object_object_add(kwargs, "enable_thinking",

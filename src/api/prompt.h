@@ -36,6 +36,14 @@ void prompt_free(struct prompt *p);
 void prompt_fill_params(const struct server *srv, const struct gen_request *req,
                         struct gen_params *p, struct sampler_logit_bias *bias);
 
+/* True when req constrains its reply: structured output fields, or a forced tool call
+ * (tool_choice "required" or a named function, with tools). */
+bool prompt_structured(const struct gen_request *req);
+/* True when req itself turns thinking on: chat_template_kwargs.enable_thinking true, a
+ * reasoning effort other than none, or a thinking block that opens the reply. With structured
+ * output, thinking is off unless this holds. */
+bool prompt_thinking_asked(const struct gen_request *req);
+
 /* True when the model's tokenizer has <think> and </think>: its replies are
  * split into reasoning and content. */
 bool prompt_model_thinks(const struct tokenizer *tok);

@@ -668,7 +668,7 @@ static int parse_misc(const struct json_reader *root, struct gen_request *r)
 {
     static const char *const efforts[] = {"none", "minimal", "low", "medium", "high", "xhigh",
                                           NULL};
-    struct json_reader kwargs, format = json_reader_member(root, "response_format");
+    struct json_reader kwargs;
     const char *s;
     int effort = 0;
     int rc;
@@ -678,11 +678,12 @@ static int parse_misc(const struct json_reader *root, struct gen_request *r)
         (rc = json_reader_check_tree(&kwargs)) ||
         (rc = json_read_enum(root, "reasoning_effort", &r->has_reasoning_effort, efforts,
                              &effort)) ||
-        (rc = json_reader_check_tree(&format)))
+        (rc = structured_read_request(root, &r->structured)) ||
+        (rc = json_read_int(root, "max_reasoning_tokens", &r->has_max_reasoning_tokens, 1,
+                            INT32_MAX, &r->max_reasoning_tokens)))
         return rc;
     r->chat_template_kwargs = json_object_get(kwargs.v);
     r->reasoning_effort = (enum gen_reasoning_effort)effort;
-    r->response_format = json_object_get(format.v);
     if (r->kind == GEN_REQUEST_COMPLETION)
         return refuse_unsupported_completion_fields(root);
     return 0;
@@ -816,7 +817,7 @@ void gen_request_free(struct gen_request *r)
     json_object_put(r->tools);
     free(r->tool_choice_name);
     json_object_put(r->chat_template_kwargs);
-    json_object_put(r->response_format);
+    structured_spec_free(&r->structured);
     free(r->cache_salt);
     free(r->session_id);
     memset(r, 0, sizeof *r);

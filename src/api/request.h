@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "api/errors.h"
+#include "api/structured.h"
 #include "base/json.h"
 
 #define GEN_REQUEST_MAX_STOP 4
@@ -123,7 +124,11 @@ struct gen_request {
     bool has_reasoning_effort;
     enum gen_reasoning_effort reasoning_effort;
 
-    json_object *response_format; /* owned reference; kept raw, not validated here */
+    /* Structured output (api/structured.h): response_format, structured_outputs, guided_*. */
+    struct structured_spec structured;
+    /* Tokens allowed inside <think> when structured output runs with thinking on. */
+    bool has_max_reasoning_tokens;
+    int max_reasoning_tokens; /* >= 1 */
 
     /* Prefix-cache identity: 1..GEN_REQUEST_MAX_KEY_BYTES bytes each, NULL when absent. */
     char *cache_salt; /* owned; narrows the requester's cache namespace (vLLM's name) */

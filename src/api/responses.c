@@ -523,35 +523,28 @@ static int read_reasoning(const struct json_reader *root, struct responses_reque
     return 0;
 }
 
-/* text.format: plain text only until structured output is enforced; a request for JSON output
- * is refused rather than answered with unconstrained text. */
+/* text.format: plain text, or structured output (json_schema / json_object, as chat's
+ * response_format); the format is echoed as sent. */
 static int read_text(const struct json_reader *root, struct responses_request *r)
 {
     static const char *const verbosities[] = {"low", "medium", "high", NULL};
     struct json_reader text, format;
-    const char *type;
     int verbosity = 1, rc;
     if ((rc = json_read_object(root, "text", JSON_OPTIONAL, &text)) ||
         (rc = json_read_enum(&text, "verbosity", JSON_OPTIONAL, verbosities, &verbosity)) ||
         (rc = json_read_object(&text, "format", JSON_OPTIONAL, &format)))
         return rc;
     if (format.v) {
-        if ((rc = json_read_str(&format, "type", JSON_REQUIRED, &type, NULL)))
+        structured_spec_free(&r->gen.structured);
+        if ((rc = structured_read_text_format(&format, &r->gen.structured)))
             return rc;
-        if (!strcmp(type, "json_schema") || !strcmp(type, "json_object"))
-            return json_reader_fail_plain(
-                &format, INFERD_EINVAL,
-                "text.format {\"type\":\"%s\"} asks for structured output, which this server does "
-                "not enforce yet; it will not answer with unconstrained text instead: leave "
-                "text.format out or send {\"type\":\"text\"}",
-                type);
-        if (strcmp(type, "text") != 0) {
-            struct json_reader at = json_reader_member(&format, "type");
-            return json_reader_fail(&at, INFERD_EINVAL,
-                                    "must be \"text\" (or \"json_schema\" / \"json_object\", "
-                                    "not available yet), got \"%.64s\"",
-                                    type);
-        }
+    }
+    if (r->gen.structured.kind != STRUCTURED_NONE) {
+        json_object *echo = json_object_new_object();
+        put(echo, "format", json_object_get(format.v));
+        put(echo, "verbosity", json_object_new_string(verbosities[verbosity]));
+        put(r->echo, "text", echo);
+        return 0;
     }
     json_object *echo = json_object_new_object(), *fmt = json_object_new_object();
     put(fmt, "type", json_object_new_string("text"));
@@ -670,6 +663,9 @@ static int read_fields(const struct json_reader *root, struct responses_request 
         return rc;
     r->gen.has_max_tokens = has_max_output || has_max_tokens;
     r->gen.max_tokens = max_output;
+    if ((rc = json_read_int(root, "max_reasoning_tokens", &r->gen.has_max_reasoning_tokens, 1,
+                            INT32_MAX, &r->gen.max_reasoning_tokens)))
+        return rc;
     if ((rc = json_read_bool(root, "store", JSON_OPTIONAL, &r->store)) ||
         (rc = json_read_bool(root, "stream", JSON_OPTIONAL, &r->stream)) ||
         (rc = json_read_bool(root, "parallel_tool_calls", JSON_OPTIONAL, &parallel)) ||

@@ -14,6 +14,8 @@
 #include "engine/engine.h"
 #include "model/model.h"
 #include "text/chat_template.h"
+
+struct grammar_cache;
 #include "text/tokenizer.h"
 
 #define SERVER_MAX_EOS 8
@@ -76,6 +78,8 @@ struct server {
                                          (api/reencode.h); NULL: prompts are encoded plainly */
     struct response_store *responses; /* borrowed; the Responses API's stored responses
                                          (api/response_store.h); NULL: none are kept */
+    struct grammar_cache *grammars;   /* borrowed; compiled structured-output grammars
+                                         (api/structured.h); NULL: structured output refused */
     enum server_thinking thinking;
     const char *version;              /* borrowed; the server's version for GET /v1, or NULL */
     char model_id[256];

@@ -63,6 +63,8 @@ struct rope_table {
  *    : x[t] * repetition_penalty; then when count > 0,
  *    x[t] = fmaf(-frequency_penalty, count, x[t]) - presence_penalty.
  *    Every operation is one IEEE float operation, rounded to nearest.
+ * 1b. The mask (structured output), when given: x[t] = -inf for every token t whose bit
+ *    (mask[t >> 5] >> (t & 31)) & 1 is 0.
  * 2. NaN counts as -inf from here on. M = the largest logit, argmax = the
  *    lowest id holding it (token 0 when nothing is above -inf).
  * 3. Greedy (temperature 0 or top_k 1): the token is argmax.
@@ -82,7 +84,7 @@ struct rope_table {
  *    descending, ties lower id first.
  * A row the backend cannot finish exactly (sampling with a +inf logit, or a
  * truncation its candidate list cannot settle) comes back with need_host:
- * its logits after step 1 are in the caller's host_rows and the host finishes
+ * its logits after steps 1 and 1b are in the caller's host_rows and the host finishes
  * the pick itself; max_logit, log_z and top are then not filled. */
 
 /* The most candidates a sample_result reports (OpenAI's top_logprobs limit). */
@@ -107,16 +109,17 @@ struct sample_spec {
     int n_adjust;
     int n_top;         /* candidates to report, [0, SAMPLE_MAX_TOP]; -1: no logprobs (log_z
                           is then not computed) */
+    const uint32_t *mask; /* host memory; NULL: none; else (vocab + 31) / 32 words, step 1b */
 };
 
 struct sample_candidate {
     int32_t token;
-    float logit;       /* after step 1 */
+    float logit;       /* after steps 1 and 1b */
 };
 
 struct sample_result {
     int32_t token;     /* the pick */
-    float logit;       /* its logit after step 1 (NaN reads as -inf) */
+    float logit;       /* its logit after steps 1 and 1b (NaN reads as -inf) */
     float max_logit;   /* M */
     float log_z;       /* see step 5 */
     int32_t n_top;     /* entries of top filled: min(n_top asked, vocab) */

@@ -11,6 +11,8 @@
 
 #include "api/fit.h"
 #include "api/reencode.h"
+#include "api/structured.h"
+#include "grammar/grammar.h"
 #include "api/response_store.h"
 #include "api/routes.h"
 #include "backend/cpu/cpu.h"
@@ -53,6 +55,7 @@ struct serve_options {
     enum compute_mode mode;
     struct backend_options backend; /* the environment's, then the backend flags' */
     double prompt_cache_gib;        /* --prompt-cache: cap on unreferenced cached KV; 0: off */
+    long grammar_cache;             /* --grammar-cache: compiled structured-output grammars kept */
     enum kv_retention cache_retention;
     long session_idle_s;
     long response_store_mb, response_store_ttl_s; /* the Responses API's stored responses */
@@ -74,7 +77,7 @@ static const char usage[] =
     "       [--device cpu|cuda[:N]|auto] [--batch N] [--prefill-chunk 2048]\n"
     "       [--kv-block-size 16] [--kv-budget GB] [--memory-budget GB] [--prompt-cache GIB]\n"
     "       [--cache-retention lru|cost-size] [--session-idle-s 600] [--thinking on|off]\n"
-    "       [--response-store-mb 64] [--response-store-ttl-s 3600]\n"
+    "       [--response-store-mb 64] [--response-store-ttl-s 3600] [--grammar-cache 64]\n"
     "       [--ssd-cache DIR [--ssd-cache-max GIB] [--ssd-cache-verify] [--ssd-demote-idle 300]\n"
     "        [--ssd-restore auto|always|never] [--generation-checkpoint N]] [backend flags]\n"
     "Serves the OpenAI API (/v1/chat/completions, /v1/completions, /v1/responses, /v1/models;\n"
@@ -98,6 +101,8 @@ static const char usage[] =
     "over it is a 400 context_over_budget); on CUDA, device allocations stop at the budget.\n"
     "GET /fit reports the sizes, the budget, the largest safe context and the predicted\n"
     "decode speed.\n"
+    "--grammar-cache N (default 64) keeps the N most recently used compiled structured-output\n"
+    "grammars (response_format schemas, guided_*, forced tool calls), so a repeated one compiles once.\n"
     "--prompt-cache GIB (binary GiB, default 8; 0 turns the prefix cache off) caps the\n"
     "KV that finished requests leave for the next ones with the same prefix; without\n"
     "--kv-mb or --memory-budget the KV pool grows by it (up to a quarter of physical memory).\n"
@@ -128,6 +133,7 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
                                 .prefill_chunk = DEFAULT_PREFILL_CHUNK,
                                 .request_timeout_s = 30, .shutdown_timeout_s = 10,
                                 .mode = COMPUTE_FAST, .prompt_cache_gib = 8,
+                                .grammar_cache = GRAMMAR_CACHE_DEFAULT,
                                 .cache_retention = KV_RETAIN_LRU, .session_idle_s = 600,
                                 .response_store_mb = RESPONSE_STORE_DEFAULT_MB,
                                 .response_store_ttl_s = RESPONSE_STORE_DEFAULT_TTL_S,
@@ -203,6 +209,8 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
             ok = arg_int(a, v, 0, 3600, &o->shutdown_timeout_s);
         else if (!strcmp(a, "--prompt-cache"))
             ok = arg_float(a, v, 0, 1 << 20, &o->prompt_cache_gib);
+        else if (!strcmp(a, "--grammar-cache"))
+            ok = arg_int(a, v, 1, 1 << 16, &o->grammar_cache);
         else if (!strcmp(a, "--cache-retention")) {
             if (!strcmp(v, "lru"))
                 o->cache_retention = KV_RETAIN_LRU;
@@ -518,6 +526,8 @@ int cmd_serve(int argc, char **argv)
     bool have_tmpl = false;
     struct engine *engine = NULL;
     struct reencode *reencode = NULL;
+    struct grammar_vocab *gvocab = NULL;
+    struct grammar_cache *grammars = NULL;
     uint64_t t0 = now_ns();
     o.backend.mode = o.mode;
     o.backend.threads = (int)o.threads;
@@ -552,6 +562,13 @@ int cmd_serve(int argc, char **argv)
         fprintf(stderr, "inferd serve: %s\n", err.msg);
         goto out;
     }
+    /* Structured output: every token's bytes once, and the cache of compiled grammars. */
+    if (grammar_vocab_create(tok, &gvocab, &err) < 0 ||
+        grammar_cache_create(gvocab, (int)o.grammar_cache, &grammars, &err) < 0) {
+        fprintf(stderr, "inferd serve: %s\n", err.msg);
+        goto out;
+    }
+    srv.grammars = grammars;
 
     struct engine_config ec;
     engine_sizes(&o, m, &srv.fit, &ec);
@@ -642,6 +659,8 @@ out:
     }
     http_stop(http);
     engine_free(engine);
+    grammar_cache_free(grammars); /* after the engine: its sequences held references */
+    grammar_vocab_free(gvocab);
     reencode_free(reencode);
     response_store_free(responses);
     if (have_tmpl)

@@ -497,6 +497,30 @@ void engine_shutdown(struct engine *e, int grace_ms)
     }
 }
 
+static int by_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Median and p99 of the recent per-token mask times, in microseconds. */
+static void mask_quantiles(const struct engine_metrics *m, struct engine_stats *out)
+{
+    uint64_t n = atomic_load(&m->grammar_masks);
+    out->grammar_masks = n;
+    out->grammar_forced_tokens = atomic_load(&m->grammar_forced);
+    size_t k = n < ENGINE_MASK_WINDOW ? (size_t)n : ENGINE_MASK_WINDOW;
+    uint32_t *v = k ? malloc(k * sizeof *v) : NULL;
+    if (!v)
+        return;
+    for (size_t i = 0; i < k; i++)
+        v[i] = atomic_load(&m->mask_ns[i]);
+    qsort(v, k, sizeof *v, by_u32);
+    out->grammar_mask_us_p50 = v[k / 2] * 1e-3;
+    out->grammar_mask_us_p99 = v[(k * 99) / 100 < k ? (k * 99) / 100 : k - 1] * 1e-3;
+    free(v);
+}
+
 void engine_get_stats(struct engine *e, struct engine_stats *out)
 {
     static const char *states[] = {"idle", "running", "stopping"};
@@ -531,6 +555,7 @@ void engine_get_stats(struct engine *e, struct engine_stats *out)
     out->kv_bytes = e->kv_bytes_pub;
     pthread_mutex_unlock(&e->stats_mu);
     out->kv_budget_bytes = 0;
+    mask_quantiles(&e->metrics, out);
     int st = atomic_load(&e->state);
     out->state = states[st >= 0 && st <= 2 ? st : 0];
 }

@@ -17,6 +17,8 @@
 #include "model/model.h"
 
 struct tokenizer;
+struct grammar;
+struct grammar_vocab;
 
 #define GEN_MAX_TOP_LOGPROBS 20
 #define GEN_MAX_STOP 16
@@ -53,6 +55,24 @@ struct engine_config {
     int checkpoint_every;
 };
 
+/* A compiled constraint on a reply (structured output), shared by every request that asks for
+ * it: reference-counted, freed with its last reference (a server-wide cache holds one; each
+ * sequence holds one while it runs). Its stages are grammars matched one after another: stage
+ * i + 1 starts where stage i is finished (accepting, nothing more can follow), so a tool call
+ * can be a literal opening, a JSON Schema and a literal closing. The reply may end (EOS) only
+ * where the last stage accepts. */
+#define GEN_GRAMMAR_MAX_STAGES 4
+struct gen_grammar;
+/* Takes ownership of stages[0..n) (1 <= n <= GEN_GRAMMAR_MAX_STAGES; freed on failure too);
+ * vocab is borrowed and must outlive the result and every sequence using it. Prepares each
+ * stage's mask cache for vocab now (grammar_matcher_prepare), so the engine thread never
+ * pays a first visit. The result holds one reference. */
+int gen_grammar_create(struct grammar *const *stages, int n, const struct grammar_vocab *vocab,
+                       struct gen_grammar **out, struct err *err);
+void gen_grammar_retain(struct gen_grammar *g);
+/* Drops one reference; the last frees the grammars. NULL is ignored. */
+void gen_grammar_release(struct gen_grammar *g);
+
 /* What one request asks the engine for. Everything is copied at submit. */
 struct gen_params {
     const int32_t *prompt;
@@ -79,6 +99,14 @@ struct gen_params {
      * generated inside <think>, </think> is forced next (0: no budget). */
     bool think_open;
     int think_budget;
+    /* Structured output (NULL: unconstrained): each token is picked among those the grammar
+     * allows (engine/constrain.h); the sequence takes its own reference at submit. With
+     * grammar_after_think it applies from the first token outside <think> (steered as
+     * above), else from the first token. jump_forward: text the grammar forces is appended
+     * as a prefill chunk (its tokens' logprob 0) instead of being sampled token by token. */
+    struct gen_grammar *grammar;
+    bool grammar_after_think;
+    bool jump_forward;
 };
 
 enum gen_finish {
@@ -182,12 +210,23 @@ struct engine_stats {
     struct kv_tier_stats ssd_cache;      /* as of the engine's last step; enabled false: no tier */
     bool checkpoints;                    /* generation checkpoints are on */
     uint64_t checkpoints_saved, checkpoints_resumed, checkpoints_removed, checkpoints_failed;
+    /* Structured output: masks computed, tokens appended by jump-forward (never sampled), and
+     * the per-token mask time over the last ENGINE_MASK_WINDOW masks (median, p99). */
+    uint64_t grammar_masks, grammar_forced_tokens;
+    double grammar_mask_us_p50, grammar_mask_us_p99;
     const char *state; /* "idle", "running", "stopping" */
 };
+
+#define ENGINE_MASK_WINDOW 4096
 
 struct engine_metrics {
     struct histogram ttft;          /* seconds from submit to the first generated token */
     struct histogram inter_token;   /* seconds between a sequence's consecutive tokens */
+    /* Structured output, written by the engine thread: masks computed (mask_ns[i %
+     * ENGINE_MASK_WINDOW] holds mask i's nanoseconds) and tokens jump-forward appended. */
+    atomic_uint_fast64_t grammar_masks;
+    atomic_uint_fast64_t grammar_forced;
+    _Atomic uint32_t mask_ns[ENGINE_MASK_WINDOW];
 };
 
 struct engine;

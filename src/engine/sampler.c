@@ -313,13 +313,40 @@ static float penalize_token(const struct sampler *s, int32_t t, float v)
     return s->in_presence[t] > 0 ? v - p->presence_penalty : v;
 }
 
-/* The logits to choose from: the caller's row when no bias or penalty
+
+/* ---- the mask step (structured output) ---------------------------------- */
+
+int sampler_set_mask(struct sampler *s, const uint32_t *mask)
+{
+    if (mask && !s->processed && !(s->processed = malloc((size_t)s->n_vocab * sizeof *s->processed)))
+        return -INFERD_ENOMEM;
+    s->mask = mask;
+    return 0;
+}
+
+/* x[t] = -inf for every token the mask leaves out; a word at a time, so whole runs of
+ * disallowed tokens cost one test per 32. */
+static void apply_mask(const struct sampler *s, float *x)
+{
+    int n = s->n_vocab;
+    for (int w = 0; w * 32 < n; w++) {
+        uint32_t bits = s->mask[w];
+        if (bits == 0xffffffffu)
+            continue;
+        int end = w * 32 + 32 < n ? w * 32 + 32 : n;
+        for (int t = w * 32; t < end; t++)
+            if (!(bits >> (t & 31) & 1u))
+                x[t] = -INFINITY;
+    }
+}
+
+/* The logits to choose from: the caller's row when no bias, penalty or mask
  * applies yet, otherwise a copy with them applied (O(vocab) copy plus
- * O(bias entries + distinct seen tokens)). */
+ * O(bias entries + distinct seen tokens)), the mask last. */
 static const float *processed_logits(struct sampler *s, const float *logits)
 {
     const struct sampler_params *p = &s->params;
-    if (p->n_logit_bias == 0 && s->n_seen == 0)
+    if (p->n_logit_bias == 0 && s->n_seen == 0 && !s->mask)
         return logits;
     float *x = s->processed;
     memcpy(x, logits, (size_t)s->n_vocab * sizeof *x);
@@ -329,6 +356,8 @@ static const float *processed_logits(struct sampler *s, const float *logits)
         int32_t t = s->seen[i];
         x[t] = penalize_token(s, t, x[t]);
     }
+    if (s->mask)
+        apply_mask(s, x);
     return x;
 }
 
@@ -605,6 +634,7 @@ int sampler_fill_spec(struct sampler *s, int n_top, struct sample_spec *spec)
         .adjust = s->adjust,
         .n_adjust = n,
         .n_top = n_top < 0 ? -1 : n_top > SAMPLE_MAX_TOP ? SAMPLE_MAX_TOP : n_top,
+        .mask = s->mask,
     };
     return 0;
 }

@@ -93,6 +93,8 @@ struct sampler {
     int adjust_cap;
     struct sample_result result;  /* the last pick, when a backend made it (last is NULL then) */
     bool last_on_backend;
+    /* Structured output (sampler_set_mask): borrowed; (n_vocab + 31) / 32 words, or NULL. */
+    const uint32_t *mask;
 };
 
 #define SAMPLER_LISTED_SEEN 1u   /* in seen */
@@ -121,6 +123,15 @@ void sampler_accept(struct sampler *s, int32_t token);
  * always in [0, n_vocab). Same seed, parameters and logits give the same
  * sequence of tokens. */
 int32_t sampler_pick(struct sampler *s, const float *logits);
+
+/* The allowed-token mask of the next picks (structured output): bit t of word t >> 5 set when
+ * token t may be picked. The mask step runs after logit bias and penalties and before
+ * temperature and truncation: every token whose bit is clear gets logit -inf, so it is never
+ * picked and its logprob is -inf (a row with nothing allowed falls back to token 0, as a row
+ * of -inf does). Borrowed: the caller keeps it unchanged until the pick is taken, and may
+ * update it in place between picks; NULL turns it off. sampler_fill_spec passes it to a
+ * backend (sample_spec.mask). Returns 0, or -INFERD_ENOMEM. */
+int sampler_set_mask(struct sampler *s, const uint32_t *mask);
 
 /* True when picks are greedy (temperature 0 or top_k 1): no random number is used. */
 bool sampler_is_greedy(const struct sampler *s);

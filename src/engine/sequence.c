@@ -51,6 +51,33 @@ static int32_t think_steer(struct seq_think *t, int32_t id, bool first)
     return id;
 }
 
+/* Whether the grammar decides the token picked next: it has one, and when it waits for the
+ * reasoning part, the model is outside <think> and not about to be steered into it. */
+static bool grammar_applies(const struct seq *s)
+{
+    if (!constrain_on(&s->con))
+        return false;
+    if (!s->con.after_think || !s->think.on)
+        return true;
+    return !s->think.inside && !(s->n_tokens == s->n_prompt && s->think.open_first);
+}
+
+/* The mask step of the next pick: the grammar's allowed tokens (end-of-sequence only where it
+ * accepts) when it applies, else none. Returns 0, 1 when the grammar allows nothing more (the
+ * reply is done), or -INFERD_ENOMEM. Computed right after a pick, before the next step's
+ * forward is launched. */
+static int constrain_next(struct seq *s, struct engine_metrics *metrics)
+{
+    if (!grammar_applies(s))
+        return constrain_on(&s->con) ? sampler_set_mask(s->sampler, NULL) : 0;
+    int rc = constrain_fill_mask(&s->con, s->eos_ids, s->n_eos, metrics);
+    if (rc < 0)
+        return rc;
+    if (!s->con.any_allowed)
+        return 1;
+    return sampler_set_mask(s->sampler, s->con.mask);
+}
+
 int seq_create(const struct gen_params *p, const struct tokenizer *tok, int n_vocab,
                struct seq **out, struct gen_output **output, struct err *err)
 {
@@ -101,6 +128,12 @@ int seq_create(const struct gen_params *p, const struct tokenizer *tok, int n_vo
     s->sampler_ready = true;
     s->sampler = &s->own_sampler;
     sampler_observe_prompt(s->sampler, p->prompt, p->n_prompt);
+    if ((rc = constrain_init(&s->con, p, tok, n_vocab, err)) < 0 ||
+        (rc = constrain_next(s, NULL)) < 0) {
+        if (rc == -INFERD_ENOMEM)
+            err_set(err, INFERD_ENOMEM, "out of memory for a token mask");
+        goto fail;
+    }
     if ((rc = detok_create(tok, true, &s->detok, err)) < 0)
         goto fail;
     if ((rc = stop_matcher_create(p->stop, p->n_stop, &s->stop, err)) < 0)
@@ -142,6 +175,7 @@ void seq_free(struct seq *s, struct kv_manager *kv)
     free(s->kv.table.blocks);
     if (s->sampler_ready)
         sampler_free(&s->own_sampler);
+    constrain_free(&s->con);
     gen_pending_free(&s->pending);
     strbuf_free(&s->records);
     detok_free(s->detok);
@@ -205,16 +239,13 @@ static void keep_record(struct seq *s, const struct gen_token *token, int32_t id
         s->ckpt = false; /* out of memory: this generation goes without checkpoints */
 }
 
-/* Appends the picked token, reports it (with logprobs when asked, or as
- * replayed records them) and checks the ways the sequence can end. */
-static enum gen_finish emit_token(struct seq *s, int32_t id, const struct gen_token *replayed,
-                                  int n_ctx, struct engine_metrics *metrics)
+/* Appends one token, reports it (with logprobs when asked: the pick's own when sampled, 0
+ * for a token jump-forward appended, or as replayed records them) and checks the ways the
+ * sequence can end. */
+static enum gen_finish push_token(struct seq *s, int32_t id, bool sampled,
+                                  const struct gen_token *replayed, int n_ctx,
+                                  struct engine_metrics *metrics)
 {
-    s->last_pick = id;
-    if (!s->out) /* detached: its driver accepts the pick and feeds it back */
-        return GEN_RUNNING;
-    id = think_steer(&s->think, id, s->n_tokens == s->n_prompt);
-    s->last_pick = id;
     sampler_accept(s->sampler, id);
     s->tokens[s->n_tokens++] = id;
 
@@ -235,7 +266,8 @@ static enum gen_finish emit_token(struct seq *s, int32_t id, const struct gen_to
     } else if (s->logprobs >= 0) {
         memset(&tk, 0, sizeof tk);
         tk.id = id;
-        tk.n_top = sampler_logprobs(s->sampler, id, s->logprobs, &tk.logprob, tk.top);
+        if (sampled)
+            tk.n_top = sampler_logprobs(s->sampler, id, s->logprobs, &tk.logprob, tk.top);
         token = &tk;
     }
     if (s->ckpt)
@@ -258,6 +290,46 @@ static enum gen_finish emit_token(struct seq *s, int32_t id, const struct gen_to
     if (n_generated >= s->max_tokens || s->n_tokens >= n_ctx)
         return GEN_FINISH_LENGTH;
     return GEN_RUNNING;
+}
+
+/* The picked token, steered (thinking) and constrained (structured output: accepted by the
+ * grammar, then jump-forward's forced tokens after or in place of it), appended and
+ * reported; then the next pick's mask. */
+static enum gen_finish emit_token(struct seq *s, int32_t id, const struct gen_token *replayed,
+                                  int n_ctx, struct engine_metrics *metrics)
+{
+    s->last_pick = id;
+    if (!s->out) /* detached: its driver accepts the pick and feeds it back */
+        return GEN_RUNNING;
+    bool constrained = grammar_applies(s);
+    id = think_steer(&s->think, id, s->n_tokens == s->n_prompt);
+    s->last_pick = id;
+    int32_t ids[CONSTRAIN_MAX_JUMP];
+    int n_ids = 1;
+    ids[0] = id;
+    if (constrained && !is_eos(s, id)) {
+        /* Only a row with nothing allowed picks outside the mask: the reply is over. */
+        if (constrain_accept(&s->con, id) < 0)
+            return GEN_FINISH_STOP;
+        int left = s->max_tokens - (s->n_tokens - s->n_prompt);
+        if (n_ctx - s->n_tokens < left)
+            left = n_ctx - s->n_tokens;
+        if (!replayed && left > 1)
+            n_ids = constrain_jump(&s->con, id, ids, left < CONSTRAIN_MAX_JUMP ? left : CONSTRAIN_MAX_JUMP);
+        if (metrics && n_ids > 1)
+            atomic_fetch_add(&metrics->grammar_forced, (uint64_t)(n_ids - (ids[0] == id)));
+    }
+    enum gen_finish why = GEN_RUNNING;
+    for (int i = 0; i < n_ids && why == GEN_RUNNING; i++)
+        why = push_token(s, ids[i], i == 0 && ids[0] == id, replayed, n_ctx, metrics);
+    if (why != GEN_RUNNING || !constrain_on(&s->con))
+        return why;
+    if (grammar_applies(s) && constrain_finished(&s->con))
+        return GEN_FINISH_STOP;
+    int rc = constrain_next(s, metrics);
+    if (rc < 0)
+        atomic_store(&s->out->cancel, true);
+    return rc == 1 ? GEN_FINISH_STOP : GEN_RUNNING;
 }
 
 enum gen_finish seq_take_token(struct seq *s, const float *logits, int n_ctx, struct engine_metrics *metrics)

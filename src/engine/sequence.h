@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "base/strbuf.h"
+#include "engine/constrain.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
 #include "engine/stop.h"
@@ -59,6 +60,7 @@ struct seq {
     struct stop_matcher *stop;  /* owned */
     struct gen_pending pending; /* not yet published to out */
     struct seq_think think;
+    struct constrain con;       /* structured output; off when the request has no grammar */
     uint64_t t_submit_ns, t_last_token_ns;
     uint64_t admit_order;       /* later admissions are preempted first */
     char *session_id;           /* owned; session affinity (kv.session points here), or NULL */

@@ -447,3 +447,58 @@ Test(cuda_sampling, engine_greedy_tokens_equal_the_cpu_engines, .timeout = 300)
     test_rmtree(dir);
     free(dir);
 }
+
+/* Structured output's mask step (sample_spec.mask): the GPU picks the host sampler's token from
+ * the allowed ones only, greedy and sampled, with two masked rows and one unmasked in a batch. */
+Test(cuda_sampling, masked_rows_pick_only_allowed_tokens_as_the_host_does, .timeout = 300)
+{
+    skip_without_gpu();
+    struct backend *be = NULL;
+    struct err err = {0};
+    cr_assert_eq(backend_cuda_create(0, &cuda_fast, &be, &err), 0, "%s", err.msg);
+    int vocab = REAL_VOCAB, words = (vocab + 31) / 32, rows = 3;
+    float *x = malloc((size_t)rows * vocab * sizeof(float));
+    uint32_t *mask = calloc((size_t)words, sizeof *mask);
+    uint64_t st = 5;
+    for (int i = 0; i < rows * vocab; i++)
+        x[i] = lcg_normal(&st);
+    for (int t = 1000; t < vocab; t += 977) /* a sparse set, none of them the argmax by design */
+        mask[t >> 5] |= 1u << (t & 31);
+    struct sampler_params ps[] = {{.temperature = 0, .top_p = 1},
+                                  {.temperature = 0.8f, .top_k = 40, .top_p = 0.9f, .seed = 9},
+                                  {.temperature = 1.0f, .top_p = 1, .seed = 4}};
+    for (int k = 0; k < 3; k++) {
+        struct sampler h[3], d[3];
+        struct sample_spec spec[3];
+        struct sample_result res[3];
+        for (int r = 0; r < rows; r++) {
+            cr_assert_eq(sampler_init(&h[r], &ps[k], vocab, NULL), 0);
+            cr_assert_eq(sampler_init(&d[r], &ps[k], vocab, NULL), 0);
+            if (r < 2) { /* rows 0 and 1 masked, row 2 not */
+                cr_assert_eq(sampler_set_mask(&h[r], mask), 0);
+                cr_assert_eq(sampler_set_mask(&d[r], mask), 0);
+            }
+            cr_assert_eq(sampler_fill_spec(&d[r], 2, &spec[r]), 0);
+        }
+        float *dev = be->ops->alloc(be, (size_t)rows * vocab * sizeof(float));
+        float *host_rows = malloc((size_t)rows * vocab * sizeof(float));
+        be->ops->to_device(be, dev, x, (size_t)rows * vocab * sizeof(float));
+        cr_assert_eq(be->ops->sample(be, dev, rows, vocab, spec, res, host_rows, &err), 0, "%s",
+                     err.msg);
+        for (int r = 0; r < rows; r++) {
+            int32_t want = sampler_pick(&h[r], x + (size_t)r * vocab);
+            int32_t got = sampler_take_result(&d[r], &spec[r], &res[r], host_rows + (size_t)r * vocab);
+            cr_expect_eq(got, want, "params %d row %d: GPU %d, host %d", k, r, got, want);
+            if (r < 2)
+                cr_expect(mask[got >> 5] >> (got & 31) & 1u, "row %d picked masked token %d", r,
+                          got);
+            sampler_free(&h[r]);
+            sampler_free(&d[r]);
+        }
+        be->ops->release(be, dev);
+        free(host_rows);
+    }
+    free(x);
+    free(mask);
+    backend_destroy(be);
+}

@@ -384,8 +384,8 @@ Test(request, kept_objects_refuse_bad_utf8_and_non_finite_numbers_anywhere)
                "UTF-8");
     assert_400(parse_chat(CHAT("\"chat_template_kwargs\":{\"a\":{\"b\":1e400}}")),
                "chat_template_kwargs", "not finite");
-    assert_400(parse_chat(CHAT("\"response_format\":{\"type\":\"a\\u0000\"}")), "response_format",
-               "NUL");
+    assert_400(parse_chat(CHAT("\"response_format\":{\"type\":\"a\\u0000\"}")),
+               "response_format.type", "NUL");
 }
 
 Test(request, invalid_utf8_in_unchecked_message_key_is_400)
@@ -704,10 +704,39 @@ Test(request, reasoning_effort_values)
     assert_400(parse_chat(CHAT("\"reasoning_effort\":1")), "reasoning_effort", "must be a string");
 }
 
-Test(request, response_format_is_kept_raw)
+Test(request, response_format_is_read_into_a_structured_spec)
 {
     assert_ok(parse_chat(CHAT("\"response_format\":{\"type\":\"json_object\"}")));
-    cr_assert_not_null(req.response_format);
+    cr_assert_eq(req.structured.kind, STRUCTURED_JSON_OBJECT);
+}
+
+Test(request, structured_fields_follow_their_precedence)
+{
+    /* guided_grammar > json_schema > json_object > structured_outputs > guided_json >
+     * guided_regex > guided_choice */
+    assert_ok(parse_chat(CHAT("\"guided_choice\":[\"a\",\"b\"],\"guided_regex\":\"[0-9]+\"")));
+    cr_assert_eq(req.structured.kind, STRUCTURED_REGEX);
+    cr_assert_str_eq(req.structured.param, "guided_regex");
+    gen_request_free(&req);
+    assert_ok(parse_chat(CHAT("\"structured_outputs\":{\"type\":\"integer\"},"
+                              "\"response_format\":{\"type\":\"json_object\"}")));
+    cr_assert_eq(req.structured.kind, STRUCTURED_JSON_OBJECT);
+    gen_request_free(&req);
+    assert_ok(parse_chat(CHAT("\"structured_outputs\":{\"type\":\"integer\"},"
+                              "\"response_format\":{\"type\":\"text\"}")));
+    cr_assert_eq(req.structured.kind, STRUCTURED_JSON_SCHEMA);
+    cr_assert_str_eq(req.structured.text, "{\"type\":\"integer\"}");
+    gen_request_free(&req);
+    assert_ok(parse_chat(CHAT("\"guided_grammar\":\"root ::= \\\"x\\\"\",\"response_format\":"
+                              "{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\","
+                              "\"schema\":{\"type\":\"string\"}}}")));
+    cr_assert_eq(req.structured.kind, STRUCTURED_GRAMMAR);
+    gen_request_free(&req);
+    assert_400(parse_chat(CHAT("\"guided_choice\":[]")), "guided_choice", "non-empty");
+    assert_400(parse_chat(CHAT("\"response_format\":{\"type\":\"json_schema\"}")),
+               "response_format.json_schema", "required");
+    assert_400(parse_chat(CHAT("\"response_format\":{\"type\":\"yaml\"}")),
+               "response_format.type", "must be one of");
 }
 
 Test(request, user_must_be_a_string_when_present)

@@ -328,15 +328,16 @@ Test(responses, text_format_text_is_accepted)
     cr_assert_str_eq(json_object_get_string(v), "low");
 }
 
-Test(responses, structured_output_is_a_clear_400_never_unconstrained_text)
+Test(responses, text_format_json_schema_and_json_object_ask_for_structured_output)
 {
-    assert_400(parse("{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"json_schema\",\"name\":\"n\","
-                     "\"schema\":{\"type\":\"object\"}}}}"),
-               "text.format", "structured output");
-    assert_400(parse("{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"json_object\"}}}"),
-               "text.format", "structured output");
+    assert_ok(parse("{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"json_schema\",\"name\":\"n\","
+                    "\"schema\":{\"type\":\"object\"}}}}"));
+    cr_assert_eq(req.gen.structured.kind, STRUCTURED_JSON_SCHEMA);
+    responses_request_free(&req);
+    assert_ok(parse("{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"json_object\"}}}"));
+    cr_assert_eq(req.gen.structured.kind, STRUCTURED_JSON_OBJECT);
     assert_400(parse("{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"yaml\"}}}"),
-               "text.format.type", "must be \"text\"");
+               "text.format.type", "must be one of");
 }
 
 /* ---- bad input: every error names its path ---- */

@@ -5,6 +5,8 @@
  * backend.h). One call runs these launches on the backend's stream, after
  * the step's recorded work:
  *   adjust        the sparse per-token adjustments, in place in the logits;
+ *   mask          rows with an allowed-token bitset (structured output): -inf
+ *                 for every token whose bit is clear;
  *   chunk_stats   per (chunk of the vocabulary, row): max, its lowest id,
  *                 the count of +inf, and the chunk's SAMPLE_K best
  *                 candidates by logit (ties lower id first), in id order;
@@ -46,7 +48,7 @@ struct dev_spec {
     int mode;       /* sample_mode */
     int need_sums;  /* the sums over the row are read (sampling or logprobs) */
     int need_cands; /* the best candidates are read (truncation or top logprobs) */
-    int pad;
+    int mask_row;   /* the row's bitset among the uploaded masks; -1: no mask */
 };
 
 struct dev_adjust {
@@ -272,6 +274,18 @@ static __global__ void adjust_kernel(float *logits, int vocab, const struct dev_
     if (a.count > 0)
         v = __fsub_rn(__fmaf_rn(-sp->frequency, (float)a.count, v), sp->presence);
     *x = v;
+}
+
+/* One thread per (token, row): a masked-out token's logit becomes -inf (step 1b). */
+static __global__ void mask_kernel(float *logits, int vocab, const struct dev_spec *specs,
+                                   const uint32_t *masks, int words)
+{
+    int t = blockIdx.x * blockDim.x + threadIdx.x, row = blockIdx.y;
+    int m = specs[row].mask_row;
+    if (t >= vocab || m < 0)
+        return;
+    if (!((masks[(size_t)m * words + (t >> 5)] >> (t & 31)) & 1u))
+        logits[(size_t)row * vocab + t] = -INFINITY;
 }
 
 static __global__ void __launch_bounds__(SAMPLE_THREADS)
@@ -753,6 +767,7 @@ static struct dev_spec dev_spec_of(const struct sample_spec *s, int vocab)
     d.mode = greedy ? MODE_GREEDY : truncates ? MODE_TRUNCATE : MODE_WALK;
     d.need_sums = !greedy || d.n_top >= 0;
     d.need_cands = d.mode == MODE_TRUNCATE || d.n_top > 0;
+    d.mask_row = -1;
     return d;
 }
 
@@ -769,10 +784,14 @@ cudaError_t cu_sampler_run(struct cu_sampler *sp, cudaStream_t stream, float *lo
     int n_chunks = (vocab + chunk - 1) / chunk;
 
     long n_adj = 0;
-    for (int r = 0; r < n_rows; r++)
+    int n_masks = 0, words = (vocab + 31) / 32;
+    for (int r = 0; r < n_rows; r++) {
         n_adj += specs[r].n_adjust > 0 ? specs[r].n_adjust : 0;
+        n_masks += specs[r].mask != NULL;
+    }
     size_t spec_bytes = (size_t)n_rows * sizeof(struct dev_spec);
-    size_t param_bytes = spec_bytes + (size_t)n_adj * sizeof(struct dev_adjust);
+    size_t mask_bytes = (size_t)n_masks * (size_t)words * sizeof(uint32_t);
+    size_t param_bytes = spec_bytes + (size_t)n_adj * sizeof(struct dev_adjust) + mask_bytes;
     *what = "allocating sampling buffers";
     cudaError_t e = ensure_room(sp, n_rows, n_chunks, param_bytes);
     if (e != cudaSuccess)
@@ -798,17 +817,31 @@ cudaError_t cu_sampler_run(struct cu_sampler *sp, cudaStream_t stream, float *lo
             a++;
         }
     }
+    /* The masks after the adjustments actually kept, one bitset per masked row. */
+    size_t mask_off = spec_bytes + (size_t)a * sizeof *da;
+    uint32_t *dm = (uint32_t *)(sp->staging + mask_off);
+    int m = 0;
+    for (int r = 0; r < n_rows; r++)
+        if (specs[r].mask) {
+            memcpy(dm + (size_t)m * words, specs[r].mask, (size_t)words * sizeof *dm);
+            ds[r].mask_row = m++;
+        }
     const struct dev_spec *dspec = (const struct dev_spec *)sp->params;
     const struct dev_adjust *dadj = (const struct dev_adjust *)(sp->params + spec_bytes);
+    const uint32_t *dmasks = (const uint32_t *)(sp->params + mask_off);
 
     *what = "uploading sampling parameters";
-    if ((e = cudaMemcpyAsync(sp->params, sp->staging, spec_bytes + (size_t)a * sizeof *da,
+    if ((e = cudaMemcpyAsync(sp->params, sp->staging, mask_off + (size_t)m * words * sizeof *dm,
                              cudaMemcpyHostToDevice, stream)) != cudaSuccess)
         return e;
     *what = "the sampling kernels";
     if (a > 0)
         adjust_kernel<<<(unsigned)((a + 255) / 256), 256, 0, stream>>>(logits, vocab, dspec, dadj,
                                                                        (int)a);
+    if (m > 0) {
+        dim3 mgrid((unsigned)((vocab + 255) / 256), (unsigned)n_rows);
+        mask_kernel<<<mgrid, 256, 0, stream>>>(logits, vocab, dspec, dmasks, words);
+    }
     dim3 grid(n_chunks, n_rows);
     chunk_stats_kernel<<<grid, SAMPLE_THREADS, 0, stream>>>(logits, vocab, chunk, dspec,
                                                             sp->stats, sp->cands);
