@@ -29,6 +29,9 @@
 #              cold prefill; decode beside write-behind against the tier off; on
 #              llama-3.1-8b unless models are named (SSD_PROMPT_LEN: the prefix, default 16000;
 #              SSD_RESTORE_MODES: default "auto always never"; SSD_DECODE=0 skips decode)
+#     structured  a JSON-schema reply against the same prompt unconstrained, batch 1
+#              (bench/structured_bench.py): decode tok/s, jump-forward's share, mask time;
+#              on llama-3.1-8b unless models are named
 #     MODEL    mkmodel presets (default: qwen3-0.6b llama-3.2-1b llama-3.1-8b)
 #   With no stage named, parity, bench and 8k run.
 #
@@ -45,7 +48,7 @@ cd "$root"
 stages=() models=()
 for a in "$@"; do
   case "$a" in
-    parity|bench|8k|profile|serve|cache|agent|rows|ssd) stages+=("$a") ;;
+    parity|bench|8k|profile|serve|cache|agent|rows|ssd|structured) stages+=("$a") ;;
     *) models+=("$a") ;;
   esac
 done
@@ -275,6 +278,15 @@ if has_stage ssd; then
     echo "== ssd: $preset, decode beside write-behind against the tier off"
     timeout 900 python3 bench/ssd_restart.py decode "$bin"/inferd "$dir" --prompt-len 2048 \
       --gen-len 128 --rounds 3 --server-arg "--device cuda" --server-arg "--max-batch 4"
+  done
+fi
+
+if has_stage structured; then
+  for preset in "${agent_models[@]}"; do
+    dir=$(make_model "$preset") || { echo "mkmodel $preset failed"; continue; }
+    add_tokenizer "$preset" "$dir"
+    echo "== structured: $preset, a JSON schema against the same prompt unconstrained, batch 1"
+    timeout 600 python3 bench/structured_bench.py "$bin"/inferd "$dir" --device cuda --rounds 5
   done
 fi
 
