@@ -59,54 +59,6 @@ static int nomem(const struct json_reader *r)
     return json_reader_fail_plain(r, INFERD_ENOMEM, "out of memory");
 }
 
-/* json-c saturates integer literals beyond int64 instead of failing, so the raw text is
- * scanned for them (outside strings) before parsing. */
-static int scan_numbers(const char *body, size_t len, struct api_error *e)
-{
-    bool in_string = false;
-    for (size_t i = 0; i < len; i++) {
-        char c = body[i];
-        if (in_string) {
-            if (c == '\\')
-                i++;
-            else if (c == '"')
-                in_string = false;
-            continue;
-        }
-        if (c == '"') {
-            in_string = true;
-            continue;
-        }
-        if (c != '-' && (c < '0' || c > '9'))
-            continue;
-        size_t start = i;
-        bool integral = true;
-        while (i < len && (body[i] == '-' || body[i] == '+' || body[i] == '.' || body[i] == 'e' ||
-                           body[i] == 'E' || (body[i] >= '0' && body[i] <= '9'))) {
-            if (body[i] == '.' || body[i] == 'e' || body[i] == 'E')
-                integral = false;
-            i++;
-        }
-        size_t n = i - start;
-        i--;
-        if (!integral)
-            continue;
-        char buf[32];
-        errno = 0;
-        if (n < sizeof buf) {
-            memcpy(buf, body + start, n);
-            buf[n] = '\0';
-            (void)strtoll(buf, NULL, 10);
-        }
-        if (n >= sizeof buf || errno == ERANGE) {
-            api_error_set(e, 400, API_ERROR_INVALID_REQUEST, NULL, NULL,
-                          "the body contains an integer beyond the 64-bit range");
-            return -INFERD_EINVAL;
-        }
-    }
-    return 0;
-}
-
 /* ---- request: the parse's state -------------------------------------------------- */
 
 /* A tool_use block met in an assistant message, waiting for its tool_result. */
@@ -829,33 +781,11 @@ int anthropic_request_parse(const char *body, size_t len, enum anthropic_body ki
     memset(out, 0, sizeof *out);
     memset(e, 0, sizeof *e);
     out->req.kind = GEN_REQUEST_CHAT;
-    if (!body || len == 0) {
-        api_error_set(e, 400, API_ERROR_INVALID_REQUEST, NULL, NULL,
-                      "could not parse the JSON body: the body is empty");
-        return -INFERD_EINVAL;
-    }
-    if (len > INT32_MAX) {
-        api_error_set(e, 400, API_ERROR_INVALID_REQUEST, NULL, NULL, "the body is too large");
-        return -INFERD_EINVAL;
-    }
-    int rc = scan_numbers(body, len, e);
+    json_object *obj = NULL;
+    int rc = gen_request_parse_object(body, len, &obj, e);
     if (rc)
         return rc;
     struct err err = {0};
-    json_object *obj = NULL;
-    if ((rc = json_text_parse(body, len, GEN_REQUEST_MAX_DEPTH, true, &obj, &err))) {
-        if (rc == -INFERD_ENOMEM)
-            return fail_nomem(e);
-        api_error_set(e, 400, API_ERROR_INVALID_REQUEST, NULL, NULL,
-                      "could not parse the JSON body: %s", err.msg);
-        return -INFERD_EINVAL;
-    }
-    if (!json_object_is_type(obj, json_type_object)) {
-        api_error_set(e, 400, API_ERROR_INVALID_REQUEST, NULL, NULL,
-                      "the request body must be a JSON object, got %s", json_type_phrase(obj));
-        json_object_put(obj);
-        return -INFERD_EINVAL;
-    }
     struct json_doc doc = {.err = &err, .name = "the request body",
                            .flags = JSON_TEXT | JSON_INTEGRAL_DOUBLES};
     struct json_reader root = json_reader_root(&doc, obj);
