@@ -249,11 +249,13 @@ describe('the response store', () => {
 });
 
 describe('bad requests', () => {
-  test('text.format json_schema is a 400 naming text.format (never unconstrained text)', async () => {
-    await assert.rejects(openai.responses.create({ ...greedy, input: 'x', text: { format: { type: 'json_schema', name: 'n', schema: { type: 'object', properties: {} } } } }), (e) => {
+  test('text.format json_schema constrains the answer; an unsupported construct is a 400 naming text.format', async () => {
+    const r = await openai.responses.create({ ...greedy, input: 'x', max_output_tokens: 40, text: { format: { type: 'json_schema', name: 'n', schema: { type: 'object', properties: { ok: { type: 'boolean' } }, required: ['ok'], additionalProperties: false } } } });
+    if (r.status === 'completed') assert.equal(typeof JSON.parse(r.output_text).ok, 'boolean');
+    await assert.rejects(openai.responses.create({ ...greedy, input: 'x', text: { format: { type: 'json_schema', name: 'n', schema: { type: 'object', patternProperties: { '^a': { type: 'string' } } } } } }), (e) => {
       assert.equal(e.status, 400);
-      assert.equal(e.param, 'text.format');
-      assert.match(e.message, /structured output/);
+      assert.match(e.param, /^text\.format/);
+      assert.match(e.message, /patternProperties/);
       return true;
     });
   });
@@ -289,7 +291,7 @@ describe('GET /v1 and /v1/models', () => {
     assert.equal(typeof m.context_window, 'number');
     assert.equal(m.tools, true, 'the Qwen3 template renders tools');
     assert.equal(m.reasoning, true, 'the Qwen3 template thinks');
-    assert.equal(m.structured_output, false);
+    assert.equal(m.structured_output, true);
     assert.equal(typeof m.gen_defaults.temperature, 'number');
     assert.equal(typeof m.gen_defaults.top_p, 'number');
     assert.equal(typeof m.gen_defaults.top_k, 'number');
