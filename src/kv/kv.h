@@ -378,6 +378,9 @@ void kv_tier_free(struct kv_tier *t);
  * predicted to be faster). make_free gives a free pool block. */
 int kv_tier_continue(struct kv_tier *t, struct kv_seq *seq, const int32_t *tokens, int limit,
                      uint64_t chain_hash, uint64_t ns, bool (*make_free)(void *ctx), void *ctx);
+/* The manager is being destroyed: blocks leaving the cache from now on are
+ * not kept in host memory (their writes, if still owed, are). */
+void kv_tier_closing(struct kv_tier *t);
 /* seq is let go of: its reads in flight write nowhere. */
 void kv_tier_forget(struct kv_tier *t, const struct kv_seq *seq);
 /* The manager whose sequences the tier's failed reads truncate. */

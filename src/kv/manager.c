@@ -33,6 +33,9 @@ void kv_manager_destroy(struct kv_manager *mgr)
 {
     if (!mgr)
         return;
+    /* the pool goes away with everything in it: nothing is kept in host memory now */
+    if (mgr->tier)
+        kv_tier_closing(mgr->tier);
     if (mgr->prefix)
         kv_prefix_clear(mgr->prefix);
     kv_tier_free(mgr->tier);
