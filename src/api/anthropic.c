@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 
 #include "api/keys.h"
 #include "api/prompt.h"
@@ -19,19 +18,6 @@
 #define SSE_KEEPALIVE_MS 15000
 
 /* ---- small helpers ------------------------------------------------------------ */
-
-static void random_hex_id(char *out, size_t cap, const char *prefix)
-{
-    unsigned char b[12];
-    if (getrandom(b, sizeof b, 0) != (ssize_t)sizeof b) {
-        uint64_t t = now_ns();
-        memcpy(b, &t, 8);
-        memset(b + 8, 0, 4);
-    }
-    size_t n = (size_t)snprintf(out, cap, "%s", prefix);
-    for (size_t i = 0; i < sizeof b && n + 2 < cap; i++)
-        n += (size_t)snprintf(out + n, cap - n, "%02x", b[i]);
-}
 
 static json_object *jstr(const char *s, size_t len)
 {
@@ -904,7 +890,7 @@ static json_object *message_object(const struct anthropic_reply *r, json_object 
 static json_object *tool_use_block(const char *name, json_object *input)
 {
     char id[40];
-    random_hex_id(id, sizeof id, "toolu_");
+    generation_random_id(id, sizeof id, "toolu_");
     json_object *b = json_object_new_object();
     json_object_object_add(b, "type", json_object_new_string("tool_use"));
     json_object_object_add(b, "id", json_object_new_string(id));
@@ -1152,7 +1138,7 @@ static void reply_init(struct anthropic_reply *rep, const struct server *srv,
                        struct gen_request *req)
 {
     memset(rep, 0, sizeof *rep);
-    random_hex_id(rep->id, sizeof rep->id, "msg_");
+    generation_random_id(rep->id, sizeof rep->id, "msg_");
     rep->model = srv->model_id;
     for (size_t i = 0; i < req->n_stop; i++) { /* moved: the reply names the one that fired */
         rep->stop[i] = req->stop[i];

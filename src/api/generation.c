@@ -3,6 +3,7 @@
  * the reasoning split, and tool calls parsed out of the content. */
 #include "api/generation.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -630,4 +631,17 @@ void generation_free(struct generation *g)
     free(g->prompt_text);
     free(g->prompt_ids);
     free(g);
+}
+
+void generation_random_id(char *out, size_t cap, const char *prefix)
+{
+    unsigned char b[12];
+    if (getrandom(b, sizeof b, 0) != (ssize_t)sizeof b) {
+        uint64_t t = now_ns();
+        memcpy(b, &t, 8);
+        memset(b + 8, 0, 4);
+    }
+    size_t n = (size_t)snprintf(out, cap, "%s", prefix);
+    for (size_t i = 0; i < sizeof b && n + 2 < cap; i++)
+        n += (size_t)snprintf(out + n, cap - n, "%02x", b[i]);
 }

@@ -14,6 +14,10 @@
 #include "api/request.h"
 #include "engine/engine.h"
 
+/* A reply's (or one of its parts') id: prefix, then 24 random hex digits, in
+ * out (cap bytes, NUL-terminated; cut short when cap is too small). */
+void generation_random_id(char *out, size_t cap, const char *prefix);
+
 /* A request on its way through the engine. */
 struct generation;
 

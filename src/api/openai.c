@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 
 #include "api/generation.h"
 #include "api/openai.h"
@@ -29,19 +28,6 @@ struct reply {
     bool include_usage;
     bool sent_role;              /* streaming: the first chunk (the assistant role) is out */
 };
-
-static void random_id(char *out, size_t cap, const char *prefix)
-{
-    unsigned char b[12];
-    if (getrandom(b, sizeof b, 0) != (ssize_t)sizeof b) {
-        uint64_t t = now_ns();
-        memcpy(b, &t, 8);
-        memset(b + 8, 0, 4);
-    }
-    size_t n = (size_t)snprintf(out, cap, "%s", prefix);
-    for (size_t i = 0; i < sizeof b && n + 2 < cap; i++)
-        n += (size_t)snprintf(out + n, cap - n, "%02x", b[i]);
-}
 
 static void reply_free(struct reply *r)
 {
@@ -445,7 +431,7 @@ static struct reply *start_reply(struct http_exchange *x, enum gen_request_kind 
     }
     r->srv = x->srv;
     r->kind = kind;
-    random_id(r->id, sizeof r->id, kind == GEN_REQUEST_CHAT ? "chatcmpl-" : "cmpl-");
+    generation_random_id(r->id, sizeof r->id, kind == GEN_REQUEST_CHAT ? "chatcmpl-" : "cmpl-");
     r->created = time(NULL);
     r->logprobs = generation_logprobs(r->gen);
     r->include_usage = req->has_include_usage && req->include_usage;

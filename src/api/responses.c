@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 
 #include "api/response_store.h"
 #include "base/log.h"
@@ -40,19 +39,6 @@ static json_object *jsetting(double v)
 static json_object *jstr_or_null(const char *s)
 {
     return s ? json_object_new_string(s) : NULL;
-}
-
-static void random_id(char *out, size_t cap, const char *prefix)
-{
-    unsigned char b[12];
-    if (getrandom(b, sizeof b, 0) != (ssize_t)sizeof b) {
-        uint64_t t = now_ns();
-        memcpy(b, &t, 8);
-        memset(b + 8, 0, 4);
-    }
-    size_t n = (size_t)snprintf(out, cap, "%s", prefix);
-    for (size_t i = 0; i < sizeof b && n + 2 < cap; i++)
-        n += (size_t)snprintf(out + n, cap - n, "%02x", b[i]);
 }
 
 /* ======================================================================
@@ -1194,7 +1180,7 @@ static struct item *open_item(struct responses_writer *w, enum item_kind kind, s
     memset(it, 0, sizeof *it);
     it->kind = kind;
     it->status = "in_progress";
-    random_id(it->id, sizeof it->id, prefixes[kind]);
+    generation_random_id(it->id, sizeof it->id, prefixes[kind]);
     w->open = (int)i;
     return it;
 }
@@ -1266,7 +1252,7 @@ static void add_tool_delta(struct responses_writer *w, const struct generation_t
             it->call_id = strdup(d->id);
         else {
             char id[32];
-            random_id(id, sizeof id, "call_");
+            generation_random_id(id, sizeof id, "call_");
             it->call_id = strdup(id);
         }
         it->name = strdup(d->name ? d->name : "");
@@ -1559,7 +1545,7 @@ void responses_create(struct http_exchange *x)
         ok = false;
     }
     char id[48];
-    random_id(id, sizeof id, "resp_");
+    generation_random_id(id, sizeof id, "resp_");
     struct responses_writer_config cfg = {
         .id = id,
         .model = srv->model_id,
