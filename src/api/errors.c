@@ -58,6 +58,17 @@ static json_object *string_or_null(const char *s)
     return s[0] ? json_object_new_string(s) : NULL;
 }
 
+/* Appends root as compact JSON to out and frees it: 0, or -INFERD_ENOMEM. */
+static int append_and_free(json_object *root, struct strbuf *out)
+{
+    size_t len = 0;
+    const char *s = json_object_to_json_string_length(
+        root, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE, &len);
+    bool ok = s && strbuf_append(out, s, len);
+    json_object_put(root);
+    return ok ? 0 : -INFERD_ENOMEM;
+}
+
 int api_error_render_openai(const struct api_error *e, struct strbuf *out)
 {
     json_object *inner = json_object_new_object();
@@ -73,12 +84,7 @@ int api_error_render_openai(const struct api_error *e, struct strbuf *out)
     json_object_object_add(inner, "type", json_object_new_string(type));
     json_object_object_add(inner, "param", string_or_null(e->param));
     json_object_object_add(inner, "code", string_or_null(e->code));
-    size_t len = 0;
-    const char *s = json_object_to_json_string_length(
-        root, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE, &len);
-    bool ok = s && strbuf_append(out, s, len);
-    json_object_put(root);
-    return ok ? 0 : -INFERD_ENOMEM;
+    return append_and_free(root, out);
 }
 
 const struct api_error_format api_error_openai = {
@@ -124,12 +130,7 @@ int api_error_render_anthropic(const struct api_error *e, struct strbuf *out)
     json_object_object_add(root, "error", inner);
     json_object_object_add(inner, "type", json_object_new_string(anthropic_type(e)));
     json_object_object_add(inner, "message", json_object_new_string(e->message));
-    size_t len = 0;
-    const char *s = json_object_to_json_string_length(
-        root, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE, &len);
-    bool ok = s && strbuf_append(out, s, len);
-    json_object_put(root);
-    return ok ? 0 : -INFERD_ENOMEM;
+    return append_and_free(root, out);
 }
 
 const struct api_error_format api_error_anthropic = {
