@@ -224,6 +224,10 @@ struct backend_ops {
                              size_t dev_pitch, size_t width, size_t height);
     void (*to_device_2d_async)(struct backend *be, void *dev, size_t dev_pitch, const void *host,
                                size_t host_pitch, size_t width, size_t height);
+    /* Starts every op called so far on the device and returns without
+     * waiting for them, so the host can work while they run. Optional (NULL:
+     * ops have run by the time they return, as on the CPU). */
+    void (*submit)(struct backend *be);
 };
 
 struct backend {

@@ -64,8 +64,9 @@ static bool grammar_applies(const struct seq *s)
 
 /* The mask step of the next pick: the grammar's allowed tokens (end-of-sequence only where it
  * accepts) when it applies, else none. Returns 0, 1 when the grammar allows nothing more (the
- * reply is done), or -INFERD_ENOMEM. Computed right after a pick, before the next step's
- * forward is launched. */
+ * reply is done), or -INFERD_ENOMEM. Computed at creation for the first pick; after each pick
+ * it is left due (mask_due) until seq_prepare_pick, which the step runs while the device
+ * computes the next forward. */
 static int constrain_next(struct seq *s, struct engine_metrics *metrics)
 {
     if (!grammar_applies(s))
@@ -326,14 +327,43 @@ static enum gen_finish emit_token(struct seq *s, int32_t id, const struct gen_to
         return why;
     if (grammar_applies(s) && constrain_finished(&s->con))
         return GEN_FINISH_STOP;
+    s->mask_due = true;
+    return GEN_RUNNING;
+}
+
+void seq_prepare_pick(struct seq *s, struct engine_metrics *metrics)
+{
+    if (!s->mask_due)
+        return;
+    s->mask_due = false;
     int rc = constrain_next(s, metrics);
-    if (rc < 0)
+    if (rc == 1) {
+        s->grammar_done = true;
+    } else if (rc < 0) { /* no mask: this pick must not happen */
+        s->pick_void = true;
         atomic_store(&s->out->cancel, true);
-    return rc == 1 ? GEN_FINISH_STOP : GEN_RUNNING;
+    }
+}
+
+/* Whether the row in hand may be picked from: its mask is the one for this position (a
+ * mask still due was never applied: that pick is void too). Else the finish it brings. */
+static bool pick_allowed(struct seq *s, enum gen_finish *why)
+{
+    if (s->mask_due) {
+        s->mask_due = false;
+        s->pick_void = true;
+        atomic_store(&s->out->cancel, true);
+    }
+    *why = s->grammar_done ? GEN_FINISH_STOP : GEN_RUNNING;
+    return !s->grammar_done && !s->pick_void;
 }
 
 enum gen_finish seq_take_token(struct seq *s, const float *logits, int n_ctx, struct engine_metrics *metrics)
 {
+    seq_prepare_pick(s, metrics);
+    enum gen_finish why;
+    if (!pick_allowed(s, &why))
+        return why;
     return emit_token(s, sampler_pick(s->sampler, logits), NULL, n_ctx, metrics);
 }
 
@@ -341,6 +371,9 @@ enum gen_finish seq_take_result(struct seq *s, const struct sample_spec *spec,
                                 const struct sample_result *res, const float *host_row, int n_ctx,
                                 struct engine_metrics *metrics)
 {
+    enum gen_finish why;
+    if (!pick_allowed(s, &why))
+        return why;
     return emit_token(s, sampler_take_result(s->sampler, spec, res, host_row), NULL, n_ctx,
                       metrics);
 }
@@ -353,6 +386,9 @@ enum gen_finish seq_replay(struct seq *s, const struct gen_token *tokens, int n,
         if (tokens[i].id < 0 || tokens[i].id >= s->sampler->n_vocab)
             return GEN_FINISH_ERROR;
         why = emit_token(s, tokens[i].id, &tokens[i], n_ctx, NULL);
+        seq_prepare_pick(s, NULL); /* the grammar's stages advance as they would have */
+        if (s->grammar_done)
+            why = GEN_FINISH_STOP;
     }
     s->sampler->rng_state = rng_state;
     return why;

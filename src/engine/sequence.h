@@ -61,6 +61,9 @@ struct seq {
     struct gen_pending pending; /* not yet published to out */
     struct seq_think think;
     struct constrain con;       /* structured output; off when the request has no grammar */
+    bool mask_due;              /* a pick since the mask was computed: seq_prepare_pick owes it */
+    bool grammar_done;          /* the grammar allows nothing more: the next row finishes it */
+    bool pick_void;             /* no mask for the next pick (out of memory): it is cancelled */
     uint64_t t_submit_ns, t_last_token_ns;
     uint64_t admit_order;       /* later admissions are preempted first */
     char *session_id;           /* owned; session affinity (kv.session points here), or NULL */
@@ -117,6 +120,10 @@ enum gen_finish seq_take_token(struct seq *s, const float *logits, int n_ctx, st
 enum gen_finish seq_take_result(struct seq *s, const struct sample_spec *spec,
                                 const struct sample_result *res, const float *host_row, int n_ctx,
                                 struct engine_metrics *metrics);
+
+/* The next pick's mask, when a pick left it due: computed on the engine
+ * thread while the device runs the step whose row it applies to. */
+void seq_prepare_pick(struct seq *s, struct engine_metrics *metrics);
 
 /* Replays n generated tokens of a checkpoint (their records as the reader
  * got them) as if they had just been picked, then restores the sampler's

@@ -20,6 +20,25 @@ static bool fill_specs(struct sched *sc, int n)
     return true;
 }
 
+/* A step's host work while the device computes it: the batch's masks due
+ * (structured output), then the picks' specs. */
+struct step_picks {
+    struct sched *sc;
+    int n;
+    bool on_backend; /* the rows were sampled on the device */
+};
+
+static int prepare_picks(void *ctx, bool sampled, struct err *err)
+{
+    (void)err;
+    struct step_picks *p = ctx;
+    for (int b = 0; b < p->n; b++)
+        if (!p->sc->batch_owner[b]->finishing)
+            seq_prepare_pick(p->sc->batch_owner[b], p->sc->metrics);
+    p->on_backend = sampled && fill_specs(p->sc, p->n);
+    return p->on_backend ? 0 : 1;
+}
+
 /* The row that predicts s's next token: picked by s's sampler, or left in
  * sc->logits for a detached sequence's driver when it has none. */
 static enum gen_finish take_row(struct sched *sc, struct seq *s, size_t row, bool on_backend)
@@ -40,10 +59,16 @@ int sched_step(struct sched *sc, struct err *err)
         return 0;
     struct batch batch = {sc->batch_seqs, n};
     struct kv_cache *cache = kv_manager_cache(sc->kv);
-    bool on_backend = model_samples_on_backend(sc->model) && fill_specs(sc, n);
-    int rc = on_backend ? model_forward_sampled(sc->model, sc->fwd, cache, &batch, sc->specs,
-                                                sc->results, sc->logits, err)
-                        : model_forward(sc->model, sc->fwd, cache, &batch, sc->logits, err);
+    struct step_picks picks = {.sc = sc, .n = n};
+    struct forward_output out = {
+        .host_rows = sc->logits,
+        .specs = sc->specs,
+        .results = sc->results,
+        .before_rows = prepare_picks,
+        .ctx = &picks,
+    };
+    int rc = model_forward_sampled(sc->model, sc->fwd, cache, &batch, &out, err);
+    bool on_backend = picks.on_backend;
     atomic_fetch_add(&sc->counters.steps, 1);
     size_t row = 0;
     for (int b = 0; b < n; b++) {

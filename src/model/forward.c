@@ -138,18 +138,11 @@ static int batch_prepare(const struct model *m, struct forward_state *st,
     return row;
 }
 
-/* Where the LM head's rows go: copied to the host (logits), or sampled by
- * the backend (specs/results, host_rows for rows it hands back). */
-struct head_output {
-    float *logits;
-    const struct sample_spec *specs;
-    struct sample_result *results;
-    float *host_rows;
-};
-
-/* Final norm of the wanted rows only, then the LM head in chunks. */
+/* Final norm of the wanted rows only, then the LM head in chunks; each chunk
+ * sampled on the device or copied to the host. The host's work for the picks
+ * runs once the first chunk is started, while the device computes. */
 static int lm_head(const struct model *m, struct forward_state *st, const struct batch *batch,
-                   const struct head_output *out, struct err *err)
+                   const struct forward_output *out, struct err *err)
 {
     const struct model_config *c = &m->config;
     struct backend *be = m->backend;
@@ -165,13 +158,23 @@ static int lm_head(const struct model *m, struct forward_state *st, const struct
                     c->hidden_size, c->rms_norm_eps, st->head_in + (size_t)n_out * c->hidden_size);
         n_out += count;
     }
+    bool sampled = out->specs && op->sample;
     for (int r = 0; r < n_out; r += LOGITS_CHUNK_ROWS) {
         int rows = n_out - r < LOGITS_CHUNK_ROWS ? n_out - r : LOGITS_CHUNK_ROWS;
         op->matmul(be, st->head_in + (size_t)r * c->hidden_size, rows, &m->weights.lm_head, NULL,
                    st->logits);
+        if (r == 0 && out->before_rows) {
+            if (op->submit)
+                op->submit(be);
+            int rc = out->before_rows(out->ctx, sampled, err);
+            if (rc < 0)
+                return rc;
+            if (rc == 1)
+                sampled = false;
+        }
         size_t row0 = (size_t)r * c->vocab_size;
-        if (!out->specs) {
-            op->to_host(be, out->logits + row0, st->logits,
+        if (!sampled) {
+            op->to_host(be, out->host_rows + row0, st->logits,
                         (size_t)rows * c->vocab_size * sizeof(float));
             continue;
         }
@@ -184,7 +187,7 @@ static int lm_head(const struct model *m, struct forward_state *st, const struct
 }
 
 static int forward_step(const struct model *m, struct forward_state *st, struct kv_cache *kv,
-                        const struct batch *batch, const struct head_output *out, struct err *err)
+                        const struct batch *batch, const struct forward_output *out, struct err *err)
 {
     const struct model_config *c = &m->config;
     if (kv->n_layers != c->n_layers || kv->n_kv_heads != c->n_kv_heads ||
@@ -208,7 +211,7 @@ static int forward_step(const struct model *m, struct forward_state *st, struct 
 int model_forward(const struct model *m, struct forward_state *st, struct kv_cache *kv,
                   const struct batch *batch, float *logits, struct err *err)
 {
-    struct head_output out = {.logits = logits};
+    struct forward_output out = {.host_rows = logits};
     return forward_step(m, st, kv, batch, &out, err);
 }
 
@@ -218,12 +221,8 @@ bool model_samples_on_backend(const struct model *m)
 }
 
 int model_forward_sampled(const struct model *m, struct forward_state *st, struct kv_cache *kv,
-                          const struct batch *batch, const struct sample_spec *specs,
-                          struct sample_result *results, float *host_rows, struct err *err)
+                          const struct batch *batch, const struct forward_output *out,
+                          struct err *err)
 {
-    if (!model_samples_on_backend(m))
-        return err_set(err, INFERD_EUNSUPPORTED, "the %s backend does not sample",
-                       m->backend->ops->name);
-    struct head_output out = {.specs = specs, .results = results, .host_rows = host_rows};
-    return forward_step(m, st, kv, batch, &out, err);
+    return forward_step(m, st, kv, batch, out, err);
 }

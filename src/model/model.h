@@ -90,14 +90,35 @@ int model_forward(const struct model *m, struct forward_state *st, struct kv_cac
 /* True when the model's backend picks tokens itself (backend_ops.sample). */
 bool model_samples_on_backend(const struct model *m);
 
-/* model_forward, but each output row is sampled where the logits are, by
- * specs[row] into results[row]: only results cross to the host, plus the
- * processed logits of a row the backend hands back (need_host), which land
- * at host_rows + row * vocab_size (host memory, as large as model_forward's
- * logits). -INFERD_EUNSUPPORTED when the backend cannot sample. */
+/* Where a step's output rows go, and the host's work while the device
+ * computes them. */
+struct forward_output {
+    /* Host memory, as large as model_forward's logits: every row's logits when
+     * the rows are not sampled on the device; else the processed logits of a
+     * row the backend hands back (need_host), at host_rows + row * vocab_size. */
+    float *host_rows;
+    /* specs[row] picks row's token into results[row] on the device; NULL (or
+     * a backend that does not sample): the logits go to host_rows. */
+    const struct sample_spec *specs;
+    struct sample_result *results;
+    /* Called once in a step that has output rows, after the layers and the
+     * LM head's first rows are started on the device (backend_ops.submit) and
+     * before any row is read: host work there overlaps the device on a
+     * backend that runs asynchronously (elsewhere it runs after the layers).
+     * sampled says whether the rows are about to be sampled on the device
+     * with specs (which it may fill now). Returns 0 to go on, 1 to copy the
+     * logits to host_rows instead of sampling, or a negative error code with
+     * err filled. NULL: none. */
+    int (*before_rows)(void *ctx, bool sampled, struct err *err);
+    void *ctx;
+};
+
+/* model_forward with its rows sampled on the device where out->specs and the
+ * backend allow (only results cross to the host), and out->before_rows run
+ * while the device computes. */
 int model_forward_sampled(const struct model *m, struct forward_state *st, struct kv_cache *kv,
-                          const struct batch *batch, const struct sample_spec *specs,
-                          struct sample_result *results, float *host_rows, struct err *err);
+                          const struct batch *batch, const struct forward_output *out,
+                          struct err *err);
 
 /* Number of logits rows model_forward will write for batch. */
 int batch_n_outputs(const struct batch *batch);

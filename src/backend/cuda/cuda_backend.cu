@@ -937,6 +937,13 @@ static void cu_to_host(struct backend *be, void *dst, const void *src, size_t by
 
 static int cu_status(struct backend *be, struct err *err);
 
+/* The recorded ops are launched (a decode step's graph replayed); the host
+ * goes on while the GPU runs them. */
+static void cu_submit(struct backend *be)
+{
+    flush(impl_of(be));
+}
+
 /* Token sampling (sample.cu) runs after the step: the recorded ops are
  * launched (replayed from a graph for decode steps), then the sampling
  * kernels eagerly on the same stream, then one small copy of the results. */
@@ -1057,6 +1064,7 @@ static const struct backend_ops cuda_ops = {
     /* .host_free = */ cu_host_free,
     /* .to_host_2d_async = */ cu_to_host_2d_async,
     /* .to_device_2d_async = */ cu_to_device_2d_async,
+    /* .submit = */ cu_submit,
 };
 
 /* backend_options.gpu_sampling off: logits go to the host and are sampled there. */
