@@ -130,6 +130,7 @@ struct gen_spec_usage {
     int accepted;     /* of which kept */
     int target_calls; /* target forward steps that verified drafts */
     bool shared;      /* a step computed it together with another sequence */
+    bool on;          /* it speculates (a drafter is configured and the request allows it) */
 };
 
 /* usage.lane: "serial+spec" when drafts were verified, else "batch" when it shared a step,

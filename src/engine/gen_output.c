@@ -69,6 +69,7 @@ bool gen_output_publish(struct gen_output *o, struct gen_pending *p)
     o->spec.accepted += p->spec.accepted;
     o->spec.target_calls += p->spec.target_calls;
     o->spec.shared = o->spec.shared || p->spec.shared;
+    o->spec.on = o->spec.on || p->spec.on;
     if (p->finish != GEN_RUNNING && o->finish == GEN_RUNNING) {
         o->finish = p->finish;
         o->error_code = p->error_code;

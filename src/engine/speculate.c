@@ -34,6 +34,8 @@ int spec_config_check(struct spec_config *c, const struct model *target, struct 
                        "--draft-kind ngram drafts from the prompt and takes no --draft-model");
     if (c->kind == SPEC_TWO_MODEL && !c->draft)
         return err_set(err, INFERD_EINVAL, "--draft-kind two-model needs a --draft-model");
+    if (c->kind == SPEC_CALLBACK && !c->draft_fn)
+        return err_set(err, INFERD_EINVAL, "a callback drafter needs its function");
     if (c->num_draft_tokens == 0)
         c->num_draft_tokens = c->kind == SPEC_NGRAM ? SPEC_DRAFTS_NGRAM : SPEC_DRAFTS_TWO_MODEL;
     if (c->num_draft_tokens < 1 || c->num_draft_tokens > SPEC_MAX_DRAFTS)
@@ -362,6 +364,9 @@ int spec_propose(struct spec_drafter *d, struct seq **seqs, int n, int n_ctx, st
                 s->spec.n_drafts = spec_ngram_lookup(s->tokens, s->n_tokens, d->cfg.ngram_min,
                                                      d->cfg.ngram_max, s->spec.verify + 1,
                                                      want[i]);
+            else if (want[i] > 0 && d->cfg.kind == SPEC_CALLBACK)
+                s->spec.n_drafts = d->cfg.draft_fn(d->cfg.draft_ctx, s->tokens, s->n_tokens,
+                                                   s->spec.verify + 1, want[i]);
         }
         if (d->cfg.kind == SPEC_TWO_MODEL)
             rc = propose_two_model(d, seqs + start, want, m, err);

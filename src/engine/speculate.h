@@ -27,7 +27,12 @@ enum spec_kind {
     SPEC_NONE = 0,  /* no speculation: the step is the plain one */
     SPEC_TWO_MODEL, /* a draft model proposes greedily */
     SPEC_NGRAM,     /* prompt lookup: the continuation of an earlier match of the last tokens */
+    SPEC_CALLBACK,  /* the caller's function proposes (tests place misses where they want) */
 };
+
+/* SPEC_CALLBACK's drafter: up to cap drafts to follow tokens[0..n) into out; returns how
+ * many. Called on the thread that drives the serving loop. */
+typedef int (*spec_draft_fn)(void *ctx, const int32_t *tokens, int n, int32_t *out, int cap);
 
 #define SPEC_MAX_DRAFTS 16
 #define SPEC_DRAFTS_TWO_MODEL 3 /* --num-draft-tokens' default per kind */
@@ -41,6 +46,8 @@ struct spec_config {
     int num_draft_tokens;      /* most drafts per verification, [1, SPEC_MAX_DRAFTS]; 0: the
                                   kind's default */
     int ngram_max, ngram_min;  /* prompt lookup's match lengths, 1 <= min <= max; 0: 3 and 1 */
+    spec_draft_fn draft_fn;    /* SPEC_CALLBACK only, with its draft_ctx */
+    void *draft_ctx;
 };
 
 /* One sequence's speculation (struct seq holds it). */

@@ -134,6 +134,8 @@ int sched_step(struct sched *sc, struct err *err)
         enum gen_finish why = GEN_RUNNING;
         if (n > 1)
             s->pending.spec.shared = true;
+        if (s->spec.on)
+            s->pending.spec.on = true;
         if (rc < 0) {
             why = GEN_FINISH_ERROR;
             s->spec.n_drafts = 0;
