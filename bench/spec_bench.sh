@@ -59,12 +59,17 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 echo "== $(date -u +%Y-%m-%d), $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores; ${gen} tokens, ${reps} alternating pairs"
 
-# Held-out prompts: a paragraph start each, from documents spread over the file.
-mapfile -t prompts < <(awk 'length($0) > 200 && length($0) < 400' "$heldout" | awk -v n="$n_prompts" 'NR % 97 == 1 && c < n { print; c++ }')
+# Held-out prompts: the first 30 words of verses spread over the file, those whose plain
+# continuation runs the whole length (one that ends at once times nothing).
+prompts=()
+while IFS= read -r line && [ ${#prompts[@]} -lt "$n_prompts" ]; do
+  words=$(cut -d' ' -f1-30 <<<"$line")
+  read -r _ < <(run_once -p "$words")
+  [ "$(wc -w <"$tmp/last")" -ge $((gen / 2)) ] && prompts+=("$words")
+done < <(awk 'length($0) > 200 && length($0) < 400' "$heldout" | awk 'NR % 97 == 1')
 echo "-- house + house-draft, greedy, batch 1 (--draft-model models/house-draft, K 3 adaptive)"
 for i in "${!prompts[@]}"; do
-  words=$(cut -d' ' -f1-30 <<<"${prompts[$i]}")
-  compare "held-out prompt $((i + 1))" "$words" --draft-model models/house-draft
+  compare "held-out prompt $((i + 1))" "${prompts[$i]}" --draft-model models/house-draft
 done
 
 # The copy workload: a passage, a blank line, then its first words again.

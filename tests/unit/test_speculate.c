@@ -3,14 +3,17 @@
  * architecture and the house pair, alone and in mixed batches), sampled picks follow the
  * target's distribution (chi-square; a wrong acceptance rule fails it), misses at every
  * position truncate the KV, stops and max_tokens inside an accepted run end where plain
- * decoding does, and a draft with another tokenizer is refused. */
+ * decoding does, grammars, preemption, cancellation and seeds hold, and a draft with another
+ * tokenizer is refused. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "api/structured.h"
 #include "engine/engine.h"
+#include "grammar/grammar.h"
 #include "engine/generate.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
@@ -627,4 +630,137 @@ Test(speculate, sampled_picks_follow_the_target_distribution_and_a_wrong_rule_do
     backend_destroy(be);
     test_rmtree(dir);
     free(dir);
+}
+
+/* ---- preemption, cancellation, seeds ------------------------------------------ */
+
+Test(speculate, preemption_cancellation_and_seeds_behave_as_without_speculation, .timeout = 120)
+{
+    struct pair p;
+    pair_open_tiny(&p, "tiny-qwen3", 6);
+    struct requests q;
+    make_requests(&q, 4000, 4321);
+    struct err err = {0};
+    struct spec_config self = {.kind = SPEC_TWO_MODEL, .draft = p.target, .num_draft_tokens = 4};
+    cr_assert_eq(spec_config_check(&self, p.target, &err), 0, "%s", err.msg);
+
+    /* plain, with room for everyone */
+    struct engine *big = engine_for(&p, NULL, 0);
+    struct result want[N_REQ], got[N_REQ];
+    struct gen_output *o[N_REQ];
+    for (int i = 0; i < N_REQ; i++) {
+        struct gen_params gp = params_of(&q, i, GEN);
+        cr_assert_eq(engine_submit(big, &gp, &o[i], &err), 0, "%s", err.msg);
+        collect(o[i], &want[i]);
+    }
+    engine_free(big);
+
+    /* speculating in a pool of 8 blocks of 16: six sequences of up to 68 positions and their
+     * drafts take turns, preempted and recomputed */
+    struct engine_config cfg = {.n_ctx = 80, .max_seqs = 8, .max_step_tokens = 48,
+                                .max_queue = 64, .kv_blocks = 8, .spec = &self};
+    struct engine *small;
+    cr_assert_eq(engine_create(p.target, p.tok, &cfg, &small, &err), 0, "%s", err.msg);
+    for (int i = 0; i < N_REQ; i++) {
+        struct gen_params gp = params_of(&q, i, GEN);
+        cr_assert_eq(engine_submit(small, &gp, &o[i], &err), 0, "%s", err.msg);
+    }
+    for (int i = 0; i < N_REQ; i++) {
+        collect(o[i], &got[i]);
+        expect_same(&want[i], &got[i], "preempted while speculating", i);
+    }
+    struct engine_stats st;
+    engine_get_stats(small, &st);
+    cr_assert_gt(st.preemptions, 0, "the pool was meant to run short");
+    cr_assert_gt(st.spec_verify_steps, 0);
+
+    /* a cancelled speculating request goes; the next one is served as before */
+    struct gen_params long_one = params_of(&q, 0, GEN);
+    cr_assert_eq(engine_submit(small, &long_one, &o[0], &err), 0, "%s", err.msg);
+    atomic_store(&o[0]->cancel, true);
+    wait_done(o[0]);
+    cr_assert(o[0]->finish == GEN_FINISH_CANCELLED || o[0]->finish == GEN_FINISH_LENGTH);
+    gen_output_release(o[0]);
+    struct gen_params again = params_of(&q, 1, GEN);
+    cr_assert_eq(engine_submit(small, &again, &o[1], &err), 0, "%s", err.msg);
+    collect(o[1], &got[1]);
+    expect_same(&want[1], &got[1], "after a cancellation", 1);
+
+    /* a seeded sampled request gives the same tokens every time, alone or among others */
+    struct gen_params sampled = params_of(&q, 2, GEN);
+    sampled.sampling = (struct sampler_params){.temperature = 0.7f, .top_k = 20, .top_p = 0.95f,
+                                               .seed = 99};
+    struct result first, second;
+    cr_assert_eq(engine_submit(small, &sampled, &o[0], &err), 0, "%s", err.msg);
+    collect(o[0], &first);
+    for (int i = 1; i < 4; i++) {
+        struct gen_params gp = params_of(&q, i, GEN);
+        cr_assert_eq(engine_submit(small, &gp, &o[i], &err), 0, "%s", err.msg);
+    }
+    cr_assert_eq(engine_submit(small, &sampled, &o[0], &err), 0, "%s", err.msg);
+    collect(o[0], &second);
+    for (int i = 1; i < 4; i++)
+        collect(o[i], &got[i]);
+    expect_same(&first, &second, "seeded sampling, again among others", 2);
+    cr_assert_gt(first.spec.target_calls, 0);
+    engine_free(small);
+    pair_close(&p);
+}
+
+/* ---- structured output ----------------------------------------------------------- */
+
+Test(speculate, grammar_constrained_output_equals_plain_decoding, .timeout = 120)
+{
+    struct pair p = {0};
+    pair_open_dirs(&p, HOUSE, HOUSE_DRAFT);
+    struct err err = {0};
+    struct grammar_vocab *vocab;
+    struct grammar_cache *cache;
+    cr_assert_eq(grammar_vocab_create(p.tok, &vocab, &err), 0, "%s", err.msg);
+    cr_assert_eq(grammar_cache_create(vocab, 4, &cache, &err), 0, "%s", err.msg);
+    const char *schema = "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\","
+                         "\"maxLength\":40},\"tribe\":{\"type\":\"string\",\"maxLength\":40}},"
+                         "\"required\":[\"name\",\"tribe\"]}";
+    struct structured_spec spec = {.kind = STRUCTURED_JSON_SCHEMA, .text = (char *)schema,
+                                   .len = strlen(schema)};
+    struct gen_grammar *g;
+    cr_assert_eq(grammar_cache_get(cache, &spec, &g, &err), 0, "%s", err.msg);
+    int32_t *prompt = NULL;
+    int n_prompt = 0;
+    const char *text = "And the sons of Jacob came out of the field when they heard it:";
+    cr_assert_eq(tok_encode(p.tok, text, strlen(text), false, &prompt, &n_prompt, &err), 0);
+    int32_t eos[] = {2, 0};
+    struct gen_params gp = {.prompt = prompt, .n_prompt = n_prompt, .max_tokens = 48,
+                            .sampling = {.temperature = 0, .top_p = 1}, .logprobs = -1,
+                            .eos_ids = eos, .n_eos = 2, .grammar = g, .jump_forward = true};
+    char want[512] = "";
+    struct spec_config kinds[] = {
+        {.kind = SPEC_NONE},
+        {.kind = SPEC_TWO_MODEL, .draft = p.draft},
+        {.kind = SPEC_TWO_MODEL, .draft = p.target},
+        {.kind = SPEC_NGRAM},
+    };
+    for (int k = 0; k < 4; k++) {
+        struct engine *e = engine_for(&p, k ? &kinds[k] : NULL, 0);
+        struct gen_output *o;
+        cr_assert_eq(engine_submit(e, &gp, &o, &err), 0, "%s", err.msg);
+        struct result r;
+        collect(o, &r);
+        if (k == 0) {
+            snprintf(want, sizeof want, "%s", r.text);
+            cr_assert(want[0] == '{', "plain: '%s'", want);
+        } else {
+            cr_assert_str_eq(r.text, want, "drafter %d", k);
+            cr_log_info("drafter %d: %d of %d drafts kept over %d verify steps: %s", k,
+                        r.spec.accepted, r.spec.drafted, r.spec.target_calls, r.text);
+            if (k == 2) /* the target as its own draft: its greedy picks outside the grammar are cut */
+                cr_assert_gt(r.spec.accepted, 0);
+        }
+        engine_free(e);
+    }
+    gen_grammar_release(g);
+    grammar_cache_free(cache);
+    grammar_vocab_free(vocab);
+    free(prompt);
+    pair_close(&p);
 }
