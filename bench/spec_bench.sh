@@ -66,7 +66,7 @@ while IFS= read -r line && [ ${#prompts[@]} -lt "$n_prompts" ]; do
   words=$(cut -d' ' -f1-30 <<<"$line")
   read -r _ < <(run_once -p "$words")
   [ "$(wc -w <"$tmp/last")" -ge $((gen / 2)) ] && prompts+=("$words")
-done < <(awk 'length($0) > 200 && length($0) < 400' "$heldout" | awk 'NR % 97 == 1')
+done < <(awk 'length($0) > 200 && length($0) < 400' "$heldout" | awk 'NR % 13 == 1')
 echo "-- house + house-draft, greedy, batch 1 (--draft-model models/house-draft, K 3 adaptive)"
 for i in "${!prompts[@]}"; do
   compare "held-out prompt $((i + 1))" "${prompts[$i]}" --draft-model models/house-draft
