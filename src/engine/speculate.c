@@ -155,7 +155,8 @@ void spec_seq_init(const struct spec_drafter *d, struct seq *s, bool speculative
     kv_seq_init(&sp->dkv);
     sp->on = d && speculative && !s->think.on &&
              !(s->sampler && s->sampler->params.xtc_probability > 0);
-    sp->k = d ? d->max_drafts : 0;
+    /* a few drafts first; a drafter that keeps matching earns the rest quickly */
+    sp->k = d ? (d->max_drafts < SPEC_DRAFTS_START ? d->max_drafts : SPEC_DRAFTS_START) : 0;
 }
 
 void spec_seq_release(struct spec_drafter *d, struct seq *s)
@@ -396,17 +397,19 @@ void spec_after_verify(struct spec_drafter *d, struct seq *s, int n_drafts, int 
             kv_manager_truncate(d->kv, &sp->dkv, s->n_computed);
         sp->d_valid = sp->dkv.n_tokens;
     }
-    /* Adaptive k: one more after a full acceptance, fewer when most were refused, and after
-     * misses in a row a pause that doubles (up to 64 steps), so a sequence the drafter cannot
-     * predict costs its batch almost nothing. */
-    if (n_accepted == n_drafts && sp->k < d->max_drafts)
-        sp->k++;
-    else if (2 * n_accepted < n_drafts && sp->k > 1)
-        sp->k--;
-    if (n_accepted > 0) {
+    /* Adaptive k: twice as many after a full acceptance (up to the most); after a step that
+     * kept fewer than half, one more than it kept (a drafter that stops matching costs few
+     * rows at once); and after two poor steps in a row (under a quarter kept) a pause of 8,
+     * then 16, 32 and 64 steps, so a sequence the drafter cannot predict costs its batch
+     * almost nothing. */
+    if (n_accepted == n_drafts)
+        sp->k = 2 * sp->k < d->max_drafts ? 2 * sp->k : d->max_drafts;
+    else if (2 * n_accepted < n_drafts)
+        sp->k = n_accepted + 1;
+    if (4 * n_accepted >= n_drafts) {
         sp->misses = 0;
-    } else if (++sp->misses >= 3) {
-        int shift = sp->misses - 1 < 6 ? sp->misses - 1 : 6;
-        sp->rest = 1 << shift;
+    } else if (++sp->misses >= 2) {
+        int shift = sp->misses - 2 < 3 ? sp->misses - 2 : 3;
+        sp->rest = 8 << shift;
     }
 }

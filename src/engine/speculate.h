@@ -37,6 +37,7 @@ typedef int (*spec_draft_fn)(void *ctx, const int32_t *tokens, int n, int32_t *o
 #define SPEC_MAX_DRAFTS 16
 #define SPEC_DRAFTS_TWO_MODEL 3 /* --num-draft-tokens' default per kind */
 #define SPEC_DRAFTS_NGRAM 10
+#define SPEC_DRAFTS_START 3     /* a sequence's first number of drafts (adaptive after) */
 #define SPEC_NGRAM_MAX 3
 #define SPEC_NGRAM_MIN 1
 
@@ -56,7 +57,7 @@ struct seq_spec {
                                  and nothing it uses changes tokens after the pick) */
     int k;                    /* drafts asked for next: adaptive, [1, the configured most] */
     int rest;                 /* steps left without drafting (backing off after misses) */
-    int misses;               /* verifications in a row that kept no draft */
+    int misses;               /* verifications in a row that kept under a quarter of the drafts */
     int n_drafts;             /* drafts in this step's verify entry; 0: a plain row */
     int32_t verify[1 + SPEC_MAX_DRAFTS]; /* the verify entry: the pending token, the drafts */
     int32_t emitted[1 + SPEC_MAX_DRAFTS]; /* the last verification's picks, in order */
