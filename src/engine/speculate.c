@@ -155,6 +155,7 @@ void spec_seq_init(const struct spec_drafter *d, struct seq *s, bool speculative
     kv_seq_init(&sp->dkv);
     sp->on = d && speculative && !s->think.on &&
              !(s->sampler && s->sampler->params.xtc_probability > 0);
+    sp->rate = 0.5f; /* no evidence either way */
     /* a few drafts first; a drafter that keeps matching earns the rest quickly */
     sp->k = d ? (d->max_drafts < SPEC_DRAFTS_START ? d->max_drafts : SPEC_DRAFTS_START) : 0;
 }
@@ -399,17 +400,20 @@ void spec_after_verify(struct spec_drafter *d, struct seq *s, int n_drafts, int 
     }
     /* Adaptive k: twice as many after a full acceptance (up to the most); after a step that
      * kept fewer than half, one more than it kept (a drafter that stops matching costs few
-     * rows at once); and after two poor steps in a row (under a quarter kept) a pause of 8,
-     * then 16, 32 and 64 steps, so a sequence the drafter cannot predict costs its batch
-     * almost nothing. */
+     * rows at once). While the acceptance rate's moving average is under a quarter, drafting
+     * pauses for 8, then 16, 32 and 64 steps, so a sequence the drafter cannot predict costs
+     * its batch almost nothing, while one that is right half the time keeps drafting. */
     if (n_accepted == n_drafts)
         sp->k = 2 * sp->k < d->max_drafts ? 2 * sp->k : d->max_drafts;
     else if (2 * n_accepted < n_drafts)
         sp->k = n_accepted + 1;
-    if (4 * n_accepted >= n_drafts) {
+    if (n_drafts > 0)
+        sp->rate = 0.7f * sp->rate + 0.3f * (float)n_accepted / (float)n_drafts;
+    if (sp->rate >= 0.25f) {
         sp->misses = 0;
-    } else if (++sp->misses >= 2) {
-        int shift = sp->misses - 2 < 3 ? sp->misses - 2 : 3;
+    } else {
+        int shift = sp->misses < 3 ? sp->misses : 3;
         sp->rest = 8 << shift;
+        sp->misses++;
     }
 }

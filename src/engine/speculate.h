@@ -57,7 +57,8 @@ struct seq_spec {
                                  and nothing it uses changes tokens after the pick) */
     int k;                    /* drafts asked for next: adaptive, [1, the configured most] */
     int rest;                 /* steps left without drafting (backing off after misses) */
-    int misses;               /* verifications in a row that kept under a quarter of the drafts */
+    int misses;               /* pauses in a row (each twice as long, up to 64 steps) */
+    float rate;               /* moving average of the share of drafts kept */
     int n_drafts;             /* drafts in this step's verify entry; 0: a plain row */
     int32_t verify[1 + SPEC_MAX_DRAFTS]; /* the verify entry: the pending token, the drafts */
     int32_t emitted[1 + SPEC_MAX_DRAFTS]; /* the last verification's picks, in order */
