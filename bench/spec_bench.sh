@@ -20,14 +20,17 @@ n_prompts=${SPEC_PROMPTS:-3}
 heldout=tests/goldens/house/heldout.txt
 [ -x "$inferd" ] || { echo "no inferd at $inferd" >&2; exit 1; }
 
-# decode tok/s and the speculation line of one `inferd run` (stderr); its text goes to $tmp/last
+# decode tok/s, the process's CPU seconds and the speculation line of one `inferd run`
+# (stderr); its text goes to $tmp/last. CPU time counts what the run computed whatever else
+# the machine runs (with --threads 1 it is the work; wall time shares the cores).
 run_once() {
   local out
-  out=$("$inferd" run models/house "${extra[@]}" -n "$gen" "$@" 2>&1 >"$tmp/last")
-  local tps acc
+  out=$(/usr/bin/time -f "cputime %U %S" "$inferd" run models/house "${extra[@]}" -n "$gen" "$@" 2>&1 >"$tmp/last")
+  local tps acc cpu
   tps=$(sed -n 's/.*decode [0-9]* tokens \([0-9.]*\) tok\/s.*/\1/p' <<<"$out")
   acc=$(sed -n 's/.*speculation: \([0-9]*\) drafted, \([0-9]*\) accepted.*/\1 \2/p' <<<"$out")
-  echo "$tps ${acc:-0 0}"
+  cpu=$(awk '/^cputime/ { print $2 + $3 }' <<<"$out")
+  echo "$tps ${acc:-0 0} $cpu"
 }
 
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
@@ -36,23 +39,27 @@ median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] 
 compare() {
   local label=$1 prompt=$2
   shift 2
-  local plain=() spec=() drafted=0 accepted=0 same=yes
+  local plain=() spec=() plain_cpu=() spec_cpu=() drafted=0 accepted=0 same=yes
   for ((r = 0; r < reps; r++)); do
-    read -r p _ _ < <(run_once -p "$prompt")
+    read -r p _ _ pc < <(run_once -p "$prompt")
     cp "$tmp/last" "$tmp/plain"
-    read -r s d a < <(run_once -p "$prompt" "$@")
+    read -r s d a sc < <(run_once -p "$prompt" "$@")
     cmp -s "$tmp/plain" "$tmp/last" || same=no
     plain+=("$p")
     spec+=("$s")
+    plain_cpu+=("$pc")
+    spec_cpu+=("$sc")
     drafted=$((drafted + d))
     accepted=$((accepted + a))
   done
-  local mp ms
+  local mp ms mpc msc
   mp=$(printf '%s\n' "${plain[@]}" | median)
   ms=$(printf '%s\n' "${spec[@]}" | median)
-  awk -v l="$label" -v p="$mp" -v s="$ms" -v d="$drafted" -v a="$accepted" -v same="$same" 'BEGIN {
-    printf "%-30s plain %7.1f tok/s  spec %7.1f tok/s  speedup %.2fx  acceptance %.0f%% (%d of %d)  same text: %s\n",
-      l, p, s, s / p, d ? 100 * a / d : 0, a, d, same }'
+  mpc=$(printf '%s\n' "${plain_cpu[@]}" | median)
+  msc=$(printf '%s\n' "${spec_cpu[@]}" | median)
+  awk -v l="$label" -v p="$mp" -v s="$ms" -v pc="$mpc" -v sc="$msc" -v d="$drafted" -v a="$accepted" -v same="$same" 'BEGIN {
+    printf "%-28s plain %6.1f tok/s  spec %6.1f tok/s  speedup %.2fx  cpu %.2fs/%.2fs = %.2fx  acceptance %.0f%% (%d of %d)  same text: %s\n",
+      l, p, s, s / p, pc, sc, (sc > 0 ? pc / sc : 0), d ? 100 * a / d : 0, a, d, same }'
 }
 
 tmp=$(mktemp -d)
