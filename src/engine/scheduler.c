@@ -222,6 +222,7 @@ void sched_finish(struct sched *sc, struct seq *s, enum gen_finish why)
         return;
     }
     tell_reader(sc, s, why, 0, NULL);
+    spec_seq_release(sc->spec, s); /* it drafts no more: its draft KV goes back now */
     s->finishing = true;
     sc->finishing[sc->n_finishing++] = s;
 }
