@@ -114,8 +114,11 @@ int sched_step(struct sched *sc, struct err *err)
     struct batch batch = {sc->batch_seqs, n};
     struct kv_cache *cache = kv_manager_cache(sc->kv);
     bool verifying = false;
-    for (int b = 0; sc->spec && b < n; b++)
-        verifying = verifying || sc->batch_seqs[b].all_logits;
+    int live = 0; /* entries of running sequences (a finishing one's last token shares nothing) */
+    for (int b = 0; b < n; b++) {
+        verifying = verifying || (sc->spec && sc->batch_seqs[b].all_logits);
+        live += !sc->batch_owner[b]->finishing;
+    }
     /* verify rows are picked on the host, row by row */
     bool on_backend = !verifying && model_samples_on_backend(sc->model) && fill_specs(sc, n);
     int rc = on_backend ? model_forward_sampled(sc->model, sc->fwd, cache, &batch, sc->specs,
@@ -132,7 +135,7 @@ int sched_step(struct sched *sc, struct err *err)
             continue;
         }
         enum gen_finish why = GEN_RUNNING;
-        if (n > 1)
+        if (live > 1)
             s->pending.spec.shared = true;
         if (s->spec.on)
             s->pending.spec.on = true;
