@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/gpu.sh — the CUDA backend on a GPU machine in one run: parity tests, real-shape models, the speed table.
 #
-#   usage: bench/gpu.sh [parity] [bench] [8k] [profile] [serve] [agent] [MODEL...]
+#   usage: bench/gpu.sh [parity] [bench] [8k] [profile] [serve] [agent] [spec] [MODEL...]
 #     parity   the CUDA parity tests (goldens, CPU-vs-CUDA greedy tokens, graphs)
 #     bench    prefill pp512 / decode tg128 per model (and pp4096 for llama-3.1-8b),
 #              prefill again with f32 attention, the 8B's load time
@@ -32,6 +32,13 @@
 #     structured  a JSON-schema reply against the same prompt unconstrained, batch 1
 #              (bench/structured_bench.py): decode tok/s, jump-forward's share, mask time;
 #              on llama-3.1-8b unless models are named
+#     spec     speculative decoding: the house pair greedy at batch 1 and prompt lookup on
+#              the copy workload against plain decoding (bench/spec_bench.sh --device cuda);
+#              the verify step's cost on the llama-3.1-8b shape (one target step over 1 + 4
+#              tokens against one decode step, inferd bench --verify-cost 4); 16 concurrent
+#              streams with speculation on and off (bench/serve_concurrency.py): the house
+#              pair, and the 8B shape with prompt lookup on its random weights (acceptance
+#              near zero: adaptive K must back off, within 5% of off)
 #     MODEL    mkmodel presets (default: qwen3-0.6b llama-3.2-1b llama-3.1-8b)
 #   With no stage named, parity, bench and 8k run.
 #
@@ -48,7 +55,7 @@ cd "$root"
 stages=() models=()
 for a in "$@"; do
   case "$a" in
-    parity|bench|8k|profile|serve|cache|agent|rows|ssd|structured) stages+=("$a") ;;
+    parity|bench|8k|profile|serve|cache|agent|rows|ssd|structured|spec) stages+=("$a") ;;
     *) models+=("$a") ;;
   esac
 done
@@ -288,6 +295,30 @@ if has_stage structured; then
     echo "== structured: $preset, a JSON schema against the same prompt unconstrained, batch 1"
     timeout 600 python3 bench/structured_bench.py "$bin"/inferd "$dir" --device cuda --rounds 5
   done
+fi
+
+if has_stage spec; then
+  echo "== spec: house + house-draft and prompt lookup, batch 1, against plain decoding"
+  SPEC_REPS=${SPEC_REPS:-5} timeout 900 bench/spec_bench.sh "$bin"/inferd -- --device cuda
+  dir=$(make_model llama-3.1-8b) || echo "mkmodel llama-3.1-8b failed"
+  if [ -n "$dir" ]; then
+    add_tokenizer llama-3.1-8b "$dir"
+    echo "== spec: llama-3.1-8b, one verify step (1 + 4 tokens, every row's logits) against one decode step"
+    timeout 600 "$bin"/inferd bench "$dir" --device cuda --prompt-len 512 --gen-len 16 --reps 9 \
+      --verify-cost 4
+  fi
+  echo "== spec: house, 16 concurrent streams, speculation off then on (--draft-model models/house-draft)"
+  timeout 600 python3 bench/serve_concurrency.py "$bin"/inferd models/house --device cuda \
+    --streams 16 --prompt-len 128 --gen-len 128
+  timeout 600 python3 bench/serve_concurrency.py "$bin"/inferd models/house --device cuda \
+    --streams 16 --prompt-len 128 --gen-len 128 --server-arg "--draft-model models/house-draft"
+  if [ -n "$dir" ]; then
+    echo "== spec: llama-3.1-8b, 16 concurrent streams, off then prompt lookup (acceptance near zero)"
+    timeout 900 python3 bench/serve_concurrency.py "$bin"/inferd "$dir" --device cuda \
+      --streams 16 --prompt-len 512 --gen-len 128
+    timeout 900 python3 bench/serve_concurrency.py "$bin"/inferd "$dir" --device cuda \
+      --streams 16 --prompt-len 512 --gen-len 128 --server-arg "--draft-kind ngram"
+  fi
 fi
 
 echo "== summary (floor = weight bytes per token / 4.6 TB/s)"

@@ -317,6 +317,31 @@ void api_metrics_prometheus(const struct server *srv, struct strbuf *out)
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
         strbuf_printf(out, "# HELP %s %s\n# TYPE %s %s\n%s %llu\n", rows[i].name, rows[i].help,
                       rows[i].name, rows[i].type, rows[i].name, rows[i].value);
+    if (strcmp(st.spec_kind, "none") != 0) {
+        double rate = st.spec_drafted ? (double)st.spec_accepted / (double)st.spec_drafted : 0;
+        double mean = st.spec_verify_steps
+                          ? (double)st.spec_accepted / (double)st.spec_verify_steps
+                          : 0;
+        strbuf_printf(out,
+                      "# HELP inferd_spec_drafted_total Draft tokens verified (speculative decoding).\n"
+                      "# TYPE inferd_spec_drafted_total counter\ninferd_spec_drafted_total %llu\n"
+                      "# HELP inferd_spec_accepted_total Draft tokens the target kept.\n"
+                      "# TYPE inferd_spec_accepted_total counter\ninferd_spec_accepted_total %llu\n"
+                      "# HELP inferd_spec_verify_steps_total Verify entries (a sequence's drafts in one target step).\n"
+                      "# TYPE inferd_spec_verify_steps_total counter\n"
+                      "inferd_spec_verify_steps_total %llu\n"
+                      "# HELP inferd_spec_draft_steps_total Draft model forward steps.\n"
+                      "# TYPE inferd_spec_draft_steps_total counter\n"
+                      "inferd_spec_draft_steps_total %llu\n"
+                      "# HELP inferd_spec_acceptance_rate Kept drafts over verified drafts.\n"
+                      "# TYPE inferd_spec_acceptance_rate gauge\ninferd_spec_acceptance_rate %.6f\n"
+                      "# HELP inferd_spec_mean_accepted_length Kept drafts per verify entry.\n"
+                      "# TYPE inferd_spec_mean_accepted_length gauge\n"
+                      "inferd_spec_mean_accepted_length %.6f\n",
+                      (unsigned long long)st.spec_drafted, (unsigned long long)st.spec_accepted,
+                      (unsigned long long)st.spec_verify_steps,
+                      (unsigned long long)st.spec_draft_steps, rate, mean);
+    }
     if (st.ssd_cache.enabled)
         ssd_cache_prometheus(&st.ssd_cache, out);
     if (st.ssd_cache.host_max_bytes > 0) {
@@ -458,6 +483,28 @@ void api_metrics_stats_json(const struct server *srv, struct strbuf *out)
             json_object_object_add(so, "cache_misses", json_object_new_int64((int64_t)gs.misses));
         }
         json_object_object_add(root, "structured_output", so);
+
+        /* Speculative decoding: what verification kept. */
+        json_object *sp = json_object_new_object();
+        json_object_object_add(sp, "kind", json_object_new_string(st.spec_kind));
+        json_object_object_add(sp, "num_draft_tokens", json_object_new_int(st.spec_max_drafts));
+        json_object_object_add(sp, "drafted", json_object_new_int64((int64_t)st.spec_drafted));
+        json_object_object_add(sp, "accepted", json_object_new_int64((int64_t)st.spec_accepted));
+        json_object_object_add(sp, "verify_steps",
+                               json_object_new_int64((int64_t)st.spec_verify_steps));
+        json_object_object_add(sp, "draft_steps",
+                               json_object_new_int64((int64_t)st.spec_draft_steps));
+        json_object_object_add(
+            sp, "acceptance_rate",
+            json_object_new_double(st.spec_drafted ? (double)st.spec_accepted /
+                                                         (double)st.spec_drafted
+                                                   : 0));
+        json_object_object_add(
+            sp, "mean_accepted_length",
+            json_object_new_double(st.spec_verify_steps ? (double)st.spec_accepted /
+                                                              (double)st.spec_verify_steps
+                                                        : 0));
+        json_object_object_add(root, "speculative", sp);
 
         const struct kv_prefix_stats *pc = &st.prompt_cache;
         json_object *cache = json_object_new_object();

@@ -81,6 +81,14 @@ static json_object *usage_json(const struct gen_news *o)
     json_object *d = json_object_new_object();
     json_object_object_add(d, "cached_tokens", json_object_new_int(o->n_cached));
     json_object_object_add(u, "prompt_tokens_details", d);
+    json_object_object_add(u, "lane", json_object_new_string(gen_spec_lane(&o->spec)));
+    if (o->spec.on) {
+        json_object *s = json_object_new_object();
+        json_object_object_add(s, "drafted", json_object_new_int(o->spec.drafted));
+        json_object_object_add(s, "accepted", json_object_new_int(o->spec.accepted));
+        json_object_object_add(s, "targetCalls", json_object_new_int(o->spec.target_calls));
+        json_object_object_add(u, "speculation", s);
+    }
     return u;
 }
 

@@ -294,6 +294,7 @@ void prompt_fill_params(const struct server *srv, const struct gen_request *req,
         bias[i] = (struct sampler_logit_bias){req->logit_bias[i].token, req->logit_bias[i].bias};
     s->logit_bias = bias;
     s->n_logit_bias = (int)req->n_logit_bias;
+    p->no_speculation = req->has_speculative && !req->speculative;
     int64_t max = req->has_max_tokens ? req->max_tokens : d->max_tokens;
     p->max_tokens = max > 0 && max < INT32_MAX ? (int)max : INT32_MAX;
     p->stop = (const char *const *)req->stop;

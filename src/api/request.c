@@ -521,6 +521,7 @@ static int parse_output(const struct json_reader *root, struct gen_request *r)
     }
     struct json_reader opts;
     if ((rc = json_read_bool(root, "stream", &r->has_stream, &r->stream)) ||
+        (rc = json_read_bool(root, "speculative", &r->has_speculative, &r->speculative)) ||
         (rc = json_read_object(root, "stream_options", JSON_OPTIONAL, &opts)) ||
         (rc = json_read_bool(&opts, "include_usage", &r->has_include_usage, &r->include_usage)))
         return rc;

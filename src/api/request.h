@@ -111,6 +111,8 @@ struct gen_request {
 
     bool has_stream;
     bool stream;
+    bool has_speculative;
+    bool speculative;   /* false: no speculative decoding for this request (default true) */
     bool has_include_usage;
     bool include_usage; /* stream_options.include_usage */
 

@@ -14,6 +14,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/device.h"
+#include "cli/spec_flags.h"
 #include "engine/generate.h"
 #include "engine/sampler.h"
 
@@ -48,6 +49,8 @@ struct bench_options {
     long prompt_len, gen_len, n_threads, reps, chunk;
     enum compute_mode mode;
     struct backend_options backend; /* the environment's, then the backend flags' */
+    struct cli_spec_options spec;   /* speculative decoding of the decode runs */
+    long verify_k;                  /* --verify-cost K: time a K-draft verify step; 0: no */
 };
 
 /* GPU memory bandwidth the floors are stated against (H200 HBM3e). */
@@ -55,11 +58,15 @@ struct bench_options {
 
 static const char usage[] =
     "usage: inferd bench DIR [--prompt-len P] [--gen-len G] [--threads N] [--mode fast|exact]\n"
-    "       [--reps R] [--chunk C] [--device cpu|cuda[:N]|auto]\n"
+    "       [--reps R] [--chunk C] [--device cpu|cuda[:N]|auto] [--verify-cost K]\n"
+    "       [--draft-model DIR] [--draft-kind two-model|ngram] [--num-draft-tokens K]\n"
     "Loads DIR and measures prefill of a P-token prompt (default 128, in chunks of\n"
     "C = 512) and greedy decode of G tokens (default 32), R times (default 3),\n"
     "against the memory-bandwidth floor measured before each decode; prints the\n"
-    "medians.\n";
+    "medians. With a drafter (below) the decode speculates and its acceptance is printed.\n"
+    "--verify-cost K times one target step over 1 + K tokens with every row's logits (a\n"
+    "speculative verify step) against a one-token decode step at the same position.\n"
+    CLI_SPEC_USAGE;
 
 static bool parse_bench_options(int argc, char **argv, struct bench_options *o)
 {
@@ -83,12 +90,18 @@ static bool parse_bench_options(int argc, char **argv, struct bench_options *o)
             return false;
         if (backend_flag > 0)
             continue;
+        int spec_flag = cli_spec_flag(a, v, &o->spec);
+        if (spec_flag < 0)
+            return false;
+        if (spec_flag > 0)
+            continue;
         bool ok = !strcmp(a, "--prompt-len") ? arg_int(a, v, 1, 1 << 20, &o->prompt_len)
                 : !strcmp(a, "--gen-len")    ? arg_int(a, v, 1, 1 << 20, &o->gen_len)
                 : !strcmp(a, "--threads")    ? arg_int(a, v, 0, 1024, &o->n_threads)
                 : !strcmp(a, "--reps")       ? arg_int(a, v, 1, BENCH_MAX_REPS, &o->reps)
                 : !strcmp(a, "--mode")       ? arg_mode(v, &o->mode)
                 : !strcmp(a, "--chunk")      ? arg_int(a, v, 1, 1 << 16, &o->chunk)
+                : !strcmp(a, "--verify-cost") ? arg_int(a, v, 1, SPEC_MAX_DRAFTS, &o->verify_k)
                 : !strcmp(a, "--device")     ? (o->device = v, cli_device_parse(v, &(struct device_spec){0}))
                                              : (fprintf(stderr, "inferd bench: unknown option '%s'\n", a), false);
         if (!ok)
@@ -113,6 +126,79 @@ static double prefill_flops(const struct model_config *c, long n)
     return c->n_layers * (2.0 * per_token * n + attention) + 2.0 * c->hidden_size * c->vocab_size;
 }
 
+/* One forward over n tokens at pos0 of seq (all rows' logits when all), timed; then the
+ * positions are dropped again unless keep. */
+static int timed_step(const struct model *m, struct forward_state *fwd, struct kv_manager *kv,
+                      struct kv_seq *seq, const int32_t *tokens, int n, bool all, bool keep,
+                      float *logits, double *seconds, struct err *err)
+{
+    int pos0 = seq->n_tokens;
+    int rc = kv_manager_allocate_slots(kv, seq, n, err);
+    if (rc < 0)
+        return rc;
+    struct batch_seq bs = {.tokens = tokens + pos0, .n_tokens = n, .pos0 = pos0,
+                           .block_ids = seq->table.blocks, .n_block_ids = seq->table.n_blocks,
+                           .all_logits = all};
+    struct batch b = {&bs, 1};
+    double t = now_s();
+    rc = model_forward(m, fwd, kv_manager_cache(kv), &b, logits, err);
+    *seconds = now_s() - t;
+    if (!keep)
+        kv_manager_truncate(kv, seq, pos0);
+    return rc;
+}
+
+/* The verify step's cost: one target step over the pending token and k drafts (every row's
+ * logits) against a one-token decode step, both after a prompt of n_prompt tokens; medians of
+ * reps pairs after one of each to warm up. */
+static int verify_cost(const struct model *m, const int32_t *prompt, int n_prompt, int chunk,
+                       int k, int reps, double *plain_s, double *verify_s, struct err *err)
+{
+    int n_ctx = n_prompt + k + 1;
+    struct kv_manager *kv = NULL;
+    struct forward_state *fwd = NULL;
+    float *logits = malloc((size_t)(k + 1) * (size_t)m->config.vocab_size * sizeof *logits);
+    int32_t *tokens = malloc((size_t)n_ctx * sizeof *tokens); /* the prompt, then drafts */
+    struct kv_seq seq;
+    kv_seq_init(&seq);
+    int rc = logits && tokens ? 0 : err_set(err, INFERD_ENOMEM, "out of memory");
+    for (int i = 0; rc == 0 && i < n_ctx; i++)
+        tokens[i] = prompt[i % n_prompt];
+    prompt = tokens;
+    if (rc == 0)
+        rc = kv_manager_create(m, m->backend, kv_blocks_for(n_ctx, KV_BLOCK_SIZE_DEFAULT),
+                               KV_BLOCK_SIZE_DEFAULT, &kv, err);
+    if (rc == 0)
+        rc = forward_state_create(m, chunk > k + 1 ? chunk : k + 1, &fwd, err);
+    for (int done = 0; rc == 0 && done < n_prompt - 1;) {
+        int n = n_prompt - 1 - done < chunk ? n_prompt - 1 - done : chunk;
+        double s;
+        rc = timed_step(m, fwd, kv, &seq, prompt, n, false, true, logits, &s, err);
+        done += n;
+    }
+    double plain[BENCH_MAX_REPS + 1], verify[BENCH_MAX_REPS + 1];
+    for (int r = 0; rc == 0 && r <= reps; r++) {
+        rc = timed_step(m, fwd, kv, &seq, prompt, 1, false, false, logits, &plain[r], err);
+        if (rc == 0)
+            rc = timed_step(m, fwd, kv, &seq, prompt, k + 1, true, false, logits, &verify[r],
+                            err);
+    }
+    if (rc == 0) { /* the first pair warmed up */
+        qsort(plain + 1, (size_t)reps, sizeof *plain, compare_doubles);
+        qsort(verify + 1, (size_t)reps, sizeof *verify, compare_doubles);
+        *plain_s = plain[1 + reps / 2];
+        *verify_s = verify[1 + reps / 2];
+    }
+    if (kv)
+        kv_manager_free(kv, &seq);
+    free(seq.table.blocks);
+    kv_manager_destroy(kv);
+    forward_state_free(fwd);
+    free(logits);
+    free(tokens);
+    return rc;
+}
+
 static uint64_t dir_safetensors_bytes(const struct model *m)
 {
     uint64_t total = 0;
@@ -132,6 +218,8 @@ int cmd_bench(int argc, char **argv)
     struct generator *g = NULL;
     struct sampler greedy = {0};
     int32_t *prompt = NULL;
+    struct model *draft = NULL;
+    struct spec_config spec = {0};
     int status = 1;
 
     o.backend.mode = o.mode;
@@ -152,7 +240,9 @@ int cmd_bench(int argc, char **argv)
     double gpu_bandwidth = pool ? 0.0 : backend_cuda_read_bandwidth(be, (size_t)2 << 30);
 
     /* Greedy decoding, picked on the GPU where the backend samples: only token ids come back. */
-    if (generator_create(m, (int)(o.prompt_len + o.gen_len + 1), (int)o.chunk, &g, &err) < 0 ||
+    if (cli_spec_load(&o.spec, m, NULL, &draft, &spec, &err) < 0 ||
+        generator_create_spec(m, (int)(o.prompt_len + o.gen_len + SPEC_MAX_DRAFTS + 2),
+                              (int)o.chunk, spec.kind != SPEC_NONE ? &spec : NULL, &g, &err) < 0 ||
         sampler_init(&greedy, &(struct sampler_params){.temperature = 0, .top_p = 1},
                      m->config.vocab_size, &err) < 0)
         goto fail;
@@ -182,10 +272,18 @@ int cmd_bench(int argc, char **argv)
             goto fail;
         rr->prefill_tps = o.prompt_len / (now_s() - t);
         t = now_s();
-        for (long i = 0; i < o.gen_len; i++)
-            if (generator_feed_pick(g, &tok, 1, &greedy, &tok, &err) < 0)
+        /* a speculating step gives every kept draft and one more token */
+        int32_t picks[1 + SPEC_MAX_DRAFTS];
+        int n_picks = 1;
+        picks[0] = tok;
+        long made = 0;
+        while (made < o.gen_len) {
+            if (generator_feed_picks(g, &picks[n_picks - 1], 1, &greedy, picks, &n_picks,
+                                     &err) < 0)
                 goto fail;
-        rr->decode_tps = o.gen_len / (now_s() - t);
+            made += n_picks;
+        }
+        rr->decode_tps = made / (now_s() - t);
         rr->floor_tps = rr->bandwidth * 1e9 / bytes_per_token;
         rr->decode_of_floor = rr->decode_tps / rr->floor_tps;
     }
@@ -225,6 +323,25 @@ int cmd_bench(int argc, char **argv)
     printf("decode           %ld tokens: %.2f tok/s; floor %.2f tok/s (%.1f MB/token); %.0f%% of floor\n",
            o.gen_len, decode_tps, bandwidth * 1e9 / bytes_per_token, bytes_per_token / 1e6,
            100.0 * decode_of_floor);
+    if (spec.kind != SPEC_NONE) {
+        uint64_t drafted, accepted, steps;
+        generator_spec_stats(g, &drafted, &accepted, &steps);
+        printf("speculation      %s, up to %d drafts: %llu drafted, %llu accepted (%.0f%%), "
+               "%.2f tokens per verify step\n",
+               spec.kind == SPEC_NGRAM ? "ngram" : "two-model", spec.num_draft_tokens,
+               (unsigned long long)drafted, (unsigned long long)accepted,
+               drafted ? 100.0 * (double)accepted / (double)drafted : 0.0,
+               steps ? (double)(accepted + steps) / (double)steps : 0.0);
+    }
+    if (o.verify_k > 0) {
+        double plain_s, verify_s;
+        if (verify_cost(m, prompt, (int)o.prompt_len, (int)o.chunk, (int)o.verify_k,
+                        (int)(o.reps < 5 ? 5 : o.reps), &plain_s, &verify_s, &err) < 0)
+            goto fail;
+        printf("verify cost      1 + %ld tokens, every row's logits: %.3f ms vs one-token decode "
+               "%.3f ms = %.2fx\n",
+               o.verify_k, verify_s * 1e3, plain_s * 1e3, verify_s / plain_s);
+    }
     if (!pool)
         printf("decode nominal   floor at %.0f GB/s: %.2f tok/s; %.0f%% of it\n", GPU_NOMINAL_GBS,
                GPU_NOMINAL_GBS * 1e9 / bytes_per_token,
@@ -237,6 +354,7 @@ done:
     free(prompt);
     sampler_free(&greedy);
     generator_free(g);
+    model_free(draft);
     model_free(m);
     backend_destroy(be);
     return status;

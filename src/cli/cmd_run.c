@@ -10,6 +10,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/device.h"
+#include "cli/spec_flags.h"
 #include "engine/generate.h"
 #include "engine/sampler.h"
 #include "text/chat_template.h"
@@ -26,17 +27,19 @@ struct run_options {
     enum compute_mode mode;
     struct sampler_params sampling;
     struct backend_options backend; /* the environment's, then the backend flags' */
+    struct cli_spec_options spec;   /* speculative decoding */
 };
 
 static const char usage[] =
     "usage: inferd run DIR (-p TEXT [--chat] | --tokens IDS) [-n N] [--temp T] [--top-k K]\n"
     "       [--top-p P] [--min-p P] [--seed S] [--threads N] [--mode fast|exact] [--ctx N]\n"
-    "       [--device cpu|cuda[:N]|auto]\n"
+    "       [--device cpu|cuda[:N]|auto] [--draft-model DIR] [--draft-kind two-model|ngram]\n"
+    "       [--num-draft-tokens K] [--ngram-max N] [--ngram-min N]\n"
     "Generates from a Hugging Face model directory: -p TEXT is encoded with its\n"
     "tokenizer (--chat sends it as a user message through the chat template),\n"
     "--tokens takes comma-separated ids. Prints text when the directory has a\n"
     "tokenizer.json, else token ids. -n tokens (default 32); --temp 0 (the\n"
-    "default) is greedy; --ctx 4096 by default.\n";
+    "default) is greedy; --ctx 4096 by default.\n" CLI_SPEC_USAGE;
 
 static bool parse_run_options(int argc, char **argv, struct run_options *o)
 {
@@ -68,6 +71,11 @@ static bool parse_run_options(int argc, char **argv, struct run_options *o)
         if (backend_flag < 0)
             return false;
         if (backend_flag > 0)
+            continue;
+        int spec_flag = cli_spec_flag(a, v, &o->spec);
+        if (spec_flag < 0)
+            return false;
+        if (spec_flag > 0)
             continue;
         if (!strcmp(a, "--tokens")) {
             free(o->prompt);
@@ -196,6 +204,8 @@ int cmd_run(int argc, char **argv)
     struct detok *detok = NULL;
     struct generator *g = NULL;
     struct sampler sampler = {0};
+    struct model *draft = NULL;
+    struct spec_config spec = {0};
     int status = 1;
 
     double t0 = now_s();
@@ -224,21 +234,30 @@ int cmd_run(int argc, char **argv)
                 o.n_prompt, o.n_generate, n_ctx);
         goto fail;
     }
-    int32_t next;
-    if (generator_create(m, (int)n_ctx, 512, &g, &err) < 0 ||
+    int32_t picks[1 + SPEC_MAX_DRAFTS];
+    int n_picks = 0;
+    if (cli_spec_load(&o.spec, m, tok, &draft, &spec, &err) < 0 ||
+        generator_create_spec(m, (int)n_ctx, 512, spec.kind != SPEC_NONE ? &spec : NULL, &g,
+                              &err) < 0 ||
         sampler_init(&sampler, &o.sampling, m->config.vocab_size, &err) < 0 ||
-        generator_feed_pick(g, o.prompt, o.n_prompt, &sampler, &next, &err) < 0)
+        generator_feed_picks(g, o.prompt, o.n_prompt, &sampler, picks, &n_picks, &err) < 0)
         goto fail;
     double t_prefilled = now_s();
     long produced = 0;
-    for (; produced < o.n_generate; produced++) {
-        if (is_eos(m, next)) {
+    /* a step gives one token, or with speculation every draft kept and one more */
+    for (bool done = false; !done && produced < o.n_generate;) {
+        for (int j = 0; j < n_picks && produced < o.n_generate; j++) {
+            int32_t next = picks[j];
             produced++;
-            break;
+            if (is_eos(m, next)) {
+                done = true;
+                break;
+            }
+            if (print_token(detok, next, produced - 1, &err) < 0)
+                goto fail;
         }
-        if (print_token(detok, next, produced, &err) < 0)
-            goto fail;
-        if (produced + 1 < o.n_generate && generator_feed_pick(g, &next, 1, &sampler, &next, &err) < 0)
+        if (!done && produced < o.n_generate &&
+            generator_feed_picks(g, &picks[n_picks - 1], 1, &sampler, picks, &n_picks, &err) < 0)
             goto fail;
     }
     if (detok) {
@@ -254,6 +273,15 @@ int cmd_run(int argc, char **argv)
     fprintf(stderr, "inferd run: load %.2f s, prefill %d tokens %.1f tok/s, decode %ld tokens %.1f tok/s\n",
             t_loaded - t0, o.n_prompt, o.n_prompt / (t_prefilled - t_loaded), produced,
             produced > 1 ? (produced - 1) / (t_done - t_prefilled) : 0.0);
+    if (spec.kind != SPEC_NONE) {
+        uint64_t drafted, accepted, steps;
+        generator_spec_stats(g, &drafted, &accepted, &steps);
+        fprintf(stderr, "inferd run: speculation: %llu drafted, %llu accepted (%.0f%%), %llu "
+                        "verify steps, %.2f tokens per verify step\n",
+                (unsigned long long)drafted, (unsigned long long)accepted,
+                drafted ? 100.0 * (double)accepted / (double)drafted : 0.0,
+                (unsigned long long)steps, steps ? (double)(accepted + steps) / (double)steps : 0.0);
+    }
     status = 0;
     goto done;
 fail:
@@ -261,6 +289,7 @@ fail:
 done:
     sampler_free(&sampler);
     generator_free(g);
+    model_free(draft);
     detok_free(detok);
     tok_free(tok);
     model_free(m);

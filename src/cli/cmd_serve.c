@@ -23,6 +23,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/device.h"
+#include "cli/spec_flags.h"
 #include "cli/tier.h"
 #include "kv/kv.h"
 #include "text/toolcall.h"
@@ -42,6 +43,7 @@
 
 struct serve_options {
     const char *dir;
+    struct cli_spec_options spec;   /* speculative decoding */
     const char *host;
     long port, max_tokens, top_k, threads, ctx, max_queue, max_batch, kv_mb, max_body_mb;
     long prefill_chunk, kv_block_size;
@@ -79,7 +81,9 @@ static const char usage[] =
     "       [--cache-retention lru|cost-size] [--session-idle-s 600] [--thinking on|off]\n"
     "       [--response-store-mb 64] [--response-store-ttl-s 3600] [--grammar-cache 64]\n"
     "       [--ssd-cache DIR [--ssd-cache-max GIB] [--ssd-cache-verify] [--ssd-demote-idle 300]\n"
-    "        [--ssd-restore auto|always|never] [--generation-checkpoint N]] [backend flags]\n"
+    "        [--ssd-restore auto|always|never] [--generation-checkpoint N]]\n"
+    "       [--draft-model DIR] [--draft-kind two-model|ngram] [--num-draft-tokens K]\n"
+    "       [--ngram-max 3] [--ngram-min 1] [backend flags]\n"
     "Serves the OpenAI API (/v1/chat/completions, /v1/completions, /v1/responses, /v1/models;\n"
     "GET /v1 lists the routes), Anthropic's /v1/messages, and /health, /stats, /metrics.\n"
     "--port 0 picks a free port.\n"
@@ -124,6 +128,9 @@ static const char usage[] =
     "generation (its tokens and sampler state, its K/V through the SSD tier): the same request\n"
     "(prompt, parameters, seed) sent again after a restart or a client's cancel resumes there\n"
     "and gives the tokens an uninterrupted run would have; a completed one's is removed.\n"
+    CLI_SPEC_USAGE
+    "A request's \"speculative\": false turns it off for that request; usage.speculation\n"
+    "{drafted, accepted, targetCalls} and usage.lane (serial, batch, serial+spec) say how it ran.\n"
     CLI_BACKEND_USAGE;
 
 static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
@@ -163,6 +170,11 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
         if (backend_flag < 0)
             return false;
         if (backend_flag > 0)
+            continue;
+        int spec_flag = cli_spec_flag(a, v, &o->spec);
+        if (spec_flag < 0)
+            return false;
+        if (spec_flag > 0)
             continue;
         bool ok = true;
         if (!strcmp(a, "--host"))
@@ -521,6 +533,7 @@ int cmd_serve(int argc, char **argv)
     int status = 1;
     struct backend *be = NULL;
     struct model *m = NULL;
+    struct model *draft = NULL;
     struct tokenizer *tok = NULL;
     struct chat_template tmpl = {0};
     bool have_tmpl = false;
@@ -572,6 +585,16 @@ int cmd_serve(int argc, char **argv)
 
     struct engine_config ec;
     engine_sizes(&o, m, &srv.fit, &ec);
+    struct spec_config spec;
+    if (cli_spec_load(&o.spec, m, tok, &draft, &spec, &err) < 0) {
+        fprintf(stderr, "inferd serve: %s\n", err.msg);
+        goto out;
+    }
+    ec.spec = &spec;
+    if (spec.kind != SPEC_NONE)
+        log_info("serve: speculative decoding: %s, up to %d drafts a step",
+                 spec.kind == SPEC_NGRAM ? "prompt lookup (ngram)" : o.spec.draft_dir,
+                 spec.num_draft_tokens);
     struct kv_tier_config tier;
     if (o.ssd_dir) {
         if (tier_configure(&o, m, be, ec.n_ctx, &tier, &err) < 0) {
@@ -666,6 +689,7 @@ out:
     if (have_tmpl)
         chat_template_free(&tmpl);
     tok_free(tok);
+    model_free(draft);
     model_free(m);
     backend_destroy(be);
     api_keys_free(&o.keys);

@@ -49,6 +49,7 @@ struct engine {
     struct kv_tier_stats tier_pub;
     struct kv_tier_config tier_cfg; /* the caller's, fingerprint completed */
     struct ckpt_store *ckpt;        /* owned; generation checkpoints, or NULL */
+    struct spec_config spec_cfg;    /* the caller's, copied (cfg.spec points here) */
     uint64_t kv_bytes_pub;
     size_t block_bytes;
 
@@ -258,6 +259,10 @@ int engine_create(const struct model *m, const struct tokenizer *tok,
     e->model = m;
     e->tok = tok;
     e->cfg = *cfg;
+    if (cfg->spec) {
+        e->spec_cfg = *cfg->spec;
+        e->cfg.spec = &e->spec_cfg;
+    }
     /* A memory budget that binds is the context kept; one that does not is dropped. */
     if (cfg->budget_ctx > 0 && cfg->budget_ctx < cfg->n_ctx)
         e->cfg.n_ctx = cfg->budget_ctx;
@@ -276,6 +281,7 @@ int engine_create(const struct model *m, const struct tokenizer *tok,
         .n_ctx = e->cfg.n_ctx, .max_seqs = cfg->max_seqs, .max_step_tokens = cfg->max_step_tokens,
         .kv_blocks = cfg->kv_blocks, .block_size = cfg->kv_block_size,
         .kv_budget_bytes = cfg->kv_budget_bytes,
+        .spec = cfg->spec && cfg->spec->kind != SPEC_NONE ? &e->spec_cfg : NULL,
         .prefix = {.max_bytes = cfg->prompt_cache_bytes, .retention = cfg->cache_retention,
                    .model_digest = model_digest(m, tok),
                    .session_idle_ns = (uint64_t)(cfg->session_idle_s > 0 ? cfg->session_idle_s
@@ -534,6 +540,14 @@ void engine_get_stats(struct engine *e, struct engine_stats *out)
     out->generated_tokens = atomic_load(&c->generated_tokens);
     out->steps = atomic_load(&c->steps);
     out->preemptions = atomic_load(&c->preemptions);
+    static const char *kinds[] = {"none", "two-model", "ngram", "callback"};
+    const struct spec_config *spec = e->sched.spec ? e->cfg.spec : NULL;
+    out->spec_kind = kinds[spec ? spec->kind : SPEC_NONE];
+    out->spec_max_drafts = spec ? spec->num_draft_tokens : 0;
+    out->spec_drafted = atomic_load(&c->spec_drafted);
+    out->spec_accepted = atomic_load(&c->spec_accepted);
+    out->spec_verify_steps = atomic_load(&c->spec_verify_steps);
+    out->spec_draft_steps = atomic_load(&c->spec_draft_steps);
     out->queued = atomic_load(&c->n_queued);
     out->running = atomic_load(&e->n_running_pub);
     out->kv_blocks_total = e->cfg.kv_blocks;

@@ -13,6 +13,7 @@
 #include "base/histogram.h"
 #include "base/strbuf.h"
 #include "engine/sampler.h"
+#include "engine/speculate.h"
 #include "kv/kv.h"
 #include "model/model.h"
 
@@ -53,6 +54,8 @@ struct engine_config {
     /* Generation checkpoints every this many generated tokens (needs tier; 0: none):
      * an identical request after a restart resumes from the newest one. */
     int checkpoint_every;
+    /* Speculative decoding (engine/speculate.h); NULL or kind SPEC_NONE: none. */
+    const struct spec_config *spec;
 };
 
 /* A compiled constraint on a reply (structured output), shared by every request that asks for
@@ -107,6 +110,9 @@ struct gen_params {
     struct gen_grammar *grammar;
     bool grammar_after_think;
     bool jump_forward;
+    /* Speculative decoding, where the engine is configured with it: true turns it off for
+     * this request (usage.speculation stays zero, the lane is never "serial+spec"). */
+    bool no_speculation;
 };
 
 enum gen_finish {
@@ -116,6 +122,23 @@ enum gen_finish {
     GEN_FINISH_CANCELLED, /* the client went away or the server is stopping */
     GEN_FINISH_ERROR,     /* an internal fault; message in error */
 };
+
+/* How a request's tokens were decoded: speculation's counts (usage.speculation) and whether
+ * it shared a step with another sequence (usage.lane). */
+struct gen_spec_usage {
+    int drafted;      /* drafts verified */
+    int accepted;     /* of which kept */
+    int target_calls; /* target forward steps that verified drafts */
+    bool shared;      /* a step computed it together with another sequence */
+    bool on;          /* it speculates (a drafter is configured and the request allows it) */
+};
+
+/* usage.lane: "serial+spec" when drafts were verified, else "batch" when it shared a step,
+ * else "serial". */
+static inline const char *gen_spec_lane(const struct gen_spec_usage *u)
+{
+    return u->target_calls > 0 ? "serial+spec" : u->shared ? "batch" : "serial";
+}
 
 struct gen_token {
     int32_t id;
@@ -148,6 +171,7 @@ struct gen_output {
     int error_code;            /* with GEN_FINISH_ERROR: the INFERD_E* code, e.g. INFERD_ENOMEM */
     int stop_string;           /* with GEN_FINISH_STOP: 1 + the index of the stop string that
                                   fired (gen_params.stop); 0: an end-of-sequence token */
+    struct gen_spec_usage spec; /* speculation and lane, as of the last publish */
     atomic_bool cancel;        /* set by the reader; honoured at the next step */
     int refs;
 };
@@ -183,6 +207,7 @@ struct gen_news {
     int error_code;           /* with GEN_FINISH_ERROR */
     char error[256];          /* with GEN_FINISH_ERROR */
     int stop_string;          /* with GEN_FINISH_STOP: 1 + the stop string's index; 0: none */
+    struct gen_spec_usage spec; /* speculation and lane, as of this drain */
 };
 
 /* The reader's one call: waits up to timeout_ms for text or tokens past cur
@@ -214,6 +239,11 @@ struct engine_stats {
      * the per-token mask time over the last ENGINE_MASK_WINDOW masks (median, p99). */
     uint64_t grammar_masks, grammar_forced_tokens;
     double grammar_mask_us_p50, grammar_mask_us_p99;
+    /* Speculative decoding (spec_kind "none" when off): drafts verified and kept, target
+     * steps that verified drafts, draft model forward steps. */
+    const char *spec_kind;
+    int spec_max_drafts;
+    uint64_t spec_drafted, spec_accepted, spec_verify_steps, spec_draft_steps;
     const char *state; /* "idle", "running", "stopping" */
 };
 

@@ -35,12 +35,13 @@ void gen_pending_free(struct gen_pending *p)
     strbuf_free(&p->tokens);
     strbuf_free(&p->ids);
     p->n_generated = 0;
+    memset(&p->spec, 0, sizeof p->spec);
 }
 
 bool gen_output_publish(struct gen_output *o, struct gen_pending *p)
 {
     if (p->text.len == 0 && p->tokens.len == 0 && p->ids.len == 0 && p->n_generated == 0 &&
-        p->finish == GEN_RUNNING && !p->text.failed && !p->tokens.failed && !p->ids.failed)
+        p->spec.target_calls == 0 && p->finish == GEN_RUNNING && !p->text.failed && !p->tokens.failed && !p->ids.failed)
         return true;
     bool ok = !p->text.failed && !p->tokens.failed && !p->ids.failed;
     struct gen_token *tokens = (struct gen_token *)p->tokens.data;
@@ -64,6 +65,11 @@ bool gen_output_publish(struct gen_output *o, struct gen_pending *p)
             ok = false;
     }
     o->n_generated += p->n_generated;
+    o->spec.drafted += p->spec.drafted;
+    o->spec.accepted += p->spec.accepted;
+    o->spec.target_calls += p->spec.target_calls;
+    o->spec.shared = o->spec.shared || p->spec.shared;
+    o->spec.on = o->spec.on || p->spec.on;
     if (p->finish != GEN_RUNNING && o->finish == GEN_RUNNING) {
         o->finish = p->finish;
         o->error_code = p->error_code;
@@ -134,6 +140,7 @@ int gen_output_drain(struct gen_output *o, struct gen_cursor *cur, int timeout_m
     news->n_generated = o->n_generated;
     news->error_code = o->error_code;
     news->stop_string = o->stop_string;
+    news->spec = o->spec;
     memcpy(news->error, o->error, sizeof news->error);
     pthread_mutex_unlock(&o->mu);
     cur->text += text_len;

@@ -523,22 +523,16 @@ bool sampler_is_greedy(const struct sampler *s)
     return s->params.temperature == 0.0f || s->params.top_k == 1;
 }
 
-/* The pick from processed logits x. u: the uniform number for a sampling
- * pick (NULL: draw it from the stream); *used: whether one decided the pick. */
-static int32_t pick_processed(struct sampler *s, const float *x, const double *u, bool *used)
+/* A sampling pick's candidates from processed logits x whose largest is x[best]: their
+ * probabilities at the temperature in s->probs, the kept ones (top-k, min-p, top-p) best first
+ * in s->order[0..keep). Returns keep; 0 when nothing is above -inf. */
+static int sampling_candidates(struct sampler *s, const float *x, int32_t best)
 {
     const struct sampler_params *p = &s->params;
     int n = s->n_vocab;
-    s->last = x;
-    s->last_on_backend = false;
-    *used = false;
-    int32_t best = logits_argmax(x, n);
-    if (sampler_is_greedy(s))
-        return best;
-
     float max = x[best];
-    if (!(max > -INFINITY)) /* nothing above -inf: the argmax fallback, token 0 */
-        return best;
+    if (!(max > -INFINITY))
+        return 0;
     double sum = 0;
     if (max == INFINITY) { /* +inf logits share all the probability */
         for (int i = 0; i < n; i++) {
@@ -561,6 +555,23 @@ static int32_t pick_processed(struct sampler *s, const float *x, const double *u
         for (int i = 0; i < n; i++)
             s->order[i] = i;
     }
+    return keep;
+}
+
+/* The pick from processed logits x. u: the uniform number for a sampling
+ * pick (NULL: draw it from the stream); *used: whether one decided the pick. */
+static int32_t pick_processed(struct sampler *s, const float *x, const double *u, bool *used)
+{
+    int n = s->n_vocab;
+    s->last = x;
+    s->last_on_backend = false;
+    *used = false;
+    int32_t best = logits_argmax(x, n);
+    if (sampler_is_greedy(s))
+        return best;
+    int keep = sampling_candidates(s, x, best);
+    if (keep == 0) /* nothing above -inf: the argmax fallback, token 0 */
+        return best;
     if (!u) /* a backend's pick (u given) was described only when XTC did not fire */
         keep = xtc_exclude(s, x, keep);
 
@@ -581,6 +592,80 @@ int32_t sampler_pick(struct sampler *s, const float *logits)
 {
     bool used;
     return pick_processed(s, processed_logits(s, logits), NULL, &used);
+}
+
+/* ---- verification picks (speculative decoding) ---------------------------- */
+
+/* The kept candidates' total probability (their sum before renormalizing). */
+static double kept_total(const struct sampler *s, int keep)
+{
+    double total = 0;
+    for (int k = 0; k < keep; k++)
+        total += s->probs[s->order[k]];
+    return total;
+}
+
+int sampler_probs(struct sampler *s, const float *logits, float *probs)
+{
+    const float *x = processed_logits(s, logits);
+    int n = s->n_vocab;
+    memset(probs, 0, (size_t)n * sizeof *probs);
+    int32_t best = logits_argmax(x, n);
+    int keep = sampler_is_greedy(s) ? 0 : sampling_candidates(s, x, best);
+    if (keep == 0) {
+        probs[best] = 1;
+        return 0;
+    }
+    double total = kept_total(s, keep);
+    for (int k = 0; k < keep; k++)
+        probs[s->order[k]] = (float)(s->probs[s->order[k]] / total);
+    return 0;
+}
+
+int32_t sampler_pick_draft(struct sampler *s, const float *logits, int32_t draft, const float *q,
+                           bool *accepted)
+{
+    const float *x = processed_logits(s, logits);
+    int n = s->n_vocab;
+    s->last = x;
+    s->last_on_backend = false;
+    int32_t best = logits_argmax(x, n);
+    int keep = sampler_is_greedy(s) ? 0 : sampling_candidates(s, x, best);
+    if (keep == 0) { /* greedy, or nothing above -inf (token 0, as sampler_pick): no number drawn */
+        *accepted = best == draft;
+        return best;
+    }
+    double total = kept_total(s, keep);
+    double p_draft = 0;
+    for (int k = 0; k < keep; k++)
+        if (s->order[k] == draft)
+            p_draft = s->probs[draft] / total;
+    double q_draft = q && draft >= 0 && draft < n ? q[draft] : 1.0;
+    /* accepted with probability min(1, p / q) */
+    if (uniform01(&s->rng_state) * q_draft < p_draft) {
+        *accepted = true;
+        return draft;
+    }
+    *accepted = false;
+    /* rejected: a token from norm(max(0, p - q)); q is zero outside the draft for a point mass */
+    double residual = 0;
+    for (int k = 0; k < keep; k++) {
+        int32_t t = s->order[k];
+        double r = s->probs[t] / total - (q ? q[t] : t == draft ? 1.0 : 0.0);
+        residual += r > 0 ? r : 0;
+    }
+    double r = uniform01(&s->rng_state) * residual;
+    int32_t last = best;
+    for (int k = 0; k < keep; k++) {
+        int32_t t = s->order[k];
+        double d = s->probs[t] / total - (q ? q[t] : t == draft ? 1.0 : 0.0);
+        if (!(d > 0))
+            continue;
+        last = t;
+        if ((r -= d) < 0)
+            return t;
+    }
+    return last; /* rounding left r at or just above zero */
 }
 
 /* ---- picks made by a backend --------------------------------------------- */

@@ -124,6 +124,24 @@ void sampler_accept(struct sampler *s, int32_t token);
  * sequence of tokens. */
 int32_t sampler_pick(struct sampler *s, const float *logits);
 
+/* The distribution the next pick draws from, written to probs (n_vocab floats, summing to 1):
+ * sampler_pick's processing of logits (bias, penalties, mask, temperature, top-k, min-p,
+ * top-p; not XTC, which a verification pick never applies), renormalized over the kept
+ * candidates, zero elsewhere; a point mass at the argmax for greedy picks. The random stream
+ * does not move. Returns 0. */
+int sampler_probs(struct sampler *s, const float *logits, float *probs);
+
+/* A verification pick (speculative decoding) at a position where a drafter proposed draft,
+ * drawn from distribution q (n_vocab floats; NULL: a point mass at draft, as for a
+ * deterministic drafter). Greedy: the argmax, *accepted when it is the draft. Sampling, with
+ * p the distribution sampler_probs describes: the draft is accepted with probability
+ * min(1, p(draft) / q(draft)) (one number from the stream); else the token is drawn from
+ * norm(max(0, p - q)) (a second number), so the pick follows p exactly whatever the drafter
+ * did. XTC is not applied (a sequence with XTC does not speculate). sampler_logprobs then
+ * reports for this row as after sampler_pick; the caller calls sampler_accept. */
+int32_t sampler_pick_draft(struct sampler *s, const float *logits, int32_t draft, const float *q,
+                           bool *accepted);
+
 /* The allowed-token mask of the next picks (structured output): bit t of word t >> 5 set when
  * token t may be picked. The mask step runs after logit bias and penalties and before
  * temperature and truncation: every token whose bit is clear gets logit -inf, so it is never

@@ -38,8 +38,16 @@ int sched_init(struct sched *sc, const struct model *m, const struct sched_confi
         rc = kv_manager_tier_enable(sc->kv, cfg->tier, err);
     if (rc == 0)
         rc = forward_state_create(m, cfg->max_step_tokens, &sc->fwd, err);
+    size_t rows = n;
+    if (rc == 0 && cfg->spec && cfg->spec->kind != SPEC_NONE) {
+        rc = spec_drafter_create(cfg->spec, cfg->max_seqs, cfg->n_ctx, cfg->max_step_tokens,
+                                 &sc->spec, err);
+        if (rc == 0 && !(sc->spec_seqs = calloc(n, sizeof *sc->spec_seqs)))
+            rc = err_set(err, INFERD_ENOMEM, "out of memory for the engine's buffers");
+        rows = n * (size_t)(1 + spec_drafter_max(sc->spec));
+    }
     if (rc == 0) {
-        sc->logits = malloc(n * vocab * sizeof(float));
+        sc->logits = malloc(rows * vocab * sizeof(float));
         sc->running = calloc(n, sizeof *sc->running);
         sc->finishing = calloc(n, sizeof *sc->finishing);
         sc->batch_seqs = calloc(n_entries, sizeof *sc->batch_seqs);
@@ -67,6 +75,8 @@ void sched_free(struct sched *sc)
     free(sc->logits);
     free(sc->specs);
     free(sc->results);
+    free(sc->spec_seqs);
+    spec_drafter_free(sc->spec);
     forward_state_free(sc->fwd);
     kv_manager_destroy(sc->kv);
     memset(sc, 0, sizeof *sc);
@@ -135,6 +145,7 @@ static void release_blocks(struct sched *sc, struct seq *s)
     else
         kv_manager_free(sc->kv, &s->kv);
     handoff_end(sc, s, false);
+    spec_seq_release(sc->spec, s);
     s->n_computed = 0;
     s->looked_up = false;
     s->loading = false;
@@ -184,6 +195,7 @@ static void let_go(struct sched *sc, struct seq *s, bool keep)
     if (keep)
         release_blocks(sc, s);
     handoff_end(sc, s, false);
+    spec_seq_release(sc->spec, s);
     seq_free(s, sc->kv);
 }
 
@@ -192,6 +204,7 @@ void sched_retire(struct sched *sc, struct seq *s, enum gen_finish why, int erro
 {
     if (!s->out) {
         kv_manager_free(sc->kv, &s->kv);
+        spec_seq_release(sc->spec, s);
         s->n_computed = 0;
         return;
     }
@@ -209,6 +222,7 @@ void sched_finish(struct sched *sc, struct seq *s, enum gen_finish why)
         return;
     }
     tell_reader(sc, s, why, 0, NULL);
+    spec_seq_release(sc->spec, s); /* it drafts no more: its draft KV goes back now */
     s->finishing = true;
     sc->finishing[sc->n_finishing++] = s;
 }
@@ -402,6 +416,8 @@ void sched_admit(struct sched *sc)
         memmove(sc->waiting, sc->waiting + 1, (size_t)(sc->n_waiting - 1) * sizeof *sc->waiting);
         sc->n_waiting--;
         if (s->admit_order == 0) {
+            if (s->out)
+                spec_seq_init(sc->spec, s, !s->no_speculation);
             atomic_fetch_sub(&sc->counters.n_queued, 1);
             atomic_fetch_add(&sc->counters.requests_admitted, 1);
             atomic_fetch_add(&sc->counters.prompt_tokens, (uint64_t)s->n_prompt);
@@ -432,6 +448,16 @@ int sched_build_batch(struct sched *sc)
             continue;
         int todo = s->n_tokens - s->n_computed;
         int chunk = todo < budget ? todo : budget;
+        /* A decoding sequence with drafts verifies them: its pending token and the drafts in
+         * one entry (as many as the budget leaves), every row's logits. */
+        int n_drafts = todo == 1 && s->spec.n_drafts > 0 ? s->spec.n_drafts : 0;
+        if (n_drafts > budget - 1)
+            n_drafts = budget - 1;
+        s->spec.n_drafts = n_drafts;
+        if (n_drafts > 0) {
+            s->spec.verify[0] = s->tokens[s->n_computed];
+            chunk = 1 + n_drafts;
+        }
         /* A one-token row may have its K/V write folded into the attention
          * that reads them (a backend's decode fusion), so it would not see
          * the finishing sequence's write of the position it took over in the
@@ -454,12 +480,13 @@ int sched_build_batch(struct sched *sc)
         sc->batch_owner[n] = s;
         sc->batch_chunk[n] = chunk;
         sc->batch_seqs[n] = (struct batch_seq){
-            .tokens = s->tokens + s->n_computed,
+            .tokens = n_drafts > 0 ? s->spec.verify : s->tokens + s->n_computed,
             .n_tokens = chunk,
             .pos0 = s->n_computed,
             .block_ids = s->kv.table.blocks,
             .n_block_ids = s->kv.table.n_blocks,
-            .no_logits = s->n_computed + chunk < s->n_tokens,
+            .all_logits = n_drafts > 0,
+            .no_logits = n_drafts == 0 && s->n_computed + chunk < s->n_tokens,
         };
         n++;
         budget -= chunk;

@@ -23,6 +23,7 @@ struct sched_config {
     uint64_t kv_budget_bytes; /* projected KV of the running sequences; 0: no budget */
     struct kv_prefix_config prefix; /* max_bytes 0: no prefix cache */
     const struct kv_tier_config *tier; /* the SSD tier below the prefix cache; NULL: none */
+    const struct spec_config *spec;    /* speculative decoding (checked); NULL: none */
 };
 
 /* Counters any thread may read while the driving thread writes them. */
@@ -30,6 +31,8 @@ struct sched_counters {
     atomic_int n_queued; /* submitted, never yet admitted (the submitter adds) */
     atomic_uint_fast64_t requests_admitted, requests_finished, requests_cancelled, prompt_tokens,
         generated_tokens, steps, preemptions;
+    /* Speculative decoding: drafts verified, drafts kept, verify entries, draft forwards. */
+    atomic_uint_fast64_t spec_drafted, spec_accepted, spec_verify_steps, spec_draft_steps;
 };
 
 struct sched {
@@ -38,7 +41,10 @@ struct sched {
     struct engine_metrics *metrics;/* borrowed; token timings go here (NULL: nowhere) */
     struct kv_manager *kv;         /* owned */
     struct forward_state *fwd;     /* owned */
-    float *logits;                 /* owned; max_seqs rows of vocab_size */
+    float *logits;                 /* owned; max_seqs rows of vocab_size (max_seqs * (1 + the
+                                      most drafts) with speculation: a verify entry's rows) */
+    struct spec_drafter *spec;     /* owned; NULL: no speculation */
+    struct seq **spec_seqs;        /* owned; max_seqs: the step's sequences that may draft */
     struct sample_spec *specs;     /* owned; max_seqs: the step's picks, for a sampling backend */
     struct sample_result *results; /* owned; max_seqs */
     /* A step holds the running sequences and the finishing ones: */

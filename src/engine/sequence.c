@@ -123,6 +123,7 @@ int seq_create(const struct gen_params *p, const struct tokenizer *tok, int n_vo
     s->n_prompt = s->n_tokens = p->n_prompt;
     s->max_tokens = p->max_tokens;
     s->logprobs = p->logprobs;
+    s->no_speculation = p->no_speculation;
     rc = sampler_init(&s->own_sampler, &p->sampling, n_vocab, err);
     if (rc < 0)
         goto fail;
@@ -174,6 +175,7 @@ void seq_free(struct seq *s, struct kv_manager *kv)
     if (kv)
         kv_manager_free(kv, &s->kv);
     free(s->kv.table.blocks);
+    free(s->spec.dkv.table.blocks);
     if (s->sampler_ready)
         sampler_free(&s->own_sampler);
     constrain_free(&s->con);
@@ -365,6 +367,18 @@ enum gen_finish seq_take_token(struct seq *s, const float *logits, int n_ctx, st
     if (!pick_allowed(s, &why))
         return why;
     return emit_token(s, sampler_pick(s->sampler, logits), NULL, n_ctx, metrics);
+}
+
+enum gen_finish seq_take_draft(struct seq *s, const float *logits, int32_t draft, int n_ctx,
+                               struct engine_metrics *metrics, bool *accepted)
+{
+    seq_prepare_pick(s, metrics); /* the position after the previous row's pick */
+    enum gen_finish why;
+    *accepted = false;
+    if (!pick_allowed(s, &why))
+        return why;
+    return emit_token(s, sampler_pick_draft(s->sampler, logits, draft, NULL, accepted), NULL,
+                      n_ctx, metrics);
 }
 
 enum gen_finish seq_take_result(struct seq *s, const struct sample_spec *spec,

@@ -11,6 +11,7 @@
 #include "engine/constrain.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
+#include "engine/speculate.h"
 #include "engine/stop.h"
 #include "kv/kv.h"
 #include "text/tokenizer.h"
@@ -26,6 +27,7 @@ struct gen_pending {
     int error_code;            /* with GEN_FINISH_ERROR */
     char error[256];           /* with GEN_FINISH_ERROR */
     int stop_string;           /* with GEN_FINISH_STOP: 1 + the stop string's index; 0: none */
+    struct gen_spec_usage spec; /* speculation since the last publish (shared: ever) */
 };
 
 /* Where a thinking sequence stands (gen_params.think_open, think_budget). */
@@ -82,6 +84,8 @@ struct seq {
     bool cached_told;           /* its reader has the reused prompt tokens (gen_output.n_cached) */
     bool loading;               /* admitted while some of its cached blocks are read from disk:
                                    it joins a batch once they are in (kv_manager_loading) */
+    struct seq_spec spec;       /* speculative decoding (off unless the engine drafts) */
+    bool no_speculation;        /* the request turned speculation off */
     struct seq *continues;      /* the finishing sequence this one took over, or NULL */
     struct seq *continued_by;   /* the sequence that took this finishing one over, or NULL */
 };
@@ -124,6 +128,13 @@ enum gen_finish seq_take_result(struct seq *s, const struct sample_spec *spec,
 /* The next pick's mask, when a pick left it due: computed on the engine
  * thread while the device runs the step whose row it applies to. */
 void seq_prepare_pick(struct seq *s, struct engine_metrics *metrics);
+
+/* seq_take_token for a verify row (speculative decoding): the pick is
+ * sampler_pick_draft's for draft at this position; *accepted says whether the
+ * draft was taken (the pick is the draft). A detached sequence only records
+ * the pick. */
+enum gen_finish seq_take_draft(struct seq *s, const float *logits, int32_t draft, int n_ctx,
+                               struct engine_metrics *metrics, bool *accepted);
 
 /* Replays n generated tokens of a checkpoint (their records as the reader
  * got them) as if they had just been picked, then restores the sampler's

@@ -25,6 +25,7 @@ static bool fill_specs(struct sched *sc, int n)
 struct step_picks {
     struct sched *sc;
     int n;
+    bool host_only;  /* every row is picked on the host (a verify step) */
     bool on_backend; /* the rows were sampled on the device */
 };
 
@@ -35,7 +36,7 @@ static int prepare_picks(void *ctx, bool sampled, struct err *err)
     for (int b = 0; b < p->n; b++)
         if (!p->sc->batch_owner[b]->finishing)
             seq_prepare_pick(p->sc->batch_owner[b], p->sc->metrics);
-    p->on_backend = sampled && fill_specs(p->sc, p->n);
+    p->on_backend = sampled && !p->host_only && fill_specs(p->sc, p->n);
     return p->on_backend ? 0 : 1;
 }
 
@@ -52,14 +53,94 @@ static enum gen_finish take_row(struct sched *sc, struct seq *s, size_t row, boo
     return seq_take_token(s, logits, sc->cfg.n_ctx, sc->metrics);
 }
 
+/* Drafts for every running sequence that decodes one token this step (speculate.h). A
+ * failed draft forward costs only the drafts: the step goes on without them. */
+static void propose(struct sched *sc)
+{
+    int m = 0;
+    for (int i = 0; i < sc->n_running; i++) {
+        struct seq *s = sc->running[i];
+        s->spec.n_drafts = 0;
+        if (s->spec.on && s->sampler && !s->loading && !s->continues &&
+            s->n_tokens - s->n_computed == 1)
+            sc->spec_seqs[m++] = s;
+    }
+    struct err err = {0};
+    uint64_t before = spec_drafter_steps(sc->spec);
+    if (m > 0 && spec_propose(sc->spec, sc->spec_seqs, m, sc->cfg.n_ctx, &err) < 0)
+        for (int i = 0; i < m; i++)
+            sc->spec_seqs[i]->spec.n_drafts = 0;
+    atomic_fetch_add(&sc->counters.spec_draft_steps, spec_drafter_steps(sc->spec) - before);
+}
+
+/* A verify entry's rows (speculate.h): row i picks the token after verify[i], taking draft
+ * verify[i + 1] while the pick is the draft; the first other pick (or a stop) ends the walk,
+ * and after every draft was taken the last row gives one more token. Then only the positions
+ * whose tokens are what was computed keep their K/V: the rest is truncated before anything is
+ * published. A detached sequence takes the kept drafts into its tokens itself; its driver
+ * appends the last pick, and finds every pick in spec.emitted. */
+static enum gen_finish take_verify(struct sched *sc, struct seq *s, size_t *row, int chunk)
+{
+    size_t vocab = (size_t)sc->model->config.vocab_size;
+    int n_c = s->n_computed, n_drafts = chunk - 1, accepted = 0;
+    enum gen_finish why = GEN_RUNNING;
+    struct seq_spec *sp = &s->spec;
+    sp->n_emitted = 0;
+    for (int i = 0; i <= n_drafts; i++) {
+        const float *logits = sc->logits + (*row + (size_t)i) * vocab;
+        if (i == n_drafts) {
+            why = take_row(sc, s, *row + (size_t)i, false);
+            sp->emitted[sp->n_emitted++] = s->last_pick;
+            break;
+        }
+        int32_t draft = sp->verify[1 + i];
+        int before = s->n_tokens;
+        bool ok;
+        why = seq_take_draft(s, logits, draft, sc->cfg.n_ctx, sc->metrics, &ok);
+        sp->emitted[sp->n_emitted++] = s->last_pick;
+        if (!ok)
+            break;
+        accepted++;
+        if (!s->out)
+            s->tokens[s->n_tokens++] = draft;
+        if (why != GEN_RUNNING || s->n_tokens != before + 1)
+            break; /* ended, or more was appended (jump-forward): the drafts no longer apply */
+    }
+    *row += (size_t)chunk;
+    int valid = 1;
+    while (valid <= n_drafts && n_c + valid < s->n_tokens &&
+           s->tokens[n_c + valid] == sp->verify[valid])
+        valid++;
+    kv_manager_truncate(sc->kv, &s->kv, n_c + valid);
+    s->n_computed = n_c + valid;
+    spec_after_verify(sc->spec, s, n_drafts, accepted);
+    sp->n_drafts = 0;
+    s->pending.spec.drafted += n_drafts;
+    s->pending.spec.accepted += accepted;
+    s->pending.spec.target_calls++;
+    atomic_fetch_add(&sc->counters.spec_drafted, (uint64_t)n_drafts);
+    atomic_fetch_add(&sc->counters.spec_accepted, (uint64_t)accepted);
+    atomic_fetch_add(&sc->counters.spec_verify_steps, 1);
+    return why;
+}
+
 int sched_step(struct sched *sc, struct err *err)
 {
+    if (sc->spec)
+        propose(sc);
     int n = sched_build_batch(sc);
     if (n == 0)
         return 0;
     struct batch batch = {sc->batch_seqs, n};
     struct kv_cache *cache = kv_manager_cache(sc->kv);
-    struct step_picks picks = {.sc = sc, .n = n};
+    bool verifying = false;
+    int live = 0; /* entries of running sequences (a finishing one's last token shares nothing) */
+    for (int b = 0; b < n; b++) {
+        verifying = verifying || (sc->spec && sc->batch_seqs[b].all_logits);
+        live += !sc->batch_owner[b]->finishing;
+    }
+    /* verify rows are picked on the host, row by row */
+    struct step_picks picks = {.sc = sc, .n = n, .host_only = verifying};
     struct forward_output out = {
         .host_rows = sc->logits,
         .specs = sc->specs,
@@ -80,8 +161,16 @@ int sched_step(struct sched *sc, struct err *err)
             continue;
         }
         enum gen_finish why = GEN_RUNNING;
+        if (live > 1)
+            s->pending.spec.shared = true;
+        if (s->spec.on)
+            s->pending.spec.on = true;
         if (rc < 0) {
             why = GEN_FINISH_ERROR;
+            s->spec.n_drafts = 0;
+        } else if (sc->batch_seqs[b].all_logits && sc->spec) {
+            why = take_verify(sc, s, &row, sc->batch_chunk[b]);
+            sched_publish(sc, s);
         } else {
             s->n_computed += sc->batch_chunk[b];
             sched_publish(sc, s);

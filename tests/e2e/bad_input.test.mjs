@@ -126,6 +126,18 @@ describe('malformed JSON', () => {
       assert.ok(err.error.param === field || err.error.param === null, `${field}: ${num}: param ${err.error.param}`);
     }
   });
+
+  test('speculative that is not a boolean is a 400 naming the field', async () => {
+    for (const value of ['"false"', '0', '[]', '{}']) {
+      for (const route of ['/v1/chat/completions', '/v1/completions']) {
+        const body = route === '/v1/completions'
+          ? `{"model":"m","prompt":"hi","speculative":${value}}`
+          : `{"model":"m","messages":[{"role":"user","content":"hi"}],"speculative":${value}}`;
+        const err = expectOpenAIError(await send(request('POST', route, { headers: json, body })), 400, `speculative: ${value}`);
+        assert.match(err.error.message, /speculative/, `${route} speculative: ${value}: ${err.error.message}`);
+      }
+    }
+  });
 });
 
 describe('invalid bytes', () => {

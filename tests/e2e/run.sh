@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tests/e2e/run.sh — runs the e2e and responses (openai SDK), anthropic (Anthropic SDK), bad-input (raw sockets), load and SSD-tier suites against a real `inferd serve`.
+# tests/e2e/run.sh — runs the e2e and responses (openai SDK), anthropic (Anthropic SDK), bad-input (raw sockets), load SSD-tier and speculative decoding suites against a real `inferd serve`.
 #
 # Usage: tests/e2e/run.sh [--sanitize] [INFERD [MODEL_DIR]]
 #   INFERD     the inferd binary (default $INFERD or build/inferd); built by the caller, never here
@@ -8,7 +8,7 @@
 #              --tokenizer $E2E_TOKENIZER` (default build/text-data/qwen3, from `make text-data`)
 #   --sanitize for an AddressSanitizer/UBSan build: the same suites with a short load run; fails
 #              when any server's stderr holds a sanitizer report
-# Environment: E2E_SUITES (default "e2e responses anthropic structured bad_input load ssd"; ssd starts its own
+# Environment: E2E_SUITES (default "e2e responses anthropic structured bad_input load ssd spec"; ssd starts its own
 # servers over fresh cache directories, and runs bench/ssd_kill.sh shortened), E2E_SERVE_ARGS (extra `serve` flags),
 # E2E_LOG_DIR (kept; default a fresh temporary directory, removed when everything passed),
 # INFERD_E2E_LOAD_CLIENTS / INFERD_E2E_LOAD_SECONDS (the load suite's size), INFERD_E2E_SSD_KILLS
@@ -35,7 +35,7 @@ fi
 if [ -n "${1:-}" ]; then INFERD=$(absolute "$1" "$PWD"); else INFERD=$(absolute "${INFERD:-build/inferd}" "$root"); fi
 if [ -n "${2:-}" ]; then MODEL=$(absolute "$2" "$PWD"); else MODEL=$(absolute "${E2E_MODEL:-build/models/e2e-qwen3}" "$root"); fi
 TOKENIZER=$(absolute "${E2E_TOKENIZER:-build/text-data/qwen3}" "$root")
-SUITES=${E2E_SUITES:-e2e responses anthropic structured bad_input load ssd}
+SUITES=${E2E_SUITES:-e2e responses anthropic structured bad_input load ssd spec}
 cd "$root"
 
 [ -x "$INFERD" ] || die "no inferd binary at $INFERD (build it first)"

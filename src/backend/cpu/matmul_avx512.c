@@ -182,8 +182,8 @@ static ALWAYS_INLINE void gemv_bf16_row(const int TG, const uint16_t *x, int64_t
                                         int64_t N, int64_t r, int64_t t0)
 {
     const uint16_t *wr = w + (size_t)r * (size_t)K;
-    const uint16_t *xt[2];
-    __m512 acc[2][4];
+    const uint16_t *xt[4];
+    __m512 acc[4][4];
     for (int t = 0; t < TG; t++) {
         xt[t] = x + (t0 + t) * K;
         for (int u = 0; u < 4; u++)
@@ -218,8 +218,12 @@ static void gemv_bf16_run(const void *x, int64_t T, int64_t K, const void *w, en
                           const float *bias, float *y, int64_t N, int64_t r0, int64_t r1)
 {
     (void)dtype;
+    /* Four token rows share each weight load (a verify step's few rows read the weights
+     * once); each row's sums are the same whatever its group. */
     for (int64_t r = r0; r < r1; r++) {
         int64_t t = 0;
+        for (; t + 4 <= T; t += 4)
+            gemv_bf16_row(4, x, K, w, bias, y, N, r, t);
         for (; t + 2 <= T; t += 2)
             gemv_bf16_row(2, x, K, w, bias, y, N, r, t);
         if (t < T)

@@ -1,0 +1,419 @@
+/* engine/speculate.c — drafts for speculative decoding: the draft model (its own KV manager on
+ * the target's backend, greedy proposals batched over the sequences), prompt lookup, the
+ * grammar cut, and the adaptive number of drafts. */
+#include "engine/speculate.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/sequence.h"
+#include "text/tokenizer.h"
+
+struct spec_drafter {
+    struct spec_config cfg;
+    int max_drafts;
+    int max_seqs, max_step_tokens;
+    /* The draft model's serving state (SPEC_TWO_MODEL only): */
+    struct kv_manager *kv;      /* owned */
+    struct forward_state *fwd;  /* owned; max_step_tokens tokens */
+    float *logits;              /* owned; max_seqs rows of the draft's vocabulary */
+    struct batch_seq *entries;  /* owned; max_seqs */
+    struct seq **owner;         /* owned; max_seqs */
+    uint64_t steps;
+};
+
+/* ---- configuration --------------------------------------------------------- */
+
+int spec_config_check(struct spec_config *c, const struct model *target, struct err *err)
+{
+    if (c->kind == SPEC_NONE)
+        return 0;
+    if (c->kind == SPEC_NGRAM && c->draft)
+        return err_set(err, INFERD_EINVAL,
+                       "--draft-kind ngram drafts from the prompt and takes no --draft-model");
+    if (c->kind == SPEC_TWO_MODEL && !c->draft)
+        return err_set(err, INFERD_EINVAL, "--draft-kind two-model needs a --draft-model");
+    if (c->kind == SPEC_CALLBACK && !c->draft_fn)
+        return err_set(err, INFERD_EINVAL, "a callback drafter needs its function");
+    if (c->num_draft_tokens == 0)
+        c->num_draft_tokens = c->kind == SPEC_NGRAM ? SPEC_DRAFTS_NGRAM : SPEC_DRAFTS_TWO_MODEL;
+    if (c->num_draft_tokens < 1 || c->num_draft_tokens > SPEC_MAX_DRAFTS)
+        return err_set(err, INFERD_ERANGE, "--num-draft-tokens %d must be in [1, %d]",
+                       c->num_draft_tokens, SPEC_MAX_DRAFTS);
+    if (c->ngram_max == 0)
+        c->ngram_max = SPEC_NGRAM_MAX;
+    if (c->ngram_min == 0)
+        c->ngram_min = c->ngram_max < SPEC_NGRAM_MIN ? c->ngram_max : SPEC_NGRAM_MIN;
+    if (c->ngram_min < 1 || c->ngram_min > c->ngram_max || c->ngram_max > 64)
+        return err_set(err, INFERD_ERANGE,
+                       "--ngram-min %d and --ngram-max %d must satisfy 1 <= min <= max <= 64",
+                       c->ngram_min, c->ngram_max);
+    if (c->draft) {
+        if (c->draft->config.vocab_size != target->config.vocab_size)
+            return err_set(err, INFERD_EINVAL,
+                           "the draft model's vocabulary has %d entries, the target's %d: a "
+                           "draft must share the target's tokenizer",
+                           c->draft->config.vocab_size, target->config.vocab_size);
+        if (c->draft->backend != target->backend)
+            return err_set(err, INFERD_EINVAL, "the draft model must be on the target's backend");
+    }
+    return 0;
+}
+
+static int same_text(const char *a, const char *b)
+{
+    return (!a && !b) || (a && b && !strcmp(a, b));
+}
+
+int spec_check_tokenizers(const struct tokenizer *target, const struct tokenizer *draft,
+                          struct err *err)
+{
+    int n = tok_vocab_size(target), nd = tok_vocab_size(draft);
+    if (n != nd)
+        return err_set(err, INFERD_EINVAL,
+                       "the draft model's tokenizer has %d tokens, the target's %d: a draft must "
+                       "share the target's tokenizer", nd, n);
+    for (int32_t id = 0; id < n; id++) {
+        bool st = tok_is_special(target, id), sd = tok_is_special(draft, id);
+        if (!st && !sd)
+            continue;
+        const char *pt = tok_id_to_piece(target, id), *pd = tok_id_to_piece(draft, id);
+        if (st != sd || !same_text(pt, pd))
+            return err_set(err, INFERD_EINVAL,
+                           "the draft model's tokenizer differs in special token %d: '%s'%s in "
+                           "the target, '%s'%s in the draft", (int)id, pt ? pt : "(none)",
+                           st ? "" : " (not special)", pd ? pd : "(none)",
+                           sd ? "" : " (not special)");
+    }
+    const char *(*names[])(const struct tokenizer *) = {tok_bos_token, tok_eos_token,
+                                                        tok_pad_token};
+    const char *what[] = {"bos", "eos", "pad"};
+    for (int i = 0; i < 3; i++)
+        if (!same_text(names[i](target), names[i](draft)))
+            return err_set(err, INFERD_EINVAL,
+                           "the draft model's %s token is '%s', the target's '%s'", what[i],
+                           names[i](draft) ? names[i](draft) : "(none)",
+                           names[i](target) ? names[i](target) : "(none)");
+    return 0;
+}
+
+/* ---- the drafter ----------------------------------------------------------- */
+
+int spec_drafter_create(const struct spec_config *c, int max_seqs, int n_ctx, int max_step_tokens,
+                        struct spec_drafter **out, struct err *err)
+{
+    struct spec_drafter *d = calloc(1, sizeof *d);
+    if (!d)
+        return err_set(err, INFERD_ENOMEM, "out of memory for the drafter");
+    d->cfg = *c;
+    d->max_drafts = c->num_draft_tokens;
+    d->max_seqs = max_seqs;
+    d->max_step_tokens = max_step_tokens;
+    int rc = 0;
+    if (c->kind == SPEC_TWO_MODEL) {
+        const struct model *m = c->draft;
+        /* every sequence's whole context plus its drafts, so drafting never preempts */
+        int blocks = kv_blocks_for(n_ctx + SPEC_MAX_DRAFTS + 1, KV_BLOCK_SIZE_DEFAULT) * max_seqs;
+        rc = kv_manager_create(m, m->backend, blocks, KV_BLOCK_SIZE_DEFAULT, &d->kv, err);
+        if (rc == 0)
+            rc = forward_state_create(m, max_step_tokens, &d->fwd, err);
+        if (rc == 0) {
+            d->logits = malloc((size_t)max_seqs * (size_t)m->config.vocab_size * sizeof(float));
+            d->entries = calloc((size_t)max_seqs, sizeof *d->entries);
+            d->owner = calloc((size_t)max_seqs, sizeof *d->owner);
+            if (!d->logits || !d->entries || !d->owner)
+                rc = err_set(err, INFERD_ENOMEM, "out of memory for the draft model's buffers");
+        }
+    }
+    if (rc < 0) {
+        spec_drafter_free(d);
+        return rc;
+    }
+    *out = d;
+    return 0;
+}
+
+void spec_drafter_free(struct spec_drafter *d)
+{
+    if (!d)
+        return;
+    free(d->logits);
+    free(d->entries);
+    free(d->owner);
+    forward_state_free(d->fwd);
+    kv_manager_destroy(d->kv);
+    free(d);
+}
+
+int spec_drafter_max(const struct spec_drafter *d) { return d->max_drafts; }
+uint64_t spec_drafter_steps(const struct spec_drafter *d) { return d->steps; }
+
+void spec_seq_init(const struct spec_drafter *d, struct seq *s, bool speculative)
+{
+    struct seq_spec *sp = &s->spec;
+    kv_seq_init(&sp->dkv);
+    sp->on = d && speculative && !s->think.on &&
+             !(s->sampler && s->sampler->params.xtc_probability > 0);
+    sp->rate = 0.5f; /* no evidence either way */
+    /* a few drafts first; a drafter that keeps matching earns the rest quickly */
+    sp->k = d ? (d->max_drafts < SPEC_DRAFTS_START ? d->max_drafts : SPEC_DRAFTS_START) : 0;
+}
+
+void spec_seq_release(struct spec_drafter *d, struct seq *s)
+{
+    if (d && d->kv)
+        kv_manager_free(d->kv, &s->spec.dkv);
+    s->spec.d_valid = 0;
+    s->spec.n_drafts = 0;
+}
+
+/* ---- prompt lookup --------------------------------------------------------- */
+
+int spec_ngram_lookup(const int32_t *tokens, int n, int min_n, int max_n, int32_t *out, int cap)
+{
+    for (int len = max_n < n - 1 ? max_n : n - 1; len >= min_n; len--) {
+        const int32_t *suffix = tokens + n - len;
+        /* the latest earlier occurrence that has a continuation */
+        for (int start = n - len - 1; start >= 0; start--) {
+            if (memcmp(tokens + start, suffix, (size_t)len * sizeof *tokens) != 0)
+                continue;
+            int from = start + len, m = 0;
+            while (m < cap && from + m < n)
+                out[m] = tokens[from + m], m++;
+            return m;
+        }
+    }
+    return 0;
+}
+
+/* ---- proposals ------------------------------------------------------------- */
+
+/* How many drafts s may carry now: its adaptive k, what it may still generate (the verify
+ * entry yields one token more than it drafts) and the context. */
+static int draft_room(const struct spec_drafter *d, const struct seq *s, int n_ctx)
+{
+    int k = s->spec.k < d->max_drafts ? s->spec.k : d->max_drafts;
+    int left = s->max_tokens - (s->n_tokens - s->n_prompt) - 1;
+    int ctx_left = n_ctx - s->n_tokens - 1;
+    k = k < left ? k : left;
+    k = k < ctx_left ? k : ctx_left;
+    return k > 0 ? k : 0;
+}
+
+static bool is_eos(const struct seq *s, int32_t id)
+{
+    for (int i = 0; i < s->n_eos; i++)
+        if (s->eos_ids[i] == id)
+            return true;
+    return false;
+}
+
+/* Cuts s's drafts after an end-of-sequence token, at a token outside the vocabulary, and at
+ * the first one its grammar refuses (checked on the matcher, then rolled back): the target
+ * would never pick it, so verifying it is wasted. */
+static void cut_drafts(struct seq *s, int n_vocab)
+{
+    struct seq_spec *sp = &s->spec;
+    bool grammar = constrain_on(&s->con) && s->con.m;
+    int keep = 0, in_matcher = 0;
+    while (keep < sp->n_drafts) {
+        int32_t t = sp->verify[1 + keep];
+        if (t < 0 || t >= n_vocab)
+            break;
+        if (is_eos(s, t)) {
+            keep++;
+            break;
+        }
+        if (grammar) {
+            if (grammar_matcher_accept_token(s->con.m, t) < 0)
+                break;
+            in_matcher++;
+        }
+        keep++;
+        if (grammar && grammar_matcher_is_finished(s->con.m))
+            break; /* a next stage takes over from here: its drafts are not checked */
+    }
+    if (in_matcher > 0)
+        grammar_matcher_rollback(s->con.m, in_matcher);
+    sp->n_drafts = keep;
+}
+
+/* Draft model forward over the entries gathered; false on failure (err filled). */
+static int draft_forward(struct spec_drafter *d, int n, struct err *err)
+{
+    struct batch b = {d->entries, n};
+    d->steps++;
+    return model_forward(d->cfg.draft, d->fwd, kv_manager_cache(d->kv), &b, d->logits, err);
+}
+
+/* Gives up drafting for s this step (its draft KV is recomputed later if it must be). */
+static void drop(struct spec_drafter *d, struct seq *s)
+{
+    spec_seq_release(d, s);
+}
+
+/* The draft model's proposals: every sequence's tokens the draft has not seen (the prompt in
+ * chunks at first, later the last verification's tokens), then greedy steps until each has
+ * its k drafts; all sequences share each draft forward. */
+static int propose_two_model(struct spec_drafter *d, struct seq **seqs, const int *want, int n,
+                             struct err *err)
+{
+    size_t vocab = (size_t)d->cfg.draft->config.vocab_size;
+    /* drop what the draft computed past the tokens it is known to share */
+    for (int i = 0; i < n; i++) {
+        struct seq *s = seqs[i];
+        if (s->spec.dkv.n_tokens > s->spec.d_valid)
+            kv_manager_truncate(d->kv, &s->spec.dkv, s->spec.d_valid);
+        s->spec.d_valid = s->spec.dkv.n_tokens;
+        s->spec.n_drafts = 0;
+    }
+    /* catch up to every token, the pending one included; its row gives the first draft */
+    for (;;) {
+        int m = 0, budget = d->max_step_tokens;
+        for (int i = 0; i < n && m < d->max_seqs && budget > 0; i++) {
+            struct seq *s = seqs[i];
+            int todo = s->n_tokens - s->spec.dkv.n_tokens;
+            if (want[i] == 0 || todo <= 0)
+                continue;
+            int chunk = todo < budget ? todo : budget;
+            struct err aerr = {0};
+            if (kv_manager_allocate_slots(d->kv, &s->spec.dkv, chunk, &aerr) < 0)
+                continue;
+            d->owner[m] = s;
+            d->entries[m++] = (struct batch_seq){
+                .tokens = s->tokens + s->spec.dkv.n_tokens - chunk,
+                .n_tokens = chunk,
+                .pos0 = s->spec.dkv.n_tokens - chunk,
+                .block_ids = s->spec.dkv.table.blocks,
+                .n_block_ids = s->spec.dkv.table.n_blocks,
+                .no_logits = s->spec.dkv.n_tokens < s->n_tokens,
+            };
+            budget -= chunk;
+        }
+        if (m == 0)
+            break;
+        int rc = draft_forward(d, m, err);
+        int row = 0;
+        for (int j = 0; j < m; j++) {
+            struct seq *s = d->owner[j];
+            if (rc < 0) {
+                drop(d, s);
+                continue;
+            }
+            s->spec.d_valid = s->spec.dkv.n_tokens;
+            if (d->entries[j].no_logits)
+                continue;
+            s->spec.verify[1] = logits_argmax(d->logits + (size_t)row++ * vocab, (int)vocab);
+            s->spec.n_drafts = 1;
+        }
+        if (rc < 0)
+            return rc;
+    }
+    /* then one greedy step per further draft */
+    for (int step = 1;; step++) {
+        int m = 0;
+        for (int i = 0; i < n; i++) {
+            struct seq *s = seqs[i];
+            if (s->spec.n_drafts != step || step >= want[i] || m == d->max_seqs)
+                continue;
+            struct err aerr = {0};
+            if (kv_manager_allocate_slots(d->kv, &s->spec.dkv, 1, &aerr) < 0)
+                continue;
+            d->owner[m] = s;
+            d->entries[m++] = (struct batch_seq){
+                .tokens = &s->spec.verify[step],
+                .n_tokens = 1,
+                .pos0 = s->spec.dkv.n_tokens - 1,
+                .block_ids = s->spec.dkv.table.blocks,
+                .n_block_ids = s->spec.dkv.table.n_blocks,
+            };
+        }
+        if (m == 0)
+            break;
+        int rc = draft_forward(d, m, err);
+        for (int j = 0; j < m; j++) {
+            struct seq *s = d->owner[j];
+            if (rc < 0) {
+                drop(d, s);
+                continue;
+            }
+            s->spec.verify[1 + step] = logits_argmax(d->logits + (size_t)j * vocab, (int)vocab);
+            s->spec.n_drafts = step + 1;
+        }
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+int spec_propose(struct spec_drafter *d, struct seq **seqs, int n, int n_ctx, struct err *err)
+{
+    int want[256];
+    int rc = 0;
+    for (int start = 0; start < n && rc == 0; start += 256) {
+        int m = n - start < 256 ? n - start : 256;
+        for (int i = 0; i < m; i++) {
+            struct seq *s = seqs[start + i];
+            s->spec.n_drafts = 0;
+            want[i] = 0;
+            if (s->spec.rest > 0) {
+                s->spec.rest--;
+                continue;
+            }
+            want[i] = draft_room(d, s, n_ctx);
+            if (want[i] > 0 && d->cfg.kind == SPEC_NGRAM)
+                s->spec.n_drafts = spec_ngram_lookup(s->tokens, s->n_tokens, d->cfg.ngram_min,
+                                                     d->cfg.ngram_max, s->spec.verify + 1,
+                                                     want[i]);
+            else if (want[i] > 0 && d->cfg.kind == SPEC_CALLBACK)
+                s->spec.n_drafts = d->cfg.draft_fn(d->cfg.draft_ctx, s->tokens, s->n_tokens,
+                                                   s->spec.verify + 1, want[i]);
+        }
+        if (d->cfg.kind == SPEC_TWO_MODEL)
+            rc = propose_two_model(d, seqs + start, want, m, err);
+        for (int i = 0; i < m; i++) {
+            struct seq *s = seqs[start + i];
+            if (s->spec.n_drafts > want[i])
+                s->spec.n_drafts = want[i];
+            int vocab = s->sampler ? s->sampler->n_vocab : 1 << 30;
+            cut_drafts(s, vocab);
+        }
+    }
+    return rc;
+}
+
+/* ---- after verification ---------------------------------------------------- */
+
+void spec_after_verify(struct spec_drafter *d, struct seq *s, int n_drafts, int n_accepted)
+{
+    struct seq_spec *sp = &s->spec;
+    sp->drafted += (uint64_t)n_drafts;
+    sp->accepted += (uint64_t)n_accepted;
+    sp->verify_steps++;
+    if (d->kv) {
+        /* the draft holds the pending token and the drafts before the last; the kept ones
+         * are exactly the target's kept positions */
+        if (sp->dkv.n_tokens > s->n_computed)
+            kv_manager_truncate(d->kv, &sp->dkv, s->n_computed);
+        sp->d_valid = sp->dkv.n_tokens;
+    }
+    /* Adaptive k: twice as many after a full acceptance (up to the most); after a step that
+     * kept fewer than half, one more than it kept (a drafter that stops matching costs few
+     * rows at once). While the acceptance rate's moving average is under a quarter, drafting
+     * pauses for 8, then 16, 32 and 64 steps, so a sequence the drafter cannot predict costs
+     * its batch almost nothing, while one that is right half the time keeps drafting. */
+    if (n_accepted == n_drafts)
+        sp->k = 2 * sp->k < d->max_drafts ? 2 * sp->k : d->max_drafts;
+    else if (2 * n_accepted < n_drafts)
+        sp->k = n_accepted + 1;
+    if (n_drafts > 0)
+        sp->rate = 0.7f * sp->rate + 0.3f * (float)n_accepted / (float)n_drafts;
+    if (sp->rate >= 0.25f) {
+        sp->misses = 0;
+    } else {
+        int shift = sp->misses < 3 ? sp->misses : 3;
+        sp->rest = 8 << shift;
+        sp->misses++;
+    }
+}
