@@ -95,26 +95,39 @@ function saveSettings() {
 
 // ---- rendering ----
 
-marked.setOptions({ gfm: true, breaks: false });
+const escapeHtml = (s) =>
+  String(s).replace(/[&<>"']/g, (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' })[c]);
 
-// Model output is untrusted: Markdown to HTML, then DOMPurify keeps only inert markup (no
-// scripts, no event handlers, no javascript: URLs, no inline styles the CSP would refuse).
+// HTML the model writes is shown as the text it is, never parsed; a Markdown image shows its
+// alt text (loading it would be a request to wherever the model points).
+marked.use({
+  gfm: true,
+  breaks: false,
+  renderer: {
+    html: (token) => escapeHtml(token.text),
+    image: (token) => escapeHtml(token.text ? `[image: ${token.text}]` : '[image]'),
+  },
+});
+
+// Defence in depth: whatever markup gets through is inert before it reaches the page.
+DOMPurify.addHook('afterSanitizeAttributes', (node) => {
+  if (node.tagName === 'IMG' && !/^data:/i.test(node.getAttribute('src') || '')) node.removeAttribute('src');
+  if (node.tagName === 'A' && node.hasAttribute('href')) {
+    node.setAttribute('rel', 'noopener noreferrer nofollow');
+    node.setAttribute('target', '_blank');
+  }
+});
+
+// Model output is untrusted: Markdown to HTML (raw HTML escaped), then DOMPurify keeps only
+// inert markup (no scripts, no event handlers, no javascript: URLs, no inline styles the CSP
+// would refuse).
 function renderMarkdown(target, text) {
   const html = marked.parse(text || '');
-  const clean = DOMPurify.sanitize(html, {
+  target.innerHTML = DOMPurify.sanitize(html, {
     FORBID_TAGS: ['style', 'form', 'input', 'button', 'textarea', 'select'],
     FORBID_ATTR: ['style'],
+    ADD_ATTR: ['target'],
   });
-  target.innerHTML = clean;
-  for (const a of target.querySelectorAll('a[href]')) {
-    a.setAttribute('rel', 'noopener noreferrer nofollow');
-    a.setAttribute('target', '_blank');
-  }
-  for (const img of target.querySelectorAll('img')) {
-    // Images from other origins would be requests the page never means to make.
-    const src = img.getAttribute('src') || '';
-    if (!src.startsWith('data:')) img.replaceWith(document.createTextNode(img.getAttribute('alt') || ''));
-  }
   for (const code of target.querySelectorAll('pre code')) hljs.highlightElement(code);
 }
 
@@ -410,6 +423,7 @@ function setBusy(busy) {
 
 // Streams the assistant's answer to conv's last user turn into a new message.
 async function runAnswer(conv) {
+  const payload = JSON.stringify(requestBody(conv)); // before the answer's own placeholder
   const msg = { role: 'assistant', content: '', reasoning: '', tool_calls: [], stats: null };
   conv.messages.push(msg);
   const index = conv.messages.length - 1;
@@ -440,7 +454,7 @@ async function runAnswer(conv) {
     const r = await api('/v1/chat/completions', {
       method: 'POST',
       headers: { 'Content-Type': 'application/json' },
-      body: JSON.stringify(requestBody(conv)),
+      body: payload,
       signal: controller.signal,
     });
     if (!r.ok) {
