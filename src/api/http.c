@@ -45,6 +45,7 @@ struct http_daemon {
     pthread_mutex_t ws_mu;
     pthread_cond_t ws_cv;        /* signalled when a WebSocket session ends */
     struct ws_session *sessions; /* live WebSocket sessions, under ws_mu */
+    bool ws_closing;             /* under ws_mu: http_stop is ending every session */
 };
 
 /* A WebSocket session on its own thread, from the upgrade until its run returns. */
@@ -522,6 +523,8 @@ static void on_upgrade(void *cls, struct MHD_Connection *conn, void *req_cls, co
     if (d->sessions)
         d->sessions->prev = s;
     d->sessions = s;
+    if (d->ws_closing) /* upgraded while the server stops: over at once */
+        shutdown(sock, SHUT_RDWR);
     pthread_mutex_unlock(&d->ws_mu);
     pthread_attr_t attr;
     pthread_t t;
@@ -862,6 +865,7 @@ void http_stop(struct http_daemon *d)
     /* WebSocket sessions end before the daemon: their sockets read end-of-file, their runs
      * return and hand the connections back (MHD_upgrade_action needs the daemon alive). */
     pthread_mutex_lock(&d->ws_mu);
+    d->ws_closing = true;
     for (struct ws_session *s = d->sessions; s; s = s->next)
         shutdown(s->fd, SHUT_RDWR);
     while (d->sessions)
