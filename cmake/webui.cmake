@@ -17,8 +17,8 @@ if(INFERD_NODE AND EXISTS ${CMAKE_SOURCE_DIR}/web/node_modules/esbuild/package.j
     COMMENT "Building the chat page (web/) into webui_assets.c"
     VERBATIM)
 else()
-  message(WARNING "web/node_modules is missing (run scripts/bootstrap.sh): the chat page at / "
-                  "will only say how to build it")
+  message(WARNING "node or web/node_modules is missing (run scripts/bootstrap.sh, then cmake "
+                  "again): the chat page at / will only say how to build it")
   file(MAKE_DIRECTORY ${INFERD_WEBUI_DIR})
   file(WRITE ${INFERD_WEBUI_C} [=[
 /* Written by cmake/webui.cmake without web/node_modules: a page saying how to build the real one. */
