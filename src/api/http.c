@@ -16,6 +16,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "api/websocket.h"
 #include "base/log.h"
 #include "base/timer.h"
 
@@ -25,6 +26,7 @@
 struct conn_watch {
     int fd;
     uint64_t deadline_ns; /* 0: a request is being answered, no deadline */
+    bool upgraded;        /* a WebSocket session owns the connection: it never gets a deadline */
     struct conn_watch *prev, *next;
 };
 
@@ -40,6 +42,21 @@ struct http_daemon {
     pthread_cond_t stop_cv;
     bool stopping;               /* under stop_mu */
     int port;
+    pthread_mutex_t ws_mu;
+    pthread_cond_t ws_cv;        /* signalled when a WebSocket session ends */
+    struct ws_session *sessions; /* live WebSocket sessions, under ws_mu */
+    bool ws_closing;             /* under ws_mu: http_stop is ending every session */
+};
+
+/* A WebSocket session on its own thread, from the upgrade until its run returns. */
+struct ws_session {
+    struct http_daemon *d;
+    struct http_websocket ws;
+    int fd;
+    char *early;                 /* owned; bytes the client sent after the handshake */
+    size_t n_early;
+    struct MHD_UpgradeResponseHandle *urh;
+    struct ws_session *prev, *next;
 };
 
 /* Per-request state kept between libmicrohttpd's calls of the access handler. */
@@ -49,6 +66,10 @@ struct request_state {
     bool handled;
     uint64_t tenant_ns;          /* from the key the request presented, at admission */
     struct multipart_form form;  /* owned; multipart routes, once the body is here */
+    struct http_daemon *d;
+    struct http_websocket ws;    /* a WebSocket route's session until the upgrade takes it */
+    bool ws_pending;             /* ws is set and not yet taken */
+    bool upgraded;
 };
 
 static uint64_t deadline_after(int seconds)
@@ -92,6 +113,11 @@ static void queue(struct http_exchange *x, int status, struct MHD_Response *r)
     MHD_destroy_response(r);
     count(x, status);
     x->responded = true;
+}
+
+void http_send_response(struct http_exchange *x, int status, struct MHD_Response *r)
+{
+    queue(x, status, r);
 }
 
 void http_send_text(struct http_exchange *x, int status, const char *content_type,
@@ -261,6 +287,8 @@ static bool authorized(struct http_exchange *x)
 
 const char *http_header(const struct http_exchange *x, const char *name)
 {
+    if (!x->conn)
+        return NULL;
     return MHD_lookup_connection_value(x->conn, MHD_HEADER_KIND, name);
 }
 
@@ -433,8 +461,162 @@ static void watch_set_deadline(struct http_daemon *d, struct MHD_Connection *con
     if (!w)
         return;
     pthread_mutex_lock(&d->watch_mu);
-    w->deadline_ns = deadline;
+    w->deadline_ns = w->upgraded ? 0 : deadline;
     pthread_mutex_unlock(&d->watch_mu);
+}
+
+/* ---- WebSocket upgrade ---- */
+
+/* Releases a session's context, takes it off the daemon's list and hands its connection back
+ * to libmicrohttpd, which closes it. */
+static void ws_session_end(struct http_daemon *d, struct ws_session *s)
+{
+    s->ws.release(s->ws.ctx);
+    pthread_mutex_lock(&d->ws_mu);
+    if (s->prev)
+        s->prev->next = s->next;
+    else
+        d->sessions = s->next;
+    if (s->next)
+        s->next->prev = s->prev;
+    /* Handed back under the lock, so http_stop never stops the daemon between the two. */
+    MHD_upgrade_action(s->urh, MHD_UPGRADE_ACTION_CLOSE);
+    pthread_cond_broadcast(&d->ws_cv);
+    pthread_mutex_unlock(&d->ws_mu);
+    free(s->early);
+    free(s);
+}
+
+static void *ws_session_main(void *arg)
+{
+    struct ws_session *s = arg;
+    struct http_daemon *d = s->d;
+    s->ws.run(s->ws.ctx, s->fd, s->early, s->n_early);
+    ws_session_end(d, s);
+    return NULL;
+}
+
+/* libmicrohttpd's call once the 101 is sent: the socket is the session's from here. */
+static void on_upgrade(void *cls, struct MHD_Connection *conn, void *req_cls, const char *extra_in,
+                       size_t extra_in_size, MHD_socket sock,
+                       struct MHD_UpgradeResponseHandle *urh)
+{
+    struct request_state *rs = req_cls;
+    struct http_daemon *d = rs->d;
+    struct ws_session *s = calloc(1, sizeof *s);
+    char *early = extra_in_size ? malloc(extra_in_size) : NULL;
+    rs->ws_pending = false;
+    rs->upgraded = true;
+    if (!s || (extra_in_size && !early)) {
+        free(s);
+        free(early);
+        rs->ws.release(rs->ws.ctx);
+        MHD_upgrade_action(urh, MHD_UPGRADE_ACTION_CLOSE);
+        return;
+    }
+    if (extra_in_size)
+        memcpy(early, extra_in, extra_in_size);
+    *s = (struct ws_session){.d = d, .ws = rs->ws, .fd = sock, .early = early,
+                             .n_early = extra_in_size, .urh = urh};
+    pthread_mutex_lock(&d->ws_mu);
+    s->next = d->sessions;
+    if (d->sessions)
+        d->sessions->prev = s;
+    d->sessions = s;
+    if (d->ws_closing) /* upgraded while the server stops: over at once */
+        shutdown(sock, SHUT_RDWR);
+    pthread_mutex_unlock(&d->ws_mu);
+    pthread_attr_t attr;
+    pthread_t t;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &attr, ws_session_main, s) != 0) {
+        log_error("http: no thread for a WebSocket session");
+        ws_session_end(d, s);
+    }
+    pthread_attr_destroy(&attr);
+}
+
+/* True when the comma-separated header value lists token (case-insensitive). */
+static bool header_lists(const char *value, const char *token)
+{
+    size_t n = strlen(token);
+    for (const char *p = value; p && *p;) {
+        while (*p == ' ' || *p == '\t' || *p == ',')
+            p++;
+        const char *end = p;
+        while (*end && *end != ',')
+            end++;
+        const char *last = end;
+        while (last > p && (last[-1] == ' ' || last[-1] == '\t'))
+            last--;
+        if ((size_t)(last - p) == n && !strncasecmp(p, token, n))
+            return true;
+        p = end;
+    }
+    return false;
+}
+
+static void send_plain(struct http_exchange *x, int status, const char *text, const char *hname,
+                       const char *hvalue)
+{
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(strlen(text), (void *)text, MHD_RESPMEM_MUST_COPY);
+    if (r) {
+        MHD_add_response_header(r, "Content-Type", "text/plain; charset=utf-8");
+        if (hname)
+            MHD_add_response_header(r, hname, hvalue);
+    }
+    queue(x, status, r);
+}
+
+void http_send_websocket(struct http_exchange *x, struct http_websocket ws)
+{
+    const char *upgrade = http_header(x, "Upgrade");
+    const char *connection = http_header(x, "Connection");
+    const char *version = http_header(x, "Sec-WebSocket-Version");
+    const char *key = http_header(x, "Sec-WebSocket-Key");
+    if (!x->state || !upgrade || !header_lists(upgrade, "websocket") || strcmp(x->method, "GET")) {
+        ws.release(ws.ctx);
+        send_plain(x, 426, "expected websocket", "Upgrade", "websocket");
+        return;
+    }
+    if (!version || strcmp(version, "13")) {
+        ws.release(ws.ctx);
+        send_plain(x, 426, "unsupported WebSocket version; this server speaks 13",
+                   "Sec-WebSocket-Version", "13");
+        return;
+    }
+    if (!connection || !header_lists(connection, "upgrade") || !ws_client_key_valid(key)) {
+        ws.release(ws.ctx);
+        send_plain(x, 400,
+                   !ws_client_key_valid(key)
+                       ? "Sec-WebSocket-Key must be the base64 of 16 bytes"
+                       : "a WebSocket handshake needs 'Connection: Upgrade'",
+                   NULL, NULL);
+        return;
+    }
+    char accept[WS_ACCEPT_LEN + 1];
+    ws_accept_key(key, accept);
+    struct MHD_Response *r = MHD_create_response_for_upgrade(on_upgrade, NULL);
+    if (!r) {
+        ws.release(ws.ctx);
+        http_send_errorf(x, 500, API_ERROR_SERVER, NULL, NULL, "out of memory for an upgrade");
+        return;
+    }
+    MHD_add_response_header(r, "Upgrade", "websocket");
+    MHD_add_response_header(r, "Sec-WebSocket-Accept", accept);
+    x->state->ws = ws;
+    x->state->ws_pending = true;
+    /* The session owns the connection from the upgrade on: no request deadline applies. */
+    struct conn_watch *w = watch_of(x->conn);
+    if (w) {
+        pthread_mutex_lock(&x->state->d->watch_mu);
+        w->upgraded = true;
+        w->deadline_ns = 0;
+        pthread_mutex_unlock(&x->state->d->watch_mu);
+    }
+    queue(x, 101, r);
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
@@ -460,6 +642,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         .errors = counted && counted->errors ? counted->errors : d->routes->errors,
         .counter = first_on_path,
         .client_fd = fdi ? fdi->connect_fd : -1,
+        .state = rs,
     };
 
     if (!rs) {
@@ -467,6 +650,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         if (!rs)
             return MHD_NO;
         *con_cls = rs;
+        rs->d = d;
+        x.state = rs;
         if (!admit_request(&x, d->routes))
             rs->handled = true;
         rs->tenant_ns = x.tenant_ns;
@@ -512,6 +697,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     struct http_daemon *d = cls;
     struct request_state *rs = *con_cls;
     if (rs) {
+        if (rs->ws_pending)
+            rs->ws.release(rs->ws.ctx);
         strbuf_free(&rs->body);
         multipart_free(&rs->form);
         free(rs);
@@ -613,6 +800,8 @@ int http_start(struct server *srv, const struct http_routes *routes, struct http
     pthread_mutex_init(&d->watch_mu, NULL);
     pthread_mutex_init(&d->stop_mu, NULL);
     pthread_cond_init(&d->stop_cv, NULL);
+    pthread_mutex_init(&d->ws_mu, NULL);
+    pthread_cond_init(&d->ws_cv, NULL);
 
     char port[16];
     snprintf(port, sizeof port, "%d", srv->cfg.port);
@@ -626,7 +815,7 @@ int http_start(struct server *srv, const struct http_routes *routes, struct http
                        gai_strerror(gai));
     }
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
-                     MHD_USE_ITC | MHD_USE_ERROR_LOG;
+                     MHD_USE_ITC | MHD_USE_ERROR_LOG | MHD_ALLOW_UPGRADE;
     if (ai->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
     d->mhd = MHD_start_daemon(
@@ -673,9 +862,20 @@ void http_stop(struct http_daemon *d)
     pthread_mutex_unlock(&d->stop_mu);
     if (d->watchdog_running)
         pthread_join(d->watchdog, NULL);
+    /* WebSocket sessions end before the daemon: their sockets read end-of-file, their runs
+     * return and hand the connections back (MHD_upgrade_action needs the daemon alive). */
+    pthread_mutex_lock(&d->ws_mu);
+    d->ws_closing = true;
+    for (struct ws_session *s = d->sessions; s; s = s->next)
+        shutdown(s->fd, SHUT_RDWR);
+    while (d->sessions)
+        pthread_cond_wait(&d->ws_cv, &d->ws_mu);
+    pthread_mutex_unlock(&d->ws_mu);
     MHD_stop_daemon(d->mhd);
     pthread_mutex_destroy(&d->watch_mu);
     pthread_mutex_destroy(&d->stop_mu);
     pthread_cond_destroy(&d->stop_cv);
+    pthread_mutex_destroy(&d->ws_mu);
+    pthread_cond_destroy(&d->ws_cv);
     free(d);
 }

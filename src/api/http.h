@@ -16,6 +16,7 @@
 #include "base/strbuf.h"
 
 struct http_exchange;
+struct request_state;
 
 /* What a route's body must be; checked (415) before the body is read. */
 enum http_body {
@@ -60,6 +61,8 @@ struct http_exchange {
     uint64_t tenant_ns;     /* the namespace of the API key presented (api/keys.h); 0 when the
                                server has no keys or the route is open */
     bool responded;
+    struct request_state *state; /* the transport's own; NULL outside a connection (a WebSocket
+                                    session's exchange, tests) */
 };
 
 /* The value of request header name (case-insensitive), or NULL. */
@@ -69,6 +72,10 @@ const char *http_header(const struct http_exchange *x, const char *name);
 void http_send_json(struct http_exchange *x, int status, const char *json, size_t len);
 void http_send_text(struct http_exchange *x, int status, const char *content_type,
                     const char *text, size_t len);
+/* Sends a response the handler built with libmicrohttpd (headers of its own: the web page's
+ * caching and security headers); takes r over. */
+struct MHD_Response;
+void http_send_response(struct http_exchange *x, int status, struct MHD_Response *r);
 /* Sends e with its status, as the route's error format writes it. */
 void http_send_error(struct http_exchange *x, const struct api_error *e);
 /* Fills an api_error and sends it. */
@@ -87,6 +94,23 @@ struct http_stream {
 };
 void http_send_stream(struct http_exchange *x, int status, const char *content_type,
                       struct http_stream stream);
+
+/* A WebSocket session. run is called on a thread of its own once the 101 is out, with the
+ * connection's socket (borrowed) and the bytes the client sent after its handshake; when it
+ * returns the transport closes the connection. release runs once: after run, or instead of it
+ * when the connection ends before the upgrade. http_stop shuts every session's socket down and
+ * waits for its run to return. */
+struct http_websocket {
+    void (*run)(void *ctx, int fd, const char *early, size_t n_early);
+    void (*release)(void *ctx);
+    void *ctx;
+};
+/* Answers a WebSocket opening handshake (RFC 6455 §4.2.2). A GET with "Upgrade: websocket", a
+ * Connection header naming upgrade, Sec-WebSocket-Version 13 and a well-formed Sec-WebSocket-Key
+ * gets 101 with Sec-WebSocket-Accept, then ws runs. Anything else is answered in plain text, ws
+ * released: no Upgrade header, 426 "expected websocket"; another version, 426 naming 13 in
+ * Sec-WebSocket-Version; a missing or malformed key, or no Connection: upgrade, 400. */
+void http_send_websocket(struct http_exchange *x, struct http_websocket ws);
 
 /* True when the peer closed its side of the connection or reset it. */
 bool http_client_gone(int fd);

@@ -1,6 +1,7 @@
 /* api/routes.c — the server's route table: the OpenAI routes (chat, completions, models,
  * responses), GET /v1 listing them, Anthropic's Messages, then /health, /stats, /metrics, /fit
- * and the admin routes (which need the API key when one is set). A new API is one more file of
+ * and the admin routes (which need the API key when one is set), WS /ws/chat, and the chat page
+ * (GET /, /favicon.ico, /assets/…) unless it is turned off. A new API is one more file of
  * handlers and a few more lines here. */
 #include "api/routes.h"
 
@@ -12,10 +13,13 @@
 #include "api/fit.h"
 #include "api/openai.h"
 #include "api/responses.h"
+#include "api/webui.h"
+#include "api/ws_chat.h"
 
 static void api_index(struct http_exchange *x);
 
-/* The order is the order of the request counters in /metrics. */
+/* The order is the order of the request counters in /metrics. The chat page's routes come
+ * last, so a server without the page serves the same table cut short. */
 static const struct http_route routes[] = {
     {"POST", "/v1/chat/completions", false, HTTP_BODY_JSON, openai_chat_completions, NULL, false},
     {"POST", "/v1/completions", false, HTTP_BODY_JSON, openai_completions, NULL, false},
@@ -36,7 +40,13 @@ static const struct http_route routes[] = {
     {"POST", "/admin/cache/session/close", false, HTTP_BODY_JSON, admin_session_close, NULL,
      false},
     {"POST", "/admin/cache/flush", false, HTTP_BODY_JSON, admin_cache_flush, NULL, false},
+    {"GET", "/ws/chat", false, HTTP_BODY_NONE, ws_chat_handle, NULL, false},
+    /* The page itself needs no key: it asks for one when the API answers 401. */
+    {"GET", "/", false, HTTP_BODY_NONE, webui_serve, NULL, true},
+    {"GET", "/favicon.ico", false, HTTP_BODY_NONE, webui_serve, NULL, true},
+    {"GET", "/assets", true, HTTP_BODY_NONE, webui_serve, NULL, true},
 };
+#define WEBUI_ROUTES 3
 
 static const struct http_routes table = {
     .routes = routes,
@@ -44,9 +54,15 @@ static const struct http_routes table = {
     .errors = &api_error_openai,
 };
 
-const struct http_routes *api_routes(void)
+static const struct http_routes table_without_webui = {
+    .routes = routes,
+    .n = sizeof routes / sizeof routes[0] - WEBUI_ROUTES,
+    .errors = &api_error_openai,
+};
+
+const struct http_routes *api_routes(bool webui)
 {
-    return &table;
+    return webui ? &table : &table_without_webui;
 }
 
 /* GET /v1: the server, its model and every route of the table ({id} where a route takes one). */
@@ -57,8 +73,9 @@ static void api_index(struct http_exchange *x)
     json_object_object_add(root, "version",
                            x->srv->version ? json_object_new_string(x->srv->version) : NULL);
     json_object_object_add(root, "model", json_object_new_string(x->srv->model_id));
-    for (size_t i = 0; i < table.n; i++) {
-        const struct http_route *r = &table.routes[i];
+    const struct http_routes *t = api_routes(x->srv->webui != NULL);
+    for (size_t i = 0; i < t->n; i++) {
+        const struct http_route *r = &t->routes[i];
         char path[256];
         snprintf(path, sizeof path, "%s%s", r->path, r->id_tail ? "/{id}" : "");
         json_object *e = json_object_new_object();

@@ -5,7 +5,10 @@
 
 #include "api/http.h"
 
-/* The table `inferd serve` answers with (static; never freed). */
-const struct http_routes *api_routes(void);
+#include <stdbool.h>
+
+/* The table `inferd serve` answers with (static; never freed); webui false leaves out the chat
+ * page's routes (--no-webui). */
+const struct http_routes *api_routes(bool webui);
 
 #endif

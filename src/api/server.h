@@ -22,6 +22,7 @@ struct grammar_cache;
 
 struct reencode;
 struct response_store;
+struct webui_assets;
 
 /* --thinking: the enable_thinking a chat template gets when a request says nothing (neither
  * chat_template_kwargs.enable_thinking nor a reasoning effort). */
@@ -80,6 +81,8 @@ struct server {
                                          (api/response_store.h); NULL: none are kept */
     struct grammar_cache *grammars;   /* borrowed; compiled structured-output grammars
                                          (api/structured.h); NULL: structured output refused */
+    const struct webui_assets *webui; /* borrowed; the chat page's files (api/webui.h); NULL:
+                                         --no-webui */
     enum server_thinking thinking;
     const char *version;              /* borrowed; the server's version for GET /v1, or NULL */
     char model_id[256];

@@ -15,6 +15,7 @@
 #include "grammar/grammar.h"
 #include "api/response_store.h"
 #include "api/routes.h"
+#include "api/webui.h"
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/matmul.h"
 #include "backend/cuda/cuda.h"
@@ -69,6 +70,7 @@ struct serve_options {
     bool ssd_flag_seen;             /* some --ssd-cache-* flag was given */
     long generation_checkpoint;     /* --generation-checkpoint N; 0: none */
     enum kv_tier_restore ssd_restore; /* --ssd-restore auto|always|never */
+    bool no_webui;                  /* --no-webui: no chat page at / */
 };
 
 static const char usage[] =
@@ -76,7 +78,7 @@ static const char usage[] =
     "       [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--min-p P]\n"
     "       [--threads N] [--ctx N] [--max-batch N] [--max-queue N] [--kv-mb MB]\n"
     "       [--max-body-mb 32] [--request-timeout S] [--shutdown-timeout S] [--mode fast|exact]\n"
-    "       [--device cpu|cuda[:N]|auto] [--batch N] [--prefill-chunk 2048]\n"
+    "       [--device cpu|cuda[:N]|auto] [--batch N] [--prefill-chunk 2048] [--no-webui]\n"
     "       [--kv-block-size 16] [--kv-budget GB] [--memory-budget GB] [--prompt-cache GIB]\n"
     "       [--cache-retention lru|cost-size] [--session-idle-s 600] [--thinking on|off]\n"
     "       [--response-store-mb 64] [--response-store-ttl-s 3600] [--grammar-cache 64]\n"
@@ -86,6 +88,8 @@ static const char usage[] =
     "       [--ngram-max 3] [--ngram-min 1] [backend flags]\n"
     "Serves the OpenAI API (/v1/chat/completions, /v1/completions, /v1/responses, /v1/models;\n"
     "GET /v1 lists the routes), Anthropic's /v1/messages, and /health, /stats, /metrics.\n"
+    "GET / is a chat page for trying the model in a browser (built into the binary; --no-webui\n"
+    "turns it off); WS /ws/chat is a chat session over a WebSocket.\n"
     "--port 0 picks a free port.\n"
     "Sampling flags set the defaults below each request's own fields (generation_config.json\n"
     "is below them). --thinking on|off is enable_thinking for chat templates that have it when\n"
@@ -160,8 +164,12 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
             o->dir = a;
             continue;
         }
-        if (!strcmp(a, "--ssd-cache-verify")) { /* the one flag without a value */
+        if (!strcmp(a, "--ssd-cache-verify")) { /* the flags without a value */
             o->ssd_verify = o->ssd_flag_seen = true;
+            continue;
+        }
+        if (!strcmp(a, "--no-webui")) {
+            o->no_webui = true;
             continue;
         }
         if (!(v = arg_value(argc, argv, &i)))
@@ -508,6 +516,7 @@ int cmd_serve(int argc, char **argv)
 
     srv.version = INFERD_VERSION;
     srv.thinking = o.thinking;
+    srv.webui = o.no_webui ? NULL : &webui_bundle;
 
     struct err err = {0};
     /* Before the routes answer: GET /v1/responses/{id} does not wait for the model. */
@@ -523,7 +532,7 @@ int cmd_serve(int argc, char **argv)
     }
     srv.responses = responses;
     struct http_daemon *http = NULL;
-    if (http_start(&srv, api_routes(), &http, &err) < 0) {
+    if (http_start(&srv, api_routes(!o.no_webui), &http, &err) < 0) {
         fprintf(stderr, "inferd serve: %s\n", err.msg);
         response_store_free(responses);
         api_keys_free(&o.keys);

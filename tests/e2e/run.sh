@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tests/e2e/run.sh — runs the e2e and responses (openai SDK), anthropic (Anthropic SDK), bad-input (raw sockets), load SSD-tier and speculative decoding suites against a real `inferd serve`.
+# tests/e2e/run.sh — runs the e2e and responses (openai SDK), anthropic (Anthropic SDK), bad-input (raw sockets), load, SSD-tier, speculative-decoding and web-page (headless Chromium) suites against a real `inferd serve`.
 #
 # Usage: tests/e2e/run.sh [--sanitize] [INFERD [MODEL_DIR]]
 #   INFERD     the inferd binary (default $INFERD or build/inferd); built by the caller, never here
@@ -8,8 +8,11 @@
 #              --tokenizer $E2E_TOKENIZER` (default build/text-data/qwen3, from `make text-data`)
 #   --sanitize for an AddressSanitizer/UBSan build: the same suites with a short load run; fails
 #              when any server's stderr holds a sanitizer report
-# Environment: E2E_SUITES (default "e2e responses anthropic structured bad_input load ssd spec"; ssd starts its own
-# servers over fresh cache directories, and runs bench/ssd_kill.sh shortened), E2E_SERVE_ARGS (extra `serve` flags),
+# Environment: E2E_SUITES (default "e2e responses anthropic structured bad_input load ssd spec webui"; ssd starts its own
+# servers over fresh cache directories, and runs bench/ssd_kill.sh shortened; webui starts its own server of
+# models/house with an API key and drives the chat page in Debian's /usr/bin/chromium, skipped with a message
+# when that is missing unless CI=true, and saves screenshots in INFERD_E2E_ARTIFACTS, default
+# build/e2e-artifacts), E2E_SERVE_ARGS (extra `serve` flags),
 # E2E_LOG_DIR (kept; default a fresh temporary directory, removed when everything passed),
 # INFERD_E2E_LOAD_CLIENTS / INFERD_E2E_LOAD_SECONDS (the load suite's size), INFERD_E2E_SSD_KILLS
 # (kill -9 iterations in the ssd suite; default 5, 2 under a sanitizer).
@@ -35,7 +38,7 @@ fi
 if [ -n "${1:-}" ]; then INFERD=$(absolute "$1" "$PWD"); else INFERD=$(absolute "${INFERD:-build/inferd}" "$root"); fi
 if [ -n "${2:-}" ]; then MODEL=$(absolute "$2" "$PWD"); else MODEL=$(absolute "${E2E_MODEL:-build/models/e2e-qwen3}" "$root"); fi
 TOKENIZER=$(absolute "${E2E_TOKENIZER:-build/text-data/qwen3}" "$root")
-SUITES=${E2E_SUITES:-e2e responses anthropic structured bad_input load ssd spec}
+SUITES=${E2E_SUITES:-e2e responses anthropic structured bad_input load ssd spec webui}
 cd "$root"
 
 [ -x "$INFERD" ] || die "no inferd binary at $INFERD (build it first)"
@@ -48,7 +51,7 @@ pinned() {
     have=$(node -p "try { require('$here/node_modules/$1/package.json').version } catch { '' }")
     [ "$want" = "$have" ] || echo "$1 $want "
 }
-missing="$(pinned openai)$(pinned @anthropic-ai/sdk)$(pinned ajv)"
+missing="$(pinned openai)$(pinned @anthropic-ai/sdk)$(pinned ajv)$(pinned puppeteer-core)$(pinned ws)"
 if [ -n "$missing" ]; then
     say "npm ci ($missing)"
     (cd "$here" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
@@ -72,6 +75,7 @@ if [ $sanitize = 1 ]; then
     export INFERD_E2E_SANITIZE=1
 fi
 export INFERD_BINARY=$INFERD INFERD_E2E_MODEL=$MODEL INFERD_E2E_LOG_DIR=$logs
+export INFERD_E2E_ARTIFACTS=${INFERD_E2E_ARTIFACTS:-$root/build/e2e-artifacts}
 
 server_pid=
 stop_server() {

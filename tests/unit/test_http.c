@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "api/http.h"
+#include "api/websocket.h"
 
 /* ---- a test API ---------------------------------------------------------------- */
 
@@ -50,6 +51,32 @@ static void no_answer(struct http_exchange *x)
 {
 }
 
+/* A WebSocket session that echoes every message until the peer closes. */
+static void echo_run(void *ctx, int fd, const char *early, size_t n_early)
+{
+    struct ws_conn c;
+    struct err err = {0};
+    if (ws_conn_init(&c, fd, 1024, early, n_early, &err) < 0)
+        return;
+    struct ws_event ev;
+    while (ws_conn_next(&c, -1, &ev) == 0)
+        if (ev.kind == WS_EVENT_MESSAGE)
+            ws_conn_send_text(&c, (const char *)ev.data, ev.len);
+    ws_conn_free(&c);
+}
+
+static void echo_release(void *ctx)
+{
+    (*(int *)ctx)++;
+}
+
+static int echo_releases;
+
+static void echo_socket(struct http_exchange *x)
+{
+    http_send_websocket(x, (struct http_websocket){echo_run, echo_release, &echo_releases});
+}
+
 /* Another API's error body: "kind status param code message". */
 static int render_plain(const struct api_error *e, struct strbuf *out)
 {
@@ -73,6 +100,7 @@ static const struct http_route test_routes[] = {
     {"GET", "/plain", false, HTTP_BODY_NONE, refuse, &plain_errors, false},
     {"POST", "/plain", false, HTTP_BODY_JSON, echo_body, &plain_errors, false},
     {"GET", "/silent", false, HTTP_BODY_NONE, no_answer, NULL, false},
+    {"GET", "/ws", false, HTTP_BODY_NONE, echo_socket, NULL, false},
 };
 
 static const struct http_routes table = {
@@ -413,4 +441,88 @@ Test(http_limits, a_table_larger_than_the_counters_hold_is_refused, .init = NULL
     cr_assert_eq(http_start(&srv, &t, &d, &err), -INFERD_EINVAL);
     cr_assert_not_null(strstr(err.msg, "at most 32"), "%s", err.msg);
     cr_assert_null(d);
+}
+
+/* ---- WebSocket upgrade ------------------------------------------------------------ */
+
+#define WS_HEADERS(key, version)                                                              \
+    "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: " key                     \
+    "\r\nSec-WebSocket-Version: " version "\r\n"
+
+Test(http, a_websocket_route_refuses_what_is_not_a_valid_upgrade)
+{
+    int before = echo_releases;
+    struct reply r = get("/ws");
+    cr_assert(has_header(&r, "Upgrade: websocket"), "%s", r.head);
+    assert_reply(r, 426, "expected websocket");
+    r = request("GET", "/ws", WS_HEADERS("dGhlIHNhbXBsZSBub25jZQ==", "8"), NULL, 0);
+    cr_assert(has_header(&r, "Sec-WebSocket-Version: 13"), "%s", r.head);
+    cr_assert_eq(r.status, 426);
+    free(r.body);
+    r = request("GET", "/ws", WS_HEADERS("short", "13"), NULL, 0);
+    assert_reply(r, 400, "Sec-WebSocket-Key must be the base64 of 16 bytes");
+    cr_assert_eq(echo_releases, before + 3, "every refused session is released");
+}
+
+Test(http, a_websocket_upgrade_is_answered_101_and_the_session_speaks_frames)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    /* The handshake and a first masked "Hello" (RFC 6455 §5.7) in one write. */
+    static const char hs[] = "GET /ws HTTP/1.1\r\nHost: x\r\n" WS_HEADERS(
+        "dGhlIHNhbXBsZSBub25jZQ==", "13") "\r\n"
+                                          "\x81\x85\x37\xfa\x21\x3d\x7f\x9f\x4d\x51\x58";
+    cr_assert_eq(send(fd, hs, sizeof hs - 1, MSG_NOSIGNAL), (ssize_t)(sizeof hs - 1));
+    struct strbuf in = {0};
+    char buf[4096];
+    char *end = NULL;
+    while (!end || in.len < (size_t)(end - in.data) + 4 + 7) {
+        ssize_t n = recv(fd, buf, sizeof buf, 0);
+        cr_assert_gt(n, 0, "the connection ended after %zu bytes: %s", in.len, in.data);
+        strbuf_append(&in, buf, (size_t)n);
+        end = strstr(in.data, "\r\n\r\n");
+    }
+    cr_assert(strstr(in.data, "HTTP/1.1 101"), "%s", in.data);
+    cr_assert(strstr(in.data, "Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo="), "%s",
+              in.data);
+    const unsigned char *f = (const unsigned char *)end + 4;
+    cr_assert_eq(f[0], 0x81);
+    cr_assert_eq(f[1], 5, "an unmasked 5-byte frame echoed");
+    cr_assert_eq(memcmp(f + 2, "Hello", 5), 0);
+    /* A close (1000) is answered with a close, and the session ends. */
+    static const char close_frame[] = "\x88\x82\x01\x02\x03\x04\x02\xea";
+    cr_assert_eq(send(fd, close_frame, sizeof close_frame - 1, MSG_NOSIGNAL), 8);
+    unsigned char reply[4];
+    size_t got = 0;
+    while (got < 4) {
+        ssize_t n = recv(fd, reply + got, sizeof reply - got, 0);
+        cr_assert_gt(n, 0);
+        got += (size_t)n;
+    }
+    cr_assert_eq(reply[0], 0x88);
+    cr_assert_eq(reply[1], 2);
+    cr_assert_eq(reply[2] << 8 | reply[3], 1000);
+    strbuf_free(&in);
+    close(fd);
+}
+
+Test(http, stopping_the_server_ends_open_websocket_sessions)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    static const char hs[] =
+        "GET /ws HTTP/1.1\r\nHost: x\r\n" WS_HEADERS("dGhlIHNhbXBsZSBub25jZQ==", "13") "\r\n";
+    cr_assert_eq(send(fd, hs, sizeof hs - 1, MSG_NOSIGNAL), (ssize_t)(sizeof hs - 1));
+    char buf[1024];
+    cr_assert_gt(recv(fd, buf, sizeof buf, 0), 0);
+    int before = echo_releases;
+    /* The session waits for a frame that never comes: http_stop must not. */
+    stop();
+    cr_assert_eq(echo_releases, before + 1);
+    close(fd);
+    start_open(); /* for the suite's fini */
 }
