@@ -389,7 +389,7 @@ static int fit_measure(const struct serve_options *o, const struct model *m,
     const struct model_config *c = &m->config;
     struct backend *be = m->backend;
     long chunk = o->max_batch > o->prefill_chunk ? o->max_batch : o->prefill_chunk;
-    struct kv_format format = kv_format_of_dtype(be->kv_dtype);
+    struct kv_format format = kv_format_of_backend(be);
     fit->weights_bytes = model_weight_bytes(m);
     fit->weight_bytes_per_token = (double)model_weight_bytes_per_token(m);
     fit->kv_bytes_per_token = kv_format_bytes_per_token(c, &format);

@@ -269,7 +269,7 @@ int engine_create(const struct model *m, const struct tokenizer *tok,
     pthread_mutex_init(&e->stats_mu, NULL);
     histogram_init_latency(&e->metrics.ttft);
     histogram_init_latency(&e->metrics.inter_token);
-    struct kv_format format = kv_format_of_dtype(m->backend->kv_dtype);
+    struct kv_format format = kv_format_of_backend(m->backend);
     int block_size = cfg->kv_block_size > 0 ? cfg->kv_block_size : KV_BLOCK_SIZE_DEFAULT;
     e->block_bytes = kv_format_bytes_per_block(&m->config, &format, block_size);
     struct sched_config sc = {
@@ -294,7 +294,9 @@ int engine_create(const struct model *m, const struct tokenizer *tok,
             hash_mix64(cfg->tier->store.fp.model_digest ^ sc.prefix.model_digest);
         e->tier_cfg.store.fp.block_size = block_size;
         struct ssd_fingerprint *fp = &e->tier_cfg.store.fp;
-        if (!fp->kv_format[0])
+        if (!fp->kv_format[0] && format.quant)
+            kv_format_name(&format, fp->kv_format, sizeof fp->kv_format);
+        else if (!fp->kv_format[0])
             snprintf(fp->kv_format, sizeof fp->kv_format, "%s", dtype_name(format.dtype));
         if (!fp->backend_identity[0])
             snprintf(fp->backend_identity, sizeof fp->backend_identity, "%s-%s",
