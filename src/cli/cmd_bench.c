@@ -48,6 +48,7 @@ struct bench_options {
     long prompt_len, gen_len, n_threads, reps, chunk;
     enum compute_mode mode;
     struct backend_options backend; /* the environment's, then the backend flags' */
+    struct cli_kv_quant kvq;        /* --kv-quant, --kv-quant-config */
 };
 
 /* GPU memory bandwidth the floors are stated against (H200 HBM3e). */
@@ -79,6 +80,8 @@ static bool parse_bench_options(int argc, char **argv, struct bench_options *o)
         if (!(v = arg_value(argc, argv, &i)))
             return false;
         int backend_flag = cli_backend_flag(a, v, &o->backend);
+        if (backend_flag == 0)
+            backend_flag = cli_kv_quant_flag(a, v, &o->kvq);
         if (backend_flag < 0)
             return false;
         if (backend_flag > 0)
@@ -97,7 +100,7 @@ static bool parse_bench_options(int argc, char **argv, struct bench_options *o)
     if (!o->dir) {
         fprintf(stderr, "usage: inferd bench DIR [--prompt-len P] [--gen-len G] [--threads N] "
                         "[--mode fast|exact] [--reps R] [--chunk C] [--device cpu|cuda[:N]|auto]\n"
-                        "       [backend flags]\n" CLI_BACKEND_USAGE);
+                        "       [backend flags]\n" CLI_BACKEND_USAGE CLI_KV_QUANT_USAGE);
         return false;
     }
     return true;
@@ -136,7 +139,8 @@ int cmd_bench(int argc, char **argv)
 
     o.backend.mode = o.mode;
     o.backend.threads = (int)o.n_threads;
-    if (cli_backend_create(o.device, &o.backend, &be, &err) < 0)
+    if (cli_kv_quant_resolve(&o.kvq, o.dir, &o.backend, &err) < 0 ||
+        cli_backend_create(o.device, &o.backend, &be, &err) < 0)
         goto fail;
     double t0 = now_s();
     if (model_load(o.dir, be, &m, &err) < 0)

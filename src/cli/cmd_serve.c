@@ -54,6 +54,7 @@ struct serve_options {
     const char *device; /* --device: cpu, cuda[:N] or auto */
     enum compute_mode mode;
     struct backend_options backend; /* the environment's, then the backend flags' */
+    struct cli_kv_quant kvq;        /* --kv-quant, --kv-quant-config */
     double prompt_cache_gib;        /* --prompt-cache: cap on unreferenced cached KV; 0: off */
     long grammar_cache;             /* --grammar-cache: compiled structured-output grammars kept */
     enum kv_retention cache_retention;
@@ -124,7 +125,7 @@ static const char usage[] =
     "generation (its tokens and sampler state, its K/V through the SSD tier): the same request\n"
     "(prompt, parameters, seed) sent again after a restart or a client's cancel resumes there\n"
     "and gives the tokens an uninterrupted run would have; a completed one's is removed.\n"
-    CLI_BACKEND_USAGE;
+    CLI_BACKEND_USAGE CLI_KV_QUANT_USAGE;
 
 static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
 {
@@ -160,6 +161,8 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
         if (!(v = arg_value(argc, argv, &i)))
             return false;
         int backend_flag = cli_backend_flag(a, v, &o->backend);
+        if (backend_flag == 0)
+            backend_flag = cli_kv_quant_flag(a, v, &o->kvq);
         if (backend_flag < 0)
             return false;
         if (backend_flag > 0)
@@ -532,7 +535,8 @@ int cmd_serve(int argc, char **argv)
     o.backend.mode = o.mode;
     o.backend.threads = (int)o.threads;
     o.backend.memory_cap_bytes = (size_t)(o.memory_budget_gb * 1e9);
-    if (cli_backend_create(o.device, &o.backend, &be, &err) < 0 ||
+    if (cli_kv_quant_resolve(&o.kvq, o.dir, &o.backend, &err) < 0 ||
+        cli_backend_create(o.device, &o.backend, &be, &err) < 0 ||
         model_load(o.dir, be, &m, &err) < 0) {
         fprintf(stderr, "inferd serve: %s\n", err.msg);
         goto out;

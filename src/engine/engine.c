@@ -542,6 +542,14 @@ void engine_get_stats(struct engine *e, struct engine_stats *out)
     out->kv_blocks_free = atomic_load(&e->n_free_blocks_pub);
     out->requests_rejected = atomic_load(&e->requests_rejected);
     out->waiting = atomic_load(&e->n_waiting_pub);
+    struct kv_format format = kv_format_of_backend(e->model->backend);
+    kv_format_name(&format, out->kv_quant, sizeof out->kv_quant);
+    out->kv_bytes_per_token = kv_format_bytes_per_token(&e->model->config, &format);
+    if (format.quant && format.quant->per_layer) {
+        out->kv_quant_layers = e->model->config.n_layers;
+        for (int l = 0; l < out->kv_quant_layers && l < KV_QUANT_MAX_LAYERS; l++)
+            kv_format_layer_name(&format, l, out->kv_quant_layer[l], sizeof out->kv_quant_layer[l]);
+    }
     pthread_mutex_lock(&e->stats_mu);
     out->prompt_cache = e->cache_pub;
     out->ssd_cache = e->tier_pub;

@@ -215,6 +215,12 @@ struct engine_stats {
     uint64_t grammar_masks, grammar_forced_tokens;
     double grammar_mask_us_p50, grammar_mask_us_p99;
     const char *state; /* "idle", "running", "stopping" */
+    /* The KV cache's format (kv_format_name: "f32", "kv8", "turbo-k8v3", "config", ...), its
+     * bytes per token over every layer, and, for a per-layer config, each layer's format. */
+    char kv_quant[32];
+    uint64_t kv_bytes_per_token;
+    int kv_quant_layers;                          /* 0: one format for every layer */
+    char kv_quant_layer[KV_QUANT_MAX_LAYERS][24];
 };
 
 #define ENGINE_MASK_WINDOW 4096
