@@ -16,6 +16,7 @@
 #include "cli/device.h"
 #include "engine/generate.h"
 #include "engine/sampler.h"
+#include "kv/kv.h"
 
 #define BENCH_MAX_REPS 100
 
@@ -215,6 +216,13 @@ int cmd_bench(int argc, char **argv)
     }
     printf("load             %.3f s for %.2f GB (%.2f s/GB)\n", load_s, file_gb,
            file_gb > 0 ? load_s / file_gb : 0.0);
+    {
+        struct kv_format kvf = kv_format_of_backend(be);
+        char kv_name[32];
+        kv_format_name(&kvf, kv_name, sizeof kv_name);
+        printf("kv cache         %s, %zu bytes/token\n", kv_name,
+               kv_format_bytes_per_token(&m->config, &kvf));
+    }
     printf("read bandwidth   %.1f GB/s (measured before each decode)\n", bandwidth);
     if (pool) {
         printf("fma peak         %.1f GFLOP/s; gemm kernel on a cache-resident shape %.1f GFLOP/s\n",
