@@ -39,6 +39,13 @@
 #              streams with speculation on and off (bench/serve_concurrency.py): the house
 #              pair, and the 8B shape with prompt lookup on its random weights (acceptance
 #              near zero: adaptive K must back off, within 5% of off)
+#     kvquant  KV-cache quantization (--kv-quant) against the fp16 cache, per format
+#              (KVQ_FORMATS, default "off 8 turbo turbo:k4v3 4"): aggregate decode of 32
+#              streams after 8k-token prompts through `inferd serve --device cuda`
+#              (bench/serve_concurrency.py), the cache bytes per token and the 8k
+#              sequences a 32 GB KV budget holds, batch-1 decode after a 32k-token
+#              prompt and prefill of 4k tokens (the quantize-on-write cost; inferd
+#              bench); on llama-3.1-8b unless models are named
 #     MODEL    mkmodel presets (default: qwen3-0.6b llama-3.2-1b llama-3.1-8b)
 #   With no stage named, parity, bench and 8k run.
 #
@@ -55,7 +62,7 @@ cd "$root"
 stages=() models=()
 for a in "$@"; do
   case "$a" in
-    parity|bench|8k|profile|serve|cache|agent|rows|ssd|structured|spec) stages+=("$a") ;;
+    parity|bench|8k|profile|serve|cache|agent|rows|ssd|structured|spec|kvquant) stages+=("$a") ;;
     *) models+=("$a") ;;
   esac
 done
@@ -319,6 +326,28 @@ if has_stage spec; then
     timeout 900 python3 bench/serve_concurrency.py "$bin"/inferd "$dir" --device cuda \
       --streams 16 --prompt-len 512 --gen-len 128 --server-arg "--draft-kind ngram"
   fi
+fi
+
+if has_stage kvquant; then
+  for preset in "${agent_models[@]}"; do
+    dir=$(make_model "$preset") || { echo "mkmodel $preset failed"; continue; }
+    add_tokenizer "$preset" "$dir"
+    for fmt in ${KVQ_FORMATS:-off 8 turbo turbo:k4v3 4}; do
+      echo "== kvquant: $preset --kv-quant $fmt"
+      # bytes per token from /stats.kv_quant of a short-lived server, and the
+      # 8k-token sequences a 32 GB KV budget holds at that size
+      timeout 900 python3 bench/serve_concurrency.py "$bin"/inferd "$dir" --device cuda \
+        --streams 32 --prompt-len 8192 --gen-len 128 \
+        --server-arg "--kv-quant $fmt" --server-arg "--max-batch 32" \
+        --server-arg "--kv-budget 200" --server-arg "--ctx 8448"
+      bench_one "$preset kv=$fmt 32k prompt, batch 1" "$dir" --prompt-len 32768 --gen-len 64 \
+        --reps 2 --kv-quant "$fmt"
+      bench_one "$preset kv=$fmt prefill 4k" "$dir" --prompt-len 4096 --gen-len 8 --reps 3 \
+        --kv-quant "$fmt"
+      "$bin"/inferd bench "$dir" --device cuda --prompt-len 16 --gen-len 1 --reps 1 \
+        --kv-quant "$fmt" 2>&1 | grep -E "kv cache|error" || true
+    done
+  done
 fi
 
 echo "== summary (floor = weight bytes per token / 4.6 TB/s)"

@@ -342,6 +342,20 @@ void api_metrics_prometheus(const struct server *srv, struct strbuf *out)
                       (unsigned long long)st.spec_verify_steps,
                       (unsigned long long)st.spec_draft_steps, rate, mean);
     }
+    strbuf_printf(out,
+                  "# HELP inferd_kv_bytes_per_token KV cache bytes per token over every layer, by "
+                  "format (--kv-quant).\n"
+                  "# TYPE inferd_kv_bytes_per_token gauge\n"
+                  "inferd_kv_bytes_per_token{kv_quant=\"%s\"} %llu\n",
+                  st.kv_quant, (unsigned long long)st.kv_bytes_per_token);
+    for (int l = 0; l < st.kv_quant_layers; l++) {
+        if (l == 0)
+            strbuf_printf(out, "# HELP inferd_kv_quant_layer Each layer's KV format under a "
+                               "per-layer config (value 1).\n"
+                               "# TYPE inferd_kv_quant_layer gauge\n");
+        strbuf_printf(out, "inferd_kv_quant_layer{layer=\"%d\",kv_quant=\"%s\"} 1\n", l,
+                      st.kv_quant_layer[l]);
+    }
     if (st.ssd_cache.enabled)
         ssd_cache_prometheus(&st.ssd_cache, out);
     if (st.ssd_cache.host_max_bytes > 0) {
@@ -530,6 +544,19 @@ void api_metrics_stats_json(const struct server *srv, struct strbuf *out)
         json_object_object_add(batch, "kv_budget_bytes",
                                json_object_new_int64((int64_t)st.kv_budget_bytes));
         json_object_object_add(root, "batch", batch);
+
+        /* The KV cache's format, named by mlx-bun's cache keys. */
+        json_object *kq = json_object_new_object();
+        json_object_object_add(kq, "mode", json_object_new_string(st.kv_quant));
+        json_object_object_add(kq, "bytes_per_token",
+                               json_object_new_int64((int64_t)st.kv_bytes_per_token));
+        if (st.kv_quant_layers > 0) {
+            json_object *layers = json_object_new_array();
+            for (int l = 0; l < st.kv_quant_layers; l++)
+                json_object_array_add(layers, json_object_new_string(st.kv_quant_layer[l]));
+            json_object_object_add(kq, "layers", layers);
+        }
+        json_object_object_add(root, "kv_quant", kq);
 
         json_object *adm = json_object_new_object();
         json_object_object_add(adm, "enforced_context_tokens", json_object_new_int(cfg->n_ctx));

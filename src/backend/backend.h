@@ -9,6 +9,7 @@
 #include "base/cpu.h"
 #include "base/dtype.h"
 #include "base/err.h"
+#include "backend/kv_quant.h"
 
 /* Activation precision. EXACT: f32 activations everywhere (parity tests).
  * FAST: matmul inputs rounded to bf16 so bf16 dot-product hardware (AMX,
@@ -28,12 +29,26 @@ struct weight_matrix {
  * per layer. Element (layer, block, slot, kv_head, d) of K lives at
  *   k + ((layer * n_blocks + block) * block_size + slot) * kv_dim + kv_head * head_dim + d
  * with kv_dim = n_kv_heads * head_dim; V likewise. Elements are of dtype:
- * the backend's kv_dtype (F32, or F16 where the backend stores it so). */
+ * the backend's kv_dtype (F32, or F16 where the backend stores it so).
+ * A quantized cache (quant not NULL, backend/kv_quant.h) stores each slot's
+ * row of one layer in k_row_bytes (v_row_bytes) bytes instead, at byte
+ *   ((layer * n_blocks + block) * block_size + slot) * k_row_bytes
+ * holding n_kv_heads records of kvq_head_bytes(layer's format) each; every
+ * layer's rows take the largest layer's row bytes. */
 struct kv_cache {
     void *k, *v; /* backend memory; owned by whoever allocated the cache */
     enum dtype dtype;
     int n_layers, n_blocks, block_size, n_kv_heads, head_dim;
+    const struct kv_quant *quant;    /* borrowed (the backend's); NULL: dtype elements */
+    size_t k_row_bytes, v_row_bytes; /* one slot of one layer; 0: kv_dim * dtype size */
 };
+
+/* Bytes of one slot's row in one layer, K (v false) or V. */
+static inline size_t kv_cache_row_bytes(const struct kv_cache *kv, bool v)
+{
+    size_t rb = v ? kv->v_row_bytes : kv->k_row_bytes;
+    return rb ? rb : (size_t)kv->n_kv_heads * (size_t)kv->head_dim * dtype_size(kv->dtype);
+}
 
 /* One sequence's share of a forward step: its n_tokens new tokens sit at
  * rows [row0, row0 + n_tokens) of the step's activations and at positions
@@ -168,13 +183,17 @@ struct backend_ops {
     void (*silu_mul)(struct backend *be, const float *gate, const float *up, float *out, int64_t n);
     /* y[i] += x[i]. */
     void (*add)(struct backend *be, float *y, const float *x, int64_t n);
-    /* Writes the step's new K and V rows (n_rows x kv_dim each) into their slots. */
+    /* Writes the step's new K and V rows (n_rows x kv_dim each) into their
+     * slots; a quantized cache's rows are quantized here (kv_quant.h's
+     * kvq_quantize_head, the same bytes on every backend up to rounding). */
     void (*kv_store)(struct backend *be, struct kv_cache *kv, int layer, const float *k,
                      const float *v, const struct attn_span *spans, int n_spans);
     /* Causal attention of each span's queries over positions [0, pos] of its
      * sequence (only the last sliding_window of them when that is > 0), read
      * through the block table; q and out are n_rows x (n_heads * head_dim);
-     * grouped-query heads share kv head h / (n_heads / n_kv_heads). */
+     * grouped-query heads share kv head h / (n_heads / n_kv_heads). A
+     * quantized cache is read as it is stored, record by record, equal (up
+     * to float rounding) to attention over kvq_dequantize_head of each one. */
     void (*attention)(struct backend *be, const float *q, const struct kv_cache *kv, int layer,
                       const struct attn_span *spans, int n_spans, int n_heads, float scale,
                       int sliding_window, float *out);
@@ -197,7 +216,7 @@ struct backend_ops {
     /* Copies slots [0, n) of block src to block dst in every layer, K and V:
      *   K[layer, dst, slot, e] = K[layer, src, slot, e]   (V likewise)
      * for layer < n_layers, slot < n, e < kv_dim, elements as kv->dtype stores
-     * them (bit for bit). src != dst, 0 < n <= block_size; the other slots of
+     * them (bit for bit; a quantized cache's row bytes likewise). src != dst, 0 < n <= block_size; the other slots of
      * dst are left as they are. Runs in order with the ops called before and
      * after it (a backend that records ops records this one too). Optional
      * (NULL: the KV manager never reuses part of a block). */
@@ -239,6 +258,9 @@ struct backend {
     bool copy_weights;
     /* Element type of the KV caches this backend's attention reads and writes. */
     enum dtype kv_dtype;
+    /* Their quantized format (backend/kv_quant.h), the backend's copy of
+     * backend_options.kv_quant; NULL: kv_dtype elements. */
+    const struct kv_quant *kv_quant;
     void *impl; /* owned by the backend */
 };
 
@@ -272,6 +294,9 @@ struct backend_options {
     enum cpu_isa cpu_isa;    /* CPU: the highest instruction set its kernels use;
                                 CPU_ISA_BEST: whatever the processor has */
     enum backend_kv_type kv_type;
+    /* The KV cache quantized on write and read quantized by attention
+     * (copied at creation); NULL: plain kv_type elements. */
+    const struct kv_quant *kv_quant;
     /* CUDA: a step of at most 8 tokens is captured into a CUDA graph the
      * first time its op list is seen and replayed after (default on; off:
      * every step launched eagerly) */
@@ -302,9 +327,10 @@ struct backend_options {
     size_t memory_cap_bytes;
 };
 
-/* Creates the CPU backend from opt's mode, threads, cpu_isa and kv_type.
- * -INFERD_EUNSUPPORTED when the processor (or the cpu_isa cap) lacks AVX2/FMA,
- * or for an f16 KV cache. */
+/* Creates the CPU backend from opt's mode, threads, cpu_isa, kv_type and
+ * kv_quant. -INFERD_EUNSUPPORTED when the processor (or the cpu_isa cap)
+ * lacks AVX2/FMA, or for an f16 KV cache; -INFERD_EINVAL for a kv_quant
+ * format outside those kv_quant.h lists. */
 int backend_cpu_create(const struct backend_options *opt, struct backend **out,
                        struct err *err);
 

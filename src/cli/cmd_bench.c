@@ -17,6 +17,7 @@
 #include "cli/spec_flags.h"
 #include "engine/generate.h"
 #include "engine/sampler.h"
+#include "kv/kv.h"
 
 #define BENCH_MAX_REPS 100
 
@@ -51,6 +52,7 @@ struct bench_options {
     struct backend_options backend; /* the environment's, then the backend flags' */
     struct cli_spec_options spec;   /* speculative decoding of the decode runs */
     long verify_k;                  /* --verify-cost K: time a K-draft verify step; 0: no */
+    struct cli_kv_quant kvq;        /* --kv-quant, --kv-quant-config */
 };
 
 /* GPU memory bandwidth the floors are stated against (H200 HBM3e). */
@@ -86,6 +88,8 @@ static bool parse_bench_options(int argc, char **argv, struct bench_options *o)
         if (!(v = arg_value(argc, argv, &i)))
             return false;
         int backend_flag = cli_backend_flag(a, v, &o->backend);
+        if (backend_flag == 0)
+            backend_flag = cli_kv_quant_flag(a, v, &o->kvq);
         if (backend_flag < 0)
             return false;
         if (backend_flag > 0)
@@ -110,7 +114,7 @@ static bool parse_bench_options(int argc, char **argv, struct bench_options *o)
     if (!o->dir) {
         fprintf(stderr, "usage: inferd bench DIR [--prompt-len P] [--gen-len G] [--threads N] "
                         "[--mode fast|exact] [--reps R] [--chunk C] [--device cpu|cuda[:N]|auto]\n"
-                        "       [backend flags]\n" CLI_BACKEND_USAGE);
+                        "       [backend flags]\n" CLI_BACKEND_USAGE CLI_KV_QUANT_USAGE);
         return false;
     }
     return true;
@@ -224,7 +228,8 @@ int cmd_bench(int argc, char **argv)
 
     o.backend.mode = o.mode;
     o.backend.threads = (int)o.n_threads;
-    if (cli_backend_create(o.device, &o.backend, &be, &err) < 0)
+    if (cli_kv_quant_resolve(&o.kvq, o.dir, &o.backend, &err) < 0 ||
+        cli_backend_create(o.device, &o.backend, &be, &err) < 0)
         goto fail;
     double t0 = now_s();
     if (model_load(o.dir, be, &m, &err) < 0)
@@ -309,6 +314,13 @@ int cmd_bench(int argc, char **argv)
     }
     printf("load             %.3f s for %.2f GB (%.2f s/GB)\n", load_s, file_gb,
            file_gb > 0 ? load_s / file_gb : 0.0);
+    {
+        struct kv_format kvf = kv_format_of_backend(be);
+        char kv_name[32];
+        kv_format_name(&kvf, kv_name, sizeof kv_name);
+        printf("kv cache         %s, %zu bytes/token\n", kv_name,
+               kv_format_bytes_per_token(&m->config, &kvf));
+    }
     printf("read bandwidth   %.1f GB/s (measured before each decode)\n", bandwidth);
     if (pool) {
         printf("fma peak         %.1f GFLOP/s; gemm kernel on a cache-resident shape %.1f GFLOP/s\n",

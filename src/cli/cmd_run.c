@@ -28,6 +28,7 @@ struct run_options {
     struct sampler_params sampling;
     struct backend_options backend; /* the environment's, then the backend flags' */
     struct cli_spec_options spec;   /* speculative decoding */
+    struct cli_kv_quant kvq;        /* --kv-quant, --kv-quant-config */
 };
 
 static const char usage[] =
@@ -68,6 +69,8 @@ static bool parse_run_options(int argc, char **argv, struct run_options *o)
         if (!(v = arg_value(argc, argv, &i)))
             return false;
         int backend_flag = cli_backend_flag(a, v, &o->backend);
+        if (backend_flag == 0)
+            backend_flag = cli_kv_quant_flag(a, v, &o->kvq);
         if (backend_flag < 0)
             return false;
         if (backend_flag > 0)
@@ -127,7 +130,7 @@ static bool parse_run_options(int argc, char **argv, struct run_options *o)
     }
     if (!o->dir || (!o->prompt) == (!o->text)) {
         fprintf(stderr, "usage: inferd run DIR (-p TEXT [--chat] | --tokens IDS) [-n N] [--temp T] [--seed S] [--device cpu|cuda[:N]|auto]\n"
-                        "       [backend flags]\n" CLI_BACKEND_USAGE);
+                        "       [backend flags]\n" CLI_BACKEND_USAGE CLI_KV_QUANT_USAGE);
         return false;
     }
     if (o->chat && !o->text) {
@@ -211,7 +214,8 @@ int cmd_run(int argc, char **argv)
     double t0 = now_s();
     o.backend.mode = o.mode;
     o.backend.threads = (int)o.n_threads;
-    if (cli_backend_create(o.device, &o.backend, &be, &err) < 0 ||
+    if (cli_kv_quant_resolve(&o.kvq, o.dir, &o.backend, &err) < 0 ||
+        cli_backend_create(o.device, &o.backend, &be, &err) < 0 ||
         model_load(o.dir, be, &m, &err) < 0)
         goto fail;
     char tok_path[4096];

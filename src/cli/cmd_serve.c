@@ -57,6 +57,7 @@ struct serve_options {
     const char *device; /* --device: cpu, cuda[:N] or auto */
     enum compute_mode mode;
     struct backend_options backend; /* the environment's, then the backend flags' */
+    struct cli_kv_quant kvq;        /* --kv-quant, --kv-quant-config */
     double prompt_cache_gib;        /* --prompt-cache: cap on unreferenced cached KV; 0: off */
     long grammar_cache;             /* --grammar-cache: compiled structured-output grammars kept */
     enum kv_retention cache_retention;
@@ -135,7 +136,7 @@ static const char usage[] =
     CLI_SPEC_USAGE
     "A request's \"speculative\": false turns it off for that request; usage.speculation\n"
     "{drafted, accepted, targetCalls} and usage.lane (serial, batch, serial+spec) say how it ran.\n"
-    CLI_BACKEND_USAGE;
+    CLI_BACKEND_USAGE CLI_KV_QUANT_USAGE;
 
 static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
 {
@@ -175,6 +176,8 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
         if (!(v = arg_value(argc, argv, &i)))
             return false;
         int backend_flag = cli_backend_flag(a, v, &o->backend);
+        if (backend_flag == 0)
+            backend_flag = cli_kv_quant_flag(a, v, &o->kvq);
         if (backend_flag < 0)
             return false;
         if (backend_flag > 0)
@@ -409,7 +412,7 @@ static int fit_measure(const struct serve_options *o, const struct model *m,
     const struct model_config *c = &m->config;
     struct backend *be = m->backend;
     long chunk = o->max_batch > o->prefill_chunk ? o->max_batch : o->prefill_chunk;
-    struct kv_format format = kv_format_of_dtype(be->kv_dtype);
+    struct kv_format format = kv_format_of_backend(be);
     fit->weights_bytes = model_weight_bytes(m);
     fit->weight_bytes_per_token = (double)model_weight_bytes_per_token(m);
     fit->kv_bytes_per_token = kv_format_bytes_per_token(c, &format);
@@ -554,7 +557,8 @@ int cmd_serve(int argc, char **argv)
     o.backend.mode = o.mode;
     o.backend.threads = (int)o.threads;
     o.backend.memory_cap_bytes = (size_t)(o.memory_budget_gb * 1e9);
-    if (cli_backend_create(o.device, &o.backend, &be, &err) < 0 ||
+    if (cli_kv_quant_resolve(&o.kvq, o.dir, &o.backend, &err) < 0 ||
+        cli_backend_create(o.device, &o.backend, &be, &err) < 0 ||
         model_load(o.dir, be, &m, &err) < 0) {
         fprintf(stderr, "inferd serve: %s\n", err.msg);
         goto out;

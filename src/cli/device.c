@@ -12,6 +12,8 @@
 #include "base/cpu.h"
 #include "base/threadpool.h"
 #include "cli/args.h"
+#include "kv/kv_quant_config.h"
+#include "model/config.h"
 
 bool cli_device_parse(const char *text, struct device_spec *out)
 {
@@ -134,6 +136,62 @@ int cli_backend_flag(const char *flag, const char *value, struct backend_options
         }
         return 1;
     }
+    return 0;
+}
+
+int cli_kv_quant_flag(const char *flag, const char *value, struct cli_kv_quant *q)
+{
+    if (!strcmp(flag, "--kv-quant-config")) {
+        q->config_path = value;
+        return 1;
+    }
+    if (strcmp(flag, "--kv-quant"))
+        return 0;
+    if (strcmp(value, "config")) {
+        struct kv_quant probe;
+        bool on;
+        struct err err = {0};
+        if (kv_quant_parse(value, &probe, &on, &err) < 0) {
+            fprintf(stderr, "inferd: --kv-quant: %s\n", err.msg);
+            return -1;
+        }
+    }
+    q->mode = value;
+    return 1;
+}
+
+int cli_kv_quant_resolve(struct cli_kv_quant *q, const char *model_dir,
+                         struct backend_options *opt, struct err *err)
+{
+    bool config = (q->mode && !strcmp(q->mode, "config")) || (!q->mode && q->config_path);
+    if (q->config_path && q->mode && !config)
+        return err_set(err, INFERD_EINVAL, "--kv-quant-config needs --kv-quant config, not '%s'",
+                       q->mode);
+    if (!config) {
+        bool on = false;
+        if (!q->mode)
+            return 0;
+        int rc = kv_quant_parse(q->mode, &q->quant, &on, err);
+        if (rc < 0)
+            return err_wrap(err, "--kv-quant");
+        if (on)
+            opt->kv_quant = &q->quant;
+        return 0;
+    }
+    struct model_config c;
+    struct generation_defaults gen;
+    int rc = model_config_load(model_dir, &c, &gen, err);
+    if (rc < 0)
+        return rc;
+    char path[4096];
+    if (q->config_path)
+        snprintf(path, sizeof path, "%s", q->config_path);
+    else
+        snprintf(path, sizeof path, "%s/kv_config.json", model_dir);
+    rc = kv_quant_config_load(path, c.n_layers, &q->quant, err);
+    if (rc < 0)
+        return rc;
+    opt->kv_quant = &q->quant;
     return 0;
 }
 

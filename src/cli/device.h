@@ -39,6 +39,35 @@ bool cli_device_parse(const char *text, struct device_spec *out);
     "  --cuda-profile off|ops|graphs  log GPU time per launch kind, or graph replays, at exit\n" \
     "                              (INFERD_CUDA_PROFILE)\n"
 
+/* --kv-quant and --kv-quant-config, for the commands that load a model. */
+#define CLI_KV_QUANT_USAGE                                                                       \
+    "KV cache quantization:\n"                                                                   \
+    "  --kv-quant off|8|4|config|turbo[:kXvY]  the KV cache's format (default off): affine 8 or\n" \
+    "                              4 bits per group of 64 (8g32, 4g32: of 32); turbo: TurboQuant\n" \
+    "                              (rotated, Lloyd-Max codes) with X key and Y value bits, each\n"  \
+    "                              2, 3, 4, 5 or 8 (bare turbo: k8v3; :qjl after it spends one\n"  \
+    "                              key bit on the QJL residual); config: per layer, from\n"       \
+    "                              kv_config.json in the model directory\n"                      \
+    "  --kv-quant-config FILE      the per-layer config to read instead (implies config)\n"
+
+/* What --kv-quant and --kv-quant-config ask for, resolved against the model
+ * directory before the backend is made. */
+struct cli_kv_quant {
+    const char *mode;        /* borrowed (argv); NULL: off */
+    const char *config_path; /* borrowed (argv); NULL: DIR/kv_config.json under config */
+    struct kv_quant quant;   /* where backend_options.kv_quant points once resolved */
+};
+
+/* One of the two flags with its value into *q: 1 when flag is one, 0 when it
+ * is not, -1 (after a message naming the flag) for a value that is no format. */
+int cli_kv_quant_flag(const char *flag, const char *value, struct cli_kv_quant *q);
+
+/* Fills q->quant for the model in model_dir (a per-layer config is read and
+ * checked against its layer count here, so a bad file stops start-up) and
+ * points opt->kv_quant at it; leaves opt alone for off. */
+int cli_kv_quant_resolve(struct cli_kv_quant *q, const char *model_dir,
+                         struct backend_options *opt, struct err *err);
+
 /* The backend options the environment asks for (INFERD_CPU, INFERD_CUDA_*),
  * read here and nowhere else, each as inferd has always read it; zero
  * (every default) for what is unset. */

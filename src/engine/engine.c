@@ -274,7 +274,7 @@ int engine_create(const struct model *m, const struct tokenizer *tok,
     pthread_mutex_init(&e->stats_mu, NULL);
     histogram_init_latency(&e->metrics.ttft);
     histogram_init_latency(&e->metrics.inter_token);
-    struct kv_format format = kv_format_of_dtype(m->backend->kv_dtype);
+    struct kv_format format = kv_format_of_backend(m->backend);
     int block_size = cfg->kv_block_size > 0 ? cfg->kv_block_size : KV_BLOCK_SIZE_DEFAULT;
     e->block_bytes = kv_format_bytes_per_block(&m->config, &format, block_size);
     struct sched_config sc = {
@@ -300,7 +300,9 @@ int engine_create(const struct model *m, const struct tokenizer *tok,
             hash_mix64(cfg->tier->store.fp.model_digest ^ sc.prefix.model_digest);
         e->tier_cfg.store.fp.block_size = block_size;
         struct ssd_fingerprint *fp = &e->tier_cfg.store.fp;
-        if (!fp->kv_format[0])
+        if (!fp->kv_format[0] && format.quant)
+            kv_format_name(&format, fp->kv_format, sizeof fp->kv_format);
+        else if (!fp->kv_format[0])
             snprintf(fp->kv_format, sizeof fp->kv_format, "%s", dtype_name(format.dtype));
         if (!fp->backend_identity[0])
             snprintf(fp->backend_identity, sizeof fp->backend_identity, "%s-%s",
@@ -554,6 +556,14 @@ void engine_get_stats(struct engine *e, struct engine_stats *out)
     out->kv_blocks_free = atomic_load(&e->n_free_blocks_pub);
     out->requests_rejected = atomic_load(&e->requests_rejected);
     out->waiting = atomic_load(&e->n_waiting_pub);
+    struct kv_format format = kv_format_of_backend(e->model->backend);
+    kv_format_name(&format, out->kv_quant, sizeof out->kv_quant);
+    out->kv_bytes_per_token = kv_format_bytes_per_token(&e->model->config, &format);
+    if (format.quant && format.quant->per_layer) {
+        out->kv_quant_layers = e->model->config.n_layers;
+        for (int l = 0; l < out->kv_quant_layers && l < KV_QUANT_MAX_LAYERS; l++)
+            kv_format_layer_name(&format, l, out->kv_quant_layer[l], sizeof out->kv_quant_layer[l]);
+    }
     pthread_mutex_lock(&e->stats_mu);
     out->prompt_cache = e->cache_pub;
     out->ssd_cache = e->tier_pub;

@@ -245,6 +245,12 @@ struct engine_stats {
     int spec_max_drafts;
     uint64_t spec_drafted, spec_accepted, spec_verify_steps, spec_draft_steps;
     const char *state; /* "idle", "running", "stopping" */
+    /* The KV cache's format (kv_format_name: "f32", "kv8", "turbo-k8v3", "config", ...), its
+     * bytes per token over every layer, and, for a per-layer config, each layer's format. */
+    char kv_quant[32];
+    uint64_t kv_bytes_per_token;
+    int kv_quant_layers;                          /* 0: one format for every layer */
+    char kv_quant_layer[KV_QUANT_MAX_LAYERS][24];
 };
 
 #define ENGINE_MASK_WINDOW 4096

@@ -20,7 +20,7 @@ int sched_init(struct sched *sc, const struct model *m, const struct sched_confi
     if (sc->cfg.kv_blocks == 0) {
         /* room for max_seqs full contexts, and beside them for what the
          * prefix cache may keep unreferenced */
-        struct kv_format f = kv_format_of_dtype(m->backend->kv_dtype);
+        struct kv_format f = kv_format_of_backend(m->backend);
         size_t cache_blocks =
             cfg->prefix.max_bytes / kv_format_bytes_per_block(&m->config, &f, block_size);
         long blocks = (long)min_blocks * cfg->max_seqs + (long)cache_blocks;

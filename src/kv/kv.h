@@ -27,8 +27,10 @@
  * (layer, block, slot, kv_head, d) of K is at
  *     k + ((layer * n_blocks + block) * block_size + slot) * kv_dim + kv_head * head_dim + d
  * with kv_dim = n_kv_heads * head_dim, each element kv_format.dtype; V likewise.
- * A format with scales (group_size > 0) would keep them beside the values;
- * none does today. */
+ * A quantized format (kv_format.quant, backend/kv_quant.h: affine 8/4-bit or
+ * TurboQuant, per layer) keeps each slot's row as n_kv_heads records, codes
+ * with their scales inside, at a byte pitch of kv_format_row_bytes: the widest
+ * layer's row, so every layer of a block is one strided run as before. */
 
 /* The block size every cache is created with unless a caller asks otherwise.
  * Everything else reads the size from the pool or manager it holds. */
@@ -41,7 +43,8 @@ static inline int kv_blocks_for(int n_positions, int block_size)
 }
 
 enum kv_scale_layout {
-    KV_SCALES_NONE = 0, /* values are stored as they are (f32, f16, bf16) */
+    KV_SCALES_NONE = 0,  /* values are stored as they are (f32, f16, bf16) */
+    KV_SCALES_IN_RECORD, /* quantized: each head's record holds its codes and scales */
 };
 
 /* How one K or V element is stored. */
@@ -50,22 +53,43 @@ struct kv_format {
     int group_size;              /* values sharing one scale; 0: no scales */
     enum kv_scale_layout scales; /* where the scales live; KV_SCALES_NONE when group_size is 0 */
     int scale_bytes;             /* bytes of one scale; 0 without scales */
+    const struct kv_quant *quant; /* borrowed (the backend's); NULL: not quantized */
 };
 
 /* The format of a cache whose elements are dtype (no scales). */
 struct kv_format kv_format_of_dtype(enum dtype dtype);
+/* The format of the caches be reads and writes (its kv_dtype and kv_quant). */
+struct kv_format kv_format_of_backend(const struct backend *be);
+/* Bytes of one slot's K (v false) or V row in one layer:
+ *   kv_dim * dtype_size + kv_dim / group_size * scale_bytes, or, quantized,
+ *   n_kv_heads * kvq_head_bytes of the widest layer. */
+size_t kv_format_row_bytes(const struct model_config *c, const struct kv_format *f, bool v);
 /* Bytes of K and V together, over every layer, for one token position:
- *   2 * n_layers * (kv_dim * dtype_size + kv_dim / group_size * scale_bytes). */
+ *   n_layers * (K row bytes + V row bytes). */
 size_t kv_format_bytes_per_token(const struct model_config *c, const struct kv_format *f);
 /* kv_format_bytes_per_token * block_size: one block in every layer, K and V. */
 size_t kv_format_bytes_per_block(const struct model_config *c, const struct kv_format *f,
                                  int block_size);
 
+/* The cache key of the format, as mlx-bun names them: "bf16" (or "f32",
+ * "f16"), "kv8", "kv4" (group 64; "kv8g32" at group 32), "turbo-k8v3"
+ * ("-qjl" with the QJL residual), "config" for a per-layer config. */
+void kv_format_name(const struct kv_format *f, char *buf, size_t cap);
+/* The name of one layer's format (as above, never "config"). */
+void kv_format_layer_name(const struct kv_format *f, int layer, char *buf, size_t cap);
+/* Identity of the stored bytes: dtype, scheme of every layer, rotation seed
+ * and config digest; what the prefix cache's namespace mixes in. */
+uint64_t kv_format_digest(const struct kv_format *f);
+/* -INFERD_EINVAL or -INFERD_EUNSUPPORTED when f cannot hold model c's K/V
+ * (a per-layer config for another layer count, head_dim not a multiple of
+ * 16, a group size that does not divide it). */
+int kv_format_check(const struct model_config *c, const struct kv_format *f, struct err *err);
+
 /* ---- pool ----------------------------------------------------------------- */
 
 struct kv_pool {
     struct kv_cache cache;   /* storage; cache.k/v owned (backend memory) */
-    struct kv_format format; /* derived from the backend's kv_dtype */
+    struct kv_format format; /* the backend's (kv_format_of_backend) */
     struct backend *backend; /* borrowed */
     uint32_t *refcount;      /* owned; n_blocks */
     uint32_t *free_list;     /* owned; stack of free block ids */
@@ -73,7 +97,7 @@ struct kv_pool {
 };
 
 /* Sizes the pool for n_blocks blocks of block_size tokens for model m, in the
- * format of be->kv_dtype. */
+ * format of be (kv_format_of_backend). */
 int kv_pool_create(const struct model *m, struct backend *be, int n_blocks, int block_size,
                    struct kv_pool **out, struct err *err);
 void kv_pool_free(struct kv_pool *pool);

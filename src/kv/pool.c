@@ -15,9 +15,13 @@ int kv_pool_create(const struct model *m, struct backend *be, int n_blocks, int 
     if (n_blocks < 1)
         return err_set(err, INFERD_ERANGE, "KV pool needs at least one block, got %d", n_blocks);
     const struct model_config *c = &m->config;
-    struct kv_format format = kv_format_of_dtype(be->kv_dtype);
-    /* each of K and V: half of a block's bytes */
-    size_t bytes = kv_format_bytes_per_block(c, &format, block_size) / 2 * (size_t)n_blocks;
+    struct kv_format format = kv_format_of_backend(be);
+    int rc = kv_format_check(c, &format, err);
+    if (rc < 0)
+        return rc;
+    size_t k_row = kv_format_row_bytes(c, &format, false), v_row = kv_format_row_bytes(c, &format, true);
+    size_t k_bytes = k_row * (size_t)c->n_layers * (size_t)block_size * (size_t)n_blocks;
+    size_t v_bytes = v_row * (size_t)c->n_layers * (size_t)block_size * (size_t)n_blocks;
     struct kv_pool *pool = calloc(1, sizeof *pool);
     if (!pool)
         return err_set(err, INFERD_ENOMEM, "out of memory creating the KV pool");
@@ -30,15 +34,18 @@ int kv_pool_create(const struct model *m, struct backend *be, int n_blocks, int 
         .block_size = block_size,
         .n_kv_heads = c->n_kv_heads,
         .head_dim = c->head_dim,
+        .quant = format.quant,
+        .k_row_bytes = k_row,
+        .v_row_bytes = v_row,
     };
-    pool->cache.k = be->ops->alloc(be, bytes);
-    pool->cache.v = be->ops->alloc(be, bytes);
+    pool->cache.k = be->ops->alloc(be, k_bytes);
+    pool->cache.v = be->ops->alloc(be, v_bytes);
     pool->refcount = calloc((size_t)n_blocks, sizeof *pool->refcount);
     pool->free_list = malloc((size_t)n_blocks * sizeof *pool->free_list);
     if (!pool->cache.k || !pool->cache.v || !pool->refcount || !pool->free_list) {
         kv_pool_free(pool);
         return err_set(err, INFERD_ENOMEM, "out of memory for a KV pool of %d blocks (%.1f MB)",
-                       n_blocks, 2.0 * bytes / 1e6);
+                       n_blocks, (double)(k_bytes + v_bytes) / 1e6);
     }
     /* lowest ids on top of the stack, so allocation order is predictable */
     for (int i = 0; i < n_blocks; i++)

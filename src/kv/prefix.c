@@ -73,6 +73,8 @@ uint64_t kv_prefix_namespace(uint64_t model_digest, const struct kv_format *form
     h = hash_mix64(h ^ (uint64_t)format->dtype);
     h = hash_mix64(h ^ ((uint64_t)format->group_size << 8) ^ ((uint64_t)format->scales << 40) ^
               ((uint64_t)format->scale_bytes << 48));
+    if (format->quant) /* the scheme of every layer, seed and config digest */
+        h = hash_mix64(h ^ kv_format_digest(format));
     h = hash_mix64(h ^ (uint64_t)block_size);
     return hash_mix64(h ^ cache_ns);
 }

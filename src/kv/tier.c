@@ -69,8 +69,6 @@ struct kv_tier {
     struct host_tier host;     /* cap 0: none */
     struct kv_tier_config cfg;
     size_t block_bytes;        /* one block in every layer, K and V */
-    size_t chunk_bytes;        /* one layer's K (or V) of one block */
-    size_t elem_bytes;
     struct tier_read *reads;   /* owned; cap_reads slots */
     int cap_reads, n_reads;
     struct tier_unsaved *unsaved; /* owned; n_unsaved of cap_unsaved */
@@ -90,12 +88,22 @@ struct kv_tier {
 
 /* ---- a block's bytes in the pool ---------------------------------------------
  * On the host a block is laid out layer by layer, K before V: 2 * n_layers
- * chunks of block_size * kv_dim elements, each contiguous in the pool too. */
+ * chunks of block_size rows (K rows and V rows may differ in width, as in a
+ * quantized format's), each contiguous in the pool too. */
+
+static size_t chunk_of(const struct kv_tier *t, bool v)
+{
+    return (size_t)t->pool->cache.block_size * kv_cache_row_bytes(&t->pool->cache, v);
+}
+
+/* Where the chunk of layer 0 sits in a host block; layers follow each other
+ * every chunk_of(K) + chunk_of(V) bytes. */
+static size_t host_offset(const struct kv_tier *t, bool v) { return v ? chunk_of(t, false) : 0; }
 
 static char *chunk_in_pool(const struct kv_tier *t, uint32_t block, int layer, bool v)
 {
     const struct kv_cache *c = &t->pool->cache;
-    size_t at = ((size_t)layer * (size_t)c->n_blocks + block) * t->chunk_bytes;
+    size_t at = ((size_t)layer * (size_t)c->n_blocks + block) * chunk_of(t, v);
     return (char *)(v ? c->v : c->k) + at;
 }
 
@@ -103,18 +111,19 @@ static void copy_out(struct kv_tier *t, uint32_t block, char *host)
 {
     struct backend *be = t->pool->backend;
     int n_layers = t->pool->cache.n_layers;
-    size_t layer_pitch = (size_t)t->pool->cache.n_blocks * t->chunk_bytes;
-    if (be->ops->to_host_2d) { /* every layer's K, then V, each in one transfer */
-        for (int v = 0; v < 2; v++)
-            be->ops->to_host_2d(be, host + (size_t)v * t->chunk_bytes, 2 * t->chunk_bytes,
-                                chunk_in_pool(t, block, 0, v), layer_pitch, t->chunk_bytes,
+    size_t host_pitch = chunk_of(t, false) + chunk_of(t, true);
+    for (int v = 0; v < 2; v++) {
+        size_t chunk = chunk_of(t, v), layer_pitch = (size_t)t->pool->cache.n_blocks * chunk;
+        if (be->ops->to_host_2d) { /* every layer's K, then V, each in one transfer */
+            be->ops->to_host_2d(be, host + host_offset(t, v), host_pitch,
+                                chunk_in_pool(t, block, 0, v), layer_pitch, chunk,
                                 (size_t)n_layers);
-        return;
+            continue;
+        }
+        for (int l = 0; l < n_layers; l++)
+            be->ops->to_host(be, host + (size_t)l * host_pitch + host_offset(t, v),
+                             chunk_in_pool(t, block, l, v), chunk);
     }
-    for (int l = 0; l < n_layers; l++)
-        for (int v = 0; v < 2; v++)
-            be->ops->to_host(be, host + (size_t)(2 * l + v) * t->chunk_bytes,
-                             chunk_in_pool(t, block, l, v), t->chunk_bytes);
 }
 
 /* The host-RAM tier's copies: queued on the device's stream into or out of
@@ -128,11 +137,13 @@ static void host_copy_out(struct kv_tier *t, uint32_t block, char *host)
         copy_out(t, block, host);
         return;
     }
-    size_t layer_pitch = (size_t)t->pool->cache.n_blocks * t->chunk_bytes;
-    for (int v = 0; v < 2; v++)
-        be->ops->to_host_2d_async(be, host + (size_t)v * t->chunk_bytes, 2 * t->chunk_bytes,
-                                  chunk_in_pool(t, block, 0, v), layer_pitch, t->chunk_bytes,
+    size_t host_pitch = chunk_of(t, false) + chunk_of(t, true);
+    for (int v = 0; v < 2; v++) {
+        size_t chunk = chunk_of(t, v), layer_pitch = (size_t)t->pool->cache.n_blocks * chunk;
+        be->ops->to_host_2d_async(be, host + host_offset(t, v), host_pitch,
+                                  chunk_in_pool(t, block, 0, v), layer_pitch, chunk,
                                   (size_t)t->pool->cache.n_layers);
+    }
 }
 
 static void copy_in(struct kv_tier *t, uint32_t block, const char *host);
@@ -144,29 +155,31 @@ static void host_copy_in(struct kv_tier *t, uint32_t block, const char *host)
         copy_in(t, block, host);
         return;
     }
-    size_t layer_pitch = (size_t)t->pool->cache.n_blocks * t->chunk_bytes;
-    for (int v = 0; v < 2; v++)
+    size_t host_pitch = chunk_of(t, false) + chunk_of(t, true);
+    for (int v = 0; v < 2; v++) {
+        size_t chunk = chunk_of(t, v), layer_pitch = (size_t)t->pool->cache.n_blocks * chunk;
         be->ops->to_device_2d_async(be, chunk_in_pool(t, block, 0, v), layer_pitch,
-                                    host + (size_t)v * t->chunk_bytes, 2 * t->chunk_bytes,
-                                    t->chunk_bytes, (size_t)t->pool->cache.n_layers);
+                                    host + host_offset(t, v), host_pitch, chunk,
+                                    (size_t)t->pool->cache.n_layers);
+    }
 }
 
 static void copy_in(struct kv_tier *t, uint32_t block, const char *host)
 {
     struct backend *be = t->pool->backend;
     int n_layers = t->pool->cache.n_layers;
-    size_t layer_pitch = (size_t)t->pool->cache.n_blocks * t->chunk_bytes;
-    if (be->ops->to_device_2d) {
-        for (int v = 0; v < 2; v++)
+    size_t host_pitch = chunk_of(t, false) + chunk_of(t, true);
+    for (int v = 0; v < 2; v++) {
+        size_t chunk = chunk_of(t, v), layer_pitch = (size_t)t->pool->cache.n_blocks * chunk;
+        if (be->ops->to_device_2d) {
             be->ops->to_device_2d(be, chunk_in_pool(t, block, 0, v), layer_pitch,
-                                  host + (size_t)v * t->chunk_bytes, 2 * t->chunk_bytes,
-                                  t->chunk_bytes, (size_t)n_layers);
-        return;
-    }
-    for (int l = 0; l < n_layers; l++)
-        for (int v = 0; v < 2; v++)
+                                  host + host_offset(t, v), host_pitch, chunk, (size_t)n_layers);
+            continue;
+        }
+        for (int l = 0; l < n_layers; l++)
             be->ops->to_device(be, chunk_in_pool(t, block, l, v),
-                               host + (size_t)(2 * l + v) * t->chunk_bytes, t->chunk_bytes);
+                               host + (size_t)l * host_pitch + host_offset(t, v), chunk);
+    }
 }
 
 /* ---- the host-RAM tier ----------------------------------------------------------- */
@@ -748,10 +761,8 @@ int kv_tier_create(struct kv_pool *pool, struct kv_prefix *prefix, size_t block_
     t->pool = pool;
     t->prefix = prefix;
     t->cfg = *cfg;
-    t->elem_bytes = dtype_size(c->dtype);
-    t->chunk_bytes = (size_t)c->block_size * (size_t)c->n_kv_heads * (size_t)c->head_dim *
-                     t->elem_bytes;
-    t->block_bytes = 2 * (size_t)c->n_layers * t->chunk_bytes;
+    t->block_bytes = (size_t)c->n_layers * (size_t)c->block_size *
+                     (kv_cache_row_bytes(c, false) + kv_cache_row_bytes(c, true));
     (void)block_bytes;
     t->is_unsaved = calloc((size_t)c->n_blocks, 1);
     if (!t->is_unsaved) {

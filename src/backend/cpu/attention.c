@@ -15,9 +15,12 @@ static inline size_t kv_slot_offset(const struct kv_cache *kv, int layer, uint32
 void cpu_kv_store(struct backend *be, struct kv_cache *kv, int layer, const float *k,
                   const float *v, const struct attn_span *spans, int n_spans)
 {
-    (void)be;
+    if (kv->quant) {
+        cpu_kv_store_quant(be, kv, layer, k, v, spans, n_spans);
+        return;
+    }
     size_t kv_dim = (size_t)kv->n_kv_heads * kv->head_dim;
-    float *kc = kv->k, *vc = kv->v; /* this backend's caches are f32 */
+    float *kc = kv->k, *vc = kv->v; /* this backend's plain caches are f32 */
     for (int s = 0; s < n_spans; s++) {
         const struct attn_span *sp = &spans[s];
         for (int i = 0; i < sp->n_tokens; i++) {
@@ -35,13 +38,14 @@ void cpu_kv_copy_slots(struct backend *be, struct kv_cache *kv, uint32_t src, ui
 {
     (void)be;
     /* the slots [0, n) of one block in one layer are contiguous */
-    size_t bytes = (size_t)n * kv->n_kv_heads * kv->head_dim * dtype_size(kv->dtype);
-    size_t esize = dtype_size(kv->dtype);
-    for (int layer = 0; layer < kv->n_layers; layer++) {
-        size_t from = kv_slot_offset(kv, layer, src, 0) * esize;
-        size_t to = kv_slot_offset(kv, layer, dst, 0) * esize;
-        memcpy((char *)kv->k + to, (const char *)kv->k + from, bytes);
-        memcpy((char *)kv->v + to, (const char *)kv->v + from, bytes);
+    for (int v = 0; v < 2; v++) {
+        size_t row = kv_cache_row_bytes(kv, v);
+        char *base = v ? kv->v : kv->k;
+        for (int layer = 0; layer < kv->n_layers; layer++) {
+            size_t from = (((size_t)layer * kv->n_blocks + src) * kv->block_size) * row;
+            size_t to = (((size_t)layer * kv->n_blocks + dst) * kv->block_size) * row;
+            memcpy(base + to, base + from, (size_t)n * row);
+        }
     }
 }
 
@@ -141,6 +145,10 @@ void cpu_attention(struct backend *be, const float *q, const struct kv_cache *kv
                    const struct attn_span *spans, int n_spans, int n_heads, float scale,
                    int sliding_window, float *out)
 {
+    if (kv->quant) {
+        cpu_attention_quant(be, q, kv, layer, spans, n_spans, n_heads, scale, sliding_window, out);
+        return;
+    }
     struct attention_job job = {q, kv, layer, spans, n_spans, n_heads, scale, sliding_window, out};
     struct cpu_impl *impl = be->impl;
     threadpool_run(impl->pool, attention_rows, &job);

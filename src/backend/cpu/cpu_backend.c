@@ -291,6 +291,11 @@ int backend_cpu_create(const struct backend_options *opt, struct backend **out,
                            : "this CPU lacks AVX2/FMA, which the CPU backend requires");
     if (opt->kv_type == BACKEND_KV_F16)
         return err_set(err, INFERD_EUNSUPPORTED, "the CPU backend keeps its KV cache in f32");
+    if (opt->kv_quant) {
+        int rc = cpu_kv_quant_check(opt->kv_quant, err);
+        if (rc < 0)
+            return rc;
+    }
     struct backend *be = calloc(1, sizeof *be);
     struct cpu_impl *impl = calloc(1, sizeof *impl);
     if (!be || !impl) {
@@ -313,6 +318,11 @@ int backend_cpu_create(const struct backend_options *opt, struct backend **out,
     be->ops = &cpu_ops;
     be->mode = opt->mode;
     be->kv_dtype = DTYPE_F32;
+    if (opt->kv_quant) {
+        impl->kv_quant = *opt->kv_quant;
+        kvq_codebooks_init(&impl->codebooks);
+        be->kv_quant = &impl->kv_quant;
+    }
     be->copy_weights = false; /* a copy to huge pages measured within noise of the file mapping, at 1.5 s/GB of load */
     be->impl = impl;
     *out = be;

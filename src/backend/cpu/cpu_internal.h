@@ -9,6 +9,8 @@
 struct cpu_impl {
     struct threadpool *pool;   /* owned */
     struct cpu_matmul *matmul; /* owned; packing scratch per thread */
+    struct kv_quant kv_quant;  /* the KV format when backend.kv_quant points here */
+    struct kvq_codebooks codebooks; /* TURBO's Lloyd–Max levels (filled with kv_quant) */
 };
 
 /* backend_ops.kv_copy_slots: slots [0, n) of block src to dst, every layer, K and V. */
@@ -18,5 +20,15 @@ void cpu_kv_store(struct backend *be, struct kv_cache *kv, int layer, const floa
 void cpu_attention(struct backend *be, const float *q, const struct kv_cache *kv, int layer,
                    const struct attn_span *spans, int n_spans, int n_heads, float scale,
                    int sliding_window, float *out);
+
+/* The quantized cache's store and attention (attn_quant.c); cpu_kv_store and
+ * cpu_attention hand a cache with kv->quant to them. */
+void cpu_kv_store_quant(struct backend *be, struct kv_cache *kv, int layer, const float *k,
+                        const float *v, const struct attn_span *spans, int n_spans);
+void cpu_attention_quant(struct backend *be, const float *q, const struct kv_cache *kv, int layer,
+                         const struct attn_span *spans, int n_spans, int n_heads, float scale,
+                         int sliding_window, float *out);
+/* -INFERD_EINVAL for a format the kernels above do not read. */
+int cpu_kv_quant_check(const struct kv_quant *q, struct err *err);
 
 #endif

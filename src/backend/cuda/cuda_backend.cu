@@ -1171,6 +1171,10 @@ extern "C" int backend_cuda_create(int device, const struct backend_options *opt
                                    struct backend **out, struct err *err)
 {
     *out = NULL;
+    if (opt->kv_quant) /* the fused quantized kernels are the CPU backend's so far */
+        return err_set(err, INFERD_EUNSUPPORTED,
+                       "the CUDA backend does not read quantized KV caches yet: --kv-quant runs "
+                       "on the CPU backend");
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
