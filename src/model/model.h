@@ -43,9 +43,10 @@ struct model {
     struct rope_table rope;
 };
 
-/* Loads DIR (config.json, safetensors, generation_config.json) onto be.
- * Checks every expected tensor exists with the shape config.json implies,
- * and that no unexpected tensor is left over. */
+/* Loads DIR (config.json, safetensors, generation_config.json) onto be, or
+ * a GGUF file when dir names one (model/gguf.h maps it onto the same config
+ * and tensor names). Checks every expected tensor exists with the shape
+ * config.json implies, and that no unexpected tensor is left over. */
 int model_load(const char *dir, struct backend *be, struct model **out, struct err *err);
 void model_free(struct model *m);
 
