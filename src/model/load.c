@@ -11,6 +11,7 @@
 #include "model/arch.h"
 #include "model/gguf.h"
 #include "model/quant.h"
+#include "text/tokenizer.h"
 
 #define WIDEN_CHUNK 65536 /* elements converted per host staging pass */
 
@@ -423,4 +424,14 @@ uint64_t model_weight_bytes(const struct model *m)
     if (m->weights.lm_head.data != e->data)
         total += matrix_bytes(e); /* untied: the table is not the head the step read */
     return total;
+}
+
+int model_tokenizer_load(const char *path, struct tokenizer **out, struct err *err)
+{
+    return gguf_is_file(path) ? gguf_tokenizer_load(path, out, err) : tok_load(path, out, err);
+}
+
+bool model_path_is_gguf(const char *path)
+{
+    return gguf_is_file(path);
 }

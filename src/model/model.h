@@ -50,6 +50,13 @@ struct model {
 int model_load(const char *dir, struct backend *be, struct model **out, struct err *err);
 void model_free(struct model *m);
 
+/* The tokenizer of what model_load takes: DIR's tokenizer.json (and
+ * tokenizer_config.json), or a GGUF file's tokenizer.ggml.* metadata. */
+struct tokenizer;
+int model_tokenizer_load(const char *path, struct tokenizer **out, struct err *err);
+/* True when path is a GGUF file rather than a model directory. */
+bool model_path_is_gguf(const char *path);
+
 /* Bytes of weights one decode step reads (for bandwidth floors). */
 uint64_t model_weight_bytes_per_token(const struct model *m);
 /* Bytes of all weights: what one step reads plus the embedding rows it does
