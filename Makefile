@@ -2,7 +2,7 @@
 BUILD ?= build
 FUZZ_BUILD ?= build-fuzz
 ASAN_BUILD ?= build-asan
-# Seconds per fuzz target in `make test` (16 targets; longer runs: make fuzz FUZZ_SECONDS=600)
+# Seconds per fuzz target in `make test` (17 targets; longer runs: make fuzz FUZZ_SECONDS=600)
 FUZZ_SECONDS ?= 12
 MODEL ?= models/house
 PORT ?= 8080

@@ -963,6 +963,18 @@ int gguf_tokenizer_load(const char *path, struct tokenizer **out, struct err *er
     int rc = gguf_open(path, &f, err);
     if (rc)
         return rc;
+    rc = gguf_tokenizer_build(&f, out, err);
+    gguf_close(&f);
+    if (rc)
+        err_wrap(err, "%s", path);
+    return rc;
+}
+
+int gguf_tokenizer_build(const struct gguf_file *fp, struct tokenizer **out, struct err *err)
+{
+    *out = NULL;
+    const struct gguf_file f = *fp; /* a view: the pointers stay fp's */
+    int rc;
     struct tok_gguf_vocab v = {.bos_id = -1, .eos_id = -1, .unk_id = -1, .pad_id = -1,
                                .add_bos = -1, .add_space_prefix = true};
     struct tok_piece *tokens = NULL, *merges = NULL;
@@ -1006,8 +1018,5 @@ out:
     free(merges);
     free(types);
     free(scores);
-    gguf_close(&f);
-    if (rc)
-        err_wrap(err, "%s", path);
     return rc;
 }

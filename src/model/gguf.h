@@ -131,5 +131,7 @@ int gguf_rope_freqs(const struct gguf_file *f, int head_dim, float **factors, st
  * built by text/tok_load_gguf_vocab. -INFERD_EFORMAT when the file has none. */
 struct tokenizer;
 int gguf_tokenizer_load(const char *path, struct tokenizer **out, struct err *err);
+/* The same from a parsed file (fuzzed). */
+int gguf_tokenizer_build(const struct gguf_file *f, struct tokenizer **out, struct err *err);
 
 #endif
