@@ -532,3 +532,40 @@ Test(gguf_tokenizer, unknown_pre_tokenizers_and_models_are_refused_by_name)
     cr_assert_eq(tok_load_gguf_vocab(&v, &tok, &err), -INFERD_EUNSUPPORTED);
     cr_assert(strstr(err.msg, "rwkv"), "%s", err.msg);
 }
+
+/* ---------------------------------------------------------------- the command line */
+
+/* `inferd run X --tokens IDS` prints generated ids on one line whatever
+ * tokenizer X carries: a directory with tokenizer.json, or a GGUF file with
+ * tokenizer metadata. */
+Test(gguf_cli, run_with_tokens_prints_ids_for_directories_and_gguf_files, .timeout = 300)
+{
+    const char *data = getenv("INFERD_TOKENIZER_DATA");
+    if (!data || !*data)
+        cr_skip_test("INFERD_TOKENIZER_DATA is not set");
+    char tdir[4200], cmd[9000], path[4200];
+    snprintf(tdir, sizeof tdir, "%s/qwen3", data);
+    struct err err = {0};
+    char *tmp = test_mkdtemp();
+    struct mkmodel_opts o = {.preset = "tiny-qwen3", .seed = 1, .out_dir = tmp,
+                             .tokenizer_dir = tdir};
+    cr_assert_eq(mkmodel_write(&o, &err), 0, "%s", err.msg);
+    snprintf(path, sizeof path, "%s/m.gguf", tmp);
+    cr_assert_eq(gguf_write_model(tmp, GGUF_FTYPE_BF16, path, &err), 0, "%s", err.msg);
+    const char *targets[] = {tmp, path};
+    char outputs[2][256];
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "%s run %s --tokens 9707,1879 -n 6 --threads 2 2>/dev/null",
+                 INFERD_BINARY, targets[i]);
+        FILE *p = popen(cmd, "r");
+        cr_assert_not_null(p);
+        cr_assert_not_null(fgets(outputs[i], sizeof outputs[i], p));
+        cr_assert_eq(pclose(p), 0, "%s", cmd);
+        size_t n = strlen(outputs[i]);
+        cr_assert_gt(n, 1);
+        cr_assert_eq(strspn(outputs[i], "0123456789,"), n - 1, "not ids: %s", outputs[i]);
+    }
+    cr_assert_str_eq(outputs[0], outputs[1], "bf16 GGUF and safetensors generate alike");
+    test_rmtree(tmp);
+    free(tmp);
+}
