@@ -899,9 +899,11 @@ int gguf_rope_freqs(const struct gguf_file *f, int head_dim, float **factors, st
     memcpy(v, t->data, (size_t)(head_dim / 2) * sizeof *v);
     for (int i = 0; i < head_dim / 2; i++)
         if (!(v[i] > 0) || v[i] > 1e9f) {
+            int rc = err_set(err, INFERD_ERANGE,
+                             "rope_freqs.weight[%d] = %g is not a positive factor", i,
+                             (double)v[i]);
             free(v);
-            return err_set(err, INFERD_ERANGE, "rope_freqs.weight[%d] = %g is not a positive factor",
-                           i, (double)v[i]);
+            return rc;
         }
     *factors = v;
     return 0;
