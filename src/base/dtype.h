@@ -34,16 +34,25 @@ static inline int dtype_block_elems(enum dtype t)
     return t <= DTYPE_F16 ? 1 : t <= DTYPE_Q5_1 ? 32 : 256;
 }
 
-/* Bytes per block (per element for the dense types). */
+/* Bytes per block (per element for the dense types). A switch rather than
+ * a table: this header is compiled as C++ by nvcc as well. */
 static inline size_t dtype_block_bytes(enum dtype t)
 {
-    static const unsigned char bytes[DTYPE_COUNT] = {
-        [DTYPE_F32] = 4,    [DTYPE_BF16] = 2,   [DTYPE_F16] = 2,    [DTYPE_Q8_0] = 34,
-        [DTYPE_Q4_0] = 18,  [DTYPE_Q4_1] = 20,  [DTYPE_Q5_0] = 22,  [DTYPE_Q5_1] = 24,
-        [DTYPE_Q2_K] = 84,  [DTYPE_Q3_K] = 110, [DTYPE_Q4_K] = 144, [DTYPE_Q5_K] = 176,
-        [DTYPE_Q6_K] = 210,
-    };
-    return t < DTYPE_COUNT ? bytes[t] : 0;
+    switch (t) {
+    case DTYPE_F32: return 4;
+    case DTYPE_BF16: case DTYPE_F16: return 2;
+    case DTYPE_Q8_0: return 34;
+    case DTYPE_Q4_0: return 18;
+    case DTYPE_Q4_1: return 20;
+    case DTYPE_Q5_0: return 22;
+    case DTYPE_Q5_1: return 24;
+    case DTYPE_Q2_K: return 84;
+    case DTYPE_Q3_K: return 110;
+    case DTYPE_Q4_K: return 144;
+    case DTYPE_Q5_K: return 176;
+    case DTYPE_Q6_K: return 210;
+    default: return 0;
+    }
 }
 
 /* Bytes of one element of a dense type; 0 for a block type, whose elements
@@ -61,14 +70,22 @@ static inline uint64_t dtype_row_bytes(enum dtype t, uint64_t n)
 
 static inline const char *dtype_name(enum dtype t)
 {
-    static const char *const names[DTYPE_COUNT] = {
-        [DTYPE_F32] = "F32",   [DTYPE_BF16] = "BF16", [DTYPE_F16] = "F16",
-        [DTYPE_Q8_0] = "Q8_0", [DTYPE_Q4_0] = "Q4_0", [DTYPE_Q4_1] = "Q4_1",
-        [DTYPE_Q5_0] = "Q5_0", [DTYPE_Q5_1] = "Q5_1", [DTYPE_Q2_K] = "Q2_K",
-        [DTYPE_Q3_K] = "Q3_K", [DTYPE_Q4_K] = "Q4_K", [DTYPE_Q5_K] = "Q5_K",
-        [DTYPE_Q6_K] = "Q6_K",
-    };
-    return t < DTYPE_COUNT ? names[t] : "?";
+    switch (t) {
+    case DTYPE_F32: return "F32";
+    case DTYPE_BF16: return "BF16";
+    case DTYPE_F16: return "F16";
+    case DTYPE_Q8_0: return "Q8_0";
+    case DTYPE_Q4_0: return "Q4_0";
+    case DTYPE_Q4_1: return "Q4_1";
+    case DTYPE_Q5_0: return "Q5_0";
+    case DTYPE_Q5_1: return "Q5_1";
+    case DTYPE_Q2_K: return "Q2_K";
+    case DTYPE_Q3_K: return "Q3_K";
+    case DTYPE_Q4_K: return "Q4_K";
+    case DTYPE_Q5_K: return "Q5_K";
+    case DTYPE_Q6_K: return "Q6_K";
+    default: return "?";
+    }
 }
 
 #endif
