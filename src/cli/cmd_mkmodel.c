@@ -1,13 +1,18 @@
 /* cli/cmd_mkmodel.c — `inferd mkmodel`: write a deterministic test model directory, or list the presets. */
+#include <dirent.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "tools/gguf_write.h"
 #include "tools/mkmodel.h"
 
 static const char usage[] =
     "usage: inferd mkmodel --preset NAME [--arch ARCH] [--seed S] [--tokenizer TDIR] --out DIR\n"
+    "       inferd mkmodel ... --format gguf --dtype bf16|q8_0|q4_0|q4_k_m|q6_k --out FILE.gguf\n"
     "       inferd mkmodel --list\n"
     "Writes config.json, generation_config.json and model.safetensors with\n"
     "deterministic weights (same preset and seed: same bytes on every machine).\n"
@@ -16,7 +21,43 @@ static const char usage[] =
     "--tokenizer copies TDIR's tokenizer.json, tokenizer_config.json (and\n"
     "special_tokens_map.json) into DIR and fits the model to them: vocab_size\n"
     "covers every token, bos/eos ids are the tokenizer's (eos also the chat\n"
-    "template's end-of-turn token, e.g. <|im_end|>).\n";
+    "template's end-of-turn token, e.g. <|im_end|>).\n"
+    "--format gguf writes the same model as one GGUF file instead (the tokenizer\n"
+    "as tokenizer.ggml.* metadata), its matrices in --dtype's types as\n"
+    "llama-quantize picks them (default bf16); the bytes are deterministic too.\n";
+
+/* Removes the files of a scratch directory, then the directory. */
+static void remove_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    char path[4200];
+    while (d && (e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            unlink(path);
+        }
+    if (d)
+        closedir(d);
+    rmdir(dir);
+}
+
+/* The model written to a scratch directory beside out, then converted. */
+static int write_gguf(struct mkmodel_opts *o, enum gguf_ftype ftype, struct err *err)
+{
+    char scratch[4200];
+    snprintf(scratch, sizeof scratch, "%s.dir.XXXXXX", o->out_dir);
+    if (!mkdtemp(scratch))
+        return err_set(err, INFERD_EIO, "cannot create a scratch directory beside %s", o->out_dir);
+    const char *out = o->out_dir;
+    o->out_dir = scratch;
+    int rc = mkmodel_write(o, err);
+    o->out_dir = out;
+    if (!rc)
+        rc = gguf_write_model(scratch, ftype, out, err);
+    remove_dir(scratch);
+    return rc;
+}
 
 static void print_size(char *out, size_t cap, uint64_t bytes)
 {
@@ -54,7 +95,8 @@ static void list_presets(void)
 int cmd_mkmodel(int argc, char **argv)
 {
     struct mkmodel_opts o = {.seed = 1};
-    bool list = false;
+    bool list = false, gguf = false;
+    enum gguf_ftype ftype = GGUF_FTYPE_BF16;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -66,7 +108,8 @@ int cmd_mkmodel(int argc, char **argv)
             continue;
         }
         if (strcmp(a, "--arch") && strcmp(a, "--preset") && strcmp(a, "--seed") &&
-            strcmp(a, "--out") && strcmp(a, "--tokenizer")) {
+            strcmp(a, "--out") && strcmp(a, "--tokenizer") && strcmp(a, "--format") &&
+            strcmp(a, "--dtype")) {
             fprintf(stderr, "inferd mkmodel: unknown argument '%s'\n%s", a, usage);
             return 2;
         }
@@ -80,6 +123,18 @@ int cmd_mkmodel(int argc, char **argv)
             o.out_dir = v;
         else if (!strcmp(a, "--tokenizer"))
             o.tokenizer_dir = v;
+        else if (!strcmp(a, "--format")) {
+            if (strcmp(v, "gguf") && strcmp(v, "safetensors")) {
+                fprintf(stderr, "inferd mkmodel: --format must be safetensors or gguf\n");
+                return 2;
+            }
+            gguf = !strcmp(v, "gguf");
+        } else if (!strcmp(a, "--dtype")) {
+            if (!gguf_ftype_parse(v, &ftype)) {
+                fprintf(stderr, "inferd mkmodel: --dtype must be bf16, q8_0, q4_0, q4_k_m or q6_k\n");
+                return 2;
+            }
+        }
         else if (!arg_u64(a, v, &o.seed))
             return 2;
     }
@@ -92,7 +147,7 @@ int cmd_mkmodel(int argc, char **argv)
         return 2;
     }
     struct err err = {0};
-    if (mkmodel_write(&o, &err) != 0) {
+    if ((gguf ? write_gguf(&o, ftype, &err) : mkmodel_write(&o, &err)) != 0) {
         fprintf(stderr, "inferd mkmodel: %s\n", err.msg);
         return 1;
     }

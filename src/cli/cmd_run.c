@@ -36,11 +36,11 @@ static const char usage[] =
     "       [--top-p P] [--min-p P] [--seed S] [--threads N] [--mode fast|exact] [--ctx N]\n"
     "       [--device cpu|cuda[:N]|auto] [--draft-model DIR] [--draft-kind two-model|ngram]\n"
     "       [--num-draft-tokens K] [--ngram-max N] [--ngram-min N]\n"
-    "Generates from a Hugging Face model directory: -p TEXT is encoded with its\n"
-    "tokenizer (--chat sends it as a user message through the chat template),\n"
-    "--tokens takes comma-separated ids. Prints text when the directory has a\n"
-    "tokenizer.json, else token ids. -n tokens (default 32); --temp 0 (the\n"
-    "default) is greedy; --ctx 4096 by default.\n" CLI_SPEC_USAGE;
+    "Generates from a Hugging Face model directory or a GGUF file: -p TEXT is\n"
+    "encoded with its tokenizer (--chat sends it as a user message through the\n"
+    "chat template) and the answer printed as text; --tokens takes comma-separated\n"
+    "ids and prints the generated ids on one comma-separated line. -n tokens\n"
+    "(default 32); --temp 0 (the default) is greedy; --ctx 4096 by default.\n" CLI_SPEC_USAGE;
 
 static bool parse_run_options(int argc, char **argv, struct run_options *o)
 {
@@ -218,10 +218,11 @@ int cmd_run(int argc, char **argv)
         cli_backend_create(o.device, &o.backend, &be, &err) < 0 ||
         model_load(o.dir, be, &m, &err) < 0)
         goto fail;
-    char tok_path[4096];
-    snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", o.dir);
-    if (o.text || access(tok_path, F_OK) == 0) {
-        if (tok_load(o.dir, &tok, &err) < 0 || detok_create(tok, true, &detok, &err) < 0)
+    /* A text prompt is answered in text; --tokens always in ids, whatever
+     * tokenizer the model carries, so scripts read one format. */
+    if (o.text) {
+        if (model_tokenizer_load(o.dir, &tok, &err) < 0 ||
+            detok_create(tok, true, &detok, &err) < 0)
             goto fail;
     }
     if (o.text && encode_text_prompt(tok, &o, &o.prompt, &o.n_prompt, &err) < 0)

@@ -563,7 +563,7 @@ int cmd_serve(int argc, char **argv)
         fprintf(stderr, "inferd serve: %s\n", err.msg);
         goto out;
     }
-    if (tok_load(o.dir, &tok, &err) < 0) {
+    if (model_tokenizer_load(o.dir, &tok, &err) < 0) {
         fprintf(stderr, "inferd serve: %s: the server needs the model's tokenizer: %s\n", o.dir,
                 err.msg);
         goto out;

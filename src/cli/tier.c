@@ -13,6 +13,7 @@
 #include "backend/cuda/cuda.h"
 #include "base/timer.h"
 #include "engine/generate.h"
+#include "model/gguf.h"
 
 #define TIER_READ_CHUNK ((size_t)1 << 20)
 
@@ -65,6 +66,15 @@ int cli_tier_tokenizer_digest(const char *dir, uint64_t *out, struct err *err)
         goto done;
     }
     XXH3_64bits_reset(st);
+    if (gguf_is_file(dir)) { /* a GGUF file's tokenizer is in its metadata, before the data */
+        struct gguf_file f;
+        if ((rc = gguf_open(dir, &f, err)) < 0)
+            goto done;
+        XXH3_64bits_update(st, f.image, (size_t)f.data_offset);
+        gguf_close(&f);
+        *out = XXH3_64bits_digest(st);
+        goto done;
+    }
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     if ((rc = digest_file(st, buf, path, NULL, err)) < 0)
         goto done;

@@ -9,6 +9,9 @@
 
 #include "base/bf16.h"
 #include "model/arch.h"
+#include "model/gguf.h"
+#include "model/quant.h"
+#include "text/tokenizer.h"
 
 #define WIDEN_CHUNK 65536 /* elements converted per host staging pass */
 
@@ -128,29 +131,100 @@ static int find_tensor(struct model *m, const char *name, const int64_t *want, i
     return 0;
 }
 
+/* The stored row holding row r in Hugging Face order. llama.cpp's
+ * converter stores Llama-family q/k with each head's two rotary halves
+ * interleaved (its rope pairs adjacent elements): HF row h*hd + i*hd/2 + j
+ * (i in {0, 1}) is stored at h*hd + 2j + i. */
+static int64_t source_row(const struct st_tensor *t, int64_t rows, int64_t r)
+{
+    if (!t->unpermute_heads)
+        return r;
+    int64_t hd = rows / t->unpermute_heads, half = hd / 2;
+    int64_t h = r / hd, k = r % hd, i = k / half, j = k % half;
+    return h * hd + 2 * j + i;
+}
+
+static int check_unpermutable(const struct st_tensor *t, int64_t rows, struct err *err)
+{
+    if (t->unpermute_heads && (rows % t->unpermute_heads || (rows / t->unpermute_heads) % 2))
+        return err_set(err, INFERD_EFORMAT, "tensor %s: %lld rows do not split into %d heads of "
+                       "an even size", t->name, (long long)rows, t->unpermute_heads);
+    return 0;
+}
+
+/* A block-quantized matrix as F32 in backend memory, row by row (rows
+ * reordered as source_row says). */
+static int upload_dequantized(struct model *m, const struct st_tensor *t, int64_t rows,
+                              int64_t cols, float **out, struct err *err)
+{
+    void *buf;
+    int rc = alloc_owned(m, (size_t)rows * (size_t)cols * sizeof(float), t->name, &buf, err);
+    if (rc)
+        return rc;
+    float *row = malloc((size_t)cols * sizeof *row);
+    if (!row)
+        return err_set(err, INFERD_ENOMEM, "out of memory converting tensor '%s'", t->name);
+    uint64_t row_bytes = dtype_row_bytes(t->dtype, (uint64_t)cols);
+    for (int64_t r = 0; r < rows; r++) {
+        quant_dequantize_row(t->dtype, (const uint8_t *)t->data +
+                                           (uint64_t)source_row(t, rows, r) * row_bytes,
+                             row, cols);
+        m->backend->ops->to_device(m->backend, (float *)buf + r * cols, row,
+                                   (size_t)cols * sizeof *row);
+    }
+    free(row);
+    *out = buf;
+    return 0;
+}
+
+/* The rows of a dense matrix in Hugging Face order, copied to backend memory. */
+static int upload_unpermuted(struct model *m, const struct st_tensor *t, int64_t rows,
+                             int64_t cols, const void **out, struct err *err)
+{
+    void *buf;
+    int rc = alloc_owned(m, t->nbytes, t->name, &buf, err);
+    if (rc)
+        return rc;
+    uint64_t row_bytes = dtype_row_bytes(t->dtype, (uint64_t)cols);
+    for (int64_t r = 0; r < rows; r++)
+        m->backend->ops->to_device(m->backend, (uint8_t *)buf + (uint64_t)r * row_bytes,
+                                   (const uint8_t *)t->data +
+                                       (uint64_t)source_row(t, rows, r) * row_bytes,
+                                   row_bytes);
+    *out = buf;
+    return 0;
+}
+
 /* A weight matrix: BF16/F32 used in place from the mapping unless the backend
- * asks for copies (be->copy_weights), F16 widened to F32 in backend memory.
- * Misaligned data (a header whose length is not a multiple of the element
- * size) is copied so kernels may assume natural alignment. */
+ * asks for copies (be->copy_weights), F16 and the block formats widened to
+ * F32 in backend memory. Misaligned data (a header whose length is not a
+ * multiple of the element size) is copied so kernels may assume natural
+ * alignment; so are GGUF q/k rows, put back in Hugging Face order. */
 int model_load_matrix(struct model *m, const char *name, int64_t rows, int64_t cols,
                       struct weight_matrix *w, struct err *err)
 {
     int64_t want[2] = {rows, cols};
     const struct st_tensor *t;
     int rc = find_tensor(m, name, want, 2, &t, err);
-    if (rc)
+    if (rc || (rc = check_unpermutable(t, rows, err)))
         return rc;
     w->rows = rows;
     w->cols = cols;
-    if (t->dtype == DTYPE_F16) {
+    if (t->dtype == DTYPE_F16 || dtype_is_block(t->dtype)) {
         float *wide;
-        if ((rc = upload_f32(m, t, (size_t)rows * (size_t)cols, &wide, err)))
+        if (dtype_is_block(t->dtype) || t->unpermute_heads)
+            rc = upload_dequantized(m, t, rows, cols, &wide, err);
+        else
+            rc = upload_f32(m, t, (size_t)rows * (size_t)cols, &wide, err);
+        if (rc)
             return rc;
         w->dtype = DTYPE_F32;
         w->data = wide;
         return 0;
     }
     w->dtype = t->dtype;
+    if (t->unpermute_heads)
+        return upload_unpermuted(m, t, rows, cols, &w->data, err);
     if (!m->backend->copy_weights && (uintptr_t)t->data % dtype_size(t->dtype) == 0) {
         w->data = t->data;
         return 0;
@@ -163,12 +237,20 @@ int model_load_matrix(struct model *m, const char *name, int64_t rows, int64_t c
     return 0;
 }
 
-/* A vector (norm weight or bias) of any dtype, as f32 in backend memory. */
+/* A vector (norm weight or bias) of any dense dtype, as f32 in backend memory. */
 int model_load_vector(struct model *m, const char *name, int64_t n, float **out, struct err *err)
 {
     const struct st_tensor *t;
     int rc = find_tensor(m, name, &n, 1, &t, err);
-    return rc ? rc : upload_f32(m, t, (size_t)n, out, err);
+    if (rc || (rc = check_unpermutable(t, n, err)))
+        return rc;
+    if (dtype_is_block(t->dtype))
+        return err_set(err, INFERD_EFORMAT, "vector %s is stored as %s; vectors must be F32, "
+                       "F16 or BF16", name, dtype_name(t->dtype));
+    if (!t->unpermute_heads)
+        return upload_f32(m, t, (size_t)n, out, err);
+    /* a GGUF q/k bias: a one-column matrix */
+    return upload_dequantized(m, t, n, 1, out, err);
 }
 
 /* ---------------------------------------------------------------- the model */
@@ -218,17 +300,44 @@ static int load_weights(struct model *m, struct err *err)
     return check_no_extra_tensors(m, err);
 }
 
-static int build_rope(struct model *m, struct err *err)
+/* factors: GGUF's rope_freqs.weight (Llama 3 scaling as divisors of the
+ * unscaled frequencies), or NULL to scale as config says. Outside the band
+ * where transformers blends the two, dividing gives the same float as its
+ * formula; inside it the blend rounds differently by an ulp or so. */
+static int build_rope(struct model *m, const float *factors, struct err *err)
 {
     int half = m->config.head_dim / 2;
     m->rope_inv_freq = malloc((size_t)half * sizeof *m->rope_inv_freq);
     if (!m->rope_inv_freq)
         return err_set(err, INFERD_ENOMEM, "out of memory for the rope table");
     model_rope_inv_freq(&m->config, m->rope_inv_freq);
+    for (int i = 0; factors && i < half; i++)
+        m->rope_inv_freq[i] = (float)((double)m->rope_inv_freq[i] / factors[i]);
     m->rope.rot_dim = m->config.head_dim;
     m->rope.inv_freq = m->rope_inv_freq;
     m->rope.attention_factor = 1.0f;
     return 0;
+}
+
+/* Config and tensors of a model directory, or of one GGUF file. */
+static int open_checkpoint(struct model *m, const char *path, float **rope_factors,
+                           struct err *err)
+{
+    *rope_factors = NULL;
+    if (!gguf_is_file(path)) {
+        int rc = model_config_load(path, &m->config, &m->generation, err);
+        return rc ? rc : st_set_open(path, &m->files, err);
+    }
+    struct gguf_file f;
+    int rc = gguf_open(path, &f, err);
+    if (rc)
+        return rc;
+    if ((rc = gguf_model_config(&f, &m->config, &m->generation, err)) ||
+        (rc = gguf_rope_freqs(&f, m->config.head_dim, rope_factors, err)) ||
+        (rc = gguf_tensor_set(&f, &m->config, path, &m->files, err)))
+        err_wrap(err, "%s", path);
+    gguf_close(&f);
+    return rc;
 }
 
 int model_load(const char *dir, struct backend *be, struct model **out, struct err *err)
@@ -240,8 +349,9 @@ int model_load(const char *dir, struct backend *be, struct model **out, struct e
     if (!m)
         return err_set(err, INFERD_ENOMEM, "out of memory for the model");
     m->backend = be;
+    float *rope_factors = NULL;
     int rc;
-    if ((rc = model_config_load(dir, &m->config, &m->generation, err)))
+    if ((rc = open_checkpoint(m, dir, &rope_factors, err)))
         goto fail;
     /* config.json's architectures picks the family; config parsing already
      * refused the ones inferd does not know, so a miss here is a family
@@ -251,17 +361,17 @@ int model_load(const char *dir, struct backend *be, struct model **out, struct e
                      model_arch_name(m->config.arch));
         goto fail;
     }
-    if ((rc = st_set_open(dir, &m->files, err)))
-        goto fail;
     if ((rc = load_weights(m, err))) {
         err_wrap(err, "loading %s", dir);
         goto fail;
     }
-    if ((rc = build_rope(m, err)))
+    if ((rc = build_rope(m, rope_factors, err)))
         goto fail;
+    free(rope_factors);
     *out = m;
     return 0;
 fail:
+    free(rope_factors);
     model_free(m);
     return rc;
 }
@@ -314,4 +424,14 @@ uint64_t model_weight_bytes(const struct model *m)
     if (m->weights.lm_head.data != e->data)
         total += matrix_bytes(e); /* untied: the table is not the head the step read */
     return total;
+}
+
+int model_tokenizer_load(const char *path, struct tokenizer **out, struct err *err)
+{
+    return gguf_is_file(path) ? gguf_tokenizer_load(path, out, err) : tok_load(path, out, err);
+}
+
+bool model_path_is_gguf(const char *path)
+{
+    return gguf_is_file(path);
 }

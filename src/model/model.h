@@ -43,11 +43,19 @@ struct model {
     struct rope_table rope;
 };
 
-/* Loads DIR (config.json, safetensors, generation_config.json) onto be.
- * Checks every expected tensor exists with the shape config.json implies,
- * and that no unexpected tensor is left over. */
+/* Loads DIR (config.json, safetensors, generation_config.json) onto be, or
+ * a GGUF file when dir names one (model/gguf.h maps it onto the same config
+ * and tensor names). Checks every expected tensor exists with the shape
+ * config.json implies, and that no unexpected tensor is left over. */
 int model_load(const char *dir, struct backend *be, struct model **out, struct err *err);
 void model_free(struct model *m);
+
+/* The tokenizer of what model_load takes: DIR's tokenizer.json (and
+ * tokenizer_config.json), or a GGUF file's tokenizer.ggml.* metadata. */
+struct tokenizer;
+int model_tokenizer_load(const char *path, struct tokenizer **out, struct err *err);
+/* True when path is a GGUF file rather than a model directory. */
+bool model_path_is_gguf(const char *path);
 
 /* Bytes of weights one decode step reads (for bandwidth floors). */
 uint64_t model_weight_bytes_per_token(const struct model *m);

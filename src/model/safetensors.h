@@ -20,6 +20,9 @@ struct st_tensor {
     uint64_t nbytes;
     const void *data;      /* points into the mapping; NULL until mapped */
     int file_index;        /* which shard holds it */
+    int unpermute_heads;   /* GGUF q/k of Llama-family models: rows are in llama.cpp's
+                              rope order over this many heads, which the loader undoes;
+                              0 for everything else */
 };
 
 /* Parsed safetensors header. Validates: 8-byte little-endian length, JSON

@@ -20,6 +20,44 @@ int tok_load_json(const char *tokenizer_json, size_t len, const char *config_jso
                   size_t config_len, struct tokenizer **out, struct err *err);
 void tok_free(struct tokenizer *tok);
 
+/* A GGUF file's tokenizer.ggml.* metadata, read by whoever parses the file
+ * (model/gguf.c); strings point into it and need no NUL. */
+struct tok_piece {
+    const char *s;
+    size_t len;
+};
+struct tok_gguf_vocab {
+    const char *model;            /* tokenizer.ggml.model: "gpt2" (byte-level BPE) or "llama" (SentencePiece) */
+    size_t model_len;
+    const char *pre;              /* tokenizer.ggml.pre, or NULL ("default") */
+    size_t pre_len;
+    const struct tok_piece *tokens; /* n_tokens, the id's piece */
+    int n_tokens;
+    const int32_t *types;         /* n_tokens or NULL (all normal): 1 normal, 2 unknown, 3 control,
+                                     4 user-defined, 5 unused, 6 byte */
+    const float *scores;          /* n_tokens or NULL; required for "llama" */
+    const struct tok_piece *merges; /* n_merges "left right" pairs; required for "gpt2" */
+    int n_merges;
+    int bos_id, eos_id, unk_id, pad_id; /* -1 when absent */
+    int add_bos;                  /* 1, 0, or -1 when unset (SentencePiece then adds it) */
+    bool add_space_prefix;        /* SentencePiece: prepend U+2581 */
+    const char *chat_template;    /* or NULL */
+    size_t chat_template_len;
+};
+
+/* Builds the tokenizer that vocabulary describes, as the tokenizer.json
+ * Hugging Face ships with the model would: gpt2 vocabularies through the
+ * pre-tokenizer tokenizer.ggml.pre names (qwen2, llama-bpe, default/gpt-2;
+ * others are refused by name), SentencePiece ones as byte-fallback BPE with
+ * merges ranked by score; control and user-defined tokens are added tokens
+ * (control ones special), unused ones left out; the chat template and
+ * bos/eos/pad/unk become tokenizer_config.json's. */
+int tok_load_gguf_vocab(const struct tok_gguf_vocab *v, struct tokenizer **out, struct err *err);
+
+/* The tokenizer.ggml.pre name of a gpt2-style split regex as a tokenizer.json
+ * writes it ("default" for none: GPT-2's own), or NULL when none matches. */
+const char *tok_gguf_pre_name(const char *regex);
+
 /* Encodes len bytes of text (any bytes: invalid UTF-8 has defined behaviour,
  * as the Rust reference gives it for the lossily decoded string). With
  * add_special, the post-processor adds what HF adds (e.g. BOS). *ids is
