@@ -249,6 +249,9 @@ struct backend_ops {
     void (*submit)(struct backend *be);
 };
 
+/* A backend is driven by one thread at a time (its scratch buffers, thread
+ * pool and stream are its own); two engines over one backend must not step
+ * at once. */
 struct backend {
     const struct backend_ops *ops;
     enum compute_mode mode;

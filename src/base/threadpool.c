@@ -4,6 +4,8 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -23,6 +25,7 @@ struct threadpool {
     _Atomic unsigned generation; /* bumped once per job */
     _Atomic int pending;         /* workers still running the current job */
     _Atomic int stopping;
+    _Atomic bool running;        /* a job is in flight: a second caller is a bug */
     threadpool_fn fn;
     void *ctx;
 };
@@ -123,6 +126,13 @@ void threadpool_run(struct threadpool *pool, threadpool_fn fn, void *ctx)
         fn(ctx, 0, 1);
         return;
     }
+    /* One job at a time: a second thread's job would overwrite fn and ctx under the
+     * workers of the first (and its owner's scratch buffers); fail loudly instead. */
+    if (atomic_exchange_explicit(&pool->running, true, memory_order_acquire)) {
+        fputs("inferd: two threads ran jobs on one thread pool at once (a backend is driven "
+              "by one thread at a time)\n", stderr);
+        abort();
+    }
     pool->fn = fn;
     pool->ctx = ctx;
     atomic_store_explicit(&pool->pending, pool->n_threads - 1, memory_order_relaxed);
@@ -138,6 +148,7 @@ void threadpool_run(struct threadpool *pool, threadpool_fn fn, void *ctx)
         else
             cpu_relax();
     }
+    atomic_store_explicit(&pool->running, false, memory_order_release);
 }
 
 void threadpool_split(long n, int ith, int nth, long align, long *begin, long *end)

@@ -16,7 +16,8 @@ int threadpool_size(const struct threadpool *pool);
 
 /* Runs fn on every thread and returns when all have finished. Workers spin
  * briefly between jobs (decode issues hundreds of short jobs per token) and
- * then sleep. Not reentrant: one caller thread drives a pool. */
+ * then sleep. Not reentrant: one caller thread drives a pool (a second one running a job
+ * at the same time aborts with a message rather than corrupting the first). */
 void threadpool_run(struct threadpool *pool, threadpool_fn fn, void *ctx);
 
 /* The [begin, end) share of n items for thread ith of nth, in multiples of align. */

@@ -431,12 +431,16 @@ Test(speculate, a_miss_at_every_position_truncates_the_kv_and_keeps_the_output, 
 Test(speculate, stops_and_max_tokens_inside_an_accepted_run_end_where_plain_decoding_does,
      .timeout = 120)
 {
-    struct pair p;
+    /* The plain engine runs on a backend of its own (the same weights): the speculating one
+     * computes a finished sequence's last token after its reader is told, and one backend is
+     * driven by one thread at a time. */
+    struct pair p, plain_p;
     pair_open_tiny(&p, "tiny-llama", 6);
+    pair_open_tiny(&plain_p, "tiny-llama", 6);
     struct requests q;
     make_requests(&q, 4000, 1234);
     struct err err = {0};
-    struct engine *plain_e = engine_for(&p, NULL, 0);
+    struct engine *plain_e = engine_for(&plain_p, NULL, 0);
     struct result full;
     struct gen_output *o;
     struct gen_params gp = params_of(&q, 2, GEN);
@@ -489,6 +493,7 @@ Test(speculate, stops_and_max_tokens_inside_an_accepted_run_end_where_plain_deco
     engine_free(e);
     engine_free(plain_e);
     pair_close(&p);
+    pair_close(&plain_p);
 }
 
 /* ---- the sampled distribution ----------------------------------------------- */
