@@ -352,3 +352,74 @@ Test(transcribe, windows_segments_and_options_on_a_random_model)
     test_rmtree(dir);
     free(dir);
 }
+
+/* Encoder output and decoder logits of the whisper-tiny shape against transformers, when
+ * make_goldens.py has been run (max abs diff of the encoder within 1e-3 of its scale; logits:
+ * argmax identical, relative error <= 1e-3). */
+Test(whisper_goldens, tiny_encoder_and_logits_match_transformers_when_goldens_exist)
+{
+    char path[4200];
+    size_t enc_len = 0, log_len = 0, mel_len = 0;
+    snprintf(path, sizeof path, "%s/tests/goldens/whisper/whisper-tiny_encoder.f32", INFERD_SOURCE_DIR);
+    float *enc_gold = (float *)test_read_file(path, &enc_len);
+    snprintf(path, sizeof path, "%s/tests/goldens/whisper/whisper-tiny_logits.f32", INFERD_SOURCE_DIR);
+    float *log_gold = (float *)test_read_file(path, &log_len);
+    snprintf(path, sizeof path, "%s/tests/goldens/whisper/sine_mel80.f32", INFERD_SOURCE_DIR);
+    float *mel = (float *)test_read_file(path, &mel_len);
+    if (!enc_gold || !log_gold || !mel) {
+        free(enc_gold);
+        free(log_gold);
+        free(mel);
+        cr_log_warn("whisper-tiny goldens absent: run tests/goldens/whisper/make_goldens.py");
+        cr_skip_test("whisper goldens absent");
+    }
+    char *dir = test_mkdtemp();
+    struct err err = {0};
+    cr_assert_eq(mkwhisper_write("whisper-tiny", 1, dir, &err), 0, "%s", err.msg);
+    struct backend *be = cpu();
+    struct whisper_model *m;
+    struct whisper_state *st;
+    cr_assert_eq(whisper_load(dir, be, &m, &err), 0, "%s", err.msg);
+    cr_assert_eq(whisper_state_create(m, &st, &err), 0, "%s", err.msg);
+    cr_assert_eq(whisper_encode(st, mel, &err), 0, "%s", err.msg);
+    size_t n_enc = (size_t)1500 * m->config.d_model;
+    cr_assert_eq(enc_len, n_enc * sizeof(float));
+    float *enc = malloc(enc_len);
+    cr_assert_eq(whisper_encoder_output(st, enc, &err), 0);
+    float worst = 0, scale = 0;
+    for (size_t i = 0; i < n_enc; i++) {
+        worst = fmaxf(worst, fabsf(enc[i] - enc_gold[i]));
+        scale = fmaxf(scale, fabsf(enc_gold[i]));
+    }
+    cr_assert_leq(worst, 1e-3f * scale, "encoder max abs diff %g (scale %g)", worst, scale);
+    int vocab = m->config.vocab_size, n_prompt = (int)(log_len / sizeof(float) / vocab);
+    int32_t prompt[] = {50258, 50259, 50359, 50363};
+    cr_assert_eq(n_prompt, 4);
+    float *logits = malloc(vocab * sizeof *logits);
+    for (int p = 0; p < n_prompt; p++) {
+        cr_assert_eq(whisper_decode(st, &prompt[p], 1, logits, &err), 0, "%s", err.msg);
+        const float *g = log_gold + (size_t)p * vocab;
+        int a = 0, b = 0;
+        float diff = 0, norm = 0;
+        for (int i = 0; i < vocab; i++) {
+            if (logits[i] > logits[a])
+                a = i;
+            if (g[i] > g[b])
+                b = i;
+            diff = fmaxf(diff, fabsf(logits[i] - g[i]));
+            norm = fmaxf(norm, fabsf(g[i]));
+        }
+        cr_assert_eq(a, b, "position %d: argmax %d vs transformers' %d", p, a, b);
+        cr_assert_leq(diff, 1e-3f * norm, "position %d: logits differ by %g (scale %g)", p, diff, norm);
+    }
+    free(logits);
+    free(enc);
+    free(enc_gold);
+    free(log_gold);
+    free(mel);
+    whisper_state_free(st);
+    whisper_free(m);
+    backend_destroy(be);
+    test_rmtree(dir);
+    free(dir);
+}
