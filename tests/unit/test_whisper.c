@@ -203,8 +203,7 @@ Test(whisper_goldens, mel_matches_transformers_when_goldens_exist)
     size_t len = 0;
     char *gold = test_read_file(path, &len);
     if (!gold) {
-        cr_log_warn("whisper goldens absent (%s): run tests/goldens/whisper/make_goldens.py", path);
-        cr_skip_test("whisper goldens absent");
+        cr_skip_test("whisper goldens absent (%s): run tests/goldens/whisper/make_goldens.py", path);
     }
     cr_assert_eq(len, 80 * AUDIO_WINDOW_FRAMES * sizeof(float));
     struct audio_mel mel;
@@ -370,8 +369,7 @@ Test(whisper_goldens, tiny_encoder_and_logits_match_transformers_when_goldens_ex
         free(enc_gold);
         free(log_gold);
         free(mel);
-        cr_log_warn("whisper-tiny goldens absent: run tests/goldens/whisper/make_goldens.py");
-        cr_skip_test("whisper goldens absent");
+        cr_skip_test("whisper-tiny goldens absent: run tests/goldens/whisper/make_goldens.py");
     }
     char *dir = test_mkdtemp();
     struct err err = {0};
