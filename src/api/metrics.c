@@ -1,6 +1,7 @@
 /* api/metrics.c — request counters, and the /metrics (Prometheus) and /stats (JSON) views of
  * them together with the engine's own counters and latency histograms. */
 #include "api/metrics.h"
+#include "engine/transcribe.h"
 #include "api/structured.h"
 
 #include <json-c/json.h>
@@ -226,6 +227,21 @@ static json_object *ssd_cache_json(const struct kv_tier_stats *t)
 
 void api_metrics_prometheus(const struct server *srv, struct strbuf *out)
 {
+    if (srv->transcriber) {
+        struct transcriber_stats ts;
+        transcriber_stats(srv->transcriber, &ts);
+        strbuf_printf(out,
+                      "# HELP inferd_transcription_requests_total Transcriptions and translations run.\n"
+                      "# TYPE inferd_transcription_requests_total counter\n"
+                      "inferd_transcription_requests_total %llu\n"
+                      "# HELP inferd_transcription_audio_seconds_total Seconds of audio transcribed.\n"
+                      "# TYPE inferd_transcription_audio_seconds_total counter\n"
+                      "inferd_transcription_audio_seconds_total %.3f\n"
+                      "# HELP inferd_transcription_compute_seconds_total Seconds spent transcribing.\n"
+                      "# TYPE inferd_transcription_compute_seconds_total counter\n"
+                      "inferd_transcription_compute_seconds_total %.3f\n",
+                      (unsigned long long)ts.requests, ts.audio_seconds, ts.compute_seconds);
+    }
     strbuf_puts(out, "# HELP inferd_requests_total HTTP requests answered, by route and status.\n"
                      "# TYPE inferd_requests_total counter\n");
     const struct api_metrics *m = &srv->metrics;
@@ -453,6 +469,22 @@ void api_metrics_stats_json(const struct server *srv, struct strbuf *out)
     json_object_object_add(http, "requests",
                            json_object_new_int64((int64_t)api_metrics_total(&srv->metrics)));
     json_object_object_add(root, "http", http);
+    if (srv->transcriber) {
+        struct transcriber_stats ts;
+        transcriber_stats(srv->transcriber, &ts);
+        json_object *a = json_object_new_object();
+        json_object_object_add(a, "model", json_object_new_string(transcriber_id(srv->transcriber)));
+        json_object_object_add(a, "loaded", json_object_new_boolean(ts.loaded));
+        json_object_object_add(a, "requests", json_object_new_int64((int64_t)ts.requests));
+        json_object_object_add(a, "failures", json_object_new_int64((int64_t)ts.failures));
+        json_object_object_add(a, "audio_seconds", json_object_new_double(ts.audio_seconds));
+        json_object_object_add(a, "compute_seconds", json_object_new_double(ts.compute_seconds));
+        json_object_object_add(a, "real_time_factor",
+                               ts.audio_seconds > 0
+                                   ? json_object_new_double(ts.compute_seconds / ts.audio_seconds)
+                                   : NULL);
+        json_object_object_add(root, "transcription", a);
+    }
     if (srv->engine) {
         struct engine_stats st;
         engine_get_stats(srv->engine, &st);

@@ -9,6 +9,7 @@
 
 #include "api/generation.h"
 #include "api/openai.h"
+#include "engine/transcribe.h"
 #include "api/prompt.h"
 #include "base/timer.h"
 
@@ -536,6 +537,15 @@ void openai_models(struct http_exchange *x)
     json_object_object_add(root, "object", json_object_new_string("list"));
     json_object *data = json_object_new_array();
     json_object_array_add(data, model_object(srv));
+    if (srv->transcriber) { /* the Whisper model beside the chat model */
+        json_object *w = json_object_new_object();
+        json_object_object_add(w, "id", json_object_new_string(transcriber_id(srv->transcriber)));
+        json_object_object_add(w, "object", json_object_new_string("model"));
+        json_object_object_add(w, "created", json_object_new_int64(srv->created));
+        json_object_object_add(w, "owned_by", json_object_new_string("inferd"));
+        json_object_object_add(w, "type", json_object_new_string("transcription"));
+        json_object_array_add(data, w);
+    }
     json_object_object_add(root, "data", data);
     send_json_object(x, 200, root);
 }

@@ -10,6 +10,7 @@
 
 #include "api/admin.h"
 #include "api/anthropic.h"
+#include "api/audio.h"
 #include "api/fit.h"
 #include "api/openai.h"
 #include "api/responses.h"
@@ -32,6 +33,10 @@ static const struct http_route routes[] = {
     {"POST", "/v1/responses", false, HTTP_BODY_JSON, responses_create, NULL, false},
     {"GET", "/v1/responses", true, HTTP_BODY_NONE, responses_get, NULL, false},
     {"DELETE", "/v1/responses", true, HTTP_BODY_NONE, responses_delete, NULL, false},
+    {"POST", "/v1/audio/transcriptions", false, HTTP_BODY_MULTIPART, audio_transcriptions, NULL,
+     false},
+    {"POST", "/v1/audio/translations", false, HTTP_BODY_MULTIPART, audio_translations, NULL,
+     false},
     {"GET", "/v1", false, HTTP_BODY_NONE, api_index, NULL, false},
     {"GET", "/health", false, HTTP_BODY_NONE, admin_health, NULL, true},
     {"GET", "/stats", false, HTTP_BODY_NONE, admin_stats, NULL, false},
@@ -40,6 +45,7 @@ static const struct http_route routes[] = {
     {"POST", "/admin/cache/session/close", false, HTTP_BODY_JSON, admin_session_close, NULL,
      false},
     {"POST", "/admin/cache/flush", false, HTTP_BODY_JSON, admin_cache_flush, NULL, false},
+    {"POST", "/admin/transcription/unload", false, HTTP_BODY_NONE, audio_unload, NULL, false},
     {"GET", "/ws/chat", false, HTTP_BODY_NONE, ws_chat_handle, NULL, false},
     /* The page itself needs no key: it asks for one when the API answers 401. */
     {"GET", "/", false, HTTP_BODY_NONE, webui_serve, NULL, true},

@@ -22,6 +22,7 @@ struct grammar_cache;
 
 struct reencode;
 struct response_store;
+struct transcriber;
 struct webui_assets;
 
 /* --thinking: the enable_thinking a chat template gets when a request says nothing (neither
@@ -83,6 +84,9 @@ struct server {
                                          (api/structured.h); NULL: structured output refused */
     const struct webui_assets *webui; /* borrowed; the chat page's files (api/webui.h); NULL:
                                          --no-webui */
+    struct transcriber *transcriber;  /* borrowed; the Whisper model (engine/transcribe.h); NULL:
+                                         no --whisper-model, the audio routes answer 503 */
+    size_t max_audio_bytes;           /* --max-audio-mb: larger uploads are a 413; 0: no limit */
     enum server_thinking thinking;
     const char *version;              /* borrowed; the server's version for GET /v1, or NULL */
     char model_id[256];

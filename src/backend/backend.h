@@ -247,6 +247,30 @@ struct backend_ops {
      * waiting for them, so the host can work while they run. Optional (NULL:
      * ops have run by the time they return, as on the CPU). */
     void (*submit)(struct backend *be);
+
+    /* ---- encoder-decoder ops (Whisper). Optional: NULL on a backend that
+     * lacks them, which then cannot run such a model. ---- */
+    /* y[r, :] = (x[r, :] - mean) / sqrt(var + eps) * weight + bias over rows of
+     * dim floats, mean and population variance of the row; y may alias x. */
+    void (*layer_norm)(struct backend *be, const float *x, const float *weight, const float *bias,
+                       int64_t n_rows, int64_t dim, float eps, float *y);
+    /* x[i] = 0.5 * x[i] * (1 + erf(x[i] / sqrt(2))) (the exact GELU), in place. */
+    void (*gelu)(struct backend *be, float *x, int64_t n);
+    /* 1-D convolution over time, activations time-major: x is n_in x c_in, y
+     * is n_out x w->rows, n_out = (n_in + 2 * pad - kernel) / stride + 1, and
+     *   y[t, o] = bias[o] + sum_{c, j} w[o, c * kernel + j] * x[t * stride + j - pad, c]
+     * where x outside rows [0, n_in) reads 0; w is PyTorch's (out, in, kernel)
+     * weight seen as out x (in * kernel); bias may be NULL. */
+    void (*conv1d)(struct backend *be, const float *x, int64_t n_in, int64_t c_in,
+                   const struct weight_matrix *w, const float *bias, int kernel, int stride,
+                   int pad, float *y);
+    /* Attention over contiguous K/V rows: q and out are n_q x (n_heads * head_dim);
+     * row r of k and v starts at r * kv_stride floats, head h at h * head_dim.
+     * Query i attends to keys [0, n_kv) when causal < 0, else to
+     * [0, min(n_kv, causal + i + 1)): out = softmax(scale * q . k) v per head. */
+    void (*attention_dense)(struct backend *be, const float *q, int64_t n_q, const float *k,
+                            const float *v, int64_t n_kv, int64_t kv_stride, int n_heads,
+                            int head_dim, float scale, int64_t causal, float *out);
 };
 
 /* A backend is driven by one thread at a time (its scratch buffers, thread

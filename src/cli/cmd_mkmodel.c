@@ -9,10 +9,12 @@
 #include "cli/commands.h"
 #include "tools/gguf_write.h"
 #include "tools/mkmodel.h"
+#include "tools/mkwhisper.h"
 
 static const char usage[] =
     "usage: inferd mkmodel --preset NAME [--arch ARCH] [--seed S] [--tokenizer TDIR] --out DIR\n"
     "       inferd mkmodel ... --format gguf --dtype bf16|q8_0|q4_0|q4_k_m|q6_k --out FILE.gguf\n"
+    "       inferd mkmodel --preset whisper-test|whisper-test-128|whisper-tiny|whisper-base --out DIR\n"
     "       inferd mkmodel --list\n"
     "Writes config.json, generation_config.json and model.safetensors with\n"
     "deterministic weights (same preset and seed: same bytes on every machine).\n"
@@ -90,6 +92,13 @@ static void list_presets(void)
                p[i].head_dim, p[i].tie_word_embeddings ? "yes" : "no", rope_name(p[i].rope),
                p[i].rope_theta, size);
     }
+    const struct mkwhisper_preset *w = mkwhisper_presets(&n);
+    printf("\n%-18s %6s %4s %4s %5s %5s %4s %s\n", "whisper preset", "d", "enc", "dec", "heads",
+           "ffn", "mels", "vocab");
+    for (int i = 0; i < n; i++)
+        printf("%-18s %6d %4d %4d %5d %5d %4d %s\n", w[i].name, w[i].d_model, w[i].encoder_layers,
+               w[i].decoder_layers, w[i].heads, w[i].ffn, w[i].n_mels,
+               w[i].real_vocab ? "51865" : "1865");
 }
 
 int cmd_mkmodel(int argc, char **argv)
@@ -147,6 +156,13 @@ int cmd_mkmodel(int argc, char **argv)
         return 2;
     }
     struct err err = {0};
+    if (o.preset && mkwhisper_preset_find(o.preset)) {
+        if (mkwhisper_write(o.preset, o.seed, o.out_dir, &err) != 0) {
+            fprintf(stderr, "inferd mkmodel: %s\n", err.msg);
+            return 1;
+        }
+        return 0;
+    }
     if ((gguf ? write_gguf(&o, ftype, &err) : mkmodel_write(&o, &err)) != 0) {
         fprintf(stderr, "inferd mkmodel: %s\n", err.msg);
         return 1;

@@ -26,6 +26,7 @@
 #include "cli/device.h"
 #include "cli/spec_flags.h"
 #include "cli/tier.h"
+#include "engine/transcribe.h"
 #include "kv/kv.h"
 #include "text/toolcall.h"
 
@@ -72,6 +73,10 @@ struct serve_options {
     long generation_checkpoint;     /* --generation-checkpoint N; 0: none */
     enum kv_tier_restore ssd_restore; /* --ssd-restore auto|always|never */
     bool no_webui;                  /* --no-webui: no chat page at / */
+    const char *whisper_dir;        /* --whisper-model DIR; NULL: the audio routes answer 503 */
+    long whisper_idle_unload_s;     /* --whisper-idle-unload S (default 300; 0: never) */
+    bool whisper_resident;          /* --whisper-resident: loaded at start, never unloaded */
+    long max_audio_mb;              /* --max-audio-mb (default 25) */
 };
 
 static const char usage[] =
@@ -87,11 +92,18 @@ static const char usage[] =
     "        [--ssd-restore auto|always|never] [--generation-checkpoint N]]\n"
     "       [--draft-model DIR] [--draft-kind two-model|ngram] [--num-draft-tokens K]\n"
     "       [--ngram-max 3] [--ngram-min 1] [backend flags]\n"
+    "       [--whisper-model WDIR [--whisper-idle-unload 300] [--whisper-resident]\n"
+    "        [--max-audio-mb 25]]\n"
     "Serves the OpenAI API (/v1/chat/completions, /v1/completions, /v1/responses, /v1/models;\n"
     "GET /v1 lists the routes), Anthropic's /v1/messages, and /health, /stats, /metrics.\n"
     "GET / is a chat page for trying the model in a browser (built into the binary; --no-webui\n"
     "turns it off); WS /ws/chat is a chat session over a WebSocket.\n"
     "--port 0 picks a free port.\n"
+    "--whisper-model WDIR serves a Whisper model (a Hugging Face Whisper directory) beside the chat\n"
+    "model at POST /v1/audio/transcriptions and /v1/audio/translations (multipart uploads of WAV,\n"
+    "FLAC, OGG or MP3 up to --max-audio-mb MB); it is loaded on first use and unloaded after\n"
+    "--whisper-idle-unload S idle seconds (0: never; --whisper-resident loads it at start and\n"
+    "keeps it). POST /admin/transcription/unload unloads it now.\n"
     "Sampling flags set the defaults below each request's own fields (generation_config.json\n"
     "is below them). --thinking on|off is enable_thinking for chat templates that have it when\n"
     "a request says nothing (default: the template's own).\n"
@@ -142,6 +154,7 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
 {
     *o = (struct serve_options){.host = "127.0.0.1", .port = 8080, .max_queue = 64,
                                 .max_batch = 8, .kv_mb = 0, .max_body_mb = 32,
+                                .whisper_idle_unload_s = 300, .max_audio_mb = 25,
                                 .prefill_chunk = DEFAULT_PREFILL_CHUNK,
                                 .request_timeout_s = 30, .shutdown_timeout_s = 10,
                                 .mode = COMPUTE_FAST, .prompt_cache_gib = 8,
@@ -171,6 +184,10 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
         }
         if (!strcmp(a, "--no-webui")) {
             o->no_webui = true;
+            continue;
+        }
+        if (!strcmp(a, "--whisper-resident")) {
+            o->whisper_resident = true;
             continue;
         }
         if (!(v = arg_value(argc, argv, &i)))
@@ -261,6 +278,12 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
                 ok = false;
             }
         }
+        else if (!strcmp(a, "--whisper-model"))
+            o->whisper_dir = v;
+        else if (!strcmp(a, "--whisper-idle-unload"))
+            ok = arg_int(a, v, 0, 1L << 30, &o->whisper_idle_unload_s);
+        else if (!strcmp(a, "--max-audio-mb"))
+            ok = arg_int(a, v, 1, 4096, &o->max_audio_mb);
         else if (!strcmp(a, "--ssd-cache")) {
             o->ssd_dir = v;
             if (!v[0]) {
@@ -482,6 +505,46 @@ static int tier_configure(const struct serve_options *o, const struct model *m, 
     return 0;
 }
 
+/* The Whisper model's idle unloader: wakes every second until told to stop. */
+struct whisper_idle {
+    struct transcriber *t; /* borrowed */
+    double idle_s;
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    bool stop;
+};
+
+static void *whisper_idle_run(void *arg)
+{
+    struct whisper_idle *w = arg;
+    pthread_mutex_lock(&w->lock);
+    while (!w->stop) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += 1;
+        pthread_cond_timedwait(&w->wake, &w->lock, &ts);
+        if (!w->stop && transcriber_unload_idle(w->t, w->idle_s))
+            log_info("serve: Whisper model unloaded after %.0f s idle", w->idle_s);
+    }
+    pthread_mutex_unlock(&w->lock);
+    return NULL;
+}
+
+/* The Whisper model of --whisper-model on a CPU backend of its own (its ops run on the HTTP
+ * thread that asks, beside the engine thread's backend), loaded now when resident. */
+static int whisper_open(const struct serve_options *o, struct backend **be,
+                        struct transcriber **t, struct err *err)
+{
+    int rc = backend_cpu_create(&(struct backend_options){.mode = COMPUTE_EXACT,
+                                                          .threads = (int)o->threads},
+                                be, err);
+    if (rc == 0)
+        rc = transcriber_create(o->whisper_dir, *be, t, err);
+    if (rc == 0 && o->whisper_resident)
+        rc = transcriber_load(*t, err);
+    return rc;
+}
+
 int cmd_serve(int argc, char **argv)
 {
     struct serve_options o;
@@ -522,6 +585,31 @@ int cmd_serve(int argc, char **argv)
     srv.webui = o.no_webui ? NULL : &webui_bundle;
 
     struct err err = {0};
+    struct backend *whisper_be = NULL;
+    struct transcriber *whisper = NULL;
+    struct whisper_idle idle = {.idle_s = (double)o.whisper_idle_unload_s};
+    pthread_t idle_thread;
+    bool idle_running = false;
+    if (o.whisper_dir) {
+        if (whisper_open(&o, &whisper_be, &whisper, &err) < 0) {
+            fprintf(stderr, "inferd serve: --whisper-model: %s\n", err.msg);
+            transcriber_free(whisper);
+            backend_destroy(whisper_be);
+            api_keys_free(&o.keys);
+            return 1;
+        }
+        srv.transcriber = whisper;
+        srv.max_audio_bytes = (size_t)o.max_audio_mb << 20;
+        /* the upload and its form around it */
+        if (srv.cfg.max_body_bytes < srv.max_audio_bytes + (1u << 20))
+            srv.cfg.max_body_bytes = srv.max_audio_bytes + (1u << 20);
+        if (!o.whisper_resident && o.whisper_idle_unload_s > 0) {
+            idle.t = whisper;
+            pthread_mutex_init(&idle.lock, NULL);
+            pthread_cond_init(&idle.wake, NULL);
+            idle_running = pthread_create(&idle_thread, NULL, whisper_idle_run, &idle) == 0;
+        }
+    }
     /* Before the routes answer: GET /v1/responses/{id} does not wait for the model. */
     struct response_store *responses = NULL;
     struct response_store_config rsc = {
@@ -699,6 +787,15 @@ out:
     grammar_vocab_free(gvocab);
     reencode_free(reencode);
     response_store_free(responses);
+    if (idle_running) {
+        pthread_mutex_lock(&idle.lock);
+        idle.stop = true;
+        pthread_cond_signal(&idle.wake);
+        pthread_mutex_unlock(&idle.lock);
+        pthread_join(idle_thread, NULL);
+    }
+    transcriber_free(whisper);
+    backend_destroy(whisper_be);
     if (have_tmpl)
         chat_template_free(&tmpl);
     tok_free(tok);

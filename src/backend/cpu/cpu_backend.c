@@ -277,6 +277,10 @@ static const struct backend_ops cpu_ops = {
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,
     .kv_copy_slots = cpu_kv_copy_slots,
+    .layer_norm = cpu_layer_norm,
+    .gelu = cpu_gelu,
+    .conv1d = cpu_conv1d,
+    .attention_dense = cpu_attention_dense,
 };
 
 int backend_cpu_create(const struct backend_options *opt, struct backend **out,

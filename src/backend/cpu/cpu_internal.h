@@ -28,6 +28,17 @@ void cpu_kv_store_quant(struct backend *be, struct kv_cache *kv, int layer, cons
 void cpu_attention_quant(struct backend *be, const float *q, const struct kv_cache *kv, int layer,
                          const struct attn_span *spans, int n_spans, int n_heads, float scale,
                          int sliding_window, float *out);
+/* The encoder-decoder ops (encdec.c), as backend_ops states them. */
+void cpu_layer_norm(struct backend *be, const float *x, const float *weight, const float *bias,
+                    int64_t n_rows, int64_t dim, float eps, float *y);
+void cpu_gelu(struct backend *be, float *x, int64_t n);
+void cpu_conv1d(struct backend *be, const float *x, int64_t n_in, int64_t c_in,
+                const struct weight_matrix *w, const float *bias, int kernel, int stride, int pad,
+                float *y);
+void cpu_attention_dense(struct backend *be, const float *q, int64_t n_q, const float *k,
+                         const float *v, int64_t n_kv, int64_t kv_stride, int n_heads,
+                         int head_dim, float scale, int64_t causal, float *out);
+
 /* -INFERD_EINVAL for a format the kernels above do not read. */
 int cpu_kv_quant_check(const struct kv_quant *q, struct err *err);
 

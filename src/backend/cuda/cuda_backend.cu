@@ -1065,6 +1065,11 @@ static const struct backend_ops cuda_ops = {
     /* .to_host_2d_async = */ cu_to_host_2d_async,
     /* .to_device_2d_async = */ cu_to_device_2d_async,
     /* .submit = */ cu_submit,
+    /* the encoder-decoder ops (Whisper): not on CUDA yet, so Whisper runs on the CPU */
+    /* .layer_norm = */ NULL,
+    /* .gelu = */ NULL,
+    /* .conv1d = */ NULL,
+    /* .attention_dense = */ NULL,
 };
 
 /* backend_options.gpu_sampling off: logits go to the host and are sampled there. */

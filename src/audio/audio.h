@@ -1,0 +1,82 @@
+/* audio/audio.h — uploaded audio to Whisper's input: decoding (WAV here, other containers
+ * through libsndfile where the build has it), resampling to 16 kHz, and the log-mel
+ * spectrogram exactly as transformers' WhisperFeatureExtractor computes it. */
+#ifndef INFERD_AUDIO_AUDIO_H
+#define INFERD_AUDIO_AUDIO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/err.h"
+
+#define AUDIO_SAMPLE_RATE 16000       /* Whisper's rate */
+#define AUDIO_N_FFT 400
+#define AUDIO_HOP 160
+#define AUDIO_WINDOW_SAMPLES 480000   /* 30 s at 16 kHz: one encoder window */
+#define AUDIO_WINDOW_FRAMES 3000      /* mel frames of one window */
+#define AUDIO_MAX_CHANNELS 16
+
+/* Mono samples in [-1, 1] (float input may exceed it; nothing clips). */
+struct audio_pcm {
+    float *samples; /* owned; n floats */
+    size_t n;
+    int sample_rate;
+    int channels;   /* of the source, before the mix to mono */
+};
+
+void audio_pcm_free(struct audio_pcm *p);
+
+/* A RIFF/WAVE (or RF64-less WAVE_FORMAT_EXTENSIBLE) file of len bytes: PCM 8
+ * (unsigned), 16, 24 or 32-bit, IEEE float 32 or 64-bit, 1..AUDIO_MAX_CHANNELS
+ * channels mixed to mono by their mean, any rate in [1000, 384000]. A data chunk
+ * whose length runs past the file is read up to the file's end (streamed WAVs
+ * write 0 or 0xffffffff there) but must hold at least one whole frame.
+ * -INFERD_EFORMAT says what is wrong with the bytes (not RIFF, no fmt chunk, a
+ * chunk past the end, ...), -INFERD_EUNSUPPORTED names a well-formed format
+ * this reader does not take (A-law, ADPCM, 12-bit, ...). Never reads outside data. */
+int audio_wav_decode(const uint8_t *data, size_t len, struct audio_pcm *out, struct err *err);
+
+/* True when the build reads containers other than WAV (libsndfile: FLAC, OGG
+ * Vorbis/Opus, MP3 where its version has it). */
+bool audio_have_sndfile(void);
+
+/* Any supported container, told by its bytes (WAV by its own reader above,
+ * the rest through libsndfile). -INFERD_EFORMAT for bytes that are no audio
+ * this build reads (an empty file included). */
+int audio_decode(const uint8_t *data, size_t len, struct audio_pcm *out, struct err *err);
+
+/* Band-limited resampling by a Kaiser-windowed sinc (32 zero crossings of the
+ * lower rate's Nyquist, beta 8.6, cutoff 0.95 of it), its kernel tabulated at
+ * 256 phases per input sample and linearly interpolated: out[j] sums the
+ * input around the time j * rate_in / rate_out. Equal rates copy. *out is
+ * malloc'd (the caller frees it), *n_out = ceil(n_in * rate_out / rate_in). */
+int audio_resample(const float *in, size_t n_in, int rate_in, int rate_out, float **out,
+                   size_t *n_out, struct err *err);
+
+/* audio_decode then audio_resample to 16 kHz; -INFERD_ERANGE when the audio
+ * lasts longer than max_seconds (0: no limit). */
+int audio_decode_16k(const uint8_t *data, size_t len, double max_seconds, struct audio_pcm *out,
+                     struct err *err);
+
+/* The log-mel front end (transformers' WhisperFeatureExtractor, numpy path):
+ * periodic Hann window of 400, frames every 160 samples centred with reflect
+ * padding, |rfft|^2 (201 bins, in double), Slaney-scale and Slaney-normalised
+ * triangular filters over 0..8000 Hz, max(1e-10, .), log10, the last frame
+ * dropped, then max(x, max over the window - 8), then (x + 4) / 4. */
+struct audio_mel {
+    int n_mels;          /* 80 or 128 (any 1..256 is accepted) */
+    double *filters;     /* owned; n_mels x 201 */
+    double *window;      /* owned; 400 */
+    double *cos_table, *sin_table; /* owned; 201 x 400 DFT twiddles */
+};
+
+int audio_mel_init(int n_mels, struct audio_mel *out, struct err *err);
+void audio_mel_free(struct audio_mel *m);
+
+/* The features of one window: samples [0, n) (n <= AUDIO_WINDOW_SAMPLES)
+ * padded with zeros to 30 s as the feature extractor pads, into out
+ * (n_mels x AUDIO_WINDOW_FRAMES floats, mel-major as the model reads them). */
+void audio_mel_window(const struct audio_mel *m, const float *samples, size_t n, float *out);
+
+#endif
