@@ -10,7 +10,7 @@
 #include "base/bf16.h"
 #include "model/arch.h"
 #include "model/gguf.h"
-#include "model/quant.h"
+#include "base/quant.h"
 #include "text/tokenizer.h"
 
 #define WIDEN_CHUNK 65536 /* elements converted per host staging pass */
@@ -195,9 +195,10 @@ static int upload_unpermuted(struct model *m, const struct st_tensor *t, int64_t
     return 0;
 }
 
-/* A weight matrix: BF16/F32 used in place from the mapping unless the backend
- * asks for copies (be->copy_weights), F16 and the block formats widened to
- * F32 in backend memory. Misaligned data (a header whose length is not a
+/* A weight matrix: BF16/F32, and the block formats on a backend that takes
+ * them (be->block_weights), used in place from the mapping unless the backend
+ * asks for copies (be->copy_weights); F16, and the block formats elsewhere,
+ * widened to F32 in backend memory. Misaligned data (a header whose length is not a
  * multiple of the element size) is copied so kernels may assume natural
  * alignment; so are GGUF q/k rows, put back in Hugging Face order. */
 int model_load_matrix(struct model *m, const char *name, int64_t rows, int64_t cols,
@@ -210,7 +211,8 @@ int model_load_matrix(struct model *m, const char *name, int64_t rows, int64_t c
         return rc;
     w->rows = rows;
     w->cols = cols;
-    if (t->dtype == DTYPE_F16 || dtype_is_block(t->dtype)) {
+    bool keep_blocks = dtype_is_block(t->dtype) && m->backend->block_weights;
+    if (t->dtype == DTYPE_F16 || (dtype_is_block(t->dtype) && !keep_blocks)) {
         float *wide;
         if (dtype_is_block(t->dtype) || t->unpermute_heads)
             rc = upload_dequantized(m, t, rows, cols, &wide, err);
@@ -225,7 +227,9 @@ int model_load_matrix(struct model *m, const char *name, int64_t rows, int64_t c
     w->dtype = t->dtype;
     if (t->unpermute_heads)
         return upload_unpermuted(m, t, rows, cols, &w->data, err);
-    if (!m->backend->copy_weights && (uintptr_t)t->data % dtype_size(t->dtype) == 0) {
+    /* Block kernels load unaligned: a block type is used in place wherever it lies. */
+    size_t align = keep_blocks ? 1 : dtype_size(t->dtype);
+    if (!m->backend->copy_weights && (uintptr_t)t->data % align == 0) {
         w->data = t->data;
         return 0;
     }
@@ -391,7 +395,7 @@ void model_free(struct model *m)
 
 static uint64_t matrix_bytes(const struct weight_matrix *w)
 {
-    return (uint64_t)w->rows * (uint64_t)w->cols * dtype_size(w->dtype);
+    return (uint64_t)w->rows * dtype_row_bytes(w->dtype, (uint64_t)w->cols);
 }
 
 uint64_t model_weight_bytes_per_token(const struct model *m)
@@ -400,7 +404,7 @@ uint64_t model_weight_bytes_per_token(const struct model *m)
     const uint64_t f = sizeof(float);
     uint64_t q_dim = (uint64_t)c->n_heads * c->head_dim,
              kv_dim = (uint64_t)c->n_kv_heads * c->head_dim;
-    uint64_t total = (uint64_t)c->hidden_size * dtype_size(m->weights.embed.dtype); /* one row */
+    uint64_t total = dtype_row_bytes(m->weights.embed.dtype, (uint64_t)c->hidden_size); /* one row */
     for (int i = 0; i < c->n_layers; i++) {
         const struct layer_weights *L = &m->weights.layers[i];
         total += matrix_bytes(&L->wq) + matrix_bytes(&L->wk) + matrix_bytes(&L->wv) +
@@ -419,7 +423,7 @@ uint64_t model_weight_bytes_per_token(const struct model *m)
 uint64_t model_weight_bytes(const struct model *m)
 {
     const struct weight_matrix *e = &m->weights.embed;
-    uint64_t one_row = (uint64_t)m->config.hidden_size * dtype_size(e->dtype);
+    uint64_t one_row = dtype_row_bytes(e->dtype, (uint64_t)m->config.hidden_size);
     uint64_t total = model_weight_bytes_per_token(m) - one_row;
     if (m->weights.lm_head.data != e->data)
         total += matrix_bytes(e); /* untied: the table is not the head the step read */

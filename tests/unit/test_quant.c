@@ -1,11 +1,20 @@
-/* tests/unit/test_quant.c — the GGUF block formats: exact layouts on known blocks, and every format's round trip within its step size. */
+/* tests/unit/test_quant.c — the GGUF block formats: exact layouts on known blocks, every format's round trip within its step size, the CPU's quantized matmul kernels against the reference dot product, and a quantized forward against the same weights dequantized. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cpu/matmul.h"
+#include "backend/cpu/qmatmul.h"
 #include "base/bf16.h"
-#include "model/quant.h"
+#include "base/cpu.h"
+#include "base/quant.h"
+#include "base/threadpool.h"
+#include "kv/kv.h"
+#include "model/model.h"
+#include "tools/gguf_write.h"
+#include "tools/mkmodel.h"
+#include "test_support.h"
 
 static const enum dtype block_types[] = {DTYPE_Q8_0, DTYPE_Q4_0, DTYPE_Q4_1, DTYPE_Q5_0,
                                          DTYPE_Q5_1, DTYPE_Q2_K, DTYPE_Q3_K, DTYPE_Q4_K,
@@ -135,4 +144,125 @@ Test(quant, quantizing_is_deterministic)
         quant_quantize_row(block_types[k], x, b, 512);
         cr_assert_eq(memcmp(a, b, bytes), 0);
     }
+}
+
+/* ---------------------------------------------------------------- matmul kernels */
+
+/* One matmul of quantized W (N x K) against T tokens, on the context's
+ * level, checked against the reference dot product in double:
+ * - types with int8 kernels (Q8_0, Q4_0, Q4_K, Q6_K): the dequantized W row
+ *   against x as the kernels see it (cpu_qmm_quantize_x, dequantized). The
+ *   integer block dots are exact; what remains is f32 rounding of K / 32
+ *   scaled terms, far inside KTOL * sum |w| |x|. And against the f32 x: each
+ *   element of x moves at most d / 2 (its block's scale) when quantized, so
+ *   |y - W x| <= sum over blocks of d_b / 2 * sum |w| in the block, plus the
+ *   same rounding slack.
+ * - the others (generic path): the dequantized W against f32 x.
+ * Every token's outputs are also the bits it gets alone (T = 1). */
+#define KTOL 2e-5
+
+static void dequant_act(const struct qmm_act *a, int64_t n, float *out)
+{
+    for (int64_t b = 0; b < n / 32; b++)
+        for (int j = 0; j < 32; j++)
+            out[b * 32 + j] = a[b].d * (float)a[b].q[j];
+}
+
+static void kernel_case(struct cpu_matmul *mm, enum dtype t, int64_t T, int64_t K, int64_t N,
+                        uint32_t seed)
+{
+    float *w = malloc((size_t)(N * K) * sizeof *w), *wd = malloc((size_t)(N * K) * sizeof *wd);
+    float *x = malloc((size_t)(T * K) * sizeof *x), *xd = malloc((size_t)(T * K) * sizeof *xd);
+    float *bias = malloc((size_t)N * sizeof *bias), *y = malloc((size_t)(T * N) * sizeof *y);
+    float *y1 = malloc((size_t)N * sizeof *y1);
+    struct qmm_act *xa = malloc((size_t)(T * K / 32) * sizeof *xa);
+    size_t rb = (size_t)dtype_row_bytes(t, (uint64_t)K);
+    uint8_t *wq = malloc(rb * (size_t)N);
+    fill(w, (int)(N * K), seed);
+    fill(x, (int)(T * K), seed + 1);
+    fill(bias, (int)N, seed + 2);
+    for (int64_t i = 0; i < T * K; i += 97)
+        x[i] *= 8.0f; /* outliers: blocks whose scale the small elements do not fill */
+    for (int64_t r = 0; r < N; r++) {
+        quant_quantize_row(t, w + r * K, wq + (size_t)r * rb, K);
+        quant_dequantize_row(t, wq + (size_t)r * rb, wd + r * K, K);
+    }
+    bool int8 = cpu_qmm_scalar.dot[t] != NULL;
+    cpu_qmm_quantize_x(x, T * K, xa);
+    dequant_act(xa, T * K, xd);
+    struct weight_matrix wm = {.dtype = t, .rows = N, .cols = K, .data = wq};
+    cpu_matmul_run(mm, COMPUTE_EXACT, x, T, &wm, bias, y);
+    for (int64_t tk = 0; tk < T; tk++) {
+        cpu_matmul_run(mm, COMPUTE_EXACT, x + tk * K, 1, &wm, bias, y1);
+        for (int64_t r = 0; r < N; r++) {
+            const float *wr = wd + r * K, *xr = x + tk * K, *xq = int8 ? xd + tk * K : xr;
+            double ref = bias[r], ref_f32 = bias[r], mag = fabs(bias[r]), act_err = 0;
+            for (int64_t c = 0; c < K; c++) {
+                ref += (double)wr[c] * xq[c];
+                ref_f32 += (double)wr[c] * xr[c];
+                mag += fabs((double)wr[c] * xq[c]);
+            }
+            for (int64_t b = 0; int8 && b < K / 32; b++) {
+                double sw = 0;
+                for (int j = 0; j < 32; j++)
+                    sw += fabs(wr[b * 32 + j]);
+                act_err += xa[tk * K / 32 + b].d / 2 * sw;
+            }
+            float got = y[tk * N + r];
+            cr_assert_leq(fabs(got - ref), KTOL * mag + 1e-6,
+                          "%s level %s T=%lld K=%lld N=%lld: y[%lld,%lld] = %.9g, reference %.9g",
+                          dtype_name(t), cpu_matmul_level_name(cpu_matmul_get_level(mm)),
+                          (long long)T, (long long)K, (long long)N, (long long)tk, (long long)r,
+                          got, ref);
+            cr_assert_leq(fabs(got - ref_f32), act_err + KTOL * mag + 1e-6,
+                          "%s: y[%lld,%lld] = %.9g is past x's quantization from %.9g",
+                          dtype_name(t), (long long)tk, (long long)r, got, ref_f32);
+            cr_assert_eq(memcmp(&got, &y1[r], sizeof got), 0,
+                         "%s level %s: token %lld alone gives other bits (%.9g vs %.9g)",
+                         dtype_name(t), cpu_matmul_level_name(cpu_matmul_get_level(mm)),
+                         (long long)tk, y1[r], got);
+        }
+    }
+    free(w), free(wd), free(x), free(xd), free(bias), free(y), free(y1), free(xa), free(wq);
+}
+
+Test(quant_matmul, every_block_type_on_every_level_matches_the_reference_dot_product,
+     .timeout = 300)
+{
+    static const int64_t Ts[] = {1, 3, 4, 5, 9}, Ks[] = {256, 768}, Ns[] = {1, 17, 100};
+    struct err err = {0};
+    for (int threads = 1; threads <= 2; threads++) {
+        struct threadpool *pool;
+        struct cpu_matmul *mm;
+        cr_assert_eq(threadpool_create(threads, &pool, &err), 0, "%s", err.msg);
+        cr_assert_eq(cpu_matmul_create(pool, &mm, &err), 0, "%s", err.msg);
+        for (int lv = CPU_MATMUL_SCALAR; lv <= (int)cpu_matmul_detect_level(); lv++) {
+            cr_assert_eq(cpu_matmul_set_level(mm, (enum cpu_matmul_level)lv, &err), 0);
+            for (size_t k = 0; k < sizeof block_types / sizeof block_types[0]; k++)
+                for (int a = 0; a < 5; a++)
+                    for (int b = 0; b < 2; b++)
+                        for (int c = 0; c < 3; c++)
+                            kernel_case(mm, block_types[k], Ts[a], Ks[b], Ns[c],
+                                        (uint32_t)(k * 100 + a * 10 + b * 3 + c));
+        }
+        cpu_matmul_free(mm);
+        threadpool_free(pool);
+    }
+}
+
+/* The int8 kernels of every ISA compute the same integers: where two
+ * levels' kernel tables differ, their results agree to f32 rounding. */
+Test(quant_matmul, the_kernel_table_follows_the_level_and_vnni)
+{
+    cr_assert_eq(cpu_qmm_kernels_for(CPU_MATMUL_SCALAR), &cpu_qmm_scalar);
+    cr_assert_eq(cpu_qmm_kernels_for(CPU_MATMUL_AVX2), &cpu_qmm_avx2);
+    const struct qmm_kernels *k512 = cpu_qmm_kernels_for(CPU_MATMUL_AVX512);
+    cr_assert_eq(k512, cpu_features()->avx512_vnni ? &cpu_qmm_avx512 : &cpu_qmm_avx2);
+    static const enum dtype with_kernels[] = {DTYPE_Q8_0, DTYPE_Q4_0, DTYPE_Q4_K, DTYPE_Q6_K};
+    for (int i = 0; i < 4; i++) {
+        cr_assert_not_null(cpu_qmm_scalar.dot[with_kernels[i]]);
+        cr_assert_not_null(cpu_qmm_avx2.dot[with_kernels[i]]);
+        cr_assert_not_null(cpu_qmm_avx512.dot[with_kernels[i]]);
+    }
+    cr_assert_null(cpu_qmm_avx2.dot[DTYPE_Q5_K], "Q5_K takes the generic path");
 }
