@@ -1,6 +1,9 @@
 /* tests/unit/test_quant.c — the GGUF block formats: exact layouts on known blocks, every format's round trip within its step size, the CPU's quantized matmul kernels against the reference dot product, and a quantized forward against the same weights dequantized. */
 #include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <json-c/json.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -265,4 +268,226 @@ Test(quant_matmul, the_kernel_table_follows_the_level_and_vnni)
         cr_assert_not_null(cpu_qmm_avx512.dot[with_kernels[i]]);
     }
     cr_assert_null(cpu_qmm_avx2.dot[DTYPE_Q5_K], "Q5_K takes the generic path");
+}
+
+/* ---------------------------------------------------------------- forward */
+
+/* Shapes whose every matrix is whole 256-blocks, so each file type keeps
+ * its own block types (tiny presets' odd sizes fall back to F16). */
+static const struct mkmodel_preset quant_shapes[] = {
+    {.name = "quant-qwen3", .arch = "qwen3", .vocab_size = 512, .hidden_size = 256,
+     .intermediate_size = 512, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .head_dim = 64,
+     .max_position_embeddings = 2048, .tie_word_embeddings = true, .rope_theta = "1000000.0",
+     .rms_norm_eps = "1e-06", .rope = MKMODEL_ROPE_NONE, .dtype = DTYPE_BF16,
+     .bos_token_id = 1, .eos_token_ids = {2}, .n_eos = 1, .gen_eos_token_ids = {2},
+     .n_gen_eos = 1, .pad_token_id = -1},
+    {.name = "quant-llama", .arch = "llama", .vocab_size = 512, .hidden_size = 256,
+     .intermediate_size = 768, .n_layers = 2, .n_heads = 4, .n_kv_heads = 1, .head_dim = 64,
+     .max_position_embeddings = 2048, .tie_word_embeddings = false, .rope_theta = "10000.0",
+     .rms_norm_eps = "1e-05", .rope = MKMODEL_ROPE_NONE, .dtype = DTYPE_BF16,
+     .bos_token_id = 1, .eos_token_ids = {2}, .n_eos = 1, .gen_eos_token_ids = {2},
+     .n_gen_eos = 1, .pad_token_id = -1},
+};
+
+struct qloaded {
+    struct backend *be;
+    struct model *m;
+    struct kv_pool *pool;
+    struct forward_state *st;
+};
+
+/* blocks false: the backend refuses block weights, so the loader
+ * dequantizes them to F32 (the reference forward of the same weights). */
+static void qload(const char *path, bool blocks, struct qloaded *l)
+{
+    struct err err = {0};
+    cr_assert_eq(backend_cpu_create(&(struct backend_options){.threads = 2}, &l->be, &err), 0,
+                 "%s", err.msg);
+    l->be->block_weights = blocks;
+    cr_assert_eq(model_load(path, l->be, &l->m, &err), 0, "%s: %s", path, err.msg);
+    cr_assert_eq(kv_pool_create(l->m, l->be, 8, 16, &l->pool, &err), 0, "%s", err.msg);
+    cr_assert_eq(forward_state_create(l->m, 64, &l->st, &err), 0, "%s", err.msg);
+}
+
+static void qunload(struct qloaded *l)
+{
+    forward_state_free(l->st);
+    kv_pool_free(l->pool);
+    model_free(l->m);
+    backend_destroy(l->be);
+}
+
+/* Logits of every position of the n (<= 64) tokens given, or of made-up prompt p. */
+static float *qlogits(struct qloaded *l, const int32_t *given, int p, int n)
+{
+    int32_t tokens[64];
+    for (int i = 0; i < n; i++)
+        tokens[i] = given ? given[i] : (int32_t)((i * 37 + p * 101 + 11) % l->m->config.vocab_size);
+    uint32_t blocks[4] = {0, 1, 2, 3};
+    struct batch_seq seq = {tokens, n, 0, blocks, 4, true, false};
+    struct batch batch = {&seq, 1};
+    float *logits = malloc((size_t)n * (size_t)l->m->config.vocab_size * sizeof *logits);
+    struct err err = {0};
+    cr_assert_eq(model_forward(l->m, l->st, &l->pool->cache, &batch, logits, &err), 0, "%s",
+                 err.msg);
+    kv_pool_free(l->pool);
+    cr_assert_eq(kv_pool_create(l->m, l->be, 8, 16, &l->pool, &err), 0, "%s", err.msg);
+    return logits;
+}
+
+static int argmax(const float *v, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[best])
+            best = i;
+    return best;
+}
+
+/* Our forward with the weights quantized in memory against the same file's
+ * weights dequantized to F32 at load: the only difference is x quantized to
+ * int8 per 32 elements before each product (Q8_0, Q4_0, Q4_K, Q6_K).
+ *
+ * Tolerance: rounding x to int8 moves each element by at most d / 2 =
+ * max|x_b| / 254, a uniform error of rms max|x_b| / (254 sqrt 3). For a
+ * block of 32 roughly Gaussian activations max|x_b| is about 2.5 times
+ * their rms, so each product's input carries a relative rms error near
+ * 2.5 / 440 = 0.6%, and so (the weights being the same on both sides) does
+ * its output. A token's logits pass through 4 quantized inputs per layer
+ * (q/k/v, o, gate/up, down) and the head's: 9 for 2 layers; independent
+ * errors add in quadrature: rms(dlogit) near sqrt(9) * 0.6% = 1.7% of
+ * rms(logits) (measured: 1.0-1.8%); we allow 3%. The largest of a prompt's
+ * n * V errors: a logit's error is the position's hidden-state error dotted
+ * with that token's head row, Gaussian across tokens, but its spread varies
+ * by position with the activations' outliers (SiLU(gate) * up is heavy
+ * tailed, max|x_b| up to ~4 rms, not 2.5: 1.6x the estimate, call it 2x).
+ * At 4.5 standard deviations (a tail of 7e-6 per logit over 4 * 48 * 512
+ * logits) that is 4.5 * 2 * 1.7% = 15%, rounded to LOGIT_TOL. */
+#define LOGIT_RMS_TOL 0.03
+#define LOGIT_TOL 0.16
+
+static const enum gguf_ftype forward_types[] = {GGUF_FTYPE_Q8_0, GGUF_FTYPE_Q4_0,
+                                                GGUF_FTYPE_Q4_K_M, GGUF_FTYPE_Q6_K};
+static const char *const forward_names[] = {"q8_0", "q4_0", "q4_k_m", "q6_k"};
+
+/* max |dlogit|, rms(dlogit) / rms(logit) and argmax agreement of q against
+ * ref over n_prompts prompts of n tokens (tokens: NULL for made-up ones). */
+struct logit_diff {
+    double worst, rms, rel_rms;
+    int agree, total;
+    int agree_or_tie; /* agree, or ours is within worst of the reference's top logit */
+};
+
+static struct logit_diff compare_forwards(struct qloaded *q, struct qloaded *ref,
+                                          const int32_t *tokens, int n_prompts, int n)
+{
+    struct logit_diff d = {0};
+    int V = q->m->config.vocab_size;
+    double sq = 0, dsq = 0;
+    for (int p = 0; p < n_prompts; p++) {
+        float *a = qlogits(q, tokens ? tokens + p * n : NULL, p, n);
+        float *b = qlogits(ref, tokens ? tokens + p * n : NULL, p, n);
+        for (int i = 0; i < n * V; i++) {
+            cr_assert(isfinite(a[i]));
+            double e = (double)a[i] - b[i];
+            d.worst = fmax(d.worst, fabs(e));
+            sq += (double)b[i] * b[i];
+            dsq += e * e;
+        }
+        for (int i = 0; i < n; i++, d.total++) {
+            int ours = argmax(a + i * V, V), theirs = argmax(b + i * V, V);
+            d.agree += ours == theirs;
+            d.agree_or_tie += ours == theirs || b[i * V + theirs] - b[i * V + ours] <= d.worst;
+        }
+        free(a);
+        free(b);
+    }
+    d.rms = sqrt(sq / ((double)d.total * V));
+    d.rel_rms = sqrt(dsq / sq);
+    return d;
+}
+
+Test(quant_forward, quantized_weights_match_their_dequantized_reference_within_the_tolerance,
+     .timeout = 600)
+{
+    for (int s = 0; s < 2; s++) {
+        struct err err = {0};
+        char *tmp = test_mkdtemp();
+        struct mkmodel_opts o = {.shape = &quant_shapes[s], .seed = 3, .out_dir = tmp};
+        cr_assert_eq(mkmodel_write(&o, &err), 0, "%s", err.msg);
+        for (int t = 0; t < 4; t++) {
+            char path[4200];
+            snprintf(path, sizeof path, "%s/%s.gguf", tmp, forward_names[t]);
+            cr_assert_eq(gguf_write_model(tmp, forward_types[t], path, &err), 0, "%s", err.msg);
+            struct qloaded q, ref;
+            qload(path, true, &q);
+            qload(path, false, &ref);
+            cr_assert(dtype_is_block(q.m->weights.layers[0].w_down.dtype),
+                      "%s: the weights stayed blocks", forward_names[t]);
+            cr_assert_eq(ref.m->weights.layers[0].w_down.dtype, DTYPE_F32);
+            struct logit_diff d = compare_forwards(&q, &ref, NULL, 4, 48);
+            cr_log_info("%s %s: max |dlogit| %.4f = %.3f rms, rms(dlogit) %.4f rms, "
+                        "argmax agreement %d/%d", quant_shapes[s].name, forward_names[t],
+                        d.worst, d.worst / d.rms, d.rel_rms, d.agree, d.total);
+            cr_assert_leq(d.rel_rms, LOGIT_RMS_TOL, "%s %s: rms(dlogit) %g of rms(logit)",
+                          quant_shapes[s].name, forward_names[t], d.rel_rms);
+            cr_assert_leq(d.worst, LOGIT_TOL * d.rms, "%s %s: max |dlogit| %g > %g * rms %g",
+                          quant_shapes[s].name, forward_names[t], d.worst, LOGIT_TOL, d.rms);
+            qunload(&q);
+            qunload(&ref);
+        }
+        test_rmtree(tmp);
+        free(tmp);
+    }
+}
+
+/* Random tiny models have flat logits (near-ties flip on any rounding), so
+ * the greedy pick is held to 99% on a trained model: models/house (a small
+ * Qwen3) on 1024 positions of its held-out text, each file type against its
+ * dequantized self. Even there, int8 activations flip 1-1.6% of picks (the
+ * measured plain agreement is 98.4-99.0%; llama.cpp's activations, one
+ * scale per 256 for the K types, are no finer), each between two logits
+ * closer than the largest logit error: so plain agreement is held to 98%,
+ * and to 99% counting as agreeing a pick whose reference logit is within
+ * that prompt's max |dlogit| so far of the reference's top one. */
+Test(quant_forward, the_house_model_quantized_picks_the_reference_argmax_at_99_percent,
+     .timeout = 600)
+{
+    char golden[4200], src[4200];
+    snprintf(golden, sizeof golden, "%s/tests/goldens/house/perplexity.json", INFERD_SOURCE_DIR);
+    snprintf(src, sizeof src, "%s/models/house", INFERD_SOURCE_DIR);
+    json_object *root = json_object_from_file(golden);
+    cr_assert_not_null(root, "%s", golden);
+    json_object *toks = json_object_object_get(root, "tokens");
+    enum { PROMPTS = 16, N = 64 };
+    int32_t tokens[PROMPTS * N];
+    for (int i = 0; i < PROMPTS * N; i++) /* windows from across the text */
+        tokens[i] = json_object_get_int(
+            json_object_array_get_idx(toks, (size_t)(i / N) * 2903 + (size_t)(i % N)));
+    json_object_put(root);
+    char *tmp = test_mkdtemp();
+    struct err err = {0};
+    for (int t = 0; t < 4; t++) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/%s.gguf", tmp, forward_names[t]);
+        cr_assert_eq(gguf_write_model(src, forward_types[t], path, &err), 0, "%s", err.msg);
+        struct qloaded q, ref;
+        qload(path, true, &q);
+        qload(path, false, &ref);
+        struct logit_diff d = compare_forwards(&q, &ref, tokens, PROMPTS, N);
+        cr_log_info("house %s: max |dlogit| %.4f = %.3f rms, rms(dlogit) %.4f rms, argmax "
+                    "agreement %d/%d", forward_names[t], d.worst, d.worst / d.rms, d.rel_rms,
+                    d.agree, d.total);
+        cr_log_info("house %s: %d of %d agree or are a near tie", forward_names[t],
+                    d.agree_or_tie, d.total);
+        cr_assert_geq(d.agree * 100, d.total * 98, "house %s: argmax agrees at %d of %d",
+                      forward_names[t], d.agree, d.total);
+        cr_assert_geq(d.agree_or_tie * 100, d.total * 99,
+                      "house %s: argmax agrees (up to near ties) at %d of %d",
+                      forward_names[t], d.agree_or_tie, d.total);
+        qunload(&q);
+        qunload(&ref);
+    }
+    test_rmtree(tmp);
+    free(tmp);
 }
