@@ -195,6 +195,51 @@ static int upload_unpermuted(struct model *m, const struct st_tensor *t, int64_t
     return 0;
 }
 
+/* The block type --quantize turns dense matrix name (cols wide) into, or
+ * DTYPE_F32 to keep it as stored. */
+static enum dtype quantize_target(struct model *m, const char *name, int64_t cols)
+{
+    enum dtype q = m->quantize;
+    if (!dtype_is_block(q))
+        return DTYPE_F32;
+    bool head = !strcmp(name, "lm_head.weight") ||
+                (!strcmp(name, "model.embed_tokens.weight") && m->config.tie_word_embeddings &&
+                 !st_set_find(&m->files, "lm_head.weight"));
+    if (q == DTYPE_Q4_K && head)
+        q = DTYPE_Q6_K; /* llama-quantize's Q4_K_M keeps the head at 6 bits */
+    if (cols % dtype_block_elems(q))
+        q = DTYPE_Q8_0;
+    return cols % dtype_block_elems(q) ? DTYPE_F32 : q;
+}
+
+/* A dense matrix quantized to q in backend memory, row by row (rows in
+ * Hugging Face order, as source_row says). */
+static int upload_quantized(struct model *m, const struct st_tensor *t, int64_t rows,
+                            int64_t cols, enum dtype q, const void **out, struct err *err)
+{
+    uint64_t rb = dtype_row_bytes(q, (uint64_t)cols);
+    void *buf;
+    int rc = alloc_owned(m, (size_t)(rb * (uint64_t)rows), t->name, &buf, err);
+    if (rc)
+        return rc;
+    float *row = malloc((size_t)cols * sizeof *row);
+    uint8_t *qrow = malloc((size_t)rb);
+    if (!row || !qrow) {
+        free(row);
+        free(qrow);
+        return err_set(err, INFERD_ENOMEM, "out of memory quantizing tensor '%s'", t->name);
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        convert_f32(t, (size_t)source_row(t, rows, r) * (size_t)cols, (size_t)cols, row);
+        quant_quantize_row(q, row, qrow, cols);
+        m->backend->ops->to_device(m->backend, (uint8_t *)buf + (uint64_t)r * rb, qrow, rb);
+    }
+    free(row);
+    free(qrow);
+    *out = buf;
+    return 0;
+}
+
 /* A weight matrix: BF16/F32, and the block formats on a backend that takes
  * them (be->block_weights), used in place from the mapping unless the backend
  * asks for copies (be->copy_weights); F16, and the block formats elsewhere,
@@ -211,6 +256,11 @@ int model_load_matrix(struct model *m, const char *name, int64_t rows, int64_t c
         return rc;
     w->rows = rows;
     w->cols = cols;
+    enum dtype q = dtype_is_block(t->dtype) ? DTYPE_F32 : quantize_target(m, name, cols);
+    if (q != DTYPE_F32) {
+        w->dtype = q;
+        return upload_quantized(m, t, rows, cols, q, &w->data, err);
+    }
     bool keep_blocks = dtype_is_block(t->dtype) && m->backend->block_weights;
     if (t->dtype == DTYPE_F16 || (dtype_is_block(t->dtype) && !keep_blocks)) {
         float *wide;
@@ -346,13 +396,27 @@ static int open_checkpoint(struct model *m, const char *path, float **rope_facto
 
 int model_load(const char *dir, struct backend *be, struct model **out, struct err *err)
 {
+    return model_load_with(dir, be, &(struct model_load_options){0}, out, err);
+}
+
+int model_load_with(const char *dir, struct backend *be, const struct model_load_options *o,
+                    struct model **out, struct err *err)
+{
     *out = NULL;
     if (!be || !be->ops || !be->ops->alloc || !be->ops->release || !be->ops->to_device)
         return err_set(err, INFERD_EINVAL, "model_load needs a backend with memory ops");
+    if (o->quantize != DTYPE_F32 && o->quantize != DTYPE_Q8_0 && o->quantize != DTYPE_Q4_K)
+        return err_set(err, INFERD_EINVAL, "weights can be quantized at load to Q8_0 or Q4_K, "
+                       "not %s", dtype_name(o->quantize));
+    if (o->quantize != DTYPE_F32 && !be->block_weights)
+        return err_set(err, INFERD_EUNSUPPORTED, "the %s backend does not run quantized weights "
+                       "(quantizing to %s at load needs the CPU backend)", be->ops->name,
+                       dtype_name(o->quantize));
     struct model *m = calloc(1, sizeof *m);
     if (!m)
         return err_set(err, INFERD_ENOMEM, "out of memory for the model");
     m->backend = be;
+    m->quantize = o->quantize;
     float *rope_factors = NULL;
     int rc;
     if ((rc = open_checkpoint(m, dir, &rope_factors, err)))

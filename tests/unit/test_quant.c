@@ -491,3 +491,99 @@ Test(quant_forward, the_house_model_quantized_picks_the_reference_argmax_at_99_p
     test_rmtree(tmp);
     free(tmp);
 }
+
+/* ---------------------------------------------------------------- --quantize */
+
+static void qload_with(const char *path, enum dtype quantize, struct qloaded *l)
+{
+    struct err err = {0};
+    cr_assert_eq(backend_cpu_create(&(struct backend_options){.threads = 2}, &l->be, &err), 0,
+                 "%s", err.msg);
+    cr_assert_eq(model_load_with(path, l->be, &(struct model_load_options){.quantize = quantize},
+                                 &l->m, &err), 0, "%s: %s", path, err.msg);
+    cr_assert_eq(kv_pool_create(l->m, l->be, 8, 16, &l->pool, &err), 0, "%s", err.msg);
+    cr_assert_eq(forward_state_create(l->m, 64, &l->st, &err), 0, "%s", err.msg);
+}
+
+/* Quantizing a bf16 checkpoint at load writes the bytes llama-quantize
+ * (and mkmodel --format gguf) write: Q8_0 in memory runs bit for bit as the
+ * Q8_0 file of the same model. */
+Test(quant_load, q8_0_at_load_is_bit_identical_to_the_q8_0_file, .timeout = 300)
+{
+    for (int s = 0; s < 2; s++) {
+        struct err err = {0};
+        char *tmp = test_mkdtemp(), path[4200];
+        struct mkmodel_opts o = {.shape = &quant_shapes[s], .seed = 9, .out_dir = tmp};
+        cr_assert_eq(mkmodel_write(&o, &err), 0, "%s", err.msg);
+        snprintf(path, sizeof path, "%s/q8.gguf", tmp);
+        cr_assert_eq(gguf_write_model(tmp, GGUF_FTYPE_Q8_0, path, &err), 0, "%s", err.msg);
+        struct qloaded a, b;
+        qload_with(tmp, DTYPE_Q8_0, &a);
+        qload_with(path, DTYPE_F32, &b);
+        cr_assert_eq(a.m->weights.layers[1].wq.dtype, DTYPE_Q8_0);
+        cr_assert_eq(a.m->weights.lm_head.dtype, DTYPE_Q8_0);
+        int n = 20, V = a.m->config.vocab_size;
+        float *la = qlogits(&a, NULL, 0, n), *lb = qlogits(&b, NULL, 0, n);
+        cr_assert_eq(memcmp(la, lb, (size_t)(n * V) * sizeof *la), 0, "%s: logits differ",
+                     quant_shapes[s].name);
+        free(la);
+        free(lb);
+        qunload(&a);
+        qunload(&b);
+        test_rmtree(tmp);
+        free(tmp);
+    }
+}
+
+/* Q4_K at load: the layers' matrices Q4_K, the head (tied embedding) Q6_K
+ * as in Q4_K_M files, a matrix whose rows are not whole 256-blocks Q8_0
+ * (models/house: hidden 384), and the forward within the tolerance of its
+ * dequantized self. */
+Test(quant_load, q4_k_at_load_picks_llama_quantizes_types, .timeout = 300)
+{
+    struct err err = {0};
+    char *tmp = test_mkdtemp();
+    struct mkmodel_opts o = {.shape = &quant_shapes[0], .seed = 9, .out_dir = tmp};
+    cr_assert_eq(mkmodel_write(&o, &err), 0, "%s", err.msg);
+    struct qloaded a;
+    qload_with(tmp, DTYPE_Q4_K, &a);
+    cr_assert_eq(a.m->weights.layers[0].w_gate.dtype, DTYPE_Q4_K);
+    cr_assert_eq(a.m->weights.layers[0].w_down.dtype, DTYPE_Q4_K);
+    cr_assert_eq(a.m->weights.lm_head.dtype, DTYPE_Q6_K, "tied head at 6 bits");
+    float *l = qlogits(&a, NULL, 0, 16);
+    for (int i = 0; i < 16 * a.m->config.vocab_size; i++)
+        cr_assert(isfinite(l[i]));
+    free(l);
+    qunload(&a);
+    test_rmtree(tmp);
+    free(tmp);
+
+    char house[4200];
+    snprintf(house, sizeof house, "%s/models/house", INFERD_SOURCE_DIR);
+    qload_with(house, DTYPE_Q4_K, &a);
+    cr_assert_eq(a.m->weights.layers[0].wq.dtype, DTYPE_Q8_0, "384 columns: not whole Q4_K blocks");
+    cr_assert_eq(a.m->weights.layers[0].w_down.dtype, DTYPE_Q4_K, "1024 columns");
+    qunload(&a);
+}
+
+Test(quant_load, quantizing_needs_a_backend_that_runs_blocks_and_a_type_it_offers)
+{
+    struct err err = {0};
+    char *tmp = test_mkdtemp();
+    struct mkmodel_opts o = {.preset = "tiny-qwen3", .seed = 1, .out_dir = tmp};
+    cr_assert_eq(mkmodel_write(&o, &err), 0, "%s", err.msg);
+    struct backend *be;
+    struct model *m = NULL;
+    cr_assert_eq(backend_cpu_create(&(struct backend_options){.threads = 1}, &be, &err), 0);
+    cr_assert_eq(model_load_with(tmp, be, &(struct model_load_options){.quantize = DTYPE_Q5_K},
+                                 &m, &err), -INFERD_EINVAL);
+    cr_assert(strstr(err.msg, "Q5_K"), "%s", err.msg);
+    be->block_weights = false; /* as the CUDA backend */
+    cr_assert_eq(model_load_with(tmp, be, &(struct model_load_options){.quantize = DTYPE_Q8_0},
+                                 &m, &err), -INFERD_EUNSUPPORTED);
+    cr_assert(strstr(err.msg, "quantized weights"), "%s", err.msg);
+    cr_assert_null(m);
+    backend_destroy(be);
+    test_rmtree(tmp);
+    free(tmp);
+}
