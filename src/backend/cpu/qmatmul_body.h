@@ -40,8 +40,8 @@ QMM_INLINE void qmm_signed_block(__m256i w, float dw, const struct qmm_act *x, i
     }
 }
 
-static void qmm_dot_q8_0(int64_t K, const void *w, const struct qmm_act *x, int64_t xs, int nt,
-                         float *out)
+QMM_INLINE void qmm_dot_q8_0_n(int64_t K, const void *w, const struct qmm_act *x, int64_t xs,
+                                 const int nt, float *out)
 {
     __m256 acc[QMM_MAX_T];
     for (int t = 0; t < nt; t++)
@@ -54,8 +54,8 @@ static void qmm_dot_q8_0(int64_t K, const void *w, const struct qmm_act *x, int6
         out[t] = qmm_hsum(acc[t]);
 }
 
-static void qmm_dot_q4_0(int64_t K, const void *w, const struct qmm_act *x, int64_t xs, int nt,
-                         float *out)
+QMM_INLINE void qmm_dot_q4_0_n(int64_t K, const void *w, const struct qmm_act *x, int64_t xs,
+                                 const int nt, float *out)
 {
     __m256 acc[QMM_MAX_T];
     for (int t = 0; t < nt; t++)
@@ -77,8 +77,8 @@ static void qmm_dot_q4_0(int64_t K, const void *w, const struct qmm_act *x, int6
  * (sub-block 2c), high the next; x = d * sc * q - dmin * m, q in 0..15, so
  * the unsigned nibbles go in as they are and the minimum is taken off with
  * x's block sums. */
-static void qmm_dot_q4_k(int64_t K, const void *w, const struct qmm_act *x, int64_t xs, int nt,
-                         float *out)
+QMM_INLINE void qmm_dot_q4_k_n(int64_t K, const void *w, const struct qmm_act *x, int64_t xs,
+                                 const int nt, float *out)
 {
     __m256 acc[QMM_MAX_T];
     float mins[QMM_MAX_T];
@@ -117,8 +117,8 @@ static void qmm_dot_q4_k(int64_t K, const void *w, const struct qmm_act *x, int6
  * 32 + l] and bits 2g..2g+1 of qh[l]; q - 32 is signed, and each half of
  * the group has its own int8 scale, applied to the int32 lanes (the lower
  * four hold elements 0..15). */
-static void qmm_dot_q6_k(int64_t K, const void *w, const struct qmm_act *x, int64_t xs, int nt,
-                         float *out)
+QMM_INLINE void qmm_dot_q6_k_n(int64_t K, const void *w, const struct qmm_act *x, int64_t xs,
+                                 const int nt, float *out)
 {
     __m256 acc[QMM_MAX_T];
     for (int t = 0; t < nt; t++)
@@ -158,6 +158,24 @@ static void qmm_dot_q6_k(int64_t K, const void *w, const struct qmm_act *x, int6
     for (int t = 0; t < nt; t++)
         out[t] = qmm_hsum(acc[t]);
 }
+
+/* Each kernel instantiated per token count, so its accumulators live in
+ * registers (a loop bound the compiler knows). */
+#define QMM_BY_NT(t)                                                                   \
+    static void qmm_dot_##t(int64_t K, const void *w, const struct qmm_act *x, int64_t xs, \
+                            int nt, float *out)                                        \
+    {                                                                                  \
+        switch (nt) {                                                                  \
+        case 1: qmm_dot_##t##_n(K, w, x, xs, 1, out); break;                           \
+        case 2: qmm_dot_##t##_n(K, w, x, xs, 2, out); break;                           \
+        case 3: qmm_dot_##t##_n(K, w, x, xs, 3, out); break;                           \
+        default: qmm_dot_##t##_n(K, w, x, xs, 4, out); break;                          \
+        }                                                                              \
+    }
+QMM_BY_NT(q8_0)
+QMM_BY_NT(q4_0)
+QMM_BY_NT(q4_k)
+QMM_BY_NT(q6_k)
 
 #define QMM_KERNEL_TABLE                                                              \
     {.dot = {[DTYPE_Q8_0] = qmm_dot_q8_0, [DTYPE_Q4_0] = qmm_dot_q4_0,               \
