@@ -18,7 +18,9 @@ enum compute_mode { COMPUTE_EXACT = 0, COMPUTE_FAST = 1 };
 
 /* A weight matrix as stored by Hugging Face: rows = out_features,
  * cols = in_features, row-major. data is borrowed (mmap'd file or backend
- * memory); dtype is F32 or BF16 (F16 checkpoints are widened at load). */
+ * memory); dtype is F32 or BF16 (F16 checkpoints are widened at load), or a
+ * GGUF block type (base/quant.h: each row dtype_row_bytes(dtype, cols)
+ * bytes) on a backend with block_weights. */
 struct weight_matrix {
     enum dtype dtype;
     int64_t rows, cols;
@@ -164,7 +166,9 @@ struct backend_ops {
     void (*embed)(struct backend *be, const struct weight_matrix *table, const int32_t *tokens,
                   int64_t n_tokens, float *out);
     /* y[t, r] = sum_c x[t, c] * w[r, c] (+ bias[r] when bias != NULL), for
-     * t < n_tokens; x is n_tokens x w->cols, y is n_tokens x w->rows. */
+     * t < n_tokens; x is n_tokens x w->cols, y is n_tokens x w->rows. For
+     * block-type weights x may first be quantized to int8 blocks, as
+     * llama.cpp does (the CPU's Q8_0, Q4_0, Q4_K, Q6_K kernels). */
     void (*matmul)(struct backend *be, const float *x, int64_t n_tokens,
                    const struct weight_matrix *w, const float *bias, float *y);
     /* The same x through n (<= 4) matrices with equal cols and dtype:
@@ -283,6 +287,9 @@ struct backend {
      * to_device) instead of pointing at the mapped file: for backends that
      * cannot read host memory in place. */
     bool copy_weights;
+    /* embed and matmul take weight matrices of the GGUF block types as they
+     * are stored; false: the loader dequantizes them to F32. */
+    bool block_weights;
     /* Element type of the KV caches this backend's attention reads and writes. */
     enum dtype kv_dtype;
     /* Their quantized format (backend/kv_quant.h), the backend's copy of

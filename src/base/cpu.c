@@ -59,6 +59,7 @@ void cpu_features_detect(enum cpu_isa cap, struct cpu_features *out)
     f.avx512f = os_avx512 && ((b >> 16) & 1);
     f.avx512bw = f.avx512f && ((b >> 30) & 1);
     f.avx512vl = f.avx512f && ((b >> 31) & 1);
+    f.avx512_vnni = f.avx512vl && ((c >> 11) & 1);
     f.amx_bf16 = os_amx && ((d >> 22) & 1);
     f.amx_tile = os_amx && ((d >> 24) & 1);
     __cpuid_count(7, 1, a, b, c, d);
@@ -70,7 +71,7 @@ void cpu_features_detect(enum cpu_isa cap, struct cpu_features *out)
         if (cap < CPU_ISA_AVX512BF16)
             f.avx512_bf16 = false;
         if (cap < CPU_ISA_AVX512)
-            f.avx512f = f.avx512bw = f.avx512vl = false;
+            f.avx512f = f.avx512bw = f.avx512vl = f.avx512_vnni = false;
         if (cap < CPU_ISA_AVX2)
             f.avx2 = f.fma = false;
     }

@@ -7,6 +7,7 @@
 struct cpu_features {
     bool avx2, fma, f16c;
     bool avx512f, avx512bw, avx512vl, avx512_bf16;
+    bool avx512_vnni;         /* vpdpbusd: the int8 dot products of quantized weights */
     bool amx_tile, amx_bf16;  /* hardware support (CPUID) */
     bool amx_usable;          /* the kernel granted this process the AMX tile state */
     int n_cores;              /* online logical processors */

@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 /* Dense types first; the block types store a row of n elements as n / block
- * elements blocks of block bytes each (GGUF's layouts, model/quant.h), so
+ * elements blocks of block bytes each (GGUF's layouts, base/quant.h), so
  * their size is per block, never per element: use dtype_row_bytes for them. */
 enum dtype {
     DTYPE_F32 = 0,

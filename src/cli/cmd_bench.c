@@ -53,6 +53,7 @@ struct bench_options {
     struct cli_spec_options spec;   /* speculative decoding of the decode runs */
     long verify_k;                  /* --verify-cost K: time a K-draft verify step; 0: no */
     struct cli_kv_quant kvq;        /* --kv-quant, --kv-quant-config */
+    enum dtype quantize;            /* --quantize; DTYPE_F32: as stored */
 };
 
 /* GPU memory bandwidth the floors are stated against (H200 HBM3e). */
@@ -90,6 +91,8 @@ static bool parse_bench_options(int argc, char **argv, struct bench_options *o)
         int backend_flag = cli_backend_flag(a, v, &o->backend);
         if (backend_flag == 0)
             backend_flag = cli_kv_quant_flag(a, v, &o->kvq);
+        if (backend_flag == 0)
+            backend_flag = cli_quantize_flag(a, v, &o->quantize);
         if (backend_flag < 0)
             return false;
         if (backend_flag > 0)
@@ -114,7 +117,7 @@ static bool parse_bench_options(int argc, char **argv, struct bench_options *o)
     if (!o->dir) {
         fprintf(stderr, "usage: inferd bench DIR [--prompt-len P] [--gen-len G] [--threads N] "
                         "[--mode fast|exact] [--reps R] [--chunk C] [--device cpu|cuda[:N]|auto]\n"
-                        "       [backend flags]\n" CLI_BACKEND_USAGE CLI_KV_QUANT_USAGE);
+                        "       [backend flags]\n" CLI_BACKEND_USAGE CLI_KV_QUANT_USAGE CLI_QUANTIZE_USAGE);
         return false;
     }
     return true;
@@ -232,7 +235,8 @@ int cmd_bench(int argc, char **argv)
         cli_backend_create(o.device, &o.backend, &be, &err) < 0)
         goto fail;
     double t0 = now_s();
-    if (model_load(o.dir, be, &m, &err) < 0)
+    if (model_load_with(o.dir, be, &(struct model_load_options){.quantize = o.quantize}, &m,
+                        &err) < 0)
         goto fail;
     double load_s = now_s() - t0;
     double file_gb = dir_safetensors_bytes(m) / 1e9;

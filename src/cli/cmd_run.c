@@ -29,6 +29,7 @@ struct run_options {
     struct backend_options backend; /* the environment's, then the backend flags' */
     struct cli_spec_options spec;   /* speculative decoding */
     struct cli_kv_quant kvq;        /* --kv-quant, --kv-quant-config */
+    enum dtype quantize;            /* --quantize; DTYPE_F32: as stored */
 };
 
 static const char usage[] =
@@ -71,6 +72,8 @@ static bool parse_run_options(int argc, char **argv, struct run_options *o)
         int backend_flag = cli_backend_flag(a, v, &o->backend);
         if (backend_flag == 0)
             backend_flag = cli_kv_quant_flag(a, v, &o->kvq);
+        if (backend_flag == 0)
+            backend_flag = cli_quantize_flag(a, v, &o->quantize);
         if (backend_flag < 0)
             return false;
         if (backend_flag > 0)
@@ -130,7 +133,7 @@ static bool parse_run_options(int argc, char **argv, struct run_options *o)
     }
     if (!o->dir || (!o->prompt) == (!o->text)) {
         fprintf(stderr, "usage: inferd run DIR (-p TEXT [--chat] | --tokens IDS) [-n N] [--temp T] [--seed S] [--device cpu|cuda[:N]|auto]\n"
-                        "       [backend flags]\n" CLI_BACKEND_USAGE CLI_KV_QUANT_USAGE);
+                        "       [backend flags]\n" CLI_BACKEND_USAGE CLI_KV_QUANT_USAGE CLI_QUANTIZE_USAGE);
         return false;
     }
     if (o->chat && !o->text) {
@@ -216,7 +219,8 @@ int cmd_run(int argc, char **argv)
     o.backend.threads = (int)o.n_threads;
     if (cli_kv_quant_resolve(&o.kvq, o.dir, &o.backend, &err) < 0 ||
         cli_backend_create(o.device, &o.backend, &be, &err) < 0 ||
-        model_load(o.dir, be, &m, &err) < 0)
+        model_load_with(o.dir, be, &(struct model_load_options){.quantize = o.quantize}, &m,
+                        &err) < 0)
         goto fail;
     /* A text prompt is answered in text; --tokens always in ids, whatever
      * tokenizer the model carries, so scripts read one format. */

@@ -59,6 +59,7 @@ struct serve_options {
     enum compute_mode mode;
     struct backend_options backend; /* the environment's, then the backend flags' */
     struct cli_kv_quant kvq;        /* --kv-quant, --kv-quant-config */
+    enum dtype quantize;            /* --quantize; DTYPE_F32: as stored */
     double prompt_cache_gib;        /* --prompt-cache: cap on unreferenced cached KV; 0: off */
     long grammar_cache;             /* --grammar-cache: compiled structured-output grammars kept */
     enum kv_retention cache_retention;
@@ -148,7 +149,7 @@ static const char usage[] =
     CLI_SPEC_USAGE
     "A request's \"speculative\": false turns it off for that request; usage.speculation\n"
     "{drafted, accepted, targetCalls} and usage.lane (serial, batch, serial+spec) say how it ran.\n"
-    CLI_BACKEND_USAGE CLI_KV_QUANT_USAGE;
+    CLI_BACKEND_USAGE CLI_KV_QUANT_USAGE CLI_QUANTIZE_USAGE;
 
 static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
 {
@@ -195,6 +196,8 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
         int backend_flag = cli_backend_flag(a, v, &o->backend);
         if (backend_flag == 0)
             backend_flag = cli_kv_quant_flag(a, v, &o->kvq);
+        if (backend_flag == 0)
+            backend_flag = cli_quantize_flag(a, v, &o->quantize);
         if (backend_flag < 0)
             return false;
         if (backend_flag > 0)
@@ -647,7 +650,8 @@ int cmd_serve(int argc, char **argv)
     o.backend.memory_cap_bytes = (size_t)(o.memory_budget_gb * 1e9);
     if (cli_kv_quant_resolve(&o.kvq, o.dir, &o.backend, &err) < 0 ||
         cli_backend_create(o.device, &o.backend, &be, &err) < 0 ||
-        model_load(o.dir, be, &m, &err) < 0) {
+        model_load_with(o.dir, be, &(struct model_load_options){.quantize = o.quantize}, &m,
+                        &err) < 0) {
         fprintf(stderr, "inferd serve: %s\n", err.msg);
         goto out;
     }

@@ -139,6 +139,21 @@ int cli_backend_flag(const char *flag, const char *value, struct backend_options
     return 0;
 }
 
+int cli_quantize_flag(const char *flag, const char *value, enum dtype *out)
+{
+    if (strcmp(flag, "--quantize"))
+        return 0;
+    if (!strcmp(value, "q8_0"))
+        *out = DTYPE_Q8_0;
+    else if (!strcmp(value, "q4_k"))
+        *out = DTYPE_Q4_K;
+    else {
+        fprintf(stderr, "inferd: --quantize: '%s' is not q8_0 or q4_k\n", value);
+        return -1;
+    }
+    return 1;
+}
+
 int cli_kv_quant_flag(const char *flag, const char *value, struct cli_kv_quant *q)
 {
     if (!strcmp(flag, "--kv-quant-config")) {

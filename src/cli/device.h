@@ -50,6 +50,16 @@ bool cli_device_parse(const char *text, struct device_spec *out);
     "                              kv_config.json in the model directory\n"                      \
     "  --kv-quant-config FILE      the per-layer config to read instead (implies config)\n"
 
+/* --quantize, for the commands that load a model. */
+#define CLI_QUANTIZE_USAGE                                                                       \
+    "Weights:\n"                                                                                 \
+    "  --quantize q8_0|q4_k        quantize a bf16/f16/f32 checkpoint in memory at load (CPU;\n"   \
+    "                              q4_k keeps the LM head at q6_k, as Q4_K_M files do)\n"
+
+/* --quantize's value into *out (DTYPE_Q8_0 or DTYPE_Q4_K): 1 when flag is
+ * it, 0 when it is not, -1 (after a message) for another value. */
+int cli_quantize_flag(const char *flag, const char *value, enum dtype *out);
+
 /* What --kv-quant and --kv-quant-config ask for, resolved against the model
  * directory before the backend is made. */
 struct cli_kv_quant {

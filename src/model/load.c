@@ -10,7 +10,7 @@
 #include "base/bf16.h"
 #include "model/arch.h"
 #include "model/gguf.h"
-#include "model/quant.h"
+#include "base/quant.h"
 #include "text/tokenizer.h"
 
 #define WIDEN_CHUNK 65536 /* elements converted per host staging pass */
@@ -195,9 +195,55 @@ static int upload_unpermuted(struct model *m, const struct st_tensor *t, int64_t
     return 0;
 }
 
-/* A weight matrix: BF16/F32 used in place from the mapping unless the backend
- * asks for copies (be->copy_weights), F16 and the block formats widened to
- * F32 in backend memory. Misaligned data (a header whose length is not a
+/* The block type --quantize turns dense matrix name (cols wide) into, or
+ * DTYPE_F32 to keep it as stored. */
+static enum dtype quantize_target(struct model *m, const char *name, int64_t cols)
+{
+    enum dtype q = m->quantize;
+    if (!dtype_is_block(q))
+        return DTYPE_F32;
+    bool head = !strcmp(name, "lm_head.weight") ||
+                (!strcmp(name, "model.embed_tokens.weight") && m->config.tie_word_embeddings &&
+                 !st_set_find(&m->files, "lm_head.weight"));
+    if (q == DTYPE_Q4_K && head)
+        q = DTYPE_Q6_K; /* llama-quantize's Q4_K_M keeps the head at 6 bits */
+    if (cols % dtype_block_elems(q))
+        q = DTYPE_Q8_0;
+    return cols % dtype_block_elems(q) ? DTYPE_F32 : q;
+}
+
+/* A dense matrix quantized to q in backend memory, row by row (rows in
+ * Hugging Face order, as source_row says). */
+static int upload_quantized(struct model *m, const struct st_tensor *t, int64_t rows,
+                            int64_t cols, enum dtype q, const void **out, struct err *err)
+{
+    uint64_t rb = dtype_row_bytes(q, (uint64_t)cols);
+    void *buf;
+    int rc = alloc_owned(m, (size_t)(rb * (uint64_t)rows), t->name, &buf, err);
+    if (rc)
+        return rc;
+    float *row = malloc((size_t)cols * sizeof *row);
+    uint8_t *qrow = malloc((size_t)rb);
+    if (!row || !qrow) {
+        free(row);
+        free(qrow);
+        return err_set(err, INFERD_ENOMEM, "out of memory quantizing tensor '%s'", t->name);
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        convert_f32(t, (size_t)source_row(t, rows, r) * (size_t)cols, (size_t)cols, row);
+        quant_quantize_row(q, row, qrow, cols);
+        m->backend->ops->to_device(m->backend, (uint8_t *)buf + (uint64_t)r * rb, qrow, rb);
+    }
+    free(row);
+    free(qrow);
+    *out = buf;
+    return 0;
+}
+
+/* A weight matrix: BF16/F32, and the block formats on a backend that takes
+ * them (be->block_weights), used in place from the mapping unless the backend
+ * asks for copies (be->copy_weights); F16, and the block formats elsewhere,
+ * widened to F32 in backend memory. Misaligned data (a header whose length is not a
  * multiple of the element size) is copied so kernels may assume natural
  * alignment; so are GGUF q/k rows, put back in Hugging Face order. */
 int model_load_matrix(struct model *m, const char *name, int64_t rows, int64_t cols,
@@ -210,7 +256,13 @@ int model_load_matrix(struct model *m, const char *name, int64_t rows, int64_t c
         return rc;
     w->rows = rows;
     w->cols = cols;
-    if (t->dtype == DTYPE_F16 || dtype_is_block(t->dtype)) {
+    enum dtype q = dtype_is_block(t->dtype) ? DTYPE_F32 : quantize_target(m, name, cols);
+    if (q != DTYPE_F32) {
+        w->dtype = q;
+        return upload_quantized(m, t, rows, cols, q, &w->data, err);
+    }
+    bool keep_blocks = dtype_is_block(t->dtype) && m->backend->block_weights;
+    if (t->dtype == DTYPE_F16 || (dtype_is_block(t->dtype) && !keep_blocks)) {
         float *wide;
         if (dtype_is_block(t->dtype) || t->unpermute_heads)
             rc = upload_dequantized(m, t, rows, cols, &wide, err);
@@ -225,7 +277,9 @@ int model_load_matrix(struct model *m, const char *name, int64_t rows, int64_t c
     w->dtype = t->dtype;
     if (t->unpermute_heads)
         return upload_unpermuted(m, t, rows, cols, &w->data, err);
-    if (!m->backend->copy_weights && (uintptr_t)t->data % dtype_size(t->dtype) == 0) {
+    /* Block kernels load unaligned: a block type is used in place wherever it lies. */
+    size_t align = keep_blocks ? 1 : dtype_size(t->dtype);
+    if (!m->backend->copy_weights && (uintptr_t)t->data % align == 0) {
         w->data = t->data;
         return 0;
     }
@@ -342,13 +396,27 @@ static int open_checkpoint(struct model *m, const char *path, float **rope_facto
 
 int model_load(const char *dir, struct backend *be, struct model **out, struct err *err)
 {
+    return model_load_with(dir, be, &(struct model_load_options){0}, out, err);
+}
+
+int model_load_with(const char *dir, struct backend *be, const struct model_load_options *o,
+                    struct model **out, struct err *err)
+{
     *out = NULL;
     if (!be || !be->ops || !be->ops->alloc || !be->ops->release || !be->ops->to_device)
         return err_set(err, INFERD_EINVAL, "model_load needs a backend with memory ops");
+    if (o->quantize != DTYPE_F32 && o->quantize != DTYPE_Q8_0 && o->quantize != DTYPE_Q4_K)
+        return err_set(err, INFERD_EINVAL, "weights can be quantized at load to Q8_0 or Q4_K, "
+                       "not %s", dtype_name(o->quantize));
+    if (o->quantize != DTYPE_F32 && !be->block_weights)
+        return err_set(err, INFERD_EUNSUPPORTED, "the %s backend does not run quantized weights "
+                       "(quantizing to %s at load needs the CPU backend)", be->ops->name,
+                       dtype_name(o->quantize));
     struct model *m = calloc(1, sizeof *m);
     if (!m)
         return err_set(err, INFERD_ENOMEM, "out of memory for the model");
     m->backend = be;
+    m->quantize = o->quantize;
     float *rope_factors = NULL;
     int rc;
     if ((rc = open_checkpoint(m, dir, &rope_factors, err)))
@@ -391,7 +459,7 @@ void model_free(struct model *m)
 
 static uint64_t matrix_bytes(const struct weight_matrix *w)
 {
-    return (uint64_t)w->rows * (uint64_t)w->cols * dtype_size(w->dtype);
+    return (uint64_t)w->rows * dtype_row_bytes(w->dtype, (uint64_t)w->cols);
 }
 
 uint64_t model_weight_bytes_per_token(const struct model *m)
@@ -400,7 +468,7 @@ uint64_t model_weight_bytes_per_token(const struct model *m)
     const uint64_t f = sizeof(float);
     uint64_t q_dim = (uint64_t)c->n_heads * c->head_dim,
              kv_dim = (uint64_t)c->n_kv_heads * c->head_dim;
-    uint64_t total = (uint64_t)c->hidden_size * dtype_size(m->weights.embed.dtype); /* one row */
+    uint64_t total = dtype_row_bytes(m->weights.embed.dtype, (uint64_t)c->hidden_size); /* one row */
     for (int i = 0; i < c->n_layers; i++) {
         const struct layer_weights *L = &m->weights.layers[i];
         total += matrix_bytes(&L->wq) + matrix_bytes(&L->wk) + matrix_bytes(&L->wv) +
@@ -419,7 +487,7 @@ uint64_t model_weight_bytes_per_token(const struct model *m)
 uint64_t model_weight_bytes(const struct model *m)
 {
     const struct weight_matrix *e = &m->weights.embed;
-    uint64_t one_row = (uint64_t)m->config.hidden_size * dtype_size(e->dtype);
+    uint64_t one_row = dtype_row_bytes(e->dtype, (uint64_t)m->config.hidden_size);
     uint64_t total = model_weight_bytes_per_token(m) - one_row;
     if (m->weights.lm_head.data != e->data)
         total += matrix_bytes(e); /* untied: the table is not the head the step read */

@@ -40,6 +40,7 @@ struct model {
     void **owned_buffers;        /* owned: widened/converted tensors (backend memory) */
     int n_owned_buffers, cap_owned_buffers;
     float *rope_inv_freq;        /* owned host memory, head_dim / 2 floats */
+    enum dtype quantize;         /* model_load_options.quantize, while loading */
     struct rope_table rope;
 };
 
@@ -48,6 +49,19 @@ struct model {
  * and tensor names). Checks every expected tensor exists with the shape
  * config.json implies, and that no unexpected tensor is left over. */
 int model_load(const char *dir, struct backend *be, struct model **out, struct err *err);
+
+/* How model_load_with places weights. The zero value is model_load's. */
+struct model_load_options {
+    /* DTYPE_Q8_0 or DTYPE_Q4_K: dense weight matrices (bf16, f16, f32) are
+     * quantized in memory at load with the reference quantizers
+     * (base/quant.h), as llama-quantize would write them: Q4_K's LM head
+     * (or the embedding tied to it) as Q6_K, and a matrix whose rows are not
+     * whole blocks of the type as Q8_0, else as stored. Needs a backend with
+     * block_weights. DTYPE_F32 (zero): weights as stored. */
+    enum dtype quantize;
+};
+int model_load_with(const char *dir, struct backend *be, const struct model_load_options *o,
+                    struct model **out, struct err *err);
 void model_free(struct model *m);
 
 /* The tokenizer of what model_load takes: DIR's tokenizer.json (and

@@ -14,7 +14,7 @@
 #include "base/strbuf.h"
 #include "model/config.h"
 #include "model/gguf.h"
-#include "model/quant.h"
+#include "base/quant.h"
 #include "model/safetensors.h"
 #include "text/tokenizer.h"
 

@@ -905,6 +905,10 @@ static int resolve_preset(const struct mkmodel_opts *o, const struct mkmodel_pre
     if (arch && !mkmodel_arch_class(arch))
         return err_set(err, INFERD_EINVAL,
                        "unknown architecture '%s' (known: llama, mistral, qwen2, qwen3)", arch);
+    if (o->shape) {
+        *out = o->shape;
+        return 0;
+    }
     char tiny[64];
     const char *name = o->preset && *o->preset ? o->preset : NULL;
     if (!name && !arch)

@@ -55,7 +55,9 @@ uint64_t mkmodel_file_bytes(const struct mkmodel_preset *p);
 
 struct mkmodel_opts {
     const char *arch;    /* NULL or the preset's arch; alone it picks preset "tiny-<arch>" */
-    const char *preset;  /* NULL only when arch is given */
+    const char *preset;  /* NULL only when arch or shape is given */
+    const struct mkmodel_preset *shape; /* NULL, or a shape outside the table (tests'
+                                           own sizes); arch and preset are then ignored */
     uint64_t seed;
     const char *out_dir; /* created if missing; files in it are overwritten */
     const char *tokenizer_dir; /* NULL, or a directory holding tokenizer.json and

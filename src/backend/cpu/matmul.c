@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "backend/cpu/matmul_kernels.h"
+#include "backend/cpu/qmatmul.h"
 #include "base/bf16.h"
 #include "base/cpu.h"
 #include "base/threadpool.h"
@@ -26,6 +27,7 @@ struct cpu_matmul {
     struct mm_thread_scratch *scratch; /* owned; n_threads */
     void *xbuf;                        /* owned; x prepared for a FAST-mode GEMV */
     size_t xbuf_bytes;
+    struct qmm_scratch qmm;            /* owned; x as int8 blocks for quantized weights */
 };
 
 /* One cpu_matmul_run call, as every thread sees it. */
@@ -102,6 +104,7 @@ void cpu_matmul_free(struct cpu_matmul *mm)
         free(mm->scratch);
     }
     free(mm->xbuf);
+    cpu_qmm_scratch_free(&mm->qmm);
     free(mm);
 }
 
@@ -441,6 +444,10 @@ void cpu_matmul_run(struct cpu_matmul *mm, enum compute_mode mode, const float *
     int64_t K = w->cols, N = w->rows;
     if (T <= 0 || N <= 0)
         return;
+    if (dtype_is_block(w->dtype) && K > 0) {
+        cpu_qmm_run(mm->pool, cpu_qmm_kernels_for(mm->level), &mm->qmm, x, T, 1, &w, &bias, &y);
+        return;
+    }
     if (K <= 0) {
         for (int64_t t = 0; t < T; t++)
             for (int64_t r = 0; r < N; r++)
@@ -467,6 +474,10 @@ void cpu_matmul_run_group(struct cpu_matmul *mm, enum compute_mode mode, const f
     bool groupable = n >= 1 && n <= CPU_MATMUL_MAX_GROUP && T > 0 && w[0]->cols > 0;
     for (int i = 1; groupable && i < n; i++)
         groupable = w[i]->cols == w[0]->cols && w[i]->dtype == w[0]->dtype;
+    if (groupable && dtype_is_block(w[0]->dtype)) {
+        cpu_qmm_run(mm->pool, cpu_qmm_kernels_for(mm->level), &mm->qmm, x, T, n, w, bias, y);
+        return;
+    }
     if (groupable)
         choose_kernels(mm->level, mode, w[0]->dtype, T, &gemv, &gemm);
     if (gemv && run_gemv_group(mm, mode, gemv, x, T, n, w, bias, y))

@@ -1,6 +1,6 @@
-/* model/quant.h — GGUF's block formats: reference quantizers and dequantizers, bit-compatible with llama.cpp's files. */
-#ifndef INFERD_MODEL_QUANT_H
-#define INFERD_MODEL_QUANT_H
+/* base/quant.h — GGUF's block formats: reference quantizers and dequantizers, bit-compatible with llama.cpp's files. */
+#ifndef INFERD_BASE_QUANT_H
+#define INFERD_BASE_QUANT_H
 
 #include <stdint.h>
 

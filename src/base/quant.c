@@ -1,5 +1,5 @@
-/* model/quant.c — the GGUF block formats in both directions: llama.cpp's reference quantizers and its dequantizers, format by format. */
-#include "model/quant.h"
+/* base/quant.c — the GGUF block formats in both directions: llama.cpp's reference quantizers and its dequantizers, format by format. */
+#include "base/quant.h"
 
 #include <math.h>
 #include <string.h>

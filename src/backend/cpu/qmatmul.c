@@ -1,0 +1,277 @@
+/* backend/cpu/qmatmul.c — block-quantized matmul: x quantized to int8 blocks, the scalar reference kernels, the generic dequantizing path, and the threaded driver. */
+#include "backend/cpu/qmatmul.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "base/cpu.h"
+#include "base/quant.h"
+#include "base/threadpool.h"
+
+/* ---- activations ------------------------------------------------------- */
+
+void cpu_qmm_quantize_x(const float *x, int64_t n, struct qmm_act *out)
+{
+    for (int64_t b = 0; b < n / QMM_ACT_ELEMS; b++, x += QMM_ACT_ELEMS) {
+        float amax = 0.0f;
+        for (int j = 0; j < QMM_ACT_ELEMS; j++)
+            amax = fmaxf(amax, fabsf(x[j]));
+        float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+        int sum = 0;
+        for (int j = 0; j < QMM_ACT_ELEMS; j++) {
+            int q = (int)roundf(x[j] * id);
+            out[b].q[j] = (int8_t)q;
+            sum += q;
+        }
+        out[b].d = d;
+        out[b].s = d * (float)sum;
+    }
+}
+
+/* ---- scalar reference kernels ----------------------------------------- */
+
+static void dot_q8_0(int64_t K, const void *w, const struct qmm_act *x, int64_t xs, int nt,
+                     float *out)
+{
+    for (int t = 0; t < nt; t++) {
+        const uint8_t *b = w;
+        const struct qmm_act *a = x + t * xs;
+        float acc = 0.0f;
+        for (int64_t i = 0; i < K / 32; i++, b += 34, a++) {
+            int sumi = 0;
+            for (int j = 0; j < 32; j++)
+                sumi += (int8_t)b[2 + j] * a->q[j];
+            acc += (float)sumi * (qmm_half(b) * a->d);
+        }
+        out[t] = acc;
+    }
+}
+
+static void dot_q4_0(int64_t K, const void *w, const struct qmm_act *x, int64_t xs, int nt,
+                     float *out)
+{
+    for (int t = 0; t < nt; t++) {
+        const uint8_t *b = w;
+        const struct qmm_act *a = x + t * xs;
+        float acc = 0.0f;
+        for (int64_t i = 0; i < K / 32; i++, b += 18, a++) {
+            int sumi = 0;
+            for (int j = 0; j < 16; j++)
+                sumi += ((b[2 + j] & 15) - 8) * a->q[j] + ((b[2 + j] >> 4) - 8) * a->q[j + 16];
+            acc += (float)sumi * (qmm_half(b) * a->d);
+        }
+        out[t] = acc;
+    }
+}
+
+static void dot_q4_k(int64_t K, const void *w, const struct qmm_act *x, int64_t xs, int nt,
+                     float *out)
+{
+    for (int t = 0; t < nt; t++) {
+        const uint8_t *b = w;
+        const struct qmm_act *a = x + t * xs;
+        float acc = 0.0f, mins = 0.0f;
+        for (int64_t i = 0; i < K / 256; i++, b += 144) {
+            float d = qmm_half(b), dmin = qmm_half(b + 2);
+            for (int c = 0; c < 4; c++) {
+                const uint8_t *q = b + 16 + 32 * c;
+                for (int h = 0; h < 2; h++, a++) {
+                    int sc, m, sumi = 0;
+                    qmm_scale_min_k4(2 * c + h, b + 4, &sc, &m);
+                    for (int l = 0; l < 32; l++)
+                        sumi += (h ? q[l] >> 4 : q[l] & 15) * a->q[l];
+                    acc += (float)sumi * (d * (float)sc * a->d);
+                    mins += dmin * (float)m * a->s;
+                }
+            }
+        }
+        out[t] = acc - mins;
+    }
+}
+
+static void dot_q6_k(int64_t K, const void *w, const struct qmm_act *x, int64_t xs, int nt,
+                     float *out)
+{
+    for (int t = 0; t < nt; t++) {
+        const uint8_t *b = w;
+        const struct qmm_act *a = x + t * xs;
+        float acc = 0.0f;
+        for (int64_t i = 0; i < K / 256; i++, b += 210) {
+            float d = qmm_half(b + 208);
+            for (int h = 0; h < 2; h++) {
+                const uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
+                const int8_t *sc = (const int8_t *)(b + 192 + 8 * h);
+                for (int g = 0; g < 4; g++, a++) {
+                    int sumi[2] = {0, 0};
+                    for (int l = 0; l < 32; l++) {
+                        int lo = g & 1 ? ql[l + 32] : ql[l];
+                        int q = ((g & 2 ? lo >> 4 : lo & 15) | ((qh[l] >> (2 * g)) & 3) << 4) - 32;
+                        sumi[l / 16] += q * a->q[l];
+                    }
+                    acc += (float)(sumi[0] * sc[2 * g] + sumi[1] * sc[2 * g + 1]) * (d * a->d);
+                }
+            }
+        }
+        out[t] = acc;
+    }
+}
+
+const struct qmm_kernels cpu_qmm_scalar = {.dot = {
+    [DTYPE_Q8_0] = dot_q8_0, [DTYPE_Q4_0] = dot_q4_0,
+    [DTYPE_Q4_K] = dot_q4_k, [DTYPE_Q6_K] = dot_q6_k,
+}};
+
+const struct qmm_kernels *cpu_qmm_kernels_for(enum cpu_matmul_level level)
+{
+    if (level >= CPU_MATMUL_AVX512 && cpu_features()->avx512_vnni)
+        return &cpu_qmm_avx512;
+    if (level >= CPU_MATMUL_AVX2)
+        return &cpu_qmm_avx2;
+    return &cpu_qmm_scalar;
+}
+
+/* ---- the generic path -------------------------------------------------- */
+
+/* A type without int8 kernels: each block of the row dequantized on the
+ * stack (never the whole matrix) and dotted with every token's f32 x, in
+ * block order and within a block in column order, whatever nt. */
+static void dot_generic(enum dtype dt, int64_t K, const void *w, const float *x, int nt,
+                        float *out)
+{
+    int qk = dtype_block_elems(dt);
+    size_t bytes = dtype_block_bytes(dt);
+    float blk[256];
+    float acc[QMM_MAX_T] = {0};
+    for (int64_t i = 0; i < K / qk; i++) {
+        quant_dequantize_row(dt, (const uint8_t *)w + (size_t)i * bytes, blk, qk);
+        for (int t = 0; t < nt; t++) {
+            const float *xt = x + t * K + i * qk;
+            float s = 0.0f;
+            for (int j = 0; j < qk; j++)
+                s += blk[j] * xt[j];
+            acc[t] += s;
+        }
+    }
+    for (int t = 0; t < nt; t++)
+        out[t] = acc[t];
+}
+
+/* ---- driver ------------------------------------------------------------ */
+
+/* Threads take chunks of the members' concatenated rows from a shared
+ * counter (as the dense GEMV does). Inside a chunk, tiles of rows are swept
+ * by groups of QMM_MAX_T tokens, so a prompt reads each tile from cache
+ * once per token group and DRAM once. */
+#define QMM_CHUNKS_PER_THREAD 8
+#define QMM_MIN_CHUNK_ROWS 16
+#define QMM_TILE_ROWS 16
+
+struct qmm_job {
+    const struct qmm_kernels *k;
+    const float *x;            /* T x K f32 (the generic path) */
+    const struct qmm_act *xa;  /* T x K / 32 blocks, or NULL: every type generic */
+    int64_t T, K;
+    enum dtype dtype;
+    size_t row_bytes;
+    struct {
+        const uint8_t *w;
+        int64_t N;
+        const float *bias;
+        float *y;
+    } m[CPU_MATMUL_MAX_GROUP];
+    int n;
+    int64_t total_rows, chunk_rows;
+    _Atomic int64_t next_row;
+};
+
+static void qmm_rows(const struct qmm_job *j, int i, int64_t r0, int64_t r1)
+{
+    qmm_dot_fn dot = j->xa ? j->k->dot[j->dtype] : NULL;
+    int64_t xs = j->K / QMM_ACT_ELEMS, N = j->m[i].N;
+    float out[QMM_MAX_T];
+    for (int64_t tr = r0; tr < r1; tr += QMM_TILE_ROWS) {
+        int64_t te = tr + QMM_TILE_ROWS < r1 ? tr + QMM_TILE_ROWS : r1;
+        for (int64_t t0 = 0; t0 < j->T; t0 += QMM_MAX_T) {
+            int nt = j->T - t0 < QMM_MAX_T ? (int)(j->T - t0) : QMM_MAX_T;
+            for (int64_t r = tr; r < te; r++) {
+                const uint8_t *w = j->m[i].w + (size_t)r * j->row_bytes;
+                if (dot)
+                    dot(j->K, w, j->xa + t0 * xs, xs, nt, out);
+                else
+                    dot_generic(j->dtype, j->K, w, j->x + t0 * j->K, nt, out);
+                float b = j->m[i].bias ? j->m[i].bias[r] : 0.0f;
+                for (int t = 0; t < nt; t++)
+                    j->m[i].y[(t0 + t) * N + r] = out[t] + b;
+            }
+        }
+    }
+}
+
+static void qmm_thread(void *ctx, int ith, int nth)
+{
+    struct qmm_job *j = ctx;
+    (void)ith;
+    (void)nth;
+    for (;;) {
+        int64_t b = atomic_fetch_add_explicit(&j->next_row, j->chunk_rows, memory_order_relaxed);
+        if (b >= j->total_rows)
+            return;
+        int64_t e = b + j->chunk_rows < j->total_rows ? b + j->chunk_rows : j->total_rows;
+        int64_t base = 0;
+        for (int i = 0; i < j->n && b < e; i++) {
+            int64_t r0 = b - base, r1 = e - base;
+            if (r0 < j->m[i].N && r1 > 0)
+                qmm_rows(j, i, r0 < 0 ? 0 : r0, r1 > j->m[i].N ? j->m[i].N : r1);
+            base += j->m[i].N;
+        }
+    }
+}
+
+void cpu_qmm_scratch_free(struct qmm_scratch *s)
+{
+    free(s->act);
+    s->act = NULL;
+    s->act_blocks = 0;
+}
+
+/* Room for n activation blocks; false when memory is short. */
+static bool reserve_act(struct qmm_scratch *s, size_t n)
+{
+    if (n <= s->act_blocks)
+        return true;
+    void *p = aligned_alloc(64, (n * sizeof(struct qmm_act) + 63) / 64 * 64);
+    if (!p)
+        return false;
+    free(s->act);
+    s->act = p;
+    s->act_blocks = n;
+    return true;
+}
+
+void cpu_qmm_run(struct threadpool *pool, const struct qmm_kernels *k, struct qmm_scratch *s,
+                 const float *x, int64_t T, int n, const struct weight_matrix *const *w,
+                 const float *const *bias, float *const *y)
+{
+    int64_t K = w[0]->cols;
+    struct qmm_job job = {.k = k, .x = x, .T = T, .K = K, .dtype = w[0]->dtype, .n = n,
+                          .row_bytes = (size_t)dtype_row_bytes(w[0]->dtype, (uint64_t)K)};
+    atomic_init(&job.next_row, 0);
+    for (int i = 0; i < n; i++) {
+        job.m[i].w = w[i]->data;
+        job.m[i].N = w[i]->rows;
+        job.m[i].bias = bias[i];
+        job.m[i].y = y[i];
+        job.total_rows += w[i]->rows;
+    }
+    /* Out of memory for the int8 x, every type takes the generic path. */
+    size_t blocks = (size_t)T * (size_t)(K / QMM_ACT_ELEMS);
+    if (k->dot[job.dtype] && reserve_act(s, blocks)) {
+        cpu_qmm_quantize_x(x, T * K, s->act);
+        job.xa = s->act;
+    }
+    int64_t chunk = job.total_rows / ((int64_t)threadpool_size(pool) * QMM_CHUNKS_PER_THREAD);
+    chunk = chunk < QMM_MIN_CHUNK_ROWS ? QMM_MIN_CHUNK_ROWS : chunk;
+    job.chunk_rows = (chunk + QMM_MIN_CHUNK_ROWS - 1) / QMM_MIN_CHUNK_ROWS * QMM_MIN_CHUNK_ROWS;
+    threadpool_run(pool, qmm_thread, &job);
+}
