@@ -301,6 +301,9 @@ if has_stage structured; then
     add_tokenizer "$preset" "$dir"
     echo "== structured: $preset, a JSON schema against the same prompt unconstrained, batch 1"
     timeout 600 python3 bench/structured_bench.py "$bin"/inferd "$dir" --device cuda --rounds 5
+    echo "== structured: $preset, the same without jump-forward (the masks' cost alone)"
+    timeout 600 python3 bench/structured_bench.py "$bin"/inferd "$dir" --device cuda --rounds 5 \
+      --server-arg=--no-jump-forward
   done
 fi
 

@@ -228,7 +228,7 @@ int generation_start(const struct http_exchange *x, const struct gen_request *re
     }
     if (grammar) {
         p.grammar = grammar;
-        p.jump_forward = true;
+        p.jump_forward = !srv->no_jump_forward;
         /* Thinking asked for: the reply thinks first (within a budget), then the grammar. */
         if (req->kind == GEN_REQUEST_CHAT && prompt_thinking_asked(req) &&
             prompt_model_thinks(srv->tok)) {

@@ -82,6 +82,8 @@ struct server {
                                          (api/response_store.h); NULL: none are kept */
     struct grammar_cache *grammars;   /* borrowed; compiled structured-output grammars
                                          (api/structured.h); NULL: structured output refused */
+    bool no_jump_forward;             /* --no-jump-forward: forced text is sampled token by
+                                         token like any other (the masks' cost, measured alone) */
     const struct webui_assets *webui; /* borrowed; the chat page's files (api/webui.h); NULL:
                                          --no-webui */
     struct transcriber *transcriber;  /* borrowed; the Whisper model (engine/transcribe.h); NULL:

@@ -74,6 +74,7 @@ struct serve_options {
     long generation_checkpoint;     /* --generation-checkpoint N; 0: none */
     enum kv_tier_restore ssd_restore; /* --ssd-restore auto|always|never */
     bool no_webui;                  /* --no-webui: no chat page at / */
+    bool no_jump_forward;           /* --no-jump-forward: structured output samples forced text */
     const char *whisper_dir;        /* --whisper-model DIR; NULL: the audio routes answer 503 */
     long whisper_idle_unload_s;     /* --whisper-idle-unload S (default 300; 0: never) */
     bool whisper_resident;          /* --whisper-resident: loaded at start, never unloaded */
@@ -89,6 +90,7 @@ static const char usage[] =
     "       [--kv-block-size 16] [--kv-budget GB] [--memory-budget GB] [--prompt-cache GIB]\n"
     "       [--cache-retention lru|cost-size] [--session-idle-s 600] [--thinking on|off]\n"
     "       [--response-store-mb 64] [--response-store-ttl-s 3600] [--grammar-cache 64]\n"
+    "       [--no-jump-forward]\n"
     "       [--ssd-cache DIR [--ssd-cache-max GIB] [--ssd-cache-verify] [--ssd-demote-idle 300]\n"
     "        [--ssd-restore auto|always|never] [--generation-checkpoint N]]\n"
     "       [--draft-model DIR] [--draft-kind two-model|ngram] [--num-draft-tokens K]\n"
@@ -125,6 +127,8 @@ static const char usage[] =
     "decode speed.\n"
     "--grammar-cache N (default 64) keeps the N most recently used compiled structured-output\n"
     "grammars (response_format schemas, guided_*, forced tool calls), so a repeated one compiles once.\n"
+    "--no-jump-forward samples the text a grammar forces token by token instead of appending it\n"
+    "as a prefill chunk (to measure the token masks' cost alone).\n"
     "--prompt-cache GIB (binary GiB, default 8; 0 turns the prefix cache off) caps the\n"
     "KV that finished requests leave for the next ones with the same prefix; without\n"
     "--kv-mb or --memory-budget the KV pool grows by it (up to a quarter of physical memory).\n"
@@ -181,6 +185,10 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
         }
         if (!strcmp(a, "--ssd-cache-verify")) { /* the flags without a value */
             o->ssd_verify = o->ssd_flag_seen = true;
+            continue;
+        }
+        if (!strcmp(a, "--no-jump-forward")) {
+            o->no_jump_forward = true;
             continue;
         }
         if (!strcmp(a, "--no-webui")) {
@@ -687,6 +695,7 @@ int cmd_serve(int argc, char **argv)
         goto out;
     }
     srv.grammars = grammars;
+    srv.no_jump_forward = o.no_jump_forward;
 
     struct engine_config ec;
     engine_sizes(&o, m, &srv.fit, &ec);
