@@ -46,6 +46,7 @@ struct http_daemon {
     pthread_cond_t ws_cv;        /* signalled when a WebSocket session ends */
     struct ws_session *sessions; /* live WebSocket sessions, under ws_mu */
     bool ws_closing;             /* under ws_mu: http_stop is ending every session */
+    int ws_upgrading;            /* under ws_mu: 101s queued whose upgrade has not run yet */
 };
 
 /* A WebSocket session on its own thread, from the upgrade until its run returns. */
@@ -511,7 +512,11 @@ static void on_upgrade(void *cls, struct MHD_Connection *conn, void *req_cls, co
         free(s);
         free(early);
         rs->ws.release(rs->ws.ctx);
+        pthread_mutex_lock(&d->ws_mu);
+        d->ws_upgrading--;
         MHD_upgrade_action(urh, MHD_UPGRADE_ACTION_CLOSE);
+        pthread_cond_broadcast(&d->ws_cv);
+        pthread_mutex_unlock(&d->ws_mu);
         return;
     }
     if (extra_in_size)
@@ -519,6 +524,7 @@ static void on_upgrade(void *cls, struct MHD_Connection *conn, void *req_cls, co
     *s = (struct ws_session){.d = d, .ws = rs->ws, .fd = sock, .early = early,
                              .n_early = extra_in_size, .urh = urh};
     pthread_mutex_lock(&d->ws_mu);
+    d->ws_upgrading--;
     s->next = d->sessions;
     if (d->sessions)
         d->sessions->prev = s;
@@ -608,6 +614,11 @@ void http_send_websocket(struct http_exchange *x, struct http_websocket ws)
     MHD_add_response_header(r, "Sec-WebSocket-Accept", accept);
     x->state->ws = ws;
     x->state->ws_pending = true;
+    /* http_stop waits for the upgrade (or the request's end) before stopping the daemon: the
+     * client may see the 101 before the session exists. */
+    pthread_mutex_lock(&x->state->d->ws_mu);
+    x->state->d->ws_upgrading++;
+    pthread_mutex_unlock(&x->state->d->ws_mu);
     /* The session owns the connection from the upgrade on: no request deadline applies. */
     struct conn_watch *w = watch_of(x->conn);
     if (w) {
@@ -697,8 +708,13 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     struct http_daemon *d = cls;
     struct request_state *rs = *con_cls;
     if (rs) {
-        if (rs->ws_pending)
+        if (rs->ws_pending) { /* queued a 101 that never ran its upgrade */
             rs->ws.release(rs->ws.ctx);
+            pthread_mutex_lock(&d->ws_mu);
+            d->ws_upgrading--;
+            pthread_cond_broadcast(&d->ws_cv);
+            pthread_mutex_unlock(&d->ws_mu);
+        }
         strbuf_free(&rs->body);
         multipart_free(&rs->form);
         free(rs);
@@ -866,10 +882,13 @@ void http_stop(struct http_daemon *d)
      * return and hand the connections back (MHD_upgrade_action needs the daemon alive). */
     pthread_mutex_lock(&d->ws_mu);
     d->ws_closing = true;
-    for (struct ws_session *s = d->sessions; s; s = s->next)
-        shutdown(s->fd, SHUT_RDWR);
-    while (d->sessions)
+    for (;;) {
+        for (struct ws_session *s = d->sessions; s; s = s->next)
+            shutdown(s->fd, SHUT_RDWR);
+        if (!d->sessions && d->ws_upgrading == 0)
+            break;
         pthread_cond_wait(&d->ws_cv, &d->ws_mu);
+    }
     pthread_mutex_unlock(&d->ws_mu);
     MHD_stop_daemon(d->mhd);
     pthread_mutex_destroy(&d->watch_mu);
