@@ -577,7 +577,7 @@ void api_metrics_stats_json(const struct server *srv, struct strbuf *out)
                                json_object_new_int64((int64_t)st.kv_budget_bytes));
         json_object_object_add(root, "batch", batch);
 
-        /* The KV cache's format, named by mlx-bun's cache keys. */
+        /* The KV cache's format, named by its cache key (kv_format_name). */
         json_object *kq = json_object_new_object();
         json_object_object_add(kq, "mode", json_object_new_string(st.kv_quant));
         json_object_object_add(kq, "bytes_per_token",

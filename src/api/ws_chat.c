@@ -1,5 +1,5 @@
 /* api/ws_chat.c — WS /ws/chat: one conversation per WebSocket connection, each turn a chat
- * generation through api/generation.h, streamed back as mlx-bun's frames. */
+ * generation through api/generation.h, streamed back as the protocol's frames. */
 #include "api/ws_chat.h"
 
 #include <json-c/json.h>

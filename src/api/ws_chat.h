@@ -1,5 +1,5 @@
 /* api/ws_chat.h — WS /ws/chat: a chat session over a WebSocket, for clients written against
- * mlx-bun's web chat endpoint. One conversation per connection, kept by the server while the
+ * that chat socket protocol. One conversation per connection, kept by the server while the
  * connection lives; every turn runs through api/generation.h like POST /v1/chat/completions.
  *
  * Frames (JSON text messages), server to client:

@@ -71,7 +71,7 @@ size_t kv_format_bytes_per_token(const struct model_config *c, const struct kv_f
 size_t kv_format_bytes_per_block(const struct model_config *c, const struct kv_format *f,
                                  int block_size);
 
-/* The cache key of the format, as mlx-bun names them: "bf16" (or "f32",
+/* The cache key of the format, as clients of local servers know them: "bf16" (or "f32",
  * "f16"), "kv8", "kv4" (group 64; "kv8g32" at group 32), "turbo-k8v3"
  * ("-qjl" with the QJL residual), "config" for a per-layer config. */
 void kv_format_name(const struct kv_format *f, char *buf, size_t cap);

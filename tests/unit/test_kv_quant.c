@@ -41,7 +41,7 @@ Test(kv_quant, lloyd_max_three_bit_book_is_the_gaussian_one)
             cr_assert_gt(cb.levels[b][i], cb.levels[b][i - 1], "%d-bit book ascends", b);
 }
 
-Test(kv_quant, flag_values_name_mlx_bun_cache_keys_and_bytes_per_token)
+Test(kv_quant, flag_values_name_the_cache_keys_and_bytes_per_token)
 {
     struct model_config c = {.n_layers = 28, .n_kv_heads = 8, .head_dim = 128, .n_heads = 16};
     static const struct {
