@@ -27,6 +27,8 @@ int cli_spec_flag(const char *a, const char *v, struct cli_spec_options *o)
         return arg_int(a, v, 1, 64, &o->ngram_max) ? 1 : -1;
     if (!strcmp(a, "--ngram-min"))
         return arg_int(a, v, 1, 64, &o->ngram_min) ? 1 : -1;
+    if (!strcmp(a, "--spec-max-batch"))
+        return arg_int(a, v, 1, 1 << 16, &o->max_batch) ? 1 : -1;
     return 0;
 }
 
@@ -43,6 +45,7 @@ int cli_spec_load(const struct cli_spec_options *o, const struct model *target,
     out->num_draft_tokens = (int)o->num_draft_tokens;
     out->ngram_max = (int)o->ngram_max;
     out->ngram_min = (int)o->ngram_min;
+    out->max_batch = o->max_batch ? (int)o->max_batch : SPEC_MAX_BATCH_DEFAULT;
     if (ngram && o->draft_dir)
         return err_set(err, INFERD_EINVAL,
                        "--draft-kind ngram drafts from the prompt and takes no --draft-model");

@@ -42,6 +42,7 @@ int sched_init(struct sched *sc, const struct model *m, const struct sched_confi
     if (rc == 0 && cfg->spec && cfg->spec->kind != SPEC_NONE) {
         rc = spec_drafter_create(cfg->spec, cfg->max_seqs, cfg->n_ctx, cfg->max_step_tokens,
                                  &sc->spec, err);
+        sc->spec_max_batch = cfg->spec->max_batch;
         if (rc == 0 && !(sc->spec_seqs = calloc(n, sizeof *sc->spec_seqs)))
             rc = err_set(err, INFERD_ENOMEM, "out of memory for the engine's buffers");
         rows = n * (size_t)(1 + spec_drafter_max(sc->spec));

@@ -45,6 +45,7 @@ struct sched {
                                       most drafts) with speculation: a verify entry's rows) */
     struct spec_drafter *spec;     /* owned; NULL: no speculation */
     struct seq **spec_seqs;        /* owned; max_seqs: the step's sequences that may draft */
+    int spec_max_batch;            /* spec_config.max_batch: more decoding, no drafts; 0: any */
     struct sample_spec *specs;     /* owned; max_seqs: the step's picks, for a sampling backend */
     struct sample_result *results; /* owned; max_seqs */
     /* A step holds the running sequences and the finishing ones: */

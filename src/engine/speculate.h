@@ -35,6 +35,8 @@ enum spec_kind {
 typedef int (*spec_draft_fn)(void *ctx, const int32_t *tokens, int n, int32_t *out, int cap);
 
 #define SPEC_MAX_DRAFTS 16
+/* Sequences decoding in a step above which it runs without drafts, unless configured. */
+#define SPEC_MAX_BATCH_DEFAULT 4
 #define SPEC_DRAFTS_TWO_MODEL 3 /* --num-draft-tokens' default per kind */
 #define SPEC_DRAFTS_NGRAM 10
 #define SPEC_DRAFTS_START 3     /* a sequence's first number of drafts (adaptive after) */
@@ -47,6 +49,9 @@ struct spec_config {
     int num_draft_tokens;      /* most drafts per verification, [1, SPEC_MAX_DRAFTS]; 0: the
                                   kind's default */
     int ngram_max, ngram_min;  /* prompt lookup's match lengths, 1 <= min <= max; 0: 3 and 1 */
+    int max_batch;             /* drafts only in steps where at most this many sequences decode
+                                  (a verifying step picks every row on the host, and extra rows
+                                  cost a full batch more than they save); 0: any number */
     spec_draft_fn draft_fn;    /* SPEC_CALLBACK only, with its draft_ctx */
     void *draft_ctx;
 };

@@ -57,14 +57,17 @@ static enum gen_finish take_row(struct sched *sc, struct seq *s, size_t row, boo
  * failed draft forward costs only the drafts: the step goes on without them. */
 static void propose(struct sched *sc)
 {
-    int m = 0;
+    int m = 0, decoding = 0;
     for (int i = 0; i < sc->n_running; i++) {
         struct seq *s = sc->running[i];
         s->spec.n_drafts = 0;
+        decoding += s->n_tokens - s->n_computed == 1;
         if (s->spec.on && s->sampler && !s->loading && !s->continues &&
             s->n_tokens - s->n_computed == 1)
             sc->spec_seqs[m++] = s;
     }
+    if (sc->spec_max_batch > 0 && decoding > sc->spec_max_batch)
+        return; /* a full batch: plain decoding steps (picked on the device where it samples) */
     struct err err = {0};
     uint64_t before = spec_drafter_steps(sc->spec);
     if (m > 0 && spec_propose(sc->spec, sc->spec_seqs, m, sc->cfg.n_ctx, &err) < 0)

@@ -769,3 +769,46 @@ Test(speculate, grammar_constrained_output_equals_plain_decoding, .timeout = 120
     free(prompt);
     pair_close(&p);
 }
+
+/* ---- a full batch decodes without drafts ------------------------------------ */
+
+/* All requests at once, then the engine's verify steps. */
+static uint64_t verify_steps_together(struct pair *p, const struct requests *q, int max_batch,
+                                      struct result out[N_REQ])
+{
+    struct err err = {0};
+    struct spec_config c = {.kind = SPEC_TWO_MODEL, .draft = p->target, .num_draft_tokens = 3,
+                            .max_batch = max_batch};
+    struct engine *e = engine_for(p, &c, 0);
+    struct gen_output *o[N_REQ];
+    for (int i = 0; i < N_REQ; i++) {
+        struct gen_params gp = params_of(q, i, GEN);
+        cr_assert_eq(engine_submit(e, &gp, &o[i], &err), 0, "%s", err.msg);
+    }
+    for (int i = 0; i < N_REQ; i++)
+        collect(o[i], &out[i]);
+    struct engine_stats st;
+    engine_get_stats(e, &st);
+    engine_free(e);
+    return st.spec_verify_steps;
+}
+
+Test(speculate, steps_with_more_decoding_sequences_than_max_batch_run_without_drafts,
+     .timeout = 120)
+{
+    struct pair p;
+    pair_open_tiny(&p, "tiny-qwen3", 6);
+    struct requests q;
+    make_requests(&q, 4000, 777);
+    struct result any[N_REQ], capped[N_REQ];
+    /* the target as its own draft: every step that may draft does */
+    uint64_t all = verify_steps_together(&p, &q, 0, any);
+    uint64_t few = verify_steps_together(&p, &q, 1, capped);
+    for (int i = 0; i < N_REQ; i++)
+        expect_same(&any[i], &capped[i], "max_batch 1", i);
+    cr_assert_gt(all, 0);
+    /* six sequences decode together most of the time: only the steps where one is left draft */
+    cr_assert_lt(few * 3, all, "max_batch 1: %llu verify steps, unlimited %llu",
+                 (unsigned long long)few, (unsigned long long)all);
+    pair_close(&p);
+}
