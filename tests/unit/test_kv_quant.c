@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "backend/kv_quant.h"
+#include "base/cpu.h"
 #include "kv/kv.h"
 #include "kv/kv_quant_config.h"
 #include "model/model.h"
@@ -311,6 +312,92 @@ Test(kv_quant, fused_attention_equals_dequantize_then_attend_on_every_tiny_archi
     for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++)
         for (int f = 0; parity_formats[f]; f++)
             check_parity(&extra[i], parity_formats[f], 2e-5f * 64);
+}
+
+/* The same store and attention calls on a backend capped at AVX2 and on one
+ * with AVX-512: the same bytes stored and the same output bits. */
+static void check_isa_identity(const struct parity_case *pc, const char *format)
+{
+    struct kv_quant q = quant_of(format);
+    if (q.layer[0].scheme == KV_QUANT_AFFINE && pc->head_dim % q.layer[0].group_size)
+        return;
+    struct err err = {0};
+    struct backend *be[2];
+    cr_assert_eq(backend_cpu_create(&(struct backend_options){.threads = 2, .kv_quant = &q,
+                                                              .cpu_isa = CPU_ISA_AVX2},
+                                    &be[0], &err),
+                 0, "%s", err.msg);
+    cr_assert_eq(backend_cpu_create(&(struct backend_options){.threads = 2, .kv_quant = &q,
+                                                              .cpu_isa = CPU_ISA_AVX512},
+                                    &be[1], &err),
+                 0, "%s", err.msg);
+    int hd = pc->head_dim, kvh = pc->n_kv_heads, nh = pc->n_heads, n_blocks = 12;
+    size_t kv_dim = (size_t)kvh * hd, q_dim = (size_t)nh * hd;
+    struct kv_format f = kv_format_of_backend(be[0]);
+    struct model_config c = {.n_layers = 1, .n_kv_heads = kvh, .head_dim = hd, .n_heads = nh};
+    size_t krow = kv_format_row_bytes(&c, &f, false), vrow = kv_format_row_bytes(&c, &f, true);
+    size_t slots = (size_t)n_blocks * PAR_BLOCK;
+    struct kv_cache kc[2];
+    for (int i = 0; i < 2; i++)
+        kc[i] = (struct kv_cache){.k = be[i]->ops->alloc(be[i], slots * krow),
+                                  .v = be[i]->ops->alloc(be[i], slots * vrow), .dtype = DTYPE_F32,
+                                  .n_layers = 1, .n_blocks = n_blocks, .block_size = PAR_BLOCK,
+                                  .n_kv_heads = kvh, .head_dim = hd, .quant = be[i]->kv_quant,
+                                  .k_row_bytes = krow, .v_row_bytes = vrow};
+    static const uint32_t t0[] = {0, 3, 6, 9}, t1[] = {1, 4}, t2[] = {2, 5, 7};
+    const uint32_t *tables[3] = {t0, t1, t2};
+    int n_tables[3] = {4, 2, 3}, lens[3] = {37, 5, 20};
+    uint64_t seed = 0x77 + (uint64_t)hd;
+    for (int step = 0; step < 2; step++) {
+        struct attn_span spans[3];
+        int rows = 0;
+        for (int s = 0; s < 3; s++) {
+            int n = step == 0 ? lens[s] : 1, pos0 = step == 0 ? 0 : lens[s];
+            spans[s] = (struct attn_span){rows, n, pos0, tables[s], n_tables[s]};
+            rows += n;
+        }
+        float *k = malloc((size_t)rows * kv_dim * 4), *v = malloc((size_t)rows * kv_dim * 4);
+        float *qv = malloc((size_t)rows * q_dim * 4);
+        float *out[2] = {malloc((size_t)rows * q_dim * 4), malloc((size_t)rows * q_dim * 4)};
+        for (size_t i = 0; i < (size_t)rows * kv_dim; i++) {
+            k[i] = frand(&seed) * (i % (size_t)hd == 3 ? 8.0f : 1.0f);
+            v[i] = frand(&seed);
+        }
+        for (size_t i = 0; i < (size_t)rows * q_dim; i++)
+            qv[i] = frand(&seed);
+        for (int i = 0; i < 2; i++) {
+            be[i]->ops->kv_store(be[i], &kc[i], 0, k, v, spans, 3);
+            be[i]->ops->attention(be[i], qv, &kc[i], 0, spans, 3, nh, 1.0f / sqrtf((float)hd),
+                                  pc->sliding_window, out[i]);
+        }
+        cr_expect(!memcmp(kc[0].k, kc[1].k, slots * krow) && !memcmp(kc[0].v, kc[1].v, slots * vrow),
+                  "%s %s: the same records stored", pc->name, format);
+        cr_expect(!memcmp(out[0], out[1], (size_t)rows * q_dim * 4),
+                  "%s %s %s: AVX-512 attention gives the AVX2 bits", pc->name, format,
+                  step ? "decode" : "prefill");
+        free(k);
+        free(v);
+        free(qv);
+        free(out[0]);
+        free(out[1]);
+    }
+    for (int i = 0; i < 2; i++) {
+        be[i]->ops->release(be[i], kc[i].k);
+        be[i]->ops->release(be[i], kc[i].v);
+        backend_destroy(be[i]);
+    }
+}
+
+Test(kv_quant, avx512_attention_gives_the_avx2_bits_for_every_format)
+{
+    const struct cpu_features *cf = cpu_features();
+    if (!(cf->avx512f && cf->avx512bw && cf->avx512vl))
+        cr_skip_test("this CPU lacks AVX-512: only the AVX2 kernel runs here");
+    struct parity_case cases[] = {{4, 2, 64, 0, "gqa-2"}, {6, 2, 96, 0, "head_dim-96"},
+                                  {8, 1, 128, 11, "gqa-8-sliding"}, {2, 2, 256, 0, "head_dim-256"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        for (int f = 0; parity_formats[f]; f++)
+            check_isa_identity(&cases[i], parity_formats[f]);
 }
 
 Test(kv_quant, rotation_is_orthonormal_for_block_diagonal_head_dims)
