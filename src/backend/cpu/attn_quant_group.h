@@ -10,7 +10,7 @@
  * last_pos], a block at a time with a running softmax: each K and V record is
  * decoded once into a row of floats and used by the whole group. */
 static void QA_GROUP(const struct qattn_job *job, const struct attn_span *sp, int row,
-                         int kv_head)
+                     int kv_head)
 {
     const struct kv_cache *kv = job->kv;
     const struct kv_quant_layer *l = kvq_layer(kv->quant, job->layer);
