@@ -208,12 +208,27 @@ KVQ_FN uint64_t kvq_mix64(uint64_t z)
     return z ^ (z >> 31);
 }
 
+/* The signs of coordinates 64 * (d >> 6) .. + 63, one bit each (set: -1). */
+KVQ_FN uint64_t kvq_sign_word(uint64_t seed, int which, int layer, int d)
+{
+    return kvq_mix64(seed ^ kvq_mix64(((uint64_t)which << 40) ^ ((uint64_t)layer << 20) ^
+                                      (uint64_t)(d >> 6) ^ 0x9e3779b97f4a7c15ull));
+}
+
 /* which: 0 keys, 1 values, 2 the QJL rotation. +1 or -1. */
 KVQ_FN float kvq_sign(uint64_t seed, int which, int layer, int d)
 {
-    uint64_t w = kvq_mix64(seed ^ kvq_mix64(((uint64_t)which << 40) ^ ((uint64_t)layer << 20) ^
-                                            (uint64_t)(d >> 6) ^ 0x9e3779b97f4a7c15ull));
-    return ((w >> (d & 63)) & 1) ? -1.0f : 1.0f;
+    return ((kvq_sign_word(seed, which, layer, d) >> (d & 63)) & 1) ? -1.0f : 1.0f;
+}
+
+/* x[d] *= kvq_sign(..., d) for d < n, each 64 signs drawn once. */
+KVQ_FN void kvq_apply_signs(float *x, int n, uint64_t seed, int which, int layer)
+{
+    for (int d0 = 0; d0 < n; d0 += 64) {
+        uint64_t w = kvq_sign_word(seed, which, layer, d0);
+        for (int d = d0; d < n && d < d0 + 64; d++)
+            x[d] *= ((w >> (d & 63)) & 1) ? -1.0f : 1.0f;
+    }
 }
 
 /* In-place orthonormal Walsh–Hadamard transform of x[0, n), block-diagonal. */
@@ -242,8 +257,7 @@ KVQ_FN void kvq_fwht(float *x, int n)
 /* y = R x in place (signs, then H). */
 KVQ_FN void kvq_rotate(float *x, int n, uint64_t seed, int which, int layer)
 {
-    for (int d = 0; d < n; d++)
-        x[d] *= kvq_sign(seed, which, layer, d);
+    kvq_apply_signs(x, n, seed, which, layer);
     kvq_fwht(x, n);
 }
 
@@ -251,8 +265,7 @@ KVQ_FN void kvq_rotate(float *x, int n, uint64_t seed, int which, int layer)
 KVQ_FN void kvq_unrotate(float *x, int n, uint64_t seed, int which, int layer)
 {
     kvq_fwht(x, n);
-    for (int d = 0; d < n; d++)
-        x[d] *= kvq_sign(seed, which, layer, d);
+    kvq_apply_signs(x, n, seed, which, layer);
 }
 
 /* ---- Lloyd–Max codebooks for N(0, 1) ------------------------------------------------
@@ -299,17 +312,13 @@ static inline void kvq_codebooks_init(struct kvq_codebooks *cb)
     }
 }
 
-/* The level index nearest v among 2^bits levels (binary search on bounds). */
+/* The level index nearest v among 2^bits levels: how many of the ascending
+ * bounds v is above (a branchless binary search; NaN is above none). */
 KVQ_FN int kvq_nearest(const float *bounds, int bits, float v)
 {
-    int lo = 0, hi = (1 << bits) - 1;
-    while (lo < hi) {
-        int mid = (lo + hi) >> 1;
-        if (v > bounds[mid])
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
+    int lo = 0;
+    for (int step = 1 << (bits - 1); step >= 1; step >>= 1)
+        lo += v > bounds[lo + step - 1] ? step : 0;
     return lo;
 }
 
