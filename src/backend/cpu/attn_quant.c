@@ -84,8 +84,7 @@ static inline __m256i codes8(const uint8_t *codes, int d, int bits)
             c[i] = kvq_get_code(codes, d + i, 5);
         return _mm256_loadu_si256((const __m256i *)c);
     }
-    uint32_t w = 0;
-    memcpy(&w, codes + d * bits / 8, (size_t)bits); /* eight codes fill `bits` bytes */
+    uint32_t w = (uint32_t)qattn_load_le(codes + d * bits / 8, bits); /* eight codes fill `bits` bytes */
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     __m256i shift = _mm256_mullo_epi32(lane, _mm256_set1_epi32(bits));
     return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)w), shift),

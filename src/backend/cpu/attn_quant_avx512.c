@@ -18,8 +18,7 @@ static inline __m512i codes16(const uint8_t *codes, int d, int bits)
     }
     /* sixteen codes fill 2 * bits <= 8 bytes: the first eight in the low
      * 8 * bits, the rest above; each half broadcast to eight lanes */
-    uint64_t w = 0;
-    memcpy(&w, codes + d * bits / 8, (size_t)(2 * bits));
+    uint64_t w = qattn_load_le(codes + d * bits / 8, 2 * bits);
     uint32_t lo = (uint32_t)(w & ((1ull << (8 * bits)) - 1)), hi = (uint32_t)(w >> (8 * bits));
     __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32((int)lo)),
                                       _mm256_set1_epi32((int)hi), 1);

@@ -2,6 +2,8 @@
 #ifndef INFERD_BACKEND_CPU_ATTN_QUANT_KERNELS_H
 #define INFERD_BACKEND_CPU_ATTN_QUANT_KERNELS_H
 
+#include <string.h>
+
 #include "backend/cpu/cpu_internal.h"
 
 #define QATTN_MAX_HEAD_DIM 512
@@ -28,6 +30,24 @@ static inline size_t row_offset(const struct kv_cache *kv, int layer, uint32_t b
 {
     return (((size_t)layer * kv->n_blocks + block) * kv->block_size + slot) *
            kv_cache_row_bytes(kv, v);
+}
+
+/* n (2 to 8) bytes at p, little-endian: a fixed-size copy per case, so no
+ * call to memcpy in the decoders' inner loops, and no byte past p + n read. */
+static inline uint64_t qattn_load_le(const uint8_t *p, int n)
+{
+    uint64_t w = 0;
+    switch (n) {
+    case 2: memcpy(&w, p, 2); break;
+    case 3: memcpy(&w, p, 3); break;
+    case 4: memcpy(&w, p, 4); break;
+    case 6: memcpy(&w, p, 6); break;
+    case 8: memcpy(&w, p, 8); break;
+    default:
+        for (int i = 0; i < n; i++)
+            w |= (uint64_t)p[i] << (8 * i);
+    }
+    return w;
 }
 
 /* threadpool_run bodies: thread ith of nth takes every nth (row, kv head)
