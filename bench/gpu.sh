@@ -50,7 +50,7 @@
 #   With no stage named, parity, bench and 8k run.
 #
 # Binaries come from .bundle/bin (scripts/bundle-libs.sh .bundle build/inferd
-# build/test_cuda_parity build/test_cuda_sampling, libraries in .bundle/lib, or the same packed as
+# build/test_cuda_parity build/test_cuda_sampling build/test_cuda_kv_quant, libraries in .bundle/lib, or the same packed as
 # .bundle/bundle.tar.xz) when present, else from
 # build/ (configure with nvcc on the PATH). cuBLASLt is taken from the
 # machine's CUDA toolkit. Models are written to $INFERD_MODELS (default
@@ -106,6 +106,10 @@ if has_stage parity; then
   timeout 300 "$bin"/test_cuda_parity --verbose=1 --jobs=1 2>&1 | grep -E "cuda |PASS|FAIL|SKIP|Synthesis|expected|assert|signal|Crash|error" 
   echo "-- sampling on the GPU against the host sampler (tests/unit/test_cuda_sampling.c)"
   timeout 300 "$bin"/test_cuda_sampling --verbose=1 --jobs=1 2>&1 | grep -E "cuda |PASS|FAIL|SKIP|Synthesis|expected|assert|signal|Crash|error"
+  if [ -x "$bin"/test_cuda_kv_quant ]; then
+    echo "-- quantized KV caches against the CPU backend's (tests/unit/test_cuda_kv_quant.c)"
+    timeout 900 "$bin"/test_cuda_kv_quant --verbose=1 --jobs=1 2>&1 | grep -E "PASS|FAIL|SKIP|Synthesis|expected|assert|signal|Crash|error"
+  fi
   echo "parity: $(awk "BEGIN { printf \"%.1f\", $(date +%s.%N) - $start }") s"
 fi
 

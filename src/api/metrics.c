@@ -132,6 +132,9 @@ static void ssd_cache_prometheus(const struct kv_tier_stats *t, struct strbuf *o
          (double)t->demoted},
         {"evicted_blocks_total", "counter", "Blocks removed from disk to stay under the cap.",
          (double)s->evicted_blocks},
+        {"cold_bytes_saved_total", "counter",
+         "Bytes --ssd-kv-format's colder format kept off the disk (live block bytes less stored).",
+         (double)t->cold_bytes_saved},
     };
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
         strbuf_printf(out, "# HELP inferd_ssd_cache_%s %s\n# TYPE inferd_ssd_cache_%s %s\n"
@@ -203,9 +206,14 @@ static json_object *ssd_cache_json(const struct kv_tier_stats *t)
         {"torn_tails", s->torn_tails},
         {"evicted_blocks", s->evicted_blocks},
         {"demoted", t->demoted},
+        {"cold_blocks", t->cold_blocks},
+        {"cold_bytes_saved", t->cold_bytes_saved},
     };
     for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++)
         json_object_object_add(o, counts[i].name, json_object_new_int64((int64_t)counts[i].value));
+    /* --ssd-kv-format: the disk's format (null: the live one) */
+    json_object_object_add(o, "kv_format",
+                           t->cold_format[0] ? json_object_new_string(t->cold_format) : NULL);
     struct {
         const char *name;
         double value;

@@ -68,6 +68,23 @@ KVQ_FN const struct kv_quant_layer *kvq_layer(const struct kv_quant *q, int laye
     return &q->layer[q->n_layers > 0 ? layer : 0];
 }
 
+/* Whether both backends' kernels read l: affine 4 or 8 bits alike in groups
+ * of 32 or 64; TurboQuant 2, 3, 4, 5 or 8 bits each, QJL with 3 to 5 key bits. */
+KVQ_FN bool kvq_layer_readable(const struct kv_quant_layer *l)
+{
+    if (l->scheme == KV_QUANT_AFFINE)
+        return (l->k_bits == 4 || l->k_bits == 8) && l->v_bits == l->k_bits &&
+               (l->group_size == 32 || l->group_size == 64);
+    if (l->scheme == KV_QUANT_TURBO) {
+        bool k = l->k_bits == 2 || l->k_bits == 3 || l->k_bits == 4 || l->k_bits == 5 ||
+                 l->k_bits == 8;
+        bool v = l->v_bits == 2 || l->v_bits == 3 || l->v_bits == 4 || l->v_bits == 5 ||
+                 l->v_bits == 8;
+        return k && v && (!l->qjl || (l->k_bits >= 3 && l->k_bits <= 5));
+    }
+    return l->scheme == KV_QUANT_NONE;
+}
+
 /* Bits per code as stored (QJL keys give one to the residual). */
 KVQ_FN int kvq_code_bits(const struct kv_quant_layer *l, bool v)
 {
@@ -191,12 +208,27 @@ KVQ_FN uint64_t kvq_mix64(uint64_t z)
     return z ^ (z >> 31);
 }
 
+/* The signs of coordinates 64 * (d >> 6) .. + 63, one bit each (set: -1). */
+KVQ_FN uint64_t kvq_sign_word(uint64_t seed, int which, int layer, int d)
+{
+    return kvq_mix64(seed ^ kvq_mix64(((uint64_t)which << 40) ^ ((uint64_t)layer << 20) ^
+                                      (uint64_t)(d >> 6) ^ 0x9e3779b97f4a7c15ull));
+}
+
 /* which: 0 keys, 1 values, 2 the QJL rotation. +1 or -1. */
 KVQ_FN float kvq_sign(uint64_t seed, int which, int layer, int d)
 {
-    uint64_t w = kvq_mix64(seed ^ kvq_mix64(((uint64_t)which << 40) ^ ((uint64_t)layer << 20) ^
-                                            (uint64_t)(d >> 6) ^ 0x9e3779b97f4a7c15ull));
-    return ((w >> (d & 63)) & 1) ? -1.0f : 1.0f;
+    return ((kvq_sign_word(seed, which, layer, d) >> (d & 63)) & 1) ? -1.0f : 1.0f;
+}
+
+/* x[d] *= kvq_sign(..., d) for d < n, each 64 signs drawn once. */
+KVQ_FN void kvq_apply_signs(float *x, int n, uint64_t seed, int which, int layer)
+{
+    for (int d0 = 0; d0 < n; d0 += 64) {
+        uint64_t w = kvq_sign_word(seed, which, layer, d0);
+        for (int d = d0; d < n && d < d0 + 64; d++)
+            x[d] *= ((w >> (d & 63)) & 1) ? -1.0f : 1.0f;
+    }
 }
 
 /* In-place orthonormal Walsh–Hadamard transform of x[0, n), block-diagonal. */
@@ -225,8 +257,7 @@ KVQ_FN void kvq_fwht(float *x, int n)
 /* y = R x in place (signs, then H). */
 KVQ_FN void kvq_rotate(float *x, int n, uint64_t seed, int which, int layer)
 {
-    for (int d = 0; d < n; d++)
-        x[d] *= kvq_sign(seed, which, layer, d);
+    kvq_apply_signs(x, n, seed, which, layer);
     kvq_fwht(x, n);
 }
 
@@ -234,8 +265,7 @@ KVQ_FN void kvq_rotate(float *x, int n, uint64_t seed, int which, int layer)
 KVQ_FN void kvq_unrotate(float *x, int n, uint64_t seed, int which, int layer)
 {
     kvq_fwht(x, n);
-    for (int d = 0; d < n; d++)
-        x[d] *= kvq_sign(seed, which, layer, d);
+    kvq_apply_signs(x, n, seed, which, layer);
 }
 
 /* ---- Lloyd–Max codebooks for N(0, 1) ------------------------------------------------
@@ -248,7 +278,7 @@ struct kvq_codebooks {
     float bounds[9][256]; /* bounds[b][i]: between levels i and i + 1 */
 };
 
-#ifndef __CUDACC__
+/* Host functions (in .cu files too: the CUDA backend uploads the books it computes). */
 static inline double kvq_phi(double x) { return exp(-0.5 * x * x) * 0.3989422804014327; }
 static inline double kvq_cdf(double x) { return 0.5 * erfc(-x * 0.7071067811865476); }
 
@@ -281,19 +311,14 @@ static inline void kvq_codebooks_init(struct kvq_codebooks *cb)
             cb->bounds[b][i] = 0.5f * (cb->levels[b][i] + cb->levels[b][i + 1]);
     }
 }
-#endif
 
-/* The level index nearest v among 2^bits levels (binary search on bounds). */
+/* The level index nearest v among 2^bits levels: how many of the ascending
+ * bounds v is above (a branchless binary search; NaN is above none). */
 KVQ_FN int kvq_nearest(const float *bounds, int bits, float v)
 {
-    int lo = 0, hi = (1 << bits) - 1;
-    while (lo < hi) {
-        int mid = (lo + hi) >> 1;
-        if (v > bounds[mid])
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
+    int lo = 0;
+    for (int step = 1 << (bits - 1); step >= 1; step >>= 1)
+        lo += v > bounds[lo + step - 1] ? step : 0;
     return lo;
 }
 
@@ -332,9 +357,9 @@ KVQ_FN void kvq_quantize_head(const struct kv_quant_layer *l, const struct kvq_c
     int which = v ? 1 : 0;
     float *y = scratch;
     double norm2 = 0;
-    for (int d = 0; d < head_dim; d++) {
+    for (int d = 0; d < head_dim; d++) { /* fused, in order: the CUDA store sums the same way */
         y[d] = x[d];
-        norm2 += (double)x[d] * x[d];
+        norm2 = fma((double)x[d], (double)x[d], norm2);
     }
     kvq_rotate(y, head_dim, seed, which, layer);
     float s = kvq_f16_to_f32(kvq_f32_to_f16((float)sqrt(norm2 / head_dim)));
@@ -346,13 +371,13 @@ KVQ_FN void kvq_quantize_head(const struct kv_quant_layer *l, const struct kvq_c
     for (int d = 0; d < head_dim; d++) {
         int c = kvq_nearest(cb->bounds[bits], bits, y[d] * inv);
         kvq_put_code(codes, d, bits, c);
-        y[d] -= s * lv[c]; /* the residual, for QJL */
+        y[d] = fmaf(-s, lv[c], y[d]); /* the residual, for QJL; fused on every backend */
     }
     if (!qjl)
         return;
     double r2 = 0;
     for (int d = 0; d < head_dim; d++)
-        r2 += (double)y[d] * y[d];
+        r2 = fma((double)y[d], (double)y[d], r2);
     kvq_store_f16(rec + 2, (float)sqrt(r2));
     kvq_rotate(y, head_dim, seed, 2, layer);
     uint8_t *signs = codes + head_dim * bits / 8;

@@ -28,6 +28,7 @@
 #include "cli/tier.h"
 #include "engine/transcribe.h"
 #include "kv/kv.h"
+#include "kv/kv_quant_config.h"
 #include "text/toolcall.h"
 
 #define DEFAULT_CTX_CAP 8192
@@ -73,6 +74,8 @@ struct serve_options {
     bool ssd_flag_seen;             /* some --ssd-cache-* flag was given */
     long generation_checkpoint;     /* --generation-checkpoint N; 0: none */
     enum kv_tier_restore ssd_restore; /* --ssd-restore auto|always|never */
+    struct kv_quant ssd_cold;       /* --ssd-kv-format: the disk's format when ssd_cold_on */
+    bool ssd_cold_on;
     bool no_webui;                  /* --no-webui: no chat page at / */
     bool no_jump_forward;           /* --no-jump-forward: structured output samples forced text */
     const char *whisper_dir;        /* --whisper-model DIR; NULL: the audio routes answer 503 */
@@ -92,7 +95,7 @@ static const char usage[] =
     "       [--response-store-mb 64] [--response-store-ttl-s 3600] [--grammar-cache 64]\n"
     "       [--no-jump-forward]\n"
     "       [--ssd-cache DIR [--ssd-cache-max GIB] [--ssd-cache-verify] [--ssd-demote-idle 300]\n"
-    "        [--ssd-restore auto|always|never] [--generation-checkpoint N]]\n"
+    "        [--ssd-restore auto|always|never] [--ssd-kv-format FORMAT] [--generation-checkpoint N]]\n"
     "       [--draft-model DIR] [--draft-kind two-model|ngram] [--num-draft-tokens K]\n"
     "       [--ngram-max 3] [--ngram-min 1] [backend flags]\n"
     "       [--whisper-model WDIR [--whisper-idle-unload 300] [--whisper-resident]\n"
@@ -146,6 +149,9 @@ static const char usage[] =
     "--ssd-restore auto|always|never: whether a prefix found on disk is read back as the cost\n"
     "model says (auto: reading predicted faster than computing, from the disk's measured read\n"
     "rate and a timed prefill at start-up), always, or never (it is computed).\n"
+    "--ssd-kv-format FORMAT (a --kv-quant name: 8, 4, turbo, turbo:k4v3, ...) stores the blocks\n"
+    "on disk in that colder, smaller format and restores them into the live one (off: the live\n"
+    "format); /stats.tier counts the bytes it saves.\n"
     "--generation-checkpoint N (with --ssd-cache) saves every N generated tokens of each\n"
     "generation (its tokens and sampler state, its K/V through the SSD tier): the same request\n"
     "(prompt, parameters, seed) sent again after a restart or a client's cancel resumes there\n"
@@ -319,6 +325,13 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
                 ok = false;
             }
         }
+        else if (!strcmp(a, "--ssd-kv-format")) {
+            struct err e = {0};
+            o->ssd_flag_seen = true;
+            ok = kv_quant_parse(v, &o->ssd_cold, &o->ssd_cold_on, &e) == 0;
+            if (!ok)
+                fprintf(stderr, "inferd serve: --ssd-kv-format: %s\n", e.msg);
+        }
         else if (!strcmp(a, "--generation-checkpoint"))
             ok = o->ssd_flag_seen = arg_int(a, v, 1, 1L << 20, &o->generation_checkpoint);
         else if (!strcmp(a, "--mode"))
@@ -344,7 +357,8 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
     }
     if (o->ssd_flag_seen && !o->ssd_dir) {
         fprintf(stderr, "inferd serve: --ssd-cache-max, --ssd-cache-verify, --ssd-demote-idle, "
-                        "--ssd-restore and --generation-checkpoint need --ssd-cache DIR\n");
+                        "--ssd-restore, --ssd-kv-format and --generation-checkpoint need "
+                        "--ssd-cache DIR\n");
         return false;
     }
     if (o->ssd_dir && !(o->prompt_cache_gib > 0)) {
@@ -492,6 +506,7 @@ static int tier_configure(const struct serve_options *o, const struct model *m, 
                   .verify_on_read = o->ssd_verify},
         .demote_idle_ns = (uint64_t)o->ssd_demote_idle_s * 1000000000ull,
         .restore = o->ssd_restore,
+        .cold = o->ssd_cold_on ? &o->ssd_cold : NULL,
     };
     struct ssd_fingerprint *fp = &out->store.fp;
     uint64_t t0 = now_ns();

@@ -85,6 +85,25 @@ uint64_t kv_format_digest(const struct kv_format *f);
  * 16, a group size that does not divide it). */
 int kv_format_check(const struct model_config *c, const struct kv_format *f, struct err *err);
 
+/* ---- codec: a block in another format ---------------------------------------
+ * A block as the tiers lay it out - layer by layer, block_size K rows then
+ * block_size V rows, each kv_format_row_bytes wide - re-encoded record by
+ * record from a live format into a colder (quantized, smaller) one and back:
+ * each record dequantized (kvq_dequantize_head; f32, f16 or bf16 elements
+ * widened) and quantized again (kvq_quantize_head; elements rounded). What
+ * the SSD tier's --ssd-kv-format stores; a restored block carries the cold
+ * format's error (and, into a quantized live format, the live one's again). */
+struct kv_codec;
+/* -INFERD_EINVAL when cold is not quantized or either format cannot hold c's K/V. */
+int kv_codec_create(const struct model_config *c, int block_size, const struct kv_format *live,
+                    const struct kv_format *cold, struct kv_codec **out, struct err *err);
+void kv_codec_free(struct kv_codec *k);
+/* Bytes of one block in the cold format (cold) or the live one. */
+size_t kv_codec_block_bytes(const struct kv_codec *k, bool cold);
+/* live block -> cold block, and back; not thread-safe (scratch inside). */
+void kv_codec_encode(struct kv_codec *k, const void *live, void *cold);
+void kv_codec_decode(struct kv_codec *k, const void *cold, void *live);
+
 /* ---- pool ----------------------------------------------------------------- */
 
 struct kv_pool {
@@ -348,6 +367,9 @@ struct kv_tier_config {
     uint64_t demote_idle_ns;       /* durable cached blocks unused this long leave memory; 0: never */
     double prefill_tokens_per_s;   /* the recompute rate of the cost model; 0: always read */
     enum kv_tier_restore restore;  /* AUTO: the cost model decides */
+    /* --ssd-kv-format: blocks go to disk in this (quantized) format and are
+     * restored into the live one (kv_codec); NULL: the live format */
+    const struct kv_quant *cold;
 };
 
 struct kv_tier_stats {
@@ -364,6 +386,10 @@ struct kv_tier_stats {
     uint64_t host_blocks, host_bytes, host_max_bytes; /* the host-RAM tier now */
     uint64_t host_hits;            /* blocks copied back from it into the pool */
     uint64_t host_stores, host_evictions;
+    /* --ssd-kv-format: the disk's format and what it saves: blocks written
+     * in it, and their bytes in the live format less on disk */
+    char cold_format[32];          /* "" without one */
+    uint64_t cold_blocks, cold_bytes_saved;
 };
 
 /* Opens the store and hangs the tier under the prefix cache (which must be

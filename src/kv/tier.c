@@ -1,6 +1,7 @@
 /* kv/tier.c — the SSD tier under the prefix cache: full blocks written behind through kv/ssd.h's
  * store, chains continued on disk and read back into a sequence's blocks while the engine
  * steps (when reading beats computing), idle durable blocks demoted out of memory. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -69,6 +70,8 @@ struct kv_tier {
     struct host_tier host;     /* cap 0: none */
     struct kv_tier_config cfg;
     size_t block_bytes;        /* one block in every layer, K and V */
+    struct kv_codec *codec;    /* owned; --ssd-kv-format's re-encoding; NULL: disk holds the live format */
+    size_t disk_bytes;         /* one block as the store keeps it */
     struct tier_read *reads;   /* owned; cap_reads slots */
     int cap_reads, n_reads;
     struct tier_unsaved *unsaved; /* owned; n_unsaved of cap_unsaved */
@@ -349,6 +352,16 @@ static void give_buffer(struct kv_tier *t, char *p)
         drop_buffer(t, p);
 }
 
+/* A write's buffer, once the store is done with it: a cold one is freed,
+ * a live-format one kept for the next write. */
+static void written_back(struct kv_tier *t, char *p)
+{
+    if (t->codec)
+        free(p);
+    else
+        give_buffer(t, p);
+}
+
 /* Queues cached block b for writing unless the store has it: 0 (queued, or
  * nothing to do), -INFERD_EBUSY (queue full), -INFERD_EIO (the tier is off). */
 static int write_block(struct kv_tier *t, uint32_t b)
@@ -364,14 +377,28 @@ static int write_block(struct kv_tier *t, uint32_t b)
     if (!host)
         return -INFERD_EBUSY;
     copy_out(t, b, host);
+    if (t->codec) { /* the live copy goes back at once: the cold one is written */
+        char *cold = malloc(t->disk_bytes);
+        if (cold)
+            kv_codec_encode(t->codec, host, cold);
+        give_buffer(t, host);
+        host = cold;
+        if (!host)
+            return -INFERD_EBUSY;
+    }
     struct ssd_block_key key = {.hash = e.hash, .parent_hash = e.parent_hash, .ns = e.ns,
                                 .n_tokens = e.n_tokens, .tokens = e.tokens};
-    struct iovec iov = {host, t->block_bytes};
+    struct iovec iov = {host, t->disk_bytes};
     struct err err = {0};
     int rc = ssd_store_write(t->store, &key, &iov, 1, (uint64_t)(uintptr_t)host, &err);
-    if (rc == 0)
+    if (rc == 0) {
+        if (t->codec) {
+            t->stats.cold_blocks++;
+            t->stats.cold_bytes_saved += t->block_bytes - t->disk_bytes;
+        }
         return 0;
-    give_buffer(t, host);
+    }
+    written_back(t, host);
     if (rc == -INFERD_EEXIST)
         return 0;
     if (rc == -INFERD_EBUSY)
@@ -550,7 +577,7 @@ int kv_tier_continue(struct kv_tier *t, struct kv_seq *seq, const int32_t *token
         return from_host;
     /* the cost model: read them, or compute them? */
     double read_rate = ssd_store_read_bandwidth(t->store);
-    double restore_s = read_rate > 0 ? (double)k * (double)t->block_bytes / read_rate : 0;
+    double restore_s = read_rate > 0 ? (double)k * (double)t->disk_bytes / read_rate : 0;
     double recompute_s = t->cfg.prefill_tokens_per_s > 0
                              ? (double)k * bs / t->cfg.prefill_tokens_per_s
                              : 1e300;
@@ -571,7 +598,7 @@ int kv_tier_continue(struct kv_tier *t, struct kv_seq *seq, const int32_t *token
         const int32_t *tb = tokens + (size_t)(first + i) * bs;
         uint64_t hn = kv_prefix_hash(h, tb, bs, ns);
         int slot = read_slot(t);
-        char *host = slot >= 0 ? malloc(t->block_bytes) : NULL;
+        char *host = slot >= 0 ? malloc(t->disk_bytes) : NULL;
         uint32_t block;
         if (!host || !make_free(ctx) || kv_pool_alloc(t->pool, &block, &err) < 0) {
             free(host);
@@ -579,7 +606,7 @@ int kv_tier_continue(struct kv_tier *t, struct kv_seq *seq, const int32_t *token
         }
         struct ssd_block_key expect = {.hash = hn, .parent_hash = h, .ns = ns, .n_tokens = bs,
                                        .tokens = tb};
-        struct iovec iov = {host, t->block_bytes};
+        struct iovec iov = {host, t->disk_bytes};
         if (ssd_store_read(t->store, &expect, &iov, 1, (uint64_t)slot, &err) < 0) {
             kv_pool_release(t->pool, block);
             free(host);
@@ -628,7 +655,7 @@ static void drop_from(struct kv_tier *t, struct kv_seq *seq, int index)
 static void handle_done(struct kv_tier *t, const struct ssd_done *d)
 {
     if (d->kind == SSD_DONE_WRITE) {
-        give_buffer(t, (char *)(uintptr_t)d->cookie);
+        written_back(t, (char *)(uintptr_t)d->cookie);
         return;
     }
     if (d->cookie >= (uint64_t)t->cap_reads || !t->reads[d->cookie].used)
@@ -638,10 +665,14 @@ static void handle_done(struct kv_tier *t, const struct ssd_done *d)
     if (seq) {
         seq->n_loading--;
         bool in_place = r->index < seq->table.n_blocks && seq->table.blocks[r->index] == r->block;
-        if (d->status == 0 && in_place)
-            copy_in(t, r->block, r->host);
+        char *live = NULL;
+        if (d->status == 0 && in_place && t->codec && (live = malloc(t->block_bytes)))
+            kv_codec_decode(t->codec, r->host, live);
+        if (d->status == 0 && in_place && (live || !t->codec))
+            copy_in(t, r->block, live ? live : r->host);
         else if (in_place)
             drop_from(t, seq, r->index);
+        free(live);
     }
     release_read(t, r);
 }
@@ -769,10 +800,32 @@ int kv_tier_create(struct kv_pool *pool, struct kv_prefix *prefix, size_t block_
         free(t);
         return err_set(err, INFERD_ENOMEM, "out of memory for the SSD tier");
     }
-    int rc = host_create(&t->host, (int)(cfg->host_bytes / t->block_bytes), err);
+    t->disk_bytes = t->block_bytes;
+    struct ssd_config store = cfg->store;
+    int rc = 0;
+    if (cfg->cold && cfg->store.dir) {
+        /* the disk's format joins the fingerprint: blocks of another cold
+         * format are another directory's */
+        struct model_config mc = {.n_layers = c->n_layers, .n_kv_heads = c->n_kv_heads,
+                                  .head_dim = c->head_dim};
+        struct kv_format cold = kv_format_of_dtype(DTYPE_F32);
+        cold.quant = cfg->cold;
+        cold.scales = KV_SCALES_IN_RECORD;
+        rc = kv_codec_create(&mc, c->block_size, &pool->format, &cold, &t->codec, err);
+        if (rc == 0) {
+            t->disk_bytes = kv_codec_block_bytes(t->codec, true);
+            kv_format_name(&cold, t->stats.cold_format, sizeof t->stats.cold_format);
+            size_t n = strlen(store.fp.kv_format);
+            snprintf(store.fp.kv_format + n, sizeof store.fp.kv_format - n, ">%s",
+                     t->stats.cold_format);
+        }
+    }
+    if (rc == 0)
+        rc = host_create(&t->host, (int)(cfg->host_bytes / t->block_bytes), err);
     if (rc == 0 && cfg->store.dir)
-        rc = ssd_store_open(&cfg->store, &t->store, err);
+        rc = ssd_store_open(&store, &t->store, err);
     if (rc < 0) {
+        kv_codec_free(t->codec);
         host_free(&t->host, pool->backend);
         free(t->is_unsaved);
         free(t);
@@ -811,5 +864,6 @@ void kv_tier_free(struct kv_tier *t)
     free(t->reads);
     free(t->unsaved);
     free(t->is_unsaved);
+    kv_codec_free(t->codec);
     free(t);
 }

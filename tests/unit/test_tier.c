@@ -1,7 +1,8 @@
 /* tests/unit/test_tier.c — the SSD tier under the prefix cache, through the engine (CPU, exact
  * mode): a prompt computed by one engine is read back from disk by the next one and gives the
  * cold run's tokens and logprobs bit for bit; damaged block files, another fingerprint and a
- * cost model that prefers computing all fall back to computing, never to wrong tokens. */
+ * cost model that prefers computing all fall back to computing, never to wrong tokens; blocks
+ * kept on disk in a colder format (--ssd-kv-format) take fewer bytes and restore. */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
 #include <dirent.h>
@@ -13,6 +14,7 @@
 #include <unistd.h>
 
 #include "engine/engine.h"
+#include "kv/kv_quant_config.h"
 #include "test_support.h"
 #include "text/tokenizer.h"
 
@@ -425,4 +427,56 @@ Test(tier, blocks_leaving_the_cache_come_back_from_host_memory_with_their_bytes)
         free(want[i]);
     free(got);
     kv_manager_destroy(mgr);
+}
+
+/* --ssd-kv-format: blocks written in a colder format take fewer bytes on
+ * disk, are restored into the live cache and give the cold run's tokens (an
+ * 8-bit copy of the tiny model's K/V moves no greedy pick here; logprobs
+ * within 0.05); a restart with another cold format is another fingerprint. */
+Test(tier, a_colder_disk_format_stores_fewer_bytes_and_restores_into_the_live_cache)
+{
+    struct run want = cold_run();
+    struct kv_quant kv8;
+    bool on = false;
+    struct err err = {0};
+    cr_assert_eq(kv_quant_parse("8", &kv8, &on, &err), 0, "%s", err.msg);
+    struct kv_tier_config t = tier_config(42, 0);
+    t.cold = &kv8;
+    struct engine *e = start(&t);
+    run_prompt(e);
+    struct kv_tier_stats after;
+    cr_assert_eq(engine_flush_cache(e, 10000, &after, &err), 0, "%s", err.msg);
+    engine_free(e);
+    size_t live = kv_format_bytes_per_block(&model->config, &(struct kv_format){.dtype = DTYPE_F32},
+                                            16);
+    cr_assert_str_eq(after.cold_format, "kv8");
+    cr_assert_geq(after.cold_blocks, PROMPT / 16);
+    cr_assert_gt(after.cold_bytes_saved, 0);
+    cr_assert_eq(after.store.write_bytes + after.cold_bytes_saved,
+                 (uint64_t)after.cold_blocks * live,
+                 "%lu bytes written and %lu saved of %lu blocks of %zu",
+                 (unsigned long)after.store.write_bytes, (unsigned long)after.cold_bytes_saved,
+                 (unsigned long)after.cold_blocks, live);
+    cr_assert_lt(after.store.write_bytes * 3, (uint64_t)after.cold_blocks * live,
+                 "8-bit records are under a third of f32");
+
+    e = start(&t);
+    struct run got = run_prompt(e);
+    cr_assert_eq(got.n_cached, (PROMPT - 1) / 16 * 16, "%d tokens reused", got.n_cached);
+    for (int i = 0; i < GEN; i++) {
+        cr_assert_eq(got.tokens[i].id, want.tokens[i].id, "token %d", i);
+        cr_assert_float_eq(got.tokens[i].logprob, want.tokens[i].logprob, 0.05, "token %d", i);
+    }
+    struct engine_stats st;
+    engine_get_stats(e, &st);
+    cr_assert_eq(st.ssd_cache.decisions_restore, 1);
+    engine_free(e);
+
+    struct kv_quant kv4;
+    cr_assert_eq(kv_quant_parse("4", &kv4, &on, &err), 0, "%s", err.msg);
+    struct kv_tier_config other = tier_config(42, 0);
+    other.cold = &kv4;
+    e = start(&other);
+    cr_assert_eq(run_prompt(e).n_cached, 0, "blocks kept as kv8 are not read as kv4");
+    engine_free(e);
 }

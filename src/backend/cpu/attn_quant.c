@@ -4,20 +4,9 @@
 #include <math.h>
 #include <string.h>
 
-#include "backend/cpu/cpu_internal.h"
+#include "backend/cpu/attn_quant_kernels.h"
 #include "backend/cpu/vec_avx2.h"
 #include "backend/kv_quant.h"
-
-#define QATTN_MAX_HEAD_DIM 512
-#define QATTN_MAX_GROUP 16
-#define QATTN_MAX_BLOCK 256
-
-static inline size_t row_offset(const struct kv_cache *kv, int layer, uint32_t block, int slot,
-                                bool v)
-{
-    return (((size_t)layer * kv->n_blocks + block) * kv->block_size + slot) *
-           kv_cache_row_bytes(kv, v);
-}
 
 /* ---- quantize on write --------------------------------------------------------------- */
 
@@ -95,8 +84,7 @@ static inline __m256i codes8(const uint8_t *codes, int d, int bits)
             c[i] = kvq_get_code(codes, d + i, 5);
         return _mm256_loadu_si256((const __m256i *)c);
     }
-    uint32_t w = 0;
-    memcpy(&w, codes + d * bits / 8, (size_t)bits); /* eight codes fill `bits` bytes */
+    uint32_t w = (uint32_t)qattn_load_le(codes + d * bits / 8, bits); /* eight codes fill `bits` bytes */
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     __m256i shift = _mm256_mullo_epi32(lane, _mm256_set1_epi32(bits));
     return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)w), shift),
@@ -161,131 +149,14 @@ static inline void decode_signs(const struct kv_quant_layer *l, int hd, const ui
 
 /* ---- attention ------------------------------------------------------------------------ */
 
-struct qattn_job {
-    const struct cpu_impl *impl;
-    const float *q;
-    const struct kv_cache *kv;
-    int layer;
-    const struct attn_span *spans;
-    int n_spans;
-    int n_heads;
-    float scale;
-    int sliding_window;
-    float *out;
-};
 
-/* One query row of every head sharing kv_head, over positions [first_pos,
- * last_pos], a block at a time with a running softmax: each K and V record is
- * decoded once into a row of floats and used by the whole group. */
-static void attend_group(const struct qattn_job *job, const struct attn_span *sp, int row,
-                         int kv_head)
-{
-    const struct kv_cache *kv = job->kv;
-    const struct kv_quant_layer *l = kvq_layer(kv->quant, job->layer);
-    const struct kvq_codebooks *cb = &job->impl->codebooks;
-    uint64_t seed = kv->quant->seed;
-    int hd = kv->head_dim;
-    int group = job->n_heads / kv->n_kv_heads;
-    bool turbo = l->scheme == KV_QUANT_TURBO, qjl = turbo && l->qjl;
-    const float *k_levels = cb->levels[kvq_code_bits(l, false)];
-    const float *v_levels = cb->levels[kvq_code_bits(l, true)];
-    int kb = kvq_head_bytes(l, hd, false), vb = kvq_head_bytes(l, hd, true);
-    int last_pos = sp->pos0 + (row - sp->row0);
-    int first_pos = 0;
-    if (job->sliding_window > 0 && last_pos - job->sliding_window + 1 > 0)
-        first_pos = last_pos - job->sliding_window + 1;
-
-    float qr[QATTN_MAX_GROUP][QATTN_MAX_HEAD_DIM]; /* queries, rotated for TURBO keys */
-    float qs[QATTN_MAX_GROUP][QATTN_MAX_HEAD_DIM]; /* and once more for the QJL signs */
-    float acc[QATTN_MAX_GROUP][QATTN_MAX_HEAD_DIM];
-    float scores[QATTN_MAX_GROUP][QATTN_MAX_BLOCK];
-    float running_max[QATTN_MAX_GROUP], running_sum[QATTN_MAX_GROUP], corr[QATTN_MAX_GROUP];
-    float krow[QATTN_MAX_HEAD_DIM], vrow[QATTN_MAX_HEAD_DIM], z[QATTN_MAX_HEAD_DIM];
-    float qjl_coef_unit = 1.2533141373155003f / sqrtf((float)hd); /* sqrt(pi/2) / sqrt(hd) */
-    for (int g = 0; g < group; g++) {
-        int head = kv_head * group + g;
-        memcpy(qr[g], job->q + ((size_t)row * job->n_heads + head) * hd, (size_t)hd * sizeof(float));
-        if (turbo)
-            kvq_rotate(qr[g], hd, seed, 0, job->layer);
-        if (qjl) {
-            memcpy(qs[g], qr[g], (size_t)hd * sizeof(float));
-            kvq_rotate(qs[g], hd, seed, 2, job->layer);
-        }
-        memset(acc[g], 0, (size_t)hd * sizeof(float));
-        running_max[g] = -FLT_MAX;
-        running_sum[g] = 0.0f;
-    }
-    size_t head_k = (size_t)kv_head * kb, head_v = (size_t)kv_head * vb;
-
-    for (int start = first_pos; start <= last_pos;) {
-        uint32_t block = sp->block_ids[start / kv->block_size];
-        int slot0 = start % kv->block_size;
-        int n = kv->block_size - slot0;
-        if (start + n > last_pos + 1)
-            n = last_pos + 1 - start;
-        start += n;
-        const uint8_t *kbase = (const uint8_t *)kv->k + row_offset(kv, job->layer, block, slot0, false);
-        const uint8_t *vbase = (const uint8_t *)kv->v + row_offset(kv, job->layer, block, slot0, true);
-        size_t kstride = kv_cache_row_bytes(kv, false), vstride = kv_cache_row_bytes(kv, true);
-        for (int j = 0; j < n; j++) {
-            const uint8_t *rec = kbase + j * kstride + head_k;
-            decode_record(l, k_levels, hd, false, rec, krow);
-            float coef = 0;
-            if (qjl) {
-                decode_signs(l, hd, rec, z);
-                coef = kvq_load_f16(rec + 2) * qjl_coef_unit;
-            }
-            for (int g = 0; g < group; g++) {
-                float s = vec_dot(qr[g], krow, hd);
-                if (qjl)
-                    s += coef * vec_dot(qs[g], z, hd);
-                scores[g][j] = s * job->scale;
-            }
-        }
-        for (int g = 0; g < group; g++) {
-            float block_max = -FLT_MAX;
-            for (int j = 0; j < n; j++)
-                block_max = scores[g][j] > block_max ? scores[g][j] : block_max;
-            float new_max = block_max > running_max[g] ? block_max : running_max[g];
-            corr[g] = expf(running_max[g] - new_max);
-            running_sum[g] *= corr[g];
-            for (int j = 0; j < n; j++) {
-                scores[g][j] = expf(scores[g][j] - new_max);
-                running_sum[g] += scores[g][j];
-            }
-            running_max[g] = new_max;
-        }
-        for (int j = 0; j < n; j++) {
-            decode_record(l, v_levels, hd, true, vbase + j * vstride + head_v, vrow);
-            for (int g = 0; g < group; g++)
-                vec_scale_axpy(acc[g], j == 0 ? corr[g] : 1.0f, scores[g][j], vrow, hd);
-        }
-    }
-    for (int g = 0; g < group; g++) {
-        int head = kv_head * group + g;
-        float *out = job->out + ((size_t)row * job->n_heads + head) * hd;
-        float inv = 1.0f / running_sum[g];
-        for (int d = 0; d < hd; d++)
-            out[d] = acc[g][d] * inv;
-        if (turbo) /* values were accumulated in their rotated frame */
-            kvq_unrotate(out, hd, seed, 1, job->layer);
-    }
-}
-
-/* Work items are (row, kv head) pairs dealt round-robin, which balances the
- * causal triangle: later rows attend over more positions. */
-static void qattention_rows(void *ctx, int ith, int nth)
-{
-    struct qattn_job *job = ctx;
-    long item = 0;
-    for (int s = 0; s < job->n_spans; s++) {
-        const struct attn_span *sp = &job->spans[s];
-        for (int r = 0; r < sp->n_tokens; r++)
-            for (int h = 0; h < job->kv->n_kv_heads; h++, item++)
-                if (item % nth == ith)
-                    attend_group(job, sp, sp->row0 + r, h);
-    }
-}
+#define QA_DECODE_RECORD decode_record
+#define QA_DECODE_SIGNS decode_signs
+#define QA_DOT vec_dot
+#define QA_AXPY vec_scale_axpy
+#define QA_GROUP attend_group_avx2
+#define QA_ROWS cpu_qattn_rows_avx2
+#include "backend/cpu/attn_quant_group.h"
 
 void cpu_attention_quant(struct backend *be, const float *q, const struct kv_cache *kv, int layer,
                          const struct attn_span *spans, int n_spans, int n_heads, float scale,
@@ -293,7 +164,7 @@ void cpu_attention_quant(struct backend *be, const float *q, const struct kv_cac
 {
     struct cpu_impl *impl = be->impl;
     struct qattn_job job = {impl, q, kv, layer, spans, n_spans, n_heads, scale, sliding_window, out};
-    threadpool_run(impl->pool, qattention_rows, &job);
+    threadpool_run(impl->pool, impl->qattn_rows, &job);
 }
 
 int cpu_kv_quant_check(const struct kv_quant *q, struct err *err)
@@ -304,18 +175,7 @@ int cpu_kv_quant_check(const struct kv_quant *q, struct err *err)
                        q->n_layers, KV_QUANT_MAX_LAYERS);
     for (int i = 0; i < n; i++) {
         const struct kv_quant_layer *l = &q->layer[i];
-        bool ok = true;
-        if (l->scheme == KV_QUANT_AFFINE)
-            ok = (l->k_bits == 4 || l->k_bits == 8) && l->v_bits == l->k_bits &&
-                 (l->group_size == 32 || l->group_size == 64);
-        else if (l->scheme == KV_QUANT_TURBO)
-            ok = (l->k_bits == 2 || l->k_bits == 3 || l->k_bits == 4 || l->k_bits == 5 ||
-                  l->k_bits == 8) &&
-                 (l->v_bits == 2 || l->v_bits == 3 || l->v_bits == 4 || l->v_bits == 5 ||
-                  l->v_bits == 8) &&
-                 (!l->qjl || (l->k_bits >= 3 && l->k_bits <= 5));
-        else
-            ok = l->scheme == KV_QUANT_NONE;
+        bool ok = kvq_layer_readable(l);
         if (!ok)
             return err_set(err, INFERD_EINVAL, "layer %d: KV format scheme %d k%d v%d group %d is "
                            "not one the backend reads", i, l->scheme, l->k_bits, l->v_bits,

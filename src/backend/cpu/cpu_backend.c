@@ -6,6 +6,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu.h"
+#include "backend/cpu/attn_quant_kernels.h"
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/vec_avx2.h"
 #include "base/bf16.h"
@@ -330,6 +331,9 @@ int backend_cpu_create(const struct backend_options *opt, struct backend **out,
     if (opt->kv_quant) {
         impl->kv_quant = *opt->kv_quant;
         kvq_codebooks_init(&impl->codebooks);
+        impl->qattn_rows = features.avx512f && features.avx512bw && features.avx512vl
+                               ? cpu_qattn_rows_avx512
+                               : cpu_qattn_rows_avx2;
         be->kv_quant = &impl->kv_quant;
     }
     be->block_weights = true;

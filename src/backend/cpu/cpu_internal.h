@@ -11,6 +11,9 @@ struct cpu_impl {
     struct cpu_matmul *matmul; /* owned; packing scratch per thread */
     struct kv_quant kv_quant;  /* the KV format when backend.kv_quant points here */
     struct kvq_codebooks codebooks; /* TURBO's Lloyd–Max levels (filled with kv_quant) */
+    /* quantized attention's row kernel: the AVX-512 one where the processor
+     * (and the cpu_isa cap) has AVX-512 F/BW/VL, else the AVX2 one; the same bits */
+    void (*qattn_rows)(void *job, int ith, int nth);
 };
 
 /* backend_ops.kv_copy_slots: slots [0, n) of block src to dst, every layer, K and V. */

@@ -1,4 +1,4 @@
-/* backend/cuda/attention.cu — paged causal attention: split-K flash-decoding for a few rows, tiled f32 flash attention for prefill (fp16 tensor-core prefill: attention_prefill.cu). */
+/* backend/cuda/attention.cu — paged causal attention: split-K flash-decoding for a few rows, tiled f32 flash attention for prefill (fp16 tensor-core prefill: attention_prefill.cu; quantized caches: attention_quant.cu). */
 #include <cuda_fp16.h>
 #include <float.h>
 
@@ -940,6 +940,8 @@ cudaError_t cu_launch_attention(cudaStream_t s, const struct cu_op *op, const ui
         return cudaSuccess;
     if (hd > CU_MAX_HEAD_DIM)
         return cudaErrorInvalidValue;
+    if (op->u.attn.kv.quant)
+        return cu_launch_attention_quant(s, op, params, part, smem_optin);
     if (cu_attention_uses_prefill(op) && tensor_cores && op->u.attn.kv.f16) {
         cudaError_t e = cu_launch_attention_prefill_f16(s, op, params, smem_optin);
         if (e != cudaErrorNotSupported)

@@ -1027,6 +1027,7 @@ static void cu_destroy(struct backend *be)
     cudaFree(im->arena_dev);
     cudaFree(im->xb);
     cudaFree(im->attn_part);
+    cudaFree(im->kvq_books);
     cudaFree(im->lt_workspace);
     free(((struct cu_backend *)be)->allocs);
     if (im->arena_free)
@@ -1176,10 +1177,18 @@ extern "C" int backend_cuda_create(int device, const struct backend_options *opt
                                    struct backend **out, struct err *err)
 {
     *out = NULL;
-    if (opt->kv_quant) /* the fused quantized kernels are the CPU backend's so far */
-        return err_set(err, INFERD_EUNSUPPORTED,
-                       "the CUDA backend does not read quantized KV caches yet: --kv-quant runs "
-                       "on the CPU backend");
+    if (opt->kv_quant) {
+        const struct kv_quant *q = opt->kv_quant;
+        if (q->n_layers < 0 || q->n_layers > KV_QUANT_MAX_LAYERS)
+            return err_set(err, INFERD_EINVAL, "KV quantization for %d layers (at most %d)",
+                           q->n_layers, KV_QUANT_MAX_LAYERS);
+        for (int i = 0; i < (q->n_layers > 0 ? q->n_layers : 1); i++)
+            if (!kvq_layer_readable(&q->layer[i]))
+                return err_set(err, INFERD_EINVAL,
+                               "layer %d: KV format scheme %d k%d v%d group %d is not one the "
+                               "backend reads", i, q->layer[i].scheme, q->layer[i].k_bits,
+                               q->layer[i].v_bits, q->layer[i].group_size);
+    }
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
@@ -1235,6 +1244,24 @@ extern "C" int backend_cuda_create(int device, const struct backend_options *opt
              CU_TRY(im, cudaMalloc((void **)&im->arena_dev, CU_ARENA_INITIAL));
         im->lt_workspace_bytes = CU_LT_WORKSPACE;
         im->rec.arena_cap = CU_ARENA_INITIAL;
+    }
+    if (ok && opt->kv_quant) {
+        /* the books are computed on the host, as the CPU backend's, and uploaded once */
+        struct kvq_codebooks *books = (struct kvq_codebooks *)malloc(sizeof *books);
+        ok = books != NULL;
+        if (!books)
+            cu_fail(im, INFERD_ENOMEM, "out of memory for the KV codebooks");
+        if (ok) {
+            kvq_codebooks_init(books);
+            ok = CU_TRY(im, cudaMalloc((void **)&im->kvq_books, sizeof *books)) &&
+                 CU_TRY(im, cudaMemcpy(im->kvq_books, books, sizeof *books, cudaMemcpyHostToDevice));
+            free(books);
+        }
+        if (ok) {
+            im->kv_quant = *opt->kv_quant;
+            im->rec.kvq_books = im->kvq_books;
+            be->kv_quant = &im->kv_quant;
+        }
     }
     if (ok && cublasLtCreate(&im->lt) != CUBLAS_STATUS_SUCCESS) {
         cu_fail(im, INFERD_EIO, "cuBLASLt could not be initialised");

@@ -216,6 +216,11 @@ struct cu_impl {
     double host_engine_us, host_flush_us, host_sample_us;
     long host_steps;
 
+    /* A quantized KV cache's format (backend.kv_quant points here when set)
+     * and its Lloyd–Max books in device memory (owned; NULL without one). */
+    struct kv_quant kv_quant;
+    struct kvq_codebooks *kvq_books;
+
     /* The first error an op met; ops become no-ops until status() reports it. */
     struct err error;
     bool failed;
@@ -247,7 +252,12 @@ cudaError_t cu_launch_bias_add(cudaStream_t s, float *y, const float *bias, int6
 /* The q/k launch (struct cu_qk_args, fuse.h). */
 cudaError_t cu_launch_qk_prep(const struct cu_device *dev, cudaStream_t s,
                               const struct cu_qk_args *a, const uint8_t *params);
+/* CU_KV_STORE; a quantized cache's rows go through cu_launch_kv_store_quant. */
 cudaError_t cu_launch_kv_store(cudaStream_t s, const struct cu_op *op, const uint8_t *params);
+/* Quantize-on-write (attention_quant.cu): a warp per record, in
+ * kvq_quantize_head's arithmetic and order, so the bytes are the CPU's. */
+cudaError_t cu_launch_kv_store_quant(cudaStream_t s, const struct cu_op *op,
+                                     const uint8_t *params);
 /* CU_KV_COPY: slots [0, n) of block src to dst in every layer, K and V, bit for bit. */
 cudaError_t cu_launch_kv_copy(cudaStream_t s, const struct cu_op *op);
 
@@ -284,6 +294,12 @@ size_t cu_attention_part_floats(const struct cu_op *op);
  * whether the pair qualifies. */
 cudaError_t cu_launch_attention_qk(cudaStream_t s, const struct cu_op *op,
                                    const struct cu_qk_args *qk, const uint8_t *params, float *part);
+/* Attention over a quantized cache (attention_quant.cu; cu_launch_attention
+ * hands it such ops): split-K flash-decoding or, for prefill, tiles decoded
+ * into shared memory, both reading the records directly; TURBO rotates the
+ * queries once and the output rows back once (a launch of its own). */
+cudaError_t cu_launch_attention_quant(cudaStream_t s, const struct cu_op *op,
+                                      const uint8_t *params, float *part, int smem_optin);
 /* Prefill attention over an f16 cache (attention_prefill.cu): FlashAttention-2
  * on mma.sync tensor cores; cudaErrorNotSupported for an f32 cache or a
  * head dim other than 64 and 128. */

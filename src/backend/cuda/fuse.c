@@ -47,7 +47,10 @@ static int match_qk(const struct cu_op *ops, int i, int n, struct cu_qk_args *a)
     a->freq_off = rq->u.rope.freq_off;
     a->factor = rq->u.rope.factor;
     j += 2;
-    if (j < n && ops[j].kind == CU_KV_STORE && ops[j].u.store.k == rk->u.rope.x &&
+    /* a quantized cache's rows are written by the kv_store launch, which
+     * quantizes them (a warp per record) */
+    if (j < n && ops[j].kind == CU_KV_STORE && !ops[j].u.store.kv.quant &&
+        ops[j].u.store.k == rk->u.rope.x &&
         ops[j].n_rows == rk->n_rows && ops[j].u.store.kv.head_dim == hd &&
         ops[j].u.store.kv.n_kv_heads == rk->u.rope.n_heads) {
         a->store = true;
@@ -65,7 +68,7 @@ bool cu_attention_takes_qk(const struct cu_op *op, const struct cu_qk_args *qk)
 {
     const struct cu_kv *kv = &op->u.attn.kv;
     int hd = kv->head_dim;
-    return op->kind == CU_ATTENTION && !cu_attention_uses_prefill(op) &&
+    return op->kind == CU_ATTENTION && !kv->quant && !cu_attention_uses_prefill(op) &&
            op->u.attn.max_span_tokens == 1 && (hd == 64 || hd == 128 || hd == 256) &&
            qk->store && qk->q == op->u.attn.q && qk->head_dim == hd && qk->rot_dim <= hd &&
            qk->n_rows == op->n_rows && qk->n_q_heads == op->u.attn.n_heads &&

@@ -5,10 +5,11 @@
  *
  *   1. [rmsnorm q heads, rmsnorm k heads,] rope q, rope k [, kv_store]: one
  *      q/k launch (norms in place over the tensors the ropes rotate, both
- *      ropes at the same positions, the store writing the roped k). When the
+ *      ropes at the same positions, the store writing the roped k; not a
+ *      store into a quantized cache, whose own launch quantizes). When the
  *      decode attention right after reads that q and that cache layer, and
  *      every sequence has one token, the q/k work is folded into the
- *      attention launch (qk_attention).
+ *      attention launch (qk_attention; unquantized caches only).
  *   2. rmsnorm, then a GEMV-path bf16 matmul of at most CU_GEMV_MAX_ROWS rows
  *      reading the norm's output (not in place): the GEMV normalises x itself
  *      while staging it (norm_gemv), and takes rule 3's epilogue too. Off by

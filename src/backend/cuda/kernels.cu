@@ -221,6 +221,8 @@ cudaError_t cu_launch_kv_store(cudaStream_t s, const struct cu_op *op, const uin
 {
     if (op->n_rows == 0)
         return cudaSuccess;
+    if (op->u.store.kv.quant)
+        return cu_launch_kv_store_quant(s, op, params);
     kv_store_kernel<<<op->n_rows, 256, 0, s>>>(op->u.store.kv, op->u.store.layer, op->u.store.k,
                                                op->u.store.v, op->u.store.spans_off,
                                                op->u.store.n_spans, params);
@@ -228,16 +230,18 @@ cudaError_t cu_launch_kv_store(cudaStream_t s, const struct cu_op *op, const uin
 }
 
 /* One thread block per (layer, K or V): slots [0, n) of a block are
- * contiguous, so the copy is of 32-bit words (n * kv_dim elements of 2 or 4
- * bytes; kv_dim is even wherever head_dim is). */
+ * contiguous, so the copy is of 32-bit words where the rows allow (n * kv_dim
+ * elements of 2 or 4 bytes; kv_dim is even wherever head_dim is), of bytes
+ * otherwise (a quantized cache's rows of records). */
 static __global__ void kv_copy_kernel(struct cu_kv kv, uint32_t src, uint32_t dst, int n)
 {
     int layer = blockIdx.x;
     void *base = blockIdx.y ? kv.v : kv.k;
     size_t kv_dim = (size_t)kv.n_kv_heads * kv.head_dim;
-    size_t elem = kv.f16 ? 2 : 4;
-    size_t per_block = (size_t)kv.block_size * kv_dim * elem;
-    size_t bytes = (size_t)n * kv_dim * elem;
+    size_t row = kv.quant ? (blockIdx.y ? kv.v_row_bytes : kv.k_row_bytes)
+                          : kv_dim * (kv.f16 ? 2 : 4);
+    size_t per_block = (size_t)kv.block_size * row;
+    size_t bytes = (size_t)n * row;
     const uint8_t *from = (const uint8_t *)base + ((size_t)layer * kv.n_blocks + src) * per_block;
     uint8_t *to = (uint8_t *)base + ((size_t)layer * kv.n_blocks + dst) * per_block;
     if (bytes % 4 == 0) {

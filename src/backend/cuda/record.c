@@ -277,7 +277,8 @@ void cu_rec_add(struct cu_rec *rec, float *y, const float *x, int64_t n)
     record_ew(rec, CU_ADD, x, NULL, y, n);
 }
 
-static struct cu_kv kv_of(const struct kv_cache *kv)
+/* The cache as kernels see it; layer -1 for ops over every layer. */
+static struct cu_kv kv_of(const struct cu_rec *rec, const struct kv_cache *kv, int layer)
 {
     struct cu_kv c;
     memset(&c, 0, sizeof c);
@@ -287,7 +288,17 @@ static struct cu_kv kv_of(const struct kv_cache *kv)
     c.block_size = kv->block_size;
     c.n_kv_heads = kv->n_kv_heads;
     c.head_dim = kv->head_dim;
-    c.f16 = kv->dtype == DTYPE_F16;
+    if (kv->quant) {
+        c.quant = 1;
+        if (layer >= 0)
+            c.fmt = *kvq_layer(kv->quant, layer);
+        c.k_row_bytes = (uint32_t)kv_cache_row_bytes(kv, false);
+        c.v_row_bytes = (uint32_t)kv_cache_row_bytes(kv, true);
+        c.seed = kv->quant->seed;
+        c.cb = rec->kvq_books;
+    } else {
+        c.f16 = kv->dtype == DTYPE_F16;
+    }
     return c;
 }
 
@@ -302,7 +313,7 @@ void cu_rec_kv_store(struct cu_rec *rec, struct kv_cache *kv, int layer, const f
     struct cu_op *op = op_new(rec, CU_KV_STORE, rows);
     if (!op)
         return;
-    op->u.store.kv = kv_of(kv);
+    op->u.store.kv = kv_of(rec, kv, layer);
     op->u.store.layer = layer;
     op->u.store.n_spans = n_spans;
     op->u.store.k = k;
@@ -333,7 +344,7 @@ void cu_rec_attention(struct cu_rec *rec, const float *q, const struct kv_cache 
     memset(&probe, 0, sizeof probe);
     probe.kind = CU_ATTENTION;
     probe.n_rows = rows;
-    probe.u.attn.kv = kv_of(kv);
+    probe.u.attn.kv = kv_of(rec, kv, layer);
     probe.u.attn.layer = layer;
     probe.u.attn.n_spans = n_spans;
     probe.u.attn.n_heads = n_heads;
@@ -368,7 +379,7 @@ void cu_rec_kv_copy_slots(struct cu_rec *rec, const struct kv_cache *kv, uint32_
     struct cu_op *op = op_new(rec, CU_KV_COPY, 0);
     if (!op)
         return;
-    op->u.copy.kv = kv_of(kv);
+    op->u.copy.kv = kv_of(rec, kv, -1);
     op->u.copy.n_layers = kv->n_layers;
     op->u.copy.n = n;
     op->u.copy.src = src;

@@ -65,11 +65,21 @@ struct cu_span {
 };
 
 /* The geometry of a kv_cache, by value. Elements are __half when f16, else
- * float (exact mode); every kernel that reads or writes the cache takes both. */
+ * float (exact mode); every kernel that reads or writes the cache takes both.
+ * A quantized cache (quant set, backend/kv_quant.h) holds records instead:
+ * rows of k_row_bytes (v_row_bytes) per slot and layer, each n_kv_heads
+ * records of the op's layer format fmt, with the rotation's seed and the
+ * Lloyd–Max books (device memory, the backend's). */
 struct cu_kv {
     void *k, *v;
     int n_blocks, block_size, n_kv_heads, head_dim;
     int f16;
+    int quant;
+    struct kv_quant_layer fmt; /* the op's layer; zero for ops of every layer */
+    uint8_t pad_[3];
+    uint32_t k_row_bytes, v_row_bytes; /* 0 unless quant */
+    uint64_t seed;
+    const struct kvq_codebooks *cb; /* device; NULL unless quant */
 };
 
 /* One backend op as called, with every host array it was given already
@@ -174,6 +184,8 @@ struct cu_rec {
     int n_dedup;
     uint8_t *blob;         /* owned; scratch for building span blobs */
     size_t blob_cap;
+    /* quantized caches: the Lloyd–Max books in device memory (the launcher's) */
+    const struct kvq_codebooks *kvq_books;
 };
 
 /* Frees what rec owns (not the arena). */

@@ -1,0 +1,60 @@
+/* backend/cpu/attn_quant_kernels.h — contract between quantized attention's driver (attn_quant.c) and its per-ISA row kernels (AVX2 there, AVX-512 in attn_quant_avx512.c); private to backend/cpu. */
+#ifndef INFERD_BACKEND_CPU_ATTN_QUANT_KERNELS_H
+#define INFERD_BACKEND_CPU_ATTN_QUANT_KERNELS_H
+
+#include <string.h>
+
+#include "backend/cpu/cpu_internal.h"
+
+#define QATTN_MAX_HEAD_DIM 512
+#define QATTN_MAX_GROUP 16
+#define QATTN_MAX_BLOCK 256
+
+/* One attention call over a quantized cache (cpu_attention_quant's arguments). */
+struct qattn_job {
+    const struct cpu_impl *impl;
+    const float *q;
+    const struct kv_cache *kv;
+    int layer;
+    const struct attn_span *spans;
+    int n_spans;
+    int n_heads;
+    float scale;
+    int sliding_window;
+    float *out;
+};
+
+/* Byte offset of slot's K (v false) or V row of layer in block. */
+static inline size_t row_offset(const struct kv_cache *kv, int layer, uint32_t block, int slot,
+                                bool v)
+{
+    return (((size_t)layer * kv->n_blocks + block) * kv->block_size + slot) *
+           kv_cache_row_bytes(kv, v);
+}
+
+/* n (2 to 8) bytes at p, little-endian: a fixed-size copy per case, so no
+ * call to memcpy in the decoders' inner loops, and no byte past p + n read. */
+static inline uint64_t qattn_load_le(const uint8_t *p, int n)
+{
+    uint64_t w = 0;
+    switch (n) {
+    case 2: memcpy(&w, p, 2); break;
+    case 3: memcpy(&w, p, 3); break;
+    case 4: memcpy(&w, p, 4); break;
+    case 6: memcpy(&w, p, 6); break;
+    case 8: memcpy(&w, p, 8); break;
+    default:
+        for (int i = 0; i < n; i++)
+            w |= (uint64_t)p[i] << (8 * i);
+    }
+    return w;
+}
+
+/* threadpool_run bodies: thread ith of nth takes every nth (row, kv head)
+ * pair of job (a struct qattn_job). Both variants compute the same bits: they
+ * decode the same floats and sum them in the same order (the AVX-512 dot
+ * product keeps the AVX2 one's two 8-lane accumulators as its two halves). */
+void cpu_qattn_rows_avx2(void *job, int ith, int nth);
+void cpu_qattn_rows_avx512(void *job, int ith, int nth);
+
+#endif

@@ -1,0 +1,246 @@
+/* tests/unit/test_cuda_kv_quant.c — a quantized KV cache on the CUDA backend against the CPU
+ * backend's: the records CUDA writes are the CPU's bytes (the format is bit-defined in
+ * backend/kv_quant.h and both quantize in its arithmetic and order), and CUDA's fused attention
+ * over them equals the CPU's within float rounding, for every format, every tiny architecture
+ * plus sliding-window, head_dim-96 and wide-GQA shapes, a prefill step of three sequences batched
+ * and a decode step after it, in EXACT mode (decode kernels throughout) and FAST mode (the
+ * tiled prefill kernel for the prefill step). Skipped, saying why, without a GPU. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda.h"
+#include "backend/kv_quant.h"
+#include "kv/kv.h"
+#include "kv/kv_quant_config.h"
+#include "model/model.h"
+#include "tools/mkmodel.h"
+
+static void skip_without_gpu(void)
+{
+    if (!backend_cuda_compiled())
+        cr_skip_test("inferd was built without CUDA: quantized KV on CUDA not checked");
+    if (backend_cuda_device_count() == 0)
+        cr_skip_test("no CUDA GPU on this machine: quantized KV on CUDA not checked");
+}
+
+static struct kv_quant quant_of(const char *name)
+{
+    struct kv_quant q;
+    bool on = false;
+    struct err err = {0};
+    cr_assert_eq(kv_quant_parse(name, &q, &on, &err), 0, "%s: %s", name, err.msg);
+    cr_assert(on, "%s is quantized", name);
+    return q;
+}
+
+static float frand(uint64_t *s)
+{
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((*s >> 40) & 0xffffff) / (float)0x800000 - 1.0f;
+}
+
+#define GQ_LAYERS 2
+#define GQ_BLOCK 16
+#define GQ_BLOCKS 12
+/* CUDA attention vs CPU attention over the same records: both read the same
+ * decoded values; only the order of the sums (and, for QJL keys in the
+ * prefill kernel, R'^T z folded into the key instead of R' R q into the
+ * query) differs. Outputs are averages of values in [-1, 1]. */
+#define GQ_TOL 2e-4f
+
+struct gq_case {
+    int n_heads, n_kv_heads, head_dim, sliding_window;
+    const char *name;
+};
+
+/* A cache of one backend: its memory and the kv_cache over it. */
+struct gq_cache {
+    struct kv_cache kv;
+    size_t krow, vrow, slots;
+};
+
+static void gq_cache_init(struct backend *be, const struct gq_case *gc, struct gq_cache *c)
+{
+    struct err err = {0};
+    struct kv_format f = kv_format_of_backend(be);
+    struct model_config mc = {.n_layers = GQ_LAYERS, .n_kv_heads = gc->n_kv_heads,
+                              .head_dim = gc->head_dim, .n_heads = gc->n_heads};
+    cr_assert_eq(kv_format_check(&mc, &f, &err), 0, "%s", err.msg);
+    c->krow = kv_format_row_bytes(&mc, &f, false);
+    c->vrow = kv_format_row_bytes(&mc, &f, true);
+    c->slots = (size_t)GQ_LAYERS * GQ_BLOCKS * GQ_BLOCK;
+    c->kv = (struct kv_cache){.k = be->ops->alloc(be, c->slots * c->krow),
+                              .v = be->ops->alloc(be, c->slots * c->vrow),
+                              .dtype = be->kv_dtype, .n_layers = GQ_LAYERS,
+                              .n_blocks = GQ_BLOCKS, .block_size = GQ_BLOCK,
+                              .n_kv_heads = gc->n_kv_heads, .head_dim = gc->head_dim,
+                              .quant = be->kv_quant, .k_row_bytes = c->krow,
+                              .v_row_bytes = c->vrow};
+    cr_assert(c->kv.k && c->kv.v, "cache memory");
+}
+
+static void *dev_copy(struct backend *be, const void *src, size_t bytes)
+{
+    void *d = be->ops->alloc(be, bytes);
+    cr_assert(d, "device memory");
+    be->ops->to_device(be, d, src, bytes);
+    return d;
+}
+
+/* Three sequences of prompt lengths 37, 5 and 20 prefilled in one step,
+ * then a decode step of one token each; every layer checked at both. */
+static void check_format(const struct gq_case *gc, const char *format, enum compute_mode mode)
+{
+    struct kv_quant q = quant_of(format);
+    if (q.layer[0].scheme == KV_QUANT_AFFINE && gc->head_dim % q.layer[0].group_size)
+        return; /* groups must tile head_dim (kv_format_check refuses it) */
+    struct err err = {0};
+    struct backend *bc, *bg;
+    cr_assert_eq(backend_cpu_create(&(struct backend_options){.threads = 2, .kv_quant = &q}, &bc,
+                                    &err),
+                 0, "%s", err.msg);
+    cr_assert_eq(backend_cuda_create(0, &(struct backend_options){.mode = mode, .kv_quant = &q},
+                                     &bg, &err),
+                 0, "%s", err.msg);
+    struct gq_cache cc, cg;
+    gq_cache_init(bc, gc, &cc);
+    gq_cache_init(bg, gc, &cg);
+    cr_assert_eq(cc.krow, cg.krow, "the same row pitch on both backends");
+    cr_assert_eq(cc.vrow, cg.vrow, "the same row pitch on both backends");
+    int hd = gc->head_dim, kvh = gc->n_kv_heads, nh = gc->n_heads;
+    size_t kv_dim = (size_t)kvh * hd, q_dim = (size_t)nh * hd;
+    static const uint32_t t0[] = {0, 3, 6, 9}, t1[] = {1, 4}, t2[] = {2, 5, 7};
+    const uint32_t *tables[3] = {t0, t1, t2};
+    int n_tables[3] = {4, 2, 3}, lens[3] = {37, 5, 20};
+    uint64_t seed = 0x5eed + (uint64_t)hd * 13 + (uint64_t)nh;
+    uint8_t *host_k = malloc(cc.slots * cc.krow), *host_v = malloc(cc.slots * cc.vrow);
+    for (int step = 0; step < 2; step++) {
+        struct attn_span spans[3];
+        int rows = 0;
+        for (int s = 0; s < 3; s++) {
+            int n = step == 0 ? lens[s] : 1, pos0 = step == 0 ? 0 : lens[s];
+            spans[s] = (struct attn_span){rows, n, pos0, tables[s], n_tables[s]};
+            rows += n;
+        }
+        float *k = malloc((size_t)rows * kv_dim * 4), *v = malloc((size_t)rows * kv_dim * 4);
+        float *qv = malloc((size_t)rows * q_dim * 4);
+        float *out_c = malloc((size_t)rows * q_dim * 4), *out_g = malloc((size_t)rows * q_dim * 4);
+        for (int layer = 0; layer < GQ_LAYERS; layer++) {
+            for (size_t i = 0; i < (size_t)rows * kv_dim; i++) {
+                k[i] = frand(&seed) * (i % (size_t)hd == 3 ? 8.0f : 1.0f);
+                v[i] = frand(&seed);
+            }
+            for (size_t i = 0; i < (size_t)rows * q_dim; i++)
+                qv[i] = frand(&seed);
+            float *dk = dev_copy(bg, k, (size_t)rows * kv_dim * 4);
+            float *dv = dev_copy(bg, v, (size_t)rows * kv_dim * 4);
+            float *dq = dev_copy(bg, qv, (size_t)rows * q_dim * 4);
+            float *dout = bg->ops->alloc(bg, (size_t)rows * q_dim * 4);
+            bc->ops->kv_store(bc, &cc.kv, layer, k, v, spans, 3);
+            bg->ops->kv_store(bg, &cg.kv, layer, dk, dv, spans, 3);
+            float scale = 1.0f / sqrtf((float)hd);
+            bc->ops->attention(bc, qv, &cc.kv, layer, spans, 3, nh, scale, gc->sliding_window,
+                               out_c);
+            bg->ops->attention(bg, dq, &cg.kv, layer, spans, 3, nh, scale, gc->sliding_window,
+                               dout);
+            bg->ops->to_host(bg, out_g, dout, (size_t)rows * q_dim * 4);
+            cr_assert_eq(bg->ops->status(bg, &err), 0, "%s", err.msg);
+
+            /* the stored records, byte for byte, in every slot written so far */
+            bg->ops->to_host(bg, host_k, cg.kv.k, cc.slots * cc.krow);
+            bg->ops->to_host(bg, host_v, cg.kv.v, cc.slots * cc.vrow);
+            long differing = 0;
+            for (int s = 0; s < 3; s++)
+                for (int pos = 0; pos < spans[s].pos0 + spans[s].n_tokens; pos++) {
+                    uint32_t blk = tables[s][pos / GQ_BLOCK];
+                    size_t slot = ((size_t)layer * GQ_BLOCKS + blk) * GQ_BLOCK + pos % GQ_BLOCK;
+                    differing += memcmp(host_k + slot * cc.krow,
+                                        (const uint8_t *)cc.kv.k + slot * cc.krow, cc.krow) != 0;
+                    differing += memcmp(host_v + slot * cc.vrow,
+                                        (const uint8_t *)cc.kv.v + slot * cc.vrow, cc.vrow) != 0;
+                }
+            cr_expect_eq(differing, 0, "%s %s layer %d %s: %ld K/V rows differ from the CPU's bytes",
+                         gc->name, format, layer, step ? "decode" : "prefill", differing);
+
+            float worst = 0;
+            for (size_t i = 0; i < (size_t)rows * q_dim; i++) {
+                float d = fabsf(out_c[i] - out_g[i]);
+                worst = d > worst || isnan(d) ? d : worst;
+            }
+            cr_expect_leq(worst, GQ_TOL, "%s %s %s layer %d %s: CUDA vs CPU attention differ by %g",
+                          gc->name, format, mode == COMPUTE_FAST ? "fast" : "exact", layer,
+                          step ? "decode" : "prefill", worst);
+            bg->ops->release(bg, dk);
+            bg->ops->release(bg, dv);
+            bg->ops->release(bg, dq);
+            bg->ops->release(bg, dout);
+        }
+        free(k);
+        free(v);
+        free(qv);
+        free(out_c);
+        free(out_g);
+    }
+    free(host_k);
+    free(host_v);
+    bc->ops->release(bc, cc.kv.k);
+    bc->ops->release(bc, cc.kv.v);
+    bg->ops->release(bg, cg.kv.k);
+    bg->ops->release(bg, cg.kv.v);
+    backend_destroy(bc);
+    backend_destroy(bg);
+}
+
+static const char *const gq_formats[] = {"8", "4", "8g32", "4g32", "turbo", "turbo:k4v3",
+                                         "turbo:k3v2", "turbo:k5v4", "turbo:k4v3:qjl", NULL};
+
+static void check_all_shapes(enum compute_mode mode)
+{
+    int n = 0;
+    const struct mkmodel_preset *presets = mkmodel_presets(&n);
+    int tested = 0;
+    for (int i = 0; i < n; i++) {
+        const struct mkmodel_preset *p = &presets[i];
+        if (p->real || p->head_dim % 16 || p->head_dim > 256)
+            continue;
+        struct gq_case gc = {p->n_heads, p->n_kv_heads, p->head_dim,
+                             p->sliding_window > 0 && p->sliding_window < 30 ? p->sliding_window
+                                                                             : 0,
+                             p->name};
+        for (int f = 0; gq_formats[f]; f++)
+            check_format(&gc, gq_formats[f], mode);
+        tested++;
+    }
+    cr_expect_geq(tested, 5, "the tiny presets");
+    struct gq_case extra[] = {{4, 2, 64, 11, "sliding-11"}, {6, 2, 96, 0, "head_dim-96"},
+                              {8, 1, 128, 0, "gqa-8"}, {8, 2, 256, 0, "head_dim-256"}};
+    for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++)
+        for (int f = 0; gq_formats[f]; f++)
+            check_format(&extra[i], gq_formats[f], mode);
+}
+
+Test(cuda_kv_quant, exact_mode_stores_the_cpus_bytes_and_attends_as_the_cpu, .timeout = 600)
+{
+    skip_without_gpu();
+    check_all_shapes(COMPUTE_EXACT);
+}
+
+Test(cuda_kv_quant, fast_mode_prefill_kernel_attends_as_the_cpu, .timeout = 600)
+{
+    skip_without_gpu();
+    check_all_shapes(COMPUTE_FAST);
+}
+
+Test(cuda_kv_quant, a_format_neither_backend_reads_is_refused_at_creation)
+{
+    skip_without_gpu();
+    struct kv_quant q = quant_of("8");
+    q.layer[0].group_size = 48;
+    struct err err = {0};
+    struct backend *be = NULL;
+    cr_expect_lt(backend_cuda_create(0, &(struct backend_options){.kv_quant = &q}, &be, &err), 0);
+    cr_expect(strstr(err.msg, "layer 0"), "names the layer: %s", err.msg);
+    backend_destroy(be);
+}
