@@ -6,8 +6,8 @@
 #   MODEL_DIR  the test model (default $E2E_MODEL or build/models/e2e-qwen3); when it is missing
 #              or older than INFERD it is (re)made with `INFERD mkmodel --preset tiny-qwen3
 #              --tokenizer $E2E_TOKENIZER` (default build/text-data/qwen3, from `make text-data`)
-#   --sanitize for an AddressSanitizer/UBSan build: the same suites with a short load run; fails
-#              when any server's stderr holds a sanitizer report
+#   --sanitize for an AddressSanitizer/UBSan build: the same suites (but spec) with a short load
+#              run; fails when any server's stderr holds a sanitizer report
 # Environment: E2E_SUITES (default "e2e responses anthropic structured bad_input load ssd spec webui audio"; ssd starts its own
 # servers over fresh cache directories, and runs bench/ssd_kill.sh shortened; webui starts its own server of
 # models/house with an API key and drives the chat page in Debian's /usr/bin/chromium, skipped with a message
@@ -39,6 +39,9 @@ if [ -n "${1:-}" ]; then INFERD=$(absolute "$1" "$PWD"); else INFERD=$(absolute 
 if [ -n "${2:-}" ]; then MODEL=$(absolute "$2" "$PWD"); else MODEL=$(absolute "${E2E_MODEL:-build/models/e2e-qwen3}" "$root"); fi
 TOKENIZER=$(absolute "${E2E_TOKENIZER:-build/text-data/qwen3}" "$root")
 SUITES=${E2E_SUITES:-e2e responses anthropic structured bad_input load ssd spec webui audio}
+# Under a sanitizer the speculation suite is left out by default (its engine paths are the unit
+# tests' and the plain pass's; instrumented it takes minutes of the suite's time budget).
+[ $sanitize = 1 ] && [ -z "${E2E_SUITES:-}" ] && SUITES=${SUITES/ spec / }
 cd "$root"
 
 [ -x "$INFERD" ] || die "no inferd binary at $INFERD (build it first)"
