@@ -6,7 +6,7 @@
 #   MODEL_DIR  the test model (default $E2E_MODEL or build/models/e2e-qwen3); when it is missing
 #              or older than INFERD it is (re)made with `INFERD mkmodel --preset tiny-qwen3
 #              --tokenizer $E2E_TOKENIZER` (default build/text-data/qwen3, from `make text-data`)
-#   --sanitize for an AddressSanitizer/UBSan build: the same suites (but spec) with a short load
+#   --sanitize for an AddressSanitizer/UBSan build: the suites but spec, structured and webui, a short load
 #              run; fails when any server's stderr holds a sanitizer report
 # Environment: E2E_SUITES (default "e2e responses anthropic structured bad_input load ssd spec webui audio"; ssd starts its own
 # servers over fresh cache directories, and runs bench/ssd_kill.sh shortened; webui starts its own server of
@@ -39,9 +39,12 @@ if [ -n "${1:-}" ]; then INFERD=$(absolute "$1" "$PWD"); else INFERD=$(absolute 
 if [ -n "${2:-}" ]; then MODEL=$(absolute "$2" "$PWD"); else MODEL=$(absolute "${E2E_MODEL:-build/models/e2e-qwen3}" "$root"); fi
 TOKENIZER=$(absolute "${E2E_TOKENIZER:-build/text-data/qwen3}" "$root")
 SUITES=${E2E_SUITES:-e2e responses anthropic structured bad_input load ssd spec webui audio}
-# Under a sanitizer the speculation suite is left out by default (its engine paths are the unit
-# tests' and the plain pass's; instrumented it takes minutes of the suite's time budget).
-[ $sanitize = 1 ] && [ -z "${E2E_SUITES:-}" ] && SUITES=${SUITES/ spec / }
+# Under a sanitizer the default is the suites that drive outside input through the server's
+# parsers and its memory-owning paths (requests, SDK streams, raw sockets, load, the SSD tier,
+# audio uploads). Speculation, structured output and the web page run in the plain pass only:
+# their engine paths are the unit tests' and the fuzzers', and instrumented they take minutes
+# of the suite's time budget.
+[ $sanitize = 1 ] && [ -z "${E2E_SUITES:-}" ] && SUITES="e2e responses anthropic bad_input load ssd audio"
 cd "$root"
 
 [ -x "$INFERD" ] || die "no inferd binary at $INFERD (build it first)"
