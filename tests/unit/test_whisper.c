@@ -196,6 +196,21 @@ Test(mel, filters_match_the_slaney_bank_transformers_builds)
 }
 
 /* Golden parity files, when present (tests/goldens/whisper, made by make_goldens.py). */
+#define GOLDEN_MEL_FRAMES 400   /* make_goldens.py's MEL_FRAMES */
+#define GOLDEN_ENCODER_STRIDE 10 /* make_goldens.py's ENCODER_STRIDE */
+
+/* The clip make_goldens.py uses: 3 s of 440 Hz + 3 kHz at 16 kHz, computed in double as numpy
+ * does (float phases of 56k radians would add a noise floor); *n gets its length. */
+static float *golden_clip(size_t *n)
+{
+    *n = 16000 * 3;
+    float *x = malloc(*n * sizeof *x);
+    cr_assert_not_null(x);
+    for (size_t i = 0; i < *n; i++)
+        x[i] = (float)(0.3 * sin(2 * M_PI * 440.0 * (double)i / 16000) +
+                       0.1 * sin(2 * M_PI * 3000.0 * (double)i / 16000));
+    return x;
+}
 Test(whisper_goldens, mel_matches_transformers_when_goldens_exist)
 {
     char path[4200];
@@ -205,19 +220,20 @@ Test(whisper_goldens, mel_matches_transformers_when_goldens_exist)
     if (!gold) {
         cr_skip_test("whisper goldens absent (%s): run tests/goldens/whisper/make_goldens.py", path);
     }
-    cr_assert_eq(len, 80 * AUDIO_WINDOW_FRAMES * sizeof(float));
+    /* make_goldens.py keeps the first GOLDEN_MEL_FRAMES frames of each bin: the clip and a
+     * stretch of the padding, which stays one constant after it. */
+    cr_assert_eq(len, 80 * GOLDEN_MEL_FRAMES * sizeof(float));
     struct audio_mel mel;
     struct err err = {0};
     cr_assert_eq(audio_mel_init(80, &mel, &err), 0);
-    size_t n = 16000 * 3;
-    float *x = malloc(n * sizeof *x), *out = malloc(len);
-    for (size_t i = 0; i < n; i++) /* the clip make_goldens.py writes: 440 Hz + 3 kHz */
-        x[i] = 0.3f * sinf(2 * (float)M_PI * 440.0f * i / 16000) +
-               0.1f * sinf(2 * (float)M_PI * 3000.0f * i / 16000);
+    size_t n;
+    float *x = golden_clip(&n), *out = malloc(80 * AUDIO_WINDOW_FRAMES * sizeof *out);
     audio_mel_window(&mel, x, n, out);
     float worst = 0;
-    for (size_t i = 0; i < len / sizeof(float); i++)
-        worst = fmaxf(worst, fabsf(out[i] - ((float *)gold)[i]));
+    for (int b = 0; b < 80; b++)
+        for (int f = 0; f < GOLDEN_MEL_FRAMES; f++)
+            worst = fmaxf(worst, fabsf(out[(size_t)b * AUDIO_WINDOW_FRAMES + f] -
+                                       ((float *)gold)[(size_t)b * GOLDEN_MEL_FRAMES + f]));
     cr_assert_leq(worst, 1e-4f, "max abs diff %g", worst);
     free(x);
     free(out);
@@ -358,19 +374,25 @@ Test(transcribe, windows_segments_and_options_on_a_random_model)
 Test(whisper_goldens, tiny_encoder_and_logits_match_transformers_when_goldens_exist)
 {
     char path[4200];
-    size_t enc_len = 0, log_len = 0, mel_len = 0;
+    size_t enc_len = 0, log_len = 0;
     snprintf(path, sizeof path, "%s/tests/goldens/whisper/whisper-tiny_encoder.f32", INFERD_SOURCE_DIR);
     float *enc_gold = (float *)test_read_file(path, &enc_len);
     snprintf(path, sizeof path, "%s/tests/goldens/whisper/whisper-tiny_logits.f32", INFERD_SOURCE_DIR);
     float *log_gold = (float *)test_read_file(path, &log_len);
-    snprintf(path, sizeof path, "%s/tests/goldens/whisper/sine_mel80.f32", INFERD_SOURCE_DIR);
-    float *mel = (float *)test_read_file(path, &mel_len);
-    if (!enc_gold || !log_gold || !mel) {
+    if (!enc_gold || !log_gold) {
         free(enc_gold);
         free(log_gold);
-        free(mel);
         cr_skip_test("whisper-tiny goldens absent: run tests/goldens/whisper/make_goldens.py");
     }
+    /* The encoder's input is our own mel of the clip (the mel test above holds it to
+     * transformers' within 1e-4). */
+    struct audio_mel front;
+    cr_assert_eq(audio_mel_init(80, &front, &(struct err){0}), 0);
+    size_t n_clip;
+    float *clip = golden_clip(&n_clip), *mel = malloc(80 * AUDIO_WINDOW_FRAMES * sizeof *mel);
+    audio_mel_window(&front, clip, n_clip, mel);
+    free(clip);
+    audio_mel_free(&front);
     char *dir = test_mkdtemp();
     struct err err = {0};
     cr_assert_eq(mkwhisper_write("whisper-tiny", 1, dir, &err), 0, "%s", err.msg);
@@ -380,19 +402,25 @@ Test(whisper_goldens, tiny_encoder_and_logits_match_transformers_when_goldens_ex
     cr_assert_eq(whisper_load(dir, be, &m, &err), 0, "%s", err.msg);
     cr_assert_eq(whisper_state_create(m, &st, &err), 0, "%s", err.msg);
     cr_assert_eq(whisper_encode(st, mel, &err), 0, "%s", err.msg);
-    size_t n_enc = (size_t)1500 * m->config.d_model;
-    cr_assert_eq(enc_len, n_enc * sizeof(float));
-    float *enc = malloc(enc_len);
+    size_t d = (size_t)m->config.d_model, kept = 1500 / GOLDEN_ENCODER_STRIDE;
+    cr_assert_eq(enc_len, kept * d * sizeof(float));
+    float *enc = malloc(1500 * d * sizeof *enc);
     cr_assert_eq(whisper_encoder_output(st, enc, &err), 0);
     float worst = 0, scale = 0;
-    for (size_t i = 0; i < n_enc; i++) {
-        worst = fmaxf(worst, fabsf(enc[i] - enc_gold[i]));
-        scale = fmaxf(scale, fabsf(enc_gold[i]));
-    }
+    for (size_t r = 0; r < kept; r++)
+        for (size_t i = 0; i < d; i++) {
+            float g = enc_gold[r * d + i];
+            worst = fmaxf(worst, fabsf(enc[r * GOLDEN_ENCODER_STRIDE * d + i] - g));
+            scale = fmaxf(scale, fabsf(g));
+        }
     cr_assert_leq(worst, 1e-3f * scale, "encoder max abs diff %g (scale %g)", worst, scale);
     int vocab = m->config.vocab_size, n_prompt = (int)(log_len / sizeof(float) / vocab);
-    int32_t prompt[] = {50258, 50259, 50359, 50363};
+    size_t prompt_len = 0;
+    snprintf(path, sizeof path, "%s/tests/goldens/whisper/whisper-tiny_prompt.i32", INFERD_SOURCE_DIR);
+    int32_t *prompt = (int32_t *)test_read_file(path, &prompt_len);
+    cr_assert_not_null(prompt, "%s is missing", path);
     cr_assert_eq(n_prompt, 4);
+    cr_assert_eq(prompt_len, n_prompt * sizeof(int32_t));
     float *logits = malloc(vocab * sizeof *logits);
     for (int p = 0; p < n_prompt; p++) {
         cr_assert_eq(whisper_decode(st, &prompt[p], 1, logits, &err), 0, "%s", err.msg);
@@ -411,6 +439,7 @@ Test(whisper_goldens, tiny_encoder_and_logits_match_transformers_when_goldens_ex
         cr_assert_leq(diff, 1e-3f * norm, "position %d: logits differ by %g (scale %g)", p, diff, norm);
     }
     free(logits);
+    free(prompt);
     free(enc);
     free(enc_gold);
     free(log_gold);

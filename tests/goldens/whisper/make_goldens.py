@@ -6,16 +6,20 @@ Needs torch, transformers and numpy (the GPU machine has them). For each random-
 raw little-endian float32 files beside this script:
 
   sine_mel80.f32              WhisperFeatureExtractor(feature_size=80) of the 3 s clip
-                              0.3 sin(2 pi 440 t) + 0.1 sin(2 pi 3000 t): 80 x 3000
+                              0.3 sin(2 pi 440 t) + 0.1 sin(2 pi 3000 t), its first
+                              MEL_FRAMES frames (the clip and 100 frames of the padding,
+                              which is one constant from there on): 80 x MEL_FRAMES
   sine_mel128.f32             the same with 128 bins
-  PRESET_encoder.f32          the encoder's last hidden state for sine_mel80: 1500 x d_model
+  PRESET_encoder.f32          the encoder's last hidden state for the whole 80-bin window,
+                              every ENCODER_STRIDE-th position: (1500 / ENCODER_STRIDE) x d_model
   PRESET_logits.f32           decoder logits for the prompt below: n_prompt x vocab
   PRESET_prompt.i32           <|startoftranscript|><|en|><|transcribe|><|notimestamps|>
   PRESET_generate.i32         greedy generate() of 20 new tokens (transcribe, language en)
   PRESET_translate.i32        greedy generate() of 20 new tokens, task translate, language de
   PRESET_lang.i32             the detected language token (generate without a language)
 
-The C tests (tests/unit/test_whisper.c) skip with a message while these files are absent.
+The subsets keep the committed files small (the checks stay the same: every stored value is
+compared). The C tests (tests/unit/test_whisper.c) skip with a message while these files are absent.
 Usage: make_goldens.py --inferd build/inferd [--out tests/goldens/whisper]
 """
 import argparse
@@ -26,6 +30,10 @@ import tempfile
 import numpy as np
 import torch
 from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration
+
+
+MEL_FRAMES = 400
+ENCODER_STRIDE = 10
 
 
 def clip():
@@ -48,7 +56,7 @@ def main():
     for bins in (80, 128):
         fe = WhisperFeatureExtractor(feature_size=bins)
         mel = fe(audio, sampling_rate=16000, return_tensors="np").input_features[0]
-        save(os.path.join(a.out, f"sine_mel{bins}.f32"), mel, np.float32)
+        save(os.path.join(a.out, f"sine_mel{bins}.f32"), mel[:, :MEL_FRAMES], np.float32)
     fe = WhisperFeatureExtractor(feature_size=80)
     feats = torch.from_numpy(fe(audio, sampling_rate=16000, return_tensors="np").input_features)
     for preset in a.presets.split(","):
@@ -66,7 +74,7 @@ def main():
                 tr = model.generate(feats, language="de", task="translate", do_sample=False,
                                     max_new_tokens=20)[0]
                 lang = model.detect_language(feats)[0]
-            save(os.path.join(a.out, f"{preset}_encoder.f32"), enc.numpy(), np.float32)
+            save(os.path.join(a.out, f"{preset}_encoder.f32"), enc.numpy()[::ENCODER_STRIDE], np.float32)
             save(os.path.join(a.out, f"{preset}_logits.f32"), logits.numpy(), np.float32)
             save(os.path.join(a.out, f"{preset}_prompt.i32"), np.array(prompt), np.int32)
             save(os.path.join(a.out, f"{preset}_generate.i32"), gen.numpy(), np.int32)
