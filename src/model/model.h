@@ -18,7 +18,14 @@ struct layer_weights {
     float *bo;                   /* o_proj bias (attention_bias on Llama/Qwen3), else NULL */
     float *q_norm, *k_norm;      /* head_dim floats, Qwen3 only, else NULL */
     float *mlp_norm;
-    struct weight_matrix w_gate, w_up, w_down;
+    struct weight_matrix w_gate, w_up, w_down; /* the dense MLP; unset in a sparse layer */
+    /* A sparse (mixture-of-experts) layer: the router and the experts. */
+    struct weight_matrix router;   /* n_experts x hidden (mlp.gate) */
+    struct moe_experts experts;    /* its gate/up/down arrays owned (load.c frees them) */
+    /* The shared expert every token runs, scaled by sigmoid(shared_gate . x) (Qwen2-MoE
+     * style); rows 0 when the config has none. */
+    struct weight_matrix shared_gate, shared_up, shared_down;
+    struct weight_matrix shared_expert_gate; /* 1 x hidden */
 };
 
 struct model_weights {
@@ -88,6 +95,10 @@ struct batch_seq {
     int n_block_ids;
     bool all_logits;
     bool no_logits; /* no row at all: a prefill chunk whose prediction nobody reads */
+    /* Host memory of hidden_size floats, or NULL: the last token's final-normed
+     * hidden state (what the LM head would read) is copied here, and the
+     * sequence gets no logits row (an embedding). */
+    float *hidden_out;
 };
 
 struct batch {
