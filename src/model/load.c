@@ -435,6 +435,8 @@ int model_load_with(const char *dir, struct backend *be, const struct model_load
     }
     if ((rc = build_rope(m, rope_factors, err)))
         goto fail;
+    if (!model_path_is_gguf(dir) && (rc = model_embedding_load(dir, &m->embedding, err)))
+        goto fail;
     free(rope_factors);
     *out = m;
     return 0;

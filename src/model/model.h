@@ -35,6 +35,23 @@ struct model_weights {
     struct weight_matrix lm_head;/* == embed when tied */
 };
 
+/* What a directory says about its embeddings (sentence-transformers'
+ * modules.json, model/embedding.c). Without those files: POOLING_DEFAULT,
+ * and an embedding is the last token's hidden state, L2-normalised. */
+enum model_pooling {
+    MODEL_POOLING_DEFAULT = 0,  /* no modules.json */
+    MODEL_POOLING_LAST_TOKEN,   /* Qwen3-Embedding's: the last token's hidden state */
+    MODEL_POOLING_OTHER,        /* mean, CLS, max, ...: not computed (mode names it) */
+};
+struct model_embedding {
+    enum model_pooling pooling;
+    char mode[32];              /* the pooling_mode_* that is on ("lasttoken", "mean_tokens") */
+    bool normalize;             /* a Normalize module follows the pooling */
+};
+/* Reads DIR/modules.json and its Pooling module's config.json; absent files
+ * leave the default. A file that is not what it should be is -INFERD_EFORMAT. */
+int model_embedding_load(const char *dir, struct model_embedding *out, struct err *err);
+
 struct arch;
 
 struct model {
@@ -49,6 +66,7 @@ struct model {
     float *rope_inv_freq;        /* owned host memory, head_dim / 2 floats */
     enum dtype quantize;         /* model_load_options.quantize, while loading */
     struct rope_table rope;
+    struct model_embedding embedding; /* the directory's pooling, for /v1/embeddings */
 };
 
 /* Loads DIR (config.json, safetensors, generation_config.json) onto be, or
