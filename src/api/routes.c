@@ -1,4 +1,4 @@
-/* api/routes.c — the server's route table: the OpenAI routes (chat, completions, models,
+/* api/routes.c — the server's route table: the OpenAI routes (chat, completions, embeddings, models,
  * responses), GET /v1 listing them, Anthropic's Messages, then /health, /stats, /metrics, /fit
  * and the admin routes (which need the API key when one is set), WS /ws/chat, and the chat page
  * (GET /, /favicon.ico, /assets/…) unless it is turned off. A new API is one more file of
@@ -11,6 +11,7 @@
 #include "api/admin.h"
 #include "api/anthropic.h"
 #include "api/audio.h"
+#include "api/embeddings.h"
 #include "api/fit.h"
 #include "api/openai.h"
 #include "api/responses.h"
@@ -37,6 +38,7 @@ static const struct http_route routes[] = {
      false},
     {"POST", "/v1/audio/translations", false, HTTP_BODY_MULTIPART, audio_translations, NULL,
      false},
+    {"POST", "/v1/embeddings", false, HTTP_BODY_JSON, openai_embeddings, NULL, false},
     {"GET", "/v1", false, HTTP_BODY_NONE, api_index, NULL, false},
     {"GET", "/health", false, HTTP_BODY_NONE, admin_health, NULL, true},
     {"GET", "/stats", false, HTTP_BODY_NONE, admin_stats, NULL, false},

@@ -27,6 +27,23 @@ struct weight_matrix {
     const void *data;
 };
 
+/* A mixture-of-experts layer's experts. Expert e is a SwiGLU MLP,
+ *   f_e(x) = down[e] · (silu(gate[e] · x) * up[e] · x),
+ * gate[e] and up[e] inter x hidden, down[e] hidden x inter, every matrix of
+ * one dtype. The arrays are host memory (the model's); the matrices' data
+ * is wherever weights live. */
+struct moe_experts {
+    int n_experts;
+    int64_t hidden, inter;
+    struct weight_matrix *gate, *up, *down; /* n_experts each */
+};
+
+/* Floats of scratch moe_ffn needs for n_rows rows of top_k experts. */
+static inline size_t moe_scratch_floats(int64_t n_rows, int top_k, int64_t inter, int64_t hidden)
+{
+    return (size_t)n_rows * (size_t)top_k * (size_t)(2 * inter + hidden);
+}
+
 /* Paged KV storage of one model: n_blocks blocks of block_size token slots
  * per layer. Element (layer, block, slot, kv_head, d) of K lives at
  *   k + ((layer * n_blocks + block) * block_size + slot) * kv_dim + kv_head * head_dim + d
@@ -275,6 +292,39 @@ struct backend_ops {
     void (*attention_dense)(struct backend *be, const float *q, int64_t n_q, const float *k,
                             const float *v, int64_t n_kv, int64_t kv_stride, int n_heads,
                             int head_dim, float scale, int64_t causal, float *out);
+
+    /* ---- mixture-of-experts ops (Qwen3-MoE). Optional: NULL on a backend that
+     * lacks them, which then cannot load such a model. ---- */
+    /* Mixture-of-experts routing, for each row r of logits (n_rows x
+     * n_experts, the router's output): p = softmax(logits[r]) in f32 (the
+     * largest logit subtracted, expf, the sum in expert order, each e times
+     * 1 / sum); the top_k experts by p are chosen as torch.topk chooses them
+     * on the CPU (backend/moe_route.h: libstdc++'s nth_element, or
+     * partial_sort when top_k * 64 <= n_experts, over (p, expert) pairs, so
+     * equal p resolve as the reference resolves them), written to
+     * ids[r * top_k + j] by p descending (ties lower id first) with their p
+     * in weights[r * top_k + j], each divided by the sum of the chosen p (in
+     * that order) when norm. ids and weights are backend memory: a backend
+     * with its own memory never copies them to the host (moe_ffn reads them
+     * where they are). 1 <= top_k <= n_experts <= MOE_MAX_EXPERTS. */
+    void (*moe_route)(struct backend *be, const float *logits, int64_t n_rows, int n_experts,
+                      int top_k, bool norm, int32_t *ids, float *weights);
+    /* The experts of moe_route's choice:
+     *   y[r, :] = sum over the top_k experts e of row r, in ascending order
+     *             of e, of weights[r, j] * f_e(x[r, :])
+     * each term rounded to f32 and added to a sum starting at 0 (the order
+     * transformers' index_add_ adds them). x and y are n_rows x ex->hidden
+     * (y must not alias x); scratch is backend memory of
+     * moe_scratch_floats(n_rows, top_k, ex->inter, ex->hidden) floats. Only
+     * the matrices of experts some row chose are read. EXACT mode: a row's
+     * result is the same whatever other rows the call has. */
+    void (*moe_ffn)(struct backend *be, const float *x, int64_t n_rows,
+                    const struct moe_experts *ex, const int32_t *ids, const float *weights,
+                    int top_k, float *scratch, float *y);
+    /* y[r, :] += sigmoid(g[r]) * x[r, :] for n_rows rows of dim floats,
+     * sigmoid(t) = 1 / (1 + expf(-t)) (a shared expert's gate, Qwen2-MoE style). */
+    void (*gated_add)(struct backend *be, float *y, const float *x, const float *g,
+                      int64_t n_rows, int64_t dim);
 };
 
 /* A backend is driven by one thread at a time (its scratch buffers, thread

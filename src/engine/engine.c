@@ -359,7 +359,10 @@ static int check_fits(const struct engine *e, const struct gen_params *p, struct
                        "the prompt is %d tokens but the memory budget leaves room for %d "
                        "positions, which must include at least one generated token",
                        p->n_prompt, c->budget_ctx);
-    if (p->n_prompt >= c->n_ctx)
+    if (p->embed && p->n_prompt > c->n_ctx)
+        return err_set(err, INFERD_ERANGE,
+                       "the input is %d tokens but the context holds %d", p->n_prompt, c->n_ctx);
+    if (!p->embed && p->n_prompt >= c->n_ctx)
         return err_set(err, INFERD_ERANGE,
                        "the prompt is %d tokens but the context holds %d, which must leave "
                        "room for at least one generated token",
@@ -409,6 +412,11 @@ int engine_submit(struct engine *e, const struct gen_params *p, struct gen_outpu
     struct gen_params clamped = *p;
     if (p->n_prompt < e->cfg.n_ctx && clamped.max_tokens > e->cfg.n_ctx - p->n_prompt)
         clamped.max_tokens = e->cfg.n_ctx - p->n_prompt;
+    if (p->embed) { /* no token is generated: one position of room is all the checks ask for */
+        clamped.max_tokens = 1;
+        clamped.no_speculation = true;
+        clamped.grammar = NULL;
+    }
     int fit = check_fits(e, &clamped, err);
     if (fit < 0) {
         atomic_fetch_add(&e->requests_rejected, 1);
@@ -419,7 +427,16 @@ int engine_submit(struct engine *e, const struct gen_params *p, struct gen_outpu
     int rc = seq_create(&clamped, e->tok, e->model->config.vocab_size, &s, &o, err);
     if (rc < 0)
         return rc;
-    if (e->ckpt && resume(e, &clamped, s)) {
+    if (p->embed) {
+        s->embed = true;
+        o->n_embedding = e->model->config.hidden_size;
+        if (!(o->embedding = calloc((size_t)o->n_embedding, sizeof(float)))) {
+            seq_free(s, NULL);
+            gen_output_release(o);
+            return err_set(err, INFERD_ENOMEM, "out of memory for an embedding");
+        }
+    }
+    if (e->ckpt && !p->embed && resume(e, &clamped, s)) {
         *out = o;
         return 0;
     }

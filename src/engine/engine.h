@@ -113,6 +113,11 @@ struct gen_params {
     /* Speculative decoding, where the engine is configured with it: true turns it off for
      * this request (usage.speculation stays zero, the lane is never "serial+spec"). */
     bool no_speculation;
+    /* An embedding instead of a generation: the prompt is computed (in chunks, batched
+     * with the generations like any prefill) and the last token's final-normed hidden
+     * state goes to gen_output.embedding; nothing is sampled, max_tokens is ignored, and
+     * the prompt may fill the whole context. */
+    bool embed;
 };
 
 enum gen_finish {
@@ -173,6 +178,10 @@ struct gen_output {
                                   fired (gen_params.stop); 0: an end-of-sequence token */
     struct gen_spec_usage spec; /* speculation and lane, as of the last publish */
     atomic_bool cancel;        /* set by the reader; honoured at the next step */
+    float *embedding;          /* owned; n_embedding floats (hidden_size) for a gen_params.embed
+                                  request, written before the finish (GEN_FINISH_STOP) is
+                                  published and read after it; NULL otherwise */
+    int n_embedding;
     int refs;
 };
 

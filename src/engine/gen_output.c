@@ -170,6 +170,7 @@ void gen_output_release(struct gen_output *o)
         return;
     pthread_mutex_destroy(&o->mu);
     pthread_cond_destroy(&o->cv);
+    free(o->embedding);
     strbuf_free(&o->text);
     strbuf_free(&o->tokens);
     strbuf_free(&o->ids);

@@ -487,7 +487,11 @@ int sched_build_batch(struct sched *sc)
             .block_ids = s->kv.table.blocks,
             .n_block_ids = s->kv.table.n_blocks,
             .all_logits = n_drafts > 0,
-            .no_logits = n_drafts == 0 && s->n_computed + chunk < s->n_tokens,
+            .no_logits = s->embed || (n_drafts == 0 && s->n_computed + chunk < s->n_tokens),
+            /* an embedding's last prompt row: its hidden state, not logits */
+            .hidden_out = s->embed && s->n_computed + chunk == s->n_tokens && s->out
+                              ? s->out->embedding
+                              : NULL,
         };
         n++;
         budget -= chunk;

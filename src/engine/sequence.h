@@ -88,6 +88,7 @@ struct seq {
     bool no_speculation;        /* the request turned speculation off */
     struct seq *continues;      /* the finishing sequence this one took over, or NULL */
     struct seq *continued_by;   /* the sequence that took this finishing one over, or NULL */
+    bool embed;                 /* gen_params.embed: its last prompt row goes to out->embedding */
 };
 
 /* The engine's side of struct gen_output (engine/gen_output.c). */

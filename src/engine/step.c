@@ -179,6 +179,8 @@ int sched_step(struct sched *sc, struct err *err)
             sched_publish(sc, s);
             if (!sc->batch_seqs[b].no_logits)
                 why = take_row(sc, s, row++, on_backend);
+            else if (sc->batch_seqs[b].hidden_out)
+                why = GEN_FINISH_STOP; /* an embedding: its vector is in its output */
         }
         if (why == GEN_FINISH_STOP || why == GEN_FINISH_LENGTH) {
             sched_remove(sc, s);

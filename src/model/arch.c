@@ -4,6 +4,7 @@
 /* One line per family; a new family adds its table here. */
 static const struct arch *const families[] = {
     &arch_llama,
+    &arch_qwen3_moe,
 };
 
 const struct arch *arch_find(enum model_arch a)

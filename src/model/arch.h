@@ -22,10 +22,17 @@ struct forward_state {
     float *xn;                     /* normed input of a block, hidden_size */
     float *q, *attn;               /* n_heads * head_dim */
     float *k, *v;                  /* n_kv_heads * head_dim */
-    float *gate, *up;              /* intermediate_size */
+    float *gate, *up;              /* intermediate_size (or a shared expert's, when wider) */
     float *proj;                   /* o_proj / down_proj output, hidden_size */
     float *head_in;                /* final-normed rows awaiting the LM head, hidden_size */
     float *logits;                 /* LOGITS_CHUNK_ROWS x vocab_size */
+    /* mixture of experts (NULL for a dense model): */
+    float *router;                 /* n_experts */
+    int32_t *moe_ids;              /* n_experts_per_tok: the chosen experts */
+    float *moe_weights;            /* n_experts_per_tok */
+    float *moe_scratch;            /* moe_scratch_floats(max_tokens, ...) in all */
+    float *shared_out;             /* hidden_size; NULL without a shared expert */
+    float *shared_gate;            /* 1 */
     /* host memory: */
     int32_t *tokens, *positions;   /* owned; max_tokens */
     int32_t *out_rows;             /* owned; rows whose logits are wanted */
@@ -53,6 +60,19 @@ const struct arch *arch_find(enum model_arch a);
 
 /* The families (arch/NAME.c), each a table. */
 extern const struct arch arch_llama;
+extern const struct arch arch_qwen3_moe;
+
+/* The Llama family's pieces other families share (arch/llama.c): layer i's
+ * attention tensors and norms (input and post-attention), a SwiGLU MLP of
+ * inter rows (mlp.{gate,up,down}_proj), and the blocks over them. */
+int arch_llama_load_attention(struct model *m, int i, struct layer_weights *L, struct err *err);
+int arch_llama_load_mlp(struct model *m, int i, int64_t inter, struct layer_weights *L,
+                        struct err *err);
+void arch_llama_attention(const struct model *m, struct forward_state *st,
+                          const struct layer_weights *lw, struct kv_cache *kv, int layer,
+                          int n_rows, int n_spans);
+void arch_llama_mlp(const struct model *m, struct forward_state *st,
+                    const struct layer_weights *lw, int n_rows);
 
 /* Weight loading for load_layer (load.c): the tensor name with exactly the
  * shape given, marked used. A matrix stays in the mapping where it can (BF16,

@@ -82,6 +82,7 @@ static const struct {
     {"MistralForCausalLM", "mistral", ARCH_MISTRAL},
     {"Qwen2ForCausalLM", "qwen2", ARCH_QWEN2},
     {"Qwen3ForCausalLM", "qwen3", ARCH_QWEN3},
+    {"Qwen3MoeForCausalLM", "qwen3_moe", ARCH_QWEN3_MOE},
 };
 #define N_ARCHS ((int)(sizeof arch_table / sizeof arch_table[0]))
 
@@ -125,7 +126,8 @@ static int parse_arch(const struct json_reader *root, struct model_config *c)
     }
     return json_reader_fail_plain(root, INFERD_EUNSUPPORTED,
                                   "unsupported architecture '%.100s' (supported: LlamaForCausalLM, "
-                                  "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)",
+                                  "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+                                  "Qwen3MoeForCausalLM)",
                                   name);
 }
 
@@ -240,7 +242,7 @@ static int parse_sliding_window(const struct json_reader *root, struct model_con
         return json_read_int(root, "sliding_window", JSON_OPTIONAL, 1, INT_MAX,
                              &c->sliding_window);
     }
-    if (c->arch == ARCH_QWEN2 || c->arch == ARCH_QWEN3) {
+    if (c->arch == ARCH_QWEN2 || c->arch == ARCH_QWEN3 || c->arch == ARCH_QWEN3_MOE) {
         bool on = false;
         int rc = json_read_bool(root, "use_sliding_window", JSON_OPTIONAL, &on);
         if (rc)
@@ -271,6 +273,47 @@ static int parse_unsupported_features(const struct json_reader *root)
     return 0;
 }
 
+/* num_experts and the fields that go with it (Qwen3-MoE; Qwen2-MoE's shared expert). */
+static int parse_experts(const struct json_reader *root, struct model_config *c)
+{
+    c->decoder_sparse_step = 1;
+    c->norm_topk_prob = false; /* transformers' Qwen3MoeConfig default */
+    if (c->arch != ARCH_QWEN3_MOE)
+        return 0;
+    int rc;
+    if ((rc = json_read_int(root, "num_experts", JSON_REQUIRED, 0, CONFIG_MAX_EXPERTS,
+                            &c->n_experts)) ||
+        (rc = json_read_bool(root, "norm_topk_prob", JSON_OPTIONAL, &c->norm_topk_prob)) ||
+        (rc = json_read_int(root, "decoder_sparse_step", JSON_OPTIONAL, 1, 1024,
+                            &c->decoder_sparse_step)) ||
+        (rc = json_read_int(root, "shared_expert_intermediate_size", JSON_OPTIONAL, 0, 1 << 20,
+                            &c->shared_expert_intermediate_size)))
+        return rc;
+    if (c->n_experts == 0)
+        return 0;
+    if ((rc = json_read_int(root, "num_experts_per_tok", JSON_REQUIRED, 1,
+                            CONFIG_MAX_EXPERTS_PER_TOK, &c->n_experts_per_tok)) ||
+        (rc = json_read_int(root, "moe_intermediate_size", JSON_REQUIRED, 1, 1 << 20,
+                            &c->moe_intermediate_size)))
+        return rc;
+    if (c->n_experts_per_tok > c->n_experts)
+        return json_reader_fail_plain(root, INFERD_ERANGE,
+                                      "num_experts_per_tok (%d) is more than num_experts (%d)",
+                                      c->n_experts_per_tok, c->n_experts);
+    struct json_reader only;
+    size_t n = 0;
+    if ((rc = json_read_array(root, "mlp_only_layers", JSON_OPTIONAL, &only, &n)))
+        return rc;
+    for (size_t i = 0; only.v && i < n; i++) {
+        struct json_reader e = json_reader_element(&only, i);
+        int layer = 0;
+        if ((rc = json_read_int(&e, NULL, JSON_REQUIRED, 0, c->n_layers - 1, &layer)))
+            return rc;
+        c->mlp_only_layers[layer] = 1;
+    }
+    return 0;
+}
+
 static int parse_dtype_name(const struct json_reader *root, struct model_config *c)
 {
     static const char *const names[] = {"bfloat16", "float16", "float32", NULL};
@@ -294,7 +337,8 @@ int model_config_parse(const char *json, size_t len, struct model_config *out, s
     struct model_config c = {.bos_token_id = -1};
     if ((rc = parse_arch(&root, &c)) || (rc = parse_sizes(&root, &c)) ||
         (rc = parse_rope(&root, &c)) || (rc = parse_sliding_window(&root, &c)) ||
-        (rc = parse_unsupported_features(&root)) || (rc = parse_dtype_name(&root, &c)) ||
+        (rc = parse_unsupported_features(&root)) || (rc = parse_experts(&root, &c)) ||
+        (rc = parse_dtype_name(&root, &c)) ||
         (rc = json_read_bool(&root, "tie_word_embeddings", JSON_OPTIONAL,
                              &c.tie_word_embeddings)) ||
         (rc = json_read_bool(&root, "attention_bias", JSON_OPTIONAL, &c.attention_bias)) ||
@@ -304,7 +348,7 @@ int model_config_parse(const char *json, size_t len, struct model_config *out, s
         goto out;
     if (c.arch == ARCH_QWEN2)
         c.attention_bias = true; /* Qwen2 always has q/k/v biases; its config does not say so */
-    if (c.arch == ARCH_QWEN3)
+    if (c.arch == ARCH_QWEN3 || c.arch == ARCH_QWEN3_MOE)
         c.qk_norm = true;
     *out = c;
 out:

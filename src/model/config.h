@@ -8,11 +8,14 @@
 #include "base/dtype.h"
 #include "base/err.h"
 
-enum model_arch { ARCH_LLAMA, ARCH_MISTRAL, ARCH_QWEN2, ARCH_QWEN3 };
+enum model_arch { ARCH_LLAMA, ARCH_MISTRAL, ARCH_QWEN2, ARCH_QWEN3, ARCH_QWEN3_MOE };
 
 enum rope_scaling_kind { ROPE_SCALING_NONE, ROPE_SCALING_LINEAR, ROPE_SCALING_LLAMA3 };
 
 #define CONFIG_MAX_EOS 8
+/* Experts a mixture-of-experts config may have, and experts a token may use. */
+#define CONFIG_MAX_EXPERTS 512
+#define CONFIG_MAX_EXPERTS_PER_TOK 32
 
 struct model_config {
     enum model_arch arch;
@@ -39,7 +42,23 @@ struct model_config {
     int bos_token_id;          /* -1 when absent */
     int eos_token_ids[CONFIG_MAX_EOS];
     int n_eos;
+    /* Mixture of experts (Qwen3-MoE); n_experts 0: every layer is dense. Layer i is sparse
+     * when it is not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0. */
+    int n_experts;             /* num_experts */
+    int n_experts_per_tok;     /* num_experts_per_tok: top-k */
+    int moe_intermediate_size; /* each expert's */
+    bool norm_topk_prob;       /* the top-k probabilities are divided by their sum */
+    int decoder_sparse_step;
+    int shared_expert_intermediate_size; /* 0: no shared expert (Qwen2-MoE style when > 0) */
+    unsigned char mlp_only_layers[1024]; /* 1: layer i is dense whatever the step says */
 };
+
+/* True when layer i of c runs the experts rather than the dense MLP. */
+static inline bool model_config_layer_sparse(const struct model_config *c, int i)
+{
+    return c->n_experts > 0 && !c->mlp_only_layers[i] &&
+           (i + 1) % (c->decoder_sparse_step > 0 ? c->decoder_sparse_step : 1) == 0;
+}
 
 /* Parses config.json text (len bytes, need not be NUL-terminated).
  * Unsupported architectures are refused naming the architecture; sizes are

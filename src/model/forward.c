@@ -17,7 +17,9 @@ int batch_n_outputs(const struct batch *batch)
 {
     int n = 0;
     for (int s = 0; s < batch->n_seqs; s++)
-        n += batch->seqs[s].no_logits ? 0 : batch->seqs[s].all_logits ? batch->seqs[s].n_tokens : 1;
+        n += batch->seqs[s].no_logits || batch->seqs[s].hidden_out ? 0
+             : batch->seqs[s].all_logits                        ? batch->seqs[s].n_tokens
+                                                                : 1;
     return n;
 }
 
@@ -25,8 +27,11 @@ void forward_state_free(struct forward_state *st)
 {
     if (!st)
         return;
-    float *bufs[] = {st->x, st->xn, st->q, st->attn, st->k, st->v,
-                     st->gate, st->up, st->proj, st->head_in, st->logits};
+    float *bufs[] = {st->x,       st->xn,     st->q,           st->attn,
+                     st->k,       st->v,      st->gate,        st->up,
+                     st->proj,    st->head_in, st->logits,     st->router,
+                     (float *)st->moe_ids, st->moe_weights, st->moe_scratch, st->shared_out,
+                     st->shared_gate};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
             st->be->ops->release(st->be, bufs[i]);
@@ -37,14 +42,53 @@ void forward_state_free(struct forward_state *st)
     free(st);
 }
 
+/* Rows of the gate and up buffers: the dense MLP's or a shared expert's, the wider. */
+static uint64_t mlp_width(const struct model_config *c)
+{
+    return (uint64_t)(c->shared_expert_intermediate_size > c->intermediate_size
+                          ? c->shared_expert_intermediate_size
+                          : c->intermediate_size);
+}
+
+/* Floats per row of the mixture-of-experts buffers (0 for a dense model). */
+static uint64_t moe_row_floats(const struct model_config *c)
+{
+    if (c->n_experts == 0)
+        return 0;
+    uint64_t k = (uint64_t)c->n_experts_per_tok;
+    return (uint64_t)c->n_experts + 2 * k + moe_scratch_floats(1, (int)k, c->moe_intermediate_size,
+                                                               c->hidden_size) +
+           (c->shared_expert_intermediate_size ? (uint64_t)c->hidden_size + 1 : 0);
+}
+
 uint64_t forward_state_bytes(const struct model_config *c, int max_tokens)
 {
     /* The buffers of forward_state_create, in its order. */
     uint64_t rows = (uint64_t)max_tokens, f = sizeof(float);
     uint64_t q_dim = (uint64_t)c->n_heads * c->head_dim, kv_dim = (uint64_t)c->n_kv_heads * c->head_dim;
     uint64_t per_row = 2 * (uint64_t)c->hidden_size + 2 * q_dim + 2 * kv_dim +
-                       2 * (uint64_t)c->intermediate_size + 2 * (uint64_t)c->hidden_size;
+                       2 * mlp_width(c) + 2 * (uint64_t)c->hidden_size + moe_row_floats(c);
     return rows * per_row * f + (uint64_t)LOGITS_CHUNK_ROWS * c->vocab_size * f;
+}
+
+/* The mixture-of-experts buffers of st->max_tokens rows; -1 when out of memory. */
+static int moe_state_alloc(struct forward_state *st, const struct model_config *c)
+{
+    struct backend *be = st->be;
+    size_t rows = (size_t)st->max_tokens, k = (size_t)c->n_experts_per_tok;
+    st->router = be->ops->alloc(be, rows * (size_t)c->n_experts * sizeof(float));
+    st->moe_ids = be->ops->alloc(be, rows * k * sizeof(int32_t));
+    st->moe_weights = be->ops->alloc(be, rows * k * sizeof(float));
+    st->moe_scratch = be->ops->alloc(
+        be, moe_scratch_floats(st->max_tokens, (int)k, c->moe_intermediate_size, c->hidden_size) *
+                sizeof(float));
+    if (c->shared_expert_intermediate_size) {
+        st->shared_out = be->ops->alloc(be, rows * (size_t)c->hidden_size * sizeof(float));
+        st->shared_gate = be->ops->alloc(be, rows * sizeof(float));
+        if (!st->shared_out || !st->shared_gate)
+            return -1;
+    }
+    return st->router && st->moe_ids && st->moe_weights && st->moe_scratch ? 0 : -1;
 }
 
 int forward_state_create(const struct model *m, int max_tokens, struct forward_state **out,
@@ -68,8 +112,8 @@ int forward_state_create(const struct model *m, int max_tokens, struct forward_s
     st->attn = be->ops->alloc(be, rows * q_dim * sizeof(float));
     st->k = be->ops->alloc(be, rows * kv_dim * sizeof(float));
     st->v = be->ops->alloc(be, rows * kv_dim * sizeof(float));
-    st->gate = be->ops->alloc(be, rows * c->intermediate_size * sizeof(float));
-    st->up = be->ops->alloc(be, rows * c->intermediate_size * sizeof(float));
+    st->gate = be->ops->alloc(be, rows * mlp_width(c) * sizeof(float));
+    st->up = be->ops->alloc(be, rows * mlp_width(c) * sizeof(float));
     st->proj = be->ops->alloc(be, rows * c->hidden_size * sizeof(float));
     st->head_in = be->ops->alloc(be, rows * c->hidden_size * sizeof(float));
     st->logits = be->ops->alloc(be, (size_t)LOGITS_CHUNK_ROWS * c->vocab_size * sizeof(float));
@@ -78,7 +122,7 @@ int forward_state_create(const struct model *m, int max_tokens, struct forward_s
     st->out_rows = malloc(rows * sizeof(int32_t));
     if (!st->x || !st->xn || !st->q || !st->attn || !st->k || !st->v || !st->gate || !st->up ||
         !st->proj || !st->head_in || !st->logits || !st->tokens || !st->positions ||
-        !st->out_rows) {
+        !st->out_rows || (c->n_experts && moe_state_alloc(st, c) < 0)) {
         forward_state_free(st);
         return err_set(err, INFERD_ENOMEM, "out of memory for activations of %d tokens",
                        max_tokens);
@@ -149,7 +193,7 @@ static int lm_head(const struct model *m, struct forward_state *st, const struct
     const struct backend_ops *op = be->ops;
     int n_out = 0;
     for (int s = 0; s < batch->n_seqs; s++) {
-        if (batch->seqs[s].no_logits)
+        if (batch->seqs[s].no_logits || batch->seqs[s].hidden_out)
             continue;
         const struct attn_span *sp = &st->spans[s];
         int first = batch->seqs[s].all_logits ? sp->row0 : sp->row0 + sp->n_tokens - 1;
@@ -157,6 +201,19 @@ static int lm_head(const struct model *m, struct forward_state *st, const struct
         op->rmsnorm(be, st->x + (size_t)first * c->hidden_size, m->weights.final_norm, count,
                     c->hidden_size, c->rms_norm_eps, st->head_in + (size_t)n_out * c->hidden_size);
         n_out += count;
+    }
+    /* Embeddings: the final-normed last row of each such sequence, after the
+     * logits rows in head_in, copied out as it is (no LM head). */
+    int n_hidden = n_out;
+    for (int s = 0; s < batch->n_seqs; s++) {
+        if (!batch->seqs[s].hidden_out)
+            continue;
+        const struct attn_span *sp = &st->spans[s];
+        float *row = st->head_in + (size_t)n_hidden * c->hidden_size;
+        op->rmsnorm(be, st->x + (size_t)(sp->row0 + sp->n_tokens - 1) * c->hidden_size,
+                    m->weights.final_norm, 1, c->hidden_size, c->rms_norm_eps, row);
+        op->to_host(be, batch->seqs[s].hidden_out, row, (size_t)c->hidden_size * sizeof(float));
+        n_hidden++;
     }
     bool sampled = out->specs && op->sample;
     for (int r = 0; r < n_out; r += LOGITS_CHUNK_ROWS) {

@@ -435,6 +435,8 @@ int model_load_with(const char *dir, struct backend *be, const struct model_load
     }
     if ((rc = build_rope(m, rope_factors, err)))
         goto fail;
+    if (!model_path_is_gguf(dir) && (rc = model_embedding_load(dir, &m->embedding, err)))
+        goto fail;
     free(rope_factors);
     *out = m;
     return 0;
@@ -451,6 +453,11 @@ void model_free(struct model *m)
     for (int i = 0; i < m->n_owned_buffers; i++)
         m->backend->ops->release(m->backend, m->owned_buffers[i]);
     free(m->owned_buffers);
+    for (int i = 0; m->weights.layers && i < m->config.n_layers; i++) {
+        free(m->weights.layers[i].experts.gate);
+        free(m->weights.layers[i].experts.up);
+        free(m->weights.layers[i].experts.down);
+    }
     free(m->weights.layers);
     free(m->rope_inv_freq);
     st_set_close(&m->files);
@@ -474,6 +481,14 @@ uint64_t model_weight_bytes_per_token(const struct model *m)
         total += matrix_bytes(&L->wq) + matrix_bytes(&L->wk) + matrix_bytes(&L->wv) +
                  matrix_bytes(&L->wo) + matrix_bytes(&L->w_gate) + matrix_bytes(&L->w_up) +
                  matrix_bytes(&L->w_down);
+        /* a sparse layer reads its router and the top-k experts of n (their average share) */
+        if (L->experts.n_experts)
+            total += matrix_bytes(&L->router) + matrix_bytes(&L->shared_gate) +
+                     matrix_bytes(&L->shared_up) + matrix_bytes(&L->shared_down) +
+                     matrix_bytes(&L->shared_expert_gate) +
+                     (uint64_t)c->n_experts_per_tok *
+                         (matrix_bytes(&L->experts.gate[0]) + matrix_bytes(&L->experts.up[0]) +
+                          matrix_bytes(&L->experts.down[0]));
         total += 2 * (uint64_t)c->hidden_size * f;
         if (L->bq)
             total += (q_dim + 2 * kv_dim) * f;
@@ -489,6 +504,14 @@ uint64_t model_weight_bytes(const struct model *m)
     const struct weight_matrix *e = &m->weights.embed;
     uint64_t one_row = dtype_row_bytes(e->dtype, (uint64_t)m->config.hidden_size);
     uint64_t total = model_weight_bytes_per_token(m) - one_row;
+    /* the experts a step does not read */
+    for (int i = 0; i < m->config.n_layers; i++) {
+        const struct moe_experts *ex = &m->weights.layers[i].experts;
+        if (ex->n_experts)
+            total += (uint64_t)(ex->n_experts - m->config.n_experts_per_tok) *
+                     (matrix_bytes(&ex->gate[0]) + matrix_bytes(&ex->up[0]) +
+                      matrix_bytes(&ex->down[0]));
+    }
     if (m->weights.lm_head.data != e->data)
         total += matrix_bytes(e); /* untied: the table is not the head the step read */
     return total;

@@ -18,7 +18,14 @@ struct layer_weights {
     float *bo;                   /* o_proj bias (attention_bias on Llama/Qwen3), else NULL */
     float *q_norm, *k_norm;      /* head_dim floats, Qwen3 only, else NULL */
     float *mlp_norm;
-    struct weight_matrix w_gate, w_up, w_down;
+    struct weight_matrix w_gate, w_up, w_down; /* the dense MLP; unset in a sparse layer */
+    /* A sparse (mixture-of-experts) layer: the router and the experts. */
+    struct weight_matrix router;   /* n_experts x hidden (mlp.gate) */
+    struct moe_experts experts;    /* its gate/up/down arrays owned (load.c frees them) */
+    /* The shared expert every token runs, scaled by sigmoid(shared_gate . x) (Qwen2-MoE
+     * style); rows 0 when the config has none. */
+    struct weight_matrix shared_gate, shared_up, shared_down;
+    struct weight_matrix shared_expert_gate; /* 1 x hidden */
 };
 
 struct model_weights {
@@ -27,6 +34,23 @@ struct model_weights {
     float *final_norm;
     struct weight_matrix lm_head;/* == embed when tied */
 };
+
+/* What a directory says about its embeddings (sentence-transformers'
+ * modules.json, model/embedding.c). Without those files: POOLING_DEFAULT,
+ * and an embedding is the last token's hidden state, L2-normalised. */
+enum model_pooling {
+    MODEL_POOLING_DEFAULT = 0,  /* no modules.json */
+    MODEL_POOLING_LAST_TOKEN,   /* Qwen3-Embedding's: the last token's hidden state */
+    MODEL_POOLING_OTHER,        /* mean, CLS, max, ...: not computed (mode names it) */
+};
+struct model_embedding {
+    enum model_pooling pooling;
+    char mode[32];              /* the pooling_mode_* that is on ("lasttoken", "mean_tokens") */
+    bool normalize;             /* a Normalize module follows the pooling */
+};
+/* Reads DIR/modules.json and its Pooling module's config.json; absent files
+ * leave the default. A file that is not what it should be is -INFERD_EFORMAT. */
+int model_embedding_load(const char *dir, struct model_embedding *out, struct err *err);
 
 struct arch;
 
@@ -42,6 +66,7 @@ struct model {
     float *rope_inv_freq;        /* owned host memory, head_dim / 2 floats */
     enum dtype quantize;         /* model_load_options.quantize, while loading */
     struct rope_table rope;
+    struct model_embedding embedding; /* the directory's pooling, for /v1/embeddings */
 };
 
 /* Loads DIR (config.json, safetensors, generation_config.json) onto be, or
@@ -88,6 +113,10 @@ struct batch_seq {
     int n_block_ids;
     bool all_logits;
     bool no_logits; /* no row at all: a prefill chunk whose prediction nobody reads */
+    /* Host memory of hidden_size floats, or NULL: the last token's final-normed
+     * hidden state (what the LM head would read) is copied here, and the
+     * sequence gets no logits row (an embedding). */
+    float *hidden_out;
 };
 
 struct batch {

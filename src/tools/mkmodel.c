@@ -63,6 +63,15 @@ static const struct mkmodel_preset presets[] = {
       .intermediate_size = 176, .n_layers = 2, .n_heads = 3, .n_kv_heads = 3, .head_dim = 64,
       .max_position_embeddings = 2048, .tie_word_embeddings = false, .rope_theta = "10000.0",
       .rms_norm_eps = "1e-06", .rope = MKMODEL_ROPE_NONE, .dtype = DTYPE_BF16, TINY_GREEDY },
+    /* 6 experts, top 2: experts 2 and 3 share a zero router row, so they tie
+     * (both logits 0) and about one position in four has the tie at the top-k
+     * boundary; layer 1 is dense (mlp_only_layers). */
+    { .name = "tiny-qwen3_moe", .arch = "qwen3_moe", .vocab_size = 487, .hidden_size = 160,
+      .intermediate_size = 232, .n_layers = 3, .n_heads = 4, .n_kv_heads = 2, .head_dim = 64,
+      .max_position_embeddings = 2048, .tie_word_embeddings = false, .rope_theta = "1000000.0",
+      .rms_norm_eps = "1e-06", .rope = MKMODEL_ROPE_NONE, .dtype = DTYPE_BF16, TINY_GREEDY,
+      .n_experts = 6, .n_experts_per_tok = 2, .moe_intermediate_size = 88,
+      .norm_topk_prob = true, .mlp_only_layers = 1u << 1, .zero_router_experts = 0xcu },
     /* Released models' shapes, for benchmarks (random weights). */
     { .name = "qwen3-0.6b", .arch = "qwen3", .vocab_size = 151936, .hidden_size = 1024,
       .intermediate_size = 3072, .n_layers = 28, .n_heads = 16, .n_kv_heads = 8, .head_dim = 128,
@@ -86,6 +95,12 @@ static const struct mkmodel_preset presets[] = {
       .max_position_embeddings = 40960, .tie_word_embeddings = false, .rope_theta = "1000000",
       .rms_norm_eps = "1e-06", .rope = MKMODEL_ROPE_NONE, .dtype = DTYPE_BF16, QWEN3_TOKENS,
       .real = true },
+    { .name = "qwen3-30b-a3b", .arch = "qwen3_moe", .vocab_size = 151936, .hidden_size = 2048,
+      .intermediate_size = 6144, .n_layers = 48, .n_heads = 32, .n_kv_heads = 4, .head_dim = 128,
+      .max_position_embeddings = 40960, .tie_word_embeddings = false, .rope_theta = "1000000.0",
+      .rms_norm_eps = "1e-06", .rope = MKMODEL_ROPE_NONE, .dtype = DTYPE_BF16, QWEN3_TOKENS,
+      .real = true, .n_experts = 128, .n_experts_per_tok = 8, .moe_intermediate_size = 768,
+      .norm_topk_prob = true },
 };
 
 #define N_PRESETS ((int)(sizeof presets / sizeof presets[0]))
@@ -111,6 +126,7 @@ const char *mkmodel_arch_class(const char *arch)
         {"mistral", "MistralForCausalLM"},
         {"qwen2", "Qwen2ForCausalLM"},
         {"qwen3", "Qwen3ForCausalLM"},
+        {"qwen3_moe", "Qwen3MoeForCausalLM"},
     };
     for (size_t i = 0; arch && i < sizeof map / sizeof map[0]; i++)
         if (strcmp(map[i][0], arch) == 0)
@@ -121,7 +137,7 @@ const char *mkmodel_arch_class(const char *arch)
 /* ---- the tensor list ---------------------------------------------------- */
 
 /* How a tensor's values are drawn (see mkmodel.h). */
-enum init_kind { INIT_EMBED, INIT_LINEAR, INIT_LM_HEAD, INIT_NORM, INIT_BIAS };
+enum init_kind { INIT_EMBED, INIT_LINEAR, INIT_LM_HEAD, INIT_NORM, INIT_BIAS, INIT_ROUTER };
 
 struct tensor_spec {
     char name[80];
@@ -173,7 +189,7 @@ static int build_tensor_list(const struct mkmodel_preset *p, struct tensor_list 
     int64_t h = p->hidden_size, inter = p->intermediate_size, hd = p->head_dim;
     int64_t q_out = (int64_t)p->n_heads * hd, kv_out = (int64_t)p->n_kv_heads * hd;
     bool qkv_bias = strcmp(p->arch, "qwen2") == 0;
-    bool qk_norm = strcmp(p->arch, "qwen3") == 0;
+    bool qk_norm = strncmp(p->arch, "qwen3", 5) == 0;
     int rc = 0;
 
     memset(l, 0, sizeof *l);
@@ -197,6 +213,21 @@ static int build_tensor_list(const struct mkmodel_preset *p, struct tensor_list 
             rc |= list_add(l, INIT_NORM, hd, 0, "model.layers.%d.self_attn.k_norm.weight", i);
         }
         rc |= list_add(l, INIT_NORM, h, 0, "model.layers.%d.post_attention_layernorm.weight", i);
+        if (p->n_experts && !(p->mlp_only_layers >> i & 1u)) {
+            int64_t mi = p->moe_intermediate_size;
+            rc |= list_add(l, INIT_ROUTER, p->n_experts, h, "model.layers.%d.mlp.gate.weight", i);
+            for (int e = 0; e < p->n_experts && rc == 0; e++) {
+                char fmt[3][80];
+                static const char *const proj[3] = {"gate_proj", "up_proj", "down_proj"};
+                for (int j = 0; j < 3; j++)
+                    snprintf(fmt[j], sizeof fmt[j], "model.layers.%%d.mlp.experts.%d.%s.weight", e,
+                             proj[j]);
+                rc |= list_add(l, INIT_LINEAR, mi, h, fmt[0], i);
+                rc |= list_add(l, INIT_LINEAR, mi, h, fmt[1], i);
+                rc |= list_add(l, INIT_LINEAR, h, mi, fmt[2], i);
+            }
+            continue;
+        }
         rc |= list_add(l, INIT_LINEAR, inter, h, "model.layers.%d.mlp.gate_proj.weight", i);
         rc |= list_add(l, INIT_LINEAR, inter, h, "model.layers.%d.mlp.up_proj.weight", i);
         rc |= list_add(l, INIT_LINEAR, h, inter, "model.layers.%d.mlp.down_proj.weight", i);
@@ -293,7 +324,8 @@ static float init_half_width(const struct tensor_spec *s, const struct mkmodel_p
     int hidden = p->hidden_size;
     switch (s->init) {
     case INIT_EMBED: return p->tie_word_embeddings ? sqrt3 * 0.1f : sqrt3;
-    case INIT_LINEAR: return sqrt3 * (1.0f / sqrtf((float)s->shape[1]));
+    case INIT_LINEAR:
+    case INIT_ROUTER: return sqrt3 * (1.0f / sqrtf((float)s->shape[1]));
     case INIT_LM_HEAD: return sqrt3 * (2.0f / sqrtf((float)hidden));
     case INIT_BIAS: return sqrt3 * 0.1f;
     case INIT_NORM: return 0.1f;
@@ -335,6 +367,19 @@ static void fill_chunk(uint64_t s0, uint64_t first, size_t n, float a, bool norm
     } else {
         for (size_t i = 0; i < n; i++)
             o16[i] = f32_to_f16(a * draw(s0, first + i));
+    }
+}
+
+/* The router rows of the preset's zero_router_experts, within a chunk of
+ * elements [first, first + n), set to +0. */
+static void zero_router_rows(const struct mkmodel_preset *p, const struct tensor_spec *s,
+                             uint64_t first, size_t n, void *out)
+{
+    size_t esz = dtype_size(p->dtype);
+    for (size_t i = 0; i < n; i++) {
+        uint64_t row = (first + i) / (uint64_t)s->shape[1];
+        if (row < 64 && (p->zero_router_experts >> row & 1u))
+            memset((uint8_t *)out + i * esz, 0, esz);
     }
 }
 
@@ -478,8 +523,25 @@ static void config_json(const struct mkmodel_preset *p, struct sbuf *b)
     obj_set(&o, "attention_dropout", "0.0");
     obj_set(&o, "use_cache", "true");
     /* Qwen2 always has q/k/v biases and its configs carry no attention_bias. */
-    if (llama || strcmp(p->arch, "qwen3") == 0)
+    if (llama || strncmp(p->arch, "qwen3", 5) == 0)
         obj_set(&o, "attention_bias", "false");
+    if (p->n_experts) {
+        obj_set(&o, "num_experts", "%d", p->n_experts);
+        obj_set(&o, "num_experts_per_tok", "%d", p->n_experts_per_tok);
+        obj_set(&o, "moe_intermediate_size", "%d", p->moe_intermediate_size);
+        obj_set(&o, "norm_topk_prob", "%s", p->norm_topk_prob ? "true" : "false");
+        obj_set(&o, "decoder_sparse_step", "1");
+        char layers[256];
+        size_t len = (size_t)snprintf(layers, sizeof layers, "[");
+        for (int i = 0, k = 0; i < p->n_layers && i < 32; i++)
+            if (p->mlp_only_layers >> i & 1u)
+                len += (size_t)snprintf(layers + len, sizeof layers - len, "%s%d", k++ ? ", " : "",
+                                        i);
+        snprintf(layers + len, sizeof layers - len, "]");
+        obj_set(&o, "mlp_only_layers", "%s", layers);
+        obj_set(&o, "output_router_logits", "false");
+        obj_set(&o, "router_aux_loss_coef", "0.001");
+    }
     if (llama)
         obj_set(&o, "mlp_bias", "false");
     if (strcmp(p->arch, "mistral") == 0) {
@@ -665,6 +727,8 @@ static int write_safetensors(const struct mkmodel_preset *p, uint64_t seed, cons
         for (uint64_t first = 0; first < numel && rc == 0; first += CHUNK_ELEMS) {
             size_t n = numel - first < CHUNK_ELEMS ? (size_t)(numel - first) : CHUNK_ELEMS;
             fill_chunk(s0, first, n, a, s->init == INIT_NORM, p->dtype, buf);
+            if (s->init == INIT_ROUTER)
+                zero_router_rows(p, s, first, n, buf);
             rc = out_write(&of, buf, n * dtype_size(p->dtype), err);
         }
     }

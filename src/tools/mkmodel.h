@@ -38,6 +38,15 @@ struct mkmodel_preset {
     int top_k;                      /* 0: not written */
     int pad_token_id;               /* -1: not written */
     bool real;                      /* the shapes of a released model (multi-GB) */
+    /* qwen3_moe: experts (0: none), top-k, each expert's width, norm_topk_prob,
+     * the layers kept dense (bit i: layer i in mlp_only_layers), and the
+     * experts whose router row is written as zeros (bit e): experts sharing a
+     * zero row get the same logit, 0, for every token, so they tie exactly
+     * and the top-k choice between them is the tie rule's. */
+    int n_experts, n_experts_per_tok, moe_intermediate_size;
+    bool norm_topk_prob;
+    uint32_t mlp_only_layers;
+    uint64_t zero_router_experts;
 };
 
 /* Every preset, tiny test ones first; *n gets the count. */
@@ -86,7 +95,8 @@ struct mkmodel_opts {
  * in float arithmetic with a = sqrtf(3) * std (norms: 1 + 0.1 * u), rounded
  * to nearest even into the file's dtype. std: linear weights
  * 1 / sqrt(in_features), embeddings 1 (0.1 when tied to the LM head),
- * untied lm_head 2 / sqrt(hidden),
+ * untied lm_head 2 / sqrt(hidden), the router (mlp.gate) as a linear weight
+ * but with the rows of zero_router_experts 0,
  * biases 0.1. The bytes are the same on every IEEE-754 machine. */
 int mkmodel_write(const struct mkmodel_opts *o, struct err *err);
 

@@ -186,7 +186,7 @@ Test(config, unsupported_architecture_message_names_it_and_lists_supported)
     cr_assert_eq(rc, -INFERD_EUNSUPPORTED);
     cr_assert_str_eq(err.msg, "unsupported architecture 'GemmaForCausalLM' (supported: "
                               "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-                              "Qwen3ForCausalLM)");
+                              "Qwen3ForCausalLM, Qwen3MoeForCausalLM)");
     rc = parse_text("{\"model_type\":\"phi3\",\"vocab_size\":1}", &c, &err);
     assert_refused(rc, err, INFERD_EUNSUPPORTED, "'phi3'");
 }

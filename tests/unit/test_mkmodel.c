@@ -96,15 +96,28 @@ static int expected_tensors(const struct mkmodel_preset *p, struct expected *e)
         LAYER("self_attn.k_proj.weight", kv, h);
         LAYER("self_attn.v_proj.weight", kv, h);
         LAYER("self_attn.o_proj.weight", h, q);
-        LAYER("mlp.gate_proj.weight", in, h);
-        LAYER("mlp.up_proj.weight", in, h);
-        LAYER("mlp.down_proj.weight", h, in);
+        if (p->n_experts && !(p->mlp_only_layers >> i & 1u)) {
+            int64_t mi = p->moe_intermediate_size;
+            LAYER("mlp.gate.weight", p->n_experts, h);
+            for (int x = 0; x < p->n_experts; x++) {
+                static const char *const proj[3] = {"gate_proj", "up_proj", "down_proj"};
+                for (int j = 0; j < 3; j++) {
+                    snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.%d.%s.weight", i, x,
+                             proj[j]);
+                    n = expect_add(e, n, nm, j == 2 ? h : mi, j == 2 ? mi : h);
+                }
+            }
+        } else {
+            LAYER("mlp.gate_proj.weight", in, h);
+            LAYER("mlp.up_proj.weight", in, h);
+            LAYER("mlp.down_proj.weight", h, in);
+        }
         if (!strcmp(p->arch, "qwen2")) {
             LAYER("self_attn.q_proj.bias", q, 0);
             LAYER("self_attn.k_proj.bias", kv, 0);
             LAYER("self_attn.v_proj.bias", kv, 0);
         }
-        if (!strcmp(p->arch, "qwen3")) {
+        if (!strncmp(p->arch, "qwen3", 5)) {
             LAYER("self_attn.q_norm.weight", p->head_dim, 0);
             LAYER("self_attn.k_norm.weight", p->head_dim, 0);
         }

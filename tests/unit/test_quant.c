@@ -324,7 +324,7 @@ static float *qlogits(struct qloaded *l, const int32_t *given, int p, int n)
     for (int i = 0; i < n; i++)
         tokens[i] = given ? given[i] : (int32_t)((i * 37 + p * 101 + 11) % l->m->config.vocab_size);
     uint32_t blocks[4] = {0, 1, 2, 3};
-    struct batch_seq seq = {tokens, n, 0, blocks, 4, true, false};
+    struct batch_seq seq = {tokens, n, 0, blocks, 4, true, false, NULL};
     struct batch batch = {&seq, 1};
     float *logits = malloc((size_t)n * (size_t)l->m->config.vocab_size * sizeof *logits);
     struct err err = {0};

@@ -42,6 +42,14 @@ void cpu_attention_dense(struct backend *be, const float *q, int64_t n_q, const 
                          const float *v, int64_t n_kv, int64_t kv_stride, int n_heads,
                          int head_dim, float scale, int64_t causal, float *out);
 
+/* The mixture-of-experts ops (moe.c), as backend_ops states them. */
+void cpu_moe_route(struct backend *be, const float *logits, int64_t n_rows, int n_experts,
+                   int top_k, bool norm, int32_t *ids, float *weights);
+void cpu_moe_ffn(struct backend *be, const float *x, int64_t n_rows, const struct moe_experts *ex,
+                 const int32_t *ids, const float *weights, int top_k, float *scratch, float *y);
+void cpu_gated_add(struct backend *be, float *y, const float *x, const float *g, int64_t n_rows,
+                   int64_t dim);
+
 /* -INFERD_EINVAL for a format the kernels above do not read. */
 int cpu_kv_quant_check(const struct kv_quant *q, struct err *err);
 

@@ -391,6 +391,25 @@ static void cu_silu_mul(struct backend *be, const float *gate, const float *up, 
     cu_rec_silu_mul(rec_of(be), gate, up, out, n);
 }
 
+static void cu_moe_route(struct backend *be, const float *logits, int64_t n_rows, int n_experts,
+                         int top_k, bool norm, int32_t *ids, float *weights)
+{
+    cu_rec_moe_route(rec_of(be), logits, n_rows, n_experts, top_k, norm, ids, weights);
+}
+
+static void cu_moe_ffn(struct backend *be, const float *x, int64_t n_rows,
+                       const struct moe_experts *ex, const int32_t *ids, const float *weights,
+                       int top_k, float *scratch, float *y)
+{
+    cu_rec_moe_ffn(rec_of(be), x, n_rows, ex, ids, weights, top_k, scratch, y);
+}
+
+static void cu_gated_add(struct backend *be, float *y, const float *x, const float *g,
+                         int64_t n_rows, int64_t dim)
+{
+    cu_rec_gated_add(rec_of(be), y, x, g, n_rows, dim);
+}
+
 static void cu_add(struct backend *be, float *y, const float *x, int64_t n)
 {
     cu_rec_add(rec_of(be), y, x, n);
@@ -439,13 +458,14 @@ bool cu_exec_gemm(struct cu_impl *im, const struct cu_op *op)
 enum prof_label {
     PL_EMBED, PL_GEMV, PL_GEMV_GROUP, PL_GEMV_RES, PL_GEMV_SWIGLU, PL_GEMM, PL_RMSNORM, PL_QK,
     PL_ROPE, PL_SILU, PL_ADD, PL_KV_STORE, PL_ATTN_DECODE, PL_ATTN_PREFILL, PL_NORM_GEMV,
-    PL_QK_ATTN, PL_KV_COPY, PL_N
+    PL_QK_ATTN, PL_KV_COPY, PL_MOE_ROUTE, PL_MOE_FFN, PL_GATED_ADD, PL_N
 };
 static const char *const prof_names[PL_N] = {
     "embed", "gemv", "gemv group", "gemv + residual add", "gemv gate/up + swiglu",
     "cublasLt gemm", "rmsnorm", "q/k norm + rope + kv write", "rope", "silu_mul", "add",
     "kv_store", "attention decode", "attention prefill", "rmsnorm + gemv (+ epilogue)",
-    "q/k prep + attention decode", "kv copy slots"};
+    "q/k prep + attention decode", "kv copy slots", "moe routing", "moe experts",
+    "shared expert gate + add"};
 
 static int prof_label_of(const struct cu_op *ops, const struct cu_launch *l)
 {
@@ -460,6 +480,9 @@ static int prof_label_of(const struct cu_op *ops, const struct cu_launch *l)
     case CU_LAUNCH_ADD: return PL_ADD;
     case CU_LAUNCH_KV_STORE: return PL_KV_STORE;
     case CU_LAUNCH_KV_COPY: return PL_KV_COPY;
+    case CU_LAUNCH_MOE_ROUTE: return PL_MOE_ROUTE;
+    case CU_LAUNCH_MOE_FFN: return PL_MOE_FFN;
+    case CU_LAUNCH_GATED_ADD: return PL_GATED_ADD;
     case CU_LAUNCH_ATTENTION:
         return cu_attention_uses_prefill(op) ? PL_ATTN_PREFILL : PL_ATTN_DECODE;
     case CU_LAUNCH_GEMM: return PL_GEMM;
@@ -559,7 +582,8 @@ static bool step_graphable(const struct cu_impl *im)
         const struct cu_op *op = &im->rec.ops[i];
         /* norms and elementwise ops count heads or elements, not tokens */
         bool per_token = op->kind == CU_EMBED || op->kind == CU_MATMUL || op->kind == CU_ROPE ||
-                         op->kind == CU_KV_STORE || op->kind == CU_ATTENTION;
+                         op->kind == CU_KV_STORE || op->kind == CU_ATTENTION ||
+                         op->kind == CU_MOE_ROUTE || op->kind == CU_MOE_FFN;
         if (per_token && op->n_rows > CU_GEMV_MAX_ROWS)
             return false;
         /* cuBLASLt's launches stay out of graphs */
@@ -1071,6 +1095,9 @@ static const struct backend_ops cuda_ops = {
     /* .gelu = */ NULL,
     /* .conv1d = */ NULL,
     /* .attention_dense = */ NULL,
+    /* .moe_route = */ cu_moe_route,
+    /* .moe_ffn = */ cu_moe_ffn,
+    /* .gated_add = */ cu_gated_add,
 };
 
 /* backend_options.gpu_sampling off: logits go to the host and are sampled there. */

@@ -283,6 +283,18 @@ struct cu_gemv_args {
 };
 cudaError_t cu_launch_gemv(struct cu_device *dev, cudaStream_t s, const struct cu_gemv_args *a);
 
+/* Mixture of experts (moe.cu): routing per row (backend/moe_route.h, one
+ * thread a row); the experts by the ids routing left in device memory: per
+ * (row, expert) pair a warp per gate/up output with SwiGLU, then a warp per
+ * output of a row summing its experts' down projections in ascending id
+ * order (one warp per output in every mode: a row's bits never depend on
+ * its step mates); round_bf16 rounds x and the hidden activations to bf16
+ * first (FAST mode, as the GEMVs do); the shared expert's gate. */
+cudaError_t cu_launch_moe_route(cudaStream_t s, const struct cu_op *op);
+cudaError_t cu_launch_moe_ffn(cudaStream_t s, const struct cu_op *op, const uint8_t *params,
+                              bool round_bf16);
+cudaError_t cu_launch_gated_add(cudaStream_t s, const struct cu_op *op);
+
 /* tensor_cores: prefill in fp16 on tensor cores (fast mode), else f32. */
 cudaError_t cu_launch_attention(cudaStream_t s, const struct cu_op *op, const uint8_t *params,
                                 float *part, int smem_optin, bool tensor_cores);

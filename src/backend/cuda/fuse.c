@@ -161,6 +161,9 @@ int cu_fuse_next(const struct cu_fuse_config *cfg, const struct cu_op *ops, int 
     case CU_KV_STORE: l->kind = CU_LAUNCH_KV_STORE; break;
     case CU_ATTENTION: l->kind = CU_LAUNCH_ATTENTION; break;
     case CU_KV_COPY: l->kind = CU_LAUNCH_KV_COPY; break;
+    case CU_MOE_ROUTE: l->kind = CU_LAUNCH_MOE_ROUTE; break;
+    case CU_MOE_FFN: l->kind = CU_LAUNCH_MOE_FFN; break;
+    case CU_GATED_ADD: l->kind = CU_LAUNCH_GATED_ADD; break;
     case CU_MATMUL:
         if (!uses_gemv(cfg, op)) {
             l->kind = CU_LAUNCH_GEMM;

@@ -58,6 +58,12 @@ bool cu_exec_launch(struct cu_impl *im, const struct cu_op *ops, const struct cu
         return CU_TRY(im, cu_launch_kv_store(s, op, im->arena_dev));
     case CU_LAUNCH_KV_COPY:
         return CU_TRY(im, cu_launch_kv_copy(s, op));
+    case CU_LAUNCH_MOE_ROUTE:
+        return CU_TRY(im, cu_launch_moe_route(s, op));
+    case CU_LAUNCH_MOE_FFN:
+        return CU_TRY(im, cu_launch_moe_ffn(s, op, im->arena_dev, im->fuse.fast));
+    case CU_LAUNCH_GATED_ADD:
+        return CU_TRY(im, cu_launch_gated_add(s, op));
     case CU_LAUNCH_ATTENTION:
         return CU_TRY(im, cu_launch_attention(s, op, im->arena_dev, im->attn_part,
                                               im->dev.smem_optin,

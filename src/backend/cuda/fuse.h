@@ -78,6 +78,9 @@ enum cu_launch_kind {
     CU_LAUNCH_GEMV,         /* rules 2 and 3 on the GEMV kernels */
     CU_LAUNCH_GEMM,         /* cuBLASLt: x to bf16, then a GEMM (+ bias) per matrix */
     CU_LAUNCH_KV_COPY,      /* backend_ops.kv_copy_slots */
+    CU_LAUNCH_MOE_ROUTE,    /* softmax + top-k per row, on the device */
+    CU_LAUNCH_MOE_FFN,      /* the chosen experts (kernels of their own, moe.cu) */
+    CU_LAUNCH_GATED_ADD,
 };
 
 /* One launch of the plan: the ops [op, op + n_ops) it covers. */

@@ -388,6 +388,78 @@ void cu_rec_kv_copy_slots(struct cu_rec *rec, const struct kv_cache *kv, uint32_
 
 /* ---- attention shape rules ---------------------------------------------- */
 
+void cu_rec_moe_route(struct cu_rec *rec, const float *logits, int64_t n_rows, int n_experts,
+                      int top_k, bool norm, int32_t *ids, float *weights)
+{
+    if (!rec->hooks->ok(rec) || n_rows <= 0)
+        return;
+    struct cu_op *op = op_new(rec, CU_MOE_ROUTE, (int)n_rows);
+    if (!op)
+        return;
+    op->u.route.logits = logits;
+    op->u.route.n_experts = n_experts;
+    op->u.route.top_k = top_k;
+    op->u.route.norm = norm;
+    op->u.route.ids = ids;
+    op->u.route.weights = weights;
+}
+
+/* The experts' matrices go into the arena as one table of device pointers
+ * (gate[0..n), up[0..n), down[0..n)): the kernels pick a row's expert there
+ * by the id routing left in device memory, so no id crosses to the host. */
+void cu_rec_moe_ffn(struct cu_rec *rec, const float *x, int64_t n_rows,
+                    const struct moe_experts *ex, const int32_t *ids, const float *weights,
+                    int top_k, float *scratch, float *y)
+{
+    size_t bytes = 3 * (size_t)ex->n_experts * sizeof(void *);
+    if (!rec->hooks->ok(rec) || n_rows <= 0 || !rec->hooks->arena_room(rec, bytes + 32))
+        return;
+    if (bytes > rec->blob_cap) {
+        uint8_t *grown = realloc(rec->blob, bytes);
+        if (!grown) {
+            rec_fail(rec, INFERD_ENOMEM, "out of host memory recording GPU work");
+            return;
+        }
+        rec->blob = grown;
+        rec->blob_cap = bytes;
+    }
+    const void **table = (const void **)(void *)rec->blob;
+    for (int e = 0; e < ex->n_experts; e++) {
+        table[e] = ex->gate[e].data;
+        table[ex->n_experts + e] = ex->up[e].data;
+        table[2 * ex->n_experts + e] = ex->down[e].data;
+    }
+    uint32_t off = arena_put(rec, ex->gate, table, bytes, 0);
+    struct cu_op *op = op_new(rec, CU_MOE_FFN, (int)n_rows);
+    if (!op)
+        return;
+    op->u.moe.x = x;
+    op->u.moe.hidden = ex->hidden;
+    op->u.moe.inter = ex->inter;
+    op->u.moe.n_experts = ex->n_experts;
+    op->u.moe.top_k = top_k;
+    op->u.moe.dtype = ex->gate[0].dtype;
+    op->u.moe.mats_off = off;
+    op->u.moe.ids = ids;
+    op->u.moe.weights = weights;
+    op->u.moe.scratch = scratch;
+    op->u.moe.y = y;
+}
+
+void cu_rec_gated_add(struct cu_rec *rec, float *y, const float *x, const float *g,
+                      int64_t n_rows, int64_t dim)
+{
+    if (!rec->hooks->ok(rec) || n_rows <= 0)
+        return;
+    struct cu_op *op = op_new(rec, CU_GATED_ADD, (int)n_rows);
+    if (!op)
+        return;
+    op->u.gated.y = y;
+    op->u.gated.x = x;
+    op->u.gated.g = g;
+    op->u.gated.dim = dim;
+}
+
 bool cu_attention_uses_prefill(const struct cu_op *op)
 {
     int hd = op->u.attn.kv.head_dim;

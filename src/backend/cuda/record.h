@@ -48,6 +48,9 @@ enum cu_op_kind {
     CU_KV_STORE,
     CU_ATTENTION,
     CU_KV_COPY,
+    CU_MOE_ROUTE,
+    CU_MOE_FFN,
+    CU_GATED_ADD,
 };
 
 struct cu_mat {
@@ -142,6 +145,26 @@ struct cu_op {
             int n_layers, n; /* slots [0, n) */
             uint32_t src, dst;
         } copy;
+        struct {
+            const float *logits;
+            int n_experts, top_k, norm;
+            int32_t *ids;
+            float *weights;
+        } route;
+        struct {
+            const float *x;
+            int64_t hidden, inter;
+            int n_experts, top_k, dtype;
+            uint32_t mats_off; /* gate, up, down pointers: 3 x n_experts in the arena */
+            const int32_t *ids;
+            const float *weights;
+            float *scratch, *y;
+        } moe;
+        struct {
+            float *y;
+            const float *x, *g;
+            int64_t dim;
+        } gated;
     } u;
 };
 
@@ -215,6 +238,13 @@ void cu_rec_attention(struct cu_rec *rec, const float *q, const struct kv_cache 
 
 void cu_rec_kv_copy_slots(struct cu_rec *rec, const struct kv_cache *kv, uint32_t src,
                           uint32_t dst, int n);
+void cu_rec_moe_route(struct cu_rec *rec, const float *logits, int64_t n_rows, int n_experts,
+                      int top_k, bool norm, int32_t *ids, float *weights);
+void cu_rec_moe_ffn(struct cu_rec *rec, const float *x, int64_t n_rows,
+                    const struct moe_experts *ex, const int32_t *ids, const float *weights,
+                    int top_k, float *scratch, float *y);
+void cu_rec_gated_add(struct cu_rec *rec, float *y, const float *x, const float *g,
+                      int64_t n_rows, int64_t dim);
 
 /* Splits of the decode attention for these dimensions (the op's n_splits). */
 int cu_attention_splits(int n_kv_heads, int n_rows, int ctx_bucket, int n_sm);

@@ -10,10 +10,10 @@
 
 #define NAME_CAP 160
 
-static int llama_load_layer(struct model *m, int i, struct layer_weights *L, struct err *err)
+int arch_llama_load_attention(struct model *m, int i, struct layer_weights *L, struct err *err)
 {
     const struct model_config *c = &m->config;
-    int64_t hidden = c->hidden_size, inter = c->intermediate_size;
+    int64_t hidden = c->hidden_size;
     int64_t q_dim = (int64_t)c->n_heads * c->head_dim,
             kv_dim = (int64_t)c->n_kv_heads * c->head_dim;
     char n[NAME_CAP];
@@ -38,9 +38,18 @@ static int llama_load_layer(struct model *m, int i, struct layer_weights *L, str
         ((rc = model_load_vector(m, NAME("self_attn.q_norm.weight"), c->head_dim, &L->q_norm, err)) ||
          (rc = model_load_vector(m, NAME("self_attn.k_norm.weight"), c->head_dim, &L->k_norm, err))))
         return rc;
-    if ((rc = model_load_vector(m, NAME("post_attention_layernorm.weight"), hidden, &L->mlp_norm,
-                                err)) ||
-        (rc = model_load_matrix(m, NAME("mlp.gate_proj.weight"), inter, hidden, &L->w_gate, err)) ||
+    return model_load_vector(m, NAME("post_attention_layernorm.weight"), hidden, &L->mlp_norm, err);
+#undef NAME
+}
+
+int arch_llama_load_mlp(struct model *m, int i, int64_t inter, struct layer_weights *L,
+                        struct err *err)
+{
+    int64_t hidden = m->config.hidden_size;
+    char n[NAME_CAP];
+    int rc;
+#define NAME(suffix) (snprintf(n, sizeof n, "model.layers.%d.%s", i, suffix), n)
+    if ((rc = model_load_matrix(m, NAME("mlp.gate_proj.weight"), inter, hidden, &L->w_gate, err)) ||
         (rc = model_load_matrix(m, NAME("mlp.up_proj.weight"), inter, hidden, &L->w_up, err)) ||
         (rc = model_load_matrix(m, NAME("mlp.down_proj.weight"), hidden, inter, &L->w_down, err)))
         return rc;
@@ -48,11 +57,17 @@ static int llama_load_layer(struct model *m, int i, struct layer_weights *L, str
     return 0;
 }
 
+static int llama_load_layer(struct model *m, int i, struct layer_weights *L, struct err *err)
+{
+    int rc = arch_llama_load_attention(m, i, L, err);
+    return rc ? rc : arch_llama_load_mlp(m, i, m->config.intermediate_size, L, err);
+}
+
 /* norm -> q/k/v (one grouped matmul) -> optional q/k norm -> RoPE -> paged KV
  * -> attention -> o_proj -> residual. */
-static void attention_block(const struct model *m, struct forward_state *st,
-                            const struct layer_weights *lw, struct kv_cache *kv, int layer,
-                            int n_rows, int n_spans)
+void arch_llama_attention(const struct model *m, struct forward_state *st,
+                          const struct layer_weights *lw, struct kv_cache *kv, int layer,
+                          int n_rows, int n_spans)
 {
     const struct model_config *c = &m->config;
     struct backend *be = m->backend;
@@ -79,8 +94,8 @@ static void attention_block(const struct model *m, struct forward_state *st,
 }
 
 /* norm -> gate and up (one grouped matmul) -> SiLU(gate) * up -> down -> residual. */
-static void mlp_block(const struct model *m, struct forward_state *st,
-                      const struct layer_weights *lw, int n_rows)
+void arch_llama_mlp(const struct model *m, struct forward_state *st,
+                    const struct layer_weights *lw, int n_rows)
 {
     const struct model_config *c = &m->config;
     struct backend *be = m->backend;
@@ -91,7 +106,7 @@ static void mlp_block(const struct model *m, struct forward_state *st,
     const float *no_bias[2] = {NULL, NULL};
     float *gate_up_out[2] = {st->gate, st->up};
     op->matmul_group(be, st->xn, n_rows, 2, gate_up, no_bias, gate_up_out);
-    op->silu_mul(be, st->gate, st->up, st->gate, (int64_t)n_rows * c->intermediate_size);
+    op->silu_mul(be, st->gate, st->up, st->gate, (int64_t)n_rows * lw->w_gate.rows);
     op->matmul(be, st->gate, n_rows, &lw->w_down, NULL, st->proj);
     op->add(be, st->x, st->proj, (int64_t)n_rows * c->hidden_size);
 }
@@ -100,8 +115,8 @@ static void llama_layer(const struct model *m, struct forward_state *st, struct 
                         int layer, int n_rows, int n_spans)
 {
     const struct layer_weights *lw = &m->weights.layers[layer];
-    attention_block(m, st, lw, kv, layer, n_rows, n_spans);
-    mlp_block(m, st, lw, n_rows);
+    arch_llama_attention(m, st, lw, kv, layer, n_rows, n_spans);
+    arch_llama_mlp(m, st, lw, n_rows);
 }
 
 static const enum model_arch llama_serves[] = {ARCH_LLAMA, ARCH_MISTRAL, ARCH_QWEN2, ARCH_QWEN3};
