@@ -4,6 +4,8 @@
 /* One line per family; a new family adds its table here. */
 static const struct arch *const families[] = {
     &arch_llama,
+    &arch_gemma3,
+    &arch_phi3,
 };
 
 const struct arch *arch_find(enum model_arch a)

@@ -19,6 +19,9 @@ struct layer_weights {
     float *q_norm, *k_norm;      /* head_dim floats, Qwen3 only, else NULL */
     float *mlp_norm;
     struct weight_matrix w_gate, w_up, w_down;
+    /* Gemma 3's sandwich: norms of the attention's and the MLP's outputs
+     * before their residual adds, else NULL */
+    float *attn_post_norm, *mlp_post_norm;
 };
 
 struct model_weights {
@@ -42,6 +45,13 @@ struct model {
     float *rope_inv_freq;        /* owned host memory, head_dim / 2 floats */
     enum dtype quantize;         /* model_load_options.quantize, while loading */
     struct rope_table rope;
+    /* Gemma 3's local (sliding-window) layers rotate by their own base */
+    float *rope_local_inv_freq;  /* owned host memory, rope_dim / 2 floats; NULL elsewhere */
+    struct rope_table rope_local;
+    /* The text model's tensor names start with this: "model.", or for
+     * Gemma3ForConditionalGeneration where its checkpoint puts them */
+    char prefix[32];
+    float embed_scale;           /* embeddings are multiplied by it (Gemma 3); 0: not */
 };
 
 /* Loads DIR (config.json, safetensors, generation_config.json) onto be, or

@@ -396,6 +396,22 @@ static void cu_add(struct backend *be, float *y, const float *x, int64_t n)
     cu_rec_add(rec_of(be), y, x, n);
 }
 
+static void cu_gelu_tanh_mul(struct backend *be, const float *gate, const float *up, float *out,
+                             int64_t n)
+{
+    cu_rec_gelu_tanh_mul(rec_of(be), gate, up, out, n);
+}
+
+static void cu_scale(struct backend *be, float *x, int64_t n, float s)
+{
+    cu_rec_scale(rec_of(be), x, n, s);
+}
+
+static void cu_softcap(struct backend *be, float *x, int64_t n, float cap)
+{
+    cu_rec_softcap(rec_of(be), x, n, cap);
+}
+
 static void cu_kv_store(struct backend *be, struct kv_cache *kv, int layer, const float *k,
                         const float *v, const struct attn_span *spans, int n_spans)
 {
@@ -439,13 +455,13 @@ bool cu_exec_gemm(struct cu_impl *im, const struct cu_op *op)
 enum prof_label {
     PL_EMBED, PL_GEMV, PL_GEMV_GROUP, PL_GEMV_RES, PL_GEMV_SWIGLU, PL_GEMM, PL_RMSNORM, PL_QK,
     PL_ROPE, PL_SILU, PL_ADD, PL_KV_STORE, PL_ATTN_DECODE, PL_ATTN_PREFILL, PL_NORM_GEMV,
-    PL_QK_ATTN, PL_KV_COPY, PL_N
+    PL_QK_ATTN, PL_KV_COPY, PL_GEMMA_EW, PL_N
 };
 static const char *const prof_names[PL_N] = {
     "embed", "gemv", "gemv group", "gemv + residual add", "gemv gate/up + swiglu",
     "cublasLt gemm", "rmsnorm", "q/k norm + rope + kv write", "rope", "silu_mul", "add",
     "kv_store", "attention decode", "attention prefill", "rmsnorm + gemv (+ epilogue)",
-    "q/k prep + attention decode", "kv copy slots"};
+    "q/k prep + attention decode", "kv copy slots", "gelu_tanh_mul, scale, softcap"};
 
 static int prof_label_of(const struct cu_op *ops, const struct cu_launch *l)
 {
@@ -460,6 +476,9 @@ static int prof_label_of(const struct cu_op *ops, const struct cu_launch *l)
     case CU_LAUNCH_ADD: return PL_ADD;
     case CU_LAUNCH_KV_STORE: return PL_KV_STORE;
     case CU_LAUNCH_KV_COPY: return PL_KV_COPY;
+    case CU_LAUNCH_GELU_TANH_MUL:
+    case CU_LAUNCH_SCALE:
+    case CU_LAUNCH_SOFTCAP: return PL_GEMMA_EW;
     case CU_LAUNCH_ATTENTION:
         return cu_attention_uses_prefill(op) ? PL_ATTN_PREFILL : PL_ATTN_DECODE;
     case CU_LAUNCH_GEMM: return PL_GEMM;
@@ -1071,6 +1090,9 @@ static const struct backend_ops cuda_ops = {
     /* .gelu = */ NULL,
     /* .conv1d = */ NULL,
     /* .attention_dense = */ NULL,
+    /* .gelu_tanh_mul = */ cu_gelu_tanh_mul,
+    /* .scale = */ cu_scale,
+    /* .softcap = */ cu_softcap,
 };
 
 /* backend_options.gpu_sampling off: logits go to the host and are sampled there. */

@@ -58,6 +58,10 @@ bool cu_exec_launch(struct cu_impl *im, const struct cu_op *ops, const struct cu
         return CU_TRY(im, cu_launch_kv_store(s, op, im->arena_dev));
     case CU_LAUNCH_KV_COPY:
         return CU_TRY(im, cu_launch_kv_copy(s, op));
+    case CU_LAUNCH_GELU_TANH_MUL:
+    case CU_LAUNCH_SCALE:
+    case CU_LAUNCH_SOFTCAP:
+        return CU_TRY(im, cu_launch_ew_gemma(s, op));
     case CU_LAUNCH_ATTENTION:
         return CU_TRY(im, cu_launch_attention(s, op, im->arena_dev, im->attn_part,
                                               im->dev.smem_optin,

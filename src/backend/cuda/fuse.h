@@ -49,6 +49,7 @@ struct cu_qk_args {
     float eps;
     uint32_t pos_off, freq_off;
     float factor;
+    int long_from; /* rope_table.long_from: the frequencies at freq_off + rot_dim / 2 from it on */
     bool store;
     struct cu_kv kv;
     int layer;
@@ -78,6 +79,9 @@ enum cu_launch_kind {
     CU_LAUNCH_GEMV,         /* rules 2 and 3 on the GEMV kernels */
     CU_LAUNCH_GEMM,         /* cuBLASLt: x to bf16, then a GEMM (+ bias) per matrix */
     CU_LAUNCH_KV_COPY,      /* backend_ops.kv_copy_slots */
+    CU_LAUNCH_GELU_TANH_MUL, /* Gemma 3's GeGLU (not folded into the GEMV) */
+    CU_LAUNCH_SCALE,
+    CU_LAUNCH_SOFTCAP,
 };
 
 /* One launch of the plan: the ops [op, op + n_ops) it covers. */
