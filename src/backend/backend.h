@@ -81,9 +81,14 @@ struct attn_span {
 
 /* Precomputed rotary frequencies for one model (after rope_scaling). */
 struct rope_table {
-    int rot_dim;        /* rotated dims per head (= head_dim) */
-    const float *inv_freq; /* rot_dim / 2 floats, host memory owned by the model */
+    int rot_dim;        /* rotated dims per head: the first rot_dim of head_dim (partial
+                           rotary), the rest passed through */
+    /* Host memory owned by the model: rot_dim / 2 floats; when long_from > 0,
+     * rot_dim floats, the frequencies of positions below long_from and then
+     * those of positions from it on (Phi-3's longrope: short and long). */
+    const float *inv_freq;
     float attention_factor; /* multiplies cos and sin (1 unless a scaling kind says otherwise) */
+    int32_t long_from;  /* 0: one set of frequencies */
 };
 
 /* ---- sampling on the backend ----------------------------------------------
@@ -197,7 +202,11 @@ struct backend_ops {
     void (*rmsnorm)(struct backend *be, const float *x, const float *weight, int64_t n_rows,
                     int64_t dim, float eps, float *y);
     /* Rotates each head of x (n_tokens x n_heads x head_dim, in place) by its
-     * token's position, rotate-half (GPT-NeoX) layout as in HF Llama/Qwen. */
+     * token's position, rotate-half (GPT-NeoX) layout as in HF Llama/Qwen, over
+     * the head's first rope->rot_dim dims: with half = rot_dim / 2, f the
+     * position's frequencies (rope_table) and a = attention_factor,
+     *   c = cos(pos * f[i]) * a, s = sin(pos * f[i]) * a (pos * f[i] rounded to f32)
+     *   x[i] = x[i] c - x[i + half] s,  x[i + half] = x[i + half] c + x[i] s. */
     void (*rope)(struct backend *be, float *x, int64_t n_tokens, int n_heads, int head_dim,
                  const int32_t *positions, const struct rope_table *rope);
     /* out[i] = silu(gate[i]) * up[i]. */
@@ -325,6 +334,18 @@ struct backend_ops {
      * sigmoid(t) = 1 / (1 + expf(-t)) (a shared expert's gate, Qwen2-MoE style). */
     void (*gated_add)(struct backend *be, float *y, const float *x, const float *g,
                       int64_t n_rows, int64_t dim);
+    /* ---- Gemma 3's elementwise ops. Optional: NULL on a backend that lacks
+     * them, which then cannot run such a model. Each element is computed on
+     * its own (batch invariance holds), in f32. ---- */
+    /* out[i] = gelu_tanh(gate[i]) * up[i], where gelu_tanh(x) =
+     * 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) (PyTorch's
+     * approximate="tanh"); out may alias gate. */
+    void (*gelu_tanh_mul)(struct backend *be, const float *gate, const float *up, float *out,
+                          int64_t n);
+    /* x[i] = x[i] * s. */
+    void (*scale)(struct backend *be, float *x, int64_t n, float s);
+    /* x[i] = cap * tanh(x[i] / cap) (logit soft-capping). */
+    void (*softcap)(struct backend *be, float *x, int64_t n, float cap);
 };
 
 /* A backend is driven by one thread at a time (its scratch buffers, thread

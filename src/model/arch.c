@@ -5,6 +5,8 @@
 static const struct arch *const families[] = {
     &arch_llama,
     &arch_qwen3_moe,
+    &arch_gemma3,
+    &arch_phi3,
 };
 
 const struct arch *arch_find(enum model_arch a)

@@ -73,6 +73,8 @@ void arch_llama_attention(const struct model *m, struct forward_state *st,
                           int n_rows, int n_spans);
 void arch_llama_mlp(const struct model *m, struct forward_state *st,
                     const struct layer_weights *lw, int n_rows);
+extern const struct arch arch_gemma3;
+extern const struct arch arch_phi3;
 
 /* Weight loading for load_layer (load.c): the tensor name with exactly the
  * shape given, marked used. A matrix stays in the mapping where it can (BF16,
@@ -83,5 +85,18 @@ int model_load_matrix(struct model *m, const char *name, int64_t rows, int64_t c
                       struct weight_matrix *w, struct err *err);
 int model_load_vector(struct model *m, const char *name, int64_t n, float **out,
                       struct err *err);
+/* An RMSNorm weight: model_load_vector, with Gemma's offset folded in
+ * (config.gemma_norm: 1 + w, one f32 add, as transformers computes it). */
+int model_load_norm(struct model *m, const char *name, int64_t n, float **out, struct err *err);
+
+/* Rows [r0, r0 + n) of w, in place (a fused projection split into its parts). */
+static inline struct weight_matrix model_matrix_rows(const struct weight_matrix *w, int64_t r0,
+                                                     int64_t n)
+{
+    struct weight_matrix v = *w;
+    v.rows = n;
+    v.data = (const uint8_t *)w->data + (uint64_t)r0 * dtype_row_bytes(w->dtype, (uint64_t)w->cols);
+    return v;
+}
 
 #endif

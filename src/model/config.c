@@ -83,6 +83,9 @@ static const struct {
     {"Qwen2ForCausalLM", "qwen2", ARCH_QWEN2},
     {"Qwen3ForCausalLM", "qwen3", ARCH_QWEN3},
     {"Qwen3MoeForCausalLM", "qwen3_moe", ARCH_QWEN3_MOE},
+    {"Gemma3ForCausalLM", "gemma3_text", ARCH_GEMMA3},
+    {"Gemma3ForConditionalGeneration", "gemma3", ARCH_GEMMA3},
+    {"Phi3ForCausalLM", "phi3", ARCH_PHI3},
 };
 #define N_ARCHS ((int)(sizeof arch_table / sizeof arch_table[0]))
 
@@ -120,6 +123,7 @@ static int parse_arch(const struct json_reader *root, struct model_config *c)
     for (int i = 0; i < N_ARCHS; i++) {
         if (strcmp(name, from_class ? arch_table[i].class_name : arch_table[i].model_type) == 0) {
             c->arch = arch_table[i].arch;
+            c->multimodal = !strcmp(arch_table[i].class_name, "Gemma3ForConditionalGeneration");
             snprintf(c->arch_name, sizeof c->arch_name, "%s", name);
             return 0;
         }
@@ -127,22 +131,35 @@ static int parse_arch(const struct json_reader *root, struct model_config *c)
     return json_reader_fail_plain(root, INFERD_EUNSUPPORTED,
                                   "unsupported architecture '%.100s' (supported: LlamaForCausalLM, "
                                   "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
-                                  "Qwen3MoeForCausalLM)",
+                                  "Qwen3MoeForCausalLM, Gemma3ForCausalLM, "
+                                  "Gemma3ForConditionalGeneration, Phi3ForCausalLM)",
                                   name);
 }
 
 static int parse_sizes(const struct json_reader *root, struct model_config *c)
 {
+    /* Gemma 3's released configs leave out what Gemma3TextConfig defaults
+     * (the multimodal ones name little more than the sizes that differ). */
+    bool gemma = c->arch == ARCH_GEMMA3;
+    bool *need = gemma ? JSON_OPTIONAL : JSON_REQUIRED;
+    if (gemma) {
+        c->vocab_size = 262208;
+        c->hidden_size = 2304;
+        c->intermediate_size = 9216;
+        c->n_layers = 26;
+        c->n_heads = 8;
+    }
     int rc;
-    if ((rc = json_read_int(root, "vocab_size", JSON_REQUIRED, 1, 4 << 20, &c->vocab_size)) ||
-        (rc = json_read_int(root, "hidden_size", JSON_REQUIRED, 1, 65536, &c->hidden_size)) ||
-        (rc = json_read_int(root, "intermediate_size", JSON_REQUIRED, 1, 1 << 20,
+    if ((rc = json_read_int(root, "vocab_size", need, 1, 4 << 20, &c->vocab_size)) ||
+        (rc = json_read_int(root, "hidden_size", need, 1, 65536, &c->hidden_size)) ||
+        (rc = json_read_int(root, "intermediate_size", need, 1, 1 << 20,
                             &c->intermediate_size)) ||
-        (rc = json_read_int(root, "num_hidden_layers", JSON_REQUIRED, 1, 1024, &c->n_layers)) ||
-        (rc = json_read_int(root, "num_attention_heads", JSON_REQUIRED, 1, 1024, &c->n_heads)))
+        (rc = json_read_int(root, "num_hidden_layers", need, 1, CONFIG_MAX_LAYERS,
+                            &c->n_layers)) ||
+        (rc = json_read_int(root, "num_attention_heads", need, 1, 1024, &c->n_heads)))
         return rc;
-    c->n_kv_heads = c->n_heads;
-    c->max_position_embeddings = 4096;
+    c->n_kv_heads = gemma ? 4 : c->n_heads;
+    c->max_position_embeddings = gemma ? 131072 : 4096;
     if ((rc = json_read_int(root, "num_key_value_heads", JSON_OPTIONAL, 1, 1024,
                             &c->n_kv_heads)) ||
         (rc = json_read_int(root, "max_position_embeddings", JSON_OPTIONAL, 1, 16 << 20,
@@ -153,12 +170,12 @@ static int parse_sizes(const struct json_reader *root, struct model_config *c)
             root, INFERD_ERANGE,
             "num_attention_heads (%d) is not a multiple of num_key_value_heads (%d)", c->n_heads,
             c->n_kv_heads);
-    if (!json_reader_has(root, "head_dim") && c->hidden_size % c->n_heads != 0)
+    if (!gemma && !json_reader_has(root, "head_dim") && c->hidden_size % c->n_heads != 0)
         return json_reader_fail_plain(root, INFERD_ERANGE,
                                       "hidden_size (%d) is not a multiple of num_attention_heads "
                                       "(%d) and head_dim is not given",
                                       c->hidden_size, c->n_heads);
-    c->head_dim = c->hidden_size / c->n_heads;
+    c->head_dim = gemma ? 256 : c->hidden_size / c->n_heads;
     if ((rc = json_read_int(root, "head_dim", JSON_OPTIONAL, 1, 1024, &c->head_dim)))
         return rc;
     if (c->head_dim > 1024) /* the default, hidden_size / num_attention_heads, is unchecked above */
@@ -170,24 +187,97 @@ static int parse_sizes(const struct json_reader *root, struct model_config *c)
         return json_reader_fail_plain(root, INFERD_ERANGE,
                                       "head_dim = %d must be even (rotary embedding pairs)",
                                       c->head_dim);
+    /* partial_rotary_factor (Phi-4-mini): transformers rotates int(head_dim * factor) dims */
+    double partial = 1.0;
+    if ((rc = json_read_double(root, "partial_rotary_factor", JSON_OPTIONAL,
+                               (struct json_range){.lo = 0, .hi = 1, .lo_open = true},
+                               &partial)))
+        return rc;
+    c->rope_dim = (int)((double)c->head_dim * partial);
+    if (c->rope_dim < 2 || c->rope_dim % 2 != 0)
+        return json_reader_fail_plain(root, INFERD_ERANGE,
+                                      "partial_rotary_factor %g rotates %d of %d dims per head; "
+                                      "that must be even and at least 2",
+                                      partial, c->rope_dim, c->head_dim);
     c->rms_norm_eps = 1e-6f;
     return read_float(root, "rms_norm_eps",
                       (struct json_range){.lo = 0, .hi = 1, .lo_open = true, .hi_open = true},
                       &c->rms_norm_eps);
 }
 
-/* rope_scaling, or the newer rope_parameters that also carries rope_theta. */
+/* longrope's factor list key of rs: exactly model_rope_dim / 2 positive numbers. */
+static int read_rope_factors(const struct json_reader *rs, const char *key,
+                             const struct model_config *c, float *out)
+{
+    struct json_reader list;
+    size_t n;
+    int rc = json_read_array(rs, key, JSON_REQUIRED, &list, &n);
+    if (rc)
+        return rc;
+    if (n != (size_t)c->n_rope_factors)
+        return json_reader_fail(&list, INFERD_EFORMAT,
+                                "has %zu factors; %d rotated dims need %d", n,
+                                model_rope_dim(c), c->n_rope_factors);
+    for (size_t i = 0; i < n; i++) {
+        struct json_reader e = json_reader_element(&list, i);
+        double x = 0;
+        if ((rc = json_read_double(&e, NULL, JSON_REQUIRED,
+                                   (struct json_range){.lo = 0, .hi = 1e9, .lo_open = true}, &x)))
+            return rc;
+        out[i] = (float)x;
+    }
+    return 0;
+}
+
+/* Phi-3's longrope ("su" in older configs): short and long factors per rotated
+ * pair, the context they switch at, and the attention factor transformers'
+ * _compute_longrope_parameters derives when the config gives none. */
+static int parse_longrope(const struct json_reader *root, const struct json_reader *rs,
+                          struct model_config *c)
+{
+    c->n_rope_factors = model_rope_dim(c) / 2;
+    if (c->n_rope_factors > CONFIG_MAX_ROPE_FACTORS)
+        return json_reader_fail(rs, INFERD_ERANGE, "needs %d factors (at most %d are supported)",
+                                c->n_rope_factors, CONFIG_MAX_ROPE_FACTORS);
+    int rc;
+    if ((rc = read_rope_factors(rs, "short_factor", c, c->rope_short_factor)) ||
+        (rc = read_rope_factors(rs, "long_factor", c, c->rope_long_factor)))
+        return rc;
+    c->rope_original_max_position = c->max_position_embeddings;
+    const struct json_reader *orig_src =
+        json_reader_has(rs, "original_max_position_embeddings") ? rs : root;
+    if ((rc = json_read_int(orig_src, "original_max_position_embeddings", JSON_OPTIONAL, 1,
+                            16 << 20, &c->rope_original_max_position)))
+        return rc;
+    double factor = (double)c->max_position_embeddings / c->rope_original_max_position;
+    double attention = factor <= 1.0 ? 1.0
+                                     : sqrt(1.0 + log(factor) / log(c->rope_original_max_position));
+    if ((rc = json_read_double(rs, "attention_factor", JSON_OPTIONAL,
+                               (struct json_range){.lo = 0, .hi = 1e6, .lo_open = true},
+                               &attention)))
+        return rc;
+    c->rope_attention_factor = (float)attention;
+    c->rope_scaling = ROPE_SCALING_LONGROPE;
+    return 0;
+}
+
+/* rope_scaling, or the newer rope_parameters that also carries rope_theta.
+ * Gemma 3's newer configs key rope_parameters by layer type: the global
+ * layers' entry is read here, the local ones' base by parse_gemma3. */
 static int parse_rope(const struct json_reader *root, struct model_config *c)
 {
-    static const char *const types[] = {"default", "linear", "llama3", NULL};
-    enum { TYPE_DEFAULT, TYPE_LINEAR, TYPE_LLAMA3 };
+    static const char *const types[] = {"default", "linear", "llama3", "longrope", "su", NULL};
+    enum { TYPE_DEFAULT, TYPE_LINEAR, TYPE_LLAMA3, TYPE_LONGROPE, TYPE_SU };
     struct json_reader params, rs;
     int rc = json_read_object(root, "rope_parameters", JSON_OPTIONAL, &params);
     if (rc)
         return rc;
+    if (params.v && json_reader_has(&params, "full_attention") &&
+        (rc = json_read_object(&params, "full_attention", JSON_REQUIRED, &params)))
+        return rc;
     const struct json_reader *theta_src =
         json_reader_has(root, "rope_theta") || !params.v ? root : &params;
-    c->rope_theta = 10000.0f;
+    c->rope_theta = c->arch == ARCH_GEMMA3 ? 1000000.0f : 10000.0f;
     if ((rc = read_float(theta_src, "rope_theta",
                          (struct json_range){.lo = 0, .hi = 3.0e38, .lo_open = true},
                          &c->rope_theta)))
@@ -207,6 +297,8 @@ static int parse_rope(const struct json_reader *root, struct model_config *c)
     int type = TYPE_DEFAULT;
     if ((rc = json_read_enum(&rs, type_key, JSON_REQUIRED, types, &type)) || type == TYPE_DEFAULT)
         return rc;
+    if (type == TYPE_LONGROPE || type == TYPE_SU)
+        return parse_longrope(root, &rs, c);
     double factor = 1;
     if ((rc = json_read_double(&rs, "factor", JSON_REQUIRED,
                                (struct json_range){.lo = 0, .hi = 1e6, .lo_open = true}, &factor)))
@@ -232,6 +324,80 @@ static int parse_rope(const struct json_reader *root, struct model_config *c)
     return 0;
 }
 
+/* Gemma 3: which layers are local (layer_types, else every layer but each
+ * sliding_window_pattern-th), their window and RoPE base, the query scale,
+ * the soft-caps, and the Gemma norms, embedding scale and GeGLU. */
+static int parse_gemma3(const struct json_reader *root, struct model_config *c)
+{
+    int rc;
+    c->sliding_window = 4096;
+    if (json_reader_has_key(root, "sliding_window") && !json_reader_has(root, "sliding_window"))
+        c->sliding_window = 0; /* null: no layer has a window */
+    if ((rc = json_read_int(root, "sliding_window", JSON_OPTIONAL, 1, INT_MAX,
+                            &c->sliding_window)))
+        return rc;
+    struct json_reader types;
+    size_t n_types;
+    if ((rc = json_read_array(root, "layer_types", JSON_OPTIONAL, &types, &n_types)))
+        return rc;
+    if (types.v) {
+        if (n_types != (size_t)c->n_layers)
+            return json_reader_fail(&types, INFERD_EFORMAT, "names %zu layers, the model has %d",
+                                    n_types, c->n_layers);
+        static const char *const kinds[] = {"full_attention", "sliding_attention", NULL};
+        for (size_t i = 0; i < n_types; i++) {
+            struct json_reader e = json_reader_element(&types, i);
+            int kind = 0;
+            if ((rc = json_read_enum(&e, NULL, JSON_REQUIRED, kinds, &kind)))
+                return rc;
+            c->layer_sliding[i] = kind == 1;
+        }
+    } else {
+        int pattern = 6;
+        if ((rc = json_read_int(root, "sliding_window_pattern", JSON_OPTIONAL, 1, INT_MAX,
+                                &pattern)))
+            return rc;
+        for (int i = 0; i < c->n_layers; i++)
+            c->layer_sliding[i] = (i + 1) % pattern != 0;
+    }
+    if (!c->sliding_window)
+        memset(c->layer_sliding, 0, sizeof c->layer_sliding);
+
+    c->rope_local_theta = 10000.0f;
+    struct json_reader params, local;
+    if ((rc = json_read_object(root, "rope_parameters", JSON_OPTIONAL, &params)) ||
+        (rc = json_read_object(&params, "sliding_attention", JSON_OPTIONAL, &local)))
+        return rc;
+    const struct json_reader *local_src = json_reader_has(root, "rope_local_base_freq") || !local.v
+                                              ? root
+                                              : &local;
+    const char *local_key = local_src == root ? "rope_local_base_freq" : "rope_theta";
+    if ((rc = read_float(local_src, local_key,
+                         (struct json_range){.lo = 0, .hi = 3.0e38, .lo_open = true},
+                         &c->rope_local_theta)))
+        return rc;
+
+    double qpas = 256;
+    if ((rc = json_read_double(root, "query_pre_attn_scalar", JSON_OPTIONAL,
+                               (struct json_range){.lo = 0, .hi = 1e9, .lo_open = true}, &qpas)))
+        return rc;
+    c->query_scale = (float)pow(qpas, -0.5);
+    if ((rc = read_float(root, "final_logit_softcapping",
+                         (struct json_range){.lo = 0, .hi = 1e9, .lo_open = true},
+                         &c->final_logit_softcap)))
+        return rc;
+    if (json_reader_has(root, "attn_logit_softcapping"))
+        return json_reader_fail_plain(root, INFERD_EUNSUPPORTED,
+                                      "attn_logit_softcapping (soft-capped attention scores) is "
+                                      "not supported");
+    c->qk_norm = true;
+    c->gemma_norm = true;
+    c->embed_scale = true;
+    c->gelu_tanh = true;
+    c->tie_word_embeddings = true;
+    return 0;
+}
+
 static int parse_sliding_window(const struct json_reader *root, struct model_config *c)
 {
     c->sliding_window = 0;
@@ -242,6 +408,11 @@ static int parse_sliding_window(const struct json_reader *root, struct model_con
         return json_read_int(root, "sliding_window", JSON_OPTIONAL, 1, INT_MAX,
                              &c->sliding_window);
     }
+    if (c->arch == ARCH_GEMMA3)
+        return 0; /* parse_gemma3 */
+    if (c->arch == ARCH_PHI3) /* transformers' Phi3Config defaults to no window */
+        return json_read_int(root, "sliding_window", JSON_OPTIONAL, 1, INT_MAX,
+                             &c->sliding_window);
     if (c->arch == ARCH_QWEN2 || c->arch == ARCH_QWEN3 || c->arch == ARCH_QWEN3_MOE) {
         bool on = false;
         int rc = json_read_bool(root, "use_sliding_window", JSON_OPTIONAL, &on);
@@ -256,16 +427,23 @@ static int parse_sliding_window(const struct json_reader *root, struct model_con
 }
 
 /* Variants the forward pass does not implement are refused rather than run wrongly. */
-static int parse_unsupported_features(const struct json_reader *root)
+static int parse_unsupported_features(const struct json_reader *root,
+                                      const struct model_config *c)
 {
     const char *act = NULL;
     bool mlp_bias = false;
     int rc;
-    if ((rc = json_read_str(root, "hidden_act", JSON_OPTIONAL, &act, NULL)))
+    /* Gemma 3 names it hidden_activation, and runs gelu_pytorch_tanh */
+    const char *act_key = c->arch == ARCH_GEMMA3 && !json_reader_has(root, "hidden_act")
+                              ? "hidden_activation"
+                              : "hidden_act";
+    const char *want = c->arch == ARCH_GEMMA3 ? "gelu_pytorch_tanh" : "silu";
+    if ((rc = json_read_str(root, act_key, JSON_OPTIONAL, &act, NULL)))
         return rc;
-    if (act && strcmp(act, "silu") != 0)
+    if (act && strcmp(act, want) != 0)
         return json_reader_fail_plain(root, INFERD_EUNSUPPORTED,
-                                      "hidden_act '%.40s' is not supported (only silu)", act);
+                                      "%s '%.40s' is not supported (%s runs %s)", act_key, act,
+                                      model_arch_name(c->arch), want);
     if ((rc = json_read_bool(root, "mlp_bias", JSON_OPTIONAL, &mlp_bias)))
         return rc;
     if (mlp_bias)
@@ -334,24 +512,50 @@ int model_config_parse(const char *json, size_t len, struct model_config *out, s
         return rc;
     struct json_doc doc = {.err = err, .name = "config.json"};
     struct json_reader root = json_reader_root(&doc, obj);
-    struct model_config c = {.bos_token_id = -1};
-    if ((rc = parse_arch(&root, &c)) || (rc = parse_sizes(&root, &c)) ||
-        (rc = parse_rope(&root, &c)) || (rc = parse_sliding_window(&root, &c)) ||
-        (rc = parse_unsupported_features(&root)) || (rc = parse_experts(&root, &c)) ||
-        (rc = parse_dtype_name(&root, &c)) ||
-        (rc = json_read_bool(&root, "tie_word_embeddings", JSON_OPTIONAL,
-                             &c.tie_word_embeddings)) ||
-        (rc = json_read_bool(&root, "attention_bias", JSON_OPTIONAL, &c.attention_bias)) ||
-        (rc = json_read_int(&root, "bos_token_id", JSON_OPTIONAL, 0, c.vocab_size - 1,
-                            &c.bos_token_id)) ||
-        (rc = read_token_ids(&root, "eos_token_id", c.vocab_size - 1, c.eos_token_ids, &c.n_eos)))
+    struct model_config *c = calloc(1, sizeof *c); /* large: the per-layer flags */
+    if (!c) {
+        json_object_put(obj);
+        return err_set(err, INFERD_ENOMEM, "out of memory parsing config.json");
+    }
+    c->bos_token_id = -1;
+    /* Gemma3ForConditionalGeneration: the text model's config is text_config;
+     * the ids and dtype may sit at the top */
+    struct json_reader text = root;
+    if ((rc = parse_arch(&root, c)))
         goto out;
-    if (c.arch == ARCH_QWEN2)
-        c.attention_bias = true; /* Qwen2 always has q/k/v biases; its config does not say so */
-    if (c.arch == ARCH_QWEN3 || c.arch == ARCH_QWEN3_MOE)
-        c.qk_norm = true;
-    *out = c;
+    if (c->multimodal && (rc = json_read_object(&root, "text_config", JSON_REQUIRED, &text)))
+        goto out;
+    const struct json_reader *ids = c->multimodal && !json_reader_has(&root, "eos_token_id")
+                                        ? &text
+                                        : &root;
+    const struct json_reader *dtype_src =
+        c->multimodal && !json_reader_has(&root, "torch_dtype") && !json_reader_has(&root, "dtype")
+            ? &text
+            : &root;
+    if ((rc = parse_sizes(&text, c)) || (rc = parse_rope(&text, c)) ||
+        (rc = parse_sliding_window(&text, c)) ||
+        (c->arch == ARCH_GEMMA3 && (rc = parse_gemma3(&text, c))) ||
+        (rc = parse_unsupported_features(&text, c)) || (rc = parse_experts(&text, c)) ||
+        (rc = parse_dtype_name(dtype_src, c)) ||
+        (rc = json_read_bool(&text, "tie_word_embeddings", JSON_OPTIONAL,
+                             &c->tie_word_embeddings)) ||
+        (rc = json_read_bool(&text, "attention_bias", JSON_OPTIONAL, &c->attention_bias)) ||
+        (rc = json_read_int(ids, "bos_token_id", JSON_OPTIONAL, 0, c->vocab_size - 1,
+                            &c->bos_token_id)) ||
+        (rc = read_token_ids(ids, "eos_token_id", c->vocab_size - 1, c->eos_token_ids, &c->n_eos)))
+        goto out;
+    if (c->arch == ARCH_GEMMA3 && c->bos_token_id < 0 && !json_reader_has_key(ids, "bos_token_id"))
+        c->bos_token_id = 2 < c->vocab_size ? 2 : -1; /* Gemma3TextConfig's default */
+    if (c->arch == ARCH_GEMMA3 && c->n_eos == 0 && !json_reader_has_key(ids, "eos_token_id") &&
+        c->vocab_size > 1)
+        c->eos_token_ids[c->n_eos++] = 1;
+    if (c->arch == ARCH_QWEN2)
+        c->attention_bias = true; /* Qwen2 always has q/k/v biases; its config does not say so */
+    if (c->arch == ARCH_QWEN3 || c->arch == ARCH_QWEN3_MOE)
+        c->qk_norm = true;
+    *out = *c;
 out:
+    free(c);
     json_object_put(obj);
     return rc;
 }

@@ -8,14 +8,31 @@
 #include "base/dtype.h"
 #include "base/err.h"
 
-enum model_arch { ARCH_LLAMA, ARCH_MISTRAL, ARCH_QWEN2, ARCH_QWEN3, ARCH_QWEN3_MOE };
+enum model_arch {
+    ARCH_LLAMA,
+    ARCH_MISTRAL,
+    ARCH_QWEN2,
+    ARCH_QWEN3,
+    ARCH_QWEN3_MOE,   /* Qwen3MoeForCausalLM */
+    ARCH_GEMMA3,      /* Gemma3ForCausalLM, and the text model of Gemma3ForConditionalGeneration */
+    ARCH_PHI3,        /* Phi3ForCausalLM: Phi-3, Phi-3.5, Phi-4-mini */
+};
 
-enum rope_scaling_kind { ROPE_SCALING_NONE, ROPE_SCALING_LINEAR, ROPE_SCALING_LLAMA3 };
+enum rope_scaling_kind {
+    ROPE_SCALING_NONE,
+    ROPE_SCALING_LINEAR,
+    ROPE_SCALING_LLAMA3,
+    ROPE_SCALING_LONGROPE, /* Phi-3's longrope (older configs: "su"): per-dim short/long factors */
+};
 
 #define CONFIG_MAX_EOS 8
 /* Experts a mixture-of-experts config may have, and experts a token may use. */
 #define CONFIG_MAX_EXPERTS 512
 #define CONFIG_MAX_EXPERTS_PER_TOK 32
+/* Layers whose sliding/global kind a config may set one by one (Gemma 3). */
+#define CONFIG_MAX_LAYERS 1024
+/* Longrope factors per rotated dim pair. */
+#define CONFIG_MAX_ROPE_FACTORS 256
 
 struct model_config {
     enum model_arch arch;
@@ -51,6 +68,28 @@ struct model_config {
     int decoder_sparse_step;
     int shared_expert_intermediate_size; /* 0: no shared expert (Qwen2-MoE style when > 0) */
     unsigned char mlp_only_layers[1024]; /* 1: layer i is dense whatever the step says */
+
+    /* Gemma 3 and Phi-3 (zero elsewhere). */
+    int rope_dim;              /* rotated dims per head (partial_rotary_factor); 0 = head_dim */
+    bool layer_sliding[CONFIG_MAX_LAYERS]; /* Gemma 3: the layer attends within sliding_window
+                                              (a local layer); else it sees the whole context */
+    float rope_local_theta;    /* Gemma 3's local layers' RoPE base (rope_local_base_freq),
+                                  unscaled; 0 = every layer uses rope_theta and rope_scaling */
+    float query_scale;         /* attention's q.k scale; 0 = 1 / sqrt(head_dim) */
+    float final_logit_softcap; /* logits = cap * tanh(logits / cap); 0 = off */
+    bool gemma_norm;           /* RMSNorm weights are offsets: x / rms(x) * (1 + w) */
+    bool embed_scale;          /* embeddings times sqrt(hidden_size), rounded to their dtype */
+    bool gelu_tanh;            /* the MLP's activation is gelu (tanh approximation), not silu */
+    /* Gemma3ForConditionalGeneration: the text model's tensors are under a
+     * prefix ("language_model.model." as released, "model.language_model." as
+     * transformers saves it now); the vision tower's are not used. */
+    bool multimodal;
+    /* longrope: per-dim divisors of the frequencies, the short ones up to
+     * rope_original_max_position, the long ones from there; attention_factor
+     * multiplies cos and sin. */
+    int n_rope_factors;        /* rope_dim / 2 */
+    float rope_short_factor[CONFIG_MAX_ROPE_FACTORS], rope_long_factor[CONFIG_MAX_ROPE_FACTORS];
+    float rope_attention_factor;
 };
 
 /* True when layer i of c runs the experts rather than the dense MLP. */
@@ -87,8 +126,15 @@ int model_config_load(const char *dir, struct model_config *cfg, struct generati
 
 const char *model_arch_name(enum model_arch arch);
 
-/* Fills inv_freq (head_dim / 2 floats) with the rotary inverse frequencies
- * after rope_scaling, rounded as transformers computes them in float32. */
+/* Fills inv_freq (model_rope_dim / 2 floats) with the rotary inverse
+ * frequencies after rope_scaling, rounded as transformers computes them in
+ * float32 (longrope: with the short factors). */
 void model_rope_inv_freq(const struct model_config *cfg, float *inv_freq);
+/* Rotated dims per head: rope_dim, or head_dim when that is 0. */
+int model_rope_dim(const struct model_config *cfg);
+/* longrope's long-context frequencies (model_rope_dim / 2 floats). */
+void model_rope_inv_freq_long(const struct model_config *cfg, float *inv_freq);
+/* Gemma 3's local layers' frequencies: rope_local_theta, unscaled. */
+void model_rope_inv_freq_local(const struct model_config *cfg, float *inv_freq);
 
 #endif

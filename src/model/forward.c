@@ -220,6 +220,8 @@ static int lm_head(const struct model *m, struct forward_state *st, const struct
         int rows = n_out - r < LOGITS_CHUNK_ROWS ? n_out - r : LOGITS_CHUNK_ROWS;
         op->matmul(be, st->head_in + (size_t)r * c->hidden_size, rows, &m->weights.lm_head, NULL,
                    st->logits);
+        if (c->final_logit_softcap > 0)
+            op->softcap(be, st->logits, (int64_t)rows * c->vocab_size, c->final_logit_softcap);
         if (r == 0 && out->before_rows) {
             if (op->submit)
                 op->submit(be);
@@ -255,6 +257,9 @@ static int forward_step(const struct model *m, struct forward_state *st, struct 
         return n_rows;
 
     m->backend->ops->embed(m->backend, &m->weights.embed, st->tokens, n_rows, st->x);
+    if (m->embed_scale > 0)
+        m->backend->ops->scale(m->backend, st->x, (int64_t)n_rows * c->hidden_size,
+                               m->embed_scale);
     for (int l = 0; l < c->n_layers; l++)
         m->arch->layer(m, st, kv, l, n_rows, batch->n_seqs);
     int rc = lm_head(m, st, batch, out, err);

@@ -1,4 +1,5 @@
 /* model/load.c — model_load: config + safetensors checked against each other and placed on a backend. */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #ifdef __F16C__
@@ -307,6 +308,36 @@ int model_load_vector(struct model *m, const char *name, int64_t n, float **out,
     return upload_dequantized(m, t, n, 1, out, err);
 }
 
+int model_load_norm(struct model *m, const char *name, int64_t n, float **out, struct err *err)
+{
+    if (!m->config.gemma_norm)
+        return model_load_vector(m, name, n, out, err);
+    const struct st_tensor *t;
+    int rc = find_tensor(m, name, &n, 1, &t, err);
+    if (rc)
+        return rc;
+    if (dtype_is_block(t->dtype) || t->unpermute_heads)
+        return err_set(err, INFERD_EFORMAT, "norm %s is stored as %s; norms must be F32, F16 or "
+                       "BF16", name, dtype_name(t->dtype));
+    float *host = malloc((size_t)n * sizeof *host);
+    if (!host)
+        return err_set(err, INFERD_ENOMEM, "out of memory converting tensor '%s'", name);
+    convert_f32(t, 0, (size_t)n, host);
+    /* Gemma's RMSNorm scales by (1.0 + weight.float()): the same f32 sum here,
+     * once, so the backend's plain RMSNorm computes the same products */
+    for (int64_t i = 0; i < n; i++)
+        host[i] = 1.0f + host[i];
+    void *buf;
+    if ((rc = alloc_owned(m, (size_t)n * sizeof(float), name, &buf, err))) {
+        free(host);
+        return rc;
+    }
+    m->backend->ops->to_device(m->backend, buf, host, (size_t)n * sizeof(float));
+    free(host);
+    *out = buf;
+    return 0;
+}
+
 /* ---------------------------------------------------------------- the model */
 
 static bool ends_with(const char *s, const char *suffix)
@@ -322,6 +353,10 @@ static int check_no_extra_tensors(struct model *m, struct err *err)
         const char *name = set->tensors[i].name;
         if (set->used[i] || ends_with(name, "rotary_emb.inv_freq"))
             continue;
+        /* a multimodal checkpoint's vision tower and projector: text-only here */
+        if (m->config.multimodal && strncmp(name, m->prefix, strlen(m->prefix)) != 0 &&
+            strcmp(name, "lm_head.weight") != 0)
+            continue;
         return err_set(err, INFERD_EFORMAT, "unexpected tensor %.200s in %s (not used by %s)",
                        name, set->file_names[set->tensors[i].file_index],
                        model_arch_name(m->config.arch));
@@ -329,12 +364,33 @@ static int check_no_extra_tensors(struct model *m, struct err *err)
     return 0;
 }
 
+/* Where the text model's tensors are: "model.", or in a
+ * Gemma3ForConditionalGeneration checkpoint "language_model.model." (as
+ * released) or "model.language_model." (as transformers 4.52+ saves it). */
+static void pick_prefix(struct model *m)
+{
+    snprintf(m->prefix, sizeof m->prefix, "model.");
+    if (!m->config.multimodal)
+        return;
+    static const char *const prefixes[] = {"language_model.model.", "model.language_model."};
+    for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++) {
+        char name[96];
+        snprintf(name, sizeof name, "%sembed_tokens.weight", prefixes[i]);
+        if (st_set_find(&m->files, name)) {
+            snprintf(m->prefix, sizeof m->prefix, "%s", prefixes[i]);
+            return;
+        }
+    }
+}
+
 static int load_weights(struct model *m, struct err *err)
 {
     const struct model_config *c = &m->config;
     struct model_weights *W = &m->weights;
-    int rc = model_load_matrix(m, "model.embed_tokens.weight", c->vocab_size, c->hidden_size,
-                               &W->embed, err);
+    char name[96];
+    pick_prefix(m);
+    snprintf(name, sizeof name, "%sembed_tokens.weight", m->prefix);
+    int rc = model_load_matrix(m, name, c->vocab_size, c->hidden_size, &W->embed, err);
     if (rc)
         return rc;
     W->layers = calloc((size_t)c->n_layers, sizeof *W->layers);
@@ -343,7 +399,8 @@ static int load_weights(struct model *m, struct err *err)
     for (int i = 0; i < c->n_layers; i++)
         if ((rc = m->arch->load_layer(m, i, &W->layers[i], err)))
             return rc;
-    if ((rc = model_load_vector(m, "model.norm.weight", c->hidden_size, &W->final_norm, err)))
+    snprintf(name, sizeof name, "%snorm.weight", m->prefix);
+    if ((rc = model_load_norm(m, name, c->hidden_size, &W->final_norm, err)))
         return rc;
     /* Tied checkpoints sometimes still carry lm_head.weight; when present it is what runs. */
     if (c->tie_word_embeddings && !st_set_find(&m->files, "lm_head.weight"))
@@ -360,17 +417,55 @@ static int load_weights(struct model *m, struct err *err)
  * formula; inside it the blend rounds differently by an ulp or so. */
 static int build_rope(struct model *m, const float *factors, struct err *err)
 {
-    int half = m->config.head_dim / 2;
-    m->rope_inv_freq = malloc((size_t)half * sizeof *m->rope_inv_freq);
+    const struct model_config *c = &m->config;
+    int half = model_rope_dim(c) / 2;
+    bool longrope = c->rope_scaling == ROPE_SCALING_LONGROPE;
+    /* longrope: the short frequencies, then the long ones (rope_table) */
+    m->rope_inv_freq = malloc((size_t)(longrope ? 2 * half : half) * sizeof *m->rope_inv_freq);
     if (!m->rope_inv_freq)
         return err_set(err, INFERD_ENOMEM, "out of memory for the rope table");
-    model_rope_inv_freq(&m->config, m->rope_inv_freq);
+    model_rope_inv_freq(c, m->rope_inv_freq);
     for (int i = 0; factors && i < half; i++)
         m->rope_inv_freq[i] = (float)((double)m->rope_inv_freq[i] / factors[i]);
-    m->rope.rot_dim = m->config.head_dim;
+    m->rope.rot_dim = 2 * half;
     m->rope.inv_freq = m->rope_inv_freq;
     m->rope.attention_factor = 1.0f;
+    if (longrope) {
+        model_rope_inv_freq_long(c, m->rope_inv_freq + half);
+        /* transformers switches to the long factors once a forward's last
+         * position passes original_max_position_embeddings; here each token
+         * picks by its own position, which keeps a token's K independent of
+         * its step (the prefix cache, batch invariance) and equals a
+         * transformers run whose forwards split there */
+        m->rope.long_from = c->rope_original_max_position;
+        m->rope.attention_factor = c->rope_attention_factor;
+    }
+    if (c->rope_local_theta > 0) {
+        m->rope_local_inv_freq = malloc((size_t)half * sizeof *m->rope_local_inv_freq);
+        if (!m->rope_local_inv_freq)
+            return err_set(err, INFERD_ENOMEM, "out of memory for the rope table");
+        model_rope_inv_freq_local(c, m->rope_local_inv_freq);
+        m->rope_local = (struct rope_table){.rot_dim = 2 * half,
+                                            .inv_freq = m->rope_local_inv_freq,
+                                            .attention_factor = 1.0f};
+    }
     return 0;
+}
+
+/* Gemma 3's embedding scale. transformers multiplies by sqrt(hidden_size)
+ * cast to the dtype the model runs in: float32 for inferd's f32 activations
+ * (EXACT, the goldens' run); FAST mode, whose matmuls take bf16 inputs,
+ * rounds it as a bf16 run of a bf16 checkpoint does (sqrt(1152) = 33.94
+ * becomes 34). */
+static float embed_scale_of(const struct model *m)
+{
+    const struct model_config *c = &m->config;
+    if (!c->embed_scale)
+        return 0.0f;
+    float s = (float)sqrt((double)c->hidden_size);
+    if (m->backend->mode == COMPUTE_FAST && c->torch_dtype == DTYPE_BF16)
+        s = bf16_to_f32(f32_to_bf16(s));
+    return s;
 }
 
 /* Config and tensors of a model directory, or of one GGUF file. */
@@ -437,6 +532,13 @@ int model_load_with(const char *dir, struct backend *be, const struct model_load
         goto fail;
     if (!model_path_is_gguf(dir) && (rc = model_embedding_load(dir, &m->embedding, err)))
         goto fail;
+    m->embed_scale = embed_scale_of(m);
+    if ((m->config.arch == ARCH_GEMMA3) &&
+        (!be->ops->gelu_tanh_mul || !be->ops->scale || !be->ops->softcap)) {
+        rc = err_set(err, INFERD_EUNSUPPORTED, "the %s backend lacks the ops %s needs",
+                     be->ops->name, model_arch_name(m->config.arch));
+        goto fail;
+    }
     free(rope_factors);
     *out = m;
     return 0;
@@ -460,6 +562,7 @@ void model_free(struct model *m)
     }
     free(m->weights.layers);
     free(m->rope_inv_freq);
+    free(m->rope_local_inv_freq);
     st_set_close(&m->files);
     free(m);
 }
@@ -489,7 +592,7 @@ uint64_t model_weight_bytes_per_token(const struct model *m)
                      (uint64_t)c->n_experts_per_tok *
                          (matrix_bytes(&L->experts.gate[0]) + matrix_bytes(&L->experts.up[0]) +
                           matrix_bytes(&L->experts.down[0]));
-        total += 2 * (uint64_t)c->hidden_size * f;
+        total += (L->attn_post_norm ? 4 : 2) * (uint64_t)c->hidden_size * f;
         if (L->bq)
             total += (q_dim + 2 * kv_dim) * f;
         if (L->q_norm)

@@ -26,6 +26,9 @@ struct layer_weights {
      * style); rows 0 when the config has none. */
     struct weight_matrix shared_gate, shared_up, shared_down;
     struct weight_matrix shared_expert_gate; /* 1 x hidden */
+    /* Gemma 3's sandwich: norms of the attention's and the MLP's outputs
+     * before their residual adds, else NULL */
+    float *attn_post_norm, *mlp_post_norm;
 };
 
 struct model_weights {
@@ -67,6 +70,13 @@ struct model {
     enum dtype quantize;         /* model_load_options.quantize, while loading */
     struct rope_table rope;
     struct model_embedding embedding; /* the directory's pooling, for /v1/embeddings */
+    /* Gemma 3's local (sliding-window) layers rotate by their own base */
+    float *rope_local_inv_freq;  /* owned host memory, rope_dim / 2 floats; NULL elsewhere */
+    struct rope_table rope_local;
+    /* The text model's tensor names start with this: "model.", or for
+     * Gemma3ForConditionalGeneration where its checkpoint puts them */
+    char prefix[32];
+    float embed_scale;           /* embeddings are multiplied by it (Gemma 3); 0: not */
 };
 
 /* Loads DIR (config.json, safetensors, generation_config.json) onto be, or

@@ -28,6 +28,10 @@
     .n_eos = 3, .gen_eos_token_ids = {128001, 128008, 128009}, .n_gen_eos = 3, \
     .temperature = "0.6", .top_p = "0.9", .pad_token_id = -1
 
+#define GEMMA3_TOKENS .bos_token_id = 2, .eos_token_ids = {1, 106}, .n_eos = 2, \
+    .gen_eos_token_ids = {1, 106}, .n_gen_eos = 2, .temperature = "1.0", .top_p = "0.95", \
+    .top_k = 64, .pad_token_id = 0
+
 /* Tiny presets use odd sizes (SIMD tails), GQA group sizes 1, 2, 3 and 4,
  * head_dim 64 and 128, every rope kind and every file dtype. */
 static const struct mkmodel_preset presets[] = {
@@ -72,6 +76,23 @@ static const struct mkmodel_preset presets[] = {
       .rms_norm_eps = "1e-06", .rope = MKMODEL_ROPE_NONE, .dtype = DTYPE_BF16, TINY_GREEDY,
       .n_experts = 6, .n_experts_per_tok = 2, .moe_intermediate_size = 88,
       .norm_topk_prob = true, .mlp_only_layers = 1u << 1, .zero_router_experts = 0xcu },
+    /* Gemma 3: local layers 0 and 2 (window 16), global 1 and 3 with linear
+     * scaling; query_pre_attn_scalar apart from head_dim; soft-capped logits. */
+    { .name = "tiny-gemma3", .arch = "gemma3", .vocab_size = 331, .hidden_size = 144,
+      .intermediate_size = 232, .n_layers = 4, .n_heads = 4, .n_kv_heads = 2, .head_dim = 64,
+      .max_position_embeddings = 2048, .sliding_window = 16, .tie_word_embeddings = true,
+      .rope_theta = "1000000.0", .rms_norm_eps = "1e-06", .rope = MKMODEL_ROPE_LINEAR,
+      .rope_factor = "2.0", .dtype = DTYPE_BF16, .sliding_window_pattern = 2,
+      .rope_local_base_freq = "10000.0", .query_pre_attn_scalar = 48,
+      .final_logit_softcapping = "5.0", .bos_token_id = 2, .eos_token_ids = {1}, .n_eos = 1,
+      .gen_eos_token_ids = {1}, .n_gen_eos = 1, .pad_token_id = 0 },
+    /* Phi-3: fused projections, partial rotary (48 of 64 dims) and longrope
+     * switching at 32 positions (the goldens' longer cases cross it). */
+    { .name = "tiny-phi3", .arch = "phi3", .vocab_size = 347, .hidden_size = 192,
+      .intermediate_size = 264, .n_layers = 2, .n_heads = 6, .n_kv_heads = 2, .head_dim = 64,
+      .max_position_embeddings = 128, .tie_word_embeddings = false, .rope_theta = "10000.0",
+      .rms_norm_eps = "1e-05", .rope = MKMODEL_ROPE_LONGROPE, .rope_original_max_position = 32,
+      .partial_rotary_factor = "0.75", .dtype = DTYPE_BF16, TINY_GREEDY },
     /* Released models' shapes, for benchmarks (random weights). */
     { .name = "qwen3-0.6b", .arch = "qwen3", .vocab_size = 151936, .hidden_size = 1024,
       .intermediate_size = 3072, .n_layers = 28, .n_heads = 16, .n_kv_heads = 8, .head_dim = 128,
@@ -101,6 +122,27 @@ static const struct mkmodel_preset presets[] = {
       .rms_norm_eps = "1e-06", .rope = MKMODEL_ROPE_NONE, .dtype = DTYPE_BF16, QWEN3_TOKENS,
       .real = true, .n_experts = 128, .n_experts_per_tok = 8, .moe_intermediate_size = 768,
       .norm_topk_prob = true },
+    { .name = "gemma-3-1b", .arch = "gemma3", .vocab_size = 262144, .hidden_size = 1152,
+      .intermediate_size = 6912, .n_layers = 26, .n_heads = 4, .n_kv_heads = 1, .head_dim = 256,
+      .max_position_embeddings = 32768, .sliding_window = 512, .tie_word_embeddings = true,
+      .rope_theta = "1000000", .rms_norm_eps = "1e-06", .rope = MKMODEL_ROPE_NONE,
+      .dtype = DTYPE_BF16, .sliding_window_pattern = 6, .rope_local_base_freq = "10000",
+      .query_pre_attn_scalar = 256, GEMMA3_TOKENS, .real = true },
+    /* the text model of Gemma 3 4B (Gemma3ForConditionalGeneration's text_config) */
+    { .name = "gemma-3-4b", .arch = "gemma3", .vocab_size = 262208, .hidden_size = 2560,
+      .intermediate_size = 10240, .n_layers = 34, .n_heads = 8, .n_kv_heads = 4, .head_dim = 256,
+      .max_position_embeddings = 131072, .sliding_window = 1024, .tie_word_embeddings = true,
+      .rope_theta = "1000000", .rms_norm_eps = "1e-06", .rope = MKMODEL_ROPE_LINEAR,
+      .rope_factor = "8.0", .dtype = DTYPE_BF16, .sliding_window_pattern = 6,
+      .rope_local_base_freq = "10000", .query_pre_attn_scalar = 256, GEMMA3_TOKENS,
+      .real = true },
+    { .name = "phi-4-mini", .arch = "phi3", .vocab_size = 200064, .hidden_size = 3072,
+      .intermediate_size = 8192, .n_layers = 32, .n_heads = 24, .n_kv_heads = 8, .head_dim = 128,
+      .max_position_embeddings = 131072, .tie_word_embeddings = true, .rope_theta = "10000.0",
+      .rms_norm_eps = "1e-05", .rope = MKMODEL_ROPE_LONGROPE, .rope_original_max_position = 4096,
+      .partial_rotary_factor = "0.75", .dtype = DTYPE_BF16, .bos_token_id = 199999,
+      .eos_token_ids = {199999, 200020}, .n_eos = 2, .gen_eos_token_ids = {199999, 200020},
+      .n_gen_eos = 2, .pad_token_id = 199999, .real = true },
 };
 
 #define N_PRESETS ((int)(sizeof presets / sizeof presets[0]))
@@ -127,6 +169,8 @@ const char *mkmodel_arch_class(const char *arch)
         {"qwen2", "Qwen2ForCausalLM"},
         {"qwen3", "Qwen3ForCausalLM"},
         {"qwen3_moe", "Qwen3MoeForCausalLM"},
+        {"gemma3", "Gemma3ForCausalLM"},
+        {"phi3", "Phi3ForCausalLM"},
     };
     for (size_t i = 0; arch && i < sizeof map / sizeof map[0]; i++)
         if (strcmp(map[i][0], arch) == 0)
@@ -137,7 +181,9 @@ const char *mkmodel_arch_class(const char *arch)
 /* ---- the tensor list ---------------------------------------------------- */
 
 /* How a tensor's values are drawn (see mkmodel.h). */
-enum init_kind { INIT_EMBED, INIT_LINEAR, INIT_LM_HEAD, INIT_NORM, INIT_BIAS, INIT_ROUTER };
+enum init_kind {
+    INIT_EMBED, INIT_LINEAR, INIT_LM_HEAD, INIT_NORM, INIT_BIAS, INIT_ROUTER, INIT_NORM_OFFSET
+};
 
 struct tensor_spec {
     char name[80];
@@ -183,6 +229,60 @@ static int spec_cmp(const void *a, const void *b)
     return strcmp(((const struct tensor_spec *)a)->name, ((const struct tensor_spec *)b)->name);
 }
 
+static int finish_tensor_list(const struct mkmodel_preset *p, struct tensor_list *l, int rc);
+
+/* Gemma 3: sandwich norms and q/k norms, all offsets from 1 (Gemma's
+ * RMSNorm scales by 1 + w), and the embedding tied to the head. */
+static int gemma3_tensors(const struct mkmodel_preset *p, struct tensor_list *l)
+{
+    int64_t h = p->hidden_size, inter = p->intermediate_size, hd = p->head_dim;
+    int64_t q_out = (int64_t)p->n_heads * hd, kv_out = (int64_t)p->n_kv_heads * hd;
+    int rc = 0;
+    rc |= list_add(l, INIT_EMBED, p->vocab_size, h, "model.embed_tokens.weight", 0);
+    rc |= list_add(l, INIT_NORM_OFFSET, h, 0, "model.norm.weight", 0);
+    for (int i = 0; i < p->n_layers && rc == 0; i++) {
+        rc |= list_add(l, INIT_NORM_OFFSET, h, 0, "model.layers.%d.input_layernorm.weight", i);
+        rc |= list_add(l, INIT_NORM_OFFSET, h, 0,
+                       "model.layers.%d.post_attention_layernorm.weight", i);
+        rc |= list_add(l, INIT_NORM_OFFSET, h, 0,
+                       "model.layers.%d.pre_feedforward_layernorm.weight", i);
+        rc |= list_add(l, INIT_NORM_OFFSET, h, 0,
+                       "model.layers.%d.post_feedforward_layernorm.weight", i);
+        rc |= list_add(l, INIT_LINEAR, q_out, h, "model.layers.%d.self_attn.q_proj.weight", i);
+        rc |= list_add(l, INIT_LINEAR, kv_out, h, "model.layers.%d.self_attn.k_proj.weight", i);
+        rc |= list_add(l, INIT_LINEAR, kv_out, h, "model.layers.%d.self_attn.v_proj.weight", i);
+        rc |= list_add(l, INIT_LINEAR, h, q_out, "model.layers.%d.self_attn.o_proj.weight", i);
+        rc |= list_add(l, INIT_NORM_OFFSET, hd, 0, "model.layers.%d.self_attn.q_norm.weight", i);
+        rc |= list_add(l, INIT_NORM_OFFSET, hd, 0, "model.layers.%d.self_attn.k_norm.weight", i);
+        rc |= list_add(l, INIT_LINEAR, inter, h, "model.layers.%d.mlp.gate_proj.weight", i);
+        rc |= list_add(l, INIT_LINEAR, inter, h, "model.layers.%d.mlp.up_proj.weight", i);
+        rc |= list_add(l, INIT_LINEAR, h, inter, "model.layers.%d.mlp.down_proj.weight", i);
+    }
+    return rc;
+}
+
+/* Phi-3: q, k, v as one qkv_proj and gate, up as one gate_up_proj. */
+static int phi3_tensors(const struct mkmodel_preset *p, struct tensor_list *l)
+{
+    int64_t h = p->hidden_size, inter = p->intermediate_size, hd = p->head_dim;
+    int64_t q_out = (int64_t)p->n_heads * hd, kv_out = (int64_t)p->n_kv_heads * hd;
+    int rc = 0;
+    rc |= list_add(l, INIT_EMBED, p->vocab_size, h, "model.embed_tokens.weight", 0);
+    rc |= list_add(l, INIT_NORM, h, 0, "model.norm.weight", 0);
+    if (!p->tie_word_embeddings)
+        rc |= list_add(l, INIT_LM_HEAD, p->vocab_size, h, "lm_head.weight", 0);
+    for (int i = 0; i < p->n_layers && rc == 0; i++) {
+        rc |= list_add(l, INIT_NORM, h, 0, "model.layers.%d.input_layernorm.weight", i);
+        rc |= list_add(l, INIT_NORM, h, 0, "model.layers.%d.post_attention_layernorm.weight", i);
+        rc |= list_add(l, INIT_LINEAR, q_out + 2 * kv_out, h,
+                       "model.layers.%d.self_attn.qkv_proj.weight", i);
+        rc |= list_add(l, INIT_LINEAR, h, q_out, "model.layers.%d.self_attn.o_proj.weight", i);
+        rc |= list_add(l, INIT_LINEAR, 2 * inter, h, "model.layers.%d.mlp.gate_up_proj.weight", i);
+        rc |= list_add(l, INIT_LINEAR, h, inter, "model.layers.%d.mlp.down_proj.weight", i);
+    }
+    return rc;
+}
+
 /* Every tensor the preset's architecture has, sorted by name, with offsets. */
 static int build_tensor_list(const struct mkmodel_preset *p, struct tensor_list *l)
 {
@@ -193,6 +293,12 @@ static int build_tensor_list(const struct mkmodel_preset *p, struct tensor_list 
     int rc = 0;
 
     memset(l, 0, sizeof *l);
+    if (!strcmp(p->arch, "gemma3"))
+        rc = gemma3_tensors(p, l);
+    else if (!strcmp(p->arch, "phi3"))
+        rc = phi3_tensors(p, l);
+    if (!strcmp(p->arch, "gemma3") || !strcmp(p->arch, "phi3"))
+        return finish_tensor_list(p, l, rc);
     rc |= list_add(l, INIT_EMBED, p->vocab_size, h, "model.embed_tokens.weight", 0);
     rc |= list_add(l, INIT_NORM, h, 0, "model.norm.weight", 0);
     if (!p->tie_word_embeddings)
@@ -232,6 +338,13 @@ static int build_tensor_list(const struct mkmodel_preset *p, struct tensor_list 
         rc |= list_add(l, INIT_LINEAR, inter, h, "model.layers.%d.mlp.up_proj.weight", i);
         rc |= list_add(l, INIT_LINEAR, h, inter, "model.layers.%d.mlp.down_proj.weight", i);
     }
+    return finish_tensor_list(p, l, rc);
+}
+
+/* Sorts the list by name and lays the tensors out back to back; rc from
+ * building it, the list freed when that failed. */
+static int finish_tensor_list(const struct mkmodel_preset *p, struct tensor_list *l, int rc)
+{
     if (rc) {
         free(l->t);
         memset(l, 0, sizeof *l);
@@ -329,6 +442,7 @@ static float init_half_width(const struct tensor_spec *s, const struct mkmodel_p
     case INIT_LM_HEAD: return sqrt3 * (2.0f / sqrtf((float)hidden));
     case INIT_BIAS: return sqrt3 * 0.1f;
     case INIT_NORM: return 0.1f;
+    case INIT_NORM_OFFSET: return 0.1f;
     }
     return 0.0f;
 }
@@ -427,7 +541,7 @@ static void sb_printf(struct sbuf *b, const char *fmt, ...)
  * sorted, as transformers' save_pretrained does. */
 struct kv_entry {
     const char *key;
-    char value[256];
+    char value[2048]; /* Gemma 3's layer_types and longrope's factor lists are long */
 };
 
 struct json_obj {
@@ -481,15 +595,89 @@ static const char *torch_dtype_name(enum dtype t)
     return t == DTYPE_F32 ? "float32" : t == DTYPE_BF16 ? "bfloat16" : "float16";
 }
 
+void mkmodel_longrope_factor(bool long_factor, int i, int n, char *out, size_t cap)
+{
+    int v = long_factor ? 10000 + (int)((int64_t)i * 40000 / n) : 10000 + (37 * i % 100) * 10;
+    snprintf(out, cap, "%d.%04d", v / 10000, v % 10000);
+}
+
+/* A JSON list of longrope factors for rot / 2 rotated pairs. */
+static void longrope_list(bool long_factor, int n, char *out, size_t cap)
+{
+    size_t len = (size_t)snprintf(out, cap, "[");
+    for (int i = 0; i < n && len < cap; i++) {
+        char f[32];
+        mkmodel_longrope_factor(long_factor, i, n, f, sizeof f);
+        len += (size_t)snprintf(out + len, cap - len, "%s%s", i ? ", " : "", f);
+    }
+    if (len < cap)
+        snprintf(out + len, cap - len, "]");
+}
+
+/* Rotated dims per head: head_dim times partial_rotary_factor, as transformers truncates it. */
+static int preset_rope_dim(const struct mkmodel_preset *p)
+{
+    return p->partial_rotary_factor ? (int)(p->head_dim * strtod(p->partial_rotary_factor, NULL))
+                                    : p->head_dim;
+}
+
+/* What Gemma 3 and Phi-3 configs add or write their own way. */
+static void config_json_gemma3_phi3(const struct mkmodel_preset *p, struct json_obj *o)
+{
+    if (!strcmp(p->arch, "gemma3")) {
+        /* Gemma3TextConfig names the activation hidden_activation */
+        obj_set(o, "hidden_activation", "\"gelu_pytorch_tanh\"");
+        obj_set(o, "query_pre_attn_scalar", "%d", p->query_pre_attn_scalar);
+        obj_set(o, "rope_local_base_freq", "%s", p->rope_local_base_freq);
+        obj_set(o, "sliding_window", "%d", p->sliding_window);
+        obj_set(o, "sliding_window_pattern", "%d", p->sliding_window_pattern);
+        char types[2048];
+        size_t len = (size_t)snprintf(types, sizeof types, "[");
+        for (int i = 0; i < p->n_layers && len < sizeof types; i++)
+            len += (size_t)snprintf(types + len, sizeof types - len, "%s\"%s\"", i ? ", " : "",
+                                    (i + 1) % p->sliding_window_pattern ? "sliding_attention"
+                                                                         : "full_attention");
+        if (len < sizeof types)
+            snprintf(types + len, sizeof types - len, "]");
+        obj_set(o, "layer_types", "%s", types);
+        obj_set(o, "attn_logit_softcapping", "null");
+        obj_set(o, "final_logit_softcapping", "%s",
+                p->final_logit_softcapping ? p->final_logit_softcapping : "null");
+        obj_set(o, "attention_bias", "false");
+        obj_set(o, "pad_token_id", "%d", p->pad_token_id >= 0 ? p->pad_token_id : 0);
+        return;
+    }
+    obj_set(o, "hidden_act", "\"silu\"");
+    obj_set(o, "attention_bias", "false");
+    obj_set(o, "sliding_window", "null");
+    obj_set(o, "resid_pdrop", "0.0");
+    obj_set(o, "embd_pdrop", "0.0");
+    /* Phi3Config defaults pad_token_id to 32000, past a small vocabulary */
+    obj_set(o, "pad_token_id", "%d", p->pad_token_id >= 0 ? p->pad_token_id : p->eos_token_ids[0]);
+    if (p->partial_rotary_factor)
+        obj_set(o, "partial_rotary_factor", "%s", p->partial_rotary_factor);
+    if (p->rope == MKMODEL_ROPE_LONGROPE) {
+        char shorts[900], longs[900];
+        int n = preset_rope_dim(p) / 2;
+        longrope_list(false, n, shorts, sizeof shorts);
+        longrope_list(true, n, longs, sizeof longs);
+        obj_set(o, "rope_scaling",
+                "{\"long_factor\": %s, \"short_factor\": %s, \"type\": \"longrope\"}", longs,
+                shorts);
+        obj_set(o, "original_max_position_embeddings", "%d", p->rope_original_max_position);
+    }
+}
+
 static void config_json(const struct mkmodel_preset *p, struct sbuf *b)
 {
     struct json_obj o = {.n = 0};
     char ids[64];
     bool llama = strcmp(p->arch, "llama") == 0;
     bool qwen = strncmp(p->arch, "qwen", 4) == 0;
+    bool gemma3_phi3 = !strcmp(p->arch, "gemma3") || !strcmp(p->arch, "phi3");
 
     obj_set(&o, "architectures", "[\"%s\"]", mkmodel_arch_class(p->arch));
-    obj_set(&o, "model_type", "\"%s\"", p->arch);
+    obj_set(&o, "model_type", "\"%s\"", !strcmp(p->arch, "gemma3") ? "gemma3_text" : p->arch);
     obj_set(&o, "vocab_size", "%d", p->vocab_size);
     obj_set(&o, "hidden_size", "%d", p->hidden_size);
     obj_set(&o, "intermediate_size", "%d", p->intermediate_size);
@@ -508,7 +696,7 @@ static void config_json(const struct mkmodel_preset *p, struct sbuf *b)
                 "\"original_max_position_embeddings\": %d, \"rope_type\": \"llama3\"}",
                 p->rope_factor, p->rope_high_freq_factor, p->rope_low_freq_factor,
                 p->rope_original_max_position);
-    else
+    else if (p->rope != MKMODEL_ROPE_LONGROPE)
         obj_set(&o, "rope_scaling", "null");
     obj_set(&o, "tie_word_embeddings", "%s", p->tie_word_embeddings ? "true" : "false");
     obj_set(&o, "torch_dtype", "\"%s\"", torch_dtype_name(p->dtype));
@@ -518,10 +706,15 @@ static void config_json(const struct mkmodel_preset *p, struct sbuf *b)
         obj_set(&o, "bos_token_id", "null");
     ids_text(p->eos_token_ids, p->n_eos, ids, sizeof ids);
     obj_set(&o, "eos_token_id", "%s", ids);
-    obj_set(&o, "hidden_act", "\"silu\"");
     obj_set(&o, "initializer_range", "0.02");
     obj_set(&o, "attention_dropout", "0.0");
     obj_set(&o, "use_cache", "true");
+    if (gemma3_phi3) {
+        config_json_gemma3_phi3(p, &o);
+        obj_print(&o, b);
+        return;
+    }
+    obj_set(&o, "hidden_act", "\"silu\"");
     /* Qwen2 always has q/k/v biases and its configs carry no attention_bias. */
     if (llama || strncmp(p->arch, "qwen3", 5) == 0)
         obj_set(&o, "attention_bias", "false");
@@ -968,7 +1161,8 @@ static int resolve_preset(const struct mkmodel_opts *o, const struct mkmodel_pre
     const char *arch = o->arch && *o->arch ? o->arch : NULL;
     if (arch && !mkmodel_arch_class(arch))
         return err_set(err, INFERD_EINVAL,
-                       "unknown architecture '%s' (known: llama, mistral, qwen2, qwen3)", arch);
+                       "unknown architecture '%s' (known: llama, mistral, qwen2, qwen3, gemma3, "
+                       "phi3)", arch);
     if (o->shape) {
         *out = o->shape;
         return 0;

@@ -9,13 +9,18 @@
 #include "base/dtype.h"
 #include "base/err.h"
 
-enum mkmodel_rope { MKMODEL_ROPE_NONE, MKMODEL_ROPE_LINEAR, MKMODEL_ROPE_LLAMA3 };
+enum mkmodel_rope {
+    MKMODEL_ROPE_NONE,
+    MKMODEL_ROPE_LINEAR,
+    MKMODEL_ROPE_LLAMA3,
+    MKMODEL_ROPE_LONGROPE, /* phi3: factors drawn by formula (mkmodel_longrope_factor) */
+};
 
 /* One named model shape. Decimal fields are kept as the exact text written
  * to config.json, so the file never depends on how a platform prints floats. */
 struct mkmodel_preset {
     const char *name;
-    const char *arch;               /* "llama", "mistral", "qwen2" or "qwen3" */
+    const char *arch;               /* "llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3" */
     int vocab_size, hidden_size, intermediate_size;
     int n_layers, n_heads, n_kv_heads, head_dim;
     int max_position_embeddings;
@@ -26,7 +31,7 @@ struct mkmodel_preset {
     enum mkmodel_rope rope;
     const char *rope_factor;        /* linear and llama3 */
     const char *rope_low_freq_factor, *rope_high_freq_factor; /* llama3 */
-    int rope_original_max_position; /* llama3 */
+    int rope_original_max_position; /* llama3, longrope */
     enum dtype dtype;               /* every tensor's dtype and torch_dtype */
     int bos_token_id;               /* -1 writes null */
     int eos_token_ids[3];           /* config.json's */
@@ -47,7 +52,20 @@ struct mkmodel_preset {
     bool norm_topk_prob;
     uint32_t mlp_only_layers;
     uint64_t zero_router_experts;
+    /* gemma3: every sliding_window_pattern-th layer is global, the others
+     * local with window sliding_window and RoPE base rope_local_base_freq */
+    int sliding_window_pattern;
+    const char *rope_local_base_freq;
+    int query_pre_attn_scalar;
+    const char *final_logit_softcapping; /* NULL writes null */
+    /* phi3 */
+    const char *partial_rotary_factor;   /* NULL: not written (every dim rotates) */
 };
+
+/* longrope's factor i of n (short or long) as the text config.json holds:
+ * short 1 + (37 i mod 100) / 1000, long 1 + 4 i / n (4 decimals, truncated);
+ * a formula, not a released model's factors. */
+void mkmodel_longrope_factor(bool long_factor, int i, int n, char *out, size_t cap);
 
 /* Every preset, tiny test ones first; *n gets the count. */
 const struct mkmodel_preset *mkmodel_presets(int *n);

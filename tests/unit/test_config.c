@@ -186,9 +186,10 @@ Test(config, unsupported_architecture_message_names_it_and_lists_supported)
     cr_assert_eq(rc, -INFERD_EUNSUPPORTED);
     cr_assert_str_eq(err.msg, "unsupported architecture 'GemmaForCausalLM' (supported: "
                               "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-                              "Qwen3ForCausalLM, Qwen3MoeForCausalLM)");
-    rc = parse_text("{\"model_type\":\"phi3\",\"vocab_size\":1}", &c, &err);
-    assert_refused(rc, err, INFERD_EUNSUPPORTED, "'phi3'");
+                              "Qwen3ForCausalLM, Qwen3MoeForCausalLM, Gemma3ForCausalLM, "
+                              "Gemma3ForConditionalGeneration, Phi3ForCausalLM)");
+    rc = parse_text("{\"model_type\":\"phi\",\"vocab_size\":1}", &c, &err);
+    assert_refused(rc, err, INFERD_EUNSUPPORTED, "'phi'");
 }
 
 Test(config, missing_or_malformed_architecture_is_refused)
@@ -454,7 +455,7 @@ Test(config, rope_parameters_supply_theta_and_type)
 
 Test(config, other_rope_scaling_types_are_unsupported_by_name)
 {
-    const char *types[] = {"yarn", "dynamic", "longrope", "su"};
+    const char *types[] = {"yarn", "dynamic"};
     for (size_t i = 0; i < sizeof types / sizeof *types; i++) {
         char extra[256];
         snprintf(extra, sizeof extra, "\"rope_scaling\":{\"rope_type\":\"%s\",\"factor\":4.0}",
@@ -462,6 +463,16 @@ Test(config, other_rope_scaling_types_are_unsupported_by_name)
         struct model_config c;
         struct err err = {0};
         assert_refused(parse_minimal_with(extra, &c, &err), err, INFERD_EUNSUPPORTED, types[i]);
+    }
+    /* longrope and su (Phi-3) are supported, and need their factor lists */
+    const char *longrope[] = {"longrope", "su"};
+    for (size_t i = 0; i < sizeof longrope / sizeof *longrope; i++) {
+        char extra[256];
+        snprintf(extra, sizeof extra, "\"rope_scaling\":{\"rope_type\":\"%s\",\"factor\":4.0}",
+                 longrope[i]);
+        struct model_config c;
+        struct err err = {0};
+        assert_refused(parse_minimal_with(extra, &c, &err), err, INFERD_EFORMAT, "short_factor");
     }
 }
 
@@ -659,4 +670,123 @@ Test(config, config_json_that_is_a_directory_is_an_io_error)
     assert_refused(model_config_load(dir, &c, NULL, &err), err, INFERD_EIO, "config.json");
     test_rmtree(dir);
     free(dir);
+}
+
+/* ---- Gemma 3 and Phi-3 ------------------------------------------------------ */
+
+/* Gemma 3 4B as released: the text model's config names only what differs
+ * from Gemma3TextConfig's defaults, the ids and dtype sit at the top. */
+static const char gemma3_4b_it[] =
+    "{\"architectures\":[\"Gemma3ForConditionalGeneration\"],\"boi_token_index\":255999,"
+    "\"eoi_token_index\":256000,\"eos_token_id\":[1,106],\"image_token_index\":262144,"
+    "\"initializer_range\":0.02,\"mm_tokens_per_image\":256,\"model_type\":\"gemma3\","
+    "\"text_config\":{\"hidden_size\":2560,\"intermediate_size\":10240,"
+    "\"model_type\":\"gemma3_text\",\"num_hidden_layers\":34,"
+    "\"rope_scaling\":{\"factor\":8.0,\"rope_type\":\"linear\"},\"sliding_window\":1024},"
+    "\"torch_dtype\":\"bfloat16\",\"vision_config\":{\"hidden_size\":1152,"
+    "\"image_size\":896,\"model_type\":\"siglip_vision_model\"}}";
+
+Test(config, gemma3_multimodal_reads_its_text_config_with_gemma3_defaults)
+{
+    struct model_config c;
+    struct err err = {0};
+    cr_assert_eq(parse_text(gemma3_4b_it, &c, &err), 0, "%s", err.msg);
+    cr_expect_eq(c.arch, ARCH_GEMMA3);
+    cr_expect(c.multimodal);
+    cr_expect_eq(c.vocab_size, 262208);
+    cr_expect_eq(c.hidden_size, 2560);
+    cr_expect_eq(c.n_layers, 34);
+    cr_expect_eq(c.n_heads, 8);
+    cr_expect_eq(c.n_kv_heads, 4);
+    cr_expect_eq(c.head_dim, 256);
+    cr_expect_eq(c.sliding_window, 1024);
+    cr_expect_eq(c.rope_scaling, ROPE_SCALING_LINEAR);
+    cr_expect_float_eq(c.rope_factor, 8.0f, 0);
+    cr_expect_float_eq(c.rope_theta, 1000000.0f, 0);
+    cr_expect_float_eq(c.rope_local_theta, 10000.0f, 0);
+    cr_expect_float_eq(c.query_scale, 0.0625f, 0);
+    cr_expect_eq(c.final_logit_softcap, 0.0f);
+    for (int i = 0; i < c.n_layers; i++)
+        cr_expect_eq(c.layer_sliding[i], (i + 1) % 6 != 0, "layer %d", i);
+    cr_expect(c.qk_norm && c.gemma_norm && c.embed_scale && c.gelu_tanh && c.tie_word_embeddings);
+    cr_expect_eq(c.torch_dtype, DTYPE_BF16);
+    cr_expect_eq(c.n_eos, 2);
+    cr_expect_eq(c.eos_token_ids[1], 106);
+    cr_expect_eq(c.bos_token_id, 2);
+}
+
+Test(config, gemma3_layer_types_and_soft_caps)
+{
+    struct model_config c;
+    struct err err = {0};
+    const char *text =
+        "{\"architectures\":[\"Gemma3ForCausalLM\"],\"vocab_size\":300,\"hidden_size\":64,"
+        "\"intermediate_size\":96,\"num_hidden_layers\":3,\"num_attention_heads\":2,"
+        "\"num_key_value_heads\":1,\"head_dim\":32,\"query_pre_attn_scalar\":16,"
+        "\"layer_types\":[\"full_attention\",\"sliding_attention\",\"full_attention\"],"
+        "\"sliding_window\":8,\"final_logit_softcapping\":30.0,\"attn_logit_softcapping\":null}";
+    cr_assert_eq(parse_text(text, &c, &err), 0, "%s", err.msg);
+    cr_expect(!c.layer_sliding[0] && c.layer_sliding[1] && !c.layer_sliding[2]);
+    cr_expect_float_eq(c.query_scale, 0.25f, 0);
+    cr_expect_float_eq(c.final_logit_softcap, 30.0f, 0);
+    cr_expect(!c.multimodal);
+
+    char *capped = strdup(text);
+    memcpy(strstr(capped, "null"), "50.0", 4);
+    assert_refused(parse_text(capped, &c, &err), err, INFERD_EUNSUPPORTED,
+                   "attn_logit_softcapping");
+    free(capped);
+    const char *wrong_count =
+        "{\"architectures\":[\"Gemma3ForCausalLM\"],\"num_hidden_layers\":2,"
+        "\"layer_types\":[\"full_attention\"]}";
+    assert_refused(parse_text(wrong_count, &c, &err), err, INFERD_EFORMAT, "names 1 layers");
+    const char *silu = "{\"architectures\":[\"Gemma3ForCausalLM\"],\"hidden_activation\":\"silu\"}";
+    assert_refused(parse_text(silu, &c, &err), err, INFERD_EUNSUPPORTED, "gelu_pytorch_tanh");
+}
+
+/* Phi-4-mini's shape of config: partial rotary, longrope factors per rotated pair. */
+static void phi3_config(char *buf, size_t cap, int n_factors, const char *partial)
+{
+    char list[1024];
+    size_t len = (size_t)snprintf(list, sizeof list, "[");
+    for (int i = 0; i < n_factors; i++)
+        len += (size_t)snprintf(list + len, sizeof list - len, "%s%d.5", i ? "," : "", 1 + i);
+    snprintf(list + len, sizeof list - len, "]");
+    snprintf(buf, cap,
+             "{\"architectures\":[\"Phi3ForCausalLM\"],\"vocab_size\":400,\"hidden_size\":256,"
+             "\"intermediate_size\":512,\"num_hidden_layers\":2,\"num_attention_heads\":4,"
+             "\"num_key_value_heads\":2,\"max_position_embeddings\":131072,"
+             "\"original_max_position_embeddings\":4096,\"partial_rotary_factor\":%s,"
+             "\"hidden_act\":\"silu\",\"sliding_window\":262144,"
+             "\"rope_scaling\":{\"long_factor\":%s,\"short_factor\":%s,\"type\":\"longrope\"}}",
+             partial, list, list);
+}
+
+Test(config, phi3_longrope_reads_factors_switch_point_and_attention_factor)
+{
+    char text[4096];
+    struct model_config c;
+    struct err err = {0};
+    phi3_config(text, sizeof text, 24, "0.75"); /* head_dim 64: 48 rotated dims */
+    cr_assert_eq(parse_text(text, &c, &err), 0, "%s", err.msg);
+    cr_expect_eq(c.arch, ARCH_PHI3);
+    cr_expect_eq(c.rope_dim, 48);
+    cr_expect_eq(model_rope_dim(&c), 48);
+    cr_expect_eq(c.rope_scaling, ROPE_SCALING_LONGROPE);
+    cr_expect_eq(c.n_rope_factors, 24);
+    cr_expect_float_eq(c.rope_long_factor[23], 24.5f, 0);
+    cr_expect_eq(c.rope_original_max_position, 4096);
+    cr_expect_eq(c.sliding_window, 262144);
+    /* transformers: sqrt(1 + ln(131072 / 4096) / ln(4096)) */
+    cr_expect_float_eq(c.rope_attention_factor, (float)sqrt(1 + log(32.0) / log(4096.0)), 1e-7);
+    float freq[48];
+    model_rope_inv_freq(&c, freq);
+    cr_expect_float_eq(freq[0], 1.0f / 1.5f, 1e-7);
+    model_rope_inv_freq_long(&c, freq);
+    cr_expect_float_eq(freq[0], 1.0f / 1.5f, 1e-7);
+
+    phi3_config(text, sizeof text, 32, "0.75");
+    assert_refused(parse_text(text, &c, &err), err, INFERD_EFORMAT, "48 rotated dims need 24");
+    phi3_config(text, sizeof text, 24, "0.3");
+    assert_refused(parse_text(text, &c, &err), err, INFERD_ERANGE, "partial_rotary_factor");
 }

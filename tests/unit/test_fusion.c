@@ -199,6 +199,22 @@ static void rb_gated_add(struct backend *be, float *y, const float *x, const flo
     cu_rec_gated_add(&rb_of(be)->rec, y, x, g, n_rows, dim);
 }
 
+static void rb_gelu_tanh_mul(struct backend *be, const float *gate, const float *up, float *out,
+                             int64_t n)
+{
+    cu_rec_gelu_tanh_mul(&rb_of(be)->rec, gate, up, out, n);
+}
+
+static void rb_scale(struct backend *be, float *x, int64_t n, float s)
+{
+    cu_rec_scale(&rb_of(be)->rec, x, n, s);
+}
+
+static void rb_softcap(struct backend *be, float *x, int64_t n, float cap)
+{
+    cu_rec_softcap(&rb_of(be)->rec, x, n, cap);
+}
+
 static int rb_status(struct backend *be, struct err *err)
 {
     struct rec_backend *rb = rb_of(be);
@@ -226,6 +242,9 @@ static const struct backend_ops rb_ops = {
     .moe_route = rb_moe_route,
     .moe_ffn = rb_moe_ffn,
     .gated_add = rb_gated_add,
+    .gelu_tanh_mul = rb_gelu_tanh_mul,
+    .scale = rb_scale,
+    .softcap = rb_softcap,
 };
 
 /* As backend_cuda_create sets it up for mode. */
@@ -255,6 +274,7 @@ static struct backend *recorder_create(enum compute_mode mode)
 #define PREFILL_TOKENS 20
 
 struct rig {
+    const char *preset;
     char *dir;
     struct backend *be;
     struct model *model;
@@ -268,6 +288,7 @@ static void rig_open(struct rig *r, const char *preset, enum compute_mode mode)
 {
     struct err err = {0};
     memset(r, 0, sizeof *r);
+    r->preset = preset;
     r->dir = test_mkdtemp();
     cr_assert_not_null(r->dir);
     struct mkmodel_opts opts = {.preset = preset, .seed = 1, .out_dir = r->dir};
@@ -356,6 +377,9 @@ static void launch_word(const struct cu_op *ops, const struct cu_launch *l, char
         break;
     case CU_LAUNCH_QK_ATTENTION: snprintf(w, cap, "%srope_qk+kv_store+attention", qk_norm); break;
     case CU_LAUNCH_SILU_MUL: snprintf(w, cap, "silu_mul"); break;
+    case CU_LAUNCH_GELU_TANH_MUL: snprintf(w, cap, "gelu_tanh_mul"); break;
+    case CU_LAUNCH_SCALE: snprintf(w, cap, "scale"); break;
+    case CU_LAUNCH_SOFTCAP: snprintf(w, cap, "softcap"); break;
     case CU_LAUNCH_ADD: snprintf(w, cap, "add"); break;
     case CU_LAUNCH_KV_STORE: snprintf(w, cap, "kv_store"); break;
     case CU_LAUNCH_ATTENTION: snprintf(w, cap, "attention"); break;
@@ -405,13 +429,17 @@ static void plan_text(const struct cu_fuse_config *cfg, const struct cu_op *ops,
     *n_launches = n;
 }
 
-/* "embed", n_layers times layer, then head: the text a whole step must plan to.
- * A layer text with " | " in it lists every layer's own text instead (a
- * model whose layers differ: Qwen3-MoE's dense mlp_only_layers). */
-static void step_text(const char *layer, int n_layers, const char *head, char *buf, size_t cap)
+/* "embed" [after_embed], n_layers times layer, then head [after_head]: the
+ * text a whole step must plan to. A layer text with " | " in it lists every
+ * layer's own text instead (a model whose layers differ: Qwen3-MoE's dense
+ * mlp_only_layers). */
+static void step_text(const char *layer, int n_layers, const char *head, const char *after_embed,
+                      const char *after_head, char *buf, size_t cap)
 {
     buf[0] = '\0';
     append(buf, cap, "embed");
+    if (after_embed)
+        append(buf, cap, after_embed);
     if (strstr(layer, " | ")) {
         char each[4096];
         snprintf(each, sizeof each, "%s", layer);
@@ -425,6 +453,8 @@ static void step_text(const char *layer, int n_layers, const char *head, char *b
             append(buf, cap, layer);
     }
     append(buf, cap, head);
+    if (after_head)
+        append(buf, cap, after_head);
 }
 
 /* Launch words in text ("|" separates layers and is not one). */
@@ -473,6 +503,22 @@ static int words(const char *text)
 #define MOE_PREFILL_GEMV \
     "rmsnorm gemvx3 qk_norm+rope_qk+kv_store attention gemv+add rmsnorm gemv moe_route moe_ffn add"
 #define MOE_LAYERS(sparse, dense) sparse " | " dense " | " sparse
+/* Gemma 3: the sandwich norms sit between the o/down GEMVs and their residual
+ * adds, and GeGLU has no GEMV epilogue, so a layer takes five launches more
+ * than Llama's in fast decode; the embedding is scaled and the logits
+ * soft-capped in launches of their own. */
+#define GEMMA3_DECODE_BF16                                                                       \
+    "rmsnorm+gemvx3 qk_norm+rope_qk+kv_store+attention gemv rmsnorm add rmsnorm+gemvx2 "        \
+    "gelu_tanh_mul gemv rmsnorm add"
+#define GEMMA3_DECODE_EXACT                                                                      \
+    "rmsnorm gemvx3 qk_norm+rope_qk+kv_store+attention gemv rmsnorm add rmsnorm gemvx2 "        \
+    "gelu_tanh_mul gemv rmsnorm add"
+#define GEMMA3_PREFILL_GEMM                                                                      \
+    "rmsnorm gemmx3 qk_norm+rope_qk+kv_store attention gemm rmsnorm add rmsnorm gemmx2 "        \
+    "gelu_tanh_mul gemm rmsnorm add"
+#define GEMMA3_PREFILL_GEMV                                                                      \
+    "rmsnorm gemvx3 qk_norm+rope_qk+kv_store attention gemv rmsnorm add rmsnorm gemvx2 "        \
+    "gelu_tanh_mul gemv rmsnorm add"
 
 struct expectation {
     const char *preset;
@@ -485,6 +531,8 @@ struct expectation {
     const char *prefill_exact; /* a layer of a prefill step, exact mode */
     int prefill_exact_launches;
     bool bf16;                 /* the final RMSNorm folds into the LM head's GEMV (fast mode) */
+    const char *after_embed;   /* launches between the embedding and the first layer, or NULL */
+    const char *after_head;    /* launches after the LM head, or NULL */
 };
 
 static const struct expectation expectations[] = {
@@ -502,6 +550,10 @@ static const struct expectation expectations[] = {
      MOE_LAYERS(MOE_DECODE_EXACT, DECODE_EXACT_QK_NORM), 9 + 7 + 9,
      MOE_LAYERS(MOE_PREFILL_GEMM, PREFILL_GEMM_QK_NORM), 11 + 11 + 11,
      MOE_LAYERS(MOE_PREFILL_GEMV, PREFILL_GEMV_QK_NORM), 10 + 8 + 10, true},
+    {"tiny-gemma3", GEMMA3_DECODE_BF16, 10, GEMMA3_DECODE_EXACT, 12, GEMMA3_PREFILL_GEMM, 13,
+     GEMMA3_PREFILL_GEMV, 13, true, "scale", "softcap"},
+    /* Phi-3's fused projections are views into one tensor each: Llama's launches */
+    {"tiny-phi3", DECODE_BF16, 5, DECODE_F32, 7, PREFILL_GEMM, 11, PREFILL_GEMV, 8, true},
 };
 
 static const struct expectation *expectation_of(const char *preset)
@@ -526,10 +578,14 @@ static void check_step(struct rig *r, const char *what, const struct cu_fuse_con
     int n_ops = 0, n_launches = 0;
     const struct cu_op *ops = rig_step(r, n_seqs, n_tokens, &n_ops);
     plan_text(cfg, ops, n_ops, got, sizeof got, &n_launches);
-    step_text(layer, n_layers, head, want, sizeof want);
+    const struct expectation *x = expectation_of(r->preset);
+    const char *after_embed = x ? x->after_embed : NULL, *after_head = x ? x->after_head : NULL;
+    step_text(layer, n_layers, head, after_embed, after_head, want, sizeof want);
     cr_expect_str_eq(got, want, "%s:\n  planned  %s\n  expected %s", what, got, want);
     int per_layers = strstr(layer, " | ") ? layer_launches : n_layers * layer_launches;
-    cr_expect_eq(n_launches, 1 + per_layers + words(head),
+    cr_expect_eq(n_launches,
+                 1 + per_layers + words(head) + (after_embed ? words(after_embed) : 0) +
+                     (after_head ? words(after_head) : 0),
                  "%s: %d launches for %d layers", what, n_launches, n_layers);
 }
 

@@ -77,6 +77,7 @@ static int expect_add(struct expected *e, int n, const char *name, int64_t r, in
 static int expected_tensors(const struct mkmodel_preset *p, struct expected *e)
 {
     int n = 0;
+    bool gemma3 = !strcmp(p->arch, "gemma3"), phi3 = !strcmp(p->arch, "phi3");
     int64_t h = p->hidden_size, q = (int64_t)p->n_heads * p->head_dim;
     int64_t kv = (int64_t)p->n_kv_heads * p->head_dim, in = p->intermediate_size;
     n = expect_add(e, n, "model.embed_tokens.weight", p->vocab_size, h);
@@ -92,11 +93,19 @@ static int expected_tensors(const struct mkmodel_preset *p, struct expected *e)
     } while (0)
         LAYER("input_layernorm.weight", h, 0);
         LAYER("post_attention_layernorm.weight", h, 0);
+        LAYER("self_attn.o_proj.weight", h, q);
+        bool sparse = p->n_experts && !(p->mlp_only_layers >> i & 1u);
+        if (!sparse)
+            LAYER("mlp.down_proj.weight", h, in);
+        if (phi3) { /* fused projections */
+            LAYER("self_attn.qkv_proj.weight", q + 2 * kv, h);
+            LAYER("mlp.gate_up_proj.weight", 2 * in, h);
+            continue;
+        }
         LAYER("self_attn.q_proj.weight", q, h);
         LAYER("self_attn.k_proj.weight", kv, h);
         LAYER("self_attn.v_proj.weight", kv, h);
-        LAYER("self_attn.o_proj.weight", h, q);
-        if (p->n_experts && !(p->mlp_only_layers >> i & 1u)) {
+        if (sparse) {
             int64_t mi = p->moe_intermediate_size;
             LAYER("mlp.gate.weight", p->n_experts, h);
             for (int x = 0; x < p->n_experts; x++) {
@@ -110,14 +119,17 @@ static int expected_tensors(const struct mkmodel_preset *p, struct expected *e)
         } else {
             LAYER("mlp.gate_proj.weight", in, h);
             LAYER("mlp.up_proj.weight", in, h);
-            LAYER("mlp.down_proj.weight", h, in);
+        }
+        if (gemma3) { /* sandwich norms */
+            LAYER("pre_feedforward_layernorm.weight", h, 0);
+            LAYER("post_feedforward_layernorm.weight", h, 0);
         }
         if (!strcmp(p->arch, "qwen2")) {
             LAYER("self_attn.q_proj.bias", q, 0);
             LAYER("self_attn.k_proj.bias", kv, 0);
             LAYER("self_attn.v_proj.bias", kv, 0);
         }
-        if (!strncmp(p->arch, "qwen3", 5)) {
+        if (!strncmp(p->arch, "qwen3", 5) || gemma3) {
             LAYER("self_attn.q_norm.weight", p->head_dim, 0);
             LAYER("self_attn.k_norm.weight", p->head_dim, 0);
         }
@@ -305,14 +317,16 @@ Test(mkmodel, weights_have_the_documented_range_and_spread)
             int64_t numel = (json_object_get_int64(json_object_array_get_idx(offs, 1)) - begin) /
                             (int64_t)(strcmp(dt, "F32") ? 2 : 4);
             bool norm = !matrix && !strstr(name, "bias");
+            /* Gemma's norm weights are offsets from 1: centred on 0 */
+            bool offset = norm && !strcmp(p->arch, "gemma3");
             double want_std = strstr(name, "embed_tokens") ? (p->tie_word_embeddings ? 0.1 : 1.0)
                             : !strcmp(name, "lm_head.weight") ? 2.0 / sqrt(p->hidden_size)
                             : strstr(name, "bias") ? 0.1
                             : norm ? 0.1 / sqrt(3.0)
                                    : 1.0 / sqrt((double)cols);
             /* bf16 rounds values near 1 by up to 2^-8. */
-            double center = norm ? 1.0 : 0.0;
-            double half = want_std * sqrt(3.0) * 1.01 + (norm ? 0.004 : 0.0);
+            double center = norm && !offset ? 1.0 : 0.0;
+            double half = want_std * sqrt(3.0) * 1.01 + (norm && !offset ? 0.004 : 0.0);
             double sum = 0, sum2 = 0;
             for (int64_t i = 0; i < numel; i++) {
                 double v = element(data + begin, dt, i) - center;
@@ -375,7 +389,8 @@ Test(mkmodel, config_json_has_what_transformers_and_inferd_read)
         cr_expect_str_eq(json_object_get_string(json_object_array_get_idx(
                              json_object_object_get(c, "architectures"), 0)),
                          mkmodel_arch_class(p->arch));
-        cr_expect_str_eq(STR("model_type"), p->arch);
+        cr_expect_str_eq(STR("model_type"),
+                         !strcmp(p->arch, "gemma3") ? "gemma3_text" : p->arch);
         cr_expect_eq(INT("vocab_size"), p->vocab_size);
         cr_expect_eq(INT("hidden_size"), p->hidden_size);
         cr_expect_eq(INT("intermediate_size"), p->intermediate_size);
@@ -386,7 +401,10 @@ Test(mkmodel, config_json_has_what_transformers_and_inferd_read)
         cr_expect_eq(INT("max_position_embeddings"), p->max_position_embeddings);
         cr_expect_eq(json_object_get_boolean(json_object_object_get(c, "tie_word_embeddings")),
                      p->tie_word_embeddings);
-        cr_expect_str_eq(STR("hidden_act"), "silu");
+        if (!strcmp(p->arch, "gemma3"))
+            cr_expect_str_eq(STR("hidden_activation"), "gelu_pytorch_tanh");
+        else
+            cr_expect_str_eq(STR("hidden_act"), "silu");
         cr_expect_str_eq(STR("torch_dtype"), p->dtype == DTYPE_F32    ? "float32"
                                              : p->dtype == DTYPE_BF16 ? "bfloat16"
                                                                       : "float16");
@@ -396,6 +414,9 @@ Test(mkmodel, config_json_has_what_transformers_and_inferd_read)
         cr_expect(json_object_object_get_ex(c, "rope_scaling", &rs), "%s: rope_scaling", p->name);
         if (p->rope == MKMODEL_ROPE_NONE)
             cr_expect_null(rs, "%s: rope_scaling should be null", p->name);
+        else if (p->rope == MKMODEL_ROPE_LONGROPE)
+            cr_expect_str_eq(json_object_get_string(json_object_object_get(rs, "type")),
+                             "longrope");
         else
             cr_expect_str_eq(json_object_get_string(json_object_object_get(rs, "rope_type")),
                              p->rope == MKMODEL_ROPE_LINEAR ? "linear" : "llama3");
@@ -433,6 +454,9 @@ Test(mkmodel, real_presets_have_the_published_parameter_counts)
         {"llama-3.2-1b", 1235814400ull},
         {"llama-3.1-8b", 8030261248ull},
         {"qwen3-8b", 8190735360ull},
+        {"gemma-3-1b", 999885952ull},
+        {"gemma-3-4b", 3880263168ull}, /* the text model */
+        {"phi-4-mini", 3836021760ull},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         const struct mkmodel_preset *p = mkmodel_preset_find(want[i].name);

@@ -173,9 +173,12 @@ static void rope_tokens(void *ctx, int ith, int nth)
     threadpool_split(job->n_tokens, ith, nth, 1, &begin, &end);
     for (long t = begin; t < end; t++) {
         float pos = (float)job->positions[t];
+        const struct rope_table *rt = job->rope;
+        const float *freq =
+            rt->inv_freq + (rt->long_from > 0 && job->positions[t] >= rt->long_from ? half : 0);
         for (int i = 0; i < half; i++) {
             /* the angle is rounded to f32 first, as transformers computes it */
-            float angle = pos * job->rope->inv_freq[i];
+            float angle = pos * freq[i];
             cos_buf[i] = cosf(angle) * job->rope->attention_factor;
             sin_buf[i] = sinf(angle) * job->rope->attention_factor;
         }
@@ -266,6 +269,74 @@ static void cpu_add(struct backend *be, float *y, const float *x, int64_t n)
     threadpool_run(impl_of(be)->pool, add_range, &job);
 }
 
+/* Gemma 3's elementwise ops: scalar libm, one element at a time, so an
+ * element's bits never depend on its neighbours or the call's length. */
+struct scalar_job {
+    const float *a, *b;
+    float *out;
+    int64_t n;
+    float s;
+};
+
+static void gelu_tanh_mul_range(void *ctx, int ith, int nth)
+{
+    struct scalar_job *job = ctx;
+    long begin, end;
+    threadpool_split(job->n, ith, nth, ELEMENTWISE_ALIGN, &begin, &end);
+    const float k = 0.7978845608028654f; /* sqrt(2 / pi), as PyTorch's kBeta */
+    for (long i = begin; i < end; i++) {
+        float x = job->a[i];
+        float inner = k * (x + 0.044715f * x * x * x);
+        job->out[i] = 0.5f * x * (1.0f + tanhf(inner)) * job->b[i];
+    }
+}
+
+static void scale_range(void *ctx, int ith, int nth)
+{
+    struct scalar_job *job = ctx;
+    long begin, end;
+    threadpool_split(job->n, ith, nth, ELEMENTWISE_ALIGN, &begin, &end);
+    for (long i = begin; i < end; i++)
+        job->out[i] *= job->s;
+}
+
+static void softcap_range(void *ctx, int ith, int nth)
+{
+    struct scalar_job *job = ctx;
+    long begin, end;
+    threadpool_split(job->n, ith, nth, ELEMENTWISE_ALIGN, &begin, &end);
+    for (long i = begin; i < end; i++)
+        job->out[i] = job->s * tanhf(job->out[i] / job->s);
+}
+
+static void run_scalar(struct backend *be, void (*fn)(void *, int, int), struct scalar_job *job)
+{
+    if (job->n < 16384) {
+        fn(job, 0, 1);
+        return;
+    }
+    threadpool_run(impl_of(be)->pool, fn, job);
+}
+
+static void cpu_gelu_tanh_mul(struct backend *be, const float *gate, const float *up, float *out,
+                              int64_t n)
+{
+    struct scalar_job job = {.a = gate, .b = up, .out = out, .n = n};
+    run_scalar(be, gelu_tanh_mul_range, &job);
+}
+
+static void cpu_scale(struct backend *be, float *x, int64_t n, float s)
+{
+    struct scalar_job job = {.out = x, .n = n, .s = s};
+    run_scalar(be, scale_range, &job);
+}
+
+static void cpu_softcap(struct backend *be, float *x, int64_t n, float cap)
+{
+    struct scalar_job job = {.out = x, .n = n, .s = cap};
+    run_scalar(be, softcap_range, &job);
+}
+
 static const struct backend_ops cpu_ops = {
     .name = "cpu",
     .destroy = cpu_destroy,
@@ -290,6 +361,9 @@ static const struct backend_ops cpu_ops = {
     .moe_route = cpu_moe_route,
     .moe_ffn = cpu_moe_ffn,
     .gated_add = cpu_gated_add,
+    .gelu_tanh_mul = cpu_gelu_tanh_mul,
+    .scale = cpu_scale,
+    .softcap = cpu_softcap,
 };
 
 int backend_cpu_create(const struct backend_options *opt, struct backend **out,

@@ -415,6 +415,22 @@ static void cu_add(struct backend *be, float *y, const float *x, int64_t n)
     cu_rec_add(rec_of(be), y, x, n);
 }
 
+static void cu_gelu_tanh_mul(struct backend *be, const float *gate, const float *up, float *out,
+                             int64_t n)
+{
+    cu_rec_gelu_tanh_mul(rec_of(be), gate, up, out, n);
+}
+
+static void cu_scale(struct backend *be, float *x, int64_t n, float s)
+{
+    cu_rec_scale(rec_of(be), x, n, s);
+}
+
+static void cu_softcap(struct backend *be, float *x, int64_t n, float cap)
+{
+    cu_rec_softcap(rec_of(be), x, n, cap);
+}
+
 static void cu_kv_store(struct backend *be, struct kv_cache *kv, int layer, const float *k,
                         const float *v, const struct attn_span *spans, int n_spans)
 {
@@ -458,14 +474,14 @@ bool cu_exec_gemm(struct cu_impl *im, const struct cu_op *op)
 enum prof_label {
     PL_EMBED, PL_GEMV, PL_GEMV_GROUP, PL_GEMV_RES, PL_GEMV_SWIGLU, PL_GEMM, PL_RMSNORM, PL_QK,
     PL_ROPE, PL_SILU, PL_ADD, PL_KV_STORE, PL_ATTN_DECODE, PL_ATTN_PREFILL, PL_NORM_GEMV,
-    PL_QK_ATTN, PL_KV_COPY, PL_MOE_ROUTE, PL_MOE_FFN, PL_GATED_ADD, PL_N
+    PL_QK_ATTN, PL_KV_COPY, PL_MOE_ROUTE, PL_MOE_FFN, PL_GATED_ADD, PL_GEMMA_EW, PL_N
 };
 static const char *const prof_names[PL_N] = {
     "embed", "gemv", "gemv group", "gemv + residual add", "gemv gate/up + swiglu",
     "cublasLt gemm", "rmsnorm", "q/k norm + rope + kv write", "rope", "silu_mul", "add",
     "kv_store", "attention decode", "attention prefill", "rmsnorm + gemv (+ epilogue)",
     "q/k prep + attention decode", "kv copy slots", "moe routing", "moe experts",
-    "shared expert gate + add"};
+    "shared expert gate + add", "gelu_tanh_mul, scale, softcap"};
 
 static int prof_label_of(const struct cu_op *ops, const struct cu_launch *l)
 {
@@ -483,6 +499,9 @@ static int prof_label_of(const struct cu_op *ops, const struct cu_launch *l)
     case CU_LAUNCH_MOE_ROUTE: return PL_MOE_ROUTE;
     case CU_LAUNCH_MOE_FFN: return PL_MOE_FFN;
     case CU_LAUNCH_GATED_ADD: return PL_GATED_ADD;
+    case CU_LAUNCH_GELU_TANH_MUL:
+    case CU_LAUNCH_SCALE:
+    case CU_LAUNCH_SOFTCAP: return PL_GEMMA_EW;
     case CU_LAUNCH_ATTENTION:
         return cu_attention_uses_prefill(op) ? PL_ATTN_PREFILL : PL_ATTN_DECODE;
     case CU_LAUNCH_GEMM: return PL_GEMM;
@@ -1098,6 +1117,9 @@ static const struct backend_ops cuda_ops = {
     /* .moe_route = */ cu_moe_route,
     /* .moe_ffn = */ cu_moe_ffn,
     /* .gated_add = */ cu_gated_add,
+    /* .gelu_tanh_mul = */ cu_gelu_tanh_mul,
+    /* .scale = */ cu_scale,
+    /* .softcap = */ cu_softcap,
 };
 
 /* backend_options.gpu_sampling off: logits go to the host and are sampled there. */

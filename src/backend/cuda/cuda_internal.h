@@ -245,6 +245,8 @@ cudaError_t cu_launch_embed(cudaStream_t s, const struct cu_op *op, const uint8_
 cudaError_t cu_launch_rmsnorm(cudaStream_t s, const struct cu_op *op);
 cudaError_t cu_launch_add(cudaStream_t s, const struct cu_op *op);
 cudaError_t cu_launch_silu_mul(cudaStream_t s, const struct cu_op *op);
+/* CU_GELU_TANH_MUL, CU_SCALE and CU_SOFTCAP ops, one launch each. */
+cudaError_t cu_launch_ew_gemma(cudaStream_t s, const struct cu_op *op);
 cudaError_t cu_launch_to_bf16(cudaStream_t s, const float *x, int64_t n, uint16_t *out);
 cudaError_t cu_launch_bias_add(cudaStream_t s, float *y, const float *bias, int64_t rows,
                                int n_rows);

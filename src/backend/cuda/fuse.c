@@ -21,6 +21,7 @@ static int match_qk(const struct cu_op *ops, int i, int n, struct cu_qk_args *a)
     if (rq->n_rows != rk->n_rows || rq->u.rope.head_dim != rk->u.rope.head_dim ||
         rq->u.rope.rot_dim != rk->u.rope.rot_dim || rq->u.rope.pos_off != rk->u.rope.pos_off ||
         rq->u.rope.freq_off != rk->u.rope.freq_off || rq->u.rope.factor != rk->u.rope.factor ||
+        rq->u.rope.long_from != rk->u.rope.long_from ||
         rq->u.rope.x == rk->u.rope.x)
         return 0;
     int hd = rq->u.rope.head_dim;
@@ -46,6 +47,7 @@ static int match_qk(const struct cu_op *ops, int i, int n, struct cu_qk_args *a)
     a->pos_off = rq->u.rope.pos_off;
     a->freq_off = rq->u.rope.freq_off;
     a->factor = rq->u.rope.factor;
+    a->long_from = rq->u.rope.long_from;
     j += 2;
     /* a quantized cache's rows are written by the kv_store launch, which
      * quantizes them (a warp per record) */
@@ -155,6 +157,7 @@ int cu_fuse_next(const struct cu_fuse_config *cfg, const struct cu_op *ops, int 
         l->qk.pos_off = op->u.rope.pos_off;
         l->qk.freq_off = op->u.rope.freq_off;
         l->qk.factor = op->u.rope.factor;
+        l->qk.long_from = op->u.rope.long_from;
         break;
     case CU_SILU_MUL: l->kind = CU_LAUNCH_SILU_MUL; break;
     case CU_ADD: l->kind = CU_LAUNCH_ADD; break;
@@ -164,6 +167,9 @@ int cu_fuse_next(const struct cu_fuse_config *cfg, const struct cu_op *ops, int 
     case CU_MOE_ROUTE: l->kind = CU_LAUNCH_MOE_ROUTE; break;
     case CU_MOE_FFN: l->kind = CU_LAUNCH_MOE_FFN; break;
     case CU_GATED_ADD: l->kind = CU_LAUNCH_GATED_ADD; break;
+    case CU_GELU_TANH_MUL: l->kind = CU_LAUNCH_GELU_TANH_MUL; break;
+    case CU_SCALE: l->kind = CU_LAUNCH_SCALE; break;
+    case CU_SOFTCAP: l->kind = CU_LAUNCH_SOFTCAP; break;
     case CU_MATMUL:
         if (!uses_gemv(cfg, op)) {
             l->kind = CU_LAUNCH_GEMM;

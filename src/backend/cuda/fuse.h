@@ -49,6 +49,7 @@ struct cu_qk_args {
     float eps;
     uint32_t pos_off, freq_off;
     float factor;
+    int long_from; /* rope_table.long_from: the frequencies at freq_off + rot_dim / 2 from it on */
     bool store;
     struct cu_kv kv;
     int layer;
@@ -81,6 +82,9 @@ enum cu_launch_kind {
     CU_LAUNCH_MOE_ROUTE,    /* softmax + top-k per row, on the device */
     CU_LAUNCH_MOE_FFN,      /* the chosen experts (kernels of their own, moe.cu) */
     CU_LAUNCH_GATED_ADD,
+    CU_LAUNCH_GELU_TANH_MUL, /* Gemma 3's GeGLU (not folded into the GEMV) */
+    CU_LAUNCH_SCALE,
+    CU_LAUNCH_SOFTCAP,
 };
 
 /* One launch of the plan: the ops [op, op + n_ops) it covers. */

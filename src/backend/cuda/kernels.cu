@@ -142,6 +142,46 @@ cudaError_t cu_launch_silu_mul(cudaStream_t s, const struct cu_op *op)
     return cudaGetLastError();
 }
 
+/* Gemma 3's elementwise ops, as the CPU backend computes them (backend.h). */
+static __global__ void gelu_tanh_mul_kernel(const float *gate, const float *up, float *out,
+                                            int64_t n)
+{
+    const float k = 0.7978845608028654f; /* sqrt(2 / pi) */
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        float x = gate[i];
+        float inner = __fmul_rn(k, __fadd_rn(x, __fmul_rn(__fmul_rn(__fmul_rn(0.044715f, x), x), x)));
+        out[i] = __fmul_rn(__fmul_rn(__fmul_rn(0.5f, x), 1.0f + tanhf(inner)), up[i]);
+    }
+}
+
+static __global__ void scale_kernel(float *x, int64_t n, float s)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        x[i] *= s;
+}
+
+static __global__ void softcap_kernel(float *x, int64_t n, float cap)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        x[i] = cap * tanhf(__fdiv_rn(x[i], cap));
+}
+
+cudaError_t cu_launch_ew_gemma(cudaStream_t s, const struct cu_op *op)
+{
+    unsigned blocks = elementwise_blocks(op->u.ew.n);
+    if (op->kind == CU_GELU_TANH_MUL)
+        gelu_tanh_mul_kernel<<<blocks, 256, 0, s>>>(op->u.ew.a, op->u.ew.b, op->u.ew.out,
+                                                    op->u.ew.n);
+    else if (op->kind == CU_SCALE)
+        scale_kernel<<<blocks, 256, 0, s>>>(op->u.ew.out, op->u.ew.n, op->u.ew.s);
+    else
+        softcap_kernel<<<blocks, 256, 0, s>>>(op->u.ew.out, op->u.ew.n, op->u.ew.s);
+    return cudaGetLastError();
+}
+
 /* Round to nearest even, as the CPU backend's f32_to_bf16. */
 static __global__ void to_bf16_kernel(const float *x, int64_t n, uint16_t *out)
 {
@@ -286,8 +326,9 @@ static __global__ void qk_prep_kernel(struct cu_qk_args a, const uint8_t *params
     float *x = (is_k ? a.k : a.q) + ((size_t)row * n_heads + head) * hd;
     float *v = vec[warp];
     float pos = (float)((const int32_t *)(params + a.pos_off))[row];
-    qk_head_prep(x, is_k ? a.k_norm : a.q_norm, a.eps, hd, a.rot_dim, pos,
-                 (const float *)(params + a.freq_off), a.factor, v);
+    const float *freq = (const float *)(params + a.freq_off) +
+                        (a.long_from > 0 && pos >= (float)a.long_from ? a.rot_dim / 2 : 0);
+    qk_head_prep(x, is_k ? a.k_norm : a.q_norm, a.eps, hd, a.rot_dim, pos, freq, a.factor, v);
     bool store = false;
     size_t off = 0;
     const float *vsrc = NULL;

@@ -235,11 +235,12 @@ void cu_rec_rope(struct cu_rec *rec, float *x, int64_t n_tokens, int n_heads, in
                  CU_MAX_HEAD_DIM);
         return;
     }
-    size_t half = (size_t)rope->rot_dim / 2;
-    if (!rec->hooks->arena_room(rec, (size_t)n_tokens * 4 + half * 4 + 64))
+    /* longrope: the short frequencies, then the long ones */
+    size_t n_freq = (size_t)rope->rot_dim / (rope->long_from > 0 ? 1 : 2);
+    if (!rec->hooks->arena_room(rec, (size_t)n_tokens * 4 + n_freq * 4 + 64))
         return;
     uint32_t pos_off = arena_put(rec, positions, positions, (size_t)n_tokens * sizeof(int32_t), 0);
-    uint32_t freq_off = arena_put(rec, rope->inv_freq, rope->inv_freq, half * sizeof(float), 0);
+    uint32_t freq_off = arena_put(rec, rope->inv_freq, rope->inv_freq, n_freq * sizeof(float), 0);
     struct cu_op *op = op_new(rec, CU_ROPE, (int)n_tokens);
     if (!op)
         return;
@@ -250,6 +251,7 @@ void cu_rec_rope(struct cu_rec *rec, float *x, int64_t n_tokens, int n_heads, in
     op->u.rope.pos_off = pos_off;
     op->u.rope.freq_off = freq_off;
     op->u.rope.factor = rope->attention_factor;
+    op->u.rope.long_from = rope->long_from;
 }
 
 static void record_ew(struct cu_rec *rec, int kind, const float *a, const float *b, float *out,
@@ -275,6 +277,36 @@ void cu_rec_silu_mul(struct cu_rec *rec, const float *gate, const float *up, flo
 void cu_rec_add(struct cu_rec *rec, float *y, const float *x, int64_t n)
 {
     record_ew(rec, CU_ADD, x, NULL, y, n);
+}
+
+void cu_rec_gelu_tanh_mul(struct cu_rec *rec, const float *gate, const float *up, float *out,
+                          int64_t n)
+{
+    record_ew(rec, CU_GELU_TANH_MUL, gate, up, out, n);
+}
+
+/* An in-place op on x with one float parameter. */
+static void record_ew_param(struct cu_rec *rec, int kind, float *x, int64_t n, float s)
+{
+    if (!rec->hooks->ok(rec) || n <= 0)
+        return;
+    struct cu_op *op = op_new(rec, kind, 0);
+    if (!op)
+        return;
+    op->u.ew.a = x;
+    op->u.ew.out = x;
+    op->u.ew.n = n;
+    op->u.ew.s = s;
+}
+
+void cu_rec_scale(struct cu_rec *rec, float *x, int64_t n, float s)
+{
+    record_ew_param(rec, CU_SCALE, x, n, s);
+}
+
+void cu_rec_softcap(struct cu_rec *rec, float *x, int64_t n, float cap)
+{
+    record_ew_param(rec, CU_SOFTCAP, x, n, cap);
 }
 
 /* The cache as kernels see it; layer -1 for ops over every layer. */

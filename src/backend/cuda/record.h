@@ -51,6 +51,9 @@ enum cu_op_kind {
     CU_MOE_ROUTE,
     CU_MOE_FFN,
     CU_GATED_ADD,
+    CU_GELU_TANH_MUL,
+    CU_SCALE,
+    CU_SOFTCAP,
 };
 
 struct cu_mat {
@@ -118,11 +121,13 @@ struct cu_op {
             int n_heads, head_dim, rot_dim;
             uint32_t pos_off, freq_off;
             float factor;
+            int long_from; /* rope_table.long_from */
         } rope;
         struct {
             const float *a, *b;
             float *out;
             int64_t n;
+            float s; /* scale's factor, softcap's cap */
         } ew;
         struct {
             struct cu_kv kv;
@@ -230,6 +235,10 @@ void cu_rec_rope(struct cu_rec *rec, float *x, int64_t n_tokens, int n_heads, in
 void cu_rec_silu_mul(struct cu_rec *rec, const float *gate, const float *up, float *out,
                      int64_t n);
 void cu_rec_add(struct cu_rec *rec, float *y, const float *x, int64_t n);
+void cu_rec_gelu_tanh_mul(struct cu_rec *rec, const float *gate, const float *up, float *out,
+                          int64_t n);
+void cu_rec_scale(struct cu_rec *rec, float *x, int64_t n, float s);
+void cu_rec_softcap(struct cu_rec *rec, float *x, int64_t n, float cap);
 void cu_rec_kv_store(struct cu_rec *rec, struct kv_cache *kv, int layer, const float *k,
                      const float *v, const struct attn_span *spans, int n_spans);
 void cu_rec_attention(struct cu_rec *rec, const float *q, const struct kv_cache *kv, int layer,
