@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/gpu.sh — the CUDA backend on a GPU machine in one run: parity tests, real-shape models, the speed table.
 #
-#   usage: bench/gpu.sh [parity] [bench] [8k] [profile] [serve] [agent] [spec] [MODEL...]
+#   usage: bench/gpu.sh [parity] [bench] [8k] [profile] [serve] [agent] [spec] [quant] [MODEL...]
 #     parity   the CUDA parity tests (goldens, CPU-vs-CUDA greedy tokens, graphs)
 #     bench    prefill pp512 / decode tg128 per model (and pp4096 for llama-3.1-8b),
 #              prefill again with f32 attention, the 8B's load time
@@ -46,11 +46,19 @@
 #              sequences a 32 GB KV budget holds, batch-1 decode after a 32k-token
 #              prompt and prefill of 4k tokens (the quantize-on-write cost; inferd
 #              bench); on llama-3.1-8b unless models are named
+#     quant    block-quantized weights: the quantized kernels' test
+#              (tests/unit/test_cuda_quant.c: each type's GEMV and GEMM against the
+#              CPU reference, tiny GGUF and MLX models against the CPU, graphs), then
+#              GGUF files written by mkmodel (QUANT_FILES, default "llama-3.1-8b:q8_0
+#              llama-3.1-8b:q4_k_m llama-3.2-1b:q4_k_m") through inferd bench: decode
+#              of 128 tokens and prefill of 512, the weight bytes each token reads
+#              and the bandwidth floor beside each
 #     MODEL    mkmodel presets (default: qwen3-0.6b llama-3.2-1b llama-3.1-8b)
 #   With no stage named, parity, bench and 8k run.
 #
 # Binaries come from .bundle/bin (scripts/bundle-libs.sh .bundle build/inferd
-# build/test_cuda_parity build/test_cuda_sampling build/test_cuda_kv_quant, libraries in .bundle/lib, or the same packed as
+# build/test_cuda_parity build/test_cuda_sampling build/test_cuda_kv_quant build/test_cuda_quant,
+# libraries in .bundle/lib, or the same packed as
 # .bundle/bundle.tar.xz) when present, else from
 # build/ (configure with nvcc on the PATH). cuBLASLt is taken from the
 # machine's CUDA toolkit. Models are written to $INFERD_MODELS (default
@@ -62,7 +70,7 @@ cd "$root"
 stages=() models=()
 for a in "$@"; do
   case "$a" in
-    parity|bench|8k|profile|serve|cache|agent|rows|ssd|structured|spec|kvquant) stages+=("$a") ;;
+    parity|bench|8k|profile|serve|cache|agent|rows|ssd|structured|spec|kvquant|quant) stages+=("$a") ;;
     *) models+=("$a") ;;
   esac
 done
@@ -354,6 +362,29 @@ if has_stage kvquant; then
       "$bin"/inferd bench "$dir" --device cuda --prompt-len 16 --gen-len 1 --reps 1 \
         --kv-quant "$fmt" 2>&1 | grep -E "kv cache|error" || true
     done
+  done
+fi
+
+if has_stage quant; then
+  echo "== quant: block-quantized weights on the GPU (tests/unit/test_cuda_quant.c)"
+  if [ -x "$bin"/test_cuda_quant ]; then
+    timeout 600 "$bin"/test_cuda_quant --verbose=1 --jobs=1 2>&1 |
+      grep -E "tokens|rms|PASS|FAIL|SKIP|Synthesis|expected|assert|signal|Crash|error"
+  else
+    echo "no $bin/test_cuda_quant"
+  fi
+  for spec in ${QUANT_FILES:-llama-3.1-8b:q8_0 llama-3.1-8b:q4_k_m llama-3.2-1b:q4_k_m}; do
+    preset=${spec%%:*} dtype=${spec##*:}
+    file=$models_dir/$preset-$dtype.gguf
+    if [ ! -f "$file" ]; then
+      t0=$(date +%s.%N)
+      "$bin"/inferd mkmodel --preset "$preset" --seed 1 --format gguf --dtype "$dtype" \
+        --out "$file" >/dev/null || { echo "mkmodel $preset $dtype failed"; continue; }
+      echo "mkmodel $preset --format gguf --dtype $dtype: $(awk "BEGIN { printf \"%.1f\", $(date +%s.%N) - $t0 }") s, $(du -h "$file" | cut -f1)"
+    fi
+    echo "== quant: $preset $dtype (weight bytes per token and the floor: the decode line)"
+    bench_one "$preset $dtype decode tg128" "$file" --prompt-len 16 --gen-len 128 --reps 3
+    bench_one "$preset $dtype prefill pp512" "$file" --prompt-len 512 --gen-len 1 --reps 3
   done
 fi
 

@@ -19,8 +19,8 @@ enum compute_mode { COMPUTE_EXACT = 0, COMPUTE_FAST = 1 };
 /* A weight matrix as stored by Hugging Face: rows = out_features,
  * cols = in_features, row-major. data is borrowed (mmap'd file or backend
  * memory); dtype is F32 or BF16 (F16 checkpoints are widened at load), or a
- * GGUF block type (base/quant.h: each row dtype_row_bytes(dtype, cols)
- * bytes) on a backend with block_weights. */
+ * block type (base/quant.h: each row dtype_row_bytes(dtype, cols) bytes)
+ * the backend takes (backend_takes_blocks). */
 struct weight_matrix {
     enum dtype dtype;
     int64_t rows, cols;
@@ -358,9 +358,12 @@ struct backend {
      * to_device) instead of pointing at the mapped file: for backends that
      * cannot read host memory in place. */
     bool copy_weights;
-    /* embed and matmul take weight matrices of the GGUF block types as they
+    /* embed and matmul take weight matrices of the block types as they
      * are stored; false: the loader dequantizes them to F32. */
     bool block_weights;
+    /* With block_weights: the block types taken, bit (1 << dtype) each; 0
+     * takes all of them. The loader dequantizes the others to F32. */
+    uint64_t block_types;
     /* Element type of the KV caches this backend's attention reads and writes. */
     enum dtype kv_dtype;
     /* Their quantized format (backend/kv_quant.h), the backend's copy of
@@ -368,6 +371,13 @@ struct backend {
     const struct kv_quant *kv_quant;
     void *impl; /* owned by the backend */
 };
+
+/* Whether be's embed and matmul take weights of block type t as stored. */
+static inline bool backend_takes_blocks(const struct backend *be, enum dtype t)
+{
+    return be->block_weights && dtype_is_block(t) &&
+           (!be->block_types || ((be->block_types >> t) & 1u));
+}
 
 /* A switch whose zero value leaves the backend's default. */
 enum backend_switch { BACKEND_DEFAULT = 0, BACKEND_ON, BACKEND_OFF };

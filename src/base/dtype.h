@@ -7,8 +7,10 @@
 #include <stdint.h>
 
 /* Dense types first; the block types store a row of n elements as n / block
- * elements blocks of block bytes each (GGUF's layouts, base/quant.h), so
- * their size is per block, never per element: use dtype_row_bytes for them. */
+ * elements blocks of block bytes each (GGUF's layouts and MLX's affine
+ * groups, base/quant.h), so their size is per block, never per element: use
+ * dtype_row_bytes for them. DTYPE_U32 is last: raw words (MLX's packed
+ * weights as a safetensors file holds them, before the loader groups them). */
 enum dtype {
     DTYPE_F32 = 0,
     DTYPE_BF16 = 1,
@@ -23,15 +25,53 @@ enum dtype {
     DTYPE_Q4_K,
     DTYPE_Q5_K,
     DTYPE_Q6_K,
+    /* MLX's affine groups: bits 4 or 8, a group of 32, 64 or 128 elements,
+     * its scale and bias in BF16, F16 or F32 (as the file stores them); in
+     * that order, so dtype_mlx_* compute them from the offset. */
+    DTYPE_MLX4_G32_BF16, DTYPE_MLX4_G32_F16, DTYPE_MLX4_G32_F32,
+    DTYPE_MLX4_G64_BF16, DTYPE_MLX4_G64_F16, DTYPE_MLX4_G64_F32,
+    DTYPE_MLX4_G128_BF16, DTYPE_MLX4_G128_F16, DTYPE_MLX4_G128_F32,
+    DTYPE_MLX8_G32_BF16, DTYPE_MLX8_G32_F16, DTYPE_MLX8_G32_F32,
+    DTYPE_MLX8_G64_BF16, DTYPE_MLX8_G64_F16, DTYPE_MLX8_G64_F32,
+    DTYPE_MLX8_G128_BF16, DTYPE_MLX8_G128_F16, DTYPE_MLX8_G128_F32,
+    DTYPE_U32,
     DTYPE_COUNT
 };
 
-static inline bool dtype_is_block(enum dtype t) { return t > DTYPE_F16 && t < DTYPE_COUNT; }
+static inline bool dtype_is_block(enum dtype t) { return t > DTYPE_F16 && t < DTYPE_U32; }
 
-/* Elements per block: 1 for the dense types, 32 for Q*_0/Q*_1, 256 for the K types. */
+static inline bool dtype_is_mlx(enum dtype t)
+{
+    return t >= DTYPE_MLX4_G32_BF16 && t <= DTYPE_MLX8_G128_F32;
+}
+
+/* An MLX type's bits (4, 8), group size (32, 64, 128) and scale/bias type. */
+static inline int dtype_mlx_bits(enum dtype t) { return (t - DTYPE_MLX4_G32_BF16) / 9 ? 8 : 4; }
+static inline int dtype_mlx_group(enum dtype t) { return 32 << ((t - DTYPE_MLX4_G32_BF16) / 3 % 3); }
+static inline enum dtype dtype_mlx_scale(enum dtype t)
+{
+    int k = (t - DTYPE_MLX4_G32_BF16) % 3;
+    return k == 0 ? DTYPE_BF16 : k == 1 ? DTYPE_F16 : DTYPE_F32;
+}
+
+/* The MLX type of bits, group and scale type, or DTYPE_COUNT when there is none. */
+static inline enum dtype dtype_mlx(int bits, int group, enum dtype scale)
+{
+    int b = bits == 4 ? 0 : bits == 8 ? 1 : -1;
+    int g = group == 32 ? 0 : group == 64 ? 1 : group == 128 ? 2 : -1;
+    int k = scale == DTYPE_BF16 ? 0 : scale == DTYPE_F16 ? 1 : scale == DTYPE_F32 ? 2 : -1;
+    if (b < 0 || g < 0 || k < 0)
+        return DTYPE_COUNT;
+    return (enum dtype)(DTYPE_MLX4_G32_BF16 + b * 9 + g * 3 + k);
+}
+
+/* Elements per block: 1 for the dense types, 32 for Q*_0/Q*_1, 256 for the
+ * K types, the group for the MLX types. */
 static inline int dtype_block_elems(enum dtype t)
 {
-    return t <= DTYPE_F16 ? 1 : t <= DTYPE_Q5_1 ? 32 : 256;
+    if (dtype_is_mlx(t))
+        return dtype_mlx_group(t);
+    return t <= DTYPE_F16 || t == DTYPE_U32 ? 1 : t <= DTYPE_Q5_1 ? 32 : 256;
 }
 
 /* Bytes per block (per element for the dense types). A switch rather than
@@ -51,7 +91,12 @@ static inline size_t dtype_block_bytes(enum dtype t)
     case DTYPE_Q4_K: return 144;
     case DTYPE_Q5_K: return 176;
     case DTYPE_Q6_K: return 210;
-    default: return 0;
+    case DTYPE_U32: return 4;
+    default:
+        if (dtype_is_mlx(t)) /* scale, bias, then the packed words */
+            return 2 * (dtype_mlx_scale(t) == DTYPE_F32 ? 4 : 2) +
+                   (size_t)(dtype_mlx_group(t) * dtype_mlx_bits(t) / 8);
+        return 0;
     }
 }
 
@@ -84,8 +129,19 @@ static inline const char *dtype_name(enum dtype t)
     case DTYPE_Q4_K: return "Q4_K";
     case DTYPE_Q5_K: return "Q5_K";
     case DTYPE_Q6_K: return "Q6_K";
-    default: return "?";
+    case DTYPE_U32: return "U32";
+    default: break;
     }
+    if (dtype_is_mlx(t)) {
+        static const char *const names[] = {
+            "MLX4_G32_BF16",  "MLX4_G32_F16",  "MLX4_G32_F32",  "MLX4_G64_BF16",
+            "MLX4_G64_F16",   "MLX4_G64_F32",  "MLX4_G128_BF16", "MLX4_G128_F16",
+            "MLX4_G128_F32",  "MLX8_G32_BF16", "MLX8_G32_F16",  "MLX8_G32_F32",
+            "MLX8_G64_BF16",  "MLX8_G64_F16",  "MLX8_G64_F32",  "MLX8_G128_BF16",
+            "MLX8_G128_F16",  "MLX8_G128_F32"};
+        return names[t - DTYPE_MLX4_G32_BF16];
+    }
+    return "?";
 }
 
 #endif

@@ -1,4 +1,4 @@
-/* base/quant.c — the GGUF block formats in both directions: llama.cpp's reference quantizers and its dequantizers, format by format. */
+/* base/quant.c — the block formats in both directions: llama.cpp's reference quantizers and its dequantizers format by format, and MLX's affine groups. */
 #include "base/quant.h"
 
 #include <math.h>
@@ -728,6 +728,88 @@ static void quant_q6_k(const float *x, uint8_t *b)
         }
 }
 
+/* ---------------------------------------------------------------- MLX affine groups */
+
+static float mlx_scalar(enum dtype st, const uint8_t *p)
+{
+    if (st == DTYPE_F32) {
+        float f;
+        memcpy(&f, p, 4);
+        return f;
+    }
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return st == DTYPE_BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+}
+
+static void mlx_put_scalar(enum dtype st, float f, uint8_t *p)
+{
+    if (st == DTYPE_F32) {
+        memcpy(p, &f, 4);
+        return;
+    }
+    uint16_t h = st == DTYPE_BF16 ? f32_to_bf16(f) : quant_f32_to_f16(f);
+    memcpy(p, &h, 2);
+}
+
+/* x = scale * q + bias, q element j of the little-endian words at bit j * bits. */
+static void dequant_mlx(enum dtype t, const uint8_t *b, float *y)
+{
+    enum dtype st = dtype_mlx_scale(t);
+    size_t w = st == DTYPE_F32 ? 4 : 2;
+    int bits = dtype_mlx_bits(t), g = dtype_mlx_group(t);
+    float scale = mlx_scalar(st, b), bias = mlx_scalar(st, b + w);
+    const uint8_t *q = b + 2 * w;
+    uint32_t mask = (1u << bits) - 1;
+    for (int j = 0; j < g; j++) {
+        uint32_t word;
+        memcpy(&word, q + (size_t)(j * bits / 32) * 4, 4);
+        y[j] = scale * (float)((word >> (j * bits % 32)) & mask) + bias;
+    }
+}
+
+/* MLX's affine_quantize: the range's larger-magnitude end is the edge, the
+ * scale (range / (2^bits - 1), at least 1e-7, negative when the edge is the
+ * maximum) is adjusted so the edge is a whole number of steps, and the bias
+ * is that edge (0 when it rounds to no steps). Codes come from the scale and
+ * bias as stored. */
+static void quant_mlx(enum dtype t, const float *x, uint8_t *b)
+{
+    enum dtype st = dtype_mlx_scale(t);
+    size_t w = st == DTYPE_F32 ? 4 : 2;
+    int bits = dtype_mlx_bits(t), g = dtype_mlx_group(t), n_bins = (1 << bits) - 1;
+    float lo = x[0], hi = x[0];
+    for (int j = 1; j < g; j++) {
+        lo = x[j] < lo ? x[j] : lo;
+        hi = x[j] > hi ? x[j] : hi;
+    }
+    bool min_edge = fabsf(lo) > fabsf(hi);
+    float scale = (hi - lo) / (float)n_bins;
+    scale = scale > 1e-7f ? scale : 1e-7f;
+    scale = min_edge ? scale : -scale;
+    float edge = min_edge ? lo : hi;
+    float q0 = rintf(edge / scale);
+    float bias = 0.0f;
+    if (q0 != 0.0f) {
+        scale = edge / q0;
+        bias = edge;
+    }
+    mlx_put_scalar(st, scale, b);
+    mlx_put_scalar(st, bias, b + w);
+    scale = mlx_scalar(st, b);
+    bias = mlx_scalar(st, b + w);
+    uint8_t *q = b + 2 * w;
+    memset(q, 0, (size_t)(g * bits / 8));
+    for (int j = 0; j < g; j++) {
+        float v = scale != 0.0f ? rintf((x[j] - bias) / scale) : 0.0f;
+        uint32_t c = v < 0.0f ? 0u : v > (float)n_bins ? (uint32_t)n_bins : (uint32_t)v;
+        uint32_t word;
+        memcpy(&word, q + (size_t)(j * bits / 32) * 4, 4);
+        word |= c << (j * bits % 32);
+        memcpy(q + (size_t)(j * bits / 32) * 4, &word, 4);
+    }
+}
+
 /* ---------------------------------------------------------------- rows */
 
 typedef void (*dequant_fn)(const uint8_t *block, float *y);
@@ -762,7 +844,10 @@ void quant_dequantize_row(enum dtype t, const void *src, float *dst, int64_t n)
     int qk = dtype_block_elems(t);
     size_t bytes = dtype_block_bytes(t);
     for (int64_t i = 0; i < n / qk; i++)
-        formats[t].dequant(s + (size_t)i * bytes, dst + i * qk);
+        if (dtype_is_mlx(t))
+            dequant_mlx(t, s + (size_t)i * bytes, dst + i * qk);
+        else
+            formats[t].dequant(s + (size_t)i * bytes, dst + i * qk);
 }
 
 void quant_quantize_row(enum dtype t, const float *src, void *dst, int64_t n)
@@ -782,5 +867,8 @@ void quant_quantize_row(enum dtype t, const float *src, void *dst, int64_t n)
     int qk = dtype_block_elems(t);
     size_t bytes = dtype_block_bytes(t);
     for (int64_t i = 0; i < n / qk; i++)
-        formats[t].quant(src + i * qk, d + (size_t)i * bytes);
+        if (dtype_is_mlx(t))
+            quant_mlx(t, src + i * qk, d + (size_t)i * bytes);
+        else
+            formats[t].quant(src + i * qk, d + (size_t)i * bytes);
 }

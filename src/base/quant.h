@@ -1,4 +1,4 @@
-/* base/quant.h — GGUF's block formats: reference quantizers and dequantizers, bit-compatible with llama.cpp's files. */
+/* base/quant.h — the block formats (GGUF's, bit-compatible with llama.cpp's files, and MLX's affine groups): reference quantizers and dequantizers. */
 #ifndef INFERD_BASE_QUANT_H
 #define INFERD_BASE_QUANT_H
 
@@ -18,7 +18,13 @@
  *   Q5_K  (256, 176 B): d, dmin, u8 scales[12], u8 qh[32], u8 qs[128]
  *   Q6_K  (256, 210 B): u8 ql[128], u8 qh[64], int8 scales[16], d   x = d * scale * (q - 32)
  * The K formats interleave their quants in 32- or 64-element strips; the
- * exact order is in quant.c, one function per format in each direction. */
+ * exact order is in quant.c, one function per format in each direction.
+ *   MLX<b>_G<g>_<S> (g elements; 2 * sizeof(S) + g * b / 8 B): S scale, S bias,
+ *     u32 words[g * b / 32]   element j = bits [j*b, j*b + b) of the little-endian
+ *     words (word j*b/32, shift j*b%32), x = scale * q + bias in f32
+ *   One MLX block is one group of an mlx-community checkpoint: its scale and
+ *   bias (BF16, F16 or F32, as stored) followed by the group's bytes of the
+ *   packed uint32 weight, unchanged, so no value moves in the conversion. */
 
 /* dst[0..n) = the n elements (a multiple of t's block) stored at src in
  * type t; any dtype, dense ones included. */

@@ -8,12 +8,14 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "tools/gguf_write.h"
+#include "tools/mlx_write.h"
 #include "tools/mkmodel.h"
 #include "tools/mkwhisper.h"
 
 static const char usage[] =
     "usage: inferd mkmodel --preset NAME [--arch ARCH] [--seed S] [--tokenizer TDIR] --out DIR\n"
     "       inferd mkmodel ... --format gguf --dtype bf16|q8_0|q4_0|q4_k_m|q6_k --out FILE.gguf\n"
+    "       inferd mkmodel ... --format mlx --bits 4|8 --group-size 32|64|128 --out DIR\n"
     "       inferd mkmodel --preset whisper-test|whisper-test-128|whisper-tiny|whisper-base --out DIR\n"
     "       inferd mkmodel --list\n"
     "Writes config.json, generation_config.json and model.safetensors with\n"
@@ -26,7 +28,10 @@ static const char usage[] =
     "template's end-of-turn token, e.g. <|im_end|>).\n"
     "--format gguf writes the same model as one GGUF file instead (the tokenizer\n"
     "as tokenizer.ggml.* metadata), its matrices in --dtype's types as\n"
-    "llama-quantize picks them (default bf16); the bytes are deterministic too.\n";
+    "llama-quantize picks them (default bf16); the bytes are deterministic too.\n"
+    "--format mlx writes the same model MLX-quantized, as mlx-community publishes\n"
+    "models: packed uint32 weights with per-group scales and biases for every\n"
+    "matrix (default 4 bits, groups of 64), quantization in config.json.\n";
 
 /* Removes the files of a scratch directory, then the directory. */
 static void remove_dir(const char *dir)
@@ -57,6 +62,23 @@ static int write_gguf(struct mkmodel_opts *o, enum gguf_ftype ftype, struct err 
     o->out_dir = out;
     if (!rc)
         rc = gguf_write_model(scratch, ftype, out, err);
+    remove_dir(scratch);
+    return rc;
+}
+
+/* The model written to a scratch directory beside out, then quantized into out. */
+static int write_mlx(struct mkmodel_opts *o, int bits, int group, struct err *err)
+{
+    char scratch[4200];
+    snprintf(scratch, sizeof scratch, "%s.src.XXXXXX", o->out_dir);
+    if (!mkdtemp(scratch))
+        return err_set(err, INFERD_EIO, "cannot create a scratch directory beside %s", o->out_dir);
+    const char *out = o->out_dir;
+    o->out_dir = scratch;
+    int rc = mkmodel_write(o, err);
+    o->out_dir = out;
+    if (!rc)
+        rc = mlx_write_model(scratch, bits, group, out, err);
     remove_dir(scratch);
     return rc;
 }
@@ -104,7 +126,8 @@ static void list_presets(void)
 int cmd_mkmodel(int argc, char **argv)
 {
     struct mkmodel_opts o = {.seed = 1};
-    bool list = false, gguf = false;
+    bool list = false, gguf = false, mlx = false;
+    int bits = 4, group = 64;
     enum gguf_ftype ftype = GGUF_FTYPE_BF16;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -118,7 +141,7 @@ int cmd_mkmodel(int argc, char **argv)
         }
         if (strcmp(a, "--arch") && strcmp(a, "--preset") && strcmp(a, "--seed") &&
             strcmp(a, "--out") && strcmp(a, "--tokenizer") && strcmp(a, "--format") &&
-            strcmp(a, "--dtype")) {
+            strcmp(a, "--dtype") && strcmp(a, "--bits") && strcmp(a, "--group-size")) {
             fprintf(stderr, "inferd mkmodel: unknown argument '%s'\n%s", a, usage);
             return 2;
         }
@@ -133,11 +156,24 @@ int cmd_mkmodel(int argc, char **argv)
         else if (!strcmp(a, "--tokenizer"))
             o.tokenizer_dir = v;
         else if (!strcmp(a, "--format")) {
-            if (strcmp(v, "gguf") && strcmp(v, "safetensors")) {
-                fprintf(stderr, "inferd mkmodel: --format must be safetensors or gguf\n");
+            if (strcmp(v, "gguf") && strcmp(v, "safetensors") && strcmp(v, "mlx")) {
+                fprintf(stderr, "inferd mkmodel: --format must be safetensors, gguf or mlx\n");
                 return 2;
             }
             gguf = !strcmp(v, "gguf");
+            mlx = !strcmp(v, "mlx");
+        } else if (!strcmp(a, "--bits")) {
+            bits = atoi(v);
+            if (bits != 4 && bits != 8) {
+                fprintf(stderr, "inferd mkmodel: --bits must be 4 or 8\n");
+                return 2;
+            }
+        } else if (!strcmp(a, "--group-size")) {
+            group = atoi(v);
+            if (group != 32 && group != 64 && group != 128) {
+                fprintf(stderr, "inferd mkmodel: --group-size must be 32, 64 or 128\n");
+                return 2;
+            }
         } else if (!strcmp(a, "--dtype")) {
             if (!gguf_ftype_parse(v, &ftype)) {
                 fprintf(stderr, "inferd mkmodel: --dtype must be bf16, q8_0, q4_0, q4_k_m or q6_k\n");
@@ -163,7 +199,9 @@ int cmd_mkmodel(int argc, char **argv)
         }
         return 0;
     }
-    if ((gguf ? write_gguf(&o, ftype, &err) : mkmodel_write(&o, &err)) != 0) {
+    if ((gguf  ? write_gguf(&o, ftype, &err)
+         : mlx ? write_mlx(&o, bits, group, &err)
+               : mkmodel_write(&o, &err)) != 0) {
         fprintf(stderr, "inferd mkmodel: %s\n", err.msg);
         return 1;
     }

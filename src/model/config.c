@@ -503,6 +503,71 @@ static int parse_dtype_name(const struct json_reader *root, struct model_config 
     return rc;
 }
 
+/* One {group_size, bits} of MLX's affine quantization, checked against what
+ * the loader runs. */
+static int read_quant_shape(const struct json_reader *q, int *bits, int *group)
+{
+    int rc;
+    if ((rc = json_read_int(q, "bits", JSON_REQUIRED, 1, 64, bits)) ||
+        (rc = json_read_int(q, "group_size", JSON_REQUIRED, 1, 1 << 20, group)))
+        return rc;
+    if (*bits != 4 && *bits != 8)
+        return json_reader_fail(q, INFERD_EUNSUPPORTED,
+                                "bits %d is not supported (MLX quantization of 4 or 8 bits)",
+                                *bits);
+    if (*group != 32 && *group != 64 && *group != 128)
+        return json_reader_fail(q, INFERD_EUNSUPPORTED,
+                                "group_size %d is not supported (32, 64 or 128)", *group);
+    return 0;
+}
+
+/* MLX-quantized checkpoints (mlx-community): quantization, which mlx-lm
+ * also writes as quantization_config, = {group_size, bits[, mode "affine"]}
+ * and per-module entries, each its own {group_size, bits} or false (left
+ * dense). A quantization_config of another method (GPTQ, AWQ, bitsandbytes,
+ * FP8: a quant_method key) is refused by name. The loader reads each
+ * tensor's bits and group from its shapes; these say the checkpoint is one. */
+static int parse_quantization(const struct json_reader *root, struct model_config *c)
+{
+    const char *key = json_reader_has(root, "quantization") ? "quantization"
+                                                            : "quantization_config";
+    struct json_reader q;
+    const char *method = NULL, *mode = NULL;
+    int rc = json_read_object(root, key, JSON_OPTIONAL, &q);
+    if (rc || !q.v)
+        return rc;
+    if ((rc = json_read_str(&q, "quant_method", JSON_OPTIONAL, &method, NULL)))
+        return rc;
+    if (method)
+        return json_reader_fail(&q, INFERD_EUNSUPPORTED,
+                                "quant_method '%.40s' is not supported (inferd loads MLX's "
+                                "affine quantization and GGUF files)", method);
+    if ((rc = json_read_str(&q, "mode", JSON_OPTIONAL, &mode, NULL)))
+        return rc;
+    if (mode && strcmp(mode, "affine") != 0)
+        return json_reader_fail(&q, INFERD_EUNSUPPORTED,
+                                "mode '%.40s' is not supported (only MLX's affine quantization)",
+                                mode);
+    if ((rc = read_quant_shape(&q, &c->quant_bits, &c->quant_group_size)))
+        return rc;
+    json_object_object_foreach(q.v, k, v)
+    {
+        if (!strcmp(k, "bits") || !strcmp(k, "group_size") || !strcmp(k, "mode"))
+            continue;
+        struct json_reader e = json_reader_entry(&q, k, v);
+        int bits, group;
+        if (json_object_is_type(v, json_type_boolean) && !json_object_get_boolean(v))
+            continue;
+        if (!json_object_is_type(v, json_type_object))
+            return json_reader_fail(&e, INFERD_EFORMAT,
+                                    "must be a module's {group_size, bits} or false, got %s",
+                                    json_type_phrase(v));
+        if ((rc = read_quant_shape(&e, &bits, &group)))
+            return rc;
+    }
+    return 0;
+}
+
 int model_config_parse(const char *json, size_t len, struct model_config *out, struct err *err)
 {
     memset(out, 0, sizeof *out);
@@ -536,7 +601,7 @@ int model_config_parse(const char *json, size_t len, struct model_config *out, s
         (rc = parse_sliding_window(&text, c)) ||
         (c->arch == ARCH_GEMMA3 && (rc = parse_gemma3(&text, c))) ||
         (rc = parse_unsupported_features(&text, c)) || (rc = parse_experts(&text, c)) ||
-        (rc = parse_dtype_name(dtype_src, c)) ||
+        (rc = parse_dtype_name(dtype_src, c)) || (rc = parse_quantization(&text, c)) ||
         (rc = json_read_bool(&text, "tie_word_embeddings", JSON_OPTIONAL,
                              &c->tie_word_embeddings)) ||
         (rc = json_read_bool(&text, "attention_bias", JSON_OPTIONAL, &c->attention_bias)) ||

@@ -56,6 +56,9 @@ struct model_config {
     bool attention_bias;       /* q/k/v projections have biases (Qwen2; Llama attention_bias) */
     bool qk_norm;              /* per-head RMSNorm on q and k (Qwen3) */
     enum dtype torch_dtype;
+    /* MLX-quantized (config.json quantization): the default bits (4 or 8)
+     * and group size (32, 64, 128); 0 when the checkpoint is not. */
+    int quant_bits, quant_group_size;
     int bos_token_id;          /* -1 when absent */
     int eos_token_ids[CONFIG_MAX_EOS];
     int n_eos;

@@ -241,6 +241,124 @@ static int upload_quantized(struct model *m, const struct st_tensor *t, int64_t 
     return 0;
 }
 
+/* ---------------------------------------------------------------- MLX-quantized matrices */
+
+/* Whole rows per host staging pass when grouping MLX weights (about 4 MB). */
+static int64_t mlx_chunk_rows(uint64_t row_bytes)
+{
+    int64_t n = (int64_t)(((uint64_t)4 << 20) / (row_bytes ? row_bytes : 1));
+    return n > 0 ? n : 1;
+}
+
+/* NAME.scales or NAME.biases of an MLX-quantized matrix whose packed
+ * weight is base + ".weight". */
+static int mlx_part(struct model *m, const char *base, const char *part, int64_t rows,
+                    const struct st_tensor **out, struct err *err)
+{
+    char name[320];
+    snprintf(name, sizeof name, "%s.%s", base, part);
+    const struct st_tensor *t = st_set_find(&m->files, name);
+    if (!t)
+        return err_set(err, INFERD_EFORMAT, "MLX-quantized weight %s.weight has no %s", base,
+                       name);
+    if (t->n_dims != 2 || t->shape[0] != rows || t->shape[1] <= 0)
+        return err_set(err, INFERD_EFORMAT, "%s must have shape [%lld, groups per row]", name,
+                       (long long)rows);
+    if (t->dtype != DTYPE_BF16 && t->dtype != DTYPE_F16 && t->dtype != DTYPE_F32)
+        return err_set(err, INFERD_EFORMAT, "%s is %s; scales and biases must be BF16, F16 or F32",
+                       name, dtype_name(t->dtype));
+    *out = t;
+    return 0;
+}
+
+/* An MLX-quantized matrix (rows x cols): t holds its packed uint32 words
+ * ([rows, cols * bits / 32]), NAME.scales and NAME.biases beside it one value
+ * per group ([rows, cols / group], one float type). Bits and group size are
+ * read from the shapes (so per-module overrides in config.json need nothing
+ * more); each group becomes one MLX block (base/quant.h) of the same bytes,
+ * in backend memory, or F32 on a backend that does not take the type. */
+static int load_mlx_matrix(struct model *m, const struct st_tensor *t, int64_t rows,
+                           int64_t cols, struct weight_matrix *w, struct err *err)
+{
+    size_t len = strlen(t->name);
+    if (!m->config.quant_bits)
+        return err_set(err, INFERD_EFORMAT, "tensor %s is U32 (packed quantized weights), but "
+                       "config.json has no quantization", t->name);
+    if (len < 8 || len >= 300 || strcmp(t->name + len - 7, ".weight"))
+        return err_set(err, INFERD_EFORMAT, "U32 tensor %.200s is not a quantized module's weight",
+                       t->name);
+    char base[300];
+    snprintf(base, sizeof base, "%.*s", (int)(len - 7), t->name);
+    if (t->n_dims != 2 || t->shape[0] != rows || t->shape[1] <= 0)
+        return err_set(err, INFERD_EFORMAT, "packed weight %s must have shape [%lld, %lld * bits "
+                       "/ 32] (config.json implies %lld x %lld)", t->name, (long long)rows,
+                       (long long)cols, (long long)rows, (long long)cols);
+    const struct st_tensor *sc, *bi;
+    int rc;
+    if ((rc = mlx_part(m, base, "scales", rows, &sc, err)) ||
+        (rc = mlx_part(m, base, "biases", rows, &bi, err)))
+        return rc;
+    if (bi->shape[1] != sc->shape[1] || bi->dtype != sc->dtype)
+        return err_set(err, INFERD_EFORMAT, "%s.biases (%s, %lld per row) does not match "
+                       "%s.scales (%s, %lld per row)", base, dtype_name(bi->dtype),
+                       (long long)bi->shape[1], base, dtype_name(sc->dtype),
+                       (long long)sc->shape[1]);
+    int64_t n_groups = sc->shape[1], n_words = t->shape[1];
+    if (cols % n_groups || (n_words * 32) % cols)
+        return err_set(err, INFERD_EFORMAT, "%s: %lld columns do not split into %lld groups and "
+                       "%lld words of whole elements", t->name, (long long)cols,
+                       (long long)n_groups, (long long)n_words);
+    int64_t group = cols / n_groups, bits = n_words * 32 / cols;
+    enum dtype q = dtype_mlx((int)bits, (int)group, sc->dtype);
+    if (q == DTYPE_COUNT)
+        return err_set(err, INFERD_EUNSUPPORTED, "%s: MLX quantization of %lld bits in groups "
+                       "of %lld is not supported (4 or 8 bits, groups of 32, 64 or 128)",
+                       t->name, (long long)bits, (long long)group);
+    bool keep = backend_takes_blocks(m->backend, q);
+    uint64_t rb = dtype_row_bytes(q, (uint64_t)cols);
+    size_t ssz = dtype_size(sc->dtype), qbytes = (size_t)(group * bits / 8);
+    size_t out_row = keep ? (size_t)rb : (size_t)cols * sizeof(float);
+    void *buf;
+    if ((rc = alloc_owned(m, out_row * (size_t)rows, t->name, &buf, err)))
+        return rc;
+    int64_t chunk = mlx_chunk_rows(rb);
+    chunk = chunk < rows ? chunk : rows;
+    uint8_t *stage = malloc((size_t)chunk * rb); /* owned; chunk rows of blocks */
+    float *wide = keep ? NULL : malloc((size_t)cols * sizeof *wide);
+    if (!stage || (!keep && !wide)) {
+        free(stage);
+        free(wide);
+        return err_set(err, INFERD_ENOMEM, "out of memory grouping tensor '%s'", t->name);
+    }
+    const uint8_t *words = t->data, *scales = sc->data, *biases = bi->data;
+    for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+        int64_t nr = rows - r0 < chunk ? rows - r0 : chunk;
+        for (int64_t r = 0; r < nr; r++)
+            for (int64_t g = 0; g < n_groups; g++) {
+                uint8_t *blk = stage + (size_t)r * rb + (size_t)g * dtype_block_bytes(q);
+                size_t gi = (size_t)((r0 + r) * n_groups + g);
+                memcpy(blk, scales + gi * ssz, ssz);
+                memcpy(blk + ssz, biases + gi * ssz, ssz);
+                memcpy(blk + 2 * ssz, words + gi * qbytes, qbytes);
+            }
+        if (keep) {
+            m->backend->ops->to_device(m->backend, (uint8_t *)buf + (size_t)r0 * rb, stage,
+                                       (size_t)(nr * (int64_t)rb));
+            continue;
+        }
+        for (int64_t r = 0; r < nr; r++) {
+            quant_dequantize_row(q, stage + (size_t)r * rb, wide, cols);
+            m->backend->ops->to_device(m->backend, (float *)buf + (r0 + r) * cols, wide,
+                                       (size_t)cols * sizeof *wide);
+        }
+    }
+    free(stage);
+    free(wide);
+    w->dtype = keep ? q : DTYPE_F32;
+    w->data = buf;
+    return 0;
+}
+
 /* A weight matrix: BF16/F32, and the block formats on a backend that takes
  * them (be->block_weights), used in place from the mapping unless the backend
  * asks for copies (be->copy_weights); F16, and the block formats elsewhere,
@@ -251,18 +369,20 @@ int model_load_matrix(struct model *m, const char *name, int64_t rows, int64_t c
                       struct weight_matrix *w, struct err *err)
 {
     int64_t want[2] = {rows, cols};
-    const struct st_tensor *t;
+    const struct st_tensor *t = st_set_find(&m->files, name);
+    w->rows = rows;
+    w->cols = cols;
+    if (t && t->dtype == DTYPE_U32)
+        return load_mlx_matrix(m, t, rows, cols, w, err);
     int rc = find_tensor(m, name, want, 2, &t, err);
     if (rc || (rc = check_unpermutable(t, rows, err)))
         return rc;
-    w->rows = rows;
-    w->cols = cols;
     enum dtype q = dtype_is_block(t->dtype) ? DTYPE_F32 : quantize_target(m, name, cols);
     if (q != DTYPE_F32) {
         w->dtype = q;
         return upload_quantized(m, t, rows, cols, q, &w->data, err);
     }
-    bool keep_blocks = dtype_is_block(t->dtype) && m->backend->block_weights;
+    bool keep_blocks = backend_takes_blocks(m->backend, t->dtype);
     if (t->dtype == DTYPE_F16 || (dtype_is_block(t->dtype) && !keep_blocks)) {
         float *wide;
         if (dtype_is_block(t->dtype) || t->unpermute_heads)
@@ -299,7 +419,7 @@ int model_load_vector(struct model *m, const char *name, int64_t n, float **out,
     int rc = find_tensor(m, name, &n, 1, &t, err);
     if (rc || (rc = check_unpermutable(t, n, err)))
         return rc;
-    if (dtype_is_block(t->dtype))
+    if (dtype_is_block(t->dtype) || t->dtype == DTYPE_U32)
         return err_set(err, INFERD_EFORMAT, "vector %s is stored as %s; vectors must be F32, "
                        "F16 or BF16", name, dtype_name(t->dtype));
     if (!t->unpermute_heads)
@@ -503,9 +623,11 @@ int model_load_with(const char *dir, struct backend *be, const struct model_load
     if (o->quantize != DTYPE_F32 && o->quantize != DTYPE_Q8_0 && o->quantize != DTYPE_Q4_K)
         return err_set(err, INFERD_EINVAL, "weights can be quantized at load to Q8_0 or Q4_K, "
                        "not %s", dtype_name(o->quantize));
-    if (o->quantize != DTYPE_F32 && !be->block_weights)
+    if (o->quantize != DTYPE_F32 &&
+        !(backend_takes_blocks(be, o->quantize) && backend_takes_blocks(be, DTYPE_Q8_0) &&
+          (o->quantize != DTYPE_Q4_K || backend_takes_blocks(be, DTYPE_Q6_K))))
         return err_set(err, INFERD_EUNSUPPORTED, "the %s backend does not run quantized weights "
-                       "(quantizing to %s at load needs the CPU backend)", be->ops->name,
+                       "of type %s (quantizing to it at load needs a backend that does)", be->ops->name,
                        dtype_name(o->quantize));
     struct model *m = calloc(1, sizeof *m);
     if (!m)

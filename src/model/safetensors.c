@@ -32,7 +32,7 @@ static uint64_t read_le64(const uint8_t *p)
 /* Dtypes the safetensors format defines that inferd does not run; naming
  * them lets the error say "unsupported" rather than "corrupt". */
 static const char *const st_unsupported_dtypes[] = {
-    "BOOL", "U8",  "I8",  "I16", "U16",     "I32",     "U32",     "I64",     "U64", "F64",
+    "BOOL", "U8",  "I8",  "I16", "U16",     "I32",     "I64",     "U64", "F64",
     "C64",  "F4",  "F8_E4M3", "F8_E5M2", "F8_E8M0", "F6_E2M3", "F6_E3M2", NULL,
 };
 
@@ -50,11 +50,15 @@ static int parse_dtype(const char *s, const char *tname, enum dtype *out, struct
         *out = DTYPE_F16;
         return 0;
     }
+    if (strcmp(s, "U32") == 0) { /* MLX's packed quantized weights */
+        *out = DTYPE_U32;
+        return 0;
+    }
     for (int i = 0; st_unsupported_dtypes[i]; i++)
         if (strcmp(s, st_unsupported_dtypes[i]) == 0)
             return err_set(err, INFERD_EUNSUPPORTED,
                            "tensor '%.200s' has dtype %s, which inferd does not load "
-                           "(supported: F32, BF16, F16)",
+                           "(supported: F32, BF16, F16, and U32 for MLX-quantized weights)",
                            tname, s);
     return err_set(err, INFERD_EFORMAT, "tensor '%.200s' has unknown dtype '%.40s'", tname, s);
 }

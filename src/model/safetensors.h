@@ -26,7 +26,8 @@ struct st_tensor {
 };
 
 /* Parsed safetensors header. Validates: 8-byte little-endian length, JSON
- * object, known dtypes (F32, BF16, F16; others are refused by name), shapes,
+ * object, known dtypes (F32, BF16, F16, U32 for MLX-quantized weights;
+ * others are refused by name), shapes,
  * data_offsets consistent with dtype x shape, inside data_len, and not
  * overlapping. __metadata__ is skipped. */
 struct st_header {

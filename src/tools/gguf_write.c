@@ -12,6 +12,7 @@
 #include "base/file.h"
 #include "base/json.h"
 #include "base/strbuf.h"
+#include "base/threadpool.h"
 #include "model/config.h"
 #include "model/gguf.h"
 #include "base/quant.h"
@@ -379,32 +380,66 @@ static int64_t hf_row(int heads, int64_t rows, int64_t r)
     return h * hd + (k % 2) * (hd / 2) + k / 2;
 }
 
-static int write_data(FILE *fp, const struct out_tensor *t, struct err *err)
+/* Row r of t (stored order) as floats into x. */
+static void source_row(const struct out_tensor *t, int64_t rows, int64_t cols, int64_t r, float *x)
+{
+    if (t->values) {
+        memcpy(x, t->values, (size_t)cols * sizeof *x);
+        return;
+    }
+    /* a bias is one column of rows: permute its elements as rows */
+    int64_t sr = hf_row(t->permute_heads, t->n_dims == 2 ? rows : cols, t->n_dims == 2 ? r : 0);
+    for (int64_t c = 0; c < cols; c++)
+        x[c] = t->n_dims == 2 ? source_element(t->src, cols, sr, c)
+                              : source_element(t->src, 1, hf_row(t->permute_heads, cols, c), 0);
+}
+
+/* Rows quantized per batch across the pool's threads (the K types' searches
+ * make a multi-GB model minutes of work on one core); each row's bytes depend
+ * only on the row, so the file is the same on any thread count. */
+#define WRITE_BATCH_ROWS 512
+
+struct quant_job {
+    const struct out_tensor *t;
+    int64_t rows, cols, r0, n;
+    size_t row_bytes;
+    float *x;   /* per thread: cols floats */
+    uint8_t *q; /* n rows of row_bytes */
+};
+
+static void quant_rows(void *ctx, int ith, int nth)
+{
+    struct quant_job *j = ctx;
+    long b, e;
+    threadpool_split((long)j->n, ith, nth, 1, &b, &e);
+    float *x = j->x + (size_t)ith * (size_t)j->cols;
+    for (long i = b; i < e; i++) {
+        source_row(j->t, j->rows, j->cols, j->r0 + i, x);
+        quant_quantize_row(j->t->dtype, x, j->q + (size_t)i * j->row_bytes, j->cols);
+    }
+}
+
+static int write_data(FILE *fp, struct threadpool *pool, const struct out_tensor *t,
+                      struct err *err)
 {
     int64_t cols = t->ne[0], rows = t->n_dims == 2 ? t->ne[1] : 1;
-    size_t row_bytes = (size_t)dtype_row_bytes(t->dtype, (uint64_t)cols);
-    float *x = malloc((size_t)cols * sizeof *x);
-    uint8_t *q = malloc(row_bytes);
+    int nth = threadpool_size(pool);
+    struct quant_job j = {.t = t, .rows = rows, .cols = cols,
+                          .row_bytes = (size_t)dtype_row_bytes(t->dtype, (uint64_t)cols)};
+    j.x = malloc((size_t)nth * (size_t)cols * sizeof *j.x);
+    j.q = malloc((size_t)WRITE_BATCH_ROWS * j.row_bytes);
     int rc = 0;
-    if (!x || !q)
+    if (!j.x || !j.q)
         rc = err_set(err, INFERD_ENOMEM, "out of memory writing %s", t->name);
-    for (int64_t r = 0; !rc && r < rows; r++) {
-        if (t->values) {
-            memcpy(x, t->values, (size_t)cols * sizeof *x);
-        } else {
-            /* a bias is one column of rows: permute its elements as rows */
-            int64_t sr = hf_row(t->permute_heads, t->n_dims == 2 ? rows : cols, t->n_dims == 2 ? r : 0);
-            for (int64_t c = 0; c < cols; c++)
-                x[c] = t->n_dims == 2
-                           ? source_element(t->src, cols, sr, c)
-                           : source_element(t->src, 1, hf_row(t->permute_heads, cols, c), 0);
-        }
-        quant_quantize_row(t->dtype, x, q, cols);
-        if (fwrite(q, 1, row_bytes, fp) != row_bytes)
+    for (j.r0 = 0; !rc && j.r0 < rows; j.r0 += j.n) {
+        j.n = rows - j.r0 < WRITE_BATCH_ROWS ? rows - j.r0 : WRITE_BATCH_ROWS;
+        threadpool_run(pool, quant_rows, &j);
+        size_t bytes = (size_t)j.n * j.row_bytes;
+        if (fwrite(j.q, 1, bytes, fp) != bytes)
             rc = err_set(err, INFERD_EIO, "writing %s: %s", t->name, strerror(errno));
     }
-    free(x);
-    free(q);
+    free(j.x);
+    free(j.q);
     return rc;
 }
 
@@ -438,6 +473,7 @@ int gguf_write_model(const char *dir, enum gguf_ftype ftype, const char *path, s
     float freqs[512];
     struct strbuf hdr = {0}, kvs = {0};
     FILE *fp = NULL;
+    struct threadpool *pool = NULL;
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     if (!ts) {
@@ -539,8 +575,10 @@ int gguf_write_model(const char *dir, enum gguf_ftype ftype, const char *path, s
         goto out;
     }
     static const uint8_t zeros[ALIGN];
+    if ((rc = threadpool_create(0, &pool, err)))
+        goto out;
     for (int i = 0; i < n && !rc; i++) {
-        if ((rc = write_data(fp, &ts[i], err)))
+        if ((rc = write_data(fp, pool, &ts[i], err)))
             break;
         uint64_t bytes = dtype_row_bytes(ts[i].dtype, (uint64_t)ts[i].ne[0]) * (uint64_t)ts[i].ne[1];
         size_t pad = (size_t)((ALIGN - bytes % ALIGN) % ALIGN);
@@ -557,6 +595,7 @@ out:
         fclose(fp);
     if (rc)
         unlink(tmp);
+    threadpool_free(pool);
     strbuf_free(&hdr);
     strbuf_free(&kvs);
     free(ts);

@@ -178,16 +178,17 @@ static cublasStatus_t lt_choose(struct cu_impl *im, struct cu_lt_plan *p,
     return CUBLAS_STATUS_SUCCESS;
 }
 
-/* y (t x n, f32) = xb (t x k, bf16) * w (n x k, bf16)^T. In cuBLAS's
- * column-major terms: C (n x t) = op(A) B with A = w stored k x n, op = T. */
+/* y (t x n, f32, rows ldc floats apart) = xb (t x k, bf16) * w (n x k,
+ * bf16)^T. In cuBLAS's column-major terms: C (n x t, leading dimension ldc)
+ * = op(A) B with A = w stored k x n, op = T. */
 static bool lt_matmul(struct cu_impl *im, const uint16_t *xb, int64_t t, int64_t k, const void *w,
-                      int64_t n, float *y)
+                      int64_t n, int64_t ldc, float *y)
 {
     pthread_mutex_lock(&im->lt_lock);
     struct cu_lt_plan *p = NULL;
     for (int i = 0; i < CU_LT_CACHE; i++)
         if (im->lt_plans[i].used && im->lt_plans[i].n == n && im->lt_plans[i].k == k &&
-            im->lt_plans[i].t == t)
+            im->lt_plans[i].t == t && im->lt_plans[i].ldc == ldc)
             p = &im->lt_plans[i];
     cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
     if (!p) {
@@ -197,6 +198,7 @@ static bool lt_matmul(struct cu_impl *im, const uint16_t *xb, int64_t t, int64_t
         p->n = n;
         p->k = k;
         p->t = t;
+        p->ldc = ldc;
         cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
         cublasLtMatmulPreference_t pref = NULL;
         size_t ws = im->lt_workspace_bytes;
@@ -205,7 +207,7 @@ static bool lt_matmul(struct cu_impl *im, const uint16_t *xb, int64_t t, int64_t
             (st = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb)) ||
             (st = cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, (uint64_t)k, (uint64_t)n, k)) ||
             (st = cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, (uint64_t)k, (uint64_t)t, k)) ||
-            (st = cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, (uint64_t)n, (uint64_t)t, n)) ||
+            (st = cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, (uint64_t)n, (uint64_t)t, ldc)) ||
             (st = cublasLtMatmulPreferenceCreate(&pref)) ||
             (st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                        &ws, sizeof ws)) ||
@@ -453,6 +455,31 @@ static void cu_kv_copy_slots(struct backend *be, struct kv_cache *kv, uint32_t s
 
 /* ---- execution ------------------------------------------------------------ */
 
+/* Block-quantized weights in prefill: CU_DEQUANT_BYTES of a matrix's rows at
+ * a time dequantized to bf16 (the CPU reference's values, rounded), each
+ * slice one cuBLASLt GEMM into its columns of y. 64 MB holds every matrix of
+ * a Llama-3.1-8B layer whole; an LM head takes a few slices. */
+#define CU_DEQUANT_BYTES ((size_t)64 << 20)
+
+static bool gemm_blocks(struct cu_impl *im, const struct cu_op *op, const struct cu_mat *m)
+{
+    int64_t k = op->u.mm.cols;
+    int64_t slice = (int64_t)(CU_DEQUANT_BYTES / 2 / (size_t)k);
+    slice = slice < 1 ? 1 : slice > m->rows ? m->rows : slice;
+    if (!scratch_grow(im, (void **)&im->wb, &im->wb_bytes, (size_t)(slice * k) * 2, true))
+        return false;
+    uint64_t rb = dtype_row_bytes((enum dtype)op->u.mm.dtype, (uint64_t)k);
+    for (int64_t r0 = 0; r0 < m->rows; r0 += slice) {
+        int64_t n = m->rows - r0 < slice ? m->rows - r0 : slice;
+        if (!CU_TRY(im, cu_launch_dequant_bf16(im->stream, op->u.mm.dtype,
+                                               (const uint8_t *)m->w + (uint64_t)r0 * rb, n, k,
+                                               im->wb)) ||
+            !lt_matmul(im, im->xb, op->n_rows, k, im->wb, n, m->rows, m->y + r0))
+            return false;
+    }
+    return true;
+}
+
 bool cu_exec_gemm(struct cu_impl *im, const struct cu_op *op)
 {
     int64_t n_x = (int64_t)op->n_rows * op->u.mm.cols;
@@ -460,9 +487,12 @@ bool cu_exec_gemm(struct cu_impl *im, const struct cu_op *op)
         return false;
     if (!CU_TRY(im, cu_launch_to_bf16(im->stream, op->u.mm.x, n_x, im->xb)))
         return false;
+    bool blocks = dtype_is_block((enum dtype)op->u.mm.dtype);
     for (int i = 0; i < op->u.mm.n; i++) {
         const struct cu_mat *m = &op->u.mm.m[i];
-        if (!lt_matmul(im, im->xb, op->n_rows, op->u.mm.cols, m->w, m->rows, m->y))
+        if (blocks ? !gemm_blocks(im, op, m)
+                   : !lt_matmul(im, im->xb, op->n_rows, op->u.mm.cols, m->w, m->rows, m->rows,
+                                m->y))
             return false;
         if (m->bias && !CU_TRY(im, cu_launch_bias_add(im->stream, m->y, m->bias, m->rows,
                                                       op->n_rows)))
@@ -606,7 +636,8 @@ static bool step_graphable(const struct cu_impl *im)
         if (per_token && op->n_rows > CU_GEMV_MAX_ROWS)
             return false;
         /* cuBLASLt's launches stay out of graphs */
-        if (op->kind == CU_MATMUL && im->fuse.fast && op->n_rows > im->fuse.gemv_max_rows)
+        if (op->kind == CU_MATMUL && im->fuse.fast && op->n_rows > im->fuse.gemv_max_rows &&
+            !dtype_is_block((enum dtype)op->u.mm.dtype))
             return false;
         if (op->kind == CU_ATTENTION && cu_attention_uses_prefill(op))
             return false;
@@ -1069,6 +1100,7 @@ static void cu_destroy(struct backend *be)
     cudaFreeHost(im->rec.arena);
     cudaFree(im->arena_dev);
     cudaFree(im->xb);
+    cudaFree(im->wb);
     cudaFree(im->attn_part);
     cudaFree(im->kvq_books);
     cudaFree(im->lt_workspace);
@@ -1255,6 +1287,9 @@ extern "C" int backend_cuda_create(int device, const struct backend_options *opt
     be->ops = opt->gpu_sampling == BACKEND_OFF ? &cuda_ops_host_sampling : &cuda_ops;
     be->mode = opt->mode;
     be->copy_weights = true;
+    /* Q8_0, Q4_K, Q6_K and MLX blocks stay blocks in device memory (qgemv.cu) */
+    be->block_weights = true;
+    be->block_types = cu_block_types();
     cb->mem_cap = opt->memory_cap_bytes;
     /* fast mode keeps K and V in fp16 (half the bytes attention reads) */
     be->kv_dtype = opt->kv_type == BACKEND_KV_F16 ? DTYPE_F16

@@ -137,7 +137,7 @@ struct cu_graph_entry {
 
 /* A cuBLASLt GEMM shape with its descriptors and chosen algorithm. */
 struct cu_lt_plan {
-    int64_t n, k, t;
+    int64_t n, k, t, ldc;
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t a, b, c;
     cublasLtMatmulAlgo_t algo;
@@ -180,6 +180,8 @@ struct cu_impl {
     /* Scratch. */
     uint16_t *xb;         /* device, bf16 activations for cuBLASLt; owned */
     size_t xb_bytes;
+    uint16_t *wb;         /* device, a block matrix's rows dequantized to bf16 for cuBLASLt; owned */
+    size_t wb_bytes;
     float *attn_part;     /* device, split-attention partials; owned */
     size_t attn_part_bytes;
 
@@ -296,6 +298,20 @@ cudaError_t cu_launch_moe_route(cudaStream_t s, const struct cu_op *op);
 cudaError_t cu_launch_moe_ffn(cudaStream_t s, const struct cu_op *op, const uint8_t *params,
                               bool round_bf16);
 cudaError_t cu_launch_gated_add(cudaStream_t s, const struct cu_op *op);
+/* Block-quantized weights (qgemv.cu). cu_block_types: the block types the
+ * kernels below take (bit 1 << dtype each: Q8_0, Q4_K, Q6_K and the MLX
+ * types), what the backend sets as block_types; the loader widens the others
+ * to F32. cu_launch_qgemv: the GEMV of cu_gemv_args for such a dtype (no
+ * folded RMSNorm; cu_launch_gemv hands it block dtypes), one warp per output
+ * row at every row count, its sum fixed by the row alone. The dequantizers
+ * write the CPU reference's values: rows x cols of w as bf16 (out, row-major)
+ * for cuBLASLt, and embedding rows (CU_EMBED of a block table) as f32. */
+extern "C" uint64_t cu_block_types(void);
+cudaError_t cu_launch_qgemv(const struct cu_device *dev, cudaStream_t s,
+                            const struct cu_gemv_args *a);
+cudaError_t cu_launch_dequant_bf16(cudaStream_t s, int dtype, const void *w, int64_t rows,
+                                   int64_t cols, uint16_t *out);
+cudaError_t cu_launch_embed_blocks(cudaStream_t s, const struct cu_op *op, const uint8_t *params);
 
 /* tensor_cores: prefill in fp16 on tensor cores (fast mode), else f32. */
 cudaError_t cu_launch_attention(cudaStream_t s, const struct cu_op *op, const uint8_t *params,

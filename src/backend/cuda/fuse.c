@@ -79,9 +79,14 @@ bool cu_attention_takes_qk(const struct cu_op *op, const struct cu_qk_args *qk)
            qk->kv.block_size == kv->block_size && qk->kv.n_blocks == kv->n_blocks;
 }
 
-/* Rule 3's split: the GEMV kernels, or cuBLASLt. */
+/* Rule 3's split: the GEMV kernels, or cuBLASLt. Block-quantized weights
+ * stream through their GEMV kernels up to CU_GEMV_MAX_ROWS rows (past two
+ * rows they still read a fraction of bf16's bytes); above, FAST mode
+ * dequantizes them to bf16 for cuBLASLt. */
 static bool uses_gemv(const struct cu_fuse_config *cfg, const struct cu_op *op)
 {
+    if (dtype_is_block((enum dtype)op->u.mm.dtype))
+        return !cfg->fast || op->n_rows <= CU_GEMV_MAX_ROWS;
     return !cfg->fast || op->n_rows <= cfg->gemv_max_rows || op->u.mm.dtype != DTYPE_BF16 ||
            op->u.mm.cols % 8 != 0;
 }

@@ -16,8 +16,9 @@
  *      default in EXACT mode: the folded sum of squares is reduced in another
  *      order than the RMSNorm kernel's, so a token's bits would depend on
  *      whether its step had more than CU_GEMV_MAX_ROWS rows.
- *   3. matmul: FAST-mode bf16 matmuls of more than CU_GEMV_MAX_ROWS rows go to
- *      cuBLASLt alone; the others (EXACT mode's at every row count, each
+ *   3. matmul: FAST-mode bf16 matmuls of more than gemv_max_rows rows (block-
+ *      quantized ones of more than CU_GEMV_MAX_ROWS, dequantized to bf16
+ *      first) go to cuBLASLt alone; the others (EXACT mode's at every row count, each
  *      output then reduced by one warp in column order) run on the GEMV
  *      kernels, with the op after folded in when it is the residual add of
  *      its single output (res += y, into another buffer) or the SwiGLU of

@@ -548,6 +548,8 @@ cudaError_t cu_launch_gemv(struct cu_device *dev, cudaStream_t s, const struct c
     int64_t n_units = a->pair ? a->m[0].rows : total;
     if (n_units == 0 || a->n_rows == 0)
         return cudaSuccess;
+    if (dtype_is_block((enum dtype)a->dtype))
+        return cu_launch_qgemv(dev, s, a);
     bool vec = a->dtype == DTYPE_BF16 && a->cols % 8 == 0;
     for (int i = 0; i < a->n_mat && vec; i++)
         vec = ((uintptr_t)a->m[i].w % 16) == 0;

@@ -35,6 +35,8 @@ static __global__ void embed_kernel(const void *table, int64_t dim, int dtype,
 
 cudaError_t cu_launch_embed(cudaStream_t s, const struct cu_op *op, const uint8_t *params)
 {
+    if (dtype_is_block((enum dtype)op->u.embed.dtype))
+        return cu_launch_embed_blocks(s, op, params);
     embed_kernel<<<op->n_rows, 256, 0, s>>>(op->u.embed.table, op->u.embed.cols, op->u.embed.dtype,
                                             (const int32_t *)(params + op->u.embed.tok_off),
                                             op->u.embed.out);

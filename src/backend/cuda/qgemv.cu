@@ -1,0 +1,487 @@
+/* backend/cuda/qgemv.cu — block-quantized weights on the GPU: GEMV kernels that stream Q8_0, Q4_K, Q6_K and MLX blocks and dequantize them in registers, bf16 tiles for cuBLASLt prefill, and embedding rows of block tables.
+ *
+ * Every type is read in chunks of 32 consecutive elements of a row (chunk c:
+ * elements [32c, 32c + 32)): a Q8_0 block, a 32-wide sub-block of Q4_K or
+ * Q6_K, a quarter, half or whole MLX group of 32/64/128. A chunk is loaded
+ * raw (load) and expanded into 32 floats (expand) by exactly the arithmetic
+ * of base/quant.c's dequantizers, rounding for rounding (__fmul_rn and
+ * __fadd_rn keep nvcc from fusing what the C code computes in two steps), so
+ * an embedding row and a dequantized tile hold the CPU reference's values. */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "backend/cuda/cuda_internal.h"
+
+#define QGEMV_THREADS 256
+#define QGEMV_WARPS (QGEMV_THREADS / 32)
+/* chunks per lane loaded before any is used: each warp keeps about 2.5 KB of
+ * one row in flight (Q4_K), enough with 64 warps per SM to cover HBM latency */
+#define QGEMV_UNROLL 2
+
+static __device__ __forceinline__ float warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+static __device__ __forceinline__ uint32_t ld_u16(const uint8_t *p)
+{
+    return __ldg((const unsigned short *)p);
+}
+
+static __device__ __forceinline__ uint32_t ld_u32(const uint8_t *p)
+{
+    return __ldg((const unsigned int *)p);
+}
+
+static __device__ __forceinline__ float half_bits(uint32_t h)
+{
+    return __half2float(__ushort_as_half((unsigned short)(h & 0xffffu)));
+}
+
+static __device__ __forceinline__ float bf16_bits(uint32_t h) { return __uint_as_float(h << 16); }
+
+/* 32 bytes at a 2-byte-aligned p as 8 little-endian words: aligned loads
+ * shifted into place, never reading outside [p, p + 32). */
+static __device__ __forceinline__ void ld32_at2(const uint8_t *p, uint32_t out[8])
+{
+    const uintptr_t a = (uintptr_t)p;
+    const uint8_t *base = (const uint8_t *)(a & ~(uintptr_t)3);
+    const uint32_t sh = (uint32_t)(a & 3) * 8; /* 0 or 16 */
+    uint32_t w[9];
+    if (sh == 0) {
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            w[i] = ld_u32(base + 4 * i);
+        w[8] = 0;
+    } else {
+        w[0] = ld_u16(p) << 16; /* the half word of base below p is not ours to read */
+#pragma unroll
+        for (int i = 1; i < 8; i++)
+            w[i] = ld_u32(base + 4 * i);
+        w[8] = ld_u16(base + 32);
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        out[i] = __funnelshift_r(w[i], w[i + 1], sh);
+}
+
+/* ---- the types ----------------------------------------------------------- */
+
+template <int T> struct qtype;
+
+/* Q8_0: d, int8 q[32]; x = q * d. */
+template <> struct qtype<DTYPE_Q8_0> {
+    struct raw {
+        uint32_t d, q[8];
+    };
+    static __device__ __forceinline__ uint64_t row_bytes(int64_t cols, int) { return (uint64_t)cols / 32 * 34; }
+    static __device__ __forceinline__ void load(const uint8_t *row, int64_t c, int, raw &r)
+    {
+        const uint8_t *b = row + c * 34;
+        r.d = ld_u16(b);
+        ld32_at2(b + 2, r.q);
+    }
+    static __device__ __forceinline__ void expand(const raw &r, int64_t, int, float v[32])
+    {
+        float d = half_bits(r.d);
+#pragma unroll
+        for (int i = 0; i < 32; i++)
+            v[i] = __fmul_rn((float)(int8_t)(r.q[i / 4] >> (8 * (i % 4))), d);
+    }
+};
+
+/* Q4_K: d, dmin, 12 bytes of 6-bit scales and mins, qs[128]; sub-block j
+ * (32 elements) is the low (even j) or high nibbles of qs[32 * (j / 2) ...],
+ * x = d * sc * q - dmin * m. Blocks of 144 bytes stay 16-byte aligned. */
+template <> struct qtype<DTYPE_Q4_K> {
+    struct raw {
+        uint4 head, qs[2];
+    };
+    static __device__ __forceinline__ uint64_t row_bytes(int64_t cols, int) { return (uint64_t)cols / 256 * 144; }
+    static __device__ __forceinline__ void load(const uint8_t *row, int64_t c, int, raw &r)
+    {
+        const uint8_t *b = row + (c >> 3) * 144;
+        const int j = (int)(c & 7);
+        r.head = __ldg((const uint4 *)b);
+        const uint4 *q = (const uint4 *)(b + 16 + 32 * (j >> 1));
+        r.qs[0] = __ldg(q);
+        r.qs[1] = __ldg(q + 1);
+    }
+    static __device__ __forceinline__ void expand(const raw &r, int64_t c, int, float v[32])
+    {
+        const int j = (int)(c & 7);
+        uint8_t sc[12];
+        const uint32_t hw[3] = {r.head.y, r.head.z, r.head.w};
+#pragma unroll
+        for (int i = 0; i < 12; i++)
+            sc[i] = (uint8_t)(hw[i / 4] >> (8 * (i % 4)));
+        uint32_t s, m;
+        if (j < 4) {
+            s = sc[j] & 63;
+            m = sc[j + 4] & 63;
+        } else {
+            s = (sc[j + 4] & 15) | (sc[j - 4] >> 6) << 4;
+            m = (sc[j + 4] >> 4) | (sc[j] >> 6) << 4;
+        }
+        float d1 = __fmul_rn(half_bits(r.head.x), (float)s);
+        float m1 = __fmul_rn(half_bits(r.head.x >> 16), (float)m);
+        const uint32_t q[8] = {r.qs[0].x, r.qs[0].y, r.qs[0].z, r.qs[0].w,
+                               r.qs[1].x, r.qs[1].y, r.qs[1].z, r.qs[1].w};
+        const int sh = (j & 1) * 4;
+#pragma unroll
+        for (int i = 0; i < 32; i++)
+            v[i] = __fsub_rn(__fmul_rn(d1, (float)((q[i / 4] >> (8 * (i % 4) + sh)) & 15)), m1);
+    }
+};
+
+/* Q6_K: ql[128], qh[64], int8 scales[16], d; chunk k of a block is half
+ * h = k / 4, quarter g = k % 4: low bits from ql[64h + 32(g & 1) + l] (high
+ * nibble when g & 2), high bits (qh[32h + l] >> 2g) & 3, scale
+ * scales[8h + 2g + l / 16]; x = d * scale * (q - 32). */
+template <> struct qtype<DTYPE_Q6_K> {
+    struct raw {
+        uint32_t ql[8], qh[8], sc, d;
+    };
+    static __device__ __forceinline__ uint64_t row_bytes(int64_t cols, int) { return (uint64_t)cols / 256 * 210; }
+    static __device__ __forceinline__ void load(const uint8_t *row, int64_t c, int, raw &r)
+    {
+        const uint8_t *b = row + (c >> 3) * 210;
+        const int k = (int)(c & 7), h = k >> 2, g = k & 3;
+        ld32_at2(b + 64 * h + 32 * (g & 1), r.ql);
+        ld32_at2(b + 128 + 32 * h, r.qh);
+        r.sc = ld_u16(b + 192 + 8 * h + 2 * g);
+        r.d = ld_u16(b + 208);
+    }
+    static __device__ __forceinline__ void expand(const raw &r, int64_t c, int, float v[32])
+    {
+        const int g = (int)(c & 3);
+        const float d = half_bits(r.d);
+        const float ds[2] = {__fmul_rn(d, (float)(int8_t)(r.sc & 0xff)),
+                             __fmul_rn(d, (float)(int8_t)(r.sc >> 8))};
+        const int lsh = (g & 2) ? 4 : 0;
+#pragma unroll
+        for (int i = 0; i < 32; i++) {
+            uint32_t lo = (r.ql[i / 4] >> (8 * (i % 4) + lsh)) & 15;
+            uint32_t hi = (r.qh[i / 4] >> (8 * (i % 4) + 2 * g)) & 3;
+            v[i] = __fmul_rn(ds[i / 16], (float)((int)(lo | hi << 4) - 32));
+        }
+    }
+};
+
+/* MLX affine groups of BITS bits: scale, bias (BF16, F16 or F32), then the
+ * group's packed words; x = scale * q + bias. The group size and the scale
+ * type come from the dtype at run time (the dtype order of base/dtype.h). */
+template <int BITS> struct qmlx {
+    struct raw {
+        uint32_t s, b, w[BITS];
+    };
+    static __device__ __forceinline__ int group(int dt) { return 32 << ((dt - DTYPE_MLX4_G32_BF16) / 3 % 3); }
+    static __device__ __forceinline__ int skind(int dt) { return (dt - DTYPE_MLX4_G32_BF16) % 3; }
+    static __device__ __forceinline__ int block_bytes(int dt)
+    {
+        return (skind(dt) == 2 ? 8 : 4) + group(dt) * BITS / 8;
+    }
+    static __device__ __forceinline__ uint64_t row_bytes(int64_t cols, int dt)
+    {
+        return (uint64_t)(cols / group(dt)) * (uint64_t)block_bytes(dt);
+    }
+    static __device__ __forceinline__ void load(const uint8_t *row, int64_t c, int dt, raw &r)
+    {
+        const int per = group(dt) / 32; /* chunks per group */
+        const int64_t gi = c / per;
+        const int part = (int)(c - gi * per);
+        const uint8_t *b = row + gi * block_bytes(dt);
+        const int hb = skind(dt) == 2 ? 8 : 4;
+        r.s = ld_u32(b);
+        r.b = hb == 8 ? ld_u32(b + 4) : r.s >> 16;
+        const uint8_t *q = b + hb + part * (4 * BITS);
+#pragma unroll
+        for (int i = 0; i < BITS; i++)
+            r.w[i] = ld_u32(q + 4 * i);
+    }
+    static __device__ __forceinline__ void expand(const raw &r, int64_t, int dt, float v[32])
+    {
+        const int k = skind(dt);
+        const float s = k == 2 ? __uint_as_float(r.s) : k == 0 ? bf16_bits(r.s & 0xffffu) : half_bits(r.s);
+        const float b = k == 2 ? __uint_as_float(r.b) : k == 0 ? bf16_bits(r.b & 0xffffu) : half_bits(r.b);
+        constexpr uint32_t mask = (1u << BITS) - 1;
+#pragma unroll
+        for (int i = 0; i < 32; i++)
+            v[i] = __fadd_rn(__fmul_rn(s, (float)((r.w[i * BITS / 32] >> (i * BITS % 32)) & mask)), b);
+    }
+};
+template <> struct qtype<DTYPE_MLX4_G32_BF16> : qmlx<4> {};
+template <> struct qtype<DTYPE_MLX8_G32_BF16> : qmlx<8> {};
+
+/* ---- GEMV ------------------------------------------------------------------
+ *
+ * One warp per output row (unit), its lanes taking chunks lane, lane + 32, ...
+ * in order and the warp's partial sums reduced by one butterfly: a row's sum
+ * is fixed by the row alone, whatever the token count or tile, so EXACT mode's
+ * batch invariance holds on every row count. Up to TT token rows share each
+ * loaded chunk; a launch of more rows tiles them over blockIdx.y. Epilogues
+ * as gemv.cu's: bias, the residual add, the SwiGLU pair. x is read through
+ * L1 (a few KB per token, shared by every warp of an SM). */
+template <int T, int TT, int NP>
+static __global__ void __launch_bounds__(QGEMV_THREADS)
+qgemv_kernel(struct cu_gemv_args a, int64_t n_units)
+{
+    typedef qtype<T> Q;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const int64_t unit = (int64_t)blockIdx.x * QGEMV_WARPS + warp;
+    if (unit >= n_units)
+        return;
+    const int t0 = blockIdx.y * TT;
+    const int nt = a.n_rows - t0 < TT ? a.n_rows - t0 : TT;
+    const int64_t cols = a.cols, nchunk = cols / 32;
+    const int dt = a.dtype;
+    const uint64_t rb = Q::row_bytes(cols, dt);
+
+    int m = 0;
+    int64_t lr = unit;
+    if (NP == 1)
+        while (m + 1 < a.n_mat && lr >= a.m[m].rows) {
+            lr -= a.m[m].rows;
+            m++;
+        }
+    const uint8_t *wrow[NP];
+#pragma unroll
+    for (int p = 0; p < NP; p++)
+        wrow[p] = (const uint8_t *)a.m[NP == 1 ? m : p].w + (uint64_t)lr * rb;
+    const float *x0 = a.x + (int64_t)t0 * cols;
+
+    float acc[NP][TT];
+#pragma unroll
+    for (int p = 0; p < NP; p++)
+#pragma unroll
+        for (int t = 0; t < TT; t++)
+            acc[p][t] = 0.0f;
+
+    for (int64_t c0 = lane; c0 < nchunk; c0 += 32 * QGEMV_UNROLL) {
+        typename Q::raw r[QGEMV_UNROLL][NP];
+#pragma unroll
+        for (int u = 0; u < QGEMV_UNROLL; u++) {
+            int64_t c = c0 + 32 * u;
+            if (c < nchunk)
+#pragma unroll
+                for (int p = 0; p < NP; p++)
+                    Q::load(wrow[p], c, dt, r[u][p]);
+        }
+#pragma unroll
+        for (int u = 0; u < QGEMV_UNROLL; u++) {
+            int64_t c = c0 + 32 * u;
+            if (c >= nchunk)
+                break;
+#pragma unroll
+            for (int p = 0; p < NP; p++) {
+                float v[32];
+                Q::expand(r[u][p], c, dt, v);
+#pragma unroll
+                for (int t = 0; t < TT; t++) {
+                    if (t < nt) {
+                        const float4 *xp = (const float4 *)(x0 + t * cols + c * 32);
+                        float s = 0.0f;
+#pragma unroll
+                        for (int i = 0; i < 8; i++) {
+                            float4 xv = __ldg(xp + i);
+                            s = fmaf(v[4 * i], xv.x, s);
+                            s = fmaf(v[4 * i + 1], xv.y, s);
+                            s = fmaf(v[4 * i + 2], xv.z, s);
+                            s = fmaf(v[4 * i + 3], xv.w, s);
+                        }
+                        acc[p][t] += s;
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int p = 0; p < NP; p++)
+#pragma unroll
+        for (int t = 0; t < TT; t++)
+            acc[p][t] = warp_sum(acc[p][t]);
+    if (lane != 0)
+        return;
+    if (NP == 2) {
+        const int64_t rows = a.m[0].rows;
+        for (int t = 0; t < nt; t++) {
+            float g = acc[0][t], u = acc[NP - 1][t];
+            int64_t idx = (int64_t)(t0 + t) * rows + lr;
+            a.m[0].y[idx] = g / (1.0f + expf(-g)) * u;
+            a.m[NP - 1].y[idx] = u;
+        }
+        return;
+    }
+    const int64_t rows = a.m[m].rows;
+    const float bias = a.m[m].bias ? a.m[m].bias[lr] : 0.0f;
+    for (int t = 0; t < nt; t++) {
+        float v = acc[0][t] + bias;
+        int64_t idx = (int64_t)(t0 + t) * rows + lr;
+        a.m[m].y[idx] = v;
+        if (a.res)
+            a.res[idx] += v;
+    }
+}
+
+template <int T, int NP>
+static cudaError_t qgemv_np(cudaStream_t s, const struct cu_gemv_args *a, int64_t n_units)
+{
+    dim3 block(QGEMV_THREADS);
+    unsigned gx = (unsigned)((n_units + QGEMV_WARPS - 1) / QGEMV_WARPS);
+    if (a->n_rows == 1)
+        qgemv_kernel<T, 1, NP><<<dim3(gx, 1), block, 0, s>>>(*a, n_units);
+    else if (a->n_rows == 2)
+        qgemv_kernel<T, 2, NP><<<dim3(gx, 1), block, 0, s>>>(*a, n_units);
+    else if (a->n_rows <= 4)
+        qgemv_kernel<T, 4, NP><<<dim3(gx, 1), block, 0, s>>>(*a, n_units);
+    else
+        qgemv_kernel<T, 8, NP><<<dim3(gx, (unsigned)((a->n_rows + 7) / 8)), block, 0, s>>>(
+            *a, n_units);
+    return cudaGetLastError();
+}
+
+template <int T>
+static cudaError_t qgemv_type(cudaStream_t s, const struct cu_gemv_args *a, int64_t n_units)
+{
+    return a->pair ? qgemv_np<T, 2>(s, a, n_units) : qgemv_np<T, 1>(s, a, n_units);
+}
+
+/* The kernel family of block type dt: T of qtype<T>, or -1. */
+static int family(int dt)
+{
+    if (dt == DTYPE_Q8_0 || dt == DTYPE_Q4_K || dt == DTYPE_Q6_K)
+        return dt;
+    if (dtype_is_mlx((enum dtype)dt))
+        return dtype_mlx_bits((enum dtype)dt) == 4 ? DTYPE_MLX4_G32_BF16 : DTYPE_MLX8_G32_BF16;
+    return -1;
+}
+
+/* Alignment each family's loads need of a row's start. */
+static size_t family_align(int fam)
+{
+    return fam == DTYPE_Q4_K ? 16 : fam == DTYPE_Q8_0 || fam == DTYPE_Q6_K ? 2 : 4;
+}
+
+extern "C" uint64_t cu_block_types(void)
+{
+    uint64_t set = 0;
+    for (int t = 0; t < DTYPE_COUNT; t++)
+        if (dtype_is_block((enum dtype)t) && family(t) >= 0)
+            set |= 1ull << t;
+    return set;
+}
+
+/* Rows of a block matrix start where its kernels can load them. */
+static bool rows_aligned(const void *w, int dt, int64_t cols)
+{
+    size_t al = family_align(family(dt));
+    return (uintptr_t)w % al == 0 && dtype_row_bytes((enum dtype)dt, (uint64_t)cols) % al == 0;
+}
+
+cudaError_t cu_launch_qgemv(const struct cu_device *dev, cudaStream_t s,
+                            const struct cu_gemv_args *a)
+{
+    (void)dev;
+    int64_t total = 0;
+    for (int i = 0; i < a->n_mat; i++)
+        total += a->m[i].rows;
+    int64_t n_units = a->pair ? a->m[0].rows : total;
+    if (n_units == 0 || a->n_rows == 0)
+        return cudaSuccess;
+    int fam = family(a->dtype);
+    /* the planner folds no RMSNorm into a quantized GEMV (fuse.c, rule 2) */
+    if (fam < 0 || a->norm_w || a->cols % 32 || (uintptr_t)a->x % 16)
+        return cudaErrorNotSupported;
+    for (int i = 0; i < a->n_mat; i++)
+        if (!rows_aligned(a->m[i].w, a->dtype, a->cols))
+            return cudaErrorMisalignedAddress;
+    switch (fam) {
+    case DTYPE_Q8_0: return qgemv_type<DTYPE_Q8_0>(s, a, n_units);
+    case DTYPE_Q4_K: return qgemv_type<DTYPE_Q4_K>(s, a, n_units);
+    case DTYPE_Q6_K: return qgemv_type<DTYPE_Q6_K>(s, a, n_units);
+    case DTYPE_MLX4_G32_BF16: return qgemv_type<DTYPE_MLX4_G32_BF16>(s, a, n_units);
+    default: return qgemv_type<DTYPE_MLX8_G32_BF16>(s, a, n_units);
+    }
+}
+
+/* ---- whole rows: bf16 tiles and embedding rows ---------------------------- */
+
+/* Rows [0, rows) of w dequantized, one thread per chunk: as bf16 (rounded to
+ * nearest even) into out_bf16, or as f32 into out_f32 (then row r of w is
+ * rows_idx[r] when rows_idx is given). */
+template <int T>
+static __global__ void qrows_kernel(const uint8_t *w, int dt, int64_t rows, int64_t cols,
+                                    const int32_t *rows_idx, uint16_t *out_bf16, float *out_f32)
+{
+    typedef qtype<T> Q;
+    const int64_t nchunk = cols / 32;
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * nchunk)
+        return;
+    const int64_t r = i / nchunk, c = i - r * nchunk;
+    const int64_t src = rows_idx ? rows_idx[r] : r;
+    typename Q::raw raw;
+    Q::load(w + (uint64_t)src * Q::row_bytes(cols, dt), c, dt, raw);
+    float v[32];
+    Q::expand(raw, c, dt, v);
+    if (out_f32) {
+        float4 *o = (float4 *)(out_f32 + r * cols + c * 32);
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            o[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
+        return;
+    }
+    uint32_t packed[16];
+#pragma unroll
+    for (int k = 0; k < 16; k++)
+        packed[k] = (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(v[2 * k])) |
+                    (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(v[2 * k + 1])) << 16;
+    uint4 *o = (uint4 *)(out_bf16 + r * cols + c * 32);
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+        o[k] = make_uint4(packed[4 * k], packed[4 * k + 1], packed[4 * k + 2], packed[4 * k + 3]);
+}
+
+template <int T>
+static cudaError_t qrows_type(cudaStream_t s, const void *w, int dt, int64_t rows, int64_t cols,
+                              const int32_t *idx, uint16_t *ob, float *of)
+{
+    int64_t n = rows * (cols / 32);
+    unsigned grid = (unsigned)((n + 255) / 256);
+    qrows_kernel<T><<<grid, 256, 0, s>>>((const uint8_t *)w, dt, rows, cols, idx, ob, of);
+    return cudaGetLastError();
+}
+
+static cudaError_t qrows(cudaStream_t s, const void *w, int dt, int64_t rows, int64_t cols,
+                         const int32_t *idx, uint16_t *ob, float *of)
+{
+    if (rows <= 0)
+        return cudaSuccess;
+    int fam = family(dt);
+    if (fam < 0 || cols % 32)
+        return cudaErrorNotSupported;
+    if (!rows_aligned(w, dt, cols))
+        return cudaErrorMisalignedAddress;
+    switch (fam) {
+    case DTYPE_Q8_0: return qrows_type<DTYPE_Q8_0>(s, w, dt, rows, cols, idx, ob, of);
+    case DTYPE_Q4_K: return qrows_type<DTYPE_Q4_K>(s, w, dt, rows, cols, idx, ob, of);
+    case DTYPE_Q6_K: return qrows_type<DTYPE_Q6_K>(s, w, dt, rows, cols, idx, ob, of);
+    case DTYPE_MLX4_G32_BF16:
+        return qrows_type<DTYPE_MLX4_G32_BF16>(s, w, dt, rows, cols, idx, ob, of);
+    default: return qrows_type<DTYPE_MLX8_G32_BF16>(s, w, dt, rows, cols, idx, ob, of);
+    }
+}
+
+cudaError_t cu_launch_dequant_bf16(cudaStream_t s, int dtype, const void *w, int64_t rows,
+                                   int64_t cols, uint16_t *out)
+{
+    return qrows(s, w, dtype, rows, cols, NULL, out, NULL);
+}
+
+cudaError_t cu_launch_embed_blocks(cudaStream_t s, const struct cu_op *op, const uint8_t *params)
+{
+    return qrows(s, op->u.embed.table, op->u.embed.dtype, op->n_rows, op->u.embed.cols,
+                 (const int32_t *)(params + op->u.embed.tok_off), NULL, op->u.embed.out);
+}

@@ -1,0 +1,348 @@
+/* tests/unit/test_cuda_quant.c — block-quantized weights on the GPU: each type's GEMV and prefill GEMM against the CPU reference dot product, embedding rows equal to the reference dequantizer's, and tiny GGUF and MLX models' logits on CUDA against the CPU's dequantized reference, with graph replay equal to eager launches. Skipped, saying why, without a GPU. */
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda.h"
+#include "base/quant.h"
+#include "engine/generate.h"
+#include "kv/kv.h"
+#include "model/model.h"
+#include "tools/gguf_write.h"
+#include "tools/mkmodel.h"
+#include "tools/mlx_write.h"
+#include "test_support.h"
+
+static void skip_without_gpu(void)
+{
+    if (!backend_cuda_compiled())
+        cr_skip_test("inferd was built without CUDA: quantized CUDA kernels not checked");
+    if (backend_cuda_device_count() == 0)
+        cr_skip_test("no CUDA GPU on this machine: quantized CUDA kernels not checked");
+}
+
+static struct backend *cuda(enum compute_mode mode, enum backend_switch graphs)
+{
+    struct backend *be;
+    struct err err = {0};
+    struct backend_options opt = {.mode = mode, .cuda_graphs = graphs};
+    cr_assert_eq(backend_cuda_create(0, &opt, &be, &err), 0, "%s", err.msg);
+    return be;
+}
+
+static void fill(float *x, int64_t n, uint32_t seed)
+{
+    for (int64_t i = 0; i < n; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        x[i] = (float)((int32_t)(seed >> 8) - (1 << 23)) / (float)(1 << 23);
+    }
+}
+
+/* Q8_0, Q4_K and Q6_K (a Q4_K_M file's types) and every MLX type. */
+static int kernel_types(enum dtype *out)
+{
+    int n = 0;
+    out[n++] = DTYPE_Q8_0;
+    out[n++] = DTYPE_Q4_K;
+    out[n++] = DTYPE_Q6_K;
+    for (int t = DTYPE_MLX4_G32_BF16; t <= DTYPE_MLX8_G128_F32; t++)
+        out[n++] = (enum dtype)t;
+    return n;
+}
+
+static void *upload(struct backend *be, const void *host, size_t bytes)
+{
+    void *d = be->ops->alloc(be, bytes);
+    cr_assert_not_null(d);
+    be->ops->to_device(be, d, host, bytes);
+    return d;
+}
+
+/* y = x w^T through the backend's matmul on a block matrix (rows x cols,
+ * quantized from random values with the reference quantizer), against the
+ * reference in double over the reference dequantizer's weights.
+ *
+ * Tolerance, per output: the GEMV sums the same f32 products as the
+ * reference, in another order, so |dy| <= K u sum|w x| (K = cols, u = 2^-24:
+ * the worst-case bound of a recursive f32 sum, 3e-5 of sum|w x| at K = 512).
+ * FAST mode's prefill GEMM (more than 8 rows) multiplies bf16 roundings of
+ * both w and x (each within 2^-9 relative): 2^-8 sum|w x| more. */
+static void check_type(struct backend *be, enum dtype t, int n_tok, bool fast)
+{
+    const int64_t rows = 96, cols = 512;
+    uint64_t rb = dtype_row_bytes(t, (uint64_t)cols);
+    float *w = malloc((size_t)(rows * cols) * sizeof *w), *wd = malloc((size_t)(rows * cols) * 4);
+    float *x = malloc((size_t)(n_tok * cols) * sizeof *x), *bias = malloc((size_t)rows * 4);
+    float *y = malloc((size_t)(n_tok * rows) * sizeof *y);
+    uint8_t *q = malloc((size_t)(rb * (uint64_t)rows));
+    fill(w, rows * cols, (uint32_t)t * 7 + 1);
+    fill(x, n_tok * cols, (uint32_t)n_tok + 99);
+    fill(bias, rows, 5);
+    for (int64_t r = 0; r < rows; r++) {
+        quant_quantize_row(t, w + r * cols, q + (uint64_t)r * rb, cols);
+        quant_dequantize_row(t, q + (uint64_t)r * rb, wd + r * cols, cols);
+    }
+    struct weight_matrix m = {.dtype = t, .rows = rows, .cols = cols};
+    m.data = upload(be, q, (size_t)(rb * (uint64_t)rows));
+    float *xd = upload(be, x, (size_t)(n_tok * cols) * 4), *bd = upload(be, bias, (size_t)rows * 4);
+    float *yd = be->ops->alloc(be, (size_t)(n_tok * rows) * 4);
+    be->ops->matmul(be, xd, n_tok, &m, bd, yd);
+    be->ops->to_host(be, y, yd, (size_t)(n_tok * rows) * 4);
+    struct err err = {0};
+    cr_assert_eq(be->ops->status(be, &err), 0, "%s: %s", dtype_name(t), err.msg);
+    double K = (double)cols, u = 0x1p-24, worst = 0;
+    for (int i = 0; i < n_tok; i++)
+        for (int64_t r = 0; r < rows; r++) {
+            double ref = bias[r], mag = 0;
+            for (int64_t c = 0; c < cols; c++) {
+                ref += (double)wd[r * cols + c] * x[i * cols + c];
+                mag += fabs((double)wd[r * cols + c] * x[i * cols + c]);
+            }
+            double tol = K * u * mag + (fast && n_tok > 8 ? 0x1p-8 * mag : 0) + 1e-6;
+            double d = fabs(y[i * rows + r] - ref);
+            worst = fmax(worst, d / tol);
+            cr_assert_leq(d, tol, "%s, %d tokens (%s): y[%d, %lld] = %.7g, reference %.7g",
+                          dtype_name(t), n_tok, fast ? "fast" : "exact", i, (long long)r,
+                          y[i * rows + r], ref);
+        }
+    cr_log_info("%s, %d tokens (%s): worst error %.3f of the bound", dtype_name(t), n_tok,
+                fast ? "fast" : "exact", worst);
+    be->ops->release(be, (void *)m.data);
+    be->ops->release(be, xd);
+    be->ops->release(be, bd);
+    be->ops->release(be, yd);
+    free(w);
+    free(wd);
+    free(x);
+    free(bias);
+    free(y);
+    free(q);
+}
+
+Test(cuda_quant, every_kernel_type_matches_the_reference_dot_product, .timeout = 300)
+{
+    skip_without_gpu();
+    enum dtype types[32];
+    int n = kernel_types(types);
+    static const int tokens[] = {1, 2, 3, 8, 20};
+    for (int mode = 0; mode < 2; mode++) {
+        struct backend *be = cuda(mode ? COMPUTE_FAST : COMPUTE_EXACT, BACKEND_DEFAULT);
+        cr_assert(be->block_weights);
+        for (int i = 0; i < n; i++) {
+            cr_assert(backend_takes_blocks(be, types[i]), "%s", dtype_name(types[i]));
+            for (int k = 0; k < 5; k++)
+                check_type(be, types[i], tokens[k], mode == 1);
+        }
+        backend_destroy(be);
+    }
+}
+
+/* Embedding rows of a block table hold exactly the reference dequantizer's values. */
+Test(cuda_quant, embedding_rows_are_the_reference_dequantizers_values)
+{
+    skip_without_gpu();
+    struct backend *be = cuda(COMPUTE_EXACT, BACKEND_DEFAULT);
+    enum dtype types[32];
+    int n = kernel_types(types);
+    const int64_t rows = 40, cols = 256;
+    int32_t tok[5] = {3, 0, 39, 3, 17};
+    for (int i = 0; i < n; i++) {
+        enum dtype t = types[i];
+        uint64_t rb = dtype_row_bytes(t, (uint64_t)cols);
+        float *w = malloc((size_t)(rows * cols) * 4), *want = malloc((size_t)cols * 4);
+        float *got = malloc((size_t)(5 * cols) * 4);
+        uint8_t *q = malloc((size_t)(rb * (uint64_t)rows));
+        fill(w, rows * cols, 77 + (uint32_t)t);
+        for (int64_t r = 0; r < rows; r++)
+            quant_quantize_row(t, w + r * cols, q + (uint64_t)r * rb, cols);
+        struct weight_matrix m = {.dtype = t, .rows = rows, .cols = cols};
+        m.data = upload(be, q, (size_t)(rb * (uint64_t)rows));
+        float *out = be->ops->alloc(be, (size_t)(5 * cols) * 4);
+        be->ops->embed(be, &m, tok, 5, out);
+        be->ops->to_host(be, got, out, (size_t)(5 * cols) * 4);
+        struct err err = {0};
+        cr_assert_eq(be->ops->status(be, &err), 0, "%s", err.msg);
+        for (int k = 0; k < 5; k++) {
+            quant_dequantize_row(t, q + (uint64_t)tok[k] * rb, want, cols);
+            cr_assert_eq(memcmp(want, got + k * cols, (size_t)cols * 4), 0,
+                         "%s: row %d differs from the reference", dtype_name(t), tok[k]);
+        }
+        be->ops->release(be, (void *)m.data);
+        be->ops->release(be, out);
+        free(w);
+        free(want);
+        free(got);
+        free(q);
+    }
+    backend_destroy(be);
+}
+
+/* ---------------------------------------------------------------- models */
+
+static const struct mkmodel_preset shape = {
+    .name = "cuda-quant", .arch = "llama", .vocab_size = 512, .hidden_size = 256,
+    .intermediate_size = 768, .n_layers = 2, .n_heads = 4, .n_kv_heads = 1, .head_dim = 64,
+    .max_position_embeddings = 2048, .tie_word_embeddings = false, .rope_theta = "10000.0",
+    .rms_norm_eps = "1e-05", .rope = MKMODEL_ROPE_NONE, .dtype = DTYPE_BF16, .bos_token_id = 1,
+    .eos_token_ids = {2}, .n_eos = 1, .gen_eos_token_ids = {2}, .n_gen_eos = 1,
+    .pad_token_id = -1};
+
+struct loaded {
+    struct backend *be;
+    struct model *m;
+    struct kv_pool *pool;
+    struct forward_state *st;
+};
+
+static void load(struct backend *be, const char *path, struct loaded *l)
+{
+    struct err err = {0};
+    l->be = be;
+    cr_assert_eq(model_load(path, be, &l->m, &err), 0, "%s: %s", path, err.msg);
+    cr_assert_eq(kv_pool_create(l->m, be, 8, 16, &l->pool, &err), 0, "%s", err.msg);
+    cr_assert_eq(forward_state_create(l->m, 64, &l->st, &err), 0, "%s", err.msg);
+}
+
+static void unload(struct loaded *l)
+{
+    forward_state_free(l->st);
+    kv_pool_free(l->pool);
+    model_free(l->m);
+    backend_destroy(l->be);
+}
+
+/* Logits of every position of a made-up prompt of n tokens, then of one
+ * decode step after it (n + 1 rows). */
+static float *logits_of(struct loaded *l, int n)
+{
+    int V = l->m->config.vocab_size;
+    int32_t tokens[64];
+    for (int i = 0; i <= n; i++)
+        tokens[i] = (int32_t)((i * 37 + 11) % V);
+    uint32_t blocks[4] = {0, 1, 2, 3};
+    float *logits = malloc((size_t)(n + 1) * (size_t)V * sizeof *logits);
+    struct err err = {0};
+    struct batch_seq seq = {tokens, n, 0, blocks, 4, true, false};
+    struct batch batch = {&seq, 1};
+    cr_assert_eq(model_forward(l->m, l->st, &l->pool->cache, &batch, logits, &err), 0, "%s",
+                 err.msg);
+    struct batch_seq one = {tokens + n, 1, n, blocks, 4, true, false};
+    struct batch b1 = {&one, 1};
+    cr_assert_eq(model_forward(l->m, l->st, &l->pool->cache, &b1, logits + (size_t)n * V, &err),
+                 0, "%s", err.msg);
+    return logits;
+}
+
+/* A tiny model's file on CUDA against the CPU's forward of the same weights
+ * dequantized to F32 (the CPU backend told to take no blocks). EXACT mode:
+ * f32 activations on both sides and weights dequantized to the same values,
+ * so only summation orders differ (measured on the CPU alone: ~1e-5 of the
+ * logits' rms); we allow 1e-3 for the GPU's other reduction trees in norms
+ * and attention. FAST mode: bf16 activations into every product (2^-9
+ * relative each) and, for the 20-token prefill, bf16 weights in the GEMM:
+ * about 2^-8 per product through 2 layers' 4 products and the head, ~1% of
+ * rms; we allow 3%. */
+static void check_model(const char *path, const char *what)
+{
+    for (int mode = 0; mode < 2; mode++) {
+        struct backend *cpu;
+        struct err err = {0};
+        cr_assert_eq(backend_cpu_create(&(struct backend_options){.threads = 2}, &cpu, &err), 0);
+        cpu->block_weights = false;
+        struct loaded ref, q;
+        load(cpu, path, &ref);
+        load(cuda(mode ? COMPUTE_FAST : COMPUTE_EXACT, BACKEND_DEFAULT), path, &q);
+        cr_assert(dtype_is_block(q.m->weights.layers[0].w_down.dtype),
+                  "%s: blocks stay blocks on the GPU", what);
+        for (int n = 3; n <= 20; n += 17) {
+            int V = q.m->config.vocab_size;
+            float *a = logits_of(&q, n), *r = logits_of(&ref, n);
+            double worst = 0, sq = 0, dsq = 0;
+            for (int i = 0; i < (n + 1) * V; i++) {
+                cr_assert(isfinite(a[i]));
+                double e = (double)a[i] - r[i];
+                worst = fmax(worst, fabs(e));
+                sq += (double)r[i] * r[i];
+                dsq += e * e;
+            }
+            double rel = sqrt(dsq / sq), tol = mode ? 0.03 : 1e-3;
+            cr_log_info("%s %s, %d tokens + 1: rms(dlogit) %.3g of rms(logit), max %.3g", what,
+                        mode ? "fast" : "exact", n, rel, worst);
+            cr_assert_leq(rel, tol, "%s %s, %d tokens: rms(dlogit) %g of rms(logit)", what,
+                          mode ? "fast" : "exact", n, rel);
+            free(a);
+            free(r);
+        }
+        unload(&q);
+        unload(&ref);
+    }
+}
+
+Test(cuda_quant, gguf_and_mlx_models_on_cuda_match_the_cpus_dequantized_reference, .timeout = 600)
+{
+    skip_without_gpu();
+    struct err err = {0};
+    char *tmp = test_mkdtemp(), path[4200];
+    struct mkmodel_opts o = {.shape = &shape, .seed = 3, .out_dir = tmp};
+    cr_assert_eq(mkmodel_write(&o, &err), 0, "%s", err.msg);
+    static const enum gguf_ftype ft[] = {GGUF_FTYPE_Q8_0, GGUF_FTYPE_Q4_K_M, GGUF_FTYPE_Q6_K};
+    static const char *const names[] = {"q8_0", "q4_k_m", "q6_k"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s/%s.gguf", tmp, names[i]);
+        cr_assert_eq(gguf_write_model(tmp, ft[i], path, &err), 0, "%s", err.msg);
+        check_model(path, names[i]);
+    }
+    for (int bits = 4; bits <= 8; bits += 4) {
+        snprintf(path, sizeof path, "%s/mlx%d", tmp, bits);
+        cr_assert_eq(mlx_write_model(tmp, bits, 64, path, &err), 0, "%s", err.msg);
+        check_model(path, bits == 4 ? "mlx 4-bit" : "mlx 8-bit");
+    }
+    test_rmtree(tmp);
+    free(tmp);
+}
+
+/* Decode on the quantized GEMV kernels is captured into CUDA graphs: greedy
+ * tokens and every step's logits replayed equal eager launches bit for bit. */
+Test(cuda_quant, graph_replay_equals_eager_launches, .timeout = 300)
+{
+    skip_without_gpu();
+    struct err err = {0};
+    char *tmp = test_mkdtemp(), path[4200];
+    struct mkmodel_opts o = {.shape = &shape, .seed = 4, .out_dir = tmp};
+    cr_assert_eq(mkmodel_write(&o, &err), 0, "%s", err.msg);
+    snprintf(path, sizeof path, "%s/q4_k_m.gguf", tmp);
+    cr_assert_eq(gguf_write_model(tmp, GGUF_FTYPE_Q4_K_M, path, &err), 0, "%s", err.msg);
+    enum { STEPS = 12 };
+    float *logits[2];
+    for (int g = 0; g < 2; g++) {
+        struct backend *be = cuda(COMPUTE_FAST, g ? BACKEND_OFF : BACKEND_ON);
+        struct model *m;
+        struct generator *gen;
+        cr_assert_eq(model_load(path, be, &m, &err), 0, "%s", err.msg);
+        int V = m->config.vocab_size;
+        logits[g] = malloc((size_t)STEPS * (size_t)V * sizeof(float));
+        cr_assert_eq(generator_create(m, 64, 16, &gen, &err), 0, "%s", err.msg);
+        int32_t prompt[5] = {1, 7, 99, 300, 4}, tok;
+        cr_assert_eq(generator_feed(gen, prompt, 5, &err), 0, "%s", err.msg);
+        for (int s = 0; s < STEPS; s++) {
+            memcpy(logits[g] + (size_t)s * V, gen->logits, (size_t)V * sizeof(float));
+            tok = 0;
+            for (int i = 1; i < V; i++)
+                if (gen->logits[i] > gen->logits[tok])
+                    tok = i;
+            cr_assert_eq(generator_feed(gen, &tok, 1, &err), 0, "%s", err.msg);
+        }
+        generator_free(gen);
+        model_free(m);
+        backend_destroy(be);
+    }
+    cr_assert_eq(memcmp(logits[0], logits[1], (size_t)STEPS * shape.vocab_size * sizeof(float)), 0,
+                 "graph replay and eager launches differ");
+    free(logits[0]);
+    free(logits[1]);
+    test_rmtree(tmp);
+    free(tmp);
+}
