@@ -116,12 +116,12 @@ static void sse_event(struct strbuf *b, json_object *o)
     json_object_put(o);
 }
 
-static int on_segment(void *ctx, const char *text, size_t len)
+static int on_segment(void *ctx, const struct transcribe_segment *seg)
 {
     struct strbuf *b = ctx;
     json_object *o = json_object_new_object();
     json_object_object_add(o, "type", json_object_new_string("transcript.text.delta"));
-    json_object_object_add(o, "delta", json_object_new_string_len(text, (int)len));
+    json_object_object_add(o, "delta", json_object_new_string(seg->text));
     sse_event(b, o);
     return 0;
 }

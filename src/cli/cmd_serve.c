@@ -556,14 +556,18 @@ static void *whisper_idle_run(void *arg)
     return NULL;
 }
 
-/* The Whisper model of --whisper-model on a CPU backend of its own (its ops run on the HTTP
- * thread that asks, beside the engine thread's backend), loaded now when resident. */
+/* The Whisper model of --whisper-model on a backend of its own on the chat model's device (its
+ * ops run on the HTTP thread that asks, beside the engine thread's backend: on a GPU, a stream
+ * of its own), in f32, loaded now when resident. */
 static int whisper_open(const struct serve_options *o, struct backend **be,
                         struct transcriber **t, struct err *err)
 {
-    int rc = backend_cpu_create(&(struct backend_options){.mode = COMPUTE_EXACT,
-                                                          .threads = (int)o->threads},
-                                be, err);
+    struct backend_options opt = o->backend;
+    opt.mode = COMPUTE_EXACT;
+    opt.threads = (int)o->threads;
+    opt.kv_quant = NULL;       /* Whisper keeps its caches itself */
+    opt.memory_cap_bytes = 0;
+    int rc = cli_backend_create(o->device, &opt, be, err);
     if (rc == 0)
         rc = transcriber_create(o->whisper_dir, *be, t, err);
     if (rc == 0 && o->whisper_resident)
