@@ -85,6 +85,28 @@ struct transcriber {
     pthread_mutex_t stats_lock;
     struct transcriber_stats stats;
     double last_used;
+    int default_beam;
+    const atomic_bool *cancel;    /* the running transcription's (borrowed); NULL: none */
+    pthread_mutex_t sessions_lock; /* the list, and each session's work (one at a time) */
+    struct session *sessions;     /* owned list */
+    int n_sessions;
+    uint64_t session_counter;
+};
+
+/* A dictation session: its options (strings owned), the audio so far and what of it is
+ * transcribed. */
+struct session {
+    char id[TRANSCRIBER_SESSION_ID];
+    int tag;
+    struct transcribe_options o;
+    char *language, *prompt;       /* owned; o's point here */
+    char **vocabulary;             /* owned; o.vocabulary points here */
+    float *pcm;                    /* owned; n samples (cap allocated) */
+    size_t n, cap, cut;            /* [0, cut) transcribed */
+    struct transcribe_result acc;  /* the segments of [0, cut) */
+    char *last_text;               /* owned: the last window's text, the next one's prompt */
+    bool speech;
+    struct session *next;
 };
 
 static int32_t piece(const struct tokenizer *tok, const char *text)
@@ -144,7 +166,10 @@ int transcriber_create(const char *dir, struct backend *be, struct transcriber *
     t->be = be;
     pthread_mutex_init(&t->lock, NULL);
     pthread_mutex_init(&t->stats_lock, NULL);
+    pthread_mutex_init(&t->sessions_lock, NULL);
     t->last_used = now_s();
+    t->default_beam = 1;
+    t->session_counter = (uint64_t)(now_s() * 1e6) * 0x9e3779b97f4a7c15ull;
     *out = t;
     return 0;
 }
@@ -234,10 +259,18 @@ bool transcriber_unload_idle(struct transcriber *t, double idle_s)
     return done;
 }
 
+static void session_free(struct session *s);
+
 void transcriber_free(struct transcriber *t)
 {
     if (!t)
         return;
+    while (t->sessions) {
+        struct session *s = t->sessions;
+        t->sessions = s->next;
+        session_free(s);
+    }
+    pthread_mutex_destroy(&t->sessions_lock);
     unload_locked(t);
     pthread_mutex_destroy(&t->lock);
     pthread_mutex_destroy(&t->stats_lock);
@@ -454,6 +487,11 @@ static int feed_prompt(struct transcriber *t, const struct ids *prompt, float *n
     return rc;
 }
 
+static bool cancelled(const struct transcriber *t)
+{
+    return t->cancel && atomic_load(t->cancel);
+}
+
 static int sample_limit(const struct transcriber *t, const struct ids *prompt)
 {
     int limit = t->model->config.max_target_positions - prompt->n - 1;
@@ -478,6 +516,8 @@ static int decode_window(struct transcriber *t, const struct ids *prompt, float 
     int rc = feed_prompt(t, prompt, &w->no_speech_prob, err);
     int limit = sample_limit(t, prompt);
     while (rc == 0 && w->tokens.n < limit) {
+        if (cancelled(t))
+            return err_set(err, INFERD_EIO, "the transcription was cancelled");
         apply_rules(t, t->logits, w->tokens.v, w->tokens.n, timestamps);
         float lp;
         int32_t tok = pick(t->logits, c->vocab_size, temperature, rng, &lp);
@@ -573,6 +613,10 @@ static int decode_window_beam(struct transcriber *t, const struct ids *prompt, i
     int limit = sample_limit(t, prompt);
     /* the prompt's logits for the one live beam; later steps write a row per beam */
     for (int step = 0; rc == 0 && step < limit && n_done < B; step++) {
+        if (cancelled(t)) {
+            rc = err_set(err, INFERD_EIO, "the transcription was cancelled");
+            break;
+        }
         int n_cand = 0;
         for (int b = 0; b < n_live; b++) {
             float *x = t->logits + (size_t)b * vocab;
@@ -1350,8 +1394,10 @@ int transcriber_run(struct transcriber *t, const float *samples, size_t n,
     pthread_mutex_lock(&t->lock);
     double t0 = now_s();
     int rc = load_locked(t, err);
+    t->cancel = o->cancel;
     if (rc == 0)
         rc = run_locked(t, samples, n, o, out, err);
+    t->cancel = NULL;
     double t1 = now_s();
     pthread_mutex_lock(&t->stats_lock);
     t->last_used = t1;
@@ -1367,4 +1413,224 @@ int transcriber_run(struct transcriber *t, const float *samples, size_t n,
     if (rc < 0)
         transcribe_result_free(out);
     return rc;
+}
+
+void transcriber_set_default_beam(struct transcriber *t, int beam_size)
+{
+    t->default_beam = beam_size < 1 ? 1 : beam_size > WHISPER_MAX_SEQS ? WHISPER_MAX_SEQS : beam_size;
+}
+
+int transcriber_default_beam(const struct transcriber *t) { return t->default_beam; }
+
+/* ---- dictation sessions -------------------------------------------------------------------- */
+
+static void session_free(struct session *s)
+{
+    if (!s)
+        return;
+    free(s->language);
+    free(s->prompt);
+    for (int i = 0; s->vocabulary && i < s->o.n_vocabulary; i++)
+        free(s->vocabulary[i]);
+    free(s->vocabulary);
+    free(s->pcm);
+    free(s->last_text);
+    transcribe_result_free(&s->acc);
+    free(s);
+}
+
+int transcriber_session_count(struct transcriber *t)
+{
+    pthread_mutex_lock(&t->sessions_lock);
+    int n = t->n_sessions;
+    pthread_mutex_unlock(&t->sessions_lock);
+    return n;
+}
+
+int transcriber_session_open(struct transcriber *t, const struct transcribe_options *o, int tag,
+                             char id[TRANSCRIBER_SESSION_ID], struct err *err)
+{
+    struct session *s = calloc(1, sizeof *s);
+    if (!s)
+        return err_set(err, INFERD_ENOMEM, "out of memory for a session");
+    s->o = *o;
+    s->o.on_segment = NULL;
+    s->o.on_progress = NULL;
+    s->o.ctx = NULL;
+    s->tag = tag;
+    bool ok = (!o->language || (s->language = strdup(o->language))) &&
+              (!o->prompt || (s->prompt = strdup(o->prompt))) &&
+              (o->n_vocabulary == 0 ||
+               (s->vocabulary = calloc((size_t)o->n_vocabulary, sizeof *s->vocabulary)));
+    for (int i = 0; ok && i < o->n_vocabulary; i++)
+        ok = (s->vocabulary[i] = strdup(o->vocabulary[i])) != NULL;
+    s->o.language = s->language;
+    s->o.prompt = s->prompt;
+    s->o.vocabulary = (const char *const *)s->vocabulary;
+    if (!ok) {
+        session_free(s);
+        return err_set(err, INFERD_ENOMEM, "out of memory for a session");
+    }
+    pthread_mutex_lock(&t->sessions_lock);
+    if (t->n_sessions >= TRANSCRIBER_MAX_SESSIONS) {
+        pthread_mutex_unlock(&t->sessions_lock);
+        session_free(s);
+        return err_set(err, INFERD_EBUSY, "too many open transcription sessions (%d)",
+                       TRANSCRIBER_MAX_SESSIONS);
+    }
+    uint64_t a = rng_next(&t->session_counter), b = rng_next(&t->session_counter);
+    snprintf(s->id, sizeof s->id, "ts_%012llx%012llx", (unsigned long long)(a >> 16),
+             (unsigned long long)(b >> 16));
+    s->next = t->sessions;
+    t->sessions = s;
+    t->n_sessions++;
+    snprintf(id, TRANSCRIBER_SESSION_ID, "%s", s->id);
+    pthread_mutex_unlock(&t->sessions_lock);
+    return 0;
+}
+
+static struct session **session_find(struct transcriber *t, const char *id)
+{
+    struct session **p = &t->sessions;
+    while (*p && strcmp((*p)->id, id))
+        p = &(*p)->next;
+    return p;
+}
+
+/* Transcribes samples [cut, cut + n) of s and moves its segments into s->acc. */
+static int session_window(struct transcriber *t, struct session *s, size_t n, struct err *err)
+{
+    struct transcribe_options o = s->o;
+    if (s->cut > 0) /* later windows: conditioned on the one before */
+        o.prompt = o.no_previous_text ? NULL : s->last_text;
+    struct transcribe_result r;
+    int rc = transcriber_run(t, s->pcm + s->cut, n, &o, &r, err);
+    if (rc < 0)
+        return rc;
+    double offset = (double)s->cut / AUDIO_SAMPLE_RATE;
+    struct transcribe_segment *g =
+        realloc(s->acc.segments, (size_t)(s->acc.n_segments + r.n_segments + 1) * sizeof *g);
+    if (!g) {
+        transcribe_result_free(&r);
+        return err_set(err, INFERD_ENOMEM, "out of memory for the session's segments");
+    }
+    s->acc.segments = g;
+    for (int i = 0; i < r.n_segments; i++) {
+        struct transcribe_segment *d = &g[s->acc.n_segments];
+        *d = r.segments[i];
+        d->id = s->acc.n_segments++;
+        d->start += offset;
+        d->end += offset;
+        for (int w = 0; w < d->n_words; w++) {
+            d->words[w].start += offset;
+            d->words[w].end += offset;
+        }
+    }
+    r.n_segments = 0;
+    memcpy(s->acc.language, r.language, sizeof r.language);
+    s->acc.n_vocabulary_used = r.n_vocabulary_used;
+    free(s->last_text);
+    s->last_text = r.text;
+    r.text = NULL;
+    transcribe_result_free(&r);
+    s->cut += n;
+    return 0;
+}
+
+int transcriber_session_append(struct transcriber *t, const char *id, const float *x, size_t n,
+                               struct transcribe_session_status *st, struct err *err)
+{
+    pthread_mutex_lock(&t->sessions_lock);
+    struct session *s = *session_find(t, id);
+    int rc = 0;
+    if (!s) {
+        rc = err_set(err, INFERD_ENOENT, "unknown transcription session");
+        goto out;
+    }
+    if (s->n + n > s->cap) {
+        size_t cap = s->cap ? s->cap : AUDIO_WINDOW_SAMPLES;
+        while (cap < s->n + n)
+            cap *= 2;
+        float *p = realloc(s->pcm, cap * sizeof *p);
+        if (!p) {
+            rc = err_set(err, INFERD_ENOMEM, "out of memory for the session's audio");
+            goto out;
+        }
+        s->pcm = p;
+        s->cap = cap;
+    }
+    memcpy(s->pcm + s->n, x, n * sizeof *x);
+    s->n += n;
+    struct audio_span *sp = NULL;
+    int n_sp = 0;
+    if (audio_vad(x, n, &(struct audio_vad_options){0}, &sp, &n_sp, err) == 0)
+        s->speech = n_sp > 0;
+    free(sp);
+    while (rc == 0 && s->n - s->cut >= AUDIO_WINDOW_SAMPLES)
+        rc = session_window(t, s, AUDIO_WINDOW_SAMPLES, err);
+    st->samples = s->n;
+    st->duration = (double)s->n / AUDIO_SAMPLE_RATE;
+    st->speech = s->speech;
+    st->n_segments = s->acc.n_segments;
+out:
+    pthread_mutex_unlock(&t->sessions_lock);
+    return rc;
+}
+
+int transcriber_session_finish(struct transcriber *t, const char *id,
+                               struct transcribe_result *out, int *tag, struct err *err)
+{
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&t->sessions_lock);
+    struct session **p = session_find(t, id), *s = *p;
+    int rc = 0;
+    if (!s) {
+        rc = err_set(err, INFERD_ENOENT, "unknown transcription session");
+        goto out;
+    }
+    if (s->n - s->cut >= AUDIO_SAMPLE_RATE / 10 || (s->cut == 0 && s->n > 0))
+        rc = session_window(t, s, s->n - s->cut, err);
+    if (rc < 0)
+        goto out;
+    size_t len = 0;
+    for (int i = 0; i < s->acc.n_segments; i++)
+        len += strlen(s->acc.segments[i].text);
+    char *text = malloc(len + 1);
+    if (!text) {
+        rc = err_set(err, INFERD_ENOMEM, "out of memory for the transcript");
+        goto out;
+    }
+    text[0] = '\0';
+    for (int i = 0, at = 0; i < s->acc.n_segments; i++) {
+        size_t l = strlen(s->acc.segments[i].text);
+        memcpy(text + at, s->acc.segments[i].text, l + 1);
+        at += (int)l;
+    }
+    *out = s->acc;
+    memset(&s->acc, 0, sizeof s->acc);
+    free(out->text);
+    out->text = text;
+    out->duration = (double)s->n / AUDIO_SAMPLE_RATE;
+    if (!out->language[0])
+        snprintf(out->language, sizeof out->language, "%s", s->language ? s->language : "en");
+    *tag = s->tag;
+    *p = s->next;
+    t->n_sessions--;
+    session_free(s);
+out:
+    pthread_mutex_unlock(&t->sessions_lock);
+    return rc;
+}
+
+bool transcriber_session_close(struct transcriber *t, const char *id)
+{
+    pthread_mutex_lock(&t->sessions_lock);
+    struct session **p = session_find(t, id), *s = *p;
+    if (s) {
+        *p = s->next;
+        t->n_sessions--;
+        session_free(s);
+    }
+    pthread_mutex_unlock(&t->sessions_lock);
+    return s != NULL;
 }

@@ -3,6 +3,7 @@
 #ifndef INFERD_ENGINE_TRANSCRIBE_H
 #define INFERD_ENGINE_TRANSCRIBE_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -51,6 +52,9 @@ struct transcribe_options {
     int (*on_segment)(void *ctx, const struct transcribe_segment *segment);
     /* Called after each window with the seconds of audio done and in all; non-zero stops. */
     int (*on_progress)(void *ctx, double done, double total);
+    /* When set (by another thread), the transcription stops before its next token
+     * (-INFERD_EIO, "cancelled"); NULL: never. */
+    const atomic_bool *cancel;
     void *ctx;
 };
 
@@ -123,6 +127,43 @@ int transcriber_run(struct transcriber *t, const float *samples, size_t n,
  * first_row + i. -INFERD_EINVAL for shapes that do not fit, -INFERD_ENOMEM. */
 int transcribe_align(const float *scores, int n_heads, int n_rows, int n_frames, int first_row,
                      int n_path_rows, int *jump, struct err *err);
+
+/* The beam width requests get when they name none (--whisper-beam; 1: greedy). */
+void transcriber_set_default_beam(struct transcriber *t, int beam_size);
+int transcriber_default_beam(const struct transcriber *t);
+
+/* ---- dictation sessions ---------------------------------------------------------------
+ *
+ * Audio arrives in pieces; each completed 30 s window is transcribed as soon as it is whole
+ * (conditioned on the window before unless the options say otherwise), the rest when the
+ * session finishes. At most TRANSCRIBER_MAX_SESSIONS are open at once. */
+#define TRANSCRIBER_MAX_SESSIONS 64
+#define TRANSCRIBER_SESSION_ID 32
+
+struct transcribe_session_status {
+    size_t samples;     /* 16 kHz samples received */
+    double duration;    /* their seconds */
+    bool speech;        /* the voice detector heard speech in the last piece */
+    int n_segments;     /* segments transcribed so far */
+};
+
+/* Opens a session with a copy of o (its strings and vocabulary copied; the callbacks are
+ * not kept) and an int the caller keeps with it (tag); id gets its id. -INFERD_EBUSY when
+ * TRANSCRIBER_MAX_SESSIONS are open. */
+int transcriber_session_open(struct transcriber *t, const struct transcribe_options *o, int tag,
+                             char id[TRANSCRIBER_SESSION_ID], struct err *err);
+/* Appends n samples and transcribes the windows they complete. -INFERD_ENOENT for no such
+ * session; a failed transcription leaves the session open. */
+int transcriber_session_append(struct transcriber *t, const char *id, const float *x, size_t n,
+                               struct transcribe_session_status *st, struct err *err);
+/* Transcribes what is left, closes the session and hands over its whole transcript (every
+ * segment, times from the session's start) and its tag. -INFERD_ENOENT; a failed
+ * transcription leaves the session open. */
+int transcriber_session_finish(struct transcriber *t, const char *id,
+                               struct transcribe_result *out, int *tag, struct err *err);
+/* Closes a session without a transcript; false when there was none. */
+bool transcriber_session_close(struct transcriber *t, const char *id);
+int transcriber_session_count(struct transcriber *t);
 
 /* The code of a language given as a code or an English name ("German" -> "de"), or NULL. */
 const char *transcribe_language_code(const char *name);
