@@ -79,4 +79,35 @@ void audio_mel_free(struct audio_mel *m);
  * (n_mels x AUDIO_WINDOW_FRAMES floats, mel-major as the model reads them). */
 void audio_mel_window(const struct audio_mel *m, const float *samples, size_t n, float *out);
 
+/* ---- voice activity ------------------------------------------------------------------
+ *
+ * Our own detector (no trained model): 20 ms frames of 16 kHz audio, each scored in [0, 1] by
+ * its log energy placed between the recording's noise floor (the 10th percentile of the
+ * frames' energies) and its loud speech (the 99th), at least 20 dB apart, blended
+ * (0.8 / 0.2) with its spectral flux (the rise of the magnitude spectrum from the frame
+ * before, relative to the spectrum: speech changes, hum and steady noise do not). Frames
+ * scoring at least the threshold are speech; speech regions closer than 300 ms are joined,
+ * those shorter than min_speech_ms dropped, the rest padded by 100 ms each side. */
+struct audio_vad_options {
+    float threshold;   /* (0, 1); 0: 0.5 */
+    int min_speech_ms; /* 0: 250 */
+    bool trim;         /* chunks cover speech only (else they tile the whole audio) */
+};
+
+struct audio_span {
+    size_t start, end; /* samples, [start, end) */
+};
+
+/* The speech regions of x (16 kHz mono), in order, into *out (malloc'd; the caller frees it). */
+int audio_vad(const float *x, size_t n, const struct audio_vad_options *o,
+              struct audio_span **out, int *n_out, struct err *err);
+
+/* Chunks of at most max_len samples cut at silences: speech regions taken in order into a
+ * chunk while it stays within max_len (a region longer than that is cut at its quietest
+ * 20 ms frame in the chunk's last 5 s); with trim a chunk runs from its first region's start
+ * to its last one's end, without it the chunks tile [0, n), each cut in the middle of the
+ * silence between two regions. No speech at all: no chunks with trim, else one per max_len. */
+int audio_vad_chunks(const float *x, size_t n, const struct audio_vad_options *o,
+                     size_t max_len, struct audio_span **out, int *n_out, struct err *err);
+
 #endif

@@ -82,6 +82,7 @@ struct serve_options {
     long whisper_idle_unload_s;     /* --whisper-idle-unload S (default 300; 0: never) */
     bool whisper_resident;          /* --whisper-resident: loaded at start, never unloaded */
     long max_audio_mb;              /* --max-audio-mb (default 25) */
+    long whisper_beam;              /* --whisper-beam N: requests' default beam width (1: greedy) */
 };
 
 static const char usage[] =
@@ -99,7 +100,7 @@ static const char usage[] =
     "       [--draft-model DIR] [--draft-kind two-model|ngram] [--num-draft-tokens K]\n"
     "       [--ngram-max 3] [--ngram-min 1] [backend flags]\n"
     "       [--whisper-model WDIR [--whisper-idle-unload 300] [--whisper-resident]\n"
-    "        [--max-audio-mb 25]]\n"
+    "        [--whisper-beam 1] [--max-audio-mb 25]]\n"
     "Serves the OpenAI API (/v1/chat/completions, /v1/completions, /v1/responses, /v1/models;\n"
     "GET /v1 lists the routes), Anthropic's /v1/messages, and /health, /stats, /metrics.\n"
     "GET / is a chat page for trying the model in a browser (built into the binary; --no-webui\n"
@@ -109,7 +110,8 @@ static const char usage[] =
     "model at POST /v1/audio/transcriptions and /v1/audio/translations (multipart uploads of WAV,\n"
     "FLAC, OGG or MP3 up to --max-audio-mb MB); it is loaded on first use and unloaded after\n"
     "--whisper-idle-unload S idle seconds (0: never; --whisper-resident loads it at start and\n"
-    "keeps it). POST /admin/transcription/unload unloads it now.\n"
+    "keeps it). POST /admin/transcription/unload unloads it now. --whisper-beam N (1-16) is the\n"
+    "beam width of requests that give no beam_size (1: greedy decoding).\n"
     "Sampling flags set the defaults below each request's own fields (generation_config.json\n"
     "is below them). --thinking on|off is enable_thinking for chat templates that have it when\n"
     "a request says nothing (default: the template's own).\n"
@@ -166,6 +168,7 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
     *o = (struct serve_options){.host = "127.0.0.1", .port = 8080, .max_queue = 64,
                                 .max_batch = 8, .kv_mb = 0, .max_body_mb = 32,
                                 .whisper_idle_unload_s = 300, .max_audio_mb = 25,
+                                .whisper_beam = 1,
                                 .prefill_chunk = DEFAULT_PREFILL_CHUNK,
                                 .request_timeout_s = 30, .shutdown_timeout_s = 10,
                                 .mode = COMPUTE_FAST, .prompt_cache_gib = 8,
@@ -299,6 +302,8 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
             o->whisper_dir = v;
         else if (!strcmp(a, "--whisper-idle-unload"))
             ok = arg_int(a, v, 0, 1L << 30, &o->whisper_idle_unload_s);
+        else if (!strcmp(a, "--whisper-beam"))
+            ok = arg_int(a, v, 1, 16, &o->whisper_beam);
         else if (!strcmp(a, "--max-audio-mb"))
             ok = arg_int(a, v, 1, 4096, &o->max_audio_mb);
         else if (!strcmp(a, "--ssd-cache")) {
@@ -556,16 +561,22 @@ static void *whisper_idle_run(void *arg)
     return NULL;
 }
 
-/* The Whisper model of --whisper-model on a CPU backend of its own (its ops run on the HTTP
- * thread that asks, beside the engine thread's backend), loaded now when resident. */
+/* The Whisper model of --whisper-model on a backend of its own on the chat model's device (its
+ * ops run on the HTTP thread that asks, beside the engine thread's backend: on a GPU, a stream
+ * of its own), in f32, loaded now when resident. */
 static int whisper_open(const struct serve_options *o, struct backend **be,
                         struct transcriber **t, struct err *err)
 {
-    int rc = backend_cpu_create(&(struct backend_options){.mode = COMPUTE_EXACT,
-                                                          .threads = (int)o->threads},
-                                be, err);
+    struct backend_options opt = o->backend;
+    opt.mode = COMPUTE_EXACT;
+    opt.threads = (int)o->threads;
+    opt.kv_quant = NULL;       /* Whisper keeps its caches itself */
+    opt.memory_cap_bytes = 0;
+    int rc = cli_backend_create(o->device, &opt, be, err);
     if (rc == 0)
         rc = transcriber_create(o->whisper_dir, *be, t, err);
+    if (rc == 0)
+        transcriber_set_default_beam(*t, (int)o->whisper_beam);
     if (rc == 0 && o->whisper_resident)
         rc = transcriber_load(*t, err);
     return rc;

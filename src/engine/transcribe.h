@@ -3,6 +3,7 @@
 #ifndef INFERD_ENGINE_TRANSCRIBE_H
 #define INFERD_ENGINE_TRANSCRIBE_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -12,19 +13,54 @@
 
 enum transcribe_task { TRANSCRIBE_TASK_TRANSCRIBE = 0, TRANSCRIBE_TASK_TRANSLATE };
 
+struct transcribe_segment;
+
+/* Voice-activity chunking (audio_vad, audio/audio.h): the audio is cut at silences into chunks
+ * of at most 30 s, each transcribed on its own at its place in time. */
+struct transcribe_vad {
+    bool on;
+    float threshold;     /* (0, 1): how far above the noise floor a frame's score must be */
+    int min_speech_ms;   /* speech shorter than this is dropped */
+    bool trim;           /* silence is cut out (else only the cut points follow silences) */
+};
+
 struct transcribe_options {
     enum transcribe_task task;
     const char *language;  /* "en", "de", ... (or a name Whisper knows, "english"); NULL or "":
                               detected from the first window (multilingual models) */
     const char *prompt;    /* text the first window is conditioned on; NULL: none */
-    float temperature;     /* 0: greedy, falling back to 0.2, 0.4, ... 1.0 when a window's
-                              text repeats itself (gzip ratio > 2.4) or its mean log
-                              probability is below -1; > 0: that temperature only */
+    /* terms the decoding is biased towards: as many as fit (in order) go before the prompt
+     * in the first window's conditioning text, within the 223-token budget */
+    const char *const *vocabulary;
+    int n_vocabulary;
+    float temperature;     /* 0: greedy (or beam search), falling back to 0.2, 0.4, ... 1.0
+                              when a window's text repeats itself (gzip ratio > 2.4) or its
+                              mean log probability is below -1; > 0: that temperature only */
+    int beam_size;         /* 0 or 1: greedy; 2..WHISPER_MAX_SEQS: beam search at temperature 0
+                              (openai-whisper's: patience 1, the finished beam with the best
+                              sum log probability / length) */
     bool timestamps;       /* timestamp tokens: segments with times, seeking by them */
+    bool word_timestamps;  /* each segment's words with times (cross-attention alignment) */
+    bool no_previous_text; /* condition_on_previous_text off: a window is not prompted with the
+                              text before it (the prompt still conditions the first) */
+    float no_speech_threshold; /* > 0: a window whose <|nospeech|> probability is above it and
+                                  whose mean log probability is below -1 is silence, skipped */
+    struct transcribe_vad vad;
     uint64_t seed;         /* for sampled windows */
-    /* Called with each segment's text as it is decoded (streaming); non-zero stops. */
-    int (*on_segment)(void *ctx, const char *text, size_t len);
+    /* Called with each segment as it is decoded (streaming); non-zero stops the transcription
+     * (-INFERD_EIO, "cancelled"). */
+    int (*on_segment)(void *ctx, const struct transcribe_segment *segment);
+    /* Called after each window with the seconds of audio done and in all; non-zero stops. */
+    int (*on_progress)(void *ctx, double done, double total);
+    /* When set (by another thread), the transcription stops before its next token
+     * (-INFERD_EIO, "cancelled"); NULL: never. */
+    const atomic_bool *cancel;
     void *ctx;
+};
+
+struct transcribe_word {
+    char *text;                 /* owned, UTF-8, with its leading space */
+    double start, end;          /* seconds from the start of the audio, inside the segment */
 };
 
 struct transcribe_segment {
@@ -34,6 +70,8 @@ struct transcribe_segment {
     int32_t *tokens;            /* owned; n_tokens text and timestamp ids */
     int n_tokens;
     float temperature, avg_logprob, compression_ratio, no_speech_prob;
+    struct transcribe_word *words; /* owned; n_words (word_timestamps) */
+    int n_words;
 };
 
 struct transcribe_result {
@@ -42,6 +80,7 @@ struct transcribe_result {
     double duration;            /* seconds of audio */
     struct transcribe_segment *segments; /* owned; n_segments */
     int n_segments;
+    int n_vocabulary_used;      /* the options' vocabulary terms that fitted the prompt budget */
 };
 
 void transcribe_result_free(struct transcribe_result *r);
@@ -77,6 +116,54 @@ const char *transcriber_id(const struct transcriber *t);
 int transcriber_run(struct transcriber *t, const float *samples, size_t n,
                     const struct transcribe_options *o, struct transcribe_result *out,
                     struct err *err);
+
+/* The alignment of openai-whisper's timing.py, from cross-attention scores to each token's
+ * first frame: scores holds n_heads matrices of n_rows tokens x n_frames encoder frames
+ * (scaled q . k, whisper_cross_scores); each row is softmaxed over the frames, each frame
+ * normalised to zero mean and unit population deviation over the rows, each row median-
+ * filtered along the frames (width 7, reflected at the ends); the heads are averaged over
+ * rows [first_row, first_row + n_path_rows), and dynamic time warping of the negated
+ * average (ties step to the next frame) gives the path, jump[i] its first frame on row
+ * first_row + i. -INFERD_EINVAL for shapes that do not fit, -INFERD_ENOMEM. */
+int transcribe_align(const float *scores, int n_heads, int n_rows, int n_frames, int first_row,
+                     int n_path_rows, int *jump, struct err *err);
+
+/* The beam width requests get when they name none (--whisper-beam; 1: greedy). */
+void transcriber_set_default_beam(struct transcriber *t, int beam_size);
+int transcriber_default_beam(const struct transcriber *t);
+
+/* ---- dictation sessions ---------------------------------------------------------------
+ *
+ * Audio arrives in pieces; each completed 30 s window is transcribed as soon as it is whole
+ * (conditioned on the window before unless the options say otherwise), the rest when the
+ * session finishes. At most TRANSCRIBER_MAX_SESSIONS are open at once. */
+#define TRANSCRIBER_MAX_SESSIONS 64
+#define TRANSCRIBER_SESSION_ID 32
+
+struct transcribe_session_status {
+    size_t samples;     /* 16 kHz samples received */
+    double duration;    /* their seconds */
+    bool speech;        /* the voice detector heard speech in the last piece */
+    int n_segments;     /* segments transcribed so far */
+};
+
+/* Opens a session with a copy of o (its strings and vocabulary copied; the callbacks are
+ * not kept) and an int the caller keeps with it (tag); id gets its id. -INFERD_EBUSY when
+ * TRANSCRIBER_MAX_SESSIONS are open. */
+int transcriber_session_open(struct transcriber *t, const struct transcribe_options *o, int tag,
+                             char id[TRANSCRIBER_SESSION_ID], struct err *err);
+/* Appends n samples and transcribes the windows they complete. -INFERD_ENOENT for no such
+ * session; a failed transcription leaves the session open. */
+int transcriber_session_append(struct transcriber *t, const char *id, const float *x, size_t n,
+                               struct transcribe_session_status *st, struct err *err);
+/* Transcribes what is left, closes the session and hands over its whole transcript (every
+ * segment, times from the session's start) and its tag. -INFERD_ENOENT; a failed
+ * transcription leaves the session open. */
+int transcriber_session_finish(struct transcriber *t, const char *id,
+                               struct transcribe_result *out, int *tag, struct err *err);
+/* Closes a session without a transcript; false when there was none. */
+bool transcriber_session_close(struct transcriber *t, const char *id);
+int transcriber_session_count(struct transcriber *t);
 
 /* The code of a language given as a code or an English name ("German" -> "de"), or NULL. */
 const char *transcribe_language_code(const char *name);

@@ -122,6 +122,51 @@ out:
     return rc;
 }
 
+/* [[layer, head], ...] within the decoder's shape. */
+static int read_alignment_heads(const struct json_reader *root, struct whisper_config *c)
+{
+    struct json_reader arr;
+    size_t len = 0;
+    int rc = json_read_array(root, "alignment_heads", JSON_REQUIRED, &arr, &len);
+    if (rc < 0)
+        return rc;
+    if (len > WHISPER_MAX_SUPPRESS)
+        return json_reader_fail(&arr, INFERD_ERANGE, "has %zu pairs (at most %d)", len,
+                                WHISPER_MAX_SUPPRESS);
+    c->n_alignment_heads = 0;
+    for (size_t i = 0; i < len; i++) {
+        struct json_reader el = json_reader_element(&arr, i), pair, e;
+        size_t n = 0;
+        if ((rc = json_read_array(&el, NULL, JSON_REQUIRED, &pair, &n)) < 0)
+            return rc;
+        if (n != 2)
+            return json_reader_fail(&pair, INFERD_EFORMAT, "is not a [layer, head] pair");
+        int layer, head;
+        e = json_reader_element(&pair, 0);
+        if ((rc = json_read_int(&e, NULL, JSON_REQUIRED, 0, c->decoder_layers - 1, &layer)) < 0)
+            return rc;
+        e = json_reader_element(&pair, 1);
+        if ((rc = json_read_int(&e, NULL, JSON_REQUIRED, 0, c->decoder_heads - 1, &head)) < 0)
+            return rc;
+        c->alignment_heads[2 * c->n_alignment_heads] = layer;
+        c->alignment_heads[2 * c->n_alignment_heads + 1] = head;
+        c->n_alignment_heads++;
+    }
+    return 0;
+}
+
+/* Every head of the last half of the decoder layers, as many as fit. */
+static void default_alignment_heads(struct whisper_config *c)
+{
+    c->n_alignment_heads = 0;
+    for (int l = c->decoder_layers / 2; l < c->decoder_layers; l++)
+        for (int h = 0; h < c->decoder_heads && c->n_alignment_heads < WHISPER_MAX_SUPPRESS; h++) {
+            c->alignment_heads[2 * c->n_alignment_heads] = l;
+            c->alignment_heads[2 * c->n_alignment_heads + 1] = h;
+            c->n_alignment_heads++;
+        }
+}
+
 static int parse_generation_config(const char *dir, struct whisper_config *c, struct err *err)
 {
     char path[4200], *text = NULL;
@@ -145,6 +190,8 @@ static int parse_generation_config(const char *dir, struct whisper_config *c, st
     if (rc == 0 && json_reader_has(&r, "begin_suppress_tokens"))
         rc = read_id_list(&r, "begin_suppress_tokens", c->begin_suppress, &c->n_begin_suppress,
                           c->vocab_size);
+    if (rc == 0 && json_reader_has(&r, "alignment_heads"))
+        rc = read_alignment_heads(&r, c);
     json_object_put(root);
     free(text);
     return rc;
@@ -290,6 +337,8 @@ static int read_config(const char *dir, struct whisper_config *c, struct err *er
         return rc;
     rc = whisper_config_parse(text, len, c, err);
     free(text);
+    if (rc == 0)
+        default_alignment_heads(c);
     return rc < 0 ? rc : parse_generation_config(dir, c, err);
 }
 
@@ -373,34 +422,89 @@ void whisper_free(struct whisper_model *m)
 
 /* ---- state --------------------------------------------------------------------- */
 
+/* The self K/V of n_seqs sequences (and the spare pair beam reordering writes into). */
+static int alloc_self_kv(struct whisper_state *st, int n_seqs)
+{
+    const struct whisper_config *c = &st->m->config;
+    struct backend *be = st->m->backend;
+    size_t n = (size_t)c->decoder_layers * (size_t)c->max_target_positions * (size_t)n_seqs *
+               (size_t)c->d_model * sizeof(float);
+    st->self_k = be->ops->alloc(be, n);
+    st->self_v = be->ops->alloc(be, n);
+    if (n_seqs > 1) {
+        st->spare_k = be->ops->alloc(be, n);
+        st->spare_v = be->ops->alloc(be, n);
+    }
+    st->n_seqs = n_seqs;
+    st->n_past = 0;
+    return st->self_k && st->self_v && (n_seqs == 1 || (st->spare_k && st->spare_v))
+               ? 0
+               : -INFERD_ENOMEM;
+}
+
+static void free_self_kv(struct whisper_state *st)
+{
+    struct backend *be = st->m->backend;
+    float *bufs[] = {st->self_k, st->self_v, st->spare_k, st->spare_v};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i])
+            be->ops->release(be, bufs[i]);
+    st->self_k = st->self_v = st->spare_k = st->spare_v = NULL;
+}
+
 int whisper_state_create(const struct whisper_model *m, struct whisper_state **out,
                          struct err *err)
 {
     const struct whisper_config *c = &m->config;
     struct backend *be = m->backend;
     struct whisper_state *st = calloc(1, sizeof *st);
-    if (!st)
+    if (!st || !(st->capture_q = calloc((size_t)c->decoder_layers, sizeof *st->capture_q))) {
+        free(st);
         return err_set(err, INFERD_ENOMEM, "out of memory for a Whisper state");
+    }
     st->m = m;
     size_t d = (size_t)c->d_model, src = (size_t)c->max_source_positions,
-           tgt = (size_t)c->max_target_positions, L = (size_t)c->decoder_layers;
+           L = (size_t)c->decoder_layers;
     size_t ffn = (size_t)(c->encoder_ffn > c->decoder_ffn ? c->encoder_ffn : c->decoder_ffn);
     size_t wide = d > (size_t)c->n_mels ? d : (size_t)c->n_mels;
+    size_t rows = src > (size_t)c->max_target_positions ? src : (size_t)c->max_target_positions;
+    if (rows < WHISPER_MAX_SEQS)
+        rows = WHISPER_MAX_SEQS;
     struct { float **p; size_t n; } bufs[] = {
         {&st->cross_k, L * src * d}, {&st->cross_v, L * src * d},
-        {&st->self_k, L * tgt * d},  {&st->self_v, L * tgt * d},
         {&st->enc_out, src * d},     {&st->mel, 2 * src * wide}, {&st->conv, 2 * src * d},
-        {&st->x, src * d}, {&st->xn, src * d}, {&st->q, src * d}, {&st->k, src * d},
-        {&st->v, src * d}, {&st->attn, src * d}, {&st->ffn, src * ffn},
-        {&st->logits, (size_t)c->vocab_size},
+        {&st->x, rows * d}, {&st->xn, rows * d}, {&st->q, rows * d}, {&st->k, rows * d},
+        {&st->v, rows * d}, {&st->attn, rows * d}, {&st->ffn, rows * ffn},
+        {&st->logits, (size_t)WHISPER_MAX_SEQS * (size_t)c->vocab_size},
     };
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (!(*bufs[i].p = be->ops->alloc(be, bufs[i].n * sizeof(float)))) {
             whisper_state_free(st);
             return err_set(err, INFERD_ENOMEM, "out of backend memory for a Whisper state");
         }
+    if (alloc_self_kv(st, 1) < 0) {
+        whisper_state_free(st);
+        return err_set(err, INFERD_ENOMEM, "out of backend memory for a Whisper state");
+    }
     *out = st;
     return 0;
+}
+
+int whisper_state_reserve(struct whisper_state *st, int n_seqs, struct err *err)
+{
+    if (n_seqs < 1 || n_seqs > WHISPER_MAX_SEQS)
+        return err_set(err, INFERD_EINVAL, "%d decoder sequences (1 to %d)", n_seqs,
+                       WHISPER_MAX_SEQS);
+    st->n_past = 0;
+    if (n_seqs == st->n_seqs)
+        return 0;
+    free_self_kv(st);
+    if (alloc_self_kv(st, n_seqs) == 0)
+        return 0;
+    free_self_kv(st); /* back to one sequence, which the state always has room for */
+    if (alloc_self_kv(st, 1) < 0)
+        free_self_kv(st);
+    return err_set(err, INFERD_ENOMEM, "out of backend memory for %d decoder sequences", n_seqs);
 }
 
 void whisper_state_free(struct whisper_state *st)
@@ -408,11 +512,15 @@ void whisper_state_free(struct whisper_state *st)
     if (!st)
         return;
     struct backend *be = st->m->backend;
-    float *bufs[] = {st->cross_k, st->cross_v, st->self_k, st->self_v, st->enc_out, st->mel,
-                     st->conv, st->x, st->xn, st->q, st->k, st->v, st->attn, st->ffn, st->logits};
+    free_self_kv(st);
+    float *bufs[] = {st->cross_k, st->cross_v, st->enc_out, st->mel, st->conv, st->x,
+                     st->xn, st->q, st->k, st->v, st->attn, st->ffn, st->logits};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
             be->ops->release(be, bufs[i]);
+    for (int i = 0; st->capture_q && i < st->m->config.decoder_layers; i++)
+        free(st->capture_q[i]);
+    free(st->capture_q);
     free(st);
 }
 
@@ -450,6 +558,111 @@ static void attn_block(struct whisper_state *st, const struct whisper_attn_w *a,
                         st->attn);
     op->matmul(be, st->attn, n, &wo, a->o_b, st->q);
     op->add(be, st->x, st->q, (int64_t)n * d);
+}
+
+/* Row pos of sequence seq in layer layer's self K (or V) block. */
+static float *self_row(const struct whisper_state *st, float *base, int layer, int pos, int seq)
+{
+    const struct whisper_config *c = &st->m->config;
+    return base + (((size_t)layer * (size_t)c->max_target_positions + (size_t)pos) *
+                       (size_t)st->n_seqs + (size_t)seq) * (size_t)c->d_model;
+}
+
+/* Copies rows [0, n) of src (contiguous, d floats each) to sequence 0's self K (or V) rows
+ * from dst0 on, which lie n_seqs rows apart: a row gather (the embed op) each. */
+static void store_rows(struct whisper_state *st, const float *src, float *dst0, int n)
+{
+    struct backend *be = st->m->backend;
+    int64_t d = st->m->config.d_model;
+    struct weight_matrix table = wm(src, n, d);
+    for (int i = 0; i < n; i++) {
+        int32_t row = i;
+        be->ops->embed(be, &table, &row, 1, dst0 + (size_t)i * st->n_seqs * d);
+    }
+}
+
+/* The decoder over n rows of st->x already embedded: n tokens of sequence 0 at positions
+ * [n_past, n_past + n) (seqs false), or one token for each sequence s < n at n_past (seqs
+ * true). Leaves the final LayerNorm's rows in st->xn. */
+static void decoder_layers(struct whisper_state *st, int n, bool seqs)
+{
+    const struct whisper_model *m = st->m;
+    const struct whisper_config *c = &m->config;
+    struct backend *be = m->backend;
+    const struct backend_ops *op = be->ops;
+    int64_t d = c->d_model, src = c->max_source_positions, stride = (int64_t)st->n_seqs * d;
+    int heads = c->decoder_heads, hd = (int)(d / heads);
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int i = 0; i < c->decoder_layers; i++) {
+        const struct whisper_layer_w *L = &m->dec[i];
+        struct weight_matrix wk = wm(L->self.k_w, d, d), wv = wm(L->self.v_w, d, d),
+                             wq = wm(L->self.q_w, d, d), wo = wm(L->self.o_w, d, d);
+        float *sk = self_row(st, st->self_k, i, st->n_past, 0),
+              *sv = self_row(st, st->self_v, i, st->n_past, 0);
+        op->layer_norm(be, st->x, L->self.ln_w, L->self.ln_b, n, d, 1e-5f, st->xn);
+        if (seqs || st->n_seqs == 1) { /* the rows are where the cache wants them */
+            op->matmul(be, st->xn, n, &wk, NULL, sk);
+            op->matmul(be, st->xn, n, &wv, L->self.v_b, sv);
+        } else {
+            op->matmul(be, st->xn, n, &wk, NULL, st->k);
+            op->matmul(be, st->xn, n, &wv, L->self.v_b, st->v);
+            store_rows(st, st->k, sk, n);
+            store_rows(st, st->v, sv, n);
+        }
+        op->matmul(be, st->xn, n, &wq, L->self.q_b, st->q);
+        const float *k0 = self_row(st, st->self_k, i, 0, 0), *v0 = self_row(st, st->self_v, i, 0, 0);
+        if (seqs) /* each sequence over its own rows */
+            for (int s = 0; s < n; s++)
+                op->attention_dense(be, st->q + (size_t)s * d, 1, k0 + (size_t)s * d,
+                                    v0 + (size_t)s * d, st->n_past + 1, stride, heads, hd, scale,
+                                    -1, st->attn + (size_t)s * d);
+        else
+            op->attention_dense(be, st->q, n, k0, v0, st->n_past + n, stride, heads, hd, scale,
+                                st->n_past, st->attn);
+        op->matmul(be, st->attn, n, &wo, L->self.o_b, st->q);
+        op->add(be, st->x, st->q, (int64_t)n * d);
+
+        op->layer_norm(be, st->x, L->cross.ln_w, L->cross.ln_b, n, d, 1e-5f, st->xn);
+        if (st->capture_q[i]) { /* whisper_cross_scores: this layer's queries, to the host */
+            struct weight_matrix cq = wm(L->cross.q_w, d, d);
+            op->matmul(be, st->xn, n, &cq, L->cross.q_b, st->q);
+            op->to_host(be, st->capture_q[i], st->q, (size_t)n * d * sizeof(float));
+        }
+        attn_block(st, &L->cross, heads, n, st->cross_k + (size_t)i * src * d,
+                   st->cross_v + (size_t)i * src * d, src, -1);
+        mlp_block(st, L, c->decoder_ffn, n);
+    }
+}
+
+/* The head over rows of st->x: rows [first, first + n) to n x vocab logits (host memory). */
+static void decoder_head(struct whisper_state *st, int first, int n, float *logits)
+{
+    const struct whisper_model *m = st->m;
+    const struct whisper_config *c = &m->config;
+    struct backend *be = m->backend;
+    const struct backend_ops *op = be->ops;
+    int64_t d = c->d_model;
+    struct weight_matrix emb = wm(m->embed, c->vocab_size, d);
+    op->layer_norm(be, st->x + (size_t)first * d, m->dec_ln_w, m->dec_ln_b, n, d, 1e-5f, st->xn);
+    op->matmul(be, st->xn, n, &emb, NULL, st->logits);
+    op->to_host(be, logits, st->logits, (size_t)n * c->vocab_size * sizeof(float));
+}
+
+/* n tokens (at most max_n) taking positions more decoder positions. */
+static int check_tokens(const struct whisper_state *st, const int32_t *tokens, int n, int max_n,
+                        int positions, struct err *err)
+{
+    const struct whisper_config *c = &st->m->config;
+    if (!st->self_k)
+        return err_set(err, INFERD_ENOMEM, "the Whisper state lost its decoder cache");
+    if (n <= 0 || n > max_n || st->n_past + positions > c->max_target_positions)
+        return err_set(err, INFERD_ERANGE, "%d decoder positions past %d (at most %d)", positions,
+                       st->n_past, c->max_target_positions);
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= c->vocab_size)
+            return err_set(err, INFERD_EINVAL, "token %d outside the vocabulary of %d", tokens[i],
+                           c->vocab_size);
+    return 0;
 }
 
 int whisper_encode(struct whisper_state *st, const float *mel, struct err *err)
@@ -513,36 +726,149 @@ int whisper_decode(struct whisper_state *st, const int32_t *tokens, int n, float
     const struct whisper_config *c = &m->config;
     struct backend *be = m->backend;
     const struct backend_ops *op = be->ops;
-    int64_t d = c->d_model, tgt = c->max_target_positions, src = c->max_source_positions;
-    if (n <= 0 || st->n_past + n > tgt)
-        return err_set(err, INFERD_ERANGE, "%d decoder positions past %d (at most %lld)", n,
-                       st->n_past, (long long)tgt);
-    for (int i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= c->vocab_size)
-            return err_set(err, INFERD_EINVAL, "token %d outside the vocabulary of %d", tokens[i],
-                           c->vocab_size);
+    int64_t d = c->d_model;
+    int rc = check_tokens(st, tokens, n, c->max_target_positions, n, err);
+    if (rc < 0)
+        return rc;
     struct weight_matrix emb = wm(m->embed, c->vocab_size, d);
     op->embed(be, &emb, tokens, n, st->x);
     op->add(be, st->x, m->dec_pos + (size_t)st->n_past * d, (int64_t)n * d);
-    for (int i = 0; i < c->decoder_layers; i++) {
-        const struct whisper_layer_w *L = &m->dec[i];
-        float *sk = st->self_k + (size_t)i * tgt * d, *sv = st->self_v + (size_t)i * tgt * d;
-        struct weight_matrix wk = wm(L->self.k_w, d, d), wv = wm(L->self.v_w, d, d);
-        op->layer_norm(be, st->x, L->self.ln_w, L->self.ln_b, n, d, 1e-5f, st->xn);
-        op->matmul(be, st->xn, n, &wk, NULL, sk + (size_t)st->n_past * d);
-        op->matmul(be, st->xn, n, &wv, L->self.v_b, sv + (size_t)st->n_past * d);
-        attn_block(st, &L->self, c->decoder_heads, n, sk, sv, st->n_past + n, st->n_past);
-        op->layer_norm(be, st->x, L->cross.ln_w, L->cross.ln_b, n, d, 1e-5f, st->xn);
-        attn_block(st, &L->cross, c->decoder_heads, n, st->cross_k + (size_t)i * src * d,
-                   st->cross_v + (size_t)i * src * d, src, -1);
-        mlp_block(st, L, c->decoder_ffn, n);
-    }
+    decoder_layers(st, n, false);
     st->n_past += n;
-    const float *last = st->x + (size_t)(n - 1) * d;
-    op->layer_norm(be, last, m->dec_ln_w, m->dec_ln_b, 1, d, 1e-5f, st->xn);
-    op->matmul(be, st->xn, 1, &emb, NULL, st->logits);
-    op->to_host(be, logits, st->logits, (size_t)c->vocab_size * sizeof(float));
+    if (logits)
+        decoder_head(st, n - 1, 1, logits);
     return op->status ? op->status(be, err) : 0;
+}
+
+int whisper_decode_seqs(struct whisper_state *st, const int32_t *tokens, int n, float *logits,
+                        struct err *err)
+{
+    const struct whisper_model *m = st->m;
+    const struct whisper_config *c = &m->config;
+    struct backend *be = m->backend;
+    const struct backend_ops *op = be->ops;
+    int64_t d = c->d_model;
+    int rc = check_tokens(st, tokens, n, st->n_seqs, 1, err);
+    if (rc < 0)
+        return rc;
+    struct weight_matrix emb = wm(m->embed, c->vocab_size, d);
+    op->embed(be, &emb, tokens, n, st->x);
+    for (int s = 0; s < n; s++) /* every sequence at the same position */
+        op->add(be, st->x + (size_t)s * d, m->dec_pos + (size_t)st->n_past * d, d);
+    decoder_layers(st, n, true);
+    st->n_past += 1;
+    decoder_head(st, 0, n, logits);
+    return op->status ? op->status(be, err) : 0;
+}
+
+int whisper_seqs_select(struct whisper_state *st, const int *src, int n, struct err *err)
+{
+    const struct whisper_model *m = st->m;
+    const struct whisper_config *c = &m->config;
+    struct backend *be = m->backend;
+    int S = st->n_seqs;
+    if (n < 0 || n > S)
+        return err_set(err, INFERD_EINVAL, "%d sequences selected of %d", n, S);
+    bool identity = true;
+    for (int s = 0; s < n; s++) {
+        if (src[s] < 0 || src[s] >= S)
+            return err_set(err, INFERD_EINVAL, "sequence %d selects %d of %d", s, src[s], S);
+        identity = identity && src[s] == s;
+    }
+    if (identity || st->n_past == 0)
+        return 0;
+    /* one gather per layer into the spare block (the embed op over the cache's rows), then the
+     * two blocks trade places */
+    size_t rows = (size_t)st->n_past * (size_t)S;
+    int32_t *idx = malloc(rows * sizeof *idx);
+    if (!idx)
+        return err_set(err, INFERD_ENOMEM, "out of memory reordering beams");
+    int64_t d = c->d_model, layer_rows = (int64_t)c->max_target_positions * S;
+    for (int i = 0; i < c->decoder_layers; i++) {
+        for (int p = 0; p < st->n_past; p++)
+            for (int s = 0; s < S; s++)
+                idx[(size_t)p * S + s] = (int32_t)((int64_t)p * S + (s < n ? src[s] : s));
+        for (int kv = 0; kv < 2; kv++) {
+            float *from = (kv ? st->self_v : st->self_k) + (size_t)i * layer_rows * d;
+            float *to = (kv ? st->spare_v : st->spare_k) + (size_t)i * layer_rows * d;
+            struct weight_matrix table = wm(from, layer_rows, d);
+            be->ops->embed(be, &table, idx, (int64_t)rows, to);
+        }
+    }
+    free(idx);
+    float *t = st->self_k;
+    st->self_k = st->spare_k;
+    st->spare_k = t;
+    t = st->self_v;
+    st->self_v = st->spare_v;
+    st->spare_v = t;
+    return be->ops->status ? be->ops->status(be, err) : 0;
+}
+
+int whisper_cross_scores(struct whisper_state *st, const int32_t *tokens, int n,
+                         const int *heads, int n_pairs, int n_frames, float *out,
+                         struct err *err)
+{
+    const struct whisper_model *m = st->m;
+    const struct whisper_config *c = &m->config;
+    struct backend *be = m->backend;
+    int64_t d = c->d_model, src = c->max_source_positions;
+    int hd = (int)(d / c->decoder_heads);
+    if (n_frames < 1 || n_frames > src)
+        return err_set(err, INFERD_ERANGE, "%d encoder frames (1 to %lld)", n_frames,
+                       (long long)src);
+    for (int p = 0; p < n_pairs; p++)
+        if (heads[2 * p] < 0 || heads[2 * p] >= c->decoder_layers || heads[2 * p + 1] < 0 ||
+            heads[2 * p + 1] >= c->decoder_heads)
+            return err_set(err, INFERD_EINVAL, "no decoder head (%d, %d)", heads[2 * p],
+                           heads[2 * p + 1]);
+    int rc = 0;
+    float *keys = malloc((size_t)n_frames * d * sizeof *keys);
+    for (int p = 0; keys && p < n_pairs; p++) {
+        float **q = &st->capture_q[heads[2 * p]];
+        if (!*q && !(*q = malloc((size_t)n * d * sizeof **q)))
+            break;
+    }
+    for (int p = 0; p < n_pairs; p++)
+        if (!st->capture_q[heads[2 * p]])
+            rc = err_set(err, INFERD_ENOMEM, "out of memory for the alignment");
+    if (!keys)
+        rc = err_set(err, INFERD_ENOMEM, "out of memory for the alignment");
+    if (rc == 0) {
+        whisper_rewind(st, 0);
+        rc = whisper_decode(st, tokens, n, NULL, err);
+    }
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int layer = 0; rc == 0 && layer < c->decoder_layers; layer++) {
+        if (!st->capture_q[layer])
+            continue;
+        be->ops->to_host(be, keys, st->cross_k + (size_t)layer * src * d,
+                         (size_t)n_frames * d * sizeof *keys);
+        if (be->ops->status && (rc = be->ops->status(be, err)) < 0)
+            break;
+        for (int p = 0; p < n_pairs; p++) {
+            if (heads[2 * p] != layer)
+                continue;
+            int h = heads[2 * p + 1];
+            float *o = out + (size_t)p * n * n_frames;
+            for (int t = 0; t < n; t++) {
+                const float *qt = st->capture_q[layer] + (size_t)t * d + (size_t)h * hd;
+                for (int f = 0; f < n_frames; f++) {
+                    const float *kf = keys + (size_t)f * d + (size_t)h * hd;
+                    float dot = 0;
+                    for (int e = 0; e < hd; e++)
+                        dot += qt[e] * kf[e];
+                    o[(size_t)t * n_frames + f] = dot * scale;
+                }
+            }
+        }
+    }
+    for (int layer = 0; layer < c->decoder_layers; layer++) {
+        free(st->capture_q[layer]);
+        st->capture_q[layer] = NULL;
+    }
+    free(keys);
+    return rc;
 }
 
 void whisper_rewind(struct whisper_state *st, int n)

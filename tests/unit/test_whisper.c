@@ -314,7 +314,7 @@ Test(whisper_model, missing_tensor_and_wrong_model_type_are_named)
     free(dir);
 }
 
-static int count_segments(void *ctx, const char *text, size_t len)
+static int count_segments(void *ctx, const struct transcribe_segment *seg)
 {
     (*(int *)ctx)++;
     return 0;
@@ -447,6 +447,428 @@ Test(whisper_goldens, tiny_encoder_and_logits_match_transformers_when_goldens_ex
     whisper_state_free(st);
     whisper_free(m);
     backend_destroy(be);
+    test_rmtree(dir);
+    free(dir);
+}
+
+/* A clip with some structure: tones that change every half second. */
+static float *tone_clip(size_t n)
+{
+    float *x = malloc(n * sizeof *x);
+    for (size_t i = 0; i < n; i++)
+        x[i] = 0.3f * sinf(2 * (float)M_PI * (220.0f + (float)(i / 8000) * 70.0f) * i / 16000);
+    return x;
+}
+
+static struct transcriber *test_transcriber(const char *dir)
+{
+    struct transcriber *t;
+    struct err err = {0};
+    cr_assert_eq(mkwhisper_write("whisper-test", 1, dir, &err), 0, "%s", err.msg);
+    cr_assert_eq(transcriber_create(dir, cpu(), &t, &err), 0, "%s", err.msg);
+    return t;
+}
+
+/* The decoder's sequences: one token per sequence equals that sequence fed alone, and
+ * selecting sources copies their caches. */
+Test(whisper_model, sequences_decode_as_separate_decoders_and_select_copies_caches)
+{
+    char *dir = test_mkdtemp();
+    struct err err = {0};
+    cr_assert_eq(mkwhisper_write("whisper-test", 1, dir, &err), 0, "%s", err.msg);
+    struct backend *be = cpu();
+    struct whisper_model *m;
+    struct whisper_state *st;
+    cr_assert_eq(whisper_load(dir, be, &m, &err), 0, "%s", err.msg);
+    cr_assert_eq(whisper_state_create(m, &st, &err), 0, "%s", err.msg);
+    float *mel = calloc(80 * AUDIO_WINDOW_FRAMES, sizeof *mel);
+    for (int i = 0; i < 80 * AUDIO_WINDOW_FRAMES; i++)
+        mel[i] = cosf((float)i * 0.002f);
+    cr_assert_eq(whisper_encode(st, mel, &err), 0, "%s", err.msg);
+    int vocab = m->config.vocab_size;
+    int32_t prompt[] = {257, 258, 359, 363}, a = 70, b = 80;
+    float *ref_a = malloc(vocab * sizeof(float)), *ref_b = malloc(vocab * sizeof(float));
+    float *rows = malloc(3 * (size_t)vocab * sizeof(float));
+    /* references: one sequence at a time */
+    cr_assert_eq(whisper_decode(st, prompt, 4, NULL, &err), 0, "%s", err.msg);
+    cr_assert_eq(whisper_decode(st, &a, 1, ref_a, &err), 0);
+    whisper_rewind(st, 4);
+    cr_assert_eq(whisper_decode(st, &b, 1, ref_b, &err), 0);
+    /* three sequences after the same prompt */
+    cr_assert_eq(whisper_state_reserve(st, 3, &err), 0, "%s", err.msg);
+    cr_assert_eq(whisper_state_reserve(st, WHISPER_MAX_SEQS + 1, &err), -INFERD_EINVAL);
+    cr_assert_eq(whisper_state_reserve(st, 3, &err), 0, "%s", err.msg);
+    cr_assert_eq(whisper_decode(st, prompt, 4, NULL, &err), 0, "%s", err.msg);
+    int zero[3] = {0, 0, 0};
+    cr_assert_eq(whisper_seqs_select(st, zero, 3, &err), 0, "%s", err.msg);
+    int32_t toks[3] = {a, b, a};
+    cr_assert_eq(whisper_decode_seqs(st, toks, 3, rows, &err), 0, "%s", err.msg);
+    for (int i = 0; i < vocab; i++) {
+        cr_assert_float_eq(rows[i], ref_a[i], 1e-4f);
+        cr_assert_float_eq(rows[vocab + i], ref_b[i], 1e-4f);
+        cr_assert_float_eq(rows[2 * (size_t)vocab + i], ref_a[i], 1e-4f);
+    }
+    /* sequence 0 takes sequence 1's history: its next step is the b-history's */
+    float *ref_c = malloc(vocab * sizeof(float));
+    int32_t nxt[2] = {90, 90};
+    whisper_state_reserve(st, 1, &err);
+    cr_assert_eq(whisper_decode(st, prompt, 4, NULL, &err), 0);
+    cr_assert_eq(whisper_decode(st, &b, 1, NULL, &err), 0);
+    cr_assert_eq(whisper_decode(st, &nxt[0], 1, ref_c, &err), 0);
+    cr_assert_eq(whisper_state_reserve(st, 3, &err), 0);
+    cr_assert_eq(whisper_decode(st, prompt, 4, NULL, &err), 0);
+    cr_assert_eq(whisper_seqs_select(st, zero, 3, &err), 0);
+    cr_assert_eq(whisper_decode_seqs(st, toks, 3, rows, &err), 0);
+    int src[2] = {1, 1};
+    cr_assert_eq(whisper_seqs_select(st, src, 2, &err), 0, "%s", err.msg);
+    cr_assert_eq(whisper_decode_seqs(st, nxt, 2, rows, &err), 0);
+    for (int i = 0; i < vocab; i++) {
+        cr_assert_float_eq(rows[i], ref_c[i], 1e-4f);
+        cr_assert_float_eq(rows[vocab + i], ref_c[i], 1e-4f);
+    }
+    int bad[1] = {5};
+    cr_assert_eq(whisper_seqs_select(st, bad, 1, &err), -INFERD_EINVAL);
+    free(ref_a), free(ref_b), free(ref_c), free(rows), free(mel);
+    whisper_state_free(st);
+    whisper_free(m);
+    backend_destroy(be);
+    test_rmtree(dir);
+    free(dir);
+}
+
+static double window_score(const struct transcribe_result *r)
+{
+    /* one window: every segment carries its mean log probability (sum / (tokens + 1)) */
+    return r->n_segments ? r->segments[0].avg_logprob : 0;
+}
+
+Test(transcribe, beam_of_one_equals_greedy_and_a_wider_beam_scores_at_least_as_well)
+{
+    char *dir = test_mkdtemp();
+    struct transcriber *t = test_transcriber(dir);
+    struct err err = {0};
+    size_t n = 16000 * 3;
+    float *x = tone_clip(n);
+    struct transcribe_options o = {.language = "en", .timestamps = false};
+    struct transcribe_result g, b1, b4;
+    cr_assert_eq(transcriber_run(t, x, n, &o, &g, &err), 0, "%s", err.msg);
+    o.beam_size = 1;
+    cr_assert_eq(transcriber_run(t, x, n, &o, &b1, &err), 0, "%s", err.msg);
+    cr_assert_str_eq(b1.text, g.text);
+    o.beam_size = 4;
+    cr_assert_eq(transcriber_run(t, x, n, &o, &b4, &err), 0, "%s", err.msg);
+    cr_assert_geq(window_score(&b4), window_score(&g) - 1e-6, "beam 4 %g < greedy %g",
+                  window_score(&b4), window_score(&g));
+    o.beam_size = WHISPER_MAX_SEQS + 1;
+    struct transcribe_result bad;
+    cr_assert_eq(transcriber_run(t, x, n, &o, &bad, &err), -INFERD_EINVAL);
+    transcribe_result_free(&g);
+    transcribe_result_free(&b1);
+    transcribe_result_free(&b4);
+    free(x);
+    transcriber_free(t);
+    test_rmtree(dir);
+    free(dir);
+}
+
+struct progress_log {
+    int segments, progress;
+    double last_done, total;
+    int stop_after;
+};
+
+static int log_segment(void *ctx, const struct transcribe_segment *seg)
+{
+    struct progress_log *p = ctx;
+    cr_assert_leq(seg->start, seg->end);
+    return ++p->segments == p->stop_after;
+}
+
+static int log_progress(void *ctx, double done, double total)
+{
+    struct progress_log *p = ctx;
+    cr_assert_geq(done, p->last_done);
+    p->last_done = done;
+    p->total = total;
+    p->progress++;
+    return 0;
+}
+
+Test(transcribe, no_speech_probability_progress_and_cancel)
+{
+    char *dir = test_mkdtemp();
+    struct transcriber *t = test_transcriber(dir);
+    struct err err = {0};
+    size_t n = 16000 * 31; /* two windows */
+    float *x = tone_clip(n);
+    struct progress_log log = {0};
+    struct transcribe_options o = {.language = "en", .timestamps = true, .on_segment = log_segment,
+                                   .on_progress = log_progress, .ctx = &log};
+    struct transcribe_result r;
+    cr_assert_eq(transcriber_run(t, x, n, &o, &r, &err), 0, "%s", err.msg);
+    cr_assert_geq(log.progress, 2);
+    cr_assert_float_eq(log.last_done, 31.0, 1e-6);
+    cr_assert_float_eq(log.total, 31.0, 1e-6);
+    cr_assert_eq(log.segments, r.n_segments);
+    for (int i = 0; i < r.n_segments; i++)
+        cr_assert(r.segments[i].no_speech_prob > 0 && r.segments[i].no_speech_prob < 1);
+    /* a threshold below every window's no-speech probability skips the windows whose mean log
+     * probability is low; one above them all skips none */
+    transcribe_result_free(&r);
+    log = (struct progress_log){0};
+    o.no_speech_threshold = 1e-9f;
+    o.on_segment = NULL;
+    cr_assert_eq(transcriber_run(t, x, n, &o, &r, &err), 0, "%s", err.msg);
+    int kept = r.n_segments;
+    transcribe_result_free(&r);
+    o.no_speech_threshold = 0.999999f;
+    log = (struct progress_log){0};
+    cr_assert_eq(transcriber_run(t, x, n, &o, &r, &err), 0, "%s", err.msg);
+    cr_assert_geq(r.n_segments, kept);
+    transcribe_result_free(&r);
+    /* the segment callback's non-zero return stops the transcription */
+    log = (struct progress_log){.stop_after = 1};
+    o.no_speech_threshold = 0;
+    o.on_segment = log_segment;
+    cr_assert_eq(transcriber_run(t, x, n, &o, &r, &err), -INFERD_EIO);
+    cr_assert_eq(log.segments, 1);
+    free(x);
+    transcriber_free(t);
+    test_rmtree(dir);
+    free(dir);
+}
+
+/* ---- word timestamps --------------------------------------------------------------------- */
+
+/* The reference: timing.py transcribed as plainly as possible (full matrices, a sort per
+ * median, the DTW with its trace, the path walked back into a list). */
+static void reference_align(const float *scores, int H, int R, int F, int first, int T, int *jump)
+{
+    double *w = malloc((size_t)H * R * F * sizeof *w);
+    for (int h = 0; h < H; h++)
+        for (int r = 0; r < R; r++) {
+            const float *x = scores + ((size_t)h * R + r) * F;
+            double mx = -INFINITY, sum = 0;
+            for (int f = 0; f < F; f++)
+                mx = fmax(mx, x[f]);
+            for (int f = 0; f < F; f++)
+                sum += exp(x[f] - mx);
+            for (int f = 0; f < F; f++)
+                w[((size_t)h * R + r) * F + f] = exp(x[f] - mx) / sum;
+        }
+    for (int h = 0; h < H; h++)
+        for (int f = 0; f < F; f++) {
+            double mean = 0, var = 0;
+            for (int r = 0; r < R; r++)
+                mean += w[((size_t)h * R + r) * F + f] / R;
+            for (int r = 0; r < R; r++)
+                var += pow(w[((size_t)h * R + r) * F + f] - mean, 2) / R;
+            for (int r = 0; r < R; r++)
+                w[((size_t)h * R + r) * F + f] = (w[((size_t)h * R + r) * F + f] - mean) / sqrt(var);
+        }
+    double *m = calloc((size_t)T * F, sizeof *m);
+    for (int h = 0; h < H; h++)
+        for (int t = 0; t < T; t++)
+            for (int f = 0; f < F; f++) {
+                double win[7];
+                for (int j = 0; j < 7; j++) {
+                    int i = f + j - 3;
+                    i = i < 0 ? -i : i >= F ? 2 * (F - 1) - i : i;
+                    win[j] = w[((size_t)h * R + first + t) * F + i];
+                }
+                for (int a = 0; a < 7; a++) /* insertion sort */
+                    for (int b = a; b > 0 && win[b] < win[b - 1]; b--) {
+                        double s = win[b];
+                        win[b] = win[b - 1];
+                        win[b - 1] = s;
+                    }
+                m[(size_t)t * F + f] += win[3] / H;
+            }
+    double *cost = malloc((size_t)(T + 1) * (F + 1) * sizeof *cost);
+    int *trace = malloc((size_t)(T + 1) * (F + 1) * sizeof *trace);
+    for (int i = 0; i <= T; i++)
+        for (int j = 0; j <= F; j++)
+            cost[i * (F + 1) + j] = INFINITY, trace[i * (F + 1) + j] = -1;
+    cost[0] = 0;
+    for (int j = 1; j <= F; j++)
+        for (int i = 1; i <= T; i++) {
+            double c0 = cost[(i - 1) * (F + 1) + j - 1], c1 = cost[(i - 1) * (F + 1) + j],
+                   c2 = cost[i * (F + 1) + j - 1], c;
+            int tr;
+            if (c0 < c1 && c0 < c2)
+                c = c0, tr = 0;
+            else if (c1 < c0 && c1 < c2)
+                c = c1, tr = 1;
+            else
+                c = c2, tr = 2;
+            cost[i * (F + 1) + j] = -m[(size_t)(i - 1) * F + j - 1] + c;
+            trace[i * (F + 1) + j] = tr;
+        }
+    for (int j = 0; j <= F; j++)
+        trace[j] = 2;
+    for (int i = 0; i <= T; i++)
+        trace[i * (F + 1)] = 1;
+    int *pi = malloc((size_t)(T + F + 2) * sizeof *pi), *pj = malloc((size_t)(T + F + 2) * sizeof *pj);
+    int len = 0, i = T, j = F;
+    while (i > 0 || j > 0) {
+        pi[len] = i - 1, pj[len] = j - 1, len++;
+        int tr = trace[i * (F + 1) + j];
+        if (tr == 0)
+            i--, j--;
+        else if (tr == 1)
+            i--;
+        else
+            j--;
+    }
+    /* forwards: a jump where the text index changes (and at the start) */
+    int prev = -2;
+    for (int k = len - 1; k >= 0; k--)
+        if (pi[k] != prev) {
+            if (pi[k] >= 0)
+                jump[pi[k]] = pj[k];
+            prev = pi[k];
+        }
+    free(w), free(m), free(cost), free(trace), free(pi), free(pj);
+}
+
+Test(words, alignment_matches_a_plain_transcription_of_timing_py)
+{
+    enum { H = 3, R = 9, F = 40, FIRST = 2, T = 6 };
+    float *scores = malloc((size_t)H * R * F * sizeof *scores);
+    uint64_t s = 42;
+    /* a diagonal the tokens follow, under noise */
+    for (int h = 0; h < H; h++)
+        for (int r = 0; r < R; r++)
+            for (int f = 0; f < F; f++) {
+                s = s * 6364136223846793005ull + 1442695040888963407ull;
+                double noise = (double)(s >> 11) * 0x1.0p-53;
+                double centre = (r - FIRST + 0.5) * F / (double)T;
+                scores[((size_t)h * R + r) * F + f] =
+                    (float)(4.0 * exp(-pow(f - centre, 2) / 8.0) + noise);
+            }
+    int got[T], want[T];
+    struct err err = {0};
+    cr_assert_eq(transcribe_align(scores, H, R, F, FIRST, T, got, &err), 0, "%s", err.msg);
+    reference_align(scores, H, R, F, FIRST, T, want);
+    for (int t = 0; t < T; t++) {
+        cr_assert_eq(got[t], want[t], "row %d: frame %d, the reference %d", t, got[t], want[t]);
+        if (t)
+            cr_assert_geq(got[t], got[t - 1]);
+    }
+    cr_assert_eq(transcribe_align(scores, H, R, F, 5, T, got, &err), -INFERD_EINVAL);
+    free(scores);
+}
+
+Test(words, word_times_are_monotonic_and_inside_their_segments)
+{
+    char *dir = test_mkdtemp();
+    struct transcriber *t = test_transcriber(dir);
+    struct err err = {0};
+    size_t n = 16000 * 4;
+    float *x = tone_clip(n);
+    struct transcribe_options o = {.language = "en", .timestamps = true, .word_timestamps = true};
+    struct transcribe_result r;
+    cr_assert_eq(transcriber_run(t, x, n, &o, &r, &err), 0, "%s", err.msg);
+    int words = 0;
+    double last = 0;
+    for (int i = 0; i < r.n_segments; i++) {
+        const struct transcribe_segment *g = &r.segments[i];
+        for (int k = 0; k < g->n_words; k++, words++) {
+            const struct transcribe_word *w = &g->words[k];
+            cr_assert_not_null(w->text);
+            cr_assert_geq(w->start, g->start - 1e-9, "%s", w->text);
+            cr_assert_leq(w->end, g->end + 1e-9, "%s", w->text);
+            cr_assert_leq(w->start, w->end);
+            cr_assert_geq(w->start, last - 1e-9);
+            last = w->end;
+        }
+    }
+    cr_assert_gt(words, 0, "no words in %d segments: '%s'", r.n_segments, r.text);
+    transcribe_result_free(&r);
+    free(x);
+    transcriber_free(t);
+    test_rmtree(dir);
+    free(dir);
+}
+
+/* ---- voice activity ------------------------------------------------------------------------ */
+
+/* Speech-like bursts (a modulated tone) in low noise at the given seconds. */
+static float *bursts(size_t n, const double (*at)[2], int n_at)
+{
+    float *x = malloc(n * sizeof *x);
+    uint64_t s = 9;
+    for (size_t i = 0; i < n; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        x[i] = 0.001f * (float)((double)(s >> 11) * 0x1.0p-53 - 0.5);
+        double sec = (double)i / 16000;
+        for (int k = 0; k < n_at; k++)
+            if (sec >= at[k][0] && sec < at[k][1])
+                x[i] += 0.3f * sinf(2 * (float)M_PI * 180.0f * (float)sec) *
+                        (0.6f + 0.4f * sinf(2 * (float)M_PI * 4.0f * (float)sec));
+    }
+    return x;
+}
+
+Test(vad, finds_speech_between_silences_and_chunks_at_them)
+{
+    const double at[][2] = {{1.0, 3.0}, {3.1, 4.0}, {10.0, 12.5}, {40.0, 41.0}, {41.5, 41.6}};
+    size_t n = 16000 * 45;
+    float *x = bursts(n, at, 5);
+    struct audio_vad_options o = {0};
+    struct audio_span *sp;
+    int ns;
+    struct err err = {0};
+    cr_assert_eq(audio_vad(x, n, &o, &sp, &ns, &err), 0, "%s", err.msg);
+    /* 1-3 and 3.1-4 joined (a 100 ms gap), 10-12.5, 40-41; the 100 ms blip dropped */
+    cr_assert_eq(ns, 3, "%d regions", ns);
+    cr_assert(fabs(sp[0].start / 16000.0 - 0.9) < 0.05 && fabs(sp[0].end / 16000.0 - 4.1) < 0.05);
+    cr_assert(fabs(sp[1].start / 16000.0 - 9.9) < 0.05 && fabs(sp[1].end / 16000.0 - 12.6) < 0.05);
+    cr_assert(fabs(sp[2].start / 16000.0 - 39.9) < 0.05);
+    free(sp);
+    /* trimmed chunks: speech only, within 30 s; tiled: the whole audio, cut inside silences */
+    o.trim = true;
+    cr_assert_eq(audio_vad_chunks(x, n, &o, AUDIO_WINDOW_SAMPLES, &sp, &ns, &err), 0);
+    cr_assert_eq(ns, 2);
+    cr_assert(sp[0].start >= 14000 && sp[0].end <= 16000 * 13);
+    cr_assert(sp[1].start >= 16000 * 39);
+    free(sp);
+    o.trim = false;
+    cr_assert_eq(audio_vad_chunks(x, n, &o, AUDIO_WINDOW_SAMPLES, &sp, &ns, &err), 0);
+    cr_assert_eq(ns, 2);
+    cr_assert_eq(sp[0].start, 0);
+    cr_assert_eq(sp[0].end, sp[1].start);
+    cr_assert_eq(sp[1].end, n);
+    cr_assert(sp[0].end > 16000 * 13 && sp[0].end < 16000 * 39, "cut at %zu", sp[0].end);
+    free(sp);
+    /* silence alone: nothing to transcribe when trimming */
+    memset(x, 0, n * sizeof *x);
+    o.trim = true;
+    cr_assert_eq(audio_vad_chunks(x, n, &o, AUDIO_WINDOW_SAMPLES, &sp, &ns, &err), 0);
+    cr_assert_eq(ns, 0);
+    free(sp);
+    free(x);
+}
+
+Test(vad, transcription_with_vad_places_segments_in_the_speech)
+{
+    char *dir = test_mkdtemp();
+    struct transcriber *t = test_transcriber(dir);
+    const double at[][2] = {{2.0, 4.0}, {33.0, 35.0}};
+    size_t n = 16000 * 36;
+    float *x = bursts(n, at, 2);
+    struct err err = {0};
+    struct transcribe_options o = {.language = "en", .timestamps = true,
+                                   .vad = {.on = true, .trim = true}};
+    struct transcribe_result r;
+    cr_assert_eq(transcriber_run(t, x, n, &o, &r, &err), 0, "%s", err.msg);
+    for (int i = 0; i < r.n_segments; i++) {
+        double s = r.segments[i].start;
+        cr_assert((s >= 1.8 && s <= 4.2) || (s >= 32.8 && s <= 35.2), "segment at %g", s);
+    }
+    transcribe_result_free(&r);
+    free(x);
+    transcriber_free(t);
     test_rmtree(dir);
     free(dir);
 }

@@ -743,6 +743,14 @@ static void flush(struct cu_impl *im)
     cu_rec_clear(rec);
 }
 
+void cu_flush_eager(struct cu_impl *im)
+{
+    bool graphs = im->graphs_enabled;
+    im->graphs_enabled = false;
+    flush(im);
+    im->graphs_enabled = graphs;
+}
+
 /* ---- memory ----------------------------------------------------------------- */
 
 /* One live allocation of alloc, while a memory cap is set. */
@@ -1141,11 +1149,11 @@ static const struct backend_ops cuda_ops = {
     /* .to_host_2d_async = */ cu_to_host_2d_async,
     /* .to_device_2d_async = */ cu_to_device_2d_async,
     /* .submit = */ cu_submit,
-    /* the encoder-decoder ops (Whisper): not on CUDA yet, so Whisper runs on the CPU */
-    /* .layer_norm = */ NULL,
-    /* .gelu = */ NULL,
-    /* .conv1d = */ NULL,
-    /* .attention_dense = */ NULL,
+    /* the encoder-decoder ops (Whisper; encdec.cu) */
+    /* .layer_norm = */ cu_layer_norm,
+    /* .gelu = */ cu_gelu,
+    /* .conv1d = */ cu_conv1d,
+    /* .attention_dense = */ cu_attention_dense,
     /* .moe_route = */ cu_moe_route,
     /* .moe_ffn = */ cu_moe_ffn,
     /* .gated_add = */ cu_gated_add,

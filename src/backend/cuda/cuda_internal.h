@@ -234,6 +234,21 @@ void cu_fail(struct cu_impl *im, int code, const char *fmt, ...);
 bool cu_ok(struct cu_impl *im, cudaError_t e, const char *what);
 #define CU_TRY(im, call) cu_ok((im), (call), #call)
 
+/* Launches the recorded step eagerly, never from a graph (cuda_backend.cu):
+ * for ops that launch kernels of their own between recorded ones (encdec.cu). */
+void cu_flush_eager(struct cu_impl *im);
+
+/* The encoder-decoder ops (encdec.cu), as backend.h specifies them. */
+void cu_layer_norm(struct backend *be, const float *x, const float *weight, const float *bias,
+                   int64_t n_rows, int64_t dim, float eps, float *y);
+void cu_gelu(struct backend *be, float *x, int64_t n);
+void cu_conv1d(struct backend *be, const float *x, int64_t n_in, int64_t c_in,
+               const struct weight_matrix *w, const float *bias, int kernel, int stride, int pad,
+               float *y);
+void cu_attention_dense(struct backend *be, const float *q, int64_t n_q, const float *k,
+                        const float *v, int64_t n_kv, int64_t kv_stride, int n_heads, int head_dim,
+                        float scale, int64_t causal, float *out);
+
 /* x (n_rows x cols, f32) to bf16 and one cuBLASLt GEMM (+ bias) per matrix
  * of matmul op (cuda_backend.cu); false when it failed (recorded). */
 bool cu_exec_gemm(struct cu_impl *im, const struct cu_op *op);

@@ -1,0 +1,264 @@
+/* backend/cuda/encdec.cu — the CUDA backend's encoder-decoder ops (Whisper): LayerNorm, GELU, 1-D convolution and attention over contiguous K/V.
+ *
+ * These ops are not recorded: each launches the step recorded so far
+ * (without a graph: the short op lists between them would only churn the
+ * graph cache) and then its own kernels, eagerly, on the backend's stream.
+ * Their arithmetic follows the CPU's (backend/cpu/encdec.c) so the two stay
+ * within float rounding of each other: LayerNorm sums in double in row
+ * order, attention sums each dot product in head-dim order and normalises
+ * once at the end (online softmax: the same value up to the rounding of the
+ * running rescale). */
+#include <math.h>
+
+#include "backend/cuda/cuda_internal.h"
+
+static struct cu_impl *impl_of(struct backend *be) { return (struct cu_impl *)be->impl; }
+
+/* Launches what was recorded before the op; false when the backend has failed. */
+static bool op_begin(struct cu_impl *im)
+{
+    cu_flush_eager(im);
+    if (im->failed)
+        return false;
+    cudaSetDevice(im->dev.index);
+    return true;
+}
+
+/* ---- LayerNorm ------------------------------------------------------------ */
+
+#define LN_THREADS 256
+
+static __device__ double block_sum(double v, double *partial)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    if ((threadIdx.x & 31) == 0)
+        partial[threadIdx.x / 32] = v;
+    __syncthreads();
+    double s = 0;
+    for (int w = 0; w < LN_THREADS / 32; w++)
+        s += partial[w];
+    __syncthreads();
+    return s;
+}
+
+/* One block per row; y may alias x (each element is read before it is written, by one thread). */
+static __global__ void layer_norm_kernel(const float *x, const float *w, const float *b,
+                                         int64_t dim, float eps, float *y)
+{
+    __shared__ double partial[LN_THREADS / 32];
+    const float *xr = x + (int64_t)blockIdx.x * dim;
+    float *yr = y + (int64_t)blockIdx.x * dim;
+    double sum = 0;
+    for (int64_t i = threadIdx.x; i < dim; i += LN_THREADS)
+        sum += xr[i];
+    double mean = block_sum(sum, partial) / (double)dim;
+    double sq = 0;
+    for (int64_t i = threadIdx.x; i < dim; i += LN_THREADS) {
+        double d = xr[i] - mean;
+        sq += d * d;
+    }
+    sq = block_sum(sq, partial);
+    float inv = (float)(1.0 / sqrt(sq / (double)dim + eps)), m = (float)mean;
+    for (int64_t i = threadIdx.x; i < dim; i += LN_THREADS)
+        yr[i] = (xr[i] - m) * inv * w[i] + (b ? b[i] : 0.0f);
+}
+
+void cu_layer_norm(struct backend *be, const float *x, const float *weight, const float *bias,
+                   int64_t n_rows, int64_t dim, float eps, float *y)
+{
+    struct cu_impl *im = impl_of(be);
+    if (n_rows <= 0 || !op_begin(im))
+        return;
+    layer_norm_kernel<<<(unsigned)n_rows, LN_THREADS, 0, im->stream>>>(x, weight, bias, dim, eps,
+                                                                       y);
+    CU_TRY(im, cudaGetLastError());
+}
+
+/* ---- GELU ------------------------------------------------------------------- */
+
+static __global__ void gelu_kernel(float *x, int64_t n)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        x[i] = 0.5f * x[i] * (1.0f + erff(x[i] * (float)M_SQRT1_2));
+}
+
+void cu_gelu(struct backend *be, float *x, int64_t n)
+{
+    struct cu_impl *im = impl_of(be);
+    if (n <= 0 || !op_begin(im))
+        return;
+    int64_t blocks = (n + 255) / 256;
+    gelu_kernel<<<(unsigned)(blocks < 8192 ? blocks : 8192), 256, 0, im->stream>>>(x, n);
+    CU_TRY(im, cudaGetLastError());
+}
+
+/* ---- 1-D convolution ------------------------------------------------------------ */
+
+/* col[t, c * kernel + j] = x[t * stride + j - pad, c] (0 outside the rows), the
+ * layout of the weight's rows, as the CPU's im2col. */
+static __global__ void im2col_kernel(const float *x, int64_t n_in, int64_t c_in, int kernel,
+                                     int stride, int pad, int64_t n_out, float *col)
+{
+    int64_t cols = c_in * kernel, total = n_out * cols;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total;
+         e += (int64_t)gridDim.x * blockDim.x) {
+        int64_t t = e / cols, r = e % cols, c = r / kernel;
+        int j = (int)(r % kernel);
+        int64_t src = t * stride + j - pad;
+        col[e] = src >= 0 && src < n_in ? x[src * c_in + c] : 0.0f;
+    }
+}
+
+/* im2col into stream-ordered scratch, then the backend's own matmul (recorded,
+ * launched here), so the product is the same GEMM every other matmul runs. */
+void cu_conv1d(struct backend *be, const float *x, int64_t n_in, int64_t c_in,
+               const struct weight_matrix *w, const float *bias, int kernel, int stride, int pad,
+               float *y)
+{
+    struct cu_impl *im = impl_of(be);
+    int64_t n_out = (n_in + 2 * pad - kernel) / stride + 1, cols = c_in * kernel;
+    if (n_out <= 0 || !op_begin(im))
+        return;
+    float *col = NULL;
+    if (!CU_TRY(im, cudaMallocAsync((void **)&col, (size_t)n_out * (size_t)cols * sizeof *col,
+                                    im->stream)))
+        return;
+    int64_t blocks = (n_out * cols + 255) / 256;
+    im2col_kernel<<<(unsigned)(blocks < 16384 ? blocks : 16384), 256, 0, im->stream>>>(
+        x, n_in, c_in, kernel, stride, pad, n_out, col);
+    if (CU_TRY(im, cudaGetLastError())) {
+        be->ops->matmul(be, col, n_out, w, bias, y);
+        cu_flush_eager(im); /* the matmul reads col: it runs before col is freed */
+    }
+    cudaFreeAsync(col, im->stream);
+}
+
+/* ---- attention over contiguous K/V ------------------------------------------------ */
+
+#define DA_WARPS 8   /* queries of one head per block, a warp each */
+#define DA_KEYS 32   /* keys per shared-memory tile: one per lane while scoring */
+#define DA_DIMS (CU_MAX_HEAD_DIM / 32)
+
+static __device__ __forceinline__ float warp_max(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+static __device__ __forceinline__ float warp_add(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Block (x, h): queries [x * DA_WARPS, +DA_WARPS) of head h. The block walks
+ * the keys in tiles staged in shared memory; in a tile lane j scores key j
+ * (its dot product summed in head-dim order, as the CPU sums it), then the
+ * warp folds the tile into its running max, sum and output (lane l holds
+ * dims l, l + 32, ...). */
+static __global__ void attention_dense_kernel(const float *q, int64_t n_q, const float *k,
+                                              const float *v, int64_t n_kv, int64_t kv_stride,
+                                              int n_heads, int hd, float scale, int64_t causal,
+                                              float *out)
+{
+    extern __shared__ float sm[];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, h = blockIdx.y;
+    const int64_t qd = (int64_t)n_heads * hd;
+    float *qs = sm + warp * hd;
+    float *ks = sm + DA_WARPS * hd;            /* DA_KEYS rows of hd + 1 (no bank conflicts) */
+    float *vs = ks + DA_KEYS * (hd + 1);       /* DA_KEYS rows of hd */
+    const int64_t i = (int64_t)blockIdx.x * DA_WARPS + warp;
+    const bool active = i < n_q;
+    int64_t n = n_kv;
+    if (causal >= 0 && causal + i + 1 < n)
+        n = causal + i + 1;
+    int64_t last = (int64_t)blockIdx.x * DA_WARPS + DA_WARPS - 1;
+    if (last > n_q - 1)
+        last = n_q - 1;
+    int64_t n_block = n_kv; /* the keys any query of the block reads */
+    if (causal >= 0 && causal + last + 1 < n_block)
+        n_block = causal + last + 1;
+    if (active)
+        for (int d = lane; d < hd; d += 32)
+            qs[d] = q[i * qd + (int64_t)h * hd + d];
+    float acc[DA_DIMS];
+    for (int c = 0; c < DA_DIMS; c++)
+        acc[c] = 0.0f;
+    float m = -INFINITY, l = 0.0f;
+    for (int64_t t0 = 0; t0 < n_block; t0 += DA_KEYS) {
+        __syncthreads(); /* the previous tile is consumed */
+        for (int e = threadIdx.x; e < DA_KEYS * hd; e += blockDim.x) {
+            int j = e / hd, d = e % hd;
+            int64_t r = t0 + j;
+            bool in = r < n_block;
+            ks[j * (hd + 1) + d] = in ? k[r * kv_stride + (int64_t)h * hd + d] : 0.0f;
+            vs[j * hd + d] = in ? v[r * kv_stride + (int64_t)h * hd + d] : 0.0f;
+        }
+        __syncthreads();
+        if (!active || t0 >= n)
+            continue;
+        int64_t r = t0 + lane;
+        float s = -INFINITY;
+        if (r < n) {
+            const float *kr = ks + lane * (hd + 1);
+            float dot = 0.0f;
+            for (int d = 0; d < hd; d++)
+                dot += qs[d] * kr[d];
+            s = dot * scale;
+        }
+        float m_new = fmaxf(m, warp_max(s));
+        float corr = expf(m - m_new); /* 0 on the first tile (m = -inf) */
+        float p = r < n ? expf(s - m_new) : 0.0f;
+        l = l * corr + warp_add(p);
+        for (int c = 0; c < DA_DIMS; c++)
+            acc[c] *= corr;
+        int keys = n - t0 < DA_KEYS ? (int)(n - t0) : DA_KEYS;
+        for (int j = 0; j < keys; j++) {
+            float pj = __shfl_sync(0xffffffffu, p, j);
+            for (int c = 0; c < DA_DIMS; c++) {
+                int d = lane + 32 * c;
+                if (d < hd)
+                    acc[c] += pj * vs[j * hd + d];
+            }
+        }
+        m = m_new;
+    }
+    if (!active)
+        return;
+    float inv = l > 0 ? 1.0f / l : 0.0f;
+    for (int c = 0; c < DA_DIMS; c++) {
+        int d = lane + 32 * c;
+        if (d < hd)
+            out[i * qd + (int64_t)h * hd + d] = acc[c] * inv;
+    }
+}
+
+void cu_attention_dense(struct backend *be, const float *q, int64_t n_q, const float *k,
+                        const float *v, int64_t n_kv, int64_t kv_stride, int n_heads, int head_dim,
+                        float scale, int64_t causal, float *out)
+{
+    struct cu_impl *im = impl_of(be);
+    if (n_q <= 0 || n_heads <= 0)
+        return;
+    if (head_dim <= 0 || head_dim > CU_MAX_HEAD_DIM) {
+        cu_fail(im, INFERD_EUNSUPPORTED, "dense attention with head dim %d (at most %d)",
+                head_dim, CU_MAX_HEAD_DIM);
+        return;
+    }
+    if (!op_begin(im))
+        return;
+    size_t smem = (size_t)(DA_WARPS * head_dim + DA_KEYS * (head_dim + 1) + DA_KEYS * head_dim) *
+                  sizeof(float);
+    if (smem > 48 * 1024 &&
+        !CU_TRY(im, cudaFuncSetAttribute(attention_dense_kernel,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)))
+        return;
+    dim3 grid((unsigned)((n_q + DA_WARPS - 1) / DA_WARPS), (unsigned)n_heads);
+    attention_dense_kernel<<<grid, DA_WARPS * 32, smem, im->stream>>>(
+        q, n_q, k, v, n_kv, kv_stride, n_heads, head_dim, scale, causal, out);
+    CU_TRY(im, cudaGetLastError());
+}
