@@ -89,7 +89,7 @@ static const struct mkmodel_preset presets[] = {
     /* Phi-3: fused projections, partial rotary (48 of 64 dims) and longrope
      * switching at 32 positions (the goldens' longer cases cross it). */
     { .name = "tiny-phi3", .arch = "phi3", .vocab_size = 347, .hidden_size = 192,
-      .intermediate_size = 264, .n_layers = 2, .n_heads = 6, .n_kv_heads = 2, .head_dim = 64,
+      .intermediate_size = 264, .n_layers = 2, .n_heads = 3, .n_kv_heads = 1, .head_dim = 64,
       .max_position_embeddings = 128, .tie_word_embeddings = false, .rope_theta = "10000.0",
       .rms_norm_eps = "1e-05", .rope = MKMODEL_ROPE_LONGROPE, .rope_original_max_position = 32,
       .partial_rotary_factor = "0.75", .dtype = DTYPE_BF16, TINY_GREEDY },
