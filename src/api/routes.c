@@ -78,7 +78,7 @@ static void api_index(struct http_exchange *x)
     json_object_object_add(root, "name", json_object_new_string("inferd"));
     json_object_object_add(root, "version",
                            x->srv->version ? json_object_new_string(x->srv->version) : NULL);
-    json_object_object_add(root, "model", json_object_new_string(x->srv->model_id));
+    json_object_object_add(root, "model", json_object_new_string(x->srv->served.id));
     const struct http_routes *t = api_routes(x->srv->webui != NULL);
     for (size_t i = 0; i < t->n; i++) {
         const struct http_route *r = &t->routes[i];
