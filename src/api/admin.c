@@ -1,8 +1,9 @@
 /* api/admin.c — GET /health, /stats and /metrics, POST /admin/cache/session/close and
- * /admin/cache/flush. */
+ * /admin/cache/flush, GET /engine. */
 #include <json-c/json.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "api/admin.h"
 #include "api/model_pool.h"
@@ -240,4 +241,37 @@ void admin_cache_flush(struct http_exchange *x)
     }
     release_models(x->srv, models, n_models);
     send_flush_result(x, rc == 0, &after, ms, rc == 0 ? NULL : first.msg);
+}
+
+void admin_engine(struct http_exchange *x)
+{
+    struct server *srv = x->srv;
+    json_object *o = json_object_new_object();
+    json_object_object_add(o, "isolated", json_object_new_boolean(false));
+    json_object_object_add(o, "pid", json_object_new_int64((int64_t)getpid()));
+    json_object_object_add(o, "restarts", json_object_new_int(0));
+    json_object_object_add(o, "socket", NULL);
+    json_object *pool = NULL;
+    if (srv->pool) {
+        pool = json_object_new_object();
+        json_object_object_add(pool, "default",
+                               json_object_new_string(model_pool_default_id(srv->pool)));
+        json_object *resident = json_object_new_array();
+        for (int i = 0; i < model_pool_count(srv->pool); i++) {
+            struct model_pool_info in;
+            model_pool_info(srv->pool, i, &in);
+            if (in.state == MODEL_POOL_RESIDENT)
+                json_object_array_add(resident, json_object_new_string(in.id));
+        }
+        json_object_object_add(pool, "resident", resident);
+    }
+    json_object_object_add(o, "pool", pool);
+    size_t len = 0;
+    const char *s = json_object_to_json_string_length(
+        o, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE, &len);
+    if (s)
+        http_send_json(x, 200, s, len);
+    else
+        http_send_errorf(x, 500, API_ERROR_SERVER, NULL, NULL, "out of memory for /engine");
+    json_object_put(o);
 }

@@ -46,6 +46,7 @@ static const struct http_route routes[] = {
      false},
     {"POST", "/admin/cache/flush", false, HTTP_BODY_JSON, admin_cache_flush, NULL, false},
     {"POST", "/admin/transcription/unload", false, HTTP_BODY_NONE, audio_unload, NULL, false},
+    {"GET", "/engine", false, HTTP_BODY_NONE, admin_engine, NULL, false},
     {"GET", "/ws/chat", false, HTTP_BODY_NONE, ws_chat_handle, NULL, false},
     /* The page itself needs no key: it asks for one when the API answers 401. */
     {"GET", "/", false, HTTP_BODY_NONE, webui_serve, NULL, true},

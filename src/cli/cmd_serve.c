@@ -652,14 +652,13 @@ static uint64_t served_free(struct served_load *l, int grace_ms)
             bool flushed = !ss->disabled && ss->pending + st.ssd_cache.unsaved == 0;
             if (flushed)
                 demoted = before.prompt_cache.blocks;
-            log_info("serve: SSD tier of %s at exit: %s; %llu blocks (%.1f MiB) on disk, %llu "
-                     "written (%.1f MiB) since start, %llu not durable, %llu dropped, %llu failed",
-                     l->o.dir,
+            log_info("serve: SSD tier at exit: %s; %llu blocks (%.1f MiB) on disk, %llu written "
+                     "(%.1f MiB) since start, %llu not durable, %llu dropped, %llu failed (%s)",
                      ss->disabled ? "off" : !flushed ? "flush incomplete" : "flushed",
                      (unsigned long long)ss->blocks, (double)ss->bytes / (1 << 20),
                      (unsigned long long)ss->writes, (double)ss->write_bytes / (1 << 20),
                      (unsigned long long)(ss->pending + st.ssd_cache.unsaved),
-                     (unsigned long long)ss->dropped, (unsigned long long)ss->failed);
+                     (unsigned long long)ss->dropped, (unsigned long long)ss->failed, l->o.dir);
         }
     }
     engine_free(l->engine);

@@ -87,6 +87,10 @@ describe('model pool', () => {
       assert.equal(st.default, modelId);
       assert.equal(st.models.length, 2);
       assert.ok(st.models.every((x) => x.state === 'resident' && x.load_s_last > 0));
+      const eng = await json(url, '/engine');
+      assert.equal(eng.isolated, false);
+      assert.equal(eng.pool.default, modelId);
+      assert.deepEqual(eng.pool.resident.sort(), [modelId, otherId].sort());
       const prom = await (await fetch(`${url}/metrics`)).text();
       assert.match(prom, new RegExp(`inferd_pool_model_resident\\{model="${otherId}"\\} 1`));
     });
