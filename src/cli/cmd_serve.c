@@ -1,5 +1,5 @@
-/* cli/cmd_serve.c — `inferd serve`: load a model directory and answer the OpenAI API over HTTP
- * until SIGINT or SIGTERM. */
+/* cli/cmd_serve.c — `inferd serve`: load a model directory (or a pool of models, loaded by the
+ * pool as requests name them) and answer the OpenAI API over HTTP until SIGINT or SIGTERM. */
 #include <dirent.h>
 #include <errno.h>
 #include <json-c/json.h>
