@@ -1,10 +1,12 @@
 /* api/admin.c — GET /health, /stats and /metrics, POST /admin/cache/session/close and
- * /admin/cache/flush. */
+ * /admin/cache/flush, GET /engine. */
 #include <json-c/json.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "api/admin.h"
+#include "api/model_pool.h"
 #include "base/json.h"
 #include "base/timer.h"
 
@@ -13,6 +15,31 @@
 /* How long a flush waits for the writes by default, and at most. */
 #define ADMIN_FLUSH_TIMEOUT_MS 30000
 #define ADMIN_FLUSH_TIMEOUT_MAX_MS 3600000
+
+/* The models the cache's admin routes reach: the one model once it is loaded, or every
+ * resident pool entry (each held until release_models). */
+static int cache_models(struct server *srv, struct served_model **out)
+{
+    if (!srv->pool) {
+        out[0] = &srv->served;
+        return srv->served.engine ? 1 : 0;
+    }
+    int n = 0;
+    for (int i = 0; i < model_pool_count(srv->pool) && n < MODEL_POOL_MAX_ENTRIES; i++) {
+        struct model_pool_info in;
+        model_pool_info(srv->pool, i, &in);
+        struct served_model *sm = model_pool_peek(srv->pool, in.id);
+        if (sm)
+            out[n++] = sm;
+    }
+    return n;
+}
+
+static void release_models(struct server *srv, struct served_model **models, int n)
+{
+    for (int i = 0; i < n; i++)
+        served_model_release(srv, models[i]);
+}
 
 void admin_health(struct http_exchange *x)
 {
@@ -76,9 +103,19 @@ void admin_session_close(struct http_exchange *x)
         return;
     }
     int released = -1;
-    if (!x->srv->engine || !atomic_load(&x->srv->ready)) {
+    struct served_model *models[MODEL_POOL_MAX_ENTRIES];
+    int n_models = cache_models(x->srv, models);
+    rc = 0;
+    for (int i = 0; i < n_models && rc == 0; i++) {
+        int n = -1;
+        rc = engine_close_session(models[i]->engine, id, &n, &err);
+        if (n >= 0)
+            released = (released < 0 ? 0 : released) + n;
+    }
+    release_models(x->srv, models, n_models);
+    if (n_models == 0 || !atomic_load(&x->srv->ready)) {
         http_send_errorf(x, 503, API_ERROR_UNAVAILABLE, NULL, NULL, "the model is still loading");
-    } else if (engine_close_session(x->srv->engine, id, &released, &err) < 0) {
+    } else if (rc < 0) {
         http_send_errorf(x, 503, API_ERROR_UNAVAILABLE, NULL, NULL, "%s", err.msg);
     } else {
         char body[96];
@@ -163,27 +200,78 @@ void admin_cache_flush(struct http_exchange *x)
         http_send_errorf(x, 400, API_ERROR_INVALID_REQUEST, "timeout_ms", NULL, "%s", err.msg);
         return;
     }
-    if (!x->srv->engine || !atomic_load(&x->srv->ready)) {
+    struct served_model *models[MODEL_POOL_MAX_ENTRIES];
+    int n_models = cache_models(x->srv, models);
+    if (n_models == 0 || !atomic_load(&x->srv->ready)) {
+        release_models(x->srv, models, n_models);
         http_send_errorf(x, 503, API_ERROR_UNAVAILABLE, NULL, NULL, "the model is still loading");
         return;
     }
-    if (!engine_config(x->srv->engine)->tier) {
+    if (!engine_config(models[0]->engine)->tier) {
+        release_models(x->srv, models, n_models);
         http_send_errorf(x, 400, API_ERROR_INVALID_REQUEST, NULL, NULL,
                          "there is no SSD tier to flush: the server runs without --ssd-cache DIR");
         return;
     }
+    /* With a pool every resident model's cache is flushed; the counters are the last one's. */
     struct kv_tier_stats after = {0};
     uint64_t t0 = now_ns();
-    int rc = engine_flush_cache(x->srv->engine, timeout_ms, &after, &err);
+    int rc = 0;
+    struct err first = {0};
+    struct engine *last = NULL;
+    for (int i = 0; i < n_models; i++) {
+        last = models[i]->engine;
+        memset(&after, 0, sizeof after);
+        int r = engine_flush_cache(last, timeout_ms, &after, &err);
+        if (r < 0 && rc == 0) {
+            rc = r;
+            first = err;
+        }
+    }
     double ms = (double)(now_ns() - t0) * 1e-6;
     if (rc == -INFERD_EINVAL) {
-        http_send_errorf(x, 400, API_ERROR_INVALID_REQUEST, NULL, NULL, "%s", err.msg);
+        release_models(x->srv, models, n_models);
+        http_send_errorf(x, 400, API_ERROR_INVALID_REQUEST, NULL, NULL, "%s", first.msg);
         return;
     }
     if (rc < 0 && !after.enabled) { /* refused before the engine thread saw it (stopping) */
         struct engine_stats st;
-        engine_get_stats(x->srv->engine, &st);
+        engine_get_stats(last, &st);
         after = st.ssd_cache;
     }
-    send_flush_result(x, rc == 0, &after, ms, rc == 0 ? NULL : err.msg);
+    release_models(x->srv, models, n_models);
+    send_flush_result(x, rc == 0, &after, ms, rc == 0 ? NULL : first.msg);
+}
+
+void admin_engine(struct http_exchange *x)
+{
+    struct server *srv = x->srv;
+    json_object *o = json_object_new_object();
+    json_object_object_add(o, "isolated", json_object_new_boolean(false));
+    json_object_object_add(o, "pid", json_object_new_int64((int64_t)getpid()));
+    json_object_object_add(o, "restarts", json_object_new_int(0));
+    json_object_object_add(o, "socket", NULL);
+    json_object *pool = NULL;
+    if (srv->pool) {
+        pool = json_object_new_object();
+        json_object_object_add(pool, "default",
+                               json_object_new_string(model_pool_default_id(srv->pool)));
+        json_object *resident = json_object_new_array();
+        for (int i = 0; i < model_pool_count(srv->pool); i++) {
+            struct model_pool_info in;
+            model_pool_info(srv->pool, i, &in);
+            if (in.state == MODEL_POOL_RESIDENT)
+                json_object_array_add(resident, json_object_new_string(in.id));
+        }
+        json_object_object_add(pool, "resident", resident);
+    }
+    json_object_object_add(o, "pool", pool);
+    size_t len = 0;
+    const char *s = json_object_to_json_string_length(
+        o, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE, &len);
+    if (s)
+        http_send_json(x, 200, s, len);
+    else
+        http_send_errorf(x, 500, API_ERROR_SERVER, NULL, NULL, "out of memory for /engine");
+    json_object_put(o);
 }

@@ -1,5 +1,6 @@
 /* api/admin.h — the server's own routes: GET /health, /stats and /metrics, the prefix
- * cache's POST /admin/cache/session/close and the SSD tier's POST /admin/cache/flush. */
+ * cache's POST /admin/cache/session/close, the SSD tier's POST /admin/cache/flush, and GET
+ * /engine. */
 #ifndef INFERD_API_ADMIN_H
 #define INFERD_API_ADMIN_H
 
@@ -20,5 +21,9 @@ void admin_session_close(struct http_exchange *x);
  * writes, write_bytes, failed, dropped, disabled, elapsed_ms. The API key is needed when one
  * is set. */
 void admin_cache_flush(struct http_exchange *x);
+/* GET /engine: how the engines run: {isolated, pid, restarts, socket, pool: {default,
+ * resident: [ids]} (null without a pool)}. Engines run in the server's own process, so
+ * isolated is false, pid the server's, restarts 0 and socket null. */
+void admin_engine(struct http_exchange *x);
 
 #endif

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "api/keys.h"
+#include "api/model_pool.h"
 #include "api/prompt.h"
 #include "base/err.h"
 #include "base/json.h"
@@ -811,9 +812,9 @@ void anthropic_request_free(struct anthropic_request *r)
     memset(r, 0, sizeof *r);
 }
 
-int anthropic_retain_tokens(const struct server *srv, const struct anthropic_request *r)
+int anthropic_retain_tokens(const struct served_model *sm, const struct anthropic_request *r)
 {
-    if (!r->retain_messages || !srv->tmpl || !srv->tok)
+    if (!r->retain_messages || !sm->tmpl || !sm->tok)
         return 0;
     struct err err = {0};
     json_object *messages = NULL;
@@ -827,9 +828,9 @@ int anthropic_retain_tokens(const struct server *srv, const struct anthropic_req
     /* Rendered as the whole prompt is (api/prompt.c), without the generation prompt, so it
      * ends where the breakpoint's block does, give or take the turn's closing tokens. */
     if (chat_template_join_content(r->retain_messages, &messages, &err) == 0 &&
-        chat_template_render(srv->tmpl, messages, tools, false, r->req.chat_template_kwargs,
+        chat_template_render(sm->tmpl, messages, tools, false, r->req.chat_template_kwargs,
                              &text, &len, &err) == 0 &&
-        tok_encode(srv->tok, text, len, false, &ids, &n, &err) < 0)
+        tok_encode(sm->tok, text, len, false, &ids, &n, &err) < 0)
         n = 0;
     json_object_put(messages);
     free(text);
@@ -1134,19 +1135,19 @@ static void send_json(struct http_exchange *x, struct strbuf *b)
         http_send_json(x, 200, b->data, b->len);
 }
 
-static void reply_init(struct anthropic_reply *rep, const struct server *srv,
+static void reply_init(struct anthropic_reply *rep, const struct served_model *sm,
                        struct gen_request *req)
 {
     memset(rep, 0, sizeof *rep);
     generation_random_id(rep->id, sizeof rep->id, "msg_");
-    rep->model = srv->model_id;
+    rep->model = sm->id;
     for (size_t i = 0; i < req->n_stop; i++) { /* moved: the reply names the one that fired */
         rep->stop[i] = req->stop[i];
         req->stop[i] = NULL;
     }
     rep->n_stop = req->n_stop;
     req->n_stop = 0;
-    const struct engine_config *c = srv->engine ? engine_config(srv->engine) : NULL;
+    const struct engine_config *c = sm->engine ? engine_config(sm->engine) : NULL;
     if (c && c->prompt_cache_bytes > 0)
         rep->cache_block_size = c->kv_block_size > 0 ? c->kv_block_size : KV_BLOCK_SIZE_DEFAULT;
 }
@@ -1205,9 +1206,15 @@ void anthropic_messages(struct http_exchange *x)
         send_error(x, &e);
         return;
     }
-    ar.req.retain_tokens = anthropic_retain_tokens(srv, &ar);
+    struct served_model *sm = NULL;
+    if (served_model_acquire(srv, ar.req.model, &sm, &e) < 0) {
+        anthropic_request_free(&ar);
+        send_error(x, &e);
+        return;
+    }
+    ar.req.retain_tokens = anthropic_retain_tokens(sm, &ar);
     struct generation *g = NULL;
-    if (generation_start(x, &ar.req, &g, &e) < 0) {
+    if (generation_start(x, sm, &ar.req, &g, &e) < 0) {
         anthropic_request_free(&ar);
         send_error(x, &e);
         return;
@@ -1221,7 +1228,7 @@ void anthropic_messages(struct http_exchange *x)
         return;
     }
     c->gen = g;
-    reply_init(&c->s.reply, srv, &ar.req);
+    reply_init(&c->s.reply, generation_model(g), &ar.req);
     anthropic_request_free(&ar);
     if (stream) {
         http_send_stream(x, 200, "text/event-stream",
@@ -1257,7 +1264,11 @@ void anthropic_count_tokens(struct http_exchange *x)
      * keeps its generated ids and the count is usage.input_tokens. */
     uint64_t ns = api_cache_namespace(x->tenant_ns, NULL, 0);
     struct prompt pr;
-    bool ok = prompt_build(srv, &ar.req, ns, &pr, &e);
+    struct served_model *sm = NULL;
+    bool ok = served_model_acquire(srv, ar.req.model, &sm, &e) == 0;
+    if (ok)
+        ok = prompt_build(srv, sm, &ar.req, ns, &pr, &e);
+    served_model_release(srv, sm);
     anthropic_request_free(&ar);
     if (!ok) {
         send_error(x, &e);

@@ -53,9 +53,9 @@ int anthropic_request_parse(const char *body, size_t len, enum anthropic_body ki
 void anthropic_request_free(struct anthropic_request *r);
 
 /* Prompt tokens up to the last cache_control breakpoint: the length of the rendering of
- * r->retain_messages (without the generation prompt), encoded as chat prompts are; 0 when
+ * r->retain_messages (without the generation prompt), encoded as sm encodes chat prompts; 0 when
  * there is none or it cannot be rendered (a hint, never an error). */
-int anthropic_retain_tokens(const struct server *srv, const struct anthropic_request *r);
+int anthropic_retain_tokens(const struct served_model *sm, const struct anthropic_request *r);
 
 /* ---- the reply ---------------------------------------------------------------- */
 

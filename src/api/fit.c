@@ -4,6 +4,8 @@
 
 #include <json-c/json.h>
 
+#include "api/model_pool.h"
+
 int64_t fit_max_context(uint64_t memory, uint64_t weights, uint64_t transient,
                         uint64_t kv_bytes_per_token)
 {
@@ -21,7 +23,9 @@ static json_object *jbytes(uint64_t n)
 void fit_report(struct http_exchange *x)
 {
     const struct server *srv = x->srv;
-    const struct server_fit *f = &srv->fit;
+    /* The default model's, as it was measured at its load when it is not resident now. */
+    struct served_model *sm = served_model_peek(srv);
+    const struct server_fit *f = sm ? &sm->fit : &srv->served.fit;
     json_object *o = json_object_new_object();
     json_object_object_add(o, "weights_bytes", jbytes(f->weights_bytes));
     json_object_object_add(o, "kv_bytes_per_token", jbytes(f->kv_bytes_per_token));
@@ -29,9 +33,9 @@ void fit_report(struct http_exchange *x)
     json_object_object_add(o, "memory_budget_bytes",
                            f->memory_budget_bytes ? jbytes(f->memory_budget_bytes) : NULL);
     json_object_object_add(o, "max_safe_context", json_object_new_int64(f->max_safe_context));
-    if (srv->engine)
+    if (sm && sm->engine)
         json_object_object_add(o, "enforced_context_tokens",
-                               json_object_new_int(engine_config(srv->engine)->n_ctx));
+                               json_object_new_int(engine_config(sm->engine)->n_ctx));
     /* A decode step reads every weight once: bandwidth bounds tokens per second. */
     double tps = f->bandwidth_gbs > 0 && f->weight_bytes_per_token > 0
                      ? f->bandwidth_gbs * 1e9 / f->weight_bytes_per_token
@@ -43,6 +47,7 @@ void fit_report(struct http_exchange *x)
     json_object_object_add(be, "device", json_object_new_string(f->backend_device));
     json_object_object_add(be, "memory_bytes", jbytes(f->memory_bytes));
     json_object_object_add(o, "backend", be);
+    served_model_release(srv, sm);
     size_t len;
     const char *s = json_object_to_json_string_length(
         o, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE, &len);

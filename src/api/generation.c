@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "api/model_pool.h"
 #include "api/prompt.h"
 #include "api/reencode.h"
 #include "base/strbuf.h"
@@ -20,6 +21,8 @@
 
 struct generation {
     struct server *srv;
+    struct served_model *sm;              /* the model it runs on; one reference when holds_model */
+    bool holds_model;
     struct gen_output *out;               /* one reference */
     struct gen_cursor cur;                /* how far the output was taken */
     int client_fd;
@@ -56,11 +59,12 @@ int generation_admit(const struct server *srv, struct api_error *e)
 /* The engine's refusal of a submit, as the client should see it. Every
  * "does not fit" is -INFERD_ERANGE; which limit it was follows from the
  * engine's configuration, in the order engine_submit checks them. */
-static int submit_error(struct server *srv, int rc, const struct gen_request *req,
-                        const struct gen_params *p, const struct err *err, struct api_error *e)
+static int submit_error(struct server *srv, const struct served_model *sm, int rc,
+                        const struct gen_request *req, const struct gen_params *p,
+                        const struct err *err, struct api_error *e)
 {
     const char *prompt_param = req->kind == GEN_REQUEST_CHAT ? "messages" : "prompt";
-    const struct engine_config *c = engine_config(srv->engine);
+    const struct engine_config *c = engine_config(sm->engine);
     if (rc == -INFERD_EBUSY) {
         api_error_set(e, 429, API_ERROR_RATE_LIMIT, NULL, "rate_limit_exceeded", "%s", err->msg);
     } else if (rc == -INFERD_ERANGE && c->budget_ctx > 0 && p->n_prompt >= c->budget_ctx) {
@@ -112,7 +116,7 @@ static bool request_session(const struct http_exchange *x, const struct gen_requ
 /* req's constraint on its reply, compiled or found in the server's cache; *out NULL when it
  * asks for none. A construct the compiler refuses is a 400 naming it (its JSON path in the
  * message, the request field as param). */
-static int request_grammar(struct server *srv, const struct gen_request *req,
+static int request_grammar(const struct served_model *sm, const struct gen_request *req,
                            struct gen_grammar **out, struct api_error *e)
 {
     *out = NULL;
@@ -128,14 +132,14 @@ static int request_grammar(struct server *srv, const struct gen_request *req,
                         (req->tool_choice == GEN_TOOL_CHOICE_REQUIRED ||
                          req->tool_choice == GEN_TOOL_CHOICE_FUNCTION));
     const char *param = forced_call ? "tool_choice" : spec->param;
-    if (!srv->grammars) {
+    if (!sm->grammars) {
         api_error_set(e, 400, API_ERROR_INVALID_REQUEST, param, "structured_output_unavailable",
                       "%s asks for structured output, which this server runs without", param);
         return -INFERD_EUNSUPPORTED;
     }
     if (forced_call) {
         enum toolcall_syntax syntax =
-            toolcall_syntax_for_template(srv->tok ? tok_chat_template(srv->tok) : NULL, NULL);
+            toolcall_syntax_for_template(sm->tok ? tok_chat_template(sm->tok) : NULL, NULL);
         rc = structured_tool_call_spec(toolcall_syntax_name(syntax), req->tools,
                                        req->tool_choice == GEN_TOOL_CHOICE_FUNCTION
                                            ? req->tool_choice_name
@@ -144,7 +148,7 @@ static int request_grammar(struct server *srv, const struct gen_request *req,
         spec = &tool;
     }
     if (rc == 0)
-        rc = grammar_cache_get(srv->grammars, spec, out, &err);
+        rc = grammar_cache_get(sm->grammars, spec, out, &err);
     structured_spec_free(&tool);
     if (rc == -INFERD_ENOMEM)
         api_error_set(e, 500, API_ERROR_SERVER, NULL, NULL, "%s", err.msg);
@@ -167,21 +171,22 @@ static bool tools_on(const struct gen_request *req)
 
 /* How the reply of a submitted request is read: the reasoning split and the
  * tool-call parser it needs. */
-static int open_reading(struct generation *g, struct server *srv, const struct gen_request *req,
-                        bool starts_inside, struct api_error *e)
+static int open_reading(struct generation *g, struct server *srv, struct served_model *sm,
+                        const struct gen_request *req, bool starts_inside, struct api_error *e)
 {
     struct err err = {0};
     int rc = 0;
     g->srv = srv;
+    g->sm = sm;
     g->split_reasoning =
-        req->kind == GEN_REQUEST_CHAT && (starts_inside || prompt_model_thinks(srv->tok));
+        req->kind == GEN_REQUEST_CHAT && (starts_inside || prompt_model_thinks(sm->tok));
     g->starts_inside = starts_inside;
     if (g->split_reasoning) {
         struct reasoning_opts opts = {.starts_inside = starts_inside};
         rc = reasoning_splitter_create(&opts, &g->splitter, &err);
     }
     if (rc == 0 && tools_on(req)) {
-        enum toolcall_syntax syntax = toolcall_syntax_for_template(tok_chat_template(srv->tok), NULL);
+        enum toolcall_syntax syntax = toolcall_syntax_for_template(tok_chat_template(sm->tok), NULL);
         rc = toolcall_parser_create(syntax, req->tools, &g->tools, &err);
     }
     if (rc < 0)
@@ -189,41 +194,48 @@ static int open_reading(struct generation *g, struct server *srv, const struct g
     return rc;
 }
 
-int generation_start(const struct http_exchange *x, const struct gen_request *req,
-                     struct generation **out, struct api_error *e)
+int generation_start(const struct http_exchange *x, struct served_model *sm,
+                     const struct gen_request *req, struct generation **out, struct api_error *e)
 {
     struct server *srv = x->srv;
     *out = NULL;
     const char *session = NULL;
-    if (!request_session(x, req, &session, e))
+    if (!request_session(x, req, &session, e)) {
+        served_model_release(srv, sm);
         return -INFERD_EINVAL;
+    }
     struct sampler_logit_bias *bias = calloc(req->n_logit_bias + 1, sizeof *bias);
     struct generation *g = calloc(1, sizeof *g);
     if (!bias || !g) {
         free(bias);
         free(g);
+        served_model_release(srv, sm);
         api_error_set(e, 500, API_ERROR_SERVER, NULL, NULL, "out of memory");
         return -INFERD_ENOMEM;
     }
+    /* From here the generation holds the model: generation_free lets it go. */
+    g->srv = srv;
+    g->sm = sm;
+    g->holds_model = true;
     /* The parameters first: the prompt is encoded under their cache namespace. */
     struct gen_params p;
     memset(&p, 0, sizeof p);
-    prompt_fill_params(srv, req, &p, bias);
+    prompt_fill_params(srv, sm, req, &p, bias);
     p.cache_ns = api_cache_namespace(x->tenant_ns, req->cache_salt,
                                      req->cache_salt ? strlen(req->cache_salt) : 0);
     p.session_id = session;
     struct gen_grammar *grammar = NULL;
-    int rc = request_grammar(srv, req, &grammar, e);
+    int rc = request_grammar(sm, req, &grammar, e);
     if (rc < 0) {
         free(bias);
-        free(g);
+        generation_free(g);
         return rc;
     }
     struct prompt pr;
-    if (!prompt_build(srv, req, p.cache_ns, &pr, e)) {
+    if (!prompt_build(srv, sm, req, p.cache_ns, &pr, e)) {
         gen_grammar_release(grammar);
         free(bias);
-        free(g);
+        generation_free(g);
         return -INFERD_EINVAL;
     }
     if (grammar) {
@@ -231,7 +243,7 @@ int generation_start(const struct http_exchange *x, const struct gen_request *re
         p.jump_forward = !srv->no_jump_forward;
         /* Thinking asked for: the reply thinks first (within a budget), then the grammar. */
         if (req->kind == GEN_REQUEST_CHAT && prompt_thinking_asked(req) &&
-            prompt_model_thinks(srv->tok)) {
+            prompt_model_thinks(sm->tok)) {
             p.grammar_after_think = true;
             p.think_open = true;
             if (p.think_budget <= 0)
@@ -242,16 +254,17 @@ int generation_start(const struct http_exchange *x, const struct gen_request *re
     p.prompt = pr.ids;
     p.n_prompt = pr.n_ids;
     struct err err = {0};
-    rc = engine_submit(srv->engine, &p, &g->out, &err);
+    rc = engine_submit(sm->engine, &p, &g->out, &err);
     gen_grammar_release(grammar); /* the sequence holds its own reference */
     bool starts_inside = pr.starts_inside_think;
     free(bias);
     if (rc < 0) {
         prompt_free(&pr);
-        free(g);
-        return submit_error(srv, rc, req, &p, &err, e);
+        submit_error(srv, sm, rc, req, &p, &err, e);
+        generation_free(g);
+        return rc;
     }
-    if (srv->reencode && pr.text) {
+    if (sm->reencode && pr.text) {
         /* Kept until the reply is finished, when the whole sequence is remembered. */
         g->prompt_text = pr.text;
         g->prompt_len = pr.text_len;
@@ -265,7 +278,7 @@ int generation_start(const struct http_exchange *x, const struct gen_request *re
     prompt_free(&pr);
     g->client_fd = x->client_fd;
     g->logprobs = p.logprobs;
-    if ((rc = open_reading(g, srv, req, starts_inside, e)) < 0) {
+    if ((rc = open_reading(g, srv, sm, req, starts_inside, e)) < 0) {
         generation_free(g);
         return rc;
     }
@@ -287,13 +300,18 @@ int generation_open_output(struct server *srv, const struct gen_request *req,
     g->out = out;
     g->client_fd = -1;
     g->logprobs = -1;
-    int rc = open_reading(g, srv, req, starts_inside, e);
+    int rc = open_reading(g, srv, &srv->served, req, starts_inside, e);
     if (rc < 0) {
         generation_free(g);
         return rc;
     }
     *gout = g;
     return 0;
+}
+
+struct served_model *generation_model(const struct generation *g)
+{
+    return g->sm;
 }
 
 int generation_logprobs(const struct generation *g)
@@ -439,7 +457,7 @@ static void remember_reply(struct generation *g, const struct gen_news *whole)
     if (!g->prompt_text || (whole->finish != GEN_FINISH_STOP && whole->finish != GEN_FINISH_LENGTH))
         return;
     struct err err = {0};
-    reencode_remember(g->srv->reencode, g->cache_ns, g->add_special, g->prompt_text,
+    reencode_remember(g->sm->reencode, g->cache_ns, g->add_special, g->prompt_text,
                       g->prompt_len, g->prompt_ids, g->n_prompt, whole->text ? whole->text : "",
                       whole->text_len, whole->ids, (int)whole->n_ids, &err);
     free(g->prompt_text);
@@ -630,6 +648,8 @@ void generation_free(struct generation *g)
     toolcall_parser_free(g->tools);
     free(g->prompt_text);
     free(g->prompt_ids);
+    if (g->holds_model)
+        served_model_release(g->srv, g->sm);
     free(g);
 }
 

@@ -26,7 +26,9 @@ struct generation;
  * so a loading server says so whatever the request. */
 int generation_admit(const struct server *srv, struct api_error *e);
 
-/* Builds req's prompt and parameters and submits them. Returns 0 with *out
+/* Builds req's prompt and parameters and submits them to sm's engine (sm from
+ * served_model_acquire: the generation takes that reference over, and lets it
+ * go in generation_free, or before returning an error). Returns 0 with *out
  * (release with generation_free), or a negative code with e filled: the
  * prompt's own errors, 429 rate_limit_exceeded (queue full), 400
  * context_length_exceeded naming "messages" or "prompt", 503 out_of_memory,
@@ -35,11 +37,14 @@ int generation_admit(const struct server *srv, struct api_error *e);
  * content when req is a chat whose tools array is non-empty and whose
  * tool_choice is not "none" (the syntax chosen from the chat template,
  * text/toolcall.h). */
-int generation_start(const struct http_exchange *x, const struct gen_request *req,
-                     struct generation **out, struct api_error *e);
+int generation_start(const struct http_exchange *x, struct served_model *sm,
+                     const struct gen_request *req, struct generation **out, struct api_error *e);
 
-/* A generation over an output the caller feeds itself, as generation_start
- * builds one less the prompt and the engine: the same reading, reasoning split
+/* The model the generation runs on (its id, tokenizer and defaults for the reply). */
+struct served_model *generation_model(const struct generation *g);
+
+/* A generation over an output the caller feeds itself (srv's one model, no
+ * pool), as generation_start builds one less the prompt and the engine: the same reading, reasoning split
  * and tool-call parsing, with no client to watch. Takes over one reference of
  * out. Tests drive the output path with token ids of their own through it. */
 int generation_open_output(struct server *srv, const struct gen_request *req,

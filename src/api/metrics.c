@@ -5,8 +5,10 @@
 #include "api/structured.h"
 
 #include <json-c/json.h>
+#include <stdio.h>
 #include <string.h>
 
+#include "api/model_pool.h"
 #include "api/reencode.h"
 #include "api/response_store.h"
 #include "api/server.h"
@@ -233,7 +235,104 @@ static json_object *ssd_cache_json(const struct kv_tier_stats *t)
     return o;
 }
 
-void api_metrics_prometheus(const struct server *srv, struct strbuf *out)
+
+/* The pool's entries for /stats: state, size, loads and their times, residency. */
+static json_object *pool_json(struct model_pool *p)
+{
+    struct model_pool_totals t;
+    model_pool_totals(p, &t);
+    json_object *o = json_object_new_object();
+    json_object_object_add(o, "default", json_object_new_string(model_pool_default_id(p)));
+    json_object_object_add(o, "memory_limit_bytes",
+                           t.memory_limit_bytes ? json_object_new_int64((int64_t)t.memory_limit_bytes)
+                                                : NULL);
+    json_object_object_add(o, "resident_bytes", json_object_new_int64((int64_t)t.resident_bytes));
+    json_object_object_add(o, "other_bytes", json_object_new_int64((int64_t)t.extra_bytes));
+    json_object_object_add(o, "resident", json_object_new_int(t.resident));
+    json_object_object_add(o, "loads", json_object_new_int64((int64_t)t.loads));
+    json_object_object_add(o, "unloads", json_object_new_int64((int64_t)t.unloads));
+    json_object_object_add(o, "evictions", json_object_new_int64((int64_t)t.evictions));
+    json_object_object_add(o, "waits", json_object_new_int64((int64_t)t.waits));
+    json_object_object_add(o, "waiting", json_object_new_int(t.waiting));
+    json_object_object_add(o, "refused", json_object_new_int64((int64_t)t.refused));
+    json_object *models = json_object_new_array();
+    for (int i = 0; i < t.entries; i++) {
+        struct model_pool_info in;
+        model_pool_info(p, i, &in);
+        json_object *m = json_object_new_object();
+        json_object_object_add(m, "id", json_object_new_string(in.id));
+        json_object_object_add(m, "state", json_object_new_string(model_pool_state_name(in.state)));
+        json_object_object_add(m, "default", json_object_new_boolean(in.is_default));
+        json_object_object_add(m, "bytes", json_object_new_int64((int64_t)in.bytes));
+        json_object_object_add(m, "in_flight", json_object_new_int(in.in_flight));
+        json_object_object_add(m, "waiting", json_object_new_int(in.waiting));
+        json_object_object_add(m, "requests", json_object_new_int64((int64_t)in.requests));
+        json_object_object_add(m, "loads", json_object_new_int64((int64_t)in.loads));
+        json_object_object_add(m, "unloads", json_object_new_int64((int64_t)in.unloads));
+        json_object_object_add(m, "load_failures", json_object_new_int64((int64_t)in.load_failures));
+        json_object_object_add(m, "demotions", json_object_new_int64((int64_t)in.demotions));
+        json_object_object_add(m, "load_s_last", json_object_new_double(in.load_s_last));
+        json_object_object_add(m, "load_s_total", json_object_new_double(in.load_s_total));
+        json_object_object_add(m, "resident_s", json_object_new_double(in.resident_s));
+        json_object_object_add(m, "idle_s", json_object_new_double(in.idle_s));
+        json_object_object_add(m, "last_error",
+                               in.last_error[0] ? json_object_new_string(in.last_error) : NULL);
+        json_object_array_add(models, m);
+    }
+    json_object_object_add(o, "models", models);
+    return o;
+}
+
+/* The pool's entries for /metrics, one series per model. */
+static void pool_prometheus(struct model_pool *p, struct strbuf *out)
+{
+    struct model_pool_totals t;
+    model_pool_totals(p, &t);
+    strbuf_printf(out,
+                  "# HELP inferd_pool_resident_bytes Bytes of the pool's resident models.\n"
+                  "# TYPE inferd_pool_resident_bytes gauge\n"
+                  "inferd_pool_resident_bytes %llu\n"
+                  "# HELP inferd_pool_evictions_total Models unloaded to make room for another.\n"
+                  "# TYPE inferd_pool_evictions_total counter\n"
+                  "inferd_pool_evictions_total %llu\n"
+                  "# HELP inferd_pool_waiting Requests waiting for a model to load.\n"
+                  "# TYPE inferd_pool_waiting gauge\n"
+                  "inferd_pool_waiting %d\n",
+                  (unsigned long long)t.resident_bytes, (unsigned long long)t.evictions,
+                  t.waiting);
+    static const char *const series[][2] = {
+        {"inferd_pool_model_resident", "gauge 1 while the model is resident (or unloading)."},
+        {"inferd_pool_model_loading", "gauge 1 while the model loads."},
+        {"inferd_pool_model_bytes", "gauge Bytes the model holds resident (estimated before its first load)."},
+        {"inferd_pool_model_loads_total", "counter Loads of the model."},
+        {"inferd_pool_model_unloads_total", "counter Unloads of the model."},
+        {"inferd_pool_model_load_seconds_last", "gauge Seconds its last load took."},
+        {"inferd_pool_model_resident_seconds_total", "counter Seconds it has been resident."},
+    };
+    for (size_t k = 0; k < sizeof series / sizeof series[0]; k++) {
+        const char *help = strchr(series[k][1], ' ');
+        strbuf_printf(out, "# HELP %s%s\n# TYPE %s %.*s\n", series[k][0], help, series[k][0],
+                      (int)(help - series[k][1]), series[k][1]);
+        for (int i = 0; i < t.entries; i++) {
+            struct model_pool_info in;
+            model_pool_info(p, i, &in);
+            double v = 0;
+            switch (k) {
+            case 0: v = in.state == MODEL_POOL_RESIDENT || in.state == MODEL_POOL_UNLOADING; break;
+            case 1: v = in.state == MODEL_POOL_LOADING; break;
+            case 2: v = (double)in.bytes; break;
+            case 3: v = (double)in.loads; break;
+            case 4: v = (double)in.unloads; break;
+            case 5: v = in.load_s_last; break;
+            default: v = in.resident_s; break;
+            }
+            strbuf_printf(out, "%s{model=\"%s\"} %.17g\n", series[k][0], in.id, v);
+        }
+    }
+}
+
+static void prometheus_model(const struct server *srv, const struct served_model *sm,
+                             struct strbuf *out)
 {
     if (srv->transcriber) {
         struct transcriber_stats ts;
@@ -253,6 +352,8 @@ void api_metrics_prometheus(const struct server *srv, struct strbuf *out)
     strbuf_puts(out, "# HELP inferd_requests_total HTTP requests answered, by route and status.\n"
                      "# TYPE inferd_requests_total counter\n");
     const struct api_metrics *m = &srv->metrics;
+    if (srv->pool)
+        pool_prometheus(srv->pool, out);
     for (size_t r = 0; r <= m->n_routes; r++)
         for (int s = 0; s < METRICS_N_STATUSES; s++) {
             uint64_t n = label_count(m, r, s);
@@ -265,10 +366,10 @@ void api_metrics_prometheus(const struct server *srv, struct strbuf *out)
                 strbuf_printf(out, "inferd_requests_total{route=\"%s\",status=\"other\"} %llu\n",
                               m->labels[r], (unsigned long long)n);
         }
-    if (!srv->engine)
+    if (!sm->engine)
         return;
     struct engine_stats st;
-    engine_get_stats(srv->engine, &st);
+    engine_get_stats(sm->engine, &st);
     strbuf_printf(out,
                   "# HELP inferd_prompt_tokens_total Prompt tokens of admitted requests.\n"
                   "# TYPE inferd_prompt_tokens_total counter\n"
@@ -297,7 +398,7 @@ void api_metrics_prometheus(const struct server *srv, struct strbuf *out)
                   (unsigned long long)st.requests_cancelled,
                   (unsigned long long)st.requests_refused, st.queued, st.running,
                   st.kv_blocks_free);
-    const struct engine_config *cfg = engine_config(srv->engine);
+    const struct engine_config *cfg = engine_config(sm->engine);
     const struct kv_prefix_stats *pc = &st.prompt_cache;
     strbuf_printf(out,
                   "# HELP inferd_server_started_at_seconds When the server started (Unix time).\n"
@@ -407,9 +508,9 @@ void api_metrics_prometheus(const struct server *srv, struct strbuf *out)
                       "inferd_checkpoints_resumed_total %llu\n",
                       (unsigned long long)st.checkpoints_saved,
                       (unsigned long long)st.checkpoints_resumed);
-    if (srv->reencode) {
+    if (sm->reencode) {
         struct reencode_stats rs;
-        reencode_get_stats(srv->reencode, &rs);
+        reencode_get_stats(sm->reencode, &rs);
         strbuf_printf(out,
                       "# HELP inferd_reencode_entries Conversations whose generated ids are kept.\n"
                       "# TYPE inferd_reencode_entries gauge\n"
@@ -459,17 +560,29 @@ void api_metrics_prometheus(const struct server *srv, struct strbuf *out)
                       rs.entries, rs.bytes, rs.max_bytes, (unsigned long long)rs.ttl_s,
                       (unsigned long long)rs.evictions, (unsigned long long)rs.expirations);
     }
-    const struct engine_metrics *em = engine_metrics(srv->engine);
+    const struct engine_metrics *em = engine_metrics(sm->engine);
     histogram_text(out, "inferd_time_to_first_token_seconds",
                    "Seconds from a request's arrival to its first generated token.", &em->ttft);
     histogram_text(out, "inferd_inter_token_latency_seconds",
                    "Seconds between consecutive tokens of one sequence.", &em->inter_token);
 }
 
+void api_metrics_prometheus(const struct server *srv, struct strbuf *out)
+{
+    struct served_model *held = served_model_peek(srv), none = {0};
+    prometheus_model(srv, held ? held : &none, out);
+    served_model_release(srv, held);
+}
+
 void api_metrics_stats_json(const struct server *srv, struct strbuf *out)
 {
+    /* The engine's sections are the default model's, while it is resident. */
+    struct served_model *held = served_model_peek(srv), none = {0};
+    const struct served_model *sm = held ? held : &none;
+    if (!held)
+        snprintf(none.id, sizeof none.id, "%s", srv->served.id);
     json_object *root = json_object_new_object();
-    json_object_object_add(root, "model", json_object_new_string(srv->model_id));
+    json_object_object_add(root, "model", json_object_new_string(sm->id));
     json_object_object_add(root, "uptime_s",
                            json_object_new_double((double)(now_ns() - srv->started_ns) * 1e-9));
     json_object_object_add(root, "ready", json_object_new_boolean(atomic_load(&srv->ready)));
@@ -493,10 +606,10 @@ void api_metrics_stats_json(const struct server *srv, struct strbuf *out)
                                    : NULL);
         json_object_object_add(root, "transcription", a);
     }
-    if (srv->engine) {
+    if (sm->engine) {
         struct engine_stats st;
-        engine_get_stats(srv->engine, &st);
-        const struct engine_config *cfg = engine_config(srv->engine);
+        engine_get_stats(sm->engine, &st);
+        const struct engine_config *cfg = engine_config(sm->engine);
         json_object *e = json_object_new_object();
         json_object_object_add(e, "state", json_object_new_string(st.state));
         json_object_object_add(e, "queue_depth", json_object_new_int(st.queued));
@@ -528,9 +641,9 @@ void api_metrics_stats_json(const struct server *srv, struct strbuf *out)
         json_object_object_add(so, "mask_us_p99", json_object_new_double(st.grammar_mask_us_p99));
         json_object_object_add(so, "forced_tokens",
                                json_object_new_int64((int64_t)st.grammar_forced_tokens));
-        if (srv->grammars) {
+        if (sm->grammars) {
             struct grammar_cache_stats gs;
-            grammar_cache_stats(srv->grammars, &gs);
+            grammar_cache_stats(sm->grammars, &gs);
             json_object_object_add(so, "cache_entries", json_object_new_int(gs.entries));
             json_object_object_add(so, "cache_capacity", json_object_new_int(gs.capacity));
             json_object_object_add(so, "cache_hits", json_object_new_int64((int64_t)gs.hits));
@@ -610,9 +723,9 @@ void api_metrics_stats_json(const struct server *srv, struct strbuf *out)
     json_object *server = json_object_new_object();
     json_object_object_add(server, "started_at", json_object_new_int64((int64_t)srv->created));
     json_object_object_add(root, "server", server);
-    if (srv->reencode) {
+    if (sm->reencode) {
         struct reencode_stats rs;
-        reencode_get_stats(srv->reencode, &rs);
+        reencode_get_stats(sm->reencode, &rs);
         json_object *re = json_object_new_object();
         json_object_object_add(re, "entries", json_object_new_int64((int64_t)rs.entries));
         json_object_object_add(re, "bytes", json_object_new_int64((int64_t)rs.bytes));
@@ -635,6 +748,9 @@ void api_metrics_stats_json(const struct server *srv, struct strbuf *out)
                                json_object_new_int64((int64_t)rs.expirations));
         json_object_object_add(root, "response_store", st);
     }
+    if (srv->pool)
+        json_object_object_add(root, "pool", pool_json(srv->pool));
+    served_model_release(srv, held);
     size_t len;
     const char *s = json_object_to_json_string_length(
         root, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE, &len);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "api/generation.h"
+#include "api/model_pool.h"
 #include "api/openai.h"
 #include "engine/transcribe.h"
 #include "api/prompt.h"
@@ -21,6 +22,7 @@
 /* One OpenAI reply to a generation request, shared by the JSON and SSE paths. */
 struct reply {
     struct server *srv;
+    const struct served_model *sm; /* the generation's model */
     enum gen_request_kind kind;
     struct generation *gen;      /* owned */
     char id[48];
@@ -223,7 +225,7 @@ static json_object *base_object(const struct reply *r, const char *object)
     json_object_object_add(o, "id", json_object_new_string(r->id));
     json_object_object_add(o, "object", json_object_new_string(object));
     json_object_object_add(o, "created", json_object_new_int64(r->created));
-    json_object_object_add(o, "model", json_object_new_string(r->srv->model_id));
+    json_object_object_add(o, "model", json_object_new_string(r->sm->id));
     return o;
 }
 
@@ -269,13 +271,13 @@ static void respond_json(struct http_exchange *x, struct reply *r)
         json_object_object_add(choice, "message", msg);
         json_object_object_add(choice, "logprobs",
                                r->logprobs >= 0
-                                   ? chat_logprobs_json(r->srv->tok, o->tokens, o->n_tokens)
+                                   ? chat_logprobs_json(r->sm->tok, o->tokens, o->n_tokens)
                                    : NULL);
     } else {
         json_object_object_add(choice, "text", jstr(text, o->text_len));
         json_object_object_add(
             choice, "logprobs",
-            r->logprobs >= 0 ? completion_logprobs_json(r->srv->tok, o->tokens, o->n_tokens, 0, 0)
+            r->logprobs >= 0 ? completion_logprobs_json(r->sm->tok, o->tokens, o->n_tokens, 0, 0)
                              : NULL);
     }
     json_object_object_add(choice, "finish_reason", json_object_new_string(reply_finish_name(&all)));
@@ -333,8 +335,8 @@ static void emit_news(struct reply *r, struct strbuf *out, const struct generati
     json_object *lp = NULL;
     if (r->logprobs >= 0 && o->n_tokens > 0)
         lp = r->kind == GEN_REQUEST_CHAT
-                 ? chat_logprobs_json(r->srv->tok, o->tokens, o->n_tokens)
-                 : completion_logprobs_json(r->srv->tok, o->tokens, o->n_tokens, 0, o->text_from);
+                 ? chat_logprobs_json(r->sm->tok, o->tokens, o->n_tokens)
+                 : completion_logprobs_json(r->sm->tok, o->tokens, o->n_tokens, 0, o->text_from);
     if (n->split) {
         const struct generation_text *t = &n->text;
         if (t->reasoning_len || t->content_len || lp) {
@@ -433,12 +435,15 @@ static struct reply *start_reply(struct http_exchange *x, enum gen_request_kind 
         http_send_errorf(x, 500, API_ERROR_SERVER, NULL, NULL, "out of memory");
         return NULL;
     }
-    if (generation_start(x, req, &r->gen, &e) < 0) {
+    struct served_model *sm = NULL;
+    if (served_model_acquire(x->srv, req->model, &sm, &e) < 0 ||
+        generation_start(x, sm, req, &r->gen, &e) < 0) {
         free(r);
         http_send_error(x, &e);
         return NULL;
     }
     r->srv = x->srv;
+    r->sm = generation_model(r->gen);
     r->kind = kind;
     generation_random_id(r->id, sizeof r->id, kind == GEN_REQUEST_CHAT ? "chatcmpl-" : "cmpl-");
     r->created = time(NULL);
@@ -483,29 +488,43 @@ static json_object *jsetting(double v)
     return json_object_new_double_s(v, buf);
 }
 
-static json_object *model_object(const struct server *srv)
+/* A model's row; sm NULL for a pool entry that is not resident (its capabilities are known
+ * once it is loaded), info NULL without a pool. */
+static json_object *model_object(const struct server *srv, const char *id,
+                                 const struct served_model *sm,
+                                 const struct model_pool_info *info)
 {
     json_object *m = json_object_new_object();
-    json_object_object_add(m, "id", json_object_new_string(srv->model_id));
+    json_object_object_add(m, "id", json_object_new_string(id));
     json_object_object_add(m, "object", json_object_new_string("model"));
     json_object_object_add(m, "created", json_object_new_int64(srv->created));
     json_object_object_add(m, "owned_by", json_object_new_string("inferd"));
-    if (srv->engine)
+    if (info) {
+        json_object_object_add(m, "state",
+                               json_object_new_string(model_pool_state_name(info->state)));
+        json_object_object_add(m, "default", json_object_new_boolean(info->is_default));
+        json_object_object_add(m, "bytes", json_object_new_int64((int64_t)info->bytes));
+        json_object_object_add(m, "loads", json_object_new_int64((int64_t)info->loads));
+        json_object_object_add(m, "load_s", json_object_new_double(info->load_s_last));
+    }
+    if (!sm)
+        return m;
+    if (sm->engine)
         json_object_object_add(m, "context_window",
-                               json_object_new_int(engine_config(srv->engine)->n_ctx));
+                               json_object_new_int(engine_config(sm->engine)->n_ctx));
     /* What a client may ask of this model: tool calls and thinking where its chat template has
      * them; structured output where the server has a grammar cache. */
-    const char *tmpl = srv->tok && srv->tmpl ? tok_chat_template(srv->tok) : NULL;
-    bool thinks = (srv->tok && prompt_model_thinks(srv->tok)) ||
+    const char *tmpl = sm->tok && sm->tmpl ? tok_chat_template(sm->tok) : NULL;
+    bool thinks = (sm->tok && prompt_model_thinks(sm->tok)) ||
                   (tmpl && (strstr(tmpl, "enable_thinking") || strstr(tmpl, "<think>")));
     json_object_object_add(m, "tools", json_object_new_boolean(tmpl && strstr(tmpl, "tools")));
-    json_object_object_add(m, "structured_output", json_object_new_boolean(srv->grammars != NULL));
+    json_object_object_add(m, "structured_output", json_object_new_boolean(sm->grammars != NULL));
     json_object_object_add(m, "reasoning", json_object_new_boolean(thinks));
     json_object_object_add(m, "thinking_switch",
                            json_object_new_boolean(tmpl && strstr(tmpl, "enable_thinking")));
     json_object_object_add(m, "vision", json_object_new_boolean(false));
-    json_object_object_add(m, "chat_template", json_object_new_boolean(srv->tmpl != NULL));
-    const struct server_defaults *d = &srv->defaults;
+    json_object_object_add(m, "chat_template", json_object_new_boolean(sm->tmpl != NULL));
+    const struct server_defaults *d = &sm->defaults;
     json_object *gen = json_object_new_object();
     json_object_object_add(gen, "temperature", jsetting(d->temperature));
     json_object_object_add(gen, "top_p", jsetting(d->top_p));
@@ -519,24 +538,55 @@ static json_object *model_object(const struct server *srv)
     return m;
 }
 
+/* The row of the pool's entry i: its capabilities when it is resident now. */
+static json_object *pool_model_object(struct server *srv, int i)
+{
+    struct model_pool_info info;
+    model_pool_info(srv->pool, i, &info);
+    struct served_model *sm = model_pool_peek(srv->pool, info.id);
+    json_object *m = model_object(srv, info.id, sm, &info);
+    served_model_release(srv, sm);
+    return m;
+}
+
+/* The pool's entry named id, or -1. */
+static int pool_index(struct server *srv, const char *id)
+{
+    for (int i = 0; i < model_pool_count(srv->pool); i++) {
+        struct model_pool_info info;
+        model_pool_info(srv->pool, i, &info);
+        if (!strcmp(info.id, id))
+            return i;
+    }
+    return -1;
+}
+
 void openai_models(struct http_exchange *x)
 {
     struct server *srv = x->srv;
     const char *id = x->id;
+    int at = id && srv->pool ? pool_index(srv, id) : -1;
     if (id) {
-        if (strcmp(id, srv->model_id)) {
+        if (srv->pool ? at < 0 : strcmp(id, srv->served.id) != 0) {
             http_send_errorf(x, 404, API_ERROR_NOT_FOUND, "model", "model_not_found",
-                             "the model '%.200s' does not exist; this server serves '%s'", id,
-                             srv->model_id);
+                             "the model '%.200s' does not exist; GET /v1/models lists the "
+                             "served ones",
+                             id);
             return;
         }
-        send_json_object(x, 200, model_object(srv));
+        send_json_object(x, 200,
+                         srv->pool ? pool_model_object(srv, at)
+                                   : model_object(srv, srv->served.id, &srv->served, NULL));
         return;
     }
     json_object *root = json_object_new_object();
     json_object_object_add(root, "object", json_object_new_string("list"));
     json_object *data = json_object_new_array();
-    json_object_array_add(data, model_object(srv));
+    if (srv->pool)
+        for (int i = 0; i < model_pool_count(srv->pool); i++)
+            json_object_array_add(data, pool_model_object(srv, i));
+    else
+        json_object_array_add(data, model_object(srv, srv->served.id, &srv->served, NULL));
     if (srv->transcriber) { /* the Whisper model beside the chat model */
         json_object *w = json_object_new_object();
         json_object_object_add(w, "id", json_object_new_string(transcriber_id(srv->transcriber)));

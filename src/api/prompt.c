@@ -91,10 +91,11 @@ static int thinking_switch(const struct server *srv, const struct gen_request *r
  * the thinking one, published by authors who recommend a cooler direct reply). */
 #define PROMPT_NO_THINK_TEMPERATURE 0.7f
 
-static float default_temperature(const struct server *srv, const struct gen_request *req)
+static float default_temperature(const struct server *srv, const struct served_model *sm,
+                                 const struct gen_request *req)
 {
-    float t = srv->defaults.temperature;
-    if (!srv->defaults.temperature_set && req->kind == GEN_REQUEST_CHAT &&
+    float t = sm->defaults.temperature;
+    if (!sm->defaults.temperature_set && req->kind == GEN_REQUEST_CHAT &&
         thinking_switch(srv, req) == 0 && t > PROMPT_NO_THINK_TEMPERATURE)
         t = PROMPT_NO_THINK_TEMPERATURE;
     return t;
@@ -102,15 +103,15 @@ static float default_temperature(const struct server *srv, const struct gen_requ
 
 /* Tokens XTC never removes: the end-of-sequence ids and the newline's, so it
  * cannot keep a reply from ending or a line from breaking. */
-static void fill_xtc_keep(const struct server *srv, struct sampler_params *s)
+static void fill_xtc_keep(const struct served_model *sm, struct sampler_params *s)
 {
     s->n_xtc_keep = 0;
-    for (int i = 0; i < srv->n_eos && s->n_xtc_keep < SAMPLER_MAX_XTC_KEEP; i++)
-        s->xtc_keep[s->n_xtc_keep++] = srv->eos_ids[i];
+    for (int i = 0; i < sm->n_eos && s->n_xtc_keep < SAMPLER_MAX_XTC_KEEP; i++)
+        s->xtc_keep[s->n_xtc_keep++] = sm->eos_ids[i];
     int32_t *ids = NULL;
     int n = 0;
     struct err err = {0};
-    if (srv->tok && tok_encode(srv->tok, "\n", 1, false, &ids, &n, &err) == 0)
+    if (sm->tok && tok_encode(sm->tok, "\n", 1, false, &ids, &n, &err) == 0)
         for (int i = 0; i < n && s->n_xtc_keep < SAMPLER_MAX_XTC_KEEP; i++)
             s->xtc_keep[s->n_xtc_keep++] = ids[i];
     free(ids);
@@ -174,11 +175,11 @@ static void parse_call_arguments(json_object *messages)
     }
 }
 
-static bool build_chat(const struct server *srv, const struct gen_request *req,
-                       struct prompt *out, struct api_error *e)
+static bool build_chat(const struct server *srv, const struct served_model *sm,
+                       const struct gen_request *req, struct prompt *out, struct api_error *e)
 {
     struct err err = {0};
-    if (!srv->tmpl)
+    if (!sm->tmpl)
         return fail(e, 400, "messages", "no_chat_template",
                     "this model's tokenizer_config.json has no chat_template; use "
                     "/v1/completions with a raw prompt");
@@ -194,7 +195,7 @@ static bool build_chat(const struct server *srv, const struct gen_request *req,
         req->has_tool_choice && req->tool_choice == GEN_TOOL_CHOICE_NONE ? NULL : req->tools;
     char *text = NULL;
     size_t len = 0;
-    int rc = chat_template_render(srv->tmpl, messages, tools, true, kwargs, &text, &len, &err);
+    int rc = chat_template_render(sm->tmpl, messages, tools, true, kwargs, &text, &len, &err);
     json_object_put(messages);
     json_object_put(kwargs);
     if (rc < 0)
@@ -207,25 +208,26 @@ static bool build_chat(const struct server *srv, const struct gen_request *req,
 }
 
 /* out->text as ids: through the re-encoding map when the server has one. */
-static int encode_text(const struct server *srv, uint64_t cache_ns, struct prompt *out,
+static int encode_text(const struct served_model *sm, uint64_t cache_ns, struct prompt *out,
                        struct err *err)
 {
-    if (srv->reencode)
-        return reencode_encode(srv->reencode, cache_ns, out->add_special, out->text,
+    if (sm->reencode)
+        return reencode_encode(sm->reencode, cache_ns, out->add_special, out->text,
                                out->text_len, &out->ids, &out->n_ids, &out->n_reused, err);
-    return tok_encode(srv->tok, out->text, out->text_len, out->add_special, &out->ids,
+    return tok_encode(sm->tok, out->text, out->text_len, out->add_special, &out->ids,
                       &out->n_ids, err);
 }
 
-bool prompt_build(const struct server *srv, const struct gen_request *req, uint64_t cache_ns,
-                  struct prompt *out, struct api_error *e)
+bool prompt_build(const struct server *srv, const struct served_model *sm,
+                  const struct gen_request *req, uint64_t cache_ns, struct prompt *out,
+                  struct api_error *e)
 {
     struct err err = {0};
     memset(out, 0, sizeof *out);
     bool ok;
     if (req->kind == GEN_REQUEST_CHAT) {
-        ok = build_chat(srv, req, out, e);
-        if (ok && encode_text(srv, cache_ns, out, &err) < 0)
+        ok = build_chat(srv, sm, req, out, e);
+        if (ok && encode_text(sm, cache_ns, out, &err) < 0)
             ok = fail(e, err.code == INFERD_ENOMEM ? 500 : 400, "messages", NULL, "%s", err.msg);
     } else if (req->prompt_kind == GEN_PROMPT_TOKENS) {
         out->ids = malloc((req->n_prompt_tokens ? req->n_prompt_tokens : 1) * sizeof(int32_t));
@@ -242,7 +244,7 @@ bool prompt_build(const struct server *srv, const struct gen_request *req, uint6
         out->text[req->prompt_text_len] = '\0';
         out->text_len = req->prompt_text_len;
         out->add_special = true;
-        ok = encode_text(srv, cache_ns, out, &err) == 0 ||
+        ok = encode_text(sm, cache_ns, out, &err) == 0 ||
              fail(e, err.code == INFERD_ENOMEM ? 500 : 400, "prompt", NULL, "%s", err.msg);
     }
     if (ok && out->n_ids == 0)
@@ -264,12 +266,13 @@ void prompt_free(struct prompt *p)
 #define PROMPT_PENALTY_CONTEXT_SIZE 20
 
 /* Request fields over CLI flags over generation_config.json. */
-void prompt_fill_params(const struct server *srv, const struct gen_request *req,
-                        struct gen_params *p, struct sampler_logit_bias *bias)
+void prompt_fill_params(const struct server *srv, const struct served_model *sm,
+                        const struct gen_request *req, struct gen_params *p,
+                        struct sampler_logit_bias *bias)
 {
-    const struct server_defaults *d = &srv->defaults;
+    const struct server_defaults *d = &sm->defaults;
     struct sampler_params *s = &p->sampling;
-    s->temperature = req->has_temperature ? (float)req->temperature : default_temperature(srv, req);
+    s->temperature = req->has_temperature ? (float)req->temperature : default_temperature(srv, sm, req);
     s->top_p = req->has_top_p ? (float)req->top_p : d->top_p;
     s->top_k = req->has_top_k ? (req->top_k < 0 ? 0 : (int)req->top_k) : d->top_k;
     s->min_p = req->has_min_p ? (float)req->min_p : d->min_p;
@@ -288,7 +291,7 @@ void prompt_fill_params(const struct server *srv, const struct gen_request *req,
     s->xtc_probability = req->has_xtc_probability ? (float)req->xtc_probability : 0;
     s->xtc_threshold = req->has_xtc_threshold ? (float)req->xtc_threshold : 0;
     if (s->xtc_probability > 0)
-        fill_xtc_keep(srv, s);
+        fill_xtc_keep(sm, s);
     s->seed = req->has_seed ? (uint64_t)req->seed : random_seed();
     for (size_t i = 0; i < req->n_logit_bias; i++)
         bias[i] = (struct sampler_logit_bias){req->logit_bias[i].token, req->logit_bias[i].bias};
@@ -302,8 +305,8 @@ void prompt_fill_params(const struct server *srv, const struct gen_request *req,
     p->logprobs = req->has_logprobs && req->logprobs
                       ? (req->has_top_logprobs ? req->top_logprobs : 0)
                       : -1;
-    p->eos_ids = srv->eos_ids;
-    p->n_eos = srv->n_eos;
+    p->eos_ids = sm->eos_ids;
+    p->n_eos = sm->n_eos;
     p->retain_tokens = req->retain_tokens;
     p->think_open = req->think_open;
     p->think_budget = req->think_budget;

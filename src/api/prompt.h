@@ -22,19 +22,22 @@ struct prompt {
     bool starts_inside_think; /* the rendered prompt ends inside an open <think> */
 };
 
-/* Renders (chat) or takes (completions) the prompt and encodes it; where srv
- * has a re-encoding map, text the model generated earlier under cache_ns gets
- * its own ids back. Returns false with e filled (400, or 500 when memory ran
- * out). */
-bool prompt_build(const struct server *srv, const struct gen_request *req, uint64_t cache_ns,
-                  struct prompt *out, struct api_error *e);
+/* Renders (chat, with sm's template and srv's --thinking) or takes (completions) the prompt
+ * and encodes it with sm's tokenizer; where sm has a re-encoding map, text the model generated
+ * earlier under cache_ns gets its own ids back. Returns false with e filled (400, or 500 when
+ * memory ran out). */
+bool prompt_build(const struct server *srv, const struct served_model *sm,
+                  const struct gen_request *req, uint64_t cache_ns, struct prompt *out,
+                  struct api_error *e);
 void prompt_free(struct prompt *p);
 
 /* The engine's parameters for req, all but the prompt (prompt, n_prompt),
  * which is encoded after them, under their cache_ns. bias must hold
- * req->n_logit_bias entries; p keeps pointers into req, bias and srv. */
-void prompt_fill_params(const struct server *srv, const struct gen_request *req,
-                        struct gen_params *p, struct sampler_logit_bias *bias);
+ * req->n_logit_bias entries; p keeps pointers into req, bias and sm (sm's defaults
+ * below the request's fields). */
+void prompt_fill_params(const struct server *srv, const struct served_model *sm,
+                        const struct gen_request *req, struct gen_params *p,
+                        struct sampler_logit_bias *bias);
 
 /* True when req constrains its reply: structured output fields, or a forced tool call
  * (tool_choice "required" or a named function, with tools). */

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api/model_pool.h"
 #include "api/response_store.h"
 #include "base/log.h"
 #include "base/timer.h"
@@ -1540,20 +1541,23 @@ void responses_create(struct http_exchange *x)
         ok = previous_context(srv, s->req.previous_response_id, &ctx, &ctx_len, &e);
     ok = ok && responses_join(&s->req, ctx, ctx_len, &e) == 0;
     free(ctx);
-    if (ok && generation_start(x, &s->req.gen, &s->gen, &e) < 0) {
+    struct served_model *sm = NULL;
+    if (ok && (served_model_acquire(srv, s->req.gen.model, &sm, &e) < 0 ||
+               generation_start(x, sm, &s->req.gen, &s->gen, &e) < 0)) {
         rename_param(&e);
         ok = false;
     }
+    const struct served_model *run = s->gen ? generation_model(s->gen) : &srv->served;
     char id[48];
     generation_random_id(id, sizeof id, "resp_");
     struct responses_writer_config cfg = {
         .id = id,
-        .model = srv->model_id,
+        .model = run->id,
         .created_at = time(NULL),
         .temperature = s->req.gen.has_temperature ? s->req.gen.temperature
-                                                  : srv->defaults.temperature,
-        .top_p = s->req.gen.has_top_p ? s->req.gen.top_p : srv->defaults.top_p,
-        .tok = srv->tok,
+                                                  : run->defaults.temperature,
+        .top_p = s->req.gen.has_top_p ? s->req.gen.top_p : run->defaults.top_p,
+        .tok = run->tok,
     };
     if (ok && responses_writer_create(&s->req, &cfg, &s->w) < 0) {
         api_error_set(&e, 500, API_ERROR_SERVER, NULL, NULL, "out of memory");

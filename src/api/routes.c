@@ -51,6 +51,7 @@ static const struct http_route routes[] = {
      false},
     {"POST", "/admin/cache/flush", false, HTTP_BODY_JSON, admin_cache_flush, NULL, false},
     {"POST", "/admin/transcription/unload", false, HTTP_BODY_NONE, audio_unload, NULL, false},
+    {"GET", "/engine", false, HTTP_BODY_NONE, admin_engine, NULL, false},
     {"GET", "/ws/chat", false, HTTP_BODY_NONE, ws_chat_handle, NULL, false},
     /* The page itself needs no key: it asks for one when the API answers 401. */
     {"GET", "/", false, HTTP_BODY_NONE, webui_serve, NULL, true},
@@ -83,7 +84,7 @@ static void api_index(struct http_exchange *x)
     json_object_object_add(root, "name", json_object_new_string("inferd"));
     json_object_object_add(root, "version",
                            x->srv->version ? json_object_new_string(x->srv->version) : NULL);
-    json_object_object_add(root, "model", json_object_new_string(x->srv->model_id));
+    json_object_object_add(root, "model", json_object_new_string(x->srv->served.id));
     const struct http_routes *t = api_routes(x->srv->webui != NULL);
     for (size_t i = 0; i < t->n; i++) {
         const struct http_route *r = &t->routes[i];

@@ -1,5 +1,5 @@
-/* api/server.h — what every route handler sees: the loaded model, its text pipeline, the
- * engine, the server's settings and counters. */
+/* api/server.h — what every route handler sees: the served model (or the pool of them), its
+ * text pipeline and engine, the server's settings and counters. */
 #ifndef INFERD_API_SERVER_H
 #define INFERD_API_SERVER_H
 
@@ -21,6 +21,7 @@ struct grammar_cache;
 #define SERVER_MAX_EOS 8
 
 struct reencode;
+struct model_pool;
 struct response_store;
 struct transcriber;
 struct webui_assets;
@@ -69,19 +70,32 @@ struct server_config {
     int max_connections;
 };
 
-struct server {
-    struct server_config cfg;
-    struct server_defaults defaults;
+/* One model as requests see it: the model, its text pipeline, its engine and what goes with
+ * them. Without a pool the server has one (server.served); with one, each pool entry fills its
+ * own while it is resident (api/model_pool.h), and a request holds a reference to it. */
+struct served_model {
+    char id[256];
     const struct model *model;        /* borrowed */
     const struct tokenizer *tok;      /* borrowed */
     const struct chat_template *tmpl; /* borrowed; NULL when the tokenizer has none */
     struct engine *engine;            /* borrowed */
     struct reencode *reencode;        /* borrowed; replies resent in prompts keep their own ids
                                          (api/reencode.h); NULL: prompts are encoded plainly */
-    struct response_store *responses; /* borrowed; the Responses API's stored responses
-                                         (api/response_store.h); NULL: none are kept */
     struct grammar_cache *grammars;   /* borrowed; compiled structured-output grammars
                                          (api/structured.h); NULL: structured output refused */
+    struct server_defaults defaults;
+    int32_t eos_ids[SERVER_MAX_EOS];
+    int n_eos;
+    struct server_fit fit;
+};
+
+struct server {
+    struct server_config cfg;
+    struct served_model served;       /* the one model, without a pool */
+    struct model_pool *pool;          /* borrowed; several models by request `model`
+                                         (api/model_pool.h); NULL: served is all there is */
+    struct response_store *responses; /* borrowed; the Responses API's stored responses
+                                         (api/response_store.h); NULL: none are kept */
     bool no_jump_forward;             /* --no-jump-forward: forced text is sampled token by
                                          token like any other (the masks' cost, measured alone) */
     const struct webui_assets *webui; /* borrowed; the chat page's files (api/webui.h); NULL:
@@ -91,15 +105,11 @@ struct server {
     size_t max_audio_bytes;           /* --max-audio-mb: larger uploads are a 413; 0: no limit */
     enum server_thinking thinking;
     const char *version;              /* borrowed; the server's version for GET /v1, or NULL */
-    char model_id[256];
     time_t created;                   /* server start, for /v1/models */
     uint64_t started_ns;
-    int32_t eos_ids[SERVER_MAX_EOS];
-    int n_eos;
     atomic_bool ready;                /* false while loading: /health answers 503 */
     atomic_bool stopping;             /* set on SIGTERM/SIGINT: /health and new requests answer 503 */
     struct api_metrics metrics;
-    struct server_fit fit;
     /* Requests refused because they alone exceed the KV or the memory budget
      * (/stats admission.rejected); the enforced context is engine_config's n_ctx. */
     atomic_uint_fast64_t admission_rejected;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "api/generation.h"
+#include "api/model_pool.h"
 #include "api/prompt.h"
 #include "api/websocket.h"
 #include "base/timer.h"
@@ -59,12 +60,16 @@ static json_object *jnum(double v)
 /* The ready frame: what the model can do, as /v1/models says it. */
 static int send_ready(struct ws_chat *s)
 {
-    const struct server *srv = s->srv;
+    /* With a pool: the default model, as far as it is known without loading it. */
+    struct served_model *held = served_model_peek(s->srv), none = {0};
+    const struct served_model *srv = held ? held : &none;
+    if (!held)
+        snprintf(none.id, sizeof none.id, "%s", s->srv->served.id);
     const char *tmpl = srv->tok && srv->tmpl ? tok_chat_template(srv->tok) : NULL;
     bool thinks = (srv->tok && prompt_model_thinks(srv->tok)) ||
                   (tmpl && (strstr(tmpl, "enable_thinking") || strstr(tmpl, "<think>")));
     json_object *o = frame("ready");
-    json_object_object_add(o, "model", json_object_new_string(srv->model_id));
+    json_object_object_add(o, "model", json_object_new_string(srv->id));
     json_object_object_add(o, "vision", json_object_new_boolean(false));
     json_object_object_add(o, "audio", json_object_new_boolean(false));
     json_object_object_add(o, "transcription", json_object_new_boolean(false));
@@ -78,6 +83,7 @@ static int send_ready(struct ws_chat *s)
                                                 ? json_object_new_int(srv->defaults.max_tokens)
                                                 : NULL);
     json_object_object_add(o, "genDefaults", g);
+    served_model_release(s->srv, held);
     return send_object(s, o);
 }
 
@@ -228,6 +234,7 @@ static int run_turn(struct ws_chat *s, json_object *msg)
     struct gen_request req;
     memset(&req, 0, sizeof req);
     struct generation *g = NULL;
+    struct served_model *sm = NULL;
     struct http_exchange x = {.srv = s->srv, .method = "GET", .path = "/ws/chat",
                               .errors = &api_error_openai, .counter = -1, .client_fd = -1,
                               .tenant_ns = s->tenant_ns};
@@ -235,7 +242,8 @@ static int run_turn(struct ws_chat *s, json_object *msg)
     int rc = 0;
     if (generation_admit(s->srv, &e) < 0 ||
         gen_request_parse(b ? b : "", b ? len : 0, GEN_REQUEST_CHAT, &req, &e) < 0 ||
-        generation_start(&x, &req, &g, &e) < 0) {
+        served_model_acquire(s->srv, req.model, &sm, &e) < 0 ||
+        generation_start(&x, sm, &req, &g, &e) < 0) {
         rc = send_error(s, e.status, e.message);
         goto done;
     }

@@ -1,15 +1,19 @@
-/* cli/cmd_serve.c — `inferd serve`: load a model directory and answer the OpenAI API over HTTP
- * until SIGINT or SIGTERM. */
+/* cli/cmd_serve.c — `inferd serve`: load a model directory (or a pool of models, loaded by the
+ * pool as requests name them) and answer the OpenAI API over HTTP until SIGINT or SIGTERM. */
+#include <dirent.h>
 #include <errno.h>
+#include <json-c/json.h>
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "api/fit.h"
+#include "api/model_pool.h"
 #include "api/reencode.h"
 #include "api/structured.h"
 #include "grammar/grammar.h"
@@ -43,6 +47,8 @@
 #define TIER_PROBE_TOKENS_CPU 64
 #define TIER_PROBE_TOKENS_GPU 512
 #define DEFAULT_SSD_DEMOTE_IDLE_S 300
+/* --model-pool paths at most (a pool file among them may list more models). */
+#define MODEL_POOL_MAX_PATHS 64
 
 struct serve_options {
     const char *dir;
@@ -83,6 +89,10 @@ struct serve_options {
     bool whisper_resident;          /* --whisper-resident: loaded at start, never unloaded */
     long max_audio_mb;              /* --max-audio-mb (default 25) */
     long whisper_beam;              /* --whisper-beam N: requests' default beam width (1: greedy) */
+    const char *pool_paths[MODEL_POOL_MAX_PATHS]; /* --model-pool: directories, GGUF files
+                                                     and pool files (.json) */
+    int n_pool_paths;
+    double pool_memory_gb;          /* --pool-memory (decimal GB); 0: no limit */
 };
 
 static const char usage[] =
@@ -101,6 +111,7 @@ static const char usage[] =
     "       [--ngram-max 3] [--ngram-min 1] [backend flags]\n"
     "       [--whisper-model WDIR [--whisper-idle-unload 300] [--whisper-resident]\n"
     "        [--whisper-beam 1] [--max-audio-mb 25]]\n"
+    "       [--model-pool PATH... [--pool-memory GB]]\n"
     "Serves the OpenAI API (/v1/chat/completions, /v1/completions, /v1/responses, /v1/models;\n"
     "GET /v1 lists the routes), Anthropic's /v1/messages, and /health, /stats, /metrics.\n"
     "GET / is a chat page for trying the model in a browser (built into the binary; --no-webui\n"
@@ -112,6 +123,17 @@ static const char usage[] =
     "--whisper-idle-unload S idle seconds (0: never; --whisper-resident loads it at start and\n"
     "keeps it). POST /admin/transcription/unload unloads it now. --whisper-beam N (1-16) is the\n"
     "beam width of requests that give no beam_size (1: greedy decoding).\n"
+    "--model-pool PATH... serves several models, picked by each request's \"model\" (404\n"
+    "model_not_found for an id no entry has): each PATH a model directory or GGUF file (its id\n"
+    "the directory's or file's name, without .gguf), or a pool file (.json): an array of\n"
+    "{\"id\", \"path\", \"options\"}, paths relative to the file, options any of context,\n"
+    "max_tokens, batch, kv_mb, prompt_cache, temperature, mode, device, kv_quant, quantize over\n"
+    "the flags. DIR, when given too, is the default model (else the first entry); it loads at\n"
+    "start, the others on their first request (which waits; at most --max-queue wait). With\n"
+    "--pool-memory GB (decimal) resident models (weights and KV pool, and the Whisper model's\n"
+    "files while it is loaded) stay under GB: the least recently used are unloaded first, after\n"
+    "their in-flight requests, their cached prefixes flushed to --ssd-cache DIR/ID first, so\n"
+    "they are found again after the next load. GET /v1/models lists every model and its state.\n"
     "Sampling flags set the defaults below each request's own fields (generation_config.json\n"
     "is below them). --thinking on|off is enable_thinking for chat templates that have it when\n"
     "a request says nothing (default: the template's own).\n"
@@ -206,6 +228,23 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
         }
         if (!strcmp(a, "--whisper-resident")) {
             o->whisper_resident = true;
+            continue;
+        }
+        if (!strcmp(a, "--model-pool")) { /* every path up to the next flag */
+            int before = o->n_pool_paths;
+            while (i + 1 < argc && argv[i + 1][0] != '-') {
+                if (o->n_pool_paths >= MODEL_POOL_MAX_PATHS) {
+                    fprintf(stderr, "inferd serve: --model-pool takes %d paths at most\n",
+                            MODEL_POOL_MAX_PATHS);
+                    return false;
+                }
+                o->pool_paths[o->n_pool_paths++] = argv[++i];
+            }
+            if (o->n_pool_paths == before) {
+                fprintf(stderr, "inferd serve: --model-pool needs model directories, GGUF files "
+                                "or pool files (.json)\n");
+                return false;
+            }
             continue;
         }
         if (!(v = arg_value(argc, argv, &i)))
@@ -304,6 +343,8 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
             ok = arg_int(a, v, 0, 1L << 30, &o->whisper_idle_unload_s);
         else if (!strcmp(a, "--whisper-beam"))
             ok = arg_int(a, v, 1, 16, &o->whisper_beam);
+        else if (!strcmp(a, "--pool-memory"))
+            ok = arg_float(a, v, 1e-9, 1e9, &o->pool_memory_gb);
         else if (!strcmp(a, "--max-audio-mb"))
             ok = arg_int(a, v, 1, 4096, &o->max_audio_mb);
         else if (!strcmp(a, "--ssd-cache")) {
@@ -356,8 +397,12 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
             return false;
         }
     }
-    if (!o->dir) {
+    if (!o->dir && o->n_pool_paths == 0) {
         fputs(usage, stderr);
+        return false;
+    }
+    if (o->pool_memory_gb > 0 && o->n_pool_paths == 0) {
+        fprintf(stderr, "inferd serve: --pool-memory needs --model-pool\n");
         return false;
     }
     if (o->ssd_flag_seen && !o->ssd_dir) {
@@ -386,7 +431,7 @@ static const char *base_name(const char *dir, char *buf, size_t cap)
     return buf;
 }
 
-static void add_eos(struct server *srv, int32_t id)
+static void add_eos(struct served_model *srv, int32_t id)
 {
     if (id < 0 || srv->n_eos >= SERVER_MAX_EOS)
         return;
@@ -582,6 +627,444 @@ static int whisper_open(const struct serve_options *o, struct backend **be,
     return rc;
 }
 
+/* One loaded model and everything serve builds around it: the served model's parts, owned. */
+struct served_load {
+    struct serve_options o;       /* as it was loaded: dir and ssd_dir its own */
+    char ssd_dir[PATH_MAX];
+    struct backend *be;           /* owned */
+    struct model *m;              /* owned */
+    struct model *draft;          /* owned; NULL without a draft model */
+    struct tokenizer *tok;        /* owned */
+    struct chat_template tmpl;
+    bool have_tmpl;
+    struct engine *engine;        /* owned */
+    struct reencode *reencode;    /* owned */
+    struct grammar_vocab *gvocab; /* owned */
+    struct grammar_cache *grammars; /* owned */
+    struct spec_config spec;      /* the engine's configuration points here */
+    struct kv_tier_config tier;
+};
+
+/* Shuts the engine down (its SSD tier flushed: every cached block durable, so the next load
+ * finds it) and frees everything. Returns the cached blocks that left memory for the disk. */
+static uint64_t served_free(struct served_load *l, int grace_ms)
+{
+    if (!l)
+        return 0;
+    uint64_t demoted = 0;
+    if (l->engine) {
+        struct engine_stats before;
+        engine_get_stats(l->engine, &before);
+        engine_shutdown(l->engine, grace_ms);
+        if (l->o.ssd_dir) {
+            struct engine_stats st;
+            engine_get_stats(l->engine, &st); /* as the engine thread left it, after its last flush */
+            const struct ssd_stats *ss = &st.ssd_cache.store;
+            bool flushed = !ss->disabled && ss->pending + st.ssd_cache.unsaved == 0;
+            if (flushed)
+                demoted = before.prompt_cache.blocks;
+            log_info("serve: SSD tier at exit: %s; %llu blocks (%.1f MiB) on disk, %llu written "
+                     "(%.1f MiB) since start, %llu not durable, %llu dropped, %llu failed (%s)",
+                     ss->disabled ? "off" : !flushed ? "flush incomplete" : "flushed",
+                     (unsigned long long)ss->blocks, (double)ss->bytes / (1 << 20),
+                     (unsigned long long)ss->writes, (double)ss->write_bytes / (1 << 20),
+                     (unsigned long long)(ss->pending + st.ssd_cache.unsaved),
+                     (unsigned long long)ss->dropped, (unsigned long long)ss->failed, l->o.dir);
+        }
+    }
+    engine_free(l->engine);
+    grammar_cache_free(l->grammars); /* after the engine: its sequences held references */
+    grammar_vocab_free(l->gvocab);
+    reencode_free(l->reencode);
+    if (l->have_tmpl)
+        chat_template_free(&l->tmpl);
+    tok_free(l->tok);
+    model_free(l->draft);
+    model_free(l->m);
+    backend_destroy(l->be);
+    free(l);
+    return demoted;
+}
+
+/* Loads the model at dir with the options base says (its SSD tier in ssd_dir, NULL: none) and
+ * builds its engine; fills sm (all but its id). */
+static int served_load(const struct serve_options *base, const char *dir, const char *ssd_dir,
+                       struct served_model *sm, struct served_load **out, struct err *err)
+{
+    *out = NULL;
+    struct served_load *l = calloc(1, sizeof *l);
+    if (!l)
+        return err_set(err, INFERD_ENOMEM, "out of memory loading %s", dir);
+    l->o = *base;
+    l->o.dir = dir;
+    l->o.ssd_dir = NULL;
+    if (ssd_dir) {
+        snprintf(l->ssd_dir, sizeof l->ssd_dir, "%s", ssd_dir);
+        l->o.ssd_dir = l->ssd_dir;
+    }
+    struct serve_options *o = &l->o;
+    o->backend.mode = o->mode;
+    o->backend.threads = (int)o->threads;
+    o->backend.memory_cap_bytes = (size_t)(o->memory_budget_gb * 1e9);
+    int rc;
+    if ((rc = cli_kv_quant_resolve(&o->kvq, o->dir, &o->backend, err)) < 0 ||
+        (rc = cli_backend_create(o->device, &o->backend, &l->be, err)) < 0 ||
+        (rc = model_load_with(o->dir, l->be,
+                              &(struct model_load_options){.quantize = o->quantize}, &l->m,
+                              err)) < 0)
+        goto fail;
+    if ((rc = model_tokenizer_load(o->dir, &l->tok, err)) < 0) {
+        err_wrap(err, "%s: the server needs the model's tokenizer", o->dir);
+        goto fail;
+    }
+    if (tok_vocab_size(l->tok) > l->m->config.vocab_size)
+        log_warn("serve: the tokenizer has %d tokens but the model only %d; prompts using the "
+                 "others are refused",
+                 tok_vocab_size(l->tok), l->m->config.vocab_size);
+    struct err terr = {0};
+    if (chat_template_load(l->tok, &l->tmpl, &terr) == 0)
+        l->have_tmpl = true;
+    else
+        log_warn("serve: no chat template (%s); /v1/chat/completions will answer 400", terr.msg);
+    const char *why = NULL;
+    enum toolcall_syntax calls = toolcall_syntax_for_template(tok_chat_template(l->tok), &why);
+    log_info("serve: tool calls parsed as %s (%s)", toolcall_syntax_name(calls), why);
+
+    if ((rc = fit_measure(o, l->m, &sm->fit, err)) < 0 ||
+        (rc = reencode_create(l->tok, REENCODE_MAX_BYTES, &l->reencode, err)) < 0 ||
+        /* Structured output: every token's bytes once, and the cache of compiled grammars. */
+        (rc = grammar_vocab_create(l->tok, &l->gvocab, err)) < 0 ||
+        (rc = grammar_cache_create(l->gvocab, (int)o->grammar_cache, &l->grammars, err)) < 0)
+        goto fail;
+
+    struct engine_config ec;
+    engine_sizes(o, l->m, &sm->fit, &ec);
+    if ((rc = cli_spec_load(&o->spec, l->m, l->tok, &l->draft, &l->spec, err)) < 0)
+        goto fail;
+    ec.spec = &l->spec;
+    if (l->spec.kind != SPEC_NONE)
+        log_info("serve: speculative decoding: %s, up to %d drafts a step",
+                 l->spec.kind == SPEC_NGRAM ? "prompt lookup (ngram)" : o->spec.draft_dir,
+                 l->spec.num_draft_tokens);
+    if (o->ssd_dir) {
+        if ((rc = tier_configure(o, l->m, l->be, ec.n_ctx, &l->tier, err)) < 0) {
+            err_wrap(err, "--ssd-cache %s", o->ssd_dir);
+            goto fail;
+        }
+        ec.tier = &l->tier;
+    }
+    if ((rc = engine_create(l->m, l->tok, &ec, &l->engine, err)) < 0)
+        goto fail;
+    if (o->ssd_dir) {
+        struct engine_stats st;
+        engine_get_stats(l->engine, &st);
+        const struct kv_tier_stats *ts = &st.ssd_cache;
+        log_info("serve: SSD tier in %s (%s): %llu blocks, %.1f MiB on disk; reads at %.0f MB/s, "
+                 "prefill at %.0f tok/s: a cold prefix is read back when that is faster",
+                 ts->store.dir ? ts->store.dir : o->ssd_dir, l->tier.store.fp.backend_identity,
+                 (unsigned long long)ts->store.blocks, (double)ts->store.bytes / (1 << 20),
+                 ts->read_bytes_per_s / 1e6, l->tier.prefill_tokens_per_s);
+    }
+
+    const struct generation_defaults *g = &l->m->generation;
+    sm->defaults = (struct server_defaults){
+        .temperature = o->has_temperature ? (float)o->temperature : g->temperature,
+        .top_p = o->has_top_p ? (float)o->top_p : g->top_p,
+        .top_k = o->has_top_k ? (int)o->top_k : g->top_k,
+        .min_p = o->has_min_p ? (float)o->min_p : 0,
+        .repetition_penalty = g->repetition_penalty,
+        .max_tokens = (int)o->max_tokens,
+        .temperature_set = o->has_temperature,
+    };
+    sm->n_eos = 0;
+    for (int i = 0; i < g->n_eos; i++)
+        add_eos(sm, g->eos_token_ids[i]);
+    if (tok_eos_token(l->tok))
+        add_eos(sm, tok_piece_to_id(l->tok, tok_eos_token(l->tok)));
+    sm->model = l->m;
+    sm->tok = l->tok;
+    sm->tmpl = l->have_tmpl ? &l->tmpl : NULL;
+    sm->engine = l->engine;
+    sm->reencode = l->reencode;
+    sm->grammars = l->grammars;
+    *out = l;
+    return 0;
+fail:
+    served_free(l, 0);
+    return rc;
+}
+
+/* The bytes a loaded model holds: its weights and its KV pool. */
+static uint64_t served_bytes(const struct served_load *l, const struct served_model *sm)
+{
+    const struct engine_config *c = engine_config(l->engine);
+    int block = c->kv_block_size > 0 ? c->kv_block_size : KV_BLOCK_SIZE_DEFAULT;
+    return sm->fit.weights_bytes + (uint64_t)c->kv_blocks * (uint64_t)block *
+                                       sm->fit.kv_bytes_per_token;
+}
+
+/* ---- the model pool: its entries' options, the pool file, the loader ---- */
+
+/* What the pool's loader knows: the serve options every entry starts from. */
+struct pool_loader {
+    const struct serve_options *base;   /* borrowed */
+    struct transcriber *whisper;        /* borrowed; NULL without --whisper-model */
+    uint64_t whisper_bytes;             /* its weight files: what it holds while loaded */
+    int grace_ms;
+};
+
+/* The sizes of a directory's weight files (or a GGUF file's): what its first load is guessed
+ * to hold before it is measured. */
+static uint64_t path_weight_bytes(const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return 0;
+    if (!S_ISDIR(st.st_mode))
+        return (uint64_t)st.st_size;
+    uint64_t sum = 0;
+    DIR *d = opendir(path);
+    if (!d)
+        return 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        size_t n = strlen(e->d_name);
+        static const char *const ext[] = {".safetensors", ".gguf", ".bin"};
+        for (size_t k = 0; k < sizeof ext / sizeof ext[0]; k++) {
+            size_t m = strlen(ext[k]);
+            char file[PATH_MAX];
+            if (n > m && !strcmp(e->d_name + n - m, ext[k]) &&
+                snprintf(file, sizeof file, "%s/%s", path, e->d_name) < (int)sizeof file &&
+                stat(file, &st) == 0)
+                sum += (uint64_t)st.st_size;
+        }
+    }
+    closedir(d);
+    return sum;
+}
+
+static uint64_t pool_estimate(void *ctx, const char *id, const char *path, const void *options)
+{
+    (void)ctx, (void)id, (void)options;
+    return path_weight_bytes(path);
+}
+
+static int pool_load(void *ctx, const char *id, const char *path, const void *options,
+                     struct served_model *sm, void **handle, uint64_t *bytes, struct err *err)
+{
+    const struct serve_options *o = options;
+    char ssd[PATH_MAX];
+    if (o->ssd_dir &&
+        snprintf(ssd, sizeof ssd, "%s/%s", o->ssd_dir, id) >= (int)sizeof ssd)
+        return err_set(err, INFERD_ERANGE, "--ssd-cache %s/%s is too long a path", o->ssd_dir, id);
+    (void)ctx;
+    struct served_load *l = NULL;
+    int rc = served_load(o, path, o->ssd_dir ? ssd : NULL, sm, &l, err);
+    if (rc < 0)
+        return rc;
+    *handle = l;
+    *bytes = served_bytes(l, sm);
+    return 0;
+}
+
+static uint64_t pool_unload(void *ctx, const char *id, struct served_model *sm, void *handle)
+{
+    const struct pool_loader *pl = ctx;
+    (void)id, (void)sm;
+    return served_free(handle, pl->grace_ms);
+}
+
+static void pool_free_options(void *ctx, void *options)
+{
+    (void)ctx;
+    free(options);
+}
+
+static uint64_t pool_extra_bytes(void *ctx)
+{
+    const struct pool_loader *pl = ctx;
+    if (!pl->whisper)
+        return 0;
+    struct transcriber_stats ts;
+    transcriber_stats(pl->whisper, &ts);
+    return ts.loaded ? pl->whisper_bytes : 0;
+}
+
+/* A model's id: its directory's or file's name, without .gguf. */
+static void pool_default_id(const char *path, char *id, size_t cap)
+{
+    base_name(path, id, cap);
+    size_t n = strlen(id);
+    if (n > 5 && !strcmp(id + n - 5, ".gguf"))
+        id[n - 5] = '\0';
+}
+
+/* One entry's options: the server's, with what the pool file's "options" object sets. */
+static int pool_entry_options(const struct serve_options *base, json_object *opts, int index,
+                              struct serve_options **out, struct err *err)
+{
+    struct serve_options *o = malloc(sizeof *o);
+    if (!o)
+        return err_set(err, INFERD_ENOMEM, "out of memory for the pool");
+    *o = *base;
+    if (opts) {
+        if (!json_object_is_type(opts, json_type_object)) {
+            free(o);
+            return err_set(err, INFERD_EFORMAT, "[%d].options: expected an object", index);
+        }
+        json_object_object_foreach(opts, key, val) {
+            const char *v = json_object_get_string(val);
+            char flag[64];
+            snprintf(flag, sizeof flag, "[%d].options.%s", index, key);
+            bool ok = true;
+            if (!strcmp(key, "context") || !strcmp(key, "ctx"))
+                ok = arg_int(flag, v, 2, 1 << 24, &o->ctx);
+            else if (!strcmp(key, "max_tokens"))
+                ok = arg_int(flag, v, 1, INT_MAX, &o->max_tokens);
+            else if (!strcmp(key, "batch") || !strcmp(key, "max_batch"))
+                ok = arg_int(flag, v, 1, 1024, &o->max_batch);
+            else if (!strcmp(key, "kv_mb"))
+                ok = arg_int(flag, v, 1, 1 << 30, &o->kv_mb);
+            else if (!strcmp(key, "prompt_cache"))
+                ok = arg_float(flag, v, 0, 1 << 20, &o->prompt_cache_gib);
+            else if (!strcmp(key, "temperature"))
+                ok = o->has_temperature = arg_float(flag, v, 0, 2, &o->temperature);
+            else if (!strcmp(key, "mode"))
+                ok = arg_mode(v, &o->mode);
+            else if (!strcmp(key, "device")) {
+                struct device_spec spec;
+                ok = cli_device_parse(v, &spec);
+                o->device = v; /* the pool file's JSON lives as long as the pool */
+            } else if (!strcmp(key, "kv_quant")) {
+                ok = cli_kv_quant_flag("--kv-quant", v, &o->kvq) > 0;
+            } else if (!strcmp(key, "quantize")) {
+                ok = cli_quantize_flag("--quantize", v, &o->quantize) > 0;
+            } else {
+                free(o);
+                return err_set(err, INFERD_EINVAL,
+                               "%s: unknown option (context, max_tokens, batch, kv_mb, "
+                               "prompt_cache, temperature, mode, device, kv_quant, quantize)",
+                               flag);
+            }
+            if (!ok) {
+                free(o);
+                return err_set(err, INFERD_EINVAL, "%s: bad value '%s'", flag, v ? v : "");
+            }
+        }
+        if (o->ssd_dir && !(o->prompt_cache_gib > 0)) {
+            free(o);
+            return err_set(err, INFERD_EINVAL, "[%d].options.prompt_cache: --ssd-cache needs "
+                           "the prompt cache", index);
+        }
+    }
+    *out = o;
+    return 0;
+}
+
+/* A pool file: a JSON array of {"id"?, "path", "options"?}, paths relative to the file. */
+static int pool_add_file(struct model_pool *pool, const struct serve_options *base,
+                         const char *file, json_object **keep, struct err *err)
+{
+    json_object *root = json_object_from_file(file);
+    if (!root)
+        return err_set(err, INFERD_EFORMAT, "%s: not a JSON file (%s)", file,
+                       json_util_get_last_err());
+    *keep = root;
+    if (!json_object_is_type(root, json_type_array))
+        return err_set(err, INFERD_EFORMAT, "%s: expected an array of {id, path, options}", file);
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", file);
+    char *slash = strrchr(dir, '/');
+    if (slash)
+        slash[1] = '\0';
+    else
+        dir[0] = '\0';
+    size_t n = json_object_array_length(root);
+    for (size_t i = 0; i < n; i++) {
+        json_object *e = json_object_array_get_idx(root, i), *v = NULL;
+        if (!json_object_is_type(e, json_type_object))
+            return err_set(err, INFERD_EFORMAT, "%s: [%zu]: expected an object", file, i);
+        json_object_object_foreach(e, key, val) {
+            (void)val;
+            if (strcmp(key, "id") && strcmp(key, "path") && strcmp(key, "options"))
+                return err_set(err, INFERD_EINVAL, "%s: [%zu].%s: unknown field (id, path, "
+                               "options)", file, i, key);
+        }
+        if (!json_object_object_get_ex(e, "path", &v) || !json_object_is_type(v, json_type_string))
+            return err_set(err, INFERD_EFORMAT, "%s: [%zu].path: expected a string", file, i);
+        char path[PATH_MAX];
+        const char *p = json_object_get_string(v);
+        snprintf(path, sizeof path, "%s%s", p[0] == '/' ? "" : dir, p);
+        char id[256];
+        if (json_object_object_get_ex(e, "id", &v)) {
+            if (!json_object_is_type(v, json_type_string))
+                return err_set(err, INFERD_EFORMAT, "%s: [%zu].id: expected a string", file, i);
+            snprintf(id, sizeof id, "%s", json_object_get_string(v));
+        } else {
+            pool_default_id(path, id, sizeof id);
+        }
+        struct serve_options *o = NULL;
+        json_object *opts = NULL;
+        json_object_object_get_ex(e, "options", &opts);
+        int rc = pool_entry_options(base, opts, (int)i, &o, err);
+        if (rc == 0)
+            rc = model_pool_add(pool, id, path, o, err);
+        if (rc < 0)
+            return err_wrap(err, "%s", file);
+    }
+    return 0;
+}
+
+/* The pool: the positional model first (the default), then every --model-pool path in order
+ * (directories and GGUF files; a .json path is a pool file). */
+static int pool_build(const struct serve_options *o, struct pool_loader *pl,
+                      json_object **files, struct model_pool **out, struct err *err)
+{
+    struct model_pool_config cfg = {
+        .memory_limit_bytes = (uint64_t)(o->pool_memory_gb * 1e9),
+        .max_waiting = (int)o->max_queue,
+        .loader = {.estimate = pool_estimate, .load = pool_load, .unload = pool_unload,
+                   .free_options = pool_free_options, .extra_bytes = pool_extra_bytes,
+                   .ctx = pl},
+    };
+    int rc = model_pool_create(&cfg, out, err);
+    if (rc < 0)
+        return rc;
+    struct model_pool *pool = *out;
+    if (o->dir) {
+        char id[256];
+        pool_default_id(o->dir, id, sizeof id);
+        struct serve_options *copy = NULL;
+        if ((rc = pool_entry_options(o, NULL, 0, &copy, err)) < 0 ||
+            (rc = model_pool_add(pool, id, o->dir, copy, err)) < 0)
+            return rc;
+    }
+    for (int i = 0; i < o->n_pool_paths; i++) {
+        const char *p = o->pool_paths[i];
+        size_t n = strlen(p);
+        if (n > 5 && !strcmp(p + n - 5, ".json")) {
+            if ((rc = pool_add_file(pool, o, p, &files[i], err)) < 0)
+                return rc;
+            continue;
+        }
+        char id[256];
+        pool_default_id(p, id, sizeof id);
+        struct serve_options *copy = NULL;
+        if ((rc = pool_entry_options(o, NULL, 0, &copy, err)) < 0 ||
+            (rc = model_pool_add(pool, id, p, copy, err)) < 0)
+            return rc;
+    }
+    if (model_pool_count(pool) == 0)
+        return err_set(err, INFERD_EINVAL, "the pool has no models");
+    return 0;
+}
+
+static uint64_t shutdown_engine(void *ctx, struct served_model *sm)
+{
+    engine_shutdown(sm->engine, *(const int *)ctx);
+    return 0;
+}
+
 int cmd_serve(int argc, char **argv)
 {
     struct serve_options o;
@@ -601,7 +1084,6 @@ int cmd_serve(int argc, char **argv)
 
     static struct server srv;
     char name[256];
-    snprintf(srv.model_id, sizeof srv.model_id, "%s", base_name(o.dir, name, sizeof name));
     srv.cfg = (struct server_config){
         .host = o.host,
         .port = (int)o.port,
@@ -668,132 +1150,59 @@ int cmd_serve(int argc, char **argv)
     }
 
     int status = 1;
-    struct backend *be = NULL;
-    struct model *m = NULL;
-    struct model *draft = NULL;
-    struct tokenizer *tok = NULL;
-    struct chat_template tmpl = {0};
-    bool have_tmpl = false;
-    struct engine *engine = NULL;
-    struct reencode *reencode = NULL;
-    struct grammar_vocab *gvocab = NULL;
-    struct grammar_cache *grammars = NULL;
     uint64_t t0 = now_ns();
-    o.backend.mode = o.mode;
-    o.backend.threads = (int)o.threads;
-    o.backend.memory_cap_bytes = (size_t)(o.memory_budget_gb * 1e9);
-    if (cli_kv_quant_resolve(&o.kvq, o.dir, &o.backend, &err) < 0 ||
-        cli_backend_create(o.device, &o.backend, &be, &err) < 0 ||
-        model_load_with(o.dir, be, &(struct model_load_options){.quantize = o.quantize}, &m,
-                        &err) < 0) {
-        fprintf(stderr, "inferd serve: %s\n", err.msg);
-        goto out;
-    }
-    if (model_tokenizer_load(o.dir, &tok, &err) < 0) {
-        fprintf(stderr, "inferd serve: %s: the server needs the model's tokenizer: %s\n", o.dir,
-                err.msg);
-        goto out;
-    }
-    if (tok_vocab_size(tok) > m->config.vocab_size)
-        log_warn("serve: the tokenizer has %d tokens but the model only %d; prompts using the "
-                 "others are refused",
-                 tok_vocab_size(tok), m->config.vocab_size);
-    if (chat_template_load(tok, &tmpl, &err) == 0)
-        have_tmpl = true;
-    else
-        log_warn("serve: no chat template (%s); /v1/chat/completions will answer 400", err.msg);
-    const char *why = NULL;
-    enum toolcall_syntax calls = toolcall_syntax_for_template(tok_chat_template(tok), &why);
-    log_info("serve: tool calls parsed as %s (%s)", toolcall_syntax_name(calls), why);
-
-    if (fit_measure(&o, m, &srv.fit, &err) < 0) {
-        fprintf(stderr, "inferd serve: %s\n", err.msg);
-        goto out;
-    }
-    if (reencode_create(tok, REENCODE_MAX_BYTES, &reencode, &err) < 0) {
-        fprintf(stderr, "inferd serve: %s\n", err.msg);
-        goto out;
-    }
-    /* Structured output: every token's bytes once, and the cache of compiled grammars. */
-    if (grammar_vocab_create(tok, &gvocab, &err) < 0 ||
-        grammar_cache_create(gvocab, (int)o.grammar_cache, &grammars, &err) < 0) {
-        fprintf(stderr, "inferd serve: %s\n", err.msg);
-        goto out;
-    }
-    srv.grammars = grammars;
+    struct served_load *one = NULL; /* without a pool: the model */
+    struct model_pool *pool = NULL;
+    json_object *pool_files[MODEL_POOL_MAX_PATHS] = {0}; /* the pool files, kept for their strings */
+    struct pool_loader pl = {.base = &o,
+                             .whisper = whisper,
+                             .whisper_bytes = o.whisper_dir ? path_weight_bytes(o.whisper_dir) : 0,
+                             .grace_ms = srv.cfg.shutdown_grace_ms};
     srv.no_jump_forward = o.no_jump_forward;
-
-    struct engine_config ec;
-    engine_sizes(&o, m, &srv.fit, &ec);
-    struct spec_config spec;
-    if (cli_spec_load(&o.spec, m, tok, &draft, &spec, &err) < 0) {
-        fprintf(stderr, "inferd serve: %s\n", err.msg);
-        goto out;
-    }
-    ec.spec = &spec;
-    if (spec.kind != SPEC_NONE)
-        log_info("serve: speculative decoding: %s, up to %d drafts a step",
-                 spec.kind == SPEC_NGRAM ? "prompt lookup (ngram)" : o.spec.draft_dir,
-                 spec.num_draft_tokens);
-    struct kv_tier_config tier;
-    if (o.ssd_dir) {
-        if (tier_configure(&o, m, be, ec.n_ctx, &tier, &err) < 0) {
-            fprintf(stderr, "inferd serve: --ssd-cache %s: %s\n", o.ssd_dir, err.msg);
+    if (o.n_pool_paths == 0) {
+        snprintf(srv.served.id, sizeof srv.served.id, "%s", base_name(o.dir, name, sizeof name));
+        if (served_load(&o, o.dir, o.ssd_dir, &srv.served, &one, &err) < 0) {
+            fprintf(stderr, "inferd serve: %s\n", err.msg);
             goto out;
         }
-        ec.tier = &tier;
+    } else {
+        /* The default model is loaded now, so the server is ready with it; the others on
+         * their first request. */
+        if (pool_build(&o, &pl, pool_files, &pool, &err) < 0 ||
+            model_pool_load_now(pool, NULL, &err) < 0) {
+            fprintf(stderr, "inferd serve: --model-pool: %s\n", err.msg);
+            goto out;
+        }
+        snprintf(srv.served.id, sizeof srv.served.id, "%s", model_pool_default_id(pool));
+        struct served_model *d = model_pool_peek(pool, NULL);
+        if (d)
+            srv.served.fit = d->fit;
+        model_pool_release(pool, d);
+        srv.pool = pool;
+        log_info("serve: a pool of %d models, %s the default; %s", model_pool_count(pool),
+                 srv.served.id, o.pool_memory_gb > 0 ? "resident under --pool-memory" : "no memory limit");
     }
-    if (engine_create(m, tok, &ec, &engine, &err) < 0) {
-        fprintf(stderr, "inferd serve: %s\n", err.msg);
-        goto out;
-    }
-    if (o.ssd_dir) {
-        struct engine_stats st;
-        engine_get_stats(engine, &st);
-        const struct kv_tier_stats *ts = &st.ssd_cache;
-        log_info("serve: SSD tier in %s (%s): %llu blocks, %.1f MiB on disk; reads at %.0f MB/s, "
-                 "prefill at %.0f tok/s: a cold prefix is read back when that is faster",
-                 ts->store.dir ? ts->store.dir : o.ssd_dir, tier.store.fp.backend_identity,
-                 (unsigned long long)ts->store.blocks, (double)ts->store.bytes / (1 << 20),
-                 ts->read_bytes_per_s / 1e6, tier.prefill_tokens_per_s);
-    }
-
-    const struct generation_defaults *g = &m->generation;
-    srv.defaults = (struct server_defaults){
-        .temperature = o.has_temperature ? (float)o.temperature : g->temperature,
-        .top_p = o.has_top_p ? (float)o.top_p : g->top_p,
-        .top_k = o.has_top_k ? (int)o.top_k : g->top_k,
-        .min_p = o.has_min_p ? (float)o.min_p : 0,
-        .repetition_penalty = g->repetition_penalty,
-        .max_tokens = (int)o.max_tokens,
-        .temperature_set = o.has_temperature,
-    };
-    for (int i = 0; i < g->n_eos; i++)
-        add_eos(&srv, g->eos_token_ids[i]);
-    if (tok_eos_token(tok))
-        add_eos(&srv, tok_piece_to_id(tok, tok_eos_token(tok)));
-    srv.model = m;
-    srv.tok = tok;
-    srv.tmpl = have_tmpl ? &tmpl : NULL;
-    srv.engine = engine;
-    srv.reencode = reencode;
     atomic_store(&srv.ready, true);
 
     int port = http_bound_port(http);
-    printf("inferd: serving %s at http://%s:%d\n", srv.model_id, o.host, port);
+    printf("inferd: serving %s at http://%s:%d\n", srv.served.id, o.host, port);
     printf("try:    curl http://%s:%d/v1/chat/completions -H 'Content-Type: application/json'%s \\\n"
            "          -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}], "
            "\"max_tokens\": 64}'\n",
            o.host, port, o.keys.n ? " -H 'Authorization: Bearer $KEY'" : "");
     fflush(stdout);
-    char where[256];
-    cli_backend_describe(be, where, sizeof where);
-    const struct engine_config *run = engine_config(engine);
-    log_info("serve: ready in %.2f s on %s; context %d%s, up to %d sequences, KV pool %d blocks "
-             "of %d, prompt cache %.3g GiB",
-             (double)(now_ns() - t0) * 1e-9, where, run->n_ctx,
-             run->budget_ctx ? " (the memory budget's)" : "", run->max_seqs, run->kv_blocks,
-             run->kv_block_size, (double)run->prompt_cache_bytes / (double)(1ull << 30));
+    struct served_model *d = served_model_peek(&srv);
+    if (d) {
+        char where[256];
+        cli_backend_describe(d->model->backend, where, sizeof where);
+        const struct engine_config *run = engine_config(d->engine);
+        log_info("serve: ready in %.2f s on %s; context %d%s, up to %d sequences, KV pool %d "
+                 "blocks of %d, prompt cache %.3g GiB",
+                 (double)(now_ns() - t0) * 1e-9, where, run->n_ctx,
+                 run->budget_ctx ? " (the memory budget's)" : "", run->max_seqs, run->kv_blocks,
+                 run->kv_block_size, (double)run->prompt_cache_bytes / (double)(1ull << 30));
+    }
+    served_model_release(&srv, d);
 
     int sig = 0;
     while (sigwait(&sigs, &sig) != 0)
@@ -805,26 +1214,17 @@ int cmd_serve(int argc, char **argv)
 out:
     atomic_store(&srv.stopping, true);
     http_quiesce(http);
-    engine_shutdown(engine, srv.cfg.shutdown_grace_ms);
-    if (engine && o.ssd_dir) {
-        struct engine_stats st;
-        engine_get_stats(engine, &st); /* as the engine thread left it, after its last flush */
-        const struct ssd_stats *ss = &st.ssd_cache.store;
-        log_info("serve: SSD tier at exit: %s; %llu blocks (%.1f MiB) on disk, %llu written "
-                 "(%.1f MiB) since start, %llu not durable, %llu dropped, %llu failed",
-                 ss->disabled                              ? "off"
-                 : ss->pending + st.ssd_cache.unsaved > 0 ? "flush incomplete"
-                                                          : "flushed",
-                 (unsigned long long)ss->blocks, (double)ss->bytes / (1 << 20),
-                 (unsigned long long)ss->writes, (double)ss->write_bytes / (1 << 20),
-                 (unsigned long long)(ss->pending + st.ssd_cache.unsaved),
-                 (unsigned long long)ss->dropped, (unsigned long long)ss->failed);
-    }
+    /* In-flight requests finish (within the grace) before the connections close; the models
+     * are freed after, as streams still read their tokenizers. */
+    if (one)
+        engine_shutdown(one->engine, srv.cfg.shutdown_grace_ms);
+    if (pool)
+        model_pool_each_resident(pool, shutdown_engine, &srv.cfg.shutdown_grace_ms);
     http_stop(http);
-    engine_free(engine);
-    grammar_cache_free(grammars); /* after the engine: its sequences held references */
-    grammar_vocab_free(gvocab);
-    reencode_free(reencode);
+    served_free(one, 0);
+    model_pool_free(pool);
+    for (int i = 0; i < MODEL_POOL_MAX_PATHS; i++)
+        json_object_put(pool_files[i]);
     response_store_free(responses);
     if (idle_running) {
         pthread_mutex_lock(&idle.lock);
@@ -835,12 +1235,6 @@ out:
     }
     transcriber_free(whisper);
     backend_destroy(whisper_be);
-    if (have_tmpl)
-        chat_template_free(&tmpl);
-    tok_free(tok);
-    model_free(draft);
-    model_free(m);
-    backend_destroy(be);
     api_keys_free(&o.keys);
     return status;
 }

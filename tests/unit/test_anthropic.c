@@ -354,21 +354,21 @@ Test(anthropic_request, the_retention_position_is_the_rendered_prefix_up_to_the_
     cr_assert_eq(chat_template_load(tok, &tmpl, &err), 0, "%s", err.msg);
     struct server srv;
     memset(&srv, 0, sizeof srv);
-    srv.tok = tok;
-    srv.tmpl = &tmpl;
+    srv.served.tok = tok;
+    srv.served.tmpl = &tmpl;
     parse_ok("{\"max_tokens\":5,\"system\":[{\"type\":\"text\",\"text\":\"You are a careful "
              "assistant who answers in full sentences.\",\"cache_control\":{\"type\":"
              "\"ephemeral\"}}],\"messages\":[{\"role\":\"user\",\"content\":\"What is the "
              "capital of France, and why is it that one?\"}]}");
-    int retain = anthropic_retain_tokens(&srv, &ar);
+    int retain = anthropic_retain_tokens(&srv.served, &ar);
     struct prompt whole;
-    cr_assert(prompt_build(&srv, &ar.req, 0, &whole, &e), "%s", e.message);
+    cr_assert(prompt_build(&srv, &srv.served, &ar.req, 0, &whole, &e), "%s", e.message);
     cr_assert_gt(retain, 8);
     cr_assert_lt(retain, whole.n_ids, "the system prompt is %d of %d tokens", retain, whole.n_ids);
     /* Without a breakpoint there is no hint. */
     anthropic_request_free(&ar);
     parse_ok("{\"max_tokens\":5," ONE_USER "}");
-    cr_assert_eq(anthropic_retain_tokens(&srv, &ar), 0);
+    cr_assert_eq(anthropic_retain_tokens(&srv.served, &ar), 0);
     prompt_free(&whole);
     chat_template_free(&tmpl);
     tok_free(tok);

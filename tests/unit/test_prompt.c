@@ -19,12 +19,12 @@ static void setup(void)
     cr_assert_eq(tok_load(HOUSE, &tok, &err), 0, "%s", err.msg);
     cr_assert_eq(chat_template_load(tok, &tmpl, &err), 0, "%s", err.msg);
     memset(&srv, 0, sizeof srv);
-    srv.tok = tok;
-    srv.tmpl = &tmpl;
-    srv.defaults = (struct server_defaults){.temperature = 0.7f, .top_p = 0.9f, .top_k = 40,
+    srv.served.tok = tok;
+    srv.served.tmpl = &tmpl;
+    srv.served.defaults = (struct server_defaults){.temperature = 0.7f, .top_p = 0.9f, .top_k = 40,
                                             .repetition_penalty = 1.1f};
-    srv.eos_ids[0] = 2;
-    srv.n_eos = 1;
+    srv.served.eos_ids[0] = 2;
+    srv.served.n_eos = 1;
 }
 
 static void teardown(void)
@@ -48,7 +48,7 @@ static struct prompt build(const char *body, enum gen_request_kind kind)
 {
     parse(body, kind);
     struct prompt p;
-    cr_assert(prompt_build(&srv, &req, 0, &p, &aerr), "%s", aerr.message);
+    cr_assert(prompt_build(&srv, &srv.served, &req, 0, &p, &aerr), "%s", aerr.message);
     gen_request_free(&req);
     return p;
 }
@@ -121,7 +121,7 @@ Test(prompt, an_empty_prompt_is_a_400)
 {
     parse("{\"prompt\":\"\"}", GEN_REQUEST_COMPLETION);
     struct prompt p;
-    cr_assert_not(prompt_build(&srv, &req, 0, &p, &aerr));
+    cr_assert_not(prompt_build(&srv, &srv.served, &req, 0, &p, &aerr));
     cr_assert_eq(aerr.status, 400);
     cr_assert_str_eq(aerr.param, "prompt");
     cr_assert(strstr(aerr.message, "empty"), "%s", aerr.message);
@@ -130,10 +130,10 @@ Test(prompt, an_empty_prompt_is_a_400)
 
 Test(prompt, chat_without_a_template_is_a_400_that_points_to_completions)
 {
-    srv.tmpl = NULL;
+    srv.served.tmpl = NULL;
     parse("{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]}", GEN_REQUEST_CHAT);
     struct prompt p;
-    cr_assert_not(prompt_build(&srv, &req, 0, &p, &aerr));
+    cr_assert_not(prompt_build(&srv, &srv.served, &req, 0, &p, &aerr));
     cr_assert_eq(aerr.status, 400);
     cr_assert_str_eq(aerr.code, "no_chat_template");
     cr_assert(strstr(aerr.message, "/v1/completions"), "%s", aerr.message);
@@ -148,7 +148,7 @@ Test(prompt, request_fields_win_over_server_defaults)
     struct gen_params p;
     memset(&p, 0, sizeof p);
     struct sampler_logit_bias bias[1];
-    prompt_fill_params(&srv, &req, &p, bias);
+    prompt_fill_params(&srv, &srv.served, &req, &p, bias);
     cr_assert_float_eq(p.sampling.temperature, 0.2f, 1e-6);
     cr_assert_float_eq(p.sampling.top_p, 0.9f, 1e-6, "top_p comes from the defaults");
     cr_assert_eq(p.sampling.top_k, 0, "top_k -1 means off");
@@ -170,7 +170,7 @@ Test(prompt, without_fields_the_defaults_apply_and_length_is_the_context)
     struct gen_params p;
     memset(&p, 0, sizeof p);
     struct sampler_logit_bias bias[1];
-    prompt_fill_params(&srv, &req, &p, bias);
+    prompt_fill_params(&srv, &srv.served, &req, &p, bias);
     cr_assert_float_eq(p.sampling.temperature, 0.7f, 1e-6);
     cr_assert_eq(p.sampling.top_k, 40);
     cr_assert_eq(p.max_tokens, INT32_MAX, "the engine clamps it to what the context leaves");
@@ -186,7 +186,7 @@ static struct gen_params filled(const char *body, enum gen_request_kind kind)
     struct gen_params p;
     memset(&p, 0, sizeof p);
     struct sampler_logit_bias bias[1];
-    prompt_fill_params(&srv, &req, &p, bias);
+    prompt_fill_params(&srv, &srv.served, &req, &p, bias);
     gen_request_free(&req);
     return p;
 }
@@ -223,7 +223,7 @@ Test(prompt, penalty_windows_default_to_20_tokens_and_xtc_to_off)
 
 Test(prompt, a_chat_turn_with_thinking_off_runs_at_most_0_7_unless_a_temperature_is_given)
 {
-    srv.defaults.temperature = 1.0f; /* generation_config.json's */
+    srv.served.defaults.temperature = 1.0f; /* generation_config.json's */
     struct gen_params p = filled(
         "{" USER ",\"chat_template_kwargs\":{\"enable_thinking\":false}}", GEN_REQUEST_CHAT);
     cr_assert_float_eq(p.sampling.temperature, 0.7f, 1e-6);
@@ -234,17 +234,17 @@ Test(prompt, a_chat_turn_with_thinking_off_runs_at_most_0_7_unless_a_temperature
     cr_assert_float_eq(p.sampling.temperature, 0.7f, 1e-6, "--thinking off");
     p = filled("{" USER ",\"temperature\":1.3}", GEN_REQUEST_CHAT);
     cr_assert_float_eq(p.sampling.temperature, 1.3f, 1e-6, "the request's wins");
-    srv.defaults.temperature_set = true;
+    srv.served.defaults.temperature_set = true;
     p = filled("{" USER "}", GEN_REQUEST_CHAT);
     cr_assert_float_eq(p.sampling.temperature, 1.0f, 1e-6, "--temperature wins");
-    srv.defaults.temperature_set = false;
+    srv.served.defaults.temperature_set = false;
     srv.thinking = SERVER_THINKING_TEMPLATE;
 
     p = filled("{" USER "}", GEN_REQUEST_CHAT);
     cr_assert_float_eq(p.sampling.temperature, 1.0f, 1e-6, "the template decides: unchanged");
     p = filled("{" USER ",\"chat_template_kwargs\":{\"enable_thinking\":true}}", GEN_REQUEST_CHAT);
     cr_assert_float_eq(p.sampling.temperature, 1.0f, 1e-6, "thinking on: unchanged");
-    srv.defaults.temperature = 0.5f;
+    srv.served.defaults.temperature = 0.5f;
     p = filled("{" USER ",\"reasoning_effort\":\"none\"}", GEN_REQUEST_CHAT);
     cr_assert_float_eq(p.sampling.temperature, 0.5f, 1e-6, "a cooler default stays");
 }

@@ -202,8 +202,8 @@ Test(template_conformance, qwen3_tool_calls_and_results_render_through_the_promp
     cr_assert_eq(chat_template_load(tok, &ct, &err), 0, "chat_template_load: %s", err.msg);
     struct server srv;
     memset(&srv, 0, sizeof srv);
-    srv.tok = tok;
-    srv.tmpl = &ct;
+    srv.served.tok = tok;
+    srv.served.tmpl = &ct;
 
     snprintf(path, sizeof path, "%s/tool-refs-qwen3.jsonl", refs_dir());
     struct json_object *refs = load_jsonl(path);
@@ -218,7 +218,7 @@ Test(template_conformance, qwen3_tool_calls_and_results_render_through_the_promp
         cr_assert_eq(gen_request_parse(body, strlen(body), GEN_REQUEST_CHAT, &req, &e), 0,
                      "request %zu: %s", i, e.message);
         struct prompt p;
-        cr_assert(prompt_build(&srv, &req, 0, &p, &e), "request %zu: %s", i, e.message);
+        cr_assert(prompt_build(&srv, &srv.served, &req, 0, &p, &e), "request %zu: %s", i, e.message);
         const char *want = json_object_get_string(output);
         size_t wlen = (size_t)json_object_get_string_len(output), at = 0;
         while (at < p.text_len && at < wlen && p.text[at] == want[at])

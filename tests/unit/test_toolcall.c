@@ -512,10 +512,10 @@ static void run_reply(struct server *srv, const char *extra, const char *reply, 
     struct err err = {0};
     int32_t *ids = NULL;
     int n_ids = 0;
-    cr_assert_eq(tok_encode(srv->tok, reply, strlen(reply), false, &ids, &n_ids, &err), 0, "%s",
+    cr_assert_eq(tok_encode(srv->served.tok, reply, strlen(reply), false, &ids, &n_ids, &err), 0, "%s",
                  err.msg);
     struct detok *d;
-    cr_assert_eq(detok_create(srv->tok, true, &d, &err), 0, "%s", err.msg);
+    cr_assert_eq(detok_create(srv->served.tok, true, &d, &err), 0, "%s", err.msg);
     struct gen_output *o = gen_output_create(8);
     cr_assert_not_null(o);
     struct generation *g;
@@ -576,7 +576,7 @@ static struct tokenizer *load_qwen3(void)
 Test(toolcall_pipeline, token_ids_become_tool_calls_streamed_and_collected_alike)
 {
     struct server srv = {0};
-    srv.tok = load_qwen3();
+    srv.served.tok = load_qwen3();
     const char *reply =
         "<think>\nTwo tools.\n</think>\n\nLet me look.\n<tool_call>\n{\"name\": \"get_weather\", "
         "\"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", "
@@ -603,13 +603,13 @@ Test(toolcall_pipeline, token_ids_become_tool_calls_streamed_and_collected_alike
         }
         cr_assert_str_neq(r->id[0], r->id[1]);
     }
-    tok_free((struct tokenizer *)srv.tok);
+    tok_free((struct tokenizer *)srv.served.tok);
 }
 
 Test(toolcall_pipeline, tool_choice_none_leaves_the_text_alone)
 {
     struct server srv = {0};
-    srv.tok = load_qwen3();
+    srv.served.tok = load_qwen3();
     const char *reply = "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>";
     struct reply r;
     run_reply(&srv, ",\"tool_choice\":\"none\"", reply, false, &r);
@@ -620,5 +620,5 @@ Test(toolcall_pipeline, tool_choice_none_leaves_the_text_alone)
     cr_assert_eq(r.n_calls, 0);
     cr_assert(!r.tool_calls);
     cr_assert_str_eq(r.content, "No call needed.");
-    tok_free((struct tokenizer *)srv.tok);
+    tok_free((struct tokenizer *)srv.served.tok);
 }
