@@ -77,7 +77,7 @@ static bool read_ids(json_object *a, int vocab, const char *where, struct embed_
     return true;
 }
 
-static bool read_text(const struct server *srv, const char *s, size_t len, const char *where,
+static bool read_text(const struct served_model *sm, const char *s, size_t len, const char *where,
                       struct embed_input *in, struct api_error *e)
 {
     if (len == 0) {
@@ -86,7 +86,7 @@ static bool read_text(const struct server *srv, const char *s, size_t len, const
         return false;
     }
     struct err err = {0};
-    if (tok_encode(srv->tok, s, len, true, &in->ids, &in->n, &err) < 0) {
+    if (tok_encode(sm->tok, s, len, true, &in->ids, &in->n, &err) < 0) {
         api_error_set(e, 400, API_ERROR_INVALID_REQUEST, "input", NULL, "%s: %s", where, err.msg);
         return false;
     }
@@ -100,10 +100,10 @@ static bool read_text(const struct server *srv, const char *s, size_t len, const
 
 /* input: a string, an array of strings, an array of token ids, or an array
  * of arrays of token ids. */
-static bool read_inputs(const struct server *srv, json_object *input, struct embed_request *r,
+static bool read_inputs(const struct served_model *sm, json_object *input, struct embed_request *r,
                         struct api_error *e)
 {
-    int vocab = srv->model->config.vocab_size;
+    int vocab = sm->model->config.vocab_size;
     if (!input) {
         api_error_set(e, 400, API_ERROR_INVALID_REQUEST, "input", NULL, "'input' is required");
         return false;
@@ -112,7 +112,7 @@ static bool read_inputs(const struct server *srv, json_object *input, struct emb
         if (!(r->inputs = calloc(1, sizeof *r->inputs)))
             goto oom;
         r->n_inputs = 1;
-        return read_text(srv, json_object_get_string(input),
+        return read_text(sm, json_object_get_string(input),
                          (size_t)json_object_get_string_len(input), "input", &r->inputs[0], e);
     }
     if (!json_object_is_type(input, json_type_array)) {
@@ -143,7 +143,7 @@ static bool read_inputs(const struct server *srv, json_object *input, struct emb
         snprintf(where, sizeof where, "input[%zu]", i);
         bool ok;
         if (json_object_is_type(item, json_type_string))
-            ok = read_text(srv, json_object_get_string(item),
+            ok = read_text(sm, json_object_get_string(item),
                            (size_t)json_object_get_string_len(item), where, &r->inputs[i], e);
         else if (json_object_is_type(item, json_type_array))
             ok = read_ids(item, vocab, where, &r->inputs[i], e);
@@ -161,7 +161,7 @@ oom:
     return false;
 }
 
-static bool parse_request(const struct server *srv, json_object *root, struct embed_request *r,
+static bool parse_request(const struct served_model *sm, json_object *root, struct embed_request *r,
                           struct api_error *e)
 {
     if (!json_object_is_type(root, json_type_object)) {
@@ -180,7 +180,7 @@ static bool parse_request(const struct server *srv, json_object *root, struct em
         }
         r->base64 = !strcmp(f, "base64");
     }
-    int hidden = srv->model->config.hidden_size;
+    int hidden = sm->model->config.hidden_size;
     if ((v = json_object_object_get(root, "dimensions")) &&
         !json_object_is_type(v, json_type_null)) {
         int64_t d = json_object_get_int64(v);
@@ -202,9 +202,9 @@ static bool parse_request(const struct server *srv, json_object *root, struct em
         api_error_set(e, 400, API_ERROR_INVALID_REQUEST, "user", NULL, "'user' must be a string");
         return false;
     }
-    if (!read_inputs(srv, json_object_object_get(root, "input"), r, e))
+    if (!read_inputs(sm, json_object_object_get(root, "input"), r, e))
         return false;
-    int n_ctx = engine_config(srv->engine)->n_ctx;
+    int n_ctx = engine_config(sm->engine)->n_ctx;
     for (int i = 0; i < r->n_inputs; i++)
         if (r->inputs[i].n > n_ctx) {
             api_error_set(e, 400, API_ERROR_INVALID_REQUEST, "input", "context_length_exceeded",
@@ -258,11 +258,10 @@ static void embedding_json(struct strbuf *out, const float *v, int d, bool b64)
 
 /* Submits every input, then collects them in order; all are in the engine
  * at once, so they share its steps with each other and with generations. */
-static bool run_inputs(struct http_exchange *x, const struct embed_request *r, float *vectors,
-                       struct api_error *e)
+static bool run_inputs(struct http_exchange *x, const struct served_model *sm,
+                       const struct embed_request *r, float *vectors, struct api_error *e)
 {
-    struct server *srv = x->srv;
-    int hidden = srv->model->config.hidden_size;
+    int hidden = sm->model->config.hidden_size;
     struct gen_output **outs = calloc((size_t)r->n_inputs, sizeof *outs);
     if (!outs) {
         api_error_set(e, 503, API_ERROR_UNAVAILABLE, NULL, "out_of_memory", "out of memory");
@@ -280,7 +279,7 @@ static bool run_inputs(struct http_exchange *x, const struct embed_request *r, f
             .sampling = {.temperature = 0, .top_p = 1, .repetition_penalty = 1},
         };
         struct err err = {0};
-        int rc = engine_submit(srv->engine, &p, &outs[i], &err);
+        int rc = engine_submit(sm->engine, &p, &outs[i], &err);
         if (rc == -INFERD_EBUSY)
             api_error_set(e, 429, API_ERROR_RATE_LIMIT, NULL, "rate_limit_exceeded", "%s", err.msg);
         else if (rc == -INFERD_ERANGE)
@@ -344,32 +343,41 @@ void openai_embeddings(struct http_exchange *x)
         http_send_error(x, &e);
         return;
     }
-    const struct model_embedding *me = &srv->model->embedding;
-    if (me->pooling == MODEL_POOLING_OTHER) {
-        http_send_errorf(x, 400, API_ERROR_INVALID_REQUEST, "model", "unsupported_pooling",
-                         "this model pools its embeddings by '%s' (its modules.json); inferd "
-                         "computes last-token pooling only",
-                         me->mode);
-        return;
-    }
     json_object *root = NULL;
     struct embed_request r = {0};
     float *vectors = NULL;
     struct strbuf out = {0};
     struct err err = {0};
+    struct served_model *sm = NULL;
     if (json_text_parse(x->body, x->body_len, EMBED_MAX_DEPTH, false, &root, &err) < 0) {
         http_send_errorf(x, 400, API_ERROR_INVALID_REQUEST, NULL, NULL,
                          "the body is not valid JSON: %s", err.msg);
         return;
     }
-    if (!parse_request(srv, root, &r, &e))
+    json_object *model_field = json_object_is_type(root, json_type_object)
+                                   ? json_object_object_get(root, "model")
+                                   : NULL;
+    const char *model_id = json_object_is_type(model_field, json_type_string)
+                               ? json_object_get_string(model_field)
+                               : NULL;
+    if (served_model_acquire(srv, model_id, &sm, &e) < 0)
         goto fail;
-    int hidden = srv->model->config.hidden_size, d = r.dimensions ? r.dimensions : hidden;
+    const struct model_embedding *me = &sm->model->embedding;
+    if (me->pooling == MODEL_POOLING_OTHER) {
+        api_error_set(&e, 400, API_ERROR_INVALID_REQUEST, "model", "unsupported_pooling",
+                      "this model pools its embeddings by '%s' (its modules.json); inferd "
+                      "computes last-token pooling only",
+                      me->mode);
+        goto fail;
+    }
+    if (!parse_request(sm, root, &r, &e))
+        goto fail;
+    int hidden = sm->model->config.hidden_size, d = r.dimensions ? r.dimensions : hidden;
     if (!(vectors = malloc((size_t)r.n_inputs * hidden * sizeof(float)))) {
         api_error_set(&e, 503, API_ERROR_UNAVAILABLE, NULL, "out_of_memory", "out of memory");
         goto fail;
     }
-    if (!run_inputs(x, &r, vectors, &e))
+    if (!run_inputs(x, sm, &r, vectors, &e))
         goto fail;
     long tokens = 0;
     strbuf_printf(&out, "{\"object\":\"list\",\"data\":[");
@@ -387,7 +395,7 @@ void openai_embeddings(struct http_exchange *x)
         tokens += r.inputs[i].n;
     }
     free(unit);
-    json_object *model = json_object_new_string(srv->model_id);
+    json_object *model = json_object_new_string(sm->id);
     strbuf_printf(&out, "],\"model\":%s,\"usage\":{\"prompt_tokens\":%ld,\"total_tokens\":%ld}}",
                    json_object_to_json_string_ext(model, JSON_C_TO_STRING_PLAIN |
                                                              JSON_C_TO_STRING_NOSLASHESCAPE),
@@ -403,12 +411,15 @@ void openai_embeddings(struct http_exchange *x)
     free(vectors);
     embed_request_free(&r);
     json_object_put(root);
+    served_model_release(srv, sm);
     return;
 fail:
     strbuf_free(&out);
     free(vectors);
     embed_request_free(&r);
     json_object_put(root);
+    if (sm)
+        served_model_release(srv, sm);
     if (e.status != 499)
         http_send_error(x, &e);
 }
