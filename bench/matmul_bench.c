@@ -1,15 +1,19 @@
 /* bench/matmul_bench.c — CPU matmul speed against the machine's own limits: GEMV vs read bandwidth, GEMM vs FMA peak.
  *
- * Usage: matmul_bench [THREADS [LEVEL]]
- *   THREADS 0 (default) = one per core; LEVEL scalar|avx2|avx512|avx512bf16|amx.
- * Shapes are Qwen3-0.6B's projections (K = in_features, N = out_features), bf16 weights. */
+ * Usage: matmul_bench [THREADS [LEVEL [DTYPE]]]
+ *   THREADS 0 (default) = one per core; LEVEL scalar|avx2|avx512|avx512bf16|amx;
+ *   DTYPE bf16 (default) or a GGUF block type: q8_0, q4_0, q4_1, q5_0, q5_1,
+ *   q2_k, q3_k, q4_k, q5_k, q6_k (the int8 kernels of qmatmul*.c).
+ * Shapes are Qwen3-0.6B's projections (K = in_features, N = out_features). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/mman.h>
 
 #include "backend/cpu/matmul.h"
 #include "base/bf16.h"
+#include "base/quant.h"
 #include "base/threadpool.h"
 #include "base/timer.h"
 
@@ -52,6 +56,63 @@ static uint16_t *random_bf16(size_t n)
     return w;
 }
 
+static float *random_f32(size_t n);
+
+/* The weight type every shape is made in (main's DTYPE argument). */
+struct bench_weights {
+    enum dtype dtype;
+    /* One quantized matrix per shape, made once: quantizing the K types is
+     * slow, and copies of the same bytes stream from DRAM all the same. */
+    void *proto[8];
+    long proto_k[8], proto_n[8];
+};
+
+static size_t weight_bytes(enum dtype t, long K, long N)
+{
+    return (size_t)dtype_row_bytes(t, (uint64_t)K) * (size_t)N;
+}
+
+/* K x N weights of type t, in huge pages like random_bf16's. */
+static void *random_weights(struct bench_weights *bw, long K, long N)
+{
+    if (bw->dtype == DTYPE_BF16)
+        return random_bf16((size_t)K * (size_t)N);
+    size_t huge = (size_t)2 << 20, bytes = weight_bytes(bw->dtype, K, N);
+    void *proto = NULL;
+    for (int i = 0; i < 8 && !proto; i++)
+        if (bw->proto[i] && bw->proto_k[i] == K && bw->proto_n[i] == N)
+            proto = bw->proto[i];
+    if (!proto) {
+        float *row = random_f32((size_t)K);
+        proto = malloc(bytes);
+        int slot = 0;
+        while (slot < 7 && bw->proto[slot])
+            slot++;
+        if (!row || !proto) {
+            free(row);
+            free(proto);
+            return NULL;
+        }
+        size_t rb = (size_t)dtype_row_bytes(bw->dtype, (uint64_t)K);
+        for (long r = 0; r < N; r++) {
+            for (long c = 0; c < K; c++)
+                row[c] = rnd() * 0.05f;
+            quant_quantize_row(bw->dtype, row, (uint8_t *)proto + (size_t)r * rb, K);
+        }
+        free(row);
+        free(bw->proto[slot]);
+        bw->proto[slot] = proto;
+        bw->proto_k[slot] = K;
+        bw->proto_n[slot] = N;
+    }
+    void *w = aligned_alloc(huge, (bytes + huge - 1) / huge * huge);
+    if (w && !getenv("BENCH_SMALL_PAGES"))
+        madvise(w, (bytes + huge - 1) / huge * huge, MADV_HUGEPAGE);
+    if (w)
+        memcpy(w, proto, bytes);
+    return w;
+}
+
 static float *random_f32(size_t n)
 {
     float *x = malloc(n * sizeof *x);
@@ -64,9 +125,9 @@ static float *random_f32(size_t n)
 /* Decode: T = 1, every call reading its weights from DRAM. Returns GB/s
  * over the best time of each call across passes: other work on the machine
  * only ever slows a call down, so the minimum is the undisturbed time. */
-static double bench_gemv(struct cpu_matmul *mm, long K, long N)
+static double bench_gemv(struct cpu_matmul *mm, struct bench_weights *bw, long K, long N)
 {
-    size_t bytes = (size_t)K * (size_t)N * 2;
+    size_t bytes = weight_bytes(bw->dtype, K, N);
     int copies = (int)((GEMV_STREAM_BYTES + bytes - 1) / bytes);
     struct weight_matrix *w = calloc((size_t)copies, sizeof *w);
     float *x = random_f32((size_t)K), *y = malloc((size_t)N * sizeof *y);
@@ -74,8 +135,8 @@ static double bench_gemv(struct cpu_matmul *mm, long K, long N)
     if (!w || !x || !y)
         goto out;
     for (int c = 0; c < copies; c++) {
-        w[c] = (struct weight_matrix){.dtype = DTYPE_BF16, .rows = N, .cols = K,
-                                      .data = random_bf16((size_t)K * (size_t)N)};
+        w[c] = (struct weight_matrix){.dtype = bw->dtype, .rows = N, .cols = K,
+                                      .data = random_weights(bw, K, N)};
         if (!w[c].data)
             goto out;
     }
@@ -108,14 +169,15 @@ out:
 }
 
 /* Prefill: T = 128 tokens. Returns GFLOP/s. */
-static double bench_gemm(struct cpu_matmul *mm, enum compute_mode mode, long K, long N)
+static double bench_gemm(struct cpu_matmul *mm, struct bench_weights *bw, enum compute_mode mode,
+                         long K, long N)
 {
-    uint16_t *wd = random_bf16((size_t)K * (size_t)N);
+    void *wd = random_weights(bw, K, N);
     float *x = random_f32((size_t)GEMM_T * (size_t)K);
     float *y = malloc((size_t)GEMM_T * (size_t)N * sizeof *y);
     double best = 0.0;
     if (wd && x && y) {
-        struct weight_matrix w = {.dtype = DTYPE_BF16, .rows = N, .cols = K, .data = wd};
+        struct weight_matrix w = {.dtype = bw->dtype, .rows = N, .cols = K, .data = wd};
         cpu_matmul_run(mm, mode, x, GEMM_T, &w, NULL, y);
         for (int run = 0; run < GEMM_RUNS; run++) {
             double t0 = now_s();
@@ -133,7 +195,8 @@ static double bench_gemm(struct cpu_matmul *mm, enum compute_mode mode, long K, 
 /* Batched decode: T tokens (one per sequence) through one matrix whose
  * weights come from DRAM each call (copies rotate past the caches). Returns
  * GFLOP/s. */
-static double bench_small_batch(struct cpu_matmul *mm, long K, long N, long T)
+static double bench_small_batch(struct cpu_matmul *mm, struct bench_weights *bw, long K, long N,
+                                long T)
 {
     const int copies = 4;
     struct weight_matrix w[4];
@@ -142,10 +205,10 @@ static double bench_small_batch(struct cpu_matmul *mm, long K, long N, long T)
     double best = 0.0;
     int made = 0;
     for (; made < copies; made++) {
-        uint16_t *wd = random_bf16((size_t)K * (size_t)N);
+        void *wd = random_weights(bw, K, N);
         if (!wd)
             break;
-        w[made] = (struct weight_matrix){.dtype = DTYPE_BF16, .rows = N, .cols = K, .data = wd};
+        w[made] = (struct weight_matrix){.dtype = bw->dtype, .rows = N, .cols = K, .data = wd};
     }
     if (made == copies && x && y) {
         for (int run = 0; run < 4 * copies; run++) {
@@ -172,7 +235,19 @@ int main(int argc, char **argv)
         fprintf(stderr, "matmul_bench: %s\n", err.msg);
         return 1;
     }
-    if (argc > 2) {
+    struct bench_weights wt = {.dtype = DTYPE_BF16};
+    if (argc > 3) {
+        int t = -1;
+        for (int d = DTYPE_BF16; d < DTYPE_COUNT; d++)
+            if (!strcasecmp(argv[3], dtype_name((enum dtype)d)))
+                t = d;
+        if (t < 0 || t == DTYPE_F16) {
+            fprintf(stderr, "matmul_bench: unknown weight type '%s'\n", argv[3]);
+            return 1;
+        }
+        wt.dtype = (enum dtype)t;
+    }
+    if (argc > 2 && strcmp(argv[2], "best")) {
         int level = -1;
         for (int l = 0; l < CPU_MATMUL_N_LEVELS; l++)
             if (!strcmp(argv[2], cpu_matmul_level_name((enum cpu_matmul_level)l)))
@@ -182,8 +257,9 @@ int main(int argc, char **argv)
             return 1;
         }
     }
-    printf("level            %s, %d threads\n", cpu_matmul_level_name(cpu_matmul_get_level(mm)),
-           threadpool_size(pool));
+    printf("level            %s, %d threads, %s weights\n",
+           cpu_matmul_level_name(cpu_matmul_get_level(mm)), threadpool_size(pool),
+           dtype_name(wt.dtype));
     double bw = 0.0, peak = 0.0;
     for (int i = 0; i < 3; i++) { /* best of three: the machine may be shared */
         double b = cpu_measure_read_bandwidth(pool, BANDWIDTH_BYTES);
@@ -194,16 +270,16 @@ int main(int argc, char **argv)
     printf("read bandwidth   %.1f GB/s (1 GiB buffer, best of 15 passes)\n", bw);
     printf("fma peak         %.1f GFLOP/s (f32 FMA on the widest vectors)\n", peak);
 
-    printf("\nGEMV, T=1, bf16 weights streamed from DRAM\n");
+    printf("\nGEMV, T=1, %s weights streamed from DRAM\n", dtype_name(wt.dtype));
     printf("  %-13s %6s %7s %9s %9s\n", "shape", "K", "N", "GB/s", "of bw");
     for (int s = 0; s < N_SHAPES; s++) {
-        double g = bench_gemv(mm, shapes[s].K, shapes[s].N);
+        double g = bench_gemv(mm, &wt, shapes[s].K, shapes[s].N);
         printf("  %-13s %6ld %7ld %9.1f %8.0f%%\n", shapes[s].what, shapes[s].K, shapes[s].N, g,
                100.0 * g / bw);
     }
 
     static const long batch_t[] = {2, 4, 8, 12, 16};
-    printf("\nBatched decode, bf16 weights from DRAM, FAST (GFLOP/s)\n");
+    printf("\nBatched decode, %s weights from DRAM, FAST (GFLOP/s)\n", dtype_name(wt.dtype));
     printf("  %-13s %6s %7s", "shape", "K", "N");
     for (size_t i = 0; i < sizeof batch_t / sizeof batch_t[0]; i++)
         printf("  T=%-5ld", batch_t[i]);
@@ -213,21 +289,23 @@ int main(int argc, char **argv)
             continue; /* the LM head: too large to rotate copies of */
         printf("  %-13s %6ld %7ld", shapes[s].what, shapes[s].K, shapes[s].N);
         for (size_t i = 0; i < sizeof batch_t / sizeof batch_t[0]; i++)
-            printf("  %7.1f", bench_small_batch(mm, shapes[s].K, shapes[s].N, batch_t[i]));
+            printf("  %7.1f", bench_small_batch(mm, &wt, shapes[s].K, shapes[s].N, batch_t[i]));
         printf("\n");
     }
 
-    printf("\nGEMM, T=%d, bf16 weights\n", GEMM_T);
+    printf("\nGEMM, T=%d, %s weights\n", GEMM_T, dtype_name(wt.dtype));
     printf("  %-13s %6s %7s %12s %8s %12s %8s\n", "shape", "K", "N", "EXACT GF/s", "of peak",
            "FAST GF/s", "of peak");
     for (int s = 0; s < N_SHAPES; s++) {
-        double e = bench_gemm(mm, COMPUTE_EXACT, shapes[s].K, shapes[s].N);
-        double f = bench_gemm(mm, COMPUTE_FAST, shapes[s].K, shapes[s].N);
+        double e = bench_gemm(mm, &wt, COMPUTE_EXACT, shapes[s].K, shapes[s].N);
+        double f = bench_gemm(mm, &wt, COMPUTE_FAST, shapes[s].K, shapes[s].N);
         printf("  %-13s %6ld %7ld %12.1f %7.0f%% %12.1f %7.0f%%\n", shapes[s].what, shapes[s].K,
                shapes[s].N, e, 100.0 * e / peak, f, 100.0 * f / peak);
     }
     printf("\ngemm rate        %.1f GFLOP/s (cpu_measure_gemm_gflops, FAST)\n",
            cpu_measure_gemm_gflops(mm, COMPUTE_FAST));
+    for (int i = 0; i < 8; i++)
+        free(wt.proto[i]);
     cpu_matmul_free(mm);
     threadpool_free(pool);
     return 0;

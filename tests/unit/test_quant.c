@@ -152,33 +152,52 @@ Test(quant, quantizing_is_deterministic)
 /* ---------------------------------------------------------------- matmul kernels */
 
 /* One matmul of quantized W (N x K) against T tokens, on the context's
- * level, checked against the reference dot product in double:
- * - types with int8 kernels (Q8_0, Q4_0, Q4_K, Q6_K): the dequantized W row
- *   against x as the kernels see it (cpu_qmm_quantize_x, dequantized). The
- *   integer block dots are exact; what remains is f32 rounding of K / 32
- *   scaled terms, far inside KTOL * sum |w| |x|. And against the f32 x: each
- *   element of x moves at most d / 2 (its block's scale) when quantized, so
- *   |y - W x| <= sum over blocks of d_b / 2 * sum |w| in the block, plus the
- *   same rounding slack.
+ * level and mode, checked against the reference dot product in double:
+ * - types with int8 kernels (Q8_0, Q4_0, Q4_1 against x in 32-element
+ *   blocks; Q4_K, Q5_K, Q6_K against 256-element super-blocks): the
+ *   dequantized W row against x as the kernels see it (the reference
+ *   quantizer's codes times their scale). The integer block dots are exact;
+ *   what remains is f32 rounding of K / 32 scaled terms, far inside KTOL *
+ *   sum |w| |x|. And against the f32 x: each element of x moves at most d / 2
+ *   (its block's scale) when quantized, so |y - W x| <= sum over blocks of
+ *   d_b / 2 * sum |w| in the block, plus the same rounding slack.
  * - the others (generic path): the dequantized W against f32 x.
- * Every token's outputs are also the bits it gets alone (T = 1). */
+ * In EXACT mode every token's outputs are also the bits it gets alone (T = 1). */
 #define KTOL 2e-5
 
-static void dequant_act(const struct qmm_act *a, int64_t n, float *out)
+/* x as the kernels of type t see it, dequantized; the scale of the block
+ * holding element i into scale[i]. */
+static void kernel_view_of_x(enum dtype t, const float *x, int64_t n, float *out, float *scale)
 {
-    for (int64_t b = 0; b < n / 32; b++)
-        for (int j = 0; j < 32; j++)
-            out[b * 32 + j] = a[b].d * (float)a[b].q[j];
+    if (qmm_act_k_of(t)) {
+        struct qmm_act_k *a = aligned_alloc(64, (size_t)(n / 256) * sizeof *a);
+        cpu_qmm_quantize_x_k(x, n, a);
+        for (int64_t b = 0; b < n / 256; b++)
+            for (int j = 0; j < 256; j++) {
+                scale[b * 256 + j] = a[b].d * (float)a[b].m[j / 32];
+                out[b * 256 + j] = scale[b * 256 + j] * (float)a[b].q[j];
+            }
+        free(a);
+    } else {
+        struct qmm_act *a = malloc((size_t)(n / 32) * sizeof *a);
+        cpu_qmm_quantize_x(x, n, a);
+        for (int64_t b = 0; b < n / 32; b++)
+            for (int j = 0; j < 32; j++) {
+                out[b * 32 + j] = a[b].d * (float)a[b].q[j];
+                scale[b * 32 + j] = a[b].d;
+            }
+        free(a);
+    }
 }
 
-static void kernel_case(struct cpu_matmul *mm, enum dtype t, int64_t T, int64_t K, int64_t N,
-                        uint32_t seed)
+static void kernel_case_mode(struct cpu_matmul *mm, enum compute_mode mode, enum dtype t,
+                             int64_t T, int64_t K, int64_t N, uint32_t seed)
 {
     float *w = malloc((size_t)(N * K) * sizeof *w), *wd = malloc((size_t)(N * K) * sizeof *wd);
     float *x = malloc((size_t)(T * K) * sizeof *x), *xd = malloc((size_t)(T * K) * sizeof *xd);
+    float *xscale = malloc((size_t)(T * K) * sizeof *xscale);
     float *bias = malloc((size_t)N * sizeof *bias), *y = malloc((size_t)(T * N) * sizeof *y);
     float *y1 = malloc((size_t)N * sizeof *y1);
-    struct qmm_act *xa = malloc((size_t)(T * K / 32) * sizeof *xa);
     size_t rb = (size_t)dtype_row_bytes(t, (uint64_t)K);
     uint8_t *wq = malloc(rb * (size_t)N);
     fill(w, (int)(N * K), seed);
@@ -191,12 +210,13 @@ static void kernel_case(struct cpu_matmul *mm, enum dtype t, int64_t T, int64_t 
         quant_dequantize_row(t, wq + (size_t)r * rb, wd + r * K, K);
     }
     bool int8 = cpu_qmm_scalar.dot[t] != NULL;
-    cpu_qmm_quantize_x(x, T * K, xa);
-    dequant_act(xa, T * K, xd);
+    if (int8)
+        kernel_view_of_x(t, x, T * K, xd, xscale);
     struct weight_matrix wm = {.dtype = t, .rows = N, .cols = K, .data = wq};
-    cpu_matmul_run(mm, COMPUTE_EXACT, x, T, &wm, bias, y);
+    cpu_matmul_run(mm, mode, x, T, &wm, bias, y);
     for (int64_t tk = 0; tk < T; tk++) {
-        cpu_matmul_run(mm, COMPUTE_EXACT, x + tk * K, 1, &wm, bias, y1);
+        if (mode == COMPUTE_EXACT)
+            cpu_matmul_run(mm, mode, x + tk * K, 1, &wm, bias, y1);
         for (int64_t r = 0; r < N; r++) {
             const float *wr = wd + r * K, *xr = x + tk * K, *xq = int8 ? xd + tk * K : xr;
             double ref = bias[r], ref_f32 = bias[r], mag = fabs(bias[r]), act_err = 0;
@@ -204,29 +224,33 @@ static void kernel_case(struct cpu_matmul *mm, enum dtype t, int64_t T, int64_t 
                 ref += (double)wr[c] * xq[c];
                 ref_f32 += (double)wr[c] * xr[c];
                 mag += fabs((double)wr[c] * xq[c]);
-            }
-            for (int64_t b = 0; int8 && b < K / 32; b++) {
-                double sw = 0;
-                for (int j = 0; j < 32; j++)
-                    sw += fabs(wr[b * 32 + j]);
-                act_err += xa[tk * K / 32 + b].d / 2 * sw;
+                if (int8)
+                    act_err += xscale[tk * K + c] / 2 * fabs(wr[c]);
             }
             float got = y[tk * N + r];
             cr_assert_leq(fabs(got - ref), KTOL * mag + 1e-6,
-                          "%s level %s T=%lld K=%lld N=%lld: y[%lld,%lld] = %.9g, reference %.9g",
-                          dtype_name(t), cpu_matmul_level_name(cpu_matmul_get_level(mm)),
+                          "%s level %s mode %d T=%lld K=%lld N=%lld: y[%lld,%lld] = %.9g, "
+                          "reference %.9g",
+                          dtype_name(t), cpu_matmul_level_name(cpu_matmul_get_level(mm)), (int)mode,
                           (long long)T, (long long)K, (long long)N, (long long)tk, (long long)r,
                           got, ref);
             cr_assert_leq(fabs(got - ref_f32), act_err + KTOL * mag + 1e-6,
                           "%s: y[%lld,%lld] = %.9g is past x's quantization from %.9g",
                           dtype_name(t), (long long)tk, (long long)r, got, ref_f32);
-            cr_assert_eq(memcmp(&got, &y1[r], sizeof got), 0,
-                         "%s level %s: token %lld alone gives other bits (%.9g vs %.9g)",
-                         dtype_name(t), cpu_matmul_level_name(cpu_matmul_get_level(mm)),
-                         (long long)tk, y1[r], got);
+            if (mode == COMPUTE_EXACT)
+                cr_assert_eq(memcmp(&got, &y1[r], sizeof got), 0,
+                             "%s level %s: token %lld alone gives other bits (%.9g vs %.9g)",
+                             dtype_name(t), cpu_matmul_level_name(cpu_matmul_get_level(mm)),
+                             (long long)tk, y1[r], got);
         }
     }
-    free(w), free(wd), free(x), free(xd), free(bias), free(y), free(y1), free(xa), free(wq);
+    free(w), free(wd), free(x), free(xd), free(xscale), free(bias), free(y), free(y1), free(wq);
+}
+
+static void kernel_case(struct cpu_matmul *mm, enum dtype t, int64_t T, int64_t K, int64_t N,
+                        uint32_t seed)
+{
+    kernel_case_mode(mm, COMPUTE_EXACT, t, T, K, N, seed);
 }
 
 Test(quant_matmul, every_block_type_on_every_level_matches_the_reference_dot_product,
@@ -253,21 +277,93 @@ Test(quant_matmul, every_block_type_on_every_level_matches_the_reference_dot_pro
     }
 }
 
-/* The int8 kernels of every ISA compute the same integers: where two
- * levels' kernel tables differ, their results agree to f32 rounding. */
+/* Shapes at the edges of the kernels' tiling: K one block (one
+ * super-block for the K types), row counts that are no multiple of any
+ * tile, and prompts long enough for the prefill path, in both modes. */
+Test(quant_matmul, odd_shapes_and_prompts_match_the_reference_on_every_level, .timeout = 300)
+{
+    static const enum dtype types[] = {DTYPE_Q8_0, DTYPE_Q4_0, DTYPE_Q4_1,
+                                       DTYPE_Q4_K, DTYPE_Q5_K, DTYPE_Q6_K};
+    static const int64_t Ts[] = {1, 2, 17, 40}, Ns[] = {1, 15, 33, 70};
+    struct err err = {0};
+    struct threadpool *pool;
+    struct cpu_matmul *mm;
+    cr_assert_eq(threadpool_create(2, &pool, &err), 0, "%s", err.msg);
+    cr_assert_eq(cpu_matmul_create(pool, &mm, &err), 0, "%s", err.msg);
+    for (int lv = CPU_MATMUL_SCALAR; lv <= (int)cpu_matmul_detect_level(); lv++) {
+        cr_assert_eq(cpu_matmul_set_level(mm, (enum cpu_matmul_level)lv, &err), 0);
+        for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
+            int64_t one = dtype_block_elems(types[k]);
+            for (int a = 0; a < 4; a++)
+                for (int c = 0; c < 4; c++)
+                    for (int mode = 0; mode < 2; mode++)
+                        kernel_case_mode(mm, mode ? COMPUTE_FAST : COMPUTE_EXACT, types[k], Ts[a],
+                                         a == 3 ? 512 : one, Ns[c],
+                                         (uint32_t)(k * 1000 + a * 10 + c + 7 * mode));
+        }
+    }
+    cpu_matmul_free(mm);
+    threadpool_free(pool);
+}
+
+/* Every ISA's kernels compute the same integers, and every ISA's x
+ * quantizer writes the reference's bytes. */
 Test(quant_matmul, the_kernel_table_follows_the_level_and_vnni)
 {
     cr_assert_eq(cpu_qmm_kernels_for(CPU_MATMUL_SCALAR), &cpu_qmm_scalar);
     cr_assert_eq(cpu_qmm_kernels_for(CPU_MATMUL_AVX2), &cpu_qmm_avx2);
     const struct qmm_kernels *k512 = cpu_qmm_kernels_for(CPU_MATMUL_AVX512);
     cr_assert_eq(k512, cpu_features()->avx512_vnni ? &cpu_qmm_avx512 : &cpu_qmm_avx2);
-    static const enum dtype with_kernels[] = {DTYPE_Q8_0, DTYPE_Q4_0, DTYPE_Q4_K, DTYPE_Q6_K};
-    for (int i = 0; i < 4; i++) {
+    static const enum dtype with_kernels[] = {DTYPE_Q8_0, DTYPE_Q4_0, DTYPE_Q4_1,
+                                              DTYPE_Q4_K, DTYPE_Q5_K, DTYPE_Q6_K};
+    for (int i = 0; i < 6; i++) {
         cr_assert_not_null(cpu_qmm_scalar.dot[with_kernels[i]]);
         cr_assert_not_null(cpu_qmm_avx2.dot[with_kernels[i]]);
         cr_assert_not_null(cpu_qmm_avx512.dot[with_kernels[i]]);
     }
-    cr_assert_null(cpu_qmm_avx2.dot[DTYPE_Q5_K], "Q5_K takes the generic path");
+    cr_assert_null(cpu_qmm_avx2.dot[DTYPE_Q3_K], "Q3_K takes the generic path");
+}
+
+Test(quant_matmul, every_isa_quantizes_x_to_the_reference_bytes)
+{
+    enum { N = 1024 };
+    float x[N];
+    fill(x, N, 5);
+    for (int i = 0; i < N; i += 37)
+        x[i] *= 20.0f;
+    for (int i = 256; i < 512; i++)
+        x[i] = 0.0f; /* an all-zero super-block: scale 0, codes 0 */
+    struct qmm_act ref[N / 32];
+    struct qmm_act_k ref_k[N / 256];
+    cpu_qmm_quantize_x(x, N, ref);
+    cpu_qmm_quantize_x_k(x, N, ref_k);
+    cr_assert_eq(ref_k[1].d, 0.0f);
+    for (int b = 0; b < N / 256; b++)
+        for (int c = 0; c < 8; c++) {
+            cr_assert(ref_k[b].m[c] >= 1 && ref_k[b].m[c] <= 16);
+            for (int j = 0; j < 32; j++) /* the step is within 1/16 of the block's max */
+                cr_assert_leq(fabsf(x[b * 256 + c * 32 + j] -
+                                    ref_k[b].d * ref_k[b].m[c] * ref_k[b].q[c * 32 + j]),
+                              ref_k[b].d * ref_k[b].m[c] * 0.5f * 1.0001f + 1e-12f);
+        }
+    const struct qmm_kernels *isas[] = {&cpu_qmm_avx2, &cpu_qmm_avx512};
+    for (int k = 0; k < 2; k++) {
+        if (isas[k] == &cpu_qmm_avx2 ? !cpu_features()->avx2
+                                     : !cpu_features()->avx512_vnni)
+            continue;
+        struct qmm_act a[N / 32];
+        struct qmm_act_k ak[N / 256];
+        memset(ak, 0, sizeof ak);
+        isas[k]->quantize_x(x, N, a);
+        isas[k]->quantize_x_k(x, N, ak);
+        cr_assert_eq(memcmp(a, ref, sizeof a), 0, "isa %d: 32-element blocks differ", k);
+        for (int b = 0; b < N / 256; b++) {
+            cr_assert_eq(memcmp(ak[b].q, ref_k[b].q, 256), 0, "isa %d: super-block %d codes", k, b);
+            cr_assert_eq(memcmp(ak[b].bsums, ref_k[b].bsums, 32), 0, "isa %d: block sums", k);
+            cr_assert_eq(memcmp(ak[b].m, ref_k[b].m, 8), 0, "isa %d: multipliers", k);
+            cr_assert_eq(ak[b].d, ref_k[b].d);
+        }
+    }
 }
 
 /* ---------------------------------------------------------------- forward */
@@ -346,7 +442,10 @@ static int argmax(const float *v, int n)
 
 /* Our forward with the weights quantized in memory against the same file's
  * weights dequantized to F32 at load: the only difference is x quantized to
- * int8 per 32 elements before each product (Q8_0, Q4_0, Q4_K, Q6_K).
+ * int8 per 32 elements before each product (Q8_0, Q4_0; the K types' x has
+ * one scale per 256 times a multiplier per 32 that keeps each block's step
+ * within 1/16 of its own max|x_b| / 127, so the bound below holds up to
+ * that 1/16).
  *
  * Tolerance: rounding x to int8 moves each element by at most d / 2 =
  * max|x_b| / 254, a uniform error of rms max|x_b| / (254 sqrt 3). For a
