@@ -26,11 +26,13 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <sched.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/uio.h>
@@ -114,10 +116,14 @@ struct ssd_store {
 
     pthread_t thread;
     bool thread_started;
+    /* I/O thread only: it runs at idle priority now (io_set_background); it may go back to
+     * normal priority (probed when it starts; else it stays at normal priority) */
+    bool io_background, io_can_background;
     pthread_mutex_t mu;         /* everything below */
     pthread_cond_t work;        /* the I/O thread waits here */
     pthread_cond_t done_cv;     /* ssd_store_wait and ssd_store_flush wait here */
     bool stopping;
+    int flush_waiters;          /* ssd_store_flush calls waiting: their writes are urgent */
     struct job *wq_head, *wq_tail, *rq_head, *rq_tail;
     uint64_t write_seq_next;    /* seq of the next write queued */
     uint64_t write_seq_done;    /* every write with seq < this has finished */
@@ -1249,11 +1255,46 @@ static void free_jobs(struct job *j)
 }
 
 /* Reads first (a request waits on them), then one batch of writes, then idle touches. */
+/* Write-behind must not slow decoding: the engine's workers fill every core while a step
+ * runs, and a writer taking one of them (checksums, copies, the index) holds the whole step
+ * at its barrier. So the I/O thread writes at SCHED_IDLE, on the cores the engine leaves
+ * idle, and goes back to normal priority for reads (a request waits on them), for flushes
+ * someone waits for, and at shutdown. Going back needs CAP_SYS_NICE or an RLIMIT_NICE of 20;
+ * the thread probes it once and, where it cannot, stays at normal priority. */
+static bool io_policy(int policy)
+{
+    struct sched_param sp = {0};
+    return pthread_setschedparam(pthread_self(), policy, &sp) == 0;
+}
+
+static void io_probe_background(struct ssd_store *s)
+{
+    s->io_can_background = io_policy(SCHED_IDLE) && io_policy(SCHED_OTHER);
+    if (!s->io_can_background) {
+        io_policy(SCHED_OTHER);
+        log_info("ssd cache: write-behind runs at normal priority (the I/O thread could not "
+                 "return from idle priority: no CAP_SYS_NICE, RLIMIT_NICE below 20)");
+    }
+}
+
+static void io_set_background(struct ssd_store *s, bool background)
+{
+    if (!s->io_can_background || background == s->io_background)
+        return;
+    if (io_policy(background ? SCHED_IDLE : SCHED_OTHER))
+        s->io_background = background;
+    else if (!background)
+        s->io_can_background = false; /* stays where it is; never lowered again */
+}
+
 static void *io_main(void *arg)
 {
     struct ssd_store *s = arg;
+    io_probe_background(s);
     pthread_mutex_lock(&s->mu);
     for (;;) {
+        /* the mutex is held here: this pass's work decides the priority */
+        io_set_background(s, !s->rq_head && !s->flush_waiters && !s->stopping);
         if (s->rq_head) {
             struct job *reads = s->rq_head;
             s->rq_head = s->rq_tail = NULL;
@@ -1663,8 +1704,9 @@ int ssd_store_flush(struct ssd_store *s, int timeout_ms)
     struct timespec until = deadline_after(timeout_ms > 0 ? timeout_ms : 0);
     pthread_mutex_lock(&s->mu);
     uint64_t target = s->write_seq_next;
-    /* let idle touches go out with the next pass of the thread */
+    /* let idle touches go out with the next pass of the thread, at normal priority */
     s->last_touch_persist_ns = 0;
+    s->flush_waiters++;
     pthread_cond_signal(&s->work);
     int rc = 0;
     while (s->write_seq_done < target) {
@@ -1676,6 +1718,7 @@ int ssd_store_flush(struct ssd_store *s, int timeout_ms)
             break;
         }
     }
+    s->flush_waiters--;
     if (rc == 0 && s->st.disabled)
         rc = -INFERD_EIO;
     pthread_mutex_unlock(&s->mu);
