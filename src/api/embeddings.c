@@ -122,17 +122,18 @@ static bool read_inputs(const struct served_model *sm, json_object *input, struc
         return false;
     }
     size_t n = json_object_array_length(input);
-    if (n == 0 || n > EMBED_MAX_INPUTS) {
-        api_error_set(e, 400, API_ERROR_INVALID_REQUEST, "input", NULL,
-                      "'input' holds %zu items; 1 to %d are allowed", n, EMBED_MAX_INPUTS);
-        return false;
-    }
-    json_object *first = json_object_array_get_idx(input, 0);
-    if (json_object_is_type(first, json_type_int)) { /* one array of token ids */
+    json_object *first = n ? json_object_array_get_idx(input, 0) : NULL;
+    if (json_object_is_type(first, json_type_int)) { /* one array of token ids: the context
+                                                        bounds its length */
         if (!(r->inputs = calloc(1, sizeof *r->inputs)))
             goto oom;
         r->n_inputs = 1;
         return read_ids(input, vocab, "input", &r->inputs[0], e);
+    }
+    if (n == 0 || n > EMBED_MAX_INPUTS) {
+        api_error_set(e, 400, API_ERROR_INVALID_REQUEST, "input", NULL,
+                      "'input' holds %zu items; 1 to %d are allowed", n, EMBED_MAX_INPUTS);
+        return false;
     }
     if (!(r->inputs = calloc(n, sizeof *r->inputs)))
         goto oom;

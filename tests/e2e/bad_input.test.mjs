@@ -280,7 +280,7 @@ describe('methods, routes, content types', () => {
 
   test('an unknown route is a 404 with an OpenAI error object', async () => {
     expectOpenAIError(await send(request('GET', '/v2/models')), 404, 'GET /v2/models');
-    expectOpenAIError(await send(request('POST', '/v1/embeddings', { headers: json, body: '{}' })), 404, 'POST /v1/embeddings');
+    expectOpenAIError(await send(request('POST', '/v1/images/generations', { headers: json, body: '{}' })), 404, 'POST /v1/images/generations');
     expectOpenAIError(await send(request('GET', `/${'x'.repeat(6000)}`)), [404, 414], 'a 6000-byte path');
   });
 
