@@ -6,7 +6,7 @@
 #   MODEL_DIR  the test model (default $E2E_MODEL or build/models/e2e-qwen3); when it is missing
 #              or older than INFERD it is (re)made with `INFERD mkmodel --preset tiny-qwen3
 #              --tokenizer $E2E_TOKENIZER` (default build/text-data/qwen3, from `make text-data`)
-#   --sanitize for an AddressSanitizer/UBSan build: the suites but spec, structured and webui, a short load
+#   --sanitize for an AddressSanitizer/UBSan build: e2e, bad_input, ssd, audio and pool
 #              run; fails when any server's stderr holds a sanitizer report
 # Environment: E2E_SUITES (default "e2e responses embeddings anthropic structured bad_input load ssd spec webui audio pool"; ssd and pool start their own
 # servers over fresh cache directories, and runs bench/ssd_kill.sh shortened; webui starts its own server of
@@ -39,12 +39,12 @@ if [ -n "${1:-}" ]; then INFERD=$(absolute "$1" "$PWD"); else INFERD=$(absolute 
 if [ -n "${2:-}" ]; then MODEL=$(absolute "$2" "$PWD"); else MODEL=$(absolute "${E2E_MODEL:-build/models/e2e-qwen3}" "$root"); fi
 TOKENIZER=$(absolute "${E2E_TOKENIZER:-build/text-data/qwen3}" "$root")
 SUITES=${E2E_SUITES:-e2e responses embeddings anthropic structured bad_input load ssd spec webui audio pool}
-# Under a sanitizer the default is the suites that drive outside input through the server's
-# parsers and its memory-owning paths (requests, SDK streams, raw sockets, load, the SSD tier,
-# audio uploads). Speculation, structured output and the web page run in the plain pass only:
-# their engine paths are the unit tests' and the fuzzers', and instrumented they take minutes
-# of the suite's time budget.
-[ $sanitize = 1 ] && [ -z "${E2E_SUITES:-}" ] && SUITES="e2e responses anthropic bad_input load ssd audio pool"
+# Under a sanitizer the default is the suites whose memory-owning paths no fuzzer reaches:
+# requests and streams end to end, raw-socket bad input, the SSD tier's files and restarts,
+# audio uploads, the model pool's loads and unloads. The others run in the plain pass only:
+# their parsers are fuzzed, their engine paths are the unit tests', and instrumented they
+# take minutes of the suite's time budget.
+[ $sanitize = 1 ] && [ -z "${E2E_SUITES:-}" ] && SUITES="e2e bad_input ssd audio pool"
 cd "$root"
 
 [ -x "$INFERD" ] || die "no inferd binary at $INFERD (build it first)"
