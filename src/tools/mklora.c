@@ -226,6 +226,16 @@ int mklora_write(const struct mklora_opts *o, struct err *err)
     free(ts);
     if (hdr.failed || body.failed || cfg.failed)
         rc = err_set(err, INFERD_ENOMEM, "out of memory");
+    /* the directory and any parents missing */
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", o->out_dir);
+    for (char *p = dir + 1; !rc && *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+                rc = err_set(err, INFERD_EIO, "%s: cannot create it", dir);
+            *p = '/';
+        }
     if (!rc && mkdir(o->out_dir, 0755) < 0 && errno != EEXIST)
         rc = err_set(err, INFERD_EIO, "%s: cannot create it", o->out_dir);
     if (!rc)
