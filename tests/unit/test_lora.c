@@ -1,14 +1,17 @@
 /* tests/unit/test_lora.c — PEFT LoRA adapters: the unmerged per-row path equals the weights with B·A merged in (every tiny architecture), a mixed batch gives each row the bits it gets alone, the prefix cache never crosses adapters, and malformed adapters are refused by name. */
 #include <criterion/criterion.h>
+#include <json-c/json.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cuda/cuda.h"
 #include "engine/engine.h"
 #include "kv/kv.h"
 #include "model/lora.h"
 #include "model/model.h"
+#include "golden_support.h"
 #include "test_support.h"
 #include "text/tokenizer.h"
 #include "tools/mklora.h"
@@ -465,6 +468,189 @@ Test(lora_validation, merging_refuses_block_quantized_weights)
     lora_release(a);
     model_free(m);
     backend_destroy(be);
+    test_rmtree(tmp);
+    free(tmp);
+}
+
+/* ---- parity with transformers (+ peft) ------------------------------------ */
+
+static int make_cpu(enum compute_mode mode, struct backend **out, struct err *err)
+{
+    return backend_cpu_create(&(struct backend_options){.mode = mode, .threads = 2}, out, err);
+}
+
+/* tests/goldens/lora/<preset>.json, written by tools/make_lora_goldens.py on a machine with
+ * torch: every position of every case with the adapter applied, in exact mode within 1e-3 of
+ * max|logit| and the same argmax. */
+Test(lora_parity, adapter_logits_match_transformers_goldens, .timeout = 300)
+{
+    char dir[700];
+    snprintf(dir, sizeof dir, "%s/lora", golden_dir());
+    char cmd[800];
+    snprintf(cmd, sizeof cmd, "ls %s/*.json >/dev/null 2>&1", dir);
+    if (system(cmd) != 0)
+        cr_skip_test("no LoRA goldens in %s: run `python3 tools/make_lora_goldens.py` where torch "
+                     "and transformers are", dir);
+    snprintf(cmd, sizeof cmd, "ls %s/*.json", dir);
+    FILE *ls = popen(cmd, "r");
+    cr_assert_not_null(ls);
+    char path[1024];
+    int checked = 0;
+    while (fgets(path, sizeof path, ls)) {
+        path[strcspn(path, "\n")] = 0;
+        struct golden g;
+        cr_assert_eq(golden_load(path, &g), 0, "%s", path);
+        size_t len;
+        char *text = test_read_file(path, &len);
+        json_object *root = json_tokener_parse(text), *ad, *v;
+        free(text);
+        cr_assert(root && json_object_object_get_ex(root, "adapter", &ad), "%s: no adapter", path);
+        struct mklora_opts lo = {.seed = 1};
+        char targets[256] = "", fnv_want[32] = "";
+        if (json_object_object_get_ex(ad, "rank", &v))
+            lo.rank = json_object_get_int(v);
+        if (json_object_object_get_ex(ad, "alpha", &v))
+            lo.alpha = json_object_get_double(v);
+        if (json_object_object_get_ex(ad, "seed", &v))
+            lo.seed = (uint64_t)json_object_get_int64(v);
+        if (json_object_object_get_ex(ad, "targets", &v))
+            snprintf(targets, sizeof targets, "%s", json_object_get_string(v));
+        if (json_object_object_get_ex(ad, "safetensors_fnv1a64", &v))
+            snprintf(fnv_want, sizeof fnv_want, "%s", json_object_get_string(v));
+        json_object_put(root);
+
+        char *tmp = test_mkdtemp(), mdir[900], adir[900], fnv[32];
+        golden_make_model(&g, tmp, mdir, sizeof mdir);
+        snprintf(adir, sizeof adir, "%s/adapter", tmp);
+        lo.model_dir = mdir;
+        lo.out_dir = adir;
+        lo.targets = targets;
+        struct err err = {0};
+        cr_assert_eq(mklora_write(&lo, &err), 0, "%s", err.msg);
+        cr_assert_eq(mkmodel_file_fnv1a64(adir, "adapter_model.safetensors", fnv, sizeof fnv, &err), 0);
+        cr_assert_str_eq(fnv, fnv_want, "%s: the adapter differs from the one the golden was made with",
+                         g.name);
+
+        struct golden_fixture f;
+        golden_fixture_open(&f, make_cpu, mdir, COMPUTE_EXACT, 128);
+        struct lora_adapter *a = NULL;
+        cr_assert_eq(lora_load(f.model, adir, &a, &err), 0, "%s: %s", g.name, err.msg);
+        struct agreement agr = {0};
+        int vocab = f.model->config.vocab_size;
+        for (int c = 0; c < g.n_cases; c++) {
+            const struct golden_case *gc = &g.cases[c];
+            struct block_table bt;
+            block_table_init(&bt);
+            cr_assert_eq(block_table_reserve(f.pool, &bt, gc->n_tokens, &err), 0, "%s", err.msg);
+            struct batch_seq seq = {.tokens = gc->tokens, .n_tokens = gc->n_tokens,
+                                    .block_ids = bt.blocks, .n_block_ids = bt.n_blocks,
+                                    .all_logits = true,
+                                    .adapters = (const struct lora_adapter *const *)&a,
+                                    .n_adapters = 1};
+            struct batch b = {&seq, 1};
+            golden_forward(&f, &b);
+            for (int i = 0; i < gc->n_tokens; i++)
+                golden_compare_row(f.logits + (size_t)i * vocab, vocab, &gc->pos[i], "lora", c, i,
+                                   &agr);
+            block_table_clear(f.pool, &bt);
+        }
+        cr_expect_leq(agr.worst_rel, 1e-3, "%s: %g of max|logit| from the reference at %s", g.name,
+                      agr.worst_rel, agr.worst_where);
+        cr_expect_eq(agr.argmax_equal, agr.positions, "%s: argmax differs at %ld of %ld positions",
+                     g.name, agr.positions - agr.argmax_equal, agr.positions);
+        lora_release(a);
+        golden_fixture_close(&f);
+        golden_free(&g);
+        test_rmtree(tmp);
+        free(tmp);
+        checked++;
+    }
+    pclose(ls);
+    cr_assert_gt(checked, 0);
+}
+
+/* ---- the CUDA op (on a machine with a GPU) --------------------------------- */
+
+/* Mixed decode steps on the GPU (EXACT) within float rounding of the CPU's, every step's
+ * rows taking other adapters in the same places: steps of the same shape replay one captured
+ * graph, so this holds only because the segments live in the arena, not in the graph. */
+Test(lora_cuda, gpu_op_matches_the_cpu_and_replays_with_other_adapters, .timeout = 300)
+{
+    if (!backend_cuda_compiled())
+        cr_skip_test("inferd was built without CUDA: the CUDA adapter op is not checked");
+    if (backend_cuda_device_count() == 0)
+        cr_skip_test("no CUDA GPU on this machine: the CUDA adapter op is not checked");
+    char *tmp = test_mkdtemp();
+    char mdir[512], a1dir[512], a2dir[512];
+    snprintf(mdir, sizeof mdir, "%s/model", tmp);
+    snprintf(a1dir, sizeof a1dir, "%s/a1", tmp);
+    snprintf(a2dir, sizeof a2dir, "%s/a2", tmp);
+    write_model("tiny-qwen3", mdir);
+    write_adapter(mdir, a1dir, NULL, 8, 1, false);
+    write_adapter(mdir, a2dir, "q_proj,o_proj,up_proj", 16, 2, true);
+    struct err err = {0};
+    struct backend *bes[2];
+    struct model *ms[2];
+    struct kv_pool *pools[2];
+    struct forward_state *sts[2];
+    struct lora_adapter *ad[2][2];
+    cr_assert_eq(backend_cpu_create(&(struct backend_options){.mode = COMPUTE_EXACT, .threads = 2},
+                                    &bes[0], &err), 0, "%s", err.msg);
+    cr_assert_eq(backend_cuda_create(0, &(struct backend_options){.mode = COMPUTE_EXACT}, &bes[1],
+                                     &err), 0, "%s", err.msg);
+    for (int k = 0; k < 2; k++) {
+        cr_assert_eq(model_load(mdir, bes[k], &ms[k], &err), 0, "%s", err.msg);
+        cr_assert_eq(kv_pool_create(ms[k], bes[k], 64, BLOCK, &pools[k], &err), 0, "%s", err.msg);
+        cr_assert_eq(forward_state_create(ms[k], 64, &sts[k], &err), 0, "%s", err.msg);
+        cr_assert_eq(lora_load(ms[k], a1dir, &ad[k][0], &err), 0, "%s", err.msg);
+        cr_assert_eq(lora_load(ms[k], a2dir, &ad[k][1], &err), 0, "%s", err.msg);
+    }
+    int vocab = ms[0]->config.vocab_size;
+    enum { N = 4, STEPS = 6 };
+    int32_t toks[N][STEPS + 8];
+    uint32_t blocks[N][1];
+    float *lg[2];
+    for (int k = 0; k < 2; k++)
+        lg[k] = malloc((size_t)16 * vocab * sizeof(float));
+    for (int s = 0; s < N; s++) {
+        prompt_of(toks[s], STEPS + 8, vocab, s + 2);
+        blocks[s][0] = (uint32_t)s;
+    }
+    double worst = 0, max_abs = 0;
+    for (int step = 0; step < STEPS; step++) {
+        for (int k = 0; k < 2; k++) {
+            /* who takes what rotates every step: same segments' shapes, other adapters */
+            const struct lora_adapter *stack[N][2];
+            int n_stack[N];
+            struct batch_seq seqs[N];
+            for (int s = 0; s < N; s++) {
+                int pick = (s + step) % N; /* 0: none, 1: a1, 2: a2, 3: a1+a2 */
+                n_stack[s] = pick == 0 ? 0 : pick == 3 ? 2 : 1;
+                stack[s][0] = pick == 2 ? ad[k][1] : ad[k][0];
+                stack[s][1] = ad[k][1];
+                seqs[s] = (struct batch_seq){.tokens = toks[s] + step, .n_tokens = 1, .pos0 = step,
+                                             .block_ids = blocks[s], .n_block_ids = 1,
+                                             .adapters = stack[s], .n_adapters = n_stack[s]};
+            }
+            struct batch b = {seqs, N};
+            cr_assert_eq(model_forward(ms[k], sts[k], &pools[k]->cache, &b, lg[k], &err), 0, "%s",
+                         err.msg);
+        }
+        for (size_t i = 0; i < (size_t)N * vocab; i++) {
+            worst = fmax(worst, fabs((double)lg[0][i] - lg[1][i]));
+            max_abs = fmax(max_abs, fabs((double)lg[0][i]));
+        }
+    }
+    cr_expect_leq(worst, 1e-3 * max_abs, "GPU logits %g from the CPU's (max %g)", worst, max_abs);
+    for (int k = 0; k < 2; k++) {
+        for (int j = 0; j < 2; j++)
+            lora_release(ad[k][j]);
+        forward_state_free(sts[k]);
+        kv_pool_free(pools[k]);
+        model_free(ms[k]);
+        backend_destroy(bes[k]);
+        free(lg[k]);
+    }
     test_rmtree(tmp);
     free(tmp);
 }

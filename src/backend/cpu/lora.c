@@ -10,9 +10,17 @@ struct lora_job {
     int row_lo, row_hi; /* rows any seg covers */
 };
 
+/* The CPU backend runs only where AVX2 and FMA are (backend_cpu_create checks):
+ * the eight lanes below are one register. */
+#if defined(__x86_64__)
+#define LORA_TARGET __attribute__((target("avx2,fma")))
+#else
+#define LORA_TARGET
+#endif
+
 /* x . w over n floats in eight fixed lanes, summed pairwise at the end: the
  * order depends on n alone, so a row's bits never depend on its batch. */
-static float dot(const float *x, const float *w, int64_t n)
+LORA_TARGET static float dot(const float *x, const float *w, int64_t n)
 {
     float acc[8] = {0};
     int64_t i = 0;
@@ -26,7 +34,7 @@ static float dot(const float *x, const float *w, int64_t n)
 
 /* Threads split the rows, so stacked segs over one row stay on one thread
  * and add in seg order. */
-static void lora_rows(void *ctx, int ith, int nth)
+LORA_TARGET static void lora_rows(void *ctx, int ith, int nth)
 {
     const struct lora_job *j = ctx;
     long n = j->row_hi - j->row_lo;
