@@ -743,12 +743,14 @@ static int read_key(const struct json_reader *root, const char *key, char **out)
     return 0;
 }
 
-/* The session, as for chat: session_id, else prompt_cache_key (both checked). */
+/* The session, as for chat: session_id, else prompt_cache_key (both checked); and the
+ * adapter, as chat takes it. */
 static int parse_session(const struct json_reader *root, struct gen_request *r)
 {
     char *cache_key = NULL;
     int rc;
-    if ((rc = read_key(root, "session_id", &r->session_id)) ||
+    if ((rc = read_key(root, "adapter", &r->adapter)) ||
+        (rc = read_key(root, "session_id", &r->session_id)) ||
         (rc = read_key(root, "prompt_cache_key", &cache_key))) {
         free(cache_key);
         return rc;

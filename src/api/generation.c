@@ -11,6 +11,7 @@
 #include "api/model_pool.h"
 #include "api/prompt.h"
 #include "api/reencode.h"
+#include "engine/adapters.h"
 #include "base/strbuf.h"
 #include "base/timer.h"
 #include "text/reasoning.h"
@@ -254,7 +255,19 @@ int generation_start(const struct http_exchange *x, struct served_model *sm,
     p.prompt = pr.ids;
     p.n_prompt = pr.n_ids;
     struct err err = {0};
+    /* The adapters asked for, held until the sequence has taken its own references (the
+     * engine mixes their digests into the cache namespace). */
+    if ((rc = adapter_resolve(sm->adapters, req->adapter, &p, &err)) < 0) {
+        api_error_set(e, 400, API_ERROR_INVALID_REQUEST, "adapter", "adapter_not_found", "%s",
+                      err.msg);
+        gen_grammar_release(grammar);
+        prompt_free(&pr);
+        free(bias);
+        generation_free(g);
+        return rc;
+    }
     rc = engine_submit(sm->engine, &p, &g->out, &err);
+    adapter_put(&p);
     gen_grammar_release(grammar); /* the sequence holds its own reference */
     bool starts_inside = pr.starts_inside_think;
     free(bias);

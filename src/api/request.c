@@ -716,6 +716,7 @@ static int parse_cache_identity(const struct json_reader *root, struct gen_reque
     char *cache_key = NULL;
     int rc;
     if ((rc = read_key_field(root, "cache_salt", &r->cache_salt)) ||
+        (rc = read_key_field(root, "adapter", &r->adapter)) ||
         (rc = read_key_field(root, "session_id", &r->session_id)) ||
         (rc = read_key_field(root, "prompt_cache_key", &cache_key))) {
         free(cache_key);
@@ -820,6 +821,7 @@ void gen_request_free(struct gen_request *r)
     json_object_put(r->chat_template_kwargs);
     structured_spec_free(&r->structured);
     free(r->cache_salt);
+    free(r->adapter);
     free(r->session_id);
     memset(r, 0, sizeof *r);
 }

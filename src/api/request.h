@@ -134,6 +134,7 @@ struct gen_request {
 
     /* Prefix-cache identity: 1..GEN_REQUEST_MAX_KEY_BYTES bytes each, NULL when absent. */
     char *cache_salt; /* owned; narrows the requester's cache namespace (vLLM's name) */
+    char *adapter;    /* owned; LoRA adapters to apply: "id", "a+b", "none"; NULL: none */
     char *session_id; /* owned; session_id, else prompt_cache_key (OpenAI's name) */
 
     /* Set by APIs that offer them (Anthropic Messages); gen_params has their meaning. */
@@ -171,7 +172,7 @@ int gen_request_read_sampling(const struct json_reader *root, struct gen_request
 /* mlx-lm's sampler extras: xtc_probability, xtc_threshold, repetition_context_size,
  * presence_context_size, frequency_context_size. Returns 0 or a base/json reader error. */
 int gen_request_read_sampler_extras(const struct json_reader *root, struct gen_request *r);
-/* cache_salt, and session_id else prompt_cache_key, as chat reads them. */
+/* cache_salt, adapter, and session_id else prompt_cache_key, as chat reads them. */
 int gen_request_read_cache_identity(const struct json_reader *root, struct gen_request *r);
 /* A reader error rc (from a document read with doc) as a 400 naming the path it was about
  * (-INFERD_EINVAL), or a 500 when memory ran out (-INFERD_ENOMEM). */

@@ -1,5 +1,5 @@
 /* api/routes.c — the server's route table: the OpenAI routes (chat, completions, embeddings, models,
- * responses), GET /v1 listing them, Anthropic's Messages, then /health, /stats, /metrics, /fit
+ * responses, adapters), GET /v1 listing them, Anthropic's Messages, then /health, /stats, /metrics, /fit
  * and the admin routes (which need the API key when one is set), WS /ws/chat, and the chat page
  * (GET /, /favicon.ico, /assets/…) unless it is turned off. A new API is one more file of
  * handlers and a few more lines here. */
@@ -8,6 +8,7 @@
 #include <json-c/json.h>
 #include <stdio.h>
 
+#include "api/adapters.h"
 #include "api/admin.h"
 #include "api/anthropic.h"
 #include "api/audio.h"
@@ -42,6 +43,10 @@ static const struct http_route routes[] = {
     {"POST", "/v1/audio/sessions", true, HTTP_BODY_NONE, audio_session_post, NULL, false},
     {"DELETE", "/v1/audio/sessions", true, HTTP_BODY_NONE, audio_session_delete, NULL, false},
     {"POST", "/v1/embeddings", false, HTTP_BODY_JSON, openai_embeddings, NULL, false},
+    {"GET", "/v1/adapters", false, HTTP_BODY_NONE, adapters_list, NULL, false},
+    {"GET", "/v1/adapters", true, HTTP_BODY_NONE, adapters_get, NULL, false},
+    {"POST", "/v1/adapters", false, HTTP_BODY_JSON, adapters_mount, NULL, false},
+    {"DELETE", "/v1/adapters", true, HTTP_BODY_NONE, adapters_unmount, NULL, false},
     {"GET", "/v1", false, HTTP_BODY_NONE, api_index, NULL, false},
     {"GET", "/health", false, HTTP_BODY_NONE, admin_health, NULL, true},
     {"GET", "/stats", false, HTTP_BODY_NONE, admin_stats, NULL, false},

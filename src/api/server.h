@@ -83,6 +83,8 @@ struct served_model {
                                          (api/reencode.h); NULL: prompts are encoded plainly */
     struct grammar_cache *grammars;   /* borrowed; compiled structured-output grammars
                                          (api/structured.h); NULL: structured output refused */
+    struct adapter_registry *adapters; /* borrowed; the LoRA adapters mounted on the model
+                                          (engine/adapters.h); NULL: none can be */
     struct server_defaults defaults;
     int32_t eos_ids[SERVER_MAX_EOS];
     int n_eos;

@@ -168,6 +168,38 @@ struct sample_result {
     struct sample_candidate top[SAMPLE_MAX_TOP];
 };
 
+/* ---- low-rank adapters (LoRA) ----------------------------------------------
+ * A PEFT adapter adds scale * B (A x) to a projection's output, per row: A is
+ * rank x in and B is out x rank, f32 row-major in backend memory (B's rows
+ * b_stride floats apart, so a fused projection's B can be split into row
+ * views). Rows of one step take different adapters, so the op takes runs of
+ * rows with the pair each run uses (Punica's segmented shrink and expand). */
+#define LORA_MAX_RANK 256
+#define LORA_MAX_STACK 4 /* adapters one request may stack ("a+b") */
+
+struct lora_pair {
+    const float *a;  /* rank x in */
+    const float *b;  /* out x rank, rows b_stride floats apart */
+    int rank;
+    int b_stride;    /* >= rank */
+    float scale;     /* alpha / rank, or alpha / sqrt(rank) (rsLoRA) */
+};
+
+/* Rows [row0, row0 + n_rows) of the step take pair p. */
+struct lora_seg {
+    int row0, n_rows;
+    struct lora_pair p;
+};
+
+/* Floats of scratch backend_ops.lora needs for segs: the sum of n_rows * rank. */
+static inline size_t lora_scratch_floats(const struct lora_seg *segs, int n_segs)
+{
+    size_t n = 0;
+    for (int i = 0; i < n_segs; i++)
+        n += (size_t)segs[i].n_rows * (size_t)segs[i].p.rank;
+    return n;
+}
+
 struct backend;
 
 struct backend_ops {
@@ -346,6 +378,19 @@ struct backend_ops {
     void (*scale)(struct backend *be, float *x, int64_t n, float s);
     /* x[i] = cap * tanh(x[i] / cap) (logit soft-capping). */
     void (*softcap)(struct backend *be, float *x, int64_t n, float cap);
+
+    /* ---- low-rank adapters. Optional: NULL on a backend that cannot run
+     * adapters (loading one onto it is refused). ---- */
+    /* For each seg in order and each row t of it, with A, B, scale its pair's:
+     *   u[k] = sum_c A[k, c] * x[t, c]          (k < rank, f32)
+     *   y[t, r] += scale * (sum_k B[r, k] * u[k])  (r < out, f32)
+     * x is rows x in, y rows x out (y does not alias x); rows outside every
+     * seg are left as they are; segs over the same rows (stacked adapters)
+     * add in seg order. A row's result depends on that row alone, whatever
+     * else the call holds (batch invariance). scratch is backend memory of
+     * lora_scratch_floats(segs, n_segs) floats; segs is host memory. */
+    void (*lora)(struct backend *be, const float *x, int64_t in, int64_t out,
+                 const struct lora_seg *segs, int n_segs, float *scratch, float *y);
 };
 
 /* A backend is driven by one thread at a time (its scratch buffers, thread

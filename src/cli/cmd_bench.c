@@ -12,6 +12,7 @@
 #include "base/threadpool.h"
 #include "base/timer.h"
 #include "cli/args.h"
+#include "cli/bench_adapters.h"
 #include "cli/commands.h"
 #include "cli/device.h"
 #include "cli/spec_flags.h"
@@ -52,8 +53,10 @@ struct bench_options {
     struct backend_options backend; /* the environment's, then the backend flags' */
     struct cli_spec_options spec;   /* speculative decoding of the decode runs */
     long verify_k;                  /* --verify-cost K: time a K-draft verify step; 0: no */
+    long adapter_rank, adapter_batch; /* --rank, --batch of --adapters */
     struct cli_kv_quant kvq;        /* --kv-quant, --kv-quant-config */
     enum dtype quantize;            /* --quantize; DTYPE_F32: as stored */
+    struct bench_adapter_options adapters; /* --adapters LIST: n_counts 0 when not asked */
 };
 
 /* GPU memory bandwidth the floors are stated against (H200 HBM3e). */
@@ -68,13 +71,14 @@ static const char usage[] =
     "against the memory-bandwidth floor measured before each decode; prints the\n"
     "medians. With a drafter (below) the decode speculates and its acceptance is printed.\n"
     "--verify-cost K times one target step over 1 + K tokens with every row's logits (a\n"
-    "speculative verify step) against a one-token decode step at the same position.\n"
+    "speculative verify step) against a one-token decode step at the same position.\n"    "--adapters 0,1,4,16 [--rank 16] [--batch 16] instead measures decode tok/s of --batch\n"
+    "sequences spread over that many distinct random LoRA adapters (0: none), runs alternating.\n"
     CLI_SPEC_USAGE;
 
 static bool parse_bench_options(int argc, char **argv, struct bench_options *o)
 {
     *o = (struct bench_options){.prompt_len = 128, .gen_len = 32, .reps = 3, .chunk = 512,
-                                .mode = COMPUTE_FAST};
+                                .mode = COMPUTE_FAST, .adapter_rank = 16, .adapter_batch = 16};
     cli_backend_options_from_env(&o->backend);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -109,6 +113,9 @@ static bool parse_bench_options(int argc, char **argv, struct bench_options *o)
                 : !strcmp(a, "--mode")       ? arg_mode(v, &o->mode)
                 : !strcmp(a, "--chunk")      ? arg_int(a, v, 1, 1 << 16, &o->chunk)
                 : !strcmp(a, "--verify-cost") ? arg_int(a, v, 1, SPEC_MAX_DRAFTS, &o->verify_k)
+                : !strcmp(a, "--adapters")   ? bench_adapter_counts_parse(v, &o->adapters)
+                : !strcmp(a, "--rank")       ? arg_int(a, v, 1, LORA_MAX_RANK, &o->adapter_rank)
+                : !strcmp(a, "--batch")      ? arg_int(a, v, 1, 256, &o->adapter_batch)
                 : !strcmp(a, "--device")     ? (o->device = v, cli_device_parse(v, &(struct device_spec){0}))
                                              : (fprintf(stderr, "inferd bench: unknown option '%s'\n", a), false);
         if (!ok)
@@ -239,6 +246,17 @@ int cmd_bench(int argc, char **argv)
                         &err) < 0)
         goto fail;
     double load_s = now_s() - t0;
+    if (o.adapters.n_counts > 0) {
+        o.adapters.rank = (int)o.adapter_rank;
+        o.adapters.batch = (int)o.adapter_batch;
+        o.adapters.prompt_len = (int)o.prompt_len;
+        o.adapters.gen_len = (int)o.gen_len;
+        o.adapters.reps = (int)o.reps;
+        if (bench_adapters_run(m, o.dir, &o.adapters, &err) < 0)
+            goto fail;
+        status = 0;
+        goto done;
+    }
     double file_gb = dir_safetensors_bytes(m) / 1e9;
 
     struct threadpool *pool = backend_cpu_threadpool(be); /* NULL on a GPU */

@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "tools/gguf_write.h"
 #include "tools/mlx_write.h"
+#include "tools/mklora.h"
 #include "tools/mkmodel.h"
 #include "tools/mkwhisper.h"
 
@@ -17,6 +18,8 @@ static const char usage[] =
     "       inferd mkmodel ... --format gguf --dtype bf16|q8_0|q4_0|q4_k_m|q6_k --out FILE.gguf\n"
     "       inferd mkmodel ... --format mlx --bits 4|8 --group-size 32|64|128 --out DIR\n"
     "       inferd mkmodel --preset whisper-test|whisper-test-128|whisper-tiny|whisper-base --out DIR\n"
+    "       inferd mkmodel --lora-for MDIR [--rank R] [--alpha A] [--rslora]\n"
+    "                      [--targets q_proj,v_proj,...|regex:PATTERN] [--seed S] --out ADIR\n"
     "       inferd mkmodel --list\n"
     "Writes config.json, generation_config.json and model.safetensors with\n"
     "deterministic weights (same preset and seed: same bytes on every machine).\n"
@@ -31,7 +34,10 @@ static const char usage[] =
     "llama-quantize picks them (default bf16); the bytes are deterministic too.\n"
     "--format mlx writes the same model MLX-quantized, as mlx-community publishes\n"
     "models: packed uint32 weights with per-group scales and biases for every\n"
-    "matrix (default 4 bits, groups of 64), quantization in config.json.\n";
+    "matrix (default 4 bits, groups of 64), quantization in config.json.\n"
+    "--lora-for writes a random PEFT LoRA adapter for the model in MDIR instead\n"
+    "(adapter_config.json, adapter_model.safetensors in f32; default rank 8,\n"
+    "alpha 16, every projection the architecture has), deterministic per seed.\n";
 
 /* Removes the files of a scratch directory, then the directory. */
 static void remove_dir(const char *dir)
@@ -126,6 +132,7 @@ static void list_presets(void)
 int cmd_mkmodel(int argc, char **argv)
 {
     struct mkmodel_opts o = {.seed = 1};
+    struct mklora_opts lo = {.rank = 8, .alpha = 16};
     bool list = false, gguf = false, mlx = false;
     int bits = 4, group = 64;
     enum gguf_ftype ftype = GGUF_FTYPE_BF16;
@@ -137,6 +144,24 @@ int cmd_mkmodel(int argc, char **argv)
         }
         if (!strcmp(a, "--list")) {
             list = true;
+            continue;
+        }
+        if (!strcmp(a, "--rslora")) {
+            lo.rslora = true;
+            continue;
+        }
+        if (!strcmp(a, "--lora-for") || !strcmp(a, "--rank") || !strcmp(a, "--alpha") ||
+            !strcmp(a, "--targets")) {
+            if (!(v = arg_value(argc, argv, &i)))
+                return 2;
+            if (!strcmp(a, "--lora-for"))
+                lo.model_dir = v;
+            else if (!strcmp(a, "--rank"))
+                lo.rank = atoi(v);
+            else if (!strcmp(a, "--alpha"))
+                lo.alpha = atof(v);
+            else
+                lo.targets = v;
             continue;
         }
         if (strcmp(a, "--arch") && strcmp(a, "--preset") && strcmp(a, "--seed") &&
@@ -192,6 +217,15 @@ int cmd_mkmodel(int argc, char **argv)
         return 2;
     }
     struct err err = {0};
+    if (lo.model_dir) {
+        lo.out_dir = o.out_dir;
+        lo.seed = o.seed;
+        if (mklora_write(&lo, &err) != 0) {
+            fprintf(stderr, "inferd mkmodel: %s\n", err.msg);
+            return 1;
+        }
+        return 0;
+    }
     if (o.preset && mkwhisper_preset_find(o.preset)) {
         if (mkwhisper_write(o.preset, o.seed, o.out_dir, &err) != 0) {
             fprintf(stderr, "inferd mkmodel: %s\n", err.msg);

@@ -25,6 +25,7 @@
 #include "backend/cuda/cuda.h"
 #include "base/log.h"
 #include "base/timer.h"
+#include "cli/adapter_flags.h"
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/device.h"
@@ -93,6 +94,7 @@ struct serve_options {
                                                      and pool files (.json) */
     int n_pool_paths;
     double pool_memory_gb;          /* --pool-memory (decimal GB); 0: no limit */
+    struct cli_adapter_options adapters; /* --adapter, --adapter-dir, --merge-adapter */
 };
 
 static const char usage[] =
@@ -104,7 +106,7 @@ static const char usage[] =
     "       [--kv-block-size 16] [--kv-budget GB] [--memory-budget GB] [--prompt-cache GIB]\n"
     "       [--cache-retention lru|cost-size] [--session-idle-s 600] [--thinking on|off]\n"
     "       [--response-store-mb 64] [--response-store-ttl-s 3600] [--grammar-cache 64]\n"
-    "       [--no-jump-forward]\n"
+    "       [--no-jump-forward] [--adapter ID=DIR]... [--adapter-dir DIR] [--merge-adapter ID]\n"
     "       [--ssd-cache DIR [--ssd-cache-max GIB] [--ssd-cache-verify] [--ssd-demote-idle 300]\n"
     "        [--ssd-restore auto|always|never] [--ssd-kv-format FORMAT] [--generation-checkpoint N]]\n"
     "       [--draft-model DIR] [--draft-kind two-model|ngram] [--num-draft-tokens K]\n"
@@ -156,6 +158,11 @@ static const char usage[] =
     "grammars (response_format schemas, guided_*, forced tool calls), so a repeated one compiles once.\n"
     "--no-jump-forward samples the text a grammar forces token by token instead of appending it\n"
     "as a prefill chunk (to measure the token masks' cost alone).\n"
+    "--adapter ID=DIR (repeatable; DIR alone: its base name is the id) mounts a PEFT LoRA\n"
+    "adapter at start-up; requests pick one with \"adapter\": \"ID\" (stacked: \"a+b\"; default\n"
+    "none); /v1/adapters mounts and unmounts while serving. --adapter-dir DIR is what\n"
+    "/v1/adapters/available lists. --merge-adapter ID merges that --adapter into the weights\n"
+    "(faster; then no other adapter can be used).\n"
     "--prompt-cache GIB (binary GiB, default 8; 0 turns the prefix cache off) caps the\n"
     "KV that finished requests leave for the next ones with the same prefix; without\n"
     "--kv-mb or --memory-budget the KV pool grows by it (up to a quarter of physical memory).\n"
@@ -254,6 +261,8 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
             backend_flag = cli_kv_quant_flag(a, v, &o->kvq);
         if (backend_flag == 0)
             backend_flag = cli_quantize_flag(a, v, &o->quantize);
+        if (backend_flag == 0)
+            backend_flag = cli_adapter_flag(a, v, &o->adapters);
         if (backend_flag < 0)
             return false;
         if (backend_flag > 0)
@@ -643,6 +652,7 @@ struct served_load {
     struct grammar_cache *grammars; /* owned */
     struct spec_config spec;      /* the engine's configuration points here */
     struct kv_tier_config tier;
+    struct adapter_registry *adapters; /* owned; NULL: the backend runs none */
 };
 
 /* Shuts the engine down (its SSD tier flushed: every cached block durable, so the next load
@@ -673,6 +683,7 @@ static uint64_t served_free(struct served_load *l, int grace_ms)
         }
     }
     engine_free(l->engine);
+    adapter_registry_free(l->adapters); /* after the engine: its sequences held references */
     grammar_cache_free(l->grammars); /* after the engine: its sequences held references */
     grammar_vocab_free(l->gvocab);
     reencode_free(l->reencode);
@@ -711,7 +722,8 @@ static int served_load(const struct serve_options *base, const char *dir, const 
         (rc = cli_backend_create(o->device, &o->backend, &l->be, err)) < 0 ||
         (rc = model_load_with(o->dir, l->be,
                               &(struct model_load_options){.quantize = o->quantize}, &l->m,
-                              err)) < 0)
+                              err)) < 0 ||
+        (rc = cli_adapter_merge(&o->adapters, l->m, err)) < 0)
         goto fail;
     if ((rc = model_tokenizer_load(o->dir, &l->tok, err)) < 0) {
         err_wrap(err, "%s: the server needs the model's tokenizer", o->dir);
@@ -753,7 +765,8 @@ static int served_load(const struct serve_options *base, const char *dir, const 
         }
         ec.tier = &l->tier;
     }
-    if ((rc = engine_create(l->m, l->tok, &ec, &l->engine, err)) < 0)
+    if ((rc = engine_create(l->m, l->tok, &ec, &l->engine, err)) < 0 ||
+        (rc = cli_adapters_mount(&o->adapters, l->m, l->engine, &l->adapters, err)) < 0)
         goto fail;
     if (o->ssd_dir) {
         struct engine_stats st;
@@ -787,6 +800,7 @@ static int served_load(const struct serve_options *base, const char *dir, const 
     sm->engine = l->engine;
     sm->reencode = l->reencode;
     sm->grammars = l->grammars;
+    sm->adapters = l->adapters;
     *out = l;
     return 0;
 fail:

@@ -12,6 +12,7 @@
 #include "engine/engine.h"
 #include "engine/scheduler.h"
 #include "engine/sequence.h"
+#include "model/lora.h"
 #include "text/tokenizer.h"
 
 /* A call into the engine thread (engine_close_session, engine_flush_cache),
@@ -22,6 +23,8 @@ struct engine_call {
     int result;                /* blocks released, or -1; a flush's return code */
     struct err err;            /* a flush's */
     struct kv_tier_stats tier; /* a flush's counters as it answered */
+    int (*fn)(void *ctx, struct err *err); /* engine_run's, else NULL */
+    void *ctx;
     bool done;
     struct engine_call *next;
 };
@@ -87,6 +90,10 @@ static void publish_stats(struct engine *e)
 static void answer_calls(struct engine *e, struct engine_call *calls)
 {
     for (struct engine_call *c = calls; c; c = c->next) {
+        if (c->fn) {
+            c->result = c->fn(c->ctx, &c->err);
+            continue;
+        }
         if (c->session_id) {
             c->result = kv_manager_close_session(e->sched.kv, c->session_id);
             continue;
@@ -410,6 +417,16 @@ int engine_submit(struct engine *e, const struct gen_params *p, struct gen_outpu
                   struct err *err)
 {
     struct gen_params clamped = *p;
+    if (p->n_adapters < 0 || p->n_adapters > LORA_MAX_STACK)
+        return err_set(err, INFERD_EINVAL, "%d adapters stacked (at most %d)", p->n_adapters,
+                       LORA_MAX_STACK);
+    for (int i = 0; i < p->n_adapters; i++) {
+        const struct lora_adapter *a = p->adapters[i];
+        if (!a || a->be != e->model->backend || a->n_layers != e->model->config.n_layers)
+            return err_set(err, INFERD_EINVAL, "adapter %d was not loaded for this model", i);
+        /* the stack, in order, is part of the KV's identity (and a checkpoint's key) */
+        clamped.cache_ns = hash_mix64(clamped.cache_ns ^ hash_fnv1a_word(a->digest, (uint64_t)i + 1));
+    }
     if (p->n_prompt < e->cfg.n_ctx && clamped.max_tokens > e->cfg.n_ctx - p->n_prompt)
         clamped.max_tokens = e->cfg.n_ctx - p->n_prompt;
     if (p->embed) { /* no token is generated: one position of room is all the checks ask for */
@@ -504,6 +521,18 @@ int engine_flush_cache(struct engine *e, int timeout_ms, struct kv_tier_stats *a
         *after = call.tier;
     if (call.result < 0)
         err_set(err, -call.result, "%s", call.err.msg);
+    return call.result;
+}
+
+int engine_run(struct engine *e, int (*fn)(void *ctx, struct err *err), void *ctx,
+               struct err *err)
+{
+    struct engine_call call = {.fn = fn, .ctx = ctx};
+    int rc = call_engine(e, &call, err);
+    if (rc < 0)
+        return rc;
+    if (call.result < 0)
+        *err = call.err;
     return call.result;
 }
 

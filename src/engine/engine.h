@@ -118,6 +118,12 @@ struct gen_params {
      * state goes to gen_output.embedding; nothing is sampled, max_tokens is ignored, and
      * the prompt may fill the whole context. */
     bool embed;
+    /* Low-rank adapters (model/lora.h) of the engine's model, applied in order and summed
+     * ("a+b"); n_adapters 0: the base model. The sequence takes its own references at
+     * submit and drops them when it is done. Their content digests are mixed into
+     * cache_ns: KV computed under one stack is never reused under another. */
+    struct lora_adapter *adapters[LORA_MAX_STACK];
+    int n_adapters;
 };
 
 enum gen_finish {
@@ -310,6 +316,13 @@ int engine_close_session(struct engine *e, const char *session_id, int *blocks_r
  * be NULL) gets the tier's counters as it answered. */
 int engine_flush_cache(struct engine *e, int timeout_ms, struct kv_tier_stats *after,
                        struct err *err);
+
+/* Runs fn(ctx, err) on the engine thread between two steps and returns its result; the
+ * caller waits. What touches the model's backend from another thread (mounting or
+ * unmounting an adapter) goes through here, as the backend has one driver at a time.
+ * -INFERD_EBUSY when the engine is stopping. */
+int engine_run(struct engine *e, int (*fn)(void *ctx, struct err *err), void *ctx,
+               struct err *err);
 
 void engine_get_stats(struct engine *e, struct engine_stats *out);
 const struct engine_metrics *engine_metrics(const struct engine *e);

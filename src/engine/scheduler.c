@@ -492,6 +492,8 @@ int sched_build_batch(struct sched *sc)
             .hidden_out = s->embed && s->n_computed + chunk == s->n_tokens && s->out
                               ? s->out->embedding
                               : NULL,
+            .adapters = (const struct lora_adapter *const *)s->adapters,
+            .n_adapters = s->n_adapters,
         };
         n++;
         budget -= chunk;
@@ -516,6 +518,8 @@ int sched_build_batch(struct sched *sc)
             .block_ids = s->kv.table.blocks,
             .n_block_ids = s->kv.table.n_blocks,
             .no_logits = true,
+            .adapters = (const struct lora_adapter *const *)s->adapters,
+            .n_adapters = s->n_adapters,
         };
         n++;
         budget--;

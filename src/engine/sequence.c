@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "base/timer.h"
+#include "model/lora.h"
 
 /* Thinking steering for p, when asked for and the tokenizer has both tags: whether the prompt
  * already leaves the model inside <think> is read from its last tag. */
@@ -110,6 +111,10 @@ int seq_create(const struct gen_params *p, const struct tokenizer *tok, int n_vo
         memcpy(s->eos_ids, p->eos_ids, (size_t)p->n_eos * sizeof(int32_t));
     s->n_eos = p->n_eos;
     s->kv.ns = p->cache_ns;
+    for (int i = 0; i < p->n_adapters; i++) {
+        lora_retain(p->adapters[i]);
+        s->adapters[s->n_adapters++] = p->adapters[i];
+    }
     /* a hint about the prompt: never the generated tokens after it */
     s->kv.n_retain = p->retain_tokens < 0 ? 0 : p->retain_tokens < p->n_prompt ? p->retain_tokens : p->n_prompt;
     think_init(&s->think, p, tok);
@@ -188,6 +193,8 @@ void seq_free(struct seq *s, struct kv_manager *kv)
     free(s->tokens);
     free(s->eos_ids);
     free(s->session_id);
+    for (int i = 0; i < s->n_adapters; i++)
+        lora_release(s->adapters[i]);
     free(s);
 }
 

@@ -52,6 +52,8 @@ struct seq {
     int32_t *eos_ids;           /* owned; n_eos */
     int n_eos;
     struct kv_seq kv;           /* slots in the KV cache */
+    struct lora_adapter *adapters[LORA_MAX_STACK]; /* one reference each; n_adapters */
+    int n_adapters;
     /* Picks this sequence's tokens: &own_sampler for a request; for a detached
      * sequence its driver's (borrowed), or NULL when the driver reads the logits. */
     struct sampler *sampler;

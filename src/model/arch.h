@@ -38,7 +38,26 @@ struct forward_state {
     int32_t *out_rows;             /* owned; rows whose logits are wanted */
     struct attn_span *spans;       /* owned; grown to the batch's n_seqs */
     int spans_cap;
+    /* Low-rank adapters of this step: runs of consecutive rows that take one
+     * adapter (a stack is one run per adapter over the same rows), built by
+     * batch_prepare; n_lora_runs 0: no row takes any, and forward_lora is a no-op. */
+    struct lora_run *lora_runs;    /* owned; lora_runs_cap */
+    int n_lora_runs, lora_runs_cap;
+    struct lora_seg *lora_segs;    /* owned; lora_runs_cap: one op's segments */
+    float *lora_scratch;           /* backend memory, allocated by the first step with adapters:
+                                      max_tokens * LORA_MAX_STACK * LORA_MAX_RANK floats */
 };
+
+struct lora_run {
+    int row0, n_rows;
+    const struct lora_adapter *adapter; /* borrowed from the batch */
+};
+
+/* y (n_rows x the target's out) += each run's adapter's update of x for
+ * target t of layer (backend_ops.lora); nothing when no run targets it. A
+ * family calls it after each projection's matmul, before anything reads y. */
+void forward_lora(const struct model *m, struct forward_state *st, int layer, int t,
+                  const float *x, int64_t in, int64_t out, float *y);
 
 struct arch {
     const char *name;                    /* the family, e.g. "llama" */

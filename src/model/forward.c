@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "model/arch.h"
+#include "model/lora.h"
 
 /* The LM head runs over this many rows at a time, bounding the logits buffer. */
 #define LOGITS_CHUNK_ROWS 16
@@ -39,6 +40,10 @@ void forward_state_free(struct forward_state *st)
     free(st->positions);
     free(st->out_rows);
     free(st->spans);
+    free(st->lora_runs);
+    free(st->lora_segs);
+    if (st->lora_scratch)
+        st->be->ops->release(st->be, st->lora_scratch);
     free(st);
 }
 
@@ -131,6 +136,92 @@ int forward_state_create(const struct model *m, int max_tokens, struct forward_s
     return 0;
 }
 
+/* Whether sequences a and b take the same adapters in the same order. */
+static bool same_adapters(const struct batch_seq *a, const struct batch_seq *b)
+{
+    if (a->n_adapters != b->n_adapters)
+        return false;
+    for (int i = 0; i < a->n_adapters; i++)
+        if (a->adapters[i] != b->adapters[i])
+            return false;
+    return true;
+}
+
+/* The step's adapter runs: consecutive sequences with the same stack make one
+ * group of rows, and each adapter of the stack one run over it, so an op
+ * meets as many segments as there are distinct neighbouring stacks. */
+static int lora_runs_build(const struct model *m, struct forward_state *st,
+                           const struct batch *batch, struct err *err)
+{
+    st->n_lora_runs = 0;
+    int need = 0;
+    for (int s = 0; s < batch->n_seqs; s++) {
+        int n = batch->seqs[s].n_adapters;
+        if (n < 0 || n > LORA_MAX_STACK)
+            return err_set(err, INFERD_EINVAL, "sequence %d stacks %d adapters (at most %d)", s,
+                           n, LORA_MAX_STACK);
+        for (int i = 0; i < n; i++) {
+            const struct lora_adapter *a = batch->seqs[s].adapters[i];
+            if (!a || a->be != m->backend || a->n_layers != m->config.n_layers)
+                return err_set(err, INFERD_EINVAL, "sequence %d: adapter %d is not this model's",
+                               s, i);
+        }
+        need += n;
+    }
+    if (need == 0)
+        return 0;
+    if (!m->backend->ops->lora)
+        return err_set(err, INFERD_EUNSUPPORTED, "the %s backend cannot run adapters",
+                       m->backend->ops->name);
+    if (need > st->lora_runs_cap) {
+        struct lora_run *runs = realloc(st->lora_runs, (size_t)need * sizeof *runs);
+        if (runs)
+            st->lora_runs = runs;
+        struct lora_seg *segs = realloc(st->lora_segs, (size_t)need * sizeof *segs);
+        if (segs)
+            st->lora_segs = segs;
+        if (!runs || !segs)
+            return err_set(err, INFERD_ENOMEM, "out of memory for adapter runs");
+        st->lora_runs_cap = need;
+    }
+    if (!st->lora_scratch) {
+        /* allocated before any op of the step is recorded: no earlier op reads it */
+        size_t floats = (size_t)st->max_tokens * LORA_MAX_STACK * LORA_MAX_RANK;
+        st->lora_scratch = st->be->ops->alloc(st->be, floats * sizeof(float));
+        if (!st->lora_scratch)
+            return err_set(err, INFERD_ENOMEM, "out of memory for adapter scratch");
+    }
+    for (int s = 0; s < batch->n_seqs;) {
+        const struct batch_seq *seq = &batch->seqs[s];
+        int e = s + 1;
+        while (e < batch->n_seqs && same_adapters(seq, &batch->seqs[e]))
+            e++;
+        int row0 = st->spans[s].row0;
+        int rows = st->spans[e - 1].row0 + st->spans[e - 1].n_tokens - row0;
+        for (int i = 0; i < seq->n_adapters; i++)
+            st->lora_runs[st->n_lora_runs++] =
+                (struct lora_run){.row0 = row0, .n_rows = rows, .adapter = seq->adapters[i]};
+        s = e;
+    }
+    return 0;
+}
+
+void forward_lora(const struct model *m, struct forward_state *st, int layer, int t,
+                  const float *x, int64_t in, int64_t out, float *y)
+{
+    if (st->n_lora_runs == 0)
+        return;
+    int n = 0;
+    for (int i = 0; i < st->n_lora_runs; i++) {
+        const struct lora_run *r = &st->lora_runs[i];
+        const struct lora_pair *p = &r->adapter->pairs[(size_t)layer * LORA_N_TARGETS + t];
+        if (p->a)
+            st->lora_segs[n++] = (struct lora_seg){.row0 = r->row0, .n_rows = r->n_rows, .p = *p};
+    }
+    if (n > 0)
+        m->backend->ops->lora(m->backend, x, in, out, st->lora_segs, n, st->lora_scratch, y);
+}
+
 /* Checks the batch against the model and the KV cache, and lays its tokens
  * out as consecutive rows. */
 static int batch_prepare(const struct model *m, struct forward_state *st,
@@ -179,7 +270,8 @@ static int batch_prepare(const struct model *m, struct forward_state *st,
         };
         row += seq->n_tokens;
     }
-    return row;
+    int rc = lora_runs_build(m, st, batch, err);
+    return rc < 0 ? rc : row;
 }
 
 /* Final norm of the wanted rows only, then the LM head in chunks; each chunk

@@ -56,6 +56,7 @@ struct model_embedding {
 int model_embedding_load(const char *dir, struct model_embedding *out, struct err *err);
 
 struct arch;
+struct lora_adapter;
 
 struct model {
     struct model_config config;
@@ -127,6 +128,10 @@ struct batch_seq {
      * hidden state (what the LM head would read) is copied here, and the
      * sequence gets no logits row (an embedding). */
     float *hidden_out;
+    /* The low-rank adapters (model/lora.h) this sequence's rows take, applied
+     * in order and summed (stacked); n_adapters 0: the base model alone. */
+    const struct lora_adapter *const *adapters;
+    int n_adapters;
 };
 
 struct batch {

@@ -183,7 +183,7 @@ static void run_prefill(struct golden_fixture *f, const struct golden *g, struct
         struct block_table bt;
         block_table_init(&bt);
         cr_assert_eq(block_table_reserve(f->pool, &bt, gc->n_tokens, &err), 0, "%s", err.msg);
-        struct batch_seq seq = {gc->tokens, gc->n_tokens, 0, bt.blocks, bt.n_blocks, true, false, NULL};
+        struct batch_seq seq = {gc->tokens, gc->n_tokens, 0, bt.blocks, bt.n_blocks, true, false, NULL, NULL, 0};
         struct batch batch = {&seq, 1};
         golden_forward(f, &batch);
         for (int i = 0; i < gc->n_tokens; i++)
@@ -203,13 +203,13 @@ static void run_incremental(struct golden_fixture *f, const struct golden *g, st
         block_table_init(&bt);
         cr_assert_eq(block_table_reserve(f->pool, &bt, gc->n_tokens, &err), 0, "%s", err.msg);
         int first = gc->n_tokens / 3 > 0 ? gc->n_tokens / 3 : 1;
-        struct batch_seq seq = {gc->tokens, first, 0, bt.blocks, bt.n_blocks, true, false, NULL};
+        struct batch_seq seq = {gc->tokens, first, 0, bt.blocks, bt.n_blocks, true, false, NULL, NULL, 0};
         struct batch batch = {&seq, 1};
         golden_forward(f, &batch);
         for (int i = 0; i < first; i++)
             golden_compare_row(f->logits + (size_t)i * vocab, vocab, &gc->pos[i], "prefill+decode", c, i, a);
         for (int i = first; i < gc->n_tokens; i++) {
-            struct batch_seq step = {gc->tokens + i, 1, i, bt.blocks, bt.n_blocks, false, false, NULL};
+            struct batch_seq step = {gc->tokens + i, 1, i, bt.blocks, bt.n_blocks, false, false, NULL, NULL, 0};
             struct batch one = {&step, 1};
             golden_forward(f, &one);
             golden_compare_row(f->logits, vocab, &gc->pos[i], "prefill+decode", c, i, a);
@@ -229,7 +229,7 @@ static void run_batched(struct golden_fixture *f, const struct golden *g, struct
         const struct golden_case *gc = &g->cases[c];
         block_table_init(&bts[c]);
         cr_assert_eq(block_table_reserve(f->pool, &bts[c], gc->n_tokens, &err), 0, "%s", err.msg);
-        seqs[c] = (struct batch_seq){gc->tokens, gc->n_tokens, 0, bts[c].blocks, bts[c].n_blocks, true, false, NULL};
+        seqs[c] = (struct batch_seq){gc->tokens, gc->n_tokens, 0, bts[c].blocks, bts[c].n_blocks, true, false, NULL, NULL, 0};
     }
     struct batch batch = {seqs, g->n_cases};
     golden_forward(f, &batch);

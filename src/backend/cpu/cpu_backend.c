@@ -364,6 +364,7 @@ static const struct backend_ops cpu_ops = {
     .gelu_tanh_mul = cpu_gelu_tanh_mul,
     .scale = cpu_scale,
     .softcap = cpu_softcap,
+    .lora = cpu_lora,
 };
 
 int backend_cpu_create(const struct backend_options *opt, struct backend **out,

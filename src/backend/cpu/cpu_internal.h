@@ -50,6 +50,10 @@ void cpu_moe_ffn(struct backend *be, const float *x, int64_t n_rows, const struc
 void cpu_gated_add(struct backend *be, float *y, const float *x, const float *g, int64_t n_rows,
                    int64_t dim);
 
+/* The low-rank adapter op (lora.c), as backend_ops states it. */
+void cpu_lora(struct backend *be, const float *x, int64_t in, int64_t out,
+              const struct lora_seg *segs, int n_segs, float *scratch, float *y);
+
 /* -INFERD_EINVAL for a format the kernels above do not read. */
 int cpu_kv_quant_check(const struct kv_quant *q, struct err *err);
 

@@ -406,6 +406,12 @@ static void cu_moe_ffn(struct backend *be, const float *x, int64_t n_rows,
     cu_rec_moe_ffn(rec_of(be), x, n_rows, ex, ids, weights, top_k, scratch, y);
 }
 
+static void cu_lora(struct backend *be, const float *x, int64_t in, int64_t out,
+                    const struct lora_seg *segs, int n_segs, float *scratch, float *y)
+{
+    cu_rec_lora(rec_of(be), x, in, out, segs, n_segs, scratch, y);
+}
+
 static void cu_gated_add(struct backend *be, float *y, const float *x, const float *g,
                          int64_t n_rows, int64_t dim)
 {
@@ -1160,6 +1166,7 @@ static const struct backend_ops cuda_ops = {
     /* .gelu_tanh_mul = */ cu_gelu_tanh_mul,
     /* .scale = */ cu_scale,
     /* .softcap = */ cu_softcap,
+    /* .lora = */ cu_lora,
 };
 
 /* backend_options.gpu_sampling off: logits go to the host and are sampled there. */

@@ -313,6 +313,10 @@ cudaError_t cu_launch_moe_route(cudaStream_t s, const struct cu_op *op);
 cudaError_t cu_launch_moe_ffn(cudaStream_t s, const struct cu_op *op, const uint8_t *params,
                               bool round_bf16);
 cudaError_t cu_launch_gated_add(cudaStream_t s, const struct cu_op *op);
+/* Low-rank adapters (lora.cu): the shrink u = A x per (segment, row, rank
+ * index), a warp each; then the expand y += scale * B u per (row, output),
+ * a thread each walking the segments in order (stacked adapters add in order). */
+cudaError_t cu_launch_lora(cudaStream_t s, const struct cu_op *op, const uint8_t *params);
 /* Block-quantized weights (qgemv.cu). cu_block_types: the block types the
  * kernels below take (bit 1 << dtype each: Q8_0, Q4_K, Q6_K and the MLX
  * types), what the backend sets as block_types; the loader widens the others

@@ -144,7 +144,8 @@ int cu_fuse_next(const struct cu_fuse_config *cfg, const struct cu_op *ops, int 
         l->kind = CU_LAUNCH_QK;
         return l->n_ops = used;
     }
-    if (op->kind == CU_RMSNORM && i + 1 < n && norm_feeds_gemv(cfg, op, &ops[i + 1])) {
+    if (op->kind == CU_RMSNORM && i + 1 < n && norm_feeds_gemv(cfg, op, &ops[i + 1]) &&
+        !(i + 2 < n && ops[i + 2].kind == CU_LORA && ops[i + 2].u.lora.x == op->u.norm.y)) {
         l->norm = true;
         return l->n_ops = 1 + plan_gemv(ops, i + 1, n, l);
     }
@@ -175,6 +176,7 @@ int cu_fuse_next(const struct cu_fuse_config *cfg, const struct cu_op *ops, int 
     case CU_GELU_TANH_MUL: l->kind = CU_LAUNCH_GELU_TANH_MUL; break;
     case CU_SCALE: l->kind = CU_LAUNCH_SCALE; break;
     case CU_SOFTCAP: l->kind = CU_LAUNCH_SOFTCAP; break;
+    case CU_LORA: l->kind = CU_LAUNCH_LORA; break;
     case CU_MATMUL:
         if (!uses_gemv(cfg, op)) {
             l->kind = CU_LAUNCH_GEMM;

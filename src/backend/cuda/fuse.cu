@@ -64,6 +64,8 @@ bool cu_exec_launch(struct cu_impl *im, const struct cu_op *ops, const struct cu
         return CU_TRY(im, cu_launch_moe_ffn(s, op, im->arena_dev, im->fuse.fast));
     case CU_LAUNCH_GATED_ADD:
         return CU_TRY(im, cu_launch_gated_add(s, op));
+    case CU_LAUNCH_LORA:
+        return CU_TRY(im, cu_launch_lora(s, op, im->arena_dev));
     case CU_LAUNCH_GELU_TANH_MUL:
     case CU_LAUNCH_SCALE:
     case CU_LAUNCH_SOFTCAP:

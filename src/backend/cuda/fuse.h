@@ -25,6 +25,9 @@
  *      its gate/up pair (in place into gate, no biases).
  *   4. anything else: one launch per op.
  *
+ * Rule 2 is not taken when a lora op right after the matmul reads the
+ * norm's output, which the folded norm never writes.
+ *
  * The rules match on kinds, pointers and row counts only, so a model whose
  * ops come in another order loses the fusions it no longer lines up for;
  * tests/unit/test_fusion.c pins the launches each tiny model's step gets. */
@@ -86,6 +89,7 @@ enum cu_launch_kind {
     CU_LAUNCH_GELU_TANH_MUL, /* Gemma 3's GeGLU (not folded into the GEMV) */
     CU_LAUNCH_SCALE,
     CU_LAUNCH_SOFTCAP,
+    CU_LAUNCH_LORA,         /* low-rank adapters: shrink, then expand (lora.cu) */
 };
 
 /* One launch of the plan: the ops [op, op + n_ops) it covers. */

@@ -492,6 +492,55 @@ void cu_rec_gated_add(struct cu_rec *rec, float *y, const float *x, const float 
     op->u.gated.dim = dim;
 }
 
+/* The segments go into the arena as a table (device pointers, rows, the
+ * scratch offset of each one's u), so a replayed graph reads the step's
+ * adapters from there; the op keeps only the grid's bounds. n_rows is the
+ * end of the last row any segment covers. */
+void cu_rec_lora(struct cu_rec *rec, const float *x, int64_t in, int64_t out,
+                 const struct lora_seg *segs, int n_segs, float *scratch, float *y)
+{
+    size_t bytes = (size_t)n_segs * sizeof(struct cu_lora_seg);
+    if (!rec->hooks->ok(rec) || n_segs <= 0 || !rec->hooks->arena_room(rec, bytes + 32))
+        return;
+    if (bytes > rec->blob_cap) {
+        uint8_t *grown = realloc(rec->blob, bytes);
+        if (!grown) {
+            rec_fail(rec, INFERD_ENOMEM, "out of host memory recording GPU work");
+            return;
+        }
+        rec->blob = grown;
+        rec->blob_cap = bytes;
+    }
+    struct cu_lora_seg *t = (struct cu_lora_seg *)(void *)rec->blob;
+    memset(t, 0, bytes);
+    uint32_t u_off = 0;
+    int rows = 0, max_rank = 0, max_seg_rows = 0;
+    for (int i = 0; i < n_segs; i++) {
+        const struct lora_seg *sg = &segs[i];
+        t[i] = (struct cu_lora_seg){.a = sg->p.a, .b = sg->p.b, .row0 = sg->row0,
+                                    .n_rows = sg->n_rows, .rank = sg->p.rank,
+                                    .b_stride = sg->p.b_stride, .scale = sg->p.scale,
+                                    .u_off = u_off};
+        u_off += (uint32_t)(sg->n_rows * sg->p.rank);
+        rows = sg->row0 + sg->n_rows > rows ? sg->row0 + sg->n_rows : rows;
+        max_rank = sg->p.rank > max_rank ? sg->p.rank : max_rank;
+        max_seg_rows = sg->n_rows > max_seg_rows ? sg->n_rows : max_seg_rows;
+    }
+    uint32_t off = arena_put(rec, NULL, t, bytes, 0);
+    struct cu_op *op = op_new(rec, CU_LORA, rows);
+    if (!op)
+        return;
+    op->u.lora.x = x;
+    op->u.lora.y = y;
+    op->u.lora.scratch = scratch;
+    op->u.lora.in = in;
+    op->u.lora.out = out;
+    op->u.lora.n_segs = n_segs;
+    op->u.lora.max_rank = max_rank;
+    op->u.lora.max_seg_rows = max_seg_rows;
+    op->u.lora.segs_off = off;
+}
+
 bool cu_attention_uses_prefill(const struct cu_op *op)
 {
     int hd = op->u.attn.kv.head_dim;

@@ -54,6 +54,7 @@ enum cu_op_kind {
     CU_GELU_TANH_MUL,
     CU_SCALE,
     CU_SOFTCAP,
+    CU_LORA,
 };
 
 struct cu_mat {
@@ -61,6 +62,16 @@ struct cu_mat {
     int64_t rows;
     const float *bias;
     float *y;
+};
+
+/* One segment of a lora op as the kernels read it from the parameter arena:
+ * rows [row0, row0 + n_rows) take a (rank x in) and b (out x rank, rows
+ * b_stride apart); their u = A x sit at scratch + u_off, n_rows x rank. */
+struct cu_lora_seg {
+    const float *a, *b;
+    int row0, n_rows, rank, b_stride;
+    float scale;
+    uint32_t u_off;
 };
 
 /* A span as the kernels read it from the parameter arena. */
@@ -170,6 +181,13 @@ struct cu_op {
             const float *x, *g;
             int64_t dim;
         } gated;
+        struct {
+            const float *x;
+            float *y, *scratch;
+            int64_t in, out;
+            int n_segs, max_rank, max_seg_rows; /* the launches' grids */
+            uint32_t segs_off; /* n_segs cu_lora_seg in the arena */
+        } lora;
     } u;
 };
 
@@ -254,6 +272,8 @@ void cu_rec_moe_ffn(struct cu_rec *rec, const float *x, int64_t n_rows,
                     int top_k, float *scratch, float *y);
 void cu_rec_gated_add(struct cu_rec *rec, float *y, const float *x, const float *g,
                       int64_t n_rows, int64_t dim);
+void cu_rec_lora(struct cu_rec *rec, const float *x, int64_t in, int64_t out,
+                 const struct lora_seg *segs, int n_segs, float *scratch, float *y);
 
 /* Splits of the decode attention for these dimensions (the op's n_splits). */
 int cu_attention_splits(int n_kv_heads, int n_rows, int ctx_bucket, int n_sm);

@@ -8,6 +8,7 @@
 #include <stdio.h>
 
 #include "model/arch.h"
+#include "model/lora.h"
 
 #define NAME_CAP 160
 
@@ -67,6 +68,9 @@ static void attention_block(const struct model *m, struct forward_state *st,
     const float *qkv_bias[3] = {lw->bq, lw->bk, lw->bv};
     float *qkv_out[3] = {st->q, st->k, st->v};
     op->matmul_group(be, st->xn, n_rows, 3, qkv, qkv_bias, qkv_out);
+    forward_lora(m, st, layer, LORA_Q, st->xn, c->hidden_size, lw->wq.rows, st->q);
+    forward_lora(m, st, layer, LORA_K, st->xn, c->hidden_size, lw->wk.rows, st->k);
+    forward_lora(m, st, layer, LORA_V, st->xn, c->hidden_size, lw->wv.rows, st->v);
     op->rmsnorm(be, st->q, lw->q_norm, (int64_t)n_rows * c->n_heads, c->head_dim,
                 c->rms_norm_eps, st->q);
     op->rmsnorm(be, st->k, lw->k_norm, (int64_t)n_rows * c->n_kv_heads, c->head_dim,
@@ -77,6 +81,7 @@ static void attention_block(const struct model *m, struct forward_state *st,
     op->attention(be, st->q, kv, layer, st->spans, n_spans, c->n_heads, c->query_scale,
                   local ? c->sliding_window : 0, st->attn);
     op->matmul(be, st->attn, n_rows, &lw->wo, lw->bo, st->proj);
+    forward_lora(m, st, layer, LORA_O, st->attn, lw->wo.cols, c->hidden_size, st->proj);
     op->rmsnorm(be, st->proj, lw->attn_post_norm, n_rows, c->hidden_size, c->rms_norm_eps,
                 st->proj);
     op->add(be, st->x, st->proj, (int64_t)n_rows * c->hidden_size);
@@ -95,8 +100,12 @@ static void mlp_block(const struct model *m, struct forward_state *st,
     const float *no_bias[2] = {NULL, NULL};
     float *gate_up_out[2] = {st->gate, st->up};
     op->matmul_group(be, st->xn, n_rows, 2, gate_up, no_bias, gate_up_out);
+    int layer = (int)(lw - m->weights.layers);
+    forward_lora(m, st, layer, LORA_GATE, st->xn, c->hidden_size, lw->w_gate.rows, st->gate);
+    forward_lora(m, st, layer, LORA_UP, st->xn, c->hidden_size, lw->w_up.rows, st->up);
     op->gelu_tanh_mul(be, st->gate, st->up, st->gate, (int64_t)n_rows * c->intermediate_size);
     op->matmul(be, st->gate, n_rows, &lw->w_down, NULL, st->proj);
+    forward_lora(m, st, layer, LORA_DOWN, st->gate, lw->w_down.cols, c->hidden_size, st->proj);
     op->rmsnorm(be, st->proj, lw->mlp_post_norm, n_rows, c->hidden_size, c->rms_norm_eps,
                 st->proj);
     op->add(be, st->x, st->proj, (int64_t)n_rows * c->hidden_size);

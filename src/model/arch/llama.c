@@ -7,6 +7,7 @@
 #include <stdio.h>
 
 #include "model/arch.h"
+#include "model/lora.h"
 
 #define NAME_CAP 160
 
@@ -78,6 +79,9 @@ void arch_llama_attention(const struct model *m, struct forward_state *st,
     const float *qkv_bias[3] = {lw->bq, lw->bk, lw->bv};
     float *qkv_out[3] = {st->q, st->k, st->v};
     op->matmul_group(be, st->xn, n_rows, 3, qkv, qkv_bias, qkv_out);
+    forward_lora(m, st, layer, LORA_Q, st->xn, c->hidden_size, lw->wq.rows, st->q);
+    forward_lora(m, st, layer, LORA_K, st->xn, c->hidden_size, lw->wk.rows, st->k);
+    forward_lora(m, st, layer, LORA_V, st->xn, c->hidden_size, lw->wv.rows, st->v);
     if (lw->q_norm) {
         op->rmsnorm(be, st->q, lw->q_norm, (int64_t)n_rows * c->n_heads, c->head_dim,
                     c->rms_norm_eps, st->q);
@@ -90,6 +94,7 @@ void arch_llama_attention(const struct model *m, struct forward_state *st,
     op->attention(be, st->q, kv, layer, st->spans, n_spans, c->n_heads,
                   1.0f / sqrtf((float)c->head_dim), c->sliding_window, st->attn);
     op->matmul(be, st->attn, n_rows, &lw->wo, lw->bo, st->proj);
+    forward_lora(m, st, layer, LORA_O, st->attn, lw->wo.cols, c->hidden_size, st->proj);
     op->add(be, st->x, st->proj, (int64_t)n_rows * c->hidden_size);
 }
 
@@ -106,8 +111,12 @@ void arch_llama_mlp(const struct model *m, struct forward_state *st,
     const float *no_bias[2] = {NULL, NULL};
     float *gate_up_out[2] = {st->gate, st->up};
     op->matmul_group(be, st->xn, n_rows, 2, gate_up, no_bias, gate_up_out);
+    int layer = (int)(lw - m->weights.layers);
+    forward_lora(m, st, layer, LORA_GATE, st->xn, c->hidden_size, lw->w_gate.rows, st->gate);
+    forward_lora(m, st, layer, LORA_UP, st->xn, c->hidden_size, lw->w_up.rows, st->up);
     op->silu_mul(be, st->gate, st->up, st->gate, (int64_t)n_rows * lw->w_gate.rows);
     op->matmul(be, st->gate, n_rows, &lw->w_down, NULL, st->proj);
+    forward_lora(m, st, layer, LORA_DOWN, st->gate, lw->w_down.cols, c->hidden_size, st->proj);
     op->add(be, st->x, st->proj, (int64_t)n_rows * c->hidden_size);
 }
 
