@@ -666,11 +666,25 @@ static bool serve_child(struct engine_proxy *p)
         }
         if (n < 0 || (k > 0 && n == 0) || exited) {
             if (!exited) {
-                /* EOF: the child is exiting (or must). */
-                if (!stopping)
-                    kill(pid, SIGKILL);
-                waitpid(pid, &status, 0);
+                /* EOF: the child is exiting; one that lingers (past the stop's deadline, or
+                 * two seconds) is killed. */
+                uint64_t until = now_ns() + 2000000000ull;
+                while (waitpid(pid, &status, WNOHANG) != pid) {
+                    pthread_mutex_lock(&p->mu);
+                    if (p->stopping && p->stop_deadline_ns > until)
+                        until = p->stop_deadline_ns;
+                    pthread_mutex_unlock(&p->mu);
+                    if (now_ns() > until) {
+                        kill(pid, SIGKILL);
+                        waitpid(pid, &status, 0);
+                        break;
+                    }
+                    usleep(10000);
+                }
             }
+            pthread_mutex_lock(&p->mu);
+            stopping = p->stopping;
+            pthread_mutex_unlock(&p->mu);
             char st[128];
             describe_status(status, st, sizeof st);
             if (stopping) {

@@ -8,7 +8,7 @@
 #              --tokenizer $E2E_TOKENIZER` (default build/text-data/qwen3, from `make text-data`)
 #   --sanitize for an AddressSanitizer/UBSan build: the suites but spec, structured and webui, a short load
 #              run; fails when any server's stderr holds a sanitizer report
-# Environment: E2E_SUITES (default "e2e responses embeddings anthropic structured bad_input load ssd spec webui audio pool"; ssd and pool start their own
+# Environment: E2E_SUITES (default "e2e responses embeddings anthropic structured bad_input load ssd spec webui audio pool isolate"; ssd, pool and isolate start their own
 # servers over fresh cache directories, and runs bench/ssd_kill.sh shortened; webui starts its own server of
 # models/house with an API key and drives the chat page in Debian's /usr/bin/chromium, skipped with a message
 # when that is missing unless CI=true, and saves screenshots in INFERD_E2E_ARTIFACTS, default
@@ -38,7 +38,7 @@ fi
 if [ -n "${1:-}" ]; then INFERD=$(absolute "$1" "$PWD"); else INFERD=$(absolute "${INFERD:-build/inferd}" "$root"); fi
 if [ -n "${2:-}" ]; then MODEL=$(absolute "$2" "$PWD"); else MODEL=$(absolute "${E2E_MODEL:-build/models/e2e-qwen3}" "$root"); fi
 TOKENIZER=$(absolute "${E2E_TOKENIZER:-build/text-data/qwen3}" "$root")
-SUITES=${E2E_SUITES:-e2e responses embeddings anthropic structured bad_input load ssd spec webui audio pool}
+SUITES=${E2E_SUITES:-e2e responses embeddings anthropic structured bad_input load ssd spec webui audio pool isolate}
 # Under a sanitizer the default is the suites that drive outside input through the server's
 # parsers and its memory-owning paths (requests, SDK streams, raw sockets, load, the SSD tier,
 # audio uploads). Speculation, structured output and the web page run in the plain pass only:
