@@ -8,6 +8,7 @@
 #include "api/admin.h"
 #include "api/engine_proxy.h"
 #include "api/model_pool.h"
+#include "api/response_store.h"
 #include "base/json.h"
 #include "base/timer.h"
 
@@ -23,7 +24,7 @@ static int cache_models(struct server *srv, struct served_model **out)
 {
     if (!srv->pool) {
         out[0] = &srv->served;
-        return srv->served.engine ? 1 : 0;
+        return served_engine_ready(&srv->served) ? 1 : 0;
     }
     int n = 0;
     for (int i = 0; i < model_pool_count(srv->pool) && n < MODEL_POOL_MAX_ENTRIES; i++) {
@@ -298,6 +299,17 @@ void admin_engine(struct http_exchange *x)
         json_object_object_add(o, "leases",
                                json_object_new_int(engine_supervisor_leases(srv->isolation)));
         json_object_object_add(o, "engines", engines);
+        json_object *rs = NULL;
+        if (srv->responses) { /* the supervisor keeps the stored responses, not a child */
+            struct response_store_stats st;
+            response_store_get_stats(srv->responses, &st);
+            rs = json_object_new_object();
+            json_object_object_add(rs, "entries", json_object_new_int64((int64_t)st.entries));
+            json_object_object_add(rs, "bytes", json_object_new_int64((int64_t)st.bytes));
+            json_object_object_add(rs, "max_bytes", json_object_new_int64((int64_t)st.max_bytes));
+            json_object_object_add(rs, "ttl_ms", json_object_new_int64((int64_t)st.ttl_s * 1000));
+        }
+        json_object_object_add(o, "response_store", rs);
     } else {
         json_object_object_add(o, "isolated", json_object_new_boolean(false));
         json_object_object_add(o, "pid", json_object_new_int64((int64_t)getpid()));

@@ -1105,7 +1105,10 @@ const struct engine_config *engine_proxy_config(const struct engine_proxy *p)
 
 void engine_proxy_stats(struct engine_proxy *p, struct engine_stats *out)
 {
-    struct engine_wire_reply *rep = malloc(sizeof *rep);
+    pthread_mutex_lock(&p->mu);
+    bool paused = p->paused; /* a paused child answers nothing: reports take the last stats */
+    pthread_mutex_unlock(&p->mu);
+    struct engine_wire_reply *rep = paused ? NULL : malloc(sizeof *rep);
     struct engine_wire_call c = {.kind = ENGINE_CALL_STATS};
     struct err err = {0};
     bool live = rep && proxy_call(p, &c, rep, &err) == 0;
@@ -1113,7 +1116,7 @@ void engine_proxy_stats(struct engine_proxy *p, struct engine_stats *out)
     pthread_mutex_lock(&p->mu);
     *out = p->last_stats;
     out->spec_kind = p->spec_kind;
-    out->state = live ? p->state_text : state_names[p->state];
+    out->state = live ? p->state_text : p->paused ? "paused" : state_names[p->state];
     out->ssd_cache.store.dir = p->ssd_dir[0] ? p->ssd_dir : NULL;
     pthread_mutex_unlock(&p->mu);
 }

@@ -67,7 +67,8 @@ void engine_proxy_free(struct engine_proxy *p);
 int engine_proxy_submit(struct engine_proxy *p, const struct gen_params *params,
                         struct gen_output **out, struct err *err);
 const struct engine_config *engine_proxy_config(const struct engine_proxy *p);
-/* The child's stats (the last ones known, state "restarting", while it is down). */
+/* The child's stats (the last ones known while it is down or paused; state "restarting" or
+ * "paused" then). */
 void engine_proxy_stats(struct engine_proxy *p, struct engine_stats *out);
 /* The supervisor's view: time to first token and between tokens as their events arrived. */
 const struct engine_metrics *engine_proxy_metrics(const struct engine_proxy *p);

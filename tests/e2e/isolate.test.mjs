@@ -116,6 +116,7 @@ describe('engine isolation (--isolate)', () => {
     assert.match(e.socket, /\.sock$/);
     assert.equal(e.admin_socket, adminSocket);
     assert.deepEqual(e.pool.resident, [modelId]);
+    assert.equal(typeof e.response_store.entries, 'number', 'the supervisor keeps the stored responses');
     for (const id of [modelId, otherId]) answers[id] = await ask(s.url, id);
     assert.notEqual(answers[modelId], answers[otherId], 'two models, two answers');
     assert.equal(await ask(s.url, modelId), answers[modelId], 'greedy answers repeat');
