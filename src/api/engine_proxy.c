@@ -209,7 +209,7 @@ static int send_frame(struct engine_proxy *p, const struct strbuf *b)
 
 /* Forks and execs the child with the socket path last; its signals back to defaults, in a
  * process group of its own (a terminal's Ctrl-C is the supervisor's to handle), killed with
- * the supervisor. */
+ * the supervisor, with no descriptor of the supervisor's but 0-2. */
 static pid_t spawn_child(struct engine_proxy *p)
 {
     pid_t parent = getpid();
@@ -221,6 +221,8 @@ static pid_t spawn_child(struct engine_proxy *p)
     sigprocmask(SIG_UNBLOCK, &all, NULL);
     signal(SIGPIPE, SIG_DFL);
     setpgid(0, 0);
+    /* Tied to the forking thread, the proxy thread, which outlives its children: it returns
+     * only once the last one has been reaped. */
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent)
         _exit(127);
@@ -228,7 +230,10 @@ static pid_t spawn_child(struct engine_proxy *p)
     for (int fd = 3; fd < (max > 0 && max < 65536 ? max : 65536); fd++)
         close(fd);
     execv(p->argv[0], p->argv);
-    fprintf(stderr, "inferd: engine child: exec %s: %s\n", p->argv[0], strerror(errno));
+    /* only async-signal-safe calls between fork and exec: another thread may hold stdio's lock */
+    static const char msg[] = "inferd: engine child: exec of the inferd binary failed\n";
+    ssize_t k = write(2, msg, sizeof msg - 1);
+    (void)k;
     _exit(127);
 }
 
