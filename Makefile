@@ -16,8 +16,10 @@ all: build
 bootstrap:
 	@scripts/bootstrap.sh
 
+# INFERD_TEST_FAULTS builds inferd-faults beside inferd for the isolation suite (tests/e2e);
+# the inferd binary is the same either way.
 $(BUILD)/build.ninja:
-	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DINFERD_TEST_FAULTS=ON
 
 build: bootstrap $(BUILD)/build.ninja
 	ninja -C $(BUILD)

@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include "api/admin.h"
+#include "api/engine_proxy.h"
 #include "api/model_pool.h"
+#include "api/response_store.h"
 #include "base/json.h"
 #include "base/timer.h"
 
@@ -22,7 +24,7 @@ static int cache_models(struct server *srv, struct served_model **out)
 {
     if (!srv->pool) {
         out[0] = &srv->served;
-        return srv->served.engine ? 1 : 0;
+        return served_engine_ready(&srv->served) ? 1 : 0;
     }
     int n = 0;
     for (int i = 0; i < model_pool_count(srv->pool) && n < MODEL_POOL_MAX_ENTRIES; i++) {
@@ -108,7 +110,7 @@ void admin_session_close(struct http_exchange *x)
     rc = 0;
     for (int i = 0; i < n_models && rc == 0; i++) {
         int n = -1;
-        rc = engine_close_session(models[i]->engine, id, &n, &err);
+        rc = served_engine_close_session(models[i], id, &n, &err);
         if (n >= 0)
             released = (released < 0 ? 0 : released) + n;
     }
@@ -207,7 +209,7 @@ void admin_cache_flush(struct http_exchange *x)
         http_send_errorf(x, 503, API_ERROR_UNAVAILABLE, NULL, NULL, "the model is still loading");
         return;
     }
-    if (!engine_config(models[0]->engine)->tier) {
+    if (!served_engine_config(models[0])->tier) {
         release_models(x->srv, models, n_models);
         http_send_errorf(x, 400, API_ERROR_INVALID_REQUEST, NULL, NULL,
                          "there is no SSD tier to flush: the server runs without --ssd-cache DIR");
@@ -218,11 +220,11 @@ void admin_cache_flush(struct http_exchange *x)
     uint64_t t0 = now_ns();
     int rc = 0;
     struct err first = {0};
-    struct engine *last = NULL;
+    struct served_model *last = NULL;
     for (int i = 0; i < n_models; i++) {
-        last = models[i]->engine;
+        last = models[i];
         memset(&after, 0, sizeof after);
-        int r = engine_flush_cache(last, timeout_ms, &after, &err);
+        int r = served_engine_flush(last, timeout_ms, &after, &err);
         if (r < 0 && rc == 0) {
             rc = r;
             first = err;
@@ -236,21 +238,84 @@ void admin_cache_flush(struct http_exchange *x)
     }
     if (rc < 0 && !after.enabled) { /* refused before the engine thread saw it (stopping) */
         struct engine_stats st;
-        engine_get_stats(last, &st);
+        served_engine_stats(last, &st);
         after = st.ssd_cache;
     }
     release_models(x->srv, models, n_models);
     send_flush_result(x, rc == 0, &after, ms, rc == 0 ? NULL : first.msg);
 }
 
+/* One engine child as GET /engine lists it. */
+static void engine_child_json(void *ctx, struct engine_proxy *p)
+{
+    json_object *arr = ctx;
+    struct engine_proxy_info in;
+    engine_proxy_info(p, &in);
+    json_object *o = json_object_new_object();
+    json_object_object_add(o, "id", json_object_new_string(in.id));
+    json_object_object_add(o, "pid", in.pid > 0 ? json_object_new_int64((int64_t)in.pid) : NULL);
+    json_object_object_add(o, "state", json_object_new_string(in.state));
+    json_object_object_add(o, "restarts", json_object_new_int(in.restarts));
+    json_object_object_add(o, "crashes", json_object_new_int64((int64_t)in.crashes));
+    json_object_object_add(o, "hangs", json_object_new_int64((int64_t)in.hangs));
+    json_object_object_add(o, "socket", json_object_new_string(in.socket));
+    json_object_object_add(o, "in_flight", json_object_new_int(in.in_flight));
+    json_object_object_add(o, "paused", json_object_new_boolean(in.paused));
+    json_object_array_add(arr, o);
+}
+
 void admin_engine(struct http_exchange *x)
 {
     struct server *srv = x->srv;
     json_object *o = json_object_new_object();
-    json_object_object_add(o, "isolated", json_object_new_boolean(false));
-    json_object_object_add(o, "pid", json_object_new_int64((int64_t)getpid()));
-    json_object_object_add(o, "restarts", json_object_new_int(0));
-    json_object_object_add(o, "socket", NULL);
+    if (srv->isolation) {
+        /* pid, restarts and socket are the default model's child's; engines lists them all */
+        json_object *engines = json_object_new_array();
+        engine_supervisor_each(srv->isolation, engine_child_json, engines);
+        const char *def = srv->pool ? model_pool_default_id(srv->pool) : srv->served.id;
+        json_object *d = NULL;
+        int restarts = 0;
+        for (size_t i = 0; i < json_object_array_length(engines); i++) {
+            json_object *e = json_object_array_get_idx(engines, i), *v = NULL;
+            json_object_object_get_ex(e, "restarts", &v);
+            restarts += json_object_get_int(v);
+            json_object_object_get_ex(e, "id", &v);
+            if (!strcmp(json_object_get_string(v), def))
+                d = e;
+        }
+        json_object *v = NULL;
+        json_object_object_add(o, "isolated", json_object_new_boolean(true));
+        json_object_object_add(o, "pid", d && json_object_object_get_ex(d, "pid", &v)
+                                             ? json_object_get(v) : NULL);
+        json_object_object_add(o, "restarts", json_object_new_int(restarts));
+        json_object_object_add(o, "socket", d && json_object_object_get_ex(d, "socket", &v)
+                                                ? json_object_get(v) : NULL);
+        json_object_object_add(o, "supervisor_pid", json_object_new_int64((int64_t)getpid()));
+        json_object_object_add(o, "admin_socket", srv->admin_socket
+                                                      ? json_object_new_string(srv->admin_socket)
+                                                      : NULL);
+        json_object_object_add(o, "watchdog_s",
+                               json_object_new_int(engine_supervisor_watchdog_s(srv->isolation)));
+        json_object_object_add(o, "leases",
+                               json_object_new_int(engine_supervisor_leases(srv->isolation)));
+        json_object_object_add(o, "engines", engines);
+        json_object *rs = NULL;
+        if (srv->responses) { /* the supervisor keeps the stored responses, not a child */
+            struct response_store_stats st;
+            response_store_get_stats(srv->responses, &st);
+            rs = json_object_new_object();
+            json_object_object_add(rs, "entries", json_object_new_int64((int64_t)st.entries));
+            json_object_object_add(rs, "bytes", json_object_new_int64((int64_t)st.bytes));
+            json_object_object_add(rs, "max_bytes", json_object_new_int64((int64_t)st.max_bytes));
+            json_object_object_add(rs, "ttl_ms", json_object_new_int64((int64_t)st.ttl_s * 1000));
+        }
+        json_object_object_add(o, "response_store", rs);
+    } else {
+        json_object_object_add(o, "isolated", json_object_new_boolean(false));
+        json_object_object_add(o, "pid", json_object_new_int64((int64_t)getpid()));
+        json_object_object_add(o, "restarts", json_object_new_int(0));
+        json_object_object_add(o, "socket", NULL);
+    }
     json_object *pool = NULL;
     if (srv->pool) {
         pool = json_object_new_object();

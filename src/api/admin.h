@@ -22,8 +22,12 @@ void admin_session_close(struct http_exchange *x);
  * is set. */
 void admin_cache_flush(struct http_exchange *x);
 /* GET /engine: how the engines run: {isolated, pid, restarts, socket, pool: {default,
- * resident: [ids]} (null without a pool)}. Engines run in the server's own process, so
- * isolated is false, pid the server's, restarts 0 and socket null. */
+ * resident: [ids]} (null without a pool)}. Without --isolate engines run in the server's own
+ * process: isolated false, pid the server's, restarts 0, socket null. With it: isolated true,
+ * pid and socket the default model's engine child's, restarts every child's restarts summed,
+ * and supervisor_pid, admin_socket, watchdog_s, leases, response_store {entries, bytes,
+ * max_bytes, ttl_ms} (the supervisor's) and engines: [{id, pid, state, restarts, crashes, hangs,
+ * socket, in_flight, paused}] (one per running child). */
 void admin_engine(struct http_exchange *x);
 
 #endif

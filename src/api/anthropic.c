@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api/engine_proxy.h"
 #include "api/keys.h"
 #include "api/model_pool.h"
 #include "api/prompt.h"
@@ -1092,6 +1093,8 @@ void anthropic_stream_news(struct anthropic_stream *s, const struct generation_n
         struct api_error e;
         if (o->finish == GEN_FINISH_ERROR && o->error_code == INFERD_ENOMEM)
             api_error_set(&e, 529, API_ERROR_UNAVAILABLE, NULL, NULL, "%s", o->error);
+        else if (o->finish == GEN_FINISH_ERROR && o->error_code == INFERD_EBUSY)
+            api_error_set(&e, 503, API_ERROR_UNAVAILABLE, NULL, NULL, "%s", o->error);
         else
             api_error_set(&e, 500, API_ERROR_SERVER, NULL, NULL, "%s",
                           o->finish == GEN_FINISH_ERROR ? o->error : "the request was cancelled");
@@ -1149,7 +1152,7 @@ static void reply_init(struct anthropic_reply *rep, const struct served_model *s
     }
     rep->n_stop = req->n_stop;
     req->n_stop = 0;
-    const struct engine_config *c = sm->engine ? engine_config(sm->engine) : NULL;
+    const struct engine_config *c = served_engine_config(sm);
     if (c && c->prompt_cache_bytes > 0)
         rep->cache_block_size = c->kv_block_size > 0 ? c->kv_block_size : KV_BLOCK_SIZE_DEFAULT;
 }

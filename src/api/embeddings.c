@@ -16,8 +16,10 @@
 #include <string.h>
 
 #include "api/embeddings.h"
+#include "api/engine_proxy.h"
 #include "api/generation.h"
 #include "api/keys.h"
+#include "api/model_pool.h"
 #include "base/json.h"
 #include "base/sha1.h"
 #include "base/strbuf.h"
@@ -205,7 +207,7 @@ static bool parse_request(const struct served_model *sm, json_object *root, stru
     }
     if (!read_inputs(sm, json_object_object_get(root, "input"), r, e))
         return false;
-    int n_ctx = engine_config(sm->engine)->n_ctx;
+    int n_ctx = served_engine_config(sm)->n_ctx;
     for (int i = 0; i < r->n_inputs; i++)
         if (r->inputs[i].n > n_ctx) {
             api_error_set(e, 400, API_ERROR_INVALID_REQUEST, "input", "context_length_exceeded",
@@ -280,7 +282,7 @@ static bool run_inputs(struct http_exchange *x, const struct served_model *sm,
             .sampling = {.temperature = 0, .top_p = 1, .repetition_penalty = 1},
         };
         struct err err = {0};
-        int rc = engine_submit(sm->engine, &p, &outs[i], &err);
+        int rc = served_engine_submit(sm, &p, &outs[i], &err);
         if (rc == -INFERD_EBUSY)
             api_error_set(e, 429, API_ERROR_RATE_LIMIT, NULL, "rate_limit_exceeded", "%s", err.msg);
         else if (rc == -INFERD_ERANGE)

@@ -4,6 +4,7 @@
 
 #include <json-c/json.h>
 
+#include "api/engine_proxy.h"
 #include "api/model_pool.h"
 
 int64_t fit_max_context(uint64_t memory, uint64_t weights, uint64_t transient,
@@ -33,9 +34,9 @@ void fit_report(struct http_exchange *x)
     json_object_object_add(o, "memory_budget_bytes",
                            f->memory_budget_bytes ? jbytes(f->memory_budget_bytes) : NULL);
     json_object_object_add(o, "max_safe_context", json_object_new_int64(f->max_safe_context));
-    if (sm && sm->engine)
+    if (served_engine_ready(sm))
         json_object_object_add(o, "enforced_context_tokens",
-                               json_object_new_int(engine_config(sm->engine)->n_ctx));
+                               json_object_new_int(served_engine_config(sm)->n_ctx));
     /* A decode step reads every weight once: bandwidth bounds tokens per second. */
     double tps = f->bandwidth_gbs > 0 && f->weight_bytes_per_token > 0
                      ? f->bandwidth_gbs * 1e9 / f->weight_bytes_per_token

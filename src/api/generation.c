@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "api/engine_proxy.h"
 #include "api/model_pool.h"
 #include "api/prompt.h"
 #include "api/reencode.h"
@@ -65,7 +66,7 @@ static int submit_error(struct server *srv, const struct served_model *sm, int r
                         const struct err *err, struct api_error *e)
 {
     const char *prompt_param = req->kind == GEN_REQUEST_CHAT ? "messages" : "prompt";
-    const struct engine_config *c = engine_config(sm->engine);
+    const struct engine_config *c = served_engine_config(sm);
     if (rc == -INFERD_EBUSY) {
         api_error_set(e, 429, API_ERROR_RATE_LIMIT, NULL, "rate_limit_exceeded", "%s", err->msg);
     } else if (rc == -INFERD_ERANGE && c->budget_ctx > 0 && p->n_prompt >= c->budget_ctx) {
@@ -81,6 +82,8 @@ static int submit_error(struct server *srv, const struct served_model *sm, int r
                       "%s", err->msg);
     } else if (rc == -INFERD_ENOMEM) {
         api_error_set(e, 503, API_ERROR_UNAVAILABLE, NULL, "out_of_memory", "%s", err->msg);
+    } else if (rc == -INFERD_EIO) { /* --isolate: the engine child is restarting */
+        api_error_set(e, 503, API_ERROR_UNAVAILABLE, NULL, "engine_unavailable", "%s", err->msg);
     } else {
         api_error_set(e, 400, API_ERROR_INVALID_REQUEST, NULL, NULL, "%s", err->msg);
     }
@@ -266,7 +269,7 @@ int generation_start(const struct http_exchange *x, struct served_model *sm,
         generation_free(g);
         return rc;
     }
-    rc = engine_submit(sm->engine, &p, &g->out, &err);
+    rc = served_engine_submit(sm, &p, &g->out, &err);
     adapter_put(&p);
     gen_grammar_release(grammar); /* the sequence holds its own reference */
     bool starts_inside = pr.starts_inside_think;
@@ -572,6 +575,10 @@ static int finish_error(const struct gen_news *n, struct api_error *e)
         /* Memory (e.g. on the GPU) running out is the server's state, not a fault. */
         if (n->error_code == INFERD_ENOMEM)
             api_error_set(e, 503, API_ERROR_UNAVAILABLE, NULL, "out_of_memory", "%s", n->error);
+        /* --isolate: the engine child crashed or hung and is being restarted. */
+        else if (n->error_code == INFERD_EBUSY)
+            api_error_set(e, 503, API_ERROR_UNAVAILABLE, NULL, "engine_unavailable", "%s",
+                          n->error);
         else
             api_error_set(e, 500, API_ERROR_SERVER, NULL, NULL, "%s", n->error);
     } else {

@@ -2,6 +2,7 @@
  * them together with the engine's own counters and latency histograms. */
 #include "api/metrics.h"
 #include "engine/transcribe.h"
+#include "api/engine_proxy.h"
 #include "api/structured.h"
 
 #include <json-c/json.h>
@@ -366,10 +367,10 @@ static void prometheus_model(const struct server *srv, const struct served_model
                 strbuf_printf(out, "inferd_requests_total{route=\"%s\",status=\"other\"} %llu\n",
                               m->labels[r], (unsigned long long)n);
         }
-    if (!sm->engine)
+    if (!served_engine_ready(sm))
         return;
     struct engine_stats st;
-    engine_get_stats(sm->engine, &st);
+    served_engine_stats(sm, &st);
     strbuf_printf(out,
                   "# HELP inferd_prompt_tokens_total Prompt tokens of admitted requests.\n"
                   "# TYPE inferd_prompt_tokens_total counter\n"
@@ -398,7 +399,7 @@ static void prometheus_model(const struct server *srv, const struct served_model
                   (unsigned long long)st.requests_cancelled,
                   (unsigned long long)st.requests_refused, st.queued, st.running,
                   st.kv_blocks_free);
-    const struct engine_config *cfg = engine_config(sm->engine);
+    const struct engine_config *cfg = served_engine_config(sm);
     const struct kv_prefix_stats *pc = &st.prompt_cache;
     strbuf_printf(out,
                   "# HELP inferd_server_started_at_seconds When the server started (Unix time).\n"
@@ -560,7 +561,7 @@ static void prometheus_model(const struct server *srv, const struct served_model
                       rs.entries, rs.bytes, rs.max_bytes, (unsigned long long)rs.ttl_s,
                       (unsigned long long)rs.evictions, (unsigned long long)rs.expirations);
     }
-    const struct engine_metrics *em = engine_metrics(sm->engine);
+    const struct engine_metrics *em = served_engine_metrics(sm);
     histogram_text(out, "inferd_time_to_first_token_seconds",
                    "Seconds from a request's arrival to its first generated token.", &em->ttft);
     histogram_text(out, "inferd_inter_token_latency_seconds",
@@ -606,10 +607,10 @@ void api_metrics_stats_json(const struct server *srv, struct strbuf *out)
                                    : NULL);
         json_object_object_add(root, "transcription", a);
     }
-    if (sm->engine) {
+    if (served_engine_ready(sm)) {
         struct engine_stats st;
-        engine_get_stats(sm->engine, &st);
-        const struct engine_config *cfg = engine_config(sm->engine);
+        served_engine_stats(sm, &st);
+        const struct engine_config *cfg = served_engine_config(sm);
         json_object *e = json_object_new_object();
         json_object_object_add(e, "state", json_object_new_string(st.state));
         json_object_object_add(e, "queue_depth", json_object_new_int(st.queued));

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "api/generation.h"
+#include "api/engine_proxy.h"
 #include "api/model_pool.h"
 #include "api/openai.h"
 #include "engine/transcribe.h"
@@ -364,8 +365,12 @@ static void emit_news(struct reply *r, struct strbuf *out, const struct generati
     if (o->finish == GEN_FINISH_ERROR || o->finish == GEN_FINISH_CANCELLED) {
         /* The status line is long gone: the error travels as an event. */
         struct api_error e;
-        api_error_set(&e, 500, API_ERROR_SERVER, NULL, NULL, "%s",
-                      o->finish == GEN_FINISH_ERROR ? o->error : "the request was cancelled");
+        if (o->finish == GEN_FINISH_ERROR && o->error_code == INFERD_EBUSY)
+            api_error_set(&e, 503, API_ERROR_UNAVAILABLE, NULL, "engine_unavailable", "%s",
+                          o->error);
+        else
+            api_error_set(&e, 500, API_ERROR_SERVER, NULL, NULL, "%s",
+                          o->finish == GEN_FINISH_ERROR ? o->error : "the request was cancelled");
         strbuf_puts(out, "data: ");
         api_error_render_openai(&e, out);
         strbuf_puts(out, "\n\n");
@@ -509,9 +514,9 @@ static json_object *model_object(const struct server *srv, const char *id,
     }
     if (!sm)
         return m;
-    if (sm->engine)
+    if (served_engine_ready(sm))
         json_object_object_add(m, "context_window",
-                               json_object_new_int(engine_config(sm->engine)->n_ctx));
+                               json_object_new_int(served_engine_config(sm)->n_ctx));
     /* What a client may ask of this model: tool calls and thinking where its chat template has
      * them; structured output where the server has a grammar cache. */
     const char *tmpl = sm->tok && sm->tmpl ? tok_chat_template(sm->tok) : NULL;

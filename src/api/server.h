@@ -20,6 +20,8 @@ struct grammar_cache;
 
 #define SERVER_MAX_EOS 8
 
+struct engine_proxy;
+struct engine_supervisor;
 struct reencode;
 struct model_pool;
 struct response_store;
@@ -78,7 +80,9 @@ struct served_model {
     const struct model *model;        /* borrowed */
     const struct tokenizer *tok;      /* borrowed */
     const struct chat_template *tmpl; /* borrowed; NULL when the tokenizer has none */
-    struct engine *engine;            /* borrowed */
+    struct engine *engine;            /* borrowed; NULL when proxy runs the engine */
+    struct engine_proxy *proxy;       /* borrowed; --isolate: the engine runs in a child process
+                                         (api/engine_proxy.h: call it through served_engine_*) */
     struct reencode *reencode;        /* borrowed; replies resent in prompts keep their own ids
                                          (api/reencode.h); NULL: prompts are encoded plainly */
     struct grammar_cache *grammars;   /* borrowed; compiled structured-output grammars
@@ -96,6 +100,10 @@ struct server {
     struct served_model served;       /* the one model, without a pool */
     struct model_pool *pool;          /* borrowed; several models by request `model`
                                          (api/model_pool.h); NULL: served is all there is */
+    struct engine_supervisor *isolation; /* borrowed; --isolate: every engine in a child process
+                                         (api/engine_proxy.h); NULL: engines in this process */
+    const char *admin_socket;         /* borrowed; --isolate's unix socket for /admin/drain and
+                                         /admin/lease (api/admin_socket.h), or NULL */
     struct response_store *responses; /* borrowed; the Responses API's stored responses
                                          (api/response_store.h); NULL: none are kept */
     bool no_jump_forward;             /* --no-jump-forward: forced text is sampled token by

@@ -9,9 +9,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include "api/admin_socket.h"
+#include "api/engine_child.h"
+#include "api/engine_proxy.h"
 #include "api/fit.h"
 #include "api/model_pool.h"
 #include "api/reencode.h"
@@ -50,6 +55,11 @@
 #define DEFAULT_SSD_DEMOTE_IDLE_S 300
 /* --model-pool paths at most (a pool file among them may list more models). */
 #define MODEL_POOL_MAX_PATHS 64
+/* --isolate: an engine child with requests and no step progress this long is hung. */
+#define DEFAULT_WATCHDOG_S 30
+/* --isolate: a child restarted more often than this within the window waits the window out. */
+#define ISOLATE_MAX_RESTARTS 5
+#define ISOLATE_RESTART_WINDOW_S 60
 
 struct serve_options {
     const char *dir;
@@ -95,6 +105,15 @@ struct serve_options {
     int n_pool_paths;
     double pool_memory_gb;          /* --pool-memory (decimal GB); 0: no limit */
     struct cli_adapter_options adapters; /* --adapter, --adapter-dir, --merge-adapter */
+    bool isolate;                   /* --isolate: each model's engine in a child process */
+    long watchdog_s;                /* --watchdog-s (default 30; 0: off) */
+    const char *admin_socket;       /* --admin-socket PATH; NULL: under the runtime directory */
+    /* The command line as given (from "serve" on): an engine child parses it again. */
+    int argc;
+    char **argv;
+    /* A pool file entry's "options", as JSON (borrowed from the pool file's, which lives as
+     * long as the pool); NULL: the flags alone. An engine child applies it over the flags. */
+    const char *entry_options;
 };
 
 static const char usage[] =
@@ -114,6 +133,7 @@ static const char usage[] =
     "       [--whisper-model WDIR [--whisper-idle-unload 300] [--whisper-resident]\n"
     "        [--whisper-beam 1] [--max-audio-mb 25]]\n"
     "       [--model-pool PATH... [--pool-memory GB]]\n"
+    "       [--isolate [--watchdog-s 30] [--admin-socket PATH]]\n"
     "Serves the OpenAI API (/v1/chat/completions, /v1/completions, /v1/responses, /v1/models;\n"
     "GET /v1 lists the routes), Anthropic's /v1/messages, and /health, /stats, /metrics.\n"
     "GET / is a chat page for trying the model in a browser (built into the binary; --no-webui\n"
@@ -136,6 +156,15 @@ static const char usage[] =
     "files while it is loaded) stay under GB: the least recently used are unloaded first, after\n"
     "their in-flight requests, their cached prefixes flushed to --ssd-cache DIR/ID first, so\n"
     "they are found again after the next load. GET /v1/models lists every model and its state.\n"
+    "--isolate runs each model's engine in a child process (a fresh inferd) that the server\n"
+    "talks to over a unix socket: a child that crashes, or makes no step progress for\n"
+    "--watchdog-s S seconds while it holds requests (0: no watchdog), is killed and restarted;\n"
+    "its in-flight requests get a 503 (streams: an error event) and everything else carries on.\n"
+    "GET /engine reports the children. --admin-socket PATH (default\n"
+    "$XDG_RUNTIME_DIR/inferd-PID.sock, else /tmp/inferd-UID/inferd-PID.sock; mode 0600) answers\n"
+    "POST /admin/drain (every cached prefix made durable in the SSD tier: {drained, demotions})\n"
+    "and POST /admin/lease (every engine paused while the response stays open). Structured\n"
+    "output is refused under --isolate.\n"
     "Sampling flags set the defaults below each request's own fields (generation_config.json\n"
     "is below them). --thinking on|off is enable_thinking for chat templates that have it when\n"
     "a request says nothing (default: the template's own).\n"
@@ -205,7 +234,8 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
                                 .cache_retention = KV_RETAIN_LRU, .session_idle_s = 600,
                                 .response_store_mb = RESPONSE_STORE_DEFAULT_MB,
                                 .response_store_ttl_s = RESPONSE_STORE_DEFAULT_TTL_S,
-                                .ssd_demote_idle_s = DEFAULT_SSD_DEMOTE_IDLE_S};
+                                .ssd_demote_idle_s = DEFAULT_SSD_DEMOTE_IDLE_S,
+                                .watchdog_s = DEFAULT_WATCHDOG_S, .argc = argc, .argv = argv};
     cli_backend_options_from_env(&o->backend);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -231,6 +261,10 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
         }
         if (!strcmp(a, "--no-webui")) {
             o->no_webui = true;
+            continue;
+        }
+        if (!strcmp(a, "--isolate")) {
+            o->isolate = true;
             continue;
         }
         if (!strcmp(a, "--whisper-resident")) {
@@ -352,6 +386,10 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
             ok = arg_int(a, v, 0, 1L << 30, &o->whisper_idle_unload_s);
         else if (!strcmp(a, "--whisper-beam"))
             ok = arg_int(a, v, 1, 16, &o->whisper_beam);
+        else if (!strcmp(a, "--watchdog-s"))
+            ok = arg_int(a, v, 0, 1L << 20, &o->watchdog_s);
+        else if (!strcmp(a, "--admin-socket"))
+            o->admin_socket = v;
         else if (!strcmp(a, "--pool-memory"))
             ok = arg_float(a, v, 1e-9, 1e9, &o->pool_memory_gb);
         else if (!strcmp(a, "--max-audio-mb"))
@@ -423,6 +461,10 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
     if (o->ssd_dir && !(o->prompt_cache_gib > 0)) {
         fprintf(stderr, "inferd serve: --ssd-cache needs the prompt cache, which --prompt-cache 0 "
                         "turns off\n");
+        return false;
+    }
+    if (o->admin_socket && !o->isolate) {
+        fprintf(stderr, "inferd serve: --admin-socket needs --isolate\n");
         return false;
     }
     return true;
@@ -653,6 +695,10 @@ struct served_load {
     struct spec_config spec;      /* the engine's configuration points here */
     struct kv_tier_config tier;
     struct adapter_registry *adapters; /* owned; NULL: the backend runs none */
+    /* --isolate: the engine runs in a child; here only what requests need of the model */
+    struct engine_proxy *proxy;   /* owned */
+    struct model *host_model;     /* owned (plain free): config, generation defaults and
+                                     pooling from the child's HELLO; no weights, no backend */
 };
 
 /* Shuts the engine down (its SSD tier flushed: every cached block durable, so the next load
@@ -662,6 +708,15 @@ static uint64_t served_free(struct served_load *l, int grace_ms)
     if (!l)
         return 0;
     uint64_t demoted = 0;
+    if (l->proxy) {
+        /* The child flushes its SSD tier as it exits: what it cached is on disk after. */
+        struct served_model sm = {.proxy = l->proxy};
+        struct engine_stats st;
+        served_engine_stats(&sm, &st);
+        if (engine_proxy_config(l->proxy)->tier)
+            demoted = st.prompt_cache.blocks;
+        engine_proxy_free(l->proxy);
+    }
     if (l->engine) {
         struct engine_stats before;
         engine_get_stats(l->engine, &before);
@@ -692,9 +747,91 @@ static uint64_t served_free(struct served_load *l, int grace_ms)
     tok_free(l->tok);
     model_free(l->draft);
     model_free(l->m);
+    free(l->host_model);
     backend_destroy(l->be);
     free(l);
     return demoted;
+}
+
+/* The hello an engine child sends: what the supervisor's handlers need of the loaded model. */
+static void hello_fill(const struct served_load *l, const struct served_model *sm,
+                       struct engine_wire_hello *h)
+{
+    memset(h, 0, sizeof *h);
+    h->pid = (int32_t)getpid();
+    h->cfg = *engine_config(l->engine);
+    h->has_tier = h->cfg.tier != NULL;
+    h->spec_kind = (int32_t)l->spec.kind;
+    h->fit = sm->fit;
+    h->defaults = sm->defaults;
+    h->n_eos = sm->n_eos;
+    memcpy(h->eos_ids, sm->eos_ids, sizeof h->eos_ids);
+    h->config = l->m->config;
+    h->generation = l->m->generation;
+    h->embedding = l->m->embedding;
+}
+
+/* --isolate: starts model dir's engine child (which loads it as served_load would, its SSD
+ * tier in ssd_dir) and builds here what requests need besides the engine: the tokenizer, the
+ * chat template, the re-encoding map, and a model holding only the config the child reported.
+ * Structured output stays off (sm->grammars NULL): a compiled grammar cannot cross. */
+static int served_load_isolated(const struct serve_options *base, struct engine_supervisor *sup,
+                                const char *id, const char *dir, const char *ssd_dir,
+                                struct served_model *sm, struct served_load **out,
+                                struct err *err)
+{
+    *out = NULL;
+    struct served_load *l = calloc(1, sizeof *l);
+    if (!l)
+        return err_set(err, INFERD_ENOMEM, "out of memory loading %s", dir);
+    l->o = *base;
+    l->o.dir = dir;
+    const char *args[8 + 512];
+    int n = 0;
+    args[n++] = ENGINE_CHILD_COMMAND;
+    args[n++] = dir;
+    args[n++] = ssd_dir ? ssd_dir : "";
+    args[n++] = base->entry_options ? base->entry_options : "";
+    for (int i = 0; i < base->argc && n < (int)(sizeof args / sizeof args[0]); i++)
+        args[n++] = base->argv[i];
+    struct engine_wire_hello hello;
+    int rc = engine_proxy_start(sup, id, args, n, &hello, &l->proxy, err);
+    if (rc < 0)
+        goto fail;
+    if ((rc = model_tokenizer_load(dir, &l->tok, err)) < 0) {
+        err_wrap(err, "%s: the server needs the model's tokenizer", dir);
+        goto fail;
+    }
+    struct err terr = {0};
+    if (chat_template_load(l->tok, &l->tmpl, &terr) == 0)
+        l->have_tmpl = true;
+    else
+        log_warn("serve: no chat template (%s); /v1/chat/completions will answer 400", terr.msg);
+    if ((rc = reencode_create(l->tok, REENCODE_MAX_BYTES, &l->reencode, err)) < 0)
+        goto fail;
+    if (!(l->host_model = calloc(1, sizeof *l->host_model))) {
+        rc = err_set(err, INFERD_ENOMEM, "out of memory loading %s", dir);
+        goto fail;
+    }
+    l->host_model->config = hello.config;
+    l->host_model->generation = hello.generation;
+    l->host_model->embedding = hello.embedding;
+    sm->fit = hello.fit;
+    sm->defaults = hello.defaults;
+    sm->n_eos = hello.n_eos;
+    memcpy(sm->eos_ids, hello.eos_ids, sizeof sm->eos_ids);
+    sm->model = l->host_model;
+    sm->tok = l->tok;
+    sm->tmpl = l->have_tmpl ? &l->tmpl : NULL;
+    sm->engine = NULL;
+    sm->proxy = l->proxy;
+    sm->reencode = l->reencode;
+    sm->grammars = NULL;
+    *out = l;
+    return 0;
+fail:
+    served_free(l, 0);
+    return rc;
 }
 
 /* Loads the model at dir with the options base says (its SSD tier in ssd_dir, NULL: none) and
@@ -811,7 +948,8 @@ fail:
 /* The bytes a loaded model holds: its weights and its KV pool. */
 static uint64_t served_bytes(const struct served_load *l, const struct served_model *sm)
 {
-    const struct engine_config *c = engine_config(l->engine);
+    (void)l;
+    const struct engine_config *c = served_engine_config(sm);
     int block = c->kv_block_size > 0 ? c->kv_block_size : KV_BLOCK_SIZE_DEFAULT;
     return sm->fit.weights_bytes + (uint64_t)c->kv_blocks * (uint64_t)block *
                                        sm->fit.kv_bytes_per_token;
@@ -825,6 +963,7 @@ struct pool_loader {
     struct transcriber *whisper;        /* borrowed; NULL without --whisper-model */
     uint64_t whisper_bytes;             /* its weight files: what it holds while loaded */
     int grace_ms;
+    struct engine_supervisor *isolation; /* borrowed; --isolate: engines in children */
 };
 
 /* The sizes of a directory's weight files (or a GGUF file's): what its first load is guessed
@@ -871,9 +1010,12 @@ static int pool_load(void *ctx, const char *id, const char *path, const void *op
     if (o->ssd_dir &&
         snprintf(ssd, sizeof ssd, "%s/%s", o->ssd_dir, id) >= (int)sizeof ssd)
         return err_set(err, INFERD_ERANGE, "--ssd-cache %s/%s is too long a path", o->ssd_dir, id);
-    (void)ctx;
+    const struct pool_loader *pl = ctx;
     struct served_load *l = NULL;
-    int rc = served_load(o, path, o->ssd_dir ? ssd : NULL, sm, &l, err);
+    int rc = pl->isolation
+                 ? served_load_isolated(o, pl->isolation, id, path, o->ssd_dir ? ssd : NULL, sm,
+                                        &l, err)
+                 : served_load(o, path, o->ssd_dir ? ssd : NULL, sm, &l, err);
     if (rc < 0)
         return rc;
     *handle = l;
@@ -970,6 +1112,7 @@ static int pool_entry_options(const struct serve_options *base, json_object *opt
             return err_set(err, INFERD_EINVAL, "[%d].options.prompt_cache: --ssd-cache needs "
                            "the prompt cache", index);
         }
+        o->entry_options = json_object_to_json_string_ext(opts, JSON_C_TO_STRING_PLAIN);
     }
     *out = o;
     return 0;
@@ -1075,8 +1218,153 @@ static int pool_build(const struct serve_options *o, struct pool_loader *pl,
 
 static uint64_t shutdown_engine(void *ctx, struct served_model *sm)
 {
-    engine_shutdown(sm->engine, *(const int *)ctx);
+    if (sm->proxy)
+        engine_proxy_shutdown(sm->proxy, *(const int *)ctx);
+    else
+        engine_shutdown(sm->engine, *(const int *)ctx);
     return 0;
+}
+
+/* --isolate's runtime directory: $XDG_RUNTIME_DIR, else /tmp/inferd-UID (made 0700). */
+static int runtime_dir(char *out, size_t cap, struct err *err)
+{
+    const char *xdg = getenv("XDG_RUNTIME_DIR");
+    struct stat st;
+    if (xdg && xdg[0] && stat(xdg, &st) == 0 && S_ISDIR(st.st_mode) && strlen(xdg) < 60) {
+        snprintf(out, cap, "%s", xdg);
+        return 0;
+    }
+    snprintf(out, cap, "/tmp/inferd-%u", (unsigned)getuid());
+    if (mkdir(out, 0700) < 0 && errno != EEXIST)
+        return err_set(err, INFERD_EIO, "cannot make %s: %s", out, strerror(errno));
+    if (stat(out, &st) < 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid())
+        return err_set(err, INFERD_EIO, "%s is not a directory of this user's", out);
+    return 0;
+}
+
+/* --isolate: the supervisor (children exec this very binary) and the admin socket's path. */
+static int isolate_setup(const struct serve_options *o, struct engine_supervisor **out,
+                         char *admin_path, size_t cap, struct err *err)
+{
+    char exe[PATH_MAX], dir[128];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0)
+        return err_set(err, INFERD_EIO, "cannot find this binary (/proc/self/exe): %s",
+                       strerror(errno));
+    exe[n] = '\0';
+    int rc = runtime_dir(dir, sizeof dir, err);
+    if (rc < 0)
+        return rc;
+    int len = o->admin_socket ? snprintf(admin_path, cap, "%s", o->admin_socket)
+                              : snprintf(admin_path, cap, "%.80s/inferd-%d.sock", dir,
+                                         (int)getpid());
+    if (len < 0 || (size_t)len >= cap)
+        return err_set(err, INFERD_ERANGE, "the admin socket's path is longer than %zu bytes",
+                       cap - 1);
+    struct engine_supervisor_config cfg = {
+        .exe = exe,
+        .runtime_dir = dir,
+        .watchdog_s = (int)o->watchdog_s,
+        .start_timeout_s = 600,
+        .max_restarts = ISOLATE_MAX_RESTARTS,
+        .restart_window_s = ISOLATE_RESTART_WINDOW_S,
+    };
+    return engine_supervisor_create(&cfg, out, err);
+}
+
+#ifdef INFERD_TEST_FAULTS
+/* Test builds only (INFERD_TEST_FAULTS, never a release build): a request whose prompt holds
+ * INFERD_TEST_FAULT=crash or INFERD_TEST_FAULT=hang makes its engine child abort, or stop
+ * sending anything, once it has generated a token, so the suites can watch the supervisor
+ * restart it. */
+static enum engine_child_fault test_fault(void *ctx, const struct gen_params *p, int n_generated)
+{
+    const struct tokenizer *tok = ctx;
+    if (n_generated < 1 || p->embed)
+        return ENGINE_FAULT_NONE;
+    char *text = NULL;
+    size_t len = 0;
+    struct err err = {0};
+    if (tok_decode(tok, p->prompt, p->n_prompt, false, &text, &len, &err) < 0)
+        return ENGINE_FAULT_NONE;
+    enum engine_child_fault f = strstr(text, "INFERD_TEST_FAULT=crash") ? ENGINE_FAULT_CRASH
+                                : strstr(text, "INFERD_TEST_FAULT=hang") ? ENGINE_FAULT_HANG
+                                                                         : ENGINE_FAULT_NONE;
+    free(text);
+    return f;
+}
+#endif
+
+/* The hidden subcommand serve --isolate execs for each model:
+ *     inferd __engine DIR SSD_DIR ENTRY_OPTIONS serve SERVE_ARGS... SOCKET
+ * (SSD_DIR and ENTRY_OPTIONS may be ""): connects to the supervisor's SOCKET, loads DIR with
+ * the serve flags (and a pool entry's options), and serves its engine there until the
+ * supervisor closes the connection. */
+int cmd_serve_engine(int argc, char **argv)
+{
+    if (argc < 6 || strcmp(argv[4], "serve")) {
+        fprintf(stderr, "inferd %s: serve --isolate's engine child; not for direct use\n",
+                ENGINE_CHILD_COMMAND);
+        return 2;
+    }
+    const char *dir = argv[1], *ssd = argv[2][0] ? argv[2] : NULL, *entry = argv[3];
+    const char *path = argv[argc - 1];
+    signal(SIGPIPE, SIG_IGN);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || strlen(path) >= sizeof sa.sun_path) {
+        fprintf(stderr, "inferd %s: bad socket %s\n", ENGINE_CHILD_COMMAND, path);
+        return 1;
+    }
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0) {
+        fprintf(stderr, "inferd %s: connect %s: %s\n", ENGINE_CHILD_COMMAND, path,
+                strerror(errno));
+        return 1;
+    }
+    struct serve_options base;
+    if (!parse_serve_options(argc - 5, argv + 4, &base)) {
+        api_keys_free(&base.keys);
+        return 2;
+    }
+    struct err err = {0};
+    struct serve_options *eo = NULL;
+    json_object *ej = NULL;
+    if (entry[0] && (!(ej = json_tokener_parse(entry)) ||
+                     pool_entry_options(&base, ej, 0, &eo, &err) < 0)) {
+        fprintf(stderr, "inferd serve: engine child for %s: options %s: %s\n", dir, entry,
+                err.msg);
+        json_object_put(ej);
+        api_keys_free(&base.keys);
+        return 1;
+    }
+    const struct serve_options *o = eo ? eo : &base;
+    struct served_model sm;
+    memset(&sm, 0, sizeof sm);
+    struct served_load *l = NULL;
+    int status = 1;
+    if (served_load(o, dir, ssd, &sm, &l, &err) < 0) {
+        fprintf(stderr, "inferd serve: engine child for %s: %s\n", dir, err.msg);
+    } else {
+        struct engine_wire_hello hello;
+        hello_fill(l, &sm, &hello);
+        struct engine_child_hooks hooks = {0};
+#ifdef INFERD_TEST_FAULTS
+        hooks.fault = test_fault;
+        hooks.ctx = (void *)l->tok;
+#endif
+        if (engine_child_serve(fd, &sm, &hello, (int)o->shutdown_timeout_s * 1000, &hooks,
+                               &err) == 0)
+            status = 0;
+        else
+            fprintf(stderr, "inferd serve: engine child for %s: %s\n", dir, err.msg);
+    }
+    served_free(l, 0);
+    close(fd);
+    free(eo);
+    json_object_put(ej);
+    api_keys_free(&base.keys);
+    return status;
 }
 
 int cmd_serve(int argc, char **argv)
@@ -1155,15 +1443,27 @@ int cmd_serve(int argc, char **argv)
         return 1;
     }
     srv.responses = responses;
+    /* --isolate: the supervisor of the engine children, and the admin socket beside it */
+    struct engine_supervisor *sup = NULL;
+    char admin_path[108] = "";
+    if (o.isolate && isolate_setup(&o, &sup, admin_path, sizeof admin_path, &err) < 0) {
+        fprintf(stderr, "inferd serve: --isolate: %s\n", err.msg);
+        response_store_free(responses);
+        api_keys_free(&o.keys);
+        return 1;
+    }
+    srv.isolation = sup;
     struct http_daemon *http = NULL;
     if (http_start(&srv, api_routes(!o.no_webui), &http, &err) < 0) {
         fprintf(stderr, "inferd serve: %s\n", err.msg);
+        engine_supervisor_free(sup);
         response_store_free(responses);
         api_keys_free(&o.keys);
         return 1;
     }
 
     int status = 1;
+    struct admin_socket *admin = NULL;
     uint64_t t0 = now_ns();
     struct served_load *one = NULL; /* without a pool: the model */
     struct model_pool *pool = NULL;
@@ -1171,11 +1471,14 @@ int cmd_serve(int argc, char **argv)
     struct pool_loader pl = {.base = &o,
                              .whisper = whisper,
                              .whisper_bytes = o.whisper_dir ? path_weight_bytes(o.whisper_dir) : 0,
-                             .grace_ms = srv.cfg.shutdown_grace_ms};
+                             .grace_ms = srv.cfg.shutdown_grace_ms,
+                             .isolation = sup};
     srv.no_jump_forward = o.no_jump_forward;
     if (o.n_pool_paths == 0) {
         snprintf(srv.served.id, sizeof srv.served.id, "%s", base_name(o.dir, name, sizeof name));
-        if (served_load(&o, o.dir, o.ssd_dir, &srv.served, &one, &err) < 0) {
+        if ((sup ? served_load_isolated(&o, sup, srv.served.id, o.dir, o.ssd_dir, &srv.served,
+                                        &one, &err)
+                 : served_load(&o, o.dir, o.ssd_dir, &srv.served, &one, &err)) < 0) {
             fprintf(stderr, "inferd serve: %s\n", err.msg);
             goto out;
         }
@@ -1196,6 +1499,15 @@ int cmd_serve(int argc, char **argv)
         log_info("serve: a pool of %d models, %s the default; %s", model_pool_count(pool),
                  srv.served.id, o.pool_memory_gb > 0 ? "resident under --pool-memory" : "no memory limit");
     }
+    if (sup) {
+        if (admin_socket_start(&srv, admin_path, &admin, &err) < 0) {
+            fprintf(stderr, "inferd serve: %s\n", err.msg);
+            goto out;
+        }
+        srv.admin_socket = admin_path;
+        log_info("serve: --isolate: engines in child processes (watchdog %ld s); admin socket "
+                 "%s", o.watchdog_s, admin_path);
+    }
     atomic_store(&srv.ready, true);
 
     int port = http_bound_port(http);
@@ -1206,10 +1518,13 @@ int cmd_serve(int argc, char **argv)
            o.host, port, o.keys.n ? " -H 'Authorization: Bearer $KEY'" : "");
     fflush(stdout);
     struct served_model *d = served_model_peek(&srv);
-    if (d) {
+    if (d && served_engine_ready(d)) {
         char where[256];
-        cli_backend_describe(d->model->backend, where, sizeof where);
-        const struct engine_config *run = engine_config(d->engine);
+        if (d->proxy)
+            snprintf(where, sizeof where, "%s (in an engine child)", d->fit.backend_device);
+        else
+            cli_backend_describe(d->model->backend, where, sizeof where);
+        const struct engine_config *run = served_engine_config(d);
         log_info("serve: ready in %.2f s on %s; context %d%s, up to %d sequences, KV pool %d "
                  "blocks of %d, prompt cache %.3g GiB",
                  (double)(now_ns() - t0) * 1e-9, where, run->n_ctx,
@@ -1230,13 +1545,15 @@ out:
     http_quiesce(http);
     /* In-flight requests finish (within the grace) before the connections close; the models
      * are freed after, as streams still read their tokenizers. */
+    admin_socket_stop(admin); /* leases end: paused children carry on to finish */
     if (one)
-        engine_shutdown(one->engine, srv.cfg.shutdown_grace_ms);
+        shutdown_engine(&srv.cfg.shutdown_grace_ms, &srv.served);
     if (pool)
         model_pool_each_resident(pool, shutdown_engine, &srv.cfg.shutdown_grace_ms);
     http_stop(http);
     served_free(one, 0);
     model_pool_free(pool);
+    engine_supervisor_free(sup);
     for (int i = 0; i < MODEL_POOL_MAX_PATHS; i++)
         json_object_put(pool_files[i]);
     response_store_free(responses);

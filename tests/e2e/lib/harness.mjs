@@ -33,20 +33,20 @@ const limit = (ms = FETCH_MS) => AbortSignal.timeout(ms);
 let serverSeq = 0;
 
 /* Starts `inferd serve MODEL --host 127.0.0.1 --port 0 ...extra` (MODEL: the run's test model
- * unless model names another directory), waits for its "inferd: serving ID at URL" line and for
+ * unless model names another directory; bin: another inferd binary), waits for its "inferd: serving ID at URL" line and for
  * GET /health == 200. */
-export async function startServer(extra = [], { name, model = modelDir } = {}) {
+export async function startServer(extra = [], { name, model = modelDir, bin = binary } = {}) {
   const tag = name || `server-${process.pid}-${++serverSeq}`;
   const errPath = path.join(logDir, `${tag}.err`);
   const errFile = fs.openSync(errPath, 'w');
   const args = ['serve', model, '--host', '127.0.0.1', '--port', '0', ...extra];
-  const proc = spawn(binary, args, { stdio: ['ignore', 'pipe', errFile] });
+  const proc = spawn(bin, args, { stdio: ['ignore', 'pipe', errFile] });
   fs.closeSync(errFile);
   const exited = new Promise((resolve) => proc.on('exit', (code, signal) => resolve({ code, signal })));
   let stdout = '';
   const url = await new Promise((resolve, reject) => {
     const timer = setTimeout(
-      () => reject(new Error(`${binary} ${args.join(' ')}: no "inferd: serving" line on stdout within ${60 * slow} s (stdout so far: ${JSON.stringify(stdout)})`)),
+      () => reject(new Error(`${bin} ${args.join(' ')}: no "inferd: serving" line on stdout within ${60 * slow} s (stdout so far: ${JSON.stringify(stdout)})`)),
       60000 * slow,
     );
     proc.stdout.on('data', (d) => {
@@ -59,7 +59,7 @@ export async function startServer(extra = [], { name, model = modelDir } = {}) {
     });
     exited.then(({ code, signal }) => {
       clearTimeout(timer);
-      reject(new Error(`${binary} ${args.join(' ')} exited (code ${code}, signal ${signal}) before serving; stderr in ${errPath}:\n${readTail(errPath)}`));
+      reject(new Error(`${bin} ${args.join(' ')} exited (code ${code}, signal ${signal}) before serving; stderr in ${errPath}:\n${readTail(errPath)}`));
     });
   });
   proc.stdout.resume();
