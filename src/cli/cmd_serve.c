@@ -164,7 +164,7 @@ static const char usage[] =
     "$XDG_RUNTIME_DIR/inferd-PID.sock, else /tmp/inferd-UID/inferd-PID.sock; mode 0600) answers\n"
     "POST /admin/drain (every cached prefix made durable in the SSD tier: {drained, demotions})\n"
     "and POST /admin/lease (every engine paused while the response stays open). Structured\n"
-    "output is refused under --isolate.\n"
+    "output and LoRA adapters are refused under --isolate.\n"
     "Sampling flags set the defaults below each request's own fields (generation_config.json\n"
     "is below them). --thinking on|off is enable_thinking for chat templates that have it when\n"
     "a request says nothing (default: the template's own).\n"
@@ -465,6 +465,13 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
     }
     if (o->admin_socket && !o->isolate) {
         fprintf(stderr, "inferd serve: --admin-socket needs --isolate\n");
+        return false;
+    }
+    if (o->isolate && (o->adapters.n || o->adapters.dir || o->adapters.merge)) {
+        /* the supervisor resolves a request's adapters, and the engine's own registry lives in
+         * the child: adapters do not cross the socket yet */
+        fprintf(stderr, "inferd serve: LoRA adapters (--adapter, --adapter-dir, "
+                        "--merge-adapter) are not served under --isolate\n");
         return false;
     }
     return true;
