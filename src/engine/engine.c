@@ -12,6 +12,7 @@
 #include "engine/engine.h"
 #include "engine/scheduler.h"
 #include "engine/sequence.h"
+#include "engine/turns.h"
 #include "text/tokenizer.h"
 
 /* A call into the engine thread (engine_close_session, engine_flush_cache),
@@ -202,7 +203,9 @@ static void *engine_main(void *arg)
         }
         sched_admit(sc);
         struct err err = {0};
+        device_turns_take(e->cfg.turns, DEVICE_TURNS_ENGINE);
         int ran = sched_step(sc, &err);
+        device_turns_give(e->cfg.turns);
         if (ran < 0)
             log_error("engine: forward step failed: %s", err.msg);
         /* nothing could run: what runs waits for blocks read from disk */
