@@ -4,6 +4,7 @@
 #include "api/audio.h"
 
 #include <json-c/json.h>
+#include <microhttpd.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -647,17 +648,93 @@ static json_object *verbose_json(const struct transcribe_result *r, enum transcr
     return root;
 }
 
-/* The body of a finished transcription in the request's JSON shapes (json or verbose_json). */
-static json_object *result_json(const struct transcribe_result *r, enum audio_format fmt,
-                                enum transcribe_task task, bool words)
+/* What the response extensions say beside the transcript: the model, and when the request
+ * began (total_ms counts from there: the upload's decoding and any wait for the model too). */
+struct run_info {
+    const char *model;
+    double started;              /* now_ms() when the handler began */
+    const struct audio_request *req;
+};
+
+static double now_ms(void)
 {
-    if (fmt == AUDIO_FMT_VERBOSE_JSON)
-        return verbose_json(r, task, words);
-    json_object *o = json_object_new_object();
-    json_object_object_add(o, "text", json_object_new_string(r->text));
-    if (words)
-        json_object_object_add(o, "words", words_json(r));
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static json_object *timings_json(const struct transcribe_result *r, const struct run_info *ri)
+{
+    json_object *t = json_object_new_object();
+    json_object_object_add(t, "load_ms", jnum(r->load_ms));
+    json_object_object_add(t, "transcribe_ms", jnum(r->transcribe_ms));
+    json_object_object_add(t, "total_ms", jnum(now_ms() - ri->started));
+    if (ri->req->o.vad.on)
+        json_object_object_add(t, "vad_ms", jnum(r->vad_ms));
+    return t;
+}
+
+/* The "inferd" object: {model, language, duration, timings {load_ms, transcribe_ms, total_ms,
+ * vad_ms (with VAD)}, vocabulary {terms, used} (when the request had terms), vad {chunks,
+ * speech_seconds} (with VAD)}. */
+static json_object *extension_json(const struct transcribe_result *r, const struct run_info *ri)
+{
+    json_object *x = json_object_new_object();
+    json_object_object_add(x, "model", json_object_new_string(ri->model));
+    json_object_object_add(x, "language", json_object_new_string(r->language));
+    json_object_object_add(x, "duration", jnum(r->duration));
+    json_object_object_add(x, "timings", timings_json(r, ri));
+    if (ri->req->o.n_vocabulary > 0) {
+        json_object *v = json_object_new_object();
+        json_object_object_add(v, "terms", json_object_new_int(ri->req->o.n_vocabulary));
+        json_object_object_add(v, "used", json_object_new_int(r->n_vocabulary_used));
+        json_object_object_add(x, "vocabulary", v);
+    }
+    if (ri->req->o.vad.on) {
+        json_object *v = json_object_new_object();
+        json_object_object_add(v, "chunks", json_object_new_int(r->n_vad_chunks));
+        json_object_object_add(v, "speech_seconds", jnum(r->vad_speech_seconds));
+        json_object_object_add(x, "vad", v);
+    }
+    return x;
+}
+
+/* The body of a finished transcription in the request's JSON shapes (json or verbose_json),
+ * with the "inferd" extension when ri is given (a dictation session's transcript has none). */
+static json_object *result_json(const struct transcribe_result *r, enum audio_format fmt,
+                                enum transcribe_task task, bool words, const struct run_info *ri)
+{
+    json_object *o;
+    if (fmt == AUDIO_FMT_VERBOSE_JSON) {
+        o = verbose_json(r, task, words);
+    } else {
+        o = json_object_new_object();
+        json_object_object_add(o, "text", json_object_new_string(r->text));
+        if (words)
+            json_object_object_add(o, "words", words_json(r));
+    }
+    if (ri)
+        json_object_object_add(o, "inferd", extension_json(r, ri));
     return o;
+}
+
+/* A response with the extension headers: x-inferd-language (the language's code) and
+ * x-inferd-timings (the timings object as compact JSON). */
+static void send_with_headers(struct http_exchange *x, const char *content_type, const char *body,
+                              size_t len, const struct transcribe_result *r,
+                              const struct run_info *ri)
+{
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
+    if (resp) {
+        json_object *t = timings_json(r, ri);
+        MHD_add_response_header(resp, "Content-Type", content_type);
+        MHD_add_response_header(resp, "x-inferd-language", r->language);
+        MHD_add_response_header(resp, "x-inferd-timings",
+                                json_object_to_json_string_ext(t, JSON_C_TO_STRING_PLAIN));
+        json_object_put(t);
+    }
+    http_send_response(x, 200, resp);
 }
 
 static void send_object(struct http_exchange *x, int status, json_object *o)
@@ -673,22 +750,32 @@ static void send_object(struct http_exchange *x, int status, json_object *o)
 }
 
 static void send_result(struct http_exchange *x, const struct transcribe_result *r,
-                        enum audio_format fmt, enum transcribe_task task, bool words)
+                        enum audio_format fmt, enum transcribe_task task, bool words,
+                        const struct run_info *ri)
 {
     struct strbuf b = {0};
     switch (fmt) {
     case AUDIO_FMT_TEXT:
         strbuf_printf(&b, "%s\n", r->text);
-        http_send_text(x, 200, "text/plain; charset=utf-8", b.data, b.len);
+        send_with_headers(x, "text/plain; charset=utf-8", b.data, b.len, r, ri);
         break;
     case AUDIO_FMT_SRT:
     case AUDIO_FMT_VTT:
         subtitles(r, fmt == AUDIO_FMT_VTT, &b);
-        http_send_text(x, 200, fmt == AUDIO_FMT_VTT ? "text/vtt; charset=utf-8" : "application/x-subrip",
-                       b.data ? b.data : "", b.len);
+        send_with_headers(x, fmt == AUDIO_FMT_VTT ? "text/vtt; charset=utf-8" : "application/x-subrip",
+                          b.data ? b.data : "", b.len, r, ri);
         break;
-    default:
-        send_object(x, 200, result_json(r, fmt, task, words));
+    default: {
+        json_object *o = result_json(r, fmt, task, words, ri);
+        size_t len = 0;
+        const char *s = json_object_to_json_string_length(
+            o, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE, &len);
+        if (s)
+            send_with_headers(x, "application/json", s, len, r, ri);
+        else
+            http_send_errorf(x, 500, API_ERROR_SERVER, NULL, NULL, "out of memory for the transcript");
+        json_object_put(o);
+    }
     }
     strbuf_free(&b);
 }
@@ -720,6 +807,7 @@ struct audio_stream {
     struct audio_request req;    /* owned */
     struct audio_pcm pcm;        /* owned */
     enum transcribe_task task;
+    struct run_info info;        /* its req points at req above */
 };
 
 /* Appends one event (o consumed) under the lock; returns whether the stream was cancelled. */
@@ -781,7 +869,7 @@ static void *stream_run(void *arg)
     if (rc == 0) {
         json_object *o = result_json(&r, s->req.fmt == AUDIO_FMT_VERBOSE_JSON
                                              ? AUDIO_FMT_VERBOSE_JSON : AUDIO_FMT_JSON,
-                                     s->task, s->req.o.word_timestamps);
+                                     s->task, s->req.o.word_timestamps, &s->info);
         json_object_object_add(o, "type", json_object_new_string("transcript.text.done"));
         stream_push(s, "transcript.text.done", o);
         transcribe_result_free(&r);
@@ -854,6 +942,7 @@ static bool have_model(struct http_exchange *x)
 static void handle(struct http_exchange *x, enum transcribe_task task)
 {
     struct server *srv = x->srv;
+    double started = now_ms();
     if (!have_model(x))
         return;
     struct audio_request req;
@@ -901,6 +990,7 @@ static void handle(struct http_exchange *x, enum transcribe_task task)
         s->req.o.vocabulary = (const char *const *)s->req.vocabulary;
         s->pcm = pcm;
         s->task = task;
+        s->info = (struct run_info){transcriber_id(srv->transcriber), started, &s->req};
         if (pthread_create(&s->thread, NULL, stream_run, s) != 0) {
             pthread_mutex_destroy(&s->lock);
             pthread_cond_destroy(&s->wake);
@@ -921,7 +1011,8 @@ static void handle(struct http_exchange *x, enum transcribe_task task)
     if (rc < 0)
         send_run_error(x, rc, &err);
     else
-        send_result(x, &r, req.fmt, task, req.o.word_timestamps);
+        send_result(x, &r, req.fmt, task, req.o.word_timestamps,
+                    &(struct run_info){transcriber_id(srv->transcriber), started, &req});
     if (rc == 0)
         transcribe_result_free(&r);
     audio_request_free(&req);
@@ -1056,7 +1147,7 @@ void audio_session_post(struct http_exchange *x)
             return;
         }
         json_object *o = result_json(&r, (enum audio_format)(tag & 0xff),
-                                     TRANSCRIBE_TASK_TRANSCRIBE, (tag & 0x100) != 0);
+                                     TRANSCRIBE_TASK_TRANSCRIBE, (tag & 0x100) != 0, NULL);
         json_object_object_add(o, "id", json_object_new_string(id));
         transcribe_result_free(&r);
         send_object(x, 200, o);

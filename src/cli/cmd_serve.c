@@ -37,6 +37,7 @@
 #include "cli/spec_flags.h"
 #include "cli/tier.h"
 #include "engine/transcribe.h"
+#include "engine/turns.h"
 #include "kv/kv.h"
 #include "kv/kv_quant_config.h"
 #include "text/toolcall.h"
@@ -100,6 +101,8 @@ struct serve_options {
     bool whisper_resident;          /* --whisper-resident: loaded at start, never unloaded */
     long max_audio_mb;              /* --max-audio-mb (default 25) */
     long whisper_beam;              /* --whisper-beam N: requests' default beam width (1: greedy) */
+    struct device_turns *turns;     /* not a flag: the device's turns when Whisper shares it with
+                                       the chat engines (borrowed; NULL: none) */
     const char *pool_paths[MODEL_POOL_MAX_PATHS]; /* --model-pool: directories, GGUF files
                                                      and pool files (.json) */
     int n_pool_paths;
@@ -898,6 +901,7 @@ static int served_load(const struct serve_options *base, const char *dir, const 
     if ((rc = cli_spec_load(&o->spec, l->m, l->tok, &l->draft, &l->spec, err)) < 0)
         goto fail;
     ec.spec = &l->spec;
+    ec.turns = o->turns;
     if (l->spec.kind != SPEC_NONE)
         log_info("serve: speculative decoding: %s, up to %d drafts a step",
                  l->spec.kind == SPEC_NGRAM ? "prompt lookup (ngram)" : o->spec.draft_dir,
@@ -1426,6 +1430,15 @@ int cmd_serve(int argc, char **argv)
             api_keys_free(&o.keys);
             return 1;
         }
+        /* transcriptions and chat steps take turns on the device, neither starving the other */
+        if (device_turns_create(&o.turns, &err) < 0) {
+            fprintf(stderr, "inferd serve: %s\n", err.msg);
+            transcriber_free(whisper);
+            backend_destroy(whisper_be);
+            api_keys_free(&o.keys);
+            return 1;
+        }
+        transcriber_set_turns(whisper, o.turns);
         srv.transcriber = whisper;
         srv.max_audio_bytes = (size_t)o.max_audio_mb << 20;
         /* the upload and its form around it */
@@ -1573,6 +1586,7 @@ out:
     }
     transcriber_free(whisper);
     backend_destroy(whisper_be);
+    device_turns_free(o.turns);
     api_keys_free(&o.keys);
     return status;
 }

@@ -13,6 +13,7 @@
 #include "engine/scheduler.h"
 #include "engine/sequence.h"
 #include "model/lora.h"
+#include "engine/turns.h"
 #include "text/tokenizer.h"
 
 /* A call into the engine thread (engine_close_session, engine_flush_cache),
@@ -209,7 +210,9 @@ static void *engine_main(void *arg)
         }
         sched_admit(sc);
         struct err err = {0};
+        device_turns_take(e->cfg.turns, DEVICE_TURNS_ENGINE);
         int ran = sched_step(sc, &err);
+        device_turns_give(e->cfg.turns);
         if (ran < 0)
             log_error("engine: forward step failed: %s", err.msg);
         /* nothing could run: what runs waits for blocks read from disk */

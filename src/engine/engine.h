@@ -19,6 +19,7 @@
 
 struct tokenizer;
 struct grammar;
+struct device_turns;
 struct grammar_vocab;
 
 #define GEN_MAX_TOP_LOGPROBS 20
@@ -56,6 +57,9 @@ struct engine_config {
     int checkpoint_every;
     /* Speculative decoding (engine/speculate.h); NULL or kind SPEC_NONE: none. */
     const struct spec_config *spec;
+    /* The device's turns (engine/turns.h) when another user (the transcriber) shares it: each
+     * forward step runs in a turn of its own. NULL: the engine has the device alone. */
+    struct device_turns *turns;
 };
 
 /* A compiled constraint on a reply (structured output), shared by every request that asks for

@@ -14,6 +14,7 @@
 
 #include "audio/audio.h"
 #include "base/timer.h"
+#include "engine/turns.h"
 #include "model/whisper.h"
 #include "text/tokenizer.h"
 
@@ -87,6 +88,9 @@ struct transcriber {
     double last_used;
     int default_beam;
     const atomic_bool *cancel;    /* the running transcription's (borrowed); NULL: none */
+    struct device_turns *turns;   /* borrowed: the device's turns, shared with the chat engine;
+                                     NULL: the device is ours alone */
+    int max_new_tokens;           /* the running transcription's cap per window; 0: none */
     pthread_mutex_t sessions_lock; /* the list, and each session's work (one at a time) */
     struct session *sessions;     /* owned list */
     int n_sessions;
@@ -466,6 +470,24 @@ struct window_try {
     char *text;
 };
 
+/* Each pass over the model is one slice of the device's turns (engine/turns.h), so a chat
+ * engine sharing the device runs a step between any two of them. */
+static void turn_begin(struct transcriber *t)
+{
+    device_turns_take(t->turns, DEVICE_TURNS_TRANSCRIBER);
+}
+
+static void turn_end(struct transcriber *t) { device_turns_give(t->turns); }
+
+/* One token of sequence 0, its logits into t->logits. */
+static int in_turn_decode(struct transcriber *t, const int32_t *tok, struct err *err)
+{
+    turn_begin(t);
+    int rc = whisper_decode(t->state, tok, 1, t->logits, err);
+    turn_end(t);
+    return rc;
+}
+
 /* Feeds the prompt and leaves its last logits in t->logits; *no_speech gets the probability of
  * <|nospeech|> at the start-of-transcript token, where openai-whisper reads it. */
 static int feed_prompt(struct transcriber *t, const struct ids *prompt, float *no_speech,
@@ -476,6 +498,7 @@ static int feed_prompt(struct transcriber *t, const struct ids *prompt, float *n
     while (sot_at < prompt->n - 1 && prompt->v[sot_at] != t->ids.sot)
         sot_at++;
     whisper_rewind(t->state, 0);
+    turn_begin(t);
     int rc = whisper_decode(t->state, prompt->v, sot_at + 1, t->logits, err);
     *no_speech = 0;
     if (rc == 0 && t->ids.no_speech >= 0 && t->ids.no_speech < c->vocab_size)
@@ -484,6 +507,7 @@ static int feed_prompt(struct transcriber *t, const struct ids *prompt, float *n
     if (rc == 0 && sot_at + 1 < prompt->n)
         rc = whisper_decode(t->state, prompt->v + sot_at + 1, prompt->n - sot_at - 1, t->logits,
                             err);
+    turn_end(t);
     return rc;
 }
 
@@ -495,7 +519,9 @@ static bool cancelled(const struct transcriber *t)
 static int sample_limit(const struct transcriber *t, const struct ids *prompt)
 {
     int limit = t->model->config.max_target_positions - prompt->n - 1;
-    return limit > MAX_SAMPLE_LEN ? MAX_SAMPLE_LEN : limit;
+    if (limit > MAX_SAMPLE_LEN)
+        limit = MAX_SAMPLE_LEN;
+    return t->max_new_tokens > 0 && t->max_new_tokens < limit ? t->max_new_tokens : limit;
 }
 
 static int finish_try(struct transcriber *t, struct window_try *w, struct err *err)
@@ -527,7 +553,7 @@ static int decode_window(struct transcriber *t, const struct ids *prompt, float 
         if (ids_push(&w->tokens, tok) < 0)
             return err_set(err, INFERD_ENOMEM, "out of memory decoding");
         if (w->tokens.n < limit)
-            rc = whisper_decode(t->state, &tok, 1, t->logits, err);
+            rc = in_turn_decode(t, &tok, err);
     }
     return rc < 0 ? rc : finish_try(t, w, err);
 }
@@ -654,8 +680,10 @@ static int decode_window_beam(struct transcriber *t, const struct ids *prompt, i
         n_live = n_next;
         if (rc < 0 || n_done >= B || n_live == 0 || step + 1 >= limit)
             break;
+        turn_begin(t);
         if ((rc = whisper_seqs_select(t->state, parents, n_live, err)) == 0)
             rc = whisper_decode_seqs(t->state, tokens, n_live, t->logits, err);
+        turn_end(t);
     }
     /* too few finished: the live beams count, best first (their sums as they stand) */
     for (int round = 0; rc == 0 && n_done < B && round < n_live; round++) {
@@ -740,10 +768,25 @@ static int segment_window(struct transcriber *t, struct transcribe_result *r, do
     const int32_t *tok = w->tokens.v, tsb = t->ids.ts_begin;
     int n = w->tokens.n, rc;
     *used = window_len;
-    if (!timestamps || n == 0)
-        return n == 0 ? 0
-                      : add_segment(t, r, offset, offset + (double)window_len / AUDIO_SAMPLE_RATE,
-                                    tok, n, w, temperature, err);
+    if (n == 0)
+        return 0;
+    if (!timestamps) {
+        /* <|notimestamps|> does not forbid timestamp tokens (no rule is applied): a pair of them
+         * still ends the window's text there, and the next window starts at the pair's time,
+         * as openai-whisper's and transformers' seek loops both do */
+        int last_pair = 0;
+        for (int i = 1; i < n; i++)
+            if (tok[i - 1] >= tsb && tok[i] >= tsb)
+                last_pair = i;
+        bool single_end = n >= 2 && tok[n - 2] < tsb && tok[n - 1] >= tsb;
+        if (last_pair > 0 && !single_end) {
+            size_t at = (size_t)(tok[last_pair - 1] - tsb) * SAMPLES_PER_TS;
+            if (at > 0 && at < window_len)
+                *used = at;
+        }
+        return add_segment(t, r, offset, offset + (double)*used / AUDIO_SAMPLE_RATE, tok, n, w,
+                           temperature, err);
+    }
     double window_s = (double)window_len / AUDIO_SAMPLE_RATE;
     bool single_end = n >= 2 && tok[n - 2] < tsb && tok[n - 1] >= tsb;
     int last_slice = 0;
@@ -1057,9 +1100,12 @@ static int add_words(struct transcriber *t, struct transcribe_result *r, int fir
     int n_words = 0;
     if (rc == 0 && (!jump || !scores))
         rc = err_set(err, INFERD_ENOMEM, "out of memory for word timestamps");
-    if (rc == 0)
+    if (rc == 0) {
+        turn_begin(t);
         rc = whisper_cross_scores(t->state, all.v, all.n, c->alignment_heads, n_heads, frames,
                                   scores, err);
+        turn_end(t);
+    }
     if (rc == 0)
         rc = transcribe_align(scores, n_heads, all.n, frames, sot_seq->n, text.n + 1, jump, err);
     if (rc == 0)
@@ -1110,7 +1156,7 @@ static int add_words(struct transcriber *t, struct transcribe_result *r, int fir
 static int detect_language(struct transcriber *t, int *lang, struct err *err)
 {
     whisper_rewind(t->state, 0);
-    int rc = whisper_decode(t->state, &t->ids.sot, 1, t->logits, err);
+    int rc = in_turn_decode(t, &t->ids.sot, err);
     if (rc < 0)
         return rc;
     int best = -1;
@@ -1234,12 +1280,32 @@ static int make_chunks(const float *samples, size_t n, const struct transcribe_o
     return 0;
 }
 
-static int run_locked(struct transcriber *t, const float *samples, size_t n,
-                      const struct transcribe_options *o, struct transcribe_result *r,
-                      struct err *err)
+/* One window's features from a whole spectrogram (n_mels x n_frames, mel-major): frames
+ * [from, from + AUDIO_WINDOW_FRAMES), zeros past the last, as transformers' generate() and
+ * openai-whisper's transcribe() pad a cut. */
+static void mel_slice(const float *mel, int n_mels, size_t n_frames, size_t from, float *out)
+{
+    size_t have = from < n_frames ? n_frames - from : 0;
+    if (have > AUDIO_WINDOW_FRAMES)
+        have = AUDIO_WINDOW_FRAMES;
+    for (int b = 0; b < n_mels; b++) {
+        float *row = out + (size_t)b * AUDIO_WINDOW_FRAMES;
+        memcpy(row, mel + (size_t)b * n_frames + from, have * sizeof *row);
+        memset(row + have, 0, (AUDIO_WINDOW_FRAMES - have) * sizeof *row);
+    }
+}
+
+/* Transcribes samples [0, n), or, with mel, the spectrogram's n_frames frames (n is then
+ * n_frames * AUDIO_HOP: positions stay in samples, each window cut from mel). */
+static int run_locked(struct transcriber *t, const float *samples, size_t n, const float *mel,
+                      size_t n_frames, const struct transcribe_options *o,
+                      struct transcribe_result *r, struct err *err)
 {
     const struct whisper_config *c = &t->model->config;
     int lang = -1;
+    if (mel && o->vad.on)
+        return err_set(err, INFERD_EINVAL, "voice activity chunking needs the audio, not its "
+                                           "spectrogram");
     if (o->language && *o->language) {
         const char *code = transcribe_language_code(o->language);
         for (int i = 0; code && i < N_LANGUAGES; i++)
@@ -1269,21 +1335,36 @@ static int run_locked(struct transcriber *t, const float *samples, size_t n,
     int rc = initial_prompt(t, o, &prev, &r->n_vocabulary_used, err);
     if (rc == 0)
         rc = whisper_state_reserve(t->state, beam, err);
-    if (rc == 0)
+    if (rc == 0) {
+        double v0 = now_s();
         rc = make_chunks(samples, n, o, &chunks, &n_chunks, err);
+        if (o->vad.on) {
+            r->vad_ms = (now_s() - v0) * 1e3;
+            r->n_vad_chunks = n_chunks;
+            for (int i = 0; rc == 0 && i < n_chunks; i++)
+                r->vad_speech_seconds +=
+                    (double)(chunks[i].end - chunks[i].start) / AUDIO_SAMPLE_RATE;
+        }
+    }
     if (rc < 0)
         goto out;
     uint64_t rng = o->seed ? o->seed : 0x5eed;
     for (int ci = 0; ci < n_chunks; ci++) {
-        const float *cs = samples + chunks[ci].start;
+        const float *cs = samples ? samples + chunks[ci].start : NULL;
         size_t cn = chunks[ci].end - chunks[ci].start;
         for (size_t seek = 0; seek < cn || (cn == 0 && seek == 0);) {
             size_t window_len = cn - seek < AUDIO_WINDOW_SAMPLES ? cn - seek : AUDIO_WINDOW_SAMPLES;
             if (cn > 0 && window_len < AUDIO_SAMPLE_RATE / 100) /* under 10 ms: nothing to hear */
                 break;
             double offset = (double)(chunks[ci].start + seek) / AUDIO_SAMPLE_RATE;
-            audio_mel_window(&t->mel, cs + seek, window_len, t->features);
-            if ((rc = whisper_encode(t->state, t->features, err)) < 0)
+            if (mel)
+                mel_slice(mel, c->n_mels, n_frames, seek / AUDIO_HOP, t->features);
+            else
+                audio_mel_window(&t->mel, cs + seek, window_len, t->features);
+            turn_begin(t);
+            rc = whisper_encode(t->state, t->features, err);
+            turn_end(t);
+            if (rc < 0)
                 goto out;
             if (c->multilingual && lang < 0 && (rc = detect_language(t, &lang, err)) < 0)
                 goto out;
@@ -1319,7 +1400,8 @@ static int run_locked(struct transcriber *t, const float *samples, size_t n,
                     window_try_free(&w);
                     goto out;
                 }
-                bool failed = w.compression_ratio > COMPRESSION_RATIO_MAX || w.avg_logprob < LOGPROB_MIN;
+                bool failed = !o->no_fallback && (w.compression_ratio > COMPRESSION_RATIO_MAX ||
+                                                  w.avg_logprob < LOGPROB_MIN);
                 /* silence: no fallback (openai-whisper) */
                 if (o->no_speech_threshold > 0 && w.no_speech_prob > o->no_speech_threshold &&
                     w.avg_logprob < LOGPROB_MIN)
@@ -1376,6 +1458,7 @@ static int run_locked(struct transcriber *t, const float *samples, size_t n,
     }
     r->text = all.p ? all.p : strdup("");
     snprintf(r->language, sizeof r->language, "%s", lang >= 0 ? languages[lang][0] : "en");
+    r->language_token = c->multilingual && lang >= 0 ? t->ids.lang[lang] : -1;
     if (!r->text)
         rc = err_set(err, INFERD_ENOMEM, "out of memory for the transcript");
 out:
@@ -1386,19 +1469,28 @@ out:
     return rc;
 }
 
-int transcriber_run(struct transcriber *t, const float *samples, size_t n,
-                    const struct transcribe_options *o, struct transcribe_result *out,
-                    struct err *err)
+static int run(struct transcriber *t, const float *samples, size_t n, const float *mel,
+               size_t n_frames, const struct transcribe_options *o, struct transcribe_result *out,
+               struct err *err)
 {
     memset(out, 0, sizeof *out);
     pthread_mutex_lock(&t->lock);
     double t0 = now_s();
+    bool was_loaded = t->model != NULL;
     int rc = load_locked(t, err);
+    double t_loaded = now_s();
     t->cancel = o->cancel;
+    t->max_new_tokens = o->max_new_tokens;
+    if (rc == 0 && mel && t->model->config.n_mels != t->mel.n_mels)
+        rc = err_set(err, INFERD_EINVAL, "a spectrogram of %d bins for a model of %d",
+                     t->mel.n_mels, t->model->config.n_mels);
     if (rc == 0)
-        rc = run_locked(t, samples, n, o, out, err);
+        rc = run_locked(t, samples, n, mel, n_frames, o, out, err);
     t->cancel = NULL;
+    t->max_new_tokens = 0;
     double t1 = now_s();
+    out->load_ms = was_loaded ? 0 : (t_loaded - t0) * 1e3;
+    out->transcribe_ms = (t1 - t_loaded) * 1e3;
     pthread_mutex_lock(&t->stats_lock);
     t->last_used = t1;
     t->stats.requests++;
@@ -1413,6 +1505,27 @@ int transcriber_run(struct transcriber *t, const float *samples, size_t n,
     if (rc < 0)
         transcribe_result_free(out);
     return rc;
+}
+
+int transcriber_run(struct transcriber *t, const float *samples, size_t n,
+                    const struct transcribe_options *o, struct transcribe_result *out,
+                    struct err *err)
+{
+    return run(t, samples, n, NULL, 0, o, out, err);
+}
+
+int transcriber_run_mel(struct transcriber *t, const float *mel, size_t n_frames,
+                        const struct transcribe_options *o, struct transcribe_result *out,
+                        struct err *err)
+{
+    return run(t, NULL, n_frames * AUDIO_HOP, mel, n_frames, o, out, err);
+}
+
+void transcriber_set_turns(struct transcriber *t, struct device_turns *turns)
+{
+    pthread_mutex_lock(&t->lock);
+    t->turns = turns;
+    pthread_mutex_unlock(&t->lock);
 }
 
 void transcriber_set_default_beam(struct transcriber *t, int beam_size)

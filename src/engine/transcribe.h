@@ -45,6 +45,10 @@ struct transcribe_options {
                               text before it (the prompt still conditions the first) */
     float no_speech_threshold; /* > 0: a window whose <|nospeech|> probability is above it and
                                   whose mean log probability is below -1 is silence, skipped */
+    bool no_fallback;      /* temperature 0 stays greedy (or beam) whatever the window's text:
+                              transformers' generate() without a temperature ladder */
+    int max_new_tokens;    /* tokens sampled per window at most (the end of text counts, as
+                              transformers' max_new_tokens); 0: the model's limit (224) */
     struct transcribe_vad vad;
     uint64_t seed;         /* for sampled windows */
     /* Called with each segment as it is decoded (streaming); non-zero stops the transcription
@@ -77,10 +81,17 @@ struct transcribe_segment {
 struct transcribe_result {
     char *text;                 /* owned: every segment's text, joined */
     char language[16];          /* the code used ("en") */
+    int32_t language_token;     /* its token (<|en|>); -1 on an English-only model */
     double duration;            /* seconds of audio */
     struct transcribe_segment *segments; /* owned; n_segments */
     int n_segments;
     int n_vocabulary_used;      /* the options' vocabulary terms that fitted the prompt budget */
+    /* where the run's time went, in milliseconds (waiting for an earlier run not counted) */
+    double load_ms;             /* loading the model for this run (0: it was loaded) */
+    double vad_ms;              /* the voice detector (0 without VAD) */
+    double transcribe_ms;       /* everything after the load, VAD included */
+    int n_vad_chunks;           /* VAD: the stretches of speech transcribed */
+    double vad_speech_seconds;  /* VAD: their length */
 };
 
 void transcribe_result_free(struct transcribe_result *r);
@@ -117,6 +128,16 @@ int transcriber_run(struct transcriber *t, const float *samples, size_t n,
                     const struct transcribe_options *o, struct transcribe_result *out,
                     struct err *err);
 
+/* Transcribes a log-mel spectrogram of n_frames frames (n_mels x n_frames floats, mel-major,
+ * host memory; audio_mel_window's layout when n_frames is AUDIO_WINDOW_FRAMES): every frame is
+ * content, windows are cut from it at each seek and padded with zeros, as transformers'
+ * generate() does with the features it is given (a clip under 30 s that the feature extractor
+ * padded to 3000 frames is decoded to its last padded frame, not to the clip's end as
+ * transcriber_run decodes it). No VAD (-INFERD_EINVAL). Parity tests hold it to generate(). */
+int transcriber_run_mel(struct transcriber *t, const float *mel, size_t n_frames,
+                        const struct transcribe_options *o, struct transcribe_result *out,
+                        struct err *err);
+
 /* The alignment of openai-whisper's timing.py, from cross-attention scores to each token's
  * first frame: scores holds n_heads matrices of n_rows tokens x n_frames encoder frames
  * (scaled q . k, whisper_cross_scores); each row is softmaxed over the frames, each frame
@@ -127,6 +148,11 @@ int transcriber_run(struct transcriber *t, const float *samples, size_t n,
  * first_row + i. -INFERD_EINVAL for shapes that do not fit, -INFERD_ENOMEM. */
 int transcribe_align(const float *scores, int n_heads, int n_rows, int n_frames, int first_row,
                      int n_path_rows, int *jump, struct err *err);
+
+/* Shares the device with a chat engine (engine/turns.h): every encoder pass and decoder step
+ * runs in a turn of its own. NULL: the device is the transcriber's alone. turns is borrowed. */
+struct device_turns;
+void transcriber_set_turns(struct transcriber *t, struct device_turns *turns);
 
 /* The beam width requests get when they name none (--whisper-beam; 1: greedy). */
 void transcriber_set_default_beam(struct transcriber *t, int beam_size);

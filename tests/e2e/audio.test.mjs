@@ -109,14 +109,73 @@ const postForm = async (fields, route = 'transcriptions') => {
   const text = await res.text();
   let body = text;
   try { body = JSON.parse(text); } catch { /* text formats */ }
-  return { status: res.status, body };
+  return { status: res.status, body, headers: res.headers };
 };
 const postJson = async (body, contentType = 'application/json', route = 'transcriptions') => {
   const res = await fetch(`${server.url}/v1/audio/${route}`, {
     method: 'POST', headers: { 'content-type': contentType }, body: typeof body === 'string' ? body : JSON.stringify(body),
   });
-  return { status: res.status, body: await res.json() };
+  return { status: res.status, body: await res.json(), headers: res.headers };
 };
+
+/* The response extensions: the body's inferd object and the x-inferd-* headers. */
+const assertTimings = (t, vad) => {
+  for (const k of ['load_ms', 'transcribe_ms', 'total_ms']) assert.ok(typeof t[k] === 'number' && t[k] >= 0, `${k} ${t[k]}`);
+  assert.ok(t.total_ms >= t.transcribe_ms, JSON.stringify(t));
+  if (vad) assert.ok(typeof t.vad_ms === 'number' && t.vad_ms >= 0);
+  else assert.equal(t.vad_ms, undefined);
+};
+
+describe('response extensions', () => {
+  test('json and verbose_json carry inferd {model, language, duration, timings}, text formats the headers too', async () => {
+    for (const response_format of ['json', 'verbose_json']) {
+      const r = await postForm({ temperature: '0.3', language: 'en', response_format });
+      assert.equal(r.status, 200, JSON.stringify(r.body));
+      const x = r.body.inferd;
+      assert.equal(x.model, 'whisper-test');
+      assert.equal(x.language, 'en');
+      assert.ok(Math.abs(x.duration - 1.5) < 0.01, `duration ${x.duration}`);
+      assertTimings(x.timings, false);
+      assert.equal(x.vocabulary, undefined);
+      assert.equal(x.vad, undefined);
+      assert.equal(r.headers.get('x-inferd-language'), 'en');
+      assertTimings(JSON.parse(r.headers.get('x-inferd-timings')), false);
+    }
+    for (const response_format of ['srt']) { /* text, srt and vtt share one sender */
+      const r = await postForm({ temperature: '0.3', language: 'en', response_format });
+      assert.equal(r.status, 200);
+      assert.equal(typeof r.body, 'string');
+      assert.equal(r.headers.get('x-inferd-language'), 'en');
+      assertTimings(JSON.parse(r.headers.get('x-inferd-timings')), false);
+    }
+  });
+
+  test('vocabulary and vad appear when asked for, with vad_ms in the timings', async () => {
+    const r = await postJson({ file: wav().toString('base64'), temperature: 0.3, vocabulary: ['inferd', 'Whisper'], vad: true });
+    assert.equal(r.status, 200, JSON.stringify(r.body));
+    const x = r.body.inferd;
+    assert.equal(x.vocabulary.terms, 2);
+    assert.ok(x.vocabulary.used >= 0 && x.vocabulary.used <= 2);
+    assert.ok(Number.isInteger(x.vad.chunks) && x.vad.chunks >= 0);
+    assert.ok(x.vad.speech_seconds >= 0 && x.vad.speech_seconds <= 1.5 + 1e-6);
+    assertTimings(x.timings, true);
+    assertTimings(JSON.parse(r.headers.get('x-inferd-timings')), true);
+  });
+
+  test('the streamed transcript.text.done carries the extension', async () => {
+    const form = new FormData();
+    form.append('file', new Blob([wav()], { type: 'audio/wav' }), 'tone.wav');
+    form.append('temperature', '0.3');
+    form.append('stream', 'true');
+    const res = await fetch(`${server.url}/v1/audio/transcriptions`, { method: 'POST', body: form });
+    const text = await res.text();
+    const done = text.split('\n').filter((l) => l.startsWith('data: ')).map((l) => JSON.parse(l.slice(6)))
+      .find((e) => e.type === 'transcript.text.done');
+    assert.ok(done, text);
+    assert.equal(done.inferd.model, 'whisper-test');
+    assertTimings(done.inferd.timings, false);
+  });
+});
 
 describe('streaming as decoded', () => {
   test('deltas carry their segment, progress per window, then one done', async () => {

@@ -1,5 +1,5 @@
 /* tests/unit/test_cuda_whisper.c — Whisper on the CUDA backend against the CPU backend: the four
- * encoder-decoder ops on odd shapes, the whisper-tiny shape's encoder output and decoder logits,
+ * encoder-decoder ops on odd shapes (one test each), the whisper-tiny shape's encoder output and decoder logits,
  * and a whole greedy transcription. Skipped, saying why, without a GPU.
  *
  * Tolerance: both backends compute in f32 (EXACT mode); they differ only in
@@ -39,20 +39,31 @@ static struct backend *make_backend(bool cuda)
     return be;
 }
 
-static float *upload(struct backend *be, const float *host, size_t n)
+/* Fails the test, naming what ran, when the backend has failed (a CUDA error is sticky in the
+ * backend: every op after it does nothing, and status reports the first). */
+static void check(struct backend *be, const char *what)
+{
+    struct err err = {0};
+    int rc = be->ops->status(be, &err);
+    cr_assert_eq(rc, 0, "%s on %s: %s (rc %d)", what, be->ops->name, err.msg, rc);
+}
+
+static float *upload(struct backend *be, const float *host, size_t n, const char *what)
 {
     float *d = be->ops->alloc(be, n * sizeof *d);
-    cr_assert_not_null(d);
+    cr_assert_not_null(d, "%s: no %zu bytes on %s", what, n * sizeof *d, be->ops->name);
     be->ops->to_device(be, d, host, n * sizeof *d);
+    check(be, what);
     return d;
 }
 
-static float *download(struct backend *be, const float *dev, size_t n)
+static float *download(struct backend *be, const float *dev, size_t n, const char *what)
 {
+    check(be, what); /* the op itself, before the copy syncs with it */
     float *h = malloc(n * sizeof *h);
+    cr_assert_not_null(h);
     be->ops->to_host(be, h, dev, n * sizeof *h);
-    struct err err = {0};
-    cr_assert_eq(be->ops->status(be, &err), 0, "%s", err.msg);
+    check(be, what);
     return h;
 }
 
@@ -76,12 +87,15 @@ static float max_rel_diff(const float *a, const float *b, size_t n)
 }
 
 /* The ops on both backends, on the same inputs: shapes that are not multiples of the kernels'
- * tiles, causal and full attention, the stride-2 convolution, LayerNorm in place. */
-Test(cuda_whisper, encoder_decoder_ops_match_the_cpu, .timeout = 120)
+ * tiles, causal and full attention, the stride-2 convolution, LayerNorm in place. One test per
+ * op, each checking the backend after every call, so a failing op is named rather than
+ * leaving the ones after it to fail (or fault) on a backend already broken. */
+enum { ROWS = 37, DIM = 200, HEADS = 3, HD = 64, NKV = 101, CIN = 13, COUT = 24, NIN = 29 };
+
+Test(cuda_whisper, layer_norm_and_gelu_match_the_cpu, .timeout = 300)
 {
     skip_without_gpu();
     struct backend *cpu = make_backend(false), *gpu = make_backend(true);
-    enum { ROWS = 37, DIM = 200, HEADS = 3, HD = 64, NKV = 101, CIN = 13, COUT = 24, NIN = 29 };
     size_t nx = (size_t)ROWS * DIM;
     float *x = malloc(nx * sizeof *x), *w = malloc(DIM * sizeof *w), *b = malloc(DIM * sizeof *b);
     fill(x, nx, 1);
@@ -90,46 +104,69 @@ Test(cuda_whisper, encoder_decoder_ops_match_the_cpu, .timeout = 120)
     float *outs[2];
     for (int k = 0; k < 2; k++) {
         struct backend *be = k ? gpu : cpu;
-        float *dx = upload(be, x, nx), *dw = upload(be, w, DIM), *db = upload(be, b, DIM);
+        float *dx = upload(be, x, nx, "upload x"), *dw = upload(be, w, DIM, "upload weight"),
+              *db = upload(be, b, DIM, "upload bias");
         be->ops->layer_norm(be, dx, dw, db, ROWS, DIM, 1e-5f, dx); /* in place */
+        check(be, "layer_norm");
         be->ops->gelu(be, dx, (int64_t)nx);
-        outs[k] = download(be, dx, nx);
+        outs[k] = download(be, dx, nx, "gelu");
         be->ops->release(be, dx);
         be->ops->release(be, dw);
         be->ops->release(be, db);
+        check(be, "release");
     }
     cr_assert_leq(max_rel_diff(outs[0], outs[1], nx), 1e-5f, "layer_norm + gelu");
     free(outs[0]);
     free(outs[1]);
+    free(x), free(w), free(b);
+    backend_destroy(cpu);
+    backend_destroy(gpu);
+}
 
-    /* attention: q ROWS x (HEADS * HD), K/V rows strided wider than the heads */
+Test(cuda_whisper, dense_attention_matches_the_cpu, .timeout = 300)
+{
+    skip_without_gpu();
+    struct backend *cpu = make_backend(false), *gpu = make_backend(true);
+    /* q ROWS x (HEADS * HD), K/V rows strided wider than the heads */
     int64_t qd = HEADS * HD, stride = qd + 16;
     size_t nq = (size_t)ROWS * qd, nk = (size_t)NKV * stride;
-    float *q = malloc(nq * sizeof *q), *kv = malloc(2 * nk * sizeof *kv);
+    float *q = malloc(nq * sizeof *q), *kv = malloc(2 * nk * sizeof *kv), *outs[2];
     fill(q, nq, 4);
     fill(kv, 2 * nk, 5);
     for (int64_t causal = -1; causal <= 40; causal += 41) {
         for (int k = 0; k < 2; k++) {
             struct backend *be = k ? gpu : cpu;
-            float *dq = upload(be, q, nq), *dk = upload(be, kv, nk), *dv = upload(be, kv + nk, nk);
+            float *dq = upload(be, q, nq, "upload q"), *dk = upload(be, kv, nk, "upload k"),
+                  *dv = upload(be, kv + nk, nk, "upload v");
             float *dout = be->ops->alloc(be, nq * sizeof(float));
+            cr_assert_not_null(dout);
             be->ops->attention_dense(be, dq, ROWS, dk, dv, NKV, stride, HEADS, HD,
                                      1.0f / sqrtf((float)HD), causal, dout);
-            outs[k] = download(be, dout, nq);
+            outs[k] = download(be, dout, nq, causal < 0 ? "attention_dense" : "causal attention_dense");
             be->ops->release(be, dq);
             be->ops->release(be, dk);
             be->ops->release(be, dv);
             be->ops->release(be, dout);
+            check(be, "release");
         }
         cr_assert_leq(max_rel_diff(outs[0], outs[1], nq), 1e-5f, "attention (causal %lld)",
                       (long long)causal);
         free(outs[0]);
         free(outs[1]);
     }
+    free(q), free(kv);
+    backend_destroy(cpu);
+    backend_destroy(gpu);
+}
 
-    /* convolution: kernel 3, padding 1, strides 1 and 2 */
+Test(cuda_whisper, conv1d_matches_the_cpu, .timeout = 300)
+{
+    skip_without_gpu();
+    struct backend *cpu = make_backend(false), *gpu = make_backend(true);
+    /* kernel 3, padding 1, strides 1 and 2 */
     size_t ncx = (size_t)NIN * CIN, nw = (size_t)COUT * CIN * 3;
-    float *cx = malloc(ncx * sizeof *cx), *cw = malloc(nw * sizeof *cw), *cb = malloc(COUT * 4);
+    float *cx = malloc(ncx * sizeof *cx), *cw = malloc(nw * sizeof *cw),
+          *cb = malloc(COUT * sizeof *cb), *outs[2];
     fill(cx, ncx, 6);
     fill(cw, nw, 7);
     fill(cb, COUT, 8);
@@ -137,23 +174,26 @@ Test(cuda_whisper, encoder_decoder_ops_match_the_cpu, .timeout = 120)
         int64_t n_out = (NIN + 2 - 3) / s + 1;
         for (int k = 0; k < 2; k++) {
             struct backend *be = k ? gpu : cpu;
-            float *dx = upload(be, cx, ncx), *dw = upload(be, cw, nw), *db = upload(be, cb, COUT);
+            float *dx = upload(be, cx, ncx, "upload x"), *dw = upload(be, cw, nw, "upload weight"),
+                  *db = upload(be, cb, COUT, "upload bias");
             float *dy = be->ops->alloc(be, (size_t)n_out * COUT * sizeof(float));
+            cr_assert_not_null(dy);
             struct weight_matrix wm = {.dtype = DTYPE_F32, .rows = COUT, .cols = CIN * 3,
                                        .data = dw};
             be->ops->conv1d(be, dx, NIN, CIN, &wm, db, 3, s, 1, dy);
-            outs[k] = download(be, dy, (size_t)n_out * COUT);
+            outs[k] = download(be, dy, (size_t)n_out * COUT, s == 1 ? "conv1d" : "conv1d stride 2");
             be->ops->release(be, dx);
             be->ops->release(be, dw);
             be->ops->release(be, db);
             be->ops->release(be, dy);
+            check(be, "release");
         }
         cr_assert_leq(max_rel_diff(outs[0], outs[1], (size_t)n_out * COUT), 1e-5f,
                       "conv1d stride %d", s);
         free(outs[0]);
         free(outs[1]);
     }
-    free(x), free(w), free(b), free(q), free(kv), free(cx), free(cw), free(cb);
+    free(cx), free(cw), free(cb);
     backend_destroy(cpu);
     backend_destroy(gpu);
 }

@@ -451,6 +451,112 @@ Test(whisper_goldens, tiny_encoder_and_logits_match_transformers_when_goldens_ex
     free(dir);
 }
 
+/* A golden file of int32 ids (NULL when absent); *n gets their count. */
+static int32_t *golden_ids(const char *preset, const char *what, int *n)
+{
+    char path[4200];
+    size_t len = 0;
+    snprintf(path, sizeof path, "%s/tests/goldens/whisper/%s_%s.i32", INFERD_SOURCE_DIR, preset,
+             what);
+    int32_t *v = (int32_t *)test_read_file(path, &len);
+    *n = (int)(len / sizeof *v);
+    return v;
+}
+
+/* The transcriber's greedy decoding of the golden clip's features, as transformers'
+ * generate(input_features, language=, task=, do_sample=False, max_new_tokens=20) decodes them:
+ * the prompt <|startoftranscript|><|lang|><|task|><|notimestamps|>, generation_config.json's
+ * suppress and begin-suppress lists, no temperature fallback, no conditioning on the window
+ * before, 20 new tokens per window; every segment's ids in order. */
+static int32_t *decode_like_generate(struct transcriber *t, const float *mel, const char *lang,
+                                     enum transcribe_task task, int max_new, int *n,
+                                     int32_t *lang_token)
+{
+    struct transcribe_options o = {.language = lang, .task = task, .no_fallback = true,
+                                   .no_previous_text = true, .max_new_tokens = max_new};
+    struct transcribe_result r;
+    struct err err = {0};
+    cr_assert_eq(transcriber_run_mel(t, mel, AUDIO_WINDOW_FRAMES, &o, &r, &err), 0, "%s",
+                 err.msg);
+    int total = 0;
+    for (int i = 0; i < r.n_segments; i++)
+        total += r.segments[i].n_tokens;
+    int32_t *ids = malloc((size_t)(total ? total : 1) * sizeof *ids);
+    *n = 0;
+    for (int i = 0; i < r.n_segments; i++)
+        for (int k = 0; k < r.segments[i].n_tokens; k++)
+            ids[(*n)++] = r.segments[i].tokens[k];
+    *lang_token = r.language_token;
+    transcribe_result_free(&r);
+    return ids;
+}
+
+static void assert_ids_equal(const char *preset, const char *what, const int32_t *got, int n_got,
+                             const int32_t *want, int n_want)
+{
+    for (int i = 0; i < n_got && i < n_want; i++)
+        cr_assert_eq(got[i], want[i], "%s %s: id %d is %d, transformers' %d", preset, what, i,
+                     got[i], want[i]);
+    cr_assert_eq(n_got, n_want, "%s %s: %d ids, transformers' %d", preset, what, n_got, n_want);
+}
+
+/* Greedy transcription (language en), translation (language de) and language detection on the
+ * whisper-tiny and whisper-base shapes equal transformers' generate() and detect_language().
+ * The goldens hold only the generated ids: whisper-tiny's 40 are two windows of 20, since its
+ * first window ends in timestamp pairs (<|21.18|>, which <|notimestamps|> does not forbid) and
+ * generate() seeks there and decodes the rest of the 3000 padded frames again. */
+Test(whisper_goldens, generate_translate_and_language_match_transformers_when_goldens_exist,
+     .timeout = 600)
+{
+    static const char *const presets[] = {"whisper-tiny", "whisper-base"};
+    int checked = 0;
+    for (int p = 0; p < 2; p++) {
+        int n_gen, n_tr, n_lang;
+        int32_t *gen = golden_ids(presets[p], "generate", &n_gen),
+                *tr = golden_ids(presets[p], "translate", &n_tr),
+                *lang = golden_ids(presets[p], "lang", &n_lang);
+        if (!gen || !tr || !lang) {
+            free(gen), free(tr), free(lang);
+            continue;
+        }
+        cr_assert_eq(n_lang, 1);
+        struct audio_mel front;
+        cr_assert_eq(audio_mel_init(80, &front, &(struct err){0}), 0);
+        size_t n_clip;
+        float *clip = golden_clip(&n_clip), *mel = malloc(80 * AUDIO_WINDOW_FRAMES * sizeof *mel);
+        audio_mel_window(&front, clip, n_clip, mel);
+        free(clip);
+        audio_mel_free(&front);
+        char *dir = test_mkdtemp();
+        struct err err = {0};
+        struct transcriber *t;
+        struct backend *be = cpu();
+        cr_assert_eq(mkwhisper_write(presets[p], 1, dir, &err), 0, "%s", err.msg);
+        cr_assert_eq(transcriber_create(dir, be, &t, &err), 0, "%s", err.msg);
+        int n;
+        int32_t tok;
+        int32_t *ids = decode_like_generate(t, mel, "en", TRANSCRIBE_TASK_TRANSCRIBE, 20, &n, &tok);
+        assert_ids_equal(presets[p], "generate", ids, n, gen, n_gen);
+        free(ids);
+        ids = decode_like_generate(t, mel, "de", TRANSCRIBE_TASK_TRANSLATE, 20, &n, &tok);
+        assert_ids_equal(presets[p], "translate", ids, n, tr, n_tr);
+        free(ids);
+        ids = decode_like_generate(t, mel, NULL, TRANSCRIBE_TASK_TRANSCRIBE, 1, &n, &tok);
+        cr_assert_eq(tok, lang[0], "%s: detected language token %d, transformers' %d",
+                     presets[p], tok, lang[0]);
+        free(ids);
+        transcriber_free(t);
+        backend_destroy(be);
+        test_rmtree(dir);
+        free(dir);
+        free(mel);
+        free(gen), free(tr), free(lang);
+        checked++;
+    }
+    if (!checked)
+        cr_skip_test("whisper generate goldens absent: run tests/goldens/whisper/make_goldens.py");
+}
+
 /* A clip with some structure: tones that change every half second. */
 static float *tone_clip(size_t n)
 {

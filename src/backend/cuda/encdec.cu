@@ -9,6 +9,7 @@
  * once at the end (online softmax: the same value up to the rounding of the
  * running rescale). */
 #include <math.h>
+#include <stdint.h>
 
 #include "backend/cuda/cuda_internal.h"
 
@@ -20,8 +21,19 @@ static bool op_begin(struct cu_impl *im)
     cu_flush_eager(im);
     if (im->failed)
         return false;
-    cudaSetDevice(im->dev.index);
-    return true;
+    return CU_TRY(im, cudaSetDevice(im->dev.index));
+}
+
+/* A launch's grid within CUDA's limits (x < 2^31, y and z < 2^16), else the backend fails
+ * naming the op: a grid past them is a launch error at best, and the ops have no other error
+ * path. */
+static bool grid_fits(struct cu_impl *im, const char *op, int64_t x, int64_t y)
+{
+    if (x >= 1 && x <= INT32_MAX && y >= 1 && y <= 65535)
+        return true;
+    cu_fail(im, INFERD_EUNSUPPORTED, "%s: a grid of %lld x %lld blocks is past CUDA's limits",
+            op, (long long)x, (long long)y);
+    return false;
 }
 
 /* ---- LayerNorm ------------------------------------------------------------ */
@@ -68,7 +80,7 @@ void cu_layer_norm(struct backend *be, const float *x, const float *weight, cons
                    int64_t n_rows, int64_t dim, float eps, float *y)
 {
     struct cu_impl *im = impl_of(be);
-    if (n_rows <= 0 || !op_begin(im))
+    if (n_rows <= 0 || dim <= 0 || !op_begin(im) || !grid_fits(im, "layer_norm", n_rows, 1))
         return;
     layer_norm_kernel<<<(unsigned)n_rows, LN_THREADS, 0, im->stream>>>(x, weight, bias, dim, eps,
                                                                        y);
@@ -118,6 +130,12 @@ void cu_conv1d(struct backend *be, const float *x, int64_t n_in, int64_t c_in,
                float *y)
 {
     struct cu_impl *im = impl_of(be);
+    if (kernel <= 0 || stride <= 0 || pad < 0 || c_in <= 0 || w->cols != c_in * kernel) {
+        cu_fail(im, INFERD_EINVAL, "conv1d: kernel %d, stride %d, pad %d over %lld channels "
+                "with a %lld-column weight", kernel, stride, pad, (long long)c_in,
+                (long long)w->cols);
+        return;
+    }
     int64_t n_out = (n_in + 2 * pad - kernel) / stride + 1, cols = c_in * kernel;
     if (n_out <= 0 || !op_begin(im))
         return;
@@ -249,10 +267,21 @@ void cu_attention_dense(struct backend *be, const float *q, int64_t n_q, const f
                 head_dim, CU_MAX_HEAD_DIM);
         return;
     }
-    if (!op_begin(im))
+    if (kv_stride < (int64_t)n_heads * head_dim) {
+        cu_fail(im, INFERD_EINVAL, "dense attention: K/V rows %lld floats apart hold fewer than "
+                "%d heads of %d", (long long)kv_stride, n_heads, head_dim);
+        return;
+    }
+    if (!op_begin(im) ||
+        !grid_fits(im, "attention_dense", (n_q + DA_WARPS - 1) / DA_WARPS, n_heads))
         return;
     size_t smem = (size_t)(DA_WARPS * head_dim + DA_KEYS * (head_dim + 1) + DA_KEYS * head_dim) *
                   sizeof(float);
+    if (smem > (size_t)im->dev.smem_optin) {
+        cu_fail(im, INFERD_EUNSUPPORTED, "dense attention with head dim %d needs %zu bytes of "
+                "shared memory; the device allows %d", head_dim, smem, im->dev.smem_optin);
+        return;
+    }
     if (smem > 48 * 1024 &&
         !CU_TRY(im, cudaFuncSetAttribute(attention_dense_kernel,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)))

@@ -14,9 +14,17 @@ raw little-endian float32 files beside this script:
                               every ENCODER_STRIDE-th position: (1500 / ENCODER_STRIDE) x d_model
   PRESET_logits.f32           decoder logits for the prompt below: n_prompt x vocab
   PRESET_prompt.i32           <|startoftranscript|><|en|><|transcribe|><|notimestamps|>
-  PRESET_generate.i32         greedy generate() of 20 new tokens (transcribe, language en)
-  PRESET_translate.i32        greedy generate() of 20 new tokens, task translate, language de
-  PRESET_lang.i32             the detected language token (generate without a language)
+  PRESET_generate.i32         the ids greedy generate() returns (transcribe, language en,
+                              max_new_tokens=20): only the generated ones, never the prompt,
+                              and not always 20: generate() runs its seek loop even without
+                              return_timestamps, so when a window's ids hold a pair of
+                              timestamp tokens (which <|notimestamps|> does not forbid) it
+                              seeks to the pair's time and decodes the rest of the 3000 padded
+                              frames as one more window (cut there, zero-padded), up to 20 ids
+                              more each time; whisper-tiny's 40 ids are two such windows
+  PRESET_translate.i32        the same for task translate, language de
+  PRESET_lang.i32             detect_language(): the language token most likely after
+                              <|startoftranscript|>
 
 The subsets keep the committed files small (the checks stay the same: every stored value is
 compared). The C tests (tests/unit/test_whisper.c) skip with a message while these files are absent.
