@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cuda/cuda.h"
 #include "kv/kv.h"
 #include "model/model.h"
 #include "tools/mkmodel.h"
@@ -19,14 +20,33 @@ struct rig {
     int vocab, window;
 };
 
-static void rig_open(struct rig *r)
+typedef int (*backend_maker)(const struct backend_options *, struct backend **, struct err *);
+
+static int make_cpu(const struct backend_options *opt, struct backend **out, struct err *err)
+{
+    return backend_cpu_create(opt, out, err);
+}
+
+static int make_cuda(const struct backend_options *opt, struct backend **out, struct err *err)
+{
+    return backend_cuda_create(0, opt, out, err);
+}
+
+static void skip_without_gpu(void)
+{
+    if (!backend_cuda_compiled())
+        cr_skip_test("inferd was built without CUDA: windowed pools on CUDA not checked");
+    if (backend_cuda_device_count() == 0)
+        cr_skip_test("no CUDA GPU on this machine: windowed pools on CUDA not checked");
+}
+
+static void rig_open_on(struct rig *r, backend_maker make)
 {
     struct err err = {0};
     r->dir = test_mkdtemp();
     struct mkmodel_opts o = {.preset = "tiny-gemma3", .seed = 5, .out_dir = r->dir};
     cr_assert_eq(mkmodel_write(&o, &err), 0, "%s", err.msg);
-    cr_assert_eq(backend_cpu_create(&(struct backend_options){.threads = 2, .mode = COMPUTE_EXACT},
-                                    &r->be, &err),
+    cr_assert_eq(make(&(struct backend_options){.threads = 2, .mode = COMPUTE_EXACT}, &r->be, &err),
                  0, "%s", err.msg);
     cr_assert_eq(model_load(r->dir, r->be, &r->m, &err), 0, "%s", err.msg);
     cr_assert_eq(forward_state_create(r->m, LONG + 8, &r->st, &err), 0, "%s", err.msg);
@@ -34,6 +54,8 @@ static void rig_open(struct rig *r)
     r->window = r->m->config.sliding_window;
     cr_assert_eq(r->window, 16);
 }
+
+static void rig_open(struct rig *r) { rig_open_on(r, make_cpu); }
 
 static void rig_close(struct rig *r)
 {
@@ -118,11 +140,10 @@ static void expect_rows_equal(struct rig *r, const float *a, const float *b, int
                  "%s: logits of positions %d..%d differ from the cold run", what, from, to - 1);
 }
 
-Test(kv_window, a_long_sequence_holds_only_its_windows_slots_and_matches_a_plain_pool,
-     .timeout = 120)
+static void check_long(backend_maker make)
 {
     struct rig r;
-    rig_open(&r);
+    rig_open_on(&r, make);
     int32_t tokens[LONG];
     prompt_of(tokens, LONG, 1);
     float *want = cold(&r, tokens, LONG);
@@ -149,14 +170,27 @@ Test(kv_window, a_long_sequence_holds_only_its_windows_slots_and_matches_a_plain
     rig_close(&r);
 }
 
+Test(kv_window, a_long_sequence_holds_only_its_windows_slots_and_matches_a_plain_pool,
+     .timeout = 120)
+{
+    check_long(make_cpu);
+}
+
+Test(kv_window, on_cuda_a_long_sequence_holds_only_its_windows_slots_and_matches_a_plain_pool,
+     .timeout = 300)
+{
+    skip_without_gpu();
+    check_long(make_cuda);
+}
+
 /* A sequence longer than the window leaves its blocks' slots with the cache
  * while slots are free: a prompt that continues it reuses all of it, one
  * that leaves it earlier reuses up to there, and both compute the rest to the
  * cold run's bits. */
-Test(kv_window, a_cache_hit_past_the_window_equals_the_cold_run, .timeout = 120)
+static void check_hit(backend_maker make)
 {
     struct rig r;
-    rig_open(&r);
+    rig_open_on(&r, make);
     enum { FIRST = 42, MORE = 58 };
     int32_t a[MORE], b[MORE];
     prompt_of(a, MORE, 2);
@@ -197,6 +231,17 @@ Test(kv_window, a_cache_hit_past_the_window_equals_the_cold_run, .timeout = 120)
     free(want_a);
     free(want_b);
     rig_close(&r);
+}
+
+Test(kv_window, a_cache_hit_past_the_window_equals_the_cold_run, .timeout = 120)
+{
+    check_hit(make_cpu);
+}
+
+Test(kv_window, on_cuda_a_cache_hit_past_the_window_equals_the_cold_run, .timeout = 300)
+{
+    skip_without_gpu();
+    check_hit(make_cuda);
 }
 
 /* Slots the cache keeps are given up when running sequences need them: a
