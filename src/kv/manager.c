@@ -210,9 +210,19 @@ static void window_slide(struct kv_manager *mgr, struct kv_seq *seq)
     }
 }
 
-/* Frees slots until n are free: first those only the prefix cache holds (the
- * least recently used first, one no longer cached before any), then by
- * evicting cached blocks. False when nothing more can go. */
+/* Free slots and those only the prefix cache holds: what make_slots can give. */
+static int slots_available(const struct kv_manager *mgr)
+{
+    const struct kv_pool *pool = mgr->pool;
+    int n = pool->n_slot_free;
+    for (int b = 0; b < pool->cache.n_blocks; b++)
+        n += pool->cache_slot[b] && pool->slot_refs[pool->window_slot[b]] == 1;
+    return n;
+}
+
+/* Frees slots until n are free by taking back those only the prefix cache
+ * holds (the least recently used first, one no longer cached before any).
+ * False when the running sequences hold the rest. */
 static bool make_slots(struct kv_manager *mgr, int n)
 {
     struct kv_pool *pool = mgr->pool;
@@ -231,12 +241,13 @@ static bool make_slots(struct kv_manager *mgr, int n)
                 victim = b;
             }
         }
-        if (victim >= 0) {
-            pool->cache_slot[victim] = false;
-            kv_pool_slot_release(pool, (uint32_t)victim);
-        } else if (!mgr->prefix || !kv_prefix_evict_one(mgr->prefix)) {
+        /* evicting cached blocks would not help: a slot is held by sequences
+         * or flagged as the cache's, and a block only the cache holds has no
+         * sequence's slot reference */
+        if (victim < 0)
             return false;
-        }
+        pool->cache_slot[victim] = false;
+        kv_pool_slot_release(pool, (uint32_t)victim);
     }
     return true;
 }
@@ -276,7 +287,8 @@ static bool attach_partial(struct kv_manager *mgr, struct kv_seq *seq, uint32_t 
         ok = false;
     }
     if (ok) {
-        be->ops->kv_copy_slots(be, &pool->cache, src, dst, n);
+        if (pool->cache.n_layers > 0) /* a windowed pool may keep every layer in slots */
+            be->ops->kv_copy_slots(be, &pool->cache, src, dst, n);
         if (mgr->window)
             be->ops->kv_copy_slots(be, &pool->window, pool->window_slot[src],
                                    pool->window_slot[dst], n);
@@ -404,7 +416,8 @@ int kv_manager_allocate_slots(struct kv_manager *mgr, struct kv_seq *seq, int n_
         return err_set(err, INFERD_ENOMEM,
                        "KV pool exhausted: %d more blocks wanted, %d of %d free", more,
                        pool->n_free, pool->cache.n_blocks);
-    if (more > 0 && mgr->window && (!make_slots(mgr, more) || pool->n_free < more))
+    if (more > 0 && mgr->window &&
+        (slots_available(mgr) < more || !make_slots(mgr, more) || pool->n_free < more))
         return err_set(err, INFERD_ENOMEM,
                        "KV window slots exhausted: %d more wanted, %d of %d free", more,
                        pool->n_slot_free, pool->window.n_blocks);

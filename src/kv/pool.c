@@ -9,7 +9,8 @@
 /* Storage of n_layers layers of n_blocks blocks into c (k, v allocated). */
 static int alloc_storage(struct backend *be, struct kv_cache *c, int n_layers, int n_blocks)
 {
-    size_t rows = (size_t)(n_layers > 0 ? n_layers : 1) * (size_t)c->block_size * (size_t)n_blocks;
+    /* no layer here (every layer in the window store): one row, never read */
+    size_t rows = n_layers > 0 ? (size_t)n_layers * (size_t)c->block_size * (size_t)n_blocks : 1;
     c->n_layers = n_layers;
     c->n_blocks = n_blocks;
     c->k = be->ops->alloc(be, c->k_row_bytes * rows);

@@ -350,3 +350,37 @@ Test(kv_window, a_window_block_without_a_slot_is_refused_by_the_forward, .timeou
     kv_manager_destroy(mgr);
     rig_close(&r);
 }
+
+/* Slots the running sequences hold are theirs: another sequence's allocation
+ * fails (the scheduler then preempts), and the cached blocks stay. */
+Test(kv_window, slots_held_by_running_sequences_make_allocation_fail_and_keep_the_cache,
+     .timeout = 60)
+{
+    struct rig r;
+    rig_open(&r);
+    int32_t a[40];
+    prompt_of(a, 40, 8);
+    float *got = malloc((size_t)40 * r.vocab * sizeof *got);
+    int per_seq = kv_manager_slots_per_seq(&r.m->config, BS, 5);
+    struct kv_manager *mgr = windowed(&r, 64, per_seq, true);
+    struct kv_seq s, t;
+    kv_seq_init(&s);
+    kv_seq_init(&t);
+    run(&r, mgr, &s, a, 40, 5, got);
+    struct kv_prefix_stats before, after;
+    kv_manager_prefix_stats(mgr, &before);
+    cr_assert_gt(before.blocks, 0);
+    struct err err = {0};
+    int free_before = kv_manager_free_slots(mgr);
+    cr_assert_eq(kv_manager_allocate_slots(mgr, &t, 5 * per_seq, &err), -INFERD_ENOMEM);
+    cr_assert(strstr(err.msg, "window slots"), "%s", err.msg);
+    cr_assert_eq(t.n_tokens, 0);
+    kv_manager_prefix_stats(mgr, &after);
+    cr_assert_eq(after.blocks, before.blocks, "the cache was evicted for nothing");
+    cr_assert_eq(kv_manager_free_slots(mgr), free_before, "the cache's slots went for nothing");
+    kv_manager_free(mgr, &t);
+    kv_manager_free(mgr, &s);
+    kv_manager_destroy(mgr);
+    free(got);
+    rig_close(&r);
+}
