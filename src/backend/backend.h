@@ -60,6 +60,17 @@ struct kv_cache {
     int n_layers, n_blocks, block_size, n_kv_heads, head_dim;
     const struct kv_quant *quant;    /* borrowed (the backend's); NULL: dtype elements */
     size_t k_row_bytes, v_row_bytes; /* one slot of one layer; 0: kv_dim * dtype size */
+    /* Sliding-window layers kept apart (kv/pool.c's windowed pools); window
+     * NULL: every layer lives here as above. Else only the model's other
+     * layers do, layer_index[l] of them, and a window layer l is layer
+     * -1 - layer_index[l] of *window, whose "blocks" are slots: block b's
+     * positions are at slot window_slot[b] (host array, n_blocks entries;
+     * UINT32_MAX once every query to come is past them). The backends see
+     * either cache as above; the model driver picks (model/arch.h). */
+    struct kv_cache *window;
+    const int32_t *layer_index;
+    const uint32_t *window_slot;
+    int window_positions; /* the window layers' sliding_window */
 };
 
 /* Bytes of one slot's row in one layer, K (v false) or V. */

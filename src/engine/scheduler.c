@@ -31,7 +31,19 @@ int sched_init(struct sched *sc, const struct model *m, const struct sched_confi
     size_t vocab = (size_t)m->config.vocab_size;
     size_t n = (size_t)cfg->max_seqs;
     size_t n_entries = 2 * n; /* running and finishing */
-    int rc = kv_manager_create(m, m->backend, sc->cfg.kv_blocks, block_size, &sc->kv, err);
+    /* Sliding-window layers keep only their windows: slots for every
+     * sequence's window and chunk (running and finishing, and one more),
+     * never more than the blocks. Not under the SSD tier, whose blocks carry
+     * every layer. */
+    int per_seq = cfg->tier ? 0 : kv_manager_slots_per_seq(&m->config, block_size,
+                                                            cfg->max_step_tokens);
+    long slots = (long)per_seq * (2L * cfg->max_seqs + 1);
+    int rc = per_seq > 0
+                 ? kv_manager_create_windowed(m, m->backend, sc->cfg.kv_blocks,
+                                              slots < sc->cfg.kv_blocks ? (int)slots
+                                                                        : sc->cfg.kv_blocks,
+                                              block_size, &sc->kv, err)
+                 : kv_manager_create(m, m->backend, sc->cfg.kv_blocks, block_size, &sc->kv, err);
     if (rc == 0)
         rc = kv_manager_prefix_enable(sc->kv, &cfg->prefix, err);
     if (rc == 0 && cfg->tier)

@@ -106,6 +106,28 @@ void kv_codec_decode(struct kv_codec *k, const void *cold, void *live);
 
 /* ---- pool ----------------------------------------------------------------- */
 
+/* A windowed pool keeps the sliding-window layers (model_config_layer_windowed)
+ * apart from the others, so that a block behind every window stops costing
+ * them memory:
+ *
+ *     cache         the other layers, n_blocks blocks      (block b)
+ *     cache.window  the window layers, n_slots slots       (slot window_slot[b])
+ *
+ *     sequence  table [ 7 | 2 | 9 | 4 ]   positions 0..63, window 24, block_size 16
+ *     slots           [ - | - | 3 | 0 ]   blocks 7 and 2 lie before the window of
+ *                                         every query to come: no slot; 9 and 4 have one
+ *
+ * A block has at most one slot, taken when the block is allocated for new
+ * positions (or copied), with its own reference count: the sequences whose
+ * window still covers the block hold one each, and the prefix cache one for
+ * each block it caches while the block still has its slot (published blocks
+ * have theirs, and so do a retired sequence's last window's), which it gives
+ * up, least recently used first, when running sequences need slots. A slot
+ * is given back when its last holder lets go, and always when its block is
+ * freed. The slots are sized for the running sequences' windows, not their
+ * contexts: the memory the window layers save. */
+#define KV_NO_SLOT UINT32_MAX
+
 struct kv_pool {
     struct kv_cache cache;   /* storage; cache.k/v owned (backend memory) */
     struct kv_format format; /* the backend's (kv_format_of_backend) */
@@ -113,18 +135,39 @@ struct kv_pool {
     uint32_t *refcount;      /* owned; n_blocks */
     uint32_t *free_list;     /* owned; stack of free block ids */
     int n_free;
+    /* Windowed pools only (window.n_blocks slots; 0 otherwise): */
+    struct kv_cache window;  /* the window layers' storage; k/v owned */
+    uint32_t *window_slot;   /* owned; n_blocks: block b's slot, or KV_NO_SLOT */
+    uint32_t *slot_refs;     /* owned; window.n_blocks */
+    uint32_t *slot_free;     /* owned; stack of free slots */
+    int n_slot_free;
+    bool *cache_slot;        /* owned; n_blocks: the prefix cache holds a reference to b's slot */
+    int32_t *layer_index;    /* owned; the model's n_layers (kv_cache.layer_index) */
 };
 
 /* Sizes the pool for n_blocks blocks of block_size tokens for model m, in the
  * format of be (kv_format_of_backend). */
 int kv_pool_create(const struct model *m, struct backend *be, int n_blocks, int block_size,
                    struct kv_pool **out, struct err *err);
+/* The same with the window layers apart in n_slots slots (at most n_blocks).
+ * A plain pool when m has no window layer or the KV format is quantized (its
+ * per-layer formats are indexed by model layer). */
+int kv_pool_create_windowed(const struct model *m, struct backend *be, int n_blocks, int n_slots,
+                            int block_size, struct kv_pool **out, struct err *err);
 void kv_pool_free(struct kv_pool *pool);
+static inline bool kv_pool_windowed(const struct kv_pool *pool) { return pool->window_slot; }
 
 /* Returns a block with refcount 1, or -INFERD_ENOMEM when none is free. */
 int kv_pool_alloc(struct kv_pool *pool, uint32_t *block_out, struct err *err);
 void kv_pool_retain(struct kv_pool *pool, uint32_t block);
+/* The last release frees the block and its slot, whoever held the slot. */
 void kv_pool_release(struct kv_pool *pool, uint32_t block);
+/* Gives block (which has no slot) a slot with one reference; -INFERD_ENOMEM
+ * when none is free. */
+int kv_pool_slot_alloc(struct kv_pool *pool, uint32_t block, struct err *err);
+/* Another reference to block's slot (which it has), or one fewer. */
+void kv_pool_slot_retain(struct kv_pool *pool, uint32_t block);
+void kv_pool_slot_release(struct kv_pool *pool, uint32_t block);
 
 /* Blocks that cover n_positions positions. */
 int kv_pool_blocks_for(const struct kv_pool *pool, int n_positions);
@@ -171,6 +214,9 @@ struct kv_seq {
     /* The SSD tier's reads into this sequence's blocks (kv_manager_loading): */
     int n_loading;        /* blocks still being read */
     int loading_from;     /* the first block read from disk (valid while n_loading > 0) */
+    /* A windowed pool: the sequence holds a reference to the slot of each of
+     * its blocks from this one on (those before are behind its window). */
+    int window_from;
 };
 
 struct kv_manager;
@@ -225,6 +271,26 @@ int kv_manager_attach(struct kv_manager *mgr, struct kv_seq *seq, const uint32_t
  * dst is not empty, or -INFERD_ENOMEM (dst unchanged). */
 int kv_manager_continue(struct kv_manager *mgr, struct kv_seq *dst, const struct kv_seq *src,
                         struct err *err);
+
+/* A manager whose pool keeps the window layers apart in n_slots slots
+ * (kv_pool_create_windowed; a plain one for a model without window layers or
+ * with a quantized KV format). A sequence then holds slots only for blocks
+ * its window still covers: those holding positions from
+ * n_tokens - 1 - (sliding_window - 1) on, n_tokens as at its last
+ * allocate_slots, so a truncation by one position (a recomputed last token)
+ * keeps its window; one further back than its slots reach empties it (to be
+ * computed again). A prefix cache hit is cut to the longest prefix whose
+ * window has all its slots (the cache keeps them while slots are free). No
+ * SSD tier (its blocks carry every layer): kv_manager_tier_enable refuses. */
+int kv_manager_create_windowed(const struct model *m, struct backend *be, int n_blocks,
+                               int n_slots, int block_size, struct kv_manager **out,
+                               struct err *err);
+/* Window slots nobody holds, and all of them (0 and 0 for a plain pool). */
+int kv_manager_free_slots(const struct kv_manager *mgr);
+int kv_manager_total_slots(const struct kv_manager *mgr);
+/* Slots a sequence may hold at once while it computes up to chunk tokens a
+ * step: its window behind the chunk and the chunk, in blocks. */
+int kv_manager_slots_per_seq(const struct model_config *c, int block_size, int chunk);
 
 /* Blocks nobody holds. */
 int kv_manager_free_blocks(const struct kv_manager *mgr);

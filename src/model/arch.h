@@ -46,6 +46,11 @@ struct forward_state {
     struct lora_seg *lora_segs;    /* owned; lora_runs_cap: one op's segments */
     float *lora_scratch;           /* backend memory, allocated by the first step with adapters:
                                       max_tokens * LORA_MAX_STACK * LORA_MAX_RANK floats */
+    /* a windowed cache's window layers (kv_cache.window): the spans with
+     * their blocks mapped to window slots */
+    struct attn_span *window_spans; /* owned; spans_cap */
+    uint32_t *window_ids;          /* owned; window_ids_cap */
+    size_t window_ids_cap;
 };
 
 struct lora_run {
@@ -58,6 +63,23 @@ struct lora_run {
  * family calls it after each projection's matmul, before anything reads y. */
 void forward_lora(const struct model *m, struct forward_state *st, int layer, int t,
                   const float *x, int64_t in, int64_t out, float *y);
+
+/* The cache, layer index and spans that layer's K/V are stored and read
+ * through: kv's, or for a window layer of a windowed cache its window's. */
+static inline struct kv_cache *arch_layer_kv(struct kv_cache *kv, const struct forward_state *st,
+                                             int layer, int *kv_layer,
+                                             const struct attn_span **spans)
+{
+    if (!kv->window) {
+        *kv_layer = layer;
+        *spans = st->spans;
+        return kv;
+    }
+    int i = kv->layer_index[layer];
+    *kv_layer = i >= 0 ? i : -1 - i;
+    *spans = i >= 0 ? st->spans : st->window_spans;
+    return i >= 0 ? kv : kv->window;
+}
 
 struct arch {
     const char *name;                    /* the family, e.g. "llama" */

@@ -102,6 +102,13 @@ static inline bool model_config_layer_sparse(const struct model_config *c, int i
            (i + 1) % (c->decoder_sparse_step > 0 ? c->decoder_sparse_step : 1) == 0;
 }
 
+/* True when layer i attends within c->sliding_window: Gemma 3's local
+ * layers, every layer of a model with one window (Mistral, Phi-3). */
+static inline bool model_config_layer_windowed(const struct model_config *c, int i)
+{
+    return c->sliding_window > 0 && (c->arch != ARCH_GEMMA3 || c->layer_sliding[i]);
+}
+
 /* Parses config.json text (len bytes, need not be NUL-terminated).
  * Unsupported architectures are refused naming the architecture; sizes are
  * range-checked (absurd values are errors, not allocations). Fuzzed. */

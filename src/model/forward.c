@@ -44,6 +44,8 @@ void forward_state_free(struct forward_state *st)
     free(st->lora_segs);
     if (st->lora_scratch)
         st->be->ops->release(st->be, st->lora_scratch);
+    free(st->window_spans);
+    free(st->window_ids);
     free(st);
 }
 
@@ -222,6 +224,49 @@ void forward_lora(const struct model *m, struct forward_state *st, int layer, in
         m->backend->ops->lora(m->backend, x, in, out, st->lora_segs, n, st->lora_scratch, y);
 }
 
+/* A windowed cache's window layers read the spans' blocks through their
+ * slots: st->window_spans, each over its blocks mapped to slots. A block
+ * whose slot is gone is never read (it lies wholly before the window of the
+ * span's first query: transformers' mask keeps positions p - window < j <= p),
+ * and one the window still needs without a slot is an error, never a read of
+ * other K/V. Returns the row count batch_prepare laid out. */
+static int window_spans(struct forward_state *st, const struct kv_cache *kv,
+                        const struct batch *batch, struct err *err)
+{
+    size_t total = 0;
+    for (int s = 0; s < batch->n_seqs; s++)
+        total += (size_t)st->spans[s].n_block_ids;
+    if (total > st->window_ids_cap) {
+        uint32_t *grown = realloc(st->window_ids, total * sizeof *grown);
+        if (!grown)
+            return err_set(err, INFERD_ENOMEM, "out of memory for window block tables");
+        st->window_ids = grown;
+        st->window_ids_cap = total;
+    }
+    int bs = kv->block_size, rows = 0;
+    size_t at = 0;
+    for (int s = 0; s < batch->n_seqs; s++) {
+        const struct attn_span *sp = &st->spans[s];
+        int first = sp->pos0 - kv->window_positions + 1;
+        long first_block = first > 0 ? first / bs : 0;
+        long needed = ((long)sp->pos0 + sp->n_tokens + bs - 1) / bs;
+        uint32_t *ids = st->window_ids + at;
+        for (long b = 0; b < sp->n_block_ids; b++) {
+            uint32_t slot = b < needed ? kv->window_slot[sp->block_ids[b]] : UINT32_MAX;
+            if (slot == UINT32_MAX && b >= first_block && b < needed)
+                return err_set(err, INFERD_EINVAL,
+                               "sequence %d: block %ld is inside the sliding window but its "
+                               "K/V were released", s, b);
+            ids[b] = slot == UINT32_MAX ? 0 : slot;
+        }
+        st->window_spans[s] = *sp;
+        st->window_spans[s].block_ids = ids;
+        at += (size_t)sp->n_block_ids;
+        rows = sp->row0 + sp->n_tokens;
+    }
+    return rows;
+}
+
 /* Checks the batch against the model and the KV cache, and lays its tokens
  * out as consecutive rows. */
 static int batch_prepare(const struct model *m, struct forward_state *st,
@@ -231,9 +276,13 @@ static int batch_prepare(const struct model *m, struct forward_state *st,
         return err_set(err, INFERD_EINVAL, "empty batch");
     if (batch->n_seqs > st->spans_cap) {
         struct attn_span *grown = realloc(st->spans, (size_t)batch->n_seqs * sizeof *grown);
-        if (!grown)
+        if (grown)
+            st->spans = grown;
+        struct attn_span *wgrown =
+            grown ? realloc(st->window_spans, (size_t)batch->n_seqs * sizeof *wgrown) : NULL;
+        if (!wgrown)
             return err_set(err, INFERD_ENOMEM, "out of memory for batch spans");
-        st->spans = grown;
+        st->window_spans = wgrown;
         st->spans_cap = batch->n_seqs;
     }
     int row = 0;
@@ -271,7 +320,9 @@ static int batch_prepare(const struct model *m, struct forward_state *st,
         row += seq->n_tokens;
     }
     int rc = lora_runs_build(m, st, batch, err);
-    return rc < 0 ? rc : row;
+    if (rc < 0)
+        return rc;
+    return kv->window ? window_spans(st, kv, batch, err) : row;
 }
 
 /* Final norm of the wanted rows only, then the LM head in chunks; each chunk
@@ -341,7 +392,8 @@ static int forward_step(const struct model *m, struct forward_state *st, struct 
                         const struct batch *batch, const struct forward_output *out, struct err *err)
 {
     const struct model_config *c = &m->config;
-    if (kv->n_layers != c->n_layers || kv->n_kv_heads != c->n_kv_heads ||
+    int kv_layers = kv->n_layers + (kv->window ? kv->window->n_layers : 0);
+    if (kv_layers != c->n_layers || kv->n_kv_heads != c->n_kv_heads ||
         kv->head_dim != c->head_dim)
         return err_set(err, INFERD_EINVAL, "KV cache geometry does not match the model");
     int n_rows = batch_prepare(m, st, kv, batch, err);

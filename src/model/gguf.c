@@ -4,6 +4,7 @@
 #include "text/tokenizer.h"
 
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -594,6 +595,9 @@ static const struct {
     {"mistral", "MistralForCausalLM", ARCH_MISTRAL, true},
     {"qwen2", "Qwen2ForCausalLM", ARCH_QWEN2, false},
     {"qwen3", "Qwen3ForCausalLM", ARCH_QWEN3, false},
+    {"qwen3moe", "Qwen3MoeForCausalLM", ARCH_QWEN3_MOE, false},
+    {"gemma3", "Gemma3ForCausalLM", ARCH_GEMMA3, false},
+    {"phi3", "Phi3ForCausalLM", ARCH_PHI3, false},
 };
 
 static int find_arch(const struct gguf_file *f, const char **name, int *index, struct err *err)
@@ -609,7 +613,8 @@ static int find_arch(const struct gguf_file *f, const char **name, int *index, s
             return 0;
         }
     return err_set(err, INFERD_EUNSUPPORTED,
-                   "general.architecture '%.*s' is not supported (llama, mistral, qwen2, qwen3)",
+                   "general.architecture '%.*s' is not supported (llama, mistral, qwen2, qwen3, "
+                   "qwen3moe, gemma3, phi3)",
                    (int)(len < 100 ? len : 100), *name);
 }
 
@@ -658,11 +663,12 @@ static int config_rope(const struct gguf_file *f, const char *arch, struct model
     int rot = c->head_dim;
     if ((rc = arch_int(f, arch, "rope.dimension_count", false, 1, 1024, &rot, err)))
         return rc;
-    if (rot != c->head_dim)
+    if (rot != c->head_dim && (c->arch != ARCH_PHI3 || rot > c->head_dim || rot % 2 != 0))
         return err_set(err, INFERD_EUNSUPPORTED,
                        "%s.rope.dimension_count = %d: partial rotary embeddings (head_dim %d) are "
-                       "not supported",
+                       "only supported for phi3, and must be even and within head_dim",
                        arch, rot, c->head_dim);
+    c->rope_dim = rot; /* Phi-4-mini rotates part of each head */
     char key[128];
     const char *type = NULL;
     size_t type_len = 0;
@@ -683,6 +689,149 @@ static int config_rope(const struct gguf_file *f, const char *arch, struct model
     }
     return err_set(err, INFERD_EUNSUPPORTED, "%s.rope.scaling.type '%.*s' is not supported",
                    arch, (int)(type_len < 40 ? type_len : 40), type);
+}
+
+/* Gemma 3 as llama.cpp stores it: every RMSNorm weight already 1 + w (its
+ * converter adds the offset), one window, every sixth layer global, the local
+ * layers' RoPE base 10000 and the query scale by the released sizes' rule,
+ * unless the file says otherwise (attention.sliding_window_pattern: a period
+ * or a per-layer bool array, rope.freq_base_swa, attention.scale). */
+static int config_gemma3(const struct gguf_file *f, const char *arch, struct model_config *c,
+                         struct err *err)
+{
+    char key[128];
+    int rc;
+    c->qk_norm = c->embed_scale = c->gelu_tanh = true;
+    c->gemma_norm = false;
+    if ((rc = arch_int(f, arch, "attention.sliding_window", false, 0, INT32_MAX,
+                       &c->sliding_window, err)))
+        return rc;
+    snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", arch);
+    const struct gguf_kv *pat = gguf_find(f, key);
+    if (pat && pat->type == GGUF_ARRAY) {
+        if (pat->n != (uint64_t)c->n_layers ||
+            (pat->elem_type != GGUF_BOOL && (pat->elem_type > GGUF_I32)))
+            return err_set(err, INFERD_EFORMAT, "%s must be %d bools (one per layer)", key,
+                           c->n_layers);
+        for (int i = 0; i < c->n_layers; i++)
+            c->layer_sliding[i] = gguf_array_num(pat, (uint64_t)i) != 0;
+    } else {
+        int pattern = 6;
+        if ((rc = arch_int(f, arch, "attention.sliding_window_pattern", false, 1, INT32_MAX,
+                           &pattern, err)))
+            return rc;
+        for (int i = 0; i < c->n_layers; i++)
+            c->layer_sliding[i] = (i + 1) % pattern != 0;
+    }
+    if (!c->sliding_window)
+        memset(c->layer_sliding, 0, sizeof c->layer_sliding);
+    c->rope_local_theta = 10000.0f;
+    if ((rc = arch_float(f, arch, "rope.freq_base_swa", &c->rope_local_theta, err)))
+        return rc;
+    if (!(c->rope_local_theta > 0))
+        return err_set(err, INFERD_ERANGE, "%s.rope.freq_base_swa must be positive", arch);
+    /* llama.cpp: 1/sqrt(head_dim), but hidden / heads for the 27B (62 layers) */
+    double qpas = c->n_layers == 62 ? (double)(c->hidden_size / c->n_heads) : c->head_dim;
+    c->query_scale = (float)pow(qpas, -0.5);
+    if ((rc = arch_float(f, arch, "attention.scale", &c->query_scale, err)))
+        return rc;
+    float attn_cap = 0;
+    if ((rc = arch_float(f, arch, "final_logit_softcapping", &c->final_logit_softcap, err)) ||
+        (rc = arch_float(f, arch, "attn_logit_softcapping", &attn_cap, err)))
+        return rc;
+    if (!(c->query_scale > 0) || !(c->final_logit_softcap >= 0))
+        return err_set(err, INFERD_ERANGE, "%s.attention.scale must be positive and "
+                       "%s.final_logit_softcapping not negative", arch, arch);
+    if (attn_cap != 0)
+        return err_set(err, INFERD_EUNSUPPORTED, "%s.attn_logit_softcapping (soft-capped "
+                       "attention scores) is not supported", arch);
+    return 0;
+}
+
+/* One of Phi-3's longrope factor tensors: model_rope_dim / 2 positive F32s. */
+static int rope_factor_tensor(const struct gguf_tensor *t, int n, float *out, struct err *err)
+{
+    if (t->dtype != DTYPE_F32 || t->n_dims != 1 || t->ne[0] != n)
+        return err_set(err, INFERD_EFORMAT, "%s must be F32 of rope.dimension_count / 2 = %d "
+                       "elements", t->name, n);
+    memcpy(out, t->data, (size_t)n * sizeof *out);
+    for (int i = 0; i < n; i++)
+        if (!(out[i] > 0) || out[i] > 1e9f)
+            return err_set(err, INFERD_ERANGE, "%s[%d] = %g is not a positive factor", t->name,
+                           i, (double)out[i]);
+    return 0;
+}
+
+/* Phi-3 as llama.cpp stores it: longrope as the F32 tensors rope_factors_short
+ * and rope_factors_long with rope.scaling.original_context_length and
+ * rope.scaling.attn_factor; a window of 0 is none (Phi-4). */
+static int config_phi3(const struct gguf_file *f, const char *arch, struct model_config *c,
+                       struct err *err)
+{
+    int rc;
+    if ((rc = arch_int(f, arch, "attention.sliding_window", false, 0, INT32_MAX,
+                       &c->sliding_window, err)))
+        return rc;
+    const struct gguf_tensor *sf = gguf_find_tensor(f, "rope_factors_short.weight"),
+                             *lf = gguf_find_tensor(f, "rope_factors_long.weight");
+    if (!sf && !lf)
+        return 0;
+    if (!sf || !lf)
+        return err_set(err, INFERD_EFORMAT,
+                       "rope_factors_short.weight and rope_factors_long.weight come together");
+    c->n_rope_factors = model_rope_dim(c) / 2;
+    if (c->n_rope_factors > CONFIG_MAX_ROPE_FACTORS)
+        return err_set(err, INFERD_ERANGE, "longrope needs %d factors (at most %d are supported)",
+                       c->n_rope_factors, CONFIG_MAX_ROPE_FACTORS);
+    if ((rc = rope_factor_tensor(sf, c->n_rope_factors, c->rope_short_factor, err)) ||
+        (rc = rope_factor_tensor(lf, c->n_rope_factors, c->rope_long_factor, err)))
+        return rc;
+    c->rope_original_max_position = c->max_position_embeddings;
+    if ((rc = arch_int(f, arch, "rope.scaling.original_context_length", false, 1, 16 << 20,
+                       &c->rope_original_max_position, err)))
+        return rc;
+    /* transformers' (and the converter's) attention factor when none is stored */
+    double factor = (double)c->max_position_embeddings / c->rope_original_max_position;
+    c->rope_attention_factor =
+        (float)(factor <= 1.0 ? 1.0 : sqrt(1.0 + log(factor) / log(c->rope_original_max_position)));
+    if ((rc = arch_float(f, arch, "rope.scaling.attn_factor", &c->rope_attention_factor, err)))
+        return rc;
+    if (!(c->rope_attention_factor > 0) || c->rope_attention_factor > 1e6f)
+        return err_set(err, INFERD_ERANGE, "%s.rope.scaling.attn_factor must be positive", arch);
+    c->rope_scaling = ROPE_SCALING_LONGROPE;
+    return 0;
+}
+
+/* Qwen3-MoE as llama.cpp stores it: expert counts and sizes as keys, the
+ * router blk.N.ffn_gate_inp; a layer without one is dense (mlp_only_layers). */
+static int config_qwen3moe(const struct gguf_file *f, const char *arch, struct model_config *c,
+                           struct err *err)
+{
+    int rc;
+    c->qk_norm = true;
+    c->norm_topk_prob = true; /* llama.cpp's qwen3moe graph always renormalizes */
+    c->decoder_sparse_step = 1;
+    if ((rc = arch_int(f, arch, "expert_count", true, 1, CONFIG_MAX_EXPERTS, &c->n_experts,
+                       err)) ||
+        (rc = arch_int(f, arch, "expert_used_count", true, 1,
+                       c->n_experts < CONFIG_MAX_EXPERTS_PER_TOK ? c->n_experts
+                                                                 : CONFIG_MAX_EXPERTS_PER_TOK,
+                       &c->n_experts_per_tok, err)) ||
+        (rc = arch_int(f, arch, "expert_feed_forward_length", true, 1, 1 << 20,
+                       &c->moe_intermediate_size, err)) ||
+        (rc = arch_int(f, arch, "expert_shared_feed_forward_length", false, 0, 1 << 20,
+                       &c->shared_expert_intermediate_size, err)))
+        return rc;
+    char key[128];
+    snprintf(key, sizeof key, "%s.expert_weights_norm", arch);
+    if ((rc = gguf_get_bool(f, key, false, &c->norm_topk_prob, err)))
+        return rc;
+    for (int i = 0; i < c->n_layers; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", i);
+        c->mlp_only_layers[i] = gguf_find_tensor(f, name) == NULL;
+    }
+    return 0;
 }
 
 int gguf_model_config(const struct gguf_file *f, struct model_config *cfg,
@@ -745,6 +894,10 @@ int gguf_model_config(const struct gguf_file *f, struct model_config *cfg,
         (rc = arch_int(f, arch, "attention.sliding_window", false, 0, INT32_MAX,
                        &c.sliding_window, err)))
         return rc;
+    if ((c.arch == ARCH_GEMMA3 && (rc = config_gemma3(f, arch, &c, err))) ||
+        (c.arch == ARCH_PHI3 && (rc = config_phi3(f, arch, &c, err))) ||
+        (c.arch == ARCH_QWEN3_MOE && (rc = config_qwen3moe(f, arch, &c, err))))
+        return rc;
 
     int64_t id = -1;
     if ((rc = gguf_get_int(f, "tokenizer.ggml.bos_token_id", false, 0, c.vocab_size - 1, &id,
@@ -792,9 +945,51 @@ static const struct {
     {"ffn_down.weight", "mlp.down_proj.weight"},
 };
 
+/* Names that differ by family, looked up before the shared ones: Gemma 3's
+ * sandwich norms (its ffn_norm is the pre-feedforward norm), Phi-3's fused
+ * projections (ffn_up holds gate and up, gate first), Qwen3-MoE's router and
+ * a Qwen2-MoE-style shared expert. */
+static const struct {
+    enum model_arch arch;
+    const char *gguf, *hf;
+} arch_layer_names[] = {
+    {ARCH_GEMMA3, "post_attention_norm.weight", "post_attention_layernorm.weight"},
+    {ARCH_GEMMA3, "ffn_norm.weight", "pre_feedforward_layernorm.weight"},
+    {ARCH_GEMMA3, "post_ffw_norm.weight", "post_feedforward_layernorm.weight"},
+    {ARCH_PHI3, "attn_qkv.weight", "self_attn.qkv_proj.weight"},
+    {ARCH_PHI3, "ffn_up.weight", "mlp.gate_up_proj.weight"},
+    {ARCH_QWEN3_MOE, "ffn_gate_inp.weight", "mlp.gate.weight"},
+    {ARCH_QWEN3_MOE, "ffn_gate_inp_shexp.weight", "mlp.shared_expert_gate.weight"},
+    {ARCH_QWEN3_MOE, "ffn_gate_shexp.weight", "mlp.shared_expert.gate_proj.weight"},
+    {ARCH_QWEN3_MOE, "ffn_up_shexp.weight", "mlp.shared_expert.up_proj.weight"},
+    {ARCH_QWEN3_MOE, "ffn_down_shexp.weight", "mlp.shared_expert.down_proj.weight"},
+};
+
+/* Qwen3-MoE's experts: one 3-D tensor per projection (ne = {cols, rows,
+ * n_experts}), presented as one matrix per expert. */
+static const struct {
+    const char *gguf, *proj;
+} expert_names[] = {
+    {"ffn_gate_exps.weight", "gate_proj"},
+    {"ffn_up_exps.weight", "up_proj"},
+    {"ffn_down_exps.weight", "down_proj"},
+};
+
+/* The projection name of a GGUF expert tensor and its layer, or NULL. */
+static const char *expert_proj(const char *name, unsigned *layer)
+{
+    int end = 0;
+    if (sscanf(name, "blk.%u.%n", layer, &end) != 1 || end == 0 || *layer > 100000)
+        return NULL;
+    for (size_t i = 0; i < sizeof expert_names / sizeof expert_names[0]; i++)
+        if (!strcmp(name + end, expert_names[i].gguf))
+            return expert_names[i].proj;
+    return NULL;
+}
+
 /* The Hugging Face name of a GGUF tensor into hf, or false when it has none
  * (the loader then reports it as unexpected under its GGUF name). */
-static bool hf_name(const char *name, char *hf, size_t cap)
+static bool hf_name(enum model_arch arch, const char *name, char *hf, size_t cap)
 {
     if (!strcmp(name, "token_embd.weight"))
         return snprintf(hf, cap, "model.embed_tokens.weight"), true;
@@ -806,6 +1001,9 @@ static bool hf_name(const char *name, char *hf, size_t cap)
     int end = 0;
     if (sscanf(name, "blk.%u.%n", &layer, &end) != 1 || end == 0 || layer > 100000)
         return false;
+    for (size_t i = 0; i < sizeof arch_layer_names / sizeof arch_layer_names[0]; i++)
+        if (arch_layer_names[i].arch == arch && !strcmp(name + end, arch_layer_names[i].gguf))
+            return snprintf(hf, cap, "model.layers.%u.%s", layer, arch_layer_names[i].hf), true;
     for (size_t i = 0; i < sizeof layer_names / sizeof layer_names[0]; i++)
         if (!strcmp(name + end, layer_names[i].gguf))
             return snprintf(hf, cap, "model.layers.%u.%s", layer, layer_names[i].hf), true;
@@ -821,6 +1019,11 @@ static bool is_qk(const char *name)
             (!strcmp(name + n - 12, ".attn_q.bias") || !strcmp(name + n - 12, ".attn_k.bias")));
 }
 
+static int cmp_st_name(const void *a, const void *b)
+{
+    return strcmp(((const struct st_tensor *)a)->name, ((const struct st_tensor *)b)->name);
+}
+
 int gguf_tensor_set(struct gguf_file *f, const struct model_config *cfg, const char *path,
                     struct st_set *out, struct err *err)
 {
@@ -829,11 +1032,24 @@ int gguf_tensor_set(struct gguf_file *f, const struct model_config *cfg, const c
     for (int i = 0; i < (int)(sizeof gguf_archs / sizeof gguf_archs[0]); i++)
         if (gguf_archs[i].arch == cfg->arch)
             ai = i;
-    out->tensors = calloc((size_t)f->n_tensors + 1, sizeof *out->tensors);
+    /* each expert tensor becomes n_experts entries */
+    size_t n_entries = (size_t)f->n_tensors + 1;
+    for (int i = 0; i < f->n_tensors; i++) {
+        unsigned layer;
+        const struct gguf_tensor *g = &f->tensors[i];
+        if (cfg->arch == ARCH_QWEN3_MOE && expert_proj(g->name, &layer)) {
+            if (g->n_dims != 3 || g->ne[2] < 1 || g->ne[2] > CONFIG_MAX_EXPERTS)
+                return err_set(err, INFERD_EFORMAT,
+                               "%s must be a 3-D tensor of at most %d experts", g->name,
+                               CONFIG_MAX_EXPERTS);
+            n_entries += (size_t)g->ne[2] - 1;
+        }
+    }
+    out->tensors = calloc(n_entries, sizeof *out->tensors);
     out->maps = calloc(1, sizeof *out->maps);
     out->map_lens = calloc(1, sizeof *out->map_lens);
     out->file_names = calloc(1, sizeof *out->file_names);
-    out->used = calloc((size_t)f->n_tensors + 1, 1);
+    out->used = calloc(n_entries, 1);
     if (!out->tensors || !out->maps || !out->map_lens || !out->file_names || !out->used ||
         !(out->file_names[0] = strdup(path))) {
         st_set_close(out);
@@ -842,10 +1058,38 @@ int gguf_tensor_set(struct gguf_file *f, const struct model_config *cfg, const c
     out->n_files = 1;
     for (int i = 0; i < f->n_tensors; i++) {
         const struct gguf_tensor *g = &f->tensors[i];
-        if (!strcmp(g->name, "rope_freqs.weight"))
+        if (!strcmp(g->name, "rope_freqs.weight") ||
+            (cfg->arch == ARCH_PHI3 && (!strcmp(g->name, "rope_factors_short.weight") ||
+                                        !strcmp(g->name, "rope_factors_long.weight"))))
             continue;
+        unsigned layer;
+        const char *proj = cfg->arch == ARCH_QWEN3_MOE ? expert_proj(g->name, &layer) : NULL;
+        if (proj) {
+            /* views into the file, one per expert: rows of whole blocks, so
+             * expert e's matrix starts e * rows * row_bytes in */
+            uint64_t slice = dtype_row_bytes(g->dtype, (uint64_t)g->ne[0]) * (uint64_t)g->ne[1];
+            for (int64_t e = 0; e < g->ne[2]; e++) {
+                struct st_tensor *t = &out->tensors[out->n_tensors];
+                char name[256];
+                snprintf(name, sizeof name, "model.layers.%u.mlp.experts.%lld.%s.weight", layer,
+                         (long long)e, proj);
+                if (!(t->name = strdup(name))) {
+                    st_set_close(out);
+                    return err_set(err, INFERD_ENOMEM, "out of memory for the tensor table");
+                }
+                out->n_tensors++;
+                t->dtype = g->dtype;
+                t->n_dims = 2;
+                t->shape[0] = g->ne[1];
+                t->shape[1] = g->ne[0];
+                t->offset = g->offset + (uint64_t)e * slice;
+                t->nbytes = slice;
+                t->data = g->data + (uint64_t)e * slice;
+            }
+            continue;
+        }
         char name[256];
-        if (!hf_name(g->name, name, sizeof name))
+        if (!hf_name(cfg->arch, g->name, name, sizeof name))
             snprintf(name, sizeof name, "%s", g->name);
         struct st_tensor *t = &out->tensors[out->n_tensors];
         if (!(t->name = strdup(name))) {
@@ -857,19 +1101,20 @@ int gguf_tensor_set(struct gguf_file *f, const struct model_config *cfg, const c
         t->n_dims = g->n_dims;
         for (int d = 0; d < g->n_dims; d++)
             t->shape[d] = g->ne[g->n_dims - 1 - d];
+        if (g->n_dims == 1 && strstr(name, ".mlp.shared_expert_gate.")) {
+            /* llama.cpp keeps the shared expert's gate as a vector; ours is 1 x hidden */
+            t->n_dims = 2;
+            t->shape[0] = 1;
+            t->shape[1] = g->ne[0];
+        }
         t->offset = g->offset;
         t->nbytes = g->nbytes;
         t->data = g->data;
         if (gguf_archs[ai].permuted && is_qk(g->name))
             t->unpermute_heads = strstr(g->name, ".attn_q.") ? cfg->n_heads : cfg->n_kv_heads;
     }
-    /* Sorted by name, as st_set_find expects; names are unique since GGUF names were. */
-    for (int i = 1; i < out->n_tensors; i++)
-        for (int j = i; j > 0 && strcmp(out->tensors[j - 1].name, out->tensors[j].name) > 0; j--) {
-            struct st_tensor tmp = out->tensors[j];
-            out->tensors[j] = out->tensors[j - 1];
-            out->tensors[j - 1] = tmp;
-        }
+    /* Sorted by name, as st_set_find expects (a large MoE has tens of thousands) */
+    qsort(out->tensors, (size_t)out->n_tensors, sizeof *out->tensors, cmp_st_name);
     for (int i = 1; i < out->n_tensors; i++)
         if (!strcmp(out->tensors[i - 1].name, out->tensors[i].name)) {
             int rc = err_set(err, INFERD_EFORMAT, "tensor %.200s appears twice",

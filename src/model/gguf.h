@@ -116,7 +116,10 @@ int gguf_model_config(const struct gguf_file *f, struct model_config *cfg,
  * model.layers.N.self_attn.q_proj.weight, ...) with Hugging Face shapes
  * (rows first); Llama-family q/k projections (weights and biases) are marked
  * for the loader to undo llama.cpp's rope row permutation (st_tensor.
- * unpermute_heads). rope_freqs.weight is left out (gguf_rope_freqs reads it).
+ * unpermute_heads). rope_freqs.weight is left out (gguf_rope_freqs reads it),
+ * and so are Phi-3's rope_factors_{short,long}.weight (gguf_model_config reads
+ * them); Qwen3-MoE's stacked blk.N.ffn_*_exps tensors become one matrix per
+ * expert (mlp.experts.E.*_proj.weight), each a view into the mapping.
  * Moves f's mapping into out (out's st_set_close unmaps it); f stays
  * usable until gguf_close but must be closed before out. */
 int gguf_tensor_set(struct gguf_file *f, const struct model_config *cfg, const char *path,

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <json-c/json.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,6 +83,16 @@ static void kv_bool(struct strbuf *b, int *n, const char *key, bool v)
     kv_head(b, key, GGUF_BOOL);
     strbuf_putc(b, v ? 1 : 0);
     ++*n;
+}
+
+static void kv_bools(struct strbuf *b, int *n, const char *key, const bool *v, int count)
+{
+    kv_head(b, key, GGUF_ARRAY);
+    put_u32(b, GGUF_BOOL);
+    put_u64(b, (uint64_t)count);
+    for (int i = 0; i < count; i++)
+        strbuf_putc(b, v[i] ? 1 : 0);
+    (*n)++;
 }
 
 static void kv_str(struct strbuf *b, int *n, const char *key, const char *s)
@@ -263,12 +274,16 @@ out:
 
 struct out_tensor {
     char name[96];
-    const struct st_tensor *src; /* NULL for rope_freqs */
-    const float *values;         /* rope_freqs: ne[0] floats */
+    const struct st_tensor *src; /* NULL for rope_freqs and the rope factors */
+    const struct st_tensor **experts; /* owned array of ne[2] borrowed sources: a 3-D
+                                         tensor of experts' matrices stacked (src NULL) */
+    const float *values;         /* rope_freqs, rope_factors_*: ne[0] floats */
     int n_dims;
-    int64_t ne[2];               /* ne[0] contiguous */
+    int64_t ne[3];               /* ne[0] contiguous; ne[2] experts (1 otherwise) */
     enum dtype dtype;
     int permute_heads;           /* rows into llama.cpp's rope order over this many heads */
+    bool add_one;                /* Gemma's norm weights: stored as 1 + w, as llama.cpp's
+                                    converter stores them */
     uint64_t offset;
 };
 
@@ -292,7 +307,40 @@ static const struct {
     {"mlp.down_proj.weight", "ffn_down.weight"},
 };
 
-static bool gguf_name(const char *hf, char *out, size_t cap, int *layer)
+/* Names that differ by family, looked up before the shared ones (as
+ * llama.cpp's tensor map has them for gemma3, phi3, qwen3moe). */
+static const struct {
+    enum model_arch arch;
+    const char *hf, *gguf;
+} arch_layer_names[] = {
+    {ARCH_GEMMA3, "post_attention_layernorm.weight", "post_attention_norm.weight"},
+    {ARCH_GEMMA3, "pre_feedforward_layernorm.weight", "ffn_norm.weight"},
+    {ARCH_GEMMA3, "post_feedforward_layernorm.weight", "post_ffw_norm.weight"},
+    {ARCH_PHI3, "self_attn.qkv_proj.weight", "attn_qkv.weight"},
+    {ARCH_PHI3, "mlp.gate_up_proj.weight", "ffn_up.weight"},
+    {ARCH_QWEN3_MOE, "mlp.gate.weight", "ffn_gate_inp.weight"},
+    {ARCH_QWEN3_MOE, "mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"},
+    {ARCH_QWEN3_MOE, "mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight"},
+    {ARCH_QWEN3_MOE, "mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight"},
+    {ARCH_QWEN3_MOE, "mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight"},
+};
+
+/* An expert's matrix, model.layers.L.mlp.experts.E.P.weight: its layer and
+ * expert, and the GGUF name of the stacked tensor it joins into out. */
+static bool expert_name(const char *hf, char *out, size_t cap, int *layer, int *expert)
+{
+    int end = 0;
+    char proj[16];
+    if (sscanf(hf, "model.layers.%d.mlp.experts.%d.%15[a-z_].weight%n", layer, expert, proj,
+               &end) != 3 || hf[end] != '\0')
+        return false;
+    if (strcmp(proj, "gate_proj") && strcmp(proj, "up_proj") && strcmp(proj, "down_proj"))
+        return false;
+    snprintf(out, cap, "blk.%d.ffn_%.*s_exps.weight", *layer, (int)(strlen(proj) - 5), proj);
+    return true;
+}
+
+static bool gguf_name(enum model_arch arch, const char *hf, char *out, size_t cap, int *layer)
 {
     *layer = -1;
     if (!strcmp(hf, "model.embed_tokens.weight"))
@@ -304,6 +352,9 @@ static bool gguf_name(const char *hf, char *out, size_t cap, int *layer)
     int end = 0;
     if (sscanf(hf, "model.layers.%d.%n", layer, &end) != 1 || !end)
         return false;
+    for (size_t i = 0; i < sizeof arch_layer_names / sizeof arch_layer_names[0]; i++)
+        if (arch_layer_names[i].arch == arch && !strcmp(hf + end, arch_layer_names[i].hf))
+            return snprintf(out, cap, "blk.%d.%s", *layer, arch_layer_names[i].gguf), true;
     for (size_t i = 0; i < sizeof layer_names / sizeof layer_names[0]; i++)
         if (!strcmp(hf + end, layer_names[i].hf))
             return snprintf(out, cap, "blk.%d.%s", *layer, layer_names[i].gguf), true;
@@ -335,7 +386,8 @@ static enum dtype matrix_type(enum gguf_ftype ft, const char *name, int layer, i
     case GGUF_FTYPE_Q4_0: t = head ? DTYPE_Q6_K : DTYPE_Q4_0; break;
     case GGUF_FTYPE_Q6_K: t = DTYPE_Q6_K; break;
     default:
-        t = head || ((ends_with(name, ".attn_v.weight") || ends_with(name, ".ffn_down.weight")) &&
+        t = head || ((ends_with(name, ".attn_v.weight") || ends_with(name, ".ffn_down.weight") ||
+                      ends_with(name, ".ffn_down_exps.weight")) &&
                      more_bits(layer, n_layers))
                 ? DTYPE_Q6_K
                 : DTYPE_Q4_K;
@@ -387,11 +439,19 @@ static void source_row(const struct out_tensor *t, int64_t rows, int64_t cols, i
         memcpy(x, t->values, (size_t)cols * sizeof *x);
         return;
     }
+    if (t->experts) { /* rows of expert r / ne[1], stacked */
+        for (int64_t c = 0; c < cols; c++)
+            x[c] = source_element(t->experts[r / t->ne[1]], cols, r % t->ne[1], c);
+        return;
+    }
     /* a bias is one column of rows: permute its elements as rows */
     int64_t sr = hf_row(t->permute_heads, t->n_dims == 2 ? rows : cols, t->n_dims == 2 ? r : 0);
     for (int64_t c = 0; c < cols; c++)
         x[c] = t->n_dims == 2 ? source_element(t->src, cols, sr, c)
                               : source_element(t->src, 1, hf_row(t->permute_heads, cols, c), 0);
+    /* transformers computes 1.0 + weight.float(): the same f32 sum */
+    for (int64_t c = 0; t->add_one && c < cols; c++)
+        x[c] = 1.0f + x[c];
 }
 
 /* Rows quantized per batch across the pool's threads (the K types' searches
@@ -422,7 +482,7 @@ static void quant_rows(void *ctx, int ith, int nth)
 static int write_data(FILE *fp, struct threadpool *pool, const struct out_tensor *t,
                       struct err *err)
 {
-    int64_t cols = t->ne[0], rows = t->n_dims == 2 ? t->ne[1] : 1;
+    int64_t cols = t->ne[0], rows = t->n_dims >= 2 ? t->ne[1] * t->ne[2] : 1;
     int nth = threadpool_size(pool);
     struct quant_job j = {.t = t, .rows = rows, .cols = cols,
                           .row_bytes = (size_t)dtype_row_bytes(t->dtype, (uint64_t)cols)};
@@ -466,29 +526,62 @@ int gguf_write_model(const char *dir, enum gguf_ftype ftype, const char *path, s
         return rc;
     if ((rc = st_set_open(dir, &set, err)))
         return rc;
-    static const char *const archs[] = {"llama", "mistral", "qwen2", "qwen3"};
+    /* llama.cpp's names, in enum model_arch's order */
+    static const char *const archs[] = {"llama",    "mistral", "qwen2", "qwen3",
+                                        "qwen3moe", "gemma3",  "phi3"};
     const char *arch = archs[c.arch];
     bool permuted = c.arch == ARCH_LLAMA || c.arch == ARCH_MISTRAL;
-    struct out_tensor *ts = calloc((size_t)set.n_tensors + 1, sizeof *ts);
-    float freqs[512];
+    struct out_tensor *ts = calloc((size_t)set.n_tensors + 3, sizeof *ts);
+    float freqs[512], short_factors[CONFIG_MAX_ROPE_FACTORS], long_factors[CONFIG_MAX_ROPE_FACTORS];
     struct strbuf hdr = {0}, kvs = {0};
     FILE *fp = NULL;
     struct threadpool *pool = NULL;
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    int n = 0, n_kv = 0;
     if (!ts) {
         rc = err_set(err, INFERD_ENOMEM, "out of memory for %d tensors", set.n_tensors);
         goto out;
     }
-    int n = 0, n_kv = 0;
     bool tied = !st_set_find(&set, "lm_head.weight");
     for (int i = 0; i < set.n_tensors; i++) {
         const struct st_tensor *s = &set.tensors[i];
         struct out_tensor *t = &ts[n];
-        int layer;
+        int layer, expert;
         if (ends_with(s->name, "rotary_emb.inv_freq"))
             continue;
-        if (!gguf_name(s->name, t->name, sizeof t->name, &layer) || s->n_dims > 2) {
+        if (c.arch == ARCH_QWEN3_MOE &&
+            expert_name(s->name, t->name, sizeof t->name, &layer, &expert)) {
+            /* llama.cpp stacks a layer's experts into one 3-D tensor per projection */
+            if (expert != 0)
+                continue;
+            if (s->n_dims != 2 || !(t->experts = calloc((size_t)c.n_experts, sizeof *t->experts))) {
+                rc = err_set(err, s->n_dims != 2 ? INFERD_EFORMAT : INFERD_ENOMEM,
+                             "tensor %s: not a matrix, or out of memory", s->name);
+                goto out;
+            }
+            n++; /* owns t->experts from here */
+            for (int e = 0; e < c.n_experts; e++) {
+                char en[160];
+                snprintf(en, sizeof en, "%.*s%d%s", (int)(strstr(s->name, ".experts.") - s->name + 9),
+                         s->name, e, strchr(strstr(s->name, ".experts.") + 9, '.'));
+                const struct st_tensor *x = st_set_find(&set, en);
+                if (!x || x->n_dims != 2 || x->shape[0] != s->shape[0] ||
+                    x->shape[1] != s->shape[1] || x->dtype != s->dtype) {
+                    rc = err_set(err, INFERD_EFORMAT, "expert tensor %s is missing or differs "
+                                 "from expert 0's shape", en);
+                    goto out;
+                }
+                t->experts[e] = x;
+            }
+            t->n_dims = 3;
+            t->ne[0] = s->shape[1];
+            t->ne[1] = s->shape[0];
+            t->ne[2] = c.n_experts;
+            t->dtype = matrix_type(ftype, t->name, layer, c.n_layers, tied, t->ne[0]);
+            continue;
+        }
+        if (!gguf_name(c.arch, s->name, t->name, sizeof t->name, &layer) || s->n_dims > 2) {
             rc = err_set(err, INFERD_EUNSUPPORTED, "tensor %s has no GGUF name", s->name);
             goto out;
         }
@@ -496,8 +589,11 @@ int gguf_write_model(const char *dir, enum gguf_ftype ftype, const char *path, s
         t->n_dims = s->n_dims;
         t->ne[0] = s->shape[s->n_dims - 1];
         t->ne[1] = s->n_dims == 2 ? s->shape[0] : 1;
-        t->dtype = s->n_dims == 1 ? DTYPE_F32
-                                  : matrix_type(ftype, t->name, layer, c.n_layers, tied, t->ne[0]);
+        t->ne[2] = 1;
+        t->add_one = c.gemma_norm && ends_with(s->name, "norm.weight");
+        t->dtype = s->n_dims == 1 || t->add_one
+                       ? DTYPE_F32
+                       : matrix_type(ftype, t->name, layer, c.n_layers, tied, t->ne[0]);
         if (permuted && (strstr(t->name, ".attn_q.") || strstr(t->name, ".attn_k.")))
             t->permute_heads = strstr(t->name, ".attn_q.") ? c.n_heads : c.n_kv_heads;
         n++;
@@ -505,7 +601,17 @@ int gguf_write_model(const char *dir, enum gguf_ftype ftype, const char *path, s
     if (c.rope_scaling == ROPE_SCALING_LLAMA3) {
         llama3_factors(&c, freqs);
         ts[n++] = (struct out_tensor){.name = "rope_freqs.weight", .values = freqs, .n_dims = 1,
-                                      .ne = {c.head_dim / 2, 1}, .dtype = DTYPE_F32};
+                                      .ne = {c.head_dim / 2, 1, 1}, .dtype = DTYPE_F32};
+    }
+    if (c.rope_scaling == ROPE_SCALING_LONGROPE) { /* Phi-3: as F32 tensors */
+        memcpy(short_factors, c.rope_short_factor, sizeof short_factors);
+        memcpy(long_factors, c.rope_long_factor, sizeof long_factors);
+        ts[n++] = (struct out_tensor){.name = "rope_factors_long.weight", .values = long_factors,
+                                      .n_dims = 1, .ne = {c.n_rope_factors, 1, 1},
+                                      .dtype = DTYPE_F32};
+        ts[n++] = (struct out_tensor){.name = "rope_factors_short.weight", .values = short_factors,
+                                      .n_dims = 1, .ne = {c.n_rope_factors, 1, 1},
+                                      .dtype = DTYPE_F32};
     }
 
     char key[128];
@@ -521,7 +627,7 @@ int gguf_write_model(const char *dir, enum gguf_ftype ftype, const char *path, s
     kv_u32(&kvs, &n_kv, AK("attention.head_count_kv"), (uint32_t)c.n_kv_heads);
     kv_u32(&kvs, &n_kv, AK("attention.key_length"), (uint32_t)c.head_dim);
     kv_u32(&kvs, &n_kv, AK("attention.value_length"), (uint32_t)c.head_dim);
-    kv_u32(&kvs, &n_kv, AK("rope.dimension_count"), (uint32_t)c.head_dim);
+    kv_u32(&kvs, &n_kv, AK("rope.dimension_count"), (uint32_t)model_rope_dim(&c));
     kv_u32(&kvs, &n_kv, AK("vocab_size"), (uint32_t)c.vocab_size);
     kv_f32(&kvs, &n_kv, AK("rope.freq_base"), c.rope_theta);
     kv_f32(&kvs, &n_kv, AK("attention.layer_norm_rms_epsilon"), c.rms_norm_eps);
@@ -531,6 +637,44 @@ int gguf_write_model(const char *dir, enum gguf_ftype ftype, const char *path, s
     }
     if (c.arch == ARCH_MISTRAL && c.sliding_window)
         kv_u32(&kvs, &n_kv, AK("attention.sliding_window"), (uint32_t)c.sliding_window);
+    if (c.arch == ARCH_PHI3) { /* 0: none, as the converter writes Phi-4's */
+        kv_u32(&kvs, &n_kv, AK("attention.sliding_window"), (uint32_t)c.sliding_window);
+        if (c.rope_scaling == ROPE_SCALING_LONGROPE) {
+            kv_u32(&kvs, &n_kv, AK("rope.scaling.original_context_length"),
+                   (uint32_t)c.rope_original_max_position);
+            kv_f32(&kvs, &n_kv, AK("rope.scaling.attn_factor"), c.rope_attention_factor);
+        }
+    }
+    if (c.arch == ARCH_QWEN3_MOE) {
+        kv_u32(&kvs, &n_kv, AK("expert_count"), (uint32_t)c.n_experts);
+        kv_u32(&kvs, &n_kv, AK("expert_used_count"), (uint32_t)c.n_experts_per_tok);
+        kv_u32(&kvs, &n_kv, AK("expert_feed_forward_length"), (uint32_t)c.moe_intermediate_size);
+        if (c.shared_expert_intermediate_size)
+            kv_u32(&kvs, &n_kv, AK("expert_shared_feed_forward_length"),
+                   (uint32_t)c.shared_expert_intermediate_size);
+        /* llama.cpp renormalizes always; the key tells our reader when not to */
+        if (!c.norm_topk_prob)
+            kv_bool(&kvs, &n_kv, AK("expert_weights_norm"), false);
+    }
+    if (c.arch == ARCH_GEMMA3) {
+        kv_u32(&kvs, &n_kv, AK("attention.sliding_window"), (uint32_t)c.sliding_window);
+        /* what llama.cpp fixes for the released models (every sixth layer
+         * global, local base 10000, its query scale rule) is written only
+         * where this model differs from it */
+        bool six = true;
+        for (int i = 0; i < c.n_layers; i++)
+            six = six && c.layer_sliding[i] == ((i + 1) % 6 != 0 && c.sliding_window > 0);
+        if (!six)
+            kv_bools(&kvs, &n_kv, AK("attention.sliding_window_pattern"), c.layer_sliding,
+                     c.n_layers);
+        if (c.rope_local_theta != 10000.0f)
+            kv_f32(&kvs, &n_kv, AK("rope.freq_base_swa"), c.rope_local_theta);
+        double qpas = c.n_layers == 62 ? (double)(c.hidden_size / c.n_heads) : c.head_dim;
+        if (c.query_scale != (float)pow(qpas, -0.5))
+            kv_f32(&kvs, &n_kv, AK("attention.scale"), c.query_scale);
+        if (c.final_logit_softcap > 0)
+            kv_f32(&kvs, &n_kv, AK("final_logit_softcapping"), c.final_logit_softcap);
+    }
 #undef AK
     bool has_tokenizer = false;
     if ((rc = write_tokenizer(dir, &c, &kvs, &n_kv, &has_tokenizer, err)))
@@ -557,7 +701,8 @@ int gguf_write_model(const char *dir, enum gguf_ftype ftype, const char *path, s
         put_u32(&hdr, gguf_ggml_type(t->dtype));
         put_u64(&hdr, offset);
         t->offset = offset;
-        uint64_t bytes = dtype_row_bytes(t->dtype, (uint64_t)t->ne[0]) * (uint64_t)t->ne[1];
+        uint64_t bytes = dtype_row_bytes(t->dtype, (uint64_t)t->ne[0]) * (uint64_t)t->ne[1] *
+                         (uint64_t)t->ne[2];
         offset += (bytes + ALIGN - 1) / ALIGN * ALIGN;
     }
     while (hdr.len % ALIGN)
@@ -580,7 +725,8 @@ int gguf_write_model(const char *dir, enum gguf_ftype ftype, const char *path, s
     for (int i = 0; i < n && !rc; i++) {
         if ((rc = write_data(fp, pool, &ts[i], err)))
             break;
-        uint64_t bytes = dtype_row_bytes(ts[i].dtype, (uint64_t)ts[i].ne[0]) * (uint64_t)ts[i].ne[1];
+        uint64_t bytes = dtype_row_bytes(ts[i].dtype, (uint64_t)ts[i].ne[0]) *
+                         (uint64_t)ts[i].ne[1] * (uint64_t)ts[i].ne[2];
         size_t pad = (size_t)((ALIGN - bytes % ALIGN) % ALIGN);
         if (fwrite(zeros, 1, pad, fp) != pad)
             rc = err_set(err, INFERD_EIO, "writing %s: %s", tmp, strerror(errno));
@@ -598,6 +744,8 @@ out:
     threadpool_free(pool);
     strbuf_free(&hdr);
     strbuf_free(&kvs);
+    for (int i = 0; ts && i < n; i++)
+        free(ts[i].experts);
     free(ts);
     st_set_close(&set);
     return rc;

@@ -291,6 +291,35 @@ static void check_same_config(const struct model_config *a, const struct model_c
     cr_assert_eq(a->n_eos, b->n_eos);
     for (int i = 0; i < a->n_eos; i++)
         cr_assert_eq(a->eos_token_ids[i], b->eos_token_ids[i]);
+    /* what the newer families add */
+    cr_assert_eq(a->sliding_window, b->sliding_window);
+    for (int i = 0; i < a->n_layers; i++) {
+        cr_assert_eq(a->layer_sliding[i], b->layer_sliding[i], "layer %d", i);
+        cr_assert_eq(model_config_layer_sparse(a, i), model_config_layer_sparse(b, i), "layer %d",
+                     i);
+    }
+    cr_assert_eq(a->rope_local_theta, b->rope_local_theta);
+    cr_assert_eq(a->query_scale, b->query_scale);
+    cr_assert_eq(a->final_logit_softcap, b->final_logit_softcap);
+    cr_assert_eq(a->embed_scale, b->embed_scale);
+    cr_assert_eq(a->gelu_tanh, b->gelu_tanh);
+    cr_assert_eq(a->rope_scaling, b->rope_scaling);
+    cr_assert_eq(a->rope_factor, b->rope_factor);
+    cr_assert_eq(model_rope_dim(a), model_rope_dim(b));
+    cr_assert_eq(a->n_rope_factors, b->n_rope_factors);
+    for (int i = 0; i < a->n_rope_factors; i++) {
+        cr_assert_eq(a->rope_short_factor[i], b->rope_short_factor[i]);
+        cr_assert_eq(a->rope_long_factor[i], b->rope_long_factor[i]);
+    }
+    if (a->rope_scaling == ROPE_SCALING_LONGROPE) {
+        cr_assert_eq(a->rope_original_max_position, b->rope_original_max_position);
+        cr_assert_eq(a->rope_attention_factor, b->rope_attention_factor);
+    }
+    cr_assert_eq(a->n_experts, b->n_experts);
+    cr_assert_eq(a->n_experts_per_tok, b->n_experts_per_tok);
+    cr_assert_eq(a->moe_intermediate_size, b->moe_intermediate_size);
+    cr_assert_eq(a->norm_topk_prob, b->norm_topk_prob);
+    cr_assert_eq(a->shared_expert_intermediate_size, b->shared_expert_intermediate_size);
 }
 
 static void check_bit_identical(const char *preset)
@@ -326,6 +355,80 @@ Test(gguf_model, bf16_qwen2_with_biases_is_bit_identical, .timeout = 120)
 Test(gguf_model, bf16_qwen3_gqa1_is_bit_identical, .timeout = 120)
 {
     check_bit_identical("tiny-qwen3-gqa1");
+}
+
+/* Gemma 3: norms stored as 1 + w (F32, as llama.cpp's converter adds the
+ * offset), the sandwich norms under their GGUF names, and what llama.cpp
+ * fixes for the released sizes (every sixth layer global, local base, query
+ * scale) carried as keys where the preset differs; the prompt (20) passes
+ * the window (16). */
+Test(gguf_model, bf16_gemma3_with_offset_norms_and_its_window_is_bit_identical, .timeout = 120)
+{
+    check_bit_identical("tiny-gemma3");
+}
+
+/* Phi-3: attn_qkv and the fused ffn_up (gate first), partial rotary as
+ * rope.dimension_count, longrope as rope_factors_{short,long}.weight. */
+Test(gguf_model, bf16_phi3_with_fused_projections_and_longrope_is_bit_identical, .timeout = 120)
+{
+    check_bit_identical("tiny-phi3");
+}
+
+/* Qwen3-MoE: experts stacked into ffn_{gate,up,down}_exps 3-D tensors, the
+ * router ffn_gate_inp, the dense layer (mlp_only_layers) as plain ffn_*; the
+ * preset's tied router rows keep their ties. */
+Test(gguf_model, bf16_qwen3_moe_with_stacked_experts_is_bit_identical, .timeout = 120)
+{
+    check_bit_identical("tiny-qwen3_moe");
+}
+
+/* An expert's matrix is a view into the 3-D tensor (no copy): expert e of
+ * blk.N.ffn_up_exps starts e * rows * row_bytes into it. */
+Test(gguf_model, expert_matrices_are_slices_of_the_stacked_tensor, .timeout = 120)
+{
+    struct err err = {0};
+    char *tmp = test_mkdtemp();
+    struct mkmodel_opts o = {.preset = "tiny-qwen3_moe", .seed = 5, .out_dir = tmp};
+    cr_assert_eq(mkmodel_write(&o, &err), 0, "%s", err.msg);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/m.gguf", tmp);
+    cr_assert_eq(gguf_write_model(tmp, GGUF_FTYPE_Q8_0, path, &err), 0, "%s", err.msg);
+    struct gguf_file f;
+    cr_assert_eq(gguf_open(path, &f, &err), 0, "%s", err.msg);
+    struct model_config c;
+    cr_assert_eq(gguf_model_config(&f, &c, NULL, &err), 0, "%s", err.msg);
+    cr_assert_eq(c.n_experts, 6);
+    cr_assert(c.mlp_only_layers[1] && !c.mlp_only_layers[0] && !c.mlp_only_layers[2]);
+    const struct gguf_tensor *up = gguf_find_tensor(&f, "blk.2.ffn_up_exps.weight");
+    cr_assert(up && up->n_dims == 3 && up->ne[2] == 6 && up->dtype == DTYPE_Q8_0);
+    cr_assert_null(gguf_find_tensor(&f, "blk.1.ffn_up_exps.weight"));
+    cr_assert_not_null(gguf_find_tensor(&f, "blk.1.ffn_up.weight"));
+    const uint8_t *base = up->data;
+    uint64_t slice = dtype_row_bytes(up->dtype, (uint64_t)up->ne[0]) * (uint64_t)up->ne[1];
+    struct st_set set;
+    cr_assert_eq(gguf_tensor_set(&f, &c, path, &set, &err), 0, "%s", err.msg);
+    for (int e = 0; e < 6; e++) {
+        char name[128];
+        snprintf(name, sizeof name, "model.layers.2.mlp.experts.%d.up_proj.weight", e);
+        const struct st_tensor *t = st_set_find(&set, name);
+        cr_assert_not_null(t, "%s", name);
+        cr_assert_eq(t->data, base + (uint64_t)e * slice, "%s is not a view", name);
+        cr_assert_eq(t->nbytes, slice);
+        cr_assert(t->n_dims == 2 && t->shape[0] == up->ne[1] && t->shape[1] == up->ne[0]);
+    }
+    gguf_close(&f);
+    st_set_close(&set);
+    /* Q8_0 leaves the experts' down rows (88 columns) F16: mixed types run */
+    struct loaded gg;
+    load(path, &gg);
+    int n = 12;
+    float *logits = prompt_logits(&gg, n);
+    for (int i = 0; i < n * gg.m->config.vocab_size; i++)
+        cr_assert(isfinite(logits[i]));
+    free(logits);
+    unload(&gg);
+    test_rmtree(tmp);
+    free(tmp);
 }
 
 /* Llama 3 rope scaling travels as rope_freqs.weight divisors: outside the

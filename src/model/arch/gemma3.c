@@ -51,8 +51,8 @@ static int gemma3_load_layer(struct model *m, int i, struct layer_weights *L, st
 
 /* norm -> q/k/v -> q/k norms -> RoPE (the layer's base) -> paged KV ->
  * attention (the layer's window, scale query_pre_attn_scalar^-1/2) -> o_proj
- * -> post-norm -> residual. A local layer keeps every block and reads only
- * its window of them. */
+ * -> post-norm -> residual. A local layer's K/V are in the window slots of a
+ * windowed pool (arch_layer_kv), else in every block, read within its window. */
 static void attention_block(const struct model *m, struct forward_state *st,
                             const struct layer_weights *lw, struct kv_cache *kv, int layer,
                             int n_rows, int n_spans)
@@ -77,8 +77,11 @@ static void attention_block(const struct model *m, struct forward_state *st,
                 c->rms_norm_eps, st->k);
     op->rope(be, st->q, n_rows, c->n_heads, c->head_dim, st->positions, rope);
     op->rope(be, st->k, n_rows, c->n_kv_heads, c->head_dim, st->positions, rope);
-    op->kv_store(be, kv, layer, st->k, st->v, st->spans, n_spans);
-    op->attention(be, st->q, kv, layer, st->spans, n_spans, c->n_heads, c->query_scale,
+    int kl;
+    const struct attn_span *spans;
+    struct kv_cache *lkv = arch_layer_kv(kv, st, layer, &kl, &spans);
+    op->kv_store(be, lkv, kl, st->k, st->v, spans, n_spans);
+    op->attention(be, st->q, lkv, kl, spans, n_spans, c->n_heads, c->query_scale,
                   local ? c->sliding_window : 0, st->attn);
     op->matmul(be, st->attn, n_rows, &lw->wo, lw->bo, st->proj);
     forward_lora(m, st, layer, LORA_O, st->attn, lw->wo.cols, c->hidden_size, st->proj);

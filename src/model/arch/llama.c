@@ -90,8 +90,11 @@ void arch_llama_attention(const struct model *m, struct forward_state *st,
     }
     op->rope(be, st->q, n_rows, c->n_heads, c->head_dim, st->positions, &m->rope);
     op->rope(be, st->k, n_rows, c->n_kv_heads, c->head_dim, st->positions, &m->rope);
-    op->kv_store(be, kv, layer, st->k, st->v, st->spans, n_spans);
-    op->attention(be, st->q, kv, layer, st->spans, n_spans, c->n_heads,
+    int kl;
+    const struct attn_span *spans;
+    struct kv_cache *lkv = arch_layer_kv(kv, st, layer, &kl, &spans);
+    op->kv_store(be, lkv, kl, st->k, st->v, spans, n_spans);
+    op->attention(be, st->q, lkv, kl, spans, n_spans, c->n_heads,
                   1.0f / sqrtf((float)c->head_dim), c->sliding_window, st->attn);
     op->matmul(be, st->attn, n_rows, &lw->wo, lw->bo, st->proj);
     forward_lora(m, st, layer, LORA_O, st->attn, lw->wo.cols, c->hidden_size, st->proj);

@@ -62,8 +62,11 @@ static void attention_block(const struct model *m, struct forward_state *st,
     forward_lora(m, st, layer, LORA_V, st->xn, c->hidden_size, lw->wv.rows, st->v);
     op->rope(be, st->q, n_rows, c->n_heads, c->head_dim, st->positions, &m->rope);
     op->rope(be, st->k, n_rows, c->n_kv_heads, c->head_dim, st->positions, &m->rope);
-    op->kv_store(be, kv, layer, st->k, st->v, st->spans, n_spans);
-    op->attention(be, st->q, kv, layer, st->spans, n_spans, c->n_heads,
+    int kl;
+    const struct attn_span *spans;
+    struct kv_cache *lkv = arch_layer_kv(kv, st, layer, &kl, &spans);
+    op->kv_store(be, lkv, kl, st->k, st->v, spans, n_spans);
+    op->attention(be, st->q, lkv, kl, spans, n_spans, c->n_heads,
                   1.0f / sqrtf((float)c->head_dim), c->sliding_window, st->attn);
     op->matmul(be, st->attn, n_rows, &lw->wo, NULL, st->proj);
     forward_lora(m, st, layer, LORA_O, st->attn, lw->wo.cols, c->hidden_size, st->proj);

@@ -41,11 +41,21 @@ static int load_experts(struct model *m, int i, struct layer_weights *L, struct 
             (rc = model_load_matrix(m, NAME("down_proj"), hidden, inter, &ex->down[e], err)))
             return rc;
 #undef NAME
-        if (ex->gate[e].dtype != ex->gate[0].dtype || ex->down[e].dtype != ex->gate[0].dtype ||
-            ex->up[e].dtype != ex->gate[0].dtype)
-            return err_set(err, INFERD_EFORMAT,
-                           "layer %d: the experts' matrices differ in dtype (%s and %s)", i,
-                           dtype_name(ex->gate[0].dtype), dtype_name(ex->gate[e].dtype));
+        /* one dtype per projection (a GGUF file stacks each into one tensor);
+         * dense ones one dtype for all three, which the CUDA kernels read as
+         * one. Quantized files may mix types between projections (llama-quantize
+         * gives ffn_down more bits, or a fallback type for its rows): the CPU
+         * runs each matrix in its own type. */
+        const struct weight_matrix *w[3] = {&ex->gate[e], &ex->up[e], &ex->down[e]};
+        const struct weight_matrix *w0[3] = {&ex->gate[0], &ex->up[0], &ex->down[0]};
+        bool dense = !dtype_is_block(w0[0]->dtype) && !dtype_is_block(w0[1]->dtype) &&
+                     !dtype_is_block(w0[2]->dtype);
+        for (int p = 0; p < 3; p++)
+            if (w[p]->dtype != w0[p]->dtype || (dense && w[p]->dtype != w0[0]->dtype))
+                return err_set(err, INFERD_EFORMAT,
+                               "layer %d: the experts' %s matrices differ in dtype (%s and %s)",
+                               i, (const char *[]){"gate", "up", "down"}[p],
+                               dtype_name(ex->gate[0].dtype), dtype_name(w[p]->dtype));
     }
     int64_t shared = c->shared_expert_intermediate_size;
     if (shared == 0)
