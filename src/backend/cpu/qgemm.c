@@ -1,6 +1,7 @@
 /* backend/cpu/qgemm.c — the prefill GEMM over block-quantized weights: unpacking blocks into int8 panels, x into token groups, the scalar reference kernel and the threaded driver. */
 #include "backend/cpu/qgemm.h"
 
+#include <immintrin.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,26 +39,51 @@ struct panel {
     float *scale, *min;
 };
 
-/* The block's codes already at q[0..n): its corr. */
-static int32_t corr_of(const int8_t *q, int n)
+/* corr of each block of blk (32 or 16) codes of a row of K at q, into
+ * corr[b * QGEMM_ROWS]. Each block's sum in a horizontal reduction of its
+ * own cost as much as the kernel's dot products at T = 128; here vpsadbw
+ * (on the codes + 128, as unsigned bytes) sums 8 bytes a lane and one
+ * reduction serves two (or four) blocks. */
+static void corr_row(const int8_t *q, int64_t K, int blk, int32_t *corr)
 {
-    int32_t s = 0;
-    for (int j = 0; j < n; j++)
-        s += q[j];
-    return -128 * s;
+    const __m256i bias = _mm256_set1_epi8((char)0x80), zero = _mm256_setzero_si256();
+    int64_t c = 0;
+    for (; c + 64 <= K; c += 64, q += 64) {
+        __m256i a = _mm256_sad_epu8(
+            _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)q), bias), zero);
+        __m256i b = _mm256_sad_epu8(
+            _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(q + 32)), bias), zero);
+        /* lanes: a0+a1, b0+b1, a2+a3, b2+b3 */
+        __m256i h = _mm256_add_epi64(_mm256_unpacklo_epi64(a, b), _mm256_unpackhi_epi64(a, b));
+        if (blk == 32) {
+            __m128i t = _mm_add_epi64(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+            corr[(c / 32) * QGEMM_ROWS] = (int32_t)(-128 * (_mm_cvtsi128_si64(t) - 32 * 128));
+            corr[(c / 32 + 1) * QGEMM_ROWS] =
+                (int32_t)(-128 * (_mm_extract_epi64(t, 1) - 32 * 128));
+        } else {
+            int64_t s[4] = {_mm256_extract_epi64(h, 0), _mm256_extract_epi64(h, 2),
+                            _mm256_extract_epi64(h, 1), _mm256_extract_epi64(h, 3)};
+            for (int i = 0; i < 4; i++)
+                corr[(c / 16 + i) * QGEMM_ROWS] = (int32_t)(-128 * (s[i] - 16 * 128));
+        }
+    }
+    for (; c < K; c += blk, q += blk) { /* a last block of 32 (K = 64 n + 32) */
+        int32_t sum = 0;
+        for (int j = 0; j < blk; j++)
+            sum += q[j];
+        corr[(c / blk) * QGEMM_ROWS] = -128 * sum;
+    }
 }
 
 /* Row r of panel p from the row's blocks at src; meta index [b][r]. */
 static void unpack_row(enum dtype t, const uint8_t *src, int64_t K, const struct panel *p, int r)
 {
     int8_t *q = p->q + (size_t)r * (size_t)K;
-    int32_t *corr = p->corr + r;
     float *scale = p->scale + r, *min = p->min + r;
     switch (t) {
     case DTYPE_Q8_0:
         for (int64_t b = 0; b < K / 32; b++, src += 34, q += 32) {
             memcpy(q, src + 2, 32);
-            corr[b * QGEMM_ROWS] = corr_of(q, 32);
             scale[b * QGEMM_ROWS] = qmm_half(src);
         }
         break;
@@ -69,7 +95,6 @@ static void unpack_row(enum dtype t, const uint8_t *src, int64_t K, const struct
                 q[j] = (int8_t)((src[hdr + j] & 15) - off);
                 q[j + 16] = (int8_t)((src[hdr + j] >> 4) - off);
             }
-            corr[b * QGEMM_ROWS] = corr_of(q, 32);
             scale[b * QGEMM_ROWS] = qmm_half(src);
             if (t == DTYPE_Q4_1)
                 min[b * QGEMM_ROWS] = qmm_half(src + 2);
@@ -94,7 +119,6 @@ static void unpack_row(enum dtype t, const uint8_t *src, int64_t K, const struct
                     q[l] = (int8_t)v;
                 }
                 int64_t b = sb * 8 + j;
-                corr[b * QGEMM_ROWS] = corr_of(q, 32);
                 scale[b * QGEMM_ROWS] = d * (float)sm[j];
                 min[b * QGEMM_ROWS] = -dmin * (float)sm[8 + j];
             }
@@ -116,7 +140,6 @@ static void unpack_row(enum dtype t, const uint8_t *src, int64_t K, const struct
                     for (int half = 0; half < 2; half++) {
                         int gi = 8 * h + 2 * g + half;
                         int64_t b = sb * 16 + gi;
-                        corr[b * QGEMM_ROWS] = corr_of(q + 16 * half, 16);
                         scale[b * QGEMM_ROWS] = d * (float)sc[gi];
                     }
                 }
@@ -153,8 +176,10 @@ static void unpack_panel(enum dtype t, const uint8_t *w, size_t row_bytes, int64
     struct panel p = panel_at(buf, K);
     int blk = blk_of(t);
     size_t nb = (size_t)(K / blk);
-    for (int r = 0; r < nr; r++)
+    for (int r = 0; r < nr; r++) {
         unpack_row(t, w + (size_t)(r0 + r) * row_bytes, K, &p, r);
+        corr_row(p.q + (size_t)r * (size_t)K, K, blk, p.corr + r);
+    }
     if (nr < QGEMM_ROWS) {
         memset(p.q + (size_t)nr * (size_t)K, 0, (size_t)(QGEMM_ROWS - nr) * (size_t)K);
         for (size_t b = 0; b < nb; b++)
@@ -287,7 +312,55 @@ struct qgemm_job {
     bool k_act;
 };
 
-static void qgemm_rows(const struct qgemm_job *j, int i, int64_t r0, int64_t r1, void *buf)
+/* The weight bytes of a chunk to come, prefetched a slice per token
+ * group while this chunk computes: a chunk's rows are read once, cold, and
+ * their short runs (64 rows of a member, a few KB each) leave the hardware
+ * prefetchers no time to ramp up; unpacking them cold cost as much as
+ * the dot products. */
+struct prefetch {
+    const char *p[2]; /* up to two members' runs (a chunk spans at most two) */
+    size_t left[2];
+    size_t per_step;  /* bytes per token group */
+};
+
+static void prefetch_plan(const struct qgemm_job *j, int64_t b, struct prefetch *pf)
+{
+    memset(pf, 0, sizeof *pf);
+    if (b >= j->total_rows)
+        return;
+    int64_t e = b + QGEMM_CHUNK_ROWS < j->total_rows ? b + QGEMM_CHUNK_ROWS : j->total_rows;
+    int64_t base = 0;
+    int k = 0;
+    size_t total = 0;
+    for (int i = 0; i < j->n && k < 2; i++) {
+        int64_t r0 = b - base, r1 = e - base;
+        if (r0 < j->m[i].N && r1 > 0) {
+            r0 = r0 < 0 ? 0 : r0;
+            r1 = r1 > j->m[i].N ? j->m[i].N : r1;
+            pf->p[k] = (const char *)j->m[i].w + (size_t)r0 * j->row_bytes;
+            pf->left[k] = (size_t)(r1 - r0) * j->row_bytes;
+            total += pf->left[k++];
+        }
+        base += j->m[i].N;
+    }
+    pf->per_step = (total / (size_t)j->groups + 63) / 64 * 64 + 64;
+}
+
+static void prefetch_step(struct prefetch *pf)
+{
+    size_t n = pf->per_step;
+    for (int k = 0; k < 2 && n > 0; k++) {
+        size_t m = pf->left[k] < n ? pf->left[k] : n;
+        for (size_t o = 0; o < m; o += 64)
+            __builtin_prefetch(pf->p[k] + o);
+        pf->p[k] += m;
+        pf->left[k] -= m;
+        n -= m;
+    }
+}
+
+static void qgemm_rows(const struct qgemm_job *j, int i, int64_t r0, int64_t r1, void *buf,
+                       struct prefetch *pf)
 {
     struct qgemm_w pw[QGEMM_PANELS];
     int np = (int)((r1 - r0 + QGEMM_ROWS - 1) / QGEMM_ROWS);
@@ -299,11 +372,13 @@ static void qgemm_rows(const struct qgemm_job *j, int i, int64_t r0, int64_t r1,
     }
     int blk = blk_of(j->dtype);
     int64_t N = j->m[i].N;
+    const float *bias = j->m[i].bias;
     float out[QGEMM_ROWS][QGEMM_TOKENS] __attribute__((aligned(64)));
     for (int64_t g = 0; g < j->groups; g++) {
         struct qgemm_x gx = x_group_at(j->s->x, j->K, g);
         int64_t t0 = g * QGEMM_TOKENS;
         int nt = j->T - t0 < QGEMM_TOKENS ? (int)(j->T - t0) : QGEMM_TOKENS;
+        prefetch_step(pf);
         for (int p = 0; p < np; p++) {
             j->fn(j->K, blk, &pw[p], &gx, out);
             int64_t rp = r0 + (int64_t)p * QGEMM_ROWS;
@@ -311,27 +386,31 @@ static void qgemm_rows(const struct qgemm_job *j, int i, int64_t r0, int64_t r1,
             for (int t = 0; t < nt; t++) {
                 float *yt = j->m[i].y + (t0 + t) * N + rp;
                 for (int r = 0; r < nr; r++)
-                    yt[r] = out[r][t] + (j->m[i].bias ? j->m[i].bias[rp + r] : 0.0f);
+                    yt[r] = out[r][t] + (bias ? bias[rp + r] : 0.0f);
             }
         }
     }
 }
 
+/* Each thread claims its next chunk before computing the current one, so
+ * the next one's weights can be prefetched meanwhile. */
 static void qgemm_thread(void *ctx, int ith, int nth)
 {
     struct qgemm_job *j = ctx;
     (void)nth;
     void *buf = j->s->panels[ith];
-    for (;;) {
-        int64_t b = atomic_fetch_add_explicit(&j->next_row, QGEMM_CHUNK_ROWS, memory_order_relaxed);
-        if (b >= j->total_rows)
-            return;
+    int64_t next = atomic_fetch_add_explicit(&j->next_row, QGEMM_CHUNK_ROWS, memory_order_relaxed);
+    while (next < j->total_rows) {
+        int64_t b = next;
+        next = atomic_fetch_add_explicit(&j->next_row, QGEMM_CHUNK_ROWS, memory_order_relaxed);
+        struct prefetch pf;
+        prefetch_plan(j, next, &pf);
         int64_t e = b + QGEMM_CHUNK_ROWS < j->total_rows ? b + QGEMM_CHUNK_ROWS : j->total_rows;
         int64_t base = 0;
         for (int i = 0; i < j->n && b < e; i++) {
             int64_t r0 = b - base, r1 = e - base;
             if (r0 < j->m[i].N && r1 > 0)
-                qgemm_rows(j, i, r0 < 0 ? 0 : r0, r1 > j->m[i].N ? j->m[i].N : r1, buf);
+                qgemm_rows(j, i, r0 < 0 ? 0 : r0, r1 > j->m[i].N ? j->m[i].N : r1, buf, &pf);
             base += j->m[i].N;
         }
     }
