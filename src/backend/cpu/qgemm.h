@@ -11,9 +11,11 @@
 
 /* A FAST-mode step of at least this many tokens runs the GEMM; shorter ones
  * (and every EXACT step: its bits must not depend on the batch) run the
- * decode kernels. Below one group of QGEMM_TOKENS the padding costs more
- * than the panel reuse gains. */
-#define QGEMM_MIN_T 16
+ * decode kernels. A step pays for a whole group of QGEMM_TOKENS: on one
+ * Zen 4 core at K = 1024, 16 tokens ran at 230 (Q4_K) and 280 (Q8_0)
+ * GFLOP/s against the decode kernels' 145 and 110, so the GEMM wins from
+ * 16 * 145 / 230 = 10 tokens on. */
+#define QGEMM_MIN_T 12
 
 #define QGEMM_TOKENS 16 /* tokens per x group: one zmm of int32 lanes, one AMX tile */
 #define QGEMM_ROWS 16   /* weight rows per panel (per kernel call) */
@@ -43,10 +45,12 @@ struct qgemm_x {
     const float *s;   /* [K / 32][QGEMM_TOKENS]: d * (sum of the block's codes) */
 };
 
-/* out[r][t] = sum over blocks b of (float)(sum_c q[r][c] * xcode[t][c] +
- * corr... as integers) * (scale[b][r] * d[b'][t]) + min[b][r] * s[b'][t],
- * with b' = b * blk / 32: the integer sum of each block is exact, one
- * float multiply-add per block per (row, token). K is a multiple of 32. */
+/* out[r][t] = sum over the K / blk blocks b of
+ *     (float)(corr[b][r] + sum over c in b of q[r][c] * xq[t][c])
+ *         * (scale[b][r] * d[b'][t]) + min[b][r] * s[b'][t],
+ * b' = b * blk / 32, xq the codes + 128 as stored: the bracket is the
+ * block's exact integer dot with x's codes, and each block meets one float
+ * multiply-add per (row, token). blk is 32 or 16, K a multiple of 32. */
 typedef void (*qgemm_fn)(int64_t K, int blk, const struct qgemm_w *w, const struct qgemm_x *x,
                          float out[QGEMM_ROWS][QGEMM_TOKENS]);
 
