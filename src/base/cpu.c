@@ -62,12 +62,13 @@ void cpu_features_detect(enum cpu_isa cap, struct cpu_features *out)
     f.avx512_vnni = f.avx512vl && ((c >> 11) & 1);
     f.amx_bf16 = os_amx && ((d >> 22) & 1);
     f.amx_tile = os_amx && ((d >> 24) & 1);
+    f.amx_int8 = os_amx && ((d >> 25) & 1);
     __cpuid_count(7, 1, a, b, c, d);
     f.avx512_bf16 = f.avx512bw && ((a >> 5) & 1);
 
     if (cap != CPU_ISA_BEST) {
         if (cap < CPU_ISA_AMX)
-            f.amx_tile = f.amx_bf16 = false;
+            f.amx_tile = f.amx_bf16 = f.amx_int8 = false;
         if (cap < CPU_ISA_AVX512BF16)
             f.avx512_bf16 = false;
         if (cap < CPU_ISA_AVX512)
@@ -75,7 +76,7 @@ void cpu_features_detect(enum cpu_isa cap, struct cpu_features *out)
         if (cap < CPU_ISA_AVX2)
             f.avx2 = f.fma = false;
     }
-    if (f.amx_tile && f.amx_bf16)
+    if (f.amx_tile && (f.amx_bf16 || f.amx_int8))
         f.amx_usable = request_amx_permission();
     *out = f;
 }

@@ -9,6 +9,7 @@ struct cpu_features {
     bool avx512f, avx512bw, avx512vl, avx512_bf16;
     bool avx512_vnni;         /* vpdpbusd: the int8 dot products of quantized weights */
     bool amx_tile, amx_bf16;  /* hardware support (CPUID) */
+    bool amx_int8;            /* tdpbsud and kin: the quantized prefill GEMM's tiles (CPUID) */
     bool amx_usable;          /* the kernel granted this process the AMX tile state */
     int n_cores;              /* online logical processors */
 };
@@ -21,7 +22,7 @@ enum cpu_isa {
     CPU_ISA_AVX2,       /* AVX2 + FMA */
     CPU_ISA_AVX512,     /* AVX-512 F/BW/VL */
     CPU_ISA_AVX512BF16, /* + AVX512-BF16 */
-    CPU_ISA_AMX,        /* + AMX-BF16: the same as no cap */
+    CPU_ISA_AMX,        /* + AMX-BF16 and AMX-INT8: the same as no cap */
 };
 
 /* Detects the processor's features into out, reporting every level above cap

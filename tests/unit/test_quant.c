@@ -1,4 +1,4 @@
-/* tests/unit/test_quant.c — the GGUF block formats: exact layouts on known blocks, every format's round trip within its step size, the CPU's quantized matmul kernels against the reference dot product, and a quantized forward against the same weights dequantized. */
+/* tests/unit/test_quant.c — the GGUF block formats: exact layouts on known blocks, every format's round trip within its step size, the CPU's quantized matmul kernels and prefill GEMM against the reference dot product, and a quantized forward against the same weights dequantized. */
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
 #include <json-c/json.h>
@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "backend/cpu/matmul.h"
+#include "backend/cpu/qgemm.h"
 #include "backend/cpu/qmatmul.h"
 #include "base/bf16.h"
 #include "base/cpu.h"
@@ -364,6 +365,171 @@ Test(quant_matmul, every_isa_quantizes_x_to_the_reference_bytes)
             cr_assert_eq(ak[b].d, ref_k[b].d);
         }
     }
+}
+
+/* ---------------------------------------------------------------- prefill GEMM */
+
+/* Two matrices of one type through cpu_qgemm_run with kernel fn (one with
+ * a bias, one without: the grouped path), T tokens quantized by the
+ * reference quantizer, checked against the reference dot product in
+ * double as kernel_case_mode checks the decode kernels: the block sums are
+ * exact integers, what remains is f32 rounding of the scaled block terms. */
+static void gemm_case(struct threadpool *pool, const char *isa, qgemm_fn fn, enum dtype t,
+                      int64_t T, int64_t K, const int64_t N[2], uint32_t seed)
+{
+    float *x = malloc((size_t)(T * K) * sizeof *x), *xd = malloc((size_t)(T * K) * sizeof *xd);
+    float *xscale = malloc((size_t)(T * K) * sizeof *xscale);
+    fill(x, (int)(T * K), seed + 1);
+    for (int64_t i = 0; i < T * K; i += 89)
+        x[i] *= 8.0f;
+    kernel_view_of_x(t, x, T * K, xd, xscale);
+    bool k_act = qmm_act_k_of(t);
+    size_t act = k_act ? sizeof(struct qmm_act_k) : sizeof(struct qmm_act);
+    int64_t xs = K / (k_act ? QMM_ACT_K_ELEMS : QMM_ACT_ELEMS);
+    void *xa = aligned_alloc(64, (size_t)(T * xs) * act);
+    for (int64_t tk = 0; tk < T; tk++) {
+        if (k_act)
+            cpu_qmm_quantize_x_k(x + tk * K, K, (struct qmm_act_k *)xa + tk * xs);
+        else
+            cpu_qmm_quantize_x(x + tk * K, K, (struct qmm_act *)xa + tk * xs);
+    }
+    size_t rb = (size_t)dtype_row_bytes(t, (uint64_t)K);
+    float *wd[2], *bias[2], *y[2];
+    uint8_t *wq[2];
+    struct weight_matrix wm[2];
+    for (int i = 0; i < 2; i++) {
+        float *w = malloc((size_t)(N[i] * K) * sizeof *w);
+        wd[i] = malloc((size_t)(N[i] * K) * sizeof *wd[i]);
+        wq[i] = malloc(rb * (size_t)N[i]);
+        y[i] = malloc((size_t)(T * N[i]) * sizeof *y[i]);
+        bias[i] = NULL;
+        if (i == 0) {
+            bias[i] = malloc((size_t)N[i] * sizeof *bias[i]);
+            fill(bias[i], (int)N[i], seed + 2);
+        }
+        fill(w, (int)(N[i] * K), seed + 3 + (uint32_t)i);
+        for (int64_t r = 0; r < N[i]; r++) {
+            quant_quantize_row(t, w + r * K, wq[i] + (size_t)r * rb, K);
+            quant_dequantize_row(t, wq[i] + (size_t)r * rb, wd[i] + r * K, K);
+        }
+        free(w);
+        wm[i] = (struct weight_matrix){.dtype = t, .rows = N[i], .cols = K, .data = wq[i]};
+    }
+    const struct weight_matrix *wp[2] = {&wm[0], &wm[1]};
+    struct qgemm_scratch s = {0};
+    cr_assert(cpu_qgemm_run(pool, fn, &s, xa, act, xs, T, 2, wp, (const float *const *)bias, y));
+    for (int i = 0; i < 2; i++)
+        for (int64_t tk = 0; tk < T; tk++)
+            for (int64_t r = 0; r < N[i]; r++) {
+                double ref = bias[i] ? bias[i][r] : 0.0, mag = fabs(ref);
+                for (int64_t c = 0; c < K; c++) {
+                    ref += (double)wd[i][r * K + c] * xd[tk * K + c];
+                    mag += fabs((double)wd[i][r * K + c] * xd[tk * K + c]);
+                }
+                float got = y[i][tk * N[i] + r];
+                cr_assert_leq(fabs(got - ref), KTOL * mag + 1e-6,
+                              "%s %s T=%lld K=%lld N=%lld: y%d[%lld,%lld] = %.9g, reference %.9g",
+                              isa, dtype_name(t), (long long)T, (long long)K, (long long)N[i], i,
+                              (long long)tk, (long long)r, got, ref);
+            }
+    cpu_qgemm_scratch_free(&s);
+    for (int i = 0; i < 2; i++)
+        free(wd[i]), free(wq[i]), free(y[i]), free(bias[i]);
+    free(x), free(xd), free(xscale), free(xa);
+}
+
+/* Every kernel present, and the AMX kernel with its tile instructions
+ * emulated (wherever AVX-512 VNNI runs its epilogue), so the AMX operand
+ * layout is checked on machines without AMX. Shapes: token counts off the
+ * 16-token group, row counts off the 16-row panel and the 64-row chunk,
+ * K of one super-block and of several. */
+Test(quant_gemm, every_kernel_matches_the_reference_dot_product_on_odd_shapes, .timeout = 300)
+{
+    static const enum dtype types[] = {DTYPE_Q8_0, DTYPE_Q4_0, DTYPE_Q4_1,
+                                       DTYPE_Q4_K, DTYPE_Q5_K, DTYPE_Q6_K};
+    static const int64_t Ts[] = {1, 16, 21, 40}, Ks[] = {256, 768};
+    static const int64_t Ns[][2] = {{1, 16}, {17, 70}, {64, 3}};
+    const struct cpu_features *f = cpu_features();
+    struct {
+        const char *name;
+        qgemm_fn fn;
+        bool present;
+    } isas[] = {
+        {"scalar", cpu_qgemm_scalar, true},
+        {"vnni", cpu_qgemm_vnni, f->avx512_vnni},
+        {"amx-emulated", cpu_qgemm_amx_emulated, f->avx512_vnni},
+        {"amx", cpu_qgemm_amx, f->amx_int8 && f->amx_usable && f->avx512_vnni},
+    };
+    struct err err = {0};
+    struct threadpool *pool;
+    cr_assert_eq(threadpool_create(2, &pool, &err), 0, "%s", err.msg);
+    int ran = 0;
+    for (size_t k = 0; k < sizeof isas / sizeof isas[0]; k++) {
+        if (!isas[k].present)
+            continue;
+        ran++;
+        for (size_t ty = 0; ty < sizeof types / sizeof types[0]; ty++)
+            for (int a = 0; a < 4; a++)
+                for (int b = 0; b < 2; b++)
+                    for (int c = 0; c < 3; c++)
+                        gemm_case(pool, isas[k].name, isas[k].fn, types[ty], Ts[a], Ks[b], Ns[c],
+                                  (uint32_t)(ty * 1000 + a * 100 + b * 10 + c));
+    }
+    cr_assert_geq(ran, 1);
+    threadpool_free(pool);
+}
+
+Test(quant_gemm, the_gemm_follows_the_level_and_the_cpu)
+{
+    const struct cpu_features *f = cpu_features();
+    cr_assert_eq(cpu_qgemm_kernel_for(CPU_MATMUL_SCALAR), cpu_qgemm_scalar);
+    cr_assert_null(cpu_qgemm_kernel_for(CPU_MATMUL_AVX2), "AVX2 prompts run the decode kernels");
+    if (f->avx512_vnni)
+        cr_assert_eq(cpu_qgemm_kernel_for(CPU_MATMUL_AVX512), cpu_qgemm_vnni);
+    if (cpu_matmul_detect_level() == CPU_MATMUL_AMX)
+        cr_assert_eq(cpu_qgemm_kernel_for(CPU_MATMUL_AMX),
+                     f->amx_int8 ? cpu_qgemm_amx : cpu_qgemm_vnni);
+    cr_assert(cpu_qgemm_takes(DTYPE_Q4_K));
+    cr_assert_not(cpu_qgemm_takes(DTYPE_Q3_K), "Q3_K has no panel unpacking");
+}
+
+/* FAST prompts past QGEMM_MIN_T take the GEMM; EXACT ones stay on the
+ * decode kernels, so each token keeps the bits it gets alone. */
+Test(quant_gemm, exact_prompts_keep_each_tokens_bits_and_fast_ones_agree_with_them)
+{
+    enum { T = 40, K = 512, N = 48 };
+    struct err err = {0};
+    struct threadpool *pool;
+    struct cpu_matmul *mm;
+    cr_assert_eq(threadpool_create(2, &pool, &err), 0, "%s", err.msg);
+    cr_assert_eq(cpu_matmul_create(pool, &mm, &err), 0, "%s", err.msg);
+    float *w = malloc(N * K * sizeof *w), *x = malloc(T * K * sizeof *x);
+    float *ye = malloc(T * N * sizeof *ye), *yf = malloc(T * N * sizeof *yf), y1[N];
+    fill(w, N * K, 3);
+    fill(x, T * K, 4);
+    static const enum dtype types[] = {DTYPE_Q8_0, DTYPE_Q4_K, DTYPE_Q6_K};
+    for (int k = 0; k < 3; k++) {
+        size_t rb = (size_t)dtype_row_bytes(types[k], K);
+        uint8_t *wq = malloc(rb * N);
+        for (int r = 0; r < N; r++)
+            quant_quantize_row(types[k], w + r * K, wq + r * rb, K);
+        struct weight_matrix wm = {.dtype = types[k], .rows = N, .cols = K, .data = wq};
+        cpu_matmul_run(mm, COMPUTE_EXACT, x, T, &wm, NULL, ye);
+        cpu_matmul_run(mm, COMPUTE_FAST, x, T, &wm, NULL, yf);
+        for (int t = 0; t < T; t++) {
+            cpu_matmul_run(mm, COMPUTE_EXACT, x + t * K, 1, &wm, NULL, y1);
+            cr_assert_eq(memcmp(y1, ye + t * N, sizeof y1), 0, "%s token %d",
+                         dtype_name(types[k]), t);
+            for (int r = 0; r < N; r++) /* the same integers; f32 sums in another order */
+                cr_assert_leq(fabsf(yf[t * N + r] - ye[t * N + r]),
+                              1e-4f * (1.0f + fabsf(ye[t * N + r])), "%s y[%d,%d] %.9g vs %.9g",
+                              dtype_name(types[k]), t, r, yf[t * N + r], ye[t * N + r]);
+        }
+        free(wq);
+    }
+    free(w), free(x), free(ye), free(yf);
+    cpu_matmul_free(mm);
+    threadpool_free(pool);
 }
 
 /* ---------------------------------------------------------------- forward */

@@ -445,7 +445,8 @@ void cpu_matmul_run(struct cpu_matmul *mm, enum compute_mode mode, const float *
     if (T <= 0 || N <= 0)
         return;
     if (dtype_is_block(w->dtype) && K > 0) {
-        cpu_qmm_run(mm->pool, cpu_qmm_kernels_for(mm->level), &mm->qmm, x, T, 1, &w, &bias, &y);
+        cpu_qmm_run(mm->pool, cpu_qmm_kernels_for(mm->level), cpu_qgemm_kernel_for(mm->level),
+                    mode, &mm->qmm, x, T, 1, &w, &bias, &y);
         return;
     }
     if (K <= 0) {
@@ -475,7 +476,8 @@ void cpu_matmul_run_group(struct cpu_matmul *mm, enum compute_mode mode, const f
     for (int i = 1; groupable && i < n; i++)
         groupable = w[i]->cols == w[0]->cols && w[i]->dtype == w[0]->dtype;
     if (groupable && dtype_is_block(w[0]->dtype)) {
-        cpu_qmm_run(mm->pool, cpu_qmm_kernels_for(mm->level), &mm->qmm, x, T, n, w, bias, y);
+        cpu_qmm_run(mm->pool, cpu_qmm_kernels_for(mm->level), cpu_qgemm_kernel_for(mm->level),
+                    mode, &mm->qmm, x, T, n, w, bias, y);
         return;
     }
     if (groupable)

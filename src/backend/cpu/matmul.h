@@ -44,10 +44,11 @@ const char *cpu_matmul_level_name(enum cpu_matmul_level level);
 
 /* y[t, r] = sum_c x[t, c] * W[r, c] (+ bias[r] when bias != NULL) for t < T.
  * x is T x w->cols f32 row-major, y is T x w->rows; w is F32, BF16 or F16,
- * or a GGUF block type, read in place. Q8_0, Q4_0, Q4_K and Q6_K weights
- * are dotted with x quantized to int8 per 32 elements (qmatmul.c, in both
- * modes: what llama.cpp computes), the other block types block by block
- * dequantized to f32 against f32 x. FAST rounds x to bf16 (nearest even) before multiplying;
+ * or a GGUF block type, read in place. Q8_0, Q4_0, Q4_1, Q4_K, Q5_K and
+ * Q6_K weights are dotted with x quantized to int8 blocks (qmatmul.c, in
+ * both modes: what llama.cpp computes; FAST prompts through the int8 GEMM
+ * of qgemm.c), the other block types block by block dequantized to f32
+ * against f32 x. FAST rounds x to bf16 (nearest even) before multiplying;
  * both modes accumulate in f32. Small T streams W once (GEMV); larger T
  * packs cache blocks (GEMM). Threads of the context's pool share the work. */
 void cpu_matmul_run(struct cpu_matmul *mm, enum compute_mode mode, const float *x, int64_t T,

@@ -323,6 +323,7 @@ void cpu_qmm_scratch_free(struct qmm_scratch *s)
     free(s->act);
     s->act = NULL;
     s->act_bytes = 0;
+    cpu_qgemm_scratch_free(&s->gemm);
 }
 
 /* Room for n bytes of activations; false when memory is short. */
@@ -358,9 +359,10 @@ static void qmm_quantize_thread(void *ctx, int ith, int nth)
         q->fn(q->x + t * q->K, q->K, (char *)q->out + (size_t)t * q->row_bytes);
 }
 
-void cpu_qmm_run(struct threadpool *pool, const struct qmm_kernels *k, struct qmm_scratch *s,
-                 const float *x, int64_t T, int n, const struct weight_matrix *const *w,
-                 const float *const *bias, float *const *y)
+void cpu_qmm_run(struct threadpool *pool, const struct qmm_kernels *k, qgemm_fn gemm,
+                 enum compute_mode mode, struct qmm_scratch *s, const float *x, int64_t T, int n,
+                 const struct weight_matrix *const *w, const float *const *bias,
+                 float *const *y)
 {
     int64_t K = w[0]->cols;
     struct qmm_job job = {.k = k, .x = x, .T = T, .K = K, .dtype = w[0]->dtype, .n = n,
@@ -386,6 +388,9 @@ void cpu_qmm_run(struct threadpool *pool, const struct qmm_kernels *k, struct qm
         else
             qmm_quantize_thread(&q, 0, 1);
         job.xa = s->act;
+        if (mode == COMPUTE_FAST && T >= QGEMM_MIN_T &&
+            cpu_qgemm_run(pool, gemm, &s->gemm, s->act, job.act_size, job.xs, T, n, w, bias, y))
+            return;
     }
     int64_t chunk = job.total_rows / ((int64_t)threadpool_size(pool) * QMM_CHUNKS_PER_THREAD);
     chunk = chunk < QMM_MIN_CHUNK_ROWS ? QMM_MIN_CHUNK_ROWS : chunk;

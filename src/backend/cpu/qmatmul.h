@@ -13,6 +13,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/matmul.h"
+#include "backend/cpu/qgemm.h"
 #include "base/bf16.h"
 
 /* x is quantized once per call, row by row, in the form the weight type's
@@ -100,18 +101,23 @@ void cpu_qmm_quantize_x_k(const float *x, int64_t n, struct qmm_act_k *out);
 /* The kernels level and this processor allow (VNNI decides the AVX-512 set). */
 const struct qmm_kernels *cpu_qmm_kernels_for(enum cpu_matmul_level level);
 
-/* The driver's growable buffer of quantized activations. */
+/* The driver's growable buffers: quantized activations, and the GEMM's. */
 struct qmm_scratch {
     void *act; /* owned; struct qmm_act or struct qmm_act_k rows */
     size_t act_bytes;
+    struct qgemm_scratch gemm;
 };
 void cpu_qmm_scratch_free(struct qmm_scratch *s);
 
 /* y[i] = x * w[i]^T (+ bias[i]) for n (1..CPU_MATMUL_MAX_GROUP) matrices of
- * one block dtype and equal cols, threads of pool sharing the rows. */
-void cpu_qmm_run(struct threadpool *pool, const struct qmm_kernels *k, struct qmm_scratch *s,
-                 const float *x, int64_t T, int n, const struct weight_matrix *const *w,
-                 const float *const *bias, float *const *y);
+ * one block dtype and equal cols, threads of pool sharing the rows. A FAST
+ * step of QGEMM_MIN_T tokens or more runs gemm (qgemm.h) when it is not
+ * NULL; the rest, EXACT steps always, run k's dot kernels, whose bits for a
+ * token do not depend on the others. */
+void cpu_qmm_run(struct threadpool *pool, const struct qmm_kernels *k, qgemm_fn gemm,
+                 enum compute_mode mode, struct qmm_scratch *s, const float *x, int64_t T, int n,
+                 const struct weight_matrix *const *w, const float *const *bias,
+                 float *const *y);
 
 /* ---- block fields, shared by the kernel files ----------------------- */
 
