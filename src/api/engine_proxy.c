@@ -110,28 +110,6 @@ struct engine_supervisor {
 
 /* ---- the output a handler reads: filled here as the engine thread fills its own ---- */
 
-/* gen_output_create is the engine's own; this is the same record, made for a producer that
- * is not the engine thread (the same fields, the same monotonic clock, two references). */
-static struct gen_output *output_new(int n_prompt)
-{
-    struct gen_output *o = calloc(1, sizeof *o);
-    if (!o)
-        return NULL;
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    if (pthread_mutex_init(&o->mu, NULL) != 0 || pthread_cond_init(&o->cv, &ca) != 0) {
-        pthread_condattr_destroy(&ca);
-        free(o);
-        return NULL;
-    }
-    pthread_condattr_destroy(&ca);
-    o->n_prompt = n_prompt;
-    o->refs = 2;
-    atomic_init(&o->cancel, false);
-    return o;
-}
-
 static void output_apply(struct gen_output *o, struct engine_wire_event *e)
 {
     struct gen_news *n = &e->news;
@@ -1011,7 +989,7 @@ int engine_proxy_submit(struct engine_proxy *p, const struct gen_params *params,
     if (params->grammar)
         return err_set(err, INFERD_EUNSUPPORTED, "structured output is not available with "
                        "--isolate");
-    struct gen_output *o = output_new(params->n_prompt);
+    struct gen_output *o = gen_output_create(params->n_prompt);
     struct request *r = calloc(1, sizeof *r);
     if (!o || !r) {
         free(o);

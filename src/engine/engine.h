@@ -240,6 +240,9 @@ int gen_output_drain(struct gen_output *o, struct gen_cursor *cur, int timeout_m
 void gen_news_free(struct gen_news *news);
 /* Drops the caller's reference (the reader's, after it asked to cancel if unfinished). */
 void gen_output_release(struct gen_output *o);
+/* A new record with two references (the producer's and the reader's), for the engine and
+ * for a producer that is not the engine thread (the isolation proxy); NULL without memory. */
+struct gen_output *gen_output_create(int n_prompt);
 
 struct engine_stats {
     uint64_t requests_admitted, requests_finished, requests_cancelled, requests_refused;

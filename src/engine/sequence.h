@@ -93,8 +93,8 @@ struct seq {
     bool embed;                 /* gen_params.embed: its last prompt row goes to out->embedding */
 };
 
-/* The engine's side of struct gen_output (engine/gen_output.c). */
-struct gen_output *gen_output_create(int n_prompt);
+/* The engine's side of struct gen_output (engine/gen_output.c; gen_output_create is
+ * engine.h's). */
 /* Moves p's text, tokens, count and finish into o under one lock with one
  * wake-up for the reader, and empties p; nothing (no lock) when p holds no
  * news. False when memory ran out (the news is lost). */

@@ -37,7 +37,7 @@ static void hidden_of(struct model *m, const int32_t *tokens, int n, float *out)
     uint32_t *ids = malloc((size_t)blocks * sizeof *ids);
     for (int b = 0; b < blocks; b++)
         ids[b] = (uint32_t)b;
-    struct batch_seq seq = {tokens, n, 0, ids, blocks, false, true, out};
+    struct batch_seq seq = {tokens, n, 0, ids, blocks, false, true, out, NULL, 0};
     cr_assert_eq(batch_n_outputs(&(struct batch){&seq, 1}), 0);
     cr_assert_eq(model_forward(m, st, &pool->cache, &(struct batch){&seq, 1}, NULL, &err), 0, "%s",
                  err.msg);
