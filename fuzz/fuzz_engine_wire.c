@@ -16,13 +16,20 @@ static void submit_again(const struct engine_wire_submit *s)
         if (!s->p.stop[i])
             __builtin_trap();
     struct strbuf b = {0};
-    if (engine_wire_put_submit(&b, s->id, &s->p)) {
+    /* a grammar travels as its source, beside a compiled one the sender holds */
+    struct gen_params p = s->p;
+    bool has_grammar = s->grammar.kind != STRUCTURED_NONE;
+    if (has_grammar && !s->grammar.text)
+        __builtin_trap();
+    p.grammar = has_grammar ? (struct gen_grammar *)&p : NULL; /* never dereferenced */
+    if (engine_wire_put_submit(&b, s->id, &p, has_grammar ? &s->grammar : NULL)) {
         struct engine_wire_frame f;
         size_t used = 0;
         struct engine_wire_submit t;
         if (engine_wire_parse((const uint8_t *)b.data, b.len, &f, &used, NULL) != 1 ||
             engine_wire_get_submit(&f, &t, NULL) != 0 || t.p.n_prompt != s->p.n_prompt ||
-            t.p.n_stop != s->p.n_stop || t.id != s->id)
+            t.p.n_stop != s->p.n_stop || t.id != s->id || t.grammar.kind != s->grammar.kind ||
+            (has_grammar && strcmp(t.grammar.text, s->grammar.text) != 0))
             __builtin_trap();
         engine_wire_submit_free(&t);
     }

@@ -158,7 +158,19 @@ static void on_submit(struct child *c, const struct engine_wire_frame *f)
         rc = err_set(&err, INFERD_ENOMEM, "out of memory in the engine child");
     } else if ((rc = engine_wire_get_submit(f, &r->s, &err)) == 0) {
         r->c = c;
-        rc = engine_submit(c->sm->engine, &r->s.p, &r->out, &err);
+        /* the grammar crosses as its source: compiled here, for this engine's tokenizer */
+        struct gen_grammar *g = NULL;
+        rc = 0;
+        if (r->s.grammar.kind != STRUCTURED_NONE)
+            rc = c->sm->grammars
+                     ? grammar_cache_get(c->sm->grammars, &r->s.grammar, &g, &err)
+                     : err_set(&err, INFERD_EUNSUPPORTED, "this engine runs without grammars");
+        if (rc == 0) {
+            r->s.p.grammar = g;
+            rc = engine_submit(c->sm->engine, &r->s.p, &r->out, &err);
+            r->s.p.grammar = NULL;
+            gen_grammar_release(g); /* the sequence holds its own reference */
+        }
     }
     struct strbuf b = {0};
     if (engine_wire_put_submitted(&b, r ? r->s.id : 0, rc, rc < 0 ? err.msg : ""))

@@ -983,12 +983,10 @@ static bool wait_running(struct engine_proxy *p)
 }
 
 int engine_proxy_submit(struct engine_proxy *p, const struct gen_params *params,
-                        struct gen_output **out, struct err *err)
+                        const struct structured_spec *grammar, struct gen_output **out,
+                        struct err *err)
 {
     *out = NULL;
-    if (params->grammar)
-        return err_set(err, INFERD_EUNSUPPORTED, "structured output is not available with "
-                       "--isolate");
     struct gen_output *o = gen_output_create(params->n_prompt);
     struct request *r = calloc(1, sizeof *r);
     if (!o || !r) {
@@ -1019,7 +1017,7 @@ int engine_proxy_submit(struct engine_proxy *p, const struct gen_params *params,
     pthread_mutex_unlock(&p->mu);
 
     struct strbuf b = {0};
-    bool encoded = engine_wire_put_submit(&b, id, params);
+    bool encoded = engine_wire_put_submit(&b, id, params, grammar);
     if (encoded)
         send_frame(p, &b); /* a failed send means a lost child: child_lost answers w */
     strbuf_free(&b);
@@ -1164,10 +1162,11 @@ bool served_engine_ready(const struct served_model *sm)
 }
 
 int served_engine_submit(const struct served_model *sm, const struct gen_params *params,
-                         struct gen_output **out, struct err *err)
+                         const struct structured_spec *grammar, struct gen_output **out,
+                         struct err *err)
 {
     if (sm->proxy)
-        return engine_proxy_submit(sm->proxy, params, out, err);
+        return engine_proxy_submit(sm->proxy, params, grammar, out, err);
     return engine_submit(sm->engine, params, out, err);
 }
 

@@ -62,10 +62,12 @@ void engine_proxy_shutdown(struct engine_proxy *p, int grace_ms);
 void engine_proxy_free(struct engine_proxy *p);
 
 /* engine_submit's contract, through the child; besides its codes, -INFERD_EIO when the child
- * is down (restarting: waited for up to start_timeout_s first; stopping) and
- * -INFERD_EUNSUPPORTED for a request with a grammar (structured output stays in process). */
+ * is down (restarting: waited for up to start_timeout_s first; stopping). grammar: the
+ * constraint params->grammar was compiled from (NULL without one): the child compiles it
+ * again for its engine. */
 int engine_proxy_submit(struct engine_proxy *p, const struct gen_params *params,
-                        struct gen_output **out, struct err *err);
+                        const struct structured_spec *grammar, struct gen_output **out,
+                        struct err *err);
 const struct engine_config *engine_proxy_config(const struct engine_proxy *p);
 /* The child's stats (the last ones known while it is down or paused; state "restarting" or
  * "paused" then). */
@@ -95,8 +97,10 @@ int engine_supervisor_leases(struct engine_supervisor *s);
 
 /* True when sm has an engine (in process or a child) that requests can use. */
 bool served_engine_ready(const struct served_model *sm);
+/* grammar: what params->grammar was compiled from (NULL without one), for a child. */
 int served_engine_submit(const struct served_model *sm, const struct gen_params *params,
-                         struct gen_output **out, struct err *err);
+                         const struct structured_spec *grammar, struct gen_output **out,
+                         struct err *err);
 /* NULL when sm has no engine (yet). */
 const struct engine_config *served_engine_config(const struct served_model *sm);
 void served_engine_stats(const struct served_model *sm, struct engine_stats *out);

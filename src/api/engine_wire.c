@@ -314,9 +314,11 @@ int engine_wire_get_hello(const struct engine_wire_frame *f, struct engine_wire_
     return close_frame(&r, "HELLO", err);
 }
 
-bool engine_wire_put_submit(struct strbuf *out, uint64_t id, const struct gen_params *p)
+bool engine_wire_put_submit(struct strbuf *out, uint64_t id, const struct gen_params *p,
+                            const struct structured_spec *grammar)
 {
-    if (p->grammar || p->n_prompt < 0 || p->n_stop < 0 || p->n_stop > MAX_STOP ||
+    bool has_grammar = grammar && grammar->kind != STRUCTURED_NONE;
+    if (!p->grammar != !has_grammar || p->n_prompt < 0 || p->n_stop < 0 || p->n_stop > MAX_STOP ||
         p->n_eos < 0 || p->sampling.n_logit_bias < 0)
         return false;
     struct sampler_params sp = p->sampling;
@@ -343,6 +345,13 @@ bool engine_wire_put_submit(struct strbuf *out, uint64_t id, const struct gen_pa
     put_i32(&w, p->think_budget);
     put_u8(&w, p->no_speculation);
     put_u8(&w, p->embed);
+    put_u8(&w, has_grammar ? (uint8_t)grammar->kind : STRUCTURED_NONE);
+    if (has_grammar) {
+        put_u8(&w, grammar->free_whitespace);
+        put_u8(&w, p->grammar_after_think);
+        put_u8(&w, p->jump_forward);
+        put_str(&w, grammar->text ? grammar->text : "");
+    }
     return end(&w);
 }
 
@@ -408,6 +417,21 @@ int engine_wire_get_submit(const struct engine_wire_frame *f, struct engine_wire
     p->think_budget = get_i32(&r);
     p->no_speculation = get_u8(&r) != 0;
     p->embed = get_u8(&r) != 0;
+    uint8_t kind = get_u8(&r);
+    if (kind > STRUCTURED_TOOL_CALL)
+        r.ok = false;
+    else if (r.ok && kind != STRUCTURED_NONE) {
+        s->grammar.kind = (enum structured_kind)kind;
+        s->grammar.free_whitespace = get_u8(&r) != 0;
+        p->grammar_after_think = get_u8(&r) != 0;
+        p->jump_forward = get_u8(&r) != 0;
+        s->grammar.text = get_str(&r, &is_null);
+        if (is_null || !s->grammar.text)
+            r.ok = false;
+        else
+            s->grammar.len = strlen(s->grammar.text);
+        s->grammar.param = "response_format";
+    }
     return close_frame(&r, "SUBMIT", err);
 }
 
@@ -421,6 +445,7 @@ void engine_wire_submit_free(struct engine_wire_submit *s)
     free(s->eos);
     free(s->session);
     free(s->bias);
+    structured_spec_free(&s->grammar);
     memset(s, 0, sizeof *s);
 }
 

@@ -18,12 +18,13 @@
 #include <stdint.h>
 
 #include "api/server.h"
+#include "api/structured.h"
 #include "base/err.h"
 #include "base/strbuf.h"
 #include "engine/engine.h"
 
 #define ENGINE_WIRE_MAGIC 0x57444649u /* "IFDW" */
-#define ENGINE_WIRE_VERSION 1
+#define ENGINE_WIRE_VERSION 2
 #define ENGINE_WIRE_HEADER 12
 #define ENGINE_WIRE_MAX_PAYLOAD (64u << 20)
 
@@ -84,8 +85,14 @@ struct engine_wire_submit {
     char **stop;                      /* owned; p.n_stop strings, each owned */
     char *session;                    /* owned, or NULL */
     struct sampler_logit_bias *bias;  /* owned */
+    /* The request's structured output (kind NONE: none): the child compiles it with its own
+     * grammar cache and sets p.grammar; text owned. */
+    struct structured_spec grammar;
 };
-bool engine_wire_put_submit(struct strbuf *out, uint64_t id, const struct gen_params *p);
+/* grammar: the constraint p->grammar was compiled from (NULL exactly when p->grammar is):
+ * compiled grammars stay in their process, their sources cross. */
+bool engine_wire_put_submit(struct strbuf *out, uint64_t id, const struct gen_params *p,
+                            const struct structured_spec *grammar);
 int engine_wire_get_submit(const struct engine_wire_frame *f, struct engine_wire_submit *s,
                            struct err *err);
 void engine_wire_submit_free(struct engine_wire_submit *s);

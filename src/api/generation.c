@@ -121,9 +121,11 @@ static bool request_session(const struct http_exchange *x, const struct gen_requ
  * asks for none. A construct the compiler refuses is a 400 naming it (its JSON path in the
  * message, the request field as param). */
 static int request_grammar(const struct served_model *sm, const struct gen_request *req,
-                           struct gen_grammar **out, struct api_error *e)
+                           struct gen_grammar **out, struct structured_spec *source,
+                           struct api_error *e)
 {
     *out = NULL;
+    memset(source, 0, sizeof *source);
     if (!prompt_structured(req))
         return 0;
     struct structured_spec tool;
@@ -153,6 +155,18 @@ static int request_grammar(const struct served_model *sm, const struct gen_reque
     }
     if (rc == 0)
         rc = grammar_cache_get(sm->grammars, spec, out, &err);
+    /* an engine in a child compiles its own from the source (compiled grammars stay in
+     * their process); compiling here too answers a bad one with the same 400 */
+    if (rc == 0 && sm->proxy) {
+        *source = *spec;
+        source->text = strndup(spec->text ? spec->text : "", spec->len);
+        if (!source->text) {
+            memset(source, 0, sizeof *source);
+            gen_grammar_release(*out);
+            *out = NULL;
+            rc = err_set(&err, INFERD_ENOMEM, "out of memory for the grammar's source");
+        }
+    }
     structured_spec_free(&tool);
     if (rc == -INFERD_ENOMEM)
         api_error_set(e, 500, API_ERROR_SERVER, NULL, NULL, "%s", err.msg);
@@ -229,7 +243,8 @@ int generation_start(const struct http_exchange *x, struct served_model *sm,
                                      req->cache_salt ? strlen(req->cache_salt) : 0);
     p.session_id = session;
     struct gen_grammar *grammar = NULL;
-    int rc = request_grammar(sm, req, &grammar, e);
+    struct structured_spec grammar_source; /* for an engine in a child (request_grammar) */
+    int rc = request_grammar(sm, req, &grammar, &grammar_source, e);
     if (rc < 0) {
         free(bias);
         generation_free(g);
@@ -238,6 +253,7 @@ int generation_start(const struct http_exchange *x, struct served_model *sm,
     struct prompt pr;
     if (!prompt_build(srv, sm, req, p.cache_ns, &pr, e)) {
         gen_grammar_release(grammar);
+        structured_spec_free(&grammar_source);
         free(bias);
         generation_free(g);
         return -INFERD_EINVAL;
@@ -264,14 +280,16 @@ int generation_start(const struct http_exchange *x, struct served_model *sm,
         api_error_set(e, 400, API_ERROR_INVALID_REQUEST, "adapter", "adapter_not_found", "%s",
                       err.msg);
         gen_grammar_release(grammar);
+        structured_spec_free(&grammar_source);
         prompt_free(&pr);
         free(bias);
         generation_free(g);
         return rc;
     }
-    rc = served_engine_submit(sm, &p, &g->out, &err);
+    rc = served_engine_submit(sm, &p, grammar ? &grammar_source : NULL, &g->out, &err);
     adapter_put(&p);
     gen_grammar_release(grammar); /* the sequence holds its own reference */
+    structured_spec_free(&grammar_source);
     bool starts_inside = pr.starts_inside_think;
     free(bias);
     if (rc < 0) {

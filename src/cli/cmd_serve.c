@@ -166,8 +166,8 @@ static const char usage[] =
     "GET /engine reports the children. --admin-socket PATH (default\n"
     "$XDG_RUNTIME_DIR/inferd-PID.sock, else /tmp/inferd-UID/inferd-PID.sock; mode 0600) answers\n"
     "POST /admin/drain (every cached prefix made durable in the SSD tier: {drained, demotions})\n"
-    "and POST /admin/lease (every engine paused while the response stays open). Structured\n"
-    "output and LoRA adapters are refused under --isolate.\n"
+    "and POST /admin/lease (every engine paused while the response stays open). LoRA adapters\n"
+    "are not served under --isolate.\n"
     "Sampling flags set the defaults below each request's own fields (generation_config.json\n"
     "is below them). --thinking on|off is enable_thinking for chat templates that have it when\n"
     "a request says nothing (default: the template's own).\n"
@@ -817,7 +817,10 @@ static int served_load_isolated(const struct serve_options *base, struct engine_
         l->have_tmpl = true;
     else
         log_warn("serve: no chat template (%s); /v1/chat/completions will answer 400", terr.msg);
-    if ((rc = reencode_create(l->tok, REENCODE_MAX_BYTES, &l->reencode, err)) < 0)
+    if ((rc = reencode_create(l->tok, REENCODE_MAX_BYTES, &l->reencode, err)) < 0 ||
+        /* grammars compiled here answer a bad one with its 400; the child compiles its own */
+        (rc = grammar_vocab_create(l->tok, &l->gvocab, err)) < 0 ||
+        (rc = grammar_cache_create(l->gvocab, (int)base->grammar_cache, &l->grammars, err)) < 0)
         goto fail;
     if (!(l->host_model = calloc(1, sizeof *l->host_model))) {
         rc = err_set(err, INFERD_ENOMEM, "out of memory loading %s", dir);
@@ -836,7 +839,7 @@ static int served_load_isolated(const struct serve_options *base, struct engine_
     sm->engine = NULL;
     sm->proxy = l->proxy;
     sm->reencode = l->reencode;
-    sm->grammars = NULL;
+    sm->grammars = l->grammars;
     *out = l;
     return 0;
 fail:

@@ -125,6 +125,30 @@ describe('engine isolation (--isolate)', () => {
     assert.notEqual(e.engines[0].pid, e.engines[1].pid);
   });
 
+  test('structured output crosses to the engine child: the reply follows the schema, and a bad schema is the same 400 as in process', async () => {
+    const schema = {
+      type: 'object',
+      properties: { name: { type: 'string', maxLength: 8 }, count: { type: 'integer' } },
+      required: ['name', 'count'], additionalProperties: false,
+    };
+    const r = await client(s.url).chat.completions.create({
+      model: modelId, temperature: 0, messages: convo('Describe the ledger.'), max_tokens: 64,
+      response_format: { type: 'json_schema', json_schema: { name: 'ledger', schema, strict: true } },
+    });
+    const v = JSON.parse(r.choices[0].message.content);
+    assert.deepEqual(Object.keys(v).sort(), ['count', 'name']);
+    assert.equal(typeof v.name, 'string');
+    assert.ok(Number.isInteger(v.count));
+    await assert.rejects(
+      client(s.url).chat.completions.create({
+        model: modelId, messages: convo('x'), max_tokens: 4,
+        response_format: { type: 'json_schema', json_schema: { name: 'bad', schema: { type: 'no-such-type' } } },
+      }),
+      (e) => e.status === 400,
+    );
+    assert.equal(await ask(s.url, modelId), answers[modelId], 'plain requests are unchanged after it');
+  });
+
   test('a crash mid-stream: an error event then [DONE]; the other model\'s concurrent stream is untouched; the restarted engine answers the same', { skip: noFaults }, async () => {
     const before = await json(s.url, '/engine');
     const [crashed, other] = await Promise.all([

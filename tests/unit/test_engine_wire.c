@@ -34,7 +34,7 @@ Test(engine_wire, submit_round_trip_keeps_every_field)
         .think_open = true, .think_budget = 12, .no_speculation = true,
     };
     struct strbuf b = {0};
-    cr_assert(engine_wire_put_submit(&b, 42, &p));
+    cr_assert(engine_wire_put_submit(&b, 42, &p, NULL));
     struct engine_wire_frame f = only_frame(&b);
     cr_assert_eq(f.type, ENGINE_WIRE_SUBMIT);
     struct engine_wire_submit s;
@@ -65,12 +65,12 @@ Test(engine_wire, submit_round_trip_keeps_every_field)
     strbuf_free(&b);
 }
 
-Test(engine_wire, submit_without_session_stays_null_and_a_grammar_cannot_travel)
+Test(engine_wire, submit_without_session_stays_null_and_a_grammar_travels_as_its_source)
 {
     int32_t prompt[] = {5};
     struct gen_params p = {.prompt = prompt, .n_prompt = 1, .max_tokens = 1, .logprobs = -1};
     struct strbuf b = {0};
-    cr_assert(engine_wire_put_submit(&b, 1, &p));
+    cr_assert(engine_wire_put_submit(&b, 1, &p, NULL));
     struct engine_wire_frame f = only_frame(&b);
     struct engine_wire_submit s;
     struct err err = {0};
@@ -80,8 +80,30 @@ Test(engine_wire, submit_without_session_stays_null_and_a_grammar_cannot_travel)
     engine_wire_submit_free(&s);
     strbuf_free(&b);
 
+    /* a compiled grammar never crosses: without its source the frame is refused */
     p.grammar = (struct gen_grammar *)&p; /* any non-NULL: never dereferenced */
-    cr_assert_not(engine_wire_put_submit(&b, 2, &p));
+    cr_assert_not(engine_wire_put_submit(&b, 2, &p, NULL));
+    strbuf_free(&b);
+    /* and a source without the grammar it was compiled to is a caller's mistake too */
+    char schema[] = "{\"type\":\"object\"}";
+    struct structured_spec src = {.kind = STRUCTURED_JSON_SCHEMA, .text = schema,
+                                  .len = sizeof schema - 1, .free_whitespace = true};
+    p.grammar = NULL;
+    cr_assert_not(engine_wire_put_submit(&b, 3, &p, &src));
+    strbuf_free(&b);
+    /* with both, the source arrives with the grammar's flags; the receiver compiles it */
+    p.grammar = (struct gen_grammar *)&p;
+    p.grammar_after_think = true;
+    p.jump_forward = true;
+    cr_assert(engine_wire_put_submit(&b, 4, &p, &src));
+    f = only_frame(&b);
+    cr_assert_eq(engine_wire_get_submit(&f, &s, &err), 0, "%s", err.msg);
+    cr_assert_null(s.p.grammar);
+    cr_assert_eq(s.grammar.kind, STRUCTURED_JSON_SCHEMA);
+    cr_assert_str_eq(s.grammar.text, schema);
+    cr_assert_eq(s.grammar.len, sizeof schema - 1);
+    cr_assert(s.grammar.free_whitespace && s.p.grammar_after_think && s.p.jump_forward);
+    engine_wire_submit_free(&s);
     strbuf_free(&b);
 }
 
