@@ -510,14 +510,14 @@ bool cu_exec_gemm(struct cu_impl *im, const struct cu_op *op)
 enum prof_label {
     PL_EMBED, PL_GEMV, PL_GEMV_GROUP, PL_GEMV_RES, PL_GEMV_SWIGLU, PL_GEMM, PL_RMSNORM, PL_QK,
     PL_ROPE, PL_SILU, PL_ADD, PL_KV_STORE, PL_ATTN_DECODE, PL_ATTN_PREFILL, PL_NORM_GEMV,
-    PL_QK_ATTN, PL_KV_COPY, PL_MOE_ROUTE, PL_MOE_FFN, PL_GATED_ADD, PL_GEMMA_EW, PL_N
+    PL_QK_ATTN, PL_KV_COPY, PL_MOE_ROUTE, PL_MOE_FFN, PL_GATED_ADD, PL_GEMMA_EW, PL_LORA, PL_N
 };
 static const char *const prof_names[PL_N] = {
     "embed", "gemv", "gemv group", "gemv + residual add", "gemv gate/up + swiglu",
     "cublasLt gemm", "rmsnorm", "q/k norm + rope + kv write", "rope", "silu_mul", "add",
     "kv_store", "attention decode", "attention prefill", "rmsnorm + gemv (+ epilogue)",
     "q/k prep + attention decode", "kv copy slots", "moe routing", "moe experts",
-    "shared expert gate + add", "gelu_tanh_mul, scale, softcap"};
+    "shared expert gate + add", "gelu_tanh_mul, scale, softcap", "lora shrink + expand"};
 
 static int prof_label_of(const struct cu_op *ops, const struct cu_launch *l)
 {
@@ -538,6 +538,7 @@ static int prof_label_of(const struct cu_op *ops, const struct cu_launch *l)
     case CU_LAUNCH_GELU_TANH_MUL:
     case CU_LAUNCH_SCALE:
     case CU_LAUNCH_SOFTCAP: return PL_GEMMA_EW;
+    case CU_LAUNCH_LORA: return PL_LORA;
     case CU_LAUNCH_ATTENTION:
         return cu_attention_uses_prefill(op) ? PL_ATTN_PREFILL : PL_ATTN_DECODE;
     case CU_LAUNCH_GEMM: return PL_GEMM;
