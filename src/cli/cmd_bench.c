@@ -368,7 +368,7 @@ int cmd_bench(int argc, char **argv)
                steps ? (double)(accepted + steps) / (double)steps : 0.0);
     }
     if (o.verify_k > 0) {
-        double plain_s, verify_s;
+        double plain_s = 0, verify_s = 0;
         if (verify_cost(m, prompt, (int)o.prompt_len, (int)o.chunk, (int)o.verify_k,
                         (int)(o.reps < 5 ? 5 : o.reps), &plain_s, &verify_s, &err) < 0)
             goto fail;

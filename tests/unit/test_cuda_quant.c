@@ -225,11 +225,11 @@ static float *logits_of(struct loaded *l, int n)
     uint32_t blocks[4] = {0, 1, 2, 3};
     float *logits = malloc((size_t)(n + 1) * (size_t)V * sizeof *logits);
     struct err err = {0};
-    struct batch_seq seq = {tokens, n, 0, blocks, 4, true, false};
+    struct batch_seq seq = {tokens, n, 0, blocks, 4, true, false, NULL, NULL, 0};
     struct batch batch = {&seq, 1};
     cr_assert_eq(model_forward(l->m, l->st, &l->pool->cache, &batch, logits, &err), 0, "%s",
                  err.msg);
-    struct batch_seq one = {tokens + n, 1, n, blocks, 4, true, false};
+    struct batch_seq one = {tokens + n, 1, n, blocks, 4, true, false, NULL, NULL, 0};
     struct batch b1 = {&one, 1};
     cr_assert_eq(model_forward(l->m, l->st, &l->pool->cache, &b1, logits + (size_t)n * V, &err),
                  0, "%s", err.msg);

@@ -46,7 +46,7 @@ TestSuite(forward, .init = setup, .fini = teardown);
 static int forward_one(const int32_t *tokens, int n, int pos0, const uint32_t *blocks, int n_blocks,
                        struct err *err)
 {
-    struct batch_seq seq = {tokens, n, pos0, blocks, n_blocks, false, false, NULL};
+    struct batch_seq seq = {tokens, n, pos0, blocks, n_blocks, false, false, NULL, NULL, 0};
     struct batch batch = {&seq, 1};
     return model_forward(model, state, &pool->cache, &batch, logits, err);
 }

@@ -536,24 +536,24 @@ struct expectation {
 };
 
 static const struct expectation expectations[] = {
-    {"tiny-llama", DECODE_BF16, 5, DECODE_F32, 7, PREFILL_GEMM, 11, PREFILL_GEMV, 8, true},
-    {"tiny-llama3", DECODE_BF16, 5, DECODE_F32, 7, PREFILL_GEMM, 11, PREFILL_GEMV, 8, true},
-    {"tiny-llama-linear", DECODE_F32, 7, DECODE_F32, 7, PREFILL_GEMV, 8, PREFILL_GEMV, 8, false},
-    {"tiny-mistral", DECODE_F32, 7, DECODE_F32, 7, PREFILL_GEMV, 8, PREFILL_GEMV, 8, false},
-    {"tiny-qwen2", DECODE_BF16, 5, DECODE_F32, 7, PREFILL_GEMM, 11, PREFILL_GEMV, 8, true},
+    {"tiny-llama", DECODE_BF16, 5, DECODE_F32, 7, PREFILL_GEMM, 11, PREFILL_GEMV, 8, true, NULL, NULL},
+    {"tiny-llama3", DECODE_BF16, 5, DECODE_F32, 7, PREFILL_GEMM, 11, PREFILL_GEMV, 8, true, NULL, NULL},
+    {"tiny-llama-linear", DECODE_F32, 7, DECODE_F32, 7, PREFILL_GEMV, 8, PREFILL_GEMV, 8, false, NULL, NULL},
+    {"tiny-mistral", DECODE_F32, 7, DECODE_F32, 7, PREFILL_GEMV, 8, PREFILL_GEMV, 8, false, NULL, NULL},
+    {"tiny-qwen2", DECODE_BF16, 5, DECODE_F32, 7, PREFILL_GEMM, 11, PREFILL_GEMV, 8, true, NULL, NULL},
     {"tiny-qwen3", DECODE_BF16_QK_NORM, 5, DECODE_EXACT_QK_NORM, 7, PREFILL_GEMM_QK_NORM, 11,
-     PREFILL_GEMV_QK_NORM, 8, true},
+     PREFILL_GEMV_QK_NORM, 8, true, NULL, NULL},
     {"tiny-qwen3-gqa1", DECODE_BF16_QK_NORM, 5, DECODE_EXACT_QK_NORM, 7, PREFILL_GEMM_QK_NORM,
-     11, PREFILL_GEMV_QK_NORM, 8, true},
+     11, PREFILL_GEMV_QK_NORM, 8, true, NULL, NULL},
     /* launches: every layer's together */
     {"tiny-qwen3_moe", MOE_LAYERS(MOE_DECODE_BF16, DECODE_BF16_QK_NORM), 7 + 5 + 7,
      MOE_LAYERS(MOE_DECODE_EXACT, DECODE_EXACT_QK_NORM), 9 + 7 + 9,
      MOE_LAYERS(MOE_PREFILL_GEMM, PREFILL_GEMM_QK_NORM), 11 + 11 + 11,
-     MOE_LAYERS(MOE_PREFILL_GEMV, PREFILL_GEMV_QK_NORM), 10 + 8 + 10, true},
+     MOE_LAYERS(MOE_PREFILL_GEMV, PREFILL_GEMV_QK_NORM), 10 + 8 + 10, true, NULL, NULL},
     {"tiny-gemma3", GEMMA3_DECODE_BF16, 10, GEMMA3_DECODE_EXACT, 12, GEMMA3_PREFILL_GEMM, 13,
      GEMMA3_PREFILL_GEMV, 13, true, "scale", "softcap"},
     /* Phi-3's fused projections are views into one tensor each: Llama's launches */
-    {"tiny-phi3", DECODE_BF16, 5, DECODE_F32, 7, PREFILL_GEMM, 11, PREFILL_GEMV, 8, true},
+    {"tiny-phi3", DECODE_BF16, 5, DECODE_F32, 7, PREFILL_GEMM, 11, PREFILL_GEMV, 8, true, NULL, NULL},
 };
 
 static const struct expectation *expectation_of(const char *preset)

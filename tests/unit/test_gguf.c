@@ -241,7 +241,7 @@ static float *prompt_logits(struct loaded *l, int n)
     for (int i = 0; i < n; i++)
         tokens[i] = (int32_t)((i * 37 + 11) % l->m->config.vocab_size);
     uint32_t blocks[2] = {0, 1};
-    struct batch_seq seq = {tokens, n, 0, blocks, 2, true, false, NULL};
+    struct batch_seq seq = {tokens, n, 0, blocks, 2, true, false, NULL, NULL, 0};
     struct batch batch = {&seq, 1};
     float *logits = malloc((size_t)n * (size_t)l->m->config.vocab_size * sizeof *logits);
     struct err err = {0};
