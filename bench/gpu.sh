@@ -53,11 +53,21 @@
 #              llama-3.1-8b:q4_k_m llama-3.2-1b:q4_k_m") through inferd bench: decode
 #              of 128 tokens and prefill of 512, the weight bytes each token reads
 #              and the bandwidth floor beside each
+#     moe      mixture of experts: the MoE kernels' test (tests/unit/test_cuda_moe.c: the
+#              GEMVs and the grouped GEMM against the CPU, rows alone against batches,
+#              graphs, timings per row count), then the qwen3-30b-a3b shape (61 GB of
+#              bf16, written once to /dev/shm when it has room, else to $INFERD_MODELS,
+#              and deleted at the end) through inferd bench: decode tg128 after a
+#              512-token prompt and prefill pp4096 in one chunk, each again with
+#              --cuda-moe off (the first kernels), and gemma-3-4b decode tg128; the
+#              floor is on each decode line (MOE_TEST=0 skips the test, MOE_BENCH=0
+#              the models)
 #     MODEL    mkmodel presets (default: qwen3-0.6b llama-3.2-1b llama-3.1-8b)
 #   With no stage named, parity, bench and 8k run.
 #
 # Binaries come from .bundle/bin (scripts/bundle-libs.sh .bundle build/inferd
-# build/test_cuda_parity build/test_cuda_sampling build/test_cuda_kv_quant build/test_cuda_quant,
+# build/test_cuda_parity build/test_cuda_sampling build/test_cuda_kv_quant build/test_cuda_quant
+# build/test_cuda_moe,
 # libraries in .bundle/lib, or the same packed as
 # .bundle/bundle.tar.xz) when present, else from
 # build/ (configure with nvcc on the PATH). cuBLASLt is taken from the
@@ -70,7 +80,7 @@ cd "$root"
 stages=() models=()
 for a in "$@"; do
   case "$a" in
-    parity|bench|8k|profile|serve|cache|agent|rows|ssd|structured|spec|kvquant|quant) stages+=("$a") ;;
+    parity|bench|8k|profile|serve|cache|agent|rows|ssd|structured|spec|kvquant|quant|moe) stages+=("$a") ;;
     *) models+=("$a") ;;
   esac
 done
@@ -386,6 +396,62 @@ if has_stage quant; then
     bench_one "$preset $dtype decode tg128" "$file" --prompt-len 16 --gen-len 128 --reps 3
     bench_one "$preset $dtype prefill pp512" "$file" --prompt-len 512 --gen-len 1 --reps 3
   done
+fi
+
+if has_stage moe; then
+  if [ "${MOE_TEST:-1}" != 0 ]; then
+    echo "== moe: the MoE kernels against the CPU backend (tests/unit/test_cuda_moe.c)"
+    if [ -x "$bin"/test_cuda_moe ]; then
+      timeout 1800 "$bin"/test_cuda_moe --verbose=1 --jobs=1 2>&1 |
+        grep -E "cuda moe:|worst|PASS|FAIL|SKIP|Synthesis|expected|assert|signal|Crash|error"
+    else
+      echo "no $bin/test_cuda_moe"
+    fi
+  fi
+  if [ "${MOE_BENCH:-1}" != 0 ]; then
+    # 61 GB of bf16: RAM-backed /dev/shm when it holds it with room to spare
+    # (the loader maps the files; the page cache would hold a disk copy too)
+    moe_dir=
+    shm_kb=$(df -Pk /dev/shm 2>/dev/null | awk 'NR == 2 { print $4 }')
+    if [ -f /dev/shm/inferd-models/qwen3-30b-a3b/.complete ] ||
+       [ "${shm_kb:-0}" -ge $((60 * 1024 * 1024)) ]; then
+      moe_dir=/dev/shm/inferd-models/qwen3-30b-a3b
+    else
+      disk_kb=$(df -Pk "$models_dir" | awk 'NR == 2 { print $4 }')
+      if [ -f "$models_dir/qwen3-30b-a3b/.complete" ] || [ "${disk_kb:-0}" -ge $((60 * 1024 * 1024)) ]; then
+        moe_dir=$models_dir/qwen3-30b-a3b
+      fi
+    fi
+    if [ -z "$moe_dir" ]; then
+      echo "== moe: no room for qwen3-30b-a3b (60 GB) in /dev/shm ($((${shm_kb:-0} / 1048576)) GB free) or $models_dir"
+    else
+      echo "== moe: qwen3-30b-a3b in $moe_dir"
+      mkdir -p "$(dirname "$moe_dir")"
+      if [ ! -f "$moe_dir/.complete" ]; then
+        rm -rf "$moe_dir"
+        t0=$(date +%s.%N)
+        if "$bin"/inferd mkmodel --preset qwen3-30b-a3b --seed 1 --out "$moe_dir" >/dev/null; then
+          touch "$moe_dir/.complete"
+          echo "mkmodel qwen3-30b-a3b: $(awk "BEGIN { printf \"%.1f\", $(date +%s.%N) - $t0 }") s, $(du -sh "$moe_dir" | cut -f1)"
+        else
+          echo "mkmodel qwen3-30b-a3b failed"
+        fi
+      fi
+      if [ -f "$moe_dir/.complete" ]; then
+        bench_one "qwen3-30b-a3b pp512+tg128" "$moe_dir" --prompt-len 512 --gen-len 128 --reps 3
+        bench_one "qwen3-30b-a3b tg128, first kernels" "$moe_dir" --prompt-len 512 --gen-len 128 --reps 1 --cuda-moe off
+        bench_one "qwen3-30b-a3b pp4096" "$moe_dir" --prompt-len 4096 --chunk 4096 --gen-len 4 --reps 3
+        bench_one "qwen3-30b-a3b pp4096, first kernels" "$moe_dir" --prompt-len 4096 --chunk 4096 --gen-len 4 --reps 1 --cuda-moe off
+      fi
+      rm -rf "$moe_dir"
+      echo "deleted $moe_dir"
+    fi
+    if dir=$(make_model gemma-3-4b); then
+      bench_one "gemma-3-4b pp512+tg128" "$dir" --prompt-len 512 --gen-len 128 --reps 3
+    else
+      echo "mkmodel gemma-3-4b failed"
+    fi
+  fi
 fi
 
 echo "== summary (floor = weight bytes per token / 4.6 TB/s)"

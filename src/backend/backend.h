@@ -485,6 +485,11 @@ struct backend_options {
     /* CUDA: FAST-mode prefill attention over an f16 cache on tensor cores
      * (default on; off: the f32 kernel) */
     enum backend_switch cuda_prefill_tc;
+    /* CUDA: MoE routing a warp per row, the experts on GEMVs with 16-byte
+     * loads and, in FAST mode with many rows, a grouped tensor-core GEMM
+     * (default on; off: the first kernels, routing a thread per row and the
+     * experts a warp per output reading an element per lane) */
+    enum backend_switch cuda_moe;
     /* CUDA: FAST-mode bf16 matmuls of at most this many token rows run on the
      * GEMV kernels, more rows on cuBLASLt (1..8; 0: the default, 2) */
     int cuda_gemv_rows;

@@ -63,6 +63,7 @@ void cli_backend_options_from_env(struct backend_options *out)
     out->cuda_norm_fusion = env_off("INFERD_CUDA_NORM_FUSION");
     out->cuda_qk_fusion = env_off("INFERD_CUDA_QK_ATTN");
     out->cuda_prefill_tc = env_off("INFERD_CUDA_PREFILL_TC");
+    out->cuda_moe = env_off("INFERD_CUDA_MOE");
     const char *profile = getenv("INFERD_CUDA_PROFILE");
     if (profile && !strcmp(profile, "ops"))
         out->profile = BACKEND_PROFILE_OPS;
@@ -82,6 +83,7 @@ int cli_backend_flag(const char *flag, const char *value, struct backend_options
         {"--cuda-norm-fusion", offsetof(struct backend_options, cuda_norm_fusion)},
         {"--cuda-qk-fusion", offsetof(struct backend_options, cuda_qk_fusion)},
         {"--cuda-prefill-tc", offsetof(struct backend_options, cuda_prefill_tc)},
+        {"--cuda-moe", offsetof(struct backend_options, cuda_moe)},
     };
     for (size_t i = 0; i < sizeof switches / sizeof switches[0]; i++) {
         if (strcmp(flag, switches[i].flag))

@@ -1327,6 +1327,7 @@ extern "C" int backend_cuda_create(int device, const struct backend_options *opt
                                  ? opt->cuda_gemv_rows
                                  : CU_GEMV_DEFAULT_ROWS;
     im->prefill_tc = opt->cuda_prefill_tc != BACKEND_OFF;
+    im->moe_kernels = opt->cuda_moe != BACKEND_OFF;
     im->profile = opt->profile;
     cudaDeviceProp prop;
     bool ok = CU_TRY(im, cudaSetDevice(device)) && CU_TRY(im, cudaGetDeviceProperties(&prop, device));

@@ -19,6 +19,17 @@ extern "C" {
 /* Streaming GEMV kernels (gemv.cu): 4 row counts x 2 matrix counts x with
  * or without the folded RMSNorm. */
 #define CU_GEMV_STREAM_KERNELS 16
+/* MoE kernels whose shared memory may pass the default 48 KB (moe.cu). */
+#define CU_MOE_SMEM_KERNELS 12
+/* MoE rows from which the GEMVs group the pairs by expert (a plan launch
+ * first), so an expert several rows chose is read once for all of them; the
+ * bits of each row stay those of the row alone. */
+#define CU_MOE_SHARE_MIN_ROWS 4
+/* FAST-mode MoE rows from which the experts run as a grouped tensor-core
+ * GEMM. Below it the GEMVs read each chosen expert once, which is what a
+ * batched decode step costs anyway; the GEMM pads each expert's rows to its
+ * tiles (32 rows, 128 once the experts average 64). Not yet measured. */
+#define CU_MOE_GEMM_MIN_ROWS 32
 
 /* One GPU: what was asked of it when the backend was created, and what has
  * been set up on it since. CUDA keeps kernel attributes per device, so they
@@ -31,6 +42,7 @@ struct cu_device {
     /* dynamic shared memory each streaming GEMV kernel has been allowed
      * (cudaFuncAttributeMaxDynamicSharedMemorySize), bytes; 0: not yet */
     size_t gemv_smem[CU_GEMV_STREAM_KERNELS];
+    size_t moe_smem[CU_MOE_SMEM_KERNELS]; /* the same for the MoE kernels */
 };
 
 #ifdef __CUDACC__
@@ -190,6 +202,7 @@ struct cu_impl {
     bool graphs_enabled;   /* backend_options.cuda_graphs */
     struct cu_fuse_config fuse; /* the mode and backend_options' fusion switches */
     bool prefill_tc;       /* backend_options.cuda_prefill_tc */
+    bool moe_kernels;      /* backend_options.cuda_moe: the vectorised and grouped MoE kernels */
 
     /* Pinned staging for uploads and downloads. */
     uint8_t *upload_slot[CU_UPLOAD_SLOTS];
@@ -302,16 +315,20 @@ struct cu_gemv_args {
 };
 cudaError_t cu_launch_gemv(struct cu_device *dev, cudaStream_t s, const struct cu_gemv_args *a);
 
-/* Mixture of experts (moe.cu): routing per row (backend/moe_route.h, one
- * thread a row); the experts by the ids routing left in device memory: per
- * (row, expert) pair a warp per gate/up output with SwiGLU, then a warp per
- * output of a row summing its experts' down projections in ascending id
- * order (one warp per output in every mode: a row's bits never depend on
- * its step mates); round_bf16 rounds x and the hidden activations to bf16
- * first (FAST mode, as the GEMVs do); the shared expert's gate. */
-cudaError_t cu_launch_moe_route(cudaStream_t s, const struct cu_op *op);
-cudaError_t cu_launch_moe_ffn(cudaStream_t s, const struct cu_op *op, const uint8_t *params,
-                              bool round_bf16);
+/* Mixture of experts (moe.cu): routing per row (backend/moe_route.h's
+ * choice, bit for bit: a warp a row, or with warp_per_row false the first
+ * kernel's one thread a row); the experts by the ids routing left in device
+ * memory, and the shared expert's gate. cu_exec_moe_ffn picks the kernels: with
+ * moe_kernels, GEMVs with 16-byte loads (a row alone, or the rows grouped by
+ * expert from CU_MOE_SHARE_MIN_ROWS rows, the same bits either way) or, in
+ * FAST mode from CU_MOE_GEMM_MIN_ROWS bf16 rows, a grouped tensor-core GEMM;
+ * otherwise (or for a shape they cannot read) the first kernels, a warp per
+ * output reading an element per lane. Every one reduces a row's outputs in an
+ * order fixed by the row, and FAST mode rounds x and the hidden activations to
+ * bf16 as the GEMVs do. False when a launch failed (recorded). */
+cudaError_t cu_launch_moe_route(const struct cu_device *dev, cudaStream_t s,
+                                const struct cu_op *op, bool warp_per_row);
+bool cu_exec_moe_ffn(struct cu_impl *im, const struct cu_op *op);
 cudaError_t cu_launch_gated_add(cudaStream_t s, const struct cu_op *op);
 /* Low-rank adapters (lora.cu): the shrink u = A x per (segment, row, rank
  * index), a warp each; then the expand y += scale * B u per (row, output),

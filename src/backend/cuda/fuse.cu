@@ -59,9 +59,9 @@ bool cu_exec_launch(struct cu_impl *im, const struct cu_op *ops, const struct cu
     case CU_LAUNCH_KV_COPY:
         return CU_TRY(im, cu_launch_kv_copy(s, op));
     case CU_LAUNCH_MOE_ROUTE:
-        return CU_TRY(im, cu_launch_moe_route(s, op));
+        return CU_TRY(im, cu_launch_moe_route(&im->dev, s, op, im->moe_kernels));
     case CU_LAUNCH_MOE_FFN:
-        return CU_TRY(im, cu_launch_moe_ffn(s, op, im->arena_dev, im->fuse.fast));
+        return cu_exec_moe_ffn(im, op);
     case CU_LAUNCH_GATED_ADD:
         return CU_TRY(im, cu_launch_gated_add(s, op));
     case CU_LAUNCH_LORA:

@@ -456,10 +456,16 @@ void cu_rec_moe_ffn(struct cu_rec *rec, const float *x, int64_t n_rows,
         rec->blob_cap = bytes;
     }
     const void **table = (const void **)(void *)rec->blob;
+    enum dtype dt = ex->gate[0].dtype;
+    bool vec = (dt == DTYPE_BF16 || dt == DTYPE_F32) && ex->hidden % 8 == 0 &&
+               ex->inter % 8 == 0 && top_k <= CU_MOE_MAX_TOP_K &&
+               ((uintptr_t)x | (uintptr_t)y | (uintptr_t)scratch) % 16 == 0;
     for (int e = 0; e < ex->n_experts; e++) {
         table[e] = ex->gate[e].data;
         table[ex->n_experts + e] = ex->up[e].data;
         table[2 * ex->n_experts + e] = ex->down[e].data;
+        vec = vec && ((uintptr_t)table[e] | (uintptr_t)table[ex->n_experts + e] |
+                      (uintptr_t)table[2 * ex->n_experts + e]) % 16 == 0;
     }
     uint32_t off = arena_put(rec, ex->gate, table, bytes, 0);
     struct cu_op *op = op_new(rec, CU_MOE_FFN, (int)n_rows);
@@ -472,6 +478,7 @@ void cu_rec_moe_ffn(struct cu_rec *rec, const float *x, int64_t n_rows,
     op->u.moe.top_k = top_k;
     op->u.moe.dtype = ex->gate[0].dtype;
     op->u.moe.mats_off = off;
+    op->u.moe.vec = vec;
     op->u.moe.ids = ids;
     op->u.moe.weights = weights;
     op->u.moe.scratch = scratch;

@@ -37,6 +37,8 @@ extern "C" {
  * (Llama-3.1-8B shape 177 -> 190 tok/s, Llama-3.2-1B 663 -> 762) */
 #define CU_ATTN_MAX_SPLITS 64
 #define CU_DEDUP_MAX 16
+/* The MoE GEMVs keep a row's expert order in shared memory: top_k up to this. */
+#define CU_MOE_MAX_TOP_K 32
 
 enum cu_op_kind {
     CU_EMBED = 1,
@@ -172,6 +174,10 @@ struct cu_op {
             int64_t hidden, inter;
             int n_experts, top_k, dtype;
             uint32_t mats_off; /* gate, up, down pointers: 3 x n_experts in the arena */
+            /* the vectorised kernels can read it: bf16 or f32, hidden and inter
+             * multiples of 8, every matrix and x, y, scratch 16-byte aligned,
+             * top_k <= CU_MOE_MAX_TOP_K */
+            int vec;
             const int32_t *ids;
             const float *weights;
             float *scratch, *y;
