@@ -4,14 +4,15 @@
  * model; only the order of additions differs, in the row-parallel
  * projections (o_proj, down_proj): one model sums K products in its
  * kernel's order, N ranks sum K / N each and then the N partials in rank
- * order. Each such sum's rounding differs by at most about K * 2^-24 times
- * the sum of the |products| (the classical bound; K <= 344 in these
- * presets, so ~2e-5 relative), and these differences pass through at most
- * four layers of RMSNorm, attention and SwiGLU. The logits (|x| < ~10 on
- * the random tiny presets) are checked to 2e-3 absolute, 1e-4 of their
- * scale... whichever is larger, and the argmax is required to be the same
- * at every position: not bit-identical, because the reduction order cannot
- * match a single kernel's without giving up its blocking. */
+ * order (the host all-reduce's fixed order, so a run is deterministic). Two
+ * orders of one sum differ by at most about K * 2^-24 times the sum of the
+ * |products| (the classical bound; K <= 344 in these presets: 2e-5 of it),
+ * and the tiny presets' activations and logits are O(1), through at most
+ * four layers. The logits are held to 1e-4 absolute (measured: under 6e-6
+ * on every preset and rank count) and the argmax must be the same at every
+ * position. Not bit-identical: matching one kernel's order would mean giving
+ * up its blocking; a wrong slice or a missed sum is off by O(1). CUDA's one
+ * rank through NCCL sums nothing, so it is held to 1e-5. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <pthread.h>
@@ -26,7 +27,7 @@
 #include "test_support.h"
 #include "tools/mkmodel.h"
 
-#define LOGIT_TOL_ABS 2e-3f
+#define LOGIT_TOL_ABS 1e-4f
 #define PROMPT 20
 #define DECODE 6
 #define MAX_RANKS 4
@@ -131,13 +132,10 @@ static void check_parity(const char *preset, int n)
     float worst = 0;
     for (size_t p = 0; p < rows; p++) {
         const float *x = a + p * vocab, *y = b + p * vocab;
-        float scale = 0;
-        for (int i = 0; i < vocab; i++)
-            scale = fmaxf(scale, fabsf(x[i]));
         for (int i = 0; i < vocab; i++) {
             float d = fabsf(x[i] - y[i]);
             worst = fmaxf(worst, d);
-            cr_assert(d <= fmaxf(LOGIT_TOL_ABS, 1e-4f * scale),
+            cr_assert(d <= LOGIT_TOL_ABS,
                       "%s N=%d: position %zu logit %d: %.7g against %.7g", preset, n, p, i,
                       (double)y[i], (double)x[i]);
         }
