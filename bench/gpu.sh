@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # bench/gpu.sh — the CUDA backend on a GPU machine in one run: parity tests, real-shape models, the speed table.
 #
-#   usage: bench/gpu.sh [parity] [bench] [8k] [profile] [serve] [agent] [spec] [quant] [MODEL...]
+#   usage: bench/gpu.sh [parity] [bench] [8k] [profile] [serve] [agent] [spec] [quant] [tp] [MODEL...]
+#     tp       tensor parallelism's NCCL path (tests/unit/test_tensor_parallel.c: one
+#              rank through NCCL against the plain model; two ranks where there are two
+#              GPUs); NCCL from $INFERD_NCCL_LIB, else PyTorch's nvidia-nccl wheel
 #     parity   the CUDA parity tests (goldens, CPU-vs-CUDA greedy tokens, graphs)
 #     bench    prefill pp512 / decode tg128 per model (and pp4096 for llama-3.1-8b),
 #              prefill again with f32 attention, the 8B's load time
@@ -80,7 +83,7 @@ cd "$root"
 stages=() models=()
 for a in "$@"; do
   case "$a" in
-    parity|bench|8k|profile|serve|cache|agent|rows|ssd|structured|spec|kvquant|quant|moe) stages+=("$a") ;;
+    parity|bench|8k|profile|serve|cache|agent|rows|ssd|structured|spec|kvquant|quant|moe|tp) stages+=("$a") ;;
     *) models+=("$a") ;;
   esac
 done
@@ -327,6 +330,17 @@ if has_stage structured; then
     timeout 600 python3 bench/structured_bench.py "$bin"/inferd "$dir" --device cuda --rounds 5 \
       --server-arg=--no-jump-forward
   done
+fi
+
+if has_stage tp; then
+  echo "== tensor parallelism through NCCL (tests/unit/test_tensor_parallel.c)"
+  if [ -z "${INFERD_NCCL_LIB:-}" ]; then
+    nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null)
+    [ -n "$nccl" ] && [ -f "$nccl" ] || nccl=$(find /usr/local/cuda*/ /usr/lib $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null) -name 'libnccl.so.2*' 2>/dev/null | head -1)
+    [ -n "$nccl" ] && export INFERD_NCCL_LIB=$nccl
+  fi
+  echo "NCCL: ${INFERD_NCCL_LIB:-not found}"
+  timeout 300 "$bin"/test_tensor_parallel --verbose=1 --jobs=1 2>&1 | grep -E "NCCL|N=|PASS|FAIL|SKIP|Synthesis|expected|assert|signal|Crash|error"
 fi
 
 if has_stage spec; then

@@ -57,6 +57,7 @@ struct bench_options {
     struct cli_kv_quant kvq;        /* --kv-quant, --kv-quant-config */
     enum dtype quantize;            /* --quantize; DTYPE_F32: as stored */
     struct bench_adapter_options adapters; /* --adapters LIST: n_counts 0 when not asked */
+    struct cli_tp_flags tp;         /* --tensor-parallel, --nccl-lib */
 };
 
 /* GPU memory bandwidth the floors are stated against (H200 HBM3e). */
@@ -66,6 +67,7 @@ static const char usage[] =
     "usage: inferd bench DIR [--prompt-len P] [--gen-len G] [--threads N] [--mode fast|exact]\n"
     "       [--reps R] [--chunk C] [--device cpu|cuda[:N]|auto] [--verify-cost K]\n"
     "       [--draft-model DIR] [--draft-kind two-model|ngram] [--num-draft-tokens K]\n"
+    "       [--tensor-parallel N [--nccl-lib PATH]]\n"
     "Loads DIR and measures prefill of a P-token prompt (default 128, in chunks of\n"
     "C = 512) and greedy decode of G tokens (default 32), R times (default 3),\n"
     "against the memory-bandwidth floor measured before each decode; prints the\n"
@@ -97,6 +99,8 @@ static bool parse_bench_options(int argc, char **argv, struct bench_options *o)
             backend_flag = cli_kv_quant_flag(a, v, &o->kvq);
         if (backend_flag == 0)
             backend_flag = cli_quantize_flag(a, v, &o->quantize);
+        if (backend_flag == 0)
+            backend_flag = cli_tp_flag(a, v, &o->tp);
         if (backend_flag < 0)
             return false;
         if (backend_flag > 0)
@@ -124,7 +128,7 @@ static bool parse_bench_options(int argc, char **argv, struct bench_options *o)
     if (!o->dir) {
         fprintf(stderr, "usage: inferd bench DIR [--prompt-len P] [--gen-len G] [--threads N] "
                         "[--mode fast|exact] [--reps R] [--chunk C] [--device cpu|cuda[:N]|auto]\n"
-                        "       [backend flags]\n" CLI_BACKEND_USAGE CLI_KV_QUANT_USAGE CLI_QUANTIZE_USAGE);
+                        "       [backend flags]\n" CLI_BACKEND_USAGE CLI_KV_QUANT_USAGE CLI_QUANTIZE_USAGE CLI_TP_USAGE);
         return false;
     }
     return true;
@@ -228,6 +232,7 @@ int cmd_bench(int argc, char **argv)
         return 2;
     struct err err = {0};
     struct backend *be = NULL;
+    struct cli_tp *tp = NULL; /* the other ranks under --tensor-parallel */
     struct model *m = NULL;
     struct generator *g = NULL;
     struct sampler greedy = {0};
@@ -238,12 +243,12 @@ int cmd_bench(int argc, char **argv)
 
     o.backend.mode = o.mode;
     o.backend.threads = (int)o.n_threads;
-    if (cli_kv_quant_resolve(&o.kvq, o.dir, &o.backend, &err) < 0 ||
-        cli_backend_create(o.device, &o.backend, &be, &err) < 0)
+    if (cli_kv_quant_resolve(&o.kvq, o.dir, &o.backend, &err) < 0)
         goto fail;
     double t0 = now_s();
-    if (model_load_with(o.dir, be, &(struct model_load_options){.quantize = o.quantize}, &m,
-                        &err) < 0)
+    if (cli_model_open(o.device, &o.backend, &o.tp, o.dir,
+                       &(struct model_load_options){.quantize = o.quantize}, &be, &m, &tp,
+                       &err) < 0)
         goto fail;
     double load_s = now_s() - t0;
     if (o.adapters.n_counts > 0) {
@@ -390,6 +395,7 @@ done:
     generator_free(g);
     model_free(draft);
     model_free(m);
+    cli_tp_free(tp);
     backend_destroy(be);
     return status;
 }

@@ -30,13 +30,14 @@ struct run_options {
     struct cli_spec_options spec;   /* speculative decoding */
     struct cli_kv_quant kvq;        /* --kv-quant, --kv-quant-config */
     enum dtype quantize;            /* --quantize; DTYPE_F32: as stored */
+    struct cli_tp_flags tp;         /* --tensor-parallel, --nccl-lib */
 };
 
 static const char usage[] =
     "usage: inferd run DIR (-p TEXT [--chat] | --tokens IDS) [-n N] [--temp T] [--top-k K]\n"
     "       [--top-p P] [--min-p P] [--seed S] [--threads N] [--mode fast|exact] [--ctx N]\n"
     "       [--device cpu|cuda[:N]|auto] [--draft-model DIR] [--draft-kind two-model|ngram]\n"
-    "       [--num-draft-tokens K] [--ngram-max N] [--ngram-min N]\n"
+    "       [--num-draft-tokens K] [--ngram-max N] [--ngram-min N] [--tensor-parallel N]\n"
     "Generates from a Hugging Face model directory or a GGUF file: -p TEXT is\n"
     "encoded with its tokenizer (--chat sends it as a user message through the\n"
     "chat template) and the answer printed as text; --tokens takes comma-separated\n"
@@ -74,6 +75,8 @@ static bool parse_run_options(int argc, char **argv, struct run_options *o)
             backend_flag = cli_kv_quant_flag(a, v, &o->kvq);
         if (backend_flag == 0)
             backend_flag = cli_quantize_flag(a, v, &o->quantize);
+        if (backend_flag == 0)
+            backend_flag = cli_tp_flag(a, v, &o->tp);
         if (backend_flag < 0)
             return false;
         if (backend_flag > 0)
@@ -133,7 +136,7 @@ static bool parse_run_options(int argc, char **argv, struct run_options *o)
     }
     if (!o->dir || (!o->prompt) == (!o->text)) {
         fprintf(stderr, "usage: inferd run DIR (-p TEXT [--chat] | --tokens IDS) [-n N] [--temp T] [--seed S] [--device cpu|cuda[:N]|auto]\n"
-                        "       [backend flags]\n" CLI_BACKEND_USAGE CLI_KV_QUANT_USAGE CLI_QUANTIZE_USAGE);
+                        "       [backend flags]\n" CLI_BACKEND_USAGE CLI_KV_QUANT_USAGE CLI_QUANTIZE_USAGE CLI_TP_USAGE);
         return false;
     }
     if (o->chat && !o->text) {
@@ -205,6 +208,7 @@ int cmd_run(int argc, char **argv)
     }
     struct err err = {0};
     struct backend *be = NULL;
+    struct cli_tp *tp = NULL; /* the other ranks under --tensor-parallel */
     struct model *m = NULL;
     struct tokenizer *tok = NULL;
     struct detok *detok = NULL;
@@ -218,9 +222,9 @@ int cmd_run(int argc, char **argv)
     o.backend.mode = o.mode;
     o.backend.threads = (int)o.n_threads;
     if (cli_kv_quant_resolve(&o.kvq, o.dir, &o.backend, &err) < 0 ||
-        cli_backend_create(o.device, &o.backend, &be, &err) < 0 ||
-        model_load_with(o.dir, be, &(struct model_load_options){.quantize = o.quantize}, &m,
-                        &err) < 0)
+        cli_model_open(o.device, &o.backend, &o.tp, o.dir,
+                       &(struct model_load_options){.quantize = o.quantize}, &be, &m, &tp,
+                       &err) < 0)
         goto fail;
     /* A text prompt is answered in text; --tokens always in ids, whatever
      * tokenizer the model carries, so scripts read one format. */
@@ -302,6 +306,7 @@ done:
     detok_free(detok);
     tok_free(tok);
     model_free(m);
+    cli_tp_free(tp);
     backend_destroy(be);
     free(o.prompt);
     return status;

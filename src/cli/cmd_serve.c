@@ -109,6 +109,7 @@ struct serve_options {
     double pool_memory_gb;          /* --pool-memory (decimal GB); 0: no limit */
     struct cli_adapter_options adapters; /* --adapter, --adapter-dir, --merge-adapter */
     bool isolate;                   /* --isolate: each model's engine in a child process */
+    struct cli_tp_flags tp;         /* --tensor-parallel, --nccl-lib */
     long watchdog_s;                /* --watchdog-s (default 30; 0: off) */
     const char *admin_socket;       /* --admin-socket PATH; NULL: under the runtime directory */
     /* The command line as given (from "serve" on): an engine child parses it again. */
@@ -222,7 +223,7 @@ static const char usage[] =
     CLI_SPEC_USAGE
     "A request's \"speculative\": false turns it off for that request; usage.speculation\n"
     "{drafted, accepted, targetCalls} and usage.lane (serial, batch, serial+spec) say how it ran.\n"
-    CLI_BACKEND_USAGE CLI_KV_QUANT_USAGE CLI_QUANTIZE_USAGE;
+    CLI_BACKEND_USAGE CLI_KV_QUANT_USAGE CLI_QUANTIZE_USAGE CLI_TP_USAGE;
 
 static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
 {
@@ -300,6 +301,8 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
             backend_flag = cli_quantize_flag(a, v, &o->quantize);
         if (backend_flag == 0)
             backend_flag = cli_adapter_flag(a, v, &o->adapters);
+        if (backend_flag == 0)
+            backend_flag = cli_tp_flag(a, v, &o->tp);
         if (backend_flag < 0)
             return false;
         if (backend_flag > 0)
@@ -470,7 +473,15 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
         fprintf(stderr, "inferd serve: --admin-socket needs --isolate\n");
         return false;
     }
-    if (o->isolate && (o->adapters.n || o->adapters.dir || o->adapters.merge)) {
+    if (o->tp.n > 1 && (o->ssd_dir || o->isolate || o->adapters.n || o->adapters.dir ||
+                        o->adapters.merge)) {
+        /* the SSD tier and adapters read and write one backend's KV and weights; a child
+         * engine would need the ranks' devices handed over */
+        fprintf(stderr, "inferd serve: --tensor-parallel does not run with --ssd-cache, "
+                        "--isolate or LoRA adapters yet\n");
+        return false;
+    }
+        if (o->isolate && (o->adapters.n || o->adapters.dir || o->adapters.merge)) {
         /* the supervisor resolves a request's adapters, and the engine's own registry lives in
          * the child: adapters do not cross the socket yet */
         fprintf(stderr, "inferd serve: LoRA adapters (--adapter, --adapter-dir, "
@@ -693,6 +704,7 @@ struct served_load {
     struct serve_options o;       /* as it was loaded: dir and ssd_dir its own */
     char ssd_dir[PATH_MAX];
     struct backend *be;           /* owned */
+    struct cli_tp *tp;            /* owned: the other ranks under --tensor-parallel; NULL */
     struct model *m;              /* owned */
     struct model *draft;          /* owned; NULL without a draft model */
     struct tokenizer *tok;        /* owned */
@@ -758,6 +770,7 @@ static uint64_t served_free(struct served_load *l, int grace_ms)
     model_free(l->draft);
     model_free(l->m);
     free(l->host_model);
+    cli_tp_free(l->tp);
     backend_destroy(l->be);
     free(l);
     return demoted;
@@ -869,10 +882,9 @@ static int served_load(const struct serve_options *base, const char *dir, const 
     o->backend.memory_cap_bytes = (size_t)(o->memory_budget_gb * 1e9);
     int rc;
     if ((rc = cli_kv_quant_resolve(&o->kvq, o->dir, &o->backend, err)) < 0 ||
-        (rc = cli_backend_create(o->device, &o->backend, &l->be, err)) < 0 ||
-        (rc = model_load_with(o->dir, l->be,
-                              &(struct model_load_options){.quantize = o->quantize}, &l->m,
-                              err)) < 0 ||
+        (rc = cli_model_open(o->device, &o->backend, &o->tp, o->dir,
+                             &(struct model_load_options){.quantize = o->quantize}, &l->be,
+                             &l->m, &l->tp, err)) < 0 ||
         (rc = cli_adapter_merge(&o->adapters, l->m, err)) < 0)
         goto fail;
     if ((rc = model_tokenizer_load(o->dir, &l->tok, err)) < 0) {

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/collective.h"
 #include "backend/cpu/cpu.h"
 #include "backend/cuda/cuda.h"
 #include "base/cpu.h"
@@ -224,6 +225,103 @@ int cli_backend_create(const char *device, const struct backend_options *opt,
     if (spec.kind == DEVICE_CUDA)
         return backend_cuda_create(spec.index, opt, out, err);
     return backend_cpu_create(opt, out, err);
+}
+
+int cli_tp_flag(const char *flag, const char *value, struct cli_tp_flags *f)
+{
+    if (!strcmp(flag, "--tensor-parallel"))
+        return arg_int(flag, value, 1, COLLECTIVE_MAX_RANKS, &f->n) ? 1 : -1;
+    if (!strcmp(flag, "--nccl-lib")) {
+        f->nccl_lib = value;
+        return 1;
+    }
+    return 0;
+}
+
+struct cli_tp {
+    int n;
+    struct backend *bes[COLLECTIVE_MAX_RANKS]; /* [0] is the caller's */
+    struct collective *comms[COLLECTIVE_MAX_RANKS];
+};
+
+void cli_tp_free(struct cli_tp *tp)
+{
+    if (!tp)
+        return;
+    for (int r = 0; r < tp->n; r++) {
+        collective_destroy(tp->comms[r]);
+        if (r > 0)
+            backend_destroy(tp->bes[r]);
+    }
+    free(tp);
+}
+
+/* The ranks' backends and communicators into tp. */
+static int tp_ranks_create(const char *device, const struct backend_options *opt,
+                           struct cli_tp *tp, const char *nccl_lib, struct err *err)
+{
+    struct device_spec spec = {DEVICE_CPU, 0};
+    if (device && !cli_device_parse(device, &spec))
+        return err_set(err, INFERD_EINVAL, "--device: '%s' is not cpu, cuda, cuda:N or auto",
+                       device);
+    if (spec.kind == DEVICE_AUTO)
+        spec.kind = backend_cuda_device_count() > 0 ? DEVICE_CUDA : DEVICE_CPU;
+    int n = tp->n, rc;
+    if (spec.kind == DEVICE_CUDA) {
+        int have = backend_cuda_device_count();
+        if (spec.index + n > have)
+            return err_set(err, INFERD_EINVAL, "--tensor-parallel %d from cuda:%d needs GPUs %d.."
+                           "%d; %d found", n, spec.index, spec.index, spec.index + n - 1, have);
+        int devices[COLLECTIVE_MAX_RANKS];
+        for (int r = 0; r < n; r++)
+            devices[r] = spec.index + r;
+        /* NCCL first: without it nothing else is worth making */
+        if ((rc = collective_nccl_create(n, devices, nccl_lib, tp->comms, err)) < 0)
+            return rc;
+        for (int r = 0; r < n; r++)
+            if ((rc = backend_cuda_create(devices[r], opt, &tp->bes[r], err)) < 0)
+                return err_wrap(err, "rank %d", r), rc;
+        return 0;
+    }
+    struct backend_options ro = *opt;
+    int threads = opt->threads > 0 ? opt->threads : cpu_features()->n_cores;
+    ro.threads = threads / n > 0 ? threads / n : 1;
+    if ((rc = collective_host_create(n, tp->comms, err)) < 0)
+        return rc;
+    for (int r = 0; r < n; r++)
+        if ((rc = backend_cpu_create(&ro, &tp->bes[r], err)) < 0)
+            return rc;
+    return 0;
+}
+
+int cli_model_open(const char *device, const struct backend_options *opt,
+                   const struct cli_tp_flags *f, const char *dir,
+                   const struct model_load_options *lo, struct backend **be, struct model **m,
+                   struct cli_tp **tp, struct err *err)
+{
+    *be = NULL;
+    *m = NULL;
+    *tp = NULL;
+    int rc;
+    if (!f || f->n <= 1) {
+        if ((rc = cli_backend_create(device, opt, be, err)) < 0)
+            return rc;
+        return model_load_with(dir, *be, lo, m, err);
+    }
+    struct cli_tp *t = calloc(1, sizeof *t);
+    if (!t)
+        return err_set(err, INFERD_ENOMEM, "out of memory for %ld ranks", f->n);
+    t->n = (int)f->n;
+    if ((rc = tp_ranks_create(device, opt, t, f->nccl_lib, err)) < 0 ||
+        (rc = model_load_parallel(dir, t->bes, t->comms, t->n, lo, m, err)) < 0) {
+        struct backend *b0 = t->bes[0];
+        cli_tp_free(t);
+        backend_destroy(b0);
+        return rc;
+    }
+    *be = t->bes[0];
+    *tp = t;
+    return 0;
 }
 
 void cli_backend_describe(struct backend *be, char *buf, size_t cap)

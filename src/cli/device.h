@@ -6,6 +6,7 @@
 #include <stddef.h>
 
 #include "backend/backend.h"
+#include "model/model.h"
 
 enum device_kind { DEVICE_CPU, DEVICE_CUDA, DEVICE_AUTO };
 
@@ -94,6 +95,42 @@ int cli_backend_flag(const char *flag, const char *value, struct backend_options
  * when inferd has CUDA and a GPU is present, else the CPU. */
 int cli_backend_create(const char *device, const struct backend_options *opt,
                        struct backend **out, struct err *err);
+
+/* --tensor-parallel N and --nccl-lib PATH, for the commands that load a model. */
+#define CLI_TP_USAGE                                                                             \
+    "Tensor parallelism:\n"                                                                       \
+    "  --tensor-parallel N         split the model over N ranks (Megatron-style: heads, MLP\n"    \
+    "                              rows and vocabulary); with --device cuda[:I], GPUs I..I+N-1\n" \
+    "                              summing through NCCL; on the CPU, N ranks sharing --threads\n" \
+    "                              (default 1: one device, as without the flag)\n"              \
+    "  --nccl-lib PATH             the NCCL library to open (INFERD_NCCL_LIB; default\n"        \
+    "                              libnccl.so.2 from the loader's search path)\n"
+
+struct cli_tp_flags {
+    long n;               /* ranks; 0 or 1: none */
+    const char *nccl_lib; /* borrowed (argv); NULL: INFERD_NCCL_LIB or the default */
+};
+
+/* One of the two flags with its value into *f: 1 when flag is one, 0 when
+ * it is not, -1 (after a message naming the flag) for a bad value. */
+int cli_tp_flag(const char *flag, const char *value, struct cli_tp_flags *f);
+
+/* The ranks of a tensor-parallel model other than rank 0, and the
+ * communicators of all of them (owned). */
+struct cli_tp;
+
+/* Creates the backend device names and loads dir onto it: with f NULL or
+ * f->n <= 1 that is cli_backend_create and model_load_with (*tp NULL);
+ * else the model is split over f->n ranks (model_load_parallel): *be is
+ * rank 0's backend, *tp the rest, freed with cli_tp_free after model_free
+ * and before backend_destroy(*be). CPU ranks share opt->threads (each
+ * threads / N, at least 1); CUDA ranks are GPUs index .. index + N - 1,
+ * summing through NCCL. */
+int cli_model_open(const char *device, const struct backend_options *opt,
+                   const struct cli_tp_flags *f, const char *dir,
+                   const struct model_load_options *lo, struct backend **be, struct model **m,
+                   struct cli_tp **tp, struct err *err);
+void cli_tp_free(struct cli_tp *tp);
 
 /* One line saying what be runs on, for logs and benchmark headers. */
 void cli_backend_describe(struct backend *be, char *buf, size_t cap);

@@ -51,6 +51,13 @@ struct forward_state {
     struct attn_span *window_spans; /* owned; spans_cap */
     uint32_t *window_ids;          /* owned; window_ids_cap */
     size_t window_ids_cap;
+    /* tensor parallelism: the first error a collective met this step (0:
+     * none), returned once the layers are done */
+    int collective_rc;
+    struct err collective_err;
+    /* a group's front (model.tp): each rank's state, owned; NULL otherwise */
+    struct forward_state **ranks;
+    int n_ranks;
 };
 
 struct lora_run {
@@ -63,6 +70,11 @@ struct lora_run {
  * family calls it after each projection's matmul, before anything reads y. */
 void forward_lora(const struct model *m, struct forward_state *st, int layer, int t,
                   const float *x, int64_t in, int64_t out, float *y);
+
+/* buf (n floats, a row-parallel projection's output) summed over the
+ * ranks of m's group; nothing for a model alone. A family calls it after
+ * o_proj and down_proj (and their adapters), before the residual add. */
+void forward_all_reduce(const struct model *m, struct forward_state *st, float *buf, int64_t n);
 
 /* The cache, layer index and spans that layer's K/V are stored and read
  * through: kv's, or for a window layer of a windowed cache its window's. */

@@ -8,8 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/collective.h"
 #include "model/arch.h"
 #include "model/lora.h"
+#include "model/tensor_parallel.h"
 
 /* The LM head runs over this many rows at a time, bounding the logits buffer. */
 #define LOGITS_CHUNK_ROWS 16
@@ -46,6 +48,9 @@ void forward_state_free(struct forward_state *st)
         st->be->ops->release(st->be, st->lora_scratch);
     free(st->window_spans);
     free(st->window_ids);
+    for (int r = 0; st->ranks && r < st->n_ranks; r++)
+        forward_state_free(st->ranks[r]);
+    free(st->ranks);
     free(st);
 }
 
@@ -111,6 +116,15 @@ int forward_state_create(const struct model *m, int max_tokens, struct forward_s
         return err_set(err, INFERD_ENOMEM, "out of memory for forward state");
     st->be = be;
     st->max_tokens = max_tokens;
+    if (m->tp) { /* a group's front: its ranks' states, no buffers of its own */
+        int rc = tp_states_create(m, st, max_tokens, err);
+        if (rc < 0) {
+            forward_state_free(st);
+            return rc;
+        }
+        *out = st;
+        return 0;
+    }
     size_t rows = (size_t)max_tokens;
     size_t q_dim = (size_t)c->n_heads * c->head_dim, kv_dim = (size_t)c->n_kv_heads * c->head_dim;
     st->x = be->ops->alloc(be, rows * c->hidden_size * sizeof(float));
@@ -206,6 +220,13 @@ static int lora_runs_build(const struct model *m, struct forward_state *st,
         s = e;
     }
     return 0;
+}
+
+void forward_all_reduce(const struct model *m, struct forward_state *st, float *buf, int64_t n)
+{
+    if (!m->comm || st->collective_rc < 0)
+        return;
+    st->collective_rc = collective_all_reduce_sum(m->comm, m->backend, buf, n, &st->collective_err);
 }
 
 void forward_lora(const struct model *m, struct forward_state *st, int layer, int t,
@@ -355,16 +376,20 @@ static int lm_head(const struct model *m, struct forward_state *st, const struct
         float *row = st->head_in + (size_t)n_hidden * c->hidden_size;
         op->rmsnorm(be, st->x + (size_t)(sp->row0 + sp->n_tokens - 1) * c->hidden_size,
                     m->weights.final_norm, 1, c->hidden_size, c->rms_norm_eps, row);
-        op->to_host(be, batch->seqs[s].hidden_out, row, (size_t)c->hidden_size * sizeof(float));
+        if (m->tp_rank == 0) /* every rank has the same row: rank 0 hands it out */
+            op->to_host(be, batch->seqs[s].hidden_out, row, (size_t)c->hidden_size * sizeof(float));
         n_hidden++;
     }
-    bool sampled = out->specs && op->sample;
+    /* vocab_size, or under tensor parallelism this rank's columns of each
+     * row from vocab_lo on, which it writes to the host rows itself */
+    int64_t width = m->weights.lm_head.rows;
+    bool sampled = out->specs && op->sample && width == c->vocab_size;
     for (int r = 0; r < n_out; r += LOGITS_CHUNK_ROWS) {
         int rows = n_out - r < LOGITS_CHUNK_ROWS ? n_out - r : LOGITS_CHUNK_ROWS;
         op->matmul(be, st->head_in + (size_t)r * c->hidden_size, rows, &m->weights.lm_head, NULL,
                    st->logits);
         if (c->final_logit_softcap > 0)
-            op->softcap(be, st->logits, (int64_t)rows * c->vocab_size, c->final_logit_softcap);
+            op->softcap(be, st->logits, (int64_t)rows * width, c->final_logit_softcap);
         if (r == 0 && out->before_rows) {
             if (op->submit)
                 op->submit(be);
@@ -375,9 +400,15 @@ static int lm_head(const struct model *m, struct forward_state *st, const struct
                 sampled = false;
         }
         size_t row0 = (size_t)r * c->vocab_size;
-        if (!sampled) {
+        if (!sampled && width == c->vocab_size) {
             op->to_host(be, out->host_rows + row0, st->logits,
                         (size_t)rows * c->vocab_size * sizeof(float));
+            continue;
+        }
+        if (!sampled) {
+            for (int i = 0; i < rows; i++)
+                op->to_host(be, out->host_rows + row0 + (size_t)i * c->vocab_size + m->vocab_lo,
+                            st->logits + (size_t)i * width, (size_t)width * sizeof(float));
             continue;
         }
         int rc = op->sample(be, st->logits, rows, c->vocab_size, out->specs + r, out->results + r,
@@ -388,8 +419,9 @@ static int lm_head(const struct model *m, struct forward_state *st, const struct
     return 0;
 }
 
-static int forward_step(const struct model *m, struct forward_state *st, struct kv_cache *kv,
-                        const struct batch *batch, const struct forward_output *out, struct err *err)
+int model_forward_rank(const struct model *m, struct forward_state *st, struct kv_cache *kv,
+                       const struct batch *batch, const struct forward_output *out,
+                       struct err *err)
 {
     const struct model_config *c = &m->config;
     int kv_layers = kv->n_layers + (kv->window ? kv->window->n_layers : 0);
@@ -404,8 +436,13 @@ static int forward_step(const struct model *m, struct forward_state *st, struct 
     if (m->embed_scale > 0)
         m->backend->ops->scale(m->backend, st->x, (int64_t)n_rows * c->hidden_size,
                                m->embed_scale);
+    st->collective_rc = 0;
     for (int l = 0; l < c->n_layers; l++)
         m->arch->layer(m, st, kv, l, n_rows, batch->n_seqs);
+    if (st->collective_rc < 0) {
+        *err = st->collective_err;
+        return st->collective_rc;
+    }
     int rc = lm_head(m, st, batch, out, err);
     if (rc < 0)
         return rc;
@@ -418,17 +455,19 @@ int model_forward(const struct model *m, struct forward_state *st, struct kv_cac
                   const struct batch *batch, float *logits, struct err *err)
 {
     struct forward_output out = {.host_rows = logits};
-    return forward_step(m, st, kv, batch, &out, err);
+    return m->tp ? tp_forward(m, st, kv, batch, &out, err)
+                 : model_forward_rank(m, st, kv, batch, &out, err);
 }
 
 bool model_samples_on_backend(const struct model *m)
 {
-    return m->backend->ops->sample != NULL;
+    return m->backend->ops->sample != NULL && !m->tp;
 }
 
 int model_forward_sampled(const struct model *m, struct forward_state *st, struct kv_cache *kv,
                           const struct batch *batch, const struct forward_output *out,
                           struct err *err)
 {
-    return forward_step(m, st, kv, batch, out, err);
+    return m->tp ? tp_forward(m, st, kv, batch, out, err)
+                 : model_forward_rank(m, st, kv, batch, out, err);
 }

@@ -11,6 +11,7 @@
 #include "base/bf16.h"
 #include "model/arch.h"
 #include "model/gguf.h"
+#include "model/tensor_parallel.h"
 #include "base/quant.h"
 #include "text/tokenizer.h"
 
@@ -365,6 +366,52 @@ static int load_mlx_matrix(struct model *m, const struct st_tensor *t, int64_t r
  * widened to F32 in backend memory. Misaligned data (a header whose length is not a
  * multiple of the element size) is copied so kernels may assume natural
  * alignment; so are GGUF q/k rows, put back in Hugging Face order. */
+/* A tensor-parallel rank's slice of t (model/tensor_parallel.h) in *part:
+ * rows stay in the mapping; a column slice is gathered into *staging (host
+ * memory the caller frees once the slice is uploaded). */
+static int shard_tensor(struct model *m, const char *name, const struct st_tensor *t,
+                        struct st_tensor *part, void **staging, struct err *err)
+{
+    struct shard_part sp;
+    model_shard_part(m, name, &sp);
+    *part = *t;
+    *staging = NULL;
+    if (sp.axis == SHARD_WHOLE)
+        return 0;
+    if (t->unpermute_heads)
+        return err_set(err, INFERD_EUNSUPPORTED, "tensor parallelism over a GGUF file's q/k "
+                       "rows is not supported (%s)", name);
+    int64_t rows = t->shape[0], cols = t->n_dims > 1 ? t->shape[1] : 1;
+    uint64_t row_bytes = dtype_row_bytes(t->dtype, (uint64_t)cols);
+    if (sp.axis == SHARD_ROWS) {
+        part->shape[0] = sp.n;
+        part->data = (const uint8_t *)t->data + (uint64_t)sp.lo * row_bytes;
+        part->nbytes = (uint64_t)sp.n * row_bytes;
+        return 0;
+    }
+    if (dtype_is_block(t->dtype) &&
+        (sp.lo % dtype_block_elems(t->dtype) || sp.n % dtype_block_elems(t->dtype)))
+        return err_set(err, INFERD_EUNSUPPORTED, "%s: a rank's %lld columns are not whole %s "
+                       "blocks", name, (long long)sp.n, dtype_name(t->dtype));
+    uint64_t off = dtype_row_bytes(t->dtype, (uint64_t)sp.lo),
+             part_bytes = dtype_row_bytes(t->dtype, (uint64_t)sp.n);
+    uint8_t *buf = malloc(part_bytes * (uint64_t)rows + 1);
+    if (!buf)
+        return err_set(err, INFERD_ENOMEM, "out of memory slicing tensor '%s'", name);
+    for (int64_t r = 0; r < rows; r++)
+        memcpy(buf + (uint64_t)r * part_bytes,
+               (const uint8_t *)t->data + (uint64_t)r * row_bytes + off, part_bytes);
+    part->shape[1] = sp.n;
+    part->data = buf;
+    part->nbytes = part_bytes * (uint64_t)rows;
+    *staging = buf;
+    return 0;
+}
+
+static int load_matrix_tensor(struct model *m, const char *name, const struct st_tensor *t,
+                              int64_t rows, int64_t cols, bool staged, struct weight_matrix *w,
+                              struct err *err);
+
 int model_load_matrix(struct model *m, const char *name, int64_t rows, int64_t cols,
                       struct weight_matrix *w, struct err *err)
 {
@@ -372,11 +419,35 @@ int model_load_matrix(struct model *m, const char *name, int64_t rows, int64_t c
     const struct st_tensor *t = st_set_find(&m->files, name);
     w->rows = rows;
     w->cols = cols;
-    if (t && t->dtype == DTYPE_U32)
+    if (t && t->dtype == DTYPE_U32) {
+        if (m->tp_ranks > 1)
+            return err_set(err, INFERD_EUNSUPPORTED, "tensor parallelism over MLX-quantized "
+                           "weights is not supported (%s)", name);
         return load_mlx_matrix(m, t, rows, cols, w, err);
+    }
     int rc = find_tensor(m, name, want, 2, &t, err);
     if (rc || (rc = check_unpermutable(t, rows, err)))
         return rc;
+    if (m->tp_ranks <= 1)
+        return load_matrix_tensor(m, name, t, rows, cols, false, w, err);
+    struct st_tensor part;
+    void *staging;
+    if ((rc = shard_tensor(m, name, t, &part, &staging, err)))
+        return rc;
+    w->rows = part.shape[0];
+    w->cols = part.shape[1];
+    rc = load_matrix_tensor(m, name, &part, w->rows, w->cols, staging != NULL, w, err);
+    free(staging);
+    return rc;
+}
+
+/* model_load_matrix once t is found: staged says t's data is not the
+ * mapping's (a column slice gathered by shard_tensor) and must not be pointed at. */
+static int load_matrix_tensor(struct model *m, const char *name, const struct st_tensor *t,
+                              int64_t rows, int64_t cols, bool staged, struct weight_matrix *w,
+                              struct err *err)
+{
+    int rc;
     enum dtype q = dtype_is_block(t->dtype) ? DTYPE_F32 : quantize_target(m, name, cols);
     if (q != DTYPE_F32) {
         w->dtype = q;
@@ -400,7 +471,7 @@ int model_load_matrix(struct model *m, const char *name, int64_t rows, int64_t c
         return upload_unpermuted(m, t, rows, cols, &w->data, err);
     /* Block kernels load unaligned: a block type is used in place wherever it lies. */
     size_t align = keep_blocks ? 1 : dtype_size(t->dtype);
-    if (!m->backend->copy_weights && (uintptr_t)t->data % align == 0) {
+    if (!staged && !m->backend->copy_weights && (uintptr_t)t->data % align == 0) {
         w->data = t->data;
         return 0;
     }
@@ -419,6 +490,14 @@ int model_load_vector(struct model *m, const char *name, int64_t n, float **out,
     int rc = find_tensor(m, name, &n, 1, &t, err);
     if (rc || (rc = check_unpermutable(t, n, err)))
         return rc;
+    struct st_tensor part;
+    void *staging = NULL;
+    if (m->tp_ranks > 1) { /* a bias: rows of its projection's slice, never staged */
+        if ((rc = shard_tensor(m, name, t, &part, &staging, err)))
+            return rc;
+        t = &part;
+        n = part.shape[0];
+    }
     if (dtype_is_block(t->dtype) || t->dtype == DTYPE_U32)
         return err_set(err, INFERD_EFORMAT, "vector %s is stored as %s; vectors must be F32, "
                        "F16 or BF16", name, dtype_name(t->dtype));
@@ -634,6 +713,8 @@ int model_load_with(const char *dir, struct backend *be, const struct model_load
         return err_set(err, INFERD_ENOMEM, "out of memory for the model");
     m->backend = be;
     m->quantize = o->quantize;
+    m->tp_rank = o->tp_rank;
+    m->tp_ranks = o->tp_ranks;
     float *rope_factors = NULL;
     int rc;
     if ((rc = open_checkpoint(m, dir, &rope_factors, err)))
@@ -646,10 +727,14 @@ int model_load_with(const char *dir, struct backend *be, const struct model_load
                      model_arch_name(m->config.arch));
         goto fail;
     }
+    if (m->tp_ranks > 1 && (rc = model_shard_check(m, err)))
+        goto fail;
     if ((rc = load_weights(m, err))) {
         err_wrap(err, "loading %s", dir);
         goto fail;
     }
+    if (m->tp_ranks > 1)
+        model_shard_finish(m);
     if ((rc = build_rope(m, rope_factors, err)))
         goto fail;
     if (!model_path_is_gguf(dir) && (rc = model_embedding_load(dir, &m->embedding, err)))
@@ -674,6 +759,11 @@ void model_free(struct model *m)
 {
     if (!m)
         return;
+    if (m->tp) { /* a group's front: its ranks own everything it points at */
+        tp_group_free(m->tp);
+        free(m);
+        return;
+    }
     for (int i = 0; i < m->n_owned_buffers; i++)
         m->backend->ops->release(m->backend, m->owned_buffers[i]);
     free(m->owned_buffers);

@@ -57,6 +57,8 @@ int model_embedding_load(const char *dir, struct model_embedding *out, struct er
 
 struct arch;
 struct lora_adapter;
+struct collective;
+struct tp_group;
 
 struct model {
     struct model_config config;
@@ -78,6 +80,16 @@ struct model {
      * Gemma3ForConditionalGeneration where its checkpoint puts them */
     char prefix[32];
     float embed_scale;           /* embeddings are multiplied by it (Gemma 3); 0: not */
+    /* Tensor parallelism (model/tensor_parallel.h). A rank's model holds its
+     * shard (tp_rank of tp_ranks; 0 ranks: the whole model), sums its
+     * row-parallel outputs through comm (borrowed; NULL alone) and its LM
+     * head computes vocabulary [vocab_lo, vocab_lo + lm_head.rows). The model
+     * model_load_parallel returns fronts the group: tp (owned) runs every
+     * rank, and its backend is the group's face to the KV pool. */
+    int tp_rank, tp_ranks;
+    struct collective *comm;
+    int64_t vocab_lo;
+    struct tp_group *tp;
 };
 
 /* Loads DIR (config.json, safetensors, generation_config.json) onto be, or
@@ -95,10 +107,28 @@ struct model_load_options {
      * whole blocks of the type as Q8_0, else as stored. Needs a backend with
      * block_weights. DTYPE_F32 (zero): weights as stored. */
     enum dtype quantize;
+    /* Load only rank tp_rank's shard of tp_ranks (model/tensor_parallel.h);
+     * 0 or 1 ranks: the whole model. model_load_parallel sets these. */
+    int tp_rank, tp_ranks;
 };
 int model_load_with(const char *dir, struct backend *be, const struct model_load_options *o,
                     struct model **out, struct err *err);
 void model_free(struct model *m);
+
+/* Tensor parallelism: dir loaded once per rank, rank r's shard onto bes[r]
+ * summing through comms[r] (both borrowed, kept by the caller until
+ * model_free; one group of collective.h), behind one model that the engine
+ * drives as any other: its config is rank 0's share (the KV pool it is
+ * given holds rank 0's KV heads, and the group keeps a pool of the same
+ * blocks on every other rank), model_forward runs all ranks in lock-step
+ * (a thread per rank besides the caller's) and fills the whole logits
+ * rows, sampled on the host. n_ranks 1 is the plain model through the same
+ * code. -INFERD_EUNSUPPORTED for what cannot be split (model/
+ * tensor_parallel.h), -INFERD_EINVAL when n_ranks does not divide the
+ * heads. */
+int model_load_parallel(const char *dir, struct backend *const *bes,
+                        struct collective *const *comms, int n_ranks,
+                        const struct model_load_options *o, struct model **out, struct err *err);
 
 /* The tokenizer of what model_load takes: DIR's tokenizer.json (and
  * tokenizer_config.json), or a GGUF file's tokenizer.ggml.* metadata. */

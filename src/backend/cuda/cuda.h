@@ -27,6 +27,10 @@ bool backend_cuda_compiled(void);
  * an empty string for other backends. */
 void backend_cuda_describe(struct backend *be, char *buf, size_t cap);
 
+/* be's CUDA stream (a cudaStream_t) that its ops run on once submitted, for
+ * work queued behind them (an NCCL all-reduce); NULL for other backends. */
+void *backend_cuda_stream(struct backend *be);
+
 /* Bytes of be's GPU memory free now (cudaMemGetInfo); 0 for other backends. */
 size_t backend_cuda_free_memory(struct backend *be);
 

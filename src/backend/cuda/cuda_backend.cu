@@ -1218,6 +1218,11 @@ static __global__ void read_kernel(const uint4 *p, size_t n, unsigned *sink)
         *sink = acc;
 }
 
+extern "C" void *backend_cuda_stream(struct backend *be)
+{
+    return is_cuda(be) ? (void *)impl_of(be)->stream : NULL;
+}
+
 extern "C" size_t backend_cuda_free_memory(struct backend *be)
 {
     if (!is_cuda(be))

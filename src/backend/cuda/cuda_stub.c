@@ -24,6 +24,12 @@ void backend_cuda_describe(struct backend *be, char *buf, size_t cap)
         buf[0] = '\0';
 }
 
+void *backend_cuda_stream(struct backend *be)
+{
+    (void)be;
+    return NULL;
+}
+
 size_t backend_cuda_free_memory(struct backend *be)
 {
     (void)be;

@@ -98,6 +98,7 @@ void arch_llama_attention(const struct model *m, struct forward_state *st,
                   1.0f / sqrtf((float)c->head_dim), c->sliding_window, st->attn);
     op->matmul(be, st->attn, n_rows, &lw->wo, lw->bo, st->proj);
     forward_lora(m, st, layer, LORA_O, st->attn, lw->wo.cols, c->hidden_size, st->proj);
+    forward_all_reduce(m, st, st->proj, (int64_t)n_rows * c->hidden_size);
     op->add(be, st->x, st->proj, (int64_t)n_rows * c->hidden_size);
 }
 
@@ -120,6 +121,7 @@ void arch_llama_mlp(const struct model *m, struct forward_state *st,
     op->silu_mul(be, st->gate, st->up, st->gate, (int64_t)n_rows * lw->w_gate.rows);
     op->matmul(be, st->gate, n_rows, &lw->w_down, NULL, st->proj);
     forward_lora(m, st, layer, LORA_DOWN, st->gate, lw->w_down.cols, c->hidden_size, st->proj);
+    forward_all_reduce(m, st, st->proj, (int64_t)n_rows * c->hidden_size);
     op->add(be, st->x, st->proj, (int64_t)n_rows * c->hidden_size);
 }
 
