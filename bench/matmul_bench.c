@@ -235,7 +235,7 @@ static double bench_small_batch(struct cpu_matmul *mm, struct bench_weights *bw,
  * kernel by way of cpu_qmm_run, as cpu_matmul_run runs the level's in FAST
  * mode (x quantized and laid out inside the timing). Returns GFLOP/s, best
  * of PREFILL_RUNS after a warm-up. */
-#define PREFILL_RUNS 5
+#define PREFILL_RUNS 10
 static double bench_prefill(struct cpu_matmul *mm, struct threadpool *pool,
                             struct bench_weights *bw, qgemm_fn gemm, long K, long N, long T)
 {

@@ -35,6 +35,10 @@
  * are w * xs, the codes without the 128, so the sum starts at 0 rather than
  * corr; both ways it is the same integer, sum of w * xs. */
 
+/* Pins v to a register here: without it GCC reassociates the chains of
+ * integer adds into trees, keeping every product live and spilling them. */
+#define KEEP(v) __asm__("" : "+x"(v))
+
 QGEMM_INLINE __m256i quad_of(const int8_t *p)
 {
     int32_t v;
@@ -98,11 +102,13 @@ QGEMM_INLINE void avx2_rows(int64_t K, const int blk, const bool min, const bool
                 for (int r = 0; r < AVX2_ROWS; r++) {
                     __m256i wv = quad_of(wb + (size_t)r * (size_t)K + 4 * k);
                     __m256i wa = _mm256_abs_epi8(wv);
-                    for (int h = 0; h < 2; h++)
+                    for (int h = 0; h < 2; h++) {
                         is[r][h] = _mm256_add_epi32(
                             is[r][h],
                             _mm256_madd_epi16(_mm256_maddubs_epi16(wa, _mm256_sign_epi8(xs[h], wv)),
                                               ones));
+                        KEEP(is[r][h]);
+                    }
                 }
             }
         } else {
@@ -121,6 +127,7 @@ QGEMM_INLINE void avx2_rows(int64_t K, const int blk, const bool min, const bool
                         __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(x0[h], w0),
                                                      _mm256_maddubs_epi16(x1[h], w1));
                         is[r][h] = _mm256_add_epi32(is[r][h], _mm256_madd_epi16(p, ones));
+                        KEEP(is[r][h]);
                     }
                 }
             }
@@ -139,9 +146,13 @@ QGEMM_INLINE void avx2_panel(int64_t K, const int blk, const bool min, const boo
 
 /* The block size, the minimum and the code width as constants, so each
  * variant's inner loops unroll. */
-static void gemm_avx2(int64_t K, int blk, const struct qgemm_w *w, const struct qgemm_x *x,
+static void gemm_avx2(int64_t K, int blk, const struct qgemm_w *wp, const struct qgemm_x *xp,
                       float out[QGEMM_ROWS][QGEMM_TOKENS])
 {
+    /* Copies, so stores to out (which may alias anything, strict aliasing
+     * being off) do not make the loops reload the pointers. */
+    const struct qgemm_w wc = *wp, *w = &wc;
+    const struct qgemm_x xc = *xp, *x = &xc;
     if (blk == 16)
         avx2_panel(K, 16, false, false, w, x, out);
     else if (w->min)

@@ -84,9 +84,13 @@ ymm_vnni_panel(int64_t K, const int blk, const bool min, const struct qgemm_w *w
 
 /* The block size and the minimum as constants, so each variant's inner
  * loops unroll. */
-static void QGEMM_YMM_KERNEL(int64_t K, int blk, const struct qgemm_w *w, const struct qgemm_x *x,
-                             float out[QGEMM_ROWS][QGEMM_TOKENS])
+static void QGEMM_YMM_KERNEL(int64_t K, int blk, const struct qgemm_w *wp,
+                             const struct qgemm_x *xp, float out[QGEMM_ROWS][QGEMM_TOKENS])
 {
+    /* Copies, so stores to out (which may alias anything, strict aliasing
+     * being off) do not make the loops reload the pointers. */
+    const struct qgemm_w wc = *wp, *w = &wc;
+    const struct qgemm_x xc = *xp, *x = &xc;
     if (blk == 16)
         ymm_vnni_panel(K, 16, false, w, x, out);
     else if (w->min)
