@@ -33,6 +33,20 @@ static bool has_min(enum dtype t)
     return t == DTYPE_Q4_1 || t == DTYPE_Q4_K || t == DTYPE_Q5_K;
 }
 
+/* The largest |code| unpack_row can write for type t, whatever the file's
+ * bytes. */
+static int code_max_of(enum dtype t)
+{
+    switch (t) {
+    case DTYPE_Q4_0: return 8;   /* 0..15 - 8 */
+    case DTYPE_Q4_1:
+    case DTYPE_Q4_K: return 15;  /* 0..15 */
+    case DTYPE_Q5_K: return 31;  /* 0..31 */
+    case DTYPE_Q6_K: return 32;  /* 0..63 - 32 */
+    default: return 128;         /* Q8_0's bytes */
+    }
+}
+
 /* One panel's writable arrays. */
 struct panel {
     int8_t *q;
@@ -190,7 +204,7 @@ static void unpack_panel(enum dtype t, const uint8_t *w, size_t row_bytes, int64
             }
     }
     *out = (struct qgemm_w){.q = p.q, .corr = p.corr, .scale = p.scale,
-                            .min = has_min(t) ? p.min : NULL, .wide = t == DTYPE_Q8_0};
+                            .min = has_min(t) ? p.min : NULL, .code_max = code_max_of(t)};
 }
 
 /* ---- x ----------------------------------------------------------------- */

@@ -31,8 +31,10 @@ struct qgemm_w {
     const int32_t *corr;  /* [K / blk][QGEMM_ROWS]: -128 * (sum of the block's codes) */
     const float *scale;   /* [K / blk][QGEMM_ROWS] */
     const float *min;     /* [K / blk][QGEMM_ROWS], or NULL */
-    bool wide;            /* codes may leave -32..31 (Q8_0's do): the AVX2
-                             kernel's vpmaddubsw then takes its sign path */
+    int code_max;         /* the largest |code| the type's panels hold: 8
+                             Q4_0, 15 Q4_1 and Q4_K, 31 Q5_K, 32 Q6_K, 128
+                             Q8_0 (how the AVX2 kernel keeps vpmaddubsw
+                             from saturating) */
 };
 
 /* QGEMM_TOKENS tokens of x, quantized per 32 elements (x[t][c] ~ d[c /

@@ -14,26 +14,31 @@
 /* ---- why no sum saturates ----------------------------------------------- *
  * vpmaddubsw multiplies unsigned bytes by signed ones and adds each pair of
  * products into an int16 with signed saturation; a saturated pair would
- * silently break the exact block sums. Two paths keep every pair in range:
+ * silently break the exact block sums. Two paths keep every pair in range,
+ * chosen by the largest |code| the panel's type can hold (qgemm_w.code_max,
+ * which unpack_row guarantees whatever the file holds: its codes come from
+ * 4-, 5- and 6-bit fields, or are Q8_0's bytes):
  *
- * Narrow codes (every type but Q8_0: Q4_0 -8..7, Q4_1 and Q4_K 0..15, Q5_K
- * 0..31, Q6_K -32..31, so |w| <= 32, as unpack_row builds them from 4-, 5-
- * and 6-bit fields whatever the file holds) meet x's codes + 128 as stored,
- * xu in 0..255: a pair is at most 2 * 255 * 32 = 16320 in magnitude, and
- * the pairs of two quads added with vpaddw at most 4 * 255 * 32 = 32640 <=
- * 32767: neither vpmaddubsw saturates nor vpaddw wraps. vpmaddwd by ones
- * then widens to int32 exactly, and the block's sum starts at corr, as
- * vpdpbusd's does.
+ * Narrow codes (code_max <= 32: Q4_0 8, Q4_1 and Q4_K 15, Q5_K 31, Q6_K 32)
+ * meet x's codes + 128 as stored, xu in 0..255: a pair is at most 2 * 255
+ * * 32 = 16320 in magnitude, and the pairs of two quads added with vpaddw
+ * at most 4 * 255 * 32 = 32640 <= 32767: neither vpmaddubsw saturates nor
+ * vpaddw wraps. vpmaddwd by ones then widens to int32 exactly, and the
+ * block's sum starts at corr, as vpdpbusd's does. (Four quads of the codes
+ * within 16 would fit too, 8 * 255 * 16 = 32640, but their operands do not
+ * fit in 16 ymm beside 8 accumulators: the spills cost more than the
+ * vpmaddwd saved.)
  *
- * Wide codes (Q8_0: -128..127 in a file) would reach 2 * 255 * 128 = 65280.
- * They take llama.cpp's sign trick with the roles turned: |w| (0..128, an
- * unsigned byte even for -128) is the unsigned operand and x's signed code
- * xs = xu - 128 with w's sign applied (vpsignb) the signed one. struct
- * qmm_act's codes are rint(x / d) with d = max|x| / 127, so |xs| <= 127
- * (tokens past the step: 0), hence -xs never wraps and |sign(xs, w)| <=
- * 127: a pair is at most 2 * 128 * 127 = 32512 in magnitude. The products
- * are w * xs, the codes without the 128, so the sum starts at 0 rather than
- * corr; both ways it is the same integer, sum of w * xs. */
+ * Wide codes (Q8_0, code_max 128: -128..127 in a file) would reach
+ * 2 * 255 * 128 = 65280. They take llama.cpp's sign trick with the roles
+ * turned: |w| (0..128, an unsigned byte even for -128) is the unsigned
+ * operand and x's signed code xs = xu - 128 with w's sign applied (vpsignb)
+ * the signed one. struct qmm_act's codes are rint(x / d) with d = max|x| /
+ * 127, so |xs| <= 127 (tokens past the step: 0), hence -xs never wraps and
+ * |sign(xs, w)| <= 127: a pair is at most 2 * 128 * 127 = 32512 in
+ * magnitude. The products are w * xs, the codes without the 128, so the
+ * sum starts at 0 rather than corr; both ways it is the same integer, the
+ * sum of w * xs. */
 
 /* Pins v to a register here: without it GCC reassociates the chains of
  * integer adds into trees, keeping every product live and spilling them. */
@@ -78,6 +83,8 @@ QGEMM_INLINE void block_epilogue(const bool min, const struct qgemm_w *w, const 
     }
 }
 
+/* wide: the sign path (code_max > 32); else two quads' pair sums meet in
+ * int16. */
 QGEMM_INLINE void avx2_rows(int64_t K, const int blk, const bool min, const bool wide,
                             const struct qgemm_w *w, int r0, const struct qgemm_x *x,
                             float out[QGEMM_ROWS][QGEMM_TOKENS])
@@ -144,8 +151,8 @@ QGEMM_INLINE void avx2_panel(int64_t K, const int blk, const bool min, const boo
         avx2_rows(K, blk, min, wide, w, r0, x, out);
 }
 
-/* The block size, the minimum and the code width as constants, so each
- * variant's inner loops unroll. */
+/* The block size, the minimum and the path as constants, so each variant's
+ * inner loops unroll. */
 static void gemm_avx2(int64_t K, int blk, const struct qgemm_w *wp, const struct qgemm_x *xp,
                       float out[QGEMM_ROWS][QGEMM_TOKENS])
 {
@@ -153,14 +160,16 @@ static void gemm_avx2(int64_t K, int blk, const struct qgemm_w *wp, const struct
      * being off) do not make the loops reload the pointers. */
     const struct qgemm_w wc = *wp, *w = &wc;
     const struct qgemm_x xc = *xp, *x = &xc;
-    if (blk == 16)
-        avx2_panel(K, 16, false, false, w, x, out);
+    if (w->code_max > 32 && (blk != 32 || w->min))
+        cpu_qgemm_scalar(K, blk, wp, xp, out); /* no type's panel: exact, slowly */
+    else if (w->code_max > 32)
+        avx2_panel(K, 32, false, true, w, x, out); /* Q8_0 */
+    else if (blk == 16)
+        avx2_panel(K, 16, false, false, w, x, out); /* Q6_K */
     else if (w->min)
-        avx2_panel(K, 32, true, false, w, x, out);
-    else if (w->wide)
-        avx2_panel(K, 32, false, true, w, x, out);
+        avx2_panel(K, 32, true, false, w, x, out); /* Q4_1, Q4_K, Q5_K */
     else
-        avx2_panel(K, 32, false, false, w, x, out);
+        avx2_panel(K, 32, false, false, w, x, out); /* Q4_0 */
 }
 
 const qgemm_fn cpu_qgemm_avx2 = gemm_avx2;
