@@ -1,11 +1,14 @@
 /* bench/matmul_bench.c — CPU matmul speed against the machine's own limits: GEMV vs read bandwidth, GEMM vs FMA peak.
  *
- * Usage: matmul_bench [THREADS [LEVEL [DTYPE [prefill]]]]
+ * Usage: matmul_bench [THREADS [LEVEL [DTYPE [prefill|prefill-cpu]]]]
  *   THREADS 0 (default) = one per core; LEVEL scalar|avx2|avx512|avx512bf16|amx;
  *   DTYPE bf16 (default) or a GGUF block type: q8_0, q4_0, q4_1, q5_0, q5_1,
  *   q2_k, q3_k, q4_k, q5_k, q6_k (the int8 kernels of qmatmul*.c);
  *   prefill: only the quantized prefill table (each GEMM kernel the level
- *   and CPU allow against the decode kernels, T = 16, 128, 512).
+ *   and CPU allow against the decode kernels, T = 16, 128, 512);
+ *   prefill-cpu: the same over the process's CPU time rather than the wall
+ *   clock (per thread), so a loaded machine's time given to other
+ *   processes is not counted (the pool's spinning is: never flattering).
  * Shapes are Qwen3-0.6B's projections (K = in_features, N = out_features). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -235,9 +238,18 @@ static double bench_small_batch(struct cpu_matmul *mm, struct bench_weights *bw,
  * kernel by way of cpu_qmm_run, as cpu_matmul_run runs the level's in FAST
  * mode (x quantized and laid out inside the timing). Returns GFLOP/s, best
  * of PREFILL_RUNS after a warm-up. */
-#define PREFILL_RUNS 10
+#define PREFILL_RUNS 10 /* prefill-cpu: 3 of 0.1 s each */
+
+static double process_cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 static double bench_prefill(struct cpu_matmul *mm, struct threadpool *pool,
-                            struct bench_weights *bw, qgemm_fn gemm, long K, long N, long T)
+                            struct bench_weights *bw, qgemm_fn gemm, long K, long N, long T,
+                            bool cpu_time)
 {
     void *wd = random_weights(bw, K, N);
     float *x = random_f32((size_t)T * (size_t)K);
@@ -249,13 +261,20 @@ static double bench_prefill(struct cpu_matmul *mm, struct threadpool *pool,
         const struct weight_matrix *wp = &w;
         const float *bias = NULL;
         const struct qmm_kernels *k = cpu_qmm_kernels_for(cpu_matmul_get_level(mm));
-        for (int run = 0; run <= PREFILL_RUNS; run++) {
-            double t0 = now_s();
-            if (gemm)
-                cpu_qmm_run(pool, k, gemm, COMPUTE_FAST, &s, x, T, 1, &wp, &bias, &y);
-            else
-                cpu_matmul_run(mm, COMPUTE_EXACT, x, T, &w, NULL, y);
-            double g = 2.0 * T * K * N / (now_s() - t0) * 1e-9;
+        int threads = threadpool_size(pool);
+        for (int run = 0; run <= (cpu_time ? 3 : PREFILL_RUNS); run++) {
+            double t0 = cpu_time ? process_cpu_s() : now_s(), w0 = now_s();
+            int calls = 0;
+            do { /* CPU time: calls for 0.1 s, the other threads' clocks
+                    being read to a scheduler tick */
+                if (gemm)
+                    cpu_qmm_run(pool, k, gemm, COMPUTE_FAST, &s, x, T, 1, &wp, &bias, &y);
+                else
+                    cpu_matmul_run(mm, COMPUTE_EXACT, x, T, &w, NULL, y);
+                calls++;
+            } while (cpu_time && now_s() - w0 < 0.1);
+            double dt = cpu_time ? (process_cpu_s() - t0) / threads : now_s() - t0;
+            double g = 2.0 * T * K * N * calls / dt * 1e-9;
             best = run > 0 && g > best ? g : best;
         }
     }
@@ -266,7 +285,8 @@ static double bench_prefill(struct cpu_matmul *mm, struct threadpool *pool,
     return best;
 }
 
-static void prefill_table(struct cpu_matmul *mm, struct threadpool *pool, struct bench_weights *bw)
+static void prefill_table(struct cpu_matmul *mm, struct threadpool *pool, struct bench_weights *bw,
+                          bool cpu_time)
 {
     enum cpu_matmul_level level = cpu_matmul_get_level(mm);
     const struct cpu_features *f = cpu_features();
@@ -283,9 +303,10 @@ static void prefill_table(struct cpu_matmul *mm, struct threadpool *pool, struct
     };
     static const long ts[] = {16, 128, 512};
     qgemm_fn chosen = cpu_qgemm_kernel_for(level);
-    printf("\nQuantized prefill, %s weights (GFLOP/s; decode = the decode kernels, EXACT;\n"
+    printf("\nQuantized prefill, %s weights (GFLOP/s%s; decode = the decode kernels, EXACT;\n"
            "the others each GEMM kernel, FAST; * the one level %s runs)\n",
-           dtype_name(bw->dtype), cpu_matmul_level_name(level));
+           dtype_name(bw->dtype), cpu_time ? " of CPU time per thread" : "",
+           cpu_matmul_level_name(level));
     printf("  %-13s %6s %7s %5s", "shape", "K", "N", "T");
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (all[i].runs)
@@ -299,7 +320,7 @@ static void prefill_table(struct cpu_matmul *mm, struct threadpool *pool, struct
             for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
                 if (all[i].runs)
                     printf(" %9.1f", bench_prefill(mm, pool, bw, all[i].fn, shapes[sh].K,
-                                                   shapes[sh].N, ts[ti]));
+                                                   shapes[sh].N, ts[ti], cpu_time));
             printf("\n");
             fflush(stdout);
         }
@@ -341,13 +362,13 @@ int main(int argc, char **argv)
     printf("level            %s, %d threads, %s weights\n",
            cpu_matmul_level_name(cpu_matmul_get_level(mm)), threadpool_size(pool),
            dtype_name(wt.dtype));
-    if (argc > 4 && !strcmp(argv[4], "prefill")) {
+    if (argc > 4 && (!strcmp(argv[4], "prefill") || !strcmp(argv[4], "prefill-cpu"))) {
         if (!cpu_qgemm_takes(wt.dtype)) {
             fprintf(stderr, "matmul_bench: %s weights have no prefill GEMM\n",
                     dtype_name(wt.dtype));
             return 1;
         }
-        prefill_table(mm, pool, &wt);
+        prefill_table(mm, pool, &wt, !strcmp(argv[4], "prefill-cpu"));
         for (int i = 0; i < 8; i++)
             free(wt.proto[i]);
         cpu_matmul_free(mm);
