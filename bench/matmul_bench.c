@@ -1,9 +1,14 @@
 /* bench/matmul_bench.c — CPU matmul speed against the machine's own limits: GEMV vs read bandwidth, GEMM vs FMA peak.
  *
- * Usage: matmul_bench [THREADS [LEVEL [DTYPE]]]
+ * Usage: matmul_bench [THREADS [LEVEL [DTYPE [prefill|prefill-cpu]]]]
  *   THREADS 0 (default) = one per core; LEVEL scalar|avx2|avx512|avx512bf16|amx;
  *   DTYPE bf16 (default) or a GGUF block type: q8_0, q4_0, q4_1, q5_0, q5_1,
- *   q2_k, q3_k, q4_k, q5_k, q6_k (the int8 kernels of qmatmul*.c).
+ *   q2_k, q3_k, q4_k, q5_k, q6_k (the int8 kernels of qmatmul*.c);
+ *   prefill: only the quantized prefill table (each GEMM kernel the level
+ *   and CPU allow against the decode kernels, T = 16, 128, 512);
+ *   prefill-cpu: the same over the process's CPU time rather than the wall
+ *   clock (per thread), so a loaded machine's time given to other
+ *   processes is not counted (the pool's spinning is: never flattering).
  * Shapes are Qwen3-0.6B's projections (K = in_features, N = out_features). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +17,9 @@
 #include <sys/mman.h>
 
 #include "backend/cpu/matmul.h"
+#include "backend/cpu/qgemm.h"
+#include "backend/cpu/qmatmul.h"
+#include "base/cpu.h"
 #include "base/bf16.h"
 #include "base/quant.h"
 #include "base/threadpool.h"
@@ -225,6 +233,100 @@ static double bench_small_batch(struct cpu_matmul *mm, struct bench_weights *bw,
     return best;
 }
 
+/* Quantized prefill of T tokens through one matrix: gemm NULL runs the
+ * decode kernels (EXACT, as a step below QGEMM_MIN_T does), else that GEMM
+ * kernel by way of cpu_qmm_run, as cpu_matmul_run runs the level's in FAST
+ * mode (x quantized and laid out inside the timing). Returns GFLOP/s, best
+ * of PREFILL_RUNS after a warm-up. */
+#define PREFILL_RUNS 10 /* prefill-cpu: 3 of 0.1 s each */
+
+static double process_cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static double bench_prefill(struct cpu_matmul *mm, struct threadpool *pool,
+                            struct bench_weights *bw, qgemm_fn gemm, long K, long N, long T,
+                            bool cpu_time)
+{
+    void *wd = random_weights(bw, K, N);
+    float *x = random_f32((size_t)T * (size_t)K);
+    float *y = malloc((size_t)T * (size_t)N * sizeof *y);
+    struct qmm_scratch s = {0};
+    double best = 0.0;
+    if (wd && x && y) {
+        const struct weight_matrix w = {.dtype = bw->dtype, .rows = N, .cols = K, .data = wd};
+        const struct weight_matrix *wp = &w;
+        const float *bias = NULL;
+        const struct qmm_kernels *k = cpu_qmm_kernels_for(cpu_matmul_get_level(mm));
+        int threads = threadpool_size(pool);
+        for (int run = 0; run <= (cpu_time ? 3 : PREFILL_RUNS); run++) {
+            double t0 = cpu_time ? process_cpu_s() : now_s(), w0 = now_s();
+            int calls = 0;
+            do { /* CPU time: calls for 0.1 s, the other threads' clocks
+                    being read to a scheduler tick */
+                if (gemm)
+                    cpu_qmm_run(pool, k, gemm, COMPUTE_FAST, &s, x, T, 1, &wp, &bias, &y);
+                else
+                    cpu_matmul_run(mm, COMPUTE_EXACT, x, T, &w, NULL, y);
+                calls++;
+            } while (cpu_time && now_s() - w0 < 0.1);
+            double dt = cpu_time ? (process_cpu_s() - t0) / threads : now_s() - t0;
+            double g = 2.0 * T * K * N * calls / dt * 1e-9;
+            best = run > 0 && g > best ? g : best;
+        }
+    }
+    cpu_qmm_scratch_free(&s);
+    free(wd);
+    free(x);
+    free(y);
+    return best;
+}
+
+static void prefill_table(struct cpu_matmul *mm, struct threadpool *pool, struct bench_weights *bw,
+                          bool cpu_time)
+{
+    enum cpu_matmul_level level = cpu_matmul_get_level(mm);
+    const struct cpu_features *f = cpu_features();
+    const struct {
+        const char *name;
+        qgemm_fn fn;
+        bool runs;
+    } all[] = {
+        {"decode", NULL, true},
+        {"avx2", cpu_qgemm_avx2, level >= CPU_MATMUL_AVX2},
+        {"avxvnni", cpu_qgemm_avxvnni, level >= CPU_MATMUL_AVX2 && f->avx_vnni},
+        {"vnni", cpu_qgemm_vnni, level >= CPU_MATMUL_AVX512 && f->avx512_vnni},
+        {"amx", cpu_qgemm_amx, level == CPU_MATMUL_AMX && f->amx_int8 && f->amx_usable},
+    };
+    static const long ts[] = {16, 128, 512};
+    qgemm_fn chosen = cpu_qgemm_kernel_for(level);
+    printf("\nQuantized prefill, %s weights (GFLOP/s%s; decode = the decode kernels, EXACT;\n"
+           "the others each GEMM kernel, FAST; * the one level %s runs)\n",
+           dtype_name(bw->dtype), cpu_time ? " of CPU time per thread" : "",
+           cpu_matmul_level_name(level));
+    printf("  %-13s %6s %7s %5s", "shape", "K", "N", "T");
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (all[i].runs)
+            printf(" %8s%c", all[i].name, all[i].fn && all[i].fn == chosen ? '*' : ' ');
+    printf("\n");
+    for (int sh = 0; sh < N_SHAPES; sh++) {
+        if (shapes[sh].N > 8192)
+            continue; /* the LM head: minutes on the decode kernels */
+        for (size_t ti = 0; ti < sizeof ts / sizeof ts[0]; ti++) {
+            printf("  %-13s %6ld %7ld %5ld", shapes[sh].what, shapes[sh].K, shapes[sh].N, ts[ti]);
+            for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+                if (all[i].runs)
+                    printf(" %9.1f", bench_prefill(mm, pool, bw, all[i].fn, shapes[sh].K,
+                                                   shapes[sh].N, ts[ti], cpu_time));
+            printf("\n");
+            fflush(stdout);
+        }
+    }
+}
+
 int main(int argc, char **argv)
 {
     int n_threads = argc > 1 ? atoi(argv[1]) : 0;
@@ -260,6 +362,19 @@ int main(int argc, char **argv)
     printf("level            %s, %d threads, %s weights\n",
            cpu_matmul_level_name(cpu_matmul_get_level(mm)), threadpool_size(pool),
            dtype_name(wt.dtype));
+    if (argc > 4 && (!strcmp(argv[4], "prefill") || !strcmp(argv[4], "prefill-cpu"))) {
+        if (!cpu_qgemm_takes(wt.dtype)) {
+            fprintf(stderr, "matmul_bench: %s weights have no prefill GEMM\n",
+                    dtype_name(wt.dtype));
+            return 1;
+        }
+        prefill_table(mm, pool, &wt, !strcmp(argv[4], "prefill-cpu"));
+        for (int i = 0; i < 8; i++)
+            free(wt.proto[i]);
+        cpu_matmul_free(mm);
+        threadpool_free(pool);
+        return 0;
+    }
     double bw = 0.0, peak = 0.0;
     for (int i = 0; i < 3; i++) { /* best of three: the machine may be shared */
         double b = cpu_measure_read_bandwidth(pool, BANDWIDTH_BYTES);

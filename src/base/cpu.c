@@ -65,6 +65,7 @@ void cpu_features_detect(enum cpu_isa cap, struct cpu_features *out)
     f.amx_int8 = os_amx && ((d >> 25) & 1);
     __cpuid_count(7, 1, a, b, c, d);
     f.avx512_bf16 = f.avx512bw && ((a >> 5) & 1);
+    f.avx_vnni = f.avx2 && ((a >> 4) & 1);
 
     if (cap != CPU_ISA_BEST) {
         if (cap < CPU_ISA_AMX)
@@ -74,7 +75,7 @@ void cpu_features_detect(enum cpu_isa cap, struct cpu_features *out)
         if (cap < CPU_ISA_AVX512)
             f.avx512f = f.avx512bw = f.avx512vl = f.avx512_vnni = false;
         if (cap < CPU_ISA_AVX2)
-            f.avx2 = f.fma = false;
+            f.avx2 = f.fma = f.avx_vnni = false;
     }
     if (f.amx_tile && (f.amx_bf16 || f.amx_int8))
         f.amx_usable = request_amx_permission();

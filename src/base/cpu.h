@@ -8,6 +8,7 @@ struct cpu_features {
     bool avx2, fma, f16c;
     bool avx512f, avx512bw, avx512vl, avx512_bf16;
     bool avx512_vnni;         /* vpdpbusd: the int8 dot products of quantized weights */
+    bool avx_vnni;            /* vpdpbusd in VEX form on ymm, without AVX-512 (Alder Lake, Zen 5) */
     bool amx_tile, amx_bf16;  /* hardware support (CPUID) */
     bool amx_int8;            /* tdpbsud and kin: the quantized prefill GEMM's tiles (CPUID) */
     bool amx_usable;          /* the kernel granted this process the AMX tile state */

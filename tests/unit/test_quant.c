@@ -456,6 +456,9 @@ Test(quant_gemm, every_kernel_matches_the_reference_dot_product_on_odd_shapes, .
         bool present;
     } isas[] = {
         {"scalar", cpu_qgemm_scalar, true},
+        {"avx2", cpu_qgemm_avx2, f->avx2},
+        {"avxvnni", cpu_qgemm_avxvnni, f->avx_vnni},
+        {"avxvnni-evex", cpu_qgemm_avxvnni_evex, f->avx512_vnni},
         {"vnni", cpu_qgemm_vnni, f->avx512_vnni},
         {"amx-emulated", cpu_qgemm_amx_emulated, f->avx512_vnni},
         {"amx", cpu_qgemm_amx, f->amx_int8 && f->amx_usable && f->avx512_vnni},
@@ -483,7 +486,10 @@ Test(quant_gemm, the_gemm_follows_the_level_and_the_cpu)
 {
     const struct cpu_features *f = cpu_features();
     cr_assert_eq(cpu_qgemm_kernel_for(CPU_MATMUL_SCALAR), cpu_qgemm_scalar);
-    cr_assert_null(cpu_qgemm_kernel_for(CPU_MATMUL_AVX2), "AVX2 prompts run the decode kernels");
+    if (f->avx2)
+        cr_assert_eq(cpu_qgemm_kernel_for(CPU_MATMUL_AVX2),
+                     f->avx_vnni ? cpu_qgemm_avxvnni : cpu_qgemm_avx2,
+                     "AVX2 prompts run the AVX2 GEMM, with AVX-VNNI where CPUID reports it");
     if (f->avx512_vnni)
         cr_assert_eq(cpu_qgemm_kernel_for(CPU_MATMUL_AVX512), cpu_qgemm_vnni);
     if (cpu_matmul_detect_level() == CPU_MATMUL_AMX)
@@ -491,6 +497,137 @@ Test(quant_gemm, the_gemm_follows_the_level_and_the_cpu)
                      f->amx_int8 ? cpu_qgemm_amx : cpu_qgemm_vnni);
     cr_assert(cpu_qgemm_takes(DTYPE_Q4_K));
     cr_assert_not(cpu_qgemm_takes(DTYPE_Q3_K), "Q3_K has no panel unpacking");
+}
+
+/* The code bytes (past the scales) of the first block or super-block of a
+ * quantized row set to v: codes at an end of the type's range. */
+static void set_first_block_codes(enum dtype t, uint8_t *row, uint8_t v)
+{
+    switch (t) {
+    case DTYPE_Q8_0: memset(row + 2, v, 32); break;
+    case DTYPE_Q4_0: memset(row + 2, v, 16); break;
+    case DTYPE_Q4_1: memset(row + 4, v, 16); break;
+    case DTYPE_Q4_K: memset(row + 16, v, 128); break;
+    case DTYPE_Q5_K: memset(row + 16, v, 160); break; /* qh, then qs */
+    case DTYPE_Q6_K: memset(row, v, 192); break;      /* ql, qh */
+    default: cr_assert_fail("no codes layout for %s", dtype_name(t));
+    }
+}
+
+/* Every kernel's y for two matrices of type t (rows of extreme codes among
+ * them) against the scalar kernel's, byte for byte. */
+static void gemm_bits_case(struct threadpool *pool, const char *const *names, const qgemm_fn *fns,
+                           int n_fns, enum dtype t, int64_t T, int64_t K, const int64_t N[2],
+                           uint32_t seed)
+{
+    float *x = malloc((size_t)(T * K) * sizeof *x);
+    fill(x, (int)(T * K), seed + 1);
+    for (int64_t i = 0; i < T * K; i += 89)
+        x[i] *= 8.0f;
+    /* Tokens 0 and 1 start with 64 equal values (+1, then -1), so their
+     * first blocks' codes are all +127 and all -127: with the extreme
+     * weight rows below, the largest pairs vpmaddubsw could see. */
+    for (int64_t c = 0; c < 64 && T > 1; c++)
+        x[c] = 1.0f, x[K + c] = -1.0f;
+    bool k_act = qmm_act_k_of(t);
+    size_t act = k_act ? sizeof(struct qmm_act_k) : sizeof(struct qmm_act);
+    int64_t xs = K / (k_act ? QMM_ACT_K_ELEMS : QMM_ACT_ELEMS);
+    void *xa = aligned_alloc(64, (size_t)(T * xs) * act);
+    for (int64_t tk = 0; tk < T; tk++) {
+        if (k_act)
+            cpu_qmm_quantize_x_k(x + tk * K, K, (struct qmm_act_k *)xa + tk * xs);
+        else
+            cpu_qmm_quantize_x(x + tk * K, K, (struct qmm_act *)xa + tk * xs);
+    }
+    size_t rb = (size_t)dtype_row_bytes(t, (uint64_t)K);
+    float *bias[2] = {malloc((size_t)N[0] * sizeof(float)), NULL}, *ref[2], *y[2];
+    fill(bias[0], (int)N[0], seed + 2);
+    uint8_t *wq[2];
+    struct weight_matrix wm[2];
+    for (int i = 0; i < 2; i++) {
+        float *w = malloc((size_t)(N[i] * K) * sizeof *w);
+        wq[i] = malloc(rb * (size_t)N[i]);
+        ref[i] = malloc((size_t)(T * N[i]) * sizeof *ref[i]);
+        y[i] = malloc((size_t)(T * N[i]) * sizeof *y[i]);
+        fill(w, (int)(N[i] * K), seed + 3 + (uint32_t)i);
+        for (int64_t r = 0; r < N[i]; r++)
+            quant_quantize_row(t, w + r * K, wq[i] + (size_t)r * rb, K);
+        free(w);
+        /* Rows 0..2: the lowest codes (Q8_0: -128, which no quantizer
+         * writes but a file may hold), the highest, the lowest again. */
+        for (int64_t r = 0; r < 3 && r < N[i]; r++) {
+            uint8_t lo = t == DTYPE_Q8_0 ? 0x80 : 0x00, hi = t == DTYPE_Q8_0 ? 0x7f : 0xff;
+            set_first_block_codes(t, wq[i] + (size_t)r * rb, r == 1 ? hi : lo);
+        }
+        wm[i] = (struct weight_matrix){.dtype = t, .rows = N[i], .cols = K, .data = wq[i]};
+    }
+    const struct weight_matrix *wp[2] = {&wm[0], &wm[1]};
+    struct qgemm_scratch s = {0};
+    cr_assert(cpu_qgemm_run(pool, cpu_qgemm_scalar, &s, xa, act, xs, T, 2, wp,
+                            (const float *const *)bias, ref));
+    for (int k = 0; k < n_fns; k++) {
+        for (int i = 0; i < 2; i++)
+            memset(y[i], 0xff, (size_t)(T * N[i]) * sizeof *y[i]);
+        cr_assert(cpu_qgemm_run(pool, fns[k], &s, xa, act, xs, T, 2, wp,
+                                (const float *const *)bias, y));
+        for (int i = 0; i < 2; i++)
+            for (int64_t e = 0; e < T * N[i]; e++)
+                cr_assert_eq(memcmp(&y[i][e], &ref[i][e], sizeof(float)), 0,
+                             "%s %s T=%lld K=%lld N=%lld: y%d[%lld,%lld] = %.9g, scalar %.9g",
+                             names[k], dtype_name(t), (long long)T, (long long)K,
+                             (long long)N[i], i, (long long)(e / N[i]), (long long)(e % N[i]),
+                             y[i][e], ref[i][e]);
+    }
+    cpu_qgemm_scratch_free(&s);
+    for (int i = 0; i < 2; i++)
+        free(wq[i]), free(ref[i]), free(y[i]), free(bias[i]);
+    free(x), free(xa);
+}
+
+/* The AVX2 kernel's vpmaddubsw saturates where the VNNI kernels' vpdpbusd
+ * does not: every kernel present must give the scalar kernel's bits
+ * (the same integers, the same two FMAs per block), on weight rows of
+ * extreme codes against x codes of +-127, on token and row counts off the
+ * 16-token group and the 16-row panel, and on K off the 256-element
+ * super-block where the type allows (32 n, with n odd: the block-sum
+ * tail). */
+Test(quant_gemm, every_kernel_gives_the_scalar_kernels_bits, .timeout = 300)
+{
+    static const enum dtype types[] = {DTYPE_Q8_0, DTYPE_Q4_0, DTYPE_Q4_1,
+                                       DTYPE_Q4_K, DTYPE_Q5_K, DTYPE_Q6_K};
+    static const int64_t Ts[] = {2, 16, 29, 50}, Ks32[] = {96, 256, 800}, KsK[] = {256, 768};
+    static const int64_t Ns[][2] = {{3, 16}, {19, 70}};
+    const struct cpu_features *f = cpu_features();
+    const char *names[8];
+    qgemm_fn fns[8];
+    int n = 0;
+#define ADD_KERNEL(name, fn, present) \
+    if (present) {                    \
+        names[n] = name;              \
+        fns[n++] = fn;                \
+    }
+    ADD_KERNEL("avx2", cpu_qgemm_avx2, f->avx2);
+    ADD_KERNEL("avxvnni", cpu_qgemm_avxvnni, f->avx_vnni);
+    ADD_KERNEL("avxvnni-evex", cpu_qgemm_avxvnni_evex, f->avx512_vnni);
+    ADD_KERNEL("vnni", cpu_qgemm_vnni, f->avx512_vnni);
+    ADD_KERNEL("amx-emulated", cpu_qgemm_amx_emulated, f->avx512_vnni);
+    ADD_KERNEL("amx", cpu_qgemm_amx, f->amx_int8 && f->amx_usable && f->avx512_vnni);
+#undef ADD_KERNEL
+    cr_assert_geq(n, 1, "no vector kernel runs here");
+    struct err err = {0};
+    struct threadpool *pool;
+    cr_assert_eq(threadpool_create(2, &pool, &err), 0, "%s", err.msg);
+    for (size_t ty = 0; ty < sizeof types / sizeof types[0]; ty++) {
+        bool k_type = qmm_act_k_of(types[ty]);
+        const int64_t *Ks = k_type ? KsK : Ks32;
+        int nk = k_type ? 2 : 3;
+        for (int a = 0; a < 4; a++)
+            for (int b = 0; b < nk; b++)
+                for (int c = 0; c < 2; c++)
+                    gemm_bits_case(pool, names, fns, n, types[ty], Ts[a], Ks[b], Ns[c],
+                                   (uint32_t)(ty * 1000 + a * 100 + b * 10 + c));
+    }
+    threadpool_free(pool);
 }
 
 /* FAST prompts past QGEMM_MIN_T take the GEMM; EXACT ones stay on the

@@ -2,6 +2,7 @@
 #include "backend/cpu/qgemm.h"
 
 #include <immintrin.h>
+#include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +31,20 @@ static int blk_of(enum dtype t) { return t == DTYPE_Q6_K ? 16 : 32; }
 static bool has_min(enum dtype t)
 {
     return t == DTYPE_Q4_1 || t == DTYPE_Q4_K || t == DTYPE_Q5_K;
+}
+
+/* The largest |code| unpack_row can write for type t, whatever the file's
+ * bytes. */
+static int code_max_of(enum dtype t)
+{
+    switch (t) {
+    case DTYPE_Q4_0: return 8;   /* 0..15 - 8 */
+    case DTYPE_Q4_1:
+    case DTYPE_Q4_K: return 15;  /* 0..15 */
+    case DTYPE_Q5_K: return 31;  /* 0..31 */
+    case DTYPE_Q6_K: return 32;  /* 0..63 - 32 */
+    default: return 128;         /* Q8_0's bytes */
+    }
 }
 
 /* One panel's writable arrays. */
@@ -189,7 +204,7 @@ static void unpack_panel(enum dtype t, const uint8_t *w, size_t row_bytes, int64
             }
     }
     *out = (struct qgemm_w){.q = p.q, .corr = p.corr, .scale = p.scale,
-                            .min = has_min(t) ? p.min : NULL};
+                            .min = has_min(t) ? p.min : NULL, .code_max = code_max_of(t)};
 }
 
 /* ---- x ----------------------------------------------------------------- */
@@ -245,7 +260,9 @@ static void pack_x_group(const void *xa, size_t act_size, int64_t xs, bool k_act
     }
 }
 
-/* ---- the scalar reference kernel -------------------------------------- */
+/* ---- the scalar reference kernel -------------------------------------- *
+ * The vector kernels' float steps written out (fmaf rounds once, as their
+ * FMAs do), so every kernel's bits can be checked against this one. */
 
 static void gemm_scalar(int64_t K, int blk, const struct qgemm_w *w, const struct qgemm_x *x,
                         float out[QGEMM_ROWS][QGEMM_TOKENS])
@@ -258,10 +275,12 @@ static void gemm_scalar(int64_t K, int blk, const struct qgemm_w *w, const struc
                 int32_t sum = w->corr[b * QGEMM_ROWS + r];
                 for (int64_t c = b * blk; c < (b + 1) * blk; c++)
                     sum += w->q[r * K + c] * x->q[(c / 4) * 64 + 4 * t + c % 4];
-                float v = (float)sum * (w->scale[b * QGEMM_ROWS + r] * x->d[bx * QGEMM_TOKENS + t]);
+                float acc = fmaf((float)sum,
+                                 x->d[bx * QGEMM_TOKENS + t] * w->scale[b * QGEMM_ROWS + r],
+                                 out[r][t]);
                 if (w->min)
-                    v += w->min[b * QGEMM_ROWS + r] * x->s[bx * QGEMM_TOKENS + t];
-                out[r][t] += v;
+                    acc = fmaf(x->s[bx * QGEMM_TOKENS + t], w->min[b * QGEMM_ROWS + r], acc);
+                out[r][t] = acc;
             }
     }
 }
@@ -277,7 +296,7 @@ qgemm_fn cpu_qgemm_kernel_for(enum cpu_matmul_level level)
         return cpu_qgemm_vnni;
     if (level == CPU_MATMUL_SCALAR)
         return cpu_qgemm_scalar;
-    return NULL;
+    return f->avx_vnni ? cpu_qgemm_avxvnni : cpu_qgemm_avx2;
 }
 
 /* ---- driver ------------------------------------------------------------ */

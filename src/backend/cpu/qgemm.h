@@ -1,4 +1,4 @@
-/* backend/cpu/qgemm.h — the prefill GEMM over block-quantized weights: int8 panels unpacked per call, 16 tokens per kernel, VNNI and AMX-INT8 kernels; private to backend/cpu. */
+/* backend/cpu/qgemm.h — the prefill GEMM over block-quantized weights: int8 panels unpacked per call, 16 tokens per kernel, AVX2, AVX-VNNI, AVX-512 VNNI and AMX-INT8 kernels; private to backend/cpu. */
 #ifndef INFERD_BACKEND_CPU_QGEMM_H
 #define INFERD_BACKEND_CPU_QGEMM_H
 
@@ -31,6 +31,10 @@ struct qgemm_w {
     const int32_t *corr;  /* [K / blk][QGEMM_ROWS]: -128 * (sum of the block's codes) */
     const float *scale;   /* [K / blk][QGEMM_ROWS] */
     const float *min;     /* [K / blk][QGEMM_ROWS], or NULL */
+    int code_max;         /* the largest |code| the type's panels hold: 8
+                             Q4_0, 15 Q4_1 and Q4_K, 31 Q5_K, 32 Q6_K, 128
+                             Q8_0 (how the AVX2 kernel keeps vpmaddubsw
+                             from saturating) */
 };
 
 /* QGEMM_TOKENS tokens of x, quantized per 32 elements (x[t][c] ~ d[c /
@@ -54,7 +58,15 @@ struct qgemm_x {
 typedef void (*qgemm_fn)(int64_t K, int blk, const struct qgemm_w *w, const struct qgemm_x *x,
                          float out[QGEMM_ROWS][QGEMM_TOKENS]);
 
+/* Every kernel gives the same bits: the same exact integer block sums,
+ * each block added as fmaf(sum, scale * d, acc) then, with a minimum,
+ * fmaf(s, min, acc), blocks in order from a zero acc. */
 extern const qgemm_fn cpu_qgemm_scalar;       /* plain C: the reference of the others */
+extern const qgemm_fn cpu_qgemm_avx2;         /* AVX2: vpmaddubsw + vpmaddwd, 8 tokens a ymm */
+extern const qgemm_fn cpu_qgemm_avxvnni;      /* AVX-VNNI: vpdpbusd (VEX) on ymm */
+extern const qgemm_fn cpu_qgemm_avxvnni_evex; /* cpu_qgemm_avxvnni's code with AVX-512
+                                                 VNNI's ymm vpdpbusd: tests run it where
+                                                 AVX-VNNI is absent */
 extern const qgemm_fn cpu_qgemm_vnni;         /* AVX-512 VNNI: vpdpbusd, tokens in lanes */
 extern const qgemm_fn cpu_qgemm_amx;          /* AMX-INT8 tiles (tdpbsud) */
 extern const qgemm_fn cpu_qgemm_amx_emulated; /* cpu_qgemm_amx's code with each tile
@@ -62,9 +74,9 @@ extern const qgemm_fn cpu_qgemm_amx_emulated; /* cpu_qgemm_amx's code with each 
                                                  AVX-512 VNNI machine, so tests check the
                                                  AMX operand layout where AMX is absent */
 
-/* The kernel level and this processor allow, or NULL: no GEMM (AVX2 has no
- * int8 dot product free of vpmaddubsw's saturation on these operands; its
- * prompts run the decode kernels). */
+/* The kernel level and this processor allow: AMX-INT8, AVX-512 VNNI, then
+ * at level avx2 (or an AVX-512 CPU without VNNI) AVX-VNNI where CPUID
+ * reports it, else AVX2; scalar at level scalar. */
 qgemm_fn cpu_qgemm_kernel_for(enum cpu_matmul_level level);
 
 /* True when weights of type t unpack into struct qgemm_w. */

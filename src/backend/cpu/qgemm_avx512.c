@@ -1,4 +1,4 @@
-/* backend/cpu/qgemm_avx512.c — the quantized prefill GEMM with AVX-512 VNNI (16 tokens in the lanes of a zmm, each weight quad broadcast from the panel into vpdpbusd), and the AMX kernel with its tile instructions emulated in C for tests. */
+/* backend/cpu/qgemm_avx512.c — the quantized prefill GEMM with AVX-512 VNNI (16 tokens in the lanes of a zmm, each weight quad broadcast from the panel into vpdpbusd); for tests, the AMX kernel with its tile instructions emulated in C and the AVX-VNNI kernel in EVEX form. */
 #include <immintrin.h>
 #include <stdlib.h>
 #include <string.h>
@@ -135,3 +135,14 @@ static void emu_dpbsud(struct emu_tiles *e, int c, int a, int b)
 }
 
 const qgemm_fn cpu_qgemm_amx_emulated = gemm_amx_emulated;
+
+/* ---- AVX-VNNI, EVEX-encoded ---------------------------------------------- *
+ * The AVX-VNNI kernel's code with AVX-512 VNNI's 256-bit vpdpbusd, which
+ * does the same: tests check that code on machines without AVX-VNNI. */
+
+#define QGEMM_DPBUSD_YMM(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
+#define QGEMM_YMM_KERNEL gemm_avxvnni_evex
+
+#include "backend/cpu/qgemm_avxvnni_body.h"
+
+const qgemm_fn cpu_qgemm_avxvnni_evex = gemm_avxvnni_evex;
