@@ -569,6 +569,85 @@ Test(lora_parity, adapter_logits_match_transformers_goldens, .timeout = 300)
     cr_assert_gt(checked, 0);
 }
 
+/* ---- the CPU op itself ---------------------------------------------------- */
+
+static float *host_floats(struct backend *be, size_t n, uint32_t seed)
+{
+    float *p = be->ops->alloc(be, n * sizeof(float));
+    cr_assert_not_null(p);
+    for (size_t i = 0; i < n; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        p[i] = (float)((int32_t)(seed >> 8) % 2001 - 1000) / 1000.0f;
+    }
+    return p;
+}
+
+/* Shapes off every vector width (in 517, out 203, ranks 5 and 13, a B split out of a wider
+ * one), stacked and repeated pairs over runs of rows: each row within float rounding of a
+ * double-precision reference, and bit for bit what it gets as the call's only row (the batch
+ * large enough for the threads, a row alone not). */
+Test(lora_op, cpu_rows_match_a_reference_and_their_bits_alone_at_odd_shapes)
+{
+    struct backend *be;
+    struct err err = {0};
+    cr_assert_eq(backend_cpu_create(&(struct backend_options){.mode = COMPUTE_EXACT, .threads = 2},
+                                    &be, &err), 0, "%s", err.msg);
+    enum { IN = 517, OUT = 203, ROWS = 9 };
+    float *a1 = host_floats(be, 5 * IN, 1), *b1 = host_floats(be, OUT * 5, 2);
+    float *a2 = host_floats(be, 13 * IN, 3), *b2 = host_floats(be, (OUT + 4) * 16, 4);
+    struct lora_pair p1 = {.a = a1, .b = b1, .rank = 5, .b_stride = 5, .scale = 0.5f};
+    /* rank 13 in rows 16 floats apart, starting 4 rows in, as a fused projection's part */
+    struct lora_pair p2 = {.a = a2, .b = b2 + 4 * 16, .rank = 13, .b_stride = 16, .scale = 2.0f};
+    float *x = host_floats(be, ROWS * IN, 5);
+    float *y0 = host_floats(be, ROWS * OUT, 6);
+    float *y = be->ops->alloc(be, ROWS * OUT * sizeof(float));
+    float *scratch = be->ops->alloc(be, 4 * ROWS * LORA_MAX_RANK * sizeof(float));
+    /* rows 0-2 p1, 3 none, 4-5 p1 + p2 stacked, 6-8 p2 then p1 */
+    struct lora_seg segs[] = {{0, 3, p1}, {4, 2, p1}, {4, 2, p2}, {6, 3, p2}, {6, 3, p1}};
+    int n_segs = (int)(sizeof segs / sizeof segs[0]);
+    memcpy(y, y0, ROWS * OUT * sizeof(float));
+    be->ops->lora(be, x, IN, OUT, segs, n_segs, scratch, y);
+    double worst = 0;
+    for (int t = 0; t < ROWS; t++) {
+        for (int r = 0; r < OUT; r++) {
+            double want = y0[t * OUT + r];
+            for (int s = 0; s < n_segs; s++) {
+                const struct lora_seg *sg = &segs[s];
+                if (t < sg->row0 || t >= sg->row0 + sg->n_rows)
+                    continue;
+                double v = 0;
+                for (int k = 0; k < sg->p.rank; k++) {
+                    double u = 0;
+                    for (int c = 0; c < IN; c++)
+                        u += (double)sg->p.a[k * IN + c] * x[t * IN + c];
+                    v += (double)sg->p.b[r * sg->p.b_stride + k] * u;
+                }
+                want += sg->p.scale * v;
+            }
+            double d = fabs(want - y[t * OUT + r]);
+            worst = d > worst ? d : worst;
+        }
+        /* the row alone: the same segs cut to it */
+        float *ya = be->ops->alloc(be, OUT * sizeof(float));
+        memcpy(ya, y0 + t * OUT, OUT * sizeof(float));
+        struct lora_seg alone[5];
+        int n = 0;
+        for (int s = 0; s < n_segs; s++)
+            if (t >= segs[s].row0 && t < segs[s].row0 + segs[s].n_rows)
+                alone[n++] = (struct lora_seg){0, 1, segs[s].p};
+        be->ops->lora(be, x + t * IN, IN, OUT, alone, n, scratch, ya);
+        cr_expect(!memcmp(ya, y + t * OUT, OUT * sizeof(float)),
+                  "row %d: its bits in the batch differ from its bits alone", t);
+        be->ops->release(be, ya);
+    }
+    cr_expect_leq(worst, 1e-3, "the op is %g from the reference", worst);
+    cr_expect(!memcmp(y + 3 * OUT, y0 + 3 * OUT, OUT * sizeof(float)), "a row no seg covers changed");
+    void *bufs[] = {a1, b1, a2, b2, x, y0, y, scratch};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        be->ops->release(be, bufs[i]);
+    backend_destroy(be);
+}
+
 /* ---- the CUDA op (on a machine with a GPU) --------------------------------- */
 
 /* Mixed decode steps on the GPU (EXACT) within float rounding of the CPU's, every step's
