@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/gpu.sh — the CUDA backend on a GPU machine in one run: parity tests, real-shape models, the speed table.
 #
-#   usage: bench/gpu.sh [parity] [bench] [8k] [profile] [serve] [agent] [spec] [quant] [MODEL...]
+#   usage: bench/gpu.sh [parity] [bench] [8k] [profile] [serve] [agent] [spec] [quant] [lora] [MODEL...]
 #     parity   the CUDA parity tests (goldens, CPU-vs-CUDA greedy tokens, graphs)
 #     bench    prefill pp512 / decode tg128 per model (and pp4096 for llama-3.1-8b),
 #              prefill again with f32 attention, the 8B's load time
@@ -53,6 +53,11 @@
 #              llama-3.1-8b:q4_k_m llama-3.2-1b:q4_k_m") through inferd bench: decode
 #              of 128 tokens and prefill of 512, the weight bytes each token reads
 #              and the bandwidth floor beside each
+#     lora     LoRA adapters: the CUDA op against the CPU's (test_lora --filter 'lora_cuda/*'),
+#              then decode tok/s of 16 sequences over 0, 1, 4 and 16 distinct random rank-16
+#              adapters on every projection (inferd bench --adapters 0,1,4,16 --rank 16
+#              --batch 16 --device cuda; the adapters are mkmodel --lora-for's); on
+#              llama-3.2-1b and llama-3.1-8b unless models are named
 #     MODEL    mkmodel presets (default: qwen3-0.6b llama-3.2-1b llama-3.1-8b)
 #   With no stage named, parity, bench and 8k run.
 #
@@ -70,13 +75,15 @@ cd "$root"
 stages=() models=()
 for a in "$@"; do
   case "$a" in
-    parity|bench|8k|profile|serve|cache|agent|rows|ssd|structured|spec|kvquant|quant) stages+=("$a") ;;
+    parity|bench|8k|profile|serve|cache|agent|rows|ssd|structured|spec|kvquant|quant|lora) stages+=("$a") ;;
     *) models+=("$a") ;;
   esac
 done
 [ ${#stages[@]} -gt 0 ] || stages=(parity bench 8k)
 agent_models=("${models[@]}")
 [ ${#agent_models[@]} -gt 0 ] || agent_models=(llama-3.1-8b)
+lora_models=("${models[@]}")
+[ ${#lora_models[@]} -gt 0 ] || lora_models=(llama-3.2-1b llama-3.1-8b)
 [ ${#models[@]} -gt 0 ] || models=(qwen3-0.6b llama-3.2-1b llama-3.1-8b)
 has_stage() { local s; for s in "${stages[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 
@@ -385,6 +392,24 @@ if has_stage quant; then
     echo "== quant: $preset $dtype (weight bytes per token and the floor: the decode line)"
     bench_one "$preset $dtype decode tg128" "$file" --prompt-len 16 --gen-len 128 --reps 3
     bench_one "$preset $dtype prefill pp512" "$file" --prompt-len 512 --gen-len 1 --reps 3
+  done
+fi
+
+if has_stage lora; then
+  echo "== lora: the CUDA op against the CPU (tests/unit/test_lora.c lora_cuda)"
+  tl=$bin/test_lora
+  [ -x "$tl" ] || tl=build/test_lora
+  if [ -x "$tl" ]; then
+    timeout 300 "$tl" --filter 'lora_cuda/*' --verbose=1 --jobs=1 2>&1 |
+      grep -E "PASS|FAIL|SKIP|Synthesis|expected|assert|signal|Crash|error"
+  else
+    echo "no test_lora in $bin or build"
+  fi
+  for preset in "${lora_models[@]}"; do
+    dir=$(make_model "$preset") || { echo "mkmodel $preset failed"; continue; }
+    echo "== lora: $preset, 16 sequences over N distinct rank-16 adapters against none"
+    timeout 600 "$bin"/inferd bench "$dir" --device cuda --adapters 0,1,4,16 --rank 16 \
+      --batch 16 --prompt-len 64 --gen-len 65 --reps 5 2>&1 | grep -E "adapters|adapter |load|error"
   done
 fi
 
