@@ -1,11 +1,11 @@
-/* backend/cpu/lora.c — the low-rank adapter op: a segmented shrink (u = A x) then expand (y += scale B u), each adapter's A and B read once per call for every row that takes it.
+/* backend/cpu/lora.c — the low-rank adapter op: a segmented shrink (u = A x) then expand (y += scale B u), each adapter's A and B (f32 or bf16) read once per call for every row that takes it.
  *
  * Shrink: the work items are (distinct A, k < rank); an item runs A's row k over
  * every row of every seg taking that A, so the row stays in L1 while the rows
- * pass. Expand: threads split the outputs in blocks of eight; a block walks the
- * segs in order, so B's eight rows are read once for all the rows of a seg (and
- * of any later seg with the same pair), and stacked segs over one row add in seg
- * order. Between the two, u waits in scratch.
+ * pass. Expand: threads split the outputs in blocks of eight and walk the segs
+ * in order, each seg's blocks in turn (its B one sequential stream), each
+ * block's eight rows of B read once for all the rows of the seg; stacked segs
+ * over one row add in seg order. Between the two, u waits in scratch.
  *
  * Batch invariance: a row's dot products have a fixed lane layout and a fixed
  * reduction tree that depend on in and rank alone; which thread runs them and
@@ -14,6 +14,7 @@
 
 #include <immintrin.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* The CPU backend runs only where AVX2 and FMA are (backend_cpu_create checks). */
 #define LORA_TARGET __attribute__((target("avx2,fma")))
@@ -50,25 +51,45 @@ LORA_TARGET static inline __m256i tail_mask(int64_t n)
     return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), lanes);
 }
 
-/* x . a over n floats: four accumulators of eight lanes over 32-float steps,
- * then eight-float steps and a masked tail into the first, summed
+/* Elements [i, i + 8) of an adapter matrix (f32, or bf16 widened exactly). */
+LORA_TARGET static inline __m256 load8(const void *m, int64_t i, bool bf16)
+{
+    if (bf16) {
+        __m128i h = _mm_loadu_si128((const __m128i *)(const void *)((const uint16_t *)m + i));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+    return _mm256_loadu_ps((const float *)m + i);
+}
+
+/* Elements [i, i + n) (n < 8) of an adapter matrix, the other lanes zero. */
+LORA_TARGET static inline __m256 load_tail(const void *m, int64_t i, int64_t n, bool bf16)
+{
+    if (bf16) {
+        uint16_t t[8] = {0};
+        memcpy(t, (const uint16_t *)m + i, (size_t)n * sizeof t[0]);
+        return load8(t, 0, true);
+    }
+    return _mm256_maskload_ps((const float *)m + i, tail_mask(n));
+}
+
+/* x . a over n elements: four accumulators of eight lanes over 32-element steps,
+ * then eight-element steps and a zero-padded tail into the first, summed
  * ((0 + 1) + (2 + 3)) and across lanes; the order depends on n alone. */
-LORA_TARGET static float dot(const float *x, const float *a, int64_t n)
+LORA_TARGET static float dot(const float *x, const void *a, int64_t n, bool bf16)
 {
     __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
-        c0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(a + i), c0);
-        c1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(a + i + 8), c1);
-        c2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 16), _mm256_loadu_ps(a + i + 16), c2);
-        c3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 24), _mm256_loadu_ps(a + i + 24), c3);
+        c0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), load8(a, i, bf16), c0);
+        c1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), load8(a, i + 8, bf16), c1);
+        c2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 16), load8(a, i + 16, bf16), c2);
+        c3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 24), load8(a, i + 24, bf16), c3);
     }
     for (; i + 8 <= n; i += 8)
-        c0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(a + i), c0);
-    if (i < n) {
-        __m256i m = tail_mask(n - i);
-        c0 = _mm256_fmadd_ps(_mm256_maskload_ps(x + i, m), _mm256_maskload_ps(a + i, m), c0);
-    }
+        c0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), load8(a, i, bf16), c0);
+    if (i < n)
+        c0 = _mm256_fmadd_ps(_mm256_maskload_ps(x + i, tail_mask(n - i)),
+                             load_tail(a, i, n - i, bf16), c0);
     return hsum8(_mm256_add_ps(_mm256_add_ps(c0, c1), _mm256_add_ps(c2, c3)));
 }
 
@@ -83,13 +104,15 @@ LORA_TARGET static void shrink_items(void *ctx, int ith, int nth)
             g++;
         int k = it - j->item0[g];
         const struct lora_pair *p = &j->segs[j->perm[j->start[g]]].p;
-        const float *a = p->a + (size_t)k * (size_t)j->in;
+        size_t row_bytes = (size_t)j->in * (p->bf16 ? 2 : 4);
+        const void *a = (const uint8_t *)p->a + (size_t)k * row_bytes;
         for (int q = j->start[g]; q < j->start[g + 1]; q++) {
             int s = j->perm[q];
             const struct lora_seg *sg = &j->segs[s];
             float *u = j->u + j->u_off[s] + k;
             for (int t = 0; t < sg->n_rows; t++)
-                u[(size_t)t * (size_t)p->rank] = dot(j->x + (size_t)(sg->row0 + t) * (size_t)j->in, a, j->in);
+                u[(size_t)t * (size_t)p->rank] =
+                    dot(j->x + (size_t)(sg->row0 + t) * (size_t)j->in, a, j->in, p->bf16);
         }
     }
 }
@@ -106,26 +129,26 @@ LORA_TARGET static inline __m256 hsum8x8(const __m256 a[BLOCK])
 /* y[r0 .. r0 + n) += scale * B[r0 + i] . u for one row, n <= 8 (fewer only at the end of
  * out: the missing rows repeat the last one and are not stored). Each output's dot runs
  * rank in eight-lane steps (a masked tail) into its own accumulator, then hsum8x8. */
-LORA_TARGET static void expand_block(const struct lora_pair *p, int64_t r0, int n,
+LORA_TARGET static inline __attribute__((always_inline)) void expand_block(const struct lora_pair *p, int64_t r0, int n,
                                      const float *u, float *y)
 {
     __m256 acc[BLOCK];
-    const float *b[BLOCK];
+    const void *b[BLOCK];
+    size_t row_bytes = (size_t)p->b_stride * (p->bf16 ? 2 : 4);
     for (int i = 0; i < BLOCK; i++) {
         acc[i] = _mm256_setzero_ps();
-        b[i] = p->b + (size_t)(r0 + (i < n ? i : n - 1)) * (size_t)p->b_stride;
+        b[i] = (const uint8_t *)p->b + (size_t)(r0 + (i < n ? i : n - 1)) * row_bytes;
     }
     int k = 0;
     for (; k + 8 <= p->rank; k += 8) {
         __m256 uk = _mm256_loadu_ps(u + k);
         for (int i = 0; i < BLOCK; i++)
-            acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(b[i] + k), uk, acc[i]);
+            acc[i] = _mm256_fmadd_ps(load8(b[i], k, p->bf16), uk, acc[i]);
     }
     if (k < p->rank) {
-        __m256i m = tail_mask(p->rank - k);
-        __m256 uk = _mm256_maskload_ps(u + k, m);
+        __m256 uk = _mm256_maskload_ps(u + k, tail_mask(p->rank - k));
         for (int i = 0; i < BLOCK; i++)
-            acc[i] = _mm256_fmadd_ps(_mm256_maskload_ps(b[i] + k, m), uk, acc[i]);
+            acc[i] = _mm256_fmadd_ps(load_tail(b[i], k, p->rank - k, p->bf16), uk, acc[i]);
     }
     __m256 v = hsum8x8(acc);
     if (n == BLOCK) {
@@ -137,18 +160,19 @@ LORA_TARGET static void expand_block(const struct lora_pair *p, int64_t r0, int 
     }
 }
 
-/* Expand: thread ith's share of the output blocks, every seg in order over each. */
+/* Expand: thread ith's share of the output blocks, seg by seg in order (so a seg's B is one
+ * sequential stream, and stacked segs add in their order), each block over the seg's rows. */
 LORA_TARGET static void expand_outputs(void *ctx, int ith, int nth)
 {
     const struct lora_job *j = ctx;
     int64_t blocks = (j->out + BLOCK - 1) / BLOCK;
     int64_t begin = blocks * ith / nth, end = blocks * (ith + 1) / nth;
-    for (int64_t blk = begin; blk < end; blk++) {
-        int64_t r0 = blk * BLOCK;
-        int n = j->out - r0 < BLOCK ? (int)(j->out - r0) : BLOCK;
-        for (int s = 0; s < j->n_segs; s++) {
-            const struct lora_seg *sg = &j->segs[s];
-            const float *u = j->u + j->u_off[s];
+    for (int s = 0; s < j->n_segs; s++) {
+        const struct lora_seg *sg = &j->segs[s];
+        const float *u = j->u + j->u_off[s];
+        for (int64_t blk = begin; blk < end; blk++) {
+            int64_t r0 = blk * BLOCK;
+            int n = j->out - r0 < BLOCK ? (int)(j->out - r0) : BLOCK;
             for (int t = 0; t < sg->n_rows; t++)
                 expand_block(&sg->p, r0, n, u + (size_t)t * (size_t)sg->p.rank,
                              j->y + (size_t)(sg->row0 + t) * (size_t)j->out);
