@@ -177,7 +177,7 @@ void adapters_mount(struct http_exchange *x)
     json_object_put(root);
     if (rc == -INFERD_EEXIST)
         http_send_errorf(x, 409, API_ERROR_INVALID_REQUEST, "id", "adapter_exists", "%s", err.msg);
-    else if (rc == -INFERD_EBUSY || rc == -INFERD_EIO)
+    else if (rc == -INFERD_EBUSY)
         http_send_errorf(x, 503, API_ERROR_UNAVAILABLE, NULL, NULL, "%s", err.msg);
     else if (rc == -INFERD_ENOMEM)
         http_send_errorf(x, 507, API_ERROR_SERVER, NULL, "out_of_memory", "%s", err.msg);

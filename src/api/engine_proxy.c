@@ -1163,12 +1163,6 @@ static int adapter_call(struct engine_proxy *p, enum engine_wire_call_kind kind,
                        sizeof c.path - 1);
     }
     int rc = proxy_call(p, &c, rep, err);
-    if (rc < 0 && rep->call != c.call) {
-        /* no answer from the child (down, or lost meanwhile): not the registry's EBUSY */
-        char why[sizeof err->msg];
-        snprintf(why, sizeof why, "%s", err->msg);
-        rc = err_set(err, INFERD_EIO, "%s", why);
-    }
     if (rc < 0) {
         engine_wire_reply_free(rep);
         free(rep);

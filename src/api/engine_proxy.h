@@ -81,7 +81,8 @@ int engine_proxy_flush(struct engine_proxy *p, int timeout_ms, struct kv_tier_st
                        struct err *err);
 void engine_proxy_info(struct engine_proxy *p, struct engine_proxy_info *out);
 /* The child's adapter registry (engine/adapters.h), with the codes of adapter_list,
- * adapter_available, adapter_mount and adapter_unmount; -INFERD_EIO when the child is down.
+ * adapter_available, adapter_mount and adapter_unmount; -INFERD_EBUSY (try again) when the
+ * child is down.
  * Adapters mounted here live in the child: a restarted child has only the --adapter ones. */
 int engine_proxy_adapter_list(struct engine_proxy *p, struct adapter_info *out, int cap,
                               struct err *err);
@@ -130,7 +131,7 @@ int served_engine_flush(const struct served_model *sm, int timeout_ms, struct kv
 /* True when sm's engine keeps an adapter registry (its backend runs adapters). */
 bool served_adapters_ready(const struct served_model *sm);
 /* engine/adapters.h's adapter_list, adapter_available, adapter_mount and adapter_unmount on sm's
- * registry, wherever it lives; through a child, also -INFERD_EIO while it is down. */
+ * registry, wherever it lives; through a child, also -INFERD_EBUSY while it is down. */
 int served_adapters_list(const struct served_model *sm, struct adapter_info *out, int cap,
                          struct err *err);
 int served_adapters_available(const struct served_model *sm, struct adapter_found *out, int cap,
