@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/gpu.sh — the CUDA backend on a GPU machine in one run: parity tests, real-shape models, the speed table.
 #
-#   usage: bench/gpu.sh [parity] [bench] [8k] [profile] [serve] [agent] [spec] [quant] [tp] [MODEL...]
+#   usage: bench/gpu.sh [parity] [bench] [8k] [profile] [serve] [agent] [spec] [quant] [moe] [tp] [lora] [MODEL...]
 #     tp       tensor parallelism's NCCL path (tests/unit/test_tensor_parallel.c: one
 #              rank through NCCL against the plain model; two ranks where there are two
 #              GPUs); NCCL from $INFERD_NCCL_LIB, else PyTorch's nvidia-nccl wheel
@@ -65,6 +65,11 @@
 #              --cuda-moe off (the first kernels), and gemma-3-4b decode tg128; the
 #              floor is on each decode line (MOE_TEST=0 skips the test, MOE_BENCH=0
 #              the models)
+#     lora     LoRA adapters: the CUDA op against the CPU's (test_lora --filter 'lora_cuda/*'),
+#              then decode tok/s of 16 sequences over 0, 1, 4 and 16 distinct random rank-16
+#              adapters on every projection (inferd bench --adapters 0,1,4,16 --rank 16
+#              --batch 16 --device cuda; the adapters are mkmodel --lora-for's); on
+#              llama-3.2-1b and llama-3.1-8b unless models are named
 #     MODEL    mkmodel presets (default: qwen3-0.6b llama-3.2-1b llama-3.1-8b)
 #   With no stage named, parity, bench and 8k run.
 #
@@ -83,13 +88,15 @@ cd "$root"
 stages=() models=()
 for a in "$@"; do
   case "$a" in
-    parity|bench|8k|profile|serve|cache|agent|rows|ssd|structured|spec|kvquant|quant|moe|tp) stages+=("$a") ;;
+    parity|bench|8k|profile|serve|cache|agent|rows|ssd|structured|spec|kvquant|quant|moe|tp|lora) stages+=("$a") ;;
     *) models+=("$a") ;;
   esac
 done
 [ ${#stages[@]} -gt 0 ] || stages=(parity bench 8k)
 agent_models=("${models[@]}")
 [ ${#agent_models[@]} -gt 0 ] || agent_models=(llama-3.1-8b)
+lora_models=("${models[@]}")
+[ ${#lora_models[@]} -gt 0 ] || lora_models=(llama-3.2-1b llama-3.1-8b)
 [ ${#models[@]} -gt 0 ] || models=(qwen3-0.6b llama-3.2-1b llama-3.1-8b)
 has_stage() { local s; for s in "${stages[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 
@@ -466,6 +473,24 @@ if has_stage moe; then
       echo "mkmodel gemma-3-4b failed"
     fi
   fi
+fi
+
+if has_stage lora; then
+  echo "== lora: the CUDA op against the CPU (tests/unit/test_lora.c lora_cuda)"
+  tl=$bin/test_lora
+  [ -x "$tl" ] || tl=build/test_lora
+  if [ -x "$tl" ]; then
+    timeout 300 "$tl" --filter 'lora_cuda/*' --verbose=1 --jobs=1 2>&1 |
+      grep -E "PASS|FAIL|SKIP|Synthesis|expected|assert|signal|Crash|error"
+  else
+    echo "no test_lora in $bin or build"
+  fi
+  for preset in "${lora_models[@]}"; do
+    dir=$(make_model "$preset") || { echo "mkmodel $preset failed"; continue; }
+    echo "== lora: $preset, 16 sequences over N distinct rank-16 adapters against none"
+    timeout 600 "$bin"/inferd bench "$dir" --device cuda --adapters 0,1,4,16 --rank 16 \
+      --batch 16 --prompt-len 64 --gen-len 65 --reps 5 2>&1 | grep -E "adapters|adapter |load|error"
+  done
 fi
 
 echo "== summary (floor = weight bytes per token / 4.6 TB/s)"

@@ -22,16 +22,46 @@ static void submit_again(const struct engine_wire_submit *s)
     if (has_grammar && !s->grammar.text)
         __builtin_trap();
     p.grammar = has_grammar ? (struct gen_grammar *)&p : NULL; /* never dereferenced */
-    if (engine_wire_put_submit(&b, s->id, &p, has_grammar ? &s->grammar : NULL)) {
+    if (engine_wire_put_submit(&b, s->id, &p, has_grammar ? &s->grammar : NULL, s->adapter)) {
         struct engine_wire_frame f;
         size_t used = 0;
         struct engine_wire_submit t;
         if (engine_wire_parse((const uint8_t *)b.data, b.len, &f, &used, NULL) != 1 ||
             engine_wire_get_submit(&f, &t, NULL) != 0 || t.p.n_prompt != s->p.n_prompt ||
             t.p.n_stop != s->p.n_stop || t.id != s->id || t.grammar.kind != s->grammar.kind ||
-            (has_grammar && strcmp(t.grammar.text, s->grammar.text) != 0))
+            (has_grammar && strcmp(t.grammar.text, s->grammar.text) != 0) ||
+            !s->adapter != !t.adapter || (s->adapter && strcmp(s->adapter, t.adapter) != 0))
             __builtin_trap();
         engine_wire_submit_free(&t);
+    }
+    strbuf_free(&b);
+}
+
+/* A reply's adapter lists, encoded again: the same counts and entries. */
+static void reply_again(const struct engine_wire_reply *r)
+{
+    if (r->n_adapters < 0 || r->n_adapters > ENGINE_WIRE_MAX_ADAPTERS || r->n_found < 0 ||
+        r->n_found > ENGINE_WIRE_MAX_ADAPTERS || !r->adapters != !r->n_adapters ||
+        !r->found != !r->n_found)
+        __builtin_trap();
+    for (int i = 0; i < r->n_adapters; i++)
+        if (strlen(r->adapters[i].id) >= sizeof r->adapters[i].id)
+            __builtin_trap();
+    struct strbuf b = {0};
+    if (engine_wire_put_reply(&b, r)) {
+        struct engine_wire_frame f;
+        size_t used = 0;
+        struct engine_wire_reply *t = malloc(sizeof *t);
+        if (t) {
+            if (engine_wire_parse((const uint8_t *)b.data, b.len, &f, &used, NULL) != 1 ||
+                engine_wire_get_reply(&f, t, NULL) != 0 || t->n_adapters != r->n_adapters ||
+                t->n_found != r->n_found ||
+                (r->n_adapters && memcmp(t->adapters, r->adapters,
+                                         (size_t)r->n_adapters * sizeof *r->adapters) != 0))
+                __builtin_trap();
+            engine_wire_reply_free(t);
+            free(t);
+        }
     }
     strbuf_free(&b);
 }
@@ -108,9 +138,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         case ENGINE_WIRE_REPLY: {
             struct engine_wire_reply *r = malloc(sizeof *r);
-            if (r && engine_wire_get_reply(&f, r, &err) == 0 &&
-                (r->stats.spec_kind || r->stats.state || r->tier.store.dir))
-                __builtin_trap();
+            if (r && engine_wire_get_reply(&f, r, &err) == 0) {
+                if (r->stats.spec_kind || r->stats.state || r->tier.store.dir)
+                    __builtin_trap();
+                reply_again(r);
+            }
+            if (r)
+                engine_wire_reply_free(r);
             free(r);
             break;
         }

@@ -1,4 +1,4 @@
-/* api/adapters.c — the LoRA adapter routes over the served model's registry (engine/adapters.h): listing, the adapter directory's contents, mounting and unmounting. */
+/* api/adapters.c — the LoRA adapter routes over the served model's registry (engine/adapters.h, in this process or an engine child's): listing, the adapter directory's contents, mounting and unmounting. */
 #include "api/adapters.h"
 
 #include <json-c/json.h>
@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api/engine_proxy.h"
 #include "api/model_pool.h"
 #include "api/server.h"
 #include "base/json.h"
@@ -35,7 +36,7 @@ static struct served_model *acquire(struct http_exchange *x, const char *model)
         http_send_error(x, &e);
         return NULL;
     }
-    if (!sm->adapters) {
+    if (!served_adapters_ready(sm)) {
         served_model_release(x->srv, sm);
         http_send_errorf(x, 400, API_ERROR_INVALID_REQUEST, NULL, NULL,
                          "this model's backend cannot run adapters");
@@ -70,18 +71,31 @@ static json_object *info_json(const struct adapter_info *in)
     return o;
 }
 
+/* A registry call that failed for want of its engine (a child restarting) or memory. */
+static void send_unavailable(struct http_exchange *x, const struct err *err)
+{
+    http_send_errorf(x, 503, API_ERROR_UNAVAILABLE, NULL, "engine_unavailable", "%s", err->msg);
+}
+
 void adapters_list(struct http_exchange *x)
 {
     struct served_model *sm = acquire(x, NULL);
     if (!sm)
         return;
+    struct err err = {0};
     struct adapter_info *in = calloc(LIST_CAP, sizeof *in);
+    int n = in ? served_adapters_list(sm, in, LIST_CAP, &err)
+               : err_set(&err, INFERD_ENOMEM, "out of memory");
+    served_model_release(x->srv, sm);
+    if (n < 0) {
+        free(in);
+        send_unavailable(x, &err);
+        return;
+    }
     json_object *root = json_object_new_object(), *list = json_object_new_array();
-    int n = in ? adapter_list(sm->adapters, in, LIST_CAP) : 0;
     for (int i = 0; i < n && i < LIST_CAP; i++)
         json_object_array_add(list, info_json(&in[i]));
     free(in);
-    served_model_release(x->srv, sm);
     json_object_object_add(root, "object", json_object_new_string("list"));
     json_object_object_add(root, "adapters", list);
     send_object(x, 200, root);
@@ -96,9 +110,17 @@ void adapters_get(struct http_exchange *x)
     struct served_model *sm = acquire(x, NULL);
     if (!sm)
         return;
+    struct err err = {0};
     struct adapter_found *f = calloc(LIST_CAP, sizeof *f);
+    int n = f ? served_adapters_available(sm, f, LIST_CAP, &err)
+              : err_set(&err, INFERD_ENOMEM, "out of memory");
+    if (n < 0) {
+        free(f);
+        served_model_release(x->srv, sm);
+        send_unavailable(x, &err);
+        return;
+    }
     json_object *root = json_object_new_object(), *list = json_object_new_array();
-    int n = f ? adapter_available(sm->adapters, f, LIST_CAP) : 0;
     for (int i = 0; i < n && i < LIST_CAP; i++) {
         json_object *o = json_object_new_object();
         json_object_object_add(o, "id", json_object_new_string(f[i].id));
@@ -149,8 +171,8 @@ void adapters_mount(struct http_exchange *x)
         return;
     }
     struct adapter_info in;
-    int rc = adapter_mount(sm->adapters, json_object_get_string(id), json_object_get_string(path),
-                           &in, &err);
+    int rc = served_adapters_mount(sm, json_object_get_string(id), json_object_get_string(path),
+                                   &in, &err);
     served_model_release(x->srv, sm);
     json_object_put(root);
     if (rc == -INFERD_EEXIST)
@@ -180,7 +202,7 @@ void adapters_unmount(struct http_exchange *x)
         return;
     struct err err = {0};
     int removed = 0;
-    int rc = adapter_unmount(sm->adapters, x->id, &removed, &err);
+    int rc = served_adapters_unmount(sm, x->id, &removed, &err);
     served_model_release(x->srv, sm);
     if (rc == -INFERD_ENOENT)
         http_send_errorf(x, 404, API_ERROR_NOT_FOUND, NULL, "adapter_not_found", "%s", err.msg);

@@ -282,7 +282,7 @@ static bool run_inputs(struct http_exchange *x, const struct served_model *sm,
             .sampling = {.temperature = 0, .top_p = 1, .repetition_penalty = 1},
         };
         struct err err = {0};
-        int rc = served_engine_submit(sm, &p, NULL, &outs[i], &err);
+        int rc = served_engine_submit(sm, &p, NULL, NULL, &outs[i], &err);
         if (rc == -INFERD_EBUSY)
             api_error_set(e, 429, API_ERROR_RATE_LIMIT, NULL, "rate_limit_exceeded", "%s", err.msg);
         else if (rc == -INFERD_ERANGE)

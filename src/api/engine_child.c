@@ -15,6 +15,7 @@
 
 #include "base/log.h"
 #include "base/timer.h"
+#include "engine/adapters.h"
 
 #define POLL_MS 100
 #define PROGRESS_EVERY_NS 500000000ull
@@ -165,12 +166,17 @@ static void on_submit(struct child *c, const struct engine_wire_frame *f)
             rc = c->sm->grammars
                      ? grammar_cache_get(c->sm->grammars, &r->s.grammar, &g, &err)
                      : err_set(&err, INFERD_EUNSUPPORTED, "this engine runs without grammars");
+        /* the adapter spec too: resolved against this process's registry, its references
+         * held until the sequence has taken its own */
+        if (rc == 0 && adapter_resolve(c->sm->adapters, r->s.adapter, &r->s.p, &err) < 0)
+            rc = -INFERD_ENOENT;
         if (rc == 0) {
             r->s.p.grammar = g;
             rc = engine_submit(c->sm->engine, &r->s.p, &r->out, &err);
             r->s.p.grammar = NULL;
-            gen_grammar_release(g); /* the sequence holds its own reference */
+            adapter_put(&r->s.p);
         }
+        gen_grammar_release(g); /* the sequence holds its own reference */
     }
     struct strbuf b = {0};
     if (engine_wire_put_submitted(&b, r ? r->s.id : 0, rc, rc < 0 ? err.msg : ""))
@@ -216,6 +222,43 @@ struct child_call {
     struct engine_wire_call call;
 };
 
+/* An adapter call on this process's registry (NULL: the backend runs none), its lists into
+ * rep. */
+static int adapter_call(struct adapter_registry *reg, const struct engine_wire_call *call,
+                        struct engine_wire_reply *rep, struct err *err)
+{
+    if (!reg)
+        return err_set(err, INFERD_EUNSUPPORTED, "this model's backend cannot run adapters");
+    switch (call->kind) {
+    case ENGINE_CALL_ADAPTERS:
+    case ENGINE_CALL_ADAPTER_MOUNT: {
+        bool mount = call->kind == ENGINE_CALL_ADAPTER_MOUNT;
+        int cap = mount ? 1 : ENGINE_WIRE_MAX_ADAPTERS;
+        if (!(rep->adapters = calloc((size_t)cap, sizeof *rep->adapters)))
+            return err_set(err, INFERD_ENOMEM, "out of memory");
+        int n = mount ? adapter_mount(reg, call->adapter_id, call->path, rep->adapters, err)
+                      : adapter_list(reg, rep->adapters, cap);
+        if (n < 0)
+            return n;
+        rep->n_adapters = mount ? 1 : n < cap ? n : cap;
+        return 0;
+    }
+    case ENGINE_CALL_ADAPTERS_AVAILABLE: {
+        if (!(rep->found = calloc(ENGINE_WIRE_MAX_ADAPTERS, sizeof *rep->found)))
+            return err_set(err, INFERD_ENOMEM, "out of memory");
+        int n = adapter_available(reg, rep->found, ENGINE_WIRE_MAX_ADAPTERS);
+        rep->n_found = n < ENGINE_WIRE_MAX_ADAPTERS ? n : ENGINE_WIRE_MAX_ADAPTERS;
+        return 0;
+    }
+    default: {
+        int removed = 0;
+        int rc = adapter_unmount(reg, call->adapter_id, &removed, err);
+        rep->result = removed;
+        return rc;
+    }
+    }
+}
+
 static void *call_run(void *arg)
 {
     struct child_call *cc = arg;
@@ -235,6 +278,12 @@ static void *call_run(void *arg)
             rep->result = n;
             break;
         }
+        case ENGINE_CALL_ADAPTERS:
+        case ENGINE_CALL_ADAPTERS_AVAILABLE:
+        case ENGINE_CALL_ADAPTER_MOUNT:
+        case ENGINE_CALL_ADAPTER_UNMOUNT:
+            rep->rc = adapter_call(c->sm->adapters, &cc->call, rep, &err);
+            break;
         default:
             break;
         }
@@ -252,6 +301,7 @@ static void *call_run(void *arg)
         if (engine_wire_put_reply(&b, rep))
             send_frame(c, &b);
         strbuf_free(&b);
+        engine_wire_reply_free(rep);
         free(rep);
     }
     free(cc);

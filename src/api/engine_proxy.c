@@ -472,6 +472,8 @@ static bool handle_frame(struct engine_proxy *p, const struct engine_wire_frame 
     case ENGINE_WIRE_REPLY: {
         struct engine_wire_reply *rep = malloc(sizeof *rep);
         if (!rep || engine_wire_get_reply(f, rep, &err) < 0) {
+            if (rep)
+                engine_wire_reply_free(rep);
             free(rep);
             break;
         }
@@ -483,13 +485,16 @@ static bool handle_frame(struct engine_proxy *p, const struct engine_wire_frame 
         for (struct call_wait **l = &p->calls; *l; l = &(*l)->next)
             if ((*l)->id == rep->call) {
                 struct call_wait *c = *l;
-                *c->reply = *rep;
+                *c->reply = *rep; /* the lists move to the caller */
+                rep->adapters = NULL;
+                rep->found = NULL;
                 c->done = true;
                 *l = c->next;
                 break;
             }
         pthread_cond_broadcast(&p->cv);
         pthread_mutex_unlock(&p->mu);
+        engine_wire_reply_free(rep);
         free(rep);
         return true;
     }
@@ -983,8 +988,8 @@ static bool wait_running(struct engine_proxy *p)
 }
 
 int engine_proxy_submit(struct engine_proxy *p, const struct gen_params *params,
-                        const struct structured_spec *grammar, struct gen_output **out,
-                        struct err *err)
+                        const struct structured_spec *grammar, const char *adapter,
+                        struct gen_output **out, struct err *err)
 {
     *out = NULL;
     struct gen_output *o = gen_output_create(params->n_prompt);
@@ -1017,7 +1022,7 @@ int engine_proxy_submit(struct engine_proxy *p, const struct gen_params *params,
     pthread_mutex_unlock(&p->mu);
 
     struct strbuf b = {0};
-    bool encoded = engine_wire_put_submit(&b, id, params, grammar);
+    bool encoded = engine_wire_put_submit(&b, id, params, grammar, adapter);
     if (encoded)
         send_frame(p, &b); /* a failed send means a lost child: child_lost answers w */
     strbuf_free(&b);
@@ -1139,6 +1144,97 @@ int engine_proxy_flush(struct engine_proxy *p, int timeout_ms, struct kv_tier_st
     return rc;
 }
 
+/* An adapter call: the reply (its lists the caller's to free) filled, or an error. */
+static int adapter_call(struct engine_proxy *p, enum engine_wire_call_kind kind, const char *id,
+                        const char *path, struct engine_wire_reply **out, struct err *err)
+{
+    *out = NULL;
+    struct engine_wire_reply *rep = malloc(sizeof *rep);
+    if (!rep)
+        return err_set(err, INFERD_ENOMEM, "out of memory");
+    struct engine_wire_call c = {.kind = kind};
+    if (id && snprintf(c.adapter_id, sizeof c.adapter_id, "%s", id) >= (int)sizeof c.adapter_id) {
+        free(rep);
+        return err_set(err, INFERD_EINVAL, "adapter id '%.40s...' is too long", id);
+    }
+    if (path && snprintf(c.path, sizeof c.path, "%s", path) >= (int)sizeof c.path) {
+        free(rep);
+        return err_set(err, INFERD_EINVAL, "adapter path is longer than %zu bytes",
+                       sizeof c.path - 1);
+    }
+    int rc = proxy_call(p, &c, rep, err);
+    if (rc < 0) {
+        engine_wire_reply_free(rep);
+        free(rep);
+        return rc;
+    }
+    *out = rep;
+    return 0;
+}
+
+static void reply_drop(struct engine_wire_reply *rep)
+{
+    if (rep)
+        engine_wire_reply_free(rep);
+    free(rep);
+}
+
+int engine_proxy_adapter_list(struct engine_proxy *p, struct adapter_info *out, int cap,
+                              struct err *err)
+{
+    struct engine_wire_reply *rep;
+    int rc = adapter_call(p, ENGINE_CALL_ADAPTERS, NULL, NULL, &rep, err);
+    if (rc < 0)
+        return rc;
+    int n = rep->n_adapters;
+    if (n > 0)
+        memcpy(out, rep->adapters, (size_t)(n < cap ? n : cap) * sizeof *out);
+    reply_drop(rep);
+    return n;
+}
+
+int engine_proxy_adapter_available(struct engine_proxy *p, struct adapter_found *out, int cap,
+                                   struct err *err)
+{
+    struct engine_wire_reply *rep;
+    int rc = adapter_call(p, ENGINE_CALL_ADAPTERS_AVAILABLE, NULL, NULL, &rep, err);
+    if (rc < 0)
+        return rc;
+    int n = rep->n_found;
+    if (n > 0)
+        memcpy(out, rep->found, (size_t)(n < cap ? n : cap) * sizeof *out);
+    reply_drop(rep);
+    return n;
+}
+
+int engine_proxy_adapter_mount(struct engine_proxy *p, const char *id, const char *path,
+                               struct adapter_info *info, struct err *err)
+{
+    struct engine_wire_reply *rep;
+    int rc = adapter_call(p, ENGINE_CALL_ADAPTER_MOUNT, id, path, &rep, err);
+    if (rc < 0)
+        return rc;
+    if (rep->n_adapters != 1)
+        rc = err_set(err, INFERD_EIO, "the engine for %s answered a mount without the adapter",
+                     p->id);
+    else if (info)
+        *info = rep->adapters[0];
+    reply_drop(rep);
+    return rc;
+}
+
+int engine_proxy_adapter_unmount(struct engine_proxy *p, const char *id, int *removed_modules,
+                                 struct err *err)
+{
+    struct engine_wire_reply *rep;
+    int rc = adapter_call(p, ENGINE_CALL_ADAPTER_UNMOUNT, id, NULL, &rep, err);
+    if (rc < 0)
+        return rc;
+    *removed_modules = rep->result;
+    reply_drop(rep);
+    return 0;
+}
+
 void engine_proxy_info(struct engine_proxy *p, struct engine_proxy_info *out)
 {
     pthread_mutex_lock(&p->mu);
@@ -1162,12 +1258,20 @@ bool served_engine_ready(const struct served_model *sm)
 }
 
 int served_engine_submit(const struct served_model *sm, const struct gen_params *params,
-                         const struct structured_spec *grammar, struct gen_output **out,
-                         struct err *err)
+                         const char *adapter, const struct structured_spec *grammar,
+                         struct gen_output **out, struct err *err)
 {
     if (sm->proxy)
-        return engine_proxy_submit(sm->proxy, params, grammar, out, err);
-    return engine_submit(sm->engine, params, out, err);
+        return engine_proxy_submit(sm->proxy, params, grammar, adapter, out, err);
+    /* the adapters' references are held until the sequence has taken its own (the engine
+     * mixes their digests into the cache namespace) */
+    struct gen_params p = *params;
+    int rc = adapter_resolve(sm->adapters, adapter, &p, err);
+    if (rc < 0)
+        return -INFERD_ENOENT;
+    rc = engine_submit(sm->engine, &p, out, err);
+    adapter_put(&p);
+    return rc;
 }
 
 const struct engine_config *served_engine_config(const struct served_model *sm)
@@ -1206,4 +1310,49 @@ int served_engine_flush(const struct served_model *sm, int timeout_ms, struct kv
     if (sm->proxy)
         return engine_proxy_flush(sm->proxy, timeout_ms, after, err);
     return engine_flush_cache(sm->engine, timeout_ms, after, err);
+}
+
+/* ---- a served model's adapters, in process or in a child ---- */
+
+bool served_adapters_ready(const struct served_model *sm)
+{
+    if (sm->proxy) {
+        pthread_mutex_lock(&sm->proxy->mu);
+        bool has = sm->proxy->hello.has_adapters;
+        pthread_mutex_unlock(&sm->proxy->mu);
+        return has;
+    }
+    return sm->adapters != NULL;
+}
+
+int served_adapters_list(const struct served_model *sm, struct adapter_info *out, int cap,
+                         struct err *err)
+{
+    if (sm->proxy)
+        return engine_proxy_adapter_list(sm->proxy, out, cap, err);
+    return adapter_list(sm->adapters, out, cap);
+}
+
+int served_adapters_available(const struct served_model *sm, struct adapter_found *out, int cap,
+                              struct err *err)
+{
+    if (sm->proxy)
+        return engine_proxy_adapter_available(sm->proxy, out, cap, err);
+    return adapter_available(sm->adapters, out, cap);
+}
+
+int served_adapters_mount(const struct served_model *sm, const char *id, const char *path,
+                          struct adapter_info *info, struct err *err)
+{
+    if (sm->proxy)
+        return engine_proxy_adapter_mount(sm->proxy, id, path, info, err);
+    return adapter_mount(sm->adapters, id, path, info, err);
+}
+
+int served_adapters_unmount(const struct served_model *sm, const char *id, int *removed_modules,
+                            struct err *err)
+{
+    if (sm->proxy)
+        return engine_proxy_adapter_unmount(sm->proxy, id, removed_modules, err);
+    return adapter_unmount(sm->adapters, id, removed_modules, err);
 }

@@ -64,10 +64,11 @@ void engine_proxy_free(struct engine_proxy *p);
 /* engine_submit's contract, through the child; besides its codes, -INFERD_EIO when the child
  * is down (restarting: waited for up to start_timeout_s first; stopping). grammar: the
  * constraint params->grammar was compiled from (NULL without one): the child compiles it
- * again for its engine. */
+ * again for its engine. adapter: the request's adapter spec (NULL: none; params->n_adapters
+ * must be 0), resolved by the child against its registry: -INFERD_ENOENT when it does not. */
 int engine_proxy_submit(struct engine_proxy *p, const struct gen_params *params,
-                        const struct structured_spec *grammar, struct gen_output **out,
-                        struct err *err);
+                        const struct structured_spec *grammar, const char *adapter,
+                        struct gen_output **out, struct err *err);
 const struct engine_config *engine_proxy_config(const struct engine_proxy *p);
 /* The child's stats (the last ones known while it is down or paused; state "restarting" or
  * "paused" then). */
@@ -79,6 +80,18 @@ int engine_proxy_close_session(struct engine_proxy *p, const char *session_id,
 int engine_proxy_flush(struct engine_proxy *p, int timeout_ms, struct kv_tier_stats *after,
                        struct err *err);
 void engine_proxy_info(struct engine_proxy *p, struct engine_proxy_info *out);
+/* The child's adapter registry (engine/adapters.h), with the codes of adapter_list,
+ * adapter_available, adapter_mount and adapter_unmount; -INFERD_EBUSY (try again) when the
+ * child is down.
+ * Adapters mounted here live in the child: a restarted child has only the --adapter ones. */
+int engine_proxy_adapter_list(struct engine_proxy *p, struct adapter_info *out, int cap,
+                              struct err *err);
+int engine_proxy_adapter_available(struct engine_proxy *p, struct adapter_found *out, int cap,
+                                   struct err *err);
+int engine_proxy_adapter_mount(struct engine_proxy *p, const char *id, const char *path,
+                               struct adapter_info *info, struct err *err);
+int engine_proxy_adapter_unmount(struct engine_proxy *p, const char *id, int *removed_modules,
+                                 struct err *err);
 
 /* The supervisor's children, for reports: calls fn on each live proxy (under the registry's
  * lock: fn must not start or stop one). */
@@ -97,10 +110,13 @@ int engine_supervisor_leases(struct engine_supervisor *s);
 
 /* True when sm has an engine (in process or a child) that requests can use. */
 bool served_engine_ready(const struct served_model *sm);
-/* grammar: what params->grammar was compiled from (NULL without one), for a child. */
+/* adapter: the request's adapter spec ("id", "a+b", "none"; NULL: none), resolved where the
+ * engine runs (engine/adapters.h adapter_resolve; params->n_adapters must be 0): one that does
+ * not resolve fails with -INFERD_ENOENT and resolve's message. grammar: what params->grammar
+ * was compiled from (NULL without one), for a child. */
 int served_engine_submit(const struct served_model *sm, const struct gen_params *params,
-                         const struct structured_spec *grammar, struct gen_output **out,
-                         struct err *err);
+                         const char *adapter, const struct structured_spec *grammar,
+                         struct gen_output **out, struct err *err);
 /* NULL when sm has no engine (yet). */
 const struct engine_config *served_engine_config(const struct served_model *sm);
 void served_engine_stats(const struct served_model *sm, struct engine_stats *out);
@@ -109,5 +125,20 @@ int served_engine_close_session(const struct served_model *sm, const char *sessi
                                 int *blocks_released, struct err *err);
 int served_engine_flush(const struct served_model *sm, int timeout_ms, struct kv_tier_stats *after,
                         struct err *err);
+
+/* ---- the adapters of a served model, in process or in a child ---- */
+
+/* True when sm's engine keeps an adapter registry (its backend runs adapters). */
+bool served_adapters_ready(const struct served_model *sm);
+/* engine/adapters.h's adapter_list, adapter_available, adapter_mount and adapter_unmount on sm's
+ * registry, wherever it lives; through a child, also -INFERD_EBUSY while it is down. */
+int served_adapters_list(const struct served_model *sm, struct adapter_info *out, int cap,
+                         struct err *err);
+int served_adapters_available(const struct served_model *sm, struct adapter_found *out, int cap,
+                              struct err *err);
+int served_adapters_mount(const struct served_model *sm, const char *id, const char *path,
+                          struct adapter_info *info, struct err *err);
+int served_adapters_unmount(const struct served_model *sm, const char *id, int *removed_modules,
+                            struct err *err);
 
 #endif

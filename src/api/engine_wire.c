@@ -73,6 +73,15 @@ static void put_i32s(struct writer *w, const int32_t *v, size_t n)
         put_i32(w, v[i]);
 }
 
+/* n plain structs of size bytes each: the size, the count, then the bytes. */
+static void put_blobs(struct writer *w, const void *p, size_t size, int32_t n)
+{
+    put_u32(w, (uint32_t)size);
+    put_u32(w, (uint32_t)(n > 0 ? n : 0));
+    if (n > 0)
+        put_raw(w, p, size * (size_t)n);
+}
+
 static struct writer begin(struct strbuf *out, enum engine_wire_type type)
 {
     struct writer w = {.out = out, .start = out->len, .ok = true};
@@ -215,6 +224,30 @@ static int32_t *get_i32s(struct reader *r, uint32_t max, int *n_out)
     return v;
 }
 
+/* put_blobs' array: allocated (NULL for none), of at most ENGINE_WIRE_MAX_ADAPTERS structs of
+ * the reader's size. */
+static void *get_blobs(struct reader *r, size_t size, int32_t *n_out)
+{
+    *n_out = 0;
+    uint32_t sz = get_u32(r), n = get_u32(r);
+    if (!r->ok || sz != size || n > ENGINE_WIRE_MAX_ADAPTERS || (size_t)n * size > r->left) {
+        r->ok = false;
+        return NULL;
+    }
+    if (n == 0)
+        return NULL;
+    void *v = malloc((size_t)n * size);
+    const uint8_t *b = take(r, (size_t)n * size);
+    if (!v || !b) {
+        free(v);
+        r->ok = false;
+        return NULL;
+    }
+    memcpy(v, b, (size_t)n * size);
+    *n_out = (int32_t)n;
+    return v;
+}
+
 static int open_frame(const struct engine_wire_frame *f, enum engine_wire_type type,
                       struct reader *r, struct err *err)
 {
@@ -279,6 +312,7 @@ bool engine_wire_put_hello(struct strbuf *out, const struct engine_wire_hello *h
     put_blob(&w, &h->config, sizeof h->config);
     put_blob(&w, &h->generation, sizeof h->generation);
     put_blob(&w, &h->embedding, sizeof h->embedding);
+    put_u8(&w, h->has_adapters);
     return end(&w);
 }
 
@@ -307,6 +341,7 @@ int engine_wire_get_hello(const struct engine_wire_frame *f, struct engine_wire_
     get_blob(&r, &h->config, sizeof h->config);
     get_blob(&r, &h->generation, sizeof h->generation);
     get_blob(&r, &h->embedding, sizeof h->embedding);
+    h->has_adapters = get_u8(&r) != 0;
     h->fit.backend_name[sizeof h->fit.backend_name - 1] = '\0';
     h->fit.backend_device[sizeof h->fit.backend_device - 1] = '\0';
     h->config.arch_name[sizeof h->config.arch_name - 1] = '\0';
@@ -315,10 +350,10 @@ int engine_wire_get_hello(const struct engine_wire_frame *f, struct engine_wire_
 }
 
 bool engine_wire_put_submit(struct strbuf *out, uint64_t id, const struct gen_params *p,
-                            const struct structured_spec *grammar)
+                            const struct structured_spec *grammar, const char *adapter)
 {
     bool has_grammar = grammar && grammar->kind != STRUCTURED_NONE;
-    if (!p->grammar != !has_grammar || p->n_prompt < 0 || p->n_stop < 0 || p->n_stop > MAX_STOP ||
+    if (!p->grammar != !has_grammar || p->n_adapters != 0 || p->n_prompt < 0 || p->n_stop < 0 || p->n_stop > MAX_STOP ||
         p->n_eos < 0 || p->sampling.n_logit_bias < 0)
         return false;
     struct sampler_params sp = p->sampling;
@@ -352,6 +387,7 @@ bool engine_wire_put_submit(struct strbuf *out, uint64_t id, const struct gen_pa
         put_u8(&w, p->jump_forward);
         put_str(&w, grammar->text ? grammar->text : "");
     }
+    put_str(&w, adapter);
     return end(&w);
 }
 
@@ -432,6 +468,7 @@ int engine_wire_get_submit(const struct engine_wire_frame *f, struct engine_wire
             s->grammar.len = strlen(s->grammar.text);
         s->grammar.param = "response_format";
     }
+    s->adapter = get_str(&r, &is_null);
     return close_frame(&r, "SUBMIT", err);
 }
 
@@ -446,6 +483,7 @@ void engine_wire_submit_free(struct engine_wire_submit *s)
     free(s->session);
     free(s->bias);
     structured_spec_free(&s->grammar);
+    free(s->adapter);
     memset(s, 0, sizeof *s);
 }
 
@@ -598,6 +636,8 @@ bool engine_wire_put_call(struct strbuf *out, const struct engine_wire_call *c)
     put_i32(&w, c->kind);
     put_i32(&w, c->timeout_ms);
     put_str(&w, c->session);
+    put_str(&w, c->adapter_id);
+    put_str(&w, c->path);
     return end(&w);
 }
 
@@ -612,6 +652,8 @@ int engine_wire_get_call(const struct engine_wire_frame *f, struct engine_wire_c
     c->kind = get_i32(&r);
     c->timeout_ms = get_i32(&r);
     get_str_into(&r, c->session, sizeof c->session);
+    get_str_into(&r, c->adapter_id, sizeof c->adapter_id);
+    get_str_into(&r, c->path, sizeof c->path);
     if (c->kind < ENGINE_CALL_STATS || c->kind >= ENGINE_CALL_KIND_END)
         r.ok = false;
     return close_frame(&r, "CALL", err);
@@ -635,17 +677,19 @@ bool engine_wire_put_reply(struct strbuf *out, const struct engine_wire_reply *r
     put_str(&w, r->spec_kind);
     put_str(&w, r->state);
     put_str(&w, r->ssd_dir);
+    put_blobs(&w, r->adapters, sizeof *r->adapters, r->n_adapters);
+    put_blobs(&w, r->found, sizeof *r->found, r->n_found);
     return end(&w);
 }
 
 int engine_wire_get_reply(const struct engine_wire_frame *f, struct engine_wire_reply *r,
                           struct err *err)
 {
+    memset(r, 0, sizeof *r);
     struct reader rd = {0};
     int rc = open_frame(f, ENGINE_WIRE_REPLY, &rd, err);
     if (rc < 0)
         return rc;
-    memset(r, 0, sizeof *r);
     r->call = get_u64(&rd);
     r->rc = get_i32(&rd);
     r->result = get_i32(&rd);
@@ -666,7 +710,27 @@ int engine_wire_get_reply(const struct engine_wire_frame *f, struct engine_wire_
     get_str_into(&rd, r->spec_kind, sizeof r->spec_kind);
     get_str_into(&rd, r->state, sizeof r->state);
     get_str_into(&rd, r->ssd_dir, sizeof r->ssd_dir);
+    r->adapters = get_blobs(&rd, sizeof *r->adapters, &r->n_adapters);
+    for (int i = 0; i < r->n_adapters; i++) {
+        r->adapters[i].id[sizeof r->adapters[i].id - 1] = '\0';
+        r->adapters[i].path[sizeof r->adapters[i].path - 1] = '\0';
+    }
+    r->found = get_blobs(&rd, sizeof *r->found, &r->n_found);
+    for (int i = 0; i < r->n_found; i++) {
+        r->found[i].id[sizeof r->found[i].id - 1] = '\0';
+        r->found[i].path[sizeof r->found[i].path - 1] = '\0';
+        r->found[i].base_model[sizeof r->found[i].base_model - 1] = '\0';
+    }
     return close_frame(&rd, "REPLY", err);
+}
+
+void engine_wire_reply_free(struct engine_wire_reply *r)
+{
+    free(r->adapters);
+    free(r->found);
+    r->adapters = NULL;
+    r->found = NULL;
+    r->n_adapters = r->n_found = 0;
 }
 
 bool engine_wire_put_progress(struct strbuf *out, const struct engine_wire_progress *p)

@@ -21,10 +21,11 @@
 #include "api/structured.h"
 #include "base/err.h"
 #include "base/strbuf.h"
+#include "engine/adapters.h"
 #include "engine/engine.h"
 
 #define ENGINE_WIRE_MAGIC 0x57444649u /* "IFDW" */
-#define ENGINE_WIRE_VERSION 2
+#define ENGINE_WIRE_VERSION 3
 #define ENGINE_WIRE_HEADER 12
 #define ENGINE_WIRE_MAX_PAYLOAD (64u << 20)
 
@@ -70,13 +71,16 @@ struct engine_wire_hello {
     struct model_config config;
     struct generation_defaults generation;
     struct model_embedding embedding;
+    bool has_adapters;               /* the child keeps an adapter registry (its backend runs
+                                        them): /v1/adapters goes to it */
 };
 bool engine_wire_put_hello(struct strbuf *out, const struct engine_wire_hello *h);
 int engine_wire_get_hello(const struct engine_wire_frame *f, struct engine_wire_hello *h,
                           struct err *err);
 
-/* SUBMIT: request id, then gen_params (a grammar cannot travel: put refuses it). Decoded, p's
- * arrays and strings point into the struct's own allocations. */
+/* SUBMIT: request id, then gen_params (a grammar cannot travel: put refuses it; nor can
+ * adapters: their spec travels instead). Decoded, p's arrays and strings point into the
+ * struct's own allocations. */
 struct engine_wire_submit {
     uint64_t id;
     struct gen_params p;
@@ -88,16 +92,21 @@ struct engine_wire_submit {
     /* The request's structured output (kind NONE: none): the child compiles it with its own
      * grammar cache and sets p.grammar; text owned. */
     struct structured_spec grammar;
+    /* The request's adapter spec ("id", "a+b", "none"; NULL: none), resolved by the child
+     * against its own registry; owned. p.adapters stays empty. */
+    char *adapter;
 };
 /* grammar: the constraint p->grammar was compiled from (NULL exactly when p->grammar is):
- * compiled grammars stay in their process, their sources cross. */
+ * compiled grammars stay in their process, their sources cross. adapter: the request's
+ * adapter spec (NULL: none); p->n_adapters must be 0, as references stay in their process. */
 bool engine_wire_put_submit(struct strbuf *out, uint64_t id, const struct gen_params *p,
-                            const struct structured_spec *grammar);
+                            const struct structured_spec *grammar, const char *adapter);
 int engine_wire_get_submit(const struct engine_wire_frame *f, struct engine_wire_submit *s,
                            struct err *err);
 void engine_wire_submit_free(struct engine_wire_submit *s);
 
-/* SUBMITTED: engine_submit's return code (0 or a negative -INFERD_E*) and message. */
+/* SUBMITTED: engine_submit's return code (0 or a negative -INFERD_E*) and message;
+ * -INFERD_ENOENT when the adapter spec names no adapter the child has mounted. */
 struct engine_wire_submitted {
     uint64_t id;
     int32_t rc;
@@ -130,6 +139,10 @@ enum engine_wire_call_kind {
     ENGINE_CALL_STATS = 1,     /* engine_get_stats */
     ENGINE_CALL_FLUSH,         /* engine_flush_cache(timeout_ms) */
     ENGINE_CALL_CLOSE_SESSION, /* engine_close_session(session) */
+    ENGINE_CALL_ADAPTERS,      /* adapter_list: the reply's adapters */
+    ENGINE_CALL_ADAPTERS_AVAILABLE, /* adapter_available: the reply's found */
+    ENGINE_CALL_ADAPTER_MOUNT, /* adapter_mount(adapter_id, path): the reply's one adapter */
+    ENGINE_CALL_ADAPTER_UNMOUNT, /* adapter_unmount(adapter_id): result, the modules removed */
     ENGINE_CALL_KIND_END,
 };
 struct engine_wire_call {
@@ -137,14 +150,18 @@ struct engine_wire_call {
     int32_t kind;
     int32_t timeout_ms;
     char session[256]; /* "" but for CLOSE_SESSION */
+    char adapter_id[ADAPTER_ID_MAX]; /* "" but for ADAPTER_MOUNT and ADAPTER_UNMOUNT */
+    char path[1024];                 /* "" but for ADAPTER_MOUNT */
 };
 bool engine_wire_put_call(struct strbuf *out, const struct engine_wire_call *c);
 int engine_wire_get_call(const struct engine_wire_frame *f, struct engine_wire_call *c,
                          struct err *err);
 
-/* REPLY: the call's return code and result (a closed session's blocks), its message, and the
- * engine's stats and SSD tier counters as it answered. The stats' string pointers (spec_kind,
- * state, the tier's dir) are NULL on the wire: their texts travel beside them. */
+/* REPLY: the call's return code and result (a closed session's blocks, an unmount's modules),
+ * its message, the engine's stats and SSD tier counters as it answered, and an adapter call's
+ * lists. The stats' string pointers (spec_kind, state, the tier's dir) are NULL on the wire:
+ * their texts travel beside them. The lists are owned: engine_wire_reply_free releases them
+ * (a struct copy moves them). */
 struct engine_wire_reply {
     uint64_t call;
     int32_t rc;
@@ -153,10 +170,16 @@ struct engine_wire_reply {
     struct engine_stats stats;
     struct kv_tier_stats tier;
     char spec_kind[32], state[32], ssd_dir[1024];
+    struct adapter_info *adapters; /* owned; n_adapters */
+    int32_t n_adapters;            /* at most ENGINE_WIRE_MAX_ADAPTERS */
+    struct adapter_found *found;   /* owned; n_found */
+    int32_t n_found;               /* at most ENGINE_WIRE_MAX_ADAPTERS */
 };
+#define ENGINE_WIRE_MAX_ADAPTERS 256
 bool engine_wire_put_reply(struct strbuf *out, const struct engine_wire_reply *r);
 int engine_wire_get_reply(const struct engine_wire_frame *f, struct engine_wire_reply *r,
                           struct err *err);
+void engine_wire_reply_free(struct engine_wire_reply *r);
 
 /* PROGRESS: forward steps since the engine started, and requests it holds. */
 struct engine_wire_progress {

@@ -12,7 +12,6 @@
 #include "api/model_pool.h"
 #include "api/prompt.h"
 #include "api/reencode.h"
-#include "engine/adapters.h"
 #include "base/strbuf.h"
 #include "base/timer.h"
 #include "text/reasoning.h"
@@ -67,7 +66,10 @@ static int submit_error(struct server *srv, const struct served_model *sm, int r
 {
     const char *prompt_param = req->kind == GEN_REQUEST_CHAT ? "messages" : "prompt";
     const struct engine_config *c = served_engine_config(sm);
-    if (rc == -INFERD_EBUSY) {
+    if (rc == -INFERD_ENOENT) { /* the adapter spec names no mounted adapter */
+        api_error_set(e, 400, API_ERROR_INVALID_REQUEST, "adapter", "adapter_not_found", "%s",
+                      err->msg);
+    } else if (rc == -INFERD_EBUSY) {
         api_error_set(e, 429, API_ERROR_RATE_LIMIT, NULL, "rate_limit_exceeded", "%s", err->msg);
     } else if (rc == -INFERD_ERANGE && c->budget_ctx > 0 && p->n_prompt >= c->budget_ctx) {
         atomic_fetch_add(&srv->admission_rejected, 1);
@@ -274,20 +276,9 @@ int generation_start(const struct http_exchange *x, struct served_model *sm,
     p.prompt = pr.ids;
     p.n_prompt = pr.n_ids;
     struct err err = {0};
-    /* The adapters asked for, held until the sequence has taken its own references (the
-     * engine mixes their digests into the cache namespace). */
-    if ((rc = adapter_resolve(sm->adapters, req->adapter, &p, &err)) < 0) {
-        api_error_set(e, 400, API_ERROR_INVALID_REQUEST, "adapter", "adapter_not_found", "%s",
-                      err.msg);
-        gen_grammar_release(grammar);
-        structured_spec_free(&grammar_source);
-        prompt_free(&pr);
-        free(bias);
-        generation_free(g);
-        return rc;
-    }
-    rc = served_engine_submit(sm, &p, grammar ? &grammar_source : NULL, &g->out, &err);
-    adapter_put(&p);
+    /* the adapters asked for are resolved where the engine runs */
+    rc = served_engine_submit(sm, &p, req->adapter, grammar ? &grammar_source : NULL, &g->out,
+                              &err);
     gen_grammar_release(grammar); /* the sequence holds its own reference */
     structured_spec_free(&grammar_source);
     bool starts_inside = pr.starts_inside_think;

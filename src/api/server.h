@@ -88,7 +88,8 @@ struct served_model {
     struct grammar_cache *grammars;   /* borrowed; compiled structured-output grammars
                                          (api/structured.h); NULL: structured output refused */
     struct adapter_registry *adapters; /* borrowed; the LoRA adapters mounted on the model
-                                          (engine/adapters.h); NULL: none can be */
+                                          (engine/adapters.h); NULL: none in this process (an
+                                          engine child's: served_adapters_*) */
     struct server_defaults defaults;
     int32_t eos_ids[SERVER_MAX_EOS];
     int n_eos;

@@ -181,19 +181,22 @@ struct sample_result {
 
 /* ---- low-rank adapters (LoRA) ----------------------------------------------
  * A PEFT adapter adds scale * B (A x) to a projection's output, per row: A is
- * rank x in and B is out x rank, f32 row-major in backend memory (B's rows
- * b_stride floats apart, so a fused projection's B can be split into row
- * views). Rows of one step take different adapters, so the op takes runs of
- * rows with the pair each run uses (Punica's segmented shrink and expand). */
+ * rank x in and B is out x rank, row-major in backend memory (B's rows
+ * b_stride elements apart, so a fused projection's B can be split into row
+ * views), f32, or bf16 where FAST mode runs bf16 weights (half the bytes a
+ * step reads per distinct adapter; FAST rounds matmul inputs to bf16 anyway).
+ * Rows of one step take different adapters, so the op takes runs of rows with
+ * the pair each run uses (Punica's segmented shrink and expand). */
 #define LORA_MAX_RANK 256
 #define LORA_MAX_STACK 4 /* adapters one request may stack ("a+b") */
 
 struct lora_pair {
-    const float *a;  /* rank x in */
-    const float *b;  /* out x rank, rows b_stride floats apart */
+    const void *a;   /* rank x in */
+    const void *b;   /* out x rank, rows b_stride elements apart */
     int rank;
     int b_stride;    /* >= rank */
     float scale;     /* alpha / rank, or alpha / sqrt(rank) (rsLoRA) */
+    bool bf16;       /* a and b hold bf16 (widened exactly to f32 as they are read), else f32 */
 };
 
 /* Rows [row0, row0 + n_rows) of the step take pair p. */
@@ -392,7 +395,7 @@ struct backend_ops {
 
     /* ---- low-rank adapters. Optional: NULL on a backend that cannot run
      * adapters (loading one onto it is refused). ---- */
-    /* For each seg in order and each row t of it, with A, B, scale its pair's:
+    /* For each seg in order and each row t of it, with A, B (as f32), scale its pair's:
      *   u[k] = sum_c A[k, c] * x[t, c]          (k < rank, f32)
      *   y[t, r] += scale * (sum_k B[r, k] * u[k])  (r < out, f32)
      * x is rows x in, y rows x out (y does not alias x); rows outside every

@@ -167,8 +167,8 @@ static const char usage[] =
     "GET /engine reports the children. --admin-socket PATH (default\n"
     "$XDG_RUNTIME_DIR/inferd-PID.sock, else /tmp/inferd-UID/inferd-PID.sock; mode 0600) answers\n"
     "POST /admin/drain (every cached prefix made durable in the SSD tier: {drained, demotions})\n"
-    "and POST /admin/lease (every engine paused while the response stays open). LoRA adapters\n"
-    "are not served under --isolate.\n"
+    "and POST /admin/lease (every engine paused while the response stays open). Adapter flags\n"
+    "pass to each child, and /v1/adapters mounts in it (a restarted child has the flags' only).\n"
     "Sampling flags set the defaults below each request's own fields (generation_config.json\n"
     "is below them). --thinking on|off is enable_thinking for chat templates that have it when\n"
     "a request says nothing (default: the template's own).\n"
@@ -481,13 +481,6 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
                         "--isolate or LoRA adapters yet\n");
         return false;
     }
-        if (o->isolate && (o->adapters.n || o->adapters.dir || o->adapters.merge)) {
-        /* the supervisor resolves a request's adapters, and the engine's own registry lives in
-         * the child: adapters do not cross the socket yet */
-        fprintf(stderr, "inferd serve: LoRA adapters (--adapter, --adapter-dir, "
-                        "--merge-adapter) are not served under --isolate\n");
-        return false;
-    }
     return true;
 }
 
@@ -792,6 +785,7 @@ static void hello_fill(const struct served_load *l, const struct served_model *s
     h->config = l->m->config;
     h->generation = l->m->generation;
     h->embedding = l->m->embedding;
+    h->has_adapters = sm->adapters != NULL;
 }
 
 /* --isolate: starts model dir's engine child (which loads it as served_load would, its SSD

@@ -19,6 +19,7 @@ struct lora_adapter {
     int rank;
     float alpha, scale;      /* scale = alpha / rank, or alpha / sqrt(rank) with rsLoRA */
     bool rslora;
+    bool bf16;               /* A and B kept in bf16 (FAST mode over bf16 weights), else f32 */
     int n_layers;
     struct lora_pair *pairs; /* owned; n_layers * LORA_N_TARGETS, a == NULL: not targeted */
     int mounted_modules;     /* modules of the base the adapter changes (layers x modules) */

@@ -1,4 +1,4 @@
-// tests/e2e/adapters.test.mjs — LoRA adapters through the openai SDK: one mounted at start (--adapter), more mounted and unmounted over /v1/adapters, the `adapter` field changing the answer (stacked "a+b" too), never sharing cached prefixes across adapters, and the 400 / 404 / 409 answers.
+// tests/e2e/adapters.test.mjs — LoRA adapters through the openai SDK: one mounted at start (--adapter), more mounted and unmounted over /v1/adapters, the `adapter` field changing the answer (stacked "a+b" too), never sharing cached prefixes across adapters, and the 400 / 404 / 409 answers; then the same under --isolate, where the registry lives in the engine child: the same greedy tokens as in process, and mounting and unmounting through the supervisor.
 //
 // The adapters are random PEFT adapters `inferd mkmodel --lora-for` writes for the suite's model.
 // Exact mode, so the same request with the same adapter gives the same answer.
@@ -176,5 +176,93 @@ describe('adapters', () => {
     await assert.rejects(chat('hi', 'gamma'), (e) => e.status === 400);
     const list = (await json(url, '/v1/adapters')).body.adapters.map((a) => a.id).sort();
     assert.deepEqual(list, ['alpha', 'beta']);
+  });
+});
+
+describe('adapters under --isolate', () => {
+  let plain;
+  let iso;
+
+  before(async () => {
+    for (const [id, seed, extra] of [['alpha', 1, ['--rank', '8', '--alpha', '32']], ['beta', 2, ['--rank', '4', '--targets', 'q_proj,k_proj,v_proj,o_proj']]])
+      if (!fs.existsSync(dirOf(id)))
+        execFileSync(binary, ['mkmodel', '--lora-for', modelDir, '--seed', String(seed), '--out', dirOf(id), ...extra], { stdio: 'ignore' });
+    const flags = ['--mode', 'exact', '--adapter', `alpha=${dirOf('alpha')}`, '--adapter-dir', adapterDir];
+    plain = await startServer(flags, { name: 'adapters-plain' });
+    iso = await startServer([...flags, '--isolate'], { name: 'adapters-isolate' });
+  });
+
+  after(async () => {
+    for (const s of [iso, plain]) {
+      if (!s)
+        continue;
+      const r = await s.stop(30000 * slow);
+      assert.equal(r.code, 0, `exit ${JSON.stringify(r)}; stderr: ${readTail(s.errPath, 1500)}`);
+    }
+  });
+
+  const tokens = async (url, adapter, content = 'Name three rivers of Europe.') => {
+    const body = { model: 'any', temperature: 0, max_tokens: 12, logprobs: true, messages: [{ role: 'user', content }] };
+    if (adapter !== undefined)
+      body.adapter = adapter;
+    const r = await client(url).chat.completions.create(body);
+    return { text: r.choices[0].message.content, tokens: r.choices[0].logprobs.content.map((t) => t.token) };
+  };
+
+  test('an adapter picked per request gives the same greedy tokens through the engine child as in process', async () => {
+    const base = await tokens(iso.url);
+    const alpha = await tokens(iso.url, 'alpha');
+    assert.notEqual(alpha.text, base.text, 'the adapter changes the greedy answer under --isolate');
+    assert.deepEqual(alpha.tokens, (await tokens(plain.url, 'alpha')).tokens);
+    assert.deepEqual(base.tokens, (await tokens(plain.url, 'none')).tokens);
+    assert.deepEqual((await tokens(iso.url, 'alpha+alpha')).tokens, (await tokens(plain.url, 'alpha+alpha')).tokens);
+    await assert.rejects(tokens(iso.url, 'nope'), (e) => e.status === 400 && /adapter 'nope' not mounted/.test(e.message));
+  });
+
+  test('/v1/adapters mounts, lists and unmounts in the engine child, 409 while a request uses the adapter', async () => {
+    let r = await json(iso.url, '/v1/adapters');
+    assert.equal(r.status, 200);
+    assert.deepEqual(r.body.adapters.map((a) => [a.id, a.rank, a.scale]), [['alpha', 8, 4]]);
+    r = await json(iso.url, '/v1/adapters/available');
+    assert.equal(r.status, 200);
+    assert.deepEqual(r.body.adapters.map((a) => a.id).sort(), fs.readdirSync(adapterDir).sort());
+    assert.equal(r.body.adapters.find((a) => a.id === 'alpha').mounted, true);
+
+    for (const s of [plain, iso]) {
+      r = await json(s.url, '/v1/adapters', { method: 'POST', body: JSON.stringify({ id: 'beta', path: dirOf('beta') }) });
+      assert.equal(r.status, 200, JSON.stringify(r.body));
+      assert.equal(r.body.rank, 4);
+    }
+    assert.deepEqual((await tokens(iso.url, 'beta')).tokens, (await tokens(plain.url, 'beta')).tokens);
+    r = await json(iso.url, '/v1/adapters', { method: 'POST', body: JSON.stringify({ id: 'beta', path: dirOf('beta') }) });
+    assert.equal(r.status, 409);
+    r = await json(iso.url, '/v1/adapters', { method: 'POST', body: JSON.stringify({ id: 'x', path: modelDir }) });
+    assert.equal(r.status, 400);
+    assert.match(r.body.error.message, /adapter_config\.json/);
+    r = await json(iso.url, '/v1/adapters/nope', { method: 'DELETE' });
+    assert.equal(r.status, 404);
+    assert.equal(r.body.error.message, 'adapter nope not mounted');
+
+    const stream = await client(iso.url).chat.completions.create({
+      model: 'any', temperature: 0, max_tokens: 400, stream: true, adapter: 'beta',
+      messages: [{ role: 'user', content: 'Tell a long story.' }],
+    });
+    const it = stream[Symbol.asyncIterator]();
+    await it.next();
+    const busy = await json(iso.url, '/v1/adapters/beta', { method: 'DELETE' });
+    assert.equal(busy.status, 409, JSON.stringify(busy.body));
+    assert.match(busy.body.error.message, /in use/);
+    assert.equal((await json(iso.url, '/v1/adapters')).body.adapters.find((a) => a.id === 'beta').in_use, 1);
+    stream.controller.abort();
+    for (let i = 0; i < 100; i++) {
+      r = await json(iso.url, '/v1/adapters/beta', { method: 'DELETE' });
+      if (r.status !== 409)
+        break;
+      await sleep(50);
+    }
+    assert.equal(r.status, 200, JSON.stringify(r.body));
+    assert.ok(r.body.removed_layers > 0);
+    await assert.rejects(tokens(iso.url, 'beta'), (e) => e.status === 400);
+    assert.deepEqual((await json(iso.url, '/v1/adapters')).body.adapters.map((a) => a.id), ['alpha']);
   });
 });

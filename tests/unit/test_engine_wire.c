@@ -34,7 +34,7 @@ Test(engine_wire, submit_round_trip_keeps_every_field)
         .think_open = true, .think_budget = 12, .no_speculation = true,
     };
     struct strbuf b = {0};
-    cr_assert(engine_wire_put_submit(&b, 42, &p, NULL));
+    cr_assert(engine_wire_put_submit(&b, 42, &p, NULL, NULL));
     struct engine_wire_frame f = only_frame(&b);
     cr_assert_eq(f.type, ENGINE_WIRE_SUBMIT);
     struct engine_wire_submit s;
@@ -70,32 +70,33 @@ Test(engine_wire, submit_without_session_stays_null_and_a_grammar_travels_as_its
     int32_t prompt[] = {5};
     struct gen_params p = {.prompt = prompt, .n_prompt = 1, .max_tokens = 1, .logprobs = -1};
     struct strbuf b = {0};
-    cr_assert(engine_wire_put_submit(&b, 1, &p, NULL));
+    cr_assert(engine_wire_put_submit(&b, 1, &p, NULL, NULL));
     struct engine_wire_frame f = only_frame(&b);
     struct engine_wire_submit s;
     struct err err = {0};
     cr_assert_eq(engine_wire_get_submit(&f, &s, &err), 0, "%s", err.msg);
     cr_assert_null(s.p.session_id);
     cr_assert_eq(s.p.n_stop, 0);
+    cr_assert_null(s.adapter);
     engine_wire_submit_free(&s);
     strbuf_free(&b);
 
     /* a compiled grammar never crosses: without its source the frame is refused */
     p.grammar = (struct gen_grammar *)&p; /* any non-NULL: never dereferenced */
-    cr_assert_not(engine_wire_put_submit(&b, 2, &p, NULL));
+    cr_assert_not(engine_wire_put_submit(&b, 2, &p, NULL, NULL));
     strbuf_free(&b);
     /* and a source without the grammar it was compiled to is a caller's mistake too */
     char schema[] = "{\"type\":\"object\"}";
     struct structured_spec src = {.kind = STRUCTURED_JSON_SCHEMA, .text = schema,
                                   .len = sizeof schema - 1, .free_whitespace = true};
     p.grammar = NULL;
-    cr_assert_not(engine_wire_put_submit(&b, 3, &p, &src));
+    cr_assert_not(engine_wire_put_submit(&b, 3, &p, &src, NULL));
     strbuf_free(&b);
     /* with both, the source arrives with the grammar's flags; the receiver compiles it */
     p.grammar = (struct gen_grammar *)&p;
     p.grammar_after_think = true;
     p.jump_forward = true;
-    cr_assert(engine_wire_put_submit(&b, 4, &p, &src));
+    cr_assert(engine_wire_put_submit(&b, 4, &p, &src, NULL));
     f = only_frame(&b);
     cr_assert_eq(engine_wire_get_submit(&f, &s, &err), 0, "%s", err.msg);
     cr_assert_null(s.p.grammar);
@@ -104,6 +105,87 @@ Test(engine_wire, submit_without_session_stays_null_and_a_grammar_travels_as_its
     cr_assert_eq(s.grammar.len, sizeof schema - 1);
     cr_assert(s.grammar.free_whitespace && s.p.grammar_after_think && s.p.jump_forward);
     engine_wire_submit_free(&s);
+    strbuf_free(&b);
+}
+
+Test(engine_wire, adapters_cross_as_their_spec_and_the_registry_as_calls_and_lists)
+{
+    /* a request's adapter spec travels as text; references never do */
+    int32_t prompt[] = {5};
+    struct gen_params p = {.prompt = prompt, .n_prompt = 1, .max_tokens = 1, .logprobs = -1};
+    struct strbuf b = {0};
+    cr_assert(engine_wire_put_submit(&b, 9, &p, NULL, "sql+pirate"));
+    struct engine_wire_frame f = only_frame(&b);
+    struct engine_wire_submit s;
+    struct err err = {0};
+    cr_assert_eq(engine_wire_get_submit(&f, &s, &err), 0, "%s", err.msg);
+    cr_assert_str_eq(s.adapter, "sql+pirate");
+    cr_assert_eq(s.p.n_adapters, 0);
+    engine_wire_submit_free(&s);
+    strbuf_free(&b);
+    p.n_adapters = 1; /* resolved references stay in their process */
+    cr_assert_not(engine_wire_put_submit(&b, 10, &p, NULL, "sql"));
+    strbuf_free(&b);
+
+    struct engine_wire_hello h = {.pid = 1, .has_adapters = true}, g;
+    cr_assert(engine_wire_put_hello(&b, &h));
+    f = only_frame(&b);
+    cr_assert_eq(engine_wire_get_hello(&f, &g, &err), 0, "%s", err.msg);
+    cr_assert(g.has_adapters);
+    strbuf_free(&b);
+
+    struct engine_wire_call c = {.call = 6, .kind = ENGINE_CALL_ADAPTER_MOUNT}, d;
+    snprintf(c.adapter_id, sizeof c.adapter_id, "sql");
+    snprintf(c.path, sizeof c.path, "/adapters/qwen3-sql");
+    cr_assert(engine_wire_put_call(&b, &c));
+    f = only_frame(&b);
+    cr_assert_eq(engine_wire_get_call(&f, &d, &err), 0, "%s", err.msg);
+    cr_assert_eq(d.kind, ENGINE_CALL_ADAPTER_MOUNT);
+    cr_assert_str_eq(d.adapter_id, "sql");
+    cr_assert_str_eq(d.path, "/adapters/qwen3-sql");
+    strbuf_free(&b);
+
+    static struct engine_wire_reply r, q;
+    struct adapter_info infos[2] = {{.id = "sql", .path = "/a/sql", .rank = 16, .scale = 2.0f,
+                                     .ram_bytes = 1 << 20, .mounted_modules = 42, .users = 1},
+                                    {.id = "pirate", .rank = 8}};
+    struct adapter_found found[1] = {{.id = "x", .base_model = "Qwen/Qwen3-4B", .rank = 4,
+                                      .mounted = true}};
+    r.call = 6;
+    r.result = 42;
+    r.adapters = infos;
+    r.n_adapters = 2;
+    r.found = found;
+    r.n_found = 1;
+    cr_assert(engine_wire_put_reply(&b, &r));
+    f = only_frame(&b);
+    cr_assert_eq(engine_wire_get_reply(&f, &q, &err), 0, "%s", err.msg);
+    cr_assert_eq(q.result, 42);
+    cr_assert_eq(q.n_adapters, 2);
+    cr_assert_str_eq(q.adapters[0].id, "sql");
+    cr_assert_str_eq(q.adapters[0].path, "/a/sql");
+    cr_assert_eq(q.adapters[0].rank, 16);
+    cr_assert_float_eq(q.adapters[0].scale, 2.0f, 1e-9);
+    cr_assert_eq(q.adapters[0].mounted_modules, 42);
+    cr_assert_eq(q.adapters[0].users, 1);
+    cr_assert_str_eq(q.adapters[1].id, "pirate");
+    cr_assert_eq(q.n_found, 1);
+    cr_assert_str_eq(q.found[0].base_model, "Qwen/Qwen3-4B");
+    cr_assert(q.found[0].mounted);
+    engine_wire_reply_free(&q);
+    cr_assert_null(q.adapters);
+    strbuf_free(&b);
+
+    /* a list longer than the protocol allows is refused, not read */
+    r.n_adapters = 0;
+    r.n_found = 0;
+    cr_assert(engine_wire_put_reply(&b, &r));
+    uint8_t *count = (uint8_t *)b.data + b.len - 8 - 4; /* the adapters' count */
+    count[0] = 0xff;
+    count[1] = 0xff;
+    f = only_frame(&b);
+    cr_assert_eq(engine_wire_get_reply(&f, &q, &err), -INFERD_EFORMAT);
+    engine_wire_reply_free(&q);
     strbuf_free(&b);
 }
 

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda.h"
+#include "base/bf16.h"
 #include "engine/engine.h"
 #include "kv/kv.h"
 #include "model/lora.h"
@@ -28,15 +29,20 @@ struct rig {
     struct forward_state *st;
 };
 
-static void rig_open(struct rig *r, const char *dir)
+static void rig_open_mode(struct rig *r, const char *dir, enum compute_mode mode)
 {
     struct err err = {0};
     r->dir = NULL;
-    cr_assert_eq(backend_cpu_create(&(struct backend_options){.threads = 2}, &r->be, &err), 0,
-                 "%s", err.msg);
+    cr_assert_eq(backend_cpu_create(&(struct backend_options){.mode = mode, .threads = 2}, &r->be,
+                                    &err), 0, "%s", err.msg);
     cr_assert_eq(model_load(dir, r->be, &r->m, &err), 0, "%s", err.msg);
     cr_assert_eq(kv_pool_create(r->m, r->be, 32, BLOCK, &r->pool, &err), 0, "%s", err.msg);
     cr_assert_eq(forward_state_create(r->m, 128, &r->st, &err), 0, "%s", err.msg);
+}
+
+static void rig_open(struct rig *r, const char *dir)
+{
+    rig_open_mode(r, dir, COMPUTE_EXACT);
 }
 
 static void rig_close(struct rig *r)
@@ -140,6 +146,59 @@ Test(lora, unmerged_path_equals_merged_weights_on_every_tiny_architecture, .time
         checked++;
     }
     cr_assert_geq(checked, 8);
+}
+
+/* FAST mode over bf16 weights keeps A and B in bf16 (half the bytes); the merged reference
+ * is built from the same rounded values, so the unmerged path still equals it (within FAST's
+ * own rounding of the projections' inputs). EXACT keeps f32. */
+Test(lora, fast_mode_keeps_bf16_adapters_that_equal_their_merged_values, .timeout = 120)
+{
+    char *tmp = test_mkdtemp();
+    char mdir[512], adir[512];
+    snprintf(mdir, sizeof mdir, "%s/model", tmp);
+    snprintf(adir, sizeof adir, "%s/adapter", tmp);
+    write_model("tiny-llama", mdir);
+    write_adapter(mdir, adir, NULL, 8, 5, false);
+    struct rig exact, lo, merged;
+    rig_open(&exact, mdir);
+    rig_open_mode(&lo, mdir, COMPUTE_FAST);
+    rig_open_mode(&merged, mdir, COMPUTE_FAST);
+    struct err err = {0};
+    struct lora_adapter *ae = NULL, *a = NULL, *am = NULL;
+    cr_assert_eq(lora_load(exact.m, adir, &ae, &err), 0, "%s", err.msg);
+    cr_assert_eq(lora_load(lo.m, adir, &a, &err), 0, "%s", err.msg);
+    cr_assert_not(ae->bf16);
+    cr_assert(a->bf16);
+    cr_expect_eq(a->ram_bytes * 2, ae->ram_bytes);
+    cr_expect_neq(a->digest, ae->digest, "the rounded adapter is another cache namespace");
+    cr_assert_eq(lora_load(merged.m, adir, &am, &err), 0, "%s", err.msg);
+    cr_assert_eq(lora_merge(merged.m, am, &err), 0, "%s", err.msg);
+    lora_release(am);
+    int vocab = lo.m->config.vocab_size;
+    int32_t toks[PROMPT];
+    prompt_of(toks, PROMPT, vocab, 3);
+    float *got = run_prompt(&lo, toks, PROMPT, 0, &a, 1);
+    float *want = run_prompt(&merged, toks, PROMPT, 0, NULL, 0);
+    float *base = run_prompt(&lo, toks, PROMPT, 8, NULL, 0);
+    double max_diff = 0, max_abs = 0, max_change = 0;
+    for (size_t k = 0; k < (size_t)PROMPT * (size_t)vocab; k++) {
+        max_diff = fmax(max_diff, fabs((double)got[k] - want[k]));
+        max_abs = fmax(max_abs, fabs((double)want[k]));
+        max_change = fmax(max_change, fabs((double)base[k] - want[k]));
+    }
+    cr_expect_leq(max_diff, 5e-3 * max_abs, "bf16 adapter path %g from its merged values (|logits| %g)",
+                  max_diff, max_abs);
+    cr_expect_geq(max_change, 1e-2 * max_abs, "the adapter barely changes the logits (%g)", max_change);
+    free(got);
+    free(want);
+    free(base);
+    lora_release(a);
+    lora_release(ae);
+    rig_close(&exact);
+    rig_close(&lo);
+    rig_close(&merged);
+    test_rmtree(tmp);
+    free(tmp);
 }
 
 /* ---- a mixed batch: each row as alone ----------------------------------- */
@@ -567,6 +626,115 @@ Test(lora_parity, adapter_logits_match_transformers_goldens, .timeout = 300)
     }
     pclose(ls);
     cr_assert_gt(checked, 0);
+}
+
+/* ---- the CPU op itself ---------------------------------------------------- */
+
+static float *host_floats(struct backend *be, size_t n, uint32_t seed)
+{
+    float *p = be->ops->alloc(be, n * sizeof(float));
+    cr_assert_not_null(p);
+    for (size_t i = 0; i < n; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        p[i] = (float)((int32_t)(seed >> 8) % 2001 - 1000) / 1000.0f;
+    }
+    return p;
+}
+
+/* Shapes off every vector width (in 517, out 203, ranks 5 and 13, a B split out of a wider
+ * one), stacked and repeated pairs over runs of rows: each row within float rounding of a
+ * double-precision reference, and bit for bit what it gets as the call's only row (the batch
+ * large enough for the threads, a row alone not). */
+/* The values as the op stores them: bf16 in place (each rounded) when bf16. */
+static void *as_stored(float *v, size_t n, bool bf16)
+{
+    if (!bf16)
+        return v;
+    uint16_t *h = (uint16_t *)(void *)v;
+    for (size_t i = 0; i < n; i++)
+        h[i] = f32_to_bf16(v[i]);
+    return v;
+}
+
+static double stored_at(const void *m, size_t i, bool bf16)
+{
+    return bf16 ? (double)bf16_to_f32(((const uint16_t *)m)[i]) : (double)((const float *)m)[i];
+}
+
+static void op_case(bool bf16)
+{
+    struct backend *be;
+    struct err err = {0};
+    cr_assert_eq(backend_cpu_create(&(struct backend_options){.mode = COMPUTE_EXACT, .threads = 2},
+                                    &be, &err), 0, "%s", err.msg);
+    enum { IN = 517, OUT = 203, ROWS = 9 };
+    float *a1 = host_floats(be, 5 * IN, 1), *b1 = host_floats(be, OUT * 5, 2);
+    float *a2 = host_floats(be, 13 * IN, 3), *b2 = host_floats(be, (OUT + 4) * 16, 4);
+    size_t es = bf16 ? 2 : 4;
+    struct lora_pair p1 = {.a = as_stored(a1, 5 * IN, bf16), .b = as_stored(b1, OUT * 5, bf16),
+                           .rank = 5, .b_stride = 5, .scale = 0.5f, .bf16 = bf16};
+    /* rank 13 in rows 16 apart, starting 4 rows in, as a fused projection's part */
+    struct lora_pair p2 = {.a = as_stored(a2, 13 * IN, bf16),
+                           .b = (uint8_t *)as_stored(b2, (OUT + 4) * 16, bf16) + 4 * 16 * es,
+                           .rank = 13, .b_stride = 16, .scale = 2.0f, .bf16 = bf16};
+    float *x = host_floats(be, ROWS * IN, 5);
+    float *y0 = host_floats(be, ROWS * OUT, 6);
+    float *y = be->ops->alloc(be, ROWS * OUT * sizeof(float));
+    float *scratch = be->ops->alloc(be, 4 * ROWS * LORA_MAX_RANK * sizeof(float));
+    /* rows 0-2 p1, 3 none, 4-5 p1 + p2 stacked, 6-8 p2 then p1 */
+    struct lora_seg segs[] = {{0, 3, p1}, {4, 2, p1}, {4, 2, p2}, {6, 3, p2}, {6, 3, p1}};
+    int n_segs = (int)(sizeof segs / sizeof segs[0]);
+    memcpy(y, y0, ROWS * OUT * sizeof(float));
+    be->ops->lora(be, x, IN, OUT, segs, n_segs, scratch, y);
+    double worst = 0;
+    for (int t = 0; t < ROWS; t++) {
+        for (int r = 0; r < OUT; r++) {
+            double want = y0[t * OUT + r];
+            for (int s = 0; s < n_segs; s++) {
+                const struct lora_seg *sg = &segs[s];
+                if (t < sg->row0 || t >= sg->row0 + sg->n_rows)
+                    continue;
+                double v = 0;
+                for (int k = 0; k < sg->p.rank; k++) {
+                    double u = 0;
+                    for (int c = 0; c < IN; c++)
+                        u += stored_at(sg->p.a, (size_t)k * IN + c, bf16) * x[t * IN + c];
+                    v += stored_at(sg->p.b, (size_t)r * sg->p.b_stride + k, bf16) * u;
+                }
+                want += sg->p.scale * v;
+            }
+            double d = fabs(want - y[t * OUT + r]);
+            worst = d > worst ? d : worst;
+        }
+        /* the row alone: the same segs cut to it */
+        float *ya = be->ops->alloc(be, OUT * sizeof(float));
+        memcpy(ya, y0 + t * OUT, OUT * sizeof(float));
+        struct lora_seg alone[5];
+        int n = 0;
+        for (int s = 0; s < n_segs; s++)
+            if (t >= segs[s].row0 && t < segs[s].row0 + segs[s].n_rows)
+                alone[n++] = (struct lora_seg){0, 1, segs[s].p};
+        be->ops->lora(be, x + t * IN, IN, OUT, alone, n, scratch, ya);
+        cr_expect(!memcmp(ya, y + t * OUT, OUT * sizeof(float)),
+                  "row %d: its bits in the batch differ from its bits alone", t);
+        be->ops->release(be, ya);
+    }
+    cr_expect_leq(worst, 1e-3, "the op is %g from the reference", worst);
+    cr_expect(!memcmp(y + 3 * OUT, y0 + 3 * OUT, OUT * sizeof(float)), "a row no seg covers changed");
+    void *bufs[] = {a1, b1, a2, b2, x, y0, y, scratch};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        be->ops->release(be, bufs[i]);
+    backend_destroy(be);
+}
+
+Test(lora_op, cpu_rows_match_a_reference_and_their_bits_alone_at_odd_shapes)
+{
+    op_case(false);
+}
+
+Test(lora_op, bf16_pairs_read_the_same_way_widened_exactly)
+{
+    op_case(true);
 }
 
 /* ---- the CUDA op (on a machine with a GPU) --------------------------------- */

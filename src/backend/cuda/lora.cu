@@ -3,6 +3,14 @@
 
 #include "backend/cuda/cuda_internal.h"
 
+/* Element i of an adapter matrix, f32 or bf16 (widened exactly). */
+static __device__ __forceinline__ float lora_at(const void *m, size_t i, int bf16)
+{
+    if (bf16)
+        return __uint_as_float((uint32_t)((const uint16_t *)m)[i] << 16);
+    return ((const float *)m)[i];
+}
+
 #define SHRINK_WARPS 4
 #define EXPAND_THREADS 128
 
@@ -18,10 +26,10 @@ static __global__ void lora_shrink(const float *x, int64_t in, const struct cu_l
     if (t >= sg.n_rows || k >= sg.rank)
         return;
     const float *xr = x + (size_t)(sg.row0 + t) * (size_t)in;
-    const float *ar = sg.a + (size_t)k * (size_t)in;
+    size_t a0 = (size_t)k * (size_t)in;
     float acc = 0.0f;
     for (int64_t c = lane; c < in; c += 32)
-        acc = fmaf(ar[c], xr[c], acc);
+        acc = fmaf(lora_at(sg.a, a0 + (size_t)c, sg.bf16), xr[c], acc);
     for (int o = 16; o > 0; o >>= 1)
         acc += __shfl_xor_sync(0xffffffffu, acc, o);
     if (lane == 0)
@@ -42,10 +50,10 @@ static __global__ void lora_expand(const struct cu_lora_seg *segs, int n_segs, i
         if (t < sg.row0 || t >= sg.row0 + sg.n_rows)
             continue;
         const float *u = scratch + sg.u_off + (size_t)(t - sg.row0) * (size_t)sg.rank;
-        const float *br = sg.b + (size_t)r * (size_t)sg.b_stride;
+        size_t b0 = (size_t)r * (size_t)sg.b_stride;
         float v = 0.0f;
         for (int k = 0; k < sg.rank; k++)
-            v = fmaf(br[k], u[k], v);
+            v = fmaf(lora_at(sg.b, b0 + (size_t)k, sg.bf16), u[k], v);
         yv += sg.scale * v;
     }
     y[(size_t)t * (size_t)out + (size_t)r] = yv;

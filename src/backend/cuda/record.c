@@ -527,7 +527,7 @@ void cu_rec_lora(struct cu_rec *rec, const float *x, int64_t in, int64_t out,
         t[i] = (struct cu_lora_seg){.a = sg->p.a, .b = sg->p.b, .row0 = sg->row0,
                                     .n_rows = sg->n_rows, .rank = sg->p.rank,
                                     .b_stride = sg->p.b_stride, .scale = sg->p.scale,
-                                    .u_off = u_off};
+                                    .u_off = u_off, .bf16 = sg->p.bf16};
         u_off += (uint32_t)(sg->n_rows * sg->p.rank);
         rows = sg->row0 + sg->n_rows > rows ? sg->row0 + sg->n_rows : rows;
         max_rank = sg->p.rank > max_rank ? sg->p.rank : max_rank;

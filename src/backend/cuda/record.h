@@ -68,12 +68,14 @@ struct cu_mat {
 
 /* One segment of a lora op as the kernels read it from the parameter arena:
  * rows [row0, row0 + n_rows) take a (rank x in) and b (out x rank, rows
- * b_stride apart); their u = A x sit at scratch + u_off, n_rows x rank. */
+ * b_stride apart), f32 or (bf16 != 0) bf16; their u = A x sit at scratch +
+ * u_off, n_rows x rank. */
 struct cu_lora_seg {
-    const float *a, *b;
+    const void *a, *b;
     int row0, n_rows, rank, b_stride;
     float scale;
     uint32_t u_off;
+    int32_t bf16;
 };
 
 /* A span as the kernels read it from the parameter arena. */
