@@ -7,6 +7,7 @@
 
 #define TA_MAXQ (2 * TA_VL)
 #define TA_MB 4 /* query rows of a PV block: divides every padded query count */
+#define TA_JB_MAX (TA_JB1 > TA_JB2 ? TA_JB1 : TA_JB2)
 
 #define TA_AI static inline __attribute__((always_inline))
 
@@ -16,8 +17,10 @@
 TA_AI void ta_scores_block(const float *qt, int mpad, const float *const *kp, int j0, int hd,
                            float *s, const int MV, const int JB)
 {
-    TA_V acc[JB][MV];
-    const float *k[JB];
+    /* sized by constants, not by MV and JB: arrays of a parameter's size
+     * are variable-length, which keeps them in memory even once inlined */
+    TA_V acc[TA_JB_MAX][2];
+    const float *k[TA_JB_MAX];
 #pragma GCC unroll 16
     for (int jb = 0; jb < JB; jb++) {
         k[jb] = kp[j0 + jb];
@@ -26,7 +29,7 @@ TA_AI void ta_scores_block(const float *qt, int mpad, const float *const *kp, in
             acc[jb][v] = TA_ZERO();
     }
     for (int d = 0; d < hd; d++) {
-        TA_V q[MV];
+        TA_V q[2];
 #pragma GCC unroll 2
         for (int v = 0; v < MV; v++)
             q[v] = TA_LOAD(qt + (size_t)d * mpad + v * TA_VL);
@@ -71,7 +74,7 @@ static void ta_scores(const float *qt, int mv, const float *const *kp, int n, in
 TA_AI void ta_pv_block(float *o, int hd, const float *p, int mpad, const float *const *vp, int n,
                        const float *corr, int m0, int d0, const int DV)
 {
-    TA_V acc[TA_MB][DV];
+    TA_V acc[TA_MB][TA_DV]; /* sized by constants, as in ta_scores_block */
 #pragma GCC unroll 4
     for (int mb = 0; mb < TA_MB; mb++) {
         TA_V c = TA_SET1(corr[m0 + mb]);
@@ -80,7 +83,7 @@ TA_AI void ta_pv_block(float *o, int hd, const float *p, int mpad, const float *
             acc[mb][dv] = TA_MUL(TA_LOAD(o + (size_t)(m0 + mb) * hd + d0 + dv * TA_VL), c);
     }
     for (int j = 0; j < n; j++) {
-        TA_V v[DV];
+        TA_V v[TA_DV];
 #pragma GCC unroll 4
         for (int dv = 0; dv < DV; dv++)
             v[dv] = TA_LOAD(vp[j] + d0 + dv * TA_VL);
