@@ -1,15 +1,20 @@
-/* backend/cpu/attention.c — paged KV writes and causal attention read through block tables. */
+/* backend/cpu/attention.c — paged KV writes and causal attention read through block tables: the row kernel (EXACT mode, decode) and the driver of FAST mode's tiled prefill kernels. */
 #include <float.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
+#include "backend/cpu/attn_tiled.h"
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/vec_avx2.h"
 
+/* FAST mode runs a span of at least this many query rows through the tiled
+ * kernels; shorter ones (decode, small verifications) keep the row kernel. */
+#define TILED_MIN_ROWS 4
+
 static inline size_t kv_slot_offset(const struct kv_cache *kv, int layer, uint32_t block, int slot)
 {
-    size_t kv_dim = (size_t)kv->n_kv_heads * kv->head_dim;
-    return (((size_t)layer * kv->n_blocks + block) * kv->block_size + slot) * kv_dim;
+    return tattn_slot_offset(kv, layer, block, slot);
 }
 
 void cpu_kv_store(struct backend *be, struct kv_cache *kv, int layer, const float *k,
@@ -141,6 +146,102 @@ static void attention_rows(void *ctx, int ith, int nth)
     }
 }
 
+/* ---- FAST mode: tiles of query rows x a kv head's group ------------------ */
+
+struct tiled_job {
+    struct attention_job rows; /* the row kernel's view, for short spans */
+    struct tattn_args args;
+    void (*tile)(const struct tattn_args *a, const struct tattn_tile *t);
+    int tile_rows;   /* query rows per tile */
+    int tile_heads;  /* heads of a group per tile */
+    int head_chunks; /* tiles across one group */
+    atomic_long next_item;
+};
+
+/* Work items of span sp: (tile, kv head, head chunk) triples for a long
+ * span, (row, head) pairs for a short one. */
+static long span_items(const struct tiled_job *job, const struct attn_span *sp)
+{
+    if (sp->n_tokens < TILED_MIN_ROWS)
+        return (long)sp->n_tokens * job->args.n_heads;
+    long tiles = (sp->n_tokens + job->tile_rows - 1) / job->tile_rows;
+    return tiles * job->args.kv->n_kv_heads * job->head_chunks;
+}
+
+/* Threads claim items one at a time from a shared counter. A span's tiles
+ * are dealt last rows first: later rows attend over more positions, so the
+ * costliest items go first and the cheap ones even out the threads' ends. */
+static void attention_tiles(void *ctx, int ith, int nth)
+{
+    (void)ith;
+    (void)nth;
+    struct tiled_job *job = ctx;
+    const struct attention_job *rj = &job->rows;
+    int group = rj->n_heads / rj->kv->n_kv_heads;
+    int s = 0;
+    long base = 0, n_items = rj->n_spans ? span_items(job, &rj->spans[0]) : 0;
+    for (;;) {
+        long item = atomic_fetch_add_explicit(&job->next_item, 1, memory_order_relaxed);
+        while (s < rj->n_spans && item >= base + n_items) {
+            base += n_items;
+            if (++s < rj->n_spans)
+                n_items = span_items(job, &rj->spans[s]);
+        }
+        if (s >= rj->n_spans)
+            return;
+        const struct attn_span *sp = &rj->spans[s];
+        long i = item - base;
+        if (sp->n_tokens < TILED_MIN_ROWS) {
+            attend_one(rj, sp, sp->row0 + (int)(i / rj->n_heads), (int)(i % rj->n_heads));
+            continue;
+        }
+        long per_tile = (long)rj->kv->n_kv_heads * job->head_chunks;
+        int n_tiles = (sp->n_tokens + job->tile_rows - 1) / job->tile_rows;
+        int tile = n_tiles - 1 - (int)(i / per_tile);
+        int kv_head = (int)(i % per_tile) / job->head_chunks;
+        int chunk = (int)(i % per_tile) % job->head_chunks;
+        struct tattn_tile t = {.sp = sp, .row0 = sp->row0 + tile * job->tile_rows,
+                               .kv_head = kv_head, .head0 = kv_head * group + chunk * job->tile_heads};
+        t.n_rows = sp->n_tokens - tile * job->tile_rows < job->tile_rows
+                       ? sp->n_tokens - tile * job->tile_rows
+                       : job->tile_rows;
+        t.n_heads = group - chunk * job->tile_heads < job->tile_heads ? group - chunk * job->tile_heads
+                                                                        : job->tile_heads;
+        job->tile(&job->args, &t);
+    }
+}
+
+/* Whether FAST mode's tiles run this call: some span is long enough and a
+ * tile kernel takes the head size. Fills the kernel and its tile shape. */
+static bool tiled_plan(struct backend *be, const struct kv_cache *kv, const struct attn_span *spans,
+                       int n_spans, int n_heads, struct tiled_job *job)
+{
+    if (be->mode != COMPUTE_FAST)
+        return false;
+    bool long_span = false;
+    for (int s = 0; s < n_spans && !long_span; s++)
+        long_span = spans[s].n_tokens >= TILED_MIN_ROWS;
+    int hd = kv->head_dim, max_queries;
+    if (!long_span || hd > TATTN_MAX_HEAD_DIM)
+        return false;
+    struct cpu_impl *impl = be->impl;
+    /* the matmul level carries the processor's and the cpu_isa cap's AVX-512 */
+    if (cpu_matmul_get_level(impl->matmul) >= CPU_MATMUL_AVX512 && hd % 16 == 0) {
+        job->tile = cpu_tattn_tile_avx512;
+        max_queries = TATTN_MAX_QUERIES_AVX512;
+    } else if (hd % 8 == 0) {
+        job->tile = cpu_tattn_tile_avx2;
+        max_queries = TATTN_MAX_QUERIES_AVX2;
+    } else {
+        return false;
+    }
+    int group = n_heads / kv->n_kv_heads;
+    job->tile_heads = group < max_queries ? group : max_queries;
+    job->head_chunks = (group + job->tile_heads - 1) / job->tile_heads;
+    job->tile_rows = max_queries / job->tile_heads;
+    return true;
+}
+
 void cpu_attention(struct backend *be, const float *q, const struct kv_cache *kv, int layer,
                    const struct attn_span *spans, int n_spans, int n_heads, float scale,
                    int sliding_window, float *out)
@@ -151,5 +252,12 @@ void cpu_attention(struct backend *be, const float *q, const struct kv_cache *kv
     }
     struct attention_job job = {q, kv, layer, spans, n_spans, n_heads, scale, sliding_window, out};
     struct cpu_impl *impl = be->impl;
+    struct tiled_job tj = {.rows = job};
+    if (tiled_plan(be, kv, spans, n_spans, n_heads, &tj)) {
+        tj.args = (struct tattn_args){q, kv, layer, n_heads, scale, sliding_window, out};
+        atomic_init(&tj.next_item, 0);
+        threadpool_run(impl->pool, attention_tiles, &tj);
+        return;
+    }
     threadpool_run(impl->pool, attention_rows, &job);
 }

@@ -45,7 +45,7 @@ struct mm_job {
 };
 
 static const struct mm_gemm *const all_gemms[] = {
-    &cpu_mm_gemm_avx2, &cpu_mm_gemm_avx512, &cpu_mm_gemm_amx,
+    &cpu_mm_gemm_avx2, &cpu_mm_gemm_avx512, &cpu_mm_gemm_avx512bf16, &cpu_mm_gemm_amx,
 };
 
 static size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
@@ -379,10 +379,14 @@ static void choose_kernels(enum cpu_matmul_level level, enum compute_mode mode, 
          * beat the vdpbf16ps kernel at every T past GEMV on Sapphire Rapids
          * (16 threads, K=1024 N=3072: 130 us at T=16 against 180-230 us at
          * T=10-15). */
-        /* Without AMX, prompts go to the f32 AVX-512 kernel (it rounds x to
-         * bf16 as it packs): a vdpbf16ps GEMM measured half its speed on
-         * Sapphire Rapids (2 threads, Qwen3-0.6B prefill: 88 vs 183 tok/s). */
-        m = level == CPU_MATMUL_AMX ? &cpu_mm_gemm_amx : &cpu_mm_gemm_avx512;
+        /* Below AMX, prompts go to the vdpbf16ps GEMM where the processor has
+         * no AMX at all (Zen 4/5: twice the f32 FMA's flops), else to the f32
+         * AVX-512 kernel (it rounds x to bf16 as it packs): on Sapphire
+         * Rapids capped below AMX the vdpbf16ps GEMM measured half its speed
+         * (2 threads, Qwen3-0.6B prefill: 88 vs 183 tok/s). */
+        m = level == CPU_MATMUL_AMX ? &cpu_mm_gemm_amx
+            : cpu_features()->amx_bf16 ? &cpu_mm_gemm_avx512
+                                       : &cpu_mm_gemm_avx512bf16;
     } else {
         v = &cpu_mm_gemv_avx512;
         m = &cpu_mm_gemm_avx512;

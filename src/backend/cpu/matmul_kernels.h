@@ -60,6 +60,7 @@ extern const struct mm_gemm cpu_mm_gemm_avx2;
 extern const struct mm_gemv cpu_mm_gemv_avx512;
 extern const struct mm_gemm cpu_mm_gemm_avx512;
 extern const struct mm_gemv cpu_mm_gemv_avx512bf16;   /* bf16 weights, FAST mode */
+extern const struct mm_gemm cpu_mm_gemm_avx512bf16;   /* bf16 weights, FAST mode, no AMX hardware */
 extern const struct mm_gemm cpu_mm_gemm_amx;          /* bf16 weights, FAST mode */
 
 /* The AMX weight packing (vdpbf16ps pair layout): n (<= 32) bf16 rows into pairs

@@ -1,0 +1,375 @@
+/* tests/unit/test_cpu_attention.c — the CPU backend's attention over an f32 cache: FAST mode's tiled prefill kernels against an f64 reference within a derived float bound (several spans of different lengths in one step, chunked prefill from mid-sequence, GQA groups 1/2/4/8, head sizes 64/128/256, block sizes 1/16/64, sliding windows, the AVX2 and AVX-512 kernels), the same bits whatever the thread count, and EXACT mode's row kernel unchanged: batched rows give the bits of one row per call. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "base/cpu.h"
+
+#define N_SEQ 4
+#define MAX_POS 128
+#define N_KV_HEADS 2
+
+/* Two steps of a batch of four sequences: a first prefill of each (one of
+ * them short enough for the row kernel), then a chunked prefill that starts
+ * mid-sequence, a decode row, a 3-row verification and a 5-row chunk. */
+struct seq_chunk {
+    int seq, pos0, n;
+};
+static const struct seq_chunk step1[N_SEQ] = {{0, 0, 70}, {1, 0, 50}, {2, 0, 31}, {3, 0, 2}};
+static const struct seq_chunk step2[N_SEQ] = {{1, 50, 45}, {2, 31, 1}, {3, 2, 3}, {0, 70, 5}};
+static const struct seq_chunk *const steps[2] = {step1, step2};
+
+static int step_rows(const struct seq_chunk *st)
+{
+    int rows = 0;
+    for (int i = 0; i < N_SEQ; i++)
+        rows += st[i].n;
+    return rows;
+}
+
+/* Every sequence's queries, keys and values at every position, made once. */
+struct data {
+    int hd, n_heads, group;
+    float scale;
+    float *q; /* [seq][pos][n_heads * hd] */
+    float *k; /* [seq][pos][N_KV_HEADS * hd] */
+    float *v;
+    float vmax;
+};
+
+static float frand(uint64_t *s)
+{
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((*s >> 40) & 0xffffff) / (float)0x800000 - 1.0f;
+}
+
+static void data_make(struct data *d, int hd, int group)
+{
+    d->hd = hd;
+    d->group = group;
+    d->n_heads = group * N_KV_HEADS;
+    d->scale = 1.0f / sqrtf((float)hd);
+    size_t qn = (size_t)N_SEQ * MAX_POS * d->n_heads * hd, kn = (size_t)N_SEQ * MAX_POS * N_KV_HEADS * hd;
+    d->q = malloc(qn * sizeof(float));
+    d->k = malloc(kn * sizeof(float));
+    d->v = malloc(kn * sizeof(float));
+    cr_assert(d->q && d->k && d->v);
+    uint64_t seed = 0x5eed + (uint64_t)hd * 131 + (uint64_t)group;
+    for (size_t i = 0; i < qn; i++)
+        d->q[i] = 2.0f * frand(&seed);
+    d->vmax = 0;
+    for (size_t i = 0; i < kn; i++) {
+        /* one large dimension per head makes some softmax rows peaked */
+        d->k[i] = frand(&seed) * (i % (size_t)hd == 3 ? 8.0f : 1.0f);
+        d->v[i] = frand(&seed);
+        d->vmax = fabsf(d->v[i]) > d->vmax ? fabsf(d->v[i]) : d->vmax;
+    }
+}
+
+static void data_free(struct data *d)
+{
+    free(d->q);
+    free(d->k);
+    free(d->v);
+}
+
+static const float *q_at(const struct data *d, int seq, int pos)
+{
+    return d->q + ((size_t)seq * MAX_POS + pos) * d->n_heads * d->hd;
+}
+static const float *k_at(const struct data *d, const float *base, int seq, int pos)
+{
+    return base + ((size_t)seq * MAX_POS + pos) * N_KV_HEADS * d->hd;
+}
+
+static int first_pos(int pos, int window)
+{
+    return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+}
+
+/* The attention of (seq, pos, head) in f64, and a bound on how far an f32
+ * computation of it may be. With u = 2^-24 and gamma(n) = n u / (1 - n u):
+ * a score (scale folded into q: hd products and one more rounding) is off by
+ * at most ds = gamma(hd + 1) * scale * sum_d |q_d k_d|; a probability
+ * exp(s_j - max) is then off relatively by at most
+ * eps = 2 ds + u |s_j - max| + 4u (the shift's rounding, the vector exp's
+ * few ulp); normalised sums of probabilities times values move by at most
+ * 2 eps max|v|; the two running sums of n terms add 2 gamma(n) max|v|, and
+ * each chunk's rescaling by a factor exp() rounded to a few ulp 5u per
+ * chunk. Twice the total leaves room for the second-order terms. */
+static void reference(const struct data *d, int seq, int pos, int head, int window, double *out,
+                      double *bound)
+{
+    int hd = d->hd, kvh = head / d->group, f = first_pos(pos, window), n = pos - f + 1;
+    const float *q = q_at(d, seq, pos) + (size_t)head * hd;
+    double *s = malloc((size_t)n * sizeof(double));
+    double smax = -INFINITY, smin = INFINITY, sabs = 0;
+    for (int j = 0; j < n; j++) {
+        const float *k = k_at(d, d->k, seq, f + j) + (size_t)kvh * hd;
+        double dot = 0, abs_dot = 0;
+        for (int e = 0; e < hd; e++) {
+            dot += (double)q[e] * k[e];
+            abs_dot += fabs((double)q[e] * k[e]);
+        }
+        s[j] = dot * d->scale;
+        smax = s[j] > smax ? s[j] : smax;
+        smin = s[j] < smin ? s[j] : smin;
+        sabs = abs_dot * d->scale > sabs ? abs_dot * d->scale : sabs;
+    }
+    double sum = 0;
+    for (int e = 0; e < hd; e++)
+        out[e] = 0;
+    for (int j = 0; j < n; j++) {
+        double p = exp(s[j] - smax);
+        sum += p;
+        const float *v = k_at(d, d->v, seq, f + j) + (size_t)kvh * hd;
+        for (int e = 0; e < hd; e++)
+            out[e] += p * v[e];
+    }
+    for (int e = 0; e < hd; e++)
+        out[e] /= sum;
+    free(s);
+    const double u = ldexp(1.0, -24);
+#define GAMMA(m) ((m) * u / (1 - (m) * u))
+    double ds = GAMMA(hd + 1.0) * sabs;
+    double eps = 2 * ds + u * (smax - smin) + 4 * u;
+    int chunks = n / 64 + 2; /* more chunks than any kernel's */
+    *bound = 2 * d->vmax * (2 * eps + 2 * GAMMA((double)n) + 5 * u * chunks + 4 * u);
+#undef GAMMA
+}
+
+/* A cache of n_blocks blocks whose sequences' blocks interleave: sequence s's
+ * b-th block is block b * N_SEQ + s, so every table jumps. */
+struct cache {
+    struct backend *be;
+    struct kv_cache kv;
+    uint32_t tables[N_SEQ][MAX_POS];
+    int n_table;
+};
+
+static void cache_make(struct cache *c, struct backend *be, int hd, int block_size)
+{
+    c->be = be;
+    c->n_table = (MAX_POS + block_size - 1) / block_size;
+    int n_blocks = c->n_table * N_SEQ;
+    size_t bytes = (size_t)n_blocks * block_size * N_KV_HEADS * hd * sizeof(float);
+    c->kv = (struct kv_cache){.k = be->ops->alloc(be, bytes), .v = be->ops->alloc(be, bytes),
+                              .dtype = DTYPE_F32, .n_layers = 1, .n_blocks = n_blocks,
+                              .block_size = block_size, .n_kv_heads = N_KV_HEADS, .head_dim = hd};
+    cr_assert(c->kv.k && c->kv.v);
+    for (int s = 0; s < N_SEQ; s++)
+        for (int b = 0; b < c->n_table; b++)
+            c->tables[s][b] = (uint32_t)(b * N_SEQ + s);
+}
+
+static void cache_free(struct cache *c)
+{
+    c->be->ops->release(c->be, c->kv.k);
+    c->be->ops->release(c->be, c->kv.v);
+}
+
+/* Stores the chunks' K and V and runs one attention call over them; out
+ * receives step_rows(st) rows, the chunks' rows in order. */
+static void run_step(struct cache *c, const struct data *d, const struct seq_chunk *st, int n_chunks,
+                     int window, float *out)
+{
+    int rows = 0;
+    for (int i = 0; i < n_chunks; i++)
+        rows += st[i].n;
+    size_t q_dim = (size_t)d->n_heads * d->hd, kv_dim = (size_t)N_KV_HEADS * d->hd;
+    float *q = malloc((size_t)rows * q_dim * sizeof(float));
+    float *k = malloc((size_t)rows * kv_dim * sizeof(float));
+    float *v = malloc((size_t)rows * kv_dim * sizeof(float));
+    struct attn_span spans[N_SEQ];
+    int row = 0;
+    for (int i = 0; i < n_chunks; i++) {
+        spans[i] = (struct attn_span){row, st[i].n, st[i].pos0, c->tables[st[i].seq], c->n_table};
+        for (int r = 0; r < st[i].n; r++, row++) {
+            int pos = st[i].pos0 + r;
+            memcpy(q + row * q_dim, q_at(d, st[i].seq, pos), q_dim * sizeof(float));
+            memcpy(k + row * kv_dim, k_at(d, d->k, st[i].seq, pos), kv_dim * sizeof(float));
+            memcpy(v + row * kv_dim, k_at(d, d->v, st[i].seq, pos), kv_dim * sizeof(float));
+        }
+    }
+    c->be->ops->kv_store(c->be, &c->kv, 0, k, v, spans, n_chunks);
+    c->be->ops->attention(c->be, q, &c->kv, 0, spans, n_chunks, d->n_heads, d->scale, window, out);
+    free(q);
+    free(k);
+    free(v);
+}
+
+static struct backend *cpu_backend(enum compute_mode mode, enum cpu_isa isa, int threads)
+{
+    struct backend *be = NULL;
+    struct err err = {0};
+    cr_assert_eq(backend_cpu_create(&(struct backend_options){.mode = mode, .threads = threads,
+                                                              .cpu_isa = isa},
+                                    &be, &err),
+                 0, "%s", err.msg);
+    return be;
+}
+
+static bool have_avx512(void)
+{
+    const struct cpu_features *cf = cpu_features();
+    return cf->avx512f && cf->avx512bw && cf->avx512vl;
+}
+
+Test(cpu_attention, fast_tiles_match_an_f64_reference_within_the_float_bound)
+{
+    static const int hds[] = {64, 128, 256}, groups[] = {1, 2, 4, 8}, blocks[] = {1, 16, 64};
+    static const int windows[] = {0, 37};
+    enum cpu_isa isas[2] = {CPU_ISA_AVX2, CPU_ISA_BEST};
+    int n_isas = have_avx512() ? 2 : 1;
+    struct backend *be[2];
+    for (int i = 0; i < n_isas; i++)
+        be[i] = cpu_backend(COMPUTE_FAST, isas[i], 2);
+    for (size_t h = 0; h < sizeof hds / sizeof hds[0]; h++) {
+        for (size_t g = 0; g < sizeof groups / sizeof groups[0]; g++) {
+            struct data d;
+            data_make(&d, hds[h], groups[g]);
+            int hd = d.hd;
+            size_t q_dim = (size_t)d.n_heads * hd;
+            for (size_t w = 0; w < sizeof windows / sizeof windows[0]; w++) {
+                /* the reference and its bound per step row and head */
+                double *ref[2], *bound[2];
+                for (int s = 0; s < 2; s++) {
+                    int rows = step_rows(steps[s]);
+                    ref[s] = malloc((size_t)rows * q_dim * sizeof(double));
+                    bound[s] = malloc((size_t)rows * d.n_heads * sizeof(double));
+                    int row = 0;
+                    for (int i = 0; i < N_SEQ; i++)
+                        for (int r = 0; r < steps[s][i].n; r++, row++)
+                            for (int head = 0; head < d.n_heads; head++)
+                                reference(&d, steps[s][i].seq, steps[s][i].pos0 + r, head,
+                                          windows[w], ref[s] + row * q_dim + (size_t)head * hd,
+                                          &bound[s][(size_t)row * d.n_heads + head]);
+                }
+                for (size_t b = 0; b < sizeof blocks / sizeof blocks[0]; b++) {
+                    for (int i = 0; i < n_isas; i++) {
+                        struct cache c;
+                        cache_make(&c, be[i], hd, blocks[b]);
+                        for (int s = 0; s < 2; s++) {
+                            int rows = step_rows(steps[s]);
+                            float *out = malloc((size_t)rows * q_dim * sizeof(float));
+                            run_step(&c, &d, steps[s], N_SEQ, windows[w], out);
+                            double worst = 0;
+                            int worst_row = 0, worst_head = 0;
+                            for (int row = 0; row < rows; row++)
+                                for (int head = 0; head < d.n_heads; head++) {
+                                    double tol = bound[s][(size_t)row * d.n_heads + head];
+                                    for (int e = 0; e < hd; e++) {
+                                        size_t at = row * q_dim + (size_t)head * hd + e;
+                                        double ratio = fabs(out[at] - ref[s][at]) / tol;
+                                        if (!(ratio <= worst)) {
+                                            worst = ratio;
+                                            worst_row = row;
+                                            worst_head = head;
+                                        }
+                                    }
+                                }
+                            cr_expect(worst <= 1.0,
+                                      "hd %d group %d block %d window %d %s step %d: row %d head "
+                                      "%d is %.3g of the bound off",
+                                      hd, d.group, blocks[b], windows[w],
+                                      isas[i] == CPU_ISA_AVX2 ? "avx2" : "best", s + 1, worst_row,
+                                      worst_head, worst);
+                            free(out);
+                        }
+                        cache_free(&c);
+                    }
+                }
+                for (int s = 0; s < 2; s++) {
+                    free(ref[s]);
+                    free(bound[s]);
+                }
+            }
+            data_free(&d);
+        }
+    }
+    for (int i = 0; i < n_isas; i++)
+        backend_destroy(be[i]);
+}
+
+/* A tile is computed by one thread from start to end, so how many threads
+ * share the tiles changes no bit. */
+Test(cpu_attention, fast_tiles_give_the_same_bits_on_one_and_three_threads)
+{
+    struct data d;
+    data_make(&d, 128, 2);
+    size_t q_dim = (size_t)d.n_heads * d.hd;
+    struct backend *be[2] = {cpu_backend(COMPUTE_FAST, CPU_ISA_BEST, 1),
+                             cpu_backend(COMPUTE_FAST, CPU_ISA_BEST, 3)};
+    struct cache c[2];
+    for (int i = 0; i < 2; i++)
+        cache_make(&c[i], be[i], d.hd, 16);
+    for (int s = 0; s < 2; s++) {
+        int rows = step_rows(steps[s]);
+        float *out[2];
+        for (int i = 0; i < 2; i++) {
+            out[i] = malloc((size_t)rows * q_dim * sizeof(float));
+            run_step(&c[i], &d, steps[s], N_SEQ, 0, out[i]);
+        }
+        cr_expect(!memcmp(out[0], out[1], (size_t)rows * q_dim * sizeof(float)), "step %d", s + 1);
+        free(out[0]);
+        free(out[1]);
+    }
+    for (int i = 0; i < 2; i++) {
+        cache_free(&c[i]);
+        backend_destroy(be[i]);
+    }
+    data_free(&d);
+}
+
+/* EXACT mode attends each row alone, whatever else the step holds, so a
+ * batched prefill gives the bits of one row per call; FAST mode's one-row
+ * calls (decode) run the same row kernel and give the same bits too. */
+static void check_exact_rows(int hd, int group, int block_size, int window)
+{
+    struct data d;
+    data_make(&d, hd, group);
+    size_t q_dim = (size_t)d.n_heads * hd;
+    struct backend *exact = cpu_backend(COMPUTE_EXACT, CPU_ISA_BEST, 2);
+    struct backend *fast = cpu_backend(COMPUTE_FAST, CPU_ISA_BEST, 2);
+    struct cache batched, one[2];
+    cache_make(&batched, exact, hd, block_size);
+    cache_make(&one[0], exact, hd, block_size);
+    cache_make(&one[1], fast, hd, block_size);
+    float *row_out[2] = {malloc(q_dim * sizeof(float)), malloc(q_dim * sizeof(float))};
+    for (int s = 0; s < 2; s++) {
+        int rows = step_rows(steps[s]);
+        float *out = malloc((size_t)rows * q_dim * sizeof(float));
+        run_step(&batched, &d, steps[s], N_SEQ, window, out);
+        int row = 0, mismatched = 0;
+        for (int i = 0; i < N_SEQ; i++) {
+            for (int r = 0; r < steps[s][i].n; r++, row++) {
+                struct seq_chunk alone = {steps[s][i].seq, steps[s][i].pos0 + r, 1};
+                for (int m = 0; m < 2; m++) {
+                    run_step(&one[m], &d, &alone, 1, window, row_out[m]);
+                    mismatched += memcmp(row_out[m], out + row * q_dim, q_dim * sizeof(float)) != 0;
+                }
+            }
+        }
+        cr_expect_eq(mismatched, 0,
+                     "hd %d group %d block %d window %d step %d: %d rows differ from one-row calls",
+                     hd, group, block_size, window, s + 1, mismatched);
+        free(out);
+    }
+    free(row_out[0]);
+    free(row_out[1]);
+    cache_free(&batched);
+    cache_free(&one[0]);
+    cache_free(&one[1]);
+    backend_destroy(exact);
+    backend_destroy(fast);
+    data_free(&d);
+}
+
+Test(cpu_attention, exact_batched_rows_give_the_bits_of_one_row_per_call)
+{
+    check_exact_rows(128, 2, 16, 0);
+    check_exact_rows(64, 4, 1, 37);
+    check_exact_rows(256, 1, 64, 0);
+}
