@@ -1084,7 +1084,7 @@ static void add_eos(struct mkmodel_preset *p, int id)
 /* Fits preset p (a copy) to the tokenizer: vocab size, bos and eos ids (see mkmodel.h). */
 static int fit_to_tokenizer(struct mkmodel_preset *p, const struct tok_files *f, struct err *err)
 {
-    static const char *const turn_end[] = {"<|im_end|>", "<|eot_id|>", "<end_of_turn>"};
+    static const char *const turn_end[] = {"<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>"};
     json_object *root = parse_json_file(f->json, f->json_len, "tokenizer.json", err);
     json_object *cfg = root ? parse_json_file(f->config, f->config_len, "tokenizer_config.json",
                                               err)

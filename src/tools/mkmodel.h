@@ -98,7 +98,7 @@ struct mkmodel_opts {
  * preset's; bos_token_id is the tokenizer's bos_token (null when it has
  * none); eos_token_id, in both configs, is its eos_token followed by the
  * end-of-turn markers its chat template uses (<|im_end|>, <|eot_id|>,
- * <end_of_turn>). special_tokens_map.json fills in a token that
+ * <end_of_turn>, Phi-3's and Phi-4's <|end|>). special_tokens_map.json fills in a token that
  * tokenizer_config.json does not name, as the tokenizer loader does.
  * Without a tokenizer_dir the files are exactly the preset's.
  * Weights stream through a fixed-size buffer, so real shapes need little

@@ -664,6 +664,34 @@ Test(mkmodel, tokenizer_flag_copies_the_files_and_fits_vocab_bos_and_eos)
     free_model(&m);
 }
 
+/* Phi-3 and Phi-4 end a turn with <|end|>, not with their eos_token (<|endoftext|>): a model made
+ * on such a tokenizer stops there too. */
+Test(mkmodel, a_phi_chat_templates_end_token_joins_the_eos_ids)
+{
+    static const char json[] =
+        "{\"added_tokens\":[{\"id\":400,\"content\":\"<|endoftext|>\",\"special\":true},"
+        "{\"id\":401,\"content\":\"<|assistant|>\",\"special\":true},"
+        "{\"id\":402,\"content\":\"<|end|>\",\"special\":true},"
+        "{\"id\":403,\"content\":\"<|user|>\",\"special\":true}],"
+        "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"<s>\":2},\"merges\":[]}}";
+    static const char config[] =
+        "{\"bos_token\":\"<s>\",\"eos_token\":\"<|endoftext|>\",\"chat_template\":"
+        "\"{% for message in messages %}{{'<|' + message['role'] + '|>' + message['content'] + "
+        "'<|end|>'}}{% endfor %}{% if add_generation_prompt %}{{'<|assistant|>'}}{% endif %}\"}";
+    char tdir[1024], out[1024];
+    write_tokenizer("tok", json, config, tdir, sizeof tdir);
+    snprintf(out, sizeof out, "%s/model", tmp);
+    struct err err = {0};
+    struct mkmodel_opts o = {.preset = "tiny-phi3", .seed = 1, .out_dir = out,
+                             .tokenizer_dir = tdir};
+    cr_assert_eq(mkmodel_write(&o, &err), 0, "%s", err.msg);
+    json_object *c = read_json(out, "config.json"), *g = read_json(out, "generation_config.json");
+    cr_expect_str_eq(eos_text(c), "[400,402]", "eos: <|endoftext|>, then the turn end <|end|>");
+    cr_expect_str_eq(eos_text(g), "[400,402]");
+    json_object_put(c);
+    json_object_put(g);
+}
+
 Test(mkmodel, tokenizer_smaller_than_the_preset_keeps_the_presets_vocab)
 {
     static const char json[] =

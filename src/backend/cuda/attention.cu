@@ -3,6 +3,7 @@
 #include <float.h>
 
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/online_softmax.cuh"
 
 #define DEC_WARPS 4
 #define DEC_GROUP_MAX 8
@@ -133,14 +134,7 @@ attn_decode_kernel(struct cu_op op, const uint8_t *params, float *part)
 #pragma unroll
                     for (int j = 0; j < DPL; j++)
                         s = fmaf(q[g][j], kd[u][j], s);
-                    s = warp_sum(s);
-                    float m_new = fmaxf(m[g], s);
-                    float corr = expf(m[g] - m_new), pr = expf(s - m_new);
-                    l[g] = l[g] * corr + pr;
-#pragma unroll
-                    for (int j = 0; j < DPL; j++)
-                        acc[g][j] = fmaf(acc[g][j], corr, pr * vd[u][j]);
-                    m[g] = m_new;
+                    osm_add_score(warp_sum(s), vd[u], m[g], l[g], acc[g]);
                 }
             }
         }
@@ -161,15 +155,9 @@ attn_decode_kernel(struct cu_op op, const uint8_t *params, float *part)
     __syncthreads();
     for (int i = threadIdx.x; i < ng * hd; i += blockDim.x) {
         int g = i / hd, d = i % hd;
-        float M = -FLT_MAX;
-        for (int w = 0; w < DEC_WARPS; w++)
-            M = fmaxf(M, sm_m[w][g]);
-        float L = 0, A = 0;
-        for (int w = 0; w < DEC_WARPS; w++) {
-            float e = expf(sm_m[w][g] - M);
-            L += sm_l[w][g] * e;
-            A += sm_acc[w][g][d] * e;
-        }
+        float M = osm_max(DEC_WARPS, &sm_m[0][g], DEC_GROUP_MAX), L, A;
+        osm_merge(DEC_WARPS, &sm_m[0][g], &sm_l[0][g], DEC_GROUP_MAX, &sm_acc[0][g][d],
+                  DEC_GROUP_MAX * DPL * 32, M, &L, &A);
         int head = h0 + g;
         if (n_splits == 1) {
             op.u.attn.out[(size_t)row * q_dim + (size_t)head * hd + d] = A / L;
@@ -694,17 +682,10 @@ static __global__ void attn_combine_kernel(struct cu_op op, const float *part, i
     int head = blockIdx.x, row = blockIdx.y;
     int hd = op.u.attn.kv.head_dim;
     const float *pp = part + ((size_t)row * op.u.attn.n_heads + head) * n_splits * (size_t)PART_STRIDE(hd);
-    float M = -FLT_MAX;
-    for (int s = 0; s < n_splits; s++)
-        M = fmaxf(M, pp[s * PART_STRIDE(hd)]);
+    float M = osm_max(n_splits, pp, PART_STRIDE(hd));
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float L = 0, A = 0;
-        for (int s = 0; s < n_splits; s++) {
-            const float *ps = pp + s * PART_STRIDE(hd);
-            float e = expf(ps[0] - M);
-            L += ps[1] * e;
-            A += ps[2 + d] * e;
-        }
+        float L, A;
+        osm_merge(n_splits, pp, pp + 1, PART_STRIDE(hd), pp + 2 + d, PART_STRIDE(hd), M, &L, &A);
         op.u.attn.out[(size_t)row * op.u.attn.n_heads * hd + (size_t)head * hd + d] = A / L;
     }
 }
@@ -744,29 +725,17 @@ attn_prefill_kernel(struct cu_op op, const uint8_t *params)
                               op.u.attn.scale
                         : 0.0f;
     }
-    int my_pos = span->pos0 + q0 + r;
-    bool row_valid = r < nq;
-    int my_first = 0;
-    if (window > 0 && my_pos - window + 1 > 0)
-        my_first = my_pos - window + 1;
-    int last_pos = span->pos0 + q0 + nq - 1;
-    int first_pos = 0;
-    if (window > 0 && span->pos0 + q0 - window + 1 > 0)
-        first_pos = span->pos0 + q0 - window + 1;
+    const struct osm_quad_rows rows = osm_quad_rows_at(span->pos0, q0, nq, r, window);
+    float acc[HPT], m, l;
+    osm_init(acc, m, l);
 
-    float acc[HPT];
-#pragma unroll
-    for (int j = 0; j < HPT; j++)
-        acc[j] = 0.0f;
-    float m = -FLT_MAX, l = 0.0f;
-
-    for (int k0 = first_pos - first_pos % PF_BK; k0 <= last_pos; k0 += PF_BK) {
+    for (int k0 = rows.first_pos - rows.first_pos % PF_BK; k0 <= rows.last_pos; k0 += PF_BK) {
         __syncthreads();
         for (int i = tid; i < PF_BK * hd; i += PF_THREADS) {
             int c = i / hd, d = i % hd;
             int p = k0 + c;
             float kval = 0, vval = 0;
-            if (p <= last_pos) {
+            if (p <= rows.last_pos) {
                 size_t off = slot_offset(&kv, op.u.attn.layer, bt, p) + (size_t)kvh * hd + d;
                 kval = kv_get(kv.k, off, kv.f16);
                 vval = kv_get(kv.v, off, kv.f16);
@@ -776,58 +745,14 @@ attn_prefill_kernel(struct cu_op op, const uint8_t *params)
         }
         __syncthreads();
         float s[PF_BK / 4];
-        float tile_max = -FLT_MAX;
-#pragma unroll
-        for (int j = 0; j < PF_BK / 4; j++) {
-            int c = sub + 4 * j;
-            int p = k0 + c;
-            float dot = 0;
-            for (int d = 0; d < hd; d++)
-                dot = fmaf(sq[r * ldk + d], sk[c * ldk + d], dot);
-            bool ok = row_valid && p <= my_pos && p >= my_first;
-            s[j] = ok ? dot : -FLT_MAX;
-            if (ok)
-                tile_max = fmaxf(tile_max, dot);
-        }
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-        float m_new = fmaxf(m, tile_max);
-        float corr = expf(m - m_new);
-        float rowsum = 0;
-#pragma unroll
-        for (int j = 0; j < PF_BK / 4; j++) {
-            float pr = s[j] == -FLT_MAX ? 0.0f : expf(s[j] - m_new);
-            sp_[r * (PF_BK + 1) + sub + 4 * j] = pr;
-            rowsum += pr;
-        }
-        rowsum += __shfl_xor_sync(0xffffffffu, rowsum, 1);
-        rowsum += __shfl_xor_sync(0xffffffffu, rowsum, 2);
-        l = l * corr + rowsum;
-        m = m_new;
-        __syncwarp();
-#pragma unroll
-        for (int j = 0; j < HPT; j++)
-            acc[j] *= corr;
-        for (int c = 0; c < PF_BK; c++) {
-            float pr = sp_[r * (PF_BK + 1) + c];
-#pragma unroll
-            for (int j = 0; j < HPT; j++) {
-                int d = sub + 4 * j;
-                if (d < hd)
-                    acc[j] = fmaf(pr, sv[c * hd + d], acc[j]);
-            }
-        }
+        float tile_max = osm_quad_scores<PF_BK>(s, sq + r * ldk, sk, ldk, hd, sub, k0,
+                                                rows.row_valid, rows.my_first, rows.my_pos);
+        osm_quad_tile<PF_BK>(s, tile_max, sp_ + r * (PF_BK + 1), sv, hd, sub, m, l, acc);
     }
-    if (!row_valid)
+    if (!rows.row_valid)
         return;
-    float inv = 1.0f / l;
     float *out = op.u.attn.out + (size_t)(span->row0 + q0 + r) * q_dim + (size_t)head * hd;
-#pragma unroll
-    for (int j = 0; j < HPT; j++) {
-        int d = sub + 4 * j;
-        if (d < hd)
-            out[d] = acc[j] * inv;
-    }
+    osm_quad_store(acc, l, out, hd, sub);
 }
 
 /* ---- dispatch ----------------------------------------------------------- */

@@ -3,6 +3,7 @@
 #include <math.h>
 
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/online_softmax.cuh"
 
 /* Positions per K/V tile. */
 #define FA_BK 64
@@ -305,8 +306,7 @@ attn_prefill_f16_kernel(struct cu_op op, const uint8_t *params)
 #pragma unroll
                 for (int n = 0; n < NS; n++)
                     mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                mx = osm_quad_max(mx);
                 /* a row with nothing seen yet subtracts 0: no inf - inf */
                 use_max[h] = mx == -INFINITY ? 0.0f : mx;
                 float corr = fast_exp2(row_max[h] - use_max[h]);
@@ -352,9 +352,7 @@ attn_prefill_f16_kernel(struct cu_op op, const uint8_t *params)
         return;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-        float l = row_sum[h];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        float l = osm_quad_sum(row_sum[h]);
         int i = wrow0 + g + 8 * h;
         if (i >= n_tokens)
             continue;

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/online_softmax.cuh"
 
 /* The attention scratch (cu_attention_part_floats, attention.cu): this many
  * merge counters first, then the split partials, PART_STRIDE floats each:
@@ -363,13 +364,7 @@ qattn_decode_kernel(struct cu_op op, const uint8_t *params, float *part)
                     sz += __shfl_xor_sync(FULL, sz, o);
                 }
                 s = (qjl ? fmaf(coef, sz, s) : s) * op.u.attn.scale;
-                float m_new = fmaxf(m[g], s);
-                float corr = expf(m[g] - m_new), pr = expf(s - m_new);
-                l[g] = l[g] * corr + pr;
-#pragma unroll
-                for (int j = 0; j < DPL; j++)
-                    acc[g][j] = fmaf(acc[g][j], corr, pr * vd[j]);
-                m[g] = m_new;
+                osm_add_score(s, vd, m[g], l[g], acc[g]);
             }
         }
     }
@@ -390,15 +385,8 @@ qattn_decode_kernel(struct cu_op op, const uint8_t *params, float *part)
     __syncthreads();
     for (int i = threadIdx.x; i < ng * hd; i += blockDim.x) {
         int g = i / hd, d = i % hd;
-        float M = -FLT_MAX;
-        for (int w = 0; w < QD_WARPS; w++)
-            M = fmaxf(M, sm_m[w][g]);
-        float L = 0.0f, A = 0.0f;
-        for (int w = 0; w < QD_WARPS; w++) {
-            float e = expf(sm_m[w][g] - M);
-            L += sm_l[w][g] * e;
-            A += buf[(w * GP + g) * QS + d] * e;
-        }
+        float M = osm_max(QD_WARPS, &sm_m[0][g], GP), L, A;
+        osm_merge(QD_WARPS, &sm_m[0][g], &sm_l[0][g], GP, buf + g * QS + d, GP * QS, M, &L, &A);
         int head = h0 + g;
         if (n_splits == 1) {
             op.u.attn.out[(size_t)row * q_dim + (size_t)head * hd + d] = A / L;
@@ -425,17 +413,11 @@ static __global__ void qattn_combine_kernel(struct cu_op op, const uint8_t *para
     int hd = op.u.attn.kv.head_dim;
     const float *pp = part + ((size_t)row * op.u.attn.n_heads + head) * n_splits *
                                  (size_t)Q_PART_STRIDE(hd);
-    float M = -FLT_MAX;
-    for (int s = 0; s < n_splits; s++)
-        M = fmaxf(M, pp[s * Q_PART_STRIDE(hd)]);
+    float M = osm_max(n_splits, pp, Q_PART_STRIDE(hd));
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float L = 0.0f, A = 0.0f;
-        for (int s = 0; s < n_splits; s++) {
-            const float *ps = pp + s * Q_PART_STRIDE(hd);
-            float e = expf(ps[0] - M);
-            L += ps[1] * e;
-            A += ps[2 + d] * e;
-        }
+        float L, A;
+        osm_merge(n_splits, pp, pp + 1, Q_PART_STRIDE(hd), pp + 2 + d, Q_PART_STRIDE(hd), M, &L,
+                  &A);
         op.u.attn.out[(size_t)row * op.u.attn.n_heads * hd + (size_t)head * hd + d] = A / L;
     }
 }
@@ -511,30 +493,18 @@ static __global__ void __launch_bounds__(QP_THREADS) qattn_prefill_kernel(struct
     if (turbo)
         for (int qi = warp; qi < nq; qi += QP_WARPS)
             warp_rotate(sq + qi * ldk, hd, kv.seed, 0, layer, false);
-    const int my_pos = span->pos0 + q0 + r;
-    const bool row_valid = r < nq;
-    int my_first = 0;
-    if (window > 0 && my_pos - window + 1 > 0)
-        my_first = my_pos - window + 1;
-    const int last_pos = span->pos0 + q0 + nq - 1;
-    int first_pos = 0;
-    if (window > 0 && span->pos0 + q0 - window + 1 > 0)
-        first_pos = span->pos0 + q0 - window + 1;
+    const struct osm_quad_rows rows = osm_quad_rows_at(span->pos0, q0, nq, r, window);
     const float qjl_unit = 1.2533141373155003f / sqrtf((float)hd);
+    float acc[HPT], m, l;
+    osm_init(acc, m, l);
 
-    float acc[HPT];
-#pragma unroll
-    for (int j = 0; j < HPT; j++)
-        acc[j] = 0.0f;
-    float m = -FLT_MAX, l = 0.0f;
-
-    for (int k0 = first_pos - first_pos % QP_BK; k0 <= last_pos; k0 += QP_BK) {
+    for (int k0 = rows.first_pos - rows.first_pos % QP_BK; k0 <= rows.last_pos; k0 += QP_BK) {
         __syncthreads();
         for (int i = tid; i < QP_BK * hd; i += QP_THREADS) {
             int c = i / hd, d = i % hd;
             int p = k0 + c;
             float kval = 0.0f, vval = 0.0f;
-            if (p <= last_pos) {
+            if (p <= rows.last_pos) {
                 kval = q_elem(f, false, hd, qrecord(kv, layer, bt, p, kvh, false), d, lv);
                 vval = q_elem(f, true, hd, qrecord(kv, layer, bt, p, kvh, true), d, lv + 256);
             }
@@ -544,7 +514,7 @@ static __global__ void __launch_bounds__(QP_THREADS) qattn_prefill_kernel(struct
         if (qjl) {
             __syncthreads();
             float *z = zs + warp * hd;
-            for (int c = warp; c < QP_BK && k0 + c <= last_pos; c += QP_WARPS) {
+            for (int c = warp; c < QP_BK && k0 + c <= rows.last_pos; c += QP_WARPS) {
                 const uint8_t *kr = qrecord(kv, layer, bt, k0 + c, kvh, false);
                 const uint8_t *signs = kr + 4 + hd * kbits / 8;
                 for (int d = lane; d < hd; d += 32)
@@ -558,58 +528,14 @@ static __global__ void __launch_bounds__(QP_THREADS) qattn_prefill_kernel(struct
         }
         __syncthreads();
         float s[QP_BK / 4];
-        float tile_max = -FLT_MAX;
-#pragma unroll
-        for (int j = 0; j < QP_BK / 4; j++) {
-            int c = sub + 4 * j;
-            int p = k0 + c;
-            float dot = 0.0f;
-            for (int d = 0; d < hd; d++)
-                dot = fmaf(sq[r * ldk + d], sk[c * ldk + d], dot);
-            bool ok = row_valid && p <= my_pos && p >= my_first;
-            s[j] = ok ? dot : -FLT_MAX;
-            if (ok)
-                tile_max = fmaxf(tile_max, dot);
-        }
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(FULL, tile_max, 1));
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(FULL, tile_max, 2));
-        float m_new = fmaxf(m, tile_max);
-        float corr = expf(m - m_new);
-        float rowsum = 0.0f;
-#pragma unroll
-        for (int j = 0; j < QP_BK / 4; j++) {
-            float pr = s[j] == -FLT_MAX ? 0.0f : expf(s[j] - m_new);
-            sp_[r * (QP_BK + 1) + sub + 4 * j] = pr;
-            rowsum += pr;
-        }
-        rowsum += __shfl_xor_sync(FULL, rowsum, 1);
-        rowsum += __shfl_xor_sync(FULL, rowsum, 2);
-        l = l * corr + rowsum;
-        m = m_new;
-        __syncwarp();
-#pragma unroll
-        for (int j = 0; j < HPT; j++)
-            acc[j] *= corr;
-        for (int c = 0; c < QP_BK; c++) {
-            float pr = sp_[r * (QP_BK + 1) + c];
-#pragma unroll
-            for (int j = 0; j < HPT; j++) {
-                int d = sub + 4 * j;
-                if (d < hd)
-                    acc[j] = fmaf(pr, sv[c * hd + d], acc[j]);
-            }
-        }
+        float tile_max = osm_quad_scores<QP_BK>(s, sq + r * ldk, sk, ldk, hd, sub, k0,
+                                                rows.row_valid, rows.my_first, rows.my_pos);
+        osm_quad_tile<QP_BK>(s, tile_max, sp_ + r * (QP_BK + 1), sv, hd, sub, m, l, acc);
     }
-    if (!row_valid)
+    if (!rows.row_valid)
         return;
-    float inv = 1.0f / l;
     float *out = op.u.attn.out + (size_t)(span->row0 + q0 + r) * q_dim + (size_t)head * hd;
-#pragma unroll
-    for (int j = 0; j < HPT; j++) {
-        int d = sub + 4 * j;
-        if (d < hd)
-            out[d] = acc[j] * inv;
-    }
+    osm_quad_store(acc, l, out, hd, sub);
 }
 
 /* ---- dispatch ----------------------------------------------------------- */
