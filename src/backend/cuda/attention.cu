@@ -4,6 +4,7 @@
 
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/online_softmax.cuh"
+#include "backend/cuda/warp.cuh"
 
 #define DEC_WARPS 4
 #define DEC_GROUP_MAX 8
@@ -21,13 +22,6 @@
 #define PF_BQ 32
 #define PF_BK 32
 #define PF_THREADS 128
-
-static __device__ __forceinline__ float warp_sum(float v)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 
 struct span_view {
     const struct cu_span *spans;

@@ -1,5 +1,6 @@
 /* backend/cuda/gemv.cu — matrix-vector products for decode: bf16 weights streamed with 16-byte loads by persistent blocks (split-K across warps for the general path), fused epilogues. */
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/warp.cuh"
 
 #define GEMV_THREADS 256
 #define GEMV_WARPS (GEMV_THREADS / 32)
@@ -12,23 +13,6 @@ static __device__ __forceinline__ float round_bf16(float x)
     uint32_t u = __float_as_uint(x);
     u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
     return __uint_as_float(u);
-}
-
-static __device__ __forceinline__ float warp_sum(float v)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-/* Weight rows stream past once: load them without keeping them in L1. */
-static __device__ __forceinline__ uint4 load_stream(const uint4 *p)
-{
-    uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p));
-    return r;
 }
 
 /* Eight x values (one 16-byte weight chunk's worth) of token row xr; with

@@ -2,17 +2,11 @@
 #include <cuda_bf16.h>
 
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/warp.cuh"
 
 static __device__ __forceinline__ float bf16_bits_to_f32(uint16_t h)
 {
     return __uint_as_float((uint32_t)h << 16);
-}
-
-static __device__ __forceinline__ float warp_sum(float v)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
 }
 
 /* ---- embedding ---------------------------------------------------------- */

@@ -31,6 +31,7 @@
 
 #include "backend/cuda/cuda_internal.h"
 #include "backend/moe_route.h"
+#include "backend/cuda/warp.cuh"
 
 static __global__ void moe_route_kernel(const float *logits, int n_rows, int n_experts, int top_k,
                                         int norm, int32_t *ids, float *weights)
@@ -271,23 +272,6 @@ static cudaError_t launch_legacy(cudaStream_t s, const struct cu_op *op, const u
 #define MV_GROUP_ROWS 4
 /* the plan kernel: one block; thread e holds expert e (MOE_MAX_EXPERTS at most) */
 #define PLAN_THREADS 512
-
-static __device__ __forceinline__ float warp_sum(float v)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-/* Weight rows stream past once: load them without keeping them in L1. */
-static __device__ __forceinline__ uint4 load_stream(const uint4 *p)
-{
-    uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p));
-    return r;
-}
 
 static __device__ __forceinline__ float4 round4(float4 v)
 {

@@ -11,19 +11,13 @@
 #include <cuda_fp16.h>
 
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/warp.cuh"
 
 #define QGEMV_THREADS 256
 #define QGEMV_WARPS (QGEMV_THREADS / 32)
 /* chunks per lane loaded before any is used: each warp keeps about 2.5 KB of
  * one row in flight (Q4_K), enough with 64 warps per SM to cover HBM latency */
 #define QGEMV_UNROLL 2
-
-static __device__ __forceinline__ float warp_sum(float v)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 
 static __device__ __forceinline__ uint32_t ld_u16(const uint8_t *p)
 {
