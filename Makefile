@@ -5,6 +5,7 @@ ASAN_BUILD ?= build-asan
 # Seconds per fuzz target in `make test` (one target per fuzz/fuzz_*.c; longer runs: make fuzz FUZZ_SECONDS=600)
 FUZZ_SECONDS ?= 3
 MODEL ?= models/house
+WHISPER_MODEL ?= models/whisper-house
 PORT ?= 8080
 JOBS ?= $(shell nproc)
 TEXT_DATA ?= $(BUILD)/text-data
@@ -24,10 +25,11 @@ $(BUILD)/build.ninja:
 build: bootstrap $(BUILD)/build.ninja
 	ninja -C $(BUILD)
 
-# Serves MODEL (the house model by default) on PORT until Ctrl-C.
+# Serves MODEL (the house model by default) on PORT until Ctrl-C, with WHISPER_MODEL (the house
+# Whisper model by default; WHISPER_MODEL= for none) at /v1/audio/transcriptions.
 run: build
 	@[ -f $(MODEL)/config.json ] || { echo "make run: $(MODEL) has no config.json; MODEL=DIR picks a model directory" >&2; exit 1; }
-	exec $(BUILD)/inferd serve $(MODEL) --port $(PORT)
+	exec $(BUILD)/inferd serve $(MODEL) --port $(PORT) $(if $(WHISPER_MODEL),--whisper-model $(WHISPER_MODEL))
 
 test: build unit fuzz e2e
 

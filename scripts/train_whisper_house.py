@@ -3,7 +3,7 @@
 Whisper-architecture model, from scratch, on synthetic speech (scripts/synth_speech.sh writes
 NNNNNN.wav + NNNNNN.txt pairs), with PyTorch and transformers' Whisper on a GPU. Saves an HF
 directory (config.json, generation_config.json, preprocessor_config.json, tokenizer files,
-model.safetensors, training.json) that `inferd serve ... --whisper-model DIR` loads.
+model.safetensors, training/results.json) that `inferd serve ... --whisper-model DIR` loads.
 
 The tokenizer is the one `inferd mkmodel --preset whisper-test` writes (bytes, Whisper's special
 tokens and its 1,501 timestamps), so nothing is downloaded. The prompt layout is the multilingual
@@ -28,7 +28,8 @@ usage: train_whisper_house.py --data SPEECH_DIR --heldout-data DIR --inferd buil
 SPEECH_DIR is searched recursively for NNNNNN.wav + NNNNNN.txt pairs (16-bit PCM WAV, any rate).
 Training stops after --steps or at the time limit, whichever comes first; a checkpoint is saved
 every --checkpoint-seconds. Prints the held-out WER (greedy decoding without timestamps, text
-lowercased to words without punctuation) and writes it to OUT/training.json.
+lowercased to words without punctuation) and writes it with the run's settings to
+OUT/training/results.json.
 """
 import argparse
 import glob
@@ -282,6 +283,10 @@ def save(model, out, save_dtype, gen_cfg, tok_files, info):
         saved = json.load(f)
     saved["torch_dtype"] = save_dtype
     saved.pop("dtype", None)
+    # the vocabulary is bytes, so every transcript begins with the space token itself (a real
+    # checkpoint's first token is a word with its space): only <|endoftext|> is suppressed first
+    saved["begin_suppress_tokens"] = [gen_cfg["eos_token_id"]]
+    gen_cfg = {**gen_cfg, "begin_suppress_tokens": [gen_cfg["eos_token_id"]]}
     with open(cfg_path, "w") as f:
         json.dump(saved, f, indent=2)
     with open(os.path.join(out, "generation_config.json"), "w") as f:
@@ -289,7 +294,8 @@ def save(model, out, save_dtype, gen_cfg, tok_files, info):
     for name, text in tok_files.items():
         with open(os.path.join(out, name), "w") as f:
             f.write(text)
-    with open(os.path.join(out, "training.json"), "w") as f:
+    os.makedirs(os.path.join(out, "training"), exist_ok=True)
+    with open(os.path.join(out, "training", "results.json"), "w") as f:
         json.dump(info, f, indent=2)
 
 

@@ -8,7 +8,7 @@
 #              --tokenizer $E2E_TOKENIZER` (default build/text-data/qwen3, from `make text-data`)
 #   --sanitize for an AddressSanitizer/UBSan build: e2e, bad_input, ssd, audio and pool
 #              run; fails when any server's stderr holds a sanitizer report
-# Environment: E2E_SUITES (default "e2e responses embeddings anthropic structured bad_input load ssd spec webui audio pool adapters isolate"; ssd, pool, adapters and isolate start their own
+# Environment: E2E_SUITES (default "e2e responses embeddings anthropic structured bad_input load ssd spec webui audio speech pool adapters isolate"; ssd, pool, adapters and isolate start their own
 # servers over fresh cache directories, and runs bench/ssd_kill.sh shortened; webui starts its own server of
 # models/house with an API key and drives the chat page in Debian's /usr/bin/chromium, skipped with a message
 # when that is missing unless CI=true, and saves screenshots in INFERD_E2E_ARTIFACTS, default
@@ -38,7 +38,7 @@ fi
 if [ -n "${1:-}" ]; then INFERD=$(absolute "$1" "$PWD"); else INFERD=$(absolute "${INFERD:-build/inferd}" "$root"); fi
 if [ -n "${2:-}" ]; then MODEL=$(absolute "$2" "$PWD"); else MODEL=$(absolute "${E2E_MODEL:-build/models/e2e-qwen3}" "$root"); fi
 TOKENIZER=$(absolute "${E2E_TOKENIZER:-build/text-data/qwen3}" "$root")
-SUITES=${E2E_SUITES:-e2e responses embeddings anthropic structured bad_input load ssd spec webui audio pool adapters isolate}
+SUITES=${E2E_SUITES:-e2e responses embeddings anthropic structured bad_input load ssd spec webui audio speech pool adapters isolate}
 # Under a sanitizer the default is the suites whose memory-owning paths no fuzzer reaches:
 # requests and streams end to end, raw-socket bad input, the SSD tier's files and restarts,
 # audio uploads, the model pool's loads and unloads. The others run in the plain pass only:
