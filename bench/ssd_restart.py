@@ -212,7 +212,8 @@ def decode(args):
           f"{args.prompt_len} fresh random ids per round, {args.gen_len} tokens decoded, "
           f"{args.rounds} rounds, servers interleaved (order rotated and reversed each round, each "
           f"tier's writes drained before the next stream); serve {' '.join(flags)}")
-    caches, servers = [], []  # (name, server, cache dir or None)
+    logs = tempfile.mkdtemp(prefix="inferd-ssd-decode-logs-")
+    caches, servers = [], []  # (name, server)
     try:
         for mode in modes:
             cache = tempfile.mkdtemp(prefix="inferd-ssd-decode-")
@@ -220,8 +221,8 @@ def decode(args):
             name = f"on/{mode}"
             servers.append((name, Server(args.inferd, args.model,
                                          flags + ["--ssd-cache", cache, "--ssd-direct-io", mode],
-                                         "/dev/null")))
-        servers.append(("off", Server(args.inferd, args.model, flags, "/dev/null")))
+                                         f"{logs}/on-{mode}.err")))
+        servers.append(("off", Server(args.inferd, args.model, flags, f"{logs}/off.err")))
         names = [n for n, _ in servers]
         rates = {n: [] for n in names}
         for _, srv in servers:  # warm-up
@@ -246,6 +247,7 @@ def decode(args):
             srv.stop()
         for cache in caches:
             shutil.rmtree(cache, ignore_errors=True)
+    shutil.rmtree(logs, ignore_errors=True)
     print()
     print("| round | " + " | ".join(f"tier {n}" for n in names) + " |")
     print("|---" * (len(names) + 1) + "|")
