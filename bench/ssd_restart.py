@@ -13,16 +13,23 @@ decision and predictions from /stats. With --cold-off, a server with
 --prompt-cache 0 also prefills the prompt (cold without the tier).
 
 decode: streamed decode tok/s while write-behind runs at full rate against the
-tier off, both servers up, rounds interleaved (on, off, on, off, ...): each
-round sends a fresh prompt of --prompt-len random ids (its blocks are queued
-for writing as its prefill publishes them, so the I/O thread writes while the
-stream decodes) and measures one stream's decode from its first to its last
-token (bench/serve_tax.py's stream_once).
+tier off, every server up, rounds interleaved (each round visits every server,
+the order rotated and reversed from round to round): each visit sends a fresh
+prompt of --prompt-len random ids (its blocks are queued for writing as its
+prefill publishes them, so the I/O thread writes while the stream decodes) and
+measures one stream's decode from its first to its last token
+(bench/serve_tax.py's stream_once); a tier-on server's writes are drained
+before the next visit, so they never run beside another server's stream.
+--direct-io MODE (repeatable) starts one tier-on server per --ssd-direct-io
+mode; the report gives every round, the mean and median of each server, and
+the median of the rounds' on/off ratios, with the tier's counters (direct_io,
+blocks written, write calls, the I/O thread's CPU time).
 
 usage: bench/ssd_restart.py restart INFERD MODEL_DIR [--prompt-len 8000] [--dir DIR]
                                     [--cold-off] [--server-arg '--threads 2']...
        bench/ssd_restart.py decode INFERD MODEL_DIR [--prompt-len 512] [--gen-len 64]
-                                    [--rounds 3] [--server-arg ...]...
+                                    [--rounds 8] [--threads N] [--direct-io auto|on|off]...
+                                    [--server-arg ...]...
 """
 import argparse
 import importlib.util
@@ -176,40 +183,92 @@ def restart(args):
     print(f"server logs in {logs}")
 
 
+def settle(server, timeout=120):
+    """Waits until the server's tier has nothing left to write (queued or not yet queued), so
+    one round's writes never run into another server's round. Returns the seconds waited."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout:
+        st = json.loads(server.get("/stats"))["ssd_cache"]
+        if st["pending"] + st.get("unqueued", 0) == 0:
+            break
+        time.sleep(0.05)
+    return time.perf_counter() - t0
+
+
+def median(xs):
+    ys = sorted(xs)
+    n = len(ys)
+    return ys[n // 2] if n % 2 else (ys[n // 2 - 1] + ys[n // 2]) / 2
+
+
 def decode(args):
     flags = [f for a in args.server_arg for f in a.split()]
-    cache = tempfile.mkdtemp(prefix="inferd-ssd-decode-")
+    if args.threads:
+        flags += ["--threads", str(args.threads)]
+    modes = args.direct_io or ["auto"]
     bans = serve_tax.eos_ids(args.model)
     rng = random.Random(3)
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; model {args.model}; prompt "
           f"{args.prompt_len} fresh random ids per round, {args.gen_len} tokens decoded, "
-          f"{args.rounds} rounds each, interleaved; serve {' '.join(flags)}")
-    on = Server(args.inferd, args.model, flags + ["--ssd-cache", cache], "/dev/null")
-    off = Server(args.inferd, args.model, flags, "/dev/null")
-    rates = {"on": [], "off": []}
+          f"{args.rounds} rounds, servers interleaved (order rotated and reversed each round, each "
+          f"tier's writes drained before the next stream); serve {' '.join(flags)}")
+    logs = tempfile.mkdtemp(prefix="inferd-ssd-decode-logs-")
+    caches, servers = [], []  # (name, server)
     try:
-        for srv in (on, off):  # warm-up
+        for mode in modes:
+            cache = tempfile.mkdtemp(prefix="inferd-ssd-decode-")
+            caches.append(cache)
+            name = f"on/{mode}"
+            servers.append((name, Server(args.inferd, args.model,
+                                         flags + ["--ssd-cache", cache, "--ssd-direct-io", mode],
+                                         f"{logs}/on-{mode}.err")))
+        servers.append(("off", Server(args.inferd, args.model, flags, f"{logs}/off.err")))
+        names = [n for n, _ in servers]
+        rates = {n: [] for n in names}
+        for _, srv in servers:  # warm-up
             serve_tax.stream_once(srv.host, srv.port, [1, 2, 3], 4, bans)
         for r in range(args.rounds):
-            for name, srv in (("on", on), ("off", off)) if r % 2 == 0 else (("off", off), ("on", on)):
+            order = servers[r % len(servers):] + servers[:r % len(servers)]
+            if (r // len(servers)) % 2:
+                order = order[::-1]
+            for name, srv in order:
                 prompt = [rng.randrange(100, 8000) for _ in range(args.prompt_len)]
                 _, rate, n = serve_tax.stream_once(srv.host, srv.port, prompt, args.gen_len, bans)
                 if rate is None:
                     raise SystemExit("ssd_restart: a stream sent fewer than 2 text chunks")
                 rates[name].append(rate)
-                print(f"round {r + 1}, tier {name:3s}: {rate:7.2f} tok/s decode ({n} tokens; "
-                      f"load average {load()})", flush=True)
-        st = json.loads(on.get("/stats"))["ssd_cache"]
-        print(f"tier on: {st['writes']} blocks ({st['write_bytes'] / 2**20:.0f} MiB) written, "
-              f"{st['pending']} pending, {st['dropped']} dropped, {st['failed']} failed")
+                waited = settle(srv) if name != "off" else 0.0
+                print(f"round {r + 1}, tier {name:8s}: {rate:7.2f} tok/s decode ({n} tokens; "
+                      f"writes drained {waited:.2f} s after; load average {load()})", flush=True)
+        stats = {name: json.loads(srv.get("/stats"))["ssd_cache"] for name, srv in servers
+                 if name != "off"}
     finally:
-        on.stop()
-        off.stop()
-        shutil.rmtree(cache, ignore_errors=True)
-    mon = sum(rates["on"]) / len(rates["on"])
-    moff = sum(rates["off"]) / len(rates["off"])
-    print(f"mean decode: tier on {mon:.2f} tok/s, tier off {moff:.2f} tok/s: "
-          f"{100 * (mon / moff - 1):+.1f}% (target: no more than 2% below)")
+        for _, srv in servers:
+            srv.stop()
+        for cache in caches:
+            shutil.rmtree(cache, ignore_errors=True)
+    shutil.rmtree(logs, ignore_errors=True)
+    print()
+    print("| round | " + " | ".join(f"tier {n}" for n in names) + " |")
+    print("|---" * (len(names) + 1) + "|")
+    for r in range(args.rounds):
+        print(f"| {r + 1} | " + " | ".join(f"{rates[n][r]:.2f}" for n in names) + " |")
+    print()
+    off = rates["off"]
+    moff, medoff = sum(off) / len(off), median(off)
+    print(f"tier off: mean {moff:.2f} tok/s, median {medoff:.2f}")
+    for name in names[:-1]:
+        on = rates[name]
+        mon, medon = sum(on) / len(on), median(on)
+        paired = median([a / b for a, b in zip(on, off)])
+        st = stats[name]
+        print(f"tier {name}: mean {mon:.2f} tok/s ({100 * (mon / moff - 1):+.1f}%), median "
+              f"{medon:.2f} ({100 * (medon / medoff - 1):+.1f}%), median of the rounds' on/off "
+              f"ratios {100 * (paired - 1):+.1f}% (target: no more than 2% below); "
+              f"direct_io {str(st.get('direct_io')).lower()}, {st['writes']} blocks "
+              f"({st['write_bytes'] / 2**20:.0f} MiB) written in {st.get('write_calls')} write "
+              f"calls, I/O thread CPU {st.get('io_cpu_ms', 0):.0f} ms, {st['pending']} pending, "
+              f"{st['dropped']} dropped, {st['failed']} failed")
 
 
 def main():
@@ -219,7 +278,12 @@ def main():
     p.add_argument("model")
     p.add_argument("--prompt-len", type=int)
     p.add_argument("--gen-len", type=int, default=64)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, help="decode: rounds of every server (default 8)")
+    p.add_argument("--threads", type=int,
+                   help="decode: the servers' CPU thread count (--threads; default: theirs)")
+    p.add_argument("--direct-io", action="append", choices=["auto", "on", "off"],
+                   help="decode: a tier-on server with this --ssd-direct-io (repeatable: one "
+                        "server each, all against the same tier-off server; default auto)")
     p.add_argument("--dir")
     p.add_argument("--cold-off", action="store_true")
     p.add_argument("--server-arg", action="append", default=[],
@@ -230,6 +294,7 @@ def main():
         restart(args)
     else:
         args.prompt_len = args.prompt_len or 512
+        args.rounds = args.rounds or 8
         decode(args)
 
 

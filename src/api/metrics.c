@@ -138,6 +138,12 @@ static void ssd_cache_prometheus(const struct kv_tier_stats *t, struct strbuf *o
         {"cold_bytes_saved_total", "counter",
          "Bytes --ssd-kv-format's colder format kept off the disk (live block bytes less stored).",
          (double)t->cold_bytes_saved},
+        {"direct_io", "gauge", "1 when the tier's files are written with O_DIRECT (--ssd-direct-io).",
+         s->direct_io ? 1.0 : 0.0},
+        {"write_calls_total", "counter", "Write system calls that appended block records.",
+         (double)s->write_calls},
+        {"io_cpu_seconds_total", "counter", "CPU time the tier's I/O thread used.",
+         (double)s->io_cpu_ns * 1e-9},
     };
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
         strbuf_printf(out, "# HELP inferd_ssd_cache_%s %s\n# TYPE inferd_ssd_cache_%s %s\n"
@@ -211,6 +217,7 @@ static json_object *ssd_cache_json(const struct kv_tier_stats *t)
         {"demoted", t->demoted},
         {"cold_blocks", t->cold_blocks},
         {"cold_bytes_saved", t->cold_bytes_saved},
+        {"write_calls", s->write_calls},
     };
     for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++)
         json_object_object_add(o, counts[i].name, json_object_new_int64((int64_t)counts[i].value));
@@ -229,6 +236,8 @@ static json_object *ssd_cache_json(const struct kv_tier_stats *t)
     };
     for (size_t i = 0; i < sizeof rates / sizeof rates[0]; i++)
         json_object_object_add(o, rates[i].name, json_object_new_double(rates[i].value));
+    json_object_object_add(o, "io_cpu_ms", json_object_new_double((double)s->io_cpu_ns * 1e-6));
+    json_object_object_add(o, "direct_io", json_object_new_boolean(s->direct_io));
     json_object_object_add(o, "index_rebuilt", json_object_new_boolean(s->index_rebuilt));
     json_object_object_add(o, "disabled", json_object_new_boolean(s->disabled));
     json_object_object_add(o, "disable_reason",

@@ -88,6 +88,7 @@ struct serve_options {
     const char *ssd_dir;            /* --ssd-cache DIR; NULL: no SSD tier */
     double ssd_max_gib;             /* --ssd-cache-max (binary GiB); 0: the disk's free space */
     bool ssd_verify;                /* --ssd-cache-verify */
+    enum ssd_direct_io ssd_direct_io; /* --ssd-direct-io auto|on|off */
     long ssd_demote_idle_s;         /* --ssd-demote-idle; 0: never */
     bool ssd_flag_seen;             /* some --ssd-cache-* flag was given */
     long generation_checkpoint;     /* --generation-checkpoint N; 0: none */
@@ -131,7 +132,8 @@ static const char usage[] =
     "       [--response-store-mb 64] [--response-store-ttl-s 3600] [--grammar-cache 64]\n"
     "       [--no-jump-forward] [--adapter ID=DIR]... [--adapter-dir DIR] [--merge-adapter ID]\n"
     "       [--ssd-cache DIR [--ssd-cache-max GIB] [--ssd-cache-verify] [--ssd-demote-idle 300]\n"
-    "        [--ssd-restore auto|always|never] [--ssd-kv-format FORMAT] [--generation-checkpoint N]]\n"
+    "        [--ssd-restore auto|always|never] [--ssd-kv-format FORMAT] [--generation-checkpoint N]\n"
+    "        [--ssd-direct-io auto|on|off]]\n"
     "       [--draft-model DIR] [--draft-kind two-model|ngram] [--num-draft-tokens K]\n"
     "       [--ngram-max 3] [--ngram-min 1] [backend flags]\n"
     "       [--whisper-model WDIR [--whisper-idle-unload 300] [--whisper-resident]\n"
@@ -213,6 +215,9 @@ static const char usage[] =
     "--ssd-restore auto|always|never: whether a prefix found on disk is read back as the cost\n"
     "model says (auto: reading predicted faster than computing, from the disk's measured read\n"
     "rate and a timed prefill at start-up), always, or never (it is computed).\n"
+    "--ssd-direct-io auto|on|off: how the tier's files are written. auto (the default) writes\n"
+    "around the page cache (O_DIRECT) where the file system allows it, else through it; on\n"
+    "refuses to start where it is not allowed; off always goes through the page cache.\n"
     "--ssd-kv-format FORMAT (a --kv-quant name: 8, 4, turbo, turbo:k4v3, ...) stores the blocks\n"
     "on disk in that colder, smaller format and restores them into the live one (off: the live\n"
     "format); /stats.tier counts the bytes it saves.\n"
@@ -424,6 +429,19 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
                 ok = false;
             }
         }
+        else if (!strcmp(a, "--ssd-direct-io")) {
+            o->ssd_flag_seen = true;
+            if (!strcmp(v, "auto"))
+                o->ssd_direct_io = SSD_DIRECT_AUTO;
+            else if (!strcmp(v, "on"))
+                o->ssd_direct_io = SSD_DIRECT_ON;
+            else if (!strcmp(v, "off"))
+                o->ssd_direct_io = SSD_DIRECT_OFF;
+            else {
+                fprintf(stderr, "inferd serve: --ssd-direct-io is auto, on or off, not '%s'\n", v);
+                ok = false;
+            }
+        }
         else if (!strcmp(a, "--ssd-kv-format")) {
             struct err e = {0};
             o->ssd_flag_seen = true;
@@ -460,8 +478,8 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
     }
     if (o->ssd_flag_seen && !o->ssd_dir) {
         fprintf(stderr, "inferd serve: --ssd-cache-max, --ssd-cache-verify, --ssd-demote-idle, "
-                        "--ssd-restore, --ssd-kv-format and --generation-checkpoint need "
-                        "--ssd-cache DIR\n");
+                        "--ssd-restore, --ssd-kv-format, --ssd-direct-io and "
+                        "--generation-checkpoint need --ssd-cache DIR\n");
         return false;
     }
     if (o->ssd_dir && !(o->prompt_cache_gib > 0)) {
@@ -618,7 +636,8 @@ static int tier_configure(const struct serve_options *o, const struct model *m, 
     *out = (struct kv_tier_config){
         .store = {.dir = o->ssd_dir,
                   .max_bytes = (uint64_t)(o->ssd_max_gib * (double)(1ull << 30)),
-                  .verify_on_read = o->ssd_verify},
+                  .verify_on_read = o->ssd_verify,
+                  .direct_io = o->ssd_direct_io},
         .demote_idle_ns = (uint64_t)o->ssd_demote_idle_s * 1000000000ull,
         .restore = o->ssd_restore,
         .cold = o->ssd_cold_on ? &o->ssd_cold : NULL,

@@ -17,6 +17,18 @@
  * No compaction: a hot block in an old segment keeps its segment, and the bytes of blocks dropped
  * for failing verification stay until their segment goes.
  *
+ * Writes around the page cache: a decode's thread pool spins on every core, so what the writer
+ * costs beside it is CPU time on those cores. Buffered writes cost a copy into the page cache
+ * inside the system call (not preemptible on most kernels, whatever the thread's priority),
+ * page allocation and reclaim, and writeback; with O_DIRECT the writer copies each record once
+ * into a page-aligned staging buffer in user space (preemptible, hashed while the bytes are in
+ * cache), and the device takes the buffer by DMA in writes of up to write_buffer_bytes, while
+ * the thread sleeps. The records' 4 KiB alignment (offset and length) is what O_DIRECT needs,
+ * so the format does not change. Where O_DIRECT is refused (probed once at open; a write that
+ * still gets EINVAL turns it off for good under auto) the records go through the page cache as
+ * before, gathered straight from the caller's buffers, and the pages are dropped
+ * (POSIX_FADV_DONTNEED) once the group commit has made them durable.
+ *
  * Threads: the owner (engine) thread calls the public functions; they only touch the queue, the
  * in-memory index and the counters under s->mu. The I/O thread alone touches SQLite and the
  * segments (open does, before it starts the thread), without holding s->mu during I/O. */
@@ -53,6 +65,8 @@
 #define WRITE_BATCH_BYTES ((uint64_t)256 << 20)   /* most data one fdatasync covers */
 #define TOUCH_PERSIST_NS 1000000000ull            /* idle touches reach SQLite within this */
 #define FREE_SPACE_RESERVE ((uint64_t)256 << 20)  /* left free on the disk when there is no cap */
+#define WRITE_BUFFER_DEFAULT ((size_t)8 << 20)    /* O_DIRECT staging: the largest single write */
+#define HASH_PIECE ((size_t)256 << 10)            /* copied then hashed while still in cache */
 #define INDEX_FILE "index.sqlite"
 #define SCHEMA_VERSION 1
 
@@ -113,6 +127,12 @@ struct ssd_store {
     int active_fd;              /* the segment being appended to (the last in segs), or -1 */
     int lock_fd;                /* flock'd: one process per fingerprint directory */
     uint32_t next_seg_id;
+    bool direct;                /* segments are opened with O_DIRECT (records staged in wbuf) */
+    uint8_t *wbuf;              /* owned: the page-aligned staging buffer (direct only) */
+    size_t wbuf_cap, wbuf_used; /* empty between batches */
+    uint64_t wbuf_off;          /* where wbuf[0] goes in the active segment */
+    uint64_t batch_off;         /* buffered: where this batch began in the active segment */
+    uint64_t write_calls;       /* system calls that appended records */
 
     pthread_t thread;
     bool thread_started;
@@ -136,6 +156,14 @@ struct ssd_store {
     size_t done_head, done_n, done_cap;
     struct ssd_stats st;        /* st.dir points at dir */
 };
+
+/* CPU time of the calling thread (the I/O thread's, for the stats). */
+static uint64_t thread_cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
 static uint64_t wall_ms(void)
 {
@@ -324,6 +352,14 @@ static int seg_open(const struct ssd_store *s, uint32_t id, int flags)
     seg_name(id, name);
     snprintf(path, sizeof path, "%s/%s", s->dir, name);
     return open(path, flags | O_CLOEXEC, 0644);
+}
+
+static void seg_unlink(const struct ssd_store *s, uint32_t id)
+{
+    char name[32], path[4096];
+    seg_name(id, name);
+    snprintf(path, sizeof path, "%s/%s", s->dir, name);
+    unlink(path);
 }
 
 static int seg_find(const struct ssd_store *s, uint32_t id)
@@ -844,15 +880,99 @@ static int probe_bandwidth(struct ssd_store *s, size_t probe)
     return 0;
 }
 
+/* Whether the file system under the directory takes an O_DIRECT write of SSD_RECORD_ALIGN
+ * aligned bytes at an aligned offset: one such write to a temporary file. Only a refusal
+ * (EINVAL, EOPNOTSUPP, at open or at the write) says no; any other failure leaves the answer to
+ * the segments' writes. why gets the refusal. */
+static bool direct_supported(struct ssd_store *s, char *why, size_t why_len)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/direct-%d.tmp", s->dir, (int)getpid());
+    bool ok = true;
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        ok = errno != EINVAL && errno != EOPNOTSUPP;
+        snprintf(why, why_len, "open: %s", strerror(errno));
+    } else {
+        void *buf = NULL;
+        if (posix_memalign(&buf, SSD_RECORD_ALIGN, SSD_RECORD_ALIGN) == 0) {
+            memset(buf, 0, SSD_RECORD_ALIGN);
+            if (pwrite(fd, buf, SSD_RECORD_ALIGN, 0) < 0) {
+                ok = errno != EINVAL && errno != EOPNOTSUPP;
+                snprintf(why, why_len, "write: %s", strerror(errno));
+            }
+            free(buf);
+        }
+        close(fd);
+    }
+    unlink(path); /* also where the open created the file before refusing O_DIRECT */
+    return ok;
+}
+
+/* Picks how segments are written (cfg.direct_io, the probe) and sets up the staging buffer.
+ * -INFERD_EINVAL when O_DIRECT is demanded and refused. */
+static int setup_writes(struct ssd_store *s, struct err *err)
+{
+    s->direct = false;
+    if (s->cfg.direct_io != SSD_DIRECT_OFF) {
+        char why[128] = "";
+        s->direct = direct_supported(s, why, sizeof why);
+        if (!s->direct && s->cfg.direct_io == SSD_DIRECT_ON)
+            return err_set(err, INFERD_EINVAL, "ssd cache: the file system under %s refuses "
+                           "O_DIRECT (%s); --ssd-direct-io auto writes through the page cache "
+                           "there", s->dir, why);
+        if (!s->direct)
+            log_info("ssd cache %s: the file system refuses O_DIRECT (%s); segments are "
+                     "written through the page cache", s->dir, why);
+    }
+    if (s->direct) {
+        size_t cap = s->cfg.write_buffer_bytes ? s->cfg.write_buffer_bytes : WRITE_BUFFER_DEFAULT;
+        cap = (cap + SSD_RECORD_ALIGN - 1) / SSD_RECORD_ALIGN * SSD_RECORD_ALIGN;
+        long page = sysconf(_SC_PAGESIZE);
+        size_t align = page > SSD_RECORD_ALIGN ? (size_t)page : SSD_RECORD_ALIGN;
+        void *buf = NULL;
+        if (posix_memalign(&buf, align, cap))
+            return err_set(err, INFERD_ENOMEM, "ssd cache: out of memory for a %zu-byte write "
+                           "buffer", cap);
+        s->wbuf = buf;
+        s->wbuf_cap = cap;
+    }
+    s->st.direct_io = s->direct;
+    return 0;
+}
+
 /* ---- the I/O thread: writes ----------------------------------------------------------------------- */
 
 static const uint8_t zero_pad[SSD_RECORD_ALIGN];
+
+/* Writes go through the page cache from now on: the file system refused an O_DIRECT open or
+ * write (errnum) after the probe at open let it through. */
+static void direct_off(struct ssd_store *s, const char *what, int errnum)
+{
+    s->direct = false;
+    if (s->active_fd >= 0) {
+        int fl = fcntl(s->active_fd, F_GETFL);
+        if (fl >= 0)
+            fcntl(s->active_fd, F_SETFL, fl & ~O_DIRECT);
+    }
+    log_warn("ssd cache %s: %s with O_DIRECT: %s; writing through the page cache from now on",
+             s->dir, what, strerror(errnum));
+    pthread_mutex_lock(&s->mu);
+    s->st.direct_io = false;
+    pthread_mutex_unlock(&s->mu);
+}
 
 /* Starts a new segment: created, and the directory fsynced so the name survives a crash. */
 static int start_segment(struct ssd_store *s)
 {
     uint32_t id = s->next_seg_id;
-    int fd = seg_open(s, id, O_WRONLY | O_CREAT | O_EXCL);
+    int fd = seg_open(s, id, O_WRONLY | O_CREAT | O_EXCL | (s->direct ? O_DIRECT : 0));
+    if (fd < 0 && errno == EINVAL && s->direct && s->cfg.direct_io == SSD_DIRECT_AUTO) {
+        /* some file systems create the file before refusing O_DIRECT: the name is ours */
+        seg_unlink(s, id);
+        direct_off(s, "opening a segment", EINVAL);
+        fd = seg_open(s, id, O_WRONLY | O_CREAT | O_EXCL);
+    }
     if (fd < 0)
         return -errno;
     int rc = fsync_dir(s->dir);
@@ -864,19 +984,144 @@ static int start_segment(struct ssd_store *s)
     }
     s->next_seg_id = id + 1;
     s->active_fd = fd;
+    s->wbuf_off = s->batch_off = 0;
     return 0;
 }
 
-/* Appends one record for j to the active segment (starting one when it is full). */
+/* Writes the staged bytes at their place in the active segment. Under auto, a direct write the
+ * file system refuses (EINVAL) turns O_DIRECT off for good and goes again through the page
+ * cache (the staged bytes are still there). */
+static int wbuf_flush(struct ssd_store *s)
+{
+    if (!s->wbuf_used)
+        return 0;
+    struct iovec v = {s->wbuf, s->wbuf_used};
+    s->write_calls++;
+    int rc = io_full(s->active_fd, &v, 1, (off_t)s->wbuf_off, true);
+    if (rc == -EINVAL && s->direct && s->cfg.direct_io == SSD_DIRECT_AUTO) {
+        direct_off(s, "a write", EINVAL);
+        v = (struct iovec){s->wbuf, s->wbuf_used};
+        s->write_calls++;
+        rc = io_full(s->active_fd, &v, 1, (off_t)s->wbuf_off, true);
+    }
+    if (rc)
+        return rc;
+    s->wbuf_off += s->wbuf_used;
+    s->wbuf_used = 0;
+    return 0;
+}
+
+/* Appends len bytes of src (NULL: zeros) to the staging buffer, writing it out whenever it
+ * fills; st (may be NULL) hashes the copy in pieces small enough to still be in cache. */
+static int wbuf_put(struct ssd_store *s, const void *src, size_t len, XXH3_state_t *st)
+{
+    const uint8_t *p = src;
+    while (len) {
+        size_t n = s->wbuf_cap - s->wbuf_used;
+        if (n > len)
+            n = len;
+        if (n > HASH_PIECE)
+            n = HASH_PIECE;
+        uint8_t *dst = s->wbuf + s->wbuf_used;
+        if (p) {
+            memcpy(dst, p, n);
+            p += n;
+        } else {
+            memset(dst, 0, n);
+        }
+        if (st)
+            XXH3_128bits_update(st, dst, n);
+        s->wbuf_used += n;
+        len -= n;
+        if (s->wbuf_used == s->wbuf_cap) {
+            int rc = wbuf_flush(s);
+            if (rc)
+                return rc;
+        }
+    }
+    return 0;
+}
+
+/* O_DIRECT: the record is copied into the staging buffer and hashed from the copy. */
+static int stage_record(struct ssd_store *s, struct job *j, const uint8_t *hdr, uint64_t pad)
+{
+    XXH3_state_t *st = XXH3_createState();
+    if (!st)
+        return -ENOMEM;
+    XXH3_128bits_reset(st);
+    int rc = wbuf_put(s, hdr, SSD_RECORD_HEADER_BYTES, st);
+    if (!rc)
+        rc = wbuf_put(s, j->tokens, (size_t)j->n_tokens * 4, st);
+    for (int i = 0; !rc && i < j->n_iov; i++)
+        rc = wbuf_put(s, j->iov[i].iov_base, j->iov[i].iov_len, st);
+    XXH128_canonical_t ck;
+    XXH128_canonicalFromHash(&ck, XXH3_128bits_digest(st));
+    XXH3_freeState(st);
+    memcpy(j->checksum, ck.digest, 16);
+    if (!rc)
+        rc = wbuf_put(s, j->checksum, 16, NULL);
+    if (!rc)
+        rc = wbuf_put(s, NULL, pad, NULL);
+    return rc;
+}
+
+/* Through the page cache: hashed from the caller's buffers, then gathered into one pwritev. */
+static int pwrite_record(struct ssd_store *s, struct job *j, uint8_t *hdr, uint64_t pad,
+                         uint64_t off)
+{
+    XXH3_state_t *st = XXH3_createState();
+    if (!st)
+        return -ENOMEM;
+    XXH3_128bits_reset(st);
+    XXH3_128bits_update(st, hdr, SSD_RECORD_HEADER_BYTES);
+    XXH3_128bits_update(st, j->tokens, (size_t)j->n_tokens * 4);
+    for (int i = 0; i < j->n_iov; i++)
+        XXH3_128bits_update(st, j->iov[i].iov_base, j->iov[i].iov_len);
+    XXH128_canonical_t ck;
+    XXH128_canonicalFromHash(&ck, XXH3_128bits_digest(st));
+    XXH3_freeState(st);
+    memcpy(j->checksum, ck.digest, 16);
+
+    struct iovec v[SSD_MAX_IOV + 4];
+    int n = 0;
+    v[n++] = (struct iovec){hdr, SSD_RECORD_HEADER_BYTES};
+    if (j->n_tokens)
+        v[n++] = (struct iovec){j->tokens, (size_t)j->n_tokens * 4};
+    for (int i = 0; i < j->n_iov; i++)
+        if (j->iov[i].iov_len)
+            v[n++] = j->iov[i];
+    v[n++] = (struct iovec){j->checksum, 16};
+    if (pad)
+        v[n++] = (struct iovec){(void *)zero_pad, pad};
+    s->write_calls++;
+    return io_full(s->active_fd, v, n, (off_t)off, true);
+}
+
+/* Drops a durable range's pages from the page cache (buffered writes only): what was written
+ * behind is read back, if ever, after a restart, and meanwhile it would crowd out what the
+ * process uses. */
+static void drop_written(struct ssd_store *s, int fd, uint64_t off)
+{
+    if (!s->direct)
+        posix_fadvise(fd, (off_t)off, 0, POSIX_FADV_DONTNEED);
+}
+
+/* Appends one record for j to the active segment (starting one when it is full). With O_DIRECT
+ * the record may still be (partly) in the staging buffer on return: the batch writes it out
+ * before its fdatasync. */
 static int write_record(struct ssd_store *s, struct job *j)
 {
     uint64_t len = ssd_record_len(j->n_tokens, j->data_len);
     struct segment *sg = s->active_fd >= 0 ? &s->segs[s->n_segs - 1] : NULL;
     if (!sg || (sg->size > 0 && sg->size + len > s->seg_bytes)) {
         if (s->active_fd >= 0) {
+            int rc = wbuf_flush(s);
             int fd = s->active_fd;
             s->active_fd = -1;
-            int rc = fdatasync(fd) ? -errno : 0;
+            if (!rc && fdatasync(fd))
+                rc = -errno;
+            if (!rc)
+                drop_written(s, fd, s->batch_off);
             close(fd);
             if (rc)
                 return rc;
@@ -885,6 +1130,11 @@ static int write_record(struct ssd_store *s, struct job *j)
         if (rc)
             return rc;
         sg = &s->segs[s->n_segs - 1];
+    }
+    if (!s->direct && s->wbuf_used) { /* O_DIRECT went off in this batch: the staged bytes first */
+        int rc = wbuf_flush(s);
+        if (rc)
+            return rc;
     }
     struct ssd_record_header h = {.hash = j->hash, .parent_hash = j->parent, .ns = j->ns,
                                   .n_tokens = j->n_tokens, .data_len = j->data_len};
@@ -897,32 +1147,15 @@ static int write_record(struct ssd_store *s, struct job *j)
         uint8_t *p = (uint8_t *)&j->tokens[i];
         p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8), p[2] = (uint8_t)(v >> 16), p[3] = (uint8_t)(v >> 24);
     }
-    XXH3_state_t *st = XXH3_createState();
-    if (!st)
-        return -ENOMEM;
-    XXH3_128bits_reset(st);
-    XXH3_128bits_update(st, hdr, sizeof hdr);
-    XXH3_128bits_update(st, j->tokens, (size_t)j->n_tokens * 4);
-    for (int i = 0; i < j->n_iov; i++)
-        XXH3_128bits_update(st, j->iov[i].iov_base, j->iov[i].iov_len);
-    XXH128_canonical_t ck;
-    XXH128_canonicalFromHash(&ck, XXH3_128bits_digest(st));
-    XXH3_freeState(st);
-    memcpy(j->checksum, ck.digest, 16);
-
-    struct iovec v[SSD_MAX_IOV + 4];
-    int n = 0;
-    v[n++] = (struct iovec){hdr, sizeof hdr};
-    if (j->n_tokens)
-        v[n++] = (struct iovec){j->tokens, (size_t)j->n_tokens * 4};
-    for (int i = 0; i < j->n_iov; i++)
-        if (j->iov[i].iov_len)
-            v[n++] = j->iov[i];
-    v[n++] = (struct iovec){j->checksum, 16};
     uint64_t pad = len - (SSD_RECORD_HEADER_BYTES + (uint64_t)j->n_tokens * 4 + j->data_len + 16);
-    if (pad)
-        v[n++] = (struct iovec){(void *)zero_pad, pad};
-    int rc = io_full(s->active_fd, v, n, (off_t)sg->size, true);
+    int rc;
+    if (s->direct) {
+        if (!s->wbuf_used)
+            s->wbuf_off = sg->size;
+        rc = stage_record(s, j, hdr, pad);
+    } else {
+        rc = pwrite_record(s, j, hdr, pad, sg->size);
+    }
     if (rc)
         return rc;
     j->seg = sg->id;
@@ -1044,6 +1277,7 @@ static void run_write_batch(struct ssd_store *s, struct job *batch)
     pthread_mutex_unlock(&s->mu);
     int first_seg = s->n_segs; /* segments at or after this index were started by this batch */
     uint64_t active_size_before = s->active_fd >= 0 ? s->segs[s->n_segs - 1].size : 0;
+    s->batch_off = active_size_before;
     if (s->active_fd >= 0)
         first_seg = s->n_segs - 1;
     struct job *j;
@@ -1054,10 +1288,19 @@ static void run_write_batch(struct ssd_store *s, struct job *batch)
             what = "writing a block";
         }
     }
-    if (!disabled && !err_no && s->active_fd >= 0 && fdatasync(s->active_fd)) {
-        err_no = errno;
-        what = "syncing a segment";
+    if (!disabled && !err_no && s->active_fd >= 0) {
+        int rc = wbuf_flush(s);
+        if (rc) {
+            err_no = -rc;
+            what = "writing a block";
+        } else if (fdatasync(s->active_fd)) {
+            err_no = errno;
+            what = "syncing a segment";
+        } else {
+            drop_written(s, s->active_fd, s->batch_off);
+        }
     }
+    s->wbuf_used = 0; /* written, or failed with the batch */
     uint64_t now = wall_ms();
     if (!disabled && !err_no) {
         int rc = db_exec(s->db, "BEGIN");
@@ -1120,6 +1363,8 @@ static void run_write_batch(struct ssd_store *s, struct job *batch)
         push_done(s, j->cookie, SSD_DONE_WRITE, ok ? 0 : -INFERD_EIO);
     }
     s->st.bytes = disk_bytes_of(s);
+    s->st.write_calls = s->write_calls;
+    s->st.io_cpu_ns = thread_cpu_ns();
     pthread_cond_broadcast(&s->done_cv);
     pthread_mutex_unlock(&s->mu);
 }
@@ -1241,6 +1486,7 @@ static void run_reads(struct ssd_store *s, struct job *batch)
         push_done(s, j->cookie, SSD_DONE_READ, j->status);
     }
     s->st.restore_ms_last = (double)(now_ns() - first_queued) * 1e-6;
+    s->st.io_cpu_ns = thread_cpu_ns();
     pthread_cond_broadcast(&s->done_cv);
     pthread_mutex_unlock(&s->mu);
 }
@@ -1362,6 +1608,7 @@ static void store_free(struct ssd_store *s)
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->work);
     pthread_cond_destroy(&s->done_cv);
+    free(s->wbuf);
     free(s->segs);
     free(s->slots);
     free(s->dirty);
@@ -1459,6 +1706,10 @@ int ssd_store_open(const struct ssd_config *cfg, struct ssd_store **out, struct 
         store_free(s);
         return -INFERD_EIO;
     }
+    if ((rc = setup_writes(s, err))) {
+        store_free(s);
+        return rc;
+    }
     if ((rc = scan_dir(s))) {
         err_set(err, INFERD_EIO, "ssd cache: listing %s: %s", s->dir, strerror(-rc));
         store_free(s);
@@ -1472,7 +1723,8 @@ int ssd_store_open(const struct ssd_config *cfg, struct ssd_store **out, struct 
     /* The cap: what the caller set, and never more than the disk can take beside what is there. */
     uint64_t on_disk = disk_bytes_of(s), cap = UINT64_MAX;
     struct statvfs vfs;
-    if (statvfs(s->dir, &vfs) == 0) {
+    /* a file system that reports no size (ramfs) sets no cap of its own */
+    if (statvfs(s->dir, &vfs) == 0 && vfs.f_blocks > 0) {
         uint64_t total = (uint64_t)vfs.f_blocks * vfs.f_frsize;
         uint64_t avail = (uint64_t)vfs.f_bavail * vfs.f_frsize;
         uint64_t reserve = total / 20 < FREE_SPACE_RESERVE ? total / 20 : FREE_SPACE_RESERVE;
@@ -1491,11 +1743,11 @@ int ssd_store_open(const struct ssd_config *cfg, struct ssd_store **out, struct 
     enforce_cap(s);
     s->st.bytes = disk_bytes_of(s);
     log_info("ssd cache %s: %" PRIu64 " blocks, %.1f MiB in %d segments; recovered %" PRIu64
-             ", dropped %" PRIu64 "%s; cap %.1f MiB; read %.0f MB/s",
+             ", dropped %" PRIu64 "%s; cap %.1f MiB; read %.0f MB/s; writes %s",
              s->dir, s->st.blocks, (double)s->st.bytes / (1 << 20), s->n_segs,
              s->st.recovered_blocks, s->st.dropped_at_start,
              s->st.index_rebuilt ? " (index rebuilt)" : "", (double)cap / (1 << 20),
-             s->read_bw / 1e6);
+             s->read_bw / 1e6, s->direct ? "O_DIRECT" : "through the page cache");
 
     if (pthread_create(&s->thread, NULL, io_main, s)) {
         store_free(s);

@@ -39,7 +39,14 @@
  * ssd_store_contains) only after that commit. After kill -9 or power loss, rows whose data is
  * missing are dropped at the next open, records past the index's end are re-verified and
  * re-indexed or cut off, and every read checks the record against what the caller expects, so
- * a crash can lose blocks but never hand out wrong K/V with status 0. */
+ * a crash can lose blocks but never hand out wrong K/V with status 0.
+ *
+ * Writes go around the page cache (O_DIRECT) where the file system takes it: records are
+ * staged in a page-aligned buffer and appended in large aligned writes (a record's length and
+ * offset are already multiples of SSD_RECORD_ALIGN, so the format is the same either way), and
+ * the group commit's fdatasync still makes them durable (O_DIRECT alone does not flush the
+ * device's cache). Where O_DIRECT is refused (tmpfs, some overlay file systems) the store
+ * writes through the page cache and drops the written pages once they are durable. */
 
 #define SSD_RECORD_MAGIC "inferdKV"
 #define SSD_RECORD_VERSION 1
@@ -58,6 +65,12 @@ struct ssd_fingerprint {            /* what must match for stored K/V to be usab
     char backend_identity[64];      /* numeric identity, e.g. "cpu-avx512" or "cuda-sm90-exact" */
 };
 
+enum ssd_direct_io {                /* --ssd-direct-io */
+    SSD_DIRECT_AUTO = 0,            /* O_DIRECT where the file system takes it, else buffered */
+    SSD_DIRECT_ON,                  /* O_DIRECT or the open fails (-INFERD_EINVAL) */
+    SSD_DIRECT_OFF,                 /* buffered writes */
+};
+
 struct ssd_config {
     const char *dir;                /* --ssd-cache DIR; created if missing */
     uint64_t max_bytes;             /* --ssd-cache-max (GiB -> bytes); 0: no cap (then the disk's free space) */
@@ -67,6 +80,8 @@ struct ssd_config {
     /* Added; 0 picks the default: */
     uint64_t segment_bytes;         /* a segment is closed once this full (64 MiB; cap / 8 when smaller, >= 1 MiB) */
     size_t probe_bytes;             /* size of the read-bandwidth probe at open (32 MiB) */
+    enum ssd_direct_io direct_io;   /* how segments are written (default auto) */
+    size_t write_buffer_bytes;      /* O_DIRECT staging buffer, rounded up to SSD_RECORD_ALIGN (8 MiB) */
 };
 
 struct ssd_block_key {              /* a block's identity, as the prefix cache knows it */
@@ -97,6 +112,10 @@ struct ssd_stats {
     bool index_rebuilt;             /* at open: the index was damaged and rebuilt from the segments */
     bool disabled;                  /* the tier turned itself off (disk full or unwritable) */
     char disable_reason[128];
+    bool direct_io;                 /* segments are written with O_DIRECT now (false: through the
+                                       page cache: --ssd-direct-io off, or the file system refused) */
+    uint64_t write_calls;           /* write system calls that appended records (pwrite/pwritev) */
+    uint64_t io_cpu_ns;             /* CPU time the I/O thread has used (checksums, copies, system calls) */
 };
 
 enum ssd_done_kind { SSD_DONE_READ = 1, SSD_DONE_WRITE = 2 };
@@ -115,8 +134,10 @@ struct ssd_store;
  * cut off; a damaged index (SQLite errors, a failed quick_check, a wrong schema) is discarded
  * and rebuilt from the records. Logs what it found, measures the read bandwidth, starts the I/O
  * thread. Only a DIR that cannot be created or written is an error (-INFERD_EIO; -INFERD_EBUSY
- * when another process has the same fingerprint directory open); a damaged index or damaged
- * segments never are. *out is owned by the caller (ssd_store_close). */
+ * when another process has the same fingerprint directory open; -INFERD_EINVAL when direct_io
+ * is SSD_DIRECT_ON and the file system refuses O_DIRECT); a damaged index or damaged segments
+ * never are. Whether O_DIRECT is taken is probed once here (a small aligned write to a
+ * temporary file) and logged. *out is owned by the caller (ssd_store_close). */
 int ssd_store_open(const struct ssd_config *cfg, struct ssd_store **out, struct err *err);
 
 /* Completes every queued operation (writes made durable, reads done; bound the wait by calling

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -176,6 +177,35 @@ static void quiet(void)
 }
 
 TestSuite(ssd_store, .init = quiet);
+TestSuite(ssd_store_buffered, .init = quiet);
+
+/* The restart and recovery tests run on both write paths: ssd_store's with the default (O_DIRECT
+ * where the file system takes it), ssd_store_buffered's through the page cache. */
+#define BOTH_PATHS(name, ...)                                                                     \
+    static void name(enum ssd_direct_io mode);                                                    \
+    Test(ssd_store, name, __VA_ARGS__) { name(SSD_DIRECT_AUTO); }                                 \
+    Test(ssd_store_buffered, name, __VA_ARGS__) { name(SSD_DIRECT_OFF); }                         \
+    static void name(enum ssd_direct_io mode)
+
+/* Whether an O_DIRECT write of one aligned page works in dir. */
+static bool direct_works(const char *dir)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/direct-check", dir);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT, 0644);
+    bool ok = false;
+    if (fd >= 0) {
+        void *buf = NULL;
+        if (posix_memalign(&buf, 4096, 4096) == 0) {
+            memset(buf, 0, 4096);
+            ok = pwrite(fd, buf, 4096, 0) == 4096;
+            free(buf);
+        }
+        close(fd);
+    }
+    unlink(path);
+    return ok;
+}
 
 Test(ssd_store, many_blocks_round_trip_through_scatter_gather_lists)
 {
@@ -215,10 +245,11 @@ Test(ssd_store, many_blocks_round_trip_through_scatter_gather_lists)
     free(dir);
 }
 
-Test(ssd_store, blocks_survive_a_restart_bit_identical)
+BOTH_PATHS(blocks_survive_a_restart_bit_identical, .timeout = 60)
 {
     char *dir = test_mkdtemp();
     struct ssd_config c = config(dir, "bf16");
+    c.direct_io = mode;
     struct blk *b = blks_make(60, 0);
     struct ssd_store *s = open_store(&c);
     cr_assert_eq(write_all(s, b, 60), 60);
@@ -232,6 +263,7 @@ Test(ssd_store, blocks_survive_a_restart_bit_identical)
     cr_assert_eq(st.dropped_at_start, 0);
     cr_assert_eq(st.recovered_blocks, 0, "a clean close leaves nothing to recover");
     cr_assert_not(st.index_rebuilt);
+    cr_assert_eq(st.direct_io, mode != SSD_DIRECT_OFF && direct_works(dir));
     cr_assert_eq(check_offered(s, b, 60), 60);
     ssd_store_close(s);
     free(b);
@@ -348,10 +380,11 @@ static int flip_every_file(const char *dir)
     return n;
 }
 
-Test(ssd_store, flipped_bytes_in_every_file_never_yield_wrong_data)
+BOTH_PATHS(flipped_bytes_in_every_file_never_yield_wrong_data, .timeout = 60)
 {
     char *dir = test_mkdtemp();
     struct ssd_config c = config(dir, "bf16");
+    c.direct_io = mode;
     struct blk *b = blks_make(80, 0);
     struct ssd_store *s = open_store(&c);
     cr_assert_eq(write_all(s, b, 80), 80);
@@ -377,10 +410,11 @@ Test(ssd_store, flipped_bytes_in_every_file_never_yield_wrong_data)
     free(dir);
 }
 
-Test(ssd_store, a_damaged_index_is_rebuilt_from_the_segments)
+BOTH_PATHS(a_damaged_index_is_rebuilt_from_the_segments, .timeout = 60)
 {
     char *dir = test_mkdtemp();
     struct ssd_config c = config(dir, "bf16");
+    c.direct_io = mode;
     struct blk *b = blks_make(30, 0);
     struct ssd_store *s = open_store(&c);
     cr_assert_eq(write_all(s, b, 30), 30);
@@ -403,10 +437,11 @@ Test(ssd_store, a_damaged_index_is_rebuilt_from_the_segments)
     free(dir);
 }
 
-Test(ssd_store, a_flipped_segment_middle_fails_the_first_reads_checksum)
+BOTH_PATHS(a_flipped_segment_middle_fails_the_first_reads_checksum, .timeout = 60)
 {
     char *dir = test_mkdtemp();
     struct ssd_config c = config(dir, "bf16");
+    c.direct_io = mode;
     c.segment_bytes = 64 << 20;
     struct blk *b = blks_make(9, 0);
     struct ssd_store *s = open_store(&c);
@@ -454,10 +489,11 @@ static off_t file_size(const char *path)
     return st.st_size;
 }
 
-Test(ssd_store, a_truncated_segment_loses_only_its_cut_block_and_a_torn_tail_is_cut_off)
+BOTH_PATHS(a_truncated_segment_loses_only_its_cut_block_and_a_torn_tail_is_cut_off, .timeout = 60)
 {
     char *dir = test_mkdtemp();
     struct ssd_config c = config(dir, "bf16");
+    c.direct_io = mode;
     c.segment_bytes = 64 << 20;
     struct blk *b = blks_make(12, 0);
     struct ssd_store *s = open_store(&c);
@@ -522,10 +558,11 @@ static void crash_child(const struct ssd_config *c, struct blk *b, int first)
     }
 }
 
-Test(ssd_store, kill_9_while_writing_never_leads_to_a_wrong_read, .timeout = 120)
+BOTH_PATHS(kill_9_while_writing_never_leads_to_a_wrong_read, .timeout = 120)
 {
     char *dir = test_mkdtemp();
     struct ssd_config c = config(dir, "bf16");
+    c.direct_io = mode;
     c.queue_max_bytes = 16 * BLOCK_BYTES;
     struct blk *b = blks_make(CRASH_BLOCKS, 0);
     srand((unsigned)time(NULL));
@@ -552,7 +589,7 @@ Test(ssd_store, kill_9_while_writing_never_leads_to_a_wrong_read, .timeout = 120
     free(dir);
 }
 
-Test(ssd_store, a_full_disk_turns_the_tier_off_and_reads_go_on)
+BOTH_PATHS(a_full_disk_turns_the_tier_off_and_reads_go_on, .timeout = 60)
 {
     if (geteuid() != 0)
         cr_skip_test("disk full: not root, cannot mount a tmpfs");
@@ -563,6 +600,7 @@ Test(ssd_store, a_full_disk_turns_the_tier_off_and_reads_go_on)
         cr_skip_test("disk full: mounting a tmpfs failed (%s)", strerror(errno));
     }
     struct ssd_config c = config(dir, "bf16");
+    c.direct_io = mode;
     struct blk *b = blks_make(40, 0);
     struct ssd_store *s = open_store(&c);
     cr_assert_eq(write_all(s, b, 10), 10);
@@ -772,4 +810,219 @@ Test(ssd_store, a_record_with_any_flipped_byte_fails_to_parse)
         rec[at] ^= 0x10;
     }
     free(rec);
+}
+
+/* ---- how segments are written: O_DIRECT, and the page cache where it is refused ---- */
+
+TestSuite(ssd_direct, .init = quiet);
+
+/* The segment files under fpdir, sorted by name; returns how many (at most max). */
+static int list_segments(const char *fpdir, char names[][32], int max)
+{
+    DIR *d = opendir(fpdir);
+    cr_assert_not_null(d);
+    struct dirent *de;
+    int n = 0;
+    while ((de = readdir(d)))
+        if (strncmp(de->d_name, "seg-", 4) == 0 && n < max)
+            snprintf(names[n++], 32, "%.31s", de->d_name);
+    closedir(d);
+    qsort(names, (size_t)n, 32, (int (*)(const void *, const void *))strcmp);
+    return n;
+}
+
+static uint8_t *read_whole(const char *path, size_t *len)
+{
+    int fd = open(path, O_RDONLY);
+    cr_assert_geq(fd, 0, "%s", path);
+    struct stat st;
+    fstat(fd, &st);
+    uint8_t *buf = malloc((size_t)st.st_size + 1);
+    cr_assert_eq(pread(fd, buf, (size_t)st.st_size, 0), st.st_size);
+    close(fd);
+    *len = (size_t)st.st_size;
+    return buf;
+}
+
+/* Pages of path in the page cache, and of the file, in *total. */
+static size_t resident_pages(const char *path, size_t *total)
+{
+    int fd = open(path, O_RDONLY);
+    cr_assert_geq(fd, 0);
+    struct stat st;
+    fstat(fd, &st);
+    long page = sysconf(_SC_PAGESIZE);
+    size_t n = ((size_t)st.st_size + (size_t)page - 1) / (size_t)page, in = 0;
+    *total = n;
+    if (n) {
+        void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+        cr_assert_neq(m, MAP_FAILED);
+        unsigned char *vec = malloc(n);
+        cr_assert_eq(mincore(m, (size_t)st.st_size, vec), 0);
+        for (size_t i = 0; i < n; i++)
+            in += vec[i] & 1;
+        free(vec);
+        munmap(m, (size_t)st.st_size);
+    }
+    close(fd);
+    return in;
+}
+
+Test(ssd_direct, direct_writes_lay_out_the_same_bytes_as_buffered_ones, .timeout = 60)
+{
+    char *da = test_mkdtemp(), *db = test_mkdtemp();
+    if (!direct_works(da)) {
+        test_rmtree(da);
+        test_rmtree(db);
+        cr_skip_test("O_DIRECT does not work on the test directory's file system");
+    }
+    struct blk *b = blks_make(50, 0);
+    /* a staging buffer of 5 pages against records of 6: records straddle every write */
+    struct ssd_config ca = config(da, "bf16"), cb = config(db, "bf16");
+    ca.direct_io = SSD_DIRECT_ON;
+    ca.write_buffer_bytes = 5 * 4096 - 100;
+    cb.direct_io = SSD_DIRECT_OFF;
+    struct ssd_store *sa = open_store(&ca), *sb = open_store(&cb);
+    cr_assert_eq(write_all(sa, b, 50), 50);
+    cr_assert_eq(write_all(sb, b, 50), 50);
+    struct ssd_stats st;
+    ssd_store_stats(sa, &st);
+    cr_assert(st.direct_io);
+    cr_assert_eq(st.writes, 50);
+    cr_assert_gt(st.write_calls, 50, "a record of 6 pages takes more than one 5-page write");
+    ssd_store_stats(sb, &st);
+    cr_assert_not(st.direct_io);
+    char *fa = fp_dir_of(sa), *fb = fp_dir_of(sb);
+    ssd_store_close(sa);
+    ssd_store_close(sb);
+
+    char na[64][32], nb[64][32];
+    int n = list_segments(fa, na, 64);
+    cr_assert_gt(n, 1, "the blocks fill several segments");
+    cr_assert_eq(list_segments(fb, nb, 64), n);
+    int records = 0;
+    for (int i = 0; i < n; i++) {
+        cr_assert_str_eq(na[i], nb[i]);
+        char pa[4096], pb[4096];
+        snprintf(pa, sizeof pa, "%s/%s", fa, na[i]);
+        snprintf(pb, sizeof pb, "%s/%s", fb, nb[i]);
+        size_t la, lb;
+        uint8_t *xa = read_whole(pa, &la), *xb = read_whole(pb, &lb);
+        cr_assert_eq(la, lb, "%s", na[i]);
+        cr_assert_eq(la % SSD_RECORD_ALIGN, 0);
+        cr_assert_eq(memcmp(xa, xb, la), 0, "%s: the same bytes either way", na[i]);
+        for (size_t off = 0; off < la;) { /* the reader's parser takes every record */
+            struct ssd_record_header h;
+            cr_assert_eq(ssd_record_parse(xa + off, la - off, &h, NULL, NULL, NULL), 0,
+                         "%s at %zu", na[i], off);
+            cr_assert_eq(h.hash, b[records].key.hash);
+            off += h.record_len;
+            records++;
+        }
+        free(xa);
+        free(xb);
+    }
+    cr_assert_eq(records, 50);
+
+    /* either store reads what the other path wrote */
+    ca.direct_io = SSD_DIRECT_OFF;
+    cb.direct_io = SSD_DIRECT_ON;
+    sa = open_store(&ca);
+    cr_assert_eq(check_offered(sa, b, 50), 50);
+    ssd_store_close(sa);
+    sb = open_store(&cb);
+    cr_assert_eq(check_offered(sb, b, 50), 50);
+    ssd_store_close(sb);
+    free(fa);
+    free(fb);
+    free(b);
+    test_rmtree(da);
+    test_rmtree(db);
+    free(da);
+    free(db);
+}
+
+Test(ssd_direct, written_segments_do_not_stay_in_the_page_cache, .timeout = 60)
+{
+    enum ssd_direct_io modes[] = {SSD_DIRECT_AUTO, SSD_DIRECT_OFF};
+    for (int m = 0; m < 2; m++) {
+        char *dir = test_mkdtemp();
+        struct ssd_config c = config(dir, "bf16");
+        c.direct_io = modes[m];
+        struct blk *b = blks_make(60, 0);
+        struct ssd_store *s = open_store(&c);
+        cr_assert_eq(write_all(s, b, 60), 60);
+        char *fp = fp_dir_of(s);
+        ssd_store_close(s);
+        char names[64][32];
+        int n = list_segments(fp, names, 64);
+        size_t in = 0, total = 0;
+        for (int i = 0; i < n; i++) {
+            char path[4096];
+            snprintf(path, sizeof path, "%s/%s", fp, names[i]);
+            size_t t;
+            in += resident_pages(path, &t);
+            total += t;
+        }
+        cr_assert_gt(total, 0);
+        cr_assert_leq(in * 4, total, "mode %d: %zu of %zu pages cached after the writes",
+                      (int)modes[m], in, total);
+        free(fp);
+        free(b);
+        test_rmtree(dir);
+        free(dir);
+    }
+}
+
+Test(ssd_direct, a_file_system_that_refuses_o_direct_gets_buffered_writes, .timeout = 60)
+{
+    if (geteuid() != 0)
+        cr_skip_test("O_DIRECT refused: not root, cannot mount a ramfs");
+    char *dir = test_mkdtemp();
+    if (mount("ramfs", dir, "ramfs", 0, NULL) != 0) {
+        test_rmtree(dir);
+        free(dir);
+        cr_skip_test("O_DIRECT refused: mounting a ramfs failed (%s)", strerror(errno));
+    }
+    if (direct_works(dir)) {
+        umount2(dir, MNT_DETACH);
+        test_rmtree(dir);
+        free(dir);
+        cr_skip_test("this kernel's ramfs takes O_DIRECT");
+    }
+    struct ssd_config c = config(dir, "bf16");
+    c.direct_io = SSD_DIRECT_ON;
+    struct ssd_store *s = NULL;
+    struct err err = {0};
+    cr_assert_eq(ssd_store_open(&c, &s, &err), -INFERD_EINVAL, "on: O_DIRECT or no store");
+    cr_assert_null(s);
+    cr_assert_not_null(strstr(err.msg, "O_DIRECT"), "%s", err.msg);
+
+    c.direct_io = SSD_DIRECT_AUTO;
+    struct blk *b = blks_make(30, 0);
+    s = open_store(&c);
+    struct ssd_stats st;
+    ssd_store_stats(s, &st);
+    cr_assert_not(st.direct_io, "auto falls back");
+    cr_assert_eq(write_all(s, b, 30), 30);
+    char *fp = fp_dir_of(s);
+    ssd_store_close(s);
+    s = open_store(&c);
+    ssd_store_stats(s, &st);
+    cr_assert_not(st.direct_io);
+    cr_assert_eq(st.blocks, 30);
+    cr_assert_eq(check_offered(s, b, 30), 30);
+    ssd_store_close(s);
+    DIR *d = opendir(fp);
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        size_t len = strlen(de->d_name);
+        cr_assert(len < 4 || strcmp(de->d_name + len - 4, ".tmp") != 0, "%s left", de->d_name);
+    }
+    closedir(d);
+    free(fp);
+    free(b);
+    umount2(dir, MNT_DETACH);
+    test_rmtree(dir);
+    free(dir);
 }
