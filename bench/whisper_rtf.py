@@ -9,10 +9,10 @@ AUDIO_DIR holds WAV files (any rate; both sides resample to 16 kHz). Each clip i
 warm-up, then R times; a clip's time is the median of its repetitions, batch 1, greedy, English
 transcription without timestamps. Prints, per side, the audio seconds, the processing seconds
 and the real-time factor (audio seconds per processing second: higher is faster), then the
-ratio. inferd is timed from the client (HTTP and JSON included); transformers from the call to
+ratio, and where a clip has its text beside it (NAME.txt, as scripts/synth_speech.sh writes) each
+side's word error rate (lowercase words without punctuation). inferd is timed from the client (HTTP and JSON included); transformers from the call to
 generate() (feature extraction included) with fp16 weights on CUDA or f32 on the CPU. The chat
-model inferd serves beside Whisper is MODEL_DIR's sibling given by --chat-model (default: a tiny
-model written by `inferd mkmodel --preset tiny-qwen3`).
+model inferd serves beside Whisper is --chat-model (default: the repository's models/house).
 """
 import argparse
 import base64
@@ -28,14 +28,19 @@ import urllib.error
 import urllib.request
 import wave
 
-import numpy as np
-
 
 def read_wav(path):
+    """(rate, mono float32 samples) of a 16-bit PCM WAV file (numpy: the transformers side only)."""
+    import numpy as np
     with wave.open(path, "rb") as w:
         rate, ch = w.getframerate(), w.getnchannels()
         x = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
     return rate, x.astype(np.float32).reshape(-1, ch).mean(axis=1) / 32768.0
+
+
+def wav_seconds(path):
+    with wave.open(path, "rb") as w:
+        return w.getnframes() / w.getframerate()
 
 
 class Server:
@@ -62,6 +67,30 @@ class Server:
         self.err.close()
 
 
+def words(text):
+    return re.sub(r"[^a-z0-9' ]", " ", text.lower()).split()
+
+
+def edit_distance(r, h):
+    d = list(range(len(h) + 1))
+    for i in range(1, len(r) + 1):
+        prev, d[0] = d[:], i
+        for j in range(1, len(h) + 1):
+            d[j] = min(prev[j] + 1, d[j - 1] + 1, prev[j - 1] + (r[i - 1] != h[j - 1]))
+    return d[len(h)]
+
+
+def wer(clips, texts):
+    """Percent word error rate over the clips that have a reference text, or None."""
+    errors = total = 0
+    for path, hyp in zip(clips, texts):
+        ref_path = os.path.splitext(path)[0] + ".txt"
+        if os.path.exists(ref_path):
+            r = words(open(ref_path).read())
+            errors, total = errors + edit_distance(r, words(hyp)), total + len(r)
+    return 100.0 * errors / total if total else None
+
+
 def timed(fn, reps):
     fn()  # warm-up
     times = []
@@ -76,10 +105,6 @@ def timed(fn, reps):
 def run_inferd(a, clips):
     with tempfile.TemporaryDirectory() as tmp:
         chat = a.chat_model
-        if not chat:
-            chat = os.path.join(tmp, "chat")
-            subprocess.run([a.inferd, "mkmodel", "--preset", "tiny-qwen3", "--out", chat],
-                           check=True, stdout=subprocess.DEVNULL)
         cmd = [a.inferd, "serve", chat, "--port", "0", "--device", a.device,
                "--whisper-model", a.model, "--whisper-resident"]
         if a.threads:
@@ -87,7 +112,7 @@ def run_inferd(a, clips):
         server = Server(cmd, os.path.join(tmp, "serve.log"))
         try:
             total, texts = 0.0, []
-            for path, _, _ in clips:
+            for path in clips:
                 data = open(path, "rb").read()
                 t, text = timed(lambda: server.transcribe(data), a.reps)
                 total += t
@@ -110,8 +135,12 @@ def run_transformers(a, clips):
     gen = json.load(open(os.path.join(a.model, "generation_config.json")))
     prompt = [gen["decoder_start_token_id"], gen["lang_to_id"]["<|en|>"],
               gen["task_to_id"]["transcribe"], gen["no_timestamps_token_id"]]
-    total = 0.0
-    for _, rate, x in clips:
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(os.path.join(a.model, "tokenizer.json"))
+    total, texts = 0.0, []
+    for path in clips:
+        rate, x = read_wav(path)
+
         def once():
             y = torch.from_numpy(x)
             if rate != 16000:
@@ -128,9 +157,10 @@ def run_transformers(a, clips):
             if dev == "cuda":
                 torch.cuda.synchronize()
             return out
-        t, _ = timed(once, a.reps)
+        t, out = timed(once, a.reps)
         total += t
-    return total
+        texts.append(tok.decode([i for i in out[0].tolist() if i < gen["eos_token_id"]]))
+    return total, texts
 
 
 def main():
@@ -143,21 +173,27 @@ def main():
     ap.add_argument("--clips", type=int, default=20)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--no-transformers", action="store_true")
-    ap.add_argument("--chat-model")
+    ap.add_argument("--chat-model", default=os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models", "house"))
     a = ap.parse_args()
     paths = sorted(glob.glob(os.path.join(a.audio_dir, "*.wav")))[: a.clips]
     if not paths:
         raise SystemExit(f"whisper_rtf: no .wav files in {a.audio_dir}")
-    clips = [(p, *read_wav(p)) for p in paths]
-    audio_s = sum(len(x) / rate for _, rate, x in clips)
+    clips = paths
+    audio_s = sum(wav_seconds(p) for p in paths)
     print(f"{len(clips)} clips, {audio_s:.1f} s of audio, device {a.device}, "
           f"threads {a.threads or 'default'}, {a.reps} repetitions (median)")
     t_inferd, texts = run_inferd(a, clips)
-    print(f"inferd        {t_inferd:8.3f} s  RTF {audio_s / t_inferd:8.1f}x real time")
+    w = wer(clips, texts)
+    print(f"inferd        {t_inferd:8.3f} s  RTF {audio_s / t_inferd:8.1f}x real time"
+          + (f"  WER {w:.2f}%" if w is not None else ""))
     print(f"  first clip: {texts[0]!r}")
     if not a.no_transformers:
-        t_tf = run_transformers(a, clips)
-        print(f"transformers  {t_tf:8.3f} s  RTF {audio_s / t_tf:8.1f}x real time")
+        t_tf, tf_texts = run_transformers(a, clips)
+        w = wer(clips, tf_texts)
+        print(f"transformers  {t_tf:8.3f} s  RTF {audio_s / t_tf:8.1f}x real time"
+              + (f"  WER {w:.2f}%" if w is not None else ""))
+        print(f"  first clip: {tf_texts[0]!r}")
         print(f"inferd / transformers speed: {t_tf / t_inferd:.2f}x")
 
 
