@@ -61,6 +61,10 @@ class Server:
         with urllib.request.urlopen(req, timeout=600) as r:
             return json.loads(r.read())["text"]
 
+    def stats(self):
+        with urllib.request.urlopen(self.url + "/stats", timeout=60) as r:
+            return json.loads(r.read()).get("transcription") or {}
+
     def stop(self):
         self.proc.terminate()
         self.proc.wait(timeout=60)
@@ -117,6 +121,16 @@ def run_inferd(a, clips):
                 t, text = timed(lambda: server.transcribe(data), a.reps)
                 total += t
                 texts.append(text)
+            st = server.stats()
+            n = max(1, int(st.get("requests", 0)))
+            print(f"inferd's own split, per request over {n} (warm-ups included): "
+                  f"compute {1e3 * st.get('compute_seconds', 0) / n:.1f} ms = mel "
+                  f"{1e3 * st.get('mel_seconds', 0) / n:.1f} + encoder "
+                  f"{1e3 * st.get('encode_seconds', 0) / n:.1f} + decoder "
+                  f"{1e3 * st.get('decode_seconds', 0) / n:.1f} ms "
+                  f"({st.get('decoder_steps', 0) / n:.1f} steps, "
+                  f"{1e3 * st.get('decode_seconds', 0) / max(1, st.get('decoder_steps', 0)):.3f} ms "
+                  f"each; {st.get('passes', 0) / n:.2f} passes per request) + the rest")
             return total, texts
         finally:
             server.stop()

@@ -669,13 +669,19 @@ static json_object *timings_json(const struct transcribe_result *r, const struct
     json_object_object_add(t, "load_ms", jnum(r->load_ms));
     json_object_object_add(t, "transcribe_ms", jnum(r->transcribe_ms));
     json_object_object_add(t, "total_ms", jnum(now_ms() - ri->started));
+    json_object_object_add(t, "mel_ms", jnum(r->mel_ms));
+    json_object_object_add(t, "encode_ms", jnum(r->encode_ms));
+    json_object_object_add(t, "decode_ms", jnum(r->decode_ms));
+    json_object_object_add(t, "windows", json_object_new_int(r->n_windows));
+    json_object_object_add(t, "decoder_steps", json_object_new_int(r->n_decoder_steps));
+    json_object_object_add(t, "passes", json_object_new_int(r->n_passes));
     if (ri->req->o.vad.on)
         json_object_object_add(t, "vad_ms", jnum(r->vad_ms));
     return t;
 }
 
 /* The "inferd" object: {model, language, duration, timings {load_ms, transcribe_ms, total_ms,
- * vad_ms (with VAD)}, vocabulary {terms, used} (when the request had terms), vad {chunks,
+ * mel_ms, encode_ms, decode_ms, windows, decoder_steps, passes, vad_ms (with VAD)}, vocabulary {terms, used} (when the request had terms), vad {chunks,
  * speech_seconds} (with VAD)}. */
 static json_object *extension_json(const struct transcribe_result *r, const struct run_info *ri)
 {

@@ -610,6 +610,12 @@ void api_metrics_stats_json(const struct server *srv, struct strbuf *out)
         json_object_object_add(a, "failures", json_object_new_int64((int64_t)ts.failures));
         json_object_object_add(a, "audio_seconds", json_object_new_double(ts.audio_seconds));
         json_object_object_add(a, "compute_seconds", json_object_new_double(ts.compute_seconds));
+        json_object_object_add(a, "mel_seconds", json_object_new_double(ts.mel_seconds));
+        json_object_object_add(a, "encode_seconds", json_object_new_double(ts.encode_seconds));
+        json_object_object_add(a, "decode_seconds", json_object_new_double(ts.decode_seconds));
+        json_object_object_add(a, "windows", json_object_new_int64((int64_t)ts.windows));
+        json_object_object_add(a, "decoder_steps", json_object_new_int64((int64_t)ts.decoder_steps));
+        json_object_object_add(a, "passes", json_object_new_int64((int64_t)ts.passes));
         json_object_object_add(a, "real_time_factor",
                                ts.audio_seconds > 0
                                    ? json_object_new_double(ts.compute_seconds / ts.audio_seconds)

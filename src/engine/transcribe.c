@@ -91,6 +91,10 @@ struct transcriber {
     struct device_turns *turns;   /* borrowed: the device's turns, shared with the chat engine;
                                      NULL: the device is ours alone */
     int max_new_tokens;           /* the running transcription's cap per window; 0: none */
+    /* where the running transcription's time goes: each device turn is timed from the moment
+     * it is taken (the backend syncs before it is given back) */
+    double turn_t0, run_device_s, run_encode_s, run_mel_s;
+    int run_turns, run_windows, run_passes;
     pthread_mutex_t sessions_lock; /* the list, and each session's work (one at a time) */
     struct session *sessions;     /* owned list */
     int n_sessions;
@@ -475,9 +479,15 @@ struct window_try {
 static void turn_begin(struct transcriber *t)
 {
     device_turns_take(t->turns, DEVICE_TURNS_TRANSCRIBER);
+    t->turn_t0 = now_s();
 }
 
-static void turn_end(struct transcriber *t) { device_turns_give(t->turns); }
+static void turn_end(struct transcriber *t)
+{
+    t->run_device_s += now_s() - t->turn_t0;
+    t->run_turns++;
+    device_turns_give(t->turns);
+}
 
 /* One token of sequence 0, its logits into t->logits. */
 static int in_turn_decode(struct transcriber *t, const int32_t *tok, struct err *err)
@@ -1357,13 +1367,18 @@ static int run_locked(struct transcriber *t, const float *samples, size_t n, con
             if (cn > 0 && window_len < AUDIO_SAMPLE_RATE / 100) /* under 10 ms: nothing to hear */
                 break;
             double offset = (double)(chunks[ci].start + seek) / AUDIO_SAMPLE_RATE;
+            double m0 = now_s();
             if (mel)
                 mel_slice(mel, c->n_mels, n_frames, seek / AUDIO_HOP, t->features);
             else
                 audio_mel_window(&t->mel, cs + seek, window_len, t->features);
+            t->run_mel_s += now_s() - m0;
+            t->run_windows++;
             turn_begin(t);
             rc = whisper_encode(t->state, t->features, err);
             turn_end(t);
+            t->run_encode_s += now_s() - t->turn_t0;
+            t->run_turns--; /* the encoder's turn is counted apart from the decoder's */
             if (rc < 0)
                 goto out;
             if (c->multilingual && lang < 0 && (rc = detect_language(t, &lang, err)) < 0)
@@ -1393,6 +1408,7 @@ static int run_locked(struct transcriber *t, const float *samples, size_t n, con
             float temperature = o->temperature > 0 ? o->temperature : 0.0f;
             for (;;) {
                 window_try_free(&w);
+                t->run_passes++;
                 rc = temperature == 0 && beam > 1
                          ? decode_window_beam(t, &prompt, beam, o->timestamps, &w, err)
                          : decode_window(t, &prompt, temperature, o->timestamps, &rng, &w, err);
@@ -1484,6 +1500,8 @@ static int run(struct transcriber *t, const float *samples, size_t n, const floa
     if (rc == 0 && mel && t->model->config.n_mels != t->mel.n_mels)
         rc = err_set(err, INFERD_EINVAL, "a spectrogram of %d bins for a model of %d",
                      t->mel.n_mels, t->model->config.n_mels);
+    t->run_device_s = t->run_encode_s = t->run_mel_s = 0;
+    t->run_turns = t->run_windows = t->run_passes = 0;
     if (rc == 0)
         rc = run_locked(t, samples, n, mel, n_frames, o, out, err);
     t->cancel = NULL;
@@ -1491,6 +1509,12 @@ static int run(struct transcriber *t, const float *samples, size_t n, const floa
     double t1 = now_s();
     out->load_ms = was_loaded ? 0 : (t_loaded - t0) * 1e3;
     out->transcribe_ms = (t1 - t_loaded) * 1e3;
+    out->mel_ms = t->run_mel_s * 1e3;
+    out->encode_ms = t->run_encode_s * 1e3;
+    out->decode_ms = (t->run_device_s - t->run_encode_s) * 1e3;
+    out->n_windows = t->run_windows;
+    out->n_decoder_steps = t->run_turns;
+    out->n_passes = t->run_passes;
     pthread_mutex_lock(&t->stats_lock);
     t->last_used = t1;
     t->stats.requests++;
@@ -1499,6 +1523,12 @@ static int run(struct transcriber *t, const float *samples, size_t n, const floa
     } else {
         t->stats.audio_seconds += (double)n / AUDIO_SAMPLE_RATE;
         t->stats.compute_seconds += t1 - t0;
+        t->stats.mel_seconds += t->run_mel_s;
+        t->stats.encode_seconds += t->run_encode_s;
+        t->stats.decode_seconds += t->run_device_s - t->run_encode_s;
+        t->stats.windows += (uint64_t)t->run_windows;
+        t->stats.decoder_steps += (uint64_t)t->run_turns;
+        t->stats.passes += (uint64_t)t->run_passes;
     }
     pthread_mutex_unlock(&t->stats_lock);
     pthread_mutex_unlock(&t->lock);

@@ -90,6 +90,12 @@ struct transcribe_result {
     double load_ms;             /* loading the model for this run (0: it was loaded) */
     double vad_ms;              /* the voice detector (0 without VAD) */
     double transcribe_ms;       /* everything after the load, VAD included */
+    double mel_ms;              /* the log-mel features of every window (host) */
+    double encode_ms;           /* the encoder over every window, on the device */
+    double decode_ms;           /* the decoder's steps (prompt, tokens, fallback passes) */
+    int n_windows;              /* 30 s windows encoded */
+    int n_decoder_steps;        /* decoder calls (one token of every live sequence each) */
+    int n_passes;               /* decodings of a window (more than n_windows: fallbacks) */
     int n_vad_chunks;           /* VAD: the stretches of speech transcribed */
     double vad_speech_seconds;  /* VAD: their length */
 };
@@ -104,6 +110,9 @@ struct transcriber;
 struct transcriber_stats {
     uint64_t requests, failures;
     double audio_seconds, compute_seconds; /* real-time factor: compute / audio */
+    /* where compute_seconds went (the rest: audio decoding, prompts, segments, waiting) */
+    double mel_seconds, encode_seconds, decode_seconds;
+    uint64_t windows, decoder_steps, passes;
     bool loaded;
     double idle_seconds;                   /* since the last transcription ended */
 };
