@@ -78,7 +78,11 @@ export async function startServer(extra = [], { name, model = modelDir, bin = bi
         return { ...r, ms: 0 };
       }
       proc.kill('SIGTERM');
-      const r = await Promise.race([exited, sleep(graceMs).then(() => null)]);
+      // the grace timer is cleared once the server exits: a pending one would keep the test
+      // process alive for the rest of graceMs after the suite ends
+      let grace;
+      const r = await Promise.race([exited, new Promise((res) => { grace = setTimeout(() => res(null), graceMs); })]);
+      clearTimeout(grace);
       if (!r) {
         proc.kill('SIGKILL');
         await exited;
