@@ -61,14 +61,15 @@ int audio_decode_16k(const uint8_t *data, size_t len, double max_seconds, struct
 
 /* The log-mel front end (transformers' WhisperFeatureExtractor, numpy path):
  * periodic Hann window of 400, frames every 160 samples centred with reflect
- * padding, |rfft|^2 (201 bins, in double), Slaney-scale and Slaney-normalised
+ * padding, |rfft|^2 (201 bins, in double, by a mixed-radix FFT), Slaney-scale and Slaney-normalised
  * triangular filters over 0..8000 Hz, max(1e-10, .), log10, the last frame
  * dropped, then max(x, max over the window - 8), then (x + 4) / 4. */
 struct audio_mel {
     int n_mels;          /* 80 or 128 (any 1..256 is accepted) */
     double *filters;     /* owned; n_mels x 201 */
+    int *band;           /* owned; n_mels x 2: each filter's first and last non-zero bin */
     double *window;      /* owned; 400 */
-    double *cos_table, *sin_table; /* owned; 201 x 400 DFT twiddles */
+    double *twiddle;     /* owned; 400 x 2: cos and -sin of 2 pi k / 400, the FFT's roots */
 };
 
 int audio_mel_init(int n_mels, struct audio_mel *out, struct err *err);

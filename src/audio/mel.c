@@ -29,11 +29,11 @@ int audio_mel_init(int n_mels, struct audio_mel *out, struct err *err)
         return err_set(err, INFERD_EINVAL, "%d mel bins (1 to 256 supported)", n_mels);
     out->n_mels = n_mels;
     out->filters = calloc((size_t)n_mels * N_FREQS, sizeof *out->filters);
+    out->band = malloc((size_t)n_mels * 2 * sizeof *out->band);
     out->window = malloc(AUDIO_N_FFT * sizeof *out->window);
-    out->cos_table = malloc((size_t)N_FREQS * AUDIO_N_FFT * sizeof(double));
-    out->sin_table = malloc((size_t)N_FREQS * AUDIO_N_FFT * sizeof(double));
+    out->twiddle = malloc((size_t)AUDIO_N_FFT * 2 * sizeof *out->twiddle);
     double *mel_hz = malloc((size_t)(n_mels + 2) * sizeof *mel_hz);
-    if (!out->filters || !out->window || !out->cos_table || !out->sin_table || !mel_hz) {
+    if (!out->filters || !out->band || !out->window || !out->twiddle || !mel_hz) {
         free(mel_hz);
         audio_mel_free(out);
         return err_set(err, INFERD_ENOMEM, "out of memory for %d mel filters", n_mels);
@@ -41,13 +41,11 @@ int audio_mel_init(int n_mels, struct audio_mel *out, struct err *err)
     /* periodic Hann: np.hanning(401)[:-1] */
     for (int i = 0; i < AUDIO_N_FFT; i++)
         out->window[i] = 0.5 - 0.5 * cos(2.0 * M_PI * i / AUDIO_N_FFT);
-    for (int k = 0; k < N_FREQS; k++)
-        for (int i = 0; i < AUDIO_N_FFT; i++) {
-            /* the angle reduced to [0, n_fft) first: k * i grows to 80,000 */
-            double a = 2.0 * M_PI * (double)((k * i) % AUDIO_N_FFT) / AUDIO_N_FFT;
-            out->cos_table[k * AUDIO_N_FFT + i] = cos(a);
-            out->sin_table[k * AUDIO_N_FFT + i] = sin(a);
-        }
+    for (int k = 0; k < AUDIO_N_FFT; k++) {
+        double a = 2.0 * M_PI * k / AUDIO_N_FFT;
+        out->twiddle[2 * k] = cos(a);
+        out->twiddle[2 * k + 1] = -sin(a);
+    }
     /* transformers' mel_filter_bank(201, n_mels, 0, 8000, 16000, norm="slaney",
      * mel_scale="slaney"): centres equally spaced in mel, triangles over the FFT
      * bin frequencies linspace(0, 8000, 201), each scaled by 2 / its width in Hz. */
@@ -63,6 +61,14 @@ int audio_mel_init(int n_mels, struct audio_mel *out, struct err *err)
             double w = down < up ? down : up;
             out->filters[(size_t)m * N_FREQS + k] = (w > 0 ? w : 0) * enorm;
         }
+        int first = N_FREQS, last = -1;
+        for (int k = 0; k < N_FREQS; k++)
+            if (out->filters[(size_t)m * N_FREQS + k] != 0) {
+                first = first < k ? first : k;
+                last = k;
+            }
+        out->band[2 * m] = first;
+        out->band[2 * m + 1] = last;
     }
     free(mel_hz);
     return 0;
@@ -71,9 +77,9 @@ int audio_mel_init(int n_mels, struct audio_mel *out, struct err *err)
 void audio_mel_free(struct audio_mel *m)
 {
     free(m->filters);
+    free(m->band);
     free(m->window);
-    free(m->cos_table);
-    free(m->sin_table);
+    free(m->twiddle);
     memset(m, 0, sizeof *m);
 }
 
@@ -88,34 +94,71 @@ static float padded_sample(const float *s, size_t n, long i)
     return (size_t)i < n ? s[i] : 0.0f;
 }
 
+/* The radices of AUDIO_N_FFT (400 = 4 * 4 * 5 * 5), largest sub-transforms first. */
+static const int fft_radix[] = {4, 4, 5, 5, 1};
+
+/* x (n complex values, re/im pairs, stride apart) to its DFT in out (n values, contiguous),
+ * n dividing AUDIO_N_FFT: decimation in time over radix[0], each output a radix-point DFT of
+ * the sub-transforms' values times the roots of unity (tw: the AUDIO_N_FFT roots). */
+static void fft(const double *x, long stride, double *out, int n, const int *radix, const double *tw)
+{
+    if (n == 1) {
+        out[0] = x[0];
+        out[1] = x[1];
+        return;
+    }
+    const int p = radix[0], m = n / p, step = AUDIO_N_FFT / n;
+    for (int r = 0; r < p; r++)
+        fft(x + 2 * r * stride, stride * p, out + 2 * r * m, m, radix + 1, tw);
+    for (int k = 0; k < m; k++) {
+        double yr[5], yi[5];
+        for (int r = 0; r < p; r++) { /* Y_r[k] * W_n^(r k) */
+            const double *w = tw + 2 * ((r * k * step) % AUDIO_N_FFT);
+            double ar = out[2 * (r * m + k)], ai = out[2 * (r * m + k) + 1];
+            yr[r] = ar * w[0] - ai * w[1];
+            yi[r] = ar * w[1] + ai * w[0];
+        }
+        for (int q = 0; q < p; q++) { /* X[k + q m] = sum_r Y_r W_p^(r q) */
+            double sr = 0, si = 0;
+            for (int r = 0; r < p; r++) {
+                const double *w = tw + 2 * ((r * q % p) * (AUDIO_N_FFT / p));
+                sr += yr[r] * w[0] - yi[r] * w[1];
+                si += yr[r] * w[1] + yi[r] * w[0];
+            }
+            out[2 * (k + q * m)] = sr;
+            out[2 * (k + q * m) + 1] = si;
+        }
+    }
+}
+
 void audio_mel_window(const struct audio_mel *m, const float *samples, size_t n, float *out)
 {
     if (n > AUDIO_WINDOW_SAMPLES)
         n = AUDIO_WINDOW_SAMPLES;
-    double buf[AUDIO_N_FFT], power[N_FREQS];
+    double buf[2 * AUDIO_N_FFT], spec[2 * AUDIO_N_FFT], power[N_FREQS];
     float vmax = -INFINITY;
+    const float silent_v = (float)log10(MEL_FLOOR);
     for (int t = 0; t < AUDIO_WINDOW_FRAMES; t++) {
         long start = (long)t * AUDIO_HOP - AUDIO_N_FFT / 2;
         bool silent = true;
         for (int i = 0; i < AUDIO_N_FFT; i++) {
-            buf[i] = (double)padded_sample(samples, n, start + i) * m->window[i];
-            silent &= buf[i] == 0.0;
+            buf[2 * i] = (double)padded_sample(samples, n, start + i) * m->window[i];
+            buf[2 * i + 1] = 0;
+            silent &= buf[2 * i] == 0.0;
         }
-        for (int k = 0; k < N_FREQS; k++) {
-            double re = 0, im = 0;
-            if (!silent) {
-                const double *c = m->cos_table + k * AUDIO_N_FFT, *s = m->sin_table + k * AUDIO_N_FFT;
-                for (int i = 0; i < AUDIO_N_FFT; i++) {
-                    re += buf[i] * c[i];
-                    im -= buf[i] * s[i];
-                }
-            }
-            power[k] = re * re + im * im;
+        if (silent) { /* every power 0: every bin at the floor */
+            for (int b = 0; b < m->n_mels; b++)
+                out[(size_t)b * AUDIO_WINDOW_FRAMES + t] = silent_v;
+            vmax = vmax > silent_v ? vmax : silent_v;
+            continue;
         }
+        fft(buf, 1, spec, AUDIO_N_FFT, fft_radix, m->twiddle);
+        for (int k = 0; k < N_FREQS; k++)
+            power[k] = spec[2 * k] * spec[2 * k] + spec[2 * k + 1] * spec[2 * k + 1];
         for (int b = 0; b < m->n_mels; b++) {
             const double *f = m->filters + (size_t)b * N_FREQS;
             double e = 0;
-            for (int k = 0; k < N_FREQS; k++)
+            for (int k = m->band[2 * b]; k <= m->band[2 * b + 1]; k++) /* the rest are zeros */
                 e += f[k] * power[k];
             float v = (float)log10(e > MEL_FLOOR ? e : MEL_FLOOR);
             out[(size_t)b * AUDIO_WINDOW_FRAMES + t] = v;
