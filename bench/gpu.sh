@@ -55,7 +55,9 @@
 #              GGUF files written by mkmodel (QUANT_FILES, default "llama-3.1-8b:q8_0
 #              llama-3.1-8b:q4_k_m llama-3.2-1b:q4_k_m") through inferd bench: decode
 #              of 128 tokens and prefill of 512, the weight bytes each token reads
-#              and the bandwidth floor beside each
+#              and the bandwidth floor beside each; decode again with --cuda-qgemv
+#              float (x in f32 instead of int8 blocks; QUANT_FLOAT=0 skips it,
+#              QUANT_PREFILL=0 the prefill lines)
 #     moe      mixture of experts: the MoE kernels' test (tests/unit/test_cuda_moe.c: the
 #              GEMVs and the grouped GEMM against the CPU, rows alone against batches,
 #              graphs, timings per row count), then the qwen3-30b-a3b shape (61 GB of
@@ -415,7 +417,11 @@ if has_stage quant; then
     fi
     echo "== quant: $preset $dtype (weight bytes per token and the floor: the decode line)"
     bench_one "$preset $dtype decode tg128" "$file" --prompt-len 16 --gen-len 128 --reps 3
-    bench_one "$preset $dtype prefill pp512" "$file" --prompt-len 512 --gen-len 1 --reps 3
+    [ "${QUANT_FLOAT:-1}" != 0 ] &&
+      bench_one "$preset $dtype decode tg128, float" "$file" --prompt-len 16 --gen-len 128 --reps 3 \
+        --cuda-qgemv float
+    [ "${QUANT_PREFILL:-1}" != 0 ] &&
+      bench_one "$preset $dtype prefill pp512" "$file" --prompt-len 512 --gen-len 1 --reps 3
   done
 fi
 

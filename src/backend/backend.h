@@ -493,6 +493,10 @@ struct backend_options {
      * (default on; off: the first kernels, routing a thread per row and the
      * experts a warp per output reading an element per lane) */
     enum backend_switch cuda_moe;
+    /* CUDA: FAST-mode GEMVs of Q8_0, Q4_K and Q6_K weights over at most 8 rows
+     * quantize x to int8 blocks and multiply with __dp4a (default on; off:
+     * the float kernels EXACT mode runs, dequantizing to f32 in registers) */
+    enum backend_switch cuda_qgemv_dp4a;
     /* CUDA: FAST-mode bf16 matmuls of at most this many token rows run on the
      * GEMV kernels, more rows on cuBLASLt (1..8; 0: the default, 2) */
     int cuda_gemv_rows;

@@ -65,6 +65,9 @@ void cli_backend_options_from_env(struct backend_options *out)
     out->cuda_qk_fusion = env_off("INFERD_CUDA_QK_ATTN");
     out->cuda_prefill_tc = env_off("INFERD_CUDA_PREFILL_TC");
     out->cuda_moe = env_off("INFERD_CUDA_MOE");
+    const char *qgemv = getenv("INFERD_CUDA_QGEMV");
+    if (qgemv && (!strcmp(qgemv, "float") || !strcmp(qgemv, "0")))
+        out->cuda_qgemv_dp4a = BACKEND_OFF;
     const char *profile = getenv("INFERD_CUDA_PROFILE");
     if (profile && !strcmp(profile, "ops"))
         out->profile = BACKEND_PROFILE_OPS;
@@ -112,6 +115,17 @@ int cli_backend_flag(const char *flag, const char *value, struct backend_options
             o->kv_type = BACKEND_KV_F16;
         else {
             fprintf(stderr, "inferd: --kv-dtype: '%s' is not auto, f32 or f16\n", value);
+            return -1;
+        }
+        return 1;
+    }
+    if (!strcmp(flag, "--cuda-qgemv")) {
+        if (!strcmp(value, "dp4a"))
+            o->cuda_qgemv_dp4a = BACKEND_ON;
+        else if (!strcmp(value, "float"))
+            o->cuda_qgemv_dp4a = BACKEND_OFF;
+        else {
+            fprintf(stderr, "inferd: --cuda-qgemv: '%s' is not dp4a or float\n", value);
             return -1;
         }
         return 1;

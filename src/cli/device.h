@@ -37,6 +37,8 @@ bool cli_device_parse(const char *text, struct device_spec *out);
     "                              (INFERD_CUDA_PREFILL_TC=0)\n"                                 \
     "  --cuda-moe on|off           MoE experts on vectorised GEMVs and a grouped tensor-core\n"  \
     "                              GEMM; off: the first kernels (INFERD_CUDA_MOE=0)\n"          \
+    "  --cuda-qgemv dp4a|float     fast-mode Q8_0/Q4_K/Q6_K decode GEMVs on int8 x with dp4a;\n"  \
+    "                              float: x in f32 as exact mode (INFERD_CUDA_QGEMV=float)\n"  \
     "  --cuda-gemv-rows N          fast-mode matmuls of more rows than N (1-8, default 2)\n"     \
     "                              go to cuBLASLt instead of the GEMV kernels\n"                \
     "  --cuda-profile off|ops|graphs  log GPU time per launch kind, or graph replays, at exit\n" \

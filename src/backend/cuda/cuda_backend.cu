@@ -722,6 +722,23 @@ static bool run_graph(struct cu_impl *im)
     return ok;
 }
 
+/* The int8 workspace of the step's block GEMVs (cu_gemv_args.xq), grown
+ * before anything is launched or captured: a graph never allocates. */
+static bool qgemv_workspace(struct cu_impl *im)
+{
+    if (!im->fuse.fast || !im->qgemv_int8)
+        return true;
+    size_t need = 0;
+    for (int i = 0; i < im->rec.n_ops; i++) {
+        const struct cu_op *op = &im->rec.ops[i];
+        if (op->kind != CU_MATMUL)
+            continue;
+        size_t b = cu_qgemv_int8_bytes(op->u.mm.dtype, op->n_rows, op->u.mm.cols);
+        need = b > need ? b : need;
+    }
+    return need == 0 || scratch_grow(im, &im->xq, &im->xq_bytes, need, true);
+}
+
 /* Launches the recorded step. */
 static void flush(struct cu_impl *im)
 {
@@ -730,6 +747,7 @@ static void flush(struct cu_impl *im)
         return;
     if (!im->failed) {
         cudaSetDevice(im->dev.index);
+        qgemv_workspace(im);
         if (rec->arena_used &&
             CU_TRY(im, cudaMemcpyAsync(im->arena_dev, rec->arena, rec->arena_used,
                                        cudaMemcpyHostToDevice, im->stream)) &&
@@ -1117,6 +1135,7 @@ static void cu_destroy(struct backend *be)
     cudaFree(im->xb);
     cudaFree(im->wb);
     cudaFree(im->attn_part);
+    cudaFree(im->xq);
     cudaFree(im->kvq_books);
     cudaFree(im->lt_workspace);
     free(((struct cu_backend *)be)->allocs);
@@ -1333,6 +1352,7 @@ extern "C" int backend_cuda_create(int device, const struct backend_options *opt
                                  : CU_GEMV_DEFAULT_ROWS;
     im->prefill_tc = opt->cuda_prefill_tc != BACKEND_OFF;
     im->moe_kernels = opt->cuda_moe != BACKEND_OFF;
+    im->qgemv_int8 = opt->cuda_qgemv_dp4a != BACKEND_OFF;
     im->profile = opt->profile;
     cudaDeviceProp prop;
     bool ok = CU_TRY(im, cudaSetDevice(device)) && CU_TRY(im, cudaGetDeviceProperties(&prop, device));

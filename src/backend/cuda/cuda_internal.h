@@ -196,6 +196,8 @@ struct cu_impl {
     size_t wb_bytes;
     float *attn_part;     /* device, split-attention partials; owned */
     size_t attn_part_bytes;
+    void *xq;             /* device, x as int8 blocks for the block GEMVs (cu_gemv_args.xq); owned */
+    size_t xq_bytes;
 
     struct cu_graph_entry graphs[CU_GRAPH_CACHE];
     uint64_t graph_clock;
@@ -203,6 +205,7 @@ struct cu_impl {
     struct cu_fuse_config fuse; /* the mode and backend_options' fusion switches */
     bool prefill_tc;       /* backend_options.cuda_prefill_tc */
     bool moe_kernels;      /* backend_options.cuda_moe: the vectorised and grouped MoE kernels */
+    bool qgemv_int8;       /* backend_options.cuda_qgemv_dp4a: FAST-mode block GEMVs on int8 x */
 
     /* Pinned staging for uploads and downloads. */
     uint8_t *upload_slot[CU_UPLOAD_SLOTS];
@@ -312,6 +315,11 @@ struct cu_gemv_args {
     const float *norm_w;
     float *norm_out;
     float norm_eps;
+    /* FAST mode: device workspace (16-byte aligned, xq_bytes) where a block
+     * GEMV of Q8_0, Q4_K or Q6_K quantizes x to int8 for its __dp4a kernel
+     * when cu_qgemv_int8_bytes fits in it; NULL: the float kernels */
+    void *xq;
+    size_t xq_bytes;
 };
 cudaError_t cu_launch_gemv(struct cu_device *dev, cudaStream_t s, const struct cu_gemv_args *a);
 
@@ -343,6 +351,14 @@ cudaError_t cu_launch_lora(cudaStream_t s, const struct cu_op *op, const uint8_t
  * write the CPU reference's values: rows x cols of w as bf16 (out, row-major)
  * for cuBLASLt, and embedding rows (CU_EMBED of a block table) as f32. */
 extern "C" uint64_t cu_block_types(void);
+/* The workspace (cu_gemv_args.xq) the int8 path of a block GEMV needs for
+ * n_rows rows of x of cols, or 0 when it does not take dtype or that shape:
+ * Q8_0, Q4_K and Q6_K of 1..CU_GEMV_MAX_ROWS rows. That path (FAST mode,
+ * cu_gemv_args.row_invariant false) quantizes x to int8 blocks of 32 with an
+ * f32 scale in one launch, then multiplies the weights' codes with __dp4a:
+ * each output is within sum|w| times half an x block's step of the float
+ * kernel's, and still a function of its own row alone. */
+extern "C" size_t cu_qgemv_int8_bytes(int dtype, int n_rows, int64_t cols);
 cudaError_t cu_launch_qgemv(const struct cu_device *dev, cudaStream_t s,
                             const struct cu_gemv_args *a);
 cudaError_t cu_launch_dequant_bf16(cudaStream_t s, int dtype, const void *w, int64_t rows,

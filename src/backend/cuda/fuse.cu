@@ -18,6 +18,10 @@ static bool exec_gemv(struct cu_impl *im, const struct cu_op *ops, const struct 
         a.m[i] = op->u.mm.m[i];
     a.round_bf16 = im->fuse.fast;
     a.row_invariant = !im->fuse.fast;
+    if (im->fuse.fast && im->qgemv_int8) {
+        a.xq = im->xq;
+        a.xq_bytes = im->xq_bytes;
+    }
     if (l->norm) {
         const struct cu_op *norm = &ops[l->op];
         a.x = norm->u.norm.x;

@@ -6,7 +6,10 @@
  * raw (load) and expanded into 32 floats (expand) by exactly the arithmetic
  * of base/quant.c's dequantizers, rounding for rounding (__fmul_rn and
  * __fadd_rn keep nvcc from fusing what the C code computes in two steps), so
- * an embedding row and a dequantized tile hold the CPU reference's values. */
+ * an embedding row and a dequantized tile hold the CPU reference's values.
+ * In FAST mode, decode and small batches of Q8_0, Q4_K and Q6_K take another
+ * path instead (see "FAST mode" below): x quantized to int8 blocks, integer
+ * dot products with __dp4a, the scales applied once per block. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -342,6 +345,331 @@ static cudaError_t qgemv_type(cudaStream_t s, const struct cu_gemv_args *a, int6
     return a->pair ? qgemv_np<T, 2>(s, a, n_units) : qgemv_np<T, 1>(s, a, n_units);
 }
 
+/* ---- FAST mode: int8 activations and __dp4a ------------------------------
+ *
+ * For decode and small batches (at most CU_GEMV_MAX_ROWS token rows) of
+ * Q8_0, Q4_K and Q6_K, x is first quantized to int8 blocks of 32 (one small
+ * launch per op into the backend's workspace): x_i ~ xd * xq_i with
+ * xd = amax / 127, and each block keeps {xd, xd * sum xq}. The GEMV then
+ * multiplies the weights' integer codes by xq with __dp4a (4 int8 products a
+ * call, int32 sums) and applies the scales once per 32 elements (per 16 for
+ * Q6_K's), in f32:
+ *   Q8_0  sum w x = dw xd  sum q xq
+ *   Q4_K  sum (d sc q - dmin m) x = d sc xd sum q xq - dmin m (xd sum xq)
+ *   Q6_K  sum d sc (q - 32) x = d sc xd sum (q - 32) xq   (q - 32 fits int8)
+ * so a row's result is, up to f32 rounding, exactly sum w_i xhat_i with
+ * xhat_i = xd xq_i: |xhat_i - x_i| <= xd / 2 = amax / 254 of its block, the
+ * whole error (tests/unit/test_cuda_quant.c bounds each output by it). The
+ * weights are read as in the float kernel, a warp per output row, units of
+ * 32 (64 for Q4_K: both nibbles of 32 bytes of qs) taken by the lanes in
+ * order and one butterfly at the end, so the bits of a row do not depend on
+ * the launch's other rows. The GEMV is a programmatic dependent of the
+ * quantize launch: it loads its first weights before it waits for xq. */
+
+/* Where x's int8 image sits in a workspace of cu_qgemv_int8_bytes: n_rows x
+ * cols int8, then a float2 {xd, xd * sum xq} per block of 32, 16-byte aligned. */
+static size_t qx_codes_bytes(int n_rows, int64_t cols)
+{
+    return ((size_t)n_rows * (size_t)cols + 15) & ~(size_t)15;
+}
+
+extern "C" size_t cu_qgemv_int8_bytes(int dtype, int n_rows, int64_t cols)
+{
+    if ((dtype != DTYPE_Q8_0 && dtype != DTYPE_Q4_K && dtype != DTYPE_Q6_K) || n_rows < 1 ||
+        n_rows > CU_GEMV_MAX_ROWS || cols <= 0 || cols % (dtype == DTYPE_Q8_0 ? 32 : 256))
+        return 0;
+    return qx_codes_bytes(n_rows, cols) + (size_t)n_rows * (size_t)(cols / 32) * sizeof(float2);
+}
+
+/* One warp per block of 32 of x: q = round(x * 127 / amax), a NaN anywhere
+ * in the block making its scale NaN (so it reaches the output, as the float
+ * kernel's would). */
+static __global__ void __launch_bounds__(256)
+qx_quantize_kernel(const float *x, int64_t n_blocks, int8_t *q, float2 *ds)
+{
+    pdl_release(); /* the GEMV may start loading weights; it waits for all of this */
+    const int lane = threadIdx.x & 31;
+    const int64_t b = (int64_t)blockIdx.x * 8 + threadIdx.x / 32;
+    if (b >= n_blocks)
+        return;
+    const float v = x[b * 32 + lane];
+    float amax = fabsf(v);
+    for (int o = 16; o > 0; o >>= 1)
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const bool nan = __any_sync(0xffffffffu, v != v);
+    int qi = 0;
+    if (amax > 0.0f && amax <= 3.402823466e38f && !nan)
+        qi = __float2int_rn(__fmul_rn(v, __fdiv_rn(127.0f, amax)));
+    q[b * 32 + lane] = (int8_t)qi;
+    int sum = qi;
+    for (int o = 16; o > 0; o >>= 1)
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) {
+        float d = nan ? __int_as_float(0x7fc00000) : __fdiv_rn(amax, 127.0f);
+        ds[b] = make_float2(d, d * (float)sum);
+    }
+}
+
+static __device__ __forceinline__ void ld_x32(const int8_t *p, int w[8])
+{
+    const int4 a = __ldg((const int4 *)p), b = __ldg((const int4 *)p + 1);
+    w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w;
+    w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+}
+
+template <int T> struct dq;
+
+/* Q8_0: a unit is a block (the float kernel's load). */
+template <> struct dq<DTYPE_Q8_0> {
+    static constexpr int UNIT = 32;
+    typedef qtype<DTYPE_Q8_0>::raw raw;
+    static __device__ __forceinline__ uint64_t row_bytes(int64_t cols) { return (uint64_t)cols / 32 * 34; }
+    static __device__ __forceinline__ void load(const uint8_t *row, int64_t k, raw &r)
+    {
+        qtype<DTYPE_Q8_0>::load(row, k, 0, r);
+    }
+    static __device__ __forceinline__ float dot(const raw &r, int64_t, const int8_t *xq,
+                                                const float2 *ds)
+    {
+        int xw[8];
+        ld_x32(xq, xw);
+        int acc = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            acc = __dp4a((int)r.q[i], xw[i], acc);
+        return half_bits(r.d) * __ldg(ds).x * (float)acc;
+    }
+};
+
+/* Q4_K: unit k is the pair of sub-blocks 2p, 2p + 1 (p = k % 4) of block
+ * k / 4: the low and the high nibbles of the same 32 bytes of qs. */
+template <> struct dq<DTYPE_Q4_K> {
+    static constexpr int UNIT = 64;
+    struct raw {
+        uint4 head, qs[2];
+    };
+    static __device__ __forceinline__ uint64_t row_bytes(int64_t cols) { return (uint64_t)cols / 256 * 144; }
+    static __device__ __forceinline__ void load(const uint8_t *row, int64_t k, raw &r)
+    {
+        const uint8_t *b = row + (k >> 2) * 144;
+        r.head = __ldg((const uint4 *)b); /* shared by the block's 4 lanes: through L1 */
+        const uint4 *q = (const uint4 *)(b + 16 + 32 * (k & 3));
+        r.qs[0] = load_stream(q);
+        r.qs[1] = load_stream(q + 1);
+    }
+    /* byte i (0..11) of the 6-bit scales and mins */
+    static __device__ __forceinline__ uint32_t scb(const raw &r, int i)
+    {
+        const uint32_t w = i < 4 ? r.head.y : i < 8 ? r.head.z : r.head.w;
+        return (w >> (8 * (i & 3))) & 0xffu;
+    }
+    static __device__ __forceinline__ void scale_min(const raw &r, int j, int &s, int &m)
+    {
+        if (j < 4) {
+            s = (int)(scb(r, j) & 63);
+            m = (int)(scb(r, j + 4) & 63);
+        } else {
+            s = (int)((scb(r, j + 4) & 15) | (scb(r, j - 4) >> 6) << 4);
+            m = (int)((scb(r, j + 4) >> 4) | (scb(r, j) >> 6) << 4);
+        }
+    }
+    static __device__ __forceinline__ float dot(const raw &r, int64_t k, const int8_t *xq,
+                                                const float2 *ds)
+    {
+        const int j = 2 * (int)(k & 3);
+        int s0, m0, s1, m1;
+        scale_min(r, j, s0, m0);
+        scale_min(r, j + 1, s1, m1);
+        const uint32_t q[8] = {r.qs[0].x, r.qs[0].y, r.qs[0].z, r.qs[0].w,
+                               r.qs[1].x, r.qs[1].y, r.qs[1].z, r.qs[1].w};
+        int x0[8], x1[8];
+        ld_x32(xq, x0);
+        ld_x32(xq + 32, x1);
+        int a0 = 0, a1 = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            a0 = __dp4a((int)(q[i] & 0x0f0f0f0fu), x0[i], a0);
+            a1 = __dp4a((int)((q[i] >> 4) & 0x0f0f0f0fu), x1[i], a1);
+        }
+        const float2 d0 = __ldg(ds), d1 = __ldg(ds + 1);
+        const float d = half_bits(r.head.x), dmin = half_bits(r.head.x >> 16);
+        return d * (d0.x * (float)(s0 * a0) + d1.x * (float)(s1 * a1)) -
+               dmin * ((float)m0 * d0.y + (float)m1 * d1.y);
+    }
+};
+
+/* Q6_K: a unit is a chunk of 32 (the float kernel's load), two scales of 16. */
+template <> struct dq<DTYPE_Q6_K> {
+    static constexpr int UNIT = 32;
+    typedef qtype<DTYPE_Q6_K>::raw raw;
+    static __device__ __forceinline__ uint64_t row_bytes(int64_t cols) { return (uint64_t)cols / 256 * 210; }
+    static __device__ __forceinline__ void load(const uint8_t *row, int64_t k, raw &r)
+    {
+        qtype<DTYPE_Q6_K>::load(row, k, 0, r);
+    }
+    static __device__ __forceinline__ float dot(const raw &r, int64_t k, const int8_t *xq,
+                                                const float2 *ds)
+    {
+        const int g = (int)(k & 3), lsh = (g & 2) ? 4 : 0;
+        int xw[8];
+        ld_x32(xq, xw);
+        int lo = 0, hi = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            uint32_t v = ((r.ql[i] >> lsh) & 0x0f0f0f0fu) | ((r.qh[i] >> (2 * g)) & 0x03030303u) << 4;
+            int w = (int)__vsub4(v, 0x20202020u); /* each byte q - 32, in [-32, 31] */
+            if (i < 4)
+                lo = __dp4a(w, xw[i], lo);
+            else
+                hi = __dp4a(w, xw[i], hi);
+        }
+        const int isc = (int)(int8_t)(r.sc & 0xff) * lo + (int)(int8_t)(r.sc >> 8) * hi;
+        return half_bits(r.d) * __ldg(ds).x * (float)isc;
+    }
+};
+
+/* Units per lane loaded before any is used: about 2 KB of a row in flight per warp. */
+#define QGEMV_INT8_UNROLL 2
+
+template <int T, int TT, int NP>
+static __global__ void __launch_bounds__(QGEMV_THREADS)
+qgemv_int8_kernel(struct cu_gemv_args a, int64_t n_units, const int8_t *xq, const float2 *xds)
+{
+    typedef dq<T> D;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const int64_t unit = (int64_t)blockIdx.x * QGEMV_WARPS + warp;
+    if (unit >= n_units)
+        return;
+    const int nt = a.n_rows < TT ? a.n_rows : TT;
+    const int64_t cols = a.cols, nk = cols / D::UNIT, nb = cols / 32;
+    const uint64_t rb = D::row_bytes(cols);
+
+    int m = 0;
+    int64_t lr = unit;
+    if (NP == 1)
+        while (m + 1 < a.n_mat && lr >= a.m[m].rows) {
+            lr -= a.m[m].rows;
+            m++;
+        }
+    const uint8_t *wrow[NP];
+#pragma unroll
+    for (int p = 0; p < NP; p++)
+        wrow[p] = (const uint8_t *)a.m[NP == 1 ? m : p].w + (uint64_t)lr * rb;
+
+    float acc[NP][TT];
+#pragma unroll
+    for (int p = 0; p < NP; p++)
+#pragma unroll
+        for (int t = 0; t < TT; t++)
+            acc[p][t] = 0.0f;
+
+    typename D::raw r[QGEMV_INT8_UNROLL][NP];
+    int64_t k0 = lane;
+#pragma unroll
+    for (int u = 0; u < QGEMV_INT8_UNROLL; u++)
+        if (k0 + 32 * u < nk)
+#pragma unroll
+            for (int p = 0; p < NP; p++)
+                D::load(wrow[p], k0 + 32 * u, r[u][p]);
+    /* xq is the quantize launch's, and y and res may still be read or written
+     * by the launches before it */
+    pdl_wait();
+    while (k0 < nk) {
+#pragma unroll
+        for (int u = 0; u < QGEMV_INT8_UNROLL; u++) {
+            const int64_t k = k0 + 32 * u;
+            if (k >= nk)
+                break;
+#pragma unroll
+            for (int t = 0; t < TT; t++)
+                if (t < nt)
+#pragma unroll
+                    for (int p = 0; p < NP; p++)
+                        acc[p][t] += D::dot(r[u][p], k, xq + t * cols + k * D::UNIT,
+                                            xds + t * nb + k * (D::UNIT / 32));
+        }
+        k0 += 32 * QGEMV_INT8_UNROLL;
+#pragma unroll
+        for (int u = 0; u < QGEMV_INT8_UNROLL; u++)
+            if (k0 + 32 * u < nk)
+#pragma unroll
+                for (int p = 0; p < NP; p++)
+                    D::load(wrow[p], k0 + 32 * u, r[u][p]);
+    }
+#pragma unroll
+    for (int p = 0; p < NP; p++)
+#pragma unroll
+        for (int t = 0; t < TT; t++)
+            acc[p][t] = warp_sum(acc[p][t]);
+    if (lane != 0)
+        return;
+    if (NP == 2) {
+        const int64_t rows = a.m[0].rows;
+        for (int t = 0; t < nt; t++) {
+            float g = acc[0][t], u = acc[NP - 1][t];
+            int64_t idx = (int64_t)t * rows + lr;
+            a.m[0].y[idx] = g / (1.0f + expf(-g)) * u;
+            a.m[NP - 1].y[idx] = u;
+        }
+        return;
+    }
+    const int64_t rows = a.m[m].rows;
+    const float bias = a.m[m].bias ? a.m[m].bias[lr] : 0.0f;
+    for (int t = 0; t < nt; t++) {
+        float v = acc[0][t] + bias;
+        int64_t idx = (int64_t)t * rows + lr;
+        a.m[m].y[idx] = v;
+        if (a.res)
+            a.res[idx] += v;
+    }
+}
+
+template <int T, int NP>
+static cudaError_t qgemv_int8_np(const struct cu_device *dev, cudaStream_t s,
+                                 const struct cu_gemv_args *a, int64_t n_units, const int8_t *q,
+                                 const float2 *ds)
+{
+    const dim3 grid((unsigned)((n_units + QGEMV_WARPS - 1) / QGEMV_WARPS)), block(QGEMV_THREADS);
+    if (a->n_rows == 1)
+        return cu_launch_dependent(dev->pdl, qgemv_int8_kernel<T, 1, NP>, grid, block, 0, s, *a,
+                                   n_units, q, ds);
+    if (a->n_rows == 2)
+        return cu_launch_dependent(dev->pdl, qgemv_int8_kernel<T, 2, NP>, grid, block, 0, s, *a,
+                                   n_units, q, ds);
+    if (a->n_rows <= 4)
+        return cu_launch_dependent(dev->pdl, qgemv_int8_kernel<T, 4, NP>, grid, block, 0, s, *a,
+                                   n_units, q, ds);
+    return cu_launch_dependent(dev->pdl, qgemv_int8_kernel<T, 8, NP>, grid, block, 0, s, *a,
+                               n_units, q, ds);
+}
+
+template <int T>
+static cudaError_t qgemv_int8_type(const struct cu_device *dev, cudaStream_t s,
+                                   const struct cu_gemv_args *a, int64_t n_units, const int8_t *q,
+                                   const float2 *ds)
+{
+    return a->pair ? qgemv_int8_np<T, 2>(dev, s, a, n_units, q, ds)
+                   : qgemv_int8_np<T, 1>(dev, s, a, n_units, q, ds);
+}
+
+/* The quantize launch, then the GEMV; the caller checked cu_qgemv_int8_bytes. */
+static cudaError_t qgemv_int8(const struct cu_device *dev, cudaStream_t s,
+                              const struct cu_gemv_args *a, int64_t n_units)
+{
+    int8_t *q = (int8_t *)a->xq;
+    float2 *ds = (float2 *)(q + qx_codes_bytes(a->n_rows, a->cols));
+    const int64_t n_blocks = (int64_t)a->n_rows * (a->cols / 32);
+    qx_quantize_kernel<<<(unsigned)((n_blocks + 7) / 8), 256, 0, s>>>(a->x, n_blocks, q, ds);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return e;
+    switch (a->dtype) {
+    case DTYPE_Q8_0: return qgemv_int8_type<DTYPE_Q8_0>(dev, s, a, n_units, q, ds);
+    case DTYPE_Q4_K: return qgemv_int8_type<DTYPE_Q4_K>(dev, s, a, n_units, q, ds);
+    default: return qgemv_int8_type<DTYPE_Q6_K>(dev, s, a, n_units, q, ds);
+    }
+}
+
 /* The kernel family of block type dt: T of qtype<T>, or -1. */
 static int family(int dt)
 {
@@ -391,6 +719,11 @@ cudaError_t cu_launch_qgemv(const struct cu_device *dev, cudaStream_t s,
     for (int i = 0; i < a->n_mat; i++)
         if (!rows_aligned(a->m[i].w, a->dtype, a->cols))
             return cudaErrorMisalignedAddress;
+    if (a->xq && !a->row_invariant && (uintptr_t)a->xq % 16 == 0) {
+        size_t need = cu_qgemv_int8_bytes(a->dtype, a->n_rows, a->cols);
+        if (need && need <= a->xq_bytes)
+            return qgemv_int8(dev, s, a, n_units);
+    }
     switch (fam) {
     case DTYPE_Q8_0: return qgemv_type<DTYPE_Q8_0>(s, a, n_units);
     case DTYPE_Q4_K: return qgemv_type<DTYPE_Q4_K>(s, a, n_units);
