@@ -45,7 +45,8 @@
 #     kvquant  KV-cache quantization (--kv-quant) against the fp16 cache, per format
 #              (KVQ_FORMATS, default "off 8 turbo turbo:k4v3 4"): aggregate decode of 32
 #              streams after 8k-token prompts through `inferd serve --device cuda`
-#              (bench/serve_concurrency.py), the cache bytes per token and the 8k
+#              (bench/serve_concurrency.py; KVQ_GEN_LEN tokens each, default 1,024, so that
+#              all 32 decode together once the staggered prefills are done), the cache bytes per token and the 8k
 #              sequences a 32 GB KV budget holds, batch-1 decode after a 32k-token
 #              prompt and prefill of 4k tokens (the quantize-on-write cost; inferd
 #              bench); on llama-3.1-8b unless models are named
@@ -385,9 +386,9 @@ if has_stage kvquant; then
       # bytes per token from /stats.kv_quant of a short-lived server, and the
       # 8k-token sequences a 32 GB KV budget holds at that size
       timeout 900 python3 bench/serve_concurrency.py "$bin"/inferd "$dir" --device cuda \
-        --streams 32 --prompt-len 8192 --gen-len 128 \
+        --streams 32 --prompt-len 8192 --gen-len ${KVQ_GEN_LEN:-1024} \
         --server-arg "--kv-quant $fmt" --server-arg "--max-batch 32" \
-        --server-arg "--kv-budget 200" --server-arg "--ctx 8448"
+        --server-arg "--kv-budget 200" --server-arg "--ctx $((8192 + ${KVQ_GEN_LEN:-1024} + 256))"
       bench_one "$preset kv=$fmt 32k prompt, batch 1" "$dir" --prompt-len 32768 --gen-len 64 \
         --reps 2 --kv-quant "$fmt"
       bench_one "$preset kv=$fmt prefill 4k" "$dir" --prompt-len 4096 --gen-len 8 --reps 3 \
