@@ -1,4 +1,4 @@
-/* backend/cpu/attention.c — paged KV writes and causal attention read through block tables: the row kernel (EXACT mode, decode) and the driver of FAST mode's tiled prefill kernels. */
+/* backend/cpu/attention.c — paged KV writes and causal attention read through block tables: the row kernel (EXACT mode, decode) and the driver of FAST mode's tiled prefill kernels, also for the dense attention of encoder-decoder models. */
 #include <float.h>
 #include <math.h>
 #include <stdatomic.h>
@@ -254,10 +254,43 @@ void cpu_attention(struct backend *be, const float *q, const struct kv_cache *kv
     struct cpu_impl *impl = be->impl;
     struct tiled_job tj = {.rows = job};
     if (tiled_plan(be, kv, spans, n_spans, n_heads, &tj)) {
-        tj.args = (struct tattn_args){q, kv, layer, n_heads, scale, sliding_window, out};
+        tj.args = (struct tattn_args){q, kv, layer, n_heads, scale, sliding_window, out, -1};
         atomic_init(&tj.next_item, 0);
         threadpool_run(impl->pool, attention_tiles, &tj);
         return;
     }
     threadpool_run(impl->pool, attention_rows, &job);
+}
+
+/* ---- dense attention (encoder-decoder models) through the same tiles -------------------- */
+
+bool cpu_attention_dense_tiled(struct backend *be, const float *q, int64_t n_q, const float *k,
+                               const float *v, int64_t n_kv, int64_t kv_stride, int n_heads,
+                               int head_dim, float scale, int64_t causal, float *out)
+{
+    /* dense K/V rows of n_heads heads read as one block of a one-layer cache with a kv head
+     * per query head: the tile kernels' addressing, unchanged */
+    if (be->mode != COMPUTE_FAST || n_q < TILED_MIN_ROWS || head_dim <= 0 || n_heads <= 0 ||
+        kv_stride != (int64_t)n_heads * head_dim || n_kv < 1 || n_kv > INT32_MAX ||
+        n_q > INT32_MAX || causal > INT32_MAX - n_q)
+        return false;
+    struct kv_cache kv = {.k = (void *)k, .v = (void *)v, .dtype = DTYPE_F32, .n_layers = 1,
+                          .n_blocks = 1, .block_size = (int)n_kv, .n_kv_heads = n_heads,
+                          .head_dim = head_dim};
+    uint32_t block0 = 0;
+    /* causal: query i at position causal + i; dense: every query at the last position */
+    struct attn_span span = {.row0 = 0, .n_tokens = (int)n_q,
+                             .pos0 = causal >= 0 ? (int)causal : (int)n_kv - 1,
+                             .block_ids = &block0};
+    if (causal >= 0 && causal + n_q > n_kv)
+        return false;
+    struct tiled_job tj = {.rows = {q, &kv, 0, &span, 1, n_heads, scale, 0, out}};
+    if (!tiled_plan(be, &kv, &span, 1, n_heads, &tj))
+        return false;
+    tj.args = (struct tattn_args){q, &kv, 0, n_heads, scale, 0, out,
+                                  causal >= 0 ? -1 : (int)n_kv - 1};
+    atomic_init(&tj.next_item, 0);
+    struct cpu_impl *impl = be->impl;
+    threadpool_run(impl->pool, attention_tiles, &tj);
+    return true;
 }

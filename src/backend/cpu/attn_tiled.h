@@ -34,6 +34,9 @@ struct tattn_args {
     float scale;
     int sliding_window;
     float *out;     /* as q */
+    /* >= 0: every query attends to positions [0, fixed_last] (dense attention without a
+     * causal mask); -1: a row's last position follows from its span (causal) */
+    int fixed_last;
 };
 
 /* A tile: query rows [row0, row0 + n_rows) of span sp (absolute rows of q,

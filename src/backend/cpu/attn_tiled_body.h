@@ -192,13 +192,15 @@ void TA_TILE(const struct tattn_args *a, const struct tattn_tile *t)
     float corr[TA_MAXQ] __attribute__((aligned(64)));
     const float *kp[TATTN_CHUNK], *vp[TATTN_CHUNK];
 
-    int last0 = sp->pos0 + (t->row0 - sp->row0); /* the first row's last position */
-    int last_end = last0 + R - 1;
+    /* the first row's last position, and the last row's; one per row when fixed_last is set */
+    const int rstep = a->fixed_last >= 0 ? 0 : 1;
+    int last0 = a->fixed_last >= 0 ? a->fixed_last : sp->pos0 + (t->row0 - sp->row0);
+    int last_end = last0 + rstep * (R - 1);
     for (int m = 0; m < mpad; m++) {
         /* query m is row m / G, head m % G: a row's heads side by side */
         int r = m < M ? m / G : R - 1;
-        firstf[m] = (float)ta_first_pos(last0 + r, a->sliding_window);
-        lastf[m] = (float)(last0 + r);
+        firstf[m] = (float)ta_first_pos(last0 + rstep * r, a->sliding_window);
+        lastf[m] = (float)(last0 + rstep * r);
         rmax[m] = -FLT_MAX;
         rsum[m] = 0.0f;
         if (m < M) {

@@ -158,6 +158,11 @@ void cpu_attention_dense(struct backend *be, const float *q, int64_t n_q, const 
                          const float *v, int64_t n_kv, int64_t kv_stride, int n_heads,
                          int head_dim, float scale, int64_t causal, float *out)
 {
+    /* FAST mode: blocks of queries against blocks of keys (EXACT keeps each row's sums in
+     * key order, independent of the other rows) */
+    if (cpu_attention_dense_tiled(be, q, n_q, k, v, n_kv, kv_stride, n_heads, head_dim, scale,
+                                  causal, out))
+        return;
     struct dense_job job = {q, k, v, n_q, n_kv, kv_stride, causal, n_heads, head_dim, scale, out};
     if (n_q * n_heads < 4)
         dense_pairs(&job, 0, 1);
