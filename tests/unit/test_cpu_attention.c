@@ -376,18 +376,20 @@ Test(cpu_attention, exact_batched_rows_give_the_bits_of_one_row_per_call)
 }
 
 /* Dense attention (the encoder-decoder models' attention_dense) in FAST mode runs the same
- * tiles over K/V rows read as one block: without a mask (an encoder) and causal from an
- * offset (a decoder's prompt), against an f64 reference, within a float bound of the same
- * shape as above (the largest |v| times the key count times a few float epsilons). */
-Test(cpu_attention, dense_fast_tiles_match_an_f64_reference)
+ * kernels over K/V rows read as the blocks of a one-layer cache: 37 queries through the tiles
+ * and one query (cross-attention while decoding) through the row kernel, without a mask (an
+ * encoder) and causal from an offset (a decoder's prompt), against an f64 reference, within a
+ * float bound (a few float epsilons per term summed, times the largest |v|). */
+Test(cpu_attention, dense_fast_kernels_match_an_f64_reference)
 {
-    enum { HEADS = 3, HD = 64, NQ = 37, NKV = 53 };
+    enum { HEADS = 3, HD = 64, MAXQ = 37, NKV = 160 };
+    static const int nqs[] = {MAXQ, 1};
     static const long causals[] = {-1, 16, 0};
     size_t dim = (size_t)HEADS * HD;
-    float *q = malloc(NQ * dim * sizeof *q), *k = malloc(NKV * dim * sizeof *k),
-          *v = malloc(NKV * dim * sizeof *v), *out = malloc(NQ * dim * sizeof *out);
+    float *q = malloc(MAXQ * dim * sizeof *q), *k = malloc(NKV * dim * sizeof *k),
+          *v = malloc(NKV * dim * sizeof *v), *out = malloc(MAXQ * dim * sizeof *out);
     uint64_t seed = 11;
-    for (size_t i = 0; i < NQ * dim; i++)
+    for (size_t i = 0; i < MAXQ * dim; i++)
         q[i] = 2.0f * frand(&seed);
     for (size_t i = 0; i < NKV * dim; i++) {
         k[i] = frand(&seed);
@@ -397,39 +399,41 @@ Test(cpu_attention, dense_fast_tiles_match_an_f64_reference)
     int n_isas = have_avx512() ? 2 : 1;
     for (int i = 0; i < n_isas; i++) {
         struct backend *be = cpu_backend(COMPUTE_FAST, isas[i], 2);
-        for (size_t c = 0; c < sizeof causals / sizeof causals[0]; c++) {
-            long causal = causals[c];
-            if (causal >= 0 && causal + NQ > NKV)
-                continue;
-            be->ops->attention_dense(be, q, NQ, k, v, NKV, (int64_t)dim, HEADS, HD, 0.125f,
-                                     causal, out);
-            for (int r = 0; r < NQ; r++)
-                for (int h = 0; h < HEADS; h++) {
-                    int n = causal >= 0 ? (int)causal + r + 1 : NKV;
-                    double s[NKV], mx = -INFINITY, sum = 0, vmax = 0;
-                    for (int j = 0; j < n; j++) {
-                        double dot = 0;
-                        for (int d = 0; d < HD; d++)
-                            dot += (double)q[r * dim + h * HD + d] * k[j * dim + h * HD + d];
-                        s[j] = dot * 0.125;
-                        mx = s[j] > mx ? s[j] : mx;
-                    }
-                    for (int j = 0; j < n; j++)
-                        sum += (s[j] = exp(s[j] - mx));
-                    for (int d = 0; d < HD; d++) {
-                        double ref = 0;
+        for (size_t a = 0; a < sizeof nqs / sizeof nqs[0]; a++)
+            for (size_t c = 0; c < sizeof causals / sizeof causals[0]; c++) {
+                int nq = nqs[a];
+                long causal = causals[c];
+                be->ops->attention_dense(be, q, nq, k, v, NKV, (int64_t)dim, HEADS, HD, 0.125f,
+                                         causal, out);
+                for (int r = 0; r < nq; r++)
+                    for (int h = 0; h < HEADS; h++) {
+                        int n = causal >= 0 ? (int)causal + r + 1 : NKV;
+                        double s[NKV], mx = -INFINITY, sum = 0, vmax = 0;
                         for (int j = 0; j < n; j++) {
-                            ref += s[j] / sum * v[j * dim + h * HD + d];
-                            vmax = fabs(v[j * dim + h * HD + d]) > vmax ? fabs(v[j * dim + h * HD + d]) : vmax;
+                            double dot = 0;
+                            for (int d = 0; d < HD; d++)
+                                dot += (double)q[r * dim + h * HD + d] * k[j * dim + h * HD + d];
+                            s[j] = dot * 0.125;
+                            mx = s[j] > mx ? s[j] : mx;
                         }
-                        double tol = 16.0 * (HD + n) * FLT_EPSILON * (vmax > 1 ? vmax : 1);
-                        cr_assert_leq(fabs(out[r * dim + h * HD + d] - ref), tol,
-                                      "%s causal %ld: row %d head %d dim %d: %g against %g",
-                                      isas[i] == CPU_ISA_AVX2 ? "avx2" : "best", causal, r, h, d,
-                                      out[r * dim + h * HD + d], ref);
+                        for (int j = 0; j < n; j++)
+                            sum += (s[j] = exp(s[j] - mx));
+                        for (int d = 0; d < HD; d++) {
+                            double ref = 0;
+                            for (int j = 0; j < n; j++) {
+                                double vj = v[j * dim + h * HD + d];
+                                ref += s[j] / sum * vj;
+                                vmax = fabs(vj) > vmax ? fabs(vj) : vmax;
+                            }
+                            double tol = 16.0 * (HD + n) * FLT_EPSILON * (vmax > 1 ? vmax : 1);
+                            cr_assert_leq(fabs(out[r * dim + h * HD + d] - ref), tol,
+                                          "%s %d queries, causal %ld: row %d head %d dim %d: %g "
+                                          "against %g",
+                                          isas[i] == CPU_ISA_AVX2 ? "avx2" : "best", nq, causal,
+                                          r, h, d, out[r * dim + h * HD + d], ref);
+                        }
                     }
-                }
-        }
+            }
         backend_destroy(be);
     }
     free(q);

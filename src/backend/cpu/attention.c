@@ -11,6 +11,8 @@
 /* FAST mode runs a span of at least this many query rows through the tiled
  * kernels; shorter ones (decode, small verifications) keep the row kernel. */
 #define TILED_MIN_ROWS 4
+/* Dense attention (attention_dense) takes the row kernel for a single query from this many keys */
+#define DENSE_TILED_MIN_KEYS 128
 
 static inline size_t kv_slot_offset(const struct kv_cache *kv, int layer, uint32_t block, int slot)
 {
@@ -262,35 +264,53 @@ void cpu_attention(struct backend *be, const float *q, const struct kv_cache *kv
     threadpool_run(impl->pool, attention_rows, &job);
 }
 
-/* ---- dense attention (encoder-decoder models) through the same tiles -------------------- */
+/* ---- dense attention (encoder-decoder models) through the same kernels ------------------ */
+
+/* Dense K/V read as a one-layer cache of blocks of this many positions (the row kernel's
+ * score buffer holds one block) */
+#define DENSE_BLOCK 256
 
 bool cpu_attention_dense_tiled(struct backend *be, const float *q, int64_t n_q, const float *k,
                                const float *v, int64_t n_kv, int64_t kv_stride, int n_heads,
                                int head_dim, float scale, int64_t causal, float *out)
 {
-    /* dense K/V rows of n_heads heads read as one block of a one-layer cache with a kv head
-     * per query head: the tile kernels' addressing, unchanged */
-    if (be->mode != COMPUTE_FAST || n_q < TILED_MIN_ROWS || head_dim <= 0 || n_heads <= 0 ||
-        kv_stride != (int64_t)n_heads * head_dim || n_kv < 1 || n_kv > INT32_MAX ||
-        n_q > INT32_MAX || causal > INT32_MAX - n_q)
+    /* FAST mode, spans of four queries or more through the tiles; a single query over many
+     * keys (cross-attention while decoding) through the row kernel, whose K and V reads are
+     * vectors, one thread per head; dense K/V rows of exactly n_heads heads, read as the
+     * blocks of a one-layer cache with a kv head per query head */
+    bool tiles = n_q >= TILED_MIN_ROWS;
+    bool rows = !tiles && n_kv >= DENSE_TILED_MIN_KEYS && (n_q == 1 || causal >= 0);
+    if (be->mode != COMPUTE_FAST || !(tiles || rows) || head_dim <= 0 || n_heads <= 0 ||
+        head_dim > 1024 || kv_stride != (int64_t)n_heads * head_dim || n_kv < 1 ||
+        n_kv > INT32_MAX || n_q > INT32_MAX || (causal >= 0 && causal + n_q > n_kv))
         return false;
+    int n_blocks = (int)((n_kv + DENSE_BLOCK - 1) / DENSE_BLOCK);
+    uint32_t few[64], *ids = n_blocks <= 64 ? few : malloc((size_t)n_blocks * sizeof *ids);
+    if (!ids)
+        return false;
+    for (int b = 0; b < n_blocks; b++)
+        ids[b] = (uint32_t)b;
     struct kv_cache kv = {.k = (void *)k, .v = (void *)v, .dtype = DTYPE_F32, .n_layers = 1,
-                          .n_blocks = 1, .block_size = (int)n_kv, .n_kv_heads = n_heads,
+                          .n_blocks = n_blocks, .block_size = DENSE_BLOCK, .n_kv_heads = n_heads,
                           .head_dim = head_dim};
-    uint32_t block0 = 0;
     /* causal: query i at position causal + i; dense: every query at the last position */
     struct attn_span span = {.row0 = 0, .n_tokens = (int)n_q,
                              .pos0 = causal >= 0 ? (int)causal : (int)n_kv - 1,
-                             .block_ids = &block0};
-    if (causal >= 0 && causal + n_q > n_kv)
-        return false;
+                             .block_ids = ids, .n_block_ids = n_blocks};
     struct tiled_job tj = {.rows = {q, &kv, 0, &span, 1, n_heads, scale, 0, out}};
-    if (!tiled_plan(be, &kv, &span, 1, n_heads, &tj))
-        return false;
-    tj.args = (struct tattn_args){q, &kv, 0, n_heads, scale, 0, out,
-                                  causal >= 0 ? -1 : (int)n_kv - 1};
-    atomic_init(&tj.next_item, 0);
     struct cpu_impl *impl = be->impl;
-    threadpool_run(impl->pool, attention_tiles, &tj);
-    return true;
+    bool done = false;
+    if (tiles && tiled_plan(be, &kv, &span, 1, n_heads, &tj)) {
+        tj.args = (struct tattn_args){q, &kv, 0, n_heads, scale, 0, out,
+                                      causal >= 0 ? -1 : (int)n_kv - 1};
+        atomic_init(&tj.next_item, 0);
+        threadpool_run(impl->pool, attention_tiles, &tj);
+        done = true;
+    } else if (rows) {
+        threadpool_run(impl->pool, attention_rows, &tj.rows);
+        done = true;
+    }
+    if (ids != few)
+        free(ids);
+    return done;
 }

@@ -20,9 +20,10 @@ struct cpu_impl {
 void cpu_kv_copy_slots(struct backend *be, struct kv_cache *kv, uint32_t src, uint32_t dst, int n);
 void cpu_kv_store(struct backend *be, struct kv_cache *kv, int layer, const float *k,
                   const float *v, const struct attn_span *spans, int n_spans);
-/* Dense attention (backend_ops.attention_dense's arguments) through FAST mode's tiled kernels:
- * false, computing nothing, unless the mode is FAST, there are at least four queries, K/V rows
- * hold exactly the n_heads heads and a tile kernel takes head_dim. */
+/* Dense attention (backend_ops.attention_dense's arguments) through FAST mode's kernels: the
+ * tiles for four queries or more, the row kernel for one query over 128 keys or more. False,
+ * computing nothing, in EXACT mode, for other shapes, or where K/V rows are not exactly the
+ * n_heads heads. */
 bool cpu_attention_dense_tiled(struct backend *be, const float *q, int64_t n_q, const float *k,
                                const float *v, int64_t n_kv, int64_t kv_stride, int n_heads,
                                int head_dim, float scale, int64_t causal, float *out);
