@@ -53,6 +53,8 @@ from transformers.modeling_outputs import BaseModelOutput
 RATE = 16000
 WINDOW = 30 * RATE          # samples in one encoder window
 MAX_LABELS = 440            # decoder positions used of max_target_positions (448)
+PREVIOUS_TEXT = 64          # tokens of previous text after <|startofprev|> (generation_config's
+                            # max_previous_text_tokens tells the server)
 
 
 def load_pairs(d):
@@ -184,7 +186,7 @@ def make_batch(clips, vocab, rng, batch, dev, p_timestamps=0.5, p_prev=0.2):
         timestamps = rng.random() < p_timestamps
         prompt = [vocab.sot, vocab.en, vocab.transcribe] + ([] if timestamps else [vocab.no_ts])
         if rng.random() < p_prev:
-            prompt = [vocab.prev] + clips.ids[int(rng.integers(len(clips)))][-64:] + prompt
+            prompt = [vocab.prev] + clips.ids[int(rng.integers(len(clips)))][-PREVIOUS_TEXT:] + prompt
         labels_left = MAX_LABELS - len(prompt) - 1
         want = int(rng.integers(1, 7))
         t = float(rng.uniform(0.0, 1.0)) if timestamps else float(rng.uniform(0.0, 0.3))
@@ -286,7 +288,8 @@ def save(model, out, save_dtype, gen_cfg, tok_files, info):
     # the vocabulary is bytes, so every transcript begins with the space token itself (a real
     # checkpoint's first token is a word with its space): only <|endoftext|> is suppressed first
     saved["begin_suppress_tokens"] = [gen_cfg["eos_token_id"]]
-    gen_cfg = {**gen_cfg, "begin_suppress_tokens": [gen_cfg["eos_token_id"]]}
+    gen_cfg = {**gen_cfg, "begin_suppress_tokens": [gen_cfg["eos_token_id"]],
+               "max_previous_text_tokens": PREVIOUS_TEXT}
     with open(cfg_path, "w") as f:
         json.dump(saved, f, indent=2)
     with open(os.path.join(out, "generation_config.json"), "w") as f:

@@ -18,7 +18,8 @@
 #include "model/whisper.h"
 #include "text/tokenizer.h"
 
-#define MAX_PROMPT_TOKENS 223    /* openai-whisper: n_text_ctx / 2 - 1 of the previous text */
+#define MAX_PROMPT_TOKENS 223    /* openai-whisper: n_text_ctx / 2 - 1 of the previous text
+                                    (less where the model's config says it read less) */
 #define MAX_SAMPLE_LEN 224       /* tokens decoded per window at most */
 #define SECONDS_PER_TS 0.02      /* a timestamp token's step */
 #define SAMPLES_PER_TS 320
@@ -1182,11 +1183,19 @@ static int detect_language(struct transcriber *t, int *lang, struct err *err)
     return 0;
 }
 
+/* Tokens of previous text (or prompt) the decoder is given after <|startofprev|>. */
+static int prompt_budget(const struct transcriber *t)
+{
+    int m = t->model->config.max_previous_text;
+    return m < MAX_PROMPT_TOKENS ? m : MAX_PROMPT_TOKENS;
+}
+
 /* The first window's conditioning: as many vocabulary terms as fit (in order, comma
- * separated) then the prompt, within MAX_PROMPT_TOKENS (the prompt's own tail first). */
+ * separated) then the prompt, within prompt_budget (the prompt's own tail first). */
 static int initial_prompt(struct transcriber *t, const struct transcribe_options *o,
                           struct ids *prev, int *n_terms, struct err *err)
 {
+    const int budget = prompt_budget(t);
     struct ids p = {0};
     int rc = 0;
     *n_terms = 0;
@@ -1201,7 +1210,7 @@ static int initial_prompt(struct transcriber *t, const struct transcribe_options
         free(spaced);
         if (rc < 0)
             return rc;
-        int from = n > MAX_PROMPT_TOKENS ? n - MAX_PROMPT_TOKENS : 0;
+        int from = n > budget ? n - budget : 0;
         for (int i = from; i < n && rc == 0; i++)
             if (ids_push(&p, ids[i]) < 0)
                 rc = err_set(err, INFERD_ENOMEM, "out of memory for the prompt");
@@ -1233,7 +1242,7 @@ static int initial_prompt(struct transcriber *t, const struct transcribe_options
             free(c1);
         }
         int need = n + (prev->n > 0 && comma >= 0);
-        if (n == 0 || prev->n + need + p.n > MAX_PROMPT_TOKENS) {
+        if (n == 0 || prev->n + need + p.n > budget) {
             free(ids);
             break; /* in order: the first term that does not fit ends the list */
         }
@@ -1245,7 +1254,7 @@ static int initial_prompt(struct transcriber *t, const struct transcribe_options
         free(ids);
         (*n_terms)++;
     }
-    if (rc == 0 && *n_terms > 0 && p.n > 0 && comma >= 0 && prev->n + p.n < MAX_PROMPT_TOKENS)
+    if (rc == 0 && *n_terms > 0 && p.n > 0 && comma >= 0 && prev->n + p.n < budget)
         ids_push(prev, comma);
     for (int i = 0; rc == 0 && i < p.n; i++)
         if (ids_push(prev, p.v[i]) < 0)
@@ -1393,7 +1402,7 @@ static int run_locked(struct transcriber *t, const float *samples, size_t n, con
             prompt.n = 0;
             if (prev.n && t->ids.prev >= 0) {
                 ids_push(&prompt, t->ids.prev);
-                int from = prev.n > MAX_PROMPT_TOKENS ? prev.n - MAX_PROMPT_TOKENS : 0;
+                int from = prev.n > prompt_budget(t) ? prev.n - prompt_budget(t) : 0;
                 for (int i = from; i < prev.n; i++)
                     ids_push(&prompt, prev.v[i]);
             }

@@ -192,6 +192,9 @@ static int parse_generation_config(const char *dir, struct whisper_config *c, st
                           c->vocab_size);
     if (rc == 0 && json_reader_has(&r, "alignment_heads"))
         rc = read_alignment_heads(&r, c);
+    if (rc == 0)
+        rc = json_read_int(&r, "max_previous_text_tokens", JSON_OPTIONAL, 0,
+                           c->max_target_positions / 2 - 1, &c->max_previous_text);
     json_object_put(root);
     free(text);
     return rc;
@@ -339,6 +342,7 @@ static int read_config(const char *dir, struct whisper_config *c, struct err *er
     free(text);
     if (rc == 0)
         default_alignment_heads(c);
+    c->max_previous_text = c->max_target_positions / 2 - 1;
     return rc < 0 ? rc : parse_generation_config(dir, c, err);
 }
 

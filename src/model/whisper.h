@@ -30,6 +30,10 @@ struct whisper_config {
      * transformers choose) */
     int alignment_heads[2 * WHISPER_MAX_SUPPRESS];
     int n_alignment_heads;
+    /* generation_config.json's max_previous_text_tokens (inferd's own key): the most tokens of
+     * previous text or prompt after <|startofprev|> the model was trained to read; without it
+     * openai-whisper's n_text_ctx / 2 - 1 */
+    int max_previous_text;
 };
 
 /* Parses config.json text; -INFERD_EFORMAT / -INFERD_EUNSUPPORTED name the field. */

@@ -1,4 +1,4 @@
-// tests/e2e/speech.test.mjs — the trained Whisper model (models/whisper-house) through the official openai SDK: the held-out synthetic speech in tests/audio/heldout (Ogg/Opus clips of sentences it never trained on, each with its text) transcribed with a word error rate under the measured ceiling, and srt/verbose_json timestamps that fall on the speech.
+// tests/e2e/speech.test.mjs — the trained Whisper model (models/whisper-house) through the official openai SDK: the held-out synthetic speech in tests/audio/heldout (Ogg/Opus clips of sentences it never trained on, each with its text) transcribed with a word error rate under the measured ceiling, 55 s of speech (tests/audio/long) across two windows, and srt/verbose_json timestamps that fall on the speech.
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
@@ -63,6 +63,22 @@ describe('models/whisper-house', () => {
     worst.sort((a, b) => b.e - a.e);
     console.log(`word error rate ${(100 * wer).toFixed(2)}% (${errors} / ${total} words, ${clips.length} clips)`);
     assert.ok(wer <= MAX_WER, `WER ${(100 * wer).toFixed(2)}% > ${MAX_WER * 100}%; worst: ${JSON.stringify(worst.slice(0, 3), null, 1)}`);
+  });
+
+  test('55 s of speech in two windows: segments in order, seeking by their timestamps, the words within the long-audio ceiling', async () => {
+    /* measured 22.3% (the short clips' 11.5% plus what the window boundary and the previous
+     * text's conditioning cost); the ceiling leaves the platforms' rounding room */
+    const file = path.join(root, 'tests', 'audio', 'long', 'ten-sentences.opus');
+    const ref = fs.readFileSync(file.replace(/\.opus$/, '.txt'), 'utf8');
+    const v = await client(server.url).audio.transcriptions.create({ model: 'whisper-1', file: await toFile(fs.readFileSync(file), 'ten-sentences.opus', { type: 'audio/ogg' }), response_format: 'verbose_json', timestamp_granularities: ['segment'] });
+    assert.ok(v.duration > 30, `duration ${v.duration}`);
+    assert.ok(v.segments.length >= 5, `${v.segments.length} segments`);
+    for (let i = 1; i < v.segments.length; i++) assert.ok(v.segments[i].start >= v.segments[i - 1].end - 0.01, `segment ${i} starts at ${v.segments[i].start}, before ${v.segments[i - 1].end}`);
+    assert.ok(v.segments.some((s) => s.start > 30), 'a segment in the second window');
+    assert.ok(Math.abs(v.segments[v.segments.length - 1].end - v.duration) <= 1.5, `last segment ends at ${v.segments[v.segments.length - 1].end} of ${v.duration}`);
+    const r = words(ref), wer = editDistance(r, words(v.text)) / r.length;
+    console.log(`long audio: word error rate ${(100 * wer).toFixed(2)}% (${r.length} words, ${v.segments.length} segments)`);
+    assert.ok(wer <= 0.3, `WER ${(100 * wer).toFixed(2)}%: ${v.text}`);
   });
 
   test('srt and verbose_json segments cover the speech and read as its words', async () => {

@@ -260,6 +260,7 @@ Test(whisper_model, random_test_model_loads_encodes_and_decodes_deterministicall
     cr_assert_eq(whisper_load(dir, be, &m, &err), 0, "%s", err.msg);
     cr_assert_eq(m->config.d_model, 64);
     cr_assert(m->config.multilingual);
+    cr_assert_eq(m->config.max_previous_text, 223, "openai-whisper's n_text_ctx / 2 - 1 by default");
     struct whisper_state *st;
     cr_assert_eq(whisper_state_create(m, &st, &err), 0, "%s", err.msg);
     float *mel = calloc(80 * AUDIO_WINDOW_FRAMES, sizeof *mel);
@@ -291,6 +292,35 @@ Test(whisper_model, random_test_model_loads_encodes_and_decodes_deterministicall
     backend_destroy(be);
     test_rmtree(dir);
     free(dir);
+}
+
+/* models/whisper-house read at most 64 tokens of previous text in training, and says so in its
+ * generation_config.json (max_previous_text_tokens); a value past n_text_ctx / 2 - 1 is refused */
+Test(whisper_model, the_house_model_limits_its_previous_text)
+{
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s/models/whisper-house", INFERD_SOURCE_DIR);
+    struct err err = {0};
+    struct backend *be = cpu();
+    struct whisper_model *m;
+    cr_assert_eq(whisper_load(dir, be, &m, &err), 0, "%s", err.msg);
+    cr_assert_eq(m->config.max_previous_text, 64);
+    cr_assert_eq(m->config.d_model, 192);
+    whisper_free(m);
+
+    char *tmp = test_mkdtemp();
+    cr_assert_eq(mkwhisper_write("whisper-test", 1, tmp, &err), 0, "%s", err.msg);
+    char path[4300];
+    snprintf(path, sizeof path, "%s/generation_config.json", tmp);
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fputs("{\"max_previous_text_tokens\": 224}", f);
+    fclose(f);
+    cr_assert_lt(whisper_load(tmp, be, &m, &err), 0);
+    cr_assert_not_null(strstr(err.msg, "max_previous_text_tokens"), "%s", err.msg);
+    backend_destroy(be);
+    test_rmtree(tmp);
+    free(tmp);
 }
 
 Test(whisper_model, missing_tensor_and_wrong_model_type_are_named)
