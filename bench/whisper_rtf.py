@@ -22,11 +22,15 @@ import os
 import re
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
 import wave
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+from wer import edit_distance, words  # noqa: E402 (scripts/wer.py)
 
 
 def read_wav(path):
@@ -69,19 +73,6 @@ class Server:
         self.proc.terminate()
         self.proc.wait(timeout=60)
         self.err.close()
-
-
-def words(text):
-    return re.sub(r"[^a-z0-9' ]", " ", text.lower()).split()
-
-
-def edit_distance(r, h):
-    d = list(range(len(h) + 1))
-    for i in range(1, len(r) + 1):
-        prev, d[0] = d[:], i
-        for j in range(1, len(h) + 1):
-            d[j] = min(prev[j] + 1, d[j - 1] + 1, prev[j - 1] + (r[i - 1] != h[j - 1]))
-    return d[len(h)]
 
 
 def wer(clips, texts):

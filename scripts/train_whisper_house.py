@@ -36,7 +36,6 @@ import glob
 import json
 import math
 import os
-import re
 import subprocess
 import tempfile
 import time
@@ -49,6 +48,8 @@ import torch
 from tokenizers import Tokenizer
 from transformers import WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration
 from transformers.modeling_outputs import BaseModelOutput
+
+from wer import edit_distance, words  # scripts/wer.py, beside this script
 
 RATE = 16000
 WINDOW = 30 * RATE          # samples in one encoder window
@@ -224,19 +225,6 @@ def make_batch(clips, vocab, rng, batch, dev, p_timestamps=0.5, p_prev=0.2):
         dec_in[b, : len(s) - 1] = torch.tensor(s[:-1])
         lab[b, p - 1: len(s) - 1] = torch.tensor(s[p:])
     return x, dec_in.to(dev), lab.to(dev)
-
-
-def words(text):
-    return re.sub(r"[^a-z0-9' ]", " ", text.lower()).split()
-
-
-def edit_distance(r, h):
-    d = list(range(len(h) + 1))
-    for i in range(1, len(r) + 1):
-        prev, d[0] = d[:], i
-        for j in range(1, len(h) + 1):
-            d[j] = min(prev[j] + 1, d[j - 1] + 1, prev[j - 1] + (r[i - 1] != h[j - 1]))
-    return d[len(h)]
 
 
 @torch.no_grad()
