@@ -347,6 +347,11 @@ struct backend_ops {
     void (*attention_dense)(struct backend *be, const float *q, int64_t n_q, const float *k,
                             const float *v, int64_t n_kv, int64_t kv_stride, int n_heads,
                             int head_dim, float scale, int64_t causal, float *out);
+    /* dst[rows[r] * cols + c] = src[r * cols + c] for r < n_rows (embed's
+     * inverse: rows written where a host array of indices says, which lets a
+     * decoder step write its K/V cache row without the position in the op). */
+    void (*scatter_rows)(struct backend *be, const float *src, int64_t n_rows, int64_t cols,
+                         const int32_t *rows, float *dst);
 
     /* ---- mixture-of-experts ops (Qwen3-MoE). Optional: NULL on a backend that
      * lacks them, which then cannot load such a model. ---- */

@@ -467,6 +467,14 @@ int whisper_state_create(const struct whisper_model *m, struct whisper_state **o
         return err_set(err, INFERD_ENOMEM, "out of memory for a Whisper state");
     }
     st->m = m;
+    size_t steps = (size_t)(c->max_target_positions > WHISPER_MAX_SEQS ? c->max_target_positions
+                                                                       : WHISPER_MAX_SEQS);
+    st->step_pos = malloc(steps * sizeof *st->step_pos);
+    st->step_rows = malloc(steps * sizeof *st->step_rows);
+    if (!st->step_pos || !st->step_rows) {
+        whisper_state_free(st);
+        return err_set(err, INFERD_ENOMEM, "out of memory for a Whisper state");
+    }
     size_t d = (size_t)c->d_model, src = (size_t)c->max_source_positions,
            L = (size_t)c->decoder_layers;
     size_t ffn = (size_t)(c->encoder_ffn > c->decoder_ffn ? c->encoder_ffn : c->decoder_ffn);
@@ -525,6 +533,8 @@ void whisper_state_free(struct whisper_state *st)
     for (int i = 0; st->capture_q && i < st->m->config.decoder_layers; i++)
         free(st->capture_q[i]);
     free(st->capture_q);
+    free(st->step_pos);
+    free(st->step_rows);
     free(st);
 }
 
@@ -572,17 +582,34 @@ static float *self_row(const struct whisper_state *st, float *base, int layer, i
                        (size_t)st->n_seqs + (size_t)seq) * (size_t)c->d_model;
 }
 
-/* Copies rows [0, n) of src (contiguous, d floats each) to sequence 0's self K (or V) rows
- * from dst0 on, which lie n_seqs rows apart: a row gather (the embed op) each. */
-static void store_rows(struct whisper_state *st, const float *src, float *dst0, int n)
+/* The self K/V cache row (within a layer's block) of each of n decoder rows:
+ * n tokens of sequence 0 from position n_past on (seqs false), or one token
+ * for each sequence s < n at n_past (seqs true). */
+static void self_rows(const struct whisper_state *st, int n, bool seqs, int32_t *rows)
 {
-    struct backend *be = st->m->backend;
-    int64_t d = st->m->config.d_model;
-    struct weight_matrix table = wm(src, n, d);
-    for (int i = 0; i < n; i++) {
-        int32_t row = i;
-        be->ops->embed(be, &table, &row, 1, dst0 + (size_t)i * st->n_seqs * d);
+    for (int r = 0; r < n; r++) {
+        int pos = seqs ? st->n_past : st->n_past + r, seq = seqs ? r : 0;
+        rows[r] = pos * st->n_seqs + seq;
     }
+}
+
+/* x = embed(tokens) + the positional embedding of each row's position (the
+ * positions as a gathered table, not an offset pointer, so a decode step's
+ * ops do not name its position). */
+static void embed_rows(struct whisper_state *st, const int32_t *tokens, int n, bool seqs)
+{
+    const struct whisper_model *m = st->m;
+    const struct whisper_config *c = &m->config;
+    struct backend *be = m->backend;
+    int64_t d = c->d_model;
+    int32_t *pos = st->step_pos;
+    for (int r = 0; r < n; r++)
+        pos[r] = seqs ? st->n_past : st->n_past + r;
+    struct weight_matrix emb = wm(m->embed, c->vocab_size, d),
+                         pos_emb = wm(m->dec_pos, c->max_target_positions, d);
+    be->ops->embed(be, &emb, tokens, n, st->x);
+    be->ops->embed(be, &pos_emb, pos, n, st->attn);
+    be->ops->add(be, st->x, st->attn, (int64_t)n * d);
 }
 
 /* The decoder over n rows of st->x already embedded: n tokens of sequence 0 at positions
@@ -597,24 +624,20 @@ static void decoder_layers(struct whisper_state *st, int n, bool seqs)
     int64_t d = c->d_model, src = c->max_source_positions, stride = (int64_t)st->n_seqs * d;
     int heads = c->decoder_heads, hd = (int)(d / heads);
     float scale = 1.0f / sqrtf((float)hd);
+    int32_t *rows = st->step_rows;
+    self_rows(st, n, seqs, rows);
     for (int i = 0; i < c->decoder_layers; i++) {
         const struct whisper_layer_w *L = &m->dec[i];
         struct weight_matrix wk = wm(L->self.k_w, d, d), wv = wm(L->self.v_w, d, d),
                              wq = wm(L->self.q_w, d, d), wo = wm(L->self.o_w, d, d);
-        float *sk = self_row(st, st->self_k, i, st->n_past, 0),
-              *sv = self_row(st, st->self_v, i, st->n_past, 0);
+        const struct weight_matrix *kvq[3] = {&wk, &wv, &wq};
+        const float *kvq_bias[3] = {NULL, L->self.v_b, L->self.q_b};
+        float *kvq_out[3] = {st->k, st->v, st->q};
+        float *k0 = self_row(st, st->self_k, i, 0, 0), *v0 = self_row(st, st->self_v, i, 0, 0);
         op->layer_norm(be, st->x, L->self.ln_w, L->self.ln_b, n, d, 1e-5f, st->xn);
-        if (seqs || st->n_seqs == 1) { /* the rows are where the cache wants them */
-            op->matmul(be, st->xn, n, &wk, NULL, sk);
-            op->matmul(be, st->xn, n, &wv, L->self.v_b, sv);
-        } else {
-            op->matmul(be, st->xn, n, &wk, NULL, st->k);
-            op->matmul(be, st->xn, n, &wv, L->self.v_b, st->v);
-            store_rows(st, st->k, sk, n);
-            store_rows(st, st->v, sv, n);
-        }
-        op->matmul(be, st->xn, n, &wq, L->self.q_b, st->q);
-        const float *k0 = self_row(st, st->self_k, i, 0, 0), *v0 = self_row(st, st->self_v, i, 0, 0);
+        op->matmul_group(be, st->xn, n, 3, kvq, kvq_bias, kvq_out);
+        op->scatter_rows(be, st->k, n, d, rows, k0);
+        op->scatter_rows(be, st->v, n, d, rows, v0);
         if (seqs) /* each sequence over its own rows */
             for (int s = 0; s < n; s++)
                 op->attention_dense(be, st->q + (size_t)s * d, 1, k0 + (size_t)s * d,
@@ -730,13 +753,10 @@ int whisper_decode(struct whisper_state *st, const int32_t *tokens, int n, float
     const struct whisper_config *c = &m->config;
     struct backend *be = m->backend;
     const struct backend_ops *op = be->ops;
-    int64_t d = c->d_model;
     int rc = check_tokens(st, tokens, n, c->max_target_positions, n, err);
     if (rc < 0)
         return rc;
-    struct weight_matrix emb = wm(m->embed, c->vocab_size, d);
-    op->embed(be, &emb, tokens, n, st->x);
-    op->add(be, st->x, m->dec_pos + (size_t)st->n_past * d, (int64_t)n * d);
+    embed_rows(st, tokens, n, false);
     decoder_layers(st, n, false);
     st->n_past += n;
     if (logits)
@@ -748,17 +768,12 @@ int whisper_decode_seqs(struct whisper_state *st, const int32_t *tokens, int n, 
                         struct err *err)
 {
     const struct whisper_model *m = st->m;
-    const struct whisper_config *c = &m->config;
     struct backend *be = m->backend;
     const struct backend_ops *op = be->ops;
-    int64_t d = c->d_model;
     int rc = check_tokens(st, tokens, n, st->n_seqs, 1, err);
     if (rc < 0)
         return rc;
-    struct weight_matrix emb = wm(m->embed, c->vocab_size, d);
-    op->embed(be, &emb, tokens, n, st->x);
-    for (int s = 0; s < n; s++) /* every sequence at the same position */
-        op->add(be, st->x + (size_t)s * d, m->dec_pos + (size_t)st->n_past * d, d);
+    embed_rows(st, tokens, n, true);
     decoder_layers(st, n, true);
     st->n_past += 1;
     decoder_head(st, 0, n, logits);

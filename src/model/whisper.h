@@ -78,8 +78,8 @@ void whisper_free(struct whisper_model *m);
 /* One transcription's activations and caches: the encoder output's K/V per
  * decoder layer (computed once per 30 s window, shared by every sequence),
  * the decoder's own K/V for n_seqs sequences (beams) that share n_past. The
- * sequences' rows of one position sit side by side, so a step of one token
- * per sequence writes its K/V rows in one product:
+ * sequences' rows of one position sit side by side, scattered there from the
+ * step's K/V product (backend_ops.scatter_rows):
  *   self_k[((layer * max_target_positions + pos) * n_seqs + seq) * d_model + e]
  * and sequence s's keys are rows of stride n_seqs * d_model from seq s's first. */
 struct whisper_state {
@@ -93,6 +93,9 @@ struct whisper_state {
     float *mel, *conv;             /* 2 * max_source_positions rows: the input and conv1's output */
     float *x, *xn, *q, *k, *v, *attn, *ffn; /* scratch, max_source_positions rows */
     float *logits;                 /* WHISPER_MAX_SEQS x vocab floats */
+    /* host memory, max(max_target_positions, WHISPER_MAX_SEQS) entries each: a step's
+     * positions and its rows of the self K/V (indices the backend reads at the step) */
+    int32_t *step_pos, *step_rows;
     /* whisper_cross_scores: each decoder layer's cross-attention queries of the pass, copied
      * to host memory (capture_q[layer] owned, NULL for layers not asked for) */
     float **capture_q;

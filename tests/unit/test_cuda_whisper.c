@@ -1,6 +1,6 @@
 /* tests/unit/test_cuda_whisper.c — Whisper on the CUDA backend against the CPU backend: the four
  * encoder-decoder ops on odd shapes (one test each), the whisper-tiny shape's encoder output and decoder logits,
- * and a whole greedy transcription. Skipped, saying why, without a GPU.
+ * decode steps replayed from CUDA graphs against eager ones, and a whole greedy transcription. Skipped, saying why, without a GPU.
  *
  * Tolerance: both backends compute in f32 (EXACT mode); they differ only in
  * the order of their sums (the CPU's blocked matmul against the GPU's GEMV,
@@ -125,38 +125,83 @@ Test(cuda_whisper, layer_norm_and_gelu_match_the_cpu, .timeout = 300)
     backend_destroy(gpu);
 }
 
+/* Row counts and key counts of the dense attention: many queries (one split), a decode step
+ * and a short prompt over the decoder's keys and over the encoder's 1,500 (split keys, merged). */
+static const struct { int rows, n_kv; } dense_shapes[] = {{ROWS, NKV}, {1, NKV}, {5, NKV},
+                                                          {1, 1500}, {3, 1500}, {1, 300}};
+
 Test(cuda_whisper, dense_attention_matches_the_cpu, .timeout = 300)
 {
     skip_without_gpu();
     struct backend *cpu = make_backend(false), *gpu = make_backend(true);
-    /* q ROWS x (HEADS * HD), K/V rows strided wider than the heads */
+    /* q rows x (HEADS * HD), K/V rows strided wider than the heads */
     int64_t qd = HEADS * HD, stride = qd + 16;
-    size_t nq = (size_t)ROWS * qd, nk = (size_t)NKV * stride;
-    float *q = malloc(nq * sizeof *q), *kv = malloc(2 * nk * sizeof *kv), *outs[2];
-    fill(q, nq, 4);
-    fill(kv, 2 * nk, 5);
-    for (int64_t causal = -1; causal <= 40; causal += 41) {
-        for (int k = 0; k < 2; k++) {
-            struct backend *be = k ? gpu : cpu;
-            float *dq = upload(be, q, nq, "upload q"), *dk = upload(be, kv, nk, "upload k"),
-                  *dv = upload(be, kv + nk, nk, "upload v");
-            float *dout = be->ops->alloc(be, nq * sizeof(float));
-            cr_assert_not_null(dout);
-            be->ops->attention_dense(be, dq, ROWS, dk, dv, NKV, stride, HEADS, HD,
-                                     1.0f / sqrtf((float)HD), causal, dout);
-            outs[k] = download(be, dout, nq, causal < 0 ? "attention_dense" : "causal attention_dense");
-            be->ops->release(be, dq);
-            be->ops->release(be, dk);
-            be->ops->release(be, dv);
-            be->ops->release(be, dout);
-            check(be, "release");
+    for (size_t sh = 0; sh < sizeof dense_shapes / sizeof dense_shapes[0]; sh++) {
+        int rows = dense_shapes[sh].rows, n_kv = dense_shapes[sh].n_kv;
+        size_t nq = (size_t)rows * qd, nk = (size_t)n_kv * stride;
+        float *q = malloc(nq * sizeof *q), *kv = malloc(2 * nk * sizeof *kv), *outs[2];
+        fill(q, nq, 4 + sh);
+        fill(kv, 2 * nk, 5 + sh);
+        /* full, causal from the start, and a decode step's causal (the last rows' keys) */
+        int64_t causals[] = {-1, 40, n_kv - rows};
+        for (int c = 0; c < 3; c++) {
+            int64_t causal = causals[c];
+            for (int k = 0; k < 2; k++) {
+                struct backend *be = k ? gpu : cpu;
+                float *dq = upload(be, q, nq, "upload q"), *dk = upload(be, kv, nk, "upload k"),
+                      *dv = upload(be, kv + nk, nk, "upload v");
+                float *dout = be->ops->alloc(be, nq * sizeof(float));
+                cr_assert_not_null(dout);
+                be->ops->attention_dense(be, dq, rows, dk, dv, n_kv, stride, HEADS, HD,
+                                         1.0f / sqrtf((float)HD), causal, dout);
+                outs[k] = download(be, dout, nq, "attention_dense");
+                be->ops->release(be, dq);
+                be->ops->release(be, dk);
+                be->ops->release(be, dv);
+                be->ops->release(be, dout);
+                check(be, "release");
+            }
+            cr_assert_leq(max_rel_diff(outs[0], outs[1], nq), 1e-5f,
+                          "attention of %d rows over %d keys (causal %lld)", rows, n_kv,
+                          (long long)causal);
+            free(outs[0]);
+            free(outs[1]);
         }
-        cr_assert_leq(max_rel_diff(outs[0], outs[1], nq), 1e-5f, "attention (causal %lld)",
-                      (long long)causal);
-        free(outs[0]);
-        free(outs[1]);
+        free(q), free(kv);
     }
-    free(q), free(kv);
+    backend_destroy(cpu);
+    backend_destroy(gpu);
+}
+
+Test(cuda_whisper, scatter_rows_matches_the_cpu, .timeout = 300)
+{
+    skip_without_gpu();
+    struct backend *cpu = make_backend(false), *gpu = make_backend(true);
+    enum { SRC = 6, DST = 23, COLS = 77 };
+    const int32_t rows[SRC] = {22, 0, 7, 8, 15, 3};
+    float src[SRC * COLS], dst[DST * COLS], *outs[2];
+    fill(src, SRC * COLS, 9);
+    fill(dst, DST * COLS, 10);
+    for (int k = 0; k < 2; k++) {
+        struct backend *be = k ? gpu : cpu;
+        float *ds = upload(be, src, SRC * COLS, "upload src"),
+              *dd = upload(be, dst, DST * COLS, "upload dst");
+        be->ops->scatter_rows(be, ds, SRC, COLS, rows, dd);
+        outs[k] = download(be, dd, DST * COLS, "scatter_rows");
+        be->ops->release(be, ds);
+        be->ops->release(be, dd);
+        check(be, "release");
+    }
+    for (int r = 0; r < DST; r++) { /* the rows named hold src's, every other row is untouched */
+        const float *want = dst + r * COLS;
+        for (int i = 0; i < SRC; i++)
+            if (rows[i] == r)
+                want = src + i * COLS;
+        cr_assert_eq(memcmp(outs[0] + r * COLS, want, COLS * sizeof(float)), 0, "cpu row %d", r);
+        cr_assert_eq(memcmp(outs[1] + r * COLS, want, COLS * sizeof(float)), 0, "cuda row %d", r);
+    }
+    free(outs[0]);
+    free(outs[1]);
     backend_destroy(cpu);
     backend_destroy(gpu);
 }
@@ -253,6 +298,65 @@ Test(cuda_whisper, tiny_encoder_output_and_logits_match_the_cpu, .timeout = 300)
         free(enc[k]);
         free(logits[k]);
     }
+    free(mel);
+    test_rmtree(dir);
+    free(dir);
+}
+
+/* Decode steps replayed from CUDA graphs (the step's ops name no position: the new K/V rows,
+ * the positional rows and the attention's key count are read from the step's parameters) give
+ * the bits of the same steps launched eagerly, across the splits' buckets (256 and 512 keys),
+ * and the CPU's argmax within the tolerance above. */
+Test(cuda_whisper, decode_steps_from_graphs_equal_eager_steps, .timeout = 300)
+{
+    skip_without_gpu();
+    char *dir = test_mkdtemp();
+    struct err err = {0};
+    cr_assert_eq(mkwhisper_write("whisper-tiny", 1, dir, &err), 0, "%s", err.msg);
+    float *mel = malloc((size_t)80 * AUDIO_WINDOW_FRAMES * sizeof *mel);
+    for (int i = 0; i < 80 * AUDIO_WINDOW_FRAMES; i++)
+        mel[i] = 0.5f * sinf((float)i * 0.0021f) - 0.2f * cosf((float)i * 0.11f);
+    enum { STEPS = 300, PROMPT = 4 };
+    int32_t tokens[PROMPT + STEPS] = {50258, 50259, 50359, 50363};
+    for (int i = PROMPT; i < PROMPT + STEPS; i++)
+        tokens[i] = (int32_t)((i * 7919) % 50000);
+    float *logits[3];
+    int vocab = 0;
+    for (int k = 0; k < 3; k++) { /* the CPU, CUDA with graphs, CUDA launching eagerly */
+        struct backend *be = NULL;
+        struct backend_options opt = {.mode = COMPUTE_EXACT, .threads = 2,
+                                      .cuda_graphs = k == 2 ? BACKEND_OFF : BACKEND_ON};
+        int rc = k ? backend_cuda_create(0, &opt, &be, &err) : backend_cpu_create(&opt, &be, &err);
+        cr_assert_eq(rc, 0, "%s", err.msg);
+        struct whisper_model *m;
+        struct whisper_state *st;
+        cr_assert_eq(whisper_load(dir, be, &m, &err), 0, "%s", err.msg);
+        cr_assert_eq(whisper_state_create(m, &st, &err), 0, "%s", err.msg);
+        vocab = m->config.vocab_size;
+        logits[k] = malloc((size_t)(STEPS + 1) * vocab * sizeof(float));
+        /* two windows: the second replays what the first captured */
+        for (int w = 0; w < 2; w++) {
+            cr_assert_eq(whisper_encode(st, mel, &err), 0, "%s", err.msg);
+            cr_assert_eq(whisper_decode(st, tokens, PROMPT, logits[k], &err), 0, "%s", err.msg);
+            for (int i = 0; i < STEPS; i++)
+                cr_assert_eq(whisper_decode(st, &tokens[PROMPT + i], 1,
+                                            logits[k] + (size_t)(i + 1) * vocab, &err),
+                             0, "step %d: %s", i, err.msg);
+        }
+        whisper_state_free(st);
+        whisper_free(m);
+        backend_destroy(be);
+    }
+    size_t n = (size_t)(STEPS + 1) * vocab;
+    cr_assert_eq(memcmp(logits[1], logits[2], n * sizeof(float)), 0,
+                 "logits from graphs differ from the eager launches'");
+    for (int p = 0; p <= STEPS; p += 1) {
+        const float *a = logits[0] + (size_t)p * vocab, *b = logits[1] + (size_t)p * vocab;
+        float d = max_rel_diff(a, b, (size_t)vocab);
+        cr_assert_leq(d, 1e-3f, "step %d: logits differ by %g of their scale", p, d);
+    }
+    for (int k = 0; k < 3; k++)
+        free(logits[k]);
     free(mel);
     test_rmtree(dir);
     free(dir);

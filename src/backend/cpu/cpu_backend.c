@@ -358,6 +358,7 @@ static const struct backend_ops cpu_ops = {
     .gelu = cpu_gelu,
     .conv1d = cpu_conv1d,
     .attention_dense = cpu_attention_dense,
+    .scatter_rows = cpu_scatter_rows,
     .moe_route = cpu_moe_route,
     .moe_ffn = cpu_moe_ffn,
     .gated_add = cpu_gated_add,

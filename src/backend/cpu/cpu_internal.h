@@ -48,6 +48,8 @@ void cpu_conv1d(struct backend *be, const float *x, int64_t n_in, int64_t c_in,
 void cpu_attention_dense(struct backend *be, const float *q, int64_t n_q, const float *k,
                          const float *v, int64_t n_kv, int64_t kv_stride, int n_heads,
                          int head_dim, float scale, int64_t causal, float *out);
+void cpu_scatter_rows(struct backend *be, const float *src, int64_t n_rows, int64_t cols,
+                      const int32_t *rows, float *dst);
 
 /* The mixture-of-experts ops (moe.c), as backend_ops states them. */
 void cpu_moe_route(struct backend *be, const float *logits, int64_t n_rows, int n_experts,

@@ -169,3 +169,11 @@ void cpu_attention_dense(struct backend *be, const float *q, int64_t n_q, const 
     else
         threadpool_run(pool_of(be), dense_pairs, &job);
 }
+
+void cpu_scatter_rows(struct backend *be, const float *src, int64_t n_rows, int64_t cols,
+                      const int32_t *rows, float *dst)
+{
+    (void)be;
+    for (int64_t r = 0; r < n_rows; r++)
+        memcpy(dst + (int64_t)rows[r] * cols, src + r * cols, (size_t)cols * sizeof *src);
+}

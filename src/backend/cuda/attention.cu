@@ -12,7 +12,7 @@
 /* The scratch starts with this many merge counters (zero between launches),
  * then the split partials; the counters never share memory with partials,
  * whatever the shape of the step that wrote them. */
-#define DEC_COUNTERS 4096
+#define DEC_COUNTERS CU_ATTN_COUNTERS
 /* Floats per split partial of one query head: m, l, two unused, acc[hd]
  * (16-byte aligned). */
 #define PART_STRIDE(hd) ((hd) + 4)
@@ -760,6 +760,8 @@ static size_t part_float_count(const struct cu_op *op)
 
 size_t cu_attention_part_floats(const struct cu_op *op)
 {
+    if (op->kind == CU_ATTN_DENSE)
+        return DEC_COUNTERS + cu_dense_part_floats(op);
     if (cu_attention_uses_prefill(op) || op->u.attn.n_splits <= 1)
         return 0;
     return DEC_COUNTERS + part_float_count(op);

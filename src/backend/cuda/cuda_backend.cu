@@ -510,14 +510,16 @@ bool cu_exec_gemm(struct cu_impl *im, const struct cu_op *op)
 enum prof_label {
     PL_EMBED, PL_GEMV, PL_GEMV_GROUP, PL_GEMV_RES, PL_GEMV_SWIGLU, PL_GEMM, PL_RMSNORM, PL_QK,
     PL_ROPE, PL_SILU, PL_ADD, PL_KV_STORE, PL_ATTN_DECODE, PL_ATTN_PREFILL, PL_NORM_GEMV,
-    PL_QK_ATTN, PL_KV_COPY, PL_MOE_ROUTE, PL_MOE_FFN, PL_GATED_ADD, PL_GEMMA_EW, PL_LORA, PL_N
+    PL_QK_ATTN, PL_KV_COPY, PL_MOE_ROUTE, PL_MOE_FFN, PL_GATED_ADD, PL_GEMMA_EW, PL_LORA,
+    PL_ENCDEC_EW, PL_ATTN_DENSE, PL_N
 };
 static const char *const prof_names[PL_N] = {
     "embed", "gemv", "gemv group", "gemv + residual add", "gemv gate/up + swiglu",
     "cublasLt gemm", "rmsnorm", "q/k norm + rope + kv write", "rope", "silu_mul", "add",
     "kv_store", "attention decode", "attention prefill", "rmsnorm + gemv (+ epilogue)",
     "q/k prep + attention decode", "kv copy slots", "moe routing", "moe experts",
-    "shared expert gate + add", "gelu_tanh_mul, scale, softcap", "lora shrink + expand"};
+    "shared expert gate + add", "gelu_tanh_mul, scale, softcap", "lora shrink + expand",
+    "layer_norm, gelu, scatter_rows", "attention dense (+ merge)"};
 
 static int prof_label_of(const struct cu_op *ops, const struct cu_launch *l)
 {
@@ -539,6 +541,10 @@ static int prof_label_of(const struct cu_op *ops, const struct cu_launch *l)
     case CU_LAUNCH_SCALE:
     case CU_LAUNCH_SOFTCAP: return PL_GEMMA_EW;
     case CU_LAUNCH_LORA: return PL_LORA;
+    case CU_LAUNCH_LAYER_NORM:
+    case CU_LAUNCH_GELU:
+    case CU_LAUNCH_SCATTER_ROWS: return PL_ENCDEC_EW;
+    case CU_LAUNCH_ATTN_DENSE: return PL_ATTN_DENSE;
     case CU_LAUNCH_ATTENTION:
         return cu_attention_uses_prefill(op) ? PL_ATTN_PREFILL : PL_ATTN_DECODE;
     case CU_LAUNCH_GEMM: return PL_GEMM;
@@ -639,7 +645,9 @@ static bool step_graphable(const struct cu_impl *im)
         /* norms and elementwise ops count heads or elements, not tokens */
         bool per_token = op->kind == CU_EMBED || op->kind == CU_MATMUL || op->kind == CU_ROPE ||
                          op->kind == CU_KV_STORE || op->kind == CU_ATTENTION ||
-                         op->kind == CU_MOE_ROUTE || op->kind == CU_MOE_FFN;
+                         op->kind == CU_MOE_ROUTE || op->kind == CU_MOE_FFN ||
+                         op->kind == CU_ATTN_DENSE || op->kind == CU_SCATTER_ROWS ||
+                         op->kind == CU_LAYER_NORM;
         if (per_token && op->n_rows > CU_GEMV_MAX_ROWS)
             return false;
         /* cuBLASLt's launches stay out of graphs */
@@ -1180,6 +1188,7 @@ static const struct backend_ops cuda_ops = {
     /* .gelu = */ cu_gelu,
     /* .conv1d = */ cu_conv1d,
     /* .attention_dense = */ cu_attention_dense,
+    /* .scatter_rows = */ cu_scatter_rows,
     /* .moe_route = */ cu_moe_route,
     /* .moe_ffn = */ cu_moe_ffn,
     /* .gated_add = */ cu_gated_add,

@@ -14,7 +14,7 @@ extern "C" {
 #include "backend/backend.h"
 }
 
-#define CU_GRAPH_CACHE 4
+#define CU_GRAPH_CACHE 8
 
 /* Streaming GEMV kernels (gemv.cu): 4 row counts x 2 matrix counts x with
  * or without the folded RMSNorm. */
@@ -196,6 +196,7 @@ struct cu_impl {
     size_t wb_bytes;
     float *attn_part;     /* device, split-attention partials; owned */
     size_t attn_part_bytes;
+    bool dense_smem_set;  /* the dense attention kernel may take its largest shared memory */
     void *xq;             /* device, x as int8 blocks for the block GEMVs (cu_gemv_args.xq); owned */
     size_t xq_bytes;
 
@@ -264,6 +265,17 @@ void cu_conv1d(struct backend *be, const float *x, int64_t n_in, int64_t c_in,
 void cu_attention_dense(struct backend *be, const float *q, int64_t n_q, const float *k,
                         const float *v, int64_t n_kv, int64_t kv_stride, int n_heads, int head_dim,
                         float scale, int64_t causal, float *out);
+void cu_scatter_rows(struct backend *be, const float *src, int64_t n_rows, int64_t cols,
+                     const int32_t *rows, float *dst);
+/* Their launchers (the recorded CU_LAYER_NORM, CU_GELU, CU_ATTN_DENSE and
+ * CU_SCATTER_ROWS ops); part is the dense attention's split partials
+ * (cu_dense_part_floats of them, past the scratch's counters). */
+cudaError_t cu_launch_layer_norm(cudaStream_t s, const struct cu_op *op);
+cudaError_t cu_launch_gelu(cudaStream_t s, const struct cu_op *op);
+cudaError_t cu_launch_attention_dense(cudaStream_t s, const struct cu_op *op,
+                                      const uint8_t *params, float *part);
+cudaError_t cu_launch_scatter_rows(cudaStream_t s, const struct cu_op *op, const uint8_t *params);
+size_t cu_dense_part_floats(const struct cu_op *op);
 
 /* x (n_rows x cols, f32) to bf16 and one cuBLASLt GEMM (+ bias) per matrix
  * of matmul op (cuda_backend.cu); false when it failed (recorded). */
@@ -368,8 +380,12 @@ cudaError_t cu_launch_embed_blocks(cudaStream_t s, const struct cu_op *op, const
 /* tensor_cores: prefill in fp16 on tensor cores (fast mode), else f32. */
 cudaError_t cu_launch_attention(cudaStream_t s, const struct cu_op *op, const uint8_t *params,
                                 float *part, int smem_optin, bool tensor_cores);
-/* Scratch floats for an attention op (its split partials and counters). */
+/* Scratch floats for an attention op (its split partials and counters), a
+ * CU_ATTENTION or a CU_ATTN_DENSE one. The scratch starts with
+ * CU_ATTN_COUNTERS floats of the decode attention's merge counters (zero
+ * between launches), the partials after them. */
 size_t cu_attention_part_floats(const struct cu_op *op);
+#define CU_ATTN_COUNTERS 4096
 /* Decode attention with the q/k launch before it folded in (q/k norms,
  * RoPE, the new K/V written to the cache): for steps of one token per
  * sequence whose q the attention reads; cu_attention_takes_qk (fuse.h) says

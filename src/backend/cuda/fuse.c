@@ -177,6 +177,10 @@ int cu_fuse_next(const struct cu_fuse_config *cfg, const struct cu_op *ops, int 
     case CU_SCALE: l->kind = CU_LAUNCH_SCALE; break;
     case CU_SOFTCAP: l->kind = CU_LAUNCH_SOFTCAP; break;
     case CU_LORA: l->kind = CU_LAUNCH_LORA; break;
+    case CU_LAYER_NORM: l->kind = CU_LAUNCH_LAYER_NORM; break;
+    case CU_GELU: l->kind = CU_LAUNCH_GELU; break;
+    case CU_ATTN_DENSE: l->kind = CU_LAUNCH_ATTN_DENSE; break;
+    case CU_SCATTER_ROWS: l->kind = CU_LAUNCH_SCATTER_ROWS; break;
     case CU_MATMUL:
         if (!uses_gemv(cfg, op)) {
             l->kind = CU_LAUNCH_GEMM;

@@ -74,6 +74,16 @@ bool cu_exec_launch(struct cu_impl *im, const struct cu_op *ops, const struct cu
     case CU_LAUNCH_SCALE:
     case CU_LAUNCH_SOFTCAP:
         return CU_TRY(im, cu_launch_ew_gemma(s, op));
+    case CU_LAUNCH_LAYER_NORM:
+        return CU_TRY(im, cu_launch_layer_norm(s, op));
+    case CU_LAUNCH_GELU:
+        return CU_TRY(im, cu_launch_gelu(s, op));
+    case CU_LAUNCH_ATTN_DENSE:
+        return CU_TRY(im, cu_launch_attention_dense(
+                              s, op, im->arena_dev,
+                              im->attn_part ? im->attn_part + CU_ATTN_COUNTERS : NULL));
+    case CU_LAUNCH_SCATTER_ROWS:
+        return CU_TRY(im, cu_launch_scatter_rows(s, op, im->arena_dev));
     case CU_LAUNCH_ATTENTION:
         return CU_TRY(im, cu_launch_attention(s, op, im->arena_dev, im->attn_part,
                                               im->dev.smem_optin,

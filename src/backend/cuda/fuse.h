@@ -90,6 +90,10 @@ enum cu_launch_kind {
     CU_LAUNCH_SCALE,
     CU_LAUNCH_SOFTCAP,
     CU_LAUNCH_LORA,         /* low-rank adapters: shrink, then expand (lora.cu) */
+    CU_LAUNCH_LAYER_NORM,   /* the encoder-decoder ops (encdec.cu) */
+    CU_LAUNCH_GELU,
+    CU_LAUNCH_ATTN_DENSE,   /* and the merge of its key splits */
+    CU_LAUNCH_SCATTER_ROWS,
 };
 
 /* One launch of the plan: the ops [op, op + n_ops) it covers. */

@@ -403,6 +403,86 @@ void cu_rec_attention(struct cu_rec *rec, const float *q, const struct kv_cache 
         *op = probe;
 }
 
+void cu_rec_layer_norm(struct cu_rec *rec, const float *x, const float *weight, const float *bias,
+                       int64_t n_rows, int64_t dim, float eps, float *y)
+{
+    if (!rec->hooks->ok(rec) || n_rows <= 0 || dim <= 0)
+        return;
+    struct cu_op *op = op_new(rec, CU_LAYER_NORM, (int)(n_rows < INT32_MAX ? n_rows : INT32_MAX));
+    if (!op)
+        return;
+    op->u.norm.x = x;
+    op->u.norm.w = weight;
+    op->u.norm.b = bias;
+    op->u.norm.n_rows = n_rows;
+    op->u.norm.dim = dim;
+    op->u.norm.eps = eps;
+    op->u.norm.y = y;
+}
+
+void cu_rec_gelu(struct cu_rec *rec, float *x, int64_t n)
+{
+    record_ew(rec, CU_GELU, x, NULL, x, n);
+}
+
+void cu_rec_attention_dense(struct cu_rec *rec, const float *q, int64_t n_q, const float *k,
+                            const float *v, int64_t n_kv, int64_t kv_stride, int n_heads,
+                            int head_dim, float scale, int64_t causal, float *out)
+{
+    if (!rec->hooks->ok(rec) || n_q <= 0 || n_heads <= 0)
+        return;
+    if (n_q > INT32_MAX || n_kv <= 0) {
+        rec_fail(rec, INFERD_EINVAL, "dense attention of %lld queries over %lld keys",
+                 (long long)n_q, (long long)n_kv);
+        return;
+    }
+    struct cu_op probe;
+    memset(&probe, 0, sizeof probe);
+    probe.kind = CU_ATTN_DENSE;
+    probe.n_rows = (int)n_q;
+    probe.u.dense.q = q;
+    probe.u.dense.k = k;
+    probe.u.dense.v = v;
+    probe.u.dense.out = out;
+    probe.u.dense.kv_stride = kv_stride;
+    probe.u.dense.n_heads = n_heads;
+    probe.u.dense.head_dim = head_dim;
+    probe.u.dense.kv_bucket = (int)pow2_at_least((size_t)n_kv, CU_DENSE_MIN_BUCKET);
+    int splits = 1;
+    if (n_q <= CU_DENSE_SPLIT_MAX_Q) {
+        splits = probe.u.dense.kv_bucket / CU_DENSE_SPLIT_KEYS;
+        splits = splits < 1 ? 1 : splits > CU_DENSE_MAX_SPLITS ? CU_DENSE_MAX_SPLITS : splits;
+    }
+    probe.u.dense.n_splits = splits;
+    probe.u.dense.scale = scale;
+    if (!rec->hooks->attn_scratch(rec, &probe) || !rec->hooks->arena_room(rec, 2 * 8 + 32))
+        return;
+    int64_t len[2] = {n_kv, causal};
+    /* no dedup key: the values change every step while the layout must not */
+    probe.u.dense.len_off = arena_put(rec, NULL, len, sizeof len, 0);
+    struct cu_op *op = op_new(rec, CU_ATTN_DENSE, (int)n_q);
+    if (op)
+        *op = probe;
+}
+
+void cu_rec_scatter_rows(struct cu_rec *rec, const float *src, int64_t n_rows, int64_t cols,
+                         const int32_t *rows, float *dst)
+{
+    if (!rec->hooks->ok(rec) || n_rows <= 0 || cols <= 0)
+        return;
+    if (n_rows > INT32_MAX ||
+        !rec->hooks->arena_room(rec, (size_t)n_rows * sizeof(int32_t) + 32))
+        return;
+    uint32_t off = arena_put(rec, rows, rows, (size_t)n_rows * sizeof(int32_t), 0);
+    struct cu_op *op = op_new(rec, CU_SCATTER_ROWS, (int)n_rows);
+    if (!op)
+        return;
+    op->u.scatter.src = src;
+    op->u.scatter.dst = dst;
+    op->u.scatter.cols = cols;
+    op->u.scatter.idx_off = off;
+}
+
 void cu_rec_kv_copy_slots(struct cu_rec *rec, const struct kv_cache *kv, uint32_t src,
                           uint32_t dst, int n)
 {

@@ -39,6 +39,15 @@ extern "C" {
 #define CU_DEDUP_MAX 16
 /* The MoE GEMVs keep a row's expert order in shared memory: top_k up to this. */
 #define CU_MOE_MAX_TOP_K 32
+/* Dense attention (Whisper): steps of at most CU_DENSE_SPLIT_MAX_Q queries
+ * split their keys into kv_bucket / CU_DENSE_SPLIT_KEYS parts (at most
+ * CU_DENSE_MAX_SPLITS) merged by a second launch; one query over the
+ * encoder's 1,500 keys is otherwise a single block per head walking them
+ * all. */
+#define CU_DENSE_SPLIT_MAX_Q 8
+#define CU_DENSE_MIN_BUCKET 256
+#define CU_DENSE_SPLIT_KEYS 128
+#define CU_DENSE_MAX_SPLITS 32
 
 enum cu_op_kind {
     CU_EMBED = 1,
@@ -57,6 +66,11 @@ enum cu_op_kind {
     CU_SCALE,
     CU_SOFTCAP,
     CU_LORA,
+    /* the encoder-decoder ops (Whisper; encdec.cu) */
+    CU_LAYER_NORM,
+    CU_GELU,
+    CU_ATTN_DENSE,
+    CU_SCATTER_ROWS,
 };
 
 struct cu_mat {
@@ -130,6 +144,7 @@ struct cu_op {
             int64_t n_rows, dim;
             float eps;
             float *y;
+            const float *b; /* layer_norm's bias (NULL: none); rmsnorm has none */
         } norm;
         struct {
             float *x;
@@ -196,6 +211,25 @@ struct cu_op {
             int n_segs, max_rank, max_seg_rows; /* the launches' grids */
             uint32_t segs_off; /* n_segs cu_lora_seg in the arena */
         } lora;
+        struct {
+            const float *q, *k, *v;
+            float *out;
+            int64_t kv_stride;
+            int n_heads, head_dim;
+            /* keys per split are derived on the device from the arena's n_kv; the
+             * split count follows kv_bucket (the power of two at or above n_kv, at
+             * least CU_DENSE_MIN_BUCKET) so every decode step of a window that
+             * stays in one bucket is the same op */
+            int kv_bucket, n_splits;
+            float scale;
+            uint32_t len_off; /* in the arena: int64_t n_kv, causal (attention_dense's) */
+        } dense;
+        struct {
+            const float *src;
+            float *dst;
+            int64_t cols;
+            uint32_t idx_off; /* in the arena: n_rows int32 destination rows */
+        } scatter;
     } u;
 };
 
@@ -270,6 +304,18 @@ void cu_rec_kv_store(struct cu_rec *rec, struct kv_cache *kv, int layer, const f
 void cu_rec_attention(struct cu_rec *rec, const float *q, const struct kv_cache *kv, int layer,
                       const struct attn_span *spans, int n_spans, int n_heads, float scale,
                       int sliding_window, float *out);
+
+/* The encoder-decoder ops (backend.h's layer_norm, gelu, attention_dense,
+ * scatter_rows). attention_dense puts n_kv and causal in the arena (not in
+ * the op), so decode steps at every position of a bucket replay one graph. */
+void cu_rec_layer_norm(struct cu_rec *rec, const float *x, const float *weight, const float *bias,
+                       int64_t n_rows, int64_t dim, float eps, float *y);
+void cu_rec_gelu(struct cu_rec *rec, float *x, int64_t n);
+void cu_rec_attention_dense(struct cu_rec *rec, const float *q, int64_t n_q, const float *k,
+                            const float *v, int64_t n_kv, int64_t kv_stride, int n_heads,
+                            int head_dim, float scale, int64_t causal, float *out);
+void cu_rec_scatter_rows(struct cu_rec *rec, const float *src, int64_t n_rows, int64_t cols,
+                         const int32_t *rows, float *dst);
 
 void cu_rec_kv_copy_slots(struct cu_rec *rec, const struct kv_cache *kv, uint32_t src,
                           uint32_t dst, int n);
