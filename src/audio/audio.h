@@ -10,6 +10,8 @@
 
 #include "base/err.h"
 
+struct threadpool;
+
 #define AUDIO_SAMPLE_RATE 16000       /* Whisper's rate */
 #define AUDIO_N_FFT 400
 #define AUDIO_HOP 160
@@ -77,8 +79,11 @@ void audio_mel_free(struct audio_mel *m);
 
 /* The features of one window: samples [0, n) (n <= AUDIO_WINDOW_SAMPLES)
  * padded with zeros to 30 s as the feature extractor pads, into out
- * (n_mels x AUDIO_WINDOW_FRAMES floats, mel-major as the model reads them). */
-void audio_mel_window(const struct audio_mel *m, const float *samples, size_t n, float *out);
+ * (n_mels x AUDIO_WINDOW_FRAMES floats, mel-major as the model reads them).
+ * The frames are split over pool's threads (NULL: the calling thread alone);
+ * each frame is computed alone, so the features are the same either way. */
+void audio_mel_window(const struct audio_mel *m, const float *samples, size_t n, float *out,
+                      struct threadpool *pool);
 
 /* ---- voice activity ------------------------------------------------------------------
  *

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "audio/audio.h"
+#include "base/threadpool.h"
 
 #define N_FREQS (AUDIO_N_FFT / 2 + 1)
 #define MEL_FLOOR 1e-10
@@ -131,24 +132,45 @@ static void fft(const double *x, long stride, double *out, int n, const int *rad
     }
 }
 
-void audio_mel_window(const struct audio_mel *m, const float *samples, size_t n, float *out)
+struct mel_job {
+    const struct audio_mel *m;
+    const float *samples;
+    size_t n;
+    float *out;
+    float *vmax; /* one per thread */
+};
+
+/* Whether frame t reads only zeros: all of its samples lie at or past the audio's end and
+ * before the window's end (none reflected back into the audio). */
+static bool frame_past_audio(long start, size_t n)
 {
-    if (n > AUDIO_WINDOW_SAMPLES)
-        n = AUDIO_WINDOW_SAMPLES;
+    return start >= 0 && (size_t)start >= n && start + AUDIO_N_FFT <= AUDIO_WINDOW_SAMPLES;
+}
+
+/* Frames [begin, end) of the window for thread ith: log10 of each mel band's energy. */
+static void mel_frames(void *ctx, int ith, int nth)
+{
+    const struct mel_job *j = ctx;
+    const struct audio_mel *m = j->m;
+    long begin, end;
+    threadpool_split(AUDIO_WINDOW_FRAMES, ith, nth, 1, &begin, &end);
     double buf[2 * AUDIO_N_FFT], spec[2 * AUDIO_N_FFT], power[N_FREQS];
     float vmax = -INFINITY;
     const float silent_v = (float)log10(MEL_FLOOR);
-    for (int t = 0; t < AUDIO_WINDOW_FRAMES; t++) {
-        long start = (long)t * AUDIO_HOP - AUDIO_N_FFT / 2;
-        bool silent = true;
-        for (int i = 0; i < AUDIO_N_FFT; i++) {
-            buf[2 * i] = (double)padded_sample(samples, n, start + i) * m->window[i];
-            buf[2 * i + 1] = 0;
-            silent &= buf[2 * i] == 0.0;
+    for (long t = begin; t < end; t++) {
+        long start = t * AUDIO_HOP - AUDIO_N_FFT / 2;
+        bool silent = frame_past_audio(start, j->n);
+        if (!silent) {
+            silent = true;
+            for (int i = 0; i < AUDIO_N_FFT; i++) {
+                buf[2 * i] = (double)padded_sample(j->samples, j->n, start + i) * m->window[i];
+                buf[2 * i + 1] = 0;
+                silent &= buf[2 * i] == 0.0;
+            }
         }
         if (silent) { /* every power 0: every bin at the floor */
             for (int b = 0; b < m->n_mels; b++)
-                out[(size_t)b * AUDIO_WINDOW_FRAMES + t] = silent_v;
+                j->out[(size_t)b * AUDIO_WINDOW_FRAMES + t] = silent_v;
             vmax = vmax > silent_v ? vmax : silent_v;
             continue;
         }
@@ -161,11 +183,32 @@ void audio_mel_window(const struct audio_mel *m, const float *samples, size_t n,
             for (int k = m->band[2 * b]; k <= m->band[2 * b + 1]; k++) /* the rest are zeros */
                 e += f[k] * power[k];
             float v = (float)log10(e > MEL_FLOOR ? e : MEL_FLOOR);
-            out[(size_t)b * AUDIO_WINDOW_FRAMES + t] = v;
+            j->out[(size_t)b * AUDIO_WINDOW_FRAMES + t] = v;
             if (v > vmax)
                 vmax = v;
         }
     }
+    j->vmax[ith] = vmax;
+}
+
+void audio_mel_window(const struct audio_mel *m, const float *samples, size_t n, float *out,
+                      struct threadpool *pool)
+{
+    if (n > AUDIO_WINDOW_SAMPLES)
+        n = AUDIO_WINDOW_SAMPLES;
+    enum { MAX_THREADS = 256 };
+    float vmaxes[MAX_THREADS];
+    struct mel_job job = {m, samples, n, out, vmaxes};
+    int nth = 1;
+    if (pool && threadpool_size(pool) <= MAX_THREADS) {
+        nth = threadpool_size(pool);
+        threadpool_run(pool, mel_frames, &job);
+    } else {
+        mel_frames(&job, 0, 1);
+    }
+    float vmax = -INFINITY;
+    for (int i = 0; i < nth; i++)
+        vmax = vmaxes[i] > vmax ? vmaxes[i] : vmax;
     float floor_v = vmax - 8.0f;
     size_t total = (size_t)m->n_mels * AUDIO_WINDOW_FRAMES;
     for (size_t i = 0; i < total; i++) {

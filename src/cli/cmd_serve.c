@@ -710,6 +710,8 @@ static int whisper_open(const struct serve_options *o, struct backend **be,
         rc = transcriber_create(o->whisper_dir, *be, t, err);
     if (rc == 0)
         transcriber_set_default_beam(*t, (int)o->whisper_beam);
+    if (rc == 0) /* the host is idle while a GPU encodes; on the CPU the backend waits for it */
+        rc = transcriber_set_mel_threads(*t, (int)o->threads, err);
     if (rc == 0 && o->whisper_resident)
         rc = transcriber_load(*t, err);
     return rc;

@@ -13,6 +13,7 @@
 #include <zlib.h>
 
 #include "audio/audio.h"
+#include "base/threadpool.h"
 #include "base/timer.h"
 #include "engine/turns.h"
 #include "model/whisper.h"
@@ -81,6 +82,7 @@ struct transcriber {
     struct whisper_state *state;  /* owned */
     struct tokenizer *tok;        /* owned */
     struct audio_mel mel;         /* owned */
+    struct threadpool *mel_pool;  /* owned; the front end's threads (NULL: the caller's alone) */
     struct special_ids ids;
     float *features, *logits;     /* owned host buffers: one window's mel, a row of logits per
                                      decoder sequence */
@@ -283,6 +285,7 @@ void transcriber_free(struct transcriber *t)
     unload_locked(t);
     pthread_mutex_destroy(&t->lock);
     pthread_mutex_destroy(&t->stats_lock);
+    threadpool_free(t->mel_pool);
     free(t->dir);
     free(t);
 }
@@ -1380,7 +1383,7 @@ static int run_locked(struct transcriber *t, const float *samples, size_t n, con
             if (mel)
                 mel_slice(mel, c->n_mels, n_frames, seek / AUDIO_HOP, t->features);
             else
-                audio_mel_window(&t->mel, cs + seek, window_len, t->features);
+                audio_mel_window(&t->mel, cs + seek, window_len, t->features, t->mel_pool);
             t->run_mel_s += now_s() - m0;
             t->run_windows++;
             turn_begin(t);
@@ -1573,6 +1576,21 @@ void transcriber_set_default_beam(struct transcriber *t, int beam_size)
 }
 
 int transcriber_default_beam(const struct transcriber *t) { return t->default_beam; }
+
+int transcriber_set_mel_threads(struct transcriber *t, int n_threads, struct err *err)
+{
+    struct threadpool *pool = NULL;
+    if (n_threads != 1) {
+        int rc = threadpool_create(n_threads, &pool, err);
+        if (rc < 0)
+            return err_wrap(err, "the Whisper front end's threads");
+    }
+    pthread_mutex_lock(&t->lock);
+    threadpool_free(t->mel_pool);
+    t->mel_pool = pool;
+    pthread_mutex_unlock(&t->lock);
+    return 0;
+}
 
 /* ---- dictation sessions -------------------------------------------------------------------- */
 

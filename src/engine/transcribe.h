@@ -167,6 +167,10 @@ void transcriber_set_turns(struct transcriber *t, struct device_turns *turns);
 void transcriber_set_default_beam(struct transcriber *t, int beam_size);
 int transcriber_default_beam(const struct transcriber *t);
 
+/* Threads of the log-mel front end (0: one per core, 1: the transcribing thread alone, the
+ * default); each window's frames are split over them (the same features either way). */
+int transcriber_set_mel_threads(struct transcriber *t, int n_threads, struct err *err);
+
 /* ---- dictation sessions ---------------------------------------------------------------
  *
  * Audio arrives in pieces; each completed 30 s window is transcribed as soon as it is whole

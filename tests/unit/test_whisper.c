@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "audio/audio.h"
+#include "base/threadpool.h"
 #include "backend/backend.h"
 #include "engine/transcribe.h"
 #include "model/whisper.h"
@@ -155,7 +156,7 @@ Test(mel, a_sine_lights_the_mel_bin_of_its_frequency)
     float *x = malloc(n * sizeof *x), *out = malloc(80 * AUDIO_WINDOW_FRAMES * sizeof *out);
     for (size_t i = 0; i < n; i++)
         x[i] = 0.5f * sinf(2 * (float)M_PI * 1000.0f * i / 16000);
-    audio_mel_window(&mel, x, n, out);
+    audio_mel_window(&mel, x, n, out, NULL);
     /* the loudest bin of a frame in the middle: the filter whose centre is nearest 1 kHz.
      * Slaney mel of 1000 Hz is 15; 0..8000 Hz spans 0..45.25 mel in 81 steps, so centre m
      * sits at (m + 1) * 45.245 / 81: 1000 Hz is bin 25.85 -> the peak is bin 26 or 25. */
@@ -174,6 +175,33 @@ Test(mel, a_sine_lights_the_mel_bin_of_its_frequency)
     cr_assert_float_eq(out[0 * AUDIO_WINDOW_FRAMES + 2500], vmin, 1e-6);
     free(x);
     free(out);
+    audio_mel_free(&mel);
+}
+
+/* Frames split over a pool's threads give the features of one thread, bit for bit, for clips
+ * that end mid-window (frames past the end are silence without reading them) and a full one. */
+Test(mel, threads_give_the_features_of_one_thread)
+{
+    struct audio_mel mel;
+    struct err err = {0};
+    struct threadpool *pool = NULL;
+    cr_assert_eq(audio_mel_init(80, &mel, &err), 0);
+    cr_assert_eq(threadpool_create(3, &pool, &err), 0, "%s", err.msg);
+    size_t lens[] = {1, 16000 * 7 + 77, AUDIO_WINDOW_SAMPLES};
+    size_t total = (size_t)80 * AUDIO_WINDOW_FRAMES;
+    float *x = malloc(AUDIO_WINDOW_SAMPLES * sizeof *x), *one = malloc(total * sizeof *one),
+          *many = malloc(total * sizeof *many);
+    for (size_t i = 0; i < AUDIO_WINDOW_SAMPLES; i++)
+        x[i] = 0.3f * sinf(0.05f * (float)i) + 0.2f * sinf(0.0031f * (float)(i * i % 100003));
+    for (size_t k = 0; k < sizeof lens / sizeof lens[0]; k++) {
+        audio_mel_window(&mel, x, lens[k], one, NULL);
+        audio_mel_window(&mel, x, lens[k], many, pool);
+        cr_assert_eq(memcmp(one, many, total * sizeof *one), 0, "%zu samples", lens[k]);
+    }
+    free(x);
+    free(one);
+    free(many);
+    threadpool_free(pool);
     audio_mel_free(&mel);
 }
 
@@ -228,7 +256,7 @@ Test(whisper_goldens, mel_matches_transformers_when_goldens_exist)
     cr_assert_eq(audio_mel_init(80, &mel, &err), 0);
     size_t n;
     float *x = golden_clip(&n), *out = malloc(80 * AUDIO_WINDOW_FRAMES * sizeof *out);
-    audio_mel_window(&mel, x, n, out);
+    audio_mel_window(&mel, x, n, out, NULL);
     float worst = 0;
     for (int b = 0; b < 80; b++)
         for (int f = 0; f < GOLDEN_MEL_FRAMES; f++)
@@ -420,7 +448,7 @@ Test(whisper_goldens, tiny_encoder_and_logits_match_transformers_when_goldens_ex
     cr_assert_eq(audio_mel_init(80, &front, &(struct err){0}), 0);
     size_t n_clip;
     float *clip = golden_clip(&n_clip), *mel = malloc(80 * AUDIO_WINDOW_FRAMES * sizeof *mel);
-    audio_mel_window(&front, clip, n_clip, mel);
+    audio_mel_window(&front, clip, n_clip, mel, NULL);
     free(clip);
     audio_mel_free(&front);
     char *dir = test_mkdtemp();
@@ -554,7 +582,7 @@ Test(whisper_goldens, generate_translate_and_language_match_transformers_when_go
         cr_assert_eq(audio_mel_init(80, &front, &(struct err){0}), 0);
         size_t n_clip;
         float *clip = golden_clip(&n_clip), *mel = malloc(80 * AUDIO_WINDOW_FRAMES * sizeof *mel);
-        audio_mel_window(&front, clip, n_clip, mel);
+        audio_mel_window(&front, clip, n_clip, mel, NULL);
         free(clip);
         audio_mel_free(&front);
         char *dir = test_mkdtemp();
