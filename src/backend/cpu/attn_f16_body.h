@@ -162,11 +162,35 @@ static void ha_pv(float *o, int n_heads, int hd, const float *p, const uint16_t 
     }
 }
 
-void HA_GROUP(const struct tattn_args *a, const struct hattn_item *it)
+/* The rows of positions [c0, c0 + n) of the item's kv head into kp and vp,
+ * each of their cache lines asked of memory now: the rows sit a slot's row
+ * apart within a block and blocks anywhere, so without the hints every row
+ * waits on its own miss. */
+static void ha_chunk_rows(const struct tattn_args *a, const struct hattn_item *it, int c0, int n,
+                          const uint16_t **kp, const uint16_t **vp)
 {
     const struct kv_cache *kv = a->kv;
     const struct attn_span *sp = it->sp;
     const uint16_t *kc = kv->k, *vc = kv->v;
+    int hd = kv->head_dim;
+    size_t head_off = (size_t)it->kv_head * hd;
+    for (int j = 0; j < n; j++) {
+        int pos = c0 + j;
+        uint32_t block = sp->block_ids[pos / kv->block_size];
+        size_t off = tattn_slot_offset(kv, a->layer, block, pos % kv->block_size) + head_off;
+        kp[j] = kc + off;
+        vp[j] = vc + off;
+        for (int b = 0; b < hd * 2; b += 64) {
+            _mm_prefetch((const char *)kp[j] + b, _MM_HINT_T0);
+            _mm_prefetch((const char *)vp[j] + b, _MM_HINT_T0);
+        }
+    }
+}
+
+void HA_GROUP(const struct tattn_args *a, const struct hattn_item *it)
+{
+    const struct kv_cache *kv = a->kv;
+    const struct attn_span *sp = it->sp;
     int hd = kv->head_dim, G = it->n_heads;
     size_t q_stride = (size_t)a->n_heads * hd;
     int last = sp->pos0 + (it->row - sp->row0);
@@ -178,7 +202,7 @@ void HA_GROUP(const struct tattn_args *a, const struct hattn_item *it)
     float o[HATTN_MAX_QUERY_FLOATS] __attribute__((aligned(64)));
     float s[HATTN_MAX_HEADS * HATTN_CHUNK] __attribute__((aligned(64)));
     float rmax[HATTN_MAX_HEADS], rsum[HATTN_MAX_HEADS], corr[HATTN_MAX_HEADS];
-    const uint16_t *kp[HATTN_CHUNK], *vp[HATTN_CHUNK];
+    const uint16_t *kp[2][HATTN_CHUNK], *vp[2][HATTN_CHUNK]; /* this chunk's rows and the next's */
 
     const float *qrow = a->q + (size_t)it->row * q_stride + (size_t)it->head0 * hd;
     for (int i = 0; i < G * hd; i++)
@@ -189,20 +213,19 @@ void HA_GROUP(const struct tattn_args *a, const struct hattn_item *it)
         rsum[g] = 0.0f;
     }
 
-    size_t head_off = (size_t)it->kv_head * hd;
-    for (int c0 = first, n; c0 <= last; c0 += n) {
-        n = last + 1 - c0 < HATTN_CHUNK ? last + 1 - c0 : HATTN_CHUNK;
-        for (int j = 0; j < n; j++) {
-            int pos = c0 + j;
-            uint32_t block = sp->block_ids[pos / kv->block_size];
-            size_t off = tattn_slot_offset(kv, a->layer, block, pos % kv->block_size) + head_off;
-            kp[j] = kc + off;
-            vp[j] = vc + off;
-        }
-        ha_scores(q, G, hd, kp, n, s);
+    int n = last + 1 - first < HATTN_CHUNK ? last + 1 - first : HATTN_CHUNK, cur = 0;
+    ha_chunk_rows(a, it, first, n, kp[0], vp[0]);
+    for (int c0 = first; n > 0; cur ^= 1) {
+        /* the next chunk's rows are on their way while this one is computed */
+        int next = c0 + n, n_next = last + 1 - next < HATTN_CHUNK ? last + 1 - next : HATTN_CHUNK;
+        if (n_next > 0)
+            ha_chunk_rows(a, it, next, n_next, kp[cur ^ 1], vp[cur ^ 1]);
+        ha_scores(q, G, hd, kp[cur], n, s);
         for (int g = 0; g < G; g++)
             corr[g] = ha_softmax(s + g * HATTN_CHUNK, n, &rmax[g], &rsum[g]);
-        ha_pv(o, G, hd, s, vp, n, corr);
+        ha_pv(o, G, hd, s, vp[cur], n, corr);
+        c0 = next;
+        n = n_next;
     }
 
     float *out = a->out + (size_t)it->row * q_stride + (size_t)it->head0 * hd;
