@@ -406,7 +406,8 @@ Test(cpu_attention, f16_group_kernels_match_an_f64_reference_within_the_float_bo
 }
 
 /* A tile is computed by one thread from start to end, so how many threads
- * share the tiles changes no bit. */
+ * share the tiles changes no bit; nor does how an f16 cache's group kernel
+ * shares a group's heads out between items. */
 Test(cpu_attention, fast_tiles_give_the_same_bits_on_one_and_three_threads)
 {
     struct data d;
@@ -430,6 +431,17 @@ Test(cpu_attention, fast_tiles_give_the_same_bits_on_one_and_three_threads)
             free(out[0]);
             free(out[1]);
         }
+        /* one decode row: with three threads its group is shared out between them */
+        float *out[2];
+        struct seq_chunk one = {0, 75, 1}; /* sequence 0 after both steps */
+        for (int i = 0; i < 2; i++) {
+            out[i] = malloc(q_dim * sizeof(float));
+            run_step(&c[i], &d, &one, 1, 0, out[i]);
+        }
+        cr_expect(!memcmp(out[0], out[1], q_dim * sizeof(float)), "%s cache, one decode row",
+                  dtype_name(cache_dtypes[x]));
+        free(out[0]);
+        free(out[1]);
         for (int i = 0; i < 2; i++)
             cache_free(&c[i]);
     }

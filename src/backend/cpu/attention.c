@@ -327,8 +327,20 @@ void cpu_attention(struct backend *be, const float *q, const struct kv_cache *kv
     struct tiled_job tj = {.rows = job};
     tj.args = (struct tattn_args){q, kv, layer, n_heads, scale, sliding_window, out, -1};
     if (kv->dtype == DTYPE_F16) {
+        int group = n_heads / kv->n_kv_heads, nth = threadpool_size(impl->pool);
         tj.group = group_kernel(be, kv->head_dim);
-        tj.item_heads = hattn_item_heads(n_heads / kv->n_kv_heads, kv->head_dim);
+        tj.item_heads = hattn_item_heads(group, kv->head_dim);
+        /* fewer (row, kv head) items than threads (one sequence decoding, few
+         * kv heads): groups are shared out, each share reading its kv head's
+         * rows; a head's bits do not depend on which heads share its item */
+        long items = 0;
+        for (int s = 0; s < n_spans; s++)
+            items += (long)spans[s].n_tokens * kv->n_kv_heads;
+        if (items > 0 && items < nth) {
+            int shares = (int)((nth + items - 1) / items);
+            int heads = (group + shares - 1) / shares;
+            tj.item_heads = heads < tj.item_heads ? heads : tj.item_heads;
+        }
     }
     if (tiled_plan(be, kv, spans, n_spans, n_heads, &tj)) {
         atomic_init(&tj.next_item, 0);
