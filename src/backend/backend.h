@@ -448,9 +448,9 @@ enum backend_switch { BACKEND_DEFAULT = 0, BACKEND_ON, BACKEND_OFF };
 
 /* Element type of the KV cache (backend.kv_dtype). */
 enum backend_kv_type {
-    BACKEND_KV_AUTO = 0, /* the backend's choice: f16 on CUDA in FAST mode, else f32 */
+    BACKEND_KV_AUTO = 0, /* the backend's choice: f16 in FAST mode, f32 in EXACT mode */
     BACKEND_KV_F32,
-    BACKEND_KV_F16,      /* CUDA only: the CPU backend refuses it */
+    BACKEND_KV_F16,
 };
 
 /* What the CUDA backend measures and logs when it is destroyed. */
@@ -516,9 +516,10 @@ struct backend_options {
 };
 
 /* Creates the CPU backend from opt's mode, threads, cpu_isa, kv_type and
- * kv_quant. -INFERD_EUNSUPPORTED when the processor (or the cpu_isa cap)
- * lacks AVX2/FMA, or for an f16 KV cache; -INFERD_EINVAL for a kv_quant
- * format outside those kv_quant.h lists. */
+ * kv_quant (a quantized cache's kv_dtype is F32, whatever kv_type says).
+ * -INFERD_EUNSUPPORTED when the processor (or the cpu_isa cap) lacks
+ * AVX2/FMA; -INFERD_EINVAL for a kv_quant format outside those kv_quant.h
+ * lists. */
 int backend_cpu_create(const struct backend_options *opt, struct backend **out,
                        struct err *err);
 

@@ -23,7 +23,7 @@ bool cli_device_parse(const char *text, struct device_spec *out);
 #define CLI_BACKEND_USAGE                                                                        \
     "Backend flags (each overrides its environment variable, which still works):\n"              \
     "  --cpu-isa avx2|avx512|avx512bf16|amx  highest CPU instruction set used (INFERD_CPU)\n"     \
-    "  --kv-dtype auto|f32|f16     KV cache elements; auto: f16 on CUDA in fast mode, else f32\n" \
+    "  --kv-dtype auto|f32|f16     KV cache elements; auto: f16 in fast mode, f32 in exact mode\n" \
     "                              (INFERD_CUDA_KV=f32)\n"                                       \
     "  --gpu-sampling on|off       pick tokens on the GPU; off: logits to the host\n"            \
     "                              (INFERD_CUDA_SAMPLE=0)\n"                                     \

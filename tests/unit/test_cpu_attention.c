@@ -1,4 +1,4 @@
-/* tests/unit/test_cpu_attention.c — the CPU backend's attention over an f32 cache: FAST mode's tiled prefill kernels against an f64 reference within a derived float bound (several spans of different lengths in one step, chunked prefill from mid-sequence, GQA groups 1/2/4/8, head sizes 64/128/256, block sizes 1/16/64, sliding windows, the AVX2 and AVX-512 kernels; dense attention unmasked and causal from an offset, as encoder-decoder models call it), the same bits whatever the thread count, and EXACT mode's row kernel unchanged: batched rows give the bits of one row per call. */
+/* tests/unit/test_cpu_attention.c — the CPU backend's attention over an f32 and an f16 cache: FAST mode's tiled prefill kernels against an f64 reference within a derived float bound (several spans of different lengths in one step, chunked prefill from mid-sequence, GQA groups 1/2/4/8, head sizes 64/128/256, block sizes 1/16/64, sliding windows, the AVX2 and AVX-512 kernels; dense attention unmasked and causal from an offset, as encoder-decoder models call it), the f16 cache's group decode kernels (AVX2, AVX-512, portable with and without F16C) against the same reference over head sizes 20 to 1024, groups 1 to 12 and every length from 1 to 128, the same bits whatever the thread count, and EXACT mode's row kernels: batched rows give the bits of one row per call. The reference reads the f16 cache's values as stored, so its bound is the f32 one. */
 #include <criterion/criterion.h>
 #include <float.h>
 #include <math.h>
@@ -6,6 +6,8 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/cpu/attn_f16.h"
+#include "backend/kv_quant.h"
 #include "base/cpu.h"
 
 #define N_SEQ 4
@@ -37,6 +39,7 @@ struct data {
     float *q; /* [seq][pos][n_heads * hd] */
     float *k; /* [seq][pos][N_KV_HEADS * hd] */
     float *v;
+    float *kh, *vh; /* k and v as an f16 cache holds them (rounded to f16, widened back) */
     float vmax;
 };
 
@@ -56,7 +59,9 @@ static void data_make(struct data *d, int hd, int group)
     d->q = malloc(qn * sizeof(float));
     d->k = malloc(kn * sizeof(float));
     d->v = malloc(kn * sizeof(float));
-    cr_assert(d->q && d->k && d->v);
+    d->kh = malloc(kn * sizeof(float));
+    d->vh = malloc(kn * sizeof(float));
+    cr_assert(d->q && d->k && d->v && d->kh && d->vh);
     uint64_t seed = 0x5eed + (uint64_t)hd * 131 + (uint64_t)group;
     for (size_t i = 0; i < qn; i++)
         d->q[i] = 2.0f * frand(&seed);
@@ -65,7 +70,11 @@ static void data_make(struct data *d, int hd, int group)
         /* one large dimension per head makes some softmax rows peaked */
         d->k[i] = frand(&seed) * (i % (size_t)hd == 3 ? 8.0f : 1.0f);
         d->v[i] = frand(&seed);
-        d->vmax = fabsf(d->v[i]) > d->vmax ? fabsf(d->v[i]) : d->vmax;
+        d->kh[i] = kvq_f16_to_f32(kvq_f32_to_f16(d->k[i]));
+        d->vh[i] = kvq_f16_to_f32(kvq_f32_to_f16(d->v[i]));
+        /* rounding to f16 moves |v| by at most half an ulp, never past a power of two */
+        float m = fabsf(d->v[i]) > fabsf(d->vh[i]) ? fabsf(d->v[i]) : fabsf(d->vh[i]);
+        d->vmax = m > d->vmax ? m : d->vmax;
     }
 }
 
@@ -74,6 +83,8 @@ static void data_free(struct data *d)
     free(d->q);
     free(d->k);
     free(d->v);
+    free(d->kh);
+    free(d->vh);
 }
 
 static const float *q_at(const struct data *d, int seq, int pos)
@@ -99,16 +110,19 @@ static int first_pos(int pos, int window)
  * few ulp); normalised sums of probabilities times values move by at most
  * 2 eps max|v|; the two running sums of n terms add 2 gamma(n) max|v|, and
  * each chunk's rescaling by a factor exp() rounded to a few ulp 5u per
- * chunk. Twice the total leaves room for the second-order terms. */
-static void reference(const struct data *d, int seq, int pos, int head, int window, double *out,
-                      double *bound)
+ * chunk. Twice the total leaves room for the second-order terms. With f16
+ * true, K and V are the values an f16 cache holds: the kernels widen them
+ * exactly, so the same bound holds. */
+static void reference(const struct data *d, bool f16, int seq, int pos, int head, int window,
+                      double *out, double *bound)
 {
+    const float *kb = f16 ? d->kh : d->k, *vb = f16 ? d->vh : d->v;
     int hd = d->hd, kvh = head / d->group, f = first_pos(pos, window), n = pos - f + 1;
     const float *q = q_at(d, seq, pos) + (size_t)head * hd;
     double *s = malloc((size_t)n * sizeof(double));
     double smax = -INFINITY, smin = INFINITY, sabs = 0;
     for (int j = 0; j < n; j++) {
-        const float *k = k_at(d, d->k, seq, f + j) + (size_t)kvh * hd;
+        const float *k = k_at(d, kb, seq, f + j) + (size_t)kvh * hd;
         double dot = 0, abs_dot = 0;
         for (int e = 0; e < hd; e++) {
             dot += (double)q[e] * k[e];
@@ -125,7 +139,7 @@ static void reference(const struct data *d, int seq, int pos, int head, int wind
     for (int j = 0; j < n; j++) {
         double p = exp(s[j] - smax);
         sum += p;
-        const float *v = k_at(d, d->v, seq, f + j) + (size_t)kvh * hd;
+        const float *v = k_at(d, vb, seq, f + j) + (size_t)kvh * hd;
         for (int e = 0; e < hd; e++)
             out[e] += p * v[e];
     }
@@ -150,14 +164,15 @@ struct cache {
     int n_table;
 };
 
-static void cache_make(struct cache *c, struct backend *be, int hd, int block_size)
+static void cache_make(struct cache *c, struct backend *be, int hd, int block_size,
+                       enum dtype dtype)
 {
     c->be = be;
     c->n_table = (MAX_POS + block_size - 1) / block_size;
     int n_blocks = c->n_table * N_SEQ;
-    size_t bytes = (size_t)n_blocks * block_size * N_KV_HEADS * hd * sizeof(float);
+    size_t bytes = (size_t)n_blocks * block_size * N_KV_HEADS * hd * dtype_size(dtype);
     c->kv = (struct kv_cache){.k = be->ops->alloc(be, bytes), .v = be->ops->alloc(be, bytes),
-                              .dtype = DTYPE_F32, .n_layers = 1, .n_blocks = n_blocks,
+                              .dtype = dtype, .n_layers = 1, .n_blocks = n_blocks,
                               .block_size = block_size, .n_kv_heads = N_KV_HEADS, .head_dim = hd};
     cr_assert(c->kv.k && c->kv.v);
     for (int s = 0; s < N_SEQ; s++)
@@ -212,6 +227,8 @@ static struct backend *cpu_backend(enum compute_mode mode, enum cpu_isa isa, int
     return be;
 }
 
+static const enum dtype cache_dtypes[2] = {DTYPE_F32, DTYPE_F16};
+
 static bool have_avx512(void)
 {
     const struct cpu_features *cf = cpu_features();
@@ -234,57 +251,61 @@ Test(cpu_attention, fast_tiles_match_an_f64_reference_within_the_float_bound)
             int hd = d.hd;
             size_t q_dim = (size_t)d.n_heads * hd;
             for (size_t w = 0; w < sizeof windows / sizeof windows[0]; w++) {
-                /* the reference and its bound per step row and head */
-                double *ref[2], *bound[2];
-                for (int s = 0; s < 2; s++) {
-                    int rows = step_rows(steps[s]);
-                    ref[s] = malloc((size_t)rows * q_dim * sizeof(double));
-                    bound[s] = malloc((size_t)rows * d.n_heads * sizeof(double));
-                    int row = 0;
-                    for (int i = 0; i < N_SEQ; i++)
-                        for (int r = 0; r < steps[s][i].n; r++, row++)
-                            for (int head = 0; head < d.n_heads; head++)
-                                reference(&d, steps[s][i].seq, steps[s][i].pos0 + r, head,
-                                          windows[w], ref[s] + row * q_dim + (size_t)head * hd,
-                                          &bound[s][(size_t)row * d.n_heads + head]);
-                }
-                for (size_t b = 0; b < sizeof blocks / sizeof blocks[0]; b++) {
-                    for (int i = 0; i < n_isas; i++) {
-                        struct cache c;
-                        cache_make(&c, be[i], hd, blocks[b]);
-                        for (int s = 0; s < 2; s++) {
-                            int rows = step_rows(steps[s]);
-                            float *out = malloc((size_t)rows * q_dim * sizeof(float));
-                            run_step(&c, &d, steps[s], N_SEQ, windows[w], out);
-                            double worst = 0;
-                            int worst_row = 0, worst_head = 0;
-                            for (int row = 0; row < rows; row++)
-                                for (int head = 0; head < d.n_heads; head++) {
-                                    double tol = bound[s][(size_t)row * d.n_heads + head];
-                                    for (int e = 0; e < hd; e++) {
-                                        size_t at = row * q_dim + (size_t)head * hd + e;
-                                        double ratio = fabs(out[at] - ref[s][at]) / tol;
-                                        if (!(ratio <= worst)) {
-                                            worst = ratio;
-                                            worst_row = row;
-                                            worst_head = head;
+                for (int x = 0; x < 2; x++) {
+                    bool f16 = cache_dtypes[x] == DTYPE_F16;
+                    /* the reference and its bound per step row and head */
+                    double *ref[2], *bound[2];
+                    for (int s = 0; s < 2; s++) {
+                        int rows = step_rows(steps[s]);
+                        ref[s] = malloc((size_t)rows * q_dim * sizeof(double));
+                        bound[s] = malloc((size_t)rows * d.n_heads * sizeof(double));
+                        int row = 0;
+                        for (int i = 0; i < N_SEQ; i++)
+                            for (int r = 0; r < steps[s][i].n; r++, row++)
+                                for (int head = 0; head < d.n_heads; head++)
+                                    reference(&d, f16, steps[s][i].seq, steps[s][i].pos0 + r,
+                                              head, windows[w],
+                                              ref[s] + row * q_dim + (size_t)head * hd,
+                                              &bound[s][(size_t)row * d.n_heads + head]);
+                    }
+                    for (size_t b = 0; b < sizeof blocks / sizeof blocks[0]; b++) {
+                        for (int i = 0; i < n_isas; i++) {
+                            struct cache c;
+                            cache_make(&c, be[i], hd, blocks[b], cache_dtypes[x]);
+                            for (int s = 0; s < 2; s++) {
+                                int rows = step_rows(steps[s]);
+                                float *out = malloc((size_t)rows * q_dim * sizeof(float));
+                                run_step(&c, &d, steps[s], N_SEQ, windows[w], out);
+                                double worst = 0;
+                                int worst_row = 0, worst_head = 0;
+                                for (int row = 0; row < rows; row++)
+                                    for (int head = 0; head < d.n_heads; head++) {
+                                        double tol = bound[s][(size_t)row * d.n_heads + head];
+                                        for (int e = 0; e < hd; e++) {
+                                            size_t at = row * q_dim + (size_t)head * hd + e;
+                                            double ratio = fabs(out[at] - ref[s][at]) / tol;
+                                            if (!(ratio <= worst)) {
+                                                worst = ratio;
+                                                worst_row = row;
+                                                worst_head = head;
+                                            }
                                         }
                                     }
-                                }
-                            cr_expect(worst <= 1.0,
-                                      "hd %d group %d block %d window %d %s step %d: row %d head "
-                                      "%d is %.3g of the bound off",
-                                      hd, d.group, blocks[b], windows[w],
-                                      isas[i] == CPU_ISA_AVX2 ? "avx2" : "best", s + 1, worst_row,
-                                      worst_head, worst);
-                            free(out);
+                                cr_expect(worst <= 1.0,
+                                          "%s cache hd %d group %d block %d window %d %s step "
+                                          "%d: row %d head %d is %.3g of the bound off",
+                                          f16 ? "f16" : "f32", hd, d.group, blocks[b], windows[w],
+                                          isas[i] == CPU_ISA_AVX2 ? "avx2" : "best", s + 1,
+                                          worst_row, worst_head, worst);
+                                free(out);
+                            }
+                            cache_free(&c);
                         }
-                        cache_free(&c);
                     }
-                }
-                for (int s = 0; s < 2; s++) {
-                    free(ref[s]);
-                    free(bound[s]);
+                    for (int s = 0; s < 2; s++) {
+                        free(ref[s]);
+                        free(bound[s]);
+                    }
                 }
             }
             data_free(&d);
@@ -294,8 +315,99 @@ Test(cpu_attention, fast_tiles_match_an_f64_reference_within_the_float_bound)
         backend_destroy(be[i]);
 }
 
+/* The f16 cache's group kernels called directly against the f64 reference:
+ * each kernel the processor runs (AVX2 and AVX-512 where the head size
+ * allows, the portable one with and without F16C), head sizes 20 to 1024,
+ * groups 1 to 12 (dealt as items of at most hattn_item_heads heads, as the
+ * driver deals them), every query position of a 128-position sequence
+ * (lengths 1 to 128: every remainder of the vector widths, of the register
+ * blocks and of the 64-position chunk), blocks of 1 and 16 positions, with
+ * and without a sliding window. */
+Test(cpu_attention, f16_group_kernels_match_an_f64_reference_within_the_float_bound)
+{
+    static const struct {
+        int hd, group;
+    } shapes[] = {{20, 3}, {40, 2}, {64, 1}, {64, 3}, {64, 5}, {128, 4}, {128, 8}, {256, 12},
+                  {1024, 12}};
+    static const int blocks[] = {1, 16}, windows[] = {0, 37};
+    const struct cpu_features *cf = cpu_features();
+    static const struct {
+        const char *name;
+        void (*fn)(const struct tattn_args *, const struct hattn_item *);
+        int hd_multiple;
+    } kernels[] = {{"avx2", cpu_hattn_group_avx2, 8},
+                   {"avx512", cpu_hattn_group_avx512, 16},
+                   {"portable f16c", cpu_hattn_group_f16c, 1},
+                   {"portable scalar", cpu_hattn_group_scalar, 1}};
+    bool runs[4] = {cf->f16c, cf->f16c && have_avx512(), cf->f16c, true};
+    struct backend *be = cpu_backend(COMPUTE_FAST, CPU_ISA_BEST, 1);
+    for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++) {
+        struct data d;
+        data_make(&d, shapes[sh].hd, shapes[sh].group);
+        int hd = d.hd, share = hattn_item_heads(d.group, hd);
+        size_t q_dim = (size_t)d.n_heads * hd;
+        float *out = malloc(MAX_POS * q_dim * sizeof(float));
+        double *ref = malloc(MAX_POS * q_dim * sizeof(double));
+        double *bound = malloc(MAX_POS * (size_t)d.n_heads * sizeof(double));
+        cr_assert(out && ref && bound);
+        for (size_t w = 0; w < sizeof windows / sizeof windows[0]; w++) {
+            for (int pos = 0; pos < MAX_POS; pos++)
+                for (int head = 0; head < d.n_heads; head++)
+                    reference(&d, true, 0, pos, head, windows[w],
+                              ref + pos * q_dim + (size_t)head * hd,
+                              &bound[(size_t)pos * d.n_heads + head]);
+            for (size_t b = 0; b < sizeof blocks / sizeof blocks[0]; b++) {
+                struct cache c;
+                cache_make(&c, be, hd, blocks[b], DTYPE_F16);
+                struct attn_span sp = {0, MAX_POS, 0, c.tables[0], c.n_table};
+                be->ops->kv_store(be, &c.kv, 0, k_at(&d, d.k, 0, 0), k_at(&d, d.v, 0, 0), &sp, 1);
+                struct tattn_args a = {q_at(&d, 0, 0), &c.kv, 0, d.n_heads, d.scale, windows[w],
+                                       out, -1};
+                for (int kn = 0; kn < 4; kn++) {
+                    if (!runs[kn] || hd % kernels[kn].hd_multiple)
+                        continue;
+                    memset(out, 0xff, MAX_POS * q_dim * sizeof(float)); /* NaN: nothing left unwritten */
+                    for (int pos = 0; pos < MAX_POS; pos++)
+                        for (int kvh = 0; kvh < N_KV_HEADS; kvh++)
+                            for (int h0 = 0; h0 < d.group; h0 += share) {
+                                struct hattn_item it = {&sp, pos, kvh, kvh * d.group + h0,
+                                                        d.group - h0 < share ? d.group - h0 : share};
+                                kernels[kn].fn(&a, &it);
+                            }
+                    double worst = 0;
+                    int worst_pos = 0, worst_head = 0;
+                    for (int pos = 0; pos < MAX_POS; pos++)
+                        for (int head = 0; head < d.n_heads; head++)
+                            for (int e = 0; e < hd; e++) {
+                                size_t at = pos * q_dim + (size_t)head * hd + e;
+                                double ratio = fabs(out[at] - ref[at]) /
+                                               bound[(size_t)pos * d.n_heads + head];
+                                if (!(ratio <= worst)) {
+                                    worst = ratio;
+                                    worst_pos = pos;
+                                    worst_head = head;
+                                }
+                            }
+                    cr_expect(worst <= 1.0,
+                              "%s: hd %d group %d block %d window %d: position %d head %d is "
+                              "%.3g of the bound off",
+                              kernels[kn].name, hd, d.group, blocks[b], windows[w], worst_pos,
+                              worst_head, worst);
+                }
+                cache_free(&c);
+            }
+        }
+        free(out);
+        free(ref);
+        free(bound);
+        data_free(&d);
+    }
+    backend_destroy(be);
+}
+
 /* A tile is computed by one thread from start to end, so how many threads
- * share the tiles changes no bit. */
+ * share the tiles changes no bit; nor does how an f16 cache's group kernel
+ * shares a group's heads out between items. */
 Test(cpu_attention, fast_tiles_give_the_same_bits_on_one_and_three_threads)
 {
     struct data d;
@@ -303,31 +415,45 @@ Test(cpu_attention, fast_tiles_give_the_same_bits_on_one_and_three_threads)
     size_t q_dim = (size_t)d.n_heads * d.hd;
     struct backend *be[2] = {cpu_backend(COMPUTE_FAST, CPU_ISA_BEST, 1),
                              cpu_backend(COMPUTE_FAST, CPU_ISA_BEST, 3)};
-    struct cache c[2];
-    for (int i = 0; i < 2; i++)
-        cache_make(&c[i], be[i], d.hd, 16);
-    for (int s = 0; s < 2; s++) {
-        int rows = step_rows(steps[s]);
-        float *out[2];
-        for (int i = 0; i < 2; i++) {
-            out[i] = malloc((size_t)rows * q_dim * sizeof(float));
-            run_step(&c[i], &d, steps[s], N_SEQ, 0, out[i]);
+    for (int x = 0; x < 2; x++) {
+        struct cache c[2];
+        for (int i = 0; i < 2; i++)
+            cache_make(&c[i], be[i], d.hd, 16, cache_dtypes[x]);
+        for (int s = 0; s < 2; s++) {
+            int rows = step_rows(steps[s]);
+            float *out[2];
+            for (int i = 0; i < 2; i++) {
+                out[i] = malloc((size_t)rows * q_dim * sizeof(float));
+                run_step(&c[i], &d, steps[s], N_SEQ, 0, out[i]);
+            }
+            cr_expect(!memcmp(out[0], out[1], (size_t)rows * q_dim * sizeof(float)),
+                      "%s cache step %d", dtype_name(cache_dtypes[x]), s + 1);
+            free(out[0]);
+            free(out[1]);
         }
-        cr_expect(!memcmp(out[0], out[1], (size_t)rows * q_dim * sizeof(float)), "step %d", s + 1);
+        /* one decode row: with three threads its group is shared out between them */
+        float *out[2];
+        struct seq_chunk one = {0, 75, 1}; /* sequence 0 after both steps */
+        for (int i = 0; i < 2; i++) {
+            out[i] = malloc(q_dim * sizeof(float));
+            run_step(&c[i], &d, &one, 1, 0, out[i]);
+        }
+        cr_expect(!memcmp(out[0], out[1], q_dim * sizeof(float)), "%s cache, one decode row",
+                  dtype_name(cache_dtypes[x]));
         free(out[0]);
         free(out[1]);
+        for (int i = 0; i < 2; i++)
+            cache_free(&c[i]);
     }
-    for (int i = 0; i < 2; i++) {
-        cache_free(&c[i]);
+    for (int i = 0; i < 2; i++)
         backend_destroy(be[i]);
-    }
     data_free(&d);
 }
 
 /* EXACT mode attends each row alone, whatever else the step holds, so a
  * batched prefill gives the bits of one row per call; FAST mode's one-row
  * calls (decode) run the same row kernel and give the same bits too. */
-static void check_exact_rows(int hd, int group, int block_size, int window)
+static void check_exact_rows(int hd, int group, int block_size, int window, enum dtype dtype)
 {
     struct data d;
     data_make(&d, hd, group);
@@ -335,9 +461,9 @@ static void check_exact_rows(int hd, int group, int block_size, int window)
     struct backend *exact = cpu_backend(COMPUTE_EXACT, CPU_ISA_BEST, 2);
     struct backend *fast = cpu_backend(COMPUTE_FAST, CPU_ISA_BEST, 2);
     struct cache batched, one[2];
-    cache_make(&batched, exact, hd, block_size);
-    cache_make(&one[0], exact, hd, block_size);
-    cache_make(&one[1], fast, hd, block_size);
+    cache_make(&batched, exact, hd, block_size, dtype);
+    cache_make(&one[0], exact, hd, block_size, dtype);
+    cache_make(&one[1], fast, hd, block_size, dtype);
     float *row_out[2] = {malloc(q_dim * sizeof(float)), malloc(q_dim * sizeof(float))};
     for (int s = 0; s < 2; s++) {
         int rows = step_rows(steps[s]);
@@ -354,8 +480,9 @@ static void check_exact_rows(int hd, int group, int block_size, int window)
             }
         }
         cr_expect_eq(mismatched, 0,
-                     "hd %d group %d block %d window %d step %d: %d rows differ from one-row calls",
-                     hd, group, block_size, window, s + 1, mismatched);
+                     "%s cache hd %d group %d block %d window %d step %d: %d rows differ from "
+                     "one-row calls",
+                     dtype_name(dtype), hd, group, block_size, window, s + 1, mismatched);
         free(out);
     }
     free(row_out[0]);
@@ -370,9 +497,13 @@ static void check_exact_rows(int hd, int group, int block_size, int window)
 
 Test(cpu_attention, exact_batched_rows_give_the_bits_of_one_row_per_call)
 {
-    check_exact_rows(128, 2, 16, 0);
-    check_exact_rows(64, 4, 1, 37);
-    check_exact_rows(256, 1, 64, 0);
+    for (int x = 0; x < 2; x++) {
+        check_exact_rows(128, 2, 16, 0, cache_dtypes[x]);
+        check_exact_rows(64, 4, 1, 37, cache_dtypes[x]);
+        check_exact_rows(256, 1, 64, 0, cache_dtypes[x]);
+    }
+    check_exact_rows(40, 3, 16, 0, DTYPE_F16); /* AVX2's group kernel, also under AVX-512 */
+    check_exact_rows(20, 3, 16, 37, DTYPE_F16); /* the portable one */
 }
 
 /* Dense attention (the encoder-decoder models' attention_dense) in FAST mode runs the same

@@ -92,7 +92,9 @@ static void check_generations(enum compute_mode mode)
         golden_make_model(&g, tmp, dir, sizeof dir);
         struct err err = {0};
         struct backend *cpu = NULL, *gpu = NULL;
-        cr_assert_eq(backend_cpu_create(&(struct backend_options){.mode = mode, .threads = 2},
+        /* the CPU's cache in the element type the GPU's is given */
+        cr_assert_eq(backend_cpu_create(&(struct backend_options){.mode = mode, .threads = 2,
+                                                                  .kv_type = cuda_options.kv_type},
                                         &cpu, &err),
                      0, "%s", err.msg);
         cr_assert_eq(cuda_backend(mode, &gpu, &err), 0, "%s", err.msg);
@@ -121,11 +123,11 @@ Test(cuda_parity, greedy_generation_equals_cpu_for_32_tokens_exact_mode, .timeou
     check_generations(COMPUTE_EXACT);
 }
 
-/* Fast mode keeps the KV cache in fp16 on the GPU and in f32 on the CPU;
- * with random tiny models, whose top logits are often within fp16 rounding
- * of each other, that alone can pick a different token (the goldens above
- * check the fp16 cache against transformers). The same arithmetic with an
- * f32 cache must give the CPU's tokens. */
+/* Fast mode keeps the KV cache in fp16 on both devices, each rounding K and
+ * V computed in its own order; with random tiny models, whose top logits are
+ * often within fp16 rounding of each other, that alone can pick a different
+ * token (the goldens above check the fp16 cache against transformers). The
+ * same arithmetic with an f32 cache on both must give the CPU's tokens. */
 Test(cuda_parity, greedy_generation_equals_cpu_for_32_tokens_fast_mode_f32_kv, .timeout = 600)
 {
     skip_without_gpu();

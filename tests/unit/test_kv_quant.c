@@ -442,16 +442,23 @@ struct qrunner {
     float *logits; /* owned; Q_WINDOW x vocab */
 };
 
-static void qrunner_open(struct qrunner *r, const struct kv_quant *q)
+/* A runner over a quantized cache (q), or a plain one of kv_type (q NULL), in EXACT mode. */
+static void qrunner_open_kv(struct qrunner *r, const struct kv_quant *q, enum backend_kv_type kv_type)
 {
     struct err err = {0};
-    cr_assert_eq(backend_cpu_create(&(struct backend_options){.threads = 2, .kv_quant = q}, &r->be,
-                                    &err), 0, "%s", err.msg);
+    cr_assert_eq(backend_cpu_create(&(struct backend_options){.threads = 2, .kv_quant = q,
+                                                              .kv_type = kv_type},
+                                    &r->be, &err), 0, "%s", err.msg);
     cr_assert_eq(model_load(INFERD_SOURCE_DIR "/models/house", r->be, &r->model, &err), 0, "%s",
                  err.msg);
     cr_assert_eq(kv_pool_create(r->model, r->be, Q_WINDOW / 16, 16, &r->pool, &err), 0, "%s", err.msg);
     cr_assert_eq(forward_state_create(r->model, Q_WINDOW, &r->state, &err), 0, "%s", err.msg);
     r->logits = malloc((size_t)Q_WINDOW * r->model->config.vocab_size * sizeof(float));
+}
+
+static void qrunner_open(struct qrunner *r, const struct kv_quant *q)
+{
+    qrunner_open_kv(r, q, BACKEND_KV_AUTO);
 }
 
 static void qrunner_close(struct qrunner *r)
@@ -502,6 +509,7 @@ struct quality_case {
  * turbo-k8v3 0.0138, turbo-k4v3 0.0282, turbo-k4v3-qjl 0.0314, turbo-k4v4
  * 0.0186), never looser than 8-bit 0.01, turbo k8v3 0.05, 4-bit 0.1. */
 static const struct quality_case quality_cases[] = {
+    {"f16", 0.00001, 0.0002}, /* the plain f16 cache (fast mode's default): KL 0.0000001 */
     {"8", 0.0005, 0.002},          {"4", 0.025, 0.025},          {"4g32", 0.02, 0.015},
     {"turbo", 0.025, 0.01},        {"turbo:k4v3", 0.045, 0.015}, {"turbo:k4v3:qjl", 0.05, 0.025},
     {"turbo:k4v4", 0.03, 0.02},
@@ -525,6 +533,10 @@ Test(kv_quant, teacher_forced_kl_and_perplexity_stay_within_each_formats_ceiling
     qrunner_open(&ref, NULL);
     struct kv_quant quants[N_CASES];
     for (int c = 0; c < N_CASES; c++) {
+        if (!strcmp(quality_cases[c].format, "f16")) {
+            qrunner_open_kv(&runners[c], NULL, BACKEND_KV_F16);
+            continue;
+        }
         quants[c] = quant_of(quality_cases[c].format);
         qrunner_open(&runners[c], &quants[c]);
     }
@@ -557,7 +569,7 @@ Test(kv_quant, teacher_forced_kl_and_perplexity_stay_within_each_formats_ceiling
         char name[32];
         struct kv_format f = kv_format_of_backend(runners[c].be);
         kv_format_name(&f, name, sizeof name);
-        cr_log_info("kv quality %-16s KL %.5f  perplexity %.4f (unquantized %.4f, delta %+.4f, %+.3f%%)  "
+        cr_log_info("kv quality %-16s KL %.7f  perplexity %.4f (unquantized %.4f, delta %+.4f, %+.3f%%)  "
                     "%zu bytes/token (unquantized f32 %zu), %ld positions",
                     name, mean_kl, ppl, ppl_ref, ppl - ppl_ref, 100.0 * (ppl - ppl_ref) / ppl_ref,
                     kv_format_bytes_per_token(&ref.model->config, &f),

@@ -29,12 +29,15 @@ struct rig {
     struct forward_state *st;
 };
 
+/* An f32 KV cache in either mode: the comparisons below are of adapter paths, and an f16
+ * cache would round the two paths' K/V (equal to float rounding) to f16 values an ulp apart. */
 static void rig_open_mode(struct rig *r, const char *dir, enum compute_mode mode)
 {
     struct err err = {0};
     r->dir = NULL;
-    cr_assert_eq(backend_cpu_create(&(struct backend_options){.mode = mode, .threads = 2}, &r->be,
-                                    &err), 0, "%s", err.msg);
+    cr_assert_eq(backend_cpu_create(&(struct backend_options){.mode = mode, .threads = 2,
+                                                              .kv_type = BACKEND_KV_F32},
+                                    &r->be, &err), 0, "%s", err.msg);
     cr_assert_eq(model_load(dir, r->be, &r->m, &err), 0, "%s", err.msg);
     cr_assert_eq(kv_pool_create(r->m, r->be, 32, BLOCK, &r->pool, &err), 0, "%s", err.msg);
     cr_assert_eq(forward_state_create(r->m, 128, &r->st, &err), 0, "%s", err.msg);

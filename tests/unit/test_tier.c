@@ -2,7 +2,9 @@
  * mode): a prompt computed by one engine is read back from disk by the next one and gives the
  * cold run's tokens and logprobs bit for bit; damaged block files, another fingerprint and a
  * cost model that prefers computing all fall back to computing, never to wrong tokens; blocks
- * kept on disk in a colder format (--ssd-kv-format) take fewer bytes and restore. */
+ * kept on disk in a colder format (--ssd-kv-format) take fewer bytes and restore. The restart,
+ * the checkpoint and the colder format again over an f16 cache (fast mode's, here in exact
+ * mode, whose f16 rows are batch invariant too). */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
 #include <dirent.h>
@@ -26,7 +28,7 @@ static struct backend *be;
 static struct model *model;
 static struct tokenizer *tok;
 
-static void setup(void)
+static void setup_kv(enum backend_kv_type kv_type)
 {
     const char *data = getenv("INFERD_TOKENIZER_DATA");
     if (!data)
@@ -38,13 +40,22 @@ static void setup(void)
              INFERD_BINARY, data, model_dir);
     cr_assert_eq(system(cmd), 0, "mkmodel failed: %s", cmd);
     struct err err = {0};
-    cr_assert_eq(backend_cpu_create(&(struct backend_options){.threads = 2, .mode = COMPUTE_EXACT},
+    cr_assert_eq(backend_cpu_create(&(struct backend_options){.threads = 2, .mode = COMPUTE_EXACT,
+                                                              .kv_type = kv_type},
                                     &be, &err),
                  0, "%s", err.msg);
     cr_assert_eq(model_load(model_dir, be, &model, &err), 0, "%s", err.msg);
     cr_assert_eq(tok_load(model_dir, &tok, &err), 0, "%s", err.msg);
     char *d = test_mkdtemp();
     cache_dir = strdup(d);
+}
+
+static void setup(void) { setup_kv(BACKEND_KV_AUTO); }
+
+static void setup_f16(void)
+{
+    setup_kv(BACKEND_KV_F16);
+    cr_assert_eq(be->kv_dtype, DTYPE_F16);
 }
 
 static void teardown(void)
@@ -64,6 +75,7 @@ static void teardown(void)
 }
 
 TestSuite(tier, .init = setup, .fini = teardown, .timeout = 300);
+TestSuite(tier_f16, .init = setup_f16, .fini = teardown, .timeout = 300);
 
 /* An engine with the prefix cache, and the SSD tier at cache_dir unless tier is NULL. */
 static struct engine *start(const struct kv_tier_config *tier)
@@ -157,7 +169,7 @@ static void compute_and_flush(const struct kv_tier_config *t)
     engine_free(e);
 }
 
-Test(tier, a_restarted_engine_reads_the_prefix_back_and_gives_the_cold_tokens)
+static void check_restart_reads_the_prefix_back(void)
 {
     struct run want = cold_run();
     struct kv_tier_config t = tier_config(42, 0);
@@ -173,6 +185,16 @@ Test(tier, a_restarted_engine_reads_the_prefix_back_and_gives_the_cold_tokens)
     cr_assert_geq(st.ssd_cache.store.restores, (PROMPT - 1) / 16);
     cr_assert_eq(st.ssd_cache.store.verify_failures, 0);
     engine_free(e);
+}
+
+Test(tier, a_restarted_engine_reads_the_prefix_back_and_gives_the_cold_tokens)
+{
+    check_restart_reads_the_prefix_back();
+}
+
+Test(tier_f16, a_restarted_engine_reads_f16_blocks_back_and_gives_the_cold_tokens)
+{
+    check_restart_reads_the_prefix_back();
 }
 
 Test(tier, another_fingerprint_reuses_nothing)
@@ -297,7 +319,7 @@ static struct engine *start_checkpointed(const struct kv_tier_config *tier)
     return e;
 }
 
-Test(tier, an_interrupted_generation_resumes_from_its_checkpoint_with_the_same_tokens)
+static void check_checkpoint_resumes(void)
 {
     /* uninterrupted, without any cache */
     struct gen_token want[LONG_GEN], got[LONG_GEN];
@@ -351,6 +373,16 @@ Test(tier, an_interrupted_generation_resumes_from_its_checkpoint_with_the_same_t
     engine_get_stats(e, &st);
     cr_assert_eq(st.checkpoints_resumed, 0);
     engine_free(e);
+}
+
+Test(tier, an_interrupted_generation_resumes_from_its_checkpoint_with_the_same_tokens)
+{
+    check_checkpoint_resumes();
+}
+
+Test(tier_f16, an_interrupted_generation_resumes_from_its_checkpoint_over_an_f16_cache)
+{
+    check_checkpoint_resumes();
 }
 
 /* ---- the host-RAM tier ----------------------------------------------------------------
@@ -433,7 +465,7 @@ Test(tier, blocks_leaving_the_cache_come_back_from_host_memory_with_their_bytes)
  * disk, are restored into the live cache and give the cold run's tokens (an
  * 8-bit copy of the tiny model's K/V moves no greedy pick here; logprobs
  * within 0.05); a restart with another cold format is another fingerprint. */
-Test(tier, a_colder_disk_format_stores_fewer_bytes_and_restores_into_the_live_cache)
+static void check_colder_disk_format(void)
 {
     struct run want = cold_run();
     struct kv_quant kv8;
@@ -447,8 +479,8 @@ Test(tier, a_colder_disk_format_stores_fewer_bytes_and_restores_into_the_live_ca
     struct kv_tier_stats after;
     cr_assert_eq(engine_flush_cache(e, 10000, &after, &err), 0, "%s", err.msg);
     engine_free(e);
-    size_t live = kv_format_bytes_per_block(&model->config, &(struct kv_format){.dtype = DTYPE_F32},
-                                            16);
+    size_t live = kv_format_bytes_per_block(&model->config,
+                                            &(struct kv_format){.dtype = be->kv_dtype}, 16);
     cr_assert_str_eq(after.cold_format, "kv8");
     cr_assert_geq(after.cold_blocks, PROMPT / 16);
     cr_assert_gt(after.cold_bytes_saved, 0);
@@ -457,8 +489,9 @@ Test(tier, a_colder_disk_format_stores_fewer_bytes_and_restores_into_the_live_ca
                  "%lu bytes written and %lu saved of %lu blocks of %zu",
                  (unsigned long)after.store.write_bytes, (unsigned long)after.cold_bytes_saved,
                  (unsigned long)after.cold_blocks, live);
-    cr_assert_lt(after.store.write_bytes * 3, (uint64_t)after.cold_blocks * live,
-                 "8-bit records are under a third of f32");
+    /* 8-bit records are under a third of f32's bytes, so under two thirds of f16's */
+    cr_assert_lt(after.store.write_bytes * 3 * dtype_size(be->kv_dtype),
+                 (uint64_t)after.cold_blocks * live * 4, "8-bit records are under a third of f32");
 
     e = start(&t);
     struct run got = run_prompt(e);
@@ -479,4 +512,14 @@ Test(tier, a_colder_disk_format_stores_fewer_bytes_and_restores_into_the_live_ca
     e = start(&other);
     cr_assert_eq(run_prompt(e).n_cached, 0, "blocks kept as kv8 are not read as kv4");
     engine_free(e);
+}
+
+Test(tier, a_colder_disk_format_stores_fewer_bytes_and_restores_into_the_live_cache)
+{
+    check_colder_disk_format();
+}
+
+Test(tier_f16, a_colder_disk_format_restores_into_an_f16_cache)
+{
+    check_colder_disk_format();
 }

@@ -1,9 +1,10 @@
-/* backend/cpu/attention.c — paged KV writes and causal attention read through block tables: the row kernel (EXACT mode, decode) and the driver of FAST mode's tiled prefill kernels, also for the dense attention of encoder-decoder models. */
+/* backend/cpu/attention.c — paged KV writes and causal attention read through block tables: the row kernel (an f32 cache's EXACT mode and decode), the driver of an f16 cache's group kernels and of FAST mode's tiled prefill kernels, also for the dense attention of encoder-decoder models. */
 #include <float.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <string.h>
 
+#include "backend/cpu/attn_f16.h"
 #include "backend/cpu/attn_tiled.h"
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/vec_avx2.h"
@@ -27,7 +28,7 @@ void cpu_kv_store(struct backend *be, struct kv_cache *kv, int layer, const floa
         return;
     }
     size_t kv_dim = (size_t)kv->n_kv_heads * kv->head_dim;
-    float *kc = kv->k, *vc = kv->v; /* this backend's plain caches are f32 */
+    bool f16 = kv->dtype == DTYPE_F16, f16c = ((struct cpu_impl *)be->impl)->f16c;
     for (int s = 0; s < n_spans; s++) {
         const struct attn_span *sp = &spans[s];
         for (int i = 0; i < sp->n_tokens; i++) {
@@ -35,8 +36,13 @@ void cpu_kv_store(struct backend *be, struct kv_cache *kv, int layer, const floa
             uint32_t block = sp->block_ids[pos / kv->block_size];
             size_t off = kv_slot_offset(kv, layer, block, pos % kv->block_size);
             size_t row = (size_t)(sp->row0 + i) * kv_dim;
-            memcpy(kc + off, k + row, kv_dim * sizeof(float));
-            memcpy(vc + off, v + row, kv_dim * sizeof(float));
+            if (f16) {
+                cpu_f16_from_f32((uint16_t *)kv->k + off, k + row, kv_dim, f16c);
+                cpu_f16_from_f32((uint16_t *)kv->v + off, v + row, kv_dim, f16c);
+            } else {
+                memcpy((float *)kv->k + off, k + row, kv_dim * sizeof(float));
+                memcpy((float *)kv->v + off, v + row, kv_dim * sizeof(float));
+            }
         }
     }
 }
@@ -79,13 +85,14 @@ static void exp_shifted(float *scores, int n, float shift)
         scores[j] = expf(scores[j] - shift);
 }
 
-/* One query row of one head over positions [first_pos, last_pos], one block
- * at a time with a running (online) softmax, so no buffer grows with context. */
+/* One query row of one head over positions [first_pos, last_pos] of an f32
+ * cache, one block at a time with a running (online) softmax, so no buffer
+ * grows with context. */
 static void attend_one(const struct attention_job *job, const struct attn_span *sp, int row,
                        int head)
 {
     const struct kv_cache *kv = job->kv;
-    const float *kc = kv->k, *vc = kv->v; /* this backend's caches are f32 */
+    const float *kc = kv->k, *vc = kv->v;
     int hd = kv->head_dim;
     int group = job->n_heads / kv->n_kv_heads;
     int kv_head = head / group;
@@ -157,15 +164,63 @@ struct tiled_job {
     int tile_rows;   /* query rows per tile */
     int tile_heads;  /* heads of a group per tile */
     int head_chunks; /* tiles across one group */
+    /* an f16 cache's rows (short spans; every span outside FAST's tiles) run
+     * the group kernel, an item of item_heads heads at a time; NULL: an f32
+     * cache's, the row kernel a head at a time */
+    void (*group)(const struct tattn_args *a, const struct hattn_item *it);
+    int item_heads;
     atomic_long next_item;
 };
 
+/* Items of one query row outside the tiles: (kv head, share of its group)
+ * pairs for the group kernel, heads for the row kernel. */
+static long row_items(const struct tiled_job *job)
+{
+    if (!job->group)
+        return job->rows.n_heads;
+    int group = job->rows.n_heads / job->rows.kv->n_kv_heads;
+    return (long)job->rows.kv->n_kv_heads * ((group + job->item_heads - 1) / job->item_heads);
+}
+
+/* Item i (below row_items) of query row `row` of span sp. */
+static void row_item(const struct tiled_job *job, const struct attn_span *sp, int row, long i)
+{
+    if (!job->group) {
+        attend_one(&job->rows, sp, row, (int)i);
+        return;
+    }
+    int group = job->rows.n_heads / job->rows.kv->n_kv_heads;
+    int shares = (group + job->item_heads - 1) / job->item_heads;
+    int kv_head = (int)(i / shares), share = (int)(i % shares);
+    int head0 = share * job->item_heads;
+    struct hattn_item it = {.sp = sp, .row = row, .kv_head = kv_head,
+                            .head0 = kv_head * group + head0,
+                            .n_heads = group - head0 < job->item_heads ? group - head0
+                                                                       : job->item_heads};
+    job->group(&job->args, &it);
+}
+
+/* Every query row through row_item, items dealt round-robin, which balances
+ * the causal triangle: later rows attend over more positions. */
+static void attention_row_items(void *ctx, int ith, int nth)
+{
+    struct tiled_job *job = ctx;
+    long per_row = row_items(job), item = 0;
+    for (int s = 0; s < job->rows.n_spans; s++) {
+        const struct attn_span *sp = &job->rows.spans[s];
+        for (int r = 0; r < sp->n_tokens; r++)
+            for (long i = 0; i < per_row; i++, item++)
+                if (item % nth == ith)
+                    row_item(job, sp, sp->row0 + r, i);
+    }
+}
+
 /* Work items of span sp: (tile, kv head, head chunk) triples for a long
- * span, (row, head) pairs for a short one. */
+ * span, row_items per row for a short one. */
 static long span_items(const struct tiled_job *job, const struct attn_span *sp)
 {
     if (sp->n_tokens < TILED_MIN_ROWS)
-        return (long)sp->n_tokens * job->args.n_heads;
+        return (long)sp->n_tokens * row_items(job);
     long tiles = (sp->n_tokens + job->tile_rows - 1) / job->tile_rows;
     return tiles * job->args.kv->n_kv_heads * job->head_chunks;
 }
@@ -194,7 +249,8 @@ static void attention_tiles(void *ctx, int ith, int nth)
         const struct attn_span *sp = &rj->spans[s];
         long i = item - base;
         if (sp->n_tokens < TILED_MIN_ROWS) {
-            attend_one(rj, sp, sp->row0 + (int)(i / rj->n_heads), (int)(i % rj->n_heads));
+            long per_row = row_items(job);
+            row_item(job, sp, sp->row0 + (int)(i / per_row), i % per_row);
             continue;
         }
         long per_tile = (long)rj->kv->n_kv_heads * job->head_chunks;
@@ -224,9 +280,9 @@ static bool tiled_plan(struct backend *be, const struct kv_cache *kv, const stru
     for (int s = 0; s < n_spans && !long_span; s++)
         long_span = spans[s].n_tokens >= TILED_MIN_ROWS;
     int hd = kv->head_dim, max_queries;
-    if (!long_span || hd > TATTN_MAX_HEAD_DIM)
-        return false;
     struct cpu_impl *impl = be->impl;
+    if (!long_span || hd > TATTN_MAX_HEAD_DIM || (kv->dtype == DTYPE_F16 && !impl->f16c))
+        return false;
     /* the matmul level carries the processor's and the cpu_isa cap's AVX-512 */
     if (cpu_matmul_get_level(impl->matmul) >= CPU_MATMUL_AVX512 && hd % 16 == 0) {
         job->tile = cpu_tattn_tile_avx512;
@@ -244,6 +300,20 @@ static bool tiled_plan(struct backend *be, const struct kv_cache *kv, const stru
     return true;
 }
 
+/* The f16 cache's group kernel for heads of head_dim hd: AVX-512 or AVX2
+ * vectors where the processor (and the cpu_isa cap) and hd allow, else the
+ * portable one, with F16C where the processor has it. */
+static void (*group_kernel(struct backend *be, int hd))(const struct tattn_args *,
+                                                         const struct hattn_item *)
+{
+    struct cpu_impl *impl = be->impl;
+    if (!impl->f16c)
+        return cpu_hattn_group_scalar;
+    if (cpu_matmul_get_level(impl->matmul) >= CPU_MATMUL_AVX512 && hd % 16 == 0)
+        return cpu_hattn_group_avx512;
+    return hd % 8 == 0 ? cpu_hattn_group_avx2 : cpu_hattn_group_f16c;
+}
+
 void cpu_attention(struct backend *be, const float *q, const struct kv_cache *kv, int layer,
                    const struct attn_span *spans, int n_spans, int n_heads, float scale,
                    int sliding_window, float *out)
@@ -255,13 +325,32 @@ void cpu_attention(struct backend *be, const float *q, const struct kv_cache *kv
     struct attention_job job = {q, kv, layer, spans, n_spans, n_heads, scale, sliding_window, out};
     struct cpu_impl *impl = be->impl;
     struct tiled_job tj = {.rows = job};
+    tj.args = (struct tattn_args){q, kv, layer, n_heads, scale, sliding_window, out, -1};
+    if (kv->dtype == DTYPE_F16) {
+        int group = n_heads / kv->n_kv_heads, nth = threadpool_size(impl->pool);
+        tj.group = group_kernel(be, kv->head_dim);
+        tj.item_heads = hattn_item_heads(group, kv->head_dim);
+        /* fewer (row, kv head) items than threads (one sequence decoding, few
+         * kv heads): groups are shared out, each share reading its kv head's
+         * rows; a head's bits do not depend on which heads share its item */
+        long items = 0;
+        for (int s = 0; s < n_spans; s++)
+            items += (long)spans[s].n_tokens * kv->n_kv_heads;
+        if (items > 0 && items < nth) {
+            int shares = (int)((nth + items - 1) / items);
+            int heads = (group + shares - 1) / shares;
+            tj.item_heads = heads < tj.item_heads ? heads : tj.item_heads;
+        }
+    }
     if (tiled_plan(be, kv, spans, n_spans, n_heads, &tj)) {
-        tj.args = (struct tattn_args){q, kv, layer, n_heads, scale, sliding_window, out, -1};
         atomic_init(&tj.next_item, 0);
         threadpool_run(impl->pool, attention_tiles, &tj);
         return;
     }
-    threadpool_run(impl->pool, attention_rows, &job);
+    if (tj.group)
+        threadpool_run(impl->pool, attention_row_items, &tj);
+    else
+        threadpool_run(impl->pool, attention_rows, &job);
 }
 
 /* ---- dense attention (encoder-decoder models) through the same kernels ------------------ */

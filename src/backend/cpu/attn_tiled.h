@@ -1,4 +1,4 @@
-/* backend/cpu/attn_tiled.h — contract between the f32-cache attention driver (attention.c) and FAST mode's tiled prefill kernels (attn_tiled_avx2.c, attn_tiled_avx512.c); private to backend/cpu. */
+/* backend/cpu/attn_tiled.h — contract between the plain-cache attention driver (attention.c) and FAST mode's tiled prefill kernels (attn_tiled_avx2.c, attn_tiled_avx512.c); private to backend/cpu. */
 #ifndef INFERD_BACKEND_CPU_ATTN_TILED_H
 #define INFERD_BACKEND_CPU_ATTN_TILED_H
 
@@ -17,7 +17,7 @@
 #define TATTN_MAX_QUERIES_AVX2 16
 #define TATTN_MAX_QUERIES_AVX512 32
 
-/* Element offset of slot's row (all kv heads) of layer in block of an f32 cache. */
+/* Element offset of slot's row (all kv heads) of layer in block of a plain (f32 or f16) cache. */
 static inline size_t tattn_slot_offset(const struct kv_cache *kv, int layer, uint32_t block,
                                        int slot)
 {
@@ -25,7 +25,7 @@ static inline size_t tattn_slot_offset(const struct kv_cache *kv, int layer, uin
     return (((size_t)layer * kv->n_blocks + block) * kv->block_size + slot) * kv_dim;
 }
 
-/* One attention call (cpu_attention's arguments) over an f32 cache. */
+/* One attention call (cpu_attention's arguments) over a plain cache. */
 struct tattn_args {
     const float *q; /* n_rows x (n_heads * head_dim) */
     const struct kv_cache *kv;
@@ -53,7 +53,8 @@ struct tattn_tile {
  * as backend_ops.attention states it, in f32: the tile's queries against
  * TATTN_CHUNK positions at a time (score block, online softmax per query,
  * then the probabilities times V), so each K and V row read serves every
- * query of the tile. Sums run in a different order than the row kernel's,
+ * query of the tile. Over an f16 cache (kv->dtype F16) each chunk's rows are
+ * widened to f32 with F16C first, then read as an f32 cache's. Sums run in a different order than the row kernel's,
  * so the results agree with it to float rounding, not bit for bit. The
  * AVX2 kernel needs head_dim % 8 == 0, the AVX-512 one head_dim % 16 == 0. */
 void cpu_tattn_tile_avx2(const struct tattn_args *a, const struct tattn_tile *t);

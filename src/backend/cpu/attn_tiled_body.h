@@ -1,5 +1,6 @@
 /* backend/cpu/attn_tiled_body.h — the body of FAST mode's tiled prefill attention kernel, included once per ISA file after it defines TA_VL (lanes), TA_V and TA_MASK (vector and lane-mask types), the TA_* operations below, TA_JB1 / TA_JB2 (score blocks of one and two query vectors), TA_DV (PV block width in vectors) and TA_TILE (the name to give). No include guard: each inclusion is one variant. */
 #include <float.h>
+#include <immintrin.h>
 #include <math.h>
 #include <string.h>
 
@@ -174,11 +175,23 @@ static inline int ta_first_pos(int last, int window)
     return window > 0 && last - window + 1 > 0 ? last - window + 1 : 0;
 }
 
-void TA_TILE(const struct tattn_args *a, const struct tattn_tile *t)
+/* Head rows of an f16 cache widened to f32 (head_dim a multiple of 8), with F16C. */
+static void ta_widen(float *dst, const uint16_t *src, int hd)
+{
+    for (int d = 0; d < hd; d += 8)
+        _mm256_storeu_ps(dst + d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + d))));
+}
+
+/* The tile over an f32 cache (kw and vw NULL), or over an f16 one whose
+ * chunk rows are widened into kw and vw (TATTN_CHUNK x head_dim floats each)
+ * before the kernels read them: a row serves every query of the tile, so
+ * widening it once costs little beside them. */
+static void ta_tile(const struct tattn_args *a, const struct tattn_tile *t, float *kw, float *vw)
 {
     const struct kv_cache *kv = a->kv;
     const struct attn_span *sp = t->sp;
     const float *kc = kv->k, *vc = kv->v;
+    const uint16_t *kh = kv->k, *vh = kv->v;
     int hd = kv->head_dim, R = t->n_rows, G = t->n_heads, M = R * G;
     int mv = (M + TA_VL - 1) / TA_VL, mpad = mv * TA_VL;
     size_t q_stride = (size_t)a->n_heads * hd;
@@ -225,8 +238,15 @@ void TA_TILE(const struct tattn_args *a, const struct tattn_tile *t)
             int pos = c0 + j;
             uint32_t block = sp->block_ids[pos / kv->block_size];
             size_t off = tattn_slot_offset(kv, a->layer, block, pos % kv->block_size) + head_off;
-            kp[j] = kc + off;
-            vp[j] = vc + off;
+            if (kw) {
+                ta_widen(kw + (size_t)j * hd, kh + off, hd);
+                ta_widen(vw + (size_t)j * hd, vh + off, hd);
+                kp[j] = kw + (size_t)j * hd;
+                vp[j] = vw + (size_t)j * hd;
+            } else {
+                kp[j] = kc + off;
+                vp[j] = vc + off;
+            }
         }
         ta_scores(qt, mv, kp, n, hd, s);
         bool masked = c0 < unmasked_from || c0 + n - 1 > last0;
@@ -239,5 +259,16 @@ void TA_TILE(const struct tattn_args *a, const struct tattn_tile *t)
         float inv = 1.0f / rsum[m];
         for (int d = 0; d < hd; d++)
             out[d] = o[(size_t)m * hd + d] * inv;
+    }
+}
+
+void TA_TILE(const struct tattn_args *a, const struct tattn_tile *t)
+{
+    if (a->kv->dtype == DTYPE_F16) {
+        float kw[TATTN_CHUNK * TATTN_MAX_HEAD_DIM] __attribute__((aligned(64)));
+        float vw[TATTN_CHUNK * TATTN_MAX_HEAD_DIM] __attribute__((aligned(64)));
+        ta_tile(a, t, kw, vw);
+    } else {
+        ta_tile(a, t, NULL, NULL);
     }
 }

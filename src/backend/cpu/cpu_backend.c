@@ -378,8 +378,6 @@ int backend_cpu_create(const struct backend_options *opt, struct backend **out,
                        opt->cpu_isa == CPU_ISA_SCALAR
                            ? "the CPU backend requires AVX2/FMA, which the scalar cap rules out"
                            : "this CPU lacks AVX2/FMA, which the CPU backend requires");
-    if (opt->kv_type == BACKEND_KV_F16)
-        return err_set(err, INFERD_EUNSUPPORTED, "the CPU backend keeps its KV cache in f32");
     if (opt->kv_quant) {
         int rc = cpu_kv_quant_check(opt->kv_quant, err);
         if (rc < 0)
@@ -406,7 +404,15 @@ int backend_cpu_create(const struct backend_options *opt, struct backend **out,
     }
     be->ops = &cpu_ops;
     be->mode = opt->mode;
-    be->kv_dtype = DTYPE_F32;
+    /* FAST mode keeps K and V in f16: half the bytes decode attention
+     * streams. EXACT mode's default stays f32; a quantized cache's records
+     * (and the f32 rows of its unquantized layers) are what they are. */
+    impl->f16c = features.f16c;
+    be->kv_dtype = opt->kv_quant                      ? DTYPE_F32
+                   : opt->kv_type == BACKEND_KV_F16   ? DTYPE_F16
+                   : opt->kv_type == BACKEND_KV_F32   ? DTYPE_F32
+                   : opt->mode == COMPUTE_FAST        ? DTYPE_F16
+                                                      : DTYPE_F32;
     if (opt->kv_quant) {
         impl->kv_quant = *opt->kv_quant;
         kvq_codebooks_init(&impl->codebooks);

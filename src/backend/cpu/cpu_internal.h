@@ -14,6 +14,7 @@ struct cpu_impl {
     /* quantized attention's row kernel: the AVX-512 one where the processor
      * (and the cpu_isa cap) has AVX-512 F/BW/VL, else the AVX2 one; the same bits */
     void (*qattn_rows)(void *job, int ith, int nth);
+    bool f16c; /* the processor converts f16 (an f16 cache's kernels use F16C, else scalar code) */
 };
 
 /* backend_ops.kv_copy_slots: slots [0, n) of block src to dst, every layer, K and V. */

@@ -1,0 +1,63 @@
+/* backend/cpu/attn_f16.h — contract between the attention driver (attention.c) and the kernels of an f16 cache: the element conversions, and the decode kernel that reads each K and V row once for a whole GQA group (attn_f16_avx2.c, attn_f16_avx512.c, and the portable one in attn_f16.c); private to backend/cpu. */
+#ifndef INFERD_BACKEND_CPU_ATTN_F16_H
+#define INFERD_BACKEND_CPU_ATTN_F16_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/cpu/attn_tiled.h"
+
+/* Positions one online-softmax step scores (the chunk's scores of every head
+ * of a group stay in L1). */
+#define HATTN_CHUNK 64
+/* Largest head_dim the group kernels take (the row kernel's, attend_one's). */
+#define HATTN_MAX_HEAD_DIM 1024
+/* Query heads of one group item at most, and their floats (heads x head_dim):
+ * a larger group is dealt as several items of consecutive heads. */
+#define HATTN_MAX_HEADS 16
+#define HATTN_MAX_QUERY_FLOATS 8192
+
+/* dst[i] = src[i] rounded to f16: to nearest even, saturating at +-65504 as
+ * kvq_f32_to_f16 (backend/kv_quant.h) does; NaN stays a NaN. With f16c the
+ * F16C instructions, else that scalar function: the same bits for every
+ * value but NaN payloads. */
+void cpu_f16_from_f32(uint16_t *dst, const float *src, size_t n, bool f16c);
+/* dst[i] = src[i] widened to f32 (exact), F16C or kvq_f16_to_f32. */
+void cpu_f16_to_f32(float *dst, const uint16_t *src, size_t n, bool f16c);
+
+/* One item of the group kernels: query row `row` (absolute, of span sp) of
+ * heads [head0, head0 + n_heads) of kv_head's group, n_heads at most
+ * HATTN_MAX_HEADS and n_heads * head_dim at most HATTN_MAX_QUERY_FLOATS. */
+struct hattn_item {
+    const struct attn_span *sp;
+    int row;
+    int kv_head, head0, n_heads;
+};
+
+/* Heads of a group one item takes: the whole group when it fits the limits
+ * above, else the largest share that does. */
+static inline int hattn_item_heads(int group, int head_dim)
+{
+    int cap = HATTN_MAX_QUERY_FLOATS / head_dim;
+    cap = cap < HATTN_MAX_HEADS ? cap : HATTN_MAX_HEADS;
+    return group < cap ? group : cap;
+}
+
+/* out of the item's heads = softmax(scale * q·Kᵀ over [first, last]) · V, as
+ * backend_ops.attention states it, over an f16 cache (a->kv->dtype F16;
+ * a->fixed_last is not read, the row's last position follows from its span):
+ * the queries pre-scaled, HATTN_CHUNK positions at a time, each K row widened
+ * once and dotted with every head of the item, an online softmax per head,
+ * then each V row widened once and added into every head's accumulator. The
+ * result depends on the row's own inputs and position only, never on other
+ * rows, items or threads. The AVX2 kernel needs head_dim % 8 == 0, the
+ * AVX-512 one head_dim % 16 == 0, both F16C; the portable kernels take any
+ * head_dim up to HATTN_MAX_HEAD_DIM, widening rows through cpu_f16_to_f32
+ * with (f16c) or without F16C. */
+void cpu_hattn_group_avx2(const struct tattn_args *a, const struct hattn_item *it);
+void cpu_hattn_group_avx512(const struct tattn_args *a, const struct hattn_item *it);
+void cpu_hattn_group_f16c(const struct tattn_args *a, const struct hattn_item *it);
+void cpu_hattn_group_scalar(const struct tattn_args *a, const struct hattn_item *it);
+
+#endif

@@ -1,0 +1,237 @@
+/* backend/cpu/attn_f16_body.h — the body of the f16 cache's group decode kernel, included once per ISA file after it defines HA_VL (lanes), HA_V (vector type), the HA_* operations below (HA_LOADH widens HA_VL f16 values, HA_REDUCE4 sums each of four vectors into the lanes of an __m128), HA_GB (heads of a register block), HA_DV (V vectors of a P·V block) and HA_GROUP (the name to give). No include guard: each inclusion is one variant. */
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+#include "backend/cpu/attn_f16.h"
+
+#define HA_AI static inline __attribute__((always_inline))
+
+/* s[g * HATTN_CHUNK + j] = q_g · k_j for the GB heads from q and the PB (4 or
+ * 1) positions from j0: GB x PB accumulators across head_dim, one K vector
+ * widened per position and dimension block and used by every head. */
+HA_AI void ha_scores_block(const float *q, int hd, const uint16_t *const *kp, int j0, float *s,
+                           const int GB, const int PB)
+{
+    HA_V acc[HA_GB][4]; /* sized by constants: arrays of a parameter's size stay in memory */
+#pragma GCC unroll 8
+    for (int g = 0; g < GB; g++)
+#pragma GCC unroll 4
+        for (int p = 0; p < PB; p++)
+            acc[g][p] = HA_ZERO();
+    for (int d = 0; d < hd; d += HA_VL) {
+#pragma GCC unroll 4
+        for (int p = 0; p < PB; p++) {
+            HA_V k = HA_LOADH(kp[j0 + p] + d);
+#pragma GCC unroll 8
+            for (int g = 0; g < GB; g++)
+                acc[g][p] = HA_FMA(HA_LOAD(q + (size_t)g * hd + d), k, acc[g][p]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int g = 0; g < GB; g++) {
+        if (PB == 4)
+            _mm_storeu_ps(s + g * HATTN_CHUNK + j0,
+                          HA_REDUCE4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]));
+        else
+            s[g * HATTN_CHUNK + j0] = HA_HSUM(acc[g][0]);
+    }
+}
+
+/* The n positions' scores for the GB heads from q: four positions a block. */
+HA_AI void ha_scores_heads(const float *q, int hd, const uint16_t *const *kp, int n, float *s,
+                           const int GB)
+{
+    int j = 0;
+    for (; j + 4 <= n; j += 4)
+        ha_scores_block(q, hd, kp, j, s, GB, 4);
+    for (; j < n; j++)
+        ha_scores_block(q, hd, kp, j, s, GB, 1);
+}
+
+static void ha_scores(const float *q, int n_heads, int hd, const uint16_t *const *kp, int n,
+                      float *s)
+{
+    for (int g = 0; g < n_heads; g += HA_GB) {
+        const float *qg = q + (size_t)g * hd;
+        float *sg = s + g * HATTN_CHUNK;
+        switch (n_heads - g < HA_GB ? n_heads - g : HA_GB) {
+        case 1: ha_scores_heads(qg, hd, kp, n, sg, 1); break;
+        case 2: ha_scores_heads(qg, hd, kp, n, sg, 2); break;
+#if HA_GB >= 3
+        case 3: ha_scores_heads(qg, hd, kp, n, sg, 3); break;
+#endif
+#if HA_GB >= 4
+        case 4: ha_scores_heads(qg, hd, kp, n, sg, 4); break;
+#endif
+        }
+    }
+}
+
+/* One chunk's online softmax for head g: s becomes exp(s - new max), and
+ * the running maximum and sum are carried forward; returns the factor for
+ * what the head accumulated before this chunk. */
+static float ha_softmax(float *s, int n, float *rmax, float *rsum)
+{
+    HA_V vmax = HA_SET1(-FLT_MAX);
+    int j = 0;
+    for (; j + HA_VL <= n; j += HA_VL)
+        vmax = HA_MAX(vmax, HA_LOAD(s + j));
+    float bmax = HA_HMAX(vmax);
+    for (; j < n; j++)
+        bmax = s[j] > bmax ? s[j] : bmax;
+    float nmax = bmax > *rmax ? bmax : *rmax;
+    float corr = expf(*rmax - nmax); /* 0 on the first chunk: rmax starts at -FLT_MAX */
+    HA_V shift = HA_SET1(nmax), vsum = HA_ZERO();
+    for (j = 0; j + HA_VL <= n; j += HA_VL) {
+        HA_V e = HA_EXP(HA_SUB(HA_LOAD(s + j), shift));
+        HA_STORE(s + j, e);
+        vsum = HA_ADD(vsum, e);
+    }
+    float sum = HA_HSUM(vsum);
+    for (; j < n; j++) {
+        s[j] = expf(s[j] - nmax);
+        sum += s[j];
+    }
+    *rsum = *rsum * corr + sum;
+    *rmax = nmax;
+    return corr;
+}
+
+/* o_g[d0 .. d0 + DV * HA_VL) = o_g * corr[g] + sum_j p_g[j] v_j for the GB
+ * heads from o, p and corr: the accumulators stay in registers across the
+ * chunk's positions, each V vector widened once for the GB heads. */
+HA_AI void ha_pv_block(float *o, int hd, const float *p, const uint16_t *const *vp, int n,
+                       const float *corr, int d0, const int GB, const int DV)
+{
+    HA_V acc[HA_GB][HA_DV];
+#pragma GCC unroll 8
+    for (int g = 0; g < GB; g++) {
+        HA_V c = HA_SET1(corr[g]);
+#pragma GCC unroll 4
+        for (int dv = 0; dv < DV; dv++)
+            acc[g][dv] = HA_MUL(HA_LOAD(o + (size_t)g * hd + d0 + dv * HA_VL), c);
+    }
+    for (int j = 0; j < n; j++) {
+        HA_V pb[HA_GB];
+#pragma GCC unroll 8
+        for (int g = 0; g < GB; g++)
+            pb[g] = HA_SET1(p[g * HATTN_CHUNK + j]);
+#pragma GCC unroll 4
+        for (int dv = 0; dv < DV; dv++) {
+            HA_V v = HA_LOADH(vp[j] + d0 + dv * HA_VL);
+#pragma GCC unroll 8
+            for (int g = 0; g < GB; g++)
+                acc[g][dv] = HA_FMA(pb[g], v, acc[g][dv]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int g = 0; g < GB; g++)
+#pragma GCC unroll 4
+        for (int dv = 0; dv < DV; dv++)
+            HA_STORE(o + (size_t)g * hd + d0 + dv * HA_VL, acc[g][dv]);
+}
+
+/* Every dimension block of the GB heads from o. */
+HA_AI void ha_pv_heads(float *o, int hd, const float *p, const uint16_t *const *vp, int n,
+                       const float *corr, const int GB)
+{
+    int nvec = hd / HA_VL, d = 0;
+    for (; d + HA_DV <= nvec; d += HA_DV)
+        ha_pv_block(o, hd, p, vp, n, corr, d * HA_VL, GB, HA_DV);
+    for (; d < nvec; d++)
+        ha_pv_block(o, hd, p, vp, n, corr, d * HA_VL, GB, 1);
+}
+
+static void ha_pv(float *o, int n_heads, int hd, const float *p, const uint16_t *const *vp, int n,
+                  const float *corr)
+{
+    for (int g = 0; g < n_heads; g += HA_GB) {
+        float *og = o + (size_t)g * hd;
+        const float *pg = p + g * HATTN_CHUNK;
+        switch (n_heads - g < HA_GB ? n_heads - g : HA_GB) {
+        case 1: ha_pv_heads(og, hd, pg, vp, n, corr + g, 1); break;
+        case 2: ha_pv_heads(og, hd, pg, vp, n, corr + g, 2); break;
+#if HA_GB >= 3
+        case 3: ha_pv_heads(og, hd, pg, vp, n, corr + g, 3); break;
+#endif
+#if HA_GB >= 4
+        case 4: ha_pv_heads(og, hd, pg, vp, n, corr + g, 4); break;
+#endif
+        }
+    }
+}
+
+/* The rows of positions [c0, c0 + n) of the item's kv head into kp and vp,
+ * each of their cache lines asked of memory now: the rows sit a slot's row
+ * apart within a block and blocks anywhere, so without the hints every row
+ * waits on its own miss. */
+static void ha_chunk_rows(const struct tattn_args *a, const struct hattn_item *it, int c0, int n,
+                          const uint16_t **kp, const uint16_t **vp)
+{
+    const struct kv_cache *kv = a->kv;
+    const struct attn_span *sp = it->sp;
+    const uint16_t *kc = kv->k, *vc = kv->v;
+    int hd = kv->head_dim;
+    size_t head_off = (size_t)it->kv_head * hd;
+    for (int j = 0; j < n; j++) {
+        int pos = c0 + j;
+        uint32_t block = sp->block_ids[pos / kv->block_size];
+        size_t off = tattn_slot_offset(kv, a->layer, block, pos % kv->block_size) + head_off;
+        kp[j] = kc + off;
+        vp[j] = vc + off;
+        for (int b = 0; b < hd * 2; b += 64) {
+            _mm_prefetch((const char *)kp[j] + b, _MM_HINT_T0);
+            _mm_prefetch((const char *)vp[j] + b, _MM_HINT_T0);
+        }
+    }
+}
+
+void HA_GROUP(const struct tattn_args *a, const struct hattn_item *it)
+{
+    const struct kv_cache *kv = a->kv;
+    const struct attn_span *sp = it->sp;
+    int hd = kv->head_dim, G = it->n_heads;
+    size_t q_stride = (size_t)a->n_heads * hd;
+    int last = sp->pos0 + (it->row - sp->row0);
+    int first = a->sliding_window > 0 && last - a->sliding_window + 1 > 0
+                    ? last - a->sliding_window + 1
+                    : 0;
+
+    float q[HATTN_MAX_QUERY_FLOATS] __attribute__((aligned(64)));
+    float o[HATTN_MAX_QUERY_FLOATS] __attribute__((aligned(64)));
+    float s[HATTN_MAX_HEADS * HATTN_CHUNK] __attribute__((aligned(64)));
+    float rmax[HATTN_MAX_HEADS], rsum[HATTN_MAX_HEADS], corr[HATTN_MAX_HEADS];
+    const uint16_t *kp[2][HATTN_CHUNK], *vp[2][HATTN_CHUNK]; /* this chunk's rows and the next's */
+
+    const float *qrow = a->q + (size_t)it->row * q_stride + (size_t)it->head0 * hd;
+    for (int i = 0; i < G * hd; i++)
+        q[i] = qrow[i] * a->scale;
+    memset(o, 0, (size_t)G * hd * sizeof(float));
+    for (int g = 0; g < G; g++) {
+        rmax[g] = -FLT_MAX;
+        rsum[g] = 0.0f;
+    }
+
+    int n = last + 1 - first < HATTN_CHUNK ? last + 1 - first : HATTN_CHUNK, cur = 0;
+    ha_chunk_rows(a, it, first, n, kp[0], vp[0]);
+    for (int c0 = first; n > 0; cur ^= 1) {
+        /* the next chunk's rows are on their way while this one is computed */
+        int next = c0 + n, n_next = last + 1 - next < HATTN_CHUNK ? last + 1 - next : HATTN_CHUNK;
+        if (n_next > 0)
+            ha_chunk_rows(a, it, next, n_next, kp[cur ^ 1], vp[cur ^ 1]);
+        ha_scores(q, G, hd, kp[cur], n, s);
+        for (int g = 0; g < G; g++)
+            corr[g] = ha_softmax(s + g * HATTN_CHUNK, n, &rmax[g], &rsum[g]);
+        ha_pv(o, G, hd, s, vp[cur], n, corr);
+        c0 = next;
+        n = n_next;
+    }
+
+    float *out = a->out + (size_t)it->row * q_stride + (size_t)it->head0 * hd;
+    for (int g = 0; g < G; g++) {
+        float inv = 1.0f / rsum[g];
+        for (int d = 0; d < hd; d++)
+            out[(size_t)g * hd + d] = o[(size_t)g * hd + d] * inv;
+    }
+}
