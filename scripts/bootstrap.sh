@@ -8,7 +8,7 @@ debian_packages=(
   build-essential cmake ninja-build pkg-config git
   clang libclang-rt-14-dev llvm
   libjson-c-dev libcriterion-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev
-  libsqlite3-dev libxxhash-dev libsndfile1-dev espeak-ng
+  libsqlite3-dev libxxhash-dev libsndfile1-dev libsamplerate0-dev espeak-ng
   python3
   chromium
 )

@@ -48,11 +48,11 @@ bool audio_have_sndfile(void);
  * this build reads (an empty file included). */
 int audio_decode(const uint8_t *data, size_t len, struct audio_pcm *out, struct err *err);
 
-/* Band-limited resampling by a Kaiser-windowed sinc (32 zero crossings of the
- * lower rate's Nyquist, beta 8.6, cutoff 0.95 of it), its kernel tabulated at
- * 256 phases per input sample and linearly interpolated: out[j] sums the
- * input around the time j * rate_in / rate_out. Equal rates copy. *out is
- * malloc'd (the caller frees it), *n_out = ceil(n_in * rate_out / rate_in). */
+/* Band-limited resampling through libsamplerate (SRC_SINC_MEDIUM_QUALITY:
+ * 90% of the lower Nyquist band passed, 121 dB of stopband). Equal rates
+ * copy. *out is malloc'd (the caller frees it); *n_out is what the converter
+ * produced, n_in * rate_out / rate_in to within a sample. Rates whose ratio
+ * is past 1/256..256 are refused (-INFERD_EUNSUPPORTED). */
 int audio_resample(const float *in, size_t n_in, int rate_in, int rate_out, float **out,
                    size_t *n_out, struct err *err);
 
