@@ -245,17 +245,28 @@ Test(cuda_whisper, conv1d_matches_the_cpu, .timeout = 300)
     backend_destroy(gpu);
 }
 
+/* A random-weight whisper-tiny directory (the caller removes and frees it) and one window of
+ * synthetic features, a(i) = a1 sin(w1 i) + a2 cos(w2 i) (the caller frees it). */
+static char *tiny_model(float a1, float w1, float a2, float w2, float **mel)
+{
+    char *dir = test_mkdtemp();
+    struct err err = {0};
+    cr_assert_eq(mkwhisper_write("whisper-tiny", 1, dir, &err), 0, "%s", err.msg);
+    *mel = malloc((size_t)80 * AUDIO_WINDOW_FRAMES * sizeof **mel);
+    cr_assert_not_null(*mel);
+    for (int i = 0; i < 80 * AUDIO_WINDOW_FRAMES; i++)
+        (*mel)[i] = a1 * sinf((float)i * w1) + a2 * cosf((float)i * w2);
+    return dir;
+}
+
 /* The whisper-tiny shape (random weights): the encoder's output for one window and the logits
  * of a four-token prompt fed one token at a time. */
 Test(cuda_whisper, tiny_encoder_output_and_logits_match_the_cpu, .timeout = 300)
 {
     skip_without_gpu();
-    char *dir = test_mkdtemp();
     struct err err = {0};
-    cr_assert_eq(mkwhisper_write("whisper-tiny", 1, dir, &err), 0, "%s", err.msg);
-    float *mel = malloc((size_t)80 * AUDIO_WINDOW_FRAMES * sizeof *mel);
-    for (int i = 0; i < 80 * AUDIO_WINDOW_FRAMES; i++)
-        mel[i] = 0.8f * sinf((float)i * 0.0013f) + 0.1f * cosf((float)i * 0.37f);
+    float *mel;
+    char *dir = tiny_model(0.8f, 0.0013f, 0.1f, 0.37f, &mel);
     int32_t prompt[] = {50258, 50259, 50359, 50363};
     float *enc[2], *logits[2];
     size_t n_enc = 0;
@@ -310,12 +321,9 @@ Test(cuda_whisper, tiny_encoder_output_and_logits_match_the_cpu, .timeout = 300)
 Test(cuda_whisper, decode_steps_from_graphs_equal_eager_steps, .timeout = 300)
 {
     skip_without_gpu();
-    char *dir = test_mkdtemp();
     struct err err = {0};
-    cr_assert_eq(mkwhisper_write("whisper-tiny", 1, dir, &err), 0, "%s", err.msg);
-    float *mel = malloc((size_t)80 * AUDIO_WINDOW_FRAMES * sizeof *mel);
-    for (int i = 0; i < 80 * AUDIO_WINDOW_FRAMES; i++)
-        mel[i] = 0.5f * sinf((float)i * 0.0021f) - 0.2f * cosf((float)i * 0.11f);
+    float *mel;
+    char *dir = tiny_model(0.5f, 0.0021f, -0.2f, 0.11f, &mel);
     enum { STEPS = 300, PROMPT = 4 };
     int32_t tokens[PROMPT + STEPS] = {50258, 50259, 50359, 50363};
     for (int i = PROMPT; i < PROMPT + STEPS; i++)

@@ -209,20 +209,28 @@ void cu_rec_matmul_group(struct cu_rec *rec, const float *x, int64_t n_tokens, i
     record_matmul(rec, x, n_tokens, n, w, bias, y);
 }
 
-void cu_rec_rmsnorm(struct cu_rec *rec, const float *x, const float *weight, int64_t n_rows,
-                    int64_t dim, float eps, float *y)
+/* A row norm (rmsnorm, or layer_norm with its bias b). */
+static void record_norm(struct cu_rec *rec, int kind, const float *x, const float *weight,
+                        const float *bias, int64_t n_rows, int64_t dim, float eps, float *y)
 {
     if (!rec->hooks->ok(rec))
         return;
-    struct cu_op *op = op_new(rec, CU_RMSNORM, (int)(n_rows < INT32_MAX ? n_rows : INT32_MAX));
+    struct cu_op *op = op_new(rec, kind, (int)(n_rows < INT32_MAX ? n_rows : INT32_MAX));
     if (!op)
         return;
     op->u.norm.x = x;
     op->u.norm.w = weight;
+    op->u.norm.b = bias;
     op->u.norm.n_rows = n_rows;
     op->u.norm.dim = dim;
     op->u.norm.eps = eps;
     op->u.norm.y = y;
+}
+
+void cu_rec_rmsnorm(struct cu_rec *rec, const float *x, const float *weight, int64_t n_rows,
+                    int64_t dim, float eps, float *y)
+{
+    record_norm(rec, CU_RMSNORM, x, weight, NULL, n_rows, dim, eps, y);
 }
 
 void cu_rec_rope(struct cu_rec *rec, float *x, int64_t n_tokens, int n_heads, int head_dim,
@@ -406,18 +414,8 @@ void cu_rec_attention(struct cu_rec *rec, const float *q, const struct kv_cache 
 void cu_rec_layer_norm(struct cu_rec *rec, const float *x, const float *weight, const float *bias,
                        int64_t n_rows, int64_t dim, float eps, float *y)
 {
-    if (!rec->hooks->ok(rec) || n_rows <= 0 || dim <= 0)
-        return;
-    struct cu_op *op = op_new(rec, CU_LAYER_NORM, (int)(n_rows < INT32_MAX ? n_rows : INT32_MAX));
-    if (!op)
-        return;
-    op->u.norm.x = x;
-    op->u.norm.w = weight;
-    op->u.norm.b = bias;
-    op->u.norm.n_rows = n_rows;
-    op->u.norm.dim = dim;
-    op->u.norm.eps = eps;
-    op->u.norm.y = y;
+    if (n_rows > 0 && dim > 0)
+        record_norm(rec, CU_LAYER_NORM, x, weight, bias, n_rows, dim, eps, y);
 }
 
 void cu_rec_gelu(struct cu_rec *rec, float *x, int64_t n)
