@@ -53,11 +53,13 @@ def main():
         proc.kill()
         raise SystemExit("serve_concurrency: the server did not start")
     host, port = m.group(1), int(m.group(2))
+    # the server keeps writing to stdout: drain it, or a full pipe stalls the server
+    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
     bans = serve_tax.eos_ids(args.model)
     rng = random.Random(1)
     print(f"model {args.model}, prompt {args.prompt_len}, generate {args.gen_len}"
           f"{', device ' + args.device if args.device else ''}"
-          f"{', serve ' + ' '.join(args.server_arg) if args.server_arg else ''}")
+          f"{', serve ' + ' '.join(args.server_arg) if args.server_arg else ''}", flush=True)
     one_stream = None
     aggregate = {}
     try:
