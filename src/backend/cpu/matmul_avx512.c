@@ -96,7 +96,7 @@ static ALWAYS_INLINE void store_row(float *ci, __m512 a0, __m512 a1, int n, cons
 
 /* ---- multi-row decode GEMV (FAST mode) ----------------------------------
  *
- * A decode step of T (2..8) sequences: every weight row is loaded once per
+ * A decode step of T (1..8) sequences: every weight row is loaded once per
  * vector for all T token rows, and RB weight rows are in flight together
  * with one accumulator per (weight row, token row), RB * T <= 16 (1 x 16,
  * 2 x 8, 3 x 5, 4 x 4, 5 x 3, 8 x 2). The per-row horizontal sums that cost
@@ -181,7 +181,8 @@ static ALWAYS_INLINE void gemv_multi_block(const int RB, const int TB, const boo
         __m512i which = _mm512_set_epi32(15 % RB, 14 % RB, 13 % RB, 12 % RB, 11 % RB, 10 % RB,
                                          9 % RB, 8 % RB, 7 % RB, 6 % RB, 5 % RB, 4 % RB, 3 % RB,
                                          2 % RB, 1 % RB, 0);
-        s = _mm512_add_ps(s, _mm512_permutexvar_ps(which, _mm512_maskz_loadu_ps(mask16(RB), bias + r)));
+        __m512 b = _mm512_maskz_loadu_ps(mask16(RB), bias + r);
+        s = _mm512_add_ps(s, _mm512_permutexvar_ps(which, b));
     }
     if (TB == 1)
         _mm512_mask_storeu_ps(y + r, live, s);
