@@ -1,6 +1,6 @@
 /* bench/matmul_bench.c — CPU matmul speed against the machine's own limits: GEMV vs read bandwidth, GEMM vs FMA peak.
  *
- * Usage: matmul_bench [THREADS [LEVEL [DTYPE [prefill|prefill-cpu]]]]
+ * Usage: matmul_bench [THREADS [LEVEL [DTYPE [prefill|prefill-cpu|house]]]]
  *   THREADS 0 (default) = one per core; LEVEL scalar|avx2|avx512|avx512bf16|amx;
  *   DTYPE bf16 (default) or a GGUF block type: q8_0, q4_0, q4_1, q5_0, q5_1,
  *   q2_k, q3_k, q4_k, q5_k, q6_k (the int8 kernels of qmatmul*.c);
@@ -8,7 +8,11 @@
  *   and CPU allow against the decode kernels, T = 16, 128, 512);
  *   prefill-cpu: the same over the process's CPU time rather than the wall
  *   clock (per thread), so a loaded machine's time given to other
- *   processes is not counted (the pool's spinning is: never flattering).
+ *   processes is not counted (the pool's spinning is: never flattering);
+ *   house: only a decode step's matmuls of the house model (models/house:
+ *   6 layers of 384, 1024 MLP, 8192 vocabulary, 25 MB of bf16 weights, each
+ *   matrix its own buffer, grouped as model/forward.c groups them), FAST,
+ *   T = 1..8 rows: median us per step and its cost against one row's.
  * Shapes are Qwen3-0.6B's projections (K = in_features, N = out_features). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -327,6 +331,66 @@ static void prefill_table(struct cpu_matmul *mm, struct threadpool *pool, struct
     }
 }
 
+/* The house model's decode step (see the usage note): q/k/v as one group,
+ * o, gate/up as one group, down, per layer, then the tied LM head. */
+#define HOUSE_LAYERS 6
+#define HOUSE_STEPS 301
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void house_table(struct cpu_matmul *mm)
+{
+    enum { D = 384, KV = 128, F = 1024, V = 8192 };
+    struct weight_matrix w[HOUSE_LAYERS][7], head;
+    static const long dims[7][2] = {{D, D}, {D, KV}, {D, KV}, {D, D}, {D, F}, {D, F}, {F, D}};
+    for (int l = 0; l < HOUSE_LAYERS; l++)
+        for (int m = 0; m < 7; m++)
+            w[l][m] = (struct weight_matrix){.dtype = DTYPE_BF16, .rows = dims[m][1],
+                                             .cols = dims[m][0],
+                                             .data = random_bf16((size_t)dims[m][0] * dims[m][1])};
+    head = (struct weight_matrix){.dtype = DTYPE_BF16, .rows = V, .cols = D,
+                                  .data = random_bf16((size_t)V * D)};
+    float *x = random_f32((size_t)8 * F), *y[4];
+    for (int i = 0; i < 4; i++)
+        y[i] = malloc(sizeof(float) * 8 * V);
+    printf("\nHouse model decode step, bf16 weights, FAST (us per step, median of %d)\n",
+           HOUSE_STEPS);
+    static double times[HOUSE_STEPS];
+    double one = 0.0;
+    for (long T = 1; T <= 8; T++) {
+        for (int it = 0; it < HOUSE_STEPS; it++) {
+            double t0 = now_s();
+            for (int l = 0; l < HOUSE_LAYERS; l++) {
+                const struct weight_matrix *qkv[3] = {&w[l][0], &w[l][1], &w[l][2]};
+                const struct weight_matrix *gu[2] = {&w[l][4], &w[l][5]};
+                const float *nob[3] = {NULL, NULL, NULL};
+                cpu_matmul_run_group(mm, COMPUTE_FAST, x, T, 3, qkv, nob, y);
+                cpu_matmul_run(mm, COMPUTE_FAST, x, T, &w[l][3], NULL, y[3]);
+                cpu_matmul_run_group(mm, COMPUTE_FAST, x, T, 2, gu, nob, y);
+                cpu_matmul_run(mm, COMPUTE_FAST, x, T, &w[l][6], NULL, y[3]);
+            }
+            cpu_matmul_run(mm, COMPUTE_FAST, x, T, &head, NULL, y[0]);
+            times[it] = (now_s() - t0) * 1e6;
+        }
+        qsort(times, HOUSE_STEPS, sizeof times[0], cmp_double);
+        double med = times[HOUSE_STEPS / 2];
+        if (T == 1)
+            one = med;
+        printf("  T=%ld  %8.1f us  %5.2fx one row's step\n", T, med, med / one);
+    }
+    for (int i = 0; i < 4; i++)
+        free(y[i]);
+    free(x);
+    free(head.data);
+    for (int l = 0; l < HOUSE_LAYERS; l++)
+        for (int m = 0; m < 7; m++)
+            free((void *)w[l][m].data);
+}
+
 int main(int argc, char **argv)
 {
     int n_threads = argc > 1 ? atoi(argv[1]) : 0;
@@ -362,6 +426,12 @@ int main(int argc, char **argv)
     printf("level            %s, %d threads, %s weights\n",
            cpu_matmul_level_name(cpu_matmul_get_level(mm)), threadpool_size(pool),
            dtype_name(wt.dtype));
+    if (argc > 4 && !strcmp(argv[4], "house")) {
+        house_table(mm);
+        cpu_matmul_free(mm);
+        threadpool_free(pool);
+        return 0;
+    }
     if (argc > 4 && (!strcmp(argv[4], "prefill") || !strcmp(argv[4], "prefill-cpu"))) {
         if (!cpu_qgemm_takes(wt.dtype)) {
             fprintf(stderr, "matmul_bench: %s weights have no prefill GEMM\n",

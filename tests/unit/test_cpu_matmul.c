@@ -485,3 +485,70 @@ Test(cpu_matmul, grouped_matmul_equals_separate_matmuls)
         }
     rig_free(&rig);
 }
+
+/* FAST mode's decode GEMV runs each row count up to its limit (8 rows on
+ * AVX-512, 10 on AVX2) in one pass over the weights: blocks of weight rows
+ * against all the rows at once, a kernel per count. Every count from 1 to
+ * 12 (past the limit the GEMM takes over) against the reference, with K
+ * inside one vector, just past a vector and tails of every kind, N from one
+ * output to a few blocks with a remainder, both weight types, with and
+ * without bias, on 1 and 2 threads, at every level. */
+Test(cpu_matmul, fast_decode_gemv_matches_reference_for_every_row_count)
+{
+    static const int64_t Ks[] = {1, 31, 33, 384, 1027};
+    static const int64_t Ns[] = {1, 7, 17, 130};
+    struct rig rig;
+    rig_init(&rig);
+    for (int64_t T = 1; T <= 12; T++)
+        for (int ki = 0; ki < COUNT(Ks); ki++)
+            for (int ni = 0; ni < COUNT(Ns); ni++)
+                for (int d = 0; d < 2; d++) {
+                    struct problem p;
+                    problem_init(&p, T, Ks[ki], Ns[ni], d ? DTYPE_BF16 : DTYPE_F32);
+                    problem_reference(&p, COMPUTE_FAST);
+                    for (int l = 0; l <= (int)cpu_matmul_detect_level(); l++)
+                        for (int th = 0; th < 2; th++) {
+                            use_level(rig.mm[th], l);
+                            run_and_check(&p, rig.mm[th], COMPUTE_FAST, false, "fast decode");
+                            run_and_check(&p, rig.mm[th], COMPUTE_FAST, true, "fast decode");
+                        }
+                    problem_free(&p);
+                }
+    rig_free(&rig);
+}
+
+/* The multi-row GEMV sums each (row, output) on its own accumulator in
+ * column order and reduces every accumulator by the same tree, so in FAST
+ * mode a row's outputs are the same bits whatever else shares the call, from
+ * 2 rows up to 8, and whichever block of weight rows an output falls in; with
+ * bf16 weights on AVX512-BF16, where one row takes the same kernel, from 1. */
+Test(cpu_matmul, fast_decode_rows_do_not_depend_on_the_other_rows_in_the_call)
+{
+    static const int64_t shapes[][2] = {{384, 130}, {1027, 37}, {33, 16}};
+    struct rig rig;
+    rig_init(&rig);
+    for (int s = 0; s < COUNT(shapes); s++)
+        for (int d = 0; d < 2; d++) {
+            struct problem p;
+            problem_init(&p, 8, shapes[s][0], shapes[s][1], d ? DTYPE_BF16 : DTYPE_F32);
+            struct weight_matrix w = {.dtype = p.dtype, .rows = p.N, .cols = p.K, .data = p.w};
+            for (int l = CPU_MATMUL_AVX2; l <= (int)cpu_matmul_detect_level(); l++) {
+                use_level(rig.mm[1], l);
+                cpu_matmul_run(rig.mm[1], COMPUTE_FAST, p.x, 8, &w, p.bias, p.y);
+                bool one_too = d && l >= CPU_MATMUL_AVX512BF16;
+                for (int64_t n = one_too ? 1 : 2; n < 8; n++)
+                    for (int64_t t0 = 0; t0 + n <= 8; t0 += n) {
+                        cpu_matmul_run(rig.mm[1], COMPUTE_FAST, p.x + t0 * p.K, n, &w, p.bias,
+                                       p.y2);
+                        cr_assert(memcmp(p.y + t0 * p.N, p.y2,
+                                         sizeof(float) * (size_t)(n * p.N)) == 0,
+                                  "level %s, %s weights, K=%ld N=%ld: rows %ld..%ld computed %ld "
+                                  "at a time differ from the same rows among 8",
+                                  cpu_matmul_level_name(l), dtype_name(p.dtype), (long)p.K,
+                                  (long)p.N, (long)t0, (long)(t0 + n - 1), (long)n);
+                    }
+            }
+            problem_free(&p);
+        }
+    rig_free(&rig);
+}

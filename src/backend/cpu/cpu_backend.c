@@ -125,6 +125,29 @@ struct rmsnorm_job {
     float *y;
 };
 
+/* sum x[i]^2 in double: 16 lanes (four chains of four, so the adds'
+ * latency overlaps) in an order fixed by n alone, then the tail in order.
+ * A square of a float is exact in double; a one-chain loop took ~4 cycles
+ * an element, so a decode step's norms (8 rows: 60k elements) cost as much as a
+ * small matmul, on one thread while the others waited. */
+static double sum_squares(const float *x, int64_t n)
+{
+    __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(),
+                      _mm256_setzero_pd()};
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int u = 0; u < 4; u++) {
+            __m256d v = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4 * u));
+            acc[u] = _mm256_add_pd(acc[u], _mm256_mul_pd(v, v));
+        }
+    __m256d s4 = _mm256_add_pd(_mm256_add_pd(acc[0], acc[1]), _mm256_add_pd(acc[2], acc[3]));
+    __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(s4), _mm256_extractf128_pd(s4, 1));
+    double sum = _mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2)));
+    for (; i < n; i++)
+        sum += (double)x[i] * x[i];
+    return sum;
+}
+
 static void rmsnorm_rows(void *ctx, int ith, int nth)
 {
     struct rmsnorm_job *job = ctx;
@@ -133,9 +156,7 @@ static void rmsnorm_rows(void *ctx, int ith, int nth)
     for (long r = begin; r < end; r++) {
         const float *x = job->x + r * job->dim;
         float *y = job->y + r * job->dim;
-        double sum = 0;
-        for (int64_t i = 0; i < job->dim; i++)
-            sum += (double)x[i] * x[i];
+        double sum = sum_squares(x, job->dim);
         /* torch: x * rsqrt(mean(x^2) + eps), then * weight, all in f32 */
         float inv = 1.0f / sqrtf((float)(sum / (double)job->dim) + job->eps);
         for (int64_t i = 0; i < job->dim; i++)

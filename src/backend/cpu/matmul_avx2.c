@@ -26,10 +26,12 @@
  * (measured at K=1024, N=3072: 820 vs 1050 us at T=8, even at T=12). */
 #define GEMV_MAX_T 10
 
-/* GEMV reads W as one sequential stream per thread (row after row), which
- * the hardware prefetchers follow best; interleaving several rows measured
- * 20-30% slower on Zen 3. The loop's demand loads alone keep too few lines
- * in flight, so it also prefetches this far ahead (into the next rows). */
+/* The one-token GEMV reads W as one sequential stream per thread (row after
+ * row), which the hardware prefetchers follow best; interleaving several rows
+ * measured 20-30% slower on Zen 3 without software prefetch (the multi-row
+ * kernel prefetches its next block itself). The loop's demand loads alone
+ * keep too few lines in flight, so it also prefetches this far ahead (into
+ * the next rows). */
 #define GEMV_PREFETCH_BYTES 1024
 #define GEMV_STEP 32 /* columns per iteration: 4 vectors, 4 accumulators per token */
 
@@ -143,9 +145,9 @@ static ALWAYS_INLINE void gemv_row(const int TG, const bool bf16, const float *x
     }
 }
 
-/* Tokens go in pairs; a row read from DRAM for the first pair is in L1 for
- * the rest. (Blocking several rows per pair, to read x less often, measured
- * slower: DRAM then idles while the later pairs compute.) */
+/* One token row (two or more take the multi-row kernel below): a weight row
+ * at a time, one sequential stream. Tokens go in pairs here should a caller
+ * pass more; a row read from DRAM for the first pair is in L1 for the rest. */
 static ALWAYS_INLINE void gemv_rows(const bool bf16, const float *x, int64_t T, int64_t K,
                                     const void *w, const float *bias, float *y, int64_t N,
                                     int64_t r0, int64_t r1)
@@ -159,9 +161,122 @@ static ALWAYS_INLINE void gemv_rows(const bool bf16, const float *x, int64_t T, 
     }
 }
 
+/* ---- multi-row decode GEMV ----------------------------------------------
+ *
+ * From 2 token rows on, each weight vector is loaded once for all of them
+ * and RB weight rows are in flight together, one accumulator per (weight
+ * row, token row), RB * T <= 8 (4 x 2, 2 x 3, 2 x 4, 1 x 5..8); then one
+ * 8-way transposing sum per block (7 adds, 14 shuffles for 8 outputs)
+ * instead of a 4-way sum and a reduction per output. The K tail (under 8
+ * columns) is added in scalar after it. */
+
+/* Lane j of the result is the sum of a[j]'s 8 lanes. */
+static ALWAYS_INLINE __m256 hsum8_transposed(const __m256 a[8])
+{
+    __m256 b[4], c[2];
+    for (int i = 0; i < 4; i++) /* per 128-bit lane: a[2i] and a[2i+1], two partial sums each */
+        b[i] = _mm256_add_ps(_mm256_unpacklo_ps(a[2 * i], a[2 * i + 1]),
+                             _mm256_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+    for (int i = 0; i < 2; i++) { /* per 128-bit lane: a[4i..4i+3] */
+        __m256d lo = _mm256_unpacklo_pd(_mm256_castps_pd(b[2 * i]), _mm256_castps_pd(b[2 * i + 1]));
+        __m256d hi = _mm256_unpackhi_pd(_mm256_castps_pd(b[2 * i]), _mm256_castps_pd(b[2 * i + 1]));
+        c[i] = _mm256_add_ps(_mm256_castpd_ps(lo), _mm256_castpd_ps(hi));
+    }
+    return _mm256_add_ps(_mm256_permute2f128_ps(c[0], c[1], 0x20),
+                         _mm256_permute2f128_ps(c[0], c[1], 0x31));
+}
+
+/* Weight rows [r, r + RB) against token rows [0, TB) of x (f32, rounded by
+ * prepare_x); accumulator j = t * RB + i is (token t, row i). The next
+ * block's rows (contiguous with these) are prefetched as one stream. */
+static ALWAYS_INLINE void gemv_multi_block(const int RB, const int TB, const bool bf16,
+                                           const float *x, int64_t K, const void *w,
+                                           const float *bias, float *y, int64_t N, int64_t r)
+{
+    const size_t esize = bf16 ? 2 : 4;
+    const char *wr[8];
+    for (int i = 0; i < RB; i++)
+        wr[i] = (const char *)w + (size_t)(r + i) * (size_t)K * esize;
+    const char *pf = (const char *)w + (size_t)(r + RB) * (size_t)K * esize;
+    const size_t pf_step = (size_t)RB * 8 * esize;
+    __m256 acc[8];
+    for (int j = 0; j < 8; j++)
+        acc[j] = _mm256_setzero_ps();
+    int64_t c = 0;
+    for (; c + 8 <= K; c += 8) {
+        for (size_t q = 0; q < pf_step; q += 64)
+            _mm_prefetch(pf + q, _MM_HINT_T0);
+        pf += pf_step;
+        __m256 xv[8], wv[8];
+        for (int t = 0; t < TB; t++)
+            xv[t] = _mm256_loadu_ps(x + t * K + c);
+        for (int i = 0; i < RB; i++)
+            wv[i] = load8_w(wr[i], c, bf16);
+        for (int t = 0; t < TB; t++)
+            for (int i = 0; i < RB; i++)
+                acc[t * RB + i] = _mm256_fmadd_ps(wv[i], xv[t], acc[t * RB + i]);
+    }
+    float s[8];
+    _mm256_storeu_ps(s, hsum8_transposed(acc));
+    for (int t = 0; t < TB; t++)
+        for (int i = 0; i < RB; i++) {
+            float v = s[t * RB + i];
+            for (int64_t cc = c; cc < K; cc++)
+                v += load1_w(wr[i], cc, bf16) * x[t * K + cc];
+            y[t * N + r + i] = v + (bias ? bias[r + i] : 0.0f);
+        }
+}
+
+static ALWAYS_INLINE void gemv_multi_rows(const int RB, const int TB, const bool bf16,
+                                          const float *x, int64_t K, const void *w,
+                                          const float *bias, float *y, int64_t N, int64_t r0,
+                                          int64_t r1)
+{
+    int64_t r = r0;
+    for (; r + RB <= r1; r += RB)
+        gemv_multi_block(RB, TB, bf16, x, K, w, bias, y, N, r);
+    for (; r < r1; r++)
+        gemv_multi_block(1, TB, bf16, x, K, w, bias, y, N, r);
+}
+
+#define MULTI_CASE(tb, rb)                                                                     \
+    case tb:                                                                                   \
+        if (bf16)                                                                              \
+            gemv_multi_rows(rb, tb, true, xt, K, w, bias, yt, N, r0, r1);                      \
+        else                                                                                   \
+            gemv_multi_rows(rb, tb, false, xt, K, w, bias, yt, N, r0, r1);                     \
+        break;
+
+/* T (>= 2) token rows, 8 at a time; a last group of one goes with the
+ * group before it split as 5 + 4, so every group has at least 2. */
+static void gemv_multi_run(const float *x, int64_t T, int64_t K, const void *w, bool bf16,
+                           const float *bias, float *y, int64_t N, int64_t r0, int64_t r1)
+{
+    for (int64_t t = 0; t < T;) {
+        int64_t n = T - t <= 8 ? T - t : T - t == 9 ? 5 : 8;
+        const float *xt = x + t * K;
+        float *yt = y + t * N;
+        switch (n) {
+            MULTI_CASE(2, 4)
+            MULTI_CASE(3, 2)
+            MULTI_CASE(4, 2)
+            MULTI_CASE(5, 1)
+            MULTI_CASE(6, 1)
+            MULTI_CASE(7, 1)
+            default:
+            MULTI_CASE(8, 1)
+        }
+        t += n;
+    }
+}
+
 static void gemv_run(const void *x, int64_t T, int64_t K, const void *w, enum dtype dtype,
                      const float *bias, float *y, int64_t N, int64_t r0, int64_t r1)
 {
+    if (T >= 2) {
+        gemv_multi_run(x, T, K, w, dtype == DTYPE_BF16, bias, y, N, r0, r1);
+        return;
+    }
     if (dtype == DTYPE_BF16)
         gemv_rows(true, x, T, K, w, bias, y, N, r0, r1);
     else

@@ -94,6 +94,154 @@ static ALWAYS_INLINE void store_row(float *ci, __m512 a0, __m512 a1, int n, cons
     _mm512_mask_storeu_ps(ci + 16, k1, _mm512_add_ps(c1, a1));
 }
 
+/* ---- multi-row decode GEMV (FAST mode) ----------------------------------
+ *
+ * A decode step of T (1..8) sequences: every weight row is loaded once per
+ * vector for all T token rows, and RB weight rows are in flight together
+ * with one accumulator per (weight row, token row), RB * T <= 16 (1 x 16,
+ * 2 x 8, 3 x 5, 4 x 4, 5 x 3, 8 x 2). The per-row horizontal sums that cost
+ * the one-token kernel's row-by-row loop as much as its dot products (a
+ * 4-way sum and a reduce per output) become one 16-way transposing sum per
+ * block: 15 adds and 30 shuffles for 16 outputs, written with one scatter.
+ * With T = 1 the 16 rows of a block land in consecutive outputs, so a block
+ * is one masked store. */
+
+/* Lane j of the result is the sum of a[j]'s 16 lanes. */
+static ALWAYS_INLINE __m512 hsum16_transposed(const __m512 a[16])
+{
+    __m512 b[8], c[4], d[2];
+    for (int i = 0; i < 8; i++) /* per 128-bit lane: a[2i] and a[2i+1], two partial sums each */
+        b[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
+                             _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+    for (int i = 0; i < 4; i++) { /* per 128-bit lane: a[4i..4i+3], one partial sum each */
+        __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(b[2 * i]), _mm512_castps_pd(b[2 * i + 1]));
+        __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(b[2 * i]), _mm512_castps_pd(b[2 * i + 1]));
+        c[i] = _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
+    }
+    for (int i = 0; i < 2; i++) /* 128-bit lanes 0+1 and 2+3 of c[2i], then of c[2i+1] */
+        d[i] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(d[0], d[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(d[0], d[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* One block: weight rows [r, r + RB) against token rows [0, TB) of x.
+ * dot: x is bf16 and the weights bf16 pairs for vdpbf16ps, 32 columns a
+ * vector; else x is f32 and each 16 weights are widened from bf16 (bf16w)
+ * or loaded as f32. Accumulator j = t * RB + i is (token t, row i); out
+ * holds each lane's offset in y from y + r (token t's row i: t * N + i).
+ * The next block's rows (contiguous with these) are prefetched a few lines
+ * per vector, as one stream. */
+static ALWAYS_INLINE void gemv_multi_block(const int RB, const int TB, const bool dot,
+                                           const bool bf16w, const void *x, int64_t K,
+                                           const void *w, const float *bias, float *y, int64_t N,
+                                           int64_t r, __m512i out)
+{
+    const size_t esize = dot || bf16w ? 2 : 4;
+    const int step = dot ? 32 : 16;
+    const char *wr[16];
+    for (int i = 0; i < RB; i++)
+        wr[i] = (const char *)w + (size_t)(r + i) * (size_t)K * esize;
+    const char *pf = (const char *)w + (size_t)(r + RB) * (size_t)K * esize;
+    const size_t pf_step = (size_t)RB * (size_t)step * esize;
+    __m512 acc[16];
+    for (int j = 0; j < 16; j++)
+        acc[j] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < K; c += step) {
+        const bool full = c + step <= K;
+        for (size_t q = 0; q < pf_step; q += 64)
+            _mm_prefetch(pf + q, _MM_HINT_T0);
+        pf += pf_step;
+        if (dot) {
+            const __mmask32 km = full ? (__mmask32)0xffffffffu : mask32(K - c);
+            __m512bh xv[16], wv[16];
+            for (int t = 0; t < TB; t++)
+                xv[t] = (__m512bh)_mm512_maskz_loadu_epi16(km, (const uint16_t *)x + t * K + c);
+            for (int i = 0; i < RB; i++)
+                wv[i] = (__m512bh)_mm512_maskz_loadu_epi16(km, (const uint16_t *)wr[i] + c);
+            for (int t = 0; t < TB; t++)
+                for (int i = 0; i < RB; i++)
+                    acc[t * RB + i] = _mm512_dpbf16_ps(acc[t * RB + i], wv[i], xv[t]);
+        } else {
+            const int64_t n = K - c;
+            __m512 xv[16], wv[16];
+            for (int t = 0; t < TB; t++)
+                xv[t] = _mm512_maskz_loadu_ps(mask16(n), (const float *)x + t * K + c);
+            for (int i = 0; i < RB; i++)
+                wv[i] = load16_w(wr[i], c, n, bf16w);
+            for (int t = 0; t < TB; t++)
+                for (int i = 0; i < RB; i++)
+                    acc[t * RB + i] = _mm512_fmadd_ps(wv[i], xv[t], acc[t * RB + i]);
+        }
+    }
+    __m512 s = hsum16_transposed(acc);
+    const __mmask16 live = mask16(RB * TB);
+    if (bias) {
+        /* lane j's bias is bias[r + j % RB] */
+        __m512i which = _mm512_set_epi32(15 % RB, 14 % RB, 13 % RB, 12 % RB, 11 % RB, 10 % RB,
+                                         9 % RB, 8 % RB, 7 % RB, 6 % RB, 5 % RB, 4 % RB, 3 % RB,
+                                         2 % RB, 1 % RB, 0);
+        __m512 b = _mm512_maskz_loadu_ps(mask16(RB), bias + r);
+        s = _mm512_add_ps(s, _mm512_permutexvar_ps(which, b));
+    }
+    if (TB == 1)
+        _mm512_mask_storeu_ps(y + r, live, s);
+    else
+        _mm512_mask_i32scatter_ps(y + r, live, out, s, 4);
+}
+
+/* Rows [r0, r1) against TB token rows: blocks of RB, then single rows. */
+static ALWAYS_INLINE void gemv_multi_rows(const int RB, const int TB, const bool dot,
+                                          const bool bf16w, const void *x, int64_t K,
+                                          const void *w, const float *bias, float *y, int64_t N,
+                                          int64_t r0, int64_t r1)
+{
+    int32_t off1[16], offb[16];
+    for (int j = 0; j < 16; j++) {
+        off1[j] = (int32_t)(j * N); /* RB = 1: lane j is token j */
+        offb[j] = (int32_t)((j / RB) * N + j % RB);
+    }
+    const __m512i out1 = _mm512_loadu_si512(off1), outb = _mm512_loadu_si512(offb);
+    int64_t r = r0;
+    for (; r + RB <= r1; r += RB)
+        gemv_multi_block(RB, TB, dot, bf16w, x, K, w, bias, y, N, r, outb);
+    for (; r < r1; r++)
+        gemv_multi_block(1, TB, dot, bf16w, x, K, w, bias, y, N, r, out1);
+}
+
+#define MULTI_CASE(tb, rb)                                                                     \
+    case tb:                                                                                   \
+        if (dot)                                                                               \
+            gemv_multi_rows(rb, tb, true, true, xt, K, w, bias, yt, N, r0, r1);                \
+        else if (bf16w)                                                                        \
+            gemv_multi_rows(rb, tb, false, true, xt, K, w, bias, yt, N, r0, r1);               \
+        else                                                                                   \
+            gemv_multi_rows(rb, tb, false, false, xt, K, w, bias, yt, N, r0, r1);              \
+        break;
+
+/* T token rows, 8 at a time (the driver never sends more than GEMV_MAX_T). */
+static void gemv_multi_run(const void *x, int64_t T, int64_t K, const void *w, bool dot,
+                           bool bf16w, const float *bias, float *y, int64_t N, int64_t r0,
+                           int64_t r1)
+{
+    const size_t xsize = dot ? 2 : 4;
+    for (int64_t t = 0; t < T; t += 8) {
+        const void *xt = (const char *)x + (size_t)(t * K) * xsize;
+        float *yt = y + t * N;
+        switch (T - t < 8 ? T - t : 8) {
+            MULTI_CASE(1, 16)
+            MULTI_CASE(2, 8)
+            MULTI_CASE(3, 5)
+            MULTI_CASE(4, 4)
+            MULTI_CASE(5, 3)
+            MULTI_CASE(6, 2)
+            MULTI_CASE(7, 2)
+            default:
+            MULTI_CASE(8, 2)
+        }
+    }
+}
+
 /* ---- f32 GEMV ---------------------------------------------------------- */
 
 static void prepare_x_f32(const float *x, int64_t n, void *dst_)
@@ -142,6 +290,7 @@ static ALWAYS_INLINE void gemv_row(const int TG, const bool bf16, const float *x
     }
 }
 
+/* One token row at AVX-512F (two or more take the multi-row kernel above). */
 static ALWAYS_INLINE void gemv_rows(const bool bf16, const float *x, int64_t T, int64_t K,
                                     const void *w, const float *bias, float *y, int64_t N,
                                     int64_t r0, int64_t r1)
@@ -158,7 +307,9 @@ static ALWAYS_INLINE void gemv_rows(const bool bf16, const float *x, int64_t T, 
 static void gemv_f32_run(const void *x, int64_t T, int64_t K, const void *w, enum dtype dtype,
                          const float *bias, float *y, int64_t N, int64_t r0, int64_t r1)
 {
-    if (dtype == DTYPE_BF16)
+    if (T >= 2)
+        gemv_multi_run(x, T, K, w, false, dtype == DTYPE_BF16, bias, y, N, r0, r1);
+    else if (dtype == DTYPE_BF16)
         gemv_rows(true, x, T, K, w, bias, y, N, r0, r1);
     else
         gemv_rows(false, x, T, K, w, bias, y, N, r0, r1);
@@ -176,59 +327,15 @@ static void prepare_x_bf16(const float *x, int64_t n, void *dst_)
 }
 
 /* Weights need no widening here: 32 bf16 of a row pair up along K with 32
- * bf16 of x, and vdpbf16ps adds both products of each pair into f32. */
-static ALWAYS_INLINE void gemv_bf16_row(const int TG, const uint16_t *x, int64_t K,
-                                        const uint16_t *w, const float *bias, float *y,
-                                        int64_t N, int64_t r, int64_t t0)
-{
-    const uint16_t *wr = w + (size_t)r * (size_t)K;
-    const uint16_t *xt[4];
-    __m512 acc[4][4];
-    for (int t = 0; t < TG; t++) {
-        xt[t] = x + (t0 + t) * K;
-        for (int u = 0; u < 4; u++)
-            acc[t][u] = _mm512_setzero_ps();
-    }
-    int64_t c = 0;
-    for (; c + 128 <= K; c += 128) {
-        for (int q = 0; q < 256; q += 64)
-            _mm_prefetch((const char *)(wr + c) + GEMV_PREFETCH_BYTES + q, _MM_HINT_T0);
-        for (int u = 0; u < 4; u++) {
-            __m512bh wv = (__m512bh)_mm512_loadu_si512(wr + c + 32 * u);
-            for (int t = 0; t < TG; t++)
-                acc[t][u] = _mm512_dpbf16_ps(acc[t][u], wv,
-                                             (__m512bh)_mm512_loadu_si512(xt[t] + c + 32 * u));
-        }
-    }
-    for (; c < K; c += 32) {
-        __mmask32 km = mask32(K - c);
-        __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(km, wr + c);
-        for (int t = 0; t < TG; t++)
-            acc[t][0] = _mm512_dpbf16_ps(acc[t][0], wv,
-                                         (__m512bh)_mm512_maskz_loadu_epi16(km, xt[t] + c));
-    }
-    for (int t = 0; t < TG; t++) {
-        __m512 a = _mm512_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]),
-                                 _mm512_add_ps(acc[t][2], acc[t][3]));
-        y[(t0 + t) * N + r] = _mm512_reduce_add_ps(a) + (bias ? bias[r] : 0.0f);
-    }
-}
-
+ * bf16 of x, and vdpbf16ps adds both products of each pair into f32. Every
+ * row count takes the multi-row kernel: at one row its 16-row blocks beat a
+ * row at a time too (one thread, the house model's step: 590-623 against
+ * 656-706 us), and a row's bits then never depend on the rows beside it. */
 static void gemv_bf16_run(const void *x, int64_t T, int64_t K, const void *w, enum dtype dtype,
                           const float *bias, float *y, int64_t N, int64_t r0, int64_t r1)
 {
     (void)dtype;
-    /* Four token rows share each weight load (a verify step's few rows read the weights
-     * once); each row's sums are the same whatever its group. */
-    for (int64_t r = r0; r < r1; r++) {
-        int64_t t = 0;
-        for (; t + 4 <= T; t += 4)
-            gemv_bf16_row(4, x, K, w, bias, y, N, r, t);
-        for (; t + 2 <= T; t += 2)
-            gemv_bf16_row(2, x, K, w, bias, y, N, r, t);
-        if (t < T)
-            gemv_bf16_row(1, x, K, w, bias, y, N, r, t);
-    }
+    gemv_multi_run(x, T, K, w, true, true, bias, y, N, r0, r1);
 }
 
 /* ---- f32 GEMM ---------------------------------------------------------- */
