@@ -6,6 +6,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu.h"
+#include "test_support.h"
 
 static uint64_t rng_state = 0x2545f4914f6cdd1dull;
 
@@ -18,16 +19,6 @@ static float rnd(void)
     return (float)(int32_t)(rng_state >> 32) / 2147483648.0f;
 }
 
-static struct backend *cpu_backend(enum compute_mode mode)
-{
-    struct backend *be = NULL;
-    struct err err = {0};
-    cr_assert_eq(backend_cpu_create(&(struct backend_options){.mode = mode, .threads = 2}, &be,
-                                    &err),
-                 0, "%s", err.msg);
-    return be;
-}
-
 /* Rows of every kind of length (inside one 16-element step, whole steps, a
  * tail, Qwen3's head and hidden sizes, longer than a page), values spread
  * over 2^-20..2^20 so the sum of squares carries far more bits than a float;
@@ -38,7 +29,7 @@ Test(cpu_norm, rmsnorm_matches_double_reference)
 {
     static const int64_t dims[] = {1, 7, 16, 17, 64, 384, 1000, 4099};
     static const int64_t rows[] = {1, 8, 41};
-    struct backend *be = cpu_backend(COMPUTE_FAST);
+    struct backend *be = test_cpu_backend(COMPUTE_FAST);
     for (int di = 0; di < 8; di++)
         for (int ri = 0; ri < 3; ri++) {
             int64_t dim = dims[di], n = rows[ri];
@@ -77,7 +68,7 @@ Test(cpu_norm, rmsnorm_matches_double_reference)
 Test(cpu_norm, rmsnorm_row_bits_do_not_depend_on_the_rows_in_the_call)
 {
     const int64_t dim = 384 + 5, n = 60; /* 60 x 389 is past the threaded size */
-    struct backend *be = cpu_backend(COMPUTE_EXACT);
+    struct backend *be = test_cpu_backend(COMPUTE_EXACT);
     float *x = malloc(sizeof(float) * (size_t)(n * dim)), *w = malloc(sizeof(float) * dim);
     float *all = malloc(sizeof(float) * (size_t)(n * dim)), *one = malloc(sizeof(float) * dim);
     cr_assert(x && w && all && one);

@@ -14,16 +14,6 @@
 #include "test_support.h"
 #include "tools/mkmodel.h"
 
-static struct backend *make_cpu(enum compute_mode mode)
-{
-    struct backend *be = NULL;
-    struct err err = {0};
-    cr_assert_eq(backend_cpu_create(&(struct backend_options){.mode = mode, .threads = 2}, &be,
-                                    &err),
-                 0, "%s", err.msg);
-    return be;
-}
-
 /* ---- routing ---- */
 
 /* Rows of logits -1/0/+1 (as '-', '0', '+') and the experts libstdc++'s
@@ -73,7 +63,7 @@ static void route_row(struct backend *be, const float *logits, int n, int k, boo
 
 Test(moe_route, exact_ties_go_where_libstdcxx_selection_leaves_them)
 {
-    struct backend *be = make_cpu(COMPUTE_EXACT);
+    struct backend *be = test_cpu_backend(COMPUTE_EXACT);
     for (size_t c = 0; c < sizeof libstdcxx_cases / sizeof libstdcxx_cases[0]; c++) {
         float logits[128];
         int n = libstdcxx_cases[c].n, k = libstdcxx_cases[c].k;
@@ -97,7 +87,7 @@ Test(moe_route, exact_ties_go_where_libstdcxx_selection_leaves_them)
 
 Test(moe_route, weights_are_softmax_probabilities_by_descending_order)
 {
-    struct backend *be = make_cpu(COMPUTE_EXACT);
+    struct backend *be = test_cpu_backend(COMPUTE_EXACT);
     float logits[5] = {0.5f, 2.0f, -1.0f, 1.0f, 0.0f};
     int32_t *di = be->ops->alloc(be, 3 * sizeof(int32_t));
     float *dw = be->ops->alloc(be, 3 * sizeof(float));
@@ -130,7 +120,7 @@ Test(moe_route, ties_pick_what_torch_topk_picked_in_the_goldens)
     cr_assert_not_null(probes, "%s has no topk_probes", path);
     int k = json_object_get_int(json_object_object_get(probes, "top_k"));
     json_object *rows = json_object_object_get(probes, "rows");
-    struct backend *be = make_cpu(COMPUTE_EXACT);
+    struct backend *be = test_cpu_backend(COMPUTE_EXACT);
     size_t n_rows = json_object_array_length(rows);
     cr_assert_gt(n_rows, 0);
     for (size_t r = 0; r < n_rows; r++) {
@@ -198,7 +188,7 @@ static void reference_row(const float *x, const float *const *g, const float *co
 
 static void check_ffn(enum compute_mode mode, double tol)
 {
-    struct backend *be = make_cpu(mode);
+    struct backend *be = test_cpu_backend(mode);
     uint64_t s = 42;
     static float gw[E][INTER * HID], uw[E][INTER * HID], dw[E][HID * INTER];
     struct weight_matrix gm[E], um[E], dm[E];
@@ -263,7 +253,7 @@ Test(moe_ffn, fast_mode_stays_within_bf16_rounding)
 
 Test(moe_ffn, gated_add_scales_by_the_sigmoid_of_the_gate)
 {
-    struct backend *be = make_cpu(COMPUTE_EXACT);
+    struct backend *be = test_cpu_backend(COMPUTE_EXACT);
     float y[4] = {1, 1, 1, 1}, x[4] = {2, 4, 6, 8}, g[2] = {0.0f, 100.0f};
     be->ops->gated_add(be, y, x, g, 2, 2);
     cr_expect_float_eq(y[0], 2.0f, 1e-6f);
@@ -287,7 +277,7 @@ static struct model *load_preset(struct backend *be, const char *dir)
 
 Test(qwen3_moe, loads_experts_in_sparse_layers_and_a_dense_mlp_in_mlp_only_layers)
 {
-    struct backend *be = make_cpu(COMPUTE_EXACT);
+    struct backend *be = test_cpu_backend(COMPUTE_EXACT);
     char *dir = test_mkdtemp();
     struct model *m = load_preset(be, dir);
     const struct model_config *c = &m->config;
@@ -316,7 +306,7 @@ Test(qwen3_moe, loads_experts_in_sparse_layers_and_a_dense_mlp_in_mlp_only_layer
 
 Test(qwen3_moe, a_missing_expert_tensor_is_named)
 {
-    struct backend *be = make_cpu(COMPUTE_EXACT);
+    struct backend *be = test_cpu_backend(COMPUTE_EXACT);
     char *dir = test_mkdtemp();
     struct err err = {0};
     struct mkmodel_opts o = {.preset = "tiny-qwen3_moe", .seed = 1, .out_dir = dir};
@@ -357,7 +347,7 @@ Test(qwen3_moe, config_refuses_more_experts_per_token_than_experts)
  * give the same logits bit for bit in EXACT mode. */
 Test(qwen3_moe, prefill_decode_and_batches_agree_bit_for_bit)
 {
-    struct backend *be = make_cpu(COMPUTE_EXACT);
+    struct backend *be = test_cpu_backend(COMPUTE_EXACT);
     char *dir = test_mkdtemp();
     struct model *m = load_preset(be, dir);
     struct err err = {0};

@@ -2,6 +2,8 @@
 #define _GNU_SOURCE
 #include "test_support.h"
 
+#include <criterion/criterion.h>
+
 #include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,4 +61,14 @@ char *test_read_file(const char *path, size_t *len_out)
             *len_out = (size_t)n;
     }
     return buf;
+}
+
+struct backend *test_cpu_backend(enum compute_mode mode)
+{
+    struct backend *be = NULL;
+    struct err err = {0};
+    cr_assert_eq(backend_cpu_create(&(struct backend_options){.mode = mode, .threads = 2}, &be,
+                                    &err),
+                 0, "%s", err.msg);
+    return be;
 }
