@@ -31,7 +31,10 @@ size_t kv_format_row_bytes(const struct model_config *c, const struct kv_format 
             per_layer += kv_dim / (size_t)f->group_size * (size_t)f->scale_bytes;
         return per_layer;
     }
-    /* every layer's rows are as wide as the widest layer's (one pitch for all) */
+    /* every layer's rows are as wide as the widest layer's (one pitch for all),
+     * rounded up to 16 bytes: every row starts on a 16-byte boundary, so the
+     * GPU kernels read a record's bytes in aligned words without leaving its
+     * row */
     size_t widest = 0;
     int n = f->quant->n_layers > 0 ? f->quant->n_layers : 1;
     for (int l = 0; l < n; l++) {
@@ -39,7 +42,7 @@ size_t kv_format_row_bytes(const struct model_config *c, const struct kv_format 
                    (size_t)kvq_head_bytes(&f->quant->layer[l], c->head_dim, v);
         widest = b > widest ? b : widest;
     }
-    return widest;
+    return (widest + 15) / 16 * 16;
 }
 
 size_t kv_format_bytes_per_token(const struct model_config *c, const struct kv_format *f)

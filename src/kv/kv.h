@@ -62,7 +62,7 @@ struct kv_format kv_format_of_dtype(enum dtype dtype);
 struct kv_format kv_format_of_backend(const struct backend *be);
 /* Bytes of one slot's K (v false) or V row in one layer:
  *   kv_dim * dtype_size + kv_dim / group_size * scale_bytes, or, quantized,
- *   n_kv_heads * kvq_head_bytes of the widest layer. */
+ *   n_kv_heads * kvq_head_bytes of the widest layer, rounded up to 16 bytes. */
 size_t kv_format_row_bytes(const struct model_config *c, const struct kv_format *f, bool v);
 /* Bytes of K and V together, over every layer, for one token position:
  *   n_layers * (K row bytes + V row bytes). */

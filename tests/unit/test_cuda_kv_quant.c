@@ -2,9 +2,11 @@
  * backend's: the records CUDA writes are the CPU's bytes (the format is bit-defined in
  * backend/kv_quant.h and both quantize in its arithmetic and order), and CUDA's fused attention
  * over them equals the CPU's within float rounding, for every format, every tiny architecture
- * plus sliding-window, head_dim-96 and wide-GQA shapes, a prefill step of three sequences batched
- * and a decode step after it, in EXACT mode (decode kernels throughout) and FAST mode (the
- * tiled prefill kernel for the prefill step). Skipped, saying why, without a GPU. */
+ * plus sliding-window, head_dim-96 and wide-GQA shapes, two prefill chunks of three sequences
+ * batched (the second at positions past the first, spanning several 64-position tiles) and a
+ * decode step after them, in EXACT mode (decode kernels throughout) and FAST mode (the prefill
+ * kernels for the prefill chunks: fp16 tiles on tensor cores, and the f32 one). Skipped, saying
+ * why, without a GPU. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
@@ -43,12 +45,16 @@ static float frand(uint64_t *s)
 
 #define GQ_LAYERS 2
 #define GQ_BLOCK 16
-#define GQ_BLOCKS 12
+#define GQ_BLOCKS 40
+#define GQ_SEQS 3
 /* CUDA attention vs CPU attention over the same records: both read the same
  * decoded values; only the order of the sums (and, for QJL keys in the
  * prefill kernel, R'^T z folded into the key instead of R' R q into the
  * query) differs. Outputs are averages of values in [-1, 1]. */
 #define GQ_TOL 2e-4f
+/* The tensor-core prefill rounds the query, the decoded K/V elements and the
+ * softmax weights to fp16 (test_cuda_parity's bound for the f16 cache). */
+#define GQ_TOL_TENSOR_CORES 5e-3f
 
 struct gq_case {
     int n_heads, n_kv_heads, head_dim, sliding_window;
@@ -89,9 +95,13 @@ static void *dev_copy(struct backend *be, const void *src, size_t bytes)
     return d;
 }
 
-/* Three sequences of prompt lengths 37, 5 and 20 prefilled in one step,
- * then a decode step of one token each; every layer checked at both. */
-static void check_format(const struct gq_case *gc, const char *format, enum compute_mode mode)
+/* Three sequences: a prefill chunk of 37, 5 and 20 tokens, a second chunk of
+ * 140, 2 and 70 after it, then a decode step of one token each; every layer
+ * checked at each step. Their blocks are interleaved over the cache. */
+static const int gq_chunks[2][GQ_SEQS] = {{37, 5, 20}, {140, 2, 70}};
+
+static void check_format(const struct gq_case *gc, const char *format, enum compute_mode mode,
+                         enum backend_switch prefill_tc)
 {
     struct kv_quant q = quant_of(format);
     if (q.layer[0].scheme == KV_QUANT_AFFINE && gc->head_dim % q.layer[0].group_size)
@@ -101,9 +111,13 @@ static void check_format(const struct gq_case *gc, const char *format, enum comp
     cr_assert_eq(backend_cpu_create(&(struct backend_options){.threads = 2, .kv_quant = &q}, &bc,
                                     &err),
                  0, "%s", err.msg);
-    cr_assert_eq(backend_cuda_create(0, &(struct backend_options){.mode = mode, .kv_quant = &q},
+    cr_assert_eq(backend_cuda_create(0,
+                                     &(struct backend_options){.mode = mode, .kv_quant = &q,
+                                                               .cuda_prefill_tc = prefill_tc},
                                      &bg, &err),
                  0, "%s", err.msg);
+    const float tol =
+        mode == COMPUTE_FAST && prefill_tc != BACKEND_OFF ? GQ_TOL_TENSOR_CORES : GQ_TOL;
     struct gq_cache cc, cg;
     gq_cache_init(bc, gc, &cc);
     gq_cache_init(bg, gc, &cg);
@@ -111,18 +125,22 @@ static void check_format(const struct gq_case *gc, const char *format, enum comp
     cr_assert_eq(cc.vrow, cg.vrow, "the same row pitch on both backends");
     int hd = gc->head_dim, kvh = gc->n_kv_heads, nh = gc->n_heads;
     size_t kv_dim = (size_t)kvh * hd, q_dim = (size_t)nh * hd;
-    static const uint32_t t0[] = {0, 3, 6, 9}, t1[] = {1, 4}, t2[] = {2, 5, 7};
-    const uint32_t *tables[3] = {t0, t1, t2};
-    int n_tables[3] = {4, 2, 3}, lens[3] = {37, 5, 20};
+    uint32_t tables[GQ_SEQS][GQ_BLOCKS];
+    int n_tables[GQ_SEQS] = {0};
+    for (uint32_t b = 0, s = 0; b < GQ_BLOCKS; b++, s = (s + 1) % GQ_SEQS)
+        tables[s][n_tables[s]++] = b;
     uint64_t seed = 0x5eed + (uint64_t)hd * 13 + (uint64_t)nh;
     uint8_t *host_k = malloc(cc.slots * cc.krow), *host_v = malloc(cc.slots * cc.vrow);
-    for (int step = 0; step < 2; step++) {
-        struct attn_span spans[3];
+    int done[GQ_SEQS] = {0};
+    for (int step = 0; step < 3; step++) {
+        struct attn_span spans[GQ_SEQS];
         int rows = 0;
-        for (int s = 0; s < 3; s++) {
-            int n = step == 0 ? lens[s] : 1, pos0 = step == 0 ? 0 : lens[s];
-            spans[s] = (struct attn_span){rows, n, pos0, tables[s], n_tables[s]};
+        for (int s = 0; s < GQ_SEQS; s++) {
+            int n = step < 2 ? gq_chunks[step][s] : 1;
+            cr_assert_leq((done[s] + n + GQ_BLOCK - 1) / GQ_BLOCK, n_tables[s], "cache size");
+            spans[s] = (struct attn_span){rows, n, done[s], tables[s], n_tables[s]};
             rows += n;
+            done[s] += n;
         }
         float *k = malloc((size_t)rows * kv_dim * 4), *v = malloc((size_t)rows * kv_dim * 4);
         float *qv = malloc((size_t)rows * q_dim * 4);
@@ -138,13 +156,13 @@ static void check_format(const struct gq_case *gc, const char *format, enum comp
             float *dv = dev_copy(bg, v, (size_t)rows * kv_dim * 4);
             float *dq = dev_copy(bg, qv, (size_t)rows * q_dim * 4);
             float *dout = bg->ops->alloc(bg, (size_t)rows * q_dim * 4);
-            bc->ops->kv_store(bc, &cc.kv, layer, k, v, spans, 3);
-            bg->ops->kv_store(bg, &cg.kv, layer, dk, dv, spans, 3);
+            bc->ops->kv_store(bc, &cc.kv, layer, k, v, spans, GQ_SEQS);
+            bg->ops->kv_store(bg, &cg.kv, layer, dk, dv, spans, GQ_SEQS);
             float scale = 1.0f / sqrtf((float)hd);
-            bc->ops->attention(bc, qv, &cc.kv, layer, spans, 3, nh, scale, gc->sliding_window,
-                               out_c);
-            bg->ops->attention(bg, dq, &cg.kv, layer, spans, 3, nh, scale, gc->sliding_window,
-                               dout);
+            bc->ops->attention(bc, qv, &cc.kv, layer, spans, GQ_SEQS, nh, scale,
+                               gc->sliding_window, out_c);
+            bg->ops->attention(bg, dq, &cg.kv, layer, spans, GQ_SEQS, nh, scale,
+                               gc->sliding_window, dout);
             bg->ops->to_host(bg, out_g, dout, (size_t)rows * q_dim * 4);
             cr_assert_eq(bg->ops->status(bg, &err), 0, "%s", err.msg);
 
@@ -152,7 +170,7 @@ static void check_format(const struct gq_case *gc, const char *format, enum comp
             bg->ops->to_host(bg, host_k, cg.kv.k, cc.slots * cc.krow);
             bg->ops->to_host(bg, host_v, cg.kv.v, cc.slots * cc.vrow);
             long differing = 0;
-            for (int s = 0; s < 3; s++)
+            for (int s = 0; s < GQ_SEQS; s++)
                 for (int pos = 0; pos < spans[s].pos0 + spans[s].n_tokens; pos++) {
                     uint32_t blk = tables[s][pos / GQ_BLOCK];
                     size_t slot = ((size_t)layer * GQ_BLOCKS + blk) * GQ_BLOCK + pos % GQ_BLOCK;
@@ -161,17 +179,20 @@ static void check_format(const struct gq_case *gc, const char *format, enum comp
                     differing += memcmp(host_v + slot * cc.vrow,
                                         (const uint8_t *)cc.kv.v + slot * cc.vrow, cc.vrow) != 0;
                 }
+            static const char *const step_name[] = {"prefill", "second prefill chunk", "decode"};
             cr_expect_eq(differing, 0, "%s %s layer %d %s: %ld K/V rows differ from the CPU's bytes",
-                         gc->name, format, layer, step ? "decode" : "prefill", differing);
+                         gc->name, format, layer, step_name[step], differing);
 
             float worst = 0;
             for (size_t i = 0; i < (size_t)rows * q_dim; i++) {
                 float d = fabsf(out_c[i] - out_g[i]);
                 worst = d > worst || isnan(d) ? d : worst;
             }
-            cr_expect_leq(worst, GQ_TOL, "%s %s %s layer %d %s: CUDA vs CPU attention differ by %g",
-                          gc->name, format, mode == COMPUTE_FAST ? "fast" : "exact", layer,
-                          step ? "decode" : "prefill", worst);
+            cr_expect_leq(worst, step < 2 ? tol : GQ_TOL,
+                          "%s %s %s%s layer %d %s: CUDA vs CPU attention differ by %g", gc->name,
+                          format, mode == COMPUTE_FAST ? "fast" : "exact",
+                          prefill_tc == BACKEND_OFF ? " (f32 prefill)" : "", layer,
+                          step_name[step], worst);
             bg->ops->release(bg, dk);
             bg->ops->release(bg, dv);
             bg->ops->release(bg, dq);
@@ -196,7 +217,7 @@ static void check_format(const struct gq_case *gc, const char *format, enum comp
 static const char *const gq_formats[] = {"8", "4", "8g32", "4g32", "turbo", "turbo:k4v3",
                                          "turbo:k3v2", "turbo:k5v4", "turbo:k4v3:qjl", NULL};
 
-static void check_all_shapes(enum compute_mode mode)
+static void check_all_shapes(enum compute_mode mode, enum backend_switch prefill_tc)
 {
     int n = 0;
     const struct mkmodel_preset *presets = mkmodel_presets(&n);
@@ -210,7 +231,7 @@ static void check_all_shapes(enum compute_mode mode)
                                                                              : 0,
                              p->name};
         for (int f = 0; gq_formats[f]; f++)
-            check_format(&gc, gq_formats[f], mode);
+            check_format(&gc, gq_formats[f], mode, prefill_tc);
         tested++;
     }
     cr_expect_geq(tested, 5, "the tiny presets");
@@ -218,19 +239,25 @@ static void check_all_shapes(enum compute_mode mode)
                               {8, 1, 128, 0, "gqa-8"}, {8, 2, 256, 0, "head_dim-256"}};
     for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++)
         for (int f = 0; gq_formats[f]; f++)
-            check_format(&extra[i], gq_formats[f], mode);
+            check_format(&extra[i], gq_formats[f], mode, prefill_tc);
 }
 
 Test(cuda_kv_quant, exact_mode_stores_the_cpus_bytes_and_attends_as_the_cpu, .timeout = 600)
 {
     skip_without_gpu();
-    check_all_shapes(COMPUTE_EXACT);
+    check_all_shapes(COMPUTE_EXACT, BACKEND_DEFAULT);
 }
 
-Test(cuda_kv_quant, fast_mode_prefill_kernel_attends_as_the_cpu, .timeout = 600)
+Test(cuda_kv_quant, fast_mode_tensor_core_prefill_attends_as_the_cpu, .timeout = 600)
 {
     skip_without_gpu();
-    check_all_shapes(COMPUTE_FAST);
+    check_all_shapes(COMPUTE_FAST, BACKEND_DEFAULT);
+}
+
+Test(cuda_kv_quant, fast_mode_f32_prefill_kernel_attends_as_the_cpu, .timeout = 600)
+{
+    skip_without_gpu();
+    check_all_shapes(COMPUTE_FAST, BACKEND_OFF);
 }
 
 Test(cuda_kv_quant, a_format_neither_backend_reads_is_refused_at_creation)

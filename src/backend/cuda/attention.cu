@@ -865,7 +865,7 @@ cudaError_t cu_launch_attention(cudaStream_t s, const struct cu_op *op, const ui
     if (hd > CU_MAX_HEAD_DIM)
         return cudaErrorInvalidValue;
     if (op->u.attn.kv.quant)
-        return cu_launch_attention_quant(s, op, params, part, smem_optin);
+        return cu_launch_attention_quant(s, op, params, part, smem_optin, tensor_cores);
     if (cu_attention_uses_prefill(op) && tensor_cores && op->u.attn.kv.f16) {
         cudaError_t e = cu_launch_attention_prefill_f16(s, op, params, smem_optin);
         if (e != cudaErrorNotSupported)

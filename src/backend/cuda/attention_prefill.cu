@@ -3,12 +3,7 @@
 #include <math.h>
 
 #include "backend/cuda/cuda_internal.h"
-#include "backend/cuda/online_softmax.cuh"
-
-/* Positions per K/V tile. */
-#define FA_BK 64
-/* log2(e): scores are kept in base 2, so exp becomes one ex2 instruction. */
-#define FA_LOG2E 1.4426950408889634f
+#include "backend/cuda/fa_mma.cuh"
 
 /* A block of NW warps takes BQ = 16 NW query rows of one span and one query
  * head and walks the K/V tiles its rows attend to, oldest first. Each warp
@@ -36,18 +31,6 @@ struct fa_shape {
         2 * 2 * (size_t)TILE_HALVES * sizeof(__half) + 3 * FA_BK * sizeof(size_t);
 };
 
-static __device__ __forceinline__ uint32_t smem_addr(const void *p)
-{
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-/* Byte offset of (row, chunk) in a swizzled tile of HD halves per row. */
-template <int HD>
-static __device__ __forceinline__ uint32_t swz(int row, int chunk)
-{
-    return (uint32_t)(row * HD * 2 + ((chunk ^ (row & 7)) << 4));
-}
-
 /* 16 bytes global -> shared, zero-filled when !valid. */
 static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid)
 {
@@ -64,52 +47,6 @@ static __device__ __forceinline__ void cp_async_commit(void)
 static __device__ __forceinline__ void cp_async_wait_one(void)
 {
     asm volatile("cp.async.wait_group 1;\n" ::);
-}
-
-static __device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t &r0, uint32_t &r1,
-                                               uint32_t &r2, uint32_t &r3)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(addr));
-}
-
-static __device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t &r0, uint32_t &r1,
-                                                     uint32_t &r2, uint32_t &r3)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(addr));
-}
-
-/* c += a b: a 16x16 row-major fp16, b 16x8 column-major fp16, c 16x8 f32. */
-static __device__ __forceinline__ void mma_16816(float *c, const uint32_t *a, uint32_t b0,
-                                                 uint32_t b1)
-{
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-static __device__ __forceinline__ float fast_exp2(float x)
-{
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
-static __device__ __forceinline__ uint32_t pack_half2(float lo, float hi)
-{
-    __half2 h = __floats2half2_rn(lo, hi);
-    return *(uint32_t *)&h;
-}
-
-/* The rounded pair as floats, summed. */
-static __device__ __forceinline__ float half2_sum(uint32_t v)
-{
-    float2 f = __half22float2(*(__half2 *)&v);
-    return f.x + f.y;
 }
 
 /* Where a position's K/V row starts in the cache (in elements), or
@@ -140,9 +77,6 @@ attn_prefill_f16_kernel(struct cu_op op, const uint8_t *params)
 {
     using S = fa_shape<HD, NW>;
     constexpr int BQ = S::BQ, CPR = S::CPR, RPP = S::RPP, PASSES = S::PASSES;
-    constexpr int KT = HD / 16;    /* k16 steps of Q K^T */
-    constexpr int NS = FA_BK / 8;  /* n8 tiles of S */
-    constexpr int NO = HD / 8;     /* n8 tiles of O */
     static_assert(S::THREADS % CPR == 0 && FA_BK % RPP == 0, "copy shape");
     extern __shared__ __align__(128) uint8_t fa_smem[];
 
@@ -159,53 +93,27 @@ attn_prefill_f16_kernel(struct cu_op op, const uint8_t *params)
     if (q0 >= n_tokens)
         return;
     const uint32_t *bt = (const uint32_t *)(params + span->bt_off);
-    const int window = op.u.attn.window;
     const int pos0 = span->pos0;
-    const int nq = n_tokens - q0 < BQ ? n_tokens - q0 : BQ;
-    const int last_pos = pos0 + q0 + nq - 1;
-    int first_pos = 0;
-    if (window > 0 && pos0 + q0 - window + 1 > 0)
-        first_pos = pos0 + q0 - window + 1;
-    const int k_begin = first_pos - first_pos % FA_BK;
-    const int n_tiles = (last_pos - k_begin) / FA_BK + 1;
-
-    /* this warp's rows; rows past the span repeat its last row (their
-     * results are not stored), so no row attends to nothing */
-    const int wrow0 = q0 + warp * 16;
-    const bool warp_live = wrow0 < n_tokens;
-    const int w_first_qpos = pos0 + (warp_live ? wrow0 : n_tokens - 1);
-    const int w_last_qpos = pos0 + (wrow0 + 15 < n_tokens ? wrow0 + 15 : n_tokens - 1);
-    int qpos[2];
+    const fa_rows rows(pos0, n_tokens, q0, BQ, op.u.attn.window, warp);
+    const int last_pos = rows.last_pos, k_begin = rows.k_begin, n_tiles = rows.n_tiles;
+    fa_warp<HD> w;
+    w.init();
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-        int i = wrow0 + g + 8 * h;
-        qpos[h] = pos0 + (i < n_tokens ? i : n_tokens - 1);
+        int i = rows.wrow0 + g + 8 * h;
+        w.qpos[h] = pos0 + (i < n_tokens ? i : n_tokens - 1);
     }
 
     /* Q: f32 -> fp16 A fragments, scaled into base-2 scores */
     const int q_dim = op.u.attn.n_heads * HD;
-    const float qscale = op.u.attn.scale * FA_LOG2E;
-    uint32_t qf[KT][4];
     {
         const float *qr[2];
 #pragma unroll
         for (int h = 0; h < 2; h++)
-            qr[h] = op.u.attn.q + (size_t)(span->row0 + qpos[h] - pos0) * q_dim + (size_t)head * HD;
-#pragma unroll
-        for (int kk = 0; kk < KT; kk++) {
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const float2 v = *(const float2 *)(qr[j & 1] + kk * 16 + (j >> 1) * 8 + 2 * t);
-                qf[kk][j] = pack_half2(v.x * qscale, v.y * qscale);
-            }
-        }
+            qr[h] = op.u.attn.q + (size_t)(span->row0 + w.qpos[h] - pos0) * q_dim +
+                    (size_t)head * HD;
+        w.load_q(qr, op.u.attn.scale * FA_LOG2E, t);
     }
-
-    float o[NO][4];
-#pragma unroll
-    for (int n = 0; n < NO; n++)
-        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
 
     /* copy roles: this thread's chunk of a row, and its first row; the
      * first FA_BK threads also find the rows of the tile two ahead (block
@@ -240,10 +148,6 @@ attn_prefill_f16_kernel(struct cu_op op, const uint8_t *params)
     fa_tile_copy<HD, PASSES, RPP>(ks0, ks0 + tile_bytes, kc, vc, row_off, c_row, c_chunk);
     cp_async_commit();
 
-    /* ldmatrix lane roles: K (non-transposed) and V (transposed) x4 loads */
-    const int k_lrow = (lane >> 4) * 8 + (lane & 7), k_lchunk = (lane >> 3) & 1;
-    const int v_lrow = ((lane >> 3) & 1) * 8 + (lane & 7), v_lchunk = lane >> 4;
-
     for (int it = 0; it < n_tiles; it++) {
         const int k0 = k_begin + it * FA_BK;
         if (it + 1 < n_tiles) {
@@ -265,103 +169,15 @@ attn_prefill_f16_kernel(struct cu_op op, const uint8_t *params)
         cp_async_wait_one();
         __syncthreads();
 
-        /* a warp skips tiles wholly in its rows' future or before their window */
-        const bool skip = !warp_live || k0 > w_last_qpos ||
-                          (window > 0 && k0 + FA_BK - 1 < w_first_qpos - window + 1);
-        if (!skip) {
-            const uint32_t kb = ks0 + (it & 1) * 2 * tile_bytes, vb = kb + tile_bytes;
-            float s[NS][4];
-#pragma unroll
-            for (int n = 0; n < NS; n++)
-                s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll
-            for (int kk = 0; kk < KT; kk++) {
-#pragma unroll
-                for (int np = 0; np < NS / 2; np++) {
-                    uint32_t b0, b1, b2, b3;
-                    ldsm_x4(kb + swz<HD>(np * 16 + k_lrow, 2 * kk + k_lchunk), b0, b1, b2, b3);
-                    mma_16816(s[2 * np], qf[kk], b0, b1);
-                    mma_16816(s[2 * np + 1], qf[kk], b2, b3);
-                }
-            }
-            /* masks only where a position can be out of some row's range */
-            const bool diag = k0 + FA_BK - 1 > w_first_qpos ||
-                              (window > 0 && k0 < w_last_qpos - window + 1);
-            if (diag) {
-#pragma unroll
-                for (int n = 0; n < NS; n++) {
-#pragma unroll
-                    for (int j = 0; j < 4; j++) {
-                        int p = k0 + n * 8 + 2 * t + (j & 1), qp = qpos[j >> 1];
-                        if (p > qp || (window > 0 && p <= qp - window))
-                            s[n][j] = -INFINITY;
-                    }
-                }
-            }
-            /* online softmax: rows g (h = 0) and g + 8 (h = 1) */
-            float use_max[2];
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                float mx = row_max[h];
-#pragma unroll
-                for (int n = 0; n < NS; n++)
-                    mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
-                mx = osm_quad_max(mx);
-                /* a row with nothing seen yet subtracts 0: no inf - inf */
-                use_max[h] = mx == -INFINITY ? 0.0f : mx;
-                float corr = fast_exp2(row_max[h] - use_max[h]);
-                row_max[h] = mx;
-                row_sum[h] *= corr;
-#pragma unroll
-                for (int n = 0; n < NO; n++) {
-                    o[n][2 * h] *= corr;
-                    o[n][2 * h + 1] *= corr;
-                }
-            }
-            /* P rounded to fp16 as the PV A fragments; the row sums take the
-             * rounded values, so O stays a weighted mean of V rows */
-            uint32_t pf[FA_BK / 16][4];
-#pragma unroll
-            for (int kk = 0; kk < FA_BK / 16; kk++) {
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    const float *sn = s[2 * kk + (j >> 1)];
-                    int h = j & 1;
-                    uint32_t pv = pack_half2(fast_exp2(sn[2 * h] - use_max[h]),
-                                             fast_exp2(sn[2 * h + 1] - use_max[h]));
-                    pf[kk][j] = pv;
-                    row_sum[h] += half2_sum(pv);
-                }
-            }
-#pragma unroll
-            for (int kk = 0; kk < FA_BK / 16; kk++) {
-#pragma unroll
-                for (int dp = 0; dp < NO / 2; dp++) {
-                    uint32_t b0, b1, b2, b3;
-                    ldsm_x4_trans(vb + swz<HD>(kk * 16 + v_lrow, 2 * dp + v_lchunk), b0, b1, b2,
-                                  b3);
-                    mma_16816(o[2 * dp], pf[kk], b0, b1);
-                    mma_16816(o[2 * dp + 1], pf[kk], b2, b3);
-                }
-            }
-        }
+        if (!rows.skips(k0))
+            w.attend(ks0 + (it & 1) * 2 * tile_bytes, ks0 + (it & 1) * 2 * tile_bytes + tile_bytes,
+                     k0, rows.straddles(k0), op.u.attn.window, lane);
         __syncthreads(); /* the buffer is refilled next iteration */
     }
 
-    if (!warp_live)
-        return;
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        float l = osm_quad_sum(row_sum[h]);
-        int i = wrow0 + g + 8 * h;
-        if (i >= n_tokens)
-            continue;
-        float inv = 1.0f / l;
-        float *out = op.u.attn.out + (size_t)(span->row0 + i) * q_dim + (size_t)head * HD + 2 * t;
-#pragma unroll
-        for (int n = 0; n < NO; n++)
-            *(float2 *)(out + n * 8) = make_float2(o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
-    }
+    if (rows.warp_live)
+        w.store(op.u.attn.out + (size_t)span->row0 * q_dim + (size_t)head * HD, q_dim, rows.wrow0,
+                n_tokens, lane);
 }
 
 template <int HD, int NW>

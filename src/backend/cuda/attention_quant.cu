@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_internal.h"
-#include "backend/cuda/online_softmax.cuh"
+#include "backend/cuda/fa_mma.cuh"
 
 /* The attention scratch (cu_attention_part_floats, attention.cu): this many
  * merge counters first, then the split partials, PART_STRIDE floats each:
@@ -441,6 +441,342 @@ static __global__ void qattn_unrotate_kernel(struct cu_op op, const uint8_t *par
         o[d] = x[d];
 }
 
+/* ---- decode: tiles of records, the group's query heads, a split -------- */
+
+/* The bytes of a record a lane reads, in aligned 32-bit words as loaded (the
+ * row pitch is a multiple of 16 bytes, so no word leaves the record's row),
+ * kept raw until a tile's loads are all in flight. */
+struct q_raw {
+    uint32_t w[5];
+    uint32_t shift; /* bits of w[0] before the first byte */
+};
+
+/* n (<= 16) bytes from p. */
+static __device__ __forceinline__ q_raw q_load(const uint8_t *p, int n)
+{
+    q_raw r;
+    const uint32_t *a = (const uint32_t *)((uintptr_t)p & ~(uintptr_t)3);
+    const int lead = (int)((uintptr_t)p & 3), nw = (lead + n + 3) / 4;
+    r.shift = 8u * (uint32_t)lead;
+#pragma unroll
+    for (int i = 0; i < 5; i++)
+        r.w[i] = i < nw ? __ldg(a + i) : 0u;
+    return r;
+}
+
+/* Codes 0..N-1 of B bits each, packed from the raw's first byte on. */
+template <int B, int N>
+static __device__ __forceinline__ void q_codes(const q_raw &r, uint32_t (&c)[N])
+{
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        w[i] = __funnelshift_r(r.w[i], r.w[i + 1], r.shift);
+#pragma unroll
+    for (int j = 0; j < N; j++) {
+        constexpr uint32_t mask = (1u << B) - 1;
+        const int bit = j * B, word = bit >> 5, off = bit & 31;
+        uint32_t v = off + B <= 32 ? w[word] >> off : __funnelshift_r(w[word], w[word + 1], off);
+        c[j] = v & mask;
+    }
+}
+
+/* N elements of a record from its codes: affine as bare codes (the caller
+ * applies scale and bias per lane), TURBO as levels (the caller applies the
+ * norm). */
+template <int B, int N>
+static __device__ __forceinline__ void q_values_b(const q_raw &r, bool turbo, const float *levels,
+                                                  float (&x)[N])
+{
+    uint32_t c[N];
+    q_codes<B, N>(r, c);
+#pragma unroll
+    for (int j = 0; j < N; j++)
+        x[j] = turbo ? levels[c[j]] : (float)c[j];
+}
+
+template <int N>
+static __device__ __forceinline__ void q_values(const q_raw &r, int bits, bool turbo,
+                                                const float *levels, float (&x)[N])
+{
+    switch (bits) {
+    case 2: q_values_b<2, N>(r, turbo, levels, x); break;
+    case 3: q_values_b<3, N>(r, turbo, levels, x); break;
+    case 4: q_values_b<4, N>(r, turbo, levels, x); break;
+    case 5: q_values_b<5, N>(r, turbo, levels, x); break;
+    default: q_values_b<8, N>(r, turbo, levels, x); break;
+    }
+}
+
+/* A lane's (scale, bias) for its dims: affine the record's pair for the
+ * group holding dim d, TURBO the norm and 0. */
+static __device__ __forceinline__ float2 q_scale_bias(const struct kv_quant_layer &f, bool v,
+                                                      int hd, const uint8_t *rec, int d)
+{
+    if (f.scheme == KV_QUANT_TURBO) /* records start on even bytes */
+        return make_float2(__half2float(__ushort_as_half(__ldg((const unsigned short *)rec))),
+                           0.0f);
+    /* affine records and their pairs start on multiples of 4 bytes */
+    const uint8_t *sc = rec + hd * kvq_code_bits(&f, v) / 8 + (d / f.group_size) * 4;
+    const uint32_t pair = __ldg((const uint32_t *)sc);
+    return make_float2(__half2float(__ushort_as_half((unsigned short)(pair & 0xffff))),
+                       __half2float(__ushort_as_half((unsigned short)(pair >> 16))));
+}
+
+#define QF_WARPS 4
+#define QF_THREADS (QF_WARPS * 32)
+
+/* Flash-decoding over records, head dims 64 and 128, affine and TURBO
+ * without QJL: a block of QF_WARPS warps takes one row, up to GP query heads
+ * of one kv head (the records are read and decoded once for all of them)
+ * and one split of positions, walked in tiles of T. All of a tile's record
+ * loads go out before the first is decoded. Scores: HD / 16 lanes share a
+ * position, each with 16 contiguous dims (2 B bytes of codes: a record's
+ * codes are read front to back by consecutive lanes); affine records enter
+ * as scale (q . codes) + bias (sum of q), TURBO ones as norm (q . levels)
+ * with the query rotated once. P V: HD / 8 lanes cover a V record, 8 dims
+ * each; the accumulators take p scale codes, and p bias once per position
+ * into a per-lane bias sum added at the end. Online softmax across tiles as
+ * attention.cu's flash-decoding; partials leave (m, l, acc) for
+ * qattn_combine_kernel. */
+template <int HD, int GP>
+static __global__ void __launch_bounds__(QF_THREADS)
+qattn_decode_fd_kernel(struct cu_op op, const uint8_t *params, float *part)
+{
+    constexpr int T = 64;                  /* positions per tile */
+    constexpr int LPK = HD / 16;           /* lanes per K record */
+    constexpr int PPW = 32 / LPK;          /* K records per warp at a time */
+    constexpr int KR = T / (QF_WARPS * PPW);
+    constexpr int LPV = HD / 8;            /* lanes per V record */
+    constexpr int VPW = 32 / LPV;          /* V records per warp at a time */
+    constexpr int VR = T / (QF_WARPS * VPW);
+    static_assert(KR >= 1 && VR >= 1 && GP <= QF_WARPS, "decode tile shape");
+    __shared__ __align__(16) float q_sm[GP][HD];
+    __shared__ float s_sm[GP][T];
+    __shared__ float m_sm[GP], l_sm[GP], c_sm[GP];
+    __shared__ float lv_sm[2][256];
+    __shared__ __align__(16) float red[QF_WARPS][HD];
+
+    const struct cu_kv kv = op.u.attn.kv;
+    const struct kv_quant_layer f = kv.fmt;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const int layer = op.u.attn.layer;
+    const int group = op.u.attn.n_heads / kv.n_kv_heads;
+    const int chunks_per_kv = (group + GP - 1) / GP;
+    const int kvh = blockIdx.x / chunks_per_kv, hc = blockIdx.x % chunks_per_kv;
+    const int h0 = kvh * group + hc * GP;
+    const int ng = group - hc * GP < GP ? group - hc * GP : GP;
+    const int split = blockIdx.y, n_splits = gridDim.y, row = blockIdx.z;
+
+    int first, last;
+    const uint32_t *bt;
+    if (!q_row(op, params, row, &first, &last, &bt))
+        return;
+    const int chunk = (op.u.attn.ctx_bucket + n_splits - 1) / n_splits;
+    const int begin = split * chunk > first ? split * chunk : first;
+    const int end = split * chunk + chunk - 1 < last ? split * chunk + chunk - 1 : last;
+
+    const bool turbo = f.scheme == KV_QUANT_TURBO;
+    const int kbits = kvq_code_bits(&f, false), vbits = kvq_code_bits(&f, true);
+    const int kcode = turbo ? 2 : 0; /* where a record's codes start */
+    if (turbo)
+        for (int i = threadIdx.x; i < 256; i += QF_THREADS) {
+            lv_sm[0][i] = i < (1 << kbits) ? kv.cb->levels[kbits][i] : 0.0f;
+            lv_sm[1][i] = i < (1 << vbits) ? kv.cb->levels[vbits][i] : 0.0f;
+        }
+    const int q_dim = op.u.attn.n_heads * HD;
+    for (int i = threadIdx.x; i < GP * HD; i += QF_THREADS) {
+        int g = i / HD;
+        q_sm[g][i % HD] =
+            g < ng ? op.u.attn.q[(size_t)row * q_dim + (size_t)h0 * HD + i] * op.u.attn.scale
+                   : 0.0f;
+    }
+    if (threadIdx.x < GP) {
+        m_sm[threadIdx.x] = -FLT_MAX;
+        l_sm[threadIdx.x] = 0.0f;
+        c_sm[threadIdx.x] = 1.0f;
+    }
+    __syncthreads();
+    if (turbo) {
+        for (int g = warp; g < ng; g += QF_WARPS)
+            warp_rotate(q_sm[g], HD, kv.seed, 0, layer, false);
+        __syncthreads();
+    }
+
+    /* lane roles: K record kg of the warp's PPW, dims 16 kl..; V record vg
+     * of its VPW, dims 8 vl.. */
+    const int kg = lane / LPK, kl = lane % LPK;
+    const int vg = lane / LPV, vl = lane % LPV;
+    float qsum[GP]; /* the sum of this lane's 16 query dims, per head */
+#pragma unroll
+    for (int g = 0; g < GP; g++) {
+        float a = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 16; j++)
+            a += q_sm[g][16 * kl + j];
+        qsum[g] = a;
+    }
+    float acc[GP][8], bias_acc[GP];
+#pragma unroll
+    for (int g = 0; g < GP; g++) {
+        bias_acc[g] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            acc[g][j] = 0.0f;
+    }
+
+    for (int t0 = begin; t0 <= end; t0 += T) {
+        q_raw kr[KR], vr[VR];
+        float2 ksb[KR], vsb[VR];
+#pragma unroll
+        for (int r = 0; r < KR; r++) {
+            const int p = t0 + r * (QF_WARPS * PPW) + warp * PPW + kg;
+            if (p <= end) {
+                const uint8_t *rec = qrecord(kv, layer, bt, p, kvh, false);
+                kr[r] = q_load(rec + kcode + kl * 2 * kbits, 2 * kbits);
+                ksb[r] = q_scale_bias(f, false, HD, rec, 16 * kl);
+            } else {
+                kr[r] = q_raw{{0, 0, 0, 0, 0}, 0};
+                ksb[r] = make_float2(0.0f, 0.0f);
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < VR; r++) {
+            const int p = t0 + r * (QF_WARPS * VPW) + warp * VPW + vg;
+            if (p <= end) {
+                const uint8_t *rec = qrecord(kv, layer, bt, p, kvh, true);
+                vr[r] = q_load(rec + (turbo ? 2 : 0) + vl * vbits, vbits);
+                vsb[r] = q_scale_bias(f, true, HD, rec, 8 * vl);
+            } else {
+                vr[r] = q_raw{{0, 0, 0, 0, 0}, 0};
+                vsb[r] = make_float2(0.0f, 0.0f);
+            }
+        }
+        /* scores */
+#pragma unroll
+        for (int r = 0; r < KR; r++) {
+            const int c = r * (QF_WARPS * PPW) + warp * PPW + kg;
+            float x[16];
+            q_values<16>(kr[r], kbits, turbo, lv_sm[0], x);
+#pragma unroll
+            for (int g = 0; g < GP; g++) {
+                const float4 *qg = (const float4 *)&q_sm[g][16 * kl];
+                float dot = 0.0f;
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    float4 qq = qg[i];
+                    dot = fmaf(qq.x, x[4 * i], dot);
+                    dot = fmaf(qq.y, x[4 * i + 1], dot);
+                    dot = fmaf(qq.z, x[4 * i + 2], dot);
+                    dot = fmaf(qq.w, x[4 * i + 3], dot);
+                }
+                float sc = fmaf(ksb[r].x, dot, ksb[r].y * qsum[g]);
+#pragma unroll
+                for (int o = LPK / 2; o > 0; o >>= 1)
+                    sc += __shfl_xor_sync(FULL, sc, o);
+                if (kl == 0)
+                    s_sm[g][c] = sc;
+            }
+        }
+        __syncthreads();
+        /* online softmax: warp g rescales query head g over the tile */
+        if (warp < ng) {
+            const int g = warp;
+            float sv[T / 32];
+            float mx = -FLT_MAX;
+#pragma unroll
+            for (int j = 0; j < T / 32; j++) {
+                int c = lane + 32 * j;
+                sv[j] = t0 + c <= end ? s_sm[g][c] : -FLT_MAX;
+                mx = fmaxf(mx, sv[j]);
+            }
+            for (int o = 16; o > 0; o >>= 1)
+                mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, o));
+            float m_old = m_sm[g];
+            float m_new = fmaxf(m_old, mx);
+            float sum = 0.0f;
+#pragma unroll
+            for (int j = 0; j < T / 32; j++) {
+                int c = lane + 32 * j;
+                float pr = t0 + c <= end ? expf(sv[j] - m_new) : 0.0f;
+                s_sm[g][c] = pr;
+                sum += pr;
+            }
+            for (int o = 16; o > 0; o >>= 1)
+                sum += __shfl_xor_sync(FULL, sum, o);
+            if (lane == 0) {
+                float corr = expf(m_old - m_new);
+                c_sm[g] = corr;
+                l_sm[g] = fmaf(l_sm[g], corr, sum);
+                m_sm[g] = m_new;
+            }
+        }
+        __syncthreads();
+        /* P V */
+#pragma unroll
+        for (int g = 0; g < GP; g++) {
+            const float corr = c_sm[g];
+            bias_acc[g] *= corr;
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                acc[g][j] *= corr;
+        }
+#pragma unroll
+        for (int r = 0; r < VR; r++) {
+            const int c = r * (QF_WARPS * VPW) + warp * VPW + vg;
+            float x[8];
+            q_values<8>(vr[r], vbits, turbo, lv_sm[1], x);
+#pragma unroll
+            for (int g = 0; g < GP; g++) {
+                const float pw = s_sm[g][c];
+                const float w = pw * vsb[r].x;
+                bias_acc[g] = fmaf(pw, vsb[r].y, bias_acc[g]);
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    acc[g][j] = fmaf(w, x[j], acc[g][j]);
+            }
+        }
+        __syncthreads();
+    }
+
+    /* the lanes of a warp that held other V records, then the warps */
+#pragma unroll
+    for (int o = LPV; o < 32; o <<= 1)
+#pragma unroll
+        for (int g = 0; g < GP; g++) {
+            bias_acc[g] += __shfl_xor_sync(FULL, bias_acc[g], o);
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                acc[g][j] += __shfl_xor_sync(FULL, acc[g][j], o);
+        }
+    for (int g = 0; g < ng; g++) {
+        if (vg == 0)
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                red[warp][8 * vl + j] = acc[g][j] + bias_acc[g];
+        __syncthreads();
+        for (int d = threadIdx.x; d < HD; d += QF_THREADS) {
+            float a = red[0][d];
+#pragma unroll
+            for (int w = 1; w < QF_WARPS; w++)
+                a += red[w][d];
+            const int head = h0 + g;
+            if (n_splits == 1) {
+                op.u.attn.out[(size_t)row * q_dim + (size_t)head * HD + d] = a / l_sm[g];
+            } else {
+                float *pp = part + (((size_t)row * op.u.attn.n_heads + head) * n_splits + split) *
+                                       (size_t)Q_PART_STRIDE(HD);
+                if (d == 0) {
+                    pp[0] = m_sm[g];
+                    pp[1] = l_sm[g];
+                }
+                pp[2 + d] = a;
+            }
+        }
+        __syncthreads();
+    }
+}
+
 /* ---- prefill: tiles of QP_BQ queries of one head against QP_BK keys ----- */
 
 /* attention.cu's f32 tiled kernel with the tile loads decoding records into
@@ -538,6 +874,185 @@ static __global__ void __launch_bounds__(QP_THREADS) qattn_prefill_kernel(struct
     osm_quad_store(acc, l, out, hd, sub);
 }
 
+/* ---- prefill on tensor cores: records decoded into fp16 tiles ---------- */
+
+/* Elements 8 c .. 8 c + 7 of a record in attention's frame, rounded to fp16
+ * pairs: the chunk's codes fill exactly `bits` whole bytes. Not for QJL
+ * keys (their estimator needs a rotation per key). */
+static __device__ __forceinline__ uint4 q_chunk_f16(const struct kv_quant_layer &f, bool v,
+                                                    int hd, const uint8_t *rec, int c,
+                                                    const float *levels)
+{
+    const int bits = kvq_code_bits(&f, v);
+    const bool turbo = f.scheme == KV_QUANT_TURBO;
+    const uint8_t *codes = (turbo ? rec + 2 : rec) + c * bits;
+    uint64_t w;
+    if (bits == 8 && ((uintptr_t)codes & 7) == 0) {
+        w = *(const uint64_t *)codes;
+    } else {
+        w = 0;
+        for (int i = 0; i < bits; i++)
+            w |= (uint64_t)codes[i] << (8 * i);
+    }
+    const uint32_t mask = (1u << bits) - 1;
+    float x[8];
+    if (turbo) {
+        const float s = ld_f16(rec);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            x[j] = s * levels[(uint32_t)(w >> (j * bits)) & mask];
+    } else {
+        const uint8_t *sc = rec + hd * bits / 8 + (8 * c / f.group_size) * 4;
+        const float scale = ld_f16(sc), bias = ld_f16(sc + 2);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            x[j] = fmaf((float)((uint32_t)(w >> (j * bits)) & mask), scale, bias);
+    }
+    return make_uint4(pack_half2(x[0], x[1]), pack_half2(x[2], x[3]), pack_half2(x[4], x[5]),
+                      pack_half2(x[6], x[7]));
+}
+
+/* attention_prefill.cu's FlashAttention-2 step (fa_mma.cuh) with the K/V
+ * tiles decoded from the records into fp16 shared memory instead of copied.
+ * A block of QM_WARPS warps takes HPB query heads of one kv head (the tile
+ * is decoded once for all of them) and BQ = 16 QM_WARPS / HPB query rows:
+ * warp w runs head w % HPB over rows 16 (w / HPB).. TURBO: the queries are
+ * rotated once (keys' R) in shared memory before they become fragments; the
+ * output stays in the values' frame for qattn_unrotate_kernel. */
+#define QM_WARPS 8
+#define QM_LEVELS_BYTES (512 * sizeof(float))
+
+template <int HD>
+static __global__ void __launch_bounds__(QM_WARPS * 32, 1)
+qattn_prefill_mma_kernel(struct cu_op op, const uint8_t *params, int hpb)
+{
+    constexpr int CPR = HD / 8, THREADS = QM_WARPS * 32;
+    constexpr uint32_t TILE_BYTES = FA_BK * HD * sizeof(__half);
+    extern __shared__ __align__(128) uint8_t qm_smem[];
+    const struct cu_kv kv = op.u.attn.kv;
+    const struct kv_quant_layer f = kv.fmt;
+    const int layer = op.u.attn.layer;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int group = op.u.attn.n_heads / kv.n_kv_heads;
+    const int chunks_per_kv = group / hpb;
+    const int kvh = blockIdx.x / chunks_per_kv;
+    const int head = kvh * group + (blockIdx.x % chunks_per_kv) * hpb + warp % hpb;
+    const int bq = 16 * QM_WARPS / hpb;
+    const struct cu_span *span =
+        (const struct cu_span *)(params + op.u.attn.spans_off) + blockIdx.z;
+    const int q0 = (gridDim.y - 1 - blockIdx.y) * bq; /* longest rows first */
+    const int n_tokens = span->n_tokens, pos0 = span->pos0;
+    if (q0 >= n_tokens)
+        return;
+    const uint32_t *bt = (const uint32_t *)(params + span->bt_off);
+    const fa_rows rows(pos0, n_tokens, q0, bq, op.u.attn.window, warp / hpb);
+    const bool turbo = f.scheme == KV_QUANT_TURBO;
+    /* the levels, then the K and V tiles; TURBO's query rows first take the
+     * tiles' space (QM_WARPS x 16 rows of HD floats) */
+    float *lv = (float *)qm_smem;
+    uint8_t *kt = qm_smem + QM_LEVELS_BYTES, *vt = kt + TILE_BYTES;
+    float *qs = (float *)kt;
+    if (turbo) {
+        const int kbits = kvq_code_bits(&f, false), vbits = kvq_code_bits(&f, true);
+        for (int i = threadIdx.x; i < 256; i += THREADS) {
+            lv[i] = i < (1 << kbits) ? kv.cb->levels[kbits][i] : 0.0f;
+            lv[256 + i] = i < (1 << vbits) ? kv.cb->levels[vbits][i] : 0.0f;
+        }
+    }
+
+    fa_warp<HD> w;
+    w.init();
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int i = rows.wrow0 + g + 8 * h;
+        w.qpos[h] = pos0 + (i < n_tokens ? i : n_tokens - 1);
+    }
+    const int q_dim = op.u.attn.n_heads * HD;
+    const float qscale = op.u.attn.scale * FA_LOG2E;
+    const float *qr[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+        qr[h] = op.u.attn.q + (size_t)(span->row0 + w.qpos[h] - pos0) * q_dim + (size_t)head * HD;
+    if (turbo) {
+        float *mine = qs + warp * 16 * HD;
+        for (int r = 0; r < 16; r++) {
+            const int i = rows.wrow0 + r;
+            const float *src = op.u.attn.q +
+                               (size_t)(span->row0 + (i < n_tokens ? i : n_tokens - 1)) * q_dim +
+                               (size_t)head * HD;
+            for (int d = lane; d < HD; d += 32)
+                mine[r * HD + d] = src[d];
+            warp_rotate(mine + r * HD, HD, kv.seed, 0, layer, false);
+        }
+        qr[0] = mine + g * HD;
+        qr[1] = mine + (g + 8) * HD;
+    }
+    w.load_q(qr, qscale, t);
+    __syncthreads(); /* the query rows' space becomes the tiles' */
+
+    for (int it = 0; it < rows.n_tiles; it++) {
+        const int k0 = rows.k_begin + it * FA_BK;
+        for (int i = threadIdx.x; i < FA_BK * CPR; i += THREADS) {
+            const int r = i / CPR, c = i % CPR, p = k0 + r;
+            uint4 kq = make_uint4(0, 0, 0, 0), vq = kq;
+            if (p <= rows.last_pos) {
+                kq = q_chunk_f16(f, false, HD, qrecord(kv, layer, bt, p, kvh, false), c, lv);
+                vq = q_chunk_f16(f, true, HD, qrecord(kv, layer, bt, p, kvh, true), c, lv + 256);
+            }
+            *(uint4 *)(kt + swz<HD>(r, c)) = kq;
+            *(uint4 *)(vt + swz<HD>(r, c)) = vq;
+        }
+        __syncthreads();
+        if (!rows.skips(k0))
+            w.attend(smem_addr(kt), smem_addr(vt), k0, rows.straddles(k0), op.u.attn.window,
+                     lane);
+        __syncthreads(); /* the tiles are rewritten next iteration */
+    }
+    if (rows.warp_live)
+        w.store(op.u.attn.out + (size_t)span->row0 * q_dim + (size_t)head * HD, q_dim,
+                rows.wrow0, n_tokens, lane);
+}
+
+/* The tensor-core prefill for head dims 64 and 128 without QJL keys;
+ * cudaErrorNotSupported otherwise (the caller runs the f32 kernel). */
+template <int HD>
+static cudaError_t launch_qprefill_mma_hd(cudaStream_t s, const struct cu_op *op,
+                                          const uint8_t *params, int smem_optin)
+{
+    const int group = op->u.attn.n_heads / op->u.attn.kv.n_kv_heads;
+    const int hpb = group % 8 == 0 ? 8 : group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;
+    const size_t tiles = 2 * (size_t)FA_BK * HD * sizeof(__half);
+    const size_t qrows = (size_t)QM_WARPS * 16 * HD * sizeof(float);
+    const size_t smem = QM_LEVELS_BYTES + (tiles > qrows ? tiles : qrows);
+    if (smem > (size_t)smem_optin)
+        return cudaErrorNotSupported;
+    cudaError_t e = cudaFuncSetAttribute(qattn_prefill_mma_kernel<HD>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess)
+        return e;
+    const int bq = 16 * QM_WARPS / hpb;
+    dim3 grid((unsigned)(op->u.attn.n_heads / hpb),
+              (unsigned)((op->u.attn.max_span_tokens + bq - 1) / bq),
+              (unsigned)op->u.attn.n_spans);
+    qattn_prefill_mma_kernel<HD><<<grid, QM_WARPS * 32, smem, s>>>(*op, params, hpb);
+    return cudaGetLastError();
+}
+
+static cudaError_t launch_qprefill_mma(cudaStream_t s, const struct cu_op *op,
+                                       const uint8_t *params, int smem_optin)
+{
+    const struct kv_quant_layer *f = &op->u.attn.kv.fmt;
+    if (f->scheme == KV_QUANT_TURBO && f->qjl)
+        return cudaErrorNotSupported;
+    if (f->scheme != KV_QUANT_TURBO && f->scheme != KV_QUANT_AFFINE)
+        return cudaErrorNotSupported;
+    switch (op->u.attn.kv.head_dim) {
+    case 64: return launch_qprefill_mma_hd<64>(s, op, params, smem_optin);
+    case 128: return launch_qprefill_mma_hd<128>(s, op, params, smem_optin);
+    default: return cudaErrorNotSupported;
+    }
+}
+
 /* ---- dispatch ----------------------------------------------------------- */
 
 template <int HPT>
@@ -594,8 +1109,65 @@ static cudaError_t launch_qdecode(cudaStream_t s, const struct cu_op *op, const 
     return launch_qdecode_gp<DPL, 8>(s, op, params, part);
 }
 
+template <int HD, int GP>
+static cudaError_t launch_qdecode_fd_gp(cudaStream_t s, const struct cu_op *op,
+                                       const uint8_t *params, float *part)
+{
+    int group = op->u.attn.n_heads / op->u.attn.kv.n_kv_heads;
+    int n_splits = op->u.attn.n_splits;
+    dim3 grid((unsigned)(op->u.attn.kv.n_kv_heads * ((group + GP - 1) / GP)), (unsigned)n_splits,
+              (unsigned)op->n_rows);
+    float *partials = n_splits > 1 ? part + Q_COUNTERS : NULL;
+    qattn_decode_fd_kernel<HD, GP><<<grid, QF_THREADS, 0, s>>>(*op, params, partials);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess || n_splits == 1)
+        return e;
+    dim3 cgrid((unsigned)op->u.attn.n_heads, (unsigned)op->n_rows);
+    qattn_combine_kernel<<<cgrid, 128, 0, s>>>(*op, params, partials, n_splits);
+    return cudaGetLastError();
+}
+
+template <int HD>
+static cudaError_t launch_qdecode_fd_hd(cudaStream_t s, const struct cu_op *op,
+                                       const uint8_t *params, float *part)
+{
+    int group = op->u.attn.n_heads / op->u.attn.kv.n_kv_heads;
+    if (group == 1)
+        return launch_qdecode_fd_gp<HD, 1>(s, op, params, part);
+    if (group == 2)
+        return launch_qdecode_fd_gp<HD, 2>(s, op, params, part);
+    return launch_qdecode_fd_gp<HD, 4>(s, op, params, part);
+}
+
+/* The flash-decoding kernel for head dims 64 and 128, affine or TURBO
+ * without QJL; cudaErrorNotSupported otherwise (the caller runs
+ * qattn_decode_kernel, which reads every format). */
+static cudaError_t launch_qdecode_fd(cudaStream_t s, const struct cu_op *op,
+                                    const uint8_t *params, float *part)
+{
+    const struct kv_quant_layer *f = &op->u.attn.kv.fmt;
+    if (!(f->scheme == KV_QUANT_AFFINE || (f->scheme == KV_QUANT_TURBO && !f->qjl)))
+        return cudaErrorNotSupported;
+    switch (op->u.attn.kv.head_dim) {
+    case 64: return launch_qdecode_fd_hd<64>(s, op, params, part);
+    case 128: return launch_qdecode_fd_hd<128>(s, op, params, part);
+    default: return cudaErrorNotSupported;
+    }
+}
+
+/* The f32 prefill, any head dim and format. */
+static cudaError_t launch_qprefill_f32(cudaStream_t s, const struct cu_op *op,
+                                       const uint8_t *params, int smem_optin)
+{
+    const int hd = op->u.attn.kv.head_dim;
+    return hd <= 64    ? launch_qprefill<16>(s, op, params, smem_optin)
+           : hd <= 128 ? launch_qprefill<32>(s, op, params, smem_optin)
+                       : launch_qprefill<64>(s, op, params, smem_optin);
+}
+
 cudaError_t cu_launch_attention_quant(cudaStream_t s, const struct cu_op *op,
-                                      const uint8_t *params, float *part, int smem_optin)
+                                      const uint8_t *params, float *part, int smem_optin,
+                                      bool tensor_cores)
 {
     const int hd = op->u.attn.kv.head_dim;
     if (op->n_rows == 0)
@@ -603,14 +1175,17 @@ cudaError_t cu_launch_attention_quant(cudaStream_t s, const struct cu_op *op,
     if (hd > CU_MAX_HEAD_DIM || hd % 16)
         return cudaErrorInvalidValue;
     cudaError_t e;
-    if (cu_attention_uses_prefill(op))
-        e = hd <= 64    ? launch_qprefill<16>(s, op, params, smem_optin)
-            : hd <= 128 ? launch_qprefill<32>(s, op, params, smem_optin)
-                        : launch_qprefill<64>(s, op, params, smem_optin);
-    else
-        e = hd <= 64    ? launch_qdecode<2>(s, op, params, part)
-            : hd <= 128 ? launch_qdecode<4>(s, op, params, part)
-                        : launch_qdecode<8>(s, op, params, part);
+    if (cu_attention_uses_prefill(op)) {
+        e = tensor_cores ? launch_qprefill_mma(s, op, params, smem_optin) : cudaErrorNotSupported;
+        if (e == cudaErrorNotSupported)
+            e = launch_qprefill_f32(s, op, params, smem_optin);
+    } else {
+        e = launch_qdecode_fd(s, op, params, part);
+        if (e == cudaErrorNotSupported)
+            e = hd <= 64    ? launch_qdecode<2>(s, op, params, part)
+                : hd <= 128 ? launch_qdecode<4>(s, op, params, part)
+                            : launch_qdecode<8>(s, op, params, part);
+    }
     if (e != cudaSuccess || op->u.attn.kv.fmt.scheme != KV_QUANT_TURBO)
         return e;
     dim3 grid((unsigned)op->n_rows, (unsigned)op->u.attn.n_heads);

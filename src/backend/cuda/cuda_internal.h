@@ -394,10 +394,12 @@ cudaError_t cu_launch_attention_qk(cudaStream_t s, const struct cu_op *op,
                                    const struct cu_qk_args *qk, const uint8_t *params, float *part);
 /* Attention over a quantized cache (attention_quant.cu; cu_launch_attention
  * hands it such ops): split-K flash-decoding or, for prefill, tiles decoded
- * into shared memory, both reading the records directly; TURBO rotates the
+ * into shared memory (fp16 for tensor cores when tensor_cores, FAST mode;
+ * f32 otherwise), both reading the records directly; TURBO rotates the
  * queries once and the output rows back once (a launch of its own). */
 cudaError_t cu_launch_attention_quant(cudaStream_t s, const struct cu_op *op,
-                                      const uint8_t *params, float *part, int smem_optin);
+                                      const uint8_t *params, float *part, int smem_optin,
+                                      bool tensor_cores);
 /* Prefill attention over an f16 cache (attention_prefill.cu): FlashAttention-2
  * on mma.sync tensor cores; cudaErrorNotSupported for an f32 cache or a
  * head dim other than 64 and 128. */

@@ -1,0 +1,258 @@
+/* backend/cuda/fa_mma.cuh — the FlashAttention-2 warp step on mma.sync tensor cores that the prefill kernels share: a warp's 16 query rows as fp16 A fragments against a K/V tile of fp16 rows in shared memory, online softmax in registers, the rows' outputs stored. */
+#ifndef INFERD_BACKEND_CUDA_FA_MMA_CUH
+#define INFERD_BACKEND_CUDA_FA_MMA_CUH
+
+#include <cuda_fp16.h>
+#include <math.h>
+
+#include "backend/cuda/online_softmax.cuh"
+
+/* Positions per K/V tile. */
+#define FA_BK 64
+/* log2(e): scores are kept in base 2, so exp becomes one ex2 instruction. */
+#define FA_LOG2E 1.4426950408889634f
+
+/* A tile holds FA_BK rows of HD halves, each row's 16-byte chunks
+ * XOR-swizzled so the ldmatrix reads of eight rows hit distinct banks. The
+ * mma fragment roles of a lane: row group g = lane / 4, thread t = lane % 4
+ * in it; the warp's rows g and g + 8 live in the four lanes of a quad. */
+
+static __device__ __forceinline__ uint32_t smem_addr(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* Byte offset of (row, chunk) in a swizzled tile of HD halves per row. */
+template <int HD>
+static __device__ __forceinline__ uint32_t swz(int row, int chunk)
+{
+    return (uint32_t)(row * HD * 2 + ((chunk ^ (row & 7)) << 4));
+}
+
+static __device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t &r0, uint32_t &r1,
+                                               uint32_t &r2, uint32_t &r3)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+
+static __device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t &r0, uint32_t &r1,
+                                                     uint32_t &r2, uint32_t &r3)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+
+/* c += a b: a 16x16 row-major fp16, b 16x8 column-major fp16, c 16x8 f32. */
+static __device__ __forceinline__ void mma_16816(float *c, const uint32_t *a, uint32_t b0,
+                                                 uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+static __device__ __forceinline__ float fast_exp2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+static __device__ __forceinline__ uint32_t pack_half2(float lo, float hi)
+{
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *(uint32_t *)&h;
+}
+
+/* The rounded pair as floats, summed. */
+static __device__ __forceinline__ float half2_sum(uint32_t v)
+{
+    float2 f = __half22float2(*(__half2 *)&v);
+    return f.x + f.y;
+}
+
+/* A block's BQ query rows q0.. of a span (pos0, n_tokens) and the K/V tiles
+ * they attend to, k_begin.. (n_tiles of FA_BK), and the part of them warp
+ * owns (16 rows from wrow0). Rows past the span repeat its last row (their
+ * results are not stored), so no row attends to nothing. */
+struct fa_rows {
+    int last_pos; /* the block's last row's position */
+    int k_begin, n_tiles;
+    int wrow0, w_first_qpos, w_last_qpos;
+    bool warp_live;
+    int window;
+
+    __device__ __forceinline__ fa_rows(int pos0, int n_tokens, int q0, int bq, int window_,
+                                       int warp)
+    {
+        window = window_;
+        const int nq = n_tokens - q0 < bq ? n_tokens - q0 : bq;
+        last_pos = pos0 + q0 + nq - 1;
+        int first_pos = 0;
+        if (window > 0 && pos0 + q0 - window + 1 > 0)
+            first_pos = pos0 + q0 - window + 1;
+        k_begin = first_pos - first_pos % FA_BK;
+        n_tiles = (last_pos - k_begin) / FA_BK + 1;
+        wrow0 = q0 + warp * 16;
+        warp_live = wrow0 < n_tokens;
+        w_first_qpos = pos0 + (warp_live ? wrow0 : n_tokens - 1);
+        w_last_qpos = pos0 + (wrow0 + 15 < n_tokens ? wrow0 + 15 : n_tokens - 1);
+    }
+
+    /* The warp has nothing to do in the tile at k0: wholly in its rows'
+     * future or before their window. */
+    __device__ __forceinline__ bool skips(int k0) const
+    {
+        return !warp_live || k0 > w_last_qpos ||
+               (window > 0 && k0 + FA_BK - 1 < w_first_qpos - window + 1);
+    }
+
+    /* Some position of the tile at k0 is out of some row's range: masks. */
+    __device__ __forceinline__ bool straddles(int k0) const
+    {
+        return k0 + FA_BK - 1 > w_first_qpos || (window > 0 && k0 < w_last_qpos - window + 1);
+    }
+};
+
+/* One warp's running state over its 16 rows: Q as A fragments (fp16, scaled
+ * into base-2 scores), O accumulators, and per row half h (rows g, g + 8)
+ * the max, sum and query position. */
+template <int HD>
+struct fa_warp {
+    static constexpr int KT = HD / 16; /* k16 steps of Q K^T */
+    static constexpr int NO = HD / 8;  /* n8 tiles of O */
+    uint32_t qf[KT][4];
+    float o[NO][4];
+    float row_max[2], row_sum[2];
+    int qpos[2];
+
+    __device__ __forceinline__ void init(void)
+    {
+#pragma unroll
+        for (int n = 0; n < NO; n++)
+            o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+        row_max[0] = row_max[1] = -INFINITY;
+        row_sum[0] = row_sum[1] = 0.0f;
+    }
+
+    /* Q fragments from f32 rows qr[h] (row g for h = 0, g + 8 for h = 1),
+     * each element times qscale. */
+    __device__ __forceinline__ void load_q(const float *const qr[2], float qscale, int t)
+    {
+#pragma unroll
+        for (int kk = 0; kk < KT; kk++) {
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const float2 v = *(const float2 *)(qr[j & 1] + kk * 16 + (j >> 1) * 8 + 2 * t);
+                qf[kk][j] = pack_half2(v.x * qscale, v.y * qscale);
+            }
+        }
+    }
+
+    /* S = Q K^T over the tile at kb (positions k0..), masked where a
+     * position is past a row or before its window when the tile can be
+     * (diag), online softmax, O += P V with V's tile at vb. */
+    __device__ __forceinline__ void attend(uint32_t kb, uint32_t vb, int k0, bool diag,
+                                           int window, int lane)
+    {
+        constexpr int NS = FA_BK / 8; /* n8 tiles of S */
+        const int t = lane & 3;
+        const int k_lrow = (lane >> 4) * 8 + (lane & 7), k_lchunk = (lane >> 3) & 1;
+        const int v_lrow = ((lane >> 3) & 1) * 8 + (lane & 7), v_lchunk = lane >> 4;
+        float s[NS][4];
+#pragma unroll
+        for (int n = 0; n < NS; n++)
+            s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < KT; kk++) {
+#pragma unroll
+            for (int np = 0; np < NS / 2; np++) {
+                uint32_t b0, b1, b2, b3;
+                ldsm_x4(kb + swz<HD>(np * 16 + k_lrow, 2 * kk + k_lchunk), b0, b1, b2, b3);
+                mma_16816(s[2 * np], qf[kk], b0, b1);
+                mma_16816(s[2 * np + 1], qf[kk], b2, b3);
+            }
+        }
+        if (diag) {
+#pragma unroll
+            for (int n = 0; n < NS; n++) {
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    int p = k0 + n * 8 + 2 * t + (j & 1), qp = qpos[j >> 1];
+                    if (p > qp || (window > 0 && p <= qp - window))
+                        s[n][j] = -INFINITY;
+                }
+            }
+        }
+        /* online softmax: rows g (h = 0) and g + 8 (h = 1) */
+        float use_max[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float mx = row_max[h];
+#pragma unroll
+            for (int n = 0; n < NS; n++)
+                mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
+            mx = osm_quad_max(mx);
+            /* a row with nothing seen yet subtracts 0: no inf - inf */
+            use_max[h] = mx == -INFINITY ? 0.0f : mx;
+            float corr = fast_exp2(row_max[h] - use_max[h]);
+            row_max[h] = mx;
+            row_sum[h] *= corr;
+#pragma unroll
+            for (int n = 0; n < NO; n++) {
+                o[n][2 * h] *= corr;
+                o[n][2 * h + 1] *= corr;
+            }
+        }
+        /* P rounded to fp16 as the PV A fragments; the row sums take the
+         * rounded values, so O stays a weighted mean of V rows */
+        uint32_t pf[FA_BK / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < FA_BK / 16; kk++) {
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const float *sn = s[2 * kk + (j >> 1)];
+                int h = j & 1;
+                uint32_t pv = pack_half2(fast_exp2(sn[2 * h] - use_max[h]),
+                                         fast_exp2(sn[2 * h + 1] - use_max[h]));
+                pf[kk][j] = pv;
+                row_sum[h] += half2_sum(pv);
+            }
+        }
+#pragma unroll
+        for (int kk = 0; kk < FA_BK / 16; kk++) {
+#pragma unroll
+            for (int dp = 0; dp < NO / 2; dp++) {
+                uint32_t b0, b1, b2, b3;
+                ldsm_x4_trans(vb + swz<HD>(kk * 16 + v_lrow, 2 * dp + v_lchunk), b0, b1, b2, b3);
+                mma_16816(o[2 * dp], pf[kk], b0, b1);
+                mma_16816(o[2 * dp + 1], pf[kk], b2, b3);
+            }
+        }
+    }
+
+    /* The rows' outputs O / l: row i (of wrow0 + g + 8 h) at out + i * ld,
+     * rows from n_rows on not stored. */
+    __device__ __forceinline__ void store(float *out, size_t ld, int wrow0, int n_rows, int lane)
+    {
+        const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float l = osm_quad_sum(row_sum[h]);
+            int i = wrow0 + g + 8 * h;
+            if (i >= n_rows)
+                continue;
+            float inv = 1.0f / l;
+            float *o_row = out + (size_t)i * ld + 2 * t;
+#pragma unroll
+            for (int n = 0; n < NO; n++)
+                *(float2 *)(o_row + n * 8) = make_float2(o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
+        }
+    }
+};
+
+#endif
