@@ -18,7 +18,7 @@ static void decode_audio(const uint8_t *data, size_t size)
         size_t n = p.n < 4096 ? p.n : 4096;
         float *y;
         size_t m;
-        if (audio_resample(p.samples, n, p.sample_rate, AUDIO_SAMPLE_RATE, &y, &m, &err) == 0)
+        if (audio_resample(p.samples, n, p.sample_rate, AUDIO_SAMPLE_RATE, 1, &y, &m, &err) == 0)
             free(y);
         audio_pcm_free(&p);
     } else if (err.msg[0] == '\0') {
@@ -59,7 +59,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         struct audio_pcm p;
         struct api_error e = {0};
         if (audio_chunk_decode(data[1 % size] & 1 ? "audio/pcm" : "application/octet-stream",
-                               data + 1, size - 1, &p, &e) == 0)
+                               data + 1, size - 1, 2, &p, &e) == 0)
             audio_pcm_free(&p);
         else if (e.status < 400 || !e.message[0])
             __builtin_trap();

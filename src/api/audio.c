@@ -508,7 +508,7 @@ static int decode_error(int rc, const struct err *err, struct api_error *e)
     return -1;
 }
 
-int audio_chunk_decode(const char *content_type, const uint8_t *body, size_t len,
+int audio_chunk_decode(const char *content_type, const uint8_t *body, size_t len, int n_threads,
                        struct audio_pcm *out, struct api_error *e)
 {
     memset(out, 0, sizeof *out);
@@ -518,7 +518,7 @@ int audio_chunk_decode(const char *content_type, const uint8_t *body, size_t len
                 memcmp(body, "RIFF", 4) && memcmp(body, "fLaC", 4) && memcmp(body, "OggS", 4) &&
                 memcmp(body, "ID3", 3) && !(body[0] == 0xff && (body[1] & 0xe0) == 0xe0));
     if (!raw) {
-        int rc = audio_decode_16k(body, len, 0, out, &err);
+        int rc = audio_decode_16k(body, len, 0, n_threads, out, &err);
         return rc < 0 ? decode_error(rc, &err, e) : 0;
     }
     if (len % 4) {
@@ -961,7 +961,7 @@ static void handle(struct http_exchange *x, enum transcribe_task task)
     }
     struct audio_pcm pcm;
     struct err err = {0};
-    int rc = audio_decode_16k(req.file, req.file_len, 0, &pcm, &err);
+    int rc = audio_decode_16k(req.file, req.file_len, 0, srv->audio_threads, &pcm, &err);
     if (rc < 0) {
         decode_error(rc, &err, &e);
         audio_request_free(&req);
@@ -1116,7 +1116,7 @@ void audio_session_post(struct http_exchange *x)
         }
         struct audio_pcm pcm;
         if (audio_chunk_decode(http_header(x, "Content-Type"), (const uint8_t *)x->body,
-                               x->body_len, &pcm, &e) < 0) {
+                               x->body_len, srv->audio_threads, &pcm, &e) < 0) {
             http_send_error(x, &e);
             return;
         }

@@ -51,8 +51,9 @@ void audio_request_free(struct audio_request *r);
 
 /* A session's chunk: audio/pcm (little-endian float32, 16 kHz mono; "audio/pcm;rate=16000"
  * and "application/octet-stream" with no container are read so too) or any container
- * audio_decode reads, resampled to 16 kHz. Fills e and returns -1 on refusal. */
-int audio_chunk_decode(const char *content_type, const uint8_t *body, size_t len,
+ * audio_decode reads, resampled to 16 kHz on up to n_threads threads (0: one per core).
+ * Fills e and returns -1 on refusal. */
+int audio_chunk_decode(const char *content_type, const uint8_t *body, size_t len, int n_threads,
                        struct audio_pcm *out, struct api_error *e);
 
 void audio_transcriptions(struct http_exchange *x);

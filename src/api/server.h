@@ -114,6 +114,7 @@ struct server {
     struct transcriber *transcriber;  /* borrowed; the Whisper model (engine/transcribe.h); NULL:
                                          no --whisper-model, the audio routes answer 503 */
     size_t max_audio_bytes;           /* --max-audio-mb: larger uploads are a 413; 0: no limit */
+    int audio_threads;                /* threads resampling an upload (--threads; 0: per core) */
     enum server_thinking thinking;
     const char *version;              /* borrowed; the server's version for GET /v1, or NULL */
     time_t created;                   /* server start, for /v1/models */

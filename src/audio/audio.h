@@ -49,17 +49,20 @@ bool audio_have_sndfile(void);
 int audio_decode(const uint8_t *data, size_t len, struct audio_pcm *out, struct err *err);
 
 /* Band-limited resampling through libsamplerate (SRC_SINC_MEDIUM_QUALITY:
- * 90% of the lower Nyquist band passed, 121 dB of stopband). Equal rates
- * copy. *out is malloc'd (the caller frees it); *n_out is what the converter
- * produced, n_in * rate_out / rate_in to within a sample. Rates whose ratio
- * is past 1/256..256 are refused (-INFERD_EUNSUPPORTED). */
-int audio_resample(const float *in, size_t n_in, int rate_in, int rate_out, float **out,
-                   size_t *n_out, struct err *err);
+ * 90% of the lower Nyquist band passed, 121 dB of stopband), in pieces of
+ * 8,192 input samples or more converted on up to n_threads threads (0: one per core): the
+ * samples of one pass over the whole signal, whatever n_threads. Equal rates copy. *out is
+ * malloc'd (the caller frees it); *n_out is n_in * rate_out / rate_in to
+ * within a sample. Rates whose ratio is past 1/256..256 are refused
+ * (-INFERD_EUNSUPPORTED). */
+int audio_resample(const float *in, size_t n_in, int rate_in, int rate_out, int n_threads,
+                   float **out, size_t *n_out, struct err *err);
 
-/* audio_decode then audio_resample to 16 kHz; -INFERD_ERANGE when the audio
- * lasts longer than max_seconds (0: no limit). */
-int audio_decode_16k(const uint8_t *data, size_t len, double max_seconds, struct audio_pcm *out,
-                     struct err *err);
+/* audio_decode then audio_resample to 16 kHz on up to n_threads threads;
+ * -INFERD_ERANGE when the audio lasts longer than max_seconds (0: no
+ * limit). */
+int audio_decode_16k(const uint8_t *data, size_t len, double max_seconds, int n_threads,
+                     struct audio_pcm *out, struct err *err);
 
 /* The log-mel front end (transformers' WhisperFeatureExtractor, numpy path):
  * periodic Hann window of 400, frames every 160 samples centred with reflect

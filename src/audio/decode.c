@@ -135,8 +135,8 @@ int audio_decode(const uint8_t *data, size_t len, struct audio_pcm *out, struct 
 #endif
 }
 
-int audio_decode_16k(const uint8_t *data, size_t len, double max_seconds, struct audio_pcm *out,
-                     struct err *err)
+int audio_decode_16k(const uint8_t *data, size_t len, double max_seconds, int n_threads,
+                     struct audio_pcm *out, struct err *err)
 {
     struct audio_pcm src;
     int rc = audio_decode(data, len, &src, err);
@@ -150,7 +150,8 @@ int audio_decode_16k(const uint8_t *data, size_t len, double max_seconds, struct
     }
     float *y;
     size_t n;
-    rc = audio_resample(src.samples, src.n, src.sample_rate, AUDIO_SAMPLE_RATE, &y, &n, err);
+    rc = audio_resample(src.samples, src.n, src.sample_rate, AUDIO_SAMPLE_RATE, n_threads, &y, &n,
+                        err);
     if (rc < 0) {
         audio_pcm_free(&src);
         return rc;

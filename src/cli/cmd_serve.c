@@ -1475,6 +1475,7 @@ int cmd_serve(int argc, char **argv)
         transcriber_set_turns(whisper, o.turns);
         srv.transcriber = whisper;
         srv.max_audio_bytes = (size_t)o.max_audio_mb << 20;
+        srv.audio_threads = (int)o.threads;
         /* the upload and its form around it */
         if (srv.cfg.max_body_bytes < srv.max_audio_bytes + (1u << 20))
             srv.cfg.max_body_bytes = srv.max_audio_bytes + (1u << 20);

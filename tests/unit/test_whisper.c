@@ -1,5 +1,6 @@
 /* tests/unit/test_whisper.c — uploaded audio (WAV decoding, resampling), Whisper's log-mel front end, and the model and its decoding on random weights. */
 #include <criterion/criterion.h>
+#include <samplerate.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -132,20 +133,74 @@ Test(resample, keeps_a_passband_tone_and_removes_an_alias)
     float *y;
     size_t m;
     struct err err = {0};
-    cr_assert_eq(audio_resample(tone, n, in_rate, 16000, &y, &m, &err), 0);
+    cr_assert_eq(audio_resample(tone, n, in_rate, 16000, 1, &y, &m, &err), 0);
     cr_assert(m >= 15999 && m <= 16001, "%zu samples for 1 s", m);
     /* away from the edges: amplitude 0.5 -> RMS 0.3536; and the phase is right */
     cr_assert_float_eq(rms(y + 1000, 14000), 0.5 / sqrt(2.0), 2e-3);
     cr_assert_float_eq(y[8000], 0.5f * sinf(2 * (float)M_PI * 1000.0f * 8000 / 16000), 5e-3);
     free(y);
-    cr_assert_eq(audio_resample(alias, n, in_rate, 16000, &y, &m, &err), 0);
+    cr_assert_eq(audio_resample(alias, n, in_rate, 16000, 1, &y, &m, &err), 0);
     cr_assert_lt(rms(y + 1000, 14000), 1e-3);
     free(y);
     /* a ratio past the converter's range is refused, not attempted */
-    cr_assert_eq(audio_resample(tone, n, 44100, 100, &y, &m, &err), -INFERD_EUNSUPPORTED);
+    cr_assert_eq(audio_resample(tone, n, 44100, 100, 1, &y, &m, &err), -INFERD_EUNSUPPORTED);
     cr_assert_null(y);
     free(tone);
     free(alias);
+}
+
+/* Pieces converted apart, on any number of threads, give the samples of libsamplerate's one
+ * pass over the whole signal, bit for bit: each piece starts at a whole rate period, where
+ * the converter's phase is the one pass's. */
+Test(resample, pieces_on_any_thread_count_give_the_samples_of_one_pass)
+{
+    static const int rates[] = {8000, 11025, 22050, 32000, 44056, 44100, 48000, 96000};
+    for (size_t r = 0; r < sizeof rates / sizeof rates[0]; r++) {
+        const int rate = rates[r];
+        const size_t n = (size_t)(7.3 * rate) + 17;
+        float *x = malloc(n * sizeof *x);
+        uint64_t st = 99;
+        for (size_t i = 0; i < n; i++) {
+            double t = (double)i / rate;
+            st = st * 6364136223846793005ull + 1442695040888963407ull;
+            x[i] = (float)(0.4 * sin(2 * M_PI * (200 + 300 * t) * t) +
+                           0.05 * ((double)(st >> 40) / (double)(1ull << 24) - 0.5));
+        }
+        size_t cap = (size_t)(n * 16000.0 / rate) + 64;
+        float *ref = malloc(cap * sizeof *ref);
+        SRC_DATA d = {.data_in = x, .data_out = ref, .input_frames = (long)n,
+                      .output_frames = (long)cap, .end_of_input = 1,
+                      .src_ratio = 16000.0 / rate};
+        cr_assert_eq(src_simple(&d, SRC_SINC_MEDIUM_QUALITY, 1), 0);
+        float *first = NULL;
+        size_t first_n = 0;
+        static const int threads[] = {1, 3, 8};
+        for (size_t t = 0; t < sizeof threads / sizeof threads[0]; t++) {
+            float *y;
+            size_t m;
+            struct err err = {0};
+            cr_assert_eq(audio_resample(x, n, rate, 16000, threads[t], &y, &m, &err), 0, "%s",
+                         err.msg);
+            cr_assert_eq(m, (size_t)d.output_frames_gen, "%d Hz, %d threads: %zu samples, one "
+                         "pass %ld", rate, threads[t], m, d.output_frames_gen);
+            size_t differ = 0;
+            for (size_t i = 0; i < m; i++)
+                differ += y[i] != ref[i];
+            cr_expect_eq(differ, 0, "%d Hz, %d threads: %zu samples differ from one pass", rate,
+                         threads[t], differ);
+            if (!first) {
+                first = y;
+                first_n = m;
+            } else {
+                cr_expect_eq(memcmp(first, y, first_n * sizeof *y), 0,
+                             "%d Hz: %d threads differ from 1", rate, threads[t]);
+                free(y);
+            }
+        }
+        free(first);
+        free(ref);
+        free(x);
+    }
 }
 
 Test(mel, a_sine_lights_the_mel_bin_of_its_frequency)
