@@ -13,6 +13,7 @@
 #include <zlib.h>
 
 #include "audio/audio.h"
+#include "base/logsumexp.h"
 #include "base/threadpool.h"
 #include "base/timer.h"
 #include "engine/turns.h"
@@ -344,18 +345,10 @@ static uint64_t rng_next(uint64_t *s)
     return z ^ (z >> 31);
 }
 
+/* log(sum e^x[i]) over [lo, hi). */
 static double log_sum_exp(const float *x, int lo, int hi)
 {
-    float mx = -INFINITY;
-    for (int i = lo; i < hi; i++)
-        if (x[i] > mx)
-            mx = x[i];
-    if (mx == -INFINITY)
-        return -INFINITY;
-    double s = 0;
-    for (int i = lo; i < hi; i++)
-        s += exp((double)x[i] - mx);
-    return mx + log(s);
+    return hi > lo ? logsumexp_f32(x + lo, (size_t)(hi - lo)) : -INFINITY;
 }
 
 /* The logits filters of generation: suppressed tokens, then Whisper's
