@@ -3,7 +3,7 @@
 transformers' generate() on the same clips, the same model directory, in the same run.
 
 usage: whisper_rtf.py INFERD MODEL_DIR AUDIO_DIR [--device cuda|cpu] [--threads N] [--clips N]
-                      [--reps R] [--no-transformers] [--chat-model DIR]
+                      [--reps R] [--no-transformers] [--fallback] [--chat-model DIR]
 
 AUDIO_DIR holds WAV files (any rate; both sides resample to 16 kHz). Each clip is sent once as a
 warm-up, then R times; a clip's time is the median of its repetitions, batch 1, greedy, English
@@ -11,7 +11,8 @@ transcription without timestamps. Prints, per side, the audio seconds, the proce
 and the real-time factor (audio seconds per processing second: higher is faster), then the
 ratio, and where a clip has its text beside it (NAME.txt, as scripts/synth_speech.sh writes) each
 side's word error rate (lowercase words without punctuation). inferd is timed from the client (HTTP and JSON included); transformers from the call to
-generate() (feature extraction included) with fp16 weights on CUDA or f32 on the CPU. The chat
+generate() (feature extraction included) with fp16 weights on CUDA or f32 on the CPU, one greedy
+pass (inferd's split says how many passes it made; --fallback gives generate() the ladder). The chat
 model inferd serves beside Whisper is --chat-model (default: the repository's models/house).
 """
 import argparse
@@ -142,6 +143,14 @@ def run_transformers(a, clips):
               gen["task_to_id"]["transcribe"], gen["no_timestamps_token_id"]]
     from tokenizers import Tokenizer
     tok = Tokenizer.from_file(os.path.join(a.model, "tokenizer.json"))
+    # inferd decodes a window as Whisper specifies: greedy, then again at 0.2, 0.4, ... 1.0
+    # while the text compresses too well or its mean log-probability is below -1; --fallback
+    # gives generate() that ladder (its compression ratio is taken over token bytes, hence its
+    # own threshold), which it may walk where inferd does not
+    ladder = (dict(temperature=(0.0, 0.2, 0.4, 0.6, 0.8, 1.0), compression_ratio_threshold=1.35,
+                   logprob_threshold=-1.0)
+              if a.fallback else dict(do_sample=False))
+    refused = []
     total, texts = 0.0, []
     for path in clips:
         rate, x = read_wav(path)
@@ -154,8 +163,12 @@ def run_transformers(a, clips):
             with torch.no_grad():
                 try:
                     out = model.generate(f.to(dev, dtype), language="en", task="transcribe",
-                                         max_new_tokens=220, num_beams=1, do_sample=False)
-                except (ValueError, TypeError):
+                                         max_new_tokens=220, num_beams=1, **ladder)
+                except (ValueError, TypeError) as e:
+                    if not refused:
+                        print(f"generate() refused language/task or the ladder ({e}); "
+                              "decoding greedily once from the prompt tokens", file=sys.stderr)
+                        refused.append(e)
                     out = model.generate(f.to(dev, dtype), max_new_tokens=220, num_beams=1,
                                          do_sample=False,
                                          decoder_input_ids=torch.tensor([prompt], device=dev))
@@ -178,6 +191,9 @@ def main():
     ap.add_argument("--clips", type=int, default=20)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--no-transformers", action="store_true")
+    ap.add_argument("--fallback", action="store_true",
+                    help="transformers walks Whisper's temperature ladder too (its thresholds "
+                         "are its own, so it may walk it where inferd does not)")
     ap.add_argument("--chat-model", default=os.path.join(
         os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models", "house"))
     a = ap.parse_args()

@@ -493,6 +493,12 @@ struct backend_options {
     /* CUDA: FAST-mode prefill attention over an f16 cache on tensor cores
      * (default on; off: the f32 kernel) */
     enum backend_switch cuda_prefill_tc;
+    /* CUDA: matmuls of f32 weights over more rows than the GEMV kernels take
+     * through cuBLASLt's f32 GEMM (default off: a row's result then depends
+     * on how many rows the GEMM has, which EXACT mode's batch invariance
+     * forbids; Whisper's backend, whose encoder multiplies 1,500 rows, turns
+     * it on) */
+    enum backend_switch cuda_gemm_f32;
     /* CUDA: MoE routing a warp per row, the experts on GEMVs with 16-byte
      * loads and, in FAST mode with many rows, a grouped tensor-core GEMM
      * (default on; off: the first kernels, routing a thread per row and the

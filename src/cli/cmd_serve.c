@@ -702,6 +702,7 @@ static int whisper_open(const struct serve_options *o, struct backend **be,
     opt.mode = COMPUTE_EXACT;
     opt.threads = (int)o->threads;
     opt.kv_quant = NULL;       /* Whisper keeps its caches itself */
+    opt.cuda_gemm_f32 = BACKEND_ON; /* the encoder's 1,500 rows on cuBLASLt */
     opt.memory_cap_bytes = 0;
     int rc = cli_backend_create(o->device, &opt, be, err);
     if (rc == 0 && !strcmp((*be)->ops->name, "cpu"))

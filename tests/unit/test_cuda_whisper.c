@@ -29,15 +29,20 @@ static void skip_without_gpu(void)
         cr_skip_test("no CUDA GPU on this machine: Whisper on CUDA not checked");
 }
 
-static struct backend *make_backend(bool cuda)
+/* The CPU backend, or CUDA's (with gemm_f32, the many-row f32 matmuls on cuBLASLt's GEMM, as
+ * serve's Whisper backend runs them). */
+static struct backend *make_backend_gemm(bool cuda, bool gemm_f32)
 {
     struct backend *be = NULL;
     struct err err = {0};
-    struct backend_options opt = {.mode = COMPUTE_EXACT, .threads = 2};
+    struct backend_options opt = {.mode = COMPUTE_EXACT, .threads = 2,
+                                  .cuda_gemm_f32 = gemm_f32 ? BACKEND_ON : BACKEND_DEFAULT};
     int rc = cuda ? backend_cuda_create(0, &opt, &be, &err) : backend_cpu_create(&opt, &be, &err);
     cr_assert_eq(rc, 0, "%s", err.msg);
     return be;
 }
+
+static struct backend *make_backend(bool cuda) { return make_backend_gemm(cuda, false); }
 
 /* Fails the test, naming what ran, when the backend has failed (a CUDA error is sticky in the
  * backend: every op after it does nothing, and status reports the first). */
@@ -268,11 +273,12 @@ Test(cuda_whisper, tiny_encoder_output_and_logits_match_the_cpu, .timeout = 300)
     float *mel;
     char *dir = tiny_model(0.8f, 0.0013f, 0.1f, 0.37f, &mel);
     int32_t prompt[] = {50258, 50259, 50359, 50363};
-    float *enc[2], *logits[2];
+    /* the CPU, CUDA with the encoder on the GEMV kernels, CUDA with it on cuBLASLt */
+    float *enc[3], *logits[3];
     size_t n_enc = 0;
     int vocab = 0;
-    for (int k = 0; k < 2; k++) {
-        struct backend *be = make_backend(k == 1);
+    for (int k = 0; k < 3; k++) {
+        struct backend *be = make_backend_gemm(k >= 1, k == 2);
         struct whisper_model *m;
         struct whisper_state *st;
         cr_assert_eq(whisper_load(dir, be, &m, &err), 0, "%s", err.msg);
@@ -290,22 +296,25 @@ Test(cuda_whisper, tiny_encoder_output_and_logits_match_the_cpu, .timeout = 300)
         whisper_free(m);
         backend_destroy(be);
     }
-    float e = max_rel_diff(enc[0], enc[1], n_enc);
-    cr_assert_leq(e, 1e-3f, "encoder output differs by %g of its scale", e);
-    for (int p = 0; p < 4; p++) {
-        const float *a = logits[0] + (size_t)p * vocab, *b = logits[1] + (size_t)p * vocab;
-        int ia = 0, ib = 0;
-        for (int i = 1; i < vocab; i++) {
-            if (a[i] > a[ia])
-                ia = i;
-            if (b[i] > b[ib])
-                ib = i;
+    for (int g = 1; g < 3; g++) {
+        float e = max_rel_diff(enc[0], enc[g], n_enc);
+        cr_assert_leq(e, 1e-3f, "encoder output (%s) differs by %g of its scale",
+                      g == 2 ? "cuBLASLt" : "GEMV", e);
+        for (int p = 0; p < 4; p++) {
+            const float *a = logits[0] + (size_t)p * vocab, *b = logits[g] + (size_t)p * vocab;
+            int ia = 0, ib = 0;
+            for (int i = 1; i < vocab; i++) {
+                if (a[i] > a[ia])
+                    ia = i;
+                if (b[i] > b[ib])
+                    ib = i;
+            }
+            cr_assert_eq(ia, ib, "position %d: argmax %d on the CPU, %d on CUDA", p, ia, ib);
+            float d = max_rel_diff(a, b, (size_t)vocab);
+            cr_assert_leq(d, 1e-3f, "position %d: logits differ by %g of their scale", p, d);
         }
-        cr_assert_eq(ia, ib, "position %d: argmax %d on the CPU, %d on CUDA", p, ia, ib);
-        float d = max_rel_diff(a, b, (size_t)vocab);
-        cr_assert_leq(d, 1e-3f, "position %d: logits differ by %g of their scale", p, d);
     }
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < 3; k++) {
         free(enc[k]);
         free(logits[k]);
     }
@@ -383,7 +392,7 @@ Test(cuda_whisper, greedy_and_beam_transcriptions_equal_the_cpus, .timeout = 300
         x[i] = 0.3f * sinf(2 * (float)M_PI * (200.0f + (float)(i / 4000) * 50.0f) * i / 16000);
     char *text[2][2];
     for (int k = 0; k < 2; k++) {
-        struct backend *be = make_backend(k == 1);
+        struct backend *be = make_backend_gemm(k == 1, true);
         struct transcriber *t;
         cr_assert_eq(transcriber_create(dir, be, &t, &err), 0, "%s", err.msg);
         for (int beam = 0; beam < 2; beam++) {

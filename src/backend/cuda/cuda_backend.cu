@@ -98,7 +98,7 @@ static int rows_bucket(int64_t t)
  * captured, or when timing fails. */
 static cublasLtMatmulAlgo_t lt_fastest(struct cu_impl *im, const struct cu_lt_plan *p,
                                        const cublasLtMatmulHeuristicResult_t *res, int found,
-                                       const void *w, const uint16_t *xb, float *y)
+                                       const void *w, const void *xb, float *y)
 {
     cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
     if (found < 2 || cudaStreamIsCapturing(im->stream, &cap) != cudaSuccess ||
@@ -142,13 +142,14 @@ static cublasLtMatmulAlgo_t lt_fastest(struct cu_impl *im, const struct cu_lt_pl
  * runners-up when p is large enough and its bucket has no winner yet. */
 static cublasStatus_t lt_choose(struct cu_impl *im, struct cu_lt_plan *p,
                                 cublasLtMatmulPreference_t pref, const void *w,
-                                const uint16_t *xb, float *y)
+                                const void *xb, float *y)
 {
     bool tune = p->t >= LT_TUNE_ROWS;
     int bucket = rows_bucket(p->t);
     for (int i = 0; tune && i < CU_LT_TUNED_MAX; i++) {
         struct cu_lt_tuned *tu = &im->lt_tuned[i];
-        if (!tu->used || tu->n != p->n || tu->k != p->k || tu->bucket != bucket)
+        if (!tu->used || tu->n != p->n || tu->k != p->k || tu->f32 != p->f32 ||
+            tu->bucket != bucket)
             continue;
         cublasLtMatmulHeuristicResult_t check;
         if (cublasLtMatmulAlgoCheck(im->lt, p->desc, p->a, p->b, p->c, p->c, &tu->algo, &check) ==
@@ -174,21 +175,24 @@ static cublasStatus_t lt_choose(struct cu_impl *im, struct cu_lt_plan *p,
     p->algo = lt_fastest(im, p, res, found, w, xb, y);
     struct cu_lt_tuned *tu = &im->lt_tuned[im->lt_tuned_next];
     im->lt_tuned_next = (im->lt_tuned_next + 1) % CU_LT_TUNED_MAX;
-    *tu = (struct cu_lt_tuned){.n = p->n, .k = p->k, .bucket = bucket, .algo = p->algo, .used = true};
+    *tu = (struct cu_lt_tuned){
+        .n = p->n, .k = p->k, .f32 = p->f32, .bucket = bucket, .algo = p->algo, .used = true};
     return CUBLAS_STATUS_SUCCESS;
 }
 
-/* y (t x n, f32, rows ldc floats apart) = xb (t x k, bf16) * w (n x k,
- * bf16)^T. In cuBLAS's column-major terms: C (n x t, leading dimension ldc)
- * = op(A) B with A = w stored k x n, op = T. */
-static bool lt_matmul(struct cu_impl *im, const uint16_t *xb, int64_t t, int64_t k, const void *w,
-                      int64_t n, int64_t ldc, float *y)
+/* y (t x n, f32, rows ldc floats apart) = x (t x k) * w (n x k)^T, x and w
+ * bf16, or both f32 when f32 (f32 arithmetic throughout, no TF32). In
+ * cuBLAS's column-major terms: C (n x t, leading dimension ldc) = op(A) B
+ * with A = w stored k x n, op = T. */
+static bool lt_matmul(struct cu_impl *im, const void *x, bool f32, int64_t t, int64_t k,
+                      const void *w, int64_t n, int64_t ldc, float *y)
 {
+    const cudaDataType_t in_type = f32 ? CUDA_R_32F : CUDA_R_16BF;
     pthread_mutex_lock(&im->lt_lock);
     struct cu_lt_plan *p = NULL;
     for (int i = 0; i < CU_LT_CACHE; i++)
         if (im->lt_plans[i].used && im->lt_plans[i].n == n && im->lt_plans[i].k == k &&
-            im->lt_plans[i].t == t && im->lt_plans[i].ldc == ldc)
+            im->lt_plans[i].t == t && im->lt_plans[i].ldc == ldc && im->lt_plans[i].f32 == f32)
             p = &im->lt_plans[i];
     cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
     if (!p) {
@@ -199,19 +203,20 @@ static bool lt_matmul(struct cu_impl *im, const uint16_t *xb, int64_t t, int64_t
         p->k = k;
         p->t = t;
         p->ldc = ldc;
+        p->f32 = f32;
         cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
         cublasLtMatmulPreference_t pref = NULL;
         size_t ws = im->lt_workspace_bytes;
         if ((st = cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F)) ||
             (st = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta)) ||
             (st = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb)) ||
-            (st = cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, (uint64_t)k, (uint64_t)n, k)) ||
-            (st = cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, (uint64_t)k, (uint64_t)t, k)) ||
+            (st = cublasLtMatrixLayoutCreate(&p->a, in_type, (uint64_t)k, (uint64_t)n, k)) ||
+            (st = cublasLtMatrixLayoutCreate(&p->b, in_type, (uint64_t)k, (uint64_t)t, k)) ||
             (st = cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, (uint64_t)n, (uint64_t)t, ldc)) ||
             (st = cublasLtMatmulPreferenceCreate(&pref)) ||
             (st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                        &ws, sizeof ws)) ||
-            (st = lt_choose(im, p, pref, w, xb, y))) {
+            (st = lt_choose(im, p, pref, w, x, y))) {
         }
         if (pref)
             cublasLtMatmulPreferenceDestroy(pref);
@@ -219,13 +224,13 @@ static bool lt_matmul(struct cu_impl *im, const uint16_t *xb, int64_t t, int64_t
         if (st != CUBLAS_STATUS_SUCCESS) {
             lt_plan_clear(p);
             pthread_mutex_unlock(&im->lt_lock);
-            cu_fail(im, INFERD_EIO, "cuBLASLt has no bf16 GEMM for %lld x %lld x %lld (status %d)",
-                    (long long)t, (long long)n, (long long)k, (int)st);
+            cu_fail(im, INFERD_EIO, "cuBLASLt has no %s GEMM for %lld x %lld x %lld (status %d)",
+                    f32 ? "f32" : "bf16", (long long)t, (long long)n, (long long)k, (int)st);
             return false;
         }
     }
     float alpha = 1.0f, beta = 0.0f;
-    st = cublasLtMatmul(im->lt, p->desc, &alpha, w, p->a, xb, p->b, &beta, y, p->c, y, p->c,
+    st = cublasLtMatmul(im->lt, p->desc, &alpha, w, p->a, x, p->b, &beta, y, p->c, y, p->c,
                         &p->algo, im->lt_workspace, im->lt_workspace_bytes, im->stream);
     pthread_mutex_unlock(&im->lt_lock);
     if (st != CUBLAS_STATUS_SUCCESS) {
@@ -480,7 +485,7 @@ static bool gemm_blocks(struct cu_impl *im, const struct cu_op *op, const struct
         if (!CU_TRY(im, cu_launch_dequant_bf16(im->stream, op->u.mm.dtype,
                                                (const uint8_t *)m->w + (uint64_t)r0 * rb, n, k,
                                                im->wb)) ||
-            !lt_matmul(im, im->xb, op->n_rows, k, im->wb, n, m->rows, m->y + r0))
+            !lt_matmul(im, im->xb, false, op->n_rows, k, im->wb, n, m->rows, m->y + r0))
             return false;
     }
     return true;
@@ -488,17 +493,17 @@ static bool gemm_blocks(struct cu_impl *im, const struct cu_op *op, const struct
 
 bool cu_exec_gemm(struct cu_impl *im, const struct cu_op *op)
 {
+    const bool f32 = op->u.mm.dtype == DTYPE_F32; /* x as it is; else x in bf16 */
     int64_t n_x = (int64_t)op->n_rows * op->u.mm.cols;
-    if (!scratch_grow(im, (void **)&im->xb, &im->xb_bytes, (size_t)n_x * 2, true))
-        return false;
-    if (!CU_TRY(im, cu_launch_to_bf16(im->stream, op->u.mm.x, n_x, im->xb)))
+    if (!f32 && (!scratch_grow(im, (void **)&im->xb, &im->xb_bytes, (size_t)n_x * 2, true) ||
+                 !CU_TRY(im, cu_launch_to_bf16(im->stream, op->u.mm.x, n_x, im->xb))))
         return false;
     bool blocks = dtype_is_block((enum dtype)op->u.mm.dtype);
     for (int i = 0; i < op->u.mm.n; i++) {
         const struct cu_mat *m = &op->u.mm.m[i];
         if (blocks ? !gemm_blocks(im, op, m)
-                   : !lt_matmul(im, im->xb, op->n_rows, op->u.mm.cols, m->w, m->rows, m->rows,
-                                m->y))
+                   : !lt_matmul(im, f32 ? (const void *)op->u.mm.x : (const void *)im->xb, f32,
+                                op->n_rows, op->u.mm.cols, m->w, m->rows, m->rows, m->y))
             return false;
         if (m->bias && !CU_TRY(im, cu_launch_bias_add(im->stream, m->y, m->bias, m->rows,
                                                       op->n_rows)))
@@ -1360,6 +1365,7 @@ extern "C" int backend_cuda_create(int device, const struct backend_options *opt
                                  ? opt->cuda_gemv_rows
                                  : CU_GEMV_DEFAULT_ROWS;
     im->prefill_tc = opt->cuda_prefill_tc != BACKEND_OFF;
+    im->fuse.gemm_f32 = opt->cuda_gemm_f32 == BACKEND_ON;
     im->moe_kernels = opt->cuda_moe != BACKEND_OFF;
     im->qgemv_int8 = opt->cuda_qgemv_dp4a != BACKEND_OFF;
     im->profile = opt->profile;

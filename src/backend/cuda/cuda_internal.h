@@ -150,6 +150,7 @@ struct cu_graph_entry {
 /* A cuBLASLt GEMM shape with its descriptors and chosen algorithm. */
 struct cu_lt_plan {
     int64_t n, k, t, ldc;
+    bool f32; /* f32 operands (else bf16) */
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t a, b, c;
     cublasLtMatmulAlgo_t algo;
@@ -159,6 +160,7 @@ struct cu_lt_plan {
 /* The timed winner for a GEMM shape and a power-of-two bucket of rows. */
 struct cu_lt_tuned {
     int64_t n, k;
+    bool f32;
     int bucket;
     cublasLtMatmulAlgo_t algo;
     bool used;

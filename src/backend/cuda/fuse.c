@@ -87,6 +87,8 @@ static bool uses_gemv(const struct cu_fuse_config *cfg, const struct cu_op *op)
 {
     if (dtype_is_block((enum dtype)op->u.mm.dtype))
         return !cfg->fast || op->n_rows <= CU_GEMV_MAX_ROWS;
+    if (op->u.mm.dtype == DTYPE_F32 && cfg->gemm_f32)
+        return op->n_rows <= CU_GEMV_MAX_ROWS;
     return !cfg->fast || op->n_rows <= cfg->gemv_max_rows || op->u.mm.dtype != DTYPE_BF16 ||
            op->u.mm.cols % 8 != 0;
 }

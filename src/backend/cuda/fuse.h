@@ -68,6 +68,8 @@ struct cu_fuse_config {
     bool qk_attention; /* rule 1's fold into the decode attention */
     int gemv_max_rows; /* rule 3: FAST-mode bf16 matmuls of more rows go to cuBLASLt
                           (1..CU_GEMV_MAX_ROWS) */
+    bool gemm_f32;     /* rule 3: f32 matmuls of more than CU_GEMV_MAX_ROWS rows go to
+                          cuBLASLt's f32 GEMM, in either mode (backend_options.cuda_gemm_f32) */
 };
 
 enum cu_launch_kind {
