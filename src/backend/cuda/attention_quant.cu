@@ -1,4 +1,4 @@
-/* backend/cuda/attention_quant.cu — a quantized KV cache (backend/kv_quant.h) on the GPU: quantize-on-write (a warp per record, the CPU's bytes), split-K flash-decoding and tiled prefill attention that read the records in their inner loops; TurboQuant rotates each query once and each output row back once. */
+/* backend/cuda/attention_quant.cu — a quantized KV cache (backend/kv_quant.h) on the GPU: quantize-on-write (a warp per record, the CPU's bytes), flash-decoding over tiles of records (a per-record split-K kernel for QJL keys and other head dims), and prefill from tiles decoded into shared memory (fp16 on tensor cores in FAST mode, f32 otherwise), all reading the records directly; TurboQuant rotates each query once and each output row back once. */
 #include <cuda_fp16.h>
 #include <float.h>
 #include <string.h>
