@@ -5,6 +5,8 @@
 #include <stddef.h>
 
 /* log(sum_i e^x[i]) for i in [0, n); -INFINITY when n is 0 or every x[i] is -INFINITY.
+ * NaN entries add nothing (a logit the model could not compute has no mass); +INFINITY is
+ * the caller's to handle.
  * Each e^(x[i] - max) comes from a range-reduced polynomial (relative error under 3e-7, the
  * order of expf's own; 0 below e^-87) written so the compiler vectorizes it, summed in eight
  * float lanes whose sum is taken in double: on a 51,866-entry vocabulary about 20 times

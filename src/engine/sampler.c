@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/logsumexp.h"
+
 _Static_assert(SAMPLE_MAX_TOP == SAMPLER_MAX_TOP_LOGPROBS,
                "a backend reports as many candidates as logprobs may ask for");
 
@@ -815,11 +817,7 @@ int sampler_logprobs(const struct sampler *s, int32_t token, int top_n, float *t
             n_inf += x[i] == INFINITY;
         log_z = log((double)n_inf);
     } else {
-        double sum = 0;
-        for (int i = 0; i < n; i++)
-            if (x[i] == x[i])
-                sum += expf(x[i] - max);
-        log_z = max + log(sum);
+        log_z = logsumexp_f32(x, (size_t)n); /* NaN logits add nothing */
     }
     *token_logprob = logprob_of(x[token], max, log_z);
 

@@ -759,6 +759,33 @@ Test(fusion, matmuls_of_more_rows_than_the_gemv_cap_go_to_cublaslt_in_fast_mode_
     rig_close(&r);
 }
 
+/* cuda_gemm_f32 (Whisper's backend): an f32 matmul of more rows than the GEMV kernels take goes
+ * to cuBLASLt in either mode; without it, or with few rows, it stays on the GEMV kernels. */
+Test(fusion, f32_matmuls_of_many_rows_go_to_cublaslt_only_when_gemm_f32_is_on)
+{
+    struct cu_op op;
+    memset(&op, 0, sizeof op);
+    op.kind = CU_MATMUL;
+    op.u.mm.dtype = DTYPE_F32;
+    op.u.mm.cols = 512;
+    op.u.mm.n = 1;
+    op.u.mm.m[0].rows = 512;
+    const struct cu_fuse_config *modes[2] = {&fast_all, &exact_all};
+    for (int mode = 0; mode < 2; mode++)
+        for (int on = 0; on < 2; on++)
+            for (int many = 0; many < 2; many++) {
+                struct cu_fuse_config cfg = *modes[mode];
+                cfg.gemm_f32 = on;
+                op.n_rows = many ? 1500 : CU_GEMV_MAX_ROWS;
+                struct cu_launch plan[2];
+                cr_assert_eq(cu_fuse_plan(&cfg, &op, 1, plan, 2), 1);
+                int want = on && many ? CU_LAUNCH_GEMM : CU_LAUNCH_GEMV;
+                cr_expect_eq(plan[0].kind, want, "%s mode, gemm_f32 %s, %d rows: launch kind %d",
+                             mode ? "exact" : "fast", on ? "on" : "off", op.n_rows,
+                             (int)plan[0].kind);
+            }
+}
+
 /* The planner only reads the op list: an op list that is not a known kind is refused. */
 Test(fusion, an_unknown_op_kind_is_refused)
 {

@@ -54,6 +54,22 @@ Test(logsumexp, a_vocabulary_with_suppressed_tokens)
     free(x);
 }
 
+Test(logsumexp, nan_entries_add_nothing)
+{
+    float x[19];
+    uint64_t seed = 3;
+    for (int i = 0; i < 19; i++)
+        x[i] = uniform(&seed, -4.0f, 4.0f);
+    float clean[19];
+    int m = 0;
+    for (int i = 0; i < 19; i++)
+        if (i % 5 == 1)
+            x[i] = NAN; /* in the vector part and the tail */
+        else
+            clean[m++] = x[i];
+    cr_expect_leq(fabs(logsumexp_f32(x, 19) - reference(clean, (size_t)m)), 2e-6);
+}
+
 Test(logsumexp, nothing_or_only_minus_infinity_is_minus_infinity)
 {
     float x[9] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY,
