@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # tests/e2e/run.sh — runs the e2e, responses and embeddings (openai SDK), anthropic (Anthropic SDK), bad-input (raw sockets), load, SSD-tier, speculative-decoding and web-page (headless Chromium) suites against a real `inferd serve`.
 #
-# Usage: tests/e2e/run.sh [--sanitize] [INFERD [MODEL_DIR]]
+# Usage: tests/e2e/run.sh [--sanitize | --rest] [INFERD [MODEL_DIR]]
 #   INFERD     the inferd binary (default $INFERD or build/inferd); built by the caller, never here
 #   MODEL_DIR  the test model (default $E2E_MODEL or build/models/e2e-qwen3); when it is missing
 #              or older than INFERD it is (re)made with `INFERD mkmodel --preset tiny-qwen3
 #              --tokenizer $E2E_TOKENIZER` (default build/text-data/qwen3, from `make text-data`)
 #   --sanitize for an AddressSanitizer/UBSan build: e2e, bad_input, ssd, audio and pool
 #              run; fails when any server's stderr holds a sanitizer report
+#   --rest     every default suite but those (make test runs both passes: each suite once)
 # Environment: E2E_SUITES (default "e2e responses embeddings anthropic structured bad_input load ssd spec webui audio speech pool adapters isolate"; ssd, pool, adapters and isolate start their own
 # servers over fresh cache directories, and runs bench/ssd_kill.sh shortened; webui starts its own server of
 # models/house with an API key and drives the chat page in Debian's /usr/bin/chromium, skipped with a message
@@ -30,21 +31,30 @@ die() { echo "e2e: $*" >&2; exit 1; }
 # An absolute path: arguments are taken from the caller's directory, defaults from the repository's.
 absolute() { case $1 in /*) echo "$1" ;; *) echo "$2/$1" ;; esac; }
 
-sanitize=0
-if [ "${1:-}" = "--sanitize" ]; then
-    sanitize=1
-    shift
-fi
+sanitize=0 rest=0
+case "${1:-}" in
+--sanitize) sanitize=1; shift ;;
+--rest) rest=1; shift ;;
+esac
 if [ -n "${1:-}" ]; then INFERD=$(absolute "$1" "$PWD"); else INFERD=$(absolute "${INFERD:-build/inferd}" "$root"); fi
 if [ -n "${2:-}" ]; then MODEL=$(absolute "$2" "$PWD"); else MODEL=$(absolute "${E2E_MODEL:-build/models/e2e-qwen3}" "$root"); fi
 TOKENIZER=$(absolute "${E2E_TOKENIZER:-build/text-data/qwen3}" "$root")
-SUITES=${E2E_SUITES:-e2e responses embeddings anthropic structured bad_input load ssd spec webui audio speech pool adapters isolate}
+ALL_SUITES="e2e responses embeddings anthropic structured bad_input load ssd spec webui audio speech pool adapters isolate"
 # Under a sanitizer the default is the suites whose memory-owning paths no fuzzer reaches:
 # requests and streams end to end, raw-socket bad input, the SSD tier's files and restarts,
 # audio uploads, the model pool's loads and unloads. The others run in the plain pass only:
 # their parsers are fuzzed, their engine paths are the unit tests', and instrumented they
 # take minutes of the suite's time budget.
-[ $sanitize = 1 ] && [ -z "${E2E_SUITES:-}" ] && SUITES="e2e bad_input ssd audio pool"
+SANITIZED_SUITES="e2e bad_input ssd audio pool"
+SUITES=$ALL_SUITES
+[ $sanitize = 1 ] && SUITES=$SANITIZED_SUITES
+if [ $rest = 1 ]; then
+    SUITES=
+    for s in $ALL_SUITES; do
+        case " $SANITIZED_SUITES " in *" $s "*) ;; *) SUITES="$SUITES $s" ;; esac
+    done
+fi
+SUITES=${E2E_SUITES:-$SUITES}
 cd "$root"
 
 [ -x "$INFERD" ] || die "no inferd binary at $INFERD (build it first)"
