@@ -3,8 +3,8 @@
  * varlen batches (exact and fast modes); greedy generations equal to the
  * CPU's for 32 tokens; CUDA-graph replay equal to eager launches; fast-mode
  * prefill attention against an f64 reference on varlen, chunked, GQA and
- * sliding-window shapes; out of device memory as a clear error. Skipped,
- * saying why, without a GPU. */
+ * sliding-window shapes; f32 GEMVs batch invariant in exact mode; out of
+ * device memory as a clear error. Skipped, saying why, without a GPU. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
@@ -59,9 +59,10 @@ Test(cuda_parity, fast_mode_with_f32_prefill_attention_stays_within_bf16_toleran
     cuda_options.cuda_prefill_tc = BACKEND_DEFAULT;
 }
 
-/* GEN_TOKENS greedy tokens after the golden's first prompt. */
+/* GEN_TOKENS greedy tokens after the golden's first prompt; with gap, each
+ * step's lead of the top logit over the next, relative to the largest |logit|. */
 static void greedy_tokens(struct backend *be, const char *dir, const struct golden_case *prompt,
-                          int32_t *out)
+                          int32_t *out, float *gap)
 {
     struct err err = {0};
     struct model *m = NULL;
@@ -71,7 +72,17 @@ static void greedy_tokens(struct backend *be, const char *dir, const struct gold
                  err.msg);
     cr_assert_eq(generator_feed(gen, prompt->tokens, prompt->n_tokens, &err), 0, "%s", err.msg);
     for (int i = 0; i < GEN_TOKENS; i++) {
-        out[i] = logits_argmax(gen->logits, m->config.vocab_size);
+        const int vocab = m->config.vocab_size;
+        out[i] = logits_argmax(gen->logits, vocab);
+        if (gap) {
+            float next = -INFINITY, scale = 0;
+            for (int v = 0; v < vocab; v++) {
+                if (v != out[i] && gen->logits[v] > next)
+                    next = gen->logits[v];
+                scale = fmaxf(scale, fabsf(gen->logits[v]));
+            }
+            gap[i] = (gen->logits[out[i]] - next) / scale;
+        }
         cr_assert_eq(generator_feed(gen, &out[i], 1, &err), 0, "%s", err.msg);
     }
     generator_free(gen);
@@ -99,16 +110,25 @@ static void check_generations(enum compute_mode mode)
                      0, "%s", err.msg);
         cr_assert_eq(cuda_backend(mode, &gpu, &err), 0, "%s", err.msg);
         int32_t want[GEN_TOKENS], got[GEN_TOKENS];
-        greedy_tokens(cpu, dir, &g.cases[0], want);
-        greedy_tokens(gpu, dir, &g.cases[0], got);
+        float gap[GEN_TOKENS];
+        greedy_tokens(cpu, dir, &g.cases[0], want, gap);
+        greedy_tokens(gpu, dir, &g.cases[0], got, NULL);
         int same = 0;
         while (same < GEN_TOKENS && want[same] == got[same])
             same++;
         cr_log_info("cuda %s %s: greedy generation equals the CPU's for %d of %d tokens", g.name,
                     mode == COMPUTE_EXACT ? "exact" : "fast", same, GEN_TOKENS);
-        cr_expect_eq(same, GEN_TOKENS, "%s: CPU and CUDA greedy tokens differ at %d (%d vs %d)",
-                     g.name, same, same < GEN_TOKENS ? want[same] : 0,
-                     same < GEN_TOKENS ? got[same] : 0);
+        /* FAST mode rounds activations to bf16 on both devices, each in its own
+         * order of summation: a step whose top two logits the CPU separates by
+         * less than bf16's relative step is a tie the devices may break apart */
+        bool near_tie = mode == COMPUTE_FAST && same < GEN_TOKENS && gap[same] < 0x1p-8f;
+        if (near_tie)
+            cr_log_info("cuda %s fast: token %d is a near tie (top two %.2e apart, relative)",
+                        g.name, same, gap[same]);
+        cr_expect(same == GEN_TOKENS || near_tie,
+                  "%s: CPU and CUDA greedy tokens differ at %d (%d vs %d; top two %.2e apart)",
+                  g.name, same, same < GEN_TOKENS ? want[same] : 0,
+                  same < GEN_TOKENS ? got[same] : 0, same < GEN_TOKENS ? gap[same] : 0.0f);
         backend_destroy(gpu);
         backend_destroy(cpu);
         golden_free(&g);
@@ -126,8 +146,9 @@ Test(cuda_parity, greedy_generation_equals_cpu_for_32_tokens_exact_mode, .timeou
 /* Fast mode keeps the KV cache in fp16 on both devices, each rounding K and
  * V computed in its own order; with random tiny models, whose top logits are
  * often within fp16 rounding of each other, that alone can pick a different
- * token (the goldens above check the fp16 cache against transformers). The
- * same arithmetic with an f32 cache on both must give the CPU's tokens. */
+ * token (the goldens above check the fp16 cache against transformers). With
+ * an f32 cache on both they must give the CPU's tokens up to the first near
+ * tie (check_generations). */
 Test(cuda_parity, greedy_generation_equals_cpu_for_32_tokens_fast_mode_f32_kv, .timeout = 600)
 {
     skip_without_gpu();
@@ -454,6 +475,83 @@ Test(cuda_gemv, folded_rmsnorm_gemv_matches_cpu_for_1_to_8_rows_at_real_hidden_s
     }
     backend_destroy(gpu);
     backend_destroy(cpu);
+}
+
+/* y = x w^T on be for n rows of x, f32 weights of rows x cols. */
+static void matmul_f32_on(struct backend *be, const float *w, int rows, int cols, const float *x,
+                          int n, float *y)
+{
+    struct err err = {0};
+    size_t wb = (size_t)rows * cols * sizeof(float), xb = (size_t)n * cols * sizeof(float);
+    size_t yb = (size_t)n * rows * sizeof(float);
+    void *dw = be->ops->alloc(be, wb);
+    float *dx = be->ops->alloc(be, xb), *dy = be->ops->alloc(be, yb);
+    cr_assert(dw && dx && dy);
+    be->ops->to_device(be, dw, w, wb);
+    be->ops->to_device(be, dx, x, xb);
+    struct weight_matrix wm = {DTYPE_F32, rows, cols, dw};
+    be->ops->matmul(be, dx, n, &wm, NULL, dy);
+    be->ops->to_host(be, y, dy, yb);
+    cr_assert_eq(be->ops->status ? be->ops->status(be, &err) : 0, 0, "%d x %d, %d rows: %s", rows,
+                 cols, n, err.msg);
+    be->ops->release(be, dw);
+    be->ops->release(be, dx);
+    be->ops->release(be, dy);
+}
+
+/* f32 weights (Whisper's; 16-byte loads, split-K chosen from the matrix's
+ * shape) in EXACT mode: every row of a many-row matmul has the bits of that
+ * row alone (batch invariance), and each output is the f64 dot product
+ * within f32 rounding of sum |w x|. Shapes cover a decoder step's matrices,
+ * a tall head and a row length that is not a multiple of 8 (element loads). */
+Test(cuda_gemv, f32_weights_in_exact_mode_are_batch_invariant_and_match_f64, .timeout = 300)
+{
+    skip_without_gpu();
+    static const int shapes[][2] = {{512, 512}, {2048, 512}, {512, 2048}, {5003, 512}, {37, 1000}};
+    static const int batches[] = {2, 5, 8, 9, 24};
+    const int max_n = 24;
+    struct err err = {0};
+    struct backend *gpu = NULL;
+    cr_assert_eq(cuda_backend(COMPUTE_EXACT, &gpu, &err), 0, "%s", err.msg);
+    uint64_t state = 11;
+    for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++) {
+        int rows = shapes[sh][0], cols = shapes[sh][1];
+        float *w = malloc((size_t)rows * cols * sizeof *w);
+        float *x = malloc((size_t)max_n * cols * sizeof *x);
+        float *alone = malloc((size_t)max_n * rows * sizeof *alone);
+        float *many = malloc((size_t)max_n * rows * sizeof *many);
+        cr_assert(w && x && alone && many);
+        for (size_t i = 0; i < (size_t)rows * cols; i++)
+            w[i] = exact_rand(&state, 0.5f) + exact_rand(&state, 1.0f) * 0x1p-12f;
+        for (int i = 0; i < max_n * cols; i++)
+            x[i] = exact_rand(&state, 2.0f);
+        for (int t = 0; t < max_n; t++)
+            matmul_f32_on(gpu, w, rows, cols, x + (size_t)t * cols, 1, alone + (size_t)t * rows);
+        double worst = 0;
+        for (int t = 0; t < max_n; t++)
+            for (int r = 0; r < rows; r++) {
+                double dot = 0, mag = 0;
+                for (int c = 0; c < cols; c++) {
+                    double p = (double)w[(size_t)r * cols + c] * x[(size_t)t * cols + c];
+                    dot += p;
+                    mag += fabs(p);
+                }
+                worst = fmax(worst, fabs(alone[(size_t)t * rows + r] - dot) / (mag + 1e-30));
+            }
+        cr_expect_leq(worst, (double)cols * 0x1p-24, "%d x %d: error %.3e of sum |w x|", rows,
+                      cols, worst);
+        for (size_t b = 0; b < sizeof batches / sizeof batches[0]; b++) {
+            int n = batches[b];
+            matmul_f32_on(gpu, w, rows, cols, x, n, many);
+            cr_expect_eq(memcmp(many, alone, (size_t)n * rows * sizeof *many), 0,
+                         "%d x %d, %d rows: not the bits of each row alone", rows, cols, n);
+        }
+        free(w);
+        free(x);
+        free(alone);
+        free(many);
+    }
+    backend_destroy(gpu);
 }
 
 /* A KV pool larger than any GPU's memory is refused with a message, not a crash. */

@@ -1,4 +1,4 @@
-/* backend/cuda/gemv.cu — matrix-vector products for decode: bf16 weights streamed with 16-byte loads by persistent blocks (split-K across warps for the general path), fused epilogues. */
+/* backend/cuda/gemv.cu — matrix-vector products for decode: bf16 and f32 weights read with 16-byte loads (bf16 by persistent blocks; split-K across warps for the general path), fused epilogues. */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/warp.cuh"
 
@@ -34,6 +34,20 @@ static __device__ __forceinline__ void load_x8(const float *xr, const float *nw,
             out[i] = round_bf16(out[i]);
 }
 
+/* How the general kernel reads rows: an element per lane, or chunks of
+ * eight elements in 16-byte loads (one for bf16, two for f32). */
+enum gemv_read { GEMV_SCALAR, GEMV_BF16X8, GEMV_F32X8 };
+
+static __device__ __forceinline__ float dot_f32x8(uint4 lo, uint4 hi, const float x[8])
+{
+    uint32_t v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    float s = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        s = fmaf(__uint_as_float(v[i]), x[i], s);
+    return s;
+}
+
 static __device__ __forceinline__ float dot_bf16x8(uint4 w, const float x[8])
 {
     float s = 0;
@@ -59,14 +73,17 @@ static __device__ __forceinline__ int find_mat(const struct cu_gemv_args *a, int
     return m;
 }
 
-/* NP rows (1, or 2 for the SwiGLU pair) times TT token rows. VEC: bf16 rows
- * whose length is a multiple of 8 (16-byte chunks); otherwise scalar loads of
- * either dtype. wpr warps share each unit of rows (split-K), reducing through
- * shared memory, so short and narrow matrices still fill the GPU. */
-template <int TT, int NP, bool VEC>
+/* NP rows (1, or 2 for the SwiGLU pair) times TT token rows. READ: chunks
+ * of 8 elements for rows whose length is a multiple of 8 (each lane sums its
+ * chunks in column order, eight products a chunk), otherwise an element per
+ * lane. wpr warps share each unit of rows (split-K), reducing through shared
+ * memory, so short and narrow matrices still fill the GPU. */
+template <int TT, int NP, int READ>
 static __global__ void __launch_bounds__(GEMV_THREADS)
 gemv_kernel(struct cu_gemv_args a, int64_t n_units, int wpr)
 {
+    constexpr bool VEC = READ != GEMV_SCALAR;
+    constexpr int LOADS = READ == GEMV_F32X8 ? 2 : 1; /* 16-byte loads per chunk */
     __shared__ float red[GEMV_WARPS][NP][TT];
     __shared__ float inv_sm[TT];
     constexpr int U = GEMV_UNROLL(NP);
@@ -132,13 +149,16 @@ gemv_kernel(struct cu_gemv_args a, int64_t n_units, int wpr)
             const int64_t nchunk = cols / 8;
             const int64_t stride = 32 * wpr;
             for (int64_t c0 = part * 32 + lane; c0 < nchunk; c0 += stride * U) {
-                uint4 wv[U][NP];
+                uint4 wv[U][NP][LOADS];
 #pragma unroll
                 for (int u = 0; u < U; u++) {
                     int64_t c = c0 + u * stride;
 #pragma unroll
                     for (int p = 0; p < NP; p++)
-                        wv[u][p] = c < nchunk ? load_stream((const uint4 *)wrow[p] + c)
+#pragma unroll
+                        for (int l = 0; l < LOADS; l++)
+                            wv[u][p][l] = c < nchunk
+                                              ? load_stream((const uint4 *)wrow[p] + c * LOADS + l)
                                               : make_uint4(0, 0, 0, 0);
                 }
 #pragma unroll
@@ -153,7 +173,9 @@ gemv_kernel(struct cu_gemv_args a, int64_t n_units, int wpr)
                                         a.round_bf16, xv);
 #pragma unroll
                                 for (int p = 0; p < NP; p++)
-                                    acc[p][t] += dot_bf16x8(wv[u][p], xv);
+                                    acc[p][t] += READ == GEMV_F32X8
+                                                     ? dot_f32x8(wv[u][p][0], wv[u][p][LOADS - 1], xv)
+                                                     : dot_bf16x8(wv[u][p][0], xv);
                             }
                         }
                     }
@@ -229,28 +251,30 @@ gemv_kernel(struct cu_gemv_args a, int64_t n_units, int wpr)
 
 template <int TT, int NP>
 static cudaError_t launch_tt(cudaStream_t s, const struct cu_gemv_args *a, int64_t n_units,
-                             int wpr, bool vec)
+                             int wpr, enum gemv_read read)
 {
     dim3 grid((unsigned)((n_units + GEMV_WARPS / wpr - 1) / (GEMV_WARPS / wpr)),
               (unsigned)((a->n_rows + TT - 1) / TT));
-    if (vec)
-        gemv_kernel<TT, NP, true><<<grid, GEMV_THREADS, 0, s>>>(*a, n_units, wpr);
+    if (read == GEMV_BF16X8)
+        gemv_kernel<TT, NP, GEMV_BF16X8><<<grid, GEMV_THREADS, 0, s>>>(*a, n_units, wpr);
+    else if (read == GEMV_F32X8)
+        gemv_kernel<TT, NP, GEMV_F32X8><<<grid, GEMV_THREADS, 0, s>>>(*a, n_units, wpr);
     else
-        gemv_kernel<TT, NP, false><<<grid, GEMV_THREADS, 0, s>>>(*a, n_units, wpr);
+        gemv_kernel<TT, NP, GEMV_SCALAR><<<grid, GEMV_THREADS, 0, s>>>(*a, n_units, wpr);
     return cudaGetLastError();
 }
 
 template <int NP>
 static cudaError_t launch_np(cudaStream_t s, const struct cu_gemv_args *a, int64_t n_units,
-                             int wpr, bool vec)
+                             int wpr, enum gemv_read read)
 {
     if (a->n_rows == 1)
-        return launch_tt<1, NP>(s, a, n_units, wpr, vec);
+        return launch_tt<1, NP>(s, a, n_units, wpr, read);
     if (a->n_rows == 2)
-        return launch_tt<2, NP>(s, a, n_units, wpr, vec);
+        return launch_tt<2, NP>(s, a, n_units, wpr, read);
     if (a->n_rows <= 4)
-        return launch_tt<4, NP>(s, a, n_units, wpr, vec);
-    return launch_tt<8, NP>(s, a, n_units, wpr, vec);
+        return launch_tt<4, NP>(s, a, n_units, wpr, read);
+    return launch_tt<8, NP>(s, a, n_units, wpr, read);
 }
 
 /* ---- the decode path: persistent blocks streaming whole rows ------------------
@@ -534,20 +558,28 @@ cudaError_t cu_launch_gemv(struct cu_device *dev, cudaStream_t s, const struct c
         return cudaSuccess;
     if (dtype_is_block((enum dtype)a->dtype))
         return cu_launch_qgemv(dev, s, a);
-    bool vec = a->dtype == DTYPE_BF16 && a->cols % 8 == 0;
+    bool vec = (a->dtype == DTYPE_BF16 || a->dtype == DTYPE_F32) && a->cols % 8 == 0;
     for (int i = 0; i < a->n_mat && vec; i++)
         vec = ((uintptr_t)a->m[i].w % 16) == 0;
     vec = vec && ((uintptr_t)a->x % 16) == 0 && ((uintptr_t)a->norm_w % 16) == 0;
+    bool bf16 = a->dtype == DTYPE_BF16;
     size_t smem = (size_t)a->n_rows * (size_t)a->cols * sizeof(float);
-    if (vec && a->n_rows <= 8 && smem <= (size_t)dev->smem_optin &&
+    if (vec && bf16 && a->n_rows <= 8 && smem <= (size_t)dev->smem_optin &&
         n_units < INT32_MAX && (int64_t)a->n_rows * a->cols < INT32_MAX)
         return a->pair ? launch_stream_np<2>(dev, s, a, (int)n_units, smem)
                        : launch_stream_np<1>(dev, s, a, (int)n_units, smem);
-    int64_t per_lane = vec ? a->cols / 8 : a->cols;
-    /* enough warps in flight to cover HBM latency: about 48 per SM */
+    enum gemv_read read = !vec ? GEMV_SCALAR : bf16 ? GEMV_BF16X8 : GEMV_F32X8;
+    /* 16-byte loads per lane over a row, or elements for the scalar read */
+    int64_t per_lane = !vec ? a->cols : bf16 ? a->cols / 8 : a->cols / 4;
+    /* Enough warps in flight to cover HBM latency: about 48 per SM. Split-K
+     * changes a row's order of summation, so EXACT mode (row_invariant) takes
+     * it only where the streaming kernel, which sums a row in one warp, never
+     * runs (f32 and scalar reads): there wpr follows from the matrix's shape
+     * alone and a row's bits still do not depend on how many rows came. */
+    bool split_ok = !a->row_invariant || read != GEMV_BF16X8;
     int wpr = 1;
-    while (!a->row_invariant && wpr < GEMV_WARPS && n_units * wpr < (int64_t)dev->n_sm * 48 &&
+    while (split_ok && wpr < GEMV_WARPS && n_units * wpr < (int64_t)dev->n_sm * 48 &&
            per_lane >= 64 * wpr * 2)
         wpr *= 2;
-    return a->pair ? launch_np<2>(s, a, n_units, wpr, vec) : launch_np<1>(s, a, n_units, wpr, vec);
+    return a->pair ? launch_np<2>(s, a, n_units, wpr, read) : launch_np<1>(s, a, n_units, wpr, read);
 }
