@@ -451,10 +451,19 @@ struct q_raw {
     uint32_t shift; /* bits of w[0] before the first byte */
 };
 
-/* n (<= 16) bytes from p. */
+/* n (<= 16) bytes from p: one 16- or 8-byte load when p is aligned to it
+ * (8-bit keys, 8- and 4-bit values of affine records), else 32-bit words. */
 static __device__ __forceinline__ q_raw q_load(const uint8_t *p, int n)
 {
     q_raw r;
+    if (n == 16 && ((uintptr_t)p & 15) == 0) {
+        const uint4 v = __ldg((const uint4 *)p);
+        return q_raw{{v.x, v.y, v.z, v.w, 0u}, 0u};
+    }
+    if (n <= 8 && ((uintptr_t)p & 7) == 0) {
+        const uint2 v = __ldg((const uint2 *)p);
+        return q_raw{{v.x, v.y, 0u, 0u, 0u}, 0u};
+    }
     const uint32_t *a = (const uint32_t *)((uintptr_t)p & ~(uintptr_t)3);
     const int lead = (int)((uintptr_t)p & 3), nw = (lead + n + 3) / 4;
     r.shift = 8u * (uint32_t)lead;
@@ -490,9 +499,10 @@ static __device__ __forceinline__ void q_values_b(const q_raw &r, bool turbo, co
 {
     uint32_t c[N];
     q_codes<B, N>(r, c);
+/* a code below 2^23 as a float: its bits under 2^23's exponent, less 2^23 */
 #pragma unroll
     for (int j = 0; j < N; j++)
-        x[j] = turbo ? levels[c[j]] : (float)c[j];
+        x[j] = turbo ? levels[c[j]] : __uint_as_float(0x4B000000u | c[j]) - 8388608.0f;
 }
 
 template <int N>
@@ -508,19 +518,59 @@ static __device__ __forceinline__ void q_values(const q_raw &r, int bits, bool t
     }
 }
 
-/* A lane's (scale, bias) for its dims: affine the record's pair for the
- * group holding dim d, TURBO the norm and 0. */
-static __device__ __forceinline__ float2 q_scale_bias(const struct kv_quant_layer &f, bool v,
-                                                      int hd, const uint8_t *rec, int d)
+/* The records of one kv head in one layer, found from positions without a
+ * division when the block size is a power of two (it always is in practice). */
+struct q_addr {
+    const uint8_t *base; /* slot 0 of block 0 */
+    size_t block_bytes;
+    uint32_t row_bytes, block_size, shift;
+    bool pow2;
+};
+
+static __device__ __forceinline__ q_addr q_addr_of(const struct cu_kv &kv, int layer, int h,
+                                                   bool v)
 {
-    if (f.scheme == KV_QUANT_TURBO) /* records start on even bytes */
-        return make_float2(__half2float(__ushort_as_half(__ldg((const unsigned short *)rec))),
-                           0.0f);
-    /* affine records and their pairs start on multiples of 4 bytes */
-    const uint8_t *sc = rec + hd * kvq_code_bits(&f, v) / 8 + (d / f.group_size) * 4;
-    const uint32_t pair = __ldg((const uint32_t *)sc);
-    return make_float2(__half2float(__ushort_as_half((unsigned short)(pair & 0xffff))),
-                       __half2float(__ushort_as_half((unsigned short)(pair >> 16))));
+    q_addr a;
+    a.row_bytes = v ? kv.v_row_bytes : kv.k_row_bytes;
+    a.block_size = (uint32_t)kv.block_size;
+    a.block_bytes = (size_t)a.block_size * a.row_bytes;
+    a.base = (const uint8_t *)(v ? kv.v : kv.k) + (size_t)layer * kv.n_blocks * a.block_bytes +
+             (size_t)h * kvq_head_bytes(&kv.fmt, kv.head_dim, v);
+    a.pow2 = (a.block_size & (a.block_size - 1)) == 0;
+    a.shift = (uint32_t)__ffs((int)a.block_size) - 1;
+    return a;
+}
+
+static __device__ __forceinline__ const uint8_t *q_at(const q_addr &a, const uint32_t *bt,
+                                                      int pos)
+{
+    const uint32_t p = (uint32_t)pos;
+    const uint32_t blk = a.pow2 ? p >> a.shift : p / a.block_size;
+    const uint32_t slot = p - blk * a.block_size;
+    return a.base + (size_t)__ldg(bt + blk) * a.block_bytes + (size_t)slot * a.row_bytes;
+}
+
+/* Where a lane's (scale, bias) pair sits in a record: affine the pair of the
+ * group holding dim d (pairs start on multiples of 4 bytes), TURBO the norm
+ * at the front (a 16-bit load: records start on even bytes), -1. */
+static __device__ __forceinline__ int q_pair_at(const struct kv_quant_layer &f, bool v, int hd,
+                                                int d)
+{
+    return f.scheme == KV_QUANT_TURBO ? -1 : hd * kvq_code_bits(&f, v) / 8 + (d / f.group_size) * 4;
+}
+
+/* The raw pair, left as loaded until its tile is decoded. */
+static __device__ __forceinline__ uint32_t q_pair_load(const uint8_t *rec, int at)
+{
+    return at < 0 ? (uint32_t)__ldg((const unsigned short *)rec)
+                  : __ldg((const uint32_t *)(rec + at));
+}
+
+/* (scale, bias) of a raw pair: TURBO's norm and 0 (its high half is zero). */
+static __device__ __forceinline__ float2 q_pair(uint32_t raw)
+{
+    return make_float2(__half2float(__ushort_as_half((unsigned short)(raw & 0xffff))),
+                       __half2float(__ushort_as_half((unsigned short)(raw >> 16))));
 }
 
 #define QF_WARPS 4
@@ -552,6 +602,7 @@ qattn_decode_fd_kernel(struct cu_op op, const uint8_t *params, float *part)
     constexpr int VR = T / (QF_WARPS * VPW);
     static_assert(KR >= 1 && VR >= 1 && GP <= QF_WARPS, "decode tile shape");
     __shared__ __align__(16) float q_sm[GP][HD];
+    __shared__ float4 qk_sm[GP][HD / 4]; /* the scores' copy of q, swizzled */
     __shared__ float s_sm[GP][T];
     __shared__ float m_sm[GP], l_sm[GP], c_sm[GP];
     __shared__ float lv_sm[2][256];
@@ -602,11 +653,20 @@ qattn_decode_fd_kernel(struct cu_op op, const uint8_t *params, float *part)
             warp_rotate(q_sm[g], HD, kv.seed, 0, layer, false);
         __syncthreads();
     }
+    /* lane kl's four float4 of dims 16 kl.. go to 4 kl + ((i + kl / 2) & 3):
+     * the eight lanes of a 16-byte load's phase then read eight bank groups */
+    for (int i = threadIdx.x; i < GP * HD / 4; i += QF_THREADS) {
+        const int g = i / (HD / 4), j = i % (HD / 4), l = j / 4;
+        qk_sm[g][4 * l + ((j % 4 + (l >> 1)) & 3)] = *(const float4 *)&q_sm[g][4 * j];
+    }
+    __syncthreads();
 
     /* lane roles: K record kg of the warp's PPW, dims 16 kl..; V record vg
      * of its VPW, dims 8 vl.. */
     const int kg = lane / LPK, kl = lane % LPK;
     const int vg = lane / LPV, vl = lane % LPV;
+    const q_addr ka = q_addr_of(kv, layer, kvh, false), va = q_addr_of(kv, layer, kvh, true);
+    const int kpair = q_pair_at(f, false, HD, 16 * kl), vpair = q_pair_at(f, true, HD, 8 * vl);
     float qsum[GP]; /* the sum of this lane's 16 query dims, per head */
 #pragma unroll
     for (int g = 0; g < GP; g++) {
@@ -626,30 +686,31 @@ qattn_decode_fd_kernel(struct cu_op op, const uint8_t *params, float *part)
     }
 
     for (int t0 = begin; t0 <= end; t0 += T) {
+        /* every load of the tile out first; pairs stay raw until used */
         q_raw kr[KR], vr[VR];
-        float2 ksb[KR], vsb[VR];
+        uint32_t ksb[KR], vsb[VR];
 #pragma unroll
         for (int r = 0; r < KR; r++) {
             const int p = t0 + r * (QF_WARPS * PPW) + warp * PPW + kg;
             if (p <= end) {
-                const uint8_t *rec = qrecord(kv, layer, bt, p, kvh, false);
+                const uint8_t *rec = q_at(ka, bt, p);
                 kr[r] = q_load(rec + kcode + kl * 2 * kbits, 2 * kbits);
-                ksb[r] = q_scale_bias(f, false, HD, rec, 16 * kl);
+                ksb[r] = q_pair_load(rec, kpair);
             } else {
                 kr[r] = q_raw{{0, 0, 0, 0, 0}, 0};
-                ksb[r] = make_float2(0.0f, 0.0f);
+                ksb[r] = 0u;
             }
         }
 #pragma unroll
         for (int r = 0; r < VR; r++) {
             const int p = t0 + r * (QF_WARPS * VPW) + warp * VPW + vg;
             if (p <= end) {
-                const uint8_t *rec = qrecord(kv, layer, bt, p, kvh, true);
+                const uint8_t *rec = q_at(va, bt, p);
                 vr[r] = q_load(rec + (turbo ? 2 : 0) + vl * vbits, vbits);
-                vsb[r] = q_scale_bias(f, true, HD, rec, 8 * vl);
+                vsb[r] = q_pair_load(rec, vpair);
             } else {
                 vr[r] = q_raw{{0, 0, 0, 0, 0}, 0};
-                vsb[r] = make_float2(0.0f, 0.0f);
+                vsb[r] = 0u;
             }
         }
         /* scores */
@@ -658,19 +719,19 @@ qattn_decode_fd_kernel(struct cu_op op, const uint8_t *params, float *part)
             const int c = r * (QF_WARPS * PPW) + warp * PPW + kg;
             float x[16];
             q_values<16>(kr[r], kbits, turbo, lv_sm[0], x);
+            const float2 sb = q_pair(ksb[r]);
 #pragma unroll
             for (int g = 0; g < GP; g++) {
-                const float4 *qg = (const float4 *)&q_sm[g][16 * kl];
                 float dot = 0.0f;
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
-                    float4 qq = qg[i];
+                    const float4 qq = qk_sm[g][4 * kl + ((i + (kl >> 1)) & 3)];
                     dot = fmaf(qq.x, x[4 * i], dot);
                     dot = fmaf(qq.y, x[4 * i + 1], dot);
                     dot = fmaf(qq.z, x[4 * i + 2], dot);
                     dot = fmaf(qq.w, x[4 * i + 3], dot);
                 }
-                float sc = fmaf(ksb[r].x, dot, ksb[r].y * qsum[g]);
+                float sc = fmaf(sb.x, dot, sb.y * qsum[g]);
 #pragma unroll
                 for (int o = LPK / 2; o > 0; o >>= 1)
                     sc += __shfl_xor_sync(FULL, sc, o);
@@ -726,11 +787,12 @@ qattn_decode_fd_kernel(struct cu_op op, const uint8_t *params, float *part)
             const int c = r * (QF_WARPS * VPW) + warp * VPW + vg;
             float x[8];
             q_values<8>(vr[r], vbits, turbo, lv_sm[1], x);
+            const float2 sb = q_pair(vsb[r]);
 #pragma unroll
             for (int g = 0; g < GP; g++) {
                 const float pw = s_sm[g][c];
-                const float w = pw * vsb[r].x;
-                bias_acc[g] = fmaf(pw, vsb[r].y, bias_acc[g]);
+                const float w = pw * sb.x;
+                bias_acc[g] = fmaf(pw, sb.y, bias_acc[g]);
 #pragma unroll
                 for (int j = 0; j < 8; j++)
                     acc[g][j] = fmaf(w, x[j], acc[g][j]);
@@ -749,7 +811,11 @@ qattn_decode_fd_kernel(struct cu_op op, const uint8_t *params, float *part)
             for (int j = 0; j < 8; j++)
                 acc[g][j] += __shfl_xor_sync(FULL, acc[g][j], o);
         }
-    for (int g = 0; g < ng; g++) {
+    /* g runs to GP, not ng, so acc stays in registers (indexed by constants) */
+#pragma unroll
+    for (int g = 0; g < GP; g++) {
+        if (g >= ng)
+            break;
         if (vg == 0)
 #pragma unroll
             for (int j = 0; j < 8; j++)

@@ -12,6 +12,7 @@
  * short contexts (64 measured ahead of 32 and 128 on an H200 after a
  * 512-token prompt). */
 #define ATTN_MIN_CHUNK 64
+#define ATTN_QUANT_BLOCKS 8
 
 static void rec_fail(struct cu_rec *rec, int code, const char *fmt, ...)
 {
@@ -396,7 +397,8 @@ void cu_rec_attention(struct cu_rec *rec, const float *q, const struct kv_cache 
     probe.u.attn.n_splits = rec->row_invariant ? 1
                                                : cu_attention_splits(kv->n_kv_heads, rows,
                                                                      probe.u.attn.ctx_bucket,
-                                                                     rec->n_sm);
+                                                                     rec->n_sm,
+                                                                     probe.u.attn.kv.quant != 0);
     probe.u.attn.row_invariant = rec->row_invariant;
     probe.u.attn.scale = scale;
     probe.u.attn.q = q;
@@ -633,19 +635,25 @@ bool cu_attention_uses_prefill(const struct cu_op *op)
            hd % 4 == 0 && hd <= CU_MAX_HEAD_DIM;
 }
 
-int cu_attention_splits(int n_kv_heads, int n_rows, int ctx_bucket, int n_sm)
+int cu_attention_splits(int n_kv_heads, int n_rows, int ctx_bucket, int n_sm, bool quantized)
 {
     /* positions per split at least: ATTN_MIN_CHUNK, growing with the square
      * root of the context past 1k (2 sqrt(bucket): 128 at 4k, 256 at 16k).
      * On an H200, three shapes with 8 kv heads: after a 2k prompt splits of
      * 64 positions were 4-17% slower than 128; after 8k, splits of 512 were
-     * 7-13% slower and of 128 2-5% slower than 256. */
+     * 7-13% slower and of 128 2-5% slower than 256. A quantized cache's
+     * kernel runs blocks of four warps, at most three of them an SM: it is
+     * given ATTN_QUANT_BLOCKS blocks an SM, so the last wave is a small part
+     * of the step, and splits of at least four of its 64-position tiles. */
     int min_chunk = ATTN_MIN_CHUNK;
-    while ((long)min_chunk * min_chunk < 4L * ctx_bucket)
+    while (!quantized && (long)min_chunk * min_chunk < 4L * ctx_bucket)
         min_chunk *= 2;
+    if (quantized)
+        min_chunk = 4 * 64;
+    const long blocks = quantized ? (long)ATTN_QUANT_BLOCKS * n_sm : 2L * n_sm;
     int splits = 1;
     while (splits < CU_ATTN_MAX_SPLITS && ctx_bucket / (splits * 2) >= min_chunk &&
-           (long)n_kv_heads * n_rows * splits < 2L * n_sm)
+           (long)n_kv_heads * n_rows * splits < blocks)
         splits *= 2;
     return splits;
 }

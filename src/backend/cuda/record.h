@@ -329,8 +329,9 @@ void cu_rec_gated_add(struct cu_rec *rec, float *y, const float *x, const float 
 void cu_rec_lora(struct cu_rec *rec, const float *x, int64_t in, int64_t out,
                  const struct lora_seg *segs, int n_segs, float *scratch, float *y);
 
-/* Splits of the decode attention for these dimensions (the op's n_splits). */
-int cu_attention_splits(int n_kv_heads, int n_rows, int ctx_bucket, int n_sm);
+/* Splits of the decode attention for these dimensions (the op's n_splits);
+ * quantized: the cache's records are quantized (attention_quant.cu's kernel). */
+int cu_attention_splits(int n_kv_heads, int n_rows, int ctx_bucket, int n_sm, bool quantized);
 /* True when attention op runs on the prefill kernels (a span of more than
  * CU_GEMV_MAX_ROWS tokens, outside EXACT mode), false for the decode ones. */
 bool cu_attention_uses_prefill(const struct cu_op *op);
