@@ -254,6 +254,45 @@ static __device__ __forceinline__ bool q_row(const struct cu_op &op, const uint8
     return true;
 }
 
+/* What a decode block takes: blockIdx.x a kv head and a chunk of up to gp of
+ * its query heads (ng of them, the first h0), blockIdx.y a split of the
+ * positions ([begin, end] of the row's), blockIdx.z the row. */
+struct q_block {
+    int kvh, h0, ng, split, n_splits, row, begin, end;
+    const uint32_t *bt;
+};
+
+/* false for a row no span covers (the block has nothing to do) */
+static __device__ __forceinline__ bool q_block_of(const struct cu_op &op, const uint8_t *params,
+                                                  int gp, q_block *b)
+{
+    const int group = op.u.attn.n_heads / op.u.attn.kv.n_kv_heads;
+    const int chunks_per_kv = (group + gp - 1) / gp;
+    const int hc = blockIdx.x % chunks_per_kv;
+    b->kvh = blockIdx.x / chunks_per_kv;
+    b->h0 = b->kvh * group + hc * gp;
+    b->ng = group - hc * gp < gp ? group - hc * gp : gp;
+    b->split = blockIdx.y, b->n_splits = gridDim.y, b->row = blockIdx.z;
+    int first, last;
+    if (!q_row(op, params, b->row, &first, &last, &b->bt))
+        return false;
+    const int chunk = (op.u.attn.ctx_bucket + b->n_splits - 1) / b->n_splits;
+    b->begin = b->split * chunk > first ? b->split * chunk : first;
+    b->end = b->split * chunk + chunk - 1 < last ? b->split * chunk + chunk - 1 : last;
+    return true;
+}
+
+/* TURBO's Lloyd–Max levels for the key and value code widths into shared
+ * memory (lv[0..255] keys, lv[256..511] values), by the block's threads. */
+static __device__ __forceinline__ void q_levels_to_shared(const struct cu_kv &kv, int kbits,
+                                                          int vbits, float *lv)
+{
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) {
+        lv[i] = i < (1 << kbits) ? kv.cb->levels[kbits][i] : 0.0f;
+        lv[256 + i] = i < (1 << vbits) ? kv.cb->levels[vbits][i] : 0.0f;
+    }
+}
+
 /* ---- decode: a row, up to GP query heads of one kv head, a split --------- */
 
 /* QD_WARPS warps take interleaved positions of the split; lane l holds head
@@ -276,28 +315,17 @@ qattn_decode_kernel(struct cu_op op, const uint8_t *params, float *part)
     const struct kv_quant_layer f = kv.fmt;
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     const int hd = kv.head_dim, layer = op.u.attn.layer;
-    const int group = op.u.attn.n_heads / kv.n_kv_heads;
-    const int chunks_per_kv = (group + GP - 1) / GP;
-    const int kvh = blockIdx.x / chunks_per_kv, hc = blockIdx.x % chunks_per_kv;
-    const int h0 = kvh * group + hc * GP;
-    const int ng = group - hc * GP < GP ? group - hc * GP : GP;
-    const int split = blockIdx.y, n_splits = gridDim.y, row = blockIdx.z;
-
-    int first, last;
-    const uint32_t *bt;
-    if (!q_row(op, params, row, &first, &last, &bt))
+    q_block b;
+    if (!q_block_of(op, params, GP, &b))
         return;
-    const int chunk = (op.u.attn.ctx_bucket + n_splits - 1) / n_splits;
-    const int begin = split * chunk > first ? split * chunk : first;
-    const int end = split * chunk + chunk - 1 < last ? split * chunk + chunk - 1 : last;
+    const int kvh = b.kvh, h0 = b.h0, ng = b.ng, split = b.split, n_splits = b.n_splits;
+    const int row = b.row, begin = b.begin, end = b.end;
+    const uint32_t *bt = b.bt;
 
     const bool turbo = f.scheme == KV_QUANT_TURBO, qjl = turbo && f.qjl;
     const int kbits = kvq_code_bits(&f, false), vbits = kvq_code_bits(&f, true);
     if (turbo)
-        for (int i = threadIdx.x; i < 256; i += blockDim.x) {
-            lv_sm[0][i] = i < (1 << kbits) ? kv.cb->levels[kbits][i] : 0.0f;
-            lv_sm[1][i] = i < (1 << vbits) ? kv.cb->levels[vbits][i] : 0.0f;
-        }
+        q_levels_to_shared(kv, kbits, vbits, &lv_sm[0][0]);
     const int q_dim = op.u.attn.n_heads * hd;
     float *q_sm = buf, *qs_sm = buf + GP * QS;
     for (int i = threadIdx.x; i < GP * QS; i += blockDim.x) {
@@ -612,29 +640,18 @@ qattn_decode_fd_kernel(struct cu_op op, const uint8_t *params, float *part)
     const struct kv_quant_layer f = kv.fmt;
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     const int layer = op.u.attn.layer;
-    const int group = op.u.attn.n_heads / kv.n_kv_heads;
-    const int chunks_per_kv = (group + GP - 1) / GP;
-    const int kvh = blockIdx.x / chunks_per_kv, hc = blockIdx.x % chunks_per_kv;
-    const int h0 = kvh * group + hc * GP;
-    const int ng = group - hc * GP < GP ? group - hc * GP : GP;
-    const int split = blockIdx.y, n_splits = gridDim.y, row = blockIdx.z;
-
-    int first, last;
-    const uint32_t *bt;
-    if (!q_row(op, params, row, &first, &last, &bt))
+    q_block b;
+    if (!q_block_of(op, params, GP, &b))
         return;
-    const int chunk = (op.u.attn.ctx_bucket + n_splits - 1) / n_splits;
-    const int begin = split * chunk > first ? split * chunk : first;
-    const int end = split * chunk + chunk - 1 < last ? split * chunk + chunk - 1 : last;
+    const int kvh = b.kvh, h0 = b.h0, ng = b.ng, split = b.split, n_splits = b.n_splits;
+    const int row = b.row, begin = b.begin, end = b.end;
+    const uint32_t *bt = b.bt;
 
     const bool turbo = f.scheme == KV_QUANT_TURBO;
     const int kbits = kvq_code_bits(&f, false), vbits = kvq_code_bits(&f, true);
     const int kcode = turbo ? 2 : 0; /* where a record's codes start */
     if (turbo)
-        for (int i = threadIdx.x; i < 256; i += QF_THREADS) {
-            lv_sm[0][i] = i < (1 << kbits) ? kv.cb->levels[kbits][i] : 0.0f;
-            lv_sm[1][i] = i < (1 << vbits) ? kv.cb->levels[vbits][i] : 0.0f;
-        }
+        q_levels_to_shared(kv, kbits, vbits, &lv_sm[0][0]);
     const int q_dim = op.u.attn.n_heads * HD;
     for (int i = threadIdx.x; i < GP * HD; i += QF_THREADS) {
         int g = i / HD;
@@ -880,10 +897,8 @@ static __global__ void __launch_bounds__(QP_THREADS) qattn_prefill_kernel(struct
     const int window = op.u.attn.window;
     const bool turbo = f.scheme == KV_QUANT_TURBO, qjl = turbo && f.qjl;
     const int kbits = kvq_code_bits(&f, false), vbits = kvq_code_bits(&f, true);
-    for (int i = tid; i < 256; i += QP_THREADS) {
-        lv[i] = turbo && i < (1 << kbits) ? kv.cb->levels[kbits][i] : 0.0f;
-        lv[256 + i] = turbo && i < (1 << vbits) ? kv.cb->levels[vbits][i] : 0.0f;
-    }
+    if (turbo)
+        q_levels_to_shared(kv, kbits, vbits, lv);
     for (int i = tid; i < QP_BQ * hd; i += QP_THREADS) {
         int qi = i / hd, d = i % hd;
         sq[qi * ldk + d] =
@@ -1019,11 +1034,7 @@ qattn_prefill_mma_kernel(struct cu_op op, const uint8_t *params, int hpb)
     uint8_t *kt = qm_smem + QM_LEVELS_BYTES, *vt = kt + TILE_BYTES;
     float *qs = (float *)kt;
     if (turbo) {
-        const int kbits = kvq_code_bits(&f, false), vbits = kvq_code_bits(&f, true);
-        for (int i = threadIdx.x; i < 256; i += THREADS) {
-            lv[i] = i < (1 << kbits) ? kv.cb->levels[kbits][i] : 0.0f;
-            lv[256 + i] = i < (1 << vbits) ? kv.cb->levels[vbits][i] : 0.0f;
-        }
+        q_levels_to_shared(kv, kvq_code_bits(&f, false), kvq_code_bits(&f, true), lv);
     }
 
     fa_warp<HD> w;
