@@ -645,11 +645,9 @@ int cu_attention_splits(int n_kv_heads, int n_rows, int ctx_bucket, int n_sm, bo
      * kernel runs blocks of four warps, at most three of them an SM: it is
      * given ATTN_QUANT_BLOCKS blocks an SM, so the last wave is a small part
      * of the step, and splits of at least four of its 64-position tiles. */
-    int min_chunk = ATTN_MIN_CHUNK;
+    int min_chunk = quantized ? 4 * 64 : ATTN_MIN_CHUNK;
     while (!quantized && (long)min_chunk * min_chunk < 4L * ctx_bucket)
         min_chunk *= 2;
-    if (quantized)
-        min_chunk = 4 * 64;
     const long blocks = quantized ? (long)ATTN_QUANT_BLOCKS * n_sm : 2L * n_sm;
     int splits = 1;
     while (splits < CU_ATTN_MAX_SPLITS && ctx_bucket / (splits * 2) >= min_chunk &&
