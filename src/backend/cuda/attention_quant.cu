@@ -578,9 +578,10 @@ static __device__ __forceinline__ const uint8_t *q_at(const q_addr &a, const uin
     return a.base + (size_t)__ldg(bt + blk) * a.block_bytes + (size_t)slot * a.row_bytes;
 }
 
-/* Where a lane's (scale, bias) pair sits in a record: affine the pair of the
- * group holding dim d (pairs start on multiples of 4 bytes), TURBO the norm
- * at the front (a 16-bit load: records start on even bytes), -1. */
+/* Where a lane's (scale, bias) pair sits in a record: affine the offset of
+ * the pair of the group holding dim d (pairs start on multiples of 4 bytes);
+ * TURBO -1, for its norm at the record's front (a 16-bit load: records start
+ * on even bytes). */
 static __device__ __forceinline__ int q_pair_at(const struct kv_quant_layer &f, bool v, int hd,
                                                 int d)
 {
