@@ -509,8 +509,13 @@ struct backend_options {
      * the float kernels EXACT mode runs, dequantizing to f32 in registers) */
     enum backend_switch cuda_qgemv_dp4a;
     /* CUDA: FAST-mode bf16 matmuls of at most this many token rows run on the
-     * GEMV kernels, more rows on cuBLASLt (1..8; 0: the default, 2) */
+     * GEMV kernels, more rows on the skinny GEMM or cuBLASLt (1..8; 0: the
+     * default, 2) */
     int cuda_gemv_rows;
+    /* CUDA: FAST-mode bf16 matmuls of 3..8 token rows run on a tensor-core
+     * GEMM that reads the weights once for all rows (default on; off:
+     * cuBLASLt) */
+    enum backend_switch cuda_skinny_gemm;
     /* CUDA: backend_ops.sample picks tokens on the GPU (default on; off: the
      * op is NULL, so logits are copied to the host and sampled there) */
     enum backend_switch gpu_sampling;

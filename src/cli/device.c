@@ -65,6 +65,7 @@ void cli_backend_options_from_env(struct backend_options *out)
     out->cuda_qk_fusion = env_off("INFERD_CUDA_QK_ATTN");
     out->cuda_prefill_tc = env_off("INFERD_CUDA_PREFILL_TC");
     out->cuda_moe = env_off("INFERD_CUDA_MOE");
+    out->cuda_skinny_gemm = env_off("INFERD_CUDA_SKINNY");
     const char *qgemv = getenv("INFERD_CUDA_QGEMV");
     if (qgemv && (!strcmp(qgemv, "float") || !strcmp(qgemv, "0")))
         out->cuda_qgemv_dp4a = BACKEND_OFF;
@@ -88,6 +89,7 @@ int cli_backend_flag(const char *flag, const char *value, struct backend_options
         {"--cuda-qk-fusion", offsetof(struct backend_options, cuda_qk_fusion)},
         {"--cuda-prefill-tc", offsetof(struct backend_options, cuda_prefill_tc)},
         {"--cuda-moe", offsetof(struct backend_options, cuda_moe)},
+        {"--cuda-skinny-gemm", offsetof(struct backend_options, cuda_skinny_gemm)},
     };
     for (size_t i = 0; i < sizeof switches / sizeof switches[0]; i++) {
         if (strcmp(flag, switches[i].flag))

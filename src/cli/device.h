@@ -40,7 +40,9 @@ bool cli_device_parse(const char *text, struct device_spec *out);
     "  --cuda-qgemv dp4a|float     fast-mode Q8_0/Q4_K/Q6_K decode GEMVs on int8 x with dp4a;\n"  \
     "                              float: x in f32 as exact mode (INFERD_CUDA_QGEMV=float)\n"  \
     "  --cuda-gemv-rows N          fast-mode matmuls of more rows than N (1-8, default 2)\n"     \
-    "                              go to cuBLASLt instead of the GEMV kernels\n"                \
+    "                              leave the GEMV kernels\n"                                   \
+    "  --cuda-skinny-gemm on|off   fast-mode bf16 matmuls of 3-8 rows on tensor cores, each \n"  \
+    "                              weight read once; off: cuBLASLt (INFERD_CUDA_SKINNY=0)\n"   \
     "  --cuda-profile off|ops|graphs  log GPU time per launch kind, or graph replays, at exit\n" \
     "                              (INFERD_CUDA_PROFILE)\n"
 

@@ -3,8 +3,8 @@
  * varlen batches (exact and fast modes); greedy generations equal to the
  * CPU's for 32 tokens; CUDA-graph replay equal to eager launches; fast-mode
  * prefill attention against an f64 reference on varlen, chunked, GQA and
- * sliding-window shapes; f32 GEMVs batch invariant in exact mode; out of
- * device memory as a clear error. Skipped, saying why, without a GPU. */
+ * sliding-window shapes; f32 GEMVs batch invariant in exact mode; the
+ * fast-mode skinny GEMM against f64; out of device memory as a clear error. Skipped, saying why, without a GPU. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
@@ -552,6 +552,170 @@ Test(cuda_gemv, f32_weights_in_exact_mode_are_batch_invariant_and_match_f64, .ti
         free(many);
     }
     backend_destroy(gpu);
+}
+
+/* One skinny-GEMM case on be (FAST mode): n_mat matrices of rows x cols
+ * (bf16 w, f32 bias when given) over n token rows of x, through matmul or
+ * matmul_group, then the epilogue the planner folds in: none, the SwiGLU
+ * pair (silu_mul into y[0]) or the residual add (res += y[0]). out gets
+ * y[0] (after the SwiGLU) and, for the residual, res. */
+enum skinny_epilogue { SKINNY_PLAIN, SKINNY_SWIGLU, SKINNY_RESIDUAL };
+
+static void skinny_on(struct backend *be, int n_mat, int rows, int cols, const uint16_t *w,
+                      const float *bias, const float *x, int n, enum skinny_epilogue ep,
+                      const float *res0, float *out, float *res_out)
+{
+    struct err err = {0};
+    size_t wb = (size_t)rows * cols * 2, xb = (size_t)n * cols * sizeof(float);
+    size_t yb = (size_t)n * rows * sizeof(float);
+    void *dw[3];
+    float *db[3], *dy[3];
+    struct weight_matrix wm[3];
+    const struct weight_matrix *wp[3];
+    float *dx = be->ops->alloc(be, xb), *dres = be->ops->alloc(be, yb);
+    cr_assert(dx && dres);
+    for (int i = 0; i < n_mat; i++) {
+        dw[i] = be->ops->alloc(be, wb);
+        db[i] = bias ? be->ops->alloc(be, (size_t)rows * sizeof(float)) : NULL;
+        dy[i] = be->ops->alloc(be, yb);
+        cr_assert(dw[i] && dy[i] && (!bias || db[i]));
+        be->ops->to_device(be, dw[i], w + (size_t)i * rows * cols, wb);
+        if (bias)
+            be->ops->to_device(be, db[i], bias + (size_t)i * rows, (size_t)rows * sizeof(float));
+        wm[i] = (struct weight_matrix){DTYPE_BF16, rows, cols, dw[i]};
+        wp[i] = &wm[i];
+    }
+    be->ops->to_device(be, dx, x, xb);
+    be->ops->to_device(be, dres, res0, yb);
+    if (n_mat == 1)
+        be->ops->matmul(be, dx, n, &wm[0], bias ? db[0] : NULL, dy[0]);
+    else
+        be->ops->matmul_group(be, dx, n, n_mat, wp, bias ? (const float *const *)db : NULL,
+                              (float *const *)dy);
+    if (ep == SKINNY_SWIGLU)
+        be->ops->silu_mul(be, dy[0], dy[1], dy[0], (int64_t)n * rows);
+    if (ep == SKINNY_RESIDUAL)
+        be->ops->add(be, dres, dy[0], (int64_t)n * rows);
+    for (int i = 0; i < n_mat; i++)
+        be->ops->to_host(be, out + (size_t)i * n * rows, dy[i], yb);
+    be->ops->to_host(be, res_out, dres, yb);
+    cr_assert_eq(be->ops->status ? be->ops->status(be, &err) : 0, 0, "%d x %d, %d rows: %s", rows,
+                 cols, n, err.msg);
+    for (int i = 0; i < n_mat; i++) {
+        be->ops->release(be, dw[i]);
+        if (db[i])
+            be->ops->release(be, db[i]);
+        be->ops->release(be, dy[i]);
+    }
+    be->ops->release(be, dx);
+    be->ops->release(be, dres);
+}
+
+/* FAST-mode bf16 matmuls of 3..8 rows (a batched decode or verify step) run
+ * on the tensor-core skinny GEMM (9 and 16 rows on cuBLASLt): each output is the f64 dot product of
+ * bf16-rounded x and the weights within f32 accumulation's rounding of
+ * sum |w x|, with bias, the q/k/v group, the SwiGLU pair and the residual
+ * add folded in; and with the GEMM switched off (cuBLASLt) the same within
+ * the same bound. Shapes: a tile of rows cut short (37), rows not a multiple
+ * of 32 long (200), a decode step's 4,096 and 14,336, a tall head. */
+Test(cuda_gemv, fast_skinny_gemm_of_3_to_8_rows_matches_f64_with_its_epilogues, .timeout = 300)
+{
+    skip_without_gpu();
+    static const struct {
+        int n_mat, rows, cols;
+        enum skinny_epilogue ep;
+        bool bias;
+    } cases[] = {
+        {1, 37, 200, SKINNY_PLAIN, true},   {3, 96, 256, SKINNY_PLAIN, true},
+        {2, 304, 200, SKINNY_SWIGLU, false}, {1, 200, 304, SKINNY_RESIDUAL, false},
+        {1, 512, 4096, SKINNY_RESIDUAL, false}, {2, 256, 4096, SKINNY_SWIGLU, false},
+        {1, 256, 14336, SKINNY_PLAIN, false}, {1, 5000, 512, SKINNY_PLAIN, false},
+    };
+    static const int batches[] = {3, 5, 8, 9, 16};
+    const int max_n = 16;
+    struct err err = {0};
+    struct backend *gpu[2] = {NULL, NULL};
+    cr_assert_eq(cuda_backend(COMPUTE_FAST, &gpu[0], &err), 0, "%s", err.msg);
+    cuda_options.cuda_skinny_gemm = BACKEND_OFF;
+    cr_assert_eq(cuda_backend(COMPUTE_FAST, &gpu[1], &err), 0, "%s", err.msg);
+    cuda_options.cuda_skinny_gemm = BACKEND_DEFAULT;
+    uint64_t state = 13;
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        int n_mat = cases[ci].n_mat, rows = cases[ci].rows, cols = cases[ci].cols;
+        size_t wn = (size_t)n_mat * rows * cols, yn = (size_t)max_n * rows;
+        uint16_t *w = malloc(wn * sizeof *w);
+        float *bias = malloc((size_t)n_mat * rows * sizeof *bias);
+        float *x = malloc((size_t)max_n * cols * sizeof *x), *res0 = malloc(yn * sizeof *res0);
+        float *out = malloc(n_mat * yn * sizeof *out), *res = malloc(yn * sizeof *res);
+        double *dot = malloc(n_mat * yn * sizeof *dot), *mag = malloc(n_mat * yn * sizeof *mag);
+        cr_assert(w && bias && x && res0 && out && res && dot && mag);
+        for (size_t i = 0; i < wn; i++)
+            w[i] = f32_to_bf16(exact_rand(&state, 0.5f));
+        for (int i = 0; i < n_mat * rows; i++)
+            bias[i] = exact_rand(&state, 1.0f);
+        for (int i = 0; i < max_n * cols; i++)
+            x[i] = exact_rand(&state, 2.0f);
+        for (size_t i = 0; i < yn; i++)
+            res0[i] = exact_rand(&state, 1.0f);
+        for (int t = 0; t < max_n; t++)
+            for (int m = 0; m < n_mat; m++)
+                for (int r = 0; r < rows; r++) {
+                    double d = cases[ci].bias ? bias[m * rows + r] : 0, a = fabs(d);
+                    for (int c = 0; c < cols; c++) {
+                        double p = (double)bf16_to_f32(w[((size_t)m * rows + r) * cols + c]) *
+                                   bf16_to_f32(f32_to_bf16(x[(size_t)t * cols + c]));
+                        d += p;
+                        a += fabs(p);
+                    }
+                    dot[((size_t)m * max_n + t) * rows + r] = d;
+                    mag[((size_t)m * max_n + t) * rows + r] = a;
+                }
+        for (int g = 0; g < 2; g++)
+            for (size_t b = 0; b < sizeof batches / sizeof batches[0]; b++) {
+                int n = batches[b];
+                skinny_on(gpu[g], n_mat, rows, cols, w, cases[ci].bias ? bias : NULL, x, n,
+                          cases[ci].ep, res0, out, res);
+                double worst = 0;
+                for (int t = 0; t < n; t++)
+                    for (int r = 0; r < rows; r++) {
+                        size_t i = (size_t)t * rows + r;
+                        double want = dot[i], bound = mag[i];
+                        float got = out[i];
+                        if (cases[ci].ep == SKINNY_SWIGLU) {
+                            /* y0 = silu(gate) up: the gate's and the up's errors, through silu */
+                            double gate = dot[i], up = dot[(size_t)max_n * rows + i];
+                            want = gate / (1 + exp(-gate)) * up;
+                            bound = 1.2 * (fabs(up) * mag[i] +
+                                           fabs(gate) * mag[(size_t)max_n * rows + i]) +
+                                    fabs(want) * 1e-6;
+                        } else if (cases[ci].ep == SKINNY_RESIDUAL) {
+                            cr_expect_eq(res[i], res0[i] + out[i],
+                                         "case %zu, %d rows: res is not res + y at %zu", ci, n, i);
+                        }
+                        worst = fmax(worst, fabs(got - want) / (bound + 1e-30));
+                    }
+                for (int m = 1; m < n_mat && cases[ci].ep == SKINNY_PLAIN; m++)
+                    for (int t = 0; t < n; t++)
+                        for (int r = 0; r < rows; r++) {
+                            size_t i = ((size_t)m * max_n + t) * rows + r;
+                            float got = out[(size_t)m * n * rows + (size_t)t * rows + r];
+                            worst = fmax(worst, fabs(got - dot[i]) / (mag[i] + 1e-30));
+                        }
+                cr_expect_leq(worst, (double)cols * 0x1p-24,
+                              "%s, case %zu (%d x %d x %d), %d rows: error %.3e of sum |w x|",
+                              g ? "cuBLASLt" : "skinny GEMM", ci, n_mat, rows, cols, n, worst);
+            }
+        free(w);
+        free(bias);
+        free(x);
+        free(res0);
+        free(out);
+        free(res);
+        free(dot);
+        free(mag);
+    }
+    backend_destroy(gpu[0]);
+    backend_destroy(gpu[1]);
 }
 
 /* A KV pool larger than any GPU's memory is refused with a message, not a crash. */

@@ -396,7 +396,7 @@ static void launch_word(const struct cu_op *ops, const struct cu_launch *l, char
         char group[16] = "";
         if (n > 1)
             snprintf(group, sizeof group, "x%d", n);
-        snprintf(w, cap, "%sgemv%s%s%s", l->norm ? "rmsnorm+" : "", group,
+        snprintf(w, cap, "%s%s%s%s%s", l->norm ? "rmsnorm+" : "", l->skinny ? "skinny" : "gemv", group,
                  l->residual ? "+add" : "", l->swiglu ? "+swiglu" : "");
         break;
     }
@@ -753,6 +753,68 @@ Test(fusion, matmuls_of_more_rows_than_the_gemv_cap_go_to_cublaslt_in_fast_mode_
     struct cu_fuse_config exact_capped = exact_all;
     exact_capped.gemv_max_rows = 2;
     check_step(&r, "tiny-qwen3 exact, 3 sequences decoding, cap 2", &exact_capped, 3, 1,
+               "rmsnorm gemvx3 qk_norm+rope_qk+kv_store+attention gemv+add rmsnorm gemvx2+swiglu "
+               "gemv+add",
+               7, "rmsnorm rmsnorm rmsnorm gemv");
+    rig_close(&r);
+}
+
+/* The skinny GEMM: fast-mode bf16 matmuls of more rows than the GEMV cap and
+ * at most skinny_max_rows run on it, with the GEMV launches' epilogues (the
+ * norms stay separate launches); more rows, rows of a length not a multiple
+ * of 8 and unaligned operands do not; exact mode never takes it. */
+Test(fusion, fast_matmuls_of_a_few_rows_past_the_gemv_cap_run_on_the_skinny_gemm)
+{
+    struct rig r;
+    rig_open(&r, "tiny-qwen3", COMPUTE_FAST);
+    struct cu_fuse_config skinny = fast_all;
+    skinny.gemv_max_rows = 2;
+    skinny.skinny_max_rows = CU_SKINNY_MAX_ROWS;
+    check_step(&r, "tiny-qwen3, 2 sequences decoding", &skinny, 2, 1,
+               "rmsnorm+gemvx3 qk_norm+rope_qk+kv_store+attention gemv+add rmsnorm+gemvx2+swiglu "
+               "gemv+add",
+               5, "rmsnorm rmsnorm gemv");
+    check_step(&r, "tiny-qwen3, 3 sequences decoding", &skinny, 3, 1,
+               "rmsnorm skinnyx3 qk_norm+rope_qk+kv_store+attention skinny+add rmsnorm "
+               "skinnyx2+swiglu skinny+add",
+               7, "rmsnorm rmsnorm rmsnorm skinny");
+    rig_close(&r);
+    /* its limits: rows, row length, alignment */
+    static _Alignas(16) float x[(CU_SKINNY_MAX_ROWS + 1) * 208 + 4];
+    static _Alignas(16) uint16_t w[64 * 208 + 8];
+    struct cu_op op;
+    memset(&op, 0, sizeof op);
+    op.kind = CU_MATMUL;
+    op.u.mm.dtype = DTYPE_BF16;
+    op.u.mm.n = 1;
+    op.u.mm.m[0].rows = 64;
+    static const struct {
+        int rows, cols, x_off, w_off, kind;
+        bool skinny;
+    } cases[] = {
+        {CU_SKINNY_MAX_ROWS, 208, 0, 0, CU_LAUNCH_GEMV, true},
+        {CU_SKINNY_MAX_ROWS + 1, 208, 0, 0, CU_LAUNCH_GEMM, false},
+        {3, 200, 0, 0, CU_LAUNCH_GEMV, true},
+        {3, 204, 0, 0, CU_LAUNCH_GEMV, false}, /* GEMV kernels' element reads, as before */
+        {3, 208, 1, 0, CU_LAUNCH_GEMM, false},
+        {3, 208, 0, 4, CU_LAUNCH_GEMM, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        op.n_rows = cases[i].rows;
+        op.u.mm.cols = cases[i].cols;
+        op.u.mm.x = x + cases[i].x_off;
+        op.u.mm.m[0].w = w + cases[i].w_off;
+        struct cu_launch plan[2];
+        cr_assert_eq(cu_fuse_plan(&skinny, &op, 1, plan, 2), 1);
+        cr_expect(plan[0].kind == cases[i].kind && plan[0].skinny == cases[i].skinny,
+                  "%d rows of %d, x + %d, w + %d: launch kind %d, skinny %d", cases[i].rows,
+                  cases[i].cols, cases[i].x_off, cases[i].w_off, (int)plan[0].kind,
+                  (int)plan[0].skinny);
+    }
+    rig_open(&r, "tiny-qwen3", COMPUTE_EXACT);
+    struct cu_fuse_config exact_skinny = exact_all;
+    exact_skinny.skinny_max_rows = CU_SKINNY_MAX_ROWS;
+    check_step(&r, "tiny-qwen3 exact, 3 sequences decoding", &exact_skinny, 3, 1,
                "rmsnorm gemvx3 qk_norm+rope_qk+kv_store+attention gemv+add rmsnorm gemvx2+swiglu "
                "gemv+add",
                7, "rmsnorm rmsnorm rmsnorm gemv");

@@ -4,6 +4,7 @@
 
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/fa_mma.cuh"
+#include "backend/cuda/warp.cuh"
 
 /* A block of NW warps takes BQ = 16 NW query rows of one span and one query
  * head and walks the K/V tiles its rows attend to, oldest first. Each warp
@@ -30,24 +31,6 @@ struct fa_shape {
     static constexpr size_t SMEM =
         2 * 2 * (size_t)TILE_HALVES * sizeof(__half) + 3 * FA_BK * sizeof(size_t);
 };
-
-/* 16 bytes global -> shared, zero-filled when !valid. */
-static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(valid ? 16 : 0));
-}
-
-static __device__ __forceinline__ void cp_async_commit(void)
-{
-    asm volatile("cp.async.commit_group;\n" ::);
-}
-
-/* Waits until at most one group of this thread's copies is still in flight. */
-static __device__ __forceinline__ void cp_async_wait_one(void)
-{
-    asm volatile("cp.async.wait_group 1;\n" ::);
-}
 
 /* Where a position's K/V row starts in the cache (in elements), or
  * FA_NO_ROW past the last position: those rows are zero-filled. */
@@ -166,7 +149,7 @@ attn_prefill_f16_kernel(struct cu_op op, const uint8_t *params)
                 next_block = __ldg(bt + next_pos / bs);
         }
         cp_async_commit();
-        cp_async_wait_one();
+        cp_async_wait<1>();
         __syncthreads();
 
         if (!rows.skips(k0))

@@ -516,7 +516,7 @@ enum prof_label {
     PL_EMBED, PL_GEMV, PL_GEMV_GROUP, PL_GEMV_RES, PL_GEMV_SWIGLU, PL_GEMM, PL_RMSNORM, PL_QK,
     PL_ROPE, PL_SILU, PL_ADD, PL_KV_STORE, PL_ATTN_DECODE, PL_ATTN_PREFILL, PL_NORM_GEMV,
     PL_QK_ATTN, PL_KV_COPY, PL_MOE_ROUTE, PL_MOE_FFN, PL_GATED_ADD, PL_GEMMA_EW, PL_LORA,
-    PL_ENCDEC_EW, PL_ATTN_DENSE, PL_N
+    PL_ENCDEC_EW, PL_ATTN_DENSE, PL_GEMM_SKINNY, PL_N
 };
 static const char *const prof_names[PL_N] = {
     "embed", "gemv", "gemv group", "gemv + residual add", "gemv gate/up + swiglu",
@@ -524,7 +524,8 @@ static const char *const prof_names[PL_N] = {
     "kv_store", "attention decode", "attention prefill", "rmsnorm + gemv (+ epilogue)",
     "q/k prep + attention decode", "kv copy slots", "moe routing", "moe experts",
     "shared expert gate + add", "gelu_tanh_mul, scale, softcap", "lora shrink + expand",
-    "layer_norm, gelu, scatter_rows", "attention dense (+ merge)"};
+    "layer_norm, gelu, scatter_rows", "attention dense (+ merge)",
+    "skinny gemm, tensor cores (+ epilogue)"};
 
 static int prof_label_of(const struct cu_op *ops, const struct cu_launch *l)
 {
@@ -554,6 +555,8 @@ static int prof_label_of(const struct cu_op *ops, const struct cu_launch *l)
         return cu_attention_uses_prefill(op) ? PL_ATTN_PREFILL : PL_ATTN_DECODE;
     case CU_LAUNCH_GEMM: return PL_GEMM;
     case CU_LAUNCH_GEMV:
+        if (l->skinny)
+            return PL_GEMM_SKINNY;
         if (l->norm)
             return PL_NORM_GEMV;
         if (l->residual)
@@ -656,8 +659,7 @@ static bool step_graphable(const struct cu_impl *im)
         if (per_token && op->n_rows > CU_GEMV_MAX_ROWS)
             return false;
         /* cuBLASLt's launches stay out of graphs */
-        if (op->kind == CU_MATMUL && im->fuse.fast && op->n_rows > im->fuse.gemv_max_rows &&
-            !dtype_is_block((enum dtype)op->u.mm.dtype))
+        if (cu_fuse_uses_gemm(&im->fuse, op))
             return false;
         if (op->kind == CU_ATTENTION && cu_attention_uses_prefill(op))
             return false;
@@ -1364,6 +1366,7 @@ extern "C" int backend_cuda_create(int device, const struct backend_options *opt
     im->fuse.gemv_max_rows = opt->cuda_gemv_rows >= 1 && opt->cuda_gemv_rows <= CU_GEMV_MAX_ROWS
                                  ? opt->cuda_gemv_rows
                                  : CU_GEMV_DEFAULT_ROWS;
+    im->fuse.skinny_max_rows = opt->cuda_skinny_gemm != BACKEND_OFF ? CU_SKINNY_MAX_ROWS : 0;
     im->prefill_tc = opt->cuda_prefill_tc != BACKEND_OFF;
     im->fuse.gemm_f32 = opt->cuda_gemm_f32 == BACKEND_ON;
     im->moe_kernels = opt->cuda_moe != BACKEND_OFF;

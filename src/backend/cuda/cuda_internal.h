@@ -43,6 +43,7 @@ struct cu_device {
      * (cudaFuncAttributeMaxDynamicSharedMemorySize), bytes; 0: not yet */
     size_t gemv_smem[CU_GEMV_STREAM_KERNELS];
     size_t moe_smem[CU_MOE_SMEM_KERNELS]; /* the same for the MoE kernels */
+    size_t skinny_smem[2];                 /* and the skinny GEMM's (plain, SwiGLU pair) */
 };
 
 #ifdef __CUDACC__
@@ -224,8 +225,8 @@ struct cu_impl {
     enum backend_profile profile;
     cudaEvent_t *prof_ev; /* owned; prof_ev_cap events */
     int prof_ev_cap;
-    double prof_ms[24];
-    long prof_calls[24];
+    double prof_ms[32];
+    long prof_calls[32];
     long graph_hits, graph_captures, steps_eager;
     /* graphs: the GPU time of each replayed step, between events around it */
     cudaEvent_t replay_ev[2];
@@ -336,6 +337,11 @@ struct cu_gemv_args {
     size_t xq_bytes;
 };
 cudaError_t cu_launch_gemv(struct cu_device *dev, cudaStream_t s, const struct cu_gemv_args *a);
+/* The same product in FAST mode for bf16 weights on tensor cores
+ * (gemm_skinny.cu): n_rows and cols as cu_skinny_takes allows, x and every w
+ * 16-byte aligned, no folded RMSNorm; x is rounded to bf16. */
+cudaError_t cu_launch_gemm_skinny(struct cu_device *dev, cudaStream_t s,
+                                  const struct cu_gemv_args *a);
 
 /* Mixture of experts (moe.cu): routing per row (backend/moe_route.h's
  * choice, bit for bit: a warp a row, or with warp_per_row false the first

@@ -83,8 +83,29 @@ bool cu_attention_takes_qk(const struct cu_op *op, const struct cu_qk_args *qk)
  * stream through their GEMV kernels up to CU_GEMV_MAX_ROWS rows (past two
  * rows they still read a fraction of bf16's bytes); above, FAST mode
  * dequantizes them to bf16 for cuBLASLt. */
+bool cu_skinny_takes(int64_t n_rows, int64_t cols)
+{
+    return n_rows >= 1 && n_rows <= CU_SKINNY_MAX_ROWS && cols >= 8 && cols % 8 == 0 &&
+           cols <= INT32_MAX;
+}
+
+/* Rule 3's tensor-core GEMM of a few rows (16-byte aligned operands). */
+static bool uses_skinny(const struct cu_fuse_config *cfg, const struct cu_op *op)
+{
+    if (!cfg->fast || op->u.mm.dtype != DTYPE_BF16 || op->n_rows <= cfg->gemv_max_rows ||
+        op->n_rows > cfg->skinny_max_rows || !cu_skinny_takes(op->n_rows, op->u.mm.cols) ||
+        (uintptr_t)op->u.mm.x % 16 != 0)
+        return false;
+    for (int i = 0; i < op->u.mm.n; i++)
+        if ((uintptr_t)op->u.mm.m[i].w % 16 != 0)
+            return false;
+    return true;
+}
+
 static bool uses_gemv(const struct cu_fuse_config *cfg, const struct cu_op *op)
 {
+    if (uses_skinny(cfg, op))
+        return true;
     if (dtype_is_block((enum dtype)op->u.mm.dtype))
         return !cfg->fast || op->n_rows <= CU_GEMV_MAX_ROWS;
     if (op->u.mm.dtype == DTYPE_F32 && cfg->gemm_f32)
@@ -93,12 +114,17 @@ static bool uses_gemv(const struct cu_fuse_config *cfg, const struct cu_op *op)
            op->u.mm.cols % 8 != 0;
 }
 
+bool cu_fuse_uses_gemm(const struct cu_fuse_config *cfg, const struct cu_op *op)
+{
+    return op->kind == CU_MATMUL && !uses_gemv(cfg, op);
+}
+
 /* Rule 2: an RMSNorm of the rows the decode-path GEMV right after it reads;
  * the GEMV's blocks (one wave of them) normalise x themselves while staging it. */
 static bool norm_feeds_gemv(const struct cu_fuse_config *cfg, const struct cu_op *norm,
                             const struct cu_op *mm)
 {
-    return cfg->norm_gemv && mm->kind == CU_MATMUL && uses_gemv(cfg, mm) &&
+    return cfg->norm_gemv && mm->kind == CU_MATMUL && uses_gemv(cfg, mm) && !uses_skinny(cfg, mm) &&
            mm->n_rows <= CU_GEMV_MAX_ROWS && mm->u.mm.dtype == DTYPE_BF16 &&
            mm->u.mm.cols % 8 == 0 && mm->u.mm.x == norm->u.norm.y &&
            norm->u.norm.y != norm->u.norm.x && mm->n_rows == norm->u.norm.n_rows &&
@@ -188,6 +214,7 @@ int cu_fuse_next(const struct cu_fuse_config *cfg, const struct cu_op *ops, int 
             l->kind = CU_LAUNCH_GEMM;
             break;
         }
+        l->skinny = uses_skinny(cfg, op);
         return l->n_ops = plan_gemv(ops, i, n, l);
     default:
         return 0;

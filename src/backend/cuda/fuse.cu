@@ -32,6 +32,8 @@ static bool exec_gemv(struct cu_impl *im, const struct cu_op *ops, const struct 
     if (l->residual)
         a.res = op[1].u.ew.out;
     a.pair = l->swiglu;
+    if (l->skinny)
+        return CU_TRY(im, cu_launch_gemm_skinny(&im->dev, im->stream, &a));
     return CU_TRY(im, cu_launch_gemv(&im->dev, im->stream, &a));
 }
 

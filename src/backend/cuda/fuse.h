@@ -16,13 +16,15 @@
  *      default in EXACT mode: the folded sum of squares is reduced in another
  *      order than the RMSNorm kernel's, so a token's bits would depend on
  *      whether its step had more than CU_GEMV_MAX_ROWS rows.
- *   3. matmul: FAST-mode bf16 matmuls of more than gemv_max_rows rows (block-
- *      quantized ones of more than CU_GEMV_MAX_ROWS, dequantized to bf16
- *      first) go to cuBLASLt alone; the others (EXACT mode's at every row count, each
- *      output then reduced by one warp in column order) run on the GEMV
- *      kernels, with the op after folded in when it is the residual add of
- *      its single output (res += y, into another buffer) or the SwiGLU of
- *      its gate/up pair (in place into gate, no biases).
+ *   3. matmul: FAST-mode bf16 matmuls of more than gemv_max_rows rows run on
+ *      the tensor-core skinny GEMM up to skinny_max_rows rows (rows a
+ *      multiple of 8 long), else go to cuBLASLt alone, as do block-quantized
+ *      ones of more than CU_GEMV_MAX_ROWS (dequantized to bf16 first); the
+ *      others (EXACT mode's at every row count, each output then reduced by
+ *      one warp in column order) run on the GEMV kernels. The GEMV and skinny
+ *      launches fold in the op after when it is the residual add of the
+ *      matmul's single output (res += y, into another buffer) or the SwiGLU
+ *      of its gate/up pair (in place into gate, no biases).
  *   4. anything else: one launch per op.
  *
  * Rule 2 is not taken when a lora op right after the matmul reads the
@@ -66,8 +68,10 @@ struct cu_fuse_config {
     bool fast;         /* COMPUTE_FAST: large bf16 matmuls go to cuBLASLt */
     bool norm_gemv;    /* rule 2 (the backend leaves it off in EXACT mode unless asked) */
     bool qk_attention; /* rule 1's fold into the decode attention */
-    int gemv_max_rows; /* rule 3: FAST-mode bf16 matmuls of more rows go to cuBLASLt
-                          (1..CU_GEMV_MAX_ROWS) */
+    int gemv_max_rows; /* rule 3: FAST-mode bf16 matmuls of more rows go past the GEMV
+                          kernels (1..CU_GEMV_MAX_ROWS) */
+    int skinny_max_rows; /* rule 3: ... to the skinny GEMM up to this many rows, cuBLASLt
+                            above (0: cuBLASLt for all of them) */
     bool gemm_f32;     /* rule 3: f32 matmuls of more than CU_GEMV_MAX_ROWS rows go to
                           cuBLASLt's f32 GEMM, in either mode (backend_options.cuda_gemm_f32) */
 };
@@ -82,7 +86,8 @@ enum cu_launch_kind {
     CU_LAUNCH_ADD,
     CU_LAUNCH_KV_STORE,
     CU_LAUNCH_ATTENTION,
-    CU_LAUNCH_GEMV,         /* rules 2 and 3 on the GEMV kernels */
+    CU_LAUNCH_GEMV,         /* rules 2 and 3 on the GEMV kernels, or (skinny) rule 3's
+                               tensor-core GEMM of a few rows */
     CU_LAUNCH_GEMM,         /* cuBLASLt: x to bf16, then a GEMM (+ bias) per matrix */
     CU_LAUNCH_KV_COPY,      /* backend_ops.kv_copy_slots */
     CU_LAUNCH_MOE_ROUTE,    /* softmax + top-k per row, on the device */
@@ -106,6 +111,7 @@ struct cu_launch {
     bool norm;     /* the RMSNorm at ops[op] folded in */
     bool residual; /* the add after the matmul folded in */
     bool swiglu;   /* the silu_mul after the gate/up pair folded in */
+    bool skinny;   /* on the skinny GEMM (gemm_skinny.cu), not the GEMV kernels */
     /* QK, QK_ATTENTION (the attention is the last op covered), ROPE */
     struct cu_qk_args qk;
 };
@@ -120,6 +126,13 @@ int cu_fuse_next(const struct cu_fuse_config *cfg, const struct cu_op *ops, int 
  * an op is of no known kind. */
 int cu_fuse_plan(const struct cu_fuse_config *cfg, const struct cu_op *ops, int n,
                  struct cu_launch *out, int cap);
+
+/* Whether the skinny GEMM takes n_rows token rows of cols columns. */
+bool cu_skinny_takes(int64_t n_rows, int64_t cols);
+
+/* Whether matmul op goes to cuBLASLt (rule 3), whose launches stay out of
+ * CUDA graphs. */
+bool cu_fuse_uses_gemm(const struct cu_fuse_config *cfg, const struct cu_op *op);
 
 /* Whether the decode attention op can take the q/k launch qk (rule 1's fold). */
 bool cu_attention_takes_qk(const struct cu_op *op, const struct cu_qk_args *qk);

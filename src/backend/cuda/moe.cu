@@ -818,24 +818,6 @@ moe_combine_kernel(const float *out, const int *where, const int32_t *ids, const
 #define GM_STAGES 3
 #define GM_THREADS 256
 
-static __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid)
-{
-    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    int n = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
-}
-
-static __device__ __forceinline__ void cp_async_commit(void)
-{
-    asm volatile("cp.async.commit_group;\n" ::);
-}
-
-template <int N>
-static __device__ __forceinline__ void cp_async_wait(void)
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
 struct moe_gemm_args {
     const __nv_bfloat16 *a;  /* gate/up: x in bf16 by row; down: h in bf16 by position */
     const void *const *mats; /* device: gate[n], up[n], down[n] */

@@ -30,6 +30,12 @@ extern "C" {
  * leaves one block per SM at 8 rows of 4,096 and does not fit the 14,336-wide
  * down projection at all. */
 #define CU_GEMV_DEFAULT_ROWS 2
+/* Rows up to which FAST-mode bf16 matmuls past the GEMV kernels' rows run on
+ * the tensor-core skinny GEMM (gemm_skinny.cu) instead of cuBLASLt: on an
+ * H200 (Llama-3.1-8B, 512-token prompts) 4 rows decode 595 against 513
+ * tok/s, 8 rows 1,012 against 910; 16 rows were slower (1,162 against
+ * 1,408), their x twice the L2 traffic. */
+#define CU_SKINNY_MAX_ROWS 8
 #define CU_GROUP_MAX 4
 #define CU_MAX_HEAD_DIM 256
 /* decode attention splits per (row, head group) at most (cu_attention_splits

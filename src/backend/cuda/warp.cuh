@@ -1,4 +1,4 @@
-/* backend/cuda/warp.cuh — the warp-level pieces every CUDA kernel file shares: a butterfly sum over the 32 lanes, and a 16-byte load that streams past L1. */
+/* backend/cuda/warp.cuh — the warp-level pieces every CUDA kernel file shares: a butterfly sum over the 32 lanes, a 16-byte load that streams past L1, and 16-byte asynchronous copies into shared memory. */
 #ifndef INFERD_BACKEND_CUDA_WARP_CUH
 #define INFERD_BACKEND_CUDA_WARP_CUH
 
@@ -21,6 +21,32 @@ static __device__ __forceinline__ uint4 load_stream(const uint4 *p)
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                  : "l"(p));
     return r;
+}
+
+/* 16 bytes global -> shared (dst: a shared-space address) without passing
+ * through registers, zero-filled when !valid (src is then not read). */
+static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(valid ? 16 : 0));
+}
+
+static __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid)
+{
+    cp_async16((uint32_t)__cvta_generic_to_shared(dst), src, valid);
+}
+
+/* Closes this thread's group of cp_async16 copies issued since the last one. */
+static __device__ __forceinline__ void cp_async_commit(void)
+{
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+/* Waits until at most N of this thread's groups are still in flight. */
+template <int N>
+static __device__ __forceinline__ void cp_async_wait(void)
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
 #endif
