@@ -10,8 +10,8 @@
  * to bf16, as the GEMV kernels round it in FAST mode) the B operand, the 8
  * token rows one n tile, read from global memory (every warp of an SM reads
  * the same x; the weights' stages leave L1 little room for it, so x comes
- * mostly from L2, about as many bytes as the weights: the kernel's limit,
- * and why 16 rows, twice the x, ran slower than cuBLASLt).
+ * mostly from L2, about as many bytes as the weights, and is loaded one
+ * stage ahead of its products to hide that latency).
  *
  * Fragment layout. For lane (g = lane / 4, q = lane % 4) the m16n8k16 A
  * fragment holds row g and row g + 8 at the logical columns {2q, 2q + 1,
@@ -64,10 +64,9 @@ static __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi)
     return r;
 }
 
-/* Eight consecutive x values as four bf16 pairs. */
-static __device__ __forceinline__ uint4 x_bf16x8(const float *xr)
+/* Eight consecutive x values (two float4) as four bf16 pairs. */
+static __device__ __forceinline__ uint4 x_bf16x8(float4 a, float4 b)
 {
-    float4 a = __ldg((const float4 *)xr), b = __ldg((const float4 *)xr + 1);
     return make_uint4(pack_bf16x2(a.x, a.y), pack_bf16x2(a.z, a.w), pack_bf16x2(b.x, b.y),
                       pack_bf16x2(b.z, b.w));
 }
@@ -97,7 +96,7 @@ static __host__ __device__ int64_t skinny_tiles(const struct cu_gemv_args *a)
 
 /* NP: 1, or 2 for the SwiGLU pair. */
 template <int NP>
-static __global__ void __launch_bounds__(SK_THREADS)
+static __global__ void __launch_bounds__(SK_THREADS, NP == 1 ? 3 : 2)
 gemm_skinny_kernel(struct cu_gemv_args a, int n_tiles, int split)
 {
     constexpr int ACC = NP * 4;
@@ -165,12 +164,21 @@ gemm_skinny_kernel(struct cu_gemv_args a, int n_tiles, int split)
         cp_async_commit();
     };
     float acc[NP][4];
-    /* the products of stage st, waited for */
-    auto multiply = [&](int st) {
-        uint32_t slot = pipe + (st % STAGES) * STAGE_BYTES;
+    /* the lane's x of stage st (its 8 columns of each 32), zeros past the row's end */
+    auto load_x = [&](int st, float4(&xs)[2][2]) {
 #pragma unroll
         for (int c = 0; c < 2; c++) {
             int col = st * SK_STAGE_COLS + 32 * c + 8 * q;
+            bool in = col < cols;
+            xs[c][0] = in ? __ldg((const float4 *)(xrow + col)) : make_float4(0, 0, 0, 0);
+            xs[c][1] = in ? __ldg((const float4 *)(xrow + col) + 1) : make_float4(0, 0, 0, 0);
+        }
+    };
+    /* the products of stage st, waited for, with its x */
+    auto multiply = [&](int st, const float4(&xs)[2][2]) {
+        uint32_t slot = pipe + (st % STAGES) * STAGE_BYTES;
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
             int piece = 4 * c + q;
             uint4 lo[NP], hi[NP];
 #pragma unroll
@@ -179,7 +187,7 @@ gemm_skinny_kernel(struct cu_gemv_args a, int n_tiles, int split)
                 lo[p] = lds128(slot + r_lo * 128 + ((piece ^ ((r_lo & 1) << 2)) * 16));
                 hi[p] = lds128(slot + r_hi * 128 + ((piece ^ ((r_hi & 1) << 2)) * 16));
             }
-            uint4 xv = col < cols ? x_bf16x8(xrow + col) : make_uint4(0, 0, 0, 0);
+            uint4 xv = x_bf16x8(xs[c][0], xs[c][1]);
 #pragma unroll
             for (int p = 0; p < NP; p++) {
                 mma_bf16(acc[p], lo[p].x, hi[p].x, lo[p].y, hi[p].y, xv.x, xv.y);
@@ -209,11 +217,21 @@ gemm_skinny_kernel(struct cu_gemv_args a, int n_tiles, int split)
 #pragma unroll
             for (int e = 0; e < 4; e++)
                 acc[p][e] = 0.0f;
+        /* x one stage ahead of the products: its L2 latency hides behind them */
+        float4 x_cur[2][2], x_next[2][2];
+        if (active && s_begin < s_end)
+            load_x(s_begin, x_cur);
         for (int st = s_begin; st < s_end; st++) {
             cp_async_wait<STAGES - 2>();
             __syncwarp();
-            if (active)
-                multiply(st);
+            if (active) {
+                if (st + 1 < s_end)
+                    load_x(st + 1, x_next);
+                multiply(st, x_cur);
+#pragma unroll
+                for (int c = 0; c < 2; c++)
+                    x_cur[c][0] = x_next[c][0], x_cur[c][1] = x_next[c][1];
+            }
             __syncwarp(); /* every lane is done with the slot the next copy refills */
             issue(st + STAGES - 1);
         }

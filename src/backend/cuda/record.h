@@ -32,9 +32,10 @@ extern "C" {
 #define CU_GEMV_DEFAULT_ROWS 2
 /* Rows up to which FAST-mode bf16 matmuls past the GEMV kernels' rows run on
  * the tensor-core skinny GEMM (gemm_skinny.cu) instead of cuBLASLt: on an
- * H200 (Llama-3.1-8B, 512-token prompts) 4 rows decode 595 against 513
- * tok/s, 8 rows 1,012 against 910; 16 rows were slower (1,162 against
- * 1,408), their x twice the L2 traffic. */
+ * H200 (Llama-3.1-8B, 512-token prompts) 4 rows decode 610 against 512
+ * tok/s, 8 rows 989 against 884; 16 rows, measured before x was loaded a
+ * stage ahead, were slower (1,162 against 1,408), their x twice the L2
+ * traffic. */
 #define CU_SKINNY_MAX_ROWS 8
 #define CU_GROUP_MAX 4
 #define CU_MAX_HEAD_DIM 256
