@@ -68,6 +68,26 @@ static __device__ __forceinline__ void pdl_release(void)
 #endif
 }
 
+/* Lets kernel use smem bytes of dynamic shared memory (set once per device:
+ * *allowed remembers the most set so far) and finds how many of its blocks of
+ * `threads` threads fit on an SM (*per_sm, at least 1). */
+template <typename Kernel>
+static cudaError_t cu_kernel_fit(Kernel kernel, int threads, size_t smem, size_t *allowed,
+                                 int *per_sm)
+{
+    if (smem > *allowed) {
+        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)smem);
+        if (e != cudaSuccess)
+            return e;
+        *allowed = smem;
+    }
+    cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, kernel, threads, smem);
+    if (e == cudaSuccess && *per_sm < 1)
+        *per_sm = 1;
+    return e;
+}
+
 /* kernel<<<grid, block, smem, s>>>(args...), as a programmatic dependent of
  * the launch before it when pdl (the device's cu_device.pdl). */
 template <typename... KArgs, typename... Args>

@@ -288,20 +288,10 @@ static cudaError_t launch(struct cu_device *dev, cudaStream_t s, const struct cu
     auto kern = gemm_skinny_kernel<NP>;
     const size_t smem = (size_t)SK_WARPS * SK_WARP_BYTES(NP) +
                         (size_t)SK_WARPS * NP * 4 * 32 * sizeof(float);
-    size_t *smem_set = &dev->skinny_smem[NP - 1];
-    if (smem > *smem_set) {
-        cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             (int)smem);
-        if (e != cudaSuccess)
-            return e;
-        *smem_set = smem;
-    }
     int per_sm = 0;
-    cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, SK_THREADS, smem);
+    cudaError_t e = cu_kernel_fit(kern, SK_THREADS, smem, &dev->skinny_smem[NP - 1], &per_sm);
     if (e != cudaSuccess)
         return e;
-    if (per_sm < 1)
-        per_sm = 1;
     /* a team per tile: as many warps on a tile as keep each SM streaming */
     const int64_t per_sm_tiles = (n_tiles + dev->n_sm - 1) / dev->n_sm;
     const int nstage = (int)((a->cols + SK_STAGE_COLS - 1) / SK_STAGE_COLS);

@@ -512,21 +512,12 @@ static cudaError_t launch_stream(struct cu_device *dev, cudaStream_t s,
     auto kern = a->norm_w ? gemv_stream_kernel<TT, NP, true> : gemv_stream_kernel<TT, NP, false>;
     /* set for every kernel before its first launch on the device: static
      * shared memory counts against the default 48 KB too */
-    size_t *smem_set = &dev->gemv_smem[stream_kernel_index<TT, NP>(a->norm_w != NULL)];
-    if (smem > *smem_set) {
-        cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             (int)smem);
-        if (e != cudaSuccess)
-            return e;
-        *smem_set = smem;
-    }
     int per_sm = 0;
-    cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern,
-                                                                  GEMV_STREAM_THREADS, smem);
+    cudaError_t e =
+        cu_kernel_fit(kern, GEMV_STREAM_THREADS, smem,
+                      &dev->gemv_smem[stream_kernel_index<TT, NP>(a->norm_w != NULL)], &per_sm);
     if (e != cudaSuccess)
         return e;
-    if (per_sm < 1)
-        per_sm = 1;
     const int64_t W = GEMV_STREAM_THREADS / 32;
     int64_t want = ((int64_t)n_units + W - 1) / W;
     int64_t slots = (int64_t)dev->n_sm * per_sm;
