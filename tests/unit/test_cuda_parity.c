@@ -647,8 +647,9 @@ Test(cuda_gemv, fast_skinny_gemm_of_3_to_8_rows_matches_f64_with_its_epilogues, 
         float *bias = malloc((size_t)n_mat * rows * sizeof *bias);
         float *x = malloc((size_t)max_n * cols * sizeof *x), *res0 = malloc(yn * sizeof *res0);
         float *out = malloc(n_mat * yn * sizeof *out), *res = malloc(yn * sizeof *res);
+        float *again = malloc(n_mat * yn * sizeof *again);
         double *dot = malloc(n_mat * yn * sizeof *dot), *mag = malloc(n_mat * yn * sizeof *mag);
-        cr_assert(w && bias && x && res0 && out && res && dot && mag);
+        cr_assert(w && bias && x && res0 && out && res && again && dot && mag);
         for (size_t i = 0; i < wn; i++)
             w[i] = f32_to_bf16(exact_rand(&state, 0.5f));
         for (int i = 0; i < n_mat * rows; i++)
@@ -675,6 +676,13 @@ Test(cuda_gemv, fast_skinny_gemm_of_3_to_8_rows_matches_f64_with_its_epilogues, 
                 int n = batches[b];
                 skinny_on(gpu[g], n_mat, rows, cols, w, cases[ci].bias ? bias : NULL, x, n,
                           cases[ci].ep, res0, out, res);
+                if (g == 0) {
+                    /* a tile's column parts are added in warp order: the same bits again */
+                    skinny_on(gpu[g], n_mat, rows, cols, w, cases[ci].bias ? bias : NULL, x, n,
+                              cases[ci].ep, res0, again, res);
+                    cr_expect_eq(memcmp(again, out, n_mat * (size_t)n * rows * sizeof *out), 0,
+                                 "case %zu, %d rows: a second run gave other bits", ci, n);
+                }
                 double worst = 0;
                 for (int t = 0; t < n; t++)
                     for (int r = 0; r < rows; r++) {
@@ -711,6 +719,7 @@ Test(cuda_gemv, fast_skinny_gemm_of_3_to_8_rows_matches_f64_with_its_epilogues, 
         free(res0);
         free(out);
         free(res);
+        free(again);
         free(dot);
         free(mag);
     }
