@@ -79,10 +79,6 @@ bool cu_attention_takes_qk(const struct cu_op *op, const struct cu_qk_args *qk)
            qk->kv.block_size == kv->block_size && qk->kv.n_blocks == kv->n_blocks;
 }
 
-/* Rule 3's split: the GEMV kernels, or cuBLASLt. Block-quantized weights
- * stream through their GEMV kernels up to CU_GEMV_MAX_ROWS rows (past two
- * rows they still read a fraction of bf16's bytes); above, FAST mode
- * dequantizes them to bf16 for cuBLASLt. */
 bool cu_skinny_takes(int64_t n_rows, int64_t cols)
 {
     return n_rows >= 1 && n_rows <= CU_SKINNY_MAX_ROWS && cols >= 8 && cols % 8 == 0 &&
@@ -102,6 +98,10 @@ static bool uses_skinny(const struct cu_fuse_config *cfg, const struct cu_op *op
     return true;
 }
 
+/* Rule 3's split: the GEMV kernels (the skinny GEMM among them), or
+ * cuBLASLt. Block-quantized weights stream through their GEMV kernels up to
+ * CU_GEMV_MAX_ROWS rows (past two rows they still read a fraction of bf16's
+ * bytes); above, FAST mode dequantizes them to bf16 for cuBLASLt. */
 static bool uses_gemv(const struct cu_fuse_config *cfg, const struct cu_op *op)
 {
     if (uses_skinny(cfg, op))
@@ -124,8 +124,8 @@ bool cu_fuse_uses_gemm(const struct cu_fuse_config *cfg, const struct cu_op *op)
 static bool norm_feeds_gemv(const struct cu_fuse_config *cfg, const struct cu_op *norm,
                             const struct cu_op *mm)
 {
-    return cfg->norm_gemv && mm->kind == CU_MATMUL && uses_gemv(cfg, mm) && !uses_skinny(cfg, mm) &&
-           mm->n_rows <= CU_GEMV_MAX_ROWS && mm->u.mm.dtype == DTYPE_BF16 &&
+    return cfg->norm_gemv && mm->kind == CU_MATMUL && uses_gemv(cfg, mm) &&
+           !uses_skinny(cfg, mm) && mm->n_rows <= CU_GEMV_MAX_ROWS && mm->u.mm.dtype == DTYPE_BF16 &&
            mm->u.mm.cols % 8 == 0 && mm->u.mm.x == norm->u.norm.y &&
            norm->u.norm.y != norm->u.norm.x && mm->n_rows == norm->u.norm.n_rows &&
            mm->u.mm.cols == norm->u.norm.dim;

@@ -3,9 +3,9 @@
  * y (n_rows x rows) = x (n_rows x cols) w^T, n_rows <= CU_SKINNY_MAX_ROWS (8).
  * Each warp owns a tile of 16 weight rows (16 gate rows and the same 16 up
  * rows for the SwiGLU pair) and streams it through a pipeline of its own in
- * shared memory: stages of 64 columns, each stage one full
- * 128-byte line of every row of the tile, copied with cp.async (the loads
- * in flight hold no registers, so an SM keeps ~100 KB of weights coming).
+ * shared memory: stages of 64 columns, each one full 128-byte line of every
+ * row of the tile, copied with cp.async (the loads in flight hold no
+ * registers, so an SM keeps ~100 KB of weights coming).
  * The products are mma.sync m16n8k16: the weights the A operand, x (rounded
  * to bf16, as the GEMV kernels round it in FAST mode) the B operand, the 8
  * token rows one n tile, read from global memory (every warp of an SM reads
@@ -29,8 +29,8 @@
  * number of tiles to within one; a team's warps take contiguous column
  * ranges of the tile and add their sums through shared memory in warp order
  * (deterministic: graph replay and eager launches give the same bits). The
- * split is chosen from the shapes alone, so a row's bits do not depend on
- * when the launch runs, only on how many rows it has. */
+ * split follows from the shapes and the device alone, so a row's bits do not
+ * depend on when the launch runs, only on how many rows it has. */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/warp.cuh"
 
