@@ -41,7 +41,7 @@ bool cli_device_parse(const char *text, struct device_spec *out);
     "                              float: x in f32 as exact mode (INFERD_CUDA_QGEMV=float)\n"  \
     "  --cuda-gemv-rows N          fast-mode matmuls of more rows than N (1-8, default 2)\n"     \
     "                              leave the GEMV kernels\n"                                   \
-    "  --cuda-skinny-gemm on|off   fast-mode bf16 matmuls of 3-8 rows on tensor cores, each \n"  \
+    "  --cuda-skinny-gemm on|off   fast-mode bf16 matmuls of 3-8 rows on tensor cores, each\n"   \
     "                              weight read once; off: cuBLASLt (INFERD_CUDA_SKINNY=0)\n"   \
     "  --cuda-profile off|ops|graphs  log GPU time per launch kind, or graph replays, at exit\n" \
     "                              (INFERD_CUDA_PROFILE)\n"
