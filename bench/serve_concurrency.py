@@ -9,7 +9,7 @@ mean decode rate one stream sees ((tokens - 1) over its first to last token).
 
 usage: bench/serve_concurrency.py INFERD MODEL_DIR [--streams 1,2,4,8,16]
                                   [--prompt-len 32] [--gen-len 64] [--device D]
-                                  [--threads N]
+                                  [--threads N] [--server-log FILE]
 """
 import argparse
 import importlib.util
@@ -37,6 +37,8 @@ def main():
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--server-arg", action="append", default=[],
                    help="more `inferd serve` flags, e.g. '--cuda-gemv-rows 4' (repeatable)")
+    p.add_argument("--server-log", default="",
+                   help="the server's standard error goes to FILE (e.g. with INFERD_CUDA_PROFILE set)")
     args = p.parse_args()
     counts = [int(n) for n in args.streams.split(",")]
 
@@ -47,7 +49,8 @@ def main():
         cmd += ["--threads", str(args.threads)]
     for a in args.server_arg:
         cmd += a.split()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    log = open(args.server_log, "w") if args.server_log else subprocess.DEVNULL
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
     m = re.search(r"http://([^:]+):(\d+)", proc.stdout.readline())
     if not m:
         proc.kill()

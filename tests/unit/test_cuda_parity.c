@@ -157,38 +157,53 @@ Test(cuda_parity, greedy_generation_equals_cpu_for_32_tokens_fast_mode_f32_kv, .
     cuda_options.kv_type = BACKEND_KV_AUTO;
 }
 
-/* Decoding the same tokens with graphs and with eager launches gives the same bits. */
-/* The logits of golden case gc fed one token per step (decode steps), with
- * the switch sw of cuda_options set to value while the backend is created. */
+/* The logits of n_seqs sequences decoded side by side from golden case gc's
+ * tokens, one token each per step (sequence s reads the case from its s-th
+ * token on, wrapping), with the switch sw of cuda_options set to value while
+ * the backend is created: n_tokens steps of n_seqs rows. */
 static float *decode_logits(const char *dir, enum compute_mode mode, const struct golden_case *gc,
-                            enum backend_switch *sw, enum backend_switch value, int *vocab)
+                            int n_seqs, enum backend_switch *sw, enum backend_switch value,
+                            int *vocab)
 {
     *sw = value;
     struct golden_fixture f = {0};
-    golden_fixture_open(&f, cuda_backend, dir, mode, gc->n_tokens);
+    golden_fixture_open(&f, cuda_backend, dir, mode, n_seqs);
     *vocab = f.model->config.vocab_size;
-    float *logits = malloc((size_t)gc->n_tokens * (size_t)*vocab * sizeof(float));
+    size_t step_floats = (size_t)n_seqs * (size_t)*vocab;
+    float *logits = malloc((size_t)gc->n_tokens * step_floats * sizeof(float));
     cr_assert_not_null(logits);
     struct err err = {0};
-    struct block_table bt;
-    block_table_init(&bt);
-    cr_assert_eq(block_table_reserve(f.pool, &bt, gc->n_tokens, &err), 0, "%s", err.msg);
-    for (int i = 0; i < gc->n_tokens; i++) {
-        struct batch_seq step = {.tokens = gc->tokens + i, .n_tokens = 1, .pos0 = i,
-                                 .block_ids = bt.blocks, .n_block_ids = bt.n_blocks};
-        struct batch one = {&step, 1};
-        golden_forward(&f, &one);
-        memcpy(logits + (size_t)i * *vocab, f.logits, (size_t)*vocab * sizeof(float));
+    struct block_table bt[16];
+    cr_assert_leq(n_seqs, 16);
+    int *tokens = malloc((size_t)n_seqs * sizeof *tokens);
+    cr_assert_not_null(tokens);
+    for (int s = 0; s < n_seqs; s++) {
+        block_table_init(&bt[s]);
+        cr_assert_eq(block_table_reserve(f.pool, &bt[s], gc->n_tokens, &err), 0, "%s", err.msg);
     }
-    block_table_clear(f.pool, &bt);
+    for (int i = 0; i < gc->n_tokens; i++) {
+        struct batch_seq steps[16];
+        for (int s = 0; s < n_seqs; s++) {
+            tokens[s] = gc->tokens[(i + s) % gc->n_tokens];
+            steps[s] = (struct batch_seq){.tokens = &tokens[s], .n_tokens = 1, .pos0 = i,
+                                          .block_ids = bt[s].blocks, .n_block_ids = bt[s].n_blocks};
+        }
+        struct batch step = {steps, n_seqs};
+        golden_forward(&f, &step);
+        memcpy(logits + (size_t)i * step_floats, f.logits, step_floats * sizeof(float));
+    }
+    for (int s = 0; s < n_seqs; s++)
+        block_table_clear(f.pool, &bt[s]);
+    free(tokens);
     golden_fixture_close(&f);
     *sw = BACKEND_DEFAULT;
     return logits;
 }
 
-/* Decode steps of every golden model (its longest case, a token at a time),
- * bit for bit, with a switch of the CUDA backend on and off. */
-static void decode_equal_with_switch(enum backend_switch *sw, enum compute_mode mode,
+/* Decode steps of n_seqs sequences for every golden model (its longest
+ * case, a token at a time), bit for bit, with a switch of the CUDA backend on
+ * and off. */
+static void decode_equal_with_switch(enum backend_switch *sw, enum compute_mode mode, int n_seqs,
                                      const char *what)
 {
     static char paths[GOLDEN_MAX_FILES][512];
@@ -205,11 +220,19 @@ static void decode_equal_with_switch(enum backend_switch *sw, enum compute_mode 
             if (g.cases[c].n_tokens > gc->n_tokens)
                 gc = &g.cases[c];
         int vocab = 0;
-        float *on = decode_logits(dir, mode, gc, sw, BACKEND_ON, &vocab);
-        float *off = decode_logits(dir, mode, gc, sw, BACKEND_OFF, &vocab);
-        cr_assert_eq(memcmp(on, off, (size_t)gc->n_tokens * vocab * sizeof(float)), 0,
-                     "%s: logits %s differ", g.name, what);
-        cr_log_info("cuda %s: %d decode steps bit-identical %s", g.name, gc->n_tokens, what);
+        float *on = decode_logits(dir, mode, gc, n_seqs, sw, BACKEND_ON, &vocab);
+        float *off = decode_logits(dir, mode, gc, n_seqs, sw, BACKEND_OFF, &vocab);
+        size_t n_floats = (size_t)gc->n_tokens * n_seqs * vocab, first = 0;
+        while (first < n_floats && !memcmp(&on[first], &off[first], sizeof(float)))
+            first++;
+        cr_assert_eq(first, n_floats,
+                     "%s: logits of %d sequences %s differ first at step %zu, sequence %zu "
+                     "(%.9g against %.9g)",
+                     g.name, n_seqs, what, first / ((size_t)n_seqs * vocab),
+                     first / (size_t)vocab % (size_t)n_seqs, first < n_floats ? on[first] : 0.0,
+                     first < n_floats ? off[first] : 0.0);
+        cr_log_info("cuda %s: %d decode steps of %d sequences bit-identical %s", g.name,
+                    gc->n_tokens, n_seqs, what);
         free(on);
         free(off);
         golden_free(&g);
@@ -221,16 +244,25 @@ static void decode_equal_with_switch(enum backend_switch *sw, enum compute_mode 
 Test(cuda_graphs, replayed_decode_steps_equal_eager_launches, .timeout = 300)
 {
     skip_without_gpu();
-    decode_equal_with_switch(&cuda_options.cuda_graphs, COMPUTE_FAST,
+    decode_equal_with_switch(&cuda_options.cuda_graphs, COMPUTE_FAST, 1,
+                             "from CUDA graphs and from eager launches");
+}
+
+/* Steps of more rows than the GEMV kernels take run on cuBLASLt; they are
+ * captured once a step repeats the one before. */
+Test(cuda_graphs, replayed_decode_steps_of_12_sequences_equal_eager_launches, .timeout = 300)
+{
+    skip_without_gpu();
+    decode_equal_with_switch(&cuda_options.cuda_graphs, COMPUTE_FAST, 12,
                              "from CUDA graphs and from eager launches");
 }
 
 Test(cuda_fusion, qk_prep_folded_into_decode_attention_equals_separate_launches, .timeout = 300)
 {
     skip_without_gpu();
-    decode_equal_with_switch(&cuda_options.cuda_qk_fusion, COMPUTE_FAST,
+    decode_equal_with_switch(&cuda_options.cuda_qk_fusion, COMPUTE_FAST, 1,
                              "with q/k prep folded into attention and launched apart (fast mode)");
-    decode_equal_with_switch(&cuda_options.cuda_qk_fusion, COMPUTE_EXACT,
+    decode_equal_with_switch(&cuda_options.cuda_qk_fusion, COMPUTE_EXACT, 1,
                              "with q/k prep folded into attention and launched apart (exact mode)");
 }
 

@@ -29,6 +29,7 @@ extern "C" {
 
 #define CU_LT_WORKSPACE ((size_t)32 << 20)
 #define CU_ARENA_INITIAL ((size_t)1 << 20)
+#define CU_ARENA_MAX ((size_t)64 << 20)
 #define CU_UPLOAD_DIRECT ((size_t)1 << 20)
 #define CU_UPLOAD_THREADS 4
 #define CU_DOWNLOAD_MAX ((size_t)64 << 20)
@@ -144,7 +145,12 @@ static cublasStatus_t lt_choose(struct cu_impl *im, struct cu_lt_plan *p,
                                 cublasLtMatmulPreference_t pref, const void *w,
                                 const void *xb, float *y)
 {
-    bool tune = p->t >= LT_TUNE_ROWS;
+    static int tune_rows = -1;
+    if (tune_rows < 0) { const char *e = getenv("INFERD_LT_TUNE_ROWS"); tune_rows = e ? atoi(e) : LT_TUNE_ROWS; }
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    bool capturing = cudaStreamIsCapturing(im->stream, &cap) != cudaSuccess ||
+                     cap != cudaStreamCaptureStatusNone;
+    bool tune = p->t >= tune_rows;
     int bucket = rows_bucket(p->t);
     for (int i = 0; tune && i < CU_LT_TUNED_MAX; i++) {
         struct cu_lt_tuned *tu = &im->lt_tuned[i];
@@ -162,13 +168,14 @@ static cublasStatus_t lt_choose(struct cu_impl *im, struct cu_lt_plan *p,
     }
     cublasLtMatmulHeuristicResult_t res[LT_CANDIDATES];
     int found = 0;
-    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(im->lt, p->desc, p->a, p->b, p->c, p->c,
-                                                       pref, tune ? LT_CANDIDATES : 1, res, &found);
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
+        im->lt, p->desc, p->a, p->b, p->c, p->c, pref, tune && !capturing ? LT_CANDIDATES : 1, res,
+        &found);
     if (st != CUBLAS_STATUS_SUCCESS)
         return st;
     if (found == 0)
         return CUBLAS_STATUS_NOT_SUPPORTED;
-    if (!tune) {
+    if (!tune || capturing) { /* nothing is timed in a capture, nor kept as a winner */
         p->algo = res[0].algo;
         return CUBLAS_STATUS_SUCCESS;
     }
@@ -260,8 +267,43 @@ static void graphs_clear(struct cu_impl *im)
 
 static void flush(struct cu_impl *im);
 
-/* Makes room for `bytes` more arena bytes, launching the recorded step first
- * when they do not fit (its ops refer to the current arena). */
+static size_t pow2_at_least(size_t n, size_t min)
+{
+    size_t p = min;
+    while (p < n)
+        p *= 2;
+    return p;
+}
+
+/* Replaces the arena by one of cap bytes, the recorded step's parameters
+ * carried over (its ops refer to them by offset). */
+static bool arena_resize(struct cu_impl *im, size_t cap)
+{
+    if (!CU_TRY(im, cudaStreamSynchronize(im->stream))) /* launched steps read the device arena */
+        return false;
+    im->arena_pending = false;
+    graphs_clear(im); /* they read the old device arena */
+    uint8_t *host = NULL;
+    uint8_t *dev = NULL;
+    if (!CU_TRY(im, cudaMallocHost((void **)&host, cap)) ||
+        !CU_TRY(im, cudaMalloc((void **)&dev, cap))) {
+        cudaFreeHost(host);
+        return false;
+    }
+    if (im->rec.arena_used)
+        memcpy(host, im->rec.arena, im->rec.arena_used);
+    cudaFreeHost(im->rec.arena);
+    cudaFree(im->arena_dev);
+    im->rec.arena = host;
+    im->arena_dev = dev;
+    im->rec.arena_cap = cap;
+    return true;
+}
+
+/* Makes room for `bytes` more arena bytes. The arena grows (up to
+ * CU_ARENA_MAX) so that a whole step's parameters fit: a step launched in
+ * parts is never replayed from a graph. Past that, the recorded step is
+ * launched first (its ops refer to the current arena). */
 static bool arena_ensure(struct cu_impl *im, size_t bytes)
 {
     if (im->rec.arena_used == 0 && im->arena_pending) {
@@ -270,41 +312,23 @@ static bool arena_ensure(struct cu_impl *im, size_t bytes)
             return false;
         im->arena_pending = false;
     }
-    if (im->rec.arena_used + bytes <= im->rec.arena_cap)
+    size_t need = im->rec.arena_used + bytes;
+    if (need <= im->rec.arena_cap)
         return true;
-    flush(im);
-    if (im->failed)
-        return false;
-    if (im->arena_pending) {
-        if (!CU_TRY(im, cudaEventSynchronize(im->arena_free)))
+    if (need > CU_ARENA_MAX) {
+        flush(im);
+        if (im->failed)
             return false;
-        im->arena_pending = false;
+        if (im->arena_pending) {
+            if (!CU_TRY(im, cudaEventSynchronize(im->arena_free)))
+                return false;
+            im->arena_pending = false;
+        }
+        need = bytes;
+        if (need <= im->rec.arena_cap)
+            return true;
     }
-    if (bytes <= im->rec.arena_cap)
-        return true;
-    size_t cap = im->rec.arena_cap;
-    while (cap < bytes)
-        cap *= 2;
-    cudaStreamSynchronize(im->stream);
-    graphs_clear(im); /* they read the old device arena */
-    cudaFreeHost(im->rec.arena);
-    cudaFree(im->arena_dev);
-    im->rec.arena = NULL;
-    im->arena_dev = NULL;
-    im->rec.arena_cap = 0;
-    if (!CU_TRY(im, cudaMallocHost((void **)&im->rec.arena, cap)) ||
-        !CU_TRY(im, cudaMalloc((void **)&im->arena_dev, cap)))
-        return false;
-    im->rec.arena_cap = cap;
-    return true;
-}
-
-static size_t pow2_at_least(size_t n, size_t min)
-{
-    size_t p = min;
-    while (p < n)
-        p *= 2;
-    return p;
+    return arena_resize(im, pow2_at_least(need, im->rec.arena_cap));
 }
 
 /* Grows a device scratch buffer; graphs captured with the old one are
@@ -325,7 +349,8 @@ static bool scratch_grow(struct cu_impl *im, void **buf, size_t *have, size_t ne
     *buf = NULL;
     *have = 0;
     size_t bytes = pow2_at_least(need, (size_t)1 << 20);
-    if (!CU_TRY(im, cudaMalloc(buf, bytes)) || !CU_TRY(im, cudaMemset(*buf, 0, bytes)))
+    /* on the step's stream: the legacy stream does not order a non-blocking one */
+    if (!CU_TRY(im, cudaMalloc(buf, bytes)) || !CU_TRY(im, cudaMemsetAsync(*buf, 0, bytes, im->stream)))
         return false; /* zeroed: the split-attention counters start at 0 */
     *have = bytes;
     return true;
@@ -338,7 +363,13 @@ static struct cu_impl *impl_of_rec(struct cu_rec *rec)
     return (struct cu_impl *)((char *)rec - offsetof(struct cu_impl, rec));
 }
 
-static bool rec_ok(struct cu_rec *rec) { return !impl_of_rec(rec)->failed; }
+static bool rec_ok(struct cu_rec *rec)
+{
+    struct cu_impl *im = impl_of_rec(rec);
+    if (im->profile == BACKEND_PROFILE_GRAPHS && rec->n_ops == 0 && !im->step_recorded_at_ns)
+        im->step_recorded_at_ns = now_ns(); /* the step's first op */
+    return !im->failed;
+}
 
 static void rec_fail(struct cu_rec *rec, int code, const char *msg)
 {
@@ -604,12 +635,16 @@ static bool exec_ops_profiled(struct cu_impl *im, const struct cu_op *ops, int n
         i += l.n_ops;
     }
     cudaStreamSynchronize(im->stream);
+    int cls = 0; /* 1: the step prefills (it has prefill attention) */
+    for (int i = 0; i < n && !cls; i++)
+        cls = ops[i].kind == CU_ATTENTION && cu_attention_uses_prefill(&ops[i]);
     for (int k = 0; k < n_launch; k++) {
         float ms = 0;
         cudaEventElapsedTime(&ms, im->prof_ev[2 * k], im->prof_ev[2 * k + 1]);
-        im->prof_ms[labels[k]] += ms;
-        im->prof_calls[labels[k]]++;
+        im->prof_ms[cls][labels[k]] += ms;
+        im->prof_calls[cls][labels[k]]++;
     }
+    im->prof_steps[cls]++;
     return true;
 }
 
@@ -623,14 +658,27 @@ static void profile_report(struct cu_impl *im)
         log_info("cuda profile: replayed steps took %.1f us of GPU time each (%ld timed)",
                  1e3 * im->replay_ms / im->replays_timed, im->replays_timed);
     if (im->host_steps)
-        log_info("cuda profile: per sampled step (%ld): %.1f us from the last tokens to the flush, "
-                 "%.1f us flush (replays timed: includes their GPU time), %.1f us sampling",
+        log_info("cuda profile: per sampled step (%ld): %.1f us from the last tokens to the flush "
+                 "(%.1f us of it from the first op recorded), %.1f us flush (replays timed: "
+                 "includes their GPU time), %.1f us sampling",
                  im->host_steps, im->host_engine_us / im->host_steps,
-                 im->host_flush_us / im->host_steps, im->host_sample_us / im->host_steps);
-    for (int k = 0; k < PL_N; k++)
-        if (im->prof_calls[k])
-            log_info("cuda profile: %-28s %8ld launches %10.3f ms %9.2f us each", prof_names[k],
-                     im->prof_calls[k], im->prof_ms[k], 1e3 * im->prof_ms[k] / im->prof_calls[k]);
+                 im->host_record_us / im->host_steps, im->host_flush_us / im->host_steps,
+                 im->host_sample_us / im->host_steps);
+    static const char *const classes[2] = {"steps without prefill", "steps with prefill"};
+    for (int cls = 0; cls < 2; cls++) {
+        if (!im->prof_steps[cls])
+            continue;
+        double total = 0;
+        for (int k = 0; k < PL_N; k++)
+            total += im->prof_ms[cls][k];
+        log_info("cuda profile: %s: %ld, %.1f us of launches each", classes[cls],
+                 im->prof_steps[cls], 1e3 * total / im->prof_steps[cls]);
+        for (int k = 0; k < PL_N; k++)
+            if (im->prof_calls[cls][k])
+                log_info("cuda profile:   %-38s %8ld launches %10.3f ms %9.2f us each",
+                         prof_names[k], im->prof_calls[cls][k], im->prof_ms[cls][k],
+                         1e3 * im->prof_ms[cls][k] / im->prof_calls[cls][k]);
+    }
 }
 
 static bool exec_ops(struct cu_impl *im, const struct cu_op *ops, int n)
@@ -644,30 +692,100 @@ static bool exec_ops(struct cu_impl *im, const struct cu_op *ops, int n)
     return true;
 }
 
-static bool step_graphable(const struct cu_impl *im)
+/* Which steps are replayed from graphs: decode steps of up to
+ * CU_GEMV_MAX_ROWS rows always; larger steps without prefill attention (the
+ * decode steps of many sequences, on cuBLASLt) once they repeat the step
+ * before or a captured one, so a one-off prefill chunk is never captured. */
+enum step_graph { STEP_EAGER, STEP_GRAPH, STEP_GRAPH_IF_REPEATED };
+
+static enum step_graph step_graphable(const struct cu_impl *im)
 {
     if (!im->graphs_enabled)
-        return false;
+        return STEP_EAGER;
+    enum step_graph how = STEP_GRAPH;
     for (int i = 0; i < im->rec.n_ops; i++) {
         const struct cu_op *op = &im->rec.ops[i];
+        if (op->kind == CU_ATTENTION && cu_attention_uses_prefill(op))
+            return STEP_EAGER;
+        /* a prefix-cache copy comes once per admission: not worth a graph */
+        if (op->kind == CU_KV_COPY)
+            return STEP_EAGER;
         /* norms and elementwise ops count heads or elements, not tokens */
         bool per_token = op->kind == CU_EMBED || op->kind == CU_MATMUL || op->kind == CU_ROPE ||
                          op->kind == CU_KV_STORE || op->kind == CU_ATTENTION ||
                          op->kind == CU_MOE_ROUTE || op->kind == CU_MOE_FFN ||
                          op->kind == CU_ATTN_DENSE || op->kind == CU_SCATTER_ROWS ||
                          op->kind == CU_LAYER_NORM;
-        if (per_token && op->n_rows > CU_GEMV_MAX_ROWS)
-            return false;
-        /* cuBLASLt's launches stay out of graphs */
-        if (cu_fuse_uses_gemm(&im->fuse, op))
-            return false;
-        if (op->kind == CU_ATTENTION && cu_attention_uses_prefill(op))
-            return false;
-        /* a prefix-cache copy comes once per admission: not worth a graph */
-        if (op->kind == CU_KV_COPY)
-            return false;
+        if ((per_token && op->n_rows > CU_GEMV_MAX_ROWS) || cu_fuse_uses_gemm(&im->fuse, op))
+            how = STEP_GRAPH_IF_REPEATED;
     }
-    return true;
+    return how;
+}
+
+static bool ops_equal(const struct cu_op *a, int n_a, size_t arena_a, const struct cu_op *b,
+                      int n_b, size_t arena_b)
+{
+    return n_a == n_b && arena_a == arena_b && !memcmp(a, b, (size_t)n_a * sizeof *a);
+}
+
+/* The graph captured from an op list identical to the recorded step's, or NULL. */
+static struct cu_graph_entry *graph_of_step(struct cu_impl *im)
+{
+    const struct cu_rec *rec = &im->rec;
+    for (int i = 0; i < CU_GRAPH_CACHE; i++) {
+        struct cu_graph_entry *g = &im->graphs[i];
+        if (g->exec && ops_equal(g->ops, g->n_ops, g->arena_used, rec->ops, rec->n_ops,
+                                 rec->arena_used))
+            return g;
+    }
+    return NULL;
+}
+
+/* A digest of the recorded step's op list and parameter bytes used; never
+ * 0. Only the choice to capture rests on it: a capture launches the ops. */
+static uint64_t step_digest(const struct cu_rec *rec)
+{
+    const uint64_t prime = 0x100000001b3ull; /* FNV-1a over words */
+    uint64_t h = (0xcbf29ce484222325ull ^ (uint64_t)rec->arena_used) * prime;
+    h = (h ^ (uint64_t)rec->n_ops) * prime;
+    const uint64_t *w = (const uint64_t *)rec->ops; /* ops are zeroed before they are filled */
+    size_t n = (size_t)rec->n_ops * sizeof *rec->ops / sizeof *w;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ w[i]) * prime;
+    return h ? h : 1;
+}
+
+/* Whether the recorded step repeats one of the last steps launched eagerly. */
+static bool step_repeats_recent(const struct cu_impl *im, uint64_t digest)
+{
+    for (int i = 0; i < CU_EAGER_RECENT; i++)
+        if (im->eager_recent[i] == digest)
+            return true;
+    return false;
+}
+
+static void remember_eager_step(struct cu_impl *im, uint64_t digest)
+{
+    im->eager_recent[im->eager_next] = digest;
+    im->eager_next = (im->eager_next + 1) % CU_EAGER_RECENT;
+}
+
+/* Whether the recorded step is replayed from a graph; a step that could be
+ * once it repeats is remembered (digest) when it is not. */
+static bool graph_wanted(struct cu_impl *im, uint64_t *digest)
+{
+    *digest = 0;
+    switch (step_graphable(im)) {
+    case STEP_GRAPH:
+        return true;
+    case STEP_GRAPH_IF_REPEATED:
+        if (graph_of_step(im))
+            return true;
+        *digest = step_digest(&im->rec);
+        return step_repeats_recent(im, *digest);
+    default:
+        return false;
+    }
 }
 
 /* Replays the graph captured from an identical op list, capturing it first. */
@@ -675,14 +793,9 @@ static bool run_graph(struct cu_impl *im)
 {
     const struct cu_rec *rec = &im->rec;
     size_t ops_bytes = (size_t)rec->n_ops * sizeof(struct cu_op);
-    struct cu_graph_entry *hit = NULL, *victim = &im->graphs[0];
-    for (int i = 0; i < CU_GRAPH_CACHE; i++) {
+    struct cu_graph_entry *hit = graph_of_step(im), *victim = &im->graphs[0];
+    for (int i = 0; !hit && i < CU_GRAPH_CACHE; i++) {
         struct cu_graph_entry *g = &im->graphs[i];
-        if (g->exec && g->n_ops == rec->n_ops && g->arena_used == rec->arena_used &&
-            !memcmp(g->ops, rec->ops, ops_bytes)) {
-            hit = g;
-            break;
-        }
         if (!g->exec || (victim->exec && g->last_used < victim->last_used))
             victim = g;
     }
@@ -761,6 +874,7 @@ static void flush(struct cu_impl *im)
     if (rec->n_ops == 0)
         return;
     if (!im->failed) {
+        uint64_t digest = 0;
         cudaSetDevice(im->dev.index);
         qgemv_workspace(im);
         if (rec->arena_used &&
@@ -772,11 +886,13 @@ static void flush(struct cu_impl *im)
             if (im->profile == BACKEND_PROFILE_OPS) {
                 exec_ops_profiled(im, rec->ops, rec->n_ops);
                 im->steps_eager++;
-            } else if (step_graphable(im)) {
+            } else if (graph_wanted(im, &digest)) {
                 run_graph(im);
             } else {
                 exec_ops(im, rec->ops, rec->n_ops);
                 im->steps_eager++;
+                if (digest)
+                    remember_eager_step(im, digest);
             }
         }
     }
@@ -1091,11 +1207,14 @@ static int cu_sample(struct backend *be, const float *logits, int n_rows, int vo
         uint64_t t2 = now_ns();
         if (im->sampled_at_ns) {
             im->host_engine_us += 1e-3 * (double)(t0 - im->sampled_at_ns);
+            if (im->step_recorded_at_ns > im->sampled_at_ns)
+                im->host_record_us += 1e-3 * (double)(t0 - im->step_recorded_at_ns);
             im->host_flush_us += 1e-3 * (double)(t1 - t0);
             im->host_sample_us += 1e-3 * (double)(t2 - t1);
             im->host_steps++;
         }
         im->sampled_at_ns = t2;
+        im->step_recorded_at_ns = 0;
     }
     return cu_status(be, err);
 }

@@ -15,6 +15,9 @@ extern "C" {
 }
 
 #define CU_GRAPH_CACHE 8
+/* Recent eager steps remembered, so that steps alternating between a few op
+ * lists (a draft model's and its target's) are captured too. */
+#define CU_EAGER_RECENT 4
 
 /* Streaming GEMV kernels (gemv.cu): 4 row counts x 2 matrix counts x with
  * or without the folded RMSNorm. */
@@ -225,6 +228,10 @@ struct cu_impl {
 
     struct cu_graph_entry graphs[CU_GRAPH_CACHE];
     uint64_t graph_clock;
+    /* Digests of the last CU_EAGER_RECENT steps launched eagerly: a step of
+     * more than CU_GEMV_MAX_ROWS rows is captured when it repeats one. */
+    uint64_t eager_recent[CU_EAGER_RECENT];
+    int eager_next;
     bool graphs_enabled;   /* backend_options.cuda_graphs */
     struct cu_fuse_config fuse; /* the mode and backend_options' fusion switches */
     bool prefill_tc;       /* backend_options.cuda_prefill_tc */
@@ -245,8 +252,9 @@ struct cu_impl {
     enum backend_profile profile;
     cudaEvent_t *prof_ev; /* owned; prof_ev_cap events */
     int prof_ev_cap;
-    double prof_ms[32];
-    long prof_calls[32];
+    double prof_ms[2][32]; /* [0]: steps without prefill attention, [1]: with */
+    long prof_calls[2][32];
+    long prof_steps[2];
     long graph_hits, graph_captures, steps_eager;
     /* graphs: the GPU time of each replayed step, between events around it */
     cudaEvent_t replay_ev[2];
@@ -254,8 +262,8 @@ struct cu_impl {
     long replays_timed;
     /* graphs: host time per sampled step - from the previous step's tokens
      * to this step's flush (the engine, recording), the flush, the sampling */
-    uint64_t sampled_at_ns;
-    double host_engine_us, host_flush_us, host_sample_us;
+    uint64_t sampled_at_ns, step_recorded_at_ns;
+    double host_engine_us, host_record_us, host_flush_us, host_sample_us;
     long host_steps;
 
     /* A quantized KV cache's format (backend.kv_quant points here when set)
