@@ -82,7 +82,9 @@ static void lt_plan_clear(struct cu_lt_plan *p)
  * 32k tok/s, pp4096 27.5k -> 32.5k). Timing loads each candidate's kernels,
  * tens of ms, so it happens once per (n, k, power-of-two bucket of rows):
  * other row counts of the bucket reuse the winner when cuBLASLt accepts it
- * for their shape. */
+ * for their shape. Decode-sized GEMMs gained nothing from it (64 sequences of
+ * Llama-3.1-8B through the server, tuned from 9 rows: 6,097 against 6,346
+ * tok/s). Nothing is timed while a graph is being captured. */
 #define LT_TUNE_ROWS 256
 #define LT_CANDIDATES 8
 
@@ -145,12 +147,10 @@ static cublasStatus_t lt_choose(struct cu_impl *im, struct cu_lt_plan *p,
                                 cublasLtMatmulPreference_t pref, const void *w,
                                 const void *xb, float *y)
 {
-    static int tune_rows = -1;
-    if (tune_rows < 0) { const char *e = getenv("INFERD_LT_TUNE_ROWS"); tune_rows = e ? atoi(e) : LT_TUNE_ROWS; }
     cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
     bool capturing = cudaStreamIsCapturing(im->stream, &cap) != cudaSuccess ||
                      cap != cudaStreamCaptureStatusNone;
-    bool tune = p->t >= tune_rows;
+    bool tune = p->t >= LT_TUNE_ROWS;
     int bucket = rows_bucket(p->t);
     for (int i = 0; tune && i < CU_LT_TUNED_MAX; i++) {
         struct cu_lt_tuned *tu = &im->lt_tuned[i];
@@ -366,8 +366,8 @@ static struct cu_impl *impl_of_rec(struct cu_rec *rec)
 static bool rec_ok(struct cu_rec *rec)
 {
     struct cu_impl *im = impl_of_rec(rec);
-    if (im->profile == BACKEND_PROFILE_GRAPHS && rec->n_ops == 0 && !im->step_recorded_at_ns)
-        im->step_recorded_at_ns = now_ns(); /* the step's first op */
+    if (im->profile == BACKEND_PROFILE_GRAPHS && rec->n_ops == 0 && !im->host.first_op)
+        im->host.first_op = now_ns(); /* the step's first op */
     return !im->failed;
 }
 
@@ -657,13 +657,13 @@ static void profile_report(struct cu_impl *im)
     if (im->replays_timed)
         log_info("cuda profile: replayed steps took %.1f us of GPU time each (%ld timed)",
                  1e3 * im->replay_ms / im->replays_timed, im->replays_timed);
-    if (im->host_steps)
-        log_info("cuda profile: per sampled step (%ld): %.1f us from the last tokens to the flush "
-                 "(%.1f us of it from the first op recorded), %.1f us flush (replays timed: "
-                 "includes their GPU time), %.1f us sampling",
-                 im->host_steps, im->host_engine_us / im->host_steps,
-                 im->host_record_us / im->host_steps, im->host_flush_us / im->host_steps,
-                 im->host_sample_us / im->host_steps);
+    const struct cu_step_times *h = &im->host;
+    if (h->steps)
+        log_info("cuda profile: per sampled step without prefill (%ld): %.1f us engine after the "
+                 "last tokens, %.1f us recording, %.1f us launching (replays timed: includes "
+                 "their GPU time), %.1f us host work before the picks, %.1f us sampling",
+                 h->steps, h->engine_us / h->steps, h->record_us / h->steps,
+                 h->launch_us / h->steps, h->picks_us / h->steps, h->sample_us / h->steps);
     static const char *const classes[2] = {"steps without prefill", "steps with prefill"};
     for (int cls = 0; cls < 2; cls++) {
         if (!im->prof_steps[cls])
@@ -882,6 +882,13 @@ static void flush(struct cu_impl *im)
                                        cudaMemcpyHostToDevice, im->stream)) &&
             CU_TRY(im, cudaEventRecord(im->arena_free, im->stream)))
             im->arena_pending = true;
+        if (im->profile == BACKEND_PROFILE_GRAPHS) {
+            if (!im->host.flush_start)
+                im->host.flush_start = now_ns();
+            for (int i = 0; i < rec->n_ops && !im->host.prefill; i++)
+                im->host.prefill = rec->ops[i].kind == CU_ATTENTION &&
+                                   cu_attention_uses_prefill(&rec->ops[i]);
+        }
         if (!im->failed) {
             if (im->profile == BACKEND_PROFILE_OPS) {
                 exec_ops_profiled(im, rec->ops, rec->n_ops);
@@ -895,6 +902,8 @@ static void flush(struct cu_impl *im)
                     remember_eager_step(im, digest);
             }
         }
+        if (im->profile == BACKEND_PROFILE_GRAPHS)
+            im->host.flush_end = now_ns();
     }
     cu_rec_clear(rec);
 }
@@ -1182,6 +1191,24 @@ static void cu_submit(struct backend *be)
     flush(impl_of(be));
 }
 
+/* Adds a sampled step's timeline (sampling from t_sample to t_done) to h
+ * when it did not prefill, and starts the next step's. */
+static void step_times_add(struct cu_step_times *h, uint64_t t_sample, uint64_t t_done)
+{
+    if (h->sampled_at && !h->prefill && h->first_op > h->sampled_at && h->flush_start) {
+        uint64_t flush_end = h->flush_end > h->flush_start ? h->flush_end : h->flush_start;
+        h->engine_us += 1e-3 * (double)(h->first_op - h->sampled_at);
+        h->record_us += 1e-3 * (double)(h->flush_start - h->first_op);
+        h->launch_us += 1e-3 * (double)(flush_end - h->flush_start);
+        h->picks_us += 1e-3 * (double)(t_sample > flush_end ? t_sample - flush_end : 0);
+        h->sample_us += 1e-3 * (double)(t_done - t_sample);
+        h->steps++;
+    }
+    h->sampled_at = t_done;
+    h->first_op = h->flush_start = h->flush_end = 0;
+    h->prefill = false;
+}
+
 /* Token sampling (sample.cu) runs after the step: the recorded ops are
  * launched (replayed from a graph for decode steps), then the sampling
  * kernels eagerly on the same stream, then one small copy of the results. */
@@ -1193,7 +1220,6 @@ static int cu_sample(struct backend *be, const float *logits, int n_rows, int vo
     struct cu_backend *cb = (struct cu_backend *)be;
     uint64_t t0 = im->profile == BACKEND_PROFILE_GRAPHS ? now_ns() : 0;
     flush(im);
-    uint64_t t1 = im->profile == BACKEND_PROFILE_GRAPHS ? now_ns() : 0;
     if (!im->failed && n_rows > 0) {
         cudaSetDevice(im->dev.index);
         if (cb->sampler || CU_TRY(im, cu_sampler_create(&cb->sampler))) {
@@ -1205,16 +1231,7 @@ static int cu_sample(struct backend *be, const float *logits, int n_rows, int vo
     }
     if (im->profile == BACKEND_PROFILE_GRAPHS) {
         uint64_t t2 = now_ns();
-        if (im->sampled_at_ns) {
-            im->host_engine_us += 1e-3 * (double)(t0 - im->sampled_at_ns);
-            if (im->step_recorded_at_ns > im->sampled_at_ns)
-                im->host_record_us += 1e-3 * (double)(t0 - im->step_recorded_at_ns);
-            im->host_flush_us += 1e-3 * (double)(t1 - t0);
-            im->host_sample_us += 1e-3 * (double)(t2 - t1);
-            im->host_steps++;
-        }
-        im->sampled_at_ns = t2;
-        im->step_recorded_at_ns = 0;
+        step_times_add(&im->host, t0, t2);
     }
     return cu_status(be, err);
 }

@@ -193,6 +193,18 @@ struct cu_lt_tuned {
 #define CU_UPLOAD_SLOTS 4
 #define CU_UPLOAD_SLOT_BYTES ((size_t)32 << 20)
 
+/* BACKEND_PROFILE_GRAPHS: the wall-clock timeline of each sampled step
+ * without prefill, from the previous step's tokens on the host to this
+ * step's: the engine's work, recording the ops, launching them (a replay is
+ * timed, so this includes its GPU time), the host's work before the picks,
+ * then sampling. */
+struct cu_step_times {
+    uint64_t sampled_at, first_op, flush_start, flush_end; /* ns; this step's marks */
+    bool prefill;                                           /* this step prefills */
+    double engine_us, record_us, launch_us, picks_us, sample_us; /* sums */
+    long steps;
+};
+
 struct cu_impl {
     struct cu_device dev;
     char describe[160];
@@ -260,11 +272,8 @@ struct cu_impl {
     cudaEvent_t replay_ev[2];
     double replay_ms;
     long replays_timed;
-    /* graphs: host time per sampled step - from the previous step's tokens
-     * to this step's flush (the engine, recording), the flush, the sampling */
-    uint64_t sampled_at_ns, step_recorded_at_ns;
-    double host_engine_us, host_record_us, host_flush_us, host_sample_us;
-    long host_steps;
+    /* graphs: where a decode step's wall time goes (cu_step_times) */
+    struct cu_step_times host;
 
     /* A quantized KV cache's format (backend.kv_quant points here when set)
      * and its Lloyd–Max books in device memory (owned; NULL without one). */

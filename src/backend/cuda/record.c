@@ -38,10 +38,19 @@ void cu_rec_clear(struct cu_rec *rec)
 {
     rec->n_ops = 0;
     rec->arena_used = 0;
+    if (rec->n_dedup)
+        memset(rec->dedup, 0, sizeof rec->dedup);
     rec->n_dedup = 0;
 }
 
 /* ---- the parameter arena ------------------------------------------------ */
+
+/* The dedup slot to probe first for key. */
+static unsigned dedup_slot(const void *key)
+{
+    uint64_t h = (uint64_t)(uintptr_t)key * 0x9e3779b97f4a7c15ull;
+    return (unsigned)(h >> 32) & (CU_DEDUP_SLOTS - 1);
+}
 
 /* Copies bytes of src into the arena (reserving padded bytes, zero-filled
  * past bytes) and returns its offset; the same key and contents already put
@@ -49,8 +58,9 @@ void cu_rec_clear(struct cu_rec *rec)
 static uint32_t arena_put(struct cu_rec *rec, const void *key, const void *src, size_t bytes,
                           size_t padded)
 {
-    for (int i = 0; i < rec->n_dedup; i++) {
-        struct cu_dedup *d = &rec->dedup[i];
+    unsigned slot = key ? dedup_slot(key) : 0;
+    for (; key && rec->dedup[slot].key; slot = (slot + 1) & (CU_DEDUP_SLOTS - 1)) {
+        const struct cu_dedup *d = &rec->dedup[slot];
         if (d->key == key && d->bytes == bytes && !memcmp(rec->arena + d->off, src, bytes))
             return d->off;
     }
@@ -60,12 +70,9 @@ static uint32_t arena_put(struct cu_rec *rec, const void *key, const void *src, 
     memcpy(rec->arena + off, src, bytes);
     memset(rec->arena + off + bytes, 0, padded - bytes);
     rec->arena_used = off + padded;
-    if (key) {
-        struct cu_dedup *d =
-            &rec->dedup[rec->n_dedup < CU_DEDUP_MAX ? rec->n_dedup++ : CU_DEDUP_MAX - 1];
-        d->key = key;
-        d->bytes = bytes;
-        d->off = (uint32_t)off;
+    if (key && rec->n_dedup < CU_DEDUP_SLOTS / 2) { /* slot: the probe's empty end */
+        rec->dedup[slot] = (struct cu_dedup){.key = key, .bytes = bytes, .off = (uint32_t)off};
+        rec->n_dedup++;
     }
     return (uint32_t)off;
 }

@@ -43,7 +43,11 @@ extern "C" {
  * picks them): 64 measured ahead of 32 on an H200 after an 8k prompt
  * (Llama-3.1-8B shape 177 -> 190 tok/s, Llama-3.2-1B 663 -> 762) */
 #define CU_ATTN_MAX_SPLITS 64
-#define CU_DEDUP_MAX 16
+/* Host arrays a step's arena remembers, so one put per layer of the same
+ * array (a sequence's block table) is stored once: an open-addressed table
+ * kept at most half full. A 64-sequence step puts 64 block tables per layer;
+ * with 16 entries they were copied again for every layer. */
+#define CU_DEDUP_SLOTS 1024
 /* The MoE GEMVs keep a row's expert order in shared memory: top_k up to this. */
 #define CU_MOE_MAX_TOP_K 32
 /* Dense attention (Whisper): steps of at most CU_DENSE_SPLIT_MAX_Q queries
@@ -275,8 +279,8 @@ struct cu_rec {
     int n_ops, cap_ops;
     uint8_t *arena;        /* the launcher's (pinned memory on a GPU); arena_cap bytes */
     size_t arena_cap, arena_used;
-    struct cu_dedup dedup[CU_DEDUP_MAX]; /* host arrays put in the arena this step */
-    int n_dedup;
+    struct cu_dedup dedup[CU_DEDUP_SLOTS]; /* host arrays put in the arena this step, by key */
+    int n_dedup;                           /* slots used */
     uint8_t *blob;         /* owned; scratch for building span blobs */
     size_t blob_cap;
     /* quantized caches: the Lloyd–Max books in device memory (the launcher's) */
