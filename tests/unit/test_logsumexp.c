@@ -54,6 +54,27 @@ Test(logsumexp, a_vocabulary_with_suppressed_tokens)
     free(x);
 }
 
+/* A strong candidate 20 above a N(0, 2^2) background over Qwen3's vocabulary:
+ * the background's terms are each below a float step of the candidate's 1, so
+ * a lane that has added the candidate drops what it adds after it; summed in
+ * one float chain per lane the log was 1.7e-4 off on rows like this. */
+Test(logsumexp, a_strong_candidate_above_a_wide_background)
+{
+    const size_t n = 151936;
+    float *x = malloc(n * sizeof *x);
+    uint64_t seed = 13;
+    for (size_t i = 0; i < n; i++) {
+        float z = -6.0f; /* twelve uniforms: close enough to a normal */
+        for (int k = 0; k < 12; k++)
+            z += uniform(&seed, 0.0f, 1.0f);
+        x[i] = 2.0f * z;
+    }
+    x[3] += 20.0f;
+    double want = reference(x, n), got = logsumexp_f32(x, n);
+    cr_expect_leq(fabs(got - want), 1e-5, "%.9f, want %.9f", got, want);
+    free(x);
+}
+
 Test(logsumexp, nan_entries_add_nothing)
 {
     float x[19];

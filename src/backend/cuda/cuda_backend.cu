@@ -350,7 +350,8 @@ static bool scratch_grow(struct cu_impl *im, void **buf, size_t *have, size_t ne
     *have = 0;
     size_t bytes = pow2_at_least(need, (size_t)1 << 20);
     /* on the step's stream: the legacy stream does not order a non-blocking one */
-    if (!CU_TRY(im, cudaMalloc(buf, bytes)) || !CU_TRY(im, cudaMemsetAsync(*buf, 0, bytes, im->stream)))
+    if (!CU_TRY(im, cudaMalloc(buf, bytes)) ||
+        !CU_TRY(im, cudaMemsetAsync(*buf, 0, bytes, im->stream)))
         return false; /* zeroed: the split-attention counters start at 0 */
     *have = bytes;
     return true;
@@ -610,6 +611,15 @@ static bool plan_next(struct cu_impl *im, const struct cu_op *ops, int i, int n,
     return false;
 }
 
+/* Whether ops (a step) prefill: some attention runs on the prefill kernels. */
+static bool step_prefills(const struct cu_op *ops, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (ops[i].kind == CU_ATTENTION && cu_attention_uses_prefill(&ops[i]))
+            return true;
+    return false;
+}
+
 /* Eager launches with an event pair around each, timed per kind of launch. */
 static bool exec_ops_profiled(struct cu_impl *im, const struct cu_op *ops, int n)
 {
@@ -635,9 +645,7 @@ static bool exec_ops_profiled(struct cu_impl *im, const struct cu_op *ops, int n
         i += l.n_ops;
     }
     cudaStreamSynchronize(im->stream);
-    int cls = 0; /* 1: the step prefills (it has prefill attention) */
-    for (int i = 0; i < n && !cls; i++)
-        cls = ops[i].kind == CU_ATTENTION && cu_attention_uses_prefill(&ops[i]);
+    int cls = step_prefills(ops, n) ? 1 : 0;
     for (int k = 0; k < n_launch; k++) {
         float ms = 0;
         cudaEventElapsedTime(&ms, im->prof_ev[2 * k], im->prof_ev[2 * k + 1]);
@@ -885,9 +893,7 @@ static void flush(struct cu_impl *im)
         if (im->profile == BACKEND_PROFILE_GRAPHS) {
             if (!im->host.flush_start)
                 im->host.flush_start = now_ns();
-            for (int i = 0; i < rec->n_ops && !im->host.prefill; i++)
-                im->host.prefill = rec->ops[i].kind == CU_ATTENTION &&
-                                   cu_attention_uses_prefill(&rec->ops[i]);
+            im->host.prefill = im->host.prefill || step_prefills(rec->ops, rec->n_ops);
         }
         if (!im->failed) {
             if (im->profile == BACKEND_PROFILE_OPS) {
