@@ -702,19 +702,18 @@ static bool exec_ops(struct cu_impl *im, const struct cu_op *ops, int n)
 
 /* Which steps are replayed from graphs: decode steps of up to
  * CU_GEMV_MAX_ROWS rows always; larger steps without prefill attention (the
- * decode steps of many sequences, on cuBLASLt) once they repeat the step
- * before or a captured one, so a one-off prefill chunk is never captured. */
+ * decode steps of many sequences, on cuBLASLt) once they repeat one of the
+ * last CU_EAGER_RECENT eager steps or a captured one, so a one-off step is
+ * never captured. */
 enum step_graph { STEP_EAGER, STEP_GRAPH, STEP_GRAPH_IF_REPEATED };
 
 static enum step_graph step_graphable(const struct cu_impl *im)
 {
-    if (!im->graphs_enabled)
+    if (!im->graphs_enabled || step_prefills(im->rec.ops, im->rec.n_ops))
         return STEP_EAGER;
     enum step_graph how = STEP_GRAPH;
     for (int i = 0; i < im->rec.n_ops; i++) {
         const struct cu_op *op = &im->rec.ops[i];
-        if (op->kind == CU_ATTENTION && cu_attention_uses_prefill(op))
-            return STEP_EAGER;
         /* a prefix-cache copy comes once per admission: not worth a graph */
         if (op->kind == CU_KV_COPY)
             return STEP_EAGER;
