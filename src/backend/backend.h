@@ -493,6 +493,15 @@ struct backend_options {
     /* CUDA: FAST-mode prefill attention over an f16 cache on tensor cores
      * (default on; off: the f32 kernel) */
     enum backend_switch cuda_prefill_tc;
+    /* CUDA: FAST-mode decode attention of many sequences (more than 8 rows)
+     * over an f16 cache on tensor cores (default on; off: the f32
+     * flash-decoding kernel, with the q/k launch folded in) */
+    enum backend_switch cuda_decode_tc;
+    /* CUDA: FAST-mode bf16 matmuls of 9 to 64 rows (a batched decode step) on
+     * a tensor-core tile GEMM with the GEMV epilogues (default off, where
+     * cuBLASLt is faster: bench/RESULTS.md; off: cuBLASLt, the adds and SwiGLU
+     * launched apart) */
+    enum backend_switch cuda_batch_gemm;
     /* CUDA: matmuls of f32 weights over more rows than the GEMV kernels take
      * through cuBLASLt's f32 GEMM (default off: a row's result then depends
      * on how many rows the GEMM has, which EXACT mode's batch invariance

@@ -64,6 +64,10 @@ void cli_backend_options_from_env(struct backend_options *out)
     out->cuda_norm_fusion = env_off("INFERD_CUDA_NORM_FUSION");
     out->cuda_qk_fusion = env_off("INFERD_CUDA_QK_ATTN");
     out->cuda_prefill_tc = env_off("INFERD_CUDA_PREFILL_TC");
+    out->cuda_decode_tc = env_off("INFERD_CUDA_DECODE_TC");
+    const char *batch_gemm = getenv("INFERD_CUDA_BATCH_GEMM");
+    if (batch_gemm && !strcmp(batch_gemm, "1"))
+        out->cuda_batch_gemm = BACKEND_ON;
     out->cuda_moe = env_off("INFERD_CUDA_MOE");
     out->cuda_skinny_gemm = env_off("INFERD_CUDA_SKINNY");
     const char *qgemv = getenv("INFERD_CUDA_QGEMV");
@@ -88,6 +92,8 @@ int cli_backend_flag(const char *flag, const char *value, struct backend_options
         {"--cuda-norm-fusion", offsetof(struct backend_options, cuda_norm_fusion)},
         {"--cuda-qk-fusion", offsetof(struct backend_options, cuda_qk_fusion)},
         {"--cuda-prefill-tc", offsetof(struct backend_options, cuda_prefill_tc)},
+        {"--cuda-decode-tc", offsetof(struct backend_options, cuda_decode_tc)},
+        {"--cuda-batch-gemm", offsetof(struct backend_options, cuda_batch_gemm)},
         {"--cuda-moe", offsetof(struct backend_options, cuda_moe)},
         {"--cuda-skinny-gemm", offsetof(struct backend_options, cuda_skinny_gemm)},
     };

@@ -35,6 +35,8 @@ bool cli_device_parse(const char *text, struct device_spec *out);
     "                              (INFERD_CUDA_QK_ATTN=0)\n"                                    \
     "  --cuda-prefill-tc on|off    fast-mode prefill attention on tensor cores\n"                \
     "                              (INFERD_CUDA_PREFILL_TC=0)\n"                                 \
+    "  --cuda-decode-tc on|off     fast-mode decode attention of more than 8 sequences on\n"     \
+    "                              tensor cores (INFERD_CUDA_DECODE_TC=0)\n"                     \
     "  --cuda-moe on|off           MoE experts on vectorised GEMVs and a grouped tensor-core\n"  \
     "                              GEMM; off: the first kernels (INFERD_CUDA_MOE=0)\n"          \
     "  --cuda-qgemv dp4a|float     fast-mode Q8_0/Q4_K/Q6_K decode GEMVs on int8 x with dp4a;\n"  \
@@ -43,6 +45,8 @@ bool cli_device_parse(const char *text, struct device_spec *out);
     "                              leave the GEMV kernels\n"                                   \
     "  --cuda-skinny-gemm on|off   fast-mode bf16 matmuls of 3-8 rows on tensor cores, each\n"   \
     "                              weight read once; off: cuBLASLt (INFERD_CUDA_SKINNY=0)\n"   \
+    "  --cuda-batch-gemm on|off    fast-mode bf16 matmuls of 9-64 rows on a tensor-core tile\n"  \
+    "                              GEMM (default off: cuBLASLt; INFERD_CUDA_BATCH_GEMM=1)\n"   \
     "  --cuda-profile off|ops|graphs  log GPU time per launch kind, or graph replays, at exit\n" \
     "                              (INFERD_CUDA_PROFILE)\n"
 

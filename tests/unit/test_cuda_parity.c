@@ -266,10 +266,11 @@ Test(cuda_fusion, qk_prep_folded_into_decode_attention_equals_separate_launches,
                              "with q/k prep folded into attention and launched apart (exact mode)");
 }
 
-/* One prefill attention call: up to 3 spans over a one-layer paged cache. */
+/* One attention call: up to ATTN_MAX_SPANS spans over a one-layer paged cache. */
+#define ATTN_MAX_SPANS 40
 struct attn_shape {
     int head_dim, n_heads, n_kv_heads, block_size, window, n_spans;
-    int n_tokens[3], pos0[3];
+    int n_tokens[ATTN_MAX_SPANS], pos0[ATTN_MAX_SPANS];
     float q_amp;
 };
 
@@ -284,7 +285,7 @@ static float exact_rand(uint64_t *state, float amp)
 
 /* The largest |out - reference| of one shape; the reference is computed in
  * double from the same q, K and V. */
-static double prefill_attention_error(struct backend *be, const struct attn_shape *sh)
+static double attention_error(struct backend *be, const struct attn_shape *sh)
 {
     int hd = sh->head_dim, kv_dim = sh->n_kv_heads * hd, q_dim = sh->n_heads * hd;
     int n_rows = 0, n_ctx = 0, n_blocks = 0;
@@ -332,7 +333,7 @@ static double prefill_attention_error(struct backend *be, const struct attn_shap
     be->ops->to_device(be, dq, q, (size_t)n_rows * q_dim * sizeof(float));
 
     /* every span's whole context into the cache, then its new rows' queries */
-    struct attn_span store[3], spans[3];
+    struct attn_span store[ATTN_MAX_SPANS], spans[ATTN_MAX_SPANS];
     int row = 0, ctx_row = 0, block = 0;
     for (int s = 0; s < sh->n_spans; s++) {
         int ctx = sh->pos0[s] + sh->n_tokens[s];
@@ -424,7 +425,7 @@ Test(cuda_attention, fast_prefill_matches_f64_reference_on_varlen_gqa_and_window
     cr_assert_eq(cuda_backend(COMPUTE_FAST, &be, &err), 0, "%s", err.msg);
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         const struct attn_shape *sh = &shapes[i];
-        double worst = prefill_attention_error(be, sh);
+        double worst = attention_error(be, sh);
         cr_log_info("cuda prefill attention, head_dim %d, %d/%d heads, block %d, window %d, "
                     "%d span(s) (%d at %d, ...): max |error| %.2e",
                     sh->head_dim, sh->n_heads, sh->n_kv_heads, sh->block_size, sh->window,
@@ -432,6 +433,51 @@ Test(cuda_attention, fast_prefill_matches_f64_reference_on_varlen_gqa_and_window
         cr_expect_leq(worst, 5e-3, "shape %zu: max |error| %.3e", i, worst);
     }
     backend_destroy(be);
+}
+
+/* Decode steps of many sequences (more than CU_GEMV_MAX_ROWS rows: the
+ * tensor-core decode kernel in fast mode, the flash-decoding one with
+ * cuda_decode_tc off), one or two tokens a sequence at spread-out positions,
+ * GQA groups 1 to 16, head dims 64 and 128, block sizes 1 to 256, sliding
+ * windows, and contexts long enough that a row's positions are split and
+ * merged: every output within fp16 rounding of the exact result. */
+Test(cuda_attention, fast_decode_of_many_sequences_matches_f64_reference, .timeout = 300)
+{
+    skip_without_gpu();
+    static const struct {
+        int head_dim, n_heads, n_kv_heads, block_size, window, n_spans, tokens, ctx;
+    } kinds[] = {
+        {128, 32, 8, 16, 0, 40, 1, 700},  /* 8B's heads: one split a row */
+        {128, 32, 8, 16, 0, 12, 1, 3000}, /* few rows, long contexts: split and merged */
+        {64, 16, 1, 7, 0, 20, 1, 300},    /* a group of 16, blocks not a power of two */
+        {128, 24, 2, 256, 37, 16, 1, 500}, /* a group of 12, a sliding window */
+        {64, 8, 8, 1, 0, 10, 2, 200},     /* no grouping, two tokens a sequence */
+        {128, 16, 4, 16, 100, 9, 1, 5000}, /* a window inside split contexts */
+    };
+    struct err err = {0};
+    for (int tc = 0; tc < 2; tc++) {
+        cuda_options.cuda_decode_tc = tc ? BACKEND_ON : BACKEND_OFF;
+        struct backend *be = NULL;
+        cr_assert_eq(cuda_backend(COMPUTE_FAST, &be, &err), 0, "%s", err.msg);
+        for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+            struct attn_shape sh = {kinds[i].head_dim, kinds[i].n_heads, kinds[i].n_kv_heads,
+                                    kinds[i].block_size, kinds[i].window, kinds[i].n_spans,
+                                    {0}, {0}, 3.0f};
+            for (int s = 0; s < sh.n_spans; s++) {
+                sh.n_tokens[s] = kinds[i].tokens;
+                sh.pos0[s] = kinds[i].ctx / 2 + (s * 97) % (kinds[i].ctx / 2);
+            }
+            double worst = attention_error(be, &sh);
+            cr_log_info("cuda decode attention (%s), head_dim %d, %d/%d heads, block %d, "
+                        "window %d, %d sequences of %d token(s) near %d: max |error| %.2e",
+                        tc ? "tensor cores" : "flash-decoding", sh.head_dim, sh.n_heads,
+                        sh.n_kv_heads, sh.block_size, sh.window, sh.n_spans, kinds[i].tokens,
+                        kinds[i].ctx, worst);
+            cr_expect_leq(worst, 5e-3, "%s, kind %zu: max |error| %.3e",
+                          tc ? "tensor cores" : "flash-decoding", i, worst);
+        }
+        backend_destroy(be);
+    }
 }
 
 /* RMSNorm then a bf16 matmul of 1..8 rows (the decode path: the norm is
@@ -644,13 +690,15 @@ static void skinny_on(struct backend *be, int n_mat, int rows, int cols, const u
 }
 
 /* FAST-mode bf16 matmuls of 3..8 rows (a batched decode or verify step) run
- * on the tensor-core skinny GEMM (9 and 16 rows on cuBLASLt): each output is the f64 dot product of
+ * on the tensor-core skinny GEMM, of 9..64 rows on the batched tile GEMM
+ * (split-K at most shapes): each output is the f64 dot product of
  * bf16-rounded x and the weights within f32 accumulation's rounding of
  * sum |w x|, with bias, the q/k/v group, the SwiGLU pair and the residual
- * add folded in; and with the GEMM switched off (cuBLASLt) the same within
- * the same bound. Shapes: a tile of rows cut short (37), rows not a multiple
+ * add folded in, the same bits on a second run; and with both GEMMs switched
+ * off (cuBLASLt) the same within the same bound. Shapes: a tile of rows cut short (37), rows not a multiple
  * of 32 long (200), a decode step's 4,096 and 14,336, a tall head. */
-Test(cuda_gemv, fast_skinny_gemm_of_3_to_8_rows_matches_f64_with_its_epilogues, .timeout = 300)
+Test(cuda_gemv, fast_tensor_core_gemms_of_3_to_64_rows_match_f64_with_their_epilogues,
+     .timeout = 300)
 {
     skip_without_gpu();
     static const struct {
@@ -663,14 +711,17 @@ Test(cuda_gemv, fast_skinny_gemm_of_3_to_8_rows_matches_f64_with_its_epilogues, 
         {1, 512, 4096, SKINNY_RESIDUAL, false}, {2, 256, 4096, SKINNY_SWIGLU, false},
         {1, 256, 14336, SKINNY_PLAIN, false}, {1, 5000, 512, SKINNY_PLAIN, false},
     };
-    static const int batches[] = {3, 5, 8, 9, 16};
-    const int max_n = 16;
+    static const int batches[] = {3, 5, 8, 9, 16, 33, 64};
+    const int max_n = 64;
     struct err err = {0};
     struct backend *gpu[2] = {NULL, NULL};
+    cuda_options.cuda_batch_gemm = BACKEND_ON;
     cr_assert_eq(cuda_backend(COMPUTE_FAST, &gpu[0], &err), 0, "%s", err.msg);
     cuda_options.cuda_skinny_gemm = BACKEND_OFF;
+    cuda_options.cuda_batch_gemm = BACKEND_OFF;
     cr_assert_eq(cuda_backend(COMPUTE_FAST, &gpu[1], &err), 0, "%s", err.msg);
     cuda_options.cuda_skinny_gemm = BACKEND_DEFAULT;
+    cuda_options.cuda_batch_gemm = BACKEND_DEFAULT;
     uint64_t state = 13;
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         int n_mat = cases[ci].n_mat, rows = cases[ci].rows, cols = cases[ci].cols;
@@ -709,7 +760,7 @@ Test(cuda_gemv, fast_skinny_gemm_of_3_to_8_rows_matches_f64_with_its_epilogues, 
                 skinny_on(gpu[g], n_mat, rows, cols, w, cases[ci].bias ? bias : NULL, x, n,
                           cases[ci].ep, res0, out, res);
                 if (g == 0) {
-                    /* a tile's column parts are added in warp order: the same bits again */
+                    /* a tile's column parts are added in warp (or split) order: the same bits again */
                     skinny_on(gpu[g], n_mat, rows, cols, w, cases[ci].bias ? bias : NULL, x, n,
                               cases[ci].ep, res0, again, res);
                     cr_expect_eq(memcmp(again, out, n_mat * (size_t)n * rows * sizeof *out), 0,

@@ -270,7 +270,7 @@ static struct backend *recorder_create(enum compute_mode mode)
 
 #define BLOCK_SIZE 16
 #define BLOCKS_PER_SEQ 4 /* 64 positions */
-#define MAX_SEQS 3
+#define MAX_SEQS 9 /* CU_ATTN_MMA_MIN_ROWS */
 #define PREFILL_TOKENS 20
 
 struct rig {
@@ -332,7 +332,7 @@ static void rig_close(struct rig *r)
  * step when n_tokens is 1); returns the step as the CUDA backend launches it. */
 static const struct cu_op *rig_step(struct rig *r, int n_seqs, int n_tokens, int *n_ops)
 {
-    static const int pos0[MAX_SEQS] = {20, 7, 33};
+    static const int pos0[MAX_SEQS] = {20, 7, 33, 12, 40, 3, 25, 50, 9};
     int32_t tokens[MAX_SEQS][PREFILL_TOKENS];
     struct batch_seq seqs[MAX_SEQS];
     for (int s = 0; s < n_seqs; s++) {
@@ -849,4 +849,102 @@ Test(fusion, an_unknown_op_kind_is_refused)
     struct cu_launch plan[4];
     cr_expect_eq(cu_fuse_plan(&fast_all, ops, 1, plan, 4), 1);
     cr_expect_eq(cu_fuse_plan(&fast_all, ops, 2, plan, 4), -1);
+}
+
+/* The tensor-core decode attention (decode_mma) takes steps of more than
+ * CU_GEMV_MAX_ROWS rows over an f16 cache; the q/k launch before it is then
+ * not folded in. Fewer rows, or decode_mma off, keep the fold. */
+Test(fusion, decode_attention_of_many_rows_on_tensor_cores_takes_the_qk_launch_apart)
+{
+    struct rig r;
+    rig_open(&r, "tiny-qwen3", COMPUTE_FAST);
+    cr_assert_eq(r.model->config.head_dim % 64, 0, "a head dim the tensor-core kernel takes");
+    struct cu_fuse_config mma = fast_all;
+    mma.decode_mma = true;
+    mma.skinny_max_rows = CU_SKINNY_MAX_ROWS;
+    int n_ops = 0;
+    const struct cu_op *ops = rig_step(&r, CU_ATTN_MMA_MIN_ROWS, 1, &n_ops);
+    int n_attn = 0;
+    for (int i = 0; i < n_ops; i++)
+        if (ops[i].kind == CU_ATTENTION) {
+            cr_expect(cu_attention_uses_mma(&ops[i]), "op %d: a decode of %d rows", i,
+                      ops[i].n_rows);
+            n_attn++;
+        }
+    cr_assert_gt(n_attn, 0);
+    check_step(&r, "tiny-qwen3, 9 sequences decoding, tensor-core attention", &mma,
+               CU_ATTN_MMA_MIN_ROWS, 1,
+               "rmsnorm gemmx3 qk_norm+rope_qk+kv_store attention gemm add rmsnorm gemmx2 "
+               "silu_mul gemm add",
+               11, "rmsnorm rmsnorm rmsnorm rmsnorm rmsnorm rmsnorm rmsnorm rmsnorm rmsnorm gemm");
+    check_step(&r, "tiny-qwen3, 9 sequences decoding, flash-decoding attention", &fast_all,
+               CU_ATTN_MMA_MIN_ROWS, 1,
+               "rmsnorm gemmx3 qk_norm+rope_qk+kv_store+attention gemm add rmsnorm gemmx2 "
+               "silu_mul gemm add",
+               10, "rmsnorm rmsnorm rmsnorm rmsnorm rmsnorm rmsnorm rmsnorm rmsnorm rmsnorm gemm");
+    ops = rig_step(&r, CU_GEMV_MAX_ROWS, 1, &n_ops);
+    for (int i = 0; i < n_ops; i++)
+        if (ops[i].kind == CU_ATTENTION)
+            cr_expect(!cu_attention_uses_mma(&ops[i]), "op %d: a decode of %d rows", i,
+                      ops[i].n_rows);
+    rig_close(&r);
+    rig_open(&r, "tiny-qwen3", COMPUTE_EXACT);
+    ops = rig_step(&r, CU_ATTN_MMA_MIN_ROWS, 1, &n_ops);
+    for (int i = 0; i < n_ops; i++)
+        if (ops[i].kind == CU_ATTENTION)
+            cr_expect(!cu_attention_uses_mma(&ops[i]), "exact mode, op %d", i);
+    rig_close(&r);
+}
+
+/* The batched tile GEMM (batch_max_rows): fast-mode bf16 matmuls of
+ * CU_SKINNY_MAX_ROWS + 1 .. CU_BATCH_MAX_ROWS rows run on it with the GEMV
+ * launches' epilogues, the LM head too; with the tensor-core decode
+ * attention on as well, a 9-sequence step is the backend's default plan.
+ * More rows, rows of a length not a multiple of 8 and unaligned operands go
+ * to cuBLASLt. */
+Test(fusion, fast_matmuls_of_9_to_64_rows_run_on_the_batched_tile_gemm)
+{
+    struct rig r;
+    rig_open(&r, "tiny-qwen3", COMPUTE_FAST);
+    struct cu_fuse_config batch = fast_all;
+    batch.skinny_max_rows = CU_SKINNY_MAX_ROWS;
+    batch.batch_max_rows = CU_BATCH_MAX_ROWS;
+    batch.decode_mma = true;
+    check_step(&r, "tiny-qwen3, 9 sequences decoding", &batch, CU_ATTN_MMA_MIN_ROWS, 1,
+               "rmsnorm skinnyx3 qk_norm+rope_qk+kv_store attention skinny+add rmsnorm "
+               "skinnyx2+swiglu skinny+add",
+               8, "rmsnorm rmsnorm rmsnorm rmsnorm rmsnorm rmsnorm rmsnorm rmsnorm rmsnorm skinny");
+    rig_close(&r);
+    static _Alignas(16) float x[(CU_BATCH_MAX_ROWS + 1) * 208 + 4];
+    static _Alignas(16) uint16_t w[64 * 208 + 8];
+    struct cu_op op;
+    memset(&op, 0, sizeof op);
+    op.kind = CU_MATMUL;
+    op.u.mm.dtype = DTYPE_BF16;
+    op.u.mm.n = 1;
+    op.u.mm.m[0].rows = 64;
+    static const struct {
+        int rows, cols, x_off, w_off, kind;
+        bool batch;
+    } cases[] = {
+        {CU_SKINNY_MAX_ROWS + 1, 208, 0, 0, CU_LAUNCH_GEMV, true},
+        {CU_BATCH_MAX_ROWS, 208, 0, 0, CU_LAUNCH_GEMV, true},
+        {CU_BATCH_MAX_ROWS + 1, 208, 0, 0, CU_LAUNCH_GEMM, false},
+        {20, 204, 0, 0, CU_LAUNCH_GEMV, false}, /* the GEMV kernels, as at fewer rows */
+        {20, 208, 1, 0, CU_LAUNCH_GEMM, false},
+        {20, 208, 0, 4, CU_LAUNCH_GEMM, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        op.n_rows = cases[i].rows;
+        op.u.mm.cols = cases[i].cols;
+        op.u.mm.x = x + cases[i].x_off;
+        op.u.mm.m[0].w = w + cases[i].w_off;
+        struct cu_launch plan[2];
+        cr_assert_eq(cu_fuse_plan(&batch, &op, 1, plan, 2), 1);
+        cr_expect(plan[0].kind == cases[i].kind && plan[0].skinny == cases[i].batch &&
+                      cu_fuse_uses_batch_gemm(&batch, &op) == cases[i].batch,
+                  "%d rows of %d, x + %d, w + %d: launch kind %d, skinny %d", cases[i].rows,
+                  cases[i].cols, cases[i].x_off, cases[i].w_off, (int)plan[0].kind,
+                  (int)plan[0].skinny);
+    }
 }

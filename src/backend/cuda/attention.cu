@@ -2,6 +2,7 @@
 #include <cuda_fp16.h>
 #include <float.h>
 
+#include "backend/cuda/attn_rows.cuh"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/online_softmax.cuh"
 #include "backend/cuda/warp.cuh"
@@ -13,29 +14,12 @@
  * then the split partials; the counters never share memory with partials,
  * whatever the shape of the step that wrote them. */
 #define DEC_COUNTERS CU_ATTN_COUNTERS
-/* Floats per split partial of one query head: m, l, two unused, acc[hd]
- * (16-byte aligned). */
-#define PART_STRIDE(hd) ((hd) + 4)
 #define FD_WARPS 8
 #define FD_THREADS (FD_WARPS * 32)
 #define FD_RED_FLOATS 4096
 #define PF_BQ 32
 #define PF_BK 32
 #define PF_THREADS 128
-
-struct span_view {
-    const struct cu_span *spans;
-    const int *rowmap;
-};
-
-static __device__ __forceinline__ struct span_view spans_at(const uint8_t *params, uint32_t off,
-                                                            int n_spans)
-{
-    struct span_view v;
-    v.spans = (const struct cu_span *)(params + off);
-    v.rowmap = (const int *)(v.spans + n_spans);
-    return v;
-}
 
 static __device__ __forceinline__ size_t slot_offset(const struct cu_kv *kv, int layer,
                                                      const uint32_t *bt, int pos)
@@ -196,24 +180,6 @@ struct fd_shape {
     static constexpr int PS = PART_STRIDE(HD);             /* floats per partial */
 };
 
-/* The positions row attends to, [*first, *last], and its block table;
- * false for a row no span covers. */
-static __device__ __forceinline__ bool decode_row(const struct cu_op &op, const uint8_t *params,
-                                                  int row, int *first, int *last,
-                                                  const uint32_t **bt)
-{
-    struct span_view sv = spans_at(params, op.u.attn.spans_off, op.u.attn.n_spans);
-    if (sv.rowmap[row] < 0)
-        return false;
-    const struct cu_span *sp = &sv.spans[sv.rowmap[row]];
-    *bt = (const uint32_t *)(params + sp->bt_off);
-    *last = sp->pos0 + (row - sp->row0);
-    *first = 0;
-    if (op.u.attn.window > 0 && *last - op.u.attn.window + 1 > 0)
-        *first = *last - op.u.attn.window + 1;
-    return true;
-}
-
 /* out = the splits' partials s_first .. s_first + n_active - 1 merged, for
  * query heads h0 .. h0 + ng - 1 of row. Called by all threads of a block. */
 template <int HD, int GP>
@@ -347,16 +313,12 @@ attn_decode_fd_kernel(struct cu_op op, const uint8_t *params, float *part, unsig
     const int ng = group - hc * GP < GP ? group - hc * GP : GP;
     const int split = blockIdx.y, n_splits = gridDim.y, row = blockIdx.z;
 
-    int first, last;
-    const uint32_t *bt;
-    if (!decode_row(op, params, row, &first, &last, &bt))
+    struct decode_split ds;
+    if (!decode_split_of(op, params, row, split, n_splits, &ds))
         return;
-    const int chunk = (op.u.attn.ctx_bucket + n_splits - 1) / n_splits;
-    const int s_first = first / chunk, n_active = last / chunk - s_first + 1;
-    if (split < s_first || split >= s_first + n_active)
-        return;
-    const int begin = split * chunk > first ? split * chunk : first;
-    const int end = split * chunk + chunk - 1 < last ? split * chunk + chunk - 1 : last;
+    const uint32_t *bt = ds.bt;
+    const int last = ds.last, begin = ds.begin, end = ds.end;
+    const int s_first = ds.s_first, n_active = ds.n_active;
 
     const int q_dim = op.u.attn.n_heads * HD;
     const float *qrow = op.u.attn.q + (size_t)row * q_dim + (size_t)h0 * HD;
@@ -786,6 +748,19 @@ static cudaError_t launch_decode(cudaStream_t s, const struct cu_op *op, const u
     return cudaGetLastError();
 }
 
+/* The merge launch of the splits' partials, a block per row and head group. */
+template <int HD, int GP>
+static cudaError_t launch_fd_merge(cudaStream_t s, const struct cu_op *op, const uint8_t *params,
+                                   const float *partials)
+{
+    int group = op->u.attn.n_heads / op->u.attn.kv.n_kv_heads;
+    dim3 mgrid((unsigned)(op->u.attn.kv.n_kv_heads * ((group + GP - 1) / GP)), 1,
+               (unsigned)op->n_rows);
+    attn_decode_fd_merge_kernel<HD, GP>
+        <<<mgrid, FD_THREADS, 0, s>>>(*op, params, partials, op->u.attn.n_splits);
+    return cudaGetLastError();
+}
+
 template <int HD, int GP>
 static cudaError_t launch_decode_fd(cudaStream_t s, const struct cu_op *op, const uint8_t *params,
                                     float *part, const struct cu_qk_args *prep)
@@ -817,9 +792,7 @@ static cudaError_t launch_decode_fd(cudaStream_t s, const struct cu_op *op, cons
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess || merge_inside)
         return e;
-    dim3 mgrid(grid.x, 1, grid.z);
-    attn_decode_fd_merge_kernel<HD, GP><<<mgrid, FD_THREADS, 0, s>>>(*op, params, partials, n_splits);
-    return cudaGetLastError();
+    return launch_fd_merge<HD, GP>(s, op, params, partials);
 }
 
 /* The query heads per block: the group rounded up to a power of two, at most 8. */
@@ -835,6 +808,20 @@ static cudaError_t launch_decode_hd(cudaStream_t s, const struct cu_op *op, cons
     if (group <= 4)
         return launch_decode_fd<HD, 4>(s, op, params, part, prep);
     return launch_decode_fd<HD, 8>(s, op, params, part, prep);
+}
+
+cudaError_t cu_launch_attention_merge(cudaStream_t s, const struct cu_op *op,
+                                      const uint8_t *params, float *part)
+{
+    int hd = op->u.attn.kv.head_dim, group = op->u.attn.n_heads / op->u.attn.kv.n_kv_heads;
+    const float *partials = part + DEC_COUNTERS;
+    if (hd == 64)
+        return group <= 8 ? launch_fd_merge<64, 8>(s, op, params, partials)
+                          : launch_fd_merge<64, 16>(s, op, params, partials);
+    if (hd == 128)
+        return group <= 8 ? launch_fd_merge<128, 8>(s, op, params, partials)
+                          : launch_fd_merge<128, 16>(s, op, params, partials);
+    return cudaErrorInvalidValue;
 }
 
 template <int HPT>

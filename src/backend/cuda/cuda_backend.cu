@@ -548,7 +548,7 @@ enum prof_label {
     PL_EMBED, PL_GEMV, PL_GEMV_GROUP, PL_GEMV_RES, PL_GEMV_SWIGLU, PL_GEMM, PL_RMSNORM, PL_QK,
     PL_ROPE, PL_SILU, PL_ADD, PL_KV_STORE, PL_ATTN_DECODE, PL_ATTN_PREFILL, PL_NORM_GEMV,
     PL_QK_ATTN, PL_KV_COPY, PL_MOE_ROUTE, PL_MOE_FFN, PL_GATED_ADD, PL_GEMMA_EW, PL_LORA,
-    PL_ENCDEC_EW, PL_ATTN_DENSE, PL_GEMM_SKINNY, PL_N
+    PL_ENCDEC_EW, PL_ATTN_DENSE, PL_GEMM_SKINNY, PL_GEMM_BATCH, PL_N
 };
 static const char *const prof_names[PL_N] = {
     "embed", "gemv", "gemv group", "gemv + residual add", "gemv gate/up + swiglu",
@@ -557,7 +557,7 @@ static const char *const prof_names[PL_N] = {
     "q/k prep + attention decode", "kv copy slots", "moe routing", "moe experts",
     "shared expert gate + add", "gelu_tanh_mul, scale, softcap", "lora shrink + expand",
     "layer_norm, gelu, scatter_rows", "attention dense (+ merge)",
-    "skinny gemm, tensor cores (+ epilogue)"};
+    "skinny gemm, tensor cores (+ epilogue)", "batched tile gemm, tensor cores (+ epilogue)"};
 
 static int prof_label_of(const struct cu_op *ops, const struct cu_launch *l)
 {
@@ -588,7 +588,7 @@ static int prof_label_of(const struct cu_op *ops, const struct cu_launch *l)
     case CU_LAUNCH_GEMM: return PL_GEMM;
     case CU_LAUNCH_GEMV:
         if (l->skinny)
-            return PL_GEMM_SKINNY;
+            return op->n_rows > CU_SKINNY_MAX_ROWS ? PL_GEMM_BATCH : PL_GEMM_SKINNY;
         if (l->norm)
             return PL_NORM_GEMV;
         if (l->residual)
@@ -669,9 +669,11 @@ static void profile_report(struct cu_impl *im)
     if (h->steps)
         log_info("cuda profile: per sampled step without prefill (%ld): %.1f us engine after the "
                  "last tokens, %.1f us recording, %.1f us launching (replays timed: includes "
-                 "their GPU time), %.1f us host work before the picks, %.1f us sampling",
+                 "their GPU time), %.1f us host work before the picks, %.1f us sampling (of it "
+                 "%.1f us waiting for GPU work queued before)",
                  h->steps, h->engine_us / h->steps, h->record_us / h->steps,
-                 h->launch_us / h->steps, h->picks_us / h->steps, h->sample_us / h->steps);
+                 h->launch_us / h->steps, h->picks_us / h->steps, h->sample_us / h->steps,
+                 h->sample_queued_us / h->steps);
     static const char *const classes[2] = {"steps without prefill", "steps with prefill"};
     for (int cls = 0; cls < 2; cls++) {
         if (!im->prof_steps[cls])
@@ -874,6 +876,32 @@ static bool qgemv_workspace(struct cu_impl *im)
     return need == 0 || scratch_grow(im, &im->xq, &im->xq_bytes, need, true);
 }
 
+/* The split-K workspace of the step's batched tile GEMMs, grown (zeroed)
+ * before anything is launched or captured. Sized for either reading of a
+ * two-matrix op (a SwiGLU pair or a group), whichever the plan makes. */
+static bool gemm_batch_workspace(struct cu_impl *im)
+{
+    size_t need = 0;
+    for (int i = 0; i < im->rec.n_ops; i++) {
+        const struct cu_op *op = &im->rec.ops[i];
+        if (!cu_fuse_uses_batch_gemm(&im->fuse, op))
+            continue;
+        struct cu_gemv_args a;
+        memset(&a, 0, sizeof a);
+        a.cols = op->u.mm.cols;
+        a.n_rows = op->n_rows;
+        a.n_mat = op->u.mm.n;
+        for (int m = 0; m < op->u.mm.n; m++)
+            a.m[m] = op->u.mm.m[m];
+        for (int pair = 0; pair <= (a.n_mat == 2); pair++) {
+            a.pair = pair;
+            size_t b = cu_gemm_batch_work_bytes(&im->dev, &a);
+            need = b > need ? b : need;
+        }
+    }
+    return need == 0 || scratch_grow(im, &im->gemm_work, &im->gemm_work_bytes, need, true);
+}
+
 /* Launches the recorded step. */
 static void flush(struct cu_impl *im)
 {
@@ -884,6 +912,7 @@ static void flush(struct cu_impl *im)
         uint64_t digest = 0;
         cudaSetDevice(im->dev.index);
         qgemv_workspace(im);
+        gemm_batch_workspace(im);
         if (rec->arena_used &&
             CU_TRY(im, cudaMemcpyAsync(im->arena_dev, rec->arena, rec->arena_used,
                                        cudaMemcpyHostToDevice, im->stream)) &&
@@ -1207,10 +1236,11 @@ static void step_times_add(struct cu_step_times *h, uint64_t t_sample, uint64_t 
         h->launch_us += 1e-3 * (double)(flush_end - h->flush_start);
         h->picks_us += 1e-3 * (double)(t_sample > flush_end ? t_sample - flush_end : 0);
         h->sample_us += 1e-3 * (double)(t_done - t_sample);
+        h->sample_queued_us += 1e-3 * (double)h->queued_ns;
         h->steps++;
     }
     h->sampled_at = t_done;
-    h->first_op = h->flush_start = h->flush_end = 0;
+    h->first_op = h->flush_start = h->flush_end = h->queued_ns = 0;
     h->prefill = false;
 }
 
@@ -1225,6 +1255,12 @@ static int cu_sample(struct backend *be, const float *logits, int n_rows, int vo
     struct cu_backend *cb = (struct cu_backend *)be;
     uint64_t t0 = im->profile == BACKEND_PROFILE_GRAPHS ? now_ns() : 0;
     flush(im);
+    if (im->profile == BACKEND_PROFILE_GRAPHS && !im->failed) {
+        /* apart from the sampling's own time: the GPU work still queued */
+        uint64_t t1 = now_ns();
+        cudaStreamSynchronize(im->stream);
+        im->host.queued_ns = now_ns() - t1;
+    }
     if (!im->failed && n_rows > 0) {
         cudaSetDevice(im->dev.index);
         if (cb->sampler || CU_TRY(im, cu_sampler_create(&cb->sampler))) {
@@ -1292,6 +1328,7 @@ static void cu_destroy(struct backend *be)
     cudaFree(im->wb);
     cudaFree(im->attn_part);
     cudaFree(im->xq);
+    cudaFree(im->gemm_work);
     cudaFree(im->kvq_books);
     cudaFree(im->lt_workspace);
     free(((struct cu_backend *)be)->allocs);
@@ -1508,7 +1545,9 @@ extern "C" int backend_cuda_create(int device, const struct backend_options *opt
                                  ? opt->cuda_gemv_rows
                                  : CU_GEMV_DEFAULT_ROWS;
     im->fuse.skinny_max_rows = opt->cuda_skinny_gemm != BACKEND_OFF ? CU_SKINNY_MAX_ROWS : 0;
+    im->fuse.batch_max_rows = opt->cuda_batch_gemm == BACKEND_ON ? CU_BATCH_MAX_ROWS : 0;
     im->prefill_tc = opt->cuda_prefill_tc != BACKEND_OFF;
+    im->fuse.decode_mma = im->fuse.fast && opt->cuda_decode_tc != BACKEND_OFF;
     im->fuse.gemm_f32 = opt->cuda_gemm_f32 == BACKEND_ON;
     im->moe_kernels = opt->cuda_moe != BACKEND_OFF;
     im->qgemv_int8 = opt->cuda_qgemv_dp4a != BACKEND_OFF;

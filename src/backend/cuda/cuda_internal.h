@@ -200,8 +200,10 @@ struct cu_lt_tuned {
  * then sampling. */
 struct cu_step_times {
     uint64_t sampled_at, first_op, flush_start, flush_end; /* ns; this step's marks */
+    uint64_t queued_ns; /* this step's wait for work queued before its sampling */
     bool prefill;                                           /* this step prefills */
     double engine_us, record_us, launch_us, picks_us, sample_us; /* sums */
+    double sample_queued_us; /* of sample_us: waiting for work queued before the sampling */
     long steps;
 };
 
@@ -237,6 +239,8 @@ struct cu_impl {
     bool dense_smem_set;  /* the dense attention kernel may take its largest shared memory */
     void *xq;             /* device, x as int8 blocks for the block GEMVs (cu_gemv_args.xq); owned */
     size_t xq_bytes;
+    void *gemm_work;      /* device, the batched tile GEMM's split-K workspace; owned */
+    size_t gemm_work_bytes;
 
     struct cu_graph_entry graphs[CU_GRAPH_CACHE];
     uint64_t graph_clock;
@@ -372,6 +376,10 @@ struct cu_gemv_args {
      * when cu_qgemv_int8_bytes fits in it; NULL: the float kernels */
     void *xq;
     size_t xq_bytes;
+    /* the batched tile GEMM's split-K workspace (zeroed once: its counters
+     * are back at zero after every launch), work_bytes long */
+    void *work;
+    size_t work_bytes;
 };
 cudaError_t cu_launch_gemv(struct cu_device *dev, cudaStream_t s, const struct cu_gemv_args *a);
 /* The same product in FAST mode for bf16 weights on tensor cores
@@ -379,6 +387,12 @@ cudaError_t cu_launch_gemv(struct cu_device *dev, cudaStream_t s, const struct c
  * 16-byte aligned, no folded RMSNorm; x is rounded to bf16. */
 cudaError_t cu_launch_gemm_skinny(struct cu_device *dev, cudaStream_t s,
                                   const struct cu_gemv_args *a);
+/* The same product for CU_SKINNY_MAX_ROWS < n_rows <= CU_BATCH_MAX_ROWS
+ * (gemm_batch.cu), same conditions, with a split-K workspace of
+ * cu_gemm_batch_work_bytes in a->work. */
+cudaError_t cu_launch_gemm_batch(struct cu_device *dev, cudaStream_t s,
+                                 const struct cu_gemv_args *a);
+size_t cu_gemm_batch_work_bytes(const struct cu_device *dev, const struct cu_gemv_args *a);
 
 /* Mixture of experts (moe.cu): routing per row (backend/moe_route.h's
  * choice, bit for bit: a warp a row, or with warp_per_row false the first
@@ -445,6 +459,17 @@ cudaError_t cu_launch_attention_qk(cudaStream_t s, const struct cu_op *op,
 cudaError_t cu_launch_attention_quant(cudaStream_t s, const struct cu_op *op,
                                       const uint8_t *params, float *part, int smem_optin,
                                       bool tensor_cores);
+/* Decode attention over an f16 cache on tensor cores
+ * (attention_decode_f16.cu), for the ops cu_attention_uses_mma takes;
+ * cudaErrorNotSupported for others. */
+cudaError_t cu_launch_attention_decode_f16(cudaStream_t s, const struct cu_op *op,
+                                           const uint8_t *params, float *part, int smem_optin);
+/* The merge of a decode attention's split partials (m, l, acc at
+ * PART_STRIDE floats a split, after the CU_ATTN_COUNTERS counters in part)
+ * into its output, for rows whose positions fall in more than one split;
+ * head dims 64 and 128. */
+cudaError_t cu_launch_attention_merge(cudaStream_t s, const struct cu_op *op,
+                                      const uint8_t *params, float *part);
 /* Prefill attention over an f16 cache (attention_prefill.cu): FlashAttention-2
  * on mma.sync tensor cores; cudaErrorNotSupported for an f32 cache or a
  * head dim other than 64 and 128. */

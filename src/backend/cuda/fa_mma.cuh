@@ -1,11 +1,14 @@
-/* backend/cuda/fa_mma.cuh — the FlashAttention-2 warp step on mma.sync tensor cores that the prefill kernels share: a warp's 16 query rows as fp16 A fragments against a K/V tile of fp16 rows in shared memory, online softmax in registers, the rows' outputs stored. */
+/* backend/cuda/fa_mma.cuh — the FlashAttention-2 warp step on mma.sync tensor cores that the tensor-core attention kernels share: a warp's 16 query rows as fp16 A fragments against a K/V tile of fp16 rows in shared memory, online softmax in registers, the rows' outputs stored; and the stream of an f16 cache's K/V tiles into shared memory. */
 #ifndef INFERD_BACKEND_CUDA_FA_MMA_CUH
 #define INFERD_BACKEND_CUDA_FA_MMA_CUH
 
 #include <cuda_fp16.h>
 #include <math.h>
 
+#include "backend/cuda/mma.cuh"
 #include "backend/cuda/online_softmax.cuh"
+#include "backend/cuda/record.h"
+#include "backend/cuda/warp.cuh"
 
 /* Positions per K/V tile. */
 #define FA_BK 64
@@ -17,42 +20,11 @@
  * mma fragment roles of a lane: row group g = lane / 4, thread t = lane % 4
  * in it; the warp's rows g and g + 8 live in the four lanes of a quad. */
 
-static __device__ __forceinline__ uint32_t smem_addr(const void *p)
-{
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
 /* Byte offset of (row, chunk) in a swizzled tile of HD halves per row. */
 template <int HD>
 static __device__ __forceinline__ uint32_t swz(int row, int chunk)
 {
     return (uint32_t)(row * HD * 2 + ((chunk ^ (row & 7)) << 4));
-}
-
-static __device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t &r0, uint32_t &r1,
-                                               uint32_t &r2, uint32_t &r3)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(addr));
-}
-
-static __device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t &r0, uint32_t &r1,
-                                                     uint32_t &r2, uint32_t &r3)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(addr));
-}
-
-/* c += a b: a 16x16 row-major fp16, b 16x8 column-major fp16, c 16x8 f32. */
-static __device__ __forceinline__ void mma_16816(float *c, const uint32_t *a, uint32_t b0,
-                                                 uint32_t b1)
-{
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 static __device__ __forceinline__ float fast_exp2(float x)
@@ -153,13 +125,15 @@ struct fa_warp {
         }
     }
 
-    /* S = Q K^T over the tile at kb (positions k0..), masked where a
-     * position is past a row or before its window when the tile can be
-     * (diag), online softmax, O += P V with V's tile at vb. */
+    /* S = Q K^T over the BK rows of a tile at kb (positions k0..), masked
+     * where a position is past a row or before its window when the tile can
+     * be (diag), online softmax, O += P V with V's rows at vb. */
+    template <int BK = FA_BK>
     __device__ __forceinline__ void attend(uint32_t kb, uint32_t vb, int k0, bool diag,
                                            int window, int lane)
     {
-        constexpr int NS = FA_BK / 8; /* n8 tiles of S */
+        static_assert(BK % 16 == 0 && BK <= FA_BK, "whole k16 steps of a tile");
+        constexpr int NS = BK / 8; /* n8 tiles of S */
         const int t = lane & 3;
         const int k_lrow = (lane >> 4) * 8 + (lane & 7), k_lchunk = (lane >> 3) & 1;
         const int v_lrow = ((lane >> 3) & 1) * 8 + (lane & 7), v_lchunk = lane >> 4;
@@ -210,9 +184,9 @@ struct fa_warp {
         }
         /* P rounded to fp16 as the PV A fragments; the row sums take the
          * rounded values, so O stays a weighted mean of V rows */
-        uint32_t pf[FA_BK / 16][4];
+        uint32_t pf[BK / 16][4];
 #pragma unroll
-        for (int kk = 0; kk < FA_BK / 16; kk++) {
+        for (int kk = 0; kk < BK / 16; kk++) {
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 const float *sn = s[2 * kk + (j >> 1)];
@@ -224,7 +198,7 @@ struct fa_warp {
             }
         }
 #pragma unroll
-        for (int kk = 0; kk < FA_BK / 16; kk++) {
+        for (int kk = 0; kk < BK / 16; kk++) {
 #pragma unroll
             for (int dp = 0; dp < NO / 2; dp++) {
                 uint32_t b0, b1, b2, b3;
@@ -253,6 +227,118 @@ struct fa_warp {
                 *(float2 *)(o_row + n * 8) = make_float2(o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
         }
     }
+};
+
+/* Where a position's K/V row starts in the cache (in elements), or
+ * FA_NO_ROW past the last position: those rows are zero-filled. */
+#define FA_NO_ROW (~(size_t)0)
+
+/* One kv head's K/V tiles of FA_BK positions from k_begin on, copied from
+ * the paged cache by a block of THREADS threads with 16-byte cp.async, one
+ * tile ahead of the tile being computed (two buffers each, rows swizzled as
+ * swz says). Where each row starts in the cache is looked up in the block
+ * table by the first FA_BK threads, two tiles ahead, into a small table in
+ * shared memory (the block id loaded one tile earlier, so its latency hides
+ * behind a tile). Positions past last_pos are zero-filled. Use: start(),
+ * then per tile it: wait(it), compute on k_tile(it) / v_tile(it),
+ * __syncthreads() (the buffer is refilled after the next wait). */
+template <int HD, int THREADS>
+struct fa_kv_stream {
+    static constexpr int CPR = HD / 8;        /* 16-byte chunks per K/V row */
+    static constexpr int RPP = THREADS / CPR; /* rows per pass of the copy */
+    static constexpr int PASSES = FA_BK / RPP;
+    static constexpr uint32_t TILE_BYTES = FA_BK * HD * sizeof(__half);
+    /* K and V, two buffers each, then three tiles' row offsets */
+    static constexpr size_t SMEM = 4 * (size_t)TILE_BYTES + 3 * FA_BK * sizeof(size_t);
+    static_assert(THREADS % CPR == 0 && FA_BK % RPP == 0 && THREADS >= FA_BK, "copy shape");
+
+    const __half *kc, *vc;
+    const uint32_t *bt;
+    int bs, last_pos, n_tiles;
+    size_t layer_base, kv_dim, head_off;
+    uint32_t ks0;
+    size_t *row_off; /* [3][FA_BK]: tile j's rows in slot j % 3 */
+    int slot_next;   /* the slot of the tile after the one computed */
+    uint32_t next_block;
+    int next_pos;
+
+    __device__ __forceinline__ size_t row_of(uint32_t block, int pos) const
+    {
+        return pos <= last_pos ? ((layer_base + block) * bs + pos % bs) * kv_dim + head_off
+                               : FA_NO_ROW;
+    }
+
+    /* Issues this thread's copies of the tile whose rows start at offs[]
+     * into the buffer at k_dst (K, then V TILE_BYTES after it). */
+    __device__ __forceinline__ void copy(uint32_t k_dst, const size_t *offs) const
+    {
+        const int chunk = threadIdx.x % CPR, row = threadIdx.x / CPR;
+#pragma unroll
+        for (int i = 0; i < PASSES; i++) {
+            int r = row + i * RPP;
+            size_t off = offs[r];
+            bool valid = off != FA_NO_ROW;
+            off = valid ? off + chunk * 8 : 0;
+            cp_async16(k_dst + swz<HD>(r, chunk), kc + off, valid);
+            cp_async16(k_dst + TILE_BYTES + swz<HD>(r, chunk), vc + off, valid);
+        }
+    }
+
+    /* Finds the first tiles' rows and issues tile 0's copies (the whole
+     * block; smem holds SMEM bytes). */
+    __device__ __forceinline__ void start(uint8_t *smem, const struct cu_kv &kv, int layer,
+                                          const uint32_t *bt_, size_t head_off_, int k_begin,
+                                          int last_pos_, int n_tiles_)
+    {
+        kc = (const __half *)kv.k;
+        vc = (const __half *)kv.v;
+        bt = bt_;
+        bs = kv.block_size;
+        last_pos = last_pos_;
+        n_tiles = n_tiles_;
+        layer_base = (size_t)layer * kv.n_blocks;
+        kv_dim = (size_t)kv.n_kv_heads * HD;
+        head_off = head_off_;
+        ks0 = smem_addr(smem);
+        row_off = (size_t *)(smem + 4 * TILE_BYTES);
+        slot_next = 1;
+        next_block = 0;
+        next_pos = k_begin + threadIdx.x;
+        if (threadIdx.x < FA_BK) {
+            for (int j = 0; j < 3 && j < n_tiles; j++, next_pos += FA_BK) {
+                next_block = next_pos <= last_pos ? __ldg(bt + next_pos / bs) : 0;
+                if (j < 2)
+                    row_off[j * FA_BK + threadIdx.x] = row_of(next_block, next_pos);
+            }
+            next_pos -= FA_BK; /* the position of next_block: tile 2's */
+        }
+        __syncthreads();
+        copy(ks0, row_off);
+        cp_async_commit();
+    }
+
+    /* Issues tile it + 1's copies and waits for tile it's (the whole block). */
+    __device__ __forceinline__ void wait(int it)
+    {
+        if (it + 1 < n_tiles)
+            copy(ks0 + ((it + 1) & 1) * 2 * TILE_BYTES, row_off + slot_next * FA_BK);
+        slot_next = slot_next == 2 ? 0 : slot_next + 1;
+        if (threadIdx.x < FA_BK && it + 2 < n_tiles) {
+            row_off[slot_next * FA_BK + threadIdx.x] = row_of(next_block, next_pos);
+            next_pos += FA_BK;
+            if (it + 3 < n_tiles && next_pos <= last_pos)
+                next_block = __ldg(bt + next_pos / bs);
+        }
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+    }
+
+    __device__ __forceinline__ uint32_t k_tile(int it) const
+    {
+        return ks0 + (it & 1) * 2 * TILE_BYTES;
+    }
+    __device__ __forceinline__ uint32_t v_tile(int it) const { return k_tile(it) + TILE_BYTES; }
 };
 
 #endif

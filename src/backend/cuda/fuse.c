@@ -85,12 +85,16 @@ bool cu_skinny_takes(int64_t n_rows, int64_t cols)
            cols <= INT32_MAX;
 }
 
-/* Rule 3's tensor-core GEMM of a few rows (16-byte aligned operands). */
+/* Rule 3's tensor-core GEMMs of a few rows (16-byte aligned operands): the
+ * skinny GEMM, or past CU_SKINNY_MAX_ROWS rows the batched tile GEMM. */
 static bool uses_skinny(const struct cu_fuse_config *cfg, const struct cu_op *op)
 {
-    if (!cfg->fast || op->u.mm.dtype != DTYPE_BF16 || op->n_rows <= cfg->gemv_max_rows ||
-        op->n_rows > cfg->skinny_max_rows || !cu_skinny_takes(op->n_rows, op->u.mm.cols) ||
-        (uintptr_t)op->u.mm.x % 16 != 0)
+    int64_t rows = op->n_rows, cols = op->u.mm.cols;
+    bool skinny = rows <= cfg->skinny_max_rows && cu_skinny_takes(rows, cols);
+    bool batch = rows > CU_SKINNY_MAX_ROWS && rows <= cfg->batch_max_rows &&
+                 rows <= CU_BATCH_MAX_ROWS && cols % 8 == 0 && cols <= INT32_MAX;
+    if (!cfg->fast || op->u.mm.dtype != DTYPE_BF16 || rows <= cfg->gemv_max_rows ||
+        !(skinny || batch) || (uintptr_t)op->u.mm.x % 16 != 0)
         return false;
     for (int i = 0; i < op->u.mm.n; i++)
         if ((uintptr_t)op->u.mm.m[i].w % 16 != 0)
@@ -112,6 +116,11 @@ static bool uses_gemv(const struct cu_fuse_config *cfg, const struct cu_op *op)
         return op->n_rows <= CU_GEMV_MAX_ROWS;
     return !cfg->fast || op->n_rows <= cfg->gemv_max_rows || op->u.mm.dtype != DTYPE_BF16 ||
            op->u.mm.cols % 8 != 0;
+}
+
+bool cu_fuse_uses_batch_gemm(const struct cu_fuse_config *cfg, const struct cu_op *op)
+{
+    return op->kind == CU_MATMUL && op->n_rows > CU_SKINNY_MAX_ROWS && uses_skinny(cfg, op);
 }
 
 bool cu_fuse_uses_gemm(const struct cu_fuse_config *cfg, const struct cu_op *op)
@@ -164,7 +173,8 @@ int cu_fuse_next(const struct cu_fuse_config *cfg, const struct cu_op *ops, int 
     const struct cu_op *op = &ops[i];
     int used = match_qk(ops, i, n, &l->qk);
     if (used > 0 && cfg->qk_attention && i + used < n &&
-        cu_attention_takes_qk(&ops[i + used], &l->qk)) {
+        cu_attention_takes_qk(&ops[i + used], &l->qk) &&
+        !(cfg->decode_mma && cu_attention_uses_mma(&ops[i + used]))) {
         l->kind = CU_LAUNCH_QK_ATTENTION;
         return l->n_ops = used + 1;
     }

@@ -32,6 +32,11 @@ static bool exec_gemv(struct cu_impl *im, const struct cu_op *ops, const struct 
     if (l->residual)
         a.res = op[1].u.ew.out;
     a.pair = l->swiglu;
+    if (l->skinny && a.n_rows > CU_SKINNY_MAX_ROWS) {
+        a.work = im->gemm_work;
+        a.work_bytes = im->gemm_work_bytes;
+        return CU_TRY(im, cu_launch_gemm_batch(&im->dev, im->stream, &a));
+    }
     if (l->skinny)
         return CU_TRY(im, cu_launch_gemm_skinny(&im->dev, im->stream, &a));
     return CU_TRY(im, cu_launch_gemv(&im->dev, im->stream, &a));
@@ -87,6 +92,9 @@ bool cu_exec_launch(struct cu_impl *im, const struct cu_op *ops, const struct cu
     case CU_LAUNCH_SCATTER_ROWS:
         return CU_TRY(im, cu_launch_scatter_rows(s, op, im->arena_dev));
     case CU_LAUNCH_ATTENTION:
+        if (im->fuse.decode_mma && cu_attention_uses_mma(op))
+            return CU_TRY(im, cu_launch_attention_decode_f16(s, op, im->arena_dev, im->attn_part,
+                                                             im->dev.smem_optin));
         return CU_TRY(im, cu_launch_attention(s, op, im->arena_dev, im->attn_part,
                                               im->dev.smem_optin,
                                               im->fuse.fast && im->prefill_tc));

@@ -9,7 +9,8 @@
  *      store into a quantized cache, whose own launch quantizes). When the
  *      decode attention right after reads that q and that cache layer, and
  *      every sequence has one token, the q/k work is folded into the
- *      attention launch (qk_attention; unquantized caches only).
+ *      attention launch (qk_attention; unquantized caches only, and not
+ *      into the tensor-core decode kernel of many rows, decode_mma).
  *   2. rmsnorm, then a GEMV-path bf16 matmul of at most CU_GEMV_MAX_ROWS rows
  *      reading the norm's output (not in place): the GEMV normalises x itself
  *      while staging it (norm_gemv), and takes rule 3's epilogue too. Off by
@@ -17,8 +18,9 @@
  *      order than the RMSNorm kernel's, so a token's bits would depend on
  *      whether its step had more than CU_GEMV_MAX_ROWS rows.
  *   3. matmul: FAST-mode bf16 matmuls of more than gemv_max_rows rows run on
- *      the tensor-core skinny GEMM up to skinny_max_rows rows (rows a
- *      multiple of 8 long), else go to cuBLASLt alone, as do block-quantized
+ *      the tensor-core skinny GEMM up to skinny_max_rows rows, and on the
+ *      batched tile GEMM from CU_SKINNY_MAX_ROWS + 1 to batch_max_rows rows
+ *      (rows a multiple of 8 long), else go to cuBLASLt alone, as do block-quantized
  *      ones of more than CU_GEMV_MAX_ROWS (dequantized to bf16 first); the
  *      others (EXACT mode's at every row count, each output then reduced by
  *      one warp in column order) run on the GEMV kernels. The GEMV and skinny
@@ -68,10 +70,14 @@ struct cu_fuse_config {
     bool fast;         /* COMPUTE_FAST: large bf16 matmuls go to cuBLASLt */
     bool norm_gemv;    /* rule 2 (the backend leaves it off in EXACT mode unless asked) */
     bool qk_attention; /* rule 1's fold into the decode attention */
+    bool decode_mma;   /* decode attention that cu_attention_uses_mma takes runs on the
+                          tensor-core kernel, which rule 1's q/k launch is not folded into */
     int gemv_max_rows; /* rule 3: FAST-mode bf16 matmuls of more rows go past the GEMV
                           kernels (1..CU_GEMV_MAX_ROWS) */
     int skinny_max_rows; /* rule 3: ... to the skinny GEMM up to this many rows, cuBLASLt
                             above (0: cuBLASLt for all of them) */
+    int batch_max_rows;  /* rule 3: those of more than CU_SKINNY_MAX_ROWS rows to the batched
+                            tile GEMM up to this many (at most CU_BATCH_MAX_ROWS; 0: none) */
     bool gemm_f32;     /* rule 3: f32 matmuls of more than CU_GEMV_MAX_ROWS rows go to
                           cuBLASLt's f32 GEMM, in either mode (backend_options.cuda_gemm_f32) */
 };
@@ -111,7 +117,8 @@ struct cu_launch {
     bool norm;     /* the RMSNorm at ops[op] folded in */
     bool residual; /* the add after the matmul folded in */
     bool swiglu;   /* the silu_mul after the gate/up pair folded in */
-    bool skinny;   /* on the skinny GEMM (gemm_skinny.cu), not the GEMV kernels */
+    bool skinny;   /* on a tensor-core GEMM of a few rows (gemm_skinny.cu, or gemm_batch.cu
+                      past CU_SKINNY_MAX_ROWS rows), not the GEMV kernels */
     /* QK, QK_ATTENTION (the attention is the last op covered), ROPE */
     struct cu_qk_args qk;
 };
@@ -129,6 +136,10 @@ int cu_fuse_plan(const struct cu_fuse_config *cfg, const struct cu_op *ops, int 
 
 /* Whether the skinny GEMM takes n_rows token rows of cols columns. */
 bool cu_skinny_takes(int64_t n_rows, int64_t cols);
+
+/* Whether matmul op runs on the batched tile GEMM (rule 3; it then needs
+ * cu_gemm_batch_work_bytes of workspace). */
+bool cu_fuse_uses_batch_gemm(const struct cu_fuse_config *cfg, const struct cu_op *op);
 
 /* Whether matmul op goes to cuBLASLt (rule 3), whose launches stay out of
  * CUDA graphs. */

@@ -32,6 +32,7 @@
  * split follows from the shapes and the device alone, so a row's bits do not
  * depend on when the launch runs, only on how many rows it has. */
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/mma.cuh"
 #include "backend/cuda/warp.cuh"
 
 #define SK_THREADS 256
@@ -45,24 +46,6 @@
 /* Warps an SM should have streaming a tile: splits grow until the tiles an
  * SM gets reach it. */
 #define SK_WARPS_PER_SM 24
-
-/* c += a b, m16n8k16: a 16x16 row-major bf16, b 16x8 column-major bf16, c f32. */
-static __device__ __forceinline__ void mma_bf16(float c[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                                uint32_t a3, uint32_t b0, uint32_t b1)
-{
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-/* Two floats rounded to bf16 (to nearest, ties to even), lo in the low half. */
-static __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi)
-{
-    uint32_t r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
 
 /* Eight consecutive x values (two float4) as four bf16 pairs. */
 static __device__ __forceinline__ uint4 x_bf16x8(float4 a, float4 b)

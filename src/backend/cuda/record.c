@@ -642,6 +642,15 @@ bool cu_attention_uses_prefill(const struct cu_op *op)
            hd % 4 == 0 && hd <= CU_MAX_HEAD_DIM;
 }
 
+bool cu_attention_uses_mma(const struct cu_op *op)
+{
+    const struct cu_kv *kv = &op->u.attn.kv;
+    int hd = kv->head_dim;
+    return op->kind == CU_ATTENTION && !op->u.attn.row_invariant && !cu_attention_uses_prefill(op) &&
+           kv->f16 && !kv->quant && (hd == 64 || hd == 128) && op->n_rows >= CU_ATTN_MMA_MIN_ROWS &&
+           op->u.attn.n_heads <= kv->n_kv_heads * CU_ATTN_MMA_MAX_GROUP;
+}
+
 int cu_attention_splits(int n_kv_heads, int n_rows, int ctx_bucket, int n_sm, bool quantized)
 {
     /* positions per split at least: ATTN_MIN_CHUNK, growing with the square

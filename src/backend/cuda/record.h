@@ -37,6 +37,9 @@ extern "C" {
  * stage ahead, were slower (1,162 against 1,408), their x twice the L2
  * traffic. */
 #define CU_SKINNY_MAX_ROWS 8
+/* Rows up to which FAST-mode bf16 matmuls of more than CU_SKINNY_MAX_ROWS
+ * rows run on the batched tile GEMM (gemm_batch.cu), cuBLASLt above. */
+#define CU_BATCH_MAX_ROWS 64
 #define CU_GROUP_MAX 4
 #define CU_MAX_HEAD_DIM 256
 /* decode attention splits per (row, head group) at most (cu_attention_splits
@@ -346,6 +349,14 @@ int cu_attention_splits(int n_kv_heads, int n_rows, int ctx_bucket, int n_sm, bo
 /* True when attention op runs on the prefill kernels (a span of more than
  * CU_GEMV_MAX_ROWS tokens, outside EXACT mode), false for the decode ones. */
 bool cu_attention_uses_prefill(const struct cu_op *op);
+/* Decode attention of at least CU_ATTN_MMA_MIN_ROWS rows over an f16 cache,
+ * head dim 64 or 128, at most CU_ATTN_MMA_MAX_GROUP query heads per kv head,
+ * outside EXACT mode: what the tensor-core decode kernel takes
+ * (attention_decode_f16.cu; the backend uses it in FAST mode unless
+ * backend_options.cuda_decode_tc is off). */
+#define CU_ATTN_MMA_MIN_ROWS (CU_GEMV_MAX_ROWS + 1)
+#define CU_ATTN_MMA_MAX_GROUP 16
+bool cu_attention_uses_mma(const struct cu_op *op);
 
 #ifdef __cplusplus
 }

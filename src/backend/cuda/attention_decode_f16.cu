@@ -1,0 +1,168 @@
+/* backend/cuda/attention_decode_f16.cu — decode attention of many sequences over an f16 paged KV cache on mma.sync tensor cores. */
+#include <cuda_fp16.h>
+#include <math.h>
+
+#include "backend/cuda/attn_rows.cuh"
+#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/fa_mma.cuh"
+#include "backend/cuda/warp.cuh"
+
+/* A block of DM_WARPS warps takes one row (a sequence's newest token), one
+ * kv head and one split of the row's positions. The kv head's query heads
+ * (its GQA group, at most 16) are the 16 rows of the mma A fragments - rows
+ * past the group repeat its last head and are never stored - so K and V are
+ * read once for the whole group. The K/V tiles come through fa_kv_stream
+ * (cp.async, one tile ahead of the tile computed); warp w attends to
+ * positions 16 w .. 16 w + 15 of each tile with an online softmax of its
+ * own (fa_warp, in base 2), and at the end the warps' states are merged
+ * through shared memory in warp order. A row whose positions fall in one
+ * split is written directly; otherwise the split leaves (m, l, acc) in
+ * part, as the flash-decoding kernel does (m in natural-log units), for
+ * cu_launch_attention_merge.
+ *
+ * Against the f32-accumulating flash-decoding kernel (attention.cu), which
+ * does its products with FMAs, this one spends a few mma instructions per
+ * 16 positions: with many sequences a step's decode attention is bound by
+ * reading the cache, not by issuing arithmetic. q and the softmax weights
+ * are rounded to fp16 for the products, as in the prefill kernel. */
+#define DM_WARPS (FA_BK / 16)
+#define DM_THREADS (32 * DM_WARPS)
+#define DM_LN2 0.6931471805599453f
+
+template <int HD>
+struct dm_shape {
+    using stream = fa_kv_stream<HD, DM_THREADS>;
+    /* the warps' states for the merge, over the K/V buffers once they are done */
+    static constexpr size_t MERGE = (size_t)DM_WARPS * 16 * (HD + 2) * sizeof(float);
+    static constexpr size_t SMEM = stream::SMEM > MERGE ? stream::SMEM : MERGE;
+};
+
+template <int HD>
+static __global__ void __launch_bounds__(DM_THREADS)
+attn_decode_mma_kernel(struct cu_op op, const uint8_t *params, float *part)
+{
+    using S = dm_shape<HD>;
+    extern __shared__ __align__(128) uint8_t fa_smem[];
+    const struct cu_kv kv = op.u.attn.kv;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int group = op.u.attn.n_heads / kv.n_kv_heads;
+    const int kvh = blockIdx.x, h0 = kvh * group;
+    const int split = blockIdx.y, n_splits = gridDim.y, row = blockIdx.z;
+
+    struct decode_split ds;
+    if (!decode_split_of(op, params, row, split, n_splits, &ds))
+        return;
+    const int first = ds.first, last = ds.last, begin = ds.begin, end = ds.end;
+    const int n_active = ds.n_active;
+    /* splits are whole tiles: the bucket and the split count are powers of
+     * two and a split holds at least FA_BK positions */
+    const int k_begin = begin - begin % FA_BK;
+    const int n_tiles = (end - k_begin) / FA_BK + 1;
+    const int window = op.u.attn.window;
+
+    fa_warp<HD> w;
+    w.init();
+    w.qpos[0] = w.qpos[1] = last;
+    const int q_dim = op.u.attn.n_heads * HD;
+    {
+        const float *qr[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int i = g + 8 * h;
+            qr[h] = op.u.attn.q + (size_t)row * q_dim + (size_t)(h0 + (i < group ? i : group - 1)) * HD;
+        }
+        w.load_q(qr, op.u.attn.scale * FA_LOG2E, t);
+    }
+
+    typename S::stream kvs;
+    kvs.start(fa_smem, kv, op.u.attn.layer, ds.bt, (size_t)kvh * HD, k_begin, end, n_tiles);
+    constexpr uint32_t SUB_BYTES = 16 * HD * sizeof(__half); /* a warp's 16 rows of a tile */
+    for (int it = 0; it < n_tiles; it++) {
+        const int p0 = k_begin + it * FA_BK + 16 * warp; /* this warp's first position */
+        kvs.wait(it);
+        if (p0 <= end && p0 + 15 >= begin)
+            w.template attend<16>(kvs.k_tile(it) + warp * SUB_BYTES,
+                                  kvs.v_tile(it) + warp * SUB_BYTES, p0,
+                                  p0 + 15 > last || p0 < first, window, lane);
+        __syncthreads(); /* the buffer is refilled after the next wait */
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+
+    /* the warps' (m, l, O) over the K/V buffers: m_w, l_w [DM_WARPS][16],
+     * then o_w [DM_WARPS][16][HD] */
+    float *m_w = (float *)fa_smem, *l_w = m_w + DM_WARPS * 16;
+    float *o_w = l_w + DM_WARPS * 16;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int r = g + 8 * h;
+        float l = osm_quad_sum(w.row_sum[h]);
+        if (t == 0) {
+            m_w[warp * 16 + r] = w.row_max[h];
+            l_w[warp * 16 + r] = l;
+        }
+        float *o = o_w + ((size_t)warp * 16 + r) * HD + 2 * t;
+#pragma unroll
+        for (int n = 0; n < fa_warp<HD>::NO; n++)
+            *(float2 *)(o + n * 8) = make_float2(w.o[n][2 * h], w.o[n][2 * h + 1]);
+    }
+    __syncthreads();
+
+    for (int i = threadIdx.x; i < group * HD; i += DM_THREADS) {
+        const int r = i / HD, d = i % HD;
+        float M = -INFINITY;
+#pragma unroll
+        for (int k = 0; k < DM_WARPS; k++)
+            M = fmaxf(M, m_w[k * 16 + r]);
+        float L = 0.0f, A = 0.0f;
+#pragma unroll
+        for (int k = 0; k < DM_WARPS; k++) {
+            float c = fast_exp2(m_w[k * 16 + r] - M); /* 0 for a warp that saw nothing */
+            L = fmaf(l_w[k * 16 + r], c, L);
+            A = fmaf(o_w[((size_t)k * 16 + r) * HD + d], c, A);
+        }
+        const int head = h0 + r;
+        if (n_active == 1) {
+            op.u.attn.out[(size_t)row * q_dim + (size_t)head * HD + d] = A / L;
+        } else {
+            float *pp = part + (((size_t)row * op.u.attn.n_heads + head) * n_splits + split) *
+                                   PART_STRIDE(HD);
+            if (d == 0) {
+                pp[0] = M * DM_LN2;
+                pp[1] = L;
+            }
+            pp[4 + d] = A;
+        }
+    }
+}
+
+template <int HD>
+static cudaError_t launch_decode_mma(cudaStream_t s, const struct cu_op *op, const uint8_t *params,
+                                     float *part, int smem_optin)
+{
+    constexpr size_t smem = dm_shape<HD>::SMEM;
+    if (smem > (size_t)smem_optin)
+        return cudaErrorNotSupported;
+    cudaError_t e = cudaFuncSetAttribute(attn_decode_mma_kernel<HD>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess)
+        return e;
+    const int n_splits = op->u.attn.n_splits;
+    dim3 grid((unsigned)op->u.attn.kv.n_kv_heads, (unsigned)n_splits, (unsigned)op->n_rows);
+    attn_decode_mma_kernel<HD><<<grid, DM_THREADS, smem, s>>>(
+        *op, params, n_splits > 1 ? part + CU_ATTN_COUNTERS : NULL);
+    if ((e = cudaGetLastError()) != cudaSuccess || n_splits == 1)
+        return e;
+    return cu_launch_attention_merge(s, op, params, part);
+}
+
+cudaError_t cu_launch_attention_decode_f16(cudaStream_t s, const struct cu_op *op,
+                                           const uint8_t *params, float *part, int smem_optin)
+{
+    if (!cu_attention_uses_mma(op))
+        return cudaErrorNotSupported;
+    if (op->u.attn.kv.head_dim == 64)
+        return launch_decode_mma<64>(s, op, params, part, smem_optin);
+    return launch_decode_mma<128>(s, op, params, part, smem_optin);
+}

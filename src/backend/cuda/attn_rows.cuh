@@ -1,0 +1,68 @@
+/* backend/cuda/attn_rows.cuh — what the decode attention kernels share: a step's spans and row map as they lie in the launch parameters, the positions a decode row attends to, the layout of split partials. */
+#ifndef INFERD_BACKEND_CUDA_ATTN_ROWS_CUH
+#define INFERD_BACKEND_CUDA_ATTN_ROWS_CUH
+
+#include "backend/cuda/record.h"
+
+/* Floats per split partial of one query head: m, l, two unused, acc[hd]
+ * (16-byte aligned). */
+#define PART_STRIDE(hd) ((hd) + 4)
+
+struct span_view {
+    const struct cu_span *spans;
+    const int *rowmap;
+};
+
+static __device__ __forceinline__ struct span_view spans_at(const uint8_t *params, uint32_t off,
+                                                            int n_spans)
+{
+    struct span_view v;
+    v.spans = (const struct cu_span *)(params + off);
+    v.rowmap = (const int *)(v.spans + n_spans);
+    return v;
+}
+
+/* The positions row attends to, [*first, *last], and its block table;
+ * false for a row no span covers. */
+static __device__ __forceinline__ bool decode_row(const struct cu_op &op, const uint8_t *params,
+                                                  int row, int *first, int *last,
+                                                  const uint32_t **bt)
+{
+    struct span_view sv = spans_at(params, op.u.attn.spans_off, op.u.attn.n_spans);
+    if (sv.rowmap[row] < 0)
+        return false;
+    const struct cu_span *sp = &sv.spans[sv.rowmap[row]];
+    *bt = (const uint32_t *)(params + sp->bt_off);
+    *last = sp->pos0 + (row - sp->row0);
+    *first = 0;
+    if (op.u.attn.window > 0 && *last - op.u.attn.window + 1 > 0)
+        *first = *last - op.u.attn.window + 1;
+    return true;
+}
+
+/* A decode row's positions [first, last], its block table, and the part of
+ * them split attends to, [begin, end], of the row's active splits s_first ..
+ * s_first + n_active - 1 (a split holds ctx_bucket / n_splits positions). */
+struct decode_split {
+    const uint32_t *bt;
+    int first, last, begin, end, s_first, n_active;
+};
+
+/* False for a row no span covers, or a split with none of its positions. */
+static __device__ __forceinline__ bool decode_split_of(const struct cu_op &op,
+                                                       const uint8_t *params, int row, int split,
+                                                       int n_splits, struct decode_split *d)
+{
+    if (!decode_row(op, params, row, &d->first, &d->last, &d->bt))
+        return false;
+    const int chunk = (op.u.attn.ctx_bucket + n_splits - 1) / n_splits;
+    d->s_first = d->first / chunk;
+    d->n_active = d->last / chunk - d->s_first + 1;
+    if (split < d->s_first || split >= d->s_first + d->n_active)
+        return false;
+    d->begin = split * chunk > d->first ? split * chunk : d->first;
+    d->end = split * chunk + chunk - 1 < d->last ? split * chunk + chunk - 1 : d->last;
+    return true;
+}
+
+#endif
