@@ -761,6 +761,41 @@ Test(fusion, matmuls_of_more_rows_than_the_gemv_cap_go_to_cublaslt_in_fast_mode_
     rig_close(&r);
 }
 
+/* One bf16 matmul of a tensor-core GEMM's limits: its rows and row length,
+ * x and w offset from 16-byte alignment (in elements), the launch kind and
+ * whether it is on a tensor-core GEMM (skinny). */
+struct mm_limit {
+    int rows, cols, x_off, w_off, kind;
+    bool skinny;
+};
+
+static void expect_matmul_plans(const struct cu_fuse_config *cfg, const struct mm_limit *cases,
+                                size_t n)
+{
+    static _Alignas(16) float x[(CU_BATCH_MAX_ROWS + 1) * 208 + 4];
+    static _Alignas(16) uint16_t w[64 * 208 + 8];
+    struct cu_op op;
+    memset(&op, 0, sizeof op);
+    op.kind = CU_MATMUL;
+    op.u.mm.dtype = DTYPE_BF16;
+    op.u.mm.n = 1;
+    op.u.mm.m[0].rows = 64;
+    for (size_t i = 0; i < n; i++) {
+        op.n_rows = cases[i].rows;
+        op.u.mm.cols = cases[i].cols;
+        op.u.mm.x = x + cases[i].x_off;
+        op.u.mm.m[0].w = w + cases[i].w_off;
+        struct cu_launch plan[2];
+        cr_assert_eq(cu_fuse_plan(cfg, &op, 1, plan, 2), 1);
+        bool batch = cases[i].skinny && cases[i].rows > CU_SKINNY_MAX_ROWS;
+        cr_expect(plan[0].kind == cases[i].kind && plan[0].skinny == cases[i].skinny &&
+                      cu_fuse_uses_batch_gemm(cfg, &op) == batch,
+                  "%d rows of %d, x + %d, w + %d: launch kind %d, skinny %d", cases[i].rows,
+                  cases[i].cols, cases[i].x_off, cases[i].w_off, (int)plan[0].kind,
+                  (int)plan[0].skinny);
+    }
+}
+
 /* The skinny GEMM: fast-mode bf16 matmuls of more rows than the GEMV cap and
  * at most skinny_max_rows run on it, with the GEMV launches' epilogues (the
  * norms stay separate launches); more rows, rows of a length not a multiple
@@ -778,18 +813,7 @@ Test(fusion, fast_matmuls_of_a_few_rows_past_the_gemv_cap_run_on_the_skinny_gemm
                7, "rmsnorm rmsnorm rmsnorm skinny");
     rig_close(&r);
     /* its limits: rows, row length, alignment */
-    static _Alignas(16) float x[(CU_SKINNY_MAX_ROWS + 1) * 208 + 4];
-    static _Alignas(16) uint16_t w[64 * 208 + 8];
-    struct cu_op op;
-    memset(&op, 0, sizeof op);
-    op.kind = CU_MATMUL;
-    op.u.mm.dtype = DTYPE_BF16;
-    op.u.mm.n = 1;
-    op.u.mm.m[0].rows = 64;
-    static const struct {
-        int rows, cols, x_off, w_off, kind;
-        bool skinny;
-    } cases[] = {
+    static const struct mm_limit cases[] = {
         {CU_SKINNY_MAX_ROWS, 208, 0, 0, CU_LAUNCH_GEMV, true},
         {CU_SKINNY_MAX_ROWS + 1, 208, 0, 0, CU_LAUNCH_GEMM, false},
         {3, 200, 0, 0, CU_LAUNCH_GEMV, true},
@@ -797,18 +821,7 @@ Test(fusion, fast_matmuls_of_a_few_rows_past_the_gemv_cap_run_on_the_skinny_gemm
         {3, 208, 1, 0, CU_LAUNCH_GEMM, false},
         {3, 208, 0, 4, CU_LAUNCH_GEMM, false},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        op.n_rows = cases[i].rows;
-        op.u.mm.cols = cases[i].cols;
-        op.u.mm.x = x + cases[i].x_off;
-        op.u.mm.m[0].w = w + cases[i].w_off;
-        struct cu_launch plan[2];
-        cr_assert_eq(cu_fuse_plan(&skinny, &op, 1, plan, 2), 1);
-        cr_expect(plan[0].kind == cases[i].kind && plan[0].skinny == cases[i].skinny,
-                  "%d rows of %d, x + %d, w + %d: launch kind %d, skinny %d", cases[i].rows,
-                  cases[i].cols, cases[i].x_off, cases[i].w_off, (int)plan[0].kind,
-                  (int)plan[0].skinny);
-    }
+    expect_matmul_plans(&skinny, cases, sizeof cases / sizeof cases[0]);
 }
 
 /* cuda_gemm_f32 (Whisper's backend): an f32 matmul of more rows than the GEMV kernels take goes
@@ -915,18 +928,7 @@ Test(fusion, fast_matmuls_of_9_to_64_rows_run_on_the_batched_tile_gemm)
                "skinnyx2+swiglu skinny+add",
                8, "rmsnorm rmsnorm rmsnorm rmsnorm rmsnorm rmsnorm rmsnorm rmsnorm rmsnorm skinny");
     rig_close(&r);
-    static _Alignas(16) float x[(CU_BATCH_MAX_ROWS + 1) * 208 + 4];
-    static _Alignas(16) uint16_t w[64 * 208 + 8];
-    struct cu_op op;
-    memset(&op, 0, sizeof op);
-    op.kind = CU_MATMUL;
-    op.u.mm.dtype = DTYPE_BF16;
-    op.u.mm.n = 1;
-    op.u.mm.m[0].rows = 64;
-    static const struct {
-        int rows, cols, x_off, w_off, kind;
-        bool batch;
-    } cases[] = {
+    static const struct mm_limit cases[] = {
         {CU_SKINNY_MAX_ROWS + 1, 208, 0, 0, CU_LAUNCH_GEMV, true},
         {CU_BATCH_MAX_ROWS, 208, 0, 0, CU_LAUNCH_GEMV, true},
         {CU_BATCH_MAX_ROWS + 1, 208, 0, 0, CU_LAUNCH_GEMM, false},
@@ -934,17 +936,5 @@ Test(fusion, fast_matmuls_of_9_to_64_rows_run_on_the_batched_tile_gemm)
         {20, 208, 1, 0, CU_LAUNCH_GEMM, false},
         {20, 208, 0, 4, CU_LAUNCH_GEMM, false},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        op.n_rows = cases[i].rows;
-        op.u.mm.cols = cases[i].cols;
-        op.u.mm.x = x + cases[i].x_off;
-        op.u.mm.m[0].w = w + cases[i].w_off;
-        struct cu_launch plan[2];
-        cr_assert_eq(cu_fuse_plan(&batch, &op, 1, plan, 2), 1);
-        cr_expect(plan[0].kind == cases[i].kind && plan[0].skinny == cases[i].batch &&
-                      cu_fuse_uses_batch_gemm(&batch, &op) == cases[i].batch,
-                  "%d rows of %d, x + %d, w + %d: launch kind %d, skinny %d", cases[i].rows,
-                  cases[i].cols, cases[i].x_off, cases[i].w_off, (int)plan[0].kind,
-                  (int)plan[0].skinny);
-    }
+    expect_matmul_plans(&batch, cases, sizeof cases / sizeof cases[0]);
 }
