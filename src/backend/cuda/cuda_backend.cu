@@ -881,6 +881,8 @@ static bool qgemv_workspace(struct cu_impl *im)
  * two-matrix op (a SwiGLU pair or a group), whichever the plan makes. */
 static bool gemm_batch_workspace(struct cu_impl *im)
 {
+    if (!im->fuse.fast || im->fuse.batch_max_rows == 0)
+        return true; /* off (the default): no walk over the step's ops */
     size_t need = 0;
     for (int i = 0; i < im->rec.n_ops; i++) {
         const struct cu_op *op = &im->rec.ops[i];
