@@ -76,8 +76,10 @@ bool gen_output_publish(struct gen_output *o, struct gen_pending *p)
         o->stop_string = p->stop_string;
         memcpy(o->error, p->error, sizeof o->error);
     }
-    pthread_cond_broadcast(&o->cv);
     pthread_mutex_unlock(&o->mu);
+    /* After the unlock (the caller's reference keeps o alive): a woken reader
+     * finds the lock free instead of sleeping on it again. */
+    pthread_cond_broadcast(&o->cv);
     gen_pending_free(p);
     return ok;
 }

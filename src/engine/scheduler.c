@@ -68,8 +68,10 @@ int sched_init(struct sched *sc, const struct model *m, const struct sched_confi
         sc->batch_chunk = calloc(n_entries, sizeof *sc->batch_chunk);
         sc->specs = calloc(n, sizeof *sc->specs);
         sc->results = calloc(n, sizeof *sc->results);
+        sc->unpublished = calloc(n, sizeof *sc->unpublished);
         if (!sc->logits || !sc->running || !sc->finishing || !sc->batch_seqs ||
-            !sc->batch_owner || !sc->batch_chunk || !sc->specs || !sc->results)
+            !sc->batch_owner || !sc->batch_chunk || !sc->specs || !sc->results ||
+            !sc->unpublished)
             rc = err_set(err, INFERD_ENOMEM, "out of memory for the engine's buffers");
     }
     if (rc < 0)
@@ -88,6 +90,7 @@ void sched_free(struct sched *sc)
     free(sc->logits);
     free(sc->specs);
     free(sc->results);
+    free(sc->unpublished);
     free(sc->spec_seqs);
     spec_drafter_free(sc->spec);
     forward_state_free(sc->fwd);
@@ -200,11 +203,23 @@ static void tell_reader(struct sched *sc, struct seq *s, enum gen_finish why, in
     seq_publish(s);
 }
 
+void sched_publish_news(struct sched *sc)
+{
+    for (int i = 0; i < sc->n_unpublished; i++)
+        seq_publish(sc->unpublished[i]);
+    sc->n_unpublished = 0;
+}
+
 /* Frees a told s: a finished or cancelled sequence leaves what it computed
  * to the next request with the same prefix (keep); after an error the K/V
- * are not trusted. */
+ * are not trusted. Its news went with the telling. */
 static void let_go(struct sched *sc, struct seq *s, bool keep)
 {
+    for (int i = 0; i < sc->n_unpublished; i++)
+        if (sc->unpublished[i] == s) {
+            sc->unpublished[i] = sc->unpublished[--sc->n_unpublished];
+            break;
+        }
     if (keep)
         release_blocks(sc, s);
     handoff_end(sc, s, false);

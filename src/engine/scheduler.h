@@ -61,6 +61,10 @@ struct sched {
      * the prefix cache on). Not running: neither counted nor budgeted. */
     struct seq **finishing;        /* owned array; max_seqs */
     int n_finishing;
+    /* Running sequences whose step's news waits to reach their readers: handed over
+     * while the device computes the next step (waking a reader is a system call). */
+    struct seq **unpublished;      /* owned array; max_seqs */
+    int n_unpublished;
     uint64_t admissions;
     struct sched_counters counters;
     struct ckpt_store *ckpt;       /* borrowed; generation checkpoints, or NULL */
@@ -111,6 +115,9 @@ void sched_finish(struct sched *sc, struct seq *s, enum gen_finish why);
 /* After the step that computed a finishing s's last token: publishes it
  * (unless the step failed: ok false) and frees it. */
 void sched_retire_finishing(struct sched *sc, struct seq *s, bool ok);
+
+/* Hands the news of every sequence in sc->unpublished to its reader (seq_publish). */
+void sched_publish_news(struct sched *sc);
 
 /* ---- execution (step.c) ---- */
 

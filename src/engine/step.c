@@ -1,7 +1,8 @@
 /* engine/step.c — one step of the serving loop: the scheduler's batch through the model (or
  * through the backend's sampler, where it samples: then only token ids cross to the host),
  * each sequence's row handed to it, finished ones told and retired (or kept a step more to
- * compute their last token), and each reader woken once. */
+ * compute their last token), and each reader woken once: a running sequence's reader while
+ * the device computes the next step. */
 #include "engine/scheduler.h"
 
 /* Fills a sample spec for every batch entry that gets a row; false when one
@@ -33,6 +34,7 @@ static int prepare_picks(void *ctx, bool sampled, struct err *err)
 {
     (void)err;
     struct step_picks *p = ctx;
+    sched_publish_news(p->sc); /* the last step's, now that this one runs */
     for (int b = 0; b < p->n; b++)
         if (!p->sc->batch_owner[b]->finishing)
             seq_prepare_pick(p->sc->batch_owner[b], p->sc->metrics);
@@ -132,8 +134,10 @@ int sched_step(struct sched *sc, struct err *err)
     if (sc->spec)
         propose(sc);
     int n = sched_build_batch(sc);
-    if (n == 0)
+    if (n == 0) {
+        sched_publish_news(sc);
         return 0;
+    }
     struct batch batch = {sc->batch_seqs, n};
     struct kv_cache *cache = kv_manager_cache(sc->kv);
     bool verifying = false;
@@ -152,7 +156,9 @@ int sched_step(struct sched *sc, struct err *err)
         .ctx = &picks,
     };
     int rc = model_forward_sampled(sc->model, sc->fwd, cache, &batch, &out, err);
+    sched_publish_news(sc); /* when the step had no rows to pick */
     bool on_backend = picks.on_backend;
+    bool overlapped = model_overlaps_host_work(sc->model);
     atomic_fetch_add(&sc->counters.steps, 1);
     size_t row = 0;
     for (int b = 0; b < n; b++) {
@@ -190,7 +196,10 @@ int sched_step(struct sched *sc, struct err *err)
             sched_retire(sc, s, why, rc < 0 ? err->code : 0, rc < 0 ? err->msg : NULL);
         } else {
             sched_checkpoint(sc, s, false);
-            seq_publish(s);
+            if (overlapped)
+                sc->unpublished[sc->n_unpublished++] = s; /* while the device computes the next */
+            else
+                seq_publish(s);
         }
     }
     return rc < 0 ? rc : n;

@@ -467,6 +467,11 @@ bool model_samples_on_backend(const struct model *m)
     return m->backend->ops->sample != NULL && !m->tp;
 }
 
+bool model_overlaps_host_work(const struct model *m)
+{
+    return m->backend->ops->submit != NULL && !m->tp;
+}
+
 int model_forward_sampled(const struct model *m, struct forward_state *st, struct kv_cache *kv,
                           const struct batch *batch, const struct forward_output *out,
                           struct err *err)

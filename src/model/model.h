@@ -185,6 +185,9 @@ int model_forward(const struct model *m, struct forward_state *st, struct kv_cac
 
 /* True when the model's backend picks tokens itself (backend_ops.sample). */
 bool model_samples_on_backend(const struct model *m);
+/* True when forward_output.before_rows runs while the device computes the step (an
+ * asynchronous backend, one rank): host work put there costs the step nothing. */
+bool model_overlaps_host_work(const struct model *m);
 
 /* Where a step's output rows go, and the host's work while the device
  * computes them. */

@@ -171,6 +171,65 @@ Test(engine, batched_generation_matches_one_at_a_time)
     engine_free(e);
 }
 
+/* The CPU backend's ops with a submit that does nothing: the engine then takes the backend
+ * for an asynchronous one and hands a step's news to its readers during the next step. */
+static struct backend_ops async_ops;
+static void submit_nothing(struct backend *b) { (void)b; }
+
+static void pose_as_async(void)
+{
+    async_ops = *be->ops;
+    async_ops.submit = submit_nothing;
+    be->ops = &async_ops;
+    cr_assert(model_overlaps_host_work(model));
+}
+
+Test(engine, news_handed_over_during_the_next_step_loses_nothing)
+{
+    struct engine *e = start(8, 16, 0, 256);
+    int32_t solo[N_PROMPTS][64], batched[N_PROMPTS][64];
+    float solo_margin[N_PROMPTS][64], batched_margin[N_PROMPTS][64];
+    int n_solo[N_PROMPTS], n_batched[N_PROMPTS];
+    generate_all(e, 24, false, solo, solo_margin, n_solo);
+    engine_free(e);
+    const struct backend_ops *cpu_ops = be->ops;
+    pose_as_async();
+    e = start(8, 16, 0, 256);
+    generate_all(e, 24, true, batched, batched_margin, n_batched);
+    for (int i = 0; i < N_PROMPTS; i++)
+        assert_same_greedy(solo[i], solo_margin[i], batched[i], 24, i);
+
+    /* one reader cancels while its news may wait for the next step; the others stream on */
+    struct gen_output *o[3];
+    struct err err = {0};
+    struct gen_params p = greedy(prompts[0], prompt_len(0), 40);
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(engine_submit(e, &p, &o[i], &err), 0, "%s", err.msg);
+    struct gen_cursor cur = {0};
+    size_t streamed = 0;
+    for (enum gen_finish finish = GEN_RUNNING; finish == GEN_RUNNING;) {
+        struct gen_news n;
+        cr_assert_eq(gen_output_drain(o[1], &cur, 1000, &n), 0);
+        streamed += n.n_tokens;
+        finish = n.finish;
+        gen_news_free(&n);
+        if (streamed >= 2)
+            atomic_store(&o[0]->cancel, true);
+    }
+    cr_assert_eq(streamed, 40, "every token reached the streaming reader");
+    wait_done(o[0]);
+    wait_done(o[2]);
+    cr_assert_eq(o[0]->finish, GEN_FINISH_CANCELLED);
+    cr_assert_eq(o[2]->finish, GEN_FINISH_LENGTH);
+    cr_assert_eq(o[2]->n_tokens, 40);
+    for (int j = 0; j < 40; j++)
+        cr_assert_eq(gen_output_tokens(o[1])[j].id, gen_output_tokens(o[2])[j].id);
+    for (int i = 0; i < 3; i++)
+        gen_output_release(o[i]);
+    engine_free(e);
+    be->ops = cpu_ops;
+}
+
 Test(engine, preemption_under_a_small_kv_pool_loses_nothing)
 {
     /* Room for one full 64-token context (4 blocks of 16) plus a little:
