@@ -490,6 +490,12 @@ struct backend_options {
     /* CUDA: q/k norms + RoPE + KV write are folded into the decode attention
      * after them (default on; off: they are one launch before it) */
     enum backend_switch cuda_qk_fusion;
+    /* CUDA: a residual add and the RMSNorm of its sum right after it are one launch
+     * (default on; off: two launches; the bits are the same either way) */
+    enum backend_switch cuda_add_norm_fusion;
+    /* CUDA: the RMSNorm or SwiGLU right before a cuBLASLt GEMM also writes its output in bf16
+     * for it (default on; off: the GEMM converts x in a launch of its own; same bits) */
+    enum backend_switch cuda_gemm_x_fusion;
     /* CUDA: FAST-mode prefill attention over an f16 cache on tensor cores
      * (default on; off: the f32 kernel) */
     enum backend_switch cuda_prefill_tc;

@@ -63,6 +63,8 @@ void cli_backend_options_from_env(struct backend_options *out)
     out->cuda_pdl = env_off("INFERD_CUDA_PDL");
     out->cuda_norm_fusion = env_off("INFERD_CUDA_NORM_FUSION");
     out->cuda_qk_fusion = env_off("INFERD_CUDA_QK_ATTN");
+    out->cuda_add_norm_fusion = env_off("INFERD_CUDA_ADD_NORM");
+    out->cuda_gemm_x_fusion = env_off("INFERD_CUDA_GEMM_X");
     out->cuda_prefill_tc = env_off("INFERD_CUDA_PREFILL_TC");
     out->cuda_decode_tc = env_off("INFERD_CUDA_DECODE_TC");
     const char *batch_gemm = getenv("INFERD_CUDA_BATCH_GEMM");
@@ -91,6 +93,8 @@ int cli_backend_flag(const char *flag, const char *value, struct backend_options
         {"--cuda-pdl", offsetof(struct backend_options, cuda_pdl)},
         {"--cuda-norm-fusion", offsetof(struct backend_options, cuda_norm_fusion)},
         {"--cuda-qk-fusion", offsetof(struct backend_options, cuda_qk_fusion)},
+        {"--cuda-add-norm-fusion", offsetof(struct backend_options, cuda_add_norm_fusion)},
+        {"--cuda-gemm-x-fusion", offsetof(struct backend_options, cuda_gemm_x_fusion)},
         {"--cuda-prefill-tc", offsetof(struct backend_options, cuda_prefill_tc)},
         {"--cuda-decode-tc", offsetof(struct backend_options, cuda_decode_tc)},
         {"--cuda-batch-gemm", offsetof(struct backend_options, cuda_batch_gemm)},

@@ -33,6 +33,10 @@ bool cli_device_parse(const char *text, struct device_spec *out);
     "                              (INFERD_CUDA_NORM_FUSION=0)\n"                                \
     "  --cuda-qk-fusion on|off     q/k norm + RoPE + KV write folded into decode attention\n"    \
     "                              (INFERD_CUDA_QK_ATTN=0)\n"                                    \
+    "  --cuda-add-norm-fusion on|off  a residual add and the RMSNorm after it in one launch\n"  \
+    "                              (INFERD_CUDA_ADD_NORM=0)\n"                                   \
+    "  --cuda-gemm-x-fusion on|off  the RMSNorm or SwiGLU before a cuBLASLt GEMM writes its\n" \
+    "                              x in bf16 (INFERD_CUDA_GEMM_X=0)\n"                          \
     "  --cuda-prefill-tc on|off    fast-mode prefill attention on tensor cores\n"                \
     "                              (INFERD_CUDA_PREFILL_TC=0)\n"                                 \
     "  --cuda-decode-tc on|off     fast-mode decode attention of more than 8 sequences on\n"     \

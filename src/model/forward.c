@@ -349,6 +349,16 @@ static int batch_prepare(const struct model *m, struct forward_state *st,
     return kv->window ? window_spans(st, kv, batch, err) : row;
 }
 
+/* The final RMSNorm of x's rows [x_row, x_row + n) into head_in's from out_row on. */
+static void final_norm_rows(const struct model *m, struct forward_state *st, int x_row, int n,
+                            int out_row)
+{
+    const struct model_config *c = &m->config;
+    m->backend->ops->rmsnorm(m->backend, st->x + (size_t)x_row * c->hidden_size,
+                             m->weights.final_norm, n, c->hidden_size, c->rms_norm_eps,
+                             st->head_in + (size_t)out_row * c->hidden_size);
+}
+
 /* Final norm of the wanted rows only, then the LM head in chunks; each chunk
  * sampled on the device or copied to the host. The host's work for the picks
  * runs once the first chunk is started, while the device computes. */
@@ -358,17 +368,26 @@ static int lm_head(const struct model *m, struct forward_state *st, const struct
     const struct model_config *c = &m->config;
     struct backend *be = m->backend;
     const struct backend_ops *op = be->ops;
-    int n_out = 0;
+    /* rows that follow each other in x (a decode step's, one a sequence) are normed in one
+     * call: the pending run is x's rows [run_x, run_x + run_n), head_in's last run_n */
+    int n_out = 0, run_x = 0, run_n = 0;
     for (int s = 0; s < batch->n_seqs; s++) {
         if (batch->seqs[s].no_logits || batch->seqs[s].hidden_out)
             continue;
         const struct attn_span *sp = &st->spans[s];
         int first = batch->seqs[s].all_logits ? sp->row0 : sp->row0 + sp->n_tokens - 1;
         int count = sp->row0 + sp->n_tokens - first;
-        op->rmsnorm(be, st->x + (size_t)first * c->hidden_size, m->weights.final_norm, count,
-                    c->hidden_size, c->rms_norm_eps, st->head_in + (size_t)n_out * c->hidden_size);
+        if (run_n > 0 && first != run_x + run_n) {
+            final_norm_rows(m, st, run_x, run_n, n_out - run_n);
+            run_n = 0;
+        }
+        if (run_n == 0)
+            run_x = first;
+        run_n += count;
         n_out += count;
     }
+    if (run_n > 0)
+        final_norm_rows(m, st, run_x, run_n, n_out - run_n);
     /* Embeddings: the final-normed last row of each such sequence, after the
      * logits rows in head_in, copied out as it is (no LM head). */
     int n_hidden = n_out;

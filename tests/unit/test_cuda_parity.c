@@ -264,6 +264,31 @@ Test(cuda_fusion, qk_prep_folded_into_decode_attention_equals_separate_launches,
                              "with q/k prep folded into attention and launched apart (fast mode)");
     decode_equal_with_switch(&cuda_options.cuda_qk_fusion, COMPUTE_EXACT, 1,
                              "with q/k prep folded into attention and launched apart (exact mode)");
+    /* more than 8 rows: the tensor-core decode kernel's fold */
+    decode_equal_with_switch(&cuda_options.cuda_qk_fusion, COMPUTE_FAST, 12,
+                             "with q/k prep folded into tensor-core attention and launched apart");
+}
+
+/* Rule 4 of fuse.h: an add and the RMSNorm of its sum in one launch give the bits of two
+ * launches (12 sequences: the cuBLASLt path, whose adds stand alone; exact mode: the
+ * architectures whose norms sit between a matmul and its add). */
+Test(cuda_fusion, add_and_rmsnorm_in_one_launch_equal_two_launches, .timeout = 300)
+{
+    skip_without_gpu();
+    decode_equal_with_switch(&cuda_options.cuda_add_norm_fusion, COMPUTE_FAST, 12,
+                             "with each add and the RMSNorm after it in one launch and in two");
+    decode_equal_with_switch(&cuda_options.cuda_add_norm_fusion, COMPUTE_EXACT, 1,
+                             "with each add and the RMSNorm after it in one launch and in two "
+                             "(exact mode)");
+}
+
+/* Rule 6: x rounded to bf16 by the launch before a cuBLASLt GEMM gives the bits of the GEMM's
+ * own conversion (12 sequences: the cuBLASLt path). */
+Test(cuda_fusion, gemm_x_written_by_the_launch_before_equals_its_own_conversion, .timeout = 300)
+{
+    skip_without_gpu();
+    decode_equal_with_switch(&cuda_options.cuda_gemm_x_fusion, COMPUTE_FAST, 12,
+                             "with each GEMM's bf16 x from the launch before it and its own");
 }
 
 /* One attention call: up to ATTN_MAX_SPANS spans over a one-layer paged cache. */

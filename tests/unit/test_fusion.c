@@ -381,6 +381,7 @@ static void launch_word(const struct cu_op *ops, const struct cu_launch *l, char
     case CU_LAUNCH_SCALE: snprintf(w, cap, "scale"); break;
     case CU_LAUNCH_SOFTCAP: snprintf(w, cap, "softcap"); break;
     case CU_LAUNCH_ADD: snprintf(w, cap, "add"); break;
+    case CU_LAUNCH_ADD_RMSNORM: snprintf(w, cap, "add+rmsnorm"); break;
     case CU_LAUNCH_KV_STORE: snprintf(w, cap, "kv_store"); break;
     case CU_LAUNCH_ATTENTION: snprintf(w, cap, "attention"); break;
     case CU_LAUNCH_MOE_ROUTE: snprintf(w, cap, "moe_route"); break;
@@ -600,6 +601,8 @@ static int tiny_presets(const struct mkmodel_preset **out)
     return count;
 }
 
+/* Rule 4 (add + RMSNorm, on in the backend) is off in these two, so that each layer's text
+ * stands alone; its own test pins it. */
 static const struct cu_fuse_config fast_all = {.fast = true, .norm_gemv = true,
                                                .qk_attention = true,
                                                .gemv_max_rows = CU_GEMV_MAX_ROWS};
@@ -634,7 +637,8 @@ Test(fusion, every_tiny_model_decodes_one_sequence_in_the_pinned_launches)
     }
 }
 
-/* Several sequences: one final RMSNorm per sequence, into rows of one LM-head GEMV. */
+/* Several sequences: one final RMSNorm of all their rows (they follow each other), folded
+ * into the LM head's GEMV as one sequence's is. */
 Test(fusion, every_tiny_model_decodes_three_sequences_in_the_pinned_launches)
 {
     const struct mkmodel_preset *presets[64];
@@ -647,7 +651,7 @@ Test(fusion, every_tiny_model_decodes_three_sequences_in_the_pinned_launches)
         char what[128];
         snprintf(what, sizeof what, "%s, fast decode, three sequences", x->preset);
         check_step(&r, what, &fast_all, 3, 1, x->decode, x->decode_launches,
-                   "rmsnorm rmsnorm rmsnorm gemv");
+                   x->bf16 ? "rmsnorm+gemv" : "rmsnorm gemv");
         rig_close(&r);
     }
 }
@@ -731,6 +735,104 @@ Test(fusion, switched_off_fusions_leave_their_ops_as_separate_launches)
     rig_close(&r);
 }
 
+/* "first | rest | rest ...": n_layers layers' texts, as check_step takes them. */
+static const char *layers_text(const char *first, const char *rest, int n_layers)
+{
+    static char buf[TEXT_CAP];
+    snprintf(buf, sizeof buf, "%s", first);
+    for (int l = 1; l < n_layers; l++) {
+        size_t len = strlen(buf);
+        snprintf(buf + len, sizeof buf - len, " | %s", rest);
+    }
+    return buf;
+}
+
+/* Rule 4: a standalone residual add and the RMSNorm of all its rows after it are one
+ * launch, across layers too (a layer's last add, the next layer's first norm or the final
+ * norm); not where the norm reads only some rows (a prefill's final norm) or where rule 2
+ * folds it into a GEMV; nothing to fuse where the adds ride on the GEMVs. */
+Test(fusion, a_residual_add_and_the_rmsnorm_of_its_sum_are_one_launch)
+{
+    struct rig r;
+    rig_open(&r, "tiny-qwen3", COMPUTE_FAST);
+    int n_layers = r.model->config.n_layers;
+    struct cu_fuse_config on = fast_all;
+    on.add_norm = true;
+    check_step(&r, "tiny-qwen3, 9 sequences decoding", &on, 9, 1,
+               layers_text("rmsnorm gemmx3 qk_norm+rope_qk+kv_store+attention gemm add+rmsnorm "
+                           "gemmx2 silu_mul gemm",
+                           "add+rmsnorm gemmx3 qk_norm+rope_qk+kv_store+attention gemm "
+                           "add+rmsnorm gemmx2 silu_mul gemm",
+                           n_layers),
+               8 * n_layers, "add+rmsnorm gemm");
+    check_step(&r, "tiny-qwen3, fast prefill", &on, 1, PREFILL_TOKENS,
+               layers_text("rmsnorm gemmx3 qk_norm+rope_qk+kv_store attention gemm add+rmsnorm "
+                           "gemmx2 silu_mul gemm",
+                           "add+rmsnorm gemmx3 qk_norm+rope_qk+kv_store attention gemm "
+                           "add+rmsnorm gemmx2 silu_mul gemm",
+                           n_layers),
+               9 * n_layers, "add rmsnorm+gemv");
+    check_step(&r, "tiny-qwen3, one sequence decoding", &on, 1, 1, DECODE_BF16_QK_NORM, 5,
+               "rmsnorm+gemv");
+    rig_close(&r);
+    /* Gemma 3's sandwich norms in exact mode: the post-norm, then the add and the next norm */
+    rig_open(&r, "tiny-gemma3", COMPUTE_EXACT);
+    n_layers = r.model->config.n_layers;
+    on = exact_all;
+    on.add_norm = true;
+    check_step(&r, "tiny-gemma3, exact decode", &on, 1, 1,
+               layers_text("rmsnorm gemvx3 qk_norm+rope_qk+kv_store+attention gemv rmsnorm "
+                           "add+rmsnorm gemvx2 gelu_tanh_mul gemv rmsnorm",
+                           "add+rmsnorm gemvx3 qk_norm+rope_qk+kv_store+attention gemv rmsnorm "
+                           "add+rmsnorm gemvx2 gelu_tanh_mul gemv rmsnorm",
+                           n_layers),
+               10 * n_layers, "add+rmsnorm gemv");
+    rig_close(&r);
+}
+
+/* The launches of a step that write the next GEMM's x in bf16 (rule 6), each checked to be
+ * followed by a GEMM launch reading its output. */
+static int gemm_x_writers(struct rig *r, const struct cu_fuse_config *cfg, int n_seqs,
+                          int n_tokens)
+{
+    int n_ops = 0, count = 0;
+    const struct cu_op *ops = rig_step(r, n_seqs, n_tokens, &n_ops);
+    static struct cu_launch plan[MAX_LAUNCHES];
+    int n = cu_fuse_plan(cfg, ops, n_ops, plan, MAX_LAUNCHES);
+    cr_assert(n > 0 && n <= MAX_LAUNCHES);
+    for (int k = 0; k < n; k++) {
+        if (!plan[k].to_gemm_x)
+            continue;
+        const struct cu_op *last = &ops[plan[k].op + plan[k].n_ops - 1];
+        const float *out = last->kind == CU_RMSNORM ? last->u.norm.y : last->u.ew.out;
+        cr_assert(k + 1 < n && plan[k + 1].kind == CU_LAUNCH_GEMM &&
+                      ops[plan[k + 1].op].u.mm.x == out,
+                  "launch %d writes a bf16 x that no GEMM right after it reads", k);
+        count++;
+    }
+    return count;
+}
+
+/* Rule 6: the RMSNorms before the q/k/v, gate/up and LM-head GEMMs and the SwiGLU before the
+ * down GEMM write their GEMM's x in bf16 (a decode step of 9 sequences, a prefill); none on
+ * the GEMV path or with the rule off. */
+Test(fusion, the_norm_or_swiglu_before_a_cublaslt_gemm_writes_its_x_in_bf16)
+{
+    struct rig r;
+    rig_open(&r, "tiny-qwen3", COMPUTE_FAST);
+    int n_layers = r.model->config.n_layers;
+    struct cu_fuse_config on = fast_all, off = fast_all;
+    on.gemm_x = true;
+    on.add_norm = true;
+    off.add_norm = true;
+    cr_expect_eq(gemm_x_writers(&r, &on, 9, 1), 3 * n_layers + 1);
+    cr_expect_eq(gemm_x_writers(&r, &off, 9, 1), 0);
+    /* prefill: the final norm reads the last row only, into the LM head's GEMV */
+    cr_expect_eq(gemm_x_writers(&r, &on, 1, PREFILL_TOKENS), 3 * n_layers);
+    cr_expect_eq(gemm_x_writers(&r, &on, 1, 1), 0);
+    rig_close(&r);
+}
+
 /* --cuda-gemv-rows: fast-mode matmuls of more rows than the cap go to
  * cuBLASLt (and their norms stay separate launches); exact mode's GEMV, whose
  * reduction order is its batch invariance, ignores the cap and the skinny
@@ -744,11 +846,11 @@ Test(fusion, matmuls_of_more_rows_than_the_gemv_cap_go_to_cublaslt_in_fast_mode_
     check_step(&r, "tiny-qwen3, 2 sequences decoding, cap 2", &capped, 2, 1,
                "rmsnorm+gemvx3 qk_norm+rope_qk+kv_store+attention gemv+add rmsnorm+gemvx2+swiglu "
                "gemv+add",
-               5, "rmsnorm rmsnorm gemv");
+               5, "rmsnorm+gemv");
     check_step(&r, "tiny-qwen3, 3 sequences decoding, cap 2", &capped, 3, 1,
                "rmsnorm gemmx3 qk_norm+rope_qk+kv_store+attention gemm add rmsnorm gemmx2 "
                "silu_mul gemm add",
-               10, "rmsnorm rmsnorm rmsnorm gemm");
+               10, "rmsnorm gemm");
     rig_close(&r);
     rig_open(&r, "tiny-qwen3", COMPUTE_EXACT);
     struct cu_fuse_config exact_capped = exact_all;
@@ -757,7 +859,7 @@ Test(fusion, matmuls_of_more_rows_than_the_gemv_cap_go_to_cublaslt_in_fast_mode_
     check_step(&r, "tiny-qwen3 exact, 3 sequences decoding, cap 2", &exact_capped, 3, 1,
                "rmsnorm gemvx3 qk_norm+rope_qk+kv_store+attention gemv+add rmsnorm gemvx2+swiglu "
                "gemv+add",
-               7, "rmsnorm rmsnorm rmsnorm gemv");
+               7, "rmsnorm gemv");
     rig_close(&r);
 }
 
@@ -810,7 +912,7 @@ Test(fusion, fast_matmuls_of_a_few_rows_past_the_gemv_cap_run_on_the_skinny_gemm
     check_step(&r, "tiny-qwen3, 3 sequences decoding", &skinny, 3, 1,
                "rmsnorm skinnyx3 qk_norm+rope_qk+kv_store+attention skinny+add rmsnorm "
                "skinnyx2+swiglu skinny+add",
-               7, "rmsnorm rmsnorm rmsnorm skinny");
+               7, "rmsnorm skinny");
     rig_close(&r);
     /* its limits: rows, row length, alignment */
     static const struct mm_limit cases[] = {
@@ -865,9 +967,9 @@ Test(fusion, an_unknown_op_kind_is_refused)
 }
 
 /* The tensor-core decode attention (decode_mma) takes steps of more than
- * CU_GEMV_MAX_ROWS rows over an f16 cache; the q/k launch before it is then
- * not folded in. Fewer rows, or decode_mma off, keep the fold. */
-Test(fusion, decode_attention_of_many_rows_on_tensor_cores_takes_the_qk_launch_apart)
+ * CU_GEMV_MAX_ROWS rows over an f16 cache, the q/k launch before it folded in
+ * as into the flash-decoding kernel; fewer rows, and exact mode, stay on that one. */
+Test(fusion, decode_attention_of_many_rows_on_tensor_cores_takes_the_qk_launch_in_too)
 {
     struct rig r;
     rig_open(&r, "tiny-qwen3", COMPUTE_FAST);
@@ -887,14 +989,14 @@ Test(fusion, decode_attention_of_many_rows_on_tensor_cores_takes_the_qk_launch_a
     cr_assert_gt(n_attn, 0);
     check_step(&r, "tiny-qwen3, 9 sequences decoding, tensor-core attention", &mma,
                CU_ATTN_MMA_MIN_ROWS, 1,
-               "rmsnorm gemmx3 qk_norm+rope_qk+kv_store attention gemm add rmsnorm gemmx2 "
+               "rmsnorm gemmx3 qk_norm+rope_qk+kv_store+attention gemm add rmsnorm gemmx2 "
                "silu_mul gemm add",
-               11, "rmsnorm rmsnorm rmsnorm rmsnorm rmsnorm rmsnorm rmsnorm rmsnorm rmsnorm gemm");
+               10, "rmsnorm gemm");
     check_step(&r, "tiny-qwen3, 9 sequences decoding, flash-decoding attention", &fast_all,
                CU_ATTN_MMA_MIN_ROWS, 1,
                "rmsnorm gemmx3 qk_norm+rope_qk+kv_store+attention gemm add rmsnorm gemmx2 "
                "silu_mul gemm add",
-               10, "rmsnorm rmsnorm rmsnorm rmsnorm rmsnorm rmsnorm rmsnorm rmsnorm rmsnorm gemm");
+               10, "rmsnorm gemm");
     ops = rig_step(&r, CU_GEMV_MAX_ROWS, 1, &n_ops);
     for (int i = 0; i < n_ops; i++)
         if (ops[i].kind == CU_ATTENTION)
@@ -924,9 +1026,9 @@ Test(fusion, fast_matmuls_of_9_to_64_rows_run_on_the_batched_tile_gemm)
     batch.batch_max_rows = CU_BATCH_MAX_ROWS;
     batch.decode_mma = true;
     check_step(&r, "tiny-qwen3, 9 sequences decoding", &batch, CU_ATTN_MMA_MIN_ROWS, 1,
-               "rmsnorm skinnyx3 qk_norm+rope_qk+kv_store attention skinny+add rmsnorm "
+               "rmsnorm skinnyx3 qk_norm+rope_qk+kv_store+attention skinny+add rmsnorm "
                "skinnyx2+swiglu skinny+add",
-               8, "rmsnorm rmsnorm rmsnorm rmsnorm rmsnorm rmsnorm rmsnorm rmsnorm rmsnorm skinny");
+               7, "rmsnorm skinny");
     rig_close(&r);
     static const struct mm_limit cases[] = {
         {CU_SKINNY_MAX_ROWS + 1, 208, 0, 0, CU_LAUNCH_GEMV, true},

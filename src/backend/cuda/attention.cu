@@ -21,14 +21,6 @@
 #define PF_BK 32
 #define PF_THREADS 128
 
-static __device__ __forceinline__ size_t slot_offset(const struct cu_kv *kv, int layer,
-                                                     const uint32_t *bt, int pos)
-{
-    uint32_t block = bt[pos / kv->block_size];
-    return (((size_t)layer * kv->n_blocks + block) * kv->block_size + pos % kv->block_size) *
-           ((size_t)kv->n_kv_heads * kv->head_dim);
-}
-
 /* ---- decode: one row, one kv head's query group, one split of positions -- */
 
 /* For head dims other than 64, 128 and 256. Warps of a block take

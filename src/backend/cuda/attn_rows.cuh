@@ -1,4 +1,4 @@
-/* backend/cuda/attn_rows.cuh — what the decode attention kernels share: a step's spans and row map as they lie in the launch parameters, the positions a decode row attends to, the layout of split partials. */
+/* backend/cuda/attn_rows.cuh — what the decode attention kernels share: a step's spans and row map as they lie in the launch parameters, the positions a decode row attends to, a position's place in the paged cache, the layout of split partials. */
 #ifndef INFERD_BACKEND_CUDA_ATTN_ROWS_CUH
 #define INFERD_BACKEND_CUDA_ATTN_ROWS_CUH
 
@@ -7,6 +7,16 @@
 /* Floats per split partial of one query head: m, l, two unused, acc[hd]
  * (16-byte aligned). */
 #define PART_STRIDE(hd) ((hd) + 4)
+
+/* Element offset of position pos's K (or V) row in a layer of the paged cache, from the
+ * sequence's block table bt. */
+static __device__ __forceinline__ size_t slot_offset(const struct cu_kv *kv, int layer,
+                                                     const uint32_t *bt, int pos)
+{
+    uint32_t block = bt[pos / kv->block_size];
+    return (((size_t)layer * kv->n_blocks + block) * kv->block_size + pos % kv->block_size) *
+           ((size_t)kv->n_kv_heads * kv->head_dim);
+}
 
 struct span_view {
     const struct cu_span *spans;

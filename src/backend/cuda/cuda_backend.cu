@@ -523,12 +523,18 @@ static bool gemm_blocks(struct cu_impl *im, const struct cu_op *op, const struct
     return true;
 }
 
-bool cu_exec_gemm(struct cu_impl *im, const struct cu_op *op)
+bool cu_xb_reserve(struct cu_impl *im, int64_t n)
+{
+    return scratch_grow(im, (void **)&im->xb, &im->xb_bytes, (size_t)n * 2, true);
+}
+
+bool cu_exec_gemm(struct cu_impl *im, const struct cu_op *op, bool x_ready)
 {
     const bool f32 = op->u.mm.dtype == DTYPE_F32; /* x as it is; else x in bf16 */
     int64_t n_x = (int64_t)op->n_rows * op->u.mm.cols;
-    if (!f32 && (!scratch_grow(im, (void **)&im->xb, &im->xb_bytes, (size_t)n_x * 2, true) ||
-                 !CU_TRY(im, cu_launch_to_bf16(im->stream, op->u.mm.x, n_x, im->xb))))
+    if (!f32 && !x_ready &&
+        (!cu_xb_reserve(im, n_x) ||
+         !CU_TRY(im, cu_launch_to_bf16(im->stream, op->u.mm.x, n_x, im->xb))))
         return false;
     bool blocks = dtype_is_block((enum dtype)op->u.mm.dtype);
     for (int i = 0; i < op->u.mm.n; i++) {
@@ -548,7 +554,7 @@ enum prof_label {
     PL_EMBED, PL_GEMV, PL_GEMV_GROUP, PL_GEMV_RES, PL_GEMV_SWIGLU, PL_GEMM, PL_RMSNORM, PL_QK,
     PL_ROPE, PL_SILU, PL_ADD, PL_KV_STORE, PL_ATTN_DECODE, PL_ATTN_PREFILL, PL_NORM_GEMV,
     PL_QK_ATTN, PL_KV_COPY, PL_MOE_ROUTE, PL_MOE_FFN, PL_GATED_ADD, PL_GEMMA_EW, PL_LORA,
-    PL_ENCDEC_EW, PL_ATTN_DENSE, PL_GEMM_SKINNY, PL_GEMM_BATCH, PL_N
+    PL_ENCDEC_EW, PL_ATTN_DENSE, PL_GEMM_SKINNY, PL_GEMM_BATCH, PL_ADD_RMSNORM, PL_N
 };
 static const char *const prof_names[PL_N] = {
     "embed", "gemv", "gemv group", "gemv + residual add", "gemv gate/up + swiglu",
@@ -557,7 +563,8 @@ static const char *const prof_names[PL_N] = {
     "q/k prep + attention decode", "kv copy slots", "moe routing", "moe experts",
     "shared expert gate + add", "gelu_tanh_mul, scale, softcap", "lora shrink + expand",
     "layer_norm, gelu, scatter_rows", "attention dense (+ merge)",
-    "skinny gemm, tensor cores (+ epilogue)", "batched tile gemm, tensor cores (+ epilogue)"};
+    "skinny gemm, tensor cores (+ epilogue)", "batched tile gemm, tensor cores (+ epilogue)",
+    "add + rmsnorm"};
 
 static int prof_label_of(const struct cu_op *ops, const struct cu_launch *l)
 {
@@ -570,6 +577,7 @@ static int prof_label_of(const struct cu_op *ops, const struct cu_launch *l)
     case CU_LAUNCH_QK_ATTENTION: return PL_QK_ATTN;
     case CU_LAUNCH_SILU_MUL: return PL_SILU;
     case CU_LAUNCH_ADD: return PL_ADD;
+    case CU_LAUNCH_ADD_RMSNORM: return PL_ADD_RMSNORM;
     case CU_LAUNCH_KV_STORE: return PL_KV_STORE;
     case CU_LAUNCH_KV_COPY: return PL_KV_COPY;
     case CU_LAUNCH_MOE_ROUTE: return PL_MOE_ROUTE;
@@ -1543,6 +1551,8 @@ extern "C" int backend_cuda_create(int device, const struct backend_options *opt
     im->fuse.norm_gemv = opt->cuda_norm_fusion == BACKEND_ON ||
                          (opt->cuda_norm_fusion == BACKEND_DEFAULT && opt->mode == COMPUTE_FAST);
     im->fuse.qk_attention = opt->cuda_qk_fusion != BACKEND_OFF;
+    im->fuse.add_norm = opt->cuda_add_norm_fusion != BACKEND_OFF;
+    im->fuse.gemm_x = opt->cuda_gemm_x_fusion != BACKEND_OFF;
     im->fuse.gemv_max_rows = opt->cuda_gemv_rows >= 1 && opt->cuda_gemv_rows <= CU_GEMV_MAX_ROWS
                                  ? opt->cuda_gemv_rows
                                  : CU_GEMV_DEFAULT_ROWS;

@@ -232,6 +232,9 @@ struct cu_impl {
     /* Scratch. */
     uint16_t *xb;         /* device, bf16 activations for cuBLASLt; owned */
     size_t xb_bytes;
+    const float *xb_of;   /* the f32 activations the launch just before wrote into xb in bf16
+                             (fuse.h rule 6), for the GEMM launch right after it; else NULL */
+    int64_t xb_n;         /* how many */
     uint16_t *wb;         /* device, a block matrix's rows dequantized to bf16 for cuBLASLt; owned */
     size_t wb_bytes;
     float *attn_part;     /* device, split-attention partials; owned */
@@ -323,7 +326,10 @@ size_t cu_dense_part_floats(const struct cu_op *op);
 
 /* x (n_rows x cols, f32) to bf16 and one cuBLASLt GEMM (+ bias) per matrix
  * of matmul op (cuda_backend.cu); false when it failed (recorded). */
-bool cu_exec_gemm(struct cu_impl *im, const struct cu_op *op);
+/* x_ready: the launch before wrote op's x in bf16 into im->xb. */
+bool cu_exec_gemm(struct cu_impl *im, const struct cu_op *op, bool x_ready);
+/* im->xb grown to hold n bf16 values (within a flush: no launch of the recorded step). */
+bool cu_xb_reserve(struct cu_impl *im, int64_t n);
 
 /* Launches one planned launch of ops (fuse.cu); false when it failed (recorded). */
 bool cu_exec_launch(struct cu_impl *im, const struct cu_op *ops, const struct cu_launch *l);
@@ -331,9 +337,13 @@ bool cu_exec_launch(struct cu_impl *im, const struct cu_op *ops, const struct cu
 /* Kernel launchers (kernels.cu, gemv.cu, attention.cu). Each enqueues on
  * stream and returns the launch's cudaError_t. */
 cudaError_t cu_launch_embed(cudaStream_t s, const struct cu_op *op, const uint8_t *params);
-cudaError_t cu_launch_rmsnorm(cudaStream_t s, const struct cu_op *op);
+/* ybf (and outbf below): the output also rounded to bf16 there (fuse.h rule 6); NULL: not. */
+cudaError_t cu_launch_rmsnorm(cudaStream_t s, const struct cu_op *op, uint16_t *ybf);
 cudaError_t cu_launch_add(cudaStream_t s, const struct cu_op *op);
-cudaError_t cu_launch_silu_mul(cudaStream_t s, const struct cu_op *op);
+/* add (y += x) and the RMSNorm after it of every row of y, in one launch (fuse.h rule 4). */
+cudaError_t cu_launch_add_rmsnorm(cudaStream_t s, const struct cu_op *add, const struct cu_op *norm,
+                                  uint16_t *ybf);
+cudaError_t cu_launch_silu_mul(cudaStream_t s, const struct cu_op *op, uint16_t *outbf);
 /* CU_GELU_TANH_MUL, CU_SCALE and CU_SOFTCAP ops, one launch each. */
 cudaError_t cu_launch_ew_gemma(cudaStream_t s, const struct cu_op *op);
 cudaError_t cu_launch_to_bf16(cudaStream_t s, const float *x, int64_t n, uint16_t *out);
@@ -460,10 +470,12 @@ cudaError_t cu_launch_attention_quant(cudaStream_t s, const struct cu_op *op,
                                       const uint8_t *params, float *part, int smem_optin,
                                       bool tensor_cores);
 /* Decode attention over an f16 cache on tensor cores
- * (attention_decode_f16.cu), for the ops cu_attention_uses_mma takes;
- * cudaErrorNotSupported for others. */
+ * (attention_decode_f16.cu), for the ops cu_attention_uses_mma takes, with
+ * the q/k launch qk folded in when not NULL (ops cu_attention_takes_qk
+ * takes); cudaErrorNotSupported for others. */
 cudaError_t cu_launch_attention_decode_f16(cudaStream_t s, const struct cu_op *op,
-                                           const uint8_t *params, float *part, int smem_optin);
+                                           const uint8_t *params, float *part, int smem_optin,
+                                           const struct cu_qk_args *qk);
 /* The merge of a decode attention's split partials (m, l, acc at
  * PART_STRIDE floats a split, after the CU_ATTN_COUNTERS counters in part)
  * into its output, for rows whose positions fall in more than one split;

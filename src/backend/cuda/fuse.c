@@ -164,6 +164,45 @@ static int plan_gemv(const struct cu_op *ops, int m, int n, struct cu_launch *l)
     return 1;
 }
 
+/* Rule 6: the RMSNorm or SiLU-mul at ops[p] writes all of the x of the cuBLASLt GEMM (bf16 or
+ * block-quantized weights: x converted to bf16) at ops[p + 1]. */
+static bool feeds_gemm_x(const struct cu_fuse_config *cfg, const struct cu_op *ops, int p, int n)
+{
+    if (!cfg->gemm_x || p + 1 >= n)
+        return false;
+    const struct cu_op *op = &ops[p], *mm = &ops[p + 1];
+    if (!cu_fuse_uses_gemm(cfg, mm) || mm->u.mm.dtype == DTYPE_F32)
+        return false;
+    int64_t n_x = (int64_t)mm->n_rows * mm->u.mm.cols;
+    if (op->kind == CU_RMSNORM)
+        return mm->u.mm.x == op->u.norm.y && (int64_t)op->u.norm.n_rows * op->u.norm.dim == n_x;
+    if (op->kind == CU_SILU_MUL)
+        return mm->u.mm.x == op->u.ew.out && op->u.ew.n == n_x;
+    return false;
+}
+
+/* Whether rule 2 takes the RMSNorm at ops[i] into the GEMV after it (not when a lora op
+ * after the matmul reads the norm's output, which the folded norm never writes). */
+static bool norm_folds(const struct cu_fuse_config *cfg, const struct cu_op *ops, int i, int n)
+{
+    const struct cu_op *op = &ops[i];
+    return op->kind == CU_RMSNORM && i + 1 < n && norm_feeds_gemv(cfg, op, &ops[i + 1]) &&
+           !(i + 2 < n && ops[i + 2].kind == CU_LORA && ops[i + 2].u.lora.x == op->u.norm.y);
+}
+
+/* Rule 4: the add at ops[i] and the RMSNorm after it of every row of the sum, unless rule 2
+ * takes that norm. */
+static bool add_feeds_norm(const struct cu_fuse_config *cfg, const struct cu_op *ops, int i, int n)
+{
+    if (!cfg->add_norm || ops[i].kind != CU_ADD || i + 1 >= n || ops[i + 1].kind != CU_RMSNORM)
+        return false;
+    const struct cu_op *norm = &ops[i + 1];
+    if (norm->u.norm.x != ops[i].u.ew.out ||
+        (int64_t)norm->u.norm.n_rows * norm->u.norm.dim != ops[i].u.ew.n)
+        return false;
+    return !norm_folds(cfg, ops, i + 1, n);
+}
+
 int cu_fuse_next(const struct cu_fuse_config *cfg, const struct cu_op *ops, int i, int n,
                  struct cu_launch *out)
 {
@@ -173,8 +212,7 @@ int cu_fuse_next(const struct cu_fuse_config *cfg, const struct cu_op *ops, int 
     const struct cu_op *op = &ops[i];
     int used = match_qk(ops, i, n, &l->qk);
     if (used > 0 && cfg->qk_attention && i + used < n &&
-        cu_attention_takes_qk(&ops[i + used], &l->qk) &&
-        !(cfg->decode_mma && cu_attention_uses_mma(&ops[i + used]))) {
+        cu_attention_takes_qk(&ops[i + used], &l->qk)) {
         l->kind = CU_LAUNCH_QK_ATTENTION;
         return l->n_ops = used + 1;
     }
@@ -182,14 +220,21 @@ int cu_fuse_next(const struct cu_fuse_config *cfg, const struct cu_op *ops, int 
         l->kind = CU_LAUNCH_QK;
         return l->n_ops = used;
     }
-    if (op->kind == CU_RMSNORM && i + 1 < n && norm_feeds_gemv(cfg, op, &ops[i + 1]) &&
-        !(i + 2 < n && ops[i + 2].kind == CU_LORA && ops[i + 2].u.lora.x == op->u.norm.y)) {
+    if (norm_folds(cfg, ops, i, n)) {
         l->norm = true;
         return l->n_ops = 1 + plan_gemv(ops, i + 1, n, l);
     }
+    if (add_feeds_norm(cfg, ops, i, n)) {
+        l->kind = CU_LAUNCH_ADD_RMSNORM;
+        l->to_gemm_x = feeds_gemm_x(cfg, ops, i + 1, n);
+        return l->n_ops = 2;
+    }
     switch (op->kind) {
     case CU_EMBED: l->kind = CU_LAUNCH_EMBED; break;
-    case CU_RMSNORM: l->kind = CU_LAUNCH_RMSNORM; break;
+    case CU_RMSNORM:
+        l->kind = CU_LAUNCH_RMSNORM;
+        l->to_gemm_x = feeds_gemm_x(cfg, ops, i, n);
+        break;
     case CU_ROPE:
         l->kind = CU_LAUNCH_ROPE;
         memset(&l->qk, 0, sizeof l->qk);
@@ -203,7 +248,10 @@ int cu_fuse_next(const struct cu_fuse_config *cfg, const struct cu_op *ops, int 
         l->qk.factor = op->u.rope.factor;
         l->qk.long_from = op->u.rope.long_from;
         break;
-    case CU_SILU_MUL: l->kind = CU_LAUNCH_SILU_MUL; break;
+    case CU_SILU_MUL:
+        l->kind = CU_LAUNCH_SILU_MUL;
+        l->to_gemm_x = feeds_gemm_x(cfg, ops, i, n);
+        break;
     case CU_ADD: l->kind = CU_LAUNCH_ADD; break;
     case CU_KV_STORE: l->kind = CU_LAUNCH_KV_STORE; break;
     case CU_ATTENTION: l->kind = CU_LAUNCH_ATTENTION; break;

@@ -42,29 +42,58 @@ static bool exec_gemv(struct cu_impl *im, const struct cu_op *ops, const struct 
     return CU_TRY(im, cu_launch_gemv(&im->dev, im->stream, &a));
 }
 
+/* Rule 6: where a launch that writes n floats at out leaves them in bf16 for the GEMM launch
+ * after it (im->xb); NULL when l feeds none, or xb cannot grow (the GEMM then converts). */
+static uint16_t *gemm_x_out(struct cu_impl *im, const struct cu_launch *l, const float *out,
+                            int64_t n)
+{
+    if (!l->to_gemm_x || !cu_xb_reserve(im, n))
+        return NULL;
+    im->xb_of = out;
+    im->xb_n = n;
+    return im->xb;
+}
+
 bool cu_exec_launch(struct cu_impl *im, const struct cu_op *ops, const struct cu_launch *l)
 {
     const struct cu_op *op = &ops[l->op];
     cudaStream_t s = im->stream;
+    /* rule 6: what the launch just before left in im->xb is for this launch only */
+    const float *xb_of = im->xb_of;
+    int64_t xb_n = im->xb_n;
+    im->xb_of = NULL;
     switch (l->kind) {
-    case CU_LAUNCH_QK_ATTENTION:
-        return CU_TRY(im, cu_launch_attention_qk(s, &ops[l->op + l->n_ops - 1], &l->qk,
-                                                 im->arena_dev, im->attn_part));
+    case CU_LAUNCH_QK_ATTENTION: {
+        const struct cu_op *attn = &ops[l->op + l->n_ops - 1];
+        if (im->fuse.decode_mma && cu_attention_uses_mma(attn))
+            return CU_TRY(im, cu_launch_attention_decode_f16(s, attn, im->arena_dev, im->attn_part,
+                                                             im->dev.smem_optin, &l->qk));
+        return CU_TRY(im, cu_launch_attention_qk(s, attn, &l->qk, im->arena_dev, im->attn_part));
+    }
     case CU_LAUNCH_QK:
     case CU_LAUNCH_ROPE:
         return CU_TRY(im, cu_launch_qk_prep(&im->dev, s, &l->qk, im->arena_dev));
     case CU_LAUNCH_GEMV:
         return exec_gemv(im, ops, l);
     case CU_LAUNCH_GEMM:
-        return cu_exec_gemm(im, op);
+        return cu_exec_gemm(im, op,
+                            xb_of && xb_of == op->u.mm.x &&
+                                xb_n == (int64_t)op->n_rows * op->u.mm.cols);
     case CU_LAUNCH_EMBED:
         return CU_TRY(im, cu_launch_embed(s, op, im->arena_dev));
     case CU_LAUNCH_RMSNORM:
-        return CU_TRY(im, cu_launch_rmsnorm(s, op));
+        return CU_TRY(im, cu_launch_rmsnorm(
+                              s, op, gemm_x_out(im, l, op->u.norm.y,
+                                                (int64_t)op->u.norm.n_rows * op->u.norm.dim)));
     case CU_LAUNCH_SILU_MUL:
-        return CU_TRY(im, cu_launch_silu_mul(s, op));
+        return CU_TRY(im, cu_launch_silu_mul(s, op, gemm_x_out(im, l, op->u.ew.out, op->u.ew.n)));
     case CU_LAUNCH_ADD:
         return CU_TRY(im, cu_launch_add(s, op));
+    case CU_LAUNCH_ADD_RMSNORM:
+        return CU_TRY(im, cu_launch_add_rmsnorm(
+                              s, op, op + 1,
+                              gemm_x_out(im, l, op[1].u.norm.y,
+                                         (int64_t)op[1].u.norm.n_rows * op[1].u.norm.dim)));
     case CU_LAUNCH_KV_STORE:
         return CU_TRY(im, cu_launch_kv_store(s, op, im->arena_dev));
     case CU_LAUNCH_KV_COPY:
@@ -94,7 +123,7 @@ bool cu_exec_launch(struct cu_impl *im, const struct cu_op *ops, const struct cu
     case CU_LAUNCH_ATTENTION:
         if (im->fuse.decode_mma && cu_attention_uses_mma(op))
             return CU_TRY(im, cu_launch_attention_decode_f16(s, op, im->arena_dev, im->attn_part,
-                                                             im->dev.smem_optin));
+                                                             im->dev.smem_optin, NULL));
         return CU_TRY(im, cu_launch_attention(s, op, im->arena_dev, im->attn_part,
                                               im->dev.smem_optin,
                                               im->fuse.fast && im->prefill_tc));

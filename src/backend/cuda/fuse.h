@@ -9,8 +9,9 @@
  *      store into a quantized cache, whose own launch quantizes). When the
  *      decode attention right after reads that q and that cache layer, and
  *      every sequence has one token, the q/k work is folded into the
- *      attention launch (qk_attention; unquantized caches only, and not
- *      into the tensor-core decode kernel of many rows, decode_mma).
+ *      attention launch (qk_attention; unquantized caches only), the
+ *      flash-decoding kernel's or the tensor-core decode kernel's of many
+ *      rows (decode_mma).
  *   2. rmsnorm, then a GEMV-path bf16 matmul of at most CU_GEMV_MAX_ROWS rows
  *      reading the norm's output (not in place): the GEMV normalises x itself
  *      while staging it (norm_gemv), and takes rule 3's epilogue too. Off by
@@ -27,7 +28,18 @@
  *      launches fold in the op after when it is the residual add of the
  *      matmul's single output (res += y, into another buffer) or the SwiGLU
  *      of its gate/up pair (in place into gate, no biases).
- *   4. anything else: one launch per op.
+ *   4. add (y += x), then an RMSNorm of all of the sum's rows (reading y): one
+ *      launch that adds and normalises each row (add_rmsnorm), writing y as
+ *      the add would and reading it back in the same thread, so the bits are
+ *      the two launches' bits. Not taken when rule 2 folds that RMSNorm into
+ *      the GEMV after it. Across layers too: a layer's last add and the next
+ *      layer's first norm (or the final norm before the LM head).
+ *   5. anything else: one launch per op.
+ *   6. (a flag on launches of rules 4 and 5) an RMSNorm or a SiLU-mul whose
+ *      output is all of the x of the cuBLASLt GEMM right after it also writes
+ *      that x rounded to bf16 where the GEMM reads it (gemm_x, to_gemm_x),
+ *      and the GEMM skips its own conversion launch: the same rounding, the
+ *      same bits.
  *
  * Rule 2 is not taken when a lora op right after the matmul reads the
  * norm's output, which the folded norm never writes.
@@ -70,8 +82,10 @@ struct cu_fuse_config {
     bool fast;         /* COMPUTE_FAST: large bf16 matmuls go to cuBLASLt */
     bool norm_gemv;    /* rule 2 (the backend leaves it off in EXACT mode unless asked) */
     bool qk_attention; /* rule 1's fold into the decode attention */
+    bool add_norm;     /* rule 4 */
+    bool gemm_x;       /* rule 6 */
     bool decode_mma;   /* decode attention that cu_attention_uses_mma takes runs on the
-                          tensor-core kernel, which rule 1's q/k launch is not folded into */
+                          tensor-core kernel (rule 1's q/k launch folded in as well) */
     int gemv_max_rows; /* rule 3: FAST-mode bf16 matmuls of more rows go past the GEMV
                           kernels (1..CU_GEMV_MAX_ROWS) */
     int skinny_max_rows; /* rule 3: ... to the skinny GEMM up to this many rows, cuBLASLt
@@ -107,6 +121,7 @@ enum cu_launch_kind {
     CU_LAUNCH_GELU,
     CU_LAUNCH_ATTN_DENSE,   /* and the merge of its key splits */
     CU_LAUNCH_SCATTER_ROWS,
+    CU_LAUNCH_ADD_RMSNORM,  /* rule 4: the add is ops[op], the norm ops[op + 1] */
 };
 
 /* One launch of the plan: the ops [op, op + n_ops) it covers. */
@@ -119,6 +134,8 @@ struct cu_launch {
     bool swiglu;   /* the silu_mul after the gate/up pair folded in */
     bool skinny;   /* on a tensor-core GEMM of a few rows (gemm_skinny.cu, or gemm_batch.cu
                       past CU_SKINNY_MAX_ROWS rows), not the GEMV kernels */
+    /* RMSNORM, ADD_RMSNORM, SILU_MUL: rule 6, the output also in bf16 for the GEMM after */
+    bool to_gemm_x;
     /* QK, QK_ATTENTION (the attention is the last op covered), ROPE */
     struct cu_qk_args qk;
 };

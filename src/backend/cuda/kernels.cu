@@ -9,6 +9,15 @@ static __device__ __forceinline__ float bf16_bits_to_f32(uint16_t h)
     return __uint_as_float((uint32_t)h << 16);
 }
 
+/* x rounded to bf16 (to nearest even; a NaN stays a quiet NaN): what cuBLASLt's GEMMs read. */
+static __device__ __forceinline__ uint16_t f32_to_bf16_bits(float x)
+{
+    uint32_t u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
 /* ---- embedding ---------------------------------------------------------- */
 
 static __global__ void embed_kernel(const void *table, int64_t dim, int dtype,
@@ -40,34 +49,55 @@ cudaError_t cu_launch_embed(cudaStream_t s, const struct cu_op *op, const uint8_
 /* ---- RMSNorm ------------------------------------------------------------ */
 
 /* torch: x * rsqrt(mean(x^2) + eps), then * weight, all in f32. One warp per
- * row for short rows (per-head norms), one block per row otherwise. */
-static __global__ void rmsnorm_warp_kernel(const float *x, const float *w, int64_t n_rows,
-                                           int64_t dim, float eps, float *y)
+ * row for short rows (per-head norms), one block per row otherwise. With add
+ * (a residual add folded in, fuse.h rule 4), x += add first: each element is
+ * summed, stored and read back by one thread, so x and y get the bits of the
+ * two launches. With ybf (fuse.h rule 6) y is also written rounded to bf16
+ * there, for the cuBLASLt GEMM after it. */
+static __global__ void rmsnorm_warp_kernel(float *x, const float *add, const float *w,
+                                           int64_t n_rows, int64_t dim, float eps, float *y,
+                                           uint16_t *ybf)
 {
     int64_t row = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     int lane = threadIdx.x & 31;
     if (row >= n_rows)
         return;
-    const float *xr = x + row * dim;
+    float *xr = x + row * dim;
     float *yr = y + row * dim;
     float sum = 0;
-    for (int64_t i = lane; i < dim; i += 32)
-        sum += xr[i] * xr[i];
+    for (int64_t i = lane; i < dim; i += 32) {
+        float v = xr[i];
+        if (add) {
+            v += add[row * dim + i];
+            xr[i] = v;
+        }
+        sum += v * v;
+    }
     sum = warp_sum(sum);
     float inv = 1.0f / sqrtf(sum / (float)dim + eps);
-    for (int64_t i = lane; i < dim; i += 32)
-        yr[i] = w[i] * (xr[i] * inv);
+    for (int64_t i = lane; i < dim; i += 32) {
+        float v = w[i] * (xr[i] * inv);
+        yr[i] = v;
+        if (ybf)
+            ybf[row * dim + i] = f32_to_bf16_bits(v);
+    }
 }
 
-static __global__ void rmsnorm_block_kernel(const float *x, const float *w, int64_t dim, float eps,
-                                            float *y)
+static __global__ void rmsnorm_block_kernel(float *x, const float *add, const float *w,
+                                            int64_t dim, float eps, float *y, uint16_t *ybf)
 {
     __shared__ float partial[32];
-    const float *xr = x + (int64_t)blockIdx.x * dim;
+    float *xr = x + (int64_t)blockIdx.x * dim;
     float *yr = y + (int64_t)blockIdx.x * dim;
     float sum = 0;
-    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x)
-        sum += xr[i] * xr[i];
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+        float v = xr[i];
+        if (add) {
+            v += add[(int64_t)blockIdx.x * dim + i];
+            xr[i] = v;
+        }
+        sum += v * v;
+    }
     sum = warp_sum(sum);
     if ((threadIdx.x & 31) == 0)
         partial[threadIdx.x / 32] = sum;
@@ -80,24 +110,42 @@ static __global__ void rmsnorm_block_kernel(const float *x, const float *w, int6
     }
     __syncthreads();
     float inv = 1.0f / sqrtf(partial[0] / (float)dim + eps);
-    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x)
-        yr[i] = w[i] * (xr[i] * inv);
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+        float v = w[i] * (xr[i] * inv);
+        yr[i] = v;
+        if (ybf)
+            ybf[(int64_t)blockIdx.x * dim + i] = f32_to_bf16_bits(v);
+    }
 }
 
-cudaError_t cu_launch_rmsnorm(cudaStream_t s, const struct cu_op *op)
+/* The RMSNorm of op (norm) over x, after x += add when add is not NULL (x is then the
+ * add's output; without add it is only read), y also in bf16 into ybf when not NULL. */
+static cudaError_t launch_rmsnorm(cudaStream_t s, const struct cu_op *op, float *x, const float *add,
+                                  uint16_t *ybf)
 {
     int64_t rows = op->u.norm.n_rows, dim = op->u.norm.dim;
     if (rows == 0)
         return cudaSuccess;
     if (dim <= 512) {
         unsigned blocks = (unsigned)((rows + 7) / 8);
-        rmsnorm_warp_kernel<<<blocks, 256, 0, s>>>(op->u.norm.x, op->u.norm.w, rows, dim,
-                                                   op->u.norm.eps, op->u.norm.y);
+        rmsnorm_warp_kernel<<<blocks, 256, 0, s>>>(x, add, op->u.norm.w, rows, dim,
+                                                   op->u.norm.eps, op->u.norm.y, ybf);
     } else {
         rmsnorm_block_kernel<<<(unsigned)rows, dim >= 4096 ? 1024 : 512, 0, s>>>(
-            op->u.norm.x, op->u.norm.w, dim, op->u.norm.eps, op->u.norm.y);
+            x, add, op->u.norm.w, dim, op->u.norm.eps, op->u.norm.y, ybf);
     }
     return cudaGetLastError();
+}
+
+cudaError_t cu_launch_rmsnorm(cudaStream_t s, const struct cu_op *op, uint16_t *ybf)
+{
+    return launch_rmsnorm(s, op, (float *)op->u.norm.x, NULL, ybf);
+}
+
+cudaError_t cu_launch_add_rmsnorm(cudaStream_t s, const struct cu_op *add, const struct cu_op *norm,
+                                  uint16_t *ybf)
+{
+    return launch_rmsnorm(s, norm, add->u.ew.out, add->u.ew.a, ybf);
 }
 
 /* ---- elementwise -------------------------------------------------------- */
@@ -109,12 +157,16 @@ static __global__ void add_kernel(float *y, const float *x, int64_t n)
         y[i] += x[i];
 }
 
-static __global__ void silu_mul_kernel(const float *gate, const float *up, float *out, int64_t n)
+static __global__ void silu_mul_kernel(const float *gate, const float *up, float *out,
+                                       uint16_t *outbf, int64_t n)
 {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         float g = gate[i];
-        out[i] = g / (1.0f + expf(-g)) * up[i];
+        float v = g / (1.0f + expf(-g)) * up[i];
+        out[i] = v;
+        if (outbf)
+            outbf[i] = f32_to_bf16_bits(v);
     }
 }
 
@@ -131,10 +183,10 @@ cudaError_t cu_launch_add(cudaStream_t s, const struct cu_op *op)
     return cudaGetLastError();
 }
 
-cudaError_t cu_launch_silu_mul(cudaStream_t s, const struct cu_op *op)
+cudaError_t cu_launch_silu_mul(cudaStream_t s, const struct cu_op *op, uint16_t *outbf)
 {
     silu_mul_kernel<<<elementwise_blocks(op->u.ew.n), 256, 0, s>>>(op->u.ew.a, op->u.ew.b,
-                                                                   op->u.ew.out, op->u.ew.n);
+                                                                   op->u.ew.out, outbf, op->u.ew.n);
     return cudaGetLastError();
 }
 
@@ -183,11 +235,7 @@ static __global__ void to_bf16_kernel(const float *x, int64_t n, uint16_t *out)
 {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        uint32_t u = __float_as_uint(x[i]);
-        if ((u & 0x7fffffffu) > 0x7f800000u)
-            out[i] = (uint16_t)((u >> 16) | 0x40);
-        else
-            out[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+        out[i] = f32_to_bf16_bits(x[i]);
     }
 }
 
