@@ -382,11 +382,8 @@ attn_decode_fd_kernel(struct cu_op op, const uint8_t *params, float *part, unsig
     pdl_release();
     pdl_wait();
     if (PREP) {
-        const float pos = (float)((const int32_t *)(params + prep.pos_off))[row];
-        const float *inv_freq = (const float *)(params + prep.freq_off) +
-                                (prep.long_from > 0 && pos >= (float)prep.long_from
-                                     ? prep.rot_dim / 2
-                                     : 0);
+        float pos;
+        const float *inv_freq = qk_row_freqs(prep, params, row, &pos);
         const bool newest = split == s_first + n_active - 1;
         for (int j = warp; j < ng + (newest ? 1 : 0); j += FD_WARPS) {
             if (j < ng) {

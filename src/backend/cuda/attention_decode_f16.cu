@@ -79,11 +79,8 @@ attn_decode_mma_kernel(struct cu_op op, const uint8_t *params, float *part, stru
     if (!writes_newest)
         kvs.start(fa_smem, kv, op.u.attn.layer, ds.bt, (size_t)kvh * HD, k_begin, end, n_tiles);
     if (PREP) {
-        const float pos = (float)((const int32_t *)(params + prep.pos_off))[row];
-        const float *inv_freq = (const float *)(params + prep.freq_off) +
-                                (prep.long_from > 0 && pos >= (float)prep.long_from
-                                     ? prep.rot_dim / 2
-                                     : 0);
+        float pos;
+        const float *inv_freq = qk_row_freqs(prep, params, row, &pos);
         for (int j = warp; j < group + (writes_newest ? 1 : 0); j += DM_WARPS) {
             if (j < group) {
                 qk_head_prep(q_row + (size_t)j * HD, prep.q_norm, prep.eps, HD, prep.rot_dim, pos,

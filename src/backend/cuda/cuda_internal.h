@@ -150,6 +150,17 @@ static __device__ __forceinline__ void qk_head_prep(const float *x, const float 
     __syncwarp();
 }
 
+/* Row row's position (into *pos) and the RoPE frequencies it takes, from the launch
+ * parameters of a q/k launch a (the long-context ones from long_from on). */
+static __device__ __forceinline__ const float *qk_row_freqs(const struct cu_qk_args &a,
+                                                            const uint8_t *params, int row,
+                                                            float *pos)
+{
+    *pos = (float)((const int32_t *)(params + a.pos_off))[row];
+    return (const float *)(params + a.freq_off) +
+           (a.long_from > 0 && *pos >= (float)a.long_from ? a.rot_dim / 2 : 0);
+}
+
 /* Stores x as element off of a KV cache, rounded to fp16 when the cache is. */
 static __device__ __forceinline__ void kv_put(void *base, size_t off, float x, int f16)
 {

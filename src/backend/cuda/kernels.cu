@@ -369,9 +369,8 @@ static __global__ void qk_prep_kernel(struct cu_qk_args a, const uint8_t *params
     int hd = a.head_dim;
     float *x = (is_k ? a.k : a.q) + ((size_t)row * n_heads + head) * hd;
     float *v = vec[warp];
-    float pos = (float)((const int32_t *)(params + a.pos_off))[row];
-    const float *freq = (const float *)(params + a.freq_off) +
-                        (a.long_from > 0 && pos >= (float)a.long_from ? a.rot_dim / 2 : 0);
+    float pos;
+    const float *freq = qk_row_freqs(a, params, row, &pos);
     qk_head_prep(x, is_k ? a.k_norm : a.q_norm, a.eps, hd, a.rot_dim, pos, freq, a.factor, v);
     bool store = false;
     size_t off = 0;
