@@ -835,6 +835,91 @@ Test(cuda_gemv, fast_tensor_core_gemms_of_3_to_64_rows_match_f64_with_their_epil
     backend_destroy(gpu[1]);
 }
 
+/* One residual add, the RMSNorm of the sum and a matmul of its rows (12 rows: the cuBLASLt
+ * path) through backend ops at a real hidden size, the block RMSNorm kernel's; res, h and y
+ * come back. */
+static void add_norm_matmul_on(struct backend *be, const float *x, const float *res0,
+                               const float *norm_w, const uint16_t *w, int rows, int cols,
+                               int n, float *res, float *h, float *y)
+{
+    struct err err = {0};
+    size_t xb = (size_t)n * cols * sizeof(float), yb = (size_t)n * rows * sizeof(float);
+    float *dx = be->ops->alloc(be, xb), *dres = be->ops->alloc(be, xb), *dh = be->ops->alloc(be, xb);
+    float *dnw = be->ops->alloc(be, (size_t)cols * sizeof(float)), *dy = be->ops->alloc(be, yb);
+    void *dw = be->ops->alloc(be, (size_t)rows * cols * 2);
+    cr_assert(dx && dres && dh && dnw && dy && dw);
+    be->ops->to_device(be, dx, x, xb);
+    be->ops->to_device(be, dres, res0, xb);
+    be->ops->to_device(be, dnw, norm_w, (size_t)cols * sizeof(float));
+    be->ops->to_device(be, dw, w, (size_t)rows * cols * 2);
+    struct weight_matrix wm = {DTYPE_BF16, rows, cols, dw};
+    be->ops->add(be, dres, dx, (int64_t)n * cols);
+    be->ops->rmsnorm(be, dres, dnw, n, cols, 1e-5f, dh);
+    be->ops->matmul(be, dh, n, &wm, NULL, dy);
+    be->ops->to_host(be, res, dres, xb);
+    be->ops->to_host(be, h, dh, xb);
+    be->ops->to_host(be, y, dy, yb);
+    cr_assert_eq(be->ops->status ? be->ops->status(be, &err) : 0, 0, "%s", err.msg);
+    void *bufs[] = {dx, dres, dh, dnw, dy, dw};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        be->ops->release(be, bufs[i]);
+}
+
+/* Rules 4 and 6 at 4,096 columns (the block RMSNorm kernel; the goldens' tiny models take the
+ * warp kernel): the fused launches give the unfused ones' bits in the sum, the norm and the
+ * GEMM's output. */
+Test(cuda_fusion, add_rmsnorm_and_bf16_x_at_a_real_hidden_size_equal_unfused_launches,
+     .timeout = 120)
+{
+    skip_without_gpu();
+    const int rows = 1024, cols = 4096, n = 12;
+    size_t nx = (size_t)n * cols, ny = (size_t)n * rows;
+    float *x = malloc(nx * sizeof *x), *res0 = malloc(nx * sizeof *res0);
+    float *norm_w = malloc((size_t)cols * sizeof *norm_w);
+    uint16_t *w = malloc((size_t)rows * cols * sizeof *w);
+    float *out[2][3];
+    for (int k = 0; k < 2; k++) {
+        out[k][0] = malloc(nx * sizeof(float));
+        out[k][1] = malloc(nx * sizeof(float));
+        out[k][2] = malloc(ny * sizeof(float));
+        cr_assert(out[k][0] && out[k][1] && out[k][2]);
+    }
+    cr_assert(x && res0 && norm_w && w);
+    uint64_t state = 29;
+    for (size_t i = 0; i < nx; i++) {
+        x[i] = exact_rand(&state, 2.0f);
+        res0[i] = exact_rand(&state, 1.0f);
+    }
+    for (int i = 0; i < cols; i++)
+        norm_w[i] = exact_rand(&state, 1.0f);
+    for (size_t i = 0; i < (size_t)rows * cols; i++)
+        w[i] = f32_to_bf16(exact_rand(&state, 0.5f));
+    for (int k = 0; k < 2; k++) {
+        struct backend *be = NULL;
+        struct err err = {0};
+        cuda_options.cuda_add_norm_fusion = k ? BACKEND_OFF : BACKEND_ON;
+        cuda_options.cuda_gemm_x_fusion = k ? BACKEND_OFF : BACKEND_ON;
+        cr_assert_eq(cuda_backend(COMPUTE_FAST, &be, &err), 0, "%s", err.msg);
+        add_norm_matmul_on(be, x, res0, norm_w, w, rows, cols, n, out[k][0], out[k][1], out[k][2]);
+        backend_destroy(be);
+    }
+    cuda_options.cuda_add_norm_fusion = BACKEND_DEFAULT;
+    cuda_options.cuda_gemm_x_fusion = BACKEND_DEFAULT;
+    static const char *const names[3] = {"the sum", "the norm", "the GEMM's output"};
+    for (int j = 0; j < 3; j++)
+        cr_expect_eq(memcmp(out[0][j], out[1][j], (j == 2 ? ny : nx) * sizeof(float)), 0,
+                     "%s differs between the fused and the unfused launches", names[j]);
+    for (size_t i = 0; i < nx; i++)
+        cr_assert_eq(out[1][0][i], res0[i] + x[i], "the sum at %zu", i);
+    for (int k = 0; k < 2; k++)
+        for (int j = 0; j < 3; j++)
+            free(out[k][j]);
+    free(x);
+    free(res0);
+    free(norm_w);
+    free(w);
+}
+
 /* A KV pool larger than any GPU's memory is refused with a message, not a crash. */
 Test(cuda_memory, oversized_kv_pool_is_a_clear_out_of_memory_error, .timeout = 120)
 {
