@@ -39,8 +39,9 @@ bool cli_device_parse(const char *text, struct device_spec *out);
     "                              x in bf16 (INFERD_CUDA_GEMM_X=0)\n"                          \
     "  --cuda-prefill-tc on|off    fast-mode prefill attention on tensor cores\n"                \
     "                              (INFERD_CUDA_PREFILL_TC=0)\n"                                 \
-    "  --cuda-decode-tc on|off     fast-mode decode attention of more than 8 sequences on\n"     \
-    "                              tensor cores (INFERD_CUDA_DECODE_TC=0)\n"                     \
+    "  --cuda-decode-tc on|off     fast-mode decode attention of more than 8 sequences (any\n"  \
+    "                              number over a quantized cache) on tensor cores\n"           \
+    "                              (INFERD_CUDA_DECODE_TC=0)\n"                                 \
     "  --cuda-moe on|off           MoE experts on vectorised GEMVs and a grouped tensor-core\n"  \
     "                              GEMM; off: the first kernels (INFERD_CUDA_MOE=0)\n"          \
     "  --cuda-qgemv dp4a|float     fast-mode Q8_0/Q4_K/Q6_K decode GEMVs on int8 x with dp4a;\n"  \

@@ -5,8 +5,9 @@
  * plus sliding-window, head_dim-96 and wide-GQA shapes, two prefill chunks of three sequences
  * batched (the second at positions past the first, spanning several 64-position tiles) and a
  * decode step after them, in EXACT mode (decode kernels throughout) and FAST mode (the prefill
- * kernels for the prefill chunks: fp16 tiles on tensor cores, and the f32 one). Skipped, saying
- * why, without a GPU. */
+ * kernels for the prefill chunks and the decode kernels: fp16 tiles on tensor cores, and the
+ * f32 ones), and decode steps of ten rows over up to 1,900 positions in many splits. Skipped,
+ * saying why, without a GPU. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
@@ -45,16 +46,37 @@ static float frand(uint64_t *s)
 
 #define GQ_LAYERS 2
 #define GQ_BLOCK 16
-#define GQ_BLOCKS 40
-#define GQ_SEQS 3
+#define GQ_MAX_SEQS 12
 /* CUDA attention vs CPU attention over the same records: both read the same
  * decoded values; only the order of the sums (and, for QJL keys in the
  * prefill kernel, R'^T z folded into the key instead of R' R q into the
  * query) differs. Outputs are averages of values in [-1, 1]. */
 #define GQ_TOL 2e-4f
-/* The tensor-core prefill rounds the query, the decoded K/V elements and the
+/* The tensor-core kernels round the query, the decoded K/V elements and the
  * softmax weights to fp16 (test_cuda_parity's bound for the f16 cache). */
 #define GQ_TOL_TENSOR_CORES 5e-3f
+
+/* What a check runs: n_seqs sequences given two chunks of tokens each (a
+ * chunk of 0 skips the step for that sequence), then a decode step of one
+ * token each, over a cache of n_blocks blocks dealt round-robin. With
+ * attend_prefill false the chunks are only stored, and attention runs at the
+ * decode step alone. */
+struct gq_plan {
+    int n_seqs, n_blocks;
+    int chunks[2][GQ_MAX_SEQS];
+    bool attend_prefill;
+};
+
+/* Three sequences: a prefill chunk of 37, 5 and 20 tokens, a second chunk of
+ * 140, 2 and 70 after it (spanning several 64-position tiles), then the
+ * decode step. */
+static const struct gq_plan gq_short = {3, 40, {{37, 5, 20}, {140, 2, 70}}, true};
+
+/* Ten sequences of 1 to 1,900 positions, on tile and split edges and past
+ * them, for decode steps whose rows span up to eight splits. */
+static const struct gq_plan gq_long = {
+    10, 1200, {{1200, 1, 63, 64, 65, 700, 1023, 1100, 255, 1201}, {699, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+    false};
 
 struct gq_case {
     int n_heads, n_kv_heads, head_dim, sliding_window;
@@ -67,7 +89,8 @@ struct gq_cache {
     size_t krow, vrow, slots;
 };
 
-static void gq_cache_init(struct backend *be, const struct gq_case *gc, struct gq_cache *c)
+static void gq_cache_init(struct backend *be, const struct gq_case *gc, int n_blocks,
+                          struct gq_cache *c)
 {
     struct err err = {0};
     struct kv_format f = kv_format_of_backend(be);
@@ -76,11 +99,11 @@ static void gq_cache_init(struct backend *be, const struct gq_case *gc, struct g
     cr_assert_eq(kv_format_check(&mc, &f, &err), 0, "%s", err.msg);
     c->krow = kv_format_row_bytes(&mc, &f, false);
     c->vrow = kv_format_row_bytes(&mc, &f, true);
-    c->slots = (size_t)GQ_LAYERS * GQ_BLOCKS * GQ_BLOCK;
+    c->slots = (size_t)GQ_LAYERS * n_blocks * GQ_BLOCK;
     c->kv = (struct kv_cache){.k = be->ops->alloc(be, c->slots * c->krow),
                               .v = be->ops->alloc(be, c->slots * c->vrow),
                               .dtype = be->kv_dtype, .n_layers = GQ_LAYERS,
-                              .n_blocks = GQ_BLOCKS, .block_size = GQ_BLOCK,
+                              .n_blocks = n_blocks, .block_size = GQ_BLOCK,
                               .n_kv_heads = gc->n_kv_heads, .head_dim = gc->head_dim,
                               .quant = be->kv_quant, .k_row_bytes = c->krow,
                               .v_row_bytes = c->vrow};
@@ -95,13 +118,11 @@ static void *dev_copy(struct backend *be, const void *src, size_t bytes)
     return d;
 }
 
-/* Three sequences: a prefill chunk of 37, 5 and 20 tokens, a second chunk of
- * 140, 2 and 70 after it, then a decode step of one token each; every layer
- * checked at each step. Their blocks are interleaved over the cache. */
-static const int gq_chunks[2][GQ_SEQS] = {{37, 5, 20}, {140, 2, 70}};
-
+/* The plan's steps on both backends, every layer checked at each step it
+ * attends. tensor_cores: FAST mode's tensor-core prefill and decode kernels
+ * (else the f32 ones). */
 static void check_format(const struct gq_case *gc, const char *format, enum compute_mode mode,
-                         enum backend_switch prefill_tc)
+                         enum backend_switch tensor_cores, const struct gq_plan *plan)
 {
     struct kv_quant q = quant_of(format);
     if (q.layer[0].scheme == KV_QUANT_AFFINE && gc->head_dim % q.layer[0].group_size)
@@ -113,35 +134,42 @@ static void check_format(const struct gq_case *gc, const char *format, enum comp
                  0, "%s", err.msg);
     cr_assert_eq(backend_cuda_create(0,
                                      &(struct backend_options){.mode = mode, .kv_quant = &q,
-                                                               .cuda_prefill_tc = prefill_tc},
+                                                               .cuda_prefill_tc = tensor_cores,
+                                                               .cuda_decode_tc = tensor_cores},
                                      &bg, &err),
                  0, "%s", err.msg);
     const float tol =
-        mode == COMPUTE_FAST && prefill_tc != BACKEND_OFF ? GQ_TOL_TENSOR_CORES : GQ_TOL;
+        mode == COMPUTE_FAST && tensor_cores != BACKEND_OFF ? GQ_TOL_TENSOR_CORES : GQ_TOL;
+    const int n_seqs = plan->n_seqs, n_blocks = plan->n_blocks;
     struct gq_cache cc, cg;
-    gq_cache_init(bc, gc, &cc);
-    gq_cache_init(bg, gc, &cg);
+    gq_cache_init(bc, gc, n_blocks, &cc);
+    gq_cache_init(bg, gc, n_blocks, &cg);
     cr_assert_eq(cc.krow, cg.krow, "the same row pitch on both backends");
     cr_assert_eq(cc.vrow, cg.vrow, "the same row pitch on both backends");
     int hd = gc->head_dim, kvh = gc->n_kv_heads, nh = gc->n_heads;
     size_t kv_dim = (size_t)kvh * hd, q_dim = (size_t)nh * hd;
-    uint32_t tables[GQ_SEQS][GQ_BLOCKS];
-    int n_tables[GQ_SEQS] = {0};
-    for (uint32_t b = 0, s = 0; b < GQ_BLOCKS; b++, s = (s + 1) % GQ_SEQS)
+    uint32_t *tables[GQ_MAX_SEQS];
+    int n_tables[GQ_MAX_SEQS] = {0};
+    for (int s = 0; s < n_seqs; s++)
+        tables[s] = malloc((size_t)n_blocks * sizeof(uint32_t));
+    for (uint32_t b = 0, s = 0; b < (uint32_t)n_blocks; b++, s = (s + 1) % n_seqs)
         tables[s][n_tables[s]++] = b;
     uint64_t seed = 0x5eed + (uint64_t)hd * 13 + (uint64_t)nh;
     uint8_t *host_k = malloc(cc.slots * cc.krow), *host_v = malloc(cc.slots * cc.vrow);
-    int done[GQ_SEQS] = {0};
+    int done[GQ_MAX_SEQS] = {0};
     for (int step = 0; step < 3; step++) {
-        struct attn_span spans[GQ_SEQS];
-        int rows = 0;
-        for (int s = 0; s < GQ_SEQS; s++) {
-            int n = step < 2 ? gq_chunks[step][s] : 1;
+        struct attn_span spans[GQ_MAX_SEQS];
+        int rows = 0, n_spans = 0;
+        for (int s = 0; s < n_seqs; s++) {
+            int n = step < 2 ? plan->chunks[step][s] : 1;
+            if (n == 0)
+                continue;
             cr_assert_leq((done[s] + n + GQ_BLOCK - 1) / GQ_BLOCK, n_tables[s], "cache size");
-            spans[s] = (struct attn_span){rows, n, done[s], tables[s], n_tables[s]};
+            spans[n_spans++] = (struct attn_span){rows, n, done[s], tables[s], n_tables[s]};
             rows += n;
             done[s] += n;
         }
+        const bool attends = step == 2 || plan->attend_prefill;
         float *k = malloc((size_t)rows * kv_dim * 4), *v = malloc((size_t)rows * kv_dim * 4);
         float *qv = malloc((size_t)rows * q_dim * 4);
         float *out_c = malloc((size_t)rows * q_dim * 4), *out_g = malloc((size_t)rows * q_dim * 4);
@@ -156,24 +184,26 @@ static void check_format(const struct gq_case *gc, const char *format, enum comp
             float *dv = dev_copy(bg, v, (size_t)rows * kv_dim * 4);
             float *dq = dev_copy(bg, qv, (size_t)rows * q_dim * 4);
             float *dout = bg->ops->alloc(bg, (size_t)rows * q_dim * 4);
-            bc->ops->kv_store(bc, &cc.kv, layer, k, v, spans, GQ_SEQS);
-            bg->ops->kv_store(bg, &cg.kv, layer, dk, dv, spans, GQ_SEQS);
+            bc->ops->kv_store(bc, &cc.kv, layer, k, v, spans, n_spans);
+            bg->ops->kv_store(bg, &cg.kv, layer, dk, dv, spans, n_spans);
             float scale = 1.0f / sqrtf((float)hd);
-            bc->ops->attention(bc, qv, &cc.kv, layer, spans, GQ_SEQS, nh, scale,
-                               gc->sliding_window, out_c);
-            bg->ops->attention(bg, dq, &cg.kv, layer, spans, GQ_SEQS, nh, scale,
-                               gc->sliding_window, dout);
-            bg->ops->to_host(bg, out_g, dout, (size_t)rows * q_dim * 4);
+            if (attends) {
+                bc->ops->attention(bc, qv, &cc.kv, layer, spans, n_spans, nh, scale,
+                                   gc->sliding_window, out_c);
+                bg->ops->attention(bg, dq, &cg.kv, layer, spans, n_spans, nh, scale,
+                                   gc->sliding_window, dout);
+                bg->ops->to_host(bg, out_g, dout, (size_t)rows * q_dim * 4);
+            }
             cr_assert_eq(bg->ops->status(bg, &err), 0, "%s", err.msg);
 
             /* the stored records, byte for byte, in every slot written so far */
             bg->ops->to_host(bg, host_k, cg.kv.k, cc.slots * cc.krow);
             bg->ops->to_host(bg, host_v, cg.kv.v, cc.slots * cc.vrow);
             long differing = 0;
-            for (int s = 0; s < GQ_SEQS; s++)
-                for (int pos = 0; pos < spans[s].pos0 + spans[s].n_tokens; pos++) {
+            for (int s = 0; s < n_seqs; s++)
+                for (int pos = 0; pos < done[s]; pos++) {
                     uint32_t blk = tables[s][pos / GQ_BLOCK];
-                    size_t slot = ((size_t)layer * GQ_BLOCKS + blk) * GQ_BLOCK + pos % GQ_BLOCK;
+                    size_t slot = ((size_t)layer * n_blocks + blk) * GQ_BLOCK + pos % GQ_BLOCK;
                     differing += memcmp(host_k + slot * cc.krow,
                                         (const uint8_t *)cc.kv.k + slot * cc.krow, cc.krow) != 0;
                     differing += memcmp(host_v + slot * cc.vrow,
@@ -184,14 +214,13 @@ static void check_format(const struct gq_case *gc, const char *format, enum comp
                          gc->name, format, layer, step_name[step], differing);
 
             float worst = 0;
-            for (size_t i = 0; i < (size_t)rows * q_dim; i++) {
+            for (size_t i = 0; attends && i < (size_t)rows * q_dim; i++) {
                 float d = fabsf(out_c[i] - out_g[i]);
                 worst = d > worst || isnan(d) ? d : worst;
             }
-            cr_expect_leq(worst, step < 2 ? tol : GQ_TOL,
-                          "%s %s %s%s layer %d %s: CUDA vs CPU attention differ by %g", gc->name,
-                          format, mode == COMPUTE_FAST ? "fast" : "exact",
-                          prefill_tc == BACKEND_OFF ? " (f32 prefill)" : "", layer,
+            cr_expect_leq(worst, tol, "%s %s %s%s layer %d %s: CUDA vs CPU attention differ by %g",
+                          gc->name, format, mode == COMPUTE_FAST ? "fast" : "exact",
+                          tensor_cores == BACKEND_OFF ? " (f32 kernels)" : "", layer,
                           step_name[step], worst);
             bg->ops->release(bg, dk);
             bg->ops->release(bg, dv);
@@ -204,6 +233,8 @@ static void check_format(const struct gq_case *gc, const char *format, enum comp
         free(out_c);
         free(out_g);
     }
+    for (int s = 0; s < n_seqs; s++)
+        free(tables[s]);
     free(host_k);
     free(host_v);
     bc->ops->release(bc, cc.kv.k);
@@ -217,7 +248,7 @@ static void check_format(const struct gq_case *gc, const char *format, enum comp
 static const char *const gq_formats[] = {"8", "4", "8g32", "4g32", "turbo", "turbo:k4v3",
                                          "turbo:k3v2", "turbo:k5v4", "turbo:k4v3:qjl", NULL};
 
-static void check_all_shapes(enum compute_mode mode, enum backend_switch prefill_tc)
+static void check_all_shapes(enum compute_mode mode, enum backend_switch tensor_cores)
 {
     int n = 0;
     const struct mkmodel_preset *presets = mkmodel_presets(&n);
@@ -231,7 +262,7 @@ static void check_all_shapes(enum compute_mode mode, enum backend_switch prefill
                                                                              : 0,
                              p->name};
         for (int f = 0; gq_formats[f]; f++)
-            check_format(&gc, gq_formats[f], mode, prefill_tc);
+            check_format(&gc, gq_formats[f], mode, tensor_cores, &gq_short);
         tested++;
     }
     cr_expect_geq(tested, 5, "the tiny presets");
@@ -239,7 +270,7 @@ static void check_all_shapes(enum compute_mode mode, enum backend_switch prefill
                               {8, 1, 128, 0, "gqa-8"}, {8, 2, 256, 0, "head_dim-256"}};
     for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++)
         for (int f = 0; gq_formats[f]; f++)
-            check_format(&extra[i], gq_formats[f], mode, prefill_tc);
+            check_format(&extra[i], gq_formats[f], mode, tensor_cores, &gq_short);
 }
 
 Test(cuda_kv_quant, exact_mode_stores_the_cpus_bytes_and_attends_as_the_cpu, .timeout = 600)
@@ -248,16 +279,36 @@ Test(cuda_kv_quant, exact_mode_stores_the_cpus_bytes_and_attends_as_the_cpu, .ti
     check_all_shapes(COMPUTE_EXACT, BACKEND_DEFAULT);
 }
 
-Test(cuda_kv_quant, fast_mode_tensor_core_prefill_attends_as_the_cpu, .timeout = 600)
+Test(cuda_kv_quant, fast_mode_tensor_core_kernels_attend_as_the_cpu, .timeout = 600)
 {
     skip_without_gpu();
     check_all_shapes(COMPUTE_FAST, BACKEND_DEFAULT);
 }
 
-Test(cuda_kv_quant, fast_mode_f32_prefill_kernel_attends_as_the_cpu, .timeout = 600)
+Test(cuda_kv_quant, fast_mode_f32_kernels_attend_as_the_cpu, .timeout = 600)
 {
     skip_without_gpu();
     check_all_shapes(COMPUTE_FAST, BACKEND_OFF);
+}
+
+/* Decode steps of ten rows over up to 1,900 positions: rows whose positions
+ * span several splits (merged afterwards) beside rows of one, in both decode
+ * paths of FAST mode, for the Llama-3.1-8B shape, a GQA group of 16 and a
+ * window. */
+Test(cuda_kv_quant, fast_mode_decode_over_long_rows_in_many_splits_attends_as_the_cpu,
+     .timeout = 600)
+{
+    skip_without_gpu();
+    static const char *const formats[] = {"8", "4g32", "turbo", "turbo:k4v3", "turbo:k3v2",
+                                          "turbo:k5v4", "turbo:k4v3:qjl"};
+    struct gq_case shapes[] = {{32, 8, 128, 0, "llama-3.1-8b"},
+                               {16, 1, 64, 0, "gqa-16"},
+                               {8, 2, 64, 300, "sliding-300"}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (size_t f = 0; f < sizeof formats / sizeof formats[0]; f++) {
+            check_format(&shapes[i], formats[f], COMPUTE_FAST, BACKEND_DEFAULT, &gq_long);
+            check_format(&shapes[i], formats[f], COMPUTE_FAST, BACKEND_OFF, &gq_long);
+        }
 }
 
 Test(cuda_kv_quant, a_format_neither_backend_reads_is_refused_at_creation)

@@ -36,14 +36,14 @@
  * copies go out before the q work, whose latency they cover. */
 #define DM_WARPS (FA_BK / 16)
 #define DM_THREADS (32 * DM_WARPS)
-#define DM_LN2 0.6931471805599453f
 
 template <int HD>
 struct dm_shape {
     using stream = fa_kv_stream<HD, DM_THREADS>;
     /* the warps' states for the merge, over the K/V buffers once they are done */
-    static constexpr size_t MERGE = (size_t)DM_WARPS * 16 * (HD + 2) * sizeof(float);
-    static constexpr size_t SMEM = stream::SMEM > MERGE ? stream::SMEM : MERGE;
+    static constexpr size_t SMEM = stream::SMEM > FA_DECODE_MERGE_BYTES(HD, DM_WARPS)
+                                       ? stream::SMEM
+                                       : FA_DECODE_MERGE_BYTES(HD, DM_WARPS);
 };
 
 template <int HD, bool PREP>
@@ -127,51 +127,8 @@ attn_decode_mma_kernel(struct cu_op op, const uint8_t *params, float *part, stru
     cp_async_wait<0>();
     __syncthreads();
 
-    /* the warps' (m, l, O) over the K/V buffers: m_w, l_w [DM_WARPS][16],
-     * then o_w [DM_WARPS][16][HD] */
-    float *m_w = (float *)fa_smem, *l_w = m_w + DM_WARPS * 16;
-    float *o_w = l_w + DM_WARPS * 16;
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int r = g + 8 * h;
-        float l = osm_quad_sum(w.row_sum[h]);
-        if (t == 0) {
-            m_w[warp * 16 + r] = w.row_max[h];
-            l_w[warp * 16 + r] = l;
-        }
-        float *o = o_w + ((size_t)warp * 16 + r) * HD + 2 * t;
-#pragma unroll
-        for (int n = 0; n < fa_warp<HD>::NO; n++)
-            *(float2 *)(o + n * 8) = make_float2(w.o[n][2 * h], w.o[n][2 * h + 1]);
-    }
-    __syncthreads();
-
-    for (int i = threadIdx.x; i < group * HD; i += DM_THREADS) {
-        const int r = i / HD, d = i % HD;
-        float M = -INFINITY;
-#pragma unroll
-        for (int k = 0; k < DM_WARPS; k++)
-            M = fmaxf(M, m_w[k * 16 + r]);
-        float L = 0.0f, A = 0.0f;
-#pragma unroll
-        for (int k = 0; k < DM_WARPS; k++) {
-            float c = fast_exp2(m_w[k * 16 + r] - M); /* 0 for a warp that saw nothing */
-            L = fmaf(l_w[k * 16 + r], c, L);
-            A = fmaf(o_w[((size_t)k * 16 + r) * HD + d], c, A);
-        }
-        const int head = h0 + r;
-        if (n_active == 1) {
-            op.u.attn.out[(size_t)row * q_dim + (size_t)head * HD + d] = A / L;
-        } else {
-            float *pp = part + (((size_t)row * op.u.attn.n_heads + head) * n_splits + split) *
-                                   PART_STRIDE(HD);
-            if (d == 0) {
-                pp[0] = M * DM_LN2;
-                pp[1] = L;
-            }
-            pp[4 + d] = A;
-        }
-    }
+    fa_decode_finish<HD, DM_WARPS>(w, fa_smem, op, part, row, h0, group, split, n_splits,
+                                   n_active == 1);
 }
 
 template <int HD, bool PREP>

@@ -5,6 +5,7 @@
 
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/fa_mma.cuh"
+#include "backend/cuda/kv_rotate.cuh"
 
 /* The attention scratch (cu_attention_part_floats, attention.cu): this many
  * merge counters first, then the split partials, PART_STRIDE floats each:
@@ -60,46 +61,6 @@ static __device__ __forceinline__ float q_elem(const struct kv_quant_layer &f, b
         return ld_f16(rec) * levels[kvq_get_code(rec + (qjl ? 4 : 2), d, bits)];
     }
     return ((const float *)rec)[d];
-}
-
-/* x (shared, n floats) = R x, or R^T x when inverse, by one warp:
- * kvq_rotate's and kvq_unrotate's operations, each butterfly of a stage on a
- * lane of its own, so the CPU's bits. */
-static __device__ void warp_rotate(float *x, int n, uint64_t seed, int which, int layer,
-                                   bool inverse)
-{
-    const int lane = threadIdx.x & 31;
-    __syncwarp();
-    if (!inverse) {
-        for (int d = lane; d < n; d += 32)
-            x[d] *= kvq_sign(seed, which, layer, d);
-        __syncwarp();
-    }
-    for (int off = 0; off < n;) {
-        int len = 1;
-        while (len * 2 <= n - off)
-            len *= 2;
-        float *b = x + off;
-        for (int h = 1; h < len; h *= 2) {
-            for (int p = lane; p < len / 2; p += 32) {
-                int i = (p / h) * 2 * h + p % h;
-                float a = b[i], c = b[i + h];
-                b[i] = a + c;
-                b[i + h] = a - c;
-            }
-            __syncwarp();
-        }
-        float norm = 1.0f / sqrtf((float)len);
-        for (int i = lane; i < len; i += 32)
-            b[i] *= norm;
-        __syncwarp();
-        off += len;
-    }
-    if (inverse) {
-        for (int d = lane; d < n; d += 32)
-            x[d] *= kvq_sign(seed, which, layer, d);
-        __syncwarp();
-    }
 }
 
 /* One record of x (shared, hd floats; clobbered) into rec by one warp, in
@@ -1245,7 +1206,7 @@ static cudaError_t launch_qprefill_f32(cudaStream_t s, const struct cu_op *op,
 
 cudaError_t cu_launch_attention_quant(cudaStream_t s, const struct cu_op *op,
                                       const uint8_t *params, float *part, int smem_optin,
-                                      bool tensor_cores)
+                                      bool tensor_cores, bool decode_tc)
 {
     const int hd = op->u.attn.kv.head_dim;
     if (op->n_rows == 0)
@@ -1258,7 +1219,10 @@ cudaError_t cu_launch_attention_quant(cudaStream_t s, const struct cu_op *op,
         if (e == cudaErrorNotSupported)
             e = launch_qprefill_f32(s, op, params, smem_optin);
     } else {
-        e = launch_qdecode_fd(s, op, params, part);
+        e = decode_tc ? cu_launch_attention_decode_quant(s, op, params, part, smem_optin)
+                      : cudaErrorNotSupported;
+        if (e == cudaErrorNotSupported)
+            e = launch_qdecode_fd(s, op, params, part);
         if (e == cudaErrorNotSupported)
             e = hd <= 64    ? launch_qdecode<2>(s, op, params, part)
                 : hd <= 128 ? launch_qdecode<4>(s, op, params, part)

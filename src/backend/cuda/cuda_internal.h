@@ -457,9 +457,10 @@ cudaError_t cu_launch_dequant_bf16(cudaStream_t s, int dtype, const void *w, int
                                    int64_t cols, uint16_t *out);
 cudaError_t cu_launch_embed_blocks(cudaStream_t s, const struct cu_op *op, const uint8_t *params);
 
-/* tensor_cores: prefill in fp16 on tensor cores (fast mode), else f32. */
+/* tensor_cores: prefill in fp16 on tensor cores (fast mode), else f32;
+ * decode_tc: decode over a quantized cache on tensor cores as well. */
 cudaError_t cu_launch_attention(cudaStream_t s, const struct cu_op *op, const uint8_t *params,
-                                float *part, int smem_optin, bool tensor_cores);
+                                float *part, int smem_optin, bool tensor_cores, bool decode_tc);
 /* Scratch floats for an attention op (its split partials and counters), a
  * CU_ATTENTION or a CU_ATTN_DENSE one. The scratch starts with
  * CU_ATTN_COUNTERS floats of the decode attention's merge counters (zero
@@ -475,11 +476,19 @@ cudaError_t cu_launch_attention_qk(cudaStream_t s, const struct cu_op *op,
 /* Attention over a quantized cache (attention_quant.cu; cu_launch_attention
  * hands it such ops): split-K flash-decoding or, for prefill, tiles decoded
  * into shared memory (fp16 for tensor cores when tensor_cores, FAST mode;
- * f32 otherwise), both reading the records directly; TURBO rotates the
- * queries once and the output rows back once (a launch of its own). */
+ * f32 otherwise), both reading the records directly, or with decode_tc the
+ * tensor-core decode kernel where it applies; TURBO rotates the queries once
+ * and the output rows back once (a launch of its own). */
 cudaError_t cu_launch_attention_quant(cudaStream_t s, const struct cu_op *op,
                                       const uint8_t *params, float *part, int smem_optin,
-                                      bool tensor_cores);
+                                      bool tensor_cores, bool decode_tc);
+/* Decode attention over a quantized cache on tensor cores
+ * (attention_decode_quant.cu): records decoded to fp16 tiles in shared
+ * memory, head dims 64 and 128, affine and TURBO without QJL keys, at most
+ * CU_ATTN_MMA_MAX_GROUP query heads per kv head; cudaErrorNotSupported for
+ * other ops. The output of a TURBO cache stays in the values' frame. */
+cudaError_t cu_launch_attention_decode_quant(cudaStream_t s, const struct cu_op *op,
+                                             const uint8_t *params, float *part, int smem_optin);
 /* Decode attention over an f16 cache on tensor cores
  * (attention_decode_f16.cu), for the ops cu_attention_uses_mma takes, with
  * the q/k launch qk folded in when not NULL (ops cu_attention_takes_qk

@@ -5,6 +5,7 @@
 #include <cuda_fp16.h>
 #include <math.h>
 
+#include "backend/cuda/attn_rows.cuh"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/online_softmax.cuh"
 #include "backend/cuda/record.h"
@@ -14,6 +15,7 @@
 #define FA_BK 64
 /* log2(e): scores are kept in base 2, so exp becomes one ex2 instruction. */
 #define FA_LOG2E 1.4426950408889634f
+#define FA_LN2 0.6931471805599453f
 
 /* A tile holds FA_BK rows of HD halves, each row's 16-byte chunks
  * XOR-swizzled so the ldmatrix reads of eight rows hit distinct banks. The
@@ -228,6 +230,71 @@ struct fa_warp {
         }
     }
 };
+
+/* Shared memory fa_decode_finish takes: NW warps' (m, l) and O of 16 rows. */
+#define FA_DECODE_MERGE_BYTES(hd, nw) ((size_t)(nw) * 16 * ((hd) + 2) * sizeof(float))
+
+/* The end of a decode block whose NW warps each ran fa_warp over their own
+ * positions of one split of a row, the mma rows being the query heads h0..
+ * h0 + group - 1 of one kv head: the warps' (m, l, O) go through smem
+ * (FA_DECODE_MERGE_BYTES; the caller has synchronised the block, so the
+ * buffers there are free) and are merged in warp order. The row is written
+ * to op's output when the split holds all of its positions (whole), else
+ * the split leaves (m in natural-log units, l, O) in part at PART_STRIDE
+ * floats for cu_launch_attention_merge. */
+template <int HD, int NW>
+static __device__ __forceinline__ void fa_decode_finish(const fa_warp<HD> &w, uint8_t *smem,
+                                                        const struct cu_op &op, float *part,
+                                                        int row, int h0, int group, int split,
+                                                        int n_splits, bool whole)
+{
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    /* m_w, l_w [NW][16], then o_w [NW][16][HD] */
+    float *m_w = (float *)smem, *l_w = m_w + NW * 16;
+    float *o_w = l_w + NW * 16;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int r = g + 8 * h;
+        float l = osm_quad_sum(w.row_sum[h]);
+        if (t == 0) {
+            m_w[warp * 16 + r] = w.row_max[h];
+            l_w[warp * 16 + r] = l;
+        }
+        float *o = o_w + ((size_t)warp * 16 + r) * HD + 2 * t;
+#pragma unroll
+        for (int n = 0; n < fa_warp<HD>::NO; n++)
+            *(float2 *)(o + n * 8) = make_float2(w.o[n][2 * h], w.o[n][2 * h + 1]);
+    }
+    __syncthreads();
+
+    const size_t q_dim = (size_t)op.u.attn.n_heads * HD;
+    for (int i = threadIdx.x; i < group * HD; i += NW * 32) {
+        const int r = i / HD, d = i % HD;
+        float M = -INFINITY;
+#pragma unroll
+        for (int k = 0; k < NW; k++)
+            M = fmaxf(M, m_w[k * 16 + r]);
+        float L = 0.0f, A = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NW; k++) {
+            float c = fast_exp2(m_w[k * 16 + r] - M); /* 0 for a warp that saw nothing */
+            L = fmaf(l_w[k * 16 + r], c, L);
+            A = fmaf(o_w[((size_t)k * 16 + r) * HD + d], c, A);
+        }
+        const int head = h0 + r;
+        if (whole) {
+            op.u.attn.out[(size_t)row * q_dim + (size_t)head * HD + d] = A / L;
+        } else {
+            float *pp = part + (((size_t)row * op.u.attn.n_heads + head) * n_splits + split) *
+                                   PART_STRIDE(HD);
+            if (d == 0) {
+                pp[0] = M * FA_LN2; /* base 2 to natural log */
+                pp[1] = L;
+            }
+            pp[4 + d] = A;
+        }
+    }
+}
 
 /* Where a position's K/V row starts in the cache (in elements), or
  * FA_NO_ROW past the last position: those rows are zero-filled. */

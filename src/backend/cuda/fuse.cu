@@ -126,7 +126,8 @@ bool cu_exec_launch(struct cu_impl *im, const struct cu_op *ops, const struct cu
                                                              im->dev.smem_optin, NULL));
         return CU_TRY(im, cu_launch_attention(s, op, im->arena_dev, im->attn_part,
                                               im->dev.smem_optin,
-                                              im->fuse.fast && im->prefill_tc));
+                                              im->fuse.fast && im->prefill_tc,
+                                              im->fuse.decode_mma));
     }
     cu_fail(im, INFERD_EINVAL, "unknown planned launch %d", (int)l->kind);
     return false;

@@ -85,7 +85,8 @@ struct cu_fuse_config {
     bool add_norm;     /* rule 4 */
     bool gemm_x;       /* rule 6 */
     bool decode_mma;   /* decode attention that cu_attention_uses_mma takes runs on the
-                          tensor-core kernel (rule 1's q/k launch folded in as well) */
+                          tensor-core kernel (rule 1's q/k launch folded in as well), and
+                          so does decode over a quantized cache where its kernel applies */
     int gemv_max_rows; /* rule 3: FAST-mode bf16 matmuls of more rows go past the GEMV
                           kernels (1..CU_GEMV_MAX_ROWS) */
     int skinny_max_rows; /* rule 3: ... to the skinny GEMM up to this many rows, cuBLASLt
