@@ -5,6 +5,7 @@
 
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/fa_mma.cuh"
+#include "backend/cuda/kv_records.cuh"
 #include "backend/cuda/kv_rotate.cuh"
 
 /* The attention scratch (cu_attention_part_floats, attention.cu): this many
@@ -919,57 +920,38 @@ static __global__ void __launch_bounds__(QP_THREADS) qattn_prefill_kernel(struct
 
 /* ---- prefill on tensor cores: records decoded into fp16 tiles ---------- */
 
-/* Elements 8 c .. 8 c + 7 of a record in attention's frame, rounded to fp16
- * pairs: the chunk's codes fill exactly `bits` whole bytes. Not for QJL
- * keys (their estimator needs a rotation per key). */
-static __device__ __forceinline__ uint4 q_chunk_f16(const struct kv_quant_layer &f, bool v,
-                                                    int hd, const uint8_t *rec, int c,
-                                                    const float *levels)
-{
-    const int bits = kvq_code_bits(&f, v);
-    const bool turbo = f.scheme == KV_QUANT_TURBO;
-    const uint8_t *codes = (turbo ? rec + 2 : rec) + c * bits;
-    uint64_t w;
-    if (bits == 8 && ((uintptr_t)codes & 7) == 0) {
-        w = *(const uint64_t *)codes;
-    } else {
-        w = 0;
-        for (int i = 0; i < bits; i++)
-            w |= (uint64_t)codes[i] << (8 * i);
-    }
-    const uint32_t mask = (1u << bits) - 1;
-    float x[8];
-    if (turbo) {
-        const float s = ld_f16(rec);
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-            x[j] = s * levels[(uint32_t)(w >> (j * bits)) & mask];
-    } else {
-        const uint8_t *sc = rec + hd * bits / 8 + (8 * c / f.group_size) * 4;
-        const float scale = ld_f16(sc), bias = ld_f16(sc + 2);
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-            x[j] = fmaf((float)((uint32_t)(w >> (j * bits)) & mask), scale, bias);
-    }
-    return make_uint4(pack_half2(x[0], x[1]), pack_half2(x[2], x[3]), pack_half2(x[4], x[5]),
-                      pack_half2(x[6], x[7]));
-}
-
 /* attention_prefill.cu's FlashAttention-2 step (fa_mma.cuh) with the K/V
  * tiles decoded from the records into fp16 shared memory instead of copied.
  * A block of QM_WARPS warps takes HPB query heads of one kv head (the tile
  * is decoded once for all of them) and BQ = 16 QM_WARPS / HPB query rows:
- * warp w runs head w % HPB over rows 16 (w / HPB).. TURBO: the queries are
- * rotated once (keys' R) in shared memory before they become fragments; the
- * output stays in the values' frame for qattn_unrotate_kernel. */
+ * warp w runs head w % HPB over rows 16 (w / HPB).. The tiles' records come
+ * through kv_records.cuh: warp w < 4 copies those of positions 16 w .. of
+ * each tile, one tile ahead of the tile decoded (cp.async), and warp w
+ * decodes the K records (w < 4) or the V records (w >= 4) of positions
+ * 16 (w % 4) .. into the fp16 tiles. TURBO: the queries are rotated once
+ * (keys' R) in shared memory before they become fragments; the output stays
+ * in the values' frame for qattn_unrotate_kernel. */
 #define QM_WARPS 8
-#define QM_LEVELS_BYTES (512 * sizeof(float))
+#define QM_COPIERS (FA_BK / DQ_ROWS) /* warps that copy a tile's records */
+#define QM_STAGES 2
+
+/* The prefill's shared memory: the level tables, then either TURBO's query
+ * rows (before the first tile) or the two fp16 tiles and the records' rooms. */
+static __host__ __device__ __forceinline__ size_t qm_block_bytes(const struct kv_quant_layer &f,
+                                                                 int hd)
+{
+    const size_t tiles = 2 * (size_t)FA_BK * hd * sizeof(__half);
+    const size_t raw = (size_t)QM_STAGES * FA_BK *
+                       (dq_record_room(kvq_head_bytes(&f, hd, false)) +
+                        dq_record_room(kvq_head_bytes(&f, hd, true)));
+    const size_t qrows = (size_t)QM_WARPS * 16 * hd * sizeof(float);
+    return 2 * DQ_TABLE_BYTES + (tiles + raw > qrows ? tiles + raw : qrows) + 16;
+}
 
 template <int HD>
 static __global__ void __launch_bounds__(QM_WARPS * 32, 1)
 qattn_prefill_mma_kernel(struct cu_op op, const uint8_t *params, int hpb)
 {
-    constexpr int CPR = HD / 8, THREADS = QM_WARPS * 32;
     constexpr uint32_t TILE_BYTES = FA_BK * HD * sizeof(__half);
     extern __shared__ __align__(128) uint8_t qm_smem[];
     const struct cu_kv kv = op.u.attn.kv;
@@ -990,13 +972,17 @@ qattn_prefill_mma_kernel(struct cu_op op, const uint8_t *params, int hpb)
     const uint32_t *bt = (const uint32_t *)(params + span->bt_off);
     const fa_rows rows(pos0, n_tokens, q0, bq, op.u.attn.window, warp / hpb);
     const bool turbo = f.scheme == KV_QUANT_TURBO;
-    /* the levels, then the K and V tiles; TURBO's query rows first take the
-     * tiles' space (QM_WARPS x 16 rows of HD floats) */
-    float *lv = (float *)qm_smem;
-    uint8_t *kt = qm_smem + QM_LEVELS_BYTES, *vt = kt + TILE_BYTES;
+    /* the level tables, then the K and V tiles and the records' rooms;
+     * TURBO's query rows first take that space (QM_WARPS x 16 rows of HD
+     * floats) */
+    uint8_t *ktab = qm_smem, *vtab = ktab + DQ_TABLE_BYTES;
+    uint8_t *kt = vtab + DQ_TABLE_BYTES, *vt = kt + TILE_BYTES;
+    uint8_t *raw = vt + TILE_BYTES;
     float *qs = (float *)kt;
+    const dq_side ks = dq_side_of(kv, layer, kvh, HD, false), vs = dq_side_of(kv, layer, kvh, HD, true);
     if (turbo) {
-        q_levels_to_shared(kv, kvq_code_bits(&f, false), kvq_code_bits(&f, true), lv);
+        dq_levels(kv, ks.bits, ktab);
+        dq_levels(kv, vs.bits, vtab);
     }
 
     fa_warp<HD> w;
@@ -1029,24 +1015,37 @@ qattn_prefill_mma_kernel(struct cu_op op, const uint8_t *params, int hpb)
     w.load_q(qr, qscale, t);
     __syncthreads(); /* the query rows' space becomes the tiles' */
 
+    const int kroom = dq_record_room(kvq_head_bytes(&f, HD, false));
+    const int vroom = dq_record_room(kvq_head_bytes(&f, HD, true));
+    const uint32_t warp_rooms = (uint32_t)QM_STAGES * DQ_ROWS * (kroom + vroom);
+    const int quarter = warp % QM_COPIERS; /* the positions this warp decodes */
+    dq_stream st;
+    st.init(ks, vs, bt, kv.block_size, rows.last_pos,
+            smem_addr(raw) + (uint32_t)quarter * warp_rooms, kroom, vroom, QM_STAGES, lane);
+    if (warp < QM_COPIERS)
+        st.copy(rows.k_begin + DQ_ROWS * warp, 0, lane);
+    cp_async_commit();
+    const bool decodes_v = warp >= QM_COPIERS;
+    const uint32_t dst = smem_addr(decodes_v ? vt : kt) + (uint32_t)(quarter * DQ_ROWS * HD * 2);
     for (int it = 0; it < rows.n_tiles; it++) {
         const int k0 = rows.k_begin + it * FA_BK;
-        for (int i = threadIdx.x; i < FA_BK * CPR; i += THREADS) {
-            const int r = i / CPR, c = i % CPR, p = k0 + r;
-            uint4 kq = make_uint4(0, 0, 0, 0), vq = kq;
-            if (p <= rows.last_pos) {
-                kq = q_chunk_f16(f, false, HD, qrecord(kv, layer, bt, p, kvh, false), c, lv);
-                vq = q_chunk_f16(f, true, HD, qrecord(kv, layer, bt, p, kvh, true), c, lv + 256);
-            }
-            *(uint4 *)(kt + swz<HD>(r, c)) = kq;
-            *(uint4 *)(vt + swz<HD>(r, c)) = vq;
-        }
+        if (warp < QM_COPIERS && it + 1 < rows.n_tiles)
+            st.copy(k0 + FA_BK + DQ_ROWS * warp, it + 1, lane);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads(); /* tile it's records are in; the fp16 tiles are free */
+        const uint8_t *stage = raw + (size_t)quarter * warp_rooms +
+                               (size_t)(it % QM_STAGES) * st.stage_bytes;
+        if (decodes_v)
+            dq_decode<HD>(stage + DQ_ROWS * kroom, vroom, vs, vtab, dst, lane);
+        else
+            dq_decode<HD>(stage, kroom, ks, ktab, dst, lane);
         __syncthreads();
         if (!rows.skips(k0))
             w.attend(smem_addr(kt), smem_addr(vt), k0, rows.straddles(k0), op.u.attn.window,
                      lane);
-        __syncthreads(); /* the tiles are rewritten next iteration */
     }
+    cp_async_wait<0>();
     if (rows.warp_live)
         w.store(op.u.attn.out + (size_t)span->row0 * q_dim + (size_t)head * HD, q_dim,
                 rows.wrow0, n_tokens, lane);
@@ -1060,9 +1059,7 @@ static cudaError_t launch_qprefill_mma_hd(cudaStream_t s, const struct cu_op *op
 {
     const int group = op->u.attn.n_heads / op->u.attn.kv.n_kv_heads;
     const int hpb = group % 8 == 0 ? 8 : group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;
-    const size_t tiles = 2 * (size_t)FA_BK * HD * sizeof(__half);
-    const size_t qrows = (size_t)QM_WARPS * 16 * HD * sizeof(float);
-    const size_t smem = QM_LEVELS_BYTES + (tiles > qrows ? tiles : qrows);
+    const size_t smem = qm_block_bytes(op->u.attn.kv.fmt, HD);
     if (smem > (size_t)smem_optin)
         return cudaErrorNotSupported;
     cudaError_t e = cudaFuncSetAttribute(qattn_prefill_mma_kernel<HD>,

@@ -129,7 +129,8 @@ struct fa_warp {
 
     /* S = Q K^T over the BK rows of a tile at kb (positions k0..), masked
      * where a position is past a row or before its window when the tile can
-     * be (diag), online softmax, O += P V with V's rows at vb. */
+     * be (diag), online softmax, O += P V with V's rows at vb. By the whole
+     * warp (lanes converged). */
     template <int BK = FA_BK>
     __device__ __forceinline__ void attend(uint32_t kb, uint32_t vb, int k0, bool diag,
                                            int window, int lane)
@@ -165,7 +166,7 @@ struct fa_warp {
             }
         }
         /* online softmax: rows g (h = 0) and g + 8 (h = 1) */
-        float use_max[2];
+        float use_max[2], corr[2];
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             float mx = row_max[h];
@@ -175,13 +176,21 @@ struct fa_warp {
             mx = osm_quad_max(mx);
             /* a row with nothing seen yet subtracts 0: no inf - inf */
             use_max[h] = mx == -INFINITY ? 0.0f : mx;
-            float corr = fast_exp2(row_max[h] - use_max[h]);
+            corr[h] = fast_exp2(row_max[h] - use_max[h]);
             row_max[h] = mx;
-            row_sum[h] *= corr;
+            row_sum[h] *= corr[h];
+        }
+        /* once the rows' maxima settle, a tile rarely moves one: the
+         * accumulators are rescaled only when some row's factor is not 1
+         * (multiplying by 1 changes no bit) */
+        if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) {
 #pragma unroll
-            for (int n = 0; n < NO; n++) {
-                o[n][2 * h] *= corr;
-                o[n][2 * h + 1] *= corr;
+            for (int h = 0; h < 2; h++) {
+#pragma unroll
+                for (int n = 0; n < NO; n++) {
+                    o[n][2 * h] *= corr[h];
+                    o[n][2 * h + 1] *= corr[h];
+                }
             }
         }
         /* P rounded to fp16 as the PV A fragments; the row sums take the
