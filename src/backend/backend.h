@@ -523,6 +523,11 @@ struct backend_options {
      * quantize x to int8 blocks and multiply with __dp4a (default on; off:
      * the float kernels EXACT mode runs, dequantizing to f32 in registers) */
     enum backend_switch cuda_qgemv_dp4a;
+    /* CUDA: of those, Q4_K and Q6_K ones (Q6_K rows a multiple of 2048 long)
+     * run in one launch whose blocks quantize x (Q4_K: and apply a folded
+     * RMSNorm) in shared memory themselves (default on; off: x quantized by a
+     * launch of its own, as for Q8_0) */
+    enum backend_switch cuda_qgemv_stream;
     /* CUDA: FAST-mode bf16 matmuls of at most this many token rows run on the
      * GEMV kernels, more rows on the skinny GEMM or cuBLASLt (1..8; 0: the
      * default, 2) */

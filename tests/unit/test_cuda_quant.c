@@ -24,37 +24,41 @@ static void skip_without_gpu(void)
         cr_skip_test("no CUDA GPU on this machine: quantized CUDA kernels not checked");
 }
 
-/* dp4a: FAST mode's int8 path for the block GEMVs (--cuda-qgemv dp4a|float) */
+/* dp4a: FAST mode's int8 path for the block GEMVs, stream: Q4_K's one-launch
+ * kernel on it (--cuda-qgemv stream|dp4a|float) */
 static struct backend *cuda_with(enum compute_mode mode, enum backend_switch graphs,
-                                 enum backend_switch dp4a)
+                                 enum backend_switch dp4a, enum backend_switch stream)
 {
     struct backend *be;
     struct err err = {0};
-    struct backend_options opt = {.mode = mode, .cuda_graphs = graphs, .cuda_qgemv_dp4a = dp4a};
+    struct backend_options opt = {.mode = mode, .cuda_graphs = graphs, .cuda_qgemv_dp4a = dp4a,
+                                  .cuda_qgemv_stream = stream};
     cr_assert_eq(backend_cuda_create(0, &opt, &be, &err), 0, "%s", err.msg);
     return be;
 }
 
 static struct backend *cuda(enum compute_mode mode, enum backend_switch graphs)
 {
-    return cuda_with(mode, graphs, BACKEND_DEFAULT);
+    return cuda_with(mode, graphs, BACKEND_DEFAULT, BACKEND_DEFAULT);
 }
 
-/* The three ways a block GEMV runs: EXACT, FAST on int8 x (the default) and
- * FAST on the float kernels. */
-enum qpath { PATH_EXACT, PATH_FAST_INT8, PATH_FAST_FLOAT };
-static const char *const path_names[] = {"exact", "fast int8", "fast float"};
+/* The ways a block GEMV runs: EXACT, FAST on int8 x (the default: Q4_K on
+ * the stream kernel, which quantizes x itself), FAST on the float kernels,
+ * and FAST on int8 x quantized by a launch of its own for every type. */
+enum qpath { PATH_EXACT, PATH_FAST_INT8, PATH_FAST_FLOAT, PATH_FAST_DP4A, PATH_COUNT };
+static const char *const path_names[] = {"exact", "fast int8", "fast float", "fast dp4a"};
 
 static struct backend *cuda_path(enum qpath p, enum backend_switch graphs)
 {
     return cuda_with(p == PATH_EXACT ? COMPUTE_EXACT : COMPUTE_FAST, graphs,
-                     p == PATH_FAST_FLOAT ? BACKEND_OFF : BACKEND_ON);
+                     p == PATH_FAST_FLOAT ? BACKEND_OFF : BACKEND_ON,
+                     p == PATH_FAST_DP4A ? BACKEND_OFF : BACKEND_ON);
 }
 
 /* Whether path p runs type t over n_tok rows on the int8 kernels. */
 static bool takes_int8(enum qpath p, enum dtype t, int n_tok)
 {
-    return p == PATH_FAST_INT8 && n_tok <= 8 &&
+    return (p == PATH_FAST_INT8 || p == PATH_FAST_DP4A) && n_tok <= 8 &&
            (t == DTYPE_Q8_0 || t == DTYPE_Q4_K || t == DTYPE_Q6_K);
 }
 
@@ -125,9 +129,9 @@ static void *upload(struct backend *be, const void *host, size_t bytes)
  * term from the scales', each rounded once more). The int8 path must also
  * show its rounding somewhere (an error above 1e-5 of sum|w x|, where the
  * float kernels stay near 1e-7), so a silent fall-back to them fails. */
-static void check_type(struct backend *be, enum dtype t, int n_tok, int64_t cols, enum qpath path)
+static void check_type(struct backend *be, enum dtype t, int n_tok, int64_t rows, int64_t cols,
+                       enum qpath path)
 {
-    const int64_t rows = 97; /* odd: the last block of warps is part empty */
     const bool fast = path != PATH_EXACT, int8 = takes_int8(path, t, n_tok);
     uint64_t rb = dtype_row_bytes(t, (uint64_t)cols);
     float *w = malloc((size_t)(rows * cols) * sizeof *w), *wd = malloc((size_t)(rows * cols) * 4);
@@ -190,17 +194,26 @@ Test(cuda_quant, every_kernel_type_matches_the_reference_dot_product, .timeout =
     int n = kernel_types(types);
     static const int tokens[] = {1, 2, 3, 4, 8, 20};
     /* 512: two Q4_K blocks, most lanes idle; 4352 (17 blocks): lanes wrap
-     * and the last unrolled round is partial */
-    static const int64_t widths[] = {512, 4352};
-    for (int p = PATH_EXACT; p <= PATH_FAST_FLOAT; p++) {
+     * and the last unrolled round is partial; 2048: Q6_K rows the stream
+     * kernel takes (eight blocks, 16-byte aligned) */
+    static const int64_t widths[] = {512, 4352, 2048};
+    for (int p = PATH_EXACT; p < PATH_COUNT; p++) {
         struct backend *be = cuda_path((enum qpath)p, BACKEND_DEFAULT);
         cr_assert(be->block_weights);
         for (int i = 0; i < n; i++) {
             cr_assert(backend_takes_blocks(be, types[i]), "%s", dtype_name(types[i]));
+            /* 97 rows: odd, the last block of warps is part empty */
             for (int k = 0; k < 6; k++)
-                for (int c = 0; c < 2; c++)
-                    check_type(be, types[i], tokens[k], widths[c], (enum qpath)p);
+                for (int c = 0; c < 3; c++)
+                    check_type(be, types[i], tokens[k], 97, widths[c], (enum qpath)p);
         }
+        /* more rows than a wave of warps: the stream kernel's warps walk
+         * several rows each, prefetching the next row's slots */
+        if (p == PATH_FAST_INT8)
+            for (int k = 0; k < 3; k++) {
+                check_type(be, DTYPE_Q4_K, tokens[k], 4099, 512, (enum qpath)p);
+                check_type(be, DTYPE_Q6_K, tokens[k], 4099, 2048, (enum qpath)p);
+            }
         backend_destroy(be);
     }
 }
@@ -286,7 +299,7 @@ Test(cuda_quant, fused_epilogues_match_the_reference_on_every_path, .timeout = 6
     static const enum dtype types[] = {DTYPE_Q8_0, DTYPE_Q4_K, DTYPE_Q6_K};
     static const int tokens[] = {1, 2, 3, 4, 8};
     const int64_t cols = 2304; /* 9 blocks of 256 */
-    for (int p = PATH_EXACT; p <= PATH_FAST_FLOAT; p++) {
+    for (int p = PATH_EXACT; p < PATH_COUNT; p++) {
         struct backend *be = cuda_path((enum qpath)p, BACKEND_ON);
         struct backend *eager = cuda_path((enum qpath)p, BACKEND_OFF);
         for (int ti = 0; ti < 3; ti++) {
@@ -493,7 +506,7 @@ static float *logits_of(struct loaded *l, int n)
  * allow 5%, the same margin. */
 static void check_model(const char *path, const char *what)
 {
-    for (int mode = 0; mode < 3; mode++) {
+    for (int mode = 0; mode < PATH_COUNT; mode++) {
         struct backend *cpu;
         struct err err = {0};
         cr_assert_eq(backend_cpu_create(&(struct backend_options){.threads = 2}, &cpu, &err), 0);

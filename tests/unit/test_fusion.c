@@ -1040,3 +1040,53 @@ Test(fusion, fast_matmuls_of_9_to_64_rows_run_on_the_batched_tile_gemm)
     };
     expect_matmul_plans(&batch, cases, sizeof cases / sizeof cases[0]);
 }
+
+/* Rule 2 on block-quantized weights (qgemv_norm): an RMSNorm before a FAST
+ * Q4_K GEMV is folded into it (the stream kernel normalises x while it
+ * quantizes it); before Q6_K or Q8_0, with qgemv_norm off, or with more rows
+ * than the GEMV kernels take, the norm stays a launch of its own. */
+Test(fusion, an_rmsnorm_before_a_q4_k_gemv_folds_into_the_stream_kernel)
+{
+    static _Alignas(16) float x[16 * 512], y[16 * 512], nw[512];
+    static _Alignas(16) uint8_t w[64 * 288];
+    struct cu_op ops[2];
+    memset(ops, 0, sizeof ops);
+    ops[0].kind = CU_RMSNORM;
+    ops[0].u.norm.x = x;
+    ops[0].u.norm.y = y;
+    ops[0].u.norm.w = nw;
+    ops[0].u.norm.dim = 512;
+    ops[1].kind = CU_MATMUL;
+    ops[1].u.mm.x = y;
+    ops[1].u.mm.cols = 512;
+    ops[1].u.mm.n = 1;
+    ops[1].u.mm.m[0].rows = 64;
+    ops[1].u.mm.m[0].w = w;
+    struct {
+        enum dtype dtype;
+        bool qgemv_norm;
+        int rows, launches;
+    } cases[] = {
+        {DTYPE_Q4_K, true, 1, 1},  {DTYPE_Q4_K, true, CU_GEMV_MAX_ROWS, 1},
+        {DTYPE_Q4_K, false, 1, 2}, {DTYPE_Q4_K, true, CU_GEMV_MAX_ROWS + 1, 2},
+        {DTYPE_Q6_K, true, 1, 2},  {DTYPE_Q8_0, true, 1, 2},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct cu_fuse_config cfg = fast_all;
+        cfg.qgemv_norm = cases[i].qgemv_norm;
+        ops[0].u.norm.n_rows = ops[0].n_rows = ops[1].n_rows = cases[i].rows;
+        ops[1].u.mm.dtype = cases[i].dtype;
+        struct cu_launch plan[2];
+        int n = cu_fuse_plan(&cfg, ops, 2, plan, 2);
+        cr_expect_eq(n, cases[i].launches, "%s, %d rows, qgemv_norm %d: %d launches",
+                     dtype_name(cases[i].dtype), cases[i].rows, (int)cases[i].qgemv_norm, n);
+        if (n == 1)
+            cr_expect(plan[0].kind == CU_LAUNCH_GEMV && plan[0].norm, "one GEMV with the norm");
+    }
+    struct cu_fuse_config exact = exact_all;
+    exact.qgemv_norm = true;
+    ops[0].u.norm.n_rows = ops[0].n_rows = ops[1].n_rows = 1;
+    ops[1].u.mm.dtype = DTYPE_Q4_K;
+    struct cu_launch plan[2];
+    cr_expect_eq(cu_fuse_plan(&exact, ops, 2, plan, 2), 2, "EXACT mode keeps the norm apart");
+}

@@ -45,6 +45,7 @@ struct cu_device {
     /* dynamic shared memory each streaming GEMV kernel has been allowed
      * (cudaFuncAttributeMaxDynamicSharedMemorySize), bytes; 0: not yet */
     size_t gemv_smem[CU_GEMV_STREAM_KERNELS];
+    size_t qgemv_smem[2 * CU_GEMV_STREAM_KERNELS]; /* the same for qgemv.cu's (Q4_K, Q6_K) */
     size_t moe_smem[CU_MOE_SMEM_KERNELS]; /* the same for the MoE kernels */
     size_t skinny_smem[2];                 /* and the skinny GEMM's (plain, SwiGLU pair) */
 };
@@ -267,6 +268,7 @@ struct cu_impl {
     bool prefill_tc;       /* backend_options.cuda_prefill_tc */
     bool moe_kernels;      /* backend_options.cuda_moe: the vectorised and grouped MoE kernels */
     bool qgemv_int8;       /* backend_options.cuda_qgemv_dp4a: FAST-mode block GEMVs on int8 x */
+    bool qgemv_stream;     /* backend_options.cuda_qgemv_stream: ... in one launch that stages x */
 
     /* Pinned staging for uploads and downloads. */
     uint8_t *upload_slot[CU_UPLOAD_SLOTS];
@@ -397,6 +399,10 @@ struct cu_gemv_args {
      * when cu_qgemv_int8_bytes fits in it; NULL: the float kernels */
     void *xq;
     size_t xq_bytes;
+    /* with xq: Q4_K and Q6_K run on the stream kernel where it takes them,
+     * which quantizes x (and folds norm_w) in shared memory itself
+     * (cu_qgemv_stream_takes) */
+    bool qstream;
     /* the batched tile GEMM's split-K workspace (zeroed once: its counters
      * are back at zero after every launch), work_bytes long */
     void *work;
@@ -451,8 +457,12 @@ extern "C" uint64_t cu_block_types(void);
  * each output is within sum|w| times half an x block's step of the float
  * kernel's, and still a function of its own row alone. */
 extern "C" size_t cu_qgemv_int8_bytes(int dtype, int n_rows, int64_t cols);
-cudaError_t cu_launch_qgemv(const struct cu_device *dev, cudaStream_t s,
-                            const struct cu_gemv_args *a);
+/* Whether the int8 stream kernel takes dtype over n_rows rows of cols (Q4_K;
+ * Q6_K of cols a multiple of 2048; 1..CU_GEMV_MAX_ROWS rows, its shared
+ * memory within smem_optin): then it alone does a GEMV of
+ * cu_gemv_args.qstream (weights 16-byte aligned), a folded RMSNorm included. */
+extern "C" bool cu_qgemv_stream_takes(int dtype, int n_rows, int64_t cols, size_t smem_optin);
+cudaError_t cu_launch_qgemv(struct cu_device *dev, cudaStream_t s, const struct cu_gemv_args *a);
 cudaError_t cu_launch_dequant_bf16(cudaStream_t s, int dtype, const void *w, int64_t rows,
                                    int64_t cols, uint16_t *out);
 cudaError_t cu_launch_embed_blocks(cudaStream_t s, const struct cu_op *op, const uint8_t *params);

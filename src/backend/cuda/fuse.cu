@@ -21,13 +21,23 @@ static bool exec_gemv(struct cu_impl *im, const struct cu_op *ops, const struct 
     if (im->fuse.fast && im->qgemv_int8) {
         a.xq = im->xq;
         a.xq_bytes = im->xq_bytes;
+        a.qstream = im->qgemv_stream;
     }
     if (l->norm) {
         const struct cu_op *norm = &ops[l->op];
-        a.x = norm->u.norm.x;
-        a.norm_w = norm->u.norm.w;
-        a.norm_out = norm->u.norm.y;
-        a.norm_eps = norm->u.norm.eps;
+        /* rule 2 on block weights holds only where the stream kernel runs;
+         * elsewhere the norm is launched on its own first */
+        if (dtype_is_block((enum dtype)a.dtype) &&
+            !(a.xq && a.qstream && (uintptr_t)norm->u.norm.w % 16 == 0 &&
+              cu_qgemv_stream_takes(a.dtype, a.n_rows, a.cols, (size_t)im->dev.smem_optin))) {
+            if (!CU_TRY(im, cu_launch_rmsnorm(im->stream, norm, NULL)))
+                return false;
+        } else {
+            a.x = norm->u.norm.x;
+            a.norm_w = norm->u.norm.w;
+            a.norm_out = norm->u.norm.y;
+            a.norm_eps = norm->u.norm.eps;
+        }
     }
     if (l->residual)
         a.res = op[1].u.ew.out;

@@ -381,33 +381,63 @@ extern "C" size_t cu_qgemv_int8_bytes(int dtype, int n_rows, int64_t cols)
     return qx_codes_bytes(n_rows, cols) + (size_t)n_rows * (size_t)(cols / 32) * sizeof(float2);
 }
 
-/* One warp per block of 32 of x: q = round(x * 127 / amax), a NaN anywhere
- * in the block making its scale NaN (so it reaches the output, as the float
- * kernel's would). */
+/* One block of 32 of x: the codes q = round(x * 127 / amax) packed four to
+ * a word in w, the scale xd = amax / 127 and the code sums of elements
+ * 0..15 and 16..31; a NaN anywhere in the block makes its scale NaN (so it
+ * reaches the output, as the float kernel's would) and its codes 0. Both
+ * int8 paths quantize x with it, so their codes and scales are the same bits. */
+static __device__ __forceinline__ void qx_block32(const float v[32], uint32_t w[8], float &d,
+                                                  int &sum_lo, int &sum_hi)
+{
+    float amax = 0.0f;
+    bool nan = false;
+#pragma unroll
+    for (int i = 0; i < 32; i++) {
+        amax = fmaxf(amax, fabsf(v[i]));
+        nan |= v[i] != v[i];
+    }
+    const bool scaled = amax > 0.0f && amax <= 3.402823466e38f && !nan;
+    const float r = scaled ? __fdiv_rn(127.0f, amax) : 0.0f;
+    sum_lo = sum_hi = 0;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        uint32_t word = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int q = scaled ? __float2int_rn(__fmul_rn(v[4 * k + i], r)) : 0;
+            word |= (uint32_t)(q & 0xff) << (8 * i);
+            if (k < 4)
+                sum_lo += q;
+            else
+                sum_hi += q;
+        }
+        w[k] = word;
+    }
+    d = nan ? __int_as_float(0x7fc00000) : __fdiv_rn(amax, 127.0f);
+}
+
+/* One thread per block of 32 of x. */
 static __global__ void __launch_bounds__(256)
 qx_quantize_kernel(const float *x, int64_t n_blocks, int8_t *q, float2 *ds)
 {
     pdl_release(); /* the GEMV may start loading weights; it waits for all of this */
-    const int lane = threadIdx.x & 31;
-    const int64_t b = (int64_t)blockIdx.x * 8 + threadIdx.x / 32;
+    const int64_t b = (int64_t)blockIdx.x * 256 + threadIdx.x;
     if (b >= n_blocks)
         return;
-    const float v = x[b * 32 + lane];
-    float amax = fabsf(v);
-    for (int o = 16; o > 0; o >>= 1)
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const bool nan = __any_sync(0xffffffffu, v != v);
-    int qi = 0;
-    if (amax > 0.0f && amax <= 3.402823466e38f && !nan)
-        qi = __float2int_rn(__fmul_rn(v, __fdiv_rn(127.0f, amax)));
-    q[b * 32 + lane] = (int8_t)qi;
-    int sum = qi;
-    for (int o = 16; o > 0; o >>= 1)
-        sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if (lane == 0) {
-        float d = nan ? __int_as_float(0x7fc00000) : __fdiv_rn(amax, 127.0f);
-        ds[b] = make_float2(d, d * (float)sum);
+    float v[32];
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        const float4 f = __ldg((const float4 *)(x + b * 32) + k);
+        v[4 * k] = f.x, v[4 * k + 1] = f.y, v[4 * k + 2] = f.z, v[4 * k + 3] = f.w;
     }
+    uint32_t w[8];
+    float d;
+    int lo, hi;
+    qx_block32(v, w, d, lo, hi);
+    uint4 *out = (uint4 *)(q + b * 32);
+    out[0] = make_uint4(w[0], w[1], w[2], w[3]);
+    out[1] = make_uint4(w[4], w[5], w[6], w[7]);
+    ds[b] = make_float2(d, d * (float)(lo + hi));
 }
 
 static __device__ __forceinline__ void ld_x32(const int8_t *p, int w[8])
@@ -659,7 +689,7 @@ static cudaError_t qgemv_int8(const struct cu_device *dev, cudaStream_t s,
     int8_t *q = (int8_t *)a->xq;
     float2 *ds = (float2 *)(q + qx_codes_bytes(a->n_rows, a->cols));
     const int64_t n_blocks = (int64_t)a->n_rows * (a->cols / 32);
-    qx_quantize_kernel<<<(unsigned)((n_blocks + 7) / 8), 256, 0, s>>>(a->x, n_blocks, q, ds);
+    qx_quantize_kernel<<<(unsigned)((n_blocks + 255) / 256), 256, 0, s>>>(a->x, n_blocks, q, ds);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
         return e;
@@ -668,6 +698,391 @@ static cudaError_t qgemv_int8(const struct cu_device *dev, cudaStream_t s,
     case DTYPE_Q4_K: return qgemv_int8_type<DTYPE_Q4_K>(dev, s, a, n_units, q, ds);
     default: return qgemv_int8_type<DTYPE_Q6_K>(dev, s, a, n_units, q, ds);
     }
+}
+
+/* ---- FAST mode, decode: persistent blocks that stage x themselves --------
+ *
+ * The launches above cost two kernels per product and keep little of a row
+ * in flight; for Q4_K and Q6_K rows (Q6_K: rows of whole groups of eight
+ * 210-byte blocks, so that every row starts 16-byte aligned) this kernel
+ * does the whole product in one launch,
+ * as the bf16 decode GEMV does (gemv.cu): one wave of blocks, each warp
+ * walking the rows its block owns. A warp streams its rows' bytes through a
+ * ring of QS_STAGES stages of its own shared memory with cp.async (16 bytes a
+ * lane, contiguous: every sector read once; nothing in registers while in
+ * flight), the first stages issued before the kernel waits for the launch
+ * before it (a programmatic dependent: weights are never written by a step).
+ * Then every block quantizes x itself into shared memory - with the RMSNorm
+ * of fuse.h rule 2 applied first when the planner folded one in - a thread
+ * per block of 32 (qx_block32, as the quantize launch), and each warp
+ * multiplies its stages from there, no block barrier again.
+ *
+ * Q4_K: a lane's unit is a pair of sub-blocks: 32 bytes of a block's qs (unit p
+ * of block b: qs[32p, 32p + 32), the low nibbles sub-block 2p, the high ones
+ * 2p + 1); four lanes read a block's 128 bytes of qs and its 16-byte head (a
+ * quarter warp's 16-byte reads fall in distinct banks). x's codes sit in
+ * shared memory in the order the lanes read them: four planes, plane k
+ * holding codes [16k, 16k + 16) of every unit's 64, unit after unit (a
+ * quarter warp reads 128 contiguous bytes), and per unit a float4 {xd, xd *
+ * sum of codes} of its two x blocks. A row's units are summed in one order
+ * whatever the launch, so its bits do not depend on the other rows. */
+#define QS_THREADS 256
+#define QS_WARPS (QS_THREADS / 32)
+/* stages per warp: two in flight while one is multiplied */
+#define QS_STAGES 3
+
+template <int T> struct qs;
+
+template <> struct qs<DTYPE_Q4_K> {
+    static constexpr int BLOCK_BYTES = 144;
+    static constexpr int UNITS = 4; /* units a block: pairs of sub-blocks */
+    static constexpr int XS = 1;    /* float4s of x's scales per unit */
+    /* blocks of each matrix a stage: 2304 bytes, shared by a pair's matrices */
+    static constexpr __host__ __device__ int stage_blocks(int np) { return 16 / np; }
+    /* Where x block g's codes (w: two rows of 16 of its unit's plane pair)
+     * and its {xd, xd * sum} go. */
+    static __device__ __forceinline__ void stage(int8_t *xq, float4 *xs, int cols, int g,
+                                                 const uint32_t w[8], float d, int sum)
+    {
+        const int sub = g & 7, hi = sub & 1, u = (g >> 3) * 4 + (sub >> 1);
+        ((uint4 *)(xq + (2 * hi) * (cols / 4)))[u] = make_uint4(w[0], w[1], w[2], w[3]);
+        ((uint4 *)(xq + (2 * hi + 1) * (cols / 4)))[u] = make_uint4(w[4], w[5], w[6], w[7]);
+        ((float2 *)xs)[2 * u + hi] = make_float2(d, d * (float)sum);
+    }
+    /* Unit u (of the row) of the block at blk (shared memory): sub-blocks
+     * 2p and 2p + 1, the low and high nibbles of qs[32p, 32p + 32). Their
+     * 6-bit scales and mins come out two at a time (a byte each): for p < 2
+     * bytes 2p, 2p + 1 of sc[0..3] and sc[4..7]; above, the low (high)
+     * nibbles of sc[8..11] with sc[0..3]'s (sc[4..7]'s) top two bits. */
+    static __device__ __forceinline__ float dot(const uint8_t *blk, int u, const int8_t *xq,
+                                                const float4 *xs, int cols)
+    {
+        const int p = u & 3;
+        const uint4 head = *(const uint4 *)blk;
+        const uint4 q0 = *((const uint4 *)(blk + 16) + 2 * p), q1 = *((const uint4 *)(blk + 16) + 2 * p + 1);
+        uint32_t sv, mv;
+        if (p < 2) {
+            sv = (head.y >> (16 * p)) & 0x3f3fu;
+            mv = (head.z >> (16 * p)) & 0x3f3fu;
+        } else {
+            const int sh = 16 * (p - 2);
+            const uint32_t lo = head.w >> sh;
+            sv = (lo & 0x0f0fu) | ((head.y >> sh) >> 2 & 0x3030u);
+            mv = (lo >> 4 & 0x0f0fu) | ((head.z >> sh) >> 2 & 0x3030u);
+        }
+        const int plane = cols / 4;
+        const int4 x0 = ((const int4 *)xq)[u], x1 = ((const int4 *)(xq + plane))[u];
+        const int4 x2 = ((const int4 *)(xq + 2 * plane))[u], x3 = ((const int4 *)(xq + 3 * plane))[u];
+        const float4 f = xs[u];
+        const uint32_t q[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+        const int xl[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        const int xh[8] = {x2.x, x2.y, x2.z, x2.w, x3.x, x3.y, x3.z, x3.w};
+        int a0 = 0, a1 = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            a0 = __dp4a((int)(q[i] & 0x0f0f0f0fu), xl[i], a0);
+            a1 = __dp4a((int)((q[i] >> 4) & 0x0f0f0f0fu), xh[i], a1);
+        }
+        const float d = half_bits(head.x), dmin = half_bits(head.x >> 16);
+        return d * (f.x * (float)((int)(sv & 0xffu) * a0) + f.z * (float)((int)(sv >> 8) * a1)) -
+               dmin * ((float)(mv & 0xffu) * f.y + (float)(mv >> 8) * f.w);
+    }
+};
+
+/* 8 bytes at a 2-byte-aligned p in shared memory, from aligned words. */
+static __device__ __forceinline__ void ld8_at2(const uint8_t *p, uint32_t &lo, uint32_t &hi)
+{
+    const uint32_t *a = (const uint32_t *)((uintptr_t)p & ~(uintptr_t)3);
+    const uint32_t sh = (uint32_t)((uintptr_t)p & 3) * 8;
+    const uint32_t w0 = a[0], w1 = a[1], w2 = a[2];
+    lo = __funnelshift_r(w0, w1, sh);
+    hi = __funnelshift_r(w1, w2, sh);
+}
+
+/* Q6_K: a unit is 8 positions l = 8i + [0, 8) of half h of a block (u % 8
+ * = 4h + i), in all four quarters g: elements 128h + 32g + l, 32 of them,
+ * low bits from ql[64h + 32(g & 1) + l] (high nibbles for g >= 2), high bits
+ * (qh[32h + l] >> 2g) & 3, scale sc[8h + i/2 + 2g]. Blocks of 210 bytes sit
+ * 2-byte aligned in a stage, so a lane reads its bytes as aligned words
+ * shifted into place. x: plane 0 holds each unit's codes of quarters 0 and
+ * 1 (8 each), plane 1 of quarters 2 and 3; per unit two float4s, the four
+ * quarters' xd and their code sums (sum (q - 32) x = sum q x - 32 sum x). */
+template <> struct qs<DTYPE_Q6_K> {
+    static constexpr int BLOCK_BYTES = 210;
+    static constexpr int UNITS = 8;
+    static constexpr int XS = 2;
+    /* 1680 bytes a matrix: eight blocks keep a stage 16-byte aligned */
+    static constexpr __host__ __device__ int stage_blocks(int) { return 8; }
+    static __device__ __forceinline__ void stage(int8_t *xq, float4 *xs, int cols, int g,
+                                                 const uint32_t w[8], float d, int)
+    {
+        const int k = g & 7, h = k >> 2, q = k & 3;
+        const int u0 = (g >> 3) * 8 + 4 * h;
+        uint2 *plane = (uint2 *)(xq + (q >> 1) * (cols / 2));
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int u = u0 + i;
+            plane[2 * u + (q & 1)] = make_uint2(w[2 * i], w[2 * i + 1]);
+            ((float *)&xs[2 * u])[q] = d;
+            ((int *)&xs[2 * u + 1])[q] = __dp4a((int)w[2 * i], 0x01010101, __dp4a((int)w[2 * i + 1], 0x01010101, 0));
+        }
+    }
+    static __device__ __forceinline__ float dot(const uint8_t *blk, int u, const int8_t *xq,
+                                                const float4 *xs, int cols)
+    {
+        const int h = (u >> 2) & 1, i = u & 3;
+        uint32_t a[2], b[2], c[2], sc[2];
+        ld8_at2(blk + 64 * h + 8 * i, a[0], a[1]);
+        ld8_at2(blk + 64 * h + 32 + 8 * i, b[0], b[1]);
+        ld8_at2(blk + 128 + 32 * h + 8 * i, c[0], c[1]);
+        ld8_at2(blk + 192 + 8 * h, sc[0], sc[1]);
+        const float d = half_bits(*(const unsigned short *)(blk + 208));
+        const int4 x01 = ((const int4 *)xq)[u], x23 = ((const int4 *)(xq + cols / 2))[u];
+        const int xw[4][2] = {{x01.x, x01.y}, {x01.z, x01.w}, {x23.x, x23.y}, {x23.z, x23.w}};
+        const float4 xd = xs[2 * u];
+        const int4 xsum = ((const int4 *)xs)[2 * u + 1];
+        const float xdv[4] = {xd.x, xd.y, xd.z, xd.w};
+        const int xsv[4] = {xsum.x, xsum.y, xsum.z, xsum.w};
+        float acc = 0.0f;
+#pragma unroll
+        for (int g = 0; g < 4; g++) {
+            const uint32_t *lo = (g & 1) ? b : a;
+            int is = 0;
+#pragma unroll
+            for (int k = 0; k < 2; k++) {
+                const uint32_t code = ((lo[k] >> (4 * (g >> 1))) & 0x0f0f0f0fu) |
+                                      ((c[k] >> (2 * g)) & 0x03030303u) << 4;
+                is = __dp4a((int)code, xw[g][k], is);
+            }
+            const int scale = (int)(int8_t)(sc[g >> 1] >> (8 * ((i >> 1) + 2 * (g & 1))));
+            acc = fmaf(xdv[g], (float)(scale * (is - 32 * xsv[g])), acc);
+        }
+        return d * acc;
+    }
+};
+
+/* Shared memory of the stream kernel of type T: the warps' stages, then per
+ * token row x's codes and their scales (S::XS float4s a unit). */
+template <int T>
+static size_t qs_smem_bytes(int np, int n_rows, int64_t cols)
+{
+    typedef qs<T> S;
+    const size_t stages = (size_t)QS_WARPS * QS_STAGES * np * S::stage_blocks(np) * S::BLOCK_BYTES;
+    const size_t units = (size_t)cols / 256 * S::UNITS;
+    return stages + (size_t)n_rows * ((size_t)cols + units * S::XS * sizeof(float4));
+}
+
+template <int T, int TT, int NP, bool NORM>
+static __global__ void __launch_bounds__(QS_THREADS, 3)
+qgemv_stream_kernel(struct cu_gemv_args a, int n_units)
+{
+    typedef qs<T> S;
+    constexpr int CH = S::stage_blocks(NP);   /* blocks of each matrix per stage */
+    constexpr int SB = CH * S::BLOCK_BYTES;   /* their bytes */
+    extern __shared__ float4 qs_sm[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int cols = (int)a.cols, nt = a.n_rows;
+    const int nu = cols / 256 * S::UNITS; /* units of a row */
+    uint8_t *ring = (uint8_t *)qs_sm + (size_t)warp * QS_STAGES * NP * SB;
+    int8_t *xq = (int8_t *)qs_sm + (size_t)QS_WARPS * QS_STAGES * NP * SB;
+    float4 *xs = (float4 *)(xq + (size_t)nt * cols);
+    const uint64_t rb = (uint64_t)(cols / 256) * S::BLOCK_BYTES;
+    const int nblk = cols / 256, spr = (nblk + CH - 1) / CH; /* stages per row */
+
+    /* which matrix unit u's row is in, and its row there */
+    auto row_of = [&](int u, int &m, int &lr) {
+        m = 0;
+        lr = u;
+        if (NP == 1)
+            while (m + 1 < a.n_mat && lr >= a.m[m].rows) {
+                lr -= (int)a.m[m].rows;
+                m++;
+            }
+    };
+    const int first = blockIdx.x + gridDim.x * warp, stride = gridDim.x * QS_WARPS;
+    const int n_stages = first < n_units ? (n_units - first + stride - 1) / stride * spr : 0;
+    /* stage n of this warp: row first + (n / spr) * stride, blocks from (n % spr) * CH */
+    auto copy = [&](int n) {
+        if (n < n_stages) {
+            const int r = n / spr, b0 = (n - r * spr) * CH;
+            const int nb = nblk - b0 < CH ? nblk - b0 : CH;
+            int m, lr;
+            row_of(first + r * stride, m, lr);
+#pragma unroll
+            for (int p = 0; p < NP; p++) {
+                const uint8_t *src = (const uint8_t *)a.m[NP == 1 ? m : p].w + (uint64_t)lr * rb +
+                                     (uint64_t)b0 * S::BLOCK_BYTES;
+                uint8_t *dst = ring + ((size_t)(n % QS_STAGES) * NP + p) * SB;
+                for (int i = lane; i < nb * S::BLOCK_BYTES / 16; i += 32)
+                    cp_async16(dst + 16 * i, src + 16 * i, true);
+            }
+        }
+        cp_async_commit(); /* empty groups too: the count stays one per stage */
+    };
+#pragma unroll
+    for (int n = 0; n < QS_STAGES - 1; n++)
+        copy(n);
+    pdl_release();
+    pdl_wait();
+
+    /* x, normalised when NORM (every block finds the rms itself, block 0
+     * also writes the normed rows to norm_out), quantized into shared memory */
+    __shared__ float inv_sm[TT];
+    if (NORM) {
+        __shared__ float red[QS_WARPS][TT];
+        for (int t = 0; t < nt; t++) {
+            float ss = 0.0f;
+            for (int i = threadIdx.x; i < cols / 4; i += QS_THREADS) {
+                float4 v = __ldg((const float4 *)(a.x + (size_t)t * cols) + i);
+                ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+            }
+            ss = warp_sum(ss);
+            if (lane == 0)
+                red[warp][t] = ss;
+        }
+        __syncthreads();
+        if (threadIdx.x < nt) {
+            float tot = 0.0f;
+            for (int w = 0; w < QS_WARPS; w++)
+                tot += red[w][threadIdx.x];
+            inv_sm[threadIdx.x] = 1.0f / sqrtf(tot / (float)cols + a.norm_eps);
+        }
+        __syncthreads();
+    }
+    for (int i = threadIdx.x; i < nt * (cols / 32); i += QS_THREADS) {
+        const int t = i / (cols / 32), g = i - t * (cols / 32);
+        const size_t at = (size_t)t * cols + (size_t)g * 32;
+        float v[32];
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            float4 f = __ldg((const float4 *)(a.x + at) + k);
+            if (NORM) {
+                const float4 nw = __ldg((const float4 *)(a.norm_w + (size_t)g * 32) + k);
+                const float inv = inv_sm[t];
+                f = make_float4(nw.x * (f.x * inv), nw.y * (f.y * inv), nw.z * (f.z * inv),
+                                nw.w * (f.w * inv));
+                if (blockIdx.x == 0 && a.norm_out)
+                    ((float4 *)(a.norm_out + at))[k] = f;
+            }
+            v[4 * k] = f.x, v[4 * k + 1] = f.y, v[4 * k + 2] = f.z, v[4 * k + 3] = f.w;
+        }
+        uint32_t w[8];
+        float d;
+        int lo, hi;
+        qx_block32(v, w, d, lo, hi);
+        S::stage(xq + (size_t)t * cols, xs + (size_t)t * nu * S::XS, cols, g, w, d, lo + hi);
+    }
+    __syncthreads();
+
+    float acc[NP][TT];
+#pragma unroll
+    for (int p = 0; p < NP; p++)
+#pragma unroll
+        for (int t = 0; t < TT; t++)
+            acc[p][t] = 0.0f;
+    for (int n = 0; n < n_stages; n++) {
+        cp_async_wait<QS_STAGES - 2>();
+        __syncwarp();
+        /* the buffer it refills was read by the whole warp one stage ago */
+        copy(n + QS_STAGES - 1);
+        const int r = n / spr, part = n - r * spr, b0 = part * CH;
+        const int nb = nblk - b0 < CH ? nblk - b0 : CH;
+        const uint8_t *buf = ring + (size_t)(n % QS_STAGES) * NP * SB;
+#pragma unroll
+        for (int k = 0; k < (CH * S::UNITS + 31) / 32; k++) {
+            const int ul = lane + 32 * k;
+            if (ul < nb * S::UNITS) {
+                const int u = b0 * S::UNITS + ul;
+#pragma unroll
+                for (int t = 0; t < TT; t++)
+                    if (t < nt)
+#pragma unroll
+                        for (int p = 0; p < NP; p++)
+                            acc[p][t] += S::dot(buf + p * SB + (ul / S::UNITS) * S::BLOCK_BYTES, u,
+                                                xq + (size_t)t * cols, xs + (size_t)t * nu * S::XS,
+                                                cols);
+            }
+        }
+        if (part != spr - 1)
+            continue;
+#pragma unroll
+        for (int p = 0; p < NP; p++)
+#pragma unroll
+            for (int t = 0; t < TT; t++)
+                acc[p][t] = warp_sum(acc[p][t]);
+        if (lane == 0) {
+            int m, lr;
+            row_of(first + r * stride, m, lr);
+            if (NP == 2) {
+                const int64_t rows = a.m[0].rows;
+                for (int t = 0; t < nt; t++) {
+                    float g = acc[0][t], u = acc[NP - 1][t];
+                    int64_t idx = (int64_t)t * rows + lr;
+                    a.m[0].y[idx] = g / (1.0f + expf(-g)) * u;
+                    a.m[NP - 1].y[idx] = u;
+                }
+            } else {
+                const int64_t rows = a.m[m].rows;
+                const float bias = a.m[m].bias ? a.m[m].bias[lr] : 0.0f;
+                for (int t = 0; t < nt; t++) {
+                    float v = acc[0][t] + bias;
+                    int64_t idx = (int64_t)t * rows + lr;
+                    a.m[m].y[idx] = v;
+                    if (a.res)
+                        a.res[idx] += v;
+                }
+            }
+        }
+#pragma unroll
+        for (int p = 0; p < NP; p++)
+#pragma unroll
+            for (int t = 0; t < TT; t++)
+                acc[p][t] = 0.0f;
+    }
+    cp_async_wait<0>();
+}
+
+template <int T, int TT, int NP>
+static cudaError_t qgemv_stream_launch(struct cu_device *dev, cudaStream_t s,
+                                       const struct cu_gemv_args *a, int n_units, size_t smem)
+{
+    auto kern = a->norm_w ? qgemv_stream_kernel<T, TT, NP, true> : qgemv_stream_kernel<T, TT, NP, false>;
+    const int tt = TT == 1 ? 0 : TT == 2 ? 1 : TT == 4 ? 2 : 3;
+    const int slot = (T == DTYPE_Q6_K ? CU_GEMV_STREAM_KERNELS : 0) + (tt * 2 + (NP - 1)) * 2 +
+                     (a->norm_w ? 1 : 0);
+    int per_sm = 0;
+    cudaError_t e = cu_kernel_fit(kern, QS_THREADS, smem, &dev->qgemv_smem[slot], &per_sm);
+    if (e != cudaSuccess)
+        return e;
+    const int64_t want = ((int64_t)n_units + QS_WARPS - 1) / QS_WARPS;
+    const int64_t slots = (int64_t)dev->n_sm * per_sm;
+    const unsigned grid = (unsigned)(want < slots ? want : slots);
+    return cu_launch_dependent(dev->pdl, kern, dim3(grid), dim3(QS_THREADS), smem, s, *a, n_units);
+}
+
+template <int T, int NP>
+static cudaError_t qgemv_stream_np(struct cu_device *dev, cudaStream_t s,
+                                   const struct cu_gemv_args *a, int n_units, size_t smem)
+{
+    if (a->n_rows == 1)
+        return qgemv_stream_launch<T, 1, NP>(dev, s, a, n_units, smem);
+    if (a->n_rows == 2)
+        return qgemv_stream_launch<T, 2, NP>(dev, s, a, n_units, smem);
+    if (a->n_rows <= 4)
+        return qgemv_stream_launch<T, 4, NP>(dev, s, a, n_units, smem);
+    return qgemv_stream_launch<T, 8, NP>(dev, s, a, n_units, smem);
+}
+
+extern "C" bool cu_qgemv_stream_takes(int dtype, int n_rows, int64_t cols, size_t smem_optin)
+{
+    if (n_rows < 1 || n_rows > CU_GEMV_MAX_ROWS || cols <= 0 || cols >= INT32_MAX / 8)
+        return false;
+    /* whole blocks, rows starting 16-byte aligned (Q6_K: eight blocks a multiple of 16 bytes) */
+    if (dtype == DTYPE_Q4_K)
+        return cols % 256 == 0 && qs_smem_bytes<DTYPE_Q4_K>(2, n_rows, cols) <= smem_optin;
+    if (dtype == DTYPE_Q6_K)
+        return cols % 2048 == 0 && qs_smem_bytes<DTYPE_Q6_K>(2, n_rows, cols) <= smem_optin;
+    return false;
 }
 
 /* The kernel family of block type dt: T of qtype<T>, or -1. */
@@ -702,10 +1117,8 @@ static bool rows_aligned(const void *w, int dt, int64_t cols)
     return (uintptr_t)w % al == 0 && dtype_row_bytes((enum dtype)dt, (uint64_t)cols) % al == 0;
 }
 
-cudaError_t cu_launch_qgemv(const struct cu_device *dev, cudaStream_t s,
-                            const struct cu_gemv_args *a)
+cudaError_t cu_launch_qgemv(struct cu_device *dev, cudaStream_t s, const struct cu_gemv_args *a)
 {
-    (void)dev;
     int64_t total = 0;
     for (int i = 0; i < a->n_mat; i++)
         total += a->m[i].rows;
@@ -713,12 +1126,30 @@ cudaError_t cu_launch_qgemv(const struct cu_device *dev, cudaStream_t s,
     if (n_units == 0 || a->n_rows == 0)
         return cudaSuccess;
     int fam = family(a->dtype);
-    /* the planner folds no RMSNorm into a quantized GEMV (fuse.c, rule 2) */
-    if (fam < 0 || a->norm_w || a->cols % 32 || (uintptr_t)a->x % 16)
+    if (fam < 0 || a->cols % 32 || (uintptr_t)a->x % 16)
         return cudaErrorNotSupported;
     for (int i = 0; i < a->n_mat; i++)
         if (!rows_aligned(a->m[i].w, a->dtype, a->cols))
             return cudaErrorMisalignedAddress;
+    bool aligned16 = (uintptr_t)a->norm_w % 16 == 0;
+    for (int i = 0; i < a->n_mat; i++)
+        aligned16 = aligned16 && (uintptr_t)a->m[i].w % 16 == 0;
+    if (a->xq && a->qstream && !a->row_invariant && n_units < INT32_MAX && aligned16 &&
+        cu_qgemv_stream_takes(a->dtype, a->n_rows, a->cols, (size_t)dev->smem_optin)) {
+        const int np = a->pair ? 2 : 1;
+        if (a->dtype == DTYPE_Q4_K) {
+            const size_t smem = qs_smem_bytes<DTYPE_Q4_K>(np, a->n_rows, a->cols);
+            return a->pair ? qgemv_stream_np<DTYPE_Q4_K, 2>(dev, s, a, (int)n_units, smem)
+                           : qgemv_stream_np<DTYPE_Q4_K, 1>(dev, s, a, (int)n_units, smem);
+        }
+        const size_t smem = qs_smem_bytes<DTYPE_Q6_K>(np, a->n_rows, a->cols);
+        return a->pair ? qgemv_stream_np<DTYPE_Q6_K, 2>(dev, s, a, (int)n_units, smem)
+                       : qgemv_stream_np<DTYPE_Q6_K, 1>(dev, s, a, (int)n_units, smem);
+    }
+    /* a folded RMSNorm only where the stream kernel runs (the executor
+     * launches the norm apart otherwise: fuse.cu) */
+    if (a->norm_w)
+        return cudaErrorNotSupported;
     if (a->xq && !a->row_invariant && (uintptr_t)a->xq % 16 == 0) {
         size_t need = cu_qgemv_int8_bytes(a->dtype, a->n_rows, a->cols);
         if (need && need <= a->xq_bytes)
