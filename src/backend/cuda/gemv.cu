@@ -1,5 +1,6 @@
 /* backend/cuda/gemv.cu — matrix-vector products for decode: bf16 and f32 weights read with 16-byte loads (bf16 by persistent blocks; split-K across warps for the general path), fused epilogues. */
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/gemv_store.cuh"
 #include "backend/cuda/warp.cuh"
 
 #define GEMV_THREADS 256
@@ -228,25 +229,7 @@ gemv_kernel(struct cu_gemv_args a, int64_t n_units, int wpr)
     }
     if (!active || part != 0 || lane != 0)
         return;
-    if (NP == 2) {
-        int64_t rows = a.m[0].rows;
-        for (int t = 0; t < nt; t++) {
-            float g = acc[0][t], u = acc[NP - 1][t];
-            int64_t idx = (int64_t)(t0 + t) * rows + lr;
-            a.m[0].y[idx] = g / (1.0f + expf(-g)) * u;
-            a.m[NP - 1].y[idx] = u;
-        }
-        return;
-    }
-    int64_t rows = a.m[m].rows;
-    float bias = a.m[m].bias ? a.m[m].bias[lr] : 0.0f;
-    for (int t = 0; t < nt; t++) {
-        float v = acc[0][t] + bias;
-        int64_t idx = (int64_t)(t0 + t) * rows + lr;
-        a.m[m].y[idx] = v;
-        if (a.res)
-            a.res[idx] += v;
-    }
+    gemv_store_row<NP, TT>(a, m, lr, t0, nt, acc);
 }
 
 template <int TT, int NP>
@@ -450,43 +433,7 @@ gemv_stream_kernel(struct cu_gemv_args a, int n_units)
         }
         cb += 32 * U;
         if (cb >= nchunk) {
-#pragma unroll
-            for (int p = 0; p < NP; p++)
-#pragma unroll
-                for (int t = 0; t < TT; t++)
-                    acc[p][t] = warp_sum(acc[p][t]);
-            if (lane == 0) {
-                if (NP == 2) {
-                    int64_t rows = a.m[0].rows;
-#pragma unroll
-                    for (int t = 0; t < TT; t++) {
-                        if (t < nt) {
-                            float g = acc[0][t], u = acc[NP - 1][t];
-                            int64_t idx = (int64_t)t * rows + lr;
-                            a.m[0].y[idx] = g / (1.0f + expf(-g)) * u;
-                            a.m[NP - 1].y[idx] = u;
-                        }
-                    }
-                } else {
-                    int64_t rows = a.m[m].rows;
-                    float bias = a.m[m].bias ? a.m[m].bias[lr] : 0.0f;
-#pragma unroll
-                    for (int t = 0; t < TT; t++) {
-                        if (t < nt) {
-                            float v = acc[0][t] + bias;
-                            int64_t idx = (int64_t)t * rows + lr;
-                            a.m[m].y[idx] = v;
-                            if (a.res)
-                                a.res[idx] += v;
-                        }
-                    }
-                }
-            }
-#pragma unroll
-            for (int p = 0; p < NP; p++)
-#pragma unroll
-                for (int t = 0; t < TT; t++)
-                    acc[p][t] = 0.0f;
+            gemv_finish_row<NP, TT>(a, m, lr, nt, acc);
             unit += gridDim.x * W;
             if (unit >= n_units)
                 return;

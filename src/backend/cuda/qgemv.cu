@@ -14,6 +14,7 @@
 #include <cuda_fp16.h>
 
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/gemv_store.cuh"
 #include "backend/cuda/warp.cuh"
 
 #define QGEMV_THREADS 256
@@ -301,25 +302,7 @@ qgemv_kernel(struct cu_gemv_args a, int64_t n_units)
             acc[p][t] = warp_sum(acc[p][t]);
     if (lane != 0)
         return;
-    if (NP == 2) {
-        const int64_t rows = a.m[0].rows;
-        for (int t = 0; t < nt; t++) {
-            float g = acc[0][t], u = acc[NP - 1][t];
-            int64_t idx = (int64_t)(t0 + t) * rows + lr;
-            a.m[0].y[idx] = g / (1.0f + expf(-g)) * u;
-            a.m[NP - 1].y[idx] = u;
-        }
-        return;
-    }
-    const int64_t rows = a.m[m].rows;
-    const float bias = a.m[m].bias ? a.m[m].bias[lr] : 0.0f;
-    for (int t = 0; t < nt; t++) {
-        float v = acc[0][t] + bias;
-        int64_t idx = (int64_t)(t0 + t) * rows + lr;
-        a.m[m].y[idx] = v;
-        if (a.res)
-            a.res[idx] += v;
-    }
+    gemv_store_row<NP, TT>(a, m, lr, t0, nt, acc);
 }
 
 template <int T, int NP>
@@ -633,25 +616,7 @@ qgemv_int8_kernel(struct cu_gemv_args a, int64_t n_units, const int8_t *xq, cons
             acc[p][t] = warp_sum(acc[p][t]);
     if (lane != 0)
         return;
-    if (NP == 2) {
-        const int64_t rows = a.m[0].rows;
-        for (int t = 0; t < nt; t++) {
-            float g = acc[0][t], u = acc[NP - 1][t];
-            int64_t idx = (int64_t)t * rows + lr;
-            a.m[0].y[idx] = g / (1.0f + expf(-g)) * u;
-            a.m[NP - 1].y[idx] = u;
-        }
-        return;
-    }
-    const int64_t rows = a.m[m].rows;
-    const float bias = a.m[m].bias ? a.m[m].bias[lr] : 0.0f;
-    for (int t = 0; t < nt; t++) {
-        float v = acc[0][t] + bias;
-        int64_t idx = (int64_t)t * rows + lr;
-        a.m[m].y[idx] = v;
-        if (a.res)
-            a.res[idx] += v;
-    }
+    gemv_store_row<NP, TT>(a, m, lr, 0, nt, acc);
 }
 
 template <int T, int NP>
@@ -1005,39 +970,9 @@ qgemv_stream_kernel(struct cu_gemv_args a, int n_units)
         }
         if (part != spr - 1)
             continue;
-#pragma unroll
-        for (int p = 0; p < NP; p++)
-#pragma unroll
-            for (int t = 0; t < TT; t++)
-                acc[p][t] = warp_sum(acc[p][t]);
-        if (lane == 0) {
-            int m, lr;
-            row_of(first + r * stride, m, lr);
-            if (NP == 2) {
-                const int64_t rows = a.m[0].rows;
-                for (int t = 0; t < nt; t++) {
-                    float g = acc[0][t], u = acc[NP - 1][t];
-                    int64_t idx = (int64_t)t * rows + lr;
-                    a.m[0].y[idx] = g / (1.0f + expf(-g)) * u;
-                    a.m[NP - 1].y[idx] = u;
-                }
-            } else {
-                const int64_t rows = a.m[m].rows;
-                const float bias = a.m[m].bias ? a.m[m].bias[lr] : 0.0f;
-                for (int t = 0; t < nt; t++) {
-                    float v = acc[0][t] + bias;
-                    int64_t idx = (int64_t)t * rows + lr;
-                    a.m[m].y[idx] = v;
-                    if (a.res)
-                        a.res[idx] += v;
-                }
-            }
-        }
-#pragma unroll
-        for (int p = 0; p < NP; p++)
-#pragma unroll
-            for (int t = 0; t < TT; t++)
-                acc[p][t] = 0.0f;
+        int m, lr;
+        row_of(first + r * stride, m, lr);
+        gemv_finish_row<NP, TT>(a, m, lr, nt, acc);
     }
     cp_async_wait<0>();
 }
