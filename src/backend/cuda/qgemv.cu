@@ -1012,11 +1012,13 @@ extern "C" bool cu_qgemv_stream_takes(int dtype, int n_rows, int64_t cols, size_
 {
     if (n_rows < 1 || n_rows > CU_GEMV_MAX_ROWS || cols <= 0 || cols >= INT32_MAX / 8)
         return false;
-    /* whole blocks, rows starting 16-byte aligned (Q6_K: eight blocks a multiple of 16 bytes) */
+    /* whole blocks, rows starting 16-byte aligned (Q6_K: eight blocks a multiple of 16
+     * bytes); the kernel's static shared memory (the norm's sums) within the margin */
+    const size_t margin = 1024;
     if (dtype == DTYPE_Q4_K)
-        return cols % 256 == 0 && qs_smem_bytes<DTYPE_Q4_K>(2, n_rows, cols) <= smem_optin;
+        return cols % 256 == 0 && qs_smem_bytes<DTYPE_Q4_K>(2, n_rows, cols) + margin <= smem_optin;
     if (dtype == DTYPE_Q6_K)
-        return cols % 2048 == 0 && qs_smem_bytes<DTYPE_Q6_K>(2, n_rows, cols) <= smem_optin;
+        return cols % 2048 == 0 && qs_smem_bytes<DTYPE_Q6_K>(2, n_rows, cols) + margin <= smem_optin;
     return false;
 }
 
