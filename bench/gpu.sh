@@ -57,8 +57,9 @@
 #              llama-3.1-8b:q4_k_m llama-3.2-1b:q4_k_m") through inferd bench: decode
 #              of 128 tokens and prefill of 512, the weight bytes each token reads
 #              and the bandwidth floor beside each; decode again with --cuda-qgemv
-#              float (x in f32 instead of int8 blocks; QUANT_FLOAT=0 skips it,
-#              QUANT_PREFILL=0 the prefill lines)
+#              dp4a (x quantized by a launch of its own instead of the stream
+#              kernel; QUANT_DP4A=0 skips it) and float (x in f32 instead of int8
+#              blocks; QUANT_FLOAT=0 skips it, QUANT_PREFILL=0 the prefill lines)
 #     moe      mixture of experts: the MoE kernels' test (tests/unit/test_cuda_moe.c: the
 #              GEMVs and the grouped GEMM against the CPU, rows alone against batches,
 #              graphs, timings per row count), then the qwen3-30b-a3b shape (61 GB of
@@ -417,6 +418,9 @@ if has_stage quant; then
     fi
     echo "== quant: $preset $dtype (weight bytes per token and the floor: the decode line)"
     bench_one "$preset $dtype decode tg128" "$file" --prompt-len 16 --gen-len 128 --reps 3
+    [ "${QUANT_DP4A:-1}" != 0 ] &&
+      bench_one "$preset $dtype decode tg128, dp4a" "$file" --prompt-len 16 --gen-len 128 --reps 3 \
+        --cuda-qgemv dp4a
     [ "${QUANT_FLOAT:-1}" != 0 ] &&
       bench_one "$preset $dtype decode tg128, float" "$file" --prompt-len 16 --gen-len 128 --reps 3 \
         --cuda-qgemv float
