@@ -401,7 +401,7 @@ struct cu_gemv_args {
     size_t xq_bytes;
     /* with xq: Q4_K and Q6_K run on the stream kernel where it takes them,
      * which quantizes x (and folds norm_w) in shared memory itself
-     * (cu_qgemv_stream_takes) */
+     * (cu_qgemv_stream_runs) */
     bool qstream;
     /* the batched tile GEMM's split-K workspace (zeroed once: its counters
      * are back at zero after every launch), work_bytes long */
@@ -457,11 +457,11 @@ extern "C" uint64_t cu_block_types(void);
  * each output is within sum|w| times half an x block's step of the float
  * kernel's, and still a function of its own row alone. */
 extern "C" size_t cu_qgemv_int8_bytes(int dtype, int n_rows, int64_t cols);
-/* Whether the int8 stream kernel takes dtype over n_rows rows of cols (Q4_K;
- * Q6_K of cols a multiple of 2048; 1..CU_GEMV_MAX_ROWS rows, its shared
- * memory within smem_optin): then it alone does a GEMV of
- * cu_gemv_args.qstream (weights 16-byte aligned), a folded RMSNorm included. */
-extern "C" bool cu_qgemv_stream_takes(int dtype, int n_rows, int64_t cols, size_t smem_optin);
+/* Whether cu_launch_qgemv runs a on the int8 stream kernel: qstream, FAST
+ * mode, Q4_K or Q6_K (cols a multiple of 2048) over 1..CU_GEMV_MAX_ROWS
+ * rows, its shared memory within the device's, x, weights and norm_w
+ * 16-byte aligned. Only that kernel takes a folded RMSNorm (norm_w). */
+bool cu_qgemv_stream_runs(const struct cu_device *dev, const struct cu_gemv_args *a);
 cudaError_t cu_launch_qgemv(struct cu_device *dev, cudaStream_t s, const struct cu_gemv_args *a);
 cudaError_t cu_launch_dequant_bf16(cudaStream_t s, int dtype, const void *w, int64_t rows,
                                    int64_t cols, uint16_t *out);

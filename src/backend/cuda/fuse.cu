@@ -25,23 +25,23 @@ static bool exec_gemv(struct cu_impl *im, const struct cu_op *ops, const struct 
     }
     if (l->norm) {
         const struct cu_op *norm = &ops[l->op];
-        /* rule 2 on block weights holds only where the stream kernel runs;
-         * elsewhere the norm is launched on its own first */
-        if (dtype_is_block((enum dtype)a.dtype) &&
-            !(a.xq && a.qstream && (uintptr_t)norm->u.norm.w % 16 == 0 &&
-              cu_qgemv_stream_takes(a.dtype, a.n_rows, a.cols, (size_t)im->dev.smem_optin))) {
-            if (!CU_TRY(im, cu_launch_rmsnorm(im->stream, norm, NULL)))
-                return false;
-        } else {
-            a.x = norm->u.norm.x;
-            a.norm_w = norm->u.norm.w;
-            a.norm_out = norm->u.norm.y;
-            a.norm_eps = norm->u.norm.eps;
-        }
+        a.x = norm->u.norm.x;
+        a.norm_w = norm->u.norm.w;
+        a.norm_out = norm->u.norm.y;
+        a.norm_eps = norm->u.norm.eps;
     }
     if (l->residual)
         a.res = op[1].u.ew.out;
     a.pair = l->swiglu;
+    /* rule 2 on block weights holds only where the stream kernel runs;
+     * elsewhere the norm is launched on its own first */
+    if (l->norm && dtype_is_block((enum dtype)a.dtype) && !cu_qgemv_stream_runs(&im->dev, &a)) {
+        if (!CU_TRY(im, cu_launch_rmsnorm(im->stream, &ops[l->op], NULL)))
+            return false;
+        a.x = op->u.mm.x;
+        a.norm_w = NULL;
+        a.norm_out = NULL;
+    }
     if (l->skinny && a.n_rows > CU_SKINNY_MAX_ROWS) {
         a.work = im->gemm_work;
         a.work_bytes = im->gemm_work_bytes;

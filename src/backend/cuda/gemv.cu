@@ -130,11 +130,7 @@ gemv_kernel(struct cu_gemv_args a, int64_t n_units, int wpr)
         inv[t] = nw && t < nt ? inv_sm[t] : 1.0f;
 
     float acc[NP][TT];
-#pragma unroll
-    for (int p = 0; p < NP; p++)
-#pragma unroll
-        for (int t = 0; t < TT; t++)
-            acc[p][t] = 0.0f;
+    gemv_zero_acc(acc);
 
     int m = 0;
     int64_t lr = unit;
@@ -409,11 +405,7 @@ gemv_stream_kernel(struct cu_gemv_args a, int n_units)
         return;
 
     float acc[NP][TT];
-#pragma unroll
-    for (int p = 0; p < NP; p++)
-#pragma unroll
-        for (int t = 0; t < TT; t++)
-            acc[p][t] = 0.0f;
+    gemv_zero_acc(acc);
     for (;;) {
 #pragma unroll
         for (int u = 0; u < U; u++) {

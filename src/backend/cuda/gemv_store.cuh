@@ -41,6 +41,17 @@ static __device__ __forceinline__ void gemv_store_row(const struct cu_gemv_args 
     }
 }
 
+/* Every accumulator 0. */
+template <int NP, int TT>
+static __device__ __forceinline__ void gemv_zero_acc(float (&acc)[NP][TT])
+{
+#pragma unroll
+    for (int p = 0; p < NP; p++)
+#pragma unroll
+        for (int t = 0; t < TT; t++)
+            acc[p][t] = 0.0f;
+}
+
 /* A warp's row done: its lanes' partial sums reduced (warp_sum), lane 0
  * storing the row, and the accumulators zeroed for the warp's next row. */
 template <int NP, int TT>
@@ -54,11 +65,7 @@ static __device__ __forceinline__ void gemv_finish_row(const struct cu_gemv_args
             acc[p][t] = warp_sum(acc[p][t]);
     if ((threadIdx.x & 31) == 0)
         gemv_store_row<NP, TT>(a, m, lr, 0, nt, acc);
-#pragma unroll
-    for (int p = 0; p < NP; p++)
-#pragma unroll
-        for (int t = 0; t < TT; t++)
-            acc[p][t] = 0.0f;
+    gemv_zero_acc(acc);
 }
 
 #endif

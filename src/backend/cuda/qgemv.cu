@@ -251,11 +251,7 @@ qgemv_kernel(struct cu_gemv_args a, int64_t n_units)
     const float *x0 = a.x + (int64_t)t0 * cols;
 
     float acc[NP][TT];
-#pragma unroll
-    for (int p = 0; p < NP; p++)
-#pragma unroll
-        for (int t = 0; t < TT; t++)
-            acc[p][t] = 0.0f;
+    gemv_zero_acc(acc);
 
     for (int64_t c0 = lane; c0 < nchunk; c0 += 32 * QGEMV_UNROLL) {
         typename Q::raw r[QGEMV_UNROLL][NP];
@@ -570,11 +566,7 @@ qgemv_int8_kernel(struct cu_gemv_args a, int64_t n_units, const int8_t *xq, cons
         wrow[p] = (const uint8_t *)a.m[NP == 1 ? m : p].w + (uint64_t)lr * rb;
 
     float acc[NP][TT];
-#pragma unroll
-    for (int p = 0; p < NP; p++)
-#pragma unroll
-        for (int t = 0; t < TT; t++)
-            acc[p][t] = 0.0f;
+    gemv_zero_acc(acc);
 
     typename D::raw r[QGEMV_INT8_UNROLL][NP];
     int64_t k0 = lane;
@@ -940,11 +932,7 @@ qgemv_stream_kernel(struct cu_gemv_args a, int n_units)
     __syncthreads();
 
     float acc[NP][TT];
-#pragma unroll
-    for (int p = 0; p < NP; p++)
-#pragma unroll
-        for (int t = 0; t < TT; t++)
-            acc[p][t] = 0.0f;
+    gemv_zero_acc(acc);
     for (int n = 0; n < n_stages; n++) {
         cp_async_wait<QS_STAGES - 2>();
         __syncwarp();
@@ -1008,7 +996,8 @@ static cudaError_t qgemv_stream_np(struct cu_device *dev, cudaStream_t s,
     return qgemv_stream_launch<T, 8, NP>(dev, s, a, n_units, smem);
 }
 
-extern "C" bool cu_qgemv_stream_takes(int dtype, int n_rows, int64_t cols, size_t smem_optin)
+/* Whether the stream kernel takes dtype over n_rows rows of cols. */
+static bool stream_takes(int dtype, int n_rows, int64_t cols, size_t smem_optin)
 {
     if (n_rows < 1 || n_rows > CU_GEMV_MAX_ROWS || cols <= 0 || cols >= INT32_MAX / 8)
         return false;
@@ -1054,6 +1043,18 @@ static bool rows_aligned(const void *w, int dt, int64_t cols)
     return (uintptr_t)w % al == 0 && dtype_row_bytes((enum dtype)dt, (uint64_t)cols) % al == 0;
 }
 
+bool cu_qgemv_stream_runs(const struct cu_device *dev, const struct cu_gemv_args *a)
+{
+    bool aligned16 = (uintptr_t)a->x % 16 == 0 && (uintptr_t)a->norm_w % 16 == 0;
+    int64_t total = 0;
+    for (int i = 0; i < a->n_mat; i++) {
+        aligned16 = aligned16 && (uintptr_t)a->m[i].w % 16 == 0;
+        total += a->m[i].rows;
+    }
+    return a->xq && a->qstream && !a->row_invariant && aligned16 && total < INT32_MAX &&
+           stream_takes(a->dtype, a->n_rows, a->cols, (size_t)dev->smem_optin);
+}
+
 cudaError_t cu_launch_qgemv(struct cu_device *dev, cudaStream_t s, const struct cu_gemv_args *a)
 {
     int64_t total = 0;
@@ -1068,11 +1069,7 @@ cudaError_t cu_launch_qgemv(struct cu_device *dev, cudaStream_t s, const struct 
     for (int i = 0; i < a->n_mat; i++)
         if (!rows_aligned(a->m[i].w, a->dtype, a->cols))
             return cudaErrorMisalignedAddress;
-    bool aligned16 = (uintptr_t)a->norm_w % 16 == 0;
-    for (int i = 0; i < a->n_mat; i++)
-        aligned16 = aligned16 && (uintptr_t)a->m[i].w % 16 == 0;
-    if (a->xq && a->qstream && !a->row_invariant && n_units < INT32_MAX && aligned16 &&
-        cu_qgemv_stream_takes(a->dtype, a->n_rows, a->cols, (size_t)dev->smem_optin)) {
+    if (cu_qgemv_stream_runs(dev, a)) {
         const int np = a->pair ? 2 : 1;
         if (a->dtype == DTYPE_Q4_K) {
             const size_t smem = qs_smem_bytes<DTYPE_Q4_K>(np, a->n_rows, a->cols);
