@@ -505,6 +505,47 @@ Test(cuda_attention, fast_decode_of_many_sequences_matches_f64_reference, .timeo
     }
 }
 
+/* Decode steps of one to eight sequences (the flash-decoding kernel): short
+ * contexts on the narrow kernel (a block per query head, one-pass tiles,
+ * their splits merged), long ones on the wide kernel, head dims 64, 128 and
+ * 256, groups 1 to 12, sliding windows: every output within fp16 rounding of
+ * the exact result. */
+Test(cuda_attention, fast_decode_of_a_few_sequences_matches_f64_reference, .timeout = 300)
+{
+    skip_without_gpu();
+    static const struct {
+        int head_dim, n_heads, n_kv_heads, block_size, window, n_spans, tokens, ctx;
+    } kinds[] = {
+        {128, 32, 8, 16, 0, 1, 1, 150},    /* 8B's heads, one sequence */
+        {64, 32, 8, 16, 0, 4, 1, 600},     /* 1B's heads */
+        {256, 8, 4, 16, 0, 2, 1, 300},     /* head dim 256 */
+        {128, 16, 8, 16, 0, 8, 1, 1000},   /* eight sequences, a group of 2 */
+        {128, 24, 2, 256, 37, 3, 1, 500},  /* a group of 12, a sliding window */
+        {128, 16, 4, 16, 100, 2, 1, 1500}, /* a window across splits */
+        {64, 8, 8, 1, 0, 3, 2, 200},       /* no grouping, two tokens a sequence */
+        {128, 32, 8, 16, 0, 2, 1, 6000},   /* long contexts: the wide kernel */
+    };
+    struct err err = {0};
+    struct backend *be = NULL;
+    cr_assert_eq(cuda_backend(COMPUTE_FAST, &be, &err), 0, "%s", err.msg);
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+        struct attn_shape sh = {kinds[i].head_dim, kinds[i].n_heads, kinds[i].n_kv_heads,
+                                kinds[i].block_size, kinds[i].window, kinds[i].n_spans,
+                                {0}, {0}, 3.0f};
+        for (int s = 0; s < sh.n_spans; s++) {
+            sh.n_tokens[s] = kinds[i].tokens;
+            sh.pos0[s] = kinds[i].ctx / 2 + (s * 97) % (kinds[i].ctx / 2);
+        }
+        double worst = attention_error(be, &sh);
+        cr_log_info("cuda decode attention, head_dim %d, %d/%d heads, block %d, window %d, "
+                    "%d sequences of %d token(s) near %d: max |error| %.2e",
+                    sh.head_dim, sh.n_heads, sh.n_kv_heads, sh.block_size, sh.window,
+                    sh.n_spans, kinds[i].tokens, kinds[i].ctx, worst);
+        cr_expect_leq(worst, 5e-3, "kind %zu: max |error| %.3e", i, worst);
+    }
+    backend_destroy(be);
+}
+
 /* RMSNorm then a bf16 matmul of 1..8 rows (the decode path: the norm is
  * folded into the GEMV, x staged in shared memory) at hidden sizes whose x
  * is at, under and over the default 48 KB of shared memory, against the CPU

@@ -158,12 +158,13 @@ attn_decode_kernel(struct cu_op op, const uint8_t *params, float *part)
  * is written directly. Otherwise each split leaves (m, l, acc) in part and
  * the last block of the row and head group to finish merges them, in split
  * order, so the result does not depend on which block that is. */
-template <int HD, int EB = 4>
+template <int HD, int EB = 4, bool NARROW = false>
 struct fd_shape {
-    /* positions per tile: 32 KB of K and as much of V, whatever the element size */
-    static constexpr int T = 8192 / HD * (4 / EB);
     static constexpr int LPP = HD / 16;                    /* lanes per position (scores) */
     static constexpr int PPW = 32 / LPP;                   /* positions per warp (scores) */
+    /* positions per tile: 32 KB of K and as much of V, whatever the element
+     * size; narrow, one pass of the warps over the scores */
+    static constexpr int T = NARROW ? CU_ATTN_NARROW_TILE(HD) : 8192 / HD * (4 / EB);
     static constexpr int KR = T / (FD_WARPS * PPW);        /* K rows per thread per tile */
     static constexpr int VL = HD / 4;                      /* float4 per row */
     static constexpr int VF = VL > 32 ? VL / 32 : 1;       /* float4 per lane per V row */
@@ -269,18 +270,21 @@ struct kv4<__half> {
     }
 };
 
-/* PREP (decode steps of one token per sequence): the q/k launch before the
+/* NARROW (cu_attention_narrow; GP is 1): tiles of one pass, a block per
+ * query head, so a short context's blocks each run a short dependent chain.
+ * PREP (decode steps of one token per sequence): the q/k launch before the
  * attention is folded in. Each block prepares its own query heads from the
  * raw q (RMSNorm, RoPE), and the block whose split holds the row's newest
  * position prepares that position's K (and takes its V) itself, reads both
  * from shared memory instead of the cache, and - for the first head group of
  * the kv head - writes them into the cache for the steps after. */
-template <int HD, int GP, typename KT, bool PREP>
+template <int HD, int GP, typename KT, bool PREP, bool NARROW>
 static __global__ void __launch_bounds__(FD_THREADS, HD * GP <= 512 ? 2 : 1)
 attn_decode_fd_kernel(struct cu_op op, const uint8_t *params, float *part, unsigned *counters,
                       struct cu_qk_args prep)
 {
-    using S = fd_shape<HD, (int)sizeof(KT)>;
+    using S = fd_shape<HD, (int)sizeof(KT), NARROW>;
+    static_assert(!NARROW || GP == 1, "a narrow block takes one query head");
     using L = kv4<KT>;
     constexpr int T = S::T, LPP = S::LPP, PPW = S::PPW, KR = S::KR;
     constexpr int VL = S::VL, VF = S::VF, VPI = S::VPI, VR = S::VR, PS = S::PS;
@@ -292,7 +296,6 @@ attn_decode_fd_kernel(struct cu_op op, const uint8_t *params, float *part, unsig
     __shared__ float m_sm[GP], l_sm[GP], c_sm[GP];
     __shared__ __align__(16) float red[FD_WARPS][GB][HD];
     __shared__ float mw[CU_ATTN_MAX_SPLITS][GP], lw[CU_ATTN_MAX_SPLITS][GP];
-    __shared__ bool is_last;
     __shared__ __align__(16) float k_prep[PREP ? HD : 1];
     __shared__ __align__(16) KT k_new[PREP ? HD : 1], v_new[PREP ? HD : 1];
 
@@ -584,18 +587,8 @@ attn_decode_fd_kernel(struct cu_op op, const uint8_t *params, float *part, unsig
     if (n_active == 1 || !counters)
         return;
     /* the last block of this row and head group to finish merges the splits */
-    __threadfence();
-    __syncthreads();
-    unsigned *counter = &counters[(size_t)row * gridDim.x + blockIdx.x];
-    if (threadIdx.x == 0)
-        is_last = atomicAdd(counter, 1u) == (unsigned)n_active - 1;
-    __syncthreads();
-    if (!is_last)
-        return;
-    __threadfence();
-    fd_merge<HD, GP>(op, part, n_splits, row, h0, ng, s_first, n_active, mw, lw);
-    if (threadIdx.x == 0)
-        *counter = 0;
+    if (block_arrives_last(&counters[(size_t)row * gridDim.x + blockIdx.x], (unsigned)n_active))
+        fd_merge<HD, GP>(op, part, n_splits, row, h0, ng, s_first, n_active, mw, lw);
 }
 
 /* The merge as a launch of its own, for steps with more (row, head group)
@@ -750,9 +743,10 @@ static cudaError_t launch_fd_merge(cudaStream_t s, const struct cu_op *op, const
     return cudaGetLastError();
 }
 
-template <int HD, int GP>
-static cudaError_t launch_decode_fd(cudaStream_t s, const struct cu_op *op, const uint8_t *params,
-                                    float *part, const struct cu_qk_args *prep)
+template <int HD, int GP, bool NARROW = false>
+static cudaError_t launch_decode_fd(const struct cu_device *dev, cudaStream_t s,
+                                    const struct cu_op *op, const uint8_t *params, float *part,
+                                    const struct cu_qk_args *prep)
 {
     int group = op->u.attn.n_heads / op->u.attn.kv.n_kv_heads;
     int n_splits = op->u.attn.n_splits;
@@ -769,13 +763,15 @@ static cudaError_t launch_decode_fd(cudaStream_t s, const struct cu_op *op, cons
     }
     struct cu_qk_args none;
     memset(&none, 0, sizeof none);
-    auto kern = op->u.attn.kv.f16 ? (prep ? attn_decode_fd_kernel<HD, GP, __half, true>
-                                          : attn_decode_fd_kernel<HD, GP, __half, false>)
-                                  : (prep ? attn_decode_fd_kernel<HD, GP, float, true>
-                                          : attn_decode_fd_kernel<HD, GP, float, false>);
+    auto kern = op->u.attn.kv.f16 ? (prep ? attn_decode_fd_kernel<HD, GP, __half, true, NARROW>
+                                          : attn_decode_fd_kernel<HD, GP, __half, false, NARROW>)
+                                  : (prep ? attn_decode_fd_kernel<HD, GP, float, true, NARROW>
+                                          : attn_decode_fd_kernel<HD, GP, float, false, NARROW>);
     /* launched after the launch before it completes, not as its programmatic
      * dependent: early launches measured slower on the 1B and 8B shapes (-3 to
-     * -5% tg128, -5% at 8k; +4% on the 0.6B). The o_proj GEMV after it may
+     * -5% tg128, -5% at 8k; +4% on the 0.6B); narrow ones with the q/k prep
+     * folded in, whose first tile needs nothing of the step, on the 8B (-4%
+     * bf16, +-1% Q4_K_M; +2% 1B, +6% 0.6B). The o_proj GEMV after it may
      * start early: pdl_release once the first tile's loads are out. */
     kern<<<grid, FD_THREADS, 0, s>>>(*op, params, partials, counters, prep ? *prep : none);
     cudaError_t e = cudaGetLastError();
@@ -784,19 +780,23 @@ static cudaError_t launch_decode_fd(cudaStream_t s, const struct cu_op *op, cons
     return launch_fd_merge<HD, GP>(s, op, params, partials);
 }
 
-/* The query heads per block: the group rounded up to a power of two, at most 8. */
+/* The query heads per block: one when narrow, else the group rounded up to a
+ * power of two, at most 8. */
 template <int HD>
-static cudaError_t launch_decode_hd(cudaStream_t s, const struct cu_op *op, const uint8_t *params,
-                                    float *part, const struct cu_qk_args *prep)
+static cudaError_t launch_decode_hd(const struct cu_device *dev, cudaStream_t s,
+                                    const struct cu_op *op, const uint8_t *params, float *part,
+                                    const struct cu_qk_args *prep)
 {
+    if (op->u.attn.narrow)
+        return launch_decode_fd<HD, 1, true>(dev, s, op, params, part, prep);
     int group = op->u.attn.n_heads / op->u.attn.kv.n_kv_heads;
     if (group == 1)
-        return launch_decode_fd<HD, 1>(s, op, params, part, prep);
+        return launch_decode_fd<HD, 1>(dev, s, op, params, part, prep);
     if (group == 2)
-        return launch_decode_fd<HD, 2>(s, op, params, part, prep);
+        return launch_decode_fd<HD, 2>(dev, s, op, params, part, prep);
     if (group <= 4)
-        return launch_decode_fd<HD, 4>(s, op, params, part, prep);
-    return launch_decode_fd<HD, 8>(s, op, params, part, prep);
+        return launch_decode_fd<HD, 4>(dev, s, op, params, part, prep);
+    return launch_decode_fd<HD, 8>(dev, s, op, params, part, prep);
 }
 
 cudaError_t cu_launch_attention_merge(cudaStream_t s, const struct cu_op *op,
@@ -832,9 +832,11 @@ static cudaError_t launch_prefill(cudaStream_t s, const struct cu_op *op, const 
     return cudaGetLastError();
 }
 
-cudaError_t cu_launch_attention(cudaStream_t s, const struct cu_op *op, const uint8_t *params,
-                                float *part, int smem_optin, bool tensor_cores, bool decode_tc)
+cudaError_t cu_launch_attention(const struct cu_device *dev, cudaStream_t s,
+                                const struct cu_op *op, const uint8_t *params, float *part,
+                                bool tensor_cores, bool decode_tc)
 {
+    const int smem_optin = dev->smem_optin;
     int hd = op->u.attn.kv.head_dim;
     if (op->n_rows == 0)
         return cudaSuccess;
@@ -856,11 +858,11 @@ cudaError_t cu_launch_attention(cudaStream_t s, const struct cu_op *op, const ui
         return launch_prefill<64>(s, op, params, smem_optin);
     }
     if (hd == 64)
-        return launch_decode_hd<64>(s, op, params, part, NULL);
+        return launch_decode_hd<64>(dev, s, op, params, part, NULL);
     if (hd == 128)
-        return launch_decode_hd<128>(s, op, params, part, NULL);
+        return launch_decode_hd<128>(dev, s, op, params, part, NULL);
     if (hd == 256)
-        return launch_decode_hd<256>(s, op, params, part, NULL);
+        return launch_decode_hd<256>(dev, s, op, params, part, NULL);
     if (hd <= 64)
         return launch_decode<2>(s, op, params, part);
     if (hd <= 128)
@@ -868,8 +870,9 @@ cudaError_t cu_launch_attention(cudaStream_t s, const struct cu_op *op, const ui
     return launch_decode<8>(s, op, params, part);
 }
 
-cudaError_t cu_launch_attention_qk(cudaStream_t s, const struct cu_op *op,
-                                   const struct cu_qk_args *qk, const uint8_t *params, float *part)
+cudaError_t cu_launch_attention_qk(const struct cu_device *dev, cudaStream_t s,
+                                   const struct cu_op *op, const struct cu_qk_args *qk,
+                                   const uint8_t *params, float *part)
 {
     if (op->n_rows == 0)
         return cudaSuccess;
@@ -877,8 +880,8 @@ cudaError_t cu_launch_attention_qk(cudaStream_t s, const struct cu_op *op,
         return cudaErrorInvalidValue;
     int hd = op->u.attn.kv.head_dim;
     if (hd == 64)
-        return launch_decode_hd<64>(s, op, params, part, qk);
+        return launch_decode_hd<64>(dev, s, op, params, part, qk);
     if (hd == 128)
-        return launch_decode_hd<128>(s, op, params, part, qk);
-    return launch_decode_hd<256>(s, op, params, part, qk);
+        return launch_decode_hd<128>(dev, s, op, params, part, qk);
+    return launch_decode_hd<256>(dev, s, op, params, part, qk);
 }

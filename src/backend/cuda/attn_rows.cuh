@@ -13,8 +13,19 @@
 static __device__ __forceinline__ size_t slot_offset(const struct cu_kv *kv, int layer,
                                                      const uint32_t *bt, int pos)
 {
-    uint32_t block = bt[pos / kv->block_size];
-    return (((size_t)layer * kv->n_blocks + block) * kv->block_size + pos % kv->block_size) *
+    /* a power-of-two block size (the usual) by shifts: the division's
+     * instructions stand between a position and its block table load */
+    const int bs = kv->block_size;
+    int bi, bo;
+    if ((bs & (bs - 1)) == 0) {
+        bi = pos >> (__ffs(bs) - 1);
+        bo = pos & (bs - 1);
+    } else {
+        bi = pos / bs;
+        bo = pos % bs;
+    }
+    uint32_t block = bt[bi];
+    return (((size_t)layer * kv->n_blocks + block) * bs + bo) *
            ((size_t)kv->n_kv_heads * kv->head_dim);
 }
 

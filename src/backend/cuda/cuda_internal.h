@@ -72,6 +72,28 @@ static __device__ __forceinline__ void pdl_release(void)
 #endif
 }
 
+/* Called by all threads of a block after each wrote its share of the block's
+ * partial result: true in every thread of the block that arrives last of
+ * n_arrivals at counter (which it then resets to zero for the next launch),
+ * whose later reads (__ldcg) see every arrived block's partials. One thread
+ * fences, after the barrier that orders the block's writes before it (the
+ * fence is cumulative), and again on the last block's side. */
+static __device__ __forceinline__ bool block_arrives_last(unsigned *counter, unsigned n_arrivals)
+{
+    __shared__ bool last;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(counter, 1u) == n_arrivals - 1;
+        if (last) {
+            __threadfence();
+            *counter = 0;
+        }
+    }
+    __syncthreads();
+    return last;
+}
+
 /* Lets kernel use smem bytes of dynamic shared memory (set once per device:
  * *allowed remembers the most set so far) and finds how many of its blocks of
  * `threads` threads fit on an SM (*per_sm, at least 1). */
@@ -469,8 +491,9 @@ cudaError_t cu_launch_embed_blocks(cudaStream_t s, const struct cu_op *op, const
 
 /* tensor_cores: prefill in fp16 on tensor cores (fast mode), else f32;
  * decode_tc: decode over a quantized cache on tensor cores as well. */
-cudaError_t cu_launch_attention(cudaStream_t s, const struct cu_op *op, const uint8_t *params,
-                                float *part, int smem_optin, bool tensor_cores, bool decode_tc);
+cudaError_t cu_launch_attention(const struct cu_device *dev, cudaStream_t s,
+                                const struct cu_op *op, const uint8_t *params, float *part,
+                                bool tensor_cores, bool decode_tc);
 /* Scratch floats for an attention op (its split partials and counters), a
  * CU_ATTENTION or a CU_ATTN_DENSE one. The scratch starts with
  * CU_ATTN_COUNTERS floats of the decode attention's merge counters (zero
@@ -481,8 +504,9 @@ size_t cu_attention_part_floats(const struct cu_op *op);
  * RoPE, the new K/V written to the cache): for steps of one token per
  * sequence whose q the attention reads; cu_attention_takes_qk (fuse.h) says
  * whether the pair qualifies. */
-cudaError_t cu_launch_attention_qk(cudaStream_t s, const struct cu_op *op,
-                                   const struct cu_qk_args *qk, const uint8_t *params, float *part);
+cudaError_t cu_launch_attention_qk(const struct cu_device *dev, cudaStream_t s,
+                                   const struct cu_op *op, const struct cu_qk_args *qk,
+                                   const uint8_t *params, float *part);
 /* Attention over a quantized cache (attention_quant.cu; cu_launch_attention
  * hands it such ops): split-K flash-decoding or, for prefill, tiles decoded
  * into shared memory (fp16 for tensor cores when tensor_cores, FAST mode;

@@ -88,7 +88,6 @@ static __global__ void __launch_bounds__(GB_THREADS, 1)
 gemm_batch_kernel(struct cu_gemv_args a, int splits, unsigned *counters, float *partials)
 {
     extern __shared__ __align__(128) uint8_t smem[];
-    __shared__ bool is_last;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int cols = (int)a.cols, nt = a.n_rows;
@@ -206,14 +205,8 @@ gemm_batch_kernel(struct cu_gemv_args a, int splits, unsigned *counters, float *
 #pragma unroll
         for (int k = 0; k < GB_ACC; k++)
             __stcg(&mine[k * GB_THREADS + threadIdx.x], acc[k]);
-        __threadfence();
-        __syncthreads();
-        if (threadIdx.x == 0)
-            is_last = atomicAdd(&counters[tile_id], 1u) == (unsigned)splits - 1;
-        __syncthreads();
-        if (!is_last)
+        if (!block_arrives_last(&counters[tile_id], (unsigned)splits))
             return;
-        __threadfence();
         /* split by split, all of a split's loads in flight at once */
         const float *all = partials + (size_t)tile_id * splits * GB_THREADS * GB_ACC + threadIdx.x;
 #pragma unroll
@@ -225,8 +218,6 @@ gemm_batch_kernel(struct cu_gemv_args a, int splits, unsigned *counters, float *
             for (int k = 0; k < GB_ACC; k++)
                 acc[k] += __ldcg(&p[k * GB_THREADS]);
         }
-        if (threadIdx.x == 0)
-            counters[tile_id] = 0;
     }
 
     /* the tile through shared memory, ct[token][tile row] */

@@ -401,12 +401,9 @@ void cu_rec_attention(struct cu_rec *rec, const float *q, const struct kv_cache 
     probe.u.attn.ctx_bucket = (int)pow2_at_least((size_t)max_ctx, 64);
     /* the split count follows the step's rows and its longest context; with
      * one split a row's sum no longer depends on either */
-    probe.u.attn.n_splits = rec->row_invariant ? 1
-                                               : cu_attention_splits(kv->n_kv_heads, rows,
-                                                                     probe.u.attn.ctx_bucket,
-                                                                     rec->n_sm,
-                                                                     probe.u.attn.kv.quant != 0);
     probe.u.attn.row_invariant = rec->row_invariant;
+    probe.u.attn.narrow = cu_attention_narrow(&probe);
+    probe.u.attn.n_splits = rec->row_invariant ? 1 : cu_attention_splits(&probe, rec->n_sm);
     probe.u.attn.scale = scale;
     probe.u.attn.q = q;
     probe.u.attn.out = out;
@@ -651,8 +648,27 @@ bool cu_attention_uses_mma(const struct cu_op *op)
            op->u.attn.n_heads <= kv->n_kv_heads * CU_ATTN_MMA_MAX_GROUP;
 }
 
-int cu_attention_splits(int n_kv_heads, int n_rows, int ctx_bucket, int n_sm, bool quantized)
+bool cu_attention_narrow(const struct cu_op *op)
 {
+    const struct cu_kv *kv = &op->u.attn.kv;
+    int hd = kv->head_dim;
+    return op->kind == CU_ATTENTION && !op->u.attn.row_invariant && !kv->quant &&
+           op->n_rows <= CU_GEMV_MAX_ROWS && !cu_attention_uses_prefill(op) &&
+           (hd == 64 || hd == 128 || hd == 256) && op->u.attn.ctx_bucket <= CU_ATTN_NARROW_MAX_CTX;
+}
+
+int cu_attention_splits(const struct cu_op *op, int n_sm)
+{
+    const int ctx_bucket = op->u.attn.ctx_bucket, n_rows = op->n_rows;
+    int splits = 1;
+    if (op->u.attn.narrow) {
+        /* a tile a split where the blocks, a query head each, fit two an SM */
+        const int tile = CU_ATTN_NARROW_TILE(op->u.attn.kv.head_dim);
+        while (splits < CU_ATTN_MAX_SPLITS && ctx_bucket / (splits * 2) >= tile &&
+               (long)op->u.attn.n_heads * n_rows * splits * 2 <= 2L * n_sm)
+            splits *= 2;
+        return splits;
+    }
     /* positions per split at least: ATTN_MIN_CHUNK, growing with the square
      * root of the context past 1k (2 sqrt(bucket): 128 at 4k, 256 at 16k).
      * On an H200, three shapes with 8 kv heads: after a 2k prompt splits of
@@ -661,13 +677,13 @@ int cu_attention_splits(int n_kv_heads, int n_rows, int ctx_bucket, int n_sm, bo
      * kernel runs blocks of four warps, at most three of them an SM: it is
      * given ATTN_QUANT_BLOCKS blocks an SM, so the last wave is a small part
      * of the step, and splits of at least four of its 64-position tiles. */
+    const bool quantized = op->u.attn.kv.quant != 0;
     int min_chunk = quantized ? 4 * 64 : ATTN_MIN_CHUNK;
     while (!quantized && (long)min_chunk * min_chunk < 4L * ctx_bucket)
         min_chunk *= 2;
     const long blocks = quantized ? (long)ATTN_QUANT_BLOCKS * n_sm : 2L * n_sm;
-    int splits = 1;
     while (splits < CU_ATTN_MAX_SPLITS && ctx_bucket / (splits * 2) >= min_chunk &&
-           (long)n_kv_heads * n_rows * splits < blocks)
+           (long)op->u.attn.kv.n_kv_heads * n_rows * splits < blocks)
         splits *= 2;
     return splits;
 }

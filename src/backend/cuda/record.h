@@ -184,6 +184,7 @@ struct cu_op {
             int layer, n_spans, n_heads, window;
             int max_span_tokens, ctx_bucket, n_splits;
             int row_invariant; /* recorded with cu_rec.row_invariant: never the prefill kernels */
+            int narrow;        /* cu_attention_narrow when recorded */
             float scale;
             const float *q;
             float *out;
@@ -343,9 +344,31 @@ void cu_rec_gated_add(struct cu_rec *rec, float *y, const float *x, const float 
 void cu_rec_lora(struct cu_rec *rec, const float *x, int64_t in, int64_t out,
                  const struct lora_seg *segs, int n_segs, float *scratch, float *y);
 
-/* Splits of the decode attention for these dimensions (the op's n_splits);
- * quantized: the cache's records are quantized (attention_quant.cu's kernel). */
-int cu_attention_splits(int n_kv_heads, int n_rows, int ctx_bucket, int n_sm, bool quantized);
+/* Splits of decode attention op (its n_splits, given its other fields): for
+ * the narrow kernel, a tile of positions a split as long as the blocks fit
+ * two an SM; otherwise splits of a length that grows with the context, for
+ * a quantized cache attention_quant.cu's. */
+int cu_attention_splits(const struct cu_op *op, int n_sm);
+/* Positions a tile of the narrow flash-decoding kernel takes: what its eight
+ * warps cover in one pass of the scores (a position every HD/16 lanes), at
+ * least 32 (the softmax's warp). */
+#define CU_ATTN_NARROW_TILE(hd) (4096 / (hd) > 32 ? 4096 / (hd) : 32)
+/* True when decode attention op runs narrow (attention.cu): a block per query
+ * head instead of per kv head's group, in tiles of CU_ATTN_NARROW_TILE
+ * positions, so that a short context is spread over many blocks of a short
+ * dependent chain each. Steps of at most CU_GEMV_MAX_ROWS rows over an
+ * unquantized cache, head dims 64, 128 and 256, context buckets up to
+ * CU_ATTN_NARROW_MAX_CTX. Never in a row-invariant step: the choice follows
+ * the step's longest context. */
+bool cu_attention_narrow(const struct cu_op *op);
+/* The longest context bucket decode attention runs narrow at. A query head a
+ * block reads its group's K and V once a head: past a few hundred positions
+ * that traffic outweighs the shorter chain. On an H200, narrow against wide
+ * (tg128, one sequence): +9% Llama-3.1-8B Q4_K_M, +4% bf16, +7% Llama-3.2-1B,
+ * +6% Qwen3-0.6B after 16-token prompts; +7%, +3%, +4% after 384 (bucket
+ * 512); -6% on the 8B and 1B after 1,024 (bucket 2,048); -36% on the 8B
+ * after 8k. */
+#define CU_ATTN_NARROW_MAX_CTX 512
 /* True when attention op runs on the prefill kernels (a span of more than
  * CU_GEMV_MAX_ROWS tokens, outside EXACT mode), false for the decode ones. */
 bool cu_attention_uses_prefill(const struct cu_op *op);
