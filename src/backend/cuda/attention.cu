@@ -326,23 +326,24 @@ attn_decode_fd_kernel(struct cu_op op, const uint8_t *params, float *part, unsig
      * position comes from shared memory (k_new / v_new); before they are
      * prepared (hold_newest) its registers are left for patch_newest. */
     typename L::raw kr[KR][4], vr[VR][VF];
-    auto load_tile = [&](int t0, bool hold_newest) {
+    auto load_tile_into = [&](int t0, bool hold_newest, typename L::raw(&kd)[KR][4],
+                              typename L::raw(&vd)[VR][VF]) {
 #pragma unroll
         for (int r = 0; r < KR; r++) {
             int p = t0 + r * (FD_WARPS * PPW) + warp * PPW + kg;
             if (PREP && p == last && p <= end) {
 #pragma unroll
                 for (int i = 0; i < 4; i++)
-                    kr[r][i] = hold_newest ? L::zero() : L::load_shared(k_new, kl + i * LPP);
+                    kd[r][i] = hold_newest ? L::zero() : L::load_shared(k_new, kl + i * LPP);
             } else if (p <= end) {
                 const KT *src = (const KT *)kv.k + slot_offset(&kv, layer, bt, p) + head_off;
 #pragma unroll
                 for (int i = 0; i < 4; i++)
-                    kr[r][i] = L::load(src, kl + i * LPP);
+                    kd[r][i] = L::load(src, kl + i * LPP);
             } else {
 #pragma unroll
                 for (int i = 0; i < 4; i++)
-                    kr[r][i] = L::zero();
+                    kd[r][i] = L::zero();
             }
         }
 #pragma unroll
@@ -351,19 +352,20 @@ attn_decode_fd_kernel(struct cu_op op, const uint8_t *params, float *part, unsig
             if (PREP && p == last && p <= end) {
 #pragma unroll
                 for (int j = 0; j < VF; j++)
-                    vr[r][j] = hold_newest ? L::zero() : L::load_shared(v_new, vl + 32 * j);
+                    vd[r][j] = hold_newest ? L::zero() : L::load_shared(v_new, vl + 32 * j);
             } else if (p <= end) {
                 const KT *src = (const KT *)kv.v + slot_offset(&kv, layer, bt, p) + head_off;
 #pragma unroll
                 for (int j = 0; j < VF; j++)
-                    vr[r][j] = L::load(src, vl + 32 * j);
+                    vd[r][j] = L::load(src, vl + 32 * j);
             } else {
 #pragma unroll
                 for (int j = 0; j < VF; j++)
-                    vr[r][j] = L::zero();
+                    vd[r][j] = L::zero();
             }
         }
     };
+    auto load_tile = [&](int t0, bool hold_newest) { load_tile_into(t0, hold_newest, kr, vr); };
     auto patch_newest = [&](int t0) {
 #pragma unroll
         for (int r = 0; r < KR; r++)
@@ -434,9 +436,30 @@ attn_decode_fd_kernel(struct cu_op op, const uint8_t *params, float *part, unsig
         for (int j = 0; j < VF; j++)
             acc[g][j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 
+    /* narrow tiles are small: the next one's loads go out before this one's
+     * products, so a split of several tiles waits for memory once (where a
+     * tile's registers, twice, leave room: all but head dim 256 over f32) */
+    constexpr bool PREFETCH = NARROW && sizeof(kr) + sizeof(vr) <= 128;
+    typename L::raw kn[KR][4], vn[VR][VF]; /* unused (and gone) without PREFETCH */
     for (int t0 = begin; t0 <= end; t0 += T) {
-        if (t0 != begin)
+        if (PREFETCH) {
+            if (t0 != begin) {
+#pragma unroll
+                for (int r = 0; r < KR; r++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+                        kr[r][i] = kn[r][i];
+#pragma unroll
+                for (int r = 0; r < VR; r++)
+#pragma unroll
+                    for (int j = 0; j < VF; j++)
+                        vr[r][j] = vn[r][j];
+            }
+            if (t0 + T <= end)
+                load_tile_into(t0 + T, false, kn, vn);
+        } else if (t0 != begin) {
             load_tile(t0, false);
+        }
         /* scores */
 #pragma unroll
         for (int r = 0; r < KR; r++) {
