@@ -460,6 +460,29 @@ Test(cuda_attention, fast_prefill_matches_f64_reference_on_varlen_gqa_and_window
     backend_destroy(be);
 }
 
+/* A decode attention shape of these tests: n_spans sequences of `tokens`
+ * tokens each, at positions spread over the second half of ctx. */
+struct decode_kind {
+    int head_dim, n_heads, n_kv_heads, block_size, window, n_spans, tokens, ctx;
+};
+
+/* The largest |out - reference| of decode shape k, logged. */
+static double decode_kind_error(struct backend *be, const struct decode_kind *k, const char *path)
+{
+    struct attn_shape sh = {k->head_dim, k->n_heads, k->n_kv_heads, k->block_size, k->window,
+                            k->n_spans, {0}, {0}, 3.0f};
+    for (int s = 0; s < sh.n_spans; s++) {
+        sh.n_tokens[s] = k->tokens;
+        sh.pos0[s] = k->ctx / 2 + (s * 97) % (k->ctx / 2);
+    }
+    double worst = attention_error(be, &sh);
+    cr_log_info("cuda decode attention (%s), head_dim %d, %d/%d heads, block %d, window %d, "
+                "%d sequences of %d token(s) near %d: max |error| %.2e",
+                path, sh.head_dim, sh.n_heads, sh.n_kv_heads, sh.block_size, sh.window,
+                sh.n_spans, k->tokens, k->ctx, worst);
+    return worst;
+}
+
 /* Decode steps of many sequences (more than CU_GEMV_MAX_ROWS rows: the
  * tensor-core decode kernel in fast mode, the flash-decoding one with
  * cuda_decode_tc off), one or two tokens a sequence at spread-out positions,
@@ -469,9 +492,7 @@ Test(cuda_attention, fast_prefill_matches_f64_reference_on_varlen_gqa_and_window
 Test(cuda_attention, fast_decode_of_many_sequences_matches_f64_reference, .timeout = 300)
 {
     skip_without_gpu();
-    static const struct {
-        int head_dim, n_heads, n_kv_heads, block_size, window, n_spans, tokens, ctx;
-    } kinds[] = {
+    static const struct decode_kind kinds[] = {
         {128, 32, 8, 16, 0, 40, 1, 700},  /* 8B's heads: one split a row */
         {128, 32, 8, 16, 0, 12, 1, 3000}, /* few rows, long contexts: split and merged */
         {64, 16, 1, 7, 0, 20, 1, 300},    /* a group of 16, blocks not a power of two */
@@ -484,22 +505,10 @@ Test(cuda_attention, fast_decode_of_many_sequences_matches_f64_reference, .timeo
         cuda_options.cuda_decode_tc = tc ? BACKEND_ON : BACKEND_OFF;
         struct backend *be = NULL;
         cr_assert_eq(cuda_backend(COMPUTE_FAST, &be, &err), 0, "%s", err.msg);
+        const char *path = tc ? "tensor cores" : "flash-decoding";
         for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
-            struct attn_shape sh = {kinds[i].head_dim, kinds[i].n_heads, kinds[i].n_kv_heads,
-                                    kinds[i].block_size, kinds[i].window, kinds[i].n_spans,
-                                    {0}, {0}, 3.0f};
-            for (int s = 0; s < sh.n_spans; s++) {
-                sh.n_tokens[s] = kinds[i].tokens;
-                sh.pos0[s] = kinds[i].ctx / 2 + (s * 97) % (kinds[i].ctx / 2);
-            }
-            double worst = attention_error(be, &sh);
-            cr_log_info("cuda decode attention (%s), head_dim %d, %d/%d heads, block %d, "
-                        "window %d, %d sequences of %d token(s) near %d: max |error| %.2e",
-                        tc ? "tensor cores" : "flash-decoding", sh.head_dim, sh.n_heads,
-                        sh.n_kv_heads, sh.block_size, sh.window, sh.n_spans, kinds[i].tokens,
-                        kinds[i].ctx, worst);
-            cr_expect_leq(worst, 5e-3, "%s, kind %zu: max |error| %.3e",
-                          tc ? "tensor cores" : "flash-decoding", i, worst);
+            double worst = decode_kind_error(be, &kinds[i], path);
+            cr_expect_leq(worst, 5e-3, "%s, kind %zu: max |error| %.3e", path, i, worst);
         }
         backend_destroy(be);
     }
@@ -513,9 +522,7 @@ Test(cuda_attention, fast_decode_of_many_sequences_matches_f64_reference, .timeo
 Test(cuda_attention, fast_decode_of_a_few_sequences_matches_f64_reference, .timeout = 300)
 {
     skip_without_gpu();
-    static const struct {
-        int head_dim, n_heads, n_kv_heads, block_size, window, n_spans, tokens, ctx;
-    } kinds[] = {
+    static const struct decode_kind kinds[] = {
         {128, 32, 8, 16, 0, 1, 1, 150},    /* 8B's heads, one sequence */
         {64, 32, 8, 16, 0, 4, 1, 600},     /* 1B's heads */
         {256, 8, 4, 16, 0, 2, 1, 300},     /* head dim 256 */
@@ -529,18 +536,7 @@ Test(cuda_attention, fast_decode_of_a_few_sequences_matches_f64_reference, .time
     struct backend *be = NULL;
     cr_assert_eq(cuda_backend(COMPUTE_FAST, &be, &err), 0, "%s", err.msg);
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
-        struct attn_shape sh = {kinds[i].head_dim, kinds[i].n_heads, kinds[i].n_kv_heads,
-                                kinds[i].block_size, kinds[i].window, kinds[i].n_spans,
-                                {0}, {0}, 3.0f};
-        for (int s = 0; s < sh.n_spans; s++) {
-            sh.n_tokens[s] = kinds[i].tokens;
-            sh.pos0[s] = kinds[i].ctx / 2 + (s * 97) % (kinds[i].ctx / 2);
-        }
-        double worst = attention_error(be, &sh);
-        cr_log_info("cuda decode attention, head_dim %d, %d/%d heads, block %d, window %d, "
-                    "%d sequences of %d token(s) near %d: max |error| %.2e",
-                    sh.head_dim, sh.n_heads, sh.n_kv_heads, sh.block_size, sh.window,
-                    sh.n_spans, kinds[i].tokens, kinds[i].ctx, worst);
+        double worst = decode_kind_error(be, &kinds[i], "flash-decoding");
         cr_expect_leq(worst, 5e-3, "kind %zu: max |error| %.3e", i, worst);
     }
     backend_destroy(be);
