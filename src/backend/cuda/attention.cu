@@ -767,9 +767,8 @@ static cudaError_t launch_fd_merge(cudaStream_t s, const struct cu_op *op, const
 }
 
 template <int HD, int GP, bool NARROW = false>
-static cudaError_t launch_decode_fd(const struct cu_device *dev, cudaStream_t s,
-                                    const struct cu_op *op, const uint8_t *params, float *part,
-                                    const struct cu_qk_args *prep)
+static cudaError_t launch_decode_fd(cudaStream_t s, const struct cu_op *op, const uint8_t *params,
+                                    float *part, const struct cu_qk_args *prep)
 {
     int group = op->u.attn.n_heads / op->u.attn.kv.n_kv_heads;
     int n_splits = op->u.attn.n_splits;
@@ -806,20 +805,19 @@ static cudaError_t launch_decode_fd(const struct cu_device *dev, cudaStream_t s,
 /* The query heads per block: one when narrow, else the group rounded up to a
  * power of two, at most 8. */
 template <int HD>
-static cudaError_t launch_decode_hd(const struct cu_device *dev, cudaStream_t s,
-                                    const struct cu_op *op, const uint8_t *params, float *part,
-                                    const struct cu_qk_args *prep)
+static cudaError_t launch_decode_hd(cudaStream_t s, const struct cu_op *op, const uint8_t *params,
+                                    float *part, const struct cu_qk_args *prep)
 {
     if (op->u.attn.narrow)
-        return launch_decode_fd<HD, 1, true>(dev, s, op, params, part, prep);
+        return launch_decode_fd<HD, 1, true>(s, op, params, part, prep);
     int group = op->u.attn.n_heads / op->u.attn.kv.n_kv_heads;
     if (group == 1)
-        return launch_decode_fd<HD, 1>(dev, s, op, params, part, prep);
+        return launch_decode_fd<HD, 1>(s, op, params, part, prep);
     if (group == 2)
-        return launch_decode_fd<HD, 2>(dev, s, op, params, part, prep);
+        return launch_decode_fd<HD, 2>(s, op, params, part, prep);
     if (group <= 4)
-        return launch_decode_fd<HD, 4>(dev, s, op, params, part, prep);
-    return launch_decode_fd<HD, 8>(dev, s, op, params, part, prep);
+        return launch_decode_fd<HD, 4>(s, op, params, part, prep);
+    return launch_decode_fd<HD, 8>(s, op, params, part, prep);
 }
 
 cudaError_t cu_launch_attention_merge(cudaStream_t s, const struct cu_op *op,
@@ -855,11 +853,9 @@ static cudaError_t launch_prefill(cudaStream_t s, const struct cu_op *op, const 
     return cudaGetLastError();
 }
 
-cudaError_t cu_launch_attention(const struct cu_device *dev, cudaStream_t s,
-                                const struct cu_op *op, const uint8_t *params, float *part,
-                                bool tensor_cores, bool decode_tc)
+cudaError_t cu_launch_attention(cudaStream_t s, const struct cu_op *op, const uint8_t *params,
+                                float *part, int smem_optin, bool tensor_cores, bool decode_tc)
 {
-    const int smem_optin = dev->smem_optin;
     int hd = op->u.attn.kv.head_dim;
     if (op->n_rows == 0)
         return cudaSuccess;
@@ -881,11 +877,11 @@ cudaError_t cu_launch_attention(const struct cu_device *dev, cudaStream_t s,
         return launch_prefill<64>(s, op, params, smem_optin);
     }
     if (hd == 64)
-        return launch_decode_hd<64>(dev, s, op, params, part, NULL);
+        return launch_decode_hd<64>(s, op, params, part, NULL);
     if (hd == 128)
-        return launch_decode_hd<128>(dev, s, op, params, part, NULL);
+        return launch_decode_hd<128>(s, op, params, part, NULL);
     if (hd == 256)
-        return launch_decode_hd<256>(dev, s, op, params, part, NULL);
+        return launch_decode_hd<256>(s, op, params, part, NULL);
     if (hd <= 64)
         return launch_decode<2>(s, op, params, part);
     if (hd <= 128)
@@ -893,9 +889,8 @@ cudaError_t cu_launch_attention(const struct cu_device *dev, cudaStream_t s,
     return launch_decode<8>(s, op, params, part);
 }
 
-cudaError_t cu_launch_attention_qk(const struct cu_device *dev, cudaStream_t s,
-                                   const struct cu_op *op, const struct cu_qk_args *qk,
-                                   const uint8_t *params, float *part)
+cudaError_t cu_launch_attention_qk(cudaStream_t s, const struct cu_op *op,
+                                   const struct cu_qk_args *qk, const uint8_t *params, float *part)
 {
     if (op->n_rows == 0)
         return cudaSuccess;
@@ -903,8 +898,8 @@ cudaError_t cu_launch_attention_qk(const struct cu_device *dev, cudaStream_t s,
         return cudaErrorInvalidValue;
     int hd = op->u.attn.kv.head_dim;
     if (hd == 64)
-        return launch_decode_hd<64>(dev, s, op, params, part, qk);
+        return launch_decode_hd<64>(s, op, params, part, qk);
     if (hd == 128)
-        return launch_decode_hd<128>(dev, s, op, params, part, qk);
-    return launch_decode_hd<256>(dev, s, op, params, part, qk);
+        return launch_decode_hd<128>(s, op, params, part, qk);
+    return launch_decode_hd<256>(s, op, params, part, qk);
 }

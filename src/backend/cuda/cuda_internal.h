@@ -491,9 +491,8 @@ cudaError_t cu_launch_embed_blocks(cudaStream_t s, const struct cu_op *op, const
 
 /* tensor_cores: prefill in fp16 on tensor cores (fast mode), else f32;
  * decode_tc: decode over a quantized cache on tensor cores as well. */
-cudaError_t cu_launch_attention(const struct cu_device *dev, cudaStream_t s,
-                                const struct cu_op *op, const uint8_t *params, float *part,
-                                bool tensor_cores, bool decode_tc);
+cudaError_t cu_launch_attention(cudaStream_t s, const struct cu_op *op, const uint8_t *params,
+                                float *part, int smem_optin, bool tensor_cores, bool decode_tc);
 /* Scratch floats for an attention op (its split partials and counters), a
  * CU_ATTENTION or a CU_ATTN_DENSE one. The scratch starts with
  * CU_ATTN_COUNTERS floats of the decode attention's merge counters (zero
@@ -504,9 +503,8 @@ size_t cu_attention_part_floats(const struct cu_op *op);
  * RoPE, the new K/V written to the cache): for steps of one token per
  * sequence whose q the attention reads; cu_attention_takes_qk (fuse.h) says
  * whether the pair qualifies. */
-cudaError_t cu_launch_attention_qk(const struct cu_device *dev, cudaStream_t s,
-                                   const struct cu_op *op, const struct cu_qk_args *qk,
-                                   const uint8_t *params, float *part);
+cudaError_t cu_launch_attention_qk(cudaStream_t s, const struct cu_op *op,
+                                   const struct cu_qk_args *qk, const uint8_t *params, float *part);
 /* Attention over a quantized cache (attention_quant.cu; cu_launch_attention
  * hands it such ops): split-K flash-decoding or, for prefill, tiles decoded
  * into shared memory (fp16 for tensor cores when tensor_cores, FAST mode;

@@ -78,7 +78,7 @@ bool cu_exec_launch(struct cu_impl *im, const struct cu_op *ops, const struct cu
         if (im->fuse.decode_mma && cu_attention_uses_mma(attn))
             return CU_TRY(im, cu_launch_attention_decode_f16(s, attn, im->arena_dev, im->attn_part,
                                                              im->dev.smem_optin, &l->qk));
-        return CU_TRY(im, cu_launch_attention_qk(&im->dev, s, attn, &l->qk, im->arena_dev, im->attn_part));
+        return CU_TRY(im, cu_launch_attention_qk(s, attn, &l->qk, im->arena_dev, im->attn_part));
     }
     case CU_LAUNCH_QK:
     case CU_LAUNCH_ROPE:
@@ -134,7 +134,8 @@ bool cu_exec_launch(struct cu_impl *im, const struct cu_op *ops, const struct cu
         if (im->fuse.decode_mma && cu_attention_uses_mma(op))
             return CU_TRY(im, cu_launch_attention_decode_f16(s, op, im->arena_dev, im->attn_part,
                                                              im->dev.smem_optin, NULL));
-        return CU_TRY(im, cu_launch_attention(&im->dev, s, op, im->arena_dev, im->attn_part,
+        return CU_TRY(im, cu_launch_attention(s, op, im->arena_dev, im->attn_part,
+                                              im->dev.smem_optin,
                                               im->fuse.fast && im->prefill_tc,
                                               im->fuse.decode_mma));
     }
