@@ -49,6 +49,7 @@ struct bench_options {
     const char *dir;
     const char *device; /* --device: cpu, cuda[:N] or auto */
     long prompt_len, gen_len, n_threads, reps, chunk;
+    long warmup; /* untimed runs of the prefill and decode before the timed ones */
     enum compute_mode mode;
     struct backend_options backend; /* the environment's, then the backend flags' */
     struct cli_spec_options spec;   /* speculative decoding of the decode runs */
@@ -65,13 +66,15 @@ struct bench_options {
 
 static const char usage[] =
     "usage: inferd bench DIR [--prompt-len P] [--gen-len G] [--threads N] [--mode fast|exact]\n"
-    "       [--reps R] [--chunk C] [--device cpu|cuda[:N]|auto] [--verify-cost K]\n"
+    "       [--reps R] [--warmup W] [--chunk C] [--device cpu|cuda[:N]|auto] [--verify-cost K]\n"
     "       [--draft-model DIR] [--draft-kind two-model|ngram] [--num-draft-tokens K]\n"
     "       [--tensor-parallel N [--nccl-lib PATH]]\n"
     "Loads DIR and measures prefill of a P-token prompt (default 128, in chunks of\n"
     "C = 512) and greedy decode of G tokens (default 32), R times (default 3),\n"
     "against the memory-bandwidth floor measured before each decode; prints the\n"
-    "medians. With a drafter (below) the decode speculates and its acceptance is printed.\n"
+    "medians. W untimed runs of both come first (default 1): kernels load and decode graphs\n"
+    "are captured once per process, not at every token of a server's life.\n"
+    "With a drafter (below) the decode speculates and its acceptance is printed.\n"
     "--verify-cost K times one target step over 1 + K tokens with every row's logits (a\n"
     "speculative verify step) against a one-token decode step at the same position.\n"    "--adapters 0,1,4,16 [--rank 16] [--batch 16] instead measures decode tok/s of --batch\n"
     "sequences spread over that many distinct random LoRA adapters (0: none), runs alternating.\n"
@@ -79,7 +82,7 @@ static const char usage[] =
 
 static bool parse_bench_options(int argc, char **argv, struct bench_options *o)
 {
-    *o = (struct bench_options){.prompt_len = 128, .gen_len = 32, .reps = 3, .chunk = 512,
+    *o = (struct bench_options){.prompt_len = 128, .gen_len = 32, .reps = 3, .warmup = 1, .chunk = 512,
                                 .mode = COMPUTE_FAST, .adapter_rank = 16, .adapter_batch = 16};
     cli_backend_options_from_env(&o->backend);
     for (int i = 1; i < argc; i++) {
@@ -114,6 +117,7 @@ static bool parse_bench_options(int argc, char **argv, struct bench_options *o)
                 : !strcmp(a, "--gen-len")    ? arg_int(a, v, 1, 1 << 20, &o->gen_len)
                 : !strcmp(a, "--threads")    ? arg_int(a, v, 0, 1024, &o->n_threads)
                 : !strcmp(a, "--reps")       ? arg_int(a, v, 1, BENCH_MAX_REPS, &o->reps)
+                : !strcmp(a, "--warmup")     ? arg_int(a, v, 0, BENCH_MAX_REPS, &o->warmup)
                 : !strcmp(a, "--mode")       ? arg_mode(v, &o->mode)
                 : !strcmp(a, "--chunk")      ? arg_int(a, v, 1, 1 << 16, &o->chunk)
                 : !strcmp(a, "--verify-cost") ? arg_int(a, v, 1, SPEC_MAX_DRAFTS, &o->verify_k)
@@ -127,7 +131,7 @@ static bool parse_bench_options(int argc, char **argv, struct bench_options *o)
     }
     if (!o->dir) {
         fprintf(stderr, "usage: inferd bench DIR [--prompt-len P] [--gen-len G] [--threads N] "
-                        "[--mode fast|exact] [--reps R] [--chunk C] [--device cpu|cuda[:N]|auto]\n"
+                        "[--mode fast|exact] [--reps R] [--warmup W] [--chunk C] [--device cpu|cuda[:N]|auto]\n"
                         "       [backend flags]\n" CLI_BACKEND_USAGE CLI_KV_QUANT_USAGE CLI_QUANTIZE_USAGE CLI_TP_USAGE);
         return false;
     }
@@ -294,8 +298,11 @@ int cmd_bench(int argc, char **argv)
      * fraction of the floor is taken per repetition, then the median. */
     double bytes_per_token = (double)model_weight_bytes_per_token(m);
     struct rep_result reps[BENCH_MAX_REPS];
-    for (long r = 0; r < o.reps; r++) {
-        struct rep_result *rr = &reps[r];
+    /* the warm-up runs first and is dropped: what happens once per process
+     * (kernels loaded, graphs captured for each context bucket) is not a
+     * rate the server keeps */
+    for (long r = -o.warmup; r < o.reps; r++) {
+        struct rep_result scratch, *rr = r < 0 ? &scratch : &reps[r];
         rr->bandwidth = pool ? cpu_measure_read_bandwidth(pool, (size_t)512 << 20) : gpu_bandwidth;
         generator_reset(g);
         double t = now_s();

@@ -673,6 +673,10 @@ static void profile_report(struct cu_impl *im)
     if (im->replays_timed)
         log_info("cuda profile: replayed steps took %.1f us of GPU time each (%ld timed)",
                  1e3 * im->replay_ms / im->replays_timed, im->replays_timed);
+    if (im->graph_captures)
+        log_info("cuda profile: capturing and instantiating %ld graphs took %.2f ms of host time, "
+                 "the longest %.2f ms (a capture that first launches kernels loads them)",
+                 im->graph_captures, im->capture_ms, im->longest_capture_ms);
     const struct cu_step_times *h = &im->host;
     if (h->steps)
         log_info("cuda profile: per sampled step without prefill (%ld): %.1f us engine after the "
@@ -682,6 +686,11 @@ static void profile_report(struct cu_impl *im)
                  h->steps, h->engine_us / h->steps, h->record_us / h->steps,
                  h->launch_us / h->steps, h->picks_us / h->steps, h->sample_us / h->steps,
                  h->sample_queued_us / h->steps);
+    if (h->steps)
+        log_info("cuda profile: of the launching: %.1f us from the flush to the graph's launch "
+                 "(captures apart), %.1f us in cudaGraphLaunch, %.1f us waiting for its end",
+                 h->replay_prep_us / h->steps, h->replay_call_us / h->steps,
+                 h->replay_wait_us / h->steps);
     static const char *const classes[2] = {"steps without prefill", "steps with prefill"};
     for (int cls = 0; cls < 2; cls++) {
         if (!im->prof_steps[cls])
@@ -811,6 +820,7 @@ static bool run_graph(struct cu_impl *im)
     const struct cu_rec *rec = &im->rec;
     size_t ops_bytes = (size_t)rec->n_ops * sizeof(struct cu_op);
     struct cu_graph_entry *hit = graph_of_step(im), *victim = &im->graphs[0];
+    uint64_t capture_ns = 0;
     for (int i = 0; !hit && i < CU_GRAPH_CACHE; i++) {
         struct cu_graph_entry *g = &im->graphs[i];
         if (!g->exec || (victim->exec && g->last_used < victim->last_used))
@@ -827,6 +837,7 @@ static bool run_graph(struct cu_impl *im)
         victim->n_ops = rec->n_ops;
         victim->arena_used = rec->arena_used;
         cudaGraph_t graph = NULL;
+        uint64_t t_capture = now_ns();
         if (!CU_TRY(im, cudaStreamBeginCapture(im->stream, cudaStreamCaptureModeThreadLocal)))
             return false;
         bool ok = exec_ops(im, rec->ops, rec->n_ops);
@@ -845,6 +856,10 @@ static bool run_graph(struct cu_impl *im)
             return false;
         }
         hit = victim;
+        capture_ns = now_ns() - t_capture;
+        im->capture_ms += 1e-6 * (double)capture_ns;
+        if (1e-6 * (double)capture_ns > im->longest_capture_ms)
+            im->longest_capture_ms = 1e-6 * (double)capture_ns;
         im->graph_captures++;
     } else {
         im->graph_hits++;
@@ -857,11 +872,17 @@ static bool run_graph(struct cu_impl *im)
                               !CU_TRY(im, cudaEventCreate(&im->replay_ev[1]))))
         return false;
     float ms = 0;
+    uint64_t t_launch = now_ns(), t_launched = t_launch;
     bool ok = CU_TRY(im, cudaEventRecord(im->replay_ev[0], im->stream)) &&
               CU_TRY(im, cudaGraphLaunch(hit->exec, im->stream)) &&
-              CU_TRY(im, cudaEventRecord(im->replay_ev[1], im->stream)) &&
+              (t_launched = now_ns(), CU_TRY(im, cudaEventRecord(im->replay_ev[1], im->stream))) &&
               CU_TRY(im, cudaEventSynchronize(im->replay_ev[1])) &&
               CU_TRY(im, cudaEventElapsedTime(&ms, im->replay_ev[0], im->replay_ev[1]));
+    if (im->host.flush_start && t_launch > im->host.flush_start + capture_ns) {
+        im->host.replay_prep_ns = t_launch - im->host.flush_start - capture_ns;
+        im->host.replay_call_ns = t_launched - t_launch;
+        im->host.replay_wait_ns = now_ns() - t_launched;
+    }
     im->replay_ms += ms;
     im->replays_timed++;
     return ok;
@@ -1247,10 +1268,14 @@ static void step_times_add(struct cu_step_times *h, uint64_t t_sample, uint64_t 
         h->picks_us += 1e-3 * (double)(t_sample > flush_end ? t_sample - flush_end : 0);
         h->sample_us += 1e-3 * (double)(t_done - t_sample);
         h->sample_queued_us += 1e-3 * (double)h->queued_ns;
+        h->replay_prep_us += 1e-3 * (double)h->replay_prep_ns;
+        h->replay_call_us += 1e-3 * (double)h->replay_call_ns;
+        h->replay_wait_us += 1e-3 * (double)h->replay_wait_ns;
         h->steps++;
     }
     h->sampled_at = t_done;
     h->first_op = h->flush_start = h->flush_end = h->queued_ns = 0;
+    h->replay_prep_ns = h->replay_call_ns = h->replay_wait_ns = 0;
     h->prefill = false;
 }
 

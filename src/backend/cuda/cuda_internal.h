@@ -235,9 +235,13 @@ struct cu_lt_tuned {
 struct cu_step_times {
     uint64_t sampled_at, first_op, flush_start, flush_end; /* ns; this step's marks */
     uint64_t queued_ns; /* this step's wait for work queued before its sampling */
+    /* this step's timed replay: host time from the flush to the graph's
+     * launch (a capture apart), in cudaGraphLaunch, then waiting for the end */
+    uint64_t replay_prep_ns, replay_call_ns, replay_wait_ns;
     bool prefill;                                           /* this step prefills */
     double engine_us, record_us, launch_us, picks_us, sample_us; /* sums */
     double sample_queued_us; /* of sample_us: waiting for work queued before the sampling */
+    double replay_prep_us, replay_call_us, replay_wait_us; /* of launch_us, summed as above */
     long steps;
 };
 
@@ -314,6 +318,9 @@ struct cu_impl {
     cudaEvent_t replay_ev[2];
     double replay_ms;
     long replays_timed;
+    /* host time capturing and instantiating graphs (the graphs profile), and
+     * the longest one's: a capture that first launches kernels loads them */
+    double capture_ms, longest_capture_ms;
     /* graphs: where a decode step's wall time goes (cu_step_times) */
     struct cu_step_times host;
 

@@ -1,0 +1,279 @@
+/* bench/cuda_gemv_bench.cu — the decode GEMVs of a layer alone on the GPU: each bf16 matrix shape of
+ * a model's layer (q/k/v with its RMSNorm folded in, o and down with the residual add, the gate/up
+ * SwiGLU pair) through cu_launch_gemv as a decode step launches it, timed back to back over enough
+ * copies of the weights that none comes from L2, against a plain read of the same bytes.
+ *
+ * Usage: cuda_gemv_bench [MODEL [TOKENS [REPS]]]
+ *   MODEL llama-3.1-8b (default), llama-3.2-1b or qwen3-0.6b: the layer shapes; TOKENS token rows
+ *   per product (default 1, at most 8); REPS timed launches per shape (default 200). Prints, per
+ *   shape and for the whole layer in order, µs per launch, the bytes of weights read per second and
+ *   that rate over the read kernel's in the same run. FAST mode (x rounded to bf16), programmatic
+ *   dependent launches on where the GPU has them: what `inferd bench --device cuda` replays. */
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_internal.h"
+
+struct layer_shape {
+    const char *model;
+    int64_t hidden, q_rows, kv_rows, o_cols, inter;
+};
+
+static const struct layer_shape shapes[] = {
+    {"llama-3.1-8b", 4096, 4096, 1024, 4096, 14336},
+    {"llama-3.2-1b", 2048, 2048, 512, 2048, 8192},
+    {"qwen3-0.6b", 1024, 2048, 1024, 2048, 3072},
+};
+
+enum gemv_kind { GK_QKV, GK_O, GK_PAIR, GK_DOWN, GK_N };
+static const char *const kind_names[GK_N] = {"q/k/v + RMSNorm", "o + residual", "gate/up pair",
+                                             "down + residual"};
+
+#define CHECK(call)                                                                           \
+    do {                                                                                      \
+        cudaError_t e_ = (call);                                                              \
+        if (e_ != cudaSuccess) {                                                              \
+            fprintf(stderr, "cuda_gemv_bench: %s: %s\n", #call, cudaGetErrorString(e_));      \
+            exit(1);                                                                          \
+        }                                                                                     \
+    } while (0)
+
+/* One kind's matrices: copies enough that their bytes pass L2 many times over. */
+struct kind_bufs {
+    int64_t rows[2], cols; /* rows of each matrix (the pair: gate, up; q/k/v: all in one) */
+    int n_mat;
+    size_t bytes;          /* weights read by one launch */
+    int copies;
+    void **w;              /* copies x n_mat */
+    float *y[2];
+};
+
+static __global__ void fill_bf16(uint16_t *w, size_t n, uint32_t seed)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+        h ^= h >> 15;
+        h *= 2246822519u;
+        h ^= h >> 13;
+        float v = ((float)(h & 0xffff) / 65536.0f - 0.5f) * 0.05f;
+        w[i] = (uint16_t)(__float_as_uint(v) >> 16);
+    }
+}
+
+/* Reads n 16-byte words (the reference: what a kernel that does nothing else reaches). */
+static __global__ void read_all(const uint4 *p, size_t n, unsigned *sink)
+{
+    unsigned acc = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint4 v = __ldcs(p + i);
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x12345678u)
+        *sink = acc;
+}
+
+static void kind_setup(struct kind_bufs *k, enum gemv_kind kind, const struct layer_shape *s,
+                       int tokens)
+{
+    memset(k, 0, sizeof *k);
+    k->n_mat = 1;
+    switch (kind) {
+    case GK_QKV:
+        k->rows[0] = s->q_rows + 2 * s->kv_rows;
+        k->cols = s->hidden;
+        break;
+    case GK_O:
+        k->rows[0] = s->hidden;
+        k->cols = s->o_cols;
+        break;
+    case GK_PAIR:
+        k->rows[0] = k->rows[1] = s->inter;
+        k->cols = s->hidden;
+        k->n_mat = 2;
+        break;
+    default:
+        k->rows[0] = s->hidden;
+        k->cols = s->inter;
+        break;
+    }
+    k->bytes = 0;
+    for (int m = 0; m < k->n_mat; m++)
+        k->bytes += (size_t)k->rows[m] * (size_t)k->cols * 2;
+    size_t want = (size_t)1 << 30; /* 1 GiB of copies: ~20 times L2 */
+    k->copies = (int)((want + k->bytes - 1) / k->bytes);
+    if (k->copies < 2)
+        k->copies = 2;
+    k->w = (void **)calloc((size_t)k->copies * k->n_mat, sizeof *k->w);
+    for (int c = 0; c < k->copies; c++)
+        for (int m = 0; m < k->n_mat; m++) {
+            size_t n = (size_t)k->rows[m] * (size_t)k->cols;
+            CHECK(cudaMalloc(&k->w[c * k->n_mat + m], n * 2));
+            fill_bf16<<<1024, 256>>>((uint16_t *)k->w[c * k->n_mat + m], n,
+                                     (uint32_t)(c * 7 + m + 1));
+        }
+    for (int m = 0; m < k->n_mat; m++)
+        CHECK(cudaMalloc(&k->y[m], (size_t)tokens * (size_t)k->rows[m] * sizeof(float)));
+    CHECK(cudaGetLastError());
+}
+
+static void kind_free(struct kind_bufs *k)
+{
+    for (int i = 0; i < k->copies * k->n_mat; i++)
+        cudaFree(k->w[i]);
+    free(k->w);
+    for (int m = 0; m < k->n_mat; m++)
+        cudaFree(k->y[m]);
+}
+
+/* Everything one launch of kind over copy c reads and writes. */
+struct io {
+    float *x, *res, *norm_w, *norm_out;
+};
+
+static struct cu_gemv_args kind_args(const struct kind_bufs *k, enum gemv_kind kind, int c,
+                                     int tokens, const struct io *io)
+{
+    struct cu_gemv_args a;
+    memset(&a, 0, sizeof a);
+    a.x = io->x;
+    a.cols = k->cols;
+    a.dtype = DTYPE_BF16;
+    a.n_rows = tokens;
+    a.n_mat = k->n_mat;
+    a.round_bf16 = true;
+    a.pair = kind == GK_PAIR;
+    for (int m = 0; m < k->n_mat; m++) {
+        a.m[m].w = k->w[c * k->n_mat + m];
+        a.m[m].rows = k->rows[m];
+        a.m[m].y = k->y[m];
+    }
+    if (kind == GK_QKV || kind == GK_PAIR) {
+        a.norm_w = io->norm_w;
+        a.norm_out = io->norm_out;
+        a.norm_eps = 1e-5f;
+    } else {
+        a.res = io->res;
+    }
+    return a;
+}
+
+int main(int argc, char **argv)
+{
+    const char *model = argc > 1 ? argv[1] : "llama-3.1-8b";
+    int tokens = argc > 2 ? atoi(argv[2]) : 1;
+    int reps = argc > 3 ? atoi(argv[3]) : 200;
+    const struct layer_shape *s = NULL;
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        if (!strcmp(shapes[i].model, model))
+            s = &shapes[i];
+    if (!s || tokens < 1 || tokens > 8 || reps < 1) {
+        fprintf(stderr, "usage: cuda_gemv_bench [llama-3.1-8b|llama-3.2-1b|qwen3-0.6b [TOKENS 1-8 "
+                        "[REPS]]]\n");
+        return 2;
+    }
+    cudaDeviceProp prop;
+    CHECK(cudaGetDeviceProperties(&prop, 0));
+    struct cu_device dev;
+    memset(&dev, 0, sizeof dev);
+    dev.n_sm = prop.multiProcessorCount;
+    dev.smem_optin = (int)prop.sharedMemPerBlockOptin;
+    dev.pdl = prop.major >= 9;
+    printf("%s, %d SMs; %s layer, %d token row(s), %d launches per shape\n", prop.name, dev.n_sm,
+           s->model, tokens, reps);
+
+    int64_t widest = s->inter > s->hidden ? s->inter : s->hidden;
+    struct io io;
+    size_t xbytes = (size_t)tokens * (size_t)widest * sizeof(float);
+    CHECK(cudaMalloc(&io.x, xbytes));
+    CHECK(cudaMalloc(&io.res, xbytes));
+    CHECK(cudaMalloc(&io.norm_out, xbytes));
+    CHECK(cudaMalloc(&io.norm_w, (size_t)widest * sizeof(float)));
+    {
+        float *h = (float *)malloc(xbytes);
+        for (size_t i = 0; i < xbytes / sizeof(float); i++)
+            h[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
+        CHECK(cudaMemcpy(io.x, h, xbytes, cudaMemcpyHostToDevice));
+        CHECK(cudaMemcpy(io.res, h, xbytes, cudaMemcpyHostToDevice));
+        CHECK(cudaMemcpy(io.norm_w, h, (size_t)widest * sizeof(float), cudaMemcpyHostToDevice));
+        free(h);
+    }
+    cudaStream_t st;
+    CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    cudaEvent_t e0, e1;
+    CHECK(cudaEventCreate(&e0));
+    CHECK(cudaEventCreate(&e1));
+    unsigned *sink;
+    CHECK(cudaMalloc(&sink, sizeof *sink));
+
+    /* the reference: a plain read of 1 GiB */
+    size_t ref_bytes = (size_t)1 << 30;
+    uint4 *ref;
+    CHECK(cudaMalloc(&ref, ref_bytes));
+    CHECK(cudaMemset(ref, 1, ref_bytes));
+    float best = 1e30f;
+    for (int i = 0; i < 5; i++) {
+        CHECK(cudaEventRecord(e0, st));
+        read_all<<<dev.n_sm * 8, 512, 0, st>>>(ref, ref_bytes / 16, sink);
+        CHECK(cudaEventRecord(e1, st));
+        CHECK(cudaEventSynchronize(e1));
+        float ms;
+        CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        best = ms < best ? ms : best;
+    }
+    CHECK(cudaFree(ref));
+    double ref_gbs = (double)ref_bytes / (best * 1e-3) / 1e9;
+    printf("read kernel: %.0f GB/s (1 GiB, best of 5)\n", ref_gbs);
+
+    struct kind_bufs k[GK_N];
+    for (int i = 0; i < GK_N; i++)
+        kind_setup(&k[i], (enum gemv_kind)i, s, tokens);
+    CHECK(cudaDeviceSynchronize());
+
+    double layer_bytes = 0;
+    for (int i = 0; i < GK_N; i++) {
+        struct kind_bufs *kb = &k[i];
+        layer_bytes += (double)kb->bytes;
+        for (int pass = 0; pass < 2; pass++) { /* a warm-up pass, then the timed one */
+            CHECK(cudaEventRecord(e0, st));
+            for (int r = 0; r < reps; r++) {
+                struct cu_gemv_args a = kind_args(kb, (enum gemv_kind)i, r % kb->copies, tokens, &io);
+                CHECK(cu_launch_gemv(&dev, st, &a));
+            }
+            CHECK(cudaEventRecord(e1, st));
+            CHECK(cudaEventSynchronize(e1));
+        }
+        float ms;
+        CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        double us = 1e3 * ms / reps, gbs = (double)kb->bytes / (us * 1e-6) / 1e9;
+        printf("%-16s %6lld x %-6lld %8.1f MB %8.2f us %6.0f GB/s %5.1f%% of read\n",
+               kind_names[i], (long long)(kb->rows[0] * kb->n_mat), (long long)kb->cols,
+               kb->bytes / 1e6, us, gbs, 100.0 * gbs / ref_gbs);
+    }
+    /* the layer in order, layer after layer (each its own copy) */
+    int layers = k[GK_DOWN].copies;
+    for (int i = 0; i < GK_N; i++)
+        layers = k[i].copies < layers ? k[i].copies : layers;
+    for (int pass = 0; pass < 2; pass++) {
+        CHECK(cudaEventRecord(e0, st));
+        for (int r = 0; r < reps; r++)
+            for (int i = 0; i < GK_N; i++) {
+                struct cu_gemv_args a = kind_args(&k[i], (enum gemv_kind)i, r % layers, tokens, &io);
+                CHECK(cu_launch_gemv(&dev, st, &a));
+            }
+        CHECK(cudaEventRecord(e1, st));
+        CHECK(cudaEventSynchronize(e1));
+    }
+    float ms;
+    CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    double us = 1e3 * ms / reps, gbs = layer_bytes / (us * 1e-6) / 1e9;
+    printf("%-16s %24.1f MB %8.2f us %6.0f GB/s %5.1f%% of read (floor at the read rate %.2f us)\n",
+           "layer", layer_bytes / 1e6, us, gbs, 100.0 * gbs / ref_gbs,
+           layer_bytes / (ref_gbs * 1e9) * 1e6);
+    for (int i = 0; i < GK_N; i++)
+        kind_free(&k[i]);
+    return 0;
+}
