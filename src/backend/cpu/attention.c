@@ -10,8 +10,9 @@
 #include "backend/cpu/vec_avx2.h"
 
 /* FAST mode runs a span of at least this many query rows through the tiled
- * kernels; shorter ones (decode, small verifications) keep the row kernel. */
-#define TILED_MIN_ROWS 4
+ * kernels; shorter ones keep the row kernels, so the rows of a speculative
+ * verify step (1 + SPEC_MAX_DRAFTS at most) are summed as decode rows are. */
+#define TILED_MIN_ROWS 18
 /* Dense attention (attention_dense) takes the row kernel for a single query from this many keys */
 #define DENSE_TILED_MIN_KEYS 128
 
