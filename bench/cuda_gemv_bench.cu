@@ -3,9 +3,13 @@
  * SwiGLU pair) through cu_launch_gemv as a decode step launches it, timed back to back over enough
  * copies of the weights that none comes from L2, against a plain read of the same bytes.
  *
- * Usage: cuda_gemv_bench [MODEL [TOKENS [REPS]]]
+ * Usage: cuda_gemv_bench [MODEL [TOKENS [REPS [gemv|skinny]]]]
  *   MODEL llama-3.1-8b (default), llama-3.2-1b or qwen3-0.6b: the layer shapes; TOKENS token rows
- *   per product (default 1, at most 8); REPS timed launches per shape (default 200). Prints, per
+ *   per product (default 1, at most 8); REPS timed launches per shape (default 200); the kernel:
+ *   the GEMV kernels, or the tensor-core skinny GEMM (gemm_skinny.cu) of a speculative verify or
+ *   small batched step, by default as a step routes TOKENS rows (the skinny GEMM past
+ *   CU_GEMV_DEFAULT_ROWS; a step launches its RMSNorms on their own there, not timed here).
+ *   Prints, per
  *   shape and for the whole layer in order, µs per launch, the bytes of weights read per second and
  *   that rate over the read kernel's in the same run. FAST mode (x rounded to bf16), programmatic
  *   dependent launches on where the GPU has them: what `inferd bench --device cuda` replays. */
@@ -135,7 +139,7 @@ struct io {
 };
 
 static struct cu_gemv_args kind_args(const struct kind_bufs *k, enum gemv_kind kind, int c,
-                                     int tokens, const struct io *io)
+                                     int tokens, bool skinny, const struct io *io)
 {
     struct cu_gemv_args a;
     memset(&a, 0, sizeof a);
@@ -151,7 +155,10 @@ static struct cu_gemv_args kind_args(const struct kind_bufs *k, enum gemv_kind k
         a.m[m].rows = k->rows[m];
         a.m[m].y = k->y[m];
     }
-    if (kind == GK_QKV || kind == GK_PAIR) {
+    if (skinny) {
+        if (kind == GK_O || kind == GK_DOWN)
+            a.res = io->res;
+    } else if (kind == GK_QKV || kind == GK_PAIR) {
         a.norm_w = io->norm_w;
         a.norm_out = io->norm_out;
         a.norm_eps = 1e-5f;
@@ -161,18 +168,27 @@ static struct cu_gemv_args kind_args(const struct kind_bufs *k, enum gemv_kind k
     return a;
 }
 
+static cudaError_t launch(struct cu_device *dev, cudaStream_t st, const struct cu_gemv_args *a,
+                          bool skinny)
+{
+    return skinny ? cu_launch_gemm_skinny(dev, st, a) : cu_launch_gemv(dev, st, a);
+}
+
 int main(int argc, char **argv)
 {
     const char *model = argc > 1 ? argv[1] : "llama-3.1-8b";
     int tokens = argc > 2 ? atoi(argv[2]) : 1;
     int reps = argc > 3 ? atoi(argv[3]) : 200;
+    bool skinny = argc > 4 ? !strcmp(argv[4], "skinny") : tokens > CU_GEMV_DEFAULT_ROWS;
     const struct layer_shape *s = NULL;
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         if (!strcmp(shapes[i].model, model))
             s = &shapes[i];
-    if (!s || tokens < 1 || tokens > 8 || reps < 1) {
+    bool kernel_ok = argc <= 4 || !strcmp(argv[4], "gemv") || !strcmp(argv[4], "skinny");
+    if (!s || tokens < 1 || tokens > 8 || reps < 1 || !kernel_ok ||
+        (skinny && !cu_skinny_takes(tokens, s->hidden))) {
         fprintf(stderr, "usage: cuda_gemv_bench [llama-3.1-8b|llama-3.2-1b|qwen3-0.6b [TOKENS 1-8 "
-                        "[REPS]]]\n");
+                        "[REPS [gemv|skinny]]]]\n");
         return 2;
     }
     cudaDeviceProp prop;
@@ -182,8 +198,8 @@ int main(int argc, char **argv)
     dev.n_sm = prop.multiProcessorCount;
     dev.smem_optin = (int)prop.sharedMemPerBlockOptin;
     dev.pdl = prop.major >= 9;
-    printf("%s, %d SMs; %s layer, %d token row(s), %d launches per shape\n", prop.name, dev.n_sm,
-           s->model, tokens, reps);
+    printf("%s, %d SMs; %s layer, %d token row(s), %s, %d launches per shape\n", prop.name,
+           dev.n_sm, s->model, tokens, skinny ? "skinny GEMM" : "GEMV kernels", reps);
 
     int64_t widest = s->inter > s->hidden ? s->inter : s->hidden;
     struct io io;
@@ -240,8 +256,9 @@ int main(int argc, char **argv)
         for (int pass = 0; pass < 2; pass++) { /* a warm-up pass, then the timed one */
             CHECK(cudaEventRecord(e0, st));
             for (int r = 0; r < reps; r++) {
-                struct cu_gemv_args a = kind_args(kb, (enum gemv_kind)i, r % kb->copies, tokens, &io);
-                CHECK(cu_launch_gemv(&dev, st, &a));
+                struct cu_gemv_args a =
+                    kind_args(kb, (enum gemv_kind)i, r % kb->copies, tokens, skinny, &io);
+                CHECK(launch(&dev, st, &a, skinny));
             }
             CHECK(cudaEventRecord(e1, st));
             CHECK(cudaEventSynchronize(e1));
@@ -261,8 +278,9 @@ int main(int argc, char **argv)
         CHECK(cudaEventRecord(e0, st));
         for (int r = 0; r < reps; r++)
             for (int i = 0; i < GK_N; i++) {
-                struct cu_gemv_args a = kind_args(&k[i], (enum gemv_kind)i, r % layers, tokens, &io);
-                CHECK(cu_launch_gemv(&dev, st, &a));
+                struct cu_gemv_args a =
+                    kind_args(&k[i], (enum gemv_kind)i, r % layers, tokens, skinny, &io);
+                CHECK(launch(&dev, st, &a, skinny));
             }
         CHECK(cudaEventRecord(e1, st));
         CHECK(cudaEventSynchronize(e1));

@@ -47,7 +47,7 @@ struct cu_device {
     size_t gemv_smem[CU_GEMV_STREAM_KERNELS];
     size_t qgemv_smem[2 * CU_GEMV_STREAM_KERNELS]; /* the same for qgemv.cu's (Q4_K, Q6_K) */
     size_t moe_smem[CU_MOE_SMEM_KERNELS]; /* the same for the MoE kernels */
-    size_t skinny_smem[2];                 /* and the skinny GEMM's (plain, SwiGLU pair) */
+    size_t skinny_smem[3];                 /* and the skinny GEMM's (pair, plain deep, plain) */
 };
 
 #ifdef __CUDACC__

@@ -5,13 +5,19 @@
  * rows for the SwiGLU pair) and streams it through a pipeline of its own in
  * shared memory: stages of 64 columns, each one full 128-byte line of every
  * row of the tile, copied with cp.async (the loads in flight hold no
- * registers, so an SM keeps ~100 KB of weights coming).
+ * registers, so an SM keeps ~100 KB of weights and x coming).
  * The products are mma.sync m16n8k16: the weights the A operand, x (rounded
  * to bf16, as the GEMV kernels round it in FAST mode) the B operand, the 8
- * token rows one n tile, read from global memory (every warp of an SM reads
- * the same x; the weights' stages leave L1 little room for it, so x comes
- * mostly from L2, about as many bytes as the weights, and is loaded one
- * stage ahead of its products to hide that latency).
+ * token rows one n tile. For a plain tile x rides the same pipeline: each
+ * stage also copies the n_rows rows' 64 columns of x (f32, 256 bytes a row),
+ * so a warp never waits on a load of its own outside the pipeline. Loaded
+ * into registers one stage ahead instead (from L2: the stages leave L1 little
+ * room), x's latency stalled every stage on an H200 (Nsight Compute, 5 rows:
+ * 42% of stall cycles on L1TEX); through the pipeline, a speculative verify
+ * step of the Llama-3.1-8B shape went from 1.28x to 1.24x a one-token step
+ * and 8-row decode steps 11% faster. The SwiGLU pair's stages (32 weight
+ * rows) leave no room for x at two blocks an SM, so its x is still read from
+ * global memory a stage ahead.
  *
  * Fragment layout. For lane (g = lane / 4, q = lane % 4) the m16n8k16 A
  * fragment holds row g and row g + 8 at the logical columns {2q, 2q + 1,
@@ -38,11 +44,14 @@
 #define SK_THREADS 256
 #define SK_WARPS (SK_THREADS / 32)
 #define SK_MAX_SPLIT 8
-/* stages of 64 columns in a warp's pipeline (SK_STAGES - 1 in flight while
- * one is multiplied): four for a tile of 16 rows, three for the pair's 32,
- * so an SM holds three blocks, or two (about 200 KB) */
-#define SK_STAGES(NP) ((NP) == 1 ? 4 : 3)
+/* Stages of 64 columns in a warp's pipeline (STAGES - 1 in flight while one
+ * is multiplied), sized so that two blocks fit an SM: a plain tile's stage
+ * carries its 16 weight rows and the x rows (256 bytes each), four stages up
+ * to SK_DEEP_ROWS token rows and three above; the pair's 32 weight rows take
+ * three, its x read from L2 a stage ahead. */
 #define SK_STAGE_COLS 64
+#define SK_X_ROW_BYTES (SK_STAGE_COLS * 4)
+#define SK_DEEP_ROWS 5
 /* Warps an SM should have streaming a tile: splits grow until the tiles an
  * SM gets reach it. */
 #define SK_WARPS_PER_SM 24
@@ -74,19 +83,16 @@ static __host__ __device__ int64_t skinny_tiles(const struct cu_gemv_args *a)
     return n;
 }
 
-/* Bytes of one warp's pipeline: its stages of 16 * NP rows of 128 bytes. */
-#define SK_WARP_BYTES(NP) (SK_STAGES(NP) * 16 * (NP) * SK_STAGE_COLS * 2)
-
-/* NP: 1, or 2 for the SwiGLU pair. */
-template <int NP>
-static __global__ void __launch_bounds__(SK_THREADS, NP == 1 ? 3 : 2)
+/* NP: 1, or 2 for the SwiGLU pair; STAGES: the depth of each warp's pipeline. */
+template <int NP, int STAGES>
+static __global__ void __launch_bounds__(SK_THREADS, 2)
 gemm_skinny_kernel(struct cu_gemv_args a, int n_tiles, int split)
 {
+    constexpr bool XP = NP == 1;                /* x rides the stages */
     constexpr int ACC = NP * 4;
-    constexpr int STAGES = SK_STAGES(NP);
-    constexpr int ROWS = 16 * NP;               /* rows of a stage */
-    constexpr int STAGE_BYTES = ROWS * 128;     /* 8 pieces of 16 bytes a row */
-    constexpr int COPIES = ROWS * 8 / 32;       /* cp.async a lane issues per stage */
+    constexpr int ROWS = 16 * NP;               /* weight rows of a stage */
+    constexpr int W_BYTES = ROWS * 128;         /* 8 pieces of 16 bytes a row */
+    constexpr int COPIES = ROWS * 8 / 32;       /* weight cp.async a lane issues per stage */
     extern __shared__ __align__(16) uint8_t smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, q = lane & 3;
@@ -97,10 +103,11 @@ gemm_skinny_kernel(struct cu_gemv_args a, int n_tiles, int split)
     const int s_begin = min(nstage, part * per_part);
     const int s_end = min(nstage, s_begin + per_part);
     const int nt = a.n_rows;
-    /* x row g (rows past n_rows read the last row: their sums are never stored) */
+    const int stage_bytes = W_BYTES + (XP ? nt * SK_X_ROW_BYTES : 0);
+    /* x row g (the pair's rows past n_rows read the last row: their sums are never stored) */
     const float *xrow = a.x + (int64_t)min(g, nt - 1) * cols;
-    const uint32_t pipe = (uint32_t)__cvta_generic_to_shared(smem) + warp * STAGE_BYTES * STAGES;
-    float *red = (float *)(smem + SK_WARPS * STAGE_BYTES * STAGES); /* [SK_WARPS][ACC][32] */
+    const uint32_t pipe = (uint32_t)__cvta_generic_to_shared(smem) + warp * stage_bytes * STAGES;
+    float *red = (float *)(smem + SK_WARPS * stage_bytes * STAGES); /* [SK_WARPS][ACC][32] */
 
     const int rounds = (n_tiles + gridDim.x * teams - 1) / (gridDim.x * teams);
     int m = 0, row0 = 0;
@@ -131,10 +138,10 @@ gemm_skinny_kernel(struct cu_gemv_args a, int n_tiles, int split)
             dst[k] = (uint32_t)(rr * 128 + ((piece ^ ((rr & 1) << 2)) * 16));
         }
     };
-    /* stage st of the tile into slot st % STAGES; always one group */
-    auto issue = [&](int st) {
+    /* the weights of stage st into slot st % STAGES */
+    auto issue_w = [&](int st) {
         if (active && st < s_end) {
-            uint32_t slot = pipe + (st % STAGES) * STAGE_BYTES;
+            uint32_t slot = pipe + (st % STAGES) * stage_bytes;
 #pragma unroll
             for (int k = 0; k < COPIES; k++) {
                 int col = st * SK_STAGE_COLS + 8 * (lane % 8);
@@ -144,22 +151,59 @@ gemm_skinny_kernel(struct cu_gemv_args a, int n_tiles, int split)
                            in);
             }
         }
+    };
+    /* XP: x rows t < nt of stage st after its weights, 16 pieces of 16 bytes a
+     * row, piece j of row t at j ^ (t & 1) so that load_x's quarter-warps read
+     * distinct banks; zeros past the row's end */
+    auto issue_x = [&](int st) {
+        if (XP && active && st < s_end) {
+            uint32_t xslot = pipe + (st % STAGES) * stage_bytes + W_BYTES;
+#pragma unroll
+            for (int k = 0; k < CU_SKINNY_MAX_ROWS * 16 / 32; k++) {
+                int i = lane + 32 * k, t = i >> 4, j = i & 15;
+                if (t < nt) {
+                    int col = st * SK_STAGE_COLS + 4 * j;
+                    bool in = col < cols;
+                    cp_async16(xslot + t * SK_X_ROW_BYTES + ((j ^ (t & 1)) * 16),
+                               in ? (const void *)(a.x + (int64_t)t * cols + col)
+                                  : (const void *)a.x,
+                               in);
+                }
+            }
+        }
+    };
+    /* stage st: always one group */
+    auto issue = [&](int st) {
+        issue_w(st);
+        issue_x(st);
         cp_async_commit();
     };
     float acc[NP][4];
-    /* the lane's x of stage st (its 8 columns of each 32), zeros past the row's end */
+    /* the lane's x of stage st (its 8 columns of each 32): XP from the stage's
+     * copy (zeros for rows past n_rows), else from global memory (zeros past
+     * the row's end) */
     auto load_x = [&](int st, float4(&xs)[2][2]) {
 #pragma unroll
-        for (int c = 0; c < 2; c++) {
-            int col = st * SK_STAGE_COLS + 32 * c + 8 * q;
-            bool in = col < cols;
-            xs[c][0] = in ? __ldg((const float4 *)(xrow + col)) : make_float4(0, 0, 0, 0);
-            xs[c][1] = in ? __ldg((const float4 *)(xrow + col) + 1) : make_float4(0, 0, 0, 0);
-        }
+        for (int c = 0; c < 2; c++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int col = st * SK_STAGE_COLS + 32 * c + 8 * q + 4 * h;
+                if (XP) {
+                    uint32_t xslot = pipe + (st % STAGES) * stage_bytes + W_BYTES;
+                    int j = (32 * c + 8 * q + 4 * h) / 4;
+                    uint4 v = g < nt ? lds128(xslot + g * SK_X_ROW_BYTES + ((j ^ (g & 1)) * 16))
+                                     : make_uint4(0, 0, 0, 0);
+                    xs[c][h] = make_float4(__uint_as_float(v.x), __uint_as_float(v.y),
+                                           __uint_as_float(v.z), __uint_as_float(v.w));
+                } else {
+                    xs[c][h] = col < cols ? __ldg((const float4 *)(xrow + col))
+                                          : make_float4(0, 0, 0, 0);
+                }
+            }
     };
     /* the products of stage st, waited for, with its x */
     auto multiply = [&](int st, const float4(&xs)[2][2]) {
-        uint32_t slot = pipe + (st % STAGES) * STAGE_BYTES;
+        uint32_t slot = pipe + (st % STAGES) * stage_bytes;
 #pragma unroll
         for (int c = 0; c < 2; c++) {
             int piece = 4 * c + q;
@@ -184,11 +228,24 @@ gemm_skinny_kernel(struct cu_gemv_args a, int n_tiles, int split)
             issue(s_begin + i);
     };
 
-    /* the first tile's first copies go out before the kernel before has finished */
+    /* the first tile's first weights go out before the kernel before has
+     * finished; x (written by that kernel) only after it has */
     begin_tile(0);
-    prologue();
+    if (XP) {
+#pragma unroll
+        for (int i = 0; i < STAGES - 1; i++)
+            issue_w(s_begin + i);
+    } else {
+        prologue();
+    }
     pdl_release();
     pdl_wait();
+    if (XP)
+#pragma unroll
+        for (int i = 0; i < STAGES - 1; i++) {
+            issue_x(s_begin + i);
+            cp_async_commit();
+        }
 
     for (int r = 0; r < rounds; r++) {
         if (r > 0) {
@@ -200,14 +257,18 @@ gemm_skinny_kernel(struct cu_gemv_args a, int n_tiles, int split)
 #pragma unroll
             for (int e = 0; e < 4; e++)
                 acc[p][e] = 0.0f;
-        /* x one stage ahead of the products: its L2 latency hides behind them */
+        /* XP: x with its stage; else one stage ahead of the products, so its
+         * L2 latency hides behind them */
         float4 x_cur[2][2], x_next[2][2];
-        if (active && s_begin < s_end)
+        if (!XP && active && s_begin < s_end)
             load_x(s_begin, x_cur);
         for (int st = s_begin; st < s_end; st++) {
             cp_async_wait<STAGES - 2>();
             __syncwarp();
-            if (active) {
+            if (active && XP) {
+                load_x(st, x_cur);
+                multiply(st, x_cur);
+            } else if (active) {
                 if (st + 1 < s_end)
                     load_x(st + 1, x_next);
                 multiply(st, x_cur);
@@ -264,15 +325,17 @@ gemm_skinny_kernel(struct cu_gemv_args a, int n_tiles, int split)
     }
 }
 
-template <int NP>
+/* kernel: index K in cu_device.skinny_smem */
+template <int NP, int STAGES, int K>
 static cudaError_t launch(struct cu_device *dev, cudaStream_t s, const struct cu_gemv_args *a,
                           int n_tiles)
 {
-    auto kern = gemm_skinny_kernel<NP>;
-    const size_t smem = (size_t)SK_WARPS * SK_WARP_BYTES(NP) +
+    auto kern = gemm_skinny_kernel<NP, STAGES>;
+    const size_t x_bytes = NP == 1 ? (size_t)a->n_rows * SK_X_ROW_BYTES : 0;
+    const size_t smem = (size_t)SK_WARPS * STAGES * (16 * NP * SK_STAGE_COLS * 2 + x_bytes) +
                         (size_t)SK_WARPS * NP * 4 * 32 * sizeof(float);
     int per_sm = 0;
-    cudaError_t e = cu_kernel_fit(kern, SK_THREADS, smem, &dev->skinny_smem[NP - 1], &per_sm);
+    cudaError_t e = cu_kernel_fit(kern, SK_THREADS, smem, &dev->skinny_smem[K], &per_sm);
     if (e != cudaSuccess)
         return e;
     /* a team per tile: as many warps on a tile as keep each SM streaming */
@@ -280,7 +343,7 @@ static cudaError_t launch(struct cu_device *dev, cudaStream_t s, const struct cu
     const int nstage = (int)((a->cols + SK_STAGE_COLS - 1) / SK_STAGE_COLS);
     int split = 1;
     while (split < SK_MAX_SPLIT && per_sm_tiles * split < SK_WARPS_PER_SM &&
-           nstage >= 2 * split * SK_STAGES(NP))
+           nstage >= 2 * split * STAGES)
         split *= 2;
     /* whole rounds of SMs: tile t goes to block t mod grid, so to SM t mod n_sm */
     const int teams = SK_WARPS / split;
@@ -308,5 +371,9 @@ cudaError_t cu_launch_gemm_skinny(struct cu_device *dev, cudaStream_t s,
         return cudaSuccess;
     if (n_tiles >= INT32_MAX)
         return cudaErrorInvalidValue;
-    return a->pair ? launch<2>(dev, s, a, (int)n_tiles) : launch<1>(dev, s, a, (int)n_tiles);
+    if (a->pair)
+        return launch<2, 3, 0>(dev, s, a, (int)n_tiles);
+    if (a->n_rows <= SK_DEEP_ROWS)
+        return launch<1, 4, 1>(dev, s, a, (int)n_tiles);
+    return launch<1, 3, 2>(dev, s, a, (int)n_tiles);
 }
