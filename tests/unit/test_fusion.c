@@ -1042,10 +1042,11 @@ Test(fusion, fast_matmuls_of_9_to_64_rows_run_on_the_batched_tile_gemm)
 }
 
 /* Rule 2 on block-quantized weights (qgemv_norm): an RMSNorm before a FAST
- * Q4_K GEMV is folded into it (the stream kernel normalises x while it
- * quantizes it); before Q6_K or Q8_0, with qgemv_norm off, or with more rows
- * than the GEMV kernels take, the norm stays a launch of its own. */
-Test(fusion, an_rmsnorm_before_a_q4_k_gemv_folds_into_the_stream_kernel)
+ * Q4_K or Q8_0 GEMV is folded into it (the stream kernel, or the int8 path's
+ * quantize launch, normalises x while it quantizes it); before Q6_K, with
+ * qgemv_norm off, or with more rows than the GEMV kernels take, the norm
+ * stays a launch of its own. */
+Test(fusion, an_rmsnorm_before_a_q4_k_or_q8_0_gemv_folds_into_its_int8_path)
 {
     static _Alignas(16) float x[16 * 512], y[16 * 512], nw[512];
     static _Alignas(16) uint8_t w[64 * 288];
@@ -1069,7 +1070,8 @@ Test(fusion, an_rmsnorm_before_a_q4_k_gemv_folds_into_the_stream_kernel)
     } cases[] = {
         {DTYPE_Q4_K, true, 1, 1},  {DTYPE_Q4_K, true, CU_GEMV_MAX_ROWS, 1},
         {DTYPE_Q4_K, false, 1, 2}, {DTYPE_Q4_K, true, CU_GEMV_MAX_ROWS + 1, 2},
-        {DTYPE_Q6_K, true, 1, 2},  {DTYPE_Q8_0, true, 1, 2},
+        {DTYPE_Q6_K, true, 1, 2},  {DTYPE_Q8_0, true, 1, 1},
+        {DTYPE_Q8_0, true, CU_GEMV_MAX_ROWS, 1}, {DTYPE_Q8_0, false, 1, 2},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct cu_fuse_config cfg = fast_all;

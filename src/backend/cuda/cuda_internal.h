@@ -489,8 +489,14 @@ extern "C" size_t cu_qgemv_int8_bytes(int dtype, int n_rows, int64_t cols);
 /* Whether cu_launch_qgemv runs a on the int8 stream kernel: qstream, FAST
  * mode, Q4_K or Q6_K (cols a multiple of 2048) over 1..CU_GEMV_MAX_ROWS
  * rows, its shared memory within the device's, x, weights and norm_w
- * 16-byte aligned. Only that kernel takes a folded RMSNorm (norm_w). */
+ * 16-byte aligned. */
 bool cu_qgemv_stream_runs(const struct cu_device *dev, const struct cu_gemv_args *a);
+/* Whether it runs a on the int8 path of two launches instead (quantize x,
+ * then __dp4a; cu_qgemv_int8_bytes within xq_bytes, FAST mode, x, xq and
+ * norm_w 16-byte aligned). Only these two paths take a folded RMSNorm
+ * (norm_w): the stream kernel normalises x while it quantizes it, the
+ * two-launch path's quantize launch becomes a norm-and-quantize one. */
+bool cu_qgemv_int8_runs(const struct cu_device *dev, const struct cu_gemv_args *a);
 cudaError_t cu_launch_qgemv(struct cu_device *dev, cudaStream_t s, const struct cu_gemv_args *a);
 cudaError_t cu_launch_dequant_bf16(cudaStream_t s, int dtype, const void *w, int64_t rows,
                                    int64_t cols, uint16_t *out);

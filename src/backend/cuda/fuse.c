@@ -130,14 +130,16 @@ bool cu_fuse_uses_gemm(const struct cu_fuse_config *cfg, const struct cu_op *op)
 
 /* Rule 2: an RMSNorm of the rows the decode-path GEMV right after it reads;
  * the GEMV's blocks (one wave of them) normalise x themselves while staging it
- * (bf16 weights, or with qgemv_norm Q4_K ones). */
+ * (bf16 weights; with qgemv_norm Q4_K ones, and Q8_0 ones, whose quantize
+ * launch normalises x first). */
 static bool norm_feeds_gemv(const struct cu_fuse_config *cfg, const struct cu_op *norm,
                             const struct cu_op *mm)
 {
     const bool bf16 = mm->u.mm.dtype == DTYPE_BF16 && mm->u.mm.cols % 8 == 0;
     const bool q4k = cfg->qgemv_norm && mm->u.mm.dtype == DTYPE_Q4_K && mm->u.mm.cols % 256 == 0;
+    const bool q8 = cfg->qgemv_norm && mm->u.mm.dtype == DTYPE_Q8_0 && mm->u.mm.cols % 32 == 0;
     return cfg->norm_gemv && mm->kind == CU_MATMUL && uses_gemv(cfg, mm) &&
-           !uses_skinny(cfg, mm) && mm->n_rows <= CU_GEMV_MAX_ROWS && (bf16 || q4k) &&
+           !uses_skinny(cfg, mm) && mm->n_rows <= CU_GEMV_MAX_ROWS && (bf16 || q4k || q8) &&
            mm->u.mm.x == norm->u.norm.y &&
            norm->u.norm.y != norm->u.norm.x && mm->n_rows == norm->u.norm.n_rows &&
            mm->u.mm.cols == norm->u.norm.dim;

@@ -33,9 +33,10 @@ static bool exec_gemv(struct cu_impl *im, const struct cu_op *ops, const struct 
     if (l->residual)
         a.res = op[1].u.ew.out;
     a.pair = l->swiglu;
-    /* rule 2 on block weights holds only where the stream kernel runs;
-     * elsewhere the norm is launched on its own first */
-    if (l->norm && dtype_is_block((enum dtype)a.dtype) && !cu_qgemv_stream_runs(&im->dev, &a)) {
+    /* rule 2 on block weights holds only where an int8 path runs; elsewhere
+     * the norm is launched on its own first */
+    if (l->norm && dtype_is_block((enum dtype)a.dtype) && !cu_qgemv_stream_runs(&im->dev, &a) &&
+        !cu_qgemv_int8_runs(&im->dev, &a)) {
         if (!CU_TRY(im, cu_launch_rmsnorm(im->stream, &ops[l->op], NULL)))
             return false;
         a.x = op->u.mm.x;

@@ -15,9 +15,9 @@
  *   2. rmsnorm, then a GEMV-path bf16 matmul of at most CU_GEMV_MAX_ROWS rows
  *      reading the norm's output (not in place): the GEMV normalises x itself
  *      while staging it (norm_gemv), and takes rule 3's epilogue too; with
- *      qgemv_norm also a FAST Q4_K one, whose int8 stream kernel normalises
- *      x while it quantizes it (qgemv.cu; where that kernel cannot run, the
- *      executor launches the norm first). Off by
+ *      qgemv_norm also a FAST Q4_K or Q8_0 one, whose int8 stream kernel or
+ *      quantize launch normalises x while it quantizes it (qgemv.cu; where
+ *      neither int8 path runs, the executor launches the norm first). Off by
  *      default in EXACT mode: the folded sum of squares is reduced in another
  *      order than the RMSNorm kernel's, so a token's bits would depend on
  *      whether its step had more than CU_GEMV_MAX_ROWS rows.
@@ -84,8 +84,8 @@ struct cu_qk_args {
 struct cu_fuse_config {
     bool fast;         /* COMPUTE_FAST: large bf16 matmuls go to cuBLASLt */
     bool norm_gemv;    /* rule 2 (the backend leaves it off in EXACT mode unless asked) */
-    bool qgemv_norm;   /* rule 2 also before FAST-mode Q4_K GEMVs, whose int8 stream kernel
-                          quantizes the normed x itself (qgemv.cu) */
+    bool qgemv_norm;   /* rule 2 also before FAST-mode Q4_K and Q8_0 GEMVs on an int8 path: the
+                          stream kernel or the quantize launch quantizes the normed x (qgemv.cu) */
     bool qk_attention; /* rule 1's fold into the decode attention */
     bool add_norm;     /* rule 4 */
     bool gemm_x;       /* rule 6 */

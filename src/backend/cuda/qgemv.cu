@@ -396,6 +396,7 @@ static __device__ __forceinline__ void qx_block32(const float v[32], uint32_t w[
 }
 
 /* One thread per block of 32 of x. */
+#define QX_NORM_THREADS 256
 static __global__ void __launch_bounds__(256)
 qx_quantize_kernel(const float *x, int64_t n_blocks, int8_t *q, float2 *ds)
 {
@@ -417,6 +418,54 @@ qx_quantize_kernel(const float *x, int64_t n_blocks, int8_t *q, float2 *ds)
     out[0] = make_uint4(w[0], w[1], w[2], w[3]);
     out[1] = make_uint4(w[4], w[5], w[6], w[7]);
     ds[b] = make_float2(d, d * (float)(lo + hi));
+}
+
+/* The same with the RMSNorm of fuse.h rule 2 first: a block per row of x finds
+ * the row's 1 / rms, writes the normalised row to norm_out (as the RMSNorm
+ * launch it replaces would) and quantizes w * (x * inv), a thread per block
+ * of 32 in turn: one launch where the norm and the quantize took two. */
+static __global__ void __launch_bounds__(QX_NORM_THREADS)
+qx_norm_quantize_kernel(const float *x, int64_t cols, const float *norm_w, float eps,
+                        float *norm_out, int8_t *q, float2 *ds)
+{
+    __shared__ float partial[QX_NORM_THREADS / 32];
+    pdl_release();
+    const int64_t row = blockIdx.x, n32 = cols / 32;
+    const float4 *xr = (const float4 *)(x + row * cols);
+    float ss = 0.0f;
+    for (int64_t i = threadIdx.x; i < cols / 4; i += QX_NORM_THREADS) {
+        const float4 f = __ldg(xr + i);
+        ss += f.x * f.x + f.y * f.y + f.z * f.z + f.w * f.w;
+    }
+    ss = warp_sum(ss);
+    if ((threadIdx.x & 31) == 0)
+        partial[threadIdx.x / 32] = ss;
+    __syncthreads();
+    float tot = 0.0f;
+    for (int w = 0; w < QX_NORM_THREADS / 32; w++)
+        tot += partial[w];
+    const float inv = 1.0f / sqrtf(tot / (float)cols + eps);
+    for (int64_t j = threadIdx.x; j < n32; j += QX_NORM_THREADS) {
+        float v[32];
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const float4 f = __ldg(xr + j * 8 + k), g = __ldg((const float4 *)norm_w + j * 8 + k);
+            v[4 * k] = g.x * (f.x * inv), v[4 * k + 1] = g.y * (f.y * inv);
+            v[4 * k + 2] = g.z * (f.z * inv), v[4 * k + 3] = g.w * (f.w * inv);
+            if (norm_out)
+                ((float4 *)(norm_out + row * cols))[j * 8 + k] =
+                    make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
+        }
+        uint32_t w[8];
+        float d;
+        int lo, hi;
+        qx_block32(v, w, d, lo, hi);
+        const int64_t b = row * n32 + j;
+        uint4 *out = (uint4 *)(q + b * 32);
+        out[0] = make_uint4(w[0], w[1], w[2], w[3]);
+        out[1] = make_uint4(w[4], w[5], w[6], w[7]);
+        ds[b] = make_float2(d, d * (float)(lo + hi));
+    }
 }
 
 static __device__ __forceinline__ void ld_x32(const int8_t *p, int w[8])
@@ -639,14 +688,20 @@ static cudaError_t qgemv_int8_type(const struct cu_device *dev, cudaStream_t s,
                    : qgemv_int8_np<T, 1>(dev, s, a, n_units, q, ds);
 }
 
-/* The quantize launch, then the GEMV; the caller checked cu_qgemv_int8_bytes. */
+/* The quantize launch (with a folded RMSNorm: the norm-and-quantize one), then
+ * the GEMV; the caller checked cu_qgemv_int8_runs. */
 static cudaError_t qgemv_int8(const struct cu_device *dev, cudaStream_t s,
                               const struct cu_gemv_args *a, int64_t n_units)
 {
     int8_t *q = (int8_t *)a->xq;
     float2 *ds = (float2 *)(q + qx_codes_bytes(a->n_rows, a->cols));
     const int64_t n_blocks = (int64_t)a->n_rows * (a->cols / 32);
-    qx_quantize_kernel<<<(unsigned)((n_blocks + 255) / 256), 256, 0, s>>>(a->x, n_blocks, q, ds);
+    if (a->norm_w)
+        qx_norm_quantize_kernel<<<(unsigned)a->n_rows, QX_NORM_THREADS, 0, s>>>(
+            a->x, a->cols, a->norm_w, a->norm_eps, a->norm_out, q, ds);
+    else
+        qx_quantize_kernel<<<(unsigned)((n_blocks + 255) / 256), 256, 0, s>>>(a->x, n_blocks, q,
+                                                                             ds);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
         return e;
@@ -1055,6 +1110,15 @@ bool cu_qgemv_stream_runs(const struct cu_device *dev, const struct cu_gemv_args
            stream_takes(a->dtype, a->n_rows, a->cols, (size_t)dev->smem_optin);
 }
 
+bool cu_qgemv_int8_runs(const struct cu_device *dev, const struct cu_gemv_args *a)
+{
+    if (cu_qgemv_stream_runs(dev, a) || !a->xq || a->row_invariant || (uintptr_t)a->xq % 16 ||
+        (uintptr_t)a->x % 16 || (uintptr_t)a->norm_w % 16)
+        return false;
+    size_t need = cu_qgemv_int8_bytes(a->dtype, a->n_rows, a->cols);
+    return need && need <= a->xq_bytes;
+}
+
 cudaError_t cu_launch_qgemv(struct cu_device *dev, cudaStream_t s, const struct cu_gemv_args *a)
 {
     int64_t total = 0;
@@ -1080,15 +1144,12 @@ cudaError_t cu_launch_qgemv(struct cu_device *dev, cudaStream_t s, const struct 
         return a->pair ? qgemv_stream_np<DTYPE_Q6_K, 2>(dev, s, a, (int)n_units, smem)
                        : qgemv_stream_np<DTYPE_Q6_K, 1>(dev, s, a, (int)n_units, smem);
     }
-    /* a folded RMSNorm only where the stream kernel runs (the executor
-     * launches the norm apart otherwise: fuse.cu) */
+    if (cu_qgemv_int8_runs(dev, a))
+        return qgemv_int8(dev, s, a, n_units);
+    /* a folded RMSNorm only on the int8 paths (the executor launches the norm
+     * apart otherwise: fuse.cu) */
     if (a->norm_w)
         return cudaErrorNotSupported;
-    if (a->xq && !a->row_invariant && (uintptr_t)a->xq % 16 == 0) {
-        size_t need = cu_qgemv_int8_bytes(a->dtype, a->n_rows, a->cols);
-        if (need && need <= a->xq_bytes)
-            return qgemv_int8(dev, s, a, n_units);
-    }
     switch (fam) {
     case DTYPE_Q8_0: return qgemv_type<DTYPE_Q8_0>(s, a, n_units);
     case DTYPE_Q4_K: return qgemv_type<DTYPE_Q4_K>(s, a, n_units);
