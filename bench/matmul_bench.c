@@ -385,7 +385,7 @@ static void house_table(struct cpu_matmul *mm)
     for (int i = 0; i < 4; i++)
         free(y[i]);
     free(x);
-    free(head.data);
+    free((void *)head.data);
     for (int l = 0; l < HOUSE_LAYERS; l++)
         for (int m = 0; m < 7; m++)
             free((void *)w[l][m].data);
