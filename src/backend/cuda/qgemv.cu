@@ -396,7 +396,6 @@ static __device__ __forceinline__ void qx_block32(const float v[32], uint32_t w[
 }
 
 /* One thread per block of 32 of x. */
-#define QX_NORM_THREADS 256
 static __global__ void __launch_bounds__(256)
 qx_quantize_kernel(const float *x, int64_t n_blocks, int8_t *q, float2 *ds)
 {
@@ -424,6 +423,7 @@ qx_quantize_kernel(const float *x, int64_t n_blocks, int8_t *q, float2 *ds)
  * the row's 1 / rms, writes the normalised row to norm_out (as the RMSNorm
  * launch it replaces would) and quantizes w * (x * inv), a thread per block
  * of 32 in turn: one launch where the norm and the quantize took two. */
+#define QX_NORM_THREADS 256
 static __global__ void __launch_bounds__(QX_NORM_THREADS)
 qx_norm_quantize_kernel(const float *x, int64_t cols, const float *norm_w, float eps,
                         float *norm_out, int8_t *q, float2 *ds)
