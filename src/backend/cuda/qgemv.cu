@@ -395,6 +395,21 @@ static __device__ __forceinline__ void qx_block32(const float v[32], uint32_t w[
     d = nan ? __int_as_float(0x7fc00000) : __fdiv_rn(amax, 127.0f);
 }
 
+/* Block b of 32 of x (its values v) quantized into the workspace: its codes at
+ * q + 32 b, {xd, xd * sum of codes} at ds[b]. */
+static __device__ __forceinline__ void qx_store_block32(const float v[32], int64_t b, int8_t *q,
+                                                        float2 *ds)
+{
+    uint32_t w[8];
+    float d;
+    int lo, hi;
+    qx_block32(v, w, d, lo, hi);
+    uint4 *out = (uint4 *)(q + b * 32);
+    out[0] = make_uint4(w[0], w[1], w[2], w[3]);
+    out[1] = make_uint4(w[4], w[5], w[6], w[7]);
+    ds[b] = make_float2(d, d * (float)(lo + hi));
+}
+
 /* One thread per block of 32 of x. */
 static __global__ void __launch_bounds__(256)
 qx_quantize_kernel(const float *x, int64_t n_blocks, int8_t *q, float2 *ds)
@@ -409,14 +424,7 @@ qx_quantize_kernel(const float *x, int64_t n_blocks, int8_t *q, float2 *ds)
         const float4 f = __ldg((const float4 *)(x + b * 32) + k);
         v[4 * k] = f.x, v[4 * k + 1] = f.y, v[4 * k + 2] = f.z, v[4 * k + 3] = f.w;
     }
-    uint32_t w[8];
-    float d;
-    int lo, hi;
-    qx_block32(v, w, d, lo, hi);
-    uint4 *out = (uint4 *)(q + b * 32);
-    out[0] = make_uint4(w[0], w[1], w[2], w[3]);
-    out[1] = make_uint4(w[4], w[5], w[6], w[7]);
-    ds[b] = make_float2(d, d * (float)(lo + hi));
+    qx_store_block32(v, b, q, ds);
 }
 
 /* The same with the RMSNorm of fuse.h rule 2 first: a block per row of x finds
@@ -456,15 +464,7 @@ qx_norm_quantize_kernel(const float *x, int64_t cols, const float *norm_w, float
                 ((float4 *)(norm_out + row * cols))[j * 8 + k] =
                     make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
         }
-        uint32_t w[8];
-        float d;
-        int lo, hi;
-        qx_block32(v, w, d, lo, hi);
-        const int64_t b = row * n32 + j;
-        uint4 *out = (uint4 *)(q + b * 32);
-        out[0] = make_uint4(w[0], w[1], w[2], w[3]);
-        out[1] = make_uint4(w[4], w[5], w[6], w[7]);
-        ds[b] = make_float2(d, d * (float)(lo + hi));
+        qx_store_block32(v, row * n32 + j, q, ds);
     }
 }
 
