@@ -3,13 +3,15 @@
  * SwiGLU pair) through cu_launch_gemv as a decode step launches it, timed back to back over enough
  * copies of the weights that none comes from L2, against a plain read of the same bytes.
  *
- * Usage: cuda_gemv_bench [MODEL [TOKENS [REPS [gemv|skinny]]]]
+ * Usage: cuda_gemv_bench [MODEL [TOKENS [REPS [gemv|skinny [TYPE]]]]]
  *   MODEL llama-3.1-8b (default), llama-3.2-1b or qwen3-0.6b: the layer shapes; TOKENS token rows
  *   per product (default 1, at most 8); REPS timed launches per shape (default 200); the kernel:
  *   the GEMV kernels, or the tensor-core skinny GEMM (gemm_skinny.cu) of a speculative verify or
  *   small batched step, by default as a step routes TOKENS rows (the skinny GEMM past
- *   CU_GEMV_DEFAULT_ROWS; a step launches its RMSNorms on their own there, not timed here).
- *   Prints, per
+ *   CU_GEMV_DEFAULT_ROWS; a step launches its RMSNorms on their own there, not timed here); TYPE
+ *   the weights: bf16 (default), q8_0, q4_k, q6_k, or q4_k_m (down in Q6_K, the rest Q4_K, as the
+ *   heavier layers of a Q4_K_M file), random codes with small scales, through the block GEMVs a
+ *   FAST-mode step runs (x quantized to int8 blocks). Prints, per
  *   shape and for the whole layer in order, µs per launch, the bytes of weights read per second and
  *   that rate over the read kernel's in the same run. FAST mode (x rounded to bf16), programmatic
  *   dependent launches on where the GPU has them: what `inferd bench --device cuda` replays. */
@@ -48,6 +50,7 @@ static const char *const kind_names[GK_N] = {"q/k/v + RMSNorm", "o + residual", 
 struct kind_bufs {
     int64_t rows[2], cols; /* rows of each matrix (the pair: gate, up; q/k/v: all in one) */
     int n_mat;
+    enum dtype dtype;
     size_t bytes;          /* weights read by one launch */
     int copies;
     void **w;              /* copies x n_mat */
@@ -67,6 +70,38 @@ static __global__ void fill_bf16(uint16_t *w, size_t n, uint32_t seed)
     }
 }
 
+/* n_blocks blocks of a block type, random codes, each block's scales set to
+ * small finite halves (at bytes [scale_at, scale_at + 2 * n_scales)) so no
+ * product overflows. */
+static __global__ void fill_blocks(uint8_t *w, size_t n_blocks, int block_bytes, int scale_at,
+                                   int n_scales, uint32_t seed)
+{
+    size_t n = n_blocks * (size_t)block_bytes;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+        h ^= h >> 15;
+        h *= 2246822519u;
+        h ^= h >> 13;
+        int at = (int)(i % (size_t)block_bytes) - scale_at;
+        if (at >= 0 && at < 2 * n_scales)
+            h = at & 1 ? 0x1c : 0x00; /* the half 0x1c00: 2^-8 */
+        w[i] = (uint8_t)h;
+    }
+}
+
+static void fill_weights(void *w, enum dtype dt, int64_t rows, int64_t cols, uint32_t seed)
+{
+    size_t n = (size_t)rows * (size_t)cols;
+    if (dt == DTYPE_BF16) {
+        fill_bf16<<<1024, 256>>>((uint16_t *)w, n, seed);
+        return;
+    }
+    int bb = (int)dtype_block_bytes(dt), at = dt == DTYPE_Q6_K ? 208 : 0;
+    int ns = dt == DTYPE_Q4_K ? 2 : 1; /* Q4_K: d and dmin */
+    fill_blocks<<<1024, 256>>>((uint8_t *)w, n / (size_t)dtype_block_elems(dt), bb, at, ns, seed);
+}
+
 /* Reads n 16-byte words (the reference: what a kernel that does nothing else reaches). */
 static __global__ void read_all(const uint4 *p, size_t n, unsigned *sink)
 {
@@ -81,10 +116,11 @@ static __global__ void read_all(const uint4 *p, size_t n, unsigned *sink)
 }
 
 static void kind_setup(struct kind_bufs *k, enum gemv_kind kind, const struct layer_shape *s,
-                       int tokens)
+                       int tokens, enum dtype dt)
 {
     memset(k, 0, sizeof *k);
     k->n_mat = 1;
+    k->dtype = dt;
     switch (kind) {
     case GK_QKV:
         k->rows[0] = s->q_rows + 2 * s->kv_rows;
@@ -106,7 +142,7 @@ static void kind_setup(struct kind_bufs *k, enum gemv_kind kind, const struct la
     }
     k->bytes = 0;
     for (int m = 0; m < k->n_mat; m++)
-        k->bytes += (size_t)k->rows[m] * (size_t)k->cols * 2;
+        k->bytes += (size_t)k->rows[m] * dtype_row_bytes(dt, (uint64_t)k->cols);
     size_t want = (size_t)1 << 30; /* 1 GiB of copies: ~20 times L2 */
     k->copies = (int)((want + k->bytes - 1) / k->bytes);
     if (k->copies < 2)
@@ -114,10 +150,9 @@ static void kind_setup(struct kind_bufs *k, enum gemv_kind kind, const struct la
     k->w = (void **)calloc((size_t)k->copies * k->n_mat, sizeof *k->w);
     for (int c = 0; c < k->copies; c++)
         for (int m = 0; m < k->n_mat; m++) {
-            size_t n = (size_t)k->rows[m] * (size_t)k->cols;
-            CHECK(cudaMalloc(&k->w[c * k->n_mat + m], n * 2));
-            fill_bf16<<<1024, 256>>>((uint16_t *)k->w[c * k->n_mat + m], n,
-                                     (uint32_t)(c * 7 + m + 1));
+            CHECK(cudaMalloc(&k->w[c * k->n_mat + m],
+                             (size_t)k->rows[m] * dtype_row_bytes(dt, (uint64_t)k->cols)));
+            fill_weights(k->w[c * k->n_mat + m], dt, k->rows[m], k->cols, (uint32_t)(c * 7 + m + 1));
         }
     for (int m = 0; m < k->n_mat; m++)
         CHECK(cudaMalloc(&k->y[m], (size_t)tokens * (size_t)k->rows[m] * sizeof(float)));
@@ -136,6 +171,8 @@ static void kind_free(struct kind_bufs *k)
 /* Everything one launch of kind over copy c reads and writes. */
 struct io {
     float *x, *res, *norm_w, *norm_out;
+    void *xq; /* the int8 image of x the block GEMVs quantize into */
+    size_t xq_bytes;
 };
 
 static struct cu_gemv_args kind_args(const struct kind_bufs *k, enum gemv_kind kind, int c,
@@ -145,8 +182,11 @@ static struct cu_gemv_args kind_args(const struct kind_bufs *k, enum gemv_kind k
     memset(&a, 0, sizeof a);
     a.x = io->x;
     a.cols = k->cols;
-    a.dtype = DTYPE_BF16;
+    a.dtype = k->dtype;
     a.n_rows = tokens;
+    a.xq = io->xq;
+    a.xq_bytes = io->xq_bytes;
+    a.qstream = true;
     a.n_mat = k->n_mat;
     a.round_bf16 = true;
     a.pair = kind == GK_PAIR;
@@ -185,10 +225,27 @@ int main(int argc, char **argv)
         if (!strcmp(shapes[i].model, model))
             s = &shapes[i];
     bool kernel_ok = argc <= 4 || !strcmp(argv[4], "gemv") || !strcmp(argv[4], "skinny");
-    if (!s || tokens < 1 || tokens > 8 || reps < 1 || !kernel_ok ||
-        (skinny && !cu_skinny_takes(tokens, s->hidden))) {
+    const char *type = argc > 5 ? argv[5] : "bf16";
+    /* each kind's weights: q/k/v, o, the pair, down */
+    enum dtype kind_dt[GK_N] = {DTYPE_BF16, DTYPE_BF16, DTYPE_BF16, DTYPE_BF16};
+    bool type_ok = true;
+    if (!strcmp(type, "q4_k_m")) {
+        kind_dt[GK_QKV] = kind_dt[GK_O] = kind_dt[GK_PAIR] = DTYPE_Q4_K;
+        kind_dt[GK_DOWN] = DTYPE_Q6_K;
+    } else if (strcmp(type, "bf16")) {
+        enum dtype dt = !strcmp(type, "q8_0")   ? DTYPE_Q8_0
+                        : !strcmp(type, "q4_k") ? DTYPE_Q4_K
+                        : !strcmp(type, "q6_k") ? DTYPE_Q6_K
+                                                : DTYPE_COUNT;
+        type_ok = dt != DTYPE_COUNT;
+        for (int i = 0; i < GK_N; i++)
+            kind_dt[i] = dt;
+    }
+    if (!s || tokens < 1 || tokens > 8 || reps < 1 || !kernel_ok || !type_ok ||
+        (skinny && (kind_dt[0] != DTYPE_BF16 || !cu_skinny_takes(tokens, s->hidden)))) {
         fprintf(stderr, "usage: cuda_gemv_bench [llama-3.1-8b|llama-3.2-1b|qwen3-0.6b [TOKENS 1-8 "
-                        "[REPS [gemv|skinny]]]]\n");
+                        "[REPS [gemv|skinny [bf16|q8_0|q4_k|q6_k|q4_k_m]]]]] (the skinny GEMM: "
+                        "bf16 only)\n");
         return 2;
     }
     cudaDeviceProp prop;
@@ -198,8 +255,9 @@ int main(int argc, char **argv)
     dev.n_sm = prop.multiProcessorCount;
     dev.smem_optin = (int)prop.sharedMemPerBlockOptin;
     dev.pdl = prop.major >= 9;
-    printf("%s, %d SMs; %s layer, %d token row(s), %s, %d launches per shape\n", prop.name,
-           dev.n_sm, s->model, tokens, skinny ? "skinny GEMM" : "GEMV kernels", reps);
+    printf("%s, %d SMs; %s layer, %s weights, %d token row(s), %s, %d launches per shape\n",
+           prop.name, dev.n_sm, s->model, type, tokens, skinny ? "skinny GEMM" : "GEMV kernels",
+           reps);
 
     int64_t widest = s->inter > s->hidden ? s->inter : s->hidden;
     struct io io;
@@ -208,6 +266,8 @@ int main(int argc, char **argv)
     CHECK(cudaMalloc(&io.res, xbytes));
     CHECK(cudaMalloc(&io.norm_out, xbytes));
     CHECK(cudaMalloc(&io.norm_w, (size_t)widest * sizeof(float)));
+    io.xq_bytes = cu_qgemv_int8_bytes(DTYPE_Q8_0, tokens, widest); /* the largest image */
+    CHECK(cudaMalloc(&io.xq, io.xq_bytes));
     {
         float *h = (float *)malloc(xbytes);
         for (size_t i = 0; i < xbytes / sizeof(float); i++)
@@ -246,7 +306,7 @@ int main(int argc, char **argv)
 
     struct kind_bufs k[GK_N];
     for (int i = 0; i < GK_N; i++)
-        kind_setup(&k[i], (enum gemv_kind)i, s, tokens);
+        kind_setup(&k[i], (enum gemv_kind)i, s, tokens, kind_dt[i]);
     CHECK(cudaDeviceSynchronize());
 
     double layer_bytes = 0;

@@ -468,6 +468,14 @@ qx_norm_quantize_kernel(const float *x, int64_t cols, const float *norm_w, float
     }
 }
 
+/* __dp4a of unsigned bytes a with signed bytes b. */
+static __device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c)
+{
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
 static __device__ __forceinline__ void ld_x32(const int8_t *p, int w[8])
 {
     const int4 a = __ldg((const int4 *)p), b = __ldg((const int4 *)p + 1);
@@ -761,43 +769,52 @@ template <> struct qs<DTYPE_Q4_K> {
         ((uint4 *)(xq + (2 * hi + 1) * (cols / 4)))[u] = make_uint4(w[4], w[5], w[6], w[7]);
         ((float2 *)xs)[2 * u + hi] = make_float2(d, d * (float)sum);
     }
-    /* Unit u (of the row) of the block at blk (shared memory): sub-blocks
-     * 2p and 2p + 1, the low and high nibbles of qs[32p, 32p + 32). Their
-     * 6-bit scales and mins come out two at a time (a byte each): for p < 2
-     * bytes 2p, 2p + 1 of sc[0..3] and sc[4..7]; above, the low (high)
-     * nibbles of sc[8..11] with sc[0..3]'s (sc[4..7]'s) top two bits. */
-    static __device__ __forceinline__ float dot(const uint8_t *blk, int u, const int8_t *xq,
-                                                const float4 *xs, int cols)
+    /* Unit u (of the row) of the blocks at blk[k] (shared memory, one per
+     * matrix of a pair, all at unit u): sub-blocks 2p and 2p + 1, the low and
+     * high nibbles of qs[32p, 32p + 32), into out[k]. Their 6-bit scales and
+     * mins come out two at a time (a byte each): for p < 2 bytes 2p, 2p + 1
+     * of sc[0..3] and sc[4..7]; above, the low (high) nibbles of sc[8..11]
+     * with sc[0..3]'s (sc[4..7]'s) top two bits - one expression with shifts
+     * and masks fixed by p (the lane's p never changes: u % 4 = lane % 4), so
+     * the warp never diverges. The high nibbles are multiplied in place (q &
+     * 0xf0: 16 times the code, unsigned) and the sum scaled back by 1/16 after
+     * its exact conversion, the same bits as shifting them down first. x's
+     * codes are loaded once for the pair. */
+    template <int NP>
+    static __device__ __forceinline__ void dot(const uint8_t *const (&blk)[NP], int u,
+                                               const int8_t *xq, const float4 *xs, int cols,
+                                               float (&out)[NP])
     {
-        const int p = u & 3;
-        const uint4 head = *(const uint4 *)blk;
-        const uint4 q0 = *((const uint4 *)(blk + 16) + 2 * p), q1 = *((const uint4 *)(blk + 16) + 2 * p + 1);
-        uint32_t sv, mv;
-        if (p < 2) {
-            sv = (head.y >> (16 * p)) & 0x3f3fu;
-            mv = (head.z >> (16 * p)) & 0x3f3fu;
-        } else {
-            const int sh = 16 * (p - 2);
-            const uint32_t lo = head.w >> sh;
-            sv = (lo & 0x0f0fu) | ((head.y >> sh) >> 2 & 0x3030u);
-            mv = (lo >> 4 & 0x0f0fu) | ((head.z >> sh) >> 2 & 0x3030u);
-        }
+        const int p = u & 3, sh = 16 * (p & 1);
+        const bool upper = p >= 2;
+        const uint32_t mask_w = upper ? 0x0f0fu : 0u, mask_yz = upper ? 0x3030u : 0x3f3fu;
+        const int sh_yz = sh + (upper ? 2 : 0);
         const int plane = cols / 4;
         const int4 x0 = ((const int4 *)xq)[u], x1 = ((const int4 *)(xq + plane))[u];
         const int4 x2 = ((const int4 *)(xq + 2 * plane))[u], x3 = ((const int4 *)(xq + 3 * plane))[u];
         const float4 f = xs[u];
-        const uint32_t q[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
         const int xl[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
         const int xh[8] = {x2.x, x2.y, x2.z, x2.w, x3.x, x3.y, x3.z, x3.w};
-        int a0 = 0, a1 = 0;
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            a0 = __dp4a((int)(q[i] & 0x0f0f0f0fu), xl[i], a0);
-            a1 = __dp4a((int)((q[i] >> 4) & 0x0f0f0f0fu), xh[i], a1);
+        for (int k = 0; k < NP; k++) {
+            const uint4 head = *(const uint4 *)blk[k];
+            const uint4 q0 = *((const uint4 *)(blk[k] + 16) + 2 * p);
+            const uint4 q1 = *((const uint4 *)(blk[k] + 16) + 2 * p + 1);
+            const uint32_t w = head.w >> sh;
+            const uint32_t sv = (w & mask_w) | (head.y >> sh_yz & mask_yz);
+            const uint32_t mv = (w >> 4 & mask_w) | (head.z >> sh_yz & mask_yz);
+            const uint32_t q[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+            int a0 = 0, a1 = 0;
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                a0 = __dp4a((int)(q[i] & 0x0f0f0f0fu), xl[i], a0);
+                a1 = dp4a_us(q[i] & 0xf0f0f0f0u, xh[i], a1);
+            }
+            const float d = half_bits(head.x), dmin = half_bits(head.x >> 16);
+            out[k] = d * (f.x * (float)((int)(sv & 0xffu) * a0) +
+                          f.z * ((float)((int)(sv >> 8) * a1) * 0.0625f)) -
+                     dmin * ((float)(mv & 0xffu) * f.y + (float)(mv >> 8) * f.w);
         }
-        const float d = half_bits(head.x), dmin = half_bits(head.x >> 16);
-        return d * (f.x * (float)((int)(sv & 0xffu) * a0) + f.z * (float)((int)(sv >> 8) * a1)) -
-               dmin * ((float)(mv & 0xffu) * f.y + (float)(mv >> 8) * f.w);
     }
 };
 
@@ -839,7 +856,16 @@ template <> struct qs<DTYPE_Q6_K> {
             ((int *)&xs[2 * u + 1])[q] = __dp4a((int)w[2 * i], 0x01010101, __dp4a((int)w[2 * i + 1], 0x01010101, 0));
         }
     }
-    static __device__ __forceinline__ float dot(const uint8_t *blk, int u, const int8_t *xq,
+    template <int NP>
+    static __device__ __forceinline__ void dot(const uint8_t *const (&blk)[NP], int u,
+                                               const int8_t *xq, const float4 *xs, int cols,
+                                               float (&out)[NP])
+    {
+#pragma unroll
+        for (int k = 0; k < NP; k++)
+            out[k] = dot1(blk[k], u, xq, xs, cols);
+    }
+    static __device__ __forceinline__ float dot1(const uint8_t *blk, int u, const int8_t *xq,
                                                 const float4 *xs, int cols)
     {
         const int h = (u >> 2) & 1, i = u & 3;
@@ -884,6 +910,80 @@ static size_t qs_smem_bytes(int np, int n_rows, int64_t cols)
     return stages + (size_t)n_rows * ((size_t)cols + units * S::XS * sizeof(float4));
 }
 
+/* Where unit u (a row of the launch, counted across its matrices) lies: its
+ * matrix m and row lr there (a pair's unit is a row of both matrices). */
+template <int NP>
+static __device__ __forceinline__ void stream_row_of(const struct cu_gemv_args &a, int u, int &m,
+                                                     int &lr)
+{
+    m = 0;
+    lr = u;
+    if (NP == 1)
+        while (m + 1 < a.n_mat && lr >= a.m[m].rows) {
+            lr -= (int)a.m[m].rows;
+            m++;
+        }
+}
+
+/* A warp's walk over its stages, in order: stage n is part n % spr (blocks
+ * from part * CH) of the warp's row n / spr (unit first + row * stride), in
+ * ring slot n % QS_STAGES; kept as counters, so no stage divides. */
+struct stream_cursor {
+    int n, row, part, slot;
+    __device__ __forceinline__ void next(int spr)
+    {
+        n++;
+        if (++part == spr) {
+            part = 0;
+            row++;
+        }
+        slot = slot == QS_STAGES - 1 ? 0 : slot + 1;
+    }
+};
+
+/* x's rows quantized (normalised first when NORM, with 1/rms of row t in
+ * inv[t]; block 0 then also writes the normed rows to norm_out) into the
+ * block's shared memory as S::stage lays them out. A thread per block of 32
+ * of x: all its loads issued before any is used. */
+template <int T, bool NORM>
+static __device__ __forceinline__ void stream_stage_x(const struct cu_gemv_args &a, int nt,
+                                                      const float *inv, int8_t *xq, float4 *xs)
+{
+    typedef qs<T> S;
+    const int cols = (int)a.cols, n32 = cols / 32, nu = cols / 256 * S::UNITS;
+    for (int i = threadIdx.x; i < nt * n32; i += QS_THREADS) {
+        const int t = i / n32, g = i - t * n32;
+        const size_t at = (size_t)t * cols + (size_t)g * 32;
+        float4 f[8], nw[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            f[k] = __ldg((const float4 *)(a.x + at) + k);
+        if (NORM) {
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                nw[k] = __ldg((const float4 *)(a.norm_w + (size_t)g * 32) + k);
+            const float r = inv[t];
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                f[k] = make_float4(nw[k].x * (f[k].x * r), nw[k].y * (f[k].y * r),
+                                   nw[k].z * (f[k].z * r), nw[k].w * (f[k].w * r));
+            if (blockIdx.x == 0 && a.norm_out)
+#pragma unroll
+                for (int k = 0; k < 8; k++)
+                    ((float4 *)(a.norm_out + at))[k] = f[k];
+        }
+        float v[32];
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            v[4 * k] = f[k].x, v[4 * k + 1] = f[k].y, v[4 * k + 2] = f[k].z, v[4 * k + 3] = f[k].w;
+        uint32_t w[8];
+        float d;
+        int lo, hi;
+        qx_block32(v, w, d, lo, hi);
+        S::stage(xq + (size_t)t * cols, xs + (size_t)t * nu * S::XS, cols, g, w, d, lo + hi);
+    }
+}
+
 template <int T, int TT, int NP, bool NORM>
 static __global__ void __launch_bounds__(QS_THREADS, 3)
 qgemv_stream_kernel(struct cu_gemv_args a, int n_units)
@@ -891,54 +991,57 @@ qgemv_stream_kernel(struct cu_gemv_args a, int n_units)
     typedef qs<T> S;
     constexpr int CH = S::stage_blocks(NP);   /* blocks of each matrix per stage */
     constexpr int SB = CH * S::BLOCK_BYTES;   /* their bytes */
+    constexpr int PIECES = (SB / 16 + 31) / 32; /* 16-byte copies a lane issues per matrix */
     extern __shared__ float4 qs_sm[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int cols = (int)a.cols, nt = a.n_rows;
     const int nu = cols / 256 * S::UNITS; /* units of a row */
     uint8_t *ring = (uint8_t *)qs_sm + (size_t)warp * QS_STAGES * NP * SB;
+    const uint32_t ring_s = (uint32_t)__cvta_generic_to_shared(ring);
     int8_t *xq = (int8_t *)qs_sm + (size_t)QS_WARPS * QS_STAGES * NP * SB;
     float4 *xs = (float4 *)(xq + (size_t)nt * cols);
     const uint64_t rb = (uint64_t)(cols / 256) * S::BLOCK_BYTES;
     const int nblk = cols / 256, spr = (nblk + CH - 1) / CH; /* stages per row */
+    const int last_pieces = (nblk - (spr - 1) * CH) * S::BLOCK_BYTES / 16; /* a row's last stage */
 
-    /* which matrix unit u's row is in, and its row there */
-    auto row_of = [&](int u, int &m, int &lr) {
-        m = 0;
-        lr = u;
-        if (NP == 1)
-            while (m + 1 < a.n_mat && lr >= a.m[m].rows) {
-                lr -= (int)a.m[m].rows;
-                m++;
-            }
-    };
     const int first = blockIdx.x + gridDim.x * warp, stride = gridDim.x * QS_WARPS;
     const int n_stages = first < n_units ? (n_units - first + stride - 1) / stride * spr : 0;
-    /* stage n of this warp: row first + (n / spr) * stride, blocks from (n % spr) * CH */
-    auto copy = [&](int n) {
-        if (n < n_stages) {
-            const int r = n / spr, b0 = (n - r * spr) * CH;
-            const int nb = nblk - b0 < CH ? nblk - b0 : CH;
-            int m, lr;
-            row_of(first + r * stride, m, lr);
+    /* the copies run QS_STAGES - 1 stages ahead of the products */
+    stream_cursor cc = {0, 0, 0, 0};
+    const uint8_t *src[NP];
+    auto copy = [&]() {
+        if (cc.n < n_stages) {
+            if (cc.part == 0) {
+                int m, lr;
+                stream_row_of<NP>(a, first + cc.row * stride, m, lr);
+#pragma unroll
+                for (int p = 0; p < NP; p++)
+                    src[p] = (const uint8_t *)a.m[NP == 1 ? m : p].w + (uint64_t)lr * rb;
+            }
+            const int pieces = cc.part == spr - 1 ? last_pieces : SB / 16;
 #pragma unroll
             for (int p = 0; p < NP; p++) {
-                const uint8_t *src = (const uint8_t *)a.m[NP == 1 ? m : p].w + (uint64_t)lr * rb +
-                                     (uint64_t)b0 * S::BLOCK_BYTES;
-                uint8_t *dst = ring + ((size_t)(n % QS_STAGES) * NP + p) * SB;
-                for (int i = lane; i < nb * S::BLOCK_BYTES / 16; i += 32)
-                    cp_async16(dst + 16 * i, src + 16 * i, true);
+                const uint32_t dst = ring_s + (uint32_t)((cc.slot * NP + p) * SB);
+#pragma unroll
+                for (int k = 0; k < PIECES; k++) {
+                    const int i = lane + 32 * k;
+                    if (i < pieces)
+                        cp_async16(dst + 16 * i, src[p] + 16 * i, true);
+                }
+                src[p] += SB;
             }
         }
         cp_async_commit(); /* empty groups too: the count stays one per stage */
+        cc.next(spr);
     };
 #pragma unroll
     for (int n = 0; n < QS_STAGES - 1; n++)
-        copy(n);
+        copy();
     pdl_release();
     pdl_wait();
 
-    /* x, normalised when NORM (every block finds the rms itself, block 0
-     * also writes the normed rows to norm_out), quantized into shared memory */
+    /* x, normalised when NORM (every block finds the rms itself), quantized
+     * into shared memory */
     __shared__ float inv_sm[TT];
     if (NORM) {
         __shared__ float red[QS_WARPS][TT];
@@ -961,60 +1064,45 @@ qgemv_stream_kernel(struct cu_gemv_args a, int n_units)
         }
         __syncthreads();
     }
-    for (int i = threadIdx.x; i < nt * (cols / 32); i += QS_THREADS) {
-        const int t = i / (cols / 32), g = i - t * (cols / 32);
-        const size_t at = (size_t)t * cols + (size_t)g * 32;
-        float v[32];
-#pragma unroll
-        for (int k = 0; k < 8; k++) {
-            float4 f = __ldg((const float4 *)(a.x + at) + k);
-            if (NORM) {
-                const float4 nw = __ldg((const float4 *)(a.norm_w + (size_t)g * 32) + k);
-                const float inv = inv_sm[t];
-                f = make_float4(nw.x * (f.x * inv), nw.y * (f.y * inv), nw.z * (f.z * inv),
-                                nw.w * (f.w * inv));
-                if (blockIdx.x == 0 && a.norm_out)
-                    ((float4 *)(a.norm_out + at))[k] = f;
-            }
-            v[4 * k] = f.x, v[4 * k + 1] = f.y, v[4 * k + 2] = f.z, v[4 * k + 3] = f.w;
-        }
-        uint32_t w[8];
-        float d;
-        int lo, hi;
-        qx_block32(v, w, d, lo, hi);
-        S::stage(xq + (size_t)t * cols, xs + (size_t)t * nu * S::XS, cols, g, w, d, lo + hi);
-    }
+    stream_stage_x<T, NORM>(a, nt, inv_sm, xq, xs);
     __syncthreads();
 
     float acc[NP][TT];
     gemv_zero_acc(acc);
-    for (int n = 0; n < n_stages; n++) {
+    stream_cursor c = {0, 0, 0, 0};
+    for (; c.n < n_stages; c.next(spr)) {
         cp_async_wait<QS_STAGES - 2>();
         __syncwarp();
         /* the buffer it refills was read by the whole warp one stage ago */
-        copy(n + QS_STAGES - 1);
-        const int r = n / spr, part = n - r * spr, b0 = part * CH;
+        copy();
+        const int b0 = c.part * CH;
         const int nb = nblk - b0 < CH ? nblk - b0 : CH;
-        const uint8_t *buf = ring + (size_t)(n % QS_STAGES) * NP * SB;
+        const uint8_t *buf = ring + (size_t)c.slot * NP * SB;
 #pragma unroll
         for (int k = 0; k < (CH * S::UNITS + 31) / 32; k++) {
             const int ul = lane + 32 * k;
             if (ul < nb * S::UNITS) {
                 const int u = b0 * S::UNITS + ul;
+                const uint8_t *blk[NP];
+#pragma unroll
+                for (int p = 0; p < NP; p++)
+                    blk[p] = buf + p * SB + (ul / S::UNITS) * S::BLOCK_BYTES;
 #pragma unroll
                 for (int t = 0; t < TT; t++)
-                    if (t < nt)
+                    if (t < nt) {
+                        float part[NP];
+                        S::template dot<NP>(blk, u, xq + (size_t)t * cols,
+                                            xs + (size_t)t * nu * S::XS, cols, part);
 #pragma unroll
                         for (int p = 0; p < NP; p++)
-                            acc[p][t] += S::dot(buf + p * SB + (ul / S::UNITS) * S::BLOCK_BYTES, u,
-                                                xq + (size_t)t * cols, xs + (size_t)t * nu * S::XS,
-                                                cols);
+                            acc[p][t] += part[p];
+                    }
             }
         }
-        if (part != spr - 1)
+        if (c.part != spr - 1)
             continue;
         int m, lr;
-        row_of(first + r * stride, m, lr);
+        stream_row_of<NP>(a, first + c.row * stride, m, lr);
         gemv_finish_row<NP, TT>(a, m, lr, nt, acc);
     }
     cp_async_wait<0>();
