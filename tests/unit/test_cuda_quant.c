@@ -208,11 +208,14 @@ Test(cuda_quant, every_kernel_type_matches_the_reference_dot_product, .timeout =
                     check_type(be, types[i], tokens[k], 97, widths[c], (enum qpath)p);
         }
         /* more rows than a wave of warps: the stream kernel's warps walk
-         * several rows each, prefetching the next row's slots */
+         * several rows each, prefetching the next row's slots, on rows of
+         * one stage and of four to eight (Q4_K 16,384 columns, Q6_K 8,192) */
         if (p == PATH_FAST_INT8)
             for (int k = 0; k < 3; k++) {
                 check_type(be, DTYPE_Q4_K, tokens[k], 4099, 512, (enum qpath)p);
                 check_type(be, DTYPE_Q6_K, tokens[k], 4099, 2048, (enum qpath)p);
+                check_type(be, DTYPE_Q4_K, tokens[k], 4099, 16384, (enum qpath)p);
+                check_type(be, DTYPE_Q6_K, tokens[k], 4099, 8192, (enum qpath)p);
             }
         backend_destroy(be);
     }
@@ -298,99 +301,103 @@ Test(cuda_quant, fused_epilogues_match_the_reference_on_every_path, .timeout = 6
     skip_without_gpu();
     static const enum dtype types[] = {DTYPE_Q8_0, DTYPE_Q4_K, DTYPE_Q6_K};
     static const int tokens[] = {1, 2, 3, 4, 8};
-    const int64_t cols = 2304; /* 9 blocks of 256 */
-    for (int p = PATH_EXACT; p < PATH_COUNT; p++) {
-        struct backend *be = cuda_path((enum qpath)p, BACKEND_ON);
-        struct backend *eager = cuda_path((enum qpath)p, BACKEND_OFF);
-        for (int ti = 0; ti < 3; ti++) {
-            enum dtype t = types[ti];
-            struct epi_mat e[3], ee[3];
-            const int64_t rows[3] = {97, 33, 97};
-            for (int k = 0; k < 3; k++) {
-                epi_make(be, t, rows[k], cols, 11 + 5 * (uint32_t)k + (uint32_t)t, &e[k]);
-                epi_make(eager, t, rows[k], cols, 11 + 5 * (uint32_t)k + (uint32_t)t, &ee[k]);
-            }
-            for (int k = 0; k < 5; k++) {
-                const int n_tok = tokens[k];
-                const bool int8 = takes_int8((enum qpath)p, t, n_tok);
-                float *x = malloc((size_t)(n_tok * cols) * 4), *bias = malloc(97 * 4);
-                float *res0 = malloc((size_t)n_tok * 97 * 4);
-                fill(x, n_tok * cols, 1000 + (uint32_t)k);
-                fill(bias, 97, 17);
-                fill(res0, n_tok * 97, 23);
-                const size_t n_out = (size_t)n_tok * (97 + 33 + 97 + 97 * 3);
-                float *out = malloc(n_out * 4), *again = malloc(n_out * 4),
-                      *plain = malloc(n_out * 4);
-                float *xd = upload(be, x, (size_t)(n_tok * cols) * 4);
-                float *bd = upload(be, bias, 97 * 4), *od = be->ops->alloc(be, n_out * 4);
-                float *xe = upload(eager, x, (size_t)(n_tok * cols) * 4);
-                float *bde = upload(eager, bias, 97 * 4), *oe = eager->ops->alloc(eager, n_out * 4);
-                epi_run(be, e, xd, bd, od, n_tok, res0, out);
-                epi_run(be, e, xd, bd, od, n_tok, res0, again); /* replayed */
-                epi_run(eager, ee, xe, bde, oe, n_tok, res0, plain);
-                be->ops->release(be, xd);
-                be->ops->release(be, bd);
-                be->ops->release(be, od);
-                eager->ops->release(eager, xe);
-                eager->ops->release(eager, bde);
-                eager->ops->release(eager, oe);
-                cr_assert_eq(memcmp(out, again, n_out * 4), 0, "%s, %d tokens (%s): replay differs",
-                             dtype_name(t), n_tok, path_names[p]);
-                cr_assert_eq(memcmp(out, plain, n_out * 4), 0,
-                             "%s, %d tokens (%s): graphs differ from eager launches",
-                             dtype_name(t), n_tok, path_names[p]);
-                const float *y[3] = {out, out + n_tok * 97, out + n_tok * (97 + 33)};
-                const float *res = y[2] + n_tok * 97, *g = res + n_tok * 97, *uu = g + n_tok * 97;
-                const char *what[3] = {"group matrix 0 (bias)", "group matrix 1", "group matrix 2 (bias)"};
-                for (int i = 0; i < n_tok; i++) {
-                    const float *xi = x + (int64_t)i * cols;
-                    for (int mi = 0; mi < 3; mi++)
-                        for (int64_t r = 0; r < rows[mi]; r++) {
-                            double tol, ref = epi_ref(&e[mi], r, xi, cols, int8, false, &tol);
-                            if (mi != 1)
-                                ref += bias[r];
-                            double got = y[mi][i * rows[mi] + r];
-                            cr_assert_leq(fabs(got - ref), tol, "%s, %d tokens (%s): %s y[%d, %lld] = %.7g, reference %.7g",
-                                          dtype_name(t), n_tok, path_names[p], what[mi], i, (long long)r, got, ref);
-                        }
-                    for (int64_t r = 0; r < 97; r++) {
-                        double tg, tu;
-                        double rg = epi_ref(&e[0], r, xi, cols, int8, false, &tg);
-                        double ru = epi_ref(&e[2], r, xi, cols, int8, false, &tu);
-                        double want = res0[i * 97 + r] + rg, got = res[i * 97 + r];
-                        cr_assert_leq(fabs(got - want), tg + 1e-6 * fabs(want),
-                                      "%s, %d tokens (%s): residual [%d, %lld] = %.7g, reference %.7g",
-                                      dtype_name(t), n_tok, path_names[p], i, (long long)r, got, want);
-                        double sg = rg / (1 + exp(-rg));
-                        double tol = 1.1 * fabs(ru) * tg + fabs(sg) * tu + 1.1 * tg * tu +
-                                     1e-6 * fabs(sg * ru) + 1e-6;
-                        got = g[i * 97 + r];
-                        cr_assert_leq(fabs(got - sg * ru), tol,
-                                      "%s, %d tokens (%s): swiglu [%d, %lld] = %.7g, reference %.7g",
-                                      dtype_name(t), n_tok, path_names[p], i, (long long)r, got, sg * ru);
-                        got = uu[i * 97 + r];
-                        cr_assert_leq(fabs(got - ru), tu, "%s, %d tokens (%s): up [%d, %lld] = %.7g, reference %.7g",
-                                      dtype_name(t), n_tok, path_names[p], i, (long long)r, got, ru);
-                    }
+    /* 9 blocks of 256; 64: rows of several stages on the stream kernel */
+    static const int64_t widths[] = {2304, 16384};
+    for (int wi = 0; wi < 2; wi++) {
+        for (int p = PATH_EXACT; p < PATH_COUNT; p++) {
+            const int64_t cols = widths[wi];
+            struct backend *be = cuda_path((enum qpath)p, BACKEND_ON);
+            struct backend *eager = cuda_path((enum qpath)p, BACKEND_OFF);
+            for (int ti = 0; ti < 3; ti++) {
+                enum dtype t = types[ti];
+                struct epi_mat e[3], ee[3];
+                const int64_t rows[3] = {97, 33, 97};
+                for (int k = 0; k < 3; k++) {
+                    epi_make(be, t, rows[k], cols, 11 + 5 * (uint32_t)k + (uint32_t)t, &e[k]);
+                    epi_make(eager, t, rows[k], cols, 11 + 5 * (uint32_t)k + (uint32_t)t, &ee[k]);
                 }
-                cr_log_info("%s, %d tokens (%s): epilogues within their bounds", dtype_name(t),
-                            n_tok, path_names[p]);
-                free(x);
-                free(bias);
-                free(res0);
-                free(out);
-                free(again);
-                free(plain);
+                for (int k = 0; k < 5; k++) {
+                    const int n_tok = tokens[k];
+                    const bool int8 = takes_int8((enum qpath)p, t, n_tok);
+                    float *x = malloc((size_t)(n_tok * cols) * 4), *bias = malloc(97 * 4);
+                    float *res0 = malloc((size_t)n_tok * 97 * 4);
+                    fill(x, n_tok * cols, 1000 + (uint32_t)k);
+                    fill(bias, 97, 17);
+                    fill(res0, n_tok * 97, 23);
+                    const size_t n_out = (size_t)n_tok * (97 + 33 + 97 + 97 * 3);
+                    float *out = malloc(n_out * 4), *again = malloc(n_out * 4),
+                          *plain = malloc(n_out * 4);
+                    float *xd = upload(be, x, (size_t)(n_tok * cols) * 4);
+                    float *bd = upload(be, bias, 97 * 4), *od = be->ops->alloc(be, n_out * 4);
+                    float *xe = upload(eager, x, (size_t)(n_tok * cols) * 4);
+                    float *bde = upload(eager, bias, 97 * 4), *oe = eager->ops->alloc(eager, n_out * 4);
+                    epi_run(be, e, xd, bd, od, n_tok, res0, out);
+                    epi_run(be, e, xd, bd, od, n_tok, res0, again); /* replayed */
+                    epi_run(eager, ee, xe, bde, oe, n_tok, res0, plain);
+                    be->ops->release(be, xd);
+                    be->ops->release(be, bd);
+                    be->ops->release(be, od);
+                    eager->ops->release(eager, xe);
+                    eager->ops->release(eager, bde);
+                    eager->ops->release(eager, oe);
+                    cr_assert_eq(memcmp(out, again, n_out * 4), 0, "%s, %d tokens (%s): replay differs",
+                                 dtype_name(t), n_tok, path_names[p]);
+                    cr_assert_eq(memcmp(out, plain, n_out * 4), 0,
+                                 "%s, %d tokens (%s): graphs differ from eager launches",
+                                 dtype_name(t), n_tok, path_names[p]);
+                    const float *y[3] = {out, out + n_tok * 97, out + n_tok * (97 + 33)};
+                    const float *res = y[2] + n_tok * 97, *g = res + n_tok * 97, *uu = g + n_tok * 97;
+                    const char *what[3] = {"group matrix 0 (bias)", "group matrix 1", "group matrix 2 (bias)"};
+                    for (int i = 0; i < n_tok; i++) {
+                        const float *xi = x + (int64_t)i * cols;
+                        for (int mi = 0; mi < 3; mi++)
+                            for (int64_t r = 0; r < rows[mi]; r++) {
+                                double tol, ref = epi_ref(&e[mi], r, xi, cols, int8, false, &tol);
+                                if (mi != 1)
+                                    ref += bias[r];
+                                double got = y[mi][i * rows[mi] + r];
+                                cr_assert_leq(fabs(got - ref), tol, "%s, %d tokens (%s): %s y[%d, %lld] = %.7g, reference %.7g",
+                                              dtype_name(t), n_tok, path_names[p], what[mi], i, (long long)r, got, ref);
+                            }
+                        for (int64_t r = 0; r < 97; r++) {
+                            double tg, tu;
+                            double rg = epi_ref(&e[0], r, xi, cols, int8, false, &tg);
+                            double ru = epi_ref(&e[2], r, xi, cols, int8, false, &tu);
+                            double want = res0[i * 97 + r] + rg, got = res[i * 97 + r];
+                            cr_assert_leq(fabs(got - want), tg + 1e-6 * fabs(want),
+                                          "%s, %d tokens (%s): residual [%d, %lld] = %.7g, reference %.7g",
+                                          dtype_name(t), n_tok, path_names[p], i, (long long)r, got, want);
+                            double sg = rg / (1 + exp(-rg));
+                            double tol = 1.1 * fabs(ru) * tg + fabs(sg) * tu + 1.1 * tg * tu +
+                                         1e-6 * fabs(sg * ru) + 1e-6;
+                            got = g[i * 97 + r];
+                            cr_assert_leq(fabs(got - sg * ru), tol,
+                                          "%s, %d tokens (%s): swiglu [%d, %lld] = %.7g, reference %.7g",
+                                          dtype_name(t), n_tok, path_names[p], i, (long long)r, got, sg * ru);
+                            got = uu[i * 97 + r];
+                            cr_assert_leq(fabs(got - ru), tu, "%s, %d tokens (%s): up [%d, %lld] = %.7g, reference %.7g",
+                                          dtype_name(t), n_tok, path_names[p], i, (long long)r, got, ru);
+                        }
+                    }
+                    cr_log_info("%s, %d tokens (%s): epilogues within their bounds", dtype_name(t),
+                                n_tok, path_names[p]);
+                    free(x);
+                    free(bias);
+                    free(res0);
+                    free(out);
+                    free(again);
+                    free(plain);
+                }
+                for (int k = 0; k < 3; k++) {
+                    be->ops->release(be, (void *)e[k].m.data);
+                    eager->ops->release(eager, (void *)ee[k].m.data);
+                    free(e[k].wd);
+                    free(ee[k].wd);
+                }
             }
-            for (int k = 0; k < 3; k++) {
-                be->ops->release(be, (void *)e[k].m.data);
-                eager->ops->release(eager, (void *)ee[k].m.data);
-                free(e[k].wd);
-                free(ee[k].wd);
-            }
+            backend_destroy(be);
+            backend_destroy(eager);
         }
-        backend_destroy(be);
-        backend_destroy(eager);
     }
 }
 

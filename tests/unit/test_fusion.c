@@ -1092,3 +1092,50 @@ Test(fusion, an_rmsnorm_before_a_q4_k_or_q8_0_gemv_folds_into_its_int8_path)
     struct cu_launch plan[2];
     cr_expect_eq(cu_fuse_plan(&exact, ops, 2, plan, 2), 2, "EXACT mode keeps the norm apart");
 }
+
+/* A matmul group records each run of consecutive matrices of one type as one
+ * op (one launch reading x once): Q4_K_M's q and k together and v (Q6_K)
+ * apart; all of one type, one op; no two matrices of a type apart, two ops. */
+Test(fusion, a_matmul_group_is_one_op_per_run_of_one_weight_type)
+{
+    struct backend *be = recorder_create(COMPUTE_FAST);
+    struct rec_backend *rb = rb_of(be);
+    static _Alignas(16) float x[256], y[3][64];
+    static _Alignas(16) uint8_t w[3][64 * 210];
+    struct {
+        enum dtype types[3];
+        int n_ops, first_n;
+    } cases[] = {
+        {{DTYPE_Q4_K, DTYPE_Q4_K, DTYPE_Q6_K}, 2, 2},
+        {{DTYPE_Q4_K, DTYPE_Q4_K, DTYPE_Q4_K}, 1, 3},
+        {{DTYPE_Q4_K, DTYPE_Q6_K, DTYPE_Q4_K}, 3, 1},
+        {{DTYPE_Q6_K, DTYPE_Q4_K, DTYPE_Q4_K}, 2, 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct weight_matrix m[3];
+        const struct weight_matrix *ws[3];
+        float *ys[3];
+        for (int k = 0; k < 3; k++) {
+            m[k] = (struct weight_matrix){.dtype = cases[i].types[k], .rows = 64, .cols = 256,
+                                          .data = w[k]};
+            ws[k] = &m[k];
+            ys[k] = y[k];
+        }
+        be->ops->matmul_group(be, x, 1, 3, ws, NULL, ys);
+        cr_assert_eq(rb->rec.n_ops, cases[i].n_ops, "case %zu: %d ops", i, rb->rec.n_ops);
+        cr_expect_eq(rb->rec.ops[0].u.mm.n, cases[i].first_n, "case %zu", i);
+        int total = 0;
+        for (int k = 0; k < rb->rec.n_ops; k++) {
+            const struct cu_op *op = &rb->rec.ops[k];
+            cr_expect_eq(op->kind, CU_MATMUL);
+            for (int j = 0; j < op->u.mm.n; j++, total++) {
+                cr_expect_eq(op->u.mm.m[j].w, m[total].data, "case %zu: matrix %d in order", i, total);
+                cr_expect_eq(op->u.mm.m[j].y, ys[total]);
+                cr_expect_eq(op->u.mm.dtype, m[total].dtype);
+            }
+        }
+        cr_expect_eq(total, 3);
+        cu_rec_clear(&rb->rec);
+    }
+    be->ops->destroy(be);
+}

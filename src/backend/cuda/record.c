@@ -198,8 +198,9 @@ static void record_matmul(struct cu_rec *rec, const float *x, int64_t n_tokens, 
     }
 }
 
-/* Matrices of one group share x, so they are one op when their cols and
- * dtype agree (one launch reads x once); otherwise one op each. */
+/* Matrices of one group share x, so each run of consecutive ones whose cols
+ * and dtype agree is one op (one launch reads x once): q, k and v in one, or
+ * q and k in one and v in another where v's type differs (Q4_K_M files). */
 void cu_rec_matmul_group(struct cu_rec *rec, const float *x, int64_t n_tokens, int n,
                          const struct weight_matrix *const *w, const float *const *bias,
                          float *const *y)
@@ -208,13 +209,12 @@ void cu_rec_matmul_group(struct cu_rec *rec, const float *x, int64_t n_tokens, i
         rec_fail(rec, INFERD_EINVAL, "matmul group of %d matrices (at most %d)", n, CU_GROUP_MAX);
         return;
     }
-    for (int i = 1; i < n; i++)
-        if (w[i]->cols != w[0]->cols || w[i]->dtype != w[0]->dtype) {
-            for (int j = 0; j < n; j++)
-                record_matmul(rec, x, n_tokens, 1, &w[j], bias ? &bias[j] : NULL, &y[j]);
-            return;
-        }
-    record_matmul(rec, x, n_tokens, n, w, bias, y);
+    for (int i = 0, run; i < n; i += run) {
+        for (run = 1; i + run < n; run++)
+            if (w[i + run]->cols != w[i]->cols || w[i + run]->dtype != w[i]->dtype)
+                break;
+        record_matmul(rec, x, n_tokens, run, &w[i], bias ? &bias[i] : NULL, &y[i]);
+    }
 }
 
 /* A row norm (rmsnorm, or layer_norm with its bias b). */
