@@ -945,42 +945,128 @@ struct stream_cursor {
  * inv[t]; block 0 then also writes the normed rows to norm_out) into the
  * block's shared memory as S::stage lays them out. A thread per block of 32
  * of x: all its loads issued before any is used. */
+/* Group g (32 values) of x's row t, f (normalised first when NORM, by 1/rms
+ * r and the norm's weights; block 0 then also writes it to norm_out),
+ * quantized into the block's shared memory as S::stage lays x out. */
 template <int T, bool NORM>
-static __device__ __forceinline__ void stream_stage_x(const struct cu_gemv_args &a, int nt,
-                                                      const float *inv, int8_t *xq, float4 *xs)
+static __device__ __forceinline__ void stream_stage_group(const struct cu_gemv_args &a, int t,
+                                                          int g, float4 (&f)[8],
+                                                          const float4 (&nw)[8], float r,
+                                                          int8_t *xq, float4 *xs)
 {
     typedef qs<T> S;
-    const int cols = (int)a.cols, n32 = cols / 32, nu = cols / 256 * S::UNITS;
-    for (int i = threadIdx.x; i < nt * n32; i += QS_THREADS) {
-        const int t = i / n32, g = i - t * n32;
-        const size_t at = (size_t)t * cols + (size_t)g * 32;
-        float4 f[8], nw[8];
+    const int cols = (int)a.cols, nu = cols / 256 * S::UNITS;
+    const size_t at = (size_t)t * cols + (size_t)g * 32;
+    if (NORM) {
 #pragma unroll
         for (int k = 0; k < 8; k++)
-            f[k] = __ldg((const float4 *)(a.x + at) + k);
-        if (NORM) {
+            f[k] = make_float4(nw[k].x * (f[k].x * r), nw[k].y * (f[k].y * r),
+                               nw[k].z * (f[k].z * r), nw[k].w * (f[k].w * r));
+        if (blockIdx.x == 0 && a.norm_out)
 #pragma unroll
             for (int k = 0; k < 8; k++)
-                nw[k] = __ldg((const float4 *)(a.norm_w + (size_t)g * 32) + k);
-            const float r = inv[t];
+                ((float4 *)(a.norm_out + at))[k] = f[k];
+    }
+    float v[32];
 #pragma unroll
-            for (int k = 0; k < 8; k++)
-                f[k] = make_float4(nw[k].x * (f[k].x * r), nw[k].y * (f[k].y * r),
-                                   nw[k].z * (f[k].z * r), nw[k].w * (f[k].w * r));
-            if (blockIdx.x == 0 && a.norm_out)
+    for (int k = 0; k < 8; k++)
+        v[4 * k] = f[k].x, v[4 * k + 1] = f[k].y, v[4 * k + 2] = f[k].z, v[4 * k + 3] = f[k].w;
+    uint32_t w[8];
+    float d;
+    int lo, hi;
+    qx_block32(v, w, d, lo, hi);
+    S::stage(xq + (size_t)t * cols, xs + (size_t)t * nu * S::XS, cols, g, w, d, lo + hi);
+}
+
+/* Group g of x's row t and, when NORM, of the norm's weights, all loads
+ * issued before any is used. */
+template <bool NORM>
+static __device__ __forceinline__ void stream_load_group(const struct cu_gemv_args &a, int t,
+                                                         int g, float4 (&f)[8], float4 (&nw)[8])
+{
+    const float4 *xp = (const float4 *)(a.x + (size_t)t * a.cols + (size_t)g * 32);
 #pragma unroll
-                for (int k = 0; k < 8; k++)
-                    ((float4 *)(a.norm_out + at))[k] = f[k];
+    for (int k = 0; k < 8; k++)
+        f[k] = __ldg(xp + k);
+    if (NORM)
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            nw[k] = __ldg((const float4 *)(a.norm_w + (size_t)g * 32) + k);
+}
+
+/* x's rows quantized into the block's shared memory, normalised first when
+ * NORM, a thread per group of 32. Where a row's groups fill whole warps and
+ * all rows' groups fit the block's threads (decode rows of up to 8,192),
+ * one pass: each thread keeps its group in registers while the block sums
+ * the squares (a butterfly per warp, then the row's warps in order), and
+ * loads the norm's weights after.
+ * Otherwise a pass over x for the sums of squares first. */
+template <int T, bool NORM>
+static __device__ __forceinline__ void stream_stage_x(const struct cu_gemv_args &a, int nt,
+                                                      int8_t *xq, float4 *xs)
+{
+    const int cols = (int)a.cols, n32 = cols / 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float4 f[8], nw[8];
+    if (!NORM) {
+        for (int i = threadIdx.x; i < nt * n32; i += QS_THREADS) {
+            const int t = i / n32;
+            stream_load_group<false>(a, t, i - t * n32, f, nw);
+            stream_stage_group<T, false>(a, t, i - t * n32, f, nw, 1.0f, xq, xs);
         }
-        float v[32];
+        return;
+    }
+    __shared__ float red[QS_WARPS * CU_GEMV_MAX_ROWS];
+    if (n32 % 32 == 0 && nt * n32 <= QS_THREADS) {
+        const int i = threadIdx.x, t = i / n32, g = i - t * n32;
+        const bool mine = i < nt * n32;
+        float ss = 0.0f;
+        if (mine) {
+            stream_load_group<false>(a, t, g, f, nw); /* the weights after the sums */
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                ss += f[k].x * f[k].x + f[k].y * f[k].y + f[k].z * f[k].z + f[k].w * f[k].w;
+        }
+        ss = warp_sum(ss);
+        if (lane == 0)
+            red[warp] = ss;
+        __syncthreads();
+        if (!mine)
+            return;
 #pragma unroll
         for (int k = 0; k < 8; k++)
-            v[4 * k] = f[k].x, v[4 * k + 1] = f[k].y, v[4 * k + 2] = f[k].z, v[4 * k + 3] = f[k].w;
-        uint32_t w[8];
-        float d;
-        int lo, hi;
-        qx_block32(v, w, d, lo, hi);
-        S::stage(xq + (size_t)t * cols, xs + (size_t)t * nu * S::XS, cols, g, w, d, lo + hi);
+            nw[k] = __ldg((const float4 *)(a.norm_w + (size_t)g * 32) + k);
+        const int per_row = n32 / 32; /* warps a row's groups fill */
+        float tot = 0.0f;
+        for (int w = 0; w < per_row; w++)
+            tot += red[t * per_row + w];
+        stream_stage_group<T, true>(a, t, g, f, nw, 1.0f / sqrtf(tot / (float)cols + a.norm_eps),
+                                    xq, xs);
+        return;
+    }
+    __shared__ float inv[CU_GEMV_MAX_ROWS];
+    for (int t = 0; t < nt; t++) {
+        float ss = 0.0f;
+        for (int i = threadIdx.x; i < cols / 4; i += QS_THREADS) {
+            float4 v = __ldg((const float4 *)(a.x + (size_t)t * cols) + i);
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+        ss = warp_sum(ss);
+        if (lane == 0)
+            red[warp * CU_GEMV_MAX_ROWS + t] = ss;
+    }
+    __syncthreads();
+    if (threadIdx.x < nt) {
+        float tot = 0.0f;
+        for (int w = 0; w < QS_WARPS; w++)
+            tot += red[w * CU_GEMV_MAX_ROWS + threadIdx.x];
+        inv[threadIdx.x] = 1.0f / sqrtf(tot / (float)cols + a.norm_eps);
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < nt * n32; i += QS_THREADS) {
+        const int t = i / n32;
+        stream_load_group<true>(a, t, i - t * n32, f, nw);
+        stream_stage_group<T, true>(a, t, i - t * n32, f, nw, inv[t], xq, xs);
     }
 }
 
@@ -1042,29 +1128,7 @@ qgemv_stream_kernel(struct cu_gemv_args a, int n_units)
 
     /* x, normalised when NORM (every block finds the rms itself), quantized
      * into shared memory */
-    __shared__ float inv_sm[TT];
-    if (NORM) {
-        __shared__ float red[QS_WARPS][TT];
-        for (int t = 0; t < nt; t++) {
-            float ss = 0.0f;
-            for (int i = threadIdx.x; i < cols / 4; i += QS_THREADS) {
-                float4 v = __ldg((const float4 *)(a.x + (size_t)t * cols) + i);
-                ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-            }
-            ss = warp_sum(ss);
-            if (lane == 0)
-                red[warp][t] = ss;
-        }
-        __syncthreads();
-        if (threadIdx.x < nt) {
-            float tot = 0.0f;
-            for (int w = 0; w < QS_WARPS; w++)
-                tot += red[w][threadIdx.x];
-            inv_sm[threadIdx.x] = 1.0f / sqrtf(tot / (float)cols + a.norm_eps);
-        }
-        __syncthreads();
-    }
-    stream_stage_x<T, NORM>(a, nt, inv_sm, xq, xs);
+    stream_stage_x<T, NORM>(a, nt, xq, xs);
     __syncthreads();
 
     float acc[NP][TT];
