@@ -57,14 +57,20 @@ struct kind_bufs {
     float *y[2];
 };
 
+/* A well-mixed 32-bit value of index i and seed. */
+static __device__ __forceinline__ uint32_t fill_hash(size_t i, uint32_t seed)
+{
+    uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    return h ^ h >> 13;
+}
+
 static __global__ void fill_bf16(uint16_t *w, size_t n, uint32_t seed)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
-        h ^= h >> 15;
-        h *= 2246822519u;
-        h ^= h >> 13;
+        uint32_t h = fill_hash(i, seed);
         float v = ((float)(h & 0xffff) / 65536.0f - 0.5f) * 0.05f;
         w[i] = (uint16_t)(__float_as_uint(v) >> 16);
     }
@@ -79,10 +85,7 @@ static __global__ void fill_blocks(uint8_t *w, size_t n_blocks, int block_bytes,
     size_t n = n_blocks * (size_t)block_bytes;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
-        h ^= h >> 15;
-        h *= 2246822519u;
-        h ^= h >> 13;
+        uint32_t h = fill_hash(i, seed);
         int at = (int)(i % (size_t)block_bytes) - scale_at;
         if (at >= 0 && at < 2 * n_scales)
             h = at & 1 ? 0x1c : 0x00; /* the half 0x1c00: 2^-8 */
