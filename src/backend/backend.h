@@ -422,6 +422,13 @@ struct backend {
      * to_device) instead of pointing at the mapped file: for backends that
      * cannot read host memory in place. */
     bool copy_weights;
+    /* The loader reads weight matrices from their files (pread) into backend
+     * memory instead of pointing at the mapped file: for backends whose
+     * memory is host memory in huge pages. A mapped file's pages are 4 KB
+     * page-cache pages (no file system here backs a mapping with huge ones);
+     * a decode step streams every weight once, and from pages left in small
+     * folios by the file's writer that cost up to 8x in decode speed. */
+    bool read_weights;
     /* embed and matmul take weight matrices of the block types as they
      * are stored; false: the loader dequantizes them to F32. */
     bool block_weights;

@@ -367,6 +367,7 @@ static int check_tensor_layout(struct cursor *c, struct gguf_file *f)
 int gguf_parse(const uint8_t *buf, size_t len, struct gguf_file *out, struct err *err)
 {
     memset(out, 0, sizeof *out);
+    out->fd = -1;
     struct cursor c = {.buf = buf, .len = len, .err = err};
     uint32_t magic;
     uint64_t n_tensors, n_kvs;
@@ -436,6 +437,7 @@ fail:
 int gguf_open(const char *path, struct gguf_file *out, struct err *err)
 {
     memset(out, 0, sizeof *out);
+    out->fd = -1;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return err_set(err, INFERD_EIO, "cannot open %s: %s", path, strerror(errno));
@@ -447,18 +449,21 @@ int gguf_open(const char *path, struct gguf_file *out, struct err *err)
     size_t len = (size_t)st.st_size;
     void *map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
     int map_errno = errno;
-    close(fd);
-    if (map == MAP_FAILED)
+    if (map == MAP_FAILED) {
+        close(fd);
         return err_set(err, INFERD_EIO, "cannot map %s: %s", path, strerror(map_errno));
+    }
     madvise(map, len, MADV_WILLNEED); /* hints, as for safetensors */
     madvise(map, len, MADV_HUGEPAGE);
     int rc = gguf_parse(map, len, out, err);
     if (rc) {
         munmap(map, len);
+        close(fd);
         return err_wrap(err, "%s", path);
     }
     out->map = map;
     out->map_len = len;
+    out->fd = fd;
     return 0;
 }
 
@@ -476,7 +481,10 @@ void gguf_close(struct gguf_file *f)
     free(f->tensors);
     if (f->map)
         munmap(f->map, f->map_len);
+    if (f->fd >= 0)
+        close(f->fd);
     memset(f, 0, sizeof *f);
+    f->fd = -1;
 }
 
 bool gguf_is_file(const char *path)
@@ -1049,9 +1057,12 @@ int gguf_tensor_set(struct gguf_file *f, const struct model_config *cfg, const c
     out->maps = calloc(1, sizeof *out->maps);
     out->map_lens = calloc(1, sizeof *out->map_lens);
     out->file_names = calloc(1, sizeof *out->file_names);
+    out->fds = malloc(sizeof *out->fds);
     out->used = calloc(n_entries, 1);
-    if (!out->tensors || !out->maps || !out->map_lens || !out->file_names || !out->used ||
-        !(out->file_names[0] = strdup(path))) {
+    if (out->fds)
+        out->fds[0] = -1;
+    if (!out->tensors || !out->maps || !out->map_lens || !out->file_names || !out->fds ||
+        !out->used || !(out->file_names[0] = strdup(path))) {
         st_set_close(out);
         return err_set(err, INFERD_ENOMEM, "out of memory for the tensor table");
     }
@@ -1124,7 +1135,9 @@ int gguf_tensor_set(struct gguf_file *f, const struct model_config *cfg, const c
         }
     out->maps[0] = f->map;
     out->map_lens[0] = f->map_len;
-    f->map = NULL; /* the set unmaps it; f's pointers stay valid while the set lives */
+    out->fds[0] = f->fd;
+    f->map = NULL; /* the set unmaps it and closes the file; f's pointers stay valid while */
+    f->fd = -1;    /* the set lives */
     return 0;
 }
 

@@ -65,6 +65,7 @@ struct gguf_file {
     size_t image_len;
     void *map;                 /* owned mapping when opened from a path, else NULL */
     size_t map_len;
+    int fd;                    /* owned: the file the mapping was made from, else -1 */
 };
 
 /* Parses a whole file image of len bytes: every count, length, type, shape

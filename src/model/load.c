@@ -6,7 +6,9 @@
 #include <immintrin.h>
 #endif
 #include <stdlib.h>
+#include <errno.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/bf16.h"
 #include "model/arch.h"
@@ -441,6 +443,33 @@ int model_load_matrix(struct model *m, const char *name, int64_t rows, int64_t c
     return rc;
 }
 
+/* t's bytes read from the open file its mapping was made from into host memory
+ * dst: the kernel copies from the page cache through its own huge mapping,
+ * where copying from the process's mapping of the file would walk it 4 KB at
+ * a time. 0, or -1 where the set kept no file or a read failed (the caller
+ * then copies from the mapping). */
+static int read_tensor(const struct st_set *set, const struct st_tensor *t, void *dst)
+{
+    if (!set->fds || t->file_index < 0 || t->file_index >= set->n_files ||
+        set->fds[t->file_index] < 0)
+        return -1;
+    const uint8_t *base = set->maps[t->file_index], *src = t->data;
+    if (src < base || (size_t)(src - base) > set->map_lens[t->file_index] ||
+        t->nbytes > set->map_lens[t->file_index] - (size_t)(src - base))
+        return -1;
+    const off_t at = (off_t)(src - base);
+    for (uint64_t done = 0; done < t->nbytes;) {
+        ssize_t n = pread(set->fds[t->file_index], (uint8_t *)dst + done,
+                          (size_t)(t->nbytes - done), at + (off_t)done);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return -1;
+        done += (uint64_t)n;
+    }
+    return 0;
+}
+
 /* model_load_matrix once t is found: staged says t's data is not the
  * mapping's (a column slice gathered by shard_tensor) and must not be pointed at. */
 static int load_matrix_tensor(struct model *m, const char *name, const struct st_tensor *t,
@@ -471,14 +500,16 @@ static int load_matrix_tensor(struct model *m, const char *name, const struct st
         return upload_unpermuted(m, t, rows, cols, &w->data, err);
     /* Block kernels load unaligned: a block type is used in place wherever it lies. */
     size_t align = keep_blocks ? 1 : dtype_size(t->dtype);
-    if (!staged && !m->backend->copy_weights && (uintptr_t)t->data % align == 0) {
+    const struct backend *be = m->backend;
+    if (!staged && !be->copy_weights && !be->read_weights && (uintptr_t)t->data % align == 0) {
         w->data = t->data;
         return 0;
     }
     void *copy;
     if ((rc = alloc_owned(m, t->nbytes, name, &copy, err)))
         return rc;
-    m->backend->ops->to_device(m->backend, copy, t->data, t->nbytes);
+    if (staged || !be->read_weights || read_tensor(&m->files, t, copy) < 0)
+        be->ops->to_device(m->backend, copy, t->data, t->nbytes);
     w->data = copy;
     return 0;
 }

@@ -403,9 +403,10 @@ static int set_add_file(struct st_set *set, const char *path, struct err *err)
     }
     void *map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
     int map_errno = errno;
-    close(fd);
-    if (map == MAP_FAILED)
+    if (map == MAP_FAILED) {
+        close(fd);
         return err_set(err, INFERD_EIO, "cannot map %s: %s", path, strerror(map_errno));
+    }
     /* Weights are streamed once per decoded token: read ahead now, and let
      * the kernel back the mapping with huge pages where the file system can,
      * which spares the TLB a miss every 4 KB. Both are hints; failure is fine. */
@@ -422,15 +423,20 @@ static int set_add_file(struct st_set *set, const char *path, struct err *err)
         lens ? realloc(set->file_names, (size_t)(set->n_files + 1) * sizeof *names) : NULL;
     if (names)
         set->file_names = names;
-    char *name = names ? strdup(path) : NULL;
+    int *fds = names ? realloc(set->fds, (size_t)(set->n_files + 1) * sizeof *fds) : NULL;
+    if (fds)
+        set->fds = fds;
+    char *name = fds ? strdup(path) : NULL;
     if (!name) {
         munmap(map, len);
+        close(fd);
         return err_set(err, INFERD_ENOMEM, "out of memory opening %s", path);
     }
     int file_index = set->n_files++;
     set->maps[file_index] = map;
     set->map_lens[file_index] = len;
     set->file_names[file_index] = name;
+    set->fds[file_index] = fd;
 
     struct st_header h;
     int rc = st_header_parse(map, len, &h, err);
@@ -617,10 +623,13 @@ void st_set_close(struct st_set *set)
     for (int i = 0; i < set->n_files; i++) {
         munmap(set->maps[i], set->map_lens[i]);
         free(set->file_names[i]);
+        if (set->fds && set->fds[i] >= 0)
+            close(set->fds[i]);
     }
     free(set->maps);
     free(set->map_lens);
     free(set->file_names);
+    free(set->fds);
     free(set->used);
     memset(set, 0, sizeof *set);
 }

@@ -49,6 +49,8 @@ struct st_set {
     int n_tensors;
     void **maps;               /* owned mappings; n_files */
     size_t *map_lens;
+    int *fds;                  /* owned: the open file each mapping was made from (-1: none),
+                                  for loaders that read a tensor's bytes instead of mapping them */
     char **file_names;         /* owned; n_files paths, for messages */
     int n_files;
     unsigned char *used;       /* per tensor: claimed by the loader (for "extra tensor" checks) */

@@ -580,6 +580,28 @@ Test(model_load, two_shard_checkpoint_loads)
     model_free(m);
 }
 
+Test(model_load, read_weights_backends_get_every_matrix_read_from_its_shard)
+{
+    fake_be.read_weights = true;
+    struct tiny t = {.shards = 2};
+    struct model *m;
+    struct err err = {0};
+    cr_assert_eq(load_tiny(&t, &m, &err), 0, "%s", err.msg);
+    cr_assert_eq(m->files.n_files, 2);
+    const struct layer_weights *L = &m->weights.layers[1];
+    const struct weight_matrix *checked[] = {&m->weights.embed, &m->weights.lm_head, &L->wq,
+                                             &L->w_down};
+    for (size_t i = 0; i < sizeof checked / sizeof *checked; i++)
+        cr_assert(!points_into_mapping(m, checked[i]->data), "matrix %zu lives in backend memory",
+                  i);
+    assert_matrix_holds(&m->weights.embed, "model.embed_tokens.weight", VOCAB, HIDDEN);
+    assert_matrix_holds(&m->weights.lm_head, "lm_head.weight", VOCAB, HIDDEN);
+    assert_matrix_holds(&L->wq, "model.layers.1.self_attn.q_proj.weight", 8, HIDDEN);
+    assert_matrix_holds(&L->w_down, "model.layers.1.mlp.down_proj.weight", HIDDEN, INTER);
+    model_free(m);
+    cr_assert_eq(mem.live, 0, "model_free releases every read copy");
+}
+
 Test(model_load, missing_tensor_is_refused_naming_it)
 {
     struct tiny t = {.omit = "model.layers.1.mlp.up_proj.weight"};

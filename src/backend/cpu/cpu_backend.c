@@ -443,7 +443,8 @@ int backend_cpu_create(const struct backend_options *opt, struct backend **out,
         be->kv_quant = &impl->kv_quant;
     }
     be->block_weights = true;
-    be->copy_weights = false; /* a copy to huge pages measured within noise of the file mapping, at 1.5 s/GB of load */
+    be->copy_weights = false;
+    be->read_weights = true; /* its allocations of 2 MB and more are huge pages */
     be->impl = impl;
     *out = be;
     return 0;
