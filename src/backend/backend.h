@@ -535,6 +535,10 @@ struct backend_options {
      * RMSNorm) in shared memory themselves (default on; off: x quantized by a
      * launch of its own, as for Q8_0) */
     enum backend_switch cuda_qgemv_stream;
+    /* CUDA: of those, a Q4_K product and a Q6_K one over the same x (Q4_K_M's
+     * q and k, then v) in one launch of that kernel (default on; off: a launch
+     * for each type) */
+    enum backend_switch cuda_qgemv_mixed;
     /* CUDA: FAST-mode bf16 matmuls of at most this many token rows run on the
      * GEMV kernels, more rows on the skinny GEMM or cuBLASLt (1..8; 0: the
      * default, 2) */

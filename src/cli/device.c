@@ -77,6 +77,8 @@ void cli_backend_options_from_env(struct backend_options *out)
         out->cuda_qgemv_dp4a = BACKEND_OFF;
     if (qgemv && !strcmp(qgemv, "dp4a"))
         out->cuda_qgemv_stream = BACKEND_OFF;
+    if (qgemv && !strcmp(qgemv, "stream"))
+        out->cuda_qgemv_mixed = BACKEND_OFF;
     const char *profile = getenv("INFERD_CUDA_PROFILE");
     if (profile && !strcmp(profile, "ops"))
         out->profile = BACKEND_PROFILE_OPS;
@@ -134,16 +136,18 @@ int cli_backend_flag(const char *flag, const char *value, struct backend_options
         return 1;
     }
     if (!strcmp(flag, "--cuda-qgemv")) {
-        if (!strcmp(value, "stream")) {
+        if (!strcmp(value, "mixed") || !strcmp(value, "stream")) {
             o->cuda_qgemv_dp4a = BACKEND_ON;
             o->cuda_qgemv_stream = BACKEND_ON;
+            o->cuda_qgemv_mixed = !strcmp(value, "mixed") ? BACKEND_ON : BACKEND_OFF;
         } else if (!strcmp(value, "dp4a")) {
             o->cuda_qgemv_dp4a = BACKEND_ON;
             o->cuda_qgemv_stream = BACKEND_OFF;
         } else if (!strcmp(value, "float"))
             o->cuda_qgemv_dp4a = BACKEND_OFF;
         else {
-            fprintf(stderr, "inferd: --cuda-qgemv: '%s' is not stream, dp4a or float\n", value);
+            fprintf(stderr, "inferd: --cuda-qgemv: '%s' is not mixed, stream, dp4a or float\n",
+                    value);
             return -1;
         }
         return 1;

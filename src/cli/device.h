@@ -44,11 +44,13 @@ bool cli_device_parse(const char *text, struct device_spec *out);
     "                              (INFERD_CUDA_DECODE_TC=0)\n"                                 \
     "  --cuda-moe on|off           MoE experts on vectorised GEMVs and a grouped tensor-core\n"  \
     "                              GEMM; off: the first kernels (INFERD_CUDA_MOE=0)\n"          \
-    "  --cuda-qgemv stream|dp4a|float  fast-mode Q8_0/Q4_K/Q6_K decode GEMVs on int8 x with\n" \
-    "                              dp4a; stream (default): Q4_K and Q6_K in one launch that\n"  \
-    "                              quantizes x itself; dp4a: x quantized by a launch of its\n"  \
-    "                              own (INFERD_CUDA_QGEMV=dp4a); float: x in f32 as exact\n"   \
-    "                              mode (INFERD_CUDA_QGEMV=float)\n"                          \
+    "  --cuda-qgemv mixed|stream|dp4a|float  fast-mode Q8_0/Q4_K/Q6_K decode GEMVs on int8\n" \
+    "                              x with dp4a; mixed (default): Q4_K and Q6_K in one launch\n" \
+    "                              that quantizes x itself, a Q4_K and a Q6_K product over\n"  \
+    "                              one x together; stream: a launch for each type\n"         \
+    "                              (INFERD_CUDA_QGEMV=stream); dp4a: x quantized by a\n"     \
+    "                              launch of its own (INFERD_CUDA_QGEMV=dp4a); float: x in\n"  \
+    "                              f32 as exact mode (INFERD_CUDA_QGEMV=float)\n"             \
     "  --cuda-gemv-rows N          fast-mode matmuls of more rows than N (1-8, default 2)\n"     \
     "                              leave the GEMV kernels\n"                                   \
     "  --cuda-skinny-gemm on|off   fast-mode bf16 matmuls of 3-8 rows on tensor cores, each\n"   \

@@ -25,7 +25,7 @@ static void skip_without_gpu(void)
 }
 
 /* dp4a: FAST mode's int8 path for the block GEMVs, stream: Q4_K's one-launch
- * kernel on it (--cuda-qgemv stream|dp4a|float) */
+ * kernel on it (--cuda-qgemv mixed|stream|dp4a|float) */
 static struct backend *cuda_with(enum compute_mode mode, enum backend_switch graphs,
                                  enum backend_switch dp4a, enum backend_switch stream)
 {
@@ -398,6 +398,104 @@ Test(cuda_quant, fused_epilogues_match_the_reference_on_every_path, .timeout = 6
             backend_destroy(be);
             backend_destroy(eager);
         }
+    }
+}
+
+/* Q4_K_M's attention projections: q and k in Q4_K, v in Q6_K over the same
+ * (normalised) x. In one step the planner gives the three one launch of the
+ * stream kernel with both types; each row is still summed by one warp in its
+ * own order over the same quantized x, so the outputs are the bits of the
+ * products launched apart (q and k in one step, v in the next). With and
+ * without the RMSNorm folded in, with graphs and without, at widths whose x
+ * images fit the mixed launch's shared memory or not (then it runs apart). */
+static void mixed_run(struct backend *be, const struct epi_mat *e, const float *xd,
+                      const float *nwd, float *xn, float *od, int n_tok, int64_t cols, bool norm,
+                      bool apart, float *out)
+{
+    const int64_t r0 = e[0].rows, r1 = e[1].rows, r2 = e[2].rows;
+    const size_t n_out = (size_t)n_tok * (size_t)(r0 + r1 + r2);
+    float *ys[3] = {od, od + n_tok * r0, od + n_tok * (r0 + r1)};
+    const struct weight_matrix *ws[3] = {&e[0].m, &e[1].m, &e[2].m};
+    const float *x = xd;
+    if (norm) {
+        be->ops->rmsnorm(be, xd, nwd, n_tok, cols, 1e-5f, xn);
+        x = xn;
+    }
+    float probe;
+    be->ops->matmul_group(be, x, n_tok, apart ? 2 : 3, ws, NULL, ys);
+    if (apart) {
+        be->ops->to_host(be, &probe, od, sizeof probe); /* ends the step */
+        be->ops->matmul(be, x, n_tok, ws[2], NULL, ys[2]);
+    }
+    be->ops->to_host(be, out, od, n_out * 4);
+    struct err err = {0};
+    cr_assert_eq(be->ops->status(be, &err), 0, "%s", err.msg);
+}
+
+Test(cuda_quant, a_mixed_q4_k_and_q6_k_launch_gives_the_bits_of_its_products_apart, .timeout = 300)
+{
+    skip_without_gpu();
+    static const int tokens[] = {1, 2, 3, 8};
+    static const int64_t widths[] = {2048, 16384};
+    for (int g = 0; g < 2; g++) {
+        struct backend *be = cuda(COMPUTE_FAST, g ? BACKEND_ON : BACKEND_OFF);
+        for (int wi = 0; wi < 2; wi++) {
+            const int64_t cols = widths[wi];
+            const int64_t rows[3] = {97, 33, 64};
+            const enum dtype types[3] = {DTYPE_Q4_K, DTYPE_Q4_K, DTYPE_Q6_K};
+            struct epi_mat e[3];
+            for (int k = 0; k < 3; k++)
+                epi_make(be, types[k], rows[k], cols, 31 + 7 * (uint32_t)k, &e[k]);
+            float *nw = malloc((size_t)cols * 4);
+            fill(nw, cols, 5);
+            float *nwd = upload(be, nw, (size_t)cols * 4);
+            for (int k = 0; k < 4; k++) {
+                const int n_tok = tokens[k];
+                const size_t n_out = (size_t)n_tok * (97 + 33 + 64);
+                float *x = malloc((size_t)(n_tok * cols) * 4);
+                fill(x, n_tok * cols, 300 + (uint32_t)k);
+                float *xd = upload(be, x, (size_t)(n_tok * cols) * 4);
+                float *xn = be->ops->alloc(be, (size_t)(n_tok * cols) * 4);
+                float *od = be->ops->alloc(be, n_out * 4);
+                float *mixed = malloc(n_out * 4), *apart = malloc(n_out * 4);
+                for (int norm = 0; norm < 2; norm++) {
+                    mixed_run(be, e, xd, nwd, xn, od, n_tok, cols, norm, false, mixed);
+                    mixed_run(be, e, xd, nwd, xn, od, n_tok, cols, norm, true, apart);
+                    for (size_t i = 0; i < n_out; i++)
+                        cr_assert(memcmp(&mixed[i], &apart[i], 4) == 0,
+                                  "%lld columns, %d tokens, norm %d, graphs %d: output %zu is %.9g "
+                                  "in one launch, %.9g apart",
+                                  (long long)cols, n_tok, norm, g, i, mixed[i], apart[i]);
+                }
+                /* and within the reference's bound (no norm: x as given) */
+                mixed_run(be, e, xd, nwd, xn, od, n_tok, cols, false, false, mixed);
+                for (int i = 0; i < n_tok; i++)
+                    for (int mi = 0, off = 0; mi < 3; off += n_tok * (int)rows[mi], mi++)
+                        for (int64_t r = 0; r < rows[mi]; r++) {
+                            double tol;
+                            double ref = epi_ref(&e[mi], r, x + (int64_t)i * cols, cols, true,
+                                                 false, &tol);
+                            double got = mixed[off + i * rows[mi] + r];
+                            cr_assert_leq(fabs(got - ref), tol,
+                                          "%lld columns, %d tokens: matrix %d y[%d, %lld] = "
+                                          "%.7g, reference %.7g",
+                                          (long long)cols, n_tok, mi, i, (long long)r, got, ref);
+                        }
+                be->ops->release(be, xd);
+                be->ops->release(be, xn);
+                be->ops->release(be, od);
+                free(x);
+                free(mixed);
+                free(apart);
+            }
+            for (int k = 0; k < 3; k++) {
+                be->ops->release(be, (void *)e[k].m.data);
+                free(e[k].wd);
+            }
+            be->ops->release(be, nwd);
+            free(nw);
+        }
+        backend_destroy(be);
     }
 }
 

@@ -1093,6 +1093,87 @@ Test(fusion, an_rmsnorm_before_a_q4_k_or_q8_0_gemv_folds_into_its_int8_path)
     cr_expect_eq(cu_fuse_plan(&exact, ops, 2, plan, 2), 2, "EXACT mode keeps the norm apart");
 }
 
+/* Rule 3's mix (qgemv_mixed): a FAST Q4_K GEMV takes the Q6_K matmul right
+ * after it over the same x (Q4_K_M's q and k, then v) into one launch, with
+ * the norm before them folded in too; not when the second one has an
+ * epilogue of its own, reads another x, has another width, is of the same
+ * type, in EXACT mode, or with the switch off. */
+Test(fusion, a_q4_k_gemv_and_the_q6_k_one_after_it_over_one_x_are_one_launch)
+{
+    static _Alignas(16) float x[2048], xn[2048], nw[2048], y[3][512], res[512], other[2048];
+    static _Alignas(16) uint8_t w[3][64 * 210];
+    struct cu_op ops[4];
+    const struct cu_fuse_config mixed = {.fast = true, .norm_gemv = true, .qgemv_norm = true,
+                                         .qgemv_mixed = true, .gemv_max_rows = CU_GEMV_MAX_ROWS};
+    struct {
+        const char *what;
+        bool norm, residual, exact, off, same_type, other_x, other_cols;
+        int launches;
+    } cases[] = {
+        {"q/k then v", false, false, false, false, false, false, false, 1},
+        {"the norm, q/k then v", true, false, false, false, false, false, false, 1},
+        {"v with a residual add", false, true, false, false, false, false, false, 2},
+        {"EXACT mode", false, false, true, false, false, false, false, 2},
+        {"the switch off", true, false, false, true, false, false, false, 2},
+        {"one type", false, false, false, false, true, false, false, 2},
+        {"another x", false, false, false, false, false, true, false, 2},
+        {"another width", false, false, false, false, false, false, true, 2},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        memset(ops, 0, sizeof ops);
+        int n = 0;
+        const float *mx = cases[i].norm ? xn : x;
+        if (cases[i].norm) {
+            ops[n].kind = CU_RMSNORM;
+            ops[n].n_rows = 1;
+            ops[n].u.norm.x = x;
+            ops[n].u.norm.w = nw;
+            ops[n].u.norm.y = xn;
+            ops[n].u.norm.n_rows = 1;
+            ops[n].u.norm.dim = 2048;
+            ops[n].u.norm.eps = 1e-5f;
+            n++;
+        }
+        struct cu_op *qk = &ops[n++], *v = &ops[n++];
+        qk->kind = v->kind = CU_MATMUL;
+        qk->n_rows = v->n_rows = 1;
+        qk->u.mm.x = mx;
+        qk->u.mm.cols = 2048;
+        qk->u.mm.dtype = DTYPE_Q4_K;
+        qk->u.mm.n = 2;
+        for (int k = 0; k < 2; k++)
+            qk->u.mm.m[k] = (struct cu_mat){.w = w[k], .rows = 64, .y = y[k]};
+        v->u.mm.x = cases[i].other_x ? other : mx;
+        v->u.mm.cols = cases[i].other_cols ? 1024 : 2048;
+        v->u.mm.dtype = cases[i].same_type ? DTYPE_Q4_K : DTYPE_Q6_K;
+        v->u.mm.n = 1;
+        v->u.mm.m[0] = (struct cu_mat){.w = w[2], .rows = 64, .y = y[2]};
+        if (cases[i].residual) {
+            ops[n].kind = CU_ADD;
+            ops[n].n_rows = 1;
+            ops[n].u.ew.a = y[2];
+            ops[n].u.ew.b = res;
+            ops[n].u.ew.out = res;
+            ops[n].u.ew.n = 64;
+            n++;
+        }
+        struct cu_fuse_config cfg = mixed;
+        cfg.fast = !cases[i].exact;
+        cfg.qgemv_mixed = !cases[i].off;
+        struct cu_launch plan[4];
+        int got = cu_fuse_plan(&cfg, ops, n, plan, 4);
+        cr_expect_eq(got, cases[i].launches, "%s: %d launches", cases[i].what, got);
+        if (cases[i].launches == 1) {
+            cr_expect(plan[0].kind == CU_LAUNCH_GEMV && plan[0].mixed, "%s: one mixed GEMV",
+                      cases[i].what);
+            cr_expect_eq(plan[0].norm, cases[i].norm, "%s: the norm folded", cases[i].what);
+            cr_expect_eq(plan[0].n_ops, n, "%s: every op covered", cases[i].what);
+        } else {
+            cr_expect(!plan[0].mixed, "%s", cases[i].what);
+        }
+    }
+}
+
 /* A matmul group records each run of consecutive matrices of one type as one
  * op (one launch reading x once): Q4_K_M's q and k together and v (Q6_K)
  * apart; all of one type, one op; no two matrices of a type apart, two ops. */

@@ -45,7 +45,9 @@ struct cu_device {
     /* dynamic shared memory each streaming GEMV kernel has been allowed
      * (cudaFuncAttributeMaxDynamicSharedMemorySize), bytes; 0: not yet */
     size_t gemv_smem[CU_GEMV_STREAM_KERNELS];
-    size_t qgemv_smem[2 * CU_GEMV_STREAM_KERNELS]; /* the same for qgemv.cu's (Q4_K, Q6_K) */
+    /* the same for qgemv.cu's stream kernels: Q4_K, Q6_K, then the mixed ones (one matrix
+     * a row, so half as many) */
+    size_t qgemv_smem[2 * CU_GEMV_STREAM_KERNELS + CU_GEMV_STREAM_KERNELS / 2];
     size_t moe_smem[CU_MOE_SMEM_KERNELS]; /* the same for the MoE kernels */
     size_t skinny_smem[3];                 /* and the skinny GEMM's (pair, plain deep, plain) */
 };
@@ -410,6 +412,9 @@ struct cu_gemv_args {
     const float *x;
     int64_t cols;
     int dtype, n_mat, n_rows;
+    /* a mixed launch (the stream kernel: Q4_K with Q6_K): matrices from
+     * m[n_mat1] on are of dtype2; otherwise n_mat1 is 0 and every one is of dtype */
+    int dtype2, n_mat1;
     struct cu_mat m[CU_GROUP_MAX];
     float *res;
     bool pair;

@@ -145,9 +145,40 @@ static bool norm_feeds_gemv(const struct cu_fuse_config *cfg, const struct cu_op
            mm->u.mm.cols == norm->u.norm.dim;
 }
 
-/* The GEMV launch of the matmul at ops[m] with rule 3's epilogue; returns
- * the ops covered from m. */
-static int plan_gemv(const struct cu_op *ops, int m, int n, struct cu_launch *l)
+static int plan_gemv(const struct cu_fuse_config *cfg, const struct cu_op *ops, int m, int n,
+                     struct cu_launch *l);
+
+/* Whether a FAST Q4_K or Q6_K GEMV of up to CU_GEMV_MAX_ROWS rows, one of
+ * the stream kernel's weight types. */
+static bool stream_type_gemv(const struct cu_fuse_config *cfg, const struct cu_op *op)
+{
+    const int dt = op->u.mm.dtype;
+    return cfg->fast && op->kind == CU_MATMUL && (dt == DTYPE_Q4_K || dt == DTYPE_Q6_K) &&
+           op->n_rows <= CU_GEMV_MAX_ROWS && uses_gemv(cfg, op);
+}
+
+/* Rule 3's mix: the matmul at ops[m + 1] reads the x of the one at ops[m]
+ * into other outputs with the other stream type (Q4_K_M's v after q and k),
+ * wants no epilogue of its own, and both fit one launch. */
+static bool mixes_with_next(const struct cu_fuse_config *cfg, const struct cu_op *ops, int m,
+                            int n)
+{
+    if (!cfg->qgemv_mixed || m + 1 >= n)
+        return false;
+    const struct cu_op *a = &ops[m], *b = &ops[m + 1];
+    if (!stream_type_gemv(cfg, a) || !stream_type_gemv(cfg, b) || a->u.mm.dtype == b->u.mm.dtype ||
+        b->u.mm.x != a->u.mm.x || b->u.mm.cols != a->u.mm.cols || b->n_rows != a->n_rows ||
+        a->u.mm.n + b->u.mm.n > CU_GROUP_MAX)
+        return false;
+    struct cu_launch alone;
+    memset(&alone, 0, sizeof alone);
+    return plan_gemv(cfg, ops, m + 1, n, &alone) == 1;
+}
+
+/* The GEMV launch of the matmul at ops[m] with rule 3's epilogue or mix;
+ * returns the ops covered from m. */
+static int plan_gemv(const struct cu_fuse_config *cfg, const struct cu_op *ops, int m, int n,
+                     struct cu_launch *l)
 {
     const struct cu_op *op = &ops[m];
     const struct cu_op *next = m + 1 < n ? &ops[m + 1] : NULL;
@@ -164,6 +195,10 @@ static int plan_gemv(const struct cu_op *ops, int m, int n, struct cu_launch *l)
         next->u.ew.b == op->u.mm.m[1].y && next->u.ew.out == op->u.mm.m[0].y &&
         next->u.ew.n == out_n) {
         l->swiglu = true;
+        return 2;
+    }
+    if (mixes_with_next(cfg, ops, m, n)) {
+        l->mixed = true;
         return 2;
     }
     return 1;
@@ -227,7 +262,7 @@ int cu_fuse_next(const struct cu_fuse_config *cfg, const struct cu_op *ops, int 
     }
     if (norm_folds(cfg, ops, i, n)) {
         l->norm = true;
-        return l->n_ops = 1 + plan_gemv(ops, i + 1, n, l);
+        return l->n_ops = 1 + plan_gemv(cfg, ops, i + 1, n, l);
     }
     if (add_feeds_norm(cfg, ops, i, n)) {
         l->kind = CU_LAUNCH_ADD_RMSNORM;
@@ -278,7 +313,7 @@ int cu_fuse_next(const struct cu_fuse_config *cfg, const struct cu_op *ops, int 
             break;
         }
         l->skinny = uses_skinny(cfg, op);
-        return l->n_ops = plan_gemv(ops, i, n, l);
+        return l->n_ops = plan_gemv(cfg, ops, i, n, l);
     default:
         return 0;
     }

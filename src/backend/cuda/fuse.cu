@@ -33,6 +33,28 @@ static bool exec_gemv(struct cu_impl *im, const struct cu_op *ops, const struct 
     if (l->residual)
         a.res = op[1].u.ew.out;
     a.pair = l->swiglu;
+    if (l->mixed) {
+        const struct cu_op *next = &op[1];
+        struct cu_gemv_args mixed = a;
+        mixed.dtype2 = next->u.mm.dtype;
+        mixed.n_mat1 = a.n_mat;
+        for (int i = 0; i < next->u.mm.n; i++)
+            mixed.m[mixed.n_mat++] = next->u.mm.m[i];
+        if (cu_qgemv_stream_runs(&im->dev, &mixed))
+            return CU_TRY(im, cu_launch_gemv(&im->dev, im->stream, &mixed));
+        /* apart: this one (with its norm) as planned alone, then the next one */
+        struct cu_launch first = *l;
+        first.mixed = false;
+        first.n_ops = l->n_ops - 1;
+        if (!exec_gemv(im, ops, &first))
+            return false;
+        struct cu_launch second;
+        memset(&second, 0, sizeof second);
+        second.kind = CU_LAUNCH_GEMV;
+        second.op = (int)(next - ops);
+        second.n_ops = 1;
+        return exec_gemv(im, ops, &second);
+    }
     /* rule 2 on block weights holds only where an int8 path runs; elsewhere
      * the norm is launched on its own first */
     if (l->norm && dtype_is_block((enum dtype)a.dtype) && !cu_qgemv_stream_runs(&im->dev, &a) &&

@@ -30,7 +30,12 @@
  *      one warp in column order) run on the GEMV kernels. The GEMV and skinny
  *      launches fold in the op after when it is the residual add of the
  *      matmul's single output (res += y, into another buffer) or the SwiGLU
- *      of its gate/up pair (in place into gate, no biases).
+ *      of its gate/up pair (in place into gate, no biases); with
+ *      qgemv_mixed, a FAST Q4_K (Q6_K) GEMV also takes the matmul right
+ *      after it when that one reads the same x with Q6_K (Q4_K) weights and
+ *      needs no epilogue (Q4_K_M's v after q and k): one launch of the stream
+ *      kernel with both types (mixed; where that kernel does not run, the
+ *      executor launches the two apart).
  *   4. add (y += x), then an RMSNorm of all of the sum's rows (reading y): one
  *      launch that adds and normalises each row (add_rmsnorm), writing y as
  *      the add would and reading it back in the same thread, so the bits are
@@ -89,6 +94,7 @@ struct cu_fuse_config {
     bool qk_attention; /* rule 1's fold into the decode attention */
     bool add_norm;     /* rule 4 */
     bool gemm_x;       /* rule 6 */
+    bool qgemv_mixed;  /* rule 3's mix of Q4_K and Q6_K matmuls over one x (the stream kernel) */
     bool decode_mma;   /* decode attention that cu_attention_uses_mma takes runs on the
                           tensor-core kernel (rule 1's q/k launch folded in as well), and
                           so does decode over a quantized cache where its kernel applies */
@@ -138,6 +144,7 @@ struct cu_launch {
     bool norm;     /* the RMSNorm at ops[op] folded in */
     bool residual; /* the add after the matmul folded in */
     bool swiglu;   /* the silu_mul after the gate/up pair folded in */
+    bool mixed;    /* the matmul after it, of the other stream type over the same x, taken in */
     bool skinny;   /* on a tensor-core GEMM of a few rows (gemm_skinny.cu, or gemm_batch.cu
                       past CU_SKINNY_MAX_ROWS rows), not the GEMV kernels */
     /* RMSNORM, ADD_RMSNORM, SILU_MUL: rule 6, the output also in bf16 for the GEMM after */

@@ -904,15 +904,32 @@ template <> struct qs<DTYPE_Q6_K> {
     }
 };
 
-/* Shared memory of the stream kernel of type T: the warps' stages, then per
- * token row x's codes and their scales (S::XS float4s a unit). */
+/* Bytes of one stage of type T's blocks of one matrix. */
 template <int T>
+static constexpr __host__ __device__ int qs_stage_bytes(int np)
+{
+    return qs<T>::stage_blocks(np) * qs<T>::BLOCK_BYTES;
+}
+
+/* Bytes of x's image as type T's products read it: per token row its codes
+ * and their scales (S::XS float4s a unit). */
+template <int T>
+static size_t qs_image_bytes(int n_rows, int64_t cols)
+{
+    const size_t units = (size_t)cols / 256 * qs<T>::UNITS;
+    return (size_t)n_rows * ((size_t)cols + units * qs<T>::XS * sizeof(float4));
+}
+
+/* Shared memory of the stream kernel of type T (and T2 in a mixed launch):
+ * the warps' stages, each slot as large as the larger type's, then x's image
+ * for each type. */
+template <int T, int T2 = T>
 static size_t qs_smem_bytes(int np, int n_rows, int64_t cols)
 {
-    typedef qs<T> S;
-    const size_t stages = (size_t)QS_WARPS * QS_STAGES * np * S::stage_blocks(np) * S::BLOCK_BYTES;
-    const size_t units = (size_t)cols / 256 * S::UNITS;
-    return stages + (size_t)n_rows * ((size_t)cols + units * S::XS * sizeof(float4));
+    const int sb1 = qs_stage_bytes<T>(np), sb2 = qs_stage_bytes<T2>(np);
+    const size_t stages = (size_t)QS_WARPS * QS_STAGES * np * (sb1 > sb2 ? sb1 : sb2);
+    return stages + qs_image_bytes<T>(n_rows, cols) +
+           (T2 != T ? qs_image_bytes<T2>(n_rows, cols) : 0);
 }
 
 /* Where unit u (a row of the launch, counted across its matrices) lies: its
@@ -930,20 +947,14 @@ static __device__ __forceinline__ void stream_row_of(const struct cu_gemv_args &
         }
 }
 
-/* A warp's walk over its stages, in order: stage n is part n % spr (blocks
- * from part * CH) of the warp's row n / spr (unit first + row * stride), in
- * ring slot n % QS_STAGES; kept as counters, so no stage divides. */
+/* A warp's walk over its stages, in order: part `part` (blocks from part *
+ * CH) of the warp's row `row` (unit first + row * stride: live while that is
+ * a unit of the launch; t2 when its matrix is of a mixed launch's second
+ * type, whose rows take spr stages), in ring slot `slot`; kept as counters,
+ * so no stage divides. */
 struct stream_cursor {
-    int n, row, part, slot;
-    __device__ __forceinline__ void next(int spr)
-    {
-        n++;
-        if (++part == spr) {
-            part = 0;
-            row++;
-        }
-        slot = slot == QS_STAGES - 1 ? 0 : slot + 1;
-    }
+    int row, part, slot, spr;
+    bool live, t2;
 };
 
 /* x's rows quantized (normalised first when NORM, with 1/rms of row t in
@@ -953,14 +964,16 @@ struct stream_cursor {
 /* Group g (32 values) of x's row t, f (normalised first when NORM, by 1/rms
  * r and the norm's weights; block 0 then also writes it to norm_out),
  * quantized into the block's shared memory as S::stage lays x out. */
-template <int T, bool NORM>
+template <int T, int T2, bool NORM>
 static __device__ __forceinline__ void stream_stage_group(const struct cu_gemv_args &a, int t,
                                                           int g, float4 (&f)[8],
                                                           const float4 (&nw)[8], float r,
-                                                          int8_t *xq, float4 *xs)
+                                                          int8_t *xq, float4 *xs, int8_t *xq2,
+                                                          float4 *xs2)
 {
     typedef qs<T> S;
-    const int cols = (int)a.cols, nu = cols / 256 * S::UNITS;
+    typedef qs<T2> S2;
+    const int cols = (int)a.cols, nu = cols / 256 * S::UNITS, nu2 = cols / 256 * S2::UNITS;
     const size_t at = (size_t)t * cols + (size_t)g * 32;
     if (NORM) {
 #pragma unroll
@@ -981,6 +994,8 @@ static __device__ __forceinline__ void stream_stage_group(const struct cu_gemv_a
     int lo, hi;
     qx_block32(v, w, d, lo, hi);
     S::stage(xq + (size_t)t * cols, xs + (size_t)t * nu * S::XS, cols, g, w, d, lo + hi);
+    if (T2 != T)
+        S2::stage(xq2 + (size_t)t * cols, xs2 + (size_t)t * nu2 * S2::XS, cols, g, w, d, lo + hi);
 }
 
 /* Group g of x's row t and, when NORM, of the norm's weights, all loads
@@ -1006,9 +1021,10 @@ static __device__ __forceinline__ void stream_load_group(const struct cu_gemv_ar
  * the squares (a butterfly per warp, then the row's warps in order), and
  * loads the norm's weights after.
  * Otherwise a pass over x for the sums of squares first. */
-template <int T, bool NORM>
+template <int T, int T2, bool NORM>
 static __device__ __forceinline__ void stream_stage_x(const struct cu_gemv_args &a, int nt,
-                                                      int8_t *xq, float4 *xs)
+                                                      int8_t *xq, float4 *xs, int8_t *xq2,
+                                                      float4 *xs2)
 {
     const int cols = (int)a.cols, n32 = cols / 32;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -1017,7 +1033,7 @@ static __device__ __forceinline__ void stream_stage_x(const struct cu_gemv_args 
         for (int i = threadIdx.x; i < nt * n32; i += QS_THREADS) {
             const int t = i / n32;
             stream_load_group<false>(a, t, i - t * n32, f, nw);
-            stream_stage_group<T, false>(a, t, i - t * n32, f, nw, 1.0f, xq, xs);
+            stream_stage_group<T, T2, false>(a, t, i - t * n32, f, nw, 1.0f, xq, xs, xq2, xs2);
         }
         return;
     }
@@ -1045,8 +1061,9 @@ static __device__ __forceinline__ void stream_stage_x(const struct cu_gemv_args 
         float tot = 0.0f;
         for (int w = 0; w < per_row; w++)
             tot += red[t * per_row + w];
-        stream_stage_group<T, true>(a, t, g, f, nw, 1.0f / sqrtf(tot / (float)cols + a.norm_eps),
-                                    xq, xs);
+        stream_stage_group<T, T2, true>(a, t, g, f, nw,
+                                        1.0f / sqrtf(tot / (float)cols + a.norm_eps), xq, xs,
+                                        xq2, xs2);
         return;
     }
     __shared__ float inv[CU_GEMV_MAX_ROWS];
@@ -1071,59 +1088,134 @@ static __device__ __forceinline__ void stream_stage_x(const struct cu_gemv_args 
     for (int i = threadIdx.x; i < nt * n32; i += QS_THREADS) {
         const int t = i / n32;
         stream_load_group<true>(a, t, i - t * n32, f, nw);
-        stream_stage_group<T, true>(a, t, i - t * n32, f, nw, inv[t], xq, xs);
+        stream_stage_group<T, T2, true>(a, t, i - t * n32, f, nw, inv[t], xq, xs, xq2, xs2);
     }
 }
 
-template <int T, int TT, int NP, bool NORM>
+/* One stage's 16-byte copies of a warp's row (NP matrices, each at src[p],
+ * advanced past it) into ring slot dst (matrix p at dst + p * SLOT). */
+template <int SB, int NP, int SLOT>
+static __device__ __forceinline__ void stream_copy_stage(uint32_t dst, const uint8_t *(&src)[NP],
+                                                         int pieces, int lane)
+{
+    constexpr int PIECES = (SB / 16 + 31) / 32; /* 16-byte copies a lane issues per matrix */
+#pragma unroll
+    for (int p = 0; p < NP; p++) {
+#pragma unroll
+        for (int k = 0; k < PIECES; k++) {
+            const int i = lane + 32 * k;
+            if (i < pieces)
+                cp_async16(dst + (uint32_t)(p * SLOT + 16 * i), src[p] + 16 * i, true);
+        }
+        src[p] += SB;
+    }
+}
+
+/* The products of one stage of type T (blocks from b0, matrix p at buf + p
+ * * SLOT) with x's image of that type, into acc. */
+template <int T, int TT, int NP, int SLOT>
+static __device__ __forceinline__ void stream_stage_products(const uint8_t *buf, int b0, int nblk,
+                                                             int lane, const int8_t *xq,
+                                                             const float4 *xs, int cols, int nt,
+                                                             float (&acc)[NP][TT])
+{
+    typedef qs<T> S;
+    constexpr int CH = S::stage_blocks(NP);
+    const int nu = cols / 256 * S::UNITS;
+    const int nb = nblk - b0 < CH ? nblk - b0 : CH;
+#pragma unroll
+    for (int k = 0; k < (CH * S::UNITS + 31) / 32; k++) {
+        const int ul = lane + 32 * k;
+        if (ul < nb * S::UNITS) {
+            const int u = b0 * S::UNITS + ul;
+            const uint8_t *blk[NP];
+#pragma unroll
+            for (int p = 0; p < NP; p++)
+                blk[p] = buf + p * SLOT + (ul / S::UNITS) * S::BLOCK_BYTES;
+#pragma unroll
+            for (int t = 0; t < TT; t++)
+                if (t < nt) {
+                    float part[NP];
+                    S::template dot<NP>(blk, u, xq + (size_t)t * cols, xs + (size_t)t * nu * S::XS,
+                                        cols, part);
+#pragma unroll
+                    for (int p = 0; p < NP; p++)
+                        acc[p][t] += part[p];
+                }
+        }
+    }
+}
+
+/* T2 != T: a mixed launch (NP 1), matrices from a.n_mat1 on of type a.dtype2;
+ * each row is streamed and multiplied as its own type. */
+template <int T, int T2, int TT, int NP, bool NORM>
 static __global__ void __launch_bounds__(QS_THREADS, 1)
 qgemv_stream_kernel(struct cu_gemv_args a, int n_units)
 {
-    typedef qs<T> S;
-    constexpr int CH = S::stage_blocks(NP);   /* blocks of each matrix per stage */
-    constexpr int SB = CH * S::BLOCK_BYTES;   /* their bytes */
-    constexpr int PIECES = (SB / 16 + 31) / 32; /* 16-byte copies a lane issues per matrix */
+    constexpr int SB1 = qs_stage_bytes<T>(NP), SB2 = qs_stage_bytes<T2>(NP);
+    constexpr int SLOT = SB1 > SB2 ? SB1 : SB2; /* a ring slot, per matrix */
     extern __shared__ float4 qs_sm[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int cols = (int)a.cols, nt = a.n_rows;
-    const int nu = cols / 256 * S::UNITS; /* units of a row */
-    uint8_t *ring = (uint8_t *)qs_sm + (size_t)warp * QS_STAGES * NP * SB;
+    uint8_t *ring = (uint8_t *)qs_sm + (size_t)warp * QS_STAGES * NP * SLOT;
     const uint32_t ring_s = (uint32_t)__cvta_generic_to_shared(ring);
-    int8_t *xq = (int8_t *)qs_sm + (size_t)QS_WARPS * QS_STAGES * NP * SB;
+    int8_t *xq = (int8_t *)qs_sm + (size_t)QS_WARPS * QS_STAGES * NP * SLOT;
     float4 *xs = (float4 *)(xq + (size_t)nt * cols);
-    const uint64_t rb = (uint64_t)(cols / 256) * S::BLOCK_BYTES;
-    const int nblk = cols / 256, spr = (nblk + CH - 1) / CH; /* stages per row */
-    const int last_pieces = (nblk - (spr - 1) * CH) * S::BLOCK_BYTES / 16; /* a row's last stage */
+    int8_t *xq2 = (int8_t *)(xs + (size_t)nt * (cols / 256) * qs<T>::UNITS * qs<T>::XS);
+    float4 *xs2 = (float4 *)(xq2 + (size_t)nt * cols);
+    const int nblk = cols / 256;
+    const uint64_t rb1 = (uint64_t)nblk * qs<T>::BLOCK_BYTES, rb2 = (uint64_t)nblk * qs<T2>::BLOCK_BYTES;
+    const int spr1 = (nblk + qs<T>::stage_blocks(NP) - 1) / qs<T>::stage_blocks(NP);
+    const int spr2 = (nblk + qs<T2>::stage_blocks(NP) - 1) / qs<T2>::stage_blocks(NP);
+    const int last1 = (nblk - (spr1 - 1) * qs<T>::stage_blocks(NP)) * qs<T>::BLOCK_BYTES / 16;
+    const int last2 = (nblk - (spr2 - 1) * qs<T2>::stage_blocks(NP)) * qs<T2>::BLOCK_BYTES / 16;
+    /* a mixed launch's rows of the second type: units from split on, or
+     * before it when the first matrices are of type T2 */
+    int split = n_units;
+    bool first_t2 = false;
+    if (T2 != T) {
+        split = 0;
+        for (int i = 0; i < a.n_mat1; i++)
+            split += (int)a.m[i].rows;
+        first_t2 = a.dtype == T2;
+    }
 
     const int first = blockIdx.x + gridDim.x * warp, stride = gridDim.x * QS_WARPS;
-    const int n_stages = first < n_units ? (n_units - first + stride - 1) / stride * spr : 0;
+    auto enter_row = [&](stream_cursor &k) {
+        const int u = first + k.row * stride;
+        k.live = u < n_units;
+        k.t2 = T2 != T && ((u >= split) != first_t2);
+        k.spr = k.t2 ? spr2 : spr1;
+    };
+    auto advance = [&](stream_cursor &k) {
+        if (++k.part == k.spr) {
+            k.part = 0;
+            k.row++;
+            enter_row(k);
+        }
+        k.slot = k.slot == QS_STAGES - 1 ? 0 : k.slot + 1;
+    };
     /* the copies run QS_STAGES - 1 stages ahead of the products */
-    stream_cursor cc = {0, 0, 0, 0};
+    stream_cursor cc = {0, 0, 0, 0, false, false};
+    enter_row(cc);
     const uint8_t *src[NP];
     auto copy = [&]() {
-        if (cc.n < n_stages) {
+        if (cc.live) {
             if (cc.part == 0) {
                 int m, lr;
                 stream_row_of<NP>(a, first + cc.row * stride, m, lr);
 #pragma unroll
                 for (int p = 0; p < NP; p++)
-                    src[p] = (const uint8_t *)a.m[NP == 1 ? m : p].w + (uint64_t)lr * rb;
+                    src[p] = (const uint8_t *)a.m[NP == 1 ? m : p].w + (uint64_t)lr * (cc.t2 ? rb2 : rb1);
             }
-            const int pieces = cc.part == spr - 1 ? last_pieces : SB / 16;
-#pragma unroll
-            for (int p = 0; p < NP; p++) {
-                const uint32_t dst = ring_s + (uint32_t)((cc.slot * NP + p) * SB);
-#pragma unroll
-                for (int k = 0; k < PIECES; k++) {
-                    const int i = lane + 32 * k;
-                    if (i < pieces)
-                        cp_async16(dst + 16 * i, src[p] + 16 * i, true);
-                }
-                src[p] += SB;
-            }
+            const uint32_t dst = ring_s + (uint32_t)(cc.slot * NP * SLOT);
+            if (cc.t2)
+                stream_copy_stage<SB2, NP, SLOT>(dst, src, cc.part == spr2 - 1 ? last2 : SB2 / 16, lane);
+            else
+                stream_copy_stage<SB1, NP, SLOT>(dst, src, cc.part == spr1 - 1 ? last1 : SB1 / 16, lane);
         }
         cp_async_commit(); /* empty groups too: the count stays one per stage */
-        cc.next(spr);
+        advance(cc);
     };
 #pragma unroll
     for (int n = 0; n < QS_STAGES - 1; n++)
@@ -1132,43 +1224,26 @@ qgemv_stream_kernel(struct cu_gemv_args a, int n_units)
     pdl_wait();
 
     /* x, normalised when NORM (every block finds the rms itself), quantized
-     * into shared memory */
-    stream_stage_x<T, NORM>(a, nt, xq, xs);
+     * into shared memory for each type */
+    stream_stage_x<T, T2, NORM>(a, nt, xq, xs, xq2, xs2);
     __syncthreads();
 
     float acc[NP][TT];
     gemv_zero_acc(acc);
-    stream_cursor c = {0, 0, 0, 0};
-    for (; c.n < n_stages; c.next(spr)) {
+    stream_cursor c = {0, 0, 0, 0, false, false};
+    for (enter_row(c); c.live; advance(c)) {
         cp_async_wait<QS_STAGES - 2>();
         __syncwarp();
         /* the buffer it refills was read by the whole warp one stage ago */
         copy();
-        const int b0 = c.part * CH;
-        const int nb = nblk - b0 < CH ? nblk - b0 : CH;
-        const uint8_t *buf = ring + (size_t)c.slot * NP * SB;
-#pragma unroll
-        for (int k = 0; k < (CH * S::UNITS + 31) / 32; k++) {
-            const int ul = lane + 32 * k;
-            if (ul < nb * S::UNITS) {
-                const int u = b0 * S::UNITS + ul;
-                const uint8_t *blk[NP];
-#pragma unroll
-                for (int p = 0; p < NP; p++)
-                    blk[p] = buf + p * SB + (ul / S::UNITS) * S::BLOCK_BYTES;
-#pragma unroll
-                for (int t = 0; t < TT; t++)
-                    if (t < nt) {
-                        float part[NP];
-                        S::template dot<NP>(blk, u, xq + (size_t)t * cols,
-                                            xs + (size_t)t * nu * S::XS, cols, part);
-#pragma unroll
-                        for (int p = 0; p < NP; p++)
-                            acc[p][t] += part[p];
-                    }
-            }
-        }
-        if (c.part != spr - 1)
+        const uint8_t *buf = ring + (size_t)c.slot * NP * SLOT;
+        if (c.t2)
+            stream_stage_products<T2, TT, NP, SLOT>(buf, c.part * qs<T2>::stage_blocks(NP), nblk,
+                                                    lane, xq2, xs2, cols, nt, acc);
+        else
+            stream_stage_products<T, TT, NP, SLOT>(buf, c.part * qs<T>::stage_blocks(NP), nblk,
+                                                   lane, xq, xs, cols, nt, acc);
+        if (c.part != c.spr - 1)
             continue;
         int m, lr;
         stream_row_of<NP>(a, first + c.row * stride, m, lr);
@@ -1177,14 +1252,16 @@ qgemv_stream_kernel(struct cu_gemv_args a, int n_units)
     cp_async_wait<0>();
 }
 
-template <int T, int TT, int NP>
+template <int T, int T2, int TT, int NP>
 static cudaError_t qgemv_stream_launch(struct cu_device *dev, cudaStream_t s,
                                        const struct cu_gemv_args *a, int n_units, size_t smem)
 {
-    auto kern = a->norm_w ? qgemv_stream_kernel<T, TT, NP, true> : qgemv_stream_kernel<T, TT, NP, false>;
+    auto kern = a->norm_w ? qgemv_stream_kernel<T, T2, TT, NP, true>
+                          : qgemv_stream_kernel<T, T2, TT, NP, false>;
     const int tt = TT == 1 ? 0 : TT == 2 ? 1 : TT == 4 ? 2 : 3;
-    const int slot = (T == DTYPE_Q6_K ? CU_GEMV_STREAM_KERNELS : 0) + (tt * 2 + (NP - 1)) * 2 +
-                     (a->norm_w ? 1 : 0);
+    const int slot = T2 != T ? 2 * CU_GEMV_STREAM_KERNELS + tt * 2 + (a->norm_w ? 1 : 0)
+                             : (T == DTYPE_Q6_K ? CU_GEMV_STREAM_KERNELS : 0) +
+                                   (tt * 2 + (NP - 1)) * 2 + (a->norm_w ? 1 : 0);
     int per_sm = 0;
     cudaError_t e = cu_kernel_fit(kern, QS_THREADS, smem, &dev->qgemv_smem[slot], &per_sm);
     if (e != cudaSuccess)
@@ -1195,17 +1272,17 @@ static cudaError_t qgemv_stream_launch(struct cu_device *dev, cudaStream_t s,
     return cu_launch_dependent(dev->pdl, kern, dim3(grid), dim3(QS_THREADS), smem, s, *a, n_units);
 }
 
-template <int T, int NP>
+template <int T, int NP, int T2 = T>
 static cudaError_t qgemv_stream_np(struct cu_device *dev, cudaStream_t s,
                                    const struct cu_gemv_args *a, int n_units, size_t smem)
 {
     if (a->n_rows == 1)
-        return qgemv_stream_launch<T, 1, NP>(dev, s, a, n_units, smem);
+        return qgemv_stream_launch<T, T2, 1, NP>(dev, s, a, n_units, smem);
     if (a->n_rows == 2)
-        return qgemv_stream_launch<T, 2, NP>(dev, s, a, n_units, smem);
+        return qgemv_stream_launch<T, T2, 2, NP>(dev, s, a, n_units, smem);
     if (a->n_rows <= 4)
-        return qgemv_stream_launch<T, 4, NP>(dev, s, a, n_units, smem);
-    return qgemv_stream_launch<T, 8, NP>(dev, s, a, n_units, smem);
+        return qgemv_stream_launch<T, T2, 4, NP>(dev, s, a, n_units, smem);
+    return qgemv_stream_launch<T, T2, 8, NP>(dev, s, a, n_units, smem);
 }
 
 /* Whether the stream kernel takes dtype over n_rows rows of cols. */
@@ -1221,6 +1298,14 @@ static bool stream_takes(int dtype, int n_rows, int64_t cols, size_t smem_optin)
     if (dtype == DTYPE_Q6_K)
         return cols % 2048 == 0 && qs_smem_bytes<DTYPE_Q6_K>(2, n_rows, cols) + margin <= smem_optin;
     return false;
+}
+
+/* Whether a launch of both stream types (one matrix a row) takes n_rows rows of cols. */
+static bool stream_takes_mixed(int n_rows, int64_t cols, size_t smem_optin)
+{
+    return n_rows >= 1 && n_rows <= CU_GEMV_MAX_ROWS && cols > 0 && cols < INT32_MAX / 8 &&
+           cols % 2048 == 0 &&
+           qs_smem_bytes<DTYPE_Q4_K, DTYPE_Q6_K>(1, n_rows, cols) + 1024 <= smem_optin;
 }
 
 /* The kernel family of block type dt: T of qtype<T>, or -1. */
@@ -1255,6 +1340,18 @@ static bool rows_aligned(const void *w, int dt, int64_t cols)
     return (uintptr_t)w % al == 0 && dtype_row_bytes((enum dtype)dt, (uint64_t)cols) % al == 0;
 }
 
+/* Whether a's matrices are of two types (cu_gemv_args.n_mat1). */
+static bool mixed_launch(const struct cu_gemv_args *a)
+{
+    return a->n_mat1 > 0 && a->n_mat1 < a->n_mat && a->dtype2 != a->dtype;
+}
+
+/* Matrix i's type. */
+static int mat_dtype(const struct cu_gemv_args *a, int i)
+{
+    return mixed_launch(a) && i >= a->n_mat1 ? a->dtype2 : a->dtype;
+}
+
 bool cu_qgemv_stream_runs(const struct cu_device *dev, const struct cu_gemv_args *a)
 {
     bool aligned16 = (uintptr_t)a->x % 16 == 0 && (uintptr_t)a->norm_w % 16 == 0;
@@ -1263,14 +1360,19 @@ bool cu_qgemv_stream_runs(const struct cu_device *dev, const struct cu_gemv_args
         aligned16 = aligned16 && (uintptr_t)a->m[i].w % 16 == 0;
         total += a->m[i].rows;
     }
-    return a->xq && a->qstream && !a->row_invariant && aligned16 && total < INT32_MAX &&
-           stream_takes(a->dtype, a->n_rows, a->cols, (size_t)dev->smem_optin);
+    const bool mixed_ok = (a->dtype == DTYPE_Q4_K && a->dtype2 == DTYPE_Q6_K) ||
+                          (a->dtype == DTYPE_Q6_K && a->dtype2 == DTYPE_Q4_K);
+    const bool takes = mixed_launch(a)
+                           ? mixed_ok && !a->pair &&
+                                 stream_takes_mixed(a->n_rows, a->cols, (size_t)dev->smem_optin)
+                           : stream_takes(a->dtype, a->n_rows, a->cols, (size_t)dev->smem_optin);
+    return a->xq && a->qstream && !a->row_invariant && aligned16 && total < INT32_MAX && takes;
 }
 
 bool cu_qgemv_int8_runs(const struct cu_device *dev, const struct cu_gemv_args *a)
 {
-    if (cu_qgemv_stream_runs(dev, a) || !a->xq || a->row_invariant || (uintptr_t)a->xq % 16 ||
-        (uintptr_t)a->x % 16 || (uintptr_t)a->norm_w % 16)
+    if (cu_qgemv_stream_runs(dev, a) || mixed_launch(a) || !a->xq || a->row_invariant ||
+        (uintptr_t)a->xq % 16 || (uintptr_t)a->x % 16 || (uintptr_t)a->norm_w % 16)
         return false;
     size_t need = cu_qgemv_int8_bytes(a->dtype, a->n_rows, a->cols);
     return need && need <= a->xq_bytes;
@@ -1288,8 +1390,15 @@ cudaError_t cu_launch_qgemv(struct cu_device *dev, cudaStream_t s, const struct 
     if (fam < 0 || a->cols % 32 || (uintptr_t)a->x % 16)
         return cudaErrorNotSupported;
     for (int i = 0; i < a->n_mat; i++)
-        if (!rows_aligned(a->m[i].w, a->dtype, a->cols))
+        if (!rows_aligned(a->m[i].w, mat_dtype(a, i), a->cols))
             return cudaErrorMisalignedAddress;
+    if (mixed_launch(a)) {
+        /* only the stream kernel reads two types in one launch */
+        if (!cu_qgemv_stream_runs(dev, a))
+            return cudaErrorNotSupported;
+        const size_t smem = qs_smem_bytes<DTYPE_Q4_K, DTYPE_Q6_K>(1, a->n_rows, a->cols);
+        return qgemv_stream_np<DTYPE_Q4_K, 1, DTYPE_Q6_K>(dev, s, a, (int)n_units, smem);
+    }
     if (cu_qgemv_stream_runs(dev, a)) {
         const int np = a->pair ? 2 : 1;
         if (a->dtype == DTYPE_Q4_K) {
