@@ -768,7 +768,7 @@ static cudaError_t launch_fd_merge(cudaStream_t s, const struct cu_op *op, const
 
 template <int HD, int GP, bool NARROW = false>
 static cudaError_t launch_decode_fd(cudaStream_t s, const struct cu_op *op, const uint8_t *params,
-                                    float *part, const struct cu_qk_args *prep)
+                                    float *part, const struct cu_qk_args *prep, bool early)
 {
     int group = op->u.attn.n_heads / op->u.attn.kv.n_kv_heads;
     int n_splits = op->u.attn.n_splits;
@@ -790,13 +790,21 @@ static cudaError_t launch_decode_fd(cudaStream_t s, const struct cu_op *op, cons
                                   : (prep ? attn_decode_fd_kernel<HD, GP, float, true, NARROW>
                                           : attn_decode_fd_kernel<HD, GP, float, false, NARROW>);
     /* launched after the launch before it completes, not as its programmatic
-     * dependent: early launches measured slower on the 1B and 8B shapes (-3 to
-     * -5% tg128, -5% at 8k; +4% on the 0.6B); narrow ones with the q/k prep
-     * folded in, whose first tile needs nothing of the step, on the 8B (-4%
-     * bf16, +-1% Q4_K_M; +2% 1B, +6% 0.6B). The o_proj GEMV after it may
-     * start early: pdl_release once the first tile's loads are out. */
-    kern<<<grid, FD_THREADS, 0, s>>>(*op, params, partials, counters, prep ? *prep : none);
-    cudaError_t e = cudaGetLastError();
+     * dependent (early launches measured slower on the 1B and 8B shapes: -3 to
+     * -5% tg128, -5% at 8k; +4% on the 0.6B), except, when the caller asks
+     * (early), narrow ones with the q/k prep folded in, whose first tile needs
+     * nothing of the step: after the block-quantized stream GEMV they measured
+     * faster (Llama-3.2-1B Q4_K_M +3 to +5%, 8B +1 to +2%), after the bf16
+     * GEMV slower (8B bf16 -3 to -4%). The o_proj GEMV after it may start
+     * early: pdl_release once the first tile's loads are out. */
+    cudaError_t e;
+    if (NARROW && prep && early) {
+        e = cu_launch_dependent(true, kern, grid, dim3(FD_THREADS), 0, s, *op, params, partials,
+                                counters, *prep);
+    } else {
+        kern<<<grid, FD_THREADS, 0, s>>>(*op, params, partials, counters, prep ? *prep : none);
+        e = cudaGetLastError();
+    }
     if (e != cudaSuccess || merge_inside)
         return e;
     return launch_fd_merge<HD, GP>(s, op, params, partials);
@@ -806,18 +814,18 @@ static cudaError_t launch_decode_fd(cudaStream_t s, const struct cu_op *op, cons
  * power of two, at most 8. */
 template <int HD>
 static cudaError_t launch_decode_hd(cudaStream_t s, const struct cu_op *op, const uint8_t *params,
-                                    float *part, const struct cu_qk_args *prep)
+                                    float *part, const struct cu_qk_args *prep, bool early)
 {
     if (op->u.attn.narrow)
-        return launch_decode_fd<HD, 1, true>(s, op, params, part, prep);
+        return launch_decode_fd<HD, 1, true>(s, op, params, part, prep, early);
     int group = op->u.attn.n_heads / op->u.attn.kv.n_kv_heads;
     if (group == 1)
-        return launch_decode_fd<HD, 1>(s, op, params, part, prep);
+        return launch_decode_fd<HD, 1>(s, op, params, part, prep, false);
     if (group == 2)
-        return launch_decode_fd<HD, 2>(s, op, params, part, prep);
+        return launch_decode_fd<HD, 2>(s, op, params, part, prep, false);
     if (group <= 4)
-        return launch_decode_fd<HD, 4>(s, op, params, part, prep);
-    return launch_decode_fd<HD, 8>(s, op, params, part, prep);
+        return launch_decode_fd<HD, 4>(s, op, params, part, prep, false);
+    return launch_decode_fd<HD, 8>(s, op, params, part, prep, false);
 }
 
 cudaError_t cu_launch_attention_merge(cudaStream_t s, const struct cu_op *op,
@@ -877,11 +885,11 @@ cudaError_t cu_launch_attention(cudaStream_t s, const struct cu_op *op, const ui
         return launch_prefill<64>(s, op, params, smem_optin);
     }
     if (hd == 64)
-        return launch_decode_hd<64>(s, op, params, part, NULL);
+        return launch_decode_hd<64>(s, op, params, part, NULL, false);
     if (hd == 128)
-        return launch_decode_hd<128>(s, op, params, part, NULL);
+        return launch_decode_hd<128>(s, op, params, part, NULL, false);
     if (hd == 256)
-        return launch_decode_hd<256>(s, op, params, part, NULL);
+        return launch_decode_hd<256>(s, op, params, part, NULL, false);
     if (hd <= 64)
         return launch_decode<2>(s, op, params, part);
     if (hd <= 128)
@@ -890,7 +898,8 @@ cudaError_t cu_launch_attention(cudaStream_t s, const struct cu_op *op, const ui
 }
 
 cudaError_t cu_launch_attention_qk(cudaStream_t s, const struct cu_op *op,
-                                   const struct cu_qk_args *qk, const uint8_t *params, float *part)
+                                   const struct cu_qk_args *qk, const uint8_t *params, float *part,
+                                   bool early)
 {
     if (op->n_rows == 0)
         return cudaSuccess;
@@ -898,8 +907,8 @@ cudaError_t cu_launch_attention_qk(cudaStream_t s, const struct cu_op *op,
         return cudaErrorInvalidValue;
     int hd = op->u.attn.kv.head_dim;
     if (hd == 64)
-        return launch_decode_hd<64>(s, op, params, part, qk);
+        return launch_decode_hd<64>(s, op, params, part, qk, early);
     if (hd == 128)
-        return launch_decode_hd<128>(s, op, params, part, qk);
-    return launch_decode_hd<256>(s, op, params, part, qk);
+        return launch_decode_hd<128>(s, op, params, part, qk, early);
+    return launch_decode_hd<256>(s, op, params, part, qk, early);
 }

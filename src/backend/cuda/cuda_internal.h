@@ -275,6 +275,8 @@ struct cu_impl {
     const float *xb_of;   /* the f32 activations the launch just before wrote into xb in bf16
                              (fuse.h rule 6), for the GEMM launch right after it; else NULL */
     int64_t xb_n;         /* how many */
+    bool after_qstream;   /* the launch just before ran on the block-quantized stream GEMV
+                             (qgemv.cu): a decode attention after it may start early */
     uint16_t *wb;         /* device, a block matrix's rows dequantized to bf16 for cuBLASLt; owned */
     size_t wb_bytes;
     float *attn_part;     /* device, split-attention partials; owned */
@@ -522,7 +524,8 @@ size_t cu_attention_part_floats(const struct cu_op *op);
  * sequence whose q the attention reads; cu_attention_takes_qk (fuse.h) says
  * whether the pair qualifies. */
 cudaError_t cu_launch_attention_qk(cudaStream_t s, const struct cu_op *op,
-                                   const struct cu_qk_args *qk, const uint8_t *params, float *part);
+                                   const struct cu_qk_args *qk, const uint8_t *params, float *part,
+                                   bool early);
 /* Attention over a quantized cache (attention_quant.cu; cu_launch_attention
  * hands it such ops): split-K flash-decoding or, for prefill, tiles decoded
  * into shared memory (fp16 for tensor cores when tensor_cores, FAST mode;

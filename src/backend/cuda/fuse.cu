@@ -40,8 +40,10 @@ static bool exec_gemv(struct cu_impl *im, const struct cu_op *ops, const struct 
         mixed.n_mat1 = a.n_mat;
         for (int i = 0; i < next->u.mm.n; i++)
             mixed.m[mixed.n_mat++] = next->u.mm.m[i];
-        if (cu_qgemv_stream_runs(&im->dev, &mixed))
+        if (cu_qgemv_stream_runs(&im->dev, &mixed)) {
+            im->after_qstream = true;
             return CU_TRY(im, cu_launch_gemv(&im->dev, im->stream, &mixed));
+        }
         /* apart: this one (with its norm) as planned alone, then the next one */
         struct cu_launch first = *l;
         first.mixed = false;
@@ -72,6 +74,7 @@ static bool exec_gemv(struct cu_impl *im, const struct cu_op *ops, const struct 
     }
     if (l->skinny)
         return CU_TRY(im, cu_launch_gemm_skinny(&im->dev, im->stream, &a));
+    im->after_qstream = dtype_is_block((enum dtype)a.dtype) && cu_qgemv_stream_runs(&im->dev, &a);
     return CU_TRY(im, cu_launch_gemv(&im->dev, im->stream, &a));
 }
 
@@ -95,13 +98,17 @@ bool cu_exec_launch(struct cu_impl *im, const struct cu_op *ops, const struct cu
     const float *xb_of = im->xb_of;
     int64_t xb_n = im->xb_n;
     im->xb_of = NULL;
+    /* the attention's early start: see launch_decode_fd (attention.cu) */
+    const bool after_qstream = im->after_qstream;
+    im->after_qstream = false;
     switch (l->kind) {
     case CU_LAUNCH_QK_ATTENTION: {
         const struct cu_op *attn = &ops[l->op + l->n_ops - 1];
         if (im->fuse.decode_mma && cu_attention_uses_mma(attn))
             return CU_TRY(im, cu_launch_attention_decode_f16(s, attn, im->arena_dev, im->attn_part,
                                                              im->dev.smem_optin, &l->qk));
-        return CU_TRY(im, cu_launch_attention_qk(s, attn, &l->qk, im->arena_dev, im->attn_part));
+        return CU_TRY(im, cu_launch_attention_qk(s, attn, &l->qk, im->arena_dev, im->attn_part,
+                                                 im->dev.pdl && after_qstream));
     }
     case CU_LAUNCH_QK:
     case CU_LAUNCH_ROPE:
