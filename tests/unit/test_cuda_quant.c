@@ -407,7 +407,8 @@ Test(cuda_quant, fused_epilogues_match_the_reference_on_every_path, .timeout = 6
  * own order over the same quantized x, so the outputs are the bits of the
  * products launched apart (q and k in one step, v in the next). With and
  * without the RMSNorm folded in, with graphs and without, at widths whose x
- * images fit the mixed launch's shared memory or not (then it runs apart). */
+ * images fit the mixed launch's shared memory or not (then it runs apart),
+ * and with the types the other way round (Q6_K first). */
 static void mixed_run(struct backend *be, const struct epi_mat *e, const float *xd,
                       const float *nwd, float *xn, float *od, int n_tok, int64_t cols, bool norm,
                       bool apart, float *out)
@@ -439,10 +440,13 @@ Test(cuda_quant, a_mixed_q4_k_and_q6_k_launch_gives_the_bits_of_its_products_apa
     static const int64_t widths[] = {2048, 16384};
     for (int g = 0; g < 2; g++) {
         struct backend *be = cuda(COMPUTE_FAST, g ? BACKEND_ON : BACKEND_OFF);
-        for (int wi = 0; wi < 2; wi++) {
-            const int64_t cols = widths[wi];
+        for (int wi = 0; wi < 3; wi++) {
+            const int64_t cols = widths[wi < 2 ? wi : 0];
             const int64_t rows[3] = {97, 33, 64};
-            const enum dtype types[3] = {DTYPE_Q4_K, DTYPE_Q4_K, DTYPE_Q6_K};
+            const bool q6_first = wi == 2;
+            const enum dtype types[3] = {q6_first ? DTYPE_Q6_K : DTYPE_Q4_K,
+                                         q6_first ? DTYPE_Q6_K : DTYPE_Q4_K,
+                                         q6_first ? DTYPE_Q4_K : DTYPE_Q6_K};
             struct epi_mat e[3];
             for (int k = 0; k < 3; k++)
                 epi_make(be, types[k], rows[k], cols, 31 + 7 * (uint32_t)k, &e[k]);
@@ -463,9 +467,10 @@ Test(cuda_quant, a_mixed_q4_k_and_q6_k_launch_gives_the_bits_of_its_products_apa
                     mixed_run(be, e, xd, nwd, xn, od, n_tok, cols, norm, true, apart);
                     for (size_t i = 0; i < n_out; i++)
                         cr_assert(memcmp(&mixed[i], &apart[i], 4) == 0,
-                                  "%lld columns, %d tokens, norm %d, graphs %d: output %zu is %.9g "
-                                  "in one launch, %.9g apart",
-                                  (long long)cols, n_tok, norm, g, i, mixed[i], apart[i]);
+                                  "%lld columns%s, %d tokens, norm %d, graphs %d: output %zu is "
+                                  "%.9g in one launch, %.9g apart",
+                                  (long long)cols, q6_first ? " (Q6_K first)" : "", n_tok, norm,
+                                  g, i, mixed[i], apart[i]);
                 }
                 /* and within the reference's bound (no norm: x as given) */
                 mixed_run(be, e, xd, nwd, xn, od, n_tok, cols, false, false, mixed);
