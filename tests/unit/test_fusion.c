@@ -1094,10 +1094,10 @@ Test(fusion, an_rmsnorm_before_a_q4_k_or_q8_0_gemv_folds_into_its_int8_path)
 }
 
 /* Rule 3's mix (qgemv_mixed): a FAST Q4_K GEMV takes the Q6_K matmul right
- * after it over the same x (Q4_K_M's q and k, then v) into one launch, with
- * the norm before them folded in too; not when the second one has an
- * epilogue of its own, reads another x, has another width, is of the same
- * type, in EXACT mode, or with the switch off. */
+ * after it over the same x (Q4_K_M's q and k, then v) into one launch, or the
+ * other way round, with the norm before them folded in too; not when the
+ * second one has an epilogue of its own, reads another x, has another width,
+ * is of the same type, in EXACT mode, or with the switch off. */
 Test(fusion, a_q4_k_gemv_and_the_q6_k_one_after_it_over_one_x_are_one_launch)
 {
     static _Alignas(16) float x[2048], xn[2048], nw[2048], y[3][512], res[512], other[2048];
@@ -1107,17 +1107,18 @@ Test(fusion, a_q4_k_gemv_and_the_q6_k_one_after_it_over_one_x_are_one_launch)
                                          .qgemv_mixed = true, .gemv_max_rows = CU_GEMV_MAX_ROWS};
     struct {
         const char *what;
-        bool norm, residual, exact, off, same_type, other_x, other_cols;
+        bool norm, residual, exact, off, same_type, other_x, other_cols, q6_first;
         int launches;
     } cases[] = {
-        {"q/k then v", false, false, false, false, false, false, false, 1},
-        {"the norm, q/k then v", true, false, false, false, false, false, false, 1},
-        {"v with a residual add", false, true, false, false, false, false, false, 2},
-        {"EXACT mode", false, false, true, false, false, false, false, 2},
-        {"the switch off", true, false, false, true, false, false, false, 2},
-        {"one type", false, false, false, false, true, false, false, 2},
-        {"another x", false, false, false, false, false, true, false, 2},
-        {"another width", false, false, false, false, false, false, true, 2},
+        {"q/k then v", false, false, false, false, false, false, false, false, 1},
+        {"Q6_K first, then Q4_K", false, false, false, false, false, false, false, true, 1},
+        {"the norm, q/k then v", true, false, false, false, false, false, false, false, 1},
+        {"v with a residual add", false, true, false, false, false, false, false, false, 2},
+        {"EXACT mode", false, false, true, false, false, false, false, false, 2},
+        {"the switch off", true, false, false, true, false, false, false, false, 2},
+        {"one type", false, false, false, false, true, false, false, false, 2},
+        {"another x", false, false, false, false, false, true, false, false, 2},
+        {"another width", false, false, false, false, false, false, true, false, 2},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         memset(ops, 0, sizeof ops);
@@ -1139,13 +1140,13 @@ Test(fusion, a_q4_k_gemv_and_the_q6_k_one_after_it_over_one_x_are_one_launch)
         qk->n_rows = v->n_rows = 1;
         qk->u.mm.x = mx;
         qk->u.mm.cols = 2048;
-        qk->u.mm.dtype = DTYPE_Q4_K;
+        qk->u.mm.dtype = cases[i].q6_first ? DTYPE_Q6_K : DTYPE_Q4_K;
         qk->u.mm.n = 2;
         for (int k = 0; k < 2; k++)
             qk->u.mm.m[k] = (struct cu_mat){.w = w[k], .rows = 64, .y = y[k]};
         v->u.mm.x = cases[i].other_x ? other : mx;
         v->u.mm.cols = cases[i].other_cols ? 1024 : 2048;
-        v->u.mm.dtype = cases[i].same_type ? DTYPE_Q4_K : DTYPE_Q6_K;
+        v->u.mm.dtype = cases[i].same_type || cases[i].q6_first ? DTYPE_Q4_K : DTYPE_Q6_K;
         v->u.mm.n = 1;
         v->u.mm.m[0] = (struct cu_mat){.w = w[2], .rows = 64, .y = y[2]};
         if (cases[i].residual) {
