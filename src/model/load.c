@@ -500,7 +500,7 @@ static int load_matrix_tensor(struct model *m, const char *name, const struct st
         return upload_unpermuted(m, t, rows, cols, &w->data, err);
     /* Block kernels load unaligned: a block type is used in place wherever it lies. */
     size_t align = keep_blocks ? 1 : dtype_size(t->dtype);
-    const struct backend *be = m->backend;
+    struct backend *be = m->backend;
     if (!staged && !be->copy_weights && !be->read_weights && (uintptr_t)t->data % align == 0) {
         w->data = t->data;
         return 0;
@@ -509,7 +509,7 @@ static int load_matrix_tensor(struct model *m, const char *name, const struct st
     if ((rc = alloc_owned(m, t->nbytes, name, &copy, err)))
         return rc;
     if (staged || !be->read_weights || read_tensor(&m->files, t, copy) < 0)
-        be->ops->to_device(m->backend, copy, t->data, t->nbytes);
+        be->ops->to_device(be, copy, t->data, t->nbytes);
     w->data = copy;
     return 0;
 }

@@ -1590,7 +1590,8 @@ extern "C" int backend_cuda_create(int device, const struct backend_options *opt
     im->qgemv_int8 = opt->cuda_qgemv_dp4a != BACKEND_OFF;
     im->qgemv_stream = im->qgemv_int8 && opt->cuda_qgemv_stream != BACKEND_OFF;
     im->fuse.qgemv_norm = im->fuse.fast && im->qgemv_int8;
-    im->fuse.qgemv_mixed = im->fuse.fast && im->qgemv_stream && opt->cuda_qgemv_mixed != BACKEND_OFF;
+    im->fuse.qgemv_mixed =
+        im->fuse.fast && im->qgemv_stream && opt->cuda_qgemv_mixed != BACKEND_OFF;
     im->profile = opt->profile;
     cudaDeviceProp prop;
     bool ok = CU_TRY(im, cudaSetDevice(device)) && CU_TRY(im, cudaGetDeviceProperties(&prop, device));

@@ -957,13 +957,10 @@ struct stream_cursor {
     bool live, t2;
 };
 
-/* x's rows quantized (normalised first when NORM, with 1/rms of row t in
- * inv[t]; block 0 then also writes the normed rows to norm_out) into the
- * block's shared memory as S::stage lays them out. A thread per block of 32
- * of x: all its loads issued before any is used. */
 /* Group g (32 values) of x's row t, f (normalised first when NORM, by 1/rms
  * r and the norm's weights; block 0 then also writes it to norm_out),
- * quantized into the block's shared memory as S::stage lays x out. */
+ * quantized into the block's shared memory as S::stage lays x out (and, in a
+ * mixed launch, as S2::stage lays T2's image out). */
 template <int T, int T2, bool NORM>
 static __device__ __forceinline__ void stream_stage_group(const struct cu_gemv_args &a, int t,
                                                           int g, float4 (&f)[8],
@@ -1164,7 +1161,8 @@ qgemv_stream_kernel(struct cu_gemv_args a, int n_units)
     int8_t *xq2 = (int8_t *)(xs + (size_t)nt * (cols / 256) * qs<T>::UNITS * qs<T>::XS);
     float4 *xs2 = (float4 *)(xq2 + (size_t)nt * cols);
     const int nblk = cols / 256;
-    const uint64_t rb1 = (uint64_t)nblk * qs<T>::BLOCK_BYTES, rb2 = (uint64_t)nblk * qs<T2>::BLOCK_BYTES;
+    const uint64_t rb1 = (uint64_t)nblk * qs<T>::BLOCK_BYTES;
+    const uint64_t rb2 = (uint64_t)nblk * qs<T2>::BLOCK_BYTES;
     const int spr1 = (nblk + qs<T>::stage_blocks(NP) - 1) / qs<T>::stage_blocks(NP);
     const int spr2 = (nblk + qs<T2>::stage_blocks(NP) - 1) / qs<T2>::stage_blocks(NP);
     const int last1 = (nblk - (spr1 - 1) * qs<T>::stage_blocks(NP)) * qs<T>::BLOCK_BYTES / 16;
@@ -1206,13 +1204,16 @@ qgemv_stream_kernel(struct cu_gemv_args a, int n_units)
                 stream_row_of<NP>(a, first + cc.row * stride, m, lr);
 #pragma unroll
                 for (int p = 0; p < NP; p++)
-                    src[p] = (const uint8_t *)a.m[NP == 1 ? m : p].w + (uint64_t)lr * (cc.t2 ? rb2 : rb1);
+                    src[p] = (const uint8_t *)a.m[NP == 1 ? m : p].w +
+                             (uint64_t)lr * (cc.t2 ? rb2 : rb1);
             }
             const uint32_t dst = ring_s + (uint32_t)(cc.slot * NP * SLOT);
             if (cc.t2)
-                stream_copy_stage<SB2, NP, SLOT>(dst, src, cc.part == spr2 - 1 ? last2 : SB2 / 16, lane);
+                stream_copy_stage<SB2, NP, SLOT>(dst, src, cc.part == spr2 - 1 ? last2 : SB2 / 16,
+                                                 lane);
             else
-                stream_copy_stage<SB1, NP, SLOT>(dst, src, cc.part == spr1 - 1 ? last1 : SB1 / 16, lane);
+                stream_copy_stage<SB1, NP, SLOT>(dst, src, cc.part == spr1 - 1 ? last1 : SB1 / 16,
+                                                 lane);
         }
         cp_async_commit(); /* empty groups too: the count stays one per stage */
         advance(cc);
