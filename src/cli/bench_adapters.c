@@ -57,7 +57,30 @@ struct bench_rig {
     uint32_t *blocks;               /* batch x blocks per sequence */
     int blocks_per_seq;
     float *logits;                  /* batch x vocab */
+    struct sample_spec *greedy;     /* batch: the device's greedy pick, where it samples */
+    struct sample_result *picked;   /* batch */
 };
+
+/* One decode step of the whole batch, its tokens picked as the engine picks
+ * them: greedily on the device where the backend samples (only the tokens
+ * cross to the host), else by argmax over the logits copied back. */
+static int decode_step(struct bench_rig *r, const struct batch *b, int32_t *next, struct err *err)
+{
+    int vocab = r->m->config.vocab_size;
+    if (model_samples_on_backend(r->m)) {
+        struct forward_output out = {.host_rows = r->logits, .specs = r->greedy,
+                                     .results = r->picked};
+        int rc = model_forward_sampled(r->m, r->st, &r->pool->cache, b, &out, err);
+        for (int s = 0; s < b->n_seqs && rc == 0; s++)
+            next[s] = r->picked[s].need_host ? argmax(r->logits + (size_t)s * vocab, vocab)
+                                             : r->picked[s].token;
+        return rc;
+    }
+    int rc = model_forward(r->m, r->st, &r->pool->cache, b, r->logits, err);
+    for (int s = 0; s < b->n_seqs && rc == 0; s++)
+        next[s] = argmax(r->logits + (size_t)s * vocab, vocab);
+    return rc;
+}
 
 /* One run: every sequence's prompt (a forward each), then gen_len decode steps of the whole
  * batch; returns decode tokens per second, or a negative error code. */
@@ -88,6 +111,9 @@ static double run_once(struct bench_rig *r, int count, struct err *err)
         if (rc == 0)
             t[o->prompt_len] = argmax(r->logits, vocab);
     }
+    int32_t *next = calloc((size_t)o->batch, sizeof *next);
+    if (!next && rc == 0)
+        rc = err_set(err, INFERD_ENOMEM, "out of memory");
     double t0 = now_s();
     for (int step = 0; step < o->gen_len - 1 && rc == 0; step++) {
         int pos = o->prompt_len + step;
@@ -97,11 +123,12 @@ static double run_once(struct bench_rig *r, int count, struct err *err)
             seqs[s].pos0 = pos;
         }
         struct batch b = {seqs, o->batch};
-        rc = model_forward(r->m, r->st, &r->pool->cache, &b, r->logits, err);
+        rc = decode_step(r, &b, next, err);
         for (int s = 0; s < o->batch && rc == 0; s++)
-            r->tokens[(size_t)s * ctx + pos + 1] = argmax(r->logits + (size_t)s * vocab, vocab);
+            r->tokens[(size_t)s * ctx + pos + 1] = next[s];
     }
     double secs = now_s() - t0;
+    free(next);
     free(seqs);
     free(picks);
     return rc < 0 ? rc : (double)o->batch * (o->gen_len - 1) / secs;
@@ -125,7 +152,12 @@ int bench_adapters_run(const struct model *m, const char *model_dir,
     r.tokens = calloc((size_t)o->batch * ctx, sizeof *r.tokens);
     r.blocks = calloc((size_t)o->batch * r.blocks_per_seq, sizeof *r.blocks);
     r.logits = malloc((size_t)o->batch * m->config.vocab_size * sizeof *r.logits);
-    int rc = made && r.adapters && r.tokens && r.blocks && r.logits
+    r.greedy = calloc((size_t)o->batch, sizeof *r.greedy);
+    r.picked = calloc((size_t)o->batch, sizeof *r.picked);
+    for (int s = 0; r.greedy && s < o->batch; s++)
+        r.greedy[s] = (struct sample_spec){.top_p = 1.0f, .repetition_penalty = 1.0f,
+                                           .n_top = -1};
+    int rc = made && r.adapters && r.tokens && r.blocks && r.logits && r.greedy && r.picked
                  ? 0 : err_set(err, INFERD_ENOMEM, "out of memory (or no temporary directory)");
     for (int i = 0; rc == 0 && i < o->batch * r.blocks_per_seq; i++)
         r.blocks[i] = (uint32_t)i;
@@ -187,6 +219,8 @@ int bench_adapters_run(const struct model *m, const char *model_dir,
     free(r.tokens);
     free(r.blocks);
     free(r.logits);
+    free(r.greedy);
+    free(r.picked);
     if (made) {
         char cmd[sizeof tmp + 16];
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
