@@ -1221,3 +1221,31 @@ Test(fusion, a_matmul_group_is_one_op_per_run_of_one_weight_type)
     }
     be->ops->destroy(be);
 }
+
+/* Rule 5's adapter groups: lora ops right after one another over the same x
+ * are one launch, up to CU_LORA_MAX_GROUP of them, each writing its own y;
+ * another x, or a y already written in the group, starts a new launch. */
+Test(fusion, lora_ops_over_one_x_are_one_launch)
+{
+    float x1[1], x2[1], y[CU_LORA_MAX_GROUP + 2][1];
+    struct cu_op ops[CU_LORA_MAX_GROUP + 4];
+    memset(ops, 0, sizeof ops);
+    int n = 0;
+    for (int i = 0; i < CU_LORA_MAX_GROUP + 1; i++, n++) /* a full group, then one more */
+        ops[n] = (struct cu_op){.kind = CU_LORA, .n_rows = 4,
+                                .u.lora = {.x = x1, .y = y[i], .in = 64, .out = 32, .n_segs = 1}};
+    ops[n++] = (struct cu_op){.kind = CU_LORA, .n_rows = 4,
+                              .u.lora = {.x = x2, .y = y[0], .in = 64, .out = 32, .n_segs = 1}};
+    ops[n++] = (struct cu_op){.kind = CU_LORA, .n_rows = 4,
+                              .u.lora = {.x = x2, .y = y[0], .in = 64, .out = 32, .n_segs = 1}};
+    ops[n++] = (struct cu_op){.kind = CU_ADD, .n_rows = 4, .u.ew.n = 4};
+    struct cu_launch plan[16];
+    cr_assert_eq(cu_fuse_plan(&fast_all, ops, n, plan, 16), 5);
+    int want[5] = {CU_LORA_MAX_GROUP, 1, 1, 1, 1};
+    for (int i = 0; i < 5; i++)
+        cr_expect_eq(plan[i].n_ops, want[i], "launch %d covers %d ops, not %d", i,
+                     plan[i].n_ops, want[i]);
+    cr_expect_eq(plan[0].kind, CU_LAUNCH_LORA);
+    cr_expect_eq(plan[3].kind, CU_LAUNCH_LORA);
+    cr_expect_eq(plan[4].kind, CU_LAUNCH_ADD);
+}

@@ -443,10 +443,13 @@ static void cu_moe_ffn(struct backend *be, const float *x, int64_t n_rows,
     cu_rec_moe_ffn(rec_of(be), x, n_rows, ex, ids, weights, top_k, scratch, y);
 }
 
+/* scratch goes unused: the launches keep u in the backend's own workspace, where the
+ * ops one launch groups find theirs apart (lora_workspace) */
 static void cu_lora(struct backend *be, const float *x, int64_t in, int64_t out,
                     const struct lora_seg *segs, int n_segs, float *scratch, float *y)
 {
-    cu_rec_lora(rec_of(be), x, in, out, segs, n_segs, scratch, y);
+    (void)scratch;
+    cu_rec_lora(rec_of(be), x, in, out, segs, n_segs, y);
 }
 
 static void cu_gated_add(struct backend *be, float *y, const float *x, const float *g,
@@ -561,7 +564,7 @@ static const char *const prof_names[PL_N] = {
     "cublasLt gemm", "rmsnorm", "q/k norm + rope + kv write", "rope", "silu_mul", "add",
     "kv_store", "attention decode", "attention prefill", "rmsnorm + gemv (+ epilogue)",
     "q/k prep + attention decode", "kv copy slots", "moe routing", "moe experts",
-    "shared expert gate + add", "gelu_tanh_mul, scale, softcap", "lora shrink + expand",
+    "shared expert gate + add", "gelu_tanh_mul, scale, softcap", "lora shrink and expand",
     "layer_norm, gelu, scatter_rows", "attention dense (+ merge)",
     "skinny gemm, tensor cores (+ epilogue)", "batched tile gemm, tensor cores (+ epilogue)",
     "add + rmsnorm"};
@@ -933,6 +936,20 @@ static bool gemm_batch_workspace(struct cu_impl *im)
     return need == 0 || scratch_grow(im, &im->gemm_work, &im->gemm_work_bytes, need, true);
 }
 
+/* The adapter launches' u, grown before anything is launched or captured:
+ * room for the largest group rule 5 may make. */
+static bool lora_workspace(struct cu_impl *im)
+{
+    size_t need = 0;
+    for (int i = 0; i < im->rec.n_ops; i++)
+        if (im->rec.ops[i].kind == CU_LORA) {
+            size_t b = cu_lora_work_bytes(&im->rec.ops[i], 1);
+            need = b > need ? b : need;
+        }
+    need *= CU_LORA_MAX_GROUP;
+    return need == 0 || scratch_grow(im, &im->lora_work, &im->lora_work_bytes, need, true);
+}
+
 /* Launches the recorded step. */
 static void flush(struct cu_impl *im)
 {
@@ -944,6 +961,7 @@ static void flush(struct cu_impl *im)
         cudaSetDevice(im->dev.index);
         qgemv_workspace(im);
         gemm_batch_workspace(im);
+        lora_workspace(im);
         if (rec->arena_used &&
             CU_TRY(im, cudaMemcpyAsync(im->arena_dev, rec->arena, rec->arena_used,
                                        cudaMemcpyHostToDevice, im->stream)) &&
@@ -1364,6 +1382,7 @@ static void cu_destroy(struct backend *be)
     cudaFree(im->attn_part);
     cudaFree(im->xq);
     cudaFree(im->gemm_work);
+    cudaFree(im->lora_work);
     cudaFree(im->kvq_books);
     cudaFree(im->lt_workspace);
     free(((struct cu_backend *)be)->allocs);

@@ -285,6 +285,8 @@ struct cu_impl {
     void *xq;             /* device, x as int8 blocks for the block GEMVs (cu_gemv_args.xq); owned */
     size_t xq_bytes;
     void *gemm_work;      /* device, the batched tile GEMM's split-K workspace; owned */
+    size_t lora_work_bytes;
+    void *lora_work;      /* device, the adapter launches' u; owned */
     size_t gemm_work_bytes;
 
     struct cu_graph_entry graphs[CU_GRAPH_CACHE];
@@ -472,10 +474,34 @@ cudaError_t cu_launch_moe_route(const struct cu_device *dev, cudaStream_t s,
                                 const struct cu_op *op, bool warp_per_row);
 bool cu_exec_moe_ffn(struct cu_impl *im, const struct cu_op *op);
 cudaError_t cu_launch_gated_add(cudaStream_t s, const struct cu_op *op);
-/* Low-rank adapters (lora.cu): the shrink u = A x per (segment, row, rank
- * index), a warp each; then the expand y += scale * B u per (row, output),
- * a thread each walking the segments in order (stacked adapters add in order). */
-cudaError_t cu_launch_lora(cudaStream_t s, const struct cu_op *op, const uint8_t *params);
+/* Low-rank adapters (lora.cu): n_ops (at most CU_LORA_MAX_GROUP) lora ops
+ * over the same x, fuse rule 5's group, in two launches: the shrink u = A x
+ * per (segment, tile of rows, rank index), then the expand y += scale * B u
+ * per (op, row, run of outputs), walking the segments in order (stacked
+ * adapters add in order). work: cu_lora_work_bytes of device memory for
+ * the ops' u. */
+struct cu_lora_job {
+    float *y;
+    int64_t out;
+    int n_segs;
+    uint32_t segs_off, u_base, n_items;
+    uint32_t item0, expand0; /* the job's first shrink and expand blocks */
+};
+struct cu_lora_group {
+    const float *x;
+    int64_t in;
+    int n_jobs;
+    unsigned n_shrink, n_expand;
+    struct cu_lora_job job[CU_LORA_MAX_GROUP];
+};
+size_t cu_lora_work_bytes(const struct cu_op *ops, int n_ops);
+void cu_lora_group_of(const struct cu_op *ops, int n_ops, struct cu_lora_group *g);
+cudaError_t cu_launch_lora_shrink(const struct cu_device *dev, cudaStream_t s,
+                                  const struct cu_lora_group *g, const uint8_t *params,
+                                  void *work);
+cudaError_t cu_launch_lora_expand(const struct cu_device *dev, cudaStream_t s,
+                                  const struct cu_lora_group *g, const uint8_t *params,
+                                  const void *work);
 /* Block-quantized weights (qgemv.cu). cu_block_types: the block types the
  * kernels below take (bit 1 << dtype each: Q8_0, Q4_K, Q6_K and the MLX
  * types), what the backend sets as block_types; the loader widens the others

@@ -243,6 +243,26 @@ static bool add_feeds_norm(const struct cu_fuse_config *cfg, const struct cu_op 
     return !norm_folds(cfg, ops, i + 1, n);
 }
 
+/* Rule 5's adapter group: the lora op at ops[i] and those right after it over the same
+ * x (a layer's q/k/v or gate/up adapters), up to CU_LORA_MAX_GROUP, each writing its own
+ * y (the launch's expands run after all its shrinks: a y may be an x). */
+static int lora_group(const struct cu_op *ops, int i, int n)
+{
+    const struct cu_op *first = &ops[i];
+    int k = 1;
+    while (k < CU_LORA_MAX_GROUP && i + k < n) {
+        const struct cu_op *op = &ops[i + k];
+        bool fits = op->kind == CU_LORA && op->u.lora.x == first->u.lora.x &&
+                    op->u.lora.in == first->u.lora.in;
+        for (int j = 0; fits && j < k; j++)
+            fits = ops[i + j].u.lora.y != op->u.lora.y;
+        if (!fits)
+            break;
+        k++;
+    }
+    return k;
+}
+
 int cu_fuse_next(const struct cu_fuse_config *cfg, const struct cu_op *ops, int i, int n,
                  struct cu_launch *out)
 {
@@ -302,7 +322,9 @@ int cu_fuse_next(const struct cu_fuse_config *cfg, const struct cu_op *ops, int 
     case CU_GELU_TANH_MUL: l->kind = CU_LAUNCH_GELU_TANH_MUL; break;
     case CU_SCALE: l->kind = CU_LAUNCH_SCALE; break;
     case CU_SOFTCAP: l->kind = CU_LAUNCH_SOFTCAP; break;
-    case CU_LORA: l->kind = CU_LAUNCH_LORA; break;
+    case CU_LORA:
+        l->kind = CU_LAUNCH_LORA;
+        return l->n_ops = lora_group(ops, i, n);
     case CU_LAYER_NORM: l->kind = CU_LAUNCH_LAYER_NORM; break;
     case CU_GELU: l->kind = CU_LAUNCH_GELU; break;
     case CU_ATTN_DENSE: l->kind = CU_LAUNCH_ATTN_DENSE; break;

@@ -90,6 +90,17 @@ static uint16_t *gemm_x_out(struct cu_impl *im, const struct cu_launch *l, const
     return im->xb;
 }
 
+/* An adapter group: its shrink, then its expand. */
+static bool exec_lora(struct cu_impl *im, const struct cu_op *op, const struct cu_launch *l)
+{
+    struct cu_lora_group g;
+    cu_lora_group_of(op, l->n_ops, &g);
+    return CU_TRY(im, cu_launch_lora_shrink(&im->dev, im->stream, &g, im->arena_dev,
+                                            im->lora_work)) &&
+           CU_TRY(im, cu_launch_lora_expand(&im->dev, im->stream, &g, im->arena_dev,
+                                            im->lora_work));
+}
+
 bool cu_exec_launch(struct cu_impl *im, const struct cu_op *ops, const struct cu_launch *l)
 {
     const struct cu_op *op = &ops[l->op];
@@ -145,7 +156,7 @@ bool cu_exec_launch(struct cu_impl *im, const struct cu_op *ops, const struct cu
     case CU_LAUNCH_GATED_ADD:
         return CU_TRY(im, cu_launch_gated_add(s, op));
     case CU_LAUNCH_LORA:
-        return CU_TRY(im, cu_launch_lora(s, op, im->arena_dev));
+        return exec_lora(im, op, l);
     case CU_LAUNCH_GELU_TANH_MUL:
     case CU_LAUNCH_SCALE:
     case CU_LAUNCH_SOFTCAP:

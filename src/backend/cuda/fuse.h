@@ -42,7 +42,9 @@
  *      the two launches' bits. Not taken when rule 2 folds that RMSNorm into
  *      the GEMV after it. Across layers too: a layer's last add and the next
  *      layer's first norm (or the final norm before the LM head).
- *   5. anything else: one launch per op.
+ *   5. anything else: one launch per op; except lora ops: one and those
+ *      right after it over the same x (up to CU_LORA_MAX_GROUP, each with
+ *      its own y) are one launch of shrinks and expands (lora.cu).
  *   6. (a flag on launches of rules 4 and 5) an RMSNorm or a SiLU-mul whose
  *      output is all of the x of the cuBLASLt GEMM right after it also writes
  *      that x rounded to bf16 where the GEMM reads it (gemm_x, to_gemm_x),

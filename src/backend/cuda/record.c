@@ -588,7 +588,7 @@ void cu_rec_gated_add(struct cu_rec *rec, float *y, const float *x, const float 
  * adapters from there; the op keeps only the grid's bounds. n_rows is the
  * end of the last row any segment covers. */
 void cu_rec_lora(struct cu_rec *rec, const float *x, int64_t in, int64_t out,
-                 const struct lora_seg *segs, int n_segs, float *scratch, float *y)
+                 const struct lora_seg *segs, int n_segs, float *y)
 {
     size_t bytes = (size_t)n_segs * sizeof(struct cu_lora_seg);
     if (!rec->hooks->ok(rec) || n_segs <= 0 || !rec->hooks->arena_room(rec, bytes + 32))
@@ -604,18 +604,17 @@ void cu_rec_lora(struct cu_rec *rec, const float *x, int64_t in, int64_t out,
     }
     struct cu_lora_seg *t = (struct cu_lora_seg *)(void *)rec->blob;
     memset(t, 0, bytes);
-    uint32_t u_off = 0;
-    int rows = 0, max_rank = 0, max_seg_rows = 0;
+    uint32_t u_off = 0, items = 0;
+    int rows = 0;
     for (int i = 0; i < n_segs; i++) {
         const struct lora_seg *sg = &segs[i];
         t[i] = (struct cu_lora_seg){.a = sg->p.a, .b = sg->p.b, .row0 = sg->row0,
                                     .n_rows = sg->n_rows, .rank = sg->p.rank,
                                     .b_stride = sg->p.b_stride, .scale = sg->p.scale,
-                                    .u_off = u_off, .bf16 = sg->p.bf16};
+                                    .u_off = u_off, .item0 = items, .bf16 = sg->p.bf16};
         u_off += (uint32_t)(sg->n_rows * sg->p.rank);
+        items += (uint32_t)((sg->n_rows + CU_LORA_TILE_ROWS - 1) / CU_LORA_TILE_ROWS * sg->p.rank);
         rows = sg->row0 + sg->n_rows > rows ? sg->row0 + sg->n_rows : rows;
-        max_rank = sg->p.rank > max_rank ? sg->p.rank : max_rank;
-        max_seg_rows = sg->n_rows > max_seg_rows ? sg->n_rows : max_seg_rows;
     }
     uint32_t off = arena_put(rec, NULL, t, bytes, 0);
     struct cu_op *op = op_new(rec, CU_LORA, rows);
@@ -623,12 +622,11 @@ void cu_rec_lora(struct cu_rec *rec, const float *x, int64_t in, int64_t out,
         return;
     op->u.lora.x = x;
     op->u.lora.y = y;
-    op->u.lora.scratch = scratch;
     op->u.lora.in = in;
     op->u.lora.out = out;
     op->u.lora.n_segs = n_segs;
-    op->u.lora.max_rank = max_rank;
-    op->u.lora.max_seg_rows = max_seg_rows;
+    op->u.lora.n_items = items;
+    op->u.lora.u_floats = u_off;
     op->u.lora.segs_off = off;
 }
 

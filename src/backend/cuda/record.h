@@ -94,15 +94,21 @@ struct cu_mat {
     float *y;
 };
 
+/* one row an item: on an H200 a warp per row ran 1 adapter over 16 rows at 71.6% of no
+ * adapter, eight rows a warp at 47.3% (too few warps for the loads in flight) */
+#define CU_LORA_TILE_ROWS 1
+#define CU_LORA_MAX_GROUP 4 /* lora ops over one x that fuse rule 5 launches together */
+
 /* One segment of a lora op as the kernels read it from the parameter arena:
  * rows [row0, row0 + n_rows) take a (rank x in) and b (out x rank, rows
- * b_stride apart), f32 or (bf16 != 0) bf16; their u = A x sit at scratch +
- * u_off, n_rows x rank. */
+ * b_stride apart), f32 or (bf16 != 0) bf16; their u = A x sit u_off floats
+ * into the op's u (n_rows x rank). The op's shrink work items from item0 on
+ * are this segment's: one per tile of CU_LORA_TILE_ROWS rows and rank index. */
 struct cu_lora_seg {
     const void *a, *b;
     int row0, n_rows, rank, b_stride;
     float scale;
-    uint32_t u_off;
+    uint32_t u_off, item0;
     int32_t bf16;
 };
 
@@ -221,9 +227,11 @@ struct cu_op {
         } gated;
         struct {
             const float *x;
-            float *y, *scratch;
+            float *y;
             int64_t in, out;
-            int n_segs, max_rank, max_seg_rows; /* the launches' grids */
+            int n_segs;
+            uint32_t n_items;  /* shrink work items (the launch's grid) */
+            uint32_t u_floats; /* the segments' u: the sum of n_rows x rank */
             uint32_t segs_off; /* n_segs cu_lora_seg in the arena */
         } lora;
         struct {
@@ -342,7 +350,7 @@ void cu_rec_moe_ffn(struct cu_rec *rec, const float *x, int64_t n_rows,
 void cu_rec_gated_add(struct cu_rec *rec, float *y, const float *x, const float *g,
                       int64_t n_rows, int64_t dim);
 void cu_rec_lora(struct cu_rec *rec, const float *x, int64_t in, int64_t out,
-                 const struct lora_seg *segs, int n_segs, float *scratch, float *y);
+                 const struct lora_seg *segs, int n_segs, float *y);
 
 /* Splits of decode attention op (its n_splits, given its other fields): for
  * the narrow kernel, a tile of positions a split as long as the blocks fit
