@@ -937,16 +937,10 @@ static bool gemm_batch_workspace(struct cu_impl *im)
 }
 
 /* The adapter launches' u, grown before anything is launched or captured:
- * room for the largest group rule 5 may make. */
+ * room for the largest group rule 5 may make of the step's lora ops. */
 static bool lora_workspace(struct cu_impl *im)
 {
-    size_t need = 0;
-    for (int i = 0; i < im->rec.n_ops; i++)
-        if (im->rec.ops[i].kind == CU_LORA) {
-            size_t b = cu_lora_work_bytes(&im->rec.ops[i], 1);
-            need = b > need ? b : need;
-        }
-    need *= CU_LORA_MAX_GROUP;
+    size_t need = (size_t)im->rec.lora_u_max * sizeof(float) * CU_LORA_MAX_GROUP;
     return need == 0 || scratch_grow(im, &im->lora_work, &im->lora_work_bytes, need, true);
 }
 

@@ -478,8 +478,8 @@ cudaError_t cu_launch_gated_add(cudaStream_t s, const struct cu_op *op);
  * over the same x, fuse rule 5's group, in two launches: the shrink u = A x
  * per (segment, tile of rows, rank index), then the expand y += scale * B u
  * per (op, row, run of outputs), walking the segments in order (stacked
- * adapters add in order). work: cu_lora_work_bytes of device memory for
- * the ops' u. */
+ * adapters add in order). work: device memory for the ops' u (the sum of
+ * their u_floats). */
 struct cu_lora_job {
     float *y;
     int64_t out;
@@ -494,7 +494,6 @@ struct cu_lora_group {
     unsigned n_shrink, n_expand;
     struct cu_lora_job job[CU_LORA_MAX_GROUP];
 };
-size_t cu_lora_work_bytes(const struct cu_op *ops, int n_ops);
 void cu_lora_group_of(const struct cu_op *ops, int n_ops, struct cu_lora_group *g);
 cudaError_t cu_launch_lora_shrink(const struct cu_device *dev, cudaStream_t s,
                                   const struct cu_lora_group *g, const uint8_t *params,

@@ -280,14 +280,6 @@ lora_expand_kernel(struct cu_lora_group g, const uint8_t *params, const float *u
             y[(size_t)t * (size_t)out + (size_t)(r0 + q)] = yv[q];
 }
 
-size_t cu_lora_work_bytes(const struct cu_op *ops, int n_ops)
-{
-    size_t u = 0;
-    for (int i = 0; i < n_ops; i++)
-        u += ops[i].u.lora.u_floats;
-    return u * sizeof(float);
-}
-
 void cu_lora_group_of(const struct cu_op *ops, int n_ops, struct cu_lora_group *g)
 {
     memset(g, 0, sizeof *g);

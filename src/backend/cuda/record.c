@@ -38,6 +38,7 @@ void cu_rec_clear(struct cu_rec *rec)
 {
     rec->n_ops = 0;
     rec->arena_used = 0;
+    rec->lora_u_max = 0;
     if (rec->n_dedup)
         memset(rec->dedup, 0, sizeof rec->dedup);
     rec->n_dedup = 0;
@@ -627,6 +628,8 @@ void cu_rec_lora(struct cu_rec *rec, const float *x, int64_t in, int64_t out,
     op->u.lora.n_segs = n_segs;
     op->u.lora.n_items = items;
     op->u.lora.u_floats = u_off;
+    if (u_off > rec->lora_u_max)
+        rec->lora_u_max = u_off;
     op->u.lora.segs_off = off;
 }
 

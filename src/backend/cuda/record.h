@@ -297,6 +297,7 @@ struct cu_rec {
     size_t blob_cap;
     /* quantized caches: the Lloyd–Max books in device memory (the launcher's) */
     const struct kvq_codebooks *kvq_books;
+    uint32_t lora_u_max;   /* the largest u_floats of this step's lora ops (0: none) */
 };
 
 /* Frees what rec owns (not the arena). */
