@@ -515,6 +515,11 @@ struct backend_options {
      * cuBLASLt is faster: bench/RESULTS.md; off: cuBLASLt, the adds and SwiGLU
      * launched apart) */
     enum backend_switch cuda_batch_gemm;
+    /* CUDA, FAST mode: a lora group's shrink and expand folded into the RMSNorm and SiLU-mul
+     * launches around its matmul, where thread-block clusters run (default off, where its
+     * row launches cost more than the launches they save: bench/RESULTS.md; off: two
+     * launches a group) */
+    enum backend_switch cuda_lora_rows;
     /* CUDA: matmuls of f32 weights over more rows than the GEMV kernels take
      * through cuBLASLt's f32 GEMM (default off: a row's result then depends
      * on how many rows the GEMM has, which EXACT mode's batch invariance

@@ -71,6 +71,9 @@ void cli_backend_options_from_env(struct backend_options *out)
     if (batch_gemm && !strcmp(batch_gemm, "1"))
         out->cuda_batch_gemm = BACKEND_ON;
     out->cuda_moe = env_off("INFERD_CUDA_MOE");
+    const char *lora_rows = getenv("INFERD_CUDA_LORA_ROWS");
+    if (lora_rows && !strcmp(lora_rows, "1"))
+        out->cuda_lora_rows = BACKEND_ON;
     out->cuda_skinny_gemm = env_off("INFERD_CUDA_SKINNY");
     const char *qgemv = getenv("INFERD_CUDA_QGEMV");
     if (qgemv && (!strcmp(qgemv, "float") || !strcmp(qgemv, "0")))
@@ -104,6 +107,7 @@ int cli_backend_flag(const char *flag, const char *value, struct backend_options
         {"--cuda-batch-gemm", offsetof(struct backend_options, cuda_batch_gemm)},
         {"--cuda-moe", offsetof(struct backend_options, cuda_moe)},
         {"--cuda-skinny-gemm", offsetof(struct backend_options, cuda_skinny_gemm)},
+        {"--cuda-lora-rows", offsetof(struct backend_options, cuda_lora_rows)},
     };
     for (size_t i = 0; i < sizeof switches / sizeof switches[0]; i++) {
         if (strcmp(flag, switches[i].flag))

@@ -1249,3 +1249,113 @@ Test(fusion, lora_ops_over_one_x_are_one_launch)
     cr_expect_eq(plan[3].kind, CU_LAUNCH_LORA);
     cr_expect_eq(plan[4].kind, CU_LAUNCH_ADD);
 }
+
+/* A Llama layer's ops at 16 rows with an adapter on every projection (the shapes
+ * scaled down), as the forward pass records them. */
+struct adapter_layer {
+    float res[1], xn[1], q[1], k[1], v[1], attn[1], proj[1], gate[1], up[1];
+    struct cu_op ops[18];
+};
+
+static struct cu_op lora_op(const float *x, float *y, int64_t in, int64_t out)
+{
+    return (struct cu_op){.kind = CU_LORA, .n_rows = 16,
+                          .u.lora = {.x = x, .y = y, .in = in, .out = out, .n_segs = 2,
+                                     .u_floats = 256, .rank_max = 16, .rank_sum = 32,
+                                     .rows_ok = 1}};
+}
+
+static struct cu_op matmul_op(const float *x, int64_t cols, int n, float *y0, float *y1,
+                              float *y2, int64_t rows)
+{
+    struct cu_op op = {.kind = CU_MATMUL, .n_rows = 16,
+                       .u.mm = {.x = x, .cols = cols, .dtype = DTYPE_BF16, .n = n}};
+    float *ys[3] = {y0, y1, y2};
+    for (int i = 0; i < n; i++)
+        op.u.mm.m[i] = (struct cu_mat){.w = ys[i], .rows = rows, .y = ys[i]};
+    return op;
+}
+
+static void adapter_layer_init(struct adapter_layer *L)
+{
+    struct cu_op *o = L->ops;
+    const int64_t hidden = 64, inter = 128, n = 16;
+    o[0] = (struct cu_op){.kind = CU_RMSNORM, .n_rows = 16,
+                          .u.norm = {.x = L->res, .y = L->xn, .n_rows = n, .dim = hidden}};
+    o[1] = matmul_op(L->xn, hidden, 3, L->q, L->k, L->v, hidden);
+    o[2] = lora_op(L->xn, L->q, hidden, hidden);
+    o[3] = lora_op(L->xn, L->k, hidden, hidden);
+    o[4] = lora_op(L->xn, L->v, hidden, hidden);
+    o[5] = (struct cu_op){.kind = CU_SCALE, .n_rows = 16}; /* stands for the attention */
+    o[6] = matmul_op(L->attn, hidden, 1, L->proj, NULL, NULL, hidden);
+    o[7] = lora_op(L->attn, L->proj, hidden, hidden);
+    o[8] = (struct cu_op){.kind = CU_ADD, .n_rows = 16,
+                          .u.ew = {.a = L->proj, .out = L->res, .n = n * hidden}};
+    o[9] = o[0];
+    o[10] = matmul_op(L->xn, hidden, 2, L->gate, L->up, NULL, inter);
+    o[11] = lora_op(L->xn, L->gate, hidden, inter);
+    o[12] = lora_op(L->xn, L->up, hidden, inter);
+    o[13] = (struct cu_op){.kind = CU_SILU_MUL, .n_rows = 16,
+                           .u.ew = {.a = L->gate, .b = L->up, .out = L->gate, .n = n * inter}};
+    o[14] = matmul_op(L->gate, inter, 1, L->proj, NULL, NULL, hidden);
+    o[15] = lora_op(L->gate, L->proj, inter, hidden);
+    o[16] = o[8];
+    o[17] = o[0];
+}
+
+/* Rule 7: each lora group's shrink runs in the launch that writes its x (the RMSNorms,
+ * the SiLU-mul), o_proj's and down_proj's expands in the add-and-RMSNorm after them,
+ * gate/up's in the SiLU-mul; q/k/v keep an expand launch and o_proj its shrink (in
+ * the add-and-RMSNorm's launch). Without rule 7, or with an op the row kernels cannot
+ * read, rule 5's launches. */
+Test(fusion, adapters_fold_into_the_row_launches)
+{
+    static struct adapter_layer L;
+    adapter_layer_init(&L);
+    struct cu_fuse_config cfg = fast_all;
+    cfg.add_norm = true;
+    const struct cu_fuse_config rule5 = cfg;
+    cfg.lora_rows = true;
+    cfg.lora_rows_smem = 200 * 1024;
+    struct cu_launch plan[32];
+    cr_assert_eq(cu_fuse_plan(&cfg, L.ops, 18, plan, 32), 10);
+    const struct {
+        int kind, op, n_ops, lora_in, shrunk, lora_out, lora_out_op;
+    } want[10] = {
+        {CU_LAUNCH_RMSNORM, 0, 1, 0, 0, 3, 2},      {CU_LAUNCH_GEMM, 1, 1, 0, 0, 0, 0},
+        {CU_LAUNCH_LORA, 2, 3, 0, 1, 0, 0},         {CU_LAUNCH_SCALE, 5, 1, 0, 0, 0, 0},
+        {CU_LAUNCH_GEMM, 6, 1, 0, 0, 0, 0},         {CU_LAUNCH_ADD_RMSNORM, 7, 3, 1, 0, 2, 11},
+        {CU_LAUNCH_GEMM, 10, 1, 0, 0, 0, 0},        {CU_LAUNCH_SILU_MUL, 11, 3, 2, 1, 1, 15},
+        {CU_LAUNCH_GEMM, 14, 1, 0, 0, 0, 0},        {CU_LAUNCH_ADD_RMSNORM, 15, 3, 1, 1, 0, 0},
+    };
+    for (int i = 0; i < 10; i++) {
+        const struct cu_launch *l = &plan[i];
+        cr_expect(l->kind == want[i].kind && l->op == want[i].op && l->n_ops == want[i].n_ops &&
+                      l->lora_in == want[i].lora_in && l->lora_in_shrunk == want[i].shrunk &&
+                      l->lora_out == want[i].lora_out &&
+                      (l->lora_out == 0 || l->lora_out_op == want[i].lora_out_op),
+                  "launch %d: kind %d ops [%d, +%d) in %d shrunk %d out %d at %d", i, l->kind,
+                  l->op, l->n_ops, l->lora_in, l->lora_in_shrunk, l->lora_out, l->lora_out_op);
+    }
+
+    /* rule 5 alone: a launch for each group, the adds and norms as rule 4 has them */
+    cr_expect_eq(cu_fuse_plan(&rule5, L.ops, 18, plan, 32), 13);
+    for (int i = 0; i < 13; i++)
+        cr_expect(plan[i].lora_in == 0 && plan[i].lora_out == 0 && !plan[i].lora_in_shrunk);
+
+    /* gate/up's adapters in f32: the norm before them keeps its shrink to itself, the
+     * SiLU-mul runs alone, down_proj's group is still shrunk there */
+    L.ops[11].u.lora.rows_ok = 0;
+    int n = cu_fuse_plan(&cfg, L.ops, 18, plan, 32);
+    cr_assert_eq(n, 11);
+    cr_expect(plan[5].kind == CU_LAUNCH_ADD_RMSNORM && plan[5].lora_in == 1 &&
+              plan[5].lora_out == 0);
+    cr_expect(plan[7].kind == CU_LAUNCH_LORA && plan[7].n_ops == 2 && !plan[7].lora_in_shrunk);
+    cr_expect(plan[8].kind == CU_LAUNCH_SILU_MUL && plan[8].lora_in == 0 &&
+              plan[8].lora_out == 1 && plan[8].lora_out_op == 15);
+
+    /* too little shared memory for a slice: rule 5 again */
+    L.ops[11].u.lora.rows_ok = 1;
+    cfg.lora_rows_smem = 64;
+    cr_expect_eq(cu_fuse_plan(&cfg, L.ops, 18, plan, 32), 13);
+}

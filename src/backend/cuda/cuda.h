@@ -34,6 +34,10 @@ void *backend_cuda_stream(struct backend *be);
 /* Bytes of be's GPU memory free now (cudaMemGetInfo); 0 for other backends. */
 size_t backend_cuda_free_memory(struct backend *be);
 
+/* Launches be's fusion planner has made since it was created (steps launched
+ * eagerly or captured into a graph; replays plan nothing); 0 for other backends. */
+long backend_cuda_planned_launches(struct backend *be);
+
 /* Device-memory read bandwidth of be's GPU in GB/s, measured by streaming
  * `bytes` once per repetition (best of a few); 0 for other backends. */
 double backend_cuda_read_bandwidth(struct backend *be, size_t bytes);

@@ -557,7 +557,8 @@ enum prof_label {
     PL_EMBED, PL_GEMV, PL_GEMV_GROUP, PL_GEMV_RES, PL_GEMV_SWIGLU, PL_GEMM, PL_RMSNORM, PL_QK,
     PL_ROPE, PL_SILU, PL_ADD, PL_KV_STORE, PL_ATTN_DECODE, PL_ATTN_PREFILL, PL_NORM_GEMV,
     PL_QK_ATTN, PL_KV_COPY, PL_MOE_ROUTE, PL_MOE_FFN, PL_GATED_ADD, PL_GEMMA_EW, PL_LORA,
-    PL_ENCDEC_EW, PL_ATTN_DENSE, PL_GEMM_SKINNY, PL_GEMM_BATCH, PL_ADD_RMSNORM, PL_N
+    PL_ENCDEC_EW, PL_ATTN_DENSE, PL_GEMM_SKINNY, PL_GEMM_BATCH, PL_ADD_RMSNORM, PL_LORA_ROWS,
+    PL_N
 };
 static const char *const prof_names[PL_N] = {
     "embed", "gemv", "gemv group", "gemv + residual add", "gemv gate/up + swiglu",
@@ -567,11 +568,13 @@ static const char *const prof_names[PL_N] = {
     "shared expert gate + add", "gelu_tanh_mul, scale, softcap", "lora shrink and expand",
     "layer_norm, gelu, scatter_rows", "attention dense (+ merge)",
     "skinny gemm, tensor cores (+ epilogue)", "batched tile gemm, tensor cores (+ epilogue)",
-    "add + rmsnorm"};
+    "add + rmsnorm", "rmsnorm or silu_mul with lora expand/shrink"};
 
 static int prof_label_of(const struct cu_op *ops, const struct cu_launch *l)
 {
     const struct cu_op *op = &ops[l->op];
+    if (l->lora_in || l->lora_out)
+        return PL_LORA_ROWS;
     switch (l->kind) {
     case CU_LAUNCH_EMBED: return PL_EMBED;
     case CU_LAUNCH_RMSNORM: return PL_RMSNORM;
@@ -616,8 +619,10 @@ static int prof_label_of(const struct cu_op *ops, const struct cu_launch *l)
 static bool plan_next(struct cu_impl *im, const struct cu_op *ops, int i, int n,
                       struct cu_launch *l)
 {
-    if (cu_fuse_next(&im->fuse, ops, i, n, l) > 0)
+    if (cu_fuse_next(&im->fuse, ops, i, n, l) > 0) {
+        im->planned_launches++;
         return true;
+    }
     cu_fail(im, INFERD_EINVAL, "unknown recorded op %d", ops[i].kind);
     return false;
 }
@@ -645,6 +650,7 @@ static bool exec_ops_profiled(struct cu_impl *im, const struct cu_op *ops, int n
         im->prof_ev_cap = cap;
     }
     int labels[4096], n_launch = 0;
+    cu_lora_slots_reset(im);
     for (int i = 0; i < n;) {
         struct cu_launch l;
         cudaEventRecord(im->prof_ev[2 * n_launch], im->stream);
@@ -713,6 +719,7 @@ static void profile_report(struct cu_impl *im)
 
 static bool exec_ops(struct cu_impl *im, const struct cu_op *ops, int n)
 {
+    cu_lora_slots_reset(im);
     for (int i = 0; i < n;) {
         struct cu_launch l;
         if (!plan_next(im, ops, i, n, &l) || !cu_exec_launch(im, ops, &l))
@@ -937,10 +944,11 @@ static bool gemm_batch_workspace(struct cu_impl *im)
 }
 
 /* The adapter launches' u, grown before anything is launched or captured:
- * room for the largest group rule 5 may make of the step's lora ops. */
+ * two slots (fuse rule 7), each room for the largest group rule 5 may make of
+ * the step's lora ops. */
 static bool lora_workspace(struct cu_impl *im)
 {
-    size_t need = (size_t)im->rec.lora_u_max * sizeof(float) * CU_LORA_MAX_GROUP;
+    size_t need = (size_t)im->rec.lora_u_max * sizeof(float) * CU_LORA_MAX_GROUP * 2;
     return need == 0 || scratch_grow(im, &im->lora_work, &im->lora_work_bytes, need, true);
 }
 
@@ -1484,6 +1492,11 @@ extern "C" void *backend_cuda_stream(struct backend *be)
     return is_cuda(be) ? (void *)impl_of(be)->stream : NULL;
 }
 
+extern "C" long backend_cuda_planned_launches(struct backend *be)
+{
+    return is_cuda(be) ? impl_of(be)->planned_launches : 0;
+}
+
 extern "C" size_t backend_cuda_free_memory(struct backend *be)
 {
     if (!is_cuda(be))
@@ -1612,6 +1625,11 @@ extern "C" int backend_cuda_create(int device, const struct backend_options *opt
         im->dev.n_sm = prop.multiProcessorCount;
         im->dev.smem_optin = (int)prop.sharedMemPerBlockOptin;
         im->dev.pdl = opt->cuda_pdl != BACKEND_OFF && prop.major >= 9;
+        /* fuse rule 7 runs thread-block clusters (compute capability 9.0); off unless
+         * asked: its row launches still cost more than the launches they save */
+        im->fuse.lora_rows =
+            im->fuse.fast && prop.major >= 9 && opt->cuda_lora_rows == BACKEND_ON;
+        im->fuse.lora_rows_smem = im->dev.smem_optin - 1024;
         im->rec.n_sm = im->dev.n_sm;
         snprintf(im->describe, sizeof im->describe, "%.100s, %.1f GiB, sm_%d%d", prop.name,
                  prop.totalGlobalMem / (double)(1 << 30), prop.major, prop.minor);

@@ -286,7 +286,9 @@ struct cu_impl {
     size_t xq_bytes;
     void *gemm_work;      /* device, the batched tile GEMM's split-K workspace; owned */
     size_t lora_work_bytes;
-    void *lora_work;      /* device, the adapter launches' u; owned */
+    void *lora_work;      /* device, the adapter launches' u, two slots; owned */
+    int lora_slot_op[2];
+    long planned_launches; /* backend_cuda_planned_launches */  /* the lora group (its first op) whose u each slot holds, -1: none */
     size_t gemm_work_bytes;
 
     struct cu_graph_entry graphs[CU_GRAPH_CACHE];
@@ -501,6 +503,38 @@ cudaError_t cu_launch_lora_shrink(const struct cu_device *dev, cudaStream_t s,
 cudaError_t cu_launch_lora_expand(const struct cu_device *dev, cudaStream_t s,
                                   const struct cu_lora_group *g, const uint8_t *params,
                                   const void *work);
+/* Fuse rule 7's row launches (lora_rows.cu): an add-and-RMSNorm, an RMSNorm or a
+ * SiLU-mul over n_rows rows, each row a cluster of CU_LORA_ROWS_CLUSTER blocks laid out
+ * as lay says, with the expand of the lora jobs in[] folded into its inputs (in[0]
+ * into a, in[1] into b; their u in u_in, written back to a and b as the lora ops would)
+ * and the shrink of the jobs out[] over its output (into u_out). add-and-RMSNorm: x +=
+ * a (a NULL: a plain RMSNorm of x), y = norm(x) w; SiLU-mul: a = silu(a) b, in place
+ * (y is a). ybf: y also in bf16 (rule 6) when not NULL. A job's u_base is where its u
+ * starts, as cu_lora_group_of lays a group out. */
+struct cu_lora_rows_job {
+    uint32_t segs_off, u_base;
+    int n_segs;
+};
+struct cu_lora_rows_args {
+    struct cu_lora_rows_layout lay;
+    int n_rows;
+    bool silu;
+    float *x, *a, *b, *y;
+    const float *w;
+    float eps;
+    uint16_t *ybf;
+    bool has_in[2];
+    struct cu_lora_rows_job in[2];
+    int n_out;
+    struct cu_lora_rows_job out[CU_LORA_MAX_GROUP];
+    const float *u_in;
+    float *u_out;
+    const uint8_t *params;
+};
+cudaError_t cu_launch_lora_rows(const struct cu_device *dev, cudaStream_t s,
+                                const struct cu_lora_rows_args *a);
+/* Forgets which lora groups' u the two slots hold: at the start of a step's launches. */
+void cu_lora_slots_reset(struct cu_impl *im);
 /* Block-quantized weights (qgemv.cu). cu_block_types: the block types the
  * kernels below take (bit 1 << dtype each: Q8_0, Q4_K, Q6_K and the MLX
  * types), what the backend sets as block_types; the loader widens the others

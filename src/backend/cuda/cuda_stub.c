@@ -36,6 +36,12 @@ size_t backend_cuda_free_memory(struct backend *be)
     return 0;
 }
 
+long backend_cuda_planned_launches(struct backend *be)
+{
+    (void)be;
+    return 0;
+}
+
 double backend_cuda_read_bandwidth(struct backend *be, size_t bytes)
 {
     (void)be;

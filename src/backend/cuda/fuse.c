@@ -263,6 +263,149 @@ static int lora_group(const struct cu_op *ops, int i, int n)
     return k;
 }
 
+bool cu_lora_rows_layout_of(int64_t dim, const struct cu_op *const in[2], const struct cu_op *out,
+                            int n_out, int max_bytes, struct cu_lora_rows_layout *lay)
+{
+    memset(lay, 0, sizeof *lay);
+    if (dim < 8 || dim % 8 != 0)
+        return false;
+    int64_t slice = (dim + CU_LORA_ROWS_CLUSTER - 1) / CU_LORA_ROWS_CLUSTER;
+    slice = (slice + 7) / 8 * 8;
+    lay->dim = dim;
+    lay->slice = slice;
+    int64_t off = 0;
+    for (int j = 0; j < 2 + n_out && j < 2 + CU_LORA_MAX_GROUP; j++) {
+        const struct cu_op *op = j < 2 ? in[j] : &out[j - 2];
+        lay->segs[j] = (uint32_t)off;
+        if (op)
+            off += (int64_t)op->u.lora.n_segs * (int64_t)sizeof(struct cu_lora_seg);
+    }
+    lay->y = (uint32_t)off;
+    off += slice * (int64_t)sizeof(float);
+    for (int i = 0; i < 2; i++) {
+        if (!in[i])
+            continue;
+        lay->b_in[i] = (uint32_t)off;
+        off += slice * in[i]->u.lora.rank_max * 2;
+        lay->u_in[i] = (uint32_t)off;
+        off += (int64_t)in[i]->u.lora.rank_max * (int64_t)sizeof(float);
+    }
+    int64_t part = 0;
+    for (int j = 0; j < n_out && j < CU_LORA_MAX_GROUP; j++) {
+        lay->a_out[j] = (uint32_t)off;
+        off += (int64_t)out[j].u.lora.rank_max * slice * 2;
+        part += out[j].u.lora.rank_sum;
+    }
+    lay->part = (uint32_t)off; /* each block's partial sum of an item, eight to an item */
+    lay->items = (uint32_t)part;
+    off += (part + CU_LORA_ROWS_CLUSTER - 1) / CU_LORA_ROWS_CLUSTER * CU_LORA_ROWS_CLUSTER *
+           (int64_t)sizeof(float);
+    off = (off + 15) / 16 * 16;
+    lay->bytes = (uint32_t)(off < UINT32_MAX ? off : UINT32_MAX);
+    return n_out <= CU_LORA_MAX_GROUP && off <= max_bytes;
+}
+
+/* Rule 7: whether the row kernels can read lora op op over up to rows rows. */
+static bool lora_rows_ready(const struct cu_fuse_config *cfg, const struct cu_op *op, int64_t rows)
+{
+    return cfg->lora_rows && op->kind == CU_LORA && op->u.lora.rows_ok && op->n_rows <= rows;
+}
+
+/* Rule 7's shrink in the launch of the row op at ops[p] (an RMSNorm, or a SiLU-mul that
+ * no GEMV launch takes in): the lora group two ops on, after a matmul that reads the row
+ * op's output, over that output. Returns the group's ops; 0 when there is none to take. */
+static int lora_shrink_after(const struct cu_fuse_config *cfg, const struct cu_op *ops, int p,
+                             int n)
+{
+    if (!cfg->lora_rows || p + 2 >= n || ops[p + 1].kind != CU_MATMUL ||
+        ops[p + 2].kind != CU_LORA)
+        return 0;
+    const struct cu_op *row = &ops[p], *mm = &ops[p + 1];
+    const int64_t dim = mm->u.mm.cols;
+    const float *x;
+    int64_t rows;
+    if (row->kind == CU_RMSNORM && row->u.norm.dim == dim) {
+        x = row->u.norm.y;
+        rows = row->u.norm.n_rows;
+    } else if (row->kind == CU_SILU_MUL && dim > 0 && row->u.ew.n % dim == 0 &&
+               !(p > 0 && ops[p - 1].kind == CU_MATMUL && uses_gemv(cfg, &ops[p - 1]))) {
+        x = row->u.ew.out;
+        rows = row->u.ew.n / dim;
+    } else {
+        return 0;
+    }
+    if (mm->u.mm.x != x || mm->n_rows != rows)
+        return 0;
+    int k = lora_group(ops, p + 2, n);
+    for (int j = 0; j < k; j++) {
+        const struct cu_op *lo = &ops[p + 2 + j];
+        if (!lora_rows_ready(cfg, lo, rows) || lo->u.lora.x != x || lo->u.lora.in != dim)
+            return 0;
+    }
+    const struct cu_op *none[2] = {NULL, NULL};
+    struct cu_lora_rows_layout lay;
+    return cu_lora_rows_layout_of(dim, none, &ops[p + 2], k, cfg->lora_rows_smem, &lay) ? k : 0;
+}
+
+/* Rule 7's expand folded into the row launch after the lora group ops[i, i + k): the
+ * add-and-RMSNorm whose addend is the one op's y (rows of dim), or the SiLU-mul reading
+ * the ops' ys as gate and up; in[] gets the op expanded into each of its two inputs.
+ * Returns the ops the launch covers (the group's and the row ops), 0 when not taken. */
+static int lora_expand_into(const struct cu_fuse_config *cfg, const struct cu_op *ops, int i,
+                            int k, int n, const struct cu_op *in[2])
+{
+    in[0] = in[1] = NULL;
+    if (!cfg->lora_rows || i + k >= n)
+        return 0;
+    const struct cu_op *row = &ops[i + k];
+    int64_t dim, rows;
+    int covers, row_op;
+    if (k == 1 && row->kind == CU_ADD && add_feeds_norm(cfg, ops, i + 1, n)) {
+        const struct cu_op *norm = &ops[i + 2];
+        dim = norm->u.norm.dim;
+        rows = norm->u.norm.n_rows;
+        if (ops[i].u.lora.y != row->u.ew.a || row->u.ew.out == row->u.ew.a)
+            return 0;
+        in[0] = &ops[i];
+        covers = 3;
+        row_op = i + 2; /* the norm */
+    } else if (row->kind == CU_SILU_MUL && k <= 2) {
+        dim = ops[i].u.lora.out;
+        if (dim <= 0 || row->u.ew.n % dim != 0 || row->u.ew.out != row->u.ew.a)
+            return 0;
+        rows = row->u.ew.n / dim;
+        for (int j = 0; j < k; j++) {
+            const struct cu_op *lo = &ops[i + j];
+            int slot = lo->u.lora.y == row->u.ew.a ? 0 : lo->u.lora.y == row->u.ew.b ? 1 : -1;
+            if (slot < 0 || in[slot] || lo->u.lora.out != dim)
+                return 0;
+            in[slot] = lo;
+        }
+        covers = k + 1;
+        row_op = i + k;
+    } else {
+        return 0;
+    }
+    for (int j = 0; j < 2; j++)
+        if (in[j] && (!lora_rows_ready(cfg, in[j], rows) || in[j]->u.lora.out != dim))
+            return 0;
+    int n_out = lora_shrink_after(cfg, ops, row_op, n);
+    struct cu_lora_rows_layout lay;
+    if (!cu_lora_rows_layout_of(dim, in, &ops[row_op + 2], n_out, cfg->lora_rows_smem, &lay)) {
+        in[0] = in[1] = NULL;
+        return 0;
+    }
+    return covers;
+}
+
+/* Rule 7: the shrink the row launch at ops[p] (its row op) does, into l. */
+static void plan_lora_out(const struct cu_fuse_config *cfg, const struct cu_op *ops, int p, int n,
+                          struct cu_launch *l)
+{
+    l->lora_out = lora_shrink_after(cfg, ops, p, n);
+    l->lora_out_op = l->lora_out ? p + 2 : 0;
+}
+
 int cu_fuse_next(const struct cu_fuse_config *cfg, const struct cu_op *ops, int i, int n,
                  struct cu_launch *out)
 {
@@ -287,6 +430,7 @@ int cu_fuse_next(const struct cu_fuse_config *cfg, const struct cu_op *ops, int 
     if (add_feeds_norm(cfg, ops, i, n)) {
         l->kind = CU_LAUNCH_ADD_RMSNORM;
         l->to_gemm_x = feeds_gemm_x(cfg, ops, i + 1, n);
+        plan_lora_out(cfg, ops, i + 1, n, l);
         return l->n_ops = 2;
     }
     switch (op->kind) {
@@ -294,6 +438,7 @@ int cu_fuse_next(const struct cu_fuse_config *cfg, const struct cu_op *ops, int 
     case CU_RMSNORM:
         l->kind = CU_LAUNCH_RMSNORM;
         l->to_gemm_x = feeds_gemm_x(cfg, ops, i, n);
+        plan_lora_out(cfg, ops, i, n, l);
         break;
     case CU_ROPE:
         l->kind = CU_LAUNCH_ROPE;
@@ -311,6 +456,7 @@ int cu_fuse_next(const struct cu_fuse_config *cfg, const struct cu_op *ops, int 
     case CU_SILU_MUL:
         l->kind = CU_LAUNCH_SILU_MUL;
         l->to_gemm_x = feeds_gemm_x(cfg, ops, i, n);
+        plan_lora_out(cfg, ops, i, n, l);
         break;
     case CU_ADD: l->kind = CU_LAUNCH_ADD; break;
     case CU_KV_STORE: l->kind = CU_LAUNCH_KV_STORE; break;
@@ -322,9 +468,23 @@ int cu_fuse_next(const struct cu_fuse_config *cfg, const struct cu_op *ops, int 
     case CU_GELU_TANH_MUL: l->kind = CU_LAUNCH_GELU_TANH_MUL; break;
     case CU_SCALE: l->kind = CU_LAUNCH_SCALE; break;
     case CU_SOFTCAP: l->kind = CU_LAUNCH_SOFTCAP; break;
-    case CU_LORA:
-        l->kind = CU_LAUNCH_LORA;
-        return l->n_ops = lora_group(ops, i, n);
+    case CU_LORA: {
+        int k = lora_group(ops, i, n);
+        l->lora_in_shrunk =
+            i >= 2 && ops[i - 1].kind == CU_MATMUL && lora_shrink_after(cfg, ops, i - 2, n) == k;
+        const struct cu_op *in[2];
+        int covers = lora_expand_into(cfg, ops, i, k, n, in);
+        if (covers == 0) {
+            l->kind = CU_LAUNCH_LORA;
+            return l->n_ops = k;
+        }
+        const int row_op = i + covers - 1; /* the norm, or the SiLU-mul */
+        l->kind = ops[row_op].kind == CU_RMSNORM ? CU_LAUNCH_ADD_RMSNORM : CU_LAUNCH_SILU_MUL;
+        l->lora_in = k;
+        l->to_gemm_x = feeds_gemm_x(cfg, ops, row_op, n);
+        plan_lora_out(cfg, ops, row_op, n, l);
+        return l->n_ops = covers;
+    }
     case CU_LAYER_NORM: l->kind = CU_LAUNCH_LAYER_NORM; break;
     case CU_GELU: l->kind = CU_LAUNCH_GELU; break;
     case CU_ATTN_DENSE: l->kind = CU_LAUNCH_ATTN_DENSE; break;

@@ -90,15 +90,138 @@ static uint16_t *gemm_x_out(struct cu_impl *im, const struct cu_launch *l, const
     return im->xb;
 }
 
-/* An adapter group: its shrink, then its expand. */
-static bool exec_lora(struct cu_impl *im, const struct cu_op *op, const struct cu_launch *l)
+/* The adapter groups' u: two slots of the workspace (fuse rule 7 keeps a group's u
+ * while it shrinks the next group's), each named by the group's first op. */
+void cu_lora_slots_reset(struct cu_impl *im)
 {
+    im->lora_slot_op[0] = im->lora_slot_op[1] = -1;
+}
+
+static float *lora_slot_u(struct cu_impl *im, int slot)
+{
+    return (float *)im->lora_work + (size_t)slot * im->rec.lora_u_max * CU_LORA_MAX_GROUP;
+}
+
+/* The slot group_op's shrink writes: the one holding the older group, never avoid. */
+static int lora_slot_claim(struct cu_impl *im, int group_op, int avoid)
+{
+    int slot = avoid >= 0 ? 1 - avoid : im->lora_slot_op[0] <= im->lora_slot_op[1] ? 0 : 1;
+    im->lora_slot_op[slot] = group_op;
+    return slot;
+}
+
+/* The slot an earlier launch shrank group_op into (-1, recorded: none did). */
+static int lora_slot_of(struct cu_impl *im, int group_op)
+{
+    for (int slot = 0; slot < 2; slot++)
+        if (im->lora_slot_op[slot] == group_op)
+            return slot;
+    cu_fail(im, INFERD_EINVAL, "the lora group at op %d was never shrunk", group_op);
+    return -1;
+}
+
+/* The u slot of the group at ops[op, op + n) for its expand: shrunk there by an earlier
+ * launch, or now. -1 (recorded) on a failure. */
+static int lora_shrunk_slot(struct cu_impl *im, const struct cu_op *ops, int op, int n,
+                            bool shrunk)
+{
+    if (shrunk)
+        return lora_slot_of(im, op);
+    int slot = lora_slot_claim(im, op, -1);
     struct cu_lora_group g;
-    cu_lora_group_of(op, l->n_ops, &g);
+    cu_lora_group_of(&ops[op], n, &g);
     return CU_TRY(im, cu_launch_lora_shrink(&im->dev, im->stream, &g, im->arena_dev,
-                                            im->lora_work)) &&
-           CU_TRY(im, cu_launch_lora_expand(&im->dev, im->stream, &g, im->arena_dev,
-                                            im->lora_work));
+                                            lora_slot_u(im, slot)))
+               ? slot
+               : -1;
+}
+
+/* An adapter group: its shrink (unless rule 7 did it), then its expand. */
+static bool exec_lora(struct cu_impl *im, const struct cu_op *ops, const struct cu_launch *l)
+{
+    int slot = lora_shrunk_slot(im, ops, l->op, l->n_ops, l->lora_in_shrunk);
+    if (slot < 0)
+        return false;
+    struct cu_lora_group g;
+    cu_lora_group_of(&ops[l->op], l->n_ops, &g);
+    return CU_TRY(im, cu_launch_lora_expand(&im->dev, im->stream, &g, im->arena_dev,
+                                            lora_slot_u(im, slot)));
+}
+
+/* Rule 7's jobs of the lora ops ops[0, n): their segments and where each one's u starts
+ * (cu_lora_group_of's layout). */
+static void lora_rows_jobs(const struct cu_op *ops, int n, struct cu_lora_rows_job *jobs)
+{
+    uint32_t u_base = 0;
+    for (int j = 0; j < n; j++) {
+        jobs[j] = (struct cu_lora_rows_job){.segs_off = ops[j].u.lora.segs_off,
+                                            .u_base = u_base,
+                                            .n_segs = ops[j].u.lora.n_segs};
+        u_base += ops[j].u.lora.u_floats;
+    }
+}
+
+/* A row launch with rule 7's adapter work: the add-and-RMSNorm, RMSNorm or SiLU-mul at
+ * ops[l->op + l->lora_in], the lora ops before it expanded into it (their shrink first
+ * where no launch did it), the group l->lora_out_op shrunk over its output. */
+static bool exec_lora_rows(struct cu_impl *im, const struct cu_op *ops, const struct cu_launch *l,
+                           uint16_t *ybf)
+{
+    const struct cu_op *row = &ops[l->op + l->lora_in];
+    const struct cu_op *out = l->lora_out ? &ops[l->lora_out_op] : NULL;
+    struct cu_lora_rows_args a;
+    memset(&a, 0, sizeof a);
+    int64_t dim;
+    if (row->kind == CU_SILU_MUL) {
+        a.silu = true;
+        a.a = (float *)row->u.ew.a;
+        a.b = (float *)row->u.ew.b;
+        a.y = row->u.ew.out;
+        dim = l->lora_in ? ops[l->op].u.lora.out : out->u.lora.in;
+        a.n_rows = (int)(row->u.ew.n / dim);
+    } else {
+        const struct cu_op *norm = row->kind == CU_ADD ? row + 1 : row;
+        if (row->kind == CU_ADD) {
+            a.x = row->u.ew.out;
+            a.a = (float *)row->u.ew.a;
+        } else {
+            a.x = (float *)norm->u.norm.x;
+        }
+        a.w = norm->u.norm.w;
+        a.eps = norm->u.norm.eps;
+        a.y = norm->u.norm.y;
+        dim = norm->u.norm.dim;
+        a.n_rows = (int)norm->u.norm.n_rows;
+    }
+    const struct cu_op *in[2] = {NULL, NULL};
+    int in_slot = -1;
+    if (l->lora_in) {
+        struct cu_lora_rows_job jobs[CU_LORA_MAX_GROUP];
+        lora_rows_jobs(&ops[l->op], l->lora_in, jobs);
+        for (int j = 0; j < l->lora_in; j++) {
+            const struct cu_op *lo = &ops[l->op + j];
+            int which = a.silu && lo->u.lora.y == a.b ? 1 : 0;
+            in[which] = lo;
+            a.has_in[which] = true;
+            a.in[which] = jobs[j];
+        }
+        in_slot = lora_shrunk_slot(im, ops, l->op, l->lora_in, l->lora_in_shrunk);
+        if (in_slot < 0)
+            return false;
+        a.u_in = lora_slot_u(im, in_slot);
+    }
+    if (out) {
+        a.n_out = l->lora_out;
+        lora_rows_jobs(out, l->lora_out, a.out);
+        a.u_out = lora_slot_u(im, lora_slot_claim(im, l->lora_out_op, in_slot));
+    }
+    if (!cu_lora_rows_layout_of(dim, in, out, l->lora_out, im->fuse.lora_rows_smem, &a.lay)) {
+        cu_fail(im, INFERD_EINVAL, "a planned adapter row launch does not fit");
+        return false;
+    }
+    a.ybf = ybf;
+    a.params = im->arena_dev;
+    return CU_TRY(im, cu_launch_lora_rows(&im->dev, im->stream, &a));
 }
 
 bool cu_exec_launch(struct cu_impl *im, const struct cu_op *ops, const struct cu_launch *l)
@@ -132,19 +255,30 @@ bool cu_exec_launch(struct cu_impl *im, const struct cu_op *ops, const struct cu
                                 xb_n == (int64_t)op->n_rows * op->u.mm.cols);
     case CU_LAUNCH_EMBED:
         return CU_TRY(im, cu_launch_embed(s, op, im->arena_dev));
-    case CU_LAUNCH_RMSNORM:
-        return CU_TRY(im, cu_launch_rmsnorm(
-                              s, op, gemm_x_out(im, l, op->u.norm.y,
-                                                (int64_t)op->u.norm.n_rows * op->u.norm.dim)));
-    case CU_LAUNCH_SILU_MUL:
-        return CU_TRY(im, cu_launch_silu_mul(s, op, gemm_x_out(im, l, op->u.ew.out, op->u.ew.n)));
+    case CU_LAUNCH_RMSNORM: {
+        uint16_t *ybf =
+            gemm_x_out(im, l, op->u.norm.y, (int64_t)op->u.norm.n_rows * op->u.norm.dim);
+        if (l->lora_out)
+            return exec_lora_rows(im, ops, l, ybf);
+        return CU_TRY(im, cu_launch_rmsnorm(s, op, ybf));
+    }
+    case CU_LAUNCH_SILU_MUL: {
+        const struct cu_op *silu = &ops[l->op + l->lora_in];
+        uint16_t *ybf = gemm_x_out(im, l, silu->u.ew.out, silu->u.ew.n);
+        if (l->lora_in || l->lora_out)
+            return exec_lora_rows(im, ops, l, ybf);
+        return CU_TRY(im, cu_launch_silu_mul(s, op, ybf));
+    }
     case CU_LAUNCH_ADD:
         return CU_TRY(im, cu_launch_add(s, op));
-    case CU_LAUNCH_ADD_RMSNORM:
-        return CU_TRY(im, cu_launch_add_rmsnorm(
-                              s, op, op + 1,
-                              gemm_x_out(im, l, op[1].u.norm.y,
-                                         (int64_t)op[1].u.norm.n_rows * op[1].u.norm.dim)));
+    case CU_LAUNCH_ADD_RMSNORM: {
+        const struct cu_op *add = &ops[l->op + l->lora_in];
+        uint16_t *ybf = gemm_x_out(im, l, add[1].u.norm.y,
+                                   (int64_t)add[1].u.norm.n_rows * add[1].u.norm.dim);
+        if (l->lora_in || l->lora_out)
+            return exec_lora_rows(im, ops, l, ybf);
+        return CU_TRY(im, cu_launch_add_rmsnorm(s, add, add + 1, ybf));
+    }
     case CU_LAUNCH_KV_STORE:
         return CU_TRY(im, cu_launch_kv_store(s, op, im->arena_dev));
     case CU_LAUNCH_KV_COPY:
@@ -156,7 +290,7 @@ bool cu_exec_launch(struct cu_impl *im, const struct cu_op *ops, const struct cu
     case CU_LAUNCH_GATED_ADD:
         return CU_TRY(im, cu_launch_gated_add(s, op));
     case CU_LAUNCH_LORA:
-        return exec_lora(im, op, l);
+        return exec_lora(im, ops, l);
     case CU_LAUNCH_GELU_TANH_MUL:
     case CU_LAUNCH_SCALE:
     case CU_LAUNCH_SOFTCAP:

@@ -51,6 +51,21 @@
  *      and the GEMM skips its own conversion launch: the same rounding, the
  *      same bits.
  *
+ *   7. (lora_rows, FAST mode, off by default) adapters folded into the row launches around
+ *      their matmuls (lora_rows.cu): a launch that writes the x of a matmul
+ *      (an RMSNorm, with rule 4's add or without; a SiLU-mul not folded into
+ *      a GEMV) also does the shrink of the lora group right after that
+ *      matmul (lora_out), which then launches only its expand; and the
+ *      expand of a lora op whose y the residual add of rule 4 adds (o_proj's,
+ *      down_proj's), or of the gate/up pair the SiLU-mul reads, is folded
+ *      into that add-and-RMSNorm or SiLU-mul launch (lora_in; the group's
+ *      shrink launched first where no launch before did it). Each row is a
+ *      cluster of CU_LORA_ROWS_CLUSTER blocks, a slice of the row each,
+ *      whose sums meet in distributed shared memory. Taken where every
+ *      segment is lora_rows-ready (record.h) and the launch's shared memory
+ *      fits (cu_lora_rows_layout_of); u of two groups can be live at once
+ *      (one expanded, the next shrunk), so u has two slots.
+ *
  * Rule 2 is not taken when a lora op right after the matmul reads the
  * norm's output, which the folded norm never writes.
  *
@@ -108,6 +123,8 @@ struct cu_fuse_config {
                             tile GEMM up to this many (at most CU_BATCH_MAX_ROWS; 0: none) */
     bool gemm_f32;     /* rule 3: f32 matmuls of more than CU_GEMV_MAX_ROWS rows go to
                           cuBLASLt's f32 GEMM, in either mode (backend_options.cuda_gemm_f32) */
+    bool lora_rows;    /* rule 7 */
+    int lora_rows_smem; /* rule 7: the shared memory a block may have, bytes */
 };
 
 enum cu_launch_kind {
@@ -151,6 +168,13 @@ struct cu_launch {
                       past CU_SKINNY_MAX_ROWS rows), not the GEMV kernels */
     /* RMSNORM, ADD_RMSNORM, SILU_MUL: rule 6, the output also in bf16 for the GEMM after */
     bool to_gemm_x;
+    /* rule 7. ADD_RMSNORM, SILU_MUL: the lora ops [op, op + lora_in) expanded into the row
+     * op after them (ops[op + lora_in]); LORA: lora_in_shrunk alone, the group's expand
+     * only. lora_in_shrunk: an earlier launch did their shrink. RMSNORM, ADD_RMSNORM,
+     * SILU_MUL: the lora group [lora_out_op, lora_out_op + lora_out) shrunk over the
+     * launch's output. */
+    int lora_in, lora_out, lora_out_op;
+    bool lora_in_shrunk;
     /* QK, QK_ATTENTION (the attention is the last op covered), ROPE */
     struct cu_qk_args qk;
 };
@@ -165,6 +189,26 @@ int cu_fuse_next(const struct cu_fuse_config *cfg, const struct cu_op *ops, int 
  * an op is of no known kind. */
 int cu_fuse_plan(const struct cu_fuse_config *cfg, const struct cu_op *ops, int n,
                  struct cu_launch *out, int cap);
+
+/* Rule 7's row launches: each row a cluster of CU_LORA_ROWS_CLUSTER blocks, block r
+ * the columns [r slice, (r + 1) slice) of the row (slice a multiple of 8). Its shared
+ * memory (byte offsets): the jobs' segment tables, the slice's output (f32), per folded expand the first
+ * covering segment's B rows of the slice and its u, per shrunk op the first covering
+ * segment's A columns of the slice, then the shrink's partial sums (each block's, of the
+ * items the block adds up). */
+#define CU_LORA_ROWS_CLUSTER 8
+struct cu_lora_rows_layout {
+    int64_t dim, slice;
+    uint32_t y, b_in[2], u_in[2], a_out[CU_LORA_MAX_GROUP], part, bytes;
+    uint32_t segs[2 + CU_LORA_MAX_GROUP]; /* the jobs' segment tables: in[0], in[1], out[] */
+    uint32_t items; /* the shrink's items a row may have (part: CU_LORA_ROWS_CLUSTER floats
+                       an item, over the cluster's blocks) */
+};
+/* The layout of a row launch over rows of dim with the lora ops in[0..2) expanded
+ * (NULL: none) and out[0..n_out) shrunk; false when dim is not a multiple of 8 or
+ * the shared memory passes max_bytes. */
+bool cu_lora_rows_layout_of(int64_t dim, const struct cu_op *const in[2], const struct cu_op *out,
+                            int n_out, int max_bytes, struct cu_lora_rows_layout *lay);
 
 /* Whether the skinny GEMM takes n_rows token rows of cols columns. */
 bool cu_skinny_takes(int64_t n_rows, int64_t cols);

@@ -4,19 +4,6 @@
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/warp.cuh"
 
-static __device__ __forceinline__ float bf16_bits_to_f32(uint16_t h)
-{
-    return __uint_as_float((uint32_t)h << 16);
-}
-
-/* x rounded to bf16 (to nearest even; a NaN stays a quiet NaN): what cuBLASLt's GEMMs read. */
-static __device__ __forceinline__ uint16_t f32_to_bf16_bits(float x)
-{
-    uint32_t u = __float_as_uint(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((u >> 16) | 0x40);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
 
 /* ---- embedding ---------------------------------------------------------- */
 

@@ -606,7 +606,8 @@ void cu_rec_lora(struct cu_rec *rec, const float *x, int64_t in, int64_t out,
     struct cu_lora_seg *t = (struct cu_lora_seg *)(void *)rec->blob;
     memset(t, 0, bytes);
     uint32_t u_off = 0, items = 0;
-    int rows = 0;
+    int rows = 0, rank_max = 0, rank_sum = 0;
+    bool rows_ok = true;
     for (int i = 0; i < n_segs; i++) {
         const struct lora_seg *sg = &segs[i];
         t[i] = (struct cu_lora_seg){.a = sg->p.a, .b = sg->p.b, .row0 = sg->row0,
@@ -616,6 +617,10 @@ void cu_rec_lora(struct cu_rec *rec, const float *x, int64_t in, int64_t out,
         u_off += (uint32_t)(sg->n_rows * sg->p.rank);
         items += (uint32_t)((sg->n_rows + CU_LORA_TILE_ROWS - 1) / CU_LORA_TILE_ROWS * sg->p.rank);
         rows = sg->row0 + sg->n_rows > rows ? sg->row0 + sg->n_rows : rows;
+        rank_max = sg->p.rank > rank_max ? sg->p.rank : rank_max;
+        rank_sum += sg->p.rank;
+        rows_ok = rows_ok && sg->p.bf16 && sg->p.rank % 8 == 0 && sg->p.b_stride % 8 == 0 &&
+                  (uintptr_t)sg->p.a % 16 == 0 && (uintptr_t)sg->p.b % 16 == 0;
     }
     uint32_t off = arena_put(rec, NULL, t, bytes, 0);
     struct cu_op *op = op_new(rec, CU_LORA, rows);
@@ -631,6 +636,9 @@ void cu_rec_lora(struct cu_rec *rec, const float *x, int64_t in, int64_t out,
     if (u_off > rec->lora_u_max)
         rec->lora_u_max = u_off;
     op->u.lora.segs_off = off;
+    op->u.lora.rank_max = rank_max;
+    op->u.lora.rank_sum = rank_sum;
+    op->u.lora.rows_ok = rows_ok;
 }
 
 bool cu_attention_uses_prefill(const struct cu_op *op)

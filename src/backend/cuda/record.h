@@ -233,6 +233,11 @@ struct cu_op {
             uint32_t n_items;  /* shrink work items (the launch's grid) */
             uint32_t u_floats; /* the segments' u: the sum of n_rows x rank */
             uint32_t segs_off; /* n_segs cu_lora_seg in the arena */
+            int rank_max;      /* the largest segment rank */
+            int rank_sum;      /* the segments' ranks added up: a row's u at most */
+            /* every segment bf16 with a rank and a B row stride that are multiples of 8
+             * and 16-byte aligned matrices: what lora_rows.cu's kernels read (fuse rule 7) */
+            int rows_ok;
         } lora;
         struct {
             const float *q, *k, *v;

@@ -1,8 +1,29 @@
-/* backend/cuda/warp.cuh — the warp-level pieces every CUDA kernel file shares: a butterfly sum over the 32 lanes, a 16-byte load that streams past L1, and 16-byte asynchronous copies into shared memory. */
+/* backend/cuda/warp.cuh — the warp-level pieces every CUDA kernel file shares: a butterfly sum over the 32 lanes, a 16-byte load that streams past L1, 16-byte asynchronous copies into shared memory, bf16 bits to and from f32. */
 #ifndef INFERD_BACKEND_CUDA_WARP_CUH
 #define INFERD_BACKEND_CUDA_WARP_CUH
 
 #include <stdint.h>
+
+static __device__ __forceinline__ float bf16_bits_to_f32(uint16_t h)
+{
+    return __uint_as_float((uint32_t)h << 16);
+}
+
+/* Element p (0..7) of eight bf16 packed in 16 bytes, widened exactly. */
+static __device__ __forceinline__ float bf16x8_at(uint4 q, int p)
+{
+    const uint32_t h = p < 2 ? q.x : p < 4 ? q.y : p < 6 ? q.z : q.w;
+    return __uint_as_float(p & 1 ? h & 0xffff0000u : h << 16);
+}
+
+/* x rounded to bf16 (to nearest even; a NaN stays a quiet NaN): what cuBLASLt's GEMMs read. */
+static __device__ __forceinline__ uint16_t f32_to_bf16_bits(float x)
+{
+    uint32_t u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
 
 /* The sum of v over the warp's 32 lanes, the same bits in every lane (xor
  * butterfly: each lane adds the same pairs in the same order). */
