@@ -200,6 +200,12 @@ struct mm_group_job {
 
 #define GEMV_CHUNKS_PER_THREAD 8
 #define GEMV_MIN_CHUNK_ROWS 32
+/* A product of at most this many weight bytes (times the rows of x) runs on the calling
+ * thread: waking the workers costs more than its work (a draft model's projections at
+ * hidden 192). Each row's bits are the same whichever thread computes it. */
+#ifndef GEMV_INLINE_BYTES
+#define GEMV_INLINE_BYTES (128 * 1024)
+#endif
 
 static void group_rows(const struct mm_group_job *g, int64_t b, int64_t e)
 {
@@ -438,7 +444,13 @@ static bool run_gemv_group(struct cpu_matmul *mm, enum compute_mode mode, const 
     int64_t chunk = job.total_rows / ((int64_t)mm->n_threads * GEMV_CHUNKS_PER_THREAD);
     chunk = chunk < GEMV_MIN_CHUNK_ROWS ? GEMV_MIN_CHUNK_ROWS : chunk;
     job.chunk_rows = (int64_t)round_up((size_t)chunk, GEMV_ROW_ALIGN);
-    threadpool_run(mm->pool, group_split_job, &job);
+    size_t bytes = 0;
+    for (int i = 0; i < n; i++)
+        bytes += (size_t)w[i]->rows * (size_t)w[i]->cols * dtype_size(w[i]->dtype);
+    if (bytes * (size_t)T <= GEMV_INLINE_BYTES)
+        group_split_job(&job, 0, 1); /* the same rows in the same chunks, on this thread */
+    else
+        threadpool_run(mm->pool, group_split_job, &job);
     return true;
 }
 
