@@ -120,17 +120,12 @@ static int lora_slot_of(struct cu_impl *im, int group_op)
     return -1;
 }
 
-/* The u slot of the group at ops[op, op + n) for its expand: shrunk there by an earlier
- * launch, or now. -1 (recorded) on a failure. */
-static int lora_shrunk_slot(struct cu_impl *im, const struct cu_op *ops, int op, int n,
-                            bool shrunk)
+/* The shrink of group g (its first op at op) into a slot claimed for it: the slot, or -1
+ * (recorded) when the launch failed. */
+static int lora_shrink_into_slot(struct cu_impl *im, const struct cu_lora_group *g, int op)
 {
-    if (shrunk)
-        return lora_slot_of(im, op);
     int slot = lora_slot_claim(im, op, -1);
-    struct cu_lora_group g;
-    cu_lora_group_of(&ops[op], n, &g);
-    return CU_TRY(im, cu_launch_lora_shrink(&im->dev, im->stream, &g, im->arena_dev,
+    return CU_TRY(im, cu_launch_lora_shrink(&im->dev, im->stream, g, im->arena_dev,
                                             lora_slot_u(im, slot)))
                ? slot
                : -1;
@@ -139,13 +134,11 @@ static int lora_shrunk_slot(struct cu_impl *im, const struct cu_op *ops, int op,
 /* An adapter group: its shrink (unless rule 7 did it), then its expand. */
 static bool exec_lora(struct cu_impl *im, const struct cu_op *ops, const struct cu_launch *l)
 {
-    int slot = lora_shrunk_slot(im, ops, l->op, l->n_ops, l->lora_in_shrunk);
-    if (slot < 0)
-        return false;
     struct cu_lora_group g;
     cu_lora_group_of(&ops[l->op], l->n_ops, &g);
-    return CU_TRY(im, cu_launch_lora_expand(&im->dev, im->stream, &g, im->arena_dev,
-                                            lora_slot_u(im, slot)));
+    int slot = l->lora_in_shrunk ? lora_slot_of(im, l->op) : lora_shrink_into_slot(im, &g, l->op);
+    return slot >= 0 && CU_TRY(im, cu_launch_lora_expand(&im->dev, im->stream, &g, im->arena_dev,
+                                                         lora_slot_u(im, slot)));
 }
 
 /* Rule 7's jobs of the lora ops ops[0, n): their segments and where each one's u starts
@@ -205,7 +198,13 @@ static bool exec_lora_rows(struct cu_impl *im, const struct cu_op *ops, const st
             a.has_in[which] = true;
             a.in[which] = jobs[j];
         }
-        in_slot = lora_shrunk_slot(im, ops, l->op, l->lora_in, l->lora_in_shrunk);
+        if (l->lora_in_shrunk) {
+            in_slot = lora_slot_of(im, l->op);
+        } else {
+            struct cu_lora_group g;
+            cu_lora_group_of(&ops[l->op], l->lora_in, &g);
+            in_slot = lora_shrink_into_slot(im, &g, l->op);
+        }
         if (in_slot < 0)
             return false;
         a.u_in = lora_slot_u(im, in_slot);
