@@ -23,7 +23,9 @@ before the next visit, so they never run beside another server's stream.
 --direct-io MODE (repeatable) starts one tier-on server per --ssd-direct-io
 mode; the report gives every round, the mean and median of each server, and
 the median of the rounds' on/off ratios, with the tier's counters (direct_io,
-blocks written, write calls, the I/O thread's CPU time).
+blocks written, write calls, writes from where the data lies, the I/O thread's
+CPU time) and how much of each decode the writes overlapped (a tier-on server's
+/stats polled every 50 ms during its stream until its writes are drained).
 
 usage: bench/ssd_restart.py restart INFERD MODEL_DIR [--prompt-len 8000] [--dir DIR]
                                     [--cold-off] [--server-arg '--threads 2']...
@@ -40,6 +42,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -195,6 +198,36 @@ def settle(server, timeout=120):
     return time.perf_counter() - t0
 
 
+class WriteWatch:
+    """Polls a tier-on server's /stats while a stream runs and notes when its writes (queued or not
+    yet queued) were last seen pending, so the report can say how much of the decode they
+    overlapped. It stops polling once they are drained after it has seen them, so a drained tier
+    is not asked again."""
+
+    def __init__(self, server, every=0.05):
+        self.server, self.every = server, every
+        self.last_pending = None
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        seen = False
+        while not self.stop.is_set():
+            st = json.loads(self.server.get("/stats"))["ssd_cache"]
+            if st["pending"] + st.get("unqueued", 0) > 0:
+                seen = True
+                self.last_pending = time.perf_counter()
+            elif seen:
+                return
+            self.stop.wait(self.every)
+
+    def finish(self):
+        self.stop.set()
+        self.thread.join()
+        return self.last_pending
+
+
 def median(xs):
     ys = sorted(xs)
     n = len(ys)
@@ -225,6 +258,7 @@ def decode(args):
         servers.append(("off", Server(args.inferd, args.model, flags, f"{logs}/off.err")))
         names = [n for n, _ in servers]
         rates = {n: [] for n in names}
+        overlaps = {n: [] for n in names}
         for _, srv in servers:  # warm-up
             serve_tax.stream_once(srv.host, srv.port, [1, 2, 3], 4, bans)
         for r in range(args.rounds):
@@ -233,13 +267,24 @@ def decode(args):
                 order = order[::-1]
             for name, srv in order:
                 prompt = [rng.randrange(100, 8000) for _ in range(args.prompt_len)]
-                _, rate, n = serve_tax.stream_once(srv.host, srv.port, prompt, args.gen_len, bans)
+                watch = WriteWatch(srv) if name != "off" else None
+                times = []
+                _, rate, n = serve_tax.stream_once(srv.host, srv.port, prompt, args.gen_len, bans,
+                                                   times)
                 if rate is None:
                     raise SystemExit("ssd_restart: a stream sent fewer than 2 text chunks")
                 rates[name].append(rate)
+                overlap = ""
+                if watch:
+                    last = watch.finish()
+                    span = times[-1] - times[0]
+                    busy = min(max((last or 0) - times[0], 0.0), span)
+                    overlaps[name].append(busy / span)
+                    overlap = f"writes pending during {100 * busy / span:.0f}% of the decode; "
                 waited = settle(srv) if name != "off" else 0.0
                 print(f"round {r + 1}, tier {name:8s}: {rate:7.2f} tok/s decode ({n} tokens; "
-                      f"writes drained {waited:.2f} s after; load average {load()})", flush=True)
+                      f"{overlap}writes drained {waited:.2f} s after; load average {load()})",
+                      flush=True)
         stats = {name: json.loads(srv.get("/stats"))["ssd_cache"] for name, srv in servers
                  if name != "off"}
     finally:
@@ -264,10 +309,13 @@ def decode(args):
         st = stats[name]
         print(f"tier {name}: mean {mon:.2f} tok/s ({100 * (mon / moff - 1):+.1f}%), median "
               f"{medon:.2f} ({100 * (medon / medoff - 1):+.1f}%), median of the rounds' on/off "
-              f"ratios {100 * (paired - 1):+.1f}% (target: no more than 2% below); "
+              f"ratios {100 * (paired - 1):+.1f}% (target: no more than 2% below); writes "
+              f"pending during {100 * sum(overlaps[name]) / len(overlaps[name]):.0f}% of the "
+              f"decode on average; "
               f"direct_io {str(st.get('direct_io')).lower()}, {st['writes']} blocks "
               f"({st['write_bytes'] / 2**20:.0f} MiB) written in {st.get('write_calls')} write "
-              f"calls, I/O thread CPU {st.get('io_cpu_ms', 0):.0f} ms, {st['pending']} pending, "
+              f"calls ({st.get('in_place_writes', 0)} from where the data lies), I/O thread CPU "
+              f"{st.get('io_cpu_ms', 0):.0f} ms, {st['pending']} pending, "
               f"{st['dropped']} dropped, {st['failed']} failed")
 
 

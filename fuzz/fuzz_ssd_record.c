@@ -21,7 +21,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memcpy(buf, data, size);
     struct ssd_record_header h;
     if (fix && ssd_record_header_parse(buf, size, &h, NULL) == 0) {
-        uint64_t body = SSD_RECORD_HEADER_BYTES + (uint64_t)h.n_tokens * 4 + h.data_len;
+        uint64_t body = h.head_len + h.data_len;
         if (body + SSD_RECORD_CHECKSUM_BYTES <= size) {
             XXH128_canonical_t c;
             XXH128_canonicalFromHash(&c, XXH3_128bits(buf, (size_t)body));
@@ -31,12 +31,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const uint8_t *tokens = NULL, *payload = NULL;
     if (ssd_record_parse(buf, size, &h, &tokens, &payload, NULL) == 0) {
         const uint8_t *end = buf + size;
-        if (tokens != buf + SSD_RECORD_HEADER_BYTES || payload < tokens ||
+        if (tokens != buf + SSD_RECORD_HEADER_BYTES || payload != buf + h.head_len ||
             (size_t)(end - payload) < h.data_len + SSD_RECORD_CHECKSUM_BYTES ||
-            (size_t)(payload - tokens) != (size_t)h.n_tokens * 4)
+            h.head_len < SSD_RECORD_HEADER_BYTES + (uint64_t)h.n_tokens * 4)
             __builtin_trap();
-        if (h.record_len % SSD_RECORD_ALIGN != 0 ||
-            h.record_len < SSD_RECORD_HEADER_BYTES + (uint64_t)h.n_tokens * 4 + h.data_len + 16)
+        if (h.record_len % SSD_RECORD_ALIGN != 0 || h.head_len % SSD_RECORD_ALIGN != 0 ||
+            h.record_len < h.head_len + h.data_len + 16)
             __builtin_trap();
         uint8_t again[SSD_RECORD_HEADER_BYTES];
         ssd_record_header_encode(&h, again);

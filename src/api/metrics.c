@@ -142,6 +142,9 @@ static void ssd_cache_prometheus(const struct kv_tier_stats *t, struct strbuf *o
          s->direct_io ? 1.0 : 0.0},
         {"write_calls_total", "counter", "Write system calls that appended block records.",
          (double)s->write_calls},
+        {"in_place_writes_total", "counter",
+         "Block records whose data was written straight from the KV pool or its host copy.",
+         (double)s->in_place_writes},
         {"io_cpu_seconds_total", "counter", "CPU time the tier's I/O thread used.",
          (double)s->io_cpu_ns * 1e-9},
     };
@@ -218,6 +221,7 @@ static json_object *ssd_cache_json(const struct kv_tier_stats *t)
         {"cold_blocks", t->cold_blocks},
         {"cold_bytes_saved", t->cold_bytes_saved},
         {"write_calls", s->write_calls},
+        {"in_place_writes", s->in_place_writes},
     };
     for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++)
         json_object_object_add(o, counts[i].name, json_object_new_int64((int64_t)counts[i].value));

@@ -410,6 +410,10 @@ struct backend_ops {
      * lora_scratch_floats(segs, n_segs) floats; segs is host memory. */
     void (*lora)(struct backend *be, const float *x, int64_t in, int64_t out,
                  const struct lora_seg *segs, int n_segs, float *scratch, float *y);
+
+    /* alloc's memory is the host's, page aligned: the CPU may read it where it lies (the SSD
+     * tier writes cached KV blocks to disk straight from the pool). */
+    bool memory_is_host;
 };
 
 /* A backend is driven by one thread at a time (its scratch buffers, thread

@@ -67,6 +67,7 @@
 #define FREE_SPACE_RESERVE ((uint64_t)256 << 20)  /* left free on the disk when there is no cap */
 #define WRITE_BUFFER_DEFAULT ((size_t)8 << 20)    /* O_DIRECT staging: the largest single write */
 #define HASH_PIECE ((size_t)256 << 10)            /* copied then hashed while still in cache */
+#define BACKGROUND_PIECE ((size_t)64 << 10)       /* hashed or copied between yields at idle priority */
 #define INDEX_FILE "index.sqlite"
 #define SCHEMA_VERSION 1
 
@@ -128,11 +129,14 @@ struct ssd_store {
     int lock_fd;                /* flock'd: one process per fingerprint directory */
     uint32_t next_seg_id;
     bool direct;                /* segments are opened with O_DIRECT (records staged in wbuf) */
+    size_t dio_mem_align;       /* O_DIRECT: the alignment a buffer's address needs (statx, else a page) */
+    size_t dio_len_align;       /* O_DIRECT: the alignment a buffer's length needs (likewise) */
     uint8_t *wbuf;              /* owned: the page-aligned staging buffer (direct only) */
     size_t wbuf_cap, wbuf_used; /* empty between batches */
     uint64_t wbuf_off;          /* where wbuf[0] goes in the active segment */
     uint64_t batch_off;         /* buffered: where this batch began in the active segment */
     uint64_t write_calls;       /* system calls that appended records */
+    uint64_t in_place_writes;   /* records whose data went to disk from the caller's memory */
 
     pthread_t thread;
     bool thread_started;
@@ -765,8 +769,7 @@ static int recover_segments(struct ssd_store *s)
                 struct entry e = {.hash = h.hash, .ns = h.ns, .off = pos, .len = h.record_len,
                                   .data_len = h.data_len, .parent = h.parent_hash, .last_use = now,
                                   .seg = sg->id, .n_tokens = h.n_tokens, .state = ENTRY_DURABLE};
-                memcpy(e.checksum, buf + SSD_RECORD_HEADER_BYTES + (size_t)h.n_tokens * 4 +
-                       h.data_len, 16);
+                memcpy(e.checksum, buf + h.head_len + h.data_len, 16);
                 if (!in_tx && (rc = db_exec(s->db, "BEGIN")) == SQLITE_OK)
                     in_tx = true;
                 if (rc == SQLITE_OK && map_insert(s, &e) && (rc = db_insert(s, &e)) == SQLITE_OK) {
@@ -880,6 +883,25 @@ static int probe_bandwidth(struct ssd_store *s, size_t probe)
     return 0;
 }
 
+/* What O_DIRECT asks of a buffer written from where it lies, for the file open as fd: the kernel
+ * says (statx's STATX_DIOALIGN, Linux 6.1 on), else a page for both, which every file system
+ * that takes O_DIRECT accepts. */
+static void dio_alignment_of(struct ssd_store *s, int fd)
+{
+    long page = sysconf(_SC_PAGESIZE);
+    s->dio_mem_align = s->dio_len_align = page > 0 ? (size_t)page : SSD_RECORD_ALIGN;
+#ifdef STATX_DIOALIGN
+    struct statx sx;
+    if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 && (sx.stx_mask & STATX_DIOALIGN) &&
+        sx.stx_dio_mem_align > 0 && sx.stx_dio_offset_align > 0) {
+        s->dio_mem_align = sx.stx_dio_mem_align;
+        s->dio_len_align = sx.stx_dio_offset_align;
+    }
+#else
+    (void)fd;
+#endif
+}
+
 /* Whether the file system under the directory takes an O_DIRECT write of SSD_RECORD_ALIGN
  * aligned bytes at an aligned offset: one such write to a temporary file. Only a refusal
  * (EINVAL, EOPNOTSUPP, at open or at the write) says no; any other failure leaves the answer to
@@ -894,6 +916,7 @@ static bool direct_supported(struct ssd_store *s, char *why, size_t why_len)
         ok = errno != EINVAL && errno != EOPNOTSUPP;
         snprintf(why, why_len, "open: %s", strerror(errno));
     } else {
+        dio_alignment_of(s, fd);
         void *buf = NULL;
         if (posix_memalign(&buf, SSD_RECORD_ALIGN, SSD_RECORD_ALIGN) == 0) {
             memset(buf, 0, SSD_RECORD_ALIGN);
@@ -988,28 +1011,67 @@ static int start_segment(struct ssd_store *s)
     return 0;
 }
 
-/* Writes the staged bytes at their place in the active segment. Under auto, a direct write the
- * file system refuses (EINVAL) turns O_DIRECT off for good and goes again through the page
- * cache (the staged bytes are still there). */
-static int wbuf_flush(struct ssd_store *s)
+/* At idle priority the I/O thread hands its core back between pieces of hashing or copying: a
+ * decode's pool workers yield while they wait between jobs, and a thread that then kept the core
+ * for a whole time slice would hold up the step. How much to do before the next yield: */
+static size_t io_piece(const struct ssd_store *s)
 {
-    if (!s->wbuf_used)
-        return 0;
-    struct iovec v = {s->wbuf, s->wbuf_used};
-    s->write_calls++;
-    int rc = io_full(s->active_fd, &v, 1, (off_t)s->wbuf_off, true);
-    if (rc == -EINVAL && s->direct && s->cfg.direct_io == SSD_DIRECT_AUTO) {
-        direct_off(s, "a write", EINVAL);
-        v = (struct iovec){s->wbuf, s->wbuf_used};
-        s->write_calls++;
-        rc = io_full(s->active_fd, &v, 1, (off_t)s->wbuf_off, true);
+    return s->io_background ? BACKGROUND_PIECE : HASH_PIECE;
+}
+
+static void io_yield(const struct ssd_store *s)
+{
+    if (s->io_background)
+        sched_yield();
+}
+
+/* Hashes len bytes of p into st, yielding between pieces (io_piece). */
+static void hash_paced(const struct ssd_store *s, XXH3_state_t *st, const void *p, size_t len)
+{
+    const uint8_t *b = p;
+    for (size_t piece = io_piece(s); len > 0;) {
+        size_t n = len < piece ? len : piece;
+        XXH3_128bits_update(st, b, n);
+        b += n;
+        len -= n;
+        if (len)
+            io_yield(s);
     }
-    if (rc)
-        return rc;
-    s->wbuf_off += s->wbuf_used;
+}
+
+/* Writes the staged bytes at their place in the active segment, then n_data pieces of data
+ * (data_len bytes, aligned as O_DIRECT asks) from where they lie, in one call. Under auto, a
+ * direct write the file system refuses (EINVAL) turns O_DIRECT off for good and goes again
+ * through the page cache (the staged bytes are still there). */
+static int wbuf_flush_with(struct ssd_store *s, const struct iovec *data, int n_data,
+                           uint64_t data_len)
+{
+    if (!s->wbuf_used && !data_len)
+        return 0;
+    struct iovec v[SSD_MAX_IOV + 1];
+    for (bool again = false;; again = true) {
+        int n = 0;
+        if (s->wbuf_used)
+            v[n++] = (struct iovec){s->wbuf, s->wbuf_used};
+        for (int i = 0; i < n_data; i++)
+            if (data[i].iov_len)
+                v[n++] = data[i];
+        s->write_calls++;
+        int rc = io_full(s->active_fd, v, n, (off_t)s->wbuf_off, true);
+        if (rc == -EINVAL && !again && s->direct && s->cfg.direct_io == SSD_DIRECT_AUTO) {
+            direct_off(s, "a write", EINVAL);
+            continue;
+        }
+        if (rc)
+            return rc;
+        break;
+    }
+    s->wbuf_off += s->wbuf_used + data_len;
     s->wbuf_used = 0;
     return 0;
 }
+
+static int wbuf_flush(struct ssd_store *s) { return wbuf_flush_with(s, NULL, 0, 0); }
 
 /* Appends len bytes of src (NULL: zeros) to the staging buffer, writing it out whenever it
  * fills; st (may be NULL) hashes the copy in pieces small enough to still be in cache. */
@@ -1020,8 +1082,8 @@ static int wbuf_put(struct ssd_store *s, const void *src, size_t len, XXH3_state
         size_t n = s->wbuf_cap - s->wbuf_used;
         if (n > len)
             n = len;
-        if (n > HASH_PIECE)
-            n = HASH_PIECE;
+        if (n > io_piece(s))
+            n = io_piece(s);
         uint8_t *dst = s->wbuf + s->wbuf_used;
         if (p) {
             memcpy(dst, p, n);
@@ -1038,12 +1100,31 @@ static int wbuf_put(struct ssd_store *s, const void *src, size_t len, XXH3_state
             if (rc)
                 return rc;
         }
+        if (len)
+            io_yield(s);
     }
     return 0;
 }
 
-/* O_DIRECT: the record is copied into the staging buffer and hashed from the copy. */
-static int stage_record(struct ssd_store *s, struct job *j, const uint8_t *hdr, uint64_t pad)
+/* Whether j's data can go to disk from where it lies: O_DIRECT, every piece's address and length
+ * aligned as the file system asks, and whole SSD_RECORD_ALIGN pages in all, so the record's tail
+ * starts on a boundary of the staging buffer again. */
+static bool data_in_place(const struct ssd_store *s, const struct job *j)
+{
+    if (!s->direct || j->data_len == 0 || j->data_len % SSD_RECORD_ALIGN != 0)
+        return false;
+    for (int i = 0; i < j->n_iov; i++)
+        if ((uintptr_t)j->iov[i].iov_base % s->dio_mem_align != 0 ||
+            j->iov[i].iov_len % s->dio_len_align != 0)
+            return false;
+    return true;
+}
+
+/* O_DIRECT: the head is copied into the staging buffer and hashed from the copy; the data is
+ * hashed and written from where it lies when data_in_place, else staged and hashed likewise;
+ * then the checksum and the tail's padding are staged. */
+static int stage_record(struct ssd_store *s, struct job *j, const uint8_t *hdr, uint64_t head_pad,
+                        uint64_t tail_pad)
 {
     XXH3_state_t *st = XXH3_createState();
     if (!st)
@@ -1052,8 +1133,17 @@ static int stage_record(struct ssd_store *s, struct job *j, const uint8_t *hdr, 
     int rc = wbuf_put(s, hdr, SSD_RECORD_HEADER_BYTES, st);
     if (!rc)
         rc = wbuf_put(s, j->tokens, (size_t)j->n_tokens * 4, st);
-    for (int i = 0; !rc && i < j->n_iov; i++)
-        rc = wbuf_put(s, j->iov[i].iov_base, j->iov[i].iov_len, st);
+    if (!rc)
+        rc = wbuf_put(s, NULL, head_pad, st);
+    if (!rc && data_in_place(s, j)) {
+        for (int i = 0; i < j->n_iov; i++)
+            hash_paced(s, st, j->iov[i].iov_base, j->iov[i].iov_len);
+        rc = wbuf_flush_with(s, j->iov, j->n_iov, j->data_len);
+        s->in_place_writes++;
+    } else {
+        for (int i = 0; !rc && i < j->n_iov; i++)
+            rc = wbuf_put(s, j->iov[i].iov_base, j->iov[i].iov_len, st);
+    }
     XXH128_canonical_t ck;
     XXH128_canonicalFromHash(&ck, XXH3_128bits_digest(st));
     XXH3_freeState(st);
@@ -1061,13 +1151,13 @@ static int stage_record(struct ssd_store *s, struct job *j, const uint8_t *hdr, 
     if (!rc)
         rc = wbuf_put(s, j->checksum, 16, NULL);
     if (!rc)
-        rc = wbuf_put(s, NULL, pad, NULL);
+        rc = wbuf_put(s, NULL, tail_pad, NULL);
     return rc;
 }
 
 /* Through the page cache: hashed from the caller's buffers, then gathered into one pwritev. */
-static int pwrite_record(struct ssd_store *s, struct job *j, uint8_t *hdr, uint64_t pad,
-                         uint64_t off)
+static int pwrite_record(struct ssd_store *s, struct job *j, uint8_t *hdr, uint64_t head_pad,
+                         uint64_t tail_pad, uint64_t off)
 {
     XXH3_state_t *st = XXH3_createState();
     if (!st)
@@ -1075,24 +1165,27 @@ static int pwrite_record(struct ssd_store *s, struct job *j, uint8_t *hdr, uint6
     XXH3_128bits_reset(st);
     XXH3_128bits_update(st, hdr, SSD_RECORD_HEADER_BYTES);
     XXH3_128bits_update(st, j->tokens, (size_t)j->n_tokens * 4);
+    XXH3_128bits_update(st, zero_pad, head_pad);
     for (int i = 0; i < j->n_iov; i++)
-        XXH3_128bits_update(st, j->iov[i].iov_base, j->iov[i].iov_len);
+        hash_paced(s, st, j->iov[i].iov_base, j->iov[i].iov_len);
     XXH128_canonical_t ck;
     XXH128_canonicalFromHash(&ck, XXH3_128bits_digest(st));
     XXH3_freeState(st);
     memcpy(j->checksum, ck.digest, 16);
 
-    struct iovec v[SSD_MAX_IOV + 4];
+    struct iovec v[SSD_MAX_IOV + 5];
     int n = 0;
     v[n++] = (struct iovec){hdr, SSD_RECORD_HEADER_BYTES};
     if (j->n_tokens)
         v[n++] = (struct iovec){j->tokens, (size_t)j->n_tokens * 4};
+    if (head_pad)
+        v[n++] = (struct iovec){(void *)zero_pad, head_pad};
     for (int i = 0; i < j->n_iov; i++)
         if (j->iov[i].iov_len)
             v[n++] = j->iov[i];
     v[n++] = (struct iovec){j->checksum, 16};
-    if (pad)
-        v[n++] = (struct iovec){(void *)zero_pad, pad};
+    if (tail_pad)
+        v[n++] = (struct iovec){(void *)zero_pad, tail_pad};
     s->write_calls++;
     return io_full(s->active_fd, v, n, (off_t)off, true);
 }
@@ -1147,14 +1240,16 @@ static int write_record(struct ssd_store *s, struct job *j)
         uint8_t *p = (uint8_t *)&j->tokens[i];
         p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8), p[2] = (uint8_t)(v >> 16), p[3] = (uint8_t)(v >> 24);
     }
-    uint64_t pad = len - (SSD_RECORD_HEADER_BYTES + (uint64_t)j->n_tokens * 4 + j->data_len + 16);
+    uint64_t head = ssd_record_head_len(j->n_tokens);
+    uint64_t head_pad = head - (SSD_RECORD_HEADER_BYTES + (uint64_t)j->n_tokens * 4);
+    uint64_t tail_pad = len - (head + j->data_len + SSD_RECORD_CHECKSUM_BYTES);
     int rc;
     if (s->direct) {
         if (!s->wbuf_used)
             s->wbuf_off = sg->size;
-        rc = stage_record(s, j, hdr, pad);
+        rc = stage_record(s, j, hdr, head_pad, tail_pad);
     } else {
-        rc = pwrite_record(s, j, hdr, pad, sg->size);
+        rc = pwrite_record(s, j, hdr, head_pad, tail_pad, sg->size);
     }
     if (rc)
         return rc;
@@ -1364,6 +1459,7 @@ static void run_write_batch(struct ssd_store *s, struct job *batch)
     }
     s->st.bytes = disk_bytes_of(s);
     s->st.write_calls = s->write_calls;
+    s->st.in_place_writes = s->in_place_writes;
     s->st.io_cpu_ns = thread_cpu_ns();
     pthread_cond_broadcast(&s->done_cv);
     pthread_mutex_unlock(&s->mu);
@@ -1387,7 +1483,9 @@ static int read_block(struct ssd_store *s, struct job *j, bool *drop)
     if (fd < 0)
         return errno == ENOENT ? -INFERD_ENOENT : -INFERD_EIO;
     uint8_t hdr[SSD_RECORD_HEADER_BYTES], trailer[16];
-    uint8_t *toks = malloc((size_t)j->n_tokens * 4 + 1);
+    /* the token ids and the head's padding after them, read and hashed as one piece */
+    size_t rest = (size_t)(ssd_record_head_len(j->n_tokens) - SSD_RECORD_HEADER_BYTES);
+    uint8_t *toks = malloc(rest);
     if (!toks) {
         close(fd);
         *drop = false;
@@ -1396,8 +1494,7 @@ static int read_block(struct ssd_store *s, struct job *j, bool *drop)
     struct iovec v[SSD_MAX_IOV + 3];
     int n = 0;
     v[n++] = (struct iovec){hdr, sizeof hdr};
-    if (j->n_tokens)
-        v[n++] = (struct iovec){toks, (size_t)j->n_tokens * 4};
+    v[n++] = (struct iovec){toks, rest};
     for (int i = 0; i < j->n_iov; i++)
         if (j->iov[i].iov_len)
             v[n++] = j->iov[i];
@@ -1429,7 +1526,7 @@ static int read_block(struct ssd_store *s, struct job *j, bool *drop)
         }
         XXH3_128bits_reset(st);
         XXH3_128bits_update(st, hdr, sizeof hdr);
-        XXH3_128bits_update(st, toks, (size_t)j->n_tokens * 4);
+        XXH3_128bits_update(st, toks, rest);
         for (int i = 0; i < j->n_iov; i++)
             XXH3_128bits_update(st, j->iov[i].iov_base, j->iov[i].iov_len);
         XXH128_canonical_t ck;

@@ -21,15 +21,17 @@
  *       seg-00000001.dat ...                append-only segments of block records
  *       *.tmp                               temporary files, reaped at open
  *
- * A block record (all integers little-endian) starts on a 4 KiB boundary of its segment:
+ * A block record (all integers little-endian) starts on a 4 KiB boundary of its segment, and so
+ * does its data (so the data can go to disk straight from the caller's memory, see below):
  *
  *     0  magic "inferdKV"           8      56  n_tokens u32
- *     8  version u32 (1)                   60  flags u32 (0)
+ *     8  version u32 (2)                   60  flags u32 (0)
  *    12  header bytes u32 (80)             64  data length u64
  *    16  fingerprint digest (16 bytes)     72  reserved u64 (0)
  *    32  hash u64                          80  token ids, n_tokens x i32
- *    40  parent hash u64                   ..  data (the block's K/V, data length bytes)
- *    48  ns u64                            ..  XXH3-128 of everything above (canonical, 16 bytes)
+ *    40  parent hash u64                   ..  zeros up to the next 4 KiB boundary (the head ends)
+ *    48  ns u64                            ..  data (the block's K/V, data length bytes)
+ *                                          ..  XXH3-128 of everything above (canonical, 16 bytes)
  *                                          ..  zeros up to the next 4 KiB boundary
  *
  * so a record describes itself: the index can be rebuilt from the segments alone.
@@ -41,15 +43,17 @@
  * re-indexed or cut off, and every read checks the record against what the caller expects, so
  * a crash can lose blocks but never hand out wrong K/V with status 0.
  *
- * Writes go around the page cache (O_DIRECT) where the file system takes it: records are
- * staged in a page-aligned buffer and appended in large aligned writes (a record's length and
- * offset are already multiples of SSD_RECORD_ALIGN, so the format is the same either way), and
- * the group commit's fdatasync still makes them durable (O_DIRECT alone does not flush the
- * device's cache). Where O_DIRECT is refused (tmpfs, some overlay file systems) the store
- * writes through the page cache and drops the written pages once they are durable. */
+ * Writes go around the page cache (O_DIRECT) where the file system takes it: a record's head and
+ * tail are staged in a page-aligned buffer and appended in large aligned writes (a record's length
+ * and offset are already multiples of SSD_RECORD_ALIGN, so the format is the same either way);
+ * data whose pieces are aligned as O_DIRECT wants (a KV pool in host memory) is written from where
+ * it lies, in the same write call, and hashed there, else it is staged too. The group commit's
+ * fdatasync still makes them durable (O_DIRECT alone does not flush the device's cache). Where
+ * O_DIRECT is refused (tmpfs, some overlay file systems) the store writes through the page cache
+ * and drops the written pages once they are durable. */
 
 #define SSD_RECORD_MAGIC "inferdKV"
-#define SSD_RECORD_VERSION 1
+#define SSD_RECORD_VERSION 2
 #define SSD_RECORD_HEADER_BYTES 80
 #define SSD_RECORD_CHECKSUM_BYTES 16
 #define SSD_RECORD_ALIGN 4096
@@ -115,6 +119,8 @@ struct ssd_stats {
     bool direct_io;                 /* segments are written with O_DIRECT now (false: through the
                                        page cache: --ssd-direct-io off, or the file system refused) */
     uint64_t write_calls;           /* write system calls that appended records (pwrite/pwritev) */
+    uint64_t in_place_writes;       /* records whose data went to disk straight from the caller's
+                                       memory (O_DIRECT, aligned pieces), not through the staging copy */
     uint64_t io_cpu_ns;             /* CPU time the I/O thread has used (checksums, copies, system calls) */
 };
 
@@ -211,9 +217,12 @@ struct ssd_record_header {
     uint64_t hash, parent_hash, ns;
     uint32_t n_tokens;
     uint64_t data_len;
-    uint64_t record_len;            /* derived: header + tokens + data + checksum, 4 KiB aligned */
+    uint64_t head_len;              /* derived: header + tokens, 4 KiB aligned: where the data starts */
+    uint64_t record_len;            /* derived: head + data + checksum, 4 KiB aligned */
 };
 
+/* Bytes of a record's head (header and token ids, padded): the data's offset in the record. */
+uint64_t ssd_record_head_len(uint32_t n_tokens);
 /* Bytes of a record with n_tokens tokens and data_len bytes of data, padding included. */
 uint64_t ssd_record_len(uint32_t n_tokens, uint64_t data_len);
 

@@ -1,5 +1,6 @@
 /* kv/ssd_record.c — the SSD tier's on-disk block record: encoding its header, parsing and
  * verifying one record (bounds-checked for any bytes), and the fingerprint digest. */
+#include <stdio.h>
 #include <string.h>
 #include <xxhash.h>
 
@@ -45,7 +46,8 @@ static void copy_str(uint8_t *out, const char *s, size_t max)
 void ssd_fingerprint_digest(const struct ssd_fingerprint *fp, uint8_t digest[16])
 {
     uint8_t buf[16 + 8 + 8 + 32 + 4 + 64] = {0};
-    memcpy(buf, "inferd-ssd-fp-1", 15);
+    /* the record format's version is part of the name: a directory of older records is foreign */
+    snprintf((char *)buf, 16, "inferd-ssd-fp-%d", SSD_RECORD_VERSION);
     put_u64(buf + 16, fp->model_digest);
     put_u64(buf + 24, fp->tokenizer_digest);
     copy_str(buf + 32, fp->kv_format, sizeof fp->kv_format - 1);
@@ -56,11 +58,16 @@ void ssd_fingerprint_digest(const struct ssd_fingerprint *fp, uint8_t digest[16]
     memcpy(digest, c.digest, 16);
 }
 
+static uint64_t align_up(uint64_t n) { return (n + SSD_RECORD_ALIGN - 1) / SSD_RECORD_ALIGN * SSD_RECORD_ALIGN; }
+
+uint64_t ssd_record_head_len(uint32_t n_tokens)
+{
+    return align_up(SSD_RECORD_HEADER_BYTES + (uint64_t)n_tokens * 4);
+}
+
 uint64_t ssd_record_len(uint32_t n_tokens, uint64_t data_len)
 {
-    uint64_t n = SSD_RECORD_HEADER_BYTES + (uint64_t)n_tokens * 4 + data_len +
-                 SSD_RECORD_CHECKSUM_BYTES;
-    return (n + SSD_RECORD_ALIGN - 1) / SSD_RECORD_ALIGN * SSD_RECORD_ALIGN;
+    return ssd_record_head_len(n_tokens) + align_up(data_len + SSD_RECORD_CHECKSUM_BYTES);
 }
 
 void ssd_record_header_encode(const struct ssd_record_header *h, uint8_t *out)
@@ -103,6 +110,7 @@ int ssd_record_header_parse(const void *buf, size_t len, struct ssd_record_heade
     if (out->n_tokens > SSD_RECORD_MAX_TOKENS || out->data_len > SSD_RECORD_MAX_DATA)
         return err_set(err, INFERD_EFORMAT, "block record: %u tokens, %llu data bytes: too large",
                        out->n_tokens, (unsigned long long)out->data_len);
+    out->head_len = ssd_record_head_len(out->n_tokens);
     out->record_len = ssd_record_len(out->n_tokens, out->data_len);
     return 0;
 }
@@ -114,7 +122,7 @@ int ssd_record_parse(const void *buf, size_t len, struct ssd_record_header *out,
     if (rc)
         return rc;
     const uint8_t *p = buf;
-    uint64_t body = SSD_RECORD_HEADER_BYTES + (uint64_t)out->n_tokens * 4 + out->data_len;
+    uint64_t body = out->head_len + out->data_len; /* what the checksum covers */
     if (body + SSD_RECORD_CHECKSUM_BYTES > len)
         return err_set(err, INFERD_ECORRUPT, "block record: %llu bytes needed, %zu there",
                        (unsigned long long)(body + SSD_RECORD_CHECKSUM_BYTES), len);
@@ -126,6 +134,6 @@ int ssd_record_parse(const void *buf, size_t len, struct ssd_record_header *out,
     if (tokens)
         *tokens = p + SSD_RECORD_HEADER_BYTES;
     if (data)
-        *data = p + SSD_RECORD_HEADER_BYTES + (size_t)out->n_tokens * 4;
+        *data = p + out->head_len;
     return 0;
 }

@@ -71,6 +71,8 @@ struct kv_tier {
     struct kv_tier_config cfg;
     size_t block_bytes;        /* one block in every layer, K and V */
     struct kv_codec *codec;    /* owned; --ssd-kv-format's re-encoding; NULL: disk holds the live format */
+    bool in_place;             /* blocks are written from the pool itself, held until written (a
+                                  pool in host memory, the live format on disk): no copy at all */
     size_t disk_bytes;         /* one block as the store keeps it */
     struct tier_read *reads;   /* owned; cap_reads slots */
     int cap_reads, n_reads;
@@ -362,9 +364,51 @@ static void written_back(struct kv_tier *t, char *p)
         give_buffer(t, p);
 }
 
+/* A write's cookie names what to give back when it is done: the host
+ * buffer it was copied into (malloc'd: the low bit clear), or the pool
+ * block it is written from, held until then (the low bit set). */
+static uint64_t cookie_of_block(uint32_t b) { return (uint64_t)b << 1 | 1; }
+static bool cookie_is_block(uint64_t cookie) { return cookie & 1; }
+
+/* A reference to cached block b that keeps it in the pool (and out of the
+ * cache's eviction order) while the store writes it from there; let go of
+ * when its write is done. */
+static void hold_block(struct kv_tier *t, uint32_t b)
+{
+    kv_pool_retain(t->pool, b);
+    kv_prefix_after_refcount(t->prefix, b);
+}
+
+static void let_go_block(struct kv_tier *t, uint32_t b)
+{
+    kv_pool_release(t->pool, b);
+    kv_prefix_after_refcount(t->prefix, b);
+}
+
+/* Queues block b's write from the pool itself: one piece per layer's K and
+ * V, in the order copy_out lays them out, so the record is the same. */
+static int write_in_place(struct kv_tier *t, uint32_t b, const struct ssd_block_key *key)
+{
+    int n_layers = t->pool->cache.n_layers;
+    struct iovec iov[SSD_MAX_IOV];
+    if (2 * n_layers > SSD_MAX_IOV)
+        return -INFERD_EIO;
+    for (int l = 0; l < n_layers; l++)
+        for (int v = 0; v < 2; v++)
+            iov[2 * l + v] = (struct iovec){chunk_in_pool(t, b, l, v), chunk_of(t, v)};
+    hold_block(t, b);
+    struct err err = {0};
+    int rc = ssd_store_write(t->store, key, iov, 2 * n_layers, cookie_of_block(b), &err);
+    if (rc != 0)
+        let_go_block(t, b);
+    return rc;
+}
+
 /* Queues cached block b for writing unless the store has it: 0 (queued, or
- * nothing to do), -INFERD_EBUSY (queue full), -INFERD_EIO (the tier is off). */
-static int write_block(struct kv_tier *t, uint32_t b)
+ * nothing to do), -INFERD_EBUSY (queue full), -INFERD_EIO (the tier is off).
+ * may_hold: the block may be held in the pool until written (not while it is
+ * leaving the cache: then its bytes are copied out first). */
+static int write_block(struct kv_tier *t, uint32_t b, bool may_hold)
 {
     if (!t->store)
         return 0;
@@ -373,6 +417,14 @@ static int write_block(struct kv_tier *t, uint32_t b)
         return 0;
     if (ssd_store_contains(t->store, e.hash, e.ns, NULL))
         return 0;
+    if (t->in_place && may_hold) {
+        struct ssd_block_key key = {.hash = e.hash, .parent_hash = e.parent_hash, .ns = e.ns,
+                                    .n_tokens = e.n_tokens, .tokens = e.tokens};
+        int rc = write_in_place(t, b, &key);
+        if (rc == 0 || rc == -INFERD_EEXIST)
+            return 0;
+        return rc == -INFERD_EBUSY ? rc : -INFERD_EIO;
+    }
     char *host = take_buffer(t);
     if (!host)
         return -INFERD_EBUSY;
@@ -472,7 +524,7 @@ static void hook_leaving(void *ctx, uint32_t b)
     t->is_unsaved[b] = 0;
     uint64_t deadline = now_ns() + (uint64_t)TIER_FORCE_WAIT_MS * 1000000ull;
     int rc;
-    while ((rc = write_block(t, b)) == -INFERD_EBUSY && now_ns() < deadline) {
+    while ((rc = write_block(t, b, false)) == -INFERD_EBUSY && now_ns() < deadline) {
         ssd_store_wait(t->store, 50);
         drain(t, true);
     }
@@ -496,7 +548,7 @@ static void retry_unsaved(struct kv_tier *t, double *credit_ns)
             e.gen != u.gen)
             continue; /* written, or no longer that entry */
         uint64_t t0 = now_ns();
-        if (!full && write_block(t, u.block) == -INFERD_EBUSY)
+        if (!full && write_block(t, u.block, true) == -INFERD_EBUSY)
             full = true;
         if (!full) {
             double took = (double)(now_ns() - t0);
@@ -655,7 +707,10 @@ static void drop_from(struct kv_tier *t, struct kv_seq *seq, int index)
 static void handle_done(struct kv_tier *t, const struct ssd_done *d)
 {
     if (d->kind == SSD_DONE_WRITE) {
-        written_back(t, (char *)(uintptr_t)d->cookie);
+        if (cookie_is_block(d->cookie))
+            let_go_block(t, (uint32_t)(d->cookie >> 1));
+        else
+            written_back(t, (char *)(uintptr_t)d->cookie);
         return;
     }
     if (d->cookie >= (uint64_t)t->cap_reads || !t->reads[d->cookie].used)
@@ -801,6 +856,7 @@ int kv_tier_create(struct kv_pool *pool, struct kv_prefix *prefix, size_t block_
         return err_set(err, INFERD_ENOMEM, "out of memory for the SSD tier");
     }
     t->disk_bytes = t->block_bytes;
+    t->in_place = pool->backend->ops->memory_is_host && !cfg->cold;
     struct ssd_config store = cfg->store;
     int rc = 0;
     if (cfg->cold && cfg->store.dir) {

@@ -787,9 +787,11 @@ Test(ssd_store, a_record_with_any_flipped_byte_fails_to_parse)
     struct ssd_record_header h = {.hash = b.key.hash, .parent_hash = b.key.parent_hash, .ns = NS,
                                   .n_tokens = BS, .data_len = BLOCK_BYTES};
     ssd_record_header_encode(&h, rec);
+    uint64_t head = ssd_record_head_len(BS);
+    cr_assert_eq(head % SSD_RECORD_ALIGN, 0, "the data starts on a 4 KiB boundary");
     memcpy(rec + SSD_RECORD_HEADER_BYTES, b.tokens, sizeof b.tokens);
-    memcpy(rec + SSD_RECORD_HEADER_BYTES + sizeof b.tokens, b.data, BLOCK_BYTES);
-    size_t body = SSD_RECORD_HEADER_BYTES + sizeof b.tokens + BLOCK_BYTES;
+    memcpy(rec + head, b.data, BLOCK_BYTES);
+    size_t body = head + BLOCK_BYTES;
     struct ssd_record_header got;
     cr_assert_eq(ssd_record_parse(rec, len, &got, NULL, NULL, NULL), -INFERD_ECORRUPT,
                  "no checksum yet");
@@ -868,6 +870,39 @@ static size_t resident_pages(const char *path, size_t *total)
     return in;
 }
 
+/* The segment files of fingerprint directories fa and fb hold the same bytes, and the reader's
+ * parser takes every record in them, the first one first_hash's; returns how many segments and
+ * counts the records in *records. */
+static int same_segments(const char *fa, const char *fb, int *records, uint64_t first_hash)
+{
+    char na[64][32], nb[64][32];
+    int n = list_segments(fa, na, 64);
+    cr_assert_eq(list_segments(fb, nb, 64), n);
+    *records = 0;
+    for (int i = 0; i < n; i++) {
+        cr_assert_str_eq(na[i], nb[i]);
+        char pa[4096], pb[4096];
+        snprintf(pa, sizeof pa, "%s/%s", fa, na[i]);
+        snprintf(pb, sizeof pb, "%s/%s", fb, nb[i]);
+        size_t la, lb;
+        uint8_t *xa = read_whole(pa, &la), *xb = read_whole(pb, &lb);
+        cr_assert_eq(la, lb, "%s", na[i]);
+        cr_assert_eq(la % SSD_RECORD_ALIGN, 0);
+        cr_assert_eq(memcmp(xa, xb, la), 0, "%s: the same bytes either way", na[i]);
+        for (size_t off = 0; off < la;) {
+            struct ssd_record_header h;
+            cr_assert_eq(ssd_record_parse(xa + off, la - off, &h, NULL, NULL, NULL), 0,
+                         "%s at %zu", na[i], off);
+            cr_assert(*records > 0 || h.hash == first_hash);
+            off += h.record_len;
+            (*records)++;
+        }
+        free(xa);
+        free(xb);
+    }
+    return n;
+}
+
 Test(ssd_direct, direct_writes_lay_out_the_same_bytes_as_buffered_ones, .timeout = 60)
 {
     char *da = test_mkdtemp(), *db = test_mkdtemp();
@@ -877,7 +912,7 @@ Test(ssd_direct, direct_writes_lay_out_the_same_bytes_as_buffered_ones, .timeout
         cr_skip_test("O_DIRECT does not work on the test directory's file system");
     }
     struct blk *b = blks_make(50, 0);
-    /* a staging buffer of 5 pages against records of 6: records straddle every write */
+    /* a staging buffer of 5 pages against records of 7: records straddle every write */
     struct ssd_config ca = config(da, "bf16"), cb = config(db, "bf16");
     ca.direct_io = SSD_DIRECT_ON;
     ca.write_buffer_bytes = 5 * 4096 - 100;
@@ -889,39 +924,17 @@ Test(ssd_direct, direct_writes_lay_out_the_same_bytes_as_buffered_ones, .timeout
     ssd_store_stats(sa, &st);
     cr_assert(st.direct_io);
     cr_assert_eq(st.writes, 50);
-    cr_assert_gt(st.write_calls, 50, "a record of 6 pages takes more than one 5-page write");
+    cr_assert_gt(st.write_calls, 50, "a record of 7 pages takes more than one 5-page write");
+    cr_assert_eq(st.in_place_writes, 0, "pieces of 3,000 bytes are staged");
     ssd_store_stats(sb, &st);
     cr_assert_not(st.direct_io);
     char *fa = fp_dir_of(sa), *fb = fp_dir_of(sb);
     ssd_store_close(sa);
     ssd_store_close(sb);
 
-    char na[64][32], nb[64][32];
-    int n = list_segments(fa, na, 64);
-    cr_assert_gt(n, 1, "the blocks fill several segments");
-    cr_assert_eq(list_segments(fb, nb, 64), n);
     int records = 0;
-    for (int i = 0; i < n; i++) {
-        cr_assert_str_eq(na[i], nb[i]);
-        char pa[4096], pb[4096];
-        snprintf(pa, sizeof pa, "%s/%s", fa, na[i]);
-        snprintf(pb, sizeof pb, "%s/%s", fb, nb[i]);
-        size_t la, lb;
-        uint8_t *xa = read_whole(pa, &la), *xb = read_whole(pb, &lb);
-        cr_assert_eq(la, lb, "%s", na[i]);
-        cr_assert_eq(la % SSD_RECORD_ALIGN, 0);
-        cr_assert_eq(memcmp(xa, xb, la), 0, "%s: the same bytes either way", na[i]);
-        for (size_t off = 0; off < la;) { /* the reader's parser takes every record */
-            struct ssd_record_header h;
-            cr_assert_eq(ssd_record_parse(xa + off, la - off, &h, NULL, NULL, NULL), 0,
-                         "%s at %zu", na[i], off);
-            cr_assert_eq(h.hash, b[records].key.hash);
-            off += h.record_len;
-            records++;
-        }
-        free(xa);
-        free(xb);
-    }
+    cr_assert_gt(same_segments(fa, fb, &records, b[0].key.hash), 1,
+                 "the blocks fill several segments");
     cr_assert_eq(records, 50);
 
     /* either store reads what the other path wrote */
@@ -936,6 +949,90 @@ Test(ssd_direct, direct_writes_lay_out_the_same_bytes_as_buffered_ones, .timeout
     free(fa);
     free(fb);
     free(b);
+    test_rmtree(da);
+    test_rmtree(db);
+    free(da);
+    free(db);
+}
+
+/* Blocks whose pieces are whole pages in page-aligned memory, as a KV pool in host memory holds
+ * them: with O_DIRECT their data goes to disk from where it lies, and the files are the same. */
+Test(ssd_direct, aligned_data_is_written_from_where_it_lies, .timeout = 60)
+{
+    char *da = test_mkdtemp(), *db = test_mkdtemp();
+    if (!direct_works(da)) {
+        test_rmtree(da);
+        test_rmtree(db);
+        cr_skip_test("O_DIRECT does not work on the test directory's file system");
+    }
+    enum { N = 40, PIECES = 4, PIECE = 4096 };
+    uint8_t *mem = NULL;
+    cr_assert_eq(posix_memalign((void **)&mem, 4096, (size_t)N * PIECES * PIECE), 0);
+    static int32_t tokens[N][BS];
+    struct ssd_block_key keys[N];
+    struct iovec iov[N][PIECES];
+    uint64_t parent = NS, x = 99;
+    for (int i = 0; i < N; i++) {
+        for (int t = 0; t < BS; t++)
+            tokens[i][t] = i * 1000 + t;
+        keys[i] = (struct ssd_block_key){.hash = kv_prefix_hash(parent, tokens[i], BS, NS),
+                                         .parent_hash = parent, .ns = NS, .n_tokens = BS,
+                                         .tokens = tokens[i]};
+        parent = keys[i].hash;
+        for (int c = 0; c < PIECES; c++) {
+            uint8_t *p = mem + ((size_t)i * PIECES + c) * PIECE;
+            for (int o = 0; o < PIECE; o++) {
+                x = x * 6364136223846793005ull + 1442695040888963407ull;
+                p[o] = (uint8_t)(x >> 56);
+            }
+            iov[i][c] = (struct iovec){p, PIECE};
+        }
+    }
+    struct ssd_config ca = config(da, "bf16"), cb = config(db, "bf16");
+    ca.direct_io = SSD_DIRECT_ON;
+    ca.write_buffer_bytes = 3 * 4096; /* smaller than a record: data never fits in the buffer */
+    cb.direct_io = SSD_DIRECT_OFF;
+    struct ssd_store *sa = open_store(&ca), *sb = open_store(&cb);
+    struct ssd_store *both[2] = {sa, sb};
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < N; i++) {
+            struct err err = {0};
+            cr_assert_eq(ssd_store_write(both[k], &keys[i], iov[i], PIECES, (uint64_t)i, &err), 0,
+                         "%s", err.msg);
+        }
+        cr_assert_eq(ssd_store_flush(both[k], -1), 0);
+    }
+    struct ssd_stats st;
+    ssd_store_stats(sa, &st);
+    cr_assert(st.direct_io);
+    cr_assert_eq(st.writes, N);
+    cr_assert_eq(st.in_place_writes, N, "every record's data went from where it lies");
+    cr_assert_leq(st.write_calls, 2 * N + 4, "a record's head and data in one call");
+    ssd_store_stats(sb, &st);
+    cr_assert_eq(st.in_place_writes, 0);
+    char *fa = fp_dir_of(sa), *fb = fp_dir_of(sb);
+    ssd_store_close(sa);
+    ssd_store_close(sb);
+    int records = 0;
+    cr_assert_gt(same_segments(fa, fb, &records, keys[0].hash), 0);
+    cr_assert_eq(records, N);
+
+    sa = open_store(&ca); /* read back, verified */
+    uint8_t out[PIECES * PIECE];
+    for (int i = 0; i < N; i++) {
+        struct iovec dst = {out, sizeof out};
+        struct err err = {0};
+        cr_assert_eq(ssd_store_read(sa, &keys[i], &dst, 1, 7, &err), 0, "%s", err.msg);
+        struct ssd_done d;
+        while (ssd_store_poll(sa, &d, 1) == 0)
+            ssd_store_wait(sa, 1000);
+        cr_assert_eq(d.status, 0, "block %d", i);
+        cr_assert_eq(memcmp(out, mem + (size_t)i * PIECES * PIECE, sizeof out), 0, "block %d", i);
+    }
+    ssd_store_close(sa);
+    free(mem);
+    free(fa);
+    free(fb);
     test_rmtree(da);
     test_rmtree(db);
     free(da);

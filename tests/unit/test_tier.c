@@ -155,6 +155,13 @@ static struct run cold_run(void)
     return r;
 }
 
+static int nothing(void *ctx, struct err *err)
+{
+    (void)ctx;
+    (void)err;
+    return 0;
+}
+
 /* One engine computes the prompt and flushes; returns its stats after. */
 static void compute_and_flush(const struct kv_tier_config *t)
 {
@@ -166,6 +173,17 @@ static void compute_and_flush(const struct kv_tier_config *t)
     cr_assert_geq(after.store.blocks, PROMPT / 16, "%lu blocks durable",
                   (unsigned long)after.store.blocks);
     cr_assert_eq(after.store.pending, 0);
+    if (after.store.direct_io && !t->cold)
+        cr_assert_eq(after.store.in_place_writes, after.store.writes,
+                     "a CPU pool's blocks go to disk from where they lie (%lu of %lu)",
+                     (unsigned long)after.store.in_place_writes, (unsigned long)after.store.writes);
+    /* the blocks held in the pool while they were written are let go of: only the cache holds
+     * them now (the stats of the engine's step after the flush) */
+    cr_assert_eq(engine_run(e, nothing, NULL, &err), 0);
+    struct engine_stats st;
+    engine_get_stats(e, &st);
+    cr_assert_gt(st.prompt_cache.blocks, 0);
+    cr_assert_eq(st.prompt_cache.unreferenced_blocks, st.prompt_cache.blocks);
     engine_free(e);
 }
 

@@ -31,8 +31,10 @@ static void cpu_destroy(struct backend *be)
 /* Backend memory is an anonymous mapping: zeroed lazily by the kernel (a
  * large KV pool costs nothing until used), page aligned, and eligible for
  * transparent huge pages, which cut TLB misses when kernels stream it. The
- * mapping's length sits in the first cache line, before the pointer returned. */
-#define ALLOC_HEADER 64
+ * mapping's length sits in the first page, before the pointer returned, so
+ * what the caller gets is page aligned too (the SSD tier writes KV blocks to
+ * disk from the pool with O_DIRECT, which wants aligned buffers). */
+#define ALLOC_HEADER 4096
 
 static void *cpu_alloc(struct backend *be, size_t bytes)
 {
@@ -365,6 +367,7 @@ static const struct backend_ops cpu_ops = {
     .release = cpu_release,
     .to_device = cpu_copy,
     .to_host = cpu_copy,
+    .memory_is_host = true,
     .embed = cpu_embed,
     .matmul = cpu_matmul_op,
     .matmul_group = cpu_matmul_group_op,

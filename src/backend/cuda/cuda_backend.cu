@@ -1437,6 +1437,7 @@ static const struct backend_ops cuda_ops = {
     /* .scale = */ cu_scale,
     /* .softcap = */ cu_softcap,
     /* .lora = */ cu_lora,
+    /* .memory_is_host = */ false,
 };
 
 /* backend_options.gpu_sampling off: logits go to the host and are sampled there. */
