@@ -24,13 +24,16 @@ before the next visit, so they never run beside another server's stream.
 mode; the report gives every round, the mean and median of each server, and
 the median of the rounds' on/off ratios, with the tier's counters (direct_io,
 blocks written, write calls, writes from where the data lies, the I/O thread's
-CPU time) and how much of each decode the writes overlapped (a tier-on server's
-/stats polled every 50 ms during its stream until its writes are drained).
+CPU time); with --watch-writes also how much of each decode the writes overlapped
+(a tier-on server's /stats polled every 50 ms during its stream until its writes
+are drained: a cost the tier-off server does not pay, so leave it off where the
+writes last the whole decode).
 
 usage: bench/ssd_restart.py restart INFERD MODEL_DIR [--prompt-len 8000] [--dir DIR]
                                     [--cold-off] [--server-arg '--threads 2']...
        bench/ssd_restart.py decode INFERD MODEL_DIR [--prompt-len 512] [--gen-len 64]
                                     [--rounds 8] [--threads N] [--direct-io auto|on|off]...
+                                    [--watch-writes] [--off-first | --both-orders]
                                     [--server-arg ...]...
 """
 import argparse
@@ -234,20 +237,25 @@ def median(xs):
     return ys[n // 2] if n % 2 else (ys[n // 2 - 1] + ys[n // 2]) / 2
 
 
-def decode(args):
+def decode_once(args, off_first):
+    """One set of servers, every round; prints the report and returns each tier-on server's
+    median on/off ratio."""
     flags = [f for a in args.server_arg for f in a.split()]
     if args.threads:
         flags += ["--threads", str(args.threads)]
     modes = args.direct_io or ["auto"]
     bans = serve_tax.eos_ids(args.model)
     rng = random.Random(3)
-    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; model {args.model}; prompt "
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; model {args.model}; "
+          f"{'tier-off server started first; ' if off_first else ''}prompt "
           f"{args.prompt_len} fresh random ids per round, {args.gen_len} tokens decoded, "
           f"{args.rounds} rounds, servers interleaved (order rotated and reversed each round, each "
           f"tier's writes drained before the next stream); serve {' '.join(flags)}")
     logs = tempfile.mkdtemp(prefix="inferd-ssd-decode-logs-")
     caches, servers = [], []  # (name, server)
     try:
+        # --off-first: the tier-off server starts (and takes its GPU memory) before the others
+        off = Server(args.inferd, args.model, flags, f"{logs}/off.err") if off_first else None
         for mode in modes:
             cache = tempfile.mkdtemp(prefix="inferd-ssd-decode-")
             caches.append(cache)
@@ -255,7 +263,7 @@ def decode(args):
             servers.append((name, Server(args.inferd, args.model,
                                          flags + ["--ssd-cache", cache, "--ssd-direct-io", mode],
                                          f"{logs}/on-{mode}.err")))
-        servers.append(("off", Server(args.inferd, args.model, flags, f"{logs}/off.err")))
+        servers.append(("off", off or Server(args.inferd, args.model, flags, f"{logs}/off.err")))
         names = [n for n, _ in servers]
         rates = {n: [] for n in names}
         overlaps = {n: [] for n in names}
@@ -267,7 +275,7 @@ def decode(args):
                 order = order[::-1]
             for name, srv in order:
                 prompt = [rng.randrange(100, 8000) for _ in range(args.prompt_len)]
-                watch = WriteWatch(srv) if name != "off" else None
+                watch = WriteWatch(srv) if name != "off" and args.watch_writes else None
                 times = []
                 _, rate, n = serve_tax.stream_once(srv.host, srv.port, prompt, args.gen_len, bans,
                                                    times)
@@ -302,6 +310,7 @@ def decode(args):
     off = rates["off"]
     moff, medoff = sum(off) / len(off), median(off)
     print(f"tier off: mean {moff:.2f} tok/s, median {medoff:.2f}")
+    ratios = {}
     for name in names[:-1]:
         on = rates[name]
         mon, medon = sum(on) / len(on), median(on)
@@ -309,14 +318,34 @@ def decode(args):
         st = stats[name]
         print(f"tier {name}: mean {mon:.2f} tok/s ({100 * (mon / moff - 1):+.1f}%), median "
               f"{medon:.2f} ({100 * (medon / medoff - 1):+.1f}%), median of the rounds' on/off "
-              f"ratios {100 * (paired - 1):+.1f}% (target: no more than 2% below); writes "
-              f"pending during {100 * sum(overlaps[name]) / len(overlaps[name]):.0f}% of the "
-              f"decode on average; "
+              f"ratios {100 * (paired - 1):+.1f}% (target: no more than 2% below); "
+              + (f"writes pending during {100 * sum(overlaps[name]) / len(overlaps[name]):.0f}% "
+                 f"of the decode on average; " if overlaps[name] else "") +
               f"direct_io {str(st.get('direct_io')).lower()}, {st['writes']} blocks "
               f"({st['write_bytes'] / 2**20:.0f} MiB) written in {st.get('write_calls')} write "
               f"calls ({st.get('in_place_writes', 0)} from where the data lies), I/O thread CPU "
               f"{st.get('io_cpu_ms', 0):.0f} ms, {st['pending']} pending, "
               f"{st['dropped']} dropped, {st['failed']} failed")
+        ratios[name] = paired
+    return ratios
+
+
+def decode(args):
+    """--both-orders: the whole measurement twice, the tier-off server started last and then
+    first (on the GPU the server started first measured ~1% slower than the one after it, the
+    same binary either way), and the two paired medians averaged."""
+    if not args.both_orders:
+        decode_once(args, args.off_first)
+        return
+    last = decode_once(args, False)
+    print()
+    first = decode_once(args, True)
+    print()
+    for name in last:
+        both = (last[name] + first[name]) / 2
+        print(f"tier {name}, both start orders: median on/off ratio {100 * (last[name] - 1):+.1f}% "
+              f"(off started last), {100 * (first[name] - 1):+.1f}% (off started first), mean "
+              f"{100 * (both - 1):+.1f}% (target: no more than 2% below)")
 
 
 def main():
@@ -334,6 +363,12 @@ def main():
                         "server each, all against the same tier-off server; default auto)")
     p.add_argument("--dir")
     p.add_argument("--cold-off", action="store_true")
+    p.add_argument("--off-first", action="store_true",
+                   help="decode: start the tier-off server before the tier-on ones")
+    p.add_argument("--both-orders", action="store_true",
+                   help="decode: measure with the tier-off server started last, then first")
+    p.add_argument("--watch-writes", action="store_true",
+                   help="decode: report how much of each decode the writes overlapped")
     p.add_argument("--server-arg", action="append", default=[],
                    help="more `inferd serve` flags, e.g. '--threads 2' (repeatable)")
     args = p.parse_args()

@@ -23,7 +23,9 @@
  * within 2% of the tier off, and the tier's other per-step work (polling the
  * store and the remembered blocks) measured about 1% on an H200 (8B decode:
  * -2.5% at a 1.5% share). */
+#ifndef TIER_COPY_SHARE
 #define TIER_COPY_SHARE 0.008
+#endif
 /* Idle, copies go on in slices this long, so a request that comes waits at most one. */
 #define TIER_IDLE_SLICE_NS 20000000ull
 
