@@ -34,8 +34,9 @@ struct tier_read {
     struct kv_seq *seq; /* NULL: free slot, or forgotten (the sequence went away) */
     bool used;
     int index;          /* the block's place in seq's table */
-    uint32_t block;
-    void *host;         /* owned; the block's bytes as the store hands them back */
+    uint32_t block;     /* held by the read while it is in flight when it reads in place */
+    void *host;         /* owned; the block's bytes as the store hands them back; NULL: read
+                           straight into the pool block (in_place) */
 };
 
 /* A block kept in host memory after it left a device pool (the host-RAM
@@ -387,20 +388,30 @@ static void let_go_block(struct kv_tier *t, uint32_t b)
     kv_prefix_after_refcount(t->prefix, b);
 }
 
-/* Queues block b's write from the pool itself: one piece per layer's K and
- * V, in the order copy_out lays them out, so the record is the same. */
-static int write_in_place(struct kv_tier *t, uint32_t b, const struct ssd_block_key *key)
+/* Block b where it lies in the pool: one piece per layer's K and V, in the
+ * order copy_out lays them out, so a record is the same either way.
+ * Returns the number of pieces, or 0 when they are too many for the store. */
+static int pieces_in_pool(const struct kv_tier *t, uint32_t b, struct iovec *iov)
 {
     int n_layers = t->pool->cache.n_layers;
-    struct iovec iov[SSD_MAX_IOV];
     if (2 * n_layers > SSD_MAX_IOV)
-        return -INFERD_EIO;
+        return 0;
     for (int l = 0; l < n_layers; l++)
         for (int v = 0; v < 2; v++)
             iov[2 * l + v] = (struct iovec){chunk_in_pool(t, b, l, v), chunk_of(t, v)};
+    return 2 * n_layers;
+}
+
+/* Queues block b's write from the pool itself. */
+static int write_in_place(struct kv_tier *t, uint32_t b, const struct ssd_block_key *key)
+{
+    struct iovec iov[SSD_MAX_IOV];
+    int n = pieces_in_pool(t, b, iov);
+    if (n == 0)
+        return -INFERD_EIO;
     hold_block(t, b);
     struct err err = {0};
-    int rc = ssd_store_write(t->store, key, iov, 2 * n_layers, cookie_of_block(b), &err);
+    int rc = ssd_store_write(t->store, key, iov, n, cookie_of_block(b), &err);
     if (rc != 0)
         let_go_block(t, b);
     return rc;
@@ -587,6 +598,8 @@ static int read_slot(struct kv_tier *t)
 
 static void release_read(struct kv_tier *t, struct tier_read *r)
 {
+    if (!r->host)
+        let_go_block(t, r->block); /* the read's own reference (read_in_place) */
     free(r->host);
     *r = (struct tier_read){0};
     t->n_reads--;
@@ -652,16 +665,25 @@ int kv_tier_continue(struct kv_tier *t, struct kv_seq *seq, const int32_t *token
         const int32_t *tb = tokens + (size_t)(first + i) * bs;
         uint64_t hn = kv_prefix_hash(h, tb, bs, ns);
         int slot = read_slot(t);
-        char *host = slot >= 0 ? malloc(t->disk_bytes) : NULL;
+        /* over a pool in host memory the store reads straight into the block (held by the
+         * read, so a sequence that goes meanwhile cannot hand it to another); else into a
+         * buffer copied in when the read is done */
+        char *host = slot >= 0 && !t->in_place ? malloc(t->disk_bytes) : NULL;
         uint32_t block;
-        if (!host || !make_free(ctx) || kv_pool_alloc(t->pool, &block, &err) < 0) {
+        if (slot < 0 || (!t->in_place && !host) || !make_free(ctx) ||
+            kv_pool_alloc(t->pool, &block, &err) < 0) {
             free(host);
             break;
         }
         struct ssd_block_key expect = {.hash = hn, .parent_hash = h, .ns = ns, .n_tokens = bs,
                                        .tokens = tb};
-        struct iovec iov = {host, t->disk_bytes};
-        if (ssd_store_read(t->store, &expect, &iov, 1, (uint64_t)slot, &err) < 0) {
+        struct iovec iov[SSD_MAX_IOV] = {{host, t->disk_bytes}};
+        int n_iov = host ? 1 : pieces_in_pool(t, block, iov);
+        if (n_iov > 0 && !host)
+            kv_pool_retain(t->pool, block);
+        if (n_iov == 0 || ssd_store_read(t->store, &expect, iov, n_iov, (uint64_t)slot, &err) < 0) {
+            if (n_iov > 0 && !host)
+                kv_pool_release(t->pool, block);
             kv_pool_release(t->pool, block);
             free(host);
             break;
@@ -721,15 +743,20 @@ static void handle_done(struct kv_tier *t, const struct ssd_done *d)
     struct kv_seq *seq = r->seq;
     if (seq) {
         seq->n_loading--;
-        bool in_place = r->index < seq->table.n_blocks && seq->table.blocks[r->index] == r->block;
-        char *live = NULL;
-        if (d->status == 0 && in_place && t->codec && (live = malloc(t->block_bytes)))
-            kv_codec_decode(t->codec, r->host, live);
-        if (d->status == 0 && in_place && (live || !t->codec))
-            copy_in(t, r->block, live ? live : r->host);
-        else if (in_place)
+        bool still_there = r->index < seq->table.n_blocks && seq->table.blocks[r->index] == r->block;
+        bool ok = d->status == 0 && still_there;
+        if (ok && r->host) { /* read into a buffer: decoded from a colder format, copied in */
+            char *live = t->codec ? malloc(t->block_bytes) : NULL;
+            if (t->codec && !live)
+                ok = false;
+            else if (live)
+                kv_codec_decode(t->codec, r->host, live);
+            if (ok)
+                copy_in(t, r->block, live ? live : r->host);
+            free(live);
+        }
+        if (!ok && still_there)
             drop_from(t, seq, r->index);
-        free(live);
     }
     release_read(t, r);
 }
