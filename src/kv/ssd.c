@@ -45,6 +45,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -105,6 +106,7 @@ struct job {
     int n_iov;
     int status;
     bool drop;          /* a read whose block is to leave the store (it failed its checks) */
+    bool cached;        /* a read whose record is mostly in the page cache (read through it) */
     /* set by a write once its record is on disk */
     uint32_t seg;
     uint64_t off, len;
@@ -122,7 +124,8 @@ struct ssd_store {
     char *dir;                  /* owned: DIR/<digest> */
     uint8_t fp_digest[16];
     uint64_t seg_bytes, cap_bytes;
-    double read_bw;
+    double read_bw;             /* bytes/s: the disk, read as a restore reads it (the probe at open) */
+    double cache_bw;            /* bytes/s: the same bytes from the page cache */
 
     /* I/O thread only (and open, before the thread starts): */
     sqlite3 *db;
@@ -827,8 +830,78 @@ static int recover_segments(struct ssd_store *s)
     return rc;
 }
 
-/* Reads a temporary file of up to probe bytes back with O_DIRECT (or after dropping its cached
- * pages where O_DIRECT is refused, as on tmpfs). -errno only when the file cannot be created. */
+/* How many threads read one large batch of blocks (read_batch), at most. */
+static int read_threads_max(void)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    return cores > 0 && cores < READ_THREADS ? (int)cores : READ_THREADS;
+}
+
+/* One thread's stripe of a timed read of the probe file. */
+struct probe_stripe {
+    const char *path;
+    bool direct;
+    size_t from, to;
+    bool ok;
+};
+
+static void *probe_read_stripe(void *arg)
+{
+    struct probe_stripe *ps = arg;
+    void *buf = NULL;
+    int fd = open(ps->path, O_RDONLY | O_CLOEXEC | (ps->direct ? O_DIRECT : 0));
+    if (fd < 0 || posix_memalign(&buf, SSD_RECORD_ALIGN, PROBE_CHUNK)) {
+        if (fd >= 0)
+            close(fd);
+        return NULL;
+    }
+    size_t at = ps->from;
+    while (at < ps->to) {
+        ssize_t r = pread(fd, buf, PROBE_CHUNK, (off_t)at);
+        if (r <= 0)
+            break;
+        at += (size_t)r;
+    }
+    ps->ok = at >= ps->to;
+    free(buf);
+    close(fd);
+    return NULL;
+}
+
+/* Reads the first size bytes of path with n threads, each a stripe in PROBE_CHUNK reads, as
+ * read_batch reads a restore's blocks; bytes/s, or 0 when a read failed. */
+static double probe_read(const char *path, size_t size, int n, bool direct)
+{
+    struct probe_stripe ps[READ_THREADS];
+    pthread_t th[READ_THREADS];
+    size_t chunks = size / PROBE_CHUNK;
+    int started = 0;
+    uint64_t t0 = now_ns();
+    for (int i = 0; i < n; i++) {
+        ps[i] = (struct probe_stripe){.path = path, .direct = direct,
+                                      .from = chunks * (size_t)i / (size_t)n * PROBE_CHUNK,
+                                      .to = chunks * (size_t)(i + 1) / (size_t)n * PROBE_CHUNK};
+        if (i == 0 || pthread_create(&th[i], NULL, probe_read_stripe, &ps[i]) != 0)
+            continue;
+        started |= 1 << i;
+    }
+    probe_read_stripe(&ps[0]);
+    for (int i = 1; i < n; i++)
+        if (started & (1 << i))
+            pthread_join(th[i], NULL);
+        else
+            probe_read_stripe(&ps[i]);
+    uint64_t dt = now_ns() - t0;
+    for (int i = 0; i < n; i++)
+        if (!ps[i].ok)
+            return 0;
+    return dt > 0 ? (double)(chunks * PROBE_CHUNK) / ((double)dt * 1e-9) : 0;
+}
+
+/* Writes a temporary file of up to probe bytes and reads it back as a restore would: from the
+ * disk (O_DIRECT, or after dropping its cached pages where O_DIRECT is refused, as on tmpfs)
+ * into read_bw, then from the page cache into cache_bw. -errno only when the file cannot be
+ * created. */
 static int probe_bandwidth(struct ssd_store *s, size_t probe)
 {
     struct statvfs vfs;
@@ -856,33 +929,19 @@ static int probe_bandwidth(struct ssd_store *s, size_t probe)
             break;
         written += PROBE_CHUNK;
     }
+    free(buf);
+    int n = read_threads_max();
     if (written == probe && fdatasync(fd) == 0) {
         posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-        int rfd = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
-        if (rfd < 0)
-            rfd = open(path, O_RDONLY | O_CLOEXEC);
-        uint64_t t0 = now_ns();
-        size_t got = 0;
-        while (rfd >= 0 && got < probe) {
-            ssize_t r = pread(rfd, buf, PROBE_CHUNK, (off_t)got);
-            if (r < 0 && errno == EINVAL && (fcntl(rfd, F_GETFL) & O_DIRECT)) {
-                fcntl(rfd, F_SETFL, fcntl(rfd, F_GETFL) & ~O_DIRECT);
-                posix_fadvise(rfd, 0, 0, POSIX_FADV_DONTNEED);
-                t0 = now_ns();
-                got = 0;
-                continue;
-            }
-            if (r <= 0)
-                break;
-            got += (size_t)r;
+        s->read_bw = probe_read(path, probe, n, true);
+        if (s->read_bw == 0) { /* O_DIRECT refused: the page cache, emptied first */
+            posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+            s->read_bw = probe_read(path, probe, n, false);
         }
-        uint64_t dt = now_ns() - t0;
-        if (got == probe && dt > 0)
-            s->read_bw = (double)probe / ((double)dt * 1e-9);
-        if (rfd >= 0)
-            close(rfd);
+        probe_read(path, probe, 1, false); /* into the page cache */
+        s->cache_bw = probe_read(path, probe, n, false);
+        posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
     }
-    free(buf);
     close(fd);
     unlink(path);
     return 0;
@@ -1472,6 +1531,83 @@ static void run_write_batch(struct ssd_store *s, struct job *batch)
 
 /* ---- the I/O thread: reads ------------------------------------------------------------------------ */
 
+/* Bytes of [off, off + len) of the file open as fd that are in the page cache (mincore over a
+ * mapping of the range); 0 where that cannot be told. */
+static uint64_t cached_bytes(int fd, uint64_t off, uint64_t len)
+{
+    long page = sysconf(_SC_PAGESIZE);
+    if (page <= 0 || len == 0)
+        return 0;
+    uint64_t from = off / (uint64_t)page * (uint64_t)page;
+    size_t map_len = (size_t)(off + len - from), n = (map_len + (size_t)page - 1) / (size_t)page;
+    void *m = mmap(NULL, map_len, PROT_READ, MAP_SHARED, fd, (off_t)from);
+    if (m == MAP_FAILED)
+        return 0;
+    unsigned char *vec = malloc(n);
+    uint64_t in = 0;
+    if (vec && mincore(m, map_len, vec) == 0)
+        for (size_t i = 0; i < n; i++)
+            in += vec[i] & 1;
+    free(vec);
+    munmap(m, map_len);
+    return in * (uint64_t)page;
+}
+
+/* The page-cache bytes of the durable records of hashes[0, n) under ns, a segment opened once
+ * for a run of blocks in it. */
+static uint64_t records_cached(struct ssd_store *s, const uint64_t *hashes, int n, uint64_t ns,
+                               bool *mostly)
+{
+    uint64_t total = 0;
+    int fd = -1;
+    uint32_t fd_seg = 0;
+    for (int i = 0; i < n; i++) {
+        pthread_mutex_lock(&s->mu);
+        const struct entry *e = map_find(s, hashes[i], ns);
+        struct entry at = e && e->state == ENTRY_DURABLE ? *e : (struct entry){0};
+        pthread_mutex_unlock(&s->mu);
+        if (mostly)
+            mostly[i] = false;
+        if (at.state != ENTRY_DURABLE)
+            continue;
+        if (fd < 0 || fd_seg != at.seg) {
+            if (fd >= 0)
+                close(fd);
+            fd = seg_open(s, at.seg, O_RDONLY);
+            fd_seg = at.seg;
+        }
+        uint64_t in = fd >= 0 ? cached_bytes(fd, at.off, at.len) : 0;
+        if (mostly)
+            mostly[i] = 2 * in >= at.len;
+        total += in < at.len ? in : at.len;
+    }
+    if (fd >= 0)
+        close(fd);
+    return total;
+}
+
+/* Reads the record of entry at into j's buffers and the head and tail buffers: through the page
+ * cache, or with O_DIRECT when direct (the data's pieces aligned as O_DIRECT asks: the disk puts
+ * it where it goes, with no copy, and many such reads keep the disk busy). 0 or -errno (-ENODATA:
+ * the file ends first). */
+static int read_record(struct ssd_store *s, const struct job *j, const struct entry *at,
+                       bool direct, uint8_t *head, size_t head_len, uint8_t *tail, size_t tail_len)
+{
+    int fd = seg_open(s, at->seg, O_RDONLY | (direct ? O_DIRECT : 0));
+    if (fd < 0)
+        return -errno;
+    struct iovec v[SSD_MAX_IOV + 2];
+    int n = 0;
+    v[n++] = (struct iovec){head, head_len};
+    for (int i = 0; i < j->n_iov; i++)
+        if (j->iov[i].iov_len)
+            v[n++] = j->iov[i];
+    v[n++] = (struct iovec){tail, direct ? tail_len : SSD_RECORD_CHECKSUM_BYTES};
+    int io = io_full(fd, v, n, (off_t)at->off, false);
+    close(fd);
+    return io;
+}
+
 /* Reads and checks one block into the caller's buffers; 0 or a negative -INFERD_E* code. */
 static int read_block(struct ssd_store *s, struct job *j, bool *drop)
 {
@@ -1484,40 +1620,34 @@ static int read_block(struct ssd_store *s, struct job *j, bool *drop)
     *drop = true;
     if (at.data_len != j->data_len || at.n_tokens != j->n_tokens || at.parent != j->parent)
         return -INFERD_ECORRUPT;
-    int fd = seg_open(s, at.seg, O_RDONLY);
-    if (fd < 0)
-        return errno == ENOENT ? -INFERD_ENOENT : -INFERD_EIO;
-    uint8_t hdr[SSD_RECORD_HEADER_BYTES], trailer[16];
-    /* the token ids and the head's padding after them, read and hashed as one piece */
-    size_t rest = (size_t)(ssd_record_head_len(j->n_tokens) - SSD_RECORD_HEADER_BYTES);
-    uint8_t *toks = malloc(rest);
-    if (!toks) {
-        close(fd);
+    /* the head (header, token ids, padding) and the tail (checksum, padding) in one aligned
+     * buffer, as O_DIRECT wants them */
+    size_t head_len = (size_t)ssd_record_head_len(j->n_tokens);
+    size_t tail_len = (size_t)(at.len - head_len - at.data_len);
+    uint8_t *head = NULL;
+    if (posix_memalign((void **)&head, SSD_RECORD_ALIGN, head_len + tail_len)) {
         *drop = false;
         return -INFERD_ENOMEM;
     }
-    struct iovec v[SSD_MAX_IOV + 3];
-    int n = 0;
-    v[n++] = (struct iovec){hdr, sizeof hdr};
-    v[n++] = (struct iovec){toks, rest};
-    for (int i = 0; i < j->n_iov; i++)
-        if (j->iov[i].iov_len)
-            v[n++] = j->iov[i];
-    v[n++] = (struct iovec){trailer, sizeof trailer};
-    int io = io_full(fd, v, n, (off_t)at.off, false);
-    close(fd);
+    uint8_t *tail = head + head_len;
+    bool direct = data_in_place(s, j) && !j->cached;
+    int io = read_record(s, j, &at, direct, head, head_len, tail, tail_len);
+    if (direct && io == -EINVAL) /* O_DIRECT refused after all: through the page cache */
+        io = read_record(s, j, &at, false, head, head_len, tail, tail_len);
     int rc = 0;
     struct ssd_record_header h;
-    if (io == -ENODATA)
+    if (io == -ENOENT)
+        rc = -INFERD_ENOENT;
+    else if (io == -ENODATA)
         rc = -INFERD_ECORRUPT; /* the segment is shorter than the index says */
     else if (io)
         rc = -INFERD_EIO;
-    else if (ssd_record_header_parse(hdr, sizeof hdr, &h, NULL) ||
+    else if (ssd_record_header_parse(head, head_len, &h, NULL) ||
              memcmp(h.fp_digest, s->fp_digest, 16) != 0 || h.hash != j->hash || h.ns != j->ns ||
              h.parent_hash != j->parent || h.n_tokens != j->n_tokens || h.data_len != j->data_len)
         rc = -INFERD_ECORRUPT;
     for (uint32_t i = 0; rc == 0 && i < j->n_tokens; i++) {
-        const uint8_t *p = toks + 4 * (size_t)i;
+        const uint8_t *p = head + SSD_RECORD_HEADER_BYTES + 4 * (size_t)i;
         uint32_t t = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
         if (t != (uint32_t)j->tokens[i])
             rc = -INFERD_ECORRUPT;
@@ -1525,22 +1655,21 @@ static int read_block(struct ssd_store *s, struct job *j, bool *drop)
     if (rc == 0 && (!at.verified || s->cfg.verify_on_read)) {
         XXH3_state_t *st = XXH3_createState();
         if (!st) {
-            free(toks);
+            free(head);
             *drop = false;
             return -INFERD_ENOMEM;
         }
         XXH3_128bits_reset(st);
-        XXH3_128bits_update(st, hdr, sizeof hdr);
-        XXH3_128bits_update(st, toks, rest);
+        XXH3_128bits_update(st, head, head_len);
         for (int i = 0; i < j->n_iov; i++)
             XXH3_128bits_update(st, j->iov[i].iov_base, j->iov[i].iov_len);
         XXH128_canonical_t ck;
         XXH128_canonicalFromHash(&ck, XXH3_128bits_digest(st));
         XXH3_freeState(st);
-        if (memcmp(ck.digest, trailer, 16) != 0 || memcmp(ck.digest, at.checksum, 16) != 0)
+        if (memcmp(ck.digest, tail, 16) != 0 || memcmp(ck.digest, at.checksum, 16) != 0)
             rc = -INFERD_ECORRUPT;
     }
-    free(toks);
+    free(head);
     if (rc == 0) {
         *drop = false;
         pthread_mutex_lock(&s->mu);
@@ -1592,13 +1721,14 @@ static void read_batch(struct ssd_store *s, struct job *batch)
         return;
     }
     n = 0;
-    for (struct job *j = batch; j; j = j->next)
+    for (struct job *j = batch; j; j = j->next) {
         jobs[n++] = j;
+        if (data_in_place(s, j)) /* O_DIRECT unless the page cache has it */
+            records_cached(s, &j->hash, 1, j->ns, &j->cached);
+    }
     struct read_share sh = {.s = s, .jobs = jobs, .n = n};
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int want = (n + READ_BLOCKS_PER_THREAD - 1) / READ_BLOCKS_PER_THREAD;
-    want = want < READ_THREADS ? want : READ_THREADS;
-    want = cores > 0 && want > cores ? (int)cores : want;
+    want = want < read_threads_max() ? want : read_threads_max();
     pthread_t helpers[READ_THREADS];
     int started = 0;
     while (started + 1 < want && pthread_create(&helpers[started], NULL, read_helper, &sh) == 0)
@@ -1902,11 +2032,12 @@ int ssd_store_open(const struct ssd_config *cfg, struct ssd_store **out, struct 
     enforce_cap(s);
     s->st.bytes = disk_bytes_of(s);
     log_info("ssd cache %s: %" PRIu64 " blocks, %.1f MiB in %d segments; recovered %" PRIu64
-             ", dropped %" PRIu64 "%s; cap %.1f MiB; read %.0f MB/s; writes %s",
+             ", dropped %" PRIu64 "%s; cap %.1f MiB; read %.0f MB/s (%.0f MB/s from the page "
+             "cache); writes %s",
              s->dir, s->st.blocks, (double)s->st.bytes / (1 << 20), s->n_segs,
              s->st.recovered_blocks, s->st.dropped_at_start,
              s->st.index_rebuilt ? " (index rebuilt)" : "", (double)cap / (1 << 20),
-             s->read_bw / 1e6, s->direct ? "O_DIRECT" : "through the page cache");
+             s->read_bw / 1e6, s->cache_bw / 1e6, s->direct ? "O_DIRECT" : "through the page cache");
 
     if (pthread_create(&s->thread, NULL, io_main, s)) {
         store_free(s);
@@ -2146,6 +2277,16 @@ void ssd_store_stats(struct ssd_store *s, struct ssd_stats *out)
 double ssd_store_read_bandwidth(struct ssd_store *s)
 {
     return s->read_bw;
+}
+
+double ssd_store_cache_bandwidth(struct ssd_store *s)
+{
+    return s->cache_bw;
+}
+
+uint64_t ssd_store_cached_bytes(struct ssd_store *s, const uint64_t *hashes, int n, uint64_t ns)
+{
+    return records_cached(s, hashes, n, ns, NULL);
 }
 
 void ssd_store_touch(struct ssd_store *s, uint64_t hash, uint64_t ns)

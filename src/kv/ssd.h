@@ -199,6 +199,11 @@ void ssd_store_stats(struct ssd_store *s, struct ssd_stats *out);
  * where the file system allows it, else after dropping the file's cached pages); 0 when the
  * probe could not run. */
 double ssd_store_read_bandwidth(struct ssd_store *s);
+/* The same file's bytes per second once they are in the page cache; 0 when the probe could not
+ * run. Both are read as a restore reads its blocks (as many threads, in pieces of a block). */
+double ssd_store_cache_bandwidth(struct ssd_store *s);
+/* Bytes of the stored records of hashes[0, n) (namespace ns) that are in the page cache now. */
+uint64_t ssd_store_cached_bytes(struct ssd_store *s, const uint64_t *hashes, int n, uint64_t ns);
 
 /* Marks the block used now; the I/O thread persists it lazily (capacity evicts the least
  * recently used first). No-op for a block not in the index. */

@@ -631,20 +631,37 @@ int kv_tier_continue(struct kv_tier *t, struct kv_seq *seq, const int32_t *token
         return from_host;
     int first = seq->table.n_blocks;
     /* how far the chain goes on on disk */
-    int k = 0;
-    uint64_t h = chain_hash;
+    int k = 0, cap_k = 0;
+    uint64_t h = chain_hash, *hashes = NULL;
     while ((first + k + 1) * bs <= limit) {
         uint64_t hn = kv_prefix_hash(h, tokens + (size_t)(first + k) * bs, bs, ns);
         if (!ssd_store_contains(t->store, hn, ns, NULL))
             break;
+        if (k == cap_k) {
+            cap_k = cap_k ? 2 * cap_k : 64;
+            uint64_t *grown = realloc(hashes, (size_t)cap_k * sizeof *grown);
+            if (!grown)
+                break;
+            hashes = grown;
+        }
+        hashes[k++] = hn;
         h = hn;
-        k++;
     }
-    if (k == 0)
+    if (k == 0) {
+        free(hashes);
         return from_host;
-    /* the cost model: read them, or compute them? */
+    }
+    /* the cost model: read them (what the page cache holds at its rate, the rest at the
+     * disk's), or compute them? */
     double read_rate = ssd_store_read_bandwidth(t->store);
-    double restore_s = read_rate > 0 ? (double)k * (double)t->disk_bytes / read_rate : 0;
+    double cache_rate = ssd_store_cache_bandwidth(t->store);
+    double bytes = (double)k * (double)t->disk_bytes;
+    double cached = cache_rate > 0 ? (double)ssd_store_cached_bytes(t->store, hashes, k, ns) : 0;
+    cached = cached < bytes ? cached : bytes;
+    free(hashes);
+    double restore_s = read_rate > 0 ? (bytes - cached) / read_rate : 0;
+    if (cached > 0)
+        restore_s += cached / cache_rate;
     double recompute_s = t->cfg.prefill_tokens_per_s > 0
                              ? (double)k * bs / t->cfg.prefill_tokens_per_s
                              : 1e300;

@@ -1017,19 +1017,77 @@ Test(ssd_direct, aligned_data_is_written_from_where_it_lies, .timeout = 60)
     cr_assert_gt(same_segments(fa, fb, &records, keys[0].hash), 0);
     cr_assert_eq(records, N);
 
-    sa = open_store(&ca); /* read back, verified */
-    uint8_t out[PIECES * PIECE];
-    for (int i = 0; i < N; i++) {
-        struct iovec dst = {out, sizeof out};
-        struct err err = {0};
-        cr_assert_eq(ssd_store_read(sa, &keys[i], &dst, 1, 7, &err), 0, "%s", err.msg);
-        struct ssd_done d;
-        while (ssd_store_poll(sa, &d, 1) == 0)
-            ssd_store_wait(sa, 1000);
-        cr_assert_eq(d.status, 0, "block %d", i);
-        cr_assert_eq(memcmp(out, mem + (size_t)i * PIECES * PIECE, sizeof out), 0, "block %d", i);
+    char segs[64][32]; /* out of the page cache again (same_segments read them) */
+    for (int i = 0, n = list_segments(fa, segs, 64); i < n; i++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", fa, segs[i]);
+        int sfd = open(path, O_RDONLY);
+        cr_assert_geq(sfd, 0);
+        posix_fadvise(sfd, 0, 0, POSIX_FADV_DONTNEED);
+        close(sfd);
     }
+    /* read back, verified, all at once so the batch is shared between threads: into aligned
+     * pages (O_DIRECT: the records are not in the page cache), then into one unaligned buffer
+     * (through the page cache) */
+    uint8_t *out = NULL;
+    cr_assert_eq(posix_memalign((void **)&out, 4096, (size_t)2 * N * PIECES * PIECE + 64), 0);
+    for (int pass = 0; pass < 2; pass++) {
+        sa = open_store(&ca);
+        for (int i = 0; i < N; i++) {
+            uint8_t *o = out + ((size_t)2 * i + 1) * PIECES * PIECE;
+            struct iovec dst[PIECES + 1] = {{out + 16 + (size_t)2 * i * PIECES * PIECE,
+                                             PIECES * PIECE}};
+            int n_dst = 1;
+            if (pass == 0)
+                for (n_dst = 0; n_dst < PIECES; n_dst++)
+                    dst[n_dst] = (struct iovec){o + (size_t)n_dst * PIECE, PIECE};
+            struct err err = {0};
+            cr_assert_eq(ssd_store_read(sa, &keys[i], dst, n_dst, (uint64_t)i, &err), 0, "%s",
+                         err.msg);
+        }
+        struct ssd_done d[N];
+        for (int got = 0; got < N;) {
+            int k = ssd_store_poll(sa, d, N);
+            for (int i = 0; i < k; i++)
+                cr_assert_eq(d[i].status, 0, "block %lu, pass %d", (unsigned long)d[i].cookie, pass);
+            got += k;
+            if (!k)
+                ssd_store_wait(sa, 1000);
+        }
+        for (int i = 0; i < N; i++) {
+            const uint8_t *o = pass == 0 ? out + ((size_t)2 * i + 1) * PIECES * PIECE
+                                         : out + 16 + (size_t)2 * i * PIECES * PIECE;
+            cr_assert_eq(memcmp(o, mem + (size_t)i * PIECES * PIECE, PIECES * PIECE), 0,
+                         "block %d, pass %d", i, pass);
+        }
+        ssd_store_close(sa);
+    }
+    /* a byte flipped in block 0's data fails the aligned read's checks too */
+    char p0[4096];
+    snprintf(p0, sizeof p0, "%s/%s", fa, segs[0]);
+    int fd = open(p0, O_RDWR);
+    cr_assert_geq(fd, 0);
+    off_t at = (off_t)ssd_record_head_len(BS) + 100;
+    uint8_t byte;
+    cr_assert_eq(pread(fd, &byte, 1, at), 1);
+    byte ^= 0x01;
+    cr_assert_eq(pwrite(fd, &byte, 1, at), 1);
+    fsync(fd);
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    close(fd);
+    sa = open_store(&ca);
+    struct iovec dst[PIECES];
+    for (int c = 0; c < PIECES; c++)
+        dst[c] = (struct iovec){out + (size_t)c * PIECE, PIECE};
+    struct err err = {0};
+    cr_assert_eq(ssd_store_read(sa, &keys[0], dst, PIECES, 1, &err), 0, "%s", err.msg);
+    struct ssd_done d;
+    while (ssd_store_poll(sa, &d, 1) == 0)
+        ssd_store_wait(sa, 1000);
+    cr_assert_eq(d.status, -INFERD_ECORRUPT);
+    cr_assert_not(ssd_store_contains(sa, keys[0].hash, NS, NULL), "the damaged block is dropped");
     ssd_store_close(sa);
+    free(out);
     free(mem);
     free(fa);
     free(fb);
