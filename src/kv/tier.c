@@ -599,7 +599,7 @@ static int read_slot(struct kv_tier *t)
 static void release_read(struct kv_tier *t, struct tier_read *r)
 {
     if (!r->host)
-        let_go_block(t, r->block); /* the read's own reference (read_in_place) */
+        let_go_block(t, r->block); /* the reference a read into the pool block took */
     free(r->host);
     *r = (struct tier_read){0};
     t->n_reads--;
