@@ -1531,59 +1531,70 @@ static void run_write_batch(struct ssd_store *s, struct job *batch)
 
 /* ---- the I/O thread: reads ------------------------------------------------------------------------ */
 
-/* Bytes of [off, off + len) of the file open as fd that are in the page cache (mincore over a
- * mapping of the range); 0 where that cannot be told. */
-static uint64_t cached_bytes(int fd, uint64_t off, uint64_t len)
+/* Which pages of one segment file are in the page cache: one mincore over a mapping of the whole
+ * file, asked once for a run of records in it (a restore's chain lies in few segments). */
+struct seg_residency {
+    uint32_t seg;
+    bool valid;
+    unsigned char *vec;  /* owned; one byte per page, bit 0: resident */
+    size_t n_pages;
+    long page;
+};
+
+static void residency_load(struct ssd_store *s, struct seg_residency *r, uint32_t seg)
 {
-    long page = sysconf(_SC_PAGESIZE);
-    if (page <= 0 || len == 0)
-        return 0;
-    uint64_t from = off / (uint64_t)page * (uint64_t)page;
-    size_t map_len = (size_t)(off + len - from), n = (map_len + (size_t)page - 1) / (size_t)page;
-    void *m = mmap(NULL, map_len, PROT_READ, MAP_SHARED, fd, (off_t)from);
+    free(r->vec);
+    *r = (struct seg_residency){.seg = seg, .valid = true, .page = sysconf(_SC_PAGESIZE)};
+    int fd = seg_open(s, seg, O_RDONLY);
+    struct stat st;
+    if (fd < 0 || r->page <= 0 || fstat(fd, &st) != 0 || st.st_size <= 0) {
+        if (fd >= 0)
+            close(fd);
+        return;
+    }
+    size_t len = (size_t)st.st_size;
+    void *m = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
     if (m == MAP_FAILED)
-        return 0;
-    unsigned char *vec = malloc(n);
-    uint64_t in = 0;
-    if (vec && mincore(m, map_len, vec) == 0)
-        for (size_t i = 0; i < n; i++)
-            in += vec[i] & 1;
-    free(vec);
-    munmap(m, map_len);
-    return in * (uint64_t)page;
+        return;
+    r->n_pages = (len + (size_t)r->page - 1) / (size_t)r->page;
+    r->vec = malloc(r->n_pages);
+    if (r->vec && mincore(m, len, r->vec) != 0) {
+        free(r->vec);
+        r->vec = NULL;
+    }
+    munmap(m, len);
 }
 
-/* The page-cache bytes of the durable records of hashes[0, n) under ns, a segment opened once
- * for a run of blocks in it. */
-static uint64_t records_cached(struct ssd_store *s, const uint64_t *hashes, int n, uint64_t ns,
-                               bool *mostly)
+/* Bytes of [off, off + len) of the loaded segment in the page cache; 0 where that cannot be told. */
+static uint64_t residency_bytes(const struct seg_residency *r, uint64_t off, uint64_t len)
 {
-    uint64_t total = 0;
-    int fd = -1;
-    uint32_t fd_seg = 0;
-    for (int i = 0; i < n; i++) {
-        pthread_mutex_lock(&s->mu);
-        const struct entry *e = map_find(s, hashes[i], ns);
-        struct entry at = e && e->state == ENTRY_DURABLE ? *e : (struct entry){0};
-        pthread_mutex_unlock(&s->mu);
-        if (mostly)
-            mostly[i] = false;
-        if (at.state != ENTRY_DURABLE)
-            continue;
-        if (fd < 0 || fd_seg != at.seg) {
-            if (fd >= 0)
-                close(fd);
-            fd = seg_open(s, at.seg, O_RDONLY);
-            fd_seg = at.seg;
-        }
-        uint64_t in = fd >= 0 ? cached_bytes(fd, at.off, at.len) : 0;
-        if (mostly)
-            mostly[i] = 2 * in >= at.len;
-        total += in < at.len ? in : at.len;
-    }
-    if (fd >= 0)
-        close(fd);
-    return total;
+    if (!r->vec || len == 0)
+        return 0;
+    size_t first = (size_t)(off / (uint64_t)r->page);
+    size_t last = (size_t)((off + len - 1) / (uint64_t)r->page);
+    uint64_t in = 0;
+    for (size_t i = first; i <= last && i < r->n_pages; i++)
+        in += r->vec[i] & 1;
+    return in * (uint64_t)r->page;
+}
+
+/* The page-cache bytes of the durable record of hash under ns (0 when it is not stored), its
+ * segment's residency kept in r for the records after it; *len gets the record's length. */
+static uint64_t record_cached(struct ssd_store *s, struct seg_residency *r, uint64_t hash,
+                              uint64_t ns, uint64_t *len)
+{
+    pthread_mutex_lock(&s->mu);
+    const struct entry *e = map_find(s, hash, ns);
+    struct entry at = e && e->state == ENTRY_DURABLE ? *e : (struct entry){0};
+    pthread_mutex_unlock(&s->mu);
+    *len = at.state == ENTRY_DURABLE ? at.len : 0;
+    if (at.state != ENTRY_DURABLE)
+        return 0;
+    if (!r->valid || r->seg != at.seg)
+        residency_load(s, r, at.seg);
+    uint64_t in = residency_bytes(r, at.off, at.len);
+    return in < at.len ? in : at.len;
 }
 
 /* Reads the record of entry at into j's buffers and the head and tail buffers: through the page
@@ -1721,11 +1732,14 @@ static void read_batch(struct ssd_store *s, struct job *batch)
         return;
     }
     n = 0;
+    struct seg_residency r = {0};
     for (struct job *j = batch; j; j = j->next) {
         jobs[n++] = j;
-        if (data_in_place(s, j)) /* O_DIRECT unless the page cache has it */
-            records_cached(s, &j->hash, 1, j->ns, &j->cached);
+        uint64_t len;
+        if (data_in_place(s, j)) /* O_DIRECT unless the page cache holds most of the record */
+            j->cached = 2 * record_cached(s, &r, j->hash, j->ns, &len) >= len && len > 0;
     }
+    free(r.vec);
     struct read_share sh = {.s = s, .jobs = jobs, .n = n};
     int want = (n + READ_BLOCKS_PER_THREAD - 1) / READ_BLOCKS_PER_THREAD;
     want = want < read_threads_max() ? want : read_threads_max();
@@ -2286,7 +2300,12 @@ double ssd_store_cache_bandwidth(struct ssd_store *s)
 
 uint64_t ssd_store_cached_bytes(struct ssd_store *s, const uint64_t *hashes, int n, uint64_t ns)
 {
-    return records_cached(s, hashes, n, ns, NULL);
+    struct seg_residency r = {0};
+    uint64_t total = 0, len;
+    for (int i = 0; i < n; i++)
+        total += record_cached(s, &r, hashes[i], ns, &len);
+    free(r.vec);
+    return total;
 }
 
 void ssd_store_touch(struct ssd_store *s, uint64_t hash, uint64_t ns)

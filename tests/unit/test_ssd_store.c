@@ -903,14 +903,22 @@ static int same_segments(const char *fa, const char *fb, int *records, uint64_t 
     return n;
 }
 
-Test(ssd_direct, direct_writes_lay_out_the_same_bytes_as_buffered_ones, .timeout = 60)
+/* Two fresh directories for stores to compare; the test is skipped where O_DIRECT does not work. */
+static void two_dirs_taking_o_direct(char **da, char **db)
 {
-    char *da = test_mkdtemp(), *db = test_mkdtemp();
-    if (!direct_works(da)) {
-        test_rmtree(da);
-        test_rmtree(db);
+    *da = test_mkdtemp();
+    *db = test_mkdtemp();
+    if (!direct_works(*da)) {
+        test_rmtree(*da);
+        test_rmtree(*db);
         cr_skip_test("O_DIRECT does not work on the test directory's file system");
     }
+}
+
+Test(ssd_direct, direct_writes_lay_out_the_same_bytes_as_buffered_ones, .timeout = 60)
+{
+    char *da, *db;
+    two_dirs_taking_o_direct(&da, &db);
     struct blk *b = blks_make(50, 0);
     /* a staging buffer of 5 pages against records of 7: records straddle every write */
     struct ssd_config ca = config(da, "bf16"), cb = config(db, "bf16");
@@ -959,12 +967,8 @@ Test(ssd_direct, direct_writes_lay_out_the_same_bytes_as_buffered_ones, .timeout
  * them: with O_DIRECT their data goes to disk from where it lies, and the files are the same. */
 Test(ssd_direct, aligned_data_is_written_from_where_it_lies, .timeout = 60)
 {
-    char *da = test_mkdtemp(), *db = test_mkdtemp();
-    if (!direct_works(da)) {
-        test_rmtree(da);
-        test_rmtree(db);
-        cr_skip_test("O_DIRECT does not work on the test directory's file system");
-    }
+    char *da, *db;
+    two_dirs_taking_o_direct(&da, &db);
     enum { N = 40, PIECES = 4, PIECE = 4096 };
     uint8_t *mem = NULL;
     cr_assert_eq(posix_memalign((void **)&mem, 4096, (size_t)N * PIECES * PIECE), 0);
