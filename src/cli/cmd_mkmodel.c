@@ -14,7 +14,8 @@
 #include "tools/mkwhisper.h"
 
 static const char usage[] =
-    "usage: inferd mkmodel --preset NAME [--arch ARCH] [--seed S] [--tokenizer TDIR] --out DIR\n"
+    "usage: inferd mkmodel --preset NAME [--arch ARCH] [--seed S] [--tokenizer TDIR] [--layers N]\n"
+    "                      --out DIR\n"
     "       inferd mkmodel ... --format gguf --dtype bf16|q8_0|q4_0|q4_k_m|q6_k --out FILE.gguf\n"
     "       inferd mkmodel ... --format mlx --bits 4|8 --group-size 32|64|128 --out DIR\n"
     "       inferd mkmodel --preset whisper-test|whisper-test-128|whisper-tiny|whisper-base --out DIR\n"
@@ -25,6 +26,8 @@ static const char usage[] =
     "deterministic weights (same preset and seed: same bytes on every machine).\n"
     "--arch alone picks tiny-ARCH; with --preset it must match the preset's.\n"
     "--seed defaults to 1. Files already in DIR are overwritten.\n"
+    "--layers N keeps the preset's first N layers only: a real shape's layers in a\n"
+    "small file, for benchmarks of a layer (the same tensors as the full preset's).\n"
     "--tokenizer copies TDIR's tokenizer.json, tokenizer_config.json (and\n"
     "special_tokens_map.json) into DIR and fits the model to them: vocab_size\n"
     "covers every token, bos/eos ids are the tokenizer's (eos also the chat\n"
@@ -134,7 +137,7 @@ int cmd_mkmodel(int argc, char **argv)
     struct mkmodel_opts o = {.seed = 1};
     struct mklora_opts lo = {.rank = 8, .alpha = 16};
     bool list = false, gguf = false, mlx = false;
-    int bits = 4, group = 64;
+    int bits = 4, group = 64, layers = 0;
     enum gguf_ftype ftype = GGUF_FTYPE_BF16;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -166,7 +169,8 @@ int cmd_mkmodel(int argc, char **argv)
         }
         if (strcmp(a, "--arch") && strcmp(a, "--preset") && strcmp(a, "--seed") &&
             strcmp(a, "--out") && strcmp(a, "--tokenizer") && strcmp(a, "--format") &&
-            strcmp(a, "--dtype") && strcmp(a, "--bits") && strcmp(a, "--group-size")) {
+            strcmp(a, "--dtype") && strcmp(a, "--bits") && strcmp(a, "--group-size") &&
+            strcmp(a, "--layers")) {
             fprintf(stderr, "inferd mkmodel: unknown argument '%s'\n%s", a, usage);
             return 2;
         }
@@ -197,6 +201,12 @@ int cmd_mkmodel(int argc, char **argv)
             group = atoi(v);
             if (group != 32 && group != 64 && group != 128) {
                 fprintf(stderr, "inferd mkmodel: --group-size must be 32, 64 or 128\n");
+                return 2;
+            }
+        } else if (!strcmp(a, "--layers")) {
+            layers = atoi(v);
+            if (layers < 1) {
+                fprintf(stderr, "inferd mkmodel: --layers must be a positive number\n");
                 return 2;
             }
         } else if (!strcmp(a, "--dtype")) {
@@ -232,6 +242,24 @@ int cmd_mkmodel(int argc, char **argv)
             return 1;
         }
         return 0;
+    }
+    struct mkmodel_preset shape;
+    if (layers) {
+        const struct mkmodel_preset *p = o.preset ? mkmodel_preset_find(o.preset) : NULL;
+        if (!p) {
+            fprintf(stderr, "inferd mkmodel: --layers needs the --preset it shortens\n");
+            return 2;
+        }
+        if (layers > p->n_layers) {
+            fprintf(stderr, "inferd mkmodel: --layers %d: preset %s has %d layers\n", layers,
+                    p->name, p->n_layers);
+            return 2;
+        }
+        shape = *p;
+        shape.n_layers = layers;
+        if (layers < 32)
+            shape.mlp_only_layers &= (1u << layers) - 1u;
+        o.shape = &shape;
     }
     if ((gguf  ? write_gguf(&o, ftype, &err)
          : mlx ? write_mlx(&o, bits, group, &err)

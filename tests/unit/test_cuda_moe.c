@@ -667,17 +667,95 @@ Test(cuda_moe, graph_replay_equals_eager_launches, .timeout = 300)
     experts_free(&E);
 }
 
-/* Routing a warp per row picks the experts and weights the one-thread-a-row
+/* Fuse rule 8: a MoE layer's routing, experts and residual add recorded in one step (one
+ * launch plan: the row kernels route their rows themselves and add into the residual;
+ * more rows launch the routing first and add in the sum over each row's experts) leave
+ * the ids, weights and residual that the three ops leave as steps of their own, bit for
+ * bit, at the row counts of every path. */
+Test(cuda_moe, routing_experts_and_residual_add_in_one_launch_equal_their_own_launches,
+     .timeout = 300)
+{
+    skip_without_gpu();
+    static const int rows[] = {1, 3, 8, 64};
+    struct experts E;
+    experts_make(&E, DTYPE_BF16, Q_EXPERTS, Q_HIDDEN, Q_INTER, 31, false);
+    for (int mode = 0; mode < 2; mode++) {
+        struct backend *be =
+            cuda(mode ? COMPUTE_FAST : COMPUTE_EXACT, BACKEND_OFF, BACKEND_DEFAULT);
+        experts_upload(&E, be);
+        for (int c = 0; c < 4; c++) {
+            int n = rows[c];
+            size_t bytes = (size_t)(n * Q_HIDDEN) * sizeof(float);
+            size_t n_logits = (size_t)(n * Q_EXPERTS), n_pairs = (size_t)(n * Q_TOPK);
+            struct dev_call call;
+            call_alloc(&call, be, &E, n, Q_TOPK);
+            float *x = random_x(n, Q_HIDDEN, 60 + (uint64_t)c);
+            float *res0 = random_x(n, Q_HIDDEN, 70 + (uint64_t)c);
+            float *logits = random_x(n, Q_EXPERTS, 80 + (uint64_t)c);
+            be->ops->to_device(be, call.x, x, bytes);
+            float *dl = be->ops->alloc(be, n_logits * sizeof(float));
+            float *res = be->ops->alloc(be, bytes);
+            cr_assert(dl && res);
+            be->ops->to_device(be, dl, logits, n_logits * sizeof(float));
+            float *got[2], *w[2];
+            int32_t *ids[2];
+            for (int fold = 0; fold < 2; fold++) {
+                got[fold] = malloc(bytes);
+                w[fold] = malloc(n_pairs * sizeof(float));
+                ids[fold] = malloc(n_pairs * sizeof(int32_t));
+                cr_assert(got[fold] && w[fold] && ids[fold]);
+                be->ops->to_device(be, res, res0, bytes);
+                int32_t id0;
+                float y0;
+                be->ops->moe_route(be, dl, n, Q_EXPERTS, Q_TOPK, true, call.ids, call.w);
+                if (!fold) /* reading an output ends the step: each op a step of its own */
+                    be->ops->to_host(be, &id0, call.ids, sizeof id0);
+                call_run(&call, &E);
+                if (!fold)
+                    be->ops->to_host(be, &y0, call.y, sizeof y0);
+                be->ops->add(be, res, call.y, (int64_t)n * Q_HIDDEN);
+                be->ops->to_host(be, got[fold], res, bytes);
+                be->ops->to_host(be, ids[fold], call.ids, n_pairs * sizeof(int32_t));
+                be->ops->to_host(be, w[fold], call.w, n_pairs * sizeof(float));
+                struct err err = {0};
+                cr_assert_eq(be->ops->status(be, &err), 0, "%s", err.msg);
+            }
+            const char *m = mode ? "fast" : "exact";
+            cr_assert_eq(memcmp(ids[0], ids[1], n_pairs * sizeof(int32_t)), 0,
+                         "%s, %d rows: one launch left other expert ids", m, n);
+            cr_assert_eq(memcmp(w[0], w[1], n_pairs * sizeof(float)), 0,
+                         "%s, %d rows: one launch left other weights", m, n);
+            cr_assert_eq(memcmp(got[0], got[1], bytes), 0,
+                         "%s, %d rows: one launch left another residual", m, n);
+            for (int fold = 0; fold < 2; fold++) {
+                free(got[fold]);
+                free(w[fold]);
+                free(ids[fold]);
+            }
+            be->ops->release(be, res);
+            be->ops->release(be, dl);
+            free(logits);
+            free(x);
+            free(res0);
+            call_free(&call);
+        }
+        experts_drop_device(&E);
+        backend_destroy(be);
+    }
+    experts_free(&E);
+}
+
+/* Routing a block per row picks the experts and weights the one-thread-a-row
  * kernel (moe_route_row's replay of libstdc++) picks, bit for bit: rows of
  * distinct logits, rows whose logits take three values (ties across the
  * top-k boundary: the replay decides) and rows all equal. */
-Test(cuda_moe, routing_a_warp_per_row_equals_the_serial_replay_bit_for_bit, .timeout = 300)
+Test(cuda_moe, routing_a_block_per_row_equals_the_serial_replay_bit_for_bit, .timeout = 300)
 {
     skip_without_gpu();
     static const struct {
         int n, k;
     } shapes[] = {{6, 2}, {128, 8}, {128, 2}, {512, 8}, {60, 40}};
-    struct backend *warp = cuda(COMPUTE_EXACT, BACKEND_OFF, BACKEND_DEFAULT);
+    struct backend *parallel = cuda(COMPUTE_EXACT, BACKEND_OFF, BACKEND_DEFAULT);
     struct backend *serial = cuda(COMPUTE_EXACT, BACKEND_OFF, BACKEND_OFF);
     const int n_rows = 300;
     for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
@@ -695,7 +773,7 @@ Test(cuda_moe, routing_a_warp_per_row_equals_the_serial_replay_bit_for_bit, .tim
         float *w[2];
         for (int norm = 0; norm < 2; norm++) {
             for (int b = 0; b < 2; b++) {
-                struct backend *be = b ? serial : warp;
+                struct backend *be = b ? serial : parallel;
                 float *dl = be->ops->alloc(be, (size_t)(n_rows * n) * sizeof(float));
                 int32_t *di = be->ops->alloc(be, (size_t)(n_rows * k) * sizeof(int32_t));
                 float *dw = be->ops->alloc(be, (size_t)(n_rows * k) * sizeof(float));
@@ -713,7 +791,7 @@ Test(cuda_moe, routing_a_warp_per_row_equals_the_serial_replay_bit_for_bit, .tim
             }
             for (int r = 0; r < n_rows; r++) {
                 cr_assert_eq(memcmp(ids[0] + r * k, ids[1] + r * k, (size_t)k * sizeof(int32_t)),
-                             0, "%d experts, top %d, row %d: the warp kernel chose other experts",
+                             0, "%d experts, top %d, row %d: the block kernel chose other experts",
                              n, k, r);
                 cr_assert_eq(memcmp(w[0] + r * k, w[1] + r * k, (size_t)k * sizeof(float)), 0,
                              "%d experts, top %d, row %d: other weights", n, k, r);
@@ -725,7 +803,7 @@ Test(cuda_moe, routing_a_warp_per_row_equals_the_serial_replay_bit_for_bit, .tim
         }
         free(logits);
     }
-    backend_destroy(warp);
+    backend_destroy(parallel);
     backend_destroy(serial);
 }
 

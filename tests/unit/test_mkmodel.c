@@ -582,6 +582,61 @@ Test(mkmodel, cli_lists_presets_writes_models_and_explains_errors)
     cr_expect(strstr(out, "--out") != NULL, "%s", out);
 }
 
+/* --layers N: the preset's first N layers, the same tensors as the full preset's for
+ * them (a routed model's dense layers past N dropped from mlp_only_layers). */
+Test(mkmodel, cli_layers_keeps_the_first_layers_of_a_preset)
+{
+    static char out[16384];
+    char args[1200], dir[1024];
+    snprintf(dir, sizeof dir, "%s/short", tmp);
+    snprintf(args, sizeof args, "--preset tiny-qwen3_moe --layers 1 --out '%s'", dir);
+    cr_assert_eq(run_cli(args, out, sizeof out), 0, "%s", out);
+    char path[1200];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    json_object *cfg = json_object_from_file(path), *v;
+    cr_assert_not_null(cfg);
+    cr_assert(json_object_object_get_ex(cfg, "num_hidden_layers", &v));
+    cr_expect_eq(json_object_get_int(v), 1);
+    cr_assert(json_object_object_get_ex(cfg, "mlp_only_layers", &v));
+    cr_expect_eq(json_object_array_length(v), 0, "layer 1 (dense) is not kept");
+    json_object_put(cfg);
+
+    struct read_model shortm, full;
+    char fdir[1024];
+    read_model(dir, &shortm);
+    read_model(make("tiny-qwen3_moe", 1, "full", fdir, sizeof fdir), &full);
+    int n = 0;
+    json_object_object_foreach(shortm.header, name, t)
+    {
+        if (!strcmp(name, "__metadata__"))
+            continue;
+        n++;
+        cr_expect(strstr(name, "layers.1.") == NULL, "%s kept", name);
+        json_object *ft, *so, *fo;
+        cr_assert(json_object_object_get_ex(full.header, name, &ft), "%s is not the full's", name);
+        cr_assert(json_object_object_get_ex(t, "data_offsets", &so));
+        cr_assert(json_object_object_get_ex(ft, "data_offsets", &fo));
+        int64_t s0 = json_object_get_int64(json_object_array_get_idx(so, 0));
+        int64_t s1 = json_object_get_int64(json_object_array_get_idx(so, 1));
+        int64_t f0 = json_object_get_int64(json_object_array_get_idx(fo, 0));
+        int64_t f1 = json_object_get_int64(json_object_array_get_idx(fo, 1));
+        cr_assert_eq(s1 - s0, f1 - f0, "%s", name);
+        cr_expect_eq(memcmp(shortm.file + 8 + shortm.header_len + s0,
+                            full.file + 8 + full.header_len + f0, (size_t)(s1 - s0)),
+                     0, "%s differs from the full preset's", name);
+    }
+    cr_expect_gt(n, 0);
+    free_model(&shortm);
+    free_model(&full);
+
+    snprintf(args, sizeof args, "--preset tiny-qwen3_moe --layers 4 --out '%s'", dir);
+    cr_expect_eq(run_cli(args, out, sizeof out), 2);
+    cr_expect(strstr(out, "3 layers") != NULL, "%s", out);
+    cr_expect_eq(run_cli("--preset tiny-llama --layers 0 --out x", out, sizeof out), 2);
+    cr_expect_eq(run_cli("--arch llama --layers 1 --out x", out, sizeof out), 2);
+    cr_expect(strstr(out, "--preset") != NULL, "%s", out);
+}
+
 /* ---- --tokenizer: fitting a preset to a real tokenizer ------------------- */
 
 /* A small byte-less BPE tokenizer: vocab ids 0..5, added tokens up to id 700

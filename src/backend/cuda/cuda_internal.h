@@ -462,7 +462,7 @@ cudaError_t cu_launch_gemm_batch(struct cu_device *dev, cudaStream_t s,
 size_t cu_gemm_batch_work_bytes(const struct cu_device *dev, const struct cu_gemv_args *a);
 
 /* Mixture of experts (moe.cu): routing per row (backend/moe_route.h's
- * choice, bit for bit: a warp a row, or with warp_per_row false the first
+ * choice, bit for bit: a block a row, or with parallel false the first
  * kernel's one thread a row); the experts by the ids routing left in device
  * memory, and the shared expert's gate. cu_exec_moe_ffn picks the kernels: with
  * moe_kernels, GEMVs with 16-byte loads (a row alone, or the rows grouped by
@@ -473,8 +473,12 @@ size_t cu_gemm_batch_work_bytes(const struct cu_device *dev, const struct cu_gem
  * order fixed by the row, and FAST mode rounds x and the hidden activations to
  * bf16 as the GEMVs do. False when a launch failed (recorded). */
 cudaError_t cu_launch_moe_route(const struct cu_device *dev, cudaStream_t s,
-                                const struct cu_op *op, bool warp_per_row);
-bool cu_exec_moe_ffn(struct cu_impl *im, const struct cu_op *op);
+                                const struct cu_op *op, bool parallel);
+/* add: the residual add right after op (fuse rule 8), done by op's last launch (y +=
+ * the experts' sum), or NULL; after_routing: the launch right before is the routing
+ * whose ids op reads (x, written before it, may be read before waiting for it). */
+bool cu_exec_moe_ffn(struct cu_impl *im, const struct cu_op *op, const struct cu_op *add,
+                     bool after_routing);
 cudaError_t cu_launch_gated_add(cudaStream_t s, const struct cu_op *op);
 /* Low-rank adapters (lora.cu): n_ops (at most CU_LORA_MAX_GROUP) lora ops
  * over the same x, fuse rule 5's group, in two launches: the shrink u = A x

@@ -398,6 +398,29 @@ static int lora_expand_into(const struct cu_fuse_config *cfg, const struct cu_op
     return covers;
 }
 
+/* Rule 8: the routing at ops[i] (a launch of its own) and the experts right after it
+ * that read its ids and weights, of the same rows. */
+static bool routes_next(const struct cu_op *ops, int i, int n)
+{
+    if (i + 1 >= n || ops[i + 1].kind != CU_MOE_FFN)
+        return false;
+    const struct cu_op *route = &ops[i], *moe = &ops[i + 1];
+    return moe->u.moe.ids == route->u.route.ids && moe->u.moe.weights == route->u.route.weights &&
+           moe->n_rows == route->n_rows && moe->u.moe.n_experts == route->u.route.n_experts &&
+           moe->u.moe.top_k == route->u.route.top_k;
+}
+
+/* Rule 8: the experts at ops[i] and the residual add right after them of their whole
+ * output (res += y, res neither y nor the experts' x). */
+static bool moe_takes_add(const struct cu_op *ops, int i, int n)
+{
+    if (i + 1 >= n || ops[i + 1].kind != CU_ADD)
+        return false;
+    const struct cu_op *moe = &ops[i], *add = &ops[i + 1];
+    return add->u.ew.a == moe->u.moe.y && add->u.ew.n == (int64_t)moe->n_rows * moe->u.moe.hidden &&
+           add->u.ew.out != moe->u.moe.y && add->u.ew.out != moe->u.moe.x;
+}
+
 /* Rule 7: the shrink the row launch at ops[p] (its row op) does, into l. */
 static void plan_lora_out(const struct cu_fuse_config *cfg, const struct cu_op *ops, int p, int n,
                           struct cu_launch *l)
@@ -463,7 +486,11 @@ int cu_fuse_next(const struct cu_fuse_config *cfg, const struct cu_op *ops, int 
     case CU_ATTENTION: l->kind = CU_LAUNCH_ATTENTION; break;
     case CU_KV_COPY: l->kind = CU_LAUNCH_KV_COPY; break;
     case CU_MOE_ROUTE: l->kind = CU_LAUNCH_MOE_ROUTE; break;
-    case CU_MOE_FFN: l->kind = CU_LAUNCH_MOE_FFN; break;
+    case CU_MOE_FFN:
+        l->kind = CU_LAUNCH_MOE_FFN;
+        l->after_routing = i > 0 && routes_next(ops, i - 1, n);
+        l->residual = moe_takes_add(ops, i, n);
+        return l->n_ops = 1 + l->residual;
     case CU_GATED_ADD: l->kind = CU_LAUNCH_GATED_ADD; break;
     case CU_GELU_TANH_MUL: l->kind = CU_LAUNCH_GELU_TANH_MUL; break;
     case CU_SCALE: l->kind = CU_LAUNCH_SCALE; break;

@@ -285,7 +285,7 @@ bool cu_exec_launch(struct cu_impl *im, const struct cu_op *ops, const struct cu
     case CU_LAUNCH_MOE_ROUTE:
         return CU_TRY(im, cu_launch_moe_route(&im->dev, s, op, im->moe_kernels));
     case CU_LAUNCH_MOE_FFN:
-        return cu_exec_moe_ffn(im, op);
+        return cu_exec_moe_ffn(im, op, l->residual ? &ops[l->op + 1] : NULL, l->after_routing);
     case CU_LAUNCH_GATED_ADD:
         return CU_TRY(im, cu_launch_gated_add(s, op));
     case CU_LAUNCH_LORA:

@@ -65,6 +65,12 @@
  *      segment is lora_rows-ready (record.h) and the launch's shared memory
  *      fits (cu_lora_rows_layout_of); u of two groups can be live at once
  *      (one expanded, the next shrunk), so u has two slots.
+ *   8. the experts of a MoE layer, then the residual add of their output
+ *      (res += y): the experts' last launch adds each row's weighted sum into
+ *      res instead of writing y (the add's rounding, the same bits). The
+ *      launch notes when the routing whose ids it reads is the launch right
+ *      before it (after_routing): its first kernel may then read x before
+ *      waiting for that launch to end.
  *
  * Rule 2 is not taken when a lora op right after the matmul reads the
  * norm's output, which the folded norm never writes.
@@ -161,7 +167,8 @@ struct cu_launch {
     int op, n_ops;
     /* GEMV: the matmul is ops[op + norm] */
     bool norm;     /* the RMSNorm at ops[op] folded in */
-    bool residual; /* the add after the matmul folded in */
+    bool residual; /* the add after the matmul (MOE_FFN: after the experts) folded in */
+    bool after_routing; /* MOE_FFN: the launch right before is the routing of its ids */
     bool swiglu;   /* the silu_mul after the gate/up pair folded in */
     bool mixed;    /* the matmul after it, of the other stream type over the same x, taken in */
     bool skinny;   /* on a tensor-core GEMM of a few rows (gemm_skinny.cu, or gemm_batch.cu

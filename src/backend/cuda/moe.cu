@@ -1,4 +1,4 @@
-/* backend/cuda/moe.cu — mixture-of-experts on the GPU: routing (softmax + torch.topk's choice) a warp per row, and the chosen experts' SwiGLU MLPs read by the ids routing left in device memory: expert GEMVs with 16-byte loads (every mode), a grouped tensor-core GEMM (FAST mode, many rows), and the first warp-per-output kernels, kept for comparison.
+/* backend/cuda/moe.cu — mixture-of-experts on the GPU: routing (softmax + torch.topk's choice) a block per row, and the chosen experts' SwiGLU MLPs read by the ids routing left in device memory: expert GEMVs with 16-byte loads (every mode), a grouped tensor-core GEMM (FAST mode, many rows), and the first warp-per-output kernels, kept for comparison.
  *
  * Nothing crosses to the host: the expert ids stay where routing wrote
  * them and the experts' matrices are found through a pointer table in the
@@ -15,6 +15,12 @@
  * of them) but never those operations, so EXACT mode's batch invariance
  * holds bit for bit.
  *
+ * A step of fewer than CU_MOE_SHARE_MIN_ROWS rows (decode) runs the row
+ * kernels: gate/up a block per (pair, 8 outputs), then down a block per (row,
+ * 8 outputs) over the row's experts with their weighted sum, which under fuse
+ * rule 8 it adds into the residual: a decode layer's experts are two launches
+ * after the routing one, with no add launch of their own.
+ *
  * The grouped GEMM (FAST mode, from CU_MOE_GEMM_MIN_ROWS rows): a plan
  * kernel sorts the (row, expert) pairs by expert (stable) and cuts each
  * expert's run into tiles of rows; gate and up run as one GEMM over the
@@ -24,6 +30,7 @@
  * in ascending expert order. Every launch's grid is sized for the worst
  * case; blocks past the plan's tile count leave at once. */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cuda_bf16.h>
@@ -44,40 +51,49 @@ static __global__ void moe_route_kernel(const float *logits, int n_rows, int n_e
                   ids + (size_t)r * top_k, weights + (size_t)r * top_k);
 }
 
-/* The same choice as moe_route_row, a warp per row: the max, the exps and
+/* The same choice as moe_route_row, a block per row: the max, the exps and
  * the products by 1 / sum element by element, the sums (of the exps, of the
- * chosen p) in moe_route_row's order by one lane. When the k-th and the
+ * chosen p) in moe_route_row's order by one thread. When the k-th and the
  * (k+1)-th largest p differ, every selection algorithm picks the same k, so
  * the chosen set is the experts with fewer than k larger p, placed by p
  * descending and then id, which moe_route_row's last sort gives too; a row
  * with ties across that boundary (or a NaN) goes through moe_route_row
- * itself on one lane, where the replay of libstdc++'s order decides. Same
- * bits either way; the serial kernel above stays for --cuda-moe off. */
-#define ROUTE_WARPS 4
+ * itself on one thread, where the replay of libstdc++'s order decides. Same
+ * bits either way; the serial kernel above stays for --cuda-moe off. Each
+ * thread ranks its experts against all n: a block's threads share the
+ * n x n comparisons, which one warp alone took ~10 us over for 128 experts. */
+#define ROUTE_THREADS 128
 
-static __global__ void __launch_bounds__(32 * ROUTE_WARPS)
-moe_route_warp_kernel(const float *logits, int n_rows, int n_experts, int top_k, int norm,
-                      int32_t *ids, float *weights)
+/* A block's shared memory for routing one row: the probabilities and ranks,
+ * or moe_route_row's scratch on the serial way. */
+struct route_smem {
+    union {
+        struct {
+            float p[MOE_MAX_EXPERTS];
+            int rank[MOE_MAX_EXPERTS];
+        } par;
+        struct moe_pair scratch[MOE_MAX_EXPERTS];
+    } u;
+    int chosen[CU_MOE_MAX_TOP_K];
+    float warp_max[32];
+    float sum;
+    int n_in;
+};
+
+/* Routes the row of logits l with all of the block's threads (every thread
+ * calls it): ri[0..k) and wi[0..k) (shared or global memory) are
+ * moe_route_row's choice, written and visible to every thread on return. */
+static __device__ void route_row_block(const float *l, int n, int k, int norm,
+                                       struct route_smem *sm, int32_t *ri, float *wi)
 {
-    __shared__ float ps[ROUTE_WARPS][MOE_MAX_EXPERTS];
-    __shared__ int rank[ROUTE_WARPS][MOE_MAX_EXPERTS];
-    __shared__ int chosen[ROUTE_WARPS][CU_MOE_MAX_TOP_K];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int r = blockIdx.x * ROUTE_WARPS + warp;
-    pdl_wait();
-    pdl_release();
-    if (r >= n_rows)
-        return;
-    const int n = n_experts, k = top_k;
-    const float *l = logits + (size_t)r * n;
-    int32_t *ri = ids + (size_t)r * k;
-    float *wi = weights + (size_t)r * k;
-    float *p = ps[warp];
-    int *rk = rank[warp];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nt = blockDim.x;
+    float *p = sm->u.par.p;
+    int *rank = sm->u.par.rank;
     float mx = -INFINITY;
     bool nan = false;
-    for (int e = lane; e < n; e += 32) {
+    for (int e = tid; e < n; e += nt) {
         float v = l[e];
+        p[e] = v;
         mx = v > mx ? v : mx;
         nan = nan || isnan(v);
     }
@@ -85,22 +101,30 @@ moe_route_warp_kernel(const float *logits, int n_rows, int n_experts, int top_k,
         float v = __shfl_xor_sync(0xffffffffu, mx, o);
         mx = v > mx ? v : mx;
     }
-    bool serial = __any_sync(0xffffffffu, nan) || k > CU_MOE_MAX_TOP_K;
+    if (lane == 0)
+        sm->warp_max[warp] = mx;
+    if (tid == 0)
+        sm->n_in = 0;
+    bool serial = __syncthreads_or(nan) || k > CU_MOE_MAX_TOP_K;
     if (!serial) {
-        for (int e = lane; e < n; e += 32)
-            p[e] = expf(l[e] - mx);
-        __syncwarp();
-        float sum = 0;
-        if (lane == 0)
+        for (int w = 0; w < nt / 32; w++)
+            mx = sm->warp_max[w] > mx ? sm->warp_max[w] : mx;
+        for (int e = tid; e < n; e += nt)
+            p[e] = expf(p[e] - mx);
+        __syncthreads();
+        if (tid == 0) {
+            float sum = 0;
             for (int e = 0; e < n; e++)
                 sum += p[e];
-        float inv = 1.0f / __shfl_sync(0xffffffffu, sum, 0);
-        __syncwarp();
-        for (int e = lane; e < n; e += 32)
+            sm->sum = sum;
+        }
+        __syncthreads();
+        float inv = 1.0f / sm->sum;
+        for (int e = tid; e < n; e += nt)
             p[e] *= inv;
-        __syncwarp();
+        __syncthreads();
         int in = 0;
-        for (int e = lane; e < n; e += 32) {
+        for (int e = tid; e < n; e += nt) {
             float pe = p[e];
             int above = 0, tied = 0;
             for (int j = 0; j < n; j++) {
@@ -108,43 +132,60 @@ moe_route_warp_kernel(const float *logits, int n_rows, int n_experts, int top_k,
                 above += pj > pe;
                 tied += pj == pe && j < e;
             }
-            rk[e] = above < k ? above + tied : -1;
+            rank[e] = above < k ? above + tied : -1;
             in += above < k;
         }
         for (int o = 16; o > 0; o >>= 1)
             in += __shfl_xor_sync(0xffffffffu, in, o);
-        serial = in != k;
+        if (lane == 0 && in)
+            atomicAdd(&sm->n_in, in);
+        __syncthreads();
+        serial = sm->n_in != k;
         if (!serial) {
-            __syncwarp();
-            for (int e = lane; e < n; e += 32)
-                if (rk[e] >= 0)
-                    chosen[warp][rk[e]] = e;
-            __syncwarp();
-            float total = 0;
-            if (lane == 0)
+            for (int e = tid; e < n; e += nt)
+                if (rank[e] >= 0)
+                    sm->chosen[rank[e]] = e;
+            __syncthreads();
+            if (tid == 0) {
+                float total = 0;
                 for (int i = 0; i < k; i++)
-                    total += p[chosen[warp][i]];
-            total = __shfl_sync(0xffffffffu, total, 0);
-            for (int i = lane; i < k; i += 32) {
-                int e = chosen[warp][i];
+                    total += p[sm->chosen[i]];
+                sm->sum = total;
+            }
+            __syncthreads();
+            for (int i = tid; i < k; i += nt) {
+                int e = sm->chosen[i];
                 ri[i] = e;
-                wi[i] = norm ? p[e] / total : p[e];
+                wi[i] = norm ? p[e] / sm->sum : p[e];
             }
         }
     }
-    if (serial && lane == 0) {
-        struct moe_pair scratch[MOE_MAX_EXPERTS];
-        moe_route_row(l, n, k, norm != 0, scratch, ri, wi);
-    }
+    __syncthreads(); /* the ranks and probabilities are read: scratch may reuse them */
+    if (serial && tid == 0)
+        moe_route_row(l, n, k, norm != 0, sm->u.scratch, ri, wi);
+    __syncthreads();
+}
+
+static __global__ void __launch_bounds__(ROUTE_THREADS)
+moe_route_block_kernel(const float *logits, int n_rows, int n_experts, int top_k, int norm,
+                       int32_t *ids, float *weights)
+{
+    __shared__ struct route_smem sm;
+    const int r = blockIdx.x;
+    pdl_wait();
+    pdl_release();
+    if (r >= n_rows)
+        return;
+    route_row_block(logits + (size_t)r * n_experts, n_experts, top_k, norm, &sm,
+                    ids + (size_t)r * top_k, weights + (size_t)r * top_k);
 }
 
 cudaError_t cu_launch_moe_route(const struct cu_device *dev, cudaStream_t s,
-                                const struct cu_op *op, bool warp_per_row)
+                                const struct cu_op *op, bool parallel)
 {
-    if (warp_per_row) {
-        int blocks = (op->n_rows + ROUTE_WARPS - 1) / ROUTE_WARPS;
-        return cu_launch_dependent(dev->pdl, moe_route_warp_kernel, dim3((unsigned)blocks),
-                                   dim3(32 * ROUTE_WARPS), 0, s, op->u.route.logits, op->n_rows,
+    if (parallel) {
+        return cu_launch_dependent(dev->pdl, moe_route_block_kernel, dim3((unsigned)op->n_rows),
+                                   dim3(ROUTE_THREADS), 0, s, op->u.route.logits, op->n_rows,
                                    op->u.route.n_experts, op->u.route.top_k, op->u.route.norm,
                                    op->u.route.ids, op->u.route.weights);
     }
@@ -505,33 +546,111 @@ struct moe_gemv_args {
     const int32_t *ids;
     const float *weights;
     int round;  /* FAST: x and h rounded to bf16 as they are staged */
-    int planned; /* blockIdx.y is an active expert of plan, else a pair (or a row) */
+    int planned; /* the grouped kernels (blockIdx.y an active expert of plan), else the row ones */
     struct moe_plan plan;
     float *h;   /* n_pairs x inter, by pair */
     float *out; /* n_pairs x hidden, by pair: each pair's down projection, unweighted */
     float *y;
+    float *resid; /* not NULL: each row's sum is added into resid instead of written to y */
+    int x_early; /* the launch right before is routing's: x may be read before the wait */
 };
 
-/* The pairs a block serves: the pairs of active expert blockIdx.y of the
- * plan, or pair blockIdx.y alone. False when the plan has fewer experts. */
+/* The pairs a grouped block serves: those of active expert blockIdx.y of
+ * the plan. False when the plan has fewer experts. */
 static __device__ __forceinline__ bool block_pairs(const struct moe_gemv_args &a, int *e,
-                                                   const int **list, int *cnt, int *single)
+                                                   const int **list, int *cnt)
 {
-    if (a.planned) {
-        int slot = blockIdx.y;
-        if (slot >= a.plan.hdr[0])
-            return false;
-        *e = a.plan.act_e[slot];
-        int p0 = a.plan.act_start[slot];
-        *cnt = a.plan.act_start[slot + 1] - p0;
-        *list = a.plan.sorted + p0;
-    } else {
-        *single = blockIdx.y;
-        *e = a.ids[*single];
-        *cnt = 1;
-        *list = single;
-    }
+    int slot = blockIdx.y;
+    if (slot >= a.plan.hdr[0])
+        return false;
+    *e = a.plan.act_e[slot];
+    int p0 = a.plan.act_start[slot];
+    *cnt = a.plan.act_start[slot + 1] - p0;
+    *list = a.plan.sorted + p0;
     return true;
+}
+
+/* Expert e's gate and up rows o (row 0 when not live), read U chunks a lane
+ * at a time: chunks cb + k * 32 + lane, k < U, as far as n8. */
+template <bool BF16>
+struct gate_up_rows {
+    const uint4 *g, *u;
+    bool live;
+    __device__ gate_up_rows(const struct moe_gemv_args &a, int e, int64_t o, bool live_)
+        : live(live_)
+    {
+        const size_t row_bytes = (size_t)a.hidden * (BF16 ? 2 : 4);
+        g = (const uint4 *)((const uint8_t *)a.mats[e] + (live ? o : 0) * row_bytes);
+        u = (const uint4 *)((const uint8_t *)a.mats[a.n_experts + e] + (live ? o : 0) * row_bytes);
+    }
+    template <int U, int NV>
+    __device__ void issue(int cb, int lane, int n8, uint4 (&wg)[U][NV], uint4 (&wu)[U][NV]) const
+    {
+#pragma unroll
+        for (int k = 0; k < U; k++) {
+            int c = cb + k * 32 + lane;
+            load_chunk<BF16>(g, c, live && c < n8, wg[k]);
+            load_chunk<BF16>(u, c, live && c < n8, wu[k]);
+        }
+    }
+};
+
+/* h[p, o] = silu(gate[e] . x[r]) * (up[e] . x[r]) for the pair p =
+ * blockIdx.y alone (row r = p / top_k, expert e = ids[p]), a warp per output
+ * o, lanes taking U chunks a round (U changes no sum's order). With x_early,
+ * x is staged before the wait for the launch before (the routing launch): the
+ * launch that wrote x ended before that one began. Otherwise the launch
+ * before may be the one that wrote x (the router's matmul writes the normed
+ * x when the RMSNorm is folded into it). */
+template <bool BF16, int U, int MIN_BLOCKS = 1>
+static __global__ void __launch_bounds__(MV_THREADS, MIN_BLOCKS)
+moe_gate_up_row_gemv(struct moe_gemv_args a)
+{
+    extern __shared__ float4 xs[]; /* the row's hidden floats */
+    constexpr int NV = BF16 ? 1 : 2;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int n8 = (int)(a.hidden / 8);
+    const int64_t o = (int64_t)blockIdx.x * MV_WARPS + warp;
+    const int pair = blockIdx.y, k = a.top_k, r = pair / k;
+    const float *xr = a.x + (int64_t)r * a.hidden;
+    if (a.x_early)
+        for (int i = threadIdx.x; i < 2 * n8; i += MV_THREADS)
+            stage_vec(xs, xr, n8, a.round != 0, i);
+    pdl_wait();
+    pdl_release();
+    if (!a.x_early)
+        for (int i = threadIdx.x; i < 2 * n8; i += MV_THREADS)
+            stage_vec(xs, xr, n8, a.round != 0, i);
+    const int e = a.ids[pair];
+    const bool live = o < a.inter;
+    const struct gate_up_rows<BF16> rows(a, e, o, live);
+    uint4 wg[U][NV], wu[U][NV];
+    auto issue = [&](int cb) { rows.template issue<U>(cb, lane, n8, wg, wu); };
+    issue(0);
+    __syncthreads();
+    if (!live)
+        return;
+    float ag = 0.0f, au = 0.0f;
+    for (int cb = 0;;) {
+#pragma unroll
+        for (int k = 0; k < U; k++) {
+            int c = cb + k * 32 + lane;
+            if (c < n8) {
+                float xv[8];
+                staged_x8(xs, n8, c, xv);
+                ag += dot8<BF16>(wg[k], xv);
+                au += dot8<BF16>(wu[k], xv);
+            }
+        }
+        cb += 32 * U;
+        if (cb >= n8)
+            break;
+        issue(cb);
+    }
+    ag = warp_sum(ag);
+    au = warp_sum(au);
+    if (lane == 0)
+        a.h[(int64_t)pair * a.inter + o] = silu_mul1(ag, au);
 }
 
 /* h[p, o] = silu(gate[e] . x[p / top_k]) * (up[e] . x[p / top_k]) for the
@@ -547,24 +666,14 @@ static __global__ void __launch_bounds__(MV_THREADS) moe_gate_up_gemv(struct moe
     const int64_t o = (int64_t)blockIdx.x * MV_WARPS + warp;
     pdl_wait();
     pdl_release();
-    int e, cnt, single;
+    int e, cnt;
     const int *list;
-    if (!block_pairs(a, &e, &list, &cnt, &single))
+    if (!block_pairs(a, &e, &list, &cnt))
         return;
     const bool live = o < a.inter;
-    const size_t row_bytes = (size_t)a.hidden * (BF16 ? 2 : 4);
-    const uint4 *g = (const uint4 *)((const uint8_t *)a.mats[e] + (live ? o : 0) * row_bytes);
-    const uint4 *u =
-        (const uint4 *)((const uint8_t *)a.mats[a.n_experts + e] + (live ? o : 0) * row_bytes);
+    const struct gate_up_rows<BF16> rows(a, e, o, live);
     uint4 wg[U][NV], wu[U][NV];
-    auto issue = [&](int cb) {
-#pragma unroll
-        for (int k = 0; k < U; k++) {
-            int c = cb + k * 32 + lane;
-            load_chunk<BF16>(g, c, live && c < n8, wg[k]);
-            load_chunk<BF16>(u, c, live && c < n8, wu[k]);
-        }
-    };
+    auto issue = [&](int cb) { rows.template issue<U>(cb, lane, n8, wg, wu); };
     for (int g0 = 0; g0 < cnt; g0 += RT) {
         const int nr = cnt - g0 < RT ? cnt - g0 : RT;
         /* the first weights go out before x is staged */
@@ -628,9 +737,9 @@ static __global__ void __launch_bounds__(MV_THREADS) moe_down_gemv(struct moe_ge
     const int64_t o = (int64_t)blockIdx.x * MV_WARPS + warp;
     pdl_wait();
     pdl_release();
-    int e, cnt, single;
+    int e, cnt;
     const int *list;
-    if (!block_pairs(a, &e, &list, &cnt, &single))
+    if (!block_pairs(a, &e, &list, &cnt))
         return;
     const bool live = o < a.hidden;
     const size_t row_bytes = (size_t)a.inter * (BF16 ? 2 : 4);
@@ -706,79 +815,112 @@ static __device__ __forceinline__ void ascending_slots(const int32_t *ri, int to
 
 /* y[r, o] = sum over row r's experts in ascending id of w * (down[e][o] . h[p]),
  * a warp per output o, the row's top_k h vectors staged: the down GEMV and
- * the sum in one launch, for steps whose rows take their experts alone. Two
- * experts' loads are in flight at once. */
-template <bool BF16>
+ * the sum in one launch, for steps whose rows take their experts alone; with
+ * resid, y is not written and the sum is added into resid (the layer's
+ * residual add). G experts' loads are in flight at once, the first G's issued
+ * before the wait for the launch before (gate/up): the ids and weights were
+ * written by a launch that ended before that one began. */
+template <bool BF16, int G>
 static __global__ void __launch_bounds__(MV_THREADS) moe_down_row_gemv(struct moe_gemv_args a)
 {
     extern __shared__ float4 hs[]; /* top_k rows of inter floats, by slot */
     __shared__ int ord[CU_MOE_MAX_TOP_K];
+    __shared__ const uint8_t *mat[CU_MOE_MAX_TOP_K];
+    __shared__ float wsel[CU_MOE_MAX_TOP_K];
     constexpr int U = 4, NV = BF16 ? 1 : 2;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int n8 = (int)(a.inter / 8), k = a.top_k;
     const int r = blockIdx.y;
     const int64_t o = (int64_t)blockIdx.x * MV_WARPS + warp;
+    const bool live = o < a.hidden;
+    const size_t row_bytes = (size_t)a.inter * (BF16 ? 2 : 4);
+    const int32_t *ri = a.ids + (int64_t)r * k;
+    const float *wr = a.weights + (int64_t)r * k;
+    /* each slot's place in ascending expert id, its down matrix and its weight */
+    if (threadIdx.x < k) {
+        const int t = threadIdx.x, id = ri[t];
+        int place = 0;
+        for (int j = 0; j < k; j++)
+            place += ri[j] < id || (ri[j] == id && j < t);
+        ord[place] = t;
+        mat[t] = (const uint8_t *)a.mats[2 * a.n_experts + id];
+        wsel[t] = wr[t];
+    }
+    __syncthreads();
+    uint4 w[G][U][NV];
+    auto issue = [&](int kk, int cb) {
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            const bool on = live && kk + g < k;
+            const uint4 *d = on ? (const uint4 *)(mat[ord[kk + g]] + o * row_bytes) : NULL;
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                int c = cb + u * 32 + lane;
+                load_chunk<BF16>(d, c, on && c < n8, w[g][u]);
+            }
+        }
+    };
+    issue(0, 0);
     pdl_wait();
     pdl_release();
-    const int32_t *ri = a.ids + (int64_t)r * k;
-    if (threadIdx.x == 0)
-        ascending_slots(ri, k, ord);
     for (int i = threadIdx.x; i < k * 2 * n8; i += MV_THREADS) {
         int j = i / (2 * n8), c = i - j * 2 * n8;
         stage_vec(hs + j * 2 * n8, a.h + ((int64_t)r * k + j) * a.inter, n8, a.round != 0, c);
     }
     __syncthreads();
-    if (o >= a.hidden)
+    if (!live)
         return;
-    const size_t row_bytes = (size_t)a.inter * (BF16 ? 2 : 4);
     float acc = 0.0f;
-    for (int kk = 0; kk < k; kk += 2) {
-        const bool two = kk + 1 < k;
-        const int j0 = ord[kk], j1 = two ? ord[kk + 1] : j0;
-        const uint4 *d0 =
-            (const uint4 *)((const uint8_t *)a.mats[2 * a.n_experts + ri[j0]] + o * row_bytes);
-        const uint4 *d1 =
-            (const uint4 *)((const uint8_t *)a.mats[2 * a.n_experts + ri[j1]] + o * row_bytes);
-        float s0 = 0.0f, s1 = 0.0f;
-        for (int cb = 0; cb < n8; cb += 32 * U) {
-            uint4 w0[U][NV], w1[U][NV];
+    for (int kk = 0; kk < k; kk += G) {
+        float s[G];
 #pragma unroll
-            for (int u = 0; u < U; u++) {
-                int c = cb + u * 32 + lane;
-                load_chunk<BF16>(d0, c, c < n8, w0[u]);
-                load_chunk<BF16>(d1, c, two && c < n8, w1[u]);
-            }
+        for (int g = 0; g < G; g++)
+            s[g] = 0.0f;
+        for (int cb = 0;;) {
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 int c = cb + u * 32 + lane;
                 if (c < n8) {
-                    float hv[8];
-                    staged_x8(hs + j0 * 2 * n8, n8, c, hv);
-                    s0 += dot8<BF16>(w0[u], hv);
-                    if (two) {
-                        staged_x8(hs + j1 * 2 * n8, n8, c, hv);
-                        s1 += dot8<BF16>(w1[u], hv);
+#pragma unroll
+                    for (int g = 0; g < G; g++) {
+                        if (kk + g < k) {
+                            float hv[8];
+                            staged_x8(hs + ord[kk + g] * 2 * n8, n8, c, hv);
+                            s[g] += dot8<BF16>(w[g][u], hv);
+                        }
                     }
                 }
             }
+            cb += 32 * U;
+            if (cb >= n8)
+                break;
+            issue(kk, cb);
         }
-        s0 = warp_sum(s0);
-        acc = __fadd_rn(acc, __fmul_rn(a.weights[(int64_t)r * k + j0], s0));
-        if (two) {
-            s1 = warp_sum(s1);
-            acc = __fadd_rn(acc, __fmul_rn(a.weights[(int64_t)r * k + j1], s1));
+        if (kk + G < k)
+            issue(kk + G, 0);
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            if (kk + g < k) {
+                float t = warp_sum(s[g]);
+                acc = __fadd_rn(acc, __fmul_rn(wsel[ord[kk + g]], t));
+            }
         }
     }
-    if (lane == 0)
-        a.y[(int64_t)r * a.hidden + o] = acc;
+    if (lane == 0) {
+        const int64_t at = (int64_t)r * a.hidden + o;
+        if (a.resid)
+            a.resid[at] = __fadd_rn(a.resid[at], acc);
+        else
+            a.y[at] = acc;
+    }
 }
 
 /* y[r, :] = sum over row r's experts in ascending id of w * out[pos(p), :],
- * pos the plan's where (NULL: out is by pair); a block per row, 4 columns
- * a thread. */
+ * pos the plan's where (NULL: out is by pair), or with resid that sum added
+ * into resid instead; a block per row, 4 columns a thread. */
 static __global__ void __launch_bounds__(256)
 moe_combine_kernel(const float *out, const int *where, const int32_t *ids, const float *weights,
-                   int top_k, int64_t hidden, float *y)
+                   int top_k, int64_t hidden, float *y, float *resid)
 {
     __shared__ int ord[CU_MOE_MAX_TOP_K];
     const int r = blockIdx.x;
@@ -800,7 +942,13 @@ moe_combine_kernel(const float *out, const int *where, const int32_t *ids, const
             acc.z = __fadd_rn(acc.z, __fmul_rn(w, v.z));
             acc.w = __fadd_rn(acc.w, __fmul_rn(w, v.w));
         }
-        *(float4 *)(y + (int64_t)r * hidden + c) = acc;
+        if (resid) {
+            float4 *z = (float4 *)(resid + (int64_t)r * hidden + c), v = *z;
+            *z = make_float4(__fadd_rn(v.x, acc.x), __fadd_rn(v.y, acc.y), __fadd_rn(v.z, acc.z),
+                             __fadd_rn(v.w, acc.w));
+        } else {
+            *(float4 *)(y + (int64_t)r * hidden + c) = acc;
+        }
     }
 }
 
@@ -1054,11 +1202,33 @@ static cudaError_t plan_launch(struct cu_device *dev, cudaStream_t s, const stru
 }
 
 static cudaError_t combine_launch(struct cu_device *dev, cudaStream_t s, const struct cu_op *op,
-                                  const float *out, const int *where)
+                                  const float *out, const int *where, float *resid)
 {
     return cu_launch_dependent(dev->pdl, moe_combine_kernel, dim3((unsigned)op->n_rows), dim3(256),
                                0, s, out, where, op->u.moe.ids, op->u.moe.weights,
-                               op->u.moe.top_k, op->u.moe.hidden, op->u.moe.y);
+                               op->u.moe.top_k, op->u.moe.hidden, op->u.moe.y, resid);
+}
+
+/* The row kernels (a step whose rows take their experts alone): gate/up with
+ * two chunks a lane a round in blocks small enough for six an SM (bf16: one
+ * wave over Qwen3-30B-A3B's 768 blocks), then down with four experts' loads in
+ * flight. */
+template <bool BF16>
+static cudaError_t row_launches(struct cu_device *dev, cudaStream_t s, struct moe_gemv_args *a)
+{
+    const int64_t hidden = a->hidden, inter = a->inter;
+    const int n_pairs = a->n_rows * a->top_k;
+    const dim3 gg((unsigned)((inter + MV_WARPS - 1) / MV_WARPS), (unsigned)n_pairs);
+    const dim3 gd((unsigned)((hidden + MV_WARPS - 1) / MV_WARPS), (unsigned)a->n_rows);
+    const size_t xs = (size_t)hidden * sizeof(float);
+    const size_t hs = (size_t)inter * sizeof(float) * (size_t)a->top_k;
+    cudaError_t e = launch(dev, BF16 ? SM_GATE_UP_BF16_1 : SM_GATE_UP_F32_1,
+                           moe_gate_up_row_gemv<BF16, 2, BF16 ? 6 : 1>, gg, dim3(MV_THREADS), xs,
+                           s, *a);
+    if (e != cudaSuccess)
+        return e;
+    return launch(dev, BF16 ? SM_DOWN_ROW_BF16 : SM_DOWN_ROW_F32,
+                  moe_down_row_gemv<BF16, BF16 ? 4 : 2>, gd, dim3(MV_THREADS), hs, s, *a);
 }
 
 template <bool BF16>
@@ -1070,16 +1240,8 @@ static cudaError_t gemv_launch(struct cu_device *dev, cudaStream_t s, const stru
     const unsigned gx_up = (unsigned)((inter + MV_WARPS - 1) / MV_WARPS);
     const unsigned gx_down = (unsigned)((hidden + MV_WARPS - 1) / MV_WARPS);
     cudaError_t e;
-    if (!a->planned) {
-        e = launch(dev, BF16 ? SM_GATE_UP_BF16_1 : SM_GATE_UP_F32_1, moe_gate_up_gemv<BF16, 1>,
-                   dim3(gx_up, (unsigned)n_pairs), dim3(MV_THREADS),
-                   (size_t)hidden * sizeof(float), s, *a);
-        if (e != cudaSuccess)
-            return e;
-        return launch(dev, BF16 ? SM_DOWN_ROW_BF16 : SM_DOWN_ROW_F32, moe_down_row_gemv<BF16>,
-                      dim3(gx_down, (unsigned)a->n_rows), dim3(MV_THREADS),
-                      (size_t)inter * sizeof(float) * (size_t)a->top_k, s, *a);
-    }
+    if (!a->planned)
+        return row_launches<BF16>(dev, s, a);
     /* a slot per expert some pair may have chosen; the plan says how many did */
     int n_slots = n_pairs < a->n_experts ? n_pairs : a->n_experts;
     e = launch(dev, BF16 ? SM_GATE_UP_BF16_G : SM_GATE_UP_F32_G,
@@ -1092,14 +1254,15 @@ static cudaError_t gemv_launch(struct cu_device *dev, cudaStream_t s, const stru
                (size_t)inter * sizeof(float) * MV_GROUP_ROWS, s, *a);
     if (e != cudaSuccess)
         return e;
-    return combine_launch(dev, s, op, a->out, NULL);
+    return combine_launch(dev, s, op, a->out, NULL, a->resid);
 }
 
 /* The GEMV path: h and the pairs' outputs as moe_scratch_floats lays them
  * out for the CPU (n_pairs x inter, then n_pairs x hidden), the plan in the
  * last n_pairs x inter floats when it fits there. */
 static cudaError_t run_gemvs(struct cu_device *dev, cudaStream_t s, const struct cu_op *op,
-                             const void *const *mats, bool round)
+                             bool after_routing, const void *const *mats, bool round,
+                             float *resid)
 {
     struct moe_gemv_args a;
     memset(&a, 0, sizeof a);
@@ -1117,6 +1280,8 @@ static cudaError_t run_gemvs(struct cu_device *dev, cudaStream_t s, const struct
     a.h = op->u.moe.scratch;
     a.out = a.h + n_pairs * a.inter;
     a.y = op->u.moe.y;
+    a.resid = resid;
+    a.x_early = after_routing;
     int *plan_base = (int *)(a.out + n_pairs * a.hidden);
     a.planned = a.n_rows >= CU_MOE_SHARE_MIN_ROWS &&
                 plan_ints(n_pairs, a.n_experts, 0, NULL, NULL) <= (size_t)(n_pairs * a.inter);
@@ -1159,7 +1324,8 @@ static bool gemm_layout(const struct cu_op *op, int bm, struct gemm_layout *l)
 
 template <int BM>
 static cudaError_t gemm_launch(struct cu_device *dev, cudaStream_t s, const struct cu_op *op,
-                               const void *const *mats, const struct gemm_layout *l)
+                               const void *const *mats, const struct gemm_layout *l,
+                               float *resid)
 {
     const int64_t n_rows = op->n_rows, n_pairs = n_rows * op->u.moe.top_k;
     const int64_t hidden = op->u.moe.hidden, inter = op->u.moe.inter;
@@ -1199,15 +1365,18 @@ static cudaError_t gemm_launch(struct cu_device *dev, cudaStream_t s, const stru
                gemm_smem(BM), s, g);
     if (e != cudaSuccess)
         return e;
-    return combine_launch(dev, s, op, l->out, g.plan.where);
+    return combine_launch(dev, s, op, l->out, g.plan.where, resid);
 }
 
-bool cu_exec_moe_ffn(struct cu_impl *im, const struct cu_op *op)
+bool cu_exec_moe_ffn(struct cu_impl *im, const struct cu_op *op, const struct cu_op *add,
+                     bool after_routing)
 {
     const void *const *mats = (const void *const *)(im->arena_dev + op->u.moe.mats_off);
     const bool fast = im->fuse.fast;
+    float *resid = add ? add->u.ew.out : NULL;
     if (!im->moe_kernels || !gemv_fits(&im->dev, op))
-        return CU_TRY(im, launch_legacy(im->stream, op, im->arena_dev, fast));
+        return CU_TRY(im, launch_legacy(im->stream, op, im->arena_dev, fast)) &&
+               (!add || CU_TRY(im, cu_launch_add(im->stream, add)));
     const int64_t n_pairs = (int64_t)op->n_rows * op->u.moe.top_k;
     if (fast && op->u.moe.dtype == DTYPE_BF16 && op->n_rows >= CU_MOE_GEMM_MIN_ROWS &&
         gemm_smem(128) <= (size_t)im->dev.smem_optin) {
@@ -1215,10 +1384,10 @@ bool cu_exec_moe_ffn(struct cu_impl *im, const struct cu_op *op)
         bool big = n_pairs >= 64 * (int64_t)op->u.moe.n_experts;
         struct gemm_layout l;
         if (gemm_layout(op, big ? 128 : 32, &l))
-            return CU_TRY(im, big ? gemm_launch<128>(&im->dev, im->stream, op, mats, &l)
-                                  : gemm_launch<32>(&im->dev, im->stream, op, mats, &l));
+            return CU_TRY(im, big ? gemm_launch<128>(&im->dev, im->stream, op, mats, &l, resid)
+                                  : gemm_launch<32>(&im->dev, im->stream, op, mats, &l, resid));
     }
-    return CU_TRY(im, run_gemvs(&im->dev, im->stream, op, mats, fast));
+    return CU_TRY(im, run_gemvs(&im->dev, im->stream, op, after_routing, mats, fast, resid));
 }
 
 static __global__ void gated_add_kernel(float *y, const float *x, const float *g, int64_t n_rows,
