@@ -667,12 +667,12 @@ Test(cuda_moe, graph_replay_equals_eager_launches, .timeout = 300)
     experts_free(&E);
 }
 
-/* Fuse rule 8: a MoE layer's routing, experts and residual add recorded in one step (one
- * launch plan: the row kernels route their rows themselves and add into the residual;
- * more rows launch the routing first and add in the sum over each row's experts) leave
- * the ids, weights and residual that the three ops leave as steps of their own, bit for
- * bit, at the row counts of every path. */
-Test(cuda_moe, routing_experts_and_residual_add_in_one_launch_equal_their_own_launches,
+/* Fuse rule 8: a MoE layer's routing, experts and residual add recorded in one step (the
+ * add done by the experts' last launch: the down row kernel at 1 and 3 rows, the sum over
+ * each row's experts at 8 and 64; the row kernels reading x before waiting for routing)
+ * leave the ids, weights and residual that the three ops leave as steps of their own, bit
+ * for bit, at the row counts of every path. */
+Test(cuda_moe, routing_experts_and_residual_add_in_one_step_equal_their_own_steps,
      .timeout = 300)
 {
     skip_without_gpu();
