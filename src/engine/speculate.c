@@ -253,28 +253,29 @@ static void drop(struct spec_drafter *d, struct seq *s)
     spec_seq_release(d, s);
 }
 
-/* The draft model's proposals: every sequence's tokens the draft has not seen (the prompt in
- * chunks at first, later the last verification's tokens), then greedy steps until each has
- * its k drafts; all sequences share each draft forward. */
-static int propose_two_model(struct spec_drafter *d, struct seq **seqs, const int *want, int n,
-                             struct err *err)
+/* Drops what the draft computed of s past the tokens it is known to share with the target. */
+static void forget_unshared(struct spec_drafter *d, struct seq *s)
+{
+    if (s->spec.dkv.n_tokens > s->spec.d_valid)
+        kv_manager_truncate(d->kv, &s->spec.dkv, s->spec.d_valid);
+    s->spec.d_valid = s->spec.dkv.n_tokens;
+}
+
+/* The draft reads each sequence's tokens it has not seen, up to upto[i] (0: none), in chunks
+ * of the step's budget, all sequences in the same forwards. With logits, the row of a
+ * sequence's last token gives its first draft (verify[1], n_drafts 1); without, no row is
+ * made. A failed forward gives up the sequences it carried (their draft KV is recomputed
+ * later) and returns its error. */
+static int catch_up(struct spec_drafter *d, struct seq **seqs, const int *upto, int n, bool logits,
+                    struct err *err)
 {
     size_t vocab = (size_t)d->cfg.draft->config.vocab_size;
-    /* drop what the draft computed past the tokens it is known to share */
-    for (int i = 0; i < n; i++) {
-        struct seq *s = seqs[i];
-        if (s->spec.dkv.n_tokens > s->spec.d_valid)
-            kv_manager_truncate(d->kv, &s->spec.dkv, s->spec.d_valid);
-        s->spec.d_valid = s->spec.dkv.n_tokens;
-        s->spec.n_drafts = 0;
-    }
-    /* catch up to every token, the pending one included; its row gives the first draft */
     for (;;) {
         int m = 0, budget = d->max_step_tokens;
         for (int i = 0; i < n && m < d->max_seqs && budget > 0; i++) {
             struct seq *s = seqs[i];
-            int todo = s->n_tokens - s->spec.dkv.n_tokens;
-            if (want[i] == 0 || todo <= 0)
+            int todo = upto[i] - s->spec.dkv.n_tokens;
+            if (todo <= 0)
                 continue;
             int chunk = todo < budget ? todo : budget;
             struct err aerr = {0};
@@ -287,12 +288,12 @@ static int propose_two_model(struct spec_drafter *d, struct seq **seqs, const in
                 .pos0 = s->spec.dkv.n_tokens - chunk,
                 .block_ids = s->spec.dkv.table.blocks,
                 .n_block_ids = s->spec.dkv.table.n_blocks,
-                .no_logits = s->spec.dkv.n_tokens < s->n_tokens,
+                .no_logits = !logits || s->spec.dkv.n_tokens < upto[i],
             };
             budget -= chunk;
         }
         if (m == 0)
-            break;
+            return 0;
         int rc = draft_forward(d, m, err);
         int row = 0;
         for (int j = 0; j < m; j++) {
@@ -310,6 +311,37 @@ static int propose_two_model(struct spec_drafter *d, struct seq **seqs, const in
         if (rc < 0)
             return rc;
     }
+}
+
+int spec_follow(struct spec_drafter *d, struct seq **seqs, const int *upto, int n,
+                struct err *err)
+{
+    if (d->cfg.kind != SPEC_TWO_MODEL)
+        return 0;
+    for (int i = 0; i < n; i++)
+        forget_unshared(d, seqs[i]);
+    return catch_up(d, seqs, upto, n, false, err);
+}
+
+/* The draft model's proposals: every sequence's tokens the draft has not seen (the prompt in
+ * chunks when the target's prefill did not take it along, later the last verification's
+ * tokens), then greedy steps until each has its k drafts; all sequences share each draft
+ * forward. */
+static int propose_two_model(struct spec_drafter *d, struct seq **seqs, const int *want, int n,
+                             struct err *err)
+{
+    size_t vocab = (size_t)d->cfg.draft->config.vocab_size;
+    int upto[256];
+    for (int i = 0; i < n; i++) {
+        struct seq *s = seqs[i];
+        forget_unshared(d, s);
+        s->spec.n_drafts = 0;
+        upto[i] = want[i] > 0 ? s->n_tokens : 0;
+    }
+    /* catch up to every token, the pending one included; its row gives the first draft */
+    int rc = catch_up(d, seqs, upto, n, true, err);
+    if (rc < 0)
+        return rc;
     /* then one greedy step per further draft */
     for (int step = 1;; step++) {
         int m = 0;

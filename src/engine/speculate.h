@@ -101,9 +101,18 @@ void spec_seq_init(const struct spec_drafter *d, struct seq *s, bool speculative
 /* Proposes drafts for seqs[0..n) (each decoding: exactly one token without K/V), bounded by
  * what the sequence may still generate within n_ctx, cut where its grammar would refuse them:
  * fills each one's spec.verify[1..] and spec.n_drafts (0: none this step). The draft model
- * catches up on every sequence's tokens first (its prefill, in chunks), all sequences in the
- * same draft forward. Returns 0, or a negative error of the draft forward (no drafts then). */
+ * catches up on every sequence's tokens first (what spec_follow did not read, in chunks), all
+ * sequences in the same draft forward. Returns 0, or a negative error of the draft forward (no
+ * drafts then). */
 int spec_propose(struct spec_drafter *d, struct seq **seqs, int n, int n_ctx, struct err *err);
+
+/* The draft model reads along with the target's prefill: each of seqs[0..n) gets its draft KV
+ * up to position upto[i] (the end of the prompt chunk the target computes this step, any
+ * cached prefix before it included), without logits, so its first proposal has only the
+ * pending token left to read. A no-op for drafters without a model. Returns 0, or a negative
+ * error of the draft forward (the sequences it carried catch up at their next proposal). */
+int spec_follow(struct spec_drafter *d, struct seq **seqs, const int *upto, int n,
+                struct err *err);
 
 /* After s's verify entry: n_drafts were verified, n_accepted of them kept; s->n_computed
  * holds the positions that stay. Drops the draft KV past them and adapts k. */

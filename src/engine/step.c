@@ -78,6 +78,40 @@ static void propose(struct sched *sc)
     atomic_fetch_add(&sc->counters.spec_draft_steps, spec_drafter_steps(sc->spec) - before);
 }
 
+/* The draft model reads the prompt chunks the target reads this step (speculate.h), while few
+ * enough sequences run for drafting to happen at all, before the target's forward, so the work
+ * counts toward the first token as the prompt's own: the first proposal then has only the
+ * pending token to read. A failed draft forward costs only that head start. */
+static void follow_prefill(struct sched *sc, int n)
+{
+    if (sc->spec_max_batch > 0 && sc->n_running > sc->spec_max_batch)
+        return;
+    enum { MAX = 64 };
+    struct seq *who[MAX];
+    int upto[MAX], m = 0;
+    for (int b = 0; b <= n; b++) {
+        if (m == MAX || (b == n && m > 0)) {
+            struct err err = {0};
+            uint64_t before = spec_drafter_steps(sc->spec);
+            spec_follow(sc->spec, who, upto, m, &err);
+            atomic_fetch_add(&sc->counters.spec_draft_steps,
+                             spec_drafter_steps(sc->spec) - before);
+            m = 0;
+        }
+        if (b == n)
+            break;
+        struct seq *s = sc->batch_owner[b];
+        const struct batch_seq *e = &sc->batch_seqs[b];
+        /* a prompt chunk of a sequence that may still draft: it generates two tokens more */
+        bool may_draft = s->max_tokens - (s->n_tokens - s->n_prompt) > 1;
+        if (s->spec.on && s->sampler && !s->loading && !s->continues && !s->finishing &&
+            !e->all_logits && s->n_tokens - s->n_computed > 1 && may_draft) {
+            who[m] = s;
+            upto[m++] = e->pos0 + e->n_tokens;
+        }
+    }
+}
+
 /* A verify entry's rows (speculate.h): row i picks the token after verify[i], taking draft
  * verify[i + 1] while the pick is the draft; the first other pick (or a stop) ends the walk,
  * and after every draft was taken the last row gives one more token. Then only the positions
@@ -138,6 +172,8 @@ int sched_step(struct sched *sc, struct err *err)
         sched_publish_news(sc);
         return 0;
     }
+    if (sc->spec)
+        follow_prefill(sc, n);
     struct batch batch = {sc->batch_seqs, n};
     struct kv_cache *cache = kv_manager_cache(sc->kv);
     bool verifying = false;

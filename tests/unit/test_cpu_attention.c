@@ -322,7 +322,8 @@ Test(cpu_attention, fast_tiles_match_an_f64_reference_within_the_float_bound)
  * driver deals them), every query position of a 128-position sequence
  * (lengths 1 to 128: every remainder of the vector widths, of the register
  * blocks and of the 64-position chunk), blocks of 1 and 16 positions, with
- * and without a sliding window. */
+ * and without a sliding window; every row alone and in items of several rows,
+ * which must give the same bits. */
 Test(cpu_attention, f16_group_kernels_match_an_f64_reference_within_the_float_bound)
 {
     static const struct {
@@ -347,9 +348,10 @@ Test(cpu_attention, f16_group_kernels_match_an_f64_reference_within_the_float_bo
         int hd = d.hd, share = hattn_item_heads(d.group, hd);
         size_t q_dim = (size_t)d.n_heads * hd;
         float *out = malloc(MAX_POS * q_dim * sizeof(float));
+        float *out_bundled = malloc(MAX_POS * q_dim * sizeof(float));
         double *ref = malloc(MAX_POS * q_dim * sizeof(double));
         double *bound = malloc(MAX_POS * (size_t)d.n_heads * sizeof(double));
-        cr_assert(out && ref && bound);
+        cr_assert(out && out_bundled && ref && bound);
         for (size_t w = 0; w < sizeof windows / sizeof windows[0]; w++) {
             for (int pos = 0; pos < MAX_POS; pos++)
                 for (int head = 0; head < d.n_heads; head++)
@@ -366,14 +368,28 @@ Test(cpu_attention, f16_group_kernels_match_an_f64_reference_within_the_float_bo
                 for (int kn = 0; kn < 4; kn++) {
                     if (!runs[kn] || hd % kernels[kn].hd_multiple)
                         continue;
-                    memset(out, 0xff, MAX_POS * q_dim * sizeof(float)); /* NaN: nothing left unwritten */
-                    for (int pos = 0; pos < MAX_POS; pos++)
-                        for (int kvh = 0; kvh < N_KV_HEADS; kvh++)
-                            for (int h0 = 0; h0 < d.group; h0 += share) {
-                                struct hattn_item it = {&sp, pos, kvh, kvh * d.group + h0,
-                                                        d.group - h0 < share ? d.group - h0 : share};
-                                kernels[kn].fn(&a, &it);
-                            }
+                    /* every row alone, then in items of the most rows the limits allow (a
+                     * verify entry's rows): the same bits */
+                    int bundle = hattn_item_rows(share, hd);
+                    for (int pass = 0; pass < 2; pass++) {
+                        float *dst = pass ? out_bundled : out;
+                        int rows = pass ? bundle : 1;
+                        a.out = dst;
+                        memset(dst, 0xff, MAX_POS * q_dim * sizeof(float)); /* NaN: nothing left unwritten */
+                        for (int pos = 0; pos < MAX_POS; pos += rows)
+                            for (int kvh = 0; kvh < N_KV_HEADS; kvh++)
+                                for (int h0 = 0; h0 < d.group; h0 += share) {
+                                    struct hattn_item it = {
+                                        &sp, pos, kvh, kvh * d.group + h0,
+                                        d.group - h0 < share ? d.group - h0 : share,
+                                        MAX_POS - pos < rows ? MAX_POS - pos : rows};
+                                    kernels[kn].fn(&a, &it);
+                                }
+                    }
+                    cr_expect(!memcmp(out, out_bundled, MAX_POS * q_dim * sizeof(float)),
+                              "%s: hd %d group %d block %d window %d: rows in items of %d differ "
+                              "from the rows alone", kernels[kn].name, hd, d.group, blocks[b],
+                              windows[w], bundle);
                     double worst = 0;
                     int worst_pos = 0, worst_head = 0;
                     for (int pos = 0; pos < MAX_POS; pos++)
@@ -398,6 +414,7 @@ Test(cpu_attention, f16_group_kernels_match_an_f64_reference_within_the_float_bo
             }
         }
         free(out);
+        free(out_bundled);
         free(ref);
         free(bound);
         data_free(&d);

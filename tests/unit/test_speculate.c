@@ -845,3 +845,48 @@ Test(speculate, steps_with_more_decoding_sequences_than_max_batch_run_without_dr
                  (unsigned long long)few, (unsigned long long)all);
     pair_close(&p);
 }
+
+/* ---- the draft model reads the prompt with the target ----------------------- */
+
+/* The draft steps one request of a 100-token prompt (three chunks of at most 48) takes with
+ * the target as its own draft, its tokens into r. */
+static uint64_t draft_steps_of_one(struct pair *p, const int32_t *prompt, int n_prompt,
+                                   int max_tokens, bool speculate, struct result *r)
+{
+    struct err err = {0};
+    struct spec_config c = {.kind = SPEC_TWO_MODEL, .draft = p->target, .num_draft_tokens = 3};
+    struct engine *e = engine_for(p, speculate ? &c : NULL, 0);
+    struct gen_params gp = {.prompt = prompt, .n_prompt = n_prompt, .max_tokens = max_tokens,
+                            .sampling = {.temperature = 0, .top_p = 1}};
+    struct gen_output *o;
+    cr_assert_eq(engine_submit(e, &gp, &o, &err), 0, "%s", err.msg);
+    collect(o, r);
+    struct engine_stats st;
+    engine_get_stats(e, &st);
+    engine_free(e);
+    return st.spec_draft_steps;
+}
+
+/* The draft model reads each prompt chunk in the step the target computes it, so the first
+ * proposal has only its pending token left: a request that may draft (two tokens or more to
+ * generate) takes one draft step per chunk before then, one that may not takes none, and the
+ * tokens are plain decoding's either way. */
+Test(speculate, the_draft_model_reads_each_prompt_chunk_with_the_target, .timeout = 120)
+{
+    struct pair p;
+    pair_open_tiny(&p, "tiny-qwen3", 6);
+    int32_t prompt[100];
+    for (int i = 0; i < 100; i++)
+        prompt[i] = 3 + (i * 37) % 1000;
+    struct result plain, got;
+    for (int max_tokens = 1; max_tokens <= 2; max_tokens++) {
+        draft_steps_of_one(&p, prompt, 100, max_tokens, false, &plain);
+        uint64_t steps = draft_steps_of_one(&p, prompt, 100, max_tokens, true, &got);
+        expect_same(&plain, &got, "one long prompt", max_tokens);
+        /* two tokens: the second comes from a step whose proposal has no room for a draft */
+        cr_assert_eq(steps, max_tokens == 2 ? 3u : 0u,
+                     "max_tokens %d: %llu draft steps, expected one per prompt chunk (3) or none",
+                     max_tokens, (unsigned long long)steps);
+    }
+    pair_close(&p);
+}

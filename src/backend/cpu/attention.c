@@ -170,11 +170,13 @@ struct tiled_job {
      * cache's, the row kernel a head at a time */
     void (*group)(const struct tattn_args *a, const struct hattn_item *it);
     int item_heads;
+    int item_rows; /* consecutive query rows of a span one group item takes (1: the row kernel) */
     atomic_long next_item;
 };
 
-/* Items of one query row outside the tiles: (kv head, share of its group)
- * pairs for the group kernel, heads for the row kernel. */
+/* Items of one bundle of query rows outside the tiles (item_rows rows of a
+ * span, fewer at its end): (kv head, share of its group) pairs for the group
+ * kernel, heads for the row kernel (a bundle is one row there). */
 static long row_items(const struct tiled_job *job)
 {
     if (!job->group)
@@ -183,9 +185,16 @@ static long row_items(const struct tiled_job *job)
     return (long)job->rows.kv->n_kv_heads * ((group + job->item_heads - 1) / job->item_heads);
 }
 
-/* Item i (below row_items) of query row `row` of span sp. */
-static void row_item(const struct tiled_job *job, const struct attn_span *sp, int row, long i)
+/* Bundles of query rows of a span of n rows outside the tiles. */
+static long row_bundles(const struct tiled_job *job, int n)
 {
+    return (n + job->item_rows - 1) / job->item_rows;
+}
+
+/* Item i (below row_items) of bundle b of span sp. */
+static void row_item(const struct tiled_job *job, const struct attn_span *sp, long b, long i)
+{
+    int row = sp->row0 + (int)b * job->item_rows;
     if (!job->group) {
         attend_one(&job->rows, sp, row, (int)i);
         return;
@@ -193,11 +202,12 @@ static void row_item(const struct tiled_job *job, const struct attn_span *sp, in
     int group = job->rows.n_heads / job->rows.kv->n_kv_heads;
     int shares = (group + job->item_heads - 1) / job->item_heads;
     int kv_head = (int)(i / shares), share = (int)(i % shares);
-    int head0 = share * job->item_heads;
+    int head0 = share * job->item_heads, left = sp->row0 + sp->n_tokens - row;
     struct hattn_item it = {.sp = sp, .row = row, .kv_head = kv_head,
                             .head0 = kv_head * group + head0,
                             .n_heads = group - head0 < job->item_heads ? group - head0
-                                                                       : job->item_heads};
+                                                                       : job->item_heads,
+                            .n_rows = left < job->item_rows ? left : job->item_rows};
     job->group(&job->args, &it);
 }
 
@@ -213,17 +223,17 @@ static void attention_row_items(void *ctx, int ith, int nth)
     (void)nth;
     struct tiled_job *job = ctx;
     const struct attention_job *rj = &job->rows;
-    long per_row = row_items(job), base = 0;
+    long per_bundle = row_items(job), base = 0;
     int s = 0;
     for (;;) {
         long item = atomic_fetch_add_explicit(&job->next_item, 1, memory_order_relaxed);
-        while (s < rj->n_spans && item >= base + (long)rj->spans[s].n_tokens * per_row)
-            base += (long)rj->spans[s++].n_tokens * per_row;
+        while (s < rj->n_spans && item >= base + row_bundles(job, rj->spans[s].n_tokens) * per_bundle)
+            base += row_bundles(job, rj->spans[s++].n_tokens) * per_bundle;
         if (s >= rj->n_spans)
             return;
         const struct attn_span *sp = &rj->spans[s];
         long k = item - base;
-        row_item(job, sp, sp->row0 + (int)(k / per_row), k % per_row);
+        row_item(job, sp, k / per_bundle, k % per_bundle);
     }
 }
 
@@ -232,7 +242,7 @@ static void attention_row_items(void *ctx, int ith, int nth)
 static long span_items(const struct tiled_job *job, const struct attn_span *sp)
 {
     if (sp->n_tokens < TILED_MIN_ROWS)
-        return (long)sp->n_tokens * row_items(job);
+        return row_bundles(job, sp->n_tokens) * row_items(job);
     long tiles = (sp->n_tokens + job->tile_rows - 1) / job->tile_rows;
     return tiles * job->args.kv->n_kv_heads * job->head_chunks;
 }
@@ -261,8 +271,8 @@ static void attention_tiles(void *ctx, int ith, int nth)
         const struct attn_span *sp = &rj->spans[s];
         long i = item - base;
         if (sp->n_tokens < TILED_MIN_ROWS) {
-            long per_row = row_items(job);
-            row_item(job, sp, sp->row0 + (int)(i / per_row), i % per_row);
+            long per_bundle = row_items(job);
+            row_item(job, sp, i / per_bundle, i % per_bundle);
             continue;
         }
         long per_tile = (long)rj->kv->n_kv_heads * job->head_chunks;
@@ -336,22 +346,27 @@ void cpu_attention(struct backend *be, const float *q, const struct kv_cache *kv
     }
     struct attention_job job = {q, kv, layer, spans, n_spans, n_heads, scale, sliding_window, out};
     struct cpu_impl *impl = be->impl;
-    struct tiled_job tj = {.rows = job};
+    struct tiled_job tj = {.rows = job, .item_rows = 1};
     tj.args = (struct tattn_args){q, kv, layer, n_heads, scale, sliding_window, out, -1};
     if (kv->dtype == DTYPE_F16) {
         int group = n_heads / kv->n_kv_heads, nth = threadpool_size(impl->pool);
         tj.group = group_kernel(be, kv->head_dim);
         tj.item_heads = hattn_item_heads(group, kv->head_dim);
-        /* fewer (row, kv head) items than threads (one sequence decoding, few
-         * kv heads): groups are shared out, each share reading its kv head's
-         * rows; a head's bits do not depend on which heads share its item */
+        /* a short span's consecutive rows (a verify entry's) share their K/V
+         * reads in one item; a row's bits do not depend on the rows beside it */
+        tj.item_rows = hattn_item_rows(tj.item_heads, kv->head_dim);
+        /* fewer (bundle, kv head) items than threads (one sequence decoding,
+         * few kv heads): groups are shared out, each share reading its kv
+         * head's rows; a head's bits do not depend on which heads share its
+         * item */
         long items = 0;
         for (int s = 0; s < n_spans; s++)
-            items += (long)spans[s].n_tokens * kv->n_kv_heads;
+            items += row_bundles(&tj, spans[s].n_tokens) * kv->n_kv_heads;
         if (items > 0 && items < nth) {
             int shares = (int)((nth + items - 1) / items);
             int heads = (group + shares - 1) / shares;
             tj.item_heads = heads < tj.item_heads ? heads : tj.item_heads;
+            tj.item_rows = hattn_item_rows(tj.item_heads, kv->head_dim);
         }
     }
     if (tiled_plan(be, kv, spans, n_spans, n_heads, &tj)) {

@@ -35,16 +35,16 @@ void cpu_f16_to_f32(float *dst, const uint16_t *src, size_t n, bool f16c)
         dst[i] = kvq_f16_to_f32(src[i]);
 }
 
-/* The group kernel for any head_dim: each K and V row widened into floats
- * once, then dotted with (added into) every head of the item. */
-static void group_rows(const struct tattn_args *a, const struct hattn_item *it, bool f16c)
+/* The group kernel for any head_dim, one query row of the item: each K and V
+ * row widened into floats once, then dotted with (added into) every head. */
+static void group_row(const struct tattn_args *a, const struct hattn_item *it, int q_row, bool f16c)
 {
     const struct kv_cache *kv = a->kv;
     const struct attn_span *sp = it->sp;
     const uint16_t *kc = kv->k, *vc = kv->v;
     int hd = kv->head_dim, G = it->n_heads;
     size_t q_stride = (size_t)a->n_heads * hd;
-    int last = sp->pos0 + (it->row - sp->row0);
+    int last = sp->pos0 + (q_row - sp->row0);
     int first = a->sliding_window > 0 && last - a->sliding_window + 1 > 0
                     ? last - a->sliding_window + 1
                     : 0;
@@ -55,7 +55,7 @@ static void group_rows(const struct tattn_args *a, const struct hattn_item *it, 
     float row[HATTN_MAX_HEAD_DIM];
     size_t offs[HATTN_CHUNK];
 
-    const float *qrow = a->q + (size_t)it->row * q_stride + (size_t)it->head0 * hd;
+    const float *qrow = a->q + (size_t)q_row * q_stride + (size_t)it->head0 * hd;
     for (int i = 0; i < G * hd; i++)
         q[i] = qrow[i] * a->scale;
     memset(o, 0, (size_t)G * hd * sizeof(float));
@@ -97,7 +97,7 @@ static void group_rows(const struct tattn_args *a, const struct hattn_item *it, 
         }
     }
 
-    float *out = a->out + (size_t)it->row * q_stride + (size_t)it->head0 * hd;
+    float *out = a->out + (size_t)q_row * q_stride + (size_t)it->head0 * hd;
     for (int g = 0; g < G; g++) {
         float inv = 1.0f / rsum[g];
         for (int d = 0; d < hd; d++)
@@ -105,12 +105,15 @@ static void group_rows(const struct tattn_args *a, const struct hattn_item *it, 
     }
 }
 
+/* The portable kernels take an item's rows one after another. */
 void cpu_hattn_group_f16c(const struct tattn_args *a, const struct hattn_item *it)
 {
-    group_rows(a, it, true);
+    for (int r = 0; r < it->n_rows; r++)
+        group_row(a, it, it->row + r, true);
 }
 
 void cpu_hattn_group_scalar(const struct tattn_args *a, const struct hattn_item *it)
 {
-    group_rows(a, it, false);
+    for (int r = 0; r < it->n_rows; r++)
+        group_row(a, it, it->row + r, false);
 }

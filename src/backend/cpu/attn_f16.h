@@ -26,13 +26,16 @@ void cpu_f16_from_f32(uint16_t *dst, const float *src, size_t n, bool f16c);
 /* dst[i] = src[i] widened to f32 (exact), F16C or kvq_f16_to_f32. */
 void cpu_f16_to_f32(float *dst, const uint16_t *src, size_t n, bool f16c);
 
-/* One item of the group kernels: query row `row` (absolute, of span sp) of
- * heads [head0, head0 + n_heads) of kv_head's group, n_heads at most
- * HATTN_MAX_HEADS and n_heads * head_dim at most HATTN_MAX_QUERY_FLOATS. */
+/* One item of the group kernels: query rows [row, row + n_rows) (absolute, of
+ * span sp; n_rows >= 1) of heads [head0, head0 + n_heads) of kv_head's group,
+ * n_rows * n_heads at most HATTN_MAX_HEADS and that many times head_dim at
+ * most HATTN_MAX_QUERY_FLOATS. Rows of one item read each K and V row once
+ * for all of them (a speculative verify entry's rows, a short prompt chunk). */
 struct hattn_item {
     const struct attn_span *sp;
     int row;
     int kv_head, head0, n_heads;
+    int n_rows;
 };
 
 /* Heads of a group one item takes: the whole group when it fits the limits
@@ -44,14 +47,24 @@ static inline int hattn_item_heads(int group, int head_dim)
     return group < cap ? group : cap;
 }
 
+/* Rows one item of `heads` heads takes at most within the limits above. */
+static inline int hattn_item_rows(int heads, int head_dim)
+{
+    int rows = HATTN_MAX_HEADS / heads, by_floats = HATTN_MAX_QUERY_FLOATS / (heads * head_dim);
+    rows = rows < by_floats ? rows : by_floats;
+    return rows > 1 ? rows : 1;
+}
+
 /* out of the item's heads = softmax(scale * q·Kᵀ over [first, last]) · V, as
  * backend_ops.attention states it, over an f16 cache (a->kv->dtype F16;
  * a->fixed_last is not read, the row's last position follows from its span):
  * the queries pre-scaled, HATTN_CHUNK positions at a time, each K row widened
  * once and dotted with every head of the item, an online softmax per head,
- * then each V row widened once and added into every head's accumulator. The
- * result depends on the row's own inputs and position only, never on other
- * rows, items or threads. The AVX2 kernel needs head_dim % 8 == 0, the
+ * then each V row widened once and added into every head's accumulator, for
+ * every row of the item at once (a row's positions past its own last one
+ * weigh exactly nothing). The result depends on the row's own inputs and
+ * position only, never on other rows, items or threads: a row gives the same
+ * bits alone as among others. The AVX2 kernel needs head_dim % 8 == 0, the
  * AVX-512 one head_dim % 16 == 0, both F16C; the portable kernels take any
  * head_dim up to HATTN_MAX_HEAD_DIM, widening rows through cpu_f16_to_f32
  * with (f16c) or without F16C. */

@@ -28,13 +28,16 @@ HA_AI void ha_scores_block(const float *q, int hd, const uint16_t *const *kp, in
                 acc[g][p] = HA_FMA(HA_LOAD(q + (size_t)g * hd + d), k, acc[g][p]);
         }
     }
+    /* a lone position is summed as it would be among four, so a score never depends on
+     * how many positions its chunk scores (rows of one item end at different positions) */
 #pragma GCC unroll 8
     for (int g = 0; g < GB; g++) {
         if (PB == 4)
             _mm_storeu_ps(s + g * HATTN_CHUNK + j0,
                           HA_REDUCE4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]));
         else
-            s[g * HATTN_CHUNK + j0] = HA_HSUM(acc[g][0]);
+            s[g * HATTN_CHUNK + j0] =
+                _mm_cvtss_f32(HA_REDUCE4(acc[g][0], acc[g][0], acc[g][0], acc[g][0]));
     }
 }
 
@@ -187,16 +190,16 @@ static void ha_chunk_rows(const struct tattn_args *a, const struct hattn_item *i
     }
 }
 
-void HA_GROUP(const struct tattn_args *a, const struct hattn_item *it)
+/* The item's rows, which share their first position: each chunk of positions
+ * is scored and its V rows added for every row at once; a row's scores past
+ * its own last position are left out of its softmax and weigh exactly zero. */
+static void ha_rows(const struct tattn_args *a, const struct hattn_item *it, int first)
 {
     const struct kv_cache *kv = a->kv;
     const struct attn_span *sp = it->sp;
-    int hd = kv->head_dim, G = it->n_heads;
+    int hd = kv->head_dim, G = it->n_heads, R = it->n_rows, Q = R * G;
     size_t q_stride = (size_t)a->n_heads * hd;
-    int last = sp->pos0 + (it->row - sp->row0);
-    int first = a->sliding_window > 0 && last - a->sliding_window + 1 > 0
-                    ? last - a->sliding_window + 1
-                    : 0;
+    int last0 = sp->pos0 + (it->row - sp->row0), last = last0 + R - 1;
 
     float q[HATTN_MAX_QUERY_FLOATS] __attribute__((aligned(64)));
     float o[HATTN_MAX_QUERY_FLOATS] __attribute__((aligned(64)));
@@ -204,11 +207,13 @@ void HA_GROUP(const struct tattn_args *a, const struct hattn_item *it)
     float rmax[HATTN_MAX_HEADS], rsum[HATTN_MAX_HEADS], corr[HATTN_MAX_HEADS];
     const uint16_t *kp[2][HATTN_CHUNK], *vp[2][HATTN_CHUNK]; /* this chunk's rows and the next's */
 
-    const float *qrow = a->q + (size_t)it->row * q_stride + (size_t)it->head0 * hd;
-    for (int i = 0; i < G * hd; i++)
-        q[i] = qrow[i] * a->scale;
-    memset(o, 0, (size_t)G * hd * sizeof(float));
-    for (int g = 0; g < G; g++) {
+    for (int r = 0; r < R; r++) {
+        const float *qrow = a->q + (size_t)(it->row + r) * q_stride + (size_t)it->head0 * hd;
+        for (int i = 0; i < G * hd; i++)
+            q[(size_t)r * G * hd + i] = qrow[i] * a->scale;
+    }
+    memset(o, 0, (size_t)Q * hd * sizeof(float));
+    for (int g = 0; g < Q; g++) {
         rmax[g] = -FLT_MAX;
         rsum[g] = 0.0f;
     }
@@ -220,18 +225,49 @@ void HA_GROUP(const struct tattn_args *a, const struct hattn_item *it)
         int next = c0 + n, n_next = last + 1 - next < HATTN_CHUNK ? last + 1 - next : HATTN_CHUNK;
         if (n_next > 0)
             ha_chunk_rows(a, it, next, n_next, kp[cur ^ 1], vp[cur ^ 1]);
-        ha_scores(q, G, hd, kp[cur], n, s);
-        for (int g = 0; g < G; g++)
-            corr[g] = ha_softmax(s + g * HATTN_CHUNK, n, &rmax[g], &rsum[g]);
-        ha_pv(o, G, hd, s, vp[cur], n, corr);
+        ha_scores(q, Q, hd, kp[cur], n, s);
+        for (int r = 0; r < R; r++) {
+            int own = last0 + r + 1 - c0; /* the row's positions in this chunk */
+            own = own < 0 ? 0 : own < n ? own : n;
+            for (int g = r * G; g < (r + 1) * G; g++) {
+                float *sg = s + g * HATTN_CHUNK;
+                corr[g] = own > 0 ? ha_softmax(sg, own, &rmax[g], &rsum[g]) : 1.0f;
+                for (int j = own; j < n; j++)
+                    sg[j] = 0.0f;
+            }
+        }
+        ha_pv(o, Q, hd, s, vp[cur], n, corr);
         c0 = next;
         n = n_next;
     }
 
-    float *out = a->out + (size_t)it->row * q_stride + (size_t)it->head0 * hd;
-    for (int g = 0; g < G; g++) {
-        float inv = 1.0f / rsum[g];
-        for (int d = 0; d < hd; d++)
-            out[(size_t)g * hd + d] = o[(size_t)g * hd + d] * inv;
+    for (int r = 0; r < R; r++) {
+        float *out = a->out + (size_t)(it->row + r) * q_stride + (size_t)it->head0 * hd;
+        for (int g = 0; g < G; g++) {
+            int qi = r * G + g;
+            float inv = 1.0f / rsum[qi];
+            for (int d = 0; d < hd; d++)
+                out[(size_t)g * hd + d] = o[(size_t)qi * hd + d] * inv;
+        }
+    }
+}
+
+void HA_GROUP(const struct tattn_args *a, const struct hattn_item *it)
+{
+    const struct attn_span *sp = it->sp;
+    int w = a->sliding_window, last0 = sp->pos0 + (it->row - sp->row0);
+    int first0 = w > 0 && last0 - w + 1 > 0 ? last0 - w + 1 : 0;
+    int lastr = last0 + it->n_rows - 1, firstr = w > 0 && lastr - w + 1 > 0 ? lastr - w + 1 : 0;
+    if (first0 == firstr) {
+        ha_rows(a, it, first0);
+        return;
+    }
+    /* a sliding window moves each row's first position: the rows one at a time */
+    for (int r = 0; r < it->n_rows; r++) {
+        struct hattn_item one = *it;
+        one.row = it->row + r;
+        one.n_rows = 1;
+        int last = last0 + r;
+        ha_rows(a, &one, w > 0 && last - w + 1 > 0 ? last - w + 1 : 0);
     }
 }
