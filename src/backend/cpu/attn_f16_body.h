@@ -256,17 +256,15 @@ void HA_GROUP(const struct tattn_args *a, const struct hattn_item *it)
 {
     const struct attn_span *sp = it->sp;
     int w = a->sliding_window, last0 = sp->pos0 + (it->row - sp->row0);
-    int first0 = w > 0 && last0 - w + 1 > 0 ? last0 - w + 1 : 0;
-    int lastr = last0 + it->n_rows - 1, firstr = w > 0 && lastr - w + 1 > 0 ? lastr - w + 1 : 0;
-    if (first0 == firstr) {
-        ha_rows(a, it, first0);
-        return;
-    }
-    /* a sliding window moves each row's first position: the rows one at a time */
-    for (int r = 0; r < it->n_rows; r++) {
+    int lastr = last0 + it->n_rows - 1;
+    /* a sliding window moves each row's first position: then the rows one at a time */
+    bool together = w <= 0 || lastr - w + 1 <= 0;
+    for (int r = 0; r < (together ? 1 : it->n_rows); r++) {
         struct hattn_item one = *it;
-        one.row = it->row + r;
-        one.n_rows = 1;
+        if (!together) {
+            one.row = it->row + r;
+            one.n_rows = 1;
+        }
         int last = last0 + r;
         ha_rows(a, &one, w > 0 && last - w + 1 > 0 ? last - w + 1 : 0);
     }
