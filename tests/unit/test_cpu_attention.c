@@ -424,7 +424,8 @@ Test(cpu_attention, f16_group_kernels_match_an_f64_reference_within_the_float_bo
 
 /* A tile is computed by one thread from start to end, so how many threads
  * share the tiles changes no bit; nor does how an f16 cache's group kernel
- * shares a group's heads out between items. */
+ * shares a group's heads out between items, or whether an item takes every
+ * kv head of its rows. */
 Test(cpu_attention, fast_tiles_give_the_same_bits_on_one_and_three_threads)
 {
     struct data d;
@@ -457,6 +458,17 @@ Test(cpu_attention, fast_tiles_give_the_same_bits_on_one_and_three_threads)
         }
         cr_expect(!memcmp(out[0], out[1], q_dim * sizeof(float)), "%s cache, one decode row",
                   dtype_name(cache_dtypes[x]));
+        free(out[0]);
+        free(out[1]);
+        /* a decode row of every sequence: one thread takes each row's kv heads in one item,
+         * three threads each kv head on its own */
+        struct seq_chunk rows[N_SEQ] = {{0, 75, 1}, {1, 95, 1}, {2, 32, 1}, {3, 5, 1}};
+        for (int i = 0; i < 2; i++) {
+            out[i] = malloc(N_SEQ * q_dim * sizeof(float));
+            run_step(&c[i], &d, rows, N_SEQ, 0, out[i]);
+        }
+        cr_expect(!memcmp(out[0], out[1], N_SEQ * q_dim * sizeof(float)),
+                  "%s cache, a decode row of every sequence", dtype_name(cache_dtypes[x]));
         free(out[0]);
         free(out[1]);
         for (int i = 0; i < 2; i++)
