@@ -375,7 +375,8 @@ Test(cpu_attention, f16_group_kernels_match_an_f64_reference_within_the_float_bo
                         float *dst = pass ? out_bundled : out;
                         int rows = pass ? bundle : 1;
                         a.out = dst;
-                        memset(dst, 0xff, MAX_POS * q_dim * sizeof(float)); /* NaN: nothing left unwritten */
+                        /* NaN: nothing left unwritten */
+                        memset(dst, 0xff, MAX_POS * q_dim * sizeof(float));
                         for (int pos = 0; pos < MAX_POS; pos += rows)
                             for (int kvh = 0; kvh < N_KV_HEADS; kvh++)
                                 for (int h0 = 0; h0 < d.group; h0 += share) {

@@ -241,7 +241,8 @@ static void attention_row_items(void *ctx, int ith, int nth)
     int s = 0;
     for (;;) {
         long item = atomic_fetch_add_explicit(&job->next_item, 1, memory_order_relaxed);
-        while (s < rj->n_spans && item >= base + row_bundles(job, rj->spans[s].n_tokens) * per_bundle)
+        while (s < rj->n_spans &&
+               item >= base + row_bundles(job, rj->spans[s].n_tokens) * per_bundle)
             base += row_bundles(job, rj->spans[s++].n_tokens) * per_bundle;
         if (s >= rj->n_spans)
             return;
