@@ -73,14 +73,19 @@ def eos_ids(model):
     return ids
 
 
-def stream_once(host, port, prompt, gen_len, bans, times=None):
-    """One streamed completion; returns (ttft_s, decode_tok_s, tokens). The
-    arrival time of each text chunk is appended to `times` when given."""
-    body = json.dumps({
+def completion_body(prompt, gen_len, bans):
+    """A streamed greedy completion of gen_len tokens with the bans' logits at -100."""
+    return {
         "prompt": prompt, "max_tokens": gen_len, "temperature": 0, "stream": True,
         "stream_options": {"include_usage": True},
         "logit_bias": {str(i): -100 for i in bans},
-    }).encode()
+    }
+
+
+def stream_once(host, port, prompt, gen_len, bans, times=None):
+    """One streamed completion; returns (ttft_s, decode_tok_s, tokens). The
+    arrival time of each text chunk is appended to `times` when given."""
+    body = json.dumps(completion_body(prompt, gen_len, bans)).encode()
     req = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
     s = socket.create_connection((host, port))
