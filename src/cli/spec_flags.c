@@ -29,6 +29,8 @@ int cli_spec_flag(const char *a, const char *v, struct cli_spec_options *o)
         return arg_int(a, v, 1, 64, &o->ngram_min) ? 1 : -1;
     if (!strcmp(a, "--spec-max-batch"))
         return arg_int(a, v, 1, 1 << 16, &o->max_batch) ? 1 : -1;
+    if (!strcmp(a, "--draft-vocab"))
+        return arg_int(a, v, 1, 1 << 30, &o->draft_vocab) ? 1 : -1;
     return 0;
 }
 
@@ -39,6 +41,9 @@ int cli_spec_load(const struct cli_spec_options *o, const struct model *target,
     *draft = NULL;
     *out = (struct spec_config){.kind = SPEC_NONE};
     bool ngram = o->kind && !strcmp(o->kind, "ngram");
+    if (o->draft_vocab && !o->draft_dir)
+        return err_set(err, INFERD_EINVAL, "--draft-vocab limits a draft model's proposals and "
+                       "needs a --draft-model");
     if (!o->draft_dir && !o->kind)
         return 0;
     out->kind = ngram ? SPEC_NGRAM : SPEC_TWO_MODEL;
@@ -46,6 +51,7 @@ int cli_spec_load(const struct cli_spec_options *o, const struct model *target,
     out->ngram_max = (int)o->ngram_max;
     out->ngram_min = (int)o->ngram_min;
     out->max_batch = o->max_batch ? (int)o->max_batch : SPEC_MAX_BATCH_DEFAULT;
+    out->draft_vocab = (int)o->draft_vocab;
     if (ngram && o->draft_dir)
         return err_set(err, INFERD_EINVAL,
                        "--draft-kind ngram drafts from the prompt and takes no --draft-model");

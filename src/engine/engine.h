@@ -262,9 +262,10 @@ struct engine_stats {
     uint64_t grammar_masks, grammar_forced_tokens;
     double grammar_mask_us_p50, grammar_mask_us_p99;
     /* Speculative decoding (spec_kind "none" when off): drafts verified and kept, target
-     * steps that verified drafts, draft model forward steps. */
+     * steps that verified drafts, draft model forward steps; a draft model's proposals are
+     * the token ids below spec_draft_vocab (0 for the other kinds). */
     const char *spec_kind;
-    int spec_max_drafts;
+    int spec_max_drafts, spec_draft_vocab;
     uint64_t spec_drafted, spec_accepted, spec_verify_steps, spec_draft_steps;
     const char *state; /* "idle", "running", "stopping" */
     /* The KV cache's format (kv_format_name: "f32", "kv8", "turbo-k8v3", "config", ...), its

@@ -29,6 +29,12 @@ int spec_config_check(struct spec_config *c, const struct model *target, struct 
 {
     if (c->kind == SPEC_NONE)
         return 0;
+    if (c->draft_vocab < 0)
+        return err_set(err, INFERD_ERANGE, "--draft-vocab %d must be at least 1 (0: all)",
+                       c->draft_vocab);
+    if (c->draft_vocab > 0 && c->kind != SPEC_TWO_MODEL)
+        return err_set(err, INFERD_EINVAL, "--draft-vocab limits a draft model's proposals; "
+                       "--draft-kind ngram has none");
     if (c->kind == SPEC_NGRAM && c->draft)
         return err_set(err, INFERD_EINVAL,
                        "--draft-kind ngram drafts from the prompt and takes no --draft-model");
@@ -50,6 +56,8 @@ int spec_config_check(struct spec_config *c, const struct model *target, struct 
                        "--ngram-min %d and --ngram-max %d must satisfy 1 <= min <= max <= 64",
                        c->ngram_min, c->ngram_max);
     if (c->draft) {
+        if (c->draft_vocab == 0 || c->draft_vocab > c->draft->config.vocab_size)
+            c->draft_vocab = c->draft->config.vocab_size;
         if (c->draft->config.vocab_size != target->config.vocab_size)
             return err_set(err, INFERD_EINVAL,
                            "the draft model's vocabulary has %d entries, the target's %d: a "
@@ -113,6 +121,8 @@ int spec_drafter_create(const struct spec_config *c, int max_seqs, int n_ctx, in
     int rc = 0;
     if (c->kind == SPEC_TWO_MODEL) {
         const struct model *m = c->draft;
+        if (d->cfg.draft_vocab <= 0 || d->cfg.draft_vocab > m->config.vocab_size)
+            d->cfg.draft_vocab = m->config.vocab_size;
         /* every sequence's whole context plus its drafts, so drafting never preempts */
         int blocks = kv_blocks_for(n_ctx + SPEC_MAX_DRAFTS + 1, KV_BLOCK_SIZE_DEFAULT) * max_seqs;
         rc = kv_manager_create(m, m->backend, blocks, KV_BLOCK_SIZE_DEFAULT, &d->kv, err);
@@ -243,8 +253,9 @@ static void cut_drafts(struct seq *s, int n_vocab)
 static int draft_forward(struct spec_drafter *d, int n, struct err *err)
 {
     struct batch b = {d->entries, n};
+    struct forward_output out = {.host_rows = d->logits, .head_rows = d->cfg.draft_vocab};
     d->steps++;
-    return model_forward(d->cfg.draft, d->fwd, kv_manager_cache(d->kv), &b, d->logits, err);
+    return model_forward_sampled(d->cfg.draft, d->fwd, kv_manager_cache(d->kv), &b, &out, err);
 }
 
 /* Gives up drafting for s this step (its draft KV is recomputed later if it must be). */
@@ -305,7 +316,8 @@ static int catch_up(struct spec_drafter *d, struct seq **seqs, const int *upto, 
             s->spec.d_valid = s->spec.dkv.n_tokens;
             if (d->entries[j].no_logits)
                 continue;
-            s->spec.verify[1] = logits_argmax(d->logits + (size_t)row++ * vocab, (int)vocab);
+            s->spec.verify[1] =
+                logits_argmax(d->logits + (size_t)row++ * vocab, d->cfg.draft_vocab);
             s->spec.n_drafts = 1;
         }
         if (rc < 0)
@@ -370,7 +382,8 @@ static int propose_two_model(struct spec_drafter *d, struct seq **seqs, const in
                 drop(d, s);
                 continue;
             }
-            s->spec.verify[1 + step] = logits_argmax(d->logits + (size_t)j * vocab, (int)vocab);
+            s->spec.verify[1 + step] =
+                logits_argmax(d->logits + (size_t)j * vocab, d->cfg.draft_vocab);
             s->spec.n_drafts = step + 1;
         }
         if (rc < 0)

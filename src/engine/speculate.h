@@ -52,6 +52,10 @@ struct spec_config {
     int max_batch;             /* drafts only in steps where at most this many sequences decode
                                   (a verifying step picks every row on the host, and extra rows
                                   cost a full batch more than they save); 0: any number */
+    int draft_vocab;           /* SPEC_TWO_MODEL: the draft proposes only token ids below this
+                                  (its LM head's first rows: a BPE vocabulary numbers its tokens
+                                  in the order their merges were learned, the most frequent
+                                  first); 0: the whole vocabulary */
     spec_draft_fn draft_fn;    /* SPEC_CALLBACK only, with its draft_ctx */
     void *draft_ctx;
 };

@@ -403,13 +403,16 @@ static int lm_head(const struct model *m, struct forward_state *st, const struct
         n_hidden++;
     }
     /* vocab_size, or under tensor parallelism this rank's columns of each
-     * row from vocab_lo on, which it writes to the host rows itself */
-    int64_t width = m->weights.lm_head.rows;
+     * row from vocab_lo on, or the first head_rows the caller asked for; the
+     * last two are written to the host rows a row at a time */
+    struct weight_matrix head = m->weights.lm_head;
+    if (out->head_rows > 0 && out->head_rows < head.rows && head.rows == c->vocab_size)
+        head = model_matrix_rows(&head, 0, out->head_rows);
+    int64_t width = head.rows;
     bool sampled = out->specs && op->sample && width == c->vocab_size;
     for (int r = 0; r < n_out; r += LOGITS_CHUNK_ROWS) {
         int rows = n_out - r < LOGITS_CHUNK_ROWS ? n_out - r : LOGITS_CHUNK_ROWS;
-        op->matmul(be, st->head_in + (size_t)r * c->hidden_size, rows, &m->weights.lm_head, NULL,
-                   st->logits);
+        op->matmul(be, st->head_in + (size_t)r * c->hidden_size, rows, &head, NULL, st->logits);
         if (c->final_logit_softcap > 0)
             op->softcap(be, st->logits, (int64_t)rows * width, c->final_logit_softcap);
         if (r == 0 && out->before_rows) {
@@ -428,8 +431,9 @@ static int lm_head(const struct model *m, struct forward_state *st, const struct
             continue;
         }
         if (!sampled) {
+            int64_t lo = width == m->weights.lm_head.rows ? m->vocab_lo : 0;
             for (int i = 0; i < rows; i++)
-                op->to_host(be, out->host_rows + row0 + (size_t)i * c->vocab_size + m->vocab_lo,
+                op->to_host(be, out->host_rows + row0 + (size_t)i * c->vocab_size + lo,
                             st->logits + (size_t)i * width, (size_t)width * sizeof(float));
             continue;
         }

@@ -210,6 +210,13 @@ struct forward_output {
      * err filled. NULL: none. */
     int (*before_rows)(void *ctx, bool sampled, struct err *err);
     void *ctx;
+    /* The LM head's first head_rows rows only (0: every row): each logits row
+     * gets its first head_rows logits, at the same stride, and the rest of the
+     * row is left as it was; nothing is sampled on the device. A drafter that
+     * proposes only the vocabulary's most frequent tokens reads that much less
+     * of the head. Ignored under tensor parallelism, whose ranks hold columns
+     * of the head already. */
+    int head_rows;
 };
 
 /* model_forward with its rows sampled on the device where out->specs and the

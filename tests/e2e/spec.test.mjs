@@ -1,4 +1,4 @@
-// tests/e2e/spec.test.mjs — speculative decoding through a real server: the house pair served with --draft-model (and prompt lookup) in exact mode answers exactly as the plain server does, the openai SDK sees usage.speculation and usage.lane, speculative:false turns it off, streaming works.
+// tests/e2e/spec.test.mjs — speculative decoding through a real server: the house pair served with --draft-model (whole vocabulary or --draft-vocab) and prompt lookup in exact mode answers exactly as the plain server does, the openai SDK sees usage.speculation and usage.lane, speculative:false turns it off, streaming works.
 //
 // Every test starts its own servers (harness startServer) on the house models, which ship with the
 // tree: models/house as the target, models/house-draft as its draft.
@@ -81,12 +81,23 @@ describe('speculative decoding', () => {
 
       const stats = await (await fetch(`${s.url}/stats`)).json();
       assert.equal(stats.speculative.kind, 'two-model');
+      assert.equal(stats.speculative.draft_vocab, 8192, 'the whole vocabulary by default');
       assert.ok(stats.speculative.verify_steps > 0);
       assert.ok(stats.speculative.acceptance_rate > 0 && stats.speculative.acceptance_rate <= 1);
       const metrics = await (await fetch(`${s.url}/metrics`)).text();
       assert.match(metrics, /inferd_spec_acceptance_rate [0-9.]+/);
       assert.match(metrics, /inferd_spec_mean_accepted_length [0-9.]+/);
       assert.match(metrics, /inferd_spec_verify_steps_total [1-9]/);
+    });
+  });
+
+  test('a draft limited to the first token ids (--draft-vocab) gives the plain answers', async () => {
+    await withServer(['--draft-model', draft, '--draft-vocab', '2048'], 'spec-draft-vocab', async (s) => {
+      const c = await complete(s.url);
+      assert.equal(c.choices[0].text, plain.completion);
+      assert.ok(c.usage.speculation.targetCalls > 0, JSON.stringify(c.usage));
+      const stats = await (await fetch(`${s.url}/stats`)).json();
+      assert.equal(stats.speculative.draft_vocab, 2048);
     });
   });
 

@@ -128,6 +128,32 @@ Test(cli, help_wins_over_a_flag_that_wants_a_value)
     free(err);
 }
 
+/* The speculative decoding flags that cannot work together are refused before anything runs,
+ * with a message naming the flag. */
+Test(cli, speculative_flags_that_contradict_each_other_are_refused_naming_them)
+{
+    static const struct {
+        const char *args, *names;
+    } cases[] = {
+        {"--draft-vocab 100", "--draft-vocab"},
+        {"--draft-kind ngram --draft-vocab 100", "--draft-vocab"},
+        {"--draft-model " INFERD_SOURCE_DIR "/models/house-draft --draft-vocab 0", "--draft-vocab"},
+        {"--draft-kind ngram --draft-model " INFERD_SOURCE_DIR "/models/house-draft", "ngram"},
+        {"--draft-kind two-model", "--draft-model"},
+        {"--num-draft-tokens 17 --draft-kind ngram", "--num-draft-tokens"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char args[1024];
+        snprintf(args, sizeof args, "run %s/models/house -p hi -n 2 %s", INFERD_SOURCE_DIR,
+                 cases[i].args);
+        cr_expect_neq(run(args, NULL, NULL), 0, "accepted: %s", cases[i].args);
+        char *err = read_stderr();
+        cr_expect(strstr(err, cases[i].names), "%s: stderr does not name %s: %s", cases[i].args,
+                  cases[i].names, err);
+        free(err);
+    }
+}
+
 Test(cli, version_prints_the_project_version)
 {
     static const char *const spellings[] = {"--version", "version"};

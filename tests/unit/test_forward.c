@@ -2,6 +2,7 @@
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "engine/generate.h"
 #include "kv/kv.h"
@@ -106,4 +107,48 @@ Test(forward, chunked_prefill_equals_one_shot_prefill)
     cr_assert_eq(generator_feed(one, prompt, 100, &err), -INFERD_ERANGE, "context overflow must be refused");
     generator_free(one);
     generator_free(chunked);
+}
+
+/* head_rows: each row's first head_rows logits are the full head's (the same matrix rows, the
+ * same bits), the rest of the row is left as it was, and a head_rows of zero or past the
+ * vocabulary is the whole head. */
+Test(forward, a_head_of_the_first_rows_gives_those_logits_and_leaves_the_rest)
+{
+    struct err err = {0};
+    int vocab = model->config.vocab_size, keep = vocab / 4 + 3;
+    int32_t tokens[5] = {5, 17, 2, 40, 9};
+    uint32_t blocks[1] = {0};
+    /* every row's logits: 5 rows */
+    struct batch_seq seq = {tokens, 5, 0, blocks, 1, true, false, NULL, NULL, 0};
+    struct batch batch = {&seq, 1};
+    size_t n = 5 * (size_t)vocab;
+    float *full = malloc(n * sizeof *full), *part = malloc(n * sizeof *part);
+    cr_assert(full && part);
+    cr_assert_eq(model_forward(model, state, &pool->cache, &batch, full, &err), 0, "%s", err.msg);
+    for (size_t i = 0; i < n; i++)
+        part[i] = -12345.0f;
+    struct forward_output out = {.host_rows = part, .head_rows = keep};
+    cr_assert_eq(model_forward_sampled(model, state, &pool->cache, &batch, &out, &err), 0, "%s",
+                 err.msg);
+    for (int r = 0; r < 5; r++)
+        for (int v = 0; v < vocab; v++) {
+            float got = part[(size_t)r * vocab + v];
+            if (v < keep)
+                cr_assert(!memcmp(&got, &full[(size_t)r * vocab + v], sizeof got),
+                          "row %d logit %d: %.9g, the whole head's %.9g", r, v, got,
+                          full[(size_t)r * vocab + v]);
+            else
+                cr_assert_eq(got, -12345.0f, "row %d logit %d past the head's rows was written",
+                             r, v);
+        }
+    int whole[2] = {0, vocab + 10};
+    for (int i = 0; i < 2; i++) {
+        out.head_rows = whole[i];
+        cr_assert_eq(model_forward_sampled(model, state, &pool->cache, &batch, &out, &err), 0,
+                     "%s", err.msg);
+        cr_assert(!memcmp(part, full, n * sizeof *part), "head_rows %d is not the whole head",
+                  whole[i]);
+    }
+    free(full);
+    free(part);
 }

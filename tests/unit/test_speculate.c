@@ -83,6 +83,12 @@ Test(speculate, a_draft_model_with_another_tokenizer_is_refused_naming_the_diffe
     cr_assert_lt(spec_config_check(&c, NULL, &err), 0);
     c = (struct spec_config){.kind = SPEC_NGRAM, .num_draft_tokens = SPEC_MAX_DRAFTS + 1};
     cr_assert_lt(spec_config_check(&c, NULL, &err), 0);
+    c = (struct spec_config){.kind = SPEC_NGRAM, .draft_vocab = 100};
+    cr_assert_lt(spec_config_check(&c, NULL, &err), 0);
+    cr_assert(strstr(err.msg, "--draft-vocab"), "%s", err.msg);
+    c = (struct spec_config){.kind = SPEC_TWO_MODEL, .draft_vocab = -1};
+    cr_assert_lt(spec_config_check(&c, NULL, &err), 0);
+    cr_assert(strstr(err.msg, "--draft-vocab"), "%s", err.msg);
     c = (struct spec_config){.kind = SPEC_NGRAM};
     cr_assert_eq(spec_config_check(&c, NULL, &err), 0, "%s", err.msg);
     cr_assert_eq(c.num_draft_tokens, SPEC_DRAFTS_NGRAM);
@@ -280,13 +286,15 @@ static void check_pair_runs(struct pair *p, const char *name, bool self_draft, b
     for (int i = 0; i < N_REQ && !alone_only; i++)
         expect_same(&plain[i], &plain_mixed[i], "plain batched", i);
 
+    /* the last: a draft that proposes only the first quarter of the token ids (--draft-vocab) */
     struct spec_config kinds[] = {
         {.kind = SPEC_NGRAM, .num_draft_tokens = 4},
         {.kind = SPEC_TWO_MODEL, .draft = p->draft},
         {.kind = SPEC_TWO_MODEL, .draft = p->target, .num_draft_tokens = 4},
+        {.kind = SPEC_TWO_MODEL, .draft = p->draft, .draft_vocab = p->target->config.vocab_size / 4},
     };
-    const char *names[] = {"ngram", "two-model", "self-draft"};
-    for (int k = 0; k < (self_draft ? 3 : 2); k++) {
+    const char *names[] = {"ngram", "two-model", "self-draft", "two-model, a quarter of the ids"};
+    for (int k = 0; k < (self_draft ? 4 : 2); k++) {
         e = engine_for(p, &kinds[k], k == 1 ? (size_t)1 << 20 : 0);
         run_requests(e, &q, got, mixed);
         struct engine_stats st;
