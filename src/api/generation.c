@@ -27,6 +27,7 @@ struct generation {
     struct gen_output *out;               /* one reference */
     struct gen_cursor cur;                /* how far the output was taken */
     int client_fd;
+    uint64_t client_checked_ns; /* when client_gone last asked the socket */
     int logprobs;
     bool split_reasoning;                 /* the model thinks in <think>…</think> */
     bool starts_inside;                   /* the prompt ends inside an open <think> */
@@ -504,6 +505,19 @@ static void remember_streamed(struct generation *g)
     }
 }
 
+/* Whether the client hung up, asking its socket at most once a wait slice: a stream's tokens
+ * come every few milliseconds, and a poll a token was a system call each (a microsecond on a
+ * virtual machine) for an answer that a slice later is as good. A stream whose client left is
+ * also ended by the HTTP layer when its next write fails. */
+static bool client_gone(struct generation *g)
+{
+    uint64_t now = now_ns();
+    if (now - g->client_checked_ns < (uint64_t)WAIT_SLICE_MS * 1000000ull)
+        return false;
+    g->client_checked_ns = now;
+    return http_client_gone(g->client_fd);
+}
+
 int generation_next(struct generation *g, int timeout_ms, struct generation_news *news)
 {
     memset(news, 0, sizeof *news);
@@ -524,7 +538,7 @@ int generation_next(struct generation *g, int timeout_ms, struct generation_news
             remember_streamed(g);
             break;
         }
-        if (http_client_gone(g->client_fd)) {
+        if (client_gone(g)) {
             cancel(g);
             generation_news_free(news);
             return -INFERD_EIO;
@@ -610,7 +624,7 @@ int generation_collect(struct generation *g, struct generation_news *all, struct
             g->finished = true;
             break;
         }
-        if (http_client_gone(g->client_fd)) {
+        if (client_gone(g)) {
             cancel(g);
             return finish_error(&n, e);
         }
