@@ -155,8 +155,10 @@ static void take_bytes(struct stream *s, size_t idx, const char *p, size_t n, do
                 break;
             *end = '\0';
             int status = 0;
-            if (sscanf(cur, "HTTP/1.%*d %d", &status) != 1 || status != 200)
-                die("request %zu: the server answered other than 200", idx);
+            if (sscanf(cur, "HTTP/1.%*d %d", &status) != 1)
+                die("request %zu: the answer does not start with an HTTP status line", idx);
+            if (status != 200)
+                die("request %zu: the server answered %d", idx, status);
             if (!strcasestr(cur, "transfer-encoding: chunked"))
                 die("request %zu: the stream is not chunked", idx);
             at += (size_t)(end - cur) + 4;
