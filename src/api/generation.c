@@ -28,6 +28,7 @@ struct generation {
     struct gen_cursor cur;                /* how far the output was taken */
     int client_fd;
     uint64_t client_checked_ns; /* when client_gone last asked the socket */
+    uint64_t news_ns;           /* when generation_next last returned text or tokens; 0: never */
     int logprobs;
     bool split_reasoning;                 /* the model thinks in <think>…</think> */
     bool starts_inside;                   /* the prompt ends inside an open <think> */
@@ -522,6 +523,14 @@ int generation_next(struct generation *g, int timeout_ms, struct generation_news
 {
     memset(news, 0, sizeof *news);
     uint64_t until = timeout_ms >= 0 ? now_ns() + (uint64_t)timeout_ms * 1000000ull : 0;
+    /* --stream-interval: after the first news, the tokens of a window come together (the
+     * finish at once) */
+    int interval_ms = g->srv ? g->srv->cfg.stream_interval_ms : 0;
+    if (interval_ms > 0 && g->news_ns) {
+        uint64_t window = g->news_ns + (uint64_t)interval_ms * 1000000ull;
+        if (window > now_ns())
+            gen_output_hold(g->out, window);
+    }
     for (;;) {
         int slice = WAIT_SLICE_MS;
         if (timeout_ms >= 0) {
@@ -543,8 +552,10 @@ int generation_next(struct generation *g, int timeout_ms, struct generation_news
             generation_news_free(news);
             return -INFERD_EIO;
         }
-        if (news->out.text_len > 0 || news->out.n_tokens > 0)
+        if (news->out.text_len > 0 || news->out.n_tokens > 0) {
+            g->news_ns = now_ns();
             break;
+        }
         /* Only ids (their text held back): nothing to send; the finish reads them all again. */
         gen_news_free(&news->out);
         if (timeout_ms >= 0 && now_ns() >= until)
@@ -616,7 +627,9 @@ int generation_collect(struct generation *g, struct generation_news *all, struct
     memset(all, 0, sizeof *all);
     struct gen_news n;
     for (;;) {
-        if (gen_output_drain(g->out, &g->cur, WAIT_SLICE_MS, &n) < 0)
+        /* Woken by the finish alone: the tokens before it are read once, at the end. */
+        gen_output_hold(g->out, now_ns() + (uint64_t)WAIT_SLICE_MS * 1000000ull);
+        if (gen_output_drain(g->out, &g->cur, 0, &n) < 0)
             goto nomem;
         enum gen_finish finish = n.finish;
         gen_news_free(&n);

@@ -70,7 +70,12 @@ struct server_config {
     int idle_timeout_s;      /* keep-alive connections idle longer are closed */
     int shutdown_grace_ms;   /* in-flight requests get this long to finish on SIGTERM */
     int max_connections;
+    int stream_interval_ms;  /* a streamed reply takes its new tokens at most this often (one
+                                write and one wake-up a window, not a step); 0: every step */
 };
+
+/* --stream-interval's default */
+#define STREAM_INTERVAL_DEFAULT_MS 10
 
 /* One model as requests see it: the model, its text pipeline, its engine and what goes with
  * them. Without a pool the server has one (server.served); with one, each pool entry fills its

@@ -70,6 +70,7 @@ struct serve_options {
     long prefill_chunk, kv_block_size;
     double kv_budget_gb, memory_budget_gb; /* decimal GB; 0: no budget */
     long request_timeout_s, shutdown_timeout_s;
+    long stream_interval_ms;
     double temperature, top_p, min_p;
     bool has_temperature, has_top_p, has_top_k, has_min_p;
     struct api_keys keys;  /* owned: every --api-key and the keys of every --api-keys file */
@@ -125,7 +126,8 @@ static const char usage[] =
     "usage: inferd serve DIR [--host 127.0.0.1] [--port 8080] [--api-key KEY]... [--api-keys FILE]\n"
     "       [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--min-p P]\n"
     "       [--threads N] [--ctx N] [--max-batch N] [--max-queue N] [--kv-mb MB]\n"
-    "       [--max-body-mb 32] [--request-timeout S] [--shutdown-timeout S] [--mode fast|exact]\n"
+    "       [--max-body-mb 32] [--request-timeout S] [--shutdown-timeout S]\n"
+    "       [--stream-interval MS] [--mode fast|exact]\n"
     "       [--device cpu|cuda[:N]|auto] [--batch N] [--prefill-chunk 2048] [--no-webui]\n"
     "       [--kv-block-size 16] [--kv-budget GB] [--memory-budget GB] [--prompt-cache GIB]\n"
     "       [--cache-retention lru|cost-size] [--session-idle-s 600] [--thinking on|off]\n"
@@ -238,6 +240,7 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
                                 .whisper_beam = 1,
                                 .prefill_chunk = DEFAULT_PREFILL_CHUNK,
                                 .request_timeout_s = 30, .shutdown_timeout_s = 10,
+                                .stream_interval_ms = STREAM_INTERVAL_DEFAULT_MS,
                                 .mode = COMPUTE_FAST, .prompt_cache_gib = 8,
                                 .grammar_cache = GRAMMAR_CACHE_DEFAULT,
                                 .cache_retention = KV_RETAIN_LRU, .session_idle_s = 600,
@@ -360,6 +363,8 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
             ok = arg_int(a, v, 1, 3600, &o->request_timeout_s);
         else if (!strcmp(a, "--shutdown-timeout"))
             ok = arg_int(a, v, 0, 3600, &o->shutdown_timeout_s);
+        else if (!strcmp(a, "--stream-interval"))
+            ok = arg_int(a, v, 0, 1000, &o->stream_interval_ms);
         else if (!strcmp(a, "--prompt-cache"))
             ok = arg_float(a, v, 0, 1 << 20, &o->prompt_cache_gib);
         else if (!strcmp(a, "--grammar-cache"))
@@ -1441,6 +1446,7 @@ int cmd_serve(int argc, char **argv)
         .idle_timeout_s = 60,
         .shutdown_grace_ms = (int)o.shutdown_timeout_s * 1000,
         .max_connections = 512,
+        .stream_interval_ms = (int)o.stream_interval_ms,
     };
     srv.created = time(NULL);
     srv.started_ns = now_ns();

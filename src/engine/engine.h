@@ -188,6 +188,8 @@ struct gen_output {
                                   fired (gen_params.stop); 0: an end-of-sequence token */
     struct gen_spec_usage spec; /* speculation and lane, as of the last publish */
     atomic_bool cancel;        /* set by the reader; honoured at the next step */
+    bool held;                 /* the reader is in gen_output_hold: a publish wakes it only with
+                                  the finish */
     float *embedding;          /* owned; n_embedding floats (hidden_size) for a gen_params.embed
                                   request, written before the finish (GEN_FINISH_STOP) is
                                   published and read after it; NULL otherwise */
@@ -238,6 +240,11 @@ struct gen_news {
 int gen_output_drain(struct gen_output *o, struct gen_cursor *cur, int timeout_ms,
                      struct gen_news *news);
 void gen_news_free(struct gen_news *news);
+/* Blocks until until_ns (CLOCK_MONOTONIC, base/timer.h's now_ns) unless the output finishes
+ * first; returns whether it is finished. Text and tokens published meanwhile do not wake the
+ * caller (the engine skips the broadcast) and wait for its next drain, so a reader that takes
+ * its tokens a window at a time is woken once a window instead of once a step. */
+bool gen_output_hold(struct gen_output *o, uint64_t until_ns);
 /* Drops the caller's reference (the reader's, after it asked to cancel if unfinished). */
 void gen_output_release(struct gen_output *o);
 /* A new record with two references (the producer's and the reader's), for the engine and

@@ -64,6 +64,7 @@ bool gen_output_publish(struct gen_output *o, struct gen_pending *p)
         else
             ok = false;
     }
+    const bool wake = !o->held || p->finish != GEN_RUNNING;
     o->n_generated += p->n_generated;
     o->spec.drafted += p->spec.drafted;
     o->spec.accepted += p->spec.accepted;
@@ -78,8 +79,10 @@ bool gen_output_publish(struct gen_output *o, struct gen_pending *p)
     }
     pthread_mutex_unlock(&o->mu);
     /* After the unlock (the caller's reference keeps o alive): a woken reader
-     * finds the lock free instead of sleeping on it again. */
-    pthread_cond_broadcast(&o->cv);
+     * finds the lock free instead of sleeping on it again. A held reader is
+     * left asleep: it drains what came when its hold ends. */
+    if (wake)
+        pthread_cond_broadcast(&o->cv);
     gen_pending_free(p);
     return ok;
 }
@@ -98,6 +101,22 @@ void gen_output_wait(struct gen_output *o, size_t text_len, size_t n_tokens, int
         if (pthread_cond_timedwait(&o->cv, &o->mu, &until) == ETIMEDOUT)
             break;
     }
+}
+
+bool gen_output_hold(struct gen_output *o, uint64_t until_ns)
+{
+    struct timespec until = {.tv_sec = (time_t)(until_ns / 1000000000ull),
+                             .tv_nsec = (long)(until_ns % 1000000000ull)};
+    pthread_mutex_lock(&o->mu);
+    o->held = true;
+    while (o->finish == GEN_RUNNING) {
+        if (pthread_cond_timedwait(&o->cv, &o->mu, &until) == ETIMEDOUT)
+            break;
+    }
+    o->held = false;
+    bool finished = o->finish != GEN_RUNNING;
+    pthread_mutex_unlock(&o->mu);
+    return finished;
 }
 
 int gen_output_drain(struct gen_output *o, struct gen_cursor *cur, int timeout_ms,

@@ -595,6 +595,29 @@ describe('errors as the SDK\'s typed errors', () => {
     }
   });
 
+  test('--stream-interval: a long window sends the first token alone and the rest with the finish; 0 sends every step; the text is the same', async () => {
+    const body = { ...greedy, messages: hello, max_tokens: 24, stream: true, stream_options: { include_usage: true } };
+    const texts = {};
+    for (const ms of ['0', '1000']) {
+      const s = await startServer(['--stream-interval', ms], { name: `interval${ms}` });
+      try {
+        const chunks = [];
+        for await (const ch of await client(s.url).chat.completions.create(body)) chunks.push(ch);
+        const content = chunks.filter((ch) => ch.choices[0]?.delta?.content);
+        const tokens = chunks.at(-1).usage.completion_tokens;
+        texts[ms] = content.map((ch) => ch.choices[0].delta.content).join('');
+        if (ms === '1000')
+          assert.ok(content.length < tokens, `${content.length} content chunks for ${tokens} tokens: the window's tokens came together`);
+        else
+          assert.ok(content.length > tokens / 2, `${content.length} content chunks for ${tokens} tokens at --stream-interval 0`);
+      } finally {
+        const r = await s.stop();
+        assert.equal(r.code, 0, `--stream-interval ${ms} server exit ${JSON.stringify(r)}`);
+      }
+    }
+    assert.equal(texts['1000'], texts['0'], 'the same greedy text either way');
+  });
+
   test('with --api-key: a wrong or missing key is an AuthenticationError (401), the right key works', async () => {
     const s = await startServer(['--api-key', 'sk-e2e-secret'], { name: 'apikey' });
     try {

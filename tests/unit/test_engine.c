@@ -1,12 +1,16 @@
 /* tests/unit/test_engine.c — the serving engine: batched generation matches solo generation,
  * preemption under a small KV pool loses nothing, and queue, context, cancel and stop rules. */
 #include <criterion/criterion.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "base/strbuf.h"
+#include "base/timer.h"
 #include "engine/engine.h"
+#include "engine/sequence.h"
 #include "test_support.h"
 #include "text/tokenizer.h"
 
@@ -434,6 +438,73 @@ Test(engine, drain_hands_over_every_byte_and_token_once)
     cr_assert_eq(after.finish, GEN_FINISH_LENGTH);
     gen_output_release(o);
     engine_free(e);
+}
+
+/* A producer for gen_output_hold: publishes each piece after delay_ms, then the finish. */
+struct hold_producer {
+    struct gen_output *o;
+    const char *const *pieces;
+    int n_pieces;
+    int delay_ms;
+    bool finish;
+};
+
+static void *hold_produce(void *arg)
+{
+    struct hold_producer *h = arg;
+    for (int i = 0; i <= h->n_pieces; i++) {
+        if (i == h->n_pieces && !h->finish)
+            break;
+        usleep((useconds_t)h->delay_ms * 1000);
+        struct gen_pending p;
+        memset(&p, 0, sizeof p);
+        if (i < h->n_pieces) {
+            cr_assert(strbuf_append(&p.text, h->pieces[i], strlen(h->pieces[i])));
+            p.n_generated = 1;
+        } else {
+            p.finish = GEN_FINISH_STOP;
+        }
+        cr_assert(gen_output_publish(h->o, &p));
+    }
+    return NULL;
+}
+
+/* A held reader (--stream-interval's window) is not woken by text: it sleeps to the end of
+ * its window and then takes everything that came in one drain; the finish wakes it at once. */
+Test(engine, a_held_reader_takes_its_window_at_once_and_wakes_for_the_finish)
+{
+    static const char *const pieces[] = {"al", "pha", " beta"};
+    struct gen_output *o = gen_output_create(4);
+    cr_assert(o);
+    struct hold_producer h = {o, pieces, 3, 5, false};
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, hold_produce, &h), 0);
+    uint64_t t0 = now_ns(), window = 300 * 1000000ull;
+    cr_assert_not(gen_output_hold(o, t0 + window), "no finish was published");
+    cr_assert_geq(now_ns() - t0, window, "text ended the hold before its window");
+    cr_assert_not(o->held);
+    pthread_join(t, NULL);
+    struct gen_cursor cur = {0};
+    struct gen_news n;
+    cr_assert_eq(gen_output_drain(o, &cur, 0, &n), 0);
+    cr_assert_eq(n.text_len, strlen("alpha beta"));
+    cr_assert_str_eq(n.text, "alpha beta", "the window's pieces in one drain");
+    cr_assert_eq(n.finish, GEN_RUNNING);
+    gen_news_free(&n);
+
+    /* the finish ends a hold long before its window */
+    struct hold_producer fin = {o, pieces, 1, 5, true};
+    cr_assert_eq(pthread_create(&t, NULL, hold_produce, &fin), 0);
+    t0 = now_ns();
+    cr_assert(gen_output_hold(o, t0 + 60ull * 1000000000ull), "the finish was published");
+    cr_assert_lt(now_ns() - t0, 30ull * 1000000000ull, "the finish did not wake the reader");
+    pthread_join(t, NULL);
+    cr_assert_eq(gen_output_drain(o, &cur, 0, &n), 0);
+    cr_assert_str_eq(n.text, "al");
+    cr_assert_eq(n.finish, GEN_FINISH_STOP);
+    gen_news_free(&n);
+    gen_output_release(o);
+    gen_output_release(o);
 }
 
 /* ---- the prefix cache: a hit gives exactly the tokens of a cold run ---------
