@@ -625,23 +625,15 @@ static int finish_error(const struct gen_news *n, struct api_error *e)
 int generation_collect(struct generation *g, struct generation_news *all, struct api_error *e)
 {
     memset(all, 0, sizeof *all);
-    struct gen_news n;
-    for (;;) {
-        /* Woken by the finish alone: the tokens before it are read once, at the end. */
-        gen_output_hold(g->out, now_ns() + (uint64_t)WAIT_SLICE_MS * 1000000ull);
-        if (gen_output_drain(g->out, &g->cur, 0, &n) < 0)
-            goto nomem;
-        enum gen_finish finish = n.finish;
-        gen_news_free(&n);
-        if (finish != GEN_RUNNING) {
-            g->finished = true;
-            break;
-        }
+    /* Woken by the finish alone: the text before it is read once, from the start, below. */
+    while (!gen_output_hold(g->out, now_ns() + (uint64_t)WAIT_SLICE_MS * 1000000ull)) {
         if (client_gone(g)) {
             cancel(g);
-            return finish_error(&n, e);
+            const struct gen_news unfinished = {.finish = GEN_RUNNING};
+            return finish_error(&unfinished, e);
         }
     }
+    g->finished = true;
     /* Finished: the engine no longer writes, so one drain from the start takes it all. */
     struct gen_cursor whole = {0};
     if (gen_output_drain(g->out, &whole, 0, &all->out) < 0)
