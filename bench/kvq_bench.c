@@ -1,11 +1,12 @@
 /* bench/kvq_bench.c — the KV cache's share of a CPU step per format (plain f32 and f16, quantized): decode attention after a long context and the store (quantize-on-write) per token, Qwen3-0.6B's attention shape or the house model's.
  *
- * Usage: kvq_bench [CONTEXT [ROUNDS [THREADS [ISA [SEQS [SHAPE]]]]]]
+ * Usage: kvq_bench [CONTEXT [ROUNDS [THREADS [ISA [SEQS [SHAPE [FORMAT]]]]]]]
  *   CONTEXT positions already cached per sequence (default 8192, at least 1: a short one fits
  *   the caches and shows the kernels' arithmetic alone); ROUNDS alternating rounds
  *   over the formats (default 5; medians reported); THREADS 0 (default) = one per core; ISA
  *   avx2|avx512|best caps the kernels; SEQS sequences decoding in one step (default 1);
- *   SHAPE qwen3-0.6b (default) or house. Every format's cache is filled once through kv_store
+ *   SHAPE qwen3-0.6b (default) or house; FORMAT one format alone (f32, f16 or a --kv-quant
+ *   name; default all, the ratios then against f32). Every format's cache is filled once through kv_store
  *   (random K/V, the store timed), then each round times, format after format, a decode
  *   step's attention of every layer (one new row per sequence and layer: its store, then
  *   attention over CONTEXT + 1 positions) and a 512-token prefill chunk's store. The weights'
@@ -73,10 +74,16 @@ int main(int argc, char **argv)
         isa = !strcmp(argv[4], "avx2") ? CPU_ISA_AVX2 : CPU_ISA_AVX512;
     int seqs = argc > 5 ? atoi(argv[5]) : 1;
     bool house = argc > 6 && !strcmp(argv[6], "house");
+    const char *only = argc > 7 ? argv[7] : NULL;
+    int sel[N_FORMATS], n_sel = 0; /* the formats run, in the table's order */
+    for (int f = 0; f < N_FORMATS; f++)
+        if (!only || !strcmp(formats[f], only))
+            sel[n_sel++] = f;
     if (ctx < 1 || rounds < 1 || rounds > MAX_ROUNDS || seqs < 1 || seqs > MAX_SEQS ||
-        (argc > 6 && !house && strcmp(argv[6], "qwen3-0.6b"))) {
+        (argc > 6 && !house && strcmp(argv[6], "qwen3-0.6b")) || !n_sel) {
         fprintf(stderr, "usage: kvq_bench [CONTEXT >= 1 [ROUNDS 1..%d [THREADS [ISA [SEQS 1..%d "
-                        "[qwen3-0.6b|house]]]]]]\n", MAX_ROUNDS, MAX_SEQS);
+                        "[qwen3-0.6b|house [f32|f16|8|4|turbo|turbo:k4v3]]]]]]]\n",
+                MAX_ROUNDS, MAX_SEQS);
         return 2;
     }
     /* Qwen3-0.6B: 28 layers, 16 heads over 8 kv heads of 128; the house model: 6 layers,
@@ -97,7 +104,8 @@ int main(int argc, char **argv)
                               .head_dim = HEAD_DIM};
     static struct fmt_run runs[N_FORMATS];
     struct err err = {0};
-    for (int f = 0; f < N_FORMATS; f++) {
+    for (int i = 0; i < n_sel; i++) {
+        int f = sel[i];
         struct fmt_run *r = &runs[f];
         bool on = false, plain16 = !strcmp(formats[f], "f16");
         if (!plain16 && strcmp(formats[f], "f32") &&
@@ -147,8 +155,8 @@ int main(int argc, char **argv)
            ctx, rounds, threads, cpu_level_name(cpu_features()));
     struct attn_span step[MAX_SEQS];
     for (int round = 0; round < rounds; round++)
-        for (int f = 0; f < N_FORMATS; f++) {
-            struct fmt_run *r = &runs[f];
+        for (int i = 0; i < n_sel; i++) {
+            struct fmt_run *r = &runs[sel[i]];
             /* a decode step: each layer stores every sequence's new row, then attends */
             for (int s = 0; s < seqs; s++)
                 step[s] = (struct attn_span){s, 1, ctx, r->blocks + (size_t)s * per_seq, per_seq};
@@ -168,20 +176,22 @@ int main(int argc, char **argv)
         }
     double base_ms = 0;
     printf("%-12s %14s %18s %10s %22s %14s\n", "format", "bytes/token", "decode attn ms/step",
-           "vs f32", "store us/token", "fill s");
-    for (int f = 0; f < N_FORMATS; f++) {
+           "vs first", "store us/token", "fill s");
+    for (int i = 0; i < n_sel; i++) {
+        int f = sel[i];
         struct fmt_run *r = &runs[f];
         double ms = median(r->decode_ms, rounds), us = median(r->store_us, rounds);
-        if (f == 0)
+        if (i == 0)
             base_ms = ms;
         printf("%-12s %14zu %18.2f %9.2fx %22.1f %14.1f\n", formats[f], r->bytes_per_token, ms,
                base_ms / ms, us, r->fill_s);
     }
-    for (int f = 0; f < N_FORMATS; f++) {
-        runs[f].be->ops->release(runs[f].be, runs[f].kv.k);
-        runs[f].be->ops->release(runs[f].be, runs[f].kv.v);
-        backend_destroy(runs[f].be);
-        free(runs[f].blocks);
+    for (int i = 0; i < n_sel; i++) {
+        struct fmt_run *r = &runs[sel[i]];
+        r->be->ops->release(r->be, r->kv.k);
+        r->be->ops->release(r->be, r->kv.v);
+        backend_destroy(r->be);
+        free(r->blocks);
     }
     free(k);
     free(v);

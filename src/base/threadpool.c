@@ -162,3 +162,44 @@ void threadpool_split(long n, int ith, int nth, long align, long *begin, long *e
     *begin = ub * align < n ? ub * align : n;
     *end = ue * align < n ? ue * align : n;
 }
+
+void threadpool_shares_init(struct threadpool_shares *s, long n, int nth)
+{
+    s->n_shares = nth < THREADPOOL_MAX_SHARES ? nth : THREADPOOL_MAX_SHARES;
+    for (int i = 0; i < s->n_shares; i++) {
+        long b, e;
+        threadpool_split(n, i, s->n_shares, 1, &b, &e);
+        atomic_init(&s->share[i].span, (uint64_t)b | (uint64_t)e << 32);
+    }
+}
+
+/* Takes share i's front item (own) or its back one; -1 when the share is empty. */
+static long take(struct threadpool_shares *s, int i, bool own)
+{
+    uint64_t span = atomic_load_explicit(&s->share[i].span, memory_order_relaxed);
+    for (;;) {
+        uint64_t next = span & 0xffffffffu, end = span >> 32;
+        if (next >= end)
+            return -1;
+        uint64_t after = own ? (next + 1) | end << 32 : next | (end - 1) << 32;
+        if (atomic_compare_exchange_weak_explicit(&s->share[i].span, &span, after,
+                                                  memory_order_relaxed, memory_order_relaxed))
+            return (long)(own ? next : end - 1);
+    }
+}
+
+long threadpool_shares_next(struct threadpool_shares *s, int ith)
+{
+    if (ith < s->n_shares) {
+        long item = take(s, ith, true);
+        if (item >= 0)
+            return item;
+    }
+    /* the others' shares, each until it is empty (an empty share stays empty) */
+    for (int k = 1; k <= s->n_shares; k++) {
+        long item = take(s, (ith + k) % s->n_shares, false);
+        if (item >= 0)
+            return item;
+    }
+    return -1;
+}

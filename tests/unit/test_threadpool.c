@@ -1,6 +1,8 @@
 /* tests/unit/test_threadpool.c — the worker pool runs every share exactly once and splits ranges exactly. */
 #include <criterion/criterion.h>
 #include <stdatomic.h>
+#include <string.h>
+#include <time.h>
 
 #include "base/threadpool.h"
 
@@ -57,4 +59,66 @@ Test(threadpool, absurd_thread_count_is_refused)
     struct err err = {0};
     cr_assert_lt(threadpool_create(100000, &pool, &err), 0);
     cr_assert_eq(err.code, INFERD_ERANGE);
+}
+
+/* Each item taken once, by whichever thread: marks per item, and which thread took it. */
+struct shares_job {
+    struct threadpool_shares shares;
+    _Atomic int taken[600];
+    int by[600];
+    int stall_thread; /* this thread takes its first item, then sleeps: the others take the rest */
+};
+
+static void take_shares(void *ctx, int ith, int nth)
+{
+    (void)nth;
+    struct shares_job *job = ctx;
+    bool first = true;
+    for (long item; (item = threadpool_shares_next(&job->shares, ith)) >= 0; first = false) {
+        atomic_fetch_add(&job->taken[item], 1);
+        job->by[item] = ith;
+        if (first && ith == job->stall_thread) {
+            struct timespec nap = {0, 20 * 1000 * 1000};
+            nanosleep(&nap, NULL);
+        }
+    }
+}
+
+Test(threadpool, shares_give_every_item_once_and_a_stalled_threads_items_to_the_others)
+{
+    struct threadpool *pool;
+    struct err err = {0};
+    cr_assert_eq(threadpool_create(3, &pool, &err), 0, "%s", err.msg);
+    for (long n = 0; n <= 600; n += n < 20 ? 1 : 97) {
+        static struct shares_job job;
+        memset(&job, 0, sizeof job);
+        job.stall_thread = n == 600 ? 1 : -1;
+        threadpool_shares_init(&job.shares, n, 3);
+        threadpool_run(pool, take_shares, &job);
+        for (long i = 0; i < n; i++)
+            cr_assert_eq(job.taken[i], 1, "item %ld of %ld taken %d times", i, n, job.taken[i]);
+        if (n == 600) { /* thread 1's share is items [200, 400): it took only the first */
+            int others = 0;
+            for (long i = 201; i < 400; i++)
+                others += job.by[i] != 1;
+            cr_assert_gt(others, 150, "the others took %d of the stalled thread's 199 items",
+                         others);
+        }
+    }
+    threadpool_free(pool);
+}
+
+Test(threadpool, shares_are_the_split_when_no_thread_falls_behind)
+{
+    struct threadpool_shares s;
+    threadpool_shares_init(&s, 10, 3); /* one thread alone: its share, then the others' backs */
+    long want[] = {0, 1, 2, 3, 6, 5, 4, 9, 8, 7};
+    for (int i = 0; i < 10; i++)
+        cr_assert_eq(threadpool_shares_next(&s, 0), want[i]);
+    cr_assert_eq(threadpool_shares_next(&s, 0), -1);
+    cr_assert_eq(threadpool_shares_next(&s, 2), -1);
+    threadpool_shares_init(&s, 5, 100); /* more threads than shares: they only take */
+    for (int i = 0; i < 5; i++)
+        cr_assert_geq(threadpool_shares_next(&s, 80), 0);
+    cr_assert_eq(threadpool_shares_next(&s, 80), -1);
 }

@@ -176,7 +176,8 @@ struct tiled_job {
      * heads' parts come in with the first's), where items of one kv head each had two cores
      * fetch the same lines */
     bool kv_heads_together;
-    atomic_long next_item;
+    atomic_long next_item;           /* the tiles' */
+    struct threadpool_shares shares; /* the row items' */
 };
 
 /* Items of one bundle of query rows outside the tiles (item_rows rows of a
@@ -225,22 +226,27 @@ static void row_item(const struct tiled_job *job, const struct attn_span *sp, lo
     }
 }
 
-/* Every query row through row_item, items claimed one at a time from a
- * shared counter. Dealt round-robin, a thread that lost its core for a while
- * (HTTP threads and the clients share a small machine's cores) held its
- * whole share back and the others waited at the join: 5-6% of an 8-stream
- * decode step's samples; claimed, it holds back one item (a row and kv
- * head: tens of microseconds), and the causal triangle evens out as well. */
+/* Every query row through row_item, items taken through threadpool_shares:
+ * each thread its own run of items first, the same sequences' rows step
+ * after step (their K/V stay in that core's caches), then whatever the
+ * others have left. Dealt round-robin with no taking, a thread that lost its
+ * core for a while (HTTP threads and the clients share a small machine's
+ * cores) held its whole share back and the others waited at the join: 5-6%
+ * of an 8-stream decode step's samples; now it holds back one item (a row
+ * and kv head: tens of microseconds), and the causal triangle evens out as
+ * well. */
 static void attention_row_items(void *ctx, int ith, int nth)
 {
-    (void)ith;
     (void)nth;
     struct tiled_job *job = ctx;
     const struct attention_job *rj = &job->rows;
     long per_bundle = row_items(job), base = 0;
     int s = 0;
-    for (;;) {
-        long item = atomic_fetch_add_explicit(&job->next_item, 1, memory_order_relaxed);
+    for (long item; (item = threadpool_shares_next(&job->shares, ith)) >= 0;) {
+        if (item < base) { /* taken from behind this thread's last one: scan from the start */
+            s = 0;
+            base = 0;
+        }
         while (s < rj->n_spans &&
                item >= base + row_bundles(job, rj->spans[s].n_tokens) * per_bundle)
             base += row_bundles(job, rj->spans[s++].n_tokens) * per_bundle;
@@ -395,7 +401,10 @@ void cpu_attention(struct backend *be, const float *q, const struct kv_cache *kv
         return;
     }
     if (tj.group) {
-        atomic_init(&tj.next_item, 0);
+        long items = 0;
+        for (int s = 0; s < n_spans; s++)
+            items += row_bundles(&tj, spans[s].n_tokens) * row_items(&tj);
+        threadpool_shares_init(&tj.shares, items, threadpool_size(impl->pool));
         threadpool_run(impl->pool, attention_row_items, &tj);
     }
     else

@@ -186,16 +186,18 @@ static void scalar_rows(const struct mm_job *j, int64_t r0, int64_t r1)
 
 /* Several GEMVs of one input (cpu_matmul_run_group): members[i] shares x,
  * T, K, dtype and kernel with the first and holds its own w, bias, y, N.
- * Threads take chunks of the members' concatenated rows from a shared
- * counter rather than fixed halves: on a shared machine a thread that loses
- * its core for a moment then delays the step by one chunk, not by half of
- * it. A chunk is still long enough (tens of KB of W) for the prefetchers. */
+ * Threads take chunks of the members' concatenated rows through
+ * threadpool_shares: each its own chunks first, the same ones step after
+ * step (their weights stay in that core's caches), then the others' that are
+ * left, so on a shared machine a thread that loses its core for a moment
+ * delays the step by one chunk, not by half of it. A chunk is still long
+ * enough (tens of KB of W) for the prefetchers. */
 struct mm_group_job {
     struct mm_job members[CPU_MATMUL_MAX_GROUP];
     int n;
     int64_t total_rows;
     int64_t chunk_rows;      /* a multiple of GEMV_ROW_ALIGN */
-    _Atomic int64_t next_row;
+    struct threadpool_shares chunks;
 };
 
 #define GEMV_CHUNKS_PER_THREAD 8
@@ -225,12 +227,9 @@ static void group_rows(const struct mm_group_job *g, int64_t b, int64_t e)
 static void group_split_job(void *ctx, int ith, int nth)
 {
     struct mm_group_job *g = ctx;
-    (void)ith;
     (void)nth;
-    for (;;) {
-        int64_t b = atomic_fetch_add_explicit(&g->next_row, g->chunk_rows, memory_order_relaxed);
-        if (b >= g->total_rows)
-            return;
+    for (long c; (c = threadpool_shares_next(&g->chunks, ith)) >= 0;) {
+        int64_t b = c * g->chunk_rows;
         int64_t e = b + g->chunk_rows < g->total_rows ? b + g->chunk_rows : g->total_rows;
         group_rows(g, b, e);
     }
@@ -433,7 +432,6 @@ static bool run_gemv_group(struct cpu_matmul *mm, enum compute_mode mode, const 
         xv = mm->xbuf;
     }
     struct mm_group_job job = {.n = n};
-    atomic_init(&job.next_row, 0);
     for (int i = 0; i < n; i++) {
         job.members[i] = (struct mm_job){
             .mm = mm, .gemv = gemv, .x = xv, .T = T, .K = w[i]->cols, .N = w[i]->rows,
@@ -444,13 +442,18 @@ static bool run_gemv_group(struct cpu_matmul *mm, enum compute_mode mode, const 
     int64_t chunk = job.total_rows / ((int64_t)mm->n_threads * GEMV_CHUNKS_PER_THREAD);
     chunk = chunk < GEMV_MIN_CHUNK_ROWS ? GEMV_MIN_CHUNK_ROWS : chunk;
     job.chunk_rows = (int64_t)round_up((size_t)chunk, GEMV_ROW_ALIGN);
+    long n_chunks = (long)((job.total_rows + job.chunk_rows - 1) / job.chunk_rows);
     size_t bytes = 0;
     for (int i = 0; i < n; i++)
         bytes += (size_t)w[i]->rows * (size_t)w[i]->cols * dtype_size(w[i]->dtype);
-    if (bytes * (size_t)T <= GEMV_INLINE_BYTES)
+    if (bytes * (size_t)T <= GEMV_INLINE_BYTES) {
+        threadpool_shares_init(&job.chunks, n_chunks, 1);
         group_split_job(&job, 0, 1); /* the same rows in the same chunks, on this thread */
-    else
+    }
+    else {
+        threadpool_shares_init(&job.chunks, n_chunks, mm->n_threads);
         threadpool_run(mm->pool, group_split_job, &job);
+    }
     return true;
 }
 
