@@ -2,7 +2,6 @@
 #include "backend/cpu/qmatmul.h"
 
 #include <math.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "base/cpu.h"
@@ -246,8 +245,8 @@ static void dot_generic(enum dtype dt, int64_t K, const void *w, const float *x,
 
 /* ---- driver ------------------------------------------------------------ */
 
-/* Threads take chunks of the members' concatenated rows from a shared
- * counter (as the dense GEMV does). Inside a chunk, tiles of rows are swept
+/* Threads take chunks of the members' concatenated rows through
+ * threadpool_shares (as the dense GEMV does). Inside a chunk, tiles of rows are swept
  * by groups of QMM_MAX_T tokens, so a prompt reads each tile from cache
  * once per token group and DRAM once. */
 #define QMM_CHUNKS_PER_THREAD 8
@@ -271,7 +270,7 @@ struct qmm_job {
     } m[CPU_MATMUL_MAX_GROUP];
     int n;
     int64_t total_rows, chunk_rows;
-    _Atomic int64_t next_row;
+    struct threadpool_shares chunks; /* each thread's chunks stay its own from step to step */
 };
 
 static void qmm_rows(const struct qmm_job *j, int i, int64_t r0, int64_t r1)
@@ -301,12 +300,9 @@ static void qmm_rows(const struct qmm_job *j, int i, int64_t r0, int64_t r1)
 static void qmm_thread(void *ctx, int ith, int nth)
 {
     struct qmm_job *j = ctx;
-    (void)ith;
     (void)nth;
-    for (;;) {
-        int64_t b = atomic_fetch_add_explicit(&j->next_row, j->chunk_rows, memory_order_relaxed);
-        if (b >= j->total_rows)
-            return;
+    for (long c; (c = threadpool_shares_next(&j->chunks, ith)) >= 0;) {
+        int64_t b = c * j->chunk_rows;
         int64_t e = b + j->chunk_rows < j->total_rows ? b + j->chunk_rows : j->total_rows;
         int64_t base = 0;
         for (int i = 0; i < j->n && b < e; i++) {
@@ -367,7 +363,6 @@ void cpu_qmm_run(struct threadpool *pool, const struct qmm_kernels *k, qgemm_fn 
     int64_t K = w[0]->cols;
     struct qmm_job job = {.k = k, .x = x, .T = T, .K = K, .dtype = w[0]->dtype, .n = n,
                           .row_bytes = (size_t)dtype_row_bytes(w[0]->dtype, (uint64_t)K)};
-    atomic_init(&job.next_row, 0);
     for (int i = 0; i < n; i++) {
         job.m[i].w = w[i]->data;
         job.m[i].N = w[i]->rows;
@@ -395,5 +390,7 @@ void cpu_qmm_run(struct threadpool *pool, const struct qmm_kernels *k, qgemm_fn 
     int64_t chunk = job.total_rows / ((int64_t)threadpool_size(pool) * QMM_CHUNKS_PER_THREAD);
     chunk = chunk < QMM_MIN_CHUNK_ROWS ? QMM_MIN_CHUNK_ROWS : chunk;
     job.chunk_rows = (chunk + QMM_MIN_CHUNK_ROWS - 1) / QMM_MIN_CHUNK_ROWS * QMM_MIN_CHUNK_ROWS;
+    threadpool_shares_init(&job.chunks, (long)((job.total_rows + job.chunk_rows - 1) / job.chunk_rows),
+                           threadpool_size(pool));
     threadpool_run(pool, qmm_thread, &job);
 }
