@@ -19,6 +19,43 @@ Test(sampler, temperature_zero_is_argmax)
     sampler_free(&s);
 }
 
+/* The scan a logit at a time, the definition logits_argmax keeps. */
+static int32_t argmax_by_scan(const float *x, int n)
+{
+    int32_t best = 0;
+    float best_v = -INFINITY;
+    for (int i = 0; i < n; i++)
+        if (x[i] > best_v) {
+            best_v = x[i];
+            best = i;
+        }
+    return best;
+}
+
+Test(sampler, argmax_is_the_lowest_id_of_the_largest_logit_with_nan_and_inf_anywhere)
+{
+    float x[203];
+    unsigned r = 12345;
+    for (int trial = 0; trial < 2000; trial++) {
+        int n = 1 + trial % 203;
+        for (int i = 0; i < n; i++) {
+            r = r * 1103515245u + 12345u;
+            int kind = (int)(r >> 16) % 16;
+            /* few distinct values, so ties are common */
+            x[i] = kind == 0   ? NAN
+                   : kind == 1 ? -INFINITY
+                   : kind == 2 && trial % 7 == 0 ? INFINITY
+                   : trial % 11 == 0 ? -INFINITY
+                                     : (float)((int)(r >> 20) % 9) - 4.0f;
+        }
+        cr_assert_eq(logits_argmax(x, n), argmax_by_scan(x, n), "trial %d, %d logits", trial, n);
+    }
+    float nan_only[40];
+    for (int i = 0; i < 40; i++)
+        nan_only[i] = i % 2 ? NAN : -INFINITY;
+    cr_assert_eq(logits_argmax(nan_only, 40), 0);
+}
+
 Test(sampler, same_seed_gives_same_tokens_and_other_seed_differs)
 {
     int32_t a[64], b[64], c[64];
