@@ -1,4 +1,4 @@
-/* tests/unit/test_cpu_norm.c — the CPU backend's RMSNorm against a double-precision reference, and a row's bits independent of the rows beside it. */
+/* tests/unit/test_cpu_norm.c — the CPU backend's RMSNorm against a double-precision reference, and a row's bits independent of the rows beside it; RoPE's angles kept from call to call give the bits of a fresh computation. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
@@ -86,5 +86,55 @@ Test(cpu_norm, rmsnorm_row_bits_do_not_depend_on_the_rows_in_the_call)
     free(w);
     free(all);
     free(one);
+    backend_destroy(be);
+}
+
+/* RoPE of q-like rows (n tokens x 3 heads x 64) at positions, on backend be. */
+static void rope_rows(struct backend *be, const float *x, float *y, int64_t n,
+                      const int32_t *positions, const struct rope_table *t)
+{
+    memcpy(y, x, sizeof(float) * (size_t)(n * 3 * 64));
+    be->ops->rope(be, y, n, 3, 64, positions, t);
+}
+
+/* The angles a call computes are kept for the next calls of the same positions and table
+ * values: the bits of a fresh backend's every time, with the table's values (not its address)
+ * deciding, two tables alternating, a third pushing one out, and positions changing. */
+Test(cpu_norm, rope_angles_kept_between_calls_give_a_fresh_computations_bits)
+{
+    enum { N = 9, ROWS = N * 3 * 64 };
+    static float x[ROWS], kept[ROWS], fresh[ROWS];
+    for (int i = 0; i < ROWS; i++)
+        x[i] = rnd();
+    float freq_a[32], freq_b[32], freq_c[32];
+    for (int i = 0; i < 32; i++) {
+        freq_a[i] = powf(10000.0f, -(float)i / 32.0f);
+        freq_b[i] = powf(500000.0f, -(float)i / 32.0f);
+        freq_c[i] = freq_a[i] * 0.25f;
+    }
+    struct rope_table a = {.rot_dim = 64, .inv_freq = freq_a, .attention_factor = 1.0f};
+    struct rope_table b = {.rot_dim = 64, .inv_freq = freq_b, .attention_factor = 1.0f};
+    struct rope_table c = {.rot_dim = 64, .inv_freq = freq_c, .attention_factor = 1.25f};
+    int32_t pos[N] = {0, 1, 2, 3, 100, 101, 102, 513, 1023}, pos2[N];
+    for (int i = 0; i < N; i++)
+        pos2[i] = pos[i] + 1;
+    struct backend *be = test_cpu_backend(COMPUTE_FAST);
+    struct {
+        const struct rope_table *t;
+        const int32_t *p;
+        int64_t n;
+    } calls[] = {{&a, pos, N}, {&a, pos, N}, {&b, pos, N}, {&a, pos, N}, {&b, pos, N},
+                 {&c, pos, N}, {&a, pos, N}, {&a, pos2, N}, {&a, pos, 2}, {&a, pos, N}};
+    for (size_t k = 0; k < sizeof calls / sizeof calls[0]; k++) {
+        if (k == 4) /* b's values change in place: its kept angles are no longer its own */
+            for (int i = 0; i < 32; i++)
+                freq_b[i] *= 0.5f;
+        rope_rows(be, x, kept, calls[k].n, calls[k].p, calls[k].t);
+        struct backend *once = test_cpu_backend(COMPUTE_FAST);
+        rope_rows(once, x, fresh, calls[k].n, calls[k].p, calls[k].t);
+        backend_destroy(once);
+        cr_assert(!memcmp(kept, fresh, sizeof(float) * (size_t)(calls[k].n * 3 * 64)),
+                  "call %zu differs from a fresh backend's", k);
+    }
     backend_destroy(be);
 }

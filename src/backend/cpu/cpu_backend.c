@@ -24,6 +24,11 @@ static void cpu_destroy(struct backend *be)
     struct cpu_impl *impl = impl_of(be);
     cpu_matmul_free(impl->matmul);
     threadpool_free(impl->pool);
+    for (int i = 0; i < CPU_ROPE_ANGLE_SETS; i++) {
+        free(impl->angles[i].positions);
+        free(impl->angles[i].cos_sin);
+        free(impl->angles[i].freq);
+    }
     free(impl);
     free(be);
 }
@@ -185,46 +190,119 @@ struct rope_job {
     int n_heads, head_dim;
     const int32_t *positions;
     const struct rope_table *rope;
+    /* n_tokens x rot_dim: each token's cos then sin, read (computed false) or written as they
+     * are computed; NULL: computed on the stack and dropped */
+    float *cos_sin;
+    bool computed;
 };
 
 static void rope_tokens(void *ctx, int ith, int nth)
 {
     struct rope_job *job = ctx;
     int half = job->rope->rot_dim / 2;
-    float cos_buf[512], sin_buf[512];
+    float buf[1024];
     long begin, end;
     threadpool_split(job->n_tokens, ith, nth, 1, &begin, &end);
     for (long t = begin; t < end; t++) {
-        float pos = (float)job->positions[t];
-        const struct rope_table *rt = job->rope;
-        const float *freq =
-            rt->inv_freq + (rt->long_from > 0 && job->positions[t] >= rt->long_from ? half : 0);
-        for (int i = 0; i < half; i++) {
-            /* the angle is rounded to f32 first, as transformers computes it */
-            float angle = pos * freq[i];
-            cos_buf[i] = cosf(angle) * job->rope->attention_factor;
-            sin_buf[i] = sinf(angle) * job->rope->attention_factor;
+        float *cs = job->cos_sin ? job->cos_sin + t * 2 * half : buf;
+        if (!job->computed) {
+            float pos = (float)job->positions[t];
+            const struct rope_table *rt = job->rope;
+            const float *freq =
+                rt->inv_freq + (rt->long_from > 0 && job->positions[t] >= rt->long_from ? half : 0);
+            for (int i = 0; i < half; i++) {
+                /* the angle is rounded to f32 first, as transformers computes it */
+                float angle = pos * freq[i];
+                cs[i] = cosf(angle) * rt->attention_factor;
+                cs[half + i] = sinf(angle) * rt->attention_factor;
+            }
         }
+        const float *cos_v = cs, *sin_v = cs + half;
         for (int h = 0; h < job->n_heads; h++) {
             float *v = job->x + (t * job->n_heads + h) * job->head_dim;
             for (int i = 0; i < half; i++) {
                 float a = v[i], b = v[i + half];
-                v[i] = a * cos_buf[i] - b * sin_buf[i];
-                v[i + half] = b * cos_buf[i] + a * sin_buf[i];
+                v[i] = a * cos_v[i] - b * sin_v[i];
+                v[i + half] = b * cos_v[i] + a * sin_v[i];
             }
         }
     }
 }
 
+/* Frequencies of a rope table: short and long ones for longrope */
+static int64_t table_freqs(const struct rope_table *t)
+{
+    return t->long_from > 0 ? t->rot_dim : t->rot_dim / 2;
+}
+
+static bool same_table(const struct rope_table *kept, const struct rope_table *t)
+{
+    return kept->rot_dim == t->rot_dim && kept->attention_factor == t->attention_factor &&
+           kept->long_from == t->long_from &&
+           !memcmp(kept->inv_freq, t->inv_freq, (size_t)table_freqs(t) * sizeof(float));
+}
+
+/* Grows *p to hold n elements of size each; false when memory is short. */
+static bool grow(void **p, int64_t *cap, int64_t n, size_t size)
+{
+    if (n <= *cap)
+        return true;
+    void *q = realloc(*p, (size_t)n * size);
+    if (!q)
+        return false;
+    *p = q;
+    *cap = n;
+    return true;
+}
+
+/* The angle set holding these positions' cos and sin for table rope (its values, not its
+ * address, compared), moved to the front with *computed true; else the least recently used
+ * set, refilled with the key and sized for the angles the call computes (*computed false), or
+ * NULL when memory is short. */
+static struct cpu_rope_angles *rope_angles(struct cpu_impl *impl, const int32_t *positions,
+                                           int64_t n, const struct rope_table *rope, bool *computed)
+{
+    struct cpu_rope_angles *sets = impl->angles, found;
+    int i = 0;
+    for (; i < CPU_ROPE_ANGLE_SETS; i++)
+        if (sets[i].valid && sets[i].n == n && same_table(&sets[i].table, rope) &&
+            !memcmp(sets[i].positions, positions, (size_t)n * sizeof *positions))
+            break;
+    *computed = i < CPU_ROPE_ANGLE_SETS;
+    if (!*computed) {
+        i = CPU_ROPE_ANGLE_SETS - 1;
+        struct cpu_rope_angles *a = &sets[i];
+        a->valid = false;
+        int64_t nf = table_freqs(rope);
+        if (!grow((void **)&a->positions, &a->positions_cap, n, sizeof *a->positions) ||
+            !grow((void **)&a->cos_sin, &a->cos_sin_cap, n * rope->rot_dim, sizeof(float)) ||
+            !grow((void **)&a->freq, &a->freq_cap, nf, sizeof(float)))
+            return NULL;
+        memcpy(a->positions, positions, (size_t)n * sizeof *positions);
+        memcpy(a->freq, rope->inv_freq, (size_t)nf * sizeof(float));
+        a->n = n;
+        a->table = *rope;
+        a->table.inv_freq = a->freq;
+        a->valid = true;
+    }
+    found = sets[i];
+    memmove(sets + 1, sets, (size_t)i * sizeof *sets);
+    sets[0] = found;
+    return &sets[0];
+}
+
 static void cpu_rope(struct backend *be, float *x, int64_t n_tokens, int n_heads, int head_dim,
                      const int32_t *positions, const struct rope_table *rope)
 {
-    struct rope_job job = {x, n_tokens, n_heads, head_dim, positions, rope};
+    struct cpu_impl *impl = impl_of(be);
+    struct rope_job job = {x, n_tokens, n_heads, head_dim, positions, rope, NULL, false};
+    struct cpu_rope_angles *a = rope_angles(impl, positions, n_tokens, rope, &job.computed);
+    job.cos_sin = a ? a->cos_sin : NULL;
     if (n_tokens < 4) {
         rope_tokens(&job, 0, 1);
         return;
     }
-    threadpool_run(impl_of(be)->pool, rope_tokens, &job);
+    threadpool_run(impl->pool, rope_tokens, &job);
 }
 
 /* ---- elementwise -------------------------------------------------------- */

@@ -6,6 +6,21 @@
 #include "backend/cpu/matmul.h"
 #include "base/threadpool.h"
 
+/* The cos and sin one rope call computed, kept for the next calls of the same positions and
+ * table: every layer's q and k of a step turn by the same angles. */
+struct cpu_rope_angles {
+    bool valid;
+    struct rope_table table; /* the table these come from, inv_freq pointing at freq */
+    float *freq;             /* owned: a copy of the table's frequencies (freq_cap floats) */
+    int32_t *positions;      /* owned; n */
+    float *cos_sin;          /* owned; n x rot_dim: a token's cos, then its sin */
+    int64_t n;
+    int64_t positions_cap, cos_sin_cap, freq_cap; /* elements allocated */
+};
+
+/* Two tables' angles: models that alternate local and global rotary tables (Gemma 3) */
+#define CPU_ROPE_ANGLE_SETS 2
+
 struct cpu_impl {
     struct threadpool *pool;   /* owned */
     struct cpu_matmul *matmul; /* owned; packing scratch per thread */
@@ -15,6 +30,7 @@ struct cpu_impl {
      * (and the cpu_isa cap) has AVX-512 F/BW/VL, else the AVX2 one; the same bits */
     void (*qattn_rows)(void *job, int ith, int nth);
     bool f16c; /* the processor converts f16 (an f16 cache's kernels use F16C, else scalar code) */
+    struct cpu_rope_angles angles[CPU_ROPE_ANGLE_SETS]; /* the most recently used first */
 };
 
 /* backend_ops.kv_copy_slots: slots [0, n) of block src to dst, every layer, K and V. */
