@@ -383,7 +383,7 @@ Test(cpu_attention, f16_group_kernels_match_an_f64_reference_within_the_float_bo
                                     struct hattn_item it = {
                                         &sp, pos, kvh, kvh * d.group + h0,
                                         d.group - h0 < share ? d.group - h0 : share,
-                                        MAX_POS - pos < rows ? MAX_POS - pos : rows};
+                                        MAX_POS - pos < rows ? MAX_POS - pos : rows, 1};
                                     kernels[kn].fn(&a, &it);
                                 }
                     }
@@ -391,6 +391,27 @@ Test(cpu_attention, f16_group_kernels_match_an_f64_reference_within_the_float_bo
                               "%s: hd %d group %d block %d window %d: rows in items of %d differ "
                               "from the rows alone", kernels[kn].name, hd, d.group, blocks[b],
                               windows[w], bundle);
+                    /* every kv head's whole group in one item (a slot row read in one pass),
+                     * where the limits allow it: the same bits again */
+                    int all_rows = HATTN_MAX_HEADS / (N_KV_HEADS * d.group);
+                    if (share == d.group && all_rows >= 1 &&
+                        N_KV_HEADS * d.group * hd <= HATTN_MAX_QUERY_FLOATS) {
+                        int rows = all_rows < bundle ? all_rows : bundle;
+                        while (rows > 1 && rows * N_KV_HEADS * d.group * hd > HATTN_MAX_QUERY_FLOATS)
+                            rows--;
+                        a.out = out_bundled;
+                        memset(out_bundled, 0xff, MAX_POS * q_dim * sizeof(float));
+                        for (int pos = 0; pos < MAX_POS; pos += rows) {
+                            struct hattn_item it = {
+                                &sp, pos, 0, 0, d.group,
+                                MAX_POS - pos < rows ? MAX_POS - pos : rows, N_KV_HEADS};
+                            kernels[kn].fn(&a, &it);
+                        }
+                        cr_expect(!memcmp(out, out_bundled, MAX_POS * q_dim * sizeof(float)),
+                                  "%s: hd %d group %d block %d window %d: items of every kv head "
+                                  "(%d rows) differ from the rows alone", kernels[kn].name, hd,
+                                  d.group, blocks[b], windows[w], rows);
+                    }
                     double worst = 0;
                     int worst_pos = 0, worst_head = 0;
                     for (int pos = 0; pos < MAX_POS; pos++)

@@ -216,12 +216,18 @@ static void row_item(const struct tiled_job *job, const struct attn_span *sp, lo
         kv_end = job->rows.kv->n_kv_heads;
     }
     int head0 = share * job->item_heads, left = sp->row0 + sp->n_tokens - row;
-    for (; kv_head < kv_end; kv_head++) {
+    int n_rows = left < job->item_rows ? left : job->item_rows;
+    /* whole groups of every kv head fit one item: each slot row read in one pass */
+    int n_kv = kv_end - kv_head;
+    if (n_kv > 1 && (shares > 1 || n_rows * n_kv * group > HATTN_MAX_HEADS ||
+                     n_rows * n_kv * group * job->rows.kv->head_dim > HATTN_MAX_QUERY_FLOATS))
+        n_kv = 1;
+    for (; kv_head < kv_end; kv_head += n_kv) {
         struct hattn_item it = {.sp = sp, .row = row, .kv_head = kv_head,
                                 .head0 = kv_head * group + head0,
                                 .n_heads = group - head0 < job->item_heads ? group - head0
                                                                            : job->item_heads,
-                                .n_rows = left < job->item_rows ? left : job->item_rows};
+                                .n_rows = n_rows, .n_kv = n_kv};
         job->group(&job->args, &it);
     }
 }

@@ -105,15 +105,27 @@ static void group_row(const struct tattn_args *a, const struct hattn_item *it, i
     }
 }
 
-/* The portable kernels take an item's rows one after another. */
+/* The portable kernels take an item's rows one after another, and its kv heads one after
+ * another. */
+static void group_rows(const struct tattn_args *a, const struct hattn_item *it, bool f16c)
+{
+    for (int k = 0; k < hattn_item_kv_heads(it); k++) {
+        struct hattn_item one = *it;
+        one.kv_head = it->kv_head + k;
+        one.head0 = it->head0 + k * it->n_heads;
+        one.n_kv = 1;
+        for (int r = 0; r < it->n_rows; r++)
+            group_row(a, &one, it->row + r, f16c);
+    }
+}
+
 void cpu_hattn_group_f16c(const struct tattn_args *a, const struct hattn_item *it)
 {
-    for (int r = 0; r < it->n_rows; r++)
-        group_row(a, it, it->row + r, true);
+    group_rows(a, it, true);
 }
 
 void cpu_hattn_group_scalar(const struct tattn_args *a, const struct hattn_item *it)
 {
-    for (int r = 0; r < it->n_rows; r++)
-        group_row(a, it, it->row + r, false);
+    group_rows(a, it, false);
 }
+

@@ -36,7 +36,17 @@ struct hattn_item {
     int row;
     int kv_head, head0, n_heads;
     int n_rows;
+    /* kv heads [kv_head, kv_head + n_kv) (0 reads as 1), each with n_heads heads from head0 on:
+     * then whole groups (head0 = kv_head * n_heads), n_rows * n_kv * n_heads at most
+     * HATTN_MAX_HEADS and that many times head_dim at most HATTN_MAX_QUERY_FLOATS. Every kv
+     * head's part of a slot row is read in the same pass, for the heads of each in turn. */
+    int n_kv;
 };
+
+static inline int hattn_item_kv_heads(const struct hattn_item *it)
+{
+    return it->n_kv > 1 ? it->n_kv : 1;
+}
 
 /* Heads of a group one item takes: the whole group when it fits the limits
  * above, else the largest share that does. */

@@ -10,8 +10,8 @@
 /* s[g * HATTN_CHUNK + j] = q_g · k_j for the GB heads from q and the PB (4 or
  * 1) positions from j0: GB x PB accumulators across head_dim, one K vector
  * widened per position and dimension block and used by every head. */
-HA_AI void ha_scores_block(const float *q, int hd, const uint16_t *const *kp, int j0, float *s,
-                           const int GB, const int PB)
+HA_AI void ha_scores_block(const float *q, int hd, const uint16_t *const *kp, size_t off, int j0,
+                           float *s, const int GB, const int PB)
 {
     HA_V acc[HA_GB][4]; /* sized by constants: arrays of a parameter's size stay in memory */
 #pragma GCC unroll 8
@@ -22,7 +22,7 @@ HA_AI void ha_scores_block(const float *q, int hd, const uint16_t *const *kp, in
     for (int d = 0; d < hd; d += HA_VL) {
 #pragma GCC unroll 4
         for (int p = 0; p < PB; p++) {
-            HA_V k = HA_LOADH(kp[j0 + p] + d);
+            HA_V k = HA_LOADH(kp[j0 + p] + off + d);
 #pragma GCC unroll 8
             for (int g = 0; g < GB; g++)
                 acc[g][p] = HA_FMA(HA_LOAD(q + (size_t)g * hd + d), k, acc[g][p]);
@@ -42,30 +42,30 @@ HA_AI void ha_scores_block(const float *q, int hd, const uint16_t *const *kp, in
 }
 
 /* The n positions' scores for the GB heads from q: four positions a block. */
-HA_AI void ha_scores_heads(const float *q, int hd, const uint16_t *const *kp, int n, float *s,
-                           const int GB)
+HA_AI void ha_scores_heads(const float *q, int hd, const uint16_t *const *kp, size_t off, int n,
+                           float *s, const int GB)
 {
     int j = 0;
     for (; j + 4 <= n; j += 4)
-        ha_scores_block(q, hd, kp, j, s, GB, 4);
+        ha_scores_block(q, hd, kp, off, j, s, GB, 4);
     for (; j < n; j++)
-        ha_scores_block(q, hd, kp, j, s, GB, 1);
+        ha_scores_block(q, hd, kp, off, j, s, GB, 1);
 }
 
-static void ha_scores(const float *q, int n_heads, int hd, const uint16_t *const *kp, int n,
-                      float *s)
+static void ha_scores(const float *q, int n_heads, int hd, const uint16_t *const *kp, size_t off,
+                      int n, float *s)
 {
     for (int g = 0; g < n_heads; g += HA_GB) {
         const float *qg = q + (size_t)g * hd;
         float *sg = s + g * HATTN_CHUNK;
         switch (n_heads - g < HA_GB ? n_heads - g : HA_GB) {
-        case 1: ha_scores_heads(qg, hd, kp, n, sg, 1); break;
-        case 2: ha_scores_heads(qg, hd, kp, n, sg, 2); break;
+        case 1: ha_scores_heads(qg, hd, kp, off, n, sg, 1); break;
+        case 2: ha_scores_heads(qg, hd, kp, off, n, sg, 2); break;
 #if HA_GB >= 3
-        case 3: ha_scores_heads(qg, hd, kp, n, sg, 3); break;
+        case 3: ha_scores_heads(qg, hd, kp, off, n, sg, 3); break;
 #endif
 #if HA_GB >= 4
-        case 4: ha_scores_heads(qg, hd, kp, n, sg, 4); break;
+        case 4: ha_scores_heads(qg, hd, kp, off, n, sg, 4); break;
 #endif
         }
     }
@@ -104,8 +104,8 @@ static float ha_softmax(float *s, int n, float *rmax, float *rsum)
 /* o_g[d0 .. d0 + DV * HA_VL) = o_g * corr[g] + sum_j p_g[j] v_j for the GB
  * heads from o, p and corr: the accumulators stay in registers across the
  * chunk's positions, each V vector widened once for the GB heads. */
-HA_AI void ha_pv_block(float *o, int hd, const float *p, const uint16_t *const *vp, int n,
-                       const float *corr, int d0, const int GB, const int DV)
+HA_AI void ha_pv_block(float *o, int hd, const float *p, const uint16_t *const *vp, size_t off,
+                       int n, const float *corr, int d0, const int GB, const int DV)
 {
     HA_V acc[HA_GB][HA_DV];
 #pragma GCC unroll 8
@@ -122,7 +122,7 @@ HA_AI void ha_pv_block(float *o, int hd, const float *p, const uint16_t *const *
             pb[g] = HA_SET1(p[g * HATTN_CHUNK + j]);
 #pragma GCC unroll 4
         for (int dv = 0; dv < DV; dv++) {
-            HA_V v = HA_LOADH(vp[j] + d0 + dv * HA_VL);
+            HA_V v = HA_LOADH(vp[j] + off + d0 + dv * HA_VL);
 #pragma GCC unroll 8
             for (int g = 0; g < GB; g++)
                 acc[g][dv] = HA_FMA(pb[g], v, acc[g][dv]);
@@ -136,30 +136,30 @@ HA_AI void ha_pv_block(float *o, int hd, const float *p, const uint16_t *const *
 }
 
 /* Every dimension block of the GB heads from o. */
-HA_AI void ha_pv_heads(float *o, int hd, const float *p, const uint16_t *const *vp, int n,
-                       const float *corr, const int GB)
+HA_AI void ha_pv_heads(float *o, int hd, const float *p, const uint16_t *const *vp, size_t off,
+                       int n, const float *corr, const int GB)
 {
     int nvec = hd / HA_VL, d = 0;
     for (; d + HA_DV <= nvec; d += HA_DV)
-        ha_pv_block(o, hd, p, vp, n, corr, d * HA_VL, GB, HA_DV);
+        ha_pv_block(o, hd, p, vp, off, n, corr, d * HA_VL, GB, HA_DV);
     for (; d < nvec; d++)
-        ha_pv_block(o, hd, p, vp, n, corr, d * HA_VL, GB, 1);
+        ha_pv_block(o, hd, p, vp, off, n, corr, d * HA_VL, GB, 1);
 }
 
-static void ha_pv(float *o, int n_heads, int hd, const float *p, const uint16_t *const *vp, int n,
-                  const float *corr)
+static void ha_pv(float *o, int n_heads, int hd, const float *p, const uint16_t *const *vp,
+                  size_t off, int n, const float *corr)
 {
     for (int g = 0; g < n_heads; g += HA_GB) {
         float *og = o + (size_t)g * hd;
         const float *pg = p + g * HATTN_CHUNK;
         switch (n_heads - g < HA_GB ? n_heads - g : HA_GB) {
-        case 1: ha_pv_heads(og, hd, pg, vp, n, corr + g, 1); break;
-        case 2: ha_pv_heads(og, hd, pg, vp, n, corr + g, 2); break;
+        case 1: ha_pv_heads(og, hd, pg, vp, off, n, corr + g, 1); break;
+        case 2: ha_pv_heads(og, hd, pg, vp, off, n, corr + g, 2); break;
 #if HA_GB >= 3
-        case 3: ha_pv_heads(og, hd, pg, vp, n, corr + g, 3); break;
+        case 3: ha_pv_heads(og, hd, pg, vp, off, n, corr + g, 3); break;
 #endif
 #if HA_GB >= 4
-        case 4: ha_pv_heads(og, hd, pg, vp, n, corr + g, 4); break;
+        case 4: ha_pv_heads(og, hd, pg, vp, off, n, corr + g, 4); break;
 #endif
         }
     }
@@ -177,13 +177,14 @@ static void ha_chunk_rows(const struct tattn_args *a, const struct hattn_item *i
     const uint16_t *kc = kv->k, *vc = kv->v;
     int hd = kv->head_dim;
     size_t head_off = (size_t)it->kv_head * hd;
+    int row_bytes = hd * 2 * hattn_item_kv_heads(it);
     for (int j = 0; j < n; j++) {
         int pos = c0 + j;
         uint32_t block = sp->block_ids[pos / kv->block_size];
         size_t off = tattn_slot_offset(kv, a->layer, block, pos % kv->block_size) + head_off;
         kp[j] = kc + off;
         vp[j] = vc + off;
-        for (int b = 0; b < hd * 2; b += 64) {
+        for (int b = 0; b < row_bytes; b += 64) {
             _mm_prefetch((const char *)kp[j] + b, _MM_HINT_T0);
             _mm_prefetch((const char *)vp[j] + b, _MM_HINT_T0);
         }
@@ -197,7 +198,8 @@ static void ha_rows(const struct tattn_args *a, const struct hattn_item *it, int
 {
     const struct kv_cache *kv = a->kv;
     const struct attn_span *sp = it->sp;
-    int hd = kv->head_dim, G = it->n_heads, R = it->n_rows, Q = R * G;
+    int hd = kv->head_dim, G = it->n_heads, R = it->n_rows, NK = hattn_item_kv_heads(it);
+    int KG = NK * G, Q = R * KG; /* a row's heads, every row's */
     size_t q_stride = (size_t)a->n_heads * hd;
     int last0 = sp->pos0 + (it->row - sp->row0), last = last0 + R - 1;
 
@@ -209,8 +211,8 @@ static void ha_rows(const struct tattn_args *a, const struct hattn_item *it, int
 
     for (int r = 0; r < R; r++) {
         const float *qrow = a->q + (size_t)(it->row + r) * q_stride + (size_t)it->head0 * hd;
-        for (int i = 0; i < G * hd; i++)
-            q[(size_t)r * G * hd + i] = qrow[i] * a->scale;
+        for (int i = 0; i < KG * hd; i++)
+            q[(size_t)r * KG * hd + i] = qrow[i] * a->scale;
     }
     memset(o, 0, (size_t)Q * hd * sizeof(float));
     for (int g = 0; g < Q; g++) {
@@ -225,26 +227,32 @@ static void ha_rows(const struct tattn_args *a, const struct hattn_item *it, int
         int next = c0 + n, n_next = last + 1 - next < HATTN_CHUNK ? last + 1 - next : HATTN_CHUNK;
         if (n_next > 0)
             ha_chunk_rows(a, it, next, n_next, kp[cur ^ 1], vp[cur ^ 1]);
-        ha_scores(q, Q, hd, kp[cur], n, s);
+        /* the heads of kv head k (its part of each slot row, k * hd along) row by row; with
+         * one kv head every row's heads in one call */
+        for (int rk = 0; rk < (NK > 1 ? R * NK : 1); rk++)
+            ha_scores(q + (size_t)rk * G * hd, NK > 1 ? G : Q, hd, kp[cur],
+                      (size_t)(rk % NK) * hd, n, s + rk * G * HATTN_CHUNK);
         for (int r = 0; r < R; r++) {
             int own = last0 + r + 1 - c0; /* the row's positions in this chunk */
             own = own < 0 ? 0 : own < n ? own : n;
-            for (int g = r * G; g < (r + 1) * G; g++) {
+            for (int g = r * KG; g < (r + 1) * KG; g++) {
                 float *sg = s + g * HATTN_CHUNK;
                 corr[g] = own > 0 ? ha_softmax(sg, own, &rmax[g], &rsum[g]) : 1.0f;
                 for (int j = own; j < n; j++)
                     sg[j] = 0.0f;
             }
         }
-        ha_pv(o, Q, hd, s, vp[cur], n, corr);
+        for (int rk = 0; rk < (NK > 1 ? R * NK : 1); rk++)
+            ha_pv(o + (size_t)rk * G * hd, NK > 1 ? G : Q, hd, s + rk * G * HATTN_CHUNK, vp[cur],
+                  (size_t)(rk % NK) * hd, n, corr + rk * G);
         c0 = next;
         n = n_next;
     }
 
     for (int r = 0; r < R; r++) {
         float *out = a->out + (size_t)(it->row + r) * q_stride + (size_t)it->head0 * hd;
-        for (int g = 0; g < G; g++) {
-            int qi = r * G + g;
+        for (int g = 0; g < KG; g++) {
+            int qi = r * KG + g;
             float inv = 1.0f / rsum[qi];
             for (int d = 0; d < hd; d++)
                 out[(size_t)g * hd + d] = o[(size_t)qi * hd + d] * inv;
