@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "base/timer.h"
+#include "engine/sampler.h"
 #include "kv/kv.h"
 #include "model/lora.h"
 #include "tools/mklora.h"
@@ -38,15 +39,6 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-static int32_t argmax(const float *row, int n)
-{
-    int32_t best = 0;
-    for (int i = 1; i < n; i++)
-        if (row[i] > row[best])
-            best = i;
-    return best;
-}
-
 struct bench_rig {
     const struct model *m;
     const struct bench_adapter_options *o;
@@ -72,13 +64,13 @@ static int decode_step(struct bench_rig *r, const struct batch *b, int32_t *next
                                      .results = r->picked};
         int rc = model_forward_sampled(r->m, r->st, &r->pool->cache, b, &out, err);
         for (int s = 0; s < b->n_seqs && rc == 0; s++)
-            next[s] = r->picked[s].need_host ? argmax(r->logits + (size_t)s * vocab, vocab)
+            next[s] = r->picked[s].need_host ? logits_argmax(r->logits + (size_t)s * vocab, vocab)
                                              : r->picked[s].token;
         return rc;
     }
     int rc = model_forward(r->m, r->st, &r->pool->cache, b, r->logits, err);
     for (int s = 0; s < b->n_seqs && rc == 0; s++)
-        next[s] = argmax(r->logits + (size_t)s * vocab, vocab);
+        next[s] = logits_argmax(r->logits + (size_t)s * vocab, vocab);
     return rc;
 }
 
@@ -109,7 +101,7 @@ static double run_once(struct bench_rig *r, int count, struct err *err)
         struct batch b = {&seqs[s], 1};
         rc = model_forward(r->m, r->st, &r->pool->cache, &b, r->logits, err);
         if (rc == 0)
-            t[o->prompt_len] = argmax(r->logits, vocab);
+            t[o->prompt_len] = logits_argmax(r->logits, vocab);
     }
     int32_t *next = calloc((size_t)o->batch, sizeof *next);
     if (!next && rc == 0)
