@@ -446,14 +446,13 @@ static bool run_gemv_group(struct cpu_matmul *mm, enum compute_mode mode, const 
     size_t bytes = 0;
     for (int i = 0; i < n; i++)
         bytes += (size_t)w[i]->rows * (size_t)w[i]->cols * dtype_size(w[i]->dtype);
-    if (bytes * (size_t)T <= GEMV_INLINE_BYTES) {
-        threadpool_shares_init(&job.chunks, n_chunks, 1);
-        group_split_job(&job, 0, 1); /* the same rows in the same chunks, on this thread */
-    }
-    else {
-        threadpool_shares_init(&job.chunks, n_chunks, mm->n_threads);
+    /* a small product on this thread: the same rows in the same chunks */
+    bool inline_job = bytes * (size_t)T <= GEMV_INLINE_BYTES;
+    threadpool_shares_init(&job.chunks, n_chunks, inline_job ? 1 : mm->n_threads);
+    if (inline_job)
+        group_split_job(&job, 0, 1);
+    else
         threadpool_run(mm->pool, group_split_job, &job);
-    }
     return true;
 }
 

@@ -246,9 +246,9 @@ static void dot_generic(enum dtype dt, int64_t K, const void *w, const float *x,
 /* ---- driver ------------------------------------------------------------ */
 
 /* Threads take chunks of the members' concatenated rows through
- * threadpool_shares (as the dense GEMV does). Inside a chunk, tiles of rows are swept
- * by groups of QMM_MAX_T tokens, so a prompt reads each tile from cache
- * once per token group and DRAM once. */
+ * threadpool_shares (as the dense GEMV does). Inside a chunk, tiles of rows
+ * are swept by groups of QMM_MAX_T tokens, so a prompt reads each tile from
+ * cache once per token group and DRAM once. */
 #define QMM_CHUNKS_PER_THREAD 8
 #define QMM_MIN_CHUNK_ROWS 16
 #define QMM_TILE_ROWS 16
@@ -390,7 +390,7 @@ void cpu_qmm_run(struct threadpool *pool, const struct qmm_kernels *k, qgemm_fn 
     int64_t chunk = job.total_rows / ((int64_t)threadpool_size(pool) * QMM_CHUNKS_PER_THREAD);
     chunk = chunk < QMM_MIN_CHUNK_ROWS ? QMM_MIN_CHUNK_ROWS : chunk;
     job.chunk_rows = (chunk + QMM_MIN_CHUNK_ROWS - 1) / QMM_MIN_CHUNK_ROWS * QMM_MIN_CHUNK_ROWS;
-    threadpool_shares_init(&job.chunks, (long)((job.total_rows + job.chunk_rows - 1) / job.chunk_rows),
-                           threadpool_size(pool));
+    long n_chunks = (long)((job.total_rows + job.chunk_rows - 1) / job.chunk_rows);
+    threadpool_shares_init(&job.chunks, n_chunks, threadpool_size(pool));
     threadpool_run(pool, qmm_thread, &job);
 }
