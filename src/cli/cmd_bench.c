@@ -76,7 +76,8 @@ static const char usage[] =
     "are captured once per process, not at every token of a server's life.\n"
     "With a drafter (below) the decode speculates and its acceptance is printed.\n"
     "--verify-cost K times one target step over 1 + K tokens with every row's logits (a\n"
-    "speculative verify step) against a one-token decode step at the same position.\n"    "--adapters 0,1,4,16 [--rank 16] [--batch 16] instead measures decode tok/s of --batch\n"
+    "speculative verify step) against a one-token decode step at the same position; where\n"
+    "the backend samples, again with each row's greedy pick made on the device instead.\n"    "--adapters 0,1,4,16 [--rank 16] [--batch 16] instead measures decode tok/s of --batch\n"
     "sequences spread over that many distinct random LoRA adapters (0: none), runs alternating.\n"
     CLI_SPEC_USAGE;
 
@@ -149,10 +150,13 @@ static double prefill_flops(const struct model_config *c, long n)
 }
 
 /* One forward over n tokens at pos0 of seq (all rows' logits when all), timed; then the
- * positions are dropped again unless keep. */
+ * positions are dropped again unless keep. With specs (greedy, one a row) the backend picks
+ * the rows' tokens into results, as the engine's steps do where it samples; else the logits
+ * come to the host. */
 static int timed_step(const struct model *m, struct forward_state *fwd, struct kv_manager *kv,
                       struct kv_seq *seq, const int32_t *tokens, int n, bool all, bool keep,
-                      float *logits, double *seconds, struct err *err)
+                      float *logits, const struct sample_spec *specs,
+                      struct sample_result *results, double *seconds, struct err *err)
 {
     int pos0 = seq->n_tokens;
     int rc = kv_manager_allocate_slots(kv, seq, n, err);
@@ -162,8 +166,9 @@ static int timed_step(const struct model *m, struct forward_state *fwd, struct k
                            .block_ids = seq->table.blocks, .n_block_ids = seq->table.n_blocks,
                            .all_logits = all};
     struct batch b = {&bs, 1};
+    struct forward_output out = {.host_rows = logits, .specs = specs, .results = results};
     double t = now_s();
-    rc = model_forward(m, fwd, kv_manager_cache(kv), &b, logits, err);
+    rc = model_forward_sampled(m, fwd, kv_manager_cache(kv), &b, &out, err);
     *seconds = now_s() - t;
     if (!keep)
         kv_manager_truncate(kv, seq, pos0);
@@ -171,11 +176,19 @@ static int timed_step(const struct model *m, struct forward_state *fwd, struct k
 }
 
 /* The verify step's cost: one target step over the pending token and k drafts (every row's
- * logits) against a one-token decode step, both after a prompt of n_prompt tokens; medians of
- * reps pairs after one of each to warm up. */
+ * logits; with picks, every row's greedy pick made by the backend instead, as the engine
+ * verifies greedy requests where the backend samples) against a one-token decode step (its
+ * pick likewise), both after a prompt of n_prompt tokens; medians of reps pairs after one of
+ * each to warm up. */
 static int verify_cost(const struct model *m, const int32_t *prompt, int n_prompt, int chunk,
-                       int k, int reps, double *plain_s, double *verify_s, struct err *err)
+                       int k, int reps, bool picks, double *plain_s, double *verify_s,
+                       struct err *err)
 {
+    struct sample_spec specs[SPEC_MAX_DRAFTS + 1];
+    struct sample_result *results = calloc((size_t)k + 1, sizeof *results);
+    for (int i = 0; i <= k; i++)
+        specs[i] = (struct sample_spec){.top_p = 1.0f, .repetition_penalty = 1.0f, .n_top = -1};
+    const struct sample_spec *use = picks ? specs : NULL;
     int n_ctx = n_prompt + k + 1;
     struct kv_manager *kv = NULL;
     struct forward_state *fwd = NULL;
@@ -183,7 +196,7 @@ static int verify_cost(const struct model *m, const int32_t *prompt, int n_promp
     int32_t *tokens = malloc((size_t)n_ctx * sizeof *tokens); /* the prompt, then drafts */
     struct kv_seq seq;
     kv_seq_init(&seq);
-    int rc = logits && tokens ? 0 : err_set(err, INFERD_ENOMEM, "out of memory");
+    int rc = logits && tokens && results ? 0 : err_set(err, INFERD_ENOMEM, "out of memory");
     for (int i = 0; rc == 0 && i < n_ctx; i++)
         tokens[i] = prompt[i % n_prompt];
     prompt = tokens;
@@ -195,15 +208,16 @@ static int verify_cost(const struct model *m, const int32_t *prompt, int n_promp
     for (int done = 0; rc == 0 && done < n_prompt - 1;) {
         int n = n_prompt - 1 - done < chunk ? n_prompt - 1 - done : chunk;
         double s;
-        rc = timed_step(m, fwd, kv, &seq, prompt, n, false, true, logits, &s, err);
+        rc = timed_step(m, fwd, kv, &seq, prompt, n, false, true, logits, NULL, NULL, &s, err);
         done += n;
     }
     double plain[BENCH_MAX_REPS + 1], verify[BENCH_MAX_REPS + 1];
     for (int r = 0; rc == 0 && r <= reps; r++) {
-        rc = timed_step(m, fwd, kv, &seq, prompt, 1, false, false, logits, &plain[r], err);
+        rc = timed_step(m, fwd, kv, &seq, prompt, 1, false, false, logits, use, results,
+                        &plain[r], err);
         if (rc == 0)
-            rc = timed_step(m, fwd, kv, &seq, prompt, k + 1, true, false, logits, &verify[r],
-                            err);
+            rc = timed_step(m, fwd, kv, &seq, prompt, k + 1, true, false, logits, use, results,
+                            &verify[r], err);
     }
     if (rc == 0) { /* the first pair warmed up */
         qsort(plain + 1, (size_t)reps, sizeof *plain, compare_doubles);
@@ -218,6 +232,7 @@ static int verify_cost(const struct model *m, const int32_t *prompt, int n_promp
     forward_state_free(fwd);
     free(logits);
     free(tokens);
+    free(results);
     return rc;
 }
 
@@ -379,14 +394,15 @@ int cmd_bench(int argc, char **argv)
                drafted ? 100.0 * (double)accepted / (double)drafted : 0.0,
                steps ? (double)(accepted + steps) / (double)steps : 0.0);
     }
-    if (o.verify_k > 0) {
+    for (int picks = 0; o.verify_k > 0 && picks <= model_samples_on_backend(m); picks++) {
         double plain_s = 0, verify_s = 0;
         if (verify_cost(m, prompt, (int)o.prompt_len, (int)o.chunk, (int)o.verify_k,
-                        (int)(o.reps < 5 ? 5 : o.reps), &plain_s, &verify_s, &err) < 0)
+                        (int)(o.reps < 5 ? 5 : o.reps), picks, &plain_s, &verify_s, &err) < 0)
             goto fail;
-        printf("verify cost      1 + %ld tokens, every row's logits: %.3f ms vs one-token decode "
-               "%.3f ms = %.2fx\n",
-               o.verify_k, verify_s * 1e3, plain_s * 1e3, verify_s / plain_s);
+        printf("verify cost      1 + %ld tokens, %s: %.3f ms vs one-token decode %.3f ms = "
+               "%.2fx\n",
+               o.verify_k, picks ? "greedy picks on the device" : "every row's logits",
+               verify_s * 1e3, plain_s * 1e3, verify_s / plain_s);
     }
     if (!pool)
         printf("decode nominal   floor at %.0f GB/s: %.2f tok/s; %.0f%% of it\n", GPU_NOMINAL_GBS,

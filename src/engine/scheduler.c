@@ -66,8 +66,8 @@ int sched_init(struct sched *sc, const struct model *m, const struct sched_confi
         sc->batch_seqs = calloc(n_entries, sizeof *sc->batch_seqs);
         sc->batch_owner = calloc(n_entries, sizeof *sc->batch_owner);
         sc->batch_chunk = calloc(n_entries, sizeof *sc->batch_chunk);
-        sc->specs = calloc(n, sizeof *sc->specs);
-        sc->results = calloc(n, sizeof *sc->results);
+        sc->specs = calloc(rows, sizeof *sc->specs); /* a verify span's rows each get one */
+        sc->results = calloc(rows, sizeof *sc->results);
         sc->unpublished = calloc(n, sizeof *sc->unpublished);
         if (!sc->logits || !sc->running || !sc->finishing || !sc->batch_seqs ||
             !sc->batch_owner || !sc->batch_chunk || !sc->specs || !sc->results ||

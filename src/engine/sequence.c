@@ -388,6 +388,27 @@ enum gen_finish seq_take_draft(struct seq *s, const float *logits, int32_t draft
                       n_ctx, metrics);
 }
 
+enum gen_finish seq_take_draft_result(struct seq *s, const struct sample_spec *spec,
+                                      const struct sample_result *res, const float *host_row,
+                                      int32_t draft, int n_ctx, struct engine_metrics *metrics,
+                                      bool *accepted)
+{
+    seq_prepare_pick(s, metrics);
+    enum gen_finish why;
+    *accepted = false;
+    if (!pick_allowed(s, &why))
+        return why;
+    int32_t pick = sampler_take_result(s->sampler, spec, res, host_row);
+    *accepted = pick == draft;
+    return emit_token(s, pick, NULL, n_ctx, metrics);
+}
+
+bool seq_verify_rows_on_backend(const struct seq *s, const struct sample_spec *spec)
+{
+    return s->sampler && sampler_is_greedy(s->sampler) && !constrain_on(&s->con) &&
+           spec->n_adjust == 0 && !spec->mask;
+}
+
 enum gen_finish seq_take_result(struct seq *s, const struct sample_spec *spec,
                                 const struct sample_result *res, const float *host_row, int n_ctx,
                                 struct engine_metrics *metrics)

@@ -139,6 +139,19 @@ void seq_prepare_pick(struct seq *s, struct engine_metrics *metrics);
 enum gen_finish seq_take_draft(struct seq *s, const float *logits, int32_t draft, int n_ctx,
                                struct engine_metrics *metrics, bool *accepted);
 
+/* seq_take_draft for a verify row the backend picked (res, for spec, as seq_take_result):
+ * a greedy pick the drafts cannot have changed (step.c checks), taken; *accepted when it
+ * is the draft. */
+enum gen_finish seq_take_draft_result(struct seq *s, const struct sample_spec *spec,
+                                      const struct sample_result *res, const float *host_row,
+                                      int32_t draft, int n_ctx, struct engine_metrics *metrics,
+                                      bool *accepted);
+
+/* Whether the backend may pick every row of s's verify span with the spec of its first row:
+ * greedy, and nothing the drafts before a row would change (no penalties or biases over
+ * tokens seen, no structured output). */
+bool seq_verify_rows_on_backend(const struct seq *s, const struct sample_spec *spec);
+
 /* Replays n generated tokens of a checkpoint (their records as the reader
  * got them) as if they had just been picked, then restores the sampler's
  * random stream: the generation goes on as it would have. Returns

@@ -5,9 +5,17 @@
  * the device computes the next step. */
 #include "engine/scheduler.h"
 
-/* Fills a sample spec for every batch entry that gets a row; false when one
- * cannot be filled (out of memory, or a driver that reads the logits itself),
- * and the step then leaves the logits on the host. */
+/* Whether batch entry b is a speculative verify span (every row's logits). */
+static bool verifies(const struct sched *sc, int b)
+{
+    return sc->spec && sc->batch_seqs[b].all_logits;
+}
+
+/* Fills a sample spec for every row of the batch: one for an entry that gets a row, and
+ * its first row's for every row of a verify span whose picks the backend may make
+ * (seq_verify_rows_on_backend); false when one cannot be filled (out of memory, a driver
+ * that reads the logits itself, a verify span the host must pick), and the step then
+ * leaves the logits on the host. */
 static bool fill_specs(struct sched *sc, int n)
 {
     int row = 0;
@@ -15,8 +23,18 @@ static bool fill_specs(struct sched *sc, int n)
         struct seq *s = sc->batch_owner[b];
         if (sc->batch_seqs[b].no_logits)
             continue;
-        if (!s->sampler || sampler_fill_spec(s->sampler, s->logprobs, &sc->specs[row++]) < 0)
+        struct sample_spec *spec = &sc->specs[row];
+        if (!s->sampler || sampler_fill_spec(s->sampler, s->logprobs, spec) < 0)
             return false;
+        if (!verifies(sc, b)) {
+            row++;
+            continue;
+        }
+        if (!seq_verify_rows_on_backend(s, spec))
+            return false;
+        for (int i = 1; i < sc->batch_seqs[b].n_tokens; i++)
+            sc->specs[row + i] = *spec;
+        row += sc->batch_seqs[b].n_tokens;
     }
     return true;
 }
@@ -26,7 +44,6 @@ static bool fill_specs(struct sched *sc, int n)
 struct step_picks {
     struct sched *sc;
     int n;
-    bool host_only;  /* every row is picked on the host (a verify step) */
     bool on_backend; /* the rows were sampled on the device */
 };
 
@@ -38,7 +55,7 @@ static int prepare_picks(void *ctx, bool sampled, struct err *err)
     for (int b = 0; b < p->n; b++)
         if (!p->sc->batch_owner[b]->finishing)
             seq_prepare_pick(p->sc->batch_owner[b], p->sc->metrics);
-    p->on_backend = sampled && !p->host_only && fill_specs(p->sc, p->n);
+    p->on_backend = sampled && fill_specs(p->sc, p->n);
     return p->on_backend ? 0 : 1;
 }
 
@@ -117,8 +134,10 @@ static void follow_prefill(struct sched *sc, int n)
  * and after every draft was taken the last row gives one more token. Then only the positions
  * whose tokens are what was computed keep their K/V: the rest is truncated before anything is
  * published. A detached sequence takes the kept drafts into its tokens itself; its driver
- * appends the last pick, and finds every pick in spec.emitted. */
-static enum gen_finish take_verify(struct sched *sc, struct seq *s, size_t *row, int chunk)
+ * appends the last pick, and finds every pick in spec.emitted. on_backend: the rows were
+ * picked on the device (greedy: fill_specs), only their ids crossed. */
+static enum gen_finish take_verify(struct sched *sc, struct seq *s, size_t *row, int chunk,
+                                   bool on_backend)
 {
     size_t vocab = (size_t)sc->model->config.vocab_size;
     int n_c = s->n_computed, n_drafts = chunk - 1, accepted = 0;
@@ -126,16 +145,21 @@ static enum gen_finish take_verify(struct sched *sc, struct seq *s, size_t *row,
     struct seq_spec *sp = &s->spec;
     sp->n_emitted = 0;
     for (int i = 0; i <= n_drafts; i++) {
-        const float *logits = sc->logits + (*row + (size_t)i) * vocab;
+        const size_t r = *row + (size_t)i;
+        const float *logits = sc->logits + r * vocab;
         if (i == n_drafts) {
-            why = take_row(sc, s, *row + (size_t)i, false);
+            if (on_backend && i > 0)
+                seq_prepare_pick(s, sc->metrics); /* this row's position, as take_row's host pick */
+            why = take_row(sc, s, r, on_backend);
             sp->emitted[sp->n_emitted++] = s->last_pick;
             break;
         }
         int32_t draft = sp->verify[1 + i];
         int before = s->n_tokens;
         bool ok;
-        why = seq_take_draft(s, logits, draft, sc->cfg.n_ctx, sc->metrics, &ok);
+        why = on_backend ? seq_take_draft_result(s, &sc->specs[r], &sc->results[r], logits, draft,
+                                                 sc->cfg.n_ctx, sc->metrics, &ok)
+                         : seq_take_draft(s, logits, draft, sc->cfg.n_ctx, sc->metrics, &ok);
         sp->emitted[sp->n_emitted++] = s->last_pick;
         if (!ok)
             break;
@@ -176,14 +200,10 @@ int sched_step(struct sched *sc, struct err *err)
         follow_prefill(sc, n);
     struct batch batch = {sc->batch_seqs, n};
     struct kv_cache *cache = kv_manager_cache(sc->kv);
-    bool verifying = false;
     int live = 0; /* entries of running sequences (a finishing one's last token shares nothing) */
-    for (int b = 0; b < n; b++) {
-        verifying = verifying || (sc->spec && sc->batch_seqs[b].all_logits);
+    for (int b = 0; b < n; b++)
         live += !sc->batch_owner[b]->finishing;
-    }
-    /* verify rows are picked on the host, row by row */
-    struct step_picks picks = {.sc = sc, .n = n, .host_only = verifying};
+    struct step_picks picks = {.sc = sc, .n = n};
     struct forward_output out = {
         .host_rows = sc->logits,
         .specs = sc->specs,
@@ -213,8 +233,8 @@ int sched_step(struct sched *sc, struct err *err)
         if (rc < 0) {
             why = GEN_FINISH_ERROR;
             s->spec.n_drafts = 0;
-        } else if (sc->batch_seqs[b].all_logits && sc->spec) {
-            why = take_verify(sc, s, &row, sc->batch_chunk[b]);
+        } else if (verifies(sc, b)) {
+            why = take_verify(sc, s, &row, sc->batch_chunk[b], on_backend);
             sched_publish(sc, s);
         } else {
             s->n_computed += sc->batch_chunk[b];
