@@ -360,7 +360,7 @@ if has_stage spec; then
   dir=$(make_model llama-3.1-8b) || echo "mkmodel llama-3.1-8b failed"
   if [ -n "$dir" ]; then
     add_tokenizer llama-3.1-8b "$dir"
-    echo "== spec: llama-3.1-8b, one verify step (1 + 4 tokens, every row's logits) against one decode step"
+    echo "== spec: llama-3.1-8b, one verify step (1 + 4 tokens: every row's logits, then greedy picks on the device) against one decode step"
     timeout 600 "$bin"/inferd bench "$dir" --device cuda --prompt-len 512 --gen-len 16 --reps 9 \
       --verify-cost 4
   fi

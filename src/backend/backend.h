@@ -501,6 +501,15 @@ struct backend_options {
     /* CUDA: q/k norms + RoPE + KV write are folded into the decode attention
      * after them (default on; off: they are one launch before it) */
     enum backend_switch cuda_qk_fusion;
+    /* CUDA: ... also for spans of up to 8 tokens over an f16 cache (a speculative verify
+     * step; default off until measured on a GPU: their q/k work is one launch before the
+     * attention) */
+    enum backend_switch cuda_qk_span_fusion;
+    /* CUDA: in FAST mode the skinny GEMM that adds into the residual stream (3-8 rows) also
+     * leaves each row's sums of squares, and the skinny GEMM after the RMSNorm of that
+     * stream normalises its x from them, so the norm is no launch of its own (default off
+     * until measured on a GPU: the norm is launched) */
+    enum backend_switch cuda_norm_sums;
     /* CUDA: a residual add and the RMSNorm of its sum right after it are one launch
      * (default on; off: two launches; the bits are the same either way) */
     enum backend_switch cuda_add_norm_fusion;

@@ -48,6 +48,13 @@ static enum backend_switch env_off(const char *name)
     return v && !strcmp(v, "0") ? BACKEND_OFF : BACKEND_DEFAULT;
 }
 
+/* A switch variable of a feature off by default: "1" turns it on. */
+static enum backend_switch env_on(const char *name)
+{
+    const char *v = getenv(name);
+    return v && !strcmp(v, "1") ? BACKEND_ON : BACKEND_DEFAULT;
+}
+
 void cli_backend_options_from_env(struct backend_options *out)
 {
     *out = (struct backend_options){0};
@@ -63,6 +70,8 @@ void cli_backend_options_from_env(struct backend_options *out)
     out->cuda_pdl = env_off("INFERD_CUDA_PDL");
     out->cuda_norm_fusion = env_off("INFERD_CUDA_NORM_FUSION");
     out->cuda_qk_fusion = env_off("INFERD_CUDA_QK_ATTN");
+    out->cuda_qk_span_fusion = env_on("INFERD_CUDA_QK_SPAN");
+    out->cuda_norm_sums = env_on("INFERD_CUDA_NORM_SUMS");
     out->cuda_add_norm_fusion = env_off("INFERD_CUDA_ADD_NORM");
     out->cuda_gemm_x_fusion = env_off("INFERD_CUDA_GEMM_X");
     out->cuda_prefill_tc = env_off("INFERD_CUDA_PREFILL_TC");
@@ -100,6 +109,8 @@ int cli_backend_flag(const char *flag, const char *value, struct backend_options
         {"--cuda-pdl", offsetof(struct backend_options, cuda_pdl)},
         {"--cuda-norm-fusion", offsetof(struct backend_options, cuda_norm_fusion)},
         {"--cuda-qk-fusion", offsetof(struct backend_options, cuda_qk_fusion)},
+        {"--cuda-qk-span-fusion", offsetof(struct backend_options, cuda_qk_span_fusion)},
+        {"--cuda-norm-sums", offsetof(struct backend_options, cuda_norm_sums)},
         {"--cuda-add-norm-fusion", offsetof(struct backend_options, cuda_add_norm_fusion)},
         {"--cuda-gemm-x-fusion", offsetof(struct backend_options, cuda_gemm_x_fusion)},
         {"--cuda-prefill-tc", offsetof(struct backend_options, cuda_prefill_tc)},

@@ -200,6 +200,21 @@ static float *decode_logits(const char *dir, enum compute_mode mode, const struc
     return logits;
 }
 
+/* The model of golden file path, written into a new temporary folder (*tmp; dir its path),
+ * and its longest case. */
+static const struct golden_case *golden_model_longest(const char *path, struct golden *g,
+                                                      char **tmp, char *dir, size_t cap)
+{
+    *tmp = test_mkdtemp();
+    cr_assert_eq(golden_load(path, g), 0);
+    golden_make_model(g, *tmp, dir, cap);
+    const struct golden_case *gc = &g->cases[0];
+    for (int c = 1; c < g->n_cases; c++)
+        if (g->cases[c].n_tokens > gc->n_tokens)
+            gc = &g->cases[c];
+    return gc;
+}
+
 /* Decode steps of n_seqs sequences for every golden model (its longest
  * case, a token at a time), bit for bit, with a switch of the CUDA backend on
  * and off. */
@@ -210,15 +225,9 @@ static void decode_equal_with_switch(enum backend_switch *sw, enum compute_mode 
     int n = golden_list(paths, GOLDEN_MAX_FILES);
     cr_assert_gt(n, 0);
     for (int k = 0; k < n; k++) {
-        char *tmp = test_mkdtemp();
+        char *tmp, dir[1024];
         struct golden g;
-        cr_assert_eq(golden_load(paths[k], &g), 0);
-        char dir[1024];
-        golden_make_model(&g, tmp, dir, sizeof dir);
-        const struct golden_case *gc = &g.cases[0];
-        for (int c = 1; c < g.n_cases; c++)
-            if (g.cases[c].n_tokens > gc->n_tokens)
-                gc = &g.cases[c];
+        const struct golden_case *gc = golden_model_longest(paths[k], &g, &tmp, dir, sizeof dir);
         int vocab = 0;
         float *on = decode_logits(dir, mode, gc, n_seqs, sw, BACKEND_ON, &vocab);
         float *off = decode_logits(dir, mode, gc, n_seqs, sw, BACKEND_OFF, &vocab);
@@ -267,6 +276,129 @@ Test(cuda_fusion, qk_prep_folded_into_decode_attention_equals_separate_launches,
     /* more than 8 rows: the tensor-core decode kernel's fold */
     decode_equal_with_switch(&cuda_options.cuda_qk_fusion, COMPUTE_FAST, 12,
                              "with q/k prep folded into tensor-core attention and launched apart");
+}
+
+/* The logits of speculative-verify-shaped steps: n_seqs sequences side by side, sequence s
+ * reading span[s] tokens of golden case gc a step (every row's logits; from its s-th token
+ * on, wrapping), with the switch sw set to value while the backend is created; the rows of
+ * every step one after another, *n_floats of them in all. */
+static float *span_logits(const char *dir, const struct golden_case *gc, int n_seqs,
+                          const int *span, enum backend_switch *sw, enum backend_switch value,
+                          size_t *n_floats)
+{
+    *sw = value;
+    int rows = 0, longest = 1;
+    for (int s = 0; s < n_seqs; s++) {
+        rows += span[s];
+        longest = span[s] > longest ? span[s] : longest;
+    }
+    struct golden_fixture f = {0};
+    golden_fixture_open(&f, cuda_backend, dir, COMPUTE_FAST, rows);
+    const size_t vocab = (size_t)f.model->config.vocab_size;
+    const int n_steps = gc->n_tokens / longest;
+    float *logits = malloc((size_t)n_steps * rows * vocab * sizeof(float));
+    int32_t *tokens = malloc((size_t)rows * sizeof *tokens);
+    cr_assert(logits && tokens);
+    struct err err = {0};
+    struct block_table bt[8];
+    cr_assert_leq(n_seqs, 8);
+    for (int s = 0; s < n_seqs; s++) {
+        block_table_init(&bt[s]);
+        cr_assert_eq(block_table_reserve(f.pool, &bt[s], gc->n_tokens, &err), 0, "%s", err.msg);
+    }
+    for (int i = 0; i < n_steps; i++) {
+        struct batch_seq steps[8];
+        int row = 0;
+        for (int s = 0; s < n_seqs; s++) {
+            for (int j = 0; j < span[s]; j++)
+                tokens[row + j] = gc->tokens[(i * span[s] + j + s) % gc->n_tokens];
+            steps[s] = (struct batch_seq){.tokens = &tokens[row], .n_tokens = span[s],
+                                          .pos0 = i * span[s], .block_ids = bt[s].blocks,
+                                          .n_block_ids = bt[s].n_blocks, .all_logits = true};
+            row += span[s];
+        }
+        struct batch step = {steps, n_seqs};
+        golden_forward(&f, &step);
+        memcpy(logits + (size_t)i * rows * vocab, f.logits, (size_t)rows * vocab * sizeof(float));
+    }
+    for (int s = 0; s < n_seqs; s++)
+        block_table_clear(f.pool, &bt[s]);
+    free(tokens);
+    golden_fixture_close(&f);
+    *sw = BACKEND_DEFAULT;
+    *n_floats = (size_t)n_steps * rows * vocab;
+    return logits;
+}
+
+/* Steps shaped as speculative verification, a switch on against off for every golden model:
+ * one sequence of 5 tokens a step, and 5, 1 and 2 tokens side by side (8 rows, the skinny
+ * GEMM's most); the largest |difference| over the largest |logit| at most tolerance (0: the
+ * same bits). */
+static void spans_with_switch(enum backend_switch *sw, double tolerance, const char *what)
+{
+    static char paths[GOLDEN_MAX_FILES][512];
+    static const int one[] = {5}, mixed[] = {5, 1, 2};
+    static const struct {
+        int n_seqs;
+        const int *span;
+    } shapes[] = {{1, one}, {3, mixed}};
+    int n = golden_list(paths, GOLDEN_MAX_FILES);
+    cr_assert_gt(n, 0);
+    for (int k = 0; k < n; k++) {
+        char *tmp, dir[1024];
+        struct golden g;
+        const struct golden_case *gc = golden_model_longest(paths[k], &g, &tmp, dir, sizeof dir);
+        for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++) {
+            size_t n_floats = 0;
+            float *on = span_logits(dir, gc, shapes[sh].n_seqs, shapes[sh].span, sw, BACKEND_ON,
+                                    &n_floats);
+            float *off = span_logits(dir, gc, shapes[sh].n_seqs, shapes[sh].span, sw,
+                                     BACKEND_OFF, &n_floats);
+            double worst = 0, largest = 0;
+            size_t first = n_floats;
+            for (size_t i = 0; i < n_floats; i++) {
+                if (first == n_floats && memcmp(&on[i], &off[i], sizeof(float)))
+                    first = i;
+                worst = fmax(worst, fabs((double)on[i] - off[i]));
+                largest = fmax(largest, fabs((double)off[i]));
+            }
+            if (tolerance == 0)
+                cr_expect_eq(first, n_floats, "%s, %zu sequences: logits %s differ first at %zu",
+                             g.name, (size_t)shapes[sh].n_seqs, what, first);
+            else
+                cr_expect_leq(worst, tolerance * largest,
+                              "%s, %zu sequences: logits %s differ by %.3g (largest %.3g)",
+                              g.name, (size_t)shapes[sh].n_seqs, what, worst, largest);
+            cr_log_info("cuda %s: verify spans of %d sequences %s: largest difference %.3g of "
+                        "%.3g", g.name, shapes[sh].n_seqs, what, worst, largest);
+            free(on);
+            free(off);
+        }
+        golden_free(&g);
+        test_rmtree(tmp);
+        free(tmp);
+    }
+}
+
+/* Rule 1 over a verify step's spans: each block prepares the K and V of the span positions its
+ * split holds, from the rows whose tokens they are, in the q/k launch's arithmetic - the same
+ * bits as that launch before the attention. */
+Test(cuda_fusion, qk_prep_folded_into_the_attention_of_verify_spans_equals_separate_launches,
+     .timeout = 300)
+{
+    skip_without_gpu();
+    spans_with_switch(&cuda_options.cuda_qk_span_fusion, 0,
+                      "with the spans' q/k prep folded into attention and launched apart");
+}
+
+/* Rule 9 in verify steps: the RMSNorm from the sums the residual-adding skinny GEMM left,
+ * against its own launch; only the order of each row's sum of squares differs. */
+Test(cuda_fusion, rmsnorm_from_the_skinny_gemms_sums_stays_within_rounding_of_its_launch,
+     .timeout = 300)
+{
+    skip_without_gpu();
+    spans_with_switch(&cuda_options.cuda_norm_sums, 1e-2,
+                      "with the RMSNorm folded into the skinny GEMM and launched");
 }
 
 /* Rule 4 of fuse.h: an add and the RMSNorm of its sum in one launch give the bits of two
@@ -955,6 +1087,123 @@ Test(cuda_fusion, add_rmsnorm_and_bf16_x_at_a_real_hidden_size_equal_unfused_lau
     free(res0);
     free(norm_w);
     free(w);
+}
+
+/* A matmul adding into the residual stream, the RMSNorm of the sum and a matmul of its rows,
+ * through backend ops (n rows: the skinny GEMM); res and the last output come back. */
+static void residual_norm_matmul_on(struct backend *be, const float *x, const uint16_t *w1,
+                                    int in, const float *res0, const float *norm_w,
+                                    const uint16_t *w2, int out, int hidden, int n, float *res,
+                                    float *y)
+{
+    struct err err = {0};
+    size_t xb = (size_t)n * in * sizeof(float), hb = (size_t)n * hidden * sizeof(float);
+    size_t yb = (size_t)n * out * sizeof(float);
+    float *dx = be->ops->alloc(be, xb), *dy1 = be->ops->alloc(be, hb);
+    float *dres = be->ops->alloc(be, hb), *dh = be->ops->alloc(be, hb);
+    float *dnw = be->ops->alloc(be, (size_t)hidden * sizeof(float)), *dy = be->ops->alloc(be, yb);
+    void *dw1 = be->ops->alloc(be, (size_t)hidden * in * 2);
+    void *dw2 = be->ops->alloc(be, (size_t)out * hidden * 2);
+    cr_assert(dx && dy1 && dres && dh && dnw && dy && dw1 && dw2);
+    be->ops->to_device(be, dx, x, xb);
+    be->ops->to_device(be, dres, res0, hb);
+    be->ops->to_device(be, dnw, norm_w, (size_t)hidden * sizeof(float));
+    be->ops->to_device(be, dw1, w1, (size_t)hidden * in * 2);
+    be->ops->to_device(be, dw2, w2, (size_t)out * hidden * 2);
+    struct weight_matrix m1 = {DTYPE_BF16, hidden, in, dw1}, m2 = {DTYPE_BF16, out, hidden, dw2};
+    be->ops->matmul(be, dx, n, &m1, NULL, dy1);
+    be->ops->add(be, dres, dy1, (int64_t)n * hidden);
+    be->ops->rmsnorm(be, dres, dnw, n, hidden, 1e-5f, dh);
+    be->ops->matmul(be, dh, n, &m2, NULL, dy);
+    be->ops->to_host(be, res, dres, hb);
+    be->ops->to_host(be, y, dy, yb);
+    cr_assert_eq(be->ops->status ? be->ops->status(be, &err) : 0, 0, "%s", err.msg);
+    void *bufs[] = {dx, dy1, dres, dh, dnw, dy, dw1, dw2};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        be->ops->release(be, bufs[i]);
+}
+
+/* Rule 9 at real hidden sizes and one whose last tile is short: the residual stream is the
+ * launched norm's bits, and the output differs from the launched norm's only where a bf16
+ * rounding of x flipped (each row's sum of squares is added in another order): at most a
+ * few elements' worth of |w x| in a row, where an inverse RMS off by 1% moves nearly all. */
+Test(cuda_fusion, rmsnorm_folded_from_skinny_sums_matches_its_launch_at_real_hidden_sizes,
+     .timeout = 120)
+{
+    skip_without_gpu();
+    static const int hiddens[] = {4096, 200}, rows_of[] = {3, 5, 8};
+    const int in = 256, out = 512, max_n = 8;
+    uint64_t state = 31;
+    for (size_t hi = 0; hi < sizeof hiddens / sizeof hiddens[0]; hi++) {
+        const int hidden = hiddens[hi];
+        size_t nh = (size_t)max_n * hidden;
+        float *x = malloc((size_t)max_n * in * sizeof *x), *res0 = malloc(nh * sizeof *res0);
+        float *norm_w = malloc((size_t)hidden * sizeof *norm_w);
+        uint16_t *w1 = malloc((size_t)hidden * in * 2), *w2 = malloc((size_t)out * hidden * 2);
+        float *res[2], *y[2];
+        for (int k = 0; k < 2; k++) {
+            res[k] = malloc(nh * sizeof(float));
+            y[k] = malloc((size_t)max_n * out * sizeof(float));
+            cr_assert(res[k] && y[k]);
+        }
+        cr_assert(x && res0 && norm_w && w1 && w2);
+        for (int i = 0; i < max_n * in; i++)
+            x[i] = exact_rand(&state, 2.0f);
+        for (size_t i = 0; i < nh; i++)
+            res0[i] = exact_rand(&state, 1.0f);
+        for (int i = 0; i < hidden; i++)
+            norm_w[i] = exact_rand(&state, 1.0f);
+        for (size_t i = 0; i < (size_t)hidden * in; i++)
+            w1[i] = f32_to_bf16(exact_rand(&state, 0.5f));
+        for (size_t i = 0; i < (size_t)out * hidden; i++)
+            w2[i] = f32_to_bf16(exact_rand(&state, 0.5f));
+        for (size_t ri = 0; ri < sizeof rows_of / sizeof rows_of[0]; ri++) {
+            const int n = rows_of[ri];
+            for (int k = 0; k < 2; k++) {
+                struct backend *be = NULL;
+                struct err err = {0};
+                cuda_options.cuda_norm_sums = k ? BACKEND_OFF : BACKEND_ON;
+                cr_assert_eq(cuda_backend(COMPUTE_FAST, &be, &err), 0, "%s", err.msg);
+                residual_norm_matmul_on(be, x, w1, in, res0, norm_w, w2, out, hidden, n, res[k],
+                                        y[k]);
+                backend_destroy(be);
+            }
+            cuda_options.cuda_norm_sums = BACKEND_DEFAULT;
+            cr_expect_eq(memcmp(res[0], res[1], (size_t)n * hidden * sizeof(float)), 0,
+                         "hidden %d, %d rows: the residual stream differs", hidden, n);
+            double worst = 0;
+            for (int t = 0; t < n; t++) {
+                const float *r = res[1] + (size_t)t * hidden;
+                double ss = 0;
+                for (int c = 0; c < hidden; c++)
+                    ss += (double)r[c] * r[c];
+                double inv = 1.0 / sqrt(ss / hidden + 1e-5);
+                for (int o = 0; o < out; o++) {
+                    double big = 0;
+                    for (int c = 0; c < hidden; c++)
+                        big = fmax(big, fabs(bf16_to_f32(w2[(size_t)o * hidden + c]) * norm_w[c] *
+                                             r[c] * inv));
+                    double d = fabs((double)y[0][(size_t)t * out + o] - y[1][(size_t)t * out + o]);
+                    worst = fmax(worst, d / (big * 0x1p-8 + 1e-30));
+                }
+            }
+            cr_expect_leq(worst, 8.0,
+                          "hidden %d, %d rows: the folded norm's output is %.3g flipped bf16 "
+                          "roundings of the largest |w x| from the launched norm's",
+                          hidden, n, worst);
+            cr_log_info("cuda rule 9, hidden %d, %d rows: %.3g roundings' worth from the "
+                        "launched norm", hidden, n, worst);
+        }
+        for (int k = 0; k < 2; k++) {
+            free(res[k]);
+            free(y[k]);
+        }
+        free(x);
+        free(res0);
+        free(norm_w);
+        free(w1);
+        free(w2);
+    }
 }
 
 /* A KV pool larger than any GPU's memory is refused with a message, not a crash. */

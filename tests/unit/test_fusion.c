@@ -282,6 +282,7 @@ struct rig {
     struct kv_cache kv;
     uint32_t blocks[MAX_SEQS][BLOCKS_PER_SEQ];
     float *logits;
+    bool all_logits; /* steps want every row's logits (a speculative verify step) */
 };
 
 static void rig_open(struct rig *r, const char *preset, enum compute_mode mode)
@@ -342,7 +343,8 @@ static const struct cu_op *rig_step(struct rig *r, int n_seqs, int n_tokens, int
                                      .n_tokens = n_tokens,
                                      .pos0 = n_tokens == 1 ? pos0[s] : 0,
                                      .block_ids = r->blocks[s],
-                                     .n_block_ids = BLOCKS_PER_SEQ};
+                                     .n_block_ids = BLOCKS_PER_SEQ,
+                                     .all_logits = r->all_logits};
     }
     struct batch batch = {seqs, n_seqs};
     struct rec_backend *rb = rb_of(r->be);
@@ -397,8 +399,9 @@ static void launch_word(const struct cu_op *ops, const struct cu_launch *l, char
         char group[16] = "";
         if (n > 1)
             snprintf(group, sizeof group, "x%d", n);
-        snprintf(w, cap, "%s%s%s%s%s", l->norm ? "rmsnorm+" : "", l->skinny ? "skinny" : "gemv", group,
-                 l->residual ? "+add" : "", l->swiglu ? "+swiglu" : "");
+        snprintf(w, cap, "%s%s%s%s%s%s", l->norm ? "rmsnorm+" : "", l->skinny ? "skinny" : "gemv",
+                 group, l->residual ? "+add" : "", l->norm_sums ? "+sums" : "",
+                 l->swiglu ? "+swiglu" : "");
         break;
     }
     default: snprintf(w, cap, "?%d", (int)l->kind);
@@ -902,13 +905,20 @@ static void expect_matmul_plans(const struct cu_fuse_config *cfg, const struct m
  * at most skinny_max_rows run on it, with the GEMV launches' epilogues (the
  * norms stay separate launches); more rows, rows of a length not a multiple
  * of 8 and unaligned operands do not (nor exact mode: the test above). */
+/* fast_all with the backend's GEMV cap and the skinny GEMM on. */
+static struct cu_fuse_config skinny_config(void)
+{
+    struct cu_fuse_config cfg = fast_all;
+    cfg.gemv_max_rows = 2;
+    cfg.skinny_max_rows = CU_SKINNY_MAX_ROWS;
+    return cfg;
+}
+
 Test(fusion, fast_matmuls_of_a_few_rows_past_the_gemv_cap_run_on_the_skinny_gemm)
 {
     struct rig r;
     rig_open(&r, "tiny-qwen3", COMPUTE_FAST);
-    struct cu_fuse_config skinny = fast_all;
-    skinny.gemv_max_rows = 2;
-    skinny.skinny_max_rows = CU_SKINNY_MAX_ROWS;
+    struct cu_fuse_config skinny = skinny_config();
     check_step(&r, "tiny-qwen3, 3 sequences decoding", &skinny, 3, 1,
                "rmsnorm skinnyx3 qk_norm+rope_qk+kv_store+attention skinny+add rmsnorm "
                "skinnyx2+swiglu skinny+add",
@@ -924,6 +934,60 @@ Test(fusion, fast_matmuls_of_a_few_rows_past_the_gemv_cap_run_on_the_skinny_gemm
         {3, 208, 0, 4, CU_LAUNCH_GEMM, false},
     };
     expect_matmul_plans(&skinny, cases, sizeof cases / sizeof cases[0]);
+}
+
+/* A speculative verify step (one sequence, 5 tokens, every row's logits) on the skinny GEMM:
+ * rule 1 folds its span's q/k work into the attention (qk_spans), rule 9 its RMSNorms into the
+ * skinny GEMMs after them (norm_sums) - the final norm into the LM head's too - where the GEMM
+ * before adds into the residual stream: only the first layer's first norm stays a launch. */
+Test(fusion, a_verify_steps_qk_work_and_norms_fold_into_the_launches_after_them)
+{
+    struct rig r;
+    rig_open(&r, "tiny-qwen3", COMPUTE_FAST);
+    r.all_logits = true;
+    const int n_layers = r.model->config.n_layers;
+    struct cu_fuse_config cfg = skinny_config();
+    check_step(&r, "tiny-qwen3, a 5-token span, no span rules", &cfg, 1, 5,
+               "rmsnorm skinnyx3 qk_norm+rope_qk+kv_store attention skinny+add rmsnorm "
+               "skinnyx2+swiglu skinny+add",
+               8, "rmsnorm skinny");
+    cfg.qk_spans = true;
+    cfg.norm_sums = true;
+    const char *rest = "rmsnorm+skinnyx3 qk_norm+rope_qk+kv_store+attention skinny+add+sums "
+                       "rmsnorm+skinnyx2+swiglu skinny+add+sums";
+    check_step(&r, "tiny-qwen3, a 5-token span", &cfg, 1, 5,
+               layers_text("rmsnorm skinnyx3 qk_norm+rope_qk+kv_store+attention skinny+add+sums "
+                           "rmsnorm+skinnyx2+swiglu skinny+add+sums",
+                           rest, n_layers),
+               5 * n_layers + 1, "rmsnorm+skinny");
+    /* a prompt chunk wants its last row's logits alone: the final norm of that row is rule
+     * 2's, into the LM head's GEMV, and the last layer leaves no sums */
+    r.all_logits = false;
+    static char layers[TEXT_CAP];
+    snprintf(layers, sizeof layers, "%s",
+             n_layers > 1 ? layers_text("rmsnorm skinnyx3 qk_norm+rope_qk+kv_store+attention "
+                                        "skinny+add+sums rmsnorm+skinnyx2+swiglu skinny+add+sums",
+                                        rest, n_layers - 1)
+                          : "");
+    size_t len = strlen(layers);
+    snprintf(layers + len, sizeof layers - len, "%s%s", len ? " | " : "",
+             n_layers > 1 ? "rmsnorm+skinnyx3 qk_norm+rope_qk+kv_store+attention skinny+add+sums "
+                            "rmsnorm+skinnyx2+swiglu skinny+add"
+                          : "rmsnorm skinnyx3 qk_norm+rope_qk+kv_store+attention skinny+add+sums "
+                            "rmsnorm+skinnyx2+swiglu skinny+add");
+    check_step(&r, "tiny-qwen3, a 5-token prompt chunk", &cfg, 1, 5, layers, 5 * n_layers + 1,
+               "rmsnorm+gemv");
+    /* a span past CU_QK_MAX_SPAN takes the prefill kernels: no q/k fold */
+    r.all_logits = true;
+    int n_ops = 0;
+    const struct cu_op *ops = rig_step(&r, 1, CU_QK_MAX_SPAN + 1, &n_ops);
+    static struct cu_launch plan[MAX_LAUNCHES];
+    int n = cu_fuse_plan(&cfg, ops, n_ops, plan, MAX_LAUNCHES);
+    cr_assert_gt(n, 0);
+    for (int i = 0; i < n; i++)
+        cr_expect_neq(plan[i].kind, CU_LAUNCH_QK_ATTENTION, "launch %d of a %d-token span", i,
+                      CU_QK_MAX_SPAN + 1);
+    rig_close(&r);
 }
 
 /* cuda_gemm_f32 (Whisper's backend): an f32 matmul of more rows than the GEMV kernels take goes

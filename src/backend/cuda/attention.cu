@@ -272,13 +272,15 @@ struct kv4<__half> {
 
 /* NARROW (cu_attention_narrow; GP is 1): tiles of one pass, a block per
  * query head, so a short context's blocks each run a short dependent chain.
- * PREP (decode steps of one token per sequence): the q/k launch before the
- * attention is folded in. Each block prepares its own query heads from the
- * raw q (RMSNorm, RoPE), and the block whose split holds the row's newest
- * position prepares that position's K (and takes its V) itself, reads both
- * from shared memory instead of the cache, and - for the first head group of
- * the kv head - writes them into the cache for the steps after. */
-template <int HD, int GP, typename KT, bool PREP, bool NARROW>
+ * PREP: the q/k launch before the attention is folded in. Each block
+ * prepares its own query heads from the raw q (RMSNorm, RoPE). The positions
+ * its row's span computes this step (the newest alone in a decode step; a
+ * speculative verify span's up to NEW) are not in the cache yet: the block
+ * prepares the K of those its split holds (and takes their V) itself, from
+ * the rows whose tokens they are, and reads both from shared memory. The
+ * span's last row, which attends to all of them, writes them into the cache
+ * for the steps after (its first head group of the kv head). */
+template <int HD, int GP, typename KT, bool PREP, bool NARROW, int NEW = 1>
 static __global__ void __launch_bounds__(FD_THREADS, HD * GP <= 512 ? 2 : 1)
 attn_decode_fd_kernel(struct cu_op op, const uint8_t *params, float *part, unsigned *counters,
                       struct cu_qk_args prep)
@@ -296,8 +298,9 @@ attn_decode_fd_kernel(struct cu_op op, const uint8_t *params, float *part, unsig
     __shared__ float m_sm[GP], l_sm[GP], c_sm[GP];
     __shared__ __align__(16) float red[FD_WARPS][GB][HD];
     __shared__ float mw[CU_ATTN_MAX_SPLITS][GP], lw[CU_ATTN_MAX_SPLITS][GP];
-    __shared__ __align__(16) float k_prep[PREP ? HD : 1];
-    __shared__ __align__(16) KT k_new[PREP ? HD : 1], v_new[PREP ? HD : 1];
+    static_assert(NEW == 1 || PREP, "span positions come with the q/k work");
+    __shared__ __align__(16) float k_prep[NEW][PREP ? HD : 1];
+    __shared__ __align__(16) KT k_new[NEW][PREP ? HD : 1], v_new[NEW][PREP ? HD : 1];
 
     const struct cu_kv kv = op.u.attn.kv;
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
@@ -314,6 +317,11 @@ attn_decode_fd_kernel(struct cu_op op, const uint8_t *params, float *part, unsig
     const uint32_t *bt = ds.bt;
     const int last = ds.last, begin = ds.begin, end = ds.end;
     const int s_first = ds.s_first, n_active = ds.n_active;
+    /* PREP: positions new0 .. last are this step's (rows span_row0 ..), the
+     * span's last row being span_last */
+    int new0 = last, span_row0 = row, span_last = row;
+    if (PREP && NEW > 1)
+        decode_row_span(op, params, row, &new0, &span_row0, &span_last);
 
     const int q_dim = op.u.attn.n_heads * HD;
     const float *qrow = op.u.attn.q + (size_t)row * q_dim + (size_t)h0 * HD;
@@ -331,10 +339,11 @@ attn_decode_fd_kernel(struct cu_op op, const uint8_t *params, float *part, unsig
 #pragma unroll
         for (int r = 0; r < KR; r++) {
             int p = t0 + r * (FD_WARPS * PPW) + warp * PPW + kg;
-            if (PREP && p == last && p <= end) {
+            if (PREP && p >= new0 && p <= end) {
 #pragma unroll
                 for (int i = 0; i < 4; i++)
-                    kd[r][i] = hold_newest ? L::zero() : L::load_shared(k_new, kl + i * LPP);
+                    kd[r][i] =
+                        hold_newest ? L::zero() : L::load_shared(k_new[p - new0], kl + i * LPP);
             } else if (p <= end) {
                 const KT *src = (const KT *)kv.k + slot_offset(&kv, layer, bt, p) + head_off;
 #pragma unroll
@@ -349,10 +358,11 @@ attn_decode_fd_kernel(struct cu_op op, const uint8_t *params, float *part, unsig
 #pragma unroll
         for (int r = 0; r < VR; r++) {
             int p = t0 + r * (FD_WARPS * VPI) + warp * VPI + vg;
-            if (PREP && p == last && p <= end) {
+            if (PREP && p >= new0 && p <= end) {
 #pragma unroll
                 for (int j = 0; j < VF; j++)
-                    vd[r][j] = hold_newest ? L::zero() : L::load_shared(v_new, vl + 32 * j);
+                    vd[r][j] =
+                        hold_newest ? L::zero() : L::load_shared(v_new[p - new0], vl + 32 * j);
             } else if (p <= end) {
                 const KT *src = (const KT *)kv.v + slot_offset(&kv, layer, bt, p) + head_off;
 #pragma unroll
@@ -368,17 +378,21 @@ attn_decode_fd_kernel(struct cu_op op, const uint8_t *params, float *part, unsig
     auto load_tile = [&](int t0, bool hold_newest) { load_tile_into(t0, hold_newest, kr, vr); };
     auto patch_newest = [&](int t0) {
 #pragma unroll
-        for (int r = 0; r < KR; r++)
-            if (t0 + r * (FD_WARPS * PPW) + warp * PPW + kg == last)
+        for (int r = 0; r < KR; r++) {
+            int p = t0 + r * (FD_WARPS * PPW) + warp * PPW + kg;
+            if (p >= new0 && p <= end)
 #pragma unroll
                 for (int i = 0; i < 4; i++)
-                    kr[r][i] = L::load_shared(k_new, kl + i * LPP);
+                    kr[r][i] = L::load_shared(k_new[p - new0], kl + i * LPP);
+        }
 #pragma unroll
-        for (int r = 0; r < VR; r++)
-            if (t0 + r * (FD_WARPS * VPI) + warp * VPI + vg == last)
+        for (int r = 0; r < VR; r++) {
+            int p = t0 + r * (FD_WARPS * VPI) + warp * VPI + vg;
+            if (p >= new0 && p <= end)
 #pragma unroll
                 for (int j = 0; j < VF; j++)
-                    vr[r][j] = L::load_shared(v_new, vl + 32 * j);
+                    vr[r][j] = L::load_shared(v_new[p - new0], vl + 32 * j);
+        }
     };
     /* the first tile's cache reads need nothing this step computed (the
      * newest position is held back): they go out before the q/k work, whose
@@ -389,8 +403,10 @@ attn_decode_fd_kernel(struct cu_op op, const uint8_t *params, float *part, unsig
     if (PREP) {
         float pos;
         const float *inv_freq = qk_row_freqs(prep, params, row, &pos);
-        const bool newest = split == s_first + n_active - 1;
-        for (int j = warp; j < ng + (newest ? 1 : 0); j += FD_WARPS) {
+        /* this split's new positions: p_lo .. end */
+        const int p_lo = new0 > begin ? new0 : begin;
+        const int n_new = end >= p_lo ? end - p_lo + 1 : 0;
+        for (int j = warp; j < ng + n_new; j += FD_WARPS) {
             if (j < ng) {
                 qk_head_prep(qrow + (size_t)j * HD, prep.q_norm, prep.eps, HD, prep.rot_dim, pos,
                              inv_freq, prep.factor, q_sm[j]);
@@ -398,15 +414,19 @@ attn_decode_fd_kernel(struct cu_op op, const uint8_t *params, float *part, unsig
                     q_sm[j][i] *= op.u.attn.scale;
                 continue;
             }
-            const size_t kv_row = ((size_t)row * kv.n_kv_heads + kvh) * HD;
-            qk_head_prep(prep.k + kv_row, prep.k_norm, prep.eps, HD, prep.rot_dim, pos, inv_freq,
-                         prep.factor, k_prep);
-            const size_t slot = slot_offset(&kv, layer, bt, last) + head_off;
+            const int p = p_lo + (j - ng), n = p - new0, src = span_row0 + n;
+            float k_pos = pos;
+            const float *k_freq = src == row ? inv_freq : qk_row_freqs(prep, params, src, &k_pos);
+            const size_t kv_row = ((size_t)src * kv.n_kv_heads + kvh) * HD;
+            qk_head_prep(prep.k + kv_row, prep.k_norm, prep.eps, HD, prep.rot_dim, k_pos, k_freq,
+                         prep.factor, k_prep[n]);
+            const size_t slot = slot_offset(&kv, layer, bt, p) + head_off;
+            const bool store = hc == 0 && row == span_last;
             for (int i = lane; i < HD; i += 32) {
-                KT kq = L::narrow(k_prep[i]), vq = L::narrow(prep.v[kv_row + i]);
-                k_new[i] = kq;
-                v_new[i] = vq;
-                if (hc == 0) {
+                KT kq = L::narrow(k_prep[n][i]), vq = L::narrow(prep.v[kv_row + i]);
+                k_new[n][i] = kq;
+                v_new[n][i] = vq;
+                if (store) {
                     ((KT *)kv.k)[slot + i] = kq;
                     ((KT *)kv.v)[slot + i] = vq;
                 }
@@ -426,7 +446,7 @@ attn_decode_fd_kernel(struct cu_op op, const uint8_t *params, float *part, unsig
         c_sm[threadIdx.x] = 1.0f;
     }
     __syncthreads();
-    if (PREP && last <= end && last < begin + T)
+    if (PREP && new0 <= end && new0 < begin + T)
         patch_newest(begin);
 
     float4 acc[GP][VF];
@@ -785,10 +805,15 @@ static cudaError_t launch_decode_fd(cudaStream_t s, const struct cu_op *op, cons
     }
     struct cu_qk_args none;
     memset(&none, 0, sizeof none);
-    auto kern = op->u.attn.kv.f16 ? (prep ? attn_decode_fd_kernel<HD, GP, __half, true, NARROW>
-                                          : attn_decode_fd_kernel<HD, GP, __half, false, NARROW>)
-                                  : (prep ? attn_decode_fd_kernel<HD, GP, float, true, NARROW>
-                                          : attn_decode_fd_kernel<HD, GP, float, false, NARROW>);
+    /* spans of several new positions (cu_attention_takes_qk: f16, head dim up to 128) */
+    constexpr int NEW = HD <= 128 ? CU_QK_MAX_SPAN : 1;
+    auto kern = op->u.attn.kv.f16
+                    ? (!prep ? attn_decode_fd_kernel<HD, GP, __half, false, NARROW>
+                       : op->u.attn.max_span_tokens > 1
+                           ? attn_decode_fd_kernel<HD, GP, __half, true, NARROW, NEW>
+                           : attn_decode_fd_kernel<HD, GP, __half, true, NARROW>)
+                    : (prep ? attn_decode_fd_kernel<HD, GP, float, true, NARROW>
+                            : attn_decode_fd_kernel<HD, GP, float, false, NARROW>);
     /* launched after the launch before it completes, not as its programmatic
      * dependent (early launches measured slower on the 1B and 8B shapes: -3 to
      * -5% tg128, -5% at 8k; +4% on the 0.6B), except, when the caller asks

@@ -61,6 +61,19 @@ static __device__ __forceinline__ bool decode_row(const struct cu_op &op, const 
     return true;
 }
 
+/* Row row's span: its first position this step (*new0), its first row and
+ * its last (rows are the span's positions in order). */
+static __device__ __forceinline__ void decode_row_span(const struct cu_op &op,
+                                                       const uint8_t *params, int row, int *new0,
+                                                       int *row0, int *last_row)
+{
+    struct span_view sv = spans_at(params, op.u.attn.spans_off, op.u.attn.n_spans);
+    const struct cu_span *sp = &sv.spans[sv.rowmap[row]];
+    *new0 = sp->pos0;
+    *row0 = sp->row0;
+    *last_row = sp->row0 + sp->n_tokens - 1;
+}
+
 /* A decode row's positions [first, last], its block table, and the part of
  * them split attends to, [begin, end], of the row's active splits s_first ..
  * s_first + n_active - 1 (a split holds ctx_bucket / n_splits positions). */

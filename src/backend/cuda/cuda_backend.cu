@@ -1382,6 +1382,7 @@ static void cu_destroy(struct backend *be)
     cudaFree(im->xb);
     cudaFree(im->wb);
     cudaFree(im->attn_part);
+    cudaFree(im->norm_sums);
     cudaFree(im->xq);
     cudaFree(im->gemm_work);
     cudaFree(im->lora_work);
@@ -1603,6 +1604,9 @@ extern "C" int backend_cuda_create(int device, const struct backend_options *opt
     im->fuse.norm_gemv = opt->cuda_norm_fusion == BACKEND_ON ||
                          (opt->cuda_norm_fusion == BACKEND_DEFAULT && opt->mode == COMPUTE_FAST);
     im->fuse.qk_attention = opt->cuda_qk_fusion != BACKEND_OFF;
+    /* rule 1 over verify spans and rule 9: off unless asked until measured on a GPU */
+    im->fuse.qk_spans = opt->cuda_qk_span_fusion == BACKEND_ON;
+    im->fuse.norm_sums = im->fuse.fast && opt->cuda_norm_sums == BACKEND_ON;
     im->fuse.add_norm = opt->cuda_add_norm_fusion != BACKEND_OFF;
     im->fuse.gemm_x = opt->cuda_gemm_x_fusion != BACKEND_OFF;
     im->fuse.gemv_max_rows = opt->cuda_gemv_rows >= 1 && opt->cuda_gemv_rows <= CU_GEMV_MAX_ROWS
@@ -1638,7 +1642,10 @@ extern "C" int backend_cuda_create(int device, const struct backend_options *opt
              CU_TRY(im, cudaEventCreateWithFlags(&im->arena_free, cudaEventDisableTiming)) &&
              CU_TRY(im, cudaMalloc(&im->lt_workspace, CU_LT_WORKSPACE)) &&
              CU_TRY(im, cudaMallocHost((void **)&im->rec.arena, CU_ARENA_INITIAL)) &&
-             CU_TRY(im, cudaMalloc((void **)&im->arena_dev, CU_ARENA_INITIAL));
+             CU_TRY(im, cudaMalloc((void **)&im->arena_dev, CU_ARENA_INITIAL)) &&
+             (!im->fuse.norm_sums ||
+              CU_TRY(im, cudaMalloc((void **)&im->norm_sums,
+                                    CU_NORM_SUMS_FLOATS * sizeof(float))));
         im->lt_workspace_bytes = CU_LT_WORKSPACE;
         im->rec.arena_cap = CU_ARENA_INITIAL;
     }

@@ -49,7 +49,8 @@ struct cu_device {
      * a row, so half as many) */
     size_t qgemv_smem[2 * CU_GEMV_STREAM_KERNELS + CU_GEMV_STREAM_KERNELS / 2];
     size_t moe_smem[CU_MOE_SMEM_KERNELS]; /* the same for the MoE kernels */
-    size_t skinny_smem[3];                 /* and the skinny GEMM's (pair, plain deep, plain) */
+    size_t skinny_smem[6];                 /* and the skinny GEMM's (pair, plain deep, plain;
+                                              then the same normalising x, fuse rule 9) */
 };
 
 #ifdef __CUDACC__
@@ -285,6 +286,7 @@ struct cu_impl {
     void *xq;             /* device, x as int8 blocks for the block GEMVs (cu_gemv_args.xq); owned */
     size_t xq_bytes;
     void *gemm_work;      /* device, the batched tile GEMM's split-K workspace; owned */
+    float *norm_sums;     /* device, CU_NORM_SUMS_FLOATS: fuse rule 9's sums of squares; owned */
     size_t lora_work_bytes;
     void *lora_work;      /* device, the adapter launches' u, two slots; owned */
     int lora_slot_op[2];
@@ -434,6 +436,12 @@ struct cu_gemv_args {
     const float *norm_w;
     float *norm_out;
     float norm_eps;
+    /* the skinny GEMM (fuse.h rule 9): with res, each token row's sum of squares of the
+     * new res over each tile of 16 outputs into sums_out[t * ceil(rows / 16) + tile];
+     * with norm_w, x normalised from such sums (sums_in, over ceil(cols / 16) tiles)
+     * instead of summed itself, norm_out not written */
+    float *sums_out;
+    const float *sums_in;
     /* FAST mode: device workspace (16-byte aligned, xq_bytes) where a block
      * GEMV of Q8_0, Q4_K or Q6_K quantizes x to int8 for its __dp4a kernel
      * when cu_qgemv_int8_bytes fits in it; NULL: the float kernels */

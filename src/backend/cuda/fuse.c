@@ -70,8 +70,11 @@ bool cu_attention_takes_qk(const struct cu_op *op, const struct cu_qk_args *qk)
 {
     const struct cu_kv *kv = &op->u.attn.kv;
     int hd = kv->head_dim;
+    /* spans of several new positions: the flash-decoding kernels over an f16 cache */
+    const bool spans = op->u.attn.max_span_tokens <= CU_QK_MAX_SPAN && kv->f16 && hd <= 128 &&
+                       !cu_attention_uses_mma(op);
     return op->kind == CU_ATTENTION && !kv->quant && !cu_attention_uses_prefill(op) &&
-           op->u.attn.max_span_tokens == 1 && (hd == 64 || hd == 128 || hd == 256) &&
+           (op->u.attn.max_span_tokens == 1 || spans) && (hd == 64 || hd == 128 || hd == 256) &&
            qk->store && qk->q == op->u.attn.q && qk->head_dim == hd && qk->rot_dim <= hd &&
            qk->n_rows == op->n_rows && qk->n_q_heads == op->u.attn.n_heads &&
            qk->n_k_heads == kv->n_kv_heads && qk->layer == op->u.attn.layer &&
@@ -148,6 +151,40 @@ static bool norm_feeds_gemv(const struct cu_fuse_config *cfg, const struct cu_op
 static int plan_gemv(const struct cu_fuse_config *cfg, const struct cu_op *ops, int m, int n,
                      struct cu_launch *l);
 
+/* Rule 3's residual epilogue: the op after the single-output matmul at ops[m] adds its output
+ * into another buffer (res += y). */
+static bool adds_into_residual(const struct cu_op *ops, int m, int n)
+{
+    const struct cu_op *op = &ops[m];
+    if (m + 1 >= n || op->kind != CU_MATMUL || op->u.mm.n != 1)
+        return false;
+    const struct cu_op *next = &ops[m + 1];
+    return next->kind == CU_ADD && next->u.ew.a == op->u.mm.m[0].y &&
+           next->u.ew.n == (int64_t)op->n_rows * op->u.mm.m[0].rows &&
+           next->u.ew.out != op->u.mm.m[0].y;
+}
+
+/* Rule 9: the skinny GEMM at ops[m] adds into the residual stream, the RMSNorm at ops[m + 2]
+ * normalises every row of that sum, and the skinny GEMM at ops[m + 3] reads its output (no
+ * lora op after it does). */
+static bool sums_feed_norm(const struct cu_fuse_config *cfg, const struct cu_op *ops, int m, int n)
+{
+    if (!cfg->norm_sums || m < 0 || m + 3 >= n || !adds_into_residual(ops, m, n))
+        return false;
+    const struct cu_op *mm = &ops[m], *add = &ops[m + 1], *norm = &ops[m + 2];
+    const struct cu_op *next = &ops[m + 3];
+    if (!uses_skinny(cfg, mm) || mm->n_rows > CU_SKINNY_MAX_ROWS || norm->kind != CU_RMSNORM ||
+        norm->u.norm.x != add->u.ew.out || norm->u.norm.y == norm->u.norm.x ||
+        norm->u.norm.n_rows != mm->n_rows || norm->u.norm.dim != mm->u.mm.m[0].rows ||
+        norm->u.norm.dim > CU_NORM_SUMS_MAX_DIM || (uintptr_t)norm->u.norm.x % 16 != 0 ||
+        (uintptr_t)norm->u.norm.w % 16 != 0)
+        return false;
+    if (next->kind != CU_MATMUL || !uses_skinny(cfg, next) || next->n_rows != mm->n_rows ||
+        next->u.mm.x != norm->u.norm.y || next->u.mm.cols != norm->u.norm.dim)
+        return false;
+    return !(m + 4 < n && ops[m + 4].kind == CU_LORA && ops[m + 4].u.lora.x == norm->u.norm.y);
+}
+
 /* Whether a FAST Q4_K or Q6_K GEMV of up to CU_GEMV_MAX_ROWS rows, one of
  * the stream kernel's weight types. */
 static bool stream_type_gemv(const struct cu_fuse_config *cfg, const struct cu_op *op)
@@ -184,9 +221,9 @@ static int plan_gemv(const struct cu_fuse_config *cfg, const struct cu_op *ops, 
     const struct cu_op *next = m + 1 < n ? &ops[m + 1] : NULL;
     int64_t out_n = (int64_t)op->n_rows * op->u.mm.m[0].rows;
     l->kind = CU_LAUNCH_GEMV;
-    if (next && op->u.mm.n == 1 && next->kind == CU_ADD && next->u.ew.a == op->u.mm.m[0].y &&
-        next->u.ew.n == out_n && next->u.ew.out != op->u.mm.m[0].y) {
+    if (adds_into_residual(ops, m, n)) {
         l->residual = true;
+        l->norm_sums = l->skinny && sums_feed_norm(cfg, ops, m, n);
         return 2;
     }
     if (next && op->u.mm.n == 2 && next->kind == CU_SILU_MUL &&
@@ -438,13 +475,19 @@ int cu_fuse_next(const struct cu_fuse_config *cfg, const struct cu_op *ops, int 
     const struct cu_op *op = &ops[i];
     int used = match_qk(ops, i, n, &l->qk);
     if (used > 0 && cfg->qk_attention && i + used < n &&
-        cu_attention_takes_qk(&ops[i + used], &l->qk)) {
+        cu_attention_takes_qk(&ops[i + used], &l->qk) &&
+        (cfg->qk_spans || ops[i + used].u.attn.max_span_tokens == 1)) {
         l->kind = CU_LAUNCH_QK_ATTENTION;
         return l->n_ops = used + 1;
     }
     if (used > 0) {
         l->kind = CU_LAUNCH_QK;
         return l->n_ops = used;
+    }
+    if (op->kind == CU_RMSNORM && sums_feed_norm(cfg, ops, i - 2, n)) {
+        l->norm = true;
+        l->skinny = true;
+        return l->n_ops = 1 + plan_gemv(cfg, ops, i + 1, n, l);
     }
     if (norm_folds(cfg, ops, i, n)) {
         l->norm = true;

@@ -27,11 +27,15 @@ static bool exec_gemv(struct cu_impl *im, const struct cu_op *ops, const struct 
         const struct cu_op *norm = &ops[l->op];
         a.x = norm->u.norm.x;
         a.norm_w = norm->u.norm.w;
-        a.norm_out = norm->u.norm.y;
+        a.norm_out = l->skinny ? NULL : norm->u.norm.y;
         a.norm_eps = norm->u.norm.eps;
+        if (l->skinny)
+            a.sums_in = im->norm_sums; /* rule 9 */
     }
     if (l->residual)
         a.res = op[1].u.ew.out;
+    if (l->norm_sums)
+        a.sums_out = im->norm_sums;
     a.pair = l->swiglu;
     if (l->mixed) {
         const struct cu_op *next = &op[1];

@@ -11,7 +11,10 @@
  *      every sequence has one token, the q/k work is folded into the
  *      attention launch (qk_attention; unquantized caches only), the
  *      flash-decoding kernel's or the tensor-core decode kernel's of many
- *      rows (decode_mma).
+ *      rows (decode_mma); with qk_spans also when sequences have up to
+ *      CU_QK_MAX_SPAN tokens (a speculative verify step) over an f16 cache,
+ *      on the flash-decoding kernel, each block preparing the K and V of the
+ *      span's positions its split holds.
  *   2. rmsnorm, then a GEMV-path bf16 matmul of at most CU_GEMV_MAX_ROWS rows
  *      reading the norm's output (not in place): the GEMV normalises x itself
  *      while staging it (norm_gemv), and takes rule 3's epilogue too; with
@@ -72,8 +75,18 @@
  *      before it (after_routing): its first kernel may then read x before
  *      waiting for that launch to end.
  *
- * Rule 2 is not taken when a lora op right after the matmul reads the
- * norm's output, which the folded norm never writes.
+ *   9. (norm_sums, FAST mode) a skinny GEMM of up to CU_SKINNY_MAX_ROWS rows
+ *      with rule 3's residual add, then an RMSNorm of every row of that sum,
+ *      then a skinny GEMM reading the norm's output: the first launch also
+ *      leaves each row's sum of squares per tile of 16 outputs (norm_sums,
+ *      into the backend's workspace), and the norm is folded into the second
+ *      (a GEMV launch with norm set and skinny), which adds a row's sums in
+ *      tile order and normalises its x (the residual stream itself) as it
+ *      reads it, in the RMSNorm kernel's arithmetic; only the sum is in
+ *      another order. The norm's output is never written.
+ *
+ * Rules 2 and 9 are not taken when a lora op right after the matmul reads
+ * the norm's output, which the folded norm never writes.
  *
  * The rules match on kinds, pointers and row counts only, so a model whose
  * ops come in another order loses the fusions it no longer lines up for;
@@ -115,6 +128,7 @@ struct cu_fuse_config {
     bool qgemv_norm;   /* rule 2 also before FAST-mode Q4_K and Q8_0 GEMVs on an int8 path: the
                           stream kernel or the quantize launch quantizes the normed x (qgemv.cu) */
     bool qk_attention; /* rule 1's fold into the decode attention */
+    bool qk_spans;     /* ... also of spans of several tokens (a verify step's) */
     bool add_norm;     /* rule 4 */
     bool gemm_x;       /* rule 6 */
     bool qgemv_mixed;  /* rule 3's mix of Q4_K and Q6_K matmuls over one x (the stream kernel) */
@@ -130,6 +144,7 @@ struct cu_fuse_config {
     bool gemm_f32;     /* rule 3: f32 matmuls of more than CU_GEMV_MAX_ROWS rows go to
                           cuBLASLt's f32 GEMM, in either mode (backend_options.cuda_gemm_f32) */
     bool lora_rows;    /* rule 7 */
+    bool norm_sums;    /* rule 9 */
     int lora_rows_smem; /* rule 7: the shared memory a block may have, bytes */
 };
 
@@ -166,7 +181,8 @@ struct cu_launch {
     enum cu_launch_kind kind;
     int op, n_ops;
     /* GEMV: the matmul is ops[op + norm] */
-    bool norm;     /* the RMSNorm at ops[op] folded in */
+    bool norm;     /* the RMSNorm at ops[op] folded in (skinny: from rule 9's sums) */
+    bool norm_sums; /* rule 9: the residual sum's rows' sums of squares left for the next */
     bool residual; /* the add after the matmul (MOE_FFN: after the experts) folded in */
     bool after_routing; /* MOE_FFN: the launch right before is the routing of its ids */
     bool swiglu;   /* the silu_mul after the gate/up pair folded in */
@@ -216,6 +232,11 @@ struct cu_lora_rows_layout {
  * the shared memory passes max_bytes. */
 bool cu_lora_rows_layout_of(int64_t dim, const struct cu_op *const in[2], const struct cu_op *out,
                             int n_out, int max_bytes, struct cu_lora_rows_layout *lay);
+
+/* Rule 9's rows: the residual stream's width a skinny GEMM leaves sums of
+ * squares for, in tiles of 16, and the workspace they take (floats). */
+#define CU_NORM_SUMS_MAX_DIM 32768
+#define CU_NORM_SUMS_FLOATS (CU_SKINNY_MAX_ROWS * (CU_NORM_SUMS_MAX_DIM / 16))
 
 /* Whether the skinny GEMM takes n_rows token rows of cols columns. */
 bool cu_skinny_takes(int64_t n_rows, int64_t cols);

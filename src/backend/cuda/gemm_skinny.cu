@@ -36,7 +36,14 @@
  * ranges of the tile and add their sums through shared memory in warp order
  * (deterministic: graph replay and eager launches give the same bits). The
  * split follows from the shapes and the device alone, so a row's bits do not
- * depend on when the launch runs, only on how many rows it has. */
+ * depend on when the launch runs, only on how many rows it has.
+ *
+ * An RMSNorm between two of these GEMMs (fuse.h rule 9): the one that adds
+ * into the residual stream leaves, per tile, each token row's sum of squares
+ * of the new stream over the tile's 16 outputs (reduced across the tile's
+ * lanes by shuffles), and the one after the norm reads the stream itself as
+ * x: its block adds a row's tile sums in tile order (a warp per row), and
+ * normalises x as it reads it, w * (x * inv) as the RMSNorm kernel does. */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/warp.cuh"
@@ -83,8 +90,9 @@ static __host__ __device__ int64_t skinny_tiles(const struct cu_gemv_args *a)
     return n;
 }
 
-/* NP: 1, or 2 for the SwiGLU pair; STAGES: the depth of each warp's pipeline. */
-template <int NP, int STAGES>
+/* NP: 1, or 2 for the SwiGLU pair; STAGES: the depth of each warp's pipeline;
+ * NORM: x normalised from a.sums_in (rule 9). */
+template <int NP, int STAGES, bool NORM>
 static __global__ void __launch_bounds__(SK_THREADS, 2)
 gemm_skinny_kernel(struct cu_gemv_args a, int n_tiles, int split)
 {
@@ -179,9 +187,11 @@ gemm_skinny_kernel(struct cu_gemv_args a, int n_tiles, int split)
         cp_async_commit();
     };
     float acc[NP][4];
+    /* NORM: the inverse RMS of x row g (set once the sums are in) */
+    float inv = 1.0f;
     /* the lane's x of stage st (its 8 columns of each 32): XP from the stage's
      * copy (zeros for rows past n_rows), else from global memory (zeros past
-     * the row's end) */
+     * the row's end); NORM: normalised */
     auto load_x = [&](int st, float4(&xs)[2][2]) {
 #pragma unroll
         for (int c = 0; c < 2; c++)
@@ -198,6 +208,11 @@ gemm_skinny_kernel(struct cu_gemv_args a, int n_tiles, int split)
                 } else {
                     xs[c][h] = col < cols ? __ldg((const float4 *)(xrow + col))
                                           : make_float4(0, 0, 0, 0);
+                }
+                if (NORM && col < cols) {
+                    const float4 w = __ldg((const float4 *)(a.norm_w + col));
+                    xs[c][h] = make_float4(w.x * (xs[c][h].x * inv), w.y * (xs[c][h].y * inv),
+                                           w.z * (xs[c][h].z * inv), w.w * (xs[c][h].w * inv));
                 }
             }
     };
@@ -246,6 +261,22 @@ gemm_skinny_kernel(struct cu_gemv_args a, int n_tiles, int split)
             issue_x(s_begin + i);
             cp_async_commit();
         }
+    if (NORM) {
+        /* row t's sums of squares, added in tile order by warp t */
+        __shared__ float inv_sm[CU_SKINNY_MAX_ROWS];
+        if (warp < nt) {
+            const int parts = (cols + 15) / 16;
+            const float *sums = a.sums_in + (int64_t)warp * parts;
+            float s = 0.0f;
+            for (int i = lane; i < parts; i += 32)
+                s += sums[i];
+            s = warp_sum(s);
+            if (lane == 0)
+                inv_sm[warp] = 1.0f / sqrtf(s / (float)cols + a.norm_eps);
+        }
+        __syncthreads();
+        inv = inv_sm[min(g, nt - 1)];
+    }
 
     for (int r = 0; r < rounds; r++) {
         if (r > 0) {
@@ -305,6 +336,7 @@ gemm_skinny_kernel(struct cu_gemv_args a, int n_tiles, int split)
             continue;
         /* c[e]: weight row row0 + g (+ 8 for e >= 2), token row 2q (+ 1 for odd e) */
         const int64_t rows = a.m[m].rows;
+        float sq[2] = {0.0f, 0.0f}; /* the new res squared, token rows 2q and 2q + 1 */
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             int row = row0 + g + 8 * (e >> 1), t = 2 * q + (e & 1);
@@ -318,9 +350,26 @@ gemm_skinny_kernel(struct cu_gemv_args a, int n_tiles, int split)
             } else {
                 float v = acc[0][e] + (a.m[m].bias ? a.m[m].bias[row] : 0.0f);
                 a.m[m].y[idx] = v;
-                if (a.res)
-                    a.res[idx] += v;
+                if (a.res) {
+                    float r = a.res[idx] + v;
+                    a.res[idx] = r;
+                    sq[e & 1] += r * r;
+                }
             }
+        }
+        if (NP == 1 && a.sums_out) {
+            /* over the tile's rows: the lanes of one q */
+#pragma unroll
+            for (int o = 4; o < 32; o <<= 1) {
+                sq[0] += __shfl_xor_sync(0xffffffffu, sq[0], o);
+                sq[1] += __shfl_xor_sync(0xffffffffu, sq[1], o);
+            }
+            const int64_t parts = (rows + 15) / 16;
+            if (g == 0)
+#pragma unroll
+                for (int k = 0; k < 2; k++)
+                    if (2 * q + k < nt)
+                        a.sums_out[(2 * q + k) * parts + row0 / 16] = sq[k];
         }
     }
 }
@@ -330,12 +379,14 @@ template <int NP, int STAGES, int K>
 static cudaError_t launch(struct cu_device *dev, cudaStream_t s, const struct cu_gemv_args *a,
                           int n_tiles)
 {
-    auto kern = gemm_skinny_kernel<NP, STAGES>;
+    auto kern = a->sums_in ? gemm_skinny_kernel<NP, STAGES, true>
+                           : gemm_skinny_kernel<NP, STAGES, false>;
     const size_t x_bytes = NP == 1 ? (size_t)a->n_rows * SK_X_ROW_BYTES : 0;
     const size_t smem = (size_t)SK_WARPS * STAGES * (16 * NP * SK_STAGE_COLS * 2 + x_bytes) +
                         (size_t)SK_WARPS * NP * 4 * 32 * sizeof(float);
     int per_sm = 0;
-    cudaError_t e = cu_kernel_fit(kern, SK_THREADS, smem, &dev->skinny_smem[K], &per_sm);
+    cudaError_t e =
+        cu_kernel_fit(kern, SK_THREADS, smem, &dev->skinny_smem[K + (a->sums_in ? 3 : 0)], &per_sm);
     if (e != cudaSuccess)
         return e;
     /* a team per tile: as many warps on a tile as keep each SM streaming */
@@ -360,7 +411,10 @@ cudaError_t cu_launch_gemm_skinny(struct cu_device *dev, cudaStream_t s,
 {
     if (a->n_rows == 0)
         return cudaSuccess;
-    if (a->dtype != DTYPE_BF16 || !cu_skinny_takes(a->n_rows, a->cols) || a->norm_w ||
+    /* a norm only from rule 9's sums; sums only of a single matrix's residual add */
+    if (a->dtype != DTYPE_BF16 || !cu_skinny_takes(a->n_rows, a->cols) ||
+        !a->norm_w != !a->sums_in || (a->norm_w && (uintptr_t)a->norm_w % 16 != 0) ||
+        (a->sums_out && (!a->res || a->n_mat != 1 || a->pair)) ||
         a->row_invariant || ((uintptr_t)a->x % 16) != 0)
         return cudaErrorInvalidValue;
     for (int i = 0; i < a->n_mat; i++)

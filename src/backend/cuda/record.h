@@ -383,6 +383,10 @@ bool cu_attention_narrow(const struct cu_op *op);
  * 512); -6% on the 8B and 1B after 1,024 (bucket 2,048); -36% on the 8B
  * after 8k. */
 #define CU_ATTN_NARROW_MAX_CTX 512
+/* The most new positions a row's span may have for the q/k work to fold into
+ * the decode attention (fuse.h rule 1): a speculative verify span of the
+ * pending token and up to CU_QK_MAX_SPAN - 1 drafts. */
+#define CU_QK_MAX_SPAN CU_GEMV_MAX_ROWS
 /* True when attention op runs on the prefill kernels (a span of more than
  * CU_GEMV_MAX_ROWS tokens, outside EXACT mode), false for the decode ones. */
 bool cu_attention_uses_prefill(const struct cu_op *op);
