@@ -437,11 +437,14 @@ struct cu_gemv_args {
     float *norm_out;
     float norm_eps;
     /* the skinny GEMM (fuse.h rule 9): with res, each token row's sum of squares of the
-     * new res over each tile of 16 outputs into sums_out[t * ceil(rows / 16) + tile];
-     * with norm_w, x normalised from such sums (sums_in, over ceil(cols / 16) tiles)
-     * instead of summed itself, norm_out not written */
+     * new res over each tile of 16 outputs into sums_out[t * ceil(rows / 16) + tile], and
+     * the new res times xw_w (the norm's weight) into xw_out (the norm's output); with
+     * sums_in (over ceil(cols / 16) tiles), each token row's products times its inverse
+     * RMS from them (norm_eps) */
     float *sums_out;
     const float *sums_in;
+    float *xw_out;
+    const float *xw_w;
     /* FAST mode: device workspace (16-byte aligned, xq_bytes) where a block
      * GEMV of Q8_0, Q4_K or Q6_K quantizes x to int8 for its __dp4a kernel
      * when cu_qgemv_int8_bytes fits in it; NULL: the float kernels */

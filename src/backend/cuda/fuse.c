@@ -176,8 +176,7 @@ static bool sums_feed_norm(const struct cu_fuse_config *cfg, const struct cu_op 
     if (!uses_skinny(cfg, mm) || mm->n_rows > CU_SKINNY_MAX_ROWS || norm->kind != CU_RMSNORM ||
         norm->u.norm.x != add->u.ew.out || norm->u.norm.y == norm->u.norm.x ||
         norm->u.norm.n_rows != mm->n_rows || norm->u.norm.dim != mm->u.mm.m[0].rows ||
-        norm->u.norm.dim > CU_NORM_SUMS_MAX_DIM || (uintptr_t)norm->u.norm.x % 16 != 0 ||
-        (uintptr_t)norm->u.norm.w % 16 != 0)
+        norm->u.norm.dim > CU_NORM_SUMS_MAX_DIM)
         return false;
     if (next->kind != CU_MATMUL || !uses_skinny(cfg, next) || next->n_rows != mm->n_rows ||
         next->u.mm.x != norm->u.norm.y || next->u.mm.cols != norm->u.norm.dim)

@@ -23,19 +23,25 @@ static bool exec_gemv(struct cu_impl *im, const struct cu_op *ops, const struct 
         a.xq_bytes = im->xq_bytes;
         a.qstream = im->qgemv_stream;
     }
-    if (l->norm) {
+    if (l->norm && l->skinny) { /* rule 9: x is the norm's output buffer, the GEMM before
+                                   wrote it unnormalised */
+        a.sums_in = im->norm_sums;
+        a.norm_eps = ops[l->op].u.norm.eps;
+    } else if (l->norm) {
         const struct cu_op *norm = &ops[l->op];
         a.x = norm->u.norm.x;
         a.norm_w = norm->u.norm.w;
-        a.norm_out = l->skinny ? NULL : norm->u.norm.y;
+        a.norm_out = norm->u.norm.y;
         a.norm_eps = norm->u.norm.eps;
-        if (l->skinny)
-            a.sums_in = im->norm_sums; /* rule 9 */
     }
     if (l->residual)
         a.res = op[1].u.ew.out;
-    if (l->norm_sums)
+    if (l->norm_sums) { /* rule 9: the norm after the add is op[2] */
+        const struct cu_op *norm = &op[2];
         a.sums_out = im->norm_sums;
+        a.xw_out = norm->u.norm.y;
+        a.xw_w = norm->u.norm.w;
+    }
     a.pair = l->swiglu;
     if (l->mixed) {
         const struct cu_op *next = &op[1];

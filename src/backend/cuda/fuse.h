@@ -79,11 +79,12 @@
  *      with rule 3's residual add, then an RMSNorm of every row of that sum,
  *      then a skinny GEMM reading the norm's output: the first launch also
  *      leaves each row's sum of squares per tile of 16 outputs (norm_sums,
- *      into the backend's workspace), and the norm is folded into the second
- *      (a GEMV launch with norm set and skinny), which adds a row's sums in
- *      tile order and normalises its x (the residual stream itself) as it
- *      reads it, in the RMSNorm kernel's arithmetic; only the sum is in
- *      another order. The norm's output is never written.
+ *      into the backend's workspace) and writes the sum times the norm's
+ *      weight where the norm writes its output, and the norm is folded into
+ *      the second (a GEMV launch with norm set and skinny), which adds a
+ *      row's sums in tile order and scales the row's products by its inverse
+ *      RMS (the RMSNorm kernel's 1 / sqrt(mean + eps)) in its epilogue. The
+ *      norm's output buffer never holds the normalised rows.
  *
  * Rules 2 and 9 are not taken when a lora op right after the matmul reads
  * the norm's output, which the folded norm never writes.

@@ -39,11 +39,16 @@
  * depend on when the launch runs, only on how many rows it has.
  *
  * An RMSNorm between two of these GEMMs (fuse.h rule 9): the one that adds
- * into the residual stream leaves, per tile, each token row's sum of squares
- * of the new stream over the tile's 16 outputs (reduced across the tile's
- * lanes by shuffles), and the one after the norm reads the stream itself as
- * x: its block adds a row's tile sums in tile order (a warp per row), and
- * normalises x as it reads it, w * (x * inv) as the RMSNorm kernel does. */
+ * into the residual stream also writes the new stream times the norm's
+ * weight where the norm would write its output, and leaves, per tile, each
+ * token row's sum of squares of the new stream over the tile's 16 outputs
+ * (reduced across the tile's lanes by shuffles). The one after the norm
+ * reads that as x, like any x, and scales each token row's sums by the
+ * row's inverse RMS in its epilogue (sum_c W w x inv = inv sum_c W (w x)),
+ * which its block finds from the tile sums, added in tile order (a warp a
+ * row), while the first stages stream in. Normalising x as it was read, the
+ * norm weight's loads stood in every stage's chain: slower than the norm's
+ * own launch (bench/RESULTS.md). */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/warp.cuh"
@@ -91,7 +96,8 @@ static __host__ __device__ int64_t skinny_tiles(const struct cu_gemv_args *a)
 }
 
 /* NP: 1, or 2 for the SwiGLU pair; STAGES: the depth of each warp's pipeline;
- * NORM: x normalised from a.sums_in (rule 9). */
+ * NORM: the products of a token row scaled by its inverse RMS from a.sums_in
+ * (rule 9). */
 template <int NP, int STAGES, bool NORM>
 static __global__ void __launch_bounds__(SK_THREADS, 2)
 gemm_skinny_kernel(struct cu_gemv_args a, int n_tiles, int split)
@@ -187,11 +193,11 @@ gemm_skinny_kernel(struct cu_gemv_args a, int n_tiles, int split)
         cp_async_commit();
     };
     float acc[NP][4];
-    /* NORM: the inverse RMS of x row g (set once the sums are in) */
-    float inv = 1.0f;
+    /* NORM: the inverse RMS of the token rows 2q and 2q + 1 the lane's sums are of */
+    float inv[2] = {1.0f, 1.0f};
     /* the lane's x of stage st (its 8 columns of each 32): XP from the stage's
      * copy (zeros for rows past n_rows), else from global memory (zeros past
-     * the row's end); NORM: normalised */
+     * the row's end) */
     auto load_x = [&](int st, float4(&xs)[2][2]) {
 #pragma unroll
         for (int c = 0; c < 2; c++)
@@ -208,11 +214,6 @@ gemm_skinny_kernel(struct cu_gemv_args a, int n_tiles, int split)
                 } else {
                     xs[c][h] = col < cols ? __ldg((const float4 *)(xrow + col))
                                           : make_float4(0, 0, 0, 0);
-                }
-                if (NORM && col < cols) {
-                    const float4 w = __ldg((const float4 *)(a.norm_w + col));
-                    xs[c][h] = make_float4(w.x * (xs[c][h].x * inv), w.y * (xs[c][h].y * inv),
-                                           w.z * (xs[c][h].z * inv), w.w * (xs[c][h].w * inv));
                 }
             }
     };
@@ -275,7 +276,8 @@ gemm_skinny_kernel(struct cu_gemv_args a, int n_tiles, int split)
                 inv_sm[warp] = 1.0f / sqrtf(s / (float)cols + a.norm_eps);
         }
         __syncthreads();
-        inv = inv_sm[min(g, nt - 1)];
+        inv[0] = inv_sm[min(2 * q, nt - 1)];
+        inv[1] = inv_sm[min(2 * q + 1, nt - 1)];
     }
 
     for (int r = 0; r < rounds; r++) {
@@ -344,16 +346,20 @@ gemm_skinny_kernel(struct cu_gemv_args a, int n_tiles, int split)
                 continue;
             int64_t idx = (int64_t)t * rows + row;
             if (NP == 2) {
-                float gv = acc[0][e], uv = acc[NP - 1][e];
+                float gv = NORM ? acc[0][e] * inv[e & 1] : acc[0][e];
+                float uv = NORM ? acc[NP - 1][e] * inv[e & 1] : acc[NP - 1][e];
                 a.m[0].y[idx] = gv / (1.0f + expf(-gv)) * uv;
                 a.m[NP - 1].y[idx] = uv;
             } else {
-                float v = acc[0][e] + (a.m[m].bias ? a.m[m].bias[row] : 0.0f);
+                float v = (NORM ? acc[0][e] * inv[e & 1] : acc[0][e]) +
+                          (a.m[m].bias ? a.m[m].bias[row] : 0.0f);
                 a.m[m].y[idx] = v;
                 if (a.res) {
                     float r = a.res[idx] + v;
                     a.res[idx] = r;
                     sq[e & 1] += r * r;
+                    if (a.sums_out)
+                        a.xw_out[idx] = r * a.xw_w[row];
                 }
             }
         }
@@ -411,10 +417,10 @@ cudaError_t cu_launch_gemm_skinny(struct cu_device *dev, cudaStream_t s,
 {
     if (a->n_rows == 0)
         return cudaSuccess;
-    /* a norm only from rule 9's sums; sums only of a single matrix's residual add */
-    if (a->dtype != DTYPE_BF16 || !cu_skinny_takes(a->n_rows, a->cols) ||
-        !a->norm_w != !a->sums_in || (a->norm_w && (uintptr_t)a->norm_w % 16 != 0) ||
-        (a->sums_out && (!a->res || a->n_mat != 1 || a->pair)) ||
+    /* no folded norm but rule 9's; its sums only of a single matrix's residual add, with
+     * the stream times the norm weight written beside them */
+    if (a->dtype != DTYPE_BF16 || !cu_skinny_takes(a->n_rows, a->cols) || a->norm_w ||
+        (a->sums_out && (!a->res || a->n_mat != 1 || a->pair || !a->xw_out || !a->xw_w)) ||
         a->row_invariant || ((uintptr_t)a->x % 16) != 0)
         return cudaErrorInvalidValue;
     for (int i = 0; i < a->n_mat; i++)
