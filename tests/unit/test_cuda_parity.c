@@ -392,12 +392,15 @@ Test(cuda_fusion, qk_prep_folded_into_the_attention_of_verify_spans_equals_separ
 }
 
 /* Rule 9 in verify steps: the RMSNorm from the sums the residual-adding skinny GEMM left,
- * against its own launch; only the order of each row's sum of squares differs. */
+ * against its own launch. x times the norm weight is rounded to bf16 and the inverse RMS
+ * applied after the products, where the launched norm rounds the normalised x: on the
+ * H200 the tiny models' logits moved by 0.4-1.0% of the largest (a MoE layer's norm, which
+ * its experts read too, folded by mistake, moved them by 55%). */
 Test(cuda_fusion, rmsnorm_from_the_skinny_gemms_sums_stays_within_rounding_of_its_launch,
      .timeout = 300)
 {
     skip_without_gpu();
-    spans_with_switch(&cuda_options.cuda_norm_sums, 1e-2,
+    spans_with_switch(&cuda_options.cuda_norm_sums, 2e-2,
                       "with the RMSNorm folded into the skinny GEMM and launched");
 }
 

@@ -977,6 +977,28 @@ Test(fusion, a_verify_steps_qk_work_and_norms_fold_into_the_launches_after_them)
                             "rmsnorm+skinnyx2+swiglu skinny+add");
     check_step(&r, "tiny-qwen3, a 5-token prompt chunk", &cfg, 1, 5, layers, 5 * n_layers + 1,
                "rmsnorm+gemv");
+    /* a MoE layer's experts read the norm's output the router reads: that norm stays a
+     * launch (its buffer would hold the unnormalised rows), the dense layers' fold */
+    rig_close(&r);
+    rig_open(&r, "tiny-qwen3_moe", COMPUTE_FAST);
+    r.all_logits = true;
+    int moe_ops = 0, moe_n = 0, folded = 0;
+    const struct cu_op *moe = rig_step(&r, 1, 5, &moe_ops);
+    static struct cu_launch moe_plan[MAX_LAUNCHES];
+    moe_n = cu_fuse_plan(&cfg, moe, moe_ops, moe_plan, MAX_LAUNCHES);
+    cr_assert_gt(moe_n, 0);
+    for (int i = 0; i < moe_n; i++) {
+        if (!(moe_plan[i].norm && moe_plan[i].skinny))
+            continue;
+        folded++;
+        /* until the next norm writes that buffer again */
+        const float *y = moe[moe_plan[i].op].u.norm.y;
+        for (int j = moe_plan[i].op + 1;
+             j < moe_ops && !(moe[j].kind == CU_RMSNORM && moe[j].u.norm.y == y); j++)
+            cr_expect(!(moe[j].kind == CU_MOE_FFN && moe[j].u.moe.x == y),
+                      "launch %d folds the norm whose output the experts at op %d read", i, j);
+    }
+    cr_expect_gt(folded, 0, "no norm of tiny-qwen3_moe's dense layers folded");
     /* a span past CU_QK_MAX_SPAN takes the prefill kernels: no q/k fold */
     r.all_logits = true;
     int n_ops = 0;

@@ -164,9 +164,58 @@ static bool adds_into_residual(const struct cu_op *ops, int m, int n)
            next->u.ew.out != op->u.mm.m[0].y;
 }
 
+/* Whether an op of ops[from, n) reads buffer p before one overwrites it without reading it. */
+static bool read_later(const struct cu_op *ops, int from, int n, const float *p)
+{
+    for (int i = from; i < n; i++) {
+        const struct cu_op *op = &ops[i];
+        switch (op->kind) {
+        case CU_MATMUL:
+            if (op->u.mm.x == p)
+                return true;
+            for (int j = 0; j < op->u.mm.n; j++)
+                if (op->u.mm.m[j].y == p)
+                    return false;
+            break;
+        case CU_RMSNORM:
+        case CU_LAYER_NORM:
+            if (op->u.norm.x == p)
+                return true;
+            if (op->u.norm.y == p)
+                return false;
+            break;
+        case CU_ROPE: if (op->u.rope.x == p) return true; break;
+        case CU_KV_STORE:
+            if (op->u.store.k == p || op->u.store.v == p)
+                return true;
+            break;
+        case CU_ATTENTION: if (op->u.attn.q == p) return true; break;
+        case CU_MOE_ROUTE: if (op->u.route.logits == p) return true; break;
+        case CU_MOE_FFN: if (op->u.moe.x == p) return true; break;
+        case CU_GATED_ADD:
+            if (op->u.gated.x == p || op->u.gated.g == p || op->u.gated.y == p)
+                return true;
+            break;
+        case CU_LORA: if (op->u.lora.x == p) return true; break;
+        case CU_ATTN_DENSE:
+            if (op->u.dense.q == p || op->u.dense.k == p || op->u.dense.v == p)
+                return true;
+            break;
+        case CU_SCATTER_ROWS: if (op->u.scatter.src == p) return true; break;
+        case CU_EMBED: if (op->u.embed.out == p) return false; break;
+        case CU_KV_COPY: break;
+        default: /* the element-wise ops (an add reads its output too) */
+            if (op->u.ew.a == p || op->u.ew.b == p || op->u.ew.out == p)
+                return true;
+        }
+    }
+    return false;
+}
+
 /* Rule 9: the skinny GEMM at ops[m] adds into the residual stream, the RMSNorm at ops[m + 2]
- * normalises every row of that sum, and the skinny GEMM at ops[m + 3] reads its output (no
- * lora op after it does). */
+ * normalises every row of that sum, and the skinny GEMM at ops[m + 3] reads its output, which
+ * nothing after it reads (a MoE layer's experts read the output of the norm before its router,
+ * a lora op the x of its matmul). */
 static bool sums_feed_norm(const struct cu_fuse_config *cfg, const struct cu_op *ops, int m, int n)
 {
     if (!cfg->norm_sums || m < 0 || m + 3 >= n || !adds_into_residual(ops, m, n))
@@ -181,7 +230,7 @@ static bool sums_feed_norm(const struct cu_fuse_config *cfg, const struct cu_op 
     if (next->kind != CU_MATMUL || !uses_skinny(cfg, next) || next->n_rows != mm->n_rows ||
         next->u.mm.x != norm->u.norm.y || next->u.mm.cols != norm->u.norm.dim)
         return false;
-    return !(m + 4 < n && ops[m + 4].kind == CU_LORA && ops[m + 4].u.lora.x == norm->u.norm.y);
+    return !read_later(ops, m + 4, n, norm->u.norm.y);
 }
 
 /* Whether a FAST Q4_K or Q6_K GEMV of up to CU_GEMV_MAX_ROWS rows, one of
