@@ -25,6 +25,7 @@
 #include "backend/cpu/qmatmul.h"
 #include "base/cpu.h"
 #include "base/bf16.h"
+#include "base/panels.h"
 #include "base/quant.h"
 #include "base/threadpool.h"
 #include "base/timer.h"
@@ -342,53 +343,97 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* w (BF16, row-major) laid out in panels of 32 rows, as the loader does where
+ * the CPU backend asks for it (backend.bf16_panels). */
+static struct weight_matrix house_panels(const struct weight_matrix *w)
+{
+    void *packed = aligned_alloc(64, (panels_bytes(w->rows, w->cols) + 63) / 64 * 64);
+    if (!packed) {
+        fprintf(stderr, "matmul_bench: out of memory\n");
+        exit(1);
+    }
+    panels_pack(w->data, w->rows, w->cols, packed);
+    return (struct weight_matrix){.dtype = DTYPE_BF16_P32, .rows = w->rows, .cols = w->cols,
+                                  .data = packed};
+}
+
+/* One decode step's matmuls over w (per layer: q, k, v, o, gate, up, down) and head. */
+static void house_step(struct cpu_matmul *mm, struct weight_matrix w[HOUSE_LAYERS][7],
+                       const struct weight_matrix *head, const float *x, long T, float **y)
+{
+    for (int l = 0; l < HOUSE_LAYERS; l++) {
+        const struct weight_matrix *qkv[3] = {&w[l][0], &w[l][1], &w[l][2]};
+        const struct weight_matrix *gu[2] = {&w[l][4], &w[l][5]};
+        const float *nob[3] = {NULL, NULL, NULL};
+        cpu_matmul_run_group(mm, COMPUTE_FAST, x, T, 3, qkv, nob, y);
+        cpu_matmul_run(mm, COMPUTE_FAST, x, T, &w[l][3], NULL, y[3]);
+        cpu_matmul_run_group(mm, COMPUTE_FAST, x, T, 2, gu, nob, y);
+        cpu_matmul_run(mm, COMPUTE_FAST, x, T, &w[l][6], NULL, y[3]);
+    }
+    cpu_matmul_run(mm, COMPUTE_FAST, x, T, head, NULL, y[0]);
+}
+
+/* The step's median time in us at T rows. */
+static double house_median(struct cpu_matmul *mm, struct weight_matrix w[HOUSE_LAYERS][7],
+                           const struct weight_matrix *head, const float *x, long T, float **y)
+{
+    static double times[HOUSE_STEPS];
+    for (int it = 0; it < HOUSE_STEPS; it++) {
+        double t0 = now_s();
+        house_step(mm, w, head, x, T, y);
+        times[it] = (now_s() - t0) * 1e6;
+    }
+    qsort(times, HOUSE_STEPS, sizeof times[0], cmp_double);
+    return times[HOUSE_STEPS / 2];
+}
+
+/* Row-major BF16 weights and, where the level has the kernels for them
+ * (AVX512-BF16 and up), the same weights in panels, the layouts taking turns
+ * at each T. */
 static void house_table(struct cpu_matmul *mm)
 {
     enum { D = 384, KV = 128, F = 1024, V = 8192 };
-    struct weight_matrix w[HOUSE_LAYERS][7], head;
+    struct weight_matrix w[2][HOUSE_LAYERS][7], head[2];
     static const long dims[7][2] = {{D, D}, {D, KV}, {D, KV}, {D, D}, {D, F}, {D, F}, {F, D}};
+    bool panels = cpu_matmul_get_level(mm) >= CPU_MATMUL_AVX512BF16;
     for (int l = 0; l < HOUSE_LAYERS; l++)
-        for (int m = 0; m < 7; m++)
-            w[l][m] = (struct weight_matrix){.dtype = DTYPE_BF16, .rows = dims[m][1],
-                                             .cols = dims[m][0],
-                                             .data = random_bf16((size_t)dims[m][0] * dims[m][1])};
-    head = (struct weight_matrix){.dtype = DTYPE_BF16, .rows = V, .cols = D,
-                                  .data = random_bf16((size_t)V * D)};
+        for (int m = 0; m < 7; m++) {
+            w[0][l][m] = (struct weight_matrix){.dtype = DTYPE_BF16, .rows = dims[m][1],
+                                                .cols = dims[m][0],
+                                                .data = random_bf16((size_t)dims[m][0] * dims[m][1])};
+            if (panels)
+                w[1][l][m] = house_panels(&w[0][l][m]);
+        }
+    head[0] = (struct weight_matrix){.dtype = DTYPE_BF16, .rows = V, .cols = D,
+                                     .data = random_bf16((size_t)V * D)};
+    if (panels)
+        head[1] = house_panels(&head[0]);
     float *x = random_f32((size_t)8 * F), *y[4];
     for (int i = 0; i < 4; i++)
         y[i] = malloc(sizeof(float) * 8 * V);
     printf("\nHouse model decode step, bf16 weights, FAST (us per step, median of %d)\n",
            HOUSE_STEPS);
-    static double times[HOUSE_STEPS];
-    double one = 0.0;
+    printf("  %-5s %20s %s\n", "rows", "row-major", panels ? "            in panels" : "");
+    double one[2] = {0.0, 0.0};
     for (long T = 1; T <= 8; T++) {
-        for (int it = 0; it < HOUSE_STEPS; it++) {
-            double t0 = now_s();
-            for (int l = 0; l < HOUSE_LAYERS; l++) {
-                const struct weight_matrix *qkv[3] = {&w[l][0], &w[l][1], &w[l][2]};
-                const struct weight_matrix *gu[2] = {&w[l][4], &w[l][5]};
-                const float *nob[3] = {NULL, NULL, NULL};
-                cpu_matmul_run_group(mm, COMPUTE_FAST, x, T, 3, qkv, nob, y);
-                cpu_matmul_run(mm, COMPUTE_FAST, x, T, &w[l][3], NULL, y[3]);
-                cpu_matmul_run_group(mm, COMPUTE_FAST, x, T, 2, gu, nob, y);
-                cpu_matmul_run(mm, COMPUTE_FAST, x, T, &w[l][6], NULL, y[3]);
-            }
-            cpu_matmul_run(mm, COMPUTE_FAST, x, T, &head, NULL, y[0]);
-            times[it] = (now_s() - t0) * 1e6;
+        printf("  T=%-3ld", T);
+        for (int layout = 0; layout <= (int)panels; layout++) {
+            double med = house_median(mm, w[layout], &head[layout], x, T, y);
+            if (T == 1)
+                one[layout] = med;
+            printf(" %9.1f us (%5.2fx)", med, med / one[layout]);
         }
-        qsort(times, HOUSE_STEPS, sizeof times[0], cmp_double);
-        double med = times[HOUSE_STEPS / 2];
-        if (T == 1)
-            one = med;
-        printf("  T=%ld  %8.1f us  %5.2fx one row's step\n", T, med, med / one);
+        printf("\n");
     }
     for (int i = 0; i < 4; i++)
         free(y[i]);
     free(x);
-    free((void *)head.data);
-    for (int l = 0; l < HOUSE_LAYERS; l++)
-        for (int m = 0; m < 7; m++)
-            free((void *)w[l][m].data);
+    for (int layout = 0; layout <= (int)panels; layout++) {
+        free((void *)head[layout].data);
+        for (int l = 0; l < HOUSE_LAYERS; l++)
+            for (int m = 0; m < 7; m++)
+                free((void *)w[layout][l][m].data);
+    }
 }
 
 int main(int argc, char **argv)

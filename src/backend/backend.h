@@ -433,6 +433,10 @@ struct backend {
      * a decode step streams every weight once, and from pages left in small
      * folios by the file's writer that cost up to 8x in decode speed. */
     bool read_weights;
+    /* In FAST mode the loader lays BF16 weight matrices out in panels of 32
+     * rows (DTYPE_BF16_P32, base/panels.h) for embed and matmul: where the
+     * CPU's GEMV multiplies a broadcast pair of x by 16 rows at once. */
+    bool bf16_panels;
     /* embed and matmul take weight matrices of the block types as they
      * are stored; false: the loader dequantizes them to F32. */
     bool block_weights;

@@ -9,8 +9,9 @@
 /* Dense types first; the block types store a row of n elements as n / block
  * elements blocks of block bytes each (GGUF's layouts and MLX's affine
  * groups, base/quant.h), so their size is per block, never per element: use
- * dtype_row_bytes for them. DTYPE_U32 is last: raw words (MLX's packed
- * weights as a safetensors file holds them, before the loader groups them). */
+ * dtype_row_bytes for them. DTYPE_U32 follows them: raw words (MLX's packed
+ * weights as a safetensors file holds them, before the loader groups them);
+ * last, a backend's own layout of BF16 weights. */
 enum dtype {
     DTYPE_F32 = 0,
     DTYPE_BF16 = 1,
@@ -35,6 +36,13 @@ enum dtype {
     DTYPE_MLX8_G64_BF16, DTYPE_MLX8_G64_F16, DTYPE_MLX8_G64_F32,
     DTYPE_MLX8_G128_BF16, DTYPE_MLX8_G128_F16, DTYPE_MLX8_G128_F32,
     DTYPE_U32,
+    /* BF16 laid out by a backend for its kernels, never on disk: panels of 32
+     * rows, each column pair of a panel one 128-byte line (rows 0-15's pairs,
+     * then rows 16-31's), rows past the matrix's last and an odd K's last
+     * column zero. A row-major matrix's first r rows are the first r / 32
+     * panels when r is a multiple of 32 (dtype_row_bytes), so such row views
+     * still work. base/panels.h packs and reads them. */
+    DTYPE_BF16_P32,
     DTYPE_COUNT
 };
 
@@ -71,7 +79,7 @@ static inline int dtype_block_elems(enum dtype t)
 {
     if (dtype_is_mlx(t))
         return dtype_mlx_group(t);
-    return t <= DTYPE_F16 || t == DTYPE_U32 ? 1 : t <= DTYPE_Q5_1 ? 32 : 256;
+    return t <= DTYPE_F16 || t >= DTYPE_U32 ? 1 : t <= DTYPE_Q5_1 ? 32 : 256;
 }
 
 /* Bytes per block (per element for the dense types). A switch rather than
@@ -80,7 +88,7 @@ static inline size_t dtype_block_bytes(enum dtype t)
 {
     switch (t) {
     case DTYPE_F32: return 4;
-    case DTYPE_BF16: case DTYPE_F16: return 2;
+    case DTYPE_BF16: case DTYPE_F16: case DTYPE_BF16_P32: return 2;
     case DTYPE_Q8_0: return 34;
     case DTYPE_Q4_0: return 18;
     case DTYPE_Q4_1: return 20;
@@ -107,9 +115,12 @@ static inline size_t dtype_size(enum dtype t)
     return dtype_is_block(t) ? 0 : dtype_block_bytes(t);
 }
 
-/* Bytes of n elements (n a multiple of the block size for a block type). */
+/* Bytes of n elements (n a multiple of the block size for a block type); for
+ * panels, a row's share of its panel (columns padded to pairs). */
 static inline uint64_t dtype_row_bytes(enum dtype t, uint64_t n)
 {
+    if (t == DTYPE_BF16_P32)
+        return (n + 1) / 2 * 4;
     return n / (uint64_t)dtype_block_elems(t) * dtype_block_bytes(t);
 }
 
@@ -130,6 +141,7 @@ static inline const char *dtype_name(enum dtype t)
     case DTYPE_Q5_K: return "Q5_K";
     case DTYPE_Q6_K: return "Q6_K";
     case DTYPE_U32: return "U32";
+    case DTYPE_BF16_P32: return "BF16 (panels of 32 rows)";
     default: break;
     }
     if (dtype_is_mlx(t)) {

@@ -142,7 +142,16 @@ int model_load_vector(struct model *m, const char *name, int64_t n, float **out,
  * (config.gemma_norm: 1 + w, one f32 add, as transformers computes it). */
 int model_load_norm(struct model *m, const char *name, int64_t n, float **out, struct err *err);
 
-/* Rows [r0, r0 + n) of w, in place (a fused projection split into its parts). */
+/* A fused projection of n_parts stacked parts (part i part_rows[i] rows,
+ * cols wide) loaded as model_load_matrix loads one matrix, each part a
+ * matrix of its own: a view where the layout allows (model_matrix_rows),
+ * else a copy of its rows. */
+int model_load_matrix_parts(struct model *m, const char *name, int64_t cols, int n_parts,
+                            const int64_t *part_rows, struct weight_matrix *parts,
+                            struct err *err);
+
+/* Rows [r0, r0 + n) of w, in place (a fused projection split into its parts);
+ * in panels (DTYPE_BF16_P32) r0 must be a multiple of 32. */
 static inline struct weight_matrix model_matrix_rows(const struct weight_matrix *w, int64_t r0,
                                                      int64_t n)
 {

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "base/bf16.h"
+#include "base/panels.h"
 #include "model/arch.h"
 #include "model/gguf.h"
 #include "model/tensor_parallel.h"
@@ -443,6 +444,50 @@ int model_load_matrix(struct model *m, const char *name, int64_t rows, int64_t c
     return rc;
 }
 
+/* Rows [r0, r0 + n) of whole (in panels, r0 not a panel's first row) as a
+ * matrix of their own: views of panels must start one. */
+static int repack_rows(struct model *m, const char *name, const struct weight_matrix *whole,
+                       int64_t r0, int64_t n, struct weight_matrix *part, struct err *err)
+{
+    struct backend *be = m->backend;
+    int64_t cols = whole->cols;
+    if (!be->ops->memory_is_host)
+        return err_set(err, INFERD_EUNSUPPORTED, "cannot split '%s' outside host memory", name);
+    uint16_t *rows = malloc((size_t)n * (size_t)cols * 2 + 2);
+    if (!rows)
+        return err_set(err, INFERD_ENOMEM, "out of memory splitting tensor '%s'", name);
+    const uint16_t *from = whole->data;
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t c = 0; c < cols; c++)
+            rows[r * cols + c] = from[panels_index(cols, r0 + r, c)];
+    void *dst;
+    int rc = alloc_owned(m, panels_bytes(n, cols), name, &dst, err);
+    if (rc == 0) {
+        panels_pack(rows, n, cols, dst);
+        *part = (struct weight_matrix){.dtype = DTYPE_BF16_P32, .rows = n, .cols = cols, .data = dst};
+    }
+    free(rows);
+    return rc;
+}
+
+int model_load_matrix_parts(struct model *m, const char *name, int64_t cols, int n_parts,
+                            const int64_t *part_rows, struct weight_matrix *parts,
+                            struct err *err)
+{
+    int64_t rows = 0;
+    for (int i = 0; i < n_parts; i++)
+        rows += part_rows[i];
+    struct weight_matrix whole;
+    int rc = model_load_matrix(m, name, rows, cols, &whole, err);
+    for (int64_t i = 0, r0 = 0; rc == 0 && i < n_parts; r0 += part_rows[i++]) {
+        if (whole.dtype == DTYPE_BF16_P32 && r0 % PANEL_ROWS)
+            rc = repack_rows(m, name, &whole, r0, part_rows[i], &parts[i], err);
+        else
+            parts[i] = model_matrix_rows(&whole, r0, part_rows[i]);
+    }
+    return rc;
+}
+
 /* t's bytes read from the open file its mapping was made from into host memory
  * dst: the kernel copies from the page cache through its own huge mapping,
  * where copying from the process's mapping of the file would walk it 4 KB at
@@ -468,6 +513,34 @@ static int read_tensor(const struct st_set *set, const struct st_tensor *t, void
         done += (uint64_t)n;
     }
     return 0;
+}
+
+/* A BF16 matrix laid out in panels of 32 rows (backend.bf16_panels): read
+ * into aligned host memory, then packed where the backend keeps it. */
+static int upload_panels(struct model *m, const char *name, const struct st_tensor *t,
+                         int64_t rows, int64_t cols, bool staged, struct weight_matrix *w,
+                         struct err *err)
+{
+    struct backend *be = m->backend;
+    uint64_t bytes = panels_bytes(rows, cols);
+    uint16_t *src = malloc(t->nbytes ? t->nbytes : 1);
+    uint16_t *packed = be->ops->memory_is_host ? NULL : malloc(bytes);
+    void *dst = NULL;
+    int rc = !src || (!be->ops->memory_is_host && !packed)
+                 ? err_set(err, INFERD_ENOMEM, "out of memory laying out tensor '%s'", name)
+                 : alloc_owned(m, bytes, name, &dst, err);
+    if (rc == 0) {
+        if (staged || !be->read_weights || read_tensor(&m->files, t, src) < 0)
+            memcpy(src, t->data, t->nbytes);
+        panels_pack(src, rows, cols, packed ? packed : dst);
+        if (packed)
+            be->ops->to_device(be, dst, packed, bytes);
+        w->dtype = DTYPE_BF16_P32;
+        w->data = dst;
+    }
+    free(src);
+    free(packed);
+    return rc;
 }
 
 /* model_load_matrix once t is found: staged says t's data is not the
@@ -498,6 +571,8 @@ static int load_matrix_tensor(struct model *m, const char *name, const struct st
     w->dtype = t->dtype;
     if (t->unpermute_heads)
         return upload_unpermuted(m, t, rows, cols, &w->data, err);
+    if (t->dtype == DTYPE_BF16 && m->backend->bf16_panels && m->backend->mode == COMPUTE_FAST)
+        return upload_panels(m, name, t, rows, cols, staged, w, err);
     /* Block kernels load unaligned: a block type is used in place wherever it lies. */
     size_t align = keep_blocks ? 1 : dtype_size(t->dtype);
     struct backend *be = m->backend;

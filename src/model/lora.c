@@ -25,6 +25,7 @@
 #include "base/bf16.h"
 #include "base/file.h"
 #include "base/hash.h"
+#include "base/panels.h"
 
 #define CONFIG_CAP (1u << 20)
 
@@ -478,7 +479,8 @@ int lora_load(const struct model *m, const char *dir, struct lora_adapter **out,
      * in bf16 halves what each step reads of it (at 16 distinct adapters in a batch, as much
      * as a small model's own weights) */
     a->bf16 = m->backend->mode == COMPUTE_FAST && m->config.n_layers > 0 &&
-              m->weights.layers[0].wo.dtype == DTYPE_BF16;
+              (m->weights.layers[0].wo.dtype == DTYPE_BF16 ||
+               m->weights.layers[0].wo.dtype == DTYPE_BF16_P32);
     snprintf(a->base_model, sizeof a->base_model, "%s", pc.base_model);
 
     char path[4096];
@@ -569,19 +571,35 @@ static float *to_host_floats(struct backend *be, const void *src, size_t n, enum
     return f;
 }
 
+/* w's elements as f32, row-major (a matrix in panels unpacked). */
+static float *matrix_to_host_floats(struct backend *be, const struct weight_matrix *w)
+{
+    size_t rows = (size_t)w->rows, cols = (size_t)w->cols;
+    if (w->dtype != DTYPE_BF16_P32)
+        return to_host_floats(be, w->data, rows * cols, w->dtype);
+    float *packed = to_host_floats(be, w->data, panels_bytes(w->rows, w->cols) / 2, DTYPE_BF16);
+    float *f = packed ? malloc(rows * cols * sizeof(float)) : NULL;
+    for (size_t r = 0; f && r < rows; r++)
+        for (size_t c = 0; c < cols; c++)
+            f[r * cols + c] = packed[panels_index(w->cols, (int64_t)r, (int64_t)c)];
+    free(packed);
+    return f;
+}
+
 /* w := w + scale * B A in f32, as a new F32 matrix the model owns. */
 static int merge_one(struct model *m, struct weight_matrix *w, const struct lora_pair *p,
                      struct err *err)
 {
     struct backend *be = m->backend;
-    if (w->dtype != DTYPE_F32 && w->dtype != DTYPE_BF16 && w->dtype != DTYPE_F16)
+    if (w->dtype != DTYPE_F32 && w->dtype != DTYPE_BF16 && w->dtype != DTYPE_F16 &&
+        w->dtype != DTYPE_BF16_P32)
         return err_set(err, INFERD_EUNSUPPORTED,
                        "cannot merge an adapter into %s weights (dense weights only)",
                        dtype_name(w->dtype));
     size_t rows = (size_t)w->rows, cols = (size_t)w->cols, r = (size_t)p->rank;
     enum dtype pdt = p->bf16 ? DTYPE_BF16 : DTYPE_F32;
     size_t es = p->bf16 ? 2 : sizeof(float);
-    float *hw = to_host_floats(be, w->data, rows * cols, w->dtype);
+    float *hw = matrix_to_host_floats(be, w);
     float *ha = to_host_floats(be, p->a, r * cols, pdt); /* the values the op reads */
     float *hb = malloc(rows * r * sizeof(float));
     int rc = 0;

@@ -8,6 +8,7 @@
 
 #include "backend/cpu/matmul.h"
 #include "base/bf16.h"
+#include "base/panels.h"
 #include "base/threadpool.h"
 
 /* f32 accumulation over K <= ~1000 terms, in any order, stays far inside
@@ -550,5 +551,154 @@ Test(cpu_matmul, fast_decode_rows_do_not_depend_on_the_other_rows_in_the_call)
             }
             problem_free(&p);
         }
+    rig_free(&rig);
+}
+
+/* ---- BF16 weights in panels of 32 rows (DTYPE_BF16_P32) ----------------- */
+
+/* p's BF16 weights laid out in panels (owned by the caller). */
+static struct weight_matrix panels_of(const struct problem *p)
+{
+    void *packed = aligned_alloc(64, (panels_bytes(p->N, p->K) + 63) / 64 * 64);
+    cr_assert(packed);
+    panels_pack(p->w, p->N, p->K, packed);
+    return (struct weight_matrix){.dtype = DTYPE_BF16_P32, .rows = p->N, .cols = p->K, .data = packed};
+}
+
+Test(cpu_matmul, panels_hold_every_element_where_panels_index_says_and_zeros_past_the_matrix)
+{
+    static const int64_t shapes[][2] = {{1, 1}, {31, 7}, {32, 64}, {33, 65}, {70, 200}};
+    for (int s = 0; s < COUNT(shapes); s++) {
+        int64_t rows = shapes[s][0], cols = shapes[s][1];
+        uint16_t *src = malloc(sizeof *src * (size_t)(rows * cols));
+        uint64_t bytes = panels_bytes(rows, cols);
+        uint16_t *dst = malloc(bytes);
+        cr_assert(src && dst);
+        memset(dst, 0xff, bytes);
+        for (int64_t i = 0; i < rows * cols; i++)
+            src[i] = (uint16_t)(i * 7 + 1);
+        panels_pack(src, rows, cols, dst);
+        uint64_t nonzero = 0;
+        for (uint64_t i = 0; i < bytes / 2; i++)
+            nonzero += dst[i] != 0;
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t c = 0; c < cols; c++)
+                cr_assert_eq(dst[panels_index(cols, r, c)], src[r * cols + c],
+                             "%ldx%ld: element (%ld, %ld)", (long)rows, (long)cols, (long)r,
+                             (long)c);
+        cr_assert_eq(nonzero, (uint64_t)(rows * cols), "%ldx%ld: padding is not zero",
+                     (long)rows, (long)cols);
+        cr_assert_eq(bytes, (uint64_t)((rows + 31) / 32) * 32 * (uint64_t)((cols + 1) / 2) * 4);
+        free(src);
+        free(dst);
+    }
+}
+
+/* FAST mode over panels: every row count of the GEMV (1-8) and past it (the
+ * GEMM), K inside a pair, odd, past a K block, N from one output to a few
+ * panels with a remainder, with and without bias, on 1 and 2 threads, at
+ * the levels this CPU has: the panel kernels at AVX512-BF16 and up, the
+ * scalar path below. */
+Test(cpu_matmul, panel_weights_match_the_reference_at_every_row_count_and_level)
+{
+    static const int64_t Ts[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 40};
+    static const int64_t Ks[] = {1, 31, 33, 384, 1027};
+    static const int64_t Ns[] = {1, 7, 33, 130};
+    struct rig rig;
+    rig_init(&rig);
+    for (int ti = 0; ti < COUNT(Ts); ti++)
+        for (int ki = 0; ki < COUNT(Ks); ki++)
+            for (int ni = 0; ni < COUNT(Ns); ni++) {
+                struct problem p;
+                problem_init(&p, Ts[ti], Ks[ki], Ns[ni], DTYPE_BF16);
+                problem_reference(&p, COMPUTE_FAST);
+                struct weight_matrix w = panels_of(&p);
+                void *rows = p.w;
+                p.w = (void *)w.data;
+                p.dtype = DTYPE_BF16_P32;
+                for (int l = 0; l <= (int)cpu_matmul_detect_level(); l++)
+                    for (int th = 0; th < 2; th++) {
+                        if (l < CPU_MATMUL_AVX512BF16 && (th || Ks[ki] > 384))
+                            continue; /* the scalar path: a few shapes suffice */
+                        use_level(rig.mm[th], l);
+                        run_and_check(&p, rig.mm[th], COMPUTE_FAST, false, "panels");
+                        run_and_check(&p, rig.mm[th], COMPUTE_FAST, true, "panels");
+                    }
+                p.w = rows;
+                free((void *)w.data);
+                problem_free(&p);
+            }
+    rig_free(&rig);
+}
+
+/* The panel GEMV sums each output in one lane in the GEMM kernel's order (K
+ * blocks of 256 columns, each from zero, added to the total), so a row's
+ * outputs are the same bits computed alone, among 8 rows, or in a prompt's
+ * GEMM. */
+Test(cpu_matmul, panel_weights_give_a_row_the_same_bits_at_any_row_count_gemv_or_gemm)
+{
+    static const int64_t shapes[][2] = {{384, 130}, {1027, 37}, {33, 16}, {600, 70}};
+    if (!level_available(CPU_MATMUL_AVX512BF16))
+        return;
+    struct rig rig;
+    rig_init(&rig);
+    for (int s = 0; s < COUNT(shapes); s++) {
+        struct problem p;
+        problem_init(&p, 24, shapes[s][0], shapes[s][1], DTYPE_BF16);
+        struct weight_matrix w = panels_of(&p);
+        for (int th = 0; th < 2; th++) {
+            use_level(rig.mm[th], cpu_matmul_detect_level());
+            cpu_matmul_run(rig.mm[th], COMPUTE_FAST, p.x, 24, &w, p.bias, p.y); /* the GEMM */
+            for (int64_t n = 1; n <= 8; n++)
+                for (int64_t t0 = 0; t0 + n <= 24; t0 += n) {
+                    cpu_matmul_run(rig.mm[th], COMPUTE_FAST, p.x + t0 * p.K, n, &w, p.bias, p.y2);
+                    cr_assert(memcmp(p.y + t0 * p.N, p.y2, sizeof(float) * (size_t)(n * p.N)) == 0,
+                              "K=%ld N=%ld, %d threads: rows %ld..%ld computed %ld at a time "
+                              "differ from the same rows in a GEMM of 24",
+                              (long)p.K, (long)p.N, th + 1, (long)t0, (long)(t0 + n - 1), (long)n);
+                }
+        }
+        free((void *)w.data);
+        problem_free(&p);
+    }
+    rig_free(&rig);
+}
+
+/* A group of matrices in panels whose heights are not multiples of 32: the
+ * threads' chunks start panels of each member, and the result is each
+ * member's own matmul. */
+Test(cpu_matmul, grouped_panel_matmul_equals_separate_matmuls)
+{
+    static const int64_t heights[3] = {503, 33, 130};
+    static const int64_t token_counts[] = {1, 3, 8};
+    if (!level_available(CPU_MATMUL_AVX512BF16))
+        return;
+    struct rig rig;
+    rig_init(&rig);
+    use_level(rig.mm[1], cpu_matmul_detect_level());
+    for (int tc = 0; tc < COUNT(token_counts); tc++) {
+        struct problem p[3];
+        struct weight_matrix w[3];
+        const struct weight_matrix *wp[3];
+        const float *bias[3];
+        float *y[3];
+        for (int i = 0; i < 3; i++) {
+            problem_init(&p[i], token_counts[tc], 200, heights[i], DTYPE_BF16);
+            w[i] = panels_of(&p[i]);
+            wp[i] = &w[i];
+            bias[i] = i == 1 ? NULL : p[i].bias;
+            y[i] = p[i].y2;
+        }
+        cpu_matmul_run_group(rig.mm[1], COMPUTE_FAST, p[0].x, p[0].T, 3, wp, bias, y);
+        for (int i = 0; i < 3; i++) {
+            cpu_matmul_run(rig.mm[1], COMPUTE_FAST, p[0].x, p[0].T, &w[i], bias[i], p[i].y);
+            cr_assert(memcmp(p[i].y, p[i].y2, sizeof(float) * (size_t)(p[i].T * p[i].N)) == 0,
+                      "T=%ld, member %d differs", (long)p[i].T, i);
+        }
+        for (int i = 0; i < 3; i++) {
+            free((void *)w[i].data);
+            problem_free(&p[i]);
+        }
+    }
     rig_free(&rig);
 }

@@ -11,6 +11,7 @@
 #include "backend/cpu/vec_avx2.h"
 #include "base/bf16.h"
 #include "base/cpu.h"
+#include "base/panels.h"
 #include "base/quant.h"
 
 /* Elementwise jobs are split in chunks of this many floats (a multiple of
@@ -93,6 +94,10 @@ static void embed_rows(void *ctx, int ith, int nth)
                                  (const uint8_t *)job->table->data + (uint64_t)row * rb, dst, dim);
         } else if (job->table->dtype == DTYPE_F32) {
             memcpy(dst, (const float *)job->table->data + row * dim, (size_t)dim * sizeof(float));
+        } else if (job->table->dtype == DTYPE_BF16_P32) { /* a tied head's table */
+            const uint16_t *table = job->table->data;
+            for (int64_t i = 0; i < dim; i++)
+                dst[i] = bf16_to_f32(table[panels_index(dim, row, i)]);
         } else {
             const uint16_t *src = (const uint16_t *)job->table->data + row * dim;
             for (int64_t i = 0; i < dim; i++)
@@ -526,6 +531,10 @@ int backend_cpu_create(const struct backend_options *opt, struct backend **out,
     be->block_weights = true;
     be->copy_weights = false;
     be->read_weights = true; /* its allocations of 2 MB and more are huge pages */
+    /* the vdpbf16ps kernels where they are the GEMM too (no AMX: on Sapphire
+     * Rapids prompts go to AMX, which packs row-major weights itself) */
+    be->bf16_panels = cpu_matmul_level_of(&features) == CPU_MATMUL_AVX512BF16 &&
+                      !features.amx_bf16;
     be->impl = impl;
     *out = be;
     return 0;

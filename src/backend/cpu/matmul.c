@@ -9,6 +9,7 @@
 #include "backend/cpu/qmatmul.h"
 #include "base/bf16.h"
 #include "base/cpu.h"
+#include "base/panels.h"
 #include "base/threadpool.h"
 
 /* Threads split GEMV outputs in multiples of 16 floats so no two threads
@@ -146,9 +147,13 @@ int cpu_matmul_create(struct threadpool *pool, struct cpu_matmul **out, struct e
 
 /* ---- scalar reference -------------------------------------------------- */
 
-static float weight_at(const void *w, enum dtype dtype, int64_t i)
+/* Element (r, c) of a K-column matrix. */
+static float weight_at(const void *w, enum dtype dtype, int64_t K, int64_t r, int64_t c)
 {
+    int64_t i = r * K + c;
     switch (dtype) {
+    case DTYPE_BF16_P32:
+        return bf16_to_f32(((const uint16_t *)w)[panels_index(K, r, c)]);
     case DTYPE_BF16:
         return bf16_to_f32(((const uint16_t *)w)[i]);
     case DTYPE_F16:
@@ -168,7 +173,7 @@ static void scalar_rows(const struct mm_job *j, int64_t r0, int64_t r1)
             int nt = j->T - t0 < 4 ? (int)(j->T - t0) : 4;
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             for (int64_t c = 0; c < j->K; c++) {
-                float wv = weight_at(j->w, j->dtype, r * j->K + c);
+                float wv = weight_at(j->w, j->dtype, j->K, r, c);
                 for (int i = 0; i < nt; i++) {
                     float xv = x[(t0 + i) * j->K + c];
                     if (j->round_bf16)
@@ -186,6 +191,8 @@ static void scalar_rows(const struct mm_job *j, int64_t r0, int64_t r1)
 
 /* Several GEMVs of one input (cpu_matmul_run_group): members[i] shares x,
  * T, K, dtype and kernel with the first and holds its own w, bias, y, N.
+ * Weights in panels count whole panels of rows (each member's last one
+ * padded), so every chunk starts a panel.
  * Threads take chunks of the members' concatenated rows through
  * threadpool_shares: each its own chunks first, the same ones step after
  * step (their weights stay in that core's caches), then the others' that are
@@ -195,8 +202,9 @@ static void scalar_rows(const struct mm_job *j, int64_t r0, int64_t r1)
 struct mm_group_job {
     struct mm_job members[CPU_MATMUL_MAX_GROUP];
     int n;
-    int64_t total_rows;
-    int64_t chunk_rows;      /* a multiple of GEMV_ROW_ALIGN */
+    int64_t total_rows;      /* the members' rows, each padded to row_align */
+    int64_t row_align;       /* GEMV_ROW_ALIGN, or PANEL_ROWS for weights in panels */
+    int64_t chunk_rows;      /* a multiple of row_align */
     struct threadpool_shares chunks;
 };
 
@@ -209,6 +217,11 @@ struct mm_group_job {
 #define GEMV_INLINE_BYTES (128 * 1024)
 #endif
 
+static int64_t padded_rows(const struct mm_group_job *g, int64_t n)
+{
+    return (int64_t)round_up((size_t)n, (size_t)g->row_align);
+}
+
 static void group_rows(const struct mm_group_job *g, int64_t b, int64_t e)
 {
     int64_t base = 0;
@@ -220,7 +233,7 @@ static void group_rows(const struct mm_group_job *g, int64_t b, int64_t e)
             r1 = r1 > j->N ? j->N : r1;
             j->gemv->run(j->x, j->T, j->K, j->w, j->dtype, j->bias, j->y, j->N, r0, r1);
         }
-        base += j->N;
+        base += padded_rows(g, j->N);
     }
 }
 
@@ -244,6 +257,17 @@ static void scalar_job(void *ctx, int ith, int nth)
         scalar_rows(j, r0, r1);
 }
 
+/* Where W's rows [n0, n0 + nr), columns [pc, pc + kc) begin: a row-major
+ * row, or for weights in panels (n0 a multiple of 32) the block's first pair
+ * in its panel. */
+static const void *w_block(const struct mm_job *j, int64_t n0, int64_t pc)
+{
+    if (j->dtype == DTYPE_BF16_P32)
+        return (const uint16_t *)j->w + 2 * (((uint64_t)(n0 / PANEL_ROWS) * (uint64_t)panels_pairs(j->K) +
+                                               (uint64_t)(pc / 2)) * PANEL_ROWS);
+    return (const char *)j->w + ((size_t)n0 * (size_t)j->K + (size_t)pc) * dtype_size(j->dtype);
+}
+
 /* The next W panel's rows are K-strided pieces of DRAM that the hardware
  * prefetchers cannot guess; packing them cold cost 10-15% of a GEMM on
  * Zen 3. So while the kernels work on this panel, its successor's cache
@@ -261,6 +285,15 @@ static void plan_next_panel(const struct mm_job *j, const struct mm_gemm *g, lon
     size_t esize = dtype_size(j->dtype);
     long rows = n1 < ne ? (ne - n1 < g->nr ? ne - n1 : g->nr) : 0;
     long steps = (m + g->mr - 1) / g->mr;
+    if (j->dtype == DTYPE_BF16_P32 && rows > 0) { /* the next panel's K block: one stretch */
+        p->row = w_block(j, n1, pc);
+        p->row_stride = 0;
+        p->rows_left = 0;
+        p->lines_per_row = (long)(((size_t)(k + 1) / 2 * PANEL_ROWS * 4 + 63) / 64);
+        p->line = 0;
+        p->per_step = (p->lines_per_row + steps - 1) / steps;
+        return;
+    }
     p->row = (const char *)j->w + ((size_t)n1 * (size_t)j->K + (size_t)pc) * esize;
     p->row_stride = (size_t)j->K * esize;
     p->rows_left = rows - 1;
@@ -323,7 +356,6 @@ static void gemm_job(void *ctx, int ith, int nth)
     long m_total = te - tb;
     long n_chunks = (m_total + g->mc - 1) / g->mc;
     long chunk = (long)round_up((size_t)((m_total + n_chunks - 1) / n_chunks), (size_t)g->mr);
-    size_t esize = dtype_size(j->dtype);
     const float *x = j->x;
 
     if (g->thread_begin)
@@ -337,8 +369,7 @@ static void gemm_job(void *ctx, int ith, int nth)
             g->pack_x(x + tc * j->K + pc, j->K, m, k, j->round_bf16, s->a);
             for (long n0 = nb; n0 < ne; n0 += g->nr) {
                 int n = (int)(ne - n0 < g->nr ? ne - n0 : g->nr);
-                g->pack_w((const char *)j->w + ((size_t)n0 * j->K + pc) * esize, j->dtype, j->K,
-                          n, k, s->b);
+                g->pack_w(w_block(j, n0, pc), j->dtype, j->K, n, k, s->b);
                 struct prefetch_plan next;
                 plan_next_panel(j, g, n0 + g->nr, ne, pc, k, m, &next);
                 for (int i = 0; i < m; i += g->mr) {
@@ -367,6 +398,15 @@ static void choose_kernels(enum cpu_matmul_level level, enum compute_mode mode, 
 {
     *gemv = NULL;
     *gemm = NULL;
+    if (dtype == DTYPE_BF16_P32) { /* packed for these kernels; elsewhere the scalar path */
+        if (mode == COMPUTE_FAST && level >= CPU_MATMUL_AVX512BF16) {
+            if (T <= cpu_mm_gemv_avx512bf16_panels.max_t)
+                *gemv = &cpu_mm_gemv_avx512bf16_panels;
+            else
+                *gemm = &cpu_mm_gemm_avx512bf16;
+        }
+        return;
+    }
     if (level == CPU_MATMUL_SCALAR || (dtype != DTYPE_F32 && dtype != DTYPE_BF16))
         return;
     bool bf16_dot = mode == COMPUTE_FAST && dtype == DTYPE_BF16 && level >= CPU_MATMUL_AVX512BF16;
@@ -431,17 +471,18 @@ static bool run_gemv_group(struct cpu_matmul *mm, enum compute_mode mode, const 
         gemv->prepare_x(x, (int64_t)elems, mm->xbuf);
         xv = mm->xbuf;
     }
-    struct mm_group_job job = {.n = n};
+    struct mm_group_job job = {
+        .n = n, .row_align = w[0]->dtype == DTYPE_BF16_P32 ? PANEL_ROWS : GEMV_ROW_ALIGN};
     for (int i = 0; i < n; i++) {
         job.members[i] = (struct mm_job){
             .mm = mm, .gemv = gemv, .x = xv, .T = T, .K = w[i]->cols, .N = w[i]->rows,
             .w = w[i]->data, .dtype = w[i]->dtype, .bias = bias[i], .y = y[i],
         };
-        job.total_rows += w[i]->rows;
+        job.total_rows += padded_rows(&job, w[i]->rows);
     }
     int64_t chunk = job.total_rows / ((int64_t)mm->n_threads * GEMV_CHUNKS_PER_THREAD);
     chunk = chunk < GEMV_MIN_CHUNK_ROWS ? GEMV_MIN_CHUNK_ROWS : chunk;
-    job.chunk_rows = (int64_t)round_up((size_t)chunk, GEMV_ROW_ALIGN);
+    job.chunk_rows = (int64_t)round_up((size_t)chunk, (size_t)job.row_align);
     long n_chunks = (long)((job.total_rows + job.chunk_rows - 1) / job.chunk_rows);
     size_t bytes = 0;
     for (int i = 0; i < n; i++)

@@ -3,8 +3,11 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include <string.h>
+
 #include "backend/cpu/matmul_kernels.h"
 #include "backend/cpu/vec_avx512.h"
+#include "base/panels.h"
 
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 
@@ -25,6 +28,9 @@
  * twice GEMV's 80 us at T=4, and still 171 us at T=8. */
 #define GEMV_MAX_T 8
 #define GEMV_PREFETCH_BYTES 1024
+/* Column pairs ahead that the panel GEMV prefetches in each panel (4 KB);
+ * without, 8 rows of the house model's step took 413-487 us against 336-368. */
+#define GEMV_PANEL_PREFETCH_PAIRS 32
 
 /* ---- helpers ----------------------------------------------------------- */
 
@@ -338,6 +344,129 @@ static void gemv_bf16_run(const void *x, int64_t T, int64_t K, const void *w, en
     gemv_multi_run(x, T, K, w, true, true, bias, y, N, r0, r1);
 }
 
+/* ---- bf16 GEMV over panels (vdpbf16ps) ---------------------------------
+ *
+ * Weights in panels of 32 rows (base/panels.h): a column pair of 16 rows is
+ * one vector, so each output sums in one lane of one accumulator: a pair of
+ * x is broadcast and vdpbf16ps adds both of its products into every row's
+ * lane. No horizontal sums, no scatter: a block's outputs are stored as
+ * whole vectors. PB panels against TB token rows are 2 PB TB accumulators
+ * (8 to 24: enough independent sums to cover the instruction's latency). The
+ * sums run in the GEMM kernel's order (the same instruction and operands, K
+ * in blocks of KC columns, each block summed from zero and added to y), so a
+ * row's bits are the same at any T and from the GEMV or the GEMM. The house
+ * model's step on two Zen 5 cores (`matmul_bench 2 best bf16 house`): 8 rows
+ * 364 us against the row-major kernel's 410-415 (its 16-way transposing sums
+ * and scatter per 16 outputs), 2-3 rows 4% faster, one row the same. */
+
+/* Word j of a token row of x (bf16): x[2j] low, x[2j + 1] high, broadcast
+ * from memory (a float's load, not a general register's move); x_last_pair:
+ * an odd K's last word, its high half zero. */
+static ALWAYS_INLINE __m512bh x_pair(const uint16_t *xt, int64_t j)
+{
+    float v;
+    memcpy(&v, xt + 2 * j, 4);
+    return (__m512bh)_mm512_set1_ps(v);
+}
+
+static ALWAYS_INLINE __m512bh x_last_pair(const uint16_t *xt, int64_t K)
+{
+    return (__m512bh)_mm512_set1_epi32((int)xt[K - 1]);
+}
+
+/* Panels [p0, p0 + PB) (rows 32 p0 .. ) against token rows [0, TB), K
+ * block [kb, kb + kc) (kb even); outputs of rows r_end and past are not
+ * written (token t's row r is y[t * N + r]). */
+static ALWAYS_INLINE void gemv_panels_block(const int PB, const int TB, const uint16_t *x,
+                                            int64_t K, const uint32_t *w, const float *bias,
+                                            float *y, int64_t N, int64_t r_end, int64_t p0,
+                                            int64_t kb, int64_t kc)
+{
+    const int64_t pairs = panels_pairs(K), j0 = kb / 2, j1 = (kb + kc + 1) / 2;
+    const uint32_t *pw[8];
+    for (int p = 0; p < PB; p++)
+        pw[p] = w + ((uint64_t)(p0 + p) * (uint64_t)pairs + (uint64_t)j0) * PANEL_ROWS;
+    __m512 acc[24];
+    for (int a = 0; a < 2 * PB * TB; a++)
+        acc[a] = _mm512_setzero_ps();
+    /* the pairs whole in x, then an odd K's last */
+    const int64_t j_whole = j1 < K / 2 ? j1 : K / 2;
+    for (int64_t j = j0; j < j1; j++) {
+        __m512bh wv[16];
+        for (int p = 0; p < PB; p++) {
+            _mm_prefetch((const char *)(pw[p] + GEMV_PANEL_PREFETCH_PAIRS * PANEL_ROWS),
+                         _MM_HINT_T0);
+            _mm_prefetch((const char *)(pw[p] + GEMV_PANEL_PREFETCH_PAIRS * PANEL_ROWS + 16),
+                         _MM_HINT_T0);
+            wv[2 * p] = (__m512bh)_mm512_load_si512(pw[p]);
+            wv[2 * p + 1] = (__m512bh)_mm512_load_si512(pw[p] + 16);
+            pw[p] += PANEL_ROWS;
+        }
+        for (int t = 0; t < TB; t++) {
+            __m512bh xb = j < j_whole ? x_pair(x + t * K, j) : x_last_pair(x + t * K, K);
+            for (int v = 0; v < 2 * PB; v++)
+                acc[t * 2 * PB + v] = _mm512_dpbf16_ps(acc[t * 2 * PB + v], xb, wv[v]);
+        }
+    }
+    const bool first = kb == 0;
+    for (int v = 0; v < 2 * PB; v++) {
+        int64_t r = (p0 * PANEL_ROWS) + 16 * v;
+        if (r >= r_end)
+            break;
+        __mmask16 k = mask16(r_end - r);
+        __m512 b = first && bias ? _mm512_maskz_loadu_ps(k, bias + r) : _mm512_setzero_ps();
+        for (int t = 0; t < TB; t++) {
+            float *yr = y + t * N + r;
+            __m512 c = first ? b : _mm512_maskz_loadu_ps(k, yr);
+            _mm512_mask_storeu_ps(yr, k, _mm512_add_ps(c, acc[t * 2 * PB + v]));
+        }
+    }
+}
+
+/* Rows [r0, r1) (r0 a multiple of 32) against TB token rows: PB panels at a
+ * time, then one. */
+static ALWAYS_INLINE void gemv_panels_rows(const int PB, const int TB, const uint16_t *x,
+                                           int64_t K, const uint32_t *w, const float *bias,
+                                           float *y, int64_t N, int64_t r0, int64_t r1)
+{
+    const int64_t p_end = (r1 + PANEL_ROWS - 1) / PANEL_ROWS;
+    int64_t p = r0 / PANEL_ROWS;
+    for (; p + PB <= p_end; p += PB)
+        for (int64_t kb = 0; kb < K; kb += KC)
+            gemv_panels_block(PB, TB, x, K, w, bias, y, N, r1, p, kb, K - kb < KC ? K - kb : KC);
+    for (; p < p_end; p++)
+        for (int64_t kb = 0; kb < K; kb += KC)
+            gemv_panels_block(1, TB, x, K, w, bias, y, N, r1, p, kb, K - kb < KC ? K - kb : KC);
+}
+
+#define PANELS_CASE(tb, pb)                                                                    \
+    case tb:                                                                                   \
+        gemv_panels_rows(pb, tb, xt, K, w, bias, yt, N, r0, r1);                               \
+        break;
+
+/* T token rows, 8 at a time; w in panels (DTYPE_BF16_P32), x prepared as bf16. */
+static void gemv_panels_run(const void *x, int64_t T, int64_t K, const void *w_, enum dtype dtype,
+                            const float *bias, float *y, int64_t N, int64_t r0, int64_t r1)
+{
+    (void)dtype;
+    const uint32_t *w = w_;
+    for (int64_t t = 0; t < T; t += 8) {
+        const uint16_t *xt = (const uint16_t *)x + t * K;
+        float *yt = y + t * N;
+        switch (T - t < 8 ? T - t : 8) {
+            PANELS_CASE(1, 4)
+            PANELS_CASE(2, 4)
+            PANELS_CASE(3, 3)
+            PANELS_CASE(4, 3)
+            PANELS_CASE(5, 2)
+            PANELS_CASE(6, 2)
+            PANELS_CASE(7, 1)
+            default:
+            PANELS_CASE(8, 1)
+        }
+    }
+}
+
 /* ---- f32 GEMM ---------------------------------------------------------- */
 
 /* Panels of 12 token rows, k-major f32: 16 columns at a time through a
@@ -618,7 +747,10 @@ void cpu_mm_pack_w_bf16_pairs32(const void *w_, enum dtype dtype, int64_t ldw, i
     const uint16_t *w = w_;
     uint32_t *dst = dst_;
     int pairs = (k + 1) / 2;
-    (void)dtype;
+    if (dtype == DTYPE_BF16_P32) { /* w: the block's first pair in its panel: already packed */
+        memcpy(dst, w, (size_t)pairs * NR * 4);
+        return;
+    }
     for (int c = 0; c < k; c += 32) {
         for (int g = 0; g < 2; g++) {
             __m512i v[16];
@@ -743,6 +875,13 @@ const struct mm_gemv cpu_mm_gemv_avx512bf16 = {
     .x_bf16 = true,
     .prepare_x = prepare_x_bf16,
     .run = gemv_bf16_run,
+};
+
+const struct mm_gemv cpu_mm_gemv_avx512bf16_panels = {
+    .max_t = GEMV_MAX_T,
+    .x_bf16 = true,
+    .prepare_x = prepare_x_bf16,
+    .run = gemv_panels_run,
 };
 
 const struct mm_gemm cpu_mm_gemm_avx512bf16 = {

@@ -61,10 +61,14 @@ extern const struct mm_gemv cpu_mm_gemv_avx512;
 extern const struct mm_gemm cpu_mm_gemm_avx512;
 extern const struct mm_gemv cpu_mm_gemv_avx512bf16;   /* bf16 weights, FAST mode */
 extern const struct mm_gemm cpu_mm_gemm_avx512bf16;   /* bf16 weights, FAST mode, no AMX hardware */
+/* bf16 weights in panels of 32 rows (DTYPE_BF16_P32), FAST mode; with
+ * cpu_mm_gemm_avx512bf16, whose pack_w copies a panel's K block */
+extern const struct mm_gemv cpu_mm_gemv_avx512bf16_panels;
 extern const struct mm_gemm cpu_mm_gemm_amx;          /* bf16 weights, FAST mode */
 
 /* The AMX weight packing (vdpbf16ps pair layout): n (<= 32) bf16 rows into pairs
- * along K, [ceil(k / 2)][32] 32-bit words, zero past n and k. */
+ * along K, [ceil(k / 2)][32] 32-bit words, zero past n and k. For
+ * DTYPE_BF16_P32, w is the block's first pair in its panel, copied as it is. */
 void cpu_mm_pack_w_bf16_pairs32(const void *w, enum dtype dtype, int64_t ldw, int n, int k,
                                 void *dst);
 

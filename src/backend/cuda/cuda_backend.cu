@@ -662,7 +662,7 @@ static bool exec_ops_profiled(struct cu_impl *im, const struct cu_op *ops, int n
         i += l.n_ops;
     }
     cudaStreamSynchronize(im->stream);
-    int cls = step_prefills(ops, n) ? 1 : 0;
+    int cls = step_prefills(ops, n) ? 2 : n > 0 && ops[0].n_rows > 1 ? 1 : 0;
     for (int k = 0; k < n_launch; k++) {
         float ms = 0;
         cudaEventElapsedTime(&ms, im->prof_ev[2 * k], im->prof_ev[2 * k + 1]);
@@ -700,8 +700,9 @@ static void profile_report(struct cu_impl *im)
                  "(captures apart), %.1f us in cudaGraphLaunch, %.1f us waiting for its end",
                  h->replay_prep_us / h->steps, h->replay_call_us / h->steps,
                  h->replay_wait_us / h->steps);
-    static const char *const classes[2] = {"steps without prefill", "steps with prefill"};
-    for (int cls = 0; cls < 2; cls++) {
+    static const char *const classes[3] = {"one-row steps", "steps of several rows without prefill",
+                                           "steps with prefill"};
+    for (int cls = 0; cls < 3; cls++) {
         if (!im->prof_steps[cls])
             continue;
         double total = 0;

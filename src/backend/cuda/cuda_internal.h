@@ -320,9 +320,11 @@ struct cu_impl {
     enum backend_profile profile;
     cudaEvent_t *prof_ev; /* owned; prof_ev_cap events */
     int prof_ev_cap;
-    double prof_ms[2][32]; /* [0]: steps without prefill attention, [1]: with */
-    long prof_calls[2][32];
-    long prof_steps[2];
+    /* per step class: [0] one-row steps, [1] steps of several rows without
+     * prefill attention (batched decode, speculative verify), [2] steps with it */
+    double prof_ms[3][32];
+    long prof_calls[3][32];
+    long prof_steps[3];
     long graph_hits, graph_captures, steps_eager;
     /* graphs: the GPU time of each replayed step, between events around it */
     cudaEvent_t replay_ev[2];
