@@ -210,6 +210,10 @@ struct mm_group_job {
 
 #define GEMV_CHUNKS_PER_THREAD 8
 #define GEMV_MIN_CHUNK_ROWS 32
+/* Weights in panels: the panel GEMV multiplies up to 4 panels at once (more
+ * sums in flight for 2-6 token rows); chunks of one panel left it 8 of them
+ * at 4 rows. 3 panels still split a 384-row matrix in 4 chunks. */
+#define GEMV_MIN_CHUNK_PANELS 3
 /* A product of at most this many weight bytes (times the rows of x) runs on the calling
  * thread: waking the workers costs more than its work (a draft model's projections at
  * hidden 192). Each row's bits are the same whichever thread computes it. */
@@ -481,7 +485,9 @@ static bool run_gemv_group(struct cpu_matmul *mm, enum compute_mode mode, const 
         job.total_rows += padded_rows(&job, w[i]->rows);
     }
     int64_t chunk = job.total_rows / ((int64_t)mm->n_threads * GEMV_CHUNKS_PER_THREAD);
-    chunk = chunk < GEMV_MIN_CHUNK_ROWS ? GEMV_MIN_CHUNK_ROWS : chunk;
+    int64_t min_chunk = w[0]->dtype == DTYPE_BF16_P32 ? GEMV_MIN_CHUNK_PANELS * PANEL_ROWS
+                                                      : GEMV_MIN_CHUNK_ROWS;
+    chunk = chunk < min_chunk ? min_chunk : chunk;
     job.chunk_rows = (int64_t)round_up((size_t)chunk, (size_t)job.row_align);
     long n_chunks = (long)((job.total_rows + job.chunk_rows - 1) / job.chunk_rows);
     size_t bytes = 0;

@@ -374,6 +374,31 @@ static ALWAYS_INLINE __m512bh x_last_pair(const uint16_t *xt, int64_t K)
     return (__m512bh)_mm512_set1_epi32((int)xt[K - 1]);
 }
 
+/* One column pair (pair jj of the block, word j of x) of PB panels into the
+ * 2 PB TB sums; last: an odd K's last pair. */
+static ALWAYS_INLINE void gemv_panels_pair(const int PB, const int TB, __m512 *acc,
+                                           const uint32_t *const *pw, int64_t jj,
+                                           const uint16_t *x, int64_t K, int64_t j, bool last)
+{
+    __m512bh wv[8];
+#pragma GCC unroll 4
+    for (int p = 0; p < PB; p++) {
+        const uint32_t *at = pw[p] + jj * PANEL_ROWS;
+        _mm_prefetch((const char *)(at + GEMV_PANEL_PREFETCH_PAIRS * PANEL_ROWS), _MM_HINT_T0);
+        _mm_prefetch((const char *)(at + GEMV_PANEL_PREFETCH_PAIRS * PANEL_ROWS + 16),
+                     _MM_HINT_T0);
+        wv[2 * p] = (__m512bh)_mm512_load_si512(at);
+        wv[2 * p + 1] = (__m512bh)_mm512_load_si512(at + 16);
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < TB; t++) {
+        __m512bh xb = last ? x_last_pair(x + t * K, K) : x_pair(x + t * K, j);
+#pragma GCC unroll 8
+        for (int v = 0; v < 2 * PB; v++)
+            acc[t * 2 * PB + v] = _mm512_dpbf16_ps(acc[t * 2 * PB + v], xb, wv[v]);
+    }
+}
+
 /* Panels [p0, p0 + PB) (rows 32 p0 .. ) against token rows [0, TB), K
  * block [kb, kb + kc) (kb even); outputs of rows r_end and past are not
  * written (token t's row r is y[t * N + r]). */
@@ -383,38 +408,27 @@ static ALWAYS_INLINE void gemv_panels_block(const int PB, const int TB, const ui
                                             int64_t kb, int64_t kc)
 {
     const int64_t pairs = panels_pairs(K), j0 = kb / 2, j1 = (kb + kc + 1) / 2;
-    const uint32_t *pw[8];
+    const uint32_t *pw[4];
     for (int p = 0; p < PB; p++)
         pw[p] = w + ((uint64_t)(p0 + p) * (uint64_t)pairs + (uint64_t)j0) * PANEL_ROWS;
     __m512 acc[24];
+#pragma GCC unroll 24
     for (int a = 0; a < 2 * PB * TB; a++)
         acc[a] = _mm512_setzero_ps();
     /* the pairs whole in x, then an odd K's last */
-    const int64_t j_whole = j1 < K / 2 ? j1 : K / 2;
-    for (int64_t j = j0; j < j1; j++) {
-        __m512bh wv[16];
-        for (int p = 0; p < PB; p++) {
-            _mm_prefetch((const char *)(pw[p] + GEMV_PANEL_PREFETCH_PAIRS * PANEL_ROWS),
-                         _MM_HINT_T0);
-            _mm_prefetch((const char *)(pw[p] + GEMV_PANEL_PREFETCH_PAIRS * PANEL_ROWS + 16),
-                         _MM_HINT_T0);
-            wv[2 * p] = (__m512bh)_mm512_load_si512(pw[p]);
-            wv[2 * p + 1] = (__m512bh)_mm512_load_si512(pw[p] + 16);
-            pw[p] += PANEL_ROWS;
-        }
-        for (int t = 0; t < TB; t++) {
-            __m512bh xb = j < j_whole ? x_pair(x + t * K, j) : x_last_pair(x + t * K, K);
-            for (int v = 0; v < 2 * PB; v++)
-                acc[t * 2 * PB + v] = _mm512_dpbf16_ps(acc[t * 2 * PB + v], xb, wv[v]);
-        }
-    }
+    const int64_t n_whole = (j1 < K / 2 ? j1 : K / 2) - j0;
+    for (int64_t jj = 0; jj < n_whole; jj++)
+        gemv_panels_pair(PB, TB, acc, pw, jj, x, K, j0 + jj, false);
+    if (j0 + n_whole < j1)
+        gemv_panels_pair(PB, TB, acc, pw, n_whole, x, K, j0 + n_whole, true);
+    /* every loop over the sums unrolled, so they stay in registers */
     const bool first = kb == 0;
+#pragma GCC unroll 8
     for (int v = 0; v < 2 * PB; v++) {
-        int64_t r = (p0 * PANEL_ROWS) + 16 * v;
-        if (r >= r_end)
-            break;
-        __mmask16 k = mask16(r_end - r);
+        int64_t r = p0 * PANEL_ROWS + 16 * v;
+        __mmask16 k = r < r_end ? mask16(r_end - r) : 0;
         __m512 b = first && bias ? _mm512_maskz_loadu_ps(k, bias + r) : _mm512_setzero_ps();
+#pragma GCC unroll 8
         for (int t = 0; t < TB; t++) {
             float *yr = y + t * N + r;
             __m512 c = first ? b : _mm512_maskz_loadu_ps(k, yr);
@@ -423,20 +437,34 @@ static ALWAYS_INLINE void gemv_panels_block(const int PB, const int TB, const ui
     }
 }
 
+/* Panels [p, p_end) over every K block, PB at a time. */
+static ALWAYS_INLINE void gemv_panels_span(const int PB, const int TB, const uint16_t *x,
+                                           int64_t K, const uint32_t *w, const float *bias,
+                                           float *y, int64_t N, int64_t r_end, int64_t p,
+                                           int64_t p_end)
+{
+    for (; p + PB <= p_end; p += PB)
+        for (int64_t kb = 0; kb < K; kb += KC)
+            gemv_panels_block(PB, TB, x, K, w, bias, y, N, r_end, p, kb, K - kb < KC ? K - kb : KC);
+}
+
 /* Rows [r0, r1) (r0 a multiple of 32) against TB token rows: PB panels at a
- * time, then one. */
+ * time, then the rest (fewer than PB) in one block, so a chunk's last
+ * panels keep as many sums in flight as they can. */
 static ALWAYS_INLINE void gemv_panels_rows(const int PB, const int TB, const uint16_t *x,
                                            int64_t K, const uint32_t *w, const float *bias,
                                            float *y, int64_t N, int64_t r0, int64_t r1)
 {
     const int64_t p_end = (r1 + PANEL_ROWS - 1) / PANEL_ROWS;
     int64_t p = r0 / PANEL_ROWS;
-    for (; p + PB <= p_end; p += PB)
-        for (int64_t kb = 0; kb < K; kb += KC)
-            gemv_panels_block(PB, TB, x, K, w, bias, y, N, r1, p, kb, K - kb < KC ? K - kb : KC);
-    for (; p < p_end; p++)
-        for (int64_t kb = 0; kb < K; kb += KC)
-            gemv_panels_block(1, TB, x, K, w, bias, y, N, r1, p, kb, K - kb < KC ? K - kb : KC);
+    gemv_panels_span(PB, TB, x, K, w, bias, y, N, r1, p, p_end);
+    p += (p_end - p) / PB * PB;
+    switch (p_end - p) {
+    case 3: gemv_panels_span(PB > 3 ? 3 : 1, TB, x, K, w, bias, y, N, r1, p, p_end); break;
+    case 2: gemv_panels_span(PB > 2 ? 2 : 1, TB, x, K, w, bias, y, N, r1, p, p_end); break;
+    case 1: gemv_panels_span(1, TB, x, K, w, bias, y, N, r1, p, p_end); break;
+    default: break;
+    }
 }
 
 #define PANELS_CASE(tb, pb)                                                                    \
