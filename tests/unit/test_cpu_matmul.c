@@ -448,9 +448,20 @@ Test(cpu_measure, bandwidth_peak_and_gemm_rate_are_positive)
     rig_free(&rig);
 }
 
+/* p's BF16 weights laid out in panels (owned by the caller). */
+static struct weight_matrix panels_of(const struct problem *p)
+{
+    void *packed = aligned_alloc(64, (panels_bytes(p->N, p->K) + 63) / 64 * 64);
+    cr_assert(packed);
+    panels_pack(p->w, p->N, p->K, packed);
+    return (struct weight_matrix){.dtype = DTYPE_BF16_P32, .rows = p->N, .cols = p->K, .data = packed};
+}
+
 /* A group (q/k/v-style: one input, matrices of different heights) gives
  * every member bit for bit what its own matmul gives, at every level, for
- * decode-sized and prompt-sized T, with and without bias. */
+ * decode-sized and prompt-sized T, with and without bias; row-major and in
+ * panels (whose threads' chunks start a panel of each member: heights that
+ * are not multiples of 32). */
 Test(cpu_matmul, grouped_matmul_equals_separate_matmuls)
 {
     static const int64_t heights[3] = {503, 33, 130};
@@ -458,32 +469,41 @@ Test(cpu_matmul, grouped_matmul_equals_separate_matmuls)
     struct rig rig;
     rig_init(&rig);
     for (int tc = 0; tc < COUNT(token_counts); tc++)
-        for (int mode = 0; mode < 2; mode++) {
-            struct problem p[3];
-            struct weight_matrix w[3];
-            const struct weight_matrix *wp[3];
-            const float *bias[3];
-            float *y[3];
-            for (int i = 0; i < 3; i++) {
-                problem_init(&p[i], token_counts[tc], 200, heights[i], DTYPE_BF16);
-                w[i] = (struct weight_matrix){.dtype = DTYPE_BF16, .rows = p[i].N, .cols = p[i].K, .data = p[i].w};
-                wp[i] = &w[i];
-                bias[i] = i == 1 ? NULL : p[i].bias;
-                y[i] = p[i].y2;
-            }
-            for (int l = 0; l <= (int)cpu_matmul_detect_level(); l++) {
-                use_level(rig.mm[1], l);
-                cpu_matmul_run_group(rig.mm[1], (enum compute_mode)mode, p[0].x, p[0].T, 3, wp, bias, y);
+        for (int mode = 0; mode < 2; mode++)
+            for (int panels = 0; panels < 2; panels++) {
+                struct problem p[3];
+                struct weight_matrix w[3];
+                const struct weight_matrix *wp[3];
+                const float *bias[3];
+                float *y[3];
                 for (int i = 0; i < 3; i++) {
-                    cpu_matmul_run(rig.mm[1], (enum compute_mode)mode, p[0].x, p[0].T, &w[i], bias[i], p[i].y);
-                    cr_assert(memcmp(p[i].y, p[i].y2, sizeof(float) * (size_t)(p[i].T * p[i].N)) == 0,
-                              "level %s, T=%ld, member %d differs", cpu_matmul_level_name(l),
-                              (long)p[i].T, i);
+                    problem_init(&p[i], token_counts[tc], 200, heights[i], DTYPE_BF16);
+                    w[i] = panels ? panels_of(&p[i])
+                                  : (struct weight_matrix){.dtype = DTYPE_BF16, .rows = p[i].N,
+                                                           .cols = p[i].K, .data = p[i].w};
+                    wp[i] = &w[i];
+                    bias[i] = i == 1 ? NULL : p[i].bias;
+                    y[i] = p[i].y2;
+                }
+                for (int l = 0; l <= (int)cpu_matmul_detect_level(); l++) {
+                    use_level(rig.mm[1], l);
+                    cpu_matmul_run_group(rig.mm[1], (enum compute_mode)mode, p[0].x, p[0].T, 3, wp,
+                                         bias, y);
+                    for (int i = 0; i < 3; i++) {
+                        cpu_matmul_run(rig.mm[1], (enum compute_mode)mode, p[0].x, p[0].T, &w[i],
+                                       bias[i], p[i].y);
+                        cr_assert(memcmp(p[i].y, p[i].y2,
+                                         sizeof(float) * (size_t)(p[i].T * p[i].N)) == 0,
+                                  "level %s, %s, T=%ld, member %d differs",
+                                  cpu_matmul_level_name(l), dtype_name(w[i].dtype), (long)p[i].T, i);
+                    }
+                }
+                for (int i = 0; i < 3; i++) {
+                    if (panels)
+                        free((void *)w[i].data);
+                    problem_free(&p[i]);
                 }
             }
-            for (int i = 0; i < 3; i++)
-                problem_free(&p[i]);
-        }
     rig_free(&rig);
 }
 
@@ -555,15 +575,6 @@ Test(cpu_matmul, fast_decode_rows_do_not_depend_on_the_other_rows_in_the_call)
 }
 
 /* ---- BF16 weights in panels of 32 rows (DTYPE_BF16_P32) ----------------- */
-
-/* p's BF16 weights laid out in panels (owned by the caller). */
-static struct weight_matrix panels_of(const struct problem *p)
-{
-    void *packed = aligned_alloc(64, (panels_bytes(p->N, p->K) + 63) / 64 * 64);
-    cr_assert(packed);
-    panels_pack(p->w, p->N, p->K, packed);
-    return (struct weight_matrix){.dtype = DTYPE_BF16_P32, .rows = p->N, .cols = p->K, .data = packed};
-}
 
 Test(cpu_matmul, panels_hold_every_element_where_panels_index_says_and_zeros_past_the_matrix)
 {
@@ -660,45 +671,6 @@ Test(cpu_matmul, panel_weights_give_a_row_the_same_bits_at_any_row_count_gemv_or
         }
         free((void *)w.data);
         problem_free(&p);
-    }
-    rig_free(&rig);
-}
-
-/* A group of matrices in panels whose heights are not multiples of 32: the
- * threads' chunks start panels of each member, and the result is each
- * member's own matmul. */
-Test(cpu_matmul, grouped_panel_matmul_equals_separate_matmuls)
-{
-    static const int64_t heights[3] = {503, 33, 130};
-    static const int64_t token_counts[] = {1, 3, 8};
-    if (!level_available(CPU_MATMUL_AVX512BF16))
-        return;
-    struct rig rig;
-    rig_init(&rig);
-    use_level(rig.mm[1], cpu_matmul_detect_level());
-    for (int tc = 0; tc < COUNT(token_counts); tc++) {
-        struct problem p[3];
-        struct weight_matrix w[3];
-        const struct weight_matrix *wp[3];
-        const float *bias[3];
-        float *y[3];
-        for (int i = 0; i < 3; i++) {
-            problem_init(&p[i], token_counts[tc], 200, heights[i], DTYPE_BF16);
-            w[i] = panels_of(&p[i]);
-            wp[i] = &w[i];
-            bias[i] = i == 1 ? NULL : p[i].bias;
-            y[i] = p[i].y2;
-        }
-        cpu_matmul_run_group(rig.mm[1], COMPUTE_FAST, p[0].x, p[0].T, 3, wp, bias, y);
-        for (int i = 0; i < 3; i++) {
-            cpu_matmul_run(rig.mm[1], COMPUTE_FAST, p[0].x, p[0].T, &w[i], bias[i], p[i].y);
-            cr_assert(memcmp(p[i].y, p[i].y2, sizeof(float) * (size_t)(p[i].T * p[i].N)) == 0,
-                      "T=%ld, member %d differs", (long)p[i].T, i);
-        }
-        for (int i = 0; i < 3; i++) {
-            free((void *)w[i].data);
-            problem_free(&p[i]);
-        }
     }
     rig_free(&rig);
 }
