@@ -150,6 +150,12 @@ int model_load_matrix_parts(struct model *m, const char *name, int64_t cols, int
                             const int64_t *part_rows, struct weight_matrix *parts,
                             struct err *err);
 
+/* Rows [r0, r0 + n) of whole as a matrix: a view (model_matrix_rows) where
+ * the layout allows, else (panels, r0 not a panel's first row) a copy the
+ * model owns; name is for errors. */
+int model_matrix_rows_owned(struct model *m, const char *name, const struct weight_matrix *whole,
+                            int64_t r0, int64_t n, struct weight_matrix *part, struct err *err);
+
 /* Rows [r0, r0 + n) of w, in place (a fused projection split into its parts);
  * in panels (DTYPE_BF16_P32) r0 must be a multiple of 32. */
 static inline struct weight_matrix model_matrix_rows(const struct weight_matrix *w, int64_t r0,

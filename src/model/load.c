@@ -444,11 +444,13 @@ int model_load_matrix(struct model *m, const char *name, int64_t rows, int64_t c
     return rc;
 }
 
-/* Rows [r0, r0 + n) of whole (in panels, r0 not a panel's first row) as a
- * matrix of their own: views of panels must start one. */
-static int repack_rows(struct model *m, const char *name, const struct weight_matrix *whole,
-                       int64_t r0, int64_t n, struct weight_matrix *part, struct err *err)
+int model_matrix_rows_owned(struct model *m, const char *name, const struct weight_matrix *whole,
+                            int64_t r0, int64_t n, struct weight_matrix *part, struct err *err)
 {
+    if (whole->dtype != DTYPE_BF16_P32 || r0 % PANEL_ROWS == 0) {
+        *part = model_matrix_rows(whole, r0, n);
+        return 0;
+    }
     struct backend *be = m->backend;
     int64_t cols = whole->cols;
     if (!be->ops->memory_is_host)
@@ -479,12 +481,8 @@ int model_load_matrix_parts(struct model *m, const char *name, int64_t cols, int
         rows += part_rows[i];
     struct weight_matrix whole;
     int rc = model_load_matrix(m, name, rows, cols, &whole, err);
-    for (int64_t i = 0, r0 = 0; rc == 0 && i < n_parts; r0 += part_rows[i++]) {
-        if (whole.dtype == DTYPE_BF16_P32 && r0 % PANEL_ROWS)
-            rc = repack_rows(m, name, &whole, r0, part_rows[i], &parts[i], err);
-        else
-            parts[i] = model_matrix_rows(&whole, r0, part_rows[i]);
-    }
+    for (int64_t i = 0, r0 = 0; rc == 0 && i < n_parts; r0 += part_rows[i++])
+        rc = model_matrix_rows_owned(m, name, &whole, r0, part_rows[i], &parts[i], err);
     return rc;
 }
 
@@ -839,8 +837,8 @@ int model_load_with(const char *dir, struct backend *be, const struct model_load
         err_wrap(err, "loading %s", dir);
         goto fail;
     }
-    if (m->tp_ranks > 1)
-        model_shard_finish(m);
+    if (m->tp_ranks > 1 && (rc = model_shard_finish(m, err)))
+        goto fail;
     if ((rc = build_rope(m, rope_factors, err)))
         goto fail;
     if (!model_path_is_gguf(dir) && (rc = model_embedding_load(dir, &m->embedding, err)))

@@ -84,15 +84,19 @@ int model_shard_check(const struct model *m, struct err *err)
     return 0;
 }
 
-void model_shard_finish(struct model *m)
+int model_shard_finish(struct model *m, struct err *err)
 {
     struct model_config *c = &m->config;
     int r = m->tp_rank, n = m->tp_ranks;
     int64_t lo, count;
     vocab_slice(c->vocab_size, r, n, &lo, &count);
     m->vocab_lo = lo;
-    if (m->weights.lm_head.rows == c->vocab_size) /* tied: the embedding's rows */
-        m->weights.lm_head = model_matrix_rows(&m->weights.lm_head, lo, count);
+    if (m->weights.lm_head.rows == c->vocab_size) { /* tied: the embedding's rows */
+        struct weight_matrix head = m->weights.lm_head;
+        int rc = model_matrix_rows_owned(m, "the LM head", &head, lo, count, &m->weights.lm_head, err);
+        if (rc)
+            return rc;
+    }
     for (int l = 0; r > 0 && l < c->n_layers; l++)
         m->weights.layers[l].bo = NULL; /* still in owned_buffers: freed with the model */
     int kv_first, kv_count;
@@ -100,4 +104,5 @@ void model_shard_finish(struct model *m)
     c->n_heads /= n;
     c->n_kv_heads = kv_count;
     c->intermediate_size /= n;
+    return 0;
 }

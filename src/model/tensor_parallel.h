@@ -41,8 +41,9 @@ void model_shard_part(const struct model *m, const char *name, struct shard_part
  * -INFERD_EINVAL naming the count that N does not divide). */
 int model_shard_check(const struct model *m, struct err *err);
 /* After the weights: m->config becomes the rank's share, o_proj's bias
- * rank 0's alone, and a tied LM head a view of the rank's vocabulary rows. */
-void model_shard_finish(struct model *m);
+ * rank 0's alone, and a tied LM head a view of the rank's vocabulary rows
+ * (a copy where a view cannot start there: model_matrix_rows_owned). */
+int model_shard_finish(struct model *m, struct err *err);
 
 /* One step of one rank (forward.c's driver, without the group). */
 int model_forward_rank(const struct model *m, struct forward_state *st, struct kv_cache *kv,
