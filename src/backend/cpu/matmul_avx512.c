@@ -356,8 +356,10 @@ static void gemv_bf16_run(const void *x, int64_t T, int64_t K, const void *w, en
  * in blocks of KC columns, each block summed from zero and added to y), so a
  * row's bits are the same at any T and from the GEMV or the GEMM. The house
  * model's step on two Zen 5 cores (`matmul_bench 2 best bf16 house`): 8 rows
- * 364 us against the row-major kernel's 410-415 (its 16-way transposing sums
- * and scatter per 16 outputs), 2-3 rows 4% faster, one row the same. */
+ * 374-376 us against the row-major kernel's 419-444 (its 16-way transposing
+ * sums and scatter per 16 outputs), one row 2-4% faster, 2-4 rows 5-9%
+ * slower; the Qwen3-0.6B shape's one-row decode, out of cache, 29-36%
+ * faster (bench/RESULTS.md). */
 
 /* Word j of a token row of x (bf16): x[2j] low, x[2j + 1] high, broadcast
  * from memory (a float's load, not a general register's move); x_last_pair:
