@@ -514,7 +514,8 @@ static int read_tensor(const struct st_set *set, const struct st_tensor *t, void
 }
 
 /* A BF16 matrix laid out in panels of 32 rows (backend.bf16_panels): read
- * into aligned host memory, then packed where the backend keeps it. */
+ * into aligned host memory (GGUF's q/k rows put back in Hugging Face order),
+ * then packed where the backend keeps it. */
 static int upload_panels(struct model *m, const char *name, const struct st_tensor *t,
                          int64_t rows, int64_t cols, bool staged, struct weight_matrix *w,
                          struct err *err)
@@ -528,8 +529,15 @@ static int upload_panels(struct model *m, const char *name, const struct st_tens
                  ? err_set(err, INFERD_ENOMEM, "out of memory laying out tensor '%s'", name)
                  : alloc_owned(m, bytes, name, &dst, err);
     if (rc == 0) {
-        if (staged || !be->read_weights || read_tensor(&m->files, t, src) < 0)
+        if (t->unpermute_heads) {
+            uint64_t row_bytes = (uint64_t)cols * 2;
+            for (int64_t r = 0; r < rows; r++)
+                memcpy((uint8_t *)src + (uint64_t)r * row_bytes,
+                       (const uint8_t *)t->data + (uint64_t)source_row(t, rows, r) * row_bytes,
+                       row_bytes);
+        } else if (staged || !be->read_weights || read_tensor(&m->files, t, src) < 0) {
             memcpy(src, t->data, t->nbytes);
+        }
         panels_pack(src, rows, cols, packed ? packed : dst);
         if (packed)
             be->ops->to_device(be, dst, packed, bytes);
@@ -567,10 +575,10 @@ static int load_matrix_tensor(struct model *m, const char *name, const struct st
         return 0;
     }
     w->dtype = t->dtype;
-    if (t->unpermute_heads)
-        return upload_unpermuted(m, t, rows, cols, &w->data, err);
     if (t->dtype == DTYPE_BF16 && m->backend->bf16_panels && m->backend->mode == COMPUTE_FAST)
         return upload_panels(m, name, t, rows, cols, staged, w, err);
+    if (t->unpermute_heads)
+        return upload_unpermuted(m, t, rows, cols, &w->data, err);
     /* Block kernels load unaligned: a block type is used in place wherever it lies. */
     size_t align = keep_blocks ? 1 : dtype_size(t->dtype);
     struct backend *be = m->backend;

@@ -216,15 +216,18 @@ struct loaded {
     struct forward_state *st;
 };
 
-static void load(const char *path, struct loaded *l)
+static void load_mode(const char *path, enum compute_mode mode, struct loaded *l)
 {
     struct err err = {0};
-    cr_assert_eq(backend_cpu_create(&(struct backend_options){.threads = 2}, &l->be, &err), 0,
-                 "%s", err.msg);
+    cr_assert_eq(backend_cpu_create(&(struct backend_options){.threads = 2, .mode = mode}, &l->be,
+                                    &err),
+                 0, "%s", err.msg);
     cr_assert_eq(model_load(path, l->be, &l->m, &err), 0, "%s: %s", path, err.msg);
     cr_assert_eq(kv_pool_create(l->m, l->be, 8, 16, &l->pool, &err), 0, "%s", err.msg);
     cr_assert_eq(forward_state_create(l->m, 32, &l->st, &err), 0, "%s", err.msg);
 }
+
+static void load(const char *path, struct loaded *l) { load_mode(path, COMPUTE_EXACT, l); }
 
 static void unload(struct loaded *l)
 {
@@ -250,9 +253,9 @@ static float *prompt_logits(struct loaded *l, int n)
     return logits;
 }
 
-/* The preset as safetensors and as GGUF of ftype, loaded side by side. */
-static void both(const char *preset, enum gguf_ftype ftype, char **tmp, struct loaded *st,
-                 struct loaded *gg)
+/* The preset as safetensors and as GGUF of ftype, loaded side by side in mode. */
+static void both_mode(const char *preset, enum gguf_ftype ftype, enum compute_mode mode,
+                      char **tmp, struct loaded *st, struct loaded *gg)
 {
     struct err err = {0};
     *tmp = test_mkdtemp();
@@ -261,8 +264,14 @@ static void both(const char *preset, enum gguf_ftype ftype, char **tmp, struct l
     char path[4200];
     snprintf(path, sizeof path, "%s/model.gguf", *tmp);
     cr_assert_eq(gguf_write_model(*tmp, ftype, path, &err), 0, "%s", err.msg);
-    load(*tmp, st);
-    load(path, gg);
+    load_mode(*tmp, mode, st);
+    load_mode(path, mode, gg);
+}
+
+static void both(const char *preset, enum gguf_ftype ftype, char **tmp, struct loaded *st,
+                 struct loaded *gg)
+{
+    both_mode(preset, ftype, COMPUTE_EXACT, tmp, st, gg);
 }
 
 static void finish(char *tmp, struct loaded *a, struct loaded *b)
@@ -322,11 +331,11 @@ static void check_same_config(const struct model_config *a, const struct model_c
     cr_assert_eq(a->shared_expert_intermediate_size, b->shared_expert_intermediate_size);
 }
 
-static void check_bit_identical(const char *preset)
+static void check_bit_identical_mode(const char *preset, enum compute_mode mode)
 {
     char *tmp;
     struct loaded st, gg;
-    both(preset, GGUF_FTYPE_BF16, &tmp, &st, &gg);
+    both_mode(preset, GGUF_FTYPE_BF16, mode, &tmp, &st, &gg);
     check_same_config(&st.m->config, &gg.m->config);
     int n = 20;
     float *a = prompt_logits(&st, n), *b = prompt_logits(&gg, n);
@@ -337,6 +346,11 @@ static void check_bit_identical(const char *preset)
     finish(tmp, &st, &gg);
 }
 
+static void check_bit_identical(const char *preset)
+{
+    check_bit_identical_mode(preset, COMPUTE_EXACT);
+}
+
 Test(gguf_model, bf16_qwen3_logits_are_bit_identical_to_safetensors, .timeout = 120)
 {
     check_bit_identical("tiny-qwen3");
@@ -345,6 +359,14 @@ Test(gguf_model, bf16_qwen3_logits_are_bit_identical_to_safetensors, .timeout = 
 Test(gguf_model, bf16_llama_with_its_qk_rows_permuted_is_bit_identical, .timeout = 120)
 {
     check_bit_identical("tiny-llama");
+}
+
+/* FAST mode, where an AVX512-BF16 CPU lays BF16 weights out in panels: the
+ * GGUF's q/k rows are put back in order before they are packed. */
+Test(gguf_model, bf16_llama_with_its_qk_rows_permuted_is_bit_identical_in_fast_mode,
+     .timeout = 120)
+{
+    check_bit_identical_mode("tiny-llama", COMPUTE_FAST);
 }
 
 Test(gguf_model, bf16_qwen2_with_biases_is_bit_identical, .timeout = 120)
