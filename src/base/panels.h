@@ -57,4 +57,14 @@ static inline void panels_pack(const uint16_t *src, int64_t rows, int64_t cols, 
     }
 }
 
+/* dst (n x cols BF16, row-major) := rows [r0, r0 + n) of a matrix of cols
+ * columns in panels: panels_pack's inverse. */
+static inline void panels_unpack_rows(const uint16_t *panels, int64_t cols, int64_t r0, int64_t n,
+                                      uint16_t *dst)
+{
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t c = 0; c < cols; c++)
+            dst[(uint64_t)r * (uint64_t)cols + (uint64_t)c] = panels[panels_index(cols, r0 + r, c)];
+}
+
 #endif

@@ -458,10 +458,7 @@ int model_matrix_rows_owned(struct model *m, const char *name, const struct weig
     uint16_t *rows = malloc((size_t)n * (size_t)cols * 2 + 2);
     if (!rows)
         return err_set(err, INFERD_ENOMEM, "out of memory splitting tensor '%s'", name);
-    const uint16_t *from = whole->data;
-    for (int64_t r = 0; r < n; r++)
-        for (int64_t c = 0; c < cols; c++)
-            rows[r * cols + c] = from[panels_index(cols, r0 + r, c)];
+    panels_unpack_rows(whole->data, cols, r0, n, rows);
     void *dst;
     int rc = alloc_owned(m, panels_bytes(n, cols), name, &dst, err);
     if (rc == 0) {

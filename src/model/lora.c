@@ -574,15 +574,20 @@ static float *to_host_floats(struct backend *be, const void *src, size_t n, enum
 /* w's elements as f32, row-major (a matrix in panels unpacked). */
 static float *matrix_to_host_floats(struct backend *be, const struct weight_matrix *w)
 {
-    size_t rows = (size_t)w->rows, cols = (size_t)w->cols;
+    size_t n = (size_t)w->rows * (size_t)w->cols;
     if (w->dtype != DTYPE_BF16_P32)
-        return to_host_floats(be, w->data, rows * cols, w->dtype);
-    float *packed = to_host_floats(be, w->data, panels_bytes(w->rows, w->cols) / 2, DTYPE_BF16);
-    float *f = packed ? malloc(rows * cols * sizeof(float)) : NULL;
-    for (size_t r = 0; f && r < rows; r++)
-        for (size_t c = 0; c < cols; c++)
-            f[r * cols + c] = packed[panels_index(w->cols, (int64_t)r, (int64_t)c)];
+        return to_host_floats(be, w->data, n, w->dtype);
+    uint64_t bytes = panels_bytes(w->rows, w->cols);
+    uint16_t *packed = malloc(bytes), *rows = malloc(n * 2 + 2);
+    float *f = packed && rows ? malloc(n * sizeof(float)) : NULL;
+    if (f) {
+        be->ops->to_host(be, packed, w->data, bytes);
+        panels_unpack_rows(packed, w->cols, 0, w->rows, rows);
+        for (size_t i = 0; i < n; i++)
+            f[i] = bf16_to_f32(rows[i]);
+    }
     free(packed);
+    free(rows);
     return f;
 }
 

@@ -576,7 +576,7 @@ Test(cpu_matmul, fast_decode_rows_do_not_depend_on_the_other_rows_in_the_call)
 
 /* ---- BF16 weights in panels of 32 rows (DTYPE_BF16_P32) ----------------- */
 
-Test(cpu_matmul, panels_hold_every_element_where_panels_index_says_and_zeros_past_the_matrix)
+Test(cpu_matmul, panels_hold_every_element_where_panels_index_says_zeros_past_and_unpack_back)
 {
     static const int64_t shapes[][2] = {{1, 1}, {31, 7}, {32, 64}, {33, 65}, {70, 200}};
     for (int s = 0; s < COUNT(shapes); s++) {
@@ -600,6 +600,16 @@ Test(cpu_matmul, panels_hold_every_element_where_panels_index_says_and_zeros_pas
         cr_assert_eq(nonzero, (uint64_t)(rows * cols), "%ldx%ld: padding is not zero",
                      (long)rows, (long)cols);
         cr_assert_eq(bytes, (uint64_t)((rows + 31) / 32) * 32 * (uint64_t)((cols + 1) / 2) * 4);
+        uint16_t *back = malloc(sizeof *back * (size_t)(rows * cols));
+        cr_assert(back);
+        for (int64_t r0 = 0; r0 < rows; r0 += 7) { /* rows back out, from any row */
+            int64_t n = rows - r0 < 9 ? rows - r0 : 9;
+            panels_unpack_rows(dst, cols, r0, n, back);
+            cr_assert(memcmp(back, src + r0 * cols, sizeof *back * (size_t)(n * cols)) == 0,
+                      "%ldx%ld: rows %ld..%ld unpacked differ", (long)rows, (long)cols, (long)r0,
+                      (long)(r0 + n - 1));
+        }
+        free(back);
         free(src);
         free(dst);
     }
