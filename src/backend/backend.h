@@ -511,8 +511,9 @@ struct backend_options {
     enum backend_switch cuda_qk_span_fusion;
     /* CUDA: in FAST mode the skinny GEMM that adds into the residual stream (3-8 rows) also
      * leaves each row's sums of squares, and the skinny GEMM after the RMSNorm of that
-     * stream normalises its x from them, so the norm is no launch of its own (default off
-     * until measured on a GPU: the norm is launched) */
+     * stream normalises its x from them, so the norm is no launch of its own (default: in
+     * steps with a span of several tokens, a speculative verify step's, where it measured
+     * faster; on: in every such step, batched decode too; off: the norm is launched) */
     enum backend_switch cuda_norm_sums;
     /* CUDA: a residual add and the RMSNorm of its sum right after it are one launch
      * (default on; off: two launches; the bits are the same either way) */

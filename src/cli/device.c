@@ -71,7 +71,11 @@ void cli_backend_options_from_env(struct backend_options *out)
     out->cuda_norm_fusion = env_off("INFERD_CUDA_NORM_FUSION");
     out->cuda_qk_fusion = env_off("INFERD_CUDA_QK_ATTN");
     out->cuda_qk_span_fusion = env_on("INFERD_CUDA_QK_SPAN");
-    out->cuda_norm_sums = env_on("INFERD_CUDA_NORM_SUMS");
+    const char *norm_sums = getenv("INFERD_CUDA_NORM_SUMS");
+    if (norm_sums && !strcmp(norm_sums, "1"))
+        out->cuda_norm_sums = BACKEND_ON;
+    else if (norm_sums && !strcmp(norm_sums, "0"))
+        out->cuda_norm_sums = BACKEND_OFF;
     out->cuda_add_norm_fusion = env_off("INFERD_CUDA_ADD_NORM");
     out->cuda_gemm_x_fusion = env_off("INFERD_CUDA_GEMM_X");
     out->cuda_prefill_tc = env_off("INFERD_CUDA_PREFILL_TC");

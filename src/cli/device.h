@@ -37,7 +37,7 @@ bool cli_device_parse(const char *text, struct device_spec *out);
     "                              (default off; INFERD_CUDA_QK_SPAN=1)\n"                       \
     "  --cuda-norm-sums on|off     fast-mode RMSNorm of 3-8 rows folded into the skinny GEMM\n" \
     "                              after it, from sums of squares the GEMM before it left\n"   \
-    "                              (default off; INFERD_CUDA_NORM_SUMS=1)\n"                     \
+    "                              (default: verify steps only; INFERD_CUDA_NORM_SUMS=1|0)\n"    \
     "  --cuda-add-norm-fusion on|off  a residual add and the RMSNorm after it in one launch\n"  \
     "                              (INFERD_CUDA_ADD_NORM=0)\n"                                   \
     "  --cuda-gemm-x-fusion on|off  the RMSNorm or SwiGLU before a cuBLASLt GEMM writes its\n" \

@@ -1012,6 +1012,39 @@ Test(fusion, a_verify_steps_qk_work_and_norms_fold_into_the_launches_after_them)
     rig_close(&r);
 }
 
+/* Launches of the step of n_seqs sequences of n_tokens tokens each that leave rule 9's sums. */
+static int sums_launches(struct rig *r, const struct cu_fuse_config *cfg, int n_seqs, int n_tokens)
+{
+    int n_ops = 0, sums = 0;
+    const struct cu_op *ops = rig_step(r, n_seqs, n_tokens, &n_ops);
+    static struct cu_launch plan[MAX_LAUNCHES];
+    int n = cu_fuse_plan(cfg, ops, n_ops, plan, MAX_LAUNCHES);
+    cr_assert_gt(n, 0);
+    for (int i = 0; i < n && i < MAX_LAUNCHES; i++)
+        sums += plan[i].norm_sums;
+    return sums;
+}
+
+/* Rule 9 by default (norm_sums_spans): in a step whose attention has a span of several tokens
+ * (a verify step), every layer's residual GEMMs leave their sums as with norm_sums; in a step
+ * of one token a sequence (batched decode, where it measured slower) none do. */
+Test(fusion, rule_9_by_default_folds_the_norms_of_verify_steps_and_not_of_batched_decode)
+{
+    struct rig r;
+    rig_open(&r, "tiny-qwen3", COMPUTE_FAST);
+    r.all_logits = true;
+    const int n_layers = r.model->config.n_layers;
+    struct cu_fuse_config always = skinny_config(), spans = skinny_config();
+    always.norm_sums = true;
+    spans.norm_sums_spans = true;
+    cr_expect_eq(sums_launches(&r, &spans, 1, 5), 2 * n_layers, "a 5-token verify span");
+    cr_expect_eq(sums_launches(&r, &spans, 1, 5), sums_launches(&r, &always, 1, 5));
+    cr_expect_eq(sums_launches(&r, &spans, 3, 2), 2 * n_layers, "3 sequences of 2 tokens");
+    cr_expect_eq(sums_launches(&r, &spans, 5, 1), 0, "5 sequences decoding");
+    cr_expect_eq(sums_launches(&r, &always, 5, 1), 2 * n_layers, "5 sequences, rule 9 on");
+    rig_close(&r);
+}
+
 /* cuda_gemm_f32 (Whisper's backend): an f32 matmul of more rows than the GEMV kernels take goes
  * to cuBLASLt in either mode; without it, or with few rows, it stays on the GEMV kernels. */
 Test(fusion, f32_matmuls_of_many_rows_go_to_cublaslt_only_when_gemm_f32_is_on)

@@ -1608,6 +1608,7 @@ extern "C" int backend_cuda_create(int device, const struct backend_options *opt
     /* rule 1 over verify spans and rule 9: off unless asked until measured on a GPU */
     im->fuse.qk_spans = opt->cuda_qk_span_fusion == BACKEND_ON;
     im->fuse.norm_sums = im->fuse.fast && opt->cuda_norm_sums == BACKEND_ON;
+    im->fuse.norm_sums_spans = im->fuse.fast && opt->cuda_norm_sums != BACKEND_OFF;
     im->fuse.add_norm = opt->cuda_add_norm_fusion != BACKEND_OFF;
     im->fuse.gemm_x = opt->cuda_gemm_x_fusion != BACKEND_OFF;
     im->fuse.gemv_max_rows = opt->cuda_gemv_rows >= 1 && opt->cuda_gemv_rows <= CU_GEMV_MAX_ROWS
@@ -1644,7 +1645,7 @@ extern "C" int backend_cuda_create(int device, const struct backend_options *opt
              CU_TRY(im, cudaMalloc(&im->lt_workspace, CU_LT_WORKSPACE)) &&
              CU_TRY(im, cudaMallocHost((void **)&im->rec.arena, CU_ARENA_INITIAL)) &&
              CU_TRY(im, cudaMalloc((void **)&im->arena_dev, CU_ARENA_INITIAL)) &&
-             (!im->fuse.norm_sums ||
+             (!(im->fuse.norm_sums || im->fuse.norm_sums_spans) ||
               CU_TRY(im, cudaMalloc((void **)&im->norm_sums,
                                     CU_NORM_SUMS_FLOATS * sizeof(float))));
         im->lt_workspace_bytes = CU_LT_WORKSPACE;

@@ -212,13 +212,31 @@ static bool read_later(const struct cu_op *ops, int from, int n, const float *p)
     return false;
 }
 
+/* Ops a layer's matmul that adds into the residual stream may lie after its attention. */
+#define LAYER_OPS_MAX 64
+
+/* Whether the attention the matmul at ops[m] follows (its layer's) attends for a span of
+ * several tokens. */
+static bool after_span_attention(const struct cu_op *ops, int m)
+{
+    for (int i = m - 1; i >= 0 && i >= m - LAYER_OPS_MAX; i--)
+        if (ops[i].kind == CU_ATTENTION)
+            return ops[i].u.attn.max_span_tokens > 1;
+    return false;
+}
+
 /* Rule 9: the skinny GEMM at ops[m] adds into the residual stream, the RMSNorm at ops[m + 2]
  * normalises every row of that sum, and the skinny GEMM at ops[m + 3] reads its output, which
  * nothing after it reads (a MoE layer's experts read the output of the norm before its router,
- * a lora op the x of its matmul). */
+ * a lora op the x of its matmul). With norm_sums_spans alone, only after an attention of
+ * several-token spans: there it measured faster than the norm's launch, in steps of one token a
+ * sequence slower (bench/RESULTS.md). */
 static bool sums_feed_norm(const struct cu_fuse_config *cfg, const struct cu_op *ops, int m, int n)
 {
-    if (!cfg->norm_sums || m < 0 || m + 3 >= n || !adds_into_residual(ops, m, n))
+    if (!(cfg->norm_sums || cfg->norm_sums_spans) || m < 0 || m + 3 >= n ||
+        !adds_into_residual(ops, m, n))
+        return false;
+    if (!cfg->norm_sums && !after_span_attention(ops, m))
         return false;
     const struct cu_op *mm = &ops[m], *add = &ops[m + 1], *norm = &ops[m + 2];
     const struct cu_op *next = &ops[m + 3];

@@ -84,7 +84,9 @@
  *      the second (a GEMV launch with norm set and skinny), which adds a
  *      row's sums in tile order and scales the row's products by its inverse
  *      RMS (the RMSNorm kernel's 1 / sqrt(mean + eps)) in its epilogue. The
- *      norm's output buffer never holds the normalised rows.
+ *      norm's output buffer never holds the normalised rows. By default
+ *      (norm_sums_spans) only in layers whose decode attention has a span of
+ *      several tokens: a speculative verify step's.
  *
  * Rules 2 and 9 are not taken when a lora op right after the matmul reads
  * the norm's output, which the folded norm never writes.
@@ -146,6 +148,8 @@ struct cu_fuse_config {
                           cuBLASLt's f32 GEMM, in either mode (backend_options.cuda_gemm_f32) */
     bool lora_rows;    /* rule 7 */
     bool norm_sums;    /* rule 9 */
+    bool norm_sums_spans; /* ... only in the layers whose decode attention has a span of
+                             several tokens (a speculative verify step, a short prompt chunk) */
     int lora_rows_smem; /* rule 7: the shared memory a block may have, bytes */
 };
 
