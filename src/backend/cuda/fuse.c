@@ -236,8 +236,6 @@ static bool sums_feed_norm(const struct cu_fuse_config *cfg, const struct cu_op 
     if (!(cfg->norm_sums || cfg->norm_sums_spans) || m < 0 || m + 3 >= n ||
         !adds_into_residual(ops, m, n))
         return false;
-    if (!cfg->norm_sums && !after_span_attention(ops, m))
-        return false;
     const struct cu_op *mm = &ops[m], *add = &ops[m + 1], *norm = &ops[m + 2];
     const struct cu_op *next = &ops[m + 3];
     if (!uses_skinny(cfg, mm) || mm->n_rows > CU_SKINNY_MAX_ROWS || norm->kind != CU_RMSNORM ||
@@ -247,6 +245,8 @@ static bool sums_feed_norm(const struct cu_fuse_config *cfg, const struct cu_op 
         return false;
     if (next->kind != CU_MATMUL || !uses_skinny(cfg, next) || next->n_rows != mm->n_rows ||
         next->u.mm.x != norm->u.norm.y || next->u.mm.cols != norm->u.norm.dim)
+        return false;
+    if (!cfg->norm_sums && !after_span_attention(ops, m))
         return false;
     return !read_later(ops, m + 4, n, norm->u.norm.y);
 }
