@@ -1,4 +1,4 @@
-/* backend/cuda/attention_decode_quant.cu — decode attention over a quantized paged KV cache (backend/kv_quant.h) on mma.sync tensor cores: each warp streams its own positions' records into shared memory, decodes them there to fp16 tiles and runs the f16 cache's FlashAttention-2 warp step (fa_mma.cuh) on them. */
+/* backend/cuda/attention_decode_quant.cu — decode attention over a quantized paged KV cache (backend/kv_quant.h) on mma.sync tensor cores: each warp streams its own positions' records into shared memory, decodes them there to fp16 tiles and runs the f16 cache's FlashAttention-2 warp step (fa_mma.cuh) on them; an affine cache's scores are taken from the codes themselves. */
 #include <cuda_fp16.h>
 #include <math.h>
 
@@ -141,6 +141,300 @@ qattn_decode_mma_kernel(struct cu_op op, const uint8_t *params, float *part)
                                    ds.n_active == 1);
 }
 
+/* Decode over an affine cache (4 or 8 bits, groups of GS) with the scores
+ * taken from the codes themselves. A K record is s_G c + b_G per group G,
+ * so q . k = sum_G s_G (q_G . c_G) + b_G sum(q_G): the products run on the
+ * codes as exact fp16 (1024 + c, their bits under 1024's exponent, one byte
+ * permute for two codes) and each group's scale and bias apply once per
+ * position and head afterwards, instead of dequantizing every element of
+ * K to fp16 in shared memory and reading it back with ldmatrix. To make
+ * that pay, the product is turned around: a sub-tile's 16 positions are
+ * the rows of the mma A fragments (read straight from the raw records) and
+ * the kv head's query heads, at most 8, its columns (S^T = K Q^T), so one
+ * m16n8k16 covers 16 positions. The dims of a k16 step are permuted so
+ * that lane t's codes of a group are one run of bytes (da_dim); the query
+ * fragments follow the same permutation. The softmax runs per head over
+ * the column of positions; P^T is turned into P's A fragments with
+ * movmatrix, and P V runs on V dequantized to fp16 in shared memory as in
+ * qattn_decode_mma_kernel, whose copies, splits and merge it shares. */
+#define DA_MAX_GROUP 8
+
+/* The head dim of lane t's j-th element (0..3) of k16 step kk of group G. */
+template <int BITS, int GS>
+static __device__ __forceinline__ int da_dim(int G, int kk, int t, int j)
+{
+    const int base = G * GS + t * (GS / 4);
+    return BITS == 8 ? base + 4 * kk + j : base + 8 * (kk >> 1) + (kk & 1) + 2 * j;
+}
+
+/* LB bytes of shared memory at addr (ALIGN-byte aligned) as LB / 4 words. */
+template <int LB, int ALIGN>
+static __device__ __forceinline__ void da_words(uint32_t addr, uint32_t *w)
+{
+    if (ALIGN >= 16 && LB == 16) {
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                     : "r"(addr));
+    } else if (ALIGN >= 8 && LB % 8 == 0) {
+#pragma unroll
+        for (int i = 0; i < LB / 8; i++)
+            asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n"
+                         : "=r"(w[2 * i]), "=r"(w[2 * i + 1])
+                         : "r"(addr + 8 * i));
+    } else {
+#pragma unroll
+        for (int i = 0; i < LB / 4; i++)
+            asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(w[i]) : "r"(addr + 4 * i));
+    }
+}
+
+/* The A fragment halves of k16 step kk from a lane's words: (j = 0, 1) in
+ * lo, (2, 3) in hi, as fp16 1024 + c. */
+template <int BITS>
+static __device__ __forceinline__ void da_codes(const uint32_t *w, int kk, uint32_t &lo,
+                                                uint32_t &hi)
+{
+    uint32_t x;
+    if (BITS == 8) {
+        x = w[kk];
+    } else {
+        const uint32_t word = w[kk >> 1];
+        x = (kk & 1) ? (word >> 4) & 0x0f0f0f0fu : word & 0x0f0f0f0fu;
+    }
+    lo = __byte_perm(x, 0x64646464u, 0x4140);
+    hi = __byte_perm(x, 0x64646464u, 0x4342);
+}
+
+/* A warp's shared memory in qattn_decode_affine_kernel: its V fp16 sub-tile,
+ * then DQ_STAGES sub-tiles of raw records. */
+static __host__ __device__ __forceinline__ size_t da_warp_bytes(const struct kv_quant_layer &f,
+                                                                int hd)
+{
+    const int raw = DQ_ROWS * (dq_record_room(kvq_head_bytes(&f, hd, false)) +
+                               dq_record_room(kvq_head_bytes(&f, hd, true)));
+    return (size_t)DQ_ROWS * hd * sizeof(__half) + (size_t)DQ_STAGES * raw;
+}
+
+/* The block's: the warps' regions (the merge's room once they are done) and
+ * 16 bytes past them. */
+static __host__ __device__ __forceinline__ size_t da_block_bytes(const struct kv_quant_layer &f,
+                                                                 int hd)
+{
+    size_t warps = DQ_WARPS * da_warp_bytes(f, hd);
+    if (warps < FA_DECODE_MERGE_BYTES(hd, DQ_WARPS))
+        warps = FA_DECODE_MERGE_BYTES(hd, DQ_WARPS);
+    return warps + 16;
+}
+
+template <int HD, int BITS, int GS, int ALIGN>
+static __global__ void __launch_bounds__(DQ_THREADS, DQ_MIN_BLOCKS)
+qattn_decode_affine_kernel(struct cu_op op, const uint8_t *params, float *part)
+{
+    constexpr int NG = HD / GS;            /* groups a head */
+    constexpr int KS = GS / 16;            /* k16 steps a group */
+    constexpr int LB = GS / 4 * BITS / 8;  /* a lane's bytes of a group's codes */
+    constexpr int NO = fa_warp<HD>::NO;
+    extern __shared__ __align__(128) uint8_t dq_smem[];
+    const struct cu_kv kv = op.u.attn.kv;
+    const struct kv_quant_layer f = kv.fmt;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int group = op.u.attn.n_heads / kv.n_kv_heads;
+    const int kvh = blockIdx.x, h0 = kvh * group, layer = op.u.attn.layer;
+    const int split = blockIdx.y, n_splits = gridDim.y, row = blockIdx.z;
+
+    struct decode_split ds;
+    if (!decode_split_of(op, params, row, split, n_splits, &ds))
+        return;
+    const int k_begin = ds.begin - ds.begin % FA_BK;
+    const int w_first = k_begin + DQ_ROWS * warp;
+    const int n_sub = ds.end >= w_first ? (ds.end - w_first) / FA_BK + 1 : 0;
+
+    uint8_t *mine = dq_smem + (size_t)warp * da_warp_bytes(f, HD);
+    const uint32_t vdec = smem_addr(mine);
+    uint8_t *raw = mine + DQ_ROWS * HD * sizeof(__half);
+    const int kroom = dq_record_room(kvq_head_bytes(&f, HD, false));
+    const int vroom = dq_record_room(kvq_head_bytes(&f, HD, true));
+
+    dq_stream st;
+    st.init(dq_side_of(kv, layer, kvh, HD, false), dq_side_of(kv, layer, kvh, HD, true), ds.bt,
+            kv.block_size, ds.last, smem_addr(raw), kroom, vroom, DQ_STAGES, lane);
+    for (int j = 0; j < DQ_STAGES - 1; j++) {
+        if (j < n_sub)
+            st.copy(w_first + j * FA_BK, j, lane);
+        cp_async_commit();
+    }
+
+    /* Q^T as B fragments (column g: head g of the group, zero past it) in
+     * da_dim's order, scaled into base-2 scores; each group's sum of the
+     * rounded values, for heads 2t and 2t + 1 (the C fragment's columns) */
+    uint32_t qb[NG][KS][2];
+    float qs[NG][2];
+    {
+        const float qscale = op.u.attn.scale * FA_LOG2E;
+        const bool live = g < group;
+        const float *qh = op.u.attn.q + (size_t)row * op.u.attn.n_heads * HD +
+                          (size_t)(h0 + (live ? g : 0)) * HD;
+#pragma unroll
+        for (int G = 0; G < NG; G++) {
+            float sum = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < KS; kk++) {
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const float x0 = live ? qh[da_dim<BITS, GS>(G, kk, t, 2 * h)] * qscale : 0.0f;
+                    const float x1 =
+                        live ? qh[da_dim<BITS, GS>(G, kk, t, 2 * h + 1)] * qscale : 0.0f;
+                    qb[G][kk][h] = pack_half2(x0, x1);
+                    sum += half2_sum(qb[G][kk][h]);
+                }
+            }
+            sum = osm_quad_sum(sum); /* head g's */
+            qs[G][0] = __shfl_sync(0xffffffffu, sum, 8 * t);
+            qs[G][1] = __shfl_sync(0xffffffffu, sum, 8 * t + 4);
+        }
+    }
+
+    float o[NO][4];
+#pragma unroll
+    for (int n = 0; n < NO; n++)
+        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    /* per column head 2t + c: the running max (base 2) and this lane's
+     * part of the sum (its positions g, g + 8 of every sub-tile) */
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    const int window = op.u.attn.window;
+    const int pair_off = HD * BITS / 8;
+    const int v_lrow = ((lane >> 3) & 1) * 8 + (lane & 7), v_lchunk = lane >> 4;
+
+    for (int j = 0; j < n_sub; j++) {
+        cp_async_wait<DQ_STAGES - 2>();
+        __syncwarp(); /* sub-tile j is in; j - 1's buffers are free */
+        if (j + DQ_STAGES - 1 < n_sub)
+            st.copy(w_first + (j + DQ_STAGES - 1) * FA_BK, j + DQ_STAGES - 1, lane);
+        cp_async_commit();
+        const uint8_t *stage = raw + (size_t)(j % DQ_STAGES) * st.stage_bytes;
+        dq_decode<HD>(stage + DQ_ROWS * kroom, vroom, st.v, NULL, vdec, lane);
+
+        /* S^T: rows the positions g and g + 8, columns the heads */
+        const uint32_t krec = smem_addr(stage) + (uint32_t)st.k.lead;
+        const uint32_t rec0 = krec + (uint32_t)(g * kroom), rec1 = rec0 + 8u * (uint32_t)kroom;
+        float score[2][2];
+        {
+            float acc[NG][4];
+#pragma unroll
+            for (int G = 0; G < NG; G++) {
+                acc[G][0] = acc[G][1] = acc[G][2] = acc[G][3] = 0.0f;
+                uint32_t w0[LB / 4], w1[LB / 4];
+                const uint32_t at = (uint32_t)(G * GS * BITS / 8 + t * LB);
+                da_words<LB, ALIGN>(rec0 + at, w0);
+                da_words<LB, ALIGN>(rec1 + at, w1);
+#pragma unroll
+                for (int kk = 0; kk < KS; kk++) {
+                    uint32_t a[4];
+                    da_codes<BITS>(w0, kk, a[0], a[2]);
+                    da_codes<BITS>(w1, kk, a[1], a[3]);
+                    mma_16816(acc[G], a, qb[G][kk][0], qb[G][kk][1]);
+                }
+            }
+            /* s (q . (1024 + c)) + q_sum (b - 1024 s), group by group */
+            const int p0 = w_first + j * FA_BK;
+            const bool edge = p0 + DQ_ROWS - 1 > ds.last || p0 < ds.first;
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const uint32_t pairs = (r ? rec1 : rec0) + (uint32_t)pair_off;
+                score[r][0] = score[r][1] = 0.0f;
+#pragma unroll
+                for (int G = 0; G < NG; G++) {
+                    uint32_t pr;
+                    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(pr) : "r"(pairs + 4 * G));
+                    const float2 sb = __half22float2(*(const __half2 *)&pr);
+                    const float d = fmaf(-1024.0f, sb.x, sb.y);
+#pragma unroll
+                    for (int c = 0; c < 2; c++)
+                        score[r][c] = fmaf(sb.x, acc[G][2 * r + c],
+                                           fmaf(qs[G][c], d, score[r][c]));
+                }
+                const int p = p0 + g + 8 * r;
+                if (edge && (p > ds.last || (window > 0 && p <= ds.last - window)))
+                    score[r][0] = score[r][1] = -INFINITY;
+            }
+        }
+
+        /* online softmax down each column (the 8 lanes of a t) */
+        float use[2], corr[2];
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            float mx = fmaxf(score[0][c], score[1][c]);
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+            mx = fmaxf(mx, m[c]);
+            use[c] = mx == -INFINITY ? 0.0f : mx;
+            corr[c] = fast_exp2(m[c] - use[c]);
+            m[c] = mx;
+            l[c] *= corr[c];
+        }
+        if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) {
+            /* O's rows are heads g: their factor from a lane of column g */
+            const float c0 = __shfl_sync(0xffffffffu, corr[0], g >> 1);
+            const float c1 = __shfl_sync(0xffffffffu, corr[1], g >> 1);
+            const float cg = (g & 1) ? c1 : c0;
+#pragma unroll
+            for (int n = 0; n < NO; n++) {
+                o[n][0] *= cg;
+                o[n][1] *= cg;
+            }
+        }
+        uint32_t pt[2]; /* P^T rows g, g + 8 (positions) at columns 2t, 2t + 1 (heads) */
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            pt[r] = pack_half2(fast_exp2(score[r][0] - use[0]), fast_exp2(score[r][1] - use[1]));
+            const float2 pf = __half22float2(*(const __half2 *)&pt[r]);
+            l[0] += pf.x;
+            l[1] += pf.y;
+        }
+        /* P as A fragments: rows the heads (8 to 15 empty), k the positions */
+        const uint32_t pa[4] = {movmatrix_trans(pt[0]), 0u, movmatrix_trans(pt[1]), 0u};
+        __syncwarp(); /* the V sub-tile's stores are seen */
+#pragma unroll
+        for (int dp = 0; dp < NO / 2; dp++) {
+            uint32_t b0, b1, b2, b3;
+            ldsm_x4_trans(vdec + swz<HD>(v_lrow, 2 * dp + v_lchunk), b0, b1, b2, b3);
+            mma_16816(o[2 * dp], pa, b0, b1);
+            mma_16816(o[2 * dp + 1], pa, b2, b3);
+        }
+        __syncwarp(); /* the V sub-tile is read before the next decode */
+    }
+    cp_async_wait<0>();
+
+    /* the merge's state in row form: head g's max and sum on lane (g, 0) */
+#pragma unroll
+    for (int c = 0; c < 2; c++) {
+        l[c] += __shfl_xor_sync(0xffffffffu, l[c], 4);
+        l[c] += __shfl_xor_sync(0xffffffffu, l[c], 8);
+        l[c] += __shfl_xor_sync(0xffffffffu, l[c], 16);
+    }
+    fa_warp<HD> w;
+    {
+        const float m0 = __shfl_sync(0xffffffffu, m[0], g >> 1);
+        const float m1 = __shfl_sync(0xffffffffu, m[1], g >> 1);
+        const float l0 = __shfl_sync(0xffffffffu, l[0], g >> 1);
+        const float l1 = __shfl_sync(0xffffffffu, l[1], g >> 1);
+        w.row_max[0] = (g & 1) ? m1 : m0;
+        w.row_sum[0] = t == 0 ? ((g & 1) ? l1 : l0) : 0.0f;
+        w.row_max[1] = -INFINITY;
+        w.row_sum[1] = 0.0f;
+#pragma unroll
+        for (int n = 0; n < NO; n++)
+            for (int i = 0; i < 4; i++)
+                w.o[n][i] = o[n][i];
+    }
+    __syncthreads();
+    fa_decode_finish<HD, DQ_WARPS>(w, dq_smem, op, part, row, h0, group, split, n_splits,
+                                   ds.n_active == 1);
+}
+
+
 template <int HD>
 static cudaError_t launch_qdecode_mma(cudaStream_t s, const struct cu_op *op,
                                       const uint8_t *params, float *part, int smem_optin)
@@ -161,6 +455,49 @@ static cudaError_t launch_qdecode_mma(cudaStream_t s, const struct cu_op *op,
     return cu_launch_attention_merge(s, op, params, part);
 }
 
+template <int HD, int BITS, int GS, int ALIGN>
+static cudaError_t launch_qdecode_affine(cudaStream_t s, const struct cu_op *op,
+                                        const uint8_t *params, float *part, int smem_optin)
+{
+    const size_t smem = da_block_bytes(op->u.attn.kv.fmt, HD);
+    if (smem > (size_t)smem_optin)
+        return cudaErrorNotSupported;
+    cudaError_t e = cudaFuncSetAttribute(qattn_decode_affine_kernel<HD, BITS, GS, ALIGN>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess)
+        return e;
+    const int n_splits = op->u.attn.n_splits;
+    dim3 grid((unsigned)op->u.attn.kv.n_kv_heads, (unsigned)n_splits, (unsigned)op->n_rows);
+    qattn_decode_affine_kernel<HD, BITS, GS, ALIGN><<<grid, DQ_THREADS, smem, s>>>(
+        *op, params, n_splits > 1 ? part + CU_ATTN_COUNTERS : NULL);
+    if ((e = cudaGetLastError()) != cudaSuccess || n_splits == 1)
+        return e;
+    return cu_launch_attention_merge(s, op, params, part);
+}
+
+/* The affine kernel's instance for the record's bits, group and alignment:
+ * every kv head's record starts at a multiple of the largest power of two
+ * (8 at most) dividing its size. */
+template <int HD>
+static cudaError_t launch_qdecode_affine_hd(cudaStream_t s, const struct cu_op *op,
+                                           const uint8_t *params, float *part, int smem_optin)
+{
+    const struct kv_quant_layer &f = op->u.attn.kv.fmt;
+    const bool by8 = kvq_head_bytes(&f, HD, false) % 8 == 0;
+    if (f.k_bits == 8 && f.group_size == 64)
+        return by8 ? launch_qdecode_affine<HD, 8, 64, 8>(s, op, params, part, smem_optin)
+                   : launch_qdecode_affine<HD, 8, 64, 4>(s, op, params, part, smem_optin);
+    if (f.k_bits == 8)
+        return by8 ? launch_qdecode_affine<HD, 8, 32, 8>(s, op, params, part, smem_optin)
+                   : launch_qdecode_affine<HD, 8, 32, 4>(s, op, params, part, smem_optin);
+    if (f.group_size == 64)
+        return by8 ? launch_qdecode_affine<HD, 4, 64, 8>(s, op, params, part, smem_optin)
+                   : launch_qdecode_affine<HD, 4, 64, 4>(s, op, params, part, smem_optin);
+    return by8 ? launch_qdecode_affine<HD, 4, 32, 8>(s, op, params, part, smem_optin)
+               : launch_qdecode_affine<HD, 4, 32, 4>(s, op, params, part, smem_optin);
+}
+
+
 cudaError_t cu_launch_attention_decode_quant(cudaStream_t s, const struct cu_op *op,
                                              const uint8_t *params, float *part, int smem_optin)
 {
@@ -170,6 +507,12 @@ cudaError_t cu_launch_attention_decode_quant(cudaStream_t s, const struct cu_op 
     if (!readable || op->u.attn.row_invariant || cu_attention_uses_prefill(op) ||
         op->u.attn.n_heads > kv->n_kv_heads * CU_ATTN_MMA_MAX_GROUP)
         return cudaErrorNotSupported;
+    const bool affine = f->scheme == KV_QUANT_AFFINE &&
+                        op->u.attn.n_heads <= kv->n_kv_heads * DA_MAX_GROUP;
+    if (affine && kv->head_dim == 64)
+        return launch_qdecode_affine_hd<64>(s, op, params, part, smem_optin);
+    if (affine && kv->head_dim == 128)
+        return launch_qdecode_affine_hd<128>(s, op, params, part, smem_optin);
     if (kv->head_dim == 64)
         return launch_qdecode_mma<64>(s, op, params, part, smem_optin);
     if (kv->head_dim == 128)

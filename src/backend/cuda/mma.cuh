@@ -31,6 +31,16 @@ static __device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t &r0
                  : "r"(addr));
 }
 
+/* The 8x8 matrix of 16-bit elements whose rows the warp holds as in an
+ * ldmatrix fragment (lane i: row i / 4, columns 2 (i % 4) and 2 (i % 4) + 1),
+ * transposed: lane i gets the same fragment of the transpose. */
+static __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x)
+{
+    uint32_t y;
+    asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+    return y;
+}
+
 /* Two floats from shared memory at a shared-space address (8-byte aligned). */
 static __device__ __forceinline__ void lds64(uint32_t addr, float2 &v)
 {
