@@ -226,6 +226,51 @@ static __host__ __device__ __forceinline__ size_t da_block_bytes(const struct kv
     return warps + 16;
 }
 
+/* A record's room in a sub-tile (dq_record_room) for an affine record of
+ * head dim HD, at compile time. */
+template <int HD, int BITS, int GS>
+struct da_record {
+    static constexpr int BYTES = HD * BITS / 8 + HD / GS * 4;
+    static constexpr int ROOM = 16 * ((BYTES + 15) / 16 + (BYTES % 16 != 0));
+};
+
+/* A warp's DQ_ROWS V records (ROOM bytes apart, each starting lead bytes
+ * into its room at raw) into the fp16 sub-tile at dst: dq_decode's
+ * arithmetic, bits and swizzle, 8 elements a lane at a time, with the
+ * record's shape known at compile time, so each lane computes its
+ * addresses once and every row after the first is an immediate offset. */
+template <int HD, int BITS, int GS, int ALIGN>
+static __device__ __forceinline__ void da_decode_v(uint32_t raw, int lead, uint32_t dst, int lane)
+{
+    constexpr int ROOM = da_record<HD, BITS, GS>::ROOM;
+    constexpr int CPR = HD / 8, RPI = 32 / CPR;
+    const int c = lane % CPR, r0 = lane / CPR;
+    const uint32_t rec = raw + (uint32_t)(r0 * ROOM + lead);
+    const uint32_t codes = rec + (uint32_t)(c * BITS);
+    const uint32_t pairs = rec + (uint32_t)(HD * BITS / 8 + c * 8 / GS * 4);
+    const uint32_t at0 = dst + (uint32_t)(r0 * HD * 2);
+    const uint32_t chunk0 = (uint32_t)(c ^ (r0 & 7));
+#pragma unroll
+    for (int i = 0; i < DQ_ROWS / RPI; i++) {
+        const uint32_t off = (uint32_t)(i * RPI * ROOM);
+        uint32_t w[2], pr;
+        da_words<BITS, ALIGN>(codes + off, w);
+        asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(pr) : "r"(pairs + off));
+        uint32_t lo = w[0], hi = BITS == 8 ? w[1] : 0u;
+        if (BITS == 4) { /* nibbles to one code a byte */
+            const uint32_t e = lo & 0x0f0f0f0fu, o = (lo >> 4) & 0x0f0f0f0fu;
+            lo = __byte_perm(e, o, 0x5140);
+            hi = __byte_perm(e, o, 0x7362);
+        }
+        const __half2 sc = dq_h2(__byte_perm(pr, 0, 0x1010)), bi = dq_h2(__byte_perm(pr, 0, 0x3232));
+        const uint32_t at = at0 + (uint32_t)(i * RPI * HD * 2) +
+                            ((chunk0 ^ (uint32_t)((i * RPI) & 7)) << 4);
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(at),
+                     "r"(dq_affine_pair(lo, 0x4140, sc, bi)), "r"(dq_affine_pair(lo, 0x4342, sc, bi)),
+                     "r"(dq_affine_pair(hi, 0x4140, sc, bi)), "r"(dq_affine_pair(hi, 0x4342, sc, bi)));
+    }
+}
+
 template <int HD, int BITS, int GS, int ALIGN>
 static __global__ void __launch_bounds__(DQ_THREADS, DQ_MIN_BLOCKS)
 qattn_decode_affine_kernel(struct cu_op op, const uint8_t *params, float *part)
@@ -253,12 +298,11 @@ qattn_decode_affine_kernel(struct cu_op op, const uint8_t *params, float *part)
     uint8_t *mine = dq_smem + (size_t)warp * da_warp_bytes(f, HD);
     const uint32_t vdec = smem_addr(mine);
     uint8_t *raw = mine + DQ_ROWS * HD * sizeof(__half);
-    const int kroom = dq_record_room(kvq_head_bytes(&f, HD, false));
-    const int vroom = dq_record_room(kvq_head_bytes(&f, HD, true));
+    constexpr int ROOM = da_record<HD, BITS, GS>::ROOM; /* K's and V's alike */
 
     dq_stream st;
     st.init(dq_side_of(kv, layer, kvh, HD, false), dq_side_of(kv, layer, kvh, HD, true), ds.bt,
-            kv.block_size, ds.last, smem_addr(raw), kroom, vroom, DQ_STAGES, lane);
+            kv.block_size, ds.last, smem_addr(raw), ROOM, ROOM, DQ_STAGES, lane);
     for (int j = 0; j < DQ_STAGES - 1; j++) {
         if (j < n_sub)
             st.copy(w_first + j * FA_BK, j, lane);
@@ -313,11 +357,11 @@ qattn_decode_affine_kernel(struct cu_op op, const uint8_t *params, float *part)
             st.copy(w_first + (j + DQ_STAGES - 1) * FA_BK, j + DQ_STAGES - 1, lane);
         cp_async_commit();
         const uint8_t *stage = raw + (size_t)(j % DQ_STAGES) * st.stage_bytes;
-        dq_decode<HD>(stage + DQ_ROWS * kroom, vroom, st.v, NULL, vdec, lane);
+        da_decode_v<HD, BITS, GS, ALIGN>(smem_addr(stage) + DQ_ROWS * ROOM, st.v.lead, vdec, lane);
 
         /* S^T: rows the positions g and g + 8, columns the heads */
         const uint32_t krec = smem_addr(stage) + (uint32_t)st.k.lead;
-        const uint32_t rec0 = krec + (uint32_t)(g * kroom), rec1 = rec0 + 8u * (uint32_t)kroom;
+        const uint32_t rec0 = krec + (uint32_t)(g * ROOM), rec1 = rec0 + 8u * ROOM;
         float score[2][2];
         {
             float acc[NG][4];
