@@ -30,6 +30,34 @@
  * 8-bit records of head dim 128 */
 #define DQ_MIN_BLOCKS 3
 
+/* Where a decode block of DQ_WARPS warps works (blockIdx: kv head, split,
+ * row) and the sub-tiles the calling warp owns there. */
+struct dq_block {
+    int warp, lane, g, t;
+    int group, kvh, h0, layer, split, n_splits, row;
+    struct decode_split ds;
+    int w_first, n_sub; /* this warp's first position, and its sub-tiles */
+};
+
+/* False for a block whose split holds none of its row's positions. */
+static __device__ __forceinline__ bool dq_block_of(const struct cu_op &op, const uint8_t *params,
+                                                   dq_block &b)
+{
+    b.warp = threadIdx.x / 32, b.lane = threadIdx.x & 31;
+    b.g = b.lane >> 2, b.t = b.lane & 3;
+    b.group = op.u.attn.n_heads / op.u.attn.kv.n_kv_heads;
+    b.kvh = blockIdx.x, b.h0 = b.kvh * b.group, b.layer = op.u.attn.layer;
+    b.split = blockIdx.y, b.n_splits = gridDim.y, b.row = blockIdx.z;
+    if (!decode_split_of(op, params, b.row, b.split, b.n_splits, &b.ds))
+        return false;
+    /* splits are whole tiles (the bucket and the split count are powers of
+     * two and a split holds at least FA_BK positions) */
+    const int k_begin = b.ds.begin - b.ds.begin % FA_BK;
+    b.w_first = k_begin + DQ_ROWS * b.warp;
+    b.n_sub = b.ds.end >= b.w_first ? (b.ds.end - b.w_first) / FA_BK + 1 : 0;
+    return true;
+}
+
 /* A warp's shared memory: its K and V fp16 sub-tiles, then DQ_STAGES
  * sub-tiles of raw records (K's, then V's). */
 static __host__ __device__ __forceinline__ size_t dq_warp_bytes(const struct kv_quant_layer &f,
@@ -60,20 +88,11 @@ qattn_decode_mma_kernel(struct cu_op op, const uint8_t *params, float *part)
     extern __shared__ __align__(128) uint8_t dq_smem[];
     const struct cu_kv kv = op.u.attn.kv;
     const struct kv_quant_layer f = kv.fmt;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-    const int g = lane >> 2, t = lane & 3;
-    const int group = op.u.attn.n_heads / kv.n_kv_heads;
-    const int kvh = blockIdx.x, h0 = kvh * group, layer = op.u.attn.layer;
-    const int split = blockIdx.y, n_splits = gridDim.y, row = blockIdx.z;
-
-    struct decode_split ds;
-    if (!decode_split_of(op, params, row, split, n_splits, &ds))
+    dq_block b;
+    if (!dq_block_of(op, params, b))
         return;
-    /* splits are whole tiles (the bucket and the split count are powers of
-     * two and a split holds at least FA_BK positions) */
-    const int k_begin = ds.begin - ds.begin % FA_BK;
-    const int w_first = k_begin + DQ_ROWS * warp; /* this warp's first position */
-    const int n_sub = ds.end >= w_first ? (ds.end - w_first) / FA_BK + 1 : 0;
+    const int warp = b.warp, lane = b.lane, g = b.g, t = b.t, group = b.group, h0 = b.h0;
+    const struct decode_split &ds = b.ds;
 
     const bool turbo = f.scheme == KV_QUANT_TURBO;
     uint8_t *ktab = dq_smem, *vtab = ktab + DQ_TABLE_BYTES;
@@ -86,17 +105,12 @@ qattn_decode_mma_kernel(struct cu_op op, const uint8_t *params, float *part)
     const int vroom = dq_record_room(kvq_head_bytes(&f, HD, true));
 
     dq_stream st;
-    st.init(dq_side_of(kv, layer, kvh, HD, false), dq_side_of(kv, layer, kvh, HD, true), ds.bt,
+    st.init(dq_side_of(kv, b.layer, b.kvh, HD, false), dq_side_of(kv, b.layer, b.kvh, HD, true), ds.bt,
             kv.block_size, ds.last, smem_addr(raw), kroom, vroom, DQ_STAGES, lane);
-    /* the first sub-tiles' copies cover the query and table work */
-    for (int j = 0; j < DQ_STAGES - 1; j++) {
-        if (j < n_sub)
-            st.copy(w_first + j * FA_BK, j, lane);
-        cp_async_commit();
-    }
+    st.prime<DQ_STAGES>(b.w_first, b.n_sub, lane); /* they cover the query and table work */
 
     const int q_dim = op.u.attn.n_heads * HD;
-    const float *q_row = op.u.attn.q + (size_t)row * q_dim + (size_t)h0 * HD;
+    const float *q_row = op.u.attn.q + (size_t)b.row * q_dim + (size_t)h0 * HD;
     if (turbo) {
         dq_levels(kv, st.k.bits, ktab);
         dq_levels(kv, st.v.bits, vtab);
@@ -104,7 +118,7 @@ qattn_decode_mma_kernel(struct cu_op op, const uint8_t *params, float *part)
             q_sm[i] = q_row[i];
         __syncthreads();
         for (int j = warp; j < group; j += DQ_WARPS)
-            warp_rotate(q_sm + j * HD, HD, kv.seed, 0, layer, false);
+            warp_rotate(q_sm + j * HD, HD, kv.seed, 0, b.layer, false);
         __syncthreads();
     }
     fa_warp<HD> w;
@@ -121,23 +135,18 @@ qattn_decode_mma_kernel(struct cu_op op, const uint8_t *params, float *part)
         w.load_q(qr, op.u.attn.scale * FA_LOG2E, t);
     }
 
-    for (int j = 0; j < n_sub; j++) {
-        cp_async_wait<DQ_STAGES - 2>();
-        __syncwarp(); /* sub-tile j is in; j - 1's buffers are free */
-        if (j + DQ_STAGES - 1 < n_sub)
-            st.copy(w_first + (j + DQ_STAGES - 1) * FA_BK, j + DQ_STAGES - 1, lane);
-        cp_async_commit();
-        const uint8_t *stage = raw + (size_t)(j % DQ_STAGES) * st.stage_bytes;
+    for (int j = 0; j < b.n_sub; j++) {
+        const uint8_t *stage = raw + st.arrive<DQ_STAGES>(j, b.w_first, b.n_sub, lane);
         dq_decode<HD>(stage, kroom, st.k, ktab, kdec, lane);
         dq_decode<HD>(stage + DQ_ROWS * kroom, vroom, st.v, vtab, vdec, lane);
         __syncwarp();
-        const int p0 = w_first + j * FA_BK;
+        const int p0 = b.w_first + j * FA_BK;
         w.template attend<DQ_ROWS>(kdec, vdec, p0, p0 + DQ_ROWS - 1 > ds.last || p0 < ds.first,
                                    op.u.attn.window, lane);
     }
     cp_async_wait<0>();
     __syncthreads();
-    fa_decode_finish<HD, DQ_WARPS>(w, warps, op, part, row, h0, group, split, n_splits,
+    fa_decode_finish<HD, DQ_WARPS>(w, warps, op, part, b.row, h0, group, b.split, b.n_splits,
                                    ds.n_active == 1);
 }
 
@@ -282,18 +291,11 @@ qattn_decode_affine_kernel(struct cu_op op, const uint8_t *params, float *part)
     extern __shared__ __align__(128) uint8_t dq_smem[];
     const struct cu_kv kv = op.u.attn.kv;
     const struct kv_quant_layer f = kv.fmt;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-    const int g = lane >> 2, t = lane & 3;
-    const int group = op.u.attn.n_heads / kv.n_kv_heads;
-    const int kvh = blockIdx.x, h0 = kvh * group, layer = op.u.attn.layer;
-    const int split = blockIdx.y, n_splits = gridDim.y, row = blockIdx.z;
-
-    struct decode_split ds;
-    if (!decode_split_of(op, params, row, split, n_splits, &ds))
+    dq_block b;
+    if (!dq_block_of(op, params, b))
         return;
-    const int k_begin = ds.begin - ds.begin % FA_BK;
-    const int w_first = k_begin + DQ_ROWS * warp;
-    const int n_sub = ds.end >= w_first ? (ds.end - w_first) / FA_BK + 1 : 0;
+    const int warp = b.warp, lane = b.lane, g = b.g, t = b.t, group = b.group, h0 = b.h0;
+    const struct decode_split &ds = b.ds;
 
     uint8_t *mine = dq_smem + (size_t)warp * da_warp_bytes(f, HD);
     const uint32_t vdec = smem_addr(mine);
@@ -301,13 +303,9 @@ qattn_decode_affine_kernel(struct cu_op op, const uint8_t *params, float *part)
     constexpr int ROOM = da_record<HD, BITS, GS>::ROOM; /* K's and V's alike */
 
     dq_stream st;
-    st.init(dq_side_of(kv, layer, kvh, HD, false), dq_side_of(kv, layer, kvh, HD, true), ds.bt,
+    st.init(dq_side_of(kv, b.layer, b.kvh, HD, false), dq_side_of(kv, b.layer, b.kvh, HD, true), ds.bt,
             kv.block_size, ds.last, smem_addr(raw), ROOM, ROOM, DQ_STAGES, lane);
-    for (int j = 0; j < DQ_STAGES - 1; j++) {
-        if (j < n_sub)
-            st.copy(w_first + j * FA_BK, j, lane);
-        cp_async_commit();
-    }
+    st.prime<DQ_STAGES>(b.w_first, b.n_sub, lane);
 
     /* Q^T as B fragments (column g: head g of the group, zero past it) in
      * da_dim's order, scaled into base-2 scores; each group's sum of the
@@ -317,7 +315,7 @@ qattn_decode_affine_kernel(struct cu_op op, const uint8_t *params, float *part)
     {
         const float qscale = op.u.attn.scale * FA_LOG2E;
         const bool live = g < group;
-        const float *qh = op.u.attn.q + (size_t)row * op.u.attn.n_heads * HD +
+        const float *qh = op.u.attn.q + (size_t)b.row * op.u.attn.n_heads * HD +
                           (size_t)(h0 + (live ? g : 0)) * HD;
 #pragma unroll
         for (int G = 0; G < NG; G++) {
@@ -350,13 +348,8 @@ qattn_decode_affine_kernel(struct cu_op op, const uint8_t *params, float *part)
     const int pair_off = HD * BITS / 8;
     const int v_lrow = ((lane >> 3) & 1) * 8 + (lane & 7), v_lchunk = lane >> 4;
 
-    for (int j = 0; j < n_sub; j++) {
-        cp_async_wait<DQ_STAGES - 2>();
-        __syncwarp(); /* sub-tile j is in; j - 1's buffers are free */
-        if (j + DQ_STAGES - 1 < n_sub)
-            st.copy(w_first + (j + DQ_STAGES - 1) * FA_BK, j + DQ_STAGES - 1, lane);
-        cp_async_commit();
-        const uint8_t *stage = raw + (size_t)(j % DQ_STAGES) * st.stage_bytes;
+    for (int j = 0; j < b.n_sub; j++) {
+        const uint8_t *stage = raw + st.arrive<DQ_STAGES>(j, b.w_first, b.n_sub, lane);
         da_decode_v<HD, BITS, GS, ALIGN>(smem_addr(stage) + DQ_ROWS * ROOM, st.v.lead, vdec, lane);
 
         /* S^T: rows the positions g and g + 8, columns the heads */
@@ -381,7 +374,7 @@ qattn_decode_affine_kernel(struct cu_op op, const uint8_t *params, float *part)
                 }
             }
             /* s (q . (1024 + c)) + q_sum (b - 1024 s), group by group */
-            const int p0 = w_first + j * FA_BK;
+            const int p0 = b.w_first + j * FA_BK;
             const bool edge = p0 + DQ_ROWS - 1 > ds.last || p0 < ds.first;
 #pragma unroll
             for (int r = 0; r < 2; r++) {
@@ -474,7 +467,7 @@ qattn_decode_affine_kernel(struct cu_op op, const uint8_t *params, float *part)
                 w.o[n][i] = o[n][i];
     }
     __syncthreads();
-    fa_decode_finish<HD, DQ_WARPS>(w, dq_smem, op, part, row, h0, group, split, n_splits,
+    fa_decode_finish<HD, DQ_WARPS>(w, dq_smem, op, part, b.row, h0, group, b.split, b.n_splits,
                                    ds.n_active == 1);
 }
 

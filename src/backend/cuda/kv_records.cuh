@@ -252,6 +252,32 @@ struct dq_stream {
         src_off = 16 * chunk;
     }
 
+    /* A warp's walk over its sub-tiles at w_first, w_first + FA_BK, ... (n
+     * of them), STAGES - 1 copies ahead: prime() issues the first copies,
+     * each its own commit group; then for each j in turn, arrive(j) waits
+     * for sub-tile j's records, issues the copy STAGES - 1 sub-tiles ahead
+     * and returns the offset of sub-tile j's stage from the first. */
+    template <int STAGES>
+    __device__ __forceinline__ void prime(int w_first, int n, int lane) const
+    {
+        for (int j = 0; j < STAGES - 1; j++) {
+            if (j < n)
+                copy(w_first + j * FA_BK, j, lane);
+            cp_async_commit();
+        }
+    }
+
+    template <int STAGES>
+    __device__ __forceinline__ uint32_t arrive(int j, int w_first, int n, int lane) const
+    {
+        cp_async_wait<STAGES - 2>();
+        __syncwarp(); /* sub-tile j is in; j - 1's buffers are free */
+        if (j + STAGES - 1 < n)
+            copy(w_first + (j + STAGES - 1) * FA_BK, j + STAGES - 1, lane);
+        cp_async_commit();
+        return (uint32_t)(j % STAGES) * stage_bytes;
+    }
+
     /* Issues the copies of positions p0 .. p0 + DQ_ROWS - 1 into stage
      * j % stages (positions past last are zero-filled). */
     __device__ __forceinline__ void copy(int p0, int j, int lane) const
