@@ -1,4 +1,4 @@
-/* backend/cuda/mma.cuh — tensor-core fragments the mma.sync kernels share: shared-memory addresses, ldmatrix loads, m16n8k16 products in fp16 and bf16, bf16 packing. */
+/* backend/cuda/mma.cuh — tensor-core fragments the mma.sync kernels share: shared-memory addresses, ldmatrix loads, movmatrix transposes, m16n8k16 products in fp16 and bf16, bf16 packing. */
 #ifndef INFERD_BACKEND_CUDA_MMA_CUH
 #define INFERD_BACKEND_CUDA_MMA_CUH
 
