@@ -105,8 +105,8 @@ qattn_decode_mma_kernel(struct cu_op op, const uint8_t *params, float *part)
     const int vroom = dq_record_room(kvq_head_bytes(&f, HD, true));
 
     dq_stream st;
-    st.init(dq_side_of(kv, b.layer, b.kvh, HD, false), dq_side_of(kv, b.layer, b.kvh, HD, true), ds.bt,
-            kv.block_size, ds.last, smem_addr(raw), kroom, vroom, DQ_STAGES, lane);
+    st.init(dq_side_of(kv, b.layer, b.kvh, HD, false), dq_side_of(kv, b.layer, b.kvh, HD, true),
+            ds.bt, kv.block_size, ds.last, smem_addr(raw), kroom, vroom, DQ_STAGES, lane);
     st.prime<DQ_STAGES>(b.w_first, b.n_sub, lane); /* they cover the query and table work */
 
     const int q_dim = op.u.attn.n_heads * HD;
@@ -271,12 +271,15 @@ static __device__ __forceinline__ void da_decode_v(uint32_t raw, int lead, uint3
             lo = __byte_perm(e, o, 0x5140);
             hi = __byte_perm(e, o, 0x7362);
         }
-        const __half2 sc = dq_h2(__byte_perm(pr, 0, 0x1010)), bi = dq_h2(__byte_perm(pr, 0, 0x3232));
+        const __half2 sc = dq_h2(__byte_perm(pr, 0, 0x1010));
+        const __half2 bi = dq_h2(__byte_perm(pr, 0, 0x3232));
         const uint32_t at = at0 + (uint32_t)(i * RPI * HD * 2) +
                             ((chunk0 ^ (uint32_t)((i * RPI) & 7)) << 4);
         asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(at),
-                     "r"(dq_affine_pair(lo, 0x4140, sc, bi)), "r"(dq_affine_pair(lo, 0x4342, sc, bi)),
-                     "r"(dq_affine_pair(hi, 0x4140, sc, bi)), "r"(dq_affine_pair(hi, 0x4342, sc, bi)));
+                     "r"(dq_affine_pair(lo, 0x4140, sc, bi)),
+                     "r"(dq_affine_pair(lo, 0x4342, sc, bi)),
+                     "r"(dq_affine_pair(hi, 0x4140, sc, bi)),
+                     "r"(dq_affine_pair(hi, 0x4342, sc, bi)));
     }
 }
 
@@ -303,8 +306,8 @@ qattn_decode_affine_kernel(struct cu_op op, const uint8_t *params, float *part)
     constexpr int ROOM = da_record<HD, BITS, GS>::ROOM; /* K's and V's alike */
 
     dq_stream st;
-    st.init(dq_side_of(kv, b.layer, b.kvh, HD, false), dq_side_of(kv, b.layer, b.kvh, HD, true), ds.bt,
-            kv.block_size, ds.last, smem_addr(raw), ROOM, ROOM, DQ_STAGES, lane);
+    st.init(dq_side_of(kv, b.layer, b.kvh, HD, false), dq_side_of(kv, b.layer, b.kvh, HD, true),
+            ds.bt, kv.block_size, ds.last, smem_addr(raw), ROOM, ROOM, DQ_STAGES, lane);
     st.prime<DQ_STAGES>(b.w_first, b.n_sub, lane);
 
     /* Q^T as B fragments (column g: head g of the group, zero past it) in
