@@ -176,15 +176,12 @@ static __device__ __forceinline__ int da_dim(int G, int kk, int t, int j)
     return BITS == 8 ? base + 4 * kk + j : base + 8 * (kk >> 1) + (kk & 1) + 2 * j;
 }
 
-/* LB bytes of shared memory at addr (ALIGN-byte aligned) as LB / 4 words. */
+/* LB bytes of shared memory at addr (ALIGN-byte aligned: 4 or 8) as LB / 4
+ * words. */
 template <int LB, int ALIGN>
 static __device__ __forceinline__ void da_words(uint32_t addr, uint32_t *w)
 {
-    if (ALIGN >= 16 && LB == 16) {
-        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
-                     : "r"(addr));
-    } else if (ALIGN >= 8 && LB % 8 == 0) {
+    if (ALIGN == 8 && LB % 8 == 0) {
 #pragma unroll
         for (int i = 0; i < LB / 8; i++)
             asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n"
