@@ -1,4 +1,4 @@
-/* backend/cuda/attention_decode_quant.cu — decode attention over a quantized paged KV cache (backend/kv_quant.h) on mma.sync tensor cores: each warp streams its own positions' records into shared memory, decodes them there to fp16 tiles and runs the f16 cache's FlashAttention-2 warp step (fa_mma.cuh) on them; an affine cache's scores are taken from the codes themselves. */
+/* backend/cuda/attention_decode_quant.cu — decode attention over a quantized paged KV cache (backend/kv_quant.h) on mma.sync tensor cores: each warp streams its own positions' records into shared memory, decodes them there to fp16 tiles and runs the f16 cache's FlashAttention-2 warp step (fa_mma.cuh) on them; the scores of an affine cache and of TurboQuant keys of 4 or 8 bits are taken from the codes themselves (positions the mma rows), and TurboQuant V of 2 to 4 bits is decoded as bare levels with the norm applied to P. */
 #include <cuda_fp16.h>
 #include <math.h>
 
@@ -232,6 +232,143 @@ static __host__ __device__ __forceinline__ size_t da_block_bytes(const struct kv
     return warps + 16;
 }
 
+/* A warp's state over S^T fragments (rows: positions g and g + 8 of a
+ * 16-position sub-tile; columns: the query heads 2t and 2t + 1): the
+ * online softmax per head down its column, P^T turned into P's A
+ * fragments by movmatrix, and O = P V over a sub-tile of V in fp16 (rows
+ * the heads, 8 to 15 empty). */
+template <int HD>
+struct da_columns {
+    static constexpr int NO = HD / 8;
+    float o[NO][4];
+    /* per column head 2t + c: the running max (base 2) and this lane's part
+     * of the sum (its positions of every sub-tile) */
+    float m[2], l[2];
+
+    __device__ __forceinline__ void init(void)
+    {
+#pragma unroll
+        for (int n = 0; n < NO; n++)
+            o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+        m[0] = m[1] = -INFINITY;
+        l[0] = l[1] = 0.0f;
+    }
+
+    /* One sub-tile: score[r][c] of position g + 8 r and head 2t + c (base
+     * 2, -inf where masked), then P V with V's rows at vdec (swizzled as
+     * fa_mma.cuh's tiles, written by this warp before the call). */
+    __device__ __forceinline__ void step(const float (&score)[2][2], uint32_t vdec, int lane)
+    {
+        const uint32_t none[2] = {0u, 0u};
+        step<false>(score, vdec, lane, none);
+    }
+
+    /* SCALE: P's columns (positions 2t, 2t + 1 and 8 + 2t, 9 + 2t) times
+     * vs[0] and vs[1] (fp16 pairs) on their way into P V, after the row
+     * sums took them: a per-position factor of V (a TurboQuant record's
+     * norm) applied once a position instead of once an element. */
+    template <bool SCALE>
+    __device__ __forceinline__ void step(const float (&score)[2][2], uint32_t vdec, int lane,
+                                         const uint32_t (&vs)[2])
+    {
+        const int g = lane >> 2;
+        float use[2], corr[2];
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            float mx = fmaxf(score[0][c], score[1][c]);
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+            mx = fmaxf(mx, m[c]);
+            use[c] = mx == -INFINITY ? 0.0f : mx;
+            corr[c] = fast_exp2(m[c] - use[c]);
+            m[c] = mx;
+            l[c] *= corr[c];
+        }
+        if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) {
+            /* O's rows are heads g: their factor from a lane of column g */
+            const float c0 = __shfl_sync(0xffffffffu, corr[0], g >> 1);
+            const float c1 = __shfl_sync(0xffffffffu, corr[1], g >> 1);
+            const float cg = (g & 1) ? c1 : c0;
+#pragma unroll
+            for (int n = 0; n < NO; n++) {
+                o[n][0] *= cg;
+                o[n][1] *= cg;
+            }
+        }
+        uint32_t pt[2]; /* P^T rows g, g + 8 (positions) at columns 2t, 2t + 1 (heads) */
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            pt[r] = pack_half2(fast_exp2(score[r][0] - use[0]), fast_exp2(score[r][1] - use[1]));
+            const float2 pf = __half22float2(*(const __half2 *)&pt[r]);
+            l[0] += pf.x;
+            l[1] += pf.y;
+        }
+        /* P as A fragments: rows the heads (8 to 15 empty), k the positions */
+        uint32_t pa[4] = {movmatrix_trans(pt[0]), 0u, movmatrix_trans(pt[1]), 0u};
+        if (SCALE) {
+            pa[0] = dq_u32(__hmul2(dq_h2(pa[0]), dq_h2(vs[0])));
+            pa[2] = dq_u32(__hmul2(dq_h2(pa[2]), dq_h2(vs[1])));
+        }
+        const int v_lrow = ((lane >> 3) & 1) * 8 + (lane & 7), v_lchunk = lane >> 4;
+        __syncwarp(); /* the V sub-tile's stores are seen */
+#pragma unroll
+        for (int dp = 0; dp < NO / 2; dp++) {
+            uint32_t b0, b1, b2, b3;
+            ldsm_x4_trans(vdec + swz<HD>(v_lrow, 2 * dp + v_lchunk), b0, b1, b2, b3);
+            mma_16816(o[2 * dp], pa, b0, b1);
+            mma_16816(o[2 * dp + 1], pa, b2, b3);
+        }
+        __syncwarp(); /* the V sub-tile is read before the next one is written */
+    }
+
+    /* After the warp's last sub-tile: the block's warps merged
+     * (fa_decode_finish, through smem) into the row's output or the split's
+     * part. */
+    __device__ __forceinline__ void finish(uint8_t *smem, const struct cu_op &op, float *part,
+                                           const dq_block &b)
+    {
+        cp_async_wait<0>();
+        fa_warp<HD> w;
+        to_rows(w, b.lane);
+        __syncthreads();
+        fa_decode_finish<HD, DQ_WARPS>(w, smem, op, part, b.row, b.h0, b.group, b.split,
+                                       b.n_splits, b.ds.n_active == 1);
+    }
+
+    /* The state fa_decode_finish merges, in row form: head g's max, and
+     * its sum on lane (g, 0). */
+    __device__ __forceinline__ void to_rows(fa_warp<HD> &w, int lane)
+    {
+        const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            l[c] += __shfl_xor_sync(0xffffffffu, l[c], 4);
+            l[c] += __shfl_xor_sync(0xffffffffu, l[c], 8);
+            l[c] += __shfl_xor_sync(0xffffffffu, l[c], 16);
+        }
+        const float m0 = __shfl_sync(0xffffffffu, m[0], g >> 1);
+        const float m1 = __shfl_sync(0xffffffffu, m[1], g >> 1);
+        const float l0 = __shfl_sync(0xffffffffu, l[0], g >> 1);
+        const float l1 = __shfl_sync(0xffffffffu, l[1], g >> 1);
+        w.row_max[0] = (g & 1) ? m1 : m0;
+        w.row_sum[0] = t == 0 ? ((g & 1) ? l1 : l0) : 0.0f;
+        w.row_max[1] = -INFINITY;
+        w.row_sum[1] = 0.0f;
+#pragma unroll
+        for (int n = 0; n < NO; n++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                w.o[n][i] = o[n][i];
+    }
+};
+
+/* Whether position p of a row (positions first..last, window) is masked. */
+static __device__ __forceinline__ bool da_masked(int p, const struct decode_split &ds, int window)
+{
+    return p > ds.last || (window > 0 && p <= ds.last - window);
+}
+
 /* A record's room in a sub-tile (dq_record_room) for an affine record of
  * head dim HD, at compile time. */
 template <int HD, int BITS, int GS>
@@ -287,7 +424,6 @@ qattn_decode_affine_kernel(struct cu_op op, const uint8_t *params, float *part)
     constexpr int NG = HD / GS;            /* groups a head */
     constexpr int KS = GS / 16;            /* k16 steps a group */
     constexpr int LB = GS / 4 * BITS / 8;  /* a lane's bytes of a group's codes */
-    constexpr int NO = fa_warp<HD>::NO;
     extern __shared__ __align__(128) uint8_t dq_smem[];
     const struct cu_kv kv = op.u.attn.kv;
     const struct kv_quant_layer f = kv.fmt;
@@ -337,16 +473,10 @@ qattn_decode_affine_kernel(struct cu_op op, const uint8_t *params, float *part)
         }
     }
 
-    float o[NO][4];
-#pragma unroll
-    for (int n = 0; n < NO; n++)
-        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    /* per column head 2t + c: the running max (base 2) and this lane's
-     * part of the sum (its positions g, g + 8 of every sub-tile) */
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    da_columns<HD> cols;
+    cols.init();
     const int window = op.u.attn.window;
     const int pair_off = HD * BITS / 8;
-    const int v_lrow = ((lane >> 3) & 1) * 8 + (lane & 7), v_lchunk = lane >> 4;
 
     for (int j = 0; j < b.n_sub; j++) {
         const uint8_t *stage = raw + st.arrive<DQ_STAGES>(j, b.w_first, b.n_sub, lane);
@@ -391,84 +521,14 @@ qattn_decode_affine_kernel(struct cu_op op, const uint8_t *params, float *part)
                         score[r][c] = fmaf(sb.x, acc[G][2 * r + c],
                                            fmaf(qs[G][c], d, score[r][c]));
                 }
-                const int p = p0 + g + 8 * r;
-                if (edge && (p > ds.last || (window > 0 && p <= ds.last - window)))
+                if (edge && da_masked(p0 + g + 8 * r, ds, window))
                     score[r][0] = score[r][1] = -INFINITY;
             }
         }
 
-        /* online softmax down each column (the 8 lanes of a t) */
-        float use[2], corr[2];
-#pragma unroll
-        for (int c = 0; c < 2; c++) {
-            float mx = fmaxf(score[0][c], score[1][c]);
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-            mx = fmaxf(mx, m[c]);
-            use[c] = mx == -INFINITY ? 0.0f : mx;
-            corr[c] = fast_exp2(m[c] - use[c]);
-            m[c] = mx;
-            l[c] *= corr[c];
-        }
-        if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) {
-            /* O's rows are heads g: their factor from a lane of column g */
-            const float c0 = __shfl_sync(0xffffffffu, corr[0], g >> 1);
-            const float c1 = __shfl_sync(0xffffffffu, corr[1], g >> 1);
-            const float cg = (g & 1) ? c1 : c0;
-#pragma unroll
-            for (int n = 0; n < NO; n++) {
-                o[n][0] *= cg;
-                o[n][1] *= cg;
-            }
-        }
-        uint32_t pt[2]; /* P^T rows g, g + 8 (positions) at columns 2t, 2t + 1 (heads) */
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            pt[r] = pack_half2(fast_exp2(score[r][0] - use[0]), fast_exp2(score[r][1] - use[1]));
-            const float2 pf = __half22float2(*(const __half2 *)&pt[r]);
-            l[0] += pf.x;
-            l[1] += pf.y;
-        }
-        /* P as A fragments: rows the heads (8 to 15 empty), k the positions */
-        const uint32_t pa[4] = {movmatrix_trans(pt[0]), 0u, movmatrix_trans(pt[1]), 0u};
-        __syncwarp(); /* the V sub-tile's stores are seen */
-#pragma unroll
-        for (int dp = 0; dp < NO / 2; dp++) {
-            uint32_t b0, b1, b2, b3;
-            ldsm_x4_trans(vdec + swz<HD>(v_lrow, 2 * dp + v_lchunk), b0, b1, b2, b3);
-            mma_16816(o[2 * dp], pa, b0, b1);
-            mma_16816(o[2 * dp + 1], pa, b2, b3);
-        }
-        __syncwarp(); /* the V sub-tile is read before the next decode */
+        cols.step(score, vdec, lane);
     }
-    cp_async_wait<0>();
-
-    /* the merge's state in row form: head g's max and sum on lane (g, 0) */
-#pragma unroll
-    for (int c = 0; c < 2; c++) {
-        l[c] += __shfl_xor_sync(0xffffffffu, l[c], 4);
-        l[c] += __shfl_xor_sync(0xffffffffu, l[c], 8);
-        l[c] += __shfl_xor_sync(0xffffffffu, l[c], 16);
-    }
-    fa_warp<HD> w;
-    {
-        const float m0 = __shfl_sync(0xffffffffu, m[0], g >> 1);
-        const float m1 = __shfl_sync(0xffffffffu, m[1], g >> 1);
-        const float l0 = __shfl_sync(0xffffffffu, l[0], g >> 1);
-        const float l1 = __shfl_sync(0xffffffffu, l[1], g >> 1);
-        w.row_max[0] = (g & 1) ? m1 : m0;
-        w.row_sum[0] = t == 0 ? ((g & 1) ? l1 : l0) : 0.0f;
-        w.row_max[1] = -INFINITY;
-        w.row_sum[1] = 0.0f;
-#pragma unroll
-        for (int n = 0; n < NO; n++)
-            for (int i = 0; i < 4; i++)
-                w.o[n][i] = o[n][i];
-    }
-    __syncthreads();
-    fa_decode_finish<HD, DQ_WARPS>(w, dq_smem, op, part, b.row, h0, group, b.split, b.n_splits,
-                                   ds.n_active == 1);
+    cols.finish(dq_smem, op, part, b);
 }
 
 
@@ -490,6 +550,209 @@ static cudaError_t launch_qdecode_mma(cudaStream_t s, const struct cu_op *op,
     if ((e = cudaGetLastError()) != cudaSuccess || n_splits == 1)
         return e;
     return cu_launch_attention_merge(s, op, params, part);
+}
+
+/* A warp's DQ_ROWS TurboQuant V records of VB (2 to 4) bits (ROOM bytes
+ * apart, each lead bytes into its room at raw) into the fp16 sub-tile at
+ * dst as their levels alone, without the record's norm (the caller scales
+ * P's columns by it: da_columns::step<true>): 8 codes a lane at a time,
+ * looked up a pair at a time in the block's fp16 pair table at tab. The
+ * record's shape is known at compile time: a lane's codes sit at the same
+ * alignment in every room, so each row is two word loads and a funnel
+ * shift. */
+template <int HD, int VB>
+static __device__ __forceinline__ void dt_decode_v(uint32_t raw, int lead, uint32_t tab,
+                                                   uint32_t dst, int lane)
+{
+    constexpr int BYTES = 2 + HD * VB / 8;
+    constexpr int ROOM = 16 * ((BYTES + 15) / 16 + (BYTES % 16 != 0));
+    constexpr int CPR = HD / 8, RPI = 32 / CPR;
+    const int c = lane % CPR, r0 = lane / CPR;
+    const uint32_t at = raw + (uint32_t)(r0 * ROOM + lead + 2 + c * VB);
+    const uint32_t base = at & ~3u, sh = 8u * (at & 3u);
+    const uint32_t at0 = dst + (uint32_t)(r0 * HD * 2);
+    const uint32_t chunk0 = (uint32_t)(c ^ (r0 & 7));
+#pragma unroll
+    for (int i = 0; i < DQ_ROWS / RPI; i++) {
+        const uint32_t off = (uint32_t)(i * RPI * ROOM);
+        uint32_t w0, w1;
+        asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(w0) : "r"(base + off));
+        asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(w1) : "r"(base + off + 4));
+        const uint32_t x = __funnelshift_r(w0, w1, sh);
+        uint32_t v[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            asm volatile("ld.shared.u32 %0, [%1];\n"
+                         : "=r"(v[k])
+                         : "r"(tab + 4u * ((x >> (2 * VB * k)) & ((1u << 2 * VB) - 1))));
+        const uint32_t st_at = at0 + (uint32_t)(i * RPI * HD * 2) +
+                               ((chunk0 ^ (uint32_t)((i * RPI) & 7)) << 4);
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(st_at), "r"(v[0]),
+                     "r"(v[1]), "r"(v[2]), "r"(v[3]));
+    }
+}
+
+/* The norms of V records (ROOM bytes apart from the one at rec) of
+ * positions 2t, 2t + 1 (vs[0]) and 8 + 2t, 9 + 2t (vs[1]) of a sub-tile, as
+ * fp16 pairs: P's columns' factors in da_columns::step<true>. */
+static __device__ __forceinline__ void dt_norm_pairs(uint32_t rec, int room, int t,
+                                                     uint32_t (&vs)[2])
+{
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        uint32_t n0, n1;
+        const uint32_t p = rec + (uint32_t)((2 * t + 8 * h) * room);
+        asm volatile("ld.shared.u16 %0, [%1];\n" : "=r"(n0) : "r"(p));
+        asm volatile("ld.shared.u16 %0, [%1];\n" : "=r"(n1) : "r"(p + (uint32_t)room));
+        vs[h] = __byte_perm(n0, n1, 0x5410);
+    }
+}
+
+/* TurboQuant keys of KBITS (4 or 8) bits, no QJL, the same turn: a key is
+ * norm R^T L[c] (L the Lloyd-Max levels), so in the query's rotated frame
+ * q . k = norm sum_d q'_d L[c_d]. The A fragments are the levels of the
+ * raw codes, looked up in the block's fp16 table (a byte of two 4-bit codes
+ * a lookup of a pair, two lookups for 8-bit codes), with no scaling per
+ * element: the record's norm multiplies each score once. Lane t's codes are
+ * one run of bytes (dims t HD / 4 on, k16 step kk its dims 4 kk .. 4 kk + 3),
+ * read as aligned words and funnel-shifted, since a record's codes start
+ * two bytes in. V is decoded as in qattn_decode_mma_kernel; the output
+ * stays in the values' rotated frame for qattn_unrotate_kernel. */
+template <int HD, int KBITS, int VB>
+static __global__ void __launch_bounds__(DQ_THREADS, DQ_MIN_BLOCKS)
+qattn_decode_turbo_kernel(struct cu_op op, const uint8_t *params, float *part)
+{
+    constexpr int KT = HD / 16;             /* k16 steps */
+    constexpr int LB = HD / 4 * KBITS / 8;  /* a lane's bytes of a record's codes */
+    extern __shared__ __align__(128) uint8_t dq_smem[];
+    const struct cu_kv kv = op.u.attn.kv;
+    const struct kv_quant_layer f = kv.fmt;
+    dq_block b;
+    if (!dq_block_of(op, params, b))
+        return;
+    const int warp = b.warp, lane = b.lane, g = b.g, t = b.t, group = b.group, h0 = b.h0;
+    const struct decode_split &ds = b.ds;
+
+    uint8_t *ktab = dq_smem, *vtab = ktab + DQ_TABLE_BYTES;
+    float *q_sm = (float *)(vtab + DQ_TABLE_BYTES);
+    uint8_t *warps = (uint8_t *)q_sm + DA_MAX_GROUP * HD * sizeof(float);
+    uint8_t *mine = warps + (size_t)warp * da_warp_bytes(f, HD);
+    const uint32_t vdec = smem_addr(mine);
+    uint8_t *raw = mine + DQ_ROWS * HD * sizeof(__half);
+    const int kroom = dq_record_room(kvq_head_bytes(&f, HD, false));
+    const int vroom = dq_record_room(kvq_head_bytes(&f, HD, true));
+
+    dq_stream st;
+    st.init(dq_side_of(kv, b.layer, b.kvh, HD, false), dq_side_of(kv, b.layer, b.kvh, HD, true),
+            ds.bt, kv.block_size, ds.last, smem_addr(raw), kroom, vroom, DQ_STAGES, lane);
+    st.prime<DQ_STAGES>(b.w_first, b.n_sub, lane); /* they cover the table and query work */
+
+    /* the levels, and the group's query rows rotated into the keys' frame */
+    dq_levels(kv, KBITS, ktab);
+    dq_levels(kv, st.v.bits, vtab);
+    const float *q_row = op.u.attn.q + (size_t)b.row * op.u.attn.n_heads * HD + (size_t)h0 * HD;
+    for (int i = threadIdx.x; i < group * HD; i += DQ_THREADS)
+        q_sm[i] = q_row[i];
+    __syncthreads();
+    for (int j = warp; j < group; j += DQ_WARPS)
+        warp_rotate(q_sm + j * HD, HD, kv.seed, 0, b.layer, false);
+    __syncthreads();
+
+    /* Q^T as B fragments (column g: head g, zero past the group), lane t's
+     * dims t HD / 4 + 4 kk + j, scaled into base-2 scores */
+    uint32_t qb[KT][2];
+    {
+        const float qscale = op.u.attn.scale * FA_LOG2E;
+        const bool live = g < group;
+        const float *qh = q_sm + (live ? g : 0) * HD + t * (HD / 4);
+#pragma unroll
+        for (int kk = 0; kk < KT; kk++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                qb[kk][h] = live ? pack_half2(qh[4 * kk + 2 * h] * qscale,
+                                              qh[4 * kk + 2 * h + 1] * qscale)
+                                 : 0u;
+    }
+
+    da_columns<HD> cols;
+    cols.init();
+    const int window = op.u.attn.window;
+    const uint32_t ktab_s = smem_addr(ktab);
+
+    for (int j = 0; j < b.n_sub; j++) {
+        const uint8_t *stage = raw + st.arrive<DQ_STAGES>(j, b.w_first, b.n_sub, lane);
+        const uint32_t vrec = smem_addr(stage) + (uint32_t)(DQ_ROWS * kroom + st.v.lead);
+        uint32_t vs[2];
+        if (VB) {
+            dt_decode_v<HD, VB>(smem_addr(stage) + DQ_ROWS * kroom, st.v.lead, smem_addr(vtab),
+                                vdec, lane);
+            dt_norm_pairs(vrec, vroom, t, vs);
+        } else {
+            dq_decode<HD>(stage + DQ_ROWS * kroom, vroom, st.v, vtab, vdec, lane);
+        }
+
+        /* S^T: rows the positions g and g + 8, columns the heads */
+        const uint32_t rec0 = smem_addr(stage) + (uint32_t)(st.k.lead + g * kroom);
+        const uint32_t rec1 = rec0 + 8u * (uint32_t)kroom;
+        uint32_t w[2][LB / 4];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const uint32_t at = (r ? rec1 : rec0) + 2u + (uint32_t)(t * LB);
+            const uint32_t base = at & ~3u, sh = 8u * (at & 3u);
+            uint32_t x[LB / 4 + 1];
+#pragma unroll
+            for (int i = 0; i <= LB / 4; i++)
+                asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(x[i]) : "r"(base + 4 * i));
+#pragma unroll
+            for (int i = 0; i < LB / 4; i++)
+                w[r][i] = __funnelshift_r(x[i], x[i + 1], sh);
+        }
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int kk = 0; kk < KT; kk++) {
+            uint32_t a[4];
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    uint32_t v;
+                    if (KBITS == 4) { /* byte 2 kk + h: the level pair of two codes */
+                        const int at_byte = 2 * kk + h;
+                        const uint32_t code = (w[r][at_byte >> 2] >> (8 * (at_byte & 3))) & 0xffu;
+                        asm volatile("ld.shared.u32 %0, [%1];\n"
+                                     : "=r"(v)
+                                     : "r"(ktab_s + 4 * code));
+                    } else { /* bytes 2 h and 2 h + 1 of word kk */
+                        const uint32_t c0 = (w[r][kk] >> (16 * h)) & 0xffu;
+                        const uint32_t c1 = (w[r][kk] >> (16 * h + 8)) & 0xffu;
+                        uint32_t l0, l1;
+                        asm volatile("ld.shared.u16 %0, [%1];\n" : "=r"(l0) : "r"(ktab_s + 2 * c0));
+                        asm volatile("ld.shared.u16 %0, [%1];\n" : "=r"(l1) : "r"(ktab_s + 2 * c1));
+                        v = __byte_perm(l0, l1, 0x5410);
+                    }
+                    a[2 * h + r] = v;
+                }
+            mma_16816(acc, a, qb[kk][0], qb[kk][1]);
+        }
+        float score[2][2];
+        const int p0 = b.w_first + j * FA_BK;
+        const bool edge = p0 + DQ_ROWS - 1 > ds.last || p0 < ds.first;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            unsigned short nb;
+            asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(nb) : "r"(r ? rec1 : rec0));
+            const float norm = __half2float(__ushort_as_half(nb));
+            score[r][0] = norm * acc[2 * r];
+            score[r][1] = norm * acc[2 * r + 1];
+            if (edge && da_masked(p0 + g + 8 * r, ds, window))
+                score[r][0] = score[r][1] = -INFINITY;
+        }
+        if (VB)
+            cols.template step<true>(score, vdec, lane, vs);
+        else
+            cols.step(score, vdec, lane);
+    }
+    cols.finish(warps, op, part, b);
 }
 
 template <int HD, int BITS, int GS, int ALIGN>
@@ -534,6 +797,61 @@ static cudaError_t launch_qdecode_affine_hd(cudaStream_t s, const struct cu_op *
                : launch_qdecode_affine<HD, 4, 32, 4>(s, op, params, part, smem_optin);
 }
 
+/* The block's shared memory in qattn_decode_turbo_kernel: the two level
+ * tables and the rotated query rows, then the affine kernel's warp regions
+ * (the merge's room once they are done) and 16 bytes the word loads may
+ * read past. */
+static size_t dt_block_bytes(const struct kv_quant_layer &f, int hd)
+{
+    size_t warps = DQ_WARPS * da_warp_bytes(f, hd);
+    if (warps < FA_DECODE_MERGE_BYTES(hd, DQ_WARPS))
+        warps = FA_DECODE_MERGE_BYTES(hd, DQ_WARPS);
+    return 2 * DQ_TABLE_BYTES + (size_t)DA_MAX_GROUP * hd * sizeof(float) + warps + 16;
+}
+
+template <int HD, int KBITS, int VB>
+static cudaError_t launch_qdecode_turbo(cudaStream_t s, const struct cu_op *op,
+                                       const uint8_t *params, float *part, int smem_optin)
+{
+    const size_t smem = dt_block_bytes(op->u.attn.kv.fmt, HD);
+    if (smem > (size_t)smem_optin)
+        return cudaErrorNotSupported;
+    cudaError_t e = cudaFuncSetAttribute(qattn_decode_turbo_kernel<HD, KBITS, VB>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess)
+        return e;
+    const int n_splits = op->u.attn.n_splits;
+    dim3 grid((unsigned)op->u.attn.kv.n_kv_heads, (unsigned)n_splits, (unsigned)op->n_rows);
+    qattn_decode_turbo_kernel<HD, KBITS, VB><<<grid, DQ_THREADS, smem, s>>>(
+        *op, params, n_splits > 1 ? part + CU_ATTN_COUNTERS : NULL);
+    if ((e = cudaGetLastError()) != cudaSuccess || n_splits == 1)
+        return e;
+    return cu_launch_attention_merge(s, op, params, part);
+}
+
+
+/* The TurboQuant kernel's instance for the key bits (4 or 8) and the value
+ * bits: 2 to 4 decoded as bare levels (the norm on P), others generically. */
+template <int HD, int KBITS>
+static cudaError_t launch_qdecode_turbo_k(cudaStream_t s, const struct cu_op *op,
+                                         const uint8_t *params, float *part, int smem_optin)
+{
+    switch (op->u.attn.kv.fmt.v_bits) {
+    case 2: return launch_qdecode_turbo<HD, KBITS, 2>(s, op, params, part, smem_optin);
+    case 3: return launch_qdecode_turbo<HD, KBITS, 3>(s, op, params, part, smem_optin);
+    case 4: return launch_qdecode_turbo<HD, KBITS, 4>(s, op, params, part, smem_optin);
+    default: return launch_qdecode_turbo<HD, KBITS, 0>(s, op, params, part, smem_optin);
+    }
+}
+
+template <int HD>
+static cudaError_t launch_qdecode_turbo_hd(cudaStream_t s, const struct cu_op *op,
+                                          const uint8_t *params, float *part, int smem_optin)
+{
+    return op->u.attn.kv.fmt.k_bits == 4
+               ? launch_qdecode_turbo_k<HD, 4>(s, op, params, part, smem_optin)
+               : launch_qdecode_turbo_k<HD, 8>(s, op, params, part, smem_optin);
+}
 
 cudaError_t cu_launch_attention_decode_quant(cudaStream_t s, const struct cu_op *op,
                                              const uint8_t *params, float *part, int smem_optin)
@@ -546,6 +864,12 @@ cudaError_t cu_launch_attention_decode_quant(cudaStream_t s, const struct cu_op 
         return cudaErrorNotSupported;
     const bool affine = f->scheme == KV_QUANT_AFFINE &&
                         op->u.attn.n_heads <= kv->n_kv_heads * DA_MAX_GROUP;
+    const bool turbo_keys = f->scheme == KV_QUANT_TURBO && (f->k_bits == 4 || f->k_bits == 8) &&
+                            op->u.attn.n_heads <= kv->n_kv_heads * DA_MAX_GROUP;
+    if (turbo_keys && kv->head_dim == 64)
+        return launch_qdecode_turbo_hd<64>(s, op, params, part, smem_optin);
+    if (turbo_keys && kv->head_dim == 128)
+        return launch_qdecode_turbo_hd<128>(s, op, params, part, smem_optin);
     if (affine && kv->head_dim == 64)
         return launch_qdecode_affine_hd<64>(s, op, params, part, smem_optin);
     if (affine && kv->head_dim == 128)
