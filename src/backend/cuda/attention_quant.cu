@@ -926,9 +926,13 @@ static __global__ void __launch_bounds__(QP_THREADS) qattn_prefill_kernel(struct
  * is decoded once for all of them) and BQ = 16 QM_WARPS / HPB query rows:
  * warp w runs head w % HPB over rows 16 (w / HPB).. The tiles' records come
  * through kv_records.cuh: warp w < 4 copies those of positions 16 w .. of
- * each tile, one tile ahead of the tile decoded (cp.async), and warp w
+ * each tile, two tiles ahead of the tile attended (cp.async), and warp w
  * decodes the K records (w < 4) or the V records (w >= 4) of positions
- * 16 (w % 4) .. into the fp16 tiles. TURBO: the queries are rotated once
+ * 16 (w % 4) .. into the fp16 tiles, one tile ahead: tile it + 1 is decoded
+ * into one pair of fp16 tiles while tile it is attended from the other, with
+ * one barrier a tile. The K decoders decode before they attend and the V
+ * decoders after, so that at any time some warps keep the tensor cores busy
+ * while others decode. TURBO: the queries are rotated once
  * (keys' R) in shared memory before they become fragments; the output stays
  * in the values' frame for qattn_unrotate_kernel. */
 #define QM_WARPS 8
@@ -936,11 +940,12 @@ static __global__ void __launch_bounds__(QP_THREADS) qattn_prefill_kernel(struct
 #define QM_STAGES 2
 
 /* The prefill's shared memory: the level tables, then either TURBO's query
- * rows (before the first tile) or the two fp16 tiles and the records' rooms. */
+ * rows (before the first tile) or two pairs of fp16 tiles (K, V) and the
+ * records' rooms. */
 static __host__ __device__ __forceinline__ size_t qm_block_bytes(const struct kv_quant_layer &f,
                                                                  int hd)
 {
-    const size_t tiles = 2 * (size_t)FA_BK * hd * sizeof(__half);
+    const size_t tiles = 4 * (size_t)FA_BK * hd * sizeof(__half);
     const size_t raw = (size_t)QM_STAGES * FA_BK *
                        (dq_record_room(kvq_head_bytes(&f, hd, false)) +
                         dq_record_room(kvq_head_bytes(&f, hd, true)));
@@ -976,9 +981,9 @@ qattn_prefill_mma_kernel(struct cu_op op, const uint8_t *params, int hpb)
      * TURBO's query rows first take that space (QM_WARPS x 16 rows of HD
      * floats) */
     uint8_t *ktab = qm_smem, *vtab = ktab + DQ_TABLE_BYTES;
-    uint8_t *kt = vtab + DQ_TABLE_BYTES, *vt = kt + TILE_BYTES;
-    uint8_t *raw = vt + TILE_BYTES;
-    float *qs = (float *)kt;
+    uint8_t *tiles = vtab + DQ_TABLE_BYTES; /* pair j: K at 2 j TILE_BYTES, V after it */
+    uint8_t *raw = tiles + 4 * TILE_BYTES;
+    float *qs = (float *)tiles;
     const dq_side ks = dq_side_of(kv, layer, kvh, HD, false), vs = dq_side_of(kv, layer, kvh, HD, true);
     if (turbo) {
         dq_levels(kv, ks.bits, ktab);
@@ -1022,28 +1027,51 @@ qattn_prefill_mma_kernel(struct cu_op op, const uint8_t *params, int hpb)
     dq_stream st;
     st.init(ks, vs, bt, kv.block_size, rows.last_pos,
             smem_addr(raw) + (uint32_t)quarter * warp_rooms, kroom, vroom, QM_STAGES, lane);
-    if (warp < QM_COPIERS)
-        st.copy(rows.k_begin + DQ_ROWS * warp, 0, lane);
-    cp_async_commit();
+    const int n_tiles = rows.n_tiles;
     const bool decodes_v = warp >= QM_COPIERS;
-    const uint32_t dst = smem_addr(decodes_v ? vt : kt) + (uint32_t)(quarter * DQ_ROWS * HD * 2);
-    for (int it = 0; it < rows.n_tiles; it++) {
-        const int k0 = rows.k_begin + it * FA_BK;
-        if (warp < QM_COPIERS && it + 1 < rows.n_tiles)
-            st.copy(k0 + FA_BK + DQ_ROWS * warp, it + 1, lane);
+    const dq_side mine = decodes_v ? vs : ks;
+    const uint8_t *my_tab = decodes_v ? vtab : ktab;
+    const int my_off = decodes_v ? DQ_ROWS * kroom : 0, my_room = decodes_v ? vroom : kroom;
+    const uint32_t tiles0 = smem_addr(tiles);
+    const uint32_t my_dst = tiles0 + (decodes_v ? TILE_BYTES : 0) +
+                            (uint32_t)(quarter * DQ_ROWS * HD * 2);
+    /* tile j's records into stage j % QM_STAGES, its fp16 tiles into pair j % 2 */
+    auto copy = [&](int j) {
+        if (warp < QM_COPIERS && j < n_tiles)
+            st.copy(rows.k_begin + j * FA_BK + DQ_ROWS * warp, j, lane);
         cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads(); /* tile it's records are in; the fp16 tiles are free */
+    };
+    auto decode = [&](int j) {
+        if (j >= n_tiles)
+            return;
         const uint8_t *stage = raw + (size_t)quarter * warp_rooms +
-                               (size_t)(it % QM_STAGES) * st.stage_bytes;
-        if (decodes_v)
-            dq_decode<HD>(stage + DQ_ROWS * kroom, vroom, vs, vtab, dst, lane);
-        else
-            dq_decode<HD>(stage, kroom, ks, ktab, dst, lane);
-        __syncthreads();
+                               (size_t)(j % QM_STAGES) * st.stage_bytes + my_off;
+        dq_decode<HD>(stage, my_room, mine, my_tab, my_dst + (uint32_t)(j % 2) * 2 * TILE_BYTES,
+                      lane);
+    };
+    auto attend = [&](int j) {
+        const int k0 = rows.k_begin + j * FA_BK;
+        const uint32_t kt = tiles0 + (uint32_t)(j % 2) * 2 * TILE_BYTES;
         if (!rows.skips(k0))
-            w.attend(smem_addr(kt), smem_addr(vt), k0, rows.straddles(k0), op.u.attn.window,
-                     lane);
+            w.attend(kt, kt + TILE_BYTES, k0, rows.straddles(k0), op.u.attn.window, lane);
+    };
+    copy(0);
+    copy(1);
+    cp_async_wait<1>();
+    __syncthreads(); /* tile 0's records are in */
+    decode(0);
+    for (int it = 0; it < n_tiles; it++) {
+        cp_async_wait<0>();
+        __syncthreads(); /* tile it is decoded and it + 1's records are in; tile it - 1's
+                            fp16 pair and tile it's stage are free */
+        copy(it + 2);
+        if (decodes_v) {
+            attend(it);
+            decode(it + 1);
+        } else {
+            decode(it + 1);
+            attend(it);
+        }
     }
     cp_async_wait<0>();
     if (rows.warp_live)
