@@ -245,7 +245,8 @@ static void check_format(const struct gq_case *gc, const char *format, enum comp
     backend_destroy(bg);
 }
 
-static const char *const gq_formats[] = {"8", "4", "8g32", "4g32", "turbo", "turbo:k4v3",
+static const char *const gq_formats[] = {"8",          "4",          "8g32",       "4g32",
+                                         "turbo",      "turbo:k4v3", "turbo:k4v4", "turbo:k8v2",
                                          "turbo:k3v2", "turbo:k5v4", "turbo:k4v3:qjl", NULL};
 
 static void check_all_shapes(enum compute_mode mode, enum backend_switch tensor_cores)
