@@ -58,6 +58,17 @@ static __device__ __forceinline__ bool dq_block_of(const struct cu_op &op, const
     return true;
 }
 
+/* The calling warp's stream of its sub-tiles' records into its rooms at
+ * raw (shared), the first copies issued. */
+static __device__ __forceinline__ void dq_stream_start(dq_stream &st, const dq_block &b,
+                                                       const struct cu_kv &kv, int hd,
+                                                       uint32_t raw, int kroom, int vroom)
+{
+    st.init(dq_side_of(kv, b.layer, b.kvh, hd, false), dq_side_of(kv, b.layer, b.kvh, hd, true),
+            b.ds.bt, kv.block_size, b.ds.last, raw, kroom, vroom, DQ_STAGES, b.lane);
+    st.prime<DQ_STAGES>(b.w_first, b.n_sub, b.lane);
+}
+
 /* A warp's shared memory: its K and V fp16 sub-tiles, then DQ_STAGES
  * sub-tiles of raw records (K's, then V's). */
 static __host__ __device__ __forceinline__ size_t dq_warp_bytes(const struct kv_quant_layer &f,
@@ -105,9 +116,7 @@ qattn_decode_mma_kernel(struct cu_op op, const uint8_t *params, float *part)
     const int vroom = dq_record_room(kvq_head_bytes(&f, HD, true));
 
     dq_stream st;
-    st.init(dq_side_of(kv, b.layer, b.kvh, HD, false), dq_side_of(kv, b.layer, b.kvh, HD, true),
-            ds.bt, kv.block_size, ds.last, smem_addr(raw), kroom, vroom, DQ_STAGES, lane);
-    st.prime<DQ_STAGES>(b.w_first, b.n_sub, lane); /* they cover the query and table work */
+    dq_stream_start(st, b, kv, HD, smem_addr(raw), kroom, vroom); /* they cover the query and table work */
 
     const int q_dim = op.u.attn.n_heads * HD;
     const float *q_row = op.u.attn.q + (size_t)b.row * q_dim + (size_t)h0 * HD;
@@ -439,9 +448,7 @@ qattn_decode_affine_kernel(struct cu_op op, const uint8_t *params, float *part)
     constexpr int ROOM = da_record<HD, BITS, GS>::ROOM; /* K's and V's alike */
 
     dq_stream st;
-    st.init(dq_side_of(kv, b.layer, b.kvh, HD, false), dq_side_of(kv, b.layer, b.kvh, HD, true),
-            ds.bt, kv.block_size, ds.last, smem_addr(raw), ROOM, ROOM, DQ_STAGES, lane);
-    st.prime<DQ_STAGES>(b.w_first, b.n_sub, lane);
+    dq_stream_start(st, b, kv, HD, smem_addr(raw), ROOM, ROOM);
 
     /* Q^T as B fragments (column g: head g of the group, zero past it) in
      * da_dim's order, scaled into base-2 scores; each group's sum of the
@@ -643,9 +650,7 @@ qattn_decode_turbo_kernel(struct cu_op op, const uint8_t *params, float *part)
     const int vroom = dq_record_room(kvq_head_bytes(&f, HD, true));
 
     dq_stream st;
-    st.init(dq_side_of(kv, b.layer, b.kvh, HD, false), dq_side_of(kv, b.layer, b.kvh, HD, true),
-            ds.bt, kv.block_size, ds.last, smem_addr(raw), kroom, vroom, DQ_STAGES, lane);
-    st.prime<DQ_STAGES>(b.w_first, b.n_sub, lane); /* they cover the table and query work */
+    dq_stream_start(st, b, kv, HD, smem_addr(raw), kroom, vroom); /* they cover the table and query work */
 
     /* the levels, and the group's query rows rotated into the keys' frame */
     dq_levels(kv, KBITS, ktab);
