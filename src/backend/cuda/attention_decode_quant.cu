@@ -623,8 +623,10 @@ static __device__ __forceinline__ void dt_norm_pairs(uint32_t rec, int room, int
  * element: the record's norm multiplies each score once. Lane t's codes are
  * one run of bytes (dims t HD / 4 on, k16 step kk its dims 4 kk .. 4 kk + 3),
  * read as aligned words and funnel-shifted, since a record's codes start
- * two bytes in. V is decoded as in qattn_decode_mma_kernel; the output
- * stays in the values' rotated frame for qattn_unrotate_kernel. */
+ * two bytes in. V of VB (2 to 4) bits is decoded as bare levels
+ * (dt_decode_v), its norm applied to P's columns; other widths (VB 0) as in
+ * qattn_decode_mma_kernel. The output stays in the values' rotated frame
+ * for qattn_unrotate_kernel. */
 template <int HD, int KBITS, int VB>
 static __global__ void __launch_bounds__(DQ_THREADS, DQ_MIN_BLOCKS)
 qattn_decode_turbo_kernel(struct cu_op op, const uint8_t *params, float *part)
