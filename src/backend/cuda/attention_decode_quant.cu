@@ -378,12 +378,11 @@ static __device__ __forceinline__ bool da_masked(int p, const struct decode_spli
     return p > ds.last || (window > 0 && p <= ds.last - window);
 }
 
-/* A record's room in a sub-tile (dq_record_room) for an affine record of
- * head dim HD, at compile time. */
+/* A record's room in a sub-tile for an affine record of head dim HD, at
+ * compile time. */
 template <int HD, int BITS, int GS>
 struct da_record {
-    static constexpr int BYTES = HD * BITS / 8 + HD / GS * 4;
-    static constexpr int ROOM = 16 * ((BYTES + 15) / 16 + (BYTES % 16 != 0));
+    static constexpr int ROOM = dq_record_room(HD * BITS / 8 + HD / GS * 4);
 };
 
 /* A warp's DQ_ROWS V records (ROOM bytes apart, each starting lead bytes
@@ -571,8 +570,7 @@ template <int HD, int VB>
 static __device__ __forceinline__ void dt_decode_v(uint32_t raw, int lead, uint32_t tab,
                                                    uint32_t dst, int lane)
 {
-    constexpr int BYTES = 2 + HD * VB / 8;
-    constexpr int ROOM = 16 * ((BYTES + 15) / 16 + (BYTES % 16 != 0));
+    constexpr int ROOM = dq_record_room(2 + HD * VB / 8);
     constexpr int CPR = HD / 8, RPI = 32 / CPR;
     const int c = lane % CPR, r0 = lane / CPR;
     const uint32_t at = raw + (uint32_t)(r0 * ROOM + lead + 2 + c * VB);

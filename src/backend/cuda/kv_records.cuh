@@ -35,7 +35,7 @@ struct dq_side {
 };
 
 /* Room for one record of `bytes` in a sub-tile, whatever its lead. */
-static __host__ __device__ __forceinline__ int dq_record_room(int bytes)
+static constexpr __host__ __device__ int dq_record_room(int bytes)
 {
     return 16 * ((bytes + 15) / 16 + (bytes % 16 != 0));
 }
