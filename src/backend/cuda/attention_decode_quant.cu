@@ -116,7 +116,8 @@ qattn_decode_mma_kernel(struct cu_op op, const uint8_t *params, float *part)
     const int vroom = dq_record_room(kvq_head_bytes(&f, HD, true));
 
     dq_stream st;
-    dq_stream_start(st, b, kv, HD, smem_addr(raw), kroom, vroom); /* they cover the query and table work */
+    /* the first copies cover the query and table work */
+    dq_stream_start(st, b, kv, HD, smem_addr(raw), kroom, vroom);
 
     const int q_dim = op.u.attn.n_heads * HD;
     const float *q_row = op.u.attn.q + (size_t)b.row * q_dim + (size_t)h0 * HD;
@@ -650,7 +651,8 @@ qattn_decode_turbo_kernel(struct cu_op op, const uint8_t *params, float *part)
     const int vroom = dq_record_room(kvq_head_bytes(&f, HD, true));
 
     dq_stream st;
-    dq_stream_start(st, b, kv, HD, smem_addr(raw), kroom, vroom); /* they cover the table and query work */
+    /* the first copies cover the table and query work */
+    dq_stream_start(st, b, kv, HD, smem_addr(raw), kroom, vroom);
 
     /* the levels, and the group's query rows rotated into the keys' frame */
     dq_levels(kv, KBITS, ktab);
