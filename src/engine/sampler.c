@@ -576,12 +576,56 @@ static int sampling_candidates(struct sampler *s, const float *x, int32_t best)
     return keep;
 }
 
+/* Whether token t has a bias entry (s->bias holds one per token, ids ascending). */
+static bool has_bias(const struct sampler *s, int32_t t)
+{
+    int lo = 0, hi = s->params.n_logit_bias;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (s->bias[mid].token < t)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < s->params.n_logit_bias && s->bias[lo].token == t;
+}
+
+/* A greedy pick over logits with only bias entries to apply, without the copy
+ * processed_logits makes (an O(vocab) write and read a row per step): the row's
+ * argmax against each biased token's logit + bias, ties to the lower id, which is
+ * the argmax of the processed row whenever the row's own argmax is above -inf and
+ * has no entry. -1 otherwise (or when more than the bias applies): the caller
+ * takes the processed row. */
+static int32_t greedy_biased_pick(struct sampler *s, const float *logits)
+{
+    const struct sampler_params *p = &s->params;
+    if (!sampler_is_greedy(s) || p->n_logit_bias == 0 || s->n_seen > 0 || s->mask)
+        return -1;
+    int32_t best = logits_argmax(logits, s->n_vocab);
+    float best_v = logits[best];
+    if (!(best_v > -INFINITY) || has_bias(s, best))
+        return -1;
+    for (int i = 0; i < p->n_logit_bias; i++) {
+        int32_t t = s->bias[i].token;
+        float v = logits[t] + s->bias[i].bias;
+        if (v > best_v || (v == best_v && t < best)) {
+            best = t;
+            best_v = v;
+        }
+    }
+    s->last = logits;
+    s->last_unbiased = true;
+    s->last_on_backend = false;
+    return best;
+}
+
 /* The pick from processed logits x. u: the uniform number for a sampling
  * pick (NULL: draw it from the stream); *used: whether one decided the pick. */
 static int32_t pick_processed(struct sampler *s, const float *x, const double *u, bool *used)
 {
     int n = s->n_vocab;
     s->last = x;
+    s->last_unbiased = false;
     s->last_on_backend = false;
     *used = false;
     int32_t best = logits_argmax(x, n);
@@ -608,6 +652,9 @@ static int32_t pick_processed(struct sampler *s, const float *x, const double *u
 
 int32_t sampler_pick(struct sampler *s, const float *logits)
 {
+    int32_t token = greedy_biased_pick(s, logits);
+    if (token >= 0)
+        return token;
     bool used;
     return pick_processed(s, processed_logits(s, logits), NULL, &used);
 }
@@ -646,6 +693,7 @@ int32_t sampler_pick_draft(struct sampler *s, const float *logits, int32_t draft
     const float *x = processed_logits(s, logits);
     int n = s->n_vocab;
     s->last = x;
+    s->last_unbiased = false;
     s->last_on_backend = false;
     int32_t best = logits_argmax(x, n);
     int keep = sampler_is_greedy(s) ? 0 : sampling_candidates(s, x, best);
@@ -806,9 +854,16 @@ static int logprobs_of_result(const struct sample_result *r, int32_t token, int 
     return m;
 }
 
-int sampler_logprobs(const struct sampler *s, int32_t token, int top_n, float *token_logprob,
+int sampler_logprobs(struct sampler *s, int32_t token, int top_n, float *token_logprob,
                      struct token_logprob *top)
 {
+    if (s->last && s->last_unbiased) { /* the row the greedy pick chose from, biased now */
+        memcpy(s->processed, s->last, (size_t)s->n_vocab * sizeof *s->processed);
+        for (int i = 0; i < s->params.n_logit_bias; i++)
+            s->processed[s->bias[i].token] += s->bias[i].bias;
+        s->last = s->processed;
+        s->last_unbiased = false;
+    }
     const float *x = s->last;
     int n = s->n_vocab;
     if ((!x && !s->last_on_backend) || token < 0 || token >= n)

@@ -88,6 +88,9 @@ struct sampler {
     int32_t *seen;     /* owned; n_vocab; distinct tokens the penalties touch, first seen first */
     int n_seen;
     const float *last; /* the logits the last pick chose from: processed or the caller's row */
+    /* last is the caller's row with the bias entries not yet added: a greedy pick with bias
+     * alone takes them one by one (sampler_logprobs adds them to a copy when asked) */
+    bool last_unbiased;
     /* Backend picks (sampler_fill_spec / sampler_take_result): */
     struct sample_adjust *adjust; /* owned; adjust_cap entries, the last spec's list */
     int adjust_cap;
@@ -194,7 +197,7 @@ struct token_logprob {
  * reported candidates (else -INFERD_EINVAL), and top holds at most the
  * result's candidates. *token_logprob is -inf for a
  * token of probability zero; JSON writers must map that to a finite value. */
-int sampler_logprobs(const struct sampler *s, int32_t token, int top_n, float *token_logprob,
+int sampler_logprobs(struct sampler *s, int32_t token, int top_n, float *token_logprob,
                      struct token_logprob *top);
 
 /* Index of the largest logit (lowest index on ties; NaN counts as -inf; 0

@@ -73,7 +73,7 @@ struct sample_tally {
 };
 
 /* The host's logprobs of token against the device's, and the top lists. */
-static void compare_logprobs(const struct sampler *host, const struct sampler *dev, int32_t token,
+static void compare_logprobs(struct sampler *host, struct sampler *dev, int32_t token,
                              int top_n, struct sample_tally *t, const char *what, long row)
 {
     struct token_logprob th[SAMPLER_MAX_TOP_LOGPROBS], td[SAMPLER_MAX_TOP_LOGPROBS];

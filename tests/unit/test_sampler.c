@@ -127,7 +127,7 @@ static const float small[4] = {2.0f, -1.0f, 0.5f, 3.0f};
 
 /* Asserts that the logprobs of the last pick are the log-softmax of want,
  * the hand-computed processed logits. */
-static void assert_logprobs_match(const struct sampler *s, const float *want, int n)
+static void assert_logprobs_match(struct sampler *s, const float *want, int n)
 {
     double max = want[0], sum = 0;
     for (int i = 1; i < n; i++)
@@ -340,6 +340,56 @@ Test(sampler_bias, is_copied_at_init_so_the_caller_may_free_its_array)
     force = (struct sampler_logit_bias){0, -100};
     cr_assert_eq(sampler_pick(&s, logits), 6);
     sampler_free(&s);
+}
+
+/* A greedy pick with bias alone skips the processed copy of the row: the same token and the
+ * same logprobs as the copying path (a sampler with an all-pass mask takes that one), over
+ * rows with ties, -inf and NaN, bias on the row's argmax and on tokens around it. */
+Test(sampler_bias, a_greedy_pick_without_the_copy_equals_the_processed_rows)
+{
+    enum { V = 64 };
+    uint32_t all_pass[(V + 31) / 32];
+    memset(all_pass, 0xff, sizeof all_pass);
+    uint64_t r = 88172645463325252ull;
+    for (int trial = 0; trial < 3000; trial++) {
+        float row[V];
+        for (int i = 0; i < V; i++) {
+            r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+            int k = (int)(r % 23);
+            row[i] = k == 0 ? -INFINITY : k == 1 ? NAN : (float)(int)(r % 9) - 4.0f;
+        }
+        if (trial % 7 == 0) /* nothing above -inf */
+            for (int i = 0; i < V; i++)
+                row[i] = i % 3 ? -INFINITY : NAN;
+        struct sampler_logit_bias bias[5];
+        int n_bias = 1 + (int)((r >> 20) % 5);
+        for (int b = 0; b < n_bias; b++) {
+            r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+            float amounts[] = {-100, -1, -0.5f, 0.5f, 1, 3, 100};
+            bias[b] = (struct sampler_logit_bias){(int32_t)(r % V), amounts[(r >> 8) % 7]};
+        }
+        if (trial % 3 == 0) /* an entry on the row's own argmax */
+            bias[0].token = logits_argmax(row, V);
+        struct sampler_params p = {.top_p = 1, .logit_bias = bias, .n_logit_bias = n_bias};
+        struct sampler fast, copying;
+        cr_assert_eq(sampler_init(&fast, &p, V, NULL), 0);
+        cr_assert_eq(sampler_init(&copying, &p, V, NULL), 0);
+        cr_assert_eq(sampler_set_mask(&copying, all_pass), 0);
+        int32_t want = sampler_pick(&copying, row), got = sampler_pick(&fast, row);
+        cr_assert_eq(got, want, "trial %d: picked %d, the processed row's argmax is %d", trial,
+                     got, want);
+        float lp_want, lp_got;
+        struct token_logprob top_want[5], top_got[5];
+        int n_want = sampler_logprobs(&copying, want, 5, &lp_want, top_want);
+        int n_got = sampler_logprobs(&fast, got, 5, &lp_got, top_got);
+        cr_assert_eq(n_got, n_want, "trial %d", trial);
+        cr_assert(memcmp(&lp_got, &lp_want, sizeof lp_got) == 0, "trial %d: logprob %g vs %g",
+                  trial, lp_got, lp_want);
+        cr_assert(n_want <= 0 || memcmp(top_got, top_want, (size_t)n_want * sizeof *top_got) == 0,
+                  "trial %d: top logprobs differ", trial);
+        sampler_free(&fast);
+        sampler_free(&copying);
+    }
 }
 
 /* ---- logprobs ---- */
