@@ -323,6 +323,13 @@ struct backend_ops {
      * waiting for them, so the host can work while they run. Optional (NULL:
      * ops have run by the time they return, as on the CPU). */
     void (*submit)(struct backend *be);
+    /* Optional (NULL: every op runs as it is called). From a call with n_tokens > 0 until
+     * the next with 0, the row-wise and elementwise ops of a step over n_tokens token rows
+     * (norms, adds, RoPE, K/V stores) may be held and run by the threads that run the next
+     * larger op, as its first part; results are for the backend's own ops to read until the
+     * call with 0, which runs whatever is held. The CPU backend: one wake of its threads
+     * instead of these ops on one thread while the others wait. */
+    void (*hold_row_ops)(struct backend *be, int64_t n_tokens);
 
     /* ---- encoder-decoder ops (Whisper). Optional: NULL on a backend that
      * lacks them, which then cannot run such a model. ---- */

@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "base/cpu.h"
@@ -16,6 +17,13 @@
  * runnable threads than cores (HTTP threads, other processes), a spinning
  * thread would otherwise hold a core the thread it waits for needs. */
 #define SPINS_PER_YIELD 256
+
+/* A held loop: its function, its context's copy and the items it splits. */
+struct held_loop {
+    threadpool_fn fn;
+    long items;
+    _Alignas(16) unsigned char ctx[THREADPOOL_HOLD_BYTES];
+};
 
 struct threadpool {
     int n_threads;
@@ -28,6 +36,13 @@ struct threadpool {
     _Atomic bool running;        /* a job is in flight: a second caller is a bug */
     threadpool_fn fn;
     void *ctx;
+    /* the loops held for the next job, and that job's own function (NULL:
+     * a flush) once they run */
+    struct held_loop held[THREADPOOL_HOLD_MAX];
+    int n_held;
+    threadpool_fn after_fn;
+    void *after_ctx;
+    _Alignas(64) _Atomic int arrived; /* threads past the current meeting point */
 };
 
 struct worker_arg {
@@ -120,12 +135,102 @@ void threadpool_free(struct threadpool *pool)
 
 int threadpool_size(const struct threadpool *pool) { return pool ? pool->n_threads : 1; }
 
+/* Waits until `count` threads have arrived (each thread's own arrival counted by the caller). */
+static void meet(struct threadpool *pool, int count)
+{
+    atomic_fetch_add_explicit(&pool->arrived, 1, memory_order_acq_rel);
+    for (unsigned spins = 1; atomic_load_explicit(&pool->arrived, memory_order_acquire) < count;
+         spins++) {
+        if (spins % SPINS_PER_YIELD == 0)
+            sched_yield();
+        else
+            cpu_relax();
+    }
+}
+
+/* The job of a run with held loops: each loop, a meeting where the next one's items
+ * differ and after the last, then the run's own function. */
+static void held_job(void *ctx, int ith, int nth)
+{
+    struct threadpool *pool = ctx;
+    int meetings = 0;
+    for (int i = 0; i < pool->n_held; i++) {
+        const struct held_loop *h = &pool->held[i];
+        h->fn((void *)h->ctx, ith, nth);
+        bool last = i + 1 == pool->n_held;
+        if ((last && pool->after_fn) || (!last && pool->held[i + 1].items != h->items))
+            meet(pool, ++meetings * nth);
+    }
+    if (pool->after_fn)
+        pool->after_fn(pool->after_ctx, ith, nth);
+}
+
+static void run_job(struct threadpool *pool, threadpool_fn fn, void *ctx);
+
+/* Whether some held loop has work for more than one thread. */
+static bool held_loops_split(const struct threadpool *pool)
+{
+    for (int i = 0; i < pool->n_held; i++)
+        if (pool->held[i].items > 1)
+            return true;
+    return false;
+}
+
+void threadpool_hold(struct threadpool *pool, threadpool_fn fn, const void *ctx, size_t bytes,
+                     long items)
+{
+    if (!pool || pool->n_threads == 1 || bytes > THREADPOOL_HOLD_BYTES) {
+        threadpool_flush(pool, true);
+        fn((void *)ctx, 0, 1);
+        return;
+    }
+    if (pool->n_held == THREADPOOL_HOLD_MAX)
+        threadpool_flush(pool, false);
+    struct held_loop *h = &pool->held[pool->n_held++];
+    h->fn = fn;
+    h->items = items;
+    memcpy(h->ctx, ctx, bytes);
+}
+
+int threadpool_held(const struct threadpool *pool) { return pool ? pool->n_held : 0; }
+
+void threadpool_flush(struct threadpool *pool, bool here)
+{
+    if (!pool || pool->n_held == 0)
+        return;
+    if (here || !held_loops_split(pool)) {
+        for (int i = 0; i < pool->n_held; i++)
+            pool->held[i].fn(pool->held[i].ctx, 0, 1);
+        pool->n_held = 0;
+        return;
+    }
+    threadpool_run(pool, NULL, NULL);
+}
+
 void threadpool_run(struct threadpool *pool, threadpool_fn fn, void *ctx)
 {
+    /* loops of one item are the calling thread's alone: run here, they need no meeting */
+    if (pool && pool->n_held > 0 && pool->n_threads > 1 && held_loops_split(pool)) {
+        pool->after_fn = fn;
+        pool->after_ctx = ctx;
+        atomic_store_explicit(&pool->arrived, 0, memory_order_relaxed);
+        run_job(pool, held_job, pool);
+        pool->n_held = 0;
+        return;
+    }
+    if (pool && pool->n_held > 0)
+        threadpool_flush(pool, true);
+    if (!fn)
+        return;
     if (!pool || pool->n_threads == 1) {
         fn(ctx, 0, 1);
         return;
     }
+    run_job(pool, fn, ctx);
+}
+
+static void run_job(struct threadpool *pool, threadpool_fn fn, void *ctx)
+{
     /* One job at a time: a second thread's job would overwrite fn and ctx under the
      * workers of the first (and its owner's scratch buffers); fail loudly instead. */
     if (atomic_exchange_explicit(&pool->running, true, memory_order_acquire)) {

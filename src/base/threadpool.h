@@ -3,6 +3,8 @@
 #define INFERD_BASE_THREADPOOL_H
 
 #include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "base/err.h"
@@ -17,11 +19,33 @@ int threadpool_create(int n_threads, struct threadpool **out, struct err *err);
 void threadpool_free(struct threadpool *pool);
 int threadpool_size(const struct threadpool *pool);
 
-/* Runs fn on every thread and returns when all have finished. Workers spin
- * briefly between jobs (decode issues hundreds of short jobs per token) and
- * then sleep. Not reentrant: one caller thread drives a pool (a second one running a job
+/* Runs the held loops, then fn, on every thread and returns when all have
+ * finished. Workers spin briefly between jobs (decode issues hundreds of
+ * short jobs per token) and then sleep. Not reentrant: one caller thread drives a pool (a second one running a job
  * at the same time aborts with a message rather than corrupting the first). */
 void threadpool_run(struct threadpool *pool, threadpool_fn fn, void *ctx);
+
+/* Held loops. A caller may hand the pool a small loop to run with its next
+ * job instead of now (alone on the calling thread while the workers wait, or
+ * as a job of its own): threadpool_hold copies the loop's context (at most
+ * THREADPOOL_HOLD_BYTES) and keeps it; the next threadpool_run runs the held
+ * loops first, in order, on every thread, then its own function, with one wake
+ * of the workers for all of them. A held loop splits its work as
+ * threadpool_split splits `items` units (align 1) among the threads; the
+ * threads meet between two held loops only where their items differ, and
+ * always after the last one, so a loop's share may read what the same share of
+ * an earlier loop of the same items wrote, and the job what any of them wrote.
+ * threadpool_flush runs what is held now: as a job of its own, or on the
+ * calling thread alone (here). Loops of one item each run on the calling
+ * thread, with no meeting; a pool of one thread runs a loop at once. */
+#define THREADPOOL_HOLD_MAX 24
+#define THREADPOOL_HOLD_BYTES 128
+
+void threadpool_hold(struct threadpool *pool, threadpool_fn fn, const void *ctx, size_t bytes,
+                     long items);
+void threadpool_flush(struct threadpool *pool, bool here);
+/* Loops held and not yet run. */
+int threadpool_held(const struct threadpool *pool);
 
 /* The [begin, end) share of n items for thread ith of nth, in multiples of align. */
 void threadpool_split(long n, int ith, int nth, long align, long *begin, long *end);

@@ -445,6 +445,10 @@ static int lm_head(const struct model *m, struct forward_state *st, const struct
     return 0;
 }
 
+static int forward_rank_layers(const struct model *m, struct forward_state *st,
+                               struct kv_cache *kv, const struct batch *batch,
+                               const struct forward_output *out, int n_rows, struct err *err);
+
 int model_forward_rank(const struct model *m, struct forward_state *st, struct kv_cache *kv,
                        const struct batch *batch, const struct forward_output *out,
                        struct err *err)
@@ -457,7 +461,21 @@ int model_forward_rank(const struct model *m, struct forward_state *st, struct k
     int n_rows = batch_prepare(m, st, kv, batch, err);
     if (n_rows < 0)
         return n_rows;
+    /* the step's row ops may wait for the larger op after them (backend_ops.hold_row_ops) */
+    const struct backend_ops *op = m->backend->ops;
+    if (op->hold_row_ops)
+        op->hold_row_ops(m->backend, n_rows);
+    int rc = forward_rank_layers(m, st, kv, batch, out, n_rows, err);
+    if (op->hold_row_ops)
+        op->hold_row_ops(m->backend, 0);
+    return rc;
+}
 
+static int forward_rank_layers(const struct model *m, struct forward_state *st,
+                               struct kv_cache *kv, const struct batch *batch,
+                               const struct forward_output *out, int n_rows, struct err *err)
+{
+    const struct model_config *c = &m->config;
     m->backend->ops->embed(m->backend, &m->weights.embed, st->tokens, n_rows, st->x);
     if (m->embed_scale > 0)
         m->backend->ops->scale(m->backend, st->x, (int64_t)n_rows * c->hidden_size,

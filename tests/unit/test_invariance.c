@@ -333,6 +333,59 @@ Test(batch_invariance, exact_logits_do_not_depend_on_thread_count)
     }
 }
 
+/* The CPU backend with every op run as it is called (backend_ops.hold_row_ops off). */
+static int make_cpu_unheld(const struct backend_options *opt, struct backend **out,
+                           struct err *err)
+{
+    static struct backend_ops unheld;
+    int rc = backend_cpu_create(opt, out, err);
+    if (rc == 0) {
+        unheld = *(*out)->ops;
+        unheld.hold_row_ops = NULL;
+        (*out)->ops = &unheld;
+    }
+    return rc;
+}
+
+/* Row ops held for the next parallel op (norms, adds, RoPE, K/V stores, a GEMV's prepared x:
+ * backend_ops.hold_row_ops) give the bits of the same ops run as they are called, in both
+ * modes on two threads, whatever the step holds. */
+Test(batch_invariance, held_row_ops_give_the_bits_of_ops_run_as_called)
+{
+    const struct mkmodel_preset *presets[32];
+    int n = tiny_presets(presets, 32);
+    for (int i = 0; i < n; i++) {
+        struct err err = {0};
+        char *dir = test_mkdtemp();
+        cr_assert_not_null(dir);
+        struct mkmodel_opts opts = {.preset = presets[i]->name, .seed = 7, .out_dir = dir};
+        cr_assert_eq(mkmodel_write(&opts, &err), 0, "%s: %s", presets[i]->name, err.msg);
+        for (int mode = 0; mode < 2; mode++) {
+            struct backend_options opt = {.mode = mode ? COMPUTE_FAST : COMPUTE_EXACT,
+                                          .threads = 2};
+            const char *name = mode ? "fast mode, held" : "exact mode, held";
+            struct rig plain, held;
+            rig_open(&plain, dir, presets[i]->name, make_cpu_unheld, &opt, "run as called");
+            rig_open(&held, dir, presets[i]->name, make_cpu, &opt, name);
+            uint64_t s1 = 0x1234567ull, s2 = s1;
+            run_chunked(&plain, &s1, 40);
+            run_chunked(&held, &s2, 40);
+            memcpy(held.want, plain.got, (size_t)PROMPT * plain.vocab * sizeof(float));
+            expect_prompt_bits(&held, "in random chunks against ops run as called");
+            for (int c = 0; c < 2; c++) {
+                run_mixed(&plain, &s1);
+                run_mixed(&held, &s2);
+                memcpy(held.want, plain.got, (size_t)PROMPT * plain.vocab * sizeof(float));
+                expect_prompt_bits(&held, "among 1-16 other sequences against ops run as called");
+            }
+            rig_close(&plain);
+            rig_close(&held);
+        }
+        test_rmtree(dir);
+        free(dir);
+    }
+}
+
 /* ---- whole generations through the engine -------------------------------- */
 
 #define N_REQ 8

@@ -122,3 +122,124 @@ Test(threadpool, shares_are_the_split_when_no_thread_falls_behind)
         cr_assert_geq(threadpool_shares_next(&s, 80), 0);
     cr_assert_eq(threadpool_shares_next(&s, 80), -1);
 }
+
+/* Held loops: a[] and b[] written by loops the pool holds, read by the job after them. */
+#define HELD_N 999
+struct held_data {
+    int a[HELD_N], b[HELD_N], seen[HELD_N];
+    _Atomic int order; /* the loops' and the job's turns, as each thread saw them */
+    _Atomic int bad;
+};
+
+struct held_loop_ctx {
+    struct held_data *d;
+    long n;     /* the items the loop splits */
+    int stride; /* loop_spread: b[j] = a[(j * stride) % HELD_N] * 3; loop_turn: its number */
+};
+
+/* a[i] = i + 1 over the thread's share of HELD_N */
+static void loop_fill(void *ctx, int ith, int nth)
+{
+    const struct held_loop_ctx *c = ctx;
+    long b, e;
+    threadpool_split(c->n, ith, nth, 1, &b, &e);
+    for (long i = b; i < e; i++)
+        c->d->a[i] = (int)i + 1;
+}
+
+/* a[i] *= 2 over the same share: reads what this thread wrote */
+static void loop_double(void *ctx, int ith, int nth)
+{
+    const struct held_loop_ctx *c = ctx;
+    long b, e;
+    threadpool_split(c->n, ith, nth, 1, &b, &e);
+    for (long i = b; i < e; i++)
+        c->d->a[i] *= 2;
+}
+
+/* another split (HELD_N - 1 items): reads what any thread wrote */
+static void loop_spread(void *ctx, int ith, int nth)
+{
+    const struct held_loop_ctx *c = ctx;
+    long b, e;
+    threadpool_split(c->n, ith, nth, 1, &b, &e);
+    for (long j = b; j < e; j++)
+        c->d->b[j] = c->d->a[(j * c->stride) % HELD_N] * 3;
+}
+
+/* the job: every thread checks every element of b the spread wrote */
+static void job_check(void *ctx, int ith, int nth)
+{
+    (void)ith;
+    (void)nth;
+    struct held_data *d = ctx;
+    for (long j = 0; j < HELD_N - 1; j++)
+        if (d->b[j] != (int)((j * 7) % HELD_N + 1) * 2 * 3)
+            atomic_fetch_add(&d->bad, 1);
+}
+
+static void hold_three(struct threadpool *pool, struct held_data *d)
+{
+    struct held_loop_ctx fill = {d, HELD_N, 0}, spread = {d, HELD_N - 1, 7};
+    threadpool_hold(pool, loop_fill, &fill, sizeof fill, fill.n);
+    threadpool_hold(pool, loop_double, &fill, sizeof fill, fill.n);
+    threadpool_hold(pool, loop_spread, &spread, sizeof spread, spread.n);
+}
+
+Test(threadpool, held_loops_run_in_order_before_the_job_and_the_threads_meet_where_splits_differ)
+{
+    for (int threads = 1; threads <= 3; threads++) {
+        struct threadpool *pool;
+        struct err err = {0};
+        cr_assert_eq(threadpool_create(threads, &pool, &err), 0, "%s", err.msg);
+        static struct held_data d;
+        for (int rep = 0; rep < 300; rep++) {
+            memset(&d, 0, sizeof d);
+            hold_three(pool, &d);
+            cr_assert_eq(threadpool_held(pool), threads == 1 ? 0 : 3);
+            threadpool_run(pool, job_check, &d);
+            cr_assert_eq(threadpool_held(pool), 0);
+            cr_assert_eq(d.bad, 0, "%d threads, rep %d: %d elements of b wrong", threads, rep,
+                         d.bad);
+        }
+        /* flushed as a job of their own, or on this thread alone */
+        for (int here = 0; here < 2; here++) {
+            memset(&d, 0, sizeof d);
+            hold_three(pool, &d);
+            threadpool_flush(pool, here);
+            cr_assert_eq(threadpool_held(pool), 0);
+            job_check(&d, 0, 1);
+            cr_assert_eq(d.bad, 0, "%d threads, flushed %s", threads, here ? "here" : "as a job");
+        }
+        threadpool_free(pool);
+    }
+}
+
+/* More loops than the pool holds: the first ones run when it is full, in order. */
+static void loop_turn(void *ctx, int ith, int nth)
+{
+    (void)nth;
+    struct held_loop_ctx *c = ctx;
+    if (ith == 0)
+        c->d->seen[atomic_fetch_add(&c->d->order, 1)] = c->stride;
+}
+
+Test(threadpool, a_full_pool_runs_what_it_holds_and_keeps_the_order)
+{
+    struct threadpool *pool;
+    struct err err = {0};
+    cr_assert_eq(threadpool_create(2, &pool, &err), 0, "%s", err.msg);
+    static struct held_data d;
+    memset(&d, 0, sizeof d);
+    int n = 3 * THREADPOOL_HOLD_MAX + 5;
+    for (int i = 0; i < n; i++) {
+        struct held_loop_ctx c = {&d, 1 + i % 2, i};
+        threadpool_hold(pool, loop_turn, &c, sizeof c, c.n);
+        cr_assert_leq(threadpool_held(pool), THREADPOOL_HOLD_MAX);
+    }
+    threadpool_flush(pool, false);
+    cr_assert_eq(d.order, n);
+    for (int i = 0; i < n; i++)
+        cr_assert_eq(d.seen[i], i, "turn %d ran loop %d", i, d.seen[i]);
+    threadpool_free(pool);
+}

@@ -21,35 +21,68 @@ static inline size_t kv_slot_offset(const struct kv_cache *kv, int layer, uint32
     return tattn_slot_offset(kv, layer, block, slot);
 }
 
-void cpu_kv_store(struct backend *be, struct kv_cache *kv, int layer, const float *k,
-                  const float *v, const struct attn_span *spans, int n_spans)
+struct kv_store_job {
+    struct kv_cache *kv;
+    int layer;
+    bool f16c;
+    const float *k, *v;
+    const struct attn_span *spans;
+    int n_spans;
+    long rows; /* the spans' rows: thread ith stores its threadpool_split share of them */
+};
+
+static void kv_store_rows(void *ctx, int ith, int nth)
 {
-    if (kv->quant) {
-        cpu_kv_store_quant(be, kv, layer, k, v, spans, n_spans);
-        return;
-    }
+    const struct kv_store_job *job = ctx;
+    const struct kv_cache *kv = job->kv;
     size_t kv_dim = (size_t)kv->n_kv_heads * kv->head_dim;
-    bool f16 = kv->dtype == DTYPE_F16, f16c = ((struct cpu_impl *)be->impl)->f16c;
-    for (int s = 0; s < n_spans; s++) {
-        const struct attn_span *sp = &spans[s];
-        for (int i = 0; i < sp->n_tokens; i++) {
+    bool f16 = kv->dtype == DTYPE_F16;
+    long begin, end;
+    threadpool_split(job->rows, ith, nth, 1, &begin, &end);
+    for (int s = 0; s < job->n_spans; s++) {
+        const struct attn_span *sp = &job->spans[s];
+        int first = begin > sp->row0 ? (int)(begin - sp->row0) : 0;
+        int last = end < sp->row0 + sp->n_tokens ? (int)(end - sp->row0) : sp->n_tokens;
+        for (int i = first; i < last; i++) {
             int pos = sp->pos0 + i;
             uint32_t block = sp->block_ids[pos / kv->block_size];
-            size_t off = kv_slot_offset(kv, layer, block, pos % kv->block_size);
+            size_t off = kv_slot_offset(kv, job->layer, block, pos % kv->block_size);
             size_t row = (size_t)(sp->row0 + i) * kv_dim;
             if (f16) {
-                cpu_f16_from_f32((uint16_t *)kv->k + off, k + row, kv_dim, f16c);
-                cpu_f16_from_f32((uint16_t *)kv->v + off, v + row, kv_dim, f16c);
+                cpu_f16_from_f32((uint16_t *)kv->k + off, job->k + row, kv_dim, job->f16c);
+                cpu_f16_from_f32((uint16_t *)kv->v + off, job->v + row, kv_dim, job->f16c);
             } else {
-                memcpy((float *)kv->k + off, k + row, kv_dim * sizeof(float));
-                memcpy((float *)kv->v + off, v + row, kv_dim * sizeof(float));
+                memcpy((float *)kv->k + off, job->k + row, kv_dim * sizeof(float));
+                memcpy((float *)kv->v + off, job->v + row, kv_dim * sizeof(float));
             }
         }
     }
 }
 
+void cpu_kv_store(struct backend *be, struct kv_cache *kv, int layer, const float *k,
+                  const float *v, const struct attn_span *spans, int n_spans)
+{
+    struct cpu_impl *impl = be->impl;
+    if (kv->quant) {
+        cpu_settle(be);
+        cpu_kv_store_quant(be, kv, layer, k, v, spans, n_spans);
+        return;
+    }
+    struct kv_store_job job = {kv, layer, impl->f16c, k, v, spans, n_spans, 0};
+    for (int s = 0; s < n_spans; s++)
+        job.rows += spans[s].n_tokens;
+    /* held, the spans (host memory the step keeps) are read when the loop runs */
+    if (job.rows > 0 && job.rows == impl->hold_tokens) {
+        threadpool_hold(impl->pool, kv_store_rows, &job, sizeof job, job.rows);
+        return;
+    }
+    cpu_settle(be);
+    kv_store_rows(&job, 0, 1);
+}
+
 void cpu_kv_copy_slots(struct backend *be, struct kv_cache *kv, uint32_t src, uint32_t dst, int n)
 {
+    cpu_settle(be);
     (void)be;
     /* the slots [0, n) of one block in one layer are contiguous */
     for (int v = 0; v < 2; v++) {
@@ -368,9 +401,12 @@ void cpu_attention(struct backend *be, const float *q, const struct kv_cache *kv
                    int sliding_window, float *out)
 {
     if (kv->quant) {
+        cpu_settle(be);
         cpu_attention_quant(be, q, kv, layer, spans, n_spans, n_heads, scale, sliding_window, out);
         return;
     }
+    /* what the pool holds (the step's K/V stores among it) runs first in the job below: the
+     * lines up to it read only the spans */
     struct attention_job job = {q, kv, layer, spans, n_spans, n_heads, scale, sliding_window, out};
     struct cpu_impl *impl = be->impl;
     struct tiled_job tj = {.rows = job, .item_rows = 1};

@@ -57,7 +57,7 @@ static void *cpu_alloc(struct backend *be, size_t bytes)
 
 static void cpu_release(struct backend *be, void *ptr)
 {
-    (void)be;
+    cpu_settle(be);
     if (!ptr)
         return;
     char *base = (char *)ptr - ALLOC_HEADER;
@@ -66,7 +66,7 @@ static void cpu_release(struct backend *be, void *ptr)
 
 static void cpu_copy(struct backend *be, void *dst, const void *src, size_t bytes)
 {
-    (void)be;
+    cpu_settle(be);
     memcpy(dst, src, bytes);
 }
 
@@ -109,6 +109,7 @@ static void embed_rows(void *ctx, int ith, int nth)
 static void cpu_embed(struct backend *be, const struct weight_matrix *table, const int32_t *tokens,
                       int64_t n_tokens, float *out)
 {
+    cpu_settle(be);
     struct embed_job job = {table, tokens, n_tokens, out};
     threadpool_run(impl_of(be)->pool, embed_rows, &job);
 }
@@ -135,7 +136,35 @@ struct rmsnorm_job {
     int64_t n_rows, dim;
     float eps;
     float *y;
+    long items; /* held: the step's token rows, each n_rows / items rows; else 0 */
 };
+
+/* Thread ith's rows of n: whole items (the step's token rows) when items > 0, as every loop
+ * held for one job splits them, else rows evenly. */
+static void share_of(long n, long items, int ith, int nth, long *begin, long *end)
+{
+    long per = items > 0 ? n / items : 1;
+    threadpool_split(items > 0 ? items : n, ith, nth, 1, begin, end);
+    *begin *= per;
+    *end *= per;
+}
+
+/* Holds job (a loop over n rows or elements) for the next job of the pool when row ops are
+ * held and n is whole token rows, with *items set to them; false otherwise, with whatever is
+ * held run first, for the caller to run it now. */
+static bool hold(struct backend *be, threadpool_fn fn, void *job, size_t bytes, long *items,
+                 int64_t n)
+{
+    struct cpu_impl *impl = impl_of(be);
+    int64_t t = impl->hold_tokens;
+    if (t > 0 && n > 0 && n % t == 0) {
+        *items = (long)t;
+        threadpool_hold(impl->pool, fn, job, bytes, (long)t);
+        return true;
+    }
+    cpu_settle(be);
+    return false;
+}
 
 /* sum x[i]^2 in double: 16 lanes (four chains of four, so the adds'
  * latency overlaps) in an order fixed by n alone, then the tail in order.
@@ -164,7 +193,7 @@ static void rmsnorm_rows(void *ctx, int ith, int nth)
 {
     struct rmsnorm_job *job = ctx;
     long begin, end;
-    threadpool_split(job->n_rows, ith, nth, 1, &begin, &end);
+    share_of(job->n_rows, job->items, ith, nth, &begin, &end);
     for (long r = begin; r < end; r++) {
         const float *x = job->x + r * job->dim;
         float *y = job->y + r * job->dim;
@@ -179,7 +208,9 @@ static void rmsnorm_rows(void *ctx, int ith, int nth)
 static void cpu_rmsnorm(struct backend *be, const float *x, const float *weight, int64_t n_rows,
                         int64_t dim, float eps, float *y)
 {
-    struct rmsnorm_job job = {x, weight, n_rows, dim, eps, y};
+    struct rmsnorm_job job = {x, weight, n_rows, dim, eps, y, 0};
+    if (hold(be, rmsnorm_rows, &job, sizeof job, &job.items, n_rows))
+        return;
     if (n_rows * dim < 16384) {
         rmsnorm_rows(&job, 0, 1);
         return;
@@ -303,6 +334,12 @@ static void cpu_rope(struct backend *be, float *x, int64_t n_tokens, int n_heads
     struct rope_job job = {x, n_tokens, n_heads, head_dim, positions, rope, NULL, false};
     struct cpu_rope_angles *a = rope_angles(impl, positions, n_tokens, rope, &job.computed);
     job.cos_sin = a ? a->cos_sin : NULL;
+    /* held, a set's angles are computed when the loop runs, by the thread whose tokens they
+     * are: the loops after it that read them split the same tokens */
+    long items = 0;
+    if (n_tokens == impl->hold_tokens && hold(be, rope_tokens, &job, sizeof job, &items, n_tokens))
+        return;
+    cpu_settle(be);
     if (n_tokens < 4) {
         rope_tokens(&job, 0, 1);
         return;
@@ -316,13 +353,24 @@ struct elementwise_job {
     const float *a, *b;
     float *out;
     int64_t n;
+    long items; /* held: the step's token rows, each n / items elements; else 0 */
 };
+
+/* Thread ith's elements of job: whole token rows when held, else ELEMENTWISE_ALIGN blocks. */
+static void elementwise_share(const struct elementwise_job *job, int ith, int nth, long *begin,
+                              long *end)
+{
+    if (job->items > 0)
+        share_of(job->n, job->items, ith, nth, begin, end);
+    else
+        threadpool_split(job->n, ith, nth, ELEMENTWISE_ALIGN, begin, end);
+}
 
 static void silu_mul_range(void *ctx, int ith, int nth)
 {
     struct elementwise_job *job = ctx;
     long begin, end;
-    threadpool_split(job->n, ith, nth, ELEMENTWISE_ALIGN, &begin, &end);
+    elementwise_share(job, ith, nth, &begin, &end);
     long i = begin;
     const __m256 one = _mm256_set1_ps(1.0f);
     for (; i + 8 <= end; i += 8) {
@@ -348,7 +396,9 @@ static void silu_mul_range(void *ctx, int ith, int nth)
 static void cpu_silu_mul(struct backend *be, const float *gate, const float *up, float *out,
                          int64_t n)
 {
-    struct elementwise_job job = {gate, up, out, n};
+    struct elementwise_job job = {gate, up, out, n, 0};
+    if (hold(be, silu_mul_range, &job, sizeof job, &job.items, n))
+        return;
     if (n < 32768) {
         silu_mul_range(&job, 0, 1);
         return;
@@ -360,14 +410,16 @@ static void add_range(void *ctx, int ith, int nth)
 {
     struct elementwise_job *job = ctx;
     long begin, end;
-    threadpool_split(job->n, ith, nth, ELEMENTWISE_ALIGN, &begin, &end);
+    elementwise_share(job, ith, nth, &begin, &end);
     for (long i = begin; i < end; i++)
         job->out[i] += job->a[i];
 }
 
 static void cpu_add(struct backend *be, float *y, const float *x, int64_t n)
 {
-    struct elementwise_job job = {x, NULL, y, n};
+    struct elementwise_job job = {x, NULL, y, n, 0};
+    if (hold(be, add_range, &job, sizeof job, &job.items, n))
+        return;
     if (n < 65536) {
         add_range(&job, 0, 1);
         return;
@@ -427,20 +479,30 @@ static void run_scalar(struct backend *be, void (*fn)(void *, int, int), struct 
 static void cpu_gelu_tanh_mul(struct backend *be, const float *gate, const float *up, float *out,
                               int64_t n)
 {
+    cpu_settle(be);
     struct scalar_job job = {.a = gate, .b = up, .out = out, .n = n};
     run_scalar(be, gelu_tanh_mul_range, &job);
 }
 
 static void cpu_scale(struct backend *be, float *x, int64_t n, float s)
 {
+    cpu_settle(be);
     struct scalar_job job = {.out = x, .n = n, .s = s};
     run_scalar(be, scale_range, &job);
 }
 
 static void cpu_softcap(struct backend *be, float *x, int64_t n, float cap)
 {
+    cpu_settle(be);
     struct scalar_job job = {.out = x, .n = n, .s = cap};
     run_scalar(be, softcap_range, &job);
+}
+
+static void cpu_hold_row_ops(struct backend *be, int64_t n_tokens)
+{
+    impl_of(be)->hold_tokens = n_tokens > 0 ? n_tokens : 0;
+    if (n_tokens <= 0)
+        cpu_settle(be);
 }
 
 static const struct backend_ops cpu_ops = {
@@ -473,6 +535,7 @@ static const struct backend_ops cpu_ops = {
     .scale = cpu_scale,
     .softcap = cpu_softcap,
     .lora = cpu_lora,
+    .hold_row_ops = cpu_hold_row_ops,
 };
 
 int backend_cpu_create(const struct backend_options *opt, struct backend **out,

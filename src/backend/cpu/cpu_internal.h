@@ -31,7 +31,16 @@ struct cpu_impl {
     void (*qattn_rows)(void *job, int ith, int nth);
     bool f16c; /* the processor converts f16 (an f16 cache's kernels use F16C, else scalar code) */
     struct cpu_rope_angles angles[CPU_ROPE_ANGLE_SETS]; /* the most recently used first */
+    /* backend_ops.hold_row_ops: the step's token rows while row ops are held, else 0 */
+    int64_t hold_tokens;
 };
+
+/* Runs what the pool holds (backend_ops.hold_row_ops): every op that reads memory without
+ * running a job of the pool first calls it. */
+static inline void cpu_settle(struct backend *be)
+{
+    threadpool_flush(((struct cpu_impl *)be->impl)->pool, false);
+}
 
 /* backend_ops.kv_copy_slots: slots [0, n) of block src to dst, every layer, K and V. */
 void cpu_kv_copy_slots(struct backend *be, struct kv_cache *kv, uint32_t src, uint32_t dst, int n);

@@ -45,6 +45,7 @@ static void layer_norm_rows(void *ctx, int ith, int nth)
 void cpu_layer_norm(struct backend *be, const float *x, const float *weight, const float *bias,
                     int64_t n_rows, int64_t dim, float eps, float *y)
 {
+    cpu_settle(be);
     struct norm_job job = {x, weight, bias, n_rows, dim, eps, y};
     if (n_rows < 8)
         layer_norm_rows(&job, 0, 1);
@@ -68,6 +69,7 @@ static void gelu_range(void *ctx, int ith, int nth)
 
 void cpu_gelu(struct backend *be, float *x, int64_t n)
 {
+    cpu_settle(be);
     struct gelu_job job = {x, n};
     if (n < 16384)
         gelu_range(&job, 0, 1);
@@ -81,6 +83,7 @@ void cpu_conv1d(struct backend *be, const float *x, int64_t n_in, int64_t c_in,
                 const struct weight_matrix *w, const float *bias, int kernel, int stride, int pad,
                 float *y)
 {
+    cpu_settle(be);
     int64_t n_out = (n_in + 2 * pad - kernel) / stride + 1, cols = c_in * kernel;
     if (n_out <= 0)
         return;
@@ -158,6 +161,7 @@ void cpu_attention_dense(struct backend *be, const float *q, int64_t n_q, const 
                          const float *v, int64_t n_kv, int64_t kv_stride, int n_heads,
                          int head_dim, float scale, int64_t causal, float *out)
 {
+    cpu_settle(be);
     /* FAST mode: blocks of queries against blocks of keys (EXACT keeps each row's sums in
      * key order, independent of the other rows) */
     if (cpu_attention_dense_tiled(be, q, n_q, k, v, n_kv, kv_stride, n_heads, head_dim, scale,
@@ -173,6 +177,7 @@ void cpu_attention_dense(struct backend *be, const float *q, int64_t n_q, const 
 void cpu_scatter_rows(struct backend *be, const float *src, int64_t n_rows, int64_t cols,
                       const int32_t *rows, float *dst)
 {
+    cpu_settle(be);
     (void)be;
     for (int64_t r = 0; r < n_rows; r++)
         memcpy(dst + (int64_t)rows[r] * cols, src + r * cols, (size_t)cols * sizeof *src);

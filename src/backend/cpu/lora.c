@@ -183,6 +183,7 @@ LORA_TARGET static void expand_outputs(void *ctx, int ith, int nth)
 void cpu_lora(struct backend *be, const float *x, int64_t in, int64_t out,
               const struct lora_seg *segs, int n_segs, float *scratch, float *y)
 {
+    cpu_settle(be);
     if (n_segs < 1)
         return;
     /* n_segs is the step's runs (at most a few per sequence): the stack, else the heap */

@@ -461,6 +461,26 @@ static bool reserve_xbuf(struct cpu_matmul *mm, size_t bytes)
     return true;
 }
 
+/* FAST mode's prepared x: thread ith converts its share of the token rows, as a loop the
+ * pool holds for the GEMV's job (threadpool_hold). */
+struct prepare_x_job {
+    void (*prepare_x)(const float *x, int64_t n, void *dst);
+    const float *x;
+    int64_t T, K;
+    size_t elem; /* bytes of a prepared element */
+    void *xbuf;
+};
+
+static void prepare_x_rows(void *ctx, int ith, int nth)
+{
+    const struct prepare_x_job *j = ctx;
+    long begin, end;
+    threadpool_split((long)j->T, ith, nth, 1, &begin, &end);
+    if (begin < end)
+        j->prepare_x(j->x + begin * j->K, (end - begin) * j->K,
+                     (char *)j->xbuf + (size_t)(begin * j->K) * j->elem);
+}
+
 /* The GEMV path of one or more matrices sharing x; false (nothing done)
  * when FAST mode's prepared x does not fit in memory. */
 static bool run_gemv_group(struct cpu_matmul *mm, enum compute_mode mode, const struct mm_gemv *gemv,
@@ -468,11 +488,11 @@ static bool run_gemv_group(struct cpu_matmul *mm, enum compute_mode mode, const 
                            const float *const *bias, float *const *y)
 {
     const void *xv = x;
+    struct prepare_x_job prep = {gemv->prepare_x, x, T, w[0]->cols, gemv->x_bf16 ? 2 : 4, NULL};
     if (mode == COMPUTE_FAST) {
-        size_t elems = (size_t)T * (size_t)w[0]->cols;
-        if (!reserve_xbuf(mm, elems * (gemv->x_bf16 ? 2 : 4)))
+        if (!reserve_xbuf(mm, (size_t)T * (size_t)w[0]->cols * prep.elem))
             return false;
-        gemv->prepare_x(x, (int64_t)elems, mm->xbuf);
+        prep.xbuf = mm->xbuf;
         xv = mm->xbuf;
     }
     struct mm_group_job job = {
@@ -496,10 +516,17 @@ static bool run_gemv_group(struct cpu_matmul *mm, enum compute_mode mode, const 
     /* a small product on this thread: the same rows in the same chunks */
     bool inline_job = bytes * (size_t)T <= GEMV_INLINE_BYTES;
     threadpool_shares_init(&job.chunks, n_chunks, inline_job ? 1 : mm->n_threads);
-    if (inline_job)
+    if (inline_job) {
+        threadpool_flush(mm->pool, true);
+        if (prep.xbuf)
+            prepare_x_rows(&prep, 0, 1);
         group_split_job(&job, 0, 1);
-    else
+    } else {
+        /* x is prepared, after whatever else the pool holds, in the GEMV's own job */
+        if (prep.xbuf)
+            threadpool_hold(mm->pool, prepare_x_rows, &prep, sizeof prep, (long)T);
         threadpool_run(mm->pool, group_split_job, &job);
+    }
     return true;
 }
 
@@ -509,6 +536,8 @@ void cpu_matmul_run(struct cpu_matmul *mm, enum compute_mode mode, const float *
     int64_t K = w->cols, N = w->rows;
     if (T <= 0 || N <= 0)
         return;
+    if (dtype_is_block(w->dtype) || K <= 0) /* paths that read or write before a job */
+        threadpool_flush(mm->pool, false);
     if (dtype_is_block(w->dtype) && K > 0) {
         cpu_qmm_run(mm->pool, cpu_qmm_kernels_for(mm->level), cpu_qgemm_kernel_for(mm->level),
                     mode, &mm->qmm, x, T, 1, &w, &bias, &y);
@@ -541,6 +570,7 @@ void cpu_matmul_run_group(struct cpu_matmul *mm, enum compute_mode mode, const f
     for (int i = 1; groupable && i < n; i++)
         groupable = w[i]->cols == w[0]->cols && w[i]->dtype == w[0]->dtype;
     if (groupable && dtype_is_block(w[0]->dtype)) {
+        threadpool_flush(mm->pool, false);
         cpu_qmm_run(mm->pool, cpu_qmm_kernels_for(mm->level), cpu_qgemm_kernel_for(mm->level),
                     mode, &mm->qmm, x, T, n, w, bias, y);
         return;

@@ -41,6 +41,7 @@ static void route_rows(void *ctx, int ith, int nth)
 void cpu_moe_route(struct backend *be, const float *logits, int64_t n_rows, int n_experts,
                    int top_k, bool norm, int32_t *ids, float *weights)
 {
+    cpu_settle(be);
     struct route_job job = {logits, n_rows, n_experts, top_k, norm, ids, weights};
     if (n_rows < 16)
         route_rows(&job, 0, 1);
@@ -51,6 +52,7 @@ void cpu_moe_route(struct backend *be, const float *logits, int64_t n_rows, int 
 void cpu_moe_ffn(struct backend *be, const float *x, int64_t n_rows, const struct moe_experts *ex,
                  const int32_t *ids, const float *weights, int top_k, float *scratch, float *y)
 {
+    cpu_settle(be);
     int64_t n_pairs = n_rows * top_k, hidden = ex->hidden, inter = ex->inter;
     int n_experts = ex->n_experts;
     /* pairs sorted by expert (a counting sort, stable: rows in order) */
@@ -117,6 +119,7 @@ void cpu_moe_ffn(struct backend *be, const float *x, int64_t n_rows, const struc
 void cpu_gated_add(struct backend *be, float *y, const float *x, const float *g, int64_t n_rows,
                    int64_t dim)
 {
+    cpu_settle(be);
     (void)be;
     for (int64_t r = 0; r < n_rows; r++) {
         float s = 1.0f / (1.0f + expf(-g[r]));

@@ -1426,6 +1426,7 @@ static const struct backend_ops cuda_ops = {
     /* .to_host_2d_async = */ cu_to_host_2d_async,
     /* .to_device_2d_async = */ cu_to_device_2d_async,
     /* .submit = */ cu_submit,
+    /* .hold_row_ops = */ NULL,
     /* the encoder-decoder ops (Whisper; encdec.cu) */
     /* .layer_norm = */ cu_layer_norm,
     /* .gelu = */ cu_gelu,
