@@ -33,6 +33,15 @@ static inline uint64_t panels_index(int64_t cols, int64_t r, int64_t c)
     return 2 * word + (uint64_t)(c % 2);
 }
 
+/* Row r's column pairs in a matrix of cols columns in panels: pair j (its even column in the
+ * low half) is the word at [j * PANEL_ROWS]. */
+static inline const uint32_t *panels_row_pairs(const uint16_t *panels, int64_t cols, int64_t r)
+{
+    return (const uint32_t *)(const void *)panels +
+           (uint64_t)(r / PANEL_ROWS) * (uint64_t)panels_pairs(cols) * PANEL_ROWS +
+           (uint64_t)(r % PANEL_ROWS);
+}
+
 /* dst (panels_bytes(rows, cols), zeroed here where padding) := src, rows x
  * cols BF16 row-major. */
 static inline void panels_pack(const uint16_t *src, int64_t rows, int64_t cols, uint16_t *dst)

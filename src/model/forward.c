@@ -410,11 +410,14 @@ static int lm_head(const struct model *m, struct forward_state *st, const struct
         head = model_matrix_rows(&head, 0, out->head_rows);
     int64_t width = head.rows;
     bool sampled = out->specs && op->sample && width == c->vocab_size;
+    /* a backend whose memory is the host's writes whole rows where they are asked for */
+    bool in_place = op->memory_is_host && !op->sample && width == c->vocab_size && out->host_rows;
     for (int r = 0; r < n_out; r += LOGITS_CHUNK_ROWS) {
         int rows = n_out - r < LOGITS_CHUNK_ROWS ? n_out - r : LOGITS_CHUNK_ROWS;
-        op->matmul(be, st->head_in + (size_t)r * c->hidden_size, rows, &head, NULL, st->logits);
+        float *logits = in_place ? out->host_rows + (size_t)r * c->vocab_size : st->logits;
+        op->matmul(be, st->head_in + (size_t)r * c->hidden_size, rows, &head, NULL, logits);
         if (c->final_logit_softcap > 0)
-            op->softcap(be, st->logits, (int64_t)rows * width, c->final_logit_softcap);
+            op->softcap(be, logits, (int64_t)rows * width, c->final_logit_softcap);
         if (r == 0 && out->before_rows) {
             if (op->submit)
                 op->submit(be);
@@ -425,6 +428,8 @@ static int lm_head(const struct model *m, struct forward_state *st, const struct
                 sampled = false;
         }
         size_t row0 = (size_t)r * c->vocab_size;
+        if (in_place)
+            continue;
         if (!sampled && width == c->vocab_size) {
             op->to_host(be, out->host_rows + row0, st->logits,
                         (size_t)rows * c->vocab_size * sizeof(float));

@@ -593,10 +593,15 @@ Test(cpu_matmul, panels_hold_every_element_where_panels_index_says_zeros_past_an
         for (uint64_t i = 0; i < bytes / 2; i++)
             nonzero += dst[i] != 0;
         for (int64_t r = 0; r < rows; r++)
-            for (int64_t c = 0; c < cols; c++)
+            for (int64_t c = 0; c < cols; c++) {
                 cr_assert_eq(dst[panels_index(cols, r, c)], src[r * cols + c],
                              "%ldx%ld: element (%ld, %ld)", (long)rows, (long)cols, (long)r,
                              (long)c);
+                uint32_t pair = panels_row_pairs(dst, cols, r)[(c / 2) * PANEL_ROWS];
+                cr_assert_eq((uint16_t)(c % 2 ? pair >> 16 : pair), src[r * cols + c],
+                             "%ldx%ld: element (%ld, %ld) through its row's pairs", (long)rows,
+                             (long)cols, (long)r, (long)c);
+            }
         cr_assert_eq(nonzero, (uint64_t)(rows * cols), "%ldx%ld: padding is not zero",
                      (long)rows, (long)cols);
         cr_assert_eq(bytes, (uint64_t)((rows + 31) / 32) * 32 * (uint64_t)((cols + 1) / 2) * 4);

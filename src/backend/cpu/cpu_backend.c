@@ -95,9 +95,13 @@ static void embed_rows(void *ctx, int ith, int nth)
         } else if (job->table->dtype == DTYPE_F32) {
             memcpy(dst, (const float *)job->table->data + row * dim, (size_t)dim * sizeof(float));
         } else if (job->table->dtype == DTYPE_BF16_P32) { /* a tied head's table */
-            const uint16_t *table = job->table->data;
-            for (int64_t i = 0; i < dim; i++)
-                dst[i] = bf16_to_f32(table[panels_index(dim, row, i)]);
+            const uint32_t *pairs = panels_row_pairs(job->table->data, dim, row);
+            for (int64_t i = 0; i < dim; i += 2) {
+                uint32_t w = pairs[(i / 2) * PANEL_ROWS];
+                dst[i] = bf16_to_f32((uint16_t)w);
+                if (i + 1 < dim)
+                    dst[i + 1] = bf16_to_f32((uint16_t)(w >> 16));
+            }
         } else {
             const uint16_t *src = (const uint16_t *)job->table->data + row * dim;
             for (int64_t i = 0; i < dim; i++)
