@@ -1046,8 +1046,9 @@ qattn_prefill_mma_kernel(struct cu_op op, const uint8_t *params, int hpb)
             return;
         const uint8_t *stage = raw + (size_t)quarter * warp_rooms +
                                (size_t)(j % QM_STAGES) * st.stage_bytes + my_off;
-        dq_decode<HD>(stage, my_room, mine, my_tab, my_dst + (uint32_t)(j % 2) * 2 * TILE_BYTES,
-                      lane);
+        /* every chunk's loads at once: nothing else hides their latency */
+        dq_decode<HD, DQ_ROWS * HD / 256>(stage, my_room, mine, my_tab,
+                                          my_dst + (uint32_t)(j % 2) * 2 * TILE_BYTES, lane);
     };
     auto attend = [&](int j) {
         const int k0 = rows.k_begin + j * FA_BK;

@@ -164,8 +164,9 @@ static __device__ __forceinline__ uint4 dq_chunk(uint32_t lo, uint32_t hi, const
 }
 
 /* A warp's DQ_ROWS records of one side (raw, stride bytes apart) into an
- * fp16 sub-tile at dst, a 16-byte chunk of 8 elements a lane at a time. */
-template <int HD, int B, bool TURBO>
+ * fp16 sub-tile at dst, a 16-byte chunk of 8 elements a lane at a time,
+ * UNROLL chunks' loads issued together. */
+template <int HD, int B, bool TURBO, int UNROLL>
 static __device__ __forceinline__ void dq_decode_b(const uint8_t *raw, int stride,
                                                    const dq_side &sd, const uint8_t *tab,
                                                    uint32_t dst, int lane)
@@ -180,7 +181,7 @@ static __device__ __forceinline__ void dq_decode_b(const uint8_t *raw, int strid
      * its chunk bits are row r0's XOR (i RPI) & 7 */
     const uint32_t at0 = dst + (uint32_t)(r0 * HD * 2);
     const uint32_t chunk0 = (uint32_t)(c ^ (r0 & 7));
-#pragma unroll 2
+#pragma unroll UNROLL
     for (int i = 0; i < DQ_ROWS / RPI; i++) {
         const uint8_t *rec = rec0 + i * RPI * stride;
         uint32_t lo, hi;
@@ -193,24 +194,24 @@ static __device__ __forceinline__ void dq_decode_b(const uint8_t *raw, int strid
     }
 }
 
-template <int HD>
+template <int HD, int UNROLL = 2>
 static __device__ __forceinline__ void dq_decode(const uint8_t *raw, int stride,
                                                  const dq_side &sd, const uint8_t *tab,
                                                  uint32_t dst, int lane)
 {
     if (!sd.turbo) {
         if (sd.bits == 4)
-            dq_decode_b<HD, 4, false>(raw, stride, sd, tab, dst, lane);
+            dq_decode_b<HD, 4, false, UNROLL>(raw, stride, sd, tab, dst, lane);
         else
-            dq_decode_b<HD, 8, false>(raw, stride, sd, tab, dst, lane);
+            dq_decode_b<HD, 8, false, UNROLL>(raw, stride, sd, tab, dst, lane);
         return;
     }
     switch (sd.bits) {
-    case 2: dq_decode_b<HD, 2, true>(raw, stride, sd, tab, dst, lane); break;
-    case 3: dq_decode_b<HD, 3, true>(raw, stride, sd, tab, dst, lane); break;
-    case 4: dq_decode_b<HD, 4, true>(raw, stride, sd, tab, dst, lane); break;
-    case 5: dq_decode_b<HD, 5, true>(raw, stride, sd, tab, dst, lane); break;
-    default: dq_decode_b<HD, 8, true>(raw, stride, sd, tab, dst, lane); break;
+    case 2: dq_decode_b<HD, 2, true, UNROLL>(raw, stride, sd, tab, dst, lane); break;
+    case 3: dq_decode_b<HD, 3, true, UNROLL>(raw, stride, sd, tab, dst, lane); break;
+    case 4: dq_decode_b<HD, 4, true, UNROLL>(raw, stride, sd, tab, dst, lane); break;
+    case 5: dq_decode_b<HD, 5, true, UNROLL>(raw, stride, sd, tab, dst, lane); break;
+    default: dq_decode_b<HD, 8, true, UNROLL>(raw, stride, sd, tab, dst, lane); break;
     }
 }
 
