@@ -305,9 +305,8 @@ Test(cuda_batch_invariance, exact_logits_do_not_depend_on_chunking_or_step_mates
     check_all_presets(make_cuda, CPU_ISA_BEST, "");
 }
 
-/* One and two threads give the same bits too (each output has one owner
- * and a fixed order). */
-Test(batch_invariance, exact_logits_do_not_depend_on_thread_count)
+/* check(dir, preset) for every tiny preset, its model written with seed to a fresh directory. */
+static void each_tiny_model(uint64_t seed, void (*check)(const char *dir, const char *preset))
 {
     const struct mkmodel_preset *presets[32];
     int n = tiny_presets(presets, 32);
@@ -315,22 +314,34 @@ Test(batch_invariance, exact_logits_do_not_depend_on_thread_count)
         struct err err = {0};
         char *dir = test_mkdtemp();
         cr_assert_not_null(dir);
-        struct mkmodel_opts opts = {.preset = presets[i]->name, .seed = 5, .out_dir = dir};
+        struct mkmodel_opts opts = {.preset = presets[i]->name, .seed = seed, .out_dir = dir};
         cr_assert_eq(mkmodel_write(&opts, &err), 0, "%s: %s", presets[i]->name, err.msg);
-        struct rig one, two;
-        rig_open(&one, dir, presets[i]->name, make_cpu,
-                 &(struct backend_options){.mode = COMPUTE_EXACT, .threads = 1}, "1 thread");
-        rig_open(&two, dir, presets[i]->name, make_cpu,
-                 &(struct backend_options){.mode = COMPUTE_EXACT, .threads = 2}, "2 threads");
-        step(&one, 0, PROMPT, NULL, 0, 0);
-        step(&two, 0, PROMPT, NULL, 0, 0);
-        memcpy(two.want, one.got, (size_t)PROMPT * one.vocab * sizeof(float));
-        expect_prompt_bits(&two, "on 2 threads against 1");
-        rig_close(&one);
-        rig_close(&two);
+        check(dir, presets[i]->name);
         test_rmtree(dir);
         free(dir);
     }
+}
+
+static void check_thread_counts(const char *dir, const char *preset)
+{
+    struct rig one, two;
+    rig_open(&one, dir, preset, make_cpu,
+             &(struct backend_options){.mode = COMPUTE_EXACT, .threads = 1}, "1 thread");
+    rig_open(&two, dir, preset, make_cpu,
+             &(struct backend_options){.mode = COMPUTE_EXACT, .threads = 2}, "2 threads");
+    step(&one, 0, PROMPT, NULL, 0, 0);
+    step(&two, 0, PROMPT, NULL, 0, 0);
+    memcpy(two.want, one.got, (size_t)PROMPT * one.vocab * sizeof(float));
+    expect_prompt_bits(&two, "on 2 threads against 1");
+    rig_close(&one);
+    rig_close(&two);
+}
+
+/* One and two threads give the same bits too (each output has one owner
+ * and a fixed order). */
+Test(batch_invariance, exact_logits_do_not_depend_on_thread_count)
+{
+    each_tiny_model(5, check_thread_counts);
 }
 
 /* The CPU backend with every op run as it is called (backend_ops.hold_row_ops off). */
@@ -347,43 +358,35 @@ static int make_cpu_unheld(const struct backend_options *opt, struct backend **o
     return rc;
 }
 
+static void check_held_row_ops(const char *dir, const char *preset)
+{
+    for (int mode = 0; mode < 2; mode++) {
+        struct backend_options opt = {.mode = mode ? COMPUTE_FAST : COMPUTE_EXACT, .threads = 2};
+        struct rig plain, held;
+        rig_open(&plain, dir, preset, make_cpu_unheld, &opt, "run as called");
+        rig_open(&held, dir, preset, make_cpu, &opt, mode ? "fast mode, held" : "exact mode, held");
+        uint64_t s1 = 0x1234567ull, s2 = s1;
+        run_chunked(&plain, &s1, 40);
+        run_chunked(&held, &s2, 40);
+        memcpy(held.want, plain.got, (size_t)PROMPT * plain.vocab * sizeof(float));
+        expect_prompt_bits(&held, "in random chunks against ops run as called");
+        for (int c = 0; c < 2; c++) {
+            run_mixed(&plain, &s1);
+            run_mixed(&held, &s2);
+            memcpy(held.want, plain.got, (size_t)PROMPT * plain.vocab * sizeof(float));
+            expect_prompt_bits(&held, "among 1-16 other sequences against ops run as called");
+        }
+        rig_close(&plain);
+        rig_close(&held);
+    }
+}
+
 /* Row ops held for the next parallel op (norms, adds, RoPE, K/V stores, a GEMV's prepared x:
  * backend_ops.hold_row_ops) give the bits of the same ops run as they are called, in both
  * modes on two threads, whatever the step holds. */
 Test(batch_invariance, held_row_ops_give_the_bits_of_ops_run_as_called)
 {
-    const struct mkmodel_preset *presets[32];
-    int n = tiny_presets(presets, 32);
-    for (int i = 0; i < n; i++) {
-        struct err err = {0};
-        char *dir = test_mkdtemp();
-        cr_assert_not_null(dir);
-        struct mkmodel_opts opts = {.preset = presets[i]->name, .seed = 7, .out_dir = dir};
-        cr_assert_eq(mkmodel_write(&opts, &err), 0, "%s: %s", presets[i]->name, err.msg);
-        for (int mode = 0; mode < 2; mode++) {
-            struct backend_options opt = {.mode = mode ? COMPUTE_FAST : COMPUTE_EXACT,
-                                          .threads = 2};
-            const char *name = mode ? "fast mode, held" : "exact mode, held";
-            struct rig plain, held;
-            rig_open(&plain, dir, presets[i]->name, make_cpu_unheld, &opt, "run as called");
-            rig_open(&held, dir, presets[i]->name, make_cpu, &opt, name);
-            uint64_t s1 = 0x1234567ull, s2 = s1;
-            run_chunked(&plain, &s1, 40);
-            run_chunked(&held, &s2, 40);
-            memcpy(held.want, plain.got, (size_t)PROMPT * plain.vocab * sizeof(float));
-            expect_prompt_bits(&held, "in random chunks against ops run as called");
-            for (int c = 0; c < 2; c++) {
-                run_mixed(&plain, &s1);
-                run_mixed(&held, &s2);
-                memcpy(held.want, plain.got, (size_t)PROMPT * plain.vocab * sizeof(float));
-                expect_prompt_bits(&held, "among 1-16 other sequences against ops run as called");
-            }
-            rig_close(&plain);
-            rig_close(&held);
-        }
-        test_rmtree(dir);
-        free(dir);
-    }
+    each_tiny_model(7, check_held_row_ops);
 }
 
 /* ---- whole generations through the engine -------------------------------- */
