@@ -199,6 +199,8 @@ void sampler_free(struct sampler *s)
     free(s->in_rep);
     free(s->in_presence);
     free(s->ring);
+    free(s->skip);
+    s->skip = NULL;
     s->in_rep = s->in_presence = s->ring = NULL;
     s->ring_cap = 0;
     s->n_pushed = s->n_prompt_pushed = 0;
@@ -221,6 +223,8 @@ static void list_token(struct sampler *s, int32_t token)
     if (!(s->listed[token] & SAMPLER_LISTED_SEEN)) {
         s->listed[token] |= SAMPLER_LISTED_SEEN;
         s->seen[s->n_seen++] = token;
+        if (s->skip)
+            s->skip[token] = -INFINITY;
     }
 }
 
@@ -590,34 +594,110 @@ static bool has_bias(const struct sampler *s, int32_t t)
     return lo < s->params.n_logit_bias && s->bias[lo].token == t;
 }
 
-/* A greedy pick over logits with only bias entries to apply, without the copy
- * processed_logits makes (an O(vocab) write and read a row per step): the row's
- * argmax against each biased token's logit + bias, ties to the lower id, which is
- * the argmax of the processed row whenever the row's own argmax is above -inf and
- * has no entry. -1 otherwise (or when more than the bias applies): the caller
- * takes the processed row. */
-static int32_t greedy_biased_pick(struct sampler *s, const float *logits)
+/* The lowest id of the largest logit + skip (0, or -inf for a changed token; NaN counts as
+ * -inf), or -1 when none is above -inf: logits_argmax's passes over the sums. */
+static int32_t argmax_unchanged(const float *logits, const float *skip, int n)
+{
+    float lane[ARGMAX_LANES];
+    for (int k = 0; k < ARGMAX_LANES; k++)
+        lane[k] = -INFINITY;
+    int i = 0;
+    for (; i + ARGMAX_LANES <= n; i += ARGMAX_LANES)
+        for (int k = 0; k < ARGMAX_LANES; k++) {
+            float v = logits[i + k] + skip[i + k];
+            lane[k] = v > lane[k] ? v : lane[k];
+        }
+    float best_v = -INFINITY;
+    for (int k = 0; k < ARGMAX_LANES; k++)
+        best_v = lane[k] > best_v ? lane[k] : best_v;
+    for (; i < n; i++)
+        best_v = logits[i] + skip[i] > best_v ? logits[i] + skip[i] : best_v;
+    if (best_v == -INFINITY)
+        return -1;
+    for (i = 0; logits[i] + skip[i] != best_v; i++)
+        ;
+    return i;
+}
+
+/* s->skip, made on first use: -inf at every token bias or penalties change, else 0. */
+static bool make_skip(struct sampler *s)
+{
+    if (s->skip)
+        return true;
+    if (!(s->skip = calloc((size_t)s->n_vocab, sizeof *s->skip)))
+        return false;
+    for (int i = 0; i < s->params.n_logit_bias; i++)
+        s->skip[s->bias[i].token] = -INFINITY;
+    for (int i = 0; i < s->n_seen; i++)
+        s->skip[s->seen[i]] = -INFINITY;
+    return true;
+}
+
+/* Candidate t of processed value v against the best so far (ties to the lower id); kept in
+ * s->order and s->probs (a greedy pick does not use them) for sampler_logprobs. */
+static void changed_candidate(struct sampler *s, int m, int32_t t, float v, int32_t *best,
+                              float *best_v)
+{
+    s->order[m] = t;
+    s->probs[m] = v;
+    if (v > *best_v || (v == *best_v && v > -INFINITY && t < *best)) {
+        *best = t;
+        *best_v = v;
+    }
+}
+
+/* A greedy pick without processed_logits' copy of the row (an O(vocab) write and read a row
+ * per step), where bias entries and penalties alone change the row (no mask): the argmax of
+ * the processed row is the row's own argmax over the tokens they leave alone against each
+ * changed token's processed value (computed as processed_logits computes it), ties to the
+ * lower id, token 0 when nothing is above -inf. The changed tokens and their values stay in
+ * s->order and s->probs (s->n_changed of them) for sampler_logprobs. -1 (nothing done)
+ * where the copy is taken: a sampling pick, a mask, nothing changed, or out of memory. */
+static int32_t greedy_sparse_pick(struct sampler *s, const float *logits)
 {
     const struct sampler_params *p = &s->params;
-    if (!sampler_is_greedy(s) || p->n_logit_bias == 0 || s->n_seen > 0 || s->mask)
+    if (!sampler_is_greedy(s) || s->mask || (p->n_logit_bias == 0 && s->n_seen == 0))
         return -1;
-    int32_t best = logits_argmax(logits, s->n_vocab);
-    float best_v = logits[best];
-    if (!(best_v > -INFINITY) || has_bias(s, best))
-        return -1;
+    /* the best unchanged token: with penalties (many changed tokens, the row's argmax often
+     * among them) in one pass over row + skip, with bias alone the row's argmax unless it
+     * has an entry */
+    int32_t best = s->listed ? -2 : logits_argmax(logits, s->n_vocab);
+    if (best == -2 || has_bias(s, best)) {
+        if (!make_skip(s))
+            return -1;
+        best = argmax_unchanged(logits, s->skip, s->n_vocab);
+    }
+    float best_v = best >= 0 && logits[best] > -INFINITY ? logits[best] : -INFINITY;
+    best = best_v > -INFINITY ? best : -1;
+    /* with no logprobs to give, penalties that only lower a logit (the OpenAI and HF ones
+     * with non-negative amounts) leave a token below the best as it is below it already */
+    bool prune = s->no_logprobs && p->repetition_penalty >= 0 &&
+                 (p->repetition_penalty == 0 || p->repetition_penalty >= 1) &&
+                 p->presence_penalty >= 0 && p->frequency_penalty >= 0;
+    int m = 0;
     for (int i = 0; i < p->n_logit_bias; i++) {
         int32_t t = s->bias[i].token;
         float v = logits[t] + s->bias[i].bias;
-        if (v > best_v || (v == best_v && t < best)) {
-            best = t;
-            best_v = v;
-        }
+        if (prune && v < best_v)
+            continue;
+        if (s->listed && (s->listed[t] & SAMPLER_LISTED_SEEN))
+            v = penalize_token(s, t, v);
+        changed_candidate(s, m++, t, v, &best, &best_v);
     }
-    s->last = logits;
-    s->last_unbiased = true;
+    for (int i = 0; i < s->n_seen; i++) {
+        int32_t t = s->seen[i];
+        if ((s->listed[t] & SAMPLER_LISTED_BIASED) || (prune && logits[t] < best_v))
+            continue;
+        changed_candidate(s, m++, t, penalize_token(s, t, logits[t]), &best, &best_v);
+    }
+    s->n_changed = m;
+    s->last = s->no_logprobs ? NULL : logits;
+    s->last_sparse = !s->no_logprobs;
     s->last_on_backend = false;
-    return best;
+    return best >= 0 ? best : 0;
 }
+
+void sampler_skip_logprobs(struct sampler *s) { s->no_logprobs = true; }
 
 /* The pick from processed logits x. u: the uniform number for a sampling
  * pick (NULL: draw it from the stream); *used: whether one decided the pick. */
@@ -625,7 +705,7 @@ static int32_t pick_processed(struct sampler *s, const float *x, const double *u
 {
     int n = s->n_vocab;
     s->last = x;
-    s->last_unbiased = false;
+    s->last_sparse = false;
     s->last_on_backend = false;
     *used = false;
     int32_t best = logits_argmax(x, n);
@@ -652,7 +732,7 @@ static int32_t pick_processed(struct sampler *s, const float *x, const double *u
 
 int32_t sampler_pick(struct sampler *s, const float *logits)
 {
-    int32_t token = greedy_biased_pick(s, logits);
+    int32_t token = greedy_sparse_pick(s, logits);
     if (token >= 0)
         return token;
     bool used;
@@ -693,7 +773,7 @@ int32_t sampler_pick_draft(struct sampler *s, const float *logits, int32_t draft
     const float *x = processed_logits(s, logits);
     int n = s->n_vocab;
     s->last = x;
-    s->last_unbiased = false;
+    s->last_sparse = false;
     s->last_on_backend = false;
     int32_t best = logits_argmax(x, n);
     int keep = sampler_is_greedy(s) ? 0 : sampling_candidates(s, x, best);
@@ -857,12 +937,12 @@ static int logprobs_of_result(const struct sample_result *r, int32_t token, int 
 int sampler_logprobs(struct sampler *s, int32_t token, int top_n, float *token_logprob,
                      struct token_logprob *top)
 {
-    if (s->last && s->last_unbiased) { /* the row the greedy pick chose from, biased now */
+    if (s->last && s->last_sparse) { /* the greedy pick's row, its changed tokens set now */
         memcpy(s->processed, s->last, (size_t)s->n_vocab * sizeof *s->processed);
-        for (int i = 0; i < s->params.n_logit_bias; i++)
-            s->processed[s->bias[i].token] += s->bias[i].bias;
+        for (int i = 0; i < s->n_changed; i++)
+            s->processed[s->order[i]] = s->probs[i];
         s->last = s->processed;
-        s->last_unbiased = false;
+        s->last_sparse = false;
     }
     const float *x = s->last;
     int n = s->n_vocab;

@@ -88,9 +88,16 @@ struct sampler {
     int32_t *seen;     /* owned; n_vocab; distinct tokens the penalties touch, first seen first */
     int n_seen;
     const float *last; /* the logits the last pick chose from: processed or the caller's row */
-    /* last is the caller's row with the bias entries not yet added: a greedy pick with bias
-     * alone takes them one by one (sampler_logprobs adds them to a copy when asked) */
-    bool last_unbiased;
+    /* last is the caller's row, the n_changed tokens bias and penalties change in it (and
+     * their processed values) in order and probs: a greedy pick takes them one by one, and
+     * sampler_logprobs sets them in a copy when asked */
+    bool last_sparse;
+    int n_changed;
+    /* sampler_skip_logprobs: no sampler_logprobs follows a pick */
+    bool no_logprobs;
+    /* owned, made on a greedy pick's first need; n_vocab: -inf at the tokens bias and
+     * penalties change, 0 elsewhere (added to a row, it leaves the others' argmax) */
+    float *skip;
     /* Backend picks (sampler_fill_spec / sampler_take_result): */
     struct sample_adjust *adjust; /* owned; adjust_cap entries, the last spec's list */
     int adjust_cap;
@@ -184,6 +191,11 @@ struct token_logprob {
     int32_t token;
     float logprob;
 };
+
+/* The caller will not ask sampler_logprobs after its picks (a request without logprobs):
+ * a greedy pick may then leave out the penalized tokens that cannot win instead of
+ * computing every one, and sampler_logprobs after such a pick is -INFERD_EINVAL. */
+void sampler_skip_logprobs(struct sampler *s);
 
 /* Logprobs for the last sampler_pick, whose logits row must still be
  * unchanged: the log-softmax of the logits after bias and penalties but

@@ -134,6 +134,8 @@ int seq_create(const struct gen_params *p, const struct tokenizer *tok, int n_vo
         goto fail;
     s->sampler_ready = true;
     s->sampler = &s->own_sampler;
+    if (s->logprobs < 0)
+        sampler_skip_logprobs(s->sampler);
     sampler_observe_prompt(s->sampler, p->prompt, p->n_prompt);
     if ((rc = constrain_init(&s->con, p, tok, n_vocab, err)) < 0 ||
         (rc = constrain_next(s, NULL)) < 0) {

@@ -342,54 +342,73 @@ Test(sampler_bias, is_copied_at_init_so_the_caller_may_free_its_array)
     sampler_free(&s);
 }
 
-/* A greedy pick with bias alone skips the processed copy of the row: the same token and the
- * same logprobs as the copying path (a sampler with an all-pass mask takes that one), over
- * rows with ties, -inf and NaN, bias on the row's argmax and on tokens around it. */
+/* A greedy pick where bias entries and penalties alone change the row skips the processed
+ * copy: the same token and the same logprobs as the copying path (a sampler with an
+ * all-pass mask takes that one), asked after the token was accepted as the engine asks,
+ * over rows with ties, -inf and NaN, bias on the row's argmax and around it, and penalties
+ * over a history that the picks extend. */
 Test(sampler_bias, a_greedy_pick_without_the_copy_equals_the_processed_rows)
 {
-    enum { V = 64 };
+    enum { V = 64, STEPS = 12 };
     uint32_t all_pass[(V + 31) / 32];
     memset(all_pass, 0xff, sizeof all_pass);
     uint64_t r = 88172645463325252ull;
-    for (int trial = 0; trial < 3000; trial++) {
-        float row[V];
-        for (int i = 0; i < V; i++) {
-            r ^= r << 13, r ^= r >> 7, r ^= r << 17;
-            int k = (int)(r % 23);
-            row[i] = k == 0 ? -INFINITY : k == 1 ? NAN : (float)(int)(r % 9) - 4.0f;
-        }
-        if (trial % 7 == 0) /* nothing above -inf */
-            for (int i = 0; i < V; i++)
-                row[i] = i % 3 ? -INFINITY : NAN;
+#define NEXT() (r ^= r << 13, r ^= r >> 7, r ^= r << 17)
+    for (int trial = 0; trial < 600; trial++) {
         struct sampler_logit_bias bias[5];
-        int n_bias = 1 + (int)((r >> 20) % 5);
+        int n_bias = (int)(NEXT() % 6);
         for (int b = 0; b < n_bias; b++) {
-            r ^= r << 13, r ^= r >> 7, r ^= r << 17;
             float amounts[] = {-100, -1, -0.5f, 0.5f, 1, 3, 100};
-            bias[b] = (struct sampler_logit_bias){(int32_t)(r % V), amounts[(r >> 8) % 7]};
+            bias[b] = (struct sampler_logit_bias){(int32_t)(NEXT() % V), amounts[NEXT() % 7]};
         }
-        if (trial % 3 == 0) /* an entry on the row's own argmax */
-            bias[0].token = logits_argmax(row, V);
-        struct sampler_params p = {.top_p = 1, .logit_bias = bias, .n_logit_bias = n_bias};
+        struct sampler_params p = {.top_p = 1, .logit_bias = n_bias ? bias : NULL,
+                                   .n_logit_bias = n_bias};
+        if (trial % 2) { /* penalties too, windows included */
+            p.repetition_penalty = 1.3f;
+            p.presence_penalty = trial % 4 == 1 ? 0.5f : 0;
+            p.frequency_penalty = 0.25f;
+            p.repetition_context_size = trial % 3 ? 0 : 5;
+        }
         struct sampler fast, copying;
         cr_assert_eq(sampler_init(&fast, &p, V, NULL), 0);
         cr_assert_eq(sampler_init(&copying, &p, V, NULL), 0);
         cr_assert_eq(sampler_set_mask(&copying, all_pass), 0);
-        int32_t want = sampler_pick(&copying, row), got = sampler_pick(&fast, row);
-        cr_assert_eq(got, want, "trial %d: picked %d, the processed row's argmax is %d", trial,
-                     got, want);
-        float lp_want, lp_got;
-        struct token_logprob top_want[5], top_got[5];
-        int n_want = sampler_logprobs(&copying, want, 5, &lp_want, top_want);
-        int n_got = sampler_logprobs(&fast, got, 5, &lp_got, top_got);
-        cr_assert_eq(n_got, n_want, "trial %d", trial);
-        cr_assert(memcmp(&lp_got, &lp_want, sizeof lp_got) == 0, "trial %d: logprob %g vs %g",
-                  trial, lp_got, lp_want);
-        cr_assert(n_want <= 0 || memcmp(top_got, top_want, (size_t)n_want * sizeof *top_got) == 0,
-                  "trial %d: top logprobs differ", trial);
+        int32_t prompt[6];
+        for (int i = 0; i < 6; i++)
+            prompt[i] = (int32_t)(NEXT() % V);
+        sampler_observe_prompt(&fast, prompt, 6);
+        sampler_observe_prompt(&copying, prompt, 6);
+        for (int step = 0; step < STEPS; step++) {
+            float row[V];
+            for (int i = 0; i < V; i++) {
+                int k = (int)(NEXT() % 23);
+                row[i] = k == 0 ? -INFINITY : k == 1 ? NAN : (float)(int)(NEXT() % 9) - 4.0f;
+            }
+            if (step == 3) /* nothing above -inf */
+                for (int i = 0; i < V; i++)
+                    row[i] = i % 3 ? -INFINITY : NAN;
+            if (n_bias && step % 3 == 0) /* the row's argmax gets a bias entry's change */
+                row[bias[0].token] = 10.0f;
+            int32_t want = sampler_pick(&copying, row), got = sampler_pick(&fast, row);
+            cr_assert_eq(got, want, "trial %d step %d: picked %d, the processed row's argmax %d",
+                         trial, step, got, want);
+            sampler_accept(&copying, want);
+            sampler_accept(&fast, got);
+            float lp_want, lp_got;
+            struct token_logprob top_want[5], top_got[5];
+            int n_want = sampler_logprobs(&copying, want, 5, &lp_want, top_want);
+            int n_got = sampler_logprobs(&fast, got, 5, &lp_got, top_got);
+            cr_assert_eq(n_got, n_want, "trial %d step %d", trial, step);
+            cr_assert(memcmp(&lp_got, &lp_want, sizeof lp_got) == 0,
+                      "trial %d step %d: logprob %g vs %g", trial, step, lp_got, lp_want);
+            cr_assert(n_want <= 0 ||
+                          memcmp(top_got, top_want, (size_t)n_want * sizeof *top_got) == 0,
+                      "trial %d step %d: top logprobs differ", trial, step);
+        }
         sampler_free(&fast);
         sampler_free(&copying);
     }
+#undef NEXT
 }
 
 /* ---- logprobs ---- */
