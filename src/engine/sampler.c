@@ -661,8 +661,8 @@ static int32_t greedy_sparse_pick(struct sampler *s, const float *logits)
     /* the best unchanged token: with penalties (many changed tokens, the row's argmax often
      * among them) in one pass over row + skip, with bias alone the row's argmax unless it
      * has an entry */
-    int32_t best = s->listed ? -2 : logits_argmax(logits, s->n_vocab);
-    if (best == -2 || has_bias(s, best)) {
+    int32_t best = s->listed ? -1 : logits_argmax(logits, s->n_vocab);
+    if (s->listed || has_bias(s, best)) {
         if (!make_skip(s))
             return -1;
         best = argmax_unchanged(logits, s->skip, s->n_vocab);
