@@ -21,8 +21,9 @@ int threadpool_size(const struct threadpool *pool);
 
 /* Runs the held loops, then fn, on every thread and returns when all have
  * finished. Workers spin briefly between jobs (decode issues hundreds of
- * short jobs per token) and then sleep. Not reentrant: one caller thread drives a pool (a second one running a job
- * at the same time aborts with a message rather than corrupting the first). */
+ * short jobs per token) and then sleep. Not reentrant: one caller thread
+ * drives a pool (a second one running a job at the same time aborts with a
+ * message rather than corrupting the first). */
 void threadpool_run(struct threadpool *pool, threadpool_fn fn, void *ctx);
 
 /* Held loops. A caller may hand the pool a small loop to run with its next

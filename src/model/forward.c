@@ -450,32 +450,7 @@ static int lm_head(const struct model *m, struct forward_state *st, const struct
     return 0;
 }
 
-static int forward_rank_layers(const struct model *m, struct forward_state *st,
-                               struct kv_cache *kv, const struct batch *batch,
-                               const struct forward_output *out, int n_rows, struct err *err);
-
-int model_forward_rank(const struct model *m, struct forward_state *st, struct kv_cache *kv,
-                       const struct batch *batch, const struct forward_output *out,
-                       struct err *err)
-{
-    const struct model_config *c = &m->config;
-    int kv_layers = kv->n_layers + (kv->window ? kv->window->n_layers : 0);
-    if (kv_layers != c->n_layers || kv->n_kv_heads != c->n_kv_heads ||
-        kv->head_dim != c->head_dim)
-        return err_set(err, INFERD_EINVAL, "KV cache geometry does not match the model");
-    int n_rows = batch_prepare(m, st, kv, batch, err);
-    if (n_rows < 0)
-        return n_rows;
-    /* the step's row ops may wait for the larger op after them (backend_ops.hold_row_ops) */
-    const struct backend_ops *op = m->backend->ops;
-    if (op->hold_row_ops)
-        op->hold_row_ops(m->backend, n_rows);
-    int rc = forward_rank_layers(m, st, kv, batch, out, n_rows, err);
-    if (op->hold_row_ops)
-        op->hold_row_ops(m->backend, 0);
-    return rc;
-}
-
+/* The step from the embedding through the LM head, the batch laid out as n_rows rows. */
 static int forward_rank_layers(const struct model *m, struct forward_state *st,
                                struct kv_cache *kv, const struct batch *batch,
                                const struct forward_output *out, int n_rows, struct err *err)
@@ -498,6 +473,28 @@ static int forward_rank_layers(const struct model *m, struct forward_state *st,
     if (m->backend->ops->status)
         return m->backend->ops->status(m->backend, err);
     return 0;
+}
+
+int model_forward_rank(const struct model *m, struct forward_state *st, struct kv_cache *kv,
+                       const struct batch *batch, const struct forward_output *out,
+                       struct err *err)
+{
+    const struct model_config *c = &m->config;
+    int kv_layers = kv->n_layers + (kv->window ? kv->window->n_layers : 0);
+    if (kv_layers != c->n_layers || kv->n_kv_heads != c->n_kv_heads ||
+        kv->head_dim != c->head_dim)
+        return err_set(err, INFERD_EINVAL, "KV cache geometry does not match the model");
+    int n_rows = batch_prepare(m, st, kv, batch, err);
+    if (n_rows < 0)
+        return n_rows;
+    /* the step's row ops may wait for the larger op after them (backend_ops.hold_row_ops) */
+    const struct backend_ops *op = m->backend->ops;
+    if (op->hold_row_ops)
+        op->hold_row_ops(m->backend, n_rows);
+    int rc = forward_rank_layers(m, st, kv, batch, out, n_rows, err);
+    if (op->hold_row_ops)
+        op->hold_row_ops(m->backend, 0);
+    return rc;
 }
 
 int model_forward(const struct model *m, struct forward_state *st, struct kv_cache *kv,

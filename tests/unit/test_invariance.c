@@ -186,6 +186,13 @@ static void expect_prompt_bits(const struct rig *r, const char *how)
     }
 }
 
+/* r's prompt logits against those of `ref` computed the same way, bit for bit. */
+static void expect_bits_of(const struct rig *ref, struct rig *r, const char *how)
+{
+    memcpy(r->want, ref->got, (size_t)PROMPT * ref->vocab * sizeof(float));
+    expect_prompt_bits(r, how);
+}
+
 /* The prompt in chunks of random sizes in [1, max_chunk], each step alone. */
 static void run_chunked(struct rig *r, uint64_t *s, int max_chunk)
 {
@@ -331,8 +338,7 @@ static void check_thread_counts(const char *dir, const char *preset)
              &(struct backend_options){.mode = COMPUTE_EXACT, .threads = 2}, "2 threads");
     step(&one, 0, PROMPT, NULL, 0, 0);
     step(&two, 0, PROMPT, NULL, 0, 0);
-    memcpy(two.want, one.got, (size_t)PROMPT * one.vocab * sizeof(float));
-    expect_prompt_bits(&two, "on 2 threads against 1");
+    expect_bits_of(&one, &two, "on 2 threads against 1");
     rig_close(&one);
     rig_close(&two);
 }
@@ -368,13 +374,11 @@ static void check_held_row_ops(const char *dir, const char *preset)
         uint64_t s1 = 0x1234567ull, s2 = s1;
         run_chunked(&plain, &s1, 40);
         run_chunked(&held, &s2, 40);
-        memcpy(held.want, plain.got, (size_t)PROMPT * plain.vocab * sizeof(float));
-        expect_prompt_bits(&held, "in random chunks against ops run as called");
+        expect_bits_of(&plain, &held, "in random chunks against ops run as called");
         for (int c = 0; c < 2; c++) {
             run_mixed(&plain, &s1);
             run_mixed(&held, &s2);
-            memcpy(held.want, plain.got, (size_t)PROMPT * plain.vocab * sizeof(float));
-            expect_prompt_bits(&held, "among 1-16 other sequences against ops run as called");
+            expect_bits_of(&plain, &held, "among 1-16 other sequences against ops run as called");
         }
         rig_close(&plain);
         rig_close(&held);

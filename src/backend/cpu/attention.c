@@ -83,7 +83,6 @@ void cpu_kv_store(struct backend *be, struct kv_cache *kv, int layer, const floa
 void cpu_kv_copy_slots(struct backend *be, struct kv_cache *kv, uint32_t src, uint32_t dst, int n)
 {
     cpu_settle(be);
-    (void)be;
     /* the slots [0, n) of one block in one layer are contiguous */
     for (int v = 0; v < 2; v++) {
         size_t row = kv_cache_row_bytes(kv, v);
