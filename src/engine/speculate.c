@@ -21,6 +21,10 @@ struct spec_drafter {
     struct batch_seq *entries;  /* owned; max_seqs */
     struct seq **owner;         /* owned; max_seqs */
     uint64_t steps;
+    /* moving averages of what drafting costs (spec_note_step, spec_note_drafting), seconds;
+     * 0: not measured */
+    double step_cost[SPEC_MAX_DRAFTS + 2]; /* a one-sequence step of r rows */
+    double draft_cost;                     /* one draft forward */
 };
 
 /* ---- configuration --------------------------------------------------------- */
@@ -166,6 +170,8 @@ void spec_seq_init(const struct spec_drafter *d, struct seq *s, bool speculative
     sp->on = d && speculative && !s->think.on &&
              !(s->sampler && s->sampler->params.xtc_probability > 0);
     sp->rate = 0.5f; /* no evidence either way */
+    memset(sp->reached, 0, sizeof sp->reached);
+    memset(sp->kept, 0, sizeof sp->kept);
     /* a few drafts first; a drafter that keeps matching earns the rest quickly */
     sp->k = d ? (d->max_drafts < SPEC_DRAFTS_START ? d->max_drafts : SPEC_DRAFTS_START) : 0;
 }
@@ -204,6 +210,20 @@ int spec_ngram_lookup(const int32_t *tokens, int n, int min_n, int max_n, int32_
 static int draft_room(const struct spec_drafter *d, const struct seq *s, int n_ctx)
 {
     int k = s->spec.k < d->max_drafts ? s->spec.k : d->max_drafts;
+    /* Greedy picks: at most the number the measured costs make best. A sampling sequence's
+     * drafts decide which random numbers its picks use, so its number must not follow
+     * timings: a seed gives the same tokens every time. */
+    if (!s->sampler || sampler_is_greedy(s->sampler)) {
+        /* each position's chance of a kept draft, the position before's weighing as two
+         * verifications (a half at the first) */
+        double keep[SPEC_MAX_DRAFTS], prior = 0.5;
+        for (int i = 0; i < d->max_drafts; i++) {
+            keep[i] = (s->spec.kept[i] + 2.0 * prior) / (s->spec.reached[i] + 2.0);
+            prior = keep[i];
+        }
+        int best = spec_best_drafts(keep, d->step_cost, d->max_drafts, d->draft_cost);
+        k = k < best ? k : best;
+    }
     int left = s->max_tokens - (s->n_tokens - s->n_prompt) - 1;
     int ctx_left = n_ctx - s->n_tokens - 1;
     k = k < left ? k : left;
@@ -452,8 +472,13 @@ void spec_after_verify(struct spec_drafter *d, struct seq *s, int n_drafts, int 
         sp->k = 2 * sp->k < d->max_drafts ? 2 * sp->k : d->max_drafts;
     else if (2 * n_accepted < n_drafts)
         sp->k = n_accepted + 1;
-    if (n_drafts > 0)
+    if (n_drafts > 0) {
         sp->rate = 0.7f * sp->rate + 0.3f * (float)n_accepted / (float)n_drafts;
+        for (int i = 0; i <= n_accepted && i < n_drafts; i++) {
+            sp->reached[i] = 0.9f * sp->reached[i] + 1.0f;
+            sp->kept[i] = 0.9f * sp->kept[i] + (i < n_accepted ? 1.0f : 0.0f);
+        }
+    }
     if (sp->rate >= 0.25f) {
         sp->misses = 0;
     } else {
@@ -461,4 +486,47 @@ void spec_after_verify(struct spec_drafter *d, struct seq *s, int n_drafts, int 
         sp->rest = 8 << shift;
         sp->misses++;
     }
+}
+
+/* ---- what drafting costs ----------------------------------------------------- */
+
+static void average_into(double *avg, double seconds)
+{
+    *avg = *avg > 0.0 ? 0.8 * *avg + 0.2 * seconds : seconds;
+}
+
+void spec_note_step(struct spec_drafter *d, int rows, double seconds)
+{
+    if (d && rows >= 1 && rows <= d->max_drafts + 1 && seconds > 0.0)
+        average_into(&d->step_cost[rows], seconds);
+}
+
+void spec_note_drafting(struct spec_drafter *d, uint64_t forwards, double seconds)
+{
+    if (d && forwards > 0 && seconds > 0.0)
+        average_into(&d->draft_cost, seconds / (double)forwards);
+}
+
+int spec_best_drafts(const double *keep, const double *step_cost, int max_drafts,
+                     double draft_cost)
+{
+    int best = 0, measured = 0;
+    double best_rate = 0.0, tokens = 1.0, all_kept = 1.0;
+    for (int k = 1; k <= max_drafts; k++) {
+        all_kept *= keep[k - 1];
+        tokens += all_kept; /* expected tokens of a verify with k drafts */
+        if (step_cost[1 + k] <= 0.0)
+            continue;
+        measured++;
+        double rate = tokens / (step_cost[1 + k] + k * draft_cost);
+        if (rate > best_rate) {
+            best_rate = rate;
+            best = k;
+        }
+    }
+    if (measured < 2)
+        return max_drafts; /* nothing to weigh yet */
+    /* one more than the best while that one is unmeasured, so the costs around the best
+     * get measured */
+    return best < max_drafts && step_cost[2 + best] <= 0.0 ? best + 1 : best;
 }

@@ -68,6 +68,9 @@ struct seq_spec {
     int rest;                 /* steps left without drafting (backing off after misses) */
     int misses;               /* pauses in a row (each twice as long, up to 64 steps) */
     float rate;               /* moving average of the share of drafts kept */
+    /* decayed counts, per draft position i, of verifications that reached draft i (every
+     * draft before it kept) and of those that kept it */
+    float reached[SPEC_MAX_DRAFTS], kept[SPEC_MAX_DRAFTS];
     int n_drafts;             /* drafts in this step's verify entry; 0: a plain row */
     int32_t verify[1 + SPEC_MAX_DRAFTS]; /* the verify entry: the pending token, the drafts */
     int32_t emitted[1 + SPEC_MAX_DRAFTS]; /* the last verification's picks, in order */
@@ -121,6 +124,23 @@ int spec_follow(struct spec_drafter *d, struct seq **seqs, const int *upto, int 
 /* After s's verify entry: n_drafts were verified, n_accepted of them kept; s->n_computed
  * holds the positions that stay. Drops the draft KV past them and adapts k. */
 void spec_after_verify(struct spec_drafter *d, struct seq *s, int n_drafts, int n_accepted);
+
+/* What drafting costs on this machine, measured as the loop runs: a step whose batch was one
+ * decoding sequence of `rows` rows (a plain row, or its pending token and rows - 1 drafts)
+ * took `seconds` (the target's forward and the picks), and proposing took `seconds` for
+ * `forwards` draft forwards. A sequence drafts at most the number that these costs and its
+ * acceptance make best (spec_best_drafts): where verify rows are nearly free (a GPU) that is
+ * the configured most, where each row is arithmetic (a CPU) fewer. */
+void spec_note_step(struct spec_drafter *d, int rows, double seconds);
+void spec_note_drafting(struct spec_drafter *d, uint64_t forwards, double seconds);
+
+/* The number of drafts k in [1, max_drafts] that brings most tokens per second, where draft i
+ * (from 0) is kept with chance keep[i] once those before it were: (1 + keep[0] + keep[0]
+ * keep[1] + ...) / (step_cost[1 + k] + k * draft_cost). step_cost[r]: seconds of a step of r
+ * rows, 0 where not measured yet: such k are not weighed, and while fewer than two are
+ * measured the answer is max_drafts; while the best k's next is unmeasured, that next. */
+int spec_best_drafts(const double *keep, const double *step_cost, int max_drafts,
+                     double draft_cost);
 
 /* Gives s's draft KV back (it is recomputed on the next proposal). */
 void spec_seq_release(struct spec_drafter *d, struct seq *s);

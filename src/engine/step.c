@@ -3,6 +3,7 @@
  * each sequence's row handed to it, finished ones told and retired (or kept a step more to
  * compute their last token), and each reader woken once: a running sequence's reader while
  * the device computes the next step. */
+#include "base/timer.h"
 #include "engine/scheduler.h"
 
 /* Whether batch entry b is a speculative verify span (every row's logits). */
@@ -87,12 +88,17 @@ static void propose(struct sched *sc)
     }
     if (sc->spec_max_batch > 0 && decoding > sc->spec_max_batch)
         return; /* a full batch: plain decoding steps (picked on the device where it samples) */
+    if (m == 0)
+        return;
     struct err err = {0};
     uint64_t before = spec_drafter_steps(sc->spec);
-    if (m > 0 && spec_propose(sc->spec, sc->spec_seqs, m, sc->cfg.n_ctx, &err) < 0)
+    double t0 = now_s();
+    if (spec_propose(sc->spec, sc->spec_seqs, m, sc->cfg.n_ctx, &err) < 0)
         for (int i = 0; i < m; i++)
             sc->spec_seqs[i]->spec.n_drafts = 0;
-    atomic_fetch_add(&sc->counters.spec_draft_steps, spec_drafter_steps(sc->spec) - before);
+    uint64_t forwards = spec_drafter_steps(sc->spec) - before;
+    spec_note_drafting(sc->spec, forwards, now_s() - t0);
+    atomic_fetch_add(&sc->counters.spec_draft_steps, forwards);
 }
 
 /* The draft model reads the prompt chunks the target reads this step (speculate.h), while few
@@ -211,6 +217,7 @@ int sched_step(struct sched *sc, struct err *err)
         .before_rows = prepare_picks,
         .ctx = &picks,
     };
+    double t_forward = now_s();
     int rc = model_forward_sampled(sc->model, sc->fwd, cache, &batch, &out, err);
     sched_publish_news(sc); /* when the step had no rows to pick */
     bool on_backend = picks.on_backend;
@@ -258,5 +265,9 @@ int sched_step(struct sched *sc, struct err *err)
                 seq_publish(s);
         }
     }
+    /* a step of one decoding sequence: what its rows cost, for the number of drafts */
+    if (sc->spec && rc >= 0 && n == 1 && !sc->batch_seqs[0].no_logits &&
+        (sc->batch_seqs[0].all_logits || sc->batch_seqs[0].n_tokens == 1))
+        spec_note_step(sc->spec, sc->batch_seqs[0].n_tokens, now_s() - t_forward);
     return rc < 0 ? rc : n;
 }

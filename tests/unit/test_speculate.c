@@ -52,6 +52,35 @@ Test(speculate, prompt_lookup_continues_the_latest_longest_match)
     cr_assert_eq(spec_ngram_lookup(v, 4, 1, 3, out, 4), 0);
 }
 
+/* ---- the number of drafts from what they cost -------------------------------- */
+
+Test(speculate, the_best_number_of_drafts_weighs_the_rows_cost_against_the_tokens_kept)
+{
+    const double six[4] = {0.6, 0.6, 0.6, 0.6}, sure[4] = {1, 1, 1, 1};
+    /* a step of r rows (index r), in units of a one-row step: verify rows that cost little
+     * (a GPU's), and rows of arithmetic (a CPU's: 1.11, 1.20, 1.48, 1.74) */
+    const double flat[6] = {0, 1.0, 1.01, 1.02, 1.03, 1.04};
+    const double cpu[6] = {0, 1.0, 1.11, 1.20, 1.48, 1.74};
+    cr_assert_eq(spec_best_drafts(six, flat, 4, 0.02), 4);
+    /* at 60%: 1.96 tokens for 1.20 + 2 x 0.18 beat 2.18 for 1.48 + 3 x 0.18 */
+    cr_assert_eq(spec_best_drafts(six, cpu, 4, 0.18), 2);
+    /* every draft kept: the most, even where rows cost */
+    cr_assert_eq(spec_best_drafts(sure, cpu, 4, 0.18), 4);
+    /* drafts kept more often once a run has begun (correlated) earn a longer verify: with a
+     * cheaper fourth row, 60% throughout stays at 2, 60% then 95% takes 3 */
+    const double runs[4] = {0.6, 0.95, 0.95, 0.95};
+    const double cheap4[6] = {0, 1.0, 1.11, 1.20, 1.30, 1.74};
+    cr_assert_eq(spec_best_drafts(six, cheap4, 4, 0.18), 2);
+    cr_assert_eq(spec_best_drafts(runs, cheap4, 4, 0.18), 3);
+    /* nothing to weigh: one measured cost, or none */
+    const double one[6] = {0, 1.0, 1.11, 0, 0, 0}, none[6] = {0};
+    cr_assert_eq(spec_best_drafts(six, one, 4, 0.18), 4);
+    cr_assert_eq(spec_best_drafts(six, none, 4, 0.0), 4);
+    /* the best's next unmeasured: that next, so that its cost gets measured */
+    const double gap[6] = {0, 1.0, 1.11, 1.20, 0, 1.74};
+    cr_assert_eq(spec_best_drafts(six, gap, 4, 0.18), 3);
+}
+
 Test(speculate, a_draft_model_with_another_tokenizer_is_refused_naming_the_difference)
 {
     struct err err = {0};
