@@ -675,8 +675,11 @@ void api_metrics_stats_json(const struct server *srv, struct strbuf *out)
         json_object *sp = json_object_new_object();
         json_object_object_add(sp, "kind", json_object_new_string(st.spec_kind));
         json_object_object_add(sp, "num_draft_tokens", json_object_new_int(st.spec_max_drafts));
-        if (st.spec_draft_vocab > 0)
+        if (st.spec_draft_vocab > 0) {
             json_object_object_add(sp, "draft_vocab", json_object_new_int(st.spec_draft_vocab));
+            json_object_object_add(sp, "draft_vocab_auto",
+                                   json_object_new_boolean(st.spec_draft_vocab_auto));
+        }
         json_object_object_add(sp, "drafted", json_object_new_int64((int64_t)st.spec_drafted));
         json_object_object_add(sp, "accepted", json_object_new_int64((int64_t)st.spec_accepted));
         json_object_object_add(sp, "verify_steps",

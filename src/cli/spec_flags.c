@@ -29,8 +29,18 @@ int cli_spec_flag(const char *a, const char *v, struct cli_spec_options *o)
         return arg_int(a, v, 1, 64, &o->ngram_min) ? 1 : -1;
     if (!strcmp(a, "--spec-max-batch"))
         return arg_int(a, v, 1, 1 << 16, &o->max_batch) ? 1 : -1;
-    if (!strcmp(a, "--draft-vocab"))
+    if (!strcmp(a, "--draft-vocab")) {
+        o->draft_vocab_set = true;
+        if (!strcmp(v, "auto")) {
+            o->draft_vocab = 0;
+            return 1;
+        }
+        if (!strcmp(v, "all")) {
+            o->draft_vocab = 1 << 30; /* clamped to the draft's vocabulary */
+            return 1;
+        }
         return arg_int(a, v, 1, 1 << 30, &o->draft_vocab) ? 1 : -1;
+    }
     return 0;
 }
 
@@ -41,7 +51,7 @@ int cli_spec_load(const struct cli_spec_options *o, const struct model *target,
     *draft = NULL;
     *out = (struct spec_config){.kind = SPEC_NONE};
     bool ngram = o->kind && !strcmp(o->kind, "ngram");
-    if (o->draft_vocab && !o->draft_dir)
+    if (o->draft_vocab_set && !o->draft_dir)
         return err_set(err, INFERD_EINVAL, "--draft-vocab limits a draft model's proposals and "
                        "needs a --draft-model");
     if (!o->draft_dir && !o->kind)

@@ -15,7 +15,8 @@ struct cli_spec_options {
     long num_draft_tokens;  /* --num-draft-tokens; 0: the kind's default */
     long ngram_max, ngram_min; /* 0: defaults */
     long max_batch;         /* --spec-max-batch; 0: SPEC_MAX_BATCH_DEFAULT */
-    long draft_vocab;       /* --draft-vocab; 0: the whole vocabulary */
+    long draft_vocab;       /* --draft-vocab N; 0: auto (the default); all: 1 << 30 */
+    bool draft_vocab_set;   /* --draft-vocab was given */
 };
 
 #define CLI_SPEC_USAGE                                                                           \
@@ -24,8 +25,9 @@ struct cli_spec_options {
     "continuation of the latest earlier match of the last --ngram-max 3 .. --ngram-min 1\n"      \
     "tokens; takes no --draft-model); --num-draft-tokens K (default 3, ngram 10) is the most\n"  \
     "drafts one step verifies (fewer while few are accepted); --spec-max-batch N (default 4):\n" \
-    "steps where more sequences decode than N run without drafts; --draft-vocab N: the draft\n"  \
-    "proposes only token ids below N (its LM head's first rows; default: every token). The\n"  \
+    "steps where more sequences decode than N run without drafts; --draft-vocab auto|all|N:\n"  \
+    "the draft proposes only token ids below N (its LM head's first rows); auto (the default)\n" \
+    "reads the rows that held 97% of its picks when every 16th forward read them all. The\n"    \
     "output is the model's own.\n"
 
 /* 1 when flag a (value v) is one of the speculative flags and was taken, 0 when it is not one,

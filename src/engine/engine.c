@@ -595,7 +595,10 @@ void engine_get_stats(struct engine *e, struct engine_stats *out)
     const struct spec_config *spec = e->sched.spec ? e->cfg.spec : NULL;
     out->spec_kind = kinds[spec ? spec->kind : SPEC_NONE];
     out->spec_max_drafts = spec ? spec->num_draft_tokens : 0;
-    out->spec_draft_vocab = spec && spec->kind == SPEC_TWO_MODEL ? spec->draft_vocab : 0;
+    out->spec_draft_vocab = spec && spec->kind == SPEC_TWO_MODEL
+                                ? spec_drafter_head_rows(e->sched.spec)
+                                : 0;
+    out->spec_draft_vocab_auto = spec && spec->kind == SPEC_TWO_MODEL && spec->draft_vocab == 0;
     out->spec_drafted = atomic_load(&c->spec_drafted);
     out->spec_accepted = atomic_load(&c->spec_accepted);
     out->spec_verify_steps = atomic_load(&c->spec_verify_steps);

@@ -273,6 +273,7 @@ struct engine_stats {
      * the token ids below spec_draft_vocab (0 for the other kinds). */
     const char *spec_kind;
     int spec_max_drafts, spec_draft_vocab;
+    bool spec_draft_vocab_auto; /* spec_draft_vocab is chosen as the draft runs */
     uint64_t spec_drafted, spec_accepted, spec_verify_steps, spec_draft_steps;
     const char *state; /* "idle", "running", "stopping" */
     /* The KV cache's format (kv_format_name: "f32", "kv8", "turbo-k8v3", "config", ...), its

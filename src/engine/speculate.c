@@ -3,6 +3,7 @@
  * grammar cut, and the adaptive number of drafts. */
 #include "engine/speculate.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +26,16 @@ struct spec_drafter {
      * 0: not measured */
     double step_cost[SPEC_MAX_DRAFTS + 2]; /* a one-sequence step of r rows */
     double draft_cost;                     /* one draft forward */
+    /* The draft's head rows (cfg.draft_vocab 0: chosen here): every SPEC_SURVEY_EVERY-th
+     * forward with logits reads the whole head and counts its picks by bucket of
+     * SPEC_SURVEY_BUCKET ids (decayed); the others read the fewest rows that held
+     * SPEC_SURVEY_SHARE of them. */
+    _Atomic int head_rows; /* rows the forwards read now (read by /stats' thread too) */
+    int pick_rows;      /* rows of this forward's picks */
+    bool surveying;     /* this forward reads the whole head and counts */
+    uint64_t forwards;  /* forwards with logits so far */
+    float *survey;      /* owned; picks per bucket */
+    int n_buckets;
 };
 
 /* ---- configuration --------------------------------------------------------- */
@@ -60,7 +71,7 @@ int spec_config_check(struct spec_config *c, const struct model *target, struct 
                        "--ngram-min %d and --ngram-max %d must satisfy 1 <= min <= max <= 64",
                        c->ngram_min, c->ngram_max);
     if (c->draft) {
-        if (c->draft_vocab == 0 || c->draft_vocab > c->draft->config.vocab_size)
+        if (c->draft_vocab > c->draft->config.vocab_size)
             c->draft_vocab = c->draft->config.vocab_size;
         if (c->draft->config.vocab_size != target->config.vocab_size)
             return err_set(err, INFERD_EINVAL,
@@ -125,8 +136,10 @@ int spec_drafter_create(const struct spec_config *c, int max_seqs, int n_ctx, in
     int rc = 0;
     if (c->kind == SPEC_TWO_MODEL) {
         const struct model *m = c->draft;
-        if (d->cfg.draft_vocab <= 0 || d->cfg.draft_vocab > m->config.vocab_size)
+        if (d->cfg.draft_vocab > m->config.vocab_size)
             d->cfg.draft_vocab = m->config.vocab_size;
+        d->head_rows = d->cfg.draft_vocab > 0 ? d->cfg.draft_vocab : m->config.vocab_size;
+        d->n_buckets = (m->config.vocab_size + SPEC_SURVEY_BUCKET - 1) / SPEC_SURVEY_BUCKET;
         /* every sequence's whole context plus its drafts, so drafting never preempts */
         int blocks = kv_blocks_for(n_ctx + SPEC_MAX_DRAFTS + 1, KV_BLOCK_SIZE_DEFAULT) * max_seqs;
         rc = kv_manager_create(m, m->backend, blocks, KV_BLOCK_SIZE_DEFAULT, &d->kv, err);
@@ -136,7 +149,8 @@ int spec_drafter_create(const struct spec_config *c, int max_seqs, int n_ctx, in
             d->logits = malloc((size_t)max_seqs * (size_t)m->config.vocab_size * sizeof(float));
             d->entries = calloc((size_t)max_seqs, sizeof *d->entries);
             d->owner = calloc((size_t)max_seqs, sizeof *d->owner);
-            if (!d->logits || !d->entries || !d->owner)
+            d->survey = calloc((size_t)d->n_buckets, sizeof *d->survey);
+            if (!d->logits || !d->entries || !d->owner || !d->survey)
                 rc = err_set(err, INFERD_ENOMEM, "out of memory for the draft model's buffers");
         }
     }
@@ -155,6 +169,7 @@ void spec_drafter_free(struct spec_drafter *d)
     free(d->logits);
     free(d->entries);
     free(d->owner);
+    free(d->survey);
     forward_state_free(d->fwd);
     kv_manager_destroy(d->kv);
     free(d);
@@ -162,6 +177,10 @@ void spec_drafter_free(struct spec_drafter *d)
 
 int spec_drafter_max(const struct spec_drafter *d) { return d->max_drafts; }
 uint64_t spec_drafter_steps(const struct spec_drafter *d) { return d->steps; }
+int spec_drafter_head_rows(const struct spec_drafter *d)
+{
+    return d ? atomic_load_explicit(&d->head_rows, memory_order_relaxed) : 0;
+}
 
 void spec_seq_init(const struct spec_drafter *d, struct seq *s, bool speculative)
 {
@@ -269,13 +288,56 @@ static void cut_drafts(struct seq *s, int n_vocab)
     sp->n_drafts = keep;
 }
 
-/* Draft model forward over the entries gathered; false on failure (err filled). */
+int spec_surveyed_rows(const float *survey, int n_buckets, int vocab)
+{
+    double total = 0.0;
+    for (int i = 0; i < n_buckets; i++)
+        total += survey[i];
+    if (total <= 0.0)
+        return vocab;
+    double held = 0.0;
+    for (int i = 0; i < n_buckets; i++) {
+        held += survey[i];
+        if (held >= SPEC_SURVEY_SHARE * total) {
+            int rows = (i + 1) * SPEC_SURVEY_BUCKET;
+            return rows < vocab ? rows : vocab;
+        }
+    }
+    return vocab;
+}
+
+/* Draft model forward over the entries gathered; false on failure (err filled). With an
+ * automatic head (cfg.draft_vocab 0), a forward with logits either surveys (the whole head,
+ * its picks counted) or reads the rows the surveys so far chose. */
 static int draft_forward(struct spec_drafter *d, int n, struct err *err)
 {
+    int vocab = d->cfg.draft->config.vocab_size;
+    bool logits = false;
+    for (int i = 0; i < n; i++)
+        logits |= !d->entries[i].no_logits;
+    if (d->cfg.draft_vocab == 0 && logits) {
+        if (d->surveying && d->forwards >= SPEC_SURVEY_EVERY) /* the last one's picks are in */
+            d->head_rows = spec_surveyed_rows(d->survey, d->n_buckets, vocab);
+        d->surveying = d->forwards % SPEC_SURVEY_EVERY == 0 || d->forwards < SPEC_SURVEY_EVERY;
+        if (d->surveying)
+            for (int i = 0; i < d->n_buckets; i++)
+                d->survey[i] *= SPEC_SURVEY_DECAY;
+        d->forwards++;
+    }
+    d->pick_rows = d->surveying && d->cfg.draft_vocab == 0 ? vocab : d->head_rows;
     struct batch b = {d->entries, n};
-    struct forward_output out = {.host_rows = d->logits, .head_rows = d->cfg.draft_vocab};
+    struct forward_output out = {.host_rows = d->logits, .head_rows = d->pick_rows};
     d->steps++;
     return model_forward_sampled(d->cfg.draft, d->fwd, kv_manager_cache(d->kv), &b, &out, err);
+}
+
+/* The draft's greedy pick from a row of the last forward, counted when it surveys. */
+static int32_t draft_pick(struct spec_drafter *d, const float *row)
+{
+    int32_t id = logits_argmax(row, d->pick_rows);
+    if (d->surveying && d->cfg.draft_vocab == 0 && id >= 0)
+        d->survey[id / SPEC_SURVEY_BUCKET] += 1.0f;
+    return id;
 }
 
 /* Gives up drafting for s this step (its draft KV is recomputed later if it must be). */
@@ -336,8 +398,7 @@ static int catch_up(struct spec_drafter *d, struct seq **seqs, const int *upto, 
             s->spec.d_valid = s->spec.dkv.n_tokens;
             if (d->entries[j].no_logits)
                 continue;
-            s->spec.verify[1] =
-                logits_argmax(d->logits + (size_t)row++ * vocab, d->cfg.draft_vocab);
+            s->spec.verify[1] = draft_pick(d, d->logits + (size_t)row++ * vocab);
             s->spec.n_drafts = 1;
         }
         if (rc < 0)
@@ -402,8 +463,7 @@ static int propose_two_model(struct spec_drafter *d, struct seq **seqs, const in
                 drop(d, s);
                 continue;
             }
-            s->spec.verify[1 + step] =
-                logits_argmax(d->logits + (size_t)j * vocab, d->cfg.draft_vocab);
+            s->spec.verify[1 + step] = draft_pick(d, d->logits + (size_t)j * vocab);
             s->spec.n_drafts = step + 1;
         }
         if (rc < 0)

@@ -40,6 +40,13 @@ typedef int (*spec_draft_fn)(void *ctx, const int32_t *tokens, int n, int32_t *o
 #define SPEC_DRAFTS_TWO_MODEL 3 /* --num-draft-tokens' default per kind */
 #define SPEC_DRAFTS_NGRAM 10
 #define SPEC_DRAFTS_START 3     /* a sequence's first number of drafts (adaptive after) */
+/* The draft's automatic head (--draft-vocab auto, the default): every 16th forward reads
+ * every row and counts its picks by buckets of 256 ids, each survey weighing the earlier
+ * ones by 0.98; the rest read the first rows that held 97% of the counted picks. */
+#define SPEC_SURVEY_EVERY 16
+#define SPEC_SURVEY_BUCKET 256
+#define SPEC_SURVEY_SHARE 0.97
+#define SPEC_SURVEY_DECAY 0.98f
 #define SPEC_NGRAM_MAX 3
 #define SPEC_NGRAM_MIN 1
 
@@ -55,7 +62,8 @@ struct spec_config {
     int draft_vocab;           /* SPEC_TWO_MODEL: the draft proposes only token ids below this
                                   (its LM head's first rows: a BPE vocabulary numbers its tokens
                                   in the order their merges were learned, the most frequent
-                                  first); 0: the whole vocabulary */
+                                  first); 0: chosen as it runs, from surveys of the whole head
+                                  (SPEC_SURVEY_*); the vocabulary's size: every row */
     spec_draft_fn draft_fn;    /* SPEC_CALLBACK only, with its draft_ctx */
     void *draft_ctx;
 };
@@ -100,6 +108,8 @@ void spec_drafter_free(struct spec_drafter *d);
 int spec_drafter_max(const struct spec_drafter *d);
 /* Draft model forward steps so far. */
 uint64_t spec_drafter_steps(const struct spec_drafter *d);
+/* The draft's LM head rows its proposals come from now (0 without a draft model). */
+int spec_drafter_head_rows(const struct spec_drafter *d);
 
 /* Sets up s's speculation (s->spec.on, k) for its sampler and request: off when speculative
  * is false, with XTC, or with thinking steered by the engine. */
@@ -141,6 +151,11 @@ void spec_note_drafting(struct spec_drafter *d, uint64_t forwards, double second
  * measured the answer is max_drafts; while the best k's next is unmeasured, that next. */
 int spec_best_drafts(const double *keep, const double *step_cost, int max_drafts,
                      double draft_cost);
+
+/* The draft's head rows that held SPEC_SURVEY_SHARE of the surveyed picks: survey[i] counts
+ * the picks of ids [i, i + 1) * SPEC_SURVEY_BUCKET; whole buckets, at most vocab; vocab
+ * when nothing was counted. */
+int spec_surveyed_rows(const float *survey, int n_buckets, int vocab);
 
 /* Gives s's draft KV back (it is recomputed on the next proposal). */
 void spec_seq_release(struct spec_drafter *d, struct seq *s);

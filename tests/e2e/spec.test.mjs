@@ -81,7 +81,10 @@ describe('speculative decoding', () => {
 
       const stats = await (await fetch(`${s.url}/stats`)).json();
       assert.equal(stats.speculative.kind, 'two-model');
-      assert.equal(stats.speculative.draft_vocab, 8192, 'the whole vocabulary by default');
+      /* the head's rows chosen as the draft runs, by default: some of the 8,192, in buckets */
+      assert.equal(stats.speculative.draft_vocab_auto, true);
+      assert.ok(stats.speculative.draft_vocab > 0 && stats.speculative.draft_vocab <= 8192 &&
+                stats.speculative.draft_vocab % 256 === 0, String(stats.speculative.draft_vocab));
       assert.ok(stats.speculative.verify_steps > 0);
       assert.ok(stats.speculative.acceptance_rate > 0 && stats.speculative.acceptance_rate <= 1);
       const metrics = await (await fetch(`${s.url}/metrics`)).text();
@@ -98,6 +101,17 @@ describe('speculative decoding', () => {
       assert.ok(c.usage.speculation.targetCalls > 0, JSON.stringify(c.usage));
       const stats = await (await fetch(`${s.url}/stats`)).json();
       assert.equal(stats.speculative.draft_vocab, 2048);
+      assert.equal(stats.speculative.draft_vocab_auto, false);
+    });
+  });
+
+  test('--draft-vocab all reads the whole head', async () => {
+    await withServer(['--draft-model', draft, '--draft-vocab', 'all'], 'spec-draft-all', async (s) => {
+      const c = await complete(s.url);
+      assert.equal(c.choices[0].text, plain.completion);
+      const stats = await (await fetch(`${s.url}/stats`)).json();
+      assert.equal(stats.speculative.draft_vocab, 8192);
+      assert.equal(stats.speculative.draft_vocab_auto, false);
     });
   });
 

@@ -81,6 +81,23 @@ Test(speculate, the_best_number_of_drafts_weighs_the_rows_cost_against_the_token
     cr_assert_eq(spec_best_drafts(six, gap, 4, 0.18), 3);
 }
 
+Test(speculate, the_automatic_draft_head_reads_the_rows_that_held_most_picks)
+{
+    float survey[32] = {50, 30, 10, 5, 3, 1, 1}; /* 100 picks over ids 0 .. 1,791 */
+    /* 97 of them in the first five buckets (1,280 ids) */
+    cr_assert_eq(spec_surveyed_rows(survey, 32, 8192), 5 * SPEC_SURVEY_BUCKET);
+    /* one pick far out is 1% of them: left out */
+    survey[31] = 1;
+    cr_assert_eq(spec_surveyed_rows(survey, 32, 8192), 5 * SPEC_SURVEY_BUCKET);
+    /* a tenth far out: kept, the whole head */
+    survey[31] = 10;
+    cr_assert_eq(spec_surveyed_rows(survey, 32, 8192), 8192);
+    /* a vocabulary that ends inside its last bucket, and nothing counted yet */
+    cr_assert_eq(spec_surveyed_rows(survey, 32, 8000), 8000);
+    float none[32] = {0};
+    cr_assert_eq(spec_surveyed_rows(none, 32, 8192), 8192);
+}
+
 Test(speculate, a_draft_model_with_another_tokenizer_is_refused_naming_the_difference)
 {
     struct err err = {0};
@@ -324,15 +341,18 @@ static void check_pair_runs(struct pair *p, const char *name, bool self_draft, b
     for (int i = 0; i < N_REQ && !alone_only; i++)
         expect_same(&plain[i], &plain_mixed[i], "plain batched", i);
 
-    /* the last: a draft that proposes only the first quarter of the token ids (--draft-vocab) */
+    /* two-model with its head's rows chosen as it runs (the default), then with every row;
+     * the last: a draft that proposes only the first quarter of the token ids */
     struct spec_config kinds[] = {
         {.kind = SPEC_NGRAM, .num_draft_tokens = 4},
         {.kind = SPEC_TWO_MODEL, .draft = p->draft},
         {.kind = SPEC_TWO_MODEL, .draft = p->target, .num_draft_tokens = 4},
         {.kind = SPEC_TWO_MODEL, .draft = p->draft, .draft_vocab = p->target->config.vocab_size / 4},
+        {.kind = SPEC_TWO_MODEL, .draft = p->draft, .draft_vocab = p->target->config.vocab_size},
     };
-    const char *names[] = {"ngram", "two-model", "self-draft", "two-model, a quarter of the ids"};
-    for (int k = 0; k < (self_draft ? 4 : 2); k++) {
+    const char *names[] = {"ngram", "two-model", "self-draft", "two-model, a quarter of the ids",
+                           "two-model, every id"};
+    for (int k = 0; k < (self_draft ? 5 : 2); k++) {
         e = engine_for(p, &kinds[k], k == 1 ? (size_t)1 << 20 : 0);
         run_requests(e, &q, got, mixed);
         struct engine_stats st;
@@ -352,9 +372,19 @@ static void check_pair_runs(struct pair *p, const char *name, bool self_draft, b
         if (k == 2)
             cr_assert_gt(st.spec_accepted, 0, "%s: the target as its own draft kept nothing",
                          name);
-        cr_log_info("%s %s: %llu of %llu drafts kept over %llu verify steps", name, names[k],
-                    (unsigned long long)st.spec_accepted, (unsigned long long)st.spec_drafted,
-                    (unsigned long long)st.spec_verify_steps);
+        if (kinds[k].kind == SPEC_TWO_MODEL) {
+            int vocab = p->draft->config.vocab_size, rows = st.spec_draft_vocab;
+            bool chosen = kinds[k].draft_vocab == 0;
+            cr_assert_eq(st.spec_draft_vocab_auto, chosen, "%s %s", name, names[k]);
+            cr_assert(chosen ? rows > 0 && rows <= vocab &&
+                                   (rows == vocab || rows % SPEC_SURVEY_BUCKET == 0)
+                             : rows == kinds[k].draft_vocab,
+                      "%s %s: the draft reads %d head rows", name, names[k], rows);
+        }
+        cr_log_info("%s %s: %llu of %llu drafts kept over %llu verify steps, %d head rows",
+                    name, names[k], (unsigned long long)st.spec_accepted,
+                    (unsigned long long)st.spec_drafted, (unsigned long long)st.spec_verify_steps,
+                    st.spec_draft_vocab);
         engine_free(e);
     }
 }
