@@ -30,6 +30,7 @@ struct spec_drafter {
      * forward with logits reads the whole head and counts its picks by bucket of
      * SPEC_SURVEY_BUCKET ids (decayed); the others read the fewest rows that held
      * SPEC_SURVEY_SHARE of them. */
+    bool auto_head;     /* cfg.draft_vocab 0 on a backend whose memory is the host's */
     _Atomic int head_rows; /* rows the forwards read now (read by /stats' thread too) */
     int pick_rows;      /* rows of this forward's picks */
     bool surveying;     /* this forward reads the whole head and counts */
@@ -140,6 +141,9 @@ int spec_drafter_create(const struct spec_config *c, int max_seqs, int n_ctx, in
             d->cfg.draft_vocab = m->config.vocab_size;
         d->head_rows = d->cfg.draft_vocab > 0 ? d->cfg.draft_vocab : m->config.vocab_size;
         d->n_buckets = (m->config.vocab_size + SPEC_SURVEY_BUCKET - 1) / SPEC_SURVEY_BUCKET;
+        /* On a device (a GPU) a draft step is launches replayed from captured graphs, one per
+         * op list, and its head's rows take microseconds: every row there, one op list. */
+        d->auto_head = d->cfg.draft_vocab == 0 && m->backend->ops->memory_is_host;
         /* every sequence's whole context plus its drafts, so drafting never preempts */
         int blocks = kv_blocks_for(n_ctx + SPEC_MAX_DRAFTS + 1, KV_BLOCK_SIZE_DEFAULT) * max_seqs;
         rc = kv_manager_create(m, m->backend, blocks, KV_BLOCK_SIZE_DEFAULT, &d->kv, err);
@@ -315,7 +319,7 @@ static int draft_forward(struct spec_drafter *d, int n, struct err *err)
     bool logits = false;
     for (int i = 0; i < n; i++)
         logits |= !d->entries[i].no_logits;
-    if (d->cfg.draft_vocab == 0 && logits) {
+    if (d->auto_head && logits) {
         if (d->surveying && d->forwards >= SPEC_SURVEY_EVERY) /* the last one's picks are in */
             d->head_rows = spec_surveyed_rows(d->survey, d->n_buckets, vocab);
         d->surveying = d->forwards % SPEC_SURVEY_EVERY == 0 || d->forwards < SPEC_SURVEY_EVERY;
@@ -324,7 +328,7 @@ static int draft_forward(struct spec_drafter *d, int n, struct err *err)
                 d->survey[i] *= SPEC_SURVEY_DECAY;
         d->forwards++;
     }
-    d->pick_rows = d->surveying && d->cfg.draft_vocab == 0 ? vocab : d->head_rows;
+    d->pick_rows = d->surveying ? vocab : d->head_rows;
     struct batch b = {d->entries, n};
     struct forward_output out = {.host_rows = d->logits, .head_rows = d->pick_rows};
     d->steps++;
@@ -335,7 +339,7 @@ static int draft_forward(struct spec_drafter *d, int n, struct err *err)
 static int32_t draft_pick(struct spec_drafter *d, const float *row)
 {
     int32_t id = logits_argmax(row, d->pick_rows);
-    if (d->surveying && d->cfg.draft_vocab == 0 && id >= 0)
+    if (d->surveying && id >= 0)
         d->survey[id / SPEC_SURVEY_BUCKET] += 1.0f;
     return id;
 }

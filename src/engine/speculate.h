@@ -40,9 +40,10 @@ typedef int (*spec_draft_fn)(void *ctx, const int32_t *tokens, int n, int32_t *o
 #define SPEC_DRAFTS_TWO_MODEL 3 /* --num-draft-tokens' default per kind */
 #define SPEC_DRAFTS_NGRAM 10
 #define SPEC_DRAFTS_START 3     /* a sequence's first number of drafts (adaptive after) */
-/* The draft's automatic head (--draft-vocab auto, the default): every 16th forward reads
- * every row and counts its picks by buckets of 256 ids, each survey weighing the earlier
- * ones by 0.98; the rest read the first rows that held 97% of the counted picks. */
+/* The draft's automatic head (--draft-vocab auto, the default) on a backend whose memory is
+ * the host's (a GPU's reads every row): every 16th forward reads every row and counts its
+ * picks by buckets of 256 ids, each survey weighing the earlier ones by 0.98; the rest read
+ * the first rows that held 97% of the counted picks. */
 #define SPEC_SURVEY_EVERY 16
 #define SPEC_SURVEY_BUCKET 256
 #define SPEC_SURVEY_SHARE 0.97
