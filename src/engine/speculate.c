@@ -24,7 +24,7 @@ struct spec_drafter {
     uint64_t steps;
     /* moving averages of what drafting costs (spec_note_step, spec_note_drafting), seconds;
      * 0: not measured */
-    double step_cost[SPEC_MAX_DRAFTS + 2]; /* a one-sequence step of r rows */
+    double step_cost[SPEC_MAX_DRAFTS + 2]; /* a verify step of one sequence, r rows (r >= 2) */
     double draft_cost;                     /* one draft forward */
     /* The draft's head rows (cfg.draft_vocab 0: chosen here): every SPEC_SURVEY_EVERY-th
      * forward with logits reads the whole head and counts its picks by bucket of
@@ -561,7 +561,7 @@ static void average_into(double *avg, double seconds)
 
 void spec_note_step(struct spec_drafter *d, int rows, double seconds)
 {
-    if (d && rows >= 1 && rows <= d->max_drafts + 1 && seconds > 0.0)
+    if (d && rows >= 2 && rows <= d->max_drafts + 1 && seconds > 0.0)
         average_into(&d->step_cost[rows], seconds);
 }
 

@@ -137,8 +137,8 @@ int spec_follow(struct spec_drafter *d, struct seq **seqs, const int *upto, int 
 void spec_after_verify(struct spec_drafter *d, struct seq *s, int n_drafts, int n_accepted);
 
 /* What drafting costs on this machine, measured as the loop runs: a step whose batch was one
- * decoding sequence of `rows` rows (a plain row, or its pending token and rows - 1 drafts)
- * took `seconds` (the target's forward and the picks), and proposing took `seconds` for
+ * sequence's verify entry of `rows` rows (its pending token and rows - 1 drafts) took
+ * `seconds` (the target's forward and the picks), and proposing took `seconds` for
  * `forwards` draft forwards. A sequence drafts at most the number that these costs and its
  * acceptance make best (spec_best_drafts): where verify rows are nearly free (a GPU) that is
  * the configured most, where each row is arithmetic (a CPU) fewer. */

@@ -217,7 +217,7 @@ int sched_step(struct sched *sc, struct err *err)
         .before_rows = prepare_picks,
         .ctx = &picks,
     };
-    double t_forward = now_s();
+    double t_forward = sc->spec ? now_s() : 0.0;
     int rc = model_forward_sampled(sc->model, sc->fwd, cache, &batch, &out, err);
     sched_publish_news(sc); /* when the step had no rows to pick */
     bool on_backend = picks.on_backend;
@@ -265,9 +265,8 @@ int sched_step(struct sched *sc, struct err *err)
                 seq_publish(s);
         }
     }
-    /* a step of one decoding sequence: what its rows cost, for the number of drafts */
-    if (sc->spec && rc >= 0 && n == 1 && !sc->batch_seqs[0].no_logits &&
-        (sc->batch_seqs[0].all_logits || sc->batch_seqs[0].n_tokens == 1))
+    /* a step that verified one sequence's drafts alone: what its rows cost */
+    if (sc->spec && rc >= 0 && n == 1 && sc->batch_seqs[0].all_logits)
         spec_note_step(sc->spec, sc->batch_seqs[0].n_tokens, now_s() - t_forward);
     return rc < 0 ? rc : n;
 }
