@@ -32,11 +32,15 @@
  *
  * Work: a persistent grid (every block resident), tiles dealt out to teams
  * of `split` warps round-robin over the blocks so every SM gets the same
- * number of tiles to within one; a team's warps take contiguous column
- * ranges of the tile and add their sums through shared memory in warp order
- * (deterministic: graph replay and eager launches give the same bits). The
- * split follows from the shapes and the device alone, so a row's bits do not
- * depend on when the launch runs, only on how many rows it has.
+ * number of tiles to within one; a team's warps take the tile's stages in
+ * turn (warp p of the team stages p, p + split, ...), so that together they
+ * read each row's bytes in order, and add their sums through shared memory
+ * in warp order (deterministic: graph replay and eager launches give the
+ * same bits). The split follows from the shapes and the device alone, so a
+ * row's bits do not depend on when the launch runs, only on how many rows it
+ * has. With contiguous column ranges a warp instead, the epilogue's loads
+ * after the sums and the norm's wait before the first stage, a verify step
+ * of the Llama-3.1-8B shape took 4% longer on an H100 (bench/RESULTS.md).
  *
  * An RMSNorm between two of these GEMMs (fuse.h rule 9): the one that adds
  * into the residual stream also writes the new stream times the norm's
@@ -113,9 +117,8 @@ gemm_skinny_kernel(struct cu_gemv_args a, int n_tiles, int split)
     const int teams = SK_WARPS / split, team = warp / split, part = warp % split;
     const int cols = (int)a.cols;
     const int nstage = (cols + SK_STAGE_COLS - 1) / SK_STAGE_COLS;
-    const int per_part = (nstage + split - 1) / split;
-    const int s_begin = min(nstage, part * per_part);
-    const int s_end = min(nstage, s_begin + per_part);
+    /* the warp's stages of its tile: part + split i for i < n_mine */
+    const int n_mine = max(0, (nstage - part + split - 1) / split);
     const int nt = a.n_rows;
     const int stage_bytes = W_BYTES + (XP ? nt * SK_X_ROW_BYTES : 0);
     /* x row g (the pair's rows past n_rows read the last row: their sums are never stored) */
@@ -126,9 +129,11 @@ gemm_skinny_kernel(struct cu_gemv_args a, int n_tiles, int split)
     const int rounds = (n_tiles + gridDim.x * teams - 1) / (gridDim.x * teams);
     int m = 0, row0 = 0;
     bool active = false;
-    /* the rows this lane copies: piece (lane % 8) of rows lane / 8 + 4 k */
-    const uint16_t *src[COPIES];
-    uint32_t dst[COPIES];
+    /* the rows this lane copies: piece (lane % 8) of stage rows lane / 8 + 4 k,
+     * from wrow[k / 4] + 4 (k % 4) rows, into dst + 512 k; row_ok bit k: the
+     * row exists (the last tile's missing rows are zero-filled) */
+    const uint16_t *wrow[NP];
+    uint32_t dst = 0, row_ok = 0;
 
     auto begin_tile = [&](int r) {
         int tile = blockIdx.x + gridDim.x * (team + teams * r);
@@ -142,36 +147,41 @@ gemm_skinny_kernel(struct cu_gemv_args a, int n_tiles, int split)
                 m++;
             }
         row0 = tile * 16;
-        const int rows = (int)a.m[m].rows;
+        const int rows = (int)a.m[m].rows, piece = lane % 8, lr = lane / 8;
 #pragma unroll
-        for (int k = 0; k < COPIES; k++) {
-            int rr = lane / 8 + 4 * k, piece = lane % 8; /* stage row, 16-byte piece */
-            int p = rr / 16, r = rr % 16;
-            int64_t row = min(row0 + r, rows - 1);
-            src[k] = (const uint16_t *)a.m[NP == 1 ? m : p].w + row * cols + 8 * piece;
-            dst[k] = (uint32_t)(rr * 128 + ((piece ^ ((rr & 1) << 2)) * 16));
-        }
+        for (int p = 0; p < NP; p++)
+            wrow[p] = (const uint16_t *)a.m[NP == 1 ? m : p].w + (int64_t)(row0 + lr) * cols +
+                      8 * piece;
+        /* rows lr + 4 k have lr's parity, so one swizzle serves them all */
+        dst = (uint32_t)(lr * 128 + ((piece ^ ((lr & 1) << 2)) * 16));
+        row_ok = 0;
+#pragma unroll
+        for (int k = 0; k < COPIES; k++)
+            row_ok |= (row0 + lr + 4 * (k % 4) < rows ? 1u : 0u) << k;
     };
-    /* the weights of stage st into slot st % STAGES */
-    auto issue_w = [&](int st) {
-        if (active && st < s_end) {
-            uint32_t slot = pipe + (st % STAGES) * stage_bytes;
+    /* the weights of the warp's stage li into slot li % STAGES */
+    auto issue_w = [&](int li) {
+        if (active && li < n_mine) {
+            const int c0 = (part + split * li) * SK_STAGE_COLS;
+            const uint32_t slot = pipe + (li % STAGES) * stage_bytes + dst;
+            const bool col_in = c0 + 8 * (lane % 8) < cols;
 #pragma unroll
             for (int k = 0; k < COPIES; k++) {
-                int col = st * SK_STAGE_COLS + 8 * (lane % 8);
-                bool in = col < cols;
-                cp_async16(slot + dst[k], in ? (const void *)(src[k] + st * SK_STAGE_COLS)
-                                             : (const void *)a.x,
+                bool in = col_in && (row_ok >> k & 1);
+                cp_async16(slot + 512 * k,
+                           in ? (const void *)(wrow[k / 4] + (int64_t)(4 * (k % 4)) * cols + c0)
+                              : (const void *)a.x,
                            in);
             }
         }
     };
-    /* XP: x rows t < nt of stage st after its weights, 16 pieces of 16 bytes a
+    /* XP: x rows t < nt of the warp's stage li after its weights, 16 pieces of 16 bytes a
      * row, piece j of row t at j ^ (t & 1) so that load_x's quarter-warps read
      * distinct banks; zeros past the row's end */
-    auto issue_x = [&](int st) {
-        if (XP && active && st < s_end) {
-            uint32_t xslot = pipe + (st % STAGES) * stage_bytes + W_BYTES;
+    auto issue_x = [&](int li) {
+        if (XP && active && li < n_mine) {
+            const int st = part + split * li;
+            uint32_t xslot = pipe + (li % STAGES) * stage_bytes + W_BYTES;
 #pragma unroll
             for (int k = 0; k < CU_SKINNY_MAX_ROWS * 16 / 32; k++) {
                 int i = lane + 32 * k, t = i >> 4, j = i & 15;
@@ -186,26 +196,27 @@ gemm_skinny_kernel(struct cu_gemv_args a, int n_tiles, int split)
             }
         }
     };
-    /* stage st: always one group */
-    auto issue = [&](int st) {
-        issue_w(st);
-        issue_x(st);
+    /* the warp's stage li: always one group */
+    auto issue = [&](int li) {
+        issue_w(li);
+        issue_x(li);
         cp_async_commit();
     };
     float acc[NP][4];
     /* NORM: the inverse RMS of the token rows 2q and 2q + 1 the lane's sums are of */
     float inv[2] = {1.0f, 1.0f};
-    /* the lane's x of stage st (its 8 columns of each 32): XP from the stage's
+    /* the lane's x of the warp's stage li (its 8 columns of each 32): XP from the stage's
      * copy (zeros for rows past n_rows), else from global memory (zeros past
      * the row's end) */
-    auto load_x = [&](int st, float4(&xs)[2][2]) {
+    auto load_x = [&](int li, float4(&xs)[2][2]) {
+        const int st = part + split * li;
 #pragma unroll
         for (int c = 0; c < 2; c++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 int col = st * SK_STAGE_COLS + 32 * c + 8 * q + 4 * h;
                 if (XP) {
-                    uint32_t xslot = pipe + (st % STAGES) * stage_bytes + W_BYTES;
+                    uint32_t xslot = pipe + (li % STAGES) * stage_bytes + W_BYTES;
                     int j = (32 * c + 8 * q + 4 * h) / 4;
                     uint4 v = g < nt ? lds128(xslot + g * SK_X_ROW_BYTES + ((j ^ (g & 1)) * 16))
                                      : make_uint4(0, 0, 0, 0);
@@ -217,9 +228,9 @@ gemm_skinny_kernel(struct cu_gemv_args a, int n_tiles, int split)
                 }
             }
     };
-    /* the products of stage st, waited for, with its x */
-    auto multiply = [&](int st, const float4(&xs)[2][2]) {
-        uint32_t slot = pipe + (st % STAGES) * stage_bytes;
+    /* the products of the warp's stage li, waited for, with its x */
+    auto multiply = [&](int li, const float4(&xs)[2][2]) {
+        uint32_t slot = pipe + (li % STAGES) * stage_bytes;
 #pragma unroll
         for (int c = 0; c < 2; c++) {
             int piece = 4 * c + q;
@@ -241,7 +252,7 @@ gemm_skinny_kernel(struct cu_gemv_args a, int n_tiles, int split)
     auto prologue = [&]() {
 #pragma unroll
         for (int i = 0; i < STAGES - 1; i++)
-            issue(s_begin + i);
+            issue(i);
     };
 
     /* the first tile's first weights go out before the kernel before has
@@ -250,7 +261,7 @@ gemm_skinny_kernel(struct cu_gemv_args a, int n_tiles, int split)
     if (XP) {
 #pragma unroll
         for (int i = 0; i < STAGES - 1; i++)
-            issue_w(s_begin + i);
+            issue_w(i);
     } else {
         prologue();
     }
@@ -259,12 +270,14 @@ gemm_skinny_kernel(struct cu_gemv_args a, int n_tiles, int split)
     if (XP)
 #pragma unroll
         for (int i = 0; i < STAGES - 1; i++) {
-            issue_x(s_begin + i);
+            issue_x(i);
             cp_async_commit();
         }
+    __shared__ float inv_sm[CU_SKINNY_MAX_ROWS];
     if (NORM) {
-        /* row t's sums of squares, added in tile order by warp t */
-        __shared__ float inv_sm[CU_SKINNY_MAX_ROWS];
+        /* row t's sums of squares, added in tile order by warp t; the block
+         * waits for them only before its first epilogue, so the other warps
+         * start their products at once */
         if (warp < nt) {
             const int parts = (cols + 15) / 16;
             const float *sums = a.sums_in + (int64_t)warp * parts;
@@ -275,11 +288,7 @@ gemm_skinny_kernel(struct cu_gemv_args a, int n_tiles, int split)
             if (lane == 0)
                 inv_sm[warp] = 1.0f / sqrtf(s / (float)cols + a.norm_eps);
         }
-        __syncthreads();
-        inv[0] = inv_sm[min(2 * q, nt - 1)];
-        inv[1] = inv_sm[min(2 * q + 1, nt - 1)];
     }
-
     for (int r = 0; r < rounds; r++) {
         if (r > 0) {
             begin_tile(r);
@@ -293,16 +302,16 @@ gemm_skinny_kernel(struct cu_gemv_args a, int n_tiles, int split)
         /* XP: x with its stage; else one stage ahead of the products, so its
          * L2 latency hides behind them */
         float4 x_cur[2][2], x_next[2][2];
-        if (!XP && active && s_begin < s_end)
-            load_x(s_begin, x_cur);
-        for (int st = s_begin; st < s_end; st++) {
+        if (!XP && active && n_mine > 0)
+            load_x(0, x_cur);
+        for (int st = 0; st < n_mine; st++) {
             cp_async_wait<STAGES - 2>();
             __syncwarp();
             if (active && XP) {
                 load_x(st, x_cur);
                 multiply(st, x_cur);
             } else if (active) {
-                if (st + 1 < s_end)
+                if (st + 1 < n_mine)
                     load_x(st + 1, x_next);
                 multiply(st, x_cur);
 #pragma unroll
@@ -313,6 +322,36 @@ gemm_skinny_kernel(struct cu_gemv_args a, int n_tiles, int split)
             issue(st + STAGES - 1);
         }
         cp_async_wait<0>();
+        /* the epilogue's operands of the lane's four outputs (their bias, the
+         * residual stream, the next norm's weight), all loaded before the
+         * team's sums meet, so that their latency passes while the team's
+         * last warps finish and no load waits behind a store (stores through
+         * a.res and the outputs would otherwise order each load after the
+         * stores before it) */
+        float res_pre[4] = {}, xw_pre[2] = {}, bias_pre[2] = {};
+        if (NP == 1 && active && part == 0) {
+            const int64_t rows = a.m[m].rows;
+            const float *bias = a.m[m].bias;
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int row = row0 + g + 8 * (e >> 1), t = 2 * q + (e & 1);
+                if (a.res && row < rows && t < nt)
+                    res_pre[e] = a.res[(int64_t)t * rows + row];
+            }
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int row = row0 + g + 8 * h;
+                if (a.sums_out && row < rows)
+                    xw_pre[h] = a.xw_w[row];
+                if (bias && row < rows)
+                    bias_pre[h] = bias[row];
+            }
+        }
+        if (NORM && r == 0) {
+            __syncthreads(); /* the rows' inverse RMS, found while the first stages streamed */
+            inv[0] = inv_sm[min(2 * q, nt - 1)];
+            inv[1] = inv_sm[min(2 * q + 1, nt - 1)];
+        }
         if (split > 1) {
             /* the team's parts, added in warp order by its first warp */
             float *mine = red + (size_t)warp * ACC * 32;
@@ -351,15 +390,14 @@ gemm_skinny_kernel(struct cu_gemv_args a, int n_tiles, int split)
                 a.m[0].y[idx] = gv / (1.0f + expf(-gv)) * uv;
                 a.m[NP - 1].y[idx] = uv;
             } else {
-                float v = (NORM ? acc[0][e] * inv[e & 1] : acc[0][e]) +
-                          (a.m[m].bias ? a.m[m].bias[row] : 0.0f);
+                float v = (NORM ? acc[0][e] * inv[e & 1] : acc[0][e]) + bias_pre[e >> 1];
                 a.m[m].y[idx] = v;
                 if (a.res) {
-                    float r = a.res[idx] + v;
+                    float r = res_pre[e] + v;
                     a.res[idx] = r;
                     sq[e & 1] += r * r;
                     if (a.sums_out)
-                        a.xw_out[idx] = r * a.xw_w[row];
+                        a.xw_out[idx] = r * xw_pre[e >> 1];
                 }
             }
         }
