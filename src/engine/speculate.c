@@ -235,8 +235,9 @@ static int draft_room(const struct spec_drafter *d, const struct seq *s, int n_c
     int k = s->spec.k < d->max_drafts ? s->spec.k : d->max_drafts;
     /* Greedy picks: at most the number the measured costs make best. A sampling sequence's
      * drafts decide which random numbers its picks use, so its number must not follow
-     * timings: a seed gives the same tokens every time. */
-    if (!s->sampler || sampler_is_greedy(s->sampler)) {
+     * timings: a seed gives the same tokens every time. A caller's own drafter
+     * (SPEC_CALLBACK) has its drafts verified as it places them. */
+    if (d->cfg.kind != SPEC_CALLBACK && (!s->sampler || sampler_is_greedy(s->sampler))) {
         /* each position's chance of a kept draft, the position before's weighing as two
          * verifications (a half at the first) */
         double keep[SPEC_MAX_DRAFTS], prior = 0.5;
@@ -571,26 +572,44 @@ void spec_note_drafting(struct spec_drafter *d, uint64_t forwards, double second
         average_into(&d->draft_cost, seconds / (double)forwards);
 }
 
+/* An unmeasured neighbour is worth a step of measuring only where it could bring this much
+ * more than the best measured: at most 2% less is noise, not a reason to leave the best. */
+#define SPEC_EXPLORE_GAIN 1.02
+
 int spec_best_drafts(const double *keep, const double *step_cost, int max_drafts,
                      double draft_cost)
 {
-    int best = 0, measured = 0;
-    double best_rate = 0.0, tokens = 1.0, all_kept = 1.0;
+    /* tokens[k]: expected tokens of a verify with k drafts */
+    double tokens[SPEC_MAX_DRAFTS + 2], all_kept = 1.0, best_rate = 0.0;
+    int best = 0;
+    tokens[0] = 1.0;
     for (int k = 1; k <= max_drafts; k++) {
         all_kept *= keep[k - 1];
-        tokens += all_kept; /* expected tokens of a verify with k drafts */
+        tokens[k] = tokens[k - 1] + all_kept;
         if (step_cost[1 + k] <= 0.0)
             continue;
-        measured++;
-        double rate = tokens / (step_cost[1 + k] + k * draft_cost);
+        double rate = tokens[k] / (step_cost[1 + k] + k * draft_cost);
         if (rate > best_rate) {
             best_rate = rate;
             best = k;
         }
     }
-    if (measured < 2)
+    if (best == 0)
         return max_drafts; /* nothing to weigh yet */
-    /* one more than the best while that one is unmeasured, so the costs around the best
-     * get measured */
-    return best < max_drafts && step_cost[2 + best] <= 0.0 ? best + 1 : best;
+    /* A neighbour of the best while it is unmeasured, where its most hopeful rate beats the
+     * best's: a step's cost grows at most in proportion to its rows (a row fewer saves at
+     * most a row's share), and a row more costs at least nothing. Otherwise a sequence whose
+     * drafts are kept at every count would stay at the first count measured. */
+    const double c = step_cost[1 + best];
+    if (best > 1 && step_cost[best] <= 0.0) {
+        double low = c * best / (best + 1.0) + (best - 1) * draft_cost;
+        if (tokens[best - 1] / low > SPEC_EXPLORE_GAIN * best_rate)
+            return best - 1;
+    }
+    if (best < max_drafts && step_cost[2 + best] <= 0.0) {
+        double low = c + (best + 1) * draft_cost;
+        if (tokens[best + 1] / low > SPEC_EXPLORE_GAIN * best_rate)
+            return best + 1;
+    }
+    return best;
 }

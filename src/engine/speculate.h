@@ -148,8 +148,9 @@ void spec_note_drafting(struct spec_drafter *d, uint64_t forwards, double second
 /* The number of drafts k in [1, max_drafts] that brings most tokens per second, where draft i
  * (from 0) is kept with chance keep[i] once those before it were: (1 + keep[0] + keep[0]
  * keep[1] + ...) / (step_cost[1 + k] + k * draft_cost). step_cost[r]: seconds of a step of r
- * rows, 0 where not measured yet: such k are not weighed, and while fewer than two are
- * measured the answer is max_drafts; while the best k's next is unmeasured, that next. */
+ * rows, 0 where not measured yet: such k are not weighed; with none measured the answer is
+ * max_drafts, and while a neighbour of the best k is unmeasured and could beat it (its step
+ * costing at most in proportion to its rows), that neighbour (the one below first). */
 int spec_best_drafts(const double *keep, const double *step_cost, int max_drafts,
                      double draft_cost);
 

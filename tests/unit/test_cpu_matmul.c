@@ -541,8 +541,9 @@ Test(cpu_matmul, fast_decode_gemv_matches_reference_for_every_row_count)
 /* The multi-row GEMV sums each (row, output) on its own accumulator in
  * column order and reduces every accumulator by the same tree, so in FAST
  * mode a row's outputs are the same bits whatever else shares the call, from
- * 2 rows up to 8, and whichever block of weight rows an output falls in; with
- * bf16 weights on AVX512-BF16, where one row takes the same kernel, from 1. */
+ * 2 rows up to 8, and whichever block of weight rows an output falls in; from
+ * 1 where one row takes the same kernel: at AVX2, and with bf16 weights on
+ * AVX512-BF16. */
 Test(cpu_matmul, fast_decode_rows_do_not_depend_on_the_other_rows_in_the_call)
 {
     static const int64_t shapes[][2] = {{384, 130}, {1027, 37}, {33, 16}};
@@ -556,7 +557,7 @@ Test(cpu_matmul, fast_decode_rows_do_not_depend_on_the_other_rows_in_the_call)
             for (int l = CPU_MATMUL_AVX2; l <= (int)cpu_matmul_detect_level(); l++) {
                 use_level(rig.mm[1], l);
                 cpu_matmul_run(rig.mm[1], COMPUTE_FAST, p.x, 8, &w, p.bias, p.y);
-                bool one_too = d && l >= CPU_MATMUL_AVX512BF16;
+                bool one_too = l == CPU_MATMUL_AVX2 || (d && l >= CPU_MATMUL_AVX512BF16);
                 for (int64_t n = one_too ? 1 : 2; n < 8; n++)
                     for (int64_t t0 = 0; t0 + n <= 8; t0 += n) {
                         cpu_matmul_run(rig.mm[1], COMPUTE_FAST, p.x + t0 * p.K, n, &w, p.bias,

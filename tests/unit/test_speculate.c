@@ -72,13 +72,27 @@ Test(speculate, the_best_number_of_drafts_weighs_the_rows_cost_against_the_token
     const double cheap4[6] = {0, 1.0, 1.11, 1.20, 1.30, 1.74};
     cr_assert_eq(spec_best_drafts(six, cheap4, 4, 0.18), 2);
     cr_assert_eq(spec_best_drafts(runs, cheap4, 4, 0.18), 3);
-    /* nothing to weigh: one measured cost, or none */
-    const double one[6] = {0, 1.0, 1.11, 0, 0, 0}, none[6] = {0};
-    cr_assert_eq(spec_best_drafts(six, one, 4, 0.18), 4);
+    /* nothing to weigh: the most; one measured cost: a neighbour that could beat it */
+    const double one[6] = {0, 1.0, 1.11, 0, 0, 0}, only_most[6] = {0, 1.0, 0, 0, 0, 1.74},
+                 none[6] = {0};
     cr_assert_eq(spec_best_drafts(six, none, 4, 0.0), 4);
-    /* the best's next unmeasured: that next, so that its cost gets measured */
+    cr_assert_eq(spec_best_drafts(six, one, 4, 0.18), 2);
+    cr_assert_eq(spec_best_drafts(six, only_most, 4, 0.18), 3);
+    /* every draft kept by a drafter that costs nothing: a draft fewer cannot win even if
+     * the rows cost in proportion, so the most stays without a step spent measuring */
+    cr_assert_eq(spec_best_drafts(sure, only_most, 4, 0.001), 4);
+    /* the best's next unmeasured: that next where it could win (60% then 95%: a fourth
+     * draft's 0.54 tokens for at least its 0.18), not where it could not (60%: 0.22 tokens) */
     const double gap[6] = {0, 1.0, 1.11, 1.20, 0, 1.74};
-    cr_assert_eq(spec_best_drafts(six, gap, 4, 0.18), 3);
+    cr_assert_eq(spec_best_drafts(runs, gap, 4, 0.18), 3);
+    cr_assert_eq(spec_best_drafts(six, gap, 4, 0.18), 2);
+    /* the best's previous unmeasured: that previous. A sequence whose drafts are all kept
+     * at first drafts the most and measures only that; from there it walks down while the
+     * rows cost more than they bring (2 for 1.20 + 2 x 0.18 beats 3 for 1.48 + 3 x 0.18) */
+    const double below[6] = {0, 1.0, 0, 1.20, 1.48, 1.74};
+    cr_assert_eq(spec_best_drafts(six, below, 4, 0.18), 1);
+    const double top_two[6] = {0, 1.0, 0, 0, 1.48, 1.74};
+    cr_assert_eq(spec_best_drafts(six, top_two, 4, 0.18), 2);
 }
 
 Test(speculate, the_automatic_draft_head_reads_the_rows_that_held_most_picks)

@@ -21,19 +21,12 @@
 #define MC 192
 
 /* GEMV runs while T is at most this. It streams W from memory once and
- * re-reads each row from L1 per pair of tokens; GEMM's packing handles only
- * ~8 GB/s of weights on two Zen 3 cores, so GEMM wins from about 12 tokens
- * (measured at K=1024, N=3072: 820 vs 1050 us at T=8, even at T=12). */
+ * re-reads each row piece from L1 for every token row; GEMM's packing
+ * handles only ~8 GB/s of weights on two Zen 3 cores, so GEMM wins from
+ * about 12 tokens (measured at K=1024, N=3072: 820 vs 1050 us at T=8, even
+ * at T=12). */
 #define GEMV_MAX_T 10
-
-/* The one-token GEMV reads W as one sequential stream per thread (row after
- * row), which the hardware prefetchers follow best; interleaving several rows
- * measured 20-30% slower on Zen 3 without software prefetch (the multi-row
- * kernel prefetches its next block itself). The loop's demand loads alone
- * keep too few lines in flight, so it also prefetches this far ahead (into
- * the next rows). */
-#define GEMV_PREFETCH_BYTES 1024
-#define GEMV_STEP 32 /* columns per iteration: 4 vectors, 4 accumulators per token */
+#define GEMV_STEP 32 /* columns between prefetches: a 64-byte line of each bf16 row */
 
 /* ---- helpers ----------------------------------------------------------- */
 
@@ -106,71 +99,28 @@ static void prepare_x_f32(const float *x, int64_t n, void *dst_)
         dst[i] = bf16_to_f32(f32_to_bf16(x[i]));
 }
 
-/* Row r against tokens [t0, t0 + TG): 4 accumulators per token cover the
- * FMA latency. */
-static ALWAYS_INLINE void gemv_row(const int TG, const bool bf16, const float *x, int64_t K,
-                                   const void *w, const float *bias, float *y, int64_t N,
-                                   int64_t r, int64_t t0)
-{
-    const size_t esize = bf16 ? 2 : 4;
-    const char *wr = (const char *)w + (size_t)r * (size_t)K * esize;
-    const float *xt[2];
-    __m256 acc[2][4];
-    for (int t = 0; t < TG; t++) {
-        xt[t] = x + (t0 + t) * K;
-        for (int u = 0; u < 4; u++)
-            acc[t][u] = _mm256_setzero_ps();
-    }
-    int64_t c = 0;
-    for (; c + GEMV_STEP <= K; c += GEMV_STEP) {
-        for (size_t q = 0; q < GEMV_STEP * esize; q += 64)
-            _mm_prefetch(wr + (size_t)c * esize + GEMV_PREFETCH_BYTES + q, _MM_HINT_T0);
-        for (int u = 0; u < 4; u++) {
-            __m256 wv = load8_w(wr, c + 8 * u, bf16);
-            for (int t = 0; t < TG; t++)
-                acc[t][u] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xt[t] + c + 8 * u), acc[t][u]);
-        }
-    }
-    for (; c + 8 <= K; c += 8) {
-        __m256 wv = load8_w(wr, c, bf16);
-        for (int t = 0; t < TG; t++)
-            acc[t][0] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xt[t] + c), acc[t][0]);
-    }
-    for (int t = 0; t < TG; t++) {
-        float s = hsum(_mm256_add_ps(_mm256_add_ps(acc[t][0], acc[t][1]),
-                                     _mm256_add_ps(acc[t][2], acc[t][3])));
-        for (int64_t cc = c; cc < K; cc++)
-            s += load1_w(wr, cc, bf16) * xt[t][cc];
-        y[(t0 + t) * N + r] = s + (bias ? bias[r] : 0.0f);
-    }
-}
-
-/* One token row (two or more take the multi-row kernel below): a weight row
- * at a time, one sequential stream. Tokens go in pairs here should a caller
- * pass more; a row read from DRAM for the first pair is in L1 for the rest. */
-static ALWAYS_INLINE void gemv_rows(const bool bf16, const float *x, int64_t T, int64_t K,
-                                    const void *w, const float *bias, float *y, int64_t N,
-                                    int64_t r0, int64_t r1)
-{
-    for (int64_t r = r0; r < r1; r++) {
-        int64_t t = 0;
-        for (; t + 2 <= T; t += 2)
-            gemv_row(2, bf16, x, K, w, bias, y, N, r, t);
-        if (t < T)
-            gemv_row(1, bf16, x, K, w, bias, y, N, r, t);
-    }
-}
-
-/* ---- multi-row decode GEMV ----------------------------------------------
+/* ---- decode GEMV ---------------------------------------------------------
  *
- * From 2 token rows on, each weight vector is loaded once for all of them
- * and RB weight rows are in flight together, one accumulator per (weight
- * row, token row), RB * T <= 8 (4 x 2, 2 x 3, 2 x 4, 1 x 5..8); then one
- * 8-way transposing sum per block (7 adds, 14 shuffles for 8 outputs)
- * instead of a 4-way sum and a reduction per output. The K tail (under 8
- * columns) is added in scalar after it. */
+ * RB weight rows against TB token rows at a time, one accumulator per
+ * (weight row, token row): each output is one FMA chain over its row's
+ * 8-column pieces in column order, reduced by the same 8-way transposing sum
+ * (7 adds, 14 shuffles for 8 outputs) and its K tail (under 8 columns) added
+ * in scalar after it. So in FAST mode a token row's outputs are the same bits
+ * whatever else shares the call, one row or eight, and whichever block of
+ * weight rows an output falls in — a speculative verify step's rows are
+ * those of plain decode steps.
+ *
+ * Per 8 columns a block loads TB + RB vectors for TB * RB FMAs, so more
+ * weight rows a block save loads while the accumulators and the vectors held
+ * fit 16 ymm registers: RB = 8, 4, 3, 2, 2, 2, 1, 1 for TB = 1..8, the
+ * fastest of the sizes that fit on a Zen 3 (bench/RESULTS.md; one token row
+ * as 8 interleaved weight rows ran 6% faster than the row-after-row stream
+ * it replaced, and three rows 14%). The next block's rows (contiguous with
+ * these) are prefetched as one stream, a line a row per 32 columns: the
+ * hardware prefetchers alone keep too few lines in flight for interleaved
+ * rows. */
 
-/* Lane j of the result is the sum of a[j]'s 8 lanes. */
+/* Lanes j of the result are the sums of a[j]'s 8 lanes. */
 static ALWAYS_INLINE __m256 hsum8_transposed(const __m256 a[8])
 {
     __m256 b[4], c[2];
@@ -186,38 +136,62 @@ static ALWAYS_INLINE __m256 hsum8_transposed(const __m256 a[8])
                          _mm256_permute2f128_ps(c[0], c[1], 0x31));
 }
 
+#define GEMV_MAX_ACC 12
+
+/* The 8 columns at c of every (token, row) pair: accumulator t * RB + i. */
+static ALWAYS_INLINE void gemv_piece(const int RB, const int TB, const bool bf16, const float *x,
+                                     int64_t K, const char *const wr[], int64_t c, __m256 acc[])
+{
+    if (TB <= RB) {
+        __m256 xv[GEMV_MAX_ACC];
+        for (int t = 0; t < TB; t++)
+            xv[t] = _mm256_loadu_ps(x + t * K + c);
+        for (int i = 0; i < RB; i++) {
+            __m256 wv = load8_w(wr[i], c, bf16);
+            for (int t = 0; t < TB; t++)
+                acc[t * RB + i] = _mm256_fmadd_ps(wv, xv[t], acc[t * RB + i]);
+        }
+    } else {
+        __m256 wv[GEMV_MAX_ACC];
+        for (int i = 0; i < RB; i++)
+            wv[i] = load8_w(wr[i], c, bf16);
+        for (int t = 0; t < TB; t++) {
+            __m256 xv = _mm256_loadu_ps(x + t * K + c);
+            for (int i = 0; i < RB; i++)
+                acc[t * RB + i] = _mm256_fmadd_ps(wv[i], xv, acc[t * RB + i]);
+        }
+    }
+}
+
 /* Weight rows [r, r + RB) against token rows [0, TB) of x (f32, rounded by
- * prepare_x); accumulator j = t * RB + i is (token t, row i). The next
- * block's rows (contiguous with these) are prefetched as one stream. */
-static ALWAYS_INLINE void gemv_multi_block(const int RB, const int TB, const bool bf16,
-                                           const float *x, int64_t K, const void *w,
-                                           const float *bias, float *y, int64_t N, int64_t r)
+ * prepare_x). */
+static ALWAYS_INLINE void gemv_block(const int RB, const int TB, const bool bf16, const float *x,
+                                     int64_t K, const void *w, const float *bias, float *y,
+                                     int64_t N, int64_t r)
 {
     const size_t esize = bf16 ? 2 : 4;
-    const char *wr[8];
+    const char *wr[GEMV_MAX_ACC];
     for (int i = 0; i < RB; i++)
         wr[i] = (const char *)w + (size_t)(r + i) * (size_t)K * esize;
     const char *pf = (const char *)w + (size_t)(r + RB) * (size_t)K * esize;
-    const size_t pf_step = (size_t)RB * 8 * esize;
-    __m256 acc[8];
-    for (int j = 0; j < 8; j++)
+    const size_t pf_step = (size_t)RB * GEMV_STEP * esize;
+    __m256 acc[GEMV_MAX_ACC + 7];
+    const int n_acc = TB * RB;
+    for (int j = 0; j < n_acc + 7; j++)
         acc[j] = _mm256_setzero_ps();
     int64_t c = 0;
-    for (; c + 8 <= K; c += 8) {
+    for (; c + GEMV_STEP <= K; c += GEMV_STEP) {
         for (size_t q = 0; q < pf_step; q += 64)
             _mm_prefetch(pf + q, _MM_HINT_T0);
         pf += pf_step;
-        __m256 xv[8], wv[8];
-        for (int t = 0; t < TB; t++)
-            xv[t] = _mm256_loadu_ps(x + t * K + c);
-        for (int i = 0; i < RB; i++)
-            wv[i] = load8_w(wr[i], c, bf16);
-        for (int t = 0; t < TB; t++)
-            for (int i = 0; i < RB; i++)
-                acc[t * RB + i] = _mm256_fmadd_ps(wv[i], xv[t], acc[t * RB + i]);
+        for (int u = 0; u < GEMV_STEP; u += 8)
+            gemv_piece(RB, TB, bf16, x, K, wr, c + u, acc);
     }
-    float s[8];
-    _mm256_storeu_ps(s, hsum8_transposed(acc));
+    for (; c + 8 <= K; c += 8)
+        gemv_piece(RB, TB, bf16, x, K, wr, c, acc);
+    float s[GEMV_MAX_ACC + 7];
+    for (int j = 0; j < n_acc; j += 8)
+        _mm256_storeu_ps(s + j, hsum8_transposed(acc + j));
     for (int t = 0; t < TB; t++)
         for (int i = 0; i < RB; i++) {
             float v = s[t * RB + i];
@@ -227,60 +201,49 @@ static ALWAYS_INLINE void gemv_multi_block(const int RB, const int TB, const boo
         }
 }
 
-static ALWAYS_INLINE void gemv_multi_rows(const int RB, const int TB, const bool bf16,
-                                          const float *x, int64_t K, const void *w,
-                                          const float *bias, float *y, int64_t N, int64_t r0,
-                                          int64_t r1)
+static ALWAYS_INLINE void gemv_blocks(const int RB, const int TB, const bool bf16, const float *x,
+                                      int64_t K, const void *w, const float *bias, float *y,
+                                      int64_t N, int64_t r0, int64_t r1)
 {
     int64_t r = r0;
     for (; r + RB <= r1; r += RB)
-        gemv_multi_block(RB, TB, bf16, x, K, w, bias, y, N, r);
+        gemv_block(RB, TB, bf16, x, K, w, bias, y, N, r);
     for (; r < r1; r++)
-        gemv_multi_block(1, TB, bf16, x, K, w, bias, y, N, r);
+        gemv_block(1, TB, bf16, x, K, w, bias, y, N, r);
 }
 
-#define MULTI_CASE(tb, rb)                                                                     \
+#define GEMV_CASE(tb, rb)                                                                      \
     case tb:                                                                                   \
         if (bf16)                                                                              \
-            gemv_multi_rows(rb, tb, true, xt, K, w, bias, yt, N, r0, r1);                      \
+            gemv_blocks(rb, tb, true, xt, K, w, bias, yt, N, r0, r1);                          \
         else                                                                                   \
-            gemv_multi_rows(rb, tb, false, xt, K, w, bias, yt, N, r0, r1);                     \
+            gemv_blocks(rb, tb, false, xt, K, w, bias, yt, N, r0, r1);                         \
         break;
 
-/* T (>= 2) token rows, 8 at a time; a last group of one goes with the
- * group before it split as 5 + 4, so every group has at least 2. */
-static void gemv_multi_run(const float *x, int64_t T, int64_t K, const void *w, bool bf16,
-                           const float *bias, float *y, int64_t N, int64_t r0, int64_t r1)
+/* T token rows, 8 at a time (a last group of one goes with the group before
+ * it, split as 5 + 4). */
+static void gemv_run(const void *x_, int64_t T, int64_t K, const void *w, enum dtype dtype,
+                     const float *bias, float *y, int64_t N, int64_t r0, int64_t r1)
 {
+    const float *x = x_;
+    const bool bf16 = dtype == DTYPE_BF16;
     for (int64_t t = 0; t < T;) {
         int64_t n = T - t <= 8 ? T - t : T - t == 9 ? 5 : 8;
         const float *xt = x + t * K;
         float *yt = y + t * N;
         switch (n) {
-            MULTI_CASE(2, 4)
-            MULTI_CASE(3, 2)
-            MULTI_CASE(4, 2)
-            MULTI_CASE(5, 1)
-            MULTI_CASE(6, 1)
-            MULTI_CASE(7, 1)
+            GEMV_CASE(1, 8)
+            GEMV_CASE(2, 4)
+            GEMV_CASE(3, 3)
+            GEMV_CASE(4, 2)
+            GEMV_CASE(5, 2)
+            GEMV_CASE(6, 2)
+            GEMV_CASE(7, 1)
             default:
-            MULTI_CASE(8, 1)
+            GEMV_CASE(8, 1)
         }
         t += n;
     }
-}
-
-static void gemv_run(const void *x, int64_t T, int64_t K, const void *w, enum dtype dtype,
-                     const float *bias, float *y, int64_t N, int64_t r0, int64_t r1)
-{
-    if (T >= 2) {
-        gemv_multi_run(x, T, K, w, dtype == DTYPE_BF16, bias, y, N, r0, r1);
-        return;
-    }
-    if (dtype == DTYPE_BF16)
-        gemv_rows(true, x, T, K, w, bias, y, N, r0, r1);
-    else
-        gemv_rows(false, x, T, K, w, bias, y, N, r0, r1);
 }
 
 /* ---- EXACT-mode GEMV in the GEMM's order --------------------------------
