@@ -59,14 +59,6 @@ static ALWAYS_INLINE __m256 round_bf16(__m256 v)
     return _mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(quiet), nan);
 }
 
-static ALWAYS_INLINE float hsum(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 /* r[i] = row i of an 8x8 block in, column i out. */
 static ALWAYS_INLINE void transpose8(__m256 r[8])
 {
