@@ -81,7 +81,7 @@ Test(speculate, the_best_number_of_drafts_weighs_the_rows_cost_against_the_token
     /* every draft kept by a drafter that costs nothing: a draft fewer cannot win even if
      * the rows cost in proportion, so the most stays without a step spent measuring */
     cr_assert_eq(spec_best_drafts(sure, only_most, 4, 0.001), 4);
-    /* the best's next unmeasured: that next where it could win (60% then 95%: a fourth
+    /* the best's next unmeasured: that next where it could win (60% then 95%: a third
      * draft's 0.54 tokens for at least its 0.18), not where it could not (60%: 0.22 tokens) */
     const double gap[6] = {0, 1.0, 1.11, 1.20, 0, 1.74};
     cr_assert_eq(spec_best_drafts(runs, gap, 4, 0.18), 3);
