@@ -128,6 +128,9 @@ static ALWAYS_INLINE __m256 hsum8_transposed(const __m256 a[8])
                          _mm256_permute2f128_ps(c[0], c[1], 0x31));
 }
 
+/* Most accumulators a block holds (TB * RB), and the most weight or token rows it holds;
+ * the accumulator arrays get 7 more, zeros, so the last group of 8 is whole for the
+ * transposing sum. */
 #define GEMV_MAX_ACC 12
 
 /* The 8 columns at c of every (token, row) pair: accumulator t * RB + i. */
