@@ -178,6 +178,16 @@ static void check_format(const struct gq_case *gc, const char *format, enum comp
                 k[i] = frand(&seed) * (i % (size_t)hd == 3 ? 8.0f : 1.0f);
                 v[i] = frand(&seed);
             }
+            /* every fifth head row of V: no negative value, and its minimum a zero of each
+             * sign, -0 first or +0 first, in different lanes of the quantizing warp (an
+             * affine group keeps the first of its equal extrema: the bias's sign bit) */
+            for (size_t h = 0; h < (size_t)rows * kvh; h += 5) {
+                float *x = v + h * hd;
+                for (int d = 0; d < hd; d++)
+                    x[d] = fabsf(x[d]);
+                x[1] = (h / 5) % 2 ? -0.0f : 0.0f;
+                x[2] = (h / 5) % 2 ? 0.0f : -0.0f;
+            }
             for (size_t i = 0; i < (size_t)rows * q_dim; i++)
                 qv[i] = frand(&seed);
             float *dk = dev_copy(bg, k, (size_t)rows * kv_dim * 4);

@@ -1,6 +1,7 @@
 /* backend/cuda/attention_quant.cu — a quantized KV cache (backend/kv_quant.h) on the GPU: quantize-on-write (a warp per record, the CPU's bytes), flash-decoding over tiles of records (a per-record split-K kernel for QJL keys and other head dims), and prefill from tiles decoded into shared memory (fp16 on tensor cores in FAST mode, f32 otherwise), all reading the records directly; TurboQuant rotates each query once and each output row back once. */
 #include <cuda_fp16.h>
 #include <float.h>
+#include <limits.h>
 #include <string.h>
 
 #include "backend/cuda/cuda_internal.h"
@@ -64,9 +65,41 @@ static __device__ __forceinline__ float q_elem(const struct kv_quant_layer &f, b
     return ((const float *)rec)[d];
 }
 
+/* The value kvq_quantize_head's serial scan keeps for a group of x[0..n):
+ * m = x[0], then m = x[d] wherever x[d] beats it (MAX: x[d] > m, else
+ * x[d] < m). That is the first element, in index order, of those no other
+ * element beats (ties such as -0 and +0 keep the earlier one; a NaN never
+ * beats, a NaN x[0] is never beaten), found here by the warp: each lane scans
+ * its elements in order, then the lanes' picks meet, the earlier index
+ * winning a tie. */
+template <bool MAX>
+static __device__ __forceinline__ float warp_serial_extreme(const float *x, int n, int lane)
+{
+    float best = 0.0f;
+    int at = INT_MAX;
+    for (int d = lane; d < n; d += 32) {
+        const float v = x[d];
+        if (v == v && (at == INT_MAX || (MAX ? v > best : v < best))) {
+            best = v;
+            at = d;
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ob = __shfl_xor_sync(FULL, best, o);
+        const int oat = __shfl_xor_sync(FULL, at, o);
+        const bool beats = MAX ? ob > best : ob < best, beaten = MAX ? best > ob : best < ob;
+        if (oat != INT_MAX && (at == INT_MAX || beats || (!beaten && oat < at))) {
+            best = ob;
+            at = oat;
+        }
+    }
+    return x[0] != x[0] ? x[0] : best;
+}
+
 /* One record of x (shared, hd floats; clobbered) into rec by one warp, in
- * kvq_quantize_head's arithmetic and order (extrema and sums of squares run
- * serially on lane 0), so the bytes are the CPU's. codes: hd ints of shared
+ * kvq_quantize_head's arithmetic and order (TURBO's sums of squares run
+ * serially on lane 0; the extrema of an affine group are the serial scan's,
+ * warp_serial_extreme), so the bytes are the CPU's. codes: hd ints of shared
  * scratch. */
 static __device__ void warp_quantize(const struct cu_kv &kv, int layer, bool v, float *x,
                                      int *codes, uint8_t *rec)
@@ -85,17 +118,8 @@ static __device__ void warp_quantize(const struct cu_kv &kv, int layer, bool v, 
         const int g = f.group_size, levels = (1 << bits) - 1;
         uint8_t *scales = rec + hd * bits / 8;
         for (int g0 = 0; g0 < hd; g0 += g) {
-            float mn = 0.0f, mx = 0.0f;
-            if (lane == 0) {
-                mn = x[g0];
-                mx = x[g0];
-                for (int d = g0 + 1; d < g0 + g; d++) {
-                    mn = x[d] < mn ? x[d] : mn;
-                    mx = x[d] > mx ? x[d] : mx;
-                }
-            }
-            mn = __shfl_sync(FULL, mn, 0);
-            mx = __shfl_sync(FULL, mx, 0);
+            const float mn = warp_serial_extreme<false>(x + g0, g, lane);
+            const float mx = warp_serial_extreme<true>(x + g0, g, lane);
             float bias = kvq_f16_to_f32(kvq_f32_to_f16(mn));
             float scale = kvq_f16_to_f32(kvq_f32_to_f16(__fdiv_rn(mx - bias, (float)levels)));
             float inv = scale > 0 ? __fdiv_rn(1.0f, scale) : 0.0f;
@@ -148,6 +172,16 @@ static __device__ void warp_quantize(const struct cu_kv &kv, int layer, bool v, 
     }
     __syncwarp();
     /* each lane packs whole bytes: no two lanes write one */
+    if (bits == 8) {
+        for (int i = lane; i < hd; i += 32)
+            code_base[i] = (uint8_t)codes[i];
+        return;
+    }
+    if (bits == 4) {
+        for (int i = lane; i < hd / 2; i += 32)
+            code_base[i] = (uint8_t)((codes[2 * i] & 15) | (codes[2 * i + 1] & 15) << 4);
+        return;
+    }
     for (int i = lane; i < hd * bits / 8; i += 32) {
         unsigned byte = 0;
         for (int t = 0; t < 8; t++) {
