@@ -2,8 +2,8 @@
 # -DINFERD_CUDA=ON requires it, -DINFERD_CUDA=OFF skips it. Without it,
 # src/backend/cuda/cuda_stub.c answers that CUDA is absent.
 set(INFERD_CUDA "AUTO" CACHE STRING "Build the CUDA backend: AUTO (when nvcc is found), ON or OFF")
-# sm_90 (Hopper) machine code, plus compute_80 PTX that the driver compiles for any newer GPU.
-set(INFERD_CUDA_ARCHITECTURES "90-real;80-virtual" CACHE STRING "CUDA_ARCHITECTURES of the CUDA backend")
+# sm_90a (Hopper, its warp-group instructions) machine code, plus compute_80 PTX that the driver compiles for any newer GPU.
+set(INFERD_CUDA_ARCHITECTURES "90a-real;80-virtual" CACHE STRING "CUDA_ARCHITECTURES of the CUDA backend")
 
 if(INFERD_FUZZ)
   # libFuzzer builds instrument host code only; nvcc would get clang's flags.

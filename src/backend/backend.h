@@ -531,6 +531,10 @@ struct backend_options {
     /* CUDA: FAST-mode prefill attention over an f16 cache on tensor cores
      * (default on; off: the f32 kernel) */
     enum backend_switch cuda_prefill_tc;
+    /* CUDA: that prefill over a quantized cache with warps that decode the
+     * records beside the warps that attend (where the GPU runs sm_90a code;
+     * default on; off: every warp decodes and attends in turn) */
+    enum backend_switch cuda_qprefill_ws;
     /* CUDA: FAST-mode decode attention of many sequences (more than 8 rows)
      * over an f16 cache on tensor cores (default on; off: the f32
      * flash-decoding kernel, with the q/k launch folded in) */

@@ -78,6 +78,10 @@ static const struct gq_plan gq_long = {
     10, 1200, {{1200, 1, 63, 64, 65, 700, 1023, 1100, 255, 1201}, {699, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
     false};
 
+/* Three sequences whose chunks of 1,000, 333 and 64 tokens are followed by
+ * chunks of 700 and 129 (and none), all attended. */
+static const struct gq_plan gq_long_prefill = {3, 400, {{1000, 333, 64}, {700, 129, 0}}, true};
+
 struct gq_case {
     int n_heads, n_kv_heads, head_dim, sliding_window;
     const char *name;
@@ -122,7 +126,8 @@ static void *dev_copy(struct backend *be, const void *src, size_t bytes)
  * attends. tensor_cores: FAST mode's tensor-core prefill and decode kernels
  * (else the f32 ones). */
 static void check_format(const struct gq_case *gc, const char *format, enum compute_mode mode,
-                         enum backend_switch tensor_cores, const struct gq_plan *plan)
+                         enum backend_switch tensor_cores, enum backend_switch prefill_ws,
+                         const struct gq_plan *plan)
 {
     struct kv_quant q = quant_of(format);
     if (q.layer[0].scheme == KV_QUANT_AFFINE && gc->head_dim % q.layer[0].group_size)
@@ -135,7 +140,8 @@ static void check_format(const struct gq_case *gc, const char *format, enum comp
     cr_assert_eq(backend_cuda_create(0,
                                      &(struct backend_options){.mode = mode, .kv_quant = &q,
                                                                .cuda_prefill_tc = tensor_cores,
-                                                               .cuda_decode_tc = tensor_cores},
+                                                               .cuda_decode_tc = tensor_cores,
+                                                               .cuda_qprefill_ws = prefill_ws},
                                      &bg, &err),
                  0, "%s", err.msg);
     const float tol =
@@ -259,7 +265,8 @@ static const char *const gq_formats[] = {"8",          "4",          "8g32",    
                                          "turbo",      "turbo:k4v3", "turbo:k4v4", "turbo:k8v2",
                                          "turbo:k3v2", "turbo:k5v4", "turbo:k4v3:qjl", NULL};
 
-static void check_all_shapes(enum compute_mode mode, enum backend_switch tensor_cores)
+static void check_all_shapes(enum compute_mode mode, enum backend_switch tensor_cores,
+                             enum backend_switch prefill_ws)
 {
     int n = 0;
     const struct mkmodel_preset *presets = mkmodel_presets(&n);
@@ -273,7 +280,7 @@ static void check_all_shapes(enum compute_mode mode, enum backend_switch tensor_
                                                                              : 0,
                              p->name};
         for (int f = 0; gq_formats[f]; f++)
-            check_format(&gc, gq_formats[f], mode, tensor_cores, &gq_short);
+            check_format(&gc, gq_formats[f], mode, tensor_cores, prefill_ws, &gq_short);
         tested++;
     }
     cr_expect_geq(tested, 5, "the tiny presets");
@@ -281,25 +288,33 @@ static void check_all_shapes(enum compute_mode mode, enum backend_switch tensor_
                               {8, 1, 128, 0, "gqa-8"}, {8, 2, 256, 0, "head_dim-256"}};
     for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++)
         for (int f = 0; gq_formats[f]; f++)
-            check_format(&extra[i], gq_formats[f], mode, tensor_cores, &gq_short);
+            check_format(&extra[i], gq_formats[f], mode, tensor_cores, prefill_ws, &gq_short);
 }
 
 Test(cuda_kv_quant, exact_mode_stores_the_cpus_bytes_and_attends_as_the_cpu, .timeout = 600)
 {
     skip_without_gpu();
-    check_all_shapes(COMPUTE_EXACT, BACKEND_DEFAULT);
+    check_all_shapes(COMPUTE_EXACT, BACKEND_DEFAULT, BACKEND_DEFAULT);
 }
 
 Test(cuda_kv_quant, fast_mode_tensor_core_kernels_attend_as_the_cpu, .timeout = 600)
 {
     skip_without_gpu();
-    check_all_shapes(COMPUTE_FAST, BACKEND_DEFAULT);
+    check_all_shapes(COMPUTE_FAST, BACKEND_DEFAULT, BACKEND_DEFAULT);
+}
+
+/* The tensor-core prefill whose warps each decode and attend in turn (the
+ * kernel GPUs without sm_90a code run). */
+Test(cuda_kv_quant, fast_mode_prefill_without_decoding_warps_attends_as_the_cpu, .timeout = 600)
+{
+    skip_without_gpu();
+    check_all_shapes(COMPUTE_FAST, BACKEND_DEFAULT, BACKEND_OFF);
 }
 
 Test(cuda_kv_quant, fast_mode_f32_kernels_attend_as_the_cpu, .timeout = 600)
 {
     skip_without_gpu();
-    check_all_shapes(COMPUTE_FAST, BACKEND_OFF);
+    check_all_shapes(COMPUTE_FAST, BACKEND_OFF, BACKEND_DEFAULT);
 }
 
 /* Decode steps of ten rows over up to 1,900 positions: rows whose positions
@@ -317,8 +332,30 @@ Test(cuda_kv_quant, fast_mode_decode_over_long_rows_in_many_splits_attends_as_th
                                {8, 2, 64, 300, "sliding-300"}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         for (size_t f = 0; f < sizeof formats / sizeof formats[0]; f++) {
-            check_format(&shapes[i], formats[f], COMPUTE_FAST, BACKEND_DEFAULT, &gq_long);
-            check_format(&shapes[i], formats[f], COMPUTE_FAST, BACKEND_OFF, &gq_long);
+            check_format(&shapes[i], formats[f], COMPUTE_FAST, BACKEND_DEFAULT, BACKEND_DEFAULT,
+                         &gq_long);
+            check_format(&shapes[i], formats[f], COMPUTE_FAST, BACKEND_OFF, BACKEND_DEFAULT,
+                         &gq_long);
+        }
+}
+
+/* Prefill chunks of up to 1,000 tokens after up to 1,000 positions: a block
+ * walks up to 32 tiles, so the prefill's producer and consumer warps pass
+ * each pair of tiles back and forth many times, beside blocks of one tile;
+ * both tensor-core prefill kernels. */
+Test(cuda_kv_quant, fast_mode_long_prefill_chunks_attend_as_the_cpu, .timeout = 600)
+{
+    skip_without_gpu();
+    static const char *const formats[] = {"8", "4g32", "turbo", "turbo:k4v3"};
+    struct gq_case shapes[] = {{32, 8, 128, 0, "llama-3.1-8b"},
+                               {16, 1, 64, 0, "gqa-16"},
+                               {8, 2, 64, 300, "sliding-300"}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (size_t f = 0; f < sizeof formats / sizeof formats[0]; f++) {
+            check_format(&shapes[i], formats[f], COMPUTE_FAST, BACKEND_DEFAULT, BACKEND_DEFAULT,
+                         &gq_long_prefill);
+            check_format(&shapes[i], formats[f], COMPUTE_FAST, BACKEND_DEFAULT, BACKEND_OFF,
+                         &gq_long_prefill);
         }
 }
 

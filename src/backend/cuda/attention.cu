@@ -887,7 +887,7 @@ static cudaError_t launch_prefill(cudaStream_t s, const struct cu_op *op, const 
 }
 
 cudaError_t cu_launch_attention(cudaStream_t s, const struct cu_op *op, const uint8_t *params,
-                                float *part, int smem_optin, bool tensor_cores, bool decode_tc)
+                                float *part, int smem_optin, struct cu_attn_kernels kernels)
 {
     int hd = op->u.attn.kv.head_dim;
     if (op->n_rows == 0)
@@ -895,9 +895,8 @@ cudaError_t cu_launch_attention(cudaStream_t s, const struct cu_op *op, const ui
     if (hd > CU_MAX_HEAD_DIM)
         return cudaErrorInvalidValue;
     if (op->u.attn.kv.quant)
-        return cu_launch_attention_quant(s, op, params, part, smem_optin, tensor_cores,
-                                         decode_tc);
-    if (cu_attention_uses_prefill(op) && tensor_cores && op->u.attn.kv.f16) {
+        return cu_launch_attention_quant(s, op, params, part, smem_optin, kernels);
+    if (cu_attention_uses_prefill(op) && kernels.tensor_cores && op->u.attn.kv.f16) {
         cudaError_t e = cu_launch_attention_prefill_f16(s, op, params, smem_optin);
         if (e != cudaErrorNotSupported)
             return e;

@@ -987,6 +987,43 @@ static __host__ __device__ __forceinline__ size_t qm_block_bytes(const struct kv
     return 2 * DQ_TABLE_BYTES + (tiles + raw > qrows ? tiles + raw : qrows) + 16;
 }
 
+/* A warp's state started for query rows wrow0 .. wrow0 + 15 of `head`: its
+ * positions and Q fragments (scaled into base-2 scores). TURBO (rot, 16
+ * rows of HD floats in shared memory, else NULL): the rows are rotated by
+ * the keys' R there first. */
+template <int HD>
+static __device__ __forceinline__ void qm_load_queries(fa_warp<HD> &w, const struct cu_op &op,
+                                                       const struct cu_span &span, int head,
+                                                       int wrow0, float *rot, int lane)
+{
+    const int g = lane >> 2, t = lane & 3, n_tokens = span.n_tokens, pos0 = span.pos0;
+    const int q_dim = op.u.attn.n_heads * HD;
+    w.init();
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int i = wrow0 + g + 8 * h;
+        w.qpos[h] = pos0 + (i < n_tokens ? i : n_tokens - 1);
+    }
+    const float *qr[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+        qr[h] = op.u.attn.q + (size_t)(span.row0 + w.qpos[h] - pos0) * q_dim + (size_t)head * HD;
+    if (rot) {
+        for (int r = 0; r < 16; r++) {
+            const int i = wrow0 + r;
+            const float *src = op.u.attn.q +
+                               (size_t)(span.row0 + (i < n_tokens ? i : n_tokens - 1)) * q_dim +
+                               (size_t)head * HD;
+            for (int d = lane; d < HD; d += 32)
+                rot[r * HD + d] = src[d];
+            warp_rotate(rot + r * HD, HD, op.u.attn.kv.seed, 0, op.u.attn.layer, false);
+        }
+        qr[0] = rot + g * HD;
+        qr[1] = rot + (g + 8) * HD;
+    }
+    w.load_q(qr, op.u.attn.scale * FA_LOG2E, t);
+}
+
 template <int HD>
 static __global__ void __launch_bounds__(QM_WARPS * 32, 1)
 qattn_prefill_mma_kernel(struct cu_op op, const uint8_t *params, int hpb)
@@ -996,7 +1033,7 @@ qattn_prefill_mma_kernel(struct cu_op op, const uint8_t *params, int hpb)
     const struct cu_kv kv = op.u.attn.kv;
     const struct kv_quant_layer f = kv.fmt;
     const int layer = op.u.attn.layer;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     const int group = op.u.attn.n_heads / kv.n_kv_heads;
     const int chunks_per_kv = group / hpb;
     const int kvh = blockIdx.x / chunks_per_kv;
@@ -1025,33 +1062,8 @@ qattn_prefill_mma_kernel(struct cu_op op, const uint8_t *params, int hpb)
     }
 
     fa_warp<HD> w;
-    w.init();
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        int i = rows.wrow0 + g + 8 * h;
-        w.qpos[h] = pos0 + (i < n_tokens ? i : n_tokens - 1);
-    }
+    qm_load_queries(w, op, *span, head, rows.wrow0, turbo ? qs + warp * 16 * HD : NULL, lane);
     const int q_dim = op.u.attn.n_heads * HD;
-    const float qscale = op.u.attn.scale * FA_LOG2E;
-    const float *qr[2];
-#pragma unroll
-    for (int h = 0; h < 2; h++)
-        qr[h] = op.u.attn.q + (size_t)(span->row0 + w.qpos[h] - pos0) * q_dim + (size_t)head * HD;
-    if (turbo) {
-        float *mine = qs + warp * 16 * HD;
-        for (int r = 0; r < 16; r++) {
-            const int i = rows.wrow0 + r;
-            const float *src = op.u.attn.q +
-                               (size_t)(span->row0 + (i < n_tokens ? i : n_tokens - 1)) * q_dim +
-                               (size_t)head * HD;
-            for (int d = lane; d < HD; d += 32)
-                mine[r * HD + d] = src[d];
-            warp_rotate(mine + r * HD, HD, kv.seed, 0, layer, false);
-        }
-        qr[0] = mine + g * HD;
-        qr[1] = mine + (g + 8) * HD;
-    }
-    w.load_q(qr, qscale, t);
     __syncthreads(); /* the query rows' space becomes the tiles' */
 
     const int kroom = dq_record_room(kvq_head_bytes(&f, HD, false));
@@ -1114,31 +1126,199 @@ qattn_prefill_mma_kernel(struct cu_op op, const uint8_t *params, int hpb)
                 rows.wrow0, n_tokens, lane);
 }
 
-/* The tensor-core prefill for head dims 64 and 128 without QJL keys;
- * cudaErrorNotSupported otherwise (the caller runs the f32 kernel). */
-template <int HD>
-static cudaError_t launch_qprefill_mma_hd(cudaStream_t s, const struct cu_op *op,
-                                          const uint8_t *params, int smem_optin)
+/* ---- prefill on tensor cores, decoding warps beside attending ones ------ */
+
+/* qattn_prefill_mma_kernel's attention with the decoding moved to warps of
+ * its own, so that it takes the issue slots the tensor-core warps leave
+ * idle instead of holding them up. Warp group 0 (QW_PRODUCERS warps, their
+ * registers given back) copies the records of each tile (warp p those of
+ * positions DQ_ROWS p .., cp.async, QW_RAW_STAGES - 1 tiles ahead) and
+ * decodes them, K and V, into one of QW_STAGES pairs of fp16 tiles; the
+ * QM_WARPS consumer warps (registers taken) hold HPB query heads' rows as
+ * the other kernel's warps do and attend each pair in turn. Named barriers
+ * hand a pair over: qw_full(s) opens when the producers have decoded into
+ * pair s (they arrive, the consumers wait), qw_empty(s) when the consumers
+ * are done with it (they arrive, the producers wait). A waiting warp issues
+ * nothing; mbarriers, which the consumers would wait on without waiting for
+ * each other, measured slower (their waits spin). Needs setmaxnreg (sm_90a
+ * machine code): launched elsewhere, every warp would keep the launch's 168
+ * registers and the producers spill. */
+#define QW_PRODUCERS QM_COPIERS
+#define QW_THREADS ((QW_PRODUCERS + QM_WARPS) * 32)
+#define QW_STAGES 2
+#define QW_RAW_STAGES 3
+#define QW_PRODUCER_REGS 120
+#define QW_CONSUMER_REGS 192
+static_assert(QW_PRODUCERS == 4, "the producers are one warp group");
+static_assert(QW_PRODUCERS * 32 * QW_PRODUCER_REGS + QM_WARPS * 32 * QW_CONSUMER_REGS <= 65536,
+              "the warps' registers fit the register file");
+
+static __device__ __forceinline__ int qw_full(int s)
 {
-    const int group = op->u.attn.n_heads / op->u.attn.kv.n_kv_heads;
-    const int hpb = group % 8 == 0 ? 8 : group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;
-    const size_t smem = qm_block_bytes(op->u.attn.kv.fmt, HD);
-    if (smem > (size_t)smem_optin)
-        return cudaErrorNotSupported;
-    cudaError_t e = cudaFuncSetAttribute(qattn_prefill_mma_kernel<HD>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    return 1 + s;
+}
+
+static __device__ __forceinline__ int qw_empty(int s)
+{
+    return 1 + QW_STAGES + s;
+}
+
+static __host__ __device__ __forceinline__ size_t qw_block_bytes(const struct kv_quant_layer &f,
+                                                                 int hd)
+{
+    const size_t tiles = (size_t)QW_STAGES * 2 * FA_BK * hd * sizeof(__half);
+    const size_t raw = (size_t)QW_RAW_STAGES * FA_BK *
+                       (dq_record_room(kvq_head_bytes(&f, hd, false)) +
+                        dq_record_room(kvq_head_bytes(&f, hd, true)));
+    const size_t qrows = (size_t)QM_WARPS * 16 * hd * sizeof(float);
+    return 2 * DQ_TABLE_BYTES + (tiles > qrows ? tiles : qrows) + raw;
+}
+
+template <int HD>
+static __global__ void __launch_bounds__(QW_THREADS, 1)
+qattn_prefill_ws_kernel(struct cu_op op, const uint8_t *params, int hpb)
+{
+    constexpr uint32_t TILE_BYTES = FA_BK * HD * sizeof(__half);
+    constexpr uint32_t QROWS = QM_WARPS * 16 * HD * sizeof(float);
+    constexpr uint32_t TILES = QW_STAGES * 2 * TILE_BYTES;
+    extern __shared__ __align__(128) uint8_t qw_smem[];
+    const struct cu_kv kv = op.u.attn.kv;
+    const struct kv_quant_layer f = kv.fmt;
+    const int layer = op.u.attn.layer;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const bool producer = warp < QW_PRODUCERS;
+    const int cw = producer ? 0 : warp - QW_PRODUCERS; /* a consumer's warp */
+    const int group = op.u.attn.n_heads / kv.n_kv_heads;
+    const int chunks_per_kv = group / hpb;
+    const int kvh = blockIdx.x / chunks_per_kv;
+    const int head = kvh * group + (blockIdx.x % chunks_per_kv) * hpb + cw % hpb;
+    const int bq = 16 * QM_WARPS / hpb;
+    const struct cu_span *span =
+        (const struct cu_span *)(params + op.u.attn.spans_off) + blockIdx.z;
+    const int q0 = (gridDim.y - 1 - blockIdx.y) * bq; /* longest rows first */
+    const int n_tokens = span->n_tokens;
+    if (q0 >= n_tokens)
+        return;
+    const fa_rows rows(span->pos0, n_tokens, q0, bq, op.u.attn.window, cw / hpb);
+    const int n_tiles = rows.n_tiles;
+    const bool turbo = f.scheme == KV_QUANT_TURBO;
+    /* the level tables, the pairs of fp16 tiles (pair s: K at 2 s
+     * TILE_BYTES, V after it; TURBO's query rows take that space first),
+     * then the producers' rooms for records */
+    uint8_t *ktab = qw_smem, *vtab = ktab + DQ_TABLE_BYTES;
+    uint8_t *tiles = vtab + DQ_TABLE_BYTES;
+    uint8_t *raw = tiles + (TILES > QROWS ? TILES : QROWS);
+    const dq_side ks = dq_side_of(kv, layer, kvh, HD, false), vs = dq_side_of(kv, layer, kvh, HD, true);
+    if (turbo) {
+        dq_levels(kv, ks.bits, ktab);
+        dq_levels(kv, vs.bits, vtab);
+    }
+    const int kroom = dq_record_room(kvq_head_bytes(&f, HD, false));
+    const int vroom = dq_record_room(kvq_head_bytes(&f, HD, true));
+    const uint32_t warp_rooms = (uint32_t)QW_RAW_STAGES * DQ_ROWS * (kroom + vroom);
+    const uint32_t tiles0 = smem_addr(tiles);
+
+    if (producer) {
+        const int first = rows.k_begin + DQ_ROWS * warp;
+        dq_stream st;
+        st.init(ks, vs, (const uint32_t *)(params + span->bt_off), kv.block_size, rows.last_pos,
+                smem_addr(raw) + (uint32_t)warp * warp_rooms, kroom, vroom, QW_RAW_STAGES, lane);
+        st.prime<QW_RAW_STAGES>(first, n_tiles, lane);
+        /* first: the consumers' raise waits for these registers */
+        regs_lower_to<QW_PRODUCER_REGS>();
+        __syncthreads(); /* the level tables are in; the query rows are fragments */
+        const uint8_t *mine = raw + (size_t)warp * warp_rooms;
+        const uint32_t my_dst = tiles0 + (uint32_t)(warp * DQ_ROWS * HD * 2);
+        for (int j = 0; j < n_tiles; j++) {
+            const uint32_t stage = st.arrive<QW_RAW_STAGES>(j, first, n_tiles, lane);
+            const int s = j % QW_STAGES;
+            if (j >= QW_STAGES) /* the consumers are done with tile j - QW_STAGES */
+                bar_sync(qw_empty(s), QW_THREADS);
+            const uint32_t dst = my_dst + (uint32_t)s * 2 * TILE_BYTES;
+            dq_decode<HD, 4>(mine + stage, kroom, ks, ktab, dst, lane);
+            dq_decode<HD, 4>(mine + stage + DQ_ROWS * kroom, vroom, vs, vtab, dst + TILE_BYTES,
+                             lane);
+            bar_arrive(qw_full(s), QW_THREADS);
+        }
+        cp_async_wait<0>();
+        return;
+    }
+
+    regs_raise_to<QW_CONSUMER_REGS>();
+    fa_warp<HD> w;
+    qm_load_queries(w, op, *span, head, rows.wrow0, turbo ? (float *)tiles + cw * 16 * HD : NULL,
+                    lane);
+    __syncthreads(); /* the query rows' space becomes the tiles' */
+    for (int j = 0; j < n_tiles; j++) {
+        const int s = j % QW_STAGES, k0 = rows.k_begin + j * FA_BK;
+        const uint32_t kt = tiles0 + (uint32_t)s * 2 * TILE_BYTES;
+        bar_sync(qw_full(s), QW_THREADS);
+        if (!rows.skips(k0))
+            w.attend(kt, kt + TILE_BYTES, k0, rows.straddles(k0), op.u.attn.window, lane);
+        if (j + QW_STAGES < n_tiles) /* the producers wait for it */
+            bar_arrive(qw_empty(s), QW_THREADS);
+    }
+    if (rows.warp_live) {
+        const int q_dim = op.u.attn.n_heads * HD;
+        w.store(op.u.attn.out + (size_t)span->row0 * q_dim + (size_t)head * HD, q_dim,
+                rows.wrow0, n_tokens, lane);
+    }
+}
+
+/* Whether qattn_prefill_ws_kernel<HD> runs as sm_90a machine code here
+ * (its setmaxnreg in effect): asked once per process. */
+template <int HD>
+static bool qprefill_ws_native(void)
+{
+    static int native = -1;
+    if (native < 0) {
+        cudaFuncAttributes a;
+        native = cudaFuncGetAttributes(&a, qattn_prefill_ws_kernel<HD>) == cudaSuccess &&
+                 a.binaryVersion == 90;
+    }
+    return native == 1;
+}
+
+template <typename K>
+static cudaError_t launch_qprefill_kernel(K kernel, cudaStream_t s, const struct cu_op *op,
+                                          const uint8_t *params, size_t smem, int threads,
+                                          int hpb)
+{
+    cudaError_t e =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess)
         return e;
     const int bq = 16 * QM_WARPS / hpb;
     dim3 grid((unsigned)(op->u.attn.n_heads / hpb),
               (unsigned)((op->u.attn.max_span_tokens + bq - 1) / bq),
               (unsigned)op->u.attn.n_spans);
-    qattn_prefill_mma_kernel<HD><<<grid, QM_WARPS * 32, smem, s>>>(*op, params, hpb);
+    kernel<<<grid, threads, smem, s>>>(*op, params, hpb);
     return cudaGetLastError();
 }
 
+/* The tensor-core prefill for head dims 64 and 128 without QJL keys: with
+ * decoding warps of its own where it runs as sm_90a code, else the warps
+ * decode and attend in turn; cudaErrorNotSupported otherwise (the caller
+ * runs the f32 kernel). */
+template <int HD>
+static cudaError_t launch_qprefill_mma_hd(cudaStream_t s, const struct cu_op *op,
+                                          const uint8_t *params, int smem_optin, bool ws)
+{
+    const int group = op->u.attn.n_heads / op->u.attn.kv.n_kv_heads;
+    const int hpb = group % 8 == 0 ? 8 : group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;
+    const size_t ws_smem = qw_block_bytes(op->u.attn.kv.fmt, HD);
+    if (ws && ws_smem <= (size_t)smem_optin && qprefill_ws_native<HD>())
+        return launch_qprefill_kernel(qattn_prefill_ws_kernel<HD>, s, op, params, ws_smem,
+                                      QW_THREADS, hpb);
+    const size_t smem = qm_block_bytes(op->u.attn.kv.fmt, HD);
+    if (smem > (size_t)smem_optin)
+        return cudaErrorNotSupported;
+    return launch_qprefill_kernel(qattn_prefill_mma_kernel<HD>, s, op, params, smem,
+                                  QM_WARPS * 32, hpb);
+}
+
 static cudaError_t launch_qprefill_mma(cudaStream_t s, const struct cu_op *op,
-                                       const uint8_t *params, int smem_optin)
+                                       const uint8_t *params, int smem_optin, bool ws)
 {
     const struct kv_quant_layer *f = &op->u.attn.kv.fmt;
     if (f->scheme == KV_QUANT_TURBO && f->qjl)
@@ -1146,8 +1326,8 @@ static cudaError_t launch_qprefill_mma(cudaStream_t s, const struct cu_op *op,
     if (f->scheme != KV_QUANT_TURBO && f->scheme != KV_QUANT_AFFINE)
         return cudaErrorNotSupported;
     switch (op->u.attn.kv.head_dim) {
-    case 64: return launch_qprefill_mma_hd<64>(s, op, params, smem_optin);
-    case 128: return launch_qprefill_mma_hd<128>(s, op, params, smem_optin);
+    case 64: return launch_qprefill_mma_hd<64>(s, op, params, smem_optin, ws);
+    case 128: return launch_qprefill_mma_hd<128>(s, op, params, smem_optin, ws);
     default: return cudaErrorNotSupported;
     }
 }
@@ -1266,7 +1446,7 @@ static cudaError_t launch_qprefill_f32(cudaStream_t s, const struct cu_op *op,
 
 cudaError_t cu_launch_attention_quant(cudaStream_t s, const struct cu_op *op,
                                       const uint8_t *params, float *part, int smem_optin,
-                                      bool tensor_cores, bool decode_tc)
+                                      struct cu_attn_kernels kernels)
 {
     const int hd = op->u.attn.kv.head_dim;
     if (op->n_rows == 0)
@@ -1275,11 +1455,12 @@ cudaError_t cu_launch_attention_quant(cudaStream_t s, const struct cu_op *op,
         return cudaErrorInvalidValue;
     cudaError_t e;
     if (cu_attention_uses_prefill(op)) {
-        e = tensor_cores ? launch_qprefill_mma(s, op, params, smem_optin) : cudaErrorNotSupported;
+        e = kernels.tensor_cores ? launch_qprefill_mma(s, op, params, smem_optin, kernels.prefill_ws)
+                                 : cudaErrorNotSupported;
         if (e == cudaErrorNotSupported)
             e = launch_qprefill_f32(s, op, params, smem_optin);
     } else {
-        e = decode_tc ? cu_launch_attention_decode_quant(s, op, params, part, smem_optin)
+        e = kernels.decode_tc ? cu_launch_attention_decode_quant(s, op, params, part, smem_optin)
                       : cudaErrorNotSupported;
         if (e == cudaErrorNotSupported)
             e = launch_qdecode_fd(s, op, params, part);

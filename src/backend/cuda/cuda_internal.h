@@ -302,6 +302,7 @@ struct cu_impl {
     bool graphs_enabled;   /* backend_options.cuda_graphs */
     struct cu_fuse_config fuse; /* the mode and backend_options' fusion switches */
     bool prefill_tc;       /* backend_options.cuda_prefill_tc */
+    bool qprefill_ws;      /* backend_options.cuda_qprefill_ws */
     bool moe_kernels;      /* backend_options.cuda_moe: the vectorised and grouped MoE kernels */
     bool qgemv_int8;       /* backend_options.cuda_qgemv_dp4a: FAST-mode block GEMVs on int8 x */
     bool qgemv_stream;     /* backend_options.cuda_qgemv_stream: ... in one launch that stages x */
@@ -585,10 +586,16 @@ cudaError_t cu_launch_dequant_bf16(cudaStream_t s, int dtype, const void *w, int
                                    int64_t cols, uint16_t *out);
 cudaError_t cu_launch_embed_blocks(cudaStream_t s, const struct cu_op *op, const uint8_t *params);
 
-/* tensor_cores: prefill in fp16 on tensor cores (fast mode), else f32;
- * decode_tc: decode over a quantized cache on tensor cores as well. */
+/* The attention kernels a launch may take (FAST mode and backend_options'
+ * switches). */
+struct cu_attn_kernels {
+    bool tensor_cores; /* prefill in fp16 on tensor cores, else f32 */
+    bool decode_tc;    /* decode over a quantized cache on tensor cores as well */
+    bool prefill_ws;   /* quantized prefill with decoding warps beside the attending ones */
+};
+
 cudaError_t cu_launch_attention(cudaStream_t s, const struct cu_op *op, const uint8_t *params,
-                                float *part, int smem_optin, bool tensor_cores, bool decode_tc);
+                                float *part, int smem_optin, struct cu_attn_kernels kernels);
 /* Scratch floats for an attention op (its split partials and counters), a
  * CU_ATTENTION or a CU_ATTN_DENSE one. The scratch starts with
  * CU_ATTN_COUNTERS floats of the decode attention's merge counters (zero
@@ -604,13 +611,15 @@ cudaError_t cu_launch_attention_qk(cudaStream_t s, const struct cu_op *op,
                                    bool early);
 /* Attention over a quantized cache (attention_quant.cu; cu_launch_attention
  * hands it such ops): split-K flash-decoding or, for prefill, tiles decoded
- * into shared memory (fp16 for tensor cores when tensor_cores, FAST mode;
- * f32 otherwise), both reading the records directly, or with decode_tc the
- * tensor-core decode kernel where it applies; TURBO rotates the queries once
- * and the output rows back once (a launch of its own). */
+ * into shared memory (fp16 for tensor cores when kernels.tensor_cores, FAST
+ * mode, by warps of their own beside the attending ones when
+ * kernels.prefill_ws and the GPU runs sm_90a code; f32 otherwise), both
+ * reading the records directly, or with kernels.decode_tc the tensor-core
+ * decode kernel where it applies; TURBO rotates the queries once and the
+ * output rows back once (a launch of its own). */
 cudaError_t cu_launch_attention_quant(cudaStream_t s, const struct cu_op *op,
                                       const uint8_t *params, float *part, int smem_optin,
-                                      bool tensor_cores, bool decode_tc);
+                                      struct cu_attn_kernels kernels);
 /* Decode attention over a quantized cache on tensor cores
  * (attention_decode_quant.cu): records decoded to fp16 tiles in shared
  * memory, head dims 64 and 128, affine and TURBO without QJL keys, at most

@@ -314,14 +314,16 @@ bool cu_exec_launch(struct cu_impl *im, const struct cu_op *ops, const struct cu
                               im->attn_part ? im->attn_part + CU_ATTN_COUNTERS : NULL));
     case CU_LAUNCH_SCATTER_ROWS:
         return CU_TRY(im, cu_launch_scatter_rows(s, op, im->arena_dev));
-    case CU_LAUNCH_ATTENTION:
+    case CU_LAUNCH_ATTENTION: {
         if (im->fuse.decode_mma && cu_attention_uses_mma(op))
             return CU_TRY(im, cu_launch_attention_decode_f16(s, op, im->arena_dev, im->attn_part,
                                                              im->dev.smem_optin, NULL));
+        const struct cu_attn_kernels kernels = {.tensor_cores = im->fuse.fast && im->prefill_tc,
+                                                .decode_tc = im->fuse.decode_mma,
+                                                .prefill_ws = im->qprefill_ws};
         return CU_TRY(im, cu_launch_attention(s, op, im->arena_dev, im->attn_part,
-                                              im->dev.smem_optin,
-                                              im->fuse.fast && im->prefill_tc,
-                                              im->fuse.decode_mma));
+                                              im->dev.smem_optin, kernels));
+    }
     }
     cu_fail(im, INFERD_EINVAL, "unknown planned launch %d", (int)l->kind);
     return false;

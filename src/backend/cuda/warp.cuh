@@ -70,4 +70,37 @@ static __device__ __forceinline__ void cp_async_wait(void)
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+/* Named barriers (ids 1..15; __syncthreads owns 0) for warps that hand
+ * shared memory to each other: `threads` in all, a multiple of 32, arrive
+ * at barrier id before it opens; bar_sync waits for it, bar_arrive does
+ * not. The shared-memory writes before either are seen by the threads that
+ * waited. A waiting warp issues nothing until the barrier opens. */
+static __device__ __forceinline__ void bar_sync(int id, int threads)
+{
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+static __device__ __forceinline__ void bar_arrive(int id, int threads)
+{
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+/* A warp group's registers a thread moved to N (setmaxnreg: all four warps
+ * of the group at once; sm_90a machine code only, elsewhere nothing). */
+template <int N>
+static __device__ __forceinline__ void regs_lower_to(void)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+
+template <int N>
+static __device__ __forceinline__ void regs_raise_to(void)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+
 #endif
