@@ -6,8 +6,9 @@
  * batched (the second at positions past the first, spanning several 64-position tiles) and a
  * decode step after them, in EXACT mode (decode kernels throughout) and FAST mode (the prefill
  * kernels for the prefill chunks and the decode kernels: fp16 tiles on tensor cores, and the
- * f32 ones), and decode steps of ten rows over up to 1,900 positions in many splits. Skipped,
- * saying why, without a GPU. */
+ * f32 ones; the tensor-core prefill with and without its decoding warps), prefill chunks of up
+ * to 1,000 tokens after 1,000 positions, and decode steps of ten rows over up to 1,900 positions
+ * in many splits. Skipped, saying why, without a GPU. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
