@@ -318,26 +318,39 @@ Test(cuda_kv_quant, fast_mode_f32_kernels_attend_as_the_cpu, .timeout = 600)
     check_all_shapes(COMPUTE_FAST, BACKEND_OFF, BACKEND_DEFAULT);
 }
 
+/* The long plans' shapes: the Llama-3.1-8B shape, a GQA group of 16 and a
+ * window. */
+static const struct gq_case gq_long_shapes[] = {{32, 8, 128, 0, "llama-3.1-8b"},
+                                                {16, 1, 64, 0, "gqa-16"},
+                                                {8, 2, 64, 300, "sliding-300"}};
+
+/* Every long shape in each format under the plan in FAST mode, with the
+ * default kernels and then with tensor cores and the prefill's decoding warps
+ * as given. */
+static void check_long_shapes(const char *const *formats, size_t n_formats,
+                              const struct gq_plan *plan, enum backend_switch tensor_cores,
+                              enum backend_switch prefill_ws)
+{
+    for (size_t i = 0; i < sizeof gq_long_shapes / sizeof gq_long_shapes[0]; i++)
+        for (size_t f = 0; f < n_formats; f++) {
+            check_format(&gq_long_shapes[i], formats[f], COMPUTE_FAST, BACKEND_DEFAULT,
+                         BACKEND_DEFAULT, plan);
+            check_format(&gq_long_shapes[i], formats[f], COMPUTE_FAST, tensor_cores, prefill_ws,
+                         plan);
+        }
+}
+
 /* Decode steps of ten rows over up to 1,900 positions: rows whose positions
  * span several splits (merged afterwards) beside rows of one, in both decode
- * paths of FAST mode, for the Llama-3.1-8B shape, a GQA group of 16 and a
- * window. */
+ * paths of FAST mode. */
 Test(cuda_kv_quant, fast_mode_decode_over_long_rows_in_many_splits_attends_as_the_cpu,
      .timeout = 600)
 {
     skip_without_gpu();
     static const char *const formats[] = {"8", "4g32", "turbo", "turbo:k4v3", "turbo:k3v2",
                                           "turbo:k5v4", "turbo:k4v3:qjl"};
-    struct gq_case shapes[] = {{32, 8, 128, 0, "llama-3.1-8b"},
-                               {16, 1, 64, 0, "gqa-16"},
-                               {8, 2, 64, 300, "sliding-300"}};
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-        for (size_t f = 0; f < sizeof formats / sizeof formats[0]; f++) {
-            check_format(&shapes[i], formats[f], COMPUTE_FAST, BACKEND_DEFAULT, BACKEND_DEFAULT,
-                         &gq_long);
-            check_format(&shapes[i], formats[f], COMPUTE_FAST, BACKEND_OFF, BACKEND_DEFAULT,
-                         &gq_long);
-        }
+    check_long_shapes(formats, sizeof formats / sizeof formats[0], &gq_long, BACKEND_OFF,
+                      BACKEND_DEFAULT);
 }
 
 /* Prefill chunks of up to 1,000 tokens after up to 1,000 positions: a block
@@ -348,16 +361,8 @@ Test(cuda_kv_quant, fast_mode_long_prefill_chunks_attend_as_the_cpu, .timeout = 
 {
     skip_without_gpu();
     static const char *const formats[] = {"8", "4g32", "turbo", "turbo:k4v3"};
-    struct gq_case shapes[] = {{32, 8, 128, 0, "llama-3.1-8b"},
-                               {16, 1, 64, 0, "gqa-16"},
-                               {8, 2, 64, 300, "sliding-300"}};
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-        for (size_t f = 0; f < sizeof formats / sizeof formats[0]; f++) {
-            check_format(&shapes[i], formats[f], COMPUTE_FAST, BACKEND_DEFAULT, BACKEND_DEFAULT,
-                         &gq_long_prefill);
-            check_format(&shapes[i], formats[f], COMPUTE_FAST, BACKEND_DEFAULT, BACKEND_OFF,
-                         &gq_long_prefill);
-        }
+    check_long_shapes(formats, sizeof formats / sizeof formats[0], &gq_long_prefill,
+                      BACKEND_DEFAULT, BACKEND_OFF);
 }
 
 Test(cuda_kv_quant, a_format_neither_backend_reads_is_refused_at_creation)

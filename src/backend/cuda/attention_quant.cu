@@ -182,13 +182,14 @@ static __device__ void warp_quantize(const struct cu_kv &kv, int layer, bool v, 
             code_base[i] = (uint8_t)((codes[2 * i] & 15) | (codes[2 * i + 1] & 15) << 4);
         return;
     }
-    for (int i = lane; i < hd * bits / 8; i += 32) {
-        unsigned byte = 0;
-        for (int t = 0; t < 8; t++) {
-            int bit = i * 8 + t;
-            byte |= (((unsigned)codes[bit / bits] >> (bit % bits)) & 1u) << t;
-        }
-        code_base[i] = (uint8_t)byte;
+    /* codes are a little-endian bit stream (kvq_put_code): codes 8 g .. 8 g + 7
+     * are bytes bits g .. bits g + bits - 1, one lane's */
+    for (int g = lane; g < hd / 8; g += 32) {
+        uint64_t word = 0;
+        for (int t = 0; t < 8; t++)
+            word |= (uint64_t)(unsigned)codes[8 * g + t] << (t * bits);
+        for (int b = 0; b < bits; b++)
+            code_base[g * bits + b] = (uint8_t)(word >> (8 * b));
     }
 }
 

@@ -24,9 +24,10 @@ static __device__ void warp_rotate(float *x, int n, uint64_t seed, int which, in
         while (len * 2 <= n - off)
             len *= 2;
         float *b = x + off;
-        for (int h = 1; h < len; h *= 2) {
+        for (int lg = 0; 1 << lg < len; lg++) {
+            const int h = 1 << lg;
             for (int p = lane; p < len / 2; p += 32) {
-                int i = (p / h) * 2 * h + p % h;
+                int i = (p >> lg << (lg + 1)) | (p & (h - 1)); /* (p / h) 2 h + p % h */
                 float a = b[i], c = b[i + h];
                 b[i] = a + c;
                 b[i + h] = a - c;
