@@ -1025,6 +1025,29 @@ static __device__ __forceinline__ void qm_load_queries(fa_warp<HD> &w, const str
     w.load_q(qr, op.u.attn.scale * FA_LOG2E, t);
 }
 
+/* What a prefill block of either tensor-core kernel takes: blockIdx.x a kv
+ * head and a run of hpb of its query heads (attending warp aw runs head
+ * kvh group + .. + aw % hpb), blockIdx.y bq = 16 QM_WARPS / hpb rows of the
+ * span blockIdx.z, the longest rows first. */
+struct qm_block {
+    int kvh, head, bq, q0;
+    const struct cu_span *span;
+};
+
+static __device__ __forceinline__ qm_block qm_block_of(const struct cu_op &op,
+                                                       const uint8_t *params, int hpb, int aw)
+{
+    qm_block b;
+    const int group = op.u.attn.n_heads / op.u.attn.kv.n_kv_heads;
+    const int chunks_per_kv = group / hpb;
+    b.kvh = blockIdx.x / chunks_per_kv;
+    b.head = b.kvh * group + (blockIdx.x % chunks_per_kv) * hpb + aw % hpb;
+    b.bq = 16 * QM_WARPS / hpb;
+    b.span = (const struct cu_span *)(params + op.u.attn.spans_off) + blockIdx.z;
+    b.q0 = (gridDim.y - 1 - blockIdx.y) * b.bq;
+    return b;
+}
+
 template <int HD>
 static __global__ void __launch_bounds__(QM_WARPS * 32, 1)
 qattn_prefill_mma_kernel(struct cu_op op, const uint8_t *params, int hpb)
@@ -1035,14 +1058,9 @@ qattn_prefill_mma_kernel(struct cu_op op, const uint8_t *params, int hpb)
     const struct kv_quant_layer f = kv.fmt;
     const int layer = op.u.attn.layer;
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-    const int group = op.u.attn.n_heads / kv.n_kv_heads;
-    const int chunks_per_kv = group / hpb;
-    const int kvh = blockIdx.x / chunks_per_kv;
-    const int head = kvh * group + (blockIdx.x % chunks_per_kv) * hpb + warp % hpb;
-    const int bq = 16 * QM_WARPS / hpb;
-    const struct cu_span *span =
-        (const struct cu_span *)(params + op.u.attn.spans_off) + blockIdx.z;
-    const int q0 = (gridDim.y - 1 - blockIdx.y) * bq; /* longest rows first */
+    const qm_block blk = qm_block_of(op, params, hpb, warp);
+    const int kvh = blk.kvh, head = blk.head, bq = blk.bq, q0 = blk.q0;
+    const struct cu_span *span = blk.span;
     const int n_tokens = span->n_tokens, pos0 = span->pos0;
     if (q0 >= n_tokens)
         return;
@@ -1189,14 +1207,9 @@ qattn_prefill_ws_kernel(struct cu_op op, const uint8_t *params, int hpb)
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     const bool producer = warp < QW_PRODUCERS;
     const int cw = producer ? 0 : warp - QW_PRODUCERS; /* a consumer's warp */
-    const int group = op.u.attn.n_heads / kv.n_kv_heads;
-    const int chunks_per_kv = group / hpb;
-    const int kvh = blockIdx.x / chunks_per_kv;
-    const int head = kvh * group + (blockIdx.x % chunks_per_kv) * hpb + cw % hpb;
-    const int bq = 16 * QM_WARPS / hpb;
-    const struct cu_span *span =
-        (const struct cu_span *)(params + op.u.attn.spans_off) + blockIdx.z;
-    const int q0 = (gridDim.y - 1 - blockIdx.y) * bq; /* longest rows first */
+    const qm_block blk = qm_block_of(op, params, hpb, cw);
+    const int kvh = blk.kvh, head = blk.head, bq = blk.bq, q0 = blk.q0;
+    const struct cu_span *span = blk.span;
     const int n_tokens = span->n_tokens;
     if (q0 >= n_tokens)
         return;
