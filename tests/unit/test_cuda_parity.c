@@ -564,13 +564,12 @@ static double attention_error(struct backend *be, const struct attn_shape *sh)
 
 /* Spans not multiples of a 64-position tile, chunked (pos0 > 0), several in
  * one call (one of a single token), GQA groups 1 / 4 / 8, block sizes 1 to
- * 256, sliding windows: every output within fp16 rounding of the exact
- * result (the fast-mode kernel rounds q, K, V and the softmax weights to
- * fp16; the outputs are means of values in [-1, 1]). */
-Test(cuda_attention, fast_prefill_matches_f64_reference_on_varlen_gqa_and_window_shapes,
-     .timeout = 300)
+ * 256, sliding windows, long enough for many 128-position tiles: every
+ * output within fp16 rounding of the exact result (the fast-mode kernels
+ * round q, K, V and the softmax weights to fp16; the outputs are means of
+ * values in [-1, 1]). */
+static void check_fast_prefill_shapes(const char *kernel)
 {
-    skip_without_gpu();
     static const struct attn_shape shapes[] = {
         {128, 8, 8, 16, 0, 1, {600}, {0}, 2.0f},
         {64, 16, 4, 16, 0, 2, {77, 200}, {300, 45}, 3.0f},
@@ -579,6 +578,8 @@ Test(cuda_attention, fast_prefill_matches_f64_reference_on_varlen_gqa_and_window
         {128, 8, 2, 256, 37, 2, {250, 129}, {0, 90}, 4.0f},
         {128, 4, 4, 1, 0, 1, {65}, {700}, 4.0f},
         {64, 32, 8, 16, 0, 1, {511}, {1024}, 2.0f},
+        {128, 16, 4, 16, 0, 2, {700, 200}, {333, 1700}, 3.0f},
+        {128, 8, 2, 32, 300, 1, {900}, {129}, 3.0f},
     };
     struct err err = {0};
     struct backend *be = NULL;
@@ -586,13 +587,25 @@ Test(cuda_attention, fast_prefill_matches_f64_reference_on_varlen_gqa_and_window
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         const struct attn_shape *sh = &shapes[i];
         double worst = attention_error(be, sh);
-        cr_log_info("cuda prefill attention, head_dim %d, %d/%d heads, block %d, window %d, "
+        cr_log_info("cuda prefill attention (%s), head_dim %d, %d/%d heads, block %d, window %d, "
                     "%d span(s) (%d at %d, ...): max |error| %.2e",
-                    sh->head_dim, sh->n_heads, sh->n_kv_heads, sh->block_size, sh->window,
+                    kernel, sh->head_dim, sh->n_heads, sh->n_kv_heads, sh->block_size, sh->window,
                     sh->n_spans, sh->n_tokens[0], sh->pos0[0], worst);
-        cr_expect_leq(worst, 5e-3, "shape %zu: max |error| %.3e", i, worst);
+        cr_expect_leq(worst, 5e-3, "%s, shape %zu: max |error| %.3e", kernel, i, worst);
     }
     backend_destroy(be);
+}
+
+/* The warp-group kernel where the GPU runs sm_90a code (the mma.sync one
+ * elsewhere), then the mma.sync kernel everywhere. */
+Test(cuda_attention, fast_prefill_matches_f64_reference_on_varlen_gqa_and_window_shapes,
+     .timeout = 300)
+{
+    skip_without_gpu();
+    check_fast_prefill_shapes("default");
+    cuda_options.cuda_prefill_wgmma = BACKEND_OFF;
+    check_fast_prefill_shapes("mma.sync");
+    cuda_options.cuda_prefill_wgmma = BACKEND_DEFAULT;
 }
 
 /* A decode attention shape of these tests: n_spans sequences of `tokens`

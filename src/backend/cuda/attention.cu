@@ -897,7 +897,8 @@ cudaError_t cu_launch_attention(cudaStream_t s, const struct cu_op *op, const ui
     if (op->u.attn.kv.quant)
         return cu_launch_attention_quant(s, op, params, part, smem_optin, kernels);
     if (cu_attention_uses_prefill(op) && kernels.tensor_cores && op->u.attn.kv.f16) {
-        cudaError_t e = cu_launch_attention_prefill_f16(s, op, params, smem_optin);
+        cudaError_t e =
+            cu_launch_attention_prefill_f16(s, op, params, smem_optin, kernels.prefill_wgmma);
         if (e != cudaErrorNotSupported)
             return e;
     }

@@ -1,10 +1,11 @@
-/* backend/cuda/attention_prefill.cu — prefill attention over an f16 paged KV cache: FlashAttention-2 on mma.sync tensor cores. */
+/* backend/cuda/attention_prefill.cu — prefill attention over an f16 paged KV cache: FlashAttention-2 on mma.sync tensor cores, and on Hopper's warp-group tensor cores (wgmma) with producer warps. */
 #include <cuda_fp16.h>
 #include <math.h>
 
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/fa_mma.cuh"
 #include "backend/cuda/warp.cuh"
+#include "backend/cuda/wgmma.cuh"
 
 /* A block of NW warps takes BQ = 16 NW query rows of one span and one query
  * head and walks the K/V tiles its rows attend to, oldest first. Each warp
@@ -100,19 +101,314 @@ static cudaError_t launch_prefill_f16(cudaStream_t s, const struct cu_op *op,
     return cudaGetLastError();
 }
 
+/* ---- wgmma (sm_90a) --------------------------------------------------- */
+
+/* FlashAttention on Hopper's warp-group tensor cores. A block of three warp
+ * groups takes 128 query rows of one query head. Warp group 0 produces: it
+ * copies each FW_BN-position K/V tile from the paged cache into one of
+ * FW_STAGES stages of 128-byte swizzled shared memory (cp.async, a warp's
+ * lanes over two rows' 16-byte chunks, each row's place in the cache looked
+ * up once by one lane and passed round by shuffles), its registers lowered
+ * so the consumers' can rise. Each consumer group owns 64 of the rows, their
+ * Q (fp16, pre-scaled) in shared memory: S = Q K^T with wgmma (both operands
+ * in shared memory), fa_warp's online softmax on the accumulators (each
+ * warp's 16 rows are an mma.sync C fragment, so the step is the mma.sync
+ * kernel's), and O += P V with P straight from registers as wgmma's A
+ * fragments and V read N-major. A tile's S goes out together with the
+ * previous tile's P V, so its softmax runs while the tensor cores add the
+ * tile before it, and the two consumer groups take turns issuing (named
+ * barriers), so one group's softmax runs beside the other's products.
+ *
+ * Stages are handed over by named barriers: full (each consumer group its
+ * own: the producers arrive once the tile's copies landed, the group waits)
+ * and empty (the producers wait for both groups). The producers announce
+ * tile j once they issued tile j + 1 (three stages: that never waits on a
+ * stage the consumers still hold). */
+#define FW_BN 128     /* positions a K/V tile */
+#define FW_STAGES 3   /* K/V tiles in shared memory */
+#define FW_THREADS 384
+#define FW_PRODUCER_REGS 56
+#define FW_CONSUMER_REGS 224
+
+template <int HD>
+struct fw_tiles {
+    static_assert(HD % 64 == 0, "whole 128-byte rows");
+    static constexpr uint32_t Q_BYTES = 64 * HD * 2;     /* a consumer group's Q */
+    static constexpr uint32_t KV_BYTES = FW_BN * HD * 2; /* a K or a V tile */
+    /* the 1,024-byte alignment of the swizzle, the two groups' Q, the stages */
+    static constexpr size_t SMEM = 1024 + 2 * (size_t)Q_BYTES + FW_STAGES * 2 * (size_t)KV_BYTES;
+
+    /* named barriers (0 is __syncthreads'): stage s full for consumer group
+     * c, stage s empty, group c's Q written, group c's turn */
+    static __device__ __forceinline__ int full(int s, int c) { return 1 + 2 * s + c; }
+    static __device__ __forceinline__ int empty(int s) { return 1 + 2 * FW_STAGES + s; }
+    static __device__ __forceinline__ int q_ready(int c) { return 1 + 3 * FW_STAGES + c; }
+    static __device__ __forceinline__ int turn(int c) { return 3 + 3 * FW_STAGES + c; }
+
+    /* Byte offset of (row, 16-byte chunk) in a tile of `rows` rows of HD
+     * halves: HD / 64 swizzled tiles of 128-byte rows side by side. */
+    static __device__ __forceinline__ uint32_t at(int rows, int row, int chunk)
+    {
+        return (uint32_t)(chunk >> 3) * (uint32_t)(rows * 128) + wgmma_swz(row, chunk & 7);
+    }
+};
+
+/* Warp group 0: every tile's K and V rows into stage j % FW_STAGES. */
+template <int HD>
+static __device__ __forceinline__ void fw_produce(const struct cu_kv &kv, int layer,
+                                                  const uint32_t *bt, int kvh,
+                                                  const fa_rows &rows, uint32_t kv0)
+{
+    using T = fw_tiles<HD>;
+    constexpr int RPW = FW_BN / 4; /* rows a producer warp copies */
+    constexpr int CPR = HD / 8;    /* 16-byte chunks a row */
+    constexpr int RPI = 32 / CPR;  /* rows a copy instruction of the warp covers */
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const int chunk = lane % CPR, sub = lane / CPR;
+    const __half *kc = (const __half *)kv.k, *vc = (const __half *)kv.v;
+    const int bs = kv.block_size;
+    const size_t layer_base = (size_t)layer * kv.n_blocks;
+    const size_t kv_dim = (size_t)kv.n_kv_heads * HD, head_off = (size_t)kvh * HD;
+    for (int j = 0; j <= rows.n_tiles; j++) {
+        if (j < rows.n_tiles) {
+            const int s = j % FW_STAGES;
+            /* lane l finds row l of the warp's rows */
+            const int pos = rows.k_begin + j * FW_BN + warp * RPW + lane % RPW;
+            size_t my_off = FA_NO_ROW;
+            if (pos <= rows.last_pos)
+                my_off = ((layer_base + __ldg(bt + pos / bs)) * bs + pos % bs) * kv_dim + head_off;
+            if (j >= FW_STAGES) /* both consumer groups are done with tile j - FW_STAGES */
+                bar_sync(T::empty(s), FW_THREADS);
+            const uint32_t kdst = kv0 + (uint32_t)s * 2 * T::KV_BYTES, vdst = kdst + T::KV_BYTES;
+#pragma unroll
+            for (int i = 0; i < RPW / RPI; i++) {
+                const int r = i * RPI + sub;
+                size_t off = __shfl_sync(0xffffffffu, my_off, r);
+                const bool valid = off != FA_NO_ROW;
+                off = valid ? off + (size_t)chunk * 8 : 0;
+                const uint32_t o = T::at(FW_BN, warp * RPW + r, chunk);
+                cp_async16(kdst + o, kc + off, valid);
+                cp_async16(vdst + o, vc + off, valid);
+            }
+            cp_async_commit();
+        }
+        if (j >= 1) { /* tile j - 1 landed: hand it over */
+            if (j < rows.n_tiles)
+                cp_async_wait<1>();
+            else
+                cp_async_wait<0>();
+            fence_proxy_async_smem();
+            bar_arrive(T::full((j - 1) % FW_STAGES, 0), 256);
+            bar_arrive(T::full((j - 1) % FW_STAGES, 1), 256);
+        }
+    }
+}
+
+/* A consumer group's 64 rows of Q from wrow0 (rows past the span repeat its
+ * last), times qscale, rounded to fp16 into its tile at qt (as fa_warp's
+ * load_q rounds them). */
+template <int HD>
+static __device__ __forceinline__ void fw_load_q(const struct cu_op &op, const struct cu_span &span,
+                                                 int head, int wrow0, uint32_t qt)
+{
+    constexpr int CPR = HD / 8;
+    const int wt = threadIdx.x % 128, r = wt >> 1;
+    const int i = wrow0 + r < span.n_tokens ? wrow0 + r : span.n_tokens - 1;
+    const size_t q_dim = (size_t)op.u.attn.n_heads * HD;
+    const float *qr = op.u.attn.q + (size_t)(span.row0 + i) * q_dim + (size_t)head * HD;
+    const float qscale = op.u.attn.scale * FA_LOG2E;
+#pragma unroll
+    for (int k = 0; k < CPR / 2; k++) {
+        const int ch = (wt & 1) * (CPR / 2) + k;
+        const float4 a = *(const float4 *)(qr + ch * 8), b = *(const float4 *)(qr + ch * 8 + 4);
+        const uint32_t h0 = pack_half2(a.x * qscale, a.y * qscale);
+        const uint32_t h1 = pack_half2(a.z * qscale, a.w * qscale);
+        const uint32_t h2 = pack_half2(b.x * qscale, b.y * qscale);
+        const uint32_t h3 = pack_half2(b.z * qscale, b.w * qscale);
+        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                         qt + fw_tiles<HD>::at(64, r, ch)),
+                     "r"(h0), "r"(h1), "r"(h2), "r"(h3)
+                     : "memory");
+    }
+}
+
+/* A consumer group's products on the tensor cores, each closed as a group:
+ * S = Q K^T over the tile at kt (Q's tile at qt), and O += P V over the
+ * tile at vt. */
+template <int HD>
+static __device__ __forceinline__ void fw_issue_s(float (&s)[FW_BN / 8][4], uint32_t qt,
+                                                  uint32_t kt)
+{
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {
+        const uint32_t step = (uint32_t)(kk & 3) * 32; /* along the 128-byte rows */
+        wgmma_ss<FW_BN>(s, wgmma_desc(qt + (uint32_t)(kk >> 2) * 64 * 128 + step, 16, 1024),
+                        wgmma_desc(kt + (uint32_t)(kk >> 2) * FW_BN * 128 + step, 16, 1024),
+                        kk > 0);
+    }
+    wgmma_commit();
+}
+
+template <int HD>
+static __device__ __forceinline__ void fw_issue_pv(float (&o)[HD / 8][4],
+                                                   const uint32_t (&pf)[FW_BN / 16][4],
+                                                   uint32_t vt)
+{
+#pragma unroll
+    for (int kk = 0; kk < FW_BN / 16; kk++)
+        wgmma_rs_nmajor<HD>(o, pf[kk],
+                            wgmma_desc(vt + (uint32_t)kk * 16 * 128, FW_BN * 128, 1024));
+    wgmma_commit();
+}
+
+template <int HD>
+static __global__ void __launch_bounds__(FW_THREADS, 1)
+attn_prefill_wgmma_kernel(struct cu_op op, const uint8_t *params)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using T = fw_tiles<HD>;
+    constexpr int NS = FW_BN / 8; /* n8 tiles of S */
+    extern __shared__ __align__(128) uint8_t fw_smem[];
+    const uint32_t base = (smem_addr(fw_smem) + 1023u) & ~1023u;
+    const uint32_t kv0 = base + 2 * T::Q_BYTES;
+    const struct cu_kv kv = op.u.attn.kv;
+    const int group = threadIdx.x / 128, c = group - 1; /* c: the consumer group */
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const int head = blockIdx.x;
+    const int kvh = head / (op.u.attn.n_heads / kv.n_kv_heads);
+    const struct cu_span *span =
+        (const struct cu_span *)(params + op.u.attn.spans_off) + blockIdx.z;
+    /* the longest rows (latest tiles) are scheduled first */
+    const int q0 = (gridDim.y - 1 - blockIdx.y) * 128;
+    const int n_tokens = span->n_tokens;
+    if (q0 >= n_tokens)
+        return;
+    const fa_rows rows(span->pos0, n_tokens, q0, 128, op.u.attn.window, c > 0 ? 1 : 0, FW_BN,
+                       64);
+    const int n_tiles = rows.n_tiles;
+
+    if (group == 0) {
+        regs_lower_to<FW_PRODUCER_REGS>();
+        fw_produce<HD>(kv, op.u.attn.layer, (const uint32_t *)(params + span->bt_off), kvh, rows,
+                       kv0);
+        return;
+    }
+
+    regs_raise_to<FW_CONSUMER_REGS>();
+    const uint32_t qt = base + (uint32_t)c * T::Q_BYTES;
+    fw_load_q<HD>(op, *span, head, rows.wrow0, qt);
+    fence_proxy_async_smem();
+    bar_sync(T::q_ready(c), 128);
+
+    const int g = lane >> 2, t = lane & 3, window = op.u.attn.window;
+    const int wrow0 = rows.wrow0 + 16 * (warp % 4); /* this warp's 16 rows */
+    fa_warp<HD> w;
+    w.init();
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int i = wrow0 + g + 8 * h;
+        w.qpos[h] = span->pos0 + (i < n_tokens ? i : n_tokens - 1);
+    }
+    float s[NS][4];
+#pragma unroll
+    for (int n = 0; n < NS; n++)
+        s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+    uint32_t pf[NS / 2][4];
+    float corr[2];
+
+    /* Tile j's S goes out with tile j - 1's P V. No tile is skipped: the
+     * products are issued on no condition (one the compiler cannot see is
+     * the same for the whole group makes it serialize them), and a tile
+     * wholly out of a row's range is masked to nothing. Turns: group 0 goes
+     * first; each group arrives at the other's turn once it has issued. */
+    if (c == 1)
+        bar_arrive(T::turn(0), 256);
+    bar_sync(T::full(0, c), 256);
+    bar_sync(T::turn(c), 256);
+    wgmma_fence();
+    fw_issue_s<HD>(s, qt, kv0);
+    bar_arrive(T::turn(1 - c), 256);
+    wgmma_wait<0>();
+    wgmma_hold(s);
+    w.template softmax_scores<NS>(s, rows.k_begin, rows.straddles(rows.k_begin), window, t,
+                                  corr);
+    for (int j = 1; j < n_tiles; j++) {
+        const int st = j % FW_STAGES, k0 = rows.k_begin + j * FW_BN;
+        const uint32_t kt = kv0 + (uint32_t)st * 2 * T::KV_BYTES;
+        const uint32_t vt_prev =
+            kv0 + (uint32_t)((j - 1) % FW_STAGES) * 2 * T::KV_BYTES + T::KV_BYTES;
+        w.template softmax_finish<NS>(s, corr, pf); /* O complete: rescaled; P of tile j - 1 */
+        bar_sync(T::full(st, c), 256);
+        bar_sync(T::turn(c), 256);
+        wgmma_fence();
+        fw_issue_s<HD>(s, qt, kt);
+        fw_issue_pv<HD>(w.o, pf, vt_prev);
+        bar_arrive(T::turn(1 - c), 256);
+        wgmma_wait<1>();
+        wgmma_hold(s);
+        w.template softmax_scores<NS>(s, k0, rows.straddles(k0), window, t, corr);
+        wgmma_wait<0>();
+        wgmma_hold(w.o);
+        if (j - 1 + FW_STAGES < n_tiles) /* tile j - 1 is done with */
+            bar_arrive(T::empty((j - 1) % FW_STAGES), FW_THREADS);
+    }
+    w.template softmax_finish<NS>(s, corr, pf);
+    bar_sync(T::turn(c), 256);
+    wgmma_fence();
+    fw_issue_pv<HD>(w.o, pf,
+                    kv0 + (uint32_t)((n_tiles - 1) % FW_STAGES) * 2 * T::KV_BYTES + T::KV_BYTES);
+    if (c == 0) /* group 1's last turn */
+        bar_arrive(T::turn(1), 256);
+    wgmma_wait<0>();
+    wgmma_hold(w.o);
+
+    const int q_dim = op.u.attn.n_heads * HD;
+    w.store(op.u.attn.out + (size_t)span->row0 * q_dim + (size_t)head * HD, q_dim, wrow0,
+            n_tokens, lane);
+#endif
+}
+
+template <int HD>
+static cudaError_t launch_prefill_wgmma(cudaStream_t s, const struct cu_op *op,
+                                        const uint8_t *params, int smem_optin)
+{
+    static int native = -1;
+    constexpr size_t smem = fw_tiles<HD>::SMEM;
+    if (smem > (size_t)smem_optin || !kernel_runs_sm90a(attn_prefill_wgmma_kernel<HD>, &native))
+        return cudaErrorNotSupported;
+    cudaError_t e = cudaFuncSetAttribute(attn_prefill_wgmma_kernel<HD>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess)
+        return e;
+    dim3 grid((unsigned)op->u.attn.n_heads, (unsigned)((op->u.attn.max_span_tokens + 127) / 128),
+              (unsigned)op->u.attn.n_spans);
+    attn_prefill_wgmma_kernel<HD><<<grid, FW_THREADS, smem, s>>>(*op, params);
+    return cudaGetLastError();
+}
+
 /* Prefill attention of an op whose cache is f16 (kv.f16); head dims 64 and
- * 128, cudaErrorNotSupported for others (the caller falls back). Four warps
- * (64 rows) per block: on an H200, one causal 4096-token span with 32 query
- * and 8 kv heads of 128 dims ran at 247 TFLOP/s, against 239 with eight
- * warps and 184 with two. */
+ * 128, cudaErrorNotSupported for others (the caller falls back). With
+ * wgmma, where the GPU runs the sm_90a machine code, the warp-group kernel
+ * (on an H100, a causal 4096-token chunk with 32 query and 8 kv heads of 128
+ * dims: 409 us against 703 us on mma.sync); else mma.sync with four warps
+ * (64 rows) per block: on an H200, one causal 4096-token span of that shape
+ * ran at 247 TFLOP/s, against 239 with eight warps and 184 with two. */
 cudaError_t cu_launch_attention_prefill_f16(cudaStream_t s, const struct cu_op *op,
-                                            const uint8_t *params, int smem_optin)
+                                            const uint8_t *params, int smem_optin, bool wgmma)
 {
     if (!op->u.attn.kv.f16)
         return cudaErrorNotSupported;
+    cudaError_t e = cudaErrorNotSupported;
     switch (op->u.attn.kv.head_dim) {
-    case 64: return launch_prefill_f16<64, 4>(s, op, params, smem_optin);
-    case 128: return launch_prefill_f16<128, 4>(s, op, params, smem_optin);
+    case 64:
+        if (wgmma)
+            e = launch_prefill_wgmma<64>(s, op, params, smem_optin);
+        return e != cudaErrorNotSupported ? e : launch_prefill_f16<64, 4>(s, op, params, smem_optin);
+    case 128:
+        if (wgmma)
+            e = launch_prefill_wgmma<128>(s, op, params, smem_optin);
+        return e != cudaErrorNotSupported ? e
+                                          : launch_prefill_f16<128, 4>(s, op, params, smem_optin);
     default: return cudaErrorNotSupported;
     }
 }

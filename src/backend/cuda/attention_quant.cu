@@ -1279,20 +1279,6 @@ qattn_prefill_ws_kernel(struct cu_op op, const uint8_t *params, int hpb)
     }
 }
 
-/* Whether qattn_prefill_ws_kernel<HD> runs as sm_90a machine code here
- * (its setmaxnreg in effect): asked once per process. */
-template <int HD>
-static bool qprefill_ws_native(void)
-{
-    static int native = -1;
-    if (native < 0) {
-        cudaFuncAttributes a;
-        native = cudaFuncGetAttributes(&a, qattn_prefill_ws_kernel<HD>) == cudaSuccess &&
-                 a.binaryVersion == 90;
-    }
-    return native == 1;
-}
-
 template <typename K>
 static cudaError_t launch_qprefill_kernel(K kernel, cudaStream_t s, const struct cu_op *op,
                                           const uint8_t *params, size_t smem, int threads,
@@ -1321,7 +1307,9 @@ static cudaError_t launch_qprefill_mma_hd(cudaStream_t s, const struct cu_op *op
     const int group = op->u.attn.n_heads / op->u.attn.kv.n_kv_heads;
     const int hpb = group % 8 == 0 ? 8 : group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;
     const size_t ws_smem = qw_block_bytes(op->u.attn.kv.fmt, HD);
-    if (ws && ws_smem <= (size_t)smem_optin && qprefill_ws_native<HD>())
+    static int native = -1;
+    if (ws && ws_smem <= (size_t)smem_optin &&
+        kernel_runs_sm90a(qattn_prefill_ws_kernel<HD>, &native))
         return launch_qprefill_kernel(qattn_prefill_ws_kernel<HD>, s, op, params, ws_smem,
                                       QW_THREADS, hpb);
     const size_t smem = qm_block_bytes(op->u.attn.kv.fmt, HD);

@@ -303,6 +303,7 @@ struct cu_impl {
     struct cu_fuse_config fuse; /* the mode and backend_options' fusion switches */
     bool prefill_tc;       /* backend_options.cuda_prefill_tc */
     bool qprefill_ws;      /* backend_options.cuda_qprefill_ws */
+    bool prefill_wgmma;    /* backend_options.cuda_prefill_wgmma */
     bool moe_kernels;      /* backend_options.cuda_moe: the vectorised and grouped MoE kernels */
     bool qgemv_int8;       /* backend_options.cuda_qgemv_dp4a: FAST-mode block GEMVs on int8 x */
     bool qgemv_stream;     /* backend_options.cuda_qgemv_stream: ... in one launch that stages x */
@@ -592,6 +593,7 @@ struct cu_attn_kernels {
     bool tensor_cores; /* prefill in fp16 on tensor cores, else f32 */
     bool decode_tc;    /* decode over a quantized cache on tensor cores as well */
     bool prefill_ws;   /* quantized prefill with decoding warps beside the attending ones */
+    bool prefill_wgmma; /* f16 prefill on warp-group tensor cores (sm_90a) */
 };
 
 cudaError_t cu_launch_attention(cudaStream_t s, const struct cu_op *op, const uint8_t *params,
@@ -640,10 +642,11 @@ cudaError_t cu_launch_attention_decode_f16(cudaStream_t s, const struct cu_op *o
  * head dims 64 and 128. */
 cudaError_t cu_launch_attention_merge(cudaStream_t s, const struct cu_op *op,
                                       const uint8_t *params, float *part);
-/* Prefill attention over an f16 cache (attention_prefill.cu): FlashAttention-2
- * on mma.sync tensor cores; cudaErrorNotSupported for an f32 cache or a
- * head dim other than 64 and 128. */
+/* Prefill attention over an f16 cache (attention_prefill.cu): FlashAttention
+ * on warp-group tensor cores with producer warps (wgmma) where asked and the
+ * GPU runs sm_90a code, else FlashAttention-2 on mma.sync tensor cores;
+ * cudaErrorNotSupported for an f32 cache or a head dim other than 64 and 128. */
 cudaError_t cu_launch_attention_prefill_f16(cudaStream_t s, const struct cu_op *op,
-                                            const uint8_t *params, int smem_optin);
+                                            const uint8_t *params, int smem_optin, bool wgmma);
 
 #endif

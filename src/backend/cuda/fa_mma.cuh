@@ -50,45 +50,49 @@ static __device__ __forceinline__ float half2_sum(uint32_t v)
 }
 
 /* A block's BQ query rows q0.. of a span (pos0, n_tokens) and the K/V tiles
- * they attend to, k_begin.. (n_tiles of FA_BK), and the part of them warp
- * owns (16 rows from wrow0). Rows past the span repeat its last row (their
- * results are not stored), so no row attends to nothing. */
+ * they attend to, k_begin.. (n_tiles of bk positions), and the part of them
+ * a unit of the block owns (unit_rows rows from wrow0: a warp's 16 by
+ * default, a warp group's 64 in the wgmma kernel). Rows past the span repeat
+ * its last row (their results are not stored), so no row attends to
+ * nothing. */
 struct fa_rows {
     int last_pos; /* the block's last row's position */
-    int k_begin, n_tiles;
+    int k_begin, n_tiles, bk;
     int wrow0, w_first_qpos, w_last_qpos;
     bool warp_live;
     int window;
 
     __device__ __forceinline__ fa_rows(int pos0, int n_tokens, int q0, int bq, int window_,
-                                       int warp)
+                                       int unit, int bk_ = FA_BK, int unit_rows = 16)
     {
         window = window_;
+        bk = bk_;
         const int nq = n_tokens - q0 < bq ? n_tokens - q0 : bq;
         last_pos = pos0 + q0 + nq - 1;
         int first_pos = 0;
         if (window > 0 && pos0 + q0 - window + 1 > 0)
             first_pos = pos0 + q0 - window + 1;
-        k_begin = first_pos - first_pos % FA_BK;
-        n_tiles = (last_pos - k_begin) / FA_BK + 1;
-        wrow0 = q0 + warp * 16;
+        k_begin = first_pos - first_pos % bk;
+        n_tiles = (last_pos - k_begin) / bk + 1;
+        wrow0 = q0 + unit * unit_rows;
         warp_live = wrow0 < n_tokens;
         w_first_qpos = pos0 + (warp_live ? wrow0 : n_tokens - 1);
-        w_last_qpos = pos0 + (wrow0 + 15 < n_tokens ? wrow0 + 15 : n_tokens - 1);
+        w_last_qpos = pos0 + (wrow0 + unit_rows - 1 < n_tokens ? wrow0 + unit_rows - 1
+                                                                : n_tokens - 1);
     }
 
-    /* The warp has nothing to do in the tile at k0: wholly in its rows'
+    /* The unit has nothing to do in the tile at k0: wholly in its rows'
      * future or before their window. */
     __device__ __forceinline__ bool skips(int k0) const
     {
         return !warp_live || k0 > w_last_qpos ||
-               (window > 0 && k0 + FA_BK - 1 < w_first_qpos - window + 1);
+               (window > 0 && k0 + bk - 1 < w_first_qpos - window + 1);
     }
 
     /* Some position of the tile at k0 is out of some row's range: masks. */
     __device__ __forceinline__ bool straddles(int k0) const
     {
-        return k0 + FA_BK - 1 > w_first_qpos || (window > 0 && k0 < w_last_qpos - window + 1);
+        return k0 + bk - 1 > w_first_qpos || (window > 0 && k0 < w_last_qpos - window + 1);
     }
 };
 
@@ -127,6 +131,93 @@ struct fa_warp {
         }
     }
 
+    /* The online-softmax step of a tile of scores s (NS n8 tiles, positions
+     * k0..), masked where a position is past a row or before its window when
+     * the tile can be (diag): the running max and sum move on, O is rescaled,
+     * and P comes out rounded to fp16 as the A fragments of P V, one per k16
+     * step of the tile. In two halves for a caller whose O is still being
+     * written (the warp-group kernel's P V of the tile before): the scores'
+     * half, then, once O is complete, the half that rescales it and packs P. */
+    template <int NS>
+    __device__ __forceinline__ void softmax(float (&s)[NS][4], uint32_t (&pf)[NS / 2][4], int k0,
+                                            bool diag, int window, int t)
+    {
+        float corr[2];
+        softmax_scores<NS>(s, k0, diag, window, t, corr);
+        softmax_finish<NS>(s, corr, pf);
+    }
+
+    /* The mask, the rows' new maxima and the factors corr that rescale what
+     * came before; s becomes exp2(s - max), the row sums are rescaled. */
+    template <int NS>
+    __device__ __forceinline__ void softmax_scores(float (&s)[NS][4], int k0, bool diag,
+                                                   int window, int t, float (&corr)[2])
+    {
+        if (diag) {
+#pragma unroll
+            for (int n = 0; n < NS; n++) {
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    int p = k0 + n * 8 + 2 * t + (j & 1), qp = qpos[j >> 1];
+                    if (p > qp || (window > 0 && p <= qp - window))
+                        s[n][j] = -INFINITY;
+                }
+            }
+        }
+        /* online softmax: rows g (h = 0) and g + 8 (h = 1) */
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float mx = row_max[h];
+#pragma unroll
+            for (int n = 0; n < NS; n++)
+                mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
+            mx = osm_quad_max(mx);
+            /* a row with nothing seen yet subtracts 0: no inf - inf */
+            const float use_max = mx == -INFINITY ? 0.0f : mx;
+            corr[h] = fast_exp2(row_max[h] - use_max);
+            row_max[h] = mx;
+            row_sum[h] *= corr[h];
+#pragma unroll
+            for (int n = 0; n < NS; n++) {
+                s[n][2 * h] = fast_exp2(s[n][2 * h] - use_max);
+                s[n][2 * h + 1] = fast_exp2(s[n][2 * h + 1] - use_max);
+            }
+        }
+    }
+
+    /* O rescaled by corr, then P = s rounded to fp16 as the P V A fragments;
+     * the row sums take the rounded values, so O stays a weighted mean of V
+     * rows. */
+    template <int NS>
+    __device__ __forceinline__ void softmax_finish(const float (&s)[NS][4], const float (&corr)[2],
+                                                   uint32_t (&pf)[NS / 2][4])
+    {
+        /* once the rows' maxima settle, a tile rarely moves one: the
+         * accumulators are rescaled only when some row's factor is not 1
+         * (multiplying by 1 changes no bit) */
+        if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+#pragma unroll
+                for (int n = 0; n < NO; n++) {
+                    o[n][2 * h] *= corr[h];
+                    o[n][2 * h + 1] *= corr[h];
+                }
+            }
+        }
+#pragma unroll
+        for (int kk = 0; kk < NS / 2; kk++) {
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const float *sn = s[2 * kk + (j >> 1)];
+                int h = j & 1;
+                uint32_t pv = pack_half2(sn[2 * h], sn[2 * h + 1]);
+                pf[kk][j] = pv;
+                row_sum[h] += half2_sum(pv);
+            }
+        }
+    }
+
     /* S = Q K^T over the BK rows of a tile at kb (positions k0..), masked
      * where a position is past a row or before its window when the tile can
      * be (diag), online softmax, O += P V with V's rows at vb. By the whole
@@ -154,60 +245,8 @@ struct fa_warp {
                 mma_16816(s[2 * np + 1], qf[kk], b2, b3);
             }
         }
-        if (diag) {
-#pragma unroll
-            for (int n = 0; n < NS; n++) {
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    int p = k0 + n * 8 + 2 * t + (j & 1), qp = qpos[j >> 1];
-                    if (p > qp || (window > 0 && p <= qp - window))
-                        s[n][j] = -INFINITY;
-                }
-            }
-        }
-        /* online softmax: rows g (h = 0) and g + 8 (h = 1) */
-        float use_max[2], corr[2];
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            float mx = row_max[h];
-#pragma unroll
-            for (int n = 0; n < NS; n++)
-                mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
-            mx = osm_quad_max(mx);
-            /* a row with nothing seen yet subtracts 0: no inf - inf */
-            use_max[h] = mx == -INFINITY ? 0.0f : mx;
-            corr[h] = fast_exp2(row_max[h] - use_max[h]);
-            row_max[h] = mx;
-            row_sum[h] *= corr[h];
-        }
-        /* once the rows' maxima settle, a tile rarely moves one: the
-         * accumulators are rescaled only when some row's factor is not 1
-         * (multiplying by 1 changes no bit) */
-        if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) {
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-#pragma unroll
-                for (int n = 0; n < NO; n++) {
-                    o[n][2 * h] *= corr[h];
-                    o[n][2 * h + 1] *= corr[h];
-                }
-            }
-        }
-        /* P rounded to fp16 as the PV A fragments; the row sums take the
-         * rounded values, so O stays a weighted mean of V rows */
         uint32_t pf[BK / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < BK / 16; kk++) {
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const float *sn = s[2 * kk + (j >> 1)];
-                int h = j & 1;
-                uint32_t pv = pack_half2(fast_exp2(sn[2 * h] - use_max[h]),
-                                         fast_exp2(sn[2 * h + 1] - use_max[h]));
-                pf[kk][j] = pv;
-                row_sum[h] += half2_sum(pv);
-            }
-        }
+        softmax<NS>(s, pf, k0, diag, window, t);
 #pragma unroll
         for (int kk = 0; kk < BK / 16; kk++) {
 #pragma unroll

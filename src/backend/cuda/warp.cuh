@@ -103,4 +103,17 @@ static __device__ __forceinline__ void regs_raise_to(void)
 #endif
 }
 
+/* Whether `kernel` runs here as sm_90a machine code (its setmaxnreg and
+ * wgmma in effect; elsewhere the PTX of an older target is compiled and
+ * their bodies are empty): asked once, *cache keeps the answer (-1 before). */
+template <typename K>
+static bool kernel_runs_sm90a(K kernel, int *cache)
+{
+    if (*cache < 0) {
+        cudaFuncAttributes a;
+        *cache = cudaFuncGetAttributes(&a, kernel) == cudaSuccess && a.binaryVersion == 90;
+    }
+    return *cache == 1;
+}
+
 #endif
