@@ -109,15 +109,17 @@ static cudaError_t launch_prefill_f16(cudaStream_t s, const struct cu_op *op,
  * FW_STAGES stages of 128-byte swizzled shared memory (cp.async, a warp's
  * lanes over two rows' 16-byte chunks, each row's place in the cache looked
  * up once by one lane and passed round by shuffles), its registers lowered
- * so the consumers' can rise. Each consumer group owns 64 of the rows, their
- * Q (fp16, pre-scaled) in shared memory: S = Q K^T with wgmma (both operands
- * in shared memory), fa_warp's online softmax on the accumulators (each
- * warp's 16 rows are an mma.sync C fragment, so the step is the mma.sync
- * kernel's), and O += P V with P straight from registers as wgmma's A
- * fragments and V read N-major. A tile's S goes out together with the
- * previous tile's P V, so its softmax runs while the tensor cores add the
- * tile before it, and the two consumer groups take turns issuing (named
- * barriers), so one group's softmax runs beside the other's products.
+ * so the consumers' can rise. Each consumer group owns 64 of the rows, each
+ * warp 16 with their Q (fp16, pre-scaled) as mma.sync A fragments in its
+ * registers, as the mma.sync kernel holds them (keeping Q in shared memory
+ * measured 6% slower): S = Q K^T with wgmma (K from shared memory),
+ * fa_warp's online softmax on the accumulators (each warp's 16 rows are an
+ * mma.sync C fragment, so the step is the mma.sync kernel's), and O += P V
+ * with P from registers as well and V read N-major. A tile's S goes out
+ * together with the previous tile's P V, so its softmax runs while the
+ * tensor cores add the tile before it, and the two consumer groups take
+ * turns issuing (named barriers), so one group's softmax runs beside the
+ * other's products.
  *
  * Stages are handed over by named barriers: full (each consumer group its
  * own: the producers arrive once the tile's copies landed, the group waits)
@@ -133,17 +135,15 @@ static cudaError_t launch_prefill_f16(cudaStream_t s, const struct cu_op *op,
 template <int HD>
 struct fw_tiles {
     static_assert(HD % 64 == 0, "whole 128-byte rows");
-    static constexpr uint32_t Q_BYTES = 64 * HD * 2;     /* a consumer group's Q */
     static constexpr uint32_t KV_BYTES = FW_BN * HD * 2; /* a K or a V tile */
-    /* the 1,024-byte alignment of the swizzle, the two groups' Q, the stages */
-    static constexpr size_t SMEM = 1024 + 2 * (size_t)Q_BYTES + FW_STAGES * 2 * (size_t)KV_BYTES;
+    /* the 1,024-byte alignment of the swizzle, then the stages */
+    static constexpr size_t SMEM = 1024 + FW_STAGES * 2 * (size_t)KV_BYTES;
 
     /* named barriers (0 is __syncthreads'): stage s full for consumer group
-     * c, stage s empty, group c's Q written, group c's turn */
+     * c, stage s empty, group c's turn */
     static __device__ __forceinline__ int full(int s, int c) { return 1 + 2 * s + c; }
     static __device__ __forceinline__ int empty(int s) { return 1 + 2 * FW_STAGES + s; }
-    static __device__ __forceinline__ int q_ready(int c) { return 1 + 3 * FW_STAGES + c; }
-    static __device__ __forceinline__ int turn(int c) { return 3 + 3 * FW_STAGES + c; }
+    static __device__ __forceinline__ int turn(int c) { return 1 + 3 * FW_STAGES + c; }
 
     /* Byte offset of (row, 16-byte chunk) in a tile of `rows` rows of HD
      * halves: HD / 64 swizzled tiles of 128-byte rows side by side. */
@@ -204,45 +204,17 @@ static __device__ __forceinline__ void fw_produce(const struct cu_kv &kv, int la
     }
 }
 
-/* A consumer group's 64 rows of Q from wrow0 (rows past the span repeat its
- * last), times qscale, rounded to fp16 into its tile at qt (as fa_warp's
- * load_q rounds them). */
-template <int HD>
-static __device__ __forceinline__ void fw_load_q(const struct cu_op &op, const struct cu_span &span,
-                                                 int head, int wrow0, uint32_t qt)
-{
-    constexpr int CPR = HD / 8;
-    const int wt = threadIdx.x % 128, r = wt >> 1;
-    const int i = wrow0 + r < span.n_tokens ? wrow0 + r : span.n_tokens - 1;
-    const size_t q_dim = (size_t)op.u.attn.n_heads * HD;
-    const float *qr = op.u.attn.q + (size_t)(span.row0 + i) * q_dim + (size_t)head * HD;
-    const float qscale = op.u.attn.scale * FA_LOG2E;
-#pragma unroll
-    for (int k = 0; k < CPR / 2; k++) {
-        const int ch = (wt & 1) * (CPR / 2) + k;
-        const float4 a = *(const float4 *)(qr + ch * 8), b = *(const float4 *)(qr + ch * 8 + 4);
-        const uint32_t h0 = pack_half2(a.x * qscale, a.y * qscale);
-        const uint32_t h1 = pack_half2(a.z * qscale, a.w * qscale);
-        const uint32_t h2 = pack_half2(b.x * qscale, b.y * qscale);
-        const uint32_t h3 = pack_half2(b.z * qscale, b.w * qscale);
-        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(
-                         qt + fw_tiles<HD>::at(64, r, ch)),
-                     "r"(h0), "r"(h1), "r"(h2), "r"(h3)
-                     : "memory");
-    }
-}
-
 /* A consumer group's products on the tensor cores, each closed as a group:
- * S = Q K^T over the tile at kt (Q's tile at qt), and O += P V over the
- * tile at vt. */
+ * S = Q K^T over the tile at kt (Q as qf, each warp's A fragments), and
+ * O += P V over the tile at vt. */
 template <int HD>
-static __device__ __forceinline__ void fw_issue_s(float (&s)[FW_BN / 8][4], uint32_t qt,
-                                                  uint32_t kt)
+static __device__ __forceinline__ void fw_issue_s(float (&s)[FW_BN / 8][4],
+                                                  const uint32_t (&qf)[HD / 16][4], uint32_t kt)
 {
 #pragma unroll
     for (int kk = 0; kk < HD / 16; kk++) {
         const uint32_t step = (uint32_t)(kk & 3) * 32; /* along the 128-byte rows */
-        wgmma_ss<FW_BN>(s, wgmma_desc(qt + (uint32_t)(kk >> 2) * 64 * 128 + step, 16, 1024),
+        wgmma_rs<FW_BN>(s, qf[kk],
                         wgmma_desc(kt + (uint32_t)(kk >> 2) * FW_BN * 128 + step, 16, 1024),
                         kk > 0);
     }
@@ -269,8 +241,7 @@ attn_prefill_wgmma_kernel(struct cu_op op, const uint8_t *params)
     using T = fw_tiles<HD>;
     constexpr int NS = FW_BN / 8; /* n8 tiles of S */
     extern __shared__ __align__(128) uint8_t fw_smem[];
-    const uint32_t base = (smem_addr(fw_smem) + 1023u) & ~1023u;
-    const uint32_t kv0 = base + 2 * T::Q_BYTES;
+    const uint32_t kv0 = (smem_addr(fw_smem) + 1023u) & ~1023u; /* the swizzle's alignment */
     const struct cu_kv kv = op.u.attn.kv;
     const int group = threadIdx.x / 128, c = group - 1; /* c: the consumer group */
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
@@ -295,11 +266,6 @@ attn_prefill_wgmma_kernel(struct cu_op op, const uint8_t *params)
     }
 
     regs_raise_to<FW_CONSUMER_REGS>();
-    const uint32_t qt = base + (uint32_t)c * T::Q_BYTES;
-    fw_load_q<HD>(op, *span, head, rows.wrow0, qt);
-    fence_proxy_async_smem();
-    bar_sync(T::q_ready(c), 128);
-
     const int g = lane >> 2, t = lane & 3, window = op.u.attn.window;
     const int wrow0 = rows.wrow0 + 16 * (warp % 4); /* this warp's 16 rows */
     fa_warp<HD> w;
@@ -308,6 +274,15 @@ attn_prefill_wgmma_kernel(struct cu_op op, const uint8_t *params)
     for (int h = 0; h < 2; h++) {
         const int i = wrow0 + g + 8 * h;
         w.qpos[h] = span->pos0 + (i < n_tokens ? i : n_tokens - 1);
+    }
+    const int q_dim = op.u.attn.n_heads * HD;
+    {
+        const float *qr[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            qr[h] = op.u.attn.q + (size_t)(span->row0 + w.qpos[h] - span->pos0) * q_dim +
+                    (size_t)head * HD;
+        w.load_q(qr, op.u.attn.scale * FA_LOG2E, t);
     }
     float s[NS][4];
 #pragma unroll
@@ -326,7 +301,7 @@ attn_prefill_wgmma_kernel(struct cu_op op, const uint8_t *params)
     bar_sync(T::full(0, c), 256);
     bar_sync(T::turn(c), 256);
     wgmma_fence();
-    fw_issue_s<HD>(s, qt, kv0);
+    fw_issue_s<HD>(s, w.qf, kv0);
     bar_arrive(T::turn(1 - c), 256);
     wgmma_wait<0>();
     wgmma_hold(s);
@@ -341,7 +316,7 @@ attn_prefill_wgmma_kernel(struct cu_op op, const uint8_t *params)
         bar_sync(T::full(st, c), 256);
         bar_sync(T::turn(c), 256);
         wgmma_fence();
-        fw_issue_s<HD>(s, qt, kt);
+        fw_issue_s<HD>(s, w.qf, kt);
         fw_issue_pv<HD>(w.o, pf, vt_prev);
         bar_arrive(T::turn(1 - c), 256);
         wgmma_wait<1>();
@@ -362,7 +337,6 @@ attn_prefill_wgmma_kernel(struct cu_op op, const uint8_t *params)
     wgmma_wait<0>();
     wgmma_hold(w.o);
 
-    const int q_dim = op.u.attn.n_heads * HD;
     w.store(op.u.attn.out + (size_t)span->row0 * q_dim + (size_t)head * HD, q_dim, wrow0,
             n_tokens, lane);
 #endif
@@ -390,25 +364,21 @@ static cudaError_t launch_prefill_wgmma(cudaStream_t s, const struct cu_op *op,
  * 128, cudaErrorNotSupported for others (the caller falls back). With
  * wgmma, where the GPU runs the sm_90a machine code, the warp-group kernel
  * (on an H100, a causal 4096-token chunk with 32 query and 8 kv heads of 128
- * dims: 409 us against 703 us on mma.sync); else mma.sync with four warps
+ * dims: 386 us against 703 us on mma.sync); else mma.sync with four warps
  * (64 rows) per block: on an H200, one causal 4096-token span of that shape
  * ran at 247 TFLOP/s, against 239 with eight warps and 184 with two. */
 cudaError_t cu_launch_attention_prefill_f16(cudaStream_t s, const struct cu_op *op,
                                             const uint8_t *params, int smem_optin, bool wgmma)
 {
-    if (!op->u.attn.kv.f16)
+    const int hd = op->u.attn.kv.head_dim;
+    if (!op->u.attn.kv.f16 || (hd != 64 && hd != 128))
         return cudaErrorNotSupported;
-    cudaError_t e = cudaErrorNotSupported;
-    switch (op->u.attn.kv.head_dim) {
-    case 64:
-        if (wgmma)
-            e = launch_prefill_wgmma<64>(s, op, params, smem_optin);
-        return e != cudaErrorNotSupported ? e : launch_prefill_f16<64, 4>(s, op, params, smem_optin);
-    case 128:
-        if (wgmma)
-            e = launch_prefill_wgmma<128>(s, op, params, smem_optin);
-        return e != cudaErrorNotSupported ? e
-                                          : launch_prefill_f16<128, 4>(s, op, params, smem_optin);
-    default: return cudaErrorNotSupported;
+    if (wgmma) {
+        cudaError_t e = hd == 64 ? launch_prefill_wgmma<64>(s, op, params, smem_optin)
+                                 : launch_prefill_wgmma<128>(s, op, params, smem_optin);
+        if (e != cudaErrorNotSupported)
+            return e;
     }
+    return hd == 64 ? launch_prefill_f16<64, 4>(s, op, params, smem_optin)
+                    : launch_prefill_f16<128, 4>(s, op, params, smem_optin);
 }

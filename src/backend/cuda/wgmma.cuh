@@ -19,8 +19,8 @@
  * Operands in shared memory are tiles of rows of 64 halves (128 bytes), the
  * 16-byte chunks of row r stored at chunk ^ (r % 8) (128-byte swizzle; the
  * tile 1024-byte aligned). A matrix 128 halves wide along K (or N) is two
- * such tiles, halves 0..63 then 64..127. K-major (A = Q, B = K: each row one
- * m or n, its K halves along it): SBO = 1024 bytes from one 8-row group to
+ * such tiles, halves 0..63 then 64..127. K-major (B = K: each row one
+ * n, its K halves along it): SBO = 1024 bytes from one 8-row group to
  * the next, a k16 step 32 bytes further along the row. N-major (B = V: each
  * row one k, its N halves along it): SBO = 1024 bytes per 8 k rows, LBO = the
  * distance from the tile of N halves 0..63 to that of 64..127. */
@@ -86,32 +86,21 @@ static __device__ __forceinline__ void wgmma_hold(float (&d)[NT][4])
     "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, "    \
     "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
 
-/* d (+)= a b, m64nNk16 with a and b in shared memory, both K-major;
+/* d (+)= a b, m64nNk16 with a in registers and b in shared memory, K-major;
  * scale_d 0 overwrites d, 1 accumulates. */
 template <int N>
-static __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], uint64_t da, uint64_t db,
-                                                int scale_d);
+static __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&a)[4],
+                                                uint64_t db, int scale_d);
 
 template <>
-__device__ __forceinline__ void wgmma_ss<64>(float (&d)[8][4], uint64_t da, uint64_t db,
-                                             int scale_d)
+__device__ __forceinline__ void wgmma_rs<128>(float (&d)[16][4], const uint32_t (&a)[4],
+                                              uint64_t db, int scale_d)
 {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " WG_ACC32
-                 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
-                 : WG_D32(d, 0)
-                 : "l"(da), "l"(db), "r"(scale_d));
-}
-
-template <>
-__device__ __forceinline__ void wgmma_ss<128>(float (&d)[16][4], uint64_t da, uint64_t db,
-                                              int scale_d)
-{
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " WG_ACC64
-                 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 ", {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
                  : WG_D32(d, 0), WG_D32(d, 8)
-                 : "l"(da), "l"(db), "r"(scale_d));
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
 }
 
 /* d += a b, m64nNk16 with a in registers and b in shared memory, N-major. */
