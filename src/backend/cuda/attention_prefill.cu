@@ -145,11 +145,11 @@ struct fw_tiles {
     static __device__ __forceinline__ int empty(int s) { return 1 + 2 * FW_STAGES + s; }
     static __device__ __forceinline__ int turn(int c) { return 1 + 3 * FW_STAGES + c; }
 
-    /* Byte offset of (row, 16-byte chunk) in a tile of `rows` rows of HD
-     * halves: HD / 64 swizzled tiles of 128-byte rows side by side. */
-    static __device__ __forceinline__ uint32_t at(int rows, int row, int chunk)
+    /* Byte offset of (row, 16-byte chunk) in a K or V tile: HD / 64
+     * swizzled tiles of FW_BN rows of 128 bytes side by side. */
+    static __device__ __forceinline__ uint32_t at(int row, int chunk)
     {
-        return (uint32_t)(chunk >> 3) * (uint32_t)(rows * 128) + wgmma_swz(row, chunk & 7);
+        return (uint32_t)(chunk >> 3) * (FW_BN * 128) + wgmma_swz(row, chunk & 7);
     }
 };
 
@@ -186,7 +186,7 @@ static __device__ __forceinline__ void fw_produce(const struct cu_kv &kv, int la
                 size_t off = __shfl_sync(0xffffffffu, my_off, r);
                 const bool valid = off != FA_NO_ROW;
                 off = valid ? off + (size_t)chunk * 8 : 0;
-                const uint32_t o = T::at(FW_BN, warp * RPW + r, chunk);
+                const uint32_t o = T::at(warp * RPW + r, chunk);
                 cp_async16(kdst + o, kc + off, valid);
                 cp_async16(vdst + o, vc + off, valid);
             }
