@@ -531,8 +531,9 @@ struct backend_options {
     /* CUDA: FAST-mode prefill attention over an f16 cache on tensor cores
      * (default on; off: the f32 kernel) */
     enum backend_switch cuda_prefill_tc;
-    /* CUDA: that prefill over an f16 cache on Hopper's warp-group tensor cores
-     * (wgmma, where the GPU runs sm_90a code; default on; off: mma.sync) */
+    /* CUDA: that prefill, over an f16 cache and over a quantized one (its
+     * attending warps), on Hopper's warp-group tensor cores (wgmma, where the
+     * GPU runs sm_90a code; default on; off: mma.sync) */
     enum backend_switch cuda_prefill_wgmma;
     /* CUDA: that prefill over a quantized cache with warps that decode the
      * records beside the warps that attend (where the GPU runs sm_90a code;

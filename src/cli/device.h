@@ -44,8 +44,8 @@ bool cli_device_parse(const char *text, struct device_spec *out);
     "                              x in bf16 (INFERD_CUDA_GEMM_X=0)\n"                          \
     "  --cuda-prefill-tc on|off    fast-mode prefill attention on tensor cores\n"                \
     "                              (INFERD_CUDA_PREFILL_TC=0)\n"                                 \
-    "  --cuda-prefill-wgmma on|off  that prefill over an f16 cache on warp-group tensor\n"   \
-    "                              cores (sm_90a GPUs; INFERD_CUDA_PREFILL_WGMMA=0)\n"       \
+    "  --cuda-prefill-wgmma on|off  that prefill on warp-group tensor cores (sm_90a GPUs;\n"  \
+    "                              INFERD_CUDA_PREFILL_WGMMA=0)\n"                           \
     "  --cuda-qprefill-ws on|off   that prefill over a quantized cache with warps that only\n"  \
     "                              decode records beside those that attend (sm_90a GPUs)\n"   \
     "                              (INFERD_CUDA_QPREFILL_WS=0)\n"                               \

@@ -125,10 +125,11 @@ static void *dev_copy(struct backend *be, const void *src, size_t bytes)
 
 /* The plan's steps on both backends, every layer checked at each step it
  * attends. tensor_cores: FAST mode's tensor-core prefill and decode kernels
- * (else the f32 ones). */
+ * (else the f32 ones); prefill_ws: the prefill's decoding warps beside the
+ * attending ones, which attend on wgmma unless wgmma is off. */
 static void check_format(const struct gq_case *gc, const char *format, enum compute_mode mode,
                          enum backend_switch tensor_cores, enum backend_switch prefill_ws,
-                         const struct gq_plan *plan)
+                         enum backend_switch wgmma, const struct gq_plan *plan)
 {
     struct kv_quant q = quant_of(format);
     if (q.layer[0].scheme == KV_QUANT_AFFINE && gc->head_dim % q.layer[0].group_size)
@@ -142,7 +143,8 @@ static void check_format(const struct gq_case *gc, const char *format, enum comp
                                      &(struct backend_options){.mode = mode, .kv_quant = &q,
                                                                .cuda_prefill_tc = tensor_cores,
                                                                .cuda_decode_tc = tensor_cores,
-                                                               .cuda_qprefill_ws = prefill_ws},
+                                                               .cuda_qprefill_ws = prefill_ws,
+                                                               .cuda_prefill_wgmma = wgmma},
                                      &bg, &err),
                  0, "%s", err.msg);
     const float tol =
@@ -281,7 +283,8 @@ static void check_all_shapes(enum compute_mode mode, enum backend_switch tensor_
                                                                              : 0,
                              p->name};
         for (int f = 0; gq_formats[f]; f++)
-            check_format(&gc, gq_formats[f], mode, tensor_cores, prefill_ws, &gq_short);
+            check_format(&gc, gq_formats[f], mode, tensor_cores, prefill_ws, BACKEND_DEFAULT,
+                         &gq_short);
         tested++;
     }
     cr_expect_geq(tested, 5, "the tiny presets");
@@ -289,7 +292,8 @@ static void check_all_shapes(enum compute_mode mode, enum backend_switch tensor_
                               {8, 1, 128, 0, "gqa-8"}, {8, 2, 256, 0, "head_dim-256"}};
     for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++)
         for (int f = 0; gq_formats[f]; f++)
-            check_format(&extra[i], gq_formats[f], mode, tensor_cores, prefill_ws, &gq_short);
+            check_format(&extra[i], gq_formats[f], mode, tensor_cores, prefill_ws,
+                         BACKEND_DEFAULT, &gq_short);
 }
 
 Test(cuda_kv_quant, exact_mode_stores_the_cpus_bytes_and_attends_as_the_cpu, .timeout = 600)
@@ -325,18 +329,18 @@ static const struct gq_case gq_long_shapes[] = {{32, 8, 128, 0, "llama-3.1-8b"},
                                                 {8, 2, 64, 300, "sliding-300"}};
 
 /* Every long shape in each format under the plan in FAST mode, with the
- * default kernels and then with tensor cores and the prefill's decoding warps
- * as given. */
+ * default kernels and then with tensor cores, the prefill's decoding warps
+ * and wgmma as given. */
 static void check_long_shapes(const char *const *formats, size_t n_formats,
                               const struct gq_plan *plan, enum backend_switch tensor_cores,
-                              enum backend_switch prefill_ws)
+                              enum backend_switch prefill_ws, enum backend_switch wgmma)
 {
     for (size_t i = 0; i < sizeof gq_long_shapes / sizeof gq_long_shapes[0]; i++)
         for (size_t f = 0; f < n_formats; f++) {
             check_format(&gq_long_shapes[i], formats[f], COMPUTE_FAST, BACKEND_DEFAULT,
-                         BACKEND_DEFAULT, plan);
+                         BACKEND_DEFAULT, BACKEND_DEFAULT, plan);
             check_format(&gq_long_shapes[i], formats[f], COMPUTE_FAST, tensor_cores, prefill_ws,
-                         plan);
+                         wgmma, plan);
         }
 }
 
@@ -350,19 +354,22 @@ Test(cuda_kv_quant, fast_mode_decode_over_long_rows_in_many_splits_attends_as_th
     static const char *const formats[] = {"8", "4g32", "turbo", "turbo:k4v3", "turbo:k3v2",
                                           "turbo:k5v4", "turbo:k4v3:qjl"};
     check_long_shapes(formats, sizeof formats / sizeof formats[0], &gq_long, BACKEND_OFF,
-                      BACKEND_DEFAULT);
+                      BACKEND_DEFAULT, BACKEND_DEFAULT);
 }
 
 /* Prefill chunks of up to 1,000 tokens after up to 1,000 positions: a block
  * walks up to 32 tiles, so the prefill's producer and consumer warps pass
  * each pair of tiles back and forth many times, beside blocks of one tile;
- * both tensor-core prefill kernels. */
+ * every tensor-core prefill kernel (the decoding warps' consumers on wgmma by
+ * default, on mma.sync, and no decoding warps). */
 Test(cuda_kv_quant, fast_mode_long_prefill_chunks_attend_as_the_cpu, .timeout = 600)
 {
     skip_without_gpu();
     static const char *const formats[] = {"8", "4g32", "turbo", "turbo:k4v3"};
     check_long_shapes(formats, sizeof formats / sizeof formats[0], &gq_long_prefill,
-                      BACKEND_DEFAULT, BACKEND_OFF);
+                      BACKEND_DEFAULT, BACKEND_OFF, BACKEND_DEFAULT);
+    check_long_shapes(formats, sizeof formats / sizeof formats[0], &gq_long_prefill,
+                      BACKEND_DEFAULT, BACKEND_DEFAULT, BACKEND_OFF);
 }
 
 Test(cuda_kv_quant, a_format_neither_backend_reads_is_refused_at_creation)

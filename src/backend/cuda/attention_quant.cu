@@ -8,6 +8,7 @@
 #include "backend/cuda/fa_mma.cuh"
 #include "backend/cuda/kv_records.cuh"
 #include "backend/cuda/kv_rotate.cuh"
+#include "backend/cuda/wgmma.cuh"
 
 /* The attention scratch (cu_attention_part_floats, attention.cu): this many
  * merge counters first, then the split partials, PART_STRIDE floats each:
@@ -1182,24 +1183,145 @@ static __device__ __forceinline__ int qw_empty(int s)
     return 1 + QW_STAGES + s;
 }
 
-static __host__ __device__ __forceinline__ size_t qw_block_bytes(const struct kv_quant_layer &f,
-                                                                 int hd)
+/* With wgmma consumers (sm_90a): three pairs of tiles (the consumers hold
+ * two while a tile's S goes out with the previous tile's P V), laid out as
+ * wgmma reads them (1,024-byte aligned); named barriers full(s, c) for each
+ * consumer group, empty(s), and the groups' turns. */
+#define QW_WG_STAGES 3
+
+static __device__ __forceinline__ int qw_wg_full(int s, int c)
 {
-    const size_t tiles = (size_t)QW_STAGES * 2 * FA_BK * hd * sizeof(__half);
+    return 1 + 2 * s + c;
+}
+
+static __device__ __forceinline__ int qw_wg_empty(int s)
+{
+    return 1 + 2 * QW_WG_STAGES + s;
+}
+
+static __host__ __device__ __forceinline__ size_t qw_block_bytes(const struct kv_quant_layer &f,
+                                                                 int hd, bool wg)
+{
+    const size_t tiles =
+        (size_t)(wg ? QW_WG_STAGES : QW_STAGES) * 2 * FA_BK * hd * sizeof(__half);
     const size_t raw = (size_t)QW_RAW_STAGES * FA_BK *
                        (dq_record_room(kvq_head_bytes(&f, hd, false)) +
                         dq_record_room(kvq_head_bytes(&f, hd, true)));
     const size_t qrows = (size_t)QM_WARPS * 16 * hd * sizeof(float);
-    return 2 * DQ_TABLE_BYTES + (tiles > qrows ? tiles : qrows) + raw;
+    return 2 * DQ_TABLE_BYTES + (wg ? 1024 : 0) + (tiles > qrows ? tiles : qrows) + raw;
+}
+
+/* The wgmma consumers' products for a tile of FA_BK positions (sm_90a):
+ * S = Q K^T (Q as each warp's A fragments) and O += P V, each closed as a
+ * group. */
+template <int HD>
+static __device__ __forceinline__ void qw_issue_s(float (&s)[FA_BK / 8][4],
+                                                  const uint32_t (&qf)[HD / 16][4], uint32_t kt)
+{
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++)
+        wgmma_rs<FA_BK>(s, qf[kk],
+                        wgmma_desc(kt + (uint32_t)(kk >> 2) * FA_BK * 128 + (kk & 3) * 32, 16,
+                                   1024),
+                        kk > 0);
+    wgmma_commit();
 }
 
 template <int HD>
+static __device__ __forceinline__ void qw_issue_pv(float (&o)[HD / 8][4],
+                                                   const uint32_t (&pf)[FA_BK / 16][4],
+                                                   uint32_t vt)
+{
+#pragma unroll
+    for (int kk = 0; kk < FA_BK / 16; kk++)
+        wgmma_rs_nmajor<HD>(o, pf[kk],
+                            wgmma_desc(vt + (uint32_t)kk * 16 * 128, FA_BK * 128, 1024));
+    wgmma_commit();
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+static __device__ __forceinline__ int qw_wg_turn(int c)
+{
+    return 1 + 3 * QW_WG_STAGES + c;
+}
+
+/* The consumer groups' side of qattn_prefill_ws_kernel on wgmma (group c of
+ * the two, each warp its fa_warp w of 16 rows): tile j's S goes out with tile
+ * j - 1's P V, the two groups taking turns, as the f16 cache's wgmma kernel
+ * does (attention_prefill.cu); every tile is issued and masked where a row
+ * does not reach it. */
+template <int HD>
+static __device__ __forceinline__ void qw_consume_wgmma(fa_warp<HD> &w, const fa_rows &rows,
+                                                        uint32_t tiles0, int c, int window,
+                                                        int lane)
+{
+    constexpr uint32_t TILE_BYTES = FA_BK * HD * sizeof(__half);
+    constexpr int NS = FA_BK / 8; /* n8 tiles of S */
+    const int t = lane & 3, n_tiles = rows.n_tiles;
+    float s[NS][4];
+#pragma unroll
+    for (int n = 0; n < NS; n++)
+        s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+    uint32_t pf[NS / 2][4];
+    float corr[2];
+    if (c == 1)
+        bar_arrive(qw_wg_turn(0), 256); /* group 0 goes first */
+    bar_sync(qw_wg_full(0, c), 256);
+    bar_sync(qw_wg_turn(c), 256);
+    wgmma_fence();
+    qw_issue_s<HD>(s, w.qf, tiles0);
+    bar_arrive(qw_wg_turn(1 - c), 256);
+    wgmma_wait<0>();
+    wgmma_hold(s);
+    w.template softmax_scores<NS>(s, rows.k_begin, rows.straddles(rows.k_begin), window, t,
+                                  corr);
+    for (int j = 1; j < n_tiles; j++) {
+        const int st = j % QW_WG_STAGES, k0 = rows.k_begin + j * FA_BK;
+        const uint32_t kt = tiles0 + (uint32_t)st * 2 * TILE_BYTES;
+        const uint32_t vt_prev =
+            tiles0 + (uint32_t)((j - 1) % QW_WG_STAGES) * 2 * TILE_BYTES + TILE_BYTES;
+        w.template softmax_finish<NS>(s, corr, pf); /* O complete: rescaled; P of tile j - 1 */
+        bar_sync(qw_wg_full(st, c), 256);
+        bar_sync(qw_wg_turn(c), 256);
+        wgmma_fence();
+        qw_issue_s<HD>(s, w.qf, kt);
+        qw_issue_pv<HD>(w.o, pf, vt_prev);
+        bar_arrive(qw_wg_turn(1 - c), 256);
+        wgmma_wait<1>();
+        wgmma_hold(s);
+        w.template softmax_scores<NS>(s, k0, rows.straddles(k0), window, t, corr);
+        wgmma_wait<0>();
+        wgmma_hold(w.o);
+        if (j - 1 + QW_WG_STAGES < n_tiles) /* tile j - 1 is done with */
+            bar_arrive(qw_wg_empty((j - 1) % QW_WG_STAGES), QW_THREADS);
+    }
+    w.template softmax_finish<NS>(s, corr, pf);
+    bar_sync(qw_wg_turn(c), 256);
+    wgmma_fence();
+    qw_issue_pv<HD>(w.o, pf,
+                    tiles0 + (uint32_t)((n_tiles - 1) % QW_WG_STAGES) * 2 * TILE_BYTES +
+                        TILE_BYTES);
+    if (c == 0) /* group 1's last turn */
+        bar_arrive(qw_wg_turn(1), 256);
+    wgmma_wait<0>();
+    wgmma_hold(w.o);
+}
+#else
+template <int HD>
+static __device__ __forceinline__ void qw_consume_wgmma(fa_warp<HD> &, const fa_rows &, uint32_t,
+                                                        int, int, int)
+{
+}
+#endif
+
+template <int HD, bool WG>
 static __global__ void __launch_bounds__(QW_THREADS, 1)
 qattn_prefill_ws_kernel(struct cu_op op, const uint8_t *params, int hpb)
 {
+    constexpr int STAGES = WG ? QW_WG_STAGES : QW_STAGES;
     constexpr uint32_t TILE_BYTES = FA_BK * HD * sizeof(__half);
     constexpr uint32_t QROWS = QM_WARPS * 16 * HD * sizeof(float);
-    constexpr uint32_t TILES = QW_STAGES * 2 * TILE_BYTES;
+    constexpr uint32_t TILES = STAGES * 2 * TILE_BYTES;
     extern __shared__ __align__(128) uint8_t qw_smem[];
     const struct cu_kv kv = op.u.attn.kv;
     const struct kv_quant_layer f = kv.fmt;
@@ -1221,6 +1343,8 @@ qattn_prefill_ws_kernel(struct cu_op op, const uint8_t *params, int hpb)
      * then the producers' rooms for records */
     uint8_t *ktab = qw_smem, *vtab = ktab + DQ_TABLE_BYTES;
     uint8_t *tiles = vtab + DQ_TABLE_BYTES;
+    if (WG) /* wgmma's swizzle is by address: 1,024-byte aligned tiles */
+        tiles += (1024u - (smem_addr(tiles) & 1023u)) & 1023u;
     uint8_t *raw = tiles + (TILES > QROWS ? TILES : QROWS);
     const dq_side ks = dq_side_of(kv, layer, kvh, HD, false), vs = dq_side_of(kv, layer, kvh, HD, true);
     if (turbo) {
@@ -1242,17 +1366,23 @@ qattn_prefill_ws_kernel(struct cu_op op, const uint8_t *params, int hpb)
         regs_lower_to<QW_PRODUCER_REGS>();
         __syncthreads(); /* the level tables are in; the query rows are fragments */
         const uint8_t *mine = raw + (size_t)warp * warp_rooms;
-        const uint32_t my_dst = tiles0 + (uint32_t)(warp * DQ_ROWS * HD * 2);
+        const uint32_t my_dst = tiles0 + (uint32_t)(warp * DQ_ROWS * (WG ? 128 : HD * 2));
         for (int j = 0; j < n_tiles; j++) {
             const uint32_t stage = st.arrive<QW_RAW_STAGES>(j, first, n_tiles, lane);
-            const int s = j % QW_STAGES;
-            if (j >= QW_STAGES) /* the consumers are done with tile j - QW_STAGES */
-                bar_sync(qw_empty(s), QW_THREADS);
+            const int s = j % STAGES;
+            if (j >= STAGES) /* the consumers are done with tile j - STAGES */
+                bar_sync(WG ? qw_wg_empty(s) : qw_empty(s), QW_THREADS);
             const uint32_t dst = my_dst + (uint32_t)s * 2 * TILE_BYTES;
-            dq_decode<HD, 4>(mine + stage, kroom, ks, ktab, dst, lane);
-            dq_decode<HD, 4>(mine + stage + DQ_ROWS * kroom, vroom, vs, vtab, dst + TILE_BYTES,
-                             lane);
-            bar_arrive(qw_full(s), QW_THREADS);
+            dq_decode<HD, 4, WG>(mine + stage, kroom, ks, ktab, dst, lane);
+            dq_decode<HD, 4, WG>(mine + stage + DQ_ROWS * kroom, vroom, vs, vtab,
+                                 dst + TILE_BYTES, lane);
+            if (WG) {
+                fence_proxy_async_smem(); /* the wgmma reads see the stores */
+                bar_arrive(qw_wg_full(s, 0), 256);
+                bar_arrive(qw_wg_full(s, 1), 256);
+            } else {
+                bar_arrive(qw_full(s), QW_THREADS);
+            }
         }
         cp_async_wait<0>();
         return;
@@ -1263,14 +1393,18 @@ qattn_prefill_ws_kernel(struct cu_op op, const uint8_t *params, int hpb)
     qm_load_queries(w, op, *span, head, rows.wrow0, turbo ? (float *)tiles + cw * 16 * HD : NULL,
                     lane);
     __syncthreads(); /* the query rows' space becomes the tiles' */
-    for (int j = 0; j < n_tiles; j++) {
-        const int s = j % QW_STAGES, k0 = rows.k_begin + j * FA_BK;
-        const uint32_t kt = tiles0 + (uint32_t)s * 2 * TILE_BYTES;
-        bar_sync(qw_full(s), QW_THREADS);
-        if (!rows.skips(k0))
-            w.attend(kt, kt + TILE_BYTES, k0, rows.straddles(k0), op.u.attn.window, lane);
-        if (j + QW_STAGES < n_tiles) /* the producers wait for it */
-            bar_arrive(qw_empty(s), QW_THREADS);
+    if (WG) {
+        qw_consume_wgmma<HD>(w, rows, tiles0, cw / 4, op.u.attn.window, lane);
+    } else {
+        for (int j = 0; j < n_tiles; j++) {
+            const int s = j % QW_STAGES, k0 = rows.k_begin + j * FA_BK;
+            const uint32_t kt = tiles0 + (uint32_t)s * 2 * TILE_BYTES;
+            bar_sync(qw_full(s), QW_THREADS);
+            if (!rows.skips(k0))
+                w.attend(kt, kt + TILE_BYTES, k0, rows.straddles(k0), op.u.attn.window, lane);
+            if (j + QW_STAGES < n_tiles) /* the producers wait for it */
+                bar_arrive(qw_empty(s), QW_THREADS);
+        }
     }
     if (rows.warp_live) {
         const int q_dim = op.u.attn.n_heads * HD;
@@ -1297,20 +1431,27 @@ static cudaError_t launch_qprefill_kernel(K kernel, cudaStream_t s, const struct
 }
 
 /* The tensor-core prefill for head dims 64 and 128 without QJL keys: with
- * decoding warps of its own where it runs as sm_90a code, else the warps
+ * decoding warps of its own where it runs as sm_90a code (k.prefill_ws),
+ * their consumers on wgmma (k.prefill_wgmma) or mma.sync, else the warps
  * decode and attend in turn; cudaErrorNotSupported otherwise (the caller
  * runs the f32 kernel). */
 template <int HD>
 static cudaError_t launch_qprefill_mma_hd(cudaStream_t s, const struct cu_op *op,
-                                          const uint8_t *params, int smem_optin, bool ws)
+                                          const uint8_t *params, int smem_optin,
+                                          struct cu_attn_kernels k)
 {
     const int group = op->u.attn.n_heads / op->u.attn.kv.n_kv_heads;
     const int hpb = group % 8 == 0 ? 8 : group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;
-    const size_t ws_smem = qw_block_bytes(op->u.attn.kv.fmt, HD);
-    static int native = -1;
-    if (ws && ws_smem <= (size_t)smem_optin &&
-        kernel_runs_sm90a(qattn_prefill_ws_kernel<HD>, &native))
-        return launch_qprefill_kernel(qattn_prefill_ws_kernel<HD>, s, op, params, ws_smem,
+    static int native = -1, native_wg = -1;
+    const size_t wg_smem = qw_block_bytes(op->u.attn.kv.fmt, HD, true);
+    if (k.prefill_ws && k.prefill_wgmma && wg_smem <= (size_t)smem_optin &&
+        kernel_runs_sm90a(qattn_prefill_ws_kernel<HD, true>, &native_wg))
+        return launch_qprefill_kernel(qattn_prefill_ws_kernel<HD, true>, s, op, params, wg_smem,
+                                      QW_THREADS, hpb);
+    const size_t ws_smem = qw_block_bytes(op->u.attn.kv.fmt, HD, false);
+    if (k.prefill_ws && ws_smem <= (size_t)smem_optin &&
+        kernel_runs_sm90a(qattn_prefill_ws_kernel<HD, false>, &native))
+        return launch_qprefill_kernel(qattn_prefill_ws_kernel<HD, false>, s, op, params, ws_smem,
                                       QW_THREADS, hpb);
     const size_t smem = qm_block_bytes(op->u.attn.kv.fmt, HD);
     if (smem > (size_t)smem_optin)
@@ -1320,7 +1461,8 @@ static cudaError_t launch_qprefill_mma_hd(cudaStream_t s, const struct cu_op *op
 }
 
 static cudaError_t launch_qprefill_mma(cudaStream_t s, const struct cu_op *op,
-                                       const uint8_t *params, int smem_optin, bool ws)
+                                       const uint8_t *params, int smem_optin,
+                                       struct cu_attn_kernels k)
 {
     const struct kv_quant_layer *f = &op->u.attn.kv.fmt;
     if (f->scheme == KV_QUANT_TURBO && f->qjl)
@@ -1328,8 +1470,8 @@ static cudaError_t launch_qprefill_mma(cudaStream_t s, const struct cu_op *op,
     if (f->scheme != KV_QUANT_TURBO && f->scheme != KV_QUANT_AFFINE)
         return cudaErrorNotSupported;
     switch (op->u.attn.kv.head_dim) {
-    case 64: return launch_qprefill_mma_hd<64>(s, op, params, smem_optin, ws);
-    case 128: return launch_qprefill_mma_hd<128>(s, op, params, smem_optin, ws);
+    case 64: return launch_qprefill_mma_hd<64>(s, op, params, smem_optin, k);
+    case 128: return launch_qprefill_mma_hd<128>(s, op, params, smem_optin, k);
     default: return cudaErrorNotSupported;
     }
 }
@@ -1457,7 +1599,7 @@ cudaError_t cu_launch_attention_quant(cudaStream_t s, const struct cu_op *op,
         return cudaErrorInvalidValue;
     cudaError_t e;
     if (cu_attention_uses_prefill(op)) {
-        e = kernels.tensor_cores ? launch_qprefill_mma(s, op, params, smem_optin, kernels.prefill_ws)
+        e = kernels.tensor_cores ? launch_qprefill_mma(s, op, params, smem_optin, kernels)
                                  : cudaErrorNotSupported;
         if (e == cudaErrorNotSupported)
             e = launch_qprefill_f32(s, op, params, smem_optin);

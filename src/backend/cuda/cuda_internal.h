@@ -593,7 +593,7 @@ struct cu_attn_kernels {
     bool tensor_cores; /* prefill in fp16 on tensor cores, else f32 */
     bool decode_tc;    /* decode over a quantized cache on tensor cores as well */
     bool prefill_ws;   /* quantized prefill with decoding warps beside the attending ones */
-    bool prefill_wgmma; /* f16 prefill on warp-group tensor cores (sm_90a) */
+    bool prefill_wgmma; /* prefill on warp-group tensor cores (sm_90a), either cache */
 };
 
 cudaError_t cu_launch_attention(cudaStream_t s, const struct cu_op *op, const uint8_t *params,

@@ -165,13 +165,17 @@ static __device__ __forceinline__ uint4 dq_chunk(uint32_t lo, uint32_t hi, const
 
 /* A warp's DQ_ROWS records of one side (raw, stride bytes apart) into an
  * fp16 sub-tile at dst, a 16-byte chunk of 8 elements a lane at a time,
- * UNROLL chunks' loads issued together. */
-template <int HD, int B, bool TURBO, int UNROLL>
+ * UNROLL chunks' loads issued together. Rows of HD halves with their chunks
+ * swizzled as swz says, or with WG as wgmma reads them: HD / 64 tiles of
+ * FA_BK rows of 128 bytes (wgmma_swz), dst the sub-tile's first row in the
+ * first. */
+template <int HD, int B, bool TURBO, int UNROLL, bool WG>
 static __device__ __forceinline__ void dq_decode_b(const uint8_t *raw, int stride,
                                                    const dq_side &sd, const uint8_t *tab,
                                                    uint32_t dst, int lane)
 {
     constexpr int CPR = HD / 8, RPI = 32 / CPR;
+    constexpr int PITCH = WG ? 128 : HD * 2; /* bytes from a row to the next */
     const int c = lane % CPR, r0 = lane / CPR;
     /* records start at the same offset in every room (rooms are multiples
      * of 16 bytes) */
@@ -179,39 +183,40 @@ static __device__ __forceinline__ void dq_decode_b(const uint8_t *raw, int strid
     const uint8_t *rec0 = raw + r0 * stride + sd.lead;
     /* row r0 + i RPI's swizzled chunk: r0 < RPI shares no bit with i RPI, so
      * its chunk bits are row r0's XOR (i RPI) & 7 */
-    const uint32_t at0 = dst + (uint32_t)(r0 * HD * 2);
-    const uint32_t chunk0 = (uint32_t)(c ^ (r0 & 7));
+    const uint32_t at0 =
+        dst + (uint32_t)(r0 * PITCH) + (WG ? (uint32_t)((c >> 3) * FA_BK * 128) : 0u);
+    const uint32_t chunk0 = (uint32_t)((WG ? c & 7 : c) ^ (r0 & 7));
 #pragma unroll UNROLL
     for (int i = 0; i < DQ_ROWS / RPI; i++) {
         const uint8_t *rec = rec0 + i * RPI * stride;
         uint32_t lo, hi;
         dq_bytes<B>(rec + sd.code_off + c * B, aligned, lo, hi);
         const uint4 x = dq_chunk<B, TURBO>(lo, hi, rec, sd, c, tab);
-        const uint32_t at = at0 + (uint32_t)(i * RPI * HD * 2) +
+        const uint32_t at = at0 + (uint32_t)(i * RPI * PITCH) +
                             ((chunk0 ^ (uint32_t)((i * RPI) & 7)) << 4);
         asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(at), "r"(x.x),
                      "r"(x.y), "r"(x.z), "r"(x.w));
     }
 }
 
-template <int HD, int UNROLL = 2>
+template <int HD, int UNROLL = 2, bool WG = false>
 static __device__ __forceinline__ void dq_decode(const uint8_t *raw, int stride,
                                                  const dq_side &sd, const uint8_t *tab,
                                                  uint32_t dst, int lane)
 {
     if (!sd.turbo) {
         if (sd.bits == 4)
-            dq_decode_b<HD, 4, false, UNROLL>(raw, stride, sd, tab, dst, lane);
+            dq_decode_b<HD, 4, false, UNROLL, WG>(raw, stride, sd, tab, dst, lane);
         else
-            dq_decode_b<HD, 8, false, UNROLL>(raw, stride, sd, tab, dst, lane);
+            dq_decode_b<HD, 8, false, UNROLL, WG>(raw, stride, sd, tab, dst, lane);
         return;
     }
     switch (sd.bits) {
-    case 2: dq_decode_b<HD, 2, true, UNROLL>(raw, stride, sd, tab, dst, lane); break;
-    case 3: dq_decode_b<HD, 3, true, UNROLL>(raw, stride, sd, tab, dst, lane); break;
-    case 4: dq_decode_b<HD, 4, true, UNROLL>(raw, stride, sd, tab, dst, lane); break;
-    case 5: dq_decode_b<HD, 5, true, UNROLL>(raw, stride, sd, tab, dst, lane); break;
-    default: dq_decode_b<HD, 8, true, UNROLL>(raw, stride, sd, tab, dst, lane); break;
+    case 2: dq_decode_b<HD, 2, true, UNROLL, WG>(raw, stride, sd, tab, dst, lane); break;
+    case 3: dq_decode_b<HD, 3, true, UNROLL, WG>(raw, stride, sd, tab, dst, lane); break;
+    case 4: dq_decode_b<HD, 4, true, UNROLL, WG>(raw, stride, sd, tab, dst, lane); break;
+    case 5: dq_decode_b<HD, 5, true, UNROLL, WG>(raw, stride, sd, tab, dst, lane); break;
+    default: dq_decode_b<HD, 8, true, UNROLL, WG>(raw, stride, sd, tab, dst, lane); break;
     }
 }
 

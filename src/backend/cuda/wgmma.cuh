@@ -55,10 +55,13 @@ static __device__ __forceinline__ void wgmma_wait(void)
 }
 
 /* Shared-memory writes of the generic proxy (st.shared, cp.async) made
- * visible to the wgmma reads after the next barrier. */
+ * visible to the wgmma reads after the next barrier (sm_90 and up; code
+ * compiled for older GPUs has no wgmma to order). */
 static __device__ __forceinline__ void fence_proxy_async_smem(void)
 {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
 }
 
 /* Keeps the compiler from moving accesses of accumulator registers across a
@@ -91,6 +94,17 @@ static __device__ __forceinline__ void wgmma_hold(float (&d)[NT][4])
 template <int N>
 static __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&a)[4],
                                                 uint64_t db, int scale_d);
+
+template <>
+__device__ __forceinline__ void wgmma_rs<64>(float (&d)[8][4], const uint32_t (&a)[4],
+                                             uint64_t db, int scale_d)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " WG_ACC32
+                 ", {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+                 : WG_D32(d, 0)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
+}
 
 template <>
 __device__ __forceinline__ void wgmma_rs<128>(float (&d)[16][4], const uint32_t (&a)[4],
