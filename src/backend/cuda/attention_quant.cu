@@ -97,6 +97,88 @@ static __device__ __forceinline__ float warp_serial_extreme(const float *x, int 
     return x[0] != x[0] ? x[0] : best;
 }
 
+/* kvq_f16_to_f32(kvq_f32_to_f16(x)) and kvq_f32_to_f16(x): the hardware's
+ * rounding, except where it would overflow or x is NaN (kvq_f32_to_f16
+ * saturates and writes one NaN). */
+static __device__ __forceinline__ uint16_t f16_bits(float x)
+{
+    return fabsf(x) < 65520.0f ? __half_as_ushort(__float2half_rn(x)) : kvq_f32_to_f16(x);
+}
+
+static __device__ __forceinline__ float f16_round(float x)
+{
+    return fabsf(x) < 65520.0f ? __half2float(__float2half_rn(x))
+                               : kvq_f16_to_f32(kvq_f32_to_f16(x));
+}
+
+/* warp_serial_extreme's value for a group held E elements a lane, in index
+ * order, by L consecutive lanes (L a power of two, the groups aligned): each
+ * lane scans its own, then the group's lanes meet. first: the group's first
+ * element; idx0: the index of this lane's x[0]. */
+template <bool MAX, int E>
+static __device__ __forceinline__ float lanes_serial_extreme(const float (&x)[E], int idx0, int L,
+                                                             float first)
+{
+    float best = 0.0f;
+    int at = INT_MAX;
+#pragma unroll
+    for (int i = 0; i < E; i++) {
+        const float v = x[i];
+        if (v == v && (at == INT_MAX || (MAX ? v > best : v < best))) {
+            best = v;
+            at = idx0 + i;
+        }
+    }
+    for (int o = L / 2; o > 0; o >>= 1) {
+        const float ob = __shfl_xor_sync(FULL, best, o);
+        const int oat = __shfl_xor_sync(FULL, at, o);
+        const bool beats = MAX ? ob > best : ob < best, beaten = MAX ? best > ob : best < ob;
+        if (oat != INT_MAX && (at == INT_MAX || beats || (!beaten && oat < at))) {
+            best = ob;
+            at = oat;
+        }
+    }
+    return first != first ? first : best;
+}
+
+/* An affine record of src (hd = 32 E floats) into rec by one warp in
+ * kvq_quantize_head's arithmetic, so the bytes are the CPU's: lane l holds
+ * elements E l .. E l + E - 1 in registers, a group's group_size / E lanes
+ * find its extrema together, and each lane writes its codes' whole bytes. */
+template <int E>
+static __device__ void warp_quantize_affine(const struct kv_quant_layer &f, bool v,
+                                            const float *src, uint8_t *rec, int lane)
+{
+    const int hd = 32 * E, bits = kvq_code_bits(&f, v), g = f.group_size, L = g / E;
+    const int levels = (1 << bits) - 1;
+    float x[E];
+#pragma unroll
+    for (int i = 0; i < E; i++)
+        x[i] = src[E * lane + i];
+    const float first = __shfl_sync(FULL, x[0], lane & ~(L - 1));
+    const float mn = lanes_serial_extreme<false, E>(x, E * lane, L, first);
+    const float mx = lanes_serial_extreme<true, E>(x, E * lane, L, first);
+    const float bias = f16_round(mn);
+    const float scale = f16_round(__fdiv_rn(mx - bias, (float)levels));
+    const float inv = scale > 0 ? __fdiv_rn(1.0f, scale) : 0.0f;
+    uint64_t word = 0; /* the lane's codes as kvq_put_code lays them out */
+#pragma unroll
+    for (int i = 0; i < E; i++) {
+        int c = (int)lrintf(__fmul_rn(x[i] - bias, inv));
+        c = c < 0 ? 0 : c > levels ? levels : c;
+        word |= (uint64_t)(unsigned)c << (i * bits);
+    }
+    const int bytes = E * bits / 8;
+    for (int b = 0; b < bytes; b++)
+        rec[lane * bytes + b] = (uint8_t)(word >> (8 * b));
+    if ((lane & (L - 1)) == 0) {
+        uint8_t *pair = rec + hd * bits / 8 + (E * lane / g) * 4;
+        const uint16_t sb = f16_bits(scale), bb = f16_bits(bias);
+        pair[0] = (uint8_t)sb, pair[1] = (uint8_t)(sb >> 8);
+        pair[2] = (uint8_t)bb, pair[3] = (uint8_t)(bb >> 8);
+    }
+}
+
 /* One record of x (shared, hd floats; clobbered) into rec by one warp, in
  * kvq_quantize_head's arithmetic and order (TURBO's sums of squares run
  * serially on lane 0; the extrema of an affine group are the serial scan's,
@@ -194,28 +276,40 @@ static __device__ void warp_quantize(const struct cu_kv &kv, int layer, bool v, 
     }
 }
 
-/* ---- quantize on write: a block per (row, kv head), warp 0 K, warp 1 V ---- */
+/* ---- quantize on write: a warp per record ------------------------------ */
 
-static __global__ void __launch_bounds__(64)
+/* A block takes QS_ROWS rows of one kv head: warp 2 r + 0 the K record of
+ * row r, 2 r + 1 its V record. Affine records of head dims 64, 128 and 256
+ * are quantized from registers (warp_quantize_affine); the others go
+ * through shared memory (warp_quantize). */
+#define QS_ROWS 4
+
+template <int E>
+static __global__ void __launch_bounds__(64 * QS_ROWS)
 qkv_store_kernel(struct cu_kv kv, int layer, const float *k, const float *v, uint32_t spans_off,
-                 int n_spans, const uint8_t *params)
+                 int n_spans, int n_rows, const uint8_t *params)
 {
-    __shared__ float xs[2][CU_MAX_HEAD_DIM];
-    __shared__ int cs[2][CU_MAX_HEAD_DIM];
-    const int row = blockIdx.x, head = blockIdx.y, w = threadIdx.x / 32, lane = threadIdx.x & 31;
+    __shared__ float xs[2 * QS_ROWS][E ? 1 : CU_MAX_HEAD_DIM];
+    __shared__ int cs[2 * QS_ROWS][E ? 1 : CU_MAX_HEAD_DIM];
+    const int w = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const int row = blockIdx.x * QS_ROWS + w / 2, head = blockIdx.y;
     const struct cu_span *spans = (const struct cu_span *)(params + spans_off);
     const int *rowmap = (const int *)(spans + n_spans);
-    if (rowmap[row] < 0)
+    if (row >= n_rows || rowmap[row] < 0)
         return;
     const struct cu_span *sp = &spans[rowmap[row]];
     const int pos = sp->pos0 + (row - sp->row0), hd = kv.head_dim;
-    const bool isv = w == 1;
+    const bool isv = w & 1;
     const float *src = (isv ? v : k) + ((size_t)row * kv.n_kv_heads + head) * hd;
-    for (int d = lane; d < hd; d += 32)
-        xs[w][d] = src[d];
     const uint32_t *bt = (const uint32_t *)(params + sp->bt_off);
     uint8_t *rec = (uint8_t *)qrecord(kv, layer, bt, pos, head, isv);
-    warp_quantize(kv, layer, isv, xs[w], cs[w], rec);
+    if constexpr (E > 0) {
+        warp_quantize_affine<E>(kv.fmt, isv, src, rec, lane);
+    } else {
+        for (int d = lane; d < hd; d += 32)
+            xs[w][d] = src[d];
+        warp_quantize(kv, layer, isv, xs[w], cs[w], rec);
+    }
 }
 
 cudaError_t cu_launch_kv_store_quant(cudaStream_t s, const struct cu_op *op,
@@ -223,12 +317,23 @@ cudaError_t cu_launch_kv_store_quant(cudaStream_t s, const struct cu_op *op,
 {
     if (op->n_rows == 0)
         return cudaSuccess;
-    if (op->u.store.kv.head_dim > CU_MAX_HEAD_DIM || op->u.store.kv.head_dim % 16)
+    const struct cu_kv *kv = &op->u.store.kv;
+    const int hd = kv->head_dim;
+    if (hd > CU_MAX_HEAD_DIM || hd % 16)
         return cudaErrorInvalidValue;
-    dim3 grid((unsigned)op->n_rows, (unsigned)op->u.store.kv.n_kv_heads);
-    qkv_store_kernel<<<grid, 64, 0, s>>>(op->u.store.kv, op->u.store.layer, op->u.store.k,
-                                         op->u.store.v, op->u.store.spans_off,
-                                         op->u.store.n_spans, params);
+    dim3 grid((unsigned)((op->n_rows + QS_ROWS - 1) / QS_ROWS), (unsigned)kv->n_kv_heads);
+    const bool affine = kv->fmt.scheme == KV_QUANT_AFFINE;
+    /* a group's lanes must be a power of two: group sizes 32 and 64 are */
+    auto kernel = qkv_store_kernel<0>;
+    if (affine && hd == 64)
+        kernel = qkv_store_kernel<2>;
+    else if (affine && hd == 128)
+        kernel = qkv_store_kernel<4>;
+    else if (affine && hd == 256)
+        kernel = qkv_store_kernel<8>;
+    kernel<<<grid, 64 * QS_ROWS, 0, s>>>(*kv, op->u.store.layer, op->u.store.k, op->u.store.v,
+                                         op->u.store.spans_off, op->u.store.n_spans,
+                                         (int)op->n_rows, params);
     return cudaGetLastError();
 }
 
