@@ -4,6 +4,7 @@
 
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/fa_mma.cuh"
+#include "backend/cuda/fa_wgmma.cuh"
 #include "backend/cuda/warp.cuh"
 #include "backend/cuda/wgmma.cuh"
 
@@ -133,17 +134,11 @@ static cudaError_t launch_prefill_f16(cudaStream_t s, const struct cu_op *op,
 #define FW_CONSUMER_REGS 224
 
 template <int HD>
-struct fw_tiles {
+struct fw_tiles : wg_bars<FW_STAGES> {
     static_assert(HD % 64 == 0, "whole 128-byte rows");
     static constexpr uint32_t KV_BYTES = FW_BN * HD * 2; /* a K or a V tile */
     /* the 1,024-byte alignment of the swizzle, then the stages */
     static constexpr size_t SMEM = 1024 + FW_STAGES * 2 * (size_t)KV_BYTES;
-
-    /* named barriers (0 is __syncthreads'): stage s full for consumer group
-     * c, stage s empty, group c's turn */
-    static __device__ __forceinline__ int full(int s, int c) { return 1 + 2 * s + c; }
-    static __device__ __forceinline__ int empty(int s) { return 1 + 2 * FW_STAGES + s; }
-    static __device__ __forceinline__ int turn(int c) { return 1 + 3 * FW_STAGES + c; }
 
     /* Byte offset of (row, 16-byte chunk) in a K or V tile: HD / 64
      * swizzled tiles of FW_BN rows of 128 bytes side by side. */
@@ -204,42 +199,12 @@ static __device__ __forceinline__ void fw_produce(const struct cu_kv &kv, int la
     }
 }
 
-/* A consumer group's products on the tensor cores, each closed as a group:
- * S = Q K^T over the tile at kt (Q as qf, each warp's A fragments), and
- * O += P V over the tile at vt. */
-template <int HD>
-static __device__ __forceinline__ void fw_issue_s(float (&s)[FW_BN / 8][4],
-                                                  const uint32_t (&qf)[HD / 16][4], uint32_t kt)
-{
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; kk++) {
-        const uint32_t step = (uint32_t)(kk & 3) * 32; /* along the 128-byte rows */
-        wgmma_rs<FW_BN>(s, qf[kk],
-                        wgmma_desc(kt + (uint32_t)(kk >> 2) * FW_BN * 128 + step, 16, 1024),
-                        kk > 0);
-    }
-    wgmma_commit();
-}
-
-template <int HD>
-static __device__ __forceinline__ void fw_issue_pv(float (&o)[HD / 8][4],
-                                                   const uint32_t (&pf)[FW_BN / 16][4],
-                                                   uint32_t vt)
-{
-#pragma unroll
-    for (int kk = 0; kk < FW_BN / 16; kk++)
-        wgmma_rs_nmajor<HD>(o, pf[kk],
-                            wgmma_desc(vt + (uint32_t)kk * 16 * 128, FW_BN * 128, 1024));
-    wgmma_commit();
-}
-
 template <int HD>
 static __global__ void __launch_bounds__(FW_THREADS, 1)
 attn_prefill_wgmma_kernel(struct cu_op op, const uint8_t *params)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using T = fw_tiles<HD>;
-    constexpr int NS = FW_BN / 8; /* n8 tiles of S */
     extern __shared__ __align__(128) uint8_t fw_smem[];
     const uint32_t kv0 = (smem_addr(fw_smem) + 1023u) & ~1023u; /* the swizzle's alignment */
     const struct cu_kv kv = op.u.attn.kv;
@@ -256,7 +221,6 @@ attn_prefill_wgmma_kernel(struct cu_op op, const uint8_t *params)
         return;
     const fa_rows rows(span->pos0, n_tokens, q0, 128, op.u.attn.window, c > 0 ? 1 : 0, FW_BN,
                        64);
-    const int n_tiles = rows.n_tiles;
 
     if (group == 0) {
         regs_lower_to<FW_PRODUCER_REGS>();
@@ -284,59 +248,7 @@ attn_prefill_wgmma_kernel(struct cu_op op, const uint8_t *params)
                     (size_t)head * HD;
         w.load_q(qr, op.u.attn.scale * FA_LOG2E, t);
     }
-    float s[NS][4];
-#pragma unroll
-    for (int n = 0; n < NS; n++)
-        s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-    uint32_t pf[NS / 2][4];
-    float corr[2];
-
-    /* Tile j's S goes out with tile j - 1's P V. No tile is skipped: the
-     * products are issued on no condition (one the compiler cannot see is
-     * the same for the whole group makes it serialize them), and a tile
-     * wholly out of a row's range is masked to nothing. Turns: group 0 goes
-     * first; each group arrives at the other's turn once it has issued. */
-    if (c == 1)
-        bar_arrive(T::turn(0), 256);
-    bar_sync(T::full(0, c), 256);
-    bar_sync(T::turn(c), 256);
-    wgmma_fence();
-    fw_issue_s<HD>(s, w.qf, kv0);
-    bar_arrive(T::turn(1 - c), 256);
-    wgmma_wait<0>();
-    wgmma_hold(s);
-    w.template softmax_scores<NS>(s, rows.k_begin, rows.straddles(rows.k_begin), window, t,
-                                  corr);
-    for (int j = 1; j < n_tiles; j++) {
-        const int st = j % FW_STAGES, k0 = rows.k_begin + j * FW_BN;
-        const uint32_t kt = kv0 + (uint32_t)st * 2 * T::KV_BYTES;
-        const uint32_t vt_prev =
-            kv0 + (uint32_t)((j - 1) % FW_STAGES) * 2 * T::KV_BYTES + T::KV_BYTES;
-        w.template softmax_finish<NS>(s, corr, pf); /* O complete: rescaled; P of tile j - 1 */
-        bar_sync(T::full(st, c), 256);
-        bar_sync(T::turn(c), 256);
-        wgmma_fence();
-        fw_issue_s<HD>(s, w.qf, kt);
-        fw_issue_pv<HD>(w.o, pf, vt_prev);
-        bar_arrive(T::turn(1 - c), 256);
-        wgmma_wait<1>();
-        wgmma_hold(s);
-        w.template softmax_scores<NS>(s, k0, rows.straddles(k0), window, t, corr);
-        wgmma_wait<0>();
-        wgmma_hold(w.o);
-        if (j - 1 + FW_STAGES < n_tiles) /* tile j - 1 is done with */
-            bar_arrive(T::empty((j - 1) % FW_STAGES), FW_THREADS);
-    }
-    w.template softmax_finish<NS>(s, corr, pf);
-    bar_sync(T::turn(c), 256);
-    wgmma_fence();
-    fw_issue_pv<HD>(w.o, pf,
-                    kv0 + (uint32_t)((n_tiles - 1) % FW_STAGES) * 2 * T::KV_BYTES + T::KV_BYTES);
-    if (c == 0) /* group 1's last turn */
-        bar_arrive(T::turn(1), 256);
-    wgmma_wait<0>();
-    wgmma_hold(w.o);
-
+    wg_attend<HD, FW_BN, FW_STAGES, FW_THREADS>(w, rows, kv0, c, window, lane);
     w.store(op.u.attn.out + (size_t)span->row0 * q_dim + (size_t)head * HD, q_dim, wrow0,
             n_tokens, lane);
 #endif

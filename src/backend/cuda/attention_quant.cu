@@ -6,6 +6,7 @@
 
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/fa_mma.cuh"
+#include "backend/cuda/fa_wgmma.cuh"
 #include "backend/cuda/kv_records.cuh"
 #include "backend/cuda/kv_rotate.cuh"
 #include "backend/cuda/wgmma.cuh"
@@ -70,31 +71,53 @@ static __device__ __forceinline__ float q_elem(const struct kv_quant_layer &f, b
  * m = x[0], then m = x[d] wherever x[d] beats it (MAX: x[d] > m, else
  * x[d] < m). That is the first element, in index order, of those no other
  * element beats (ties such as -0 and +0 keep the earlier one; a NaN never
- * beats, a NaN x[0] is never beaten), found here by the warp: each lane scans
- * its elements in order, then the lanes' picks meet, the earlier index
+ * beats, a NaN x[0] is never beaten), found by lanes together: each lane
+ * sees its elements in order, then the lanes' picks meet, the earlier index
  * winning a tie. */
 template <bool MAX>
-static __device__ __forceinline__ float warp_serial_extreme(const float *x, int n, int lane)
-{
+struct serial_extreme {
     float best = 0.0f;
     int at = INT_MAX;
-    for (int d = lane; d < n; d += 32) {
-        const float v = x[d];
+
+    __device__ __forceinline__ void see(float v, int d)
+    {
         if (v == v && (at == INT_MAX || (MAX ? v > best : v < best))) {
             best = v;
             at = d;
         }
     }
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ob = __shfl_xor_sync(FULL, best, o);
-        const int oat = __shfl_xor_sync(FULL, at, o);
-        const bool beats = MAX ? ob > best : ob < best, beaten = MAX ? best > ob : best < ob;
-        if (oat != INT_MAX && (at == INT_MAX || beats || (!beaten && oat < at))) {
-            best = ob;
-            at = oat;
+
+    /* The picks of `lanes` consecutive lanes meet (a power of two, the
+     * groups aligned). */
+    __device__ __forceinline__ void meet(int lanes)
+    {
+        for (int o = lanes / 2; o > 0; o >>= 1) {
+            const float ob = __shfl_xor_sync(FULL, best, o);
+            const int oat = __shfl_xor_sync(FULL, at, o);
+            const bool beats = MAX ? ob > best : ob < best, beaten = MAX ? best > ob : best < ob;
+            if (oat != INT_MAX && (at == INT_MAX || beats || (!beaten && oat < at))) {
+                best = ob;
+                at = oat;
+            }
         }
     }
-    return x[0] != x[0] ? x[0] : best;
+
+    /* The scan's value, given the group's first element. */
+    __device__ __forceinline__ float value(float first) const
+    {
+        return first != first ? first : best;
+    }
+};
+
+/* serial_extreme over x[0..n) by the warp, lane l seeing x[l], x[l + 32], .. */
+template <bool MAX>
+static __device__ __forceinline__ float warp_serial_extreme(const float *x, int n, int lane)
+{
+    serial_extreme<MAX> e;
+    for (int d = lane; d < n; d += 32)
+        e.see(x[d], d);
+    e.meet(32);
+    return e.value(x[0]);
 }
 
 /* kvq_f16_to_f32(kvq_f32_to_f16(x)) and kvq_f32_to_f16(x): the hardware's
@@ -111,34 +134,19 @@ static __device__ __forceinline__ float f16_round(float x)
                                : kvq_f16_to_f32(kvq_f32_to_f16(x));
 }
 
-/* warp_serial_extreme's value for a group held E elements a lane, in index
- * order, by L consecutive lanes (L a power of two, the groups aligned): each
- * lane scans its own, then the group's lanes meet. first: the group's first
- * element; idx0: the index of this lane's x[0]. */
+/* serial_extreme over a group held E elements a lane, in index order, by L
+ * consecutive lanes (L a power of two, the groups aligned). first: the
+ * group's first element; idx0: the index of this lane's x[0]. */
 template <bool MAX, int E>
 static __device__ __forceinline__ float lanes_serial_extreme(const float (&x)[E], int idx0, int L,
                                                              float first)
 {
-    float best = 0.0f;
-    int at = INT_MAX;
+    serial_extreme<MAX> e;
 #pragma unroll
-    for (int i = 0; i < E; i++) {
-        const float v = x[i];
-        if (v == v && (at == INT_MAX || (MAX ? v > best : v < best))) {
-            best = v;
-            at = idx0 + i;
-        }
-    }
-    for (int o = L / 2; o > 0; o >>= 1) {
-        const float ob = __shfl_xor_sync(FULL, best, o);
-        const int oat = __shfl_xor_sync(FULL, at, o);
-        const bool beats = MAX ? ob > best : ob < best, beaten = MAX ? best > ob : best < ob;
-        if (oat != INT_MAX && (at == INT_MAX || beats || (!beaten && oat < at))) {
-            best = ob;
-            at = oat;
-        }
-    }
-    return first != first ? first : best;
+    for (int i = 0; i < E; i++)
+        e.see(x[i], idx0 + i);
+    e.meet(L);
+    return e.value(first);
 }
 
 /* An affine record of src (hd = 32 E floats) into rec by one warp in
@@ -1290,19 +1298,10 @@ static __device__ __forceinline__ int qw_empty(int s)
 
 /* With wgmma consumers (sm_90a): three pairs of tiles (the consumers hold
  * two while a tile's S goes out with the previous tile's P V), laid out as
- * wgmma reads them (1,024-byte aligned); named barriers full(s, c) for each
- * consumer group, empty(s), and the groups' turns. */
+ * wgmma reads them (1,024-byte aligned), handed over by fa_wgmma.cuh's
+ * barriers. */
 #define QW_WG_STAGES 3
-
-static __device__ __forceinline__ int qw_wg_full(int s, int c)
-{
-    return 1 + 2 * s + c;
-}
-
-static __device__ __forceinline__ int qw_wg_empty(int s)
-{
-    return 1 + 2 * QW_WG_STAGES + s;
-}
+using qw_wg_bars = wg_bars<QW_WG_STAGES>;
 
 static __host__ __device__ __forceinline__ size_t qw_block_bytes(const struct kv_quant_layer &f,
                                                                  int hd, bool wg)
@@ -1315,109 +1314,6 @@ static __host__ __device__ __forceinline__ size_t qw_block_bytes(const struct kv
     const size_t qrows = (size_t)QM_WARPS * 16 * hd * sizeof(float);
     return 2 * DQ_TABLE_BYTES + (wg ? 1024 : 0) + (tiles > qrows ? tiles : qrows) + raw;
 }
-
-/* The wgmma consumers' products for a tile of FA_BK positions (sm_90a):
- * S = Q K^T (Q as each warp's A fragments) and O += P V, each closed as a
- * group. */
-template <int HD>
-static __device__ __forceinline__ void qw_issue_s(float (&s)[FA_BK / 8][4],
-                                                  const uint32_t (&qf)[HD / 16][4], uint32_t kt)
-{
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; kk++)
-        wgmma_rs<FA_BK>(s, qf[kk],
-                        wgmma_desc(kt + (uint32_t)(kk >> 2) * FA_BK * 128 + (kk & 3) * 32, 16,
-                                   1024),
-                        kk > 0);
-    wgmma_commit();
-}
-
-template <int HD>
-static __device__ __forceinline__ void qw_issue_pv(float (&o)[HD / 8][4],
-                                                   const uint32_t (&pf)[FA_BK / 16][4],
-                                                   uint32_t vt)
-{
-#pragma unroll
-    for (int kk = 0; kk < FA_BK / 16; kk++)
-        wgmma_rs_nmajor<HD>(o, pf[kk],
-                            wgmma_desc(vt + (uint32_t)kk * 16 * 128, FA_BK * 128, 1024));
-    wgmma_commit();
-}
-
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-static __device__ __forceinline__ int qw_wg_turn(int c)
-{
-    return 1 + 3 * QW_WG_STAGES + c;
-}
-
-/* The consumer groups' side of qattn_prefill_ws_kernel on wgmma (group c of
- * the two, each warp its fa_warp w of 16 rows): tile j's S goes out with tile
- * j - 1's P V, the two groups taking turns, as the f16 cache's wgmma kernel
- * does (attention_prefill.cu); every tile is issued and masked where a row
- * does not reach it. */
-template <int HD>
-static __device__ __forceinline__ void qw_consume_wgmma(fa_warp<HD> &w, const fa_rows &rows,
-                                                        uint32_t tiles0, int c, int window,
-                                                        int lane)
-{
-    constexpr uint32_t TILE_BYTES = FA_BK * HD * sizeof(__half);
-    constexpr int NS = FA_BK / 8; /* n8 tiles of S */
-    const int t = lane & 3, n_tiles = rows.n_tiles;
-    float s[NS][4];
-#pragma unroll
-    for (int n = 0; n < NS; n++)
-        s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-    uint32_t pf[NS / 2][4];
-    float corr[2];
-    if (c == 1)
-        bar_arrive(qw_wg_turn(0), 256); /* group 0 goes first */
-    bar_sync(qw_wg_full(0, c), 256);
-    bar_sync(qw_wg_turn(c), 256);
-    wgmma_fence();
-    qw_issue_s<HD>(s, w.qf, tiles0);
-    bar_arrive(qw_wg_turn(1 - c), 256);
-    wgmma_wait<0>();
-    wgmma_hold(s);
-    w.template softmax_scores<NS>(s, rows.k_begin, rows.straddles(rows.k_begin), window, t,
-                                  corr);
-    for (int j = 1; j < n_tiles; j++) {
-        const int st = j % QW_WG_STAGES, k0 = rows.k_begin + j * FA_BK;
-        const uint32_t kt = tiles0 + (uint32_t)st * 2 * TILE_BYTES;
-        const uint32_t vt_prev =
-            tiles0 + (uint32_t)((j - 1) % QW_WG_STAGES) * 2 * TILE_BYTES + TILE_BYTES;
-        w.template softmax_finish<NS>(s, corr, pf); /* O complete: rescaled; P of tile j - 1 */
-        bar_sync(qw_wg_full(st, c), 256);
-        bar_sync(qw_wg_turn(c), 256);
-        wgmma_fence();
-        qw_issue_s<HD>(s, w.qf, kt);
-        qw_issue_pv<HD>(w.o, pf, vt_prev);
-        bar_arrive(qw_wg_turn(1 - c), 256);
-        wgmma_wait<1>();
-        wgmma_hold(s);
-        w.template softmax_scores<NS>(s, k0, rows.straddles(k0), window, t, corr);
-        wgmma_wait<0>();
-        wgmma_hold(w.o);
-        if (j - 1 + QW_WG_STAGES < n_tiles) /* tile j - 1 is done with */
-            bar_arrive(qw_wg_empty((j - 1) % QW_WG_STAGES), QW_THREADS);
-    }
-    w.template softmax_finish<NS>(s, corr, pf);
-    bar_sync(qw_wg_turn(c), 256);
-    wgmma_fence();
-    qw_issue_pv<HD>(w.o, pf,
-                    tiles0 + (uint32_t)((n_tiles - 1) % QW_WG_STAGES) * 2 * TILE_BYTES +
-                        TILE_BYTES);
-    if (c == 0) /* group 1's last turn */
-        bar_arrive(qw_wg_turn(1), 256);
-    wgmma_wait<0>();
-    wgmma_hold(w.o);
-}
-#else
-template <int HD>
-static __device__ __forceinline__ void qw_consume_wgmma(fa_warp<HD> &, const fa_rows &, uint32_t,
-                                                        int, int, int)
-{
-}
-#endif
 
 template <int HD, bool WG>
 static __global__ void __launch_bounds__(QW_THREADS, 1)
@@ -1476,15 +1372,15 @@ qattn_prefill_ws_kernel(struct cu_op op, const uint8_t *params, int hpb)
             const uint32_t stage = st.arrive<QW_RAW_STAGES>(j, first, n_tiles, lane);
             const int s = j % STAGES;
             if (j >= STAGES) /* the consumers are done with tile j - STAGES */
-                bar_sync(WG ? qw_wg_empty(s) : qw_empty(s), QW_THREADS);
+                bar_sync(WG ? qw_wg_bars::empty(s) : qw_empty(s), QW_THREADS);
             const uint32_t dst = my_dst + (uint32_t)s * 2 * TILE_BYTES;
             dq_decode<HD, 4, WG>(mine + stage, kroom, ks, ktab, dst, lane);
             dq_decode<HD, 4, WG>(mine + stage + DQ_ROWS * kroom, vroom, vs, vtab,
                                  dst + TILE_BYTES, lane);
             if (WG) {
                 fence_proxy_async_smem(); /* the wgmma reads see the stores */
-                bar_arrive(qw_wg_full(s, 0), 256);
-                bar_arrive(qw_wg_full(s, 1), 256);
+                bar_arrive(qw_wg_bars::full(s, 0), 256);
+                bar_arrive(qw_wg_bars::full(s, 1), 256);
             } else {
                 bar_arrive(qw_full(s), QW_THREADS);
             }
@@ -1499,7 +1395,10 @@ qattn_prefill_ws_kernel(struct cu_op op, const uint8_t *params, int hpb)
                     lane);
     __syncthreads(); /* the query rows' space becomes the tiles' */
     if (WG) {
-        qw_consume_wgmma<HD>(w, rows, tiles0, cw / 4, op.u.attn.window, lane);
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+        wg_attend<HD, FA_BK, QW_WG_STAGES, QW_THREADS>(w, rows, tiles0, cw / 4, op.u.attn.window,
+                                                       lane);
+#endif
     } else {
         for (int j = 0; j < n_tiles; j++) {
             const int s = j % QW_STAGES, k0 = rows.k_begin + j * FA_BK;
