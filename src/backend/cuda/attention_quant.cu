@@ -1273,9 +1273,11 @@ qattn_prefill_mma_kernel(struct cu_op op, const uint8_t *params, int hpb)
  * pair s (they arrive, the consumers wait), qw_empty(s) when the consumers
  * are done with it (they arrive, the producers wait). A waiting warp issues
  * nothing; mbarriers, which the consumers would wait on without waiting for
- * each other, measured slower (their waits spin). Needs setmaxnreg (sm_90a
- * machine code): launched elsewhere, every warp would keep the launch's 168
- * registers and the producers spill. */
+ * each other, measured slower (their waits spin). With WG the producers
+ * decode into wgmma's swizzled layout instead (QW_WG_STAGES pairs) and the
+ * consumers, two warp groups, attend on wgmma (fa_wgmma.cuh's loop and
+ * barriers). Needs setmaxnreg (sm_90a machine code): launched elsewhere,
+ * every warp would keep the launch's 168 registers and the producers spill. */
 #define QW_PRODUCERS QM_COPIERS
 #define QW_THREADS ((QW_PRODUCERS + QM_WARPS) * 32)
 #define QW_STAGES 2
