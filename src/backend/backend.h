@@ -539,6 +539,10 @@ struct backend_options {
      * records beside the warps that attend (where the GPU runs sm_90a code;
      * default on; off: every warp decodes and attends in turn) */
     enum backend_switch cuda_qprefill_ws;
+    /* CUDA: that prefill's blocks, with wgmma consumers, as clusters of two
+     * whose producers decode one side each (K, V) into both blocks' tiles
+     * (default on; off: each block decodes both) */
+    enum backend_switch cuda_qprefill_pair;
     /* CUDA: FAST-mode decode attention of many sequences (more than 8 rows)
      * over an f16 cache on tensor cores (default on; off: the f32
      * flash-decoding kernel, with the q/k launch folded in) */

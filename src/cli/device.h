@@ -49,6 +49,8 @@ bool cli_device_parse(const char *text, struct device_spec *out);
     "  --cuda-qprefill-ws on|off   that prefill over a quantized cache with warps that only\n"  \
     "                              decode records beside those that attend (sm_90a GPUs)\n"   \
     "                              (INFERD_CUDA_QPREFILL_WS=0)\n"                               \
+    "  --cuda-qprefill-pair on|off  with wgmma, its blocks in clusters of two that decode\n"  \
+    "                              K and V apart for both (INFERD_CUDA_QPREFILL_PAIR=0)\n"   \
     "  --cuda-decode-tc on|off     fast-mode decode attention of more than 8 sequences (any\n"  \
     "                              number over a quantized cache) on tensor cores\n"           \
     "                              (INFERD_CUDA_DECODE_TC=0)\n"                                 \

@@ -123,14 +123,20 @@ static void *dev_copy(struct backend *be, const void *src, size_t bytes)
     return d;
 }
 
+/* The CUDA kernels a check runs. tensor_cores: FAST mode's tensor-core
+ * prefill and decode kernels (else the f32 ones); prefill_ws: the prefill's
+ * decoding warps beside the attending ones, which attend on wgmma unless
+ * wgmma is off, in clusters of two blocks unless pair is off. */
+struct gq_kernels {
+    enum backend_switch tensor_cores, prefill_ws, wgmma, pair;
+};
+
 /* The plan's steps on both backends, every layer checked at each step it
- * attends. tensor_cores: FAST mode's tensor-core prefill and decode kernels
- * (else the f32 ones); prefill_ws: the prefill's decoding warps beside the
- * attending ones, which attend on wgmma unless wgmma is off. */
+ * attends. */
 static void check_format(const struct gq_case *gc, const char *format, enum compute_mode mode,
-                         enum backend_switch tensor_cores, enum backend_switch prefill_ws,
-                         enum backend_switch wgmma, const struct gq_plan *plan)
+                         struct gq_kernels k, const struct gq_plan *plan)
 {
+    const enum backend_switch tensor_cores = k.tensor_cores;
     struct kv_quant q = quant_of(format);
     if (q.layer[0].scheme == KV_QUANT_AFFINE && gc->head_dim % q.layer[0].group_size)
         return; /* groups must tile head_dim (kv_format_check refuses it) */
@@ -143,8 +149,9 @@ static void check_format(const struct gq_case *gc, const char *format, enum comp
                                      &(struct backend_options){.mode = mode, .kv_quant = &q,
                                                                .cuda_prefill_tc = tensor_cores,
                                                                .cuda_decode_tc = tensor_cores,
-                                                               .cuda_qprefill_ws = prefill_ws,
-                                                               .cuda_prefill_wgmma = wgmma},
+                                                               .cuda_qprefill_ws = k.prefill_ws,
+                                                               .cuda_prefill_wgmma = k.wgmma,
+                                                               .cuda_qprefill_pair = k.pair},
                                      &bg, &err),
                  0, "%s", err.msg);
     const float tol =
@@ -268,8 +275,7 @@ static const char *const gq_formats[] = {"8",          "4",          "8g32",    
                                          "turbo",      "turbo:k4v3", "turbo:k4v4", "turbo:k8v2",
                                          "turbo:k3v2", "turbo:k5v4", "turbo:k4v3:qjl", NULL};
 
-static void check_all_shapes(enum compute_mode mode, enum backend_switch tensor_cores,
-                             enum backend_switch prefill_ws)
+static void check_all_shapes(enum compute_mode mode, struct gq_kernels k)
 {
     int n = 0;
     const struct mkmodel_preset *presets = mkmodel_presets(&n);
@@ -283,8 +289,7 @@ static void check_all_shapes(enum compute_mode mode, enum backend_switch tensor_
                                                                              : 0,
                              p->name};
         for (int f = 0; gq_formats[f]; f++)
-            check_format(&gc, gq_formats[f], mode, tensor_cores, prefill_ws, BACKEND_DEFAULT,
-                         &gq_short);
+            check_format(&gc, gq_formats[f], mode, k, &gq_short);
         tested++;
     }
     cr_expect_geq(tested, 5, "the tiny presets");
@@ -292,20 +297,19 @@ static void check_all_shapes(enum compute_mode mode, enum backend_switch tensor_
                               {8, 1, 128, 0, "gqa-8"}, {8, 2, 256, 0, "head_dim-256"}};
     for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++)
         for (int f = 0; gq_formats[f]; f++)
-            check_format(&extra[i], gq_formats[f], mode, tensor_cores, prefill_ws,
-                         BACKEND_DEFAULT, &gq_short);
+            check_format(&extra[i], gq_formats[f], mode, k, &gq_short);
 }
 
 Test(cuda_kv_quant, exact_mode_stores_the_cpus_bytes_and_attends_as_the_cpu, .timeout = 600)
 {
     skip_without_gpu();
-    check_all_shapes(COMPUTE_EXACT, BACKEND_DEFAULT, BACKEND_DEFAULT);
+    check_all_shapes(COMPUTE_EXACT, (struct gq_kernels){0});
 }
 
 Test(cuda_kv_quant, fast_mode_tensor_core_kernels_attend_as_the_cpu, .timeout = 600)
 {
     skip_without_gpu();
-    check_all_shapes(COMPUTE_FAST, BACKEND_DEFAULT, BACKEND_DEFAULT);
+    check_all_shapes(COMPUTE_FAST, (struct gq_kernels){0});
 }
 
 /* The tensor-core prefill whose warps each decode and attend in turn (the
@@ -313,13 +317,13 @@ Test(cuda_kv_quant, fast_mode_tensor_core_kernels_attend_as_the_cpu, .timeout = 
 Test(cuda_kv_quant, fast_mode_prefill_without_decoding_warps_attends_as_the_cpu, .timeout = 600)
 {
     skip_without_gpu();
-    check_all_shapes(COMPUTE_FAST, BACKEND_DEFAULT, BACKEND_OFF);
+    check_all_shapes(COMPUTE_FAST, (struct gq_kernels){.prefill_ws = BACKEND_OFF});
 }
 
 Test(cuda_kv_quant, fast_mode_f32_kernels_attend_as_the_cpu, .timeout = 600)
 {
     skip_without_gpu();
-    check_all_shapes(COMPUTE_FAST, BACKEND_OFF, BACKEND_DEFAULT);
+    check_all_shapes(COMPUTE_FAST, (struct gq_kernels){.tensor_cores = BACKEND_OFF});
 }
 
 /* The long plans' shapes: the Llama-3.1-8B shape, a GQA group of 16 and a
@@ -329,18 +333,17 @@ static const struct gq_case gq_long_shapes[] = {{32, 8, 128, 0, "llama-3.1-8b"},
                                                 {8, 2, 64, 300, "sliding-300"}};
 
 /* Every long shape in each format under the plan in FAST mode, with the
- * default kernels and then with tensor cores, the prefill's decoding warps
- * and wgmma as given. */
+ * default kernels and then with each of the n_kernels others given. */
 static void check_long_shapes(const char *const *formats, size_t n_formats,
-                              const struct gq_plan *plan, enum backend_switch tensor_cores,
-                              enum backend_switch prefill_ws, enum backend_switch wgmma)
+                              const struct gq_plan *plan, const struct gq_kernels *kernels,
+                              size_t n_kernels)
 {
     for (size_t i = 0; i < sizeof gq_long_shapes / sizeof gq_long_shapes[0]; i++)
         for (size_t f = 0; f < n_formats; f++) {
-            check_format(&gq_long_shapes[i], formats[f], COMPUTE_FAST, BACKEND_DEFAULT,
-                         BACKEND_DEFAULT, BACKEND_DEFAULT, plan);
-            check_format(&gq_long_shapes[i], formats[f], COMPUTE_FAST, tensor_cores, prefill_ws,
-                         wgmma, plan);
+            check_format(&gq_long_shapes[i], formats[f], COMPUTE_FAST, (struct gq_kernels){0},
+                         plan);
+            for (size_t k = 0; k < n_kernels; k++)
+                check_format(&gq_long_shapes[i], formats[f], COMPUTE_FAST, kernels[k], plan);
         }
 }
 
@@ -353,23 +356,24 @@ Test(cuda_kv_quant, fast_mode_decode_over_long_rows_in_many_splits_attends_as_th
     skip_without_gpu();
     static const char *const formats[] = {"8", "4g32", "turbo", "turbo:k4v3", "turbo:k3v2",
                                           "turbo:k5v4", "turbo:k4v3:qjl"};
-    check_long_shapes(formats, sizeof formats / sizeof formats[0], &gq_long, BACKEND_OFF,
-                      BACKEND_DEFAULT, BACKEND_DEFAULT);
+    static const struct gq_kernels f32 = {.tensor_cores = BACKEND_OFF};
+    check_long_shapes(formats, sizeof formats / sizeof formats[0], &gq_long, &f32, 1);
 }
 
 /* Prefill chunks of up to 1,000 tokens after up to 1,000 positions: a block
  * walks up to 32 tiles, so the prefill's producer and consumer warps pass
  * each pair of tiles back and forth many times, beside blocks of one tile;
- * every tensor-core prefill kernel (the decoding warps' consumers on wgmma by
- * default, on mma.sync, and no decoding warps). */
+ * every tensor-core prefill kernel (the decoding warps' consumers on wgmma in
+ * clusters of two blocks by default, on wgmma in blocks alone, on mma.sync,
+ * and no decoding warps). */
 Test(cuda_kv_quant, fast_mode_long_prefill_chunks_attend_as_the_cpu, .timeout = 600)
 {
     skip_without_gpu();
     static const char *const formats[] = {"8", "4g32", "turbo", "turbo:k4v3"};
-    check_long_shapes(formats, sizeof formats / sizeof formats[0], &gq_long_prefill,
-                      BACKEND_DEFAULT, BACKEND_OFF, BACKEND_DEFAULT);
-    check_long_shapes(formats, sizeof formats / sizeof formats[0], &gq_long_prefill,
-                      BACKEND_DEFAULT, BACKEND_DEFAULT, BACKEND_OFF);
+    static const struct gq_kernels others[] = {
+        {.pair = BACKEND_OFF}, {.prefill_ws = BACKEND_OFF}, {.wgmma = BACKEND_OFF}};
+    check_long_shapes(formats, sizeof formats / sizeof formats[0], &gq_long_prefill, others,
+                      sizeof others / sizeof others[0]);
 }
 
 Test(cuda_kv_quant, a_format_neither_backend_reads_is_refused_at_creation)

@@ -1305,6 +1305,33 @@ static __device__ __forceinline__ int qw_empty(int s)
 #define QW_WG_STAGES 3
 using qw_wg_bars = wg_bars<QW_WG_STAGES>;
 
+/* With wgmma consumers the blocks may also run as pairs (PAIR): blocks y and
+ * y ^ 1 of a span's kv head, a cluster of two, attend the same tiles (their
+ * rows are neighbours, so one tile range covers both), and each decodes one
+ * side of every tile, K in rank 0 and V in rank 1, and sends its tile to
+ * its peer by the copy engine: half the decoding a query row costs, which is
+ * what bounds the kernel (the producers take longer than the consumers).
+ * Two mbarriers a stage hand tiles between the blocks: pair full counts the
+ * peer's tile landing (the block's producers arrive expecting its bytes; the
+ * first warp of each consumer group waits on it beside the named full
+ * barrier, so the producers go on decoding) and pair empty opens when the
+ * peer's consumers are done with the stage (the peer's 4 producer warps
+ * arrive, after their own empty barrier; warp 0 waits, then the producers
+ * meet at a named barrier of their own). A block with no rows of its own
+ * (past a span's end) still decodes for its peer. */
+#define QW_PAIR_BAR_BYTES (2 * QW_WG_STAGES * 8)
+#define QW_PAIR_PRODUCERS_BAR qw_wg_bars::unused
+
+static __device__ __forceinline__ uint32_t qw_pair_full(uint32_t bars, int s)
+{
+    return bars + 8u * (uint32_t)s;
+}
+
+static __device__ __forceinline__ uint32_t qw_pair_empty(uint32_t bars, int s)
+{
+    return bars + 8u * (uint32_t)(QW_WG_STAGES + s);
+}
+
 static __host__ __device__ __forceinline__ size_t qw_block_bytes(const struct kv_quant_layer &f,
                                                                  int hd, bool wg)
 {
@@ -1314,13 +1341,15 @@ static __host__ __device__ __forceinline__ size_t qw_block_bytes(const struct kv
                        (dq_record_room(kvq_head_bytes(&f, hd, false)) +
                         dq_record_room(kvq_head_bytes(&f, hd, true)));
     const size_t qrows = (size_t)QM_WARPS * 16 * hd * sizeof(float);
-    return 2 * DQ_TABLE_BYTES + (wg ? 1024 : 0) + (tiles > qrows ? tiles : qrows) + raw;
+    return 2 * DQ_TABLE_BYTES + (wg ? 1024 + QW_PAIR_BAR_BYTES : 0) +
+           (tiles > qrows ? tiles : qrows) + raw;
 }
 
-template <int HD, bool WG>
+template <int HD, bool WG, bool PAIR>
 static __global__ void __launch_bounds__(QW_THREADS, 1)
 qattn_prefill_ws_kernel(struct cu_op op, const uint8_t *params, int hpb)
 {
+    static_assert(WG || !PAIR, "pairs hand over wgmma's tiles");
     constexpr int STAGES = WG ? QW_WG_STAGES : QW_STAGES;
     constexpr uint32_t TILE_BYTES = FA_BK * HD * sizeof(__half);
     constexpr uint32_t QROWS = QM_WARPS * 16 * HD * sizeof(float);
@@ -1336,14 +1365,26 @@ qattn_prefill_ws_kernel(struct cu_op op, const uint8_t *params, int hpb)
     const int kvh = blk.kvh, head = blk.head, bq = blk.bq, q0 = blk.q0;
     const struct cu_span *span = blk.span;
     const int n_tokens = span->n_tokens;
-    if (q0 >= n_tokens)
+    const bool live = q0 < n_tokens;
+    const int peer_q0 = (int)(gridDim.y - 1 - (blockIdx.y ^ 1u)) * bq;
+    const bool peer_live = PAIR && peer_q0 < n_tokens;
+    if (!live && !peer_live) /* a pair leaves together */
         return;
-    const fa_rows rows(span->pos0, n_tokens, q0, bq, op.u.attn.window, cw / hpb);
+    fa_rows rows(span->pos0, n_tokens, live ? q0 : peer_q0, bq, op.u.attn.window, cw / hpb);
+    int last = rows.last_pos; /* the pair's last position */
+    if (!live) {
+        rows.warp_live = false;
+    } else if (peer_live) {
+        const fa_rows pr(span->pos0, n_tokens, peer_q0, bq, op.u.attn.window, 0);
+        last = last > pr.last_pos ? last : pr.last_pos;
+        rows.k_begin = rows.k_begin < pr.k_begin ? rows.k_begin : pr.k_begin;
+        rows.n_tiles = (last - rows.k_begin) / FA_BK + 1;
+    }
     const int n_tiles = rows.n_tiles;
     const bool turbo = f.scheme == KV_QUANT_TURBO;
     /* the level tables, the pairs of fp16 tiles (pair s: K at 2 s
      * TILE_BYTES, V after it; TURBO's query rows take that space first),
-     * then the producers' rooms for records */
+     * then the producers' rooms for records and a pair's mbarriers */
     uint8_t *ktab = qw_smem, *vtab = ktab + DQ_TABLE_BYTES;
     uint8_t *tiles = vtab + DQ_TABLE_BYTES;
     if (WG) /* wgmma's swizzle is by address: 1,024-byte aligned tiles */
@@ -1358,29 +1399,81 @@ qattn_prefill_ws_kernel(struct cu_op op, const uint8_t *params, int hpb)
     const int vroom = dq_record_room(kvq_head_bytes(&f, HD, true));
     const uint32_t warp_rooms = (uint32_t)QW_RAW_STAGES * DQ_ROWS * (kroom + vroom);
     const uint32_t tiles0 = smem_addr(tiles);
+    const uint32_t bars = smem_addr(raw) + (uint32_t)QW_PRODUCERS * warp_rooms;
+    const int rank = PAIR ? cluster_rank() : 0;
+    if (PAIR && threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++) {
+            mbar_init(qw_pair_full(bars, s), 1);
+            mbar_init(qw_pair_empty(bars, s), QW_PRODUCERS);
+        }
+        cluster_mbar_init_fence();
+    }
 
     if (producer) {
         const int first = rows.k_begin + DQ_ROWS * warp;
+        dq_side kc = ks, vc = vs; /* the sides this block copies */
+        if (PAIR)
+            (rank ? kc : vc).chunks = 0;
         dq_stream st;
-        st.init(ks, vs, (const uint32_t *)(params + span->bt_off), kv.block_size, rows.last_pos,
+        st.init(kc, vc, (const uint32_t *)(params + span->bt_off), kv.block_size, last,
                 smem_addr(raw) + (uint32_t)warp * warp_rooms, kroom, vroom, QW_RAW_STAGES, lane);
         st.prime<QW_RAW_STAGES>(first, n_tiles, lane);
         /* first: the consumers' raise waits for these registers */
         regs_lower_to<QW_PRODUCER_REGS>();
         __syncthreads(); /* the level tables are in; the query rows are fragments */
+        const dq_side my_side = dq_side_of(kv, layer, kvh, HD, rank != 0); /* PAIR's */
+        uint32_t peer = 0, peer_bars = 0;
+        if (PAIR) { /* the peer's barriers are made and its query rows' space is free */
+            cluster_sync();
+            peer = cluster_map(tiles0, rank ^ 1) - tiles0;
+            peer_bars = cluster_map(bars, rank ^ 1);
+        }
         const uint8_t *mine = raw + (size_t)warp * warp_rooms;
         const uint32_t my_dst = tiles0 + (uint32_t)(warp * DQ_ROWS * (WG ? 128 : HD * 2));
         for (int j = 0; j < n_tiles; j++) {
             const uint32_t stage = st.arrive<QW_RAW_STAGES>(j, first, n_tiles, lane);
             const int s = j % STAGES;
-            if (j >= STAGES) /* the consumers are done with tile j - STAGES */
-                bar_sync(WG ? qw_wg_bars::empty(s) : qw_empty(s), QW_THREADS);
+            if (j >= STAGES) { /* the consumers are done with tile j - STAGES */
+                if (live)
+                    bar_sync(WG ? qw_wg_bars::empty(s) : qw_empty(s), QW_THREADS);
+                if (PAIR && live && lane == 0) /* the peer may write our stage */
+                    mbar_arrive_cluster(qw_pair_empty(peer_bars, s));
+                if (PAIR && peer_live) { /* and we the peer's */
+                    if (warp == 0)
+                        mbar_wait_cluster(qw_pair_empty(bars, s), (uint32_t)(j / STAGES - 1) & 1u);
+                    bar_sync(QW_PAIR_PRODUCERS_BAR, QW_PRODUCERS * 32);
+                }
+            }
             const uint32_t dst = my_dst + (uint32_t)s * 2 * TILE_BYTES;
-            dq_decode<HD, 4, WG>(mine + stage, kroom, ks, ktab, dst, lane);
-            dq_decode<HD, 4, WG>(mine + stage + DQ_ROWS * kroom, vroom, vs, vtab,
-                                 dst + TILE_BYTES, lane);
+            if (PAIR) {
+                const uint32_t side = rank ? TILE_BYTES : 0u; /* this block's tile of the pair */
+                if (live && threadIdx.x == 0) /* the peer's tile, for our consumers to wait on */
+                    mbar_arrive_expect_tx(qw_pair_full(bars, s), TILE_BYTES);
+                dq_decode<HD, 4, true>(mine + stage + (rank ? DQ_ROWS * kroom : 0),
+                                       rank ? vroom : kroom, my_side, rank ? vtab : ktab,
+                                       dst + side, lane);
+                fence_proxy_async_smem(); /* the wgmma reads and the copy engine see the stores */
+                if (peer_live) {
+                    __syncwarp();
+                    if (lane == 0) {
+                        for (int sl = 0; sl < HD / 64; sl++) { /* the warp's rows of each slab */
+                            const uint32_t a = dst + side + (uint32_t)(sl * FA_BK * 128);
+                            bulk_copy_to_cluster(a + peer, a, DQ_ROWS * 128,
+                                                 qw_pair_full(peer_bars, s));
+                        }
+                        bulk_commit();
+                    }
+                }
+            } else {
+                dq_decode<HD, 4, WG>(mine + stage, kroom, ks, ktab, dst, lane);
+                dq_decode<HD, 4, WG>(mine + stage + DQ_ROWS * kroom, vroom, vs, vtab,
+                                     dst + TILE_BYTES, lane);
+                if (WG)
+                    fence_proxy_async_smem(); /* the wgmma reads see the stores */
+            }
+            if (!live)
+                continue;
             if (WG) {
-                fence_proxy_async_smem(); /* the wgmma reads see the stores */
                 bar_arrive(qw_wg_bars::full(s, 0), 256);
                 bar_arrive(qw_wg_bars::full(s, 1), 256);
             } else {
@@ -1388,20 +1481,28 @@ qattn_prefill_ws_kernel(struct cu_op op, const uint8_t *params, int hpb)
             }
         }
         cp_async_wait<0>();
+        if (PAIR) { /* neither block leaves while the other may reach into it */
+            if (lane == 0)
+                bulk_wait_all();
+            cluster_sync();
+        }
         return;
     }
 
     regs_raise_to<QW_CONSUMER_REGS>();
     fa_warp<HD> w;
-    qm_load_queries(w, op, *span, head, rows.wrow0, turbo ? (float *)tiles + cw * 16 * HD : NULL,
-                    lane);
+    if (live)
+        qm_load_queries(w, op, *span, head, rows.wrow0,
+                        turbo ? (float *)tiles + cw * 16 * HD : NULL, lane);
     __syncthreads(); /* the query rows' space becomes the tiles' */
-    if (WG) {
+    if (PAIR)
+        cluster_arrive(); /* the peer's producers may write our tiles */
+    if (WG && live) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
         wg_attend<HD, FA_BK, QW_WG_STAGES, QW_THREADS>(w, rows, tiles0, cw / 4, op.u.attn.window,
-                                                       lane);
+                                                       lane, PAIR ? qw_pair_full(bars, 0) : 0u);
 #endif
-    } else {
+    } else if (!WG) {
         for (int j = 0; j < n_tiles; j++) {
             const int s = j % QW_STAGES, k0 = rows.k_begin + j * FA_BK;
             const uint32_t kt = tiles0 + (uint32_t)s * 2 * TILE_BYTES;
@@ -1417,23 +1518,72 @@ qattn_prefill_ws_kernel(struct cu_op op, const uint8_t *params, int hpb)
         w.store(op.u.attn.out + (size_t)span->row0 * q_dim + (size_t)head * HD, q_dim,
                 rows.wrow0, n_tokens, lane);
     }
+    if (PAIR) {
+        cluster_wait();
+        cluster_sync();
+    }
 }
 
+/* Launches a prefill kernel over (query head runs, rows, spans); pair:
+ * as clusters of two blocks along the rows (an even count of them). */
 template <typename K>
 static cudaError_t launch_qprefill_kernel(K kernel, cudaStream_t s, const struct cu_op *op,
                                           const uint8_t *params, size_t smem, int threads,
-                                          int hpb)
+                                          int hpb, bool pair = false)
 {
     cudaError_t e =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess)
         return e;
     const int bq = 16 * QM_WARPS / hpb;
-    dim3 grid((unsigned)(op->u.attn.n_heads / hpb),
-              (unsigned)((op->u.attn.max_span_tokens + bq - 1) / bq),
-              (unsigned)op->u.attn.n_spans);
-    kernel<<<grid, threads, smem, s>>>(*op, params, hpb);
-    return cudaGetLastError();
+    unsigned rows = (unsigned)((op->u.attn.max_span_tokens + bq - 1) / bq);
+    if (pair)
+        rows += rows & 1u;
+    const dim3 grid((unsigned)(op->u.attn.n_heads / hpb), rows, (unsigned)op->u.attn.n_spans);
+    if (!pair) {
+        kernel<<<grid, threads, smem, s>>>(*op, params, hpb);
+        return cudaGetLastError();
+    }
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3((unsigned)threads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = 1;
+    attr.val.clusterDim.y = 2;
+    attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, kernel, *op, params, hpb);
+}
+
+/* Whether clusters of two blocks of `kernel` with smem bytes each fit this
+ * GPU: asked once, *cache keeps the answer (-1 before). */
+template <typename K>
+static bool qprefill_pairs_fit(K kernel, size_t smem, int *cache)
+{
+    if (*cache < 0) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(1, 2, 1);
+        cfg.blockDim = dim3(QW_THREADS);
+        cfg.dynamicSmemBytes = smem;
+        cudaLaunchAttribute attr;
+        attr.id = cudaLaunchAttributeClusterDimension;
+        attr.val.clusterDim.x = 1;
+        attr.val.clusterDim.y = 2;
+        attr.val.clusterDim.z = 1;
+        cfg.attrs = &attr;
+        cfg.numAttrs = 1;
+        int clusters = 0;
+        *cache = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      (int)smem) == cudaSuccess &&
+                 cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess &&
+                 clusters > 0;
+        (void)cudaGetLastError();
+    }
+    return *cache == 1;
 }
 
 /* The tensor-core prefill for head dims 64 and 128 without QJL keys: with
@@ -1448,17 +1598,22 @@ static cudaError_t launch_qprefill_mma_hd(cudaStream_t s, const struct cu_op *op
 {
     const int group = op->u.attn.n_heads / op->u.attn.kv.n_kv_heads;
     const int hpb = group % 8 == 0 ? 8 : group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;
-    static int native = -1, native_wg = -1;
+    static int native = -1, native_wg = -1, pairs_fit = -1;
     const size_t wg_smem = qw_block_bytes(op->u.attn.kv.fmt, HD, true);
     if (k.prefill_ws && k.prefill_wgmma && wg_smem <= (size_t)smem_optin &&
-        kernel_runs_sm90a(qattn_prefill_ws_kernel<HD, true>, &native_wg))
-        return launch_qprefill_kernel(qattn_prefill_ws_kernel<HD, true>, s, op, params, wg_smem,
-                                      QW_THREADS, hpb);
+        kernel_runs_sm90a(qattn_prefill_ws_kernel<HD, true, false>, &native_wg)) {
+        if (k.prefill_pair &&
+            qprefill_pairs_fit(qattn_prefill_ws_kernel<HD, true, true>, wg_smem, &pairs_fit))
+            return launch_qprefill_kernel(qattn_prefill_ws_kernel<HD, true, true>, s, op, params,
+                                          wg_smem, QW_THREADS, hpb, true);
+        return launch_qprefill_kernel(qattn_prefill_ws_kernel<HD, true, false>, s, op, params,
+                                      wg_smem, QW_THREADS, hpb);
+    }
     const size_t ws_smem = qw_block_bytes(op->u.attn.kv.fmt, HD, false);
     if (k.prefill_ws && ws_smem <= (size_t)smem_optin &&
-        kernel_runs_sm90a(qattn_prefill_ws_kernel<HD, false>, &native))
-        return launch_qprefill_kernel(qattn_prefill_ws_kernel<HD, false>, s, op, params, ws_smem,
-                                      QW_THREADS, hpb);
+        kernel_runs_sm90a(qattn_prefill_ws_kernel<HD, false, false>, &native))
+        return launch_qprefill_kernel(qattn_prefill_ws_kernel<HD, false, false>, s, op, params,
+                                      ws_smem, QW_THREADS, hpb);
     const size_t smem = qm_block_bytes(op->u.attn.kv.fmt, HD);
     if (smem > (size_t)smem_optin)
         return cudaErrorNotSupported;

@@ -1621,6 +1621,7 @@ extern "C" int backend_cuda_create(int device, const struct backend_options *opt
     im->prefill_tc = opt->cuda_prefill_tc != BACKEND_OFF;
     im->qprefill_ws = opt->cuda_qprefill_ws != BACKEND_OFF;
     im->prefill_wgmma = opt->cuda_prefill_wgmma != BACKEND_OFF;
+    im->qprefill_pair = opt->cuda_qprefill_pair != BACKEND_OFF;
     im->fuse.decode_mma = im->fuse.fast && opt->cuda_decode_tc != BACKEND_OFF;
     im->fuse.gemm_f32 = opt->cuda_gemm_f32 == BACKEND_ON;
     im->moe_kernels = opt->cuda_moe != BACKEND_OFF;

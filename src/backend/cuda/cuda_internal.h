@@ -304,6 +304,7 @@ struct cu_impl {
     bool prefill_tc;       /* backend_options.cuda_prefill_tc */
     bool qprefill_ws;      /* backend_options.cuda_qprefill_ws */
     bool prefill_wgmma;    /* backend_options.cuda_prefill_wgmma */
+    bool qprefill_pair;    /* backend_options.cuda_qprefill_pair */
     bool moe_kernels;      /* backend_options.cuda_moe: the vectorised and grouped MoE kernels */
     bool qgemv_int8;       /* backend_options.cuda_qgemv_dp4a: FAST-mode block GEMVs on int8 x */
     bool qgemv_stream;     /* backend_options.cuda_qgemv_stream: ... in one launch that stages x */
@@ -594,6 +595,7 @@ struct cu_attn_kernels {
     bool decode_tc;    /* decode over a quantized cache on tensor cores as well */
     bool prefill_ws;   /* quantized prefill with decoding warps beside the attending ones */
     bool prefill_wgmma; /* prefill on warp-group tensor cores (sm_90a), either cache */
+    bool prefill_pair;  /* that quantized prefill as clusters of two blocks sharing the decoding */
 };
 
 cudaError_t cu_launch_attention(cudaStream_t s, const struct cu_op *op, const uint8_t *params,

@@ -11,12 +11,14 @@
 
 /* Named barriers (0 is __syncthreads'): stage s full for consumer group c
  * (its 128 threads and the producers'), stage s empty (the block's), group
- * c's turn to issue (both groups'). */
+ * c's turn to issue (both groups'); `unused` is the first id after them. */
 template <int STAGES>
 struct wg_bars {
     static __device__ __forceinline__ int full(int s, int c) { return 1 + 2 * s + c; }
     static __device__ __forceinline__ int empty(int s) { return 1 + 2 * STAGES + s; }
     static __device__ __forceinline__ int turn(int c) { return 1 + 3 * STAGES + c; }
+    static constexpr int unused = 3 + 3 * STAGES;
+    static_assert(unused <= 16, "16 named barriers");
 };
 
 /* A consumer group's products, each closed as a group: S = Q K^T over the K
@@ -53,12 +55,22 @@ static __device__ __forceinline__ void wg_issue_pv(float (&o)[HD / 8][4],
  * are issued on no condition (one the compiler cannot see is the same for
  * the whole group makes it serialize them), and a tile wholly out of a row's
  * range is masked to nothing. Turns: group 0 goes first; each group arrives
- * at the other's turn once it has issued. */
+ * at the other's turn once it has issued. With more_full (a shared address,
+ * else 0), stage s is full only once the mbarrier at more_full + 8 s has
+ * completed the phase of its tile as well (it counts bytes that another
+ * block copies in); the group's first warp waits on it. */
 template <int HD, int BN, int STAGES, int THREADS>
 static __device__ __forceinline__ void wg_attend(fa_warp<HD> &w, const fa_rows &rows,
-                                                 uint32_t tiles0, int c, int window, int lane)
+                                                 uint32_t tiles0, int c, int window, int lane,
+                                                 uint32_t more_full = 0)
 {
     using B = wg_bars<STAGES>;
+    const bool waits_more = more_full && (threadIdx.x & 127) < 32;
+    auto wait_full = [&](int j) {
+        if (waits_more)
+            mbar_wait_cluster(more_full + 8u * (uint32_t)(j % STAGES), (uint32_t)(j / STAGES) & 1u);
+        bar_sync(B::full(j % STAGES, c), 256);
+    };
     constexpr uint32_t TILE_BYTES = BN * HD * sizeof(__half); /* a K or a V tile */
     constexpr int NS = BN / 8;                                /* n8 tiles of S */
     const int t = lane & 3, n_tiles = rows.n_tiles;
@@ -70,7 +82,7 @@ static __device__ __forceinline__ void wg_attend(fa_warp<HD> &w, const fa_rows &
     float corr[2];
     if (c == 1)
         bar_arrive(B::turn(0), 256);
-    bar_sync(B::full(0, c), 256);
+    wait_full(0);
     bar_sync(B::turn(c), 256);
     wgmma_fence();
     wg_issue_s<HD, BN>(s, w.qf, tiles0);
@@ -85,7 +97,7 @@ static __device__ __forceinline__ void wg_attend(fa_warp<HD> &w, const fa_rows &
         const uint32_t vt_prev =
             tiles0 + (uint32_t)((j - 1) % STAGES) * 2 * TILE_BYTES + TILE_BYTES;
         w.template softmax_finish<NS>(s, corr, pf); /* O complete: rescaled; P of tile j - 1 */
-        bar_sync(B::full(st, c), 256);
+        wait_full(j);
         bar_sync(B::turn(c), 256);
         wgmma_fence();
         wg_issue_s<HD, BN>(s, w.qf, kt);

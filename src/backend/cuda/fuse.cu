@@ -321,7 +321,8 @@ bool cu_exec_launch(struct cu_impl *im, const struct cu_op *ops, const struct cu
         const struct cu_attn_kernels kernels = {.tensor_cores = im->fuse.fast && im->prefill_tc,
                                                 .decode_tc = im->fuse.decode_mma,
                                                 .prefill_ws = im->qprefill_ws,
-                                                .prefill_wgmma = im->prefill_wgmma};
+                                                .prefill_wgmma = im->prefill_wgmma,
+                                                .prefill_pair = im->qprefill_pair};
         return CU_TRY(im, cu_launch_attention(s, op, im->arena_dev, im->attn_part,
                                               im->dev.smem_optin, kernels));
     }

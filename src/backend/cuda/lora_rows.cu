@@ -40,56 +40,14 @@
 #define LR_CLUSTER CU_LORA_ROWS_CLUSTER
 
 /* Thread-block clusters (compute capability 9.0; the planner takes rule 7 nowhere else):
- * this block's rank in its cluster; a barrier of the cluster's threads, which orders
- * shared memory writes before it against reads after it (or its arrival at the start and
- * the wait for the others before the first store into another block, which needs every
- * block of the cluster running); a store into block b's shared memory. */
-static __device__ __forceinline__ int lr_cluster_rank(void)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return (int)r;
-#else
-    __trap();
-    return 0;
-#endif
-}
-
-static __device__ __forceinline__ void lr_cluster_arrive(void)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-#else
-    __trap();
-#endif
-}
-
-static __device__ __forceinline__ void lr_cluster_wait(void)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
-#else
-    __trap();
-#endif
-}
-
-static __device__ __forceinline__ void lr_cluster_sync(void)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;\n"
-                 "barrier.cluster.wait.acquire.aligned;" ::: "memory");
-#else
-    __trap();
-#endif
-}
-
-/* v into the float at p's place in block b's shared memory. */
+ * warp.cuh's barrier of the cluster's threads orders shared memory writes before it against
+ * reads after it (or its relaxed arrival at the start and the wait for the others before
+ * the first store into another block, which needs every block of the cluster running); v
+ * into the float at p's place in block b's shared memory. */
 static __device__ __forceinline__ void lr_cluster_store(float *p, int b, float v)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    uint32_t local = (uint32_t)__cvta_generic_to_shared(p), remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(b));
+    const uint32_t remote = cluster_map((uint32_t)__cvta_generic_to_shared(p), b);
     asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote), "f"(v) : "memory");
 #else
     __trap();
@@ -125,7 +83,7 @@ static __global__ void __launch_bounds__(LR_THREADS) lora_rows_kernel(struct cu_
     __shared__ float warp_ss[LR_WARPS];
     __shared__ float cluster_ss[LR_CLUSTER]; /* the blocks' sums of squares, by rank */
     __shared__ int n_cover[LR_JOBS], cover[LR_JOBS][LORA_MAX_STACK];
-    const int r = lr_cluster_rank();
+    const int r = cluster_rank();
     const int t = (int)(blockIdx.x / LR_CLUSTER);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int64_t dim = a.lay.dim, slice = a.lay.slice, c0 = (int64_t)r * slice;
@@ -133,7 +91,7 @@ static __global__ void __launch_bounds__(LR_THREADS) lora_rows_kernel(struct cu_
     float *ys = (float *)(sm + a.lay.y);
     const bool remote = !a.silu || a.n_out > 0; /* stores into the other blocks */
     if (remote)
-        lr_cluster_arrive();
+        cluster_arrive_relaxed();
 
     /* the jobs' segment tables, in one round trip */
     /* (the loops over jobs are unrolled: the arguments stay in the parameter space) */
@@ -266,7 +224,7 @@ static __global__ void __launch_bounds__(LR_THREADS) lora_rows_kernel(struct cu_
         if (lane == 0)
             warp_ss[warp] = ss;
         __syncthreads();
-        lr_cluster_wait(); /* every block of the cluster runs */
+        cluster_wait(); /* every block of the cluster runs */
         if (warp == 0) { /* the block's sum, into slot r of every block of the cluster */
             float s = 0.0f;
             for (int w = 0; w < LR_WARPS; w++)
@@ -274,7 +232,7 @@ static __global__ void __launch_bounds__(LR_THREADS) lora_rows_kernel(struct cu_
             if (lane < LR_CLUSTER)
                 lr_cluster_store(&cluster_ss[r], lane, s);
         }
-        lr_cluster_sync();
+        cluster_sync();
         float total = 0.0f; /* in block order */
         for (int b = 0; b < LR_CLUSTER; b++)
             total += cluster_ss[b];
@@ -291,7 +249,7 @@ static __global__ void __launch_bounds__(LR_THREADS) lora_rows_kernel(struct cu_
     if (a.n_out == 0)
         return;
     if (a.silu)
-        lr_cluster_wait(); /* every block of the cluster runs */
+        cluster_wait(); /* every block of the cluster runs */
     __syncthreads();
 
     /* the shrink: item (job, covering segment, rank index k) dots its A row's slice with
@@ -329,7 +287,7 @@ static __global__ void __launch_bounds__(LR_THREADS) lora_rows_kernel(struct cu_
             n_items += (unsigned)sg.rank;
         }
     }
-    lr_cluster_sync();
+    cluster_sync();
     /* this block's items: r, r + LR_CLUSTER, ...; where each one's u goes */
     unsigned item = 0;
 #pragma unroll

@@ -85,6 +85,172 @@ static __device__ __forceinline__ void bar_arrive(int id, int threads)
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+/* Thread-block clusters (compute capability 9.0; elsewhere these trap):
+ * this block's rank in its cluster; the cluster's barrier, whose arrival
+ * releases this thread's earlier writes (arrive, or relaxed: orders
+ * nothing) and whose wait acquires the others' (wait), both at once
+ * (sync); the shared-window address of a's place in block `rank`'s shared
+ * memory (map). Every thread of every block of the cluster takes part in
+ * the barrier. */
+static __device__ __forceinline__ int cluster_rank(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return (int)r;
+#else
+    __trap();
+    return 0;
+#endif
+}
+
+static __device__ __forceinline__ void cluster_arrive(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#else
+    __trap();
+#endif
+}
+
+static __device__ __forceinline__ void cluster_arrive_relaxed(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#else
+    __trap();
+#endif
+}
+
+static __device__ __forceinline__ void cluster_wait(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#else
+    __trap();
+#endif
+}
+
+static __device__ __forceinline__ void cluster_sync(void)
+{
+    cluster_arrive();
+    cluster_wait();
+}
+
+static __device__ __forceinline__ uint32_t cluster_map(uint32_t a, int rank)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    uint32_t r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+    return r;
+#else
+    __trap();
+    return 0;
+#endif
+}
+
+/* Shared-memory barriers (mbarrier) that blocks of a cluster signal each
+ * other through (compute capability 9.0): made for `count` arrivals a phase
+ * (init, by one thread, then cluster_mbar_init_fence before the cluster's
+ * barrier publishes it); an arrival from any block of the cluster at the
+ * barrier at shared-window address a (cluster_map's), releasing this
+ * thread's earlier writes to the cluster; the wait for phase `parity` to
+ * complete at this block's barrier a, acquiring what the arrivals
+ * released. */
+static __device__ __forceinline__ void mbar_init(uint32_t a, int count)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(a), "r"(count) : "memory");
+#else
+    __trap();
+#endif
+}
+
+static __device__ __forceinline__ void cluster_mbar_init_fence(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#else
+    __trap();
+#endif
+}
+
+static __device__ __forceinline__ void mbar_arrive_cluster(uint32_t a)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(a)
+                 : "memory");
+#else
+    __trap();
+#endif
+}
+
+static __device__ __forceinline__ void mbar_wait_cluster(uint32_t a, uint32_t parity)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("{\n"
+                 ".reg .pred done;\n"
+                 "wait_%=:\n"
+                 "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra wait_%=;\n"
+                 "}\n" ::"r"(a),
+                 "r"(parity)
+                 : "memory");
+#else
+    __trap();
+#endif
+}
+
+/* An arrival at this block's barrier a that also expects `bytes` more of
+ * asynchronous copies (bulk_copy_to_cluster's) in the phase. */
+static __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t a, uint32_t bytes)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(a), "r"(bytes)
+                 : "memory");
+#else
+    __trap();
+#endif
+}
+
+/* `bytes` (a multiple of 16, both addresses 16-byte aligned) of this block's
+ * shared memory at src copied by the copy engine to dst in another block of
+ * the cluster (cluster_map's address), counted at that block's barrier bar
+ * (cluster_map's too) as they land; the copy reads src through the async
+ * proxy, so src's writers fence first (fence_proxy_async_smem). Commit closes
+ * this thread's copies issued since the last commit into a group; wait_all
+ * returns once all of its groups are done. */
+static __device__ __forceinline__ void bulk_copy_to_cluster(uint32_t dst, uint32_t src,
+                                                            uint32_t bytes, uint32_t bar)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes"
+                 " [%0], [%1], %2, [%3];" ::"r"(dst),
+                 "r"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+#else
+    __trap();
+#endif
+}
+
+static __device__ __forceinline__ void bulk_commit(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+#else
+    __trap();
+#endif
+}
+
+static __device__ __forceinline__ void bulk_wait_all(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+#else
+    __trap();
+#endif
+}
+
 /* A warp group's registers a thread moved to N (setmaxnreg: all four warps
  * of the group at once; sm_90a machine code only, elsewhere nothing). */
 template <int N>
