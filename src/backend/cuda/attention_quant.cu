@@ -1524,6 +1524,25 @@ qattn_prefill_ws_kernel(struct cu_op op, const uint8_t *params, int hpb)
     }
 }
 
+/* A launch of `grid` blocks of QW_THREADS as clusters of two along y (attr:
+ * the caller's, which cfg points to). */
+static cudaLaunchConfig_t qprefill_pair_config(dim3 grid, size_t smem, cudaStream_t s,
+                                               cudaLaunchAttribute *attr)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(QW_THREADS);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    attr->id = cudaLaunchAttributeClusterDimension;
+    attr->val.clusterDim.x = 1;
+    attr->val.clusterDim.y = 2;
+    attr->val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cfg;
+}
+
 /* Launches a prefill kernel over (query head runs, rows, spans); pair:
  * as clusters of two blocks along the rows (an even count of them). */
 template <typename K>
@@ -1544,18 +1563,8 @@ static cudaError_t launch_qprefill_kernel(K kernel, cudaStream_t s, const struct
         kernel<<<grid, threads, smem, s>>>(*op, params, hpb);
         return cudaGetLastError();
     }
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3((unsigned)threads);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = s;
     cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = 1;
-    attr.val.clusterDim.y = 2;
-    attr.val.clusterDim.z = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
+    const cudaLaunchConfig_t cfg = qprefill_pair_config(grid, smem, s, &attr);
     return cudaLaunchKernelEx(&cfg, kernel, *op, params, hpb);
 }
 
@@ -1565,17 +1574,8 @@ template <typename K>
 static bool qprefill_pairs_fit(K kernel, size_t smem, int *cache)
 {
     if (*cache < 0) {
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(1, 2, 1);
-        cfg.blockDim = dim3(QW_THREADS);
-        cfg.dynamicSmemBytes = smem;
         cudaLaunchAttribute attr;
-        attr.id = cudaLaunchAttributeClusterDimension;
-        attr.val.clusterDim.x = 1;
-        attr.val.clusterDim.y = 2;
-        attr.val.clusterDim.z = 1;
-        cfg.attrs = &attr;
-        cfg.numAttrs = 1;
+        const cudaLaunchConfig_t cfg = qprefill_pair_config(dim3(1, 2, 1), smem, 0, &attr);
         int clusters = 0;
         *cache = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       (int)smem) == cudaSuccess &&
