@@ -1,4 +1,4 @@
-/* backend/cuda/attention_decode_quant.cu — decode attention over a quantized paged KV cache (backend/kv_quant.h) on mma.sync tensor cores: each warp streams its own positions' records into shared memory, decodes them there to fp16 tiles and runs the f16 cache's FlashAttention-2 warp step (fa_mma.cuh) on them; the scores of an affine cache and of TurboQuant keys of 4 or 8 bits are taken from the codes themselves (positions the mma rows), and TurboQuant V of 2 to 4 bits is decoded as bare levels with the norm applied to P. */
+/* backend/cuda/attention_decode_quant.cu — decode attention over a quantized paged KV cache (backend/kv_quant.h) on mma.sync tensor cores: each warp streams its own positions' records into shared memory, decodes them there to fp16 tiles and runs the f16 cache's FlashAttention-2 warp step (fa_mma.cuh) on them; the scores of an affine cache and of TurboQuant keys of 4 or 8 bits are taken from the codes themselves (positions the mma rows), so is an affine cache's P V (O^T = V^T P^T on the codes, P scaled by each group's scale), and TurboQuant V of 2 to 4 bits is decoded as bare levels with the norm applied to P. */
 #include <cuda_fp16.h>
 #include <math.h>
 
@@ -173,10 +173,14 @@ qattn_decode_mma_kernel(struct cu_op op, const uint8_t *params, float *part)
  * m16n8k16 covers 16 positions. The dims of a k16 step are permuted so
  * that lane t's codes of a group are one run of bytes (da_dim); the query
  * fragments follow the same permutation. The softmax runs per head over
- * the column of positions; P^T is turned into P's A fragments with
- * movmatrix, and P V runs on V dequantized to fp16 in shared memory as in
- * qattn_decode_mma_kernel, whose copies, splits and merge it shares. */
+ * the column of positions; P^T is turned into B fragments with movmatrix,
+ * and V is not dequantized either: O^T = V^T P^T runs on V's codes with
+ * P's columns scaled by each position's group scale (da_pv_codes). The
+ * copies and splits are qattn_decode_mma_kernel's. */
 #define DA_MAX_GROUP 8
+/* blocks an SM the registers must allow in the column kernels: four fit
+ * the shared memory of 8-bit records of head dim 128 */
+#define DA_MIN_BLOCKS 4
 
 /* The head dim of lane t's j-th element (0..3) of k16 step kk of group G. */
 template <int BITS, int GS>
@@ -221,14 +225,14 @@ static __device__ __forceinline__ void da_codes(const uint32_t *w, int kk, uint3
     hi = __byte_perm(x, 0x64646464u, 0x4342);
 }
 
-/* A warp's shared memory in qattn_decode_affine_kernel: its V fp16 sub-tile,
- * then DQ_STAGES sub-tiles of raw records. */
+/* A warp's shared memory in the column kernels: its V fp16 sub-tile where V
+ * is decoded (vtile), then DQ_STAGES sub-tiles of raw records. */
 static __host__ __device__ __forceinline__ size_t da_warp_bytes(const struct kv_quant_layer &f,
-                                                                int hd)
+                                                                int hd, bool vtile)
 {
     const int raw = DQ_ROWS * (dq_record_room(kvq_head_bytes(&f, hd, false)) +
                                dq_record_room(kvq_head_bytes(&f, hd, true)));
-    return (size_t)DQ_ROWS * hd * sizeof(__half) + (size_t)DQ_STAGES * raw;
+    return (vtile ? (size_t)DQ_ROWS * hd * sizeof(__half) : 0) + (size_t)DQ_STAGES * raw;
 }
 
 /* The block's: the warps' regions (the merge's room once they are done) and
@@ -236,7 +240,7 @@ static __host__ __device__ __forceinline__ size_t da_warp_bytes(const struct kv_
 static __host__ __device__ __forceinline__ size_t da_block_bytes(const struct kv_quant_layer &f,
                                                                  int hd)
 {
-    size_t warps = DQ_WARPS * da_warp_bytes(f, hd);
+    size_t warps = DQ_WARPS * da_warp_bytes(f, hd, false);
     if (warps < FA_DECODE_MERGE_BYTES(hd, DQ_WARPS))
         warps = FA_DECODE_MERGE_BYTES(hd, DQ_WARPS);
     return warps + 16;
@@ -244,44 +248,51 @@ static __host__ __device__ __forceinline__ size_t da_block_bytes(const struct kv
 
 /* A warp's state over S^T fragments (rows: positions g and g + 8 of a
  * 16-position sub-tile; columns: the query heads 2t and 2t + 1): the
- * online softmax per head down its column, P^T turned into P's A
- * fragments by movmatrix, and O = P V over a sub-tile of V in fp16 (rows
- * the heads, 8 to 15 empty). */
-template <int HD>
+ * online softmax per head down its column, P^T turned into B fragments by
+ * movmatrix, and O^T = V^T P^T, 16 dims an mma, so O^T's columns are the
+ * lane's own heads and no mma row is empty. V comes either as an fp16
+ * sub-tile in shared memory (pv: V^T's A fragments are ldmatrix.trans
+ * reads) or, for an affine cache (VGS, V's group size), as its codes
+ * (da_pv_codes), whose rows are permuted within each group. */
+template <int HD, int VGS = 0>
 struct da_columns {
-    static constexpr int NO = HD / 8;
-    float o[NO][4];
+    static constexpr int NT = HD / 16;
+    /* o[n]: O^T's rows dim(n, g, 0) and dim(n, g, 1), columns 2t, 2t + 1 */
+    float o[NT][4];
+    /* VGS: per group G (row G, columns 2t, 2t + 1) what the codes'
+     * products leave out, sum_p (p b_G - 1024 p'_G) (da_pv_codes) */
+    float z[4];
     /* per column head 2t + c: the running max (base 2) and this lane's part
      * of the sum (its positions of every sub-tile) */
     float m[2], l[2];
 
+    /* The head dim of O^T's tile n, row g + 8 h. */
+    static __device__ __forceinline__ int dim(int n, int g, int h)
+    {
+        if constexpr (VGS == 0) {
+            return 16 * n + g + 8 * h;
+        } else {
+            constexpr int TPG = VGS / 16; /* tiles a group */
+            return VGS * (n / TPG) + VGS / 8 * g + 2 * (n % TPG) + h;
+        }
+    }
+
     __device__ __forceinline__ void init(void)
     {
 #pragma unroll
-        for (int n = 0; n < NO; n++)
+        for (int n = 0; n < NT; n++)
             o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+        z[0] = z[1] = z[2] = z[3] = 0.0f;
         m[0] = m[1] = -INFINITY;
         l[0] = l[1] = 0.0f;
     }
 
-    /* One sub-tile: score[r][c] of position g + 8 r and head 2t + c (base
-     * 2, -inf where masked), then P V with V's rows at vdec (swizzled as
-     * fa_mma.cuh's tiles, written by this warp before the call). */
-    __device__ __forceinline__ void step(const float (&score)[2][2], uint32_t vdec, int lane)
+    /* The softmax of one sub-tile: score[r][c] of position g + 8 r and head
+     * 2t + c (base 2, -inf where masked) into the running state, O rescaled;
+     * returns P^T as B fragments (k the positions 2t, 2t + 1 and 8 + 2t,
+     * 9 + 2t, column g the head) in pb. */
+    __device__ __forceinline__ void softmax(const float (&score)[2][2], uint32_t (&pb)[2])
     {
-        const uint32_t none[2] = {0u, 0u};
-        step<false>(score, vdec, lane, none);
-    }
-
-    /* SCALE: P's columns (positions 2t, 2t + 1 and 8 + 2t, 9 + 2t) times
-     * vs[0] and vs[1] (fp16 pairs) on their way into P V, after the row
-     * sums took them: a per-position factor of V (a TurboQuant record's
-     * norm) applied once a position instead of once an element. */
-    template <bool SCALE>
-    __device__ __forceinline__ void step(const float (&score)[2][2], uint32_t vdec, int lane,
-                                         const uint32_t (&vs)[2])
-    {
-        const int g = lane >> 2;
         float use[2], corr[2];
 #pragma unroll
         for (int c = 0; c < 2; c++) {
@@ -296,15 +307,15 @@ struct da_columns {
             l[c] *= corr[c];
         }
         if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) {
-            /* O's rows are heads g: their factor from a lane of column g */
-            const float c0 = __shfl_sync(0xffffffffu, corr[0], g >> 1);
-            const float c1 = __shfl_sync(0xffffffffu, corr[1], g >> 1);
-            const float cg = (g & 1) ? c1 : c0;
 #pragma unroll
-            for (int n = 0; n < NO; n++) {
-                o[n][0] *= cg;
-                o[n][1] *= cg;
+            for (int n = 0; n < NT; n++) {
+                o[n][0] *= corr[0];
+                o[n][1] *= corr[1];
+                o[n][2] *= corr[0];
+                o[n][3] *= corr[1];
             }
+            z[0] *= corr[0];
+            z[1] *= corr[1];
         }
         uint32_t pt[2]; /* P^T rows g, g + 8 (positions) at columns 2t, 2t + 1 (heads) */
 #pragma unroll
@@ -314,62 +325,101 @@ struct da_columns {
             l[0] += pf.x;
             l[1] += pf.y;
         }
-        /* P as A fragments: rows the heads (8 to 15 empty), k the positions */
-        uint32_t pa[4] = {movmatrix_trans(pt[0]), 0u, movmatrix_trans(pt[1]), 0u};
-        if (SCALE) {
-            pa[0] = dq_u32(__hmul2(dq_h2(pa[0]), dq_h2(vs[0])));
-            pa[2] = dq_u32(__hmul2(dq_h2(pa[2]), dq_h2(vs[1])));
-        }
+        pb[0] = movmatrix_trans(pt[0]);
+        pb[1] = movmatrix_trans(pt[1]);
+    }
+
+    /* O^T += V^T P^T with V's 16 rows at vdec (fp16, swizzled as
+     * fa_mma.cuh's tiles, written by this warp before the call). */
+    __device__ __forceinline__ void pv(uint32_t vdec, const uint32_t (&pb)[2], int lane)
+    {
         const int v_lrow = ((lane >> 3) & 1) * 8 + (lane & 7), v_lchunk = lane >> 4;
         __syncwarp(); /* the V sub-tile's stores are seen */
 #pragma unroll
-        for (int dp = 0; dp < NO / 2; dp++) {
-            uint32_t b0, b1, b2, b3;
-            ldsm_x4_trans(vdec + swz<HD>(v_lrow, 2 * dp + v_lchunk), b0, b1, b2, b3);
-            mma_16816(o[2 * dp], pa, b0, b1);
-            mma_16816(o[2 * dp + 1], pa, b2, b3);
+        for (int n = 0; n < NT; n++) {
+            /* matrices: positions 0-7 and 8-15 of dims 16 n .. 16 n + 7, then
+             * of 16 n + 8 .. 16 n + 15, each transposed */
+            uint32_t v[4];
+            ldsm_x4_trans(vdec + swz<HD>(v_lrow, 2 * n + v_lchunk), v[0], v[2], v[1], v[3]);
+            mma_16816(o[n], v, pb[0], pb[1]);
         }
         __syncwarp(); /* the V sub-tile is read before the next one is written */
     }
 
+    /* One sub-tile with V decoded to fp16 at vdec; SCALE: P's columns times
+     * vs[0] and vs[1] (fp16 pairs of positions 2t, 2t + 1 and 8 + 2t,
+     * 9 + 2t) on their way into P V, after the row sums took them: a
+     * per-position factor of V (a TurboQuant record's norm) applied once a
+     * position instead of once an element. */
+    template <bool SCALE>
+    __device__ __forceinline__ void step(const float (&score)[2][2], uint32_t vdec, int lane,
+                                         const uint32_t (&vs)[2])
+    {
+        uint32_t pb[2];
+        softmax(score, pb);
+        if (SCALE) {
+            pb[0] = dq_u32(__hmul2(dq_h2(pb[0]), dq_h2(vs[0])));
+            pb[1] = dq_u32(__hmul2(dq_h2(pb[1]), dq_h2(vs[1])));
+        }
+        pv(vdec, pb, lane);
+    }
+
+    __device__ __forceinline__ void step(const float (&score)[2][2], uint32_t vdec, int lane)
+    {
+        const uint32_t none[2] = {0u, 0u};
+        step<false>(score, vdec, lane, none);
+    }
+
     /* After the warp's last sub-tile: the block's warps merged
-     * (fa_decode_finish, through smem) into the row's output or the split's
+     * (fa_decode_merge, through smem) into the row's output or the split's
      * part. */
+    template <int NW>
     __device__ __forceinline__ void finish(uint8_t *smem, const struct cu_op &op, float *part,
                                            const dq_block &b)
     {
         cp_async_wait<0>();
-        fa_warp<HD> w;
-        to_rows(w, b.lane);
-        __syncthreads();
-        fa_decode_finish<HD, DQ_WARPS>(w, smem, op, part, b.row, b.h0, b.group, b.split,
-                                       b.n_splits, b.ds.n_active == 1);
-    }
-
-    /* The state fa_decode_finish merges, in row form: head g's max, and
-     * its sum on lane (g, 0). */
-    __device__ __forceinline__ void to_rows(fa_warp<HD> &w, int lane)
-    {
-        const int g = lane >> 2, t = lane & 3;
+        const int g = b.lane >> 2, t = b.lane & 3;
 #pragma unroll
         for (int c = 0; c < 2; c++) {
             l[c] += __shfl_xor_sync(0xffffffffu, l[c], 4);
             l[c] += __shfl_xor_sync(0xffffffffu, l[c], 8);
             l[c] += __shfl_xor_sync(0xffffffffu, l[c], 16);
         }
-        const float m0 = __shfl_sync(0xffffffffu, m[0], g >> 1);
-        const float m1 = __shfl_sync(0xffffffffu, m[1], g >> 1);
-        const float l0 = __shfl_sync(0xffffffffu, l[0], g >> 1);
-        const float l1 = __shfl_sync(0xffffffffu, l[1], g >> 1);
-        w.row_max[0] = (g & 1) ? m1 : m0;
-        w.row_sum[0] = t == 0 ? ((g & 1) ? l1 : l0) : 0.0f;
-        w.row_max[1] = -INFINITY;
-        w.row_sum[1] = 0.0f;
+        if constexpr (VGS != 0) { /* each group's z, from the lane of row G, into its dims */
+            constexpr int TPG = VGS / 16;
 #pragma unroll
-        for (int n = 0; n < NO; n++)
+            for (int G = 0; G < HD / VGS; G++) {
+                const float z0 = __shfl_sync(0xffffffffu, z[0], 4 * G + t);
+                const float z1 = __shfl_sync(0xffffffffu, z[1], 4 * G + t);
 #pragma unroll
-            for (int i = 0; i < 4; i++)
-                w.o[n][i] = o[n][i];
+                for (int e = 0; e < TPG; e++) {
+                    o[G * TPG + e][0] += z0;
+                    o[G * TPG + e][1] += z1;
+                    o[G * TPG + e][2] += z0;
+                    o[G * TPG + e][3] += z1;
+                }
+            }
+        }
+        __syncthreads(); /* every warp is done with its tiles: smem is the merge's */
+        float *m_w = (float *)smem, *l_w = m_w + NW * 16;
+        float *o_w = l_w + NW * 16;
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            const int head = 2 * t + c;
+            if (g == 0) {
+                m_w[b.warp * 16 + head] = m[c];
+                l_w[b.warp * 16 + head] = l[c];
+            }
+            float *oh = o_w + ((size_t)b.warp * 16 + head) * HD;
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                oh[dim(n, g, 0)] = o[n][c];
+                oh[dim(n, g, 1)] = o[n][2 + c];
+            }
+        }
+        __syncthreads();
+        fa_decode_merge<HD, NW>(smem, op, part, b.row, b.h0, b.group, b.split, b.n_splits,
+                                b.ds.n_active == 1);
     }
 };
 
@@ -386,48 +436,90 @@ struct da_record {
     static constexpr int ROOM = dq_record_room(HD * BITS / 8 + HD / GS * 4);
 };
 
-/* A warp's DQ_ROWS V records (ROOM bytes apart, each starting lead bytes
- * into its room at raw) into the fp16 sub-tile at dst: dq_decode's
- * arithmetic, bits and swizzle, 8 elements a lane at a time, with the
- * record's shape known at compile time, so each lane computes its
- * addresses once and every row after the first is an immediate offset. */
+/* O^T += V^T P^T from an affine V sub-tile's records themselves (each
+ * ROOM bytes apart from the first at vrec): V = s_G c + b_G per group G,
+ * so the products run on the codes as exact fp16 1024 + c with P's
+ * columns scaled by each position's s_G (P'_G, rounded to fp16 once), and
+ * the rest, sum_p (P b_G - 1024 P'_G), goes into z's row G through two
+ * more products: P^T with A rows b_0 .. b_{NG-1}, and P'_G^T with A row G
+ * all -1024 (the same rounded P'_G, so the 1024s cancel exactly). Tile e
+ * of group G takes the lane's dims GS G + GS/8 g + 2e (row g) and + 1
+ * (row g + 8): a lane's codes of a group are one run of bytes, so each
+ * position is one load and two byte permutes give two positions' codes of
+ * a dim in one register. */
 template <int HD, int BITS, int GS, int ALIGN>
-static __device__ __forceinline__ void da_decode_v(uint32_t raw, int lead, uint32_t dst, int lane)
+static __device__ __forceinline__ void da_pv_codes(da_columns<HD, GS> &cols, uint32_t vrec,
+                                                   const uint32_t (&pb)[2], int lane)
 {
     constexpr int ROOM = da_record<HD, BITS, GS>::ROOM;
-    constexpr int CPR = HD / 8, RPI = 32 / CPR;
-    const int c = lane % CPR, r0 = lane / CPR;
-    const uint32_t rec = raw + (uint32_t)(r0 * ROOM + lead);
-    const uint32_t codes = rec + (uint32_t)(c * BITS);
-    const uint32_t pairs = rec + (uint32_t)(HD * BITS / 8 + c * 8 / GS * 4);
-    const uint32_t at0 = dst + (uint32_t)(r0 * HD * 2);
-    const uint32_t chunk0 = (uint32_t)(c ^ (r0 & 7));
+    constexpr int NG = HD / GS, TPG = GS / 16;
+    constexpr int W = GS / 32;                /* words of four codes a lane has a group */
+    constexpr int LBV = GS / 8 * BITS / 8;    /* their bytes in a record */
+    constexpr uint32_t PAIR_OFF = HD * BITS / 8;
+    const int g = lane >> 2, t = lane & 3;
+    uint32_t rec[4]; /* positions 2t, 2t + 1, 8 + 2t, 9 + 2t */
 #pragma unroll
-    for (int i = 0; i < DQ_ROWS / RPI; i++) {
-        const uint32_t off = (uint32_t)(i * RPI * ROOM);
-        uint32_t w[2], pr;
-        da_words<BITS, ALIGN>(codes + off, w);
-        asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(pr) : "r"(pairs + off));
-        uint32_t lo = w[0], hi = BITS == 8 ? w[1] : 0u;
-        if (BITS == 4) { /* nibbles to one code a byte */
-            const uint32_t e = lo & 0x0f0f0f0fu, o = (lo >> 4) & 0x0f0f0f0fu;
-            lo = __byte_perm(e, o, 0x5140);
-            hi = __byte_perm(e, o, 0x7362);
+    for (int q = 0; q < 4; q++)
+        rec[q] = vrec + (uint32_t)((2 * t + (q & 1) + 8 * (q >> 1)) * ROOM);
+    {   /* sum_p P b_G into z's rows */
+        const uint32_t at = PAIR_OFF + 4u * (uint32_t)(g < NG ? g : 0);
+        uint32_t w[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(w[q]) : "r"(rec[q] + at));
+        uint32_t a[4] = {__byte_perm(w[0], w[1], 0x7632), 0u, __byte_perm(w[2], w[3], 0x7632), 0u};
+        if (g >= NG)
+            a[0] = a[2] = 0u;
+        mma_16816(cols.z, a, pb[0], pb[1]);
+    }
+    uint32_t pr[4][NG]; /* each position's (scale, bias) of every group */
+#pragma unroll
+    for (int q = 0; q < 4; q++)
+        da_words<4 * NG, ALIGN>(rec[q] + PAIR_OFF, pr[q]);
+#pragma unroll
+    for (int G = 0; G < NG; G++) {
+        const uint32_t sb[2] = {
+            dq_u32(__hmul2(dq_h2(pb[0]), dq_h2(__byte_perm(pr[0][G], pr[1][G], 0x5410)))),
+            dq_u32(__hmul2(dq_h2(pb[1]), dq_h2(__byte_perm(pr[2][G], pr[3][G], 0x5410))))};
+        {
+            const uint32_t m1024 = g == G ? 0xe400e400u : 0u; /* fp16 -1024 twice */
+            const uint32_t a[4] = {m1024, 0u, m1024, 0u};
+            mma_16816(cols.z, a, sb[0], sb[1]);
         }
-        const __half2 sc = dq_h2(__byte_perm(pr, 0, 0x1010));
-        const __half2 bi = dq_h2(__byte_perm(pr, 0, 0x3232));
-        const uint32_t at = at0 + (uint32_t)(i * RPI * HD * 2) +
-                            ((chunk0 ^ (uint32_t)((i * RPI) & 7)) << 4);
-        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(at),
-                     "r"(dq_affine_pair(lo, 0x4140, sc, bi)),
-                     "r"(dq_affine_pair(lo, 0x4342, sc, bi)),
-                     "r"(dq_affine_pair(hi, 0x4140, sc, bi)),
-                     "r"(dq_affine_pair(hi, 0x4342, sc, bi)));
+        uint32_t cw[4][W]; /* four codes a word, dims in order */
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const uint32_t at = rec[q] + (uint32_t)((GS * G + GS / 8 * g) * BITS / 8);
+            if (BITS == 8) {
+                da_words<LBV, ALIGN>(at, cw[q]);
+            } else {
+                uint32_t x;
+                if (LBV == 2)
+                    asm volatile("ld.shared.u16 %0, [%1];\n" : "=r"(x) : "r"(at));
+                else
+                    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(x) : "r"(at));
+                const uint32_t e = x & 0x0f0f0f0fu, o = (x >> 4) & 0x0f0f0f0fu;
+                cw[q][0] = __byte_perm(e, o, 0x5140);
+                if (W == 2)
+                    cw[q][W - 1] = __byte_perm(e, o, 0x7362);
+            }
+        }
+#pragma unroll
+        for (int e = 0; e < TPG; e++) {
+            const uint32_t sel = (e & 1) ? 0x7362 : 0x5140;
+            const uint32_t x01 = __byte_perm(cw[0][e >> 1], cw[1][e >> 1], sel);
+            const uint32_t x89 = __byte_perm(cw[2][e >> 1], cw[3][e >> 1], sel);
+            const uint32_t a[4] = {__byte_perm(x01, 0x64646464u, 0x4140),
+                                   __byte_perm(x01, 0x64646464u, 0x4342),
+                                   __byte_perm(x89, 0x64646464u, 0x4140),
+                                   __byte_perm(x89, 0x64646464u, 0x4342)};
+            mma_16816(cols.o[G * TPG + e], a, sb[0], sb[1]);
+        }
     }
 }
 
 template <int HD, int BITS, int GS, int ALIGN>
-static __global__ void __launch_bounds__(DQ_THREADS, DQ_MIN_BLOCKS)
+static __global__ void __launch_bounds__(DQ_THREADS, DA_MIN_BLOCKS)
 qattn_decode_affine_kernel(struct cu_op op, const uint8_t *params, float *part)
 {
     constexpr int NG = HD / GS;            /* groups a head */
@@ -442,9 +534,7 @@ qattn_decode_affine_kernel(struct cu_op op, const uint8_t *params, float *part)
     const int warp = b.warp, lane = b.lane, g = b.g, t = b.t, group = b.group, h0 = b.h0;
     const struct decode_split &ds = b.ds;
 
-    uint8_t *mine = dq_smem + (size_t)warp * da_warp_bytes(f, HD);
-    const uint32_t vdec = smem_addr(mine);
-    uint8_t *raw = mine + DQ_ROWS * HD * sizeof(__half);
+    uint8_t *raw = dq_smem + (size_t)warp * da_warp_bytes(f, HD, false);
     constexpr int ROOM = da_record<HD, BITS, GS>::ROOM; /* K's and V's alike */
 
     dq_stream st;
@@ -480,14 +570,13 @@ qattn_decode_affine_kernel(struct cu_op op, const uint8_t *params, float *part)
         }
     }
 
-    da_columns<HD> cols;
+    da_columns<HD, GS> cols;
     cols.init();
     const int window = op.u.attn.window;
     const int pair_off = HD * BITS / 8;
 
     for (int j = 0; j < b.n_sub; j++) {
         const uint8_t *stage = raw + st.arrive<DQ_STAGES>(j, b.w_first, b.n_sub, lane);
-        da_decode_v<HD, BITS, GS, ALIGN>(smem_addr(stage) + DQ_ROWS * ROOM, st.v.lead, vdec, lane);
 
         /* S^T: rows the positions g and g + 8, columns the heads */
         const uint32_t krec = smem_addr(stage) + (uint32_t)st.k.lead;
@@ -533,9 +622,12 @@ qattn_decode_affine_kernel(struct cu_op op, const uint8_t *params, float *part)
             }
         }
 
-        cols.step(score, vdec, lane);
+        uint32_t pb[2];
+        cols.softmax(score, pb);
+        da_pv_codes<HD, BITS, GS, ALIGN>(cols, smem_addr(stage) + DQ_ROWS * ROOM + st.v.lead, pb,
+                                         lane);
     }
-    cols.finish(dq_smem, op, part, b);
+    cols.template finish<DQ_WARPS>(dq_smem, op, part, b);
 }
 
 
@@ -627,7 +719,7 @@ static __device__ __forceinline__ void dt_norm_pairs(uint32_t rec, int room, int
  * qattn_decode_mma_kernel. The output stays in the values' rotated frame
  * for qattn_unrotate_kernel. */
 template <int HD, int KBITS, int VB>
-static __global__ void __launch_bounds__(DQ_THREADS, DQ_MIN_BLOCKS)
+static __global__ void __launch_bounds__(DQ_THREADS, DA_MIN_BLOCKS)
 qattn_decode_turbo_kernel(struct cu_op op, const uint8_t *params, float *part)
 {
     constexpr int KT = HD / 16;             /* k16 steps */
@@ -644,7 +736,7 @@ qattn_decode_turbo_kernel(struct cu_op op, const uint8_t *params, float *part)
     uint8_t *ktab = dq_smem, *vtab = ktab + DQ_TABLE_BYTES;
     float *q_sm = (float *)(vtab + DQ_TABLE_BYTES);
     uint8_t *warps = (uint8_t *)q_sm + DA_MAX_GROUP * HD * sizeof(float);
-    uint8_t *mine = warps + (size_t)warp * da_warp_bytes(f, HD);
+    uint8_t *mine = warps + (size_t)warp * da_warp_bytes(f, HD, true);
     const uint32_t vdec = smem_addr(mine);
     uint8_t *raw = mine + DQ_ROWS * HD * sizeof(__half);
     const int kroom = dq_record_room(kvq_head_bytes(&f, HD, false));
@@ -759,7 +851,7 @@ qattn_decode_turbo_kernel(struct cu_op op, const uint8_t *params, float *part)
         else
             cols.step(score, vdec, lane);
     }
-    cols.finish(warps, op, part, b);
+    cols.template finish<DQ_WARPS>(warps, op, part, b);
 }
 
 template <int HD, int BITS, int GS, int ALIGN>
@@ -810,7 +902,7 @@ static cudaError_t launch_qdecode_affine_hd(cudaStream_t s, const struct cu_op *
  * read past. */
 static size_t dt_block_bytes(const struct kv_quant_layer &f, int hd)
 {
-    size_t warps = DQ_WARPS * da_warp_bytes(f, hd);
+    size_t warps = DQ_WARPS * da_warp_bytes(f, hd, true);
     if (warps < FA_DECODE_MERGE_BYTES(hd, DQ_WARPS))
         warps = FA_DECODE_MERGE_BYTES(hd, DQ_WARPS);
     return 2 * DQ_TABLE_BYTES + (size_t)DA_MAX_GROUP * hd * sizeof(float) + warps + 16;

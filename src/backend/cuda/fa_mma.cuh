@@ -282,39 +282,17 @@ struct fa_warp {
 /* Shared memory fa_decode_finish takes: NW warps' (m, l) and O of 16 rows. */
 #define FA_DECODE_MERGE_BYTES(hd, nw) ((size_t)(nw) * 16 * ((hd) + 2) * sizeof(float))
 
-/* The end of a decode block whose NW warps each ran fa_warp over their own
- * positions of one split of a row, the mma rows being the query heads h0..
- * h0 + group - 1 of one kv head: the warps' (m, l, O) go through smem
- * (FA_DECODE_MERGE_BYTES; the caller has synchronised the block, so the
- * buffers there are free) and are merged in warp order. The row is written
- * to op's output when the split holds all of its positions (whole), else
- * the split leaves (m in natural-log units, l, O) in part at PART_STRIDE
- * floats for cu_launch_attention_merge. */
+/* fa_decode_finish's merge, once every warp's (m, l, O) is in smem:
+ * m_w, l_w [NW][16] (m base 2, l the row's whole sum), then o_w
+ * [NW][16][HD], rows the query heads h0.. (the caller has synchronised the
+ * block after its stores). */
 template <int HD, int NW>
-static __device__ __forceinline__ void fa_decode_finish(const fa_warp<HD> &w, uint8_t *smem,
-                                                        const struct cu_op &op, float *part,
-                                                        int row, int h0, int group, int split,
-                                                        int n_splits, bool whole)
+static __device__ __forceinline__ void fa_decode_merge(const uint8_t *smem, const struct cu_op &op,
+                                                       float *part, int row, int h0, int group,
+                                                       int split, int n_splits, bool whole)
 {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    /* m_w, l_w [NW][16], then o_w [NW][16][HD] */
-    float *m_w = (float *)smem, *l_w = m_w + NW * 16;
-    float *o_w = l_w + NW * 16;
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int r = g + 8 * h;
-        float l = osm_quad_sum(w.row_sum[h]);
-        if (t == 0) {
-            m_w[warp * 16 + r] = w.row_max[h];
-            l_w[warp * 16 + r] = l;
-        }
-        float *o = o_w + ((size_t)warp * 16 + r) * HD + 2 * t;
-#pragma unroll
-        for (int n = 0; n < fa_warp<HD>::NO; n++)
-            *(float2 *)(o + n * 8) = make_float2(w.o[n][2 * h], w.o[n][2 * h + 1]);
-    }
-    __syncthreads();
-
+    const float *m_w = (const float *)smem, *l_w = m_w + NW * 16;
+    const float *o_w = l_w + NW * 16;
     const size_t q_dim = (size_t)op.u.attn.n_heads * HD;
     for (int i = threadIdx.x; i < group * HD; i += NW * 32) {
         const int r = i / HD, d = i % HD;
@@ -342,6 +320,40 @@ static __device__ __forceinline__ void fa_decode_finish(const fa_warp<HD> &w, ui
             pp[4 + d] = A;
         }
     }
+}
+
+/* The end of a decode block whose NW warps each ran fa_warp over their own
+ * positions of one split of a row, the mma rows being the query heads h0..
+ * h0 + group - 1 of one kv head: the warps' (m, l, O) go through smem
+ * (FA_DECODE_MERGE_BYTES; the caller has synchronised the block, so the
+ * buffers there are free) and are merged in warp order. The row is written
+ * to op's output when the split holds all of its positions (whole), else
+ * the split leaves (m in natural-log units, l, O) in part at PART_STRIDE
+ * floats for cu_launch_attention_merge. */
+template <int HD, int NW>
+static __device__ __forceinline__ void fa_decode_finish(const fa_warp<HD> &w, uint8_t *smem,
+                                                        const struct cu_op &op, float *part,
+                                                        int row, int h0, int group, int split,
+                                                        int n_splits, bool whole)
+{
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    float *m_w = (float *)smem, *l_w = m_w + NW * 16;
+    float *o_w = l_w + NW * 16;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int r = g + 8 * h;
+        float l = osm_quad_sum(w.row_sum[h]);
+        if (t == 0) {
+            m_w[warp * 16 + r] = w.row_max[h];
+            l_w[warp * 16 + r] = l;
+        }
+        float *o = o_w + ((size_t)warp * 16 + r) * HD + 2 * t;
+#pragma unroll
+        for (int n = 0; n < fa_warp<HD>::NO; n++)
+            *(float2 *)(o + n * 8) = make_float2(w.o[n][2 * h], w.o[n][2 * h + 1]);
+    }
+    __syncthreads();
+    fa_decode_merge<HD, NW>(smem, op, part, row, h0, group, split, n_splits, whole);
 }
 
 /* Where a position's K/V row starts in the cache (in elements), or
