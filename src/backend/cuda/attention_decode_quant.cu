@@ -444,9 +444,9 @@ struct da_record {
  * more products: P^T with A rows b_0 .. b_{NG-1}, and P'_G^T with A row G
  * all -1024 (the same rounded P'_G, so the 1024s cancel exactly). Tile e
  * of group G takes the lane's dims GS G + GS/8 g + 2e (row g) and + 1
- * (row g + 8): a lane's codes of a group are one run of bytes, so each
- * position is one load and two byte permutes give two positions' codes of
- * a dim in one register. */
+ * (row g + 8): a lane's codes of a group are one run of bytes (one or two
+ * loads a position), and two byte permutes give two positions' codes of a
+ * dim in one register. */
 template <int HD, int BITS, int GS, int ALIGN>
 static __device__ __forceinline__ void da_pv_codes(da_columns<HD, GS> &cols, uint32_t vrec,
                                                    const uint32_t (&pb)[2], int lane)
@@ -461,7 +461,7 @@ static __device__ __forceinline__ void da_pv_codes(da_columns<HD, GS> &cols, uin
 #pragma unroll
     for (int q = 0; q < 4; q++)
         rec[q] = vrec + (uint32_t)((2 * t + (q & 1) + 8 * (q >> 1)) * ROOM);
-    {   /* sum_p P b_G into z's rows */
+    { /* sum_p P b_G into z's rows */
         const uint32_t at = PAIR_OFF + 4u * (uint32_t)(g < NG ? g : 0);
         uint32_t w[4];
 #pragma unroll
