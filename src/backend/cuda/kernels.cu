@@ -144,16 +144,40 @@ static __global__ void add_kernel(float *y, const float *x, int64_t n)
         y[i] += x[i];
 }
 
+static __device__ __forceinline__ float silu_mul1(float g, float u)
+{
+    return g / (1.0f + expf(-g)) * u;
+}
+
 static __global__ void silu_mul_kernel(const float *gate, const float *up, float *out,
                                        uint16_t *outbf, int64_t n)
 {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        float g = gate[i];
-        float v = g / (1.0f + expf(-g)) * up[i];
+        float v = silu_mul1(gate[i], up[i]);
         out[i] = v;
         if (outbf)
             outbf[i] = f32_to_bf16_bits(v);
+    }
+}
+
+/* The same per element, four at a time (n a multiple of 4, every pointer
+ * 16-byte aligned): a prefill's SwiGLU streams ~0.6 GB a layer, and 16-byte
+ * loads keep four times the bytes in flight a thread. */
+static __global__ void silu_mul4_kernel(const float4 *gate, const float4 *up, float4 *out,
+                                        uint2 *outbf, int64_t n4)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const float4 g = __ldcs(gate + i), u = __ldcs(up + i);
+        const float4 v = make_float4(silu_mul1(g.x, u.x), silu_mul1(g.y, u.y),
+                                     silu_mul1(g.z, u.z), silu_mul1(g.w, u.w));
+        out[i] = v;
+        if (outbf)
+            outbf[i] = make_uint2((uint32_t)f32_to_bf16_bits(v.x) |
+                                      ((uint32_t)f32_to_bf16_bits(v.y) << 16),
+                                  (uint32_t)f32_to_bf16_bits(v.z) |
+                                      ((uint32_t)f32_to_bf16_bits(v.w) << 16));
     }
 }
 
@@ -170,10 +194,26 @@ cudaError_t cu_launch_add(cudaStream_t s, const struct cu_op *op)
     return cudaGetLastError();
 }
 
+static bool aligned16(const void *p)
+{
+    return ((uintptr_t)p & 15) == 0;
+}
+
 cudaError_t cu_launch_silu_mul(cudaStream_t s, const struct cu_op *op, uint16_t *outbf)
 {
-    silu_mul_kernel<<<elementwise_blocks(op->u.ew.n), 256, 0, s>>>(op->u.ew.a, op->u.ew.b,
-                                                                   op->u.ew.out, outbf, op->u.ew.n);
+    const int64_t n = op->u.ew.n;
+    if (n % 4 == 0 && aligned16(op->u.ew.a) && aligned16(op->u.ew.b) &&
+        aligned16(op->u.ew.out) && (uintptr_t)outbf % 8 == 0) {
+        const int64_t n4 = n / 4;
+        int64_t blocks = (n4 + 255) / 256;
+        blocks = blocks < 8192 ? (blocks > 0 ? blocks : 1) : 8192;
+        silu_mul4_kernel<<<(unsigned)blocks, 256, 0, s>>>(
+            (const float4 *)op->u.ew.a, (const float4 *)op->u.ew.b, (float4 *)op->u.ew.out,
+            (uint2 *)outbf, n4);
+    } else {
+        silu_mul_kernel<<<elementwise_blocks(n), 256, 0, s>>>(op->u.ew.a, op->u.ew.b,
+                                                              op->u.ew.out, outbf, n);
+    }
     return cudaGetLastError();
 }
 
