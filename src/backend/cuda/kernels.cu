@@ -105,6 +105,78 @@ static __global__ void rmsnorm_block_kernel(float *x, const float *add, const fl
     }
 }
 
+/* The block kernel's arithmetic per element with the row held in registers:
+ * each thread loads VPT float4s of x (and add) once, stores the sums back,
+ * and normalizes from its registers (the sum of squares in another order:
+ * per thread over its float4s, then the block). dim = 4 VPT blockDim. */
+template <int VPT>
+static __global__ void rmsnorm_rows4_kernel(float *x, const float *add, const float *w,
+                                            int64_t dim, float eps, float *y, uint16_t *ybf)
+{
+    __shared__ float partial[32];
+    const int64_t base = (int64_t)blockIdx.x * dim;
+    float4 *xr = (float4 *)(x + base);
+    const float4 *ar = (const float4 *)(add + (add ? base : 0));
+    float4 v[VPT];
+    float sum = 0;
+#pragma unroll
+    for (int k = 0; k < VPT; k++) {
+        const int i = threadIdx.x + k * blockDim.x;
+        v[k] = xr[i];
+        if (add) {
+            const float4 a = __ldcs(ar + i);
+            v[k].x += a.x;
+            v[k].y += a.y;
+            v[k].z += a.z;
+            v[k].w += a.w;
+            xr[i] = v[k];
+        }
+        sum += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+    }
+    sum = warp_sum(sum);
+    if ((threadIdx.x & 31) == 0)
+        partial[threadIdx.x / 32] = sum;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float p = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0.0f;
+        p = warp_sum(p);
+        if (threadIdx.x == 0)
+            partial[0] = p;
+    }
+    __syncthreads();
+    const float inv = 1.0f / sqrtf(partial[0] / (float)dim + eps);
+    const float4 *w4 = (const float4 *)w;
+    float4 *yr = (float4 *)(y + base);
+    uint2 *yb = (uint2 *)(ybf + (ybf ? base : 0));
+#pragma unroll
+    for (int k = 0; k < VPT; k++) {
+        const int i = threadIdx.x + k * blockDim.x;
+        const float4 wk = w4[i];
+        const float4 o = make_float4(wk.x * (v[k].x * inv), wk.y * (v[k].y * inv),
+                                     wk.z * (v[k].z * inv), wk.w * (v[k].w * inv));
+        yr[i] = o;
+        if (ybf)
+            yb[i] = make_uint2(
+                (uint32_t)f32_to_bf16_bits(o.x) | ((uint32_t)f32_to_bf16_bits(o.y) << 16),
+                (uint32_t)f32_to_bf16_bits(o.z) | ((uint32_t)f32_to_bf16_bits(o.w) << 16));
+    }
+}
+
+static bool aligned16(const void *p)
+{
+    return ((uintptr_t)p & 15) == 0;
+}
+
+/* Threads a block for rmsnorm_rows4_kernel at VPT float4s a thread, or 0
+ * where dim does not split so (whole warps, 128 to 1024 threads). */
+static int rows4_threads(int64_t dim, int vpt)
+{
+    if (dim % (4 * vpt) != 0)
+        return 0;
+    const int64_t t = dim / (4 * vpt);
+    return t % 32 == 0 && t >= 128 && t <= 1024 ? (int)t : 0;
+}
+
 /* The RMSNorm of op (norm) over x, after x += add when add is not NULL (x is then the
  * add's output; without add it is only read), y also in bf16 into ybf when not NULL. */
 static cudaError_t launch_rmsnorm(cudaStream_t s, const struct cu_op *op, float *x, const float *add,
@@ -117,10 +189,27 @@ static cudaError_t launch_rmsnorm(cudaStream_t s, const struct cu_op *op, float 
         unsigned blocks = (unsigned)((rows + 7) / 8);
         rmsnorm_warp_kernel<<<blocks, 256, 0, s>>>(x, add, op->u.norm.w, rows, dim,
                                                    op->u.norm.eps, op->u.norm.y, ybf);
-    } else {
-        rmsnorm_block_kernel<<<(unsigned)rows, dim >= 4096 ? 1024 : 512, 0, s>>>(
-            x, add, op->u.norm.w, dim, op->u.norm.eps, op->u.norm.y, ybf);
+        return cudaGetLastError();
     }
+    const float *w = op->u.norm.w;
+    float *y = op->u.norm.y;
+    if (aligned16(x) && (!add || aligned16(add)) && aligned16(w) && aligned16(y) &&
+        (uintptr_t)ybf % 8 == 0) {
+        int t;
+        if ((t = rows4_threads(dim, 4)))
+            rmsnorm_rows4_kernel<4><<<(unsigned)rows, t, 0, s>>>(x, add, w, dim,
+                                                                  op->u.norm.eps, y, ybf);
+        else if ((t = rows4_threads(dim, 2)))
+            rmsnorm_rows4_kernel<2><<<(unsigned)rows, t, 0, s>>>(x, add, w, dim,
+                                                                  op->u.norm.eps, y, ybf);
+        else if ((t = rows4_threads(dim, 1)))
+            rmsnorm_rows4_kernel<1><<<(unsigned)rows, t, 0, s>>>(x, add, w, dim,
+                                                                  op->u.norm.eps, y, ybf);
+        if (t)
+            return cudaGetLastError();
+    }
+    rmsnorm_block_kernel<<<(unsigned)rows, dim >= 4096 ? 1024 : 512, 0, s>>>(
+        x, add, w, dim, op->u.norm.eps, y, ybf);
     return cudaGetLastError();
 }
 
@@ -192,11 +281,6 @@ cudaError_t cu_launch_add(cudaStream_t s, const struct cu_op *op)
     add_kernel<<<elementwise_blocks(op->u.ew.n), 256, 0, s>>>(op->u.ew.out, op->u.ew.a,
                                                               op->u.ew.n);
     return cudaGetLastError();
-}
-
-static bool aligned16(const void *p)
-{
-    return ((uintptr_t)p & 15) == 0;
 }
 
 cudaError_t cu_launch_silu_mul(cudaStream_t s, const struct cu_op *op, uint16_t *outbf)
