@@ -528,6 +528,15 @@ struct backend_options {
     /* CUDA: the RMSNorm or SwiGLU right before a cuBLASLt GEMM also writes its output in bf16
      * for it (default on; off: the GEMM converts x in a launch of its own; same bits) */
     enum backend_switch cuda_gemm_x_fusion;
+    /* CUDA: in FAST mode the cuBLASLt GEMM of a gate/up pair writes both products in bf16
+     * where only the SwiGLU after it reads them, and that SwiGLU writes only the bf16 x of
+     * the down GEMM (default on; off: f32 products; gate and up are then rounded to bf16
+     * after the SiLU, not before) */
+    enum backend_switch cuda_gemm_bf16_swiglu;
+    /* CUDA: in FAST mode a cuBLASLt GEMM whose product only a residual add reads adds into
+     * the residual stream itself (default on; off: the product is written, and the add is
+     * its own launch or the RMSNorm's after it) */
+    enum backend_switch cuda_gemm_residual;
     /* CUDA: FAST-mode prefill attention over an f16 cache on tensor cores
      * (default on; off: the f32 kernel) */
     enum backend_switch cuda_prefill_tc;

@@ -78,6 +78,8 @@ void cli_backend_options_from_env(struct backend_options *out)
         out->cuda_norm_sums = BACKEND_OFF;
     out->cuda_add_norm_fusion = env_off("INFERD_CUDA_ADD_NORM");
     out->cuda_gemm_x_fusion = env_off("INFERD_CUDA_GEMM_X");
+    out->cuda_gemm_bf16_swiglu = env_off("INFERD_CUDA_GEMM_BF16_SWIGLU");
+    out->cuda_gemm_residual = env_off("INFERD_CUDA_GEMM_RESIDUAL");
     out->cuda_prefill_tc = env_off("INFERD_CUDA_PREFILL_TC");
     out->cuda_qprefill_ws = env_off("INFERD_CUDA_QPREFILL_WS");
     out->cuda_prefill_wgmma = env_off("INFERD_CUDA_PREFILL_WGMMA");
@@ -120,6 +122,8 @@ int cli_backend_flag(const char *flag, const char *value, struct backend_options
         {"--cuda-norm-sums", offsetof(struct backend_options, cuda_norm_sums)},
         {"--cuda-add-norm-fusion", offsetof(struct backend_options, cuda_add_norm_fusion)},
         {"--cuda-gemm-x-fusion", offsetof(struct backend_options, cuda_gemm_x_fusion)},
+        {"--cuda-gemm-bf16-swiglu", offsetof(struct backend_options, cuda_gemm_bf16_swiglu)},
+        {"--cuda-gemm-residual", offsetof(struct backend_options, cuda_gemm_residual)},
         {"--cuda-prefill-tc", offsetof(struct backend_options, cuda_prefill_tc)},
         {"--cuda-qprefill-ws", offsetof(struct backend_options, cuda_qprefill_ws)},
         {"--cuda-prefill-wgmma", offsetof(struct backend_options, cuda_prefill_wgmma)},

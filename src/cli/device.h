@@ -42,6 +42,10 @@ bool cli_device_parse(const char *text, struct device_spec *out);
     "                              (INFERD_CUDA_ADD_NORM=0)\n"                                   \
     "  --cuda-gemm-x-fusion on|off  the RMSNorm or SwiGLU before a cuBLASLt GEMM writes its\n" \
     "                              x in bf16 (INFERD_CUDA_GEMM_X=0)\n"                          \
+    "  --cuda-gemm-bf16-swiglu on|off  a prefill's gate/up GEMM writes bf16 products for the\n" \
+    "                              SwiGLU after it (INFERD_CUDA_GEMM_BF16_SWIGLU=0)\n"          \
+    "  --cuda-gemm-residual on|off  a cuBLASLt GEMM adds into the residual stream itself\n"    \
+    "                              (INFERD_CUDA_GEMM_RESIDUAL=0)\n"                            \
     "  --cuda-prefill-tc on|off    fast-mode prefill attention on tensor cores\n"                \
     "                              (INFERD_CUDA_PREFILL_TC=0)\n"                                 \
     "  --cuda-prefill-wgmma on|off  that prefill on warp-group tensor cores (sm_90a GPUs;\n"  \

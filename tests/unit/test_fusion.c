@@ -390,8 +390,10 @@ static void launch_word(const struct cu_op *ops, const struct cu_launch *l, char
     case CU_LAUNCH_MOE_FFN: snprintf(w, cap, "moe_ffn%s", l->residual ? "+add" : ""); break;
     case CU_LAUNCH_GATED_ADD: snprintf(w, cap, "gated_add"); break;
     case CU_LAUNCH_GEMM: {
-        int n = op->u.mm.n;
-        snprintf(w, cap, n > 1 ? "gemmx%d" : "gemm", n);
+        char group[16] = "";
+        if (op->u.mm.n > 1)
+            snprintf(group, sizeof group, "x%d", op->u.mm.n);
+        snprintf(w, cap, "gemm%s%s", group, l->residual ? "+add" : "");
         break;
     }
     case CU_LAUNCH_GEMV: {
@@ -1477,4 +1479,214 @@ Test(fusion, adapters_fold_into_the_row_launches)
     L.ops[11].u.lora.rows_ok = 1;
     cfg.lora_rows_smem = 64;
     cr_expect_eq(cu_fuse_plan(&cfg, L.ops, 18, plan, 32), 13);
+}
+
+/* ---- rules 6 and 10: outputs nobody reads in f32 ------------------------- */
+
+/* The launches of a step that write their GEMM's x in bf16 only (x_bf16_only), and the
+ * GEMMs that write bf16 gate/up products (y_bf16), each checked to be followed by the
+ * SiLU-mul launch reading them. */
+static void bf16_only_launches(struct rig *r, const struct cu_fuse_config *cfg, int n_seqs,
+                               int n_tokens, int *x_only, int *y_bf16)
+{
+    int n_ops = 0;
+    const struct cu_op *ops = rig_step(r, n_seqs, n_tokens, &n_ops);
+    static struct cu_launch plan[MAX_LAUNCHES];
+    int n = cu_fuse_plan(cfg, ops, n_ops, plan, MAX_LAUNCHES);
+    cr_assert(n > 0 && n <= MAX_LAUNCHES);
+    *x_only = *y_bf16 = 0;
+    for (int k = 0; k < n; k++) {
+        cr_assert(!plan[k].x_bf16_only || plan[k].to_gemm_x, "launch %d", k);
+        *x_only += plan[k].x_bf16_only;
+        if (!plan[k].y_bf16)
+            continue;
+        (*y_bf16)++;
+        cr_assert(plan[k].kind == CU_LAUNCH_GEMM && k + 1 < n &&
+                      plan[k + 1].kind == CU_LAUNCH_SILU_MUL && plan[k + 1].from_bf16 &&
+                      plan[k + 1].x_bf16_only,
+                  "launch %d writes bf16 products that no SiLU-mul right after it reads", k);
+    }
+    for (int k = 0; k < n; k++)
+        cr_assert(!plan[k].from_bf16 || (k > 0 && plan[k - 1].y_bf16), "launch %d", k);
+}
+
+/* In a step of tiny-qwen3, each layer's two norms and its SwiGLU write their GEMM's x in
+ * bf16 only: the next norm overwrites the first norm's output, the next layer's gate/up GEMM
+ * the SwiGLU's; the last layer's second norm and SwiGLU keep their f32 outputs (nothing in
+ * the step overwrites them: the host could read them). Rule 10 in every layer but the last. */
+Test(fusion, outputs_read_only_in_bf16_are_written_only_in_bf16)
+{
+    struct rig r;
+    rig_open(&r, "tiny-qwen3", COMPUTE_FAST);
+    const int n_layers = r.model->config.n_layers;
+    struct cu_fuse_config on = fast_all;
+    on.gemm_x = true;
+    on.add_norm = true;
+    on.gemm_bf16_swiglu = true;
+    struct cu_fuse_config no_swiglu = on, no_gemm_x = on;
+    no_swiglu.gemm_bf16_swiglu = false;
+    no_gemm_x.gemm_x = false;
+    const struct {
+        int n_seqs, n_tokens;
+    } shapes[] = {{1, PREFILL_TOKENS}, {9, 1}};
+    for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++) {
+        int x_only, y_bf16;
+        bf16_only_launches(&r, &on, shapes[sh].n_seqs, shapes[sh].n_tokens, &x_only, &y_bf16);
+        cr_expect_eq(x_only, 3 * n_layers - 2, "%d sequences of %d tokens", shapes[sh].n_seqs,
+                     shapes[sh].n_tokens);
+        cr_expect_eq(y_bf16, n_layers - 1);
+        bf16_only_launches(&r, &no_swiglu, shapes[sh].n_seqs, shapes[sh].n_tokens, &x_only,
+                           &y_bf16);
+        cr_expect_eq(x_only, 3 * n_layers - 2);
+        cr_expect_eq(y_bf16, 0);
+        bf16_only_launches(&r, &no_gemm_x, shapes[sh].n_seqs, shapes[sh].n_tokens, &x_only,
+                           &y_bf16);
+        cr_expect_eq(x_only + y_bf16, 0);
+    }
+    rig_close(&r);
+}
+
+/* Buffers of a synthetic step: rows x dim floats each, apart. */
+enum { SYN_ROWS = 16, SYN_DIM = 64, SYN_BUFS = 8 };
+static _Alignas(16) float syn_buf[SYN_BUFS][SYN_ROWS * SYN_DIM];
+static _Alignas(16) uint16_t syn_w[SYN_DIM * SYN_DIM];
+static _Alignas(16) float syn_norm_w[SYN_DIM];
+
+static struct cu_op syn_norm(int x, int y, int rows)
+{
+    struct cu_op op = {.kind = CU_RMSNORM, .n_rows = rows};
+    op.u.norm.x = syn_buf[x];
+    op.u.norm.y = syn_buf[y];
+    op.u.norm.w = syn_norm_w;
+    op.u.norm.n_rows = rows;
+    op.u.norm.dim = SYN_DIM;
+    op.u.norm.eps = 1e-6f;
+    return op;
+}
+
+/* A bf16 matmul of SYN_ROWS rows of x into n outputs (ys[i]), each SYN_DIM wide. */
+static struct cu_op syn_matmul(int x, int n, const int *ys)
+{
+    struct cu_op op = {.kind = CU_MATMUL, .n_rows = SYN_ROWS};
+    op.u.mm.x = syn_buf[x];
+    op.u.mm.cols = SYN_DIM;
+    op.u.mm.dtype = DTYPE_BF16;
+    op.u.mm.n = n;
+    for (int i = 0; i < n; i++)
+        op.u.mm.m[i] = (struct cu_mat){.w = syn_w, .rows = SYN_DIM, .y = syn_buf[ys[i]]};
+    return op;
+}
+
+static struct cu_op syn_ew(int kind, int a, int b, int out)
+{
+    struct cu_op op = {.kind = kind};
+    op.u.ew.a = syn_buf[a];
+    op.u.ew.b = b >= 0 ? syn_buf[b] : NULL;
+    op.u.ew.out = syn_buf[out];
+    op.u.ew.n = SYN_ROWS * SYN_DIM;
+    return op;
+}
+
+static struct cu_launch syn_first(const struct cu_op *ops, int n)
+{
+    struct cu_fuse_config cfg = fast_all;
+    cfg.gemm_x = true;
+    cfg.gemm_bf16_swiglu = true;
+    struct cu_launch plan[16];
+    cr_assert(cu_fuse_plan(&cfg, ops, n, plan, 16) > 1);
+    cr_assert(plan[0].kind == CU_LAUNCH_RMSNORM && plan[0].to_gemm_x && plan[1].kind == CU_LAUNCH_GEMM);
+    return plan[0];
+}
+
+/* What makes a norm's f32 output dead after its GEMM: a later op that overwrites all of it
+ * before any op reads any of it, within the step, through ops whose buffers are known. */
+Test(fusion, an_output_is_dead_only_when_overwritten_before_any_read)
+{
+    const int q[1] = {2}, k[1] = {3};
+    struct cu_op ops[6];
+    /* 0: residual, 1: the norm's output, 2-3: products */
+    ops[0] = syn_norm(0, 1, SYN_ROWS);
+    ops[1] = syn_matmul(1, 1, q);
+    cr_expect(!syn_first(ops, 2).x_bf16_only, "the step ends: the host may read it");
+    ops[2] = syn_norm(0, 1, SYN_ROWS);
+    cr_expect(syn_first(ops, 3).x_bf16_only, "the next norm overwrites it");
+    ops[2] = syn_ew(CU_ADD, 1, -1, 0);
+    ops[3] = syn_norm(0, 1, SYN_ROWS);
+    cr_expect(!syn_first(ops, 4).x_bf16_only, "an add reads it first");
+    ops[2] = syn_norm(0, 1, SYN_ROWS / 2);
+    ops[3] = syn_matmul(1, 1, k);
+    cr_expect(!syn_first(ops, 4).x_bf16_only, "half of it overwritten, then read");
+    ops[2] = syn_matmul(0, 1, k);
+    ops[3] = syn_norm(0, 1, SYN_ROWS);
+    cr_expect(syn_first(ops, 4).x_bf16_only, "an op on other buffers, then overwritten");
+    ops[2] = (struct cu_op){.kind = CU_MOE_ROUTE, .n_rows = SYN_ROWS};
+    cr_expect(!syn_first(ops, 4).x_bf16_only, "an op whose buffers are not listed comes first");
+    ops[2] = (struct cu_op){.kind = CU_ROPE, .n_rows = SYN_ROWS};
+    ops[2].u.rope.x = syn_buf[1] + SYN_DIM;
+    ops[2].u.rope.n_heads = 1;
+    ops[2].u.rope.head_dim = SYN_DIM;
+    cr_expect(!syn_first(ops, 4).x_bf16_only, "rows of it rotated in place");
+}
+
+/* Rule 10 in a synthetic step: gate/up GEMM, SiLU-mul into gate, down GEMM, then the next
+ * gate/up GEMM overwriting both products; not when up is read before it is overwritten. */
+Test(fusion, gate_and_up_in_bf16_only_where_the_swiglu_alone_reads_them)
+{
+    const int gu[2] = {2, 3}, down[1] = {4}, g_only[1] = {2};
+    struct cu_op ops[6];
+    ops[0] = syn_norm(0, 1, SYN_ROWS);
+    ops[1] = syn_matmul(1, 2, gu);
+    ops[2] = syn_ew(CU_SILU_MUL, 2, 3, 2);
+    ops[3] = syn_matmul(2, 1, down);
+    ops[4] = syn_matmul(1, 2, gu);
+    struct cu_fuse_config cfg = fast_all;
+    cfg.gemm_x = true;
+    cfg.gemm_bf16_swiglu = true;
+    struct cu_launch plan[16];
+    cr_assert_eq(cu_fuse_plan(&cfg, ops, 5, plan, 16), 5);
+    cr_expect(plan[1].y_bf16 && plan[2].from_bf16 && plan[2].x_bf16_only);
+    ops[4] = syn_matmul(1, 1, g_only);
+    ops[5] = syn_ew(CU_ADD, 3, -1, 0);
+    cr_assert_eq(cu_fuse_plan(&cfg, ops, 6, plan, 16), 6);
+    cr_expect(!plan[1].y_bf16 && !plan[2].from_bf16 && plan[2].x_bf16_only,
+              "up is read after the SwiGLU: f32 products");
+    ops[4] = syn_matmul(1, 2, gu);
+    ops[0].u.norm.n_rows = SYN_ROWS; /* a bias on gate: no rule 10 */
+    ops[1].u.mm.m[0].bias = syn_norm_w;
+    cr_assert_eq(cu_fuse_plan(&cfg, ops, 5, plan, 16), 5);
+    cr_expect(!plan[1].y_bf16 && !plan[2].from_bf16);
+}
+
+/* Rule 11: the o and down GEMMs add into the residual stream themselves, the norms after
+ * them launched alone; not the last down GEMM, whose product nothing in the step overwrites
+ * (the host could read it), nor with the rule off. */
+Test(fusion, a_gemm_whose_product_only_the_residual_add_reads_adds_into_the_stream)
+{
+    struct rig r;
+    rig_open(&r, "tiny-qwen3", COMPUTE_FAST);
+    const int n_layers = r.model->config.n_layers;
+    struct cu_fuse_config on = fast_all;
+    on.add_norm = true;
+    on.gemm_residual = true;
+    static char layers[TEXT_CAP];
+    snprintf(layers, sizeof layers, "%s",
+             "rmsnorm gemmx3 qk_norm+rope_qk+kv_store attention gemm+add rmsnorm gemmx2 "
+             "silu_mul gemm+add");
+    for (int l = 1; l < n_layers; l++)
+        snprintf(layers + strlen(layers), sizeof layers - strlen(layers), " | %s",
+                 l + 1 < n_layers ? "rmsnorm gemmx3 qk_norm+rope_qk+kv_store attention gemm+add "
+                                    "rmsnorm gemmx2 silu_mul gemm+add"
+                                  : "rmsnorm gemmx3 qk_norm+rope_qk+kv_store attention gemm+add "
+                                    "rmsnorm gemmx2 silu_mul gemm");
+    check_step(&r, "tiny-qwen3, fast prefill, rule 11", &on, 1, PREFILL_TOKENS, layers,
+               9 * n_layers, "add rmsnorm+gemv");
+    on.gemm_residual = false;
+    check_step(&r, "tiny-qwen3, fast prefill, rule 11 off", &on, 1, PREFILL_TOKENS,
+               layers_text("rmsnorm gemmx3 qk_norm+rope_qk+kv_store attention gemm add+rmsnorm "
+                           "gemmx2 silu_mul gemm",
+                           "add+rmsnorm gemmx3 qk_norm+rope_qk+kv_store attention gemm "
+                           "add+rmsnorm gemmx2 silu_mul gemm",
+                           n_layers),
+               9 * n_layers, "add rmsnorm+gemv");
+    rig_close(&r);
 }

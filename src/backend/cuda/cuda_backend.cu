@@ -101,7 +101,7 @@ static int rows_bucket(int64_t t)
  * captured, or when timing fails. */
 static cublasLtMatmulAlgo_t lt_fastest(struct cu_impl *im, const struct cu_lt_plan *p,
                                        const cublasLtMatmulHeuristicResult_t *res, int found,
-                                       const void *w, const void *xb, float *y)
+                                       const void *w, const void *xb, void *y)
 {
     cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
     if (found < 2 || cudaStreamIsCapturing(im->stream, &cap) != cudaSuccess ||
@@ -145,7 +145,7 @@ static cublasLtMatmulAlgo_t lt_fastest(struct cu_impl *im, const struct cu_lt_pl
  * runners-up when p is large enough and its bucket has no winner yet. */
 static cublasStatus_t lt_choose(struct cu_impl *im, struct cu_lt_plan *p,
                                 cublasLtMatmulPreference_t pref, const void *w,
-                                const void *xb, float *y)
+                                const void *xb, void *y)
 {
     cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
     bool capturing = cudaStreamIsCapturing(im->stream, &cap) != cudaSuccess ||
@@ -155,7 +155,7 @@ static cublasStatus_t lt_choose(struct cu_impl *im, struct cu_lt_plan *p,
     for (int i = 0; tune && i < CU_LT_TUNED_MAX; i++) {
         struct cu_lt_tuned *tu = &im->lt_tuned[i];
         if (!tu->used || tu->n != p->n || tu->k != p->k || tu->f32 != p->f32 ||
-            tu->bucket != bucket)
+            tu->y_bf16 != p->y_bf16 || tu->bucket != bucket)
             continue;
         cublasLtMatmulHeuristicResult_t check;
         if (cublasLtMatmulAlgoCheck(im->lt, p->desc, p->a, p->b, p->c, p->c, &tu->algo, &check) ==
@@ -182,24 +182,32 @@ static cublasStatus_t lt_choose(struct cu_impl *im, struct cu_lt_plan *p,
     p->algo = lt_fastest(im, p, res, found, w, xb, y);
     struct cu_lt_tuned *tu = &im->lt_tuned[im->lt_tuned_next];
     im->lt_tuned_next = (im->lt_tuned_next + 1) % CU_LT_TUNED_MAX;
-    *tu = (struct cu_lt_tuned){
-        .n = p->n, .k = p->k, .f32 = p->f32, .bucket = bucket, .algo = p->algo, .used = true};
+    *tu = (struct cu_lt_tuned){.n = p->n,
+                               .k = p->k,
+                               .f32 = p->f32,
+                               .y_bf16 = p->y_bf16,
+                               .bucket = bucket,
+                               .algo = p->algo,
+                               .used = true};
     return CUBLAS_STATUS_SUCCESS;
 }
 
-/* y (t x n, f32, rows ldc floats apart) = x (t x k) * w (n x k)^T, x and w
- * bf16, or both f32 when f32 (f32 arithmetic throughout, no TF32). In
- * cuBLAS's column-major terms: C (n x t, leading dimension ldc) = op(A) B
- * with A = w stored k x n, op = T. */
+/* y (t x n, f32, rows ldc floats apart; bf16 when y_bf16, rows ldc halves
+ * apart) = x (t x k) * w (n x k)^T, x and w bf16, or both f32 when f32 (f32
+ * arithmetic throughout, no TF32). In cuBLAS's column-major terms: C (n x t,
+ * leading dimension ldc) = op(A) B with A = w stored k x n, op = T. With acc
+ * (f32, as y) the products are added into acc instead (beta 1) and y, which
+ * nobody reads, only serves the first timing of the shape's candidates. */
 static bool lt_matmul(struct cu_impl *im, const void *x, bool f32, int64_t t, int64_t k,
-                      const void *w, int64_t n, int64_t ldc, float *y)
+                      const void *w, int64_t n, int64_t ldc, void *y, bool y_bf16, float *acc)
 {
     const cudaDataType_t in_type = f32 ? CUDA_R_32F : CUDA_R_16BF;
     pthread_mutex_lock(&im->lt_lock);
     struct cu_lt_plan *p = NULL;
     for (int i = 0; i < CU_LT_CACHE; i++)
         if (im->lt_plans[i].used && im->lt_plans[i].n == n && im->lt_plans[i].k == k &&
-            im->lt_plans[i].t == t && im->lt_plans[i].ldc == ldc && im->lt_plans[i].f32 == f32)
+            im->lt_plans[i].t == t && im->lt_plans[i].ldc == ldc && im->lt_plans[i].f32 == f32 &&
+            im->lt_plans[i].y_bf16 == y_bf16)
             p = &im->lt_plans[i];
     cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
     if (!p) {
@@ -211,6 +219,7 @@ static bool lt_matmul(struct cu_impl *im, const void *x, bool f32, int64_t t, in
         p->t = t;
         p->ldc = ldc;
         p->f32 = f32;
+        p->y_bf16 = y_bf16;
         cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
         cublasLtMatmulPreference_t pref = NULL;
         size_t ws = im->lt_workspace_bytes;
@@ -219,7 +228,8 @@ static bool lt_matmul(struct cu_impl *im, const void *x, bool f32, int64_t t, in
             (st = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb)) ||
             (st = cublasLtMatrixLayoutCreate(&p->a, in_type, (uint64_t)k, (uint64_t)n, k)) ||
             (st = cublasLtMatrixLayoutCreate(&p->b, in_type, (uint64_t)k, (uint64_t)t, k)) ||
-            (st = cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, (uint64_t)n, (uint64_t)t, ldc)) ||
+            (st = cublasLtMatrixLayoutCreate(&p->c, y_bf16 ? CUDA_R_16BF : CUDA_R_32F,
+                                             (uint64_t)n, (uint64_t)t, ldc)) ||
             (st = cublasLtMatmulPreferenceCreate(&pref)) ||
             (st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                        &ws, sizeof ws)) ||
@@ -236,8 +246,9 @@ static bool lt_matmul(struct cu_impl *im, const void *x, bool f32, int64_t t, in
             return false;
         }
     }
-    float alpha = 1.0f, beta = 0.0f;
-    st = cublasLtMatmul(im->lt, p->desc, &alpha, w, p->a, x, p->b, &beta, y, p->c, y, p->c,
+    float alpha = 1.0f, beta = acc ? 1.0f : 0.0f;
+    void *out = acc ? (void *)acc : y;
+    st = cublasLtMatmul(im->lt, p->desc, &alpha, w, p->a, x, p->b, &beta, out, p->c, out, p->c,
                         &p->algo, im->lt_workspace, im->lt_workspace_bytes, im->stream);
     pthread_mutex_unlock(&im->lt_lock);
     if (st != CUBLAS_STATUS_SUCCESS) {
@@ -507,7 +518,8 @@ static void cu_kv_copy_slots(struct backend *be, struct kv_cache *kv, uint32_t s
  * a Llama-3.1-8B layer whole; an LM head takes a few slices. */
 #define CU_DEQUANT_BYTES ((size_t)64 << 20)
 
-static bool gemm_blocks(struct cu_impl *im, const struct cu_op *op, const struct cu_mat *m)
+static bool gemm_blocks(struct cu_impl *im, const struct cu_op *op, const struct cu_mat *m,
+                        bool y_bf16, float *acc)
 {
     int64_t k = op->u.mm.cols;
     int64_t slice = (int64_t)(CU_DEQUANT_BYTES / 2 / (size_t)k);
@@ -520,7 +532,9 @@ static bool gemm_blocks(struct cu_impl *im, const struct cu_op *op, const struct
         if (!CU_TRY(im, cu_launch_dequant_bf16(im->stream, op->u.mm.dtype,
                                                (const uint8_t *)m->w + (uint64_t)r0 * rb, n, k,
                                                im->wb)) ||
-            !lt_matmul(im, im->xb, false, op->n_rows, k, im->wb, n, m->rows, m->y + r0))
+            !lt_matmul(im, im->xb, false, op->n_rows, k, im->wb, n, m->rows,
+                       y_bf16 ? (void *)((uint16_t *)m->y + r0) : (void *)(m->y + r0), y_bf16,
+                       acc ? acc + r0 : NULL))
             return false;
     }
     return true;
@@ -531,7 +545,8 @@ bool cu_xb_reserve(struct cu_impl *im, int64_t n)
     return scratch_grow(im, (void **)&im->xb, &im->xb_bytes, (size_t)n * 2, true);
 }
 
-bool cu_exec_gemm(struct cu_impl *im, const struct cu_op *op, bool x_ready)
+bool cu_exec_gemm(struct cu_impl *im, const struct cu_op *op, bool x_ready, bool y_bf16,
+                  float *acc)
 {
     const bool f32 = op->u.mm.dtype == DTYPE_F32; /* x as it is; else x in bf16 */
     int64_t n_x = (int64_t)op->n_rows * op->u.mm.cols;
@@ -542,9 +557,10 @@ bool cu_exec_gemm(struct cu_impl *im, const struct cu_op *op, bool x_ready)
     bool blocks = dtype_is_block((enum dtype)op->u.mm.dtype);
     for (int i = 0; i < op->u.mm.n; i++) {
         const struct cu_mat *m = &op->u.mm.m[i];
-        if (blocks ? !gemm_blocks(im, op, m)
+        if (blocks ? !gemm_blocks(im, op, m, y_bf16, acc)
                    : !lt_matmul(im, f32 ? (const void *)op->u.mm.x : (const void *)im->xb, f32,
-                                op->n_rows, op->u.mm.cols, m->w, m->rows, m->rows, m->y))
+                                op->n_rows, op->u.mm.cols, m->w, m->rows, m->rows, m->y, y_bf16,
+                                acc))
             return false;
         if (m->bias && !CU_TRY(im, cu_launch_bias_add(im->stream, m->y, m->bias, m->rows,
                                                       op->n_rows)))
@@ -1613,6 +1629,8 @@ extern "C" int backend_cuda_create(int device, const struct backend_options *opt
     im->fuse.norm_sums_spans = im->fuse.fast && opt->cuda_norm_sums != BACKEND_OFF;
     im->fuse.add_norm = opt->cuda_add_norm_fusion != BACKEND_OFF;
     im->fuse.gemm_x = opt->cuda_gemm_x_fusion != BACKEND_OFF;
+    im->fuse.gemm_bf16_swiglu = im->fuse.fast && opt->cuda_gemm_bf16_swiglu != BACKEND_OFF;
+    im->fuse.gemm_residual = im->fuse.fast && opt->cuda_gemm_residual != BACKEND_OFF;
     im->fuse.gemv_max_rows = opt->cuda_gemv_rows >= 1 && opt->cuda_gemv_rows <= CU_GEMV_MAX_ROWS
                                  ? opt->cuda_gemv_rows
                                  : CU_GEMV_DEFAULT_ROWS;

@@ -212,6 +212,7 @@ struct cu_graph_entry {
 struct cu_lt_plan {
     int64_t n, k, t, ldc;
     bool f32; /* f32 operands (else bf16) */
+    bool y_bf16; /* a bf16 product (else f32) */
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t a, b, c;
     cublasLtMatmulAlgo_t algo;
@@ -221,7 +222,7 @@ struct cu_lt_plan {
 /* The timed winner for a GEMM shape and a power-of-two bucket of rows. */
 struct cu_lt_tuned {
     int64_t n, k;
-    bool f32;
+    bool f32, y_bf16;
     int bucket;
     cublasLtMatmulAlgo_t algo;
     bool used;
@@ -383,8 +384,11 @@ size_t cu_dense_part_floats(const struct cu_op *op);
 
 /* x (n_rows x cols, f32) to bf16 and one cuBLASLt GEMM (+ bias) per matrix
  * of matmul op (cuda_backend.cu); false when it failed (recorded). */
-/* x_ready: the launch before wrote op's x in bf16 into im->xb. */
-bool cu_exec_gemm(struct cu_impl *im, const struct cu_op *op, bool x_ready);
+/* x_ready: the launch before wrote op's x in bf16 into im->xb. y_bf16: each product in bf16
+ * at the start of its matrix's y (fuse.h rule 10). acc: the products added into acc instead
+ * of written to y (one matrix; fuse.h rule 11). */
+bool cu_exec_gemm(struct cu_impl *im, const struct cu_op *op, bool x_ready, bool y_bf16,
+                  float *acc);
 /* im->xb grown to hold n bf16 values (within a flush: no launch of the recorded step). */
 bool cu_xb_reserve(struct cu_impl *im, int64_t n);
 
@@ -394,13 +398,17 @@ bool cu_exec_launch(struct cu_impl *im, const struct cu_op *ops, const struct cu
 /* Kernel launchers (kernels.cu, gemv.cu, attention.cu). Each enqueues on
  * stream and returns the launch's cudaError_t. */
 cudaError_t cu_launch_embed(cudaStream_t s, const struct cu_op *op, const uint8_t *params);
-/* ybf (and outbf below): the output also rounded to bf16 there (fuse.h rule 6); NULL: not. */
-cudaError_t cu_launch_rmsnorm(cudaStream_t s, const struct cu_op *op, uint16_t *ybf);
+/* ybf (and outbf below): the output also rounded to bf16 there (fuse.h rule 6); NULL: not.
+ * bf16_only: only there (x_bf16_only; ybf then required). */
+cudaError_t cu_launch_rmsnorm(cudaStream_t s, const struct cu_op *op, uint16_t *ybf,
+                              bool bf16_only);
 cudaError_t cu_launch_add(cudaStream_t s, const struct cu_op *op);
 /* add (y += x) and the RMSNorm after it of every row of y, in one launch (fuse.h rule 4). */
 cudaError_t cu_launch_add_rmsnorm(cudaStream_t s, const struct cu_op *add, const struct cu_op *norm,
-                                  uint16_t *ybf);
-cudaError_t cu_launch_silu_mul(cudaStream_t s, const struct cu_op *op, uint16_t *outbf);
+                                  uint16_t *ybf, bool bf16_only);
+/* from_bf16 (fuse.h rule 10): gate and up are bf16 at a and b, and h goes to outbf only. */
+cudaError_t cu_launch_silu_mul(cudaStream_t s, const struct cu_op *op, uint16_t *outbf,
+                               bool bf16_only, bool from_bf16);
 /* CU_GELU_TANH_MUL, CU_SCALE and CU_SOFTCAP ops, one launch each. */
 cudaError_t cu_launch_ew_gemma(cudaStream_t s, const struct cu_op *op);
 cudaError_t cu_launch_to_bf16(cudaStream_t s, const float *x, int64_t n, uint16_t *out);

@@ -151,6 +151,115 @@ static bool norm_feeds_gemv(const struct cu_fuse_config *cfg, const struct cu_op
 static int plan_gemv(const struct cu_fuse_config *cfg, const struct cu_op *ops, int m, int n,
                      struct cu_launch *l);
 
+/* ---- which step buffers are read again (rules 6, 9, 10 and 11) ---------- */
+
+struct buf_range {
+    const char *p;
+    int64_t bytes;
+};
+
+static struct buf_range floats_at(const void *p, int64_t n)
+{
+    return (struct buf_range){(const char *)p, n * (int64_t)sizeof(float)};
+}
+
+#define BUF_MAX 4
+
+/* The step buffers (activations: not weights, the arena or a cache) that op reads, into r,
+ * and writes whole, into w; returns false for the kinds not listed here, which may read
+ * anything. */
+static bool op_buffers(const struct cu_op *op, struct buf_range *r, int *n_r, struct buf_range *w,
+                       int *n_w)
+{
+    *n_r = *n_w = 0;
+    const int64_t rows = op->n_rows;
+    switch (op->kind) {
+    case CU_EMBED:
+        w[(*n_w)++] = floats_at(op->u.embed.out, rows * op->u.embed.cols);
+        return true;
+    case CU_MATMUL:
+        r[(*n_r)++] = floats_at(op->u.mm.x, rows * op->u.mm.cols);
+        for (int i = 0; i < op->u.mm.n && i < BUF_MAX; i++)
+            w[(*n_w)++] = floats_at(op->u.mm.m[i].y, rows * op->u.mm.m[i].rows);
+        return op->u.mm.n <= BUF_MAX;
+    case CU_RMSNORM:
+    case CU_LAYER_NORM:
+        r[(*n_r)++] = floats_at(op->u.norm.x, op->u.norm.n_rows * op->u.norm.dim);
+        w[(*n_w)++] = floats_at(op->u.norm.y, op->u.norm.n_rows * op->u.norm.dim);
+        return true;
+    case CU_ROPE:
+        r[(*n_r)++] = floats_at(op->u.rope.x, rows * op->u.rope.n_heads * op->u.rope.head_dim);
+        w[(*n_w)++] = r[0];
+        return true;
+    case CU_SILU_MUL:
+    case CU_GELU_TANH_MUL:
+    case CU_ADD: /* out += a */
+    case CU_SCALE:
+    case CU_SOFTCAP:
+        r[(*n_r)++] = floats_at(op->u.ew.a, op->u.ew.n);
+        if (op->u.ew.b)
+            r[(*n_r)++] = floats_at(op->u.ew.b, op->u.ew.n);
+        if (op->kind != CU_SILU_MUL && op->kind != CU_GELU_TANH_MUL)
+            r[(*n_r)++] = floats_at(op->u.ew.out, op->u.ew.n);
+        w[(*n_w)++] = floats_at(op->u.ew.out, op->u.ew.n);
+        return true;
+    case CU_KV_STORE: {
+        const int64_t n = rows * op->u.store.kv.n_kv_heads * op->u.store.kv.head_dim;
+        r[(*n_r)++] = floats_at(op->u.store.k, n);
+        r[(*n_r)++] = floats_at(op->u.store.v, n);
+        return true;
+    }
+    case CU_ATTENTION: {
+        const int64_t n = rows * op->u.attn.n_heads * op->u.attn.kv.head_dim;
+        r[(*n_r)++] = floats_at(op->u.attn.q, n);
+        w[(*n_w)++] = floats_at(op->u.attn.out, n);
+        return true;
+    }
+    case CU_KV_COPY: return true; /* cache slots only */
+    default: return false;
+    }
+}
+
+static bool ranges_meet(struct buf_range a, struct buf_range b)
+{
+    return a.p < b.p + b.bytes && b.p < a.p + a.bytes;
+}
+
+enum buf_use {
+    USE_NONE,     /* the step ends first (the host may read them after it) */
+    USE_READ,     /* an op reads some of them, or is of a kind op_buffers does not list */
+    USE_OVERWRITE /* an op overwrites all of them without reading them */
+};
+
+/* What happens first to the n floats at p from ops[from] on. xb_first: ops[from] is a GEMM
+ * that reads its x in bf16 from the launch before it (rule 6), not its f32 x. */
+static enum buf_use next_use(const struct cu_op *ops, int from, int n, const float *p,
+                             int64_t n_floats, bool xb_first)
+{
+    const struct buf_range t = floats_at(p, n_floats);
+    for (int k = from; k < n; k++) {
+        struct buf_range r[BUF_MAX], w[BUF_MAX];
+        int n_r, n_w;
+        if (!op_buffers(&ops[k], r, &n_r, w, &n_w))
+            return USE_READ;
+        for (int j = k == from && xb_first ? 1 : 0; j < n_r; j++) /* a matmul's x is r[0] */
+            if (ranges_meet(r[j], t))
+                return USE_READ;
+        for (int j = 0; j < n_w; j++)
+            if (w[j].p <= t.p && t.p + t.bytes <= w[j].p + w[j].bytes)
+                return USE_OVERWRITE;
+    }
+    return USE_NONE;
+}
+
+/* Whether the n floats at p are dead from ops[from] on: overwritten before anything reads
+ * them, within the step. */
+static bool dead_from(const struct cu_op *ops, int from, int n, const float *p, int64_t n_floats,
+                      bool xb_first)
+{
+    return next_use(ops, from, n, p, n_floats, xb_first) == USE_OVERWRITE;
+}
+
 /* Rule 3's residual epilogue: the op after the single-output matmul at ops[m] adds its output
  * into another buffer (res += y). */
 static bool adds_into_residual(const struct cu_op *ops, int m, int n)
@@ -162,54 +271,6 @@ static bool adds_into_residual(const struct cu_op *ops, int m, int n)
     return next->kind == CU_ADD && next->u.ew.a == op->u.mm.m[0].y &&
            next->u.ew.n == (int64_t)op->n_rows * op->u.mm.m[0].rows &&
            next->u.ew.out != op->u.mm.m[0].y;
-}
-
-/* Whether an op of ops[from, n) reads buffer p before one overwrites it without reading it. */
-static bool read_later(const struct cu_op *ops, int from, int n, const float *p)
-{
-    for (int i = from; i < n; i++) {
-        const struct cu_op *op = &ops[i];
-        switch (op->kind) {
-        case CU_MATMUL:
-            if (op->u.mm.x == p)
-                return true;
-            for (int j = 0; j < op->u.mm.n; j++)
-                if (op->u.mm.m[j].y == p)
-                    return false;
-            break;
-        case CU_RMSNORM:
-        case CU_LAYER_NORM:
-            if (op->u.norm.x == p)
-                return true;
-            if (op->u.norm.y == p)
-                return false;
-            break;
-        case CU_ROPE: if (op->u.rope.x == p) return true; break;
-        case CU_KV_STORE:
-            if (op->u.store.k == p || op->u.store.v == p)
-                return true;
-            break;
-        case CU_ATTENTION: if (op->u.attn.q == p) return true; break;
-        case CU_MOE_ROUTE: if (op->u.route.logits == p) return true; break;
-        case CU_MOE_FFN: if (op->u.moe.x == p) return true; break;
-        case CU_GATED_ADD:
-            if (op->u.gated.x == p || op->u.gated.g == p || op->u.gated.y == p)
-                return true;
-            break;
-        case CU_LORA: if (op->u.lora.x == p) return true; break;
-        case CU_ATTN_DENSE:
-            if (op->u.dense.q == p || op->u.dense.k == p || op->u.dense.v == p)
-                return true;
-            break;
-        case CU_SCATTER_ROWS: if (op->u.scatter.src == p) return true; break;
-        case CU_EMBED: if (op->u.embed.out == p) return false; break;
-        case CU_KV_COPY: break;
-        default: /* the element-wise ops (an add reads its output too) */
-            if (op->u.ew.a == p || op->u.ew.b == p || op->u.ew.out == p)
-                return true;
-        }
-    }
-    return false;
 }
 
 /* Ops a layer's matmul that adds into the residual stream may lie after its attention. */
@@ -248,7 +309,8 @@ static bool sums_feed_norm(const struct cu_fuse_config *cfg, const struct cu_op 
         return false;
     if (!cfg->norm_sums && !after_span_attention(ops, m))
         return false;
-    return !read_later(ops, m + 4, n, norm->u.norm.y);
+    return next_use(ops, m + 4, n, norm->u.norm.y, norm->u.norm.n_rows * norm->u.norm.dim,
+                    false) != USE_READ;
 }
 
 /* Whether a FAST Q4_K or Q6_K GEMV of up to CU_GEMV_MAX_ROWS rows, one of
@@ -322,6 +384,50 @@ static bool feeds_gemm_x(const struct cu_fuse_config *cfg, const struct cu_op *o
     if (op->kind == CU_SILU_MUL)
         return mm->u.mm.x == op->u.ew.out && op->u.ew.n == n_x;
     return false;
+}
+
+/* Rule 6's launch at ops[p], whose GEMM is ops[p + 1]: whether the f32 output (n floats at
+ * out) is dead once that GEMM has read its bf16 copy, so only the copy is written. */
+static bool gemm_x_only(const struct cu_op *ops, int p, int n, const float *out, int64_t n_floats)
+{
+    return dead_from(ops, p + 1, n, out, n_floats, true);
+}
+
+/* Rule 10: the cuBLASLt GEMM of a gate/up pair at ops[i] (bf16 or block weights, no biases),
+ * whose SiLU-mul at ops[i + 1] writes the x of the GEMM after it in bf16 only (rule 6): gate
+ * and up are read by that SiLU-mul alone, so the GEMM may write them in bf16. */
+static bool swiglu_from_bf16(const struct cu_fuse_config *cfg, const struct cu_op *ops, int i,
+                             int n)
+{
+    if (!cfg->gemm_bf16_swiglu || i < 0 || i + 2 >= n)
+        return false;
+    const struct cu_op *mm = &ops[i], *silu = &ops[i + 1];
+    if (!cu_fuse_uses_gemm(cfg, mm) || mm->u.mm.dtype == DTYPE_F32 || mm->u.mm.n != 2 ||
+        mm->u.mm.m[0].bias || mm->u.mm.m[1].bias || silu->kind != CU_SILU_MUL)
+        return false;
+    const int64_t n_out = (int64_t)mm->n_rows * mm->u.mm.m[0].rows;
+    if (mm->u.mm.m[1].rows != mm->u.mm.m[0].rows || silu->u.ew.a != mm->u.mm.m[0].y ||
+        silu->u.ew.b != mm->u.mm.m[1].y || silu->u.ew.n != n_out ||
+        !feeds_gemm_x(cfg, ops, i + 1, n))
+        return false;
+    return gemm_x_only(ops, i + 1, n, silu->u.ew.out, n_out) &&
+           dead_from(ops, i + 2, n, silu->u.ew.a, n_out, true) &&
+           dead_from(ops, i + 2, n, silu->u.ew.b, n_out, true);
+}
+
+/* Rule 11: the cuBLASLt GEMM of one matrix (no bias) at ops[i] whose product the add after
+ * it adds into the residual stream, where nothing reads the product after that add before it
+ * is overwritten: the GEMM adds into the stream itself. */
+static bool gemm_adds_residual(const struct cu_fuse_config *cfg, const struct cu_op *ops, int i,
+                               int n)
+{
+    if (!cfg->gemm_residual || !cu_fuse_uses_gemm(cfg, &ops[i]) || !adds_into_residual(ops, i, n))
+        return false;
+    const struct cu_op *mm = &ops[i], *add = &ops[i + 1];
+    return !mm->u.mm.m[0].bias &&
+           !ranges_meet(floats_at(mm->u.mm.x, (int64_t)mm->n_rows * mm->u.mm.cols),
+                        floats_at(add->u.ew.out, add->u.ew.n)) &&
+           dead_from(ops, i + 2, n, mm->u.mm.m[0].y, add->u.ew.n, false);
 }
 
 /* Whether rule 2 takes the RMSNorm at ops[i] into the GEMV after it (not when a lora op
@@ -524,6 +630,18 @@ static bool moe_takes_add(const struct cu_op *ops, int i, int n)
            add->u.ew.out != moe->u.moe.y && add->u.ew.out != moe->u.moe.x;
 }
 
+/* Rule 6's launch l of the row op at ops[p]: only the bf16 copy where the f32 output is dead
+ * (not with rule 7's adapter work, whose launches write both). */
+static void plan_x_only(const struct cu_op *ops, int p, int n, struct cu_launch *l)
+{
+    const struct cu_op *op = &ops[p];
+    if (!l->to_gemm_x || l->lora_in || l->lora_out)
+        return;
+    l->x_bf16_only = op->kind == CU_RMSNORM
+                         ? gemm_x_only(ops, p, n, op->u.norm.y, op->u.norm.n_rows * op->u.norm.dim)
+                         : gemm_x_only(ops, p, n, op->u.ew.out, op->u.ew.n);
+}
+
 /* Rule 7: the shrink the row launch at ops[p] (its row op) does, into l. */
 static void plan_lora_out(const struct cu_fuse_config *cfg, const struct cu_op *ops, int p, int n,
                           struct cu_launch *l)
@@ -563,6 +681,7 @@ int cu_fuse_next(const struct cu_fuse_config *cfg, const struct cu_op *ops, int 
         l->kind = CU_LAUNCH_ADD_RMSNORM;
         l->to_gemm_x = feeds_gemm_x(cfg, ops, i + 1, n);
         plan_lora_out(cfg, ops, i + 1, n, l);
+        plan_x_only(ops, i + 1, n, l);
         return l->n_ops = 2;
     }
     switch (op->kind) {
@@ -571,6 +690,7 @@ int cu_fuse_next(const struct cu_fuse_config *cfg, const struct cu_op *ops, int 
         l->kind = CU_LAUNCH_RMSNORM;
         l->to_gemm_x = feeds_gemm_x(cfg, ops, i, n);
         plan_lora_out(cfg, ops, i, n, l);
+        plan_x_only(ops, i, n, l);
         break;
     case CU_ROPE:
         l->kind = CU_LAUNCH_ROPE;
@@ -589,6 +709,8 @@ int cu_fuse_next(const struct cu_fuse_config *cfg, const struct cu_op *ops, int 
         l->kind = CU_LAUNCH_SILU_MUL;
         l->to_gemm_x = feeds_gemm_x(cfg, ops, i, n);
         plan_lora_out(cfg, ops, i, n, l);
+        plan_x_only(ops, i, n, l);
+        l->from_bf16 = swiglu_from_bf16(cfg, ops, i - 1, n);
         break;
     case CU_ADD: l->kind = CU_LAUNCH_ADD; break;
     case CU_KV_STORE: l->kind = CU_LAUNCH_KV_STORE; break;
@@ -628,7 +750,9 @@ int cu_fuse_next(const struct cu_fuse_config *cfg, const struct cu_op *ops, int 
     case CU_MATMUL:
         if (!uses_gemv(cfg, op)) {
             l->kind = CU_LAUNCH_GEMM;
-            break;
+            l->y_bf16 = swiglu_from_bf16(cfg, ops, i, n);
+            l->residual = gemm_adds_residual(cfg, ops, i, n);
+            return l->n_ops = 1 + l->residual;
         }
         l->skinny = uses_skinny(cfg, op);
         return l->n_ops = plan_gemv(cfg, ops, i, n, l);

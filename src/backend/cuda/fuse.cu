@@ -71,7 +71,7 @@ static bool exec_gemv(struct cu_impl *im, const struct cu_op *ops, const struct 
      * the norm is launched on its own first */
     if (l->norm && dtype_is_block((enum dtype)a.dtype) && !cu_qgemv_stream_runs(&im->dev, &a) &&
         !cu_qgemv_int8_runs(&im->dev, &a)) {
-        if (!CU_TRY(im, cu_launch_rmsnorm(im->stream, &ops[l->op], NULL)))
+        if (!CU_TRY(im, cu_launch_rmsnorm(im->stream, &ops[l->op], NULL, false)))
             return false;
         a.x = op->u.mm.x;
         a.norm_w = NULL;
@@ -261,7 +261,8 @@ bool cu_exec_launch(struct cu_impl *im, const struct cu_op *ops, const struct cu
     case CU_LAUNCH_GEMM:
         return cu_exec_gemm(im, op,
                             xb_of && xb_of == op->u.mm.x &&
-                                xb_n == (int64_t)op->n_rows * op->u.mm.cols);
+                                xb_n == (int64_t)op->n_rows * op->u.mm.cols,
+                            l->y_bf16, l->residual ? ops[l->op + 1].u.ew.out : NULL);
     case CU_LAUNCH_EMBED:
         return CU_TRY(im, cu_launch_embed(s, op, im->arena_dev));
     case CU_LAUNCH_RMSNORM: {
@@ -269,14 +270,14 @@ bool cu_exec_launch(struct cu_impl *im, const struct cu_op *ops, const struct cu
             gemm_x_out(im, l, op->u.norm.y, (int64_t)op->u.norm.n_rows * op->u.norm.dim);
         if (l->lora_out)
             return exec_lora_rows(im, ops, l, ybf);
-        return CU_TRY(im, cu_launch_rmsnorm(s, op, ybf));
+        return CU_TRY(im, cu_launch_rmsnorm(s, op, ybf, l->x_bf16_only));
     }
     case CU_LAUNCH_SILU_MUL: {
         const struct cu_op *silu = &ops[l->op + l->lora_in];
         uint16_t *ybf = gemm_x_out(im, l, silu->u.ew.out, silu->u.ew.n);
         if (l->lora_in || l->lora_out)
             return exec_lora_rows(im, ops, l, ybf);
-        return CU_TRY(im, cu_launch_silu_mul(s, op, ybf));
+        return CU_TRY(im, cu_launch_silu_mul(s, op, ybf, l->x_bf16_only, l->from_bf16));
     }
     case CU_LAUNCH_ADD:
         return CU_TRY(im, cu_launch_add(s, op));
@@ -286,7 +287,7 @@ bool cu_exec_launch(struct cu_impl *im, const struct cu_op *ops, const struct cu
                                    (int64_t)add[1].u.norm.n_rows * add[1].u.norm.dim);
         if (l->lora_in || l->lora_out)
             return exec_lora_rows(im, ops, l, ybf);
-        return CU_TRY(im, cu_launch_add_rmsnorm(s, add, add + 1, ybf));
+        return CU_TRY(im, cu_launch_add_rmsnorm(s, add, add + 1, ybf, l->x_bf16_only));
     }
     case CU_LAUNCH_KV_STORE:
         return CU_TRY(im, cu_launch_kv_store(s, op, im->arena_dev));

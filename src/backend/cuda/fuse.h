@@ -52,7 +52,10 @@
  *      output is all of the x of the cuBLASLt GEMM right after it also writes
  *      that x rounded to bf16 where the GEMM reads it (gemm_x, to_gemm_x),
  *      and the GEMM skips its own conversion launch: the same rounding, the
- *      same bits.
+ *      same bits. Where no op after the GEMM reads that output before one
+ *      overwrites all of it (x_bf16_only: ops of the kinds whose buffers the
+ *      planner knows, up to such a write; never past the step's end, which
+ *      the host may read), only the bf16 x is written.
  *
  *   7. (lora_rows, FAST mode, off by default) adapters folded into the row launches around
  *      their matmuls (lora_rows.cu): a launch that writes the x of a matmul
@@ -87,6 +90,21 @@
  *      norm's output buffer never holds the normalised rows. By default
  *      (norm_sums_spans) only in layers whose decode attention has a span of
  *      several tokens: a speculative verify step's.
+ *
+ *  10. (gemm_bf16_swiglu, FAST mode) a cuBLASLt GEMM of a gate/up pair (no
+ *      biases), then the SiLU-mul of its two products whose output rule 6
+ *      writes in bf16 only, where no op after the next GEMM reads gate or up
+ *      before they are overwritten: the GEMM writes both products rounded to
+ *      bf16, each at the start of its own buffer (y_bf16), and the SiLU-mul
+ *      reads them there (from_bf16). Half the bytes out of the GEMM and into
+ *      the SiLU-mul; gate and up are rounded to bf16 before the SiLU, as
+ *      transformers computes a bf16 model's MLP, not after.
+ *  11. (gemm_residual, FAST mode) a cuBLASLt GEMM of one matrix (no bias),
+ *      then the residual add of its product (res += y, res apart from x),
+ *      where nothing reads y after the add before it is overwritten: the GEMM
+ *      adds its products into res itself (cuBLASLt's C and D both res, beta
+ *      1) and y is never written; the RMSNorm after the add then reads res
+ *      in a launch of its own (rule 4 has no add left to take).
  *
  * Rules 2 and 9 are not taken when a lora op right after the matmul reads
  * the norm's output, which the folded norm never writes.
@@ -134,6 +152,8 @@ struct cu_fuse_config {
     bool qk_spans;     /* ... also of spans of several tokens (a verify step's) */
     bool add_norm;     /* rule 4 */
     bool gemm_x;       /* rule 6 */
+    bool gemm_bf16_swiglu; /* rule 10 */
+    bool gemm_residual;    /* rule 11 */
     bool qgemv_mixed;  /* rule 3's mix of Q4_K and Q6_K matmuls over one x (the stream kernel) */
     bool decode_mma;   /* decode attention that cu_attention_uses_mma takes runs on the
                           tensor-core kernel (rule 1's q/k launch folded in as well), and
@@ -165,7 +185,8 @@ enum cu_launch_kind {
     CU_LAUNCH_ATTENTION,
     CU_LAUNCH_GEMV,         /* rules 2 and 3 on the GEMV kernels, or (skinny) rule 3's
                                tensor-core GEMM of a few rows */
-    CU_LAUNCH_GEMM,         /* cuBLASLt: x to bf16, then a GEMM (+ bias) per matrix */
+    CU_LAUNCH_GEMM,         /* cuBLASLt: x to bf16, then a GEMM (+ bias) per matrix (rule 11:
+                               with the add after it) */
     CU_LAUNCH_KV_COPY,      /* backend_ops.kv_copy_slots */
     CU_LAUNCH_MOE_ROUTE,    /* softmax + top-k per row, on the device */
     CU_LAUNCH_MOE_FFN,      /* the chosen experts (kernels of their own, moe.cu) */
@@ -188,7 +209,8 @@ struct cu_launch {
     /* GEMV: the matmul is ops[op + norm] */
     bool norm;     /* the RMSNorm at ops[op] folded in (skinny: from rule 9's sums) */
     bool norm_sums; /* rule 9: the residual sum's rows' sums of squares left for the next */
-    bool residual; /* the add after the matmul (MOE_FFN: after the experts) folded in */
+    bool residual; /* the add after the matmul (MOE_FFN: after the experts; GEMM: rule 11)
+                      folded in */
     bool after_routing; /* MOE_FFN: the launch right before is the routing of its ids */
     bool swiglu;   /* the silu_mul after the gate/up pair folded in */
     bool mixed;    /* the matmul after it, of the other stream type over the same x, taken in */
@@ -196,6 +218,9 @@ struct cu_launch {
                       past CU_SKINNY_MAX_ROWS rows), not the GEMV kernels */
     /* RMSNORM, ADD_RMSNORM, SILU_MUL: rule 6, the output also in bf16 for the GEMM after */
     bool to_gemm_x;
+    bool x_bf16_only; /* ... and only in bf16: the f32 output is never read */
+    bool y_bf16;      /* GEMM: rule 10, the gate/up products in bf16 for the SiLU-mul after */
+    bool from_bf16;   /* SILU_MUL: rule 10, gate and up read in bf16 */
     /* rule 7. ADD_RMSNORM, SILU_MUL: the lora ops [op, op + lora_in) expanded into the row
      * op after them (ops[op + lora_in]); LORA: lora_in_shrunk alone, the group's expand
      * only. lora_in_shrunk: an earlier launch did their shrink. RMSNORM, ADD_RMSNORM,

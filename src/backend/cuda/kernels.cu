@@ -40,7 +40,7 @@ cudaError_t cu_launch_embed(cudaStream_t s, const struct cu_op *op, const uint8_
  * (a residual add folded in, fuse.h rule 4), x += add first: each element is
  * summed, stored and read back by one thread, so x and y get the bits of the
  * two launches. With ybf (fuse.h rule 6) y is also written rounded to bf16
- * there, for the cuBLASLt GEMM after it. */
+ * there, for the cuBLASLt GEMM after it; y NULL: only there. */
 static __global__ void rmsnorm_warp_kernel(float *x, const float *add, const float *w,
                                            int64_t n_rows, int64_t dim, float eps, float *y,
                                            uint16_t *ybf)
@@ -50,7 +50,6 @@ static __global__ void rmsnorm_warp_kernel(float *x, const float *add, const flo
     if (row >= n_rows)
         return;
     float *xr = x + row * dim;
-    float *yr = y + row * dim;
     float sum = 0;
     for (int64_t i = lane; i < dim; i += 32) {
         float v = xr[i];
@@ -64,7 +63,8 @@ static __global__ void rmsnorm_warp_kernel(float *x, const float *add, const flo
     float inv = 1.0f / sqrtf(sum / (float)dim + eps);
     for (int64_t i = lane; i < dim; i += 32) {
         float v = w[i] * (xr[i] * inv);
-        yr[i] = v;
+        if (y)
+            y[row * dim + i] = v;
         if (ybf)
             ybf[row * dim + i] = f32_to_bf16_bits(v);
     }
@@ -75,7 +75,6 @@ static __global__ void rmsnorm_block_kernel(float *x, const float *add, const fl
 {
     __shared__ float partial[32];
     float *xr = x + (int64_t)blockIdx.x * dim;
-    float *yr = y + (int64_t)blockIdx.x * dim;
     float sum = 0;
     for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
         float v = xr[i];
@@ -99,7 +98,8 @@ static __global__ void rmsnorm_block_kernel(float *x, const float *add, const fl
     float inv = 1.0f / sqrtf(partial[0] / (float)dim + eps);
     for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
         float v = w[i] * (xr[i] * inv);
-        yr[i] = v;
+        if (y)
+            y[(int64_t)blockIdx.x * dim + i] = v;
         if (ybf)
             ybf[(int64_t)blockIdx.x * dim + i] = f32_to_bf16_bits(v);
     }
@@ -116,7 +116,7 @@ static __global__ void rmsnorm_rows4_kernel(float *x, const float *add, const fl
     __shared__ float partial[32];
     const int64_t base = (int64_t)blockIdx.x * dim;
     float4 *xr = (float4 *)(x + base);
-    const float4 *ar = (const float4 *)(add + (add ? base : 0));
+    const float4 *ar = (const float4 *)(add ? add + base : NULL);
     float4 v[VPT];
     float sum = 0;
 #pragma unroll
@@ -146,15 +146,16 @@ static __global__ void rmsnorm_rows4_kernel(float *x, const float *add, const fl
     __syncthreads();
     const float inv = 1.0f / sqrtf(partial[0] / (float)dim + eps);
     const float4 *w4 = (const float4 *)w;
-    float4 *yr = (float4 *)(y + base);
-    uint2 *yb = (uint2 *)(ybf + (ybf ? base : 0));
+    float4 *yr = (float4 *)(y ? y + base : NULL);
+    uint2 *yb = (uint2 *)(ybf ? ybf + base : NULL);
 #pragma unroll
     for (int k = 0; k < VPT; k++) {
         const int i = threadIdx.x + k * blockDim.x;
         const float4 wk = w4[i];
         const float4 o = make_float4(wk.x * (v[k].x * inv), wk.y * (v[k].y * inv),
                                      wk.z * (v[k].z * inv), wk.w * (v[k].w * inv));
-        yr[i] = o;
+        if (y)
+            yr[i] = o;
         if (ybf)
             yb[i] = make_uint2(
                 (uint32_t)f32_to_bf16_bits(o.x) | ((uint32_t)f32_to_bf16_bits(o.y) << 16),
@@ -178,21 +179,23 @@ static int rows4_threads(int64_t dim, int vpt)
 }
 
 /* The RMSNorm of op (norm) over x, after x += add when add is not NULL (x is then the
- * add's output; without add it is only read), y also in bf16 into ybf when not NULL. */
+ * add's output; without add it is only read), y also in bf16 into ybf when not NULL (only
+ * there when bf16_only). */
 static cudaError_t launch_rmsnorm(cudaStream_t s, const struct cu_op *op, float *x, const float *add,
-                                  uint16_t *ybf)
+                                  uint16_t *ybf, bool bf16_only)
 {
     int64_t rows = op->u.norm.n_rows, dim = op->u.norm.dim;
     if (rows == 0)
         return cudaSuccess;
+    if (bf16_only && !ybf)
+        return cudaErrorInvalidValue;
+    const float *w = op->u.norm.w;
+    float *y = bf16_only ? NULL : op->u.norm.y;
     if (dim <= 512) {
         unsigned blocks = (unsigned)((rows + 7) / 8);
-        rmsnorm_warp_kernel<<<blocks, 256, 0, s>>>(x, add, op->u.norm.w, rows, dim,
-                                                   op->u.norm.eps, op->u.norm.y, ybf);
+        rmsnorm_warp_kernel<<<blocks, 256, 0, s>>>(x, add, w, rows, dim, op->u.norm.eps, y, ybf);
         return cudaGetLastError();
     }
-    const float *w = op->u.norm.w;
-    float *y = op->u.norm.y;
     if (aligned16(x) && (!add || aligned16(add)) && aligned16(w) && aligned16(y) &&
         (uintptr_t)ybf % 8 == 0) {
         int t;
@@ -213,15 +216,16 @@ static cudaError_t launch_rmsnorm(cudaStream_t s, const struct cu_op *op, float 
     return cudaGetLastError();
 }
 
-cudaError_t cu_launch_rmsnorm(cudaStream_t s, const struct cu_op *op, uint16_t *ybf)
+cudaError_t cu_launch_rmsnorm(cudaStream_t s, const struct cu_op *op, uint16_t *ybf,
+                              bool bf16_only)
 {
-    return launch_rmsnorm(s, op, (float *)op->u.norm.x, NULL, ybf);
+    return launch_rmsnorm(s, op, (float *)op->u.norm.x, NULL, ybf, bf16_only);
 }
 
 cudaError_t cu_launch_add_rmsnorm(cudaStream_t s, const struct cu_op *add, const struct cu_op *norm,
-                                  uint16_t *ybf)
+                                  uint16_t *ybf, bool bf16_only)
 {
-    return launch_rmsnorm(s, norm, add->u.ew.out, add->u.ew.a, ybf);
+    return launch_rmsnorm(s, norm, add->u.ew.out, add->u.ew.a, ybf, bf16_only);
 }
 
 /* ---- elementwise -------------------------------------------------------- */
@@ -244,7 +248,8 @@ static __global__ void silu_mul_kernel(const float *gate, const float *up, float
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         float v = silu_mul1(gate[i], up[i]);
-        out[i] = v;
+        if (out)
+            out[i] = v;
         if (outbf)
             outbf[i] = f32_to_bf16_bits(v);
     }
@@ -261,7 +266,8 @@ static __global__ void silu_mul4_kernel(const float4 *gate, const float4 *up, fl
         const float4 g = __ldcs(gate + i), u = __ldcs(up + i);
         const float4 v = make_float4(silu_mul1(g.x, u.x), silu_mul1(g.y, u.y),
                                      silu_mul1(g.z, u.z), silu_mul1(g.w, u.w));
-        out[i] = v;
+        if (out)
+            out[i] = v;
         if (outbf)
             outbf[i] = make_uint2((uint32_t)f32_to_bf16_bits(v.x) |
                                       ((uint32_t)f32_to_bf16_bits(v.y) << 16),
@@ -283,20 +289,59 @@ cudaError_t cu_launch_add(cudaStream_t s, const struct cu_op *op)
     return cudaGetLastError();
 }
 
-cudaError_t cu_launch_silu_mul(cudaStream_t s, const struct cu_op *op, uint16_t *outbf)
+/* Fuse rule 10: gate and up in bf16 (as the GEMM before wrote them), h in
+ * bf16 only; eight elements a thread where n is a multiple of 8 and every
+ * pointer 16-byte aligned (vec), else one. */
+template <bool VEC>
+static __global__ void silu_mul_bf16_kernel(const uint16_t *gate, const uint16_t *up,
+                                            uint16_t *out, int64_t n)
+{
+    const int64_t items = VEC ? n / 8 : n;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < items;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        if (!VEC) {
+            out[i] = f32_to_bf16_bits(silu_mul1(bf16_bits_to_f32(gate[i]),
+                                                bf16_bits_to_f32(up[i])));
+            continue;
+        }
+        const uint4 g = __ldcs((const uint4 *)gate + i), u = __ldcs((const uint4 *)up + i);
+        const uint32_t gw[4] = {g.x, g.y, g.z, g.w}, uw[4] = {u.x, u.y, u.z, u.w};
+        uint32_t o[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const float lo = silu_mul1(bf16_bits_to_f32((uint16_t)gw[k]),
+                                       bf16_bits_to_f32((uint16_t)uw[k]));
+            const float hi = silu_mul1(bf16_bits_to_f32((uint16_t)(gw[k] >> 16)),
+                                       bf16_bits_to_f32((uint16_t)(uw[k] >> 16)));
+            o[k] = (uint32_t)f32_to_bf16_bits(lo) | ((uint32_t)f32_to_bf16_bits(hi) << 16);
+        }
+        ((uint4 *)out)[i] = make_uint4(o[0], o[1], o[2], o[3]);
+    }
+}
+
+cudaError_t cu_launch_silu_mul(cudaStream_t s, const struct cu_op *op, uint16_t *outbf,
+                               bool bf16_only, bool from_bf16)
 {
     const int64_t n = op->u.ew.n;
-    if (n % 4 == 0 && aligned16(op->u.ew.a) && aligned16(op->u.ew.b) &&
-        aligned16(op->u.ew.out) && (uintptr_t)outbf % 8 == 0) {
-        const int64_t n4 = n / 4;
-        int64_t blocks = (n4 + 255) / 256;
-        blocks = blocks < 8192 ? (blocks > 0 ? blocks : 1) : 8192;
-        silu_mul4_kernel<<<(unsigned)blocks, 256, 0, s>>>(
-            (const float4 *)op->u.ew.a, (const float4 *)op->u.ew.b, (float4 *)op->u.ew.out,
-            (uint2 *)outbf, n4);
+    if ((bf16_only || from_bf16) && !outbf)
+        return cudaErrorInvalidValue;
+    if (from_bf16) {
+        const uint16_t *g = (const uint16_t *)op->u.ew.a, *u = (const uint16_t *)op->u.ew.b;
+        if (n % 8 == 0 && aligned16(g) && aligned16(u) && aligned16(outbf))
+            silu_mul_bf16_kernel<true><<<elementwise_blocks(n / 8), 256, 0, s>>>(g, u, outbf, n);
+        else
+            silu_mul_bf16_kernel<false><<<elementwise_blocks(n), 256, 0, s>>>(g, u, outbf, n);
+        return cudaGetLastError();
+    }
+    float *out = bf16_only ? NULL : op->u.ew.out;
+    if (n % 4 == 0 && aligned16(op->u.ew.a) && aligned16(op->u.ew.b) && aligned16(out) &&
+        (uintptr_t)outbf % 8 == 0) {
+        silu_mul4_kernel<<<elementwise_blocks(n / 4), 256, 0, s>>>(
+            (const float4 *)op->u.ew.a, (const float4 *)op->u.ew.b, (float4 *)out,
+            (uint2 *)outbf, n / 4);
     } else {
-        silu_mul_kernel<<<elementwise_blocks(n), 256, 0, s>>>(op->u.ew.a, op->u.ew.b,
-                                                              op->u.ew.out, outbf, n);
+        silu_mul_kernel<<<elementwise_blocks(n), 256, 0, s>>>(op->u.ew.a, op->u.ew.b, out, outbf,
+                                                              n);
     }
     return cudaGetLastError();
 }
