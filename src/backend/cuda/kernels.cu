@@ -70,6 +70,24 @@ static __global__ void rmsnorm_warp_kernel(float *x, const float *add, const flo
     }
 }
 
+/* The block's sum of each thread's v (whole warps; partial: 32 floats of shared memory),
+ * warp by warp, then the warps' sums in one warp. */
+static __device__ __forceinline__ float block_sum(float v, float *partial)
+{
+    v = warp_sum(v);
+    if ((threadIdx.x & 31) == 0)
+        partial[threadIdx.x / 32] = v;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float p = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0.0f;
+        p = warp_sum(p);
+        if (threadIdx.x == 0)
+            partial[0] = p;
+    }
+    __syncthreads();
+    return partial[0];
+}
+
 static __global__ void rmsnorm_block_kernel(float *x, const float *add, const float *w,
                                             int64_t dim, float eps, float *y, uint16_t *ybf)
 {
@@ -84,18 +102,7 @@ static __global__ void rmsnorm_block_kernel(float *x, const float *add, const fl
         }
         sum += v * v;
     }
-    sum = warp_sum(sum);
-    if ((threadIdx.x & 31) == 0)
-        partial[threadIdx.x / 32] = sum;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        float v = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0.0f;
-        v = warp_sum(v);
-        if (threadIdx.x == 0)
-            partial[0] = v;
-    }
-    __syncthreads();
-    float inv = 1.0f / sqrtf(partial[0] / (float)dim + eps);
+    float inv = 1.0f / sqrtf(block_sum(sum, partial) / (float)dim + eps);
     for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
         float v = w[i] * (xr[i] * inv);
         if (y)
@@ -133,18 +140,7 @@ static __global__ void rmsnorm_rows4_kernel(float *x, const float *add, const fl
         }
         sum += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
     }
-    sum = warp_sum(sum);
-    if ((threadIdx.x & 31) == 0)
-        partial[threadIdx.x / 32] = sum;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        float p = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0.0f;
-        p = warp_sum(p);
-        if (threadIdx.x == 0)
-            partial[0] = p;
-    }
-    __syncthreads();
-    const float inv = 1.0f / sqrtf(partial[0] / (float)dim + eps);
+    const float inv = 1.0f / sqrtf(block_sum(sum, partial) / (float)dim + eps);
     const float4 *w4 = (const float4 *)w;
     float4 *yr = (float4 *)(y ? y + base : NULL);
     uint2 *yb = (uint2 *)(ybf ? ybf + base : NULL);
