@@ -552,6 +552,12 @@ struct backend_options {
      * whose producers decode one side each (K, V) into both blocks' tiles
      * (default on; off: each block decodes both) */
     enum backend_switch cuda_qprefill_pair;
+    /* CUDA: FAST-mode prefill over a quantized cache by decoding the spans'
+     * records once a step into an f16 window that the f16 cache's prefill
+     * kernel attends over (head dims 64 and 128, windows up to
+     * CU_QWINDOW_MAX_BYTES; default on; off: the kernels that decode each
+     * tile for every block of query rows it serves) */
+    enum backend_switch cuda_qprefill_window;
     /* CUDA: FAST-mode decode attention of many sequences (more than 8 rows)
      * over an f16 cache on tensor cores (default on; off: the f32
      * flash-decoding kernel, with the q/k launch folded in) */

@@ -84,6 +84,7 @@ void cli_backend_options_from_env(struct backend_options *out)
     out->cuda_qprefill_ws = env_off("INFERD_CUDA_QPREFILL_WS");
     out->cuda_prefill_wgmma = env_off("INFERD_CUDA_PREFILL_WGMMA");
     out->cuda_qprefill_pair = env_off("INFERD_CUDA_QPREFILL_PAIR");
+    out->cuda_qprefill_window = env_off("INFERD_CUDA_QPREFILL_WINDOW");
     out->cuda_decode_tc = env_off("INFERD_CUDA_DECODE_TC");
     const char *batch_gemm = getenv("INFERD_CUDA_BATCH_GEMM");
     if (batch_gemm && !strcmp(batch_gemm, "1"))
@@ -128,6 +129,7 @@ int cli_backend_flag(const char *flag, const char *value, struct backend_options
         {"--cuda-qprefill-ws", offsetof(struct backend_options, cuda_qprefill_ws)},
         {"--cuda-prefill-wgmma", offsetof(struct backend_options, cuda_prefill_wgmma)},
         {"--cuda-qprefill-pair", offsetof(struct backend_options, cuda_qprefill_pair)},
+        {"--cuda-qprefill-window", offsetof(struct backend_options, cuda_qprefill_window)},
         {"--cuda-decode-tc", offsetof(struct backend_options, cuda_decode_tc)},
         {"--cuda-batch-gemm", offsetof(struct backend_options, cuda_batch_gemm)},
         {"--cuda-moe", offsetof(struct backend_options, cuda_moe)},

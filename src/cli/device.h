@@ -55,6 +55,8 @@ bool cli_device_parse(const char *text, struct device_spec *out);
     "                              (INFERD_CUDA_QPREFILL_WS=0)\n"                               \
     "  --cuda-qprefill-pair on|off  with wgmma, its blocks in clusters of two that decode\n"  \
     "                              K and V apart for both (INFERD_CUDA_QPREFILL_PAIR=0)\n"   \
+    "  --cuda-qprefill-window on|off  that prefill from the records decoded once a step\n"   \
+    "                              into an f16 window (INFERD_CUDA_QPREFILL_WINDOW=0)\n"      \
     "  --cuda-decode-tc on|off     fast-mode decode attention of more than 8 sequences (any\n"  \
     "                              number over a quantized cache) on tensor cores\n"           \
     "                              (INFERD_CUDA_DECODE_TC=0)\n"                                 \

@@ -124,11 +124,14 @@ static void *dev_copy(struct backend *be, const void *src, size_t bytes)
 }
 
 /* The CUDA kernels a check runs. tensor_cores: FAST mode's tensor-core
- * prefill and decode kernels (else the f32 ones); prefill_ws: the prefill's
- * decoding warps beside the attending ones, which attend on wgmma unless
- * wgmma is off, in clusters of two blocks unless pair is off. */
+ * prefill and decode kernels (else the f32 ones); window: that prefill from
+ * the records decoded once into an f16 window (head dims 64 and 128) for the
+ * f16 cache's kernel, on wgmma unless wgmma is off; with window off,
+ * prefill_ws: the prefill's decoding warps beside the attending ones, which
+ * attend on wgmma unless wgmma is off, in clusters of two blocks unless pair
+ * is off. */
 struct gq_kernels {
-    enum backend_switch tensor_cores, prefill_ws, wgmma, pair;
+    enum backend_switch tensor_cores, prefill_ws, wgmma, pair, window;
 };
 
 /* The plan's steps on both backends, every layer checked at each step it
@@ -151,7 +154,8 @@ static void check_format(const struct gq_case *gc, const char *format, enum comp
                                                                .cuda_decode_tc = tensor_cores,
                                                                .cuda_qprefill_ws = k.prefill_ws,
                                                                .cuda_prefill_wgmma = k.wgmma,
-                                                               .cuda_qprefill_pair = k.pair},
+                                                               .cuda_qprefill_pair = k.pair,
+                                                               .cuda_qprefill_window = k.window},
                                      &bg, &err),
                  0, "%s", err.msg);
     const float tol =
@@ -312,12 +316,21 @@ Test(cuda_kv_quant, fast_mode_tensor_core_kernels_attend_as_the_cpu, .timeout = 
     check_all_shapes(COMPUTE_FAST, (struct gq_kernels){0});
 }
 
+/* The tensor-core prefill reading the records directly, with decoding warps
+ * beside the attending ones (on sm_90a GPUs). */
+Test(cuda_kv_quant, fast_mode_prefill_reading_the_records_attends_as_the_cpu, .timeout = 600)
+{
+    skip_without_gpu();
+    check_all_shapes(COMPUTE_FAST, (struct gq_kernels){.window = BACKEND_OFF});
+}
+
 /* The tensor-core prefill whose warps each decode and attend in turn (the
  * kernel GPUs without sm_90a code run). */
 Test(cuda_kv_quant, fast_mode_prefill_without_decoding_warps_attends_as_the_cpu, .timeout = 600)
 {
     skip_without_gpu();
-    check_all_shapes(COMPUTE_FAST, (struct gq_kernels){.prefill_ws = BACKEND_OFF});
+    check_all_shapes(COMPUTE_FAST,
+                     (struct gq_kernels){.prefill_ws = BACKEND_OFF, .window = BACKEND_OFF});
 }
 
 Test(cuda_kv_quant, fast_mode_f32_kernels_attend_as_the_cpu, .timeout = 600)
@@ -363,15 +376,20 @@ Test(cuda_kv_quant, fast_mode_decode_over_long_rows_in_many_splits_attends_as_th
 /* Prefill chunks of up to 1,000 tokens after up to 1,000 positions: a block
  * walks up to 32 tiles, so the prefill's producer and consumer warps pass
  * each pair of tiles back and forth many times, beside blocks of one tile;
- * every tensor-core prefill kernel (the decoding warps' consumers on wgmma in
- * clusters of two blocks by default, on wgmma in blocks alone, on mma.sync,
+ * every tensor-core prefill kernel (through the f16 window by default, on
+ * wgmma and on mma.sync; reading the records, the decoding warps' consumers
+ * on wgmma in clusters of two blocks, on wgmma in blocks alone, on mma.sync,
  * and no decoding warps). */
 Test(cuda_kv_quant, fast_mode_long_prefill_chunks_attend_as_the_cpu, .timeout = 600)
 {
     skip_without_gpu();
-    static const char *const formats[] = {"8", "4g32", "turbo", "turbo:k4v3"};
+    static const char *const formats[] = {"8", "4g32", "turbo", "turbo:k4v3", "turbo:k4v3:qjl"};
     static const struct gq_kernels others[] = {
-        {.pair = BACKEND_OFF}, {.prefill_ws = BACKEND_OFF}, {.wgmma = BACKEND_OFF}};
+        {.wgmma = BACKEND_OFF},
+        {.window = BACKEND_OFF},
+        {.pair = BACKEND_OFF, .window = BACKEND_OFF},
+        {.prefill_ws = BACKEND_OFF, .window = BACKEND_OFF},
+        {.wgmma = BACKEND_OFF, .window = BACKEND_OFF}};
     check_long_shapes(formats, sizeof formats / sizeof formats[0], &gq_long_prefill, others,
                       sizeof others / sizeof others[0]);
 }

@@ -14,6 +14,7 @@
 
 #include "backend/cuda/fuse.h"
 #include "backend/cuda/record.h"
+#include "kv/kv_quant_config.h"
 #include "tools/mkmodel.h"
 #include "model/model.h"
 #include "test_support.h"
@@ -88,7 +89,7 @@ static bool rb_arena_room(struct cu_rec *rec, size_t bytes)
     return true;
 }
 
-static bool rb_attn_scratch(struct cu_rec *rec, const struct cu_op *probe)
+static bool rb_attn_scratch(struct cu_rec *rec, struct cu_op *probe)
 {
     (void)rec;
     (void)probe;
@@ -260,6 +261,7 @@ static struct backend *recorder_create(enum compute_mode mode)
     rb->rec.hooks = &rb_hooks;
     rb->rec.n_sm = H200_SMS;
     rb->rec.row_invariant = mode == COMPUTE_EXACT;
+    rb->rec.qprefill_window = mode == COMPUTE_FAST;
     rb->rec.arena = malloc(ARENA_BYTES);
     cr_assert_not_null(rb->rec.arena);
     rb->rec.arena_cap = ARENA_BYTES;
@@ -1689,4 +1691,63 @@ Test(fusion, a_gemm_whose_product_only_the_residual_add_reads_adds_into_the_stre
                            n_layers),
                9 * n_layers, "add rmsnorm+gemv");
     rig_close(&r);
+}
+
+/* The window_blocks of the one attention op recorded over cache kv for
+ * spans. */
+static int recorded_window_blocks(struct backend *be, const struct kv_cache *kv,
+                                  const struct attn_span *spans, int n_spans, int n_heads)
+{
+    struct rec_backend *rb = rb_of(be);
+    rb_attention(be, NULL, kv, 0, spans, n_spans, n_heads, 0.125f, 0, NULL);
+    cr_assert(!rb->failed, "%s", rb->error.msg);
+    cr_assert_eq(rb->rec.n_ops, 1, "one attention op recorded");
+    const int blocks = rb->rec.ops[0].u.attn.window_blocks;
+    cu_rec_clear(&rb->rec);
+    return blocks;
+}
+
+/* A prefill over a quantized cache attends through an f16 window of every
+ * block its spans' contexts reach; decode steps, EXACT mode, the switch off,
+ * an f16 cache, head dims without an f16 prefill kernel and windows past
+ * CU_QWINDOW_MAX_BYTES read the records directly. */
+Test(fusion, a_quantized_prefill_attends_through_an_f16_window_of_its_spans_blocks)
+{
+    struct kv_quant q;
+    bool on = false;
+    struct err err = {0};
+    cr_assert_eq(kv_quant_parse("turbo:k4v3", &q, &on, &err), 0, "%s", err.msg);
+    static uint32_t ids[8192];
+    for (uint32_t i = 0; i < sizeof ids / sizeof ids[0]; i++)
+        ids[i] = i;
+    struct kv_cache kv = {.dtype = DTYPE_F16, .n_layers = 1, .n_blocks = 8192, .block_size = 16,
+                          .n_kv_heads = 8, .head_dim = 128, .quant = &q,
+                          .k_row_bytes = 8 * 80, .v_row_bytes = 8 * 64};
+    /* 40 new tokens after 100 (nine blocks), 33 from the start (three) */
+    const struct attn_span two[] = {{0, 40, 100, ids, 16}, {40, 33, 0, ids + 16, 16}};
+    const struct attn_span decode[] = {{0, 1, 100, ids, 16}, {1, 1, 7, ids + 16, 16}};
+    /* 16,384 + 17 positions: 1,026 blocks, 64.1 MiB of K and V */
+    const struct attn_span long_ctx[] = {{0, 17, 16384, ids, 1100}};
+    const struct attn_span too_long[] = {{0, 64, 65536 - 64, ids, 4096},
+                                         {64, 64, 1024, ids + 4096, 4096}};
+    struct backend *fast = recorder_create(COMPUTE_FAST);
+    cr_expect_eq(recorded_window_blocks(fast, &kv, two, 2, 32), 12);
+    cr_expect_eq(recorded_window_blocks(fast, &kv, decode, 2, 32), 0, "decode rows");
+    cr_expect_eq(recorded_window_blocks(fast, &kv, long_ctx, 1, 32), 1026);
+    cr_expect_eq(recorded_window_blocks(fast, &kv, too_long, 2, 32), 0,
+                 "64k + 1k positions: a 260.3 MiB window");
+    struct kv_cache f16 = kv;
+    f16.quant = NULL;
+    f16.k_row_bytes = f16.v_row_bytes = 0;
+    cr_expect_eq(recorded_window_blocks(fast, &f16, two, 2, 32), 0, "an f16 cache");
+    struct kv_cache hd96 = kv;
+    hd96.head_dim = 96;
+    cr_expect_eq(recorded_window_blocks(fast, &hd96, two, 2, 24), 0, "head dim 96");
+    rb_of(fast)->rec.qprefill_window = false;
+    cr_expect_eq(recorded_window_blocks(fast, &kv, two, 2, 32), 0, "switched off");
+    backend_destroy(fast);
+    struct backend *exact = recorder_create(COMPUTE_EXACT);
+    kv.dtype = DTYPE_F32;
+    cr_expect_eq(recorded_window_blocks(exact, &kv, two, 2, 32), 0, "EXACT mode");
+    backend_destroy(exact);
 }

@@ -749,6 +749,8 @@ size_t cu_attention_part_floats(const struct cu_op *op)
 {
     if (op->kind == CU_ATTN_DENSE)
         return DEC_COUNTERS + cu_dense_part_floats(op);
+    if (op->u.attn.window_blocks > 0)
+        return DEC_COUNTERS + (cu_qwindow_bytes(op) + sizeof(float) - 1) / sizeof(float);
     if (cu_attention_uses_prefill(op) || op->u.attn.n_splits <= 1)
         return 0;
     return DEC_COUNTERS + part_float_count(op);

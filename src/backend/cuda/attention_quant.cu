@@ -1,4 +1,4 @@
-/* backend/cuda/attention_quant.cu — a quantized KV cache (backend/kv_quant.h) on the GPU: quantize-on-write (a warp per record, the CPU's bytes), flash-decoding over tiles of records (a per-record split-K kernel for QJL keys and other head dims), and prefill from tiles decoded into shared memory (fp16 on tensor cores in FAST mode, f32 otherwise), all reading the records directly; TurboQuant rotates each query once and each output row back once. */
+/* backend/cuda/attention_quant.cu — a quantized KV cache (backend/kv_quant.h) on the GPU: quantize-on-write (a warp per record, the CPU's bytes), flash-decoding over tiles of records (a per-record split-K kernel for QJL keys and other head dims), and prefill from tiles decoded into shared memory (fp16 on tensor cores in FAST mode, f32 otherwise), all reading the records directly, or in FAST mode a prefill step's records decoded once into an f16 window for the f16 cache's kernel; TurboQuant rotates each query once and each output row back once. */
 #include <cuda_fp16.h>
 #include <float.h>
 #include <limits.h>
@@ -1637,6 +1637,176 @@ static cudaError_t launch_qprefill_mma(cudaStream_t s, const struct cu_op *op,
     }
 }
 
+/* ---- prefill through an f16 window --------------------------------------- */
+
+/* A tile of K/V in a prefill chunk serves every block of query rows after
+ * it, so the kernels above decode each position once for every block that
+ * attends it (a 4,096-token chunk: ~16 times, halved by the pairs). With
+ * cu_attn.window_blocks set, each position the spans attend is decoded once
+ * a step into an f16 window in the attention scratch, laid out as an f16
+ * cache of one layer whose blocks are the spans' blocks in order, and the
+ * f16 cache's prefill kernel attends over it. The window holds K and V in
+ * the model's frame (kvq_dequantize_head's vectors: TurboQuant's rotated
+ * back, QJL keys with their residual), so queries and outputs are not
+ * rotated. After the scratch's counters: the window's spans (cu_span, their
+ * bt_off from the window's start) and block tables, then K, then V. */
+struct qwindow {
+    size_t tables, k, v, bytes; /* byte offsets from the window's start */
+};
+
+static __host__ __device__ __forceinline__ int qwindow_span_blocks(const struct cu_span &sp,
+                                                                   int block_size)
+{
+    return (sp.pos0 + sp.n_tokens + block_size - 1) / block_size;
+}
+
+static __host__ __device__ __forceinline__ qwindow qwindow_of(const struct cu_op &op)
+{
+    const struct cu_kv &kv = op.u.attn.kv;
+    const size_t side = (size_t)op.u.attn.window_blocks * kv.block_size * kv.n_kv_heads *
+                        kv.head_dim * sizeof(__half);
+    qwindow w;
+    w.tables = (size_t)op.u.attn.n_spans * sizeof(struct cu_span);
+    w.k = (w.tables + (size_t)op.u.attn.window_blocks * sizeof(uint32_t) + 255) & ~(size_t)255;
+    w.v = w.k + side;
+    w.bytes = w.v + side;
+    return w;
+}
+
+size_t cu_qwindow_bytes(const struct cu_op *op)
+{
+    return op->u.attn.window_blocks > 0 ? qwindow_of(*op).bytes : 0;
+}
+
+/* kvq_dequantize_head by a warp: x (shared, head_dim floats) = the record's
+ * vector in the model's frame; z: head_dim floats of shared scratch (QJL
+ * keys' residual). */
+static __device__ void warp_dequantize(const struct cu_kv &kv, int layer, bool v,
+                                       const uint8_t *rec, float *x, float *z)
+{
+    const struct kv_quant_layer &f = kv.fmt;
+    const int hd = kv.head_dim, lane = threadIdx.x & 31, bits = kvq_code_bits(&f, v);
+    if (f.scheme == KV_QUANT_AFFINE) {
+        const uint8_t *scales = rec + hd * bits / 8;
+        for (int d = lane; d < hd; d += 32) {
+            const uint8_t *sc = scales + (d / f.group_size) * 4;
+            x[d] = ld_f16(sc) * (float)kvq_get_code(rec, d, bits) + ld_f16(sc + 2);
+        }
+        __syncwarp();
+        return;
+    }
+    if (f.scheme != KV_QUANT_TURBO) {
+        for (int d = lane; d < hd; d += 32)
+            x[d] = ((const float *)rec)[d];
+        __syncwarp();
+        return;
+    }
+    const bool qjl = !v && f.qjl;
+    const float s = ld_f16(rec);
+    const uint8_t *codes = rec + (qjl ? 4 : 2);
+    const float *levels = kv.cb->levels[bits];
+    for (int d = lane; d < hd; d += 32)
+        x[d] = s * levels[kvq_get_code(codes, d, bits)];
+    if (qjl) {
+        const float coef = ld_f16(rec + 2) * 1.2533141373155003f / sqrtf((float)hd);
+        const uint8_t *signs = codes + hd * bits / 8;
+        for (int d = lane; d < hd; d += 32)
+            z[d] = ((signs[d >> 3] >> (d & 7)) & 1) ? 1.0f : -1.0f;
+        warp_rotate(z, hd, kv.seed, 2, layer, true); /* R'^T z */
+        for (int d = lane; d < hd; d += 32)
+            x[d] += coef * z[d];
+    }
+    warp_rotate(x, hd, kv.seed, v ? 1 : 0, layer, true);
+}
+
+#define QWIN_WARPS 8
+
+/* A block per window block j (x) and kv head (y): its positions' K and V
+ * records, a warp per record (positions past the span's context as zeros);
+ * the blocks of kv head 0 write the table entries, block (0, 0) the
+ * window's spans. */
+static __global__ void __launch_bounds__(QWIN_WARPS * 32)
+qwindow_fill_kernel(struct cu_op op, const uint8_t *params, uint8_t *win)
+{
+    __shared__ float xs[QWIN_WARPS][2][CU_MAX_HEAD_DIM];
+    const struct cu_kv kv = op.u.attn.kv;
+    const int layer = op.u.attn.layer, bs = kv.block_size, hd = kv.head_dim;
+    const qwindow w = qwindow_of(op);
+    const struct cu_span *spans = (const struct cu_span *)(params + op.u.attn.spans_off);
+    const int j = blockIdx.x;
+    int s = 0, base = 0;
+    for (; s < op.u.attn.n_spans - 1; s++) {
+        const int nb = qwindow_span_blocks(spans[s], bs);
+        if (j < base + nb)
+            break;
+        base += nb;
+    }
+    const int h = blockIdx.y;
+    if (threadIdx.x == 0 && h == 0) {
+        ((uint32_t *)(win + w.tables))[j] = (uint32_t)j;
+        if (j == 0)
+            for (int t = 0, b = 0; t < op.u.attn.n_spans; t++) {
+                struct cu_span ws = spans[t];
+                ws.n_blocks = qwindow_span_blocks(ws, bs);
+                ws.bt_off = (uint32_t)(w.tables + (size_t)b * sizeof(uint32_t));
+                ((struct cu_span *)win)[t] = ws;
+                b += ws.n_blocks;
+            }
+    }
+    const struct cu_span sp = spans[s];
+    const uint32_t *bt = (const uint32_t *)(params + sp.bt_off);
+    const int ctx = sp.pos0 + sp.n_tokens, pos_first = (j - base) * bs;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const size_t kv_dim = (size_t)kv.n_kv_heads * hd;
+    float *x = xs[warp][0];
+    for (int r = warp; r < bs * 2; r += QWIN_WARPS) {
+        const bool v = r & 1;
+        const int slot = r >> 1, pos = pos_first + slot;
+        if (pos < ctx) {
+            warp_dequantize(kv, layer, v, qrecord(kv, layer, bt, pos, h, v), x, xs[warp][1]);
+        } else {
+            for (int d = lane; d < hd; d += 32)
+                x[d] = 0.0f;
+            __syncwarp();
+        }
+        __half2 *dst = (__half2 *)(win + (v ? w.v : w.k) +
+                                   (((size_t)j * bs + slot) * kv_dim + (size_t)h * hd) *
+                                       sizeof(__half));
+        for (int d = 2 * lane; d < hd; d += 64)
+            dst[d / 2] = __floats2half2_rn(x[d], x[d + 1]);
+        __syncwarp();
+    }
+}
+
+/* The prefill of an op with window_blocks: the window filled from the
+ * records, then the f16 cache's kernel over it (win: the scratch after its
+ * counters). */
+static cudaError_t launch_qprefill_window(cudaStream_t s, const struct cu_op *op,
+                                          const uint8_t *params, uint8_t *win, int smem_optin,
+                                          bool wgmma)
+{
+    const dim3 grid((unsigned)op->u.attn.window_blocks, (unsigned)op->u.attn.kv.n_kv_heads);
+    qwindow_fill_kernel<<<grid, QWIN_WARPS * 32, 0, s>>>(*op, params, win);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return e;
+    const qwindow w = qwindow_of(*op);
+    struct cu_op f = *op;
+    struct cu_kv *kv = &f.u.attn.kv;
+    memset(kv, 0, sizeof *kv);
+    kv->k = win + w.k;
+    kv->v = win + w.v;
+    kv->n_blocks = op->u.attn.window_blocks;
+    kv->block_size = op->u.attn.kv.block_size;
+    kv->n_kv_heads = op->u.attn.kv.n_kv_heads;
+    kv->head_dim = op->u.attn.kv.head_dim;
+    kv->f16 = 1;
+    f.u.attn.layer = 0;
+    f.u.attn.spans_off = 0;
+    f.u.attn.window_blocks = 0;
+    return cu_launch_attention_prefill_f16(s, &f, win, smem_optin, wgmma);
+}
+
 /* ---- dispatch ----------------------------------------------------------- */
 
 template <int HPT>
@@ -1759,6 +1929,9 @@ cudaError_t cu_launch_attention_quant(cudaStream_t s, const struct cu_op *op,
     if (hd > CU_MAX_HEAD_DIM || hd % 16)
         return cudaErrorInvalidValue;
     cudaError_t e;
+    if (cu_attention_uses_prefill(op) && op->u.attn.window_blocks > 0 && kernels.tensor_cores)
+        return launch_qprefill_window(s, op, params, (uint8_t *)(part + Q_COUNTERS), smem_optin,
+                                      kernels.prefill_wgmma);
     if (cu_attention_uses_prefill(op)) {
         e = kernels.tensor_cores ? launch_qprefill_mma(s, op, params, smem_optin, kernels)
                                  : cudaErrorNotSupported;

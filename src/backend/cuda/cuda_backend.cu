@@ -393,11 +393,26 @@ static bool rec_arena_room(struct cu_rec *rec, size_t bytes)
     return arena_ensure(impl_of_rec(rec), bytes);
 }
 
-static bool rec_attn_scratch(struct cu_rec *rec, const struct cu_op *probe)
+/* What a prefill window leaves free of the GPU's memory at least, for the
+ * allocations of other steps (the KV pool may have taken the rest). */
+#define QWINDOW_FREE_MARGIN ((size_t)256 << 20)
+
+static bool rec_attn_scratch(struct cu_rec *rec, struct cu_op *probe)
 {
     struct cu_impl *im = impl_of_rec(rec);
-    return scratch_grow(im, (void **)&im->attn_part, &im->attn_part_bytes,
-                        cu_attention_part_floats(probe) * sizeof(float), false);
+    size_t need = cu_attention_part_floats(probe) * sizeof(float);
+    if (probe->kind == CU_ATTENTION && probe->u.attn.window_blocks > 0 &&
+        need > im->attn_part_bytes) {
+        size_t free_bytes = 0, total = 0;
+        const size_t grown = pow2_at_least(need, (size_t)1 << 20);
+        if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess ||
+            grown + QWINDOW_FREE_MARGIN > free_bytes + im->attn_part_bytes) {
+            (void)cudaGetLastError();
+            probe->u.attn.window_blocks = 0;
+            need = cu_attention_part_floats(probe) * sizeof(float);
+        }
+    }
+    return scratch_grow(im, (void **)&im->attn_part, &im->attn_part_bytes, need, false);
 }
 
 static const struct cu_rec_hooks rec_hooks = {rec_ok, rec_fail, rec_arena_room, rec_attn_scratch};
@@ -1640,6 +1655,8 @@ extern "C" int backend_cuda_create(int device, const struct backend_options *opt
     im->qprefill_ws = opt->cuda_qprefill_ws != BACKEND_OFF;
     im->prefill_wgmma = opt->cuda_prefill_wgmma != BACKEND_OFF;
     im->qprefill_pair = opt->cuda_qprefill_pair != BACKEND_OFF;
+    im->rec.qprefill_window =
+        im->fuse.fast && im->prefill_tc && opt->cuda_qprefill_window != BACKEND_OFF;
     im->fuse.decode_mma = im->fuse.fast && opt->cuda_decode_tc != BACKEND_OFF;
     im->fuse.gemm_f32 = opt->cuda_gemm_f32 == BACKEND_ON;
     im->moe_kernels = opt->cuda_moe != BACKEND_OFF;

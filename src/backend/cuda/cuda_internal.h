@@ -613,6 +613,9 @@ cudaError_t cu_launch_attention(cudaStream_t s, const struct cu_op *op, const ui
  * CU_ATTN_COUNTERS floats of the decode attention's merge counters (zero
  * between launches), the partials after them. */
 size_t cu_attention_part_floats(const struct cu_op *op);
+/* The bytes of the f16 window a prefill over a quantized cache attends
+ * through (cu_attn.window_blocks; attention_quant.cu), 0 without one. */
+size_t cu_qwindow_bytes(const struct cu_op *op);
 #define CU_ATTN_COUNTERS 4096
 /* Decode attention with the q/k launch before it folded in (q/k norms,
  * RoPE, the new K/V written to the cache): for steps of one token per
@@ -628,7 +631,10 @@ cudaError_t cu_launch_attention_qk(cudaStream_t s, const struct cu_op *op,
  * kernels.prefill_ws and the GPU runs sm_90a code; f32 otherwise), both
  * reading the records directly, or with kernels.decode_tc the tensor-core
  * decode kernel where it applies; TURBO rotates the queries once and the
- * output rows back once (a launch of its own). */
+ * output rows back once (a launch of its own). A prefill recorded with
+ * window_blocks (and kernels.tensor_cores) decodes its spans' records once
+ * into an f16 window in part, after the counters, and runs
+ * cu_launch_attention_prefill_f16 over it. */
 cudaError_t cu_launch_attention_quant(cudaStream_t s, const struct cu_op *op,
                                       const uint8_t *params, float *part, int smem_optin,
                                       struct cu_attn_kernels kernels);

@@ -370,6 +370,26 @@ void cu_rec_kv_store(struct cu_rec *rec, struct kv_cache *kv, int layer, const f
     op->u.store.spans_off = off;
 }
 
+/* The blocks of the f16 window a prefill over a quantized cache attends
+ * through (every position of each span's context), or 0 where the op reads
+ * the records directly: not asked for, not a prefill, a head dim the f16
+ * prefill kernels lack, or a window past CU_QWINDOW_MAX_BYTES. */
+static int qwindow_blocks(const struct cu_rec *rec, const struct cu_op *probe,
+                          const struct attn_span *spans, int n_spans)
+{
+    const struct cu_kv *kv = &probe->u.attn.kv;
+    if (!rec->qprefill_window || !kv->quant || !cu_attention_uses_prefill(probe) ||
+        (kv->head_dim != 64 && kv->head_dim != 128))
+        return 0;
+    size_t blocks = 0;
+    for (int s = 0; s < n_spans; s++)
+        blocks += ((size_t)spans[s].pos0 + (size_t)spans[s].n_tokens + kv->block_size - 1) /
+                  (size_t)kv->block_size;
+    const size_t bytes =
+        blocks * kv->block_size * kv->n_kv_heads * kv->head_dim * 2 * sizeof(uint16_t);
+    return bytes <= CU_QWINDOW_MAX_BYTES ? (int)blocks : 0;
+}
+
 void cu_rec_attention(struct cu_rec *rec, const float *q, const struct kv_cache *kv, int layer,
                       const struct attn_span *spans, int n_spans, int n_heads, float scale,
                       int sliding_window, float *out)
@@ -408,6 +428,7 @@ void cu_rec_attention(struct cu_rec *rec, const float *q, const struct kv_cache 
     probe.u.attn.scale = scale;
     probe.u.attn.q = q;
     probe.u.attn.out = out;
+    probe.u.attn.window_blocks = qwindow_blocks(rec, &probe, spans, n_spans);
     if (!rec->hooks->attn_scratch(rec, &probe))
         return;
     if (!rec->hooks->arena_room(rec, spans_bytes(spans, n_spans, rows)))

@@ -125,6 +125,11 @@ struct cu_span {
  * rows of k_row_bytes (v_row_bytes) per slot and layer, each n_kv_heads
  * records of the op's layer format fmt, with the rotation's seed and the
  * Lloyd–Max books (device memory, the backend's). */
+/* The f16 window of a prefill over a quantized cache (cu_attn.window_blocks,
+ * attention_quant.cu) holds at most this many bytes of K and V; a step past
+ * it reads the records directly. */
+#define CU_QWINDOW_MAX_BYTES ((size_t)256 << 20)
+
 struct cu_kv {
     void *k, *v;
     int n_blocks, block_size, n_kv_heads, head_dim;
@@ -191,6 +196,9 @@ struct cu_op {
             int max_span_tokens, ctx_bucket, n_splits;
             int row_invariant; /* recorded with cu_rec.row_invariant: never the prefill kernels */
             int narrow;        /* cu_attention_narrow when recorded */
+            /* a prefill over a quantized cache through an f16 window: its
+             * spans' blocks (cu_qwindow_blocks), else 0 */
+            int window_blocks;
             float scale;
             const float *q;
             float *out;
@@ -280,8 +288,10 @@ struct cu_rec_hooks {
      * the list and the arena, and may move the arena. False when it failed. */
     bool (*arena_room)(struct cu_rec *rec, size_t bytes);
     /* Makes the split-attention scratch large enough for attention op probe
-     * (not yet recorded); may launch the ops recorded so far first. */
-    bool (*attn_scratch)(struct cu_rec *rec, const struct cu_op *probe);
+     * (not yet recorded); may launch the ops recorded so far first. A prefill
+     * window (cu_attn.window_blocks) the GPU's free memory cannot hold is
+     * taken away (set to 0: the op reads the records directly). */
+    bool (*attn_scratch)(struct cu_rec *rec, struct cu_op *probe);
 };
 
 /* The step being recorded. */
@@ -292,6 +302,9 @@ struct cu_rec {
      * split, whatever the rows and context of the step, so each query row is
      * reduced in an order fixed by its own position (batch invariance) */
     bool row_invariant;
+    /* FAST mode's prefill over a quantized cache through an f16 window
+     * (cu_attn.window_blocks) where the op qualifies */
+    bool qprefill_window;
     struct cu_op *ops;     /* owned; n_ops recorded, not yet launched */
     int n_ops, cap_ops;
     uint8_t *arena;        /* the launcher's (pinned memory on a GPU); arena_cap bytes */
