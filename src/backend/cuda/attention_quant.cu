@@ -1678,62 +1678,121 @@ size_t cu_qwindow_bytes(const struct cu_op *op)
     return op->u.attn.window_blocks > 0 ? qwindow_of(*op).bytes : 0;
 }
 
-/* kvq_dequantize_head by a warp: x (shared, head_dim floats) = the record's
- * vector in the model's frame; z: head_dim floats of shared scratch (QJL
- * keys' residual). */
-static __device__ void warp_dequantize(const struct cu_kv &kv, int layer, bool v,
-                                       const uint8_t *rec, float *x, float *z)
+/* warp_rotate(x, HD, seed, which, layer, true) on a vector held E = HD / 32
+ * consecutive elements a lane (HD a power of two): the same butterflies in
+ * the same order, then the same scaling and signs, so the same bits. signs:
+ * kvq_sign_word of the lane's elements. */
+template <int HD>
+static __device__ __forceinline__ void warp_unrotate_regs(float (&x)[HD / 32], uint64_t signs,
+                                                          int lane)
 {
-    const struct kv_quant_layer &f = kv.fmt;
-    const int hd = kv.head_dim, lane = threadIdx.x & 31, bits = kvq_code_bits(&f, v);
-    if (f.scheme == KV_QUANT_AFFINE) {
-        const uint8_t *scales = rec + hd * bits / 8;
-        for (int d = lane; d < hd; d += 32) {
-            const uint8_t *sc = scales + (d / f.group_size) * 4;
-            x[d] = ld_f16(sc) * (float)kvq_get_code(rec, d, bits) + ld_f16(sc + 2);
+    constexpr int E = HD / 32;
+#pragma unroll
+    for (int h = 1; h < HD; h *= 2) {
+        if (h < E) {
+#pragma unroll
+            for (int e = 0; e < E; e++)
+                if (!(e & h)) {
+                    const float a = x[e], c = x[e + h];
+                    x[e] = a + c;
+                    x[e + h] = a - c;
+                }
+        } else {
+            const int m = h / E;
+            const bool upper = lane & m;
+#pragma unroll
+            for (int e = 0; e < E; e++) {
+                const float p = __shfl_xor_sync(FULL, x[e], m);
+                x[e] = upper ? p - x[e] : x[e] + p;
+            }
         }
-        __syncwarp();
-        return;
     }
-    if (f.scheme != KV_QUANT_TURBO) {
-        for (int d = lane; d < hd; d += 32)
-            x[d] = ((const float *)rec)[d];
-        __syncwarp();
-        return;
+    const float norm = 1.0f / sqrtf((float)HD);
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+        x[e] *= norm;
+        x[e] *= ((signs >> ((E * lane + e) & 63)) & 1) ? -1.0f : 1.0f;
+    }
+}
+
+/* A lane's share of a record as loaded: the codes of its E = HD / 32
+ * consecutive elements, and the record's scale and bias (affine) or norm and
+ * QJL coefficient with the sign bits of its elements (TURBO); a layer left
+ * unquantized, its f32 values' bits as codes. */
+template <int HD>
+struct qwin_raw {
+    uint32_t code[HD / 32];
+    float s, b;
+    uint32_t qjl_bits;
+};
+
+template <int HD>
+static __device__ __forceinline__ qwin_raw<HD> qwin_load(const struct kv_quant_layer &f, bool v,
+                                                         const uint8_t *rec, int lane)
+{
+    constexpr int E = HD / 32;
+    const int bits = kvq_code_bits(&f, v), d0 = E * lane;
+    qwin_raw<HD> r;
+    r.qjl_bits = 0;
+    if (f.scheme != KV_QUANT_AFFINE && f.scheme != KV_QUANT_TURBO) {
+#pragma unroll
+        for (int e = 0; e < E; e++)
+            r.code[e] = __float_as_uint(((const float *)rec)[d0 + e]);
+        return r;
+    }
+    if (f.scheme == KV_QUANT_AFFINE) {
+        const uint8_t *sc = rec + HD * bits / 8 + (d0 / f.group_size) * 4;
+        r.s = ld_f16(sc);
+        r.b = ld_f16(sc + 2);
+#pragma unroll
+        for (int e = 0; e < E; e++)
+            r.code[e] = (uint32_t)kvq_get_code(rec, d0 + e, bits);
+        return r;
     }
     const bool qjl = !v && f.qjl;
-    const float s = ld_f16(rec);
     const uint8_t *codes = rec + (qjl ? 4 : 2);
-    const float *levels = kv.cb->levels[bits];
-    for (int d = lane; d < hd; d += 32)
-        x[d] = s * levels[kvq_get_code(codes, d, bits)];
+    r.s = ld_f16(rec);
+    r.b = qjl ? ld_f16(rec + 2) * 1.2533141373155003f / sqrtf((float)HD) : 0.0f;
+#pragma unroll
+    for (int e = 0; e < E; e++)
+        r.code[e] = (uint32_t)kvq_get_code(codes, d0 + e, bits);
     if (qjl) {
-        const float coef = ld_f16(rec + 2) * 1.2533141373155003f / sqrtf((float)hd);
-        const uint8_t *signs = codes + hd * bits / 8;
-        for (int d = lane; d < hd; d += 32)
-            z[d] = ((signs[d >> 3] >> (d & 7)) & 1) ? 1.0f : -1.0f;
-        warp_rotate(z, hd, kv.seed, 2, layer, true); /* R'^T z */
-        for (int d = lane; d < hd; d += 32)
-            x[d] += coef * z[d];
+        const uint8_t *sb = codes + HD * bits / 8;
+#pragma unroll
+        for (int e = 0; e < E; e++)
+            r.qjl_bits |= ((sb[(d0 + e) >> 3] >> ((d0 + e) & 7)) & 1u) << e;
     }
-    warp_rotate(x, hd, kv.seed, v ? 1 : 0, layer, true);
+    return r;
 }
 
 #define QWIN_WARPS 8
+#define QWIN_UNROLL 4 /* records a warp has in flight */
 
 /* A block per window block j (x) and kv head (y): its positions' K and V
- * records, a warp per record (positions past the span's context as zeros);
- * the blocks of kv head 0 write the table entries, block (0, 0) the
- * window's spans. */
+ * records, a warp per record, each lane E = HD / 32 consecutive elements in
+ * registers (kvq_dequantize_head's arithmetic; positions past the span's
+ * context as zeros); a warp's next records are loaded before the first is
+ * decoded. The blocks of kv head 0 write the table entries, block (0, 0)
+ * the window's spans. */
+template <int HD>
 static __global__ void __launch_bounds__(QWIN_WARPS * 32)
 qwindow_fill_kernel(struct cu_op op, const uint8_t *params, uint8_t *win)
 {
-    __shared__ float xs[QWIN_WARPS][2][CU_MAX_HEAD_DIM];
+    constexpr int E = HD / 32;
+    __shared__ float lv[2][256]; /* TURBO's levels, K and V */
     const struct cu_kv kv = op.u.attn.kv;
-    const int layer = op.u.attn.layer, bs = kv.block_size, hd = kv.head_dim;
+    const struct kv_quant_layer f = kv.fmt;
+    const int layer = op.u.attn.layer, bs = kv.block_size;
     const qwindow w = qwindow_of(op);
     const struct cu_span *spans = (const struct cu_span *)(params + op.u.attn.spans_off);
-    const int j = blockIdx.x;
+    const int j = blockIdx.x, h = blockIdx.y;
+    const bool turbo = f.scheme == KV_QUANT_TURBO;
+    if (turbo)
+        for (int i = threadIdx.x; i < 512; i += blockDim.x) {
+            const int side = i >> 8, bits = kvq_code_bits(&f, side != 0);
+            if ((i & 255) < (1 << bits))
+                lv[side][i & 255] = kv.cb->levels[bits][i & 255];
+        }
     int s = 0, base = 0;
     for (; s < op.u.attn.n_spans - 1; s++) {
         const int nb = qwindow_span_blocks(spans[s], bs);
@@ -1741,7 +1800,6 @@ qwindow_fill_kernel(struct cu_op op, const uint8_t *params, uint8_t *win)
             break;
         base += nb;
     }
-    const int h = blockIdx.y;
     if (threadIdx.x == 0 && h == 0) {
         ((uint32_t *)(win + w.tables))[j] = (uint32_t)j;
         if (j == 0)
@@ -1753,28 +1811,71 @@ qwindow_fill_kernel(struct cu_op op, const uint8_t *params, uint8_t *win)
                 b += ws.n_blocks;
             }
     }
+    __syncthreads();
     const struct cu_span sp = spans[s];
     const uint32_t *bt = (const uint32_t *)(params + sp.bt_off);
     const int ctx = sp.pos0 + sp.n_tokens, pos_first = (j - base) * bs;
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-    const size_t kv_dim = (size_t)kv.n_kv_heads * hd;
-    float *x = xs[warp][0];
-    for (int r = warp; r < bs * 2; r += QWIN_WARPS) {
-        const bool v = r & 1;
-        const int slot = r >> 1, pos = pos_first + slot;
-        if (pos < ctx) {
-            warp_dequantize(kv, layer, v, qrecord(kv, layer, bt, pos, h, v), x, xs[warp][1]);
-        } else {
-            for (int d = lane; d < hd; d += 32)
-                x[d] = 0.0f;
-            __syncwarp();
+    const size_t kv_dim = (size_t)kv.n_kv_heads * HD;
+    /* the rotations' signs of this lane's elements: keys, values, QJL */
+    uint64_t sign_k = 0, sign_v = 0, sign_z = 0;
+    if (turbo) {
+        sign_k = kvq_sign_word(kv.seed, 0, layer, E * lane);
+        sign_v = kvq_sign_word(kv.seed, 1, layer, E * lane);
+        sign_z = kvq_sign_word(kv.seed, 2, layer, E * lane);
+    }
+    for (int r0 = warp; r0 < bs * 2; r0 += QWIN_WARPS * QWIN_UNROLL) {
+        qwin_raw<HD> raw[QWIN_UNROLL];
+#pragma unroll
+        for (int u = 0; u < QWIN_UNROLL; u++) {
+            const int r = r0 + u * QWIN_WARPS, pos = pos_first + (r >> 1);
+            if (r < bs * 2 && pos < ctx)
+                raw[u] = qwin_load<HD>(f, r & 1, qrecord(kv, layer, bt, pos, h, r & 1), lane);
         }
-        __half2 *dst = (__half2 *)(win + (v ? w.v : w.k) +
-                                   (((size_t)j * bs + slot) * kv_dim + (size_t)h * hd) *
-                                       sizeof(__half));
-        for (int d = 2 * lane; d < hd; d += 64)
-            dst[d / 2] = __floats2half2_rn(x[d], x[d + 1]);
-        __syncwarp();
+#pragma unroll
+        for (int u = 0; u < QWIN_UNROLL; u++) {
+            const int r = r0 + u * QWIN_WARPS, slot = r >> 1, pos = pos_first + slot;
+            const bool v = r & 1;
+            if (r >= bs * 2)
+                break;
+            float x[E];
+            if (pos >= ctx) {
+#pragma unroll
+                for (int e = 0; e < E; e++)
+                    x[e] = 0.0f;
+            } else if (f.scheme == KV_QUANT_AFFINE) {
+#pragma unroll
+                for (int e = 0; e < E; e++)
+                    x[e] = raw[u].s * (float)raw[u].code[e] + raw[u].b;
+            } else if (!turbo) {
+#pragma unroll
+                for (int e = 0; e < E; e++)
+                    x[e] = __uint_as_float(raw[u].code[e]);
+            } else {
+                const float *levels = lv[v];
+#pragma unroll
+                for (int e = 0; e < E; e++)
+                    x[e] = raw[u].s * levels[raw[u].code[e]];
+                if (!v && f.qjl) {
+                    float z[E];
+#pragma unroll
+                    for (int e = 0; e < E; e++)
+                        z[e] = ((raw[u].qjl_bits >> e) & 1) ? 1.0f : -1.0f;
+                    warp_unrotate_regs<HD>(z, sign_z, lane); /* R'^T z */
+#pragma unroll
+                    for (int e = 0; e < E; e++)
+                        x[e] += raw[u].b * z[e];
+                }
+                warp_unrotate_regs<HD>(x, v ? sign_v : sign_k, lane);
+            }
+            __half2 *dst = (__half2 *)(win + (v ? w.v : w.k) +
+                                       (((size_t)j * bs + slot) * kv_dim + (size_t)h * HD +
+                                        (size_t)E * lane) *
+                                           sizeof(__half));
+#pragma unroll
+            for (int e = 0; e < E; e += 2)
+                dst[e / 2] = __floats2half2_rn(x[e], x[e + 1]);
+        }
     }
 }
 
@@ -1786,7 +1887,10 @@ static cudaError_t launch_qprefill_window(cudaStream_t s, const struct cu_op *op
                                           bool wgmma)
 {
     const dim3 grid((unsigned)op->u.attn.window_blocks, (unsigned)op->u.attn.kv.n_kv_heads);
-    qwindow_fill_kernel<<<grid, QWIN_WARPS * 32, 0, s>>>(*op, params, win);
+    if (op->u.attn.kv.head_dim == 64)
+        qwindow_fill_kernel<64><<<grid, QWIN_WARPS * 32, 0, s>>>(*op, params, win);
+    else
+        qwindow_fill_kernel<128><<<grid, QWIN_WARPS * 32, 0, s>>>(*op, params, win);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
         return e;
