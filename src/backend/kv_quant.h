@@ -322,6 +322,27 @@ KVQ_FN int kvq_nearest(const float *bounds, int bits, float v)
     return lo;
 }
 
+/* The sum of x[d]^2 over d < n in double as every backend forms it: 32
+ * partial sums (partial j fuses x[j]^2, x[j + 32]^2, .. in order), then
+ * pairwise sums in a butterfly (partial j plus partial j ^ o for o = 16, 8,
+ * 4, 2, 1; each pair's sums are equal, addition being commutative), the
+ * order of a warp's lanes and shuffles. */
+static inline double kvq_sum_squares(const float *x, int n)
+{
+    double p[32], q[32];
+    for (int j = 0; j < 32; j++) {
+        p[j] = 0;
+        for (int d = j; d < n; d += 32)
+            p[j] = fma((double)x[d], (double)x[d], p[j]);
+    }
+    for (int o = 16; o >= 1; o >>= 1) {
+        for (int j = 0; j < 32; j++)
+            q[j] = p[j] + p[j ^ o];
+        memcpy(p, q, sizeof p);
+    }
+    return p[0];
+}
+
 /* ---- one head's record: quantize and dequantize (the reference) ---------------------
  * scratch: head_dim floats. The dequantized vector is in the original frame. */
 
@@ -356,11 +377,8 @@ KVQ_FN void kvq_quantize_head(const struct kv_quant_layer *l, const struct kvq_c
     /* TURBO */
     int which = v ? 1 : 0;
     float *y = scratch;
-    double norm2 = 0;
-    for (int d = 0; d < head_dim; d++) { /* fused, in order: the CUDA store sums the same way */
-        y[d] = x[d];
-        norm2 = fma((double)x[d], (double)x[d], norm2);
-    }
+    memcpy(y, x, (size_t)head_dim * sizeof *y);
+    double norm2 = kvq_sum_squares(x, head_dim);
     kvq_rotate(y, head_dim, seed, which, layer);
     float s = kvq_f16_to_f32(kvq_f32_to_f16((float)sqrt(norm2 / head_dim)));
     kvq_store_f16(rec, s);
@@ -375,10 +393,7 @@ KVQ_FN void kvq_quantize_head(const struct kv_quant_layer *l, const struct kvq_c
     }
     if (!qjl)
         return;
-    double r2 = 0;
-    for (int d = 0; d < head_dim; d++)
-        r2 = fma((double)y[d], (double)y[d], r2);
-    kvq_store_f16(rec + 2, (float)sqrt(r2));
+    kvq_store_f16(rec + 2, (float)sqrt(kvq_sum_squares(y, head_dim)));
     kvq_rotate(y, head_dim, seed, 2, layer);
     uint8_t *signs = codes + head_dim * bits / 8;
     for (int i = 0; i < head_dim / 8; i++)

@@ -187,11 +187,24 @@ static __device__ void warp_quantize_affine(const struct kv_quant_layer &f, bool
     }
 }
 
+/* kvq_sum_squares of x (shared, n floats) by a warp, every lane returning
+ * it: lane j's partial sum, then the butterfly of shuffles. */
+static __device__ __forceinline__ double warp_sum_squares(const float *x, int n)
+{
+    const int lane = threadIdx.x & 31;
+    double p = 0;
+    for (int d = lane; d < n; d += 32)
+        p = fma((double)x[d], (double)x[d], p);
+    for (int o = 16; o >= 1; o >>= 1)
+        p += __shfl_xor_sync(FULL, p, o);
+    return p;
+}
+
 /* One record of x (shared, hd floats; clobbered) into rec by one warp, in
- * kvq_quantize_head's arithmetic and order (TURBO's sums of squares run
- * serially on lane 0; the extrema of an affine group are the serial scan's,
- * warp_serial_extreme), so the bytes are the CPU's. codes: hd ints of shared
- * scratch. */
+ * kvq_quantize_head's arithmetic and order (TURBO's sums of squares as
+ * kvq_sum_squares forms them, warp_sum_squares; the extrema of an affine
+ * group are the serial scan's, warp_serial_extreme), so the bytes are the
+ * CPU's. codes: hd ints of shared scratch. */
 static __device__ void warp_quantize(const struct cu_kv &kv, int layer, bool v, float *x,
                                      int *codes, uint8_t *rec)
 {
@@ -226,15 +239,9 @@ static __device__ void warp_quantize(const struct cu_kv &kv, int layer, bool v, 
     } else {
         const bool qjl = !v && f.qjl;
         const float *lv = kv.cb->levels[bits], *bd = kv.cb->bounds[bits];
-        float s = 0.0f;
-        if (lane == 0) {
-            double n2 = 0;
-            for (int d = 0; d < hd; d++)
-                n2 = fma((double)x[d], (double)x[d], n2);
-            s = kvq_f16_to_f32(kvq_f32_to_f16((float)sqrt(n2 / hd)));
+        const float s = kvq_f16_to_f32(kvq_f32_to_f16((float)sqrt(warp_sum_squares(x, hd) / hd)));
+        if (lane == 0)
             kvq_store_f16(rec, s);
-        }
-        s = __shfl_sync(FULL, s, 0);
         warp_rotate(x, hd, kv.seed, v ? 1 : 0, layer, false);
         float inv = s > 0 ? __fdiv_rn(1.0f, s) : 0.0f;
         for (int d = lane; d < hd; d += 32) {
@@ -245,12 +252,9 @@ static __device__ void warp_quantize(const struct cu_kv &kv, int layer, bool v, 
         code_base = rec + (qjl ? 4 : 2);
         if (qjl) {
             __syncwarp();
-            if (lane == 0) {
-                double r2 = 0;
-                for (int d = 0; d < hd; d++)
-                    r2 = fma((double)x[d], (double)x[d], r2);
-                kvq_store_f16(rec + 2, (float)sqrt(r2));
-            }
+            const float r = (float)sqrt(warp_sum_squares(x, hd));
+            if (lane == 0)
+                kvq_store_f16(rec + 2, r);
             warp_rotate(x, hd, kv.seed, 2, layer, false);
             uint8_t *signs = code_base + hd * bits / 8;
             for (int i = lane; i < hd / 8; i += 32) {
