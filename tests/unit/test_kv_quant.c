@@ -186,18 +186,23 @@ struct parity_case {
 };
 
 /* Three sequences of prompt lengths 37, 5 and 20 prefilled in one step, then
- * one decode step for each; layer 1 checked at both steps. */
-static void check_parity(const struct parity_case *pc, const char *format, float tol)
+ * one decode step for each; layer 1 checked at both steps. In FAST mode the
+ * prefill goes through the f32 window and the tiled kernels on both sides. */
+static void check_parity(const struct parity_case *pc, const char *format, float tol,
+                         enum compute_mode mode)
 {
     struct kv_quant q = quant_of(format);
     if (q.layer[0].scheme == KV_QUANT_AFFINE && pc->head_dim % q.layer[0].group_size)
         return; /* groups must tile head_dim (kv_format_check refuses it) */
     struct err err = {0};
     struct backend *bq, *bp;
-    cr_assert_eq(backend_cpu_create(&(struct backend_options){.threads = 2, .kv_quant = &q}, &bq, &err),
+    cr_assert_eq(backend_cpu_create(&(struct backend_options){.threads = 2, .kv_quant = &q,
+                                                               .mode = mode},
+                                    &bq, &err),
                  0, "%s", err.msg);
-    cr_assert_eq(backend_cpu_create(&(struct backend_options){.threads = 2}, &bp, &err), 0, "%s",
-                 err.msg);
+    cr_assert_eq(backend_cpu_create(&(struct backend_options){.threads = 2, .mode = mode}, &bp,
+                                    &err),
+                 0, "%s", err.msg);
     int hd = pc->head_dim, kvh = pc->n_kv_heads, nh = pc->n_heads;
     size_t kv_dim = (size_t)kvh * hd, q_dim = (size_t)nh * hd;
     int n_blocks = 12;
@@ -267,8 +272,9 @@ static void check_parity(const struct parity_case *pc, const char *format, float
                 float d = fabsf(out_q[i] - out_p[i]);
                 worst = d > worst ? d : worst;
             }
-            cr_expect_leq(worst, tol, "%s %s layer %d %s: fused vs dequantized differ by %g",
-                          pc->name, format, layer, step ? "decode" : "prefill", worst);
+            cr_expect_leq(worst, tol, "%s %s %s layer %d %s: fused vs dequantized differ by %g",
+                          pc->name, format, mode == COMPUTE_FAST ? "fast" : "exact", layer,
+                          step ? "decode" : "prefill", worst);
         }
         free(k);
         free(v);
@@ -289,8 +295,7 @@ static void check_parity(const struct parity_case *pc, const char *format, float
 static const char *const parity_formats[] = {"8", "4", "8g32", "4g32", "turbo", "turbo:k4v3",
                                              "turbo:k3v2", "turbo:k5v4", "turbo:k4v3:qjl", NULL};
 
-Test(kv_quant, fused_attention_equals_dequantize_then_attend_on_every_tiny_architecture,
-     .timeout = 120)
+static void check_parity_all(enum compute_mode mode)
 {
     int n = 0;
     const struct mkmodel_preset *presets = mkmodel_presets(&n);
@@ -304,7 +309,7 @@ Test(kv_quant, fused_attention_equals_dequantize_then_attend_on_every_tiny_archi
                                                                                  : 0,
                                  p->name};
         for (int f = 0; parity_formats[f]; f++)
-            check_parity(&pc, parity_formats[f], 2e-5f * 64);
+            check_parity(&pc, parity_formats[f], 2e-5f * 64, mode);
         tested++;
     }
     cr_expect_geq(tested, 5, "the tiny presets");
@@ -313,7 +318,21 @@ Test(kv_quant, fused_attention_equals_dequantize_then_attend_on_every_tiny_archi
                                   {8, 1, 128, 0, "gqa-8"}};
     for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++)
         for (int f = 0; parity_formats[f]; f++)
-            check_parity(&extra[i], parity_formats[f], 2e-5f * 64);
+            check_parity(&extra[i], parity_formats[f], 2e-5f * 64, mode);
+}
+
+Test(kv_quant, fused_attention_equals_dequantize_then_attend_on_every_tiny_architecture,
+     .timeout = 120)
+{
+    check_parity_all(COMPUTE_EXACT);
+}
+
+/* FAST mode: the prefill's records decoded once into the f32 window for the tiled kernels,
+ * against the dequantized cache through the same kernels; decode through the row kernel. */
+Test(kv_quant, fast_mode_prefill_through_the_window_equals_dequantize_then_attend,
+     .timeout = 120)
+{
+    check_parity_all(COMPUTE_FAST);
 }
 
 /* The same store and attention calls on a backend capped at AVX2 with one

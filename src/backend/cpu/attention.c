@@ -9,10 +9,6 @@
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/vec_avx2.h"
 
-/* FAST mode runs a span of at least this many query rows through the tiled
- * kernels; shorter ones keep the row kernels, so the rows of a speculative
- * verify step (1 + SPEC_MAX_DRAFTS at most) are summed as decode rows are. */
-#define TILED_MIN_ROWS 18
 /* Dense attention (attention_dense) takes the row kernel for a single query from this many keys */
 #define DENSE_TILED_MIN_KEYS 128
 
@@ -300,7 +296,7 @@ static void attention_row_items(void *ctx, int ith, int nth)
  * span, row_items per row for a short one. */
 static long span_items(const struct tiled_job *job, const struct attn_span *sp)
 {
-    if (sp->n_tokens < TILED_MIN_ROWS)
+    if (sp->n_tokens < CPU_TILED_MIN_ROWS)
         return row_bundles(job, sp->n_tokens) * row_items(job);
     long tiles = (sp->n_tokens + job->tile_rows - 1) / job->tile_rows;
     return tiles * job->args.kv->n_kv_heads * job->head_chunks;
@@ -329,7 +325,7 @@ static void attention_tiles(void *ctx, int ith, int nth)
             return;
         const struct attn_span *sp = &rj->spans[s];
         long i = item - base;
-        if (sp->n_tokens < TILED_MIN_ROWS) {
+        if (sp->n_tokens < CPU_TILED_MIN_ROWS) {
             long per_bundle = row_items(job);
             row_item(job, sp, i / per_bundle, i % per_bundle);
             continue;
@@ -359,7 +355,7 @@ static bool tiled_plan(struct backend *be, const struct kv_cache *kv, const stru
         return false;
     bool long_span = false;
     for (int s = 0; s < n_spans && !long_span; s++)
-        long_span = spans[s].n_tokens >= TILED_MIN_ROWS;
+        long_span = spans[s].n_tokens >= CPU_TILED_MIN_ROWS;
     int hd = kv->head_dim, max_queries;
     struct cpu_impl *impl = be->impl;
     if (!long_span || hd > TATTN_MAX_HEAD_DIM || (kv->dtype == DTYPE_F16 && !impl->f16c))
@@ -401,7 +397,10 @@ void cpu_attention(struct backend *be, const float *q, const struct kv_cache *kv
 {
     if (kv->quant) {
         cpu_settle(be);
-        cpu_attention_quant(be, q, kv, layer, spans, n_spans, n_heads, scale, sliding_window, out);
+        if (!cpu_attention_quant_window(be, q, kv, layer, spans, n_spans, n_heads, scale,
+                                        sliding_window, out))
+            cpu_attention_quant(be, q, kv, layer, spans, n_spans, n_heads, scale,
+                                sliding_window, out);
         return;
     }
     /* what the pool holds (the step's K/V stores among it) runs first in the job below: the
@@ -466,7 +465,7 @@ bool cpu_attention_dense_tiled(struct backend *be, const float *q, int64_t n_q, 
      * keys (cross-attention while decoding) through the row kernel, whose K and V reads are
      * vectors, one thread per head; dense K/V rows of exactly n_heads heads, read as the
      * blocks of a one-layer cache with a kv head per query head */
-    bool tiles = n_q >= TILED_MIN_ROWS;
+    bool tiles = n_q >= CPU_TILED_MIN_ROWS;
     bool rows = !tiles && n_kv >= DENSE_TILED_MIN_KEYS && (n_q == 1 || causal >= 0);
     if (be->mode != COMPUTE_FAST || !(tiles || rows) || head_dim <= 0 || n_heads <= 0 ||
         head_dim > 1024 || kv_stride != (int64_t)n_heads * head_dim || n_kv < 1 ||

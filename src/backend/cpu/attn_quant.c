@@ -1,10 +1,13 @@
 /* backend/cpu/attn_quant.c — quantize-on-write KV stores and causal attention that reads the
- * quantized records (affine and TurboQuant, backend/kv_quant.h) directly, one row at a time. */
+ * quantized records (affine and TurboQuant, backend/kv_quant.h) directly, one row at a time;
+ * in FAST mode a prefill's records decoded once into an f32 window for the tiled kernels. */
 #include <float.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/attn_quant_kernels.h"
+#include "backend/cpu/attn_tiled.h"
 #include "backend/cpu/vec_avx2.h"
 #include "backend/kv_quant.h"
 
@@ -182,4 +185,130 @@ int cpu_kv_quant_check(const struct kv_quant *q, struct err *err)
                            l->group_size);
     }
     return 0;
+}
+
+/* ---- prefill through an f32 window ---------------------------------------------------- */
+
+/* The window's blocks of a span: every block its context reaches. */
+static int window_blocks(const struct attn_span *sp, int block_size)
+{
+    return (sp->pos0 + sp->n_tokens + block_size - 1) / block_size;
+}
+
+struct qwindow_job {
+    const struct cpu_impl *impl;
+    const struct kv_cache *kv;
+    int layer;
+    const struct attn_span *spans; /* the cache's */
+    const int *span_of;            /* window block -> span */
+    const int *first;              /* span -> its first window block */
+    float *k, *v;                  /* the window */
+    long n_items;                  /* window blocks x kv heads */
+};
+
+/* Items (window block, kv head): the block's positions' K and V records of that head, each
+ * decode_record'ed and, for TURBO, rotated back (QJL keys with their residual first), as
+ * kvq_dequantize_head forms them; positions past the span's context as zeros. */
+static void qwindow_items(void *ctx, int ith, int nth)
+{
+    const struct qwindow_job *job = ctx;
+    const struct kv_cache *kv = job->kv;
+    const struct kv_quant_layer *l = kvq_layer(kv->quant, job->layer);
+    const int hd = kv->head_dim, bs = kv->block_size, nkv = kv->n_kv_heads;
+    const size_t kv_dim = (size_t)nkv * hd;
+    const size_t krow = kv_cache_row_bytes(kv, false), vrow = kv_cache_row_bytes(kv, true);
+    const float *klv = job->impl->codebooks.levels[kvq_code_bits(l, false)];
+    const float *vlv = job->impl->codebooks.levels[kvq_code_bits(l, true)];
+    float z[TATTN_MAX_HEAD_DIM];
+    long i0 = job->n_items * ith / nth, i1 = job->n_items * (ith + 1) / nth;
+    for (long it = i0; it < i1; it++) {
+        const int j = (int)(it / nkv), h = (int)(it % nkv);
+        const struct attn_span *sp = &job->spans[job->span_of[j]];
+        const int ctx_end = sp->pos0 + sp->n_tokens, b = j - job->first[job->span_of[j]];
+        const uint32_t blk = sp->block_ids[b];
+        for (int slot = 0; slot < bs; slot++) {
+            const size_t at = ((size_t)j * bs + slot) * kv_dim + (size_t)h * hd;
+            float *xk = job->k + at, *xv = job->v + at;
+            if (b * bs + slot >= ctx_end) {
+                memset(xk, 0, (size_t)hd * sizeof *xk);
+                memset(xv, 0, (size_t)hd * sizeof *xv);
+                continue;
+            }
+            const size_t s = ((size_t)job->layer * kv->n_blocks + blk) * bs + slot;
+            const uint8_t *rk = (const uint8_t *)kv->k + s * krow +
+                                (size_t)h * kvq_head_bytes(l, hd, false);
+            const uint8_t *rv = (const uint8_t *)kv->v + s * vrow +
+                                (size_t)h * kvq_head_bytes(l, hd, true);
+            decode_record(l, klv, hd, false, rk, xk);
+            decode_record(l, vlv, hd, true, rv, xv);
+            if (l->scheme != KV_QUANT_TURBO)
+                continue;
+            if (l->qjl) {
+                float coef = kvq_load_f16(rk + 2) * 1.2533141373155003f / sqrtf((float)hd);
+                decode_signs(l, hd, rk, z);
+                kvq_unrotate(z, hd, kv->quant->seed, 2, job->layer);
+                for (int d = 0; d < hd; d++)
+                    xk[d] += coef * z[d];
+            }
+            kvq_unrotate(xk, hd, kv->quant->seed, 0, job->layer);
+            kvq_unrotate(xv, hd, kv->quant->seed, 1, job->layer);
+        }
+    }
+}
+
+bool cpu_attention_quant_window(struct backend *be, const float *q, const struct kv_cache *kv,
+                                int layer, const struct attn_span *spans, int n_spans,
+                                int n_heads, float scale, int sliding_window, float *out)
+{
+    struct cpu_impl *impl = be->impl;
+    const int hd = kv->head_dim, bs = kv->block_size;
+    bool long_span = false;
+    for (int s = 0; s < n_spans && !long_span; s++)
+        long_span = spans[s].n_tokens >= CPU_TILED_MIN_ROWS;
+    if (be->mode != COMPUTE_FAST || !long_span || hd % 8 || hd > TATTN_MAX_HEAD_DIM)
+        return false;
+    long n_blocks = 0;
+    for (int s = 0; s < n_spans; s++)
+        n_blocks += window_blocks(&spans[s], bs);
+    const size_t side = (size_t)n_blocks * bs * kv->n_kv_heads * hd * sizeof(float);
+    if (n_blocks == 0 || 2 * side > CPU_QWINDOW_MAX_BYTES)
+        return false;
+    if (impl->qwindow_bytes < 2 * side) {
+        float *grown = realloc(impl->qwindow, 2 * side);
+        if (!grown)
+            return false;
+        impl->qwindow = grown;
+        impl->qwindow_bytes = 2 * side;
+    }
+    int *span_of = malloc((size_t)n_blocks * sizeof *span_of);
+    int *first = malloc((size_t)n_spans * sizeof *first);
+    uint32_t *ids = malloc((size_t)n_blocks * sizeof *ids);
+    struct attn_span *wspans = malloc((size_t)n_spans * sizeof *wspans);
+    bool ok = span_of && first && ids && wspans;
+    if (ok) {
+        for (int s = 0, j = 0; s < n_spans; s++) {
+            const int nb = window_blocks(&spans[s], bs);
+            first[s] = j;
+            wspans[s] = spans[s];
+            wspans[s].block_ids = ids + j;
+            wspans[s].n_block_ids = nb;
+            for (int b = 0; b < nb; b++, j++) {
+                span_of[j] = s;
+                ids[j] = (uint32_t)j;
+            }
+        }
+        float *wk = impl->qwindow, *wv = wk + side / sizeof(float);
+        struct qwindow_job job = {impl, kv, layer, spans, span_of, first, wk, wv,
+                                  n_blocks * kv->n_kv_heads};
+        threadpool_run(impl->pool, qwindow_items, &job);
+        const struct kv_cache window = {.k = wk, .v = wv, .dtype = DTYPE_F32, .n_layers = 1,
+                                        .n_blocks = (int)n_blocks, .block_size = bs,
+                                        .n_kv_heads = kv->n_kv_heads, .head_dim = hd};
+        cpu_attention(be, q, &window, 0, wspans, n_spans, n_heads, scale, sliding_window, out);
+    }
+    free(span_of);
+    free(first);
+    free(ids);
+    free(wspans);
+    return ok;
 }

@@ -25,6 +25,7 @@ static void cpu_destroy(struct backend *be)
     struct cpu_impl *impl = impl_of(be);
     cpu_matmul_free(impl->matmul);
     threadpool_free(impl->pool);
+    free(impl->qwindow);
     for (int i = 0; i < CPU_ROPE_ANGLE_SETS; i++) {
         free(impl->angles[i].positions);
         free(impl->angles[i].cos_sin);

@@ -33,6 +33,9 @@ struct cpu_impl {
     struct cpu_rope_angles angles[CPU_ROPE_ANGLE_SETS]; /* the most recently used first */
     /* backend_ops.hold_row_ops: the step's token rows while row ops are held, else 0 */
     int64_t hold_tokens;
+    /* a quantized prefill's f32 window (cpu_attention_quant_window), owned */
+    float *qwindow;
+    size_t qwindow_bytes;
 };
 
 /* Runs what the pool holds (backend_ops.hold_row_ops): every op that reads memory without
@@ -64,6 +67,20 @@ void cpu_kv_store_quant(struct backend *be, struct kv_cache *kv, int layer, cons
 void cpu_attention_quant(struct backend *be, const float *q, const struct kv_cache *kv, int layer,
                          const struct attn_span *spans, int n_spans, int n_heads, float scale,
                          int sliding_window, float *out);
+/* FAST mode's prefill over a quantized cache (cpu_attention's arguments): every position the
+ * spans attend decoded once into an f32 window (an f32 cache of one layer whose blocks are the
+ * spans' blocks in order, kvq_dequantize_head's vectors: TurboQuant rotated back, QJL keys
+ * with their residual), then cpu_attention over it, which tiles a prefill; the row kernel
+ * decodes a row's whole context for every query row instead. False, computing nothing, in
+ * EXACT mode, for steps of short spans and past CPU_QWINDOW_MAX_BYTES. */
+bool cpu_attention_quant_window(struct backend *be, const float *q, const struct kv_cache *kv,
+                                int layer, const struct attn_span *spans, int n_spans,
+                                int n_heads, float scale, int sliding_window, float *out);
+#define CPU_QWINDOW_MAX_BYTES ((size_t)256 << 20)
+/* FAST mode runs a span of at least this many query rows through the tiled kernels (and a
+ * quantized cache's through its window); shorter ones keep the row kernels, so the rows of a
+ * speculative verify step (1 + SPEC_MAX_DRAFTS at most) are summed as decode rows are. */
+#define CPU_TILED_MIN_ROWS 18
 /* The encoder-decoder ops (encdec.c), as backend_ops states them. */
 void cpu_layer_norm(struct backend *be, const float *x, const float *weight, const float *bias,
                     int64_t n_rows, int64_t dim, float eps, float *y);
