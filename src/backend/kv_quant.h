@@ -129,7 +129,9 @@ KVQ_FN float kvq_f16_to_f32(uint16_t h)
     return f;
 }
 
-/* Round to nearest even; overflow saturates to the largest finite f16. */
+/* Round to nearest even; overflow saturates to the largest finite f16; every NaN is
+ * the one quiet NaN 0x7e00 (its sign and payload depend on which operand an
+ * instruction propagated, which differs between equal computations). */
 KVQ_FN uint16_t kvq_f32_to_f16(float f)
 {
     uint32_t x;
@@ -137,7 +139,7 @@ KVQ_FN uint16_t kvq_f32_to_f16(float f)
     uint32_t sign = (x >> 16) & 0x8000;
     uint32_t ax = x & 0x7fffffff;
     if (ax >= 0x477ff000) /* >= 65520 rounds past the largest finite: saturate */
-        return (uint16_t)(sign | (ax > 0x7f800000 ? 0x7e00 : 0x7bff));
+        return (uint16_t)(ax > 0x7f800000 ? 0x7e00 : sign | 0x7bff);
     if (ax < 0x38800000) { /* subnormal or zero in f16 */
         if (ax < 0x33000000)
             return (uint16_t)sign;

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cpu/attn_quant_kernels.h"
 #include "backend/kv_quant.h"
 #include "base/cpu.h"
 #include "kv/kv.h"
@@ -442,6 +443,91 @@ Test(kv_quant, rotation_is_orthonormal_for_block_diagonal_head_dims)
         for (int d = 0; d < dims[i]; d++)
             cr_expect_float_eq(y[d], x[d], 1e-5, "head_dim %d round trip", dims[i]);
     }
+}
+
+/* ---- the CPU's vectorized quantize-on-write ----------------------------------------------------- */
+
+/* Vector v of the store test's set: random ones at several scales, and the inputs whose
+ * rounding, extrema or conversions a vector instruction could treat differently from
+ * the scalar reference (zeros of both signs, NaN first and later, infinities, values
+ * past int's range after scaling, subnormals, constant runs). */
+static void store_vector(float *x, int n, int v, uint64_t *seed)
+{
+    for (int d = 0; d < n; d++)
+        x[d] = frand(seed) * (v % 4 == 1 ? 1e-3f : v % 4 == 2 ? 40.0f : 1.0f);
+    switch (v) {
+    case 4: memset(x, 0, (size_t)n * sizeof *x); break;
+    case 5:
+        for (int d = 0; d < n; d++)
+            x[d] = d % 3 ? -0.0f : 0.0f;
+        break;
+    case 6: x[0] = -0.0f, x[5] = 0.0f, x[9] = -0.0f; break;
+    case 7: x[0] = NAN; break;
+    case 8: x[7] = NAN, x[33 % n] = -NAN; break;
+    case 9: x[3] = INFINITY, x[n - 1] = -INFINITY; break;
+    case 10: x[2] = 1e15f, x[n / 2 + 1] = -3e12f; break;
+    case 11:
+        for (int d = 0; d < n; d++)
+            x[d] = (float)(d % 5) * 1e-40f;
+        break;
+    case 12:
+        for (int d = 0; d < n; d++)
+            x[d] = d < n / 2 ? 0.75f : -2.5f;
+        break;
+    case 13: x[1] = 70000.0f, x[4] = -1e6f; break;
+    }
+}
+
+Test(kv_quant, vectorized_store_and_rotation_give_the_reference_bits_for_every_format)
+{
+    static const char *const formats[] = {
+        "8",          "4",          "8g32",       "4g32",       "turbo",      "turbo:k4v3",
+        "turbo:k4v4", "turbo:k8v2", "turbo:k3v2", "turbo:k5v4", "turbo:k2v5", "turbo:k4v3:qjl",
+        "turbo:k3v3:qjl", "turbo:k5v2:qjl", NULL};
+    static const int dims[] = {32, 64, 96, 128, 256};
+    static struct kvq_codebooks cb;
+    kvq_codebooks_init(&cb);
+    float x[256], scratch[256];
+    uint8_t want[1024], got[1024];
+    uint64_t seed = 11;
+    for (int f = 0; formats[f]; f++) {
+        struct kv_quant q = quant_of(formats[f]);
+        const struct kv_quant_layer *l = &q.layer[0];
+        for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) {
+            int n = dims[i];
+            if (l->scheme == KV_QUANT_AFFINE && n % l->group_size)
+                continue;
+            for (int v = 0; v < 14; v++)
+                for (int side = 0; side < 2; side++) {
+                    int bytes = kvq_head_bytes(l, n, side);
+                    store_vector(x, n, v, &seed);
+                    memset(want, 0xa5, sizeof want);
+                    memset(got, 0x5a, sizeof got);
+                    kvq_quantize_head(l, &cb, q.seed, 3, n, side, x, want, scratch);
+                    cpu_kvq_quantize_head(l, &cb, q.seed, 3, n, side, x, got, scratch);
+                    cr_expect(!memcmp(want, got, (size_t)bytes),
+                              "%s head_dim %d vector %d %s: the reference's bytes", formats[f], n,
+                              v, side ? "V" : "K");
+                }
+        }
+    }
+    static const int rot_dims[] = {16, 32, 64, 96, 128, 256, 80};
+    for (size_t i = 0; i < sizeof rot_dims / sizeof rot_dims[0]; i++)
+        for (int v = 0; v < 14; v++)
+            for (int inverse = 0; inverse < 2; inverse++) {
+                int n = rot_dims[i];
+                float y[256];
+                store_vector(x, n, v, &seed);
+                memcpy(y, x, (size_t)n * sizeof *y);
+                (inverse ? kvq_unrotate : kvq_rotate)(x, n, 7, 2, 5);
+                cpu_kvq_rotate(y, n, 7, 2, 5, inverse);
+                int same = 0; /* the same bits, any NaN for a NaN (its sign is the operand's
+                                 an instruction propagated) */
+                for (int d = 0; d < n; d++)
+                    same += !memcmp(&x[d], &y[d], sizeof *y) || (isnan(x[d]) && isnan(y[d]));
+                cr_expect_eq(same, n, "n %d vector %d: %s's bits", n, v,
+                             inverse ? "kvq_unrotate" : "kvq_rotate");
+            }
 }
 
 /* ---- quality on the house model ---------------------------------------------------------------- */

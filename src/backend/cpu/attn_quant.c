@@ -51,10 +51,10 @@ static void store_rows(void *ctx, int ith, int nth)
                     memcpy(vrow + (size_t)h * vb, v + (size_t)h * hd, (size_t)hd * sizeof(float));
                     continue;
                 }
-                kvq_quantize_head(l, &job->impl->codebooks, kv->quant->seed, job->layer, hd,
-                                  false, k + (size_t)h * hd, krow + (size_t)h * kb, scratch);
-                kvq_quantize_head(l, &job->impl->codebooks, kv->quant->seed, job->layer, hd,
-                                  true, v + (size_t)h * hd, vrow + (size_t)h * vb, scratch);
+                cpu_kvq_quantize_head(l, &job->impl->codebooks, kv->quant->seed, job->layer, hd,
+                                      false, k + (size_t)h * hd, krow + (size_t)h * kb, scratch);
+                cpu_kvq_quantize_head(l, &job->impl->codebooks, kv->quant->seed, job->layer, hd,
+                                      true, v + (size_t)h * hd, vrow + (size_t)h * vb, scratch);
             }
         }
     }
@@ -246,12 +246,12 @@ static void qwindow_items(void *ctx, int ith, int nth)
             if (l->qjl) {
                 float coef = kvq_load_f16(rk + 2) * 1.2533141373155003f / sqrtf((float)hd);
                 decode_signs(l, hd, rk, z);
-                kvq_unrotate(z, hd, kv->quant->seed, 2, job->layer);
+                cpu_kvq_rotate(z, hd, kv->quant->seed, 2, job->layer, true);
                 for (int d = 0; d < hd; d++)
                     xk[d] += coef * z[d];
             }
-            kvq_unrotate(xk, hd, kv->quant->seed, 0, job->layer);
-            kvq_unrotate(xv, hd, kv->quant->seed, 1, job->layer);
+            cpu_kvq_rotate(xk, hd, kv->quant->seed, 0, job->layer, true);
+            cpu_kvq_rotate(xv, hd, kv->quant->seed, 1, job->layer, true);
         }
     }
 }

@@ -38,10 +38,10 @@ static void QA_GROUP(const struct qattn_job *job, const struct attn_span *sp, in
         int head = kv_head * group + g;
         memcpy(qr[g], job->q + ((size_t)row * job->n_heads + head) * hd, (size_t)hd * sizeof(float));
         if (turbo)
-            kvq_rotate(qr[g], hd, seed, 0, job->layer);
+            cpu_kvq_rotate(qr[g], hd, seed, 0, job->layer, false);
         if (qjl) {
             memcpy(qs[g], qr[g], (size_t)hd * sizeof(float));
-            kvq_rotate(qs[g], hd, seed, 2, job->layer);
+            cpu_kvq_rotate(qs[g], hd, seed, 2, job->layer, false);
         }
         memset(acc[g], 0, (size_t)hd * sizeof(float));
         running_max[g] = -FLT_MAX;
@@ -100,7 +100,7 @@ static void QA_GROUP(const struct qattn_job *job, const struct attn_span *sp, in
         for (int d = 0; d < hd; d++)
             out[d] = acc[g][d] * inv;
         if (turbo) /* values were accumulated in their rotated frame */
-            kvq_unrotate(out, hd, seed, 1, job->layer);
+            cpu_kvq_rotate(out, hd, seed, 1, job->layer, true);
     }
 }
 

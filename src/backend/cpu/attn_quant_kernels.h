@@ -1,10 +1,11 @@
-/* backend/cpu/attn_quant_kernels.h — contract between quantized attention's driver (attn_quant.c) and its per-ISA row kernels (AVX2 there, AVX-512 in attn_quant_avx512.c); private to backend/cpu. */
+/* backend/cpu/attn_quant_kernels.h — contract between quantized attention's driver (attn_quant.c), its per-ISA row kernels (AVX2 there, AVX-512 in attn_quant_avx512.c) and the vectorized quantize-on-write (kv_quantize.c); private to backend/cpu. */
 #ifndef INFERD_BACKEND_CPU_ATTN_QUANT_KERNELS_H
 #define INFERD_BACKEND_CPU_ATTN_QUANT_KERNELS_H
 
 #include <string.h>
 
 #include "backend/cpu/cpu_internal.h"
+#include "backend/kv_quant.h"
 
 #define QATTN_MAX_HEAD_DIM 512
 #define QATTN_MAX_GROUP 16
@@ -49,6 +50,15 @@ static inline uint64_t qattn_load_le(const uint8_t *p, int n)
     }
     return w;
 }
+
+/* kvq_quantize_head's record of x, the same bytes, vectorized (kv_quantize.c). */
+void cpu_kvq_quantize_head(const struct kv_quant_layer *l, const struct kvq_codebooks *cb,
+                           uint64_t seed, int layer, int head_dim, bool v, const float *x,
+                           uint8_t *rec, float *scratch);
+
+/* kvq_rotate (x = R x) or, inverse, kvq_unrotate of x[0, n), the same bits, vectorized
+ * where n is a power of two (kv_quantize.c). */
+void cpu_kvq_rotate(float *x, int n, uint64_t seed, int which, int layer, bool inverse);
 
 /* threadpool_run bodies: thread ith of nth takes every nth (row, kv head)
  * pair of job (a struct qattn_job). Both variants compute the same bits: they
