@@ -187,6 +187,15 @@ static __device__ void warp_quantize_affine(const struct kv_quant_layer &f, bool
     }
 }
 
+/* kvq_sum_squares' butterfly over the lanes' partial sums, every lane
+ * returning the total. */
+static __device__ __forceinline__ double warp_sum_partials(double p)
+{
+    for (int o = 16; o >= 1; o >>= 1)
+        p += __shfl_xor_sync(FULL, p, o);
+    return p;
+}
+
 /* kvq_sum_squares of x (shared, n floats) by a warp, every lane returning
  * it: lane j's partial sum, then the butterfly of shuffles. */
 static __device__ __forceinline__ double warp_sum_squares(const float *x, int n)
@@ -195,9 +204,98 @@ static __device__ __forceinline__ double warp_sum_squares(const float *x, int n)
     double p = 0;
     for (int d = lane; d < n; d += 32)
         p = fma((double)x[d], (double)x[d], p);
-    for (int o = 16; o >= 1; o >>= 1)
-        p += __shfl_xor_sync(FULL, p, o);
-    return p;
+    return warp_sum_partials(p);
+}
+
+/* The same of a vector held strided in registers (lane l: elements l,
+ * l + 32, ..): partial sum l is the lane's own, in order. */
+template <int E>
+static __device__ __forceinline__ double lanes_sum_squares(const float (&x)[E])
+{
+    double p = 0;
+#pragma unroll
+    for (int e = 0; e < E; e++)
+        p = fma((double)x[e], (double)x[e], p);
+    return warp_sum_partials(p);
+}
+
+/* Codes held strided (lane l: codes of elements l, l + 32, ..) written as
+ * kvq_put_code lays them out: codes 8 g .. 8 g + 7, eight lanes' for one e,
+ * are bytes bits g .. bits g + bits - 1, gathered by shuffles and written a
+ * byte a lane. */
+template <int E>
+static __device__ __forceinline__ void warp_put_codes_strided(uint8_t *codes,
+                                                              const uint32_t (&c)[E], int bits,
+                                                              int lane)
+{
+    const int t = lane & 7;
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+        if (bits == 8) {
+            codes[lane + 32 * e] = (uint8_t)c[e];
+            continue;
+        }
+        uint8_t *group = codes + (lane / 8 + 4 * e) * bits;
+        if (bits <= 4) {
+            uint32_t w = c[e] << (t * bits);
+            for (int o = 1; o < 8; o <<= 1)
+                w |= __shfl_xor_sync(FULL, w, o);
+            if (t < bits)
+                group[t] = (uint8_t)(w >> (8 * t));
+        } else {
+            unsigned long long w = (unsigned long long)c[e] << (t * bits);
+            for (int o = 1; o < 8; o <<= 1)
+                w |= __shfl_xor_sync(FULL, w, o);
+            if (t < bits)
+                group[t] = (uint8_t)(w >> (8 * t));
+        }
+    }
+}
+
+/* A TurboQuant record of src (HD floats, HD a power of two) into rec by one
+ * warp in kvq_quantize_head's arithmetic, so the bytes are the CPU's: lane l
+ * holds elements l, l + 32, .. in registers (kvq_sum_squares' partial sums
+ * are then the lanes' own), rotated by shuffles (warp_rotate_regs); lv, bd:
+ * the levels and bounds of the record's side, in shared memory. */
+template <int HD>
+static __device__ void warp_quantize_turbo(const struct cu_kv &kv, int layer, bool v,
+                                           const float *src, uint8_t *rec, const float *lv,
+                                           const float *bd, int lane)
+{
+    constexpr int E = HD / 32;
+    const int bits = kvq_code_bits(&kv.fmt, v);
+    const bool qjl = !v && kv.fmt.qjl;
+    float x[E];
+#pragma unroll
+    for (int e = 0; e < E; e++)
+        x[e] = src[lane + 32 * e];
+    const float s = f16_round((float)sqrt(lanes_sum_squares<E>(x) / HD));
+    if (lane == 0)
+        kvq_store_f16(rec, s);
+    warp_rotate_regs<HD, true>(x, lane_signs<HD, true>(kv.seed, v ? 1 : 0, layer, lane), lane,
+                               false);
+    const float inv = s > 0 ? __fdiv_rn(1.0f, s) : 0.0f;
+    uint32_t c[E];
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+        c[e] = (uint32_t)kvq_nearest(bd, bits, __fmul_rn(x[e], inv));
+        x[e] = fmaf(-s, lv[c[e]], x[e]);
+    }
+    uint8_t *codes = rec + (qjl ? 4 : 2);
+    warp_put_codes_strided<E>(codes, c, bits, lane);
+    if (!qjl)
+        return;
+    const float r = (float)sqrt(lanes_sum_squares<E>(x));
+    if (lane == 0)
+        kvq_store_f16(rec + 2, r);
+    warp_rotate_regs<HD, true>(x, lane_signs<HD, true>(kv.seed, 2, layer, lane), lane, false);
+    uint8_t *signs = codes + HD * bits / 8;
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+        const uint32_t b = __ballot_sync(FULL, x[e] >= 0); /* elements 32 e + lane */
+        if (lane < 4)
+            signs[4 * e + lane] = (uint8_t)(b >> (8 * lane));
+    }
 }
 
 /* One record of x (shared, hd floats; clobbered) into rec by one warp, in
@@ -291,20 +389,31 @@ static __device__ void warp_quantize(const struct cu_kv &kv, int layer, bool v, 
 /* ---- quantize on write: a warp per record ------------------------------ */
 
 /* A block takes QS_ROWS rows of one kv head: warp 2 r + 0 the K record of
- * row r, 2 r + 1 its V record. Affine records of head dims 64, 128 and 256
- * are quantized from registers (warp_quantize_affine); the others go
+ * row r, 2 r + 1 its V record. Affine and TurboQuant records of head dims
+ * 64, 128 and 256 (E = head dim / 32) are quantized from registers
+ * (warp_quantize_affine, warp_quantize_turbo); the others (E = 0) go
  * through shared memory (warp_quantize). */
 #define QS_ROWS 4
 
-template <int E>
+template <int E, bool TURBO>
 static __global__ void __launch_bounds__(64 * QS_ROWS)
 qkv_store_kernel(struct cu_kv kv, int layer, const float *k, const float *v, uint32_t spans_off,
                  int n_spans, int n_rows, const uint8_t *params)
 {
     __shared__ float xs[2 * QS_ROWS][E ? 1 : CU_MAX_HEAD_DIM];
     __shared__ int cs[2 * QS_ROWS][E ? 1 : CU_MAX_HEAD_DIM];
+    __shared__ float books[TURBO ? 2 : 1][2][TURBO ? 256 : 1]; /* [K, V][levels, bounds] */
     const int w = threadIdx.x / 32, lane = threadIdx.x & 31;
     const int row = blockIdx.x * QS_ROWS + w / 2, head = blockIdx.y;
+    if constexpr (TURBO) {
+        for (int i = threadIdx.x; i < 1024; i += blockDim.x) {
+            const int side = i >> 9, book = (i >> 8) & 1, at = i & 255;
+            const int bits = kvq_code_bits(&kv.fmt, side != 0);
+            if (at < (1 << bits))
+                books[side][book][at] = (book ? kv.cb->bounds : kv.cb->levels)[bits][at];
+        }
+        __syncthreads();
+    }
     const struct cu_span *spans = (const struct cu_span *)(params + spans_off);
     const int *rowmap = (const int *)(spans + n_spans);
     if (row >= n_rows || rowmap[row] < 0)
@@ -315,7 +424,10 @@ qkv_store_kernel(struct cu_kv kv, int layer, const float *k, const float *v, uin
     const float *src = (isv ? v : k) + ((size_t)row * kv.n_kv_heads + head) * hd;
     const uint32_t *bt = (const uint32_t *)(params + sp->bt_off);
     uint8_t *rec = (uint8_t *)qrecord(kv, layer, bt, pos, head, isv);
-    if constexpr (E > 0) {
+    if constexpr (TURBO) {
+        warp_quantize_turbo<32 * E>(kv, layer, isv, src, rec, books[isv][0], books[isv][1],
+                                    lane);
+    } else if constexpr (E > 0) {
         warp_quantize_affine<E>(kv.fmt, isv, src, rec, lane);
     } else {
         for (int d = lane; d < hd; d += 32)
@@ -335,14 +447,21 @@ cudaError_t cu_launch_kv_store_quant(cudaStream_t s, const struct cu_op *op,
         return cudaErrorInvalidValue;
     dim3 grid((unsigned)((op->n_rows + QS_ROWS - 1) / QS_ROWS), (unsigned)kv->n_kv_heads);
     const bool affine = kv->fmt.scheme == KV_QUANT_AFFINE;
+    const bool turbo = kv->fmt.scheme == KV_QUANT_TURBO;
     /* a group's lanes must be a power of two: group sizes 32 and 64 are */
-    auto kernel = qkv_store_kernel<0>;
+    auto kernel = qkv_store_kernel<0, false>;
     if (affine && hd == 64)
-        kernel = qkv_store_kernel<2>;
+        kernel = qkv_store_kernel<2, false>;
     else if (affine && hd == 128)
-        kernel = qkv_store_kernel<4>;
+        kernel = qkv_store_kernel<4, false>;
     else if (affine && hd == 256)
-        kernel = qkv_store_kernel<8>;
+        kernel = qkv_store_kernel<8, false>;
+    else if (turbo && hd == 64)
+        kernel = qkv_store_kernel<2, true>;
+    else if (turbo && hd == 128)
+        kernel = qkv_store_kernel<4, true>;
+    else if (turbo && hd == 256)
+        kernel = qkv_store_kernel<8, true>;
     kernel<<<grid, 64 * QS_ROWS, 0, s>>>(*kv, op->u.store.layer, op->u.store.k, op->u.store.v,
                                          op->u.store.spans_off, op->u.store.n_spans,
                                          (int)op->n_rows, params);
@@ -1682,43 +1801,6 @@ size_t cu_qwindow_bytes(const struct cu_op *op)
     return op->u.attn.window_blocks > 0 ? qwindow_of(*op).bytes : 0;
 }
 
-/* warp_rotate(x, HD, seed, which, layer, true) on a vector held E = HD / 32
- * consecutive elements a lane (HD a power of two): the same butterflies in
- * the same order, then the same scaling and signs, so the same bits. signs:
- * kvq_sign_word of the lane's elements. */
-template <int HD>
-static __device__ __forceinline__ void warp_unrotate_regs(float (&x)[HD / 32], uint64_t signs,
-                                                          int lane)
-{
-    constexpr int E = HD / 32;
-#pragma unroll
-    for (int h = 1; h < HD; h *= 2) {
-        if (h < E) {
-#pragma unroll
-            for (int e = 0; e < E; e++)
-                if (!(e & h)) {
-                    const float a = x[e], c = x[e + h];
-                    x[e] = a + c;
-                    x[e + h] = a - c;
-                }
-        } else {
-            const int m = h / E;
-            const bool upper = lane & m;
-#pragma unroll
-            for (int e = 0; e < E; e++) {
-                const float p = __shfl_xor_sync(FULL, x[e], m);
-                x[e] = upper ? p - x[e] : x[e] + p;
-            }
-        }
-    }
-    const float norm = 1.0f / sqrtf((float)HD);
-#pragma unroll
-    for (int e = 0; e < E; e++) {
-        x[e] *= norm;
-        x[e] *= ((signs >> ((E * lane + e) & 63)) & 1) ? -1.0f : 1.0f;
-    }
-}
-
 /* A lane's share of a record as loaded: the codes of its E = HD / 32
  * consecutive elements, and the record's scale and bias (affine) or norm and
  * QJL coefficient with the sign bits of its elements (TURBO); a layer left
@@ -1822,11 +1904,11 @@ qwindow_fill_kernel(struct cu_op op, const uint8_t *params, uint8_t *win)
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     const size_t kv_dim = (size_t)kv.n_kv_heads * HD;
     /* the rotations' signs of this lane's elements: keys, values, QJL */
-    uint64_t sign_k = 0, sign_v = 0, sign_z = 0;
+    uint32_t sign_k = 0, sign_v = 0, sign_z = 0;
     if (turbo) {
-        sign_k = kvq_sign_word(kv.seed, 0, layer, E * lane);
-        sign_v = kvq_sign_word(kv.seed, 1, layer, E * lane);
-        sign_z = kvq_sign_word(kv.seed, 2, layer, E * lane);
+        sign_k = lane_signs<HD, false>(kv.seed, 0, layer, lane);
+        sign_v = lane_signs<HD, false>(kv.seed, 1, layer, lane);
+        sign_z = lane_signs<HD, false>(kv.seed, 2, layer, lane);
     }
     for (int r0 = warp; r0 < bs * 2; r0 += QWIN_WARPS * QWIN_UNROLL) {
         qwin_raw<HD> raw[QWIN_UNROLL];
@@ -1865,12 +1947,12 @@ qwindow_fill_kernel(struct cu_op op, const uint8_t *params, uint8_t *win)
 #pragma unroll
                     for (int e = 0; e < E; e++)
                         z[e] = ((raw[u].qjl_bits >> e) & 1) ? 1.0f : -1.0f;
-                    warp_unrotate_regs<HD>(z, sign_z, lane); /* R'^T z */
+                    warp_rotate_regs<HD, false>(z, sign_z, lane, true); /* R'^T z */
 #pragma unroll
                     for (int e = 0; e < E; e++)
                         x[e] += raw[u].b * z[e];
                 }
-                warp_unrotate_regs<HD>(x, v ? sign_v : sign_k, lane);
+                warp_rotate_regs<HD, false>(x, v ? sign_v : sign_k, lane, true);
             }
             __half2 *dst = (__half2 *)(win + (v ? w.v : w.k) +
                                        (((size_t)j * bs + slot) * kv_dim + (size_t)h * HD +

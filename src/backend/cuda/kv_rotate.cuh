@@ -1,4 +1,4 @@
-/* backend/cuda/kv_rotate.cuh — TurboQuant's rotation of a quantized KV cache (backend/kv_quant.h) as the CUDA kernels apply it to one vector in shared memory: the records' writer and the attention kernels that rotate each query once and each output back once. */
+/* backend/cuda/kv_rotate.cuh — TurboQuant's rotation of a quantized KV cache (backend/kv_quant.h) as the CUDA kernels apply it to one vector, in shared memory or in a warp's registers: the records' writer and the attention kernels that rotate each query once and each output back once. */
 #ifndef INFERD_BACKEND_CUDA_KV_ROTATE_CUH
 #define INFERD_BACKEND_CUDA_KV_ROTATE_CUH
 
@@ -44,6 +44,74 @@ static __device__ void warp_rotate(float *x, int n, uint64_t seed, int which, in
         for (int d = lane; d < n; d += 32)
             x[d] *= kvq_sign(seed, which, layer, d);
         __syncwarp();
+    }
+}
+
+/* The rotation's signs of the E = HD / 32 elements a lane holds, bit e for
+ * its element e: element E lane + e (consecutive) or lane + 32 e (STRIDED). */
+template <int HD, bool STRIDED>
+static __device__ __forceinline__ uint32_t lane_signs(uint64_t seed, int which, int layer,
+                                                      int lane)
+{
+    constexpr int E = HD / 32;
+    if constexpr (!STRIDED) {
+        const uint64_t w = kvq_sign_word(seed, which, layer, E * lane);
+        return (uint32_t)(w >> ((E * lane) & 63)) & ((1u << E) - 1);
+    }
+    uint32_t m = 0;
+#pragma unroll
+    for (int k = 0; k < HD / 64; k++) { /* elements 64 k + lane and 64 k + 32 + lane */
+        const uint64_t w = kvq_sign_word(seed, which, layer, 64 * k);
+        m |= (uint32_t)((w >> lane) & 1) << (2 * k);
+        m |= (uint32_t)((w >> (lane + 32)) & 1) << (2 * k + 1);
+    }
+    return m;
+}
+
+/* warp_rotate(x, HD, seed, which, layer, inverse) on a vector held in
+ * registers by a warp (HD a power of two), E = HD / 32 elements a lane:
+ * element E lane + e in x[e], or lane + 32 e when STRIDED. The same
+ * butterflies in the same order (a pair within a lane in its registers,
+ * across lanes by shuffles), then the same scaling and signs, so the same
+ * bits. signs: lane_signs of the rotation. */
+template <int HD, bool STRIDED>
+static __device__ __forceinline__ void warp_rotate_regs(float (&x)[HD / 32], uint32_t signs,
+                                                        int lane, bool inverse)
+{
+    constexpr int E = HD / 32;
+    if (!inverse)
+#pragma unroll
+        for (int e = 0; e < E; e++)
+            x[e] *= ((signs >> e) & 1) ? -1.0f : 1.0f;
+#pragma unroll
+    for (int h = 1; h < HD; h *= 2) {
+        /* the pair of element d is d ^ h: in the lane's registers or another lane's */
+        const bool in_lane = STRIDED ? h >= 32 : h < E;
+        if (in_lane) {
+            const int r = STRIDED ? h / 32 : h;
+#pragma unroll
+            for (int e = 0; e < E; e++)
+                if (!(e & r)) {
+                    const float a = x[e], c = x[e + r];
+                    x[e] = a + c;
+                    x[e + r] = a - c;
+                }
+        } else {
+            const int m = STRIDED ? h : h / E;
+            const bool upper = lane & m;
+#pragma unroll
+            for (int e = 0; e < E; e++) {
+                const float p = __shfl_xor_sync(0xffffffffu, x[e], m);
+                x[e] = upper ? p - x[e] : x[e] + p;
+            }
+        }
+    }
+    const float norm = 1.0f / sqrtf((float)HD);
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+        x[e] *= norm;
+        if (inverse)
+            x[e] *= ((signs >> e) & 1) ? -1.0f : 1.0f;
     }
 }
 
