@@ -256,11 +256,14 @@ static __device__ __forceinline__ void warp_put_codes_strided(uint8_t *codes,
  * warp in kvq_quantize_head's arithmetic, so the bytes are the CPU's: lane l
  * holds elements l, l + 32, .. in registers (kvq_sum_squares' partial sums
  * are then the lanes' own), rotated by shuffles (warp_rotate_regs); lv, bd:
- * the levels and bounds of the record's side, in shared memory. */
+ * the levels and bounds of the record's side, signs_side and signs_qjl the
+ * sign words (lane_signs) of its rotation and of the QJL one, all in shared
+ * memory. */
 template <int HD>
-static __device__ void warp_quantize_turbo(const struct cu_kv &kv, int layer, bool v,
-                                           const float *src, uint8_t *rec, const float *lv,
-                                           const float *bd, int lane)
+static __device__ void warp_quantize_turbo(const struct cu_kv &kv, bool v, const float *src,
+                                           uint8_t *rec, const float *lv, const float *bd,
+                                           const uint64_t *signs_side, const uint64_t *signs_qjl,
+                                           int lane)
 {
     constexpr int E = HD / 32;
     const int bits = kvq_code_bits(&kv.fmt, v);
@@ -272,8 +275,7 @@ static __device__ void warp_quantize_turbo(const struct cu_kv &kv, int layer, bo
     const float s = f16_round((float)sqrt(lanes_sum_squares<E>(x) / HD));
     if (lane == 0)
         kvq_store_f16(rec, s);
-    warp_rotate_regs<HD, true>(x, lane_signs<HD, true>(kv.seed, v ? 1 : 0, layer, lane), lane,
-                               false);
+    warp_rotate_regs<HD, true>(x, lane_signs<HD, true>(signs_side, lane), lane, false);
     const float inv = s > 0 ? __fdiv_rn(1.0f, s) : 0.0f;
     uint32_t c[E];
 #pragma unroll
@@ -288,7 +290,7 @@ static __device__ void warp_quantize_turbo(const struct cu_kv &kv, int layer, bo
     const float r = (float)sqrt(lanes_sum_squares<E>(x));
     if (lane == 0)
         kvq_store_f16(rec + 2, r);
-    warp_rotate_regs<HD, true>(x, lane_signs<HD, true>(kv.seed, 2, layer, lane), lane, false);
+    warp_rotate_regs<HD, true>(x, lane_signs<HD, true>(signs_qjl, lane), lane, false);
     uint8_t *signs = codes + HD * bits / 8;
 #pragma unroll
     for (int e = 0; e < E; e++) {
@@ -403,14 +405,23 @@ qkv_store_kernel(struct cu_kv kv, int layer, const float *k, const float *v, uin
     __shared__ float xs[2 * QS_ROWS][E ? 1 : CU_MAX_HEAD_DIM];
     __shared__ int cs[2 * QS_ROWS][E ? 1 : CU_MAX_HEAD_DIM];
     __shared__ float books[TURBO ? 2 : 1][2][TURBO ? 256 : 1]; /* [K, V][levels, bounds] */
+    __shared__ uint64_t sign_words[TURBO ? 3 : 1][TURBO ? 4 * E / 8 : 1]; /* K, V, QJL */
     const int w = threadIdx.x / 32, lane = threadIdx.x & 31;
     const int row = blockIdx.x * QS_ROWS + w / 2, head = blockIdx.y;
     if constexpr (TURBO) {
-        for (int i = threadIdx.x; i < 1024; i += blockDim.x) {
-            const int side = i >> 9, book = (i >> 8) & 1, at = i & 255;
-            const int bits = kvq_code_bits(&kv.fmt, side != 0);
-            if (at < (1 << bits))
-                books[side][book][at] = (book ? kv.cb->bounds : kv.cb->levels)[bits][at];
+        /* the sides' 2^bits levels and bounds, then the rotations' sign words */
+        const int kbits = kvq_code_bits(&kv.fmt, false), vbits = kvq_code_bits(&kv.fmt, true);
+        const int kn = 2 << kbits, n = kn + (2 << vbits);
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            const bool side = i >= kn;
+            const int bits = side ? vbits : kbits, at = side ? i - kn : i;
+            const bool bound = at >= 1 << bits;
+            books[side][bound][at & ((1 << bits) - 1)] =
+                (bound ? kv.cb->bounds : kv.cb->levels)[bits][at & ((1 << bits) - 1)];
+        }
+        if (threadIdx.x >= 64 * QS_ROWS - 3 * E / 2) { /* threads the books leave idle */
+            const int i = threadIdx.x - (64 * QS_ROWS - 3 * E / 2), which = i / (E / 2);
+            sign_words[which][i % (E / 2)] = kvq_sign_word(kv.seed, which, layer, 64 * (i % (E / 2)));
         }
         __syncthreads();
     }
@@ -425,8 +436,8 @@ qkv_store_kernel(struct cu_kv kv, int layer, const float *k, const float *v, uin
     const uint32_t *bt = (const uint32_t *)(params + sp->bt_off);
     uint8_t *rec = (uint8_t *)qrecord(kv, layer, bt, pos, head, isv);
     if constexpr (TURBO) {
-        warp_quantize_turbo<32 * E>(kv, layer, isv, src, rec, books[isv][0], books[isv][1],
-                                    lane);
+        warp_quantize_turbo<32 * E>(kv, isv, src, rec, books[isv][0], books[isv][1],
+                                    sign_words[isv], sign_words[2], lane);
     } else if constexpr (E > 0) {
         warp_quantize_affine<E>(kv.fmt, isv, src, rec, lane);
     } else {
@@ -1866,6 +1877,7 @@ qwindow_fill_kernel(struct cu_op op, const uint8_t *params, uint8_t *win)
 {
     constexpr int E = HD / 32;
     __shared__ float lv[2][256]; /* TURBO's levels, K and V */
+    __shared__ uint64_t sign_words[3][HD / 64]; /* TURBO's rotations: K, V, QJL */
     const struct cu_kv kv = op.u.attn.kv;
     const struct kv_quant_layer f = kv.fmt;
     const int layer = op.u.attn.layer, bs = kv.block_size;
@@ -1873,12 +1885,16 @@ qwindow_fill_kernel(struct cu_op op, const uint8_t *params, uint8_t *win)
     const struct cu_span *spans = (const struct cu_span *)(params + op.u.attn.spans_off);
     const int j = blockIdx.x, h = blockIdx.y;
     const bool turbo = f.scheme == KV_QUANT_TURBO;
-    if (turbo)
+    if (turbo) {
         for (int i = threadIdx.x; i < 512; i += blockDim.x) {
             const int side = i >> 8, bits = kvq_code_bits(&f, side != 0);
             if ((i & 255) < (1 << bits))
                 lv[side][i & 255] = kv.cb->levels[bits][i & 255];
         }
+        if (threadIdx.x < 3 * HD / 64)
+            sign_words[threadIdx.x / (HD / 64)][threadIdx.x % (HD / 64)] = kvq_sign_word(
+                kv.seed, threadIdx.x / (HD / 64), layer, 64 * (threadIdx.x % (HD / 64)));
+    }
     int s = 0, base = 0;
     for (; s < op.u.attn.n_spans - 1; s++) {
         const int nb = qwindow_span_blocks(spans[s], bs);
@@ -1906,9 +1922,9 @@ qwindow_fill_kernel(struct cu_op op, const uint8_t *params, uint8_t *win)
     /* the rotations' signs of this lane's elements: keys, values, QJL */
     uint32_t sign_k = 0, sign_v = 0, sign_z = 0;
     if (turbo) {
-        sign_k = lane_signs<HD, false>(kv.seed, 0, layer, lane);
-        sign_v = lane_signs<HD, false>(kv.seed, 1, layer, lane);
-        sign_z = lane_signs<HD, false>(kv.seed, 2, layer, lane);
+        sign_k = lane_signs<HD, false>(sign_words[0], lane);
+        sign_v = lane_signs<HD, false>(sign_words[1], lane);
+        sign_z = lane_signs<HD, false>(sign_words[2], lane);
     }
     for (int r0 = warp; r0 < bs * 2; r0 += QWIN_WARPS * QWIN_UNROLL) {
         qwin_raw<HD> raw[QWIN_UNROLL];

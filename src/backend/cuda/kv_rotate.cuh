@@ -48,22 +48,20 @@ static __device__ void warp_rotate(float *x, int n, uint64_t seed, int which, in
 }
 
 /* The rotation's signs of the E = HD / 32 elements a lane holds, bit e for
- * its element e: element E lane + e (consecutive) or lane + 32 e (STRIDED). */
+ * its element e: element E lane + e (consecutive) or lane + 32 e (STRIDED).
+ * words[k]: kvq_sign_word(seed, which, layer, 64 k), the signs of elements
+ * 64 k .. 64 k + 63 (a block computes them once for its warps). */
 template <int HD, bool STRIDED>
-static __device__ __forceinline__ uint32_t lane_signs(uint64_t seed, int which, int layer,
-                                                      int lane)
+static __device__ __forceinline__ uint32_t lane_signs(const uint64_t *words, int lane)
 {
     constexpr int E = HD / 32;
-    if constexpr (!STRIDED) {
-        const uint64_t w = kvq_sign_word(seed, which, layer, E * lane);
-        return (uint32_t)(w >> ((E * lane) & 63)) & ((1u << E) - 1);
-    }
+    if constexpr (!STRIDED)
+        return (uint32_t)(words[(E * lane) >> 6] >> ((E * lane) & 63)) & ((1u << E) - 1);
     uint32_t m = 0;
 #pragma unroll
     for (int k = 0; k < HD / 64; k++) { /* elements 64 k + lane and 64 k + 32 + lane */
-        const uint64_t w = kvq_sign_word(seed, which, layer, 64 * k);
-        m |= (uint32_t)((w >> lane) & 1) << (2 * k);
-        m |= (uint32_t)((w >> (lane + 32)) & 1) << (2 * k + 1);
+        m |= (uint32_t)((words[k] >> lane) & 1) << (2 * k);
+        m |= (uint32_t)((words[k] >> (lane + 32)) & 1) << (2 * k + 1);
     }
     return m;
 }
