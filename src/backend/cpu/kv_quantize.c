@@ -200,8 +200,10 @@ static float serial_extreme(const float *x, int g, bool max)
     if (x[0] != x[0])
         return x[0];
     __m256 m = _mm256_set1_ps(x[0]);
-    for (int d = 0; d < g; d += 8)
-        m = max ? _mm256_max_ps(_mm256_loadu_ps(x + d), m) : _mm256_min_ps(_mm256_loadu_ps(x + d), m);
+    for (int d = 0; d < g; d += 8) {
+        __m256 xd = _mm256_loadu_ps(x + d);
+        m = max ? _mm256_max_ps(xd, m) : _mm256_min_ps(xd, m);
+    }
     float lanes[8];
     _mm256_storeu_ps(lanes, m);
     float r = lanes[0];

@@ -405,7 +405,7 @@ qkv_store_kernel(struct cu_kv kv, int layer, const float *k, const float *v, uin
     __shared__ float xs[2 * QS_ROWS][E ? 1 : CU_MAX_HEAD_DIM];
     __shared__ int cs[2 * QS_ROWS][E ? 1 : CU_MAX_HEAD_DIM];
     __shared__ float books[TURBO ? 2 : 1][2][TURBO ? 256 : 1]; /* [K, V][levels, bounds] */
-    __shared__ uint64_t sign_words[TURBO ? 3 : 1][TURBO ? 4 * E / 8 : 1]; /* K, V, QJL */
+    __shared__ uint64_t sign_words[TURBO ? 3 : 1][TURBO ? E / 2 : 1]; /* K, V, QJL */
     const int w = threadIdx.x / 32, lane = threadIdx.x & 31;
     const int row = blockIdx.x * QS_ROWS + w / 2, head = blockIdx.y;
     if constexpr (TURBO) {
@@ -420,8 +420,9 @@ qkv_store_kernel(struct cu_kv kv, int layer, const float *k, const float *v, uin
                 (bound ? kv.cb->bounds : kv.cb->levels)[bits][at & ((1 << bits) - 1)];
         }
         if (threadIdx.x >= 64 * QS_ROWS - 3 * E / 2) { /* threads the books leave idle */
-            const int i = threadIdx.x - (64 * QS_ROWS - 3 * E / 2), which = i / (E / 2);
-            sign_words[which][i % (E / 2)] = kvq_sign_word(kv.seed, which, layer, 64 * (i % (E / 2)));
+            const int i = threadIdx.x - (64 * QS_ROWS - 3 * E / 2);
+            const int which = i / (E / 2), k = i % (E / 2);
+            sign_words[which][k] = kvq_sign_word(kv.seed, which, layer, 64 * k);
         }
         __syncthreads();
     }
