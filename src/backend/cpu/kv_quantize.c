@@ -1,8 +1,8 @@
 /* backend/cpu/kv_quantize.c — quantize on write in AVX2: kvq_quantize_head's records
  * (backend/kv_quant.h) eight coordinates an instruction, and TurboQuant's rotation both
- * ways, the same bytes and bits (the same
- * operations on each coordinate in the same order; the scalar reference takes the cases
- * where a vector instruction would round or saturate differently). */
+ * ways, with the reference's bytes and bits (the same operations on each coordinate in
+ * the same order; the scalar reference takes the cases where a vector instruction would
+ * round or saturate differently). */
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
