@@ -1,4 +1,4 @@
-/* backend/cuda/attention_decode_quant.cu — decode attention over a quantized paged KV cache (backend/kv_quant.h) on mma.sync tensor cores: each warp streams its own positions' records into shared memory, decodes them there to fp16 tiles and runs the f16 cache's FlashAttention-2 warp step (fa_mma.cuh) on them; the scores of an affine cache and of TurboQuant keys of 4 or 8 bits are taken from the codes themselves (positions the mma rows), so is an affine cache's P V (O^T = V^T P^T on the codes, P scaled by each group's scale), and TurboQuant V of 2 to 4 bits is decoded as bare levels with the norm applied to P. */
+/* backend/cuda/attention_decode_quant.cu — decode attention over a quantized paged KV cache (backend/kv_quant.h) on mma.sync tensor cores: each warp streams its own positions' records into shared memory, decodes them there to fp16 tiles and runs the f16 cache's FlashAttention-2 warp step (fa_mma.cuh) on them; the scores of an affine cache and of TurboQuant keys of 4 or 8 bits are taken from the codes themselves (positions the mma rows), so is an affine cache's P V (O^T = V^T P^T on the codes, P scaled by each group's scale), and TurboQuant V of 2 to 4 bits enters P V as its codes' bare levels with the norm applied to P. */
 #include <cuda_fp16.h>
 #include <math.h>
 
@@ -252,14 +252,16 @@ static __host__ __device__ __forceinline__ size_t da_block_bytes(const struct kv
  * movmatrix, and O^T = V^T P^T, 16 dims an mma, so O^T's columns are the
  * lane's own heads and no mma row is empty. V comes either as an fp16
  * sub-tile in shared memory (pv: V^T's A fragments are ldmatrix.trans
- * reads) or, for an affine cache (VGS, V's group size), as its codes
- * (da_pv_codes), whose rows are permuted within each group. */
-template <int HD, int VGS = 0>
+ * reads) or as its codes: an affine cache's (da_pv_codes; VGS its group
+ * size, GROUP_BIAS) or TurboQuant levels (dt_pv_codes; VGS the head dim),
+ * whose rows are permuted within each group of VGS dims, lane g's VGS / 8
+ * of them one run. */
+template <int HD, int VGS = 0, bool GROUP_BIAS = VGS != 0>
 struct da_columns {
     static constexpr int NT = HD / 16;
     /* o[n]: O^T's rows dim(n, g, 0) and dim(n, g, 1), columns 2t, 2t + 1 */
     float o[NT][4];
-    /* VGS: per group G (row G, columns 2t, 2t + 1) what the codes'
+    /* GROUP_BIAS: per group G (row G, columns 2t, 2t + 1) what the codes'
      * products leave out, sum_p (p b_G - 1024 p'_G) (da_pv_codes) */
     float z[4];
     /* per column head 2t + c: the running max (base 2) and this lane's part
@@ -346,28 +348,12 @@ struct da_columns {
         __syncwarp(); /* the V sub-tile is read before the next one is written */
     }
 
-    /* One sub-tile with V decoded to fp16 at vdec; SCALE: P's columns times
-     * vs[0] and vs[1] (fp16 pairs of positions 2t, 2t + 1 and 8 + 2t,
-     * 9 + 2t) on their way into P V, after the row sums took them: a
-     * per-position factor of V (a TurboQuant record's norm) applied once a
-     * position instead of once an element. */
-    template <bool SCALE>
-    __device__ __forceinline__ void step(const float (&score)[2][2], uint32_t vdec, int lane,
-                                         const uint32_t (&vs)[2])
+    /* One sub-tile with V decoded to fp16 at vdec. */
+    __device__ __forceinline__ void step(const float (&score)[2][2], uint32_t vdec, int lane)
     {
         uint32_t pb[2];
         softmax(score, pb);
-        if (SCALE) {
-            pb[0] = dq_u32(__hmul2(dq_h2(pb[0]), dq_h2(vs[0])));
-            pb[1] = dq_u32(__hmul2(dq_h2(pb[1]), dq_h2(vs[1])));
-        }
         pv(vdec, pb, lane);
-    }
-
-    __device__ __forceinline__ void step(const float (&score)[2][2], uint32_t vdec, int lane)
-    {
-        const uint32_t none[2] = {0u, 0u};
-        step<false>(score, vdec, lane, none);
     }
 
     /* After the warp's last sub-tile: the block's warps merged
@@ -385,7 +371,7 @@ struct da_columns {
             l[c] += __shfl_xor_sync(0xffffffffu, l[c], 8);
             l[c] += __shfl_xor_sync(0xffffffffu, l[c], 16);
         }
-        if constexpr (VGS != 0) { /* each group's z, from the lane of row G, into its dims */
+        if constexpr (GROUP_BIAS) { /* each group's z, from the lane of row G, into its dims */
             constexpr int TPG = VGS / 16;
 #pragma unroll
             for (int G = 0; G < HD / VGS; G++) {
@@ -651,48 +637,117 @@ static cudaError_t launch_qdecode_mma(cudaStream_t s, const struct cu_op *op,
     return cu_launch_attention_merge(s, op, params, part);
 }
 
-/* A warp's DQ_ROWS TurboQuant V records of VB (2 to 4) bits (ROOM bytes
- * apart, each lead bytes into its room at raw) into the fp16 sub-tile at
- * dst as their levels alone, without the record's norm (the caller scales
- * P's columns by it: da_columns::step<true>): 8 codes a lane at a time,
- * looked up a pair at a time in the block's fp16 pair table at tab. The
- * record's shape is known at compile time: a lane's codes sit at the same
- * alignment in every room, so each row is two word loads and a funnel
- * shift. */
-template <int HD, int VB>
-static __device__ __forceinline__ void dt_decode_v(uint32_t raw, int lead, uint32_t tab,
-                                                   uint32_t dst, int lane)
+/* The TurboQuant decode kernel's pair tables (a 4-bit key side's, V's of 2
+ * to 4 bits) in interleaved copies: entry e of copy c is word e COPIES + c,
+ * and lane l reads copy l % COPIES, so a warp's random lookups meet in a
+ * bank only between lanes of one copy (none with 32 copies), where one
+ * table gave three or four wavefronts a lookup. Copies as the shared memory
+ * allows four blocks an SM: 16 of a 256-entry table, 32 of V's smaller ones
+ * (a 4-bit V beside 4-bit keys 8). An 8-bit key side keeps dq_levels' one
+ * table of halves (copies 0). */
+template <int KBITS>
+static constexpr __host__ __device__ int dt_k_copies() { return KBITS == 4 ? 16 : 0; }
+template <int VB>
+static constexpr __host__ __device__ int dt_v_copies() { return VB == 0 ? 0 : VB < 4 ? 32 : 8; }
+
+/* Bytes of a side's table: `copies` of a pair table of `bits`, or
+ * DQ_TABLE_BYTES as dq_levels writes it. */
+static constexpr __host__ __device__ int dt_table_bytes(int bits, int copies)
 {
-    constexpr int ROOM = dq_record_room(2 + HD * VB / 8);
-    constexpr int CPR = HD / 8, RPI = 32 / CPR;
-    const int c = lane % CPR, r0 = lane / CPR;
-    const uint32_t at = raw + (uint32_t)(r0 * ROOM + lead + 2 + c * VB);
+    return copies ? 4 * copies << (2 * bits) : DQ_TABLE_BYTES;
+}
+
+/* COPIES interleaved copies of the pair table of BITS-bit levels at tab
+ * (dq_levels' entries: entry e the levels of codes e % 2^BITS and
+ * e / 2^BITS as an fp16 pair). */
+template <int BITS, int COPIES>
+static __device__ __forceinline__ void dt_pair_table(const struct cu_kv &kv, uint32_t *tab)
+{
+    const float *lv = kv.cb->levels[BITS];
+    constexpr int MASK = (1 << BITS) - 1, N = COPIES << (2 * BITS);
+    for (int i = threadIdx.x; i < N; i += blockDim.x) {
+        const int e = i / COPIES;
+        const __half2 h = __floats2half2_rn(lv[e & MASK], lv[e >> BITS]);
+        tab[i] = *(const uint32_t *)&h;
+    }
+}
+
+/* A lane's HD / 8 codes of a TurboQuant V record of VB (2 to 4) bits, its
+ * run of the codes at `at` (any alignment; the words after it may be read),
+ * the first code in the lowest bits. */
+template <int HD, int VB>
+static __device__ __forceinline__ uint64_t dt_code_run(uint32_t at)
+{
+    constexpr int BYTES = HD / 8 * VB / 8;
+    constexpr int WORDS = (BYTES + 3 + 3) / 4; /* at any of four alignments */
     const uint32_t base = at & ~3u, sh = 8u * (at & 3u);
-    const uint32_t at0 = dst + (uint32_t)(r0 * HD * 2);
-    const uint32_t chunk0 = (uint32_t)(c ^ (r0 & 7));
+    uint32_t w[3];
 #pragma unroll
-    for (int i = 0; i < DQ_ROWS / RPI; i++) {
-        const uint32_t off = (uint32_t)(i * RPI * ROOM);
-        uint32_t w0, w1;
-        asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(w0) : "r"(base + off));
-        asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(w1) : "r"(base + off + 4));
-        const uint32_t x = __funnelshift_r(w0, w1, sh);
-        uint32_t v[4];
+    for (int i = 0; i < WORDS; i++)
+        asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(w[i]) : "r"(base + 4u * i));
+    const uint32_t lo = __funnelshift_r(w[0], w[1], sh);
+    const uint32_t hi = WORDS > 2 ? __funnelshift_r(w[1], w[2], sh) : 0u;
+    return (uint64_t)hi << 32 | lo;
+}
+
+/* Fields of 2 VB bits pairing the codes of positions a and b dim by dim: in
+ * *even, dims 0, 2, 4, .. of the runs (a's code low, b's high: the index of
+ * the level pair table dq_levels builds), in *odd, dims 1, 3, 5, .. */
+template <int VB>
+static __device__ __forceinline__ void dt_pair_fields(uint64_t a, uint64_t b, uint64_t &even,
+                                                      uint64_t &odd)
+{
+    constexpr uint64_t FIELD = (1u << VB) - 1u;
+    uint64_t lo = 0; /* the low VB bits of every 2 VB-bit field */
 #pragma unroll
-        for (int k = 0; k < 4; k++)
-            asm volatile("ld.shared.u32 %0, [%1];\n"
-                         : "=r"(v[k])
-                         : "r"(tab + 4u * ((x >> (2 * VB * k)) & ((1u << 2 * VB) - 1))));
-        const uint32_t st_at = at0 + (uint32_t)(i * RPI * HD * 2) +
-                               ((chunk0 ^ (uint32_t)((i * RPI) & 7)) << 4);
-        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(st_at), "r"(v[0]),
-                     "r"(v[1]), "r"(v[2]), "r"(v[3]));
+    for (int j = 0; j < 64 / (2 * VB); j++)
+        lo |= FIELD << (2 * VB * j);
+    even = (a & lo) | ((b << VB) & (lo << VB));
+    odd = ((a >> VB) & lo) | (b & (lo << VB));
+}
+
+/* O^T += V^T P^T from a sub-tile's TurboQuant V records of VB (2 to 4) bits
+ * themselves (ROOM bytes apart from the first at vrec), as bare levels: P's
+ * columns carry each record's norm. An A fragment register holds one dim of
+ * two positions (2t, 2t + 1 or 8 + 2t, 9 + 2t), so its two codes come from
+ * two records and look up the block's pair table at tab as one index. Lane
+ * g's rows are dims HD / 8 g on (da_columns' VGS = HD): one run of each
+ * record's codes, loaded once a position, tile n its dims 2n (row g) and
+ * 2n + 1 (row g + 8). No fp16 sub-tile is written and read back. The table
+ * is dt_pair_table's dt_v_copies<VB>() copies. */
+template <int HD, int VB>
+static __device__ __forceinline__ void dt_pv_codes(da_columns<HD, HD, false> &cols, uint32_t vrec,
+                                                   uint32_t tab, const uint32_t (&pb)[2], int lane)
+{
+    constexpr int COPIES = dt_v_copies<VB>();
+    constexpr int ROOM = dq_record_room(2 + HD * VB / 8);
+    constexpr int NT = HD / 16;
+    constexpr uint32_t IDX = (1u << (2 * VB)) - 1u;
+    const int g = lane >> 2, t = lane & 3;
+    const uint32_t run = vrec + 2u + (uint32_t)(g * (HD / 8 * VB / 8));
+    const uint32_t mine = tab + 4u * (uint32_t)(lane % COPIES); /* this lane's copy */
+    uint64_t x[4]; /* positions 2t, 2t + 1, 8 + 2t, 9 + 2t */
+#pragma unroll
+    for (int q = 0; q < 4; q++)
+        x[q] = dt_code_run<HD, VB>(run + (uint32_t)((2 * t + (q & 1) + 8 * (q >> 1)) * ROOM));
+    uint64_t f[4]; /* (2t, 2t + 1) even dims, odd dims; (8 + 2t, 9 + 2t) the same */
+    dt_pair_fields<VB>(x[0], x[1], f[0], f[1]);
+    dt_pair_fields<VB>(x[2], x[3], f[2], f[3]);
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+        uint32_t a[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint32_t idx = (uint32_t)(f[i] >> (2 * VB * n)) & IDX;
+            asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(a[i]) : "r"(mine + 4u * COPIES * idx));
+        }
+        mma_16816(cols.o[n], a, pb[0], pb[1]);
     }
 }
 
 /* The norms of V records (ROOM bytes apart from the one at rec) of
  * positions 2t, 2t + 1 (vs[0]) and 8 + 2t, 9 + 2t (vs[1]) of a sub-tile, as
- * fp16 pairs: P's columns' factors in da_columns::step<true>. */
+ * fp16 pairs: P's columns' factors before dt_pv_codes. */
 static __device__ __forceinline__ void dt_norm_pairs(uint32_t rec, int room, int t,
                                                      uint32_t (&vs)[2])
 {
@@ -709,15 +764,16 @@ static __device__ __forceinline__ void dt_norm_pairs(uint32_t rec, int room, int
 /* TurboQuant keys of KBITS (4 or 8) bits, no QJL, the same turn: a key is
  * norm R^T L[c] (L the Lloyd-Max levels), so in the query's rotated frame
  * q . k = norm sum_d q'_d L[c_d]. The A fragments are the levels of the
- * raw codes, looked up in the block's fp16 table (a byte of two 4-bit codes
- * a lookup of a pair, two lookups for 8-bit codes), with no scaling per
+ * raw codes, looked up in the block's fp16 tables (a byte of two 4-bit codes
+ * a lookup of a pair in the lane's copy of dt_pair_table's, two lookups in
+ * dq_levels' one table for 8-bit codes), with no scaling per
  * element: the record's norm multiplies each score once. Lane t's codes are
  * one run of bytes (dims t HD / 4 on, k16 step kk its dims 4 kk .. 4 kk + 3),
  * read as aligned words and funnel-shifted, since a record's codes start
- * two bytes in. V of VB (2 to 4) bits is decoded as bare levels
- * (dt_decode_v), its norm applied to P's columns; other widths (VB 0) as in
- * qattn_decode_mma_kernel. The output stays in the values' rotated frame
- * for qattn_unrotate_kernel. */
+ * two bytes in. V of VB (2 to 4) bits enters P V as its codes' bare levels
+ * (dt_pv_codes), its norm applied to P's columns; other widths (VB 0) are
+ * decoded to an fp16 sub-tile as in qattn_decode_mma_kernel. The output
+ * stays in the values' rotated frame for qattn_unrotate_kernel. */
 template <int HD, int KBITS, int VB>
 static __global__ void __launch_bounds__(DQ_THREADS, DA_MIN_BLOCKS)
 qattn_decode_turbo_kernel(struct cu_op op, const uint8_t *params, float *part)
@@ -733,12 +789,13 @@ qattn_decode_turbo_kernel(struct cu_op op, const uint8_t *params, float *part)
     const int warp = b.warp, lane = b.lane, g = b.g, t = b.t, group = b.group, h0 = b.h0;
     const struct decode_split &ds = b.ds;
 
-    uint8_t *ktab = dq_smem, *vtab = ktab + DQ_TABLE_BYTES;
-    float *q_sm = (float *)(vtab + DQ_TABLE_BYTES);
+    constexpr int KC = dt_k_copies<KBITS>(), VC = dt_v_copies<VB>();
+    uint8_t *ktab = dq_smem, *vtab = ktab + dt_table_bytes(KBITS, KC);
+    float *q_sm = (float *)(vtab + dt_table_bytes(VB, VC));
     uint8_t *warps = (uint8_t *)q_sm + DA_MAX_GROUP * HD * sizeof(float);
-    uint8_t *mine = warps + (size_t)warp * da_warp_bytes(f, HD, true);
-    const uint32_t vdec = smem_addr(mine);
-    uint8_t *raw = mine + DQ_ROWS * HD * sizeof(__half);
+    uint8_t *mine = warps + (size_t)warp * da_warp_bytes(f, HD, VB == 0);
+    const uint32_t vdec = smem_addr(mine); /* VB 0: the fp16 V sub-tile */
+    uint8_t *raw = mine + (VB == 0 ? DQ_ROWS * HD * sizeof(__half) : 0);
     const int kroom = dq_record_room(kvq_head_bytes(&f, HD, false));
     const int vroom = dq_record_room(kvq_head_bytes(&f, HD, true));
 
@@ -747,8 +804,14 @@ qattn_decode_turbo_kernel(struct cu_op op, const uint8_t *params, float *part)
     dq_stream_start(st, b, kv, HD, smem_addr(raw), kroom, vroom);
 
     /* the levels, and the group's query rows rotated into the keys' frame */
-    dq_levels(kv, KBITS, ktab);
-    dq_levels(kv, st.v.bits, vtab);
+    if constexpr (KC != 0)
+        dt_pair_table<KBITS, KC>(kv, (uint32_t *)ktab);
+    else
+        dq_levels(kv, KBITS, ktab);
+    if constexpr (VC != 0)
+        dt_pair_table<VB, VC>(kv, (uint32_t *)vtab);
+    else
+        dq_levels(kv, st.v.bits, vtab);
     const float *q_row = op.u.attn.q + (size_t)b.row * op.u.attn.n_heads * HD + (size_t)h0 * HD;
     for (int i = threadIdx.x; i < group * HD; i += DQ_THREADS)
         q_sm[i] = q_row[i];
@@ -773,22 +836,22 @@ qattn_decode_turbo_kernel(struct cu_op op, const uint8_t *params, float *part)
                                  : 0u;
     }
 
-    da_columns<HD> cols;
+    da_columns<HD, VB ? HD : 0, false> cols;
     cols.init();
     const int window = op.u.attn.window;
-    const uint32_t ktab_s = smem_addr(ktab);
+    uint32_t ktab_s = smem_addr(ktab);
+    if constexpr (KC != 0)
+        ktab_s += 4u * (uint32_t)(lane % KC); /* this lane's copy of the pair table */
+    const uint32_t vtab_s = smem_addr(vtab);
 
     for (int j = 0; j < b.n_sub; j++) {
         const uint8_t *stage = raw + st.arrive<DQ_STAGES>(j, b.w_first, b.n_sub, lane);
         const uint32_t vrec = smem_addr(stage) + (uint32_t)(DQ_ROWS * kroom + st.v.lead);
         uint32_t vs[2];
-        if (VB) {
-            dt_decode_v<HD, VB>(smem_addr(stage) + DQ_ROWS * kroom, st.v.lead, smem_addr(vtab),
-                                vdec, lane);
+        if (VB)
             dt_norm_pairs(vrec, vroom, t, vs);
-        } else {
+        else
             dq_decode<HD>(stage + DQ_ROWS * kroom, vroom, st.v, vtab, vdec, lane);
-        }
 
         /* S^T: rows the positions g and g + 8, columns the heads */
         const uint32_t rec0 = smem_addr(stage) + (uint32_t)(st.k.lead + g * kroom);
@@ -820,7 +883,7 @@ qattn_decode_turbo_kernel(struct cu_op op, const uint8_t *params, float *part)
                         const uint32_t code = (w[r][at_byte >> 2] >> (8 * (at_byte & 3))) & 0xffu;
                         asm volatile("ld.shared.u32 %0, [%1];\n"
                                      : "=r"(v)
-                                     : "r"(ktab_s + 4 * code));
+                                     : "r"(ktab_s + 4u * KC * code));
                     } else { /* bytes 2 h and 2 h + 1 of word kk */
                         const uint32_t c0 = (w[r][kk] >> (16 * h)) & 0xffu;
                         const uint32_t c1 = (w[r][kk] >> (16 * h + 8)) & 0xffu;
@@ -846,12 +909,17 @@ qattn_decode_turbo_kernel(struct cu_op op, const uint8_t *params, float *part)
             if (edge && da_masked(p0 + g + 8 * r, ds, window))
                 score[r][0] = score[r][1] = -INFINITY;
         }
-        if (VB)
-            cols.template step<true>(score, vdec, lane, vs);
-        else
+        if constexpr (VB != 0) {
+            uint32_t pb[2];
+            cols.softmax(score, pb);
+            pb[0] = dq_u32(__hmul2(dq_h2(pb[0]), dq_h2(vs[0])));
+            pb[1] = dq_u32(__hmul2(dq_h2(pb[1]), dq_h2(vs[1])));
+            dt_pv_codes<HD, VB>(cols, vrec, vtab_s, pb, lane);
+        } else {
             cols.step(score, vdec, lane);
+        }
     }
-    cols.template finish<DQ_WARPS>(warps, op, part, b);
+    cols.template finish<DQ_WARPS>(dq_smem, op, part, b); /* the tables are done with too */
 }
 
 template <int HD, int BITS, int GS, int ALIGN>
@@ -896,23 +964,27 @@ static cudaError_t launch_qdecode_affine_hd(cudaStream_t s, const struct cu_op *
                : launch_qdecode_affine<HD, 4, 32, 4>(s, op, params, part, smem_optin);
 }
 
-/* The block's shared memory in qattn_decode_turbo_kernel: the two level
- * tables and the rotated query rows, then the affine kernel's warp regions
- * (the merge's room once they are done) and 16 bytes the word loads may
- * read past. */
+/* The block's shared memory in qattn_decode_turbo_kernel: the two sides'
+ * level tables, the rotated query rows and the affine kernel's warp
+ * regions (with an fp16 V sub-tile where V is decoded: VB 0), or the
+ * merge's room over all of them once they are done, whichever is larger;
+ * and 16 bytes the word loads may read past. */
+template <int KBITS, int VB>
 static size_t dt_block_bytes(const struct kv_quant_layer &f, int hd)
 {
-    size_t warps = DQ_WARPS * da_warp_bytes(f, hd, true);
-    if (warps < FA_DECODE_MERGE_BYTES(hd, DQ_WARPS))
-        warps = FA_DECODE_MERGE_BYTES(hd, DQ_WARPS);
-    return 2 * DQ_TABLE_BYTES + (size_t)DA_MAX_GROUP * hd * sizeof(float) + warps + 16;
+    size_t bytes = dt_table_bytes(KBITS, dt_k_copies<KBITS>()) +
+                   dt_table_bytes(VB, dt_v_copies<VB>()) + (size_t)DA_MAX_GROUP * hd * sizeof(float) +
+                   DQ_WARPS * da_warp_bytes(f, hd, VB == 0);
+    if (bytes < FA_DECODE_MERGE_BYTES(hd, DQ_WARPS))
+        bytes = FA_DECODE_MERGE_BYTES(hd, DQ_WARPS);
+    return bytes + 16;
 }
 
 template <int HD, int KBITS, int VB>
 static cudaError_t launch_qdecode_turbo(cudaStream_t s, const struct cu_op *op,
                                        const uint8_t *params, float *part, int smem_optin)
 {
-    const size_t smem = dt_block_bytes(op->u.attn.kv.fmt, HD);
+    const size_t smem = dt_block_bytes<KBITS, VB>(op->u.attn.kv.fmt, HD);
     if (smem > (size_t)smem_optin)
         return cudaErrorNotSupported;
     cudaError_t e = cudaFuncSetAttribute(qattn_decode_turbo_kernel<HD, KBITS, VB>,
@@ -930,7 +1002,7 @@ static cudaError_t launch_qdecode_turbo(cudaStream_t s, const struct cu_op *op,
 
 
 /* The TurboQuant kernel's instance for the key bits (4 or 8) and the value
- * bits: 2 to 4 decoded as bare levels (the norm on P), others generically. */
+ * bits: 2 to 4 into P V as their bare levels (the norm on P), others decoded. */
 template <int HD, int KBITS>
 static cudaError_t launch_qdecode_turbo_k(cudaStream_t s, const struct cu_op *op,
                                          const uint8_t *params, float *part, int smem_optin)
