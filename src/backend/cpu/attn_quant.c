@@ -118,8 +118,8 @@ static inline void decode_record(const struct kv_quant_layer *l, const float *le
         int g = l->group_size;
         const uint8_t *scales = rec + hd * bits / 8;
         for (int g0 = 0; g0 < hd; g0 += g) {
-            __m256 scale = _mm256_set1_ps(kvq_load_f16(scales + (g0 / g) * 4));
-            __m256 bias = _mm256_set1_ps(kvq_load_f16(scales + (g0 / g) * 4 + 2));
+            __m256 scale = _mm256_set1_ps(qattn_load_f16(scales + (g0 / g) * 4));
+            __m256 bias = _mm256_set1_ps(qattn_load_f16(scales + (g0 / g) * 4 + 2));
             for (int d = g0; d < g0 + g; d += 8)
                 _mm256_storeu_ps(out + d, _mm256_fmadd_ps(_mm256_cvtepi32_ps(codes8(rec, d, bits)),
                                                           scale, bias));
@@ -128,7 +128,7 @@ static inline void decode_record(const struct kv_quant_layer *l, const float *le
     }
     if (l->scheme == KV_QUANT_TURBO) {
         bool qjl = !v && l->qjl;
-        __m256 s = _mm256_set1_ps(kvq_load_f16(rec));
+        __m256 s = _mm256_set1_ps(qattn_load_f16(rec));
         const uint8_t *codes = rec + (qjl ? 4 : 2);
         for (int d = 0; d < hd; d += 8)
             _mm256_storeu_ps(out + d, _mm256_mul_ps(s, lookup8(codes8(codes, d, bits), bits, levels)));
@@ -244,7 +244,7 @@ static void qwindow_items(void *ctx, int ith, int nth)
             if (l->scheme != KV_QUANT_TURBO)
                 continue;
             if (l->qjl) {
-                float coef = kvq_load_f16(rk + 2) * 1.2533141373155003f / sqrtf((float)hd);
+                float coef = qattn_load_f16(rk + 2) * 1.2533141373155003f / sqrtf((float)hd);
                 decode_signs(l, hd, rk, z);
                 cpu_kvq_rotate(z, hd, kv->quant->seed, 2, job->layer, true);
                 for (int d = 0; d < hd; d++)

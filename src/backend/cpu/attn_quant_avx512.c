@@ -48,8 +48,8 @@ static inline void decode_record16(const struct kv_quant_layer *l, const float *
         int g = l->group_size;
         const uint8_t *scales = rec + hd * bits / 8;
         for (int g0 = 0; g0 < hd; g0 += g) {
-            __m512 scale = _mm512_set1_ps(kvq_load_f16(scales + (g0 / g) * 4));
-            __m512 bias = _mm512_set1_ps(kvq_load_f16(scales + (g0 / g) * 4 + 2));
+            __m512 scale = _mm512_set1_ps(qattn_load_f16(scales + (g0 / g) * 4));
+            __m512 bias = _mm512_set1_ps(qattn_load_f16(scales + (g0 / g) * 4 + 2));
             for (int d = g0; d < g0 + g; d += 16)
                 _mm512_storeu_ps(out + d, _mm512_fmadd_ps(_mm512_cvtepi32_ps(codes16(rec, d, bits)),
                                                           scale, bias));
@@ -58,7 +58,7 @@ static inline void decode_record16(const struct kv_quant_layer *l, const float *
     }
     if (l->scheme == KV_QUANT_TURBO) {
         bool qjl = !v && l->qjl;
-        __m512 s = _mm512_set1_ps(kvq_load_f16(rec));
+        __m512 s = _mm512_set1_ps(qattn_load_f16(rec));
         const uint8_t *codes = rec + (qjl ? 4 : 2);
         for (int d = 0; d < hd; d += 16)
             _mm512_storeu_ps(out + d, _mm512_mul_ps(s, lookup16(codes16(codes, d, bits), bits, levels)));

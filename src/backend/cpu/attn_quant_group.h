@@ -6,9 +6,25 @@
 #include "backend/cpu/attn_quant_kernels.h"
 #include "backend/kv_quant.h"
 
+#ifndef QA_PREFETCH_ONCE
+#define QA_PREFETCH_ONCE
+/* Asks for the cache lines of n records of `bytes` each, stride apart from
+ * the one at rec: a block's records are a slot row apart and blocks lie
+ * anywhere, which the hardware prefetchers do not follow. */
+static inline void qattn_prefetch_records(const uint8_t *rec, size_t stride, int n, int bytes)
+{
+    for (int j = 0; j < n; j++, rec += stride) {
+        const uintptr_t first = (uintptr_t)rec & ~(uintptr_t)63;
+        for (uintptr_t line = first; line < (uintptr_t)rec + (uintptr_t)bytes; line += 64)
+            __builtin_prefetch((const void *)line);
+    }
+}
+#endif
+
 /* One query row of every head sharing kv_head, over positions [first_pos,
  * last_pos], a block at a time with a running softmax: each K and V record is
- * decoded once into a row of floats and used by the whole group. */
+ * decoded once into a row of floats and used by the whole group. The next
+ * block's records are asked for while this one is attended. */
 static void QA_GROUP(const struct qattn_job *job, const struct attn_span *sp, int row,
                      int kv_head)
 {
@@ -48,6 +64,7 @@ static void QA_GROUP(const struct qattn_job *job, const struct attn_span *sp, in
         running_sum[g] = 0.0f;
     }
     size_t head_k = (size_t)kv_head * kb, head_v = (size_t)kv_head * vb;
+    size_t kstride = kv_cache_row_bytes(kv, false), vstride = kv_cache_row_bytes(kv, true);
 
     for (int start = first_pos; start <= last_pos;) {
         uint32_t block = sp->block_ids[start / kv->block_size];
@@ -58,14 +75,24 @@ static void QA_GROUP(const struct qattn_job *job, const struct attn_span *sp, in
         start += n;
         const uint8_t *kbase = (const uint8_t *)kv->k + row_offset(kv, job->layer, block, slot0, false);
         const uint8_t *vbase = (const uint8_t *)kv->v + row_offset(kv, job->layer, block, slot0, true);
-        size_t kstride = kv_cache_row_bytes(kv, false), vstride = kv_cache_row_bytes(kv, true);
+        if (start <= last_pos) { /* the next block, whole or up to last_pos */
+            int n_next = last_pos + 1 - start < kv->block_size ? last_pos + 1 - start
+                                                               : kv->block_size;
+            uint32_t next = sp->block_ids[start / kv->block_size];
+            qattn_prefetch_records((const uint8_t *)kv->k +
+                                       row_offset(kv, job->layer, next, 0, false) + head_k,
+                                   kstride, n_next, kb);
+            qattn_prefetch_records((const uint8_t *)kv->v +
+                                       row_offset(kv, job->layer, next, 0, true) + head_v,
+                                   vstride, n_next, vb);
+        }
         for (int j = 0; j < n; j++) {
             const uint8_t *rec = kbase + j * kstride + head_k;
             QA_DECODE_RECORD(l, k_levels, hd, false, rec, krow);
             float coef = 0;
             if (qjl) {
                 QA_DECODE_SIGNS(l, hd, rec, z);
-                coef = kvq_load_f16(rec + 2) * qjl_coef_unit;
+                coef = qattn_load_f16(rec + 2) * qjl_coef_unit;
             }
             for (int g = 0; g < group; g++) {
                 float s = QA_DOT(qr[g], krow, hd);
