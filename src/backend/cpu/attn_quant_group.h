@@ -8,23 +8,20 @@
 
 #ifndef QA_PREFETCH_ONCE
 #define QA_PREFETCH_ONCE
-/* Asks for the cache lines of n records of `bytes` each, stride apart from
- * the one at rec: a block's records are a slot row apart and blocks lie
- * anywhere, which the hardware prefetchers do not follow. */
-static inline void qattn_prefetch_records(const uint8_t *rec, size_t stride, int n, int bytes)
+/* Asks for the cache lines of a record of `bytes` at rec: a block's records are a slot row
+ * apart and blocks lie anywhere, which the hardware prefetchers do not follow. */
+static inline void qattn_prefetch_record(const uint8_t *rec, int bytes)
 {
-    for (int j = 0; j < n; j++, rec += stride) {
-        const uintptr_t first = (uintptr_t)rec & ~(uintptr_t)63;
-        for (uintptr_t line = first; line < (uintptr_t)rec + (uintptr_t)bytes; line += 64)
-            __builtin_prefetch((const void *)line);
-    }
+    const uintptr_t first = (uintptr_t)rec & ~(uintptr_t)63;
+    for (uintptr_t line = first; line < (uintptr_t)rec + (uintptr_t)bytes; line += 64)
+        __builtin_prefetch((const void *)line);
 }
 #endif
 
 /* One query row of every head sharing kv_head, over positions [first_pos,
  * last_pos], a block at a time with a running softmax: each K and V record is
  * decoded once into a row of floats and used by the whole group. The next
- * block's records are asked for while this one is attended. */
+ * block's records are asked for while this one's are used. */
 static void QA_GROUP(const struct qattn_job *job, const struct attn_span *sp, int row,
                      int kv_head)
 {
@@ -75,18 +72,23 @@ static void QA_GROUP(const struct qattn_job *job, const struct attn_span *sp, in
         start += n;
         const uint8_t *kbase = (const uint8_t *)kv->k + row_offset(kv, job->layer, block, slot0, false);
         const uint8_t *vbase = (const uint8_t *)kv->v + row_offset(kv, job->layer, block, slot0, true);
-        if (start <= last_pos) { /* the next block, whole or up to last_pos */
-            int n_next = last_pos + 1 - start < kv->block_size ? last_pos + 1 - start
-                                                               : kv->block_size;
+        /* the next block's records, asked for a position at a time as this block's are used
+         * (K's while scoring, V's while adding) */
+        int n_next = 0;
+        const uint8_t *knext = NULL, *vnext = NULL;
+        if (start <= last_pos) {
+            n_next = last_pos + 1 - start < kv->block_size ? last_pos + 1 - start : kv->block_size;
             uint32_t next = sp->block_ids[start / kv->block_size];
-            qattn_prefetch_records((const uint8_t *)kv->k +
-                                       row_offset(kv, job->layer, next, 0, false) + head_k,
-                                   kstride, n_next, kb);
-            qattn_prefetch_records((const uint8_t *)kv->v +
-                                       row_offset(kv, job->layer, next, 0, true) + head_v,
-                                   vstride, n_next, vb);
+            knext = (const uint8_t *)kv->k + row_offset(kv, job->layer, next, 0, false) + head_k;
+            vnext = (const uint8_t *)kv->v + row_offset(kv, job->layer, next, 0, true) + head_v;
+            for (int j = n; j < n_next; j++) { /* past a short first block's positions */
+                qattn_prefetch_record(knext + j * kstride, kb);
+                qattn_prefetch_record(vnext + j * vstride, vb);
+            }
         }
         for (int j = 0; j < n; j++) {
+            if (j < n_next)
+                qattn_prefetch_record(knext + j * kstride, kb);
             const uint8_t *rec = kbase + j * kstride + head_k;
             QA_DECODE_RECORD(l, k_levels, hd, false, rec, krow);
             float coef = 0;
@@ -115,6 +117,8 @@ static void QA_GROUP(const struct qattn_job *job, const struct attn_span *sp, in
             running_max[g] = new_max;
         }
         for (int j = 0; j < n; j++) {
+            if (j < n_next)
+                qattn_prefetch_record(vnext + j * vstride, vb);
             QA_DECODE_RECORD(l, v_levels, hd, true, vbase + j * vstride + head_v, vrow);
             for (int g = 0; g < group; g++)
                 QA_AXPY(acc[g], j == 0 ? corr[g] : 1.0f, scores[g][j], vrow, hd);
