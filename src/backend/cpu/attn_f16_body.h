@@ -41,31 +41,56 @@ HA_AI void ha_scores_block(const float *q, int hd, const uint16_t *const *kp, si
     }
 }
 
-/* The n positions' scores for the GB heads from q: four positions a block. */
+/* Rows the next chunk reads, asked of memory a few at a time while this chunk's are used (a
+ * burst of a whole chunk's lines overruns the core's outstanding misses): rows[j] for j in
+ * [j0, j1) below n, row_bytes each. */
+struct ha_ahead {
+    const uint16_t *const *rows;
+    int n, row_bytes;
+};
+
+HA_AI void ha_prefetch(const struct ha_ahead *a, int j0, int j1)
+{
+    if (!a)
+        return;
+    for (int j = j0; j < j1 && j < a->n; j++)
+        for (int b = 0; b < a->row_bytes; b += 64)
+            _mm_prefetch((const char *)a->rows[j] + b, _MM_HINT_T0);
+}
+
+/* The n positions' scores for the GB heads from q: four positions a block, ahead's rows
+ * asked for beside them. */
 HA_AI void ha_scores_heads(const float *q, int hd, const uint16_t *const *kp, size_t off, int n,
-                           float *s, const int GB)
+                           float *s, const int GB, const struct ha_ahead *ahead)
 {
     int j = 0;
-    for (; j + 4 <= n; j += 4)
+    for (; j + 4 <= n; j += 4) {
+        ha_prefetch(ahead, j, j + 4);
         ha_scores_block(q, hd, kp, off, j, s, GB, 4);
-    for (; j < n; j++)
+    }
+    for (; j < n; j++) {
+        ha_prefetch(ahead, j, j + 1);
         ha_scores_block(q, hd, kp, off, j, s, GB, 1);
+    }
+    if (ahead) /* the rest of a longer next chunk */
+        ha_prefetch(ahead, n, ahead->n);
 }
 
 static void ha_scores(const float *q, int n_heads, int hd, const uint16_t *const *kp, size_t off,
-                      int n, float *s)
+                      int n, float *s, const struct ha_ahead *ahead)
 {
     for (int g = 0; g < n_heads; g += HA_GB) {
         const float *qg = q + (size_t)g * hd;
         float *sg = s + g * HATTN_CHUNK;
+        const struct ha_ahead *a = g == 0 ? ahead : NULL;
         switch (n_heads - g < HA_GB ? n_heads - g : HA_GB) {
-        case 1: ha_scores_heads(qg, hd, kp, off, n, sg, 1); break;
-        case 2: ha_scores_heads(qg, hd, kp, off, n, sg, 2); break;
+        case 1: ha_scores_heads(qg, hd, kp, off, n, sg, 1, a); break;
+        case 2: ha_scores_heads(qg, hd, kp, off, n, sg, 2, a); break;
 #if HA_GB >= 3
-        case 3: ha_scores_heads(qg, hd, kp, off, n, sg, 3); break;
+        case 3: ha_scores_heads(qg, hd, kp, off, n, sg, 3, a); break;
 #endif
 #if HA_GB >= 4
-        case 4: ha_scores_heads(qg, hd, kp, off, n, sg, 4); break;
+        case 4: ha_scores_heads(qg, hd, kp, off, n, sg, 4, a); break;
 #endif
         }
     }
@@ -105,7 +130,8 @@ static float ha_softmax(float *s, int n, float *rmax, float *rsum)
  * heads from o, p and corr: the accumulators stay in registers across the
  * chunk's positions, each V vector widened once for the GB heads. */
 HA_AI void ha_pv_block(float *o, int hd, const float *p, const uint16_t *const *vp, size_t off,
-                       int n, const float *corr, int d0, const int GB, const int DV)
+                       int n, const float *corr, int d0, const int GB, const int DV,
+                       const struct ha_ahead *ahead)
 {
     HA_V acc[HA_GB][HA_DV];
 #pragma GCC unroll 8
@@ -116,6 +142,7 @@ HA_AI void ha_pv_block(float *o, int hd, const float *p, const uint16_t *const *
             acc[g][dv] = HA_MUL(HA_LOAD(o + (size_t)g * hd + d0 + dv * HA_VL), c);
     }
     for (int j = 0; j < n; j++) {
+        ha_prefetch(ahead, j, j + 1);
         HA_V pb[HA_GB];
 #pragma GCC unroll 8
         for (int g = 0; g < GB; g++)
@@ -135,40 +162,40 @@ HA_AI void ha_pv_block(float *o, int hd, const float *p, const uint16_t *const *
             HA_STORE(o + (size_t)g * hd + d0 + dv * HA_VL, acc[g][dv]);
 }
 
-/* Every dimension block of the GB heads from o. */
+/* Every dimension block of the GB heads from o; ahead's rows asked for beside the first. */
 HA_AI void ha_pv_heads(float *o, int hd, const float *p, const uint16_t *const *vp, size_t off,
-                       int n, const float *corr, const int GB)
+                       int n, const float *corr, const int GB, const struct ha_ahead *ahead)
 {
     int nvec = hd / HA_VL, d = 0;
     for (; d + HA_DV <= nvec; d += HA_DV)
-        ha_pv_block(o, hd, p, vp, off, n, corr, d * HA_VL, GB, HA_DV);
+        ha_pv_block(o, hd, p, vp, off, n, corr, d * HA_VL, GB, HA_DV, d == 0 ? ahead : NULL);
     for (; d < nvec; d++)
-        ha_pv_block(o, hd, p, vp, off, n, corr, d * HA_VL, GB, 1);
+        ha_pv_block(o, hd, p, vp, off, n, corr, d * HA_VL, GB, 1, d == 0 ? ahead : NULL);
+    if (ahead)
+        ha_prefetch(ahead, n, ahead->n);
 }
 
 static void ha_pv(float *o, int n_heads, int hd, const float *p, const uint16_t *const *vp,
-                  size_t off, int n, const float *corr)
+                  size_t off, int n, const float *corr, const struct ha_ahead *ahead)
 {
     for (int g = 0; g < n_heads; g += HA_GB) {
         float *og = o + (size_t)g * hd;
         const float *pg = p + g * HATTN_CHUNK;
+        const struct ha_ahead *a = g == 0 ? ahead : NULL;
         switch (n_heads - g < HA_GB ? n_heads - g : HA_GB) {
-        case 1: ha_pv_heads(og, hd, pg, vp, off, n, corr + g, 1); break;
-        case 2: ha_pv_heads(og, hd, pg, vp, off, n, corr + g, 2); break;
+        case 1: ha_pv_heads(og, hd, pg, vp, off, n, corr + g, 1, a); break;
+        case 2: ha_pv_heads(og, hd, pg, vp, off, n, corr + g, 2, a); break;
 #if HA_GB >= 3
-        case 3: ha_pv_heads(og, hd, pg, vp, off, n, corr + g, 3); break;
+        case 3: ha_pv_heads(og, hd, pg, vp, off, n, corr + g, 3, a); break;
 #endif
 #if HA_GB >= 4
-        case 4: ha_pv_heads(og, hd, pg, vp, off, n, corr + g, 4); break;
+        case 4: ha_pv_heads(og, hd, pg, vp, off, n, corr + g, 4, a); break;
 #endif
         }
     }
 }
 
-/* The rows of positions [c0, c0 + n) of the item's kv head into kp and vp,
- * each of their cache lines asked of memory now: the rows sit a slot's row
- * apart within a block and blocks anywhere, so without the hints every row
- * waits on its own miss. */
+/* The rows of positions [c0, c0 + n) of the item's kv head into kp and vp. */
 static void ha_chunk_rows(const struct tattn_args *a, const struct hattn_item *it, int c0, int n,
                           const uint16_t **kp, const uint16_t **vp)
 {
@@ -177,17 +204,12 @@ static void ha_chunk_rows(const struct tattn_args *a, const struct hattn_item *i
     const uint16_t *kc = kv->k, *vc = kv->v;
     int hd = kv->head_dim;
     size_t head_off = (size_t)it->kv_head * hd;
-    int row_bytes = hd * 2 * hattn_item_kv_heads(it);
     for (int j = 0; j < n; j++) {
         int pos = c0 + j;
         uint32_t block = sp->block_ids[pos / kv->block_size];
         size_t off = tattn_slot_offset(kv, a->layer, block, pos % kv->block_size) + head_off;
         kp[j] = kc + off;
         vp[j] = vc + off;
-        for (int b = 0; b < row_bytes; b += 64) {
-            _mm_prefetch((const char *)kp[j] + b, _MM_HINT_T0);
-            _mm_prefetch((const char *)vp[j] + b, _MM_HINT_T0);
-        }
     }
 }
 
@@ -221,17 +243,27 @@ static void ha_rows(const struct tattn_args *a, const struct hattn_item *it, int
     }
 
     int n = last + 1 - first < HATTN_CHUNK ? last + 1 - first : HATTN_CHUNK, cur = 0;
+    int row_bytes = hd * 2 * NK; /* an item's part of a slot row */
     ha_chunk_rows(a, it, first, n, kp[0], vp[0]);
+    {
+        const struct ha_ahead k0 = {kp[0], n, row_bytes}, v0 = {vp[0], n, row_bytes};
+        ha_prefetch(&k0, 0, n);
+        ha_prefetch(&v0, 0, n);
+    }
     for (int c0 = first; n > 0; cur ^= 1) {
-        /* the next chunk's rows are on their way while this one is computed */
+        /* the next chunk's rows are asked for as this one's are used: K's beside the scores,
+         * V's beside P V */
         int next = c0 + n, n_next = last + 1 - next < HATTN_CHUNK ? last + 1 - next : HATTN_CHUNK;
         if (n_next > 0)
             ha_chunk_rows(a, it, next, n_next, kp[cur ^ 1], vp[cur ^ 1]);
+        const struct ha_ahead k_ahead = {kp[cur ^ 1], n_next, row_bytes},
+                              v_ahead = {vp[cur ^ 1], n_next, row_bytes};
         /* the heads of kv head k (its part of each slot row, k * hd along) row by row; with
          * one kv head every row's heads in one call */
         for (int rk = 0; rk < (NK > 1 ? R * NK : 1); rk++)
             ha_scores(q + (size_t)rk * G * hd, NK > 1 ? G : Q, hd, kp[cur],
-                      (size_t)(rk % NK) * hd, n, s + rk * G * HATTN_CHUNK);
+                      (size_t)(rk % NK) * hd, n, s + rk * G * HATTN_CHUNK,
+                      rk == 0 && n_next > 0 ? &k_ahead : NULL);
         for (int r = 0; r < R; r++) {
             int own = last0 + r + 1 - c0; /* the row's positions in this chunk */
             own = own < 0 ? 0 : own < n ? own : n;
@@ -244,7 +276,8 @@ static void ha_rows(const struct tattn_args *a, const struct hattn_item *it, int
         }
         for (int rk = 0; rk < (NK > 1 ? R * NK : 1); rk++)
             ha_pv(o + (size_t)rk * G * hd, NK > 1 ? G : Q, hd, s + rk * G * HATTN_CHUNK, vp[cur],
-                  (size_t)(rk % NK) * hd, n, corr + rk * G);
+                  (size_t)(rk % NK) * hd, n, corr + rk * G,
+                  rk == 0 && n_next > 0 ? &v_ahead : NULL);
         c0 = next;
         n = n_next;
     }
