@@ -6,18 +6,6 @@
 #include "backend/cpu/attn_quant_kernels.h"
 #include "backend/kv_quant.h"
 
-#ifndef QA_PREFETCH_ONCE
-#define QA_PREFETCH_ONCE
-/* Asks for the cache lines of a record of `bytes` at rec: a block's records are a slot row
- * apart and blocks lie anywhere, which the hardware prefetchers do not follow. */
-static inline void qattn_prefetch_record(const uint8_t *rec, int bytes)
-{
-    const uintptr_t first = (uintptr_t)rec & ~(uintptr_t)63;
-    for (uintptr_t line = first; line < (uintptr_t)rec + (uintptr_t)bytes; line += 64)
-        __builtin_prefetch((const void *)line);
-}
-#endif
-
 /* One query row of every head sharing kv_head, over positions [first_pos,
  * last_pos], a block at a time with a running softmax: each K and V record is
  * decoded once into a row of floats and used by the whole group. The next

@@ -62,6 +62,15 @@ static inline float qattn_load_f16(const uint8_t *p)
     return _cvtsh_ss(h);
 }
 
+/* Asks for the cache lines of a record of `bytes` at rec: a block's records are a slot row
+ * apart and blocks lie anywhere, which the hardware prefetchers do not follow. */
+static inline void qattn_prefetch_record(const uint8_t *rec, int bytes)
+{
+    const uintptr_t first = (uintptr_t)rec & ~(uintptr_t)63;
+    for (uintptr_t line = first; line < (uintptr_t)rec + (uintptr_t)bytes; line += 64)
+        __builtin_prefetch((const void *)line);
+}
+
 /* kvq_quantize_head's record of x, the same bytes, vectorized (kv_quantize.c). */
 void cpu_kvq_quantize_head(const struct kv_quant_layer *l, const struct kvq_codebooks *cb,
                            uint64_t seed, int layer, int head_dim, bool v, const float *x,
