@@ -34,16 +34,24 @@ static inline size_t row_offset(const struct kv_cache *kv, int layer, uint32_t b
            kv_cache_row_bytes(kv, v);
 }
 
-/* n (2 to 8) bytes at p, little-endian: a fixed-size copy per case, so no
- * call to memcpy in the decoders' inner loops, and no byte past p + n read. */
+/* n (2 to 8) bytes at p, little-endian: loads of whole integers joined in registers (a
+ * partial copy into a wider variable makes its load wait for the stores it cannot be
+ * forwarded from), no call to memcpy in the decoders' inner loops, and no byte past p + n
+ * read. */
 static inline uint64_t qattn_load_le(const uint8_t *p, int n)
 {
     uint64_t w = 0;
+    uint32_t w32;
+    uint16_t w16;
     switch (n) {
-    case 2: memcpy(&w, p, 2); break;
-    case 3: memcpy(&w, p, 3); break;
-    case 4: memcpy(&w, p, 4); break;
-    case 6: memcpy(&w, p, 6); break;
+    case 2: memcpy(&w16, p, 2); w = w16; break;
+    case 3: memcpy(&w16, p, 2); w = w16 | (uint64_t)p[2] << 16; break;
+    case 4: memcpy(&w32, p, 4); w = w32; break;
+    case 6:
+        memcpy(&w32, p, 4);
+        memcpy(&w16, p + 4, 2);
+        w = w32 | (uint64_t)w16 << 32;
+        break;
     case 8: memcpy(&w, p, 8); break;
     default:
         for (int i = 0; i < n; i++)
