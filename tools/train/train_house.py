@@ -14,10 +14,14 @@ What it does, in order:
      each followed by <|endoftext|>; 2% of the training documents are kept aside as
      validation (early stopping and checkpoint choice);
   3. house: trained on random 1024-token windows of the stream until validation loss stops
-     improving; house-draft: trained on the same windows, its loss mixing cross-entropy
-     with the KL divergence to house's distribution (distillation), keeping the checkpoint
-     whose greedy agreement with house on validation is best;
-  4. the measurements of models/house/README.md and the golden of tests/goldens/house,
+     improving; house-draft: trained on windows of the same stream and, half of each batch,
+     of house's own continuations of prompts from the training documents (half greedy, half
+     sampled), its loss mixing cross-entropy with the KL divergence to house's distribution
+     (distillation), keeping the checkpoint whose greedy agreement with house on validation
+     is best (--draft-only HOUSE_DIR keeps that house and trains only the draft);
+  4. the measurements of models/house/README.md (with the draft's agreement on house's
+     greedy continuations of held-out prompts, what speculative decoding accepts) and the
+     golden of tests/goldens/house,
      from the saved bf16 files reloaded with transformers in float32 with eager attention
      (what the C engine's exact mode computes), not from the in-memory training copy.
 
@@ -34,6 +38,7 @@ import json
 import math
 import os
 import random
+import shutil
 import sys
 import time
 
@@ -60,8 +65,15 @@ SHAPES = {
                   lr=1.5e-3, epochs=10, seconds=150, dropout=0.1),
     "house-draft": dict(hidden_size=192, intermediate_size=512, num_hidden_layers=2,
                         num_attention_heads=3, num_key_value_heads=1, head_dim=64,
-                        lr=3e-3, epochs=10, seconds=75, dropout=0.0),
+                        lr=3e-3, epochs=20, seconds=420, dropout=0.0, patience=10),
 }
+# The draft's data besides the corpus stream: house's own continuations of prompts cut from the
+# training documents (on-policy distillation: speculative decoding verifies drafts against the
+# text house generates, not against the corpus), half greedy and half sampled as
+# generation_config.json says; GENERATED_SHARE of each draft batch comes from them.
+GENERATED = 12000
+GENERATED_TOKENS = 256
+GENERATED_SHARE = 0.5
 
 LOG = None
 
@@ -169,6 +181,67 @@ def build_stream(tok, docs, seed):
     return torch.tensor(ids, dtype=torch.int32), n_chat
 
 
+def continuation_prompt(doc, rng):
+    """A prompt cut from a document as a user would give it: the passage start as plain text
+    (its first 4-40 words) or as a chat turn waiting for the assistant's answer."""
+    if rng.random() < 0.5:
+        pair = chat_pair(doc, rng)
+        if pair:
+            system = f"<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n" if rng.random() < 0.25 else ""
+            return f"{system}<|im_start|>user\n{pair[0]}<|im_end|>\n<|im_start|>assistant\n"
+    words = doc.split(" ")
+    return " ".join(words[:rng.randint(4, 40)])
+
+
+@torch.no_grad()
+def house_continuations(house, tok, prompts, device, greedy, new_tokens=GENERATED_TOKENS, batch=1024):
+    """Token ids of each prompt followed by house's continuation, up to and with the first end
+    token (<|im_end|> or <|endoftext|>): greedy, or sampled with the settings of
+    generation_config.json (temperature 0.7, top-k 40, top-p 0.9, repetition penalty 1.1)."""
+    house.eval()
+    out = []
+    for i in range(0, len(prompts), batch):
+        enc = [e.ids[-256:] for e in tok.encode_batch(prompts[i:i + batch])]
+        width = max(len(e) for e in enc)
+        ids = torch.full((len(enc), width), EOT_ID, dtype=torch.long)
+        mask = torch.zeros((len(enc), width), dtype=torch.long)
+        for r, e in enumerate(enc):  # left padding: every row's last prompt token lines up
+            ids[r, width - len(e):] = torch.tensor(e)
+            mask[r, width - len(e):] = 1
+        settings = dict(do_sample=False, repetition_penalty=1.0, temperature=None, top_k=None,
+                        top_p=None) if greedy else dict(
+            do_sample=True, temperature=0.7, top_k=40, top_p=0.9, repetition_penalty=1.1)
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            gen = house.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+                                 max_new_tokens=new_tokens, min_new_tokens=1,
+                                 pad_token_id=EOT_ID, eos_token_id=[IM_END_ID, EOT_ID], **settings)
+        for r, e in enumerate(enc):
+            cont = gen[r, width:].tolist()
+            for j, t in enumerate(cont):
+                if t in (IM_END_ID, EOT_ID):
+                    cont = cont[:j + 1]
+                    break
+            out.append(e + cont)
+    return out
+
+
+def generated_stream(house, tok, docs, n, device, seed):
+    """n continuations by house (half greedy, half sampled) of prompts from docs, shuffled and
+    concatenated, each ending in <|endoftext|>."""
+    rng = random.Random(seed)
+    prompts = [continuation_prompt(rng.choice(docs), rng) for _ in range(n)]
+    torch.manual_seed(seed)
+    seqs = (house_continuations(house, tok, prompts[: n // 2], device, greedy=True)
+            + house_continuations(house, tok, prompts[n // 2:], device, greedy=False))
+    rng.shuffle(seqs)
+    ids = []
+    for seq in seqs:
+        ids.extend(seq)
+        if seq[-1] != EOT_ID:
+            ids.append(EOT_ID)
+    return torch.tensor(ids, dtype=torch.int32)
+
+
 def heldout_windows(ids):
     n = len(ids) // WINDOW
     return torch.tensor(ids[: n * WINDOW], dtype=torch.long).view(n, WINDOW)
@@ -226,10 +299,11 @@ def add_residual_dropout(model, p):
         layer.register_forward_hook(hook)
 
 
-def train_model(name, stream, windows, device, args, teacher=None):
-    """Trains on random SEQ_LEN windows of stream; every eval_every steps measures the validation
-    windows and keeps the best checkpoint: lowest loss, or with a teacher (the draft), highest
-    greedy agreement with it. Stops after `patience` evaluations without improvement."""
+def train_model(name, stream, windows, device, args, teacher=None, extra=None):
+    """Trains on random SEQ_LEN windows of stream (and, with extra, GENERATED_SHARE of each batch
+    from extra); every eval_every steps measures the validation windows and keeps the best
+    checkpoint: lowest loss, or with a teacher (the draft), highest greedy agreement with it.
+    Stops after `patience` evaluations without improvement (the shape's own, else --patience)."""
     from transformers import AutoModelForCausalLM
     shape = SHAPES[name]
     torch.manual_seed(1234)
@@ -240,7 +314,10 @@ def train_model(name, stream, windows, device, args, teacher=None):
     params = n_params(model)
     bsz = args.batch
     tokens_per_step = bsz * SEQ_LEN
-    max_steps = args.max_steps or max(1, int(shape["epochs"] * len(stream) / tokens_per_step))
+    n_extra = int(round(bsz * GENERATED_SHARE)) if extra is not None else 0
+    data_tokens = len(stream) + (len(extra) if extra is not None else 0)
+    max_steps = args.max_steps or max(1, int(shape["epochs"] * data_tokens / tokens_per_step))
+    patience = shape.get("patience", args.patience)
     seconds = args.seconds_scale * shape["seconds"]
     warmup = min(200, max_steps // 10 + 1)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
@@ -249,7 +326,9 @@ def train_model(name, stream, windows, device, args, teacher=None):
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=shape["lr"], betas=(0.9, 0.95), eps=1e-8,
                             fused=device.type == "cuda")
-    log(f"{name}: {params} parameters, {len(stream)} stream tokens, {max_steps} steps max, "
+    log(f"{name}: {params} parameters, {len(stream)} stream tokens"
+        f"{f' + {len(extra)} generated by house ({n_extra} of {bsz} windows a step)' if n_extra else ''}, "
+        f"{max_steps} steps max, "
         f"{tokens_per_step} tokens/step, {seconds:.0f} s max, dropout {shape['dropout']}, "
         f"{'distilled from house' if teacher is not None else 'plain cross-entropy'}")
     gen = torch.Generator().manual_seed(99)
@@ -259,6 +338,7 @@ def train_model(name, stream, windows, device, args, teacher=None):
     t0 = time.time()
     step = 0
     stream_dev = stream.to(device)
+    extra_dev = extra.to(device) if n_extra else None
     while step < max_steps:
         lr = shape["lr"] * min(1.0, (step + 1) / warmup)
         if step >= warmup:
@@ -266,9 +346,12 @@ def train_model(name, stream, windows, device, args, teacher=None):
             lr = shape["lr"] * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
         for g in opt.param_groups:
             g["lr"] = lr
-        starts = torch.randint(0, len(stream) - SEQ_LEN - 1, (bsz,), generator=gen).to(device)
-        idx = starts[:, None] + torch.arange(SEQ_LEN + 1, device=device)[None, :]
-        chunk = stream_dev[idx].long()
+        span = torch.arange(SEQ_LEN + 1, device=device)[None, :]
+        starts = torch.randint(0, len(stream) - SEQ_LEN - 1, (bsz - n_extra,), generator=gen).to(device)
+        chunk = stream_dev[starts[:, None] + span].long()
+        if n_extra:
+            starts = torch.randint(0, len(extra) - SEQ_LEN - 1, (n_extra,), generator=gen).to(device)
+            chunk = torch.cat([chunk, extra_dev[starts[:, None] + span].long()])
         x, y = chunk[:, :-1], chunk[:, 1:]
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             logits = model(input_ids=x).logits
@@ -300,7 +383,7 @@ def train_model(name, stream, windows, device, args, teacher=None):
                 bad_evals = 0
             else:
                 bad_evals += 1
-            if bad_evals >= args.patience:
+            if bad_evals >= patience:
                 log(f"{name}: validation stopped improving (best at step {best[2]})")
                 break
             if el > seconds:
@@ -317,7 +400,9 @@ def train_model(name, stream, windows, device, args, teacher=None):
                    "curve": curve, "shape": {k: v for k, v in SHAPES[name].items()}}
 
 
-def save_model(model, tok, out_dir):
+def save_model(model, tok, out_dir, tokenizer_dir=None):
+    """The model in bf16 with its generation defaults and tokenizer files (tokenizer_dir's own,
+    byte for byte, when given)."""
     from transformers import GenerationConfig
     model = copy.deepcopy(model).to(torch.bfloat16).cpu()
     model.config.max_position_embeddings = SEQ_LEN
@@ -330,7 +415,11 @@ def save_model(model, tok, out_dir):
                           do_sample=True, temperature=0.7, top_p=0.9, top_k=40,
                           repetition_penalty=1.1)
     gc.save_pretrained(out_dir)
-    write_tokenizer(tok, out_dir)
+    if tokenizer_dir:
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(os.path.join(tokenizer_dir, f), os.path.join(out_dir, f))
+    else:
+        write_tokenizer(tok, out_dir)
 
 
 # ------------------------------------------------------------------ evaluation
@@ -360,6 +449,28 @@ def window_stats(main, draft, windows, device):
                     "agree": int((am == ad).sum().item()),
                     "main_correct": int((am[:-1] == tgt).sum().item())})
     return out
+
+
+@torch.no_grad()
+def continuation_agreement(main, drafts, tok, heldout_text, device, n_prompts=128, new_tokens=128):
+    """What greedy speculative decoding meets: house's greedy continuations (new_tokens) of the
+    held-out documents' first 30 words (those of 40 words and more, as bench/spec_bench.sh
+    picks its prompts), and per draft the fraction of the continuations' positions where its
+    argmax equals house's."""
+    docs = [d for d in heldout_text.split("<|endoftext|>") if len(d.split(" ")) >= 40]
+    docs = docs[:: max(1, len(docs) // n_prompts)][:n_prompts]
+    prompts = [" ".join(d.split(" ")[:30]) for d in docs]
+    seqs = house_continuations(main, tok, prompts, device, greedy=True, new_tokens=new_tokens)
+    n_prompt = [len(e.ids[-256:]) for e in tok.encode_batch(prompts)]
+    agree, total = [0] * len(drafts), 0
+    for seq, n_p in zip(seqs, n_prompt):
+        x = torch.tensor([seq], device=device)
+        # positions n_p - 1 .. predict the continuation's tokens
+        am = main(input_ids=x).logits[0, n_p - 1:len(seq) - 1].argmax(-1)
+        total += am.numel()
+        for i, d in enumerate(drafts):
+            agree[i] += int((d(input_ids=x).logits[0, n_p - 1:len(seq) - 1].argmax(-1) == am).sum().item())
+    return [a / max(1, total) for a in agree], total
 
 
 @torch.no_grad()
@@ -412,9 +523,26 @@ def main():
     ap.add_argument("--seconds-scale", type=float, default=1.0)
     ap.add_argument("--limit-docs", type=int, default=0, help="use only this many documents (smoke tests)")
     ap.add_argument("--limit-windows", type=int, default=0, help="evaluate only this many windows (smoke tests)")
+    ap.add_argument("--generated", type=int, default=GENERATED,
+                    help="house continuations in the draft's data (0: the corpus stream alone)")
+    ap.add_argument("--draft-only", metavar="HOUSE_DIR",
+                    help="keep this house (weights and tokenizer) and train only the draft; its "
+                         "training/ log and results are carried over")
+    ap.add_argument("--compare-draft", metavar="DIR",
+                    help="an earlier draft whose agreement with house is measured beside the new one")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     LOG = open(os.path.join(args.out, "log.txt"), "w")
+    earlier = {}
+    if args.draft_only:
+        training = os.path.join(args.draft_only, "training")
+        if os.path.exists(os.path.join(training, "log.txt")):
+            with open(os.path.join(training, "log.txt"), encoding="utf-8") as f:
+                LOG.write(f.read().rstrip("\n") + "\n")
+            LOG.write(f"---- house-draft retrained alone (--draft-only), house kept\n")
+        if os.path.exists(os.path.join(training, "results.json")):
+            with open(os.path.join(training, "results.json"), encoding="utf-8") as f:
+                earlier = json.load(f)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -437,8 +565,13 @@ def main():
         heldout_text = f.read()
 
     t = time.time()
-    tok = train_tokenizer(docs, os.path.join(args.out, "tokenizer"), strict=not args.limit_docs)
-    log(f"tokenizer: {tok.get_vocab_size()} tokens in {time.time() - t:.1f}s")
+    if args.draft_only:
+        from tokenizers import Tokenizer
+        tok = Tokenizer.from_file(os.path.join(args.draft_only, "tokenizer.json"))
+        log(f"tokenizer: house's own, {tok.get_vocab_size()} tokens")
+    else:
+        tok = train_tokenizer(docs, os.path.join(args.out, "tokenizer"), strict=not args.limit_docs)
+        log(f"tokenizer: {tok.get_vocab_size()} tokens in {time.time() - t:.1f}s")
     plain_tokens = sum(len(e.ids) + 1 for e in tok.encode_batch(docs))
     stream, n_chat = build_stream(tok, docs, seed=7)
     heldout_ids = tok.encode(heldout_text).ids
@@ -462,10 +595,28 @@ def main():
                "models": {}}
     dirs = {}
     teacher = None
-    for name in ["house", "house-draft"]:
-        model, info = train_model(name, stream, val_windows, device, args, teacher)
+    names = ["house", "house-draft"]
+    if args.draft_only:
+        from transformers import AutoModelForCausalLM
+        dirs["house"] = args.draft_only
+        teacher = AutoModelForCausalLM.from_pretrained(
+            args.draft_only, dtype=torch.float32, attn_implementation="sdpa").to(device).eval()
+        if "house" in earlier.get("models", {}):
+            results["models"]["house"] = earlier["models"]["house"]
+        names = ["house-draft"]
+    for name in names:
+        extra = None
+        if teacher is not None and args.generated > 0:
+            t = time.time()
+            extra = generated_stream(teacher, tok, docs, args.generated, device, seed=11)
+            log(f"{name}: house continued {args.generated} prompts of the training documents "
+                f"(half greedy, half sampled): {len(extra)} tokens in {time.time() - t:.1f}s")
+        model, info = train_model(name, stream, val_windows, device, args, teacher, extra)
+        if extra is not None:
+            info["generated"] = {"continuations": args.generated, "tokens": len(extra),
+                                 "max_new_tokens": GENERATED_TOKENS, "share": GENERATED_SHARE}
         dirs[name] = os.path.join(args.out, name)
-        save_model(model, tok, dirs[name])
+        save_model(model, tok, dirs[name], tokenizer_dir=args.draft_only)
         results["models"][name] = info
         teacher = model
     del teacher, model
@@ -502,7 +653,14 @@ def main():
     acceptance = sum(s["agree"] for s in stats) / n_pos
     log(f"held-out perplexity (transformers, fp32 eager, {windows.shape[0]} windows of {WINDOW}): "
         f"house {ppl_main:.4f}, house-draft {ppl_draft:.4f}; greedy agreement {acceptance:.4f}")
+    drafts = [draft_m] + ([load_eval(args.compare_draft, device)] if args.compare_draft else [])
+    cont, cont_n = continuation_agreement(main_m, drafts, tok, heldout_text, device)
+    log(f"greedy agreement on house's greedy continuations of held-out prompts ({cont_n} "
+        f"positions): house-draft {cont[0]:.4f}"
+        f"{f', the earlier draft {cont[1]:.4f}' if args.compare_draft else ''}")
     results["heldout"] = {"windows": int(windows.shape[0]), "window": WINDOW,
+                          "continuation_agreement": cont[0], "continuation_positions": cont_n,
+                          **({"continuation_agreement_earlier_draft": cont[1]} if args.compare_draft else {}),
                           "ppl_house": ppl_main, "ppl_house_draft": ppl_draft,
                           "greedy_agreement": acceptance,
                           "main_top1_accuracy": sum(s["main_correct"] for s in stats) / n_pred}
