@@ -22,10 +22,9 @@ struct spec_drafter {
     struct batch_seq *entries;  /* owned; max_seqs */
     struct seq **owner;         /* owned; max_seqs */
     uint64_t steps;
-    /* moving averages of what drafting costs (spec_note_step, spec_note_drafting), seconds;
-     * 0: not measured */
-    double step_cost[SPEC_MAX_DRAFTS + 2]; /* a verify step of one sequence, r rows (r >= 2) */
-    double draft_cost;                     /* one draft forward */
+    /* what drafting costs (spec_note_step, spec_note_drafting) */
+    struct spec_costs verify; /* verify steps of one sequence, by rows */
+    double draft_cost;        /* one draft forward, seconds (a moving average; 0: unmeasured) */
     /* The draft's head rows (cfg.draft_vocab 0: chosen here): every SPEC_SURVEY_EVERY-th
      * forward with logits reads the whole head and counts its picks by bucket of
      * SPEC_SURVEY_BUCKET ids (decayed); the others read the fewest rows that held
@@ -245,7 +244,9 @@ static int draft_room(const struct spec_drafter *d, const struct seq *s, int n_c
             keep[i] = (s->spec.kept[i] + 2.0 * prior) / (s->spec.reached[i] + 2.0);
             prior = keep[i];
         }
-        int best = spec_best_drafts(keep, d->step_cost, d->max_drafts, d->draft_cost);
+        double cost[SPEC_MAX_DRAFTS + 2];
+        spec_costs_current(&d->verify, cost);
+        int best = spec_best_drafts(keep, cost, d->max_drafts, d->draft_cost);
         k = k < best ? k : best;
     }
     int left = s->max_tokens - (s->n_tokens - s->n_prompt) - 1;
@@ -560,10 +561,27 @@ static void average_into(double *avg, double seconds)
     *avg = *avg > 0.0 ? 0.8 * *avg + 0.2 * seconds : seconds;
 }
 
+void spec_costs_note(struct spec_costs *c, int rows, double seconds)
+{
+    if (rows < 0 || rows >= SPEC_MAX_DRAFTS + 2 || seconds <= 0.0)
+        return;
+    c->timed++;
+    if (c->timed - c->timed_at[rows] > SPEC_COST_STALE)
+        c->step[rows] = 0.0; /* stale: this measurement replaces it */
+    average_into(&c->step[rows], seconds);
+    c->timed_at[rows] = c->timed;
+}
+
+void spec_costs_current(const struct spec_costs *c, double *out)
+{
+    for (int r = 0; r < SPEC_MAX_DRAFTS + 2; r++)
+        out[r] = c->timed - c->timed_at[r] <= SPEC_COST_STALE ? c->step[r] : 0.0;
+}
+
 void spec_note_step(struct spec_drafter *d, int rows, double seconds)
 {
-    if (d && rows >= 2 && rows <= d->max_drafts + 1 && seconds > 0.0)
-        average_into(&d->step_cost[rows], seconds);
+    if (d && rows >= 2 && rows <= d->max_drafts + 1)
+        spec_costs_note(&d->verify, rows, seconds);
 }
 
 void spec_note_drafting(struct spec_drafter *d, uint64_t forwards, double seconds)

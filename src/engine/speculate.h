@@ -48,6 +48,9 @@ typedef int (*spec_draft_fn)(void *ctx, const int32_t *tokens, int n, int32_t *o
 #define SPEC_SURVEY_BUCKET 256
 #define SPEC_SURVEY_SHARE 0.97
 #define SPEC_SURVEY_DECAY 0.98f
+/* Timed verify steps after which a row count's measured cost no longer counts
+ * (spec_costs_current). */
+#define SPEC_COST_STALE 16
 #define SPEC_NGRAM_MAX 3
 #define SPEC_NGRAM_MIN 1
 
@@ -144,6 +147,23 @@ void spec_after_verify(struct spec_drafter *d, struct seq *s, int n_drafts, int 
  * the configured most, where each row is arithmetic (a CPU) fewer. */
 void spec_note_step(struct spec_drafter *d, int rows, double seconds);
 void spec_note_drafting(struct spec_drafter *d, uint64_t forwards, double seconds);
+
+/* What verify steps of r rows cost on this machine (seconds, a moving average of each r; 0:
+ * not measured), and when each was last measured (in timed steps). The machine's speed moves
+ * (other processes, what its caches hold): a cost not measured for SPEC_COST_STALE timed steps
+ * counts as unmeasured, so spec_best_drafts tries that row count again where it could be best
+ * (one measured once in a slow moment would otherwise never be chosen again), and its next
+ * measurement replaces the old average instead of moving it. Zeroed: nothing measured. */
+struct spec_costs {
+    double step[SPEC_MAX_DRAFTS + 2];
+    uint64_t timed_at[SPEC_MAX_DRAFTS + 2];
+    uint64_t timed; /* steps timed so far */
+};
+
+/* A step of rows rows took seconds. */
+void spec_costs_note(struct spec_costs *c, int rows, double seconds);
+/* out[r]: the cost of r rows as spec_best_drafts weighs it now (0 where unmeasured or stale). */
+void spec_costs_current(const struct spec_costs *c, double *out);
 
 /* The number of drafts k in [1, max_drafts] that brings most tokens per second, where draft i
  * (from 0) is kept with chance keep[i] once those before it were: (1 + keep[0] + keep[0]

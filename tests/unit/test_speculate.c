@@ -95,6 +95,46 @@ Test(speculate, the_best_number_of_drafts_weighs_the_rows_cost_against_the_token
     cr_assert_eq(spec_best_drafts(six, top_two, 4, 0.18), 2);
 }
 
+Test(speculate, a_row_count_measured_long_ago_is_measured_again_and_its_new_cost_replaces_the_old)
+{
+    /* the first verify steps ran four and three rows in a slow moment (cold caches, another
+     * process), then two rows ran alone: with every draft kept, 2 tokens for 1.1 + 0.1 beat
+     * 3 for 2.4 + 0.2 and 4 for 2.6 + 0.3, and while those count, k = 2 and 3 are never
+     * tried again */
+    const double sure[4] = {1, 1, 1, 1};
+    struct spec_costs c = {0};
+    spec_costs_note(&c, 4, 2.6);
+    spec_costs_note(&c, 3, 2.4);
+    double now[SPEC_MAX_DRAFTS + 2];
+    for (int i = 0; i < SPEC_COST_STALE; i++) {
+        spec_costs_note(&c, 2, 1.1);
+        spec_costs_current(&c, now);
+        cr_assert_float_eq(now[3], 2.4, 1e-12, "still counted after %d steps", i + 1);
+        cr_assert_eq(spec_best_drafts(sure, now, 3, 0.1), 1);
+    }
+    /* past SPEC_COST_STALE steps the slow measurements no longer count: the unmeasured
+     * neighbour above the best is tried */
+    spec_costs_note(&c, 2, 1.1);
+    spec_costs_current(&c, now);
+    cr_assert(now[3] == 0.0 && now[4] == 0.0);
+    cr_assert_float_eq(now[2], 1.1, 1e-12);
+    cr_assert_eq(spec_best_drafts(sure, now, 3, 0.1), 2);
+    /* measured again, a new cost replaces the old average (0.8 x 2.4 + 0.2 x 1.15 would
+     * still lose to two rows), and the next neighbour is tried in turn */
+    spec_costs_note(&c, 3, 1.15);
+    spec_costs_current(&c, now);
+    cr_assert_float_eq(now[3], 1.15, 1e-12);
+    cr_assert_eq(spec_best_drafts(sure, now, 3, 0.1), 3);
+    spec_costs_note(&c, 4, 1.2);
+    spec_costs_current(&c, now);
+    cr_assert_float_eq(now[4], 1.2, 1e-12);
+    cr_assert_eq(spec_best_drafts(sure, now, 3, 0.1), 3);
+    /* a fresh one moves as an average */
+    spec_costs_note(&c, 4, 2.2);
+    spec_costs_current(&c, now);
+    cr_assert_float_eq(now[4], 0.8 * 1.2 + 0.2 * 2.2, 1e-12);
+}
+
 Test(speculate, the_automatic_draft_head_reads_the_rows_that_held_most_picks)
 {
     float survey[32] = {50, 30, 10, 5, 3, 1, 1}; /* 100 picks over ids 0 .. 1,791 */
