@@ -73,6 +73,7 @@ SHAPES = {
 # generation_config.json says; GENERATED_SHARE of each draft batch comes from them.
 GENERATED = 12000
 GENERATED_TOKENS = 256
+PROMPT_TOKENS = 256  # a prompt's last tokens that house continues
 GENERATED_SHARE = 0.5
 
 LOG = None
@@ -195,13 +196,14 @@ def continuation_prompt(doc, rng):
 
 @torch.no_grad()
 def house_continuations(house, tok, prompts, device, greedy, new_tokens=GENERATED_TOKENS, batch=1024):
-    """Token ids of each prompt followed by house's continuation, up to and with the first end
-    token (<|im_end|> or <|endoftext|>): greedy, or sampled with the settings of
-    generation_config.json (temperature 0.7, top-k 40, top-p 0.9, repetition penalty 1.1)."""
+    """Per prompt, the token ids of its last PROMPT_TOKENS followed by house's continuation, up
+    to and with the first end token (<|im_end|> or <|endoftext|>), and how many of them are the
+    prompt's: greedy, or sampled with the settings of generation_config.json (temperature 0.7,
+    top-k 40, top-p 0.9, repetition penalty 1.1)."""
     house.eval()
     out = []
     for i in range(0, len(prompts), batch):
-        enc = [e.ids[-256:] for e in tok.encode_batch(prompts[i:i + batch])]
+        enc = [e.ids[-PROMPT_TOKENS:] for e in tok.encode_batch(prompts[i:i + batch])]
         width = max(len(e) for e in enc)
         ids = torch.full((len(enc), width), EOT_ID, dtype=torch.long)
         mask = torch.zeros((len(enc), width), dtype=torch.long)
@@ -221,7 +223,7 @@ def house_continuations(house, tok, prompts, device, greedy, new_tokens=GENERATE
                 if t in (IM_END_ID, EOT_ID):
                     cont = cont[:j + 1]
                     break
-            out.append(e + cont)
+            out.append((e + cont, len(e)))
     return out
 
 
@@ -235,7 +237,7 @@ def generated_stream(house, tok, docs, n, device, seed):
             + house_continuations(house, tok, prompts[n // 2:], device, greedy=False))
     rng.shuffle(seqs)
     ids = []
-    for seq in seqs:
+    for seq, _ in seqs:
         ids.extend(seq)
         if seq[-1] != EOT_ID:
             ids.append(EOT_ID)
@@ -460,10 +462,9 @@ def continuation_agreement(main, drafts, tok, heldout_text, device, n_prompts=12
     docs = [d for d in heldout_text.split("<|endoftext|>") if len(d.split(" ")) >= 40]
     docs = docs[:: max(1, len(docs) // n_prompts)][:n_prompts]
     prompts = [" ".join(d.split(" ")[:30]) for d in docs]
-    seqs = house_continuations(main, tok, prompts, device, greedy=True, new_tokens=new_tokens)
-    n_prompt = [len(e.ids[-256:]) for e in tok.encode_batch(prompts)]
     agree, total = [0] * len(drafts), 0
-    for seq, n_p in zip(seqs, n_prompt):
+    for seq, n_p in house_continuations(main, tok, prompts, device, greedy=True,
+                                        new_tokens=new_tokens):
         x = torch.tensor([seq], device=device)
         # positions n_p - 1 .. predict the continuation's tokens
         am = main(input_ids=x).logits[0, n_p - 1:len(seq) - 1].argmax(-1)
