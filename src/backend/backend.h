@@ -567,6 +567,10 @@ struct backend_options {
      * cuBLASLt is faster: bench/RESULTS.md; off: cuBLASLt, the adds and SwiGLU
      * launched apart) */
     enum backend_switch cuda_batch_gemm;
+    /* CUDA, FAST mode: the GEMM path's bf16 matmuls of 9-128 rows on a warp-group
+     * tensor-core GEMM (sm_90a GPUs; default off, where cuBLASLt is faster:
+     * bench/RESULTS.md; off: cuBLASLt) */
+    enum backend_switch cuda_wgmma_gemm;
     /* CUDA, FAST mode: a lora group's shrink and expand folded into the RMSNorm and SiLU-mul
      * launches around its matmul, where thread-block clusters run (default off, where its
      * row launches cost more than the launches they save: bench/RESULTS.md; off: two

@@ -89,6 +89,9 @@ void cli_backend_options_from_env(struct backend_options *out)
     const char *batch_gemm = getenv("INFERD_CUDA_BATCH_GEMM");
     if (batch_gemm && !strcmp(batch_gemm, "1"))
         out->cuda_batch_gemm = BACKEND_ON;
+    const char *wgmma_gemm = getenv("INFERD_CUDA_WGMMA_GEMM");
+    if (wgmma_gemm && !strcmp(wgmma_gemm, "1"))
+        out->cuda_wgmma_gemm = BACKEND_ON;
     out->cuda_moe = env_off("INFERD_CUDA_MOE");
     const char *lora_rows = getenv("INFERD_CUDA_LORA_ROWS");
     if (lora_rows && !strcmp(lora_rows, "1"))
@@ -132,6 +135,7 @@ int cli_backend_flag(const char *flag, const char *value, struct backend_options
         {"--cuda-qprefill-window", offsetof(struct backend_options, cuda_qprefill_window)},
         {"--cuda-decode-tc", offsetof(struct backend_options, cuda_decode_tc)},
         {"--cuda-batch-gemm", offsetof(struct backend_options, cuda_batch_gemm)},
+        {"--cuda-wgmma-gemm", offsetof(struct backend_options, cuda_wgmma_gemm)},
         {"--cuda-moe", offsetof(struct backend_options, cuda_moe)},
         {"--cuda-skinny-gemm", offsetof(struct backend_options, cuda_skinny_gemm)},
         {"--cuda-lora-rows", offsetof(struct backend_options, cuda_lora_rows)},

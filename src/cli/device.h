@@ -75,6 +75,9 @@ bool cli_device_parse(const char *text, struct device_spec *out);
     "                              weight read once; off: cuBLASLt (INFERD_CUDA_SKINNY=0)\n"   \
     "  --cuda-batch-gemm on|off    fast-mode bf16 matmuls of 9-64 rows on a tensor-core tile\n"  \
     "                              GEMM (default off: cuBLASLt; INFERD_CUDA_BATCH_GEMM=1)\n"   \
+    "  --cuda-wgmma-gemm on|off    fast-mode bf16 matmuls of 9-128 rows on cuBLASLt's path\n" \
+    "                              on a warp-group tensor-core GEMM instead (sm_90a GPUs;\n" \
+    "                              default off: cuBLASLt; INFERD_CUDA_WGMMA_GEMM=1)\n"       \
     "  --cuda-lora-rows on|off     fast-mode adapter shrinks and expands folded into the\n"    \
     "                              RMSNorm and SwiGLU launches (default off: two launches\n"  \
     "                              an adapter group; INFERD_CUDA_LORA_ROWS=1)\n"             \

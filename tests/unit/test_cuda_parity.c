@@ -948,14 +948,16 @@ static void skinny_on(struct backend *be, int n_mat, int rows, int cols, const u
 
 /* FAST-mode bf16 matmuls of 3..8 rows (a batched decode or verify step) run
  * on the tensor-core skinny GEMM, of 9..64 rows on the batched tile GEMM
- * (split-K at most shapes): each output is the f64 dot product of
- * bf16-rounded x and the weights within f32 accumulation's rounding of
- * sum |w x|, with bias, the q/k/v group, the SwiGLU pair and the residual
- * add folded in, the same bits on a second run; and with both GEMMs switched
- * off (cuBLASLt) the same within the same bound. Shapes: a tile of rows cut short (37), rows not a multiple
- * of 32 long (200), a decode step's 4,096 and 14,336, a tall head. */
-Test(cuda_gemv, fast_tensor_core_gemms_of_3_to_64_rows_match_f64_with_their_epilogues,
-     .timeout = 300)
+ * (split-K at most shapes), and where those are off, of 9..128 rows on the
+ * warp-group GEMM of the cuBLASLt path (sm_90a GPUs): each output is the f64
+ * dot product of bf16-rounded x and the weights within f32 accumulation's
+ * rounding of sum |w x|, with bias, the q/k/v group, the SwiGLU pair and the
+ * residual add folded in, the same bits on a second run; and with every one
+ * switched off (cuBLASLt) the same within the same bound. Shapes: a tile of
+ * rows cut short (37), rows not a multiple of 32 long (200), a decode step's
+ * 4,096 and 14,336, a tall head. */
+Test(cuda_gemv, fast_tensor_core_gemms_of_3_to_128_rows_match_f64_with_their_epilogues,
+     .timeout = 600)
 {
     skip_without_gpu();
     static const struct {
@@ -968,17 +970,23 @@ Test(cuda_gemv, fast_tensor_core_gemms_of_3_to_64_rows_match_f64_with_their_epil
         {1, 512, 4096, SKINNY_RESIDUAL, false}, {2, 256, 4096, SKINNY_SWIGLU, false},
         {1, 256, 14336, SKINNY_PLAIN, false}, {1, 5000, 512, SKINNY_PLAIN, false},
     };
-    static const int batches[] = {3, 5, 8, 9, 16, 33, 64};
-    const int max_n = 64;
+    static const int batches[] = {3, 5, 8, 9, 16, 33, 64, 65, 96, 128};
+    static const char *const names[] = {"skinny / batched tile / warp-group GEMM",
+                                        "warp-group GEMM", "cuBLASLt"};
+    const int max_n = 128;
     struct err err = {0};
-    struct backend *gpu[2] = {NULL, NULL};
+    struct backend *gpu[3] = {NULL, NULL, NULL};
     cuda_options.cuda_batch_gemm = BACKEND_ON;
+    cuda_options.cuda_wgmma_gemm = BACKEND_ON;
     cr_assert_eq(cuda_backend(COMPUTE_FAST, &gpu[0], &err), 0, "%s", err.msg);
     cuda_options.cuda_skinny_gemm = BACKEND_OFF;
     cuda_options.cuda_batch_gemm = BACKEND_OFF;
     cr_assert_eq(cuda_backend(COMPUTE_FAST, &gpu[1], &err), 0, "%s", err.msg);
+    cuda_options.cuda_wgmma_gemm = BACKEND_OFF;
+    cr_assert_eq(cuda_backend(COMPUTE_FAST, &gpu[2], &err), 0, "%s", err.msg);
     cuda_options.cuda_skinny_gemm = BACKEND_DEFAULT;
     cuda_options.cuda_batch_gemm = BACKEND_DEFAULT;
+    cuda_options.cuda_wgmma_gemm = BACKEND_DEFAULT;
     uint64_t state = 13;
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         int n_mat = cases[ci].n_mat, rows = cases[ci].rows, cols = cases[ci].cols;
@@ -1011,12 +1019,12 @@ Test(cuda_gemv, fast_tensor_core_gemms_of_3_to_64_rows_match_f64_with_their_epil
                     dot[((size_t)m * max_n + t) * rows + r] = d;
                     mag[((size_t)m * max_n + t) * rows + r] = a;
                 }
-        for (int g = 0; g < 2; g++)
+        for (int g = 0; g < 3; g++)
             for (size_t b = 0; b < sizeof batches / sizeof batches[0]; b++) {
                 int n = batches[b];
                 skinny_on(gpu[g], n_mat, rows, cols, w, cases[ci].bias ? bias : NULL, x, n,
                           cases[ci].ep, res0, out, res);
-                if (g == 0) {
+                if (g < 2) {
                     /* a tile's column parts are added in warp (or split) order: the same bits again */
                     skinny_on(gpu[g], n_mat, rows, cols, w, cases[ci].bias ? bias : NULL, x, n,
                               cases[ci].ep, res0, again, res);
@@ -1051,7 +1059,7 @@ Test(cuda_gemv, fast_tensor_core_gemms_of_3_to_64_rows_match_f64_with_their_epil
                         }
                 cr_expect_leq(worst, (double)cols * 0x1p-24,
                               "%s, case %zu (%d x %d x %d), %d rows: error %.3e of sum |w x|",
-                              g ? "cuBLASLt" : "skinny GEMM", ci, n_mat, rows, cols, n, worst);
+                              names[g], ci, n_mat, rows, cols, n, worst);
             }
         free(w);
         free(bias);
@@ -1063,8 +1071,8 @@ Test(cuda_gemv, fast_tensor_core_gemms_of_3_to_64_rows_match_f64_with_their_epil
         free(dot);
         free(mag);
     }
-    backend_destroy(gpu[0]);
-    backend_destroy(gpu[1]);
+    for (int g = 0; g < 3; g++)
+        backend_destroy(gpu[g]);
 }
 
 /* One residual add, the RMSNorm of the sum and a matmul of its rows (12 rows: the cuBLASLt

@@ -560,6 +560,42 @@ bool cu_xb_reserve(struct cu_impl *im, int64_t n)
     return scratch_grow(im, (void **)&im->xb, &im->xb_bytes, (size_t)n * 2, true);
 }
 
+/* Whether op's matmuls go to gemm_wgmma.cu instead of cuBLASLt: bf16 weights, FAST mode,
+ * a shape it takes (9-128 rows), one matrix where the products are added into acc. */
+static bool wgmma_gemm_takes(const struct cu_impl *im, const struct cu_op *op, const float *acc)
+{
+    return im->wgmma_gemm && op->u.mm.dtype == DTYPE_BF16 &&
+           cu_gemm_wgmma_takes(op->n_rows, op->u.mm.cols) && op->u.mm.n >= 1 &&
+           op->u.mm.n <= CU_WGMMA_GEMM_MAX_MATS && (!acc || op->u.mm.n == 1) &&
+           ((uintptr_t)im->xb % 16) == 0;
+}
+
+/* op's matmuls in one launch of gemm_wgmma.cu over im->xb, then their biases. */
+static bool exec_gemm_wgmma(struct cu_impl *im, const struct cu_op *op, bool y_bf16, float *acc)
+{
+    struct cu_wg_gemm g;
+    memset(&g, 0, sizeof g);
+    g.x = im->xb;
+    g.t = (int)op->n_rows;
+    g.k = (int)op->u.mm.cols;
+    g.n_mat = op->u.mm.n;
+    for (int i = 0; i < op->u.mm.n; i++)
+        g.m[i] = op->u.mm.m[i];
+    g.y_bf16 = y_bf16;
+    g.acc = acc;
+    g.work = im->wgmma_work;
+    g.work_bytes = im->wgmma_work_bytes;
+    if (!CU_TRY(im, cu_launch_gemm_wgmma(&im->dev, im->stream, &g)))
+        return false;
+    for (int i = 0; i < op->u.mm.n; i++) {
+        const struct cu_mat *m = &op->u.mm.m[i];
+        if (m->bias && !CU_TRY(im, cu_launch_bias_add(im->stream, m->y, m->bias, m->rows,
+                                                      op->n_rows)))
+            return false;
+    }
+    return true;
+}
+
 bool cu_exec_gemm(struct cu_impl *im, const struct cu_op *op, bool x_ready, bool y_bf16,
                   float *acc)
 {
@@ -570,6 +606,8 @@ bool cu_exec_gemm(struct cu_impl *im, const struct cu_op *op, bool x_ready, bool
          !CU_TRY(im, cu_launch_to_bf16(im->stream, op->u.mm.x, n_x, im->xb))))
         return false;
     bool blocks = dtype_is_block((enum dtype)op->u.mm.dtype);
+    if (wgmma_gemm_takes(im, op, acc))
+        return exec_gemm_wgmma(im, op, y_bf16, acc);
     for (int i = 0; i < op->u.mm.n; i++) {
         const struct cu_mat *m = &op->u.mm.m[i];
         if (blocks ? !gemm_blocks(im, op, m, y_bf16, acc)
@@ -589,7 +627,7 @@ enum prof_label {
     PL_ROPE, PL_SILU, PL_ADD, PL_KV_STORE, PL_ATTN_DECODE, PL_ATTN_PREFILL, PL_NORM_GEMV,
     PL_QK_ATTN, PL_KV_COPY, PL_MOE_ROUTE, PL_MOE_FFN, PL_GATED_ADD, PL_GEMMA_EW, PL_LORA,
     PL_ENCDEC_EW, PL_ATTN_DENSE, PL_GEMM_SKINNY, PL_GEMM_BATCH, PL_ADD_RMSNORM, PL_LORA_ROWS,
-    PL_N
+    PL_GEMM_WGMMA, PL_N
 };
 static const char *const prof_names[PL_N] = {
     "embed", "gemv", "gemv group", "gemv + residual add", "gemv gate/up + swiglu",
@@ -599,9 +637,11 @@ static const char *const prof_names[PL_N] = {
     "shared expert gate + add", "gelu_tanh_mul, scale, softcap", "lora shrink and expand",
     "layer_norm, gelu, scatter_rows", "attention dense (+ merge)",
     "skinny gemm, tensor cores (+ epilogue)", "batched tile gemm, tensor cores (+ epilogue)",
-    "add + rmsnorm", "rmsnorm or silu_mul with lora expand/shrink"};
+    "add + rmsnorm", "rmsnorm or silu_mul with lora expand/shrink",
+    "warp-group gemm, 9-128 rows"};
 
-static int prof_label_of(const struct cu_op *ops, const struct cu_launch *l)
+static int prof_label_of(const struct cu_impl *im, const struct cu_op *ops,
+                         const struct cu_launch *l)
 {
     const struct cu_op *op = &ops[l->op];
     if (l->lora_in || l->lora_out)
@@ -630,7 +670,10 @@ static int prof_label_of(const struct cu_op *ops, const struct cu_launch *l)
     case CU_LAUNCH_ATTN_DENSE: return PL_ATTN_DENSE;
     case CU_LAUNCH_ATTENTION:
         return cu_attention_uses_prefill(op) ? PL_ATTN_PREFILL : PL_ATTN_DECODE;
-    case CU_LAUNCH_GEMM: return PL_GEMM;
+    case CU_LAUNCH_GEMM:
+        return wgmma_gemm_takes(im, op, l->residual ? ops[l->op + 1].u.ew.out : NULL)
+                   ? PL_GEMM_WGMMA
+                   : PL_GEMM;
     case CU_LAUNCH_GEMV:
         if (l->skinny)
             return op->n_rows > CU_SKINNY_MAX_ROWS ? PL_GEMM_BATCH : PL_GEMM_SKINNY;
@@ -689,7 +732,7 @@ static bool exec_ops_profiled(struct cu_impl *im, const struct cu_op *ops, int n
             return false;
         cudaEventRecord(im->prof_ev[2 * n_launch + 1], im->stream);
         if (n_launch < 4096)
-            labels[n_launch++] = prof_label_of(ops, &l);
+            labels[n_launch++] = prof_label_of(im, ops, &l);
         i += l.n_ops;
     }
     cudaStreamSynchronize(im->stream);
@@ -1417,6 +1460,7 @@ static void cu_destroy(struct backend *be)
     cudaFree(im->norm_sums);
     cudaFree(im->xq);
     cudaFree(im->gemm_work);
+    cudaFree(im->wgmma_work);
     cudaFree(im->lora_work);
     cudaFree(im->kvq_books);
     cudaFree(im->lt_workspace);
@@ -1690,6 +1734,13 @@ extern "C" int backend_cuda_create(int device, const struct backend_options *opt
                                     CU_NORM_SUMS_FLOATS * sizeof(float))));
         im->lt_workspace_bytes = CU_LT_WORKSPACE;
         im->rec.arena_cap = CU_ARENA_INITIAL;
+        im->wgmma_gemm = ok && im->fuse.fast && opt->cuda_wgmma_gemm == BACKEND_ON &&
+                         cu_gemm_wgmma_runs(&im->dev);
+        if (im->wgmma_gemm) {
+            im->wgmma_work_bytes = cu_gemm_wgmma_work_bytes(&im->dev);
+            ok = CU_TRY(im, cudaMalloc(&im->wgmma_work, im->wgmma_work_bytes)) &&
+                 CU_TRY(im, cudaMemset(im->wgmma_work, 0, im->wgmma_work_bytes));
+        }
     }
     if (ok && opt->kv_quant) {
         /* the books are computed on the host, as the CPU backend's, and uploaded once */

@@ -287,6 +287,9 @@ struct cu_impl {
     void *xq;             /* device, x as int8 blocks for the block GEMVs (cu_gemv_args.xq); owned */
     size_t xq_bytes;
     void *gemm_work;      /* device, the batched tile GEMM's split-K workspace; owned */
+    bool wgmma_gemm;      /* the GEMM path's 9-128-row bf16 matmuls on gemm_wgmma.cu */
+    void *wgmma_work;     /* device, its split-K workspace (cu_gemm_wgmma_work_bytes); owned */
+    size_t wgmma_work_bytes;
     float *norm_sums;     /* device, CU_NORM_SUMS_FLOATS: fuse rule 9's sums of squares; owned */
     size_t lora_work_bytes;
     void *lora_work;      /* device, the adapter launches' u, two slots; owned */
@@ -484,6 +487,30 @@ cudaError_t cu_launch_gemm_skinny(struct cu_device *dev, cudaStream_t s,
 cudaError_t cu_launch_gemm_batch(struct cu_device *dev, cudaStream_t s,
                                  const struct cu_gemv_args *a);
 size_t cu_gemm_batch_work_bytes(const struct cu_device *dev, const struct cu_gemv_args *a);
+
+/* FAST-mode bf16 matmuls of CU_SKINNY_MAX_ROWS + 1 to CU_WGMMA_GEMM_MAX_ROWS token rows
+ * on warp-group tensor cores (gemm_wgmma.cu, sm_90a): y (t x rows) = x w^T for up to
+ * CU_WGMMA_GEMM_MAX_MATS matrices over one x (t x k bf16), each y in f32 or (y_bf16) bf16,
+ * or with acc (one matrix) the products added into acc instead, as the GEMM path's
+ * cuBLASLt call leaves them. x and every w 16-byte aligned; work holds
+ * cu_gemm_wgmma_work_bytes (zeroed once: the counters are back at zero after every
+ * launch). cudaErrorNotSupported where the GPU does not run the sm_90a code. */
+#define CU_WGMMA_GEMM_MAX_ROWS 128
+#define CU_WGMMA_GEMM_MAX_MATS 3
+struct cu_wg_gemm {
+    const uint16_t *x;
+    int t, k;
+    int n_mat;
+    struct cu_mat m[CU_WGMMA_GEMM_MAX_MATS]; /* w, rows and y of each (bias unused) */
+    bool y_bf16;
+    float *acc;
+    void *work;
+    size_t work_bytes;
+};
+bool cu_gemm_wgmma_takes(int64_t t, int64_t k);
+bool cu_gemm_wgmma_runs(const struct cu_device *dev); /* sm_90a code, the shared memory */
+size_t cu_gemm_wgmma_work_bytes(const struct cu_device *dev);
+cudaError_t cu_launch_gemm_wgmma(struct cu_device *dev, cudaStream_t s, const struct cu_wg_gemm *g);
 
 /* Mixture of experts (moe.cu): routing per row (backend/moe_route.h's
  * choice, bit for bit: a block a row, or with parallel false the first
