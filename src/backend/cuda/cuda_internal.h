@@ -488,6 +488,20 @@ cudaError_t cu_launch_gemm_batch(struct cu_device *dev, cudaStream_t s,
                                  const struct cu_gemv_args *a);
 size_t cu_gemm_batch_work_bytes(const struct cu_device *dev, const struct cu_gemv_args *a);
 
+/* Splits of a split-K launch's tiles (gemm_batch.cu, gemm_wgmma.cu): as many as keep one
+ * wave of blocks, a block an SM, within the n_sm SMs, each split at least min_stages of the
+ * n_stages stages and none left without any. */
+static inline int cu_split_k(int64_t n_tiles, int64_t n_stages, int n_sm, int min_stages)
+{
+    int64_t s = n_sm / (n_tiles > 0 ? n_tiles : 1);
+    if (s > n_stages / min_stages)
+        s = n_stages / min_stages;
+    if (s <= 1)
+        return 1;
+    int64_t per = (n_stages + s - 1) / s;
+    return (int)((n_stages + per - 1) / per);
+}
+
 /* FAST-mode bf16 matmuls of CU_SKINNY_MAX_ROWS + 1 to CU_WGMMA_GEMM_MAX_ROWS token rows
  * on warp-group tensor cores (gemm_wgmma.cu, sm_90a): y (t x rows) = x w^T for up to
  * CU_WGMMA_GEMM_MAX_MATS matrices over one x (t x k bf16), each y in f32 or (y_bf16) bf16,

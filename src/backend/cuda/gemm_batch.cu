@@ -63,15 +63,9 @@ static int64_t batch_tiles(const struct cu_gemv_args *a)
     return n;
 }
 
-/* Splits of each tile's columns: as many as keep one wave of blocks within
- * the SMs, each at least GB_MIN_SPLIT_STAGES stages. */
 static int batch_splits(int64_t n_tiles, int64_t cols, int n_sm)
 {
-    int64_t nstage = (cols + GB_BK - 1) / GB_BK;
-    int64_t s = n_sm / (n_tiles > 0 ? n_tiles : 1);
-    if (s > nstage / GB_MIN_SPLIT_STAGES)
-        s = nstage / GB_MIN_SPLIT_STAGES;
-    return s < 1 ? 1 : (int)s;
+    return cu_split_k(n_tiles, (cols + GB_BK - 1) / GB_BK, n_sm, GB_MIN_SPLIT_STAGES);
 }
 
 /* Workspace of a launch: the tiles' counters (256 bytes), then the partials. */

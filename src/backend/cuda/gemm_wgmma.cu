@@ -115,18 +115,9 @@ static int64_t wg_tiles(const struct cu_wg_gemm *g)
     return n;
 }
 
-/* Splits of each tile's stages: as many as keep one wave of blocks within the
- * SMs, each at least WG_MIN_SPLIT_STAGES stages. */
 static int wg_splits(int64_t n_tiles, int64_t k, int n_sm)
 {
-    int64_t nstage = (k + WG_BK - 1) / WG_BK;
-    int64_t s = n_sm / (n_tiles > 0 ? n_tiles : 1);
-    if (s > nstage / WG_MIN_SPLIT_STAGES)
-        s = nstage / WG_MIN_SPLIT_STAGES;
-    if (s <= 1)
-        return 1;
-    int64_t per = (nstage + s - 1) / s; /* no split left without stages */
-    return (int)((nstage + per - 1) / per);
+    return cu_split_k(n_tiles, (k + WG_BK - 1) / WG_BK, n_sm, WG_MIN_SPLIT_STAGES);
 }
 
 static size_t wg_counter_bytes(int64_t n_tiles)
