@@ -488,6 +488,16 @@ cudaError_t cu_launch_gemm_batch(struct cu_device *dev, cudaStream_t s,
                                  const struct cu_gemv_args *a);
 size_t cu_gemm_batch_work_bytes(const struct cu_device *dev, const struct cu_gemv_args *a);
 
+/* Tiles of tile_rows weight rows over n_mat matrices, each matrix's rows in tiles of its
+ * own, one matrix after the other (gemm_batch.cu, gemm_wgmma.cu). */
+static inline int64_t cu_row_tiles(const struct cu_mat *m, int n_mat, int64_t tile_rows)
+{
+    int64_t n = 0;
+    for (int i = 0; i < n_mat; i++)
+        n += (m[i].rows + tile_rows - 1) / tile_rows;
+    return n;
+}
+
 /* Splits of a split-K launch's tiles (gemm_batch.cu, gemm_wgmma.cu): as many as keep one
  * wave of blocks, a block an SM, within the n_sm SMs, each split at least min_stages of the
  * n_stages stages and none left without any. */

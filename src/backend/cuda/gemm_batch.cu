@@ -56,11 +56,8 @@ static __device__ __forceinline__ uint32_t gb_swz(int r, int c)
 static int64_t batch_tiles(const struct cu_gemv_args *a)
 {
     if (a->pair)
-        return (a->m[0].rows + GB_BN / 2 - 1) / (GB_BN / 2);
-    int64_t n = 0;
-    for (int i = 0; i < a->n_mat; i++)
-        n += (a->m[i].rows + GB_BN - 1) / GB_BN;
-    return n;
+        return cu_row_tiles(a->m, 1, GB_BN / 2);
+    return cu_row_tiles(a->m, a->n_mat, GB_BN);
 }
 
 static int batch_splits(int64_t n_tiles, int64_t cols, int n_sm)

@@ -109,10 +109,7 @@ __device__ __forceinline__ void wgmma_ss_bf16<128>(float (&d)[16][4], uint64_t d
 /* Tiles of the launch: each matrix's rows in WG_BM-row tiles, one after the other. */
 static int64_t wg_tiles(const struct cu_wg_gemm *g)
 {
-    int64_t n = 0;
-    for (int i = 0; i < g->n_mat; i++)
-        n += (g->m[i].rows + WG_BM - 1) / WG_BM;
-    return n;
+    return cu_row_tiles(g->m, g->n_mat, WG_BM);
 }
 
 static int wg_splits(int64_t n_tiles, int64_t k, int n_sm)
