@@ -75,16 +75,28 @@ static __device__ __forceinline__ void pdl_release(void)
 #endif
 }
 
-/* Called by all threads of a block after each wrote its share of the block's
- * partial result: true in every thread of the block that arrives last of
- * n_arrivals at counter (which it then resets to zero for the next launch),
- * whose later reads (__ldcg) see every arrived block's partials. One thread
- * fences, after the barrier that orders the block's writes before it (the
- * fence is cumulative), and again on the last block's side. */
-static __device__ __forceinline__ bool block_arrives_last(unsigned *counter, unsigned n_arrivals)
+/* The block's barrier, or with `threads` > 0 one its first `threads` threads
+ * (a multiple of 32) meet at alone (named barrier 1), the others gone. */
+static __device__ __forceinline__ void block_part_sync(int threads)
+{
+    if (threads > 0)
+        asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory");
+    else
+        __syncthreads();
+}
+
+/* Called by all threads of a block (or its first `threads`, block_part_sync's)
+ * after each wrote its share of the block's partial result: true in every
+ * thread of the block that arrives last of n_arrivals at counter (which it
+ * then resets to zero for the next launch), whose later reads (__ldcg) see
+ * every arrived block's partials. One thread fences, after the barrier that
+ * orders the block's writes before it (the fence is cumulative), and again on
+ * the last block's side. */
+static __device__ __forceinline__ bool block_arrives_last(unsigned *counter, unsigned n_arrivals,
+                                                          int threads = 0)
 {
     __shared__ bool last;
-    __syncthreads();
+    block_part_sync(threads);
     if (threadIdx.x == 0) {
         __threadfence();
         last = atomicAdd(counter, 1u) == n_arrivals - 1;
@@ -93,7 +105,7 @@ static __device__ __forceinline__ bool block_arrives_last(unsigned *counter, uns
             *counter = 0;
         }
     }
-    __syncthreads();
+    block_part_sync(threads);
     return last;
 }
 

@@ -5,19 +5,23 @@
  * bf16, or added into an f32 accumulator (the residual stream).
  *
  * The weights are wgmma's A operand and the tokens its B ("swap AB"): a
- * block of two warp groups takes a tile of WG_BM = 128 weight rows, each
- * group 64 of them (m64), and all t token rows padded to NT (n32, n64 or
- * n128). Both operands walk K in stages of 64 columns, one 128-byte swizzled
- * line of every row (wgmma.cuh's layout), copied with cp.async by all 256
- * threads into a ring of STAGES slots; STAGES - 2 stages are in flight while
- * one is multiplied and the one before it may still be read by the products
- * issued last. Each stage is four m64nNTk16 products a group, issued
- * asynchronously.
+ * block takes a tile of WG_BM = 128 weight rows and all t token rows padded
+ * to NT (n32, n64 or n128). Both operands walk K in stages of 64 columns,
+ * one 128-byte swizzled line of every row (wgmma.cuh's layout), brought by
+ * the copy engine (TMA: one tensor map a matrix and one for x, rows and
+ * columns past the ends read as zeros) into a ring of STAGES slots. One
+ * thread of a third warp group issues the copies (the group keeps few
+ * registers, giving the rest to the other two); the block's two groups, 64
+ * weight rows each, multiply: a full barrier a slot says its stage landed,
+ * an empty barrier (a warp of each group arrives) that the products reading
+ * it are done and the slot may be filled again. Each stage is four
+ * m64nNTk16 products a group, issued asynchronously, one stage's in flight
+ * while the next is issued.
  *
- * Off by default: on an H100 this form streams the weights at about a third
- * of the card's bandwidth and loses to cuBLASLt at every row count measured,
- * and a form with one producer warp and mbarriers lost more
- * (bench/RESULTS.md).
+ * Off by default: on an H100 it matches cuBLASLt at 9-32 rows and loses at
+ * more (bench/RESULTS.md). Tiles of 256 weight rows (x's L2 reads halved)
+ * lost more, and the form before this one, all threads copying with
+ * cp.async behind a block barrier a stage, lost everywhere.
  *
  * Split-K: where the tiles leave SMs idle, a tile's stages are cut into
  * `splits` ranges, one block each (one block an SM: the ring takes ~200 KB);
@@ -25,29 +29,42 @@
  * block (a counter per tile, reset by that block) adds the partials in split
  * order and writes y, so the bits depend on the shapes and the device only.
  *
- * Needs sm_90a machine code; elsewhere the launch reports
- * cudaErrorNotSupported and the caller keeps cuBLASLt. */
+ * Needs sm_90a machine code and the driver's tensor-map encoder; elsewhere
+ * cu_gemm_wgmma_runs says no and the caller keeps cuBLASLt. */
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/warp.cuh"
 #include "backend/cuda/wgmma.cuh"
 
-#define WG_THREADS 256
-#define WG_BM 128 /* weight rows of a tile: two warp groups of 64 */
-#define WG_BK 64  /* columns of a stage: one 128-byte line a row */
-#define WG_W_BYTES (WG_BM * WG_BK * 2)
+#define WG_CONSUMERS 256                 /* two warp groups multiply */
+#define WG_THREADS (WG_CONSUMERS + 128) /* and one thread of a third loads */
+/* registers a thread: the loading group gives its share to the multiplying ones */
+#define WG_LOADER_REGS 56
+#define WG_CONSUMER_REGS 224
+#define WG_BK 64                        /* columns of a stage: one 128-byte line a row */
 /* stages a split holds at least */
 #define WG_MIN_SPLIT_STAGES 4
+#define WG_BM 128                       /* weight rows of a tile: 64 a multiplying group */
 
 template <int NT>
 struct wg_shape {
+    static constexpr int W_BYTES = WG_BM * WG_BK * 2;
     static constexpr int X_BYTES = NT * WG_BK * 2;
-    static constexpr int STAGE_BYTES = WG_W_BYTES + X_BYTES;
-    /* as many slots as fit 200 KB */
+    static constexpr int STAGE_BYTES = W_BYTES + X_BYTES;
+    /* as many slots as fit 200 KB; their full and empty barriers after them */
     static constexpr int STAGES = (200 * 1024) / STAGE_BYTES;
-    static constexpr size_t SMEM = 1024 + (size_t)STAGES * STAGE_BYTES;
+    static constexpr size_t SMEM = 1024 + (size_t)STAGES * (STAGE_BYTES + 16);
     static constexpr int ACC = NT / 2; /* accumulators a thread */
     static_assert(STAGES >= 4, "a ring of at least four stages");
+};
+
+/* The tensor maps of a launch: each matrix's, and x's. */
+struct wg_maps {
+    CUtensorMap w[CU_WGMMA_GEMM_MAX_MATS];
+    CUtensorMap x;
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -123,45 +140,16 @@ static size_t wg_counter_bytes(int64_t n_tiles)
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-/* Copies of a stage into the slot at `slot`: 16-byte chunk (c % 8) of row c / 8
- * for c = cid, cid + 8 * row_step, ... (cid < 8 * row_step). Weight rows past
- * the matrix read its last row (their outputs are not written), token rows
- * past t and columns past k are zero-filled. */
-static __device__ __forceinline__ void wg_copy_w(uint32_t slot, const uint16_t *w, int rows,
-                                                 int row0, int k, int st, int cid, int row_step)
-{
-    const int chunk = cid & 7, crow = cid >> 3, col = st * WG_BK + 8 * chunk;
-    const bool in = col < k;
-#pragma unroll 4
-    for (int r = crow; r < WG_BM; r += row_step) {
-        const uint16_t *src = w + (int64_t)min(row0 + r, rows - 1) * k + col;
-        cp_async16(slot + (uint32_t)(r >> 6) * 8192u + wgmma_swz(r & 63, chunk),
-                   in ? (const void *)src : (const void *)w, in);
-    }
-}
-
-template <int NT>
-static __device__ __forceinline__ void wg_copy_x(uint32_t slot, const uint16_t *x, int nt, int k,
-                                                 int st, int cid, int row_step)
-{
-    const int chunk = cid & 7, crow = cid >> 3, col = st * WG_BK + 8 * chunk;
-#pragma unroll 4
-    for (int r = crow; r < NT; r += row_step) {
-        const bool in = r < nt && col < k;
-        cp_async16(slot + WG_W_BYTES + wgmma_swz(r, chunk),
-                   in ? (const void *)(x + (int64_t)r * k + col) : (const void *)x, in);
-    }
-}
-
-/* The warp group's products of the stage in the slot at `slot`, closed as a group;
- * the first overwrites d unless `accumulate`. d is written by the products alone:
- * anything else that wrote it while products were in flight would make the
- * compiler wait for them. */
+/* The warp group's products of the stage in the slot at `slot` (its 64 weight
+ * rows, then x), closed as a group; the first overwrites d unless
+ * `accumulate`. d is written by the products alone: anything else that wrote
+ * it while products were in flight would make the compiler wait for them. */
 template <int NT>
 static __device__ __forceinline__ void wg_products(float (&d)[NT / 8][4], uint32_t slot, int group,
                                                    bool accumulate)
 {
-    const uint32_t wa = slot + (uint32_t)group * 8192u, xa = slot + WG_W_BYTES;
+    const uint32_t wa = slot + (uint32_t)group * 8192u;
+    const uint32_t xa = slot + (uint32_t)wg_shape<NT>::W_BYTES;
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < WG_BK / 16; kk++)
@@ -182,7 +170,13 @@ static __device__ __forceinline__ int wg_tile_matrix(const struct cu_wg_gemm &g,
     return m;
 }
 
-/* A thread's accumulators into (or, add, out of) a partial tile of the workspace. */
+/* Where accumulator (n, e) of a multiplying thread lies in a partial tile. */
+static __device__ __forceinline__ int wg_part_at(int n, int e)
+{
+    return (4 * n + e) * WG_CONSUMERS + (int)threadIdx.x;
+}
+
+/* A multiplying thread's accumulators into a partial tile of the workspace. */
 template <int NT>
 static __device__ __forceinline__ void wg_partial_store(float *p, const float (&d)[NT / 8][4])
 {
@@ -190,12 +184,13 @@ static __device__ __forceinline__ void wg_partial_store(float *p, const float (&
     for (int n = 0; n < NT / 8; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++)
-            __stcg(&p[(4 * n + e) * WG_THREADS + threadIdx.x], d[n][e]);
+            __stcg(&p[wg_part_at(n, e)], d[n][e]);
 }
 
-/* The tile's outputs: d[n][e] is weight row 64 group + 16 warp + lane / 4 (+ 8
- * for e >= 2), token 8 n + 2 (lane % 4) + (e & 1). From d (parts 0), or the
- * sum of the n_parts partial tiles at part(0), part(1), ... in that order. */
+/* A multiplying thread's outputs: d[n][e] is weight row 64 group + 16 warp +
+ * lane / 4 (+ 8 for e >= 2), token 8 n + 2 (lane % 4) + (e & 1). From d
+ * (parts 0), or the sum of the n_parts partial tiles at part(0), part(1), ...
+ * in that order. */
 template <int NT, typename Part>
 static __device__ __forceinline__ void wg_store(const struct cu_wg_gemm &g, int m, int row0,
                                                 const float (&d)[NT / 8][4], int n_parts,
@@ -213,7 +208,7 @@ static __device__ __forceinline__ void wg_store(const struct cu_wg_gemm &g, int 
                 continue;
             float v = d[n][e];
             if (n_parts > 0) {
-                const int at = (4 * n + e) * WG_THREADS + tid;
+                const int at = wg_part_at(n, e);
                 v = __ldcg(part(0) + at);
                 for (int p = 1; p < n_parts; p++)
                     v += __ldcg(part(p) + at);
@@ -227,77 +222,140 @@ static __device__ __forceinline__ void wg_store(const struct cu_wg_gemm &g, int 
                 ((float *)g.m[m].y)[idx] = v;
         }
 }
+
+/* The loading thread: stage i of the split into slot i % STAGES once the
+ * products of stage i - STAGES are done with it. The first slots' weights go
+ * out before the launch before has finished, their x once it has. */
+template <int NT>
+static __device__ __forceinline__ void wg_load(const struct wg_maps &maps, int m, int row0,
+                                               int s_begin, int n, uint32_t base, uint32_t full,
+                                               uint32_t empty)
+{
+    using S = wg_shape<NT>;
+    const uint64_t stream = l2_policy(false), keep = l2_policy(true);
+    const void *wmap = &maps.w[m], *xmap = &maps.x;
+    auto slot_of = [&](int i) { return base + (uint32_t)(i % S::STAGES) * S::STAGE_BYTES; };
+    auto bar_of = [&](uint32_t b, int i) { return b + 8u * (uint32_t)(i % S::STAGES); };
+    const int first = min(n, S::STAGES);
+    for (int i = 0; i < first; i++) {
+        mbar_arrive_expect_tx(bar_of(full, i), S::STAGE_BYTES);
+        tma_load_2d(slot_of(i), wmap, (s_begin + i) * WG_BK, row0, bar_of(full, i), stream);
+    }
+    pdl_release();
+    pdl_wait();
+    for (int i = 0; i < first; i++)
+        tma_load_2d(slot_of(i) + S::W_BYTES, xmap, (s_begin + i) * WG_BK, 0, bar_of(full, i),
+                    keep);
+    for (int i = S::STAGES; i < n; i++) {
+        mbar_wait_cluster(bar_of(empty, i), (uint32_t)(i / S::STAGES - 1) & 1u);
+        mbar_arrive_expect_tx(bar_of(full, i), S::STAGE_BYTES);
+        tma_load_2d(slot_of(i), wmap, (s_begin + i) * WG_BK, row0, bar_of(full, i), stream);
+        tma_load_2d(slot_of(i) + S::W_BYTES, xmap, (s_begin + i) * WG_BK, 0, bar_of(full, i),
+                    keep);
+    }
+}
 #endif
 
-/* Block tile * splits + split takes the split's range of the tile's stages.
- * Every thread copies its share of a stage; after its own copies of the stage
- * have landed it fences them for the products' reads (the async proxy) and
- * meets the others at the block's barrier, which also says both groups are
- * done with the slot the next copies go to (the products of two stages back:
- * each group waits for all but its last stage's). */
+/* Block tile * splits + split takes the split's range of the tile's stages:
+ * the last warp group's first thread loads them (wg_load), the two warp
+ * groups multiply each as it lands and release its slot once their products
+ * of it are done. */
 template <int NT>
 static __global__ void __launch_bounds__(WG_THREADS, 1)
-gemm_wgmma_kernel(struct cu_wg_gemm g, int splits, unsigned *counters, float *partials)
+gemm_wgmma_kernel(const __grid_constant__ struct wg_maps maps, struct cu_wg_gemm g, int splits,
+                  unsigned *counters, float *partials)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using S = wg_shape<NT>;
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
-    const int tid = threadIdx.x, k = g.k;
+    const uint32_t full = base + (uint32_t)(S::STAGES * S::STAGE_BYTES);
+    const uint32_t empty = full + 8u * S::STAGES;
+    const int tid = threadIdx.x;
     const int tile = blockIdx.x / splits, split = blockIdx.x % splits;
     int row0;
-    const int m = wg_tile_matrix(g, tile, &row0), rows = (int)g.m[m].rows;
-    const uint16_t *w = (const uint16_t *)g.m[m].w;
-    const int nstage = (k + WG_BK - 1) / WG_BK;
+    const int m = wg_tile_matrix(g, tile, &row0);
+    const int nstage = (g.k + WG_BK - 1) / WG_BK;
     const int per = (nstage + splits - 1) / splits;
-    const int s_begin = min(nstage, split * per), s_end = min(nstage, s_begin + per);
-    auto slot_of = [&](int st) { return base + (uint32_t)(st % S::STAGES) * S::STAGE_BYTES; };
-    auto issue_x = [&](int st) {
-        if (st < s_end)
-            wg_copy_x<NT>(slot_of(st), g.x, g.t, k, st, tid, WG_THREADS / 8);
-        cp_async_commit();
-    };
+    const int s_begin = min(nstage, split * per), n = min(nstage, s_begin + per) - s_begin;
 
+    if (tid == 0) {
+        for (int i = 0; i < S::STAGES; i++) {
+            mbar_init(full + 8u * i, 1);
+            mbar_init(empty + 8u * i, WG_CONSUMERS / 32);
+        }
+        cluster_mbar_init_fence();
+    }
+    __syncthreads();
+
+    if (tid >= WG_CONSUMERS) {
+        /* the loading group leaves once its copies are out (the barriers after
+         * this are the multiplying groups' alone) */
+        regs_lower_to<WG_LOADER_REGS>();
+        if (tid == WG_CONSUMERS)
+            wg_load<NT>(maps, m, row0, s_begin, n, base, full, empty);
+        pdl_release();
+        return;
+    }
+    regs_raise_to<WG_CONSUMER_REGS>();
+    pdl_release();
+    pdl_wait(); /* y and acc may be the launch before's */
     float d[NT / 8][4];
 #pragma unroll
-    for (int n = 0; n < NT / 8; n++) /* what a split without stages leaves */
-        d[n][0] = d[n][1] = d[n][2] = d[n][3] = 0.0f;
-
-    /* the first stages' weights go out before the launch before has finished
-     * (in the first stage's copy group), x once it has */
-    for (int i = 0; i < S::STAGES - 2; i++)
-        if (s_begin + i < s_end)
-            wg_copy_w(slot_of(s_begin + i), w, rows, row0, k, s_begin + i, tid, WG_THREADS / 8);
-    pdl_release();
-    pdl_wait();
-    for (int i = 0; i < S::STAGES - 2; i++)
-        issue_x(s_begin + i);
-    for (int st = s_begin; st < s_end; st++) {
-        cp_async_wait<S::STAGES - 3>();
-        fence_proxy_async_smem();
-        __syncthreads(); /* stage st landed; every group is done with st - 2's slot */
-        const int next = st + S::STAGES - 2;
-        if (next < s_end)
-            wg_copy_w(slot_of(next), w, rows, row0, k, next, tid, WG_THREADS / 8);
-        issue_x(next);
-        wg_products<NT>(d, slot_of(st), tid >> 7, st > s_begin);
-        wgmma_wait<1>(); /* the products before: their slot may be refilled */
+    for (int c = 0; c < NT / 8; c++) /* what a split without stages leaves */
+        d[c][0] = d[c][1] = d[c][2] = d[c][3] = 0.0f;
+    for (int i = 0; i < n; i++) {
+        mbar_wait_cluster(full + 8u * (uint32_t)(i % S::STAGES), (uint32_t)(i / S::STAGES) & 1u);
+        wg_products<NT>(d, base + (uint32_t)(i % S::STAGES) * S::STAGE_BYTES, tid >> 7, i > 0);
+        wgmma_wait<1>(); /* the stage before's products: its slot may be filled again */
+        if (i > 0 && (tid & 31) == 0)
+            mbar_arrive(empty + 8u * (uint32_t)((i - 1) % S::STAGES));
     }
     wgmma_wait<0>();
     wgmma_hold(d);
-    cp_async_wait<0>();
 
     auto part = [&](int p) {
-        return (const float *)partials + ((size_t)tile * splits + p) * WG_THREADS * S::ACC;
+        return (const float *)partials + ((size_t)tile * splits + p) * WG_CONSUMERS * S::ACC;
     };
     if (splits > 1) {
         /* this split's partial, then the tile's last block adds them all in split order */
-        wg_partial_store<NT>(partials + (size_t)blockIdx.x * WG_THREADS * S::ACC, d);
-        if (!block_arrives_last(&counters[tile], (unsigned)splits))
+        wg_partial_store<NT>(partials + (size_t)blockIdx.x * WG_CONSUMERS * S::ACC, d);
+        if (!block_arrives_last(&counters[tile], (unsigned)splits, WG_CONSUMERS))
             return;
     }
     wg_store<NT>(g, m, row0, d, splits > 1 ? splits : 0, part);
 #endif
+}
+
+/* The driver's tensor-map encoder (NULL where the driver has none). */
+static PFN_cuTensorMapEncodeTiled_v12000 wg_encoder(void)
+{
+    static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+        void *fn = NULL;
+        cudaDriverEntryPointQueryResult found;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                             cudaEnableDefault, &found) != cudaSuccess ||
+            found != cudaDriverEntryPointSuccess)
+            fn = NULL;
+        return (PFN_cuTensorMapEncodeTiled_v12000)fn;
+    }();
+    return encode;
+}
+
+/* The map of a row-major bf16 matrix of rows x k read in boxes of WG_BK
+ * columns (128 bytes) by box_rows rows, 128-byte swizzled; rows and columns
+ * past its end read as zeros. */
+static bool wg_map(CUtensorMap *map, const void *p, int64_t rows, int64_t k, int box_rows)
+{
+    const PFN_cuTensorMapEncodeTiled_v12000 encode = wg_encoder();
+    const cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)rows};
+    const cuuint64_t strides[1] = {(cuuint64_t)k * 2};
+    const cuuint32_t box[2] = {WG_BK, (cuuint32_t)box_rows}, step[2] = {1, 1};
+    return encode &&
+           encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)p, dims, strides, box, step,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 bool cu_gemm_wgmma_takes(int64_t t, int64_t k)
@@ -311,7 +369,7 @@ bool cu_gemm_wgmma_runs(const struct cu_device *dev)
     static int native = -1;
     return wg_shape<32>::SMEM <= (size_t)dev->smem_optin &&
            wg_shape<64>::SMEM <= (size_t)dev->smem_optin &&
-           wg_shape<128>::SMEM <= (size_t)dev->smem_optin &&
+           wg_shape<128>::SMEM <= (size_t)dev->smem_optin && wg_encoder() != NULL &&
            kernel_runs_sm90a(gemm_wgmma_kernel<128>, &native);
 }
 
@@ -319,28 +377,35 @@ size_t cu_gemm_wgmma_work_bytes(const struct cu_device *dev)
 {
     /* with more than one split at most n_sm blocks, so at most n_sm tiles */
     return wg_counter_bytes(dev->n_sm) +
-           (size_t)dev->n_sm * WG_THREADS * wg_shape<128>::ACC * sizeof(float);
+           (size_t)dev->n_sm * WG_CONSUMERS * wg_shape<128>::ACC * sizeof(float);
 }
 
 template <int NT>
 static cudaError_t launch_nt(struct cu_device *dev, cudaStream_t s, const struct cu_wg_gemm *g,
-                             int64_t n_tiles, void *work)
+                             int64_t n_tiles)
 {
     using S = wg_shape<NT>;
     static int native = -1;
     if (S::SMEM > (size_t)dev->smem_optin || !kernel_runs_sm90a(gemm_wgmma_kernel<NT>, &native))
         return cudaErrorNotSupported;
+    struct wg_maps maps;
+    memset(&maps, 0, sizeof maps);
+    for (int i = 0; i < g->n_mat; i++)
+        if (!wg_map(&maps.w[i], g->m[i].w, g->m[i].rows, g->k, WG_BM))
+            return cudaErrorNotSupported;
+    if (!wg_map(&maps.x, g->x, g->t, g->k, NT))
+        return cudaErrorNotSupported;
     cudaError_t e = cudaFuncSetAttribute(gemm_wgmma_kernel<NT>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)S::SMEM);
     if (e != cudaSuccess)
         return e;
-    int splits = wg_splits(n_tiles, g->k, dev->n_sm);
+    const int splits = wg_splits(n_tiles, g->k, dev->n_sm);
     if (splits > 1 && n_tiles * splits > dev->n_sm)
         return cudaErrorInvalidValue;
-    unsigned *counters = (unsigned *)work;
-    float *partials = (float *)((uint8_t *)work + wg_counter_bytes(dev->n_sm));
+    unsigned *counters = (unsigned *)g->work;
+    float *partials = (float *)((uint8_t *)g->work + wg_counter_bytes(dev->n_sm));
     return cu_launch_dependent(dev->pdl, gemm_wgmma_kernel<NT>, dim3((unsigned)(n_tiles * splits)),
-                               dim3(WG_THREADS), S::SMEM, s, *g, splits, counters, partials);
+                               dim3(WG_THREADS), S::SMEM, s, maps, *g, splits, counters, partials);
 }
 
 cudaError_t cu_launch_gemm_wgmma(struct cu_device *dev, cudaStream_t s, const struct cu_wg_gemm *g)
@@ -354,12 +419,12 @@ cudaError_t cu_launch_gemm_wgmma(struct cu_device *dev, cudaStream_t s, const st
     for (int i = 0; i < g->n_mat; i++)
         if ((uintptr_t)g->m[i].w % 16 != 0 || g->m[i].rows < 1)
             return cudaErrorInvalidValue;
-    int64_t n_tiles = wg_tiles(g);
+    const int64_t n_tiles = wg_tiles(g);
     if (n_tiles * ((g->k + WG_BK - 1) / WG_BK) >= INT32_MAX)
         return cudaErrorInvalidValue;
     if (g->t <= 32)
-        return launch_nt<32>(dev, s, g, n_tiles, g->work);
+        return launch_nt<32>(dev, s, g, n_tiles);
     if (g->t <= 64)
-        return launch_nt<64>(dev, s, g, n_tiles, g->work);
-    return launch_nt<128>(dev, s, g, n_tiles, g->work);
+        return launch_nt<64>(dev, s, g, n_tiles);
+    return launch_nt<128>(dev, s, g, n_tiles);
 }

@@ -213,6 +213,49 @@ static __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t a, uint32_
 #endif
 }
 
+/* An arrival at this block's barrier a, releasing this thread's earlier
+ * accesses to the block. */
+static __device__ __forceinline__ void mbar_arrive(uint32_t a)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(a) : "memory");
+#else
+    __trap();
+#endif
+}
+
+/* An L2 eviction policy for tma_load_2d: for data every block reads again
+ * (`keep`: evicted last) or data read once (evicted first). */
+static __device__ __forceinline__ uint64_t l2_policy(bool keep)
+{
+    uint64_t p = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (keep)
+        asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+    else
+        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+#endif
+    return p;
+}
+
+/* The box of a 2-D tensor map (map: the address of a __grid_constant__
+ * kernel parameter) at coordinates (c0 innermost, c1) copied by the copy
+ * engine into this block's shared memory at dst (laid out and swizzled as the
+ * map says), counted at this block's barrier bar as it lands (the whole box,
+ * elements past the tensor's end filled in); L2 keeps it by `policy`. */
+static __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void *map, int c0, int c1,
+                                                   uint32_t bar, uint64_t policy)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 ".L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(dst),
+                 "l"(map), "r"(c0), "r"(c1), "r"(bar), "l"(policy)
+                 : "memory");
+#else
+    __trap();
+#endif
+}
+
 /* `bytes` (a multiple of 16, both addresses 16-byte aligned) of this block's
  * shared memory at src copied by the copy engine to dst in another block of
  * the cluster (cluster_map's address), counted at that block's barrier bar
