@@ -98,21 +98,12 @@ static bool parse_bench_options(int argc, char **argv, struct bench_options *o)
         }
         if (!(v = arg_value(argc, argv, &i)))
             return false;
-        int backend_flag = cli_backend_flag(a, v, &o->backend);
-        if (backend_flag == 0)
-            backend_flag = cli_kv_quant_flag(a, v, &o->kvq);
-        if (backend_flag == 0)
-            backend_flag = cli_quantize_flag(a, v, &o->quantize);
-        if (backend_flag == 0)
-            backend_flag = cli_tp_flag(a, v, &o->tp);
-        if (backend_flag < 0)
+        const struct cli_model_flags flags = {&o->backend, &o->kvq, &o->quantize, &o->tp,
+                                              &o->spec};
+        int model_flag = cli_model_flag(a, v, &flags);
+        if (model_flag < 0)
             return false;
-        if (backend_flag > 0)
-            continue;
-        int spec_flag = cli_spec_flag(a, v, &o->spec);
-        if (spec_flag < 0)
-            return false;
-        if (spec_flag > 0)
+        if (model_flag > 0)
             continue;
         bool ok = !strcmp(a, "--prompt-len") ? arg_int(a, v, 1, 1 << 20, &o->prompt_len)
                 : !strcmp(a, "--gen-len")    ? arg_int(a, v, 1, 1 << 20, &o->gen_len)

@@ -302,23 +302,14 @@ static bool parse_serve_options(int argc, char **argv, struct serve_options *o)
         }
         if (!(v = arg_value(argc, argv, &i)))
             return false;
-        int backend_flag = cli_backend_flag(a, v, &o->backend);
-        if (backend_flag == 0)
-            backend_flag = cli_kv_quant_flag(a, v, &o->kvq);
-        if (backend_flag == 0)
-            backend_flag = cli_quantize_flag(a, v, &o->quantize);
-        if (backend_flag == 0)
-            backend_flag = cli_adapter_flag(a, v, &o->adapters);
-        if (backend_flag == 0)
-            backend_flag = cli_tp_flag(a, v, &o->tp);
-        if (backend_flag < 0)
+        const struct cli_model_flags flags = {&o->backend, &o->kvq, &o->quantize, &o->tp,
+                                              &o->spec};
+        int model_flag = cli_model_flag(a, v, &flags);
+        if (model_flag == 0)
+            model_flag = cli_adapter_flag(a, v, &o->adapters);
+        if (model_flag < 0)
             return false;
-        if (backend_flag > 0)
-            continue;
-        int spec_flag = cli_spec_flag(a, v, &o->spec);
-        if (spec_flag < 0)
-            return false;
-        if (spec_flag > 0)
+        if (model_flag > 0)
             continue;
         bool ok = true;
         if (!strcmp(a, "--host"))

@@ -309,6 +309,20 @@ int cli_tp_flag(const char *flag, const char *value, struct cli_tp_flags *f)
     return 0;
 }
 
+int cli_model_flag(const char *flag, const char *value, const struct cli_model_flags *f)
+{
+    int r = cli_backend_flag(flag, value, f->backend);
+    if (r == 0)
+        r = cli_kv_quant_flag(flag, value, f->kvq);
+    if (r == 0)
+        r = cli_quantize_flag(flag, value, f->quantize);
+    if (r == 0)
+        r = cli_tp_flag(flag, value, f->tp);
+    if (r == 0)
+        r = cli_spec_flag(flag, value, f->spec);
+    return r;
+}
+
 struct cli_tp {
     int n;
     struct backend *bes[COLLECTIVE_MAX_RANKS]; /* [0] is the caller's */

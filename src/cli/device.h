@@ -6,6 +6,7 @@
 #include <stddef.h>
 
 #include "backend/backend.h"
+#include "cli/spec_flags.h"
 #include "model/model.h"
 
 enum device_kind { DEVICE_CPU, DEVICE_CUDA, DEVICE_AUTO };
@@ -156,6 +157,21 @@ struct cli_tp_flags {
 /* One of the two flags with its value into *f: 1 when flag is one, 0 when
  * it is not, -1 (after a message naming the flag) for a bad value. */
 int cli_tp_flag(const char *flag, const char *value, struct cli_tp_flags *f);
+
+/* Where the flags of the commands that run a model land: CLI_BACKEND_USAGE's,
+ * --kv-quant and --kv-quant-config, --quantize, --tensor-parallel and
+ * --nccl-lib, and the speculative decoding flags. */
+struct cli_model_flags {
+    struct backend_options *backend;
+    struct cli_kv_quant *kvq;
+    enum dtype *quantize;
+    struct cli_tp_flags *tp;
+    struct cli_spec_options *spec;
+};
+
+/* One of those flags with its value into f: 1 when flag is one, 0 when it is
+ * not, -1 (after a message naming the flag) for a bad value. */
+int cli_model_flag(const char *flag, const char *value, const struct cli_model_flags *f);
 
 /* The ranks of a tensor-parallel model other than rank 0, and the
  * communicators of all of them (owned). */
