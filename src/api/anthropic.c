@@ -729,40 +729,6 @@ static int parse_scalars(struct parse *p, struct gen_request *r)
     return 0;
 }
 
-/* An optional string of 1..GEN_REQUEST_MAX_KEY_BYTES bytes, copied into *out. */
-static int read_key(const struct json_reader *root, const char *key, char **out)
-{
-    struct json_reader v = json_reader_member(root, key);
-    size_t len = 0;
-    bool present = false;
-    int rc = json_read_strdup(root, key, &present, out, &len);
-    if (rc || !present)
-        return rc;
-    if (len == 0 || len > GEN_REQUEST_MAX_KEY_BYTES)
-        return json_reader_fail(&v, INFERD_EINVAL, "must be 1 to %d bytes, got %zu",
-                                GEN_REQUEST_MAX_KEY_BYTES, len);
-    return 0;
-}
-
-/* The session, as for chat: session_id, else prompt_cache_key (both checked); and the
- * adapter, as chat takes it. */
-static int parse_session(const struct json_reader *root, struct gen_request *r)
-{
-    char *cache_key = NULL;
-    int rc;
-    if ((rc = read_key(root, "adapter", &r->adapter)) ||
-        (rc = read_key(root, "session_id", &r->session_id)) ||
-        (rc = read_key(root, "prompt_cache_key", &cache_key))) {
-        free(cache_key);
-        return rc;
-    }
-    if (r->session_id)
-        free(cache_key);
-    else
-        r->session_id = cache_key;
-    return 0;
-}
-
 /* ---- request: entry points ---------------------------------------------------- */
 
 int anthropic_request_parse(const char *body, size_t len, enum anthropic_body kind,
@@ -786,7 +752,7 @@ int anthropic_request_parse(const char *body, size_t len, enum anthropic_body ki
         rc = nomem(&root);
     } else if (!(rc = parse_scalars(&p, r)) && !(rc = parse_stop_sequences(&root, r)) &&
                !(rc = parse_tools(&p, r)) && !(rc = parse_tool_choice(&root, r)) &&
-               !(rc = parse_thinking(&p, r)) && !(rc = parse_session(&root, r)) &&
+               !(rc = parse_thinking(&p, r)) && !(rc = gen_request_read_session(&root, r)) &&
                !(rc = parse_system(&p, msgs)) && !(rc = parse_messages(&p, msgs)) &&
                !(rc = build_retain_cut(&p, msgs))) {
         r->messages = msgs;

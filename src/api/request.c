@@ -709,14 +709,11 @@ static int read_key_field(const struct json_reader *root, const char *key, char 
     return 0;
 }
 
-/* cache_salt, and the session: session_id wins over prompt_cache_key, both
- * checked so a malformed one is refused either way. */
-static int parse_cache_identity(const struct json_reader *root, struct gen_request *r)
+int gen_request_read_session(const struct json_reader *root, struct gen_request *r)
 {
     char *cache_key = NULL;
     int rc;
-    if ((rc = read_key_field(root, "cache_salt", &r->cache_salt)) ||
-        (rc = read_key_field(root, "adapter", &r->adapter)) ||
+    if ((rc = read_key_field(root, "adapter", &r->adapter)) ||
         (rc = read_key_field(root, "session_id", &r->session_id)) ||
         (rc = read_key_field(root, "prompt_cache_key", &cache_key))) {
         free(cache_key);
@@ -766,9 +763,11 @@ int gen_request_read_sampling(const struct json_reader *root, struct gen_request
     return 0;
 }
 
+/* cache_salt, then the session (gen_request_read_session). */
 int gen_request_read_cache_identity(const struct json_reader *root, struct gen_request *r)
 {
-    return parse_cache_identity(root, r);
+    int rc = read_key_field(root, "cache_salt", &r->cache_salt);
+    return rc ? rc : gen_request_read_session(root, r);
 }
 
 int gen_request_reader_error(int rc, const struct json_doc *doc, struct api_error *err)
@@ -795,7 +794,7 @@ int gen_request_parse(const char *body, size_t len, enum gen_request_kind kind,
         (rc = parse_max_tokens(&root, out)) || (rc = parse_sampling(&root, out)) ||
         (rc = parse_stop(&root, out)) || (rc = parse_logit_bias(&root, out)) ||
         (rc = parse_output(&root, out)) || (rc = parse_tools(&root, out)) ||
-        (rc = parse_misc(&root, out)) || (rc = parse_cache_identity(&root, out)))
+        (rc = parse_misc(&root, out)) || (rc = gen_request_read_cache_identity(&root, out)))
         rc = fail_from_reader(rc, &doc, err);
     json_object_put(obj);
     if (rc) {

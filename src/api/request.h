@@ -172,7 +172,10 @@ int gen_request_read_sampling(const struct json_reader *root, struct gen_request
 /* mlx-lm's sampler extras: xtc_probability, xtc_threshold, repetition_context_size,
  * presence_context_size, frequency_context_size. Returns 0 or a base/json reader error. */
 int gen_request_read_sampler_extras(const struct json_reader *root, struct gen_request *r);
-/* cache_salt, adapter, and session_id else prompt_cache_key, as chat reads them. */
+/* The adapter, and the session: session_id, else prompt_cache_key (both checked, so a
+ * malformed one is refused either way); each 1..GEN_REQUEST_MAX_KEY_BYTES bytes. */
+int gen_request_read_session(const struct json_reader *root, struct gen_request *r);
+/* cache_salt, then gen_request_read_session's fields, as chat reads them. */
 int gen_request_read_cache_identity(const struct json_reader *root, struct gen_request *r);
 /* A reader error rc (from a document read with doc) as a 400 naming the path it was about
  * (-INFERD_EINVAL), or a 500 when memory ran out (-INFERD_ENOMEM). */

@@ -267,7 +267,8 @@ Test(anthropic_request, every_malformed_field_is_refused_naming_its_path)
     parse_refused("{\"max_tokens\":5,\"system\":[{\"type\":\"text\",\"text\":\"x\","
                   "\"cache_control\":{\"type\":\"persistent\"}}]," ONE_USER "}",
                   "system[0].cache_control.type", "must be one of");
-    parse_refused("{\"max_tokens\":5,\"session_id\":\"\"," ONE_USER "}", "session_id", "1 to");
+    parse_refused("{\"max_tokens\":5,\"session_id\":\"\"," ONE_USER "}", "session_id",
+                  "must not be an empty string");
     parse_refused("{\"max_tokens\":99999999999999999999," ONE_USER "}", "the body contains an "
                   "integer beyond", "64-bit");
     parse_refused("{\"max_tokens\":5,", "could not parse the JSON body", "JSON");
