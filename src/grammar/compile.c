@@ -9,6 +9,10 @@
 
 /* NFA nodes per allowed DFA state, over all rules (bounds the unrolling of repetitions). */
 #define NFA_PER_STATE 32
+/* NFA states the subset construction may visit (closures and the subsets it walks), per NFA
+ * state the limit allows: an expression whose automaton fits the state limit can still have
+ * subsets of tens of thousands of NFA states each ("(a|){200}{200}"), minutes of work. */
+#define VISITS_PER_NFA_STATE 16
 
 enum { E_EPS, E_BYTE, E_CALL };
 
@@ -50,7 +54,8 @@ struct comp {
     struct gcall *cl; /* owned */
     int nc, cap_c;
     size_t max_states, nfa_total;
-    bool oom, too_big;
+    size_t visits, max_visits; /* the subset construction's work, and its limit */
+    bool oom, too_big, too_complex;
 };
 
 static bool grow(void **p, int *cap, int need, size_t sz)
@@ -378,6 +383,15 @@ static int eps_closure(const struct nfa *a, const int *seeds, int n, int *out, i
     return no;
 }
 
+/* Counts n more NFA states visited; true (too_complex set) once past the limit. */
+static bool over_visits(struct comp *c, int n)
+{
+    c->visits += (size_t)n;
+    if (c->visits > c->max_visits)
+        c->too_complex = true;
+    return c->too_complex;
+}
+
 struct pend {
     int32_t lo, hi, to; /* NFA edge (for calls lo is the rule) */
 };
@@ -435,7 +449,7 @@ static int determinize(struct comp *c, int r)
     if (subset_id(c, &S, tmp, n0, &fresh) < 0)
         goto out;
     /* local ids map to global ids base + local, in creation order */
-    for (int cur = 0; cur < S.n && !c->oom && !c->too_big; cur++) {
+    for (int cur = 0; cur < S.n && !c->oom && !c->too_big && !c->too_complex; cur++) {
         if (!grow((void **)&c->st, &c->cap_s, base + cur + 1, sizeof *c->st)) {
             c->oom = true;
             break;
@@ -445,6 +459,8 @@ static int determinize(struct comp *c, int r)
         d->rule = r;
         int npe = 0;
         int ncalls = 0;
+        if (over_visits(c, S.len[cur]))
+            goto out;
         /* gather edges (S.pool may move while adding subsets: index it afresh each time) */
         for (int m = 0; m < S.len[cur]; m++) {
             int v = S.pool[S.off[cur] + m];
@@ -472,7 +488,7 @@ static int determinize(struct comp *c, int r)
             while (j < ncalls && pe[j].lo == pe[i].lo)
                 seeds[ns++] = pe[j++].to;
             int n = eps_closure(a, seeds, ns, tmp, stamp, ++mark, stk);
-            int id = subset_id(c, &S, tmp, n, &fresh);
+            int id = over_visits(c, n) ? -1 : subset_id(c, &S, tmp, n, &fresh);
             if (id < 0)
                 goto out;
             if (!grow((void **)&c->cl, &c->cap_c, c->nc + 1, sizeof *c->cl)) {
@@ -510,7 +526,7 @@ static int determinize(struct comp *c, int r)
             if (!ns)
                 continue;
             int n = eps_closure(a, seeds, ns, tmp, stamp, ++mark, stk);
-            int id = subset_id(c, &S, tmp, n, &fresh);
+            int id = over_visits(c, n) ? -1 : subset_id(c, &S, tmp, n, &fresh);
             if (id < 0)
                 goto out;
             struct rng *last = c->nr > c->st[base + cur].r_off ? &c->rng[c->nr - 1] : NULL;
@@ -526,7 +542,7 @@ static int determinize(struct comp *c, int r)
         }
         c->st[base + cur].r_n = c->nr - c->st[base + cur].r_off;
     }
-    if (!c->oom && !c->too_big) {
+    if (!c->oom && !c->too_big && !c->too_complex) {
         c->ns = base + S.n;
         start = base;
     }
@@ -797,6 +813,7 @@ int gb_compile(struct gbuild *b, int root, struct grammar **out, struct err *err
         goto done;
     }
     size_t nfa_budget = b->max_states * NFA_PER_STATE;
+    c.max_visits = nfa_budget * VISITS_PER_NFA_STATE;
     for (int r = 0; r < nrules; r++) {
         struct nfa *a = &c.nfa;
         a->nn = 0;
@@ -816,6 +833,13 @@ int gb_compile(struct gbuild *b, int root, struct grammar **out, struct err *err
             goto done;
         }
         start[r] = determinize(&c, r);
+        if (start[r] < 0 && c.too_complex) {
+            rc = err_set(err, INFERD_ERANGE,
+                         "grammar: too complex (building its automaton visited over %zu "
+                         "expression states; the limit follows from %zu states)",
+                         c.max_visits, b->max_states);
+            goto done;
+        }
         if (start[r] < 0) {
             rc = gb_fail(&(struct gbuild){.max_states = b->max_states, .oom = c.oom || !c.too_big,
                                           .too_big = c.too_big}, err);

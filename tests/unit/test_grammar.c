@@ -765,6 +765,30 @@ Test(grammar_limits, max_states_bounds_compiles)
     cr_expect_eq(grammar_compile_regex("a{1000}", 7, &o, &g, &e), -INFERD_ERANGE);
 }
 
+/* An automaton within the state limit whose subsets hold thousands of expression states
+ * each (every count of b from 0 to 12,100) is refused as too complex, not built for minutes;
+ * the same shape at a small count still compiles. */
+Test(grammar_limits, subset_work_bounds_compiles)
+{
+    struct grammar *g = NULL;
+    struct err e = {0};
+    const char *re = "(||b){110}{110}";
+    cr_expect_eq(grammar_compile_regex(re, strlen(re), NULL, &g, &e), -INFERD_ERANGE);
+    cr_expect(strstr(e.msg, "too complex"), "%s", e.msg);
+    cr_expect_null(g);
+    const char *small = "(||b){10}{10}";
+    cr_assert_eq(grammar_compile_regex(small, strlen(small), NULL, &g, &e), 0, "%s", e.msg);
+    char b[102];
+    memset(b, 'b', sizeof b - 1);
+    b[100] = '\0';
+    YES(g, "");
+    YES(g, b); /* 100: ten of ten */
+    b[100] = 'b';
+    b[101] = '\0';
+    NO(g, b);
+    grammar_free(g);
+}
+
 Test(grammar_digest, same_content_same_digest)
 {
     struct grammar *a = compile_schema("{\"type\":\"integer\"}");
