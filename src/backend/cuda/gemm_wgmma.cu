@@ -6,8 +6,8 @@
  *
  * The weights are wgmma's A operand and the tokens its B ("swap AB"): a
  * block takes a tile of WG_BM = 128 weight rows and all t token rows padded
- * to NT (n32, n64 or n128). Both operands walk K in stages of 64 columns,
- * one 128-byte swizzled line of every row (wgmma.cuh's layout), brought by
+ * to NT (n32, n48, n64, n96 or n128). Both operands walk K in stages of 64
+ * columns, one 128-byte swizzled line of every row (wgmma.cuh's layout), brought by
  * the copy engine (TMA: one tensor map a matrix and one for x, rows and
  * columns past the ends read as zeros) into a ring of STAGES slots. One
  * thread of a third warp group issues the copies (the group keeps few
@@ -18,10 +18,11 @@
  * m64nNTk16 products a group, issued asynchronously, one stage's in flight
  * while the next is issued.
  *
- * Off by default: on an H100 it matches cuBLASLt at 9-32 rows and loses at
- * more (bench/RESULTS.md). Tiles of 256 weight rows (x's L2 reads halved)
- * lost more, and the form before this one, all threads copying with
- * cp.async behind a block barrier a stage, lost everywhere.
+ * Off by default until the whole CUDA suite has run with it on: on an H100
+ * it gains 5% on cuBLASLt at 16 rows, matches it at 96 and trails by 2% at
+ * 64 (bench/RESULTS.md). Tiles of 256 weight rows, all threads copying with
+ * cp.async, the weights prefetched into L2 a ring ahead, and x shared by the
+ * two blocks of a cluster each measured slower.
  *
  * Split-K: where the tiles leave SMs idle, a tile's stages are cut into
  * `splits` ranges, one block each (one block an SM: the ring takes ~200 KB);
@@ -101,6 +102,32 @@ __device__ __forceinline__ void wgmma_ss_bf16<64>(float (&d)[8][4], uint64_t da,
                  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, "
                  "%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
                  : WS_D8(0)
+                 : "l"(da), "l"(db), "r"(scale_d));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_ss_bf16<48>(float (&d)[6][4], uint64_t da, uint64_t db,
+                                                      int scale_d)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %26, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23}, %24, %25, p, 1, 1, 0, 0;\n}\n"
+                 : WS_D4(0), WS_D4(1), WS_D4(2), WS_D4(3), WS_D4(4), WS_D4(5)
+                 : "l"(da), "l"(db), "r"(scale_d));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_ss_bf16<96>(float (&d)[12][4], uint64_t da, uint64_t db,
+                                                      int scale_d)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, "
+                 "%30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "
+                 "%44, %45, %46, %47}, %48, %49, p, 1, 1, 0, 0;\n}\n"
+                 : WS_D8(0), WS_D4(8), WS_D4(9), WS_D4(10), WS_D4(11)
                  : "l"(da), "l"(db), "r"(scale_d));
 }
 
@@ -190,36 +217,51 @@ static __device__ __forceinline__ void wg_partial_store(float *p, const float (&
 /* A multiplying thread's outputs: d[n][e] is weight row 64 group + 16 warp +
  * lane / 4 (+ 8 for e >= 2), token 8 n + 2 (lane % 4) + (e & 1). From d
  * (parts 0), or the sum of the n_parts partial tiles at part(0), part(1), ...
- * in that order. */
+ * in that order (into d). Each partial's loads, and the residual's, go out
+ * together before anything is written: a store may alias any later load, so
+ * loads between the stores would each wait for their round trip (at 128 rows
+ * that made a split launch take 3x its weights' read). */
 template <int NT, typename Part>
 static __device__ __forceinline__ void wg_store(const struct cu_wg_gemm &g, int m, int row0,
-                                                const float (&d)[NT / 8][4], int n_parts,
-                                                Part part)
+                                                float (&d)[NT / 8][4], int n_parts, Part part)
 {
     const int tid = threadIdx.x, lane = tid & 31, rows = (int)g.m[m].rows;
     const int r_base = row0 + 64 * (tid >> 7) + 16 * ((tid >> 5) & 3) + (lane >> 2);
     const int t_base = 2 * (lane & 3);
+    auto idx_of = [&](int n, int e) -> int64_t {
+        const int row = r_base + 8 * (e >> 1), tok = 8 * n + t_base + (e & 1);
+        return row < rows && tok < g.t ? (int64_t)tok * rows + row : -1;
+    };
+    for (int p = 0; p < n_parts; p++)
+#pragma unroll
+        for (int n = 0; n < NT / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float v = __ldcg(part(p) + wg_part_at(n, e));
+                d[n][e] = p > 0 ? d[n][e] + v : v;
+            }
+    float old[NT / 8][4];
+    if (g.acc)
+#pragma unroll
+        for (int n = 0; n < NT / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int64_t idx = idx_of(n, e);
+                old[n][e] = idx >= 0 ? g.acc[idx] : 0.0f;
+            }
 #pragma unroll
     for (int n = 0; n < NT / 8; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            const int row = r_base + 8 * (e >> 1), tok = 8 * n + t_base + (e & 1);
-            if (row >= rows || tok >= g.t)
+            const int64_t idx = idx_of(n, e);
+            if (idx < 0)
                 continue;
-            float v = d[n][e];
-            if (n_parts > 0) {
-                const int at = wg_part_at(n, e);
-                v = __ldcg(part(0) + at);
-                for (int p = 1; p < n_parts; p++)
-                    v += __ldcg(part(p) + at);
-            }
-            const int64_t idx = (int64_t)tok * rows + row;
             if (g.acc)
-                g.acc[idx] += v;
+                g.acc[idx] = old[n][e] + d[n][e];
             else if (g.y_bf16)
-                ((uint16_t *)g.m[m].y)[idx] = f32_to_bf16_bits(v);
+                ((uint16_t *)g.m[m].y)[idx] = f32_to_bf16_bits(d[n][e]);
             else
-                ((float *)g.m[m].y)[idx] = v;
+                ((float *)g.m[m].y)[idx] = d[n][e];
         }
 }
 
@@ -368,7 +410,9 @@ bool cu_gemm_wgmma_runs(const struct cu_device *dev)
 {
     static int native = -1;
     return wg_shape<32>::SMEM <= (size_t)dev->smem_optin &&
+           wg_shape<48>::SMEM <= (size_t)dev->smem_optin &&
            wg_shape<64>::SMEM <= (size_t)dev->smem_optin &&
+           wg_shape<96>::SMEM <= (size_t)dev->smem_optin &&
            wg_shape<128>::SMEM <= (size_t)dev->smem_optin && wg_encoder() != NULL &&
            kernel_runs_sm90a(gemm_wgmma_kernel<128>, &native);
 }
@@ -424,7 +468,11 @@ cudaError_t cu_launch_gemm_wgmma(struct cu_device *dev, cudaStream_t s, const st
         return cudaErrorInvalidValue;
     if (g->t <= 32)
         return launch_nt<32>(dev, s, g, n_tiles);
+    if (g->t <= 48)
+        return launch_nt<48>(dev, s, g, n_tiles);
     if (g->t <= 64)
         return launch_nt<64>(dev, s, g, n_tiles);
+    if (g->t <= 96)
+        return launch_nt<96>(dev, s, g, n_tiles);
     return launch_nt<128>(dev, s, g, n_tiles);
 }
