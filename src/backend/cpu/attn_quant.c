@@ -116,10 +116,10 @@ static inline void decode_record(const struct kv_quant_layer *l, const float *le
     int bits = kvq_code_bits(l, v);
     if (l->scheme == KV_QUANT_AFFINE) {
         int g = l->group_size;
-        const uint8_t *scales = rec + hd * bits / 8;
-        for (int g0 = 0; g0 < hd; g0 += g) {
-            __m256 scale = _mm256_set1_ps(qattn_load_f16(scales + (g0 / g) * 4));
-            __m256 bias = _mm256_set1_ps(qattn_load_f16(scales + (g0 / g) * 4 + 2));
+        const uint8_t *sb = rec + hd * bits / 8; /* each group's f16 scale and bias */
+        for (int g0 = 0; g0 < hd; g0 += g, sb += 4) {
+            __m256 scale = _mm256_set1_ps(qattn_load_f16(sb));
+            __m256 bias = _mm256_set1_ps(qattn_load_f16(sb + 2));
             for (int d = g0; d < g0 + g; d += 8)
                 _mm256_storeu_ps(out + d, _mm256_fmadd_ps(_mm256_cvtepi32_ps(codes8(rec, d, bits)),
                                                           scale, bias));
@@ -153,10 +153,88 @@ static inline void decode_signs(const struct kv_quant_layer *l, int hd, const ui
 /* ---- attention ------------------------------------------------------------------------ */
 
 
+/* The largest of s[0, n). */
+static inline float row_max8(const float *s, int n)
+{
+    __m256 m = _mm256_set1_ps(-FLT_MAX);
+    int j = 0;
+    for (; j + 8 <= n; j += 8)
+        m = _mm256_max_ps(m, _mm256_loadu_ps(s + j));
+    float lanes[8], r = -FLT_MAX;
+    _mm256_storeu_ps(lanes, m);
+    for (int i = 0; i < 8; i++)
+        r = lanes[i] > r ? lanes[i] : r;
+    for (; j < n; j++)
+        r = s[j] > r ? s[j] : r;
+    return r;
+}
+
+/* s[j] = exp(s[j] - shift) for j < n by vec_exp8; returns their sum: positions j of each
+ * sixteen with j % 16 < 8 in one accumulator, the rest in another (the AVX-512 kernel's two
+ * halves), a masked tail's other lanes adding nothing, then hsum256's tree. */
+static inline float row_exp8(float *s, int n, float shift)
+{
+    const __m256 vs = _mm256_set1_ps(shift);
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256 sum[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int j = 0; j < n; j += 8) {
+        __m256i k = _mm256_cmpgt_epi32(_mm256_set1_epi32(n - j), lane);
+        __m256 e = vec_exp8(_mm256_sub_ps(_mm256_maskload_ps(s + j, k), vs));
+        _mm256_maskstore_ps(s + j, k, e);
+        sum[(j / 8) % 2] = _mm256_add_ps(sum[(j / 8) % 2], _mm256_and_ps(e, _mm256_castsi256_ps(k)));
+    }
+    __m256 h = _mm256_add_ps(sum[0], sum[1]);
+    return _mm_cvtss_f32(qattn_reduce4(h, h, h, h));
+}
+
+/* Sixteen floats as two registers, elements 0-7 and 8-15: vec_dot's two accumulators. */
+typedef struct {
+    __m256 lo, hi;
+} qa_v16;
+
+static inline qa_v16 qa_v16_load(const float *p)
+{
+    return (qa_v16){_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)};
+}
+
+static inline void qa_v16_store(float *p, qa_v16 v)
+{
+    _mm256_storeu_ps(p, v.lo);
+    _mm256_storeu_ps(p + 8, v.hi);
+}
+
+static inline qa_v16 qa_v16_set1(float x)
+{
+    __m256 v = _mm256_set1_ps(x);
+    return (qa_v16){v, v};
+}
+
+static inline qa_v16 qa_v16_fma(qa_v16 a, qa_v16 b, qa_v16 c)
+{
+    return (qa_v16){_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
+}
+
+static inline qa_v16 qa_v16_mul(qa_v16 a, qa_v16 b)
+{
+    return (qa_v16){_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)};
+}
+
+#define QA_V qa_v16
+#define QA_V_LOAD(p) qa_v16_load(p)
+#define QA_V_STORE(p, v) qa_v16_store((p), (v))
+#define QA_V_ZERO() qa_v16_set1(0.0f)
+#define QA_V_SET1(x) qa_v16_set1(x)
+#define QA_V_FMA(a, b, c) qa_v16_fma((a), (b), (c))
+#define QA_V_MUL(a, b) qa_v16_mul((a), (b))
+#define QA_V_HALVES(v) _mm256_add_ps((v).lo, (v).hi)
+#define QA_QK_HEADS 1  /* 16 registers: one head's four positions' sums */
+#define QA_PV_SLICES 1
+
 #define QA_DECODE_RECORD decode_record
 #define QA_DECODE_SIGNS decode_signs
 #define QA_DOT vec_dot
-#define QA_AXPY vec_scale_axpy
+#define QA_ROW_MAX row_max8
+#define QA_ROW_EXP row_exp8
 #define QA_GROUP attend_group_avx2
 #define QA_ROWS cpu_qattn_rows_avx2
 #include "backend/cpu/attn_quant_group.h"

@@ -1,8 +1,10 @@
 /* backend/cpu/attn_quant_avx512.c — quantized attention's row kernel in AVX-512: sixteen codes decoded per instruction, the same bits as the AVX2 kernel. */
+#include <float.h>
 #include <immintrin.h>
 #include <string.h>
 
 #include "backend/cpu/attn_quant_kernels.h"
+#include "backend/cpu/vec_avx512.h"
 #include "backend/kv_quant.h"
 
 /* Codes d .. d + 15 (d a multiple of 16) as sixteen 32-bit indices. */
@@ -46,10 +48,10 @@ static inline void decode_record16(const struct kv_quant_layer *l, const float *
     int bits = kvq_code_bits(l, v);
     if (l->scheme == KV_QUANT_AFFINE) {
         int g = l->group_size;
-        const uint8_t *scales = rec + hd * bits / 8;
-        for (int g0 = 0; g0 < hd; g0 += g) {
-            __m512 scale = _mm512_set1_ps(qattn_load_f16(scales + (g0 / g) * 4));
-            __m512 bias = _mm512_set1_ps(qattn_load_f16(scales + (g0 / g) * 4 + 2));
+        const uint8_t *sb = rec + hd * bits / 8; /* each group's f16 scale and bias */
+        for (int g0 = 0; g0 < hd; g0 += g, sb += 4) {
+            __m512 scale = _mm512_set1_ps(qattn_load_f16(sb));
+            __m512 bias = _mm512_set1_ps(qattn_load_f16(sb + 2));
             for (int d = g0; d < g0 + g; d += 16)
                 _mm512_storeu_ps(out + d, _mm512_fmadd_ps(_mm512_cvtepi32_ps(codes16(rec, d, bits)),
                                                           scale, bias));
@@ -101,19 +103,55 @@ static inline float dot16(const float *a, const float *b, int64_t n)
     return _mm_cvtss_f32(lo);
 }
 
-/* y = y * scale + alpha * x, element by element as vec_scale_axpy. n a multiple of 16. */
-static inline void axpy16(float *y, float scale, float alpha, const float *x, int64_t n)
+/* The first n (any count) of sixteen lanes. */
+static inline __mmask16 lanes16(int n)
 {
-    __m512 vs = _mm512_set1_ps(scale), va = _mm512_set1_ps(alpha);
-    for (int64_t i = 0; i < n; i += 16)
-        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + i),
-                                                _mm512_mul_ps(vs, _mm512_loadu_ps(y + i))));
+    return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
 }
+
+/* The largest of s[0, n). */
+static inline float row_max16(const float *s, int n)
+{
+    __m512 m = _mm512_set1_ps(-FLT_MAX);
+    for (int j = 0; j < n; j += 16)
+        m = _mm512_max_ps(m, _mm512_mask_loadu_ps(m, lanes16(n - j), s + j));
+    return _mm512_reduce_max_ps(m);
+}
+
+/* s[j] = exp(s[j] - shift) for j < n by vec_exp16; returns their sum: each lane adds its
+ * positions in order (a masked tail's other lanes add nothing), then the AVX2 kernel's tree. */
+static inline float row_exp16(float *s, int n, float shift)
+{
+    const __m512 vs = _mm512_set1_ps(shift);
+    __m512 sum = _mm512_setzero_ps();
+    for (int j = 0; j < n; j += 16) {
+        __mmask16 k = lanes16(n - j);
+        __m512 e = vec_exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), vs));
+        _mm512_mask_storeu_ps(s + j, k, e);
+        sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(k, e));
+    }
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(sum), _mm512_extractf32x8_ps(sum, 1));
+    return _mm_cvtss_f32(qattn_reduce4(h, h, h, h));
+}
+
+/* Sixteen floats a register; a row's halves (elements 0-7 and 8-15 of each sixteen) added as
+ * the AVX2 kernel adds its two accumulators. */
+#define QA_V __m512
+#define QA_V_LOAD(p) _mm512_loadu_ps(p)
+#define QA_V_STORE(p, v) _mm512_storeu_ps((p), (v))
+#define QA_V_ZERO() _mm512_setzero_ps()
+#define QA_V_SET1(x) _mm512_set1_ps(x)
+#define QA_V_FMA(a, b, c) _mm512_fmadd_ps((a), (b), (c))
+#define QA_V_MUL(a, b) _mm512_mul_ps((a), (b))
+#define QA_V_HALVES(v) _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps((v), 1))
+#define QA_QK_HEADS 4  /* heads scored together: 16 sums of four positions in registers */
+#define QA_PV_SLICES 2 /* sixteen-float slices of P V's rows a pass */
 
 #define QA_DECODE_RECORD decode_record16
 #define QA_DECODE_SIGNS decode_signs16
 #define QA_DOT dot16
-#define QA_AXPY axpy16
+#define QA_ROW_MAX row_max16
+#define QA_ROW_EXP row_exp16
 #define QA_GROUP attend_group_avx512
 #define QA_ROWS cpu_qattn_rows_avx512
 #include "backend/cpu/attn_quant_group.h"

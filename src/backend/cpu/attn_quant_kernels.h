@@ -70,13 +70,32 @@ static inline float qattn_load_f16(const uint8_t *p)
     return _cvtsh_ss(h);
 }
 
-/* Asks for the cache lines of a record of `bytes` at rec: a block's records are a slot row
- * apart and blocks lie anywhere, which the hardware prefetchers do not follow. */
+/* Asks for the cache lines of a record of `bytes` at rec, into L2 as the f16 kernel's rows: a
+ * block's records are a slot row apart and blocks lie anywhere, which the hardware
+ * prefetchers do not follow. */
 static inline void qattn_prefetch_record(const uint8_t *rec, int bytes)
 {
     const uintptr_t first = (uintptr_t)rec & ~(uintptr_t)63;
     for (uintptr_t line = first; line < (uintptr_t)rec + (uintptr_t)bytes; line += 64)
-        __builtin_prefetch((const void *)line);
+        __builtin_prefetch((const void *)line, 0, 2);
+}
+
+/* Four dot products' horizontal sums from their eight-lane halves' sums t0..t3 (lane i the sum
+ * of elements i and i + 8 of each 16): the order of vec_dot's hsum256 for each (lanes i and
+ * i + 4, then i and i + 2, then 0 and 1), four at once. */
+static inline __m128 qattn_reduce4(__m256 t0, __m256 t1, __m256 t2, __m256 t3)
+{
+    __m128 u0 = _mm_add_ps(_mm256_castps256_ps128(t0), _mm256_extractf128_ps(t0, 1));
+    __m128 u1 = _mm_add_ps(_mm256_castps256_ps128(t1), _mm256_extractf128_ps(t1, 1));
+    __m128 u2 = _mm_add_ps(_mm256_castps256_ps128(t2), _mm256_extractf128_ps(t2, 1));
+    __m128 u3 = _mm_add_ps(_mm256_castps256_ps128(t3), _mm256_extractf128_ps(t3, 1));
+    /* w01 = (u0[0] + u0[2], u0[1] + u0[3], u1[0] + u1[2], u1[1] + u1[3]), w23 the same */
+    __m128 w01 = _mm_add_ps(_mm_shuffle_ps(u0, u1, _MM_SHUFFLE(1, 0, 1, 0)),
+                            _mm_shuffle_ps(u0, u1, _MM_SHUFFLE(3, 2, 3, 2)));
+    __m128 w23 = _mm_add_ps(_mm_shuffle_ps(u2, u3, _MM_SHUFFLE(1, 0, 1, 0)),
+                            _mm_shuffle_ps(u2, u3, _MM_SHUFFLE(3, 2, 3, 2)));
+    return _mm_add_ps(_mm_shuffle_ps(w01, w23, _MM_SHUFFLE(2, 0, 2, 0)),
+                      _mm_shuffle_ps(w01, w23, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
 /* kvq_quantize_head's record of x, the same bytes, vectorized (kv_quantize.c). */
