@@ -191,12 +191,24 @@ def get_json(host, port, path):
     return json.loads(urllib.request.urlopen(f"http://{host}:{port}{path}").read().decode())
 
 
+LATENCIES = ("time_to_first_token", "request_queue_time", "request_prefill_time")
+
+
+def server_latencies(host, port):
+    """{name: (sum, count)} of the server's own latency histograms: time to first token and
+    its two parts, arrival to admission (queue) and admission to the first token (prefill)."""
+    text = urllib.request.urlopen(f"http://{host}:{port}/metrics").read().decode()
+    out = {}
+    for name in LATENCIES:
+        total = float(re.search(rf"^inferd_{name}_seconds_sum (\S+)", text, re.M).group(1))
+        count = int(re.search(rf"^inferd_{name}_seconds_count (\S+)", text, re.M).group(1))
+        out[name] = (total, count)
+    return out
+
+
 def server_ttft(host, port):
     """(sum, count) of the server's own time-to-first-token histogram."""
-    text = urllib.request.urlopen(f"http://{host}:{port}/metrics").read().decode()
-    total = float(re.search(r"^inferd_time_to_first_token_seconds_sum (\S+)", text, re.M).group(1))
-    count = int(re.search(r"^inferd_time_to_first_token_seconds_count (\S+)", text, re.M).group(1))
-    return total, count
+    return server_latencies(host, port)["time_to_first_token"]
 
 
 def stream_chat(host, port, body):
@@ -245,7 +257,8 @@ def run_workload(args, plan, labels):
     """Runs every session against one server per label ("cached", "cold");
     with more than one label each turn goes to each server in turn, so both
     see the same moments of a shared machine. Returns {label: (results,
-    /stats prompt_cache, wall seconds, the engine's mean TTFT)}."""
+    /stats prompt_cache, wall seconds, the engine's mean latencies {LATENCIES name:
+    seconds})}."""
     servers = {}
     try:
         for label in labels:
@@ -287,7 +300,7 @@ def run_workload(args, plan, labels):
                     else:
                         msgs[label].append({"role": "assistant", "content": r["text"]})
 
-        m0 = {label: server_ttft(*servers[label][1:]) for label in labels}
+        m0 = {label: server_latencies(*servers[label][1:]) for label in labels}
         t0 = time.perf_counter()
         with ThreadPoolExecutor(max_workers=args.concurrency) as pool:
             list(pool.map(session, range(plan["sessions"])))
@@ -295,8 +308,9 @@ def run_workload(args, plan, labels):
         out = {}
         for label in labels:
             host, port = servers[label][1:]
-            m1 = server_ttft(host, port)
-            engine = (m1[0] - m0[label][0]) / max(1, m1[1] - m0[label][1])
+            m1 = server_latencies(host, port)
+            engine = {name: (m1[name][0] - m0[label][name][0]) /
+                      max(1, m1[name][1] - m0[label][name][1]) for name in LATENCIES}
             out[label] = (results[label], get_json(host, port, "/stats").get("prompt_cache"),
                           wall, engine)
         return out
@@ -394,7 +408,9 @@ def report(args, plan, runs):
             client = statistics.mean(r["ttft"] for r in res.values() if "error" not in r)
             print(f"{label}: {len(res)} requests in {wall:.1f} s, {bad} failed or of another "
                   f"length than asked; TTFT over all turns {client * 1e3:.1f} ms at the client, "
-                  f"{engine * 1e3:.1f} ms in the engine (/metrics: arrival to first token)")
+                  f"{engine['time_to_first_token'] * 1e3:.1f} ms in the engine (/metrics: "
+                  f"arrival to first token; {engine['request_queue_time'] * 1e3:.1f} ms to "
+                  f"admission, {engine['request_prefill_time'] * 1e3:.1f} ms from it)")
             print(f"/stats prompt_cache ({label}, at the end): {json.dumps(pc)}")
 
 

@@ -43,6 +43,7 @@ struct request {
     bool cancel_sent;
     bool got_token;
     uint64_t t_submit_ns, t_last_ns;
+    uint64_t t_admit_ns; /* the child's admission, once an event has told it; 0 before */
     struct request *next;
 };
 
@@ -130,6 +131,7 @@ static void output_apply(struct gen_output *o, struct engine_wire_event *e)
     o->n_prompt = n->n_prompt;
     o->n_cached = n->n_cached;
     o->n_generated = n->n_generated;
+    o->t_admit_ns = n->t_admit_ns;
     o->spec = n->spec;
     if (o->finish == GEN_RUNNING && (!ok || n->finish != GEN_RUNNING)) {
         if (!ok) {
@@ -453,9 +455,18 @@ static bool handle_frame(struct engine_proxy *p, const struct engine_wire_frame 
         struct request *r = find_request(p, e.id, &link);
         if (r) {
             output_apply(r->out, &e);
+            if (e.news.t_admit_ns && !r->t_admit_ns) {
+                r->t_admit_ns = e.news.t_admit_ns;
+                uint64_t queued = r->t_admit_ns > r->t_submit_ns ? r->t_admit_ns - r->t_submit_ns : 0;
+                histogram_observe(&p->metrics.queue_time, (double)queued * 1e-9);
+            }
             if (e.news.n_generated > 0) {
-                if (!r->got_token)
+                if (!r->got_token) {
                     histogram_observe(&p->metrics.ttft, (double)(now - r->t_submit_ns) * 1e-9);
+                    if (r->t_admit_ns && now > r->t_admit_ns)
+                        histogram_observe(&p->metrics.prefill_time,
+                                          (double)(now - r->t_admit_ns) * 1e-9);
+                }
                 else if (e.news.n_ids > 0)
                     histogram_observe(&p->metrics.inter_token,
                                       (double)(now - r->t_last_ns) * 1e-9 / (double)e.news.n_ids);
@@ -872,6 +883,8 @@ int engine_proxy_start(struct engine_supervisor *s, const char *id, const char *
     pthread_condattr_destroy(&ca);
     histogram_init_latency(&p->metrics.ttft);
     histogram_init_latency(&p->metrics.inter_token);
+    histogram_init_latency(&p->metrics.queue_time);
+    histogram_init_latency(&p->metrics.prefill_time);
     snprintf(p->spec_kind, sizeof p->spec_kind, "none");
     snprintf(p->state_text, sizeof p->state_text, "starting");
     pthread_mutex_lock(&s->mu);

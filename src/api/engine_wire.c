@@ -525,6 +525,7 @@ bool engine_wire_put_event(struct strbuf *out, uint64_t id, const struct gen_new
     put_i32(&w, n->n_prompt);
     put_i32(&w, n->n_cached);
     put_i32(&w, n->n_generated);
+    put_u64(&w, n->t_admit_ns);
     put_i32(&w, n->error_code);
     put_i32(&w, n->stop_string);
     put_str(&w, n->error);
@@ -584,6 +585,7 @@ int engine_wire_get_event(const struct engine_wire_frame *f, struct engine_wire_
     n->n_prompt = get_i32(&r);
     n->n_cached = get_i32(&r);
     n->n_generated = get_i32(&r);
+    n->t_admit_ns = get_u64(&r);
     n->error_code = get_i32(&r);
     n->stop_string = get_i32(&r);
     get_str_into(&r, n->error, sizeof n->error);

@@ -25,7 +25,7 @@
 #include "engine/engine.h"
 
 #define ENGINE_WIRE_MAGIC 0x57444649u /* "IFDW" */
-#define ENGINE_WIRE_VERSION 3
+#define ENGINE_WIRE_VERSION 4
 #define ENGINE_WIRE_HEADER 12
 #define ENGINE_WIRE_MAX_PAYLOAD (64u << 20)
 

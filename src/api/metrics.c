@@ -579,6 +579,12 @@ static void prometheus_model(const struct server *srv, const struct served_model
                    "Seconds from a request's arrival to its first generated token.", &em->ttft);
     histogram_text(out, "inferd_inter_token_latency_seconds",
                    "Seconds between consecutive tokens of one sequence.", &em->inter_token);
+    histogram_text(out, "inferd_request_queue_time_seconds",
+                   "Seconds from a request's arrival to its admission into the running batch.",
+                   &em->queue_time);
+    histogram_text(out, "inferd_request_prefill_time_seconds",
+                   "Seconds from a request's admission to its first generated token.",
+                   &em->prefill_time);
 }
 
 void api_metrics_prometheus(const struct server *srv, struct strbuf *out)

@@ -283,6 +283,8 @@ int engine_create(const struct model *m, const struct tokenizer *tok,
     pthread_cond_init(&e->call_cv, NULL);
     pthread_mutex_init(&e->stats_mu, NULL);
     histogram_init_latency(&e->metrics.ttft);
+    histogram_init_latency(&e->metrics.queue_time);
+    histogram_init_latency(&e->metrics.prefill_time);
     histogram_init_latency(&e->metrics.inter_token);
     struct kv_format format = kv_format_of_backend(m->backend);
     int block_size = cfg->kv_block_size > 0 ? cfg->kv_block_size : KV_BLOCK_SIZE_DEFAULT;

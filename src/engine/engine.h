@@ -181,6 +181,9 @@ struct gen_output {
     int n_prompt;              /* prompt tokens */
     int n_cached;              /* prompt tokens whose KV was reused */
     int n_generated;           /* tokens sampled so far */
+    uint64_t t_admit_ns;       /* when the engine admitted it into the running batch
+                                  (base/timer.h's clock, shared by the processes of one
+                                  host); 0 until then */
     enum gen_finish finish;    /* GEN_RUNNING until the engine is done with it */
     char error[256];           /* set with GEN_FINISH_ERROR */
     int error_code;            /* with GEN_FINISH_ERROR: the INFERD_E* code, e.g. INFERD_ENOMEM */
@@ -225,6 +228,7 @@ struct gen_news {
     size_t n_ids;
     enum gen_finish finish;   /* GEN_RUNNING while more may come */
     int n_prompt, n_cached, n_generated; /* counts as of this drain */
+    uint64_t t_admit_ns;      /* gen_output.t_admit_ns as of this drain */
     int error_code;           /* with GEN_FINISH_ERROR */
     char error[256];          /* with GEN_FINISH_ERROR */
     int stop_string;          /* with GEN_FINISH_STOP: 1 + the stop string's index; 0: none */
@@ -288,6 +292,8 @@ struct engine_stats {
 
 struct engine_metrics {
     struct histogram ttft;          /* seconds from submit to the first generated token */
+    struct histogram queue_time;    /* seconds from submit to admission into the running set */
+    struct histogram prefill_time;  /* seconds from admission to the first generated token */
     struct histogram inter_token;   /* seconds between a sequence's consecutive tokens */
     /* Structured output, written by the engine thread: masks computed (mask_ns[i %
      * ENGINE_MASK_WINDOW] holds mask i's nanoseconds) and tokens jump-forward appended. */

@@ -159,6 +159,7 @@ int gen_output_drain(struct gen_output *o, struct gen_cursor *cur, int timeout_m
     news->n_prompt = o->n_prompt;
     news->n_cached = o->n_cached;
     news->n_generated = o->n_generated;
+    news->t_admit_ns = o->t_admit_ns;
     news->error_code = o->error_code;
     news->stop_string = o->stop_string;
     news->spec = o->spec;

@@ -7,6 +7,8 @@
 
 #include "engine/scheduler.h"
 
+#include "base/timer.h"
+
 int sched_init(struct sched *sc, const struct model *m, const struct sched_config *cfg,
                struct engine_metrics *metrics, struct err *err)
 {
@@ -444,8 +446,16 @@ void sched_admit(struct sched *sc)
         memmove(sc->waiting, sc->waiting + 1, (size_t)(sc->n_waiting - 1) * sizeof *sc->waiting);
         sc->n_waiting--;
         if (s->admit_order == 0) {
-            if (s->out)
+            s->t_admit_ns = now_ns();
+            if (sc->metrics)
+                histogram_observe(&sc->metrics->queue_time,
+                                  (double)(s->t_admit_ns - s->t_submit_ns) * 1e-9);
+            if (s->out) {
+                pthread_mutex_lock(&s->out->mu);
+                s->out->t_admit_ns = s->t_admit_ns;
+                pthread_mutex_unlock(&s->out->mu);
                 spec_seq_init(sc->spec, s, !s->no_speculation);
+            }
             atomic_fetch_sub(&sc->counters.n_queued, 1);
             atomic_fetch_add(&sc->counters.requests_admitted, 1);
             atomic_fetch_add(&sc->counters.prompt_tokens, (uint64_t)s->n_prompt);

@@ -264,8 +264,11 @@ static enum gen_finish push_token(struct seq *s, int32_t id, bool sampled,
     uint64_t t = now_ns();
     int n_generated = s->n_tokens - s->n_prompt;
     if (metrics) {
-        if (n_generated == 1)
+        if (n_generated == 1) {
             histogram_observe(&metrics->ttft, (double)(t - s->t_submit_ns) * 1e-9);
+            if (s->t_admit_ns)
+                histogram_observe(&metrics->prefill_time, (double)(t - s->t_admit_ns) * 1e-9);
+        }
         else
             histogram_observe(&metrics->inter_token, (double)(t - s->t_last_token_ns) * 1e-9);
     }

@@ -69,6 +69,7 @@ struct seq {
     bool grammar_done;          /* the grammar allows nothing more: the next row finishes it */
     bool pick_void;             /* no mask for the next pick (out of memory): it is cancelled */
     uint64_t t_submit_ns, t_last_token_ns;
+    uint64_t t_admit_ns; /* first admission into the running set (0 before it) */
     uint64_t admit_order;       /* later admissions are preempted first */
     char *session_id;           /* owned; session affinity (kv.session points here), or NULL */
     bool looked_up;             /* the prefix cache was asked since the blocks were last freed */

@@ -491,7 +491,7 @@ describe('models, health, stats and metrics', () => {
     for (const name of ['inferd_requests_total', 'inferd_prompt_tokens_total', 'inferd_generated_tokens_total', 'inferd_queue_depth']) {
       assert.match(text, new RegExp(`^# TYPE ${name} (counter|gauge)$`, 'm'), `${name} TYPE line`);
     }
-    for (const h of ['inferd_time_to_first_token_seconds', 'inferd_inter_token_latency_seconds']) {
+    for (const h of ['inferd_time_to_first_token_seconds', 'inferd_inter_token_latency_seconds', 'inferd_request_queue_time_seconds', 'inferd_request_prefill_time_seconds']) {
       assert.match(text, new RegExp(`^# TYPE ${h} histogram$`, 'm'));
       assert.match(text, new RegExp(`^${h}_bucket\\{le="\\+Inf"\\} \\d+`, 'm'));
       assert.match(text, new RegExp(`^${h}_sum `, 'm'));
@@ -506,7 +506,7 @@ describe('models, health, stats and metrics', () => {
   test('histograms are cumulative: bucket counts never decrease and le="+Inf" equals _count', async () => {
     await smallChat(server.url);
     const text = await (await fetch(`${server.url}/metrics`)).text();
-    for (const h of ['inferd_time_to_first_token_seconds', 'inferd_inter_token_latency_seconds']) {
+    for (const h of ['inferd_time_to_first_token_seconds', 'inferd_inter_token_latency_seconds', 'inferd_request_queue_time_seconds', 'inferd_request_prefill_time_seconds']) {
       const buckets = [...text.matchAll(new RegExp(`^${h}_bucket\\{le="([^"]+)"\\} (\\S+)$`, 'gm'))].map((m) => [m[1] === '+Inf' ? Infinity : Number(m[1]), Number(m[2])]);
       assert.ok(buckets.length >= 2, `${h}: ${buckets.length} buckets`);
       for (let i = 1; i < buckets.length; i++) {

@@ -189,7 +189,7 @@ Test(engine_wire, adapters_cross_as_their_spec_and_the_registry_as_calls_and_lis
     strbuf_free(&b);
 }
 
-Test(engine_wire, event_round_trip_keeps_text_tokens_ids_finish_and_embedding)
+Test(engine_wire, event_round_trip_keeps_text_tokens_ids_finish_admission_and_embedding)
 {
     struct gen_token tok[2] = {{.id = 11, .logprob = -0.5f, .n_top = 1, .text_end = 3},
                                {.id = 12, .logprob = -1.5f, .text_end = 5}};
@@ -198,7 +198,8 @@ Test(engine_wire, event_round_trip_keeps_text_tokens_ids_finish_and_embedding)
     float emb[] = {0.25f, -1.0f, 3.5f};
     struct gen_news n = {.text = "hello", .text_len = 5, .text_from = 7, .tokens = tok,
                          .n_tokens = 2, .ids = ids, .n_ids = 2, .finish = GEN_FINISH_ERROR,
-                         .n_prompt = 9, .n_cached = 4, .n_generated = 2, .error_code = 7,
+                         .n_prompt = 9, .n_cached = 4, .n_generated = 2,
+                         .t_admit_ns = 123456789012345ull, .error_code = 7,
                          .stop_string = 0, .spec = {.drafted = 3, .accepted = 2, .shared = true}};
     snprintf(n.error, sizeof n.error, "boom");
     struct strbuf b = {0};
@@ -218,6 +219,7 @@ Test(engine_wire, event_round_trip_keeps_text_tokens_ids_finish_and_embedding)
     cr_assert_eq(e.news.ids[1], 12);
     cr_assert_eq(e.news.finish, GEN_FINISH_ERROR);
     cr_assert_eq(e.news.n_cached, 4);
+    cr_assert_eq(e.news.t_admit_ns, 123456789012345ull);
     cr_assert_eq(e.news.error_code, 7);
     cr_assert_str_eq(e.news.error, "boom");
     cr_assert_eq(e.news.spec.accepted, 2);
