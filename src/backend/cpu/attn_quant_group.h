@@ -197,25 +197,30 @@ static void QA_GROUP(const struct qattn_job *job, const struct attn_span *sp, in
                 qattn_prefetch_record(vnext + j * vstride, vb);
             }
         }
-        for (int j = 0; j < n && qjl; j++) {
-            if (j < n_next)
-                qattn_prefetch_record(knext + j * kstride, kb);
-            const uint8_t *rec = kbase + j * kstride + head_k;
-            QA_DECODE_RECORD(l, k_levels, hd, false, rec, rows[0]);
-            QA_DECODE_SIGNS(l, hd, rec, z);
-            float coef = qattn_load_f16(rec + 2) * qjl_coef_unit;
-            for (int g = 0; g < group; g++)
-                scores[g][j] = (QA_DOT(qr[g], rows[0], hd) + coef * QA_DOT(qs[g], z, hd)) * job->scale;
-        }
-        for (int t0 = 0; t0 < n && !qjl; t0 += QA_TILE) {
-            int tn = n - t0 < QA_TILE ? n - t0 : QA_TILE;
-            for (int j = t0; j < t0 + tn; j++) {
+        if (qjl) {
+            for (int j = 0; j < n; j++) {
                 if (j < n_next)
                     qattn_prefetch_record(knext + j * kstride, kb);
-                QA_DECODE_RECORD(l, k_levels, hd, false, kbase + j * kstride + head_k, rows[j - t0]);
+                const uint8_t *rec = kbase + j * kstride + head_k;
+                QA_DECODE_RECORD(l, k_levels, hd, false, rec, rows[0]);
+                QA_DECODE_SIGNS(l, hd, rec, z);
+                float coef = qattn_load_f16(rec + 2) * qjl_coef_unit;
+                for (int g = 0; g < group; g++)
+                    scores[g][j] =
+                        (QA_DOT(qr[g], rows[0], hd) + coef * QA_DOT(qs[g], z, hd)) * job->scale;
             }
-            qa_scores((const float(*)[QATTN_MAX_HEAD_DIM])qr, group, hd,
-                      (const float(*)[QATTN_MAX_HEAD_DIM])rows, tn, job->scale, scores, t0);
+        } else {
+            for (int t0 = 0; t0 < n; t0 += QA_TILE) {
+                int tn = n - t0 < QA_TILE ? n - t0 : QA_TILE;
+                for (int j = t0; j < t0 + tn; j++) {
+                    if (j < n_next)
+                        qattn_prefetch_record(knext + j * kstride, kb);
+                    QA_DECODE_RECORD(l, k_levels, hd, false, kbase + j * kstride + head_k,
+                                     rows[j - t0]);
+                }
+                qa_scores((const float(*)[QATTN_MAX_HEAD_DIM])qr, group, hd,
+                          (const float(*)[QATTN_MAX_HEAD_DIM])rows, tn, job->scale, scores, t0);
+            }
         }
         for (int g = 0; g < group; g++) {
             float block_max = QA_ROW_MAX(scores[g], n);
