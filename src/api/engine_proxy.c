@@ -457,7 +457,8 @@ static bool handle_frame(struct engine_proxy *p, const struct engine_wire_frame 
             output_apply(r->out, &e);
             if (e.news.t_admit_ns && !r->t_admit_ns) {
                 r->t_admit_ns = e.news.t_admit_ns;
-                uint64_t queued = r->t_admit_ns > r->t_submit_ns ? r->t_admit_ns - r->t_submit_ns : 0;
+                uint64_t queued =
+                    r->t_admit_ns > r->t_submit_ns ? r->t_admit_ns - r->t_submit_ns : 0;
                 histogram_observe(&p->metrics.queue_time, (double)queued * 1e-9);
             }
             if (e.news.n_generated > 0) {
@@ -466,10 +467,10 @@ static bool handle_frame(struct engine_proxy *p, const struct engine_wire_frame 
                     if (r->t_admit_ns && now > r->t_admit_ns)
                         histogram_observe(&p->metrics.prefill_time,
                                           (double)(now - r->t_admit_ns) * 1e-9);
-                }
-                else if (e.news.n_ids > 0)
+                } else if (e.news.n_ids > 0) {
                     histogram_observe(&p->metrics.inter_token,
                                       (double)(now - r->t_last_ns) * 1e-9 / (double)e.news.n_ids);
+                }
                 r->got_token = true;
                 r->t_last_ns = now;
             }
